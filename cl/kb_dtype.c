@@ -1,0 +1,168 @@
+/*
+ * kb_dtype — exact software conversions between f32 and the 16-bit storage types (f16, bf16),
+ * and typed element load/store on raw byte buffers. The conversions work on bit patterns only
+ * (no reliance on compiler or hardware half support), so every host and backend produce the
+ * same bits: round-to-nearest-even, subnormals kept, overflow to infinity, NaN kept as a quiet
+ * NaN with its sign and the high payload bits. Limits: elements are addressed unaligned-safe
+ * through memcpy, which is correct everywhere but not the fastest path for bulk conversion.
+ */
+#include "kb_dtype.h"
+
+#include <math.h>
+#include <string.h>
+
+static uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+const char *kb_dtype_name(kb_dtype t)
+{
+    switch (t) {
+    case KB_F16: return "f16";
+    case KB_BF16: return "bf16";
+    case KB_F32: return "f32";
+    default: return "?";
+    }
+}
+
+int kb_dtype_from_name(const char *name)
+{
+    if (!name)
+        return -1;
+    if (strcmp(name, "f16") == 0)
+        return KB_F16;
+    if (strcmp(name, "bf16") == 0)
+        return KB_BF16;
+    if (strcmp(name, "f32") == 0)
+        return KB_F32;
+    return -1;
+}
+
+float kb_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1Fu;
+    uint32_t m = h & 0x3FFu;
+
+    if (e == 0) {
+        if (m == 0)
+            return f32_from_bits(sign);
+        /* Subnormal: every f16 subnormal is a normal f32; shift the leading 1 into place. */
+        int ee = 1;
+        while (!(m & 0x400u)) {
+            m <<= 1;
+            ee--;
+        }
+        m &= 0x3FFu;
+        return f32_from_bits(sign | ((uint32_t)(ee + 112) << 23) | (m << 13));
+    }
+    if (e == 31) {
+        if (m == 0)
+            return f32_from_bits(sign | 0x7F800000u);
+        return f32_from_bits(sign | 0x7FC00000u | (m << 13));
+    }
+    return f32_from_bits(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+uint16_t kb_f32_to_f16(float f)
+{
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+
+    x &= 0x7FFFFFFFu;
+    if (x > 0x7F800000u) /* NaN: keep the top payload bits, force quiet */
+        return (uint16_t)(sign | 0x7E00u | ((x >> 13) & 0x3FFu));
+    /* 65520 is the midpoint between 65504 (odd mantissa) and 2^16: ties go up to infinity. */
+    if (x >= 0x477FF000u)
+        return (uint16_t)(sign | 0x7C00u);
+
+    int e = (int)(x >> 23) - 127;
+    if (e >= -14) {
+        /* Normal: rebias, keep 10 mantissa bits; a carry may bump the exponent, which is right. */
+        uint32_t h = (x - (112u << 23)) >> 13;
+        uint32_t rem = x & 0x1FFFu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    /* Result is subnormal or zero: value / 2^-24 = m * 2^(e + 1) with m the 24-bit significand. */
+    int s = -(e + 1);
+    if (s >= 25 || (x >> 23) == 0) /* below half the smallest subnormal (f32 subnormals too) */
+        return sign;
+    uint32_t m = (x & 0x7FFFFFu) | 0x800000u;
+    uint32_t q = m >> s;
+    uint32_t rem = m & ((1u << s) - 1u);
+    uint32_t half = 1u << (s - 1);
+    if (rem > half || (rem == half && (q & 1u)))
+        q++;
+    return (uint16_t)(sign | q);
+}
+
+float kb_bf16_to_f32(uint16_t h)
+{
+    uint32_t x = (uint32_t)h << 16;
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u)
+        x |= 0x00400000u;
+    return f32_from_bits(x);
+}
+
+uint16_t kb_f32_to_bf16(float f)
+{
+    uint32_t x = f32_bits(f);
+
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u)
+        return (uint16_t)((x >> 16) | 0x0040u);
+    /* Adding 0x7FFF (+1 when the kept lsb is odd) rounds to nearest even; the carry out of the
+     * largest finite values lands exactly on infinity. */
+    x += 0x7FFFu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+float kb_dtype_load(kb_dtype t, const void *base, size_t i)
+{
+    const unsigned char *p = base;
+    if (t == KB_F32) {
+        float f;
+        memcpy(&f, p + i * 4u, sizeof f);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, p + i * 2u, sizeof h);
+    return t == KB_F16 ? kb_f16_to_f32(h) : kb_bf16_to_f32(h);
+}
+
+void kb_dtype_store(kb_dtype t, void *base, size_t i, float v)
+{
+    unsigned char *p = base;
+    if (t == KB_F32) {
+        memcpy(p + i * 4u, &v, sizeof v);
+        return;
+    }
+    uint16_t h = t == KB_F16 ? kb_f32_to_f16(v) : kb_f32_to_bf16(v);
+    memcpy(p + i * 2u, &h, sizeof h);
+}
+
+float kb_f16_ulp(float v)
+{
+    /* Beyond the f16 range the formula is simply continued (there are no f16 numbers there). */
+    if (isnan(v))
+        return v;
+    if (isinf(v))
+        return INFINITY;
+    float a = fabsf(v);
+    if (a < 0x1p-14f)
+        return 0x1p-24f;
+    int ex;
+    (void)frexpf(a, &ex); /* a = f * 2^ex, f in [0.5, 1): the binade exponent is ex - 1 */
+    return ldexpf(1.0f, ex - 1 - 10);
+}

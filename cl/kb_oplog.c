@@ -1,0 +1,143 @@
+/*
+ * kb_oplog — storage of the op log: records in fixed-size chunks (an array of chunk pointers
+ * that grows), so appending never copies or moves earlier records and kb_oplog_at pointers
+ * stay valid for the life of the log; host-write bytes live in one growable payload buffer
+ * whose offsets are 8-byte aligned (the buffer itself may move when it grows). The log owns
+ * everything it stores. Limits: single-threaded; nothing is freed before kb_oplog_destroy, so
+ * a long run keeps every record it ever logged.
+ */
+#include "kb_oplog.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { CHUNK_RECS = 4096 };
+
+struct kb_oplog {
+    kb_rec **chunks;    /* each CHUNK_RECS records; owned */
+    size_t nchunks, capchunks;
+    size_t count;
+    size_t replayed;
+    uint8_t *payload;   /* owned */
+    size_t payload_size, payload_cap;
+};
+
+const char *kb_rec_kind_name(kb_rec_kind k)
+{
+    static const char *const names[KB_REC_NKINDS] = {
+        "copy", "fill", "math1", "math2", "fma", "clamp", "softmax", "reduce", "gemm",
+    };
+    if ((unsigned)k >= KB_REC_NKINDS)
+        return "?";
+    return names[k];
+}
+
+kb_oplog *kb_oplog_create(void)
+{
+    return calloc(1, sizeof(kb_oplog));
+}
+
+void kb_oplog_destroy(kb_oplog *log)
+{
+    if (!log)
+        return;
+    for (size_t i = 0; i < log->nchunks; i++)
+        free(log->chunks[i]);
+    free(log->chunks);
+    free(log->payload);
+    free(log);
+}
+
+int kb_oplog_append(kb_oplog *log, const kb_rec *r, uint64_t *seq)
+{
+    size_t ci = log->count / CHUNK_RECS;
+
+    if (ci == log->nchunks) {
+        if (log->nchunks == log->capchunks) {
+            size_t cap = log->capchunks ? log->capchunks * 2 : 16;
+            kb_rec **p = realloc(log->chunks, cap * sizeof *p);
+            if (!p)
+                return KB_ERR_NOMEM;
+            log->chunks = p;
+            log->capchunks = cap;
+        }
+        kb_rec *c = malloc(CHUNK_RECS * sizeof *c);
+        if (!c)
+            return KB_ERR_NOMEM;
+        log->chunks[log->nchunks++] = c;
+    }
+    kb_rec *dst = &log->chunks[ci][log->count % CHUNK_RECS];
+    *dst = *r;
+    dst->seq = (uint64_t)log->count;
+    if (seq)
+        *seq = dst->seq;
+    log->count++;
+    return 0;
+}
+
+int kb_oplog_add_payload(kb_oplog *log, const void *data, size_t n, uint64_t *off)
+{
+    /* 8-byte aligned offsets keep every element type naturally aligned inside the payload. */
+    size_t start = (log->payload_size + 7u) & ~(size_t)7u;
+
+    if (n > 0 && !data)
+        return KB_ERR_INVAL;
+    if (n > SIZE_MAX - start)
+        return KB_ERR_NOMEM;
+    if (start + n > log->payload_cap) {
+        size_t cap = log->payload_cap ? log->payload_cap : 4096;
+        while (cap < start + n) {
+            if (cap > SIZE_MAX / 2) {
+                cap = start + n;
+                break;
+            }
+            cap *= 2;
+        }
+        uint8_t *p = realloc(log->payload, cap);
+        if (!p)
+            return KB_ERR_NOMEM;
+        log->payload = p;
+        log->payload_cap = cap;
+    }
+    if (start > log->payload_size)
+        memset(log->payload + log->payload_size, 0, start - log->payload_size);
+    if (n > 0)
+        memcpy(log->payload + start, data, n);
+    log->payload_size = start + n;
+    if (off)
+        *off = (uint64_t)start;
+    return 0;
+}
+
+size_t kb_oplog_count(const kb_oplog *log)
+{
+    return log->count;
+}
+
+const kb_rec *kb_oplog_at(const kb_oplog *log, size_t i)
+{
+    assert(i < log->count);
+    return &log->chunks[i / CHUNK_RECS][i % CHUNK_RECS];
+}
+
+const uint8_t *kb_oplog_payload(const kb_oplog *log)
+{
+    return log->payload;
+}
+
+size_t kb_oplog_payload_size(const kb_oplog *log)
+{
+    return log->payload_size;
+}
+
+size_t kb_oplog_replayed(const kb_oplog *log)
+{
+    return log->replayed;
+}
+
+void kb_oplog_set_replayed(kb_oplog *log, size_t n)
+{
+    assert(n <= log->count);
+    log->replayed = n <= log->count ? n : log->count;
+}

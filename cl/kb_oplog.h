@@ -1,0 +1,124 @@
+/*
+ * kb_oplog — the op log: one record per data operation of Phase 1, replayed by Phase 2.
+ *
+ * Phase 1 moves no tensor data; every DMA, IPCQ copy, host write, vector op and gemm appends a
+ * kb_rec with its simulated t_start/t_end, a strictly increasing seq, and its operands as
+ * PHYSICAL addresses (translated in Phase 1) with shapes and dtypes. Host writes carry their
+ * bytes in the log's payload area (operand space KB_SPACE_PAYLOAD). Records are stored in
+ * fixed-size chunks, so appending never moves earlier records and pointers stay valid.
+ *
+ * Operand shapes are 2-D (rows x cols, a 1-D vector is 1 x n) with a row stride `ld` in
+ * elements (ld >= cols). Elementwise sources broadcast: a source with rows == 1 repeats over
+ * the destination's rows, one with cols == 1 over its columns.
+ *
+ * Semantics of each kind (all arithmetic in f32, one rounding on store to dst's dtype):
+ *   COPY    dst = src0 (same shape; converts dtype)        FILL  dst = imm[0]
+ *   MATH1   dst = op(src0), op a kb_math1_op, AXPB uses imm[0]*x + imm[1]
+ *   MATH2   dst = op(src0, src1), op a kb_math2_op
+ *   FMA     dst = src0 * src1 + src2                        CLAMP dst = min(max(src0, imm[0]), imm[1])
+ *   SOFTMAX dst = softmax(src0) along axis `op` (1: over each row's columns, 0: over each column)
+ *   REDUCE  dst = sum|max of src0 along axis (flags & KB_REC_AXIS0 ? 0 : 1), op a kb_reduce_op;
+ *           axis 1 gives rows x 1, axis 0 gives 1 x cols
+ *   GEMM    dst(MxN) = src0(MxK) @ src1(KxN) [+ dst when flags & KB_REC_ACC]; k summed in
+ *           ascending order in f32
+ */
+#ifndef KB_OPLOG_H
+#define KB_OPLOG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kb_dtype.h"
+#include "kb_err.h"
+#include "kb_time.h"
+
+typedef enum kb_rec_kind {
+    KB_REC_COPY = 0,
+    KB_REC_FILL,
+    KB_REC_MATH1,
+    KB_REC_MATH2,
+    KB_REC_FMA,
+    KB_REC_CLAMP,
+    KB_REC_SOFTMAX,
+    KB_REC_REDUCE,
+    KB_REC_GEMM,
+    KB_REC_NKINDS
+} kb_rec_kind;
+
+typedef enum kb_math1_op {
+    KB_M1_EXP = 0, KB_M1_LOG, KB_M1_SQRT, KB_M1_ABS, KB_M1_SIGMOID, KB_M1_COS, KB_M1_SIN,
+    KB_M1_NEG, KB_M1_RECIP, KB_M1_RELU, KB_M1_GELU, KB_M1_AXPB, KB_M1_RSQRT, KB_M1_NOPS
+} kb_math1_op;
+
+typedef enum kb_math2_op {
+    KB_M2_ADD = 0, KB_M2_SUB, KB_M2_MUL, KB_M2_DIV, KB_M2_MAX, KB_M2_MIN, KB_M2_NOPS
+} kb_math2_op;
+
+typedef enum kb_reduce_op { KB_RED_SUM = 0, KB_RED_MAX, KB_RED_NOPS } kb_reduce_op;
+
+enum { KB_SPACE_MEM = 0, KB_SPACE_PAYLOAD = 1 };
+
+enum { KB_REC_ACC = 1u << 0, KB_REC_AXIS0 = 1u << 1 };
+
+typedef struct kb_opnd {
+    uint64_t addr;   /* PA (KB_SPACE_MEM) or payload byte offset (KB_SPACE_PAYLOAD);
+                        the replay planner rewrites MEM addresses into arena offsets */
+    uint32_t rows, cols;
+    uint32_t ld;     /* row stride in elements, >= cols */
+    uint8_t dtype;   /* kb_dtype */
+    uint8_t space;
+    uint16_t pad_;
+} kb_opnd;
+
+typedef struct kb_rec {
+    kb_time t_start, t_end;
+    uint64_t seq;    /* assigned by kb_oplog_append */
+    uint8_t kind;    /* kb_rec_kind */
+    uint8_t op;      /* kb_math1_op / kb_math2_op / kb_reduce_op / softmax axis */
+    uint8_t flags;   /* KB_REC_* */
+    uint8_t nsrc;    /* sources used: COPY 1, FILL 0, MATH1 1, MATH2 2, FMA 3, ... GEMM 2 */
+    uint32_t pe;     /* global index of the PE that issued it (host writes: UINT32_MAX) */
+    float imm[2];
+    kb_opnd dst;
+    kb_opnd src[3];
+} kb_rec;
+
+/* Number of bytes an operand spans from its addr: ((rows-1)*ld + cols) * elem size. */
+static inline uint64_t kb_opnd_span(const kb_opnd *o)
+{
+    if (o->rows == 0 || o->cols == 0)
+        return 0;
+    return ((uint64_t)(o->rows - 1) * o->ld + o->cols) * kb_dtype_size((kb_dtype)o->dtype);
+}
+
+/* Fills a contiguous operand. */
+static inline kb_opnd kb_opnd_make(uint64_t addr, uint32_t rows, uint32_t cols, kb_dtype t)
+{
+    kb_opnd o;
+    o.addr = addr; o.rows = rows; o.cols = cols; o.ld = cols;
+    o.dtype = (uint8_t)t; o.space = KB_SPACE_MEM; o.pad_ = 0;
+    return o;
+}
+
+const char *kb_rec_kind_name(kb_rec_kind k);
+
+typedef struct kb_oplog kb_oplog;
+
+kb_oplog *kb_oplog_create(void);
+void kb_oplog_destroy(kb_oplog *log); /* NULL is a no-op */
+
+/* Copies *r in, assigning the next seq (returned in *seq if non-NULL). KB_ERR_NOMEM. */
+int kb_oplog_append(kb_oplog *log, const kb_rec *r, uint64_t *seq);
+/* Copies n bytes into the payload area; *off receives their payload offset. KB_ERR_NOMEM. */
+int kb_oplog_add_payload(kb_oplog *log, const void *data, size_t n, uint64_t *off);
+
+size_t kb_oplog_count(const kb_oplog *log);
+const kb_rec *kb_oplog_at(const kb_oplog *log, size_t i); /* i < count; stable pointer */
+const uint8_t *kb_oplog_payload(const kb_oplog *log);     /* base; may move on add_payload */
+size_t kb_oplog_payload_size(const kb_oplog *log);
+
+/* Number of records already replayed (maintained by the replayer). */
+size_t kb_oplog_replayed(const kb_oplog *log);
+void kb_oplog_set_replayed(kb_oplog *log, size_t n);
+
+#endif

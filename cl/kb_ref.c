@@ -1,0 +1,316 @@
+/*
+ * kb_ref — the reference Phase-2 backend: plain C loops that execute one op-log record at a
+ * time on a host arena. It is the oracle every other backend is compared with, so it favours
+ * a fixed, documented evaluation order over speed: all arithmetic in f32, one rounding when a
+ * result is stored (kb_dtype_store), reductions and gemm sums in ascending index order
+ * starting from 0 (or from dst with KB_REC_ACC), FMA and AXPB with a single rounding (fmaf),
+ * MAX/MIN/CLAMP with fmaxf/fminf (a NaN operand yields the other one), RELU keeping NaN and
+ * -0. Records must already be validated and have arena-relative MEM operands (the planner does
+ * both). Limits: elements are computed and stored one at a time in row-major order, so a
+ * record whose dst overlaps a source other than exactly in place (same addr and layout)
+ * gives order-dependent results, and gemm with dst aliasing src0/src1 is not supported (gemm
+ * ACC reads dst itself, which is fine). The backend keeps a private copy of the arena between
+ * begin and end, reused across flushes.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_replay.h"
+
+static const uint8_t *opnd_base(const kb_opnd *o, const uint8_t *arena, const uint8_t *payload)
+{
+    return (o->space == KB_SPACE_PAYLOAD ? payload : arena) + o->addr;
+}
+
+/* Element (i, j) of a source broadcast over the destination's shape. */
+static float load_bcast(const kb_opnd *o, const uint8_t *base, uint32_t i, uint32_t j)
+{
+    size_t r = o->rows == 1 ? 0 : i;
+    size_t c = o->cols == 1 ? 0 : j;
+    return kb_dtype_load((kb_dtype)o->dtype, base, r * o->ld + c);
+}
+
+static float load_at(const kb_opnd *o, const uint8_t *base, uint32_t i, uint32_t j)
+{
+    return kb_dtype_load((kb_dtype)o->dtype, base, (size_t)i * o->ld + j);
+}
+
+static void store_at(const kb_opnd *o, uint8_t *base, uint32_t i, uint32_t j, float v)
+{
+    kb_dtype_store((kb_dtype)o->dtype, base, (size_t)i * o->ld + j, v);
+}
+
+static float math1(unsigned op, float x, const float imm[2])
+{
+    switch (op) {
+    case KB_M1_EXP: return expf(x);
+    case KB_M1_LOG: return logf(x);
+    case KB_M1_SQRT: return sqrtf(x);
+    case KB_M1_ABS: return fabsf(x);
+    case KB_M1_SIGMOID: return 1.0f / (1.0f + expf(-x));
+    case KB_M1_COS: return cosf(x);
+    case KB_M1_SIN: return sinf(x);
+    case KB_M1_NEG: return -x;
+    case KB_M1_RECIP: return 1.0f / x;
+    case KB_M1_RELU: return x < 0.0f ? 0.0f : x;
+    case KB_M1_GELU: {
+        float u = 0.7978845608f * (x + 0.044715f * (x * x * x));
+        return 0.5f * x * (1.0f + tanhf(u));
+    }
+    case KB_M1_AXPB: return fmaf(imm[0], x, imm[1]);
+    case KB_M1_RSQRT: return 1.0f / sqrtf(x);
+    default: return NAN;
+    }
+}
+
+static float math2(unsigned op, float a, float b)
+{
+    switch (op) {
+    case KB_M2_ADD: return a + b;
+    case KB_M2_SUB: return a - b;
+    case KB_M2_MUL: return a * b;
+    case KB_M2_DIV: return a / b;
+    case KB_M2_MAX: return fmaxf(a, b);
+    case KB_M2_MIN: return fminf(a, b);
+    default: return NAN;
+    }
+}
+
+static void exec_elementwise(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
+{
+    const kb_opnd *d = &r->dst;
+    uint8_t *db = arena + d->addr;
+    const uint8_t *sb[3] = { NULL, NULL, NULL };
+
+    for (unsigned s = 0; s < r->nsrc && s < 3; s++)
+        sb[s] = opnd_base(&r->src[s], arena, payload);
+    for (uint32_t i = 0; i < d->rows; i++) {
+        for (uint32_t j = 0; j < d->cols; j++) {
+            float v;
+            switch (r->kind) {
+            case KB_REC_COPY:
+                v = load_bcast(&r->src[0], sb[0], i, j);
+                break;
+            case KB_REC_FILL:
+                v = r->imm[0];
+                break;
+            case KB_REC_MATH1:
+                v = math1(r->op, load_bcast(&r->src[0], sb[0], i, j), r->imm);
+                break;
+            case KB_REC_MATH2:
+                v = math2(r->op, load_bcast(&r->src[0], sb[0], i, j),
+                          load_bcast(&r->src[1], sb[1], i, j));
+                break;
+            case KB_REC_FMA:
+                v = fmaf(load_bcast(&r->src[0], sb[0], i, j), load_bcast(&r->src[1], sb[1], i, j),
+                         load_bcast(&r->src[2], sb[2], i, j));
+                break;
+            case KB_REC_CLAMP:
+                v = fminf(fmaxf(load_bcast(&r->src[0], sb[0], i, j), r->imm[0]), r->imm[1]);
+                break;
+            default:
+                return;
+            }
+            store_at(d, db, i, j, v);
+        }
+    }
+}
+
+/* Softmax over n elements of one row (axis 1) or column (axis 0), starting at (i0, j0). */
+static void softmax_line(const kb_rec *r, const uint8_t *sb, uint8_t *db, uint32_t i0, uint32_t j0,
+                         uint32_t n, int along_cols)
+{
+    const kb_opnd *s = &r->src[0], *d = &r->dst;
+    float m = 0.0f, sum = 0.0f;
+
+    for (uint32_t k = 0; k < n; k++) {
+        float x = along_cols ? load_at(s, sb, i0, j0 + k) : load_at(s, sb, i0 + k, j0);
+        m = k == 0 ? x : fmaxf(m, x);
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        float x = along_cols ? load_at(s, sb, i0, j0 + k) : load_at(s, sb, i0 + k, j0);
+        sum += expf(x - m);
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t i = along_cols ? i0 : i0 + k, j = along_cols ? j0 + k : j0;
+        store_at(d, db, i, j, expf(load_at(s, sb, i, j) - m) / sum);
+    }
+}
+
+static void exec_softmax(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
+{
+    const kb_opnd *d = &r->dst;
+    const uint8_t *sb = opnd_base(&r->src[0], arena, payload);
+    uint8_t *db = arena + d->addr;
+
+    if (r->op == 1) {
+        for (uint32_t i = 0; i < d->rows; i++)
+            softmax_line(r, sb, db, i, 0, d->cols, 1);
+    } else {
+        for (uint32_t j = 0; j < d->cols; j++)
+            softmax_line(r, sb, db, 0, j, d->rows, 0);
+    }
+}
+
+static void exec_reduce(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
+{
+    const kb_opnd *s = &r->src[0], *d = &r->dst;
+    const uint8_t *sb = opnd_base(s, arena, payload);
+    uint8_t *db = arena + d->addr;
+    int axis0 = (r->flags & KB_REC_AXIS0) != 0;
+    uint32_t nout = axis0 ? s->cols : s->rows;
+    uint32_t nin = axis0 ? s->rows : s->cols;
+
+    for (uint32_t o = 0; o < nout; o++) {
+        float acc = 0.0f;
+        for (uint32_t k = 0; k < nin; k++) {
+            float x = axis0 ? load_at(s, sb, k, o) : load_at(s, sb, o, k);
+            if (r->op == KB_RED_MAX)
+                acc = k == 0 ? x : fmaxf(acc, x);
+            else
+                acc += x;
+        }
+        if (r->op == KB_RED_MAX && nin == 0)
+            acc = -INFINITY;
+        if (axis0)
+            store_at(d, db, 0, o, acc);
+        else
+            store_at(d, db, o, 0, acc);
+    }
+}
+
+static void exec_gemm(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
+{
+    const kb_opnd *a = &r->src[0], *b = &r->src[1], *d = &r->dst;
+    const uint8_t *ab = opnd_base(a, arena, payload), *bb = opnd_base(b, arena, payload);
+    uint8_t *db = arena + d->addr;
+    uint32_t kdim = a->cols;
+
+    for (uint32_t i = 0; i < d->rows; i++) {
+        for (uint32_t j = 0; j < d->cols; j++) {
+            float acc = (r->flags & KB_REC_ACC) ? load_at(d, db, i, j) : 0.0f;
+            for (uint32_t k = 0; k < kdim; k++) {
+                float p = load_at(a, ab, i, k) * load_at(b, bb, k, j);
+                acc += p;
+            }
+            store_at(d, db, i, j, acc);
+        }
+    }
+}
+
+void kb_ref_exec(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
+{
+    switch (r->kind) {
+    case KB_REC_COPY:
+    case KB_REC_FILL:
+    case KB_REC_MATH1:
+    case KB_REC_MATH2:
+    case KB_REC_FMA:
+    case KB_REC_CLAMP:
+        exec_elementwise(r, arena, payload);
+        break;
+    case KB_REC_SOFTMAX:
+        exec_softmax(r, arena, payload);
+        break;
+    case KB_REC_REDUCE:
+        exec_reduce(r, arena, payload);
+        break;
+    case KB_REC_GEMM:
+        exec_gemm(r, arena, payload);
+        break;
+    default:
+        break;
+    }
+}
+
+/* Backend state between begin and end. */
+typedef struct ref_state {
+    uint8_t *arena;          /* owned private copy; kept (and reused) across flushes */
+    uint64_t arena_bytes, arena_cap;
+    const uint8_t *payload;  /* borrowed from the caller for the duration of one flush */
+    int active;
+} ref_state;
+
+static int ref_begin(void *self, const uint8_t *arena, uint64_t arena_bytes,
+                     const uint8_t *payload, size_t payload_bytes, kb_errbuf *eb)
+{
+    ref_state *st = self;
+
+    (void)payload_bytes;
+    if (arena_bytes > SIZE_MAX)
+        return kb_err_set(eb, KB_ERR_NOMEM, "ref backend: arena of %llu bytes",
+                          (unsigned long long)arena_bytes);
+    if (arena_bytes > st->arena_cap || !st->arena) {
+        /* Never NULL, even for an empty arena, so operand pointers are always well defined. */
+        size_t want = arena_bytes > 8 ? (size_t)arena_bytes : 8;
+        uint8_t *p = realloc(st->arena, want);
+        if (!p)
+            return kb_err_set(eb, KB_ERR_NOMEM, "ref backend: arena of %llu bytes",
+                              (unsigned long long)arena_bytes);
+        st->arena = p;
+        st->arena_cap = want;
+    }
+    if (arena_bytes > 0)
+        memcpy(st->arena, arena, (size_t)arena_bytes);
+    st->arena_bytes = arena_bytes;
+    st->payload = payload;
+    st->active = 1;
+    return 0;
+}
+
+static int ref_run_batch(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
+{
+    ref_state *st = self;
+
+    if (!st->active)
+        return kb_err_set(eb, KB_ERR_STATE, "ref backend: run_batch outside begin/end");
+    for (size_t i = 0; i < n; i++)
+        kb_ref_exec(&recs[i], st->arena, st->payload);
+    return 0;
+}
+
+static int ref_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *eb)
+{
+    ref_state *st = self;
+
+    if (!st->active)
+        return kb_err_set(eb, KB_ERR_STATE, "ref backend: end without begin");
+    st->active = 0;
+    st->payload = NULL;
+    if (arena_bytes != st->arena_bytes)
+        return kb_err_set(eb, KB_ERR_STATE, "ref backend: end with %llu arena bytes, begin had %llu",
+                          (unsigned long long)arena_bytes, (unsigned long long)st->arena_bytes);
+    if (arena_bytes > 0)
+        memcpy(arena, st->arena, (size_t)arena_bytes);
+    return 0;
+}
+
+static void ref_destroy(void *self)
+{
+    ref_state *st = self;
+
+    if (!st)
+        return;
+    free(st->arena);
+    free(st);
+}
+
+static const kb_backend_ops ref_ops = {
+    .name = "ref",
+    .begin = ref_begin,
+    .run_batch = ref_run_batch,
+    .end = ref_end,
+    .destroy = ref_destroy,
+};
+
+int kb_ref_backend_create(kb_backend *out)
+{
+    ref_state *st = calloc(1, sizeof *st);
+
+    if (!st)
+        return KB_ERR_NOMEM;
+    out->ops = &ref_ops;
+    out->self = st;
+    return 0;
+}

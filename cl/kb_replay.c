@@ -1,0 +1,613 @@
+/*
+ * kb_replay — the Phase-2 planner and the flush that drives a backend. The planner validates
+ * records, orders them by (t_start, seq), cuts them greedily into batches of mutually
+ * independent records using exact byte intervals (a record's reads are its MEM sources'
+ * spans, its write is its dst span; payload sources never conflict because the payload is
+ * read-only), groups each batch by kind (stable), and packs every touched byte range into
+ * coalesced arena segments, rewriting MEM operands to arena offsets. Each segment starts at an
+ * arena offset congruent to its PA modulo 8, so every operand keeps the natural alignment it
+ * had in simulated memory. The batch's read and write sets are sorted, merged interval arrays
+ * searched by binary search, plus a small unsorted pending list merged in when it reaches about
+ * sqrt(size) entries, so a batch of b records costs O(b sqrt b) rather than O(b^2).
+ * Limits: spans are conservative for strided operands (the gaps between rows count as
+ * touched); one arena per flush, rebuilt from the memory store each time.
+ */
+#include "kb_replay.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------- interval sets */
+
+typedef struct ival {
+    uint64_t lo, hi; /* [lo, hi) */
+} ival;
+
+typedef struct ivset {
+    ival *main;     /* sorted, disjoint, non-adjacent */
+    size_t nmain, capmain;
+    ival *pend;     /* unsorted recent additions */
+    size_t npend, cappend;
+    size_t limit;   /* pend is merged into main when it reaches this */
+    ival *tmp;      /* merge scratch */
+    size_t captmp;
+} ivset;
+
+static void ivset_free(ivset *s)
+{
+    free(s->main);
+    free(s->pend);
+    free(s->tmp);
+    memset(s, 0, sizeof *s);
+}
+
+static void ivset_clear(ivset *s)
+{
+    s->nmain = 0;
+    s->npend = 0;
+}
+
+static int ival_cmp(const void *a, const void *b)
+{
+    const ival *x = a, *y = b;
+    if (x->lo != y->lo)
+        return x->lo < y->lo ? -1 : 1;
+    if (x->hi != y->hi)
+        return x->hi < y->hi ? -1 : 1;
+    return 0;
+}
+
+static int ivset_hits(const ivset *s, uint64_t lo, uint64_t hi)
+{
+    /* First interval ending after lo; ends are sorted because the intervals are disjoint. */
+    size_t a = 0, b = s->nmain;
+    while (a < b) {
+        size_t m = a + (b - a) / 2;
+        if (s->main[m].hi <= lo)
+            a = m + 1;
+        else
+            b = m;
+    }
+    if (a < s->nmain && s->main[a].lo < hi)
+        return 1;
+    for (size_t i = 0; i < s->npend; i++)
+        if (s->pend[i].lo < hi && lo < s->pend[i].hi)
+            return 1;
+    return 0;
+}
+
+static int grow_array(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : 16;
+    while (c < need)
+        c *= 2;
+    void *q = realloc(*p, c * elem);
+    if (!q)
+        return KB_ERR_NOMEM;
+    *p = q;
+    *cap = c;
+    return 0;
+}
+
+static void push_coalesced(ival *out, size_t *n, ival v)
+{
+    if (*n > 0 && v.lo <= out[*n - 1].hi) {
+        if (v.hi > out[*n - 1].hi)
+            out[*n - 1].hi = v.hi;
+        return;
+    }
+    out[(*n)++] = v;
+}
+
+static int ivset_merge(ivset *s)
+{
+    size_t need = s->nmain + s->npend;
+    if (grow_array((void **)&s->tmp, &s->captmp, need, sizeof(ival)))
+        return KB_ERR_NOMEM;
+    qsort(s->pend, s->npend, sizeof(ival), ival_cmp);
+    size_t i = 0, j = 0, n = 0;
+    while (i < s->nmain || j < s->npend) {
+        ival v;
+        if (j == s->npend || (i < s->nmain && s->main[i].lo <= s->pend[j].lo))
+            v = s->main[i++];
+        else
+            v = s->pend[j++];
+        push_coalesced(s->tmp, &n, v);
+    }
+    ival *t = s->main;
+    size_t tc = s->capmain;
+    s->main = s->tmp;
+    s->capmain = s->captmp;
+    s->tmp = t;
+    s->captmp = tc;
+    s->nmain = n;
+    s->npend = 0;
+    while (s->limit * s->limit < s->nmain)
+        s->limit *= 2;
+    return 0;
+}
+
+static int ivset_add(ivset *s, uint64_t lo, uint64_t hi)
+{
+    if (s->limit == 0)
+        s->limit = 16;
+    if (grow_array((void **)&s->pend, &s->cappend, s->npend + 1, sizeof(ival)))
+        return KB_ERR_NOMEM;
+    s->pend[s->npend].lo = lo;
+    s->pend[s->npend].hi = hi;
+    s->npend++;
+    if (s->npend >= s->limit)
+        return ivset_merge(s);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- validation */
+
+static unsigned nsrc_of(unsigned kind)
+{
+    static const unsigned n[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2 };
+    return kind < KB_REC_NKINDS ? n[kind] : 0;
+}
+
+static int bad(const kb_rec *r, kb_errbuf *eb, const char *what)
+{
+    return kb_err_set(eb, KB_ERR_INVAL, "op log record seq %llu (%s): %s",
+                      (unsigned long long)r->seq, kb_rec_kind_name((kb_rec_kind)r->kind), what);
+}
+
+static int check_opnd(const kb_rec *r, const kb_opnd *o, kb_errbuf *eb)
+{
+    if (o->dtype >= KB_NDTYPES)
+        return bad(r, eb, "operand dtype out of range");
+    if (o->space != KB_SPACE_MEM && o->space != KB_SPACE_PAYLOAD)
+        return bad(r, eb, "operand space out of range");
+    if (o->rows > 1 && o->ld < o->cols)
+        return bad(r, eb, "operand row stride ld < cols");
+    if (o->addr > UINT64_MAX - kb_opnd_span(o))
+        return bad(r, eb, "operand wraps around the address space");
+    return 0;
+}
+
+static int bcasts(const kb_opnd *s, const kb_opnd *d)
+{
+    return (s->rows == d->rows || s->rows == 1) && (s->cols == d->cols || s->cols == 1);
+}
+
+static int check_rec(const kb_rec *r, kb_errbuf *eb)
+{
+    const kb_opnd *d = &r->dst, *s = r->src;
+    int rc;
+
+    if (r->kind >= KB_REC_NKINDS)
+        return kb_err_set(eb, KB_ERR_INVAL, "op log record seq %llu: unknown kind %u",
+                          (unsigned long long)r->seq, (unsigned)r->kind);
+    if (r->nsrc != nsrc_of(r->kind))
+        return bad(r, eb, "wrong number of sources");
+    if (d->space != KB_SPACE_MEM)
+        return bad(r, eb, "destination not in memory");
+    if ((rc = check_opnd(r, d, eb)) != 0)
+        return rc;
+    for (unsigned i = 0; i < r->nsrc; i++)
+        if ((rc = check_opnd(r, &s[i], eb)) != 0)
+            return rc;
+    switch (r->kind) {
+    case KB_REC_MATH1:
+        if (r->op >= KB_M1_NOPS)
+            return bad(r, eb, "math1 op out of range");
+        break;
+    case KB_REC_MATH2:
+        if (r->op >= KB_M2_NOPS)
+            return bad(r, eb, "math2 op out of range");
+        break;
+    case KB_REC_SOFTMAX:
+        if (r->op > 1)
+            return bad(r, eb, "softmax axis must be 0 or 1");
+        if (s[0].rows != d->rows || s[0].cols != d->cols)
+            return bad(r, eb, "softmax source and destination shapes differ");
+        return 0;
+    case KB_REC_REDUCE:
+        if (r->op >= KB_RED_NOPS)
+            return bad(r, eb, "reduce op out of range");
+        if (r->flags & KB_REC_AXIS0) {
+            if (d->rows != 1 || d->cols != s[0].cols)
+                return bad(r, eb, "axis-0 reduce needs a 1 x cols destination");
+        } else if (d->cols != 1 || d->rows != s[0].rows) {
+            return bad(r, eb, "axis-1 reduce needs a rows x 1 destination");
+        }
+        return 0;
+    case KB_REC_GEMM:
+        if (s[0].rows != d->rows || s[1].cols != d->cols || s[0].cols != s[1].rows)
+            return bad(r, eb, "gemm shapes do not chain (MxK @ KxN -> MxN)");
+        return 0;
+    default:
+        break;
+    }
+    for (unsigned i = 0; i < r->nsrc; i++)
+        if (!bcasts(&s[i], d))
+            return bad(r, eb, "source shape does not broadcast to the destination");
+    return 0;
+}
+
+/* ---------------------------------------------------------------- planner */
+
+typedef struct sort_key {
+    kb_time t_start;
+    uint64_t seq;
+    size_t idx;
+} sort_key;
+
+static int key_cmp(const void *a, const void *b)
+{
+    const sort_key *x = a, *y = b;
+    if (x->t_start != y->t_start)
+        return x->t_start < y->t_start ? -1 : 1;
+    if (x->seq != y->seq)
+        return x->seq < y->seq ? -1 : 1;
+    if (x->idx != y->idx) /* equal keys keep input order: the sort is stable */
+        return x->idx < y->idx ? -1 : 1;
+    return 0;
+}
+
+static int mem_ival(const kb_opnd *o, ival *v)
+{
+    uint64_t span = kb_opnd_span(o);
+    if (o->space != KB_SPACE_MEM || span == 0)
+        return 0;
+    v->lo = o->addr;
+    v->hi = o->addr + span;
+    return 1;
+}
+
+/* Reads (MEM sources) and write (dst) of a record; returns the number of reads. */
+static unsigned rec_ivals(const kb_rec *r, ival reads[3], ival *write, int *has_write)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < r->nsrc; i++)
+        n += (unsigned)mem_ival(&r->src[i], &reads[n]);
+    *has_write = mem_ival(&r->dst, write);
+    return n;
+}
+
+static int conflicts(const ivset *rd, const ivset *wr, const ival *reads, unsigned nreads,
+                     const ival *write, int has_write)
+{
+    for (unsigned i = 0; i < nreads; i++)
+        if (ivset_hits(wr, reads[i].lo, reads[i].hi))
+            return 1;
+    if (has_write && (ivset_hits(wr, write->lo, write->hi) || ivset_hits(rd, write->lo, write->hi)))
+        return 1;
+    return 0;
+}
+
+/* Cuts the sorted records into batches; bstart[] receives each batch's first sorted position. */
+static int cut_batches(const kb_rec *const *recs, const sort_key *keys, size_t n, size_t *bstart,
+                       size_t *nbatches)
+{
+    ivset rd, wr;
+    int rc = 0;
+    size_t nb = 0;
+
+    memset(&rd, 0, sizeof rd);
+    memset(&wr, 0, sizeof wr);
+    for (size_t p = 0; p < n; p++) {
+        const kb_rec *r = recs[keys[p].idx];
+        ival reads[3], write;
+        int has_write;
+        unsigned nreads = rec_ivals(r, reads, &write, &has_write);
+
+        if (p == 0 || conflicts(&rd, &wr, reads, nreads, &write, has_write)) {
+            bstart[nb++] = p;
+            ivset_clear(&rd);
+            ivset_clear(&wr);
+        }
+        for (unsigned i = 0; i < nreads && rc == 0; i++)
+            rc = ivset_add(&rd, reads[i].lo, reads[i].hi);
+        if (rc == 0 && has_write)
+            rc = ivset_add(&wr, write.lo, write.hi);
+        if (rc)
+            goto fail;
+    }
+    *nbatches = nb;
+fail:
+    ivset_free(&rd);
+    ivset_free(&wr);
+    return rc;
+}
+
+static size_t find_seg(const kb_segment *segs, size_t nsegs, uint64_t pa)
+{
+    size_t a = 0, b = nsegs;
+    while (b - a > 1) {
+        size_t m = a + (b - a) / 2;
+        if (segs[m].pa <= pa)
+            a = m;
+        else
+            b = m;
+    }
+    return a;
+}
+
+/* Coalesces every MEM span of the plan's records into segments and rewrites operands. */
+static int build_arena(kb_plan *p)
+{
+    ival *spans = malloc((p->nrecs * 4 + 1) * sizeof *spans);
+    size_t ns = 0;
+    int rc = KB_ERR_NOMEM;
+
+    if (!spans)
+        goto fail;
+    for (size_t i = 0; i < p->nrecs; i++) {
+        const kb_rec *r = &p->recs[i];
+        ns += (size_t)mem_ival(&r->dst, &spans[ns]);
+        for (unsigned s = 0; s < r->nsrc; s++)
+            ns += (size_t)mem_ival(&r->src[s], &spans[ns]);
+    }
+    qsort(spans, ns, sizeof *spans, ival_cmp);
+    size_t nseg = 0;
+    for (size_t i = 0; i < ns; i++)
+        push_coalesced(spans, &nseg, spans[i]); /* in place: nseg <= i */
+    p->segs = malloc((nseg ? nseg : 1) * sizeof *p->segs);
+    if (!p->segs)
+        goto fail;
+    uint64_t off = 0;
+    for (size_t i = 0; i < nseg; i++) {
+        off += (spans[i].lo - off) & 7u; /* keep the PA's alignment modulo 8 */
+        p->segs[i].pa = spans[i].lo;
+        p->segs[i].len = spans[i].hi - spans[i].lo;
+        p->segs[i].arena_off = off;
+        p->segs[i].written = 0;
+        off += p->segs[i].len;
+    }
+    p->nsegs = nseg;
+    p->arena_bytes = (off + 7u) & ~(uint64_t)7u;
+
+    for (size_t i = 0; i < p->nrecs; i++) {
+        kb_rec *r = &p->recs[i];
+        for (unsigned s = 0; s <= r->nsrc; s++) {
+            kb_opnd *o = s == 0 ? &r->dst : &r->src[s - 1];
+            if (o->space != KB_SPACE_MEM)
+                continue;
+            if (kb_opnd_span(o) == 0) {
+                o->addr = 0;
+                continue;
+            }
+            size_t k = find_seg(p->segs, nseg, o->addr);
+            assert(o->addr >= p->segs[k].pa &&
+                   o->addr + kb_opnd_span(o) <= p->segs[k].pa + p->segs[k].len);
+            o->addr = p->segs[k].arena_off + (o->addr - p->segs[k].pa);
+            if (s == 0)
+                p->segs[k].written = 1;
+        }
+    }
+    rc = 0;
+fail:
+    free(spans);
+    return rc;
+}
+
+void kb_plan_free(kb_plan *p)
+{
+    if (!p)
+        return;
+    free(p->recs);
+    free(p->batches);
+    free(p->segs);
+    memset(p, 0, sizeof *p);
+}
+
+int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *eb)
+{
+    sort_key *keys = NULL;
+    size_t *bstart = NULL;
+    size_t nb = 0;
+    int rc;
+
+    memset(out, 0, sizeof *out);
+    if (n == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!recs[i])
+            return kb_err_set(eb, KB_ERR_INVAL, "plan: record %zu is NULL", i);
+        if ((rc = check_rec(recs[i], eb)) != 0)
+            return rc;
+    }
+    rc = KB_ERR_NOMEM;
+    keys = malloc(n * sizeof *keys);
+    bstart = malloc(n * sizeof *bstart);
+    out->recs = malloc(n * sizeof *out->recs);
+    out->batches = malloc(n * sizeof *out->batches);
+    if (!keys || !bstart || !out->recs || !out->batches)
+        goto fail;
+    for (size_t i = 0; i < n; i++) {
+        keys[i].t_start = recs[i]->t_start;
+        keys[i].seq = recs[i]->seq;
+        keys[i].idx = i;
+    }
+    qsort(keys, n, sizeof *keys, key_cmp);
+    if ((rc = cut_batches(recs, keys, n, bstart, &nb)) != 0)
+        goto fail;
+
+    /* Group each batch by kind with a stable counting sort. */
+    for (size_t b = 0; b < nb; b++) {
+        size_t lo = bstart[b], hi = b + 1 < nb ? bstart[b + 1] : n;
+        size_t pos[KB_REC_NKINDS] = { 0 };
+        for (size_t p = lo; p < hi; p++)
+            pos[recs[keys[p].idx]->kind]++;
+        size_t acc = lo;
+        for (unsigned k = 0; k < KB_REC_NKINDS; k++) {
+            size_t c = pos[k];
+            pos[k] = acc;
+            acc += c;
+        }
+        for (size_t p = lo; p < hi; p++) {
+            const kb_rec *r = recs[keys[p].idx];
+            out->recs[pos[r->kind]++] = *r;
+        }
+        out->batches[b].first = lo;
+        out->batches[b].count = hi - lo;
+    }
+    out->nrecs = n;
+    out->nbatches = nb;
+    if ((rc = build_arena(out)) != 0)
+        goto fail;
+    free(keys);
+    free(bstart);
+    return 0;
+fail:
+    free(keys);
+    free(bstart);
+    kb_plan_free(out);
+    return rc == KB_ERR_NOMEM ? kb_err_set(eb, rc, "plan: out of memory for %zu records", n) : rc;
+}
+
+/* ---------------------------------------------------------------- flush */
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/*
+ * Makes sure every page the written segments touch exists, by rewriting one byte per page with
+ * its current value: afterwards the write-back cannot fail, so a flush either updates the
+ * store completely or leaves it as it was.
+ */
+static int reserve_pages(kb_memstore *ms, const kb_plan *p)
+{
+    const uint64_t page = UINT64_C(1) << 16;
+
+    for (size_t i = 0; i < p->nsegs; i++) {
+        const kb_segment *s = &p->segs[i];
+        if (!s->written)
+            continue;
+        uint64_t end = s->pa + s->len;
+        for (uint64_t a = s->pa; a < end; a = (a | (page - 1)) + 1) {
+            uint8_t b;
+            kb_memstore_read(ms, a, &b, 1);
+            int rc = kb_memstore_write(ms, a, &b, 1);
+            if (rc)
+                return rc;
+            if ((a | (page - 1)) == UINT64_MAX)
+                break;
+        }
+    }
+    return 0;
+}
+
+static int check_payload_refs(const kb_rec *const *recs, size_t n, size_t payload_bytes,
+                              kb_errbuf *eb)
+{
+    for (size_t i = 0; i < n; i++) {
+        const kb_rec *r = recs[i];
+        for (unsigned s = 0; s < r->nsrc && s < 3; s++) {
+            const kb_opnd *o = &r->src[s];
+            uint64_t span = kb_opnd_span(o);
+            if (o->space == KB_SPACE_PAYLOAD && span > 0 &&
+                (o->addr > payload_bytes || span > payload_bytes - o->addr))
+                return bad(r, eb, "payload source beyond the payload area");
+        }
+    }
+    return 0;
+}
+
+int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_stats *st,
+                    kb_errbuf *eb)
+{
+    double t0 = now_ms();
+    size_t first = kb_oplog_replayed(log), count = kb_oplog_count(log);
+    const kb_rec **ptrs = NULL;
+    uint8_t *arena = NULL;
+    kb_plan plan;
+    int begun = 0, rc;
+
+    memset(&plan, 0, sizeof plan);
+    if (first >= count)
+        return 0;
+    size_t n = count - first;
+    const uint8_t *payload = kb_oplog_payload(log);
+    size_t payload_bytes = kb_oplog_payload_size(log);
+
+    rc = KB_ERR_NOMEM;
+    ptrs = malloc(n * sizeof *ptrs);
+    if (!ptrs) {
+        kb_err_set(eb, rc, "replay: out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++)
+        ptrs[i] = kb_oplog_at(log, first + i);
+    if ((rc = check_payload_refs(ptrs, n, payload_bytes, eb)) != 0)
+        goto out;
+    if ((rc = kb_plan_build(ptrs, n, &plan, eb)) != 0)
+        goto out;
+
+    /* calloc: the alignment padding between segments is never read by a record, but is copied. */
+    arena = calloc(plan.arena_bytes ? (size_t)plan.arena_bytes : 1, 1);
+    if (!arena) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "replay: arena of %llu bytes",
+                        (unsigned long long)plan.arena_bytes);
+        goto out;
+    }
+    for (size_t i = 0; i < plan.nsegs; i++)
+        kb_memstore_read(ms, plan.segs[i].pa, arena + plan.segs[i].arena_off,
+                         (size_t)plan.segs[i].len);
+
+    if ((rc = be->ops->begin(be->self, arena, plan.arena_bytes, payload, payload_bytes, eb)) != 0)
+        goto fail_backend;
+    begun = 1;
+    for (size_t b = 0; b < plan.nbatches; b++) {
+        const kb_batch *bt = &plan.batches[b];
+        if ((rc = be->ops->run_batch(be->self, plan.recs + bt->first, bt->count, eb)) != 0)
+            goto fail_backend;
+    }
+    begun = 0;
+    if ((rc = be->ops->end(be->self, arena, plan.arena_bytes, eb)) != 0)
+        goto fail_backend;
+
+    if ((rc = reserve_pages(ms, &plan)) != 0) {
+        kb_err_set(eb, rc, "replay: out of memory for the memory store");
+        goto out;
+    }
+    for (size_t i = 0; i < plan.nsegs; i++) {
+        const kb_segment *s = &plan.segs[i];
+        if (s->written) {
+            rc = kb_memstore_write(ms, s->pa, arena + s->arena_off, (size_t)s->len);
+            assert(rc == 0); /* every page exists after reserve_pages */
+        }
+    }
+    kb_oplog_set_replayed(log, count);
+
+    if (st) {
+        uint64_t launches = 0;
+        for (size_t b = 0; b < plan.nbatches; b++) {
+            const kb_batch *bt = &plan.batches[b];
+            for (size_t i = 0; i < bt->count; i++)
+                if (i == 0 || plan.recs[bt->first + i].kind != plan.recs[bt->first + i - 1].kind)
+                    launches++;
+        }
+        st->records += n;
+        st->batches += plan.nbatches;
+        st->launches += launches;
+        st->flushes++;
+        st->ms += now_ms() - t0;
+    }
+    rc = 0;
+    goto out;
+fail_backend:
+    kb_err_prefix(eb, "replay on %s", be->ops->name ? be->ops->name : "?");
+    if (begun) {
+        /* Let the backend leave its in-flush state; its message must not hide the first one. */
+        kb_errbuf scratch;
+        (void)be->ops->end(be->self, arena, plan.arena_bytes, &scratch);
+    }
+out:
+    kb_plan_free(&plan);
+    free(arena);
+    free(ptrs);
+    return rc;
+}

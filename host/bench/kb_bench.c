@@ -1,0 +1,191 @@
+/*
+ * kb_bench — the bench registry and runner (kb_bench.h). The runner owns the context for one
+ * run: it is created, used for the host program and the verification, and destroyed here.
+ */
+#include "kb_bench.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kb_runtime_int.h"
+
+static const kb_bench *const registry[] = {
+    &kb_bench_gemm,
+    &kb_bench_va_offset,
+    &kb_bench_gpt3_qkv,
+};
+
+const kb_bench *kb_bench_at(int i)
+{
+    if (i < 0 || (size_t)i >= sizeof registry / sizeof registry[0])
+        return NULL;
+    return registry[i];
+}
+
+const kb_bench *kb_bench_find(const char *name)
+{
+    for (int i = 0; kb_bench_at(i); i++)
+        if (strcmp(kb_bench_at(i)->name, name) == 0)
+            return kb_bench_at(i);
+    return NULL;
+}
+
+int kb_bench_param_index(const kb_bench *b, const char *name)
+{
+    for (int i = 0; i < b->nparams; i++)
+        if (strcmp(b->params[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+uint64_t kb_fnv1a64(const void *data, size_t n, uint64_t h)
+{
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= UINT64_C(0x100000001b3);
+    }
+    return h;
+}
+
+void kb_bench_add_extra(kb_bench_result *r, const char *name, double value)
+{
+    if (r->nextras < KB_BENCH_MAX_EXTRAS) {
+        r->extras[r->nextras].name = name;
+        r->extras[r->nextras].value = value;
+        r->nextras++;
+    }
+}
+
+void kb_bench_mark_begin(kb_ctx *ctx, kb_bench_result *r) { r->t_begin = kb_sim_now(kb_ctx_sim(ctx)); }
+void kb_bench_mark_end(kb_ctx *ctx, kb_bench_result *r) { r->t_end = kb_sim_now(kb_ctx_sim(ctx)); }
+
+int kb_bench_check(kb_bench_result *r, kb_dtype dt, const float *got, const double *ref,
+                   const double *acc_bound, size_t n, const char *what)
+{
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        double ulp = dt == KB_F32 ? ldexp(fabs(ref[i]) > 0 ? 1.0 : 0.0, ilogb(ref[i]) - 23)
+                                  : (double)kb_f16_ulp((float)ref[i]);
+        if (dt == KB_BF16)
+            ulp = (double)kb_f16_ulp((float)ref[i]) * 8.0; /* bf16 has 3 fewer mantissa bits */
+        double bound = 0.5 * ulp + (acc_bound ? acc_bound[i] : 0.0);
+        double err = fabs((double)got[i] - ref[i]);
+        /* the worst error wins; a NaN error sticks */
+        if (!r->have_err || (!isnan(r->max_abs_err) && !(err <= r->max_abs_err))) {
+            r->max_abs_err = err;
+            r->err_bound = bound;
+            r->have_err = 1;
+        }
+        if (!(err <= bound)) { /* NaN fails too */
+            if (ok)
+                snprintf(r->detail, sizeof r->detail,
+                         "%s[%zu] = %.9g, expected %.9g (|err| %.3g > bound %.3g)", what, i,
+                         (double)got[i], ref[i], err, bound);
+            ok = 0;
+        }
+    }
+    return ok;
+}
+
+typedef struct runner {
+    const kb_bench *b;
+    const kb_bench_args *a;
+    void *state;
+    kb_bench_result *res;
+} runner;
+
+static int host_program(kb_ctx *ctx, void *arg)
+{
+    runner *r = arg;
+    r->res->t_begin = kb_sim_now(kb_ctx_sim(ctx));
+    r->res->t_end = -1;
+    int rc = r->b->run(ctx, r->a, r->state, r->res);
+    if (r->res->t_end < 0)
+        r->res->t_end = kb_sim_now(kb_ctx_sim(ctx));
+    return rc;
+}
+
+static double wall_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+int kb_bench_execute(const kb_config *cfg, kb_device_kind device, const kb_bench *b,
+                     const kb_bench_args *a, kb_run_report *rep, kb_errbuf *eb)
+{
+    kb_ctx_opts opts = { device };
+    kb_ctx *ctx = NULL;
+    void *state = NULL;
+    double w0 = wall_now_ms();
+    int rc;
+
+    memset(rep, 0, sizeof *rep);
+    rep->res.verified = -1;
+    if ((rc = kb_ctx_create(cfg, &opts, &ctx, eb)) != 0)
+        return rc;
+    state = calloc(1, b->state_size ? b->state_size : 1);
+    if (!state) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    runner r = { b, a, state, &rep->res };
+    rc = kb_ctx_run_host(ctx, host_program, &r);
+    if (rc) {
+        kb_err_set(eb, rc, "%s", kb_ctx_errmsg(ctx));
+        goto out;
+    }
+    rep->sim_time_ns = kb_time_to_ns(rep->res.t_end - rep->res.t_begin);
+    rep->events = kb_sim_events(kb_ctx_sim(ctx));
+    rep->switches = kb_sim_switches(kb_ctx_sim(ctx));
+    rep->kernels = kb_ctx_kernels_run(ctx);
+    if (a->verify && kb_ctx_recording(ctx) && b->verify) {
+        rc = b->verify(ctx, a, state, &rep->res);
+        if (rc) {
+            kb_err_set(eb, rc, "%s", kb_ctx_errmsg(ctx));
+            goto out;
+        }
+    }
+    rep->records = kb_oplog_count(kb_ctx_oplog(ctx));
+    rep->replay = *kb_ctx_replay_stats(ctx);
+out:
+    if (state && b->cleanup)
+        b->cleanup(state);
+    free(state);
+    kb_ctx_destroy(ctx);
+    rep->wall_ms = wall_now_ms() - w0;
+    return rc;
+}
+
+void kb_bench_pattern(float *x, size_t n, uint32_t seed, int range, float den)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t h = (uint32_t)i * 2654435761u ^ (seed * 0x9e3779b9u + 0x7f4a7c15u);
+        h ^= h >> 15;
+        h *= 0x2c1b3c6du;
+        h ^= h >> 12;
+        x[i] = (float)((int)(h % (uint32_t)(2 * range + 1)) - range) / den;
+    }
+}
+
+void kb_bench_ref_gemm(const float *a, const float *b, size_t M, size_t N, size_t K, double *ref,
+                       double *bound)
+{
+    for (size_t i = 0; i < M; i++) {
+        for (size_t j = 0; j < N; j++) {
+            double s = 0.0, sa = 0.0;
+            for (size_t k = 0; k < K; k++) {
+                double p = (double)a[i * K + k] * (double)b[k * N + j];
+                s += p;
+                sa += fabs(p);
+            }
+            ref[i * N + j] = s;
+            bound[i * N + j] = (double)K * ldexp(1.0, -24) * sa;
+        }
+    }
+}

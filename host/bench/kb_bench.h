@@ -1,0 +1,115 @@
+/*
+ * kb_bench — built-in benchmarks and the runner that drives one from config to verified
+ * numbers.
+ *
+ * A bench is a table entry: integer parameters (name, default, range, doc), a `run` function
+ * executed as the host program inside the simulation (it creates tensors, launches kernels
+ * and marks the end of the measured region), and a `verify` function called after the
+ * simulation, outside simulated time, that reads the outputs back (Phase-2 replay), compares
+ * them with a host computation and fills the result. sim_time_ns is the simulated time of the
+ * measured region, so it is the same with and without --device none / --verify-data.
+ */
+#ifndef KB_BENCH_H
+#define KB_BENCH_H
+
+#include <stdint.h>
+
+#include "kb_runtime.h"
+
+#define KB_BENCH_MAX_PARAMS 8
+#define KB_BENCH_MAX_EXTRAS 8
+
+typedef struct kb_bench_param {
+    const char *name;
+    int64_t dflt, min, max;
+    const char *doc;
+} kb_bench_param;
+
+typedef struct kb_bench_args {
+    int64_t p[KB_BENCH_MAX_PARAMS];   /* resolved values, in the bench's param order */
+    int verify;                        /* --verify-data */
+} kb_bench_args;
+
+typedef struct kb_bench_result {
+    int verified;                      /* 1 passed, 0 failed, -1 not checked */
+    char line[256];                    /* the bench's result line ("  gemm (...): OK") */
+    char detail[512];                  /* why verification failed */
+    int have_digest;
+    uint64_t digest;                   /* FNV-1a 64 of the verified output bytes */
+    int have_err;
+    double max_abs_err, err_bound;     /* worst |got - ref| and the bound it was checked against */
+    kb_time t_begin, t_end;            /* measured region (simulated) */
+    int nextras;
+    struct { const char *name; double value; } extras[KB_BENCH_MAX_EXTRAS];
+} kb_bench_result;
+
+typedef struct kb_bench {
+    const char *name;
+    const char *summary;
+    kb_bench_param params[KB_BENCH_MAX_PARAMS];
+    int nparams;
+    size_t state_size;                 /* zeroed state passed to run/verify */
+    int (*run)(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res);
+    int (*verify)(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res);
+    /* Frees what run/verify malloc'd in state (tensors belong to the context). May be NULL. */
+    void (*cleanup)(void *state);
+} kb_bench;
+
+/* The registry. */
+const kb_bench *kb_bench_find(const char *name);
+const kb_bench *kb_bench_at(int i);   /* NULL past the end */
+
+/* Index of a parameter, -1 when the bench has none of that name. */
+int kb_bench_param_index(const kb_bench *b, const char *name);
+
+/* Everything a finished run reports. */
+typedef struct kb_run_report {
+    kb_bench_result res;
+    double sim_time_ns;
+    uint64_t events, switches, kernels, records;
+    kb_replay_stats replay;
+    double wall_ms;
+} kb_run_report;
+
+/*
+ * Creates a context for cfg/device, runs the bench, verifies when asked (and possible), and
+ * fills *rep. Returns 0 (verification failure is rep->res.verified == 0, not an error) or an
+ * error code with the message in eb.
+ */
+int kb_bench_execute(const kb_config *cfg, kb_device_kind device, const kb_bench *b,
+                     const kb_bench_args *a, kb_run_report *rep, kb_errbuf *eb);
+
+/* Helpers for benches. */
+uint64_t kb_fnv1a64(const void *data, size_t n, uint64_t h);
+#define KB_FNV1A64_INIT UINT64_C(0xcbf29ce484222325)
+void kb_bench_add_extra(kb_bench_result *r, const char *name, double value);
+/* Marks the start/end of the measured region at the current simulated time. */
+void kb_bench_mark_begin(kb_ctx *ctx, kb_bench_result *r);
+void kb_bench_mark_end(kb_ctx *ctx, kb_bench_result *r);
+
+/*
+ * Checks got[i] (rounded outputs) against ref[i] (exact) with per-element bound
+ * 0.5 ulp_f16(ref) + acc_bound[i] (acc_bound may be NULL); records the worst error and
+ * returns 1 when all pass. For f32 outputs the ulp term uses f32's spacing.
+ */
+int kb_bench_check(kb_bench_result *r, kb_dtype dt, const float *got, const double *ref,
+                   const double *acc_bound, size_t n, const char *what);
+
+/* The registered benches (defined in bench_*.c). */
+extern const kb_bench kb_bench_gemm;
+extern const kb_bench kb_bench_va_offset;
+extern const kb_bench kb_bench_gpt3_qkv;
+
+#endif
+
+/*
+ * Deterministic test data: x[i] = (h(seed, i) mod (2*range + 1) - range) / den, small
+ * integers over a power of two, so products and sums stay exact in f32 for the sizes the
+ * benches use and the host reference is exact.
+ */
+void kb_bench_pattern(float *x, size_t n, uint32_t seed, int range, float den);
+
+/* Reference gemm in double: ref (MxN) = a (MxK) @ b (KxN); bound[i] = K * 2^-24 * sum|a||b|
+ * (the f32 accumulation error allowance). */
+void kb_bench_ref_gemm(const float *a, const float *b, size_t M, size_t N, size_t K, double *ref,
+                       double *bound);

@@ -1,0 +1,798 @@
+/*
+ * kb_config — loads configs/topology.yaml and configs/ccl.yaml with libyaml's document API
+ * and checks every node against the schema in kb_schema.c; applies --set overrides; checks
+ * cross-field rules. A load works on a copy and commits only on success, so a failed load or
+ * --set leaves the caller's kb_config as it was. Only the first YAML document of a file is
+ * read (a second non-empty one is an error); anchors and aliases work as libyaml resolves
+ * them. Messages give 1-based "FILE:LINE:COLUMN" of the offending node, as editors expect.
+ */
+#include "kb_config.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <yaml.h>
+
+#include "kb_schema.h"
+
+#define PATH_CAP 256 /* longest dotted key path we build */
+
+/* PhysAddr windows (kb_addr.h; kept here so config does not depend on the address model). */
+#define PE_RANGE_BYTES (UINT64_C(1) << 27)   /* tcm / ipcq / scratch: 128 MiB each */
+#define HBM_WINDOW_BYTES (UINT64_C(1) << 37) /* 128 GiB per cube */
+#define SRAM_WINDOW_BYTES (UINT64_C(1) << 29) /* 512 MiB per cube */
+
+typedef struct ld_ctx {
+    yaml_document_t *doc;
+    const char *file;
+    kb_errbuf *eb;
+} ld_ctx;
+
+/* --------------------------------------------------------------------------------------- */
+/* Defaults, lookup, iteration                                                              */
+
+void kb_config_defaults(kb_config *cfg)
+{
+    assert(cfg);
+    /* Zero first so that string tails and padding compare equal with memcmp. */
+    memset(cfg, 0, sizeof *cfg);
+    kb_schema_apply_defaults(&kb_schema_topo, &cfg->topo);
+    kb_schema_apply_defaults(&kb_schema_ccl_defaults, &cfg->ccl.defaults);
+}
+
+void kb_config_fini(kb_config *cfg)
+{
+    (void)cfg;
+}
+
+const kb_ccl_algo *kb_config_find_algo(const kb_config *cfg, const char *name)
+{
+    if (!cfg || !name)
+        return NULL;
+    for (int i = 0; i < cfg->ccl.nalgos; i++)
+        if (strcmp(cfg->ccl.algos[i].name, name) == 0)
+            return &cfg->ccl.algos[i];
+    return NULL;
+}
+
+kb_ccl_params kb_config_algo_params(const kb_config *cfg, const kb_ccl_algo *algo)
+{
+    kb_ccl_params r;
+    const kb_ccl_params *o;
+
+    assert(cfg);
+    r = cfg->ccl.defaults;
+    if (!algo)
+        return r;
+    o = &algo->p;
+    /* The effective `algorithm` is the entry itself, whatever defaults.algorithm says. */
+    snprintf(r.algorithm, sizeof r.algorithm, "%s", algo->name);
+    if (o->buffer_kind[0])
+        memcpy(r.buffer_kind, o->buffer_kind, sizeof r.buffer_kind);
+    if (o->backpressure >= 0)
+        r.backpressure = o->backpressure;
+    if (o->n_slots > 0)
+        r.n_slots = o->n_slots;
+    if (o->slot_size > 0)
+        r.slot_size = o->slot_size;
+    if (o->vc_chunk_size > 0)
+        r.vc_chunk_size = o->vc_chunk_size;
+    if (o->ipcq_credit_size_bytes > 0)
+        r.ipcq_credit_size_bytes = o->ipcq_credit_size_bytes;
+    if (o->world_size > 0)
+        r.world_size = o->world_size;
+    if (o->n_elem > 0)
+        r.n_elem = o->n_elem;
+    return r;
+}
+
+static void foreach_scope(const kb_schema_scope *sc, kb_config_key_fn fn, void *ud)
+{
+    const kb_schema_key *k;
+    char full[PATH_CAP], type[160], dflt[PATH_CAP];
+
+    for (size_t i = 0; (k = kb_schema_at(sc, i, NULL)) != NULL; i++) {
+        snprintf(full, sizeof full, "%s%s%s", sc->prefix, sc->prefix[0] ? "." : "", k->path);
+        kb_schema_type_text(k, type, sizeof type);
+        /* In an algorithm entry the params keys inherit from ccl.defaults. */
+        if (sc == &kb_schema_ccl_algo && kb_schema_find(&kb_schema_ccl_defaults, k->path, NULL))
+            snprintf(dflt, sizeof dflt, "inherits ccl.defaults.%s", k->path);
+        else
+            snprintf(dflt, sizeof dflt, "%s", k->dflt);
+        fn(full, type, dflt, k->doc, ud);
+    }
+}
+
+void kb_config_foreach_key(kb_config_key_fn fn, void *ud)
+{
+    if (!fn)
+        return;
+    foreach_scope(&kb_schema_topo, fn, ud);
+    foreach_scope(&kb_schema_ccl_defaults, fn, ud);
+    foreach_scope(&kb_schema_ccl_algo, fn, ud);
+}
+
+/* --------------------------------------------------------------------------------------- */
+/* YAML walking                                                                             */
+
+static int ld_fail(const ld_ctx *c, const yaml_node_t *n, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static int ld_fail(const ld_ctx *c, const yaml_node_t *n, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return kb_err_set(c->eb, KB_ERR_CONFIG, "%s:%zu:%zu: %s", c->file,
+                      (size_t)n->start_mark.line + 1, (size_t)n->start_mark.column + 1, msg);
+}
+
+static const char *node_kind(const yaml_node_t *n)
+{
+    switch (n->type) {
+    case YAML_SCALAR_NODE:
+        return "a scalar";
+    case YAML_SEQUENCE_NODE:
+        return "a sequence";
+    case YAML_MAPPING_NODE:
+        return "a mapping";
+    default:
+        return "nothing";
+    }
+}
+
+static const char *scalar(const yaml_node_t *n)
+{
+    return (const char *)n->data.scalar.value;
+}
+
+static int is_quoted(const yaml_node_t *n)
+{
+    return n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE &&
+           n->data.scalar.style != YAML_ANY_SCALAR_STYLE;
+}
+
+/* An empty plain value (`section:` with nothing under it) stands for an empty section. */
+static int is_null_node(const yaml_node_t *n)
+{
+    const char *s;
+
+    if (n->type != YAML_SCALAR_NODE || is_quoted(n))
+        return 0;
+    s = scalar(n);
+    return s[0] == '\0' || strcmp(s, "~") == 0 || strcmp(s, "null") == 0;
+}
+
+static yaml_node_t *pair_key(const ld_ctx *c, const yaml_node_pair_t *p)
+{
+    return yaml_document_get_node(c->doc, p->key);
+}
+
+static yaml_node_t *pair_value(const ld_ctx *c, const yaml_node_pair_t *p)
+{
+    return yaml_document_get_node(c->doc, p->value);
+}
+
+static void section_text(const char *disp, const char *rel, char *buf, size_t cap)
+{
+    if (!disp[0] && !rel[0])
+        snprintf(buf, cap, "at the top level");
+    else
+        snprintf(buf, cap, "in section '%s%s%s'", disp, disp[0] && rel[0] ? "." : "", rel);
+}
+
+/*
+ * Checks that pair i of map has a scalar key that no earlier pair repeats; where names the
+ * section for messages.
+ */
+static int check_key(const ld_ctx *c, yaml_node_t *map, size_t i, const char *where)
+{
+    yaml_node_pair_t *pairs = map->data.mapping.pairs.start;
+    yaml_node_t *k = pair_key(c, &pairs[i]);
+
+    if (k->type != YAML_SCALAR_NODE)
+        return ld_fail(c, k, "expected a plain key %s, got %s", where, node_kind(k));
+    for (size_t j = 0; j < i; j++) {
+        yaml_node_t *k2 = pair_key(c, &pairs[j]);
+        if (k2->type == YAML_SCALAR_NODE && strcmp(scalar(k2), scalar(k)) == 0)
+            return ld_fail(c, k, "duplicate key '%s' %s (first at line %zu)", scalar(k), where,
+                           (size_t)k2->start_mark.line + 1);
+    }
+    return 0;
+}
+
+/*
+ * Walks mapping `map`, which sits at relative path rel ("" = scope root) of scope sc, storing
+ * values into the struct at base. disp is the display prefix of full paths.
+ */
+static int walk_map(const ld_ctx *c, const kb_schema_scope *sc, const char *disp, void *base,
+                    yaml_node_t *map, const char *rel)
+{
+    size_t n = (size_t)(map->data.mapping.pairs.top - map->data.mapping.pairs.start);
+    char where[PATH_CAP + 32], sub[PATH_CAP], full[2 * PATH_CAP], known[512];
+    int rc;
+
+    section_text(disp, rel, where, sizeof where);
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_pair_t *p = &map->data.mapping.pairs.start[i];
+        yaml_node_t *k = pair_key(c, p), *v = pair_value(c, p);
+        const kb_schema_key *key;
+        size_t off;
+
+        rc = check_key(c, map, i, where);
+        if (rc)
+            return rc;
+        if ((size_t)snprintf(sub, sizeof sub, "%s%s%s", rel, rel[0] ? "." : "", scalar(k)) >=
+            sizeof sub)
+            return ld_fail(c, k, "key '%.64s...' is too long", scalar(k));
+        snprintf(full, sizeof full, "%s%s%s", disp, disp[0] ? "." : "", sub);
+        key = kb_schema_find(sc, sub, &off);
+        if (key) {
+            if (v->type != YAML_SCALAR_NODE)
+                return ld_fail(c, v, "expected a scalar value for %s, got %s", full,
+                               node_kind(v));
+            rc = kb_schema_parse(key, full, scalar(v), is_quoted(v), (char *)base + off, c->eb);
+            if (rc) {
+                kb_err_prefix(c->eb, "%s:%zu:%zu", c->file, (size_t)v->start_mark.line + 1,
+                              (size_t)v->start_mark.column + 1);
+                return rc;
+            }
+        } else if (kb_schema_is_section(sc, sub)) {
+            if (is_null_node(v))
+                continue;
+            if (v->type != YAML_MAPPING_NODE)
+                return ld_fail(c, v, "expected a mapping for section '%s', got %s", full,
+                               node_kind(v));
+            rc = walk_map(c, sc, disp, base, v, sub);
+            if (rc)
+                return rc;
+        } else {
+            kb_schema_children(sc, rel, known, sizeof known);
+            return ld_fail(c, k, "unknown key '%.64s' %s (known: %s)", scalar(k), where, known);
+        }
+    }
+    return 0;
+}
+
+static int valid_algo_name(const char *s)
+{
+    if (!s[0] || strlen(s) >= KB_CFG_NAME_MAX)
+        return 0;
+    for (; *s; s++)
+        if (!(*s == '_' || *s == '-' || (*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'z') ||
+              (*s >= 'A' && *s <= 'Z')))
+            return 0;
+    return 1;
+}
+
+/* The entry called name, created (all overrides unset) when new; NULL when the table is full. */
+static kb_ccl_algo *algo_get(kb_ccl_cfg *ccl, const char *name, int line)
+{
+    kb_ccl_algo *a;
+
+    for (int i = 0; i < ccl->nalgos; i++)
+        if (strcmp(ccl->algos[i].name, name) == 0)
+            return &ccl->algos[i];
+    if (ccl->nalgos >= KB_CFG_MAX_ALGOS)
+        return NULL;
+    a = &ccl->algos[ccl->nalgos++];
+    memset(a, 0, sizeof *a);
+    snprintf(a->name, sizeof a->name, "%s", name);
+    a->root_cube = -1;
+    a->p.backpressure = -1;
+    a->line = line;
+    return a;
+}
+
+static int load_algos(const ld_ctx *c, kb_ccl_cfg *ccl, yaml_node_t *map)
+{
+    size_t n = (size_t)(map->data.mapping.pairs.top - map->data.mapping.pairs.start);
+    char disp[PATH_CAP];
+    int rc;
+
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_pair_t *p = &map->data.mapping.pairs.start[i];
+        yaml_node_t *k = pair_key(c, p), *v = pair_value(c, p);
+        kb_ccl_algo *a;
+
+        rc = check_key(c, map, i, "in section 'ccl.algorithms'");
+        if (rc)
+            return rc;
+        if (!valid_algo_name(scalar(k)))
+            return ld_fail(c, k, "invalid algorithm name '%.64s' (use 1-%d letters, digits, "
+                           "'_' or '-')", scalar(k), KB_CFG_NAME_MAX - 1);
+        if (!is_null_node(v) && v->type != YAML_MAPPING_NODE)
+            return ld_fail(c, v, "expected a mapping for algorithm '%s', got %s", scalar(k),
+                           node_kind(v));
+        a = algo_get(ccl, scalar(k), (int)k->start_mark.line + 1);
+        if (!a)
+            return ld_fail(c, k, "too many algorithms (at most %d)", KB_CFG_MAX_ALGOS);
+        a->line = (int)k->start_mark.line + 1;
+        if (is_null_node(v))
+            continue;
+        snprintf(disp, sizeof disp, "ccl.algorithms.%s", a->name);
+        rc = walk_map(c, &kb_schema_ccl_algo, disp, a, v, "");
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int load_ccl_root(const ld_ctx *c, void *target, yaml_node_t *root)
+{
+    kb_ccl_cfg *ccl = target;
+    size_t n = (size_t)(root->data.mapping.pairs.top - root->data.mapping.pairs.start);
+    int rc;
+
+    for (size_t i = 0; i < n; i++) {
+        yaml_node_pair_t *p = &root->data.mapping.pairs.start[i];
+        yaml_node_t *k = pair_key(c, p), *v = pair_value(c, p);
+        int is_defaults;
+
+        rc = check_key(c, root, i, "at the top level");
+        if (rc)
+            return rc;
+        is_defaults = strcmp(scalar(k), "defaults") == 0;
+        if (!is_defaults && strcmp(scalar(k), "algorithms") != 0)
+            return ld_fail(c, k, "unknown key '%.64s' at the top level (known: defaults, "
+                           "algorithms)", scalar(k));
+        if (is_null_node(v))
+            continue;
+        if (v->type != YAML_MAPPING_NODE)
+            return ld_fail(c, v, "expected a mapping for section 'ccl.%s', got %s", scalar(k),
+                           node_kind(v));
+        rc = is_defaults ? walk_map(c, &kb_schema_ccl_defaults, "ccl.defaults", &ccl->defaults,
+                                    v, "")
+                         : load_algos(c, ccl, v);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int load_topo_root(const ld_ctx *c, void *target, yaml_node_t *root)
+{
+    return walk_map(c, &kb_schema_topo, "", target, root, "");
+}
+
+typedef int (*root_fn)(const ld_ctx *c, void *target, yaml_node_t *root);
+
+static int yaml_fail(kb_errbuf *eb, const char *path, const yaml_parser_t *ps)
+{
+    const yaml_mark_t *m = &ps->problem_mark;
+
+    if (ps->context)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s:%zu:%zu: YAML syntax error: %s (%s at line %zu)",
+                          path, m->line + 1, m->column + 1, ps->problem ? ps->problem : "?",
+                          ps->context, ps->context_mark.line + 1);
+    return kb_err_set(eb, KB_ERR_CONFIG, "%s:%zu:%zu: YAML syntax error: %s", path, m->line + 1,
+                      m->column + 1, ps->problem ? ps->problem : "?");
+}
+
+/* Parses the file at path and hands its root mapping to fn (an empty file changes nothing). */
+static int load_file(const char *path, root_fn fn, void *target, kb_errbuf *eb)
+{
+    FILE *f = NULL;
+    yaml_parser_t ps;
+    yaml_document_t doc, extra;
+    int have_ps = 0, have_doc = 0, rc = 0;
+    struct stat st;
+    yaml_node_t *root;
+    ld_ctx c;
+
+    f = fopen(path, "rb");
+    if (!f) {
+        rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        goto out;
+    }
+    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
+        rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot read: %s", path, strerror(EISDIR));
+        goto out;
+    }
+    if (!yaml_parser_initialize(&ps)) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "%s: cannot create a YAML parser", path);
+        goto out;
+    }
+    have_ps = 1;
+    yaml_parser_set_input_file(&ps, f);
+    if (!yaml_parser_load(&ps, &doc)) {
+        rc = yaml_fail(eb, path, &ps);
+        goto out;
+    }
+    have_doc = 1;
+    root = yaml_document_get_root_node(&doc);
+    if (!root)
+        goto out; /* empty file */
+    if (!yaml_parser_load(&ps, &extra)) {
+        rc = yaml_fail(eb, path, &ps);
+        goto out;
+    }
+    if (yaml_document_get_root_node(&extra)) {
+        yaml_mark_t m = extra.start_mark;
+        yaml_document_delete(&extra);
+        rc = kb_err_set(eb, KB_ERR_CONFIG, "%s:%zu:%zu: a second YAML document is not supported",
+                        path, m.line + 1, m.column + 1);
+        goto out;
+    }
+    yaml_document_delete(&extra);
+    c.doc = &doc;
+    c.file = path;
+    c.eb = eb;
+    if (is_null_node(root))
+        goto out;
+    if (root->type != YAML_MAPPING_NODE) {
+        rc = ld_fail(&c, root, "expected a mapping at the top level, got %s", node_kind(root));
+        goto out;
+    }
+    rc = fn(&c, target, root);
+out:
+    if (have_doc)
+        yaml_document_delete(&doc);
+    if (have_ps)
+        yaml_parser_delete(&ps);
+    if (f)
+        fclose(f);
+    return rc;
+}
+
+int kb_config_load_topology(kb_config *cfg, const char *path, kb_errbuf *eb)
+{
+    kb_topo_cfg work;
+    int rc;
+
+    if (!cfg || !path)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_config_load_topology: NULL argument");
+    work = cfg->topo;
+    rc = load_file(path, load_topo_root, &work, eb);
+    if (rc == 0) {
+        cfg->topo = work;
+        snprintf(cfg->topo_path, sizeof cfg->topo_path, "%s", path);
+    }
+    return rc;
+}
+
+int kb_config_load_ccl(kb_config *cfg, const char *path, kb_errbuf *eb)
+{
+    kb_ccl_cfg *work = NULL;
+    int rc;
+
+    if (!cfg || !path)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_config_load_ccl: NULL argument");
+    /* On the heap: the algorithm table is large for a fiber stack. */
+    work = malloc(sizeof *work);
+    if (!work) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    *work = cfg->ccl;
+    rc = load_file(path, load_ccl_root, work, eb);
+    if (rc == 0) {
+        cfg->ccl = *work;
+        snprintf(cfg->ccl_path, sizeof cfg->ccl_path, "%s", path);
+    }
+out:
+    free(work);
+    return rc;
+}
+
+/* --------------------------------------------------------------------------------------- */
+/* --set                                                                                    */
+
+static char *trim(char *s)
+{
+    char *e;
+
+    while (*s == ' ' || *s == '\t')
+        s++;
+    e = s + strlen(s);
+    while (e > s && (e[-1] == ' ' || e[-1] == '\t'))
+        *--e = '\0';
+    return s;
+}
+
+/* Error for a path that is neither a key nor a section of sc; names the nearest section. */
+static int set_unknown(const kb_schema_scope *sc, const char *disp, const char *rel,
+                       kb_errbuf *eb)
+{
+    char near[PATH_CAP], full[2 * PATH_CAP];
+    char *dot;
+
+    snprintf(full, sizeof full, "%s%s%s", disp, disp[0] && rel[0] ? "." : "", rel);
+    snprintf(near, sizeof near, "%s", rel);
+    while ((dot = strrchr(near, '.')) != NULL) {
+        *dot = '\0';
+        if (kb_schema_is_section(sc, near))
+            return kb_err_set(eb, KB_ERR_CONFIG, "unknown key '%s' (nearest section: '%s%s%s')",
+                              full, disp, disp[0] ? "." : "", near);
+    }
+    if (disp[0])
+        return kb_err_set(eb, KB_ERR_CONFIG, "unknown key '%s' (nearest section: '%s')", full,
+                          disp);
+    return kb_err_set(eb, KB_ERR_CONFIG, "unknown key '%s' (top-level sections: system, host, "
+                      "sip, cube, pe, ccl)", full);
+}
+
+static int set_in_scope(const kb_schema_scope *sc, const char *disp, void *base,
+                        const char *rel, const char *value, int quoted, kb_errbuf *eb)
+{
+    const kb_schema_key *k;
+    char full[2 * PATH_CAP];
+    size_t off;
+
+    k = kb_schema_find(sc, rel, &off);
+    if (!k) {
+        if (rel[0] && kb_schema_is_section(sc, rel))
+            return kb_err_set(eb, KB_ERR_CONFIG, "'%s%s%s' is a section, not a key", disp,
+                              disp[0] ? "." : "", rel);
+        return set_unknown(sc, disp, rel, eb);
+    }
+    snprintf(full, sizeof full, "%s%s%s", disp, disp[0] ? "." : "", rel);
+    return kb_schema_parse(k, full, value, quoted, (char *)base + off, eb);
+}
+
+static int set_ccl(kb_config *cfg, const char *path, const char *value, int quoted,
+                   kb_errbuf *eb)
+{
+    static const char algos_pfx[] = "algorithms.";
+    char name[PATH_CAP], disp[2 * PATH_CAP];
+    const char *rel, *dot;
+    kb_ccl_algo *a;
+    int created, rc;
+
+    if (strncmp(path, "defaults.", 9) == 0)
+        return set_in_scope(&kb_schema_ccl_defaults, "ccl.defaults", &cfg->ccl.defaults,
+                            path + 9, value, quoted, eb);
+    if (strncmp(path, algos_pfx, sizeof algos_pfx - 1) != 0)
+        return kb_err_set(eb, KB_ERR_CONFIG, "unknown key 'ccl.%s' (nearest section: 'ccl', "
+                          "which has: defaults, algorithms)", path);
+    rel = path + sizeof algos_pfx - 1;
+    dot = strchr(rel, '.');
+    if (!dot || (size_t)(dot - rel) >= sizeof name)
+        return kb_err_set(eb, KB_ERR_CONFIG, "expected ccl.algorithms.<name>.<key>, got 'ccl.%s'",
+                          path);
+    memcpy(name, rel, (size_t)(dot - rel));
+    name[dot - rel] = '\0';
+    rel = dot + 1;
+    if (!valid_algo_name(name))
+        return kb_err_set(eb, KB_ERR_CONFIG, "invalid algorithm name '%s' (use 1-%d letters, "
+                          "digits, '_' or '-')", name, KB_CFG_NAME_MAX - 1);
+    snprintf(disp, sizeof disp, "ccl.algorithms.%s", name);
+    if (!kb_schema_find(&kb_schema_ccl_algo, rel, NULL))
+        return set_in_scope(&kb_schema_ccl_algo, disp, NULL, rel, value, quoted, eb);
+    created = kb_config_find_algo(cfg, name) == NULL;
+    a = algo_get(&cfg->ccl, name, 0);
+    if (!a)
+        return kb_err_set(eb, KB_ERR_CONFIG, "cannot add algorithm '%s': at most %d algorithms",
+                          name, KB_CFG_MAX_ALGOS);
+    rc = set_in_scope(&kb_schema_ccl_algo, disp, a, rel, value, quoted, eb);
+    if (rc && created) {
+        /* The new entry is the last one: undo it, leaving the slot as unused slots are. */
+        memset(a, 0, sizeof *a);
+        cfg->ccl.nalgos--;
+    }
+    return rc;
+}
+
+int kb_config_set(kb_config *cfg, const char *assignment, kb_errbuf *eb)
+{
+    char buf[1024];
+    char *eq, *path, *value;
+    size_t vlen;
+    int quoted = 0, rc;
+
+    if (!cfg || !assignment)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_config_set: NULL argument");
+    if (strlen(assignment) >= sizeof buf) {
+        rc = kb_err_set(eb, KB_ERR_CONFIG, "assignment is too long (at most %zu characters)",
+                        sizeof buf - 1);
+        goto fail;
+    }
+    memcpy(buf, assignment, strlen(assignment) + 1);
+    eq = strchr(buf, '=');
+    if (!eq) {
+        rc = kb_err_set(eb, KB_ERR_CONFIG, "expected KEY=VALUE (for example "
+                        "system.sips.count=4)");
+        goto fail;
+    }
+    *eq = '\0';
+    path = trim(buf);
+    value = trim(eq + 1);
+    vlen = strlen(value);
+    /* The shell usually eats quotes; when they survive they mean "a string", as in YAML. */
+    if (vlen >= 2 && (value[0] == '"' || value[0] == '\'') && value[vlen - 1] == value[0]) {
+        value[vlen - 1] = '\0';
+        value++;
+        quoted = 1;
+    }
+    if (!path[0]) {
+        rc = kb_err_set(eb, KB_ERR_CONFIG, "missing key before '='");
+        goto fail;
+    }
+    if (strncmp(path, "ccl.", 4) == 0)
+        rc = set_ccl(cfg, path + 4, value, quoted, eb);
+    else
+        rc = set_in_scope(&kb_schema_topo, "", &cfg->topo, path, value, quoted, eb);
+    if (rc)
+        goto fail;
+    return 0;
+fail:
+    kb_err_prefix(eb, "--set %s", assignment);
+    return rc;
+}
+
+/* --------------------------------------------------------------------------------------- */
+/* Cross-field validation                                                                   */
+
+static int in_list(const char *s, const char *const *list)
+{
+    for (; *list; list++)
+        if (strcmp(s, *list) == 0)
+            return 1;
+    return 0;
+}
+
+static int check_link(const char *name, const kb_cfg_link *l, kb_errbuf *eb)
+{
+    /* Written as negations so that NaN fails too. */
+    if (!(l->bandwidth_gbps > 0.0))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s.bandwidth_gbps = %g must be > 0", name,
+                          l->bandwidth_gbps);
+    if (!(l->latency_ns >= 0.0))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s.latency_ns = %g must be >= 0", name,
+                          l->latency_ns);
+    return 0;
+}
+
+static int check_size(const char *name, uint64_t v, uint64_t lo, uint64_t hi, const char *win,
+                      kb_errbuf *eb)
+{
+    if (v < lo || v > hi)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s = %llu does not fit: must be %llu..%llu (%s)",
+                          name, (unsigned long long)v, (unsigned long long)lo,
+                          (unsigned long long)hi, win);
+    return 0;
+}
+
+static int validate_topo(const kb_topo_cfg *t, kb_errbuf *eb)
+{
+    static const struct {
+        const char *name;
+        size_t off;
+    } links[] = {
+        {"system.inter_sip_link", offsetof(kb_topo_cfg, inter_sip)},
+        {"host.pcie", offsetof(kb_topo_cfg, pcie)},
+        {"sip.ucie", offsetof(kb_topo_cfg, ucie)},
+        {"cube.noc", offsetof(kb_topo_cfg, noc)},
+        {"cube.sram", offsetof(kb_topo_cfg, sram)},
+        {"cube.hbm", offsetof(kb_topo_cfg, hbm)},
+        {"pe.tcm", offsetof(kb_topo_cfg, tcm)},
+    };
+    int cubes = kb_topo_cubes_per_sip(t), pes = kb_topo_pes_per_cube(t), rc;
+
+    if (t->sips_count < 1 || t->sips_count > 256)
+        return kb_err_set(eb, KB_ERR_CONFIG, "system.sips.count = %d must be 1..256",
+                          t->sips_count);
+    if (!in_list(t->sips_topology, kb_schema_sip_topologies))
+        return kb_err_set(eb, KB_ERR_CONFIG, "system.sips.topology '%s' is not a SIP topology",
+                          t->sips_topology);
+    if (t->cube_mesh_width < 1 || t->cube_mesh_height < 1 || cubes > 32)
+        return kb_err_set(eb, KB_ERR_CONFIG, "sip.cube_mesh %dx%d = %d cubes, must be 1..32",
+                          t->cube_mesh_width, t->cube_mesh_height, cubes);
+    if (strcmp(t->pe_layout, "corners") != 0)
+        return kb_err_set(eb, KB_ERR_CONFIG, "cube.pe_layout '%s' is not supported (corners)",
+                          t->pe_layout);
+    if (t->corners < 1 || t->pe_per_corner < 1 || pes > 16)
+        return kb_err_set(eb, KB_ERR_CONFIG, "cube.corners * cube.pe_per_corner = %d * %d = %d "
+                          "PEs per cube, must be 1..16", t->corners, t->pe_per_corner, pes);
+    for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) {
+        rc = check_link(links[i].name,
+                        (const kb_cfg_link *)(const void *)((const char *)t + links[i].off), eb);
+        if (rc)
+            return rc;
+    }
+    if ((rc = check_size("pe.tcm.size_bytes", t->tcm_size_bytes, 1, PE_RANGE_BYTES,
+                         "the 128 MiB tcm range", eb)) != 0 ||
+        (rc = check_size("pe.scratch.size_bytes", t->scratch_size_bytes, 0, PE_RANGE_BYTES,
+                         "the 128 MiB scratch range", eb)) != 0 ||
+        (rc = check_size("pe.ipcq.area_bytes", t->ipcq_area_bytes, 1, PE_RANGE_BYTES,
+                         "the 128 MiB ipcq range", eb)) != 0 ||
+        (rc = check_size("cube.hbm.size_bytes", t->hbm_size_bytes, (uint64_t)pes,
+                         HBM_WINDOW_BYTES, "the 128 GiB HBM window, at least a byte per PE",
+                         eb)) != 0 ||
+        (rc = check_size("cube.sram.size_bytes", t->sram_size_bytes, 1, SRAM_WINDOW_BYTES,
+                         "the 512 MiB SRAM window", eb)) != 0)
+        return rc;
+    if (t->tcm_scheduler_reserved_bytes >= t->tcm_size_bytes)
+        return kb_err_set(eb, KB_ERR_CONFIG, "pe.tcm.scheduler_reserved_bytes = %llu must be "
+                          "less than pe.tcm.size_bytes = %llu",
+                          (unsigned long long)t->tcm_scheduler_reserved_bytes,
+                          (unsigned long long)t->tcm_size_bytes);
+    if (t->dma_channels < 1)
+        return kb_err_set(eb, KB_ERR_CONFIG, "pe.dma.channels = %d must be >= 1", t->dma_channels);
+    if (!(t->dma_bandwidth_gbps > 0.0) || !(t->math_lanes_per_ns > 0.0) ||
+        !(t->gemm_flops_per_ns > 0.0))
+        return kb_err_set(eb, KB_ERR_CONFIG, "pe.dma.bandwidth_gbps, pe.math.lanes_per_ns and "
+                          "pe.gemm.flops_per_ns must be > 0");
+    if (t->sched_tile_m < 1 || t->sched_tile_n < 1 || t->sched_tile_k < 1)
+        return kb_err_set(eb, KB_ERR_CONFIG, "pe.scheduler.tile_{m,n,k} = %d/%d/%d must be >= 1",
+                          t->sched_tile_m, t->sched_tile_n, t->sched_tile_k);
+    return 0;
+}
+
+/* Checks effective parameters p; who names the algorithm or "ccl.defaults". */
+static int validate_params(const kb_ccl_params *p, const char *who, kb_errbuf *eb)
+{
+    if (!in_list(p->buffer_kind, (const char *const[]){"tcm", "hbm", "sram", NULL}))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: buffer_kind '%s' must be tcm, hbm or sram", who,
+                          p->buffer_kind);
+    if (p->n_slots < 1)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: n_slots = %d must be >= 1", who, p->n_slots);
+    if (p->slot_size < 16)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: slot_size = %llu must be >= 16 bytes", who,
+                          (unsigned long long)p->slot_size);
+    if (p->vc_chunk_size < 1 || p->ipcq_credit_size_bytes < 1)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: vc_chunk_size and ipcq_credit_size_bytes "
+                          "must be >= 1", who);
+    if (p->world_size < 0 || p->n_elem < 0)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: world_size and n_elem must be >= 0", who);
+    return 0;
+}
+
+int kb_config_validate(const kb_config *cfg, kb_errbuf *eb)
+{
+    const kb_topo_cfg *t;
+    const kb_ccl_algo *sel;
+    kb_ccl_params eff;
+    char who[KB_CFG_NAME_MAX + 32];
+    int rc;
+
+    if (!cfg)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_config_validate: NULL config");
+    t = &cfg->topo;
+    rc = validate_topo(t, eb);
+    if (rc)
+        return rc;
+    rc = validate_params(&cfg->ccl.defaults, "ccl.defaults", eb);
+    if (rc)
+        return rc;
+    for (int i = 0; i < cfg->ccl.nalgos; i++) {
+        const kb_ccl_algo *a = &cfg->ccl.algos[i];
+
+        snprintf(who, sizeof who, "ccl.algorithms.%s", a->name);
+        if (!a->module[0])
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s has no module", who);
+        if (a->topology[0] && !in_list(a->topology, kb_schema_algo_topologies))
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s: unknown topology '%s'", who, a->topology);
+        if (a->root_cube >= kb_topo_cubes_per_sip(t))
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s: root_cube = %d but a SIP has %d cubes", who,
+                              a->root_cube, kb_topo_cubes_per_sip(t));
+        eff = kb_config_algo_params(cfg, a);
+        rc = validate_params(&eff, who, eb);
+        if (rc)
+            return rc;
+    }
+    /*
+     * The selected algorithm must exist once any are defined (with none, a caller runs a
+     * built-in bench), and its world must fit the machine: legacy rank = PE at most.
+     */
+    sel = kb_config_find_algo(cfg, cfg->ccl.defaults.algorithm);
+    if (cfg->ccl.nalgos > 0 && !sel)
+        return kb_err_set(eb, KB_ERR_CONFIG, "ccl.defaults.algorithm '%s' is not defined under "
+                          "algorithms", cfg->ccl.defaults.algorithm);
+    eff = kb_config_algo_params(cfg, sel);
+    if (eff.world_size > kb_topo_total_pes(t))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: world_size = %d exceeds the machine's %d PEs "
+                          "(system.sips.count * cubes * PEs per cube)", eff.algorithm,
+                          eff.world_size, kb_topo_total_pes(t));
+    return 0;
+}

@@ -1,0 +1,451 @@
+/*
+ * kb_schema — the one table of every configuration key (path, type, offset, default, range,
+ * doc) and the scalar parser that enforces it. kb_config.c walks YAML documents and --set
+ * paths against these tables; `kbcl config --keys` and docs/config-reference.md list them.
+ * Integer ranges are stored as doubles, which is exact for every bound used here (< 2^53).
+ * Defaults are "defaults, not measurements": a plausible accelerator, not a measured one.
+ */
+#include "kb_schema.h"
+
+#include <assert.h>
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "kb_config.h"
+
+#define MIB (1048576.0)
+#define GIB (1073741824.0)
+#define MAX_NS 1e9   /* one simulated second: anything above is surely a unit mistake */
+#define MAX_GBPS 1e6 /* 1 PB/s */
+
+/* Entry builders; T is the struct the scope fills. */
+#define FSIZE(T, f) sizeof(((T *)0)->f)
+#define KEY_(T, p, ty, f, sz, d, l, h, open, al, doc) \
+    { (p), (ty), offsetof(T, f), (sz), (d), (l), (h), (open), (al), (doc) }
+#define K_INT(T, p, f, d, l, h, doc) KEY_(T, p, KB_ST_INT, f, 0, d, l, h, 0, NULL, doc)
+#define K_I64(T, p, f, d, l, h, doc) KEY_(T, p, KB_ST_INT64, f, 0, d, l, h, 0, NULL, doc)
+#define K_U64(T, p, f, d, l, h, doc) KEY_(T, p, KB_ST_U64, f, 0, d, l, h, 0, NULL, doc)
+#define K_DBL(T, p, f, d, l, h, doc) KEY_(T, p, KB_ST_DOUBLE, f, 0, d, l, h, 0, NULL, doc)
+#define K_POS(T, p, f, d, h, doc) KEY_(T, p, KB_ST_DOUBLE, f, 0, d, 0.0, h, 1, NULL, doc)
+#define K_BOOL(T, p, f, d, doc) KEY_(T, p, KB_ST_BOOL, f, 0, d, 0.0, 1.0, 0, NULL, doc)
+#define K_STR(T, p, f, d, doc) KEY_(T, p, KB_ST_STRING, f, FSIZE(T, f), d, 0.0, 0.0, 0, NULL, doc)
+#define K_ENUM(T, p, f, d, al, doc) KEY_(T, p, KB_ST_ENUM, f, FSIZE(T, f), d, 0.0, 0.0, 0, al, doc)
+
+#define T_ kb_topo_cfg
+/* A link or memory port: bandwidth_gbps and latency_ns under section p. */
+#define K_LINK(p, f, bw, lat, what)                                                         \
+    K_POS(T_, p ".bandwidth_gbps", f.bandwidth_gbps, bw, MAX_GBPS,                          \
+          what " bandwidth (GB/s = bytes per ns)"),                                         \
+    K_DBL(T_, p ".latency_ns", f.latency_ns, lat, 0.0, MAX_NS, what " latency (ns)")
+
+const char *const kb_schema_sip_topologies[] = {"ring_1d", "torus_2d", "mesh_2d", "mesh_2d_no_wrap",
+                                                NULL};
+const char *const kb_schema_algo_topologies[] = {
+    "ring_1d", "ring_1d_unidir", "mesh_2d", "torus_2d", "mesh_2d_no_wrap",
+    "tree_binary", "hierarchical_3level", "none", NULL};
+static const char *const pe_layouts[] = {"corners", NULL};
+static const char *const buffer_kinds[] = {"tcm", "hbm", "sram", NULL};
+
+/* In configs/topology.yaml order (DESIGN §3: system > host > sip > cube > pe). */
+static const kb_schema_key topo_keys[] = {
+    K_INT(T_, "system.sips.count", sips_count, "2", 1, 256,
+          "number of SIPs (devices = ranks) in the system (count)"),
+    K_ENUM(T_, "system.sips.topology", sips_topology, "ring_1d", kb_schema_sip_topologies,
+           "how the SIPs are linked through the switch (name)"),
+    K_DBL(T_, "system.switch.overhead_ns", switch_overhead_ns, "5", 0.0, MAX_NS,
+          "switch traversal cost per inter-SIP hop (ns)"),
+    K_LINK("system.inter_sip_link", inter_sip, "100", "500", "inter-SIP link"),
+    K_LINK("host.pcie", pcie, "64", "1000", "host-to-SIP PCIe link"),
+    K_DBL(T_, "host.pcie_ep.overhead_ns", pcie_ep_overhead_ns, "100", 0.0, MAX_NS,
+          "PCIe endpoint processing cost per command (ns)"),
+    K_DBL(T_, "host.overhead_ns", host_overhead_ns, "1000", 0.0, MAX_NS,
+          "host-side software cost per command (ns)"),
+    K_DBL(T_, "sip.io_cpu.overhead_ns", io_cpu_overhead_ns, "200", 0.0, MAX_NS,
+          "IO_CPU forwarding cost per command (ns)"),
+    K_INT(T_, "sip.cube_mesh.width", cube_mesh_width, "4", 1, 32,
+          "cubes per row of the SIP's cube mesh (count; width*height <= 32)"),
+    K_INT(T_, "sip.cube_mesh.height", cube_mesh_height, "4", 1, 32,
+          "cubes per column of the SIP's cube mesh (count; width*height <= 32)"),
+    K_LINK("sip.ucie", ucie, "256", "20", "cube-to-cube UCIe link"),
+    K_DBL(T_, "cube.m_cpu.overhead_ns", m_cpu_overhead_ns, "50", 0.0, MAX_NS,
+          "M_CPU forwarding cost per command (ns)"),
+    K_LINK("cube.noc", noc, "512", "5", "cube NoC hop"),
+    K_U64(T_, "cube.sram.size_bytes", sram_size_bytes, "33554432", 1, 512 * MIB,
+          "cube SRAM capacity (bytes, <= 512 MiB)"),
+    K_LINK("cube.sram", sram, "1024", "10", "cube SRAM port"),
+    K_U64(T_, "cube.hbm.size_bytes", hbm_size_bytes, "51539607552", 1, 128 * GIB,
+          "HBM stack capacity per cube, split evenly into PE slices (bytes, <= 128 GiB)"),
+    K_LINK("cube.hbm", hbm, "256", "100", "HBM port of one PE slice"),
+    K_ENUM(T_, "cube.pe_layout", pe_layout, "corners", pe_layouts,
+           "how PEs are placed in the cube (name)"),
+    K_INT(T_, "cube.corners", corners, "4", 1, 16,
+          "PE groups (corners) per cube (count; corners*pe_per_corner <= 16)"),
+    K_INT(T_, "cube.pe_per_corner", pe_per_corner, "2", 1, 16,
+          "PEs per corner (count; corners*pe_per_corner <= 16)"),
+    K_DBL(T_, "pe.cpu.overhead_ns", pe_cpu_overhead_ns, "2", 0.0, MAX_NS,
+          "PE_CPU issue cost of every tl call (ns)"),
+    K_DBL(T_, "pe.dma.setup_ns", dma_setup_ns, "20", 0.0, MAX_NS,
+          "fixed PE_DMA cost per transfer (ns)"),
+    K_POS(T_, "pe.dma.bandwidth_gbps", dma_bandwidth_gbps, "128", MAX_GBPS,
+          "PE_DMA engine throughput (GB/s = bytes per ns)"),
+    K_INT(T_, "pe.dma.channels", dma_channels, "4", 1, 64,
+          "PE_DMA virtual channels (count)"),
+    K_DBL(T_, "pe.math.fixed_ns", math_fixed_ns, "4", 0.0, MAX_NS,
+          "fixed PE_MATH cost per vector op (ns)"),
+    K_POS(T_, "pe.math.lanes_per_ns", math_lanes_per_ns, "64", 1e9,
+          "PE_MATH throughput (elements per ns)"),
+    K_DBL(T_, "pe.gemm.fixed_ns", gemm_fixed_ns, "16", 0.0, MAX_NS,
+          "fixed PE_GEMM cost per gemm (ns)"),
+    K_POS(T_, "pe.gemm.flops_per_ns", gemm_flops_per_ns, "4096", 1e12,
+          "PE_GEMM throughput (flops per ns; a gemm is 2*M*N*K flops)"),
+    K_INT(T_, "pe.scheduler.tile_m", sched_tile_m, "128", 1, 65536,
+          "SchedulerV2 gemm tile rows (elements)"),
+    K_INT(T_, "pe.scheduler.tile_n", sched_tile_n, "128", 1, 65536,
+          "SchedulerV2 gemm tile columns (elements)"),
+    K_INT(T_, "pe.scheduler.tile_k", sched_tile_k, "128", 1, 65536,
+          "SchedulerV2 gemm tile depth (elements)"),
+    K_U64(T_, "pe.tcm.size_bytes", tcm_size_bytes, "16777216", 1, 128 * MIB,
+          "TCM capacity per PE (bytes, <= 128 MiB)"),
+    K_U64(T_, "pe.tcm.scheduler_reserved_bytes", tcm_scheduler_reserved_bytes, "4194304", 0,
+          128 * MIB, "TCM bytes reserved for SchedulerV2 tiles (bytes, < pe.tcm.size_bytes)"),
+    K_LINK("pe.tcm", tcm, "1024", "2", "TCM port"),
+    K_U64(T_, "pe.scratch.size_bytes", scratch_size_bytes, "8388608", 0, 128 * MIB,
+          "scratch memory per PE (bytes, <= 128 MiB)"),
+    K_U64(T_, "pe.ipcq.area_bytes", ipcq_area_bytes, "1048576", 1, 128 * MIB,
+          "IPCQ ring area per PE (bytes, <= 128 MiB)"),
+    K_DBL(T_, "pe.ipcq.overhead_ns", ipcq_overhead_ns, "10", 0.0, MAX_NS,
+          "PE_IPCQ cost per send or recv (ns)"),
+    K_DBL(T_, "pe.ipcq.credit_latency_ns", ipcq_credit_latency_ns, "20", 0.0, MAX_NS,
+          "time for a credit to travel back to the sender (ns)"),
+};
+#undef T_
+
+#define P_ kb_ccl_params
+/* ccl.yaml `defaults`; also the override keys of an algorithm entry (minus `algorithm`). */
+static const kb_schema_key param_keys[] = {
+    K_STR(P_, "algorithm", algorithm, "ring_allreduce_tcm",
+          "the algorithm entry to run (name under algorithms:)"),
+    K_ENUM(P_, "buffer_kind", buffer_kind, "tcm", buffer_kinds,
+           "memory that holds the IPCQ receive slots (name)"),
+    K_BOOL(P_, "backpressure", backpressure, "true",
+           "senders wait for credits when the receiver's slots are full (bool)"),
+    K_INT(P_, "n_slots", n_slots, "4", 1, 4096, "IPCQ receive slots per direction (count)"),
+    K_U64(P_, "slot_size", slot_size, "4096", 16, 128 * MIB, "bytes per IPCQ slot (bytes)"),
+    K_U64(P_, "vc_chunk_size", vc_chunk_size, "256", 1, 128 * MIB,
+          "DMA virtual-channel chunk (bytes)"),
+    K_U64(P_, "ipcq_credit_size_bytes", ipcq_credit_size_bytes, "16", 1, 4096,
+          "size of one credit message (bytes)"),
+    K_INT(P_, "world_size", world_size, "0", 0, 1048576,
+          "ranks; 0 = derive (SIP count), > 0 = legacy rank = PE (count)"),
+    K_I64(P_, "n_elem", n_elem, "0", 0, 1099511627776.0,
+          "elements per rank tile; 0 = the bench default (elements)"),
+};
+#undef P_
+
+#define A_ kb_ccl_algo
+/* Keys only an algorithm entry has; the defaults shown mean "unset". */
+static const kb_schema_key algo_keys[] = {
+    K_STR(A_, "module", module, "(required)", "implementation (kernel) the entry runs (name)"),
+    K_ENUM(A_, "topology", topology, "(unset)", kb_schema_algo_topologies,
+           "rank topology the algorithm is wired for (name)"),
+    K_STR(A_, "mapper", mapper, "(unset)",
+          "which PEs of a rank take part: leader_only, all_pes, pe0_all_cubes (name)"),
+    K_STR(A_, "validator", validator, "(unset)",
+          "shard-layout check before launch, e.g. single_shard_per_rank (name)"),
+    K_INT(A_, "root_cube", root_cube, "-1 (unset)", 0, 31,
+          "cube that collects the reduction, < cubes per SIP (index)"),
+};
+#undef A_
+
+#define NELEM(a) (sizeof(a) / sizeof((a)[0]))
+
+const kb_schema_scope kb_schema_topo = {
+    "", {topo_keys, NULL}, {NELEM(topo_keys), 0}, {0, 0}, NULL};
+const kb_schema_scope kb_schema_ccl_defaults = {
+    "ccl.defaults", {param_keys, NULL}, {NELEM(param_keys), 0}, {0, 0}, NULL};
+const kb_schema_scope kb_schema_ccl_algo = {
+    "ccl.algorithms.<name>",
+    {algo_keys, param_keys},
+    {NELEM(algo_keys), NELEM(param_keys)},
+    {0, offsetof(kb_ccl_algo, p)},
+    "algorithm"};
+
+const kb_schema_key *kb_schema_at(const kb_schema_scope *sc, size_t idx, size_t *off)
+{
+    for (int t = 0; t < 2; t++) {
+        for (size_t i = 0; sc->tab[t] && i < sc->n[t]; i++) {
+            const kb_schema_key *k = &sc->tab[t][i];
+            if (t == 1 && sc->skip && strcmp(k->path, sc->skip) == 0)
+                continue;
+            if (idx-- == 0) {
+                if (off)
+                    *off = k->off + sc->adj[t];
+                return k;
+            }
+        }
+    }
+    return NULL;
+}
+
+const kb_schema_key *kb_schema_find(const kb_schema_scope *sc, const char *rel, size_t *off)
+{
+    const kb_schema_key *k;
+    size_t o;
+
+    for (size_t i = 0; (k = kb_schema_at(sc, i, &o)) != NULL; i++) {
+        if (strcmp(k->path, rel) == 0) {
+            if (off)
+                *off = o;
+            return k;
+        }
+    }
+    return NULL;
+}
+
+/* If rel is a proper prefix of path ending at a '.', returns the rest after the dot. */
+static const char *under(const char *path, const char *rel)
+{
+    size_t n = strlen(rel);
+
+    if (n == 0)
+        return path;
+    if (strncmp(path, rel, n) == 0 && path[n] == '.')
+        return path + n + 1;
+    return NULL;
+}
+
+int kb_schema_is_section(const kb_schema_scope *sc, const char *rel)
+{
+    const kb_schema_key *k;
+
+    for (size_t i = 0; (k = kb_schema_at(sc, i, NULL)) != NULL; i++)
+        if (under(k->path, rel))
+            return 1;
+    return 0;
+}
+
+void kb_schema_children(const kb_schema_scope *sc, const char *rel, char *buf, size_t cap)
+{
+    const kb_schema_key *k;
+    size_t len = 0;
+
+    if (cap == 0)
+        return;
+    buf[0] = '\0';
+    for (size_t i = 0; (k = kb_schema_at(sc, i, NULL)) != NULL; i++) {
+        const char *rest = under(k->path, rel);
+        const char *dot;
+        size_t clen;
+        int seen = 0;
+
+        if (!rest)
+            continue;
+        dot = strchr(rest, '.');
+        clen = dot ? (size_t)(dot - rest) : strlen(rest);
+        /* Skip components already listed by an earlier key of the same section. */
+        for (size_t j = 0; j < i && !seen; j++) {
+            const char *r2 = under(kb_schema_at(sc, j, NULL)->path, rel);
+            seen = r2 && strncmp(r2, rest, clen) == 0 && (r2[clen] == '.' || r2[clen] == '\0');
+        }
+        if (seen)
+            continue;
+        if (len < cap)
+            len += (size_t)snprintf(buf + len, cap - len, "%s%.*s", len ? ", " : "", (int)clen,
+                                    rest);
+    }
+}
+
+void kb_schema_type_text(const kb_schema_key *k, char *buf, size_t cap)
+{
+    static const char *const names[] = {"int", "int64", "uint64", "double", "bool", "string"};
+    size_t len;
+
+    if (k->type != KB_ST_ENUM) {
+        snprintf(buf, cap, "%s", names[k->type]);
+        return;
+    }
+    len = (size_t)snprintf(buf, cap, "enum:");
+    for (const char *const *a = k->allowed; *a && len < cap; a++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s", a == k->allowed ? " " : "|", *a);
+}
+
+static int is_null(const char *s)
+{
+    return s[0] == '\0' || strcmp(s, "~") == 0 || strcmp(s, "null") == 0 ||
+           strcmp(s, "Null") == 0 || strcmp(s, "NULL") == 0;
+}
+
+/* Decimal or 0x-hex integer with optional sign, nothing else; -2 when it overflows int64. */
+static int parse_i64(const char *s, int64_t *out)
+{
+    const char *p = s;
+    char *end;
+    long long v;
+    int base = 10;
+
+    if (*p == '+' || *p == '-')
+        p++;
+    if (p[0] == '0' && (p[1] == 'x' || p[1] == 'X'))
+        base = 16;
+    if (!isxdigit((unsigned char)p[base == 16 ? 2 : 0]))
+        return -1;
+    errno = 0;
+    v = strtoll(s, &end, base);
+    if (*end != '\0')
+        return -1;
+    if (errno == ERANGE)
+        return -2;
+    *out = (int64_t)v;
+    return 0;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    char *end;
+    double v;
+
+    if (s[0] == '\0' || isspace((unsigned char)s[0]))
+        return -1;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno == ERANGE || *end != '\0' || !isfinite(v))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_bool(const char *s, int *out)
+{
+    static const char *const yes[] = {"true", "yes", "on"};
+    static const char *const no[] = {"false", "no", "off"};
+
+    for (size_t i = 0; i < 3; i++) {
+        if (strcasecmp(s, yes[i]) == 0) {
+            *out = 1;
+            return 0;
+        }
+        if (strcasecmp(s, no[i]) == 0) {
+            *out = 0;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static void allowed_text(const char *const *al, char *buf, size_t cap)
+{
+    size_t len = 0;
+
+    buf[0] = '\0';
+    for (; *al && len < cap; al++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s", len ? ", " : "", *al);
+}
+
+int kb_schema_parse(const kb_schema_key *k, const char *full, const char *text, int quoted,
+                    void *dst, kb_errbuf *eb)
+{
+    char list[256];
+    int64_t iv;
+    double dv;
+    int bv, rc;
+    size_t len;
+
+    if (!quoted && is_null(text))
+        return kb_err_set(eb, KB_ERR_CONFIG, "missing value for %s", full);
+    switch (k->type) {
+    case KB_ST_INT:
+    case KB_ST_INT64:
+    case KB_ST_U64:
+        if (quoted)
+            return kb_err_set(eb, KB_ERR_CONFIG,
+                              "expected an integer for %s, got the quoted string '%.64s'", full,
+                              text);
+        rc = parse_i64(text, &iv);
+        if (rc == -1)
+            return kb_err_set(eb, KB_ERR_CONFIG, "expected an integer for %s, got '%.64s'", full,
+                              text);
+        if (rc == -2 || (double)iv < k->lo || (double)iv > k->hi)
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s = %.64s is out of range [%.0f, %.0f]", full,
+                              text, k->lo, k->hi);
+        if (k->type == KB_ST_INT) {
+            int v = (int)iv;
+            memcpy(dst, &v, sizeof v);
+        } else if (k->type == KB_ST_INT64) {
+            memcpy(dst, &iv, sizeof iv);
+        } else {
+            uint64_t v = (uint64_t)iv;
+            memcpy(dst, &v, sizeof v);
+        }
+        return 0;
+    case KB_ST_DOUBLE:
+        if (quoted)
+            return kb_err_set(eb, KB_ERR_CONFIG,
+                              "expected a number for %s, got the quoted string '%.64s'", full,
+                              text);
+        if (parse_double(text, &dv) != 0)
+            return kb_err_set(eb, KB_ERR_CONFIG, "expected a number for %s, got '%.64s'", full,
+                              text);
+        if (k->lo_open ? dv <= k->lo : dv < k->lo)
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s = %g is out of range (must be %s %g)", full,
+                              dv, k->lo_open ? ">" : ">=", k->lo);
+        if (dv > k->hi)
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s = %g is out of range (must be <= %g)", full,
+                              dv, k->hi);
+        memcpy(dst, &dv, sizeof dv);
+        return 0;
+    case KB_ST_BOOL:
+        if (quoted || parse_bool(text, &bv) != 0)
+            return kb_err_set(eb, KB_ERR_CONFIG, "expected a boolean (true or false) for %s, "
+                              "got %s'%.64s'", full, quoted ? "the quoted string " : "", text);
+        memcpy(dst, &bv, sizeof bv);
+        return 0;
+    case KB_ST_STRING:
+    case KB_ST_ENUM:
+        len = strlen(text);
+        if (len == 0)
+            return kb_err_set(eb, KB_ERR_CONFIG, "missing value for %s", full);
+        if (len >= k->size)
+            return kb_err_set(eb, KB_ERR_CONFIG, "value for %s is too long (%zu characters, "
+                              "at most %zu)", full, len, k->size - 1);
+        if (k->type == KB_ST_ENUM) {
+            const char *const *a = k->allowed;
+            while (*a && strcmp(*a, text) != 0)
+                a++;
+            if (!*a) {
+                allowed_text(k->allowed, list, sizeof list);
+                return kb_err_set(eb, KB_ERR_CONFIG, "invalid value '%.64s' for %s (allowed: %s)",
+                                  text, full, list);
+            }
+        } else {
+            for (const char *p = text; *p; p++)
+                if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-' && *p != '.')
+                    return kb_err_set(eb, KB_ERR_CONFIG, "invalid character '%c' in value "
+                                      "'%.64s' for %s (allowed: letters, digits, '_', '-', '.')",
+                                      *p, text, full);
+        }
+        memset(dst, 0, k->size);
+        memcpy(dst, text, len);
+        return 0;
+    }
+    return kb_err_set(eb, KB_ERR_CONFIG, "internal: bad type for %s", full);
+}
+
+void kb_schema_apply_defaults(const kb_schema_scope *sc, void *base)
+{
+    const kb_schema_key *k;
+    size_t off;
+
+    for (size_t i = 0; (k = kb_schema_at(sc, i, &off)) != NULL; i++) {
+        int rc = kb_schema_parse(k, k->path, k->dflt, 0, (char *)base + off, NULL);
+
+        /* The built-in defaults must satisfy their own schema (test_config checks it too). */
+        assert(rc == 0);
+        (void)rc;
+    }
+}

@@ -1,0 +1,530 @@
+/*
+ * kb_machine — builds the simulated hardware from the topology config and times data and
+ * command movement over it (see kb_machine.h for the route rules and docs/timing-model.md
+ * for the formulas). Everything is allocated at creation; timing calls allocate nothing.
+ * Limits: one gateway cube (cube 0) per SIP for inter-SIP traffic; SIP grids for torus/mesh
+ * topologies use the most square w x h factorisation of the SIP count.
+ */
+#include "kb_machine.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KB_VA_BASE (UINT64_C(1) << 40)
+#define KB_VA_SIZE (UINT64_C(1) << 46)
+
+static void link_init(kb_res *r, const char *name, const kb_cfg_link *l)
+{
+    kb_res_init(r, name, l->bandwidth_gbps, kb_time_from_ns(l->latency_ns), 0);
+}
+
+static void cpu_init(kb_res *r, const char *name, double overhead_ns)
+{
+    kb_res_init(r, name, 0.0, 0, kb_time_from_ns(overhead_ns));
+}
+
+static int make_alloc(kb_alloc **out, const char *what, unsigned gsip, unsigned cube, int pe,
+                      kb_pa base, uint64_t size, kb_errbuf *eb)
+{
+    char name[96];
+
+    if (pe >= 0)
+        snprintf(name, sizeof name, "%s sip%u/cube%u/pe%d", what, gsip, cube, pe);
+    else
+        snprintf(name, sizeof name, "%s sip%u/cube%u", what, gsip, cube);
+    if (!kb_pa_valid(base))
+        return kb_err_set(eb, KB_ERR_RANGE, "%s: base address outside the PhysAddr space", name);
+    *out = kb_alloc_create(name, base, size);
+    return *out ? 0 : kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating %s", name);
+}
+
+static int build_pe(kb_machine *m, kb_pe_hw *p, unsigned gsip, unsigned cube, unsigned pe,
+                    kb_errbuf *eb)
+{
+    const kb_topo_cfg *c = &m->cfg;
+    int rc;
+
+    p->gsip = gsip;
+    p->cube = cube;
+    p->pe = pe;
+    p->gid = (unsigned)(((int)gsip * m->ncubes + (int)cube) * m->npes + (int)pe);
+    cpu_init(&p->cpu, "pe_cpu", c->pe_cpu_overhead_ns);
+    kb_res_init(&p->dma, "pe_dma", c->dma_bandwidth_gbps, 0, kb_time_from_ns(c->dma_setup_ns));
+    kb_res_init(&p->math, "pe_math", 0.0, 0, kb_time_from_ns(c->math_fixed_ns));
+    kb_res_init(&p->gemm, "pe_gemm", 0.0, 0, kb_time_from_ns(c->gemm_fixed_ns));
+    link_init(&p->tcm_port, "tcm", &c->tcm);
+    link_init(&p->hbm_port, "hbm", &c->hbm);
+    rc = make_alloc(&p->hbm, "hbm slice", gsip, cube, (int)pe,
+                    kb_pa_pe_hbm(gsip, cube, pe, 0, m->hbm_slice_bytes), m->hbm_slice_bytes, eb);
+    if (rc == 0)
+        rc = make_alloc(&p->tcm, "tcm", gsip, cube, (int)pe, kb_pa_pe_tcm(gsip, cube, pe, 0),
+                        c->tcm_size_bytes - c->tcm_scheduler_reserved_bytes, eb);
+    if (rc == 0)
+        rc = make_alloc(&p->ipcq, "ipcq area", gsip, cube, (int)pe,
+                        kb_pa_pe_ipcq(gsip, cube, pe, 0), c->ipcq_area_bytes, eb);
+    if (rc == 0)
+        rc = make_alloc(&p->scratch, "scratch", gsip, cube, (int)pe,
+                        kb_pa_pe_scratch(gsip, cube, pe, 0), c->scratch_size_bytes, eb);
+    return rc;
+}
+
+static void free_pe(kb_pe_hw *p)
+{
+    kb_alloc_destroy(p->hbm);
+    kb_alloc_destroy(p->tcm);
+    kb_alloc_destroy(p->ipcq);
+    kb_alloc_destroy(p->scratch);
+}
+
+/* Most square factorisation n = w * h with w >= h. */
+static void grid_dims(int n, int *w, int *h)
+{
+    int best = 1;
+    for (int d = 1; d * d <= n; d++)
+        if (n % d == 0)
+            best = d;
+    *h = best;
+    *w = n / best;
+}
+
+static void sip_add_link(kb_machine *m, kb_sip_hw *s, int peer)
+{
+    kb_sip_link *l = &s->links[s->nlinks++];
+    l->peer = peer;
+    link_init(&l->link, "inter_sip", &m->cfg.inter_sip);
+    /* the switch sits on every inter-SIP hop: its overhead is latency */
+    l->link.latency += kb_time_from_ns(m->cfg.switch_overhead_ns);
+}
+
+static int build_sip_links(kb_machine *m, kb_errbuf *eb)
+{
+    const char *topo = m->cfg.sips_topology;
+    int n = m->nsips;
+    int wrap = 1;
+
+    if (strcmp(topo, "ring_1d") == 0) {
+        m->sip_grid_w = n;
+        m->sip_grid_h = 1;
+    } else if (strcmp(topo, "torus_2d") == 0 || strcmp(topo, "mesh_2d") == 0) {
+        grid_dims(n, &m->sip_grid_w, &m->sip_grid_h);
+    } else if (strcmp(topo, "mesh_2d_no_wrap") == 0) {
+        grid_dims(n, &m->sip_grid_w, &m->sip_grid_h);
+        wrap = 0;
+    } else {
+        return kb_err_set(eb, KB_ERR_CONFIG, "system.sips.topology: unknown topology '%s'", topo);
+    }
+    if (n == 1)
+        return 0;
+    int w = m->sip_grid_w, h = m->sip_grid_h;
+    for (int i = 0; i < n; i++) {
+        kb_sip_hw *s = &m->sips[i];
+        int x = i % w, y = i / w;
+        /* E, W, N, S in that order; a missing neighbour (no wrap / 1-wide) is skipped */
+        if (w > 1 && (wrap || x + 1 < w))
+            sip_add_link(m, s, y * w + (x + 1) % w);
+        if (w > 1 && (wrap || x > 0))
+            sip_add_link(m, s, y * w + (x + w - 1) % w);
+        if (h > 1 && (wrap || y > 0))
+            sip_add_link(m, s, ((y + h - 1) % h) * w + x);
+        if (h > 1 && (wrap || y + 1 < h))
+            sip_add_link(m, s, ((y + 1) % h) * w + x);
+    }
+    /* next-hop table by BFS from every source (deterministic link order) */
+    m->sip_next = malloc((size_t)n * (size_t)n);
+    int *queue = malloc(sizeof(int) * (size_t)n);
+    if (!m->sip_next || !queue) {
+        free(queue);
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory building SIP routes");
+    }
+    for (int src = 0; src < n; src++) {
+        uint8_t *nh = &m->sip_next[(size_t)src * (size_t)n];
+        memset(nh, 0xfe, (size_t)n);
+        nh[src] = 0xff;
+        int qh = 0, qt = 0;
+        for (int li = 0; li < m->sips[src].nlinks; li++) {
+            int p = m->sips[src].links[li].peer;
+            if (nh[p] == 0xfe) {
+                nh[p] = (uint8_t)li;
+                queue[qt++] = p;
+            }
+        }
+        while (qh < qt) {
+            int u = queue[qh++];
+            for (int li = 0; li < m->sips[u].nlinks; li++) {
+                int p = m->sips[u].links[li].peer;
+                if (nh[p] == 0xfe) {
+                    nh[p] = nh[u];
+                    queue[qt++] = p;
+                }
+            }
+        }
+        for (int d = 0; d < n; d++)
+            assert(nh[d] != 0xfe); /* every topology built above is connected */
+    }
+    free(queue);
+    return 0;
+}
+
+int kb_machine_create(const kb_topo_cfg *cfg, kb_machine **out, kb_errbuf *eb)
+{
+    kb_machine *m = calloc(1, sizeof *m);
+    int rc = 0;
+
+    *out = NULL;
+    if (!m)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the machine");
+    m->cfg = *cfg;
+    m->nsips = cfg->sips_count;
+    m->ncubes = kb_topo_cubes_per_sip(cfg);
+    m->npes = kb_topo_pes_per_cube(cfg);
+    m->mesh_w = cfg->cube_mesh_width;
+    m->mesh_h = cfg->cube_mesh_height;
+    m->hbm_slice_bytes = cfg->hbm_size_bytes / (uint64_t)m->npes;
+    m->host_overhead = kb_time_from_ns(cfg->host_overhead_ns);
+    if (m->nsips < 1 || m->nsips > KB_MAX_GSIPS || m->ncubes < 1 || m->ncubes > KB_MAX_CUBES ||
+        m->npes < 1 || m->npes > KB_MAX_PES) {
+        rc = kb_err_set(eb, KB_ERR_RANGE,
+                        "machine size out of range: %d SIPs (1..%d), %d cubes per SIP (1..%d), "
+                        "%d PEs per cube (1..%d)",
+                        m->nsips, KB_MAX_GSIPS, m->ncubes, KB_MAX_CUBES, m->npes, KB_MAX_PES);
+        goto fail;
+    }
+    m->sips = calloc((size_t)m->nsips, sizeof *m->sips);
+    m->pe_by_gid = calloc((size_t)m->nsips * (size_t)m->ncubes * (size_t)m->npes,
+                          sizeof *m->pe_by_gid);
+    if (!m->sips || !m->pe_by_gid) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the machine");
+        goto fail;
+    }
+    for (int s = 0; s < m->nsips; s++) {
+        kb_sip_hw *sip = &m->sips[s];
+        sip->gsip = (unsigned)s;
+        link_init(&sip->pcie, "pcie", &cfg->pcie);
+        cpu_init(&sip->pcie_ep, "pcie_ep", cfg->pcie_ep_overhead_ns);
+        cpu_init(&sip->io_cpu, "io_cpu", cfg->io_cpu_overhead_ns);
+        sip->mmu = kb_mmu_create();
+        sip->va = kb_alloc_create("virtual address space", KB_VA_BASE, KB_VA_SIZE);
+        sip->cubes = calloc((size_t)m->ncubes, sizeof *sip->cubes);
+        if (!sip->mmu || !sip->va || !sip->cubes) {
+            rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the machine");
+            goto fail;
+        }
+        for (int c = 0; c < m->ncubes; c++) {
+            kb_cube_hw *cube = &sip->cubes[c];
+            cube->gsip = (unsigned)s;
+            cube->cube = (unsigned)c;
+            cube->x = (unsigned)(c % m->mesh_w);
+            cube->y = (unsigned)(c / m->mesh_w);
+            cpu_init(&cube->m_cpu, "m_cpu", cfg->m_cpu_overhead_ns);
+            link_init(&cube->noc, "noc", &cfg->noc);
+            link_init(&cube->sram_port, "sram", &cfg->sram);
+            for (int d = 0; d < 4; d++)
+                link_init(&cube->ucie_out[d], "ucie", &cfg->ucie);
+            rc = make_alloc(&cube->sram, "sram", (unsigned)s, (unsigned)c, -1,
+                            kb_pa_cube_sram((unsigned)s, (unsigned)c, 0), cfg->sram_size_bytes, eb);
+            if (rc)
+                goto fail;
+            cube->pes = calloc((size_t)m->npes, sizeof *cube->pes);
+            if (!cube->pes) {
+                rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the machine");
+                goto fail;
+            }
+            for (int p = 0; p < m->npes; p++) {
+                rc = build_pe(m, &cube->pes[p], (unsigned)s, (unsigned)c, (unsigned)p, eb);
+                if (rc)
+                    goto fail;
+                m->pe_by_gid[cube->pes[p].gid] = &cube->pes[p];
+            }
+        }
+    }
+    rc = build_sip_links(m, eb);
+    if (rc)
+        goto fail;
+    *out = m;
+    return 0;
+fail:
+    kb_machine_destroy(m);
+    return rc;
+}
+
+void kb_machine_destroy(kb_machine *m)
+{
+    if (!m)
+        return;
+    for (int s = 0; m->sips && s < m->nsips; s++) {
+        kb_sip_hw *sip = &m->sips[s];
+        for (int c = 0; sip->cubes && c < m->ncubes; c++) {
+            kb_cube_hw *cube = &sip->cubes[c];
+            for (int p = 0; cube->pes && p < m->npes; p++)
+                free_pe(&cube->pes[p]);
+            free(cube->pes);
+            kb_alloc_destroy(cube->sram);
+        }
+        free(sip->cubes);
+        kb_mmu_destroy(sip->mmu);
+        kb_alloc_destroy(sip->va);
+    }
+    free(m->sips);
+    free(m->pe_by_gid);
+    free(m->sip_next);
+    free(m);
+}
+
+/* Where an address lives: SIP, cube, PE (-1 for cube-level memories) and its port. */
+typedef struct loc {
+    unsigned gsip, cube;
+    int pe;
+    int pe_local;  /* in a PE's TCM ranges */
+    kb_res *port;
+} loc;
+
+static int locate(kb_machine *m, kb_pa pa, loc *l, kb_errbuf *eb)
+{
+    char buf[96];
+    kb_pa_fields f = kb_pa_decode(pa);
+    unsigned gsip = f.rack * KB_SIPS_PER_RACK + f.sip;
+
+    if (f.kind == KB_PA_INVALID || f.kind == KB_PA_MCPU || gsip >= (unsigned)m->nsips ||
+        f.cube >= (unsigned)m->ncubes)
+        goto bad;
+    l->gsip = gsip;
+    l->cube = f.cube;
+    kb_cube_hw *cube = &m->sips[gsip].cubes[f.cube];
+    switch (f.kind) {
+    case KB_PA_HBM: {
+        uint64_t pe = f.offset / m->hbm_slice_bytes;
+        if (pe >= (uint64_t)m->npes)
+            goto bad;
+        l->pe = (int)pe;
+        l->pe_local = 0;
+        l->port = &cube->pes[pe].hbm_port;
+        return 0;
+    }
+    case KB_PA_PE_RES:
+        if (f.pe >= (unsigned)m->npes)
+            goto bad;
+        l->pe = (int)f.pe;
+        l->pe_local = 1;
+        l->port = &cube->pes[f.pe].tcm_port;
+        return 0;
+    case KB_PA_SRAM:
+        l->pe = -1;
+        l->pe_local = 0;
+        l->port = &cube->sram_port;
+        return 0;
+    default:
+        break;
+    }
+bad:
+    return kb_err_set(eb, KB_ERR_RANGE, "address %s is not memory of this machine",
+                      kb_pa_format(pa, buf, sizeof buf));
+}
+
+kb_res *kb_machine_port(kb_machine *m, kb_pa pa, kb_errbuf *eb)
+{
+    loc l;
+    return locate(m, pa, &l, eb) == 0 ? l.port : NULL;
+}
+
+typedef struct route {
+    kb_res **path;
+    int n, max;
+} route;
+
+static int add(route *r, kb_res *res)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->path[i] == res)
+            return 0;
+    if (r->n >= r->max)
+        return -1;
+    r->path[r->n++] = res;
+    return 0;
+}
+
+/* UCIe egress links of the XY route cube a -> cube b inside one SIP. */
+static int add_xy(kb_machine *m, route *r, kb_sip_hw *sip, unsigned a, unsigned b)
+{
+    int x = (int)(a % (unsigned)m->mesh_w), y = (int)(a / (unsigned)m->mesh_w);
+    int bx = (int)(b % (unsigned)m->mesh_w), by = (int)(b / (unsigned)m->mesh_w);
+    while (x != bx) {
+        int d = bx > x ? KB_MESH_E : KB_MESH_W;
+        if (add(r, &sip->cubes[y * m->mesh_w + x].ucie_out[d]))
+            return -1;
+        x += bx > x ? 1 : -1;
+    }
+    while (y != by) {
+        int d = by > y ? KB_MESH_S : KB_MESH_N;
+        if (add(r, &sip->cubes[y * m->mesh_w + x].ucie_out[d]))
+            return -1;
+        y += by > y ? 1 : -1;
+    }
+    return 0;
+}
+
+static int add_sips(kb_machine *m, route *r, unsigned a, unsigned b)
+{
+    while (a != b) {
+        uint8_t li = m->sip_next[(size_t)a * (size_t)m->nsips + b];
+        kb_sip_link *l = &m->sips[a].links[li];
+        if (add(r, &l->link))
+            return -1;
+        a = (unsigned)l->peer;
+    }
+    return 0;
+}
+
+/* Cube-to-cube part of a route, possibly across SIPs through the gateway cubes. */
+static int add_between(kb_machine *m, route *r, unsigned sa, unsigned ca, unsigned sb,
+                       unsigned cb)
+{
+    if (sa == sb)
+        return add_xy(m, r, &m->sips[sa], ca, cb);
+    if (add_xy(m, r, &m->sips[sa], ca, 0) || add_sips(m, r, sa, sb) ||
+        add_xy(m, r, &m->sips[sb], 0, cb))
+        return -1;
+    return 0;
+}
+
+int kb_machine_route(kb_machine *m, const kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst,
+                     kb_res **path, int max, kb_errbuf *eb)
+{
+    route r = { path, 0, max };
+    loc ls, ld;
+    int has_src = pa_src != KB_PA_INVALID_ADDR, has_dst = pa_dst != KB_PA_INVALID_ADDR;
+    int rc;
+
+    if ((!has_src && !has_dst) || (issuer && (!has_src || !has_dst)))
+        return kb_err_set(eb, KB_ERR_INVAL, "a DMA needs a source and a destination address");
+    if (has_src && (rc = locate(m, pa_src, &ls, eb)) != 0)
+        return rc;
+    if (has_dst && (rc = locate(m, pa_dst, &ld, eb)) != 0)
+        return rc;
+
+    if (issuer) {
+        int local = ls.pe_local && ld.pe_local && ls.gsip == issuer->gsip &&
+                    ld.gsip == issuer->gsip && ls.cube == issuer->cube &&
+                    ld.cube == issuer->cube && ls.pe == (int)issuer->pe &&
+                    ld.pe == (int)issuer->pe;
+        kb_cube_hw *cs = &m->sips[ls.gsip].cubes[ls.cube];
+        kb_cube_hw *cd = &m->sips[ld.gsip].cubes[ld.cube];
+        if (add(&r, (kb_res *)&issuer->dma) || add(&r, ls.port))
+            goto full;
+        if (!local) {
+            if (add(&r, &cs->noc) || add_between(m, &r, ls.gsip, ls.cube, ld.gsip, ld.cube) ||
+                add(&r, &cd->noc))
+                goto full;
+        }
+        if (add(&r, ld.port))
+            goto full;
+        return r.n;
+    }
+    if (has_dst) { /* host write: PCIe into the SIP's gateway cube, then to the memory */
+        kb_sip_hw *sip = &m->sips[ld.gsip];
+        if (add(&r, &sip->pcie) || add(&r, &sip->pcie_ep) ||
+            add_xy(m, &r, sip, 0, ld.cube) || add(&r, &sip->cubes[ld.cube].noc) ||
+            add(&r, ld.port))
+            goto full;
+        return r.n;
+    }
+    {   /* host read */
+        kb_sip_hw *sip = &m->sips[ls.gsip];
+        if (add(&r, ls.port) || add(&r, &sip->cubes[ls.cube].noc) ||
+            add_xy(m, &r, sip, ls.cube, 0) || add(&r, &sip->pcie_ep) || add(&r, &sip->pcie))
+            goto full;
+        return r.n;
+    }
+full:
+    return kb_err_set(eb, KB_ERR_RANGE, "route longer than %d resources", max);
+}
+
+int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, uint64_t nbytes,
+                   kb_time now, kb_time *t_start, kb_time *t_end, kb_errbuf *eb)
+{
+    kb_res *path[KB_MAX_ROUTE];
+    int n = kb_machine_route(m, issuer, pa_src, pa_dst, path, KB_MAX_ROUTE, eb);
+    if (n < 0)
+        return n;
+    *t_end = kb_res_path_reserve(path, n, now, nbytes, t_start);
+    return 0;
+}
+
+/* ---- command path ---- */
+
+static kb_time xy_hops(kb_machine *m, kb_sip_hw *sip, unsigned a, unsigned b, kb_time t,
+                       uint64_t bytes)
+{
+    kb_res *path[2 * KB_MAX_CUBES];
+    route r = { path, 0, 2 * KB_MAX_CUBES };
+    int rc = add_xy(m, &r, sip, a, b);
+    assert(rc == 0);
+    (void)rc;
+    for (int i = 0; i < r.n; i++)
+        t = kb_res_hop(path[i], t, bytes);
+    return t;
+}
+
+kb_time kb_machine_cmd_host_to_iocpu(kb_machine *m, unsigned gsip, kb_time t, uint64_t bytes)
+{
+    kb_sip_hw *sip = &m->sips[gsip];
+    t = kb_res_hop(&sip->pcie, t + m->host_overhead, bytes);
+    t = kb_res_hop(&sip->pcie_ep, t, bytes);
+    return kb_res_hop(&sip->io_cpu, t, bytes);
+}
+
+kb_time kb_machine_cmd_iocpu_to_mcpu(kb_machine *m, unsigned gsip, unsigned cube, kb_time t,
+                                     uint64_t bytes)
+{
+    kb_sip_hw *sip = &m->sips[gsip];
+    t = xy_hops(m, sip, 0, cube, t, bytes);
+    return kb_res_hop(&sip->cubes[cube].m_cpu, t, bytes);
+}
+
+kb_time kb_machine_cmd_mcpu_to_pe(kb_machine *m, kb_pe_hw *pe, kb_time t, uint64_t bytes)
+{
+    kb_cube_hw *cube = &m->sips[pe->gsip].cubes[pe->cube];
+    t = kb_res_hop(&cube->noc, t, bytes);
+    return kb_res_hop(&pe->cpu, t, bytes);
+}
+
+kb_time kb_machine_cmd_pe_to_mcpu(kb_machine *m, kb_pe_hw *pe, kb_time t, uint64_t bytes)
+{
+    kb_cube_hw *cube = &m->sips[pe->gsip].cubes[pe->cube];
+    t = kb_res_hop(&cube->noc, t, bytes);
+    return kb_res_hop(&cube->m_cpu, t, bytes);
+}
+
+kb_time kb_machine_cmd_mcpu_to_iocpu(kb_machine *m, unsigned gsip, unsigned cube, kb_time t,
+                                     uint64_t bytes)
+{
+    kb_sip_hw *sip = &m->sips[gsip];
+    t = xy_hops(m, sip, cube, 0, t, bytes);
+    return kb_res_hop(&sip->io_cpu, t, bytes);
+}
+
+kb_time kb_machine_cmd_iocpu_to_host(kb_machine *m, unsigned gsip, kb_time t, uint64_t bytes)
+{
+    kb_sip_hw *sip = &m->sips[gsip];
+    t = kb_res_hop(&sip->pcie_ep, t, bytes);
+    return kb_res_hop(&sip->pcie, t, bytes);
+}
+
+int kb_machine_cube_hops(const kb_machine *m, unsigned a, unsigned b)
+{
+    int ax = (int)(a % (unsigned)m->mesh_w), ay = (int)(a / (unsigned)m->mesh_w);
+    int bx = (int)(b % (unsigned)m->mesh_w), by = (int)(b / (unsigned)m->mesh_w);
+    return abs(ax - bx) + abs(ay - by);
+}
+
+int kb_machine_sip_hops(const kb_machine *m, unsigned a, unsigned b)
+{
+    int hops = 0;
+    while (a != b) {
+        uint8_t li = m->sip_next[(size_t)a * (size_t)m->nsips + b];
+        a = (unsigned)m->sips[a].links[li].peer;
+        hops++;
+    }
+    return hops;
+}

@@ -1,0 +1,802 @@
+/*
+ * kb_runtime — simulation context, host fibers, tensors and kernel launches (kb_runtime.h).
+ *
+ * Host writes become op-log records (a COPY from the log's payload, or a FILL) timed as DMAs
+ * over PCIe into the SIP; launches are timed hop by hop on the command path with fan-out per
+ * cube and aggregated completions. Reads replay pending records through the Phase-2 backend
+ * first. Limits: tensors are found by VA with a binary search over (SIP, VA); a launch's
+ * bookkeeping is freed when the host fiber that waits for it resumes.
+ */
+#include "kb_runtime_int.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KB_TENSOR_ALIGN 256u
+#define KB_VA_ALIGN 65536u
+#define KB_CMD_BYTES 64u
+
+const char *kb_device_name(kb_device_kind d)
+{
+    static const char *names[] = { "auto", "gpu", "cpu", "ref", "none" };
+    return (unsigned)d < 5 ? names[d] : "?";
+}
+
+int kb_device_from_name(const char *name)
+{
+    for (int i = 0; i < 5; i++)
+        if (strcmp(name, kb_device_name((kb_device_kind)i)) == 0)
+            return i;
+    return -1;
+}
+
+int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, kb_errbuf *eb)
+{
+    kb_ctx *ctx = calloc(1, sizeof *ctx);
+    int rc;
+
+    *out = NULL;
+    if (!ctx)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the context");
+    ctx->cfg = *cfg;
+    ctx->device = opts ? opts->device : KB_DEV_AUTO;
+    if ((rc = kb_config_validate(cfg, eb)) != 0)
+        goto fail;
+    if ((rc = kb_machine_create(&cfg->topo, &ctx->m, eb)) != 0)
+        goto fail;
+    ctx->sim = kb_sim_create(NULL);
+    ctx->log = kb_oplog_create();
+    ctx->ms = kb_memstore_create();
+    if (!ctx->sim || !ctx->log || !ctx->ms) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the context");
+        goto fail;
+    }
+    switch (ctx->device) {
+    case KB_DEV_NONE:
+        ctx->recording = 0;
+        break;
+    case KB_DEV_REF:
+        ctx->recording = 1;
+        if ((rc = kb_ref_backend_create(&ctx->be)) != 0) {
+            kb_err_set(eb, rc, "cannot create the reference backend");
+            goto fail;
+        }
+        break;
+    default:
+        rc = kb_err_set(eb, KB_ERR_DEVICE,
+                        "device '%s' is not available in this build (use --device ref or none)",
+                        kb_device_name(ctx->device));
+        goto fail;
+    }
+    *out = ctx;
+    return 0;
+fail:
+    kb_ctx_destroy(ctx);
+    return rc;
+}
+
+static void tensor_release(kb_tensor *t);
+
+void kb_ctx_destroy(kb_ctx *ctx)
+{
+    if (!ctx)
+        return;
+    while (ctx->launches) {
+        kb_launch_st *l = ctx->launches;
+        ctx->launches = l->next;
+        for (int i = 0; l->tls && i < l->ntl; i++)
+            free(l->tls[i].vals);
+        free(l->tls);
+        free(l->cube_left);
+        free(l->cube_tmax);
+        free(l->sip_left);
+        free(l->sip_tmax);
+        free(l);
+    }
+    for (size_t i = 0; i < ctx->ntensors; i++) {
+        tensor_release(ctx->tensors[i]);
+        free(ctx->tensors[i]);
+    }
+    free(ctx->tensors);
+    kb_sim_destroy(ctx->sim);
+    if (ctx->be.ops)
+        ctx->be.ops->destroy(ctx->be.self);
+    kb_machine_destroy(ctx->m);
+    kb_oplog_destroy(ctx->log);
+    kb_memstore_destroy(ctx->ms);
+    free(ctx);
+}
+
+const char *kb_ctx_errmsg(const kb_ctx *ctx) { return ctx->err.msg; }
+kb_errbuf *kb_ctx_err(kb_ctx *ctx) { return &ctx->err; }
+kb_sim *kb_ctx_sim(kb_ctx *ctx) { return ctx->sim; }
+kb_machine *kb_ctx_machine(kb_ctx *ctx) { return ctx->m; }
+const kb_config *kb_ctx_config(const kb_ctx *ctx) { return &ctx->cfg; }
+kb_oplog *kb_ctx_oplog(kb_ctx *ctx) { return ctx->log; }
+int kb_ctx_recording(const kb_ctx *ctx) { return ctx->recording; }
+kb_device_kind kb_ctx_device(const kb_ctx *ctx) { return ctx->device; }
+const kb_replay_stats *kb_ctx_replay_stats(const kb_ctx *ctx) { return &ctx->rstats; }
+kb_memstore *kb_ctx_memstore(kb_ctx *ctx) { return ctx->ms; }
+uint64_t kb_ctx_kernels_run(const kb_ctx *ctx) { return ctx->kernels; }
+
+void kb_ctx_set_deadlock_dump(kb_ctx *ctx, kb_dump_fn fn, void *ud)
+{
+    ctx->dump = fn;
+    ctx->dump_ud = ud;
+}
+
+void kb_ctx_fail(kb_ctx *ctx, int code)
+{
+    if (!ctx->failed) {
+        ctx->failed = code;
+        kb_sim_stop(ctx->sim, code);
+    }
+}
+
+int kb_ctx_record(kb_ctx *ctx, kb_rec *r)
+{
+    if (!ctx->recording)
+        return 0;
+    if (kb_oplog_append(ctx->log, r, &r->seq) != 0)
+        return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory appending to the op log");
+    return 0;
+}
+
+int kb_ctx_flush(kb_ctx *ctx)
+{
+    if (!ctx->recording)
+        return kb_err_set(&ctx->err, KB_ERR_UNSUPPORTED,
+                          "no data with --device none (timing only): tensor contents are not computed");
+    if (kb_oplog_replayed(ctx->log) == kb_oplog_count(ctx->log))
+        return 0;
+    int rc = kb_replay_flush(ctx->log, ctx->ms, &ctx->be, &ctx->rstats, &ctx->err);
+    if (rc)
+        kb_err_prefix(&ctx->err, "phase-2 replay (%s)", ctx->be.ops->name);
+    return rc;
+}
+
+/* ---- host fibers ---- */
+
+kb_hostproc *kb_ctx_hostproc(kb_ctx *ctx)
+{
+    kb_fiber *f = kb_fiber_current(ctx->sim);
+    if (!f)
+        return NULL;
+    kb_hostproc *hp = kb_fiber_udata(f);
+    return hp && hp->tag == KB_TAG_HOST ? hp : NULL;
+}
+
+static void host_main(kb_sim *sim, void *arg)
+{
+    kb_hostproc *hp = arg;
+    (void)sim;
+    hp->rc = hp->fn(hp->ctx, hp->arg);
+    hp->finished = 1;
+    if (hp->rc)
+        kb_ctx_fail(hp->ctx, hp->rc);
+}
+
+typedef struct dl_report {
+    char *buf;
+    size_t n, len;
+    int count;
+} dl_report;
+
+static void dl_line(const kb_fiber *f, const char *what, const void *obj, void *ud)
+{
+    dl_report *r = ud;
+    (void)obj;
+    r->count++;
+    if (r->len < r->n) {
+        int w = snprintf(r->buf + r->len, r->n - r->len, "\n  %s: waits on %s", kb_fiber_name(f),
+                         what ? what : "?");
+        if (w > 0)
+            r->len += (size_t)w;
+    }
+}
+
+int kb_ctx_run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
+{
+    kb_hostproc hp = { KB_TAG_HOST, ctx, fn, arg, 0, 0, 0 };
+    kb_fiber *f = kb_fiber_spawn(ctx->sim, host_main, &hp, "host");
+    int rc;
+
+    if (!f)
+        return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory spawning the host fiber");
+    kb_fiber_set_udata(f, &hp);
+    rc = kb_sim_run(ctx->sim);
+    if (rc == KB_ERR_DEADLOCK) {
+        static const size_t cap = 16384;
+        char *buf = malloc(cap);
+        dl_report r = { buf, cap, 0, 0 };
+        if (buf) {
+            buf[0] = 0;
+            kb_sim_foreach_blocked(ctx->sim, dl_line, &r);
+            if (ctx->dump && r.len < cap) {
+                int w = snprintf(buf + r.len, cap - r.len, "\n");
+                r.len += w > 0 ? (size_t)w : 0;
+                ctx->dump(ctx, buf + r.len, cap - r.len, ctx->dump_ud);
+            }
+            kb_err_set(&ctx->err, KB_ERR_DEADLOCK,
+                       "deadlock at t=%.3f ns: %d fiber(s) blocked, no event pending:%s",
+                       kb_time_to_ns(kb_sim_now(ctx->sim)), r.count, buf);
+            free(buf);
+        } else {
+            kb_err_set(&ctx->err, KB_ERR_DEADLOCK, "deadlock");
+        }
+        return rc;
+    }
+    if (rc)
+        return rc;
+    if (!hp.finished)
+        return kb_err_set(&ctx->err, KB_ERR_STATE, "host program did not finish");
+    return hp.rc;
+}
+
+int kb_ctx_set_device(kb_ctx *ctx, int sip)
+{
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    if (sip < 0 || sip >= ctx->m->nsips)
+        return kb_err_set(&ctx->err, KB_ERR_RANGE, "set_device(%d): the machine has SIPs 0..%d",
+                          sip, ctx->m->nsips - 1);
+    if (!hp)
+        return kb_err_set(&ctx->err, KB_ERR_STATE, "set_device outside a host program");
+    hp->device = sip;
+    return 0;
+}
+
+int kb_ctx_current_device(kb_ctx *ctx)
+{
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    return hp ? hp->device : 0;
+}
+
+/* Blocks the calling fiber until absolute time t (no-op outside fibers or in the past). */
+static void wait_until(kb_ctx *ctx, kb_time t)
+{
+    kb_time now = kb_sim_now(ctx->sim);
+    if (kb_fiber_current(ctx->sim) && t > now)
+        kb_fiber_sleep(ctx->sim, t - now);
+}
+
+/* ---- tensors ---- */
+
+static int tensor_cmp_key(const kb_tensor *t, unsigned gsip, kb_va va)
+{
+    if (t->gsip != gsip)
+        return t->gsip < gsip ? -1 : 1;
+    if (va < t->va)
+        return 1;
+    if (va >= t->va + t->va_bytes)
+        return -1;
+    return 0;
+}
+
+kb_tensor *kb_ctx_tensor_at(kb_ctx *ctx, unsigned gsip, kb_va va)
+{
+    size_t lo = 0, hi = ctx->ntensors;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = tensor_cmp_key(ctx->tensors[mid], gsip, va);
+        if (c == 0)
+            return ctx->tensors[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+static int registry_insert(kb_ctx *ctx, kb_tensor *t)
+{
+    if (ctx->ntensors == ctx->captensors) {
+        size_t cap = ctx->captensors ? ctx->captensors * 2 : 16;
+        kb_tensor **n = realloc(ctx->tensors, cap * sizeof *n);
+        if (!n)
+            return KB_ERR_NOMEM;
+        ctx->tensors = n;
+        ctx->captensors = cap;
+    }
+    size_t i = ctx->ntensors;
+    while (i > 0 && (ctx->tensors[i - 1]->gsip > t->gsip ||
+                     (ctx->tensors[i - 1]->gsip == t->gsip && ctx->tensors[i - 1]->va > t->va))) {
+        ctx->tensors[i] = ctx->tensors[i - 1];
+        i--;
+    }
+    ctx->tensors[i] = t;
+    ctx->ntensors++;
+    return 0;
+}
+
+static void registry_remove(kb_ctx *ctx, kb_tensor *t)
+{
+    for (size_t i = 0; i < ctx->ntensors; i++) {
+        if (ctx->tensors[i] == t) {
+            memmove(&ctx->tensors[i], &ctx->tensors[i + 1],
+                    (ctx->ntensors - i - 1) * sizeof *ctx->tensors);
+            ctx->ntensors--;
+            return;
+        }
+    }
+}
+
+static kb_alloc *shard_allocator(kb_ctx *ctx, const kb_tensor *t, const kb_shard_spec *s)
+{
+    kb_cube_hw *cube = &ctx->m->sips[s->sip].cubes[s->cube];
+    switch (t->mem) {
+    case KB_MEM_TCM:
+        return cube->pes[s->pe].tcm;
+    case KB_MEM_SRAM:
+        return cube->sram;
+    default:
+        return cube->pes[s->pe].hbm;
+    }
+}
+
+/* Frees shard memory and VA; the struct itself stays (caller frees). */
+static void tensor_release(kb_tensor *t)
+{
+    kb_ctx *ctx = t->ctx;
+    kb_sip_hw *sip = &ctx->m->sips[t->gsip];
+    for (size_t i = 0; i < t->nshards; i++) {
+        if (t->pas[i] != KB_PA_INVALID_ADDR) {
+            kb_alloc_free(shard_allocator(ctx, t, &t->shards[i]), t->pas[i], NULL);
+            kb_mmu_unmap(sip->mmu, t->va + t->shards[i].offset_bytes, t->shards[i].nbytes, NULL);
+        }
+    }
+    if (t->va)
+        kb_alloc_free(sip->va, t->va, NULL);
+    free(t->shards);
+    free(t->pas);
+    t->shards = NULL;
+    t->pas = NULL;
+    t->nshards = 0;
+}
+
+void kb_tensor_free(kb_tensor *t)
+{
+    if (!t)
+        return;
+    registry_remove(t->ctx, t);
+    tensor_release(t);
+    free(t);
+}
+
+int kb_tensor_empty(kb_ctx *ctx, const kb_tensor_desc *d, kb_tensor **out)
+{
+    kb_errbuf *eb = &ctx->err;
+    kb_tensor *t = calloc(1, sizeof *t);
+    int rc = 0;
+    size_t esize = kb_dtype_size(d->dtype);
+    const char *name = d->name ? d->name : "tensor";
+
+    *out = NULL;
+    if (!t)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+    t->ctx = ctx;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->rows = d->rows;
+    t->cols = d->cols;
+    t->dtype = d->dtype;
+    t->dp = d->dp;
+    t->mem = d->mem;
+    t->gsip = (unsigned)kb_ctx_current_device(ctx);
+    if (d->rows <= 0 || d->cols <= 0 || (unsigned)d->dtype >= KB_NDTYPES ||
+        d->rows > UINT32_MAX || d->cols > UINT32_MAX) {
+        rc = kb_err_set(eb, KB_ERR_INVAL, "tensor '%s': invalid shape %lld x %lld or dtype", name,
+                        (long long)d->rows, (long long)d->cols);
+        goto fail;
+    }
+    rc = kb_dp_resolve(&d->dp, (uint64_t)d->rows, (uint64_t)d->cols, esize, ctx->m->npes,
+                       ctx->m->ncubes, t->gsip, &t->shards, &t->nshards, eb);
+    if (rc) {
+        kb_err_prefix(eb, "tensor '%s'", name);
+        goto fail;
+    }
+    t->grid_pes = d->dp.num_pes ? d->dp.num_pes : ctx->m->npes;
+    t->grid_cubes = d->dp.num_cubes ? d->dp.num_cubes : ctx->m->ncubes;
+    t->pas = malloc(t->nshards * sizeof *t->pas);
+    if (!t->pas) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < t->nshards; i++)
+        t->pas[i] = KB_PA_INVALID_ADDR;
+    for (size_t i = 0; i < t->nshards; i++)
+        t->va_bytes = t->shards[i].offset_bytes + t->shards[i].nbytes > t->va_bytes
+                          ? t->shards[i].offset_bytes + t->shards[i].nbytes
+                          : t->va_bytes;
+    kb_sip_hw *sip = &ctx->m->sips[t->gsip];
+    rc = kb_alloc_alloc(sip->va, t->va_bytes, KB_VA_ALIGN, &t->va, eb);
+    if (rc) {
+        kb_err_prefix(eb, "tensor '%s'", name);
+        goto fail;
+    }
+    for (size_t i = 0; i < t->nshards; i++) {
+        const kb_shard_spec *s = &t->shards[i];
+        uint64_t pa;
+        rc = kb_alloc_alloc(shard_allocator(ctx, t, s), s->nbytes, KB_TENSOR_ALIGN, &pa, eb);
+        if (rc) {
+            char b[32];
+            kb_err_prefix(eb, "tensor '%s' (%s, %lld x %lld %s), shard %zu", name,
+                          kb_fmt_bytes((uint64_t)d->rows * (uint64_t)d->cols * esize, b, sizeof b),
+                          (long long)d->rows, (long long)d->cols, kb_dtype_name(d->dtype), i);
+            goto fail;
+        }
+        t->pas[i] = pa;
+        rc = kb_mmu_map(sip->mmu, t->va + s->offset_bytes, s->nbytes, pa, eb);
+        if (rc)
+            goto fail;
+    }
+    if (registry_insert(ctx, t) != 0) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    *out = t;
+    return 0;
+fail:
+    tensor_release(t);
+    free(t);
+    return rc;
+}
+
+/* Records and times a host write of every shard; data == NULL writes zeros (FILL). */
+static int host_write(kb_tensor *t, const float *data)
+{
+    kb_ctx *ctx = t->ctx;
+    size_t esize = kb_dtype_size(t->dtype);
+    kb_time t0 = kb_sim_now(ctx->sim) + ctx->m->host_overhead, tmax = t0;
+    uint8_t *block = NULL;
+    float *fblock = NULL;
+    uint64_t *payload_of = NULL;
+    int rc = 0;
+
+    if (data && ctx->recording) {
+        payload_of = malloc(t->nshards * sizeof *payload_of);
+        if (!payload_of)
+            return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < t->nshards; i++) {
+        const kb_shard_spec *s = &t->shards[i];
+        kb_rec r;
+        memset(&r, 0, sizeof r);
+        rc = kb_machine_dma(ctx->m, NULL, KB_PA_INVALID_ADDR, t->pas[i], s->nbytes, t0,
+                            &r.t_start, &r.t_end, &ctx->err);
+        if (rc)
+            goto out;
+        if (r.t_end > tmax)
+            tmax = r.t_end;
+        if (!ctx->recording)
+            continue;
+        r.pe = UINT32_MAX;
+        r.dst = kb_opnd_make(t->pas[i], (uint32_t)s->rows, (uint32_t)s->cols, t->dtype);
+        if (!data) {
+            r.kind = KB_REC_FILL;
+            r.nsrc = 0;
+            r.imm[0] = 0.0f;
+        } else {
+            size_t j, n = (size_t)(s->rows * s->cols);
+            /* identical blocks (replicas) share one payload */
+            for (j = 0; j < i; j++)
+                if (t->shards[j].row0 == s->row0 && t->shards[j].col0 == s->col0 &&
+                    t->shards[j].rows == s->rows && t->shards[j].cols == s->cols)
+                    break;
+            if (j < i) {
+                payload_of[i] = payload_of[j];
+            } else {
+                free(block);
+                free(fblock);
+                block = malloc(n * esize);
+                fblock = malloc(n * sizeof *fblock);
+                if (!block || !fblock) {
+                    rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+                    goto out;
+                }
+                kb_shard_pack(s, data, (uint64_t)t->cols, sizeof(float), fblock);
+                for (size_t k = 0; k < n; k++)
+                    kb_dtype_store(t->dtype, block, k, fblock[k]);
+                if (kb_oplog_add_payload(ctx->log, block, n * esize, &payload_of[i]) != 0) {
+                    rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory for the op log payload");
+                    goto out;
+                }
+            }
+            r.kind = KB_REC_COPY;
+            r.nsrc = 1;
+            r.src[0] = kb_opnd_make(payload_of[i], (uint32_t)s->rows, (uint32_t)s->cols, t->dtype);
+            r.src[0].space = KB_SPACE_PAYLOAD;
+        }
+        if ((rc = kb_ctx_record(ctx, &r)) != 0)
+            goto out;
+    }
+    wait_until(ctx, tmax);
+out:
+    free(block);
+    free(fblock);
+    free(payload_of);
+    return rc;
+}
+
+int kb_tensor_zeros(kb_ctx *ctx, const kb_tensor_desc *d, kb_tensor **out)
+{
+    int rc = kb_tensor_empty(ctx, d, out);
+    if (rc == 0 && (rc = host_write(*out, NULL)) != 0) {
+        kb_tensor_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+int kb_tensor_from_host(kb_ctx *ctx, const kb_tensor_desc *d, const float *data, kb_tensor **out)
+{
+    int rc = kb_tensor_empty(ctx, d, out);
+    if (rc == 0 && (rc = host_write(*out, data)) != 0) {
+        kb_tensor_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+int kb_tensor_copy_from(kb_tensor *t, const float *data)
+{
+    return host_write(t, data);
+}
+
+/* Shard i is the first shard holding its block (replicas after the first are skipped). */
+static int first_replica(const kb_tensor *t, size_t i)
+{
+    const kb_shard_spec *s = &t->shards[i];
+    for (size_t j = 0; j < i; j++)
+        if (t->shards[j].row0 == s->row0 && t->shards[j].col0 == s->col0 &&
+            t->shards[j].rows == s->rows && t->shards[j].cols == s->cols)
+            return 0;
+    return 1;
+}
+
+int kb_tensor_read_raw(kb_tensor *t, void *out)
+{
+    kb_ctx *ctx = t->ctx;
+    size_t esize = kb_dtype_size(t->dtype);
+    uint8_t *block = NULL;
+    int rc = kb_ctx_flush(ctx);
+    if (rc)
+        return rc;
+    kb_time t0 = kb_sim_now(ctx->sim) + ctx->m->host_overhead, tmax = t0;
+    for (size_t i = 0; i < t->nshards; i++) {
+        const kb_shard_spec *s = &t->shards[i];
+        kb_time ts, te;
+        if (!first_replica(t, i))
+            continue;
+        if (kb_fiber_current(ctx->sim)) {
+            rc = kb_machine_dma(ctx->m, NULL, t->pas[i], KB_PA_INVALID_ADDR, s->nbytes, t0, &ts,
+                                &te, &ctx->err);
+            if (rc)
+                goto out;
+            if (te > tmax)
+                tmax = te;
+        }
+        free(block);
+        block = malloc(s->nbytes);
+        if (!block) {
+            rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        kb_memstore_read(ctx->ms, t->pas[i], block, s->nbytes);
+        kb_shard_unpack(s, block, (uint64_t)t->cols, esize, out);
+    }
+    wait_until(ctx, tmax);
+out:
+    free(block);
+    return rc;
+}
+
+int kb_tensor_read(kb_tensor *t, float *out)
+{
+    size_t n = (size_t)(t->rows * t->cols), esize = kb_dtype_size(t->dtype);
+    uint8_t *raw = malloc(n * esize);
+    int rc;
+    if (!raw)
+        return kb_err_set(&t->ctx->err, KB_ERR_NOMEM, "out of memory");
+    rc = kb_tensor_read_raw(t, raw);
+    if (rc == 0)
+        for (size_t i = 0; i < n; i++)
+            out[i] = kb_dtype_load(t->dtype, raw, i);
+    free(raw);
+    return rc;
+}
+
+int kb_tensor_read_shard_raw(kb_tensor *t, size_t i, void *out)
+{
+    int rc;
+    if (i >= t->nshards)
+        return kb_err_set(&t->ctx->err, KB_ERR_RANGE, "tensor '%s' has %zu shards", t->name,
+                          t->nshards);
+    if ((rc = kb_ctx_flush(t->ctx)) != 0)
+        return rc;
+    kb_memstore_read(t->ctx->ms, t->pas[i], out, t->shards[i].nbytes);
+    return 0;
+}
+
+kb_va kb_tensor_va(const kb_tensor *t) { return t->va; }
+int64_t kb_tensor_rows(const kb_tensor *t) { return t->rows; }
+int64_t kb_tensor_cols(const kb_tensor *t) { return t->cols; }
+kb_dtype kb_tensor_dtype(const kb_tensor *t) { return t->dtype; }
+size_t kb_tensor_nshards(const kb_tensor *t) { return t->nshards; }
+const kb_shard_spec *kb_tensor_shard(const kb_tensor *t, size_t i) { return &t->shards[i]; }
+kb_pa kb_tensor_shard_pa(const kb_tensor *t, size_t i) { return t->pas[i]; }
+const char *kb_tensor_name(const kb_tensor *t) { return t->name; }
+
+/* ---- launches ---- */
+
+kb_grid kb_grid_of(const kb_tensor *t)
+{
+    kb_grid g = { t->grid_pes, t->grid_cubes, 1, (int)t->gsip };
+    return g;
+}
+
+static void launch_free(kb_launch_st *l)
+{
+    kb_ctx *ctx = l->ctx;
+    if (l->prev)
+        l->prev->next = l->next;
+    else
+        ctx->launches = l->next;
+    if (l->next)
+        l->next->prev = l->prev;
+    for (int i = 0; l->tls && i < l->ntl; i++)
+        free(l->tls[i].vals);
+    free(l->tls);
+    free(l->cube_left);
+    free(l->cube_tmax);
+    free(l->sip_left);
+    free(l->sip_tmax);
+    free(l);
+}
+
+static void launch_done_event(kb_sim *sim, void *a, void *b)
+{
+    kb_launch_st *l = a;
+    (void)b;
+    kb_signal_fire(sim, &l->done);
+}
+
+void kb_tl_release_all(kb_tl *tl);
+
+/* Completion of one PE's kernel: aggregate per cube at M_CPU, per SIP at IO_CPU. */
+static void kernel_finished(kb_tl *tl)
+{
+    kb_launch_st *l = tl->launch;
+    kb_ctx *ctx = tl->ctx;
+    kb_machine *m = ctx->m;
+    int s = tl->pid[2], c = tl->pid[1];
+    int ci = s * l->grid.cubes + c;
+    kb_time t = kb_machine_cmd_pe_to_mcpu(m, tl->pe, kb_sim_now(ctx->sim), KB_CMD_BYTES);
+
+    if (t > l->cube_tmax[ci])
+        l->cube_tmax[ci] = t;
+    if (--l->cube_left[ci] > 0)
+        return;
+    t = kb_machine_cmd_mcpu_to_iocpu(m, tl->pe->gsip, tl->pe->cube, l->cube_tmax[ci], KB_CMD_BYTES);
+    if (t > l->sip_tmax[s])
+        l->sip_tmax[s] = t;
+    if (--l->sip_left[s] > 0)
+        return;
+    t = kb_machine_cmd_iocpu_to_host(m, tl->pe->gsip, l->sip_tmax[s], KB_CMD_BYTES);
+    if (t > l->t_done)
+        l->t_done = t;
+    if (--l->sips_left > 0)
+        return;
+    if (kb_sim_at(ctx->sim, l->t_done, launch_done_event, l, NULL) != 0)
+        kb_signal_fire(ctx->sim, &l->done);
+}
+
+static void kernel_main(kb_sim *sim, void *arg)
+{
+    kb_tl *tl = arg;
+    kb_time now = kb_sim_now(sim);
+    if (tl->start > now)
+        kb_fiber_sleep(sim, tl->start - now);
+    tl->launch->kernel(tl, &tl->launch->args);
+    kb_tl_release_all(tl);
+    tl->ctx->kernels++;
+    kernel_finished(tl);
+}
+
+int kb_launch(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *a,
+              const kb_grid *grid)
+{
+    kb_machine *m = ctx->m;
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    kb_launch_st *l;
+    kb_grid g;
+    int rc = 0;
+
+    if (!hp)
+        return kb_err_set(&ctx->err, KB_ERR_STATE, "kb_launch(%s) outside a host program", name);
+    g = grid ? *grid : (kb_grid){ 0, 0, 0, -1 };
+    if (g.sip0 < 0)
+        g.sip0 = hp->device;
+    if (g.pes == 0)
+        g.pes = m->npes;
+    if (g.cubes == 0)
+        g.cubes = m->ncubes;
+    if (g.sips == 0)
+        g.sips = 1;
+    if (g.pes < 0 || g.pes > m->npes || g.cubes < 0 || g.cubes > m->ncubes || g.sips < 0 ||
+        g.sip0 + g.sips > m->nsips)
+        return kb_err_set(&ctx->err, KB_ERR_RANGE,
+                          "launch %s: grid %d PEs x %d cubes x %d SIPs from SIP %d does not fit "
+                          "the machine (%d x %d x %d)",
+                          name, g.pes, g.cubes, g.sips, g.sip0, m->npes, m->ncubes, m->nsips);
+    l = calloc(1, sizeof *l);
+    if (!l)
+        return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+    l->ctx = ctx;
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->kernel = kernel;
+    if (a)
+        l->args = *a;
+    l->grid = g;
+    l->ntl = g.pes * g.cubes * g.sips;
+    l->tls = calloc((size_t)l->ntl, sizeof *l->tls);
+    l->cube_left = calloc((size_t)(g.cubes * g.sips), sizeof *l->cube_left);
+    l->cube_tmax = calloc((size_t)(g.cubes * g.sips), sizeof *l->cube_tmax);
+    l->sip_left = calloc((size_t)g.sips, sizeof *l->sip_left);
+    l->sip_tmax = calloc((size_t)g.sips, sizeof *l->sip_tmax);
+    l->next = ctx->launches;
+    if (ctx->launches)
+        ctx->launches->prev = l;
+    ctx->launches = l;
+    if (!l->tls || !l->cube_left || !l->cube_tmax || !l->sip_left || !l->sip_tmax) {
+        rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    kb_signal_init(&l->done);
+    l->sips_left = g.sips;
+
+    kb_time now = kb_sim_now(ctx->sim), cpu_ovh = kb_time_from_ns(m->cfg.pe_cpu_overhead_ns);
+    int k = 0;
+    for (int s = 0; s < g.sips; s++) {
+        unsigned gsip = (unsigned)(g.sip0 + s);
+        kb_time t_io = kb_machine_cmd_host_to_iocpu(m, gsip, now, KB_CMD_BYTES);
+        l->sip_left[s] = g.cubes;
+        for (int c = 0; c < g.cubes; c++) {
+            kb_time t_m = kb_machine_cmd_iocpu_to_mcpu(m, gsip, (unsigned)c, t_io, KB_CMD_BYTES);
+            l->cube_left[s * g.cubes + c] = g.pes;
+            for (int p = 0; p < g.pes; p++, k++) {
+                kb_tl *tl = &l->tls[k];
+                char fname[128];
+                tl->tag = KB_TAG_KERNEL;
+                tl->ctx = ctx;
+                tl->pe = kb_machine_pe(m, gsip, (unsigned)c, (unsigned)p);
+                tl->launch = l;
+                tl->pid[0] = p;
+                tl->pid[1] = c;
+                tl->pid[2] = s;
+                tl->np[0] = g.pes;
+                tl->np[1] = g.cubes;
+                tl->np[2] = g.sips;
+                tl->cpu_ovh = cpu_ovh;
+                tl->start = kb_machine_cmd_mcpu_to_pe(m, tl->pe, t_m, KB_CMD_BYTES);
+                snprintf(fname, sizeof fname, "%s@sip%u/cube%d/pe%d", l->name, gsip, c, p);
+                kb_fiber *f = kb_fiber_spawn(ctx->sim, kernel_main, tl, fname);
+                if (!f) {
+                    /* fibers already spawned reference l: stop the run; ctx frees l */
+                    rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory spawning kernel fibers");
+                    kb_ctx_fail(ctx, rc);
+                    kb_fiber_block(ctx->sim, "aborted run", NULL);
+                    return rc;
+                }
+                kb_fiber_set_udata(f, tl);
+            }
+        }
+    }
+    kb_signal_wait(ctx->sim, &l->done);
+    launch_free(l);
+    return 0;
+fail:
+    launch_free(l);
+    return rc;
+}

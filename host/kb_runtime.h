@@ -1,0 +1,171 @@
+/*
+ * kb_runtime — the host runtime: a simulation context, tensors placed by DPPolicy, kernel
+ * launches through the command path, and Phase-2 replay on host reads.
+ *
+ * A kb_ctx owns the engine (kb_sim), the machine (kb_machine), the op log, the memory store
+ * and the Phase-2 backend. Host programs run as fibers (kb_ctx_run_host): a launch, a tensor
+ * write or a read blocks the host fiber in simulated time, exactly like a worker waiting on a
+ * device. Each host fiber has a current device (the SIP its tensors and launches go to;
+ * kb_ctx_set_device, SIP 0 by default).
+ *
+ * Errors: every function returns 0 or a KB_ERR_* code and leaves a message in
+ * kb_ctx_errmsg(ctx). An error inside a kernel (bad address, memory exhausted ...) stops the
+ * simulation; kb_ctx_run_host then returns that error with the kernel and PE in the message.
+ *
+ * Data and timing: with device KB_DEV_NONE nothing is recorded and tensor reads fail with
+ * KB_ERR_UNSUPPORTED; every other device records each data operation in the op log, and a
+ * read first replays what is pending (kb_ctx_flush). Timing is identical in both modes.
+ *
+ * Ownership: tensors belong to the context (kb_tensor_free releases one early; the context
+ * frees the rest). Limits: tensors are 1-D or 2-D (higher ranks are viewed as 2-D: rows =
+ * product of the leading dimensions).
+ */
+#ifndef KB_RUNTIME_H
+#define KB_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kb_config.h"
+#include "kb_dtype.h"
+#include "kb_err.h"
+#include "kb_machine.h"
+#include "kb_mmu.h"
+#include "kb_oplog.h"
+#include "kb_placement.h"
+#include "kb_replay.h"
+#include "kb_sim.h"
+
+typedef struct kb_ctx kb_ctx;
+typedef struct kb_tensor kb_tensor;
+typedef struct kb_tl kb_tl;
+
+typedef enum kb_device_kind {
+    KB_DEV_AUTO = 0, KB_DEV_GPU, KB_DEV_CPU, KB_DEV_REF, KB_DEV_NONE
+} kb_device_kind;
+const char *kb_device_name(kb_device_kind d);
+int kb_device_from_name(const char *name); /* -1 when unknown */
+
+typedef struct kb_ctx_opts {
+    kb_device_kind device;
+} kb_ctx_opts;
+
+/* cfg is copied. Owner: caller; kb_ctx_destroy(NULL) is a no-op. */
+int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, kb_errbuf *eb);
+void kb_ctx_destroy(kb_ctx *ctx);
+
+const char *kb_ctx_errmsg(const kb_ctx *ctx);
+kb_errbuf *kb_ctx_err(kb_ctx *ctx);
+kb_sim *kb_ctx_sim(kb_ctx *ctx);
+kb_machine *kb_ctx_machine(kb_ctx *ctx);
+const kb_config *kb_ctx_config(const kb_ctx *ctx);
+kb_oplog *kb_ctx_oplog(kb_ctx *ctx);
+int kb_ctx_recording(const kb_ctx *ctx);
+kb_device_kind kb_ctx_device(const kb_ctx *ctx);
+const kb_replay_stats *kb_ctx_replay_stats(const kb_ctx *ctx);
+
+/* ---- host programs ---- */
+
+typedef int (*kb_host_fn)(kb_ctx *ctx, void *arg);
+
+/*
+ * Runs fn(ctx, arg) as a host fiber (device SIP 0) and the simulation until everything has
+ * finished. Returns fn's result, the first kernel error, or KB_ERR_DEADLOCK (the message
+ * lists every blocked fiber and what it waits on, plus any registered dumps).
+ */
+int kb_ctx_run_host(kb_ctx *ctx, kb_host_fn fn, void *arg);
+
+/* Binds the calling host fiber to SIP `sip` (its tensors and launches go there). */
+int kb_ctx_set_device(kb_ctx *ctx, int sip);
+int kb_ctx_current_device(kb_ctx *ctx);
+
+/* Extra text for deadlock reports (the IPCQ layer registers its pointer dump here). */
+typedef void (*kb_dump_fn)(kb_ctx *ctx, char *buf, size_t n, void *ud);
+void kb_ctx_set_deadlock_dump(kb_ctx *ctx, kb_dump_fn fn, void *ud);
+
+/* Stops the simulation with `code` (message already in kb_ctx_err); used by kernels' errors. */
+void kb_ctx_fail(kb_ctx *ctx, int code);
+
+/* Appends a record when recording; fills seq. Returns 0 or KB_ERR_NOMEM (also when off: 0). */
+int kb_ctx_record(kb_ctx *ctx, kb_rec *r);
+
+/* Replays pending op-log records into the memory store (no-op when nothing is pending). */
+int kb_ctx_flush(kb_ctx *ctx);
+kb_memstore *kb_ctx_memstore(kb_ctx *ctx);
+
+/* ---- tensors ---- */
+
+typedef enum kb_mem_kind { KB_MEM_HBM = 0, KB_MEM_TCM, KB_MEM_SRAM } kb_mem_kind;
+
+typedef struct kb_tensor_desc {
+    const char *name;         /* copied; for messages */
+    int64_t rows, cols;       /* a 1-D tensor of n elements is 1 x n */
+    kb_dtype dtype;
+    kb_dp_policy dp;
+    kb_mem_kind mem;          /* where shards live (HBM slices by default) */
+} kb_tensor_desc;
+
+/* Allocates a tensor on the calling fiber's device, without writing it (`empty`). */
+int kb_tensor_empty(kb_ctx *ctx, const kb_tensor_desc *d, kb_tensor **out);
+/* Allocates and writes zeros (a timed host write of every shard). */
+int kb_tensor_zeros(kb_ctx *ctx, const kb_tensor_desc *d, kb_tensor **out);
+/* Allocates and copies `data` (rows*cols f32 values, logical row-major) in, rounding once. */
+int kb_tensor_from_host(kb_ctx *ctx, const kb_tensor_desc *d, const float *data, kb_tensor **out);
+
+/* Host -> device write of the logical row-major f32 buffer (scattered to every shard). */
+int kb_tensor_copy_from(kb_tensor *t, const float *data);
+/* Device -> host read into f32 (replays pending records first). */
+int kb_tensor_read(kb_tensor *t, float *out);
+/* Same, raw storage bytes of the logical tensor (rows*cols*elem size bytes). */
+int kb_tensor_read_raw(kb_tensor *t, void *out);
+/* Raw bytes of shard i's block (replays first; untimed: for checking every replica). */
+int kb_tensor_read_shard_raw(kb_tensor *t, size_t i, void *out);
+void kb_tensor_free(kb_tensor *t);
+
+kb_va kb_tensor_va(const kb_tensor *t);
+int64_t kb_tensor_rows(const kb_tensor *t);
+int64_t kb_tensor_cols(const kb_tensor *t);
+kb_dtype kb_tensor_dtype(const kb_tensor *t);
+size_t kb_tensor_nshards(const kb_tensor *t);
+const kb_shard_spec *kb_tensor_shard(const kb_tensor *t, size_t i);
+kb_pa kb_tensor_shard_pa(const kb_tensor *t, size_t i);
+const char *kb_tensor_name(const kb_tensor *t);
+
+/* The tensor that owns va on SIP gsip (NULL if none). */
+kb_tensor *kb_ctx_tensor_at(kb_ctx *ctx, unsigned gsip, kb_va va);
+
+/* ---- kernels ---- */
+
+#define KB_KARGS_MAX 8
+typedef struct kb_kargs {
+    kb_va ptr[KB_KARGS_MAX];   /* tensor base VAs */
+    int64_t i[KB_KARGS_MAX];   /* integer scalars */
+    double f[KB_KARGS_MAX];    /* float scalars */
+} kb_kargs;
+
+typedef void (*kb_kernel_fn)(kb_tl *tl, const kb_kargs *a);
+
+/*
+ * Grid of a launch: PEs [0, pes) of cubes [0, cubes) of SIPs [sip0, sip0 + sips); 0 means the
+ * whole extent (sips 0 = just the current device). tl_program_id(axis 0/1/2) = PE / cube /
+ * SIP index inside the grid.
+ */
+typedef struct kb_grid {
+    int pes, cubes, sips;
+    int sip0;                  /* -1 = the current device */
+} kb_grid;
+
+/*
+ * Launches `kernel` on every PE of the grid through the command path (host -> PCIe -> IO_CPU
+ * -> M_CPU per cube -> PE_CPU per PE) and blocks the host fiber until the completion has come
+ * back (aggregated per cube and per SIP). `a` is copied. Only from a host fiber.
+ */
+int kb_launch(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *a,
+              const kb_grid *grid);
+/* Grid covering the PEs that own shards of t: its policy's num_pes x num_cubes. */
+kb_grid kb_grid_of(const kb_tensor *t);
+
+/* Statistics for reports. */
+uint64_t kb_ctx_kernels_run(const kb_ctx *ctx);
+
+#endif

@@ -1,0 +1,97 @@
+/*
+ * kb_runtime_int — internals shared by kb_runtime.c and kb_tl.c (and, later, the IPCQ layer).
+ * Not a public header: the structs here may change with the implementation.
+ */
+#ifndef KB_RUNTIME_INT_H
+#define KB_RUNTIME_INT_H
+
+#include "kb_memstore.h"
+#include "kb_runtime.h"
+#include "kb_sync.h"
+#include "kb_tl.h"
+
+struct kb_tensor {
+    kb_ctx *ctx;
+    char name[64];
+    int64_t rows, cols;
+    kb_dtype dtype;
+    kb_dp_policy dp;
+    kb_mem_kind mem;
+    unsigned gsip;
+    kb_va va;
+    uint64_t va_bytes;
+    kb_shard_spec *shards;  /* owned */
+    kb_pa *pas;             /* owned, per shard */
+    size_t nshards;
+    int grid_pes, grid_cubes;
+};
+
+typedef struct kb_launch_st kb_launch_st;
+
+enum { KB_TAG_HOST = 0x484f5354, KB_TAG_KERNEL = 0x4b45524e };
+
+/* Fiber udata of host and kernel fibers both start with a tag saying which it is. */
+struct kb_tl {
+    int tag;
+    kb_ctx *ctx;
+    kb_pe_hw *pe;
+    kb_launch_st *launch;
+    int pid[3], np[3];
+    kb_time start;          /* when the launch message reaches the PE */
+    kb_time cpu_ovh;
+    kb_pa *vals;            /* live scratch allocations (owned) */
+    size_t nvals, capvals;
+};
+
+struct kb_launch_st {
+    kb_ctx *ctx;
+    kb_launch_st *next, *prev; /* ctx's live launches */
+    char name[64];
+    kb_kernel_fn kernel;
+    kb_kargs args;
+    kb_grid grid;
+    kb_tl *tls;             /* [ntl] */
+    int ntl;
+    int *cube_left;         /* per (sip, cube) of the grid */
+    kb_time *cube_tmax;
+    int *sip_left;
+    kb_time *sip_tmax;
+    int sips_left;
+    kb_time t_done;
+    kb_signal done;
+};
+
+typedef struct kb_hostproc {
+    int tag;
+    kb_ctx *ctx;
+    kb_host_fn fn;
+    void *arg;
+    int device;
+    int rc;
+    int finished;
+} kb_hostproc;
+
+struct kb_ctx {
+    kb_config cfg;
+    kb_sim *sim;
+    kb_machine *m;
+    kb_oplog *log;
+    kb_memstore *ms;
+    kb_backend be;
+    kb_device_kind device;
+    int recording;
+    kb_replay_stats rstats;
+    kb_errbuf err;
+    int failed;             /* first error code that stopped the run */
+    kb_tensor **tensors;    /* sorted by (gsip, va) */
+    size_t ntensors, captensors;
+    kb_launch_st *launches;
+    kb_dump_fn dump;
+    void *dump_ud;
+    uint64_t kernels;
+};
+
+/* The host process of the running fiber, or NULL (kernel fiber / outside the run). */
+kb_hostproc *kb_ctx_hostproc(kb_ctx *ctx);
+
+#endif

@@ -1,0 +1,479 @@
+/*
+ * kb_tl — the kernel operations (kb_tl.h): each one validates its operands, reserves the
+ * hardware it uses, appends its op record and sleeps the kernel fiber until it completes.
+ * Costs (docs/timing-model.md): every call first pays pe.cpu.overhead_ns; DMA routes per
+ * kb_machine; PE_MATH occupies fixed + passes * elements / lanes_per_ns; PE_GEMM occupies
+ * fixed + 2MNK / flops_per_ns per SchedulerV2 step. Limits: values are contiguous blocks of
+ * at most 2^32-1 rows/columns; a load/store must stay inside one shard's mapping.
+ */
+#include "kb_runtime_int.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KB_VAL_ALIGN 64u
+
+void kb_tl_release_all(kb_tl *tl);
+
+kb_pe_hw *tl_pe(kb_tl *tl) { return tl->pe; }
+kb_ctx *tl_ctx(kb_tl *tl) { return tl->ctx; }
+const char *tl_kernel_name(kb_tl *tl) { return tl->launch->name; }
+
+void tl_fail(kb_tl *tl, int code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!tl->ctx->failed)
+        kb_err_set(&tl->ctx->err, code, "kernel %s on sip%u/cube%u/pe%u at t=%.3f ns: %s",
+                   tl->launch->name, tl->pe->gsip, tl->pe->cube, tl->pe->pe,
+                   kb_time_to_ns(kb_sim_now(tl->ctx->sim)), msg);
+    kb_ctx_fail(tl->ctx, code);
+    for (;;) /* the run is over; this fiber is never resumed */
+        kb_fiber_block(tl->ctx->sim, "aborted run", NULL);
+}
+
+int tl_program_id(kb_tl *tl, int axis)
+{
+    if (axis < 0 || axis > 2)
+        tl_fail(tl, KB_ERR_INVAL, "tl_program_id: axis %d (0 = PE, 1 = cube, 2 = SIP)", axis);
+    return tl->pid[axis];
+}
+
+int tl_num_programs(kb_tl *tl, int axis)
+{
+    if (axis < 0 || axis > 2)
+        tl_fail(tl, KB_ERR_INVAL, "tl_num_programs: axis %d (0 = PE, 1 = cube, 2 = SIP)", axis);
+    return tl->np[axis];
+}
+
+static kb_time issue_time(kb_tl *tl) { return kb_sim_now(tl->ctx->sim) + tl->cpu_ovh; }
+
+static void wait_until(kb_tl *tl, kb_time t)
+{
+    kb_time now = kb_sim_now(tl->ctx->sim);
+    if (t > now)
+        kb_fiber_sleep(tl->ctx->sim, t - now);
+}
+
+static void record(kb_tl *tl, kb_rec *r)
+{
+    r->pe = tl->pe->gid;
+    if (kb_ctx_record(tl->ctx, r) != 0)
+        tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
+}
+
+static kb_val scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op)
+{
+    uint64_t bytes = (uint64_t)rows * cols * kb_dtype_size(dt), pa;
+    kb_errbuf eb;
+    kb_val v;
+
+    if (kb_alloc_alloc(tl->pe->scratch, bytes ? bytes : 1, KB_VAL_ALIGN, &pa, &eb) != 0)
+        tl_fail(tl, KB_ERR_NOSPACE, "%s: %s (free values with tl_free, or use smaller tiles)", op,
+                eb.msg);
+    if (tl->nvals == tl->capvals) {
+        size_t cap = tl->capvals ? tl->capvals * 2 : 16;
+        kb_pa *n = realloc(tl->vals, cap * sizeof *n);
+        if (!n)
+            tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+        tl->vals = n;
+        tl->capvals = cap;
+    }
+    tl->vals[tl->nvals++] = pa;
+    v.pa = pa;
+    v.rows = rows;
+    v.cols = cols;
+    v.dtype = (uint8_t)dt;
+    v.scratch = 1;
+    return v;
+}
+
+void tl_free(kb_tl *tl, kb_val v)
+{
+    if (!v.scratch)
+        return;
+    for (size_t i = tl->nvals; i-- > 0;) {
+        if (tl->vals[i] == v.pa) {
+            kb_alloc_free(tl->pe->scratch, v.pa, NULL);
+            tl->vals[i] = tl->vals[--tl->nvals];
+            return;
+        }
+    }
+    tl_fail(tl, KB_ERR_INVAL, "tl_free: value at 0x%llx is not a live scratch value",
+            (unsigned long long)v.pa);
+}
+
+void kb_tl_release_all(kb_tl *tl)
+{
+    for (size_t i = 0; i < tl->nvals; i++)
+        kb_alloc_free(tl->pe->scratch, tl->vals[i], NULL);
+    tl->nvals = 0;
+}
+
+static kb_opnd val_opnd(kb_val v) { return kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype); }
+
+/* Translates [va, va + bytes) on this PE's SIP; it must lie in one mapping. */
+static kb_pa translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_tensor **tensor)
+{
+    kb_sip_hw *sip = &tl->ctx->m->sips[tl->pe->gsip];
+    kb_errbuf eb;
+    kb_pa pa;
+    uint64_t contig;
+
+    if (kb_mmu_translate(sip->mmu, va, &pa, &contig, &eb) != 0)
+        tl_fail(tl, KB_ERR_NOTFOUND, "%s: %s", op, eb.msg);
+    if (contig < bytes)
+        tl_fail(tl, KB_ERR_RANGE,
+                "%s: %llu bytes at va 0x%llx cross the end of a shard (%llu bytes left in it)", op,
+                (unsigned long long)bytes, (unsigned long long)va, (unsigned long long)contig);
+    if (tensor)
+        *tensor = kb_ctx_tensor_at(tl->ctx, tl->pe->gsip, va);
+    return pa;
+}
+
+static int is_local(const kb_tl *tl, kb_pa pa)
+{
+    kb_pa_fields f = kb_pa_decode(pa);
+    return f.kind == KB_PA_PE_RES && kb_pa_gsip(pa) == tl->pe->gsip && f.cube == tl->pe->cube &&
+           f.pe == tl->pe->pe;
+}
+
+static void need_local(kb_tl *tl, kb_val v, const char *op)
+{
+    char buf[96];
+    if (!is_local(tl, v.pa))
+        tl_fail(tl, KB_ERR_INVAL, "%s: operand at %s is not in this PE's TCM/scratch (tl_load it first)",
+                op, kb_pa_format(v.pa, buf, sizeof buf));
+}
+
+static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, const char *op, int copy)
+{
+    uint64_t bytes = (uint64_t)s.rows * s.cols * kb_dtype_size(dt);
+    kb_tensor *t;
+    kb_pa src;
+    kb_val v;
+    kb_rec r;
+
+    if (s.rows == 0 || s.cols == 0 || (unsigned)dt >= KB_NDTYPES)
+        tl_fail(tl, KB_ERR_INVAL, "%s: empty shape or bad dtype", op);
+    src = translate(tl, va, bytes, op, &t);
+    if (t && t->dtype != dt)
+        tl_fail(tl, KB_ERR_INVAL, "%s: asked for %s but tensor '%s' holds %s", op,
+                kb_dtype_name(dt), t->name, kb_dtype_name(t->dtype));
+    if (!copy) {
+        v.pa = src;
+        v.rows = s.rows;
+        v.cols = s.cols;
+        v.dtype = (uint8_t)dt;
+        v.scratch = 0;
+        return v;
+    }
+    v = scratch_val(tl, s.rows, s.cols, dt, op);
+    memset(&r, 0, sizeof r);
+    {
+        kb_errbuf eb;
+        if (kb_machine_dma(tl->ctx->m, tl->pe, src, v.pa, bytes, issue_time(tl), &r.t_start,
+                           &r.t_end, &eb) != 0)
+            tl_fail(tl, KB_ERR_RANGE, "%s: %s", op, eb.msg);
+    }
+    r.kind = KB_REC_COPY;
+    r.nsrc = 1;
+    r.dst = val_opnd(v);
+    r.src[0] = kb_opnd_make(src, s.rows, s.cols, dt);
+    record(tl, &r);
+    wait_until(tl, r.t_end);
+    return v;
+}
+
+kb_val tl_load(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt)
+{
+    return load_common(tl, va, s, dt, "tl_load", 1);
+}
+
+kb_val tl_ref(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt)
+{
+    return load_common(tl, va, s, dt, "tl_ref", 0);
+}
+
+void tl_store(kb_tl *tl, kb_va va, kb_val v)
+{
+    kb_tensor *t;
+    kb_dtype dt;
+    uint64_t bytes;
+    kb_pa dst;
+    kb_rec r;
+    kb_errbuf eb;
+
+    /* the destination dtype is the tensor's; the first translation finds the tensor */
+    translate(tl, va, 1, "tl_store", &t);
+    dt = t ? t->dtype : (kb_dtype)v.dtype;
+    bytes = (uint64_t)v.rows * v.cols * kb_dtype_size(dt);
+    dst = translate(tl, va, bytes, "tl_store", NULL);
+    memset(&r, 0, sizeof r);
+    if (kb_machine_dma(tl->ctx->m, tl->pe, v.pa, dst, bytes, issue_time(tl), &r.t_start, &r.t_end,
+                       &eb) != 0)
+        tl_fail(tl, KB_ERR_RANGE, "tl_store: %s", eb.msg);
+    r.kind = KB_REC_COPY;
+    r.nsrc = 1;
+    r.dst = kb_opnd_make(dst, v.rows, v.cols, dt);
+    r.src[0] = val_opnd(v);
+    record(tl, &r);
+    wait_until(tl, r.t_end);
+}
+
+/* Occupies PE_MATH for `passes` passes over n elements from the issue time; returns the end. */
+static kb_time math_time(kb_tl *tl, uint64_t n, unsigned passes)
+{
+    return kb_res_hop(&tl->pe->math, issue_time(tl), n * passes);
+}
+
+static uint32_t bcast_dim(kb_tl *tl, uint32_t a, uint32_t b, const char *op)
+{
+    if (a == b || b == 1)
+        return a;
+    if (a == 1)
+        return b;
+    tl_fail(tl, KB_ERR_INVAL, "%s: shapes do not broadcast (%u vs %u)", op, a, b);
+    return 0;
+}
+
+static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
+                          float imm0, float imm1, const char *name)
+{
+    uint32_t rows = src[0].rows, cols = src[0].cols;
+    kb_rec r;
+    kb_val v;
+
+    for (int i = 0; i < nsrc; i++) {
+        need_local(tl, src[i], name);
+        rows = bcast_dim(tl, rows, src[i].rows, name);
+        cols = bcast_dim(tl, cols, src[i].cols, name);
+    }
+    v = scratch_val(tl, rows, cols, KB_F32, name);
+    memset(&r, 0, sizeof r);
+    r.t_start = issue_time(tl);
+    r.t_end = math_time(tl, (uint64_t)rows * cols, 1);
+    r.kind = (uint8_t)kind;
+    r.op = (uint8_t)op;
+    r.nsrc = (uint8_t)nsrc;
+    r.imm[0] = imm0;
+    r.imm[1] = imm1;
+    r.dst = val_opnd(v);
+    for (int i = 0; i < nsrc; i++)
+        r.src[i] = val_opnd(src[i]);
+    record(tl, &r);
+    wait_until(tl, r.t_end);
+    return v;
+}
+
+#define KB_TL_BINARY(fn, opc)                                                  \
+    kb_val fn(kb_tl *tl, kb_val a, kb_val b)                                   \
+    {                                                                          \
+        kb_val s[2] = { a, b };                                                \
+        return elementwise(tl, KB_REC_MATH2, opc, s, 2, 0.0f, 0.0f, #fn);      \
+    }
+KB_TL_BINARY(tl_add, KB_M2_ADD)
+KB_TL_BINARY(tl_sub, KB_M2_SUB)
+KB_TL_BINARY(tl_mul, KB_M2_MUL)
+KB_TL_BINARY(tl_div, KB_M2_DIV)
+KB_TL_BINARY(tl_maximum, KB_M2_MAX)
+KB_TL_BINARY(tl_minimum, KB_M2_MIN)
+
+#define KB_TL_UNARY(fn, opc)                                                   \
+    kb_val fn(kb_tl *tl, kb_val a)                                             \
+    {                                                                          \
+        return elementwise(tl, KB_REC_MATH1, opc, &a, 1, 0.0f, 0.0f, #fn);     \
+    }
+KB_TL_UNARY(tl_exp, KB_M1_EXP)
+KB_TL_UNARY(tl_log, KB_M1_LOG)
+KB_TL_UNARY(tl_sqrt, KB_M1_SQRT)
+KB_TL_UNARY(tl_rsqrt, KB_M1_RSQRT)
+KB_TL_UNARY(tl_abs, KB_M1_ABS)
+KB_TL_UNARY(tl_sigmoid, KB_M1_SIGMOID)
+KB_TL_UNARY(tl_cos, KB_M1_COS)
+KB_TL_UNARY(tl_sin, KB_M1_SIN)
+KB_TL_UNARY(tl_neg, KB_M1_NEG)
+KB_TL_UNARY(tl_relu, KB_M1_RELU)
+KB_TL_UNARY(tl_gelu, KB_M1_GELU)
+
+kb_val tl_scale(kb_tl *tl, kb_val a, float mul, float add)
+{
+    return elementwise(tl, KB_REC_MATH1, KB_M1_AXPB, &a, 1, mul, add, "tl_scale");
+}
+
+kb_val tl_fma(kb_tl *tl, kb_val a, kb_val b, kb_val c)
+{
+    kb_val s[3] = { a, b, c };
+    return elementwise(tl, KB_REC_FMA, 0, s, 3, 0.0f, 0.0f, "tl_fma");
+}
+
+kb_val tl_clamp(kb_tl *tl, kb_val a, float lo, float hi)
+{
+    if (!(lo <= hi))
+        tl_fail(tl, KB_ERR_INVAL, "tl_clamp: lo %g > hi %g", (double)lo, (double)hi);
+    return elementwise(tl, KB_REC_CLAMP, 0, &a, 1, lo, hi, "tl_clamp");
+}
+
+kb_val tl_full(kb_tl *tl, kb_shape s, float value)
+{
+    kb_rec r;
+    kb_val v = scratch_val(tl, s.rows, s.cols, KB_F32, "tl_full");
+    memset(&r, 0, sizeof r);
+    r.t_start = issue_time(tl);
+    r.t_end = math_time(tl, (uint64_t)s.rows * s.cols, 1);
+    r.kind = KB_REC_FILL;
+    r.imm[0] = value;
+    r.dst = val_opnd(v);
+    record(tl, &r);
+    wait_until(tl, r.t_end);
+    return v;
+}
+
+/* Softmax: max, subtract+exp, sum, divide = 4 passes over the data. */
+#define KB_SOFTMAX_PASSES 4u
+
+static kb_val along_axis(kb_tl *tl, kb_val a, int axis, kb_rec_kind kind, int op,
+                         const char *name)
+{
+    kb_rec r;
+    kb_val v;
+    uint32_t rows = a.rows, cols = a.cols;
+
+    if (axis != 0 && axis != 1)
+        tl_fail(tl, KB_ERR_INVAL, "%s: axis %d (0 = down columns, 1 = along rows)", name, axis);
+    need_local(tl, a, name);
+    if (kind == KB_REC_REDUCE) {
+        if (axis == 1)
+            cols = 1;
+        else
+            rows = 1;
+    }
+    v = scratch_val(tl, rows, cols, KB_F32, name);
+    memset(&r, 0, sizeof r);
+    r.t_start = issue_time(tl);
+    r.t_end = math_time(tl, (uint64_t)a.rows * a.cols,
+                        kind == KB_REC_SOFTMAX ? KB_SOFTMAX_PASSES : 1u);
+    r.kind = (uint8_t)kind;
+    r.op = (uint8_t)(kind == KB_REC_SOFTMAX ? axis : op);
+    r.flags = (uint8_t)(kind == KB_REC_REDUCE && axis == 0 ? KB_REC_AXIS0 : 0);
+    r.nsrc = 1;
+    r.dst = val_opnd(v);
+    r.src[0] = val_opnd(a);
+    record(tl, &r);
+    wait_until(tl, r.t_end);
+    return v;
+}
+
+kb_val tl_softmax(kb_tl *tl, kb_val a, int axis)
+{
+    return along_axis(tl, a, axis, KB_REC_SOFTMAX, axis, "tl_softmax");
+}
+
+kb_val tl_sum(kb_tl *tl, kb_val a, int axis)
+{
+    return along_axis(tl, a, axis, KB_REC_REDUCE, KB_RED_SUM, "tl_sum");
+}
+
+kb_val tl_max(kb_tl *tl, kb_val a, int axis)
+{
+    return along_axis(tl, a, axis, KB_REC_REDUCE, KB_RED_MAX, "tl_max");
+}
+
+/*
+ * Time of a gemm on PE_GEMM. Operands in this PE's TCM ranges feed the unit directly: one
+ * occupancy of fixed + 2MNK/flops. Otherwise SchedulerV2 streams: the output is cut into
+ * tile_m x tile_n tiles and K into tile_k steps; each step DMAs the A and B tiles that are not
+ * local into the scheduler's reserved TCM (double-buffered: a step's loads may start once
+ * the step two before it has finished computing) and then occupies PE_GEMM for
+ * fixed + 2*tm*tn*tk/flops.
+ */
+static kb_time gemm_time(kb_tl *tl, kb_val a, kb_val b, uint32_t M, uint32_t N, uint32_t K)
+{
+    const kb_topo_cfg *c = &tl->ctx->m->cfg;
+    kb_pe_hw *pe = tl->pe;
+    int la = is_local(tl, a.pa), lb = is_local(tl, b.pa);
+    kb_time t0 = issue_time(tl);
+
+    if (la && lb)
+        return kb_res_hop(&pe->gemm, t0, 2ull * M * N * K);
+
+    kb_pa resv = kb_pa_pe_tcm(pe->gsip, pe->cube, pe->pe,
+                              c->tcm_size_bytes - c->tcm_scheduler_reserved_bytes);
+    uint32_t tm = (uint32_t)c->sched_tile_m, tn = (uint32_t)c->sched_tile_n,
+             tk = (uint32_t)c->sched_tile_k;
+    size_t ea = kb_dtype_size((kb_dtype)a.dtype), eb_ = kb_dtype_size((kb_dtype)b.dtype);
+    kb_time done[2] = { t0, t0 }, end = t0;
+    uint64_t step = 0;
+
+    for (uint32_t m0 = 0; m0 < M; m0 += tm) {
+        uint32_t mt = M - m0 < tm ? M - m0 : tm;
+        for (uint32_t n0 = 0; n0 < N; n0 += tn) {
+            uint32_t nt = N - n0 < tn ? N - n0 : tn;
+            for (uint32_t k0 = 0; k0 < K; k0 += tk, step++) {
+                uint32_t kt = K - k0 < tk ? K - k0 : tk;
+                kb_time ld_issue = done[step & 1] > t0 ? done[step & 1] : t0;
+                kb_time ready = ld_issue, ts, te;
+                kb_errbuf e;
+                if (!la) {
+                    if (kb_machine_dma(tl->ctx->m, pe, a.pa, resv, (uint64_t)mt * kt * ea,
+                                       ld_issue, &ts, &te, &e) != 0)
+                        tl_fail(tl, KB_ERR_RANGE, "tl_dot: %s", e.msg);
+                    ready = te > ready ? te : ready;
+                }
+                if (!lb) {
+                    if (kb_machine_dma(tl->ctx->m, pe, b.pa, resv, (uint64_t)kt * nt * eb_,
+                                       ld_issue, &ts, &te, &e) != 0)
+                        tl_fail(tl, KB_ERR_RANGE, "tl_dot: %s", e.msg);
+                    ready = te > ready ? te : ready;
+                }
+                end = kb_res_hop(&pe->gemm, ready, 2ull * mt * nt * kt);
+                done[step & 1] = end;
+            }
+        }
+    }
+    return end;
+}
+
+static void dot_common(kb_tl *tl, kb_val dst, kb_val a, kb_val b, int acc)
+{
+    kb_rec r;
+
+    if (a.cols != b.rows)
+        tl_fail(tl, KB_ERR_INVAL, "tl_dot: inner dimensions differ (%ux%u @ %ux%u)", a.rows,
+                a.cols, b.rows, b.cols);
+    memset(&r, 0, sizeof r);
+    r.t_start = issue_time(tl);
+    r.t_end = gemm_time(tl, a, b, a.rows, b.cols, a.cols);
+    r.kind = KB_REC_GEMM;
+    r.flags = (uint8_t)(acc ? KB_REC_ACC : 0);
+    r.nsrc = 2;
+    r.dst = val_opnd(dst);
+    r.src[0] = val_opnd(a);
+    r.src[1] = val_opnd(b);
+    record(tl, &r);
+    wait_until(tl, r.t_end);
+}
+
+kb_val tl_dot(kb_tl *tl, kb_val a, kb_val b)
+{
+    kb_val d;
+    if (a.cols != b.rows)
+        tl_fail(tl, KB_ERR_INVAL, "tl_dot: inner dimensions differ (%ux%u @ %ux%u)", a.rows,
+                a.cols, b.rows, b.cols);
+    d = scratch_val(tl, a.rows, b.cols, KB_F32, "tl_dot");
+    dot_common(tl, d, a, b, 0);
+    return d;
+}
+
+void tl_dot_acc(kb_tl *tl, kb_val acc, kb_val a, kb_val b)
+{
+    if (!acc.scratch || acc.dtype != KB_F32 || acc.rows != a.rows || acc.cols != b.cols)
+        tl_fail(tl, KB_ERR_INVAL, "tl_dot_acc: accumulator must be an f32 scratch value of %ux%u",
+                a.rows, b.cols);
+    dot_common(tl, acc, a, b, 1);
+}

@@ -1,0 +1,67 @@
+/*
+ * kb_err — the one error-code table of kbcl.
+ *
+ * Every library function that can fail returns an int: 0 on success or one of the negative
+ * KB_ERR_* codes below. kb_strerror() names a code. Detailed, human-readable messages (the
+ * file:line of a config error, the PE and direction of an IPCQ misuse) travel separately in a
+ * caller-owned kb_errbuf that the failing function fills with kb_err_set(). Library code never
+ * prints and never exits; only kbcl's main decides what to print and which exit status to use.
+ */
+#ifndef KB_ERR_H
+#define KB_ERR_H
+
+#include <stddef.h>
+
+/* X(name, value, description) */
+#define KB_ERR_TABLE(X)                                                     \
+    X(OK,          0,   "success")                                          \
+    X(NOMEM,       -1,  "out of host memory")                               \
+    X(INVAL,       -2,  "invalid argument")                                 \
+    X(CONFIG,      -3,  "configuration error")                              \
+    X(RANGE,       -4,  "value out of range")                               \
+    X(NOSPACE,     -5,  "simulated memory exhausted")                       \
+    X(NOTFOUND,    -6,  "not found")                                        \
+    X(DEADLOCK,    -7,  "deadlock: fibers wait and no event is pending")    \
+    X(IO,          -8,  "I/O error")                                        \
+    X(DEVICE,      -9,  "compute device error")                             \
+    X(UNSUPPORTED, -10, "not supported")                                    \
+    X(VERIFY,      -11, "verification failed")                              \
+    X(STATE,       -12, "invalid state for this call")                      \
+    X(DIRECTION,   -13, "IPCQ direction not wired on this PE")              \
+    X(ABORTED,     -14, "simulation aborted")                               \
+    X(USAGE,       -15, "usage error")
+
+enum {
+#define KB_ERR_ENUM_(name, value, desc) KB_ERR_##name = (value),
+    KB_ERR_TABLE(KB_ERR_ENUM_)
+#undef KB_ERR_ENUM_
+    KB_ERR_MIN_ = -15
+};
+
+/* Name of an error code ("simulated memory exhausted"); never NULL. */
+const char *kb_strerror(int code);
+
+/* Caller-owned buffer for the detailed message of the last failure. */
+typedef struct kb_errbuf {
+    char msg[768];
+} kb_errbuf;
+
+/*
+ * Writes a printf-style message into `eb` (which may be NULL: the message is dropped) and
+ * returns `code`, so that failing paths read `return kb_err_set(eb, KB_ERR_RANGE, "...")`.
+ * An existing message is replaced.
+ */
+int kb_err_set(kb_errbuf *eb, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Prepends "prefix: " to the message already in `eb` (for adding context on the way up). */
+void kb_err_prefix(kb_errbuf *eb, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+#endif

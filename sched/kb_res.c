@@ -1,0 +1,139 @@
+/*
+ * kb_res — FIFO-reserved bandwidth resources (semantics in kb_res.h).
+ *
+ * All arithmetic is integral: a bandwidth is an integer number of bytes per microsecond, so the
+ * time to move n bytes, n * 1e6 / bytes_per_us ps, is a rational number that is rounded up
+ * exactly. n * 1e6 would overflow 64 bits for n >= 2^44, so n is split into a quotient and a
+ * remainder by bytes_per_us first; the remainder part never overflows for realistic
+ * bandwidths and falls back to a shift-and-add long multiplication for absurd ones. Times
+ * saturate at KB_TIME_MAX instead of wrapping. Limits: a resource serves one reservation at a
+ * time, in request order (no priorities, no preemption); callers must request in
+ * nondecreasing `now` order for the FIFO to mean first-come first-served.
+ */
+#include "kb_res.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stddef.h>
+
+#define KB_PS_PER_US_ UINT64_C(1000000)
+
+static kb_time add_sat(kb_time a, kb_time b)
+{
+    return b > 0 && a > KB_TIME_MAX - b ? KB_TIME_MAX : a + b;
+}
+
+/* ceil(r * 1e6 / d) for r < d, without overflow for any d. */
+static uint64_t ceil_mul_1e6_div(uint64_t r, uint64_t d)
+{
+    uint64_t q = 0, rem = 0;
+
+    if (r <= UINT64_MAX / KB_PS_PER_US_) {
+        uint64_t x = r * KB_PS_PER_US_;
+        return x / d + (x % d != 0);
+    }
+    /* Invariant: r * (bits of 1e6 consumed so far) == q * d + rem, rem < d. */
+    for (int bit = 19; bit >= 0; bit--) {
+        q <<= 1;
+        if (rem >= d - rem) {
+            rem -= d - rem;
+            q++;
+        } else {
+            rem += rem;
+        }
+        if ((KB_PS_PER_US_ >> bit) & 1u) {
+            if (rem >= d - r) {
+                rem -= d - r;
+                q++;
+            } else {
+                rem += r;
+            }
+        }
+    }
+    return q + (rem != 0);
+}
+
+kb_time kb_bw_time(uint64_t bytes_per_us, uint64_t nbytes)
+{
+    uint64_t q, r;
+
+    if (bytes_per_us == 0 || nbytes == 0)
+        return 0;
+    q = nbytes / bytes_per_us;
+    r = nbytes % bytes_per_us;
+    if (q > (uint64_t)KB_TIME_MAX / KB_PS_PER_US_)
+        return KB_TIME_MAX;
+    return add_sat((kb_time)(q * KB_PS_PER_US_), (kb_time)ceil_mul_1e6_div(r, bytes_per_us));
+}
+
+/*
+ * Non-positive or NaN bandwidth means infinite (bytes_per_us = 0); a positive one rounds to
+ * at least 1 byte/us so that a tiny bandwidth never turns into an infinite one.
+ */
+void kb_res_init(kb_res *r, const char *name, double bandwidth_gbps, kb_time latency,
+                 kb_time fixed)
+{
+    double bpu = bandwidth_gbps * 1000.0;
+
+    r->free_at = 0;
+    r->fixed = fixed;
+    r->latency = latency;
+    if (!(bpu > 0.0))
+        r->bytes_per_us = 0;
+    else if (bpu >= 9.0e18)
+        r->bytes_per_us = UINT64_C(9000000000000000000);
+    else if (bpu < 1.0)
+        r->bytes_per_us = 1;
+    else
+        r->bytes_per_us = (uint64_t)llround(bpu);
+    r->uses = 0;
+    r->bytes = 0;
+    r->busy = 0;
+    r->name = name;
+}
+
+kb_time kb_res_occupancy(const kb_res *r, uint64_t nbytes)
+{
+    return add_sat(r->fixed, kb_bw_time(r->bytes_per_us, nbytes));
+}
+
+static void account(kb_res *r, uint64_t nbytes, kb_time occ)
+{
+    r->uses++;
+    r->bytes += nbytes;
+    r->busy = add_sat(r->busy, occ);
+}
+
+kb_time kb_res_path_reserve(kb_res *const *path, int n_path, kb_time now, uint64_t nbytes,
+                            kb_time *t_start)
+{
+    kb_time start = now, lat = 0, occ_max = 0;
+
+    for (int i = 0; i < n_path; i++) {
+        assert(path[i]);
+        if (path[i]->free_at > start)
+            start = path[i]->free_at;
+    }
+    for (int i = 0; i < n_path; i++) {
+        kb_res *r = path[i];
+        kb_time occ = kb_res_occupancy(r, nbytes);
+        r->free_at = add_sat(start, occ);
+        account(r, nbytes, occ);
+        lat = add_sat(lat, r->latency);
+        if (occ > occ_max)
+            occ_max = occ;
+    }
+    if (t_start)
+        *t_start = start;
+    return add_sat(add_sat(start, lat), occ_max);
+}
+
+kb_time kb_res_hop(kb_res *r, kb_time t_arrive, uint64_t nbytes)
+{
+    kb_time start = r->free_at > t_arrive ? r->free_at : t_arrive;
+    kb_time occ = kb_res_occupancy(r, nbytes);
+
+    r->free_at = add_sat(start, occ);
+    account(r, nbytes, occ);
+    return add_sat(r->free_at, r->latency);
+}

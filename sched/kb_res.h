@@ -1,0 +1,56 @@
+/*
+ * kb_res — bandwidth resources (links, memory ports, engines) with FIFO reservation.
+ *
+ * A resource has a fixed per-use occupancy (`fixed`, e.g. a CPU's per-message overhead), a
+ * bandwidth (bytes per microsecond, i.e. GB/s x 1000, an integer so time stays integral) and a
+ * latency that delays the end of a use without occupying the resource. Using it for n bytes
+ * occupies it for fixed + ceil(n * 1e6 / bytes_per_us) ps.
+ *
+ * Reservations are made at request time, in request order, so a busy resource serves
+ * transfers first-come first-served without queue events. Two ways to use a chain:
+ *  - kb_res_path_reserve(): a pipelined (cut-through) transfer over several resources at once:
+ *    start = max(now, free_at of each); each resource is busy for its own occupancy from start;
+ *    end = start + sum(latency) + max(occupancy). For an idle path with no fixed costs:
+ *    end - now = sum(latency) + n / min(bandwidth), the closed form the docs state.
+ *  - kb_res_hop(): one store-and-forward hop (a message through a CPU or a link), to chain.
+ * No floating point; every duration rounds up to whole picoseconds.
+ */
+#ifndef KB_RES_H
+#define KB_RES_H
+
+#include <stdint.h>
+
+#include "kb_time.h"
+
+typedef struct kb_res {
+    kb_time free_at;        /* when the current reservation ends */
+    kb_time fixed;          /* occupancy per use, ps */
+    kb_time latency;        /* added to the end of each use, ps; does not occupy */
+    uint64_t bytes_per_us;  /* 0 = infinite bandwidth */
+    /* statistics */
+    uint64_t uses, bytes;
+    kb_time busy;           /* total occupancy */
+    const char *name;       /* static or owned by whoever owns the resource */
+} kb_res;
+
+/* gbps is GB/s (1e9 bytes/s = bytes/ns); fractional values are rounded to bytes/us. */
+void kb_res_init(kb_res *r, const char *name, double bandwidth_gbps, kb_time latency,
+                 kb_time fixed);
+
+/* Occupancy for n bytes: fixed + ceil(n * 1e6 / bytes_per_us) ps (exact integer math). */
+kb_time kb_res_occupancy(const kb_res *r, uint64_t nbytes);
+
+/* Pure transfer time of n bytes at bytes_per_us, rounded up (0 when bandwidth is infinite). */
+kb_time kb_bw_time(uint64_t bytes_per_us, uint64_t nbytes);
+
+/*
+ * Reserves a pipelined transfer of n bytes over path[0..n_path) requested at `now`.
+ * Returns the completion time; *t_start (may be NULL) receives the start time.
+ */
+kb_time kb_res_path_reserve(kb_res *const *path, int n_path, kb_time now, uint64_t nbytes,
+                            kb_time *t_start);
+
+/* One store-and-forward use: starts at max(t_arrive, free_at); returns start+occupancy+latency. */
+kb_time kb_res_hop(kb_res *r, kb_time t_arrive, uint64_t nbytes);
+
+#endif

@@ -1,0 +1,645 @@
+/*
+ * kb_sim — discrete-event engine and fibers (API and ordering argument in kb_sim.h).
+ *
+ * Events are stored by value: future events in a binary min-heap keyed by (time, seq), events
+ * for the current time in a power-of-two ring (the FIFO). Both arrays grow by doubling and share
+ * one capacity that is kept >= pending callback events + live fibers: every live fiber has at
+ * most one pending event (its resume), so the fiber paths (sleep, wake, finish), which cannot
+ * report errors, never allocate; only kb_sim_at/after and kb_fiber_spawn grow the arrays.
+ * Fibers switch with Boost.Context's fcontext (no system call per switch) or, under
+ * KBCL_FIBER_UCONTEXT, with swapcontext (slower: it saves the signal mask); under AddressSanitizer
+ * every switch is announced with __sanitizer_{start,finish}_switch_fiber. Fibers are
+ * asymmetric: a fiber always switches back to the scheduler loop that resumed it. Each stack is
+ * one mmap with a PROT_NONE guard page at its low end (2 VMAs per stack, so about 30 000
+ * concurrently live fibers fit under the default vm.max_map_count; past that, when the guard
+ * cannot be set, the stack is used unguarded rather than failing). Finished fibers keep their
+ * stack on a free list for the next spawn; stacks are returned to the OS only by
+ * kb_sim_destroy. Limits: single-threaded; kb_sim_destroy must not be called from inside a run.
+ */
+#include "kb_sim.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kb_err.h"
+
+#if KBCL_FIBER_UCONTEXT
+#include <ucontext.h>
+#else
+/* Boost.Context's C-linkage switch (libboost_context); declared here because its header is C++. */
+typedef void *kb_fctx_;
+typedef struct {
+    kb_fctx_ fctx;
+    void *data;
+} kb_transfer_;
+extern kb_transfer_ jump_fcontext(kb_fctx_ const to, void *vp);
+extern kb_fctx_ make_fcontext(void *sp, size_t size, void (*fn)(kb_transfer_));
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+#define KB_ASAN_ 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KB_ASAN_ 1
+#endif
+#endif
+#ifdef KB_ASAN_
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+#if defined(__GNUC__)
+#define KB_PREFETCH_(p) __builtin_prefetch(p)
+#else
+#define KB_PREFETCH_(p) ((void)(p))
+#endif
+
+#define KB_DEFAULT_STACK_ (256u * 1024u)
+#define KB_MIN_STACK_ (16u * 1024u) /* below this even a trivial fiber overflows */
+#define KB_INITIAL_CAP_ 64u
+#define KB_NAME_MAX_ 47
+
+typedef struct kb_event {
+    kb_time time;
+    uint64_t seq;
+    kb_event_fn fn;
+    void *a, *b;
+} kb_event;
+
+/* FIFO entries need no time (it is `now`) and no seq (the ring order is the order). */
+typedef struct kb_now_event {
+    kb_event_fn fn;
+    void *a, *b;
+} kb_now_event;
+
+enum { KB_F_READY, KB_F_RUNNING, KB_F_BLOCKED, KB_F_DEAD };
+
+struct kb_fiber {
+    kb_sim *sim;
+    kb_fiber_fn fn;
+    void *arg;
+    void *udata;
+    int state;
+    const char *what; /* while blocked: what it waits on (static string) */
+    const void *obj;
+    kb_fiber *wait_next;          /* kb_sync wait lists */
+    kb_fiber *prev, *next;        /* live list (spawn order); next doubles as free-list link */
+    unsigned char *map;           /* mmap base: guard page, then the stack */
+    size_t map_bytes;
+#if KBCL_FIBER_UCONTEXT
+    ucontext_t uc;
+#else
+    kb_fctx_ ctx;
+#endif
+#ifdef KB_ASAN_
+    void *fake_stack;
+#endif
+    char name[KB_NAME_MAX_ + 1];
+};
+
+struct kb_sim {
+    kb_time now;
+    uint64_t seq;
+    kb_event *heap;
+    size_t hn;
+    kb_now_event *fifo;
+    size_t fhead, fn;
+    size_t cap; /* capacity of both heap and fifo; a power of two */
+
+    kb_fiber *current;
+    kb_fiber *live_head, *live_tail;
+    kb_fiber *free_list;
+    size_t nlive, nblocked;
+    size_t page, stack_bytes;
+
+    uint64_t nevents, nswitches;
+    int running, stop, stop_code;
+
+#if KBCL_FIBER_UCONTEXT
+    ucontext_t sched_uc;
+#else
+    kb_fctx_ sched_ctx;
+#endif
+#ifdef KB_ASAN_
+    const void *sched_stack_bottom;
+    size_t sched_stack_size;
+#endif
+};
+
+/* ---------------------------------------------------------------- event storage */
+
+/* Non-short-circuit operators: heap comparisons are unpredictable, so avoid branches. */
+static int ev_before(const kb_event *x, const kb_event *y)
+{
+    return (x->time < y->time) | ((x->time == y->time) & (x->seq < y->seq));
+}
+
+/* Grows heap and FIFO so that cap >= need. Keeps cap unchanged on failure. */
+static int grow(kb_sim *sim, size_t need)
+{
+    size_t ncap = sim->cap;
+    kb_event *nheap;
+    kb_now_event *nfifo;
+
+    while (ncap < need) {
+        if (ncap > SIZE_MAX / 2 / sizeof(kb_event))
+            return KB_ERR_NOMEM;
+        ncap *= 2;
+    }
+    nheap = realloc(sim->heap, ncap * sizeof *nheap);
+    if (!nheap)
+        return KB_ERR_NOMEM;
+    sim->heap = nheap;
+    nfifo = malloc(ncap * sizeof *nfifo);
+    if (!nfifo)
+        return KB_ERR_NOMEM;
+    /* Unwrap the ring so that it starts at index 0 in the new array. */
+    for (size_t i = 0; i < sim->fn; i++)
+        nfifo[i] = sim->fifo[(sim->fhead + i) & (sim->cap - 1)];
+    free(sim->fifo);
+    sim->fifo = nfifo;
+    sim->fhead = 0;
+    sim->cap = ncap;
+    return 0;
+}
+
+/* Makes room for `extra` more callback events / fibers (see the invariant at the top). */
+static int reserve(kb_sim *sim, size_t extra)
+{
+    size_t need = sim->hn + sim->fn + sim->nlive + extra;
+    return need <= sim->cap ? 0 : grow(sim, need);
+}
+
+static void heap_push(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
+{
+    kb_event *h = sim->heap;
+    kb_event ev = {t, sim->seq++, fn, a, b};
+    size_t i = sim->hn++;
+
+    assert(sim->hn <= sim->cap);
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!ev_before(&ev, &h[p]))
+            break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = ev;
+}
+
+static void heap_pop(kb_sim *sim, kb_event *out)
+{
+    kb_event *h = sim->heap;
+    size_t n = --sim->hn;
+    size_t i = 0;
+
+    *out = h[0];
+    if (n == 0)
+        return;
+    /* Sift the former last element down from the root, moving the hole instead of swapping. */
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        /* Large heaps miss the cache: fetch both possible next pairs of children now. */
+        if (4 * i + 6 < sim->cap) {
+            KB_PREFETCH_(&h[4 * i + 3]);
+            KB_PREFETCH_(&h[4 * i + 6]);
+        }
+        /* Reads h[n] when c + 1 == n: still initialized (it is the element being placed). */
+        c += (c + 1 < n) & ev_before(&h[c + 1], &h[c]);
+        if (!ev_before(&h[c], &h[n]))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    h[i] = h[n];
+}
+
+static void fifo_push(kb_sim *sim, kb_event_fn fn, void *a, void *b)
+{
+    kb_now_event *e;
+
+    assert(sim->fn < sim->cap);
+    e = &sim->fifo[(sim->fhead + sim->fn++) & (sim->cap - 1)];
+    e->fn = fn;
+    e->a = a;
+    e->b = b;
+}
+
+/* Events at `now` go to the FIFO (ordering argument in kb_sim.h), later ones to the heap. */
+static void push(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
+{
+    if (t == sim->now)
+        fifo_push(sim, fn, a, b);
+    else
+        heap_push(sim, t, fn, a, b);
+}
+
+static kb_time time_add_sat(kb_time t, kb_time dt)
+{
+    return dt > KB_TIME_MAX - t ? KB_TIME_MAX : t + dt;
+}
+
+/* ---------------------------------------------------------------- engine */
+
+kb_sim *kb_sim_create(const kb_sim_opts *opts)
+{
+    kb_sim *sim = calloc(1, sizeof *sim);
+    long page = sysconf(_SC_PAGESIZE);
+    size_t stack = opts && opts->fiber_stack_bytes ? opts->fiber_stack_bytes : KB_DEFAULT_STACK_;
+
+    if (!sim)
+        goto fail;
+    sim->page = page > 0 ? (size_t)page : 4096u;
+    if (stack < KB_MIN_STACK_)
+        stack = KB_MIN_STACK_;
+    if (stack > SIZE_MAX / 2)
+        goto fail;
+    sim->stack_bytes = (stack + sim->page - 1) / sim->page * sim->page;
+    sim->cap = KB_INITIAL_CAP_;
+    sim->heap = malloc(sim->cap * sizeof *sim->heap);
+    sim->fifo = malloc(sim->cap * sizeof *sim->fifo);
+    if (!sim->heap || !sim->fifo)
+        goto fail;
+    return sim;
+fail:
+    kb_sim_destroy(sim);
+    return NULL;
+}
+
+static void fiber_free(kb_fiber *f)
+{
+#ifdef KB_ASAN_
+    /* Frames of a fiber that never returned leave poisoned shadow behind. */
+    ASAN_UNPOISON_MEMORY_REGION(f->map, f->map_bytes);
+#endif
+    munmap(f->map, f->map_bytes);
+    free(f);
+}
+
+void kb_sim_destroy(kb_sim *sim)
+{
+    kb_fiber *f, *next;
+
+    if (!sim)
+        return;
+    for (f = sim->live_head; f; f = next) {
+        next = f->next;
+        fiber_free(f);
+    }
+    for (f = sim->free_list; f; f = next) {
+        next = f->next;
+        fiber_free(f);
+    }
+    free(sim->heap);
+    free(sim->fifo);
+    free(sim);
+}
+
+kb_time kb_sim_now(const kb_sim *sim) { return sim->now; }
+
+int kb_sim_at(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
+{
+    int rc;
+
+    if (!fn || t < sim->now)
+        return KB_ERR_INVAL;
+    rc = reserve(sim, 1);
+    if (rc)
+        return rc;
+    push(sim, t, fn, a, b);
+    return 0;
+}
+
+int kb_sim_after(kb_sim *sim, kb_time dt, kb_event_fn fn, void *a, void *b)
+{
+    if (dt < 0 || dt > KB_TIME_MAX - sim->now)
+        return KB_ERR_INVAL;
+    return kb_sim_at(sim, sim->now + dt, fn, a, b);
+}
+
+/*
+ * A stop requested outside a run stays pending: the next run returns its code before firing
+ * anything. Re-entering run from a callback or a fiber is refused with KB_ERR_STATE.
+ */
+int kb_sim_run(kb_sim *sim)
+{
+    kb_event ev;
+    int rc;
+
+    if (sim->running)
+        return KB_ERR_STATE;
+    sim->running = 1;
+    while (!sim->stop) {
+        /* Heap events at `now` were inserted before anything in the FIFO: they go first. */
+        if (sim->hn && sim->heap[0].time == sim->now) {
+            heap_pop(sim, &ev);
+        } else if (sim->fn) {
+            kb_now_event *e = &sim->fifo[sim->fhead];
+            sim->fhead = (sim->fhead + 1) & (sim->cap - 1);
+            sim->fn--;
+            ev.fn = e->fn;
+            ev.a = e->a;
+            ev.b = e->b;
+        } else if (sim->hn) {
+            heap_pop(sim, &ev);
+            sim->now = ev.time;
+        } else {
+            break;
+        }
+        sim->nevents++;
+        ev.fn(sim, ev.a, ev.b);
+    }
+    if (sim->stop) {
+        sim->stop = 0;
+        rc = sim->stop_code;
+    } else {
+        rc = sim->nblocked ? KB_ERR_DEADLOCK : 0;
+    }
+    sim->running = 0;
+    return rc;
+}
+
+void kb_sim_stop(kb_sim *sim, int code)
+{
+    sim->stop = 1;
+    sim->stop_code = code;
+}
+
+uint64_t kb_sim_events(const kb_sim *sim) { return sim->nevents; }
+uint64_t kb_sim_switches(const kb_sim *sim) { return sim->nswitches; }
+size_t kb_sim_live_fibers(const kb_sim *sim) { return sim->nlive; }
+
+/* ---------------------------------------------------------------- context switching */
+
+/*
+ * ASan must be told about every stack switch, else it takes the fiber stack for the thread's
+ * and reports false positives. These expand to nothing without ASan.
+ */
+#ifdef KB_ASAN_
+#define ASAN_TO_FIBER_(sim, f, fake)                                                         \
+    __sanitizer_start_switch_fiber(&(fake), (f)->map + (sim)->page, (sim)->stack_bytes)
+#define ASAN_BACK_IN_SCHED_(fake) __sanitizer_finish_switch_fiber((fake), NULL, NULL)
+#define ASAN_TO_SCHED_(sim, fsave)                                                           \
+    __sanitizer_start_switch_fiber((fsave), (sim)->sched_stack_bottom, (sim)->sched_stack_size)
+#define ASAN_BACK_IN_FIBER_(sim, fake)                                                       \
+    __sanitizer_finish_switch_fiber((fake), &(sim)->sched_stack_bottom, &(sim)->sched_stack_size)
+#else
+#define ASAN_TO_FIBER_(sim, f, fake) ((void)0)
+#define ASAN_BACK_IN_SCHED_(fake) ((void)0)
+#define ASAN_TO_SCHED_(sim, fsave) ((void)0)
+#define ASAN_BACK_IN_FIBER_(sim, fake) ((void)0)
+#endif
+
+static void fiber_recycle(kb_sim *sim, kb_fiber *f);
+
+/* Body shared by both entry trampolines; never returns. */
+static void fiber_main(kb_sim *sim, kb_fiber *f)
+{
+    f->fn(sim, f->arg);
+    f->state = KB_F_DEAD;
+    ASAN_TO_SCHED_(sim, NULL); /* NULL: this stack is abandoned */
+#if KBCL_FIBER_UCONTEXT
+    setcontext(&sim->sched_uc);
+#else
+    jump_fcontext(sim->sched_ctx, NULL);
+#endif
+    assert(!"a finished fiber was resumed");
+}
+
+#if KBCL_FIBER_UCONTEXT
+/* makecontext passes int arguments only: the fiber pointer travels as two halves. */
+static void fiber_entry_uc(unsigned int hi, unsigned int lo)
+{
+    kb_fiber *f = (kb_fiber *)(uintptr_t)(((uint64_t)hi << 32) | lo);
+    ASAN_BACK_IN_FIBER_(f->sim, NULL);
+    fiber_main(f->sim, f);
+}
+#else
+static void fiber_entry_fc(kb_transfer_ t)
+{
+    kb_fiber *f = t.data;
+    f->sim->sched_ctx = t.fctx;
+    ASAN_BACK_IN_FIBER_(f->sim, NULL);
+    fiber_main(f->sim, f);
+}
+#endif
+
+/* Prepares f's context to start fiber_main on its (possibly recycled) stack. */
+static int fiber_make_context(kb_sim *sim, kb_fiber *f)
+{
+    unsigned char *lo = f->map + sim->page;
+#if KBCL_FIBER_UCONTEXT
+    uint64_t p = (uint64_t)(uintptr_t)f;
+    if (getcontext(&f->uc) != 0)
+        return KB_ERR_NOMEM;
+    f->uc.uc_stack.ss_sp = lo;
+    f->uc.uc_stack.ss_size = sim->stack_bytes;
+    f->uc.uc_link = NULL;
+    makecontext(&f->uc, (void (*)(void))fiber_entry_uc, 2, (unsigned int)(p >> 32),
+                (unsigned int)(p & 0xffffffffu));
+#else
+    f->ctx = make_fcontext(lo + sim->stack_bytes, sim->stack_bytes, fiber_entry_fc);
+#endif
+    return 0;
+}
+
+/* The resume event: runs f until it blocks, sleeps or finishes (scheduler side). */
+static void fiber_resume_ev(kb_sim *sim, void *a, void *b)
+{
+    kb_fiber *f = a;
+#ifdef KB_ASAN_
+    void *fake = NULL;
+#endif
+
+    (void)b;
+    f->state = KB_F_RUNNING;
+    sim->current = f;
+    sim->nswitches++;
+    ASAN_TO_FIBER_(sim, f, fake);
+#if KBCL_FIBER_UCONTEXT
+    swapcontext(&sim->sched_uc, &f->uc);
+#else
+    f->ctx = jump_fcontext(f->ctx, f).fctx;
+#endif
+    ASAN_BACK_IN_SCHED_(fake);
+    sim->current = NULL;
+    if (f->state == KB_F_DEAD)
+        fiber_recycle(sim, f);
+}
+
+/* Fiber side: hands control back to the scheduler; returns when resumed. */
+static void fiber_yield(kb_sim *sim, kb_fiber *f)
+{
+#ifdef KB_ASAN_
+    ASAN_TO_SCHED_(sim, &f->fake_stack);
+#endif
+#if KBCL_FIBER_UCONTEXT
+    swapcontext(&f->uc, &sim->sched_uc);
+#else
+    (void)f;
+    sim->sched_ctx = jump_fcontext(sim->sched_ctx, NULL).fctx;
+#endif
+#ifdef KB_ASAN_
+    ASAN_BACK_IN_FIBER_(sim, f->fake_stack);
+#endif
+}
+
+/* ---------------------------------------------------------------- fibers */
+
+static void live_unlink(kb_sim *sim, kb_fiber *f)
+{
+    if (f->prev)
+        f->prev->next = f->next;
+    else
+        sim->live_head = f->next;
+    if (f->next)
+        f->next->prev = f->prev;
+    else
+        sim->live_tail = f->prev;
+    f->prev = f->next = NULL;
+}
+
+static void fiber_recycle(kb_sim *sim, kb_fiber *f)
+{
+    live_unlink(sim, f);
+    sim->nlive--;
+#ifdef KB_ASAN_
+    ASAN_UNPOISON_MEMORY_REGION(f->map + sim->page, sim->stack_bytes);
+#endif
+    f->next = sim->free_list;
+    sim->free_list = f;
+}
+
+static kb_fiber *fiber_alloc(kb_sim *sim)
+{
+    kb_fiber *f = sim->free_list;
+    void *map;
+
+    if (f) {
+        sim->free_list = f->next;
+        return f;
+    }
+    f = malloc(sizeof *f);
+    if (!f)
+        return NULL;
+    f->map_bytes = sim->stack_bytes + sim->page;
+    map = mmap(NULL, f->map_bytes, PROT_READ | PROT_WRITE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (map == MAP_FAILED) {
+        free(f);
+        return NULL;
+    }
+    f->map = map;
+    /* A failure here means the VMA limit is near: run without the guard rather than fail. */
+    (void)mprotect(f->map, sim->page, PROT_NONE);
+    return f;
+}
+
+kb_fiber *kb_fiber_spawn(kb_sim *sim, kb_fiber_fn fn, void *arg, const char *name)
+{
+    kb_fiber *f;
+    size_t len;
+
+    if (!fn || reserve(sim, 2) != 0)
+        return NULL;
+    f = fiber_alloc(sim);
+    if (!f)
+        return NULL;
+    f->sim = sim;
+    f->fn = fn;
+    f->arg = arg;
+    f->udata = NULL;
+    f->state = KB_F_READY;
+    f->what = NULL;
+    f->obj = NULL;
+    f->wait_next = NULL;
+#ifdef KB_ASAN_
+    f->fake_stack = NULL;
+#endif
+    if (!name)
+        name = "";
+    len = strnlen(name, KB_NAME_MAX_);
+    memcpy(f->name, name, len);
+    f->name[len] = '\0';
+    if (fiber_make_context(sim, f) != 0) {
+        f->next = sim->free_list;
+        sim->free_list = f;
+        return NULL;
+    }
+    f->next = NULL;
+    f->prev = sim->live_tail;
+    if (sim->live_tail)
+        sim->live_tail->next = f;
+    else
+        sim->live_head = f;
+    sim->live_tail = f;
+    sim->nlive++;
+    fifo_push(sim, fiber_resume_ev, f, NULL);
+    return f;
+}
+
+kb_fiber *kb_fiber_current(kb_sim *sim) { return sim->current; }
+const char *kb_fiber_name(const kb_fiber *f) { return f ? f->name : ""; }
+void kb_fiber_set_udata(kb_fiber *f, void *udata) { f->udata = udata; }
+void *kb_fiber_udata(const kb_fiber *f) { return f->udata; }
+kb_fiber **kb_fiber_link(kb_fiber *f) { return &f->wait_next; }
+
+/* Negative dt counts as 0. Called outside a fiber it does nothing (asserts in debug builds). */
+void kb_fiber_sleep(kb_sim *sim, kb_time dt)
+{
+    kb_fiber *f = sim->current;
+
+    assert(f && "kb_fiber_sleep outside a fiber");
+    if (!f)
+        return;
+    f->state = KB_F_READY;
+    push(sim, dt > 0 ? time_add_sat(sim->now, dt) : sim->now, fiber_resume_ev, f, NULL);
+    fiber_yield(sim, f);
+}
+
+void kb_fiber_block(kb_sim *sim, const char *what, const void *obj)
+{
+    kb_fiber *f = sim->current;
+
+    assert(f && "kb_fiber_block outside a fiber");
+    if (!f)
+        return;
+    f->state = KB_F_BLOCKED;
+    f->what = what;
+    f->obj = obj;
+    sim->nblocked++;
+    fiber_yield(sim, f);
+    f->what = NULL;
+    f->obj = NULL;
+}
+
+/* Waking a fiber that is not blocked (running, sleeping, already woken) does nothing. */
+void kb_fiber_wake_at(kb_sim *sim, kb_fiber *f, kb_time t)
+{
+    if (!f || f->state != KB_F_BLOCKED)
+        return;
+    f->state = KB_F_READY;
+    sim->nblocked--;
+    push(sim, t > sim->now ? t : sim->now, fiber_resume_ev, f, NULL);
+}
+
+void kb_fiber_wake(kb_sim *sim, kb_fiber *f)
+{
+    if (!f || f->state != KB_F_BLOCKED)
+        return;
+    f->state = KB_F_READY;
+    sim->nblocked--;
+    fifo_push(sim, fiber_resume_ev, f, NULL);
+}
+
+void kb_sim_foreach_blocked(const kb_sim *sim, kb_blocked_fn fn, void *ud)
+{
+    for (const kb_fiber *f = sim->live_head; f; f = f->next)
+        if (f->state == KB_F_BLOCKED)
+            fn(f, f->what, f->obj, ud);
+}

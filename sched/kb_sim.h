@@ -1,0 +1,107 @@
+/*
+ * kb_sim — the discrete-event engine and its fibers.
+ *
+ * Pending events live in a binary min-heap ordered by (time, seq), where seq strictly increases
+ * at insertion, so events at equal times fire in insertion order. Events scheduled for the
+ * current time go to a FIFO in front of the heap instead (the common zero-delay wake-up never
+ * touches the heap); the FIFO preserves (time, seq) order because every event already in the
+ * heap for the current time was inserted earlier and is drained first.
+ *
+ * Two kinds of actors run on the engine: callbacks (kb_event_fn, run on the engine's own stack)
+ * and fibers (stackful coroutines that may block: sleep, wait on a signal, a latch or a queue).
+ * Fibers switch with Boost.Context's C-linkage make_fcontext/jump_fcontext (a register switch)
+ * or, when built with KBCL_FIBER_UCONTEXT (the sanitizer build), with ucontext. Stacks are
+ * mmap'd with MAP_NORESERVE (committed lazily by the kernel), have one guard page, and are
+ * recycled through a free list when a fiber ends.
+ *
+ * kb_sim_run() returns when no event is pending. If fibers are still blocked then, that is a
+ * deadlock: it returns KB_ERR_DEADLOCK and kb_sim_foreach_blocked() lists who waits on what.
+ * A fiber or callback can end the run early with kb_sim_stop(sim, code).
+ *
+ * Limits: single-threaded (one kb_sim per thread; several sims may coexist); events carry two
+ * pointer arguments; a fiber's function must not longjmp out of the fiber.
+ */
+#ifndef KB_SIM_H
+#define KB_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kb_time.h"
+
+typedef struct kb_sim kb_sim;
+typedef struct kb_fiber kb_fiber;
+
+typedef void (*kb_event_fn)(kb_sim *sim, void *a, void *b);
+typedef void (*kb_fiber_fn)(kb_sim *sim, void *arg);
+
+typedef struct kb_sim_opts {
+    size_t fiber_stack_bytes; /* 0 = default (256 KiB); rounded up to pages */
+} kb_sim_opts;
+
+/* Owner: the caller; destroy with kb_sim_destroy (NULL is a no-op). opts may be NULL. */
+kb_sim *kb_sim_create(const kb_sim_opts *opts);
+/* Frees every fiber (blocked ones included, without resuming them) and pending event. */
+void kb_sim_destroy(kb_sim *sim);
+
+kb_time kb_sim_now(const kb_sim *sim);
+
+/* Schedule fn(sim, a, b) at absolute time t (t >= now, else KB_ERR_INVAL) / after dt >= 0. */
+int kb_sim_at(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b);
+int kb_sim_after(kb_sim *sim, kb_time dt, kb_event_fn fn, void *a, void *b);
+
+/*
+ * Runs events until none is pending or kb_sim_stop() was called. Returns 0, the stop code,
+ * or KB_ERR_DEADLOCK when fibers are still blocked with nothing pending. Must be called from
+ * outside any fiber. May be called again after it returns (e.g. after scheduling more work).
+ */
+int kb_sim_run(kb_sim *sim);
+
+/* Ends the current kb_sim_run() after the running event/fiber step; code is what run returns. */
+void kb_sim_stop(kb_sim *sim, int code);
+
+/* Statistics. */
+uint64_t kb_sim_events(const kb_sim *sim);          /* events fired so far */
+uint64_t kb_sim_switches(const kb_sim *sim);        /* fiber resumes so far */
+size_t kb_sim_live_fibers(const kb_sim *sim);       /* spawned and not yet finished */
+
+/* ---- fibers ---- */
+
+/*
+ * Creates a fiber that starts running fn(sim, arg) at the current time (after the events
+ * already queued for now). `name` is copied (truncated to 47 chars) and used in deadlock
+ * reports. Returns NULL when out of memory. The fiber's memory belongs to the sim and is
+ * recycled when fn returns; the handle must not be used after that.
+ */
+kb_fiber *kb_fiber_spawn(kb_sim *sim, kb_fiber_fn fn, void *arg, const char *name);
+
+/* The running fiber, or NULL when called from a callback / outside the run. */
+kb_fiber *kb_fiber_current(kb_sim *sim);
+const char *kb_fiber_name(const kb_fiber *f);
+
+/* Per-fiber user pointer (e.g. the PE a kernel fiber runs on). */
+void kb_fiber_set_udata(kb_fiber *f, void *udata);
+void *kb_fiber_udata(const kb_fiber *f);
+
+/* Suspends the running fiber for dt >= 0 picoseconds (dt = 0 yields to events queued for now). */
+void kb_fiber_sleep(kb_sim *sim, kb_time dt);
+
+/*
+ * Suspends the running fiber until someone calls kb_fiber_wake() on it. `what` (a static
+ * string) and `obj` describe what it waits on, for deadlock reports. Building block of the
+ * primitives in kb_sync.h; use those when they fit.
+ */
+void kb_fiber_block(kb_sim *sim, const char *what, const void *obj);
+
+/* Makes a blocked fiber runnable at the current time (FIFO order) / at absolute time t. */
+void kb_fiber_wake(kb_sim *sim, kb_fiber *f);
+void kb_fiber_wake_at(kb_sim *sim, kb_fiber *f, kb_time t);
+
+/* Calls fn for every fiber blocked in kb_fiber_block, in spawn order. */
+typedef void (*kb_blocked_fn)(const kb_fiber *f, const char *what, const void *obj, void *ud);
+void kb_sim_foreach_blocked(const kb_sim *sim, kb_blocked_fn fn, void *ud);
+
+/* Intrusive link used by kb_sync.h wait lists; a fiber waits on at most one thing at a time. */
+kb_fiber **kb_fiber_link(kb_fiber *f);
+
+#endif

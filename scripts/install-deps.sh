@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kbcl needs to build and test. Idempotent: packages already
+# present are skipped, so `make run` / `make test` can call it every time.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake pkg-config
+  libyaml-dev          # configs
+  libcjson-dev         # JSON output
+  libcmocka-dev        # unit tests
+  libboost-context-dev # make_fcontext / jump_fcontext (C linkage) for fibers
+  ocl-icd-opencl-dev opencl-headers ocl-icd-libopencl1 clinfo
+  pocl-opencl-icd      # OpenCL on the CPU (CI and machines without a GPU)
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

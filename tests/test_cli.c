@@ -1,0 +1,224 @@
+/*
+ * End-to-end tests of the kbcl binary (path in $KBCL_BIN, set by CTest): exit codes, the
+ * result line, JSON contents and determinism, config errors naming file and line.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+static char tmpdir[256];
+
+/* Runs `kbcl ARGS` with stdout+stderr captured; returns the exit status. */
+static int kbcl(char *out, size_t n, const char *fmt, ...)
+{
+    char args[2048], cmd[4096];
+    const char *bin = getenv("KBCL_BIN");
+    va_list ap;
+    FILE *p;
+    size_t len = 0;
+    int st;
+
+    if (!bin)
+        bin = "./kbcl";
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd %s && '%s' %s 2>&1", tmpdir, bin, args);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    while (len + 1 < n && fgets(out + len, (int)(n - len), p))
+        len += strlen(out + len);
+    out[len] = 0;
+    st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char *slurp(const char *name)
+{
+    char path[512];
+    FILE *f;
+    long sz;
+    char *buf;
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = malloc((size_t)sz + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)sz, f), (size_t)sz);
+    buf[sz] = 0;
+    fclose(f);
+    return buf;
+}
+
+static void write_file(const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The JSON without its wall-clock fields, printed canonically. */
+static char *json_without_wall(const char *name)
+{
+    char *text = slurp(name);
+    assert_non_null(text);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    cJSON_DeleteItemFromObject(j, "wall_ms");
+    cJSON_DeleteItemFromObject(cJSON_GetObjectItem(j, "replay"), "ms");
+    char *out = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    return out;
+}
+
+static int setup(void **s)
+{
+    (void)s;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kbcl-cli-XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **s)
+{
+    char cmd[512];
+    (void)s;
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void check_verified_json(const char *bench)
+{
+    char out[8192];
+    int rc = kbcl(out, sizeof out, "run --bench %s --device ref --verify-data --json %s.json",
+                  bench, bench);
+    if (rc != 0)
+        fail_msg("%s", out);
+    /* the first line is the bench's result line, ending in " OK" */
+    char *nl = strchr(out, '\n');
+    assert_non_null(nl);
+    assert_true(nl - out >= 3 && memcmp(nl - 3, " OK", 3) == 0);
+
+    char name[64];
+    snprintf(name, sizeof name, "%s.json", bench);
+    char *text = slurp(name);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    cJSON *t = cJSON_GetObjectItem(j, "sim_time_ns");
+    assert_true(cJSON_IsNumber(t) && t->valuedouble > 0);
+    assert_true(cJSON_IsNumber(cJSON_GetObjectItem(j, "wall_ms")));
+    cJSON *d = cJSON_GetObjectItem(j, "data_digest");
+    assert_true(cJSON_IsString(d) && strlen(d->valuestring) == 16);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "verified")));
+    double sim = t->valuedouble;
+    cJSON_Delete(j);
+
+    /* a second identical run: byte-identical apart from the wall-clock fields */
+    snprintf(name, sizeof name, "%s2.json", bench);
+    rc = kbcl(out, sizeof out, "run --bench %s --device ref --verify-data --json %s", bench, name);
+    assert_int_equal(rc, 0);
+    char *a = json_without_wall(name), *b;
+    snprintf(name, sizeof name, "%s.json", bench);
+    b = json_without_wall(name);
+    assert_string_equal(a, b);
+    free(a);
+    free(b);
+
+    /* timing only: same simulated time */
+    rc = kbcl(out, sizeof out, "run --bench %s --device none --json none.json", bench);
+    assert_int_equal(rc, 0);
+    text = slurp("none.json");
+    j = cJSON_Parse(text);
+    free(text);
+    assert_true(cJSON_GetObjectItem(j, "sim_time_ns")->valuedouble == sim);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "verified")));
+    cJSON_Delete(j);
+}
+
+static void test_gemm(void **s) { (void)s; check_verified_json("gemm"); }
+static void test_va_offset(void **s) { (void)s; check_verified_json("va_offset"); }
+static void test_gpt3_qkv(void **s) { (void)s; check_verified_json("gpt3_qkv"); }
+
+static void test_usage(void **s)
+{
+    char out[8192];
+    (void)s;
+    assert_int_equal(kbcl(out, sizeof out, "%s", ""), 2);
+    assert_int_equal(kbcl(out, sizeof out, "--help"), 0);
+    assert_int_equal(kbcl(out, sizeof out, "run --help"), 0);
+    assert_non_null(strstr(out, "--verify-data"));
+    assert_int_equal(kbcl(out, sizeof out, "frobnicate"), 2);
+    assert_int_equal(kbcl(out, sizeof out, "run --bench nope"), 2);
+    assert_non_null(strstr(out, "unknown bench 'nope'"));
+    assert_int_equal(kbcl(out, sizeof out, "run --device quantum"), 2);
+    assert_int_equal(kbcl(out, sizeof out, "run --param m=0"), 2);
+    assert_int_equal(kbcl(out, sizeof out, "run --param zz=4"), 2);
+    assert_int_equal(kbcl(out, sizeof out, "run --set cube.nope=1"), 2);
+    assert_int_equal(kbcl(out, sizeof out, "run --set system.sips.count=abc"), 2);
+    assert_int_equal(kbcl(out, sizeof out, "list"), 0);
+    assert_non_null(strstr(out, "gpt3_qkv"));
+    assert_int_equal(kbcl(out, sizeof out, "run --bench va_offset --param k=100"), 2);
+}
+
+static void test_config_errors(void **s)
+{
+    char out[8192];
+    (void)s;
+    write_file("unknown.yaml", "system:\n  sips:\n    count: 2\n    bogus: 1\n");
+    assert_int_equal(kbcl(out, sizeof out, "run --topology unknown.yaml"), 2);
+    assert_non_null(strstr(out, "unknown.yaml:4:"));
+    assert_non_null(strstr(out, "bogus"));
+
+    write_file("type.yaml", "cube:\n  sram:\n    size_bytes: lots\n");
+    assert_int_equal(kbcl(out, sizeof out, "run --topology type.yaml"), 2);
+    assert_non_null(strstr(out, "type.yaml:3:"));
+
+    write_file("indent.yaml", "system:\n  sips:\n      count: 2\n    topology: ring_1d\n");
+    assert_int_equal(kbcl(out, sizeof out, "run --topology indent.yaml"), 2);
+    assert_non_null(strstr(out, "indent.yaml:4:"));
+
+    assert_int_equal(kbcl(out, sizeof out, "run --topology missing.yaml"), 2);
+    assert_non_null(strstr(out, "missing.yaml"));
+}
+
+static void test_sim_errors(void **s)
+{
+    char out[8192];
+    (void)s;
+    /* gemm output of 4096x4096 f32 does not fit the PE's scratch: exit 3 with the reason */
+    assert_int_equal(kbcl(out, sizeof out, "run --bench gemm --param m=4096 --param n=4096 "
+                                           "--param k=64 --device none"), 3);
+    assert_non_null(strstr(out, "scratch"));
+    assert_non_null(strstr(out, "sip0/cube0/pe0"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gemm),
+        cmocka_unit_test(test_va_offset),
+        cmocka_unit_test(test_gpt3_qkv),
+        cmocka_unit_test(test_usage),
+        cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_sim_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

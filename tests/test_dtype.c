@@ -1,0 +1,239 @@
+/*
+ * test_dtype — f16/bf16 <-> f32 conversions: known bit patterns, every tie and rounding
+ * boundary between consecutive f16 values, exhaustive round trips of all 65536 patterns, NaN
+ * handling, typed load/store and kb_f16_ulp.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "kb_dtype.h"
+
+static uint32_t bits_of(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float float_of(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Exact value of an f16 pattern computed independently, in double. */
+static double f16_value(uint16_t h)
+{
+    int e = (h >> 10) & 0x1F, m = h & 0x3FF;
+    double v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+static void test_names(void **state)
+{
+    (void)state;
+    assert_string_equal(kb_dtype_name(KB_F16), "f16");
+    assert_string_equal(kb_dtype_name(KB_BF16), "bf16");
+    assert_string_equal(kb_dtype_name(KB_F32), "f32");
+    assert_int_equal(kb_dtype_from_name("bf16"), KB_BF16);
+    assert_int_equal(kb_dtype_from_name("f32"), KB_F32);
+    assert_int_equal(kb_dtype_from_name("f16"), KB_F16);
+    assert_int_equal(kb_dtype_from_name("fp8"), -1);
+    assert_int_equal(kb_dtype_from_name(NULL), -1);
+    assert_int_equal(kb_dtype_size(KB_F16), 2);
+    assert_int_equal(kb_dtype_size(KB_BF16), 2);
+    assert_int_equal(kb_dtype_size(KB_F32), 4);
+}
+
+static void test_f16_known(void **state)
+{
+    (void)state;
+    assert_int_equal(kb_f32_to_f16(1.0f), 0x3C00);
+    assert_int_equal(kb_f32_to_f16(-2.0f), 0xC000);
+    assert_int_equal(kb_f32_to_f16(0.0f), 0x0000);
+    assert_int_equal(kb_f32_to_f16(-0.0f), 0x8000);
+    assert_int_equal(kb_f32_to_f16(65504.0f), 0x7BFF);
+    assert_int_equal(kb_f32_to_f16(65519.996f), 0x7BFF);
+    assert_int_equal(kb_f32_to_f16(65520.0f), 0x7C00);   /* tie with odd 65504 -> inf */
+    assert_int_equal(kb_f32_to_f16(-65520.0f), 0xFC00);
+    assert_int_equal(kb_f32_to_f16(1e30f), 0x7C00);
+    assert_int_equal(kb_f32_to_f16(INFINITY), 0x7C00);
+    assert_int_equal(kb_f32_to_f16(-INFINITY), 0xFC00);
+    assert_int_equal(kb_f32_to_f16(0x1p-14f), 0x0400);    /* smallest normal */
+    assert_int_equal(kb_f32_to_f16(0x1p-24f), 0x0001);    /* smallest subnormal */
+    assert_int_equal(kb_f32_to_f16(0x1p-25f), 0x0000);    /* tie -> even 0 */
+    assert_int_equal(kb_f32_to_f16(nextafterf(0x1p-25f, 1.0f)), 0x0001);
+    assert_int_equal(kb_f32_to_f16(3.0f * 0x1p-25f), 0x0002); /* 1.5 ulp: tie -> even 2 */
+    assert_int_equal(kb_f32_to_f16(0x1p-26f), 0x0000);
+    assert_int_equal(kb_f32_to_f16(-0x1p-30f), 0x8000);
+    assert_int_equal(kb_f32_to_f16(float_of(0x00000001u)), 0x0000); /* f32 subnormal */
+    assert_int_equal(kb_f32_to_f16(1023.0f * 0x1p-24f), 0x03FF);
+    assert_int_equal(kb_f32_to_f16(1023.5f * 0x1p-24f), 0x0400);  /* tie, carries to normal */
+    assert_int_equal(kb_f32_to_f16(1.0f + 0x1p-11f), 0x3C00);       /* tie -> even */
+    assert_int_equal(kb_f32_to_f16(1.0f + 3.0f * 0x1p-11f), 0x3C02); /* tie -> even 1+2^-9 */
+    assert_int_equal(kb_f32_to_f16(1.0f + 0x1p-11f + 0x1p-20f), 0x3C01);
+    assert_int_equal(kb_f32_to_f16(2047.0f / 1024.0f + 0x1p-11f), 0x4000); /* carry to 2.0 */
+    assert_int_equal(kb_f32_to_f16(0.1f), 0x2E66);
+    assert_int_equal(kb_f32_to_f16(3.140625f), 0x4248);
+
+    assert_true(kb_f16_to_f32(0x3C00) == 1.0f);
+    assert_true(kb_f16_to_f32(0x7BFF) == 65504.0f);
+    assert_true(kb_f16_to_f32(0x0001) == 0x1p-24f);
+    assert_true(kb_f16_to_f32(0x03FF) == 1023.0f * 0x1p-24f);
+    assert_true(kb_f16_to_f32(0x0400) == 0x1p-14f);
+    assert_true(kb_f16_to_f32(0xC000) == -2.0f);
+    assert_int_equal(bits_of(kb_f16_to_f32(0x8000)), 0x80000000u);
+    assert_true(isinf(kb_f16_to_f32(0x7C00)) && kb_f16_to_f32(0x7C00) > 0);
+    assert_true(isinf(kb_f16_to_f32(0xFC00)) && kb_f16_to_f32(0xFC00) < 0);
+}
+
+static void test_f16_nan(void **state)
+{
+    (void)state;
+    assert_int_equal(kb_f32_to_f16(NAN) & 0x7E00, 0x7E00);
+    assert_int_equal(kb_f32_to_f16(-NAN) & 0xFE00, 0xFE00);
+    /* A signalling f32 NaN whose payload lives only in the low bits must stay a NaN. */
+    assert_int_equal(kb_f32_to_f16(float_of(0x7F800001u)), 0x7E00);
+    assert_int_equal(kb_f32_to_f16(float_of(0xFFA02000u)), 0xFE01 | 0x0100);
+    assert_int_equal(bits_of(kb_f16_to_f32(0x7E00)), 0x7FC00000u);
+    assert_int_equal(bits_of(kb_f16_to_f32(0x7C01)), 0x7FC02000u); /* quieted */
+    assert_int_equal(bits_of(kb_f16_to_f32(0xFE05)), 0xFFC0A000u);
+}
+
+static void test_f16_exhaustive_roundtrip(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536u; h++) {
+        float f = kb_f16_to_f32((uint16_t)h);
+        uint16_t back = kb_f32_to_f16(f);
+        if ((h & 0x7C00u) == 0x7C00u && (h & 0x3FFu)) {
+            assert_true(isnan(f));
+            assert_int_equal(back, h | 0x200u); /* NaNs come back quiet, payload kept */
+            continue;
+        }
+        assert_int_equal(back, h);
+        if ((h & 0x7C00u) != 0x7C00u)
+            assert_true((double)f == f16_value((uint16_t)h));
+    }
+}
+
+/* Every midpoint between consecutive finite f16 values, and its two f32 neighbours. */
+static void test_f16_all_ties(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 0x7BFFu; h++) {
+        for (uint32_t sign = 0; sign <= 0x8000u; sign += 0x8000u) {
+            double a = f16_value((uint16_t)h), b = f16_value((uint16_t)(h + 1));
+            float mid = (float)((a + b) / 2.0); /* exact: one more significand bit */
+            if (sign)
+                mid = -mid;
+            assert_true(fabs((double)mid) == (a + b) / 2.0);
+            uint16_t even = (h & 1u) ? (uint16_t)(h + 1) : (uint16_t)h;
+            assert_int_equal(kb_f32_to_f16(mid), even | sign);
+            assert_int_equal(kb_f32_to_f16(nextafterf(mid, 0.0f)), h | sign);
+            assert_int_equal(kb_f32_to_f16(nextafterf(mid, sign ? -INFINITY : INFINITY)),
+                             (h + 1) | sign);
+        }
+    }
+}
+
+static void test_bf16(void **state)
+{
+    (void)state;
+    assert_int_equal(kb_f32_to_bf16(1.0f), 0x3F80);
+    assert_int_equal(kb_f32_to_bf16(-1.0f), 0xBF80);
+    assert_int_equal(kb_f32_to_bf16(1.0f + 0x1p-8f), 0x3F80);        /* tie -> even */
+    assert_int_equal(kb_f32_to_bf16(1.0f + 3.0f * 0x1p-8f), 0x3F82); /* tie -> even */
+    assert_int_equal(kb_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3F81);
+    assert_int_equal(kb_f32_to_bf16(float_of(0x7F7F0000u)), 0x7F7F);   /* largest finite */
+    assert_int_equal(kb_f32_to_bf16(float_of(0x7F7F7FFFu)), 0x7F7F);
+    assert_int_equal(kb_f32_to_bf16(float_of(0x7F7F8000u)), 0x7F80);   /* tie, odd -> inf */
+    assert_int_equal(kb_f32_to_bf16(INFINITY), 0x7F80);
+    assert_int_equal(kb_f32_to_bf16(-INFINITY), 0xFF80);
+    assert_int_equal(kb_f32_to_bf16(0x1p-133f), 0x0001); /* subnormal kept */
+    assert_int_equal(kb_f32_to_bf16(float_of(0x00008000u)), 0x0000); /* tie -> even 0 */
+    assert_int_equal(kb_f32_to_bf16(float_of(0x00018000u)), 0x0002);
+    assert_int_equal(kb_f32_to_bf16(-0.0f), 0x8000);
+    assert_int_equal(kb_f32_to_bf16(float_of(0x7F800001u)), 0x7FC0); /* NaN stays NaN */
+    assert_int_equal(kb_f32_to_bf16(float_of(0xFF812345u)), 0xFFC1);
+    assert_true(kb_bf16_to_f32(0x3F80) == 1.0f);
+    assert_true(kb_bf16_to_f32(0x4049) == 3.140625f);
+    assert_int_equal(bits_of(kb_bf16_to_f32(0x7F81)), 0x7FC10000u);
+
+    for (uint32_t h = 0; h < 65536u; h++) {
+        float f = kb_bf16_to_f32((uint16_t)h);
+        uint16_t back = kb_f32_to_bf16(f);
+        if ((h & 0x7F80u) == 0x7F80u && (h & 0x7Fu)) {
+            assert_true(isnan(f));
+            assert_int_equal(back, h | 0x40u);
+        } else {
+            assert_int_equal(back, h);
+            assert_int_equal(bits_of(f), h << 16);
+        }
+    }
+}
+
+static void test_load_store(void **state)
+{
+    (void)state;
+    unsigned char buf[16];
+    memset(buf, 0xAB, sizeof buf);
+    kb_dtype_store(KB_F16, buf, 3, 1.0f + 0x1p-11f + 0x1p-20f);
+    assert_int_equal(buf[6], 0x01);
+    assert_int_equal(buf[7], 0x3C);
+    assert_int_equal(buf[5], 0xAB);
+    assert_int_equal(buf[8], 0xAB);
+    assert_true(kb_dtype_load(KB_F16, buf, 3) == 1.0f + 0x1p-10f);
+
+    kb_dtype_store(KB_BF16, buf, 0, -1.0f);
+    assert_int_equal(buf[0], 0x80);
+    assert_int_equal(buf[1], 0xBF);
+    assert_true(kb_dtype_load(KB_BF16, buf, 0) == -1.0f);
+
+    kb_dtype_store(KB_F32, buf, 2, 0.1f);
+    assert_true(kb_dtype_load(KB_F32, buf, 2) == 0.1f);
+    assert_int_equal(bits_of(kb_dtype_load(KB_F32, buf, 2)), 0x3DCCCCCDu);
+    /* Unaligned base pointers are fine. */
+    kb_dtype_store(KB_F32, buf + 1, 0, -3.5f);
+    assert_true(kb_dtype_load(KB_F32, buf + 1, 0) == -3.5f);
+}
+
+static void test_ulp(void **state)
+{
+    (void)state;
+    assert_true(kb_f16_ulp(1.0f) == 0x1p-10f);
+    assert_true(kb_f16_ulp(1.99f) == 0x1p-10f);
+    assert_true(kb_f16_ulp(2.0f) == 0x1p-9f);
+    assert_true(kb_f16_ulp(-3.0f) == 0x1p-9f);
+    assert_true(kb_f16_ulp(0.75f) == 0x1p-11f);
+    assert_true(kb_f16_ulp(65504.0f) == 32.0f);
+    assert_true(kb_f16_ulp(0x1p-14f) == 0x1p-24f);
+    assert_true(kb_f16_ulp(1e-6f) == 0x1p-24f);
+    assert_true(kb_f16_ulp(0.0f) == 0x1p-24f);
+    /* The ulp is the gap to the next f16 value for every positive finite normal f16. */
+    for (uint16_t h = 0x0400; h < 0x7BFF; h++)
+        assert_true(kb_f16_ulp(kb_f16_to_f32(h)) == kb_f16_to_f32((uint16_t)(h + 1)) -
+                                                       kb_f16_to_f32(h));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_f16_known),
+        cmocka_unit_test(test_f16_nan),
+        cmocka_unit_test(test_f16_exhaustive_roundtrip),
+        cmocka_unit_test(test_f16_all_ties),
+        cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_load_store),
+        cmocka_unit_test(test_ulp),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,102 @@
+/*
+ * test_err — kb_err: code names, message formatting, prefixing and the NULL errbuf.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "kb_err.h"
+
+static void test_strerror_names(void **state)
+{
+    (void)state;
+    assert_string_equal(kb_strerror(KB_ERR_OK), "success");
+    assert_string_equal(kb_strerror(KB_ERR_NOMEM), "out of host memory");
+    assert_string_equal(kb_strerror(KB_ERR_INVAL), "invalid argument");
+    assert_string_equal(kb_strerror(KB_ERR_DEADLOCK),
+                        "deadlock: fibers wait and no event is pending");
+    assert_string_equal(kb_strerror(KB_ERR_STATE), "invalid state for this call");
+    assert_string_equal(kb_strerror(KB_ERR_USAGE), "usage error");
+    assert_int_equal(KB_ERR_USAGE, KB_ERR_MIN_);
+}
+
+/* Every code in [MIN, 0] has its own name; anything else is "unknown error". */
+static void test_strerror_all_distinct(void **state)
+{
+    (void)state;
+    for (int a = KB_ERR_MIN_; a <= 0; a++) {
+        const char *sa = kb_strerror(a);
+        assert_non_null(sa);
+        assert_true(strlen(sa) > 0);
+        assert_string_not_equal(sa, "unknown error");
+        for (int b = a + 1; b <= 0; b++)
+            assert_string_not_equal(sa, kb_strerror(b));
+    }
+    assert_string_equal(kb_strerror(1), "unknown error");
+    assert_string_equal(kb_strerror(KB_ERR_MIN_ - 1), "unknown error");
+    assert_string_equal(kb_strerror(-1000), "unknown error");
+}
+
+static void test_err_set_formats_and_returns_code(void **state)
+{
+    kb_errbuf eb;
+
+    (void)state;
+    memset(&eb, 'x', sizeof eb);
+    assert_int_equal(kb_err_set(&eb, KB_ERR_RANGE, "pe %d: offset 0x%x of %s", 5, 0x1200u, "tcm"),
+                     KB_ERR_RANGE);
+    assert_string_equal(eb.msg, "pe 5: offset 0x1200 of tcm");
+    /* A new message replaces the old one entirely. */
+    assert_int_equal(kb_err_set(&eb, KB_ERR_IO, "short"), KB_ERR_IO);
+    assert_string_equal(eb.msg, "short");
+}
+
+static void test_err_set_truncates(void **state)
+{
+    kb_errbuf eb;
+    char big[2000];
+
+    (void)state;
+    memset(big, 'a', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    kb_err_set(&eb, KB_ERR_CONFIG, "%s", big);
+    assert_int_equal(strlen(eb.msg), sizeof eb.msg - 1);
+    assert_int_equal(eb.msg[0], 'a');
+}
+
+static void test_err_prefix(void **state)
+{
+    kb_errbuf eb;
+
+    (void)state;
+    kb_err_set(&eb, KB_ERR_CONFIG, "unknown key 'foo'");
+    kb_err_prefix(&eb, "%s:%d", "machine.yaml", 12);
+    assert_string_equal(eb.msg, "machine.yaml:12: unknown key 'foo'");
+    kb_err_prefix(&eb, "loading");
+    assert_string_equal(eb.msg, "loading: machine.yaml:12: unknown key 'foo'");
+}
+
+static void test_err_null_buffer(void **state)
+{
+    (void)state;
+    assert_int_equal(kb_err_set(NULL, KB_ERR_NOTFOUND, "dropped %d", 1), KB_ERR_NOTFOUND);
+    kb_err_prefix(NULL, "ignored %s", "too");
+    assert_int_equal(kb_err_set(NULL, 0, "ok"), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_strerror_names),
+        cmocka_unit_test(test_strerror_all_distinct),
+        cmocka_unit_test(test_err_set_formats_and_returns_code),
+        cmocka_unit_test(test_err_set_truncates),
+        cmocka_unit_test(test_err_prefix),
+        cmocka_unit_test(test_err_null_buffer),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

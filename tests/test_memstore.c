@@ -1,0 +1,146 @@
+/*
+ * test_memstore — sparse simulated memory: poison for unwritten bytes, reads and writes that
+ * cross 64 KiB pages, lazily allocated page counts, many scattered pages (table growth), and
+ * high addresses.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_memstore.h"
+
+static void test_poison(void **state)
+{
+    (void)state;
+    kb_memstore *ms = kb_memstore_create();
+    uint8_t buf[100];
+    assert_non_null(ms);
+    memset(buf, 0, sizeof buf);
+    kb_memstore_read(ms, 0x123456789ull, buf, sizeof buf);
+    for (size_t i = 0; i < sizeof buf; i++)
+        assert_int_equal(buf[i], KB_MEMSTORE_POISON);
+    assert_int_equal(kb_memstore_pages(ms), 0);
+    kb_memstore_read(ms, 0, buf, 0);
+    assert_int_equal(kb_memstore_write(ms, 0, buf, 0), 0);
+    assert_int_equal(kb_memstore_pages(ms), 0);
+    kb_memstore_destroy(ms);
+    kb_memstore_destroy(NULL);
+}
+
+static void test_small_write(void **state)
+{
+    (void)state;
+    kb_memstore *ms = kb_memstore_create();
+    const uint8_t data[4] = { 1, 2, 3, 4 };
+    uint8_t buf[8];
+    assert_non_null(ms);
+    assert_int_equal(kb_memstore_write(ms, 0x20002, data, sizeof data), 0);
+    assert_int_equal(kb_memstore_pages(ms), 1);
+    kb_memstore_read(ms, 0x20000, buf, sizeof buf);
+    const uint8_t want[8] = { 0xFF, 0xFF, 1, 2, 3, 4, 0xFF, 0xFF };
+    assert_memory_equal(buf, want, sizeof want);
+    /* Overwrite part of it. */
+    assert_int_equal(kb_memstore_write(ms, 0x20003, data, 1), 0);
+    kb_memstore_read(ms, 0x20002, buf, 3);
+    assert_int_equal(buf[0], 1);
+    assert_int_equal(buf[1], 1);
+    assert_int_equal(buf[2], 3);
+    assert_int_equal(kb_memstore_pages(ms), 1);
+    kb_memstore_destroy(ms);
+}
+
+static void test_cross_page(void **state)
+{
+    (void)state;
+    enum { N = 3 * 65536 + 100 };
+    kb_memstore *ms = kb_memstore_create();
+    uint8_t *src = malloc(N), *dst = malloc(N + 64);
+    assert_non_null(ms);
+    assert_non_null(src);
+    assert_non_null(dst);
+    for (size_t i = 0; i < N; i++)
+        src[i] = (uint8_t)(i * 31u + 7u);
+    /* Starts 10 bytes before a page boundary: touches 5 pages. */
+    uint64_t pa = 0x7000000000ull + 65536 - 10;
+    assert_int_equal(kb_memstore_write(ms, pa, src, N), 0);
+    assert_int_equal(kb_memstore_pages(ms), 5);
+    kb_memstore_read(ms, pa - 32, dst, N + 64);
+    for (size_t i = 0; i < 32; i++) {
+        assert_int_equal(dst[i], 0xFF);
+        assert_int_equal(dst[32 + N + i], 0xFF);
+    }
+    assert_memory_equal(dst + 32, src, N);
+    /* A two-byte write straddling a boundary. */
+    const uint8_t two[2] = { 0xAA, 0xBB };
+    assert_int_equal(kb_memstore_write(ms, 0x1FFFF, two, 2), 0);
+    assert_int_equal(kb_memstore_pages(ms), 7);
+    uint8_t back[4];
+    kb_memstore_read(ms, 0x1FFFE, back, 4);
+    const uint8_t want[4] = { 0xFF, 0xAA, 0xBB, 0xFF };
+    assert_memory_equal(back, want, 4);
+    free(src);
+    free(dst);
+    kb_memstore_destroy(ms);
+}
+
+static void test_many_pages(void **state)
+{
+    (void)state;
+    enum { NP = 3000 };
+    kb_memstore *ms = kb_memstore_create();
+    assert_non_null(ms);
+    /* Scattered page numbers, including neighbours and far-apart ones. */
+    for (uint64_t i = 0; i < NP; i++) {
+        uint64_t pa = ((i * 2654435761ull) % 1000003ull) << 16 | (i % 4096);
+        uint64_t v = i * 0x0101010101010101ull;
+        assert_int_equal(kb_memstore_write(ms, pa, &v, sizeof v), 0);
+    }
+    assert_int_equal(kb_memstore_pages(ms), NP);
+    for (uint64_t i = 0; i < NP; i++) {
+        uint64_t pa = ((i * 2654435761ull) % 1000003ull) << 16 | (i % 4096);
+        uint64_t v = 0, want = i * 0x0101010101010101ull;
+        kb_memstore_read(ms, pa, &v, sizeof v);
+        assert_true(v == want);
+        uint8_t before = 0;
+        if (i % 4096) {
+            kb_memstore_read(ms, pa - 1, &before, 1);
+            assert_int_equal(before, 0xFF);
+        }
+    }
+    /* An unwritten page between written ones still reads poison. */
+    uint64_t probe = 0;
+    kb_memstore_read(ms, 0xFFFFFFFF0000ull, &probe, sizeof probe);
+    assert_true(probe == UINT64_MAX);
+    kb_memstore_destroy(ms);
+}
+
+static void test_high_address(void **state)
+{
+    (void)state;
+    kb_memstore *ms = kb_memstore_create();
+    const uint8_t d[3] = { 9, 8, 7 };
+    uint8_t b[3];
+    assert_non_null(ms);
+    assert_int_equal(kb_memstore_write(ms, UINT64_MAX - 2, d, 3), 0);
+    kb_memstore_read(ms, UINT64_MAX - 2, b, 3);
+    assert_memory_equal(b, d, 3);
+    assert_int_equal(kb_memstore_write(ms, UINT64_MAX - 1, d, 3), KB_ERR_INVAL); /* wraps */
+    kb_memstore_destroy(ms);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_poison),
+        cmocka_unit_test(test_small_write),
+        cmocka_unit_test(test_cross_page),
+        cmocka_unit_test(test_many_pages),
+        cmocka_unit_test(test_high_address),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

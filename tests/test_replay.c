@@ -1,0 +1,1199 @@
+/*
+ * test_replay — Phase 2 on the reference backend: every record kind on small hand-computed
+ * examples (exact expected values), the planner's batching, ordering, kind grouping and arena
+ * layout, validation errors, a failing backend leaving the store untouched, and the property
+ * test: random op logs replayed in batches give byte-identical memory to a serial replay in
+ * (t_start, seq) order, with no two conflicting records in one batch.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_replay.h"
+
+/* ------------------------------------------------------------------ fixture and helpers */
+
+typedef struct fx {
+    kb_oplog *log;
+    kb_memstore *ms;
+    kb_backend be;
+    kb_replay_stats st;
+    kb_errbuf eb;
+} fx;
+
+static int setup(void **state)
+{
+    fx *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    f->log = kb_oplog_create();
+    f->ms = kb_memstore_create();
+    if (!f->log || !f->ms || kb_ref_backend_create(&f->be) != 0)
+        return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx *f = *state;
+    kb_oplog_destroy(f->log);
+    kb_memstore_destroy(f->ms);
+    f->be.ops->destroy(f->be.self);
+    free(f);
+    return 0;
+}
+
+static unsigned nsrc_for(kb_rec_kind k)
+{
+    static const unsigned n[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2 };
+    return n[k];
+}
+
+static kb_rec rec_new(kb_rec_kind k, kb_time t)
+{
+    kb_rec r;
+    memset(&r, 0, sizeof r);
+    r.kind = (uint8_t)k;
+    r.nsrc = (uint8_t)nsrc_for(k);
+    r.t_start = t;
+    r.t_end = t + 10;
+    return r;
+}
+
+static void put_f32(kb_memstore *ms, uint64_t pa, const float *v, size_t n)
+{
+    assert_int_equal(kb_memstore_write(ms, pa, v, n * sizeof *v), 0);
+}
+
+static void put_f16(kb_memstore *ms, uint64_t pa, const float *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = kb_f32_to_f16(v[i]);
+        assert_int_equal(kb_memstore_write(ms, pa + 2 * i, &h, 2), 0);
+    }
+}
+
+static float get_f32(const kb_memstore *ms, uint64_t pa, size_t i)
+{
+    float v;
+    kb_memstore_read(ms, pa + 4 * i, &v, sizeof v);
+    return v;
+}
+
+static uint16_t get_u16(const kb_memstore *ms, uint64_t pa, size_t i)
+{
+    uint16_t v;
+    kb_memstore_read(ms, pa + 2 * i, &v, sizeof v);
+    return v;
+}
+
+static float get_f16(const kb_memstore *ms, uint64_t pa, size_t i)
+{
+    return kb_f16_to_f32(get_u16(ms, pa, i));
+}
+
+static uint32_t get_u32(const kb_memstore *ms, uint64_t pa, size_t i)
+{
+    uint32_t v;
+    kb_memstore_read(ms, pa + 4 * i, &v, sizeof v);
+    return v;
+}
+
+static void append(fx *f, const kb_rec *r)
+{
+    assert_int_equal(kb_oplog_append(f->log, r, NULL), 0);
+}
+
+static void flush_ok(fx *f)
+{
+    f->eb.msg[0] = '\0';
+    int rc = kb_replay_flush(f->log, f->ms, &f->be, &f->st, &f->eb);
+    if (rc)
+        print_error("flush: %s\n", f->eb.msg);
+    assert_int_equal(rc, 0);
+    assert_int_equal(kb_oplog_replayed(f->log), kb_oplog_count(f->log));
+}
+
+/* ------------------------------------------------------------------ kinds */
+
+static void test_gemm(void **state)
+{
+    fx *f = *state;
+    const float a[6] = { 1, 2, 3, 4, 5, 6 }, b[6] = { 7, 8, 9, 10, 11, 12 };
+    const float ones[4] = { 1, 1, 1, 1 };
+    put_f32(f->ms, 0x1000, a, 6);
+    put_f32(f->ms, 0x2000, b, 6);
+    put_f16(f->ms, 0x3100, ones, 4);
+
+    kb_rec r = rec_new(KB_REC_GEMM, 0);
+    r.src[0] = kb_opnd_make(0x1000, 2, 3, KB_F32);
+    r.src[1] = kb_opnd_make(0x2000, 3, 2, KB_F32);
+    r.dst = kb_opnd_make(0x3000, 2, 2, KB_F32);
+    append(f, &r);
+    r.t_start = 1;
+    r.flags = KB_REC_ACC;
+    r.dst = kb_opnd_make(0x3100, 2, 2, KB_F16);
+    append(f, &r);
+    flush_ok(f);
+
+    const float want[4] = { 58, 64, 139, 154 };
+    for (size_t i = 0; i < 4; i++) {
+        assert_true(get_f32(f->ms, 0x3000, i) == want[i]);
+        assert_true(get_f16(f->ms, 0x3100, i) == want[i] + 1.0f);
+    }
+    assert_int_equal(f->st.records, 2);
+    assert_int_equal(f->st.batches, 1);
+    assert_int_equal(f->st.launches, 1);
+    assert_int_equal(f->st.flushes, 1);
+}
+
+static void test_softmax(void **state)
+{
+    fx *f = *state;
+    const float row[2] = { 0.0f, logf(3.0f) };
+    const float m[4] = { 0.0f, 1.0f, logf(3.0f), 1.0f };
+    put_f32(f->ms, 0x1000, row, 2);
+    put_f32(f->ms, 0x1100, m, 4);
+
+    kb_rec r = rec_new(KB_REC_SOFTMAX, 0);
+    r.op = 1;
+    r.src[0] = kb_opnd_make(0x1000, 1, 2, KB_F32);
+    r.dst = kb_opnd_make(0x2000, 1, 2, KB_F16);
+    append(f, &r);
+    r.op = 0; /* over each column */
+    r.src[0] = kb_opnd_make(0x1100, 2, 2, KB_F32);
+    r.dst = kb_opnd_make(0x2100, 2, 2, KB_F16);
+    append(f, &r);
+    /* In place on f32, row-wise: dst == src. */
+    r.op = 1;
+    r.src[0] = kb_opnd_make(0x1000, 1, 2, KB_F32);
+    r.dst = r.src[0];
+    r.t_start = 5;
+    append(f, &r);
+    flush_ok(f);
+
+    assert_int_equal(get_u16(f->ms, 0x2000, 0), 0x3400); /* 0.25 */
+    assert_int_equal(get_u16(f->ms, 0x2000, 1), 0x3A00); /* 0.75 */
+    assert_true(get_f16(f->ms, 0x2100, 0) == 0.25f);
+    assert_true(get_f16(f->ms, 0x2100, 1) == 0.5f);
+    assert_true(get_f16(f->ms, 0x2100, 2) == 0.75f);
+    assert_true(get_f16(f->ms, 0x2100, 3) == 0.5f);
+    assert_true(fabsf(get_f32(f->ms, 0x1000, 0) - 0.25f) <= 2e-7f);
+    assert_true(fabsf(get_f32(f->ms, 0x1000, 1) - 0.75f) <= 2e-7f);
+    /* The in-place record reads what the first one read: it comes later and must be split. */
+    assert_int_equal(f->st.batches, 2);
+}
+
+static void test_reduce(void **state)
+{
+    fx *f = *state;
+    const float a[6] = { 1, 2, 3, 4, 5, -6 };
+    put_f32(f->ms, 0x1000, a, 6);
+
+    kb_rec r = rec_new(KB_REC_REDUCE, 0);
+    r.src[0] = kb_opnd_make(0x1000, 2, 3, KB_F32);
+    r.op = KB_RED_SUM;
+    r.dst = kb_opnd_make(0x2000, 2, 1, KB_F32);
+    append(f, &r);
+    r.flags = KB_REC_AXIS0;
+    r.dst = kb_opnd_make(0x2010, 1, 3, KB_F32);
+    append(f, &r);
+    r.op = KB_RED_MAX;
+    r.flags = 0;
+    r.dst = kb_opnd_make(0x2020, 2, 1, KB_BF16);
+    append(f, &r);
+    r.flags = KB_REC_AXIS0;
+    r.dst = kb_opnd_make(0x2030, 1, 3, KB_F16);
+    append(f, &r);
+    flush_ok(f);
+
+    assert_true(get_f32(f->ms, 0x2000, 0) == 6.0f);
+    assert_true(get_f32(f->ms, 0x2000, 1) == 3.0f);
+    assert_true(get_f32(f->ms, 0x2010, 0) == 5.0f);
+    assert_true(get_f32(f->ms, 0x2010, 1) == 7.0f);
+    assert_true(get_f32(f->ms, 0x2010, 2) == -3.0f);
+    assert_int_equal(get_u16(f->ms, 0x2020, 0), 0x4040); /* bf16 3 */
+    assert_int_equal(get_u16(f->ms, 0x2020, 1), 0x40A0); /* bf16 5 */
+    assert_true(get_f16(f->ms, 0x2030, 0) == 4.0f);
+    assert_true(get_f16(f->ms, 0x2030, 1) == 5.0f);
+    assert_true(get_f16(f->ms, 0x2030, 2) == 3.0f);
+    assert_int_equal(f->st.batches, 1);
+    assert_int_equal(f->st.launches, 1);
+}
+
+static void test_broadcast_math2(void **state)
+{
+    fx *f = *state;
+    const float x[6] = { 1, 2, 3, 4, 5, 6 }, bias[3] = { 10, 20, 30 }, col[2] = { 100, 200 };
+    put_f32(f->ms, 0x1000, x, 6);
+    put_f16(f->ms, 0x1100, bias, 3);
+    put_f32(f->ms, 0x1200, col, 2);
+
+    kb_rec r = rec_new(KB_REC_MATH2, 0);
+    r.op = KB_M2_ADD;
+    r.src[0] = kb_opnd_make(0x1000, 2, 3, KB_F32);
+    r.src[1] = kb_opnd_make(0x1100, 1, 3, KB_F16); /* a 1 x N bias over the rows */
+    r.dst = kb_opnd_make(0x2000, 2, 3, KB_F32);
+    append(f, &r);
+    r.op = KB_M2_MUL;
+    r.src[1] = kb_opnd_make(0x1200, 2, 1, KB_F32); /* a column over the columns */
+    r.dst = kb_opnd_make(0x2100, 2, 3, KB_F32);
+    append(f, &r);
+    r.op = KB_M2_SUB;
+    r.src[0] = kb_opnd_make(0x1100, 1, 3, KB_F16);
+    r.src[1] = kb_opnd_make(0x1200, 2, 1, KB_F32); /* both broadcast: outer difference */
+    r.dst = kb_opnd_make(0x2200, 2, 3, KB_F32);
+    append(f, &r);
+    r.op = KB_M2_DIV;
+    r.src[0] = kb_opnd_make(0x1000, 1, 3, KB_F32);
+    r.src[1] = kb_opnd_make(0x1000, 1, 1, KB_F32);
+    r.dst = kb_opnd_make(0x2300, 1, 3, KB_F32);
+    append(f, &r);
+    r.op = KB_M2_MAX;
+    r.src[0] = kb_opnd_make(0x1000, 1, 3, KB_F32);
+    r.src[1] = kb_opnd_make(0x1008, 1, 1, KB_F32); /* 3 */
+    r.dst = kb_opnd_make(0x2400, 1, 3, KB_F32);
+    append(f, &r);
+    r.op = KB_M2_MIN;
+    r.dst = kb_opnd_make(0x2500, 1, 3, KB_F32);
+    append(f, &r);
+    flush_ok(f);
+
+    const float add[6] = { 11, 22, 33, 14, 25, 36 }, mul[6] = { 100, 200, 300, 800, 1000, 1200 };
+    const float sub[6] = { -90, -80, -70, -190, -180, -170 };
+    for (size_t i = 0; i < 6; i++) {
+        assert_true(get_f32(f->ms, 0x2000, i) == add[i]);
+        assert_true(get_f32(f->ms, 0x2100, i) == mul[i]);
+        assert_true(get_f32(f->ms, 0x2200, i) == sub[i]);
+    }
+    assert_true(get_f32(f->ms, 0x2300, 0) == 1.0f);
+    assert_true(get_f32(f->ms, 0x2300, 1) == 2.0f);
+    assert_true(get_f32(f->ms, 0x2300, 2) == 3.0f);
+    assert_true(get_f32(f->ms, 0x2400, 0) == 3.0f);
+    assert_true(get_f32(f->ms, 0x2400, 2) == 3.0f);
+    assert_true(get_f32(f->ms, 0x2500, 0) == 1.0f);
+    assert_true(get_f32(f->ms, 0x2500, 2) == 3.0f);
+}
+
+static void test_math1(void **state)
+{
+    fx *f = *state;
+    /* op, input, expected (exact in f32) */
+    static const struct { kb_math1_op op; float x, want; } cases[] = {
+        { KB_M1_EXP, 0.0f, 1.0f },    { KB_M1_LOG, 1.0f, 0.0f },   { KB_M1_SQRT, 4.0f, 2.0f },
+        { KB_M1_ABS, -3.0f, 3.0f },   { KB_M1_SIGMOID, 0.0f, 0.5f }, { KB_M1_COS, 0.0f, 1.0f },
+        { KB_M1_SIN, 0.0f, 0.0f },    { KB_M1_NEG, 2.0f, -2.0f },  { KB_M1_RECIP, 4.0f, 0.25f },
+        { KB_M1_RELU, -1.0f, 0.0f },  { KB_M1_RELU, 2.5f, 2.5f },  { KB_M1_GELU, 0.0f, 0.0f },
+        { KB_M1_AXPB, 3.0f, 7.0f },   { KB_M1_RSQRT, 4.0f, 0.5f },
+    };
+    enum { NC = sizeof cases / sizeof cases[0] };
+    for (size_t i = 0; i < NC; i++) {
+        put_f32(f->ms, 0x1000 + 4 * i, &cases[i].x, 1);
+        kb_rec r = rec_new(KB_REC_MATH1, 0);
+        r.op = (uint8_t)cases[i].op;
+        r.imm[0] = 2.0f;
+        r.imm[1] = 1.0f;
+        r.src[0] = kb_opnd_make(0x1000 + 4 * i, 1, 1, KB_F32);
+        r.dst = kb_opnd_make(0x2000 + 4 * i, 1, 1, KB_F32);
+        append(f, &r);
+    }
+    /* GELU(1) and SIGMOID(2) against the formulas evaluated in double, rounded to f16. */
+    const float one = 1.0f, two = 2.0f;
+    put_f32(f->ms, 0x1100, &one, 1);
+    put_f32(f->ms, 0x1104, &two, 1);
+    kb_rec r = rec_new(KB_REC_MATH1, 0);
+    r.op = KB_M1_GELU;
+    r.src[0] = kb_opnd_make(0x1100, 1, 1, KB_F32);
+    r.dst = kb_opnd_make(0x2100, 1, 1, KB_F16);
+    append(f, &r);
+    r.op = KB_M1_SIGMOID;
+    r.src[0] = kb_opnd_make(0x1104, 1, 1, KB_F32);
+    r.dst = kb_opnd_make(0x2104, 1, 1, KB_F16);
+    append(f, &r);
+    flush_ok(f);
+
+    for (size_t i = 0; i < NC; i++)
+        assert_true(get_f32(f->ms, 0x2000, i) == cases[i].want);
+    double gelu1 = 0.5 * (1.0 + tanh(0.7978845608 * (1.0 + 0.044715)));
+    assert_int_equal(get_u16(f->ms, 0x2100, 0), kb_f32_to_f16((float)gelu1));
+    assert_int_equal(get_u16(f->ms, 0x2100, 0), 0x3ABB);
+    assert_int_equal(get_u16(f->ms, 0x2104, 0), kb_f32_to_f16((float)(1.0 / (1.0 + exp(-2.0)))));
+    assert_int_equal(f->st.batches, 1);
+    assert_int_equal(f->st.launches, 1);
+}
+
+static void test_clamp_fma_fill(void **state)
+{
+    fx *f = *state;
+    const float x[4] = { -2.0f, 0.5f, 3.0f, -0.25f };
+    const float a[2] = { 1, 2 }, b[2] = { 3, 4 }, c[2] = { 0.5f, 0.5f };
+    const float fa = 1.0f + 0x1p-13f, fb = 1.0f - 0x1p-13f, fc = -1.0f;
+    put_f32(f->ms, 0x1000, x, 4);
+    put_f16(f->ms, 0x1100, a, 2);
+    put_f32(f->ms, 0x1200, b, 2);
+    put_f16(f->ms, 0x1300, c, 2);
+    put_f32(f->ms, 0x1400, &fa, 1);
+    put_f32(f->ms, 0x1404, &fb, 1);
+    put_f32(f->ms, 0x1408, &fc, 1);
+    const uint8_t marker[16] = { 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11,
+                                 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11 };
+    assert_int_equal(kb_memstore_write(f->ms, 0x3000, marker, sizeof marker), 0);
+
+    kb_rec r = rec_new(KB_REC_CLAMP, 0);
+    r.imm[0] = -1.0f;
+    r.imm[1] = 1.0f;
+    r.src[0] = kb_opnd_make(0x1000, 1, 4, KB_F32);
+    r.dst = kb_opnd_make(0x2000, 1, 4, KB_F32);
+    append(f, &r);
+
+    r = rec_new(KB_REC_FMA, 0);
+    r.src[0] = kb_opnd_make(0x1100, 1, 2, KB_F16);
+    r.src[1] = kb_opnd_make(0x1200, 1, 2, KB_F32);
+    r.src[2] = kb_opnd_make(0x1300, 1, 2, KB_F16);
+    r.dst = kb_opnd_make(0x2100, 1, 2, KB_F32);
+    append(f, &r);
+    /* Single rounding: (1+2^-13)(1-2^-13) - 1 = -2^-26, which a separate multiply loses. */
+    r.src[0] = kb_opnd_make(0x1400, 1, 1, KB_F32);
+    r.src[1] = kb_opnd_make(0x1404, 1, 1, KB_F32);
+    r.src[2] = kb_opnd_make(0x1408, 1, 1, KB_F32);
+    r.dst = kb_opnd_make(0x2200, 1, 1, KB_F32);
+    append(f, &r);
+
+    r = rec_new(KB_REC_FILL, 0);
+    r.imm[0] = 2.5f;
+    r.dst = kb_opnd_make(0x3000, 2, 2, KB_F16);
+    r.dst.ld = 3; /* elements 0,1 and 3,4; element 2 and 5 keep the marker */
+    append(f, &r);
+    flush_ok(f);
+
+    assert_true(get_f32(f->ms, 0x2000, 0) == -1.0f);
+    assert_true(get_f32(f->ms, 0x2000, 1) == 0.5f);
+    assert_true(get_f32(f->ms, 0x2000, 2) == 1.0f);
+    assert_true(get_f32(f->ms, 0x2000, 3) == -0.25f);
+    assert_true(get_f32(f->ms, 0x2100, 0) == 3.5f);
+    assert_true(get_f32(f->ms, 0x2100, 1) == 8.5f);
+    assert_true(get_f32(f->ms, 0x2200, 0) == -0x1p-26f);
+    assert_int_equal(get_u16(f->ms, 0x3000, 0), 0x4100);
+    assert_int_equal(get_u16(f->ms, 0x3000, 1), 0x4100);
+    assert_int_equal(get_u16(f->ms, 0x3000, 2), 0x1111);
+    assert_int_equal(get_u16(f->ms, 0x3000, 3), 0x4100);
+    assert_int_equal(get_u16(f->ms, 0x3000, 4), 0x4100);
+    assert_int_equal(get_u16(f->ms, 0x3000, 5), 0x1111);
+    assert_int_equal(f->st.batches, 1);
+    assert_int_equal(f->st.launches, 3);
+}
+
+static void test_copy_convert_strided_payload(void **state)
+{
+    fx *f = *state;
+    const float src[4] = { 1.0f, 0.1f, 65520.0f, 1.0f + 0x1p-11f };
+    float m[12];
+    for (int i = 0; i < 12; i++)
+        m[i] = (float)i;
+    put_f32(f->ms, 0x1000, src, 4);
+    put_f32(f->ms, 0x1100, m, 12);
+
+    kb_rec r = rec_new(KB_REC_COPY, 0);
+    r.src[0] = kb_opnd_make(0x1000, 1, 4, KB_F32);
+    r.dst = kb_opnd_make(0x2000, 1, 4, KB_F16);
+    append(f, &r);
+    /* The 2x2 block at row 1, col 1 of a 3x4 matrix (ld 4) into a 2x2 bf16 with ld 3. */
+    r.src[0] = kb_opnd_make(0x1100 + 4 * 5, 2, 2, KB_F32);
+    r.src[0].ld = 4;
+    r.dst = kb_opnd_make(0x2100, 2, 2, KB_BF16);
+    r.dst.ld = 3;
+    append(f, &r);
+    /* A host write: f16 bytes from the payload, converted to f32. */
+    const uint16_t hw[3] = { 0x3C00, 0xC000, 0x3555 };
+    uint64_t off;
+    assert_int_equal(kb_oplog_add_payload(f->log, "xyz", 3, &off), 0);
+    assert_int_equal(kb_oplog_add_payload(f->log, hw, sizeof hw, &off), 0);
+    assert_int_equal(off, 8);
+    r.src[0] = kb_opnd_make(off, 1, 3, KB_F16);
+    r.src[0].space = KB_SPACE_PAYLOAD;
+    r.dst = kb_opnd_make(0x2200, 1, 3, KB_F32);
+    r.pe = UINT32_MAX;
+    append(f, &r);
+    /* Copying never-written memory yields the poison NaN, visibly. */
+    r.src[0] = kb_opnd_make(0x9000, 1, 1, KB_F16);
+    r.dst = kb_opnd_make(0x2300, 1, 1, KB_F32);
+    append(f, &r);
+    flush_ok(f);
+
+    assert_int_equal(get_u16(f->ms, 0x2000, 0), 0x3C00);
+    assert_int_equal(get_u16(f->ms, 0x2000, 1), 0x2E66);
+    assert_int_equal(get_u16(f->ms, 0x2000, 2), 0x7C00);
+    assert_int_equal(get_u16(f->ms, 0x2000, 3), 0x3C00);
+    assert_int_equal(get_u16(f->ms, 0x2100, 0), 0x40A0); /* 5 */
+    assert_int_equal(get_u16(f->ms, 0x2100, 1), 0x40C0); /* 6 */
+    assert_int_equal(get_u16(f->ms, 0x2100, 2), 0xFFFF); /* gap untouched */
+    assert_int_equal(get_u16(f->ms, 0x2100, 3), 0x4110); /* 9 */
+    assert_int_equal(get_u16(f->ms, 0x2100, 4), 0x4120); /* 10 */
+    assert_true(get_f32(f->ms, 0x2200, 0) == 1.0f);
+    assert_true(get_f32(f->ms, 0x2200, 1) == -2.0f);
+    assert_true(get_f32(f->ms, 0x2200, 2) == kb_f16_to_f32(0x3555));
+    assert_int_equal(get_u32(f->ms, 0x2300, 0), 0xFFFFE000u);
+    /* The source bytes were only read: the store still has exactly what was written. */
+    assert_true(get_f32(f->ms, 0x1100, 5) == 5.0f);
+    assert_int_equal(kb_memstore_pages(f->ms), 1);
+}
+
+/* Broadcast copy (a row repeated) and a strided elementwise op writing in place. */
+static void test_copy_broadcast_inplace(void **state)
+{
+    fx *f = *state;
+    const float row[2] = { 7, -8 };
+    float m[6] = { 1, 2, 0, 3, 4, 0 }; /* 2x2 with ld 3 */
+    put_f32(f->ms, 0x1000, row, 2);
+    put_f32(f->ms, 0x1100, m, 6);
+
+    kb_rec r = rec_new(KB_REC_COPY, 0);
+    r.src[0] = kb_opnd_make(0x1000, 1, 2, KB_F32);
+    r.dst = kb_opnd_make(0x2000, 3, 2, KB_F16);
+    append(f, &r);
+    r = rec_new(KB_REC_MATH1, 1);
+    r.op = KB_M1_NEG;
+    r.src[0] = kb_opnd_make(0x1100, 2, 2, KB_F32);
+    r.src[0].ld = 3;
+    r.dst = r.src[0];
+    append(f, &r);
+    flush_ok(f);
+
+    for (size_t i = 0; i < 3; i++) {
+        assert_true(get_f16(f->ms, 0x2000, 2 * i) == 7.0f);
+        assert_true(get_f16(f->ms, 0x2000, 2 * i + 1) == -8.0f);
+    }
+    const float want[6] = { -1, -2, 0, -3, -4, 0 };
+    for (size_t i = 0; i < 6; i++)
+        assert_true(get_f32(f->ms, 0x1100, i) == want[i]);
+    assert_int_equal(f->st.batches, 1);
+    assert_int_equal(f->st.launches, 2);
+}
+
+/* ------------------------------------------------------------------ planner */
+
+static void plan_ok(const kb_rec *recs, size_t n, kb_plan *p)
+{
+    const kb_rec *ptrs[64];
+    kb_errbuf eb;
+    assert_true(n <= 64);
+    for (size_t i = 0; i < n; i++)
+        ptrs[i] = &recs[i];
+    eb.msg[0] = '\0';
+    int rc = kb_plan_build(ptrs, n, p, &eb);
+    if (rc)
+        print_error("plan: %s\n", eb.msg);
+    assert_int_equal(rc, 0);
+}
+
+static kb_rec copy_rec(uint64_t dst, uint64_t src, uint32_t n, kb_time t, uint64_t seq)
+{
+    kb_rec r = rec_new(KB_REC_COPY, t);
+    r.src[0] = kb_opnd_make(src, 1, n, KB_F16);
+    r.dst = kb_opnd_make(dst, 1, n, KB_F16);
+    r.seq = seq;
+    return r;
+}
+
+static void test_plan_conflicts(void **state)
+{
+    (void)state;
+    kb_plan p;
+    kb_rec r[3];
+
+    /* Write/write on the same bytes. */
+    r[0] = copy_rec(0x100, 0x200, 4, 0, 0);
+    r[1] = copy_rec(0x100, 0x300, 4, 0, 1);
+    plan_ok(r, 2, &p);
+    assert_int_equal(p.nbatches, 2);
+    kb_plan_free(&p);
+    /* One byte of overlap is enough. */
+    r[1] = copy_rec(0x107, 0x300, 1, 0, 1);
+    plan_ok(r, 2, &p);
+    assert_int_equal(p.nbatches, 2);
+    kb_plan_free(&p);
+    /* Adjacent writes do not conflict, and become one written segment. */
+    r[1] = copy_rec(0x108, 0x300, 4, 0, 1);
+    plan_ok(r, 2, &p);
+    assert_int_equal(p.nbatches, 1);
+    assert_int_equal(p.nsegs, 3);
+    assert_int_equal(p.segs[0].pa, 0x100);
+    assert_int_equal(p.segs[0].len, 16);
+    assert_int_equal(p.segs[0].written, 1);
+    assert_int_equal(p.segs[1].pa, 0x200);
+    assert_int_equal(p.segs[1].written, 0);
+    kb_plan_free(&p);
+    /* Read after write. */
+    r[1] = copy_rec(0x400, 0x102, 2, 0, 1);
+    plan_ok(r, 2, &p);
+    assert_int_equal(p.nbatches, 2);
+    kb_plan_free(&p);
+    /* Write after read. */
+    r[1] = copy_rec(0x204, 0x500, 4, 0, 1);
+    plan_ok(r, 2, &p);
+    assert_int_equal(p.nbatches, 2);
+    kb_plan_free(&p);
+    /* Read after read is independent. */
+    r[1] = copy_rec(0x600, 0x200, 4, 0, 1);
+    plan_ok(r, 2, &p);
+    assert_int_equal(p.nbatches, 1);
+    kb_plan_free(&p);
+    /* A record reading and writing its own bytes is fine; the next reader is split off. */
+    r[0] = rec_new(KB_REC_MATH1, 0);
+    r[0].src[0] = kb_opnd_make(0x100, 1, 4, KB_F16);
+    r[0].dst = r[0].src[0];
+    r[0].seq = 0;
+    r[1] = copy_rec(0x200, 0x300, 4, 0, 1);
+    r[2] = copy_rec(0x400, 0x104, 2, 0, 2);
+    plan_ok(r, 3, &p);
+    assert_int_equal(p.nbatches, 2);
+    assert_int_equal(p.batches[0].count, 2);
+    assert_int_equal(p.batches[1].count, 1);
+    kb_plan_free(&p);
+    /* Payload sources never conflict with memory. */
+    r[0] = copy_rec(0x100, 0x0, 4, 0, 0);
+    r[0].src[0].space = KB_SPACE_PAYLOAD;
+    r[1] = copy_rec(0x0, 0x300, 4, 0, 1);
+    plan_ok(r, 2, &p);
+    assert_int_equal(p.nbatches, 1);
+    assert_int_equal(p.recs[0].src[0].addr, 0);
+    assert_int_equal(p.recs[0].src[0].space, KB_SPACE_PAYLOAD);
+    kb_plan_free(&p);
+}
+
+static void test_plan_order_and_grouping(void **state)
+{
+    (void)state;
+    kb_plan p;
+    kb_rec r[6];
+
+    /* Given out of order; a chain on 0x100 forces the (t_start, seq) order to show. */
+    r[0] = copy_rec(0x100, 0x200, 4, 30, 0);
+    r[1] = copy_rec(0x100, 0x300, 4, 10, 1);
+    r[2] = copy_rec(0x100, 0x400, 4, 20, 2);
+    r[3] = copy_rec(0x100, 0x500, 4, 10, 3); /* tie on t_start: after seq 1 */
+    plan_ok(r, 4, &p);
+    assert_int_equal(p.nbatches, 4);
+    const uint64_t want[4] = { 1, 3, 2, 0 };
+    for (size_t i = 0; i < 4; i++) {
+        assert_int_equal(p.batches[i].first, i);
+        assert_int_equal(p.batches[i].count, 1);
+        assert_int_equal(p.recs[i].seq, want[i]);
+    }
+    kb_plan_free(&p);
+
+    /* Independent records of mixed kinds: one batch grouped by kind, stable inside a kind. */
+    for (size_t i = 0; i < 6; i++) {
+        kb_rec_kind k = (i % 2) ? KB_REC_COPY : KB_REC_FILL;
+        r[i] = rec_new(k, (kb_time)(60 - i));
+        r[i].seq = i;
+        r[i].dst = kb_opnd_make(0x1000 + 0x10 * i, 1, 4, KB_F16);
+        if (k == KB_REC_COPY)
+            r[i].src[0] = kb_opnd_make(0x2000 + 0x10 * i, 1, 4, KB_F16);
+    }
+    plan_ok(r, 6, &p);
+    assert_int_equal(p.nbatches, 1);
+    assert_int_equal(p.batches[0].count, 6);
+    const uint64_t grouped[6] = { 5, 3, 1, 4, 2, 0 }; /* copies (kind 0) first, by t_start */
+    for (size_t i = 0; i < 6; i++)
+        assert_int_equal(p.recs[i].seq, grouped[i]);
+    kb_plan_free(&p);
+}
+
+static void test_plan_arena(void **state)
+{
+    (void)state;
+    kb_plan p;
+    kb_rec r[3];
+
+    r[0] = rec_new(KB_REC_MATH2, 0);
+    r[0].seq = 0;
+    r[0].src[0] = kb_opnd_make(0x1004, 1, 2, KB_F16);  /* [0x1004, 0x1008) */
+    r[0].src[1] = kb_opnd_make(0x100C, 2, 1, KB_F32);  /* [0x100C, 0x1014) */
+    r[0].dst = kb_opnd_make(0x5004, 2, 2, KB_F32);     /* [0x5004, 0x5014) */
+    r[1] = copy_rec(0x500C, 0x1008, 2, 1, 1);          /* dst overlaps r0's dst: batch 2 */
+    r[1].dst.dtype = KB_F32;                           /* [0x500C, 0x5014) */
+    r[2] = copy_rec(0x3001, 0x1000, 2, 0, 2);          /* odd address, joins batch 1 */
+    plan_ok(r, 3, &p);
+    assert_int_equal(p.nbatches, 2);
+    assert_int_equal(p.nsegs, 3);
+    assert_int_equal(p.segs[0].pa, 0x1000);
+    assert_int_equal(p.segs[0].len, 0x14);
+    assert_int_equal(p.segs[0].written, 0);
+    assert_int_equal(p.segs[1].pa, 0x3001);
+    assert_int_equal(p.segs[1].len, 4);
+    assert_int_equal(p.segs[1].written, 1);
+    assert_int_equal(p.segs[2].pa, 0x5004);
+    assert_int_equal(p.segs[2].len, 0x10);
+    assert_int_equal(p.segs[2].written, 1);
+    for (size_t i = 0; i < p.nsegs; i++) {
+        assert_int_equal(p.segs[i].arena_off % 8, p.segs[i].pa % 8);
+        if (i > 0)
+            assert_true(p.segs[i].arena_off >= p.segs[i - 1].arena_off + p.segs[i - 1].len);
+        assert_true(p.segs[i].arena_off + p.segs[i].len <= p.arena_bytes);
+    }
+    /* Batch 0 holds r0 (math2) and r2 (copy): copy first. */
+    assert_int_equal(p.batches[0].count, 2);
+    assert_int_equal(p.recs[0].seq, 2);
+    assert_int_equal(p.recs[1].seq, 0);
+    assert_int_equal(p.recs[2].seq, 1);
+    assert_int_equal(p.recs[0].dst.addr, p.segs[1].arena_off);
+    assert_int_equal(p.recs[0].src[0].addr, p.segs[0].arena_off);
+    assert_int_equal(p.recs[1].src[0].addr, p.segs[0].arena_off + 4);
+    assert_int_equal(p.recs[1].src[1].addr, p.segs[0].arena_off + 0xC);
+    assert_int_equal(p.recs[1].dst.addr, p.segs[2].arena_off);
+    assert_int_equal(p.recs[2].dst.addr, p.segs[2].arena_off + 8);
+    assert_int_equal(p.recs[2].src[0].addr, p.segs[0].arena_off + 8);
+    kb_plan_free(&p);
+
+    plan_ok(r, 0, &p);
+    assert_int_equal(p.nrecs, 0);
+    assert_int_equal(p.nbatches, 0);
+    kb_plan_free(&p);
+}
+
+static void test_plan_invalid(void **state)
+{
+    (void)state;
+    kb_plan p;
+    kb_errbuf eb;
+    kb_rec r = rec_new(KB_REC_COPY, 0);
+    const kb_rec *pr = &r;
+    r.seq = 42;
+    r.src[0] = kb_opnd_make(0, 1, 4, KB_F16);
+    r.dst = kb_opnd_make(0x100, 1, 4, KB_F16);
+
+    r.nsrc = 2;
+    eb.msg[0] = '\0';
+    assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), KB_ERR_INVAL);
+    assert_non_null(strstr(eb.msg, "seq 42"));
+    assert_null(p.recs);
+    r.nsrc = 1;
+    r.dst.space = KB_SPACE_PAYLOAD;
+    assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), KB_ERR_INVAL);
+    r.dst.space = KB_SPACE_MEM;
+    r.src[0].cols = 3; /* 3 does not broadcast to 4 */
+    assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), KB_ERR_INVAL);
+    r.src[0].cols = 4;
+    r.dst.dtype = 7;
+    assert_int_equal(kb_plan_build(&pr, 1, &p, NULL), KB_ERR_INVAL);
+    r.dst.dtype = KB_F16;
+    r.kind = KB_REC_NKINDS;
+    assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), KB_ERR_INVAL);
+
+    r = rec_new(KB_REC_GEMM, 0);
+    r.src[0] = kb_opnd_make(0x0, 2, 3, KB_F32);
+    r.src[1] = kb_opnd_make(0x100, 2, 2, KB_F32); /* K mismatch */
+    r.dst = kb_opnd_make(0x200, 2, 2, KB_F32);
+    assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), KB_ERR_INVAL);
+    assert_non_null(strstr(eb.msg, "gemm"));
+    r.src[1].rows = 3;
+    assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), 0);
+    kb_plan_free(&p);
+
+    r = rec_new(KB_REC_REDUCE, 0);
+    r.src[0] = kb_opnd_make(0x0, 2, 3, KB_F32);
+    r.dst = kb_opnd_make(0x200, 1, 3, KB_F32); /* axis 1 wants 2 x 1 */
+    assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), KB_ERR_INVAL);
+    r.flags = KB_REC_AXIS0;
+    assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), 0);
+    kb_plan_free(&p);
+}
+
+static void test_flush_bad_payload(void **state)
+{
+    fx *f = *state;
+    kb_rec r = copy_rec(0x100, 0, 4, 0, 0);
+    r.src[0].space = KB_SPACE_PAYLOAD; /* 8 bytes, but the payload holds 2 */
+    uint64_t off;
+    assert_int_equal(kb_oplog_add_payload(f->log, "ab", 2, &off), 0);
+    append(f, &r);
+    assert_int_equal(kb_replay_flush(f->log, f->ms, &f->be, &f->st, &f->eb), KB_ERR_INVAL);
+    assert_int_equal(kb_oplog_replayed(f->log), 0);
+    assert_int_equal(kb_memstore_pages(f->ms), 0);
+    assert_int_equal(f->st.flushes, 0);
+}
+
+/* A backend that fails its second batch. */
+typedef struct fail_be {
+    int batches;
+} fail_be;
+
+static int fb_begin(void *self, const uint8_t *arena, uint64_t arena_bytes, const uint8_t *payload,
+                    size_t payload_bytes, kb_errbuf *eb)
+{
+    (void)self; (void)arena; (void)arena_bytes; (void)payload; (void)payload_bytes; (void)eb;
+    return 0;
+}
+
+static int fb_run(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
+{
+    fail_be *b = self;
+    (void)recs; (void)n;
+    if (++b->batches == 2)
+        return kb_err_set(eb, KB_ERR_DEVICE, "injected failure");
+    return 0;
+}
+
+static int fb_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *eb)
+{
+    (void)self; (void)eb;
+    memset(arena, 0x5A, (size_t)arena_bytes); /* would corrupt the store if written back */
+    return 0;
+}
+
+static void fb_destroy(void *self)
+{
+    (void)self;
+}
+
+static void test_flush_backend_failure(void **state)
+{
+    fx *f = *state;
+    static const kb_backend_ops ops = { "failing", fb_begin, fb_run, fb_end, fb_destroy };
+    fail_be fb = { 0 };
+    kb_backend be = { &ops, &fb };
+    const float x[4] = { 1, 2, 3, 4 };
+    put_f32(f->ms, 0x1000, x, 4);
+    kb_rec r = copy_rec(0x1000, 0x1008, 2, 0, 0);
+    r.src[0].dtype = r.dst.dtype = KB_F32;
+    append(f, &r);
+    r = copy_rec(0x1008, 0x1000, 2, 1, 0);
+    r.src[0].dtype = r.dst.dtype = KB_F32;
+    append(f, &r);
+
+    f->eb.msg[0] = '\0';
+    assert_int_equal(kb_replay_flush(f->log, f->ms, &be, &f->st, &f->eb), KB_ERR_DEVICE);
+    assert_non_null(strstr(f->eb.msg, "failing"));
+    assert_non_null(strstr(f->eb.msg, "injected failure"));
+    assert_int_equal(kb_oplog_replayed(f->log), 0);
+    for (size_t i = 0; i < 4; i++)
+        assert_true(get_f32(f->ms, 0x1000, i) == x[i]);
+    assert_int_equal(f->st.flushes, 0);
+
+    /* The same log then replays fine on ref: [1,2,3,4] -> [3,4,3,4] in two batches. */
+    flush_ok(f);
+    assert_true(get_f32(f->ms, 0x1000, 0) == 3.0f);
+    assert_true(get_f32(f->ms, 0x1000, 1) == 4.0f);
+    assert_true(get_f32(f->ms, 0x1000, 2) == 3.0f);
+    assert_true(get_f32(f->ms, 0x1000, 3) == 4.0f);
+    assert_int_equal(f->st.batches, 2);
+    /* Nothing left: a second flush is a no-op. */
+    flush_ok(f);
+    assert_int_equal(f->st.flushes, 1);
+}
+
+/* Many small records: independent ones make one batch, a dependency chain one batch each. */
+static void test_plan_scale(void **state)
+{
+    (void)state;
+    enum { N = 40000 };
+    kb_rec *r = malloc(N * sizeof *r);
+    const kb_rec **pr = malloc(N * sizeof *pr);
+    kb_plan p;
+    assert_non_null(r);
+    assert_non_null(pr);
+    for (size_t i = 0; i < N; i++) {
+        /* Scattered, interleaved dst/src addresses that never overlap. */
+        uint64_t slot = (i * 7919u) % N;
+        r[i] = copy_rec(0x100000 + 32 * slot, 0x100000 + 32 * slot + 16, 8, (kb_time)(i % 97), i);
+        pr[i] = &r[i];
+    }
+    assert_int_equal(kb_plan_build(pr, N, &p, NULL), 0);
+    assert_int_equal(p.nbatches, 1);
+    assert_int_equal(p.nsegs, 1); /* everything is adjacent: one segment */
+    assert_int_equal(p.arena_bytes, 32 * (uint64_t)N);
+    kb_plan_free(&p);
+
+    for (size_t i = 0; i < N; i++)
+        r[i] = copy_rec(0x100000 + 16 * (i % 2), 0x100000 + 16 * ((i + 1) % 2), 8, (kb_time)i, i);
+    assert_int_equal(kb_plan_build(pr, N, &p, NULL), 0);
+    assert_int_equal(p.nbatches, N);
+    kb_plan_free(&p);
+    free(r);
+    free(pr);
+}
+
+/* ------------------------------------------------------------------ property test */
+
+/* Random generator plus the memory window that random operands live in. */
+typedef struct rng {
+    uint64_t s;
+    uint64_t base; /* window start PA */
+    uint32_t win;  /* window bytes */
+} rng;
+
+static uint64_t rng_next(rng *g)
+{
+    uint64_t z = (g->s += UINT64_C(0x9E3779B97F4A7C15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+static uint32_t rng_below(rng *g, uint32_t n)
+{
+    return (uint32_t)(rng_next(g) % n);
+}
+
+static float rng_float(rng *g, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(rng_next(g) >> 40) * 0x1p-24f;
+}
+
+/* An operand of the given shape at a random, dtype-aligned place in the window. */
+static kb_opnd rand_opnd(rng *g, uint32_t rows, uint32_t cols)
+{
+    kb_dtype t = (kb_dtype)rng_below(g, KB_NDTYPES);
+    kb_opnd o = kb_opnd_make(0, rows, cols, t);
+    o.ld = cols + (rows > 1 ? rng_below(g, 3) : 0);
+    uint64_t span = kb_opnd_span(&o);
+    uint64_t slots = (g->win - span) / kb_dtype_size(t) + 1;
+    o.addr = g->base + kb_dtype_size(t) * (rng_next(g) % slots);
+    return o;
+}
+
+/* A source broadcasting to rows x cols. */
+static kb_opnd rand_bsrc(rng *g, uint32_t rows, uint32_t cols)
+{
+    uint32_t r = rng_below(g, 4) == 0 ? 1 : rows, c = rng_below(g, 4) == 0 ? 1 : cols;
+    return rand_opnd(g, r, c);
+}
+
+static void rand_payload_src(rng *g, kb_oplog *log, kb_opnd *o)
+{
+    uint8_t buf[256];
+    uint64_t span = kb_opnd_span(o), off;
+    assert_true(span <= sizeof buf);
+    for (size_t i = 0; i + 1 < span; i += 2) {
+        uint16_t h = kb_f32_to_f16(rng_float(g, -2.0f, 2.0f));
+        memcpy(buf + i, &h, 2);
+    }
+    assert_int_equal(kb_oplog_add_payload(log, buf, (size_t)span, &off), 0);
+    o->addr = off;
+    o->space = KB_SPACE_PAYLOAD;
+}
+
+static kb_rec rand_rec(rng *g, kb_oplog *log, kb_time t0, kb_time tspan)
+{
+    kb_rec_kind k = (kb_rec_kind)rng_below(g, KB_REC_NKINDS);
+    kb_rec r = rec_new(k, t0 + (kb_time)rng_below(g, (uint32_t)tspan));
+    uint32_t rows = 1 + rng_below(g, 4), cols = 1 + rng_below(g, 6);
+
+    switch (k) {
+    case KB_REC_COPY:
+        r.src[0] = rand_bsrc(g, rows, cols);
+        if (rng_below(g, 5) == 0)
+            rand_payload_src(g, log, &r.src[0]);
+        break;
+    case KB_REC_FILL:
+        r.imm[0] = rng_float(g, -4.0f, 4.0f);
+        break;
+    case KB_REC_MATH1:
+        r.op = (uint8_t)rng_below(g, KB_M1_NOPS);
+        r.imm[0] = rng_float(g, -2.0f, 2.0f);
+        r.imm[1] = rng_float(g, -1.0f, 1.0f);
+        r.src[0] = rand_bsrc(g, rows, cols);
+        break;
+    case KB_REC_MATH2:
+        r.op = (uint8_t)rng_below(g, KB_M2_NOPS);
+        r.src[0] = rand_bsrc(g, rows, cols);
+        r.src[1] = rand_bsrc(g, rows, cols);
+        break;
+    case KB_REC_FMA:
+        for (int i = 0; i < 3; i++)
+            r.src[i] = rand_bsrc(g, rows, cols);
+        break;
+    case KB_REC_CLAMP:
+        r.imm[0] = rng_float(g, -1.0f, 0.0f);
+        r.imm[1] = rng_float(g, 0.0f, 1.0f);
+        r.src[0] = rand_bsrc(g, rows, cols);
+        break;
+    case KB_REC_SOFTMAX:
+        r.op = (uint8_t)rng_below(g, 2);
+        r.src[0] = rand_opnd(g, rows, cols);
+        break;
+    case KB_REC_REDUCE:
+        r.op = (uint8_t)rng_below(g, KB_RED_NOPS);
+        r.src[0] = rand_opnd(g, rows, cols);
+        if (rng_below(g, 2)) {
+            r.flags = KB_REC_AXIS0;
+            rows = 1;
+        } else {
+            cols = 1;
+        }
+        break;
+    case KB_REC_GEMM: {
+        uint32_t kd = 1 + rng_below(g, 4);
+        r.flags = rng_below(g, 2) ? KB_REC_ACC : 0;
+        r.src[0] = rand_opnd(g, rows, kd);
+        r.src[1] = rand_opnd(g, kd, cols);
+        break;
+    }
+    default:
+        break;
+    }
+    r.dst = rand_opnd(g, rows, cols);
+    return r;
+}
+
+static void fill_window(kb_memstore *ms, rng *g, uint8_t *flat)
+{
+    for (size_t i = 0; i < g->win; i += 2) {
+        uint16_t h = kb_f32_to_f16(rng_float(g, -1.0f, 1.0f));
+        memcpy(flat + i, &h, 2);
+    }
+    assert_int_equal(kb_memstore_write(ms, g->base, flat, g->win), 0);
+}
+
+static int order_cmp(const void *a, const void *b)
+{
+    const kb_rec *x = *(const kb_rec *const *)a, *y = *(const kb_rec *const *)b;
+    if (x->t_start != y->t_start)
+        return x->t_start < y->t_start ? -1 : 1;
+    return x->seq < y->seq ? -1 : (x->seq > y->seq);
+}
+
+/* The oracle: every record alone, in (t_start, seq) order, on a flat copy of the window. */
+static void serial_replay(const kb_oplog *log, uint8_t *flat, uint64_t base)
+{
+    size_t n = kb_oplog_count(log);
+    const kb_rec **v = malloc(n * sizeof *v);
+    assert_non_null(v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = kb_oplog_at(log, i);
+    qsort(v, n, sizeof *v, order_cmp);
+    for (size_t i = 0; i < n; i++) {
+        kb_rec c = *v[i];
+        for (unsigned s = 0; s <= c.nsrc; s++) {
+            kb_opnd *o = s == 0 ? &c.dst : &c.src[s - 1];
+            if (o->space == KB_SPACE_MEM)
+                o->addr -= base;
+        }
+        kb_ref_exec(&c, flat, kb_oplog_payload(log));
+    }
+    free(v);
+}
+
+static int opnds_overlap(const kb_opnd *a, const kb_opnd *b)
+{
+    if (a->space != KB_SPACE_MEM || b->space != KB_SPACE_MEM)
+        return 0;
+    uint64_t sa = kb_opnd_span(a), sb = kb_opnd_span(b);
+    return sa && sb && a->addr < b->addr + sb && b->addr < a->addr + sa;
+}
+
+static int recs_conflict(const kb_rec *a, const kb_rec *b)
+{
+    if (opnds_overlap(&a->dst, &b->dst))
+        return 1;
+    for (unsigned s = 0; s < b->nsrc; s++)
+        if (opnds_overlap(&a->dst, &b->src[s]))
+            return 1;
+    for (unsigned s = 0; s < a->nsrc; s++)
+        if (opnds_overlap(&b->dst, &a->src[s]))
+            return 1;
+    return 0;
+}
+
+static int key_less(const kb_rec *a, const kb_rec *b)
+{
+    return a->t_start < b->t_start || (a->t_start == b->t_start && a->seq < b->seq);
+}
+
+/* Brute-force checks of a plan of the whole log; returns the largest batch size. */
+static size_t check_plan(const kb_oplog *log)
+{
+    size_t n = kb_oplog_count(log);
+    const kb_rec **v = malloc(n * sizeof *v);
+    char *seen = calloc(n, 1);
+    kb_plan p;
+    assert_non_null(v);
+    assert_non_null(seen);
+    for (size_t i = 0; i < n; i++)
+        v[i] = kb_oplog_at(log, i);
+    assert_int_equal(kb_plan_build(v, n, &p, NULL), 0);
+    assert_int_equal(p.nrecs, n);
+    size_t next = 0, largest = 0;
+    for (size_t b = 0; b < p.nbatches; b++) {
+        const kb_batch *bt = &p.batches[b];
+        assert_int_equal(bt->first, next);
+        if (bt->count > largest)
+            largest = bt->count;
+        assert_true(bt->count > 0);
+        next += bt->count;
+        for (size_t i = bt->first; i < bt->first + bt->count; i++) {
+            assert_false(seen[p.recs[i].seq]);
+            seen[p.recs[i].seq] = 1;
+            if (i > bt->first)
+                assert_true(p.recs[i - 1].kind <= p.recs[i].kind);
+            for (size_t j = bt->first; j < i; j++)
+                assert_false(recs_conflict(&p.recs[i], &p.recs[j]));
+            if (b + 1 < p.nbatches) {
+                const kb_batch *nb = &p.batches[b + 1];
+                for (size_t j = nb->first; j < nb->first + nb->count; j++)
+                    assert_true(key_less(&p.recs[i], &p.recs[j]));
+            }
+        }
+    }
+    assert_int_equal(next, n);
+    kb_plan_free(&p);
+    free(v);
+    free(seen);
+    return largest;
+}
+
+/*
+ * Random logs of n in [nmin, nmin + nspread) records with t_start in [0, tspan) over a window of
+ * `win` bytes that straddles a 64 KiB page boundary: batched replay == serial replay, byte for
+ * byte. Returns the largest batch seen; *recs and *batches receive totals.
+ */
+static size_t random_logs(uint64_t nseeds, uint32_t win, size_t nmin, uint32_t nspread,
+                          kb_time tspan, uint64_t *recs, uint64_t *batches)
+{
+    uint8_t *flat = malloc(win), *got = malloc(win);
+    size_t largest = 0;
+    assert_non_null(flat);
+    assert_non_null(got);
+    *recs = *batches = 0;
+    for (uint64_t seed = 1; seed <= nseeds; seed++) {
+        rng g = { seed * 1000003u + win, 0x30000 - win / 2, win };
+        kb_oplog *log = kb_oplog_create();
+        kb_memstore *ms = kb_memstore_create();
+        kb_backend be;
+        kb_replay_stats st;
+        kb_errbuf eb;
+        memset(&st, 0, sizeof st);
+        assert_non_null(log);
+        assert_non_null(ms);
+        assert_int_equal(kb_ref_backend_create(&be), 0);
+        fill_window(ms, &g, flat);
+        size_t n = nmin + rng_below(&g, nspread);
+        for (size_t i = 0; i < n; i++) {
+            kb_rec r = rand_rec(&g, log, 0, tspan);
+            assert_int_equal(kb_oplog_append(log, &r, NULL), 0);
+        }
+        size_t big = check_plan(log);
+        if (big > largest)
+            largest = big;
+        eb.msg[0] = '\0';
+        int rc = kb_replay_flush(log, ms, &be, &st, &eb);
+        if (rc)
+            print_error("seed %llu: %s\n", (unsigned long long)seed, eb.msg);
+        assert_int_equal(rc, 0);
+        serial_replay(log, flat, g.base);
+        kb_memstore_read(ms, g.base, got, win);
+        assert_memory_equal(got, flat, win);
+        assert_int_equal(st.records, n);
+        assert_true(st.batches >= 1 && st.batches <= n);
+        assert_true(st.launches >= st.batches);
+        *recs += st.records;
+        *batches += st.batches;
+        be.ops->destroy(be.self);
+        kb_oplog_destroy(log);
+        kb_memstore_destroy(ms);
+    }
+    free(flat);
+    free(got);
+    return largest;
+}
+
+/* Dense conflicts: several hundred records over 1 KiB, 50 seeds. */
+static void test_property_random_logs(void **state)
+{
+    (void)state;
+    uint64_t recs, batches;
+    random_logs(50, 1024, 300, 200, 200, &recs, &batches);
+    assert_true(batches < recs); /* batching actually happened */
+}
+
+/* Sparse conflicts over 64 KiB: large batches, which exercise the interval sets' merging. */
+static void test_property_large_batches(void **state)
+{
+    (void)state;
+    uint64_t recs, batches;
+    size_t largest = random_logs(8, 65536, 2000, 500, 2000, &recs, &batches);
+    assert_true(largest >= 64);
+    assert_true(batches * 8 < recs);
+}
+
+/* Flushing in two steps gives the same memory as one flush of everything. */
+static void test_incremental_flush(void **state)
+{
+    (void)state;
+    enum { WIN = 1024 };
+    uint8_t *a = malloc(WIN), *b = malloc(WIN);
+    assert_non_null(a);
+    assert_non_null(b);
+    for (uint64_t seed = 1; seed <= 10; seed++) {
+        rng g1 = { seed, 0xFE00, WIN }, g2 = { seed, 0xFE00, WIN };
+        kb_oplog *l1 = kb_oplog_create(), *l2 = kb_oplog_create();
+        kb_memstore *m1 = kb_memstore_create(), *m2 = kb_memstore_create();
+        kb_backend be;
+        kb_replay_stats s1, s2;
+        memset(&s1, 0, sizeof s1);
+        memset(&s2, 0, sizeof s2);
+        assert_int_equal(kb_ref_backend_create(&be), 0);
+        fill_window(m1, &g1, a);
+        fill_window(m2, &g2, b);
+        for (size_t i = 0; i < 400; i++) {
+            /* The second half starts later in simulated time, as it would after a read. */
+            kb_time t0 = i < 200 ? 0 : 1000;
+            kb_rec r1 = rand_rec(&g1, l1, t0, 1000), r2 = rand_rec(&g2, l2, t0, 1000);
+            assert_memory_equal(&r1, &r2, sizeof r1);
+            assert_int_equal(kb_oplog_append(l1, &r1, NULL), 0);
+            assert_int_equal(kb_oplog_append(l2, &r2, NULL), 0);
+            if (i == 199)
+                assert_int_equal(kb_replay_flush(l1, m1, &be, &s1, NULL), 0);
+        }
+        assert_int_equal(kb_oplog_replayed(l1), 200);
+        assert_int_equal(kb_replay_flush(l1, m1, &be, &s1, NULL), 0);
+        assert_int_equal(kb_replay_flush(l2, m2, &be, &s2, NULL), 0);
+        kb_memstore_read(m1, g1.base, a, WIN);
+        kb_memstore_read(m2, g2.base, b, WIN);
+        assert_memory_equal(a, b, WIN);
+        assert_int_equal(s1.flushes, 2);
+        assert_int_equal(s1.records, 400);
+        assert_int_equal(s2.flushes, 1);
+        assert_int_equal(s2.records, 400);
+        be.ops->destroy(be.self);
+        kb_oplog_destroy(l1);
+        kb_oplog_destroy(l2);
+        kb_memstore_destroy(m1);
+        kb_memstore_destroy(m2);
+    }
+    free(a);
+    free(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_gemm, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_softmax, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reduce, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_broadcast_math2, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_math1, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_clamp_fma_fill, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_copy_convert_strided_payload, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_copy_broadcast_inplace, setup, teardown),
+        cmocka_unit_test(test_plan_conflicts),
+        cmocka_unit_test(test_plan_order_and_grouping),
+        cmocka_unit_test(test_plan_arena),
+        cmocka_unit_test(test_plan_invalid),
+        cmocka_unit_test_setup_teardown(test_flush_bad_payload, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_flush_backend_failure, setup, teardown),
+        cmocka_unit_test(test_plan_scale),
+        cmocka_unit_test(test_property_random_logs),
+        cmocka_unit_test(test_property_large_batches),
+        cmocka_unit_test(test_incremental_flush),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
