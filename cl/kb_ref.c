@@ -279,7 +279,8 @@ static int ref_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *
     st->active = 0;
     st->payload = NULL;
     if (arena_bytes != st->arena_bytes)
-        return kb_err_set(eb, KB_ERR_STATE, "ref backend: end with %llu arena bytes, begin had %llu",
+        return kb_err_set(eb, KB_ERR_STATE,
+                          "ref backend: end with %llu arena bytes, begin had %llu",
                           (unsigned long long)arena_bytes, (unsigned long long)st->arena_bytes);
     if (arena_bytes > 0)
         memcpy(arena, st->arena, (size_t)arena_bytes);

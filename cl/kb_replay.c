@@ -8,9 +8,10 @@
  * arena offset congruent to its PA modulo 8, so every operand keeps the natural alignment it
  * had in simulated memory. The batch's read and write sets are sorted, merged interval arrays
  * searched by binary search, plus a small unsorted pending list merged in when it reaches about
- * sqrt(size) entries, so a batch of b records costs O(b sqrt b) rather than O(b^2).
- * Limits: spans are conservative for strided operands (the gaps between rows count as
- * touched); one arena per flush, rebuilt from the memory store each time.
+ * sqrt(size) entries, so a batch of b records costs O(b sqrt b) rather than O(b^2). Record
+ * order and spans are sorted with a stable LSD radix sort (no comparator calls, same result
+ * on every libc). Limits: spans are conservative for strided operands (the gaps between rows
+ * count as touched); one arena per flush, rebuilt from the memory store each time.
  */
 #include "kb_replay.h"
 
@@ -234,22 +235,43 @@ static int check_rec(const kb_rec *r, kb_errbuf *eb)
 
 /* ---------------------------------------------------------------- planner */
 
-typedef struct sort_key {
-    kb_time t_start;
-    uint64_t seq;
-    size_t idx;
-} sort_key;
+/* A sort item: a 64-bit key and what it belongs to. */
+typedef struct kv {
+    uint64_t key, val;
+} kv;
 
-static int key_cmp(const void *a, const void *b)
+/*
+ * Stable LSD radix sort of a[0..n) by key, one byte per pass; passes in which every key has
+ * the same byte are skipped, so small key ranges cost few passes. tmp holds n items.
+ */
+static void radix_sort(kv *a, kv *tmp, size_t n)
 {
-    const sort_key *x = a, *y = b;
-    if (x->t_start != y->t_start)
-        return x->t_start < y->t_start ? -1 : 1;
-    if (x->seq != y->seq)
-        return x->seq < y->seq ? -1 : 1;
-    if (x->idx != y->idx) /* equal keys keep input order: the sort is stable */
-        return x->idx < y->idx ? -1 : 1;
-    return 0;
+    size_t cnt[8][256];
+    kv *src = a, *dst = tmp;
+
+    if (n < 2)
+        return;
+    memset(cnt, 0, sizeof cnt);
+    for (size_t i = 0; i < n; i++)
+        for (unsigned b = 0; b < 8; b++)
+            cnt[b][(a[i].key >> (8 * b)) & 0xFFu]++;
+    for (unsigned b = 0; b < 8; b++) {
+        if (cnt[b][(a[0].key >> (8 * b)) & 0xFFu] == n)
+            continue;
+        size_t pos = 0;
+        for (unsigned d = 0; d < 256; d++) {
+            size_t c = cnt[b][d];
+            cnt[b][d] = pos;
+            pos += c;
+        }
+        for (size_t i = 0; i < n; i++)
+            dst[cnt[b][(src[i].key >> (8 * b)) & 0xFFu]++] = src[i];
+        kv *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a)
+        memcpy(a, src, n * sizeof *a);
 }
 
 static int mem_ival(const kb_opnd *o, ival *v)
@@ -284,7 +306,7 @@ static int conflicts(const ivset *rd, const ivset *wr, const ival *reads, unsign
 }
 
 /* Cuts the sorted records into batches; bstart[] receives each batch's first sorted position. */
-static int cut_batches(const kb_rec *const *recs, const sort_key *keys, size_t n, size_t *bstart,
+static int cut_batches(const kb_rec *const *recs, const kv *keys, size_t n, size_t *bstart,
                        size_t *nbatches)
 {
     ivset rd, wr;
@@ -294,7 +316,7 @@ static int cut_batches(const kb_rec *const *recs, const sort_key *keys, size_t n
     memset(&rd, 0, sizeof rd);
     memset(&wr, 0, sizeof wr);
     for (size_t p = 0; p < n; p++) {
-        const kb_rec *r = recs[keys[p].idx];
+        const kb_rec *r = recs[keys[p].val];
         ival reads[3], write;
         int has_write;
         unsigned nreads = rec_ivals(r, reads, &write, &has_write);
@@ -318,53 +340,27 @@ fail:
     return rc;
 }
 
-static size_t find_seg(const kb_segment *segs, size_t nsegs, uint64_t pa)
+static kb_opnd *opnd_at(kb_rec *recs, uint64_t ref)
 {
-    size_t a = 0, b = nsegs;
-    while (b - a > 1) {
-        size_t m = a + (b - a) / 2;
-        if (segs[m].pa <= pa)
-            a = m;
-        else
-            b = m;
-    }
-    return a;
+    kb_rec *r = &recs[ref >> 2];
+    return (ref & 3u) == 0 ? &r->dst : &r->src[(ref & 3u) - 1];
 }
 
-/* Coalesces every MEM span of the plan's records into segments and rewrites operands. */
+/*
+ * Coalesces every MEM span of the plan's records into segments and rewrites the operands on
+ * the way: each span is visited once, in PA order, while its segment is the open one, so its
+ * arena address is known without searching. ref = record index * 4 + operand slot (0 = dst).
+ */
 static int build_arena(kb_plan *p)
 {
-    ival *spans = malloc((p->nrecs * 4 + 1) * sizeof *spans);
-    size_t ns = 0;
+    kv *spans = malloc((p->nrecs * 4 + 1) * sizeof *spans);
+    kv *tmp = malloc((p->nrecs * 4 + 1) * sizeof *tmp);
+    size_t ns = 0, nseg = 0;
+    uint64_t off = 0, seg_hi = 0;
     int rc = KB_ERR_NOMEM;
 
-    if (!spans)
+    if (!spans || !tmp)
         goto fail;
-    for (size_t i = 0; i < p->nrecs; i++) {
-        const kb_rec *r = &p->recs[i];
-        ns += (size_t)mem_ival(&r->dst, &spans[ns]);
-        for (unsigned s = 0; s < r->nsrc; s++)
-            ns += (size_t)mem_ival(&r->src[s], &spans[ns]);
-    }
-    qsort(spans, ns, sizeof *spans, ival_cmp);
-    size_t nseg = 0;
-    for (size_t i = 0; i < ns; i++)
-        push_coalesced(spans, &nseg, spans[i]); /* in place: nseg <= i */
-    p->segs = malloc((nseg ? nseg : 1) * sizeof *p->segs);
-    if (!p->segs)
-        goto fail;
-    uint64_t off = 0;
-    for (size_t i = 0; i < nseg; i++) {
-        off += (spans[i].lo - off) & 7u; /* keep the PA's alignment modulo 8 */
-        p->segs[i].pa = spans[i].lo;
-        p->segs[i].len = spans[i].hi - spans[i].lo;
-        p->segs[i].arena_off = off;
-        p->segs[i].written = 0;
-        off += p->segs[i].len;
-    }
-    p->nsegs = nseg;
-    p->arena_bytes = (off + 7u) & ~(uint64_t)7u;
-
     for (size_t i = 0; i < p->nrecs; i++) {
         kb_rec *r = &p->recs[i];
         for (unsigned s = 0; s <= r->nsrc; s++) {
@@ -372,20 +368,55 @@ static int build_arena(kb_plan *p)
             if (o->space != KB_SPACE_MEM)
                 continue;
             if (kb_opnd_span(o) == 0) {
-                o->addr = 0;
+                o->addr = 0; /* never dereferenced */
                 continue;
             }
-            size_t k = find_seg(p->segs, nseg, o->addr);
-            assert(o->addr >= p->segs[k].pa &&
-                   o->addr + kb_opnd_span(o) <= p->segs[k].pa + p->segs[k].len);
-            o->addr = p->segs[k].arena_off + (o->addr - p->segs[k].pa);
-            if (s == 0)
-                p->segs[k].written = 1;
+            spans[ns].key = o->addr;
+            spans[ns].val = (uint64_t)i * 4u + s;
+            ns++;
         }
     }
+    radix_sort(spans, tmp, ns);
+    p->segs = malloc((ns ? ns : 1) * sizeof *p->segs); /* shrunk below */
+    if (!p->segs)
+        goto fail;
+    for (size_t i = 0; i < ns; i++) {
+        kb_opnd *o = opnd_at(p->recs, spans[i].val);
+        uint64_t lo = spans[i].key, hi = lo + kb_opnd_span(o);
+        kb_segment *sg;
+        if (nseg == 0 || lo > seg_hi) { /* overlapping or adjacent spans share a segment */
+            if (nseg > 0)
+                off = p->segs[nseg - 1].arena_off + p->segs[nseg - 1].len;
+            off += (lo - off) & 7u; /* keep the PA's alignment modulo 8 */
+            sg = &p->segs[nseg++];
+            sg->pa = lo;
+            sg->len = 0;
+            sg->arena_off = off;
+            sg->written = 0;
+            seg_hi = lo;
+        } else {
+            sg = &p->segs[nseg - 1];
+        }
+        if (hi > seg_hi) {
+            seg_hi = hi;
+            sg->len = hi - sg->pa;
+        }
+        o->addr = sg->arena_off + (lo - sg->pa);
+        if ((spans[i].val & 3u) == 0)
+            sg->written = 1;
+    }
+    p->nsegs = nseg;
+    if (nseg > 0) {
+        kb_segment *shrunk = realloc(p->segs, nseg * sizeof *p->segs);
+        if (shrunk)
+            p->segs = shrunk;
+        off = p->segs[nseg - 1].arena_off + p->segs[nseg - 1].len;
+    }
+    p->arena_bytes = (off + 7u) & ~(uint64_t)7u;
     rc = 0;
 fail:
     free(spans);
+    free(tmp);
     return rc;
 }
 
@@ -401,7 +432,7 @@ void kb_plan_free(kb_plan *p)
 
 int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *eb)
 {
-    sort_key *keys = NULL;
+    kv *keys = NULL, *tmp = NULL;
     size_t *bstart = NULL;
     size_t nb = 0;
     int rc;
@@ -417,17 +448,22 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
     }
     rc = KB_ERR_NOMEM;
     keys = malloc(n * sizeof *keys);
+    tmp = malloc(n * sizeof *tmp);
     bstart = malloc(n * sizeof *bstart);
     out->recs = malloc(n * sizeof *out->recs);
     out->batches = malloc(n * sizeof *out->batches);
-    if (!keys || !bstart || !out->recs || !out->batches)
+    if (!keys || !tmp || !bstart || !out->recs || !out->batches)
         goto fail;
+    /* (t_start, seq) order, ties in input order: sort by seq, then stably by t_start (with
+     * the sign bit flipped so that signed times sort as unsigned keys). */
     for (size_t i = 0; i < n; i++) {
-        keys[i].t_start = recs[i]->t_start;
-        keys[i].seq = recs[i]->seq;
-        keys[i].idx = i;
+        keys[i].key = recs[i]->seq;
+        keys[i].val = i;
     }
-    qsort(keys, n, sizeof *keys, key_cmp);
+    radix_sort(keys, tmp, n);
+    for (size_t i = 0; i < n; i++)
+        keys[i].key = (uint64_t)recs[keys[i].val]->t_start ^ (UINT64_C(1) << 63);
+    radix_sort(keys, tmp, n);
     if ((rc = cut_batches(recs, keys, n, bstart, &nb)) != 0)
         goto fail;
 
@@ -436,7 +472,7 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
         size_t lo = bstart[b], hi = b + 1 < nb ? bstart[b + 1] : n;
         size_t pos[KB_REC_NKINDS] = { 0 };
         for (size_t p = lo; p < hi; p++)
-            pos[recs[keys[p].idx]->kind]++;
+            pos[recs[keys[p].val]->kind]++;
         size_t acc = lo;
         for (unsigned k = 0; k < KB_REC_NKINDS; k++) {
             size_t c = pos[k];
@@ -444,7 +480,7 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
             acc += c;
         }
         for (size_t p = lo; p < hi; p++) {
-            const kb_rec *r = recs[keys[p].idx];
+            const kb_rec *r = recs[keys[p].val];
             out->recs[pos[r->kind]++] = *r;
         }
         out->batches[b].first = lo;
@@ -455,10 +491,12 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
     if ((rc = build_arena(out)) != 0)
         goto fail;
     free(keys);
+    free(tmp);
     free(bstart);
     return 0;
 fail:
     free(keys);
+    free(tmp);
     free(bstart);
     kb_plan_free(out);
     return rc == KB_ERR_NOMEM ? kb_err_set(eb, rc, "plan: out of memory for %zu records", n) : rc;
@@ -520,13 +558,15 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
                     kb_errbuf *eb)
 {
     double t0 = now_ms();
-    size_t first = kb_oplog_replayed(log), count = kb_oplog_count(log);
     const kb_rec **ptrs = NULL;
     uint8_t *arena = NULL;
     kb_plan plan;
     int begun = 0, rc;
 
     memset(&plan, 0, sizeof plan);
+    if (!log || !ms || !be || !be->ops)
+        return kb_err_set(eb, KB_ERR_INVAL, "replay: no log, memory store or backend");
+    size_t first = kb_oplog_replayed(log), count = kb_oplog_count(log);
     if (first >= count)
         return 0;
     size_t n = count - first;

@@ -42,6 +42,7 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
         return kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the context");
     ctx->cfg = *cfg;
     ctx->device = opts ? opts->device : KB_DEV_AUTO;
+    ctx->trace = opts ? opts->trace : NULL;
     if ((rc = kb_config_validate(cfg, eb)) != 0)
         goto fail;
     if ((rc = kb_machine_create(&cfg->topo, &ctx->m, eb)) != 0)
@@ -83,12 +84,16 @@ void kb_ctx_destroy(kb_ctx *ctx)
 {
     if (!ctx)
         return;
+    for (int i = KB_EXT_NSLOTS; i-- > 0;)
+        if (ctx->ext[i] && ctx->ext_destroy[i])
+            ctx->ext_destroy[i](ctx->ext[i]);
     while (ctx->launches) {
         kb_launch_st *l = ctx->launches;
         ctx->launches = l->next;
         for (int i = 0; l->tls && i < l->ntl; i++)
             free(l->tls[i].vals);
         free(l->tls);
+        free(l->args);
         free(l->cube_left);
         free(l->cube_tmax);
         free(l->sip_left);
@@ -120,6 +125,20 @@ kb_device_kind kb_ctx_device(const kb_ctx *ctx) { return ctx->device; }
 const kb_replay_stats *kb_ctx_replay_stats(const kb_ctx *ctx) { return &ctx->rstats; }
 kb_memstore *kb_ctx_memstore(kb_ctx *ctx) { return ctx->ms; }
 uint64_t kb_ctx_kernels_run(const kb_ctx *ctx) { return ctx->kernels; }
+FILE *kb_ctx_trace(kb_ctx *ctx) { return ctx->trace; }
+
+void *kb_ctx_ext(kb_ctx *ctx, int slot)
+{
+    return slot >= 0 && slot < KB_EXT_NSLOTS ? ctx->ext[slot] : NULL;
+}
+
+void kb_ctx_set_ext(kb_ctx *ctx, int slot, void *ptr, void (*destroy)(void *ptr))
+{
+    if (slot < 0 || slot >= KB_EXT_NSLOTS)
+        return;
+    ctx->ext[slot] = ptr;
+    ctx->ext_destroy[slot] = destroy;
+}
 
 void kb_ctx_set_deadlock_dump(kb_ctx *ctx, kb_dump_fn fn, void *ud)
 {
@@ -648,6 +667,7 @@ static void launch_free(kb_launch_st *l)
     for (int i = 0; l->tls && i < l->ntl; i++)
         free(l->tls[i].vals);
     free(l->tls);
+    free(l->args);
     free(l->cube_left);
     free(l->cube_tmax);
     free(l->sip_left);
@@ -698,7 +718,7 @@ static void kernel_main(kb_sim *sim, void *arg)
     kb_time now = kb_sim_now(sim);
     if (tl->start > now)
         kb_fiber_sleep(sim, tl->start - now);
-    tl->launch->kernel(tl, &tl->launch->args);
+    tl->launch->kernel(tl, &tl->launch->args[tl->pid[2]]);
     kb_tl_release_all(tl);
     tl->ctx->kernels++;
     kernel_finished(tl);
@@ -706,6 +726,23 @@ static void kernel_main(kb_sim *sim, void *arg)
 
 int kb_launch(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *a,
               const kb_grid *grid)
+{
+    /* the same arguments for every SIP of the grid */
+    int sips = grid && grid->sips > 0 ? grid->sips : 1;
+    kb_kargs *per = calloc((size_t)sips, sizeof *per);
+    int rc;
+    if (!per)
+        return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+    for (int s = 0; s < sips; s++)
+        if (a)
+            per[s] = *a;
+    rc = kb_launch_per_sip(ctx, name, kernel, per, grid);
+    free(per);
+    return rc;
+}
+
+int kb_launch_per_sip(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *args,
+                      const kb_grid *grid)
 {
     kb_machine *m = ctx->m;
     kb_hostproc *hp = kb_ctx_hostproc(ctx);
@@ -736,9 +773,10 @@ int kb_launch(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs
     l->ctx = ctx;
     snprintf(l->name, sizeof l->name, "%s", name);
     l->kernel = kernel;
-    if (a)
-        l->args = *a;
     l->grid = g;
+    l->args = calloc((size_t)g.sips, sizeof *l->args);
+    if (l->args && args)
+        memcpy(l->args, args, (size_t)g.sips * sizeof *l->args);
     l->ntl = g.pes * g.cubes * g.sips;
     l->tls = calloc((size_t)l->ntl, sizeof *l->tls);
     l->cube_left = calloc((size_t)(g.cubes * g.sips), sizeof *l->cube_left);
@@ -749,7 +787,7 @@ int kb_launch(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs
     if (ctx->launches)
         ctx->launches->prev = l;
     ctx->launches = l;
-    if (!l->tls || !l->cube_left || !l->cube_tmax || !l->sip_left || !l->sip_tmax) {
+    if (!l->tls || !l->args || !l->cube_left || !l->cube_tmax || !l->sip_left || !l->sip_tmax) {
         rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
         goto fail;
     }

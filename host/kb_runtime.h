@@ -25,6 +25,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "kb_config.h"
 #include "kb_dtype.h"
@@ -48,6 +49,7 @@ int kb_device_from_name(const char *name); /* -1 when unknown */
 
 typedef struct kb_ctx_opts {
     kb_device_kind device;
+    FILE *trace;      /* IPCQ trace lines (KBCL_CCL_TRACE); NULL = off; not owned */
 } kb_ctx_opts;
 
 /* cfg is copied. Owner: caller; kb_ctx_destroy(NULL) is a no-op. */
@@ -82,6 +84,16 @@ int kb_ctx_current_device(kb_ctx *ctx);
 /* Extra text for deadlock reports (the IPCQ layer registers its pointer dump here). */
 typedef void (*kb_dump_fn)(kb_ctx *ctx, char *buf, size_t n, void *ud);
 void kb_ctx_set_deadlock_dump(kb_ctx *ctx, kb_dump_fn fn, void *ud);
+
+/*
+ * Extension slots: layers above the runtime (the IPCQ layer, collectives) keep their
+ * per-context state here. `destroy` (may be NULL) is called with the pointer when the context
+ * is destroyed, in reverse slot order, before the machine is freed.
+ */
+enum { KB_EXT_IPCQ = 0, KB_EXT_CCL = 1, KB_EXT_NSLOTS = 4 };
+void *kb_ctx_ext(kb_ctx *ctx, int slot);
+void kb_ctx_set_ext(kb_ctx *ctx, int slot, void *ptr, void (*destroy)(void *ptr));
+FILE *kb_ctx_trace(kb_ctx *ctx);
 
 /* Stops the simulation with `code` (message already in kb_ctx_err); used by kernels' errors. */
 void kb_ctx_fail(kb_ctx *ctx, int code);
@@ -162,6 +174,9 @@ typedef struct kb_grid {
  */
 int kb_launch(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *a,
               const kb_grid *grid);
+/* Same, with one argument block per SIP of the grid (args[s] for SIP sip0 + s). */
+int kb_launch_per_sip(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *args,
+                      const kb_grid *grid);
 /* Grid covering the PEs that own shards of t: its policy's num_pes x num_cubes. */
 kb_grid kb_grid_of(const kb_tensor *t);
 

@@ -48,7 +48,7 @@ struct kb_launch_st {
     kb_launch_st *next, *prev; /* ctx's live launches */
     char name[64];
     kb_kernel_fn kernel;
-    kb_kargs args;
+    kb_kargs *args;         /* [grid.sips], owned */
     kb_grid grid;
     kb_tl *tls;             /* [ntl] */
     int ntl;
@@ -89,7 +89,16 @@ struct kb_ctx {
     kb_dump_fn dump;
     void *dump_ud;
     uint64_t kernels;
+    FILE *trace;
+    void *ext[KB_EXT_NSLOTS];
+    void (*ext_destroy[KB_EXT_NSLOTS])(void *);
 };
+
+/* kb_tl.c internals used by the IPCQ layer (each stops the run on failure, like tl_*). */
+kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op);
+kb_pa kb_tl_translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_tensor **tensor);
+void kb_tl_record(kb_tl *tl, kb_rec *r);
+void kb_tl_wait_until(kb_tl *tl, kb_time t);
 
 /* The host process of the running fiber, or NULL (kernel fiber / outside the run). */
 kb_hostproc *kb_ctx_hostproc(kb_ctx *ctx);

@@ -53,21 +53,21 @@ int tl_num_programs(kb_tl *tl, int axis)
 
 static kb_time issue_time(kb_tl *tl) { return kb_sim_now(tl->ctx->sim) + tl->cpu_ovh; }
 
-static void wait_until(kb_tl *tl, kb_time t)
+void kb_tl_wait_until(kb_tl *tl, kb_time t)
 {
     kb_time now = kb_sim_now(tl->ctx->sim);
     if (t > now)
         kb_fiber_sleep(tl->ctx->sim, t - now);
 }
 
-static void record(kb_tl *tl, kb_rec *r)
+void kb_tl_record(kb_tl *tl, kb_rec *r)
 {
     r->pe = tl->pe->gid;
     if (kb_ctx_record(tl->ctx, r) != 0)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
 }
 
-static kb_val scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op)
+kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op)
 {
     uint64_t bytes = (uint64_t)rows * cols * kb_dtype_size(dt), pa;
     kb_errbuf eb;
@@ -118,7 +118,7 @@ void kb_tl_release_all(kb_tl *tl)
 static kb_opnd val_opnd(kb_val v) { return kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype); }
 
 /* Translates [va, va + bytes) on this PE's SIP; it must lie in one mapping. */
-static kb_pa translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_tensor **tensor)
+kb_pa kb_tl_translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_tensor **tensor)
 {
     kb_sip_hw *sip = &tl->ctx->m->sips[tl->pe->gsip];
     kb_errbuf eb;
@@ -161,7 +161,7 @@ static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, const ch
 
     if (s.rows == 0 || s.cols == 0 || (unsigned)dt >= KB_NDTYPES)
         tl_fail(tl, KB_ERR_INVAL, "%s: empty shape or bad dtype", op);
-    src = translate(tl, va, bytes, op, &t);
+    src = kb_tl_translate(tl, va, bytes, op, &t);
     if (t && t->dtype != dt)
         tl_fail(tl, KB_ERR_INVAL, "%s: asked for %s but tensor '%s' holds %s", op,
                 kb_dtype_name(dt), t->name, kb_dtype_name(t->dtype));
@@ -173,7 +173,7 @@ static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, const ch
         v.scratch = 0;
         return v;
     }
-    v = scratch_val(tl, s.rows, s.cols, dt, op);
+    v = kb_tl_scratch_val(tl, s.rows, s.cols, dt, op);
     memset(&r, 0, sizeof r);
     {
         kb_errbuf eb;
@@ -185,8 +185,8 @@ static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, const ch
     r.nsrc = 1;
     r.dst = val_opnd(v);
     r.src[0] = kb_opnd_make(src, s.rows, s.cols, dt);
-    record(tl, &r);
-    wait_until(tl, r.t_end);
+    kb_tl_record(tl, &r);
+    kb_tl_wait_until(tl, r.t_end);
     return v;
 }
 
@@ -210,10 +210,10 @@ void tl_store(kb_tl *tl, kb_va va, kb_val v)
     kb_errbuf eb;
 
     /* the destination dtype is the tensor's; the first translation finds the tensor */
-    translate(tl, va, 1, "tl_store", &t);
+    kb_tl_translate(tl, va, 1, "tl_store", &t);
     dt = t ? t->dtype : (kb_dtype)v.dtype;
     bytes = (uint64_t)v.rows * v.cols * kb_dtype_size(dt);
-    dst = translate(tl, va, bytes, "tl_store", NULL);
+    dst = kb_tl_translate(tl, va, bytes, "tl_store", NULL);
     memset(&r, 0, sizeof r);
     if (kb_machine_dma(tl->ctx->m, tl->pe, v.pa, dst, bytes, issue_time(tl), &r.t_start, &r.t_end,
                        &eb) != 0)
@@ -222,8 +222,8 @@ void tl_store(kb_tl *tl, kb_va va, kb_val v)
     r.nsrc = 1;
     r.dst = kb_opnd_make(dst, v.rows, v.cols, dt);
     r.src[0] = val_opnd(v);
-    record(tl, &r);
-    wait_until(tl, r.t_end);
+    kb_tl_record(tl, &r);
+    kb_tl_wait_until(tl, r.t_end);
 }
 
 /* Occupies PE_MATH for `passes` passes over n elements from the issue time; returns the end. */
@@ -254,7 +254,7 @@ static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src
         rows = bcast_dim(tl, rows, src[i].rows, name);
         cols = bcast_dim(tl, cols, src[i].cols, name);
     }
-    v = scratch_val(tl, rows, cols, KB_F32, name);
+    v = kb_tl_scratch_val(tl, rows, cols, KB_F32, name);
     memset(&r, 0, sizeof r);
     r.t_start = issue_time(tl);
     r.t_end = math_time(tl, (uint64_t)rows * cols, 1);
@@ -266,8 +266,8 @@ static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src
     r.dst = val_opnd(v);
     for (int i = 0; i < nsrc; i++)
         r.src[i] = val_opnd(src[i]);
-    record(tl, &r);
-    wait_until(tl, r.t_end);
+    kb_tl_record(tl, &r);
+    kb_tl_wait_until(tl, r.t_end);
     return v;
 }
 
@@ -322,15 +322,15 @@ kb_val tl_clamp(kb_tl *tl, kb_val a, float lo, float hi)
 kb_val tl_full(kb_tl *tl, kb_shape s, float value)
 {
     kb_rec r;
-    kb_val v = scratch_val(tl, s.rows, s.cols, KB_F32, "tl_full");
+    kb_val v = kb_tl_scratch_val(tl, s.rows, s.cols, KB_F32, "tl_full");
     memset(&r, 0, sizeof r);
     r.t_start = issue_time(tl);
     r.t_end = math_time(tl, (uint64_t)s.rows * s.cols, 1);
     r.kind = KB_REC_FILL;
     r.imm[0] = value;
     r.dst = val_opnd(v);
-    record(tl, &r);
-    wait_until(tl, r.t_end);
+    kb_tl_record(tl, &r);
+    kb_tl_wait_until(tl, r.t_end);
     return v;
 }
 
@@ -353,7 +353,7 @@ static kb_val along_axis(kb_tl *tl, kb_val a, int axis, kb_rec_kind kind, int op
         else
             rows = 1;
     }
-    v = scratch_val(tl, rows, cols, KB_F32, name);
+    v = kb_tl_scratch_val(tl, rows, cols, KB_F32, name);
     memset(&r, 0, sizeof r);
     r.t_start = issue_time(tl);
     r.t_end = math_time(tl, (uint64_t)a.rows * a.cols,
@@ -364,8 +364,8 @@ static kb_val along_axis(kb_tl *tl, kb_val a, int axis, kb_rec_kind kind, int op
     r.nsrc = 1;
     r.dst = val_opnd(v);
     r.src[0] = val_opnd(a);
-    record(tl, &r);
-    wait_until(tl, r.t_end);
+    kb_tl_record(tl, &r);
+    kb_tl_wait_until(tl, r.t_end);
     return v;
 }
 
@@ -455,8 +455,8 @@ static void dot_common(kb_tl *tl, kb_val dst, kb_val a, kb_val b, int acc)
     r.dst = val_opnd(dst);
     r.src[0] = val_opnd(a);
     r.src[1] = val_opnd(b);
-    record(tl, &r);
-    wait_until(tl, r.t_end);
+    kb_tl_record(tl, &r);
+    kb_tl_wait_until(tl, r.t_end);
 }
 
 kb_val tl_dot(kb_tl *tl, kb_val a, kb_val b)
@@ -465,7 +465,7 @@ kb_val tl_dot(kb_tl *tl, kb_val a, kb_val b)
     if (a.cols != b.rows)
         tl_fail(tl, KB_ERR_INVAL, "tl_dot: inner dimensions differ (%ux%u @ %ux%u)", a.rows,
                 a.cols, b.rows, b.cols);
-    d = scratch_val(tl, a.rows, b.cols, KB_F32, "tl_dot");
+    d = kb_tl_scratch_val(tl, a.rows, b.cols, KB_F32, "tl_dot");
     dot_common(tl, d, a, b, 0);
     return d;
 }

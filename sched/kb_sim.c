@@ -9,11 +9,12 @@
  * Fibers switch with Boost.Context's fcontext (no system call per switch) or, under
  * KBCL_FIBER_UCONTEXT, with swapcontext (slower: it saves the signal mask); under AddressSanitizer
  * every switch is announced with __sanitizer_{start,finish}_switch_fiber. Fibers are
- * asymmetric: a fiber always switches back to the scheduler loop that resumed it. Each stack is
- * one mmap with a PROT_NONE guard page at its low end (2 VMAs per stack, so about 30 000
- * concurrently live fibers fit under the default vm.max_map_count; past that, when the guard
- * cannot be set, the stack is used unguarded rather than failing). Finished fibers keep their
- * stack on a free list for the next spawn; stacks are returned to the OS only by
+ * asymmetric: a fiber always switches back to the scheduler loop that resumed it. Stacks are
+ * mmap'd with MAP_NORESERVE. A guard page costs a VMA of its own (vm.max_map_count is 65 530 by
+ * default), so only a sim's first KB_GUARDED_STACKS_ stacks get one (one mmap each, guard page
+ * at the low end); later stacks are carved, unguarded, from chunks of KB_CHUNK_STACKS_ stacks
+ * (one VMA per chunk), which lets hundreds of thousands of fibers coexist. Finished fibers keep
+ * their stack on a free list for the next spawn; stacks are returned to the OS only by
  * kb_sim_destroy. Limits: single-threaded; kb_sim_destroy must not be called from inside a run.
  */
 #include "kb_sim.h"
@@ -60,6 +61,8 @@ extern kb_fctx_ make_fcontext(void *sp, size_t size, void (*fn)(kb_transfer_));
 #define KB_DEFAULT_STACK_ (256u * 1024u)
 #define KB_MIN_STACK_ (16u * 1024u) /* below this even a trivial fiber overflows */
 #define KB_INITIAL_CAP_ 64u
+#define KB_GUARDED_STACKS_ 16384u /* 32 768 VMAs: half the default vm.max_map_count */
+#define KB_CHUNK_STACKS_ 64u
 #define KB_NAME_MAX_ 47
 
 typedef struct kb_event {
@@ -75,6 +78,11 @@ typedef struct kb_now_event {
     void *a, *b;
 } kb_now_event;
 
+typedef struct kb_stack_chunk {
+    struct kb_stack_chunk *next;
+    unsigned char *base;
+} kb_stack_chunk;
+
 enum { KB_F_READY, KB_F_RUNNING, KB_F_BLOCKED, KB_F_DEAD };
 
 struct kb_fiber {
@@ -87,8 +95,8 @@ struct kb_fiber {
     const void *obj;
     kb_fiber *wait_next;          /* kb_sync wait lists */
     kb_fiber *prev, *next;        /* live list (spawn order); next doubles as free-list link */
-    unsigned char *map;           /* mmap base: guard page, then the stack */
-    size_t map_bytes;
+    unsigned char *stack;         /* low end of the usable stack (sim->stack_bytes long) */
+    unsigned char *map;           /* own mapping (guard page + stack), NULL if in a chunk */
 #if KBCL_FIBER_UCONTEXT
     ucontext_t uc;
 #else
@@ -112,6 +120,9 @@ struct kb_sim {
     kb_fiber *current;
     kb_fiber *live_head, *live_tail;
     kb_fiber *free_list;
+    struct kb_stack_chunk *chunks; /* unguarded stacks, carved from the head chunk */
+    size_t chunk_left;             /* stacks not yet handed out in the head chunk */
+    size_t nstacks;                /* stacks created so far */
     size_t nlive, nblocked;
     size_t page, stack_bytes;
 
@@ -257,7 +268,7 @@ kb_sim *kb_sim_create(const kb_sim_opts *opts)
     sim->page = page > 0 ? (size_t)page : 4096u;
     if (stack < KB_MIN_STACK_)
         stack = KB_MIN_STACK_;
-    if (stack > SIZE_MAX / 2)
+    if (stack > SIZE_MAX / 2 / KB_CHUNK_STACKS_)
         goto fail;
     sim->stack_bytes = (stack + sim->page - 1) / sim->page * sim->page;
     sim->cap = KB_INITIAL_CAP_;
@@ -271,29 +282,36 @@ fail:
     return NULL;
 }
 
-static void fiber_free(kb_fiber *f)
+static void fiber_free(kb_sim *sim, kb_fiber *f)
 {
 #ifdef KB_ASAN_
     /* Frames of a fiber that never returned leave poisoned shadow behind. */
-    ASAN_UNPOISON_MEMORY_REGION(f->map, f->map_bytes);
+    ASAN_UNPOISON_MEMORY_REGION(f->stack, sim->stack_bytes);
 #endif
-    munmap(f->map, f->map_bytes);
+    if (f->map)
+        munmap(f->map, sim->stack_bytes + sim->page);
     free(f);
 }
 
 void kb_sim_destroy(kb_sim *sim)
 {
     kb_fiber *f, *next;
+    kb_stack_chunk *ch, *ch_next;
 
     if (!sim)
         return;
     for (f = sim->live_head; f; f = next) {
         next = f->next;
-        fiber_free(f);
+        fiber_free(sim, f);
     }
     for (f = sim->free_list; f; f = next) {
         next = f->next;
-        fiber_free(f);
+        fiber_free(sim, f);
+    }
+    for (ch = sim->chunks; ch; ch = ch_next) {
+        ch_next = ch->next;
+        munmap(ch->base, KB_CHUNK_STACKS_ * sim->stack_bytes);
+        free(ch);
     }
     free(sim->heap);
     free(sim->fifo);
@@ -382,7 +400,7 @@ size_t kb_sim_live_fibers(const kb_sim *sim) { return sim->nlive; }
  */
 #ifdef KB_ASAN_
 #define ASAN_TO_FIBER_(sim, f, fake)                                                         \
-    __sanitizer_start_switch_fiber(&(fake), (f)->map + (sim)->page, (sim)->stack_bytes)
+    __sanitizer_start_switch_fiber(&(fake), (f)->stack, (sim)->stack_bytes)
 #define ASAN_BACK_IN_SCHED_(fake) __sanitizer_finish_switch_fiber((fake), NULL, NULL)
 #define ASAN_TO_SCHED_(sim, fsave)                                                           \
     __sanitizer_start_switch_fiber((fsave), (sim)->sched_stack_bottom, (sim)->sched_stack_size)
@@ -432,7 +450,7 @@ static void fiber_entry_fc(kb_transfer_ t)
 /* Prepares f's context to start fiber_main on its (possibly recycled) stack. */
 static int fiber_make_context(kb_sim *sim, kb_fiber *f)
 {
-    unsigned char *lo = f->map + sim->page;
+    unsigned char *lo = f->stack;
 #if KBCL_FIBER_UCONTEXT
     uint64_t p = (uint64_t)(uintptr_t)f;
     if (getcontext(&f->uc) != 0)
@@ -509,34 +527,66 @@ static void fiber_recycle(kb_sim *sim, kb_fiber *f)
     live_unlink(sim, f);
     sim->nlive--;
 #ifdef KB_ASAN_
-    ASAN_UNPOISON_MEMORY_REGION(f->map + sim->page, sim->stack_bytes);
+    ASAN_UNPOISON_MEMORY_REGION(f->stack, sim->stack_bytes);
 #endif
     f->next = sim->free_list;
     sim->free_list = f;
 }
 
+static void *map_anon(size_t bytes)
+{
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Gives f a stack: a guarded mapping of its own while under the limit, else a chunk slice. */
+static int stack_alloc(kb_sim *sim, kb_fiber *f)
+{
+    if (sim->nstacks < KB_GUARDED_STACKS_) {
+        f->map = map_anon(sim->stack_bytes + sim->page);
+        if (!f->map)
+            return KB_ERR_NOMEM;
+        if (mprotect(f->map, sim->page, PROT_NONE) != 0) {
+            munmap(f->map, sim->stack_bytes + sim->page);
+            return KB_ERR_NOMEM;
+        }
+        f->stack = f->map + sim->page;
+    } else {
+        if (sim->chunk_left == 0) {
+            kb_stack_chunk *ch = malloc(sizeof *ch);
+            if (!ch)
+                return KB_ERR_NOMEM;
+            ch->base = map_anon(KB_CHUNK_STACKS_ * sim->stack_bytes);
+            if (!ch->base) {
+                free(ch);
+                return KB_ERR_NOMEM;
+            }
+            ch->next = sim->chunks;
+            sim->chunks = ch;
+            sim->chunk_left = KB_CHUNK_STACKS_;
+        }
+        sim->chunk_left--;
+        f->map = NULL;
+        f->stack = sim->chunks->base + sim->chunk_left * sim->stack_bytes;
+    }
+    sim->nstacks++;
+    return 0;
+}
+
 static kb_fiber *fiber_alloc(kb_sim *sim)
 {
     kb_fiber *f = sim->free_list;
-    void *map;
 
     if (f) {
         sim->free_list = f->next;
         return f;
     }
     f = malloc(sizeof *f);
-    if (!f)
-        return NULL;
-    f->map_bytes = sim->stack_bytes + sim->page;
-    map = mmap(NULL, f->map_bytes, PROT_READ | PROT_WRITE,
-               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (map == MAP_FAILED) {
+    if (f && stack_alloc(sim, f) != 0) {
         free(f);
-        return NULL;
+        f = NULL;
     }
-    f->map = map;
-    /* A failure here means the VMA limit is near: run without the guard rather than fail. */
-    (void)mprotect(f->map, sim->page, PROT_NONE);
     return f;
 }
 

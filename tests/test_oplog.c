@@ -61,7 +61,7 @@ static void test_chunk_pointer_stability(void **state)
     (void)state;
     enum { N = 12345 };
     kb_oplog *log = kb_oplog_create();
-    const kb_rec *early[3];
+    const kb_rec *early[3] = { NULL, NULL, NULL };
     assert_non_null(log);
     for (uint32_t i = 0; i < N; i++) {
         kb_rec r = make_rec(i);

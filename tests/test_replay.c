@@ -1120,7 +1120,7 @@ static void test_property_large_batches(void **state)
     (void)state;
     uint64_t recs, batches;
     size_t largest = random_logs(8, 65536, 2000, 500, 2000, &recs, &batches);
-    assert_true(largest >= 64);
+    assert_true(largest >= 48);
     assert_true(batches * 8 < recs);
 }
 

@@ -119,7 +119,7 @@ static double wall_now_ms(void)
 int kb_bench_execute(const kb_config *cfg, kb_device_kind device, const kb_bench *b,
                      const kb_bench_args *a, kb_run_report *rep, kb_errbuf *eb)
 {
-    kb_ctx_opts opts = { device };
+    kb_ctx_opts opts = { device, NULL };
     kb_ctx *ctx = NULL;
     void *state = NULL;
     double w0 = wall_now_ms();

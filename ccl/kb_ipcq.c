@@ -1,0 +1,726 @@
+/*
+ * kb_ipcq — PE_IPCQ queue pairs, install, and tl_send / tl_recv (protocol in kb_ipcq.h).
+ *
+ * Everything on the data path is event-driven and allocation-free after warm-up: meta
+ * tokens and credits are small messages from a free list, receive requests likewise. A meta
+ * token is matched to a queue pair by scanning the receiver's (at most 11) wired rings for the
+ * one containing dst_addr; a credit by scanning the sender's queue pairs for the matching
+ * peer_rx_base. Limits: one install per PE for the lifetime of a context.
+ */
+#include "kb_ipcq.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_runtime_int.h"
+#include "kb_sync.h"
+
+#define KB_IPCQ_POOL_CHUNK 256
+#define KB_IPCQ_CMD_BYTES 64u
+
+typedef struct ipcq_sys ipcq_sys;
+typedef struct pe_state pe_state;
+
+typedef struct qp {
+    kb_dir dir;
+    int wired;
+    pe_state *owner;
+    kb_pe_hw *peer;
+    kb_pa peer_rx_base;
+    int n_slots;
+    uint64_t slot_size;
+    kb_pa my_rx_base;
+    uint64_t my_head, my_tail, peer_head_cache, peer_tail_cache;
+    kb_waitq send_wait;
+    kb_ipcq_req *pend_head, *pend_tail;
+    kb_time credit_delay;
+} qp;
+
+struct pe_state {
+    kb_pe_hw *pe;
+    ipcq_sys *sys;
+    uint32_t wired;
+    qp q[KB_NDIRS];
+};
+
+struct kb_ipcq_req {
+    qp *q;
+    kb_tl *tl;
+    kb_val val;          /* scratch value (tl_recv) */
+    kb_pa dst;           /* where the slot is copied */
+    kb_dtype dst_dt;
+    uint32_t rows, cols;
+    kb_dtype dt;
+    uint64_t nbytes, seq;
+    kb_time t_post;
+    int done;
+    kb_fiber *waiter;
+    kb_ipcq_req *next;
+};
+
+typedef struct msg {
+    pe_state *to;
+    kb_pa addr;
+    uint64_t seq;
+    struct msg *next;
+} msg;
+
+typedef struct chunk {
+    struct chunk *next;
+} chunk;
+
+struct ipcq_sys {
+    kb_ctx *ctx;
+    kb_ipcq_cfg cfg;
+    kb_time ipcq_ovh, credit_lat;
+    pe_state **pes;       /* installed, in install order */
+    size_t npes, cappes;
+    msg *free_msgs;
+    kb_ipcq_req *free_reqs;
+    chunk *chunks;        /* pool memory, freed at destroy */
+    uint64_t sends, recvs;
+};
+
+static const char *const dir_names[KB_NDIRS] = {
+    "E", "W", "N", "S", "global_E", "global_W", "global_N", "global_S",
+    "parent", "child_left", "child_right",
+};
+static const char *const recv_wait_names[KB_NDIRS] = {
+    "ipcq recv E", "ipcq recv W", "ipcq recv N", "ipcq recv S", "ipcq recv global_E",
+    "ipcq recv global_W", "ipcq recv global_N", "ipcq recv global_S", "ipcq recv parent",
+    "ipcq recv child_left", "ipcq recv child_right",
+};
+static const char *const send_wait_names[KB_NDIRS] = {
+    "ipcq credit E", "ipcq credit W", "ipcq credit N", "ipcq credit S", "ipcq credit global_E",
+    "ipcq credit global_W", "ipcq credit global_N", "ipcq credit global_S", "ipcq credit parent",
+    "ipcq credit child_left", "ipcq credit child_right",
+};
+
+const char *kb_dir_name(kb_dir d) { return (unsigned)d < KB_NDIRS ? dir_names[d] : "?"; }
+
+int kb_dir_from_name(const char *name)
+{
+    for (int i = 0; i < KB_NDIRS; i++)
+        if (strcmp(name, dir_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+int kb_dir_opposite(kb_dir d)
+{
+    static const int opp[KB_NDIRS] = {
+        KB_DIR_W, KB_DIR_E, KB_DIR_S, KB_DIR_N,
+        KB_DIR_GLOBAL_W, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N,
+        -1, KB_DIR_PARENT, KB_DIR_PARENT,
+    };
+    return (unsigned)d < KB_NDIRS ? opp[d] : -1;
+}
+
+/* ---- state and pools ---- */
+
+static kb_alloc *ring_allocator(kb_ctx *ctx, kb_pe_hw *pe, kb_mem_kind kind)
+{
+    switch (kind) {
+    case KB_MEM_HBM:
+        return pe->hbm;
+    case KB_MEM_SRAM:
+        return ctx->m->sips[pe->gsip].cubes[pe->cube].sram;
+    default:
+        return pe->ipcq;
+    }
+}
+
+static void free_pe_state(ipcq_sys *sys, pe_state *ps)
+{
+    for (int d = 0; d < KB_NDIRS; d++)
+        if (ps->q[d].wired)
+            kb_alloc_free(ring_allocator(sys->ctx, ps->pe, sys->cfg.buffer_kind),
+                          ps->q[d].my_rx_base, NULL);
+    ps->pe->ipcq_state = NULL;
+    free(ps);
+}
+
+static void sys_destroy(void *p)
+{
+    ipcq_sys *sys = p;
+    for (size_t i = 0; i < sys->npes; i++)
+        free_pe_state(sys, sys->pes[i]);
+    free(sys->pes);
+    while (sys->chunks) {
+        chunk *c = sys->chunks;
+        sys->chunks = c->next;
+        free(c);
+    }
+    free(sys);
+}
+
+static void *pool_chunk(ipcq_sys *sys, size_t item, size_t n)
+{
+    /* chunk header padded to keep items aligned */
+    size_t hdr = (sizeof(chunk) + 15u) & ~(size_t)15u;
+    chunk *c = malloc(hdr + item * n);
+    if (!c)
+        return NULL;
+    c->next = sys->chunks;
+    sys->chunks = c;
+    return (char *)c + hdr;
+}
+
+static msg *msg_get(ipcq_sys *sys)
+{
+    if (!sys->free_msgs) {
+        msg *m = pool_chunk(sys, sizeof *m, KB_IPCQ_POOL_CHUNK);
+        if (!m)
+            return NULL;
+        for (int i = 0; i < KB_IPCQ_POOL_CHUNK; i++) {
+            m[i].next = sys->free_msgs;
+            sys->free_msgs = &m[i];
+        }
+    }
+    msg *m = sys->free_msgs;
+    sys->free_msgs = m->next;
+    return m;
+}
+
+static void msg_put(ipcq_sys *sys, msg *m)
+{
+    m->next = sys->free_msgs;
+    sys->free_msgs = m;
+}
+
+static kb_ipcq_req *req_get(ipcq_sys *sys)
+{
+    if (!sys->free_reqs) {
+        kb_ipcq_req *r = pool_chunk(sys, sizeof *r, KB_IPCQ_POOL_CHUNK);
+        if (!r)
+            return NULL;
+        for (int i = 0; i < KB_IPCQ_POOL_CHUNK; i++) {
+            r[i].next = sys->free_reqs;
+            sys->free_reqs = &r[i];
+        }
+    }
+    kb_ipcq_req *r = sys->free_reqs;
+    sys->free_reqs = r->next;
+    memset(r, 0, sizeof *r);
+    return r;
+}
+
+static void req_put(ipcq_sys *sys, kb_ipcq_req *r)
+{
+    r->next = sys->free_reqs;
+    sys->free_reqs = r;
+}
+
+static void dump(kb_ctx *ctx, char *buf, size_t n, void *ud)
+{
+    ipcq_sys *sys = ud;
+    size_t len = 0;
+    int w;
+    (void)ctx;
+    w = snprintf(buf, n, "IPCQ pointers (my_head my_tail peer_head_cache peer_tail_cache):");
+    len = w > 0 ? (size_t)w : 0;
+    for (size_t i = 0; i < sys->npes && len < n; i++) {
+        pe_state *ps = sys->pes[i];
+        for (int d = 0; d < KB_NDIRS && len < n; d++) {
+            qp *q = &ps->q[d];
+            if (!q->wired)
+                continue;
+            w = snprintf(buf + len, n - len,
+                         "\n  sip%u/cube%u/pe%u %-10s my_head=%llu my_tail=%llu "
+                         "peer_head_cache=%llu peer_tail_cache=%llu",
+                         ps->pe->gsip, ps->pe->cube, ps->pe->pe, dir_names[d],
+                         (unsigned long long)q->my_head, (unsigned long long)q->my_tail,
+                         (unsigned long long)q->peer_head_cache,
+                         (unsigned long long)q->peer_tail_cache);
+            len += w > 0 ? (size_t)w : 0;
+        }
+    }
+}
+
+static ipcq_sys *sys_of(kb_ctx *ctx) { return kb_ctx_ext(ctx, KB_EXT_IPCQ); }
+
+uint32_t kb_ipcq_wired(kb_ctx *ctx, const kb_pe_hw *pe)
+{
+    (void)ctx;
+    const pe_state *ps = pe->ipcq_state;
+    return ps ? ps->wired : 0;
+}
+
+int kb_ipcq_counters_of(kb_ctx *ctx, const kb_pe_hw *pe, kb_dir d, kb_ipcq_counters *out)
+{
+    const pe_state *ps = pe->ipcq_state;
+    (void)ctx;
+    if (!ps || (unsigned)d >= KB_NDIRS || !ps->q[d].wired)
+        return KB_ERR_DIRECTION;
+    const qp *q = &ps->q[d];
+    out->my_head = q->my_head;
+    out->my_tail = q->my_tail;
+    out->peer_head_cache = q->peer_head_cache;
+    out->peer_tail_cache = q->peer_tail_cache;
+    out->my_rx_base = q->my_rx_base;
+    out->peer_rx_base = q->peer_rx_base;
+    out->peer = q->peer;
+    return 0;
+}
+
+/* ---- install ---- */
+
+static void fmt_pe(const kb_pe_hw *pe, char *buf, size_t n)
+{
+    snprintf(buf, n, "sip%u/cube%u/pe%u", pe->gsip, pe->cube, pe->pe);
+}
+
+typedef struct range {
+    kb_pa base;
+    uint64_t len;
+    const kb_pe_hw *pe;
+    int dir;
+} range;
+
+static int range_cmp(const void *a, const void *b)
+{
+    const range *x = a, *y = b;
+    return x->base < y->base ? -1 : x->base > y->base;
+}
+
+static kb_time route_latency(kb_ctx *ctx, kb_pe_hw *from, kb_pa src, kb_pa dst)
+{
+    kb_res *path[KB_MAX_ROUTE];
+    kb_time lat = 0;
+    int n = kb_machine_route(ctx->m, from, src, dst, path, KB_MAX_ROUTE, NULL);
+    for (int i = 0; i < n; i++)
+        lat += path[i]->latency;
+    return lat;
+}
+
+int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *links, size_t n)
+{
+    kb_errbuf *eb = &ctx->err;
+    ipcq_sys *sys = sys_of(ctx);
+    pe_state **fresh = NULL;
+    size_t nfresh = 0;
+    range *rs = NULL;
+    char a[48], b[48];
+    int rc = 0;
+
+    if (cfg->n_slots < 1 || cfg->slot_size < 16)
+        return kb_err_set(eb, KB_ERR_RANGE, "IPCQ install: n_slots %d (>= 1), slot_size %llu (>= 16)",
+                          cfg->n_slots, (unsigned long long)cfg->slot_size);
+    if (!sys) {
+        sys = calloc(1, sizeof *sys);
+        if (!sys)
+            return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        sys->ctx = ctx;
+        sys->cfg = *cfg;
+        sys->ipcq_ovh = kb_time_from_ns(ctx->cfg.topo.ipcq_overhead_ns);
+        sys->credit_lat = kb_time_from_ns(ctx->cfg.topo.ipcq_credit_latency_ns);
+        kb_ctx_set_ext(ctx, KB_EXT_IPCQ, sys, sys_destroy);
+        kb_ctx_set_deadlock_dump(ctx, dump, sys);
+    } else if (memcmp(&sys->cfg, cfg, sizeof *cfg) != 0) {
+        return kb_err_set(eb, KB_ERR_STATE, "IPCQ install: a context uses one IPCQ configuration");
+    }
+    fresh = calloc(n ? n : 1, sizeof *fresh);
+    if (!fresh)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+
+    /* per-PE state; a PE installed before (or twice in this plan) is an error */
+    for (size_t i = 0; i < n; i++) {
+        kb_pe_hw *pe = links[i].pe;
+        if ((unsigned)links[i].dir >= KB_NDIRS || (unsigned)links[i].peer_dir >= KB_NDIRS) {
+            rc = kb_err_set(eb, KB_ERR_INVAL, "IPCQ install: bad direction in link %zu", i);
+            goto fail;
+        }
+        pe_state *ps = pe->ipcq_state;
+        int mine = 0;
+        for (size_t j = 0; j < nfresh; j++)
+            mine |= fresh[j] == ps;
+        if (ps && !mine) {
+            fmt_pe(pe, a, sizeof a);
+            rc = kb_err_set(eb, KB_ERR_STATE, "IPCQ install: %s is already installed (a second "
+                            "install on a PE is not allowed)", a);
+            goto fail;
+        }
+        if (!ps) {
+            ps = calloc(1, sizeof *ps);
+            if (!ps) {
+                rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+            ps->pe = pe;
+            ps->sys = sys;
+            pe->ipcq_state = ps;
+            fresh[nfresh++] = ps;
+        }
+        qp *q = &ps->q[links[i].dir];
+        if (q->wired) {
+            fmt_pe(pe, a, sizeof a);
+            rc = kb_err_set(eb, KB_ERR_INVAL, "IPCQ install: %s direction %s appears twice", a,
+                            dir_names[links[i].dir]);
+            goto fail;
+        }
+        kb_errbuf aeb;
+        uint64_t base;
+        if (kb_alloc_alloc(ring_allocator(ctx, pe, cfg->buffer_kind),
+                           (uint64_t)cfg->n_slots * cfg->slot_size, 64, &base, &aeb) != 0) {
+            fmt_pe(pe, a, sizeof a);
+            rc = kb_err_set(eb, KB_ERR_NOSPACE, "IPCQ install: rx ring of %s %s: %s", a,
+                            dir_names[links[i].dir], aeb.msg);
+            goto fail;
+        }
+        q->wired = 1;
+        q->dir = links[i].dir;
+        q->owner = ps;
+        q->n_slots = cfg->n_slots;
+        q->slot_size = cfg->slot_size;
+        q->my_rx_base = base;
+        ps->wired |= 1u << links[i].dir;
+    }
+    /* pair every link with the peer's ring of the reverse direction */
+    for (size_t i = 0; i < n; i++) {
+        pe_state *ps = links[i].pe->ipcq_state, *pp = links[i].peer->ipcq_state;
+        qp *q = &ps->q[links[i].dir];
+        if (!pp || !pp->q[links[i].peer_dir].wired) {
+            fmt_pe(links[i].pe, a, sizeof a);
+            fmt_pe(links[i].peer, b, sizeof b);
+            rc = kb_err_set(eb, KB_ERR_INVAL, "IPCQ install: %s %s -> %s, but %s has no %s queue "
+                            "pointing back", a, dir_names[links[i].dir], b, b,
+                            dir_names[links[i].peer_dir]);
+            goto fail;
+        }
+        q->peer = links[i].peer;
+        q->peer_rx_base = pp->q[links[i].peer_dir].my_rx_base;
+    }
+    for (size_t i = 0; i < n; i++) {
+        pe_state *ps = links[i].pe->ipcq_state;
+        qp *q = &ps->q[links[i].dir];
+        q->credit_delay = sys->credit_lat +
+                          route_latency(ctx, q->peer, q->peer_rx_base, q->my_rx_base);
+    }
+    /* rx rings must be disjoint (they come from allocators; this guards the invariant) */
+    {
+        size_t total = 0, k = 0;
+        for (size_t i = 0; i < sys->npes; i++)
+            for (int d = 0; d < KB_NDIRS; d++)
+                total += sys->pes[i]->q[d].wired;
+        total += n;
+        rs = malloc((total ? total : 1) * sizeof *rs);
+        if (!rs) {
+            rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        for (size_t i = 0; i < sys->npes; i++)
+            for (int d = 0; d < KB_NDIRS; d++)
+                if (sys->pes[i]->q[d].wired)
+                    rs[k++] = (range){ sys->pes[i]->q[d].my_rx_base,
+                                       (uint64_t)sys->pes[i]->q[d].n_slots * sys->pes[i]->q[d].slot_size,
+                                       sys->pes[i]->pe, d };
+        for (size_t i = 0; i < n; i++) {
+            qp *q = &((pe_state *)links[i].pe->ipcq_state)->q[links[i].dir];
+            rs[k++] = (range){ q->my_rx_base, (uint64_t)q->n_slots * q->slot_size, links[i].pe,
+                               (int)links[i].dir };
+        }
+        qsort(rs, k, sizeof *rs, range_cmp);
+        for (size_t i = 1; i < k; i++) {
+            if (rs[i].base < rs[i - 1].base + rs[i - 1].len) {
+                fmt_pe(rs[i - 1].pe, a, sizeof a);
+                fmt_pe(rs[i].pe, b, sizeof b);
+                rc = kb_err_set(eb, KB_ERR_STATE, "IPCQ install: rx rings of %s %s and %s %s overlap",
+                                a, dir_names[rs[i - 1].dir], b, dir_names[rs[i].dir]);
+                goto fail;
+            }
+        }
+    }
+    /* commit */
+    if (sys->npes + nfresh > sys->cappes) {
+        size_t cap = (sys->npes + nfresh) * 2;
+        pe_state **np = realloc(sys->pes, cap * sizeof *np);
+        if (!np) {
+            rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        sys->pes = np;
+        sys->cappes = cap;
+    }
+    for (size_t i = 0; i < nfresh; i++)
+        sys->pes[sys->npes++] = fresh[i];
+
+    /* timing: install messages host -> IO_CPU -> M_CPU -> PE_IPCQ, acks aggregated back */
+    if (kb_fiber_current(ctx->sim)) {
+        kb_time now = kb_sim_now(ctx->sim), t_done = now;
+        for (size_t i = 0; i < nfresh;) {
+            unsigned gsip = fresh[i]->pe->gsip;
+            kb_time t_io = kb_machine_cmd_host_to_iocpu(ctx->m, gsip, now, KB_IPCQ_CMD_BYTES);
+            kb_time t_sip = t_io;
+            while (i < nfresh && fresh[i]->pe->gsip == gsip) {
+                unsigned cube = fresh[i]->pe->cube;
+                kb_time t_m = kb_machine_cmd_iocpu_to_mcpu(ctx->m, gsip, cube, t_io, KB_IPCQ_CMD_BYTES);
+                kb_time t_cube = t_m;
+                while (i < nfresh && fresh[i]->pe->gsip == gsip && fresh[i]->pe->cube == cube) {
+                    kb_time t = kb_machine_cmd_mcpu_to_pe(ctx->m, fresh[i]->pe, t_m, KB_IPCQ_CMD_BYTES);
+                    t = kb_machine_cmd_pe_to_mcpu(ctx->m, fresh[i]->pe, t + sys->ipcq_ovh,
+                                                  KB_IPCQ_CMD_BYTES);
+                    t_cube = t > t_cube ? t : t_cube;
+                    i++;
+                }
+                kb_time t = kb_machine_cmd_mcpu_to_iocpu(ctx->m, gsip, cube, t_cube, KB_IPCQ_CMD_BYTES);
+                t_sip = t > t_sip ? t : t_sip;
+            }
+            kb_time t = kb_machine_cmd_iocpu_to_host(ctx->m, gsip, t_sip, KB_IPCQ_CMD_BYTES);
+            t_done = t > t_done ? t : t_done;
+        }
+        if (t_done > now)
+            kb_fiber_sleep(ctx->sim, t_done - now);
+    }
+    free(fresh);
+    free(rs);
+    return 0;
+fail:
+    for (size_t i = 0; i < nfresh; i++)
+        free_pe_state(sys, fresh[i]);
+    free(fresh);
+    free(rs);
+    return rc;
+}
+
+/* ---- data path ---- */
+
+static void trace(kb_ctx *ctx, const char *what, const kb_pe_hw *pe, kb_dir d, uint64_t nbytes,
+                  uint64_t seq)
+{
+    FILE *f = kb_ctx_trace(ctx);
+    if (f)
+        fprintf(f, "ipcq t=%.3fns %s %s %lluB seq=%llu sip%u/cube%u/pe%u\n",
+                kb_time_to_ns(kb_sim_now(ctx->sim)), what, dir_names[d],
+                (unsigned long long)nbytes, (unsigned long long)seq, pe->gsip, pe->cube, pe->pe);
+}
+
+static qp *wired_qp(kb_tl *tl, kb_dir d, const char *op)
+{
+    pe_state *ps = tl->pe->ipcq_state;
+    if ((unsigned)d < KB_NDIRS && ps && ps->q[d].wired)
+        return &ps->q[d];
+    char wired[160] = "";
+    size_t len = 0;
+    for (int i = 0; ps && i < KB_NDIRS; i++) {
+        if (ps->q[i].wired) {
+            int w = snprintf(wired + len, sizeof wired - len, "%s%s", len ? " " : "", dir_names[i]);
+            len += w > 0 ? (size_t)w : 0;
+        }
+    }
+    tl_fail(tl, KB_ERR_DIRECTION, "%s: direction %s is not wired on this PE (wired: %s)", op,
+            (unsigned)d < KB_NDIRS ? dir_names[d] : "?", len ? wired : "none");
+    return NULL;
+}
+
+static void credit_arrive(kb_sim *sim, void *a, void *b)
+{
+    msg *m = a;
+    pe_state *ps = m->to;
+    (void)b;
+    for (int d = 0; d < KB_NDIRS; d++) {
+        qp *q = &ps->q[d];
+        if (q->wired && q->peer_rx_base == m->addr) {
+            if (m->seq + 1 > q->peer_tail_cache)
+                q->peer_tail_cache = m->seq + 1;
+            kb_waitq_wake_all(sim, &q->send_wait);
+            break;
+        }
+    }
+    msg_put(ps->sys, m);
+}
+
+static void recv_done(kb_sim *sim, void *a, void *b)
+{
+    kb_ipcq_req *r = a;
+    qp *q = r->q;
+    ipcq_sys *sys = q->owner->sys;
+    (void)b;
+    r->done = 1;
+    msg *m = msg_get(sys);
+    if (m) {
+        m->to = q->peer->ipcq_state;
+        m->addr = q->my_rx_base;
+        m->seq = r->seq;
+        if (kb_sim_after(sim, q->credit_delay, credit_arrive, m, NULL) != 0)
+            msg_put(sys, m), m = NULL;
+    }
+    if (!m) {
+        kb_err_set(&sys->ctx->err, KB_ERR_NOMEM, "out of memory sending an IPCQ credit");
+        kb_ctx_fail(sys->ctx, KB_ERR_NOMEM);
+    }
+    if (r->waiter)
+        kb_fiber_wake(sim, r->waiter);
+}
+
+/* Starts the copy-out of every posted receive whose data has arrived. */
+static void progress(qp *q)
+{
+    ipcq_sys *sys = q->owner->sys;
+    kb_ctx *ctx = sys->ctx;
+    while (q->pend_head && q->peer_head_cache > q->my_tail) {
+        kb_ipcq_req *r = q->pend_head;
+        q->pend_head = r->next;
+        if (!q->pend_head)
+            q->pend_tail = NULL;
+        kb_pa slot = q->my_rx_base + (q->my_tail % (uint64_t)q->n_slots) * q->slot_size;
+        kb_time now = kb_sim_now(ctx->sim), t0 = r->t_post > now ? r->t_post : now;
+        kb_rec rec;
+        memset(&rec, 0, sizeof rec);
+        r->seq = q->my_tail++;
+        int rc = kb_machine_dma(ctx->m, q->owner->pe, slot, r->dst, r->nbytes, t0, &rec.t_start,
+                                &rec.t_end, NULL);
+        assert(rc == 0); /* both ends were validated when the receive was posted */
+        (void)rc;
+        rec.kind = KB_REC_COPY;
+        rec.nsrc = 1;
+        rec.pe = q->owner->pe->gid;
+        rec.dst = kb_opnd_make(r->dst, r->rows, r->cols, r->dst_dt);
+        rec.src[0] = kb_opnd_make(slot, r->rows, r->cols, r->dt);
+        if (kb_ctx_record(ctx, &rec) != 0 ||
+            kb_sim_at(ctx->sim, rec.t_end, recv_done, r, NULL) != 0) {
+            kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory in an IPCQ receive");
+            kb_ctx_fail(ctx, KB_ERR_NOMEM);
+            return;
+        }
+    }
+}
+
+static void meta_arrive(kb_sim *sim, void *a, void *b)
+{
+    msg *m = a;
+    pe_state *ps = m->to;
+    (void)sim;
+    (void)b;
+    for (int d = 0; d < KB_NDIRS; d++) {
+        qp *q = &ps->q[d];
+        if (q->wired && m->addr >= q->my_rx_base &&
+            m->addr < q->my_rx_base + (uint64_t)q->n_slots * q->slot_size) {
+            q->peer_head_cache++;
+            progress(q);
+            break;
+        }
+    }
+    msg_put(ps->sys, m);
+}
+
+void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
+{
+    qp *q = wired_qp(tl, dir, "tl_send");
+    ipcq_sys *sys = q->owner->sys;
+    kb_ctx *ctx = tl->ctx;
+    uint64_t nbytes = (uint64_t)v.rows * v.cols * kb_dtype_size((kb_dtype)v.dtype);
+    kb_rec rec;
+
+    if (nbytes > q->slot_size)
+        tl_fail(tl, KB_ERR_RANGE, "tl_send %s: %llu bytes do not fit a %llu-byte slot "
+                "(raise ccl.defaults.slot_size)", dir_names[dir], (unsigned long long)nbytes,
+                (unsigned long long)q->slot_size);
+    while (sys->cfg.backpressure && q->my_head - q->peer_tail_cache >= (uint64_t)q->n_slots)
+        kb_waitq_block(ctx->sim, &q->send_wait, send_wait_names[dir], q);
+    kb_pa dst = q->peer_rx_base + (q->my_head % (uint64_t)q->n_slots) * q->slot_size;
+    uint64_t seq = q->my_head++;
+    memset(&rec, 0, sizeof rec);
+    kb_errbuf eb;
+    if (kb_machine_dma(ctx->m, tl->pe, v.pa, dst, nbytes,
+                       kb_sim_now(ctx->sim) + tl->cpu_ovh + sys->ipcq_ovh, &rec.t_start,
+                       &rec.t_end, &eb) != 0)
+        tl_fail(tl, KB_ERR_RANGE, "tl_send %s: %s", dir_names[dir], eb.msg);
+    rec.kind = KB_REC_COPY;
+    rec.nsrc = 1;
+    rec.dst = kb_opnd_make(dst, v.rows, v.cols, (kb_dtype)v.dtype);
+    rec.src[0] = kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype);
+    kb_tl_record(tl, &rec);
+    msg *m = msg_get(sys);
+    if (!m)
+        tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+    m->to = q->peer->ipcq_state;
+    m->addr = dst;
+    m->seq = seq;
+    if (kb_sim_at(ctx->sim, rec.t_end, meta_arrive, m, NULL) != 0)
+        tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+    sys->sends++;
+    trace(ctx, "send", tl->pe, dir, nbytes, seq);
+    kb_tl_wait_until(tl, rec.t_end);
+}
+
+static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int into, kb_va va,
+                         const char *op)
+{
+    qp *q = wired_qp(tl, dir, op);
+    ipcq_sys *sys = q->owner->sys;
+    uint64_t nbytes = (uint64_t)s.rows * s.cols * kb_dtype_size(dt);
+    kb_ipcq_req *r;
+
+    if (s.rows == 0 || s.cols == 0 || (unsigned)dt >= KB_NDTYPES)
+        tl_fail(tl, KB_ERR_INVAL, "%s %s: empty shape or bad dtype", op, dir_names[dir]);
+    if (nbytes > q->slot_size)
+        tl_fail(tl, KB_ERR_RANGE, "%s %s: %llu bytes do not fit a %llu-byte slot", op,
+                dir_names[dir], (unsigned long long)nbytes, (unsigned long long)q->slot_size);
+    r = req_get(sys);
+    if (!r)
+        tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+    r->q = q;
+    r->tl = tl;
+    r->rows = s.rows;
+    r->cols = s.cols;
+    r->dt = dt;
+    r->nbytes = nbytes;
+    if (into) {
+        kb_tensor *t;
+        kb_tl_translate(tl, va, 1, op, &t);
+        r->dst_dt = t ? t->dtype : dt;
+        r->dst = kb_tl_translate(tl, va, (uint64_t)s.rows * s.cols * kb_dtype_size(r->dst_dt), op,
+                                 NULL);
+        r->val.scratch = 0;
+    } else {
+        r->val = kb_tl_scratch_val(tl, s.rows, s.cols, dt, op);
+        r->dst = r->val.pa;
+        r->dst_dt = dt;
+    }
+    r->t_post = kb_sim_now(tl->ctx->sim) + tl->cpu_ovh + sys->ipcq_ovh;
+    if (q->pend_tail)
+        q->pend_tail->next = r;
+    else
+        q->pend_head = r;
+    q->pend_tail = r;
+    progress(q);
+    kb_tl_wait_until(tl, r->t_post);
+    return r;
+}
+
+kb_ipcq_req *tl_recv_async(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt)
+{
+    return post(tl, dir, s, dt, 0, 0, "tl_recv_async");
+}
+
+kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
+{
+    ipcq_sys *sys;
+    kb_val v;
+    if (!r)
+        tl_fail(tl, KB_ERR_INVAL, "tl_wait: no request");
+    if (r->tl != tl)
+        tl_fail(tl, KB_ERR_INVAL, "tl_wait: request belongs to another kernel");
+    sys = r->q->owner->sys;
+    if (!r->done) {
+        r->waiter = kb_fiber_current(tl->ctx->sim);
+        kb_fiber_block(tl->ctx->sim, recv_wait_names[r->q->dir], r->q);
+    }
+    sys->recvs++;
+    trace(tl->ctx, "recv", tl->pe, r->q->dir, r->nbytes, r->seq);
+    v = r->val;
+    req_put(sys, r);
+    return v;
+}
+
+kb_val tl_recv(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt)
+{
+    return tl_wait(tl, post(tl, dir, s, dt, 0, 0, "tl_recv"));
+}
+
+void tl_recv_into(kb_tl *tl, kb_dir dir, kb_va va, kb_shape s, kb_dtype dt)
+{
+    tl_wait(tl, post(tl, dir, s, dt, 1, va, "tl_recv_into"));
+}

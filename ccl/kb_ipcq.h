@@ -1,0 +1,96 @@
+/*
+ * kb_ipcq — the PE_IPCQ model: credit-based queues between PEs, and the kernel-side
+ * send/recv calls.
+ *
+ * Each PE that an install plan wires holds one queue pair per wired direction (E W N S,
+ * global_E/W/N/S, parent, child_left, child_right). A queue pair knows its peer endpoint
+ * (PE, peer rx ring base, n_slots, slot_size), its own rx ring (a real allocation in TCM's ipcq
+ * range, the PE's HBM slice or the cube SRAM, per buffer_kind) and four counters: my_head
+ * (sends issued), my_tail (receives consumed), peer_head_cache (data tokens seen) and
+ * peer_tail_cache (credits seen).
+ *
+ *  send: blocks while my_head - peer_tail_cache >= n_slots (backpressure); DMAs the value
+ *        into peer_rx_base + (my_head mod n_slots) * slot_size; when that DMA completes, a meta
+ *        token {dst_addr, sender_seq, nbytes} reaches the receiving PE, which finds the queue
+ *        pair whose rx ring contains dst_addr (by address, not by sender coordinates: in a
+ *        2-rank ring E and W lead to the same peer) and raises its peer_head_cache.
+ *  recv: a posted receive completes when peer_head_cache > my_tail: the slot
+ *        my_rx_base + (my_tail mod n_slots) * slot_size is COPIED OUT (to a scratch value or a
+ *        destination address) by the receiver's DMA, my_tail advances, and when the copy has
+ *        finished a credit {consumer_seq, dst_rx_base_pa} goes back to the sender (after
+ *        pe.ipcq.credit_latency_ns plus the route's link latencies), which matches it by its
+ *        peer_rx_base and raises peer_tail_cache. Slot reuse rule: a slot is only credited
+ *        after the copy that reads it has completed, so no send can overwrite a slot that is
+ *        still being read (tested with n_slots = 1).
+ * tl_recv_async posts a receive that completes in the background; tl_wait collects it.
+ * Costs: each call pays pe.cpu.overhead_ns + pe.ipcq.overhead_ns before its DMA.
+ * Misuse (unwired direction, value larger than a slot) stops the run with a message naming the
+ * PE, the direction and the wired directions. A deadlock report includes every wired queue
+ * pair's counters. With a trace stream set (KBCL_CCL_TRACE=1), every send/recv prints one line.
+ */
+#ifndef KB_IPCQ_H
+#define KB_IPCQ_H
+
+#include <stdint.h>
+
+#include "kb_runtime.h"
+#include "kb_tl.h"
+
+typedef enum kb_dir {
+    KB_DIR_E = 0, KB_DIR_W, KB_DIR_N, KB_DIR_S,
+    KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, KB_DIR_GLOBAL_N, KB_DIR_GLOBAL_S,
+    KB_DIR_PARENT, KB_DIR_CHILD_LEFT, KB_DIR_CHILD_RIGHT,
+    KB_NDIRS
+} kb_dir;
+
+const char *kb_dir_name(kb_dir d);            /* "E", "global_W", "child_left" ... */
+int kb_dir_from_name(const char *name);       /* -1 when unknown */
+/* The preferred reverse direction (E<->W, N<->S, global_E<->global_W, children->parent);
+ * -1 for parent (either child may point back). */
+int kb_dir_opposite(kb_dir d);
+
+typedef struct kb_ipcq_cfg {
+    int n_slots;              /* >= 1 */
+    uint64_t slot_size;       /* bytes per slot */
+    kb_mem_kind buffer_kind;  /* where rx rings live */
+    int backpressure;         /* 0 = never block on credits (unsafe; for experiments) */
+} kb_ipcq_cfg;
+
+/* One directed link of an install: `pe` sends on `dir` into `peer`'s ring of `peer_dir`. */
+typedef struct kb_ipcq_link {
+    kb_pe_hw *pe;
+    kb_dir dir;
+    kb_pe_hw *peer;
+    kb_dir peer_dir;
+} kb_ipcq_link;
+
+/*
+ * Installs IPCQ on every PE named in links[0..n): allocates one rx ring per (PE, direction),
+ * pairs every link with its peer's ring, checks that no PE is installed twice and that rx
+ * ranges are disjoint, and times the install messages host -> PE_IPCQ on the command path
+ * (blocks the calling host fiber). Errors leave nothing installed.
+ */
+int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *links, size_t n);
+
+/* Wired directions of a PE as a bitmask (bit d = direction d); 0 when not installed. */
+uint32_t kb_ipcq_wired(kb_ctx *ctx, const kb_pe_hw *pe);
+/* Counters of a queue pair, for tests and reports; KB_ERR_DIRECTION when not wired. */
+typedef struct kb_ipcq_counters {
+    uint64_t my_head, my_tail, peer_head_cache, peer_tail_cache;
+    kb_pa my_rx_base, peer_rx_base;
+    const kb_pe_hw *peer;
+} kb_ipcq_counters;
+int kb_ipcq_counters_of(kb_ctx *ctx, const kb_pe_hw *pe, kb_dir d, kb_ipcq_counters *out);
+
+/* ---- kernel side ---- */
+
+typedef struct kb_ipcq_req kb_ipcq_req;
+
+void tl_send(kb_tl *tl, kb_dir dir, kb_val v);
+kb_val tl_recv(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt);
+/* Receives straight into the tensor memory at va (no scratch value). */
+void tl_recv_into(kb_tl *tl, kb_dir dir, kb_va va, kb_shape s, kb_dtype dt);
+kb_ipcq_req *tl_recv_async(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt);
+kb_val tl_wait(kb_tl *tl, kb_ipcq_req *req);
+
+#endif

@@ -1,0 +1,676 @@
+/*
+ * test_machine — kb_machine: route contents (local, same PE, cross-cube XY, cross-SIP through
+ * the gateway cubes, host transfers), idle-path DMA times against the closed form of
+ * docs/timing-model.md, FIFO queuing, the command path hop by hop, SIP topologies and
+ * machine sizes. Expected times are computed here from the config numbers with plain integer
+ * picosecond arithmetic (not the library's helpers) and, for the defaults, also written out
+ * as the literal numbers the document's worked examples give. Limits: only the default
+ * machine and small variants; resource statistics are checked only where they pin a rule.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "kb_config.h"
+#include "kb_machine.h"
+
+/* ---- independent arithmetic (ns -> ps, GB/s -> bytes/us, ceil of n bytes in ps) ---- */
+
+static int64_t ps(double ns) { return (int64_t)(ns * 1000.0 + 0.5); }
+
+static int64_t xfer(uint64_t n, double gbps)
+{
+    uint64_t bpu = (uint64_t)(gbps * 1000.0 + 0.5);
+    return (int64_t)((n * UINT64_C(1000000) + bpu - 1) / bpu);
+}
+
+static int64_t max2(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* ---- machine construction ---- */
+
+static kb_machine *make_machine(const char *const *sets, int nsets)
+{
+    kb_config cfg;
+    kb_errbuf eb;
+    kb_machine *m = NULL;
+
+    kb_config_defaults(&cfg);
+    for (int i = 0; i < nsets; i++)
+        assert_int_equal(kb_config_set(&cfg, sets[i], &eb), 0);
+    assert_int_equal(kb_config_validate(&cfg, &eb), 0);
+    assert_int_equal(kb_machine_create(&cfg.topo, &m, &eb), 0);
+    assert_non_null(m);
+    return m;
+}
+
+static kb_machine *make_default(void) { return make_machine(NULL, 0); }
+
+static kb_pa hbm_of(const kb_machine *m, unsigned s, unsigned c, unsigned p, uint64_t off)
+{
+    return kb_pa_pe_hbm(s, c, p, off, m->hbm_slice_bytes);
+}
+
+static int route(kb_machine *m, const kb_pe_hw *issuer, kb_pa src, kb_pa dst, kb_res **path)
+{
+    kb_errbuf eb;
+    int n = kb_machine_route(m, issuer, src, dst, path, KB_MAX_ROUTE, &eb);
+    assert_true(n > 0);
+    return n;
+}
+
+static kb_res *ucie(kb_machine *m, unsigned s, unsigned c, int dir)
+{
+    return &m->sips[s].cubes[c].ucie_out[dir];
+}
+
+/* ---- routes ---- */
+
+static void test_defaults_shape(void **state)
+{
+    kb_machine *m = make_default();
+
+    (void)state;
+    assert_int_equal(m->nsips, 2);
+    assert_int_equal(m->ncubes, 16);
+    assert_int_equal(m->npes, 8);
+    assert_int_equal(m->mesh_w, 4);
+    assert_int_equal(m->mesh_h, 4);
+    assert_int_equal(m->hbm_slice_bytes, UINT64_C(6) << 30);
+    assert_int_equal(m->host_overhead, 1000000);
+    /* bandwidths become integer bytes/us; CPUs are fixed costs with infinite bandwidth */
+    kb_pe_hw *pe = kb_machine_pe(m, 1, 15, 7);
+    assert_int_equal(pe->gid, (1 * 16 + 15) * 8 + 7);
+    assert_ptr_equal(m->pe_by_gid[pe->gid], pe);
+    assert_int_equal(pe->dma.bytes_per_us, 128000);
+    assert_int_equal(pe->dma.fixed, 20000);
+    assert_int_equal(pe->hbm_port.bytes_per_us, 256000);
+    assert_int_equal(pe->hbm_port.latency, 100000);
+    assert_int_equal(pe->tcm_port.bytes_per_us, 1024000);
+    assert_int_equal(pe->cpu.bytes_per_us, 0);
+    assert_int_equal(pe->cpu.fixed, 2000);
+    /* PE_MATH counts elements (64/ns), PE_GEMM flops (4096/ns) */
+    assert_int_equal(pe->math.bytes_per_us, 64000);
+    assert_int_equal(pe->math.fixed, 4000);
+    assert_int_equal(pe->gemm.bytes_per_us, 4096000);
+    assert_int_equal(pe->gemm.fixed, 16000);
+    assert_int_equal(kb_res_occupancy(&pe->math, 100), 4000 + 1563);
+    /* inter-SIP links carry the switch overhead as latency */
+    assert_int_equal(m->sips[0].links[0].link.latency, 505000);
+    assert_int_equal(m->sips[0].links[0].link.bytes_per_us, 100000);
+    kb_machine_destroy(m);
+    kb_machine_destroy(NULL);
+}
+
+static void test_route_local_tcm(void **state)
+{
+    kb_machine *m = make_default();
+    kb_pe_hw *pe = kb_machine_pe(m, 0, 3, 2), *peer = kb_machine_pe(m, 0, 3, 5);
+    kb_res *path[KB_MAX_ROUTE];
+    int n;
+
+    (void)state;
+    /* TCM -> scratch inside the issuing PE: engine and the one TCM port, no NoC */
+    n = route(m, pe, kb_pa_pe_tcm(0, 3, 2, 0), kb_pa_pe_scratch(0, 3, 2, 4096), path);
+    assert_int_equal(n, 2);
+    assert_ptr_equal(path[0], &pe->dma);
+    assert_ptr_equal(path[1], &pe->tcm_port);
+    /* ipcq -> tcm is local too */
+    n = route(m, pe, kb_pa_pe_ipcq(0, 3, 2, 64), kb_pa_pe_tcm(0, 3, 2, 0), path);
+    assert_int_equal(n, 2);
+    /* to a neighbour PE's TCM in the same cube: one NoC (appears once), two ports */
+    n = route(m, pe, kb_pa_pe_tcm(0, 3, 2, 0), kb_pa_pe_tcm(0, 3, 5, 0), path);
+    assert_int_equal(n, 4);
+    assert_ptr_equal(path[0], &pe->dma);
+    assert_ptr_equal(path[1], &pe->tcm_port);
+    assert_ptr_equal(path[2], &m->sips[0].cubes[3].noc);
+    assert_ptr_equal(path[3], &peer->tcm_port);
+    kb_machine_destroy(m);
+}
+
+static void test_route_hbm_same_pe(void **state)
+{
+    kb_machine *m = make_default();
+    kb_pe_hw *pe = kb_machine_pe(m, 1, 6, 4);
+    kb_res *path[KB_MAX_ROUTE];
+    int n;
+
+    (void)state;
+    n = route(m, pe, hbm_of(m, 1, 6, 4, 4096), kb_pa_pe_tcm(1, 6, 4, 0), path);
+    assert_int_equal(n, 4);
+    assert_ptr_equal(path[0], &pe->dma);
+    assert_ptr_equal(path[1], &pe->hbm_port);
+    assert_ptr_equal(path[2], &m->sips[1].cubes[6].noc);
+    assert_ptr_equal(path[3], &pe->tcm_port);
+    /* the port of an HBM address is the slice's owner PE */
+    assert_ptr_equal(kb_machine_port(m, hbm_of(m, 1, 6, 7, 0), NULL),
+                     &kb_machine_pe(m, 1, 6, 7)->hbm_port);
+    assert_ptr_equal(kb_machine_port(m, kb_pa_cube_sram(1, 6, 0), NULL),
+                     &m->sips[1].cubes[6].sram_port);
+    kb_machine_destroy(m);
+}
+
+static void test_route_cross_cube_xy(void **state)
+{
+    kb_machine *m = make_default();
+    kb_pe_hw *pe = kb_machine_pe(m, 0, 5, 1);    /* cube 5 = (x 1, y 1) */
+    kb_pe_hw *far = kb_machine_pe(m, 0, 14, 3);  /* cube 14 = (x 2, y 3) */
+    kb_res *path[KB_MAX_ROUTE];
+    int n, hops = 0;
+
+    (void)state;
+    assert_int_equal(kb_machine_cube_hops(m, 5, 14), 3);
+    assert_int_equal(kb_machine_cube_hops(m, 0, 15), 6);
+    assert_int_equal(kb_machine_cube_hops(m, 7, 7), 0);
+    n = route(m, pe, hbm_of(m, 0, 5, 1, 0), kb_pa_pe_tcm(0, 14, 3, 0), path);
+    assert_int_equal(n, 8);
+    assert_ptr_equal(path[0], &pe->dma);
+    assert_ptr_equal(path[1], &pe->hbm_port);
+    assert_ptr_equal(path[2], &m->sips[0].cubes[5].noc);
+    /* X first (E from cube 5), then Y (S from cube 6, S from cube 10) */
+    assert_ptr_equal(path[3], ucie(m, 0, 5, KB_MESH_E));
+    assert_ptr_equal(path[4], ucie(m, 0, 6, KB_MESH_S));
+    assert_ptr_equal(path[5], ucie(m, 0, 10, KB_MESH_S));
+    assert_ptr_equal(path[6], &m->sips[0].cubes[14].noc);
+    assert_ptr_equal(path[7], &far->tcm_port);
+    for (int i = 0; i < n; i++)
+        hops += strcmp(path[i]->name, "ucie") == 0;
+    assert_int_equal(hops, kb_machine_cube_hops(m, 5, 14));
+
+    /* the way back: W from cube 14, then N from cube 13 and cube 9 */
+    n = route(m, far, kb_pa_pe_tcm(0, 14, 3, 0), hbm_of(m, 0, 5, 1, 0), path);
+    assert_int_equal(n, 8);
+    assert_ptr_equal(path[3], ucie(m, 0, 14, KB_MESH_W));
+    assert_ptr_equal(path[4], ucie(m, 0, 13, KB_MESH_N));
+    assert_ptr_equal(path[5], ucie(m, 0, 9, KB_MESH_N));
+
+    /* corner to corner: 3 E then 3 S, 6 UCIe hops */
+    n = route(m, kb_machine_pe(m, 0, 0, 0), hbm_of(m, 0, 0, 0, 0), kb_pa_pe_tcm(0, 15, 0, 0),
+              path);
+    assert_int_equal(n, 4 + 6 + 1);
+    assert_ptr_equal(path[3], ucie(m, 0, 0, KB_MESH_E));
+    assert_ptr_equal(path[5], ucie(m, 0, 2, KB_MESH_E));
+    assert_ptr_equal(path[6], ucie(m, 0, 3, KB_MESH_S));
+    assert_ptr_equal(path[8], ucie(m, 0, 11, KB_MESH_S));
+    kb_machine_destroy(m);
+}
+
+static void test_route_cross_sip(void **state)
+{
+    kb_machine *m = make_default();
+    kb_pe_hw *pe = kb_machine_pe(m, 0, 5, 0);
+    kb_res *path[KB_MAX_ROUTE];
+    int n;
+
+    (void)state;
+    assert_int_equal(m->sips[0].nlinks, 2); /* a 2-SIP ring: E and W both lead to SIP 1 */
+    assert_int_equal(m->sips[0].links[0].peer, 1);
+    assert_int_equal(m->sips[0].links[1].peer, 1);
+    /* sip0 cube5 -> gateway cube 0 (W, N) -> SIP link -> sip1 cube0 -> cube 6 (E, E, S) */
+    n = route(m, pe, hbm_of(m, 0, 5, 0, 0), kb_pa_pe_tcm(1, 6, 2, 0), path);
+    assert_int_equal(n, 11);
+    assert_ptr_equal(path[0], &pe->dma);
+    assert_ptr_equal(path[1], &pe->hbm_port);
+    assert_ptr_equal(path[2], &m->sips[0].cubes[5].noc);
+    assert_ptr_equal(path[3], ucie(m, 0, 5, KB_MESH_W));
+    assert_ptr_equal(path[4], ucie(m, 0, 4, KB_MESH_N));
+    assert_ptr_equal(path[5], &m->sips[0].links[0].link);
+    assert_ptr_equal(path[6], ucie(m, 1, 0, KB_MESH_E));
+    assert_ptr_equal(path[7], ucie(m, 1, 1, KB_MESH_E));
+    assert_ptr_equal(path[8], ucie(m, 1, 2, KB_MESH_S));
+    assert_ptr_equal(path[9], &m->sips[1].cubes[6].noc);
+    assert_ptr_equal(path[10], &kb_machine_pe(m, 1, 6, 2)->tcm_port);
+    kb_machine_destroy(m);
+}
+
+static void test_route_ring4(void **state)
+{
+    static const char *const sets[] = { "system.sips.count=4" };
+    kb_machine *m = make_machine(sets, 1);
+    kb_res *path[KB_MAX_ROUTE];
+    int n;
+
+    (void)state;
+    assert_int_equal(kb_machine_sip_hops(m, 0, 2), 2);
+    assert_int_equal(kb_machine_sip_hops(m, 0, 1), 1);
+    assert_int_equal(kb_machine_sip_hops(m, 0, 3), 1); /* the ring wraps */
+    assert_int_equal(kb_machine_sip_hops(m, 1, 3), 2);
+    assert_int_equal(kb_machine_sip_hops(m, 2, 2), 0);
+    /* gateway to gateway: no UCIe, two SIP links (0 -> 1 -> 2, E first) */
+    n = route(m, kb_machine_pe(m, 0, 0, 0), hbm_of(m, 0, 0, 0, 0), hbm_of(m, 2, 0, 1, 0), path);
+    assert_int_equal(n, 7);
+    assert_ptr_equal(path[2], &m->sips[0].cubes[0].noc);
+    assert_int_equal(m->sips[0].links[0].peer, 1);
+    assert_ptr_equal(path[3], &m->sips[0].links[0].link);
+    assert_int_equal(m->sips[1].links[0].peer, 2);
+    assert_ptr_equal(path[4], &m->sips[1].links[0].link);
+    assert_ptr_equal(path[5], &m->sips[2].cubes[0].noc);
+    assert_ptr_equal(path[6], &kb_machine_pe(m, 2, 0, 1)->hbm_port);
+    kb_machine_destroy(m);
+}
+
+static void test_route_host(void **state)
+{
+    kb_machine *m = make_default();
+    kb_sip_hw *s1 = &m->sips[1], *s0 = &m->sips[0];
+    kb_res *path[KB_MAX_ROUTE];
+    int n;
+
+    (void)state;
+    /* host write into sip1 cube 5: PCIe, PCIe EP, cube 0 -> 5 (E, S), NoC, port */
+    n = route(m, NULL, KB_PA_INVALID_ADDR, hbm_of(m, 1, 5, 3, 0), path);
+    assert_int_equal(n, 6);
+    assert_ptr_equal(path[0], &s1->pcie);
+    assert_ptr_equal(path[1], &s1->pcie_ep);
+    assert_ptr_equal(path[2], ucie(m, 1, 0, KB_MESH_E));
+    assert_ptr_equal(path[3], ucie(m, 1, 1, KB_MESH_S));
+    assert_ptr_equal(path[4], &s1->cubes[5].noc);
+    assert_ptr_equal(path[5], &kb_machine_pe(m, 1, 5, 3)->hbm_port);
+    /* host read from sip0 cube 5: the reverse order */
+    n = route(m, NULL, hbm_of(m, 0, 5, 3, 0), KB_PA_INVALID_ADDR, path);
+    assert_int_equal(n, 6);
+    assert_ptr_equal(path[0], &kb_machine_pe(m, 0, 5, 3)->hbm_port);
+    assert_ptr_equal(path[1], &s0->cubes[5].noc);
+    assert_ptr_equal(path[2], ucie(m, 0, 5, KB_MESH_W));
+    assert_ptr_equal(path[3], ucie(m, 0, 4, KB_MESH_N));
+    assert_ptr_equal(path[4], &s0->pcie_ep);
+    assert_ptr_equal(path[5], &s0->pcie);
+    kb_machine_destroy(m);
+}
+
+/* ---- idle-path closed form ---- */
+
+/* 4 KiB HBM -> TCM on one PE: 159 ns with the defaults (docs/timing-model.md, example 1). */
+static void test_dma_idle_same_pe(void **state)
+{
+    kb_machine *m = make_default();
+    const kb_topo_cfg *c = &m->cfg;
+    kb_pe_hw *pe = kb_machine_pe(m, 0, 0, 0);
+    const uint64_t n = 4096;
+    kb_time ts = -1, te = -1;
+    kb_errbuf eb;
+
+    (void)state;
+    int64_t lat = ps(c->hbm.latency_ns) + ps(c->noc.latency_ns) + ps(c->tcm.latency_ns);
+    int64_t occ = ps(c->dma_setup_ns) + xfer(n, c->dma_bandwidth_gbps);
+    occ = max2(occ, xfer(n, c->hbm.bandwidth_gbps));
+    occ = max2(occ, xfer(n, c->noc.bandwidth_gbps));
+    occ = max2(occ, xfer(n, c->tcm.bandwidth_gbps));
+    assert_int_equal(kb_machine_dma(m, pe, hbm_of(m, 0, 0, 0, 0), kb_pa_pe_tcm(0, 0, 0, 0), n, 0,
+                                    &ts, &te, &eb),
+                     0);
+    assert_int_equal(ts, 0);
+    assert_int_equal(te, lat + occ);
+    assert_int_equal(te, 159000); /* 107 ns latency + 20 ns setup + 32 ns at 128 GB/s */
+    /* every resource is busy for its own occupancy from the start */
+    assert_int_equal(pe->dma.free_at, 52000);
+    assert_int_equal(pe->hbm_port.free_at, 16000);
+    assert_int_equal(m->sips[0].cubes[0].noc.free_at, 8000);
+    assert_int_equal(pe->tcm_port.free_at, 4000);
+
+    /* the local TCM -> scratch copy skips the NoC: 2 ns + 52 ns */
+    kb_machine *m2 = make_default();
+    kb_pe_hw *p2 = kb_machine_pe(m2, 0, 0, 0);
+    assert_int_equal(kb_machine_dma(m2, p2, kb_pa_pe_tcm(0, 0, 0, 0),
+                                    kb_pa_pe_scratch(0, 0, 0, 0), n, 1000, &ts, &te, &eb),
+                     0);
+    assert_int_equal(ts, 1000);
+    assert_int_equal(te, 1000 + ps(c->tcm.latency_ns) + ps(c->dma_setup_ns) +
+                             xfer(n, c->dma_bandwidth_gbps));
+    assert_int_equal(te, 1000 + 54000);
+    kb_machine_destroy(m2);
+    kb_machine_destroy(m);
+}
+
+/* The multi-hop cross-SIP route of test_route_cross_sip, idle. */
+static int64_t cross_sip_latency(const kb_topo_cfg *c)
+{
+    return ps(c->hbm.latency_ns) + 2 * ps(c->noc.latency_ns) + 5 * ps(c->ucie.latency_ns) +
+           ps(c->inter_sip.latency_ns) + ps(c->switch_overhead_ns) + ps(c->tcm.latency_ns);
+}
+
+static int64_t cross_sip_occ(const kb_topo_cfg *c, uint64_t n)
+{
+    int64_t occ = ps(c->dma_setup_ns) + xfer(n, c->dma_bandwidth_gbps);
+    occ = max2(occ, xfer(n, c->hbm.bandwidth_gbps));
+    occ = max2(occ, xfer(n, c->noc.bandwidth_gbps));
+    occ = max2(occ, xfer(n, c->ucie.bandwidth_gbps));
+    occ = max2(occ, xfer(n, c->inter_sip.bandwidth_gbps));
+    return max2(occ, xfer(n, c->tcm.bandwidth_gbps));
+}
+
+static void test_dma_idle_cross_sip(void **state)
+{
+    kb_machine *m = make_default();
+    const kb_topo_cfg *c = &m->cfg;
+    kb_pe_hw *pe = kb_machine_pe(m, 0, 5, 0);
+    kb_pa src = hbm_of(m, 0, 5, 0, 0), dst = kb_pa_pe_tcm(1, 6, 2, 0);
+    const uint64_t big = UINT64_C(1) << 20, small = 4096;
+    kb_time ts, te;
+    kb_errbuf eb;
+
+    (void)state;
+    assert_int_equal(cross_sip_latency(c), 717000);
+    /* 1 MiB: the 100 GB/s SIP link is the bottleneck, so t = sum(lat) + n / min(bw) exactly */
+    assert_int_equal(kb_machine_dma(m, pe, src, dst, big, 0, &ts, &te, &eb), 0);
+    assert_int_equal(ts, 0);
+    assert_int_equal(te, cross_sip_latency(c) + xfer(big, c->inter_sip.bandwidth_gbps));
+    assert_int_equal(te, cross_sip_latency(c) + cross_sip_occ(c, big));
+    assert_int_equal(te, 717000 + 10485760);
+
+    /* 4 KiB on an idle twin: the DMA engine's setup + 32 ns (52 ns) beats the link's
+     * 40.96 ns, so the setup shows and the time is not setup + n / min(bw) (60.96 ns) */
+    kb_machine *m2 = make_default();
+    kb_pe_hw *p2 = kb_machine_pe(m2, 0, 5, 0);
+    assert_int_equal(kb_machine_dma(m2, p2, src, dst, small, 0, &ts, &te, &eb), 0);
+    assert_int_equal(te, cross_sip_latency(c) + cross_sip_occ(c, small));
+    assert_int_equal(te, 717000 + 52000);
+    assert_true(te < cross_sip_latency(c) + ps(c->dma_setup_ns) +
+                         xfer(small, c->inter_sip.bandwidth_gbps));
+    kb_machine_destroy(m2);
+    kb_machine_destroy(m);
+}
+
+/* A second identical DMA requested at the same time waits for the first's bottleneck. */
+static void test_dma_fifo(void **state)
+{
+    kb_machine *m = make_default();
+    const kb_topo_cfg *c = &m->cfg;
+    kb_pe_hw *pe = kb_machine_pe(m, 0, 5, 0);
+    kb_pa src = hbm_of(m, 0, 5, 0, 0), dst = kb_pa_pe_tcm(1, 6, 2, 0);
+    const uint64_t n = UINT64_C(1) << 20;
+    kb_time ts1, te1, ts2, te2, ts3, te3;
+    kb_errbuf eb;
+
+    (void)state;
+    assert_int_equal(kb_machine_dma(m, pe, src, dst, n, 0, &ts1, &te1, &eb), 0);
+    assert_int_equal(kb_machine_dma(m, pe, src, dst, n, 0, &ts2, &te2, &eb), 0);
+    int64_t occ = cross_sip_occ(c, n), lat = cross_sip_latency(c);
+    assert_int_equal(ts1, 0);
+    assert_int_equal(te1, lat + occ);
+    assert_int_equal(ts2, occ); /* = the SIP link's free time, 10485760 ps */
+    assert_int_equal(te2, occ + lat + occ);
+    assert_int_equal(te2, 10485760 + 717000 + 10485760);
+    assert_int_equal(m->sips[0].links[0].link.uses, 2);
+    assert_int_equal(m->sips[0].links[0].link.bytes, 2 * n);
+    assert_int_equal(m->sips[0].links[0].link.busy, 2 * occ);
+    /* a DMA on a disjoint route (another SIP-1 PE, local copy) is not delayed */
+    kb_pe_hw *other = kb_machine_pe(m, 1, 3, 1);
+    assert_int_equal(kb_machine_dma(m, other, kb_pa_pe_tcm(1, 3, 1, 0),
+                                    kb_pa_pe_scratch(1, 3, 1, 0), 4096, 0, &ts3, &te3, &eb),
+                     0);
+    assert_int_equal(ts3, 0);
+    assert_int_equal(te3, 54000);
+    /* one requested later than the queue's end starts when requested */
+    assert_int_equal(kb_machine_dma(m, pe, src, dst, n, te2 + 5, &ts3, &te3, &eb), 0);
+    assert_int_equal(ts3, te2 + 5);
+    assert_int_equal(te3, te2 + 5 + lat + occ);
+    kb_machine_destroy(m);
+}
+
+/* ---- command path ---- */
+
+static void test_command_path(void **state)
+{
+    kb_machine *m = make_default();
+    const kb_topo_cfg *c = &m->cfg;
+    const uint64_t b = 64;
+    kb_pe_hw *p0 = kb_machine_pe(m, 0, 5, 0), *p1 = kb_machine_pe(m, 0, 5, 1);
+
+    (void)state;
+    int64_t host = ps(c->host_overhead_ns), ep = ps(c->pcie_ep_overhead_ns);
+    int64_t pcie = xfer(b, c->pcie.bandwidth_gbps), pcie_lat = ps(c->pcie.latency_ns);
+    int64_t io = ps(c->io_cpu_overhead_ns), mcpu = ps(c->m_cpu_overhead_ns);
+    int64_t uc = xfer(b, c->ucie.bandwidth_gbps) + ps(c->ucie.latency_ns);
+    int64_t noc_occ = xfer(b, c->noc.bandwidth_gbps), noc_lat = ps(c->noc.latency_ns);
+    int64_t pcpu = ps(c->pe_cpu_overhead_ns);
+
+    /* host -> IO_CPU: host overhead, PCIe (64 B + latency), PCIe EP, IO_CPU */
+    kb_time t_io = kb_machine_cmd_host_to_iocpu(m, 0, 0, b);
+    assert_int_equal(t_io, host + pcie + pcie_lat + ep + io);
+    assert_int_equal(t_io, 2301000);
+    /* a second message at t=0 queues on PCIe (1 ns), then on PCIe EP and IO_CPU */
+    kb_time t_io2 = kb_machine_cmd_host_to_iocpu(m, 0, 0, b);
+    assert_int_equal(t_io2, t_io + io);
+    assert_int_equal(t_io2, 2501000);
+    /* IO_CPU -> M_CPU of cube 5: two UCIe hops from the gateway (E, S), then M_CPU */
+    kb_time t_m = kb_machine_cmd_iocpu_to_mcpu(m, 0, 5, t_io, b);
+    assert_int_equal(t_m, t_io + 2 * uc + mcpu);
+    assert_int_equal(t_m, 2391500);
+    /* M_CPU -> PE_CPU: NoC, PE_CPU; the second PE's message queues 125 ps on the NoC */
+    kb_time t_p0 = kb_machine_cmd_mcpu_to_pe(m, p0, t_m, b);
+    kb_time t_p1 = kb_machine_cmd_mcpu_to_pe(m, p1, t_m, b);
+    assert_int_equal(t_p0, t_m + noc_occ + noc_lat + pcpu);
+    assert_int_equal(t_p1, t_m + 2 * noc_occ + noc_lat + pcpu);
+    assert_int_equal(t_p0, 2398625);
+    assert_int_equal(t_p1, 2398750);
+    /* completion PE -> M_CPU -> IO_CPU -> host */
+    kb_time t_c = kb_machine_cmd_pe_to_mcpu(m, p0, 3000000, b);
+    assert_int_equal(t_c, 3000000 + noc_occ + noc_lat + mcpu);
+    assert_int_equal(t_c, 3055125);
+    kb_time t_ci = kb_machine_cmd_mcpu_to_iocpu(m, 0, 5, t_c, b);
+    assert_int_equal(t_ci, t_c + 2 * uc + io);
+    assert_int_equal(t_ci, 3295625);
+    kb_time t_h = kb_machine_cmd_iocpu_to_host(m, 0, t_ci, b);
+    assert_int_equal(t_h, t_ci + ep + pcie + pcie_lat);
+    assert_int_equal(t_h, 4396625);
+    /* cube 0 is the gateway: no UCIe hop */
+    kb_machine *m2 = make_default();
+    assert_int_equal(kb_machine_cmd_iocpu_to_mcpu(m2, 1, 0, 100, b), 100 + mcpu);
+    kb_machine_destroy(m2);
+    kb_machine_destroy(m);
+}
+
+/* ---- SIP topologies and sizes ---- */
+
+static int max_sip_hops(const kb_machine *m)
+{
+    int best = 0;
+    for (int a = 0; a < m->nsips; a++)
+        for (int b = 0; b < m->nsips; b++) {
+            int h = kb_machine_sip_hops(m, (unsigned)a, (unsigned)b);
+            assert_int_equal(h, kb_machine_sip_hops(m, (unsigned)b, (unsigned)a));
+            best = h > best ? h : best;
+        }
+    return best;
+}
+
+static void test_sip_hops_torus(void **state)
+{
+    static const char *const sets[] = { "system.sips.count=16", "system.sips.topology=torus_2d" };
+    kb_machine *m = make_machine(sets, 2);
+
+    (void)state;
+    assert_int_equal(m->sip_grid_w, 4);
+    assert_int_equal(m->sip_grid_h, 4);
+    for (int s = 0; s < 16; s++)
+        assert_int_equal(m->sips[s].nlinks, 4);
+    assert_int_equal(kb_machine_sip_hops(m, 0, 15), 2); /* wraps in x and y */
+    assert_int_equal(kb_machine_sip_hops(m, 0, 10), 4);
+    assert_int_equal(kb_machine_sip_hops(m, 0, 5), 2);
+    assert_int_equal(kb_machine_sip_hops(m, 5, 6), 1);
+    assert_int_equal(kb_machine_sip_hops(m, 0, 12), 1);
+    assert_int_equal(max_sip_hops(m), 4);
+    kb_machine_destroy(m);
+}
+
+static void test_sip_hops_mesh_no_wrap(void **state)
+{
+    static const char *const sets[] = { "system.sips.count=16",
+                                        "system.sips.topology=mesh_2d_no_wrap" };
+    kb_machine *m = make_machine(sets, 2);
+    kb_res *path[KB_MAX_ROUTE];
+
+    (void)state;
+    assert_int_equal(m->sips[0].nlinks, 2);  /* corner */
+    assert_int_equal(m->sips[1].nlinks, 3);  /* edge */
+    assert_int_equal(m->sips[5].nlinks, 4);  /* interior */
+    assert_int_equal(kb_machine_sip_hops(m, 0, 15), 6);
+    assert_int_equal(kb_machine_sip_hops(m, 0, 3), 3);
+    assert_int_equal(kb_machine_sip_hops(m, 0, 12), 3);
+    assert_int_equal(kb_machine_sip_hops(m, 5, 10), 2);
+    assert_int_equal(max_sip_hops(m), 6);
+    /* a cross-SIP route carries exactly sip_hops SIP links */
+    int n = route(m, kb_machine_pe(m, 0, 0, 0), hbm_of(m, 0, 0, 0, 0), hbm_of(m, 15, 0, 0, 0),
+                  path);
+    int links = 0;
+    for (int i = 0; i < n; i++)
+        links += strcmp(path[i]->name, "inter_sip") == 0;
+    assert_int_equal(links, 6);
+    kb_machine_destroy(m);
+}
+
+static void test_sizes(void **state)
+{
+    static const char *const one[] = { "system.sips.count=1" };
+    static const char *const many[] = { "system.sips.count=64" };
+    kb_machine *m;
+    kb_res *path[KB_MAX_ROUTE];
+
+    (void)state;
+    m = make_machine(one, 1);
+    assert_int_equal(m->nsips, 1);
+    assert_int_equal(m->sips[0].nlinks, 0);
+    assert_int_equal(kb_machine_sip_hops(m, 0, 0), 0);
+    assert_int_equal(route(m, kb_machine_pe(m, 0, 15, 7), hbm_of(m, 0, 15, 7, 0),
+                           kb_pa_pe_tcm(0, 0, 0, 0), path),
+                     4 + 6 + 1);
+    kb_machine_destroy(m);
+
+    m = make_machine(many, 1);
+    assert_int_equal(m->nsips, 64);
+    kb_pe_hw *last = m->pe_by_gid[64 * 16 * 8 - 1];
+    assert_int_equal(last->gsip, 63);
+    assert_int_equal(last->cube, 15);
+    assert_int_equal(last->pe, 7);
+    assert_int_equal(kb_machine_sip_hops(m, 0, 32), 32);
+    assert_int_equal(kb_machine_sip_hops(m, 0, 63), 1);
+    assert_int_equal(kb_machine_sip_hops(m, 20, 40), 20);
+    /* SIP 16 sits in rack 1 (the address keeps it through encode/decode); 63 -> 0 -> .. -> 16
+     * is 17 links; plus engine, port, NoC, 6 UCIe hops to the gateway, NoC, port */
+    assert_int_equal(kb_machine_sip_hops(m, 63, 16), 17);
+    assert_int_equal(route(m, last, hbm_of(m, 63, 15, 7, 0), kb_pa_pe_tcm(16, 0, 0, 0), path),
+                     3 + 6 + 17 + 2);
+    kb_machine_destroy(m);
+}
+
+static void test_bad_sizes(void **state)
+{
+    kb_config cfg;
+    kb_errbuf eb;
+    kb_machine *m = (kb_machine *)&cfg;
+
+    (void)state;
+    kb_config_defaults(&cfg);
+    cfg.topo.sips_count = 0;
+    assert_int_equal(kb_machine_create(&cfg.topo, &m, &eb), KB_ERR_RANGE);
+    assert_null(m);
+    assert_non_null(strstr(eb.msg, "0 SIPs"));
+    cfg.topo.sips_count = 257;
+    assert_int_equal(kb_machine_create(&cfg.topo, &m, &eb), KB_ERR_RANGE);
+    kb_config_defaults(&cfg);
+    cfg.topo.pe_per_corner = 5; /* 20 PEs per cube */
+    assert_int_equal(kb_machine_create(&cfg.topo, &m, &eb), KB_ERR_RANGE);
+    kb_config_defaults(&cfg);
+    strcpy(cfg.topo.sips_topology, "hypercube");
+    assert_int_equal(kb_machine_create(&cfg.topo, &m, &eb), KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "hypercube"));
+    assert_null(m);
+}
+
+/* ---- addresses outside the machine ---- */
+
+static void test_pa_outside(void **state)
+{
+    kb_machine *m = make_default();
+    kb_pe_hw *pe = kb_machine_pe(m, 0, 0, 0);
+    kb_pa tcm = kb_pa_pe_tcm(0, 0, 0, 0);
+    kb_time ts = -1, te = -1;
+    kb_errbuf eb;
+
+    (void)state;
+    eb.msg[0] = 0;
+    /* SIP 2 of a 2-SIP machine */
+    assert_null(kb_machine_port(m, kb_pa_pe_tcm(2, 0, 0, 0), &eb));
+    assert_non_null(strstr(eb.msg, "not memory of this machine"));
+    assert_int_equal(kb_machine_dma(m, pe, tcm, kb_pa_pe_tcm(2, 0, 0, 0), 64, 0, &ts, &te, &eb),
+                     KB_ERR_RANGE);
+    assert_int_equal(te, -1); /* nothing reserved, nothing written */
+    assert_int_equal(pe->dma.uses, 0);
+    /* cube 16 of a 16-cube SIP, PE 8 of an 8-PE cube */
+    assert_int_equal(kb_machine_dma(m, pe, kb_pa_pe_tcm(0, 16, 0, 0), tcm, 64, 0, &ts, &te, &eb),
+                     KB_ERR_RANGE);
+    assert_int_equal(kb_machine_dma(m, pe, tcm, kb_pa_pe_tcm(0, 1, 8, 0), 64, 0, &ts, &te, &eb),
+                     KB_ERR_RANGE);
+    /* HBM past the 8 slices (48 GiB) of a 128 GiB window */
+    assert_int_equal(kb_machine_dma(m, pe, kb_pa_hbm(0, 0, UINT64_C(48) << 30), tcm, 64, 0, &ts,
+                                    &te, &eb),
+                     KB_ERR_RANGE);
+    /* the M_CPU window is not memory; an invalid address neither */
+    assert_null(kb_machine_port(m, kb_pa_mcpu(0, 0, 0), NULL));
+    assert_null(kb_machine_port(m, KB_PA_INVALID_ADDR - 1, NULL));
+    /* a PE DMA needs both ends; the host needs one */
+    assert_int_equal(kb_machine_dma(m, pe, KB_PA_INVALID_ADDR, tcm, 64, 0, &ts, &te, &eb),
+                     KB_ERR_INVAL);
+    assert_int_equal(kb_machine_dma(m, NULL, KB_PA_INVALID_ADDR, KB_PA_INVALID_ADDR, 64, 0, &ts,
+                                    &te, &eb),
+                     KB_ERR_INVAL);
+    assert_int_equal(pe->dma.uses, 0);
+    kb_machine_destroy(m);
+}
+
+/* Host write (PCIe into the gateway) of 240 bytes to HBM of cube 0: PCIe EP dominates. */
+static void test_host_transfer_idle(void **state)
+{
+    kb_machine *m = make_default();
+    const kb_topo_cfg *c = &m->cfg;
+    const uint64_t n = 240;
+    kb_time ts, te;
+    kb_errbuf eb;
+
+    (void)state;
+    int64_t lat = ps(c->pcie.latency_ns) + ps(c->noc.latency_ns) + ps(c->hbm.latency_ns);
+    int64_t occ = max2(xfer(n, c->pcie.bandwidth_gbps), ps(c->pcie_ep_overhead_ns));
+    occ = max2(occ, max2(xfer(n, c->noc.bandwidth_gbps), xfer(n, c->hbm.bandwidth_gbps)));
+    assert_int_equal(kb_machine_dma(m, NULL, KB_PA_INVALID_ADDR, hbm_of(m, 0, 0, 0, 0), n, 0, &ts,
+                                    &te, &eb),
+                     0);
+    assert_int_equal(te, lat + occ);
+    assert_int_equal(te, 1205000);
+    /* 1 MiB: PCIe (64 GB/s) is the bottleneck: 16384 ns */
+    kb_machine *m2 = make_default();
+    assert_int_equal(kb_machine_dma(m2, NULL, KB_PA_INVALID_ADDR, hbm_of(m2, 1, 0, 0, 0),
+                                    UINT64_C(1) << 20, 0, &ts, &te, &eb),
+                     0);
+    assert_int_equal(te, lat + xfer(UINT64_C(1) << 20, c->pcie.bandwidth_gbps));
+    assert_int_equal(te, 1105000 + 16384000);
+    kb_machine_destroy(m2);
+    kb_machine_destroy(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults_shape),
+        cmocka_unit_test(test_route_local_tcm),
+        cmocka_unit_test(test_route_hbm_same_pe),
+        cmocka_unit_test(test_route_cross_cube_xy),
+        cmocka_unit_test(test_route_cross_sip),
+        cmocka_unit_test(test_route_ring4),
+        cmocka_unit_test(test_route_host),
+        cmocka_unit_test(test_dma_idle_same_pe),
+        cmocka_unit_test(test_dma_idle_cross_sip),
+        cmocka_unit_test(test_dma_fifo),
+        cmocka_unit_test(test_command_path),
+        cmocka_unit_test(test_sip_hops_torus),
+        cmocka_unit_test(test_sip_hops_mesh_no_wrap),
+        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_bad_sizes),
+        cmocka_unit_test(test_pa_outside),
+        cmocka_unit_test(test_host_transfer_idle),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
