@@ -5,7 +5,7 @@ BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
-RUN_ARGS   ?= --bench gemm --device ref --verify-data
+RUN_ARGS   ?= --bench ccl_allreduce --algorithm ring_allreduce_tcm --world-size 256 --n-elem 8 --device ref --verify-data
 
 .PHONY: all deps build run test test-fast asan test-asan clean
 

@@ -239,7 +239,7 @@ int kb_ctx_run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
                 ctx->dump(ctx, buf + r.len, cap - r.len, ctx->dump_ud);
             }
             kb_err_set(&ctx->err, KB_ERR_DEADLOCK,
-                       "deadlock at t=%.3f ns: %d fiber(s) blocked, no event pending:%s",
+                       "at t=%.3f ns %d fiber(s) are blocked:%s",
                        kb_time_to_ns(kb_sim_now(ctx->sim)), r.count, buf);
             free(buf);
         } else {

@@ -13,6 +13,8 @@
 
 #include "kb_bench.h"
 
+static const kb_ctx_opts ref_opts = { KB_DEV_REF, NULL };
+
 static kb_bench_args defaults_of(const kb_bench *b, int verify)
 {
     kb_bench_args a;
@@ -31,7 +33,8 @@ static void run_bench(const char *name, kb_device_kind dev, int verify, kb_run_r
     assert_non_null(b);
     kb_config_defaults(&cfg);
     kb_bench_args a = defaults_of(b, verify);
-    int rc = kb_bench_execute(&cfg, dev, b, &a, rep, &eb);
+    kb_ctx_opts o = { dev, NULL };
+    int rc = kb_bench_execute(&cfg, &o, b, &a, rep, &eb);
     if (rc)
         fail_msg("%s: %s", name, eb.msg);
 }
@@ -92,7 +95,7 @@ static void test_gemm_ragged_shape(void **s)
     a.p[0] = 130;
     a.p[1] = 300;
     a.p[2] = 7;
-    assert_int_equal(kb_bench_execute(&cfg, KB_DEV_REF, b, &a, &rep, &eb), 0);
+    assert_int_equal(kb_bench_execute(&cfg, &ref_opts, b, &a, &rep, &eb), 0);
     assert_int_equal(rep.res.verified, 1);
 }
 
@@ -107,7 +110,7 @@ static void test_usage_errors(void **s)
     (void)s;
     kb_config_defaults(&cfg);
     a.p[1] = 100;
-    assert_int_equal(kb_bench_execute(&cfg, KB_DEV_REF, b, &a, &rep, &eb), KB_ERR_USAGE);
+    assert_int_equal(kb_bench_execute(&cfg, &ref_opts, b, &a, &rep, &eb), KB_ERR_USAGE);
     assert_non_null(strstr(eb.msg, "multiple"));
     assert_null(kb_bench_find("nope"));
     assert_int_equal(kb_bench_param_index(b, "k"), 1);

@@ -325,6 +325,32 @@ static void test_dma_idle_same_pe(void **state)
     kb_machine_destroy(m);
 }
 
+/* 4 KiB from HBM of sip0 cube 5 to a TCM of cube 14 (3 UCIe hops): 224 ns (example 3). */
+static void test_dma_idle_cross_cube(void **state)
+{
+    kb_machine *m = make_default();
+    const kb_topo_cfg *c = &m->cfg;
+    const uint64_t n = 4096;
+    kb_time ts, te;
+    kb_errbuf eb;
+
+    (void)state;
+    int64_t lat = ps(c->hbm.latency_ns) + 2 * ps(c->noc.latency_ns) +
+                  3 * ps(c->ucie.latency_ns) + ps(c->tcm.latency_ns);
+    int64_t occ = max2(ps(c->dma_setup_ns) + xfer(n, c->dma_bandwidth_gbps),
+                       xfer(n, c->ucie.bandwidth_gbps));
+    assert_int_equal(kb_machine_dma(m, kb_machine_pe(m, 0, 5, 1), hbm_of(m, 0, 5, 1, 0),
+                                    kb_pa_pe_tcm(0, 14, 3, 0), n, 0, &ts, &te, &eb),
+                     0);
+    assert_int_equal(te, lat + occ);
+    assert_int_equal(te, 172000 + 52000);
+    /* each UCIe link on the way is busy for 16 ns, each from the common start */
+    assert_int_equal(ucie(m, 0, 5, KB_MESH_E)->free_at, 16000);
+    assert_int_equal(ucie(m, 0, 10, KB_MESH_S)->free_at, 16000);
+    assert_int_equal(ucie(m, 0, 5, KB_MESH_S)->free_at, 0); /* not on the XY route */
+    kb_machine_destroy(m);
+}
+
 /* The multi-hop cross-SIP route of test_route_cross_sip, idle. */
 static int64_t cross_sip_latency(const kb_topo_cfg *c)
 {
@@ -561,7 +587,7 @@ static void test_bad_sizes(void **state)
 {
     kb_config cfg;
     kb_errbuf eb;
-    kb_machine *m = (kb_machine *)&cfg;
+    kb_machine *m = (kb_machine *)(void *)&cfg; /* any non-NULL sentinel */
 
     (void)state;
     kb_config_defaults(&cfg);
@@ -662,6 +688,7 @@ int main(void)
         cmocka_unit_test(test_route_ring4),
         cmocka_unit_test(test_route_host),
         cmocka_unit_test(test_dma_idle_same_pe),
+        cmocka_unit_test(test_dma_idle_cross_cube),
         cmocka_unit_test(test_dma_idle_cross_sip),
         cmocka_unit_test(test_dma_fifo),
         cmocka_unit_test(test_command_path),

@@ -16,6 +16,8 @@ static const kb_bench *const registry[] = {
     &kb_bench_gemm,
     &kb_bench_va_offset,
     &kb_bench_gpt3_qkv,
+    &kb_bench_ccl_allreduce,
+    &kb_bench_ipcq_deadlock,
 };
 
 const kb_bench *kb_bench_at(int i)
@@ -116,10 +118,9 @@ static double wall_now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-int kb_bench_execute(const kb_config *cfg, kb_device_kind device, const kb_bench *b,
+int kb_bench_execute(const kb_config *cfg, const kb_ctx_opts *opts, const kb_bench *b,
                      const kb_bench_args *a, kb_run_report *rep, kb_errbuf *eb)
 {
-    kb_ctx_opts opts = { device, NULL };
     kb_ctx *ctx = NULL;
     void *state = NULL;
     double w0 = wall_now_ms();
@@ -127,7 +128,7 @@ int kb_bench_execute(const kb_config *cfg, kb_device_kind device, const kb_bench
 
     memset(rep, 0, sizeof *rep);
     rep->res.verified = -1;
-    if ((rc = kb_ctx_create(cfg, &opts, &ctx, eb)) != 0)
+    if ((rc = kb_ctx_create(cfg, opts, &ctx, eb)) != 0)
         return rc;
     state = calloc(1, b->state_size ? b->state_size : 1);
     if (!state) {

@@ -32,7 +32,8 @@ typedef struct kb_bench_args {
 
 typedef struct kb_bench_result {
     int verified;                      /* 1 passed, 0 failed, -1 not checked */
-    char line[256];                    /* the bench's result line ("  gemm (...): OK") */
+    char line[256];                    /* the bench's result line ("  gemm (...)") */
+    char ok_text[64];                  /* printed after "line: " on success ("OK" if empty) */
     char detail[512];                  /* why verification failed */
     int have_digest;
     uint64_t digest;                   /* FNV-1a 64 of the verified output bytes */
@@ -72,11 +73,11 @@ typedef struct kb_run_report {
 } kb_run_report;
 
 /*
- * Creates a context for cfg/device, runs the bench, verifies when asked (and possible), and
+ * Creates a context for cfg/opts (device, trace stream), runs the bench, verifies when asked (and possible), and
  * fills *rep. Returns 0 (verification failure is rep->res.verified == 0, not an error) or an
  * error code with the message in eb.
  */
-int kb_bench_execute(const kb_config *cfg, kb_device_kind device, const kb_bench *b,
+int kb_bench_execute(const kb_config *cfg, const kb_ctx_opts *opts, const kb_bench *b,
                      const kb_bench_args *a, kb_run_report *rep, kb_errbuf *eb);
 
 /* Helpers for benches. */
@@ -99,6 +100,8 @@ int kb_bench_check(kb_bench_result *r, kb_dtype dt, const float *got, const doub
 extern const kb_bench kb_bench_gemm;
 extern const kb_bench kb_bench_va_offset;
 extern const kb_bench kb_bench_gpt3_qkv;
+extern const kb_bench kb_bench_ccl_allreduce;
+extern const kb_bench kb_bench_ipcq_deadlock;
 
 #endif
 

@@ -13,6 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "kb_bench.h"
+#include "kb_ccl.h"
 #include "kb_config.h"
 #include "kb_runtime.h"
 
@@ -64,10 +65,16 @@ static void usage_run(FILE *f)
           "  --set KEY=VALUE      override a config key, e.g. system.sips.count=4,\n"
           "                       ccl.defaults.n_slots=1 (repeatable)\n"
           "  --param NAME=VALUE   set a bench parameter, e.g. m=512 (repeatable)\n"
+          "  --algorithm NAME     collective for ccl_allreduce (an entry of ccl.yaml)\n"
+          "  --world-size N       ranks (rank = PE mode; overrides the entry's world_size)\n"
+          "  --n-elem N           f16 elements per rank tile\n"
+          "  --buffer-kind K      where IPCQ rx rings live: tcm | hbm | sram\n"
           "  --device DEV         ref | none (none = timing only, no data)  [default ref]\n"
           "  --verify-data        replay the data and check it against a host computation\n"
           "  --json FILE          write the results as JSON (atomically)\n"
-          "  --quiet              print only the result line\n",
+          "  --quiet              print only the result line\n"
+          "environment: KBCL_CCL_TRACE=1 prints one line per IPCQ send/recv to stderr;\n"
+          "KBCL_CONFIG_DIR=DIR reads DIR/topology.yaml and DIR/ccl.yaml by default\n",
           f);
 }
 
@@ -98,6 +105,13 @@ static int cmd_list(void)
                    b->params[j].doc, (long long)b->params[j].dflt, (long long)b->params[j].min,
                    (long long)b->params[j].max);
     }
+    printf("collective algorithms (ccl.yaml module names):\n");
+    for (int i = 0; kb_ccl_algo_at(i); i++)
+        printf("  %-24s %s\n", kb_ccl_algo_at(i)->module, kb_ccl_algo_at(i)->summary);
+    printf("topologies:\n ");
+    for (int i = 0; kb_topo_names[i]; i++)
+        printf(" %s", kb_topo_names[i]);
+    printf("\n");
     printf("devices:\n  ref    plain-C reference replay (the oracle)\n"
            "  none   timing only: no op log, no data\n");
     return 0;
@@ -201,7 +215,8 @@ static int parse_i64(const char *s, int64_t *out)
 
 static int cmd_run(int argc, char **argv)
 {
-    const char *bench_name = "gemm", *topo_path = NULL, *ccl_path = NULL, *json_path = NULL;
+    const char *bench_name = "ccl_allreduce", *algo = NULL, *world = NULL, *nelem = NULL,
+               *bufkind = NULL, *topo_path = NULL, *ccl_path = NULL, *json_path = NULL;
     const char *device_name = "ref";
     const char **sets = calloc((size_t)argc, sizeof *sets), **params = calloc((size_t)argc, sizeof *params);
     int nsets = 0, nparams = 0, verify = 0, quiet = 0, rc = 0, code = 0;
@@ -248,6 +263,14 @@ static int cmd_run(int argc, char **argv)
             NEEDV(); device_name = v;
         } else if (!strcmp(o, "--json")) {
             NEEDV(); json_path = v;
+        } else if (!strcmp(o, "--algorithm")) {
+            NEEDV(); algo = v;
+        } else if (!strcmp(o, "--world-size")) {
+            NEEDV(); world = v;
+        } else if (!strcmp(o, "--n-elem")) {
+            NEEDV(); nelem = v;
+        } else if (!strcmp(o, "--buffer-kind")) {
+            NEEDV(); bufkind = v;
         } else if (!strcmp(o, "--verify-data")) {
             verify = 1;
         } else if (!strcmp(o, "--quiet")) {
@@ -308,20 +331,50 @@ static int cmd_run(int argc, char **argv)
             goto out;
         }
     }
+    /* collective options are shorthands for ccl.yaml overrides of the chosen algorithm */
+    {
+        char setbuf[256];
+        const char *an = algo ? algo : cfg.ccl.defaults.algorithm;
+        const char *keys[4] = { NULL, "world_size", "n_elem", "buffer_kind" };
+        const char *vals[4] = { algo, world, nelem, bufkind };
+        for (int i = 0; i < 4; i++) {
+            if (!vals[i])
+                continue;
+            if (i == 0)
+                snprintf(setbuf, sizeof setbuf, "ccl.defaults.algorithm=%s", vals[i]);
+            else
+                snprintf(setbuf, sizeof setbuf, "ccl.algorithms.%s.%s=%s", an, keys[i], vals[i]);
+            if (i == 0 && !kb_config_find_algo(&cfg, vals[i])) {
+                fprintf(stderr, "kbcl: --algorithm %s: no such entry in ccl.yaml (kbcl list shows "
+                                "them)\n", vals[i]);
+                code = EXIT_USAGE;
+                goto out;
+            }
+            if ((rc = kb_config_set(&cfg, setbuf, &eb)) != 0) {
+                fprintf(stderr, "kbcl: %s\n", eb.msg);
+                code = EXIT_USAGE;
+                goto out;
+            }
+        }
+    }
     if ((rc = kb_config_validate(&cfg, &eb)) != 0) {
         fprintf(stderr, "kbcl: %s\n", eb.msg);
         code = EXIT_USAGE;
         goto out;
     }
 
-    rc = kb_bench_execute(&cfg, (kb_device_kind)dev, b, &args, &rep, &eb);
+    {
+        const char *tr = getenv("KBCL_CCL_TRACE");
+        kb_ctx_opts opts = { (kb_device_kind)dev, tr && *tr && strcmp(tr, "0") ? stderr : NULL };
+        rc = kb_bench_execute(&cfg, &opts, b, &args, &rep, &eb);
+    }
     if (rc) {
         fprintf(stderr, "kbcl: %s: %s\n", kb_strerror(rc), eb.msg);
         code = exit_code_for(rc);
         goto out;
     }
     if (rep.res.verified == 1)
-        printf("%s: OK\n", rep.res.line);
+        printf("%s: %s\n", rep.res.line, rep.res.ok_text[0] ? rep.res.ok_text : "OK");
     else if (rep.res.verified == 0)
         printf("  [FAIL] %s: %s\n", rep.res.line + 2, rep.res.detail);
     else

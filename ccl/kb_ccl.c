@@ -1,0 +1,208 @@
+/*
+ * kb_ccl — topologies, reverse pairing, the legacy rank = PE layout and install plans
+ * (kb_ccl.h). Topology tables are computed per rank on demand (O(1) each), so a plan for
+ * thousands of ranks needs no big tables. Limits: mesh topologies need a square world.
+ */
+#include "kb_ccl.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_runtime_int.h"
+
+const char *const kb_topo_names[] = {
+    "ring_1d", "ring_1d_unidir", "mesh_2d", "torus_2d", "mesh_2d_no_wrap", "tree_binary",
+    "hierarchical_3level", "none", NULL,
+};
+
+static int isqrt_exact(int ws)
+{
+    int k = (int)lround(sqrt((double)ws));
+    return k * k == ws ? k : -1;
+}
+
+int kb_topo_neighbors(const char *topo, int ws, int rank, const kb_ccl_geom *g,
+                      int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    for (int d = 0; d < KB_NDIRS; d++)
+        nbr[d] = KB_TOPO_NONE;
+    if (ws < 1 || rank < 0 || rank >= ws)
+        return kb_err_set(eb, KB_ERR_RANGE, "rank %d of a world of %d", rank, ws);
+    if (!strcmp(topo, "none"))
+        return 0;
+    if (!strcmp(topo, "ring_1d") || !strcmp(topo, "ring_1d_unidir")) {
+        /* unidir: data flows E only, but the receiving side of each link is W */
+        if (ws > 1) {
+            nbr[KB_DIR_E] = (rank + 1) % ws;
+            nbr[KB_DIR_W] = (rank + ws - 1) % ws;
+        }
+        return 0;
+    }
+    if (!strcmp(topo, "mesh_2d") || !strcmp(topo, "torus_2d") || !strcmp(topo, "mesh_2d_no_wrap")) {
+        int k = isqrt_exact(ws), wrap = strcmp(topo, "mesh_2d_no_wrap") != 0;
+        if (k < 0)
+            return kb_err_set(eb, KB_ERR_CONFIG, "topology %s needs a square world size, got %d",
+                              topo, ws);
+        int x = rank % k, y = rank / k;
+        if (k > 1) {
+            if (wrap || x + 1 < k)
+                nbr[KB_DIR_E] = y * k + (x + 1) % k;
+            if (wrap || x > 0)
+                nbr[KB_DIR_W] = y * k + (x + k - 1) % k;
+            if (wrap || y > 0)
+                nbr[KB_DIR_N] = ((y + k - 1) % k) * k + x;
+            if (wrap || y + 1 < k)
+                nbr[KB_DIR_S] = ((y + 1) % k) * k + x;
+        }
+        return 0;
+    }
+    if (!strcmp(topo, "tree_binary")) {
+        if (rank > 0)
+            nbr[KB_DIR_PARENT] = (rank - 1) / 2;
+        if (2 * rank + 1 < ws)
+            nbr[KB_DIR_CHILD_LEFT] = 2 * rank + 1;
+        if (2 * rank + 2 < ws)
+            nbr[KB_DIR_CHILD_RIGHT] = 2 * rank + 2;
+        return 0;
+    }
+    if (!strcmp(topo, "hierarchical_3level")) {
+        int P = g->pes_per_cube, per_sip = P * g->cubes_per_sip;
+        int cubes, sips;
+        if (ws % P != 0)
+            return kb_err_set(eb, KB_ERR_CONFIG,
+                              "topology hierarchical_3level needs whole cubes: world size %d is "
+                              "not a multiple of %d PEs per cube", ws, P);
+        if (ws > per_sip && ws % per_sip != 0)
+            return kb_err_set(eb, KB_ERR_CONFIG,
+                              "topology hierarchical_3level needs whole SIPs beyond one SIP: world "
+                              "size %d is not a multiple of %d PEs per SIP", ws, per_sip);
+        sips = ws > per_sip ? ws / per_sip : 1;
+        cubes = ws / P / sips;
+        int pe = rank % P, cube = (rank / P) % cubes, sip = rank / (P * cubes);
+        int cube_base = rank - pe, sip_base = sip * cubes * P;
+        if (P > 1) {
+            nbr[KB_DIR_E] = cube_base + (pe + 1) % P;
+            nbr[KB_DIR_W] = cube_base + (pe + P - 1) % P;
+        }
+        if (pe == 0 && cubes > 1) {
+            nbr[KB_DIR_N] = sip_base + ((cube + 1) % cubes) * P;
+            nbr[KB_DIR_S] = sip_base + ((cube + cubes - 1) % cubes) * P;
+        }
+        if (pe == 0 && cube == 0 && sips > 1) {
+            nbr[KB_DIR_GLOBAL_E] = ((sip + 1) % sips) * cubes * P;
+            nbr[KB_DIR_GLOBAL_W] = ((sip + sips - 1) % sips) * cubes * P;
+        }
+        return 0;
+    }
+    return kb_err_set(eb, KB_ERR_CONFIG, "unknown topology '%s'", topo);
+}
+
+int kb_topo_reverse(const int nbr_of_peer[KB_NDIRS], int r, kb_dir d)
+{
+    int o = kb_dir_opposite(d);
+    if (o >= 0 && nbr_of_peer[o] == r)
+        return o;
+    for (int i = 0; i < KB_NDIRS; i++)
+        if (nbr_of_peer[i] == r)
+            return i;
+    return -1;
+}
+
+int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb)
+{
+    int per_sip = m->npes * m->ncubes, total = per_sip * m->nsips;
+    if (ws < 1 || ws > total)
+        return kb_err_set(eb, KB_ERR_RANGE,
+                          "world size %d does not fit the machine's %d PEs (rank = PE mode)", ws,
+                          total);
+    out->ws = ws;
+    if (ws > per_sip) {
+        if (ws % per_sip != 0)
+            return kb_err_set(eb, KB_ERR_RANGE,
+                              "world size %d spans SIPs but is not a multiple of %d PEs per SIP",
+                              ws, per_sip);
+        out->sips = ws / per_sip;
+        out->cubes = m->ncubes;
+        out->pes = m->npes;
+    } else if (ws > m->npes) {
+        if (ws % m->npes != 0)
+            return kb_err_set(eb, KB_ERR_RANGE,
+                              "world size %d spans cubes but is not a multiple of %d PEs per cube",
+                              ws, m->npes);
+        out->sips = 1;
+        out->cubes = ws / m->npes;
+        out->pes = m->npes;
+    } else {
+        out->sips = 1;
+        out->cubes = 1;
+        out->pes = ws;
+    }
+    out->ranks_per_sip = out->cubes * out->pes;
+    return 0;
+}
+
+kb_pe_hw *kb_ccl_rank_pe(const kb_machine *m, const kb_ccl_layout *l, int rank)
+{
+    int sip = rank / l->ranks_per_sip, local = rank % l->ranks_per_sip;
+    return kb_machine_pe(m, (unsigned)sip, (unsigned)(local / l->pes), (unsigned)(local % l->pes));
+}
+
+int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const kb_ipcq_cfg *cfg)
+{
+    kb_errbuf *eb = &ctx->err;
+    kb_machine *m = ctx->m;
+    kb_ccl_geom g = { m->npes, l->cubes };
+    kb_ipcq_link *links = NULL;
+    size_t n = 0, cap = 0;
+    int nbr[KB_NDIRS], pnbr[KB_NDIRS];
+    int rc = 0;
+
+    for (int r = 0; r < l->ws; r++) {
+        if ((rc = kb_topo_neighbors(topo, l->ws, r, &g, nbr, eb)) != 0)
+            goto out;
+        for (int d = 0; d < KB_NDIRS; d++) {
+            if (nbr[d] == KB_TOPO_NONE)
+                continue;
+            if ((rc = kb_topo_neighbors(topo, l->ws, nbr[d], &g, pnbr, eb)) != 0)
+                goto out;
+            int rd = kb_topo_reverse(pnbr, r, (kb_dir)d);
+            if (rd < 0) {
+                rc = kb_err_set(eb, KB_ERR_CONFIG, "topology %s: rank %d's %s points at rank %d, "
+                                "which has no direction back", topo, r, kb_dir_name((kb_dir)d),
+                                nbr[d]);
+                goto out;
+            }
+            if (n == cap) {
+                cap = cap ? cap * 2 : 64;
+                kb_ipcq_link *nl = realloc(links, cap * sizeof *nl);
+                if (!nl) {
+                    rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+                    goto out;
+                }
+                links = nl;
+            }
+            links[n].pe = kb_ccl_rank_pe(m, l, r);
+            links[n].dir = (kb_dir)d;
+            links[n].peer = kb_ccl_rank_pe(m, l, nbr[d]);
+            links[n].peer_dir = (kb_dir)rd;
+            n++;
+        }
+    }
+    rc = kb_ipcq_install(ctx, cfg, links, n);
+out:
+    free(links);
+    return rc;
+}
+
+int kb_ccl_rank(kb_tl *tl)
+{
+    return (tl_program_id(tl, 2) * tl_num_programs(tl, 1) + tl_program_id(tl, 1)) *
+               tl_num_programs(tl, 0) + tl_program_id(tl, 0);
+}
+
+kb_va kb_ccl_my_tile(kb_tl *tl, const kb_kargs *a)
+{
+    int local = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
+    return a->ptr[0] + (kb_va)local * (kb_va)a->i[KB_CCL_ARG_N] * 2u;
+}

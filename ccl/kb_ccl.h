@@ -1,0 +1,97 @@
+/*
+ * kb_ccl — the collective library: topologies (rank -> direction -> peer rank), reverse-
+ * direction pairing, mappers (rank -> PE), validators (tensor layout checks), install plans,
+ * and the algorithm registry (each algorithm is a kernel plus a table entry).
+ *
+ * Topologies (DESIGN §8): ring_1d, ring_1d_unidir, mesh_2d / torus_2d (square k x k, wraps),
+ * mesh_2d_no_wrap, tree_binary (heap order: parent (r-1)/2, children 2r+1, 2r+2),
+ * hierarchical_3level (E/W ring inside each cube, N/S ring of the cubes' PE 0 inside each SIP,
+ * global_E/global_W ring of the SIPs' leaders (cube 0, PE 0)), none.
+ * Reverse pairing: for rank r sending on d to p, p's receiving direction is opposite(d) if p's
+ * table points it back at r, else the first direction of p (in kb_dir order) that does.
+ *
+ * Rank = PE ("legacy", a ccl.yaml world_size): rank r runs on global PE r, i.e. ranks fill the
+ * PEs of cube 0 of SIP 0 first, then cube 1, ..., then SIP 1.
+ */
+#ifndef KB_CCL_H
+#define KB_CCL_H
+
+#include <stdint.h>
+
+#include "kb_ipcq.h"
+#include "kb_runtime.h"
+
+#define KB_TOPO_NONE (-1)
+
+/* Machine geometry a topology may need (hierarchical_3level). */
+typedef struct kb_ccl_geom {
+    int pes_per_cube;
+    int cubes_per_sip;
+} kb_ccl_geom;
+
+/*
+ * Fills nbr[d] = peer rank of `rank` on direction d, or KB_TOPO_NONE, for a world of `ws`
+ * ranks. Errors (KB_ERR_CONFIG / KB_ERR_RANGE with a message): unknown topology, a mesh
+ * world that is not a square, a hierarchical world that does not fill whole cubes.
+ */
+int kb_topo_neighbors(const char *topo, int ws, int rank, const kb_ccl_geom *g,
+                      int nbr[KB_NDIRS], kb_errbuf *eb);
+
+/* Reverse direction at peer `p` for the link (r, d): returns the direction or -1. */
+int kb_topo_reverse(const int nbr_of_peer[KB_NDIRS], int r, kb_dir d);
+
+/* Names of all topologies, NULL-terminated (for `kbcl list`). */
+extern const char *const kb_topo_names[];
+
+/* Which PEs take part: the grid of a legacy (rank = PE) world of ws ranks. */
+typedef struct kb_ccl_layout {
+    int ws;
+    int sips, cubes, pes;     /* grid: PEs [0,pes) of cubes [0,cubes) of SIPs [0,sips) */
+    int ranks_per_sip;
+} kb_ccl_layout;
+int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb);
+kb_pe_hw *kb_ccl_rank_pe(const kb_machine *m, const kb_ccl_layout *l, int rank);
+
+/* Builds the install links of a topology over a layout and installs IPCQ (timed). */
+int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const kb_ipcq_cfg *cfg);
+
+/* ---- algorithms ---- */
+
+typedef struct kb_ccl_algo_impl {
+    const char *module;          /* ccl.yaml `module` */
+    const char *summary;
+    kb_kernel_fn kernel;
+    /* Checks the world size for this algorithm; NULL = any. Message in eb. */
+    int (*check_ws)(int ws, const kb_ccl_geom *g, kb_errbuf *eb);
+    /* Largest message in bytes for a tile of n f16 elements on ws ranks (slot size check). */
+    uint64_t (*max_msg_bytes)(int64_t n, int ws);
+    /* Expected value of every element of rank r's tile after the collective, when rank q's
+     * input tile is filled with q + 1. */
+    double (*expected)(int r, int ws);
+} kb_ccl_algo_impl;
+
+const kb_ccl_algo_impl *kb_ccl_algo_find(const char *module);
+const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
+
+/*
+ * Kernel arguments of every algorithm (legacy rank = PE): ptr[0] = the SIP's tile tensor
+ * (one n-element f16 tile per rank, rank-local order), i[0] = n elements per tile,
+ * i[1] = world size, i[2] = PEs per cube, i[3] = cubes per SIP used, i[4] = SIPs used.
+ */
+enum { KB_CCL_ARG_N = 0, KB_CCL_ARG_WS, KB_CCL_ARG_PES, KB_CCL_ARG_CUBES, KB_CCL_ARG_SIPS };
+
+/* A kernel's rank and the VA of its own tile. */
+int kb_ccl_rank(kb_tl *tl);
+kb_va kb_ccl_my_tile(kb_tl *tl, const kb_kargs *a);
+
+/* Column slice [c0, c0 + n) of a one-row value (a view: same memory, not freeable). */
+static inline kb_val kb_val_slice(kb_val v, uint32_t c0, uint32_t n)
+{
+    kb_val s = v;
+    s.pa = v.pa + (uint64_t)c0 * (v.dtype == 2 ? 4u : 2u);
+    s.cols = n;
+    s.scratch = 0;
+    return s;
+}
+
+#endif

@@ -1,0 +1,332 @@
+/*
+ * kb_ccl_algos — the collective algorithms as kernels over the tl + IPCQ API, and their
+ * registry entries (kb_ccl.h). Every rank's tile is n f16 elements; partial sums travel in f32
+ * (exact for the integer test data) and are rounded once when stored. All algorithms run in
+ * the legacy rank = PE world (kb_ccl_layout_legacy).
+ *
+ *  hello_send             each rank sends its tile E and keeps what arrives from W
+ *  ring_allreduce         the seed's ring: p-1 rounds, each forwards the tile it last got
+ *  ring_rsag_allreduce    bandwidth-optimal ring: reduce-scatter then all-gather of p chunks
+ *                         (each rank sends 2(p-1)/p of the data)
+ *  mesh_allreduce         ring along each row (E/W) then along each column (N/S); k x k world
+ *  tree_allreduce         binary tree in heap order: reduce to rank 0, broadcast back
+ *  hierarchical_allreduce bidirectional chain reduce inside each cube (E/W) and among the
+ *                         cubes' PE 0 (N/S), ring among SIP leaders (global_E/W), chain
+ *                         broadcast back down
+ */
+#include <string.h>
+
+#include "kb_ccl.h"
+
+static kb_dtype dt_of(kb_val v) { return (kb_dtype)v.dtype; }
+
+/* acc + in, releasing the previous accumulator unless it is `keep`. */
+static kb_val accumulate(kb_tl *tl, kb_val acc, kb_val in, kb_val keep)
+{
+    kb_val s = tl_add(tl, acc, in);
+    if (acc.pa != keep.pa)
+        tl_free(tl, acc);
+    tl_free(tl, in);
+    return s;
+}
+
+/* ---- hello_send ---- */
+
+static void hello_send(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N];
+    kb_va mine = kb_ccl_my_tile(tl, a);
+    if (a->i[KB_CCL_ARG_WS] < 2)
+        return;
+    kb_val v = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
+    tl_send(tl, KB_DIR_E, v);
+    tl_recv_into(tl, KB_DIR_W, mine, KB_SHAPE1(n), KB_F16);
+}
+
+static double hello_expected(int r, int ws) { return ws < 2 ? r + 1 : (r + ws - 1) % ws + 1; }
+
+/* ---- ring ---- */
+
+static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
+    kb_va mine = kb_ccl_my_tile(tl, a);
+    kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), KB_F16), acc = v0, cur = v0;
+
+    for (int64_t step = 0; step + 1 < ws; step++) {
+        tl_send(tl, KB_DIR_E, cur);
+        kb_val in = tl_recv(tl, KB_DIR_W, KB_SHAPE1(n), KB_F16);
+        kb_val s = tl_add(tl, acc, in);
+        if (acc.pa != v0.pa)
+            tl_free(tl, acc);
+        if (cur.pa != v0.pa)
+            tl_free(tl, cur);
+        acc = s;
+        cur = in;
+    }
+    tl_store(tl, mine, acc);
+}
+
+static double sum_expected(int r, int ws)
+{
+    (void)r;
+    return (double)ws * (ws + 1) / 2.0;
+}
+
+static uint64_t tile_f16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; }
+static uint64_t tile_f32(int64_t n, int ws) { (void)ws; return (uint64_t)n * 4u; }
+
+/* ---- reduce-scatter + all-gather ring ---- */
+
+static void chunk_of(int64_t n, int64_t ws, int64_t c, uint32_t *off, uint32_t *len)
+{
+    int64_t base = n / ws, extra = n % ws;
+    *off = (uint32_t)(c * base + (c < extra ? c : extra));
+    *len = (uint32_t)(base + (c < extra ? 1 : 0));
+}
+
+#define KB_RSAG_MAX_WS 8192
+
+static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
+    int64_t r = kb_ccl_rank(tl);
+    kb_va mine = kb_ccl_my_tile(tl, a);
+    kb_val tile = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
+    uint32_t off, len;
+
+    if (ws < 2) {
+        tl_store(tl, mine, tile);
+        return;
+    }
+    /*
+     * Reduce-scatter. Chunk c's running sum lives in `part` only while this rank holds it:
+     * in step s the rank sends chunk (r - s) and receives chunk (r - s - 1), so the running
+     * sum received in one step is the one sent in the next. Step 0 sends the raw f16 chunk.
+     */
+    kb_val part;
+    chunk_of(n, ws, ((r % ws) + ws) % ws, &off, &len);
+    part = kb_val_slice(tile, off, len);
+    for (int64_t s = 0; s + 1 < ws; s++) {
+        int64_t rc = ((r - s - 1) % ws + ws) % ws;
+        tl_send(tl, KB_DIR_E, part);
+        if (part.scratch)
+            tl_free(tl, part);
+        chunk_of(n, ws, rc, &off, &len);
+        kb_val in = tl_recv(tl, KB_DIR_W, KB_SHAPE1(len), s == 0 ? KB_F16 : KB_F32);
+        part = accumulate(tl, kb_val_slice(tile, off, len), in, tile);
+    }
+    /* this rank now holds the full sum of chunk (r + 1) mod ws: store it, then all-gather */
+    int64_t own = (r + 1) % ws;
+    chunk_of(n, ws, own, &off, &len);
+    tl_store(tl, mine + (kb_va)off * 2u, part);
+    tl_free(tl, part);
+    for (int64_t s = 0; s + 1 < ws; s++) {
+        int64_t sc = ((r + 1 - s) % ws + ws) % ws, rc = ((r - s) % ws + ws) % ws;
+        chunk_of(n, ws, sc, &off, &len);
+        tl_send(tl, KB_DIR_E, tl_ref(tl, mine + (kb_va)off * 2u, KB_SHAPE1(len), KB_F16));
+        chunk_of(n, ws, rc, &off, &len);
+        tl_recv_into(tl, KB_DIR_W, mine + (kb_va)off * 2u, KB_SHAPE1(len), KB_F16);
+    }
+}
+
+static uint64_t rsag_msg(int64_t n, int ws)
+{
+    return (uint64_t)((n + ws - 1) / ws) * 4u;
+}
+
+static int rsag_check(int ws, const kb_ccl_geom *g, kb_errbuf *eb)
+{
+    (void)g;
+    if (ws > KB_RSAG_MAX_WS)
+        return kb_err_set(eb, KB_ERR_RANGE, "ring_rsag_allreduce: world size %d > %d", ws,
+                          KB_RSAG_MAX_WS);
+    return 0;
+}
+
+/* ---- mesh ---- */
+
+/* Ring all-reduce of `acc` among the k members of a row (E/W) or column (N/S). */
+static kb_val ring_phase(kb_tl *tl, kb_val acc, int64_t k, kb_dir out, kb_dir in_dir, kb_val keep)
+{
+    kb_val cur = acc;
+    for (int64_t s = 0; s + 1 < k; s++) {
+        tl_send(tl, out, cur);
+        kb_val in = tl_recv(tl, in_dir, KB_SHAPE2(acc.rows, acc.cols), dt_of(cur));
+        kb_val sum = tl_add(tl, acc, in);
+        if (acc.pa != keep.pa && acc.pa != cur.pa)
+            tl_free(tl, acc);
+        if (cur.pa != keep.pa)
+            tl_free(tl, cur);
+        acc = sum;
+        cur = in;
+    }
+    if (cur.pa != keep.pa && cur.pa != acc.pa)
+        tl_free(tl, cur);
+    return acc;
+}
+
+static int64_t isqrt64(int64_t x)
+{
+    int64_t k = 0;
+    while ((k + 1) * (k + 1) <= x)
+        k++;
+    return k;
+}
+
+static void mesh_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N], k = isqrt64(a->i[KB_CCL_ARG_WS]);
+    kb_va mine = kb_ccl_my_tile(tl, a);
+    kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
+    kb_val row = ring_phase(tl, v0, k, KB_DIR_E, KB_DIR_W, v0);
+    /* the column phase moves f32 row sums; start from an f32 copy so dtypes agree */
+    kb_val row32 = row.dtype == KB_F32 ? row : tl_scale(tl, row, 1.0f, 0.0f);
+    kb_val all = ring_phase(tl, row32, k, KB_DIR_S, KB_DIR_N, v0);
+    tl_store(tl, mine, all);
+}
+
+static int mesh_check(int ws, const kb_ccl_geom *g, kb_errbuf *eb)
+{
+    int64_t k = isqrt64(ws);
+    (void)g;
+    if (k * k != ws)
+        return kb_err_set(eb, KB_ERR_CONFIG, "mesh_allreduce needs a square world size, got %d",
+                          ws);
+    return 0;
+}
+
+/* ---- tree ---- */
+
+static void tree_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
+    kb_va mine = kb_ccl_my_tile(tl, a);
+    kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
+    kb_val acc = tl_scale(tl, v0, 1.0f, 0.0f); /* f32 partial sums travel up */
+    int has_l = 2 * r + 1 < ws, has_r = 2 * r + 2 < ws;
+
+    if (has_l)
+        acc = accumulate(tl, acc, tl_recv(tl, KB_DIR_CHILD_LEFT, KB_SHAPE1(n), KB_F32), v0);
+    if (has_r)
+        acc = accumulate(tl, acc, tl_recv(tl, KB_DIR_CHILD_RIGHT, KB_SHAPE1(n), KB_F32), v0);
+    if (r > 0) {
+        tl_send(tl, KB_DIR_PARENT, acc);
+        tl_free(tl, acc);
+        acc = tl_recv(tl, KB_DIR_PARENT, KB_SHAPE1(n), KB_F32);
+    }
+    if (has_l)
+        tl_send(tl, KB_DIR_CHILD_LEFT, acc);
+    if (has_r)
+        tl_send(tl, KB_DIR_CHILD_RIGHT, acc);
+    tl_store(tl, mine, acc);
+}
+
+/* ---- hierarchical ---- */
+
+/*
+ * Chain reduce of `acc` to member 0 of a ring of g members (my id i): members 1..h pass
+ * partial sums down via `dec`, members h+1..g-1 pass them up via `inc` (g-1 wraps to 0);
+ * member 0 receives the left chain on `inc` and the right chain on `dec`. Returns the sum on
+ * member 0, the partial sum elsewhere (already sent).
+ */
+static kb_val chain_reduce(kb_tl *tl, kb_val acc, int i, int g, kb_dir inc, kb_dir dec, kb_val keep)
+{
+    int h = g / 2;
+    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
+    if (g < 2)
+        return acc;
+    if (i == 0) {
+        acc = accumulate(tl, acc, tl_recv(tl, inc, s, KB_F32), keep);
+        if (g - 1 >= h + 1)
+            acc = accumulate(tl, acc, tl_recv(tl, dec, s, KB_F32), keep);
+        return acc;
+    }
+    if (i <= h) {
+        if (i + 1 <= h)
+            acc = accumulate(tl, acc, tl_recv(tl, inc, s, KB_F32), keep);
+        tl_send(tl, dec, acc);
+    } else {
+        if (i - 1 >= h + 1)
+            acc = accumulate(tl, acc, tl_recv(tl, dec, s, KB_F32), keep);
+        tl_send(tl, inc, acc);
+    }
+    return acc;
+}
+
+/* Inverse of chain_reduce: member 0's value flows back out along both chains. */
+static kb_val chain_bcast(kb_tl *tl, kb_val v, int i, int g, kb_dir inc, kb_dir dec)
+{
+    int h = g / 2;
+    kb_shape s = KB_SHAPE2(v.rows, v.cols);
+    if (g < 2)
+        return v;
+    if (i == 0) {
+        tl_send(tl, inc, v);
+        if (g - 1 >= h + 1)
+            tl_send(tl, dec, v);
+        return v;
+    }
+    if (i <= h) {
+        v = tl_recv(tl, dec, s, KB_F32);
+        if (i + 1 <= h)
+            tl_send(tl, inc, v);
+    } else {
+        v = tl_recv(tl, inc, s, KB_F32);
+        if (i - 1 >= h + 1)
+            tl_send(tl, dec, v);
+    }
+    return v;
+}
+
+static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N];
+    int P = (int)a->i[KB_CCL_ARG_PES], C = (int)a->i[KB_CCL_ARG_CUBES], S = (int)a->i[KB_CCL_ARG_SIPS];
+    int pe = tl_program_id(tl, 0), cube = tl_program_id(tl, 1);
+    kb_va mine = kb_ccl_my_tile(tl, a);
+    kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
+    kb_val acc = tl_scale(tl, v0, 1.0f, 0.0f);
+
+    acc = chain_reduce(tl, acc, pe, P, KB_DIR_E, KB_DIR_W, v0);
+    if (pe == 0) {
+        acc = chain_reduce(tl, acc, cube, C, KB_DIR_N, KB_DIR_S, v0);
+        if (cube == 0 && S > 1)
+            acc = ring_phase(tl, acc, S, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, v0);
+        acc = chain_bcast(tl, acc, cube, C, KB_DIR_N, KB_DIR_S);
+    }
+    acc = chain_bcast(tl, acc, pe, P, KB_DIR_E, KB_DIR_W);
+    tl_store(tl, mine, acc);
+}
+
+/* ---- registry ---- */
+
+static const kb_ccl_algo_impl algos[] = {
+    { "hello_send", "each rank sends its tile east and keeps what arrives from the west",
+      hello_send, NULL, tile_f16, hello_expected },
+    { "ring_allreduce", "ring all-reduce: p-1 rounds forwarding the last received tile",
+      ring_allreduce, NULL, tile_f16, sum_expected },
+    { "ring_rsag_allreduce", "bandwidth-optimal ring: reduce-scatter + all-gather, 2(p-1)/p of the data per rank",
+      ring_rsag_allreduce, rsag_check, rsag_msg, sum_expected },
+    { "mesh_allreduce", "row ring (E/W) then column ring (N/S) on a square k x k world",
+      mesh_allreduce, mesh_check, tile_f32, sum_expected },
+    { "tree_allreduce", "binary tree: reduce to rank 0, broadcast back (any world size)",
+      tree_allreduce, NULL, tile_f32, sum_expected },
+    { "hierarchical_allreduce", "3 levels: chains in each cube and across cubes, ring across SIPs",
+      hierarchical_allreduce, NULL, tile_f32, sum_expected },
+};
+
+const kb_ccl_algo_impl *kb_ccl_algo_at(int i)
+{
+    if (i < 0 || (size_t)i >= sizeof algos / sizeof algos[0])
+        return NULL;
+    return &algos[i];
+}
+
+const kb_ccl_algo_impl *kb_ccl_algo_find(const char *module)
+{
+    for (int i = 0; kb_ccl_algo_at(i); i++)
+        if (!strcmp(algos[i].module, module))
+            return &algos[i];
+    return NULL;
+}

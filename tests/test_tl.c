@@ -1,0 +1,936 @@
+/*
+ * test_tl — the kernel language on the runtime, end to end on a small machine (1 SIP, 2 x 1
+ * cubes, 4 PEs per cube, 6 GiB HBM slices) with the reference backend: program ids, data
+ * results of load/elementwise/reduce/softmax/gemm/store after a host read, the exact
+ * simulated cost of single operations (docs/timing-model.md), launch and host-transfer times,
+ * scratch release, kernel errors with their messages, tensor placement errors and 2-D
+ * scatter/gather. Kernels report what they see through a probe struct whose address travels
+ * in kb_kargs.i[7] (kernels get no other channel to the test). Limits: one SIP only; the
+ * multi-SIP paths are covered by test_machine.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_runtime.h"
+#include "kb_tl.h"
+
+#define NPES 4
+#define NCUBES 2
+#define NPROG (NPES * NCUBES)
+#define PROBE_ARG 7
+
+typedef struct probe {
+    int ran[NPROG];
+    int pid[NPROG][3], np[NPROG][3];
+    kb_time t_enter[NPROG];
+    kb_time dt[8];           /* durations of single operations, ps */
+    uint64_t used[4];        /* allocator readings */
+    kb_time t0, t1, t2, t3;  /* host-side times */
+    int rc[4];
+} probe;
+
+static probe *probe_of(const kb_kargs *a) { return (probe *)(intptr_t)a->i[PROBE_ARG]; }
+
+static kb_time now_tl(kb_tl *tl) { return kb_sim_now(kb_ctx_sim(tl_ctx(tl))); }
+static kb_time now_ctx(kb_ctx *ctx) { return kb_sim_now(kb_ctx_sim(ctx)); }
+
+static int64_t ps(double ns) { return (int64_t)(ns * 1000.0 + 0.5); }
+
+/* ceil(n * 1000 / rate) ps for n items at `rate` items (or bytes) per ns */
+static int64_t items_ps(uint64_t n, double rate)
+{
+    uint64_t per_us = (uint64_t)(rate * 1000.0 + 0.5);
+    return (int64_t)((n * UINT64_C(1000000) + per_us - 1) / per_us);
+}
+
+static const char *const small_machine[] = {
+    "system.sips.count=1",
+    "sip.cube_mesh.width=2",
+    "sip.cube_mesh.height=1",
+    "cube.pe_per_corner=1",
+    "cube.hbm.size_bytes=25769803776", /* 24 GiB = 4 slices of 6 GiB */
+};
+
+static kb_ctx *make_ctx_with(kb_device_kind dev, const char *extra)
+{
+    kb_config cfg;
+    kb_ctx_opts opts;
+    kb_errbuf eb;
+    kb_ctx *ctx = NULL;
+
+    kb_config_defaults(&cfg);
+    for (size_t i = 0; i < sizeof small_machine / sizeof small_machine[0]; i++)
+        assert_int_equal(kb_config_set(&cfg, small_machine[i], &eb), 0);
+    if (extra)
+        assert_int_equal(kb_config_set(&cfg, extra, &eb), 0);
+    memset(&opts, 0, sizeof opts);
+    opts.device = dev;
+    assert_int_equal(kb_ctx_create(&cfg, &opts, &ctx, &eb), 0);
+    assert_non_null(ctx);
+    assert_int_equal(kb_ctx_machine(ctx)->npes, NPES);
+    assert_int_equal(kb_ctx_machine(ctx)->ncubes, NCUBES);
+    return ctx;
+}
+
+static kb_ctx *make_ctx(void) { return make_ctx_with(KB_DEV_REF, NULL); }
+
+static const kb_topo_cfg *topo(kb_ctx *ctx) { return &kb_ctx_config(ctx)->topo; }
+
+static kb_tensor_desc desc(const char *name, int64_t rows, int64_t cols, kb_dtype dt,
+                           kb_dp_policy dp)
+{
+    kb_tensor_desc d;
+    memset(&d, 0, sizeof d);
+    d.name = name;
+    d.rows = rows;
+    d.cols = cols;
+    d.dtype = dt;
+    d.dp = dp;
+    d.mem = KB_MEM_HBM;
+    return d;
+}
+
+static kb_dp_policy on_pe0(void) { return kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 1, 1); }
+
+static kb_kargs kargs(probe *p)
+{
+    kb_kargs a;
+    memset(&a, 0, sizeof a);
+    a.i[PROBE_ARG] = (int64_t)(intptr_t)p;
+    return a;
+}
+
+static const kb_grid one_pe = { 1, 1, 1, -1 };
+
+/* ---- program ids and launch timing ---- */
+
+static void k_ids(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    kb_pe_hw *pe = tl_pe(tl);
+    int g = (int)(pe->cube * NPES + pe->pe);
+    if (p->ran[g]++ == 0) /* the first launch's start times */
+        p->t_enter[g] = now_tl(tl);
+    for (int ax = 0; ax < 3; ax++) {
+        p->pid[g][ax] = tl_program_id(tl, ax);
+        p->np[g][ax] = tl_num_programs(tl, ax);
+    }
+}
+
+static int h_ids(kb_ctx *ctx, void *arg)
+{
+    probe *p = arg;
+    kb_kargs a = kargs(p);
+    kb_grid two = { 2, 1, 1, -1 };
+    int rc;
+
+    p->t0 = now_ctx(ctx);
+    if ((rc = kb_launch(ctx, "ids", k_ids, &a, NULL)) != 0)
+        return rc;
+    p->t1 = now_ctx(ctx);
+    p->rc[0] = rc;
+    memset(p->np, 0, sizeof p->np);
+    if ((rc = kb_launch(ctx, "ids2", k_ids, &a, &two)) != 0)
+        return rc;
+    return 0;
+}
+
+static void test_program_ids(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    probe p;
+
+    (void)state;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_ctx_run_host(ctx, h_ids, &p), 0);
+    for (int c = 0; c < NCUBES; c++) {
+        for (int e = 0; e < NPES; e++) {
+            int g = c * NPES + e;
+            assert_int_equal(p.ran[g], e < 2 && c == 0 ? 2 : 1);
+            assert_int_equal(p.pid[g][0], e);
+            assert_int_equal(p.pid[g][1], c);
+            assert_int_equal(p.pid[g][2], 0);
+            if (e < 2 && c == 0) { /* the second, 2 x 1 x 1 grid wrote last */
+                assert_int_equal(p.np[g][0], 2);
+                assert_int_equal(p.np[g][1], 1);
+            } else {
+                assert_int_equal(p.np[g][0], 0);
+            }
+        }
+    }
+    assert_int_equal(kb_ctx_kernels_run(ctx), 10);
+    /*
+     * Kernel start of the first launch (whole SIP) at t=0: host 1000 ns + PCIe 1 ns + 1000 ns
+     * + EP 100 ns + IO_CPU 200 ns = 2301 ns at IO_CPU; cube 0: M_CPU 50 ns -> 2351 ns; cube 1:
+     * one UCIe hop (0.25 + 20 ns) first -> 2371.25 ns. PE p: NoC messages queue 125 ps each,
+     * + 5 ns latency + PE_CPU 2 ns.
+     */
+    for (int e = 0; e < NPES; e++) {
+        assert_int_equal(p.t_enter[e], 2351000 + 125 * (e + 1) + 5000 + 2000);
+        assert_int_equal(p.t_enter[NPES + e], 2371250 + 125 * (e + 1) + 5000 + 2000);
+    }
+    /* the empty kernels' completions, aggregated per cube and per SIP (timing-model.md) */
+    assert_int_equal(p.t1 - p.t0, 4064250);
+    kb_ctx_destroy(ctx);
+}
+
+static void k_empty(kb_tl *tl, const kb_kargs *a)
+{
+    probe_of(a)->t_enter[0] = now_tl(tl);
+}
+
+static int h_empty(kb_ctx *ctx, void *arg)
+{
+    probe *p = arg;
+    kb_kargs a = kargs(p);
+    p->t0 = now_ctx(ctx);
+    int rc = kb_launch(ctx, "empty", k_empty, &a, &one_pe);
+    p->t1 = now_ctx(ctx);
+    return rc;
+}
+
+/* One PE, empty kernel: the command path there and back, hop by hop from the config. */
+static void test_launch_round_trip(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    const kb_topo_cfg *c = topo(ctx);
+    probe p;
+
+    (void)state;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_ctx_run_host(ctx, h_empty, &p), 0);
+    int64_t pcie = items_ps(64, c->pcie.bandwidth_gbps) + ps(c->pcie.latency_ns);
+    int64_t noc = items_ps(64, c->noc.bandwidth_gbps) + ps(c->noc.latency_ns);
+    int64_t t_io = ps(c->host_overhead_ns) + pcie + ps(c->pcie_ep_overhead_ns) +
+                   ps(c->io_cpu_overhead_ns);
+    int64_t t_pe = t_io + ps(c->m_cpu_overhead_ns) + noc + ps(c->pe_cpu_overhead_ns);
+    assert_int_equal(p.t_enter[0], t_pe);
+    assert_int_equal(p.t_enter[0], 2358125);
+    int64_t t_back = t_pe + noc + ps(c->m_cpu_overhead_ns) + ps(c->io_cpu_overhead_ns) +
+                     ps(c->pcie_ep_overhead_ns) + pcie;
+    assert_int_equal(p.t1 - p.t0, t_back);
+    assert_int_equal(p.t1 - p.t0, 3714250);
+    kb_ctx_destroy(ctx);
+}
+
+/* ---- load + add + store ---- */
+
+static void k_add_rows(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t idx = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
+    int64_t cols = a->i[0];
+    kb_val x = tl_load(tl, a->ptr[0] + (kb_va)(idx * cols * 4), KB_SHAPE2(1, cols), KB_F32);
+    kb_val y = tl_load(tl, a->ptr[1] + (kb_va)(idx * cols * 4), KB_SHAPE2(1, cols), KB_F32);
+    kb_val z = tl_add(tl, x, y);
+    tl_store(tl, a->ptr[2] + (kb_va)(idx * cols * 2), z); /* z is f16 */
+}
+
+typedef struct add_io {
+    float x[8 * 16], y[8 * 16], z[8 * 16];
+} add_io;
+
+static int h_add_rows(kb_ctx *ctx, void *arg)
+{
+    add_io *io = arg;
+    kb_dp_policy rows = kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, 0, 0);
+    kb_tensor_desc dx = desc("x", 8, 16, KB_F32, rows), dy = desc("y", 8, 16, KB_F32, rows);
+    kb_tensor_desc dz = desc("z", 8, 16, KB_F16, rows);
+    kb_tensor *tx, *ty, *tz;
+    kb_kargs a = kargs(NULL);
+    int rc;
+
+    if ((rc = kb_tensor_from_host(ctx, &dx, io->x, &tx)) != 0 ||
+        (rc = kb_tensor_from_host(ctx, &dy, io->y, &ty)) != 0 ||
+        (rc = kb_tensor_empty(ctx, &dz, &tz)) != 0)
+        return rc;
+    if (kb_tensor_nshards(tz) != NPROG)
+        return KB_ERR_STATE;
+    a.ptr[0] = kb_tensor_va(tx);
+    a.ptr[1] = kb_tensor_va(ty);
+    a.ptr[2] = kb_tensor_va(tz);
+    a.i[0] = 16;
+    if ((rc = kb_launch(ctx, "add_rows", k_add_rows, &a, NULL)) != 0)
+        return rc;
+    return kb_tensor_read(tz, io->z);
+}
+
+static void test_load_add_store(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    add_io *io = calloc(1, sizeof *io);
+
+    (void)state;
+    assert_non_null(io);
+    for (int i = 0; i < 8 * 16; i++) {
+        io->x[i] = 0.25f * (float)i;
+        io->y[i] = 100.0f - (float)i;
+        io->z[i] = -1.0f;
+    }
+    assert_int_equal(kb_ctx_run_host(ctx, h_add_rows, io), 0);
+    /* 100 - 0.75 i is exact in f16 for i < 128 */
+    for (int i = 0; i < 8 * 16; i++)
+        assert_true(io->z[i] == 100.0f - 0.75f * (float)i);
+    kb_ctx_destroy(ctx);
+    free(io);
+}
+
+/* ---- the exact cost of one vector op ---- */
+
+static void k_add_timed(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    kb_time t0 = now_tl(tl);
+    kb_val x = tl_full(tl, KB_SHAPE2(1, 100), 1.5f);
+    kb_time t1 = now_tl(tl);
+    kb_val y = tl_full(tl, KB_SHAPE2(1, 100), 2.0f);
+    kb_time t2 = now_tl(tl);
+    kb_val z = tl_add(tl, x, y);
+    kb_time t3 = now_tl(tl);
+    p->dt[0] = t1 - t0;
+    p->dt[1] = t3 - t2;
+    p->used[0] = kb_alloc_used(tl_pe(tl)->scratch);
+    tl_store(tl, a->ptr[0], z);
+}
+
+static int h_add_timed(kb_ctx *ctx, void *arg)
+{
+    probe *p = arg;
+    kb_tensor_desc d = desc("out", 1, 100, KB_F32, on_pe0());
+    kb_tensor *t;
+    kb_kargs a = kargs(p);
+    float out[100];
+    int rc;
+
+    if ((rc = kb_tensor_empty(ctx, &d, &t)) != 0)
+        return rc;
+    a.ptr[0] = kb_tensor_va(t);
+    if ((rc = kb_launch(ctx, "add_timed", k_add_timed, &a, &one_pe)) != 0 ||
+        (rc = kb_tensor_read(t, out)) != 0)
+        return rc;
+    for (int i = 0; i < 100; i++)
+        if (out[i] != 3.5f)
+            return KB_ERR_VERIFY;
+    p->used[1] = kb_alloc_used(kb_machine_pe(kb_ctx_machine(ctx), 0, 0, 0)->scratch);
+    return 0;
+}
+
+static void test_add_duration(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    const kb_topo_cfg *c = topo(ctx);
+    probe p;
+
+    (void)state;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_ctx_run_host(ctx, h_add_timed, &p), 0);
+    /* PE_CPU issue + PE_MATH fixed + ceil(100 elements * 1000 / 64 lanes) ps */
+    int64_t want = ps(c->pe_cpu_overhead_ns) + ps(c->math_fixed_ns) +
+                   items_ps(100, c->math_lanes_per_ns);
+    assert_int_equal(p.dt[1], want);
+    assert_int_equal(p.dt[1], 2000 + 4000 + 1563);
+    assert_int_equal(p.dt[0], want); /* tl_full costs the same */
+    /* three live 400-byte f32 values */
+    assert_int_equal(p.used[0], 3 * 400);
+    assert_int_equal(p.used[1], 0); /* released when the kernel returned */
+    kb_ctx_destroy(ctx);
+}
+
+/* ---- reductions, softmax, broadcasting ---- */
+
+static const float k_sm_in[8] = { 1, -2, 3, -4, -1, 5, -3, 0 };
+
+static void k_reduce(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    kb_val x = tl_load(tl, a->ptr[0], KB_SHAPE2(2, 4), KB_F32);
+    kb_time t0 = now_tl(tl);
+    kb_val sm = tl_softmax(tl, x, 1);
+    kb_time t1 = now_tl(tl);
+    kb_val s1 = tl_sum(tl, x, 1);
+    kb_time t2 = now_tl(tl);
+    p->dt[0] = t1 - t0;
+    p->dt[1] = t2 - t1;
+    tl_store(tl, a->ptr[1], sm);
+    tl_store(tl, a->ptr[2], s1);
+    tl_store(tl, a->ptr[3], tl_sum(tl, x, 0));
+    tl_store(tl, a->ptr[4], tl_max(tl, x, 1));
+    tl_store(tl, a->ptr[5], tl_max(tl, x, 0));
+    tl_store(tl, a->ptr[6], tl_softmax(tl, x, 0));
+}
+
+typedef struct reduce_io {
+    probe p;
+    float sm[8], s1[2], s0[4], m1[2], m0[4], sm0[8];
+} reduce_io;
+
+static int h_reduce(kb_ctx *ctx, void *arg)
+{
+    reduce_io *io = arg;
+    static const int64_t shape[7][2] = { { 2, 4 }, { 2, 4 }, { 2, 1 }, { 1, 4 },
+                                         { 2, 1 }, { 1, 4 }, { 2, 4 } };
+    float *outs[7] = { NULL, io->sm, io->s1, io->s0, io->m1, io->m0, io->sm0 };
+    kb_tensor *t[7];
+    kb_kargs a = kargs(&io->p);
+    int rc;
+
+    for (int i = 0; i < 7; i++) {
+        kb_tensor_desc d = desc(i ? "out" : "x", shape[i][0], shape[i][1], KB_F32, on_pe0());
+        rc = i ? kb_tensor_empty(ctx, &d, &t[i]) : kb_tensor_from_host(ctx, &d, k_sm_in, &t[i]);
+        if (rc)
+            return rc;
+        a.ptr[i] = kb_tensor_va(t[i]);
+    }
+    if ((rc = kb_launch(ctx, "reduce", k_reduce, &a, &one_pe)) != 0)
+        return rc;
+    for (int i = 1; i < 7; i++)
+        if ((rc = kb_tensor_read(t[i], outs[i])) != 0)
+            return rc;
+    return 0;
+}
+
+static void test_softmax_sum_max(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    const kb_topo_cfg *c = topo(ctx);
+    reduce_io io;
+
+    (void)state;
+    memset(&io, 0, sizeof io);
+    assert_int_equal(kb_ctx_run_host(ctx, h_reduce, &io), 0);
+    for (int r = 0; r < 2; r++) {
+        double mx = -1e30, sum = 0.0;
+        for (int j = 0; j < 4; j++)
+            mx = fmax(mx, (double)k_sm_in[r * 4 + j]);
+        for (int j = 0; j < 4; j++)
+            sum += exp((double)k_sm_in[r * 4 + j] - mx);
+        for (int j = 0; j < 4; j++)
+            assert_float_equal(io.sm[r * 4 + j], exp((double)k_sm_in[r * 4 + j] - mx) / sum, 1e-6);
+    }
+    for (int j = 0; j < 4; j++) {
+        double a0 = (double)k_sm_in[j], a1 = (double)k_sm_in[4 + j], mx = fmax(a0, a1);
+        double sum = exp(a0 - mx) + exp(a1 - mx);
+        assert_float_equal(io.sm0[j], exp(a0 - mx) / sum, 1e-6);
+        assert_float_equal(io.sm0[4 + j], exp(a1 - mx) / sum, 1e-6);
+    }
+    assert_true(io.s1[0] == -2.0f && io.s1[1] == 1.0f);
+    assert_true(io.s0[0] == 0.0f && io.s0[1] == 3.0f && io.s0[2] == 0.0f && io.s0[3] == -4.0f);
+    assert_true(io.m1[0] == 3.0f && io.m1[1] == 5.0f);
+    assert_true(io.m0[0] == 1.0f && io.m0[1] == 5.0f && io.m0[2] == 3.0f && io.m0[3] == 0.0f);
+    /* softmax: 4 passes over 8 elements; a reduction: 1 pass */
+    assert_int_equal(io.p.dt[0], ps(c->pe_cpu_overhead_ns) + ps(c->math_fixed_ns) +
+                                     items_ps(4 * 8, c->math_lanes_per_ns));
+    assert_int_equal(io.p.dt[0], 2000 + 4000 + 500);
+    assert_int_equal(io.p.dt[1], 2000 + 4000 + 125);
+    kb_ctx_destroy(ctx);
+}
+
+static void k_bcast(kb_tl *tl, const kb_kargs *a)
+{
+    kb_val x = tl_load(tl, a->ptr[0], KB_SHAPE2(3, 4), KB_F32);
+    kb_val bias = tl_load(tl, a->ptr[1], KB_SHAPE2(1, 4), KB_F32);
+    kb_val col = tl_load(tl, a->ptr[2], KB_SHAPE2(3, 1), KB_F32);
+    tl_store(tl, a->ptr[3], tl_add(tl, x, bias));
+    tl_store(tl, a->ptr[4], tl_mul(tl, col, x)); /* the broadcast operand may come first */
+}
+
+typedef struct bcast_io {
+    float x[12], bias[4], col[3], sum[12], prod[12];
+} bcast_io;
+
+static int h_bcast(kb_ctx *ctx, void *arg)
+{
+    bcast_io *io = arg;
+    kb_tensor_desc dx = desc("x", 3, 4, KB_F32, on_pe0()), db = desc("bias", 1, 4, KB_F32, on_pe0());
+    kb_tensor_desc dc = desc("col", 3, 1, KB_F32, on_pe0()), ds = desc("sum", 3, 4, KB_F32, on_pe0());
+    kb_tensor *tx, *tb, *tc, *ts, *tp;
+    kb_kargs a = kargs(NULL);
+    int rc;
+
+    if ((rc = kb_tensor_from_host(ctx, &dx, io->x, &tx)) != 0 ||
+        (rc = kb_tensor_from_host(ctx, &db, io->bias, &tb)) != 0 ||
+        (rc = kb_tensor_from_host(ctx, &dc, io->col, &tc)) != 0 ||
+        (rc = kb_tensor_empty(ctx, &ds, &ts)) != 0 || (rc = kb_tensor_empty(ctx, &ds, &tp)) != 0)
+        return rc;
+    a.ptr[0] = kb_tensor_va(tx);
+    a.ptr[1] = kb_tensor_va(tb);
+    a.ptr[2] = kb_tensor_va(tc);
+    a.ptr[3] = kb_tensor_va(ts);
+    a.ptr[4] = kb_tensor_va(tp);
+    if ((rc = kb_launch(ctx, "bcast", k_bcast, &a, &one_pe)) != 0 ||
+        (rc = kb_tensor_read(ts, io->sum)) != 0 || (rc = kb_tensor_read(tp, io->prod)) != 0)
+        return rc;
+    return 0;
+}
+
+static void test_broadcast(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    bcast_io io;
+
+    (void)state;
+    memset(&io, 0, sizeof io);
+    for (int i = 0; i < 12; i++)
+        io.x[i] = (float)i;
+    for (int j = 0; j < 4; j++)
+        io.bias[j] = 100.0f * (float)(j + 1);
+    for (int r = 0; r < 3; r++)
+        io.col[r] = (float)(r - 1);
+    assert_int_equal(kb_ctx_run_host(ctx, h_bcast, &io), 0);
+    for (int r = 0; r < 3; r++)
+        for (int j = 0; j < 4; j++) {
+            assert_true(io.sum[r * 4 + j] == (float)(r * 4 + j) + 100.0f * (float)(j + 1));
+            assert_true(io.prod[r * 4 + j] == (float)(r * 4 + j) * (float)(r - 1));
+        }
+    kb_ctx_destroy(ctx);
+}
+
+/* ---- gemm: local operands, and SchedulerV2 streaming from HBM ---- */
+
+static const float k_A[6] = { 1, 2, 3, 4, 5, 6 };        /* 2 x 3 */
+static const float k_B[6] = { 7, 8, 9, 10, 11, 12 };     /* 3 x 2 */
+static const float k_C[4] = { 58, 64, 139, 154 };        /* A @ B */
+
+static void k_gemm(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    int streamed = (int)a->i[0];
+    kb_val va, vb;
+    if (streamed) {
+        va = tl_ref(tl, a->ptr[0], KB_SHAPE2(2, 3), KB_F32);
+        vb = tl_ref(tl, a->ptr[1], KB_SHAPE2(3, 2), KB_F32);
+    } else {
+        va = tl_load(tl, a->ptr[0], KB_SHAPE2(2, 3), KB_F32);
+        vb = tl_load(tl, a->ptr[1], KB_SHAPE2(3, 2), KB_F32);
+    }
+    kb_time t0 = now_tl(tl);
+    kb_val c = tl_dot(tl, va, vb);
+    p->dt[0] = now_tl(tl) - t0;
+    tl_store(tl, a->ptr[2], c);
+    kb_val acc = tl_full(tl, KB_SHAPE2(2, 2), 1.0f);
+    tl_dot_acc(tl, acc, va, vb);
+    tl_store(tl, a->ptr[3], acc);
+}
+
+typedef struct gemm_io {
+    probe p;
+    int streamed;
+    float c[4], acc[4];
+} gemm_io;
+
+static int h_gemm(kb_ctx *ctx, void *arg)
+{
+    gemm_io *io = arg;
+    kb_tensor_desc da = desc("a", 2, 3, KB_F32, on_pe0()), db = desc("b", 3, 2, KB_F32, on_pe0());
+    kb_tensor_desc dc = desc("c", 2, 2, KB_F32, on_pe0());
+    kb_tensor *ta, *tb, *tc, *tacc;
+    kb_kargs a = kargs(&io->p);
+    int rc;
+
+    if ((rc = kb_tensor_from_host(ctx, &da, k_A, &ta)) != 0 ||
+        (rc = kb_tensor_from_host(ctx, &db, k_B, &tb)) != 0 ||
+        (rc = kb_tensor_empty(ctx, &dc, &tc)) != 0 || (rc = kb_tensor_empty(ctx, &dc, &tacc)) != 0)
+        return rc;
+    a.ptr[0] = kb_tensor_va(ta);
+    a.ptr[1] = kb_tensor_va(tb);
+    a.ptr[2] = kb_tensor_va(tc);
+    a.ptr[3] = kb_tensor_va(tacc);
+    a.i[0] = io->streamed;
+    if ((rc = kb_launch(ctx, "gemm", k_gemm, &a, &one_pe)) != 0 ||
+        (rc = kb_tensor_read(tc, io->c)) != 0 || (rc = kb_tensor_read(tacc, io->acc)) != 0)
+        return rc;
+    return 0;
+}
+
+static void check_gemm_values(const gemm_io *io)
+{
+    for (int i = 0; i < 4; i++) {
+        assert_true(io->c[i] == k_C[i]);
+        assert_true(io->acc[i] == k_C[i] + 1.0f);
+    }
+}
+
+static void test_gemm_local(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    const kb_topo_cfg *c = topo(ctx);
+    gemm_io io;
+
+    (void)state;
+    memset(&io, 0, sizeof io);
+    assert_int_equal(kb_ctx_run_host(ctx, h_gemm, &io), 0);
+    check_gemm_values(&io);
+    /* issue + fixed + ceil(2*M*N*K * 1000 / flops_per_ns) = 2 + 16 + 0.006 ns (24 flops) */
+    assert_int_equal(io.p.dt[0], ps(c->pe_cpu_overhead_ns) + ps(c->gemm_fixed_ns) +
+                                     items_ps(2 * 2 * 2 * 3, c->gemm_flops_per_ns));
+    assert_int_equal(io.p.dt[0], 18006);
+    kb_ctx_destroy(ctx);
+}
+
+/* One SchedulerV2 step: DMA A's tile, then B's (the engine is FIFO), then one PE_GEMM use. */
+static void test_gemm_streamed_one_step(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    const kb_topo_cfg *c = topo(ctx);
+    gemm_io io;
+
+    (void)state;
+    memset(&io, 0, sizeof io);
+    io.streamed = 1;
+    assert_int_equal(kb_ctx_run_host(ctx, h_gemm, &io), 0);
+    check_gemm_values(&io);
+    int64_t lat = ps(c->hbm.latency_ns) + ps(c->noc.latency_ns) + ps(c->tcm.latency_ns);
+    int64_t dma24 = ps(c->dma_setup_ns) + items_ps(24, c->dma_bandwidth_gbps); /* 24 B tiles */
+    int64_t want = ps(c->pe_cpu_overhead_ns) + 2 * dma24 + lat + ps(c->gemm_fixed_ns) +
+                   items_ps(24, c->gemm_flops_per_ns);
+    assert_int_equal(io.p.dt[0], want);
+    assert_int_equal(io.p.dt[0], 2000 + 2 * 20188 + 107000 + 16000 + 6);
+    kb_ctx_destroy(ctx);
+}
+
+/*
+ * tile_k = 2 cuts K = 3 into steps of 2 and 1. Double buffering: step 1's loads are issued
+ * at the start (step -1 "finished" then), queue on the DMA engine behind step 0's, and the
+ * second PE_GEMM use starts when they have arrived.
+ */
+static void test_gemm_streamed_two_steps(void **state)
+{
+    kb_ctx *ctx = make_ctx_with(KB_DEV_REF, "pe.scheduler.tile_k=2");
+    const kb_topo_cfg *c = topo(ctx);
+    gemm_io io;
+
+    (void)state;
+    memset(&io, 0, sizeof io);
+    io.streamed = 1;
+    assert_int_equal(kb_ctx_run_host(ctx, h_gemm, &io), 0);
+    check_gemm_values(&io);
+    int64_t lat = ps(c->hbm.latency_ns) + ps(c->noc.latency_ns) + ps(c->tcm.latency_ns);
+    int64_t d16 = ps(c->dma_setup_ns) + items_ps(16, c->dma_bandwidth_gbps); /* 2x2 f32 */
+    int64_t d8 = ps(c->dma_setup_ns) + items_ps(8, c->dma_bandwidth_gbps);   /* 2x1 / 1x2 */
+    int64_t g0 = ps(c->gemm_fixed_ns) + items_ps(16, c->gemm_flops_per_ns);
+    int64_t g1 = ps(c->gemm_fixed_ns) + items_ps(8, c->gemm_flops_per_ns);
+    int64_t ti = ps(c->pe_cpu_overhead_ns);
+    int64_t end0 = ti + d16 + lat + d16 + g0;          /* A0, B0 back to back, gemm 0 */
+    int64_t ready1 = ti + 2 * d16 + d8 + lat + d8;     /* A1, B1 queued behind them */
+    int64_t end1 = (ready1 > end0 ? ready1 : end0) + g1;
+    assert_int_equal(io.p.dt[0], end1);
+    assert_int_equal(end0, 2000 + 20125 + 107000 + 20125 + 16004);
+    assert_int_equal(io.p.dt[0], 2000 + 2 * 20125 + 2 * 20063 + 107000 + 16002);
+    kb_ctx_destroy(ctx);
+}
+
+/* ---- scratch release ---- */
+
+static void k_free_loop(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    p->used[0] = kb_alloc_used(tl_pe(tl)->scratch);
+    for (int i = 0; i < 64; i++) { /* 64 x 1 MiB through an 8 MiB scratch */
+        kb_val v = tl_full(tl, KB_SHAPE2(1, 262144), (float)i);
+        if (i == 0)
+            p->used[1] = kb_alloc_used(tl_pe(tl)->scratch);
+        tl_free(tl, v);
+    }
+    p->used[2] = kb_alloc_used(tl_pe(tl)->scratch);
+}
+
+static void k_hoard(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    for (int i = 0; i < 64; i++) {
+        tl_full(tl, KB_SHAPE2(1, 262144), (float)i);
+        p->rc[0] = i + 1;
+    }
+}
+
+static int h_launch_one(kb_ctx *ctx, void *arg)
+{
+    probe *p = arg;
+    kb_kargs a = kargs(p);
+    return kb_launch(ctx, p->rc[3] ? "hoard" : "free_loop", p->rc[3] ? k_hoard : k_free_loop, &a,
+                     &one_pe);
+}
+
+static void test_free_releases_scratch(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    probe p;
+
+    (void)state;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_ctx_run_host(ctx, h_launch_one, &p), 0);
+    assert_int_equal(p.used[0], 0);
+    assert_int_equal(p.used[1], UINT64_C(1) << 20);
+    assert_int_equal(p.used[2], 0);
+    kb_ctx_destroy(ctx);
+
+    /* without tl_free the same loop runs out after 8 values */
+    ctx = make_ctx();
+    memset(&p, 0, sizeof p);
+    p.rc[3] = 1;
+    assert_int_equal(kb_ctx_run_host(ctx, h_launch_one, &p), KB_ERR_NOSPACE);
+    assert_int_equal(p.rc[0], 8);
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "kernel hoard on sip0/cube0/pe0"));
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "tl_free"));
+    kb_ctx_destroy(ctx);
+}
+
+/* ---- kernel errors ---- */
+
+static void k_badload(kb_tl *tl, const kb_kargs *a)
+{
+    tl_load(tl, (kb_va)0x1000, KB_SHAPE2(1, 4), KB_F32);
+    probe_of(a)->rc[0] = 1; /* never reached */
+}
+
+static int h_badload(kb_ctx *ctx, void *arg)
+{
+    kb_kargs a = kargs(arg);
+    return kb_launch(ctx, "badload", k_badload, &a, &one_pe);
+}
+
+static void test_err_unmapped(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    probe p;
+
+    (void)state;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_ctx_run_host(ctx, h_badload, &p), KB_ERR_NOTFOUND);
+    assert_int_equal(p.rc[0], 0);
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "kernel badload on sip0/cube0/pe0"));
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "tl_load"));
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "unmapped virtual address 0x1000"));
+    kb_ctx_destroy(ctx);
+}
+
+static void k_cross(kb_tl *tl, const kb_kargs *a)
+{
+    tl_load(tl, a->ptr[0], KB_SHAPE2(2, 8), KB_F32); /* shard 0 holds row 0 only */
+}
+
+static int h_cross(kb_ctx *ctx, void *arg)
+{
+    kb_tensor_desc d = desc("halves", 2, 8, KB_F32, kb_dp(KB_DP_REPLICATE, KB_DP_ROW_WISE, 1, 2));
+    kb_tensor *t;
+    kb_kargs a = kargs(arg);
+    int rc = kb_tensor_zeros(ctx, &d, &t);
+    if (rc)
+        return rc;
+    a.ptr[0] = kb_tensor_va(t);
+    return kb_launch(ctx, "cross", k_cross, &a, &one_pe);
+}
+
+static void test_err_cross_shard(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+
+    (void)state;
+    assert_int_equal(kb_ctx_run_host(ctx, h_cross, NULL), KB_ERR_RANGE);
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "kernel cross on sip0/cube0/pe0"));
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "64 bytes"));
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "cross the end of a shard (32 bytes left"));
+    kb_ctx_destroy(ctx);
+}
+
+/* ---- placement errors ---- */
+
+static int h_too_big(kb_ctx *ctx, void *arg)
+{
+    probe *p = arg;
+    kb_machine *m = kb_ctx_machine(ctx);
+    /* 114688 x 32768 f16 = 7 * 2^29 elements = 7 GiB on cube 0 / PE 0 (a 6 GiB slice) */
+    kb_tensor_desc d = desc("huge", 114688, 32768, KB_F16, on_pe0());
+    kb_tensor_desc ok = desc("fits", 1024, 1024, KB_F16, on_pe0());
+    kb_tensor *t = (kb_tensor *)(void *)p, *t2 = NULL; /* t: any non-NULL sentinel */
+
+    p->rc[0] = kb_tensor_empty(ctx, &d, &t);
+    p->rc[1] = t == NULL;
+    p->used[0] = kb_alloc_used(kb_machine_pe(m, 0, 0, 0)->hbm);
+    p->used[1] = kb_alloc_used(m->sips[0].va);
+    p->used[2] = kb_mmu_nsegments(m->sips[0].mmu);
+    p->rc[2] = kb_tensor_empty(ctx, &ok, &t2); /* the context is still usable */
+    p->used[3] = kb_alloc_used(kb_machine_pe(m, 0, 0, 0)->hbm);
+    return 0;
+}
+
+static void test_err_too_big(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    probe p;
+
+    (void)state;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_machine_pe(kb_ctx_machine(ctx), 0, 0, 0)->hbm != NULL, 1);
+    assert_int_equal(kb_alloc_size(kb_machine_pe(kb_ctx_machine(ctx), 0, 0, 0)->hbm),
+                     UINT64_C(6) << 30);
+    assert_int_equal(kb_ctx_run_host(ctx, h_too_big, &p), 0);
+    assert_int_equal(p.rc[0], KB_ERR_NOSPACE);
+    assert_int_equal(p.rc[1], 1);
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "huge"));
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "7.00 GiB"));
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "6.00 GiB"));
+    assert_int_equal(p.used[0], 0); /* nothing half-allocated */
+    assert_int_equal(p.used[1], 0);
+    assert_int_equal(p.used[2], 0);
+    assert_int_equal(p.rc[2], 0);
+    assert_int_equal(p.used[3], 2 << 20);
+    kb_ctx_destroy(ctx);
+}
+
+/* ---- 2-D scatter / gather and host transfer times ---- */
+
+typedef struct sg_io {
+    probe p;
+    float in[60], out[60];
+    uint16_t in16[60];
+    float out16[60];
+    float shard7[6];
+    size_t nshards;
+    kb_shard_spec s7;
+    int read_rc;
+} sg_io;
+
+static int h_scatter_gather(kb_ctx *ctx, void *arg)
+{
+    sg_io *io = arg;
+    kb_dp_policy dp = kb_dp(KB_DP_ROW_WISE, KB_DP_COLUMN_WISE, 0, 0);
+    kb_tensor_desc d = desc("grid", 6, 10, KB_F32, dp), d16 = desc("grid16", 6, 10, KB_F16, dp);
+    kb_tensor *t, *t16;
+    int rc;
+
+    io->p.t0 = now_ctx(ctx);
+    if ((rc = kb_tensor_from_host(ctx, &d, io->in, &t)) != 0)
+        return rc;
+    io->p.t1 = now_ctx(ctx);
+    io->nshards = kb_tensor_nshards(t);
+    io->s7 = *kb_tensor_shard(t, 7);
+    io->read_rc = kb_tensor_read(t, io->out);
+    if (io->read_rc != 0)
+        return 0; /* device none: nothing more to check */
+    if ((rc = kb_tensor_read_shard_raw(t, 7, io->shard7)) != 0 ||
+        (rc = kb_tensor_from_host(ctx, &d16, io->in, &t16)) != 0 ||
+        (rc = kb_tensor_read(t16, io->out16)) != 0)
+        return rc;
+    return 0;
+}
+
+static void test_scatter_gather_2d(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    sg_io *io = calloc(1, sizeof *io);
+
+    (void)state;
+    assert_non_null(io);
+    for (int i = 0; i < 60; i++)
+        io->in[i] = 0.5f * (float)i - 7.0f; /* exact in f16 too */
+    assert_int_equal(kb_ctx_run_host(ctx, h_scatter_gather, io), 0);
+    assert_int_equal(io->read_rc, 0);
+    assert_int_equal(io->nshards, 8);
+    /* cube 1 holds rows 3..5; its PE 3 the last 2 of the 10 columns (3, 3, 2, 2) */
+    assert_int_equal(io->s7.cube, 1);
+    assert_int_equal(io->s7.pe, 3);
+    assert_int_equal(io->s7.row0, 3);
+    assert_int_equal(io->s7.rows, 3);
+    assert_int_equal(io->s7.col0, 8);
+    assert_int_equal(io->s7.cols, 2);
+    for (int i = 0; i < 60; i++) {
+        assert_true(io->out[i] == io->in[i]);
+        assert_true(io->out16[i] == io->in[i]);
+    }
+    for (int r = 0; r < 3; r++)
+        for (int j = 0; j < 2; j++)
+            assert_true(io->shard7[r * 2 + j] == io->in[(3 + r) * 10 + 8 + j]);
+    assert_true(io->p.t1 - io->p.t0 > 0);
+    kb_ctx_destroy(ctx);
+    free(io);
+}
+
+static void test_device_none(void **state)
+{
+    kb_ctx *ctx = make_ctx_with(KB_DEV_NONE, NULL);
+    kb_ctx *ref = make_ctx();
+    sg_io *io = calloc(1, sizeof *io), *io_ref = calloc(1, sizeof *io_ref);
+
+    (void)state;
+    assert_non_null(io);
+    assert_non_null(io_ref);
+    assert_int_equal(kb_ctx_recording(ctx), 0);
+    assert_int_equal(kb_ctx_run_host(ctx, h_scatter_gather, io), 0);
+    assert_int_equal(io->read_rc, KB_ERR_UNSUPPORTED);
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "none"));
+    assert_int_equal(kb_oplog_count(kb_ctx_oplog(ctx)), 0);
+    /* the same host write costs the same simulated time with and without data */
+    assert_int_equal(kb_ctx_run_host(ref, h_scatter_gather, io_ref), 0);
+    assert_int_equal(io->p.t1 - io->p.t0, io_ref->p.t1 - io_ref->p.t0);
+    kb_ctx_destroy(ref);
+    kb_ctx_destroy(ctx);
+    free(io);
+    free(io_ref);
+}
+
+static int h_host_times(kb_ctx *ctx, void *arg)
+{
+    probe *p = arg;
+    kb_tensor_desc d = desc("small", 6, 10, KB_F32, on_pe0());
+    kb_tensor *t;
+    float buf[60] = { 0 };
+    int rc;
+
+    p->t0 = now_ctx(ctx);
+    if ((rc = kb_tensor_from_host(ctx, &d, buf, &t)) != 0)
+        return rc;
+    p->t1 = now_ctx(ctx);
+    if ((rc = kb_tensor_read(t, buf)) != 0)
+        return rc;
+    p->t2 = now_ctx(ctx);
+    return 0;
+}
+
+/* 240 bytes to HBM of cube 0 / PE 0 and back: the PCIe EP's 100 ns is the largest occupancy. */
+static void test_host_write_read_time(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    const kb_topo_cfg *c = topo(ctx);
+    probe p;
+
+    (void)state;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_ctx_run_host(ctx, h_host_times, &p), 0);
+    int64_t want = ps(c->host_overhead_ns) + ps(c->pcie.latency_ns) + ps(c->noc.latency_ns) +
+                   ps(c->hbm.latency_ns) + ps(c->pcie_ep_overhead_ns);
+    assert_true(ps(c->pcie_ep_overhead_ns) > items_ps(240, c->pcie.bandwidth_gbps));
+    assert_int_equal(p.t1 - p.t0, want);
+    assert_int_equal(p.t1 - p.t0, 2205000);
+    assert_int_equal(p.t2 - p.t1, want);
+    kb_ctx_destroy(ctx);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_program_ids),
+        cmocka_unit_test(test_launch_round_trip),
+        cmocka_unit_test(test_load_add_store),
+        cmocka_unit_test(test_add_duration),
+        cmocka_unit_test(test_softmax_sum_max),
+        cmocka_unit_test(test_broadcast),
+        cmocka_unit_test(test_gemm_local),
+        cmocka_unit_test(test_gemm_streamed_one_step),
+        cmocka_unit_test(test_gemm_streamed_two_steps),
+        cmocka_unit_test(test_free_releases_scratch),
+        cmocka_unit_test(test_err_unmapped),
+        cmocka_unit_test(test_err_cross_shard),
+        cmocka_unit_test(test_err_too_big),
+        cmocka_unit_test(test_scatter_gather_2d),
+        cmocka_unit_test(test_device_none),
+        cmocka_unit_test(test_host_write_read_time),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
