@@ -95,3 +95,46 @@ static inline kb_val kb_val_slice(kb_val v, uint32_t c0, uint32_t n)
 }
 
 #endif
+
+/* ---- running a collective ---- */
+
+/*
+ * A collective job in a rank = PE world: one tile tensor per SIP (rank r's n f16 elements on
+ * r's PE: validator single_shard_per_rank), IPCQ installed for the topology, and the kernel.
+ * Owner: the caller (the tensors belong to the context).
+ */
+typedef struct kb_ccl_job {
+    const kb_ccl_algo_impl *impl;
+    char name[64];
+    char topo[64];
+    kb_ccl_layout layout;
+    int64_t n;
+    kb_ipcq_cfg icfg;
+    kb_tensor *tiles[KB_MAX_GSIPS];
+} kb_ccl_job;
+
+/*
+ * From a host program: checks the world for the algorithm, creates and fills the tiles
+ * (inputs: ws*n f32 values, rank-major; NULL fills rank r's tile with r + 1), validates the
+ * layout and installs IPCQ. `name` is what reports call the algorithm.
+ */
+int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
+                       const char *name, const char *topo, int ws, int64_t n,
+                       const kb_ipcq_cfg *icfg, const float *inputs);
+/* Launches `kernel` (NULL = the algorithm's) on every rank and waits for it. */
+int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const char *name);
+/* Reads every rank's tile (ws*n f32 values, rank-major); raw f16 bits into raw if non-NULL. */
+int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw);
+
+/*
+ * Mock runtime: runs algorithm `module` on ws ranks with the given inputs (ws*n values,
+ * rounded to f16) and returns every rank's result tile in out (ws*n). It builds the smallest
+ * machine that holds the world (one cube of ws PEs up to 16 ranks, else cubes of 8 PEs, else
+ * SIPs of 128 PEs), runs the real kernel and replays the data with the ref backend; the
+ * simulated time is computed but not reported. topo NULL = the algorithm's usual topology.
+ */
+int kb_ccl_mock_run(const char *module, const char *topo, int ws, int64_t n, const float *in,
+                    float *out, kb_errbuf *eb);
+
+/* The topology an algorithm module normally runs on (ring_1d for rings, ...). */
+const char *kb_ccl_default_topo(const char *module);

@@ -724,25 +724,9 @@ static void kernel_main(kb_sim *sim, void *arg)
     kernel_finished(tl);
 }
 
-int kb_launch(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *a,
-              const kb_grid *grid)
-{
-    /* the same arguments for every SIP of the grid */
-    int sips = grid && grid->sips > 0 ? grid->sips : 1;
-    kb_kargs *per = calloc((size_t)sips, sizeof *per);
-    int rc;
-    if (!per)
-        return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
-    for (int s = 0; s < sips; s++)
-        if (a)
-            per[s] = *a;
-    rc = kb_launch_per_sip(ctx, name, kernel, per, grid);
-    free(per);
-    return rc;
-}
-
-int kb_launch_per_sip(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *args,
-                      const kb_grid *grid)
+/* args: one block per SIP of the grid when stride is sizeof(kb_kargs), one shared block when 0 */
+static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *args,
+                       size_t stride, const kb_grid *grid)
 {
     kb_machine *m = ctx->m;
     kb_hostproc *hp = kb_ctx_hostproc(ctx);
@@ -775,8 +759,8 @@ int kb_launch_per_sip(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const 
     l->kernel = kernel;
     l->grid = g;
     l->args = calloc((size_t)g.sips, sizeof *l->args);
-    if (l->args && args)
-        memcpy(l->args, args, (size_t)g.sips * sizeof *l->args);
+    for (int s = 0; l->args && args && s < g.sips; s++)
+        l->args[s] = *(const kb_kargs *)((const char *)args + (size_t)s * stride);
     l->ntl = g.pes * g.cubes * g.sips;
     l->tls = calloc((size_t)l->ntl, sizeof *l->tls);
     l->cube_left = calloc((size_t)(g.cubes * g.sips), sizeof *l->cube_left);
@@ -837,4 +821,16 @@ int kb_launch_per_sip(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const 
 fail:
     launch_free(l);
     return rc;
+}
+
+int kb_launch(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *a,
+              const kb_grid *grid)
+{
+    return launch_impl(ctx, name, kernel, a, 0, grid);
+}
+
+int kb_launch_per_sip(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *args,
+                      const kb_grid *grid)
+{
+    return launch_impl(ctx, name, kernel, args, sizeof(kb_kargs), grid);
 }

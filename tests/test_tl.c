@@ -135,7 +135,6 @@ static int h_ids(kb_ctx *ctx, void *arg)
     if ((rc = kb_launch(ctx, "ids", k_ids, &a, NULL)) != 0)
         return rc;
     p->t1 = now_ctx(ctx);
-    p->rc[0] = rc;
     memset(p->np, 0, sizeof p->np);
     if ((rc = kb_launch(ctx, "ids2", k_ids, &a, &two)) != 0)
         return rc;
@@ -447,8 +446,9 @@ typedef struct bcast_io {
 static int h_bcast(kb_ctx *ctx, void *arg)
 {
     bcast_io *io = arg;
-    kb_tensor_desc dx = desc("x", 3, 4, KB_F32, on_pe0()), db = desc("bias", 1, 4, KB_F32, on_pe0());
-    kb_tensor_desc dc = desc("col", 3, 1, KB_F32, on_pe0()), ds = desc("sum", 3, 4, KB_F32, on_pe0());
+    kb_dp_policy one = on_pe0();
+    kb_tensor_desc dx = desc("x", 3, 4, KB_F32, one), db = desc("bias", 1, 4, KB_F32, one);
+    kb_tensor_desc dc = desc("col", 3, 1, KB_F32, one), ds = desc("sum", 3, 4, KB_F32, one);
     kb_tensor *tx, *tb, *tc, *ts, *tp;
     kb_kargs a = kargs(NULL);
     int rc;

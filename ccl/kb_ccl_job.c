@@ -1,0 +1,196 @@
+/*
+ * kb_ccl_job — preparing, launching and reading a collective (kb_ccl.h), and the mock
+ * runtime built on them. The bench and the tests share this path, so the mock exercises
+ * exactly the kernels, install plans and replay that full runs use.
+ */
+#include "kb_ccl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_runtime_int.h"
+
+int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
+                       const char *name, const char *topo, int ws, int64_t n,
+                       const kb_ipcq_cfg *icfg, const float *inputs)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    int rc;
+
+    memset(job, 0, sizeof *job);
+    job->impl = impl;
+    snprintf(job->name, sizeof job->name, "%s", name);
+    snprintf(job->topo, sizeof job->topo, "%s", topo);
+    job->n = n;
+    job->icfg = *icfg;
+    if (n < 1 || n > UINT32_MAX / 4)
+        return kb_err_set(eb, KB_ERR_RANGE, "%s: n_elem %lld out of range", name, (long long)n);
+    if ((rc = kb_ccl_layout_legacy(m, ws, &job->layout, eb)) != 0)
+        return rc;
+    kb_ccl_geom g = { m->npes, job->layout.cubes };
+    if (impl->check_ws && (rc = impl->check_ws(ws, &g, eb)) != 0)
+        return rc;
+    uint64_t need = impl->max_msg_bytes(n, ws);
+    if (need > icfg->slot_size)
+        return kb_err_set(eb, KB_ERR_CONFIG,
+                          "%s with n_elem=%lld sends messages of %llu bytes but slot_size is %llu "
+                          "(raise ccl.defaults.slot_size)", name, (long long)n,
+                          (unsigned long long)need, (unsigned long long)icfg->slot_size);
+
+    int rps = job->layout.ranks_per_sip;
+    float *data = malloc(sizeof(float) * (size_t)(n * rps));
+    if (!data)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+    for (int s = 0; s < job->layout.sips && rc == 0; s++) {
+        kb_tensor_desc d = { "tiles", 1, n * rps, KB_F16,
+                             kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, job->layout.cubes,
+                                   job->layout.pes), KB_MEM_HBM };
+        for (int lr = 0; lr < rps; lr++) {
+            int r = s * rps + lr;
+            for (int64_t i = 0; i < n; i++)
+                data[(size_t)(lr * n + i)] = inputs ? inputs[(size_t)r * (size_t)n + (size_t)i]
+                                                    : (float)(r + 1);
+        }
+        if ((rc = kb_ctx_set_device(ctx, s)) == 0)
+            rc = kb_tensor_from_host(ctx, &d, data, &job->tiles[s]);
+        /* validator single_shard_per_rank: each rank's PE holds exactly its own tile */
+        for (size_t i = 0; rc == 0 && i < kb_tensor_nshards(job->tiles[s]); i++) {
+            const kb_shard_spec *sh = kb_tensor_shard(job->tiles[s], i);
+            int r = s * rps + (int)(sh->cube * (unsigned)job->layout.pes + sh->pe);
+            if (sh->nbytes != (uint64_t)n * 2 ||
+                kb_ccl_rank_pe(m, &job->layout, r) != kb_machine_pe(m, sh->sip, sh->cube, sh->pe))
+                rc = kb_err_set(eb, KB_ERR_STATE, "validator single_shard_per_rank: shard %zu "
+                                "of SIP %d is not rank %d's tile", i, s, r);
+        }
+    }
+    free(data);
+    if (rc == 0)
+        rc = kb_ctx_set_device(ctx, 0);
+    if (rc == 0)
+        rc = kb_ccl_install(ctx, topo, &job->layout, icfg);
+    return rc;
+}
+
+int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const char *name)
+{
+    kb_kargs *args = calloc((size_t)job->layout.sips, sizeof *args);
+    kb_grid g = { job->layout.pes, job->layout.cubes, job->layout.sips, 0 };
+    int rc;
+    if (!args)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    for (int s = 0; s < job->layout.sips; s++) {
+        args[s].ptr[0] = kb_tensor_va(job->tiles[s]);
+        args[s].i[KB_CCL_ARG_N] = job->n;
+        args[s].i[KB_CCL_ARG_WS] = job->layout.ws;
+        args[s].i[KB_CCL_ARG_PES] = job->layout.pes;
+        args[s].i[KB_CCL_ARG_CUBES] = job->layout.cubes;
+        args[s].i[KB_CCL_ARG_SIPS] = job->layout.sips;
+    }
+    rc = kb_launch_per_sip(ctx, name ? name : job->name, kernel ? kernel : job->impl->kernel, args,
+                           &g);
+    free(args);
+    return rc;
+}
+
+int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw)
+{
+    size_t per = (size_t)job->n * (size_t)job->layout.ranks_per_sip;
+    uint16_t *buf = malloc(per * 2);
+    int rc = 0;
+    if (!buf)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    for (int s = 0; s < job->layout.sips && rc == 0; s++) {
+        if ((rc = kb_tensor_read_raw(job->tiles[s], buf)) != 0)
+            break;
+        for (size_t i = 0; i < per; i++) {
+            if (out)
+                out[(size_t)s * per + i] = kb_f16_to_f32(buf[i]);
+            if (raw)
+                raw[(size_t)s * per + i] = buf[i];
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+const char *kb_ccl_default_topo(const char *module)
+{
+    if (!strcmp(module, "mesh_allreduce"))
+        return "mesh_2d";
+    if (!strcmp(module, "tree_allreduce"))
+        return "tree_binary";
+    if (!strcmp(module, "hierarchical_allreduce"))
+        return "hierarchical_3level";
+    return "ring_1d";
+}
+
+typedef struct mock {
+    const kb_ccl_algo_impl *impl;
+    const char *topo;
+    int ws;
+    int64_t n;
+    const float *in;
+    kb_ccl_job job;
+} mock;
+
+static int mock_host(kb_ctx *ctx, void *arg)
+{
+    mock *mk = arg;
+    kb_ipcq_cfg icfg = { 2, mk->impl->max_msg_bytes(mk->n, mk->ws), KB_MEM_TCM, 1 };
+    int rc;
+    if (icfg.slot_size < 64)
+        icfg.slot_size = 64;
+    rc = kb_ccl_job_prepare(ctx, &mk->job, mk->impl, mk->impl->module, mk->topo, mk->ws, mk->n,
+                            &icfg, mk->in);
+    if (rc == 0)
+        rc = kb_ccl_job_launch(ctx, &mk->job, NULL, NULL);
+    return rc;
+}
+
+int kb_ccl_mock_run(const char *module, const char *topo, int ws, int64_t n, const float *in,
+                    float *out, kb_errbuf *eb)
+{
+    kb_config cfg;
+    kb_ctx_opts opts = { KB_DEV_REF, NULL };
+    kb_ctx *ctx = NULL;
+    mock mk;
+    int rc;
+
+    memset(&mk, 0, sizeof mk);
+    mk.impl = kb_ccl_algo_find(module);
+    if (!mk.impl)
+        return kb_err_set(eb, KB_ERR_NOTFOUND, "unknown algorithm module '%s'", module);
+    mk.topo = topo ? topo : kb_ccl_default_topo(module);
+    mk.ws = ws;
+    mk.n = n;
+    mk.in = in;
+    kb_config_defaults(&cfg);
+    /* the smallest machine holding the world */
+    int pes = ws <= 16 ? ws : 8, per_sip = ws <= 16 ? ws : ws <= 256 ? ws : 128;
+    int cubes = per_sip / pes, sips = ws / per_sip;
+    const char *sets[5];
+    char b[5][96];
+    snprintf(b[0], sizeof b[0], "system.sips.count=%d", sips > 0 ? sips : 1);
+    snprintf(b[1], sizeof b[1], "cube.corners=1");
+    snprintf(b[2], sizeof b[2], "cube.pe_per_corner=%d", pes);
+    snprintf(b[3], sizeof b[3], "sip.cube_mesh.width=%d", cubes <= 8 ? cubes : 8);
+    snprintf(b[4], sizeof b[4], "sip.cube_mesh.height=%d", cubes <= 8 ? 1 : (cubes + 7) / 8);
+    for (int i = 0; i < 5; i++)
+        sets[i] = b[i];
+    if (ws < 1 || (ws > 16 && ws % 8) || (ws > 256 && ws % 128) || cubes > 32)
+        return kb_err_set(eb, KB_ERR_RANGE, "mock runtime: cannot lay out %d ranks", ws);
+    for (int i = 0; i < 5; i++)
+        if ((rc = kb_config_set(&cfg, sets[i], eb)) != 0)
+            return rc;
+    if ((rc = kb_ctx_create(&cfg, &opts, &ctx, eb)) != 0)
+        return rc;
+    rc = kb_ctx_run_host(ctx, mock_host, &mk);
+    if (rc == 0)
+        rc = kb_ccl_job_read(ctx, &mk.job, out, NULL);
+    if (rc)
+        kb_err_set(eb, rc, "%s", kb_ctx_errmsg(ctx));
+    kb_ctx_destroy(ctx);
+    return rc;
+}
