@@ -1,17 +1,23 @@
 /*
  * kb_replay — the Phase-2 planner and the flush that drives a backend. The planner validates
- * records, orders them by (t_start, seq), cuts them greedily into batches of mutually
- * independent records using exact byte intervals (a record's reads are its MEM sources'
- * spans, its write is its dst span; payload sources never conflict because the payload is
- * read-only), groups each batch by kind (stable), and packs every touched byte range into
- * coalesced arena segments, rewriting MEM operands to arena offsets. Each segment starts at an
- * arena offset congruent to its PA modulo 8, so every operand keeps the natural alignment it
- * had in simulated memory. The batch's read and write sets are sorted, merged interval arrays
- * searched by binary search, plus a small unsorted pending list merged in when it reaches about
- * sqrt(size) entries, so a batch of b records costs O(b sqrt b) rather than O(b^2). Record
- * order and spans are sorted with a stable LSD radix sort (no comparator calls, same result
+ * records, orders them by (t_start, seq) and gives each one a batch by level scheduling: its
+ * batch is one past the latest batch of any earlier record it conflicts with (it reads bytes
+ * that one writes, or writes bytes that one reads or writes), or 0. Conflicting records thus
+ * keep their (t_start, seq) order across batches, so replaying batch 0, 1, 2, ... equals the
+ * serial replay, while independent records fall into the earliest batch they can; the batch
+ * count is the longest conflict chain. Conflicts use exact byte intervals: a record's reads are
+ * its MEM sources' spans, its write is its dst span; payload sources never conflict because the
+ * payload is read-only. The per-byte "latest batch that wrote / read it" is kept over the
+ * elementary intervals between all span endpoints of the flush (found by one sort), in a
+ * 16-ary max tree with lazy "raise to at least" tags, so each query or update costs a few
+ * node visits for the small spans of real logs and O(16 log m) at worst. Each batch is then
+ * grouped by kind (stable), and every touched byte range is packed into coalesced arena
+ * segments, MEM operands rewritten to arena offsets. Each segment starts at an arena offset
+ * congruent to its PA modulo 8, so every operand keeps the natural alignment it had in
+ * simulated memory. All sorting is a stable LSD radix sort (no comparator calls, same result
  * on every libc). Limits: spans are conservative for strided operands (the gaps between rows
- * count as touched); one arena per flush, rebuilt from the memory store each time.
+ * count as touched); one arena per flush, rebuilt from the memory store each time; fewer than
+ * 2^32 records and span endpoints per flush.
  */
 #include "kb_replay.h"
 
@@ -20,131 +26,9 @@
 #include <string.h>
 #include <time.h>
 
-/* ---------------------------------------------------------------- interval sets */
-
 typedef struct ival {
     uint64_t lo, hi; /* [lo, hi) */
 } ival;
-
-typedef struct ivset {
-    ival *main;     /* sorted, disjoint, non-adjacent */
-    size_t nmain, capmain;
-    ival *pend;     /* unsorted recent additions */
-    size_t npend, cappend;
-    size_t limit;   /* pend is merged into main when it reaches this */
-    ival *tmp;      /* merge scratch */
-    size_t captmp;
-} ivset;
-
-static void ivset_free(ivset *s)
-{
-    free(s->main);
-    free(s->pend);
-    free(s->tmp);
-    memset(s, 0, sizeof *s);
-}
-
-static void ivset_clear(ivset *s)
-{
-    s->nmain = 0;
-    s->npend = 0;
-}
-
-static int ival_cmp(const void *a, const void *b)
-{
-    const ival *x = a, *y = b;
-    if (x->lo != y->lo)
-        return x->lo < y->lo ? -1 : 1;
-    if (x->hi != y->hi)
-        return x->hi < y->hi ? -1 : 1;
-    return 0;
-}
-
-static int ivset_hits(const ivset *s, uint64_t lo, uint64_t hi)
-{
-    /* First interval ending after lo; ends are sorted because the intervals are disjoint. */
-    size_t a = 0, b = s->nmain;
-    while (a < b) {
-        size_t m = a + (b - a) / 2;
-        if (s->main[m].hi <= lo)
-            a = m + 1;
-        else
-            b = m;
-    }
-    if (a < s->nmain && s->main[a].lo < hi)
-        return 1;
-    for (size_t i = 0; i < s->npend; i++)
-        if (s->pend[i].lo < hi && lo < s->pend[i].hi)
-            return 1;
-    return 0;
-}
-
-static int grow_array(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 0;
-    size_t c = *cap ? *cap : 16;
-    while (c < need)
-        c *= 2;
-    void *q = realloc(*p, c * elem);
-    if (!q)
-        return KB_ERR_NOMEM;
-    *p = q;
-    *cap = c;
-    return 0;
-}
-
-static void push_coalesced(ival *out, size_t *n, ival v)
-{
-    if (*n > 0 && v.lo <= out[*n - 1].hi) {
-        if (v.hi > out[*n - 1].hi)
-            out[*n - 1].hi = v.hi;
-        return;
-    }
-    out[(*n)++] = v;
-}
-
-static int ivset_merge(ivset *s)
-{
-    size_t need = s->nmain + s->npend;
-    if (grow_array((void **)&s->tmp, &s->captmp, need, sizeof(ival)))
-        return KB_ERR_NOMEM;
-    qsort(s->pend, s->npend, sizeof(ival), ival_cmp);
-    size_t i = 0, j = 0, n = 0;
-    while (i < s->nmain || j < s->npend) {
-        ival v;
-        if (j == s->npend || (i < s->nmain && s->main[i].lo <= s->pend[j].lo))
-            v = s->main[i++];
-        else
-            v = s->pend[j++];
-        push_coalesced(s->tmp, &n, v);
-    }
-    ival *t = s->main;
-    size_t tc = s->capmain;
-    s->main = s->tmp;
-    s->capmain = s->captmp;
-    s->tmp = t;
-    s->captmp = tc;
-    s->nmain = n;
-    s->npend = 0;
-    while (s->limit * s->limit < s->nmain)
-        s->limit *= 2;
-    return 0;
-}
-
-static int ivset_add(ivset *s, uint64_t lo, uint64_t hi)
-{
-    if (s->limit == 0)
-        s->limit = 16;
-    if (grow_array((void **)&s->pend, &s->cappend, s->npend + 1, sizeof(ival)))
-        return KB_ERR_NOMEM;
-    s->pend[s->npend].lo = lo;
-    s->pend[s->npend].hi = hi;
-    s->npend++;
-    if (s->npend >= s->limit)
-        return ivset_merge(s);
-    return 0;
-}
 
 /* ---------------------------------------------------------------- validation */
 
@@ -233,6 +117,152 @@ static int check_rec(const kb_rec *r, kb_errbuf *eb)
     return 0;
 }
 
+/* ---------------------------------------------------------------- level map */
+
+/*
+ * For each elementary interval (leaf) the latest batch + 1 that wrote it ([LV_W]) and that read
+ * it ([LV_R]); 0 = never. Level k > 0 node i covers leaves [i * 16^k, (i + 1) * 16^k). mx is the
+ * largest value applied to any leaf below (so a parent's mx is never below a child's); tag is a
+ * value applied to every leaf below and is pushed nowhere: a leaf's value is the max of its own
+ * and its ancestors' tags. Ranges are split into the maximal nodes they cover, so every strict
+ * ancestor of a covering node also contains the range's first or last leaf, and the walk up from
+ * those two leaves sees every tag (query) and raises every mx (update) the range involves.
+ */
+enum { LV_FAN = 16, LV_MAXLEV = 17, LV_W = 0, LV_R = 1 };
+
+typedef struct lvnode {
+    uint32_t mx[2], tag[2];
+} lvnode;
+
+typedef struct lvmap {
+    unsigned nlev;
+    lvnode *lev[LV_MAXLEV]; /* lev[0] owns the single allocation */
+} lvmap;
+
+static int lvmap_init(lvmap *m, size_t leaves)
+{
+    size_t len[LV_MAXLEV], total = 0;
+    unsigned k = 0;
+
+    len[0] = leaves ? leaves : 1;
+    total = len[0];
+    while (len[k] > LV_FAN) {
+        len[k + 1] = (len[k] + LV_FAN - 1) / LV_FAN;
+        total += len[++k];
+    }
+    m->nlev = k + 1;
+    m->lev[0] = calloc(total, sizeof(lvnode));
+    if (!m->lev[0])
+        return KB_ERR_NOMEM;
+    for (unsigned i = 1; i < m->nlev; i++)
+        m->lev[i] = m->lev[i - 1] + len[i - 1];
+    return 0;
+}
+
+/* mask: bit 0 = writes, bit 1 = reads. */
+static uint32_t lv_pick(const uint32_t v[2], unsigned mask)
+{
+    uint32_t a = (mask & 1u) ? v[LV_W] : 0, b = (mask & 2u) ? v[LV_R] : 0;
+    return a > b ? a : b;
+}
+
+static uint32_t lv_scan(const lvnode *nd, size_t lo, size_t hi, unsigned mask)
+{
+    uint32_t best = 0;
+    for (size_t i = lo; i < hi; i++) {
+        uint32_t v = lv_pick(nd[i].mx, mask);
+        if (v > best)
+            best = v;
+    }
+    return best;
+}
+
+static void lv_raise_nodes(lvnode *nd, size_t lo, size_t hi, unsigned w, uint32_t v)
+{
+    for (size_t i = lo; i < hi; i++) {
+        if (nd[i].mx[w] < v)
+            nd[i].mx[w] = v;
+        if (nd[i].tag[w] < v)
+            nd[i].tag[w] = v;
+    }
+}
+
+/* Largest value (of the kinds in mask) over leaves [l, r), l < r. */
+static uint32_t lv_query(const lvmap *m, size_t l, size_t r, unsigned mask)
+{
+    uint32_t best = 0, v;
+    size_t lo = l, hi = r, a = l, b = r - 1;
+    unsigned k = 0;
+
+    for (;;) {
+        size_t plo = (lo + LV_FAN - 1) / LV_FAN, phi = hi / LV_FAN;
+        if (k + 1 < m->nlev && plo < phi) { /* whole parents inside: cover them one level up */
+            if ((v = lv_scan(m->lev[k], lo, plo * LV_FAN, mask)) > best)
+                best = v;
+            if ((v = lv_scan(m->lev[k], phi * LV_FAN, hi, mask)) > best)
+                best = v;
+            lo = plo;
+            hi = phi;
+            k++;
+            continue;
+        }
+        if ((v = lv_scan(m->lev[k], lo, hi, mask)) > best)
+            best = v;
+        break;
+    }
+    for (k = 1; k < m->nlev; k++) {
+        a /= LV_FAN;
+        b /= LV_FAN;
+        if ((v = lv_pick(m->lev[k][a].tag, mask)) > best)
+            best = v;
+        if (b != a && (v = lv_pick(m->lev[k][b].tag, mask)) > best)
+            best = v;
+    }
+    return best;
+}
+
+/* Raises kind w (LV_W or LV_R) of leaves [l, r), l < r, to at least v. */
+static void lv_raise(lvmap *m, size_t l, size_t r, unsigned w, uint32_t v)
+{
+    size_t lo = l, hi = r, a = l, b = r - 1;
+    unsigned k;
+    int up_a = 1, up_b = 1;
+
+    /* Ancestors first, while every parent's mx is still at least its children's: a walk can
+     * then stop at the first node that already holds v. */
+    for (k = 1; k < m->nlev && (up_a || up_b); k++) {
+        a /= LV_FAN;
+        b /= LV_FAN;
+        if (up_a) {
+            if (m->lev[k][a].mx[w] < v)
+                m->lev[k][a].mx[w] = v;
+            else
+                up_a = 0;
+        }
+        if (b == a) {
+            up_b = up_a;
+        } else if (up_b) {
+            if (m->lev[k][b].mx[w] < v)
+                m->lev[k][b].mx[w] = v;
+            else
+                up_b = 0;
+        }
+    }
+    for (k = 0;;) {
+        size_t plo = (lo + LV_FAN - 1) / LV_FAN, phi = hi / LV_FAN;
+        if (k + 1 < m->nlev && plo < phi) {
+            lv_raise_nodes(m->lev[k], lo, plo * LV_FAN, w, v);
+            lv_raise_nodes(m->lev[k], phi * LV_FAN, hi, w, v);
+            lo = plo;
+            hi = phi;
+            k++;
+            continue;
+        }
+        lv_raise_nodes(m->lev[k], lo, hi, w, v);
+        break;
+    }
+}
+
 /* ---------------------------------------------------------------- planner */
 
 /* A sort item: a 64-bit key and what it belongs to. */
@@ -294,49 +324,99 @@ static unsigned rec_ivals(const kb_rec *r, ival reads[3], ival *write, int *has_
     return n;
 }
 
-static int conflicts(const ivset *rd, const ivset *wr, const ival *reads, unsigned nreads,
-                     const ival *write, int has_write)
-{
-    for (unsigned i = 0; i < nreads; i++)
-        if (ivset_hits(wr, reads[i].lo, reads[i].hi))
-            return 1;
-    if (has_write && (ivset_hits(wr, write->lo, write->hi) || ivset_hits(rd, write->lo, write->hi)))
-        return 1;
-    return 0;
-}
-
-/* Cuts the sorted records into batches; bstart[] receives each batch's first sorted position. */
-static int cut_batches(const kb_rec *const *recs, const kv *keys, size_t n, size_t *bstart,
+/*
+ * Gives every sorted record p (recs[keys[p].val]) its batch lvl[p]; *nbatches receives the
+ * count. Endpoints of all spans are sorted once and ranked, so a span becomes the leaf range
+ * [rank(lo), rank(hi)) of the level map.
+ */
+static int plan_levels(const kb_rec *const *recs, const kv *keys, size_t n, uint32_t *lvl,
                        size_t *nbatches)
 {
-    ivset rd, wr;
-    int rc = 0;
-    size_t nb = 0;
+    kv *ends = NULL, *tmp = NULL;
+    uint32_t *rank = NULL;
+    lvmap map;
+    size_t ne = 0, e, nb = 0;
+    uint32_t nranks = 0;
+    int rc = KB_ERR_NOMEM;
 
-    memset(&rd, 0, sizeof rd);
-    memset(&wr, 0, sizeof wr);
+    memset(&map, 0, sizeof map);
     for (size_t p = 0; p < n; p++) {
         const kb_rec *r = recs[keys[p].val];
         ival reads[3], write;
         int has_write;
-        unsigned nreads = rec_ivals(r, reads, &write, &has_write);
-
-        if (p == 0 || conflicts(&rd, &wr, reads, nreads, &write, has_write)) {
-            bstart[nb++] = p;
-            ivset_clear(&rd);
-            ivset_clear(&wr);
+        ne += 2 * (rec_ivals(r, reads, &write, &has_write) + (unsigned)has_write);
+    }
+    if (n >= UINT32_MAX || ne >= UINT32_MAX)
+        goto fail; /* levels and ranks are 32-bit; such a flush would not fit in memory anyway */
+    ends = malloc((ne ? ne : 1) * sizeof *ends);
+    tmp = malloc((ne ? ne : 1) * sizeof *tmp);
+    rank = malloc((ne ? ne : 1) * sizeof *rank);
+    if (!ends || !tmp || !rank)
+        goto fail;
+    e = 0;
+    for (size_t p = 0; p < n; p++) {
+        const kb_rec *r = recs[keys[p].val];
+        ival iv[4];
+        int has_write;
+        unsigned ni = rec_ivals(r, iv, &iv[3], &has_write);
+        if (has_write)
+            iv[ni++] = iv[3];
+        for (unsigned i = 0; i < ni; i++) {
+            ends[e].key = iv[i].lo;
+            ends[e].val = e;
+            e++;
+            ends[e].key = iv[i].hi;
+            ends[e].val = e;
+            e++;
         }
-        for (unsigned i = 0; i < nreads && rc == 0; i++)
-            rc = ivset_add(&rd, reads[i].lo, reads[i].hi);
-        if (rc == 0 && has_write)
-            rc = ivset_add(&wr, write.lo, write.hi);
-        if (rc)
-            goto fail;
+    }
+    assert(e == ne);
+    radix_sort(ends, tmp, ne);
+    for (size_t i = 0; i < ne; i++) {
+        if (i > 0 && ends[i].key != ends[i - 1].key)
+            nranks++;
+        rank[ends[i].val] = nranks;
+    }
+    free(ends);
+    free(tmp);
+    ends = tmp = NULL;
+    if ((rc = lvmap_init(&map, (size_t)nranks + 1)) != 0)
+        goto fail;
+
+    /* Same walk, same span order as above: endpoint e and e + 1 belong to the next span. */
+    e = 0;
+    for (size_t p = 0; p < n; p++) {
+        const kb_rec *r = recs[keys[p].val];
+        ival iv[4];
+        int has_write;
+        unsigned nr = rec_ivals(r, iv, &iv[3], &has_write);
+        size_t re = e; /* first read's endpoints */
+        uint32_t top = 0, v;
+
+        for (unsigned i = 0; i < nr; i++, e += 2)
+            if ((v = lv_query(&map, rank[e], rank[e + 1], 1u << LV_W)) > top)
+                top = v;
+        if (has_write &&
+            (v = lv_query(&map, rank[e], rank[e + 1], (1u << LV_W) | (1u << LV_R))) > top)
+            top = v;
+        /* top is the latest conflicting batch + 1, i.e. this record's batch; stored + 1. */
+        lvl[p] = top;
+        if (top + 1 > nb)
+            nb = top + 1;
+        if (has_write) {
+            lv_raise(&map, rank[e], rank[e + 1], LV_W, top + 1);
+            e += 2;
+        }
+        for (unsigned i = 0; i < nr; i++, re += 2)
+            lv_raise(&map, rank[re], rank[re + 1], LV_R, top + 1);
     }
     *nbatches = nb;
+    rc = 0;
 fail:
-    ivset_free(&rd);
-    ivset_free(&wr);
+    free(map.lev[0]);
+    free(ends);
+    free(tmp);
+    free(rank);
     return rc;
 }
 
@@ -433,6 +513,7 @@ void kb_plan_free(kb_plan *p)
 int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *eb)
 {
     kv *keys = NULL, *tmp = NULL;
+    uint32_t *lvl = NULL;
     size_t *bstart = NULL;
     size_t nb = 0;
     int rc;
@@ -449,10 +530,9 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
     rc = KB_ERR_NOMEM;
     keys = malloc(n * sizeof *keys);
     tmp = malloc(n * sizeof *tmp);
-    bstart = malloc(n * sizeof *bstart);
+    lvl = malloc(n * sizeof *lvl);
     out->recs = malloc(n * sizeof *out->recs);
-    out->batches = malloc(n * sizeof *out->batches);
-    if (!keys || !tmp || !bstart || !out->recs || !out->batches)
+    if (!keys || !tmp || !lvl || !out->recs)
         goto fail;
     /* (t_start, seq) order, ties in input order: sort by seq, then stably by t_start (with
      * the sign bit flipped so that signed times sort as unsigned keys). */
@@ -464,15 +544,30 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
     for (size_t i = 0; i < n; i++)
         keys[i].key = (uint64_t)recs[keys[i].val]->t_start ^ (UINT64_C(1) << 63);
     radix_sort(keys, tmp, n);
-    if ((rc = cut_batches(recs, keys, n, bstart, &nb)) != 0)
+    if ((rc = plan_levels(recs, keys, n, lvl, &nb)) != 0)
         goto fail;
 
-    /* Group each batch by kind with a stable counting sort. */
+    /* Batch-major, then kind-major order, each stable: one counting sort on batch * kinds +
+     * kind would need nb * kinds counters, so sort by batch first, then each batch by kind. */
+    rc = KB_ERR_NOMEM;
+    bstart = calloc(nb + 1, sizeof *bstart);
+    out->batches = malloc(nb * sizeof *out->batches);
+    if (!bstart || !out->batches)
+        goto fail;
+    for (size_t p = 0; p < n; p++)
+        bstart[lvl[p] + 1]++;
+    for (size_t b = 0; b < nb; b++)
+        bstart[b + 1] += bstart[b];
+    for (size_t p = 0; p < n; p++)
+        tmp[bstart[lvl[p]]++] = keys[p];
+    /* bstart[b] now holds batch b's end, i.e. batch b + 1's start; shift back. */
+    memmove(bstart + 1, bstart, nb * sizeof *bstart);
+    bstart[0] = 0;
     for (size_t b = 0; b < nb; b++) {
-        size_t lo = bstart[b], hi = b + 1 < nb ? bstart[b + 1] : n;
+        size_t lo = bstart[b], hi = bstart[b + 1];
         size_t pos[KB_REC_NKINDS] = { 0 };
         for (size_t p = lo; p < hi; p++)
-            pos[recs[keys[p].val]->kind]++;
+            pos[recs[tmp[p].val]->kind]++;
         size_t acc = lo;
         for (unsigned k = 0; k < KB_REC_NKINDS; k++) {
             size_t c = pos[k];
@@ -480,7 +575,7 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
             acc += c;
         }
         for (size_t p = lo; p < hi; p++) {
-            const kb_rec *r = recs[keys[p].val];
+            const kb_rec *r = recs[tmp[p].val];
             out->recs[pos[r->kind]++] = *r;
         }
         out->batches[b].first = lo;
@@ -492,11 +587,13 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
         goto fail;
     free(keys);
     free(tmp);
+    free(lvl);
     free(bstart);
     return 0;
 fail:
     free(keys);
     free(tmp);
+    free(lvl);
     free(bstart);
     kb_plan_free(out);
     return rc == KB_ERR_NOMEM ? kb_err_set(eb, rc, "plan: out of memory for %zu records", n) : rc;

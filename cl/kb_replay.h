@@ -3,10 +3,13 @@
  *
  * A flush replays the op-log records not yet replayed. The planner
  *  1. orders them by (t_start, seq);
- *  2. cuts them into batches greedily: a record joins the current batch unless it reads bytes
- *     a batch member writes, or writes bytes a batch member reads or writes (exact byte
- *     intervals); then it starts a new batch. Inside a batch records are grouped by kind
- *     (stable), so a backend can issue one launch per kind with an argument table;
+ *  2. gives each record a batch by level scheduling: one past the latest batch of any earlier
+ *     record (in that order) it conflicts with, i.e. whose written bytes it reads or writes, or
+ *     whose read bytes it writes (exact byte intervals); 0 if none. Conflicting records keep
+ *     their order across batches, so running batch 0, 1, 2, ... equals the serial replay, and
+ *     the batch count is the longest conflict chain. Inside a batch records are grouped by
+ *     kind (stable within a kind), so a backend can issue one launch per kind with an
+ *     argument table;
  *  3. builds the arena: every byte range the records touch in memory is coalesced into
  *     segments packed into one buffer, and the operands' PAs are rewritten to arena offsets.
  * The replayer copies the segments' current contents from the memory store into the arena,

@@ -9,6 +9,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <stdio.h>
 #include <string.h>
 
 #include "kb_bench.h"
@@ -117,6 +118,106 @@ static void test_usage_errors(void **s)
     assert_int_equal(kb_bench_param_index(b, "zz"), -1);
 }
 
+
+/* ---- collectives against the closed forms of docs/timing-model.md §11 ---- */
+
+static int64_t xfer(int64_t n, int64_t bytes_per_us)
+{
+    return (n * 1000000 + bytes_per_us - 1) / bytes_per_us;
+}
+
+/* Default-config step costs in ps (docs/timing-model.md §11 table), from the config numbers. */
+typedef struct costs {
+    int64_t cpu, ipcq, setup, dma, math_fixed, lanes, l_tcm, l_noc, l_hbm, down, up_fixed, m_cpu;
+} costs;
+
+static costs default_costs(void)
+{
+    kb_config c;
+    kb_config_defaults(&c);
+    const kb_topo_cfg *t = &c.topo;
+    costs k;
+    k.cpu = (int64_t)(t->pe_cpu_overhead_ns * 1000);
+    k.ipcq = (int64_t)(t->ipcq_overhead_ns * 1000);
+    k.setup = (int64_t)(t->dma_setup_ns * 1000);
+    k.dma = (int64_t)(t->dma_bandwidth_gbps * 1000);
+    k.math_fixed = (int64_t)(t->math_fixed_ns * 1000);
+    k.lanes = (int64_t)(t->math_lanes_per_ns * 1000);
+    k.l_tcm = (int64_t)(t->tcm.latency_ns * 1000);
+    k.l_noc = (int64_t)(t->noc.latency_ns * 1000);
+    k.l_hbm = (int64_t)(t->hbm.latency_ns * 1000);
+    k.m_cpu = (int64_t)(t->m_cpu_overhead_ns * 1000);
+    int64_t pcie = (int64_t)(t->pcie.latency_ns * 1000) + xfer(64, (int64_t)(t->pcie.bandwidth_gbps * 1000));
+    int64_t noc = k.l_noc + xfer(64, (int64_t)(t->noc.bandwidth_gbps * 1000));
+    int64_t ep = (int64_t)(t->pcie_ep_overhead_ns * 1000), io = (int64_t)(t->io_cpu_overhead_ns * 1000);
+    k.down = (int64_t)(t->host_overhead_ns * 1000) + pcie + ep + io + k.m_cpu + noc + k.cpu;
+    k.up_fixed = noc + io + ep + pcie; /* plus p * M_CPU */
+    return k;
+}
+
+static int64_t t_load(const costs *k, int64_t b) { return k->cpu + k->l_hbm + k->l_noc + k->l_tcm + k->setup + xfer(b, k->dma); }
+static int64_t t_send(const costs *k, int64_t b) { return k->cpu + k->ipcq + 2 * k->l_tcm + k->l_noc + k->setup + xfer(b, k->dma); }
+static int64_t t_recv(const costs *k, int64_t b) { return k->cpu + k->ipcq + k->l_tcm + k->setup + xfer(b, k->dma); }
+static int64_t t_add(const costs *k, int64_t e) { return k->cpu + k->math_fixed + xfer(e, k->lanes); }
+static int64_t t_hbm_ipcq(const costs *k, int64_t b) { return k->cpu + k->ipcq + k->l_hbm + k->l_noc + k->l_tcm + k->setup + xfer(b, k->dma); }
+
+static double ccl_sim_ps(const char *algo, int ws, int n)
+{
+    const kb_bench *b = kb_bench_find("ccl_allreduce");
+    kb_config cfg;
+    kb_errbuf eb;
+    kb_run_report rep;
+    char set[128];
+    kb_ctx_opts none = { KB_DEV_NONE, NULL };
+    kb_bench_args a = defaults_of(b, 0);
+    kb_config_defaults(&cfg);
+    snprintf(set, sizeof set, "ccl.algorithms.%s.module=%s", algo, algo);
+    assert_int_equal(kb_config_set(&cfg, set, &eb), 0);
+    snprintf(set, sizeof set, "ccl.algorithms.%s.topology=ring_1d", algo);
+    assert_int_equal(kb_config_set(&cfg, set, &eb), 0);
+    snprintf(set, sizeof set, "ccl.algorithms.%s.world_size=%d", algo, ws);
+    assert_int_equal(kb_config_set(&cfg, set, &eb), 0);
+    snprintf(set, sizeof set, "ccl.algorithms.%s.n_elem=%d", algo, n);
+    assert_int_equal(kb_config_set(&cfg, set, &eb), 0);
+    snprintf(set, sizeof set, "ccl.defaults.algorithm=%s", algo);
+    assert_int_equal(kb_config_set(&cfg, set, &eb), 0);
+    if (kb_bench_execute(&cfg, &none, b, &a, &rep, &eb) != 0)
+        fail_msg("%s", eb.msg);
+    return rep.sim_time_ns * 1000.0;
+}
+
+static void assert_within_1pct(double got, int64_t want)
+{
+    double rel = (got - (double)want) / (double)want;
+    if (rel < -0.01 || rel > 0.01)
+        fail_msg("simulated %.0f ps, closed form %lld ps (%.3f%%)", got, (long long)want, rel * 100);
+}
+
+static void test_ring_closed_form(void **s)
+{
+    costs k = default_costs();
+    int64_t p = 8, n = 32, b = 2 * n;
+    int64_t want = k.down + t_load(&k, b) + (p - 1) * (t_send(&k, b) + t_recv(&k, b) + t_add(&k, n)) +
+                   t_load(&k, b) /* store: same route reversed */ + k.up_fixed + p * k.m_cpu;
+    (void)s;
+    assert_int_equal(want, 4900750); /* the worked example of the doc */
+    assert_within_1pct(ccl_sim_ps("ring_allreduce", (int)p, (int)n), want);
+}
+
+static void test_rsag_closed_form(void **s)
+{
+    costs k = default_costs();
+    int64_t p = 8, n = 64, c = n / p;
+    int64_t want = k.down + t_load(&k, 2 * n) +
+                   (t_send(&k, 2 * c) + t_recv(&k, 2 * c) + t_add(&k, c)) +
+                   (p - 2) * (t_send(&k, 4 * c) + t_recv(&k, 4 * c) + t_add(&k, c)) +
+                   t_load(&k, 2 * c) /* store of the owned chunk */ +
+                   (p - 1) * 2 * t_hbm_ipcq(&k, 2 * c) + k.up_fixed + p * k.m_cpu;
+    (void)s;
+    assert_int_equal(want, 6842250);
+    assert_within_1pct(ccl_sim_ps("ring_rsag_allreduce", (int)p, (int)n), want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -125,6 +226,8 @@ int main(void)
         cmocka_unit_test(test_gpt3_qkv),
         cmocka_unit_test(test_gemm_ragged_shape),
         cmocka_unit_test(test_usage_errors),
+        cmocka_unit_test(test_ring_closed_form),
+        cmocka_unit_test(test_rsag_closed_form),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -111,10 +111,14 @@ static void check_verified_json(const char *bench)
                   bench, bench);
     if (rc != 0)
         fail_msg("%s", out);
-    /* the first line is the bench's result line, ending in " OK" */
-    char *nl = strchr(out, '\n');
+    /* the first line is the bench's result line, ending in " OK" (sanitizer builds may
+     * print "==pid==" notes before it) */
+    char *line = out;
+    while (line[0] == '=' && line[1] == '=' && strchr(line, '\n'))
+        line = strchr(line, '\n') + 1;
+    char *nl = strchr(line, '\n');
     assert_non_null(nl);
-    assert_true(nl - out >= 3 && memcmp(nl - 3, " OK", 3) == 0);
+    assert_true(nl - line >= 3 && memcmp(nl - 3, " OK", 3) == 0);
 
     char name[64];
     snprintf(name, sizeof name, "%s.json", bench);
@@ -210,6 +214,59 @@ static void test_sim_errors(void **s)
     assert_non_null(strstr(out, "sip0/cube0/pe0"));
 }
 
+
+/* The collective matrix of the seed's end-to-end tests, with the exact pass lines. */
+static void test_ccl_matrix(void **s)
+{
+    static const struct {
+        const char *args, *line;
+    } cases[] = {
+        { "--algorithm ring_allreduce_tcm --world-size 8 --n-elem 32", "  ring_allreduce_tcm (ws=8): 8 OK" },
+        { "--algorithm ring_allreduce_hbm --world-size 8 --n-elem 32", "  ring_allreduce_hbm (ws=8): 8 OK" },
+        { "--algorithm ring_allreduce_sram --world-size 8 --n-elem 32", "  ring_allreduce_sram (ws=8): 8 OK" },
+        { "--algorithm ring_allreduce_tcm --world-size 16 --n-elem 16", "  ring_allreduce_tcm (ws=16): 16 OK" },
+        { "--algorithm mesh_allreduce_4 --world-size 4 --n-elem 16", "  mesh_allreduce_4 (ws=4): 4 OK" },
+        { "--algorithm tree_allreduce_7 --world-size 7 --n-elem 16", "  tree_allreduce_7 (ws=7): 7 OK" },
+        { "--algorithm ring_allreduce_tcm --world-size 2 --n-elem 8", "  ring_allreduce_tcm (ws=2): 2 OK" },
+        { "--algorithm ring_allreduce_tcm --world-size 256 --n-elem 8", "  ring_allreduce_tcm (ws=256): 256 OK" },
+        { "--algorithm hierarchical_allreduce --world-size 256 --n-elem 16", "  hierarchical_allreduce (ws=256): 256 OK" },
+        { "--algorithm ring_rsag_allreduce --world-size 8 --n-elem 64", "  ring_rsag_allreduce (ws=8): 8 OK" },
+        { "--algorithm ring_rsag_allreduce --world-size 256 --n-elem 256", "  ring_rsag_allreduce (ws=256): 256 OK" },
+        { "--algorithm ring_allreduce_tcm --world-size 8 --n-elem 32 --set ccl.defaults.n_slots=1", "  ring_allreduce_tcm (ws=8): 8 OK" },
+    };
+    static char out[1 << 16];
+    (void)s;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = kbcl(out, sizeof out, "run --bench ccl_allreduce --device ref --verify-data %s",
+                      cases[i].args);
+        if (rc != 0 || !strstr(out, cases[i].line))
+            fail_msg("%s: exit %d\n%s", cases[i].args, rc, out);
+    }
+}
+
+static void test_ccl_failures(void **s)
+{
+    static char out[1 << 16];
+    (void)s;
+    /* every PE only receives: deadlock, exit 3, with the pointer dump */
+    assert_int_equal(kbcl(out, sizeof out, "run --bench ipcq_deadlock"), 3);
+    assert_non_null(strstr(out, "deadlock"));
+    assert_non_null(strstr(out, "my_head=0 my_tail=0 peer_head_cache=0 peer_tail_cache=0"));
+    assert_non_null(strstr(out, "ipcq recv W"));
+    /* a non-square mesh is a configuration error */
+    assert_int_equal(kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm mesh_allreduce_4 "
+                                           "--world-size 6"), 2);
+    assert_non_null(strstr(out, "square"));
+    assert_int_equal(kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm nope"), 2);
+    /* the trace prints one line per send and per receive */
+    setenv("KBCL_CCL_TRACE", "1", 1);
+    assert_int_equal(kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm "
+                                           "ring_allreduce_tcm --world-size 2 --n-elem 8 --quiet"), 0);
+    unsetenv("KBCL_CCL_TRACE");
+    assert_non_null(strstr(out, " send E 16B seq=0 sip0/cube0/pe0"));
+    assert_non_null(strstr(out, " recv W 16B seq=0 sip0/cube0/pe1"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -219,6 +276,8 @@ int main(void)
         cmocka_unit_test(test_usage),
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_sim_errors),
+        cmocka_unit_test(test_ccl_matrix),
+        cmocka_unit_test(test_ccl_failures),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
