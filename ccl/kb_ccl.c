@@ -204,5 +204,6 @@ int kb_ccl_rank(kb_tl *tl)
 kb_va kb_ccl_my_tile(kb_tl *tl, const kb_kargs *a)
 {
     int local = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
-    return a->ptr[0] + (kb_va)local * (kb_va)a->i[KB_CCL_ARG_N] * 2u;
+    return a->ptr[0] + (kb_va)local * (kb_va)a->i[KB_CCL_ARG_N] *
+                           (kb_va)kb_dtype_size((kb_dtype)a->i[KB_CCL_ARG_DTYPE]);
 }

@@ -78,7 +78,8 @@ const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
  * (one n-element f16 tile per rank, rank-local order), i[0] = n elements per tile,
  * i[1] = world size, i[2] = PEs per cube, i[3] = cubes per SIP used, i[4] = SIPs used.
  */
-enum { KB_CCL_ARG_N = 0, KB_CCL_ARG_WS, KB_CCL_ARG_PES, KB_CCL_ARG_CUBES, KB_CCL_ARG_SIPS };
+enum { KB_CCL_ARG_N = 0, KB_CCL_ARG_WS, KB_CCL_ARG_PES, KB_CCL_ARG_CUBES, KB_CCL_ARG_SIPS,
+       KB_CCL_ARG_DTYPE /* tile dtype (kb_dtype; 0 = f16); honoured by hierarchical_allreduce */ };
 
 /* A kernel's rank and the VA of its own tile. */
 int kb_ccl_rank(kb_tl *tl);
@@ -94,7 +95,6 @@ static inline kb_val kb_val_slice(kb_val v, uint32_t c0, uint32_t n)
     return s;
 }
 
-#endif
 
 /* ---- running a collective ---- */
 
@@ -138,3 +138,5 @@ int kb_ccl_mock_run(const char *module, const char *topo, int ws, int64_t n, con
 
 /* The topology an algorithm module normally runs on (ring_1d for rings, ...). */
 const char *kb_ccl_default_topo(const char *module);
+
+#endif

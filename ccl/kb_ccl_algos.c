@@ -285,7 +285,7 @@ static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
     int P = (int)a->i[KB_CCL_ARG_PES], C = (int)a->i[KB_CCL_ARG_CUBES], S = (int)a->i[KB_CCL_ARG_SIPS];
     int pe = tl_program_id(tl, 0), cube = tl_program_id(tl, 1);
     kb_va mine = kb_ccl_my_tile(tl, a);
-    kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
+    kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), (kb_dtype)a->i[KB_CCL_ARG_DTYPE]);
     kb_val acc = tl_scale(tl, v0, 1.0f, 0.0f);
 
     acc = chain_reduce(tl, acc, pe, P, KB_DIR_E, KB_DIR_W, v0);

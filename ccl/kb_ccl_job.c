@@ -167,6 +167,8 @@ int kb_ccl_mock_run(const char *module, const char *topo, int ws, int64_t n, con
     mk.n = n;
     mk.in = in;
     kb_config_defaults(&cfg);
+    if (ws < 1) /* before the divisions below */
+        return kb_err_set(eb, KB_ERR_RANGE, "mock runtime: cannot lay out %d ranks", ws);
     /* the smallest machine holding the world */
     int pes = ws <= 16 ? ws : 8, per_sip = ws <= 16 ? ws : ws <= 256 ? ws : 128;
     int cubes = per_sip / pes, sips = ws / per_sip;

@@ -318,7 +318,9 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
         sys->credit_lat = kb_time_from_ns(ctx->cfg.topo.ipcq_credit_latency_ns);
         kb_ctx_set_ext(ctx, KB_EXT_IPCQ, sys, sys_destroy);
         kb_ctx_set_deadlock_dump(ctx, dump, sys);
-    } else if (memcmp(&sys->cfg, cfg, sizeof *cfg) != 0) {
+    } else if (sys->cfg.n_slots != cfg->n_slots || sys->cfg.slot_size != cfg->slot_size ||
+               sys->cfg.buffer_kind != cfg->buffer_kind ||
+               sys->cfg.backpressure != cfg->backpressure) { /* fields: padding may differ */
         return kb_err_set(eb, KB_ERR_STATE, "IPCQ install: a context uses one IPCQ configuration");
     }
     fresh = calloc(n ? n : 1, sizeof *fresh);

@@ -3,20 +3,38 @@
  * time on a host arena. It is the oracle every other backend is compared with, so it favours
  * a fixed, documented evaluation order over speed: all arithmetic in f32, one rounding when a
  * result is stored (kb_dtype_store), reductions and gemm sums in ascending index order
- * starting from 0 (or from dst with KB_REC_ACC), FMA and AXPB with a single rounding (fmaf),
- * MAX/MIN/CLAMP with fmaxf/fminf (a NaN operand yields the other one), RELU keeping NaN and
- * -0. Records must already be validated and have arena-relative MEM operands (the planner does
- * both). Limits: elements are computed and stored one at a time in row-major order, so a
- * record whose dst overlaps a source other than exactly in place (same addr and layout)
- * gives order-dependent results, and gemm with dst aliasing src0/src1 is not supported (gemm
- * ACC reads dst itself, which is fine). The backend keeps a private copy of the arena between
- * begin and end, reused across flushes.
+ * starting from 0 (or from dst with KB_REC_ACC), FMA and AXPB with a single rounding. The
+ * elementwise, softmax and reduce arithmetic (exp, log, sin, cos, tanh, MAX/MIN ignoring NaN
+ * with -0 < +0, NaN propagation) comes from kb_mathfn.h, the same text the OpenCL kernels are
+ * built from, so both give identical bits. Gemm converts B to f32 once and runs i-k-j over an
+ * f32 accumulator row: each output element still sums its products in ascending k, one
+ * product rounding and one addition rounding per k. Records must already be validated and
+ * have arena-relative MEM operands (the planner does both). Limits: elements are computed and
+ * stored one at a time in row-major order, so a record whose dst overlaps a source other than
+ * exactly in place (same addr and layout) gives order-dependent results, and gemm with dst
+ * aliasing src0/src1 is not supported (gemm ACC reads dst itself, which is fine). The backend
+ * keeps a private copy of the arena between begin and end, reused across flushes.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kb_mathfn.h"
 #include "kb_replay.h"
+
+/* kb_mathfn.h's op codes are the op log's. */
+_Static_assert(KB_MF_M1_EXP == KB_M1_EXP && KB_MF_M1_LOG == KB_M1_LOG &&
+               KB_MF_M1_SQRT == KB_M1_SQRT && KB_MF_M1_ABS == KB_M1_ABS &&
+               KB_MF_M1_SIGMOID == KB_M1_SIGMOID && KB_MF_M1_COS == KB_M1_COS &&
+               KB_MF_M1_SIN == KB_M1_SIN && KB_MF_M1_NEG == KB_M1_NEG &&
+               KB_MF_M1_RECIP == KB_M1_RECIP && KB_MF_M1_RELU == KB_M1_RELU &&
+               KB_MF_M1_GELU == KB_M1_GELU && KB_MF_M1_AXPB == KB_M1_AXPB &&
+               KB_MF_M1_RSQRT == KB_M1_RSQRT && KB_M1_NOPS == 13,
+               "math1 op codes");
+_Static_assert(KB_MF_M2_ADD == KB_M2_ADD && KB_MF_M2_SUB == KB_M2_SUB &&
+               KB_MF_M2_MUL == KB_M2_MUL && KB_MF_M2_DIV == KB_M2_DIV &&
+               KB_MF_M2_MAX == KB_M2_MAX && KB_MF_M2_MIN == KB_M2_MIN && KB_M2_NOPS == 6,
+               "math2 op codes");
 
 static const uint8_t *opnd_base(const kb_opnd *o, const uint8_t *arena, const uint8_t *payload)
 {
@@ -41,42 +59,6 @@ static void store_at(const kb_opnd *o, uint8_t *base, uint32_t i, uint32_t j, fl
     kb_dtype_store((kb_dtype)o->dtype, base, (size_t)i * o->ld + j, v);
 }
 
-static float math1(unsigned op, float x, const float imm[2])
-{
-    switch (op) {
-    case KB_M1_EXP: return expf(x);
-    case KB_M1_LOG: return logf(x);
-    case KB_M1_SQRT: return sqrtf(x);
-    case KB_M1_ABS: return fabsf(x);
-    case KB_M1_SIGMOID: return 1.0f / (1.0f + expf(-x));
-    case KB_M1_COS: return cosf(x);
-    case KB_M1_SIN: return sinf(x);
-    case KB_M1_NEG: return -x;
-    case KB_M1_RECIP: return 1.0f / x;
-    case KB_M1_RELU: return x < 0.0f ? 0.0f : x;
-    case KB_M1_GELU: {
-        float u = 0.7978845608f * (x + 0.044715f * (x * x * x));
-        return 0.5f * x * (1.0f + tanhf(u));
-    }
-    case KB_M1_AXPB: return fmaf(imm[0], x, imm[1]);
-    case KB_M1_RSQRT: return 1.0f / sqrtf(x);
-    default: return NAN;
-    }
-}
-
-static float math2(unsigned op, float a, float b)
-{
-    switch (op) {
-    case KB_M2_ADD: return a + b;
-    case KB_M2_SUB: return a - b;
-    case KB_M2_MUL: return a * b;
-    case KB_M2_DIV: return a / b;
-    case KB_M2_MAX: return fmaxf(a, b);
-    case KB_M2_MIN: return fminf(a, b);
-    default: return NAN;
-    }
-}
-
 static void exec_elementwise(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
 {
     const kb_opnd *d = &r->dst;
@@ -96,18 +78,20 @@ static void exec_elementwise(const kb_rec *r, uint8_t *arena, const uint8_t *pay
                 v = r->imm[0];
                 break;
             case KB_REC_MATH1:
-                v = math1(r->op, load_bcast(&r->src[0], sb[0], i, j), r->imm);
+                v = kb_mf_math1(r->op, load_bcast(&r->src[0], sb[0], i, j), r->imm[0], r->imm[1]);
                 break;
             case KB_REC_MATH2:
-                v = math2(r->op, load_bcast(&r->src[0], sb[0], i, j),
+                v = kb_mf_math2(r->op, load_bcast(&r->src[0], sb[0], i, j),
                           load_bcast(&r->src[1], sb[1], i, j));
                 break;
             case KB_REC_FMA:
-                v = fmaf(load_bcast(&r->src[0], sb[0], i, j), load_bcast(&r->src[1], sb[1], i, j),
-                         load_bcast(&r->src[2], sb[2], i, j));
+                v = kb_mf_fma(load_bcast(&r->src[0], sb[0], i, j),
+                              load_bcast(&r->src[1], sb[1], i, j),
+                              load_bcast(&r->src[2], sb[2], i, j));
                 break;
             case KB_REC_CLAMP:
-                v = fminf(fmaxf(load_bcast(&r->src[0], sb[0], i, j), r->imm[0]), r->imm[1]);
+                v = kb_mf_fmin(kb_mf_fmax(load_bcast(&r->src[0], sb[0], i, j), r->imm[0]),
+                               r->imm[1]);
                 break;
             default:
                 return;
@@ -126,15 +110,15 @@ static void softmax_line(const kb_rec *r, const uint8_t *sb, uint8_t *db, uint32
 
     for (uint32_t k = 0; k < n; k++) {
         float x = along_cols ? load_at(s, sb, i0, j0 + k) : load_at(s, sb, i0 + k, j0);
-        m = k == 0 ? x : fmaxf(m, x);
+        m = k == 0 ? x : kb_mf_fmax(m, x);
     }
     for (uint32_t k = 0; k < n; k++) {
         float x = along_cols ? load_at(s, sb, i0, j0 + k) : load_at(s, sb, i0 + k, j0);
-        sum += expf(x - m);
+        sum = kb_mf_add(sum, kb_mf_exp(kb_mf_sub(x, m)));
     }
     for (uint32_t k = 0; k < n; k++) {
         uint32_t i = along_cols ? i0 : i0 + k, j = along_cols ? j0 + k : j0;
-        store_at(d, db, i, j, expf(load_at(s, sb, i, j) - m) / sum);
+        store_at(d, db, i, j, kb_mf_div(kb_mf_exp(kb_mf_sub(load_at(s, sb, i, j), m)), sum));
     }
 }
 
@@ -167,9 +151,9 @@ static void exec_reduce(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
         for (uint32_t k = 0; k < nin; k++) {
             float x = axis0 ? load_at(s, sb, k, o) : load_at(s, sb, o, k);
             if (r->op == KB_RED_MAX)
-                acc = k == 0 ? x : fmaxf(acc, x);
+                acc = k == 0 ? x : kb_mf_fmax(acc, x);
             else
-                acc += x;
+                acc = kb_mf_add(acc, x);
         }
         if (r->op == KB_RED_MAX && nin == 0)
             acc = -INFINITY;
@@ -180,7 +164,8 @@ static void exec_reduce(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
     }
 }
 
-static void exec_gemm(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
+/* The plain triple loop: the definition, used when the fast path cannot get its buffers. */
+static void gemm_plain(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
 {
     const kb_opnd *a = &r->src[0], *b = &r->src[1], *d = &r->dst;
     const uint8_t *ab = opnd_base(a, arena, payload), *bb = opnd_base(b, arena, payload);
@@ -197,6 +182,67 @@ static void exec_gemm(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
             store_at(d, db, i, j, acc);
         }
     }
+}
+
+/* acc[j] += a * b[j] for j < n, unrolled so the compiler can keep several lanes busy. */
+static void axpy_row(float *restrict acc, float a, const float *restrict b, size_t n)
+{
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        float p0 = a * b[j], p1 = a * b[j + 1], p2 = a * b[j + 2], p3 = a * b[j + 3];
+        float p4 = a * b[j + 4], p5 = a * b[j + 5], p6 = a * b[j + 6], p7 = a * b[j + 7];
+        acc[j] += p0;
+        acc[j + 1] += p1;
+        acc[j + 2] += p2;
+        acc[j + 3] += p3;
+        acc[j + 4] += p4;
+        acc[j + 5] += p5;
+        acc[j + 6] += p6;
+        acc[j + 7] += p7;
+    }
+    for (; j < n; j++) {
+        float p = a * b[j];
+        acc[j] += p;
+    }
+}
+
+static void exec_gemm(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
+{
+    const kb_opnd *a = &r->src[0], *b = &r->src[1], *d = &r->dst;
+    const uint8_t *ab = opnd_base(a, arena, payload), *bb = opnd_base(b, arena, payload);
+    uint8_t *db = arena + d->addr;
+    size_t m = d->rows, n = d->cols, kdim = a->cols;
+    float *bf = NULL, *acc = NULL, *arow = NULL;
+
+    if (m == 0 || n == 0)
+        return;
+    if (kdim > SIZE_MAX / sizeof(float) / n)
+        goto plain;
+    bf = malloc(kdim * n * sizeof *bf + 1);
+    acc = malloc(n * sizeof *acc);
+    arow = malloc(kdim * sizeof *arow + 1);
+    if (!bf || !acc || !arow)
+        goto plain;
+    for (size_t k = 0; k < kdim; k++)
+        for (size_t j = 0; j < n; j++)
+            bf[k * n + j] = load_at(b, bb, (uint32_t)k, (uint32_t)j);
+    for (size_t i = 0; i < m; i++) {
+        for (size_t j = 0; j < n; j++)
+            acc[j] = (r->flags & KB_REC_ACC) ? load_at(d, db, (uint32_t)i, (uint32_t)j) : 0.0f;
+        for (size_t k = 0; k < kdim; k++)
+            arow[k] = load_at(a, ab, (uint32_t)i, (uint32_t)k);
+        for (size_t k = 0; k < kdim; k++)
+            axpy_row(acc, arow[k], bf + k * n, n);
+        for (size_t j = 0; j < n; j++)
+            store_at(d, db, (uint32_t)i, (uint32_t)j, acc[j]);
+    }
+    goto out;
+plain:
+    gemm_plain(r, arena, payload);
+out:
+    free(bf);
+    free(acc);
+    free(arow);
 }
 
 void kb_ref_exec(const kb_rec *r, uint8_t *arena, const uint8_t *payload)

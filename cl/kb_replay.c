@@ -272,7 +272,8 @@ typedef struct kv {
 
 /*
  * Stable LSD radix sort of a[0..n) by key, one byte per pass; passes in which every key has
- * the same byte are skipped, so small key ranges cost few passes. tmp holds n items.
+ * the same byte are skipped, so small key ranges cost few passes, and sorted input costs one
+ * scan. tmp holds n items.
  */
 static void radix_sort(kv *a, kv *tmp, size_t n)
 {
@@ -280,6 +281,11 @@ static void radix_sort(kv *a, kv *tmp, size_t n)
     kv *src = a, *dst = tmp;
 
     if (n < 2)
+        return;
+    size_t sorted = 1; /* common: records arrive in seq order, spans often in address order */
+    while (sorted < n && a[sorted - 1].key <= a[sorted].key)
+        sorted++;
+    if (sorted == n)
         return;
     memset(cnt, 0, sizeof cnt);
     for (size_t i = 0; i < n; i++)
@@ -325,99 +331,118 @@ static unsigned rec_ivals(const kb_rec *r, ival reads[3], ival *write, int *has_
 }
 
 /*
- * Gives every sorted record p (recs[keys[p].val]) its batch lvl[p]; *nbatches receives the
- * count. Endpoints of all spans are sorted once and ranked, so a span becomes the leaf range
+ * The planner's scratch. Everything the level pass needs is gathered from the records once, in
+ * input order, so that the passes in (t_start, seq) order read small arrays instead of
+ * scattered records (which cost a cache miss each on large logs).
+ */
+typedef struct plan_tmp {
+    kv *keys, *ktmp;   /* n: record order; ktmp is sort scratch, then the batch-major order */
+    uint64_t *tkey;    /* n, by input index: t_start as an unsigned sort key */
+    uint8_t *meta;     /* n, by input index: MEM reads | has_write << 2 | kind << 3 */
+    uint32_t *efirst;  /* n, by input index: first endpoint; reads' spans first, then write */
+    kv *ends, *etmp;   /* endpoints (address, endpoint index) and sort scratch */
+    uint32_t *rank;    /* by endpoint index: its leaf in the level map */
+    uint32_t *lvl;     /* n, by sorted position: batch */
+    size_t *bstart;    /* nbatches + 1 */
+} plan_tmp;
+
+static void plan_tmp_free(plan_tmp *t)
+{
+    free(t->keys);
+    free(t->ktmp);
+    free(t->tkey);
+    free(t->meta);
+    free(t->efirst);
+    free(t->ends);
+    free(t->etmp);
+    free(t->rank);
+    free(t->lvl);
+    free(t->bstart);
+}
+
+/* Validates recs and fills keys (by seq), tkey, meta, efirst and ends; *ne: endpoint count. */
+static int plan_gather(const kb_rec *const *recs, size_t n, plan_tmp *t, size_t *ne,
+                       kb_errbuf *eb)
+{
+    size_t e = 0;
+    int rc;
+
+    for (size_t i = 0; i < n; i++) {
+        const kb_rec *r = recs[i];
+        ival iv[4];
+        int has_write;
+        unsigned nr;
+
+        if (!r)
+            return kb_err_set(eb, KB_ERR_INVAL, "plan: record %zu is NULL", i);
+        if ((rc = check_rec(r, eb)) != 0)
+            return rc;
+        nr = rec_ivals(r, iv, &iv[3], &has_write);
+        t->keys[i].key = r->seq;
+        t->keys[i].val = i;
+        /* Flip the sign bit so that signed times sort as unsigned keys. */
+        t->tkey[i] = (uint64_t)r->t_start ^ (UINT64_C(1) << 63);
+        t->meta[i] = (uint8_t)(nr | (unsigned)has_write << 2 | (unsigned)r->kind << 3);
+        t->efirst[i] = (uint32_t)e;
+        if (has_write)
+            iv[nr++] = iv[3];
+        for (unsigned k = 0; k < nr; k++) {
+            t->ends[e].key = iv[k].lo;
+            t->ends[e].val = e;
+            e++;
+            t->ends[e].key = iv[k].hi;
+            t->ends[e].val = e;
+            e++;
+        }
+    }
+    *ne = e;
+    return 0;
+}
+
+/*
+ * Gives every sorted record p (input index keys[p].val) its batch lvl[p]; *nbatches receives
+ * the count. Ranking the sorted endpoints turns a span into the leaf range
  * [rank(lo), rank(hi)) of the level map.
  */
-static int plan_levels(const kb_rec *const *recs, const kv *keys, size_t n, uint32_t *lvl,
-                       size_t *nbatches)
+static int plan_levels(plan_tmp *t, size_t n, size_t ne, size_t *nbatches)
 {
-    kv *ends = NULL, *tmp = NULL;
-    uint32_t *rank = NULL;
     lvmap map;
-    size_t ne = 0, e, nb = 0;
+    size_t nb = 0;
     uint32_t nranks = 0;
-    int rc = KB_ERR_NOMEM;
+    int rc;
 
-    memset(&map, 0, sizeof map);
-    for (size_t p = 0; p < n; p++) {
-        const kb_rec *r = recs[keys[p].val];
-        ival reads[3], write;
-        int has_write;
-        ne += 2 * (rec_ivals(r, reads, &write, &has_write) + (unsigned)has_write);
-    }
-    if (n >= UINT32_MAX || ne >= UINT32_MAX)
-        goto fail; /* levels and ranks are 32-bit; such a flush would not fit in memory anyway */
-    ends = malloc((ne ? ne : 1) * sizeof *ends);
-    tmp = malloc((ne ? ne : 1) * sizeof *tmp);
-    rank = malloc((ne ? ne : 1) * sizeof *rank);
-    if (!ends || !tmp || !rank)
-        goto fail;
-    e = 0;
-    for (size_t p = 0; p < n; p++) {
-        const kb_rec *r = recs[keys[p].val];
-        ival iv[4];
-        int has_write;
-        unsigned ni = rec_ivals(r, iv, &iv[3], &has_write);
-        if (has_write)
-            iv[ni++] = iv[3];
-        for (unsigned i = 0; i < ni; i++) {
-            ends[e].key = iv[i].lo;
-            ends[e].val = e;
-            e++;
-            ends[e].key = iv[i].hi;
-            ends[e].val = e;
-            e++;
-        }
-    }
-    assert(e == ne);
-    radix_sort(ends, tmp, ne);
+    radix_sort(t->ends, t->etmp, ne);
     for (size_t i = 0; i < ne; i++) {
-        if (i > 0 && ends[i].key != ends[i - 1].key)
+        if (i > 0 && t->ends[i].key != t->ends[i - 1].key)
             nranks++;
-        rank[ends[i].val] = nranks;
+        t->rank[t->ends[i].val] = nranks;
     }
-    free(ends);
-    free(tmp);
-    ends = tmp = NULL;
     if ((rc = lvmap_init(&map, (size_t)nranks + 1)) != 0)
-        goto fail;
-
-    /* Same walk, same span order as above: endpoint e and e + 1 belong to the next span. */
-    e = 0;
+        return rc;
     for (size_t p = 0; p < n; p++) {
-        const kb_rec *r = recs[keys[p].val];
-        ival iv[4];
-        int has_write;
-        unsigned nr = rec_ivals(r, iv, &iv[3], &has_write);
-        size_t re = e; /* first read's endpoints */
+        size_t i = t->keys[p].val;
+        const uint32_t *rk = t->rank + t->efirst[i];
+        unsigned nr = t->meta[i] & 3u, has_write = (t->meta[i] >> 2) & 1u;
+        const uint32_t *wr = rk + 2 * nr; /* the write's endpoints */
         uint32_t top = 0, v;
 
-        for (unsigned i = 0; i < nr; i++, e += 2)
-            if ((v = lv_query(&map, rank[e], rank[e + 1], 1u << LV_W)) > top)
+        for (unsigned k = 0; k < nr; k++)
+            if ((v = lv_query(&map, rk[2 * k], rk[2 * k + 1], 1u << LV_W)) > top)
                 top = v;
-        if (has_write &&
-            (v = lv_query(&map, rank[e], rank[e + 1], (1u << LV_W) | (1u << LV_R))) > top)
+        if (has_write && (v = lv_query(&map, wr[0], wr[1], (1u << LV_W) | (1u << LV_R))) > top)
             top = v;
-        /* top is the latest conflicting batch + 1, i.e. this record's batch; stored + 1. */
-        lvl[p] = top;
+        /* The map holds batch + 1, so top is one past the latest conflicting batch: ours. */
+        t->lvl[p] = top;
         if (top + 1 > nb)
             nb = top + 1;
-        if (has_write) {
-            lv_raise(&map, rank[e], rank[e + 1], LV_W, top + 1);
-            e += 2;
-        }
-        for (unsigned i = 0; i < nr; i++, re += 2)
-            lv_raise(&map, rank[re], rank[re + 1], LV_R, top + 1);
+        if (has_write)
+            lv_raise(&map, wr[0], wr[1], LV_W, top + 1);
+        for (unsigned k = 0; k < nr; k++)
+            lv_raise(&map, rk[2 * k], rk[2 * k + 1], LV_R, top + 1);
     }
-    *nbatches = nb;
-    rc = 0;
-fail:
     free(map.lev[0]);
-    free(ends);
-    free(tmp);
-    free(rank);
-    return rc;
+    *nbatches = nb;
+    return 0;
 }
 
 static kb_opnd *opnd_at(kb_rec *recs, uint64_t ref)
@@ -512,62 +537,67 @@ void kb_plan_free(kb_plan *p)
 
 int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *eb)
 {
-    kv *keys = NULL, *tmp = NULL;
-    uint32_t *lvl = NULL;
-    size_t *bstart = NULL;
-    size_t nb = 0;
+    plan_tmp t;
+    size_t ne = 0, nb = 0;
     int rc;
 
     memset(out, 0, sizeof *out);
+    memset(&t, 0, sizeof t);
     if (n == 0)
         return 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!recs[i])
-            return kb_err_set(eb, KB_ERR_INVAL, "plan: record %zu is NULL", i);
-        if ((rc = check_rec(recs[i], eb)) != 0)
-            return rc;
-    }
     rc = KB_ERR_NOMEM;
-    keys = malloc(n * sizeof *keys);
-    tmp = malloc(n * sizeof *tmp);
-    lvl = malloc(n * sizeof *lvl);
-    out->recs = malloc(n * sizeof *out->recs);
-    if (!keys || !tmp || !lvl || !out->recs)
+    /* Batches and endpoint ranks are 32-bit; at most 8 endpoints per record. Such a flush
+     * would not fit in memory anyway. */
+    if (n > UINT32_MAX / 8)
         goto fail;
-    /* (t_start, seq) order, ties in input order: sort by seq, then stably by t_start (with
-     * the sign bit flipped so that signed times sort as unsigned keys). */
-    for (size_t i = 0; i < n; i++) {
-        keys[i].key = recs[i]->seq;
-        keys[i].val = i;
-    }
-    radix_sort(keys, tmp, n);
-    for (size_t i = 0; i < n; i++)
-        keys[i].key = (uint64_t)recs[keys[i].val]->t_start ^ (UINT64_C(1) << 63);
-    radix_sort(keys, tmp, n);
-    if ((rc = plan_levels(recs, keys, n, lvl, &nb)) != 0)
+    t.keys = malloc(n * sizeof *t.keys);
+    t.ktmp = malloc(n * sizeof *t.ktmp);
+    t.tkey = malloc(n * sizeof *t.tkey);
+    t.meta = malloc(n);
+    t.efirst = malloc(n * sizeof *t.efirst);
+    t.ends = malloc(8 * n * sizeof *t.ends); /* only the pages used are ever touched */
+    if (!t.keys || !t.ktmp || !t.tkey || !t.meta || !t.efirst || !t.ends)
+        goto fail;
+    if ((rc = plan_gather(recs, n, &t, &ne, eb)) != 0)
         goto fail;
 
-    /* Batch-major, then kind-major order, each stable: one counting sort on batch * kinds +
-     * kind would need nb * kinds counters, so sort by batch first, then each batch by kind. */
     rc = KB_ERR_NOMEM;
-    bstart = calloc(nb + 1, sizeof *bstart);
+    t.etmp = malloc((ne ? ne : 1) * sizeof *t.etmp);
+    t.rank = malloc((ne ? ne : 1) * sizeof *t.rank);
+    t.lvl = malloc(n * sizeof *t.lvl);
+    out->recs = malloc(n * sizeof *out->recs);
+    if (!t.etmp || !t.rank || !t.lvl || !out->recs)
+        goto fail;
+    /* (t_start, seq) order, ties in input order: sort by seq, then stably by t_start. */
+    radix_sort(t.keys, t.ktmp, n);
+    for (size_t p = 0; p < n; p++)
+        t.keys[p].key = t.tkey[t.keys[p].val];
+    radix_sort(t.keys, t.ktmp, n);
+    if ((rc = plan_levels(&t, n, ne, &nb)) != 0)
+        goto fail;
+
+    /* Batch-major, then kind-major order, each stable: sort by batch (into ktmp), then each
+     * batch by kind (into out->recs); one sort on batch * kinds + kind would need nb * kinds
+     * counters. */
+    rc = KB_ERR_NOMEM;
+    t.bstart = calloc(nb + 1, sizeof *t.bstart);
     out->batches = malloc(nb * sizeof *out->batches);
-    if (!bstart || !out->batches)
+    if (!t.bstart || !out->batches)
         goto fail;
     for (size_t p = 0; p < n; p++)
-        bstart[lvl[p] + 1]++;
+        t.bstart[t.lvl[p] + 1]++;
     for (size_t b = 0; b < nb; b++)
-        bstart[b + 1] += bstart[b];
+        t.bstart[b + 1] += t.bstart[b];
     for (size_t p = 0; p < n; p++)
-        tmp[bstart[lvl[p]]++] = keys[p];
-    /* bstart[b] now holds batch b's end, i.e. batch b + 1's start; shift back. */
-    memmove(bstart + 1, bstart, nb * sizeof *bstart);
-    bstart[0] = 0;
+        t.ktmp[t.bstart[t.lvl[p]]++] = t.keys[p];
+    /* Each bstart[b] has moved on to batch b's end, which is batch b + 1's start. */
+    memmove(t.bstart + 1, t.bstart, nb * sizeof *t.bstart);
+    t.bstart[0] = 0;
     for (size_t b = 0; b < nb; b++) {
-        size_t lo = bstart[b], hi = bstart[b + 1];
+        size_t lo = t.bstart[b], hi = t.bstart[b + 1];
         size_t pos[KB_REC_NKINDS] = { 0 };
         for (size_t p = lo; p < hi; p++)
-            pos[recs[tmp[p].val]->kind]++;
+            pos[t.meta[t.ktmp[p].val] >> 3]++;
         size_t acc = lo;
         for (unsigned k = 0; k < KB_REC_NKINDS; k++) {
             size_t c = pos[k];
@@ -575,8 +605,8 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
             acc += c;
         }
         for (size_t p = lo; p < hi; p++) {
-            const kb_rec *r = recs[tmp[p].val];
-            out->recs[pos[r->kind]++] = *r;
+            size_t i = t.ktmp[p].val;
+            out->recs[pos[t.meta[i] >> 3]++] = *recs[i];
         }
         out->batches[b].first = lo;
         out->batches[b].count = hi - lo;
@@ -585,16 +615,10 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
     out->nbatches = nb;
     if ((rc = build_arena(out)) != 0)
         goto fail;
-    free(keys);
-    free(tmp);
-    free(lvl);
-    free(bstart);
+    plan_tmp_free(&t);
     return 0;
 fail:
-    free(keys);
-    free(tmp);
-    free(lvl);
-    free(bstart);
+    plan_tmp_free(&t);
     kb_plan_free(out);
     return rc == KB_ERR_NOMEM ? kb_err_set(eb, rc, "plan: out of memory for %zu records", n) : rc;
 }

@@ -79,6 +79,8 @@ fail:
 }
 
 static void tensor_release(kb_tensor *t);
+struct kb_spawn_st;
+static void spawn_free(kb_ctx *ctx, struct kb_spawn_st *sp);
 
 void kb_ctx_destroy(kb_ctx *ctx)
 {
@@ -87,6 +89,8 @@ void kb_ctx_destroy(kb_ctx *ctx)
     for (int i = KB_EXT_NSLOTS; i-- > 0;)
         if (ctx->ext[i] && ctx->ext_destroy[i])
             ctx->ext_destroy[i](ctx->ext[i]);
+    while (ctx->spawns)
+        spawn_free(ctx, ctx->spawns);
     while (ctx->launches) {
         kb_launch_st *l = ctx->launches;
         ctx->launches = l->next;
@@ -218,7 +222,7 @@ static void dl_line(const kb_fiber *f, const char *what, const void *obj, void *
 
 int kb_ctx_run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
 {
-    kb_hostproc hp = { KB_TAG_HOST, ctx, fn, arg, 0, 0, 0 };
+    kb_hostproc hp = { KB_TAG_HOST, ctx, fn, arg, 0, -1, 0, 0, NULL };
     kb_fiber *f = kb_fiber_spawn(ctx->sim, host_main, &hp, "host");
     int rc;
 
@@ -252,6 +256,99 @@ int kb_ctx_run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
     if (!hp.finished)
         return kb_err_set(&ctx->err, KB_ERR_STATE, "host program did not finish");
     return hp.rc;
+}
+
+typedef struct kb_spawn_st {
+    struct kb_spawn_st *next, *prev;
+    kb_ctx *ctx;
+    kb_worker_fn fn;
+    void *arg;
+    int nprocs;
+    kb_hostproc *procs;
+    kb_latch done;
+} kb_spawn_st;
+
+static void spawn_free(kb_ctx *ctx, kb_spawn_st *sp)
+{
+    if (sp->prev)
+        sp->prev->next = sp->next;
+    else
+        ctx->spawns = sp->next;
+    if (sp->next)
+        sp->next->prev = sp->prev;
+    free(sp->procs);
+    free(sp);
+}
+
+static void worker_main(kb_sim *sim, void *p)
+{
+    kb_hostproc *hp = p;
+    kb_spawn_st *sp = hp->group;
+    hp->rc = sp->fn(hp->ctx, hp->rank, sp->arg);
+    hp->finished = 1;
+    if (hp->rc) {
+        if (!hp->ctx->failed)
+            kb_err_prefix(&hp->ctx->err, "rank %d", hp->rank);
+        kb_ctx_fail(hp->ctx, hp->rc);
+        return;
+    }
+    kb_latch_done(sim, &sp->done);
+}
+
+int kb_spawn(kb_ctx *ctx, kb_worker_fn worker, void *arg, int nprocs)
+{
+    kb_hostproc *self = kb_ctx_hostproc(ctx);
+    kb_spawn_st *sp;
+    char name[48];
+    int rc = 0;
+
+    if (!self)
+        return kb_err_set(&ctx->err, KB_ERR_STATE, "spawn outside a host program");
+    if (nprocs < 1)
+        return kb_err_set(&ctx->err, KB_ERR_RANGE, "spawn: nprocs %d", nprocs);
+    sp = calloc(1, sizeof *sp);
+    if (!sp || !(sp->procs = calloc((size_t)nprocs, sizeof *sp->procs))) {
+        free(sp);
+        return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+    }
+    sp->ctx = ctx;
+    sp->fn = worker;
+    sp->arg = arg;
+    sp->nprocs = nprocs;
+    sp->next = ctx->spawns;
+    if (ctx->spawns)
+        ctx->spawns->prev = sp;
+    ctx->spawns = sp;
+    kb_latch_init(&sp->done, nprocs);
+    for (int r = 0; r < nprocs; r++) {
+        kb_hostproc *hp = &sp->procs[r];
+        *hp = (kb_hostproc){ KB_TAG_HOST, ctx, NULL, NULL, 0, r, 0, 0, sp };
+        snprintf(name, sizeof name, "rank%d", r);
+        kb_fiber *f = kb_fiber_spawn(ctx->sim, worker_main, hp, name);
+        if (!f) {
+            rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory spawning rank %d", r);
+            kb_ctx_fail(ctx, rc);
+            /* ranks already spawned point at sp: never return while they could run */
+            for (;;)
+                kb_fiber_block(ctx->sim, "aborted run", NULL);
+        }
+        kb_fiber_set_udata(f, hp);
+    }
+    kb_latch_wait(ctx->sim, &sp->done);
+    spawn_free(ctx, sp);
+    return rc;
+}
+
+int kb_ctx_rank(kb_ctx *ctx)
+{
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    return hp ? hp->rank : -1;
+}
+
+int kb_ctx_nprocs(kb_ctx *ctx)
+{
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    return hp && hp->group ? hp->group->nprocs : 0;
 }
 
 int kb_ctx_set_device(kb_ctx *ctx, int sip)

@@ -77,6 +77,21 @@ typedef int (*kb_host_fn)(kb_ctx *ctx, void *arg);
  */
 int kb_ctx_run_host(kb_ctx *ctx, kb_host_fn fn, void *arg);
 
+/*
+ * Runs worker(ctx, rank, arg) for rank = 0 .. nprocs-1, each as its own host fiber (a rank
+ * worker: its device starts as SIP 0; call kb_ctx_set_device(ctx, rank) to bind it), and
+ * blocks the calling host fiber until all have returned. Workers block in simulated time on
+ * launches and collectives. If a worker returns an error, the simulation stops at once (the
+ * other workers never run again) and the error comes back from kb_ctx_run_host with the
+ * message "rank R: ..." naming the failing rank. Only from a host fiber.
+ */
+typedef int (*kb_worker_fn)(kb_ctx *ctx, int rank, void *arg);
+int kb_spawn(kb_ctx *ctx, kb_worker_fn worker, void *arg, int nprocs);
+/* The calling worker's spawn rank, or -1 outside a spawned worker. */
+int kb_ctx_rank(kb_ctx *ctx);
+/* Number of workers of the calling worker's spawn, or 0. */
+int kb_ctx_nprocs(kb_ctx *ctx);
+
 /* Binds the calling host fiber to SIP `sip` (its tensors and launches go there). */
 int kb_ctx_set_device(kb_ctx *ctx, int sip);
 int kb_ctx_current_device(kb_ctx *ctx);
@@ -148,7 +163,7 @@ kb_tensor *kb_ctx_tensor_at(kb_ctx *ctx, unsigned gsip, kb_va va);
 
 /* ---- kernels ---- */
 
-#define KB_KARGS_MAX 8
+#define KB_KARGS_MAX 12
 typedef struct kb_kargs {
     kb_va ptr[KB_KARGS_MAX];   /* tensor base VAs */
     int64_t i[KB_KARGS_MAX];   /* integer scalars */

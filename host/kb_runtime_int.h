@@ -67,8 +67,10 @@ typedef struct kb_hostproc {
     kb_host_fn fn;
     void *arg;
     int device;
+    int rank;               /* spawn rank, -1 for the main host program */
     int rc;
     int finished;
+    struct kb_spawn_st *group; /* the spawn this worker belongs to, or NULL */
 } kb_hostproc;
 
 struct kb_ctx {
@@ -86,6 +88,7 @@ struct kb_ctx {
     kb_tensor **tensors;    /* sorted by (gsip, va) */
     size_t ntensors, captensors;
     kb_launch_st *launches;
+    struct kb_spawn_st *spawns;  /* live spawns (freed here if a failure strands them) */
     kb_dump_fn dump;
     void *dump_ud;
     uint64_t kernels;

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kb_replay.h"
 
@@ -821,6 +822,127 @@ static void test_plan_scale(void **state)
     free(pr);
 }
 
+/*
+ * 64 independent chains of 50 dependent records each, interleaved in time with uneven steps: a
+ * greedy cut would start a batch at every chain's next step, level scheduling needs exactly one
+ * batch per chain depth. Chain c alternates a copy A_c -> B_c and an in-place negation of B_c,
+ * so each depth is one kind: 50 launches.
+ */
+static void test_plan_interleaved_chains(void **state)
+{
+    fx *f = *state;
+    enum { NCH = 64, DEPTH = 50 };
+    uint64_t s = 12345;
+    for (size_t c = 0; c < NCH; c++) {
+        const float a[4] = { (float)c, (float)c + 0.5f, -(float)c, 2.0f };
+        uint64_t pa = 0x10000 + 32 * c, pb = pa + 16;
+        kb_time t = (kb_time)(c % 7);
+        put_f32(f->ms, pa, a, 4);
+        for (size_t k = 0; k < DEPTH; k++) {
+            kb_rec r;
+            if (k % 2 == 0) {
+                r = rec_new(KB_REC_COPY, t);
+                r.src[0] = kb_opnd_make(pa, 1, 4, KB_F32);
+            } else {
+                r = rec_new(KB_REC_MATH1, t);
+                r.op = KB_M1_NEG;
+                r.src[0] = kb_opnd_make(pb, 1, 4, KB_F32);
+            }
+            r.dst = kb_opnd_make(pb, 1, 4, KB_F32);
+            append(f, &r);
+            s = s * 6364136223846793005u + 1442695040888963407u;
+            t += 1 + (kb_time)((s >> 33) % 100);
+        }
+    }
+    size_t n = kb_oplog_count(f->log);
+    const kb_rec **v = malloc(n * sizeof *v);
+    kb_plan p;
+    assert_non_null(v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = kb_oplog_at(f->log, i);
+    assert_int_equal(kb_plan_build(v, n, &p, NULL), 0);
+    assert_int_equal(p.nbatches, DEPTH);
+    for (size_t b = 0; b < DEPTH; b++) {
+        assert_int_equal(p.batches[b].count, NCH);
+        for (size_t i = 0; i < NCH; i++) { /* depth b of chain i, chains in time order */
+            const kb_rec *r = &p.recs[p.batches[b].first + i];
+            assert_int_equal(r->seq % DEPTH, b);
+        }
+    }
+    kb_plan_free(&p);
+    free(v);
+
+    flush_ok(f);
+    assert_int_equal(f->st.batches, DEPTH);
+    assert_int_equal(f->st.launches, DEPTH);
+    for (size_t c = 0; c < NCH; c++) {
+        uint64_t pb = 0x10000 + 32 * c + 16;
+        assert_true(get_f32(f->ms, pb, 0) == -(float)c);
+        assert_true(get_f32(f->ms, pb, 1) == -((float)c + 0.5f));
+        assert_true(get_f32(f->ms, pb, 2) == (float)c);
+        assert_true(get_f32(f->ms, pb, 3) == -2.0f);
+    }
+}
+
+static double wall_ms(void)
+{
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Plans n records, prints the time (no assertion on it) and returns the batch count. */
+static size_t timed_plan(const char *what, const kb_rec *r, size_t n)
+{
+    const kb_rec **pr = malloc(n * sizeof *pr);
+    kb_plan p;
+    assert_non_null(pr);
+    for (size_t i = 0; i < n; i++)
+        pr[i] = &r[i];
+    double t0 = wall_ms();
+    assert_int_equal(kb_plan_build(pr, n, &p, NULL), 0);
+    double ms = wall_ms() - t0;
+    size_t nb = p.nbatches;
+    print_message("plan %s: %zu records, %zu batches, %.1f ms\n", what, n, nb, ms);
+    kb_plan_free(&p);
+    free(pr);
+    return nb;
+}
+
+/*
+ * 300 000 small records, timed (printed only). A ring: at step s rank i copies its slot s % 4 to
+ * rank i + 1's slot (s + 1) % 4, so every step depends on the one before: one batch per step.
+ * Then the same count of random copies over 64 MiB, which gives the level map many leaves.
+ */
+static void test_plan_time(void **state)
+{
+    (void)state;
+    enum { RANKS = 256, STEPS = 1172, N = RANKS * STEPS };
+    kb_rec *r = malloc(N * sizeof *r);
+    uint64_t s = 99;
+    assert_non_null(r);
+    for (size_t st = 0; st < STEPS; st++) {
+        for (size_t i = 0; i < RANKS; i++) {
+            size_t k = st * RANKS + i;
+            uint64_t from = 0x1000000 * (uint64_t)i + 16 * (st % 4);
+            uint64_t to = 0x1000000 * (uint64_t)((i + 1) % RANKS) + 16 * ((st + 1) % 4);
+            s = s * 6364136223846793005u + 1442695040888963407u;
+            r[k] = copy_rec(to, from, 8, (kb_time)(st * 1000 + (s >> 33) % 900), k);
+        }
+    }
+    assert_int_equal(timed_plan("ring", r, N), STEPS);
+    for (size_t k = 0; k < N; k++) {
+        uint64_t d, a;
+        s = s * 6364136223846793005u + 1442695040888963407u;
+        d = 0x4000000 + 2 * ((s >> 20) % (UINT64_C(1) << 25));
+        s = s * 6364136223846793005u + 1442695040888963407u;
+        a = 0x4000000 + 2 * ((s >> 20) % (UINT64_C(1) << 25));
+        r[k] = copy_rec(d, a, 1 + (uint32_t)(s % 32), (kb_time)k, k);
+    }
+    assert_true(timed_plan("random", r, N) >= 1);
+    free(r);
+}
+
 /* ------------------------------------------------------------------ property test */
 
 /* Random generator plus the memory window that random operands live in. */
@@ -1008,14 +1130,21 @@ static int key_less(const kb_rec *a, const kb_rec *b)
     return a->t_start < b->t_start || (a->t_start == b->t_start && a->seq < b->seq);
 }
 
-/* Brute-force checks of a plan of the whole log; returns the largest batch size. */
+/*
+ * Brute-force checks of a plan of the whole log; returns the largest batch size. The batch of
+ * every record must be exactly one past the latest batch of the records before it in (t_start,
+ * seq) order that it conflicts with (0 if none): so conflicting records are in different
+ * batches, in their (t_start, seq) order, and no record could have gone earlier.
+ */
 static size_t check_plan(const kb_oplog *log)
 {
     size_t n = kb_oplog_count(log);
     const kb_rec **v = malloc(n * sizeof *v);
+    size_t *batch_of = malloc(n * sizeof *batch_of); /* by seq */
     char *seen = calloc(n, 1);
     kb_plan p;
     assert_non_null(v);
+    assert_non_null(batch_of);
     assert_non_null(seen);
     for (size_t i = 0; i < n; i++)
         v[i] = kb_oplog_at(log, i);
@@ -1030,22 +1159,36 @@ static size_t check_plan(const kb_oplog *log)
         assert_true(bt->count > 0);
         next += bt->count;
         for (size_t i = bt->first; i < bt->first + bt->count; i++) {
+            assert_true(p.recs[i].seq < n);
             assert_false(seen[p.recs[i].seq]);
             seen[p.recs[i].seq] = 1;
+            batch_of[p.recs[i].seq] = b;
             if (i > bt->first)
                 assert_true(p.recs[i - 1].kind <= p.recs[i].kind);
             for (size_t j = bt->first; j < i; j++)
                 assert_false(recs_conflict(&p.recs[i], &p.recs[j]));
-            if (b + 1 < p.nbatches) {
-                const kb_batch *nb = &p.batches[b + 1];
-                for (size_t j = nb->first; j < nb->first + nb->count; j++)
-                    assert_true(key_less(&p.recs[i], &p.recs[j]));
-            }
         }
     }
     assert_int_equal(next, n);
+    /* The log holds the original PAs (the plan's copies have arena offsets); seq == index. */
+    for (size_t j = 0; j < n; j++) {
+        size_t want = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (i == j || !recs_conflict(v[i], v[j]))
+                continue;
+            if (key_less(v[i], v[j])) {
+                assert_true(batch_of[i] < batch_of[j]);
+                if (batch_of[i] + 1 > want)
+                    want = batch_of[i] + 1;
+            } else {
+                assert_true(batch_of[j] < batch_of[i]);
+            }
+        }
+        assert_int_equal(batch_of[j], want);
+    }
     kb_plan_free(&p);
     free(v);
+    free(batch_of);
     free(seen);
     return largest;
 }
@@ -1191,6 +1334,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flush_bad_payload, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flush_backend_failure, setup, teardown),
         cmocka_unit_test(test_plan_scale),
+        cmocka_unit_test_setup_teardown(test_plan_interleaved_chains, setup, teardown),
+        cmocka_unit_test(test_plan_time),
         cmocka_unit_test(test_property_random_logs),
         cmocka_unit_test(test_property_large_batches),
         cmocka_unit_test(test_incremental_flush),

@@ -14,12 +14,20 @@
 
 #include "kb_bench.h"
 #include "kb_ccl.h"
+#include "kb_dist.h"
 #include "kb_tl.h"
 
 #define KB_CCL_DEFAULT_N 32
 
 typedef struct ccl_state {
     kb_ccl_job job;
+    /* rank = SIP mode */
+    int dist;
+    int ws;
+    int64_t n;
+    char name[KB_CFG_NAME_MAX];
+    kb_tensor *t[KB_MAX_GSIPS];
+    kb_bench_result *res;
 } ccl_state;
 
 /* Resolves the algorithm entry and its parameters (algorithm > defaults) and prepares. */
@@ -37,16 +45,21 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
     if (!entry && !force_module)
         return kb_err_set(eb, KB_ERR_CONFIG, "algorithm '%s' is not defined in ccl.yaml", name);
     p = kb_config_algo_params(cfg, entry);
+    if (!force_module && entry && !strcmp(entry->module, "intercube_allreduce") && p.world_size)
+        return kb_err_set(eb, KB_ERR_CONFIG, "intercube_allreduce runs one rank per SIP: it takes "
+                          "no world_size (got %d)", p.world_size);
+    if (!force_module && (p.world_size == 0 || !strcmp(entry->module, "intercube_allreduce"))) {
+        /* rank = SIP: run through spawn + the process group (dist_run) */
+        st->dist = 1;
+        st->n = p.n_elem > 0 ? p.n_elem : KB_CCL_DEFAULT_N;
+        snprintf(st->name, sizeof st->name, "%s", name);
+        return 0;
+    }
     impl = kb_ccl_algo_find(entry ? entry->module : name);
     if (!impl)
         return kb_err_set(eb, KB_ERR_CONFIG, "algorithm '%s': unknown module '%s'", name,
                           entry ? entry->module : name);
     int ws = force_ws ? force_ws : p.world_size;
-    if (ws == 0)
-        return kb_err_set(eb, KB_ERR_UNSUPPORTED,
-                          "algorithm '%s' has no world_size: rank = SIP mode (one rank per SIP "
-                          "through spawn) is not available yet; set ccl.algorithms.%s.world_size "
-                          "or use --world-size for rank = PE mode", name, name);
     memset(&icfg, 0, sizeof icfg);
     icfg.n_slots = p.n_slots;
     icfg.slot_size = p.slot_size;
@@ -64,6 +77,46 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
                               p.n_elem > 0 ? p.n_elem : KB_CCL_DEFAULT_N, &icfg, NULL);
 }
 
+/* One rank of the rank = SIP run: bind, join, fill with rank + 1, all-reduce. */
+static int dist_worker(kb_ctx *ctx, int rank, void *arg)
+{
+    ccl_state *st = arg;
+    int rc, shards;
+    if ((rc = kb_ctx_set_device(ctx, rank)) != 0 ||
+        (rc = kb_dist_init_process_group(ctx, "ahbm", st->name)) != 0)
+        return rc;
+    shards = kb_dist_shards_per_rank(ctx);
+    kb_tensor_desc d = { "tiles", shards, st->n, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
+    float *data = malloc(sizeof(float) * (size_t)(shards * st->n));
+    if (!data)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < shards * st->n; i++)
+        data[i] = (float)(rank + 1);
+    rc = kb_tensor_from_host(ctx, &d, data, &st->t[rank]);
+    free(data);
+    if (rc == 0)
+        rc = kb_dist_barrier(ctx);
+    if (rc)
+        return rc;
+    if (rank == 0)
+        kb_bench_mark_begin(ctx, st->res);
+    rc = kb_dist_all_reduce(ctx, st->t[rank], KB_DIST_SUM);
+    if (rc == 0 && rank == 0)
+        kb_bench_mark_end(ctx, st->res);
+    return rc;
+}
+
+static void add_bw(kb_bench_result *res, int ws, int64_t n)
+{
+    double ns = kb_time_to_ns(res->t_end - res->t_begin), bytes = (double)n * 2.0;
+    double algbw = bytes / ns; /* bytes per ns = GB/s */
+    kb_bench_add_extra(res, "world_size", ws);
+    kb_bench_add_extra(res, "n_elem", (double)n);
+    kb_bench_add_extra(res, "bytes_per_rank", bytes);
+    kb_bench_add_extra(res, "algbw_gbps", algbw);
+    kb_bench_add_extra(res, "busbw_gbps", algbw * 2.0 * (ws - 1) / (double)ws);
+}
+
 static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
 {
     ccl_state *st = state;
@@ -72,26 +125,72 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
     (void)a;
     if ((rc = ccl_setup(ctx, st, NULL, 0, NULL)) != 0)
         return rc;
+    if (st->dist) {
+        st->ws = kb_ctx_machine(ctx)->nsips;
+        st->res = res;
+        snprintf(res->line, sizeof res->line, "  %s (ws=%d)", st->name, st->ws);
+        if ((rc = kb_spawn(ctx, dist_worker, st, st->ws)) != 0)
+            return rc;
+        /* bytes per rank: the whole tensor of the rank */
+        add_bw(res, st->ws, st->n * kb_dist_shards_per_rank(ctx));
+        return 0;
+    }
     snprintf(res->line, sizeof res->line, "  %s (ws=%d)", job->name, job->layout.ws);
     kb_bench_mark_begin(ctx, res);
     if ((rc = kb_ccl_job_launch(ctx, job, NULL, NULL)) != 0)
         return rc;
     kb_bench_mark_end(ctx, res);
-    double ns = kb_time_to_ns(res->t_end - res->t_begin), bytes = (double)job->n * 2.0;
-    double algbw = bytes / ns; /* bytes per ns = GB/s */
-    kb_bench_add_extra(res, "world_size", job->layout.ws);
-    kb_bench_add_extra(res, "n_elem", (double)job->n);
-    kb_bench_add_extra(res, "bytes_per_rank", bytes);
-    kb_bench_add_extra(res, "algbw_gbps", algbw);
-    kb_bench_add_extra(res, "busbw_gbps",
-                       algbw * 2.0 * (job->layout.ws - 1) / (double)job->layout.ws);
+    add_bw(res, job->layout.ws, job->n);
     return 0;
+}
+
+/* rank = SIP: every shard of every rank must hold (shards per rank) * sum(1..ws). */
+static int dist_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
+{
+    size_t per = (size_t)kb_tensor_rows(st->t[0]) * (size_t)st->n;
+    int shards = (int)kb_tensor_rows(st->t[0]), ok = 0, total = st->ws * shards;
+    uint16_t want = kb_f32_to_f16((float)((double)shards * st->ws * (st->ws + 1) / 2.0));
+    uint16_t *raw = malloc(per * 2);
+    uint64_t h = KB_FNV1A64_INIT;
+    double sum = 0.0;
+    int rc = 0;
+    if (!raw)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < st->ws && rc == 0; r++) {
+        if ((rc = kb_tensor_read_raw(st->t[r], raw)) != 0)
+            break;
+        h = kb_fnv1a64(raw, per * 2, h);
+        for (int s = 0; s < shards; s++) {
+            int good = 1;
+            for (int64_t i = 0; i < st->n; i++) {
+                uint16_t got = raw[(size_t)s * (size_t)st->n + (size_t)i];
+                sum += kb_f16_to_f32(got);
+                good &= got == want;
+            }
+            ok += good;
+        }
+    }
+    if (rc == 0) {
+        res->digest = h;
+        res->have_digest = 1;
+        res->verified = ok == total;
+        snprintf(res->ok_text, sizeof res->ok_text, "%d OK", ok);
+        if (!res->verified)
+            snprintf(res->detail, sizeof res->detail,
+                     "got mean=%.6g, expected=%.6g (%d of %d shards wrong)",
+                     sum / ((double)total * (double)st->n), (double)kb_f16_to_f32(want),
+                     total - ok, total);
+    }
+    free(raw);
+    return rc;
 }
 
 static int ccl_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
 {
     ccl_state *st = state;
     kb_ccl_job *job = &st->job;
+    if (st->dist)
+        return dist_verify(ctx, st, res);
     int ws = job->layout.ws, ok_ranks = 0, bad = -1;
     size_t total = (size_t)ws * (size_t)job->n;
     uint16_t *raw = malloc(total * 2);

@@ -1,0 +1,632 @@
+/*
+ * kb_dist — process group, epoch barriers and the rank = SIP collectives (kb_dist.h),
+ * including the intercube all-reduce kernel and its install plan.
+ * Limits: one process group per context (IPCQ is installed once per PE); SUM only.
+ */
+#include "kb_dist.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_runtime_int.h"
+
+enum { EP_INIT = 1, EP_ALLREDUCE, EP_BARRIER, EP_ALLGATHER, EP_REDUCESCATTER };
+static const char *const ep_names[] = { "", "init_process_group", "all_reduce", "barrier",
+                                        "all_gather", "reduce_scatter" };
+
+enum { SIPTOPO_RING = 0, SIPTOPO_TORUS = 1, SIPTOPO_MESH = 2 };
+
+typedef struct epoch {
+    int id, kind, arrived, users;
+    uint8_t *joined;          /* [ws] */
+    kb_tensor **a, **b;       /* [ws] per-rank arguments */
+    kb_signal done;
+    int rc;
+} epoch;
+
+typedef struct dist {
+    int ws;
+    int initialised;
+    const kb_ccl_algo_impl *impl;     /* hierarchical (all PEs) or NULL for intercube */
+    int intercube;
+    char module[KB_CFG_NAME_MAX];
+    kb_ipcq_cfg icfg;
+    int root_cube;
+    epoch *cur;
+    int next_id;
+    kb_time comm;
+} dist;
+
+static void dist_free(void *p)
+{
+    dist *d = p;
+    if (d->cur && --d->cur->users == 0) {
+        free(d->cur->joined);
+        free(d->cur->a);
+        free(d->cur->b);
+        free(d->cur);
+    }
+    free(d);
+}
+
+static dist *dist_of(kb_ctx *ctx) { return kb_ctx_ext(ctx, KB_EXT_CCL); }
+
+int kb_dist_get_world_size(kb_ctx *ctx)
+{
+    dist *d = dist_of(ctx);
+    return d && d->initialised ? d->ws : -1;
+}
+
+int kb_dist_get_rank(kb_ctx *ctx) { return kb_ctx_rank(ctx); }
+
+const char *kb_dist_algorithm(kb_ctx *ctx)
+{
+    dist *d = dist_of(ctx);
+    return d && d->initialised ? d->module : NULL;
+}
+
+kb_time kb_dist_comm_time(kb_ctx *ctx)
+{
+    dist *d = dist_of(ctx);
+    return d ? d->comm : 0;
+}
+
+kb_dp_policy kb_dist_policy(kb_ctx *ctx)
+{
+    dist *d = dist_of(ctx);
+    if (d && d->intercube)
+        return kb_dp(KB_DP_ROW_WISE, KB_DP_REPLICATE, 0, 1);
+    return kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, 0, 0);
+}
+
+int kb_dist_shards_per_rank(kb_ctx *ctx)
+{
+    dist *d = dist_of(ctx);
+    kb_machine *m = kb_ctx_machine(ctx);
+    return d && d->intercube ? m->ncubes : m->ncubes * m->npes;
+}
+
+/* ---- intercube ---- */
+
+/* Chain/ring helpers over f32 values (every message of intercube is f32). */
+static kb_val add_free(kb_tl *tl, kb_val acc, kb_val in)
+{
+    kb_val s = tl_add(tl, acc, in);
+    tl_free(tl, acc);
+    tl_free(tl, in);
+    return s;
+}
+
+static kb_val ring(kb_tl *tl, kb_val acc, int64_t k, kb_dir out, kb_dir in_dir)
+{
+    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
+    kb_val cur = acc;
+    int cur_owned = 0;
+    for (int64_t i = 0; i + 1 < k; i++) {
+        tl_send(tl, out, cur);
+        if (cur_owned)
+            tl_free(tl, cur);
+        kb_val in = tl_recv(tl, in_dir, s, KB_F32);
+        kb_val sum = tl_add(tl, acc, in);
+        tl_free(tl, acc);
+        acc = sum;
+        cur = in;
+        cur_owned = 1;
+    }
+    if (cur_owned)
+        tl_free(tl, cur);
+    return acc;
+}
+
+/* Chain reduce toward the end of a line of k members (my index i) along `fwd`, then broadcast
+ * back along `back`; every member ends with the line's sum. */
+static kb_val line_allreduce(kb_tl *tl, kb_val acc, int i, int k, kb_dir fwd, kb_dir back)
+{
+    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
+    if (k < 2)
+        return acc;
+    if (i > 0)
+        acc = add_free(tl, acc, tl_recv(tl, back, s, KB_F32));
+    if (i < k - 1) {
+        tl_send(tl, fwd, acc);
+        tl_free(tl, acc);
+        acc = tl_recv(tl, fwd, s, KB_F32);
+    }
+    if (i > 0)
+        tl_send(tl, back, acc);
+    return acc;
+}
+
+/* Reduce along one mesh line toward index r: members below r pass up `up`, members above r
+ * pass down `down`; r receives from both sides. */
+static kb_val reduce_to(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, kb_dir down)
+{
+    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
+    if (i < r) {
+        if (i > 0)
+            acc = add_free(tl, acc, tl_recv(tl, down, s, KB_F32));
+        tl_send(tl, up, acc);
+    } else if (i > r) {
+        if (i < k - 1)
+            acc = add_free(tl, acc, tl_recv(tl, up, s, KB_F32));
+        tl_send(tl, down, acc);
+    } else {
+        if (r > 0)
+            acc = add_free(tl, acc, tl_recv(tl, down, s, KB_F32));
+        if (r < k - 1)
+            acc = add_free(tl, acc, tl_recv(tl, up, s, KB_F32));
+    }
+    return acc;
+}
+
+/* Inverse of reduce_to: r's value flows out to both ends. */
+static kb_val bcast_from(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, kb_dir down)
+{
+    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
+    if (i == r) {
+        if (r > 0)
+            tl_send(tl, down, acc);
+        if (r < k - 1)
+            tl_send(tl, up, acc);
+        return acc;
+    }
+    if (i < r) {
+        acc = tl_recv(tl, up, s, KB_F32);
+        if (i > 0)
+            tl_send(tl, down, acc);
+    } else {
+        acc = tl_recv(tl, down, s, KB_F32);
+        if (i < k - 1)
+            tl_send(tl, up, acc);
+    }
+    return acc;
+}
+
+enum { IC_N = 0, IC_W, IC_H, IC_SIPS, IC_TOPO, IC_GW, IC_GH, IC_ROOT, IC_DT };
+
+static void intercube_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[IC_N];
+    int w = (int)a->i[IC_W], h = (int)a->i[IC_H], sips = (int)a->i[IC_SIPS];
+    int gw = (int)a->i[IC_GW], gh = (int)a->i[IC_GH], root = (int)a->i[IC_ROOT];
+    kb_dtype dt = (kb_dtype)a->i[IC_DT];
+    int cube = tl_program_id(tl, 1), sip = tl_program_id(tl, 2);
+    int col = cube % w, row = cube / w, rc = root % w, rr = root / w;
+    kb_va mine = a->ptr[0] + (kb_va)cube * (kb_va)n * kb_dtype_size(dt);
+    kb_val v = tl_load(tl, mine, KB_SHAPE1(n), dt);
+    kb_val acc = tl_scale(tl, v, 1.0f, 0.0f); /* every message is f32 */
+    tl_free(tl, v);
+
+    /* 1-2: reduce along the row to the root column, then down the root column to the root */
+    acc = reduce_to(tl, acc, col, w, rc, KB_DIR_E, KB_DIR_W);
+    if (col == rc)
+        acc = reduce_to(tl, acc, row, h, rr, KB_DIR_S, KB_DIR_N);
+    /* 3: the SIPs' root cubes combine their sums */
+    if (cube == root && sips > 1) {
+        int sx = sip % gw, sy = sip / gw;
+        switch ((int)a->i[IC_TOPO]) {
+        case SIPTOPO_RING:
+            acc = ring(tl, acc, sips, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
+            break;
+        case SIPTOPO_TORUS:
+            acc = ring(tl, acc, gw, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
+            acc = ring(tl, acc, gh, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N);
+            break;
+        default:
+            acc = line_allreduce(tl, acc, sx, gw, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
+            acc = line_allreduce(tl, acc, sy, gh, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N);
+            break;
+        }
+    }
+    /* 4-5: broadcast back up/down the root column, then along every row */
+    if (col == rc)
+        acc = bcast_from(tl, acc, row, h, rr, KB_DIR_S, KB_DIR_N);
+    acc = bcast_from(tl, acc, col, w, rc, KB_DIR_E, KB_DIR_W);
+    tl_store(tl, mine, acc);
+}
+
+static int sip_topo_kind(const char *t)
+{
+    if (!strcmp(t, "ring_1d"))
+        return SIPTOPO_RING;
+    if (!strcmp(t, "mesh_2d_no_wrap"))
+        return SIPTOPO_MESH;
+    return SIPTOPO_TORUS;
+}
+
+int kb_dist_install_intercube(kb_ctx *ctx, const kb_ipcq_cfg *cfg)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    int S = m->nsips, C = m->ncubes, w = m->mesh_w, h = m->mesh_h;
+    int kind = sip_topo_kind(m->cfg.sips_topology), gw = m->sip_grid_w, gh = m->sip_grid_h;
+    int wrap = kind != SIPTOPO_MESH;
+    size_t cap = (size_t)S * (size_t)C * 8, n = 0;
+    kb_ipcq_link *links = malloc(cap * sizeof *links);
+    int rc;
+
+    if (!links)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    for (int s = 0; s < S; s++) {
+        int sx = s % gw, sy = s / gw;
+        for (int c = 0; c < C; c++) {
+            int x = c % w, y = c / w;
+            kb_pe_hw *pe = kb_machine_pe(m, (unsigned)s, (unsigned)c, 0);
+            struct { int ok; kb_dir d; int sip, cube; kb_dir back; } nb[8] = {
+                { x + 1 < w, KB_DIR_E, s, c + 1, KB_DIR_W },
+                { x > 0, KB_DIR_W, s, c - 1, KB_DIR_E },
+                { y > 0, KB_DIR_N, s, c - w, KB_DIR_S },
+                { y + 1 < h, KB_DIR_S, s, c + w, KB_DIR_N },
+                /* every cube's PE 0 is wired to the same cube of the neighbouring SIPs */
+                { S > 1 && gw > 1 && (wrap || sx + 1 < gw), KB_DIR_GLOBAL_E,
+                  sy * gw + (sx + 1) % gw, c, KB_DIR_GLOBAL_W },
+                { S > 1 && gw > 1 && (wrap || sx > 0), KB_DIR_GLOBAL_W,
+                  sy * gw + (sx + gw - 1) % gw, c, KB_DIR_GLOBAL_E },
+                { S > 1 && gh > 1 && (wrap || sy > 0), KB_DIR_GLOBAL_N,
+                  ((sy + gh - 1) % gh) * gw + sx, c, KB_DIR_GLOBAL_S },
+                { S > 1 && gh > 1 && (wrap || sy + 1 < gh), KB_DIR_GLOBAL_S,
+                  ((sy + 1) % gh) * gw + sx, c, KB_DIR_GLOBAL_N },
+            };
+            for (int i = 0; i < 8; i++) {
+                if (!nb[i].ok)
+                    continue;
+                links[n].pe = pe;
+                links[n].dir = nb[i].d;
+                links[n].peer = kb_machine_pe(m, (unsigned)nb[i].sip, (unsigned)nb[i].cube, 0);
+                links[n].peer_dir = nb[i].back;
+                n++;
+            }
+        }
+    }
+    rc = kb_ipcq_install(ctx, cfg, links, n);
+    free(links);
+    return rc;
+}
+
+/* ---- epochs ---- */
+
+typedef int (*exec_fn)(kb_ctx *ctx, dist *d, epoch *e);
+
+static int join(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b, exec_fn exec)
+{
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    int r = kb_ctx_rank(ctx), rc;
+    epoch *e;
+
+    if (r < 0)
+        return kb_err_set(eb, KB_ERR_STATE, "%s outside a spawned rank worker", ep_names[kind]);
+    if (r >= d->ws)
+        return kb_err_set(eb, KB_ERR_RANGE, "rank %d outside a world of %d", r, d->ws);
+    if (!d->cur) {
+        e = calloc(1, sizeof *e);
+        if (!e || !(e->joined = calloc((size_t)d->ws, 1)) ||
+            !(e->a = calloc((size_t)d->ws, sizeof *e->a)) ||
+            !(e->b = calloc((size_t)d->ws, sizeof *e->b))) {
+            if (e) {
+                free(e->joined);
+                free(e->a);
+                free(e);
+            }
+            return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        }
+        e->id = d->next_id++;
+        e->kind = kind;
+        e->users = 1; /* the dist's reference */
+        kb_signal_init(&e->done);
+        d->cur = e;
+    }
+    e = d->cur;
+    if (e->joined[r])
+        return kb_err_set(eb, KB_ERR_STATE,
+                          "rank %d joined collective epoch %d (%s) twice: it called %s again "
+                          "before every rank had joined", r, e->id, ep_names[e->kind],
+                          ep_names[kind]);
+    if (e->kind != kind)
+        return kb_err_set(eb, KB_ERR_STATE,
+                          "rank %d called %s but epoch %d is a %s of the other ranks", r,
+                          ep_names[kind], e->id, ep_names[e->kind]);
+    e->joined[r] = 1;
+    e->a[r] = a;
+    e->b[r] = b;
+    e->users++;
+    if (++e->arrived < d->ws) {
+        kb_signal_wait(kb_ctx_sim(ctx), &e->done);
+    } else {
+        kb_time t0 = kb_sim_now(kb_ctx_sim(ctx));
+        d->cur = NULL;
+        e->users--; /* the dist no longer points at it */
+        e->rc = exec ? exec(ctx, d, e) : 0;
+        if (kind != EP_BARRIER && kind != EP_INIT)
+            d->comm += kb_sim_now(kb_ctx_sim(ctx)) - t0;
+        kb_signal_fire(kb_ctx_sim(ctx), &e->done);
+    }
+    rc = e->rc;
+    if (--e->users == 0) {
+        free(e->joined);
+        free(e->a);
+        free(e->b);
+        free(e);
+    }
+    return rc;
+}
+
+static int exec_init(kb_ctx *ctx, dist *d, epoch *e)
+{
+    (void)e;
+    if (d->intercube)
+        return kb_dist_install_intercube(ctx, &d->icfg);
+    kb_ccl_layout l;
+    int rc = kb_ccl_layout_legacy(kb_ctx_machine(ctx),
+                                  d->ws * kb_dist_shards_per_rank(ctx), &l, kb_ctx_err(ctx));
+    return rc ? rc : kb_ccl_install(ctx, "hierarchical_3level", &l, &d->icfg);
+}
+
+int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *algorithm)
+{
+    const kb_config *cfg = kb_ctx_config(ctx);
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    kb_machine *m = kb_ctx_machine(ctx);
+    dist *d = dist_of(ctx);
+
+    if (!backend || strcmp(backend, "ahbm") != 0)
+        return kb_err_set(eb, KB_ERR_UNSUPPORTED, "init_process_group: backend '%s' is not "
+                          "supported (use \"ahbm\")", backend ? backend : "(null)");
+    if (!d) {
+        const char *name = algorithm ? algorithm : cfg->ccl.defaults.algorithm;
+        const kb_ccl_algo *entry = kb_config_find_algo(cfg, name);
+        const char *module = entry ? entry->module : name;
+        kb_ccl_params p = kb_config_algo_params(cfg, entry);
+        d = calloc(1, sizeof *d);
+        if (!d)
+            return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        kb_ctx_set_ext(ctx, KB_EXT_CCL, d, dist_free);
+        d->ws = m->nsips;
+        snprintf(d->module, sizeof d->module, "%s", module);
+        if (!strcmp(module, "intercube_allreduce")) {
+            d->intercube = 1;
+        } else if (!strcmp(module, "hierarchical_allreduce")) {
+            d->impl = kb_ccl_algo_find(module);
+        } else {
+            return kb_err_set(eb, KB_ERR_UNSUPPORTED,
+                              "init_process_group: algorithm '%s' (module %s) has no rank = SIP "
+                              "form; use intercube_allreduce or hierarchical_allreduce", name,
+                              module);
+        }
+        if (p.world_size != 0 && p.world_size != d->ws)
+            return kb_err_set(eb, KB_ERR_CONFIG,
+                              "init_process_group: %s sets world_size %d (rank = PE mode); the "
+                              "process group has one rank per SIP (%d)", name, p.world_size,
+                              d->ws);
+        d->root_cube = entry && entry->root_cube >= 0 ? entry->root_cube : m->ncubes - 1;
+        if (d->root_cube >= m->ncubes)
+            return kb_err_set(eb, KB_ERR_CONFIG, "root_cube %d: the SIP has %d cubes",
+                              d->root_cube, m->ncubes);
+        d->icfg.n_slots = p.n_slots;
+        d->icfg.slot_size = p.slot_size;
+        d->icfg.backpressure = p.backpressure != 0;
+        d->icfg.buffer_kind = !strcmp(p.buffer_kind, "hbm") ? KB_MEM_HBM
+                              : !strcmp(p.buffer_kind, "sram") ? KB_MEM_SRAM : KB_MEM_TCM;
+    }
+    if (kb_ctx_nprocs(ctx) != d->ws)
+        return kb_err_set(eb, KB_ERR_STATE, "init_process_group: %d workers were spawned but "
+                          "the world has %d ranks (one per SIP)", kb_ctx_nprocs(ctx), d->ws);
+    int rc = join(ctx, d, EP_INIT, NULL, NULL, exec_init);
+    if (rc == 0)
+        d->initialised = 1;
+    return rc;
+}
+
+static int need_init(kb_ctx *ctx, dist *d, const char *what)
+{
+    if (!d || !d->initialised)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "%s before init_process_group", what);
+    return 0;
+}
+
+/* multi_pe_sip_local: every rank's tensor lives on its own SIP with one equal shard on each
+ * participating PE, laid out as kb_dist_policy says. */
+static int validate(kb_ctx *ctx, dist *d, kb_tensor *const *t, const char *what)
+{
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    int shards = kb_dist_shards_per_rank(ctx);
+    for (int r = 0; r < d->ws; r++) {
+        if (!t[r])
+            return kb_err_set(eb, KB_ERR_INVAL, "%s: rank %d passed no tensor", what, r);
+        if (t[r]->gsip != (unsigned)r)
+            return kb_err_set(eb, KB_ERR_STATE, "%s: validator multi_pe_sip_local: rank %d's "
+                              "tensor '%s' lives on SIP %u (call set_device(rank) first)", what,
+                              r, t[r]->name, t[r]->gsip);
+        if ((int)t[r]->nshards != shards || t[r]->rows != t[0]->rows || t[r]->cols != t[0]->cols ||
+            t[r]->dtype != t[0]->dtype)
+            return kb_err_set(eb, KB_ERR_STATE, "%s: validator multi_pe_sip_local: rank %d's "
+                              "tensor '%s' must be split into %d equal shards (%s) like rank 0's",
+                              what, r, t[r]->name, shards,
+                              d->intercube ? "rows over the cubes' PE 0" : "rows over every PE");
+        for (size_t i = 0; i < t[r]->nshards; i++)
+            if (t[r]->shards[i].nbytes != t[r]->shards[0].nbytes ||
+                (d->intercube && t[r]->shards[i].pe != 0))
+                return kb_err_set(eb, KB_ERR_STATE, "%s: validator multi_pe_sip_local: uneven "
+                                  "or misplaced shard %zu of rank %d", what, i, r);
+    }
+    return 0;
+}
+
+static int launch_allreduce(kb_ctx *ctx, dist *d, kb_tensor *const *t)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    int rc = validate(ctx, d, t, "all_reduce");
+    if (rc)
+        return rc;
+    uint64_t n = t[0]->shards[0].nbytes / kb_dtype_size(t[0]->dtype);
+    if (n * 4 > d->icfg.slot_size)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_CONFIG,
+                          "all_reduce: shards of %llu elements travel as %llu-byte f32 messages "
+                          "but slot_size is %llu (raise ccl.defaults.slot_size)",
+                          (unsigned long long)n, (unsigned long long)(n * 4),
+                          (unsigned long long)d->icfg.slot_size);
+    kb_kargs *args = calloc((size_t)d->ws, sizeof *args);
+    if (!args)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    kb_grid g;
+    for (int r = 0; r < d->ws; r++) {
+        args[r].ptr[0] = t[r]->va;
+        if (d->intercube) {
+            args[r].i[IC_N] = (int64_t)n;
+            args[r].i[IC_W] = m->mesh_w;
+            args[r].i[IC_H] = m->mesh_h;
+            args[r].i[IC_SIPS] = d->ws;
+            args[r].i[IC_TOPO] = sip_topo_kind(m->cfg.sips_topology);
+            args[r].i[IC_GW] = m->sip_grid_w;
+            args[r].i[IC_GH] = m->sip_grid_h;
+            args[r].i[IC_ROOT] = d->root_cube;
+            args[r].i[IC_DT] = t[r]->dtype;
+        } else {
+            args[r].i[KB_CCL_ARG_N] = (int64_t)n;
+            args[r].i[KB_CCL_ARG_WS] = d->ws * m->ncubes * m->npes;
+            args[r].i[KB_CCL_ARG_PES] = m->npes;
+            args[r].i[KB_CCL_ARG_CUBES] = m->ncubes;
+            args[r].i[KB_CCL_ARG_SIPS] = d->ws;
+            args[r].i[KB_CCL_ARG_DTYPE] = t[r]->dtype;
+        }
+    }
+    g = d->intercube ? (kb_grid){ 1, m->ncubes, d->ws, 0 } : (kb_grid){ m->npes, m->ncubes, d->ws, 0 };
+    rc = kb_launch_per_sip(ctx, d->module, d->intercube ? intercube_allreduce : d->impl->kernel,
+                           args, &g);
+    free(args);
+    return rc;
+}
+
+static int exec_allreduce(kb_ctx *ctx, dist *d, epoch *e)
+{
+    return launch_allreduce(ctx, d, e->a);
+}
+
+int kb_dist_all_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op)
+{
+    static const char *const names[] = { "SUM", "PROD", "MAX", "MIN" };
+    dist *d = dist_of(ctx);
+    int rc = need_init(ctx, d, "all_reduce");
+    if (rc)
+        return rc;
+    if (op != KB_DIST_SUM)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_UNSUPPORTED,
+                          "all_reduce: op %s is not supported (only SUM)",
+                          (unsigned)op < 4 ? names[op] : "?");
+    return join(ctx, d, EP_ALLREDUCE, t, NULL, exec_allreduce);
+}
+
+int kb_dist_barrier(kb_ctx *ctx)
+{
+    dist *d = dist_of(ctx);
+    int rc = need_init(ctx, d, "barrier");
+    return rc ? rc : join(ctx, d, EP_BARRIER, NULL, NULL, NULL);
+}
+
+/* ---- all_gather / reduce_scatter ---- */
+
+/*
+ * Per PE: copy the PE's block of `in` (m x c, column block j of rank r) into columns
+ * [(r*S + j)*c, +c) of its zeroed out block (m x ws*S*c), row by row.
+ * i[0] = m, i[1] = c, i[2] = S (shards per rank), i[3] = ws, i[4] = rank, i[5] = dtype.
+ */
+static void scatter_in(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t m = a->i[0], c = a->i[1], S = a->i[2], ws = a->i[3], r = a->i[4];
+    kb_dtype dt = (kb_dtype)a->i[5];
+    size_t es = kb_dtype_size(dt);
+    int64_t j = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
+    int64_t wide = ws * S * c;
+    kb_va in = a->ptr[0] + (kb_va)(j * m * c) * es;
+    kb_va block = a->ptr[1] + (kb_va)(j * m * wide) * es;
+    kb_va out = block + (kb_va)((r * S + j) * c) * es;
+    kb_val z = tl_full(tl, KB_SHAPE2(m, wide), 0.0f); /* the other ranks' columns sum in as 0 */
+    tl_store(tl, block, z);
+    tl_free(tl, z);
+    for (int64_t row = 0; row < m; row++) {
+        kb_val v = tl_load(tl, in + (kb_va)(row * c) * es, KB_SHAPE1(c), dt);
+        tl_store(tl, out + (kb_va)(row * wide) * es, v);
+        tl_free(tl, v);
+    }
+}
+
+/* Inverse: the PE's chunk of the reduced block back into its block of out. */
+static void gather_out(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t m = a->i[0], c = a->i[1], S = a->i[2], ws = a->i[3], r = a->i[4];
+    kb_dtype dt = (kb_dtype)a->i[5];
+    size_t es = kb_dtype_size(dt);
+    int64_t j = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
+    int64_t wide = ws * S * c;
+    kb_va src = a->ptr[0] + (kb_va)(j * m * wide) * es + (kb_va)((r * S + j) * c) * es;
+    kb_va dst = a->ptr[1] + (kb_va)(j * m * c) * es;
+    for (int64_t row = 0; row < m; row++) {
+        kb_val v = tl_load(tl, src + (kb_va)(row * wide) * es, KB_SHAPE1(c), dt);
+        tl_store(tl, dst + (kb_va)(row * c) * es, v);
+        tl_free(tl, v);
+    }
+}
+
+static int exec_gather(kb_ctx *ctx, dist *d, epoch *e, int reduce_scatter)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    /* e->a = out and e->b = in for both; the wide one is all_gather's out / reduce_scatter's in */
+    kb_tensor **wide = reduce_scatter ? e->b : e->a, **narrow = reduce_scatter ? e->a : e->b;
+    int S = kb_dist_shards_per_rank(ctx), rc;
+    kb_errbuf *eb = kb_ctx_err(ctx);
+
+    for (int r = 0; r < d->ws; r++)
+        if (!wide[r] || !narrow[r] || wide[r]->gsip != (unsigned)r || narrow[r]->gsip != (unsigned)r)
+            return kb_err_set(eb, KB_ERR_STATE, "%s: rank %d's tensors must live on SIP %d",
+                              ep_names[reduce_scatter ? EP_REDUCESCATTER : EP_ALLGATHER], r, r);
+    int64_t rows = narrow[0]->rows, c = narrow[0]->cols / S;
+    if ((int)narrow[0]->nshards != S || narrow[0]->cols % S != 0 ||
+        wide[0]->rows != rows * S || wide[0]->cols != narrow[0]->cols * d->ws ||
+        wide[0]->dtype != narrow[0]->dtype)
+        return kb_err_set(eb, KB_ERR_STATE,
+                          "%s: the narrow tensor must be (m x k) split column-wise over the "
+                          "rank's %d PEs and the wide one (%d*m x ws*k) row-wise over them", 
+                          ep_names[reduce_scatter ? EP_REDUCESCATTER : EP_ALLGATHER], S, S);
+    kb_kargs *args = calloc((size_t)d->ws, sizeof *args);
+    if (!args)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+    for (int r = 0; r < d->ws; r++) {
+        args[r].ptr[0] = reduce_scatter ? wide[r]->va : narrow[r]->va;
+        args[r].ptr[1] = reduce_scatter ? narrow[r]->va : wide[r]->va;
+        args[r].i[0] = rows;
+        args[r].i[1] = c;
+        args[r].i[2] = S;
+        args[r].i[3] = d->ws;
+        args[r].i[4] = r;
+        args[r].i[5] = narrow[r]->dtype;
+    }
+    kb_grid g = d->intercube ? (kb_grid){ 1, m->ncubes, d->ws, 0 }
+                             : (kb_grid){ m->npes, m->ncubes, d->ws, 0 };
+    if (reduce_scatter) {
+        rc = launch_allreduce(ctx, d, wide);
+        if (rc == 0)
+            rc = kb_launch_per_sip(ctx, "reduce_scatter_pick", gather_out, args, &g);
+    } else {
+        rc = kb_launch_per_sip(ctx, "all_gather_place", scatter_in, args, &g);
+        if (rc == 0)
+            rc = launch_allreduce(ctx, d, wide);
+    }
+    free(args);
+    return rc;
+}
+
+static int exec_allgather(kb_ctx *ctx, dist *d, epoch *e) { return exec_gather(ctx, d, e, 0); }
+static int exec_reducescatter(kb_ctx *ctx, dist *d, epoch *e) { return exec_gather(ctx, d, e, 1); }
+
+int kb_dist_all_gather(kb_ctx *ctx, kb_tensor *out, kb_tensor *in)
+{
+    dist *d = dist_of(ctx);
+    int rc = need_init(ctx, d, "all_gather");
+    return rc ? rc : join(ctx, d, EP_ALLGATHER, out, in, exec_allgather);
+}
+
+int kb_dist_reduce_scatter(kb_ctx *ctx, kb_tensor *out, kb_tensor *in)
+{
+    dist *d = dist_of(ctx);
+    int rc = need_init(ctx, d, "reduce_scatter");
+    return rc ? rc : join(ctx, d, EP_REDUCESCATTER, out, in, exec_reducescatter);
+}

@@ -1,0 +1,63 @@
+/*
+ * kb_dist — the distributed runtime in the rank = SIP model (a PyTorch-like process group).
+ *
+ * Host programs spawn one worker per rank (kb_spawn); each worker binds to its SIP
+ * (kb_ctx_set_device(ctx, rank)), joins the process group and calls collectives on tensors
+ * that live on its SIP. Every collective is an EPOCH BARRIER: each rank joins the current
+ * epoch with its tensor; the last rank to arrive launches the collective kernel on every SIP
+ * (one launch, per-SIP arguments) and all ranks resume when it has completed. A rank joining
+ * an epoch it already joined, or a different collective than the other ranks, is an error.
+ *
+ * The algorithm is the process group's (ccl.defaults.algorithm unless given):
+ *   intercube_allreduce     PE 0 of every cube; tensor (n_cubes x n) row-wise over cubes
+ *                           (validator multi_pe_sip_local): reduce along the cube mesh rows to
+ *                           the root column, down it to the root cube, exchange among the
+ *                           SIPs' root cubes by system.sips.topology (ring_1d: ring; torus_2d /
+ *                           mesh_2d: row ring then column ring; mesh_2d_no_wrap: chain reduce +
+ *                           broadcast along rows, then columns), broadcast back. Every cube's
+ *                           PE 0 is wired for inter-SIP traffic.
+ *   hierarchical_allreduce  every PE (mapper all_pes); tensor (n_cubes * n_pes * m x k)
+ *                           row-wise over cubes and PEs: one m x k block per PE.
+ * all_reduce leaves in EVERY shard the sum over all shards of all ranks (for intercube: over
+ * the cubes' rows and the ranks). Only SUM is supported. all_gather and reduce_scatter are
+ * built on all_reduce (a zero-padded buffer / the own chunk of the sum): correct, with
+ * all_reduce's traffic rather than a ring all-gather's. barrier synchronises the ranks'
+ * host programs without device work.
+ */
+#ifndef KB_DIST_H
+#define KB_DIST_H
+
+#include "kb_ccl.h"
+#include "kb_runtime.h"
+
+typedef enum kb_dist_op { KB_DIST_SUM = 0, KB_DIST_PROD, KB_DIST_MAX, KB_DIST_MIN } kb_dist_op;
+
+/* Every rank calls it once (a collective): builds the install plan and installs IPCQ
+ * (timed). backend must be "ahbm"; algorithm NULL = ccl.defaults.algorithm. */
+int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *algorithm);
+int kb_dist_get_world_size(kb_ctx *ctx);   /* the SIP count; -1 before init */
+int kb_dist_get_rank(kb_ctx *ctx);         /* the calling worker's rank; -1 outside workers */
+const char *kb_dist_algorithm(kb_ctx *ctx); /* module of the process group, or NULL */
+
+int kb_dist_all_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op);
+int kb_dist_barrier(kb_ctx *ctx);
+/* all_gather: `in` (m x k per rank, column-wise over the rank's S PEs: PE j holds columns
+ * [j*k/S, (j+1)*k/S)) -> `out` (S*m x ws*k per rank, row-wise: every PE's m x ws*k block
+ * holds the whole gathered matrix, rank r's columns at [r*k, (r+1)*k)). */
+int kb_dist_all_gather(kb_ctx *ctx, kb_tensor *out, kb_tensor *in);
+/* Inverse layout: `in` (wide, row-wise, one m x ws*k block per PE) is all-reduced IN PLACE,
+ * then each PE keeps its own k/S-column chunk in `out` (m x k, column-wise over the PEs). */
+int kb_dist_reduce_scatter(kb_ctx *ctx, kb_tensor *out, kb_tensor *in);
+
+/* The DPPolicy a rank's tensor must have for the process group's algorithm. */
+kb_dp_policy kb_dist_policy(kb_ctx *ctx);
+/* Number of shards (participating PEs) per rank for the process group's algorithm. */
+int kb_dist_shards_per_rank(kb_ctx *ctx);
+
+/* Seconds-free statistics: simulated time spent inside collectives, summed per call. */
+kb_time kb_dist_comm_time(kb_ctx *ctx);
+
+/* The intercube install plan (exposed for tests): links of PE 0 of every cube. */
+int kb_dist_install_intercube(kb_ctx *ctx, const kb_ipcq_cfg *cfg);
+
+#endif

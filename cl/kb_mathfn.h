@@ -1,0 +1,477 @@
+/*
+ * kb_mathfn — the f32 math of Phase 2, written once for both the C reference backend and the
+ * OpenCL kernels, so that both produce the same bits.
+ *
+ * This header is compiled twice: as C11 (included by kb_ref.c and the tests) and as OpenCL C
+ * 1.2 (its text is prepended to cl/replay.cl and embedded into the library). It therefore
+ * uses only the common subset: +, -, *, / and comparisons on float (IEEE round-to-nearest;
+ * the OpenCL program is built with FP_CONTRACT OFF and correctly rounded division and sqrt),
+ * fma, sqrt, integer arithmetic on 32-bit unsigned values and bit casts through the
+ * KB_MF_AS_* macros. No libm transcendental is called: exp, log, sin, cos and tanh are
+ * evaluated here with fixed polynomials (errors of at most a few ulp over the f32 range; see
+ * tests/test_opencl.c for the measured bounds).
+ *
+ * NaN rules (so that NaN bits do not depend on the hardware's NaN propagation, which differs
+ * between x86 and GPUs): a NaN operand is returned unchanged (the first NaN operand for two
+ * operands), a NaN produced from non-NaN operands is the canonical quiet NaN 0x7FC00000. MAX
+ * and MIN ignore a NaN operand and order -0 below +0, so they are commutative and
+ * associative. Limits: the argument reduction of sin/cos is accurate for |x| up to about 1e5
+ * and degrades gradually beyond (the results are still identical on every backend); the
+ * functions assume IEEE f32 evaluation without excess precision (no x87).
+ */
+#ifndef KB_MATHFN_H
+#define KB_MATHFN_H
+
+#ifdef __OPENCL_VERSION__
+
+#pragma OPENCL FP_CONTRACT OFF
+
+typedef uint kb_mf_u32;
+#define KB_MF_FN
+#define KB_MF_AS_U32(f) as_uint(f)
+#define KB_MF_AS_F32(u) as_float(u)
+#define KB_MF_FMA(a, b, c) fma((a), (b), (c))
+#define KB_MF_SQRT(x) sqrt(x)
+
+#else
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF /* clang fuses a * b + c by default; gcc does not in ISO C mode */
+#endif
+
+typedef uint32_t kb_mf_u32;
+#define KB_MF_FN static inline
+
+static inline kb_mf_u32 kb_mf_as_u32_(float f)
+{
+    kb_mf_u32 u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float kb_mf_as_f32_(kb_mf_u32 u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+#define KB_MF_AS_U32(f) kb_mf_as_u32_(f)
+#define KB_MF_AS_F32(u) kb_mf_as_f32_(u)
+#define KB_MF_FMA(a, b, c) fmaf((a), (b), (c))
+#define KB_MF_SQRT(x) sqrtf(x)
+
+#endif
+
+/* Op codes; kb_ref.c and kb_opencl.c check that they equal kb_math1_op / kb_math2_op. */
+#define KB_MF_M1_EXP 0
+#define KB_MF_M1_LOG 1
+#define KB_MF_M1_SQRT 2
+#define KB_MF_M1_ABS 3
+#define KB_MF_M1_SIGMOID 4
+#define KB_MF_M1_COS 5
+#define KB_MF_M1_SIN 6
+#define KB_MF_M1_NEG 7
+#define KB_MF_M1_RECIP 8
+#define KB_MF_M1_RELU 9
+#define KB_MF_M1_GELU 10
+#define KB_MF_M1_AXPB 11
+#define KB_MF_M1_RSQRT 12
+
+#define KB_MF_M2_ADD 0
+#define KB_MF_M2_SUB 1
+#define KB_MF_M2_MUL 2
+#define KB_MF_M2_DIV 3
+#define KB_MF_M2_MAX 4
+#define KB_MF_M2_MIN 5
+
+#define KB_MF_NAN_BITS 0x7FC00000u
+#define KB_MF_INF_BITS 0x7F800000u
+
+KB_MF_FN int kb_mf_isnan(float x)
+{
+    return x != x;
+}
+
+/* The canonical NaN when r is a NaN made from non-NaN operands. */
+KB_MF_FN float kb_mf_canon(float r)
+{
+    return r != r ? KB_MF_AS_F32(KB_MF_NAN_BITS) : r;
+}
+
+/* ---------------------------------------------------------------- storage conversions */
+
+/* f16 bits -> f32, exact; NaN keeps sign and payload and becomes quiet (as kb_dtype.c). */
+KB_MF_FN float kb_mf_h2f(kb_mf_u32 h)
+{
+    kb_mf_u32 sign = (h & 0x8000u) << 16;
+    kb_mf_u32 e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+
+    if (e == 0u) {
+        float v = (float)m * 0x1p-24f; /* subnormal or zero: exact */
+        return KB_MF_AS_F32(KB_MF_AS_U32(v) | sign);
+    }
+    if (e == 31u)
+        return KB_MF_AS_F32(sign | 0x7F800000u | (m != 0u ? 0x400000u | (m << 13) : 0u));
+    return KB_MF_AS_F32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+/* f32 -> f16 bits with round-to-nearest-even; the same mapping as kb_f32_to_f16. */
+KB_MF_FN kb_mf_u32 kb_mf_f2h(float f)
+{
+    kb_mf_u32 x = KB_MF_AS_U32(f);
+    kb_mf_u32 sign = (x >> 16) & 0x8000u;
+
+    x &= 0x7FFFFFFFu;
+    if (x > 0x7F800000u)
+        return sign | 0x7E00u | ((x >> 13) & 0x3FFu);
+    if (x >= 0x477FF000u) /* >= 65520 rounds to infinity */
+        return sign | 0x7C00u;
+    if (x >= 0x38800000u) { /* >= 2^-14: a normal f16 */
+        kb_mf_u32 h = (x - 0x38000000u) >> 13, rem = x & 0x1FFFu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u) != 0u))
+            h++;
+        return sign | h;
+    }
+    if (x < 0x33000000u) /* <= 2^-25 (half the smallest subnormal) or an f32 subnormal */
+        return sign;
+    {
+        kb_mf_u32 s = 126u - (x >> 23); /* 14..24 */
+        kb_mf_u32 m = (x & 0x7FFFFFu) | 0x800000u;
+        kb_mf_u32 q = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1u);
+        if (rem > half || (rem == half && (q & 1u) != 0u))
+            q++;
+        return sign | q;
+    }
+}
+
+KB_MF_FN float kb_mf_bf2f(kb_mf_u32 h)
+{
+    kb_mf_u32 x = (h & 0xFFFFu) << 16;
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u)
+        x |= 0x400000u;
+    return KB_MF_AS_F32(x);
+}
+
+KB_MF_FN kb_mf_u32 kb_mf_f2bf(float f)
+{
+    kb_mf_u32 x = KB_MF_AS_U32(f);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u)
+        return ((x >> 16) | 0x40u) & 0xFFFFu;
+    x += 0x7FFFu + ((x >> 16) & 1u);
+    return x >> 16;
+}
+
+/* ---------------------------------------------------------------- NaN-deterministic basics */
+
+KB_MF_FN float kb_mf_add(float x, float y)
+{
+    if (x != x)
+        return x;
+    if (y != y)
+        return y;
+    return kb_mf_canon(x + y);
+}
+
+KB_MF_FN float kb_mf_sub(float x, float y)
+{
+    if (x != x)
+        return x;
+    if (y != y)
+        return y;
+    return kb_mf_canon(x - y);
+}
+
+KB_MF_FN float kb_mf_mul(float x, float y)
+{
+    if (x != x)
+        return x;
+    if (y != y)
+        return y;
+    return kb_mf_canon(x * y);
+}
+
+KB_MF_FN float kb_mf_div(float x, float y)
+{
+    if (x != x)
+        return x;
+    if (y != y)
+        return y;
+    return kb_mf_canon(x / y);
+}
+
+KB_MF_FN float kb_mf_fma(float x, float y, float z)
+{
+    if (x != x)
+        return x;
+    if (y != y)
+        return y;
+    if (z != z)
+        return z;
+    return kb_mf_canon(KB_MF_FMA(x, y, z));
+}
+
+/* Maximum ignoring a NaN operand; +0 > -0. */
+KB_MF_FN float kb_mf_fmax(float x, float y)
+{
+    if (x > y)
+        return x;
+    if (y > x)
+        return y;
+    if (x != x)
+        return y;
+    if (y != y)
+        return x;
+    return (KB_MF_AS_U32(x) & 0x80000000u) != 0u ? y : x; /* equal: only zeros differ */
+}
+
+/* Minimum ignoring a NaN operand; -0 < +0. */
+KB_MF_FN float kb_mf_fmin(float x, float y)
+{
+    if (x < y)
+        return x;
+    if (y < x)
+        return y;
+    if (x != x)
+        return y;
+    if (y != y)
+        return x;
+    return (KB_MF_AS_U32(x) & 0x80000000u) != 0u ? x : y;
+}
+
+/* ---------------------------------------------------------------- transcendental */
+
+/* Round to the nearest integer, ties to even (the 2^23 trick needs strict IEEE f32). */
+KB_MF_FN float kb_mf_rint(float x)
+{
+    float a = x < 0.0f ? -x : x;
+    float s = x < 0.0f ? -0x1p23f : 0x1p23f;
+    if (!(a < 0x1p23f))
+        return x;
+    return (x + s) - s;
+}
+
+/* 2^k for -126 <= k <= 127. */
+KB_MF_FN float kb_mf_pow2i(int k)
+{
+    return KB_MF_AS_F32((kb_mf_u32)(k + 127) << 23);
+}
+
+KB_MF_FN float kb_mf_exp(float x)
+{
+    if (x != x)
+        return x;
+    if (x > 100.0f)
+        return KB_MF_AS_F32(KB_MF_INF_BITS);
+    if (x < -110.0f)
+        return 0.0f;
+    {
+        float kf = kb_mf_rint(x * 0x1.715476p+0f); /* x / ln 2 */
+        /* r = x - k ln2 in two steps; k * ln2_hi is exact (ln2_hi has 16 bits, |k| <= 159). */
+        float r = KB_MF_FMA(-kf, 0x1.62e4p-1f, x);
+        r = KB_MF_FMA(-kf, 0x1.7f7d1cp-20f, r);
+        /* e^r, |r| <= 0.35: Taylor to degree 7 (truncation < 2^-27 relative). */
+        float p = 0x1.a01a02p-13f;
+        p = KB_MF_FMA(p, r, 0x1.6c16c2p-10f);
+        p = KB_MF_FMA(p, r, 0x1.111112p-7f);
+        p = KB_MF_FMA(p, r, 0x1.555556p-5f);
+        p = KB_MF_FMA(p, r, 0x1.555556p-3f);
+        p = KB_MF_FMA(p, r, 0.5f);
+        p = KB_MF_FMA(p, r, 1.0f);
+        p = KB_MF_FMA(p, r, 1.0f);
+        {
+            /* Scale in two exact steps, so a subnormal or overflowing result rounds once. */
+            int k = (int)kf;
+            int k1 = k / 2, k2 = k - k1;
+            return (p * kb_mf_pow2i(k1)) * kb_mf_pow2i(k2);
+        }
+    }
+}
+
+/* e^y - 1 without cancellation for small |y|. */
+KB_MF_FN float kb_mf_expm1(float y)
+{
+    float a = y < 0.0f ? -y : y;
+    if (!(a < 0.5f))
+        return kb_mf_exp(y) - 1.0f;
+    {
+        float p = 0x1.27e4fcp-22f;                 /* 1/10! */
+        p = KB_MF_FMA(p, y, 0x1.71de3ap-19f);      /* 1/9! */
+        p = KB_MF_FMA(p, y, 0x1.a01a02p-16f);      /* 1/8! */
+        p = KB_MF_FMA(p, y, 0x1.a01a02p-13f);
+        p = KB_MF_FMA(p, y, 0x1.6c16c2p-10f);
+        p = KB_MF_FMA(p, y, 0x1.111112p-7f);
+        p = KB_MF_FMA(p, y, 0x1.555556p-5f);
+        p = KB_MF_FMA(p, y, 0x1.555556p-3f);
+        p = KB_MF_FMA(p, y, 0.5f);
+        return KB_MF_FMA(p * y, y, y);
+    }
+}
+
+KB_MF_FN float kb_mf_log(float x)
+{
+    if (x != x)
+        return x;
+    if (x < 0.0f)
+        return KB_MF_AS_F32(KB_MF_NAN_BITS);
+    if (x == 0.0f)
+        return KB_MF_AS_F32(KB_MF_INF_BITS | 0x80000000u);
+    if (x == KB_MF_AS_F32(KB_MF_INF_BITS))
+        return x;
+    {
+        kb_mf_u32 u = KB_MF_AS_U32(x);
+        int e = 0;
+        if (u < 0x00800000u) { /* subnormal: scale into the normal range first */
+            u = KB_MF_AS_U32(x * 0x1p23f);
+            e = -23;
+        }
+        e += (int)(u >> 23) - 127;
+        {
+            float m = KB_MF_AS_F32((u & 0x007FFFFFu) | 0x3F800000u); /* [1, 2) */
+            if (m > 0x1.6a09e6p+0f) { /* keep m in [sqrt(1/2), sqrt(2)] */
+                m *= 0.5f;
+                e += 1;
+            }
+            {
+                /* log(1+f) = f - s (f - R), s = f / (2 + f), R = 2s^3/3 + 2s^5/5 + ... over s. */
+                float f = m - 1.0f; /* exact */
+                float s = f / (2.0f + f);
+                float z = s * s;
+                float R = 0x1.c71c72p-3f;             /* 2/9 */
+                R = KB_MF_FMA(R, z, 0x1.24924ap-2f);  /* 2/7 */
+                R = KB_MF_FMA(R, z, 0x1.99999ap-2f);  /* 2/5 */
+                R = KB_MF_FMA(R, z, 0x1.555556p-1f);  /* 2/3 */
+                R = R * z;
+                {
+                    float lm = f - s * (f - R);
+                    float ef = (float)e;
+                    /* e * ln2_hi is exact; add the small parts first. */
+                    return ef * 0x1.62e4p-1f + KB_MF_FMA(ef, 0x1.7f7d1cp-20f, lm);
+                }
+            }
+        }
+    }
+}
+
+/* sin (want_cos 0) or cos (want_cos 1). */
+KB_MF_FN float kb_mf_sincos(float x, int want_cos)
+{
+    if (x != x)
+        return x;
+    if (x == KB_MF_AS_F32(KB_MF_INF_BITS) || x == -KB_MF_AS_F32(KB_MF_INF_BITS))
+        return KB_MF_AS_F32(KB_MF_NAN_BITS);
+    {
+        float kf = kb_mf_rint(x * 0x1.45f306p-1f); /* x / (pi/2) */
+        float ka = kf < 0.0f ? -kf : kf;
+        /* r = x - k pi/2 with pi/2 in three parts (Cody-Waite with fma). */
+        float r = KB_MF_FMA(-kf, 0x1.921fb6p+0f, x);
+        r = KB_MF_FMA(-kf, -0x1.777a5cp-25f, r);
+        r = KB_MF_FMA(-kf, -0x1.ee59dap-50f, r);
+        {
+            /* Quadrant: k mod 4; a float >= 2^30 is a multiple of 4. */
+            int q = ka < 0x1p30f ? ((int)kf & 3) : 0;
+            float z = r * r;
+            float sp, cp;
+            q = (q + want_cos) & 3;
+            /* Taylor on |r| <= pi/4: sin to r^9, cos to r^10 (truncation < 2^-28). */
+            sp = 0x1.71de3ap-19f;
+            sp = KB_MF_FMA(sp, z, -0x1.a01a02p-13f);
+            sp = KB_MF_FMA(sp, z, 0x1.111112p-7f);
+            sp = KB_MF_FMA(sp, z, -0x1.555556p-3f);
+            sp = KB_MF_FMA(sp * z, r, r);
+            cp = -0x1.27e4fcp-22f;
+            cp = KB_MF_FMA(cp, z, 0x1.a01a02p-16f);
+            cp = KB_MF_FMA(cp, z, -0x1.6c16c2p-10f);
+            cp = KB_MF_FMA(cp, z, 0x1.555556p-5f);
+            cp = KB_MF_FMA(cp, z, -0.5f);
+            cp = KB_MF_FMA(cp, z, 1.0f);
+            if (q == 0)
+                return sp;
+            if (q == 1)
+                return cp;
+            if (q == 2)
+                return -sp;
+            return -cp;
+        }
+    }
+}
+
+KB_MF_FN float kb_mf_sin(float x)
+{
+    return kb_mf_sincos(x, 0);
+}
+
+KB_MF_FN float kb_mf_cos(float x)
+{
+    return kb_mf_sincos(x, 1);
+}
+
+KB_MF_FN float kb_mf_tanh(float x)
+{
+    if (x != x)
+        return x;
+    {
+        float a = x < 0.0f ? -x : x;
+        float t;
+        if (a > 9.1f) {
+            t = 1.0f;
+        } else {
+            float e = kb_mf_expm1(2.0f * a);
+            t = e / (e + 2.0f);
+        }
+        return x < 0.0f ? -t : t;
+    }
+}
+
+/* ---------------------------------------------------------------- the record ops */
+
+/* MATH1 op on x (AXPB: a * x + b with one rounding). */
+KB_MF_FN float kb_mf_math1(kb_mf_u32 op, float x, float a, float b)
+{
+    float r;
+
+    if (op == KB_MF_M1_ABS)
+        return KB_MF_AS_F32(KB_MF_AS_U32(x) & 0x7FFFFFFFu);
+    if (op == KB_MF_M1_NEG)
+        return KB_MF_AS_F32(KB_MF_AS_U32(x) ^ 0x80000000u);
+    if (x != x)
+        return x;
+    switch (op) {
+    case KB_MF_M1_EXP: r = kb_mf_exp(x); break;
+    case KB_MF_M1_LOG: r = kb_mf_log(x); break;
+    case KB_MF_M1_SQRT: r = x < 0.0f ? KB_MF_AS_F32(KB_MF_NAN_BITS) : KB_MF_SQRT(x); break;
+    case KB_MF_M1_SIGMOID: r = 1.0f / (1.0f + kb_mf_exp(-x)); break;
+    case KB_MF_M1_COS: r = kb_mf_cos(x); break;
+    case KB_MF_M1_SIN: r = kb_mf_sin(x); break;
+    case KB_MF_M1_RECIP: r = 1.0f / x; break;
+    case KB_MF_M1_RELU: r = x < 0.0f ? 0.0f : x; break;
+    case KB_MF_M1_GELU: {
+        float u = 0.7978845608f * (x + 0.044715f * (x * x * x));
+        r = 0.5f * x * (1.0f + kb_mf_tanh(u));
+        break;
+    }
+    case KB_MF_M1_AXPB: r = kb_mf_fma(a, x, b); break;
+    case KB_MF_M1_RSQRT: r = x < 0.0f ? KB_MF_AS_F32(KB_MF_NAN_BITS) : 1.0f / KB_MF_SQRT(x); break;
+    default: r = KB_MF_AS_F32(KB_MF_NAN_BITS); break;
+    }
+    return kb_mf_canon(r);
+}
+
+KB_MF_FN float kb_mf_math2(kb_mf_u32 op, float x, float y)
+{
+    switch (op) {
+    case KB_MF_M2_ADD: return kb_mf_add(x, y);
+    case KB_MF_M2_SUB: return kb_mf_sub(x, y);
+    case KB_MF_M2_MUL: return kb_mf_mul(x, y);
+    case KB_MF_M2_DIV: return kb_mf_div(x, y);
+    case KB_MF_M2_MAX: return kb_mf_fmax(x, y);
+    case KB_MF_M2_MIN: return kb_mf_fmin(x, y);
+    default: return KB_MF_AS_F32(KB_MF_NAN_BITS);
+    }
+}
+
+#endif

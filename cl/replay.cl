@@ -1,0 +1,449 @@
+/*
+ * replay.cl — the OpenCL C 1.2 kernels of the Phase-2 replay (cl/kb_opencl.c drives them).
+ *
+ * The program text is cl/kb_mathfn.h followed by this file; the library embeds both at build
+ * time. Every kernel serves one record kind and a whole group of records in one launch: it
+ * receives the arena, the payload and an argument table (kb_ent, one per record, laid out
+ * exactly like kb_clent in kb_opencl.c), and maps each work-group to a record by binary search
+ * on the entries' `start` (the first work unit of the record within the launch). Element
+ * arithmetic is the shared kb_mathfn.h code with f16/bf16 converted in software, so results
+ * equal the C reference bit for bit (gemm included, see kb_gemm). Limits: little-endian
+ * devices only (the arena holds host bytes); reductions and softmax run one line per
+ * work-item in ascending order, which is exact but slow for very long lines.
+ */
+
+#ifndef KB_EW_LOCAL
+#define KB_EW_LOCAL 256 /* work-items per elementwise work-group */
+#endif
+#ifndef KB_EW_PER
+#define KB_EW_PER 8     /* elements per work-item and chunk */
+#endif
+#ifndef KB_LN_LOCAL
+#define KB_LN_LOCAL 64  /* lines (softmax, reduce) per work-group */
+#endif
+#ifndef KB_GEMM_TM
+#define KB_GEMM_TM 128  /* output tile rows per work-group */
+#endif
+#ifndef KB_GEMM_TN
+#define KB_GEMM_TN 128  /* output tile columns per work-group */
+#endif
+#ifndef KB_GEMM_TK
+#define KB_GEMM_TK 16   /* k per local-memory step */
+#endif
+#ifndef KB_GEMM_WM
+#define KB_GEMM_WM 8    /* output rows per work-item (multiple of 4) */
+#endif
+#ifndef KB_GEMM_WN
+#define KB_GEMM_WN 8    /* output columns per work-item (multiple of 4) */
+#endif
+#ifndef KB_GEMM_GM
+#define KB_GEMM_GM 8    /* tile rows per swizzle group (L2 reuse) */
+#endif
+
+#define KB_EW_CHUNK (KB_EW_LOCAL * KB_EW_PER)
+#define KB_GEMM_NTX (KB_GEMM_TN / KB_GEMM_WN)
+#define KB_GEMM_NTY (KB_GEMM_TM / KB_GEMM_WM)
+#define KB_GEMM_NT (KB_GEMM_NTX * KB_GEMM_NTY)
+#define KB_GEMM_LDA (KB_GEMM_TM + 4) /* padded local row: fewer bank conflicts on stores */
+#define KB_GEMM_LDB KB_GEMM_TN
+#define KB_GEMM_AL ((KB_GEMM_TM * KB_GEMM_TK + KB_GEMM_NT - 1) / KB_GEMM_NT)
+#define KB_GEMM_BL ((KB_GEMM_TN * KB_GEMM_TK + KB_GEMM_NT - 1) / KB_GEMM_NT)
+
+/* Operand descriptor bits, one byte per operand in kb_ent.dt (0 dst, 1..3 sources). */
+#define KB_DT_F16 0u
+#define KB_DT_BF16 1u
+#define KB_DT_F32 2u
+#define KB_DT_PAYLOAD 4u
+#define KB_DT_UNALIGNED 8u
+
+/* kb_ent.flags */
+#define KB_EF_ACC 1u
+#define KB_EF_FLAT 2u
+#define KB_EF_BIG 4u
+#define KB_EF_FMA 8u
+
+typedef struct kb_ent {
+    ulong start;   /* first work unit of this record in the launch */
+    ulong off[4];  /* byte offsets of dst and sources in the arena or the payload */
+    uint rows, cols, kdim, flags;
+    uint rs[4];    /* element stride between rows (lines); 0 broadcasts */
+    uint cs[4];    /* element stride between columns (elements of a line); 0 broadcasts */
+    uint dt;       /* operand descriptors, KB_DT_* */
+    uint op;
+    float imm0, imm1;
+} kb_ent;
+
+/* The entry owning work unit g: the last one whose start is <= g. */
+static uint kb_find(global const kb_ent *t, uint n, ulong g)
+{
+    uint lo = 0, hi = n;
+    while (hi - lo > 1u) {
+        uint mid = lo + (hi - lo) / 2u;
+        if (t[mid].start <= g)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static global uchar *kb_base(global uchar *arena, global const uchar *payload, uint d, ulong off)
+{
+    /* Payload operands are only ever read; the cast drops const for a uniform return type. */
+    return ((d & KB_DT_PAYLOAD) ? (global uchar *)payload : arena) + off;
+}
+
+static uint kb_ld16(global const uchar *b, uint d, ulong i)
+{
+    if (d & KB_DT_UNALIGNED) {
+        global const uchar *p = b + 2u * i;
+        return (uint)p[0] | ((uint)p[1] << 8);
+    }
+    return ((global const ushort *)b)[i];
+}
+
+static uint kb_ld32(global const uchar *b, uint d, ulong i)
+{
+    if (d & KB_DT_UNALIGNED) {
+        global const uchar *p = b + 4u * i;
+        return (uint)p[0] | ((uint)p[1] << 8) | ((uint)p[2] << 16) | ((uint)p[3] << 24);
+    }
+    return ((global const uint *)b)[i];
+}
+
+static void kb_st16(global uchar *b, uint d, ulong i, uint v)
+{
+    if (d & KB_DT_UNALIGNED) {
+        global uchar *p = b + 2u * i;
+        p[0] = (uchar)v;
+        p[1] = (uchar)(v >> 8);
+        return;
+    }
+    ((global ushort *)b)[i] = (ushort)v;
+}
+
+static void kb_st32(global uchar *b, uint d, ulong i, uint v)
+{
+    if (d & KB_DT_UNALIGNED) {
+        global uchar *p = b + 4u * i;
+        p[0] = (uchar)v;
+        p[1] = (uchar)(v >> 8);
+        p[2] = (uchar)(v >> 16);
+        p[3] = (uchar)(v >> 24);
+        return;
+    }
+    ((global uint *)b)[i] = v;
+}
+
+/* Element i of an operand as f32. */
+static float kb_ld(global const uchar *b, uint d, ulong i)
+{
+    uint t = d & 3u;
+    if (t == KB_DT_F32)
+        return as_float(kb_ld32(b, d, i));
+    if (t == KB_DT_F16)
+        return kb_mf_h2f(kb_ld16(b, d, i));
+    return kb_mf_bf2f(kb_ld16(b, d, i));
+}
+
+/* Stores v into element i, rounding once to the operand's type. */
+static void kb_st(global uchar *b, uint d, ulong i, float v)
+{
+    uint t = d & 3u;
+    if (t == KB_DT_F32)
+        kb_st32(b, d, i, as_uint(v));
+    else if (t == KB_DT_F16)
+        kb_st16(b, d, i, kb_mf_f2h(v));
+    else
+        kb_st16(b, d, i, kb_mf_f2bf(v));
+}
+
+/* ---------------------------------------------------------------- elementwise kinds */
+
+#define KB_K_COPY 0u
+#define KB_K_FILL 1u
+#define KB_K_MATH1 2u
+#define KB_K_MATH2 3u
+#define KB_K_FMA 4u
+#define KB_K_CLAMP 5u
+
+/*
+ * One chunk (KB_EW_CHUNK consecutive elements in row-major order of dst) of one record.
+ * `kind` is a literal at every call site, so each kernel keeps only its own branch.
+ */
+static void kb_ew_chunk(uint kind, global const kb_ent *e, global uchar *arena,
+                        global const uchar *payload, ulong chunk)
+{
+    ulong n = (ulong)e->rows * e->cols;
+    ulong first = chunk * KB_EW_CHUNK + get_local_id(0);
+    uint dt = e->dt, flags = e->flags, cols = e->cols;
+    uint d0 = dt & 0xFFu, d1 = (dt >> 8) & 0xFFu, d2 = (dt >> 16) & 0xFFu, d3 = (dt >> 24) & 0xFFu;
+    global uchar *b0 = arena + e->off[0];
+    global uchar *b1 = kb_base(arena, payload, d1, e->off[1]);
+    global uchar *b2 = kb_base(arena, payload, d2, e->off[2]);
+    global uchar *b3 = kb_base(arena, payload, d3, e->off[3]);
+    /* A same-type copy moves bits (16-bit NaNs are quieted, as the f32 round trip does). */
+    int raw = kind == KB_K_COPY && (d0 & 3u) == (d1 & 3u);
+
+    for (uint it = 0; it < KB_EW_PER; it++) {
+        ulong idx = first + (ulong)it * KB_EW_LOCAL;
+        ulong o0, o1, o2, o3;
+        float v;
+        if (idx >= n)
+            break;
+        if (flags & KB_EF_FLAT) {
+            o0 = o1 = o2 = o3 = idx;
+        } else {
+            ulong row, col;
+            if (flags & KB_EF_BIG) {
+                row = idx / cols;
+                col = idx - row * cols;
+            } else {
+                uint r32 = (uint)idx / cols;
+                row = r32;
+                col = (uint)idx - r32 * cols;
+            }
+            o0 = row * e->rs[0] + col * e->cs[0];
+            o1 = row * e->rs[1] + col * e->cs[1];
+            o2 = row * e->rs[2] + col * e->cs[2];
+            o3 = row * e->rs[3] + col * e->cs[3];
+        }
+        if (raw) {
+            if ((d0 & 3u) == KB_DT_F32) {
+                kb_st32(b0, d0, o0, kb_ld32(b1, d1, o1));
+            } else {
+                uint h = kb_ld16(b1, d1, o1);
+                uint q = (d0 & 3u) == KB_DT_F16 ? 0x0200u : 0x0040u;
+                uint emask = (d0 & 3u) == KB_DT_F16 ? 0x7C00u : 0x7F80u;
+                if ((h & emask) == emask && (h & (emask ^ 0x7FFFu)) != 0u)
+                    h |= q;
+                kb_st16(b0, d0, o0, h);
+            }
+            continue;
+        }
+        if (kind == KB_K_COPY)
+            v = kb_ld(b1, d1, o1);
+        else if (kind == KB_K_FILL)
+            v = e->imm0;
+        else if (kind == KB_K_MATH1)
+            v = kb_mf_math1(e->op, kb_ld(b1, d1, o1), e->imm0, e->imm1);
+        else if (kind == KB_K_MATH2)
+            v = kb_mf_math2(e->op, kb_ld(b1, d1, o1), kb_ld(b2, d2, o2));
+        else if (kind == KB_K_FMA)
+            v = kb_mf_fma(kb_ld(b1, d1, o1), kb_ld(b2, d2, o2), kb_ld(b3, d3, o3));
+        else
+            v = kb_mf_fmin(kb_mf_fmax(kb_ld(b1, d1, o1), e->imm0), e->imm1);
+        kb_st(b0, d0, o0, v);
+    }
+}
+
+#define KB_EW_KERNEL(name, kind)                                                           \
+    __attribute__((reqd_work_group_size(KB_EW_LOCAL, 1, 1)))                              \
+    kernel void name(global uchar *arena, global const uchar *payload,                     \
+                     global const kb_ent *tab, uint n, ulong units)                        \
+    {                                                                                      \
+        for (ulong g = get_group_id(0); g < units; g += get_num_groups(0)) {              \
+            global const kb_ent *e = tab + kb_find(tab, n, g);                             \
+            kb_ew_chunk(kind, e, arena, payload, g - e->start);                            \
+        }                                                                                  \
+    }
+
+KB_EW_KERNEL(kb_copy, KB_K_COPY)
+KB_EW_KERNEL(kb_fill, KB_K_FILL)
+KB_EW_KERNEL(kb_math1, KB_K_MATH1)
+KB_EW_KERNEL(kb_math2, KB_K_MATH2)
+KB_EW_KERNEL(kb_fma, KB_K_FMA)
+KB_EW_KERNEL(kb_clamp, KB_K_CLAMP)
+
+/* ---------------------------------------------------------------- softmax and reduce */
+
+/*
+ * Softmax of one line, in the reference's order: max, then the sum of exp(x - max) in
+ * ascending order, then each element's exp(x - max) / sum.
+ */
+__attribute__((reqd_work_group_size(KB_LN_LOCAL, 1, 1)))
+kernel void kb_softmax(global uchar *arena, global const uchar *payload,
+                       global const kb_ent *tab, uint n, ulong units)
+{
+    for (ulong g = get_group_id(0); g < units; g += get_num_groups(0)) {
+        global const kb_ent *e = tab + kb_find(tab, n, g);
+        ulong line = (g - e->start) * KB_LN_LOCAL + get_local_id(0);
+        uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu;
+        global uchar *db = arena + e->off[0];
+        global const uchar *sb = kb_base(arena, payload, d1, e->off[1]);
+        uint len = e->cols;
+        float m = 0.0f, sum = 0.0f;
+        if (line >= e->rows)
+            continue;
+        ulong s0 = line * e->rs[1], d0o = line * e->rs[0];
+        ulong ss = e->cs[1], ds = e->cs[0];
+        for (uint k = 0; k < len; k++) {
+            float x = kb_ld(sb, d1, s0 + k * ss);
+            m = k == 0 ? x : kb_mf_fmax(m, x);
+        }
+        for (uint k = 0; k < len; k++)
+            sum = kb_mf_add(sum, kb_mf_exp(kb_mf_sub(kb_ld(sb, d1, s0 + k * ss), m)));
+        for (uint k = 0; k < len; k++) {
+            float x = kb_ld(sb, d1, s0 + k * ss);
+            kb_st(db, d0, d0o + k * ds, kb_mf_div(kb_mf_exp(kb_mf_sub(x, m)), sum));
+        }
+    }
+}
+
+/* One output of a sum or max reduction: its line summed in ascending order. */
+__attribute__((reqd_work_group_size(KB_LN_LOCAL, 1, 1)))
+kernel void kb_reduce(global uchar *arena, global const uchar *payload,
+                      global const kb_ent *tab, uint n, ulong units)
+{
+    for (ulong g = get_group_id(0); g < units; g += get_num_groups(0)) {
+        global const kb_ent *e = tab + kb_find(tab, n, g);
+        ulong line = (g - e->start) * KB_LN_LOCAL + get_local_id(0);
+        uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu;
+        global uchar *db = arena + e->off[0];
+        global const uchar *sb = kb_base(arena, payload, d1, e->off[1]);
+        uint len = e->cols;
+        int is_max = e->op == 1u;
+        float acc = 0.0f;
+        if (line >= e->rows)
+            continue;
+        ulong s0 = line * e->rs[1], ss = e->cs[1];
+        for (uint k = 0; k < len; k++) {
+            float x = kb_ld(sb, d1, s0 + k * ss);
+            if (is_max)
+                acc = k == 0 ? x : kb_mf_fmax(acc, x);
+            else
+                acc = kb_mf_add(acc, x);
+        }
+        if (is_max && len == 0u)
+            acc = -as_float(KB_MF_INF_BITS);
+        kb_st(db, d0, line * e->rs[0], acc);
+    }
+}
+
+/* ---------------------------------------------------------------- gemm */
+
+/*
+ * One KB_GEMM_TM x KB_GEMM_TN tile of dst per work-group; each work-item owns WM x WN
+ * elements (two groups of 4 rows and of 4 columns half a tile apart, so local-memory reads
+ * are float4 and conflict-free) and accumulates each of them over k in ascending order,
+ * starting from 0 or dst: exactly the reference's sequence of roundings. The product and the
+ * sum round separately (FP_CONTRACT OFF), except for f16 x f16 where a * b is exact in f32 and
+ * fma gives the same bits at twice the rate. Tiles of A (transposed) and B are converted to
+ * f32 in local memory; the next tile's global loads are issued before the current tile is
+ * used. The last, partial k step stops at K (no zero padding: adding +0 would turn a -0 sum
+ * into +0).
+ */
+#define KB_GEMM_STEP(k, FMA_)                                                              \
+    {                                                                                      \
+        float a_[KB_GEMM_WM], b_[KB_GEMM_WN];                                              \
+        _Pragma("unroll") for (uint g_ = 0; g_ < KB_GEMM_WM / 4; g_++) {                   \
+            float4 v_ = As[((k) * KB_GEMM_LDA + g_ * (KB_GEMM_TM * 4 / KB_GEMM_WM) + ty * 4) / 4]; \
+            a_[4 * g_] = v_.x; a_[4 * g_ + 1] = v_.y; a_[4 * g_ + 2] = v_.z; a_[4 * g_ + 3] = v_.w; \
+        }                                                                                  \
+        _Pragma("unroll") for (uint g_ = 0; g_ < KB_GEMM_WN / 4; g_++) {                   \
+            float4 v_ = Bs[((k) * KB_GEMM_LDB + g_ * (KB_GEMM_TN * 4 / KB_GEMM_WN) + tx * 4) / 4]; \
+            b_[4 * g_] = v_.x; b_[4 * g_ + 1] = v_.y; b_[4 * g_ + 2] = v_.z; b_[4 * g_ + 3] = v_.w; \
+        }                                                                                  \
+        _Pragma("unroll") for (uint i_ = 0; i_ < KB_GEMM_WM; i_++)                         \
+            _Pragma("unroll") for (uint j_ = 0; j_ < KB_GEMM_WN; j_++)                     \
+                FMA_(acc[i_][j_], a_[i_], b_[j_]);                                         \
+    }
+
+#define KB_GEMM_FMA(c, a, b) c = fma((a), (b), (c))
+#define KB_GEMM_MULADD(c, a, b) c = (c) + (a) * (b)
+
+/* The k loop over all tiles, with FMA_ one of the two update rules above. */
+#define KB_GEMM_KLOOP(FMA_)                                                                \
+    for (uint kt = 0; kt < ntiles; kt++) {                                                 \
+        uint k0 = kt * KB_GEMM_TK;                                                         \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                      \
+        _Pragma("unroll") for (uint i = 0; i < KB_GEMM_AL; i++) {                          \
+            uint x = lid + i * KB_GEMM_NT;                                                 \
+            if (x < KB_GEMM_TM * KB_GEMM_TK)                                               \
+                ((local float *)As)[(x % KB_GEMM_TK) * KB_GEMM_LDA + x / KB_GEMM_TK] = ra[i]; \
+        }                                                                                  \
+        _Pragma("unroll") for (uint i = 0; i < KB_GEMM_BL; i++) {                          \
+            uint x = lid + i * KB_GEMM_NT;                                                 \
+            if (x < KB_GEMM_TN * KB_GEMM_TK)                                               \
+                ((local float *)Bs)[(x / KB_GEMM_TN) * KB_GEMM_LDB + x % KB_GEMM_TN] = rb[i]; \
+        }                                                                                  \
+        barrier(CLK_LOCAL_MEM_FENCE);                                                      \
+        if (kt + 1u < ntiles)                                                              \
+            KB_GEMM_FETCH(k0 + KB_GEMM_TK);                                                \
+        if (k0 + KB_GEMM_TK <= K) {                                                        \
+            _Pragma("unroll") for (uint kk = 0; kk < KB_GEMM_TK; kk++)                     \
+                KB_GEMM_STEP(kk, FMA_)                                                     \
+        } else {                                                                           \
+            for (uint kk = 0; kk < K - k0; kk++)                                           \
+                KB_GEMM_STEP(kk, FMA_)                                                     \
+        }                                                                                  \
+    }
+
+/* Global loads of the A and B tiles starting at k = kb into ra / rb (0 outside the matrix). */
+#define KB_GEMM_FETCH(kb)                                                                  \
+    {                                                                                      \
+        _Pragma("unroll") for (uint i = 0; i < KB_GEMM_AL; i++) {                          \
+            uint x = lid + i * KB_GEMM_NT;                                                 \
+            uint am = x / KB_GEMM_TK, ak = (kb) + x % KB_GEMM_TK;                          \
+            ra[i] = (x < KB_GEMM_TM * KB_GEMM_TK && m0 + am < M && ak < K)                 \
+                        ? kb_ld(ab, da, (ulong)(m0 + am) * lda + ak) : 0.0f;               \
+        }                                                                                  \
+        _Pragma("unroll") for (uint i = 0; i < KB_GEMM_BL; i++) {                          \
+            uint x = lid + i * KB_GEMM_NT;                                                 \
+            uint bk = (kb) + x / KB_GEMM_TN, bn = x % KB_GEMM_TN;                          \
+            rb[i] = (x < KB_GEMM_TN * KB_GEMM_TK && bk < K && n0 + bn < N)                 \
+                        ? kb_ld(bb, dbt, (ulong)bk * ldb + n0 + bn) : 0.0f;                \
+        }                                                                                  \
+    }
+
+__attribute__((reqd_work_group_size(KB_GEMM_NT, 1, 1)))
+kernel void kb_gemm(global uchar *arena, global const uchar *payload,
+                    global const kb_ent *tab, uint n, ulong units)
+{
+    local float4 As[KB_GEMM_TK * KB_GEMM_LDA / 4];
+    local float4 Bs[KB_GEMM_TK * KB_GEMM_LDB / 4];
+    float acc[KB_GEMM_WM][KB_GEMM_WN];
+    float ra[KB_GEMM_AL], rb[KB_GEMM_BL];
+    ulong g = get_group_id(0);
+    global const kb_ent *e = tab + kb_find(tab, n, g);
+    uint lid = get_local_id(0), tx = lid % KB_GEMM_NTX, ty = lid / KB_GEMM_NTX;
+    uint M = e->rows, N = e->cols, K = e->kdim;
+    uint tiles_m = (M + KB_GEMM_TM - 1) / KB_GEMM_TM, tiles_n = (N + KB_GEMM_TN - 1) / KB_GEMM_TN;
+    uint t = (uint)(g - e->start);
+    /* Swizzle: groups of GM tile rows walk the columns together, for L2 reuse of B. */
+    uint per_group = KB_GEMM_GM * tiles_n, grp = t / per_group;
+    uint first_m = grp * KB_GEMM_GM, gsz = min(tiles_m - first_m, (uint)KB_GEMM_GM);
+    uint in_grp = t - grp * per_group;
+    uint m0 = (first_m + in_grp % gsz) * KB_GEMM_TM, n0 = (in_grp / gsz) * KB_GEMM_TN;
+    uint dd = e->dt & 0xFFu, da = (e->dt >> 8) & 0xFFu, dbt = (e->dt >> 16) & 0xFFu;
+    global uchar *db = arena + e->off[0];
+    global const uchar *ab = kb_base(arena, payload, da, e->off[1]);
+    global const uchar *bb = kb_base(arena, payload, dbt, e->off[2]);
+    ulong ldd = e->rs[0], lda = e->rs[1], ldb = e->rs[2];
+    uint ntiles = (K + KB_GEMM_TK - 1) / KB_GEMM_TK;
+
+    (void)units;
+    _Pragma("unroll") for (uint i = 0; i < KB_GEMM_WM; i++) {
+        uint m = m0 + (i / 4) * (KB_GEMM_TM * 4 / KB_GEMM_WM) + ty * 4 + i % 4;
+        _Pragma("unroll") for (uint j = 0; j < KB_GEMM_WN; j++) {
+            uint c = n0 + (j / 4) * (KB_GEMM_TN * 4 / KB_GEMM_WN) + tx * 4 + j % 4;
+            acc[i][j] = ((e->flags & KB_EF_ACC) && m < M && c < N)
+                            ? kb_ld(db, dd, (ulong)m * ldd + c) : 0.0f;
+        }
+    }
+    if (ntiles > 0u)
+        KB_GEMM_FETCH(0u);
+    if (e->flags & KB_EF_FMA) {
+        KB_GEMM_KLOOP(KB_GEMM_FMA)
+    } else {
+        KB_GEMM_KLOOP(KB_GEMM_MULADD)
+    }
+    _Pragma("unroll") for (uint i = 0; i < KB_GEMM_WM; i++) {
+        uint m = m0 + (i / 4) * (KB_GEMM_TM * 4 / KB_GEMM_WM) + ty * 4 + i % 4;
+        _Pragma("unroll") for (uint j = 0; j < KB_GEMM_WN; j++) {
+            uint c = n0 + (j / 4) * (KB_GEMM_TN * 4 / KB_GEMM_WN) + tx * 4 + j % 4;
+            if (m < M && c < N)
+                kb_st(db, dd, (ulong)m * ldd + c, acc[i][j]);
+        }
+    }
+}

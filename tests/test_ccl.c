@@ -1,0 +1,476 @@
+/*
+ * test_ccl — the collective library: topology tables and reverse pairing (every topology,
+ * with explicit neighbour lists and a generic "every link has a way back" check), the legacy
+ * rank = PE layout on the default machine (2 SIPs x 16 cubes x 8 PEs), and every registered
+ * algorithm run through the mock runtime on random data at several world sizes, compared
+ * element by element with the exact result. Test data are k/8 with k in [-32, 32]: every
+ * partial sum is exact in f32 and every final sum of up to 64 ranks (|sum| <= 256, a multiple
+ * of 1/8) is exact in f16, so exact equality is the right check; bigger worlds compare with
+ * the exact sum rounded once to f16. Limits: the mock runtime reports no time, so nothing
+ * here checks timing (test_ipcq checks the protocol's ordering).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_ccl.h"
+#include "kb_dtype.h"
+#include "kb_ipcq.h"
+#include "kb_runtime.h"
+
+#define NONE KB_TOPO_NONE
+
+/* ---- topologies ---- */
+
+static void nbrs(const char *topo, int ws, int rank, const kb_ccl_geom *g, int out[KB_NDIRS])
+{
+    kb_errbuf eb;
+    int rc = kb_topo_neighbors(topo, ws, rank, g, out, &eb);
+    if (rc != 0)
+        fail_msg("%s ws=%d rank=%d: %d %s", topo, ws, rank, rc, eb.msg);
+}
+
+/* Asserts rank's table is exactly {dir: peer} for the listed pairs and NONE elsewhere. */
+static void expect_nbrs(const char *topo, int ws, int rank, const kb_ccl_geom *g, int npairs,
+                        ...)
+{
+    int want[KB_NDIRS], got[KB_NDIRS];
+    va_list ap;
+    for (int d = 0; d < KB_NDIRS; d++)
+        want[d] = NONE;
+    va_start(ap, npairs);
+    for (int i = 0; i < npairs; i++) {
+        int d = va_arg(ap, int);
+        want[d] = va_arg(ap, int);
+    }
+    va_end(ap);
+    nbrs(topo, ws, rank, g, got);
+    for (int d = 0; d < KB_NDIRS; d++)
+        if (got[d] != want[d])
+            fail_msg("%s ws=%d rank %d %s: got %d, expected %d", topo, ws, rank,
+                     kb_dir_name((kb_dir)d), got[d], want[d]);
+}
+
+static int reverse_of(const char *topo, int ws, int r, kb_dir d, const kb_ccl_geom *g)
+{
+    int t[KB_NDIRS], p[KB_NDIRS];
+    nbrs(topo, ws, r, g, t);
+    assert_int_not_equal(t[d], NONE);
+    nbrs(topo, ws, t[d], g, p);
+    return kb_topo_reverse(p, r, d);
+}
+
+/* Every link of every rank has a reverse direction at the peer that points back. */
+static void check_all_links_reverse(const char *topo, int ws, const kb_ccl_geom *g)
+{
+    int t[KB_NDIRS], p[KB_NDIRS];
+    for (int r = 0; r < ws; r++) {
+        nbrs(topo, ws, r, g, t);
+        for (int d = 0; d < KB_NDIRS; d++) {
+            if (t[d] == NONE)
+                continue;
+            assert_true(t[d] >= 0 && t[d] < ws);
+            nbrs(topo, ws, t[d], g, p);
+            int rd = kb_topo_reverse(p, r, (kb_dir)d);
+            if (rd < 0 || p[rd] != r)
+                fail_msg("%s ws=%d: rank %d %s -> %d has no way back", topo, ws, r,
+                         kb_dir_name((kb_dir)d), t[d]);
+            /* the preferred opposite is taken whenever it points back */
+            int o = kb_dir_opposite((kb_dir)d);
+            if (o >= 0 && p[o] == r)
+                assert_int_equal(rd, o);
+        }
+    }
+}
+
+static void test_topo_ring(void **state)
+{
+    (void)state;
+    /* ring of 2: E and W both lead to the other rank; the reverse keeps them apart */
+    expect_nbrs("ring_1d", 2, 0, NULL, 2, KB_DIR_E, 1, KB_DIR_W, 1);
+    expect_nbrs("ring_1d", 2, 1, NULL, 2, KB_DIR_E, 0, KB_DIR_W, 0);
+    assert_int_equal(reverse_of("ring_1d", 2, 0, KB_DIR_E, NULL), KB_DIR_W);
+    assert_int_equal(reverse_of("ring_1d", 2, 0, KB_DIR_W, NULL), KB_DIR_E);
+    assert_int_equal(reverse_of("ring_1d", 2, 1, KB_DIR_E, NULL), KB_DIR_W);
+    /* ring of 4 */
+    expect_nbrs("ring_1d", 4, 0, NULL, 2, KB_DIR_E, 1, KB_DIR_W, 3);
+    expect_nbrs("ring_1d", 4, 3, NULL, 2, KB_DIR_E, 0, KB_DIR_W, 2);
+    assert_int_equal(reverse_of("ring_1d", 4, 3, KB_DIR_E, NULL), KB_DIR_W);
+    /* unidirectional ring: same links (the receiving side of each is W) */
+    expect_nbrs("ring_1d_unidir", 5, 0, NULL, 2, KB_DIR_E, 1, KB_DIR_W, 4);
+    expect_nbrs("ring_1d_unidir", 5, 4, NULL, 2, KB_DIR_E, 0, KB_DIR_W, 3);
+    /* a world of one has no links */
+    expect_nbrs("ring_1d", 1, 0, NULL, 0);
+    expect_nbrs("none", 4, 2, NULL, 0);
+    for (int ws = 2; ws <= 9; ws++) {
+        check_all_links_reverse("ring_1d", ws, NULL);
+        check_all_links_reverse("ring_1d_unidir", ws, NULL);
+    }
+}
+
+static void test_topo_mesh(void **state)
+{
+    int a[KB_NDIRS], b[KB_NDIRS];
+    kb_errbuf eb;
+    (void)state;
+    /* 2 x 2: E and W lead to the same peer, and N and S likewise */
+    expect_nbrs("mesh_2d", 4, 0, NULL, 4, KB_DIR_E, 1, KB_DIR_W, 1, KB_DIR_N, 2, KB_DIR_S, 2);
+    expect_nbrs("mesh_2d", 4, 3, NULL, 4, KB_DIR_E, 2, KB_DIR_W, 2, KB_DIR_N, 1, KB_DIR_S, 1);
+    assert_int_equal(reverse_of("mesh_2d", 4, 0, KB_DIR_E, NULL), KB_DIR_W);
+    assert_int_equal(reverse_of("mesh_2d", 4, 0, KB_DIR_W, NULL), KB_DIR_E);
+    assert_int_equal(reverse_of("mesh_2d", 4, 0, KB_DIR_N, NULL), KB_DIR_S);
+    assert_int_equal(reverse_of("mesh_2d", 4, 0, KB_DIR_S, NULL), KB_DIR_N);
+    /* 3 x 3 wraps (row-major, N = row above) */
+    expect_nbrs("mesh_2d", 9, 0, NULL, 4, KB_DIR_E, 1, KB_DIR_W, 2, KB_DIR_N, 6, KB_DIR_S, 3);
+    expect_nbrs("mesh_2d", 9, 4, NULL, 4, KB_DIR_E, 5, KB_DIR_W, 3, KB_DIR_N, 1, KB_DIR_S, 7);
+    expect_nbrs("mesh_2d", 9, 8, NULL, 4, KB_DIR_E, 6, KB_DIR_W, 7, KB_DIR_N, 5, KB_DIR_S, 2);
+    /* no wrap: corners have 2 neighbours, edges 3, the centre 4 */
+    expect_nbrs("mesh_2d_no_wrap", 9, 0, NULL, 2, KB_DIR_E, 1, KB_DIR_S, 3);
+    expect_nbrs("mesh_2d_no_wrap", 9, 2, NULL, 2, KB_DIR_W, 1, KB_DIR_S, 5);
+    expect_nbrs("mesh_2d_no_wrap", 9, 6, NULL, 2, KB_DIR_E, 7, KB_DIR_N, 3);
+    expect_nbrs("mesh_2d_no_wrap", 9, 8, NULL, 2, KB_DIR_W, 7, KB_DIR_N, 5);
+    expect_nbrs("mesh_2d_no_wrap", 9, 1, NULL, 3, KB_DIR_E, 2, KB_DIR_W, 0, KB_DIR_S, 4);
+    expect_nbrs("mesh_2d_no_wrap", 9, 4, NULL, 4, KB_DIR_E, 5, KB_DIR_W, 3, KB_DIR_N, 1,
+                KB_DIR_S, 7);
+    expect_nbrs("mesh_2d", 1, 0, NULL, 0);
+    /* torus_2d is an alias of mesh_2d */
+    static const int squares[] = { 1, 4, 9, 16, 25 };
+    for (size_t si = 0; si < sizeof squares / sizeof squares[0]; si++) {
+        int ws = squares[si];
+        for (int r = 0; r < ws; r++) {
+            nbrs("mesh_2d", ws, r, NULL, a);
+            nbrs("torus_2d", ws, r, NULL, b);
+            assert_memory_equal(a, b, sizeof a);
+        }
+        check_all_links_reverse("mesh_2d", ws, NULL);
+        check_all_links_reverse("torus_2d", ws, NULL);
+        check_all_links_reverse("mesh_2d_no_wrap", ws, NULL);
+    }
+    /* errors */
+    assert_int_equal(kb_topo_neighbors("mesh_2d", 6, 0, NULL, a, &eb), KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "square world size, got 6"));
+    assert_int_equal(kb_topo_neighbors("mesh_2d_no_wrap", 8, 0, NULL, a, &eb), KB_ERR_CONFIG);
+    assert_int_equal(kb_topo_neighbors("torus_2d", 2, 0, NULL, a, &eb), KB_ERR_CONFIG);
+    for (int d = 0; d < KB_NDIRS; d++)
+        assert_int_equal(a[d], NONE);
+}
+
+static void test_topo_tree(void **state)
+{
+    (void)state;
+    expect_nbrs("tree_binary", 7, 0, NULL, 2, KB_DIR_CHILD_LEFT, 1, KB_DIR_CHILD_RIGHT, 2);
+    expect_nbrs("tree_binary", 7, 1, NULL, 3, KB_DIR_PARENT, 0, KB_DIR_CHILD_LEFT, 3,
+                KB_DIR_CHILD_RIGHT, 4);
+    expect_nbrs("tree_binary", 7, 2, NULL, 3, KB_DIR_PARENT, 0, KB_DIR_CHILD_LEFT, 5,
+                KB_DIR_CHILD_RIGHT, 6);
+    for (int leaf = 3; leaf < 7; leaf++)
+        expect_nbrs("tree_binary", 7, leaf, NULL, 1, KB_DIR_PARENT, (leaf - 1) / 2);
+    /* a parent with one child */
+    expect_nbrs("tree_binary", 6, 2, NULL, 2, KB_DIR_PARENT, 0, KB_DIR_CHILD_LEFT, 5);
+    expect_nbrs("tree_binary", 1, 0, NULL, 0);
+    /* reverse: a child link comes back as parent; parent links as the matching child */
+    assert_int_equal(reverse_of("tree_binary", 7, 1, KB_DIR_CHILD_LEFT, NULL), KB_DIR_PARENT);
+    assert_int_equal(reverse_of("tree_binary", 7, 1, KB_DIR_CHILD_RIGHT, NULL), KB_DIR_PARENT);
+    assert_int_equal(reverse_of("tree_binary", 7, 3, KB_DIR_PARENT, NULL), KB_DIR_CHILD_LEFT);
+    assert_int_equal(reverse_of("tree_binary", 7, 4, KB_DIR_PARENT, NULL), KB_DIR_CHILD_RIGHT);
+    assert_int_equal(reverse_of("tree_binary", 7, 2, KB_DIR_PARENT, NULL), KB_DIR_CHILD_RIGHT);
+    for (int ws = 1; ws <= 16; ws++)
+        check_all_links_reverse("tree_binary", ws, NULL);
+}
+
+static void test_topo_hierarchical(void **state)
+{
+    kb_ccl_geom g = { 8, 16 };
+    int t[KB_NDIRS];
+    kb_errbuf eb;
+    (void)state;
+    /* ws 256 = 2 SIPs x 16 cubes x 8 PEs */
+    expect_nbrs("hierarchical_3level", 256, 0, &g, 6, KB_DIR_E, 1, KB_DIR_W, 7, KB_DIR_N, 8,
+                KB_DIR_S, 120, KB_DIR_GLOBAL_E, 128, KB_DIR_GLOBAL_W, 128);
+    expect_nbrs("hierarchical_3level", 256, 1, &g, 2, KB_DIR_E, 2, KB_DIR_W, 0);
+    expect_nbrs("hierarchical_3level", 256, 8, &g, 4, KB_DIR_E, 9, KB_DIR_W, 15, KB_DIR_N, 16,
+                KB_DIR_S, 0);
+    expect_nbrs("hierarchical_3level", 256, 128, &g, 6, KB_DIR_E, 129, KB_DIR_W, 135, KB_DIR_N,
+                136, KB_DIR_S, 248, KB_DIR_GLOBAL_E, 0, KB_DIR_GLOBAL_W, 0);
+    expect_nbrs("hierarchical_3level", 256, 255, &g, 2, KB_DIR_E, 248, KB_DIR_W, 254);
+    expect_nbrs("hierarchical_3level", 256, 120, &g, 4, KB_DIR_E, 121, KB_DIR_W, 127, KB_DIR_N,
+                0, KB_DIR_S, 112);
+    assert_int_equal(reverse_of("hierarchical_3level", 256, 0, KB_DIR_GLOBAL_E, &g),
+                     KB_DIR_GLOBAL_W);
+    assert_int_equal(reverse_of("hierarchical_3level", 256, 128, KB_DIR_GLOBAL_W, &g),
+                     KB_DIR_GLOBAL_E);
+    assert_int_equal(reverse_of("hierarchical_3level", 256, 0, KB_DIR_N, &g), KB_DIR_S);
+    /* one SIP of 2 cubes: N and S both lead to the other cube's PE 0 */
+    expect_nbrs("hierarchical_3level", 16, 0, &g, 4, KB_DIR_E, 1, KB_DIR_W, 7, KB_DIR_N, 8,
+                KB_DIR_S, 8);
+    /* one cube: only the E/W ring */
+    expect_nbrs("hierarchical_3level", 8, 0, &g, 2, KB_DIR_E, 1, KB_DIR_W, 7);
+    check_all_links_reverse("hierarchical_3level", 256, &g);
+    check_all_links_reverse("hierarchical_3level", 16, &g);
+    check_all_links_reverse("hierarchical_3level", 64, &g);
+    /* errors: partial cubes, partial SIPs */
+    assert_int_equal(kb_topo_neighbors("hierarchical_3level", 12, 0, &g, t, &eb), KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "whole cubes"));
+    assert_int_equal(kb_topo_neighbors("hierarchical_3level", 192, 0, &g, t, &eb), KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "whole SIPs"));
+}
+
+static void test_topo_errors_and_names(void **state)
+{
+    kb_ccl_geom g = { 2, 2 };
+    int t[KB_NDIRS];
+    kb_errbuf eb;
+    int n = 0;
+    (void)state;
+    assert_int_equal(kb_topo_neighbors("hypercube", 4, 0, &g, t, &eb), KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "unknown topology 'hypercube'"));
+    assert_int_equal(kb_topo_neighbors("ring_1d", 4, 4, &g, t, &eb), KB_ERR_RANGE);
+    assert_int_equal(kb_topo_neighbors("ring_1d", 4, -1, &g, t, &eb), KB_ERR_RANGE);
+    assert_int_equal(kb_topo_neighbors("ring_1d", 0, 0, &g, t, &eb), KB_ERR_RANGE);
+    /* every listed topology accepts a world of 4 (a square of 2 x 2 cubes of 2 PEs) */
+    for (; kb_topo_names[n]; n++) {
+        assert_int_equal(kb_topo_neighbors(kb_topo_names[n], 4, 3, &g, t, &eb), 0);
+        check_all_links_reverse(kb_topo_names[n], 4, &g);
+    }
+    assert_int_equal(n, 8);
+    /* kb_topo_reverse: no direction points back */
+    for (int d = 0; d < KB_NDIRS; d++)
+        t[d] = NONE;
+    t[KB_DIR_N] = 5;
+    assert_int_equal(kb_topo_reverse(t, 3, KB_DIR_E), -1);
+    assert_int_equal(kb_topo_reverse(t, 5, KB_DIR_E), KB_DIR_N);
+}
+
+/* ---- legacy layout ---- */
+
+static void layout_ok(const kb_machine *m, int ws, int sips, int cubes, int pes)
+{
+    kb_ccl_layout l;
+    kb_errbuf eb;
+    int rc = kb_ccl_layout_legacy(m, ws, &l, &eb);
+    if (rc != 0)
+        fail_msg("ws %d: %s", ws, eb.msg);
+    assert_int_equal(l.ws, ws);
+    assert_int_equal(l.sips, sips);
+    assert_int_equal(l.cubes, cubes);
+    assert_int_equal(l.pes, pes);
+    assert_int_equal(l.ranks_per_sip, cubes * pes);
+    /* rank r runs on global PE r: every rank maps to a distinct PE, in order */
+    for (int r = 0; r < ws; r++) {
+        kb_pe_hw *pe = kb_ccl_rank_pe(m, &l, r);
+        assert_int_equal(pe->gsip, r / (cubes * pes));
+        assert_int_equal(pe->cube, (r % (cubes * pes)) / pes);
+        assert_int_equal(pe->pe, r % pes);
+        assert_int_equal(pe->gid, r);
+    }
+}
+
+static void test_layout_legacy(void **state)
+{
+    kb_config cfg;
+    kb_machine *m = NULL;
+    kb_ccl_layout l;
+    kb_errbuf eb;
+    (void)state;
+    kb_config_defaults(&cfg);
+    assert_int_equal(kb_machine_create(&cfg.topo, &m, &eb), 0);
+    assert_int_equal(m->nsips, 2);
+    assert_int_equal(m->ncubes, 16);
+    assert_int_equal(m->npes, 8);
+    layout_ok(m, 1, 1, 1, 1);
+    layout_ok(m, 7, 1, 1, 7);
+    layout_ok(m, 8, 1, 1, 8);
+    layout_ok(m, 16, 1, 2, 8);
+    layout_ok(m, 128, 1, 16, 8);
+    layout_ok(m, 256, 2, 16, 8);
+    assert_int_equal(kb_ccl_layout_legacy(m, 9, &l, &eb), KB_ERR_RANGE);
+    assert_int_equal(kb_ccl_layout_legacy(m, 12, &l, &eb), KB_ERR_RANGE);
+    assert_non_null(strstr(eb.msg, "spans cubes but is not a multiple of 8"));
+    assert_int_equal(kb_ccl_layout_legacy(m, 192, &l, &eb), KB_ERR_RANGE);
+    assert_non_null(strstr(eb.msg, "spans SIPs but is not a multiple of 128"));
+    assert_int_equal(kb_ccl_layout_legacy(m, 257, &l, &eb), KB_ERR_RANGE);
+    assert_non_null(strstr(eb.msg, "does not fit the machine's 256 PEs"));
+    assert_int_equal(kb_ccl_layout_legacy(m, 0, &l, &eb), KB_ERR_RANGE);
+    kb_machine_destroy(m);
+    kb_machine_destroy(NULL);
+}
+
+/* ---- every algorithm through the mock runtime ---- */
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static uint32_t rng_next(rng *r)
+{
+    /* xorshift64*: small, deterministic and good enough for test data */
+    r->s ^= r->s >> 12;
+    r->s ^= r->s << 25;
+    r->s ^= r->s >> 27;
+    return (uint32_t)((r->s * UINT64_C(2685821657736338717)) >> 32);
+}
+
+/* k/8 with k uniform in [-32, 32] */
+static float rng_val(rng *r) { return (float)((int)(rng_next(r) % 65u) - 32) / 8.0f; }
+
+static void run_mock(const char *module, const char *topo, int ws, int64_t n, uint64_t seed)
+{
+    size_t total = (size_t)ws * (size_t)n;
+    float *in = malloc(total * sizeof *in), *out = malloc(total * sizeof *out);
+    int hello = !strcmp(module, "hello_send");
+    rng r = { seed * UINT64_C(0x9E3779B97F4A7C15) + 1 };
+    kb_errbuf eb;
+    int rc;
+
+    assert_non_null(in);
+    assert_non_null(out);
+    for (size_t i = 0; i < total; i++) {
+        in[i] = rng_val(&r);
+        out[i] = 1e30f;
+    }
+    rc = kb_ccl_mock_run(module, topo, ws, n, in, out, &eb);
+    if (rc != 0)
+        fail_msg("%s ws=%d n=%lld: %d %s", module, ws, (long long)n, rc, eb.msg);
+    for (int rank = 0; rank < ws; rank++) {
+        for (int64_t i = 0; i < n; i++) {
+            double want = 0.0;
+            if (hello) {
+                want = in[(size_t)((rank + ws - 1) % ws) * (size_t)n + (size_t)i];
+            } else {
+                for (int q = 0; q < ws; q++)
+                    want += in[(size_t)q * (size_t)n + (size_t)i];
+            }
+            /* partial sums are exact in f32; the result is rounded to f16 once (a no-op
+             * while |sum| < 256, i.e. up to 64 ranks; 384 ranks may need it) */
+            want = kb_f16_to_f32(kb_f32_to_f16((float)want));
+            double got = out[(size_t)rank * (size_t)n + (size_t)i];
+            if (got != want)
+                fail_msg("%s ws=%d n=%lld: rank %d element %lld = %g, expected %g", module, ws,
+                         (long long)n, rank, (long long)i, got, want);
+        }
+    }
+    free(in);
+    free(out);
+}
+
+typedef struct algo_case {
+    const char *module;
+    int ws[8];       /* 0-terminated */
+    int n_eq_ws;     /* also run with n = ws */
+} algo_case;
+
+static const algo_case algo_cases[] = {
+    { "hello_send", { 2, 5, 0 }, 0 },
+    { "ring_allreduce", { 2, 3, 5, 8, 16, 24, 0 }, 0 },
+    { "ring_rsag_allreduce", { 2, 3, 8, 16, 0 }, 1 },
+    { "mesh_allreduce", { 1, 4, 9, 16, 0 }, 0 },
+    { "tree_allreduce", { 1, 2, 7, 13, 0 }, 0 },
+    { "hierarchical_allreduce", { 3, 5, 8, 16, 24, 32, 64, 0 }, 0 },
+};
+
+static const algo_case *case_of(const char *module)
+{
+    for (size_t i = 0; i < sizeof algo_cases / sizeof algo_cases[0]; i++)
+        if (!strcmp(algo_cases[i].module, module))
+            return &algo_cases[i];
+    return NULL;
+}
+
+static void test_mock_every_algorithm(void **state)
+{
+    int nalgos = 0;
+    (void)state;
+    for (int a = 0; kb_ccl_algo_at(a); a++, nalgos++) {
+        const kb_ccl_algo_impl *impl = kb_ccl_algo_at(a);
+        const algo_case *c = case_of(impl->module);
+        if (!c)
+            fail_msg("algorithm module '%s' has no test case here", impl->module);
+        assert_ptr_equal(kb_ccl_algo_find(impl->module), impl);
+        assert_non_null(impl->kernel);
+        assert_non_null(impl->max_msg_bytes);
+        for (int i = 0; c->ws[i]; i++) {
+            run_mock(impl->module, NULL, c->ws[i], 37, (uint64_t)(a * 100 + i));
+            if (c->n_eq_ws)
+                run_mock(impl->module, NULL, c->ws[i], c->ws[i], (uint64_t)(a * 100 + 50 + i));
+        }
+    }
+    assert_int_equal(nalgos, (int)(sizeof algo_cases / sizeof algo_cases[0]));
+    assert_null(kb_ccl_algo_at(-1));
+    assert_null(kb_ccl_algo_find("no_such_algo"));
+}
+
+/* The registry's expected() matches what the kernels compute from the default fill q + 1. */
+static void test_mock_expected_fill(void **state)
+{
+    enum { WS = 4, NE = 8 };
+    float out[WS * NE];
+    kb_errbuf eb;
+    (void)state;
+    for (int a = 0; kb_ccl_algo_at(a); a++) {
+        const kb_ccl_algo_impl *impl = kb_ccl_algo_at(a);
+        int ws = WS;
+        assert_int_equal(kb_ccl_mock_run(impl->module, NULL, ws, NE, NULL, out, &eb), 0);
+        for (int r = 0; r < ws; r++)
+            for (int i = 0; i < NE; i++)
+                if (out[r * NE + i] != (float)impl->expected(r, ws))
+                    fail_msg("%s rank %d: %g, expected() says %g", impl->module, r,
+                             (double)out[r * NE + i], impl->expected(r, ws));
+    }
+}
+
+/* Algorithms on topologies other than their usual one. */
+static void test_mock_other_topologies(void **state)
+{
+    (void)state;
+    run_mock("ring_allreduce", "ring_1d_unidir", 5, 37, 7);
+    run_mock("ring_rsag_allreduce", "ring_1d_unidir", 6, 37, 8);
+    run_mock("hello_send", "ring_1d", 3, 37, 9);
+    /* 32 cubes of one SIP, then 3 SIPs: the leaders' global_E/W ring */
+    run_mock("hierarchical_allreduce", NULL, 256, 37, 10);
+    run_mock("hierarchical_allreduce", NULL, 384, 37, 11);
+    assert_string_equal(kb_ccl_default_topo("ring_allreduce"), "ring_1d");
+    assert_string_equal(kb_ccl_default_topo("mesh_allreduce"), "mesh_2d");
+    assert_string_equal(kb_ccl_default_topo("tree_allreduce"), "tree_binary");
+    assert_string_equal(kb_ccl_default_topo("hierarchical_allreduce"), "hierarchical_3level");
+}
+
+static void test_mock_errors(void **state)
+{
+    float in[6 * 4] = { 0 }, out[6 * 4];
+    kb_errbuf eb;
+    (void)state;
+    assert_int_equal(kb_ccl_mock_run("mesh_allreduce", NULL, 6, 4, in, out, &eb), KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "square world size, got 6"));
+    assert_int_equal(kb_ccl_mock_run("no_such_algo", NULL, 2, 4, in, out, &eb), KB_ERR_NOTFOUND);
+    assert_non_null(strstr(eb.msg, "unknown algorithm module 'no_such_algo'"));
+    assert_int_equal(kb_ccl_mock_run("ring_allreduce", "hypercube", 2, 4, in, out, &eb),
+                     KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "unknown topology 'hypercube'"));
+    assert_int_equal(kb_ccl_mock_run("ring_allreduce", NULL, 20, 4, NULL, NULL, &eb),
+                     KB_ERR_RANGE);
+    assert_non_null(strstr(eb.msg, "cannot lay out 20 ranks"));
+    assert_int_equal(kb_ccl_mock_run("ring_allreduce", NULL, 0, 4, NULL, NULL, &eb),
+                     KB_ERR_RANGE);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_topo_ring),
+        cmocka_unit_test(test_topo_mesh),
+        cmocka_unit_test(test_topo_tree),
+        cmocka_unit_test(test_topo_hierarchical),
+        cmocka_unit_test(test_topo_errors_and_names),
+        cmocka_unit_test(test_layout_legacy),
+        cmocka_unit_test(test_mock_every_algorithm),
+        cmocka_unit_test(test_mock_expected_fill),
+        cmocka_unit_test(test_mock_other_topologies),
+        cmocka_unit_test(test_mock_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,816 @@
+/*
+ * test_ipcq — the PE_IPCQ protocol on a small machine (1 SIP, 1 cube of 4 PEs) with the
+ * reference backend: direction matching by destination address in a 2-rank ring (data and
+ * credits), credit backpressure with one slot (ordering taken from the op log), rx ring
+ * placement for every buffer_kind, install errors and their rollback, kernel misuse (unwired
+ * direction, oversized values), asynchronous receives, the deadlock report, and a ring
+ * all-reduce with one slot through kb_ccl_job for every buffer_kind. Kernels learn their
+ * tensors from kb_kargs and report times through a fixture whose address travels in
+ * kb_kargs.i[7]. Limits: one cube only; routes across cubes and SIPs are exercised by the
+ * collectives in test_ccl.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_ccl.h"
+#include "kb_ipcq.h"
+#include "kb_runtime.h"
+#include "kb_tl.h"
+
+#define NPES 4
+#define NSLOT 4      /* value slots per PE in the in/out tensors */
+#define N 16         /* f32 elements per value: 64 bytes */
+#define FX_ARG 7
+#define MAX_LINKS 16
+
+typedef struct link_spec {
+    int pe;
+    kb_dir dir;
+    int peer;
+    kb_dir peer_dir;
+} link_spec;
+
+typedef struct fx {
+    /* set by the test */
+    kb_ipcq_cfg icfg;
+    link_spec links[MAX_LINKS];
+    size_t nlinks;
+    kb_kernel_fn kernel;
+    int grid_pes;
+    /* filled by the host program and the kernels */
+    kb_tensor *in, *out;
+    int install_rc;
+    kb_time t_call[NSLOT], t_sent[NSLOT], t_recv[NSLOT];
+} fx;
+
+static fx *fx_of(const kb_kargs *a) { return (fx *)(intptr_t)a->i[FX_ARG]; }
+static kb_time now_tl(kb_tl *tl) { return kb_sim_now(kb_ctx_sim(tl_ctx(tl))); }
+
+/* The input value of element i of slot `slot` of PE `pe` (exact in f32 and distinct). */
+static float in_val(int pe, int slot, int i)
+{
+    return (float)((pe * NSLOT + slot) * N + i) * 0.5f + 1.0f;
+}
+
+/* VA of slot `slot` of PE `pe` in tensor ptr[buf] (column-wise split over the PEs). */
+static kb_va at(const kb_kargs *a, int buf, int pe, int slot)
+{
+    return a->ptr[buf] + (kb_va)((pe * NSLOT + slot) * N) * 4u;
+}
+
+static kb_ctx *make_ctx_trace(FILE *trace)
+{
+    static const char *const sets[] = {
+        "system.sips.count=1", "sip.cube_mesh.width=1", "sip.cube_mesh.height=1",
+        "cube.corners=1", "cube.pe_per_corner=4", "cube.hbm.size_bytes=4294967296",
+    };
+    kb_config cfg;
+    kb_ctx_opts opts = { KB_DEV_REF, trace };
+    kb_errbuf eb;
+    kb_ctx *ctx = NULL;
+
+    kb_config_defaults(&cfg);
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+        assert_int_equal(kb_config_set(&cfg, sets[i], &eb), 0);
+    assert_int_equal(kb_ctx_create(&cfg, &opts, &ctx, &eb), 0);
+    assert_int_equal(kb_ctx_machine(ctx)->npes, NPES);
+    assert_int_equal(kb_ctx_machine(ctx)->ncubes, 1);
+    return ctx;
+}
+
+static kb_ctx *make_ctx(void) { return make_ctx_trace(NULL); }
+
+static kb_pe_hw *pe_at(kb_ctx *ctx, int pe) { return kb_machine_pe(kb_ctx_machine(ctx), 0, 0, (unsigned)pe); }
+
+static void fx_init(fx *f, int n_slots, kb_mem_kind kind, kb_kernel_fn kernel, int grid_pes)
+{
+    memset(f, 0, sizeof *f);
+    f->icfg.n_slots = n_slots;
+    f->icfg.slot_size = N * 4;
+    f->icfg.buffer_kind = kind;
+    f->icfg.backpressure = 1;
+    f->kernel = kernel;
+    f->grid_pes = grid_pes;
+}
+
+static void fx_link(fx *f, int pe, kb_dir d, int peer, kb_dir pd)
+{
+    assert_true(f->nlinks < MAX_LINKS);
+    f->links[f->nlinks++] = (link_spec){ pe, d, peer, pd };
+}
+
+/* PEs a and b joined both ways: a's E and W lead to b (a 2-rank ring). */
+static void fx_ring2(fx *f, int a, int b)
+{
+    fx_link(f, a, KB_DIR_E, b, KB_DIR_W);
+    fx_link(f, a, KB_DIR_W, b, KB_DIR_E);
+    fx_link(f, b, KB_DIR_W, a, KB_DIR_E);
+    fx_link(f, b, KB_DIR_E, a, KB_DIR_W);
+}
+
+static int install_specs(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const link_spec *ls, size_t n)
+{
+    kb_ipcq_link links[MAX_LINKS];
+    assert_true(n <= MAX_LINKS);
+    for (size_t i = 0; i < n; i++) {
+        links[i].pe = pe_at(ctx, ls[i].pe);
+        links[i].dir = ls[i].dir;
+        links[i].peer = pe_at(ctx, ls[i].peer);
+        links[i].peer_dir = ls[i].peer_dir;
+    }
+    return kb_ipcq_install(ctx, cfg, links, n);
+}
+
+/* Host program: in/out tensors, the fixture's install, one launch of its kernel. */
+static int h_run(kb_ctx *ctx, void *arg)
+{
+    fx *f = arg;
+    float *data = malloc(sizeof(float) * NPES * NSLOT * N);
+    kb_tensor_desc d = { "in", 1, NPES * NSLOT * N, KB_F32,
+                         kb_dp(KB_DP_REPLICATE, KB_DP_COLUMN_WISE, 1, NPES), KB_MEM_HBM };
+    kb_grid g = { f->grid_pes, 1, 1, -1 };
+    kb_kargs a;
+    int rc;
+
+    if (!data)
+        return KB_ERR_NOMEM;
+    for (int pe = 0; pe < NPES; pe++)
+        for (int s = 0; s < NSLOT; s++)
+            for (int i = 0; i < N; i++)
+                data[(pe * NSLOT + s) * N + i] = in_val(pe, s, i);
+    rc = kb_tensor_from_host(ctx, &d, data, &f->in);
+    free(data);
+    if (rc)
+        return rc;
+    d.name = "out";
+    if ((rc = kb_tensor_zeros(ctx, &d, &f->out)) != 0)
+        return rc;
+    if ((rc = f->install_rc = install_specs(ctx, &f->icfg, f->links, f->nlinks)) != 0)
+        return rc;
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = kb_tensor_va(f->in);
+    a.ptr[1] = kb_tensor_va(f->out);
+    a.i[FX_ARG] = (int64_t)(intptr_t)f;
+    return kb_launch(ctx, "ipcq_test", f->kernel, &a, &g);
+}
+
+static float *read_out(fx *f)
+{
+    float *out = malloc(sizeof(float) * NPES * NSLOT * N);
+    assert_non_null(out);
+    assert_int_equal(kb_tensor_read(f->out, out), 0);
+    return out;
+}
+
+/* out slot (pe, slot) holds in slot (src_pe, src_slot) + add, element by element. */
+static void check_slot(const float *out, int pe, int slot, int src_pe, int src_slot, float add)
+{
+    for (int i = 0; i < N; i++) {
+        float got = out[(pe * NSLOT + slot) * N + i];
+        float want = in_val(src_pe, src_slot, i) + add;
+        if (got != want)
+            fail_msg("out pe%d slot%d [%d] = %g, expected %g (pe%d slot%d + %g)", pe, slot, i,
+                     (double)got, (double)want, src_pe, src_slot, (double)add);
+    }
+}
+
+static kb_ipcq_counters counters(kb_ctx *ctx, int pe, kb_dir d)
+{
+    kb_ipcq_counters c;
+    memset(&c, 0, sizeof c);
+    assert_int_equal(kb_ipcq_counters_of(ctx, pe_at(ctx, pe), d, &c), 0);
+    return c;
+}
+
+/* ---- directions ---- */
+
+static void test_dir_names(void **state)
+{
+    (void)state;
+    assert_string_equal(kb_dir_name(KB_DIR_E), "E");
+    assert_string_equal(kb_dir_name(KB_DIR_GLOBAL_W), "global_W");
+    assert_string_equal(kb_dir_name(KB_DIR_CHILD_RIGHT), "child_right");
+    assert_string_equal(kb_dir_name(KB_NDIRS), "?");
+    for (int d = 0; d < KB_NDIRS; d++)
+        assert_int_equal(kb_dir_from_name(kb_dir_name((kb_dir)d)), d);
+    assert_int_equal(kb_dir_from_name("NE"), -1);
+    assert_int_equal(kb_dir_opposite(KB_DIR_E), KB_DIR_W);
+    assert_int_equal(kb_dir_opposite(KB_DIR_S), KB_DIR_N);
+    assert_int_equal(kb_dir_opposite(KB_DIR_GLOBAL_E), KB_DIR_GLOBAL_W);
+    assert_int_equal(kb_dir_opposite(KB_DIR_GLOBAL_N), KB_DIR_GLOBAL_S);
+    assert_int_equal(kb_dir_opposite(KB_DIR_CHILD_LEFT), KB_DIR_PARENT);
+    assert_int_equal(kb_dir_opposite(KB_DIR_CHILD_RIGHT), KB_DIR_PARENT);
+    assert_int_equal(kb_dir_opposite(KB_DIR_PARENT), -1);
+}
+
+/* ---- 2-rank ring: E and W lead to the same peer ---- */
+
+static void k_ring2(kb_tl *tl, const kb_kargs *a)
+{
+    if (tl_program_id(tl, 0) == 0) {
+        kb_val va = tl_load(tl, at(a, 0, 0, 0), KB_SHAPE1(N), KB_F32);
+        kb_val vb = tl_load(tl, at(a, 0, 0, 1), KB_SHAPE1(N), KB_F32);
+        tl_send(tl, KB_DIR_E, va);
+        tl_send(tl, KB_DIR_W, vb);
+    } else {
+        kb_val x = tl_recv(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
+        tl_store(tl, at(a, 1, 1, 0), x);
+        kb_val y = tl_recv(tl, KB_DIR_E, KB_SHAPE1(N), KB_F32);
+        tl_store(tl, at(a, 1, 1, 1), y);
+    }
+}
+
+static void test_ring2_direction_matching(void **state)
+{
+    char *tbuf = NULL;
+    size_t tlen = 0;
+    FILE *trace = open_memstream(&tbuf, &tlen);
+    kb_ctx *ctx;
+    fx f;
+
+    (void)state;
+    assert_non_null(trace);
+    ctx = make_ctx_trace(trace);
+    fx_init(&f, 2, KB_MEM_TCM, k_ring2, 2);
+    fx_ring2(&f, 0, 1);
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), 0);
+
+    float *out = read_out(&f);
+    check_slot(out, 1, 0, 0, 0, 0.0f); /* A, sent E, arrives on PE1's W */
+    check_slot(out, 1, 1, 0, 1, 0.0f); /* B, sent W, arrives on PE1's E */
+    free(out);
+
+    kb_ipcq_counters c1w = counters(ctx, 1, KB_DIR_W), c1e = counters(ctx, 1, KB_DIR_E);
+    kb_ipcq_counters c0e = counters(ctx, 0, KB_DIR_E), c0w = counters(ctx, 0, KB_DIR_W);
+    assert_int_equal(c1w.peer_head_cache, 1);
+    assert_int_equal(c1w.my_tail, 1);
+    assert_int_equal(c1w.my_head, 0);
+    assert_int_equal(c1e.peer_head_cache, 1);
+    assert_int_equal(c1e.my_tail, 1);
+    assert_int_equal(c0e.my_head, 1);
+    assert_int_equal(c0e.peer_tail_cache, 1);
+    assert_int_equal(c0e.peer_head_cache, 0);
+    assert_int_equal(c0w.my_head, 1);
+    assert_int_equal(c0w.peer_tail_cache, 1);
+    /* pairing: PE0's E writes into PE1's W ring and vice versa */
+    assert_true(c0e.peer_rx_base == c1w.my_rx_base);
+    assert_true(c0w.peer_rx_base == c1e.my_rx_base);
+    assert_true(c1w.peer_rx_base == c0e.my_rx_base);
+    assert_true(c1e.peer_rx_base == c0w.my_rx_base);
+    assert_ptr_equal(c0e.peer, pe_at(ctx, 1));
+    assert_ptr_equal(c1w.peer, pe_at(ctx, 0));
+    assert_int_equal(kb_ipcq_wired(ctx, pe_at(ctx, 0)), (1u << KB_DIR_E) | (1u << KB_DIR_W));
+    assert_int_equal(kb_ipcq_wired(ctx, pe_at(ctx, 2)), 0);
+    assert_int_equal(kb_ipcq_counters_of(ctx, pe_at(ctx, 0), KB_DIR_N, &c0e), KB_ERR_DIRECTION);
+    assert_int_equal(kb_ipcq_counters_of(ctx, pe_at(ctx, 2), KB_DIR_E, &c0e), KB_ERR_DIRECTION);
+    kb_ctx_destroy(ctx);
+
+    /* KBCL_CCL_TRACE: one line per send and per receive */
+    fclose(trace);
+    assert_non_null(strstr(tbuf, "send E 64B seq=0 sip0/cube0/pe0"));
+    assert_non_null(strstr(tbuf, "send W 64B seq=0 sip0/cube0/pe0"));
+    assert_non_null(strstr(tbuf, "recv W 64B seq=0 sip0/cube0/pe1"));
+    assert_non_null(strstr(tbuf, "recv E 64B seq=0 sip0/cube0/pe1"));
+    free(tbuf);
+}
+
+/* ---- backpressure ---- */
+
+#define BURN_OPS 200
+#define NSEND NSLOT
+
+static void k_credit(kb_tl *tl, const kb_kargs *a)
+{
+    fx *f = fx_of(a);
+    if (tl_program_id(tl, 0) == 0) {
+        for (int j = 0; j < NSEND; j++) {
+            kb_val v = tl_load(tl, at(a, 0, 0, j), KB_SHAPE1(N), KB_F32);
+            f->t_call[j] = now_tl(tl);
+            tl_send(tl, KB_DIR_E, v);
+            f->t_sent[j] = now_tl(tl);
+            tl_free(tl, v);
+        }
+    } else {
+        /* busy long enough that the sender runs out of credits before the first receive */
+        kb_val z = tl_full(tl, KB_SHAPE1(N), 1.0f);
+        for (int k = 0; k < BURN_OPS; k++)
+            tl_free(tl, tl_add(tl, z, z));
+        for (int j = 0; j < NSEND; j++) {
+            kb_val x = tl_recv(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
+            f->t_recv[j] = now_tl(tl);
+            tl_store(tl, at(a, 1, 1, j), x);
+            tl_free(tl, x);
+        }
+    }
+}
+
+static int in_range(uint64_t addr, kb_pa base, uint64_t len) { return addr >= base && addr < base + len; }
+
+/* NSEND values E from PE0 to PE1 through a queue of n_slots slots; PE1 starts late. */
+static void check_backpressure(int n_slots)
+{
+    kb_ctx *ctx = make_ctx();
+    fx f;
+    const kb_rec *snd[NSEND], *cpy[NSEND];
+    int ns = 0, nc = 0;
+
+    fx_init(&f, n_slots, KB_MEM_TCM, k_credit, 2);
+    fx_link(&f, 0, KB_DIR_E, 1, KB_DIR_W);
+    fx_link(&f, 1, KB_DIR_W, 0, KB_DIR_E);
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), 0);
+
+    float *out = read_out(&f);
+    for (int j = 0; j < NSEND; j++)
+        check_slot(out, 1, j, 0, j, 0.0f);
+    free(out);
+
+    kb_ipcq_counters c0 = counters(ctx, 0, KB_DIR_E), c1 = counters(ctx, 1, KB_DIR_W);
+    assert_int_equal(c0.my_head, NSEND);
+    assert_int_equal(c0.peer_tail_cache, NSEND);
+    assert_int_equal(c1.peer_head_cache, NSEND);
+    assert_int_equal(c1.my_tail, NSEND);
+
+    /* the op log holds the send DMAs (into PE1's ring) and the receive copies (out of it) */
+    kb_oplog *log = kb_ctx_oplog(ctx);
+    uint64_t ring_len = (uint64_t)f.icfg.n_slots * f.icfg.slot_size;
+    for (size_t i = 0; i < kb_oplog_count(log); i++) {
+        const kb_rec *r = kb_oplog_at(log, i);
+        if (r->kind != KB_REC_COPY)
+            continue;
+        if (in_range(r->dst.addr, c1.my_rx_base, ring_len)) {
+            assert_true(ns < NSEND);
+            assert_int_equal(r->pe, pe_at(ctx, 0)->gid);
+            snd[ns++] = r;
+        } else if (in_range(r->src[0].addr, c1.my_rx_base, ring_len)) {
+            assert_true(nc < NSEND);
+            assert_int_equal(r->pe, pe_at(ctx, 1)->gid);
+            cpy[nc++] = r;
+        }
+    }
+    assert_int_equal(ns, NSEND);
+    assert_int_equal(nc, NSEND);
+    kb_time credit = kb_time_from_ns(kb_ctx_config(ctx)->topo.ipcq_credit_latency_ns);
+    assert_true(credit > 0);
+    for (int j = 0; j < NSEND; j++) {
+        /* slots are used round-robin, and read back from the same slot */
+        kb_pa slot = c1.my_rx_base + (uint64_t)(j % n_slots) * f.icfg.slot_size;
+        assert_true(snd[j]->dst.addr == slot);
+        assert_true(cpy[j]->src[0].addr == slot);
+        assert_true(cpy[j]->t_start >= snd[j]->t_end);
+        assert_true(f.t_recv[j] >= cpy[j]->t_end);
+        if (j < n_slots) {
+            /* a free slot: the send went out while PE1 was still busy */
+            assert_true(snd[j]->t_end < cpy[0]->t_start);
+        } else {
+            /* the send waited for the credit of the copy that freed its slot, which travels
+             * pe.ipcq.credit_latency_ns plus the route's link latencies */
+            assert_true(snd[j]->t_start > cpy[j - n_slots]->t_end + credit);
+            assert_true(f.t_sent[j] > f.t_recv[j - n_slots]);
+        }
+    }
+    /* the first send that needed a credit was issued while PE1 was busy: it really blocked */
+    if (n_slots < NSEND) {
+        assert_true(f.t_call[n_slots] < cpy[0]->t_start);
+        assert_true(f.t_sent[n_slots] - f.t_call[n_slots] > credit);
+    }
+    kb_ctx_destroy(ctx);
+}
+
+static void test_backpressure_one_slot(void **state) { (void)state; check_backpressure(1); }
+static void test_backpressure_three_slots(void **state) { (void)state; check_backpressure(3); }
+
+/* ---- rx ring placement ---- */
+
+static void k_nop(kb_tl *tl, const kb_kargs *a)
+{
+    (void)tl;
+    (void)a;
+}
+
+static void check_placement(kb_mem_kind kind)
+{
+    kb_ctx *ctx = make_ctx();
+    fx f;
+    kb_pa base[NPES * 2];
+    int nb = 0;
+
+    fx_init(&f, 3, kind, k_nop, 1);
+    for (int pe = 0; pe < NPES; pe++) { /* a 4-PE ring */
+        int e = (pe + 1) % NPES, w = (pe + NPES - 1) % NPES;
+        fx_link(&f, pe, KB_DIR_E, e, KB_DIR_W);
+        fx_link(&f, pe, KB_DIR_W, w, KB_DIR_E);
+    }
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), 0);
+    uint64_t len = (uint64_t)f.icfg.n_slots * f.icfg.slot_size;
+    for (int pe = 0; pe < NPES; pe++) {
+        for (int d = KB_DIR_E; d <= KB_DIR_W; d++) {
+            kb_ipcq_counters c = counters(ctx, pe, (kb_dir)d);
+            kb_pa_fields pf = kb_pa_decode(c.my_rx_base);
+            kb_pa_fields pl = kb_pa_decode(c.my_rx_base + len - 1);
+            assert_int_equal(kb_pa_gsip(c.my_rx_base), 0);
+            assert_int_equal(pf.cube, 0);
+            switch (kind) {
+            case KB_MEM_TCM:
+                assert_int_equal(pf.kind, KB_PA_PE_RES);
+                assert_int_equal(pf.range, KB_PE_IPCQ);
+                assert_int_equal(pf.pe, pe);
+                assert_int_equal(pl.kind, KB_PA_PE_RES);
+                assert_int_equal(pl.range, KB_PE_IPCQ);
+                break;
+            case KB_MEM_HBM: {
+                uint64_t slice = kb_ctx_machine(ctx)->hbm_slice_bytes;
+                assert_int_equal(pf.kind, KB_PA_HBM);
+                assert_int_equal(pf.offset / slice, pe); /* the PE's own HBM slice */
+                assert_int_equal((pf.offset + len - 1) / slice, pe);
+                break;
+            }
+            case KB_MEM_SRAM:
+                assert_int_equal(pf.kind, KB_PA_SRAM);
+                assert_int_equal(pl.kind, KB_PA_SRAM);
+                break;
+            }
+            /* the peer writes into the ring the reverse direction owns */
+            int peer = d == KB_DIR_E ? (pe + 1) % NPES : (pe + NPES - 1) % NPES;
+            kb_ipcq_counters pc = counters(ctx, peer, d == KB_DIR_E ? KB_DIR_W : KB_DIR_E);
+            assert_true(c.peer_rx_base == pc.my_rx_base);
+            base[nb++] = c.my_rx_base;
+        }
+    }
+    for (int i = 0; i < nb; i++)
+        for (int j = i + 1; j < nb; j++)
+            assert_true(base[i] + len <= base[j] || base[j] + len <= base[i]);
+    kb_ctx_destroy(ctx);
+}
+
+static void test_placement_tcm(void **state) { (void)state; check_placement(KB_MEM_TCM); }
+static void test_placement_hbm(void **state) { (void)state; check_placement(KB_MEM_HBM); }
+static void test_placement_sram(void **state) { (void)state; check_placement(KB_MEM_SRAM); }
+
+/* ---- install errors leave nothing installed ---- */
+
+typedef struct inst_case {
+    int rc[8];
+    char msg[8][768];
+    uint32_t wired2[8], wired3[8];
+    uint64_t used2[8], used3[8];
+} inst_case;
+
+static int h_install_errors(kb_ctx *ctx, void *arg)
+{
+    inst_case *ic = arg;
+    kb_ipcq_cfg cfg = { 2, 64, KB_MEM_TCM, 1 }, other = cfg;
+    link_spec ring01[4] = {
+        { 0, KB_DIR_E, 1, KB_DIR_W }, { 0, KB_DIR_W, 1, KB_DIR_E },
+        { 1, KB_DIR_W, 0, KB_DIR_E }, { 1, KB_DIR_E, 0, KB_DIR_W },
+    };
+    /* PE2 and PE3 first, so the failure has fresh state to roll back */
+    link_spec again[3] = {
+        { 2, KB_DIR_E, 3, KB_DIR_W }, { 3, KB_DIR_W, 2, KB_DIR_E }, { 0, KB_DIR_N, 1, KB_DIR_S },
+    };
+    link_spec one_way[1] = { { 2, KB_DIR_E, 3, KB_DIR_W } };
+    link_spec no_back[3] = {
+        { 2, KB_DIR_E, 3, KB_DIR_W }, { 3, KB_DIR_W, 2, KB_DIR_E }, { 3, KB_DIR_E, 2, KB_DIR_W },
+    };
+    link_spec twice[3] = {
+        { 2, KB_DIR_E, 3, KB_DIR_W }, { 3, KB_DIR_W, 2, KB_DIR_E }, { 2, KB_DIR_E, 3, KB_DIR_W },
+    };
+    link_spec good[2] = { { 2, KB_DIR_E, 3, KB_DIR_W }, { 3, KB_DIR_W, 2, KB_DIR_E } };
+    kb_ipcq_cfg zero = cfg;
+    zero.n_slots = 0;
+    other.n_slots = 3;
+
+    for (int step = 0; step < 8; step++) {
+        switch (step) {
+        case 0: ic->rc[step] = install_specs(ctx, &cfg, ring01, 4); break;
+        case 1: ic->rc[step] = install_specs(ctx, &cfg, again, 3); break;
+        case 2: ic->rc[step] = install_specs(ctx, &cfg, one_way, 1); break;
+        case 3: ic->rc[step] = install_specs(ctx, &cfg, no_back, 3); break;
+        case 4: ic->rc[step] = install_specs(ctx, &cfg, twice, 3); break;
+        case 5: ic->rc[step] = install_specs(ctx, &other, good, 2); break;
+        case 6: ic->rc[step] = install_specs(ctx, &zero, good, 2); break;
+        default: ic->rc[step] = install_specs(ctx, &cfg, good, 2); break;
+        }
+        snprintf(ic->msg[step], sizeof ic->msg[step], "%s", kb_ctx_errmsg(ctx));
+        ic->wired2[step] = kb_ipcq_wired(ctx, pe_at(ctx, 2));
+        ic->wired3[step] = kb_ipcq_wired(ctx, pe_at(ctx, 3));
+        ic->used2[step] = kb_alloc_used(pe_at(ctx, 2)->ipcq);
+        ic->used3[step] = kb_alloc_used(pe_at(ctx, 3)->ipcq);
+    }
+    return 0;
+}
+
+static void test_install_errors(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    inst_case *ic = calloc(1, sizeof *ic);
+
+    (void)state;
+    assert_non_null(ic);
+    assert_int_equal(kb_ctx_run_host(ctx, h_install_errors, ic), 0);
+    assert_int_equal(ic->rc[0], 0);
+    /* a second install on PE0 */
+    assert_int_equal(ic->rc[1], KB_ERR_STATE);
+    assert_non_null(strstr(ic->msg[1], "sip0/cube0/pe0 is already installed"));
+    /* PE3 has no queue at all, then no E... W pair back to PE2 */
+    assert_int_equal(ic->rc[2], KB_ERR_INVAL);
+    assert_non_null(strstr(ic->msg[2], "sip0/cube0/pe2 E -> sip0/cube0/pe3"));
+    assert_non_null(strstr(ic->msg[2], "has no W queue pointing back"));
+    assert_int_equal(ic->rc[3], KB_ERR_INVAL);
+    assert_non_null(strstr(ic->msg[3], "sip0/cube0/pe2 has no W queue pointing back"));
+    assert_int_equal(ic->rc[4], KB_ERR_INVAL);
+    assert_non_null(strstr(ic->msg[4], "sip0/cube0/pe2 direction E appears twice"));
+    assert_int_equal(ic->rc[5], KB_ERR_STATE);
+    assert_non_null(strstr(ic->msg[5], "one IPCQ configuration"));
+    assert_int_equal(ic->rc[6], KB_ERR_RANGE);
+    for (int s = 1; s <= 6; s++) {
+        /* nothing half-installed: no state, no ring memory left behind */
+        assert_int_equal(ic->wired2[s], 0);
+        assert_int_equal(ic->wired3[s], 0);
+        assert_int_equal(ic->used2[s], ic->used2[0]);
+        assert_int_equal(ic->used3[s], ic->used3[0]);
+    }
+    /* after all that, PE2 and PE3 install cleanly */
+    assert_int_equal(ic->rc[7], 0);
+    assert_int_equal(ic->wired2[7], 1u << KB_DIR_E);
+    assert_int_equal(ic->wired3[7], 1u << KB_DIR_W);
+    assert_int_equal(ic->used2[7], ic->used2[0] + 128);
+    assert_int_equal(kb_ipcq_wired(ctx, pe_at(ctx, 0)), (1u << KB_DIR_E) | (1u << KB_DIR_W));
+    assert_int_equal(kb_ipcq_wired(ctx, pe_at(ctx, 1)), (1u << KB_DIR_E) | (1u << KB_DIR_W));
+    free(ic);
+    kb_ctx_destroy(ctx);
+}
+
+/* Two installs with equal settings are one configuration, whatever the structs' padding. */
+static int h_install_twice(kb_ctx *ctx, void *arg)
+{
+    int *rc = arg;
+    kb_ipcq_cfg a, b;
+    link_spec ring01[2] = { { 0, KB_DIR_E, 1, KB_DIR_W }, { 1, KB_DIR_W, 0, KB_DIR_E } };
+    link_spec ring23[2] = { { 2, KB_DIR_E, 3, KB_DIR_W }, { 3, KB_DIR_W, 2, KB_DIR_E } };
+
+    memset(&a, 0, sizeof a);
+    memset(&b, 0xa5, sizeof b);
+    a.n_slots = b.n_slots = 2;
+    a.slot_size = b.slot_size = 64;
+    a.buffer_kind = b.buffer_kind = KB_MEM_HBM;
+    a.backpressure = b.backpressure = 1;
+    rc[0] = install_specs(ctx, &a, ring01, 2);
+    rc[1] = install_specs(ctx, &b, ring23, 2);
+    return 0;
+}
+
+static void test_install_same_config_twice(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    int rc[2] = { -100, -100 };
+
+    (void)state;
+    assert_int_equal(kb_ctx_run_host(ctx, h_install_twice, rc), 0);
+    assert_int_equal(rc[0], 0);
+    if (rc[1] != 0)
+        fail_msg("second install: %d %s", rc[1], kb_ctx_errmsg(ctx));
+    assert_int_equal(kb_ipcq_wired(ctx, pe_at(ctx, 3)), 1u << KB_DIR_W);
+    kb_ctx_destroy(ctx);
+}
+
+/* ---- kernel misuse ---- */
+
+static void k_send_north(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    if (tl_program_id(tl, 0) == 0)
+        tl_send(tl, KB_DIR_N, tl_full(tl, KB_SHAPE1(N), 1.0f));
+}
+
+static void test_unwired_direction(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    fx f;
+
+    (void)state;
+    fx_init(&f, 2, KB_MEM_TCM, k_send_north, 2);
+    fx_ring2(&f, 0, 1);
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), KB_ERR_DIRECTION);
+    const char *msg = kb_ctx_errmsg(ctx);
+    assert_non_null(strstr(msg, "sip0/cube0/pe0"));
+    assert_non_null(strstr(msg, "tl_send: direction N is not wired"));
+    assert_non_null(strstr(msg, "(wired: E W)"));
+    kb_ctx_destroy(ctx);
+}
+
+static void k_recv_unwired(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    if (tl_program_id(tl, 0) == 2)
+        (void)tl_recv(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
+}
+
+static void test_uninstalled_pe(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    fx f;
+
+    (void)state;
+    fx_init(&f, 2, KB_MEM_TCM, k_recv_unwired, 3);
+    fx_ring2(&f, 0, 1);
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), KB_ERR_DIRECTION);
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "sip0/cube0/pe2"));
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "tl_recv: direction W is not wired"));
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "(wired: none)"));
+    kb_ctx_destroy(ctx);
+}
+
+static void k_send_big(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    if (tl_program_id(tl, 0) == 0)
+        tl_send(tl, KB_DIR_E, tl_full(tl, KB_SHAPE1(N + 1), 1.0f));
+}
+
+static void k_recv_big(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    if (tl_program_id(tl, 0) == 1)
+        (void)tl_recv(tl, KB_DIR_W, KB_SHAPE2(2, N), KB_F32);
+}
+
+static void test_value_larger_than_slot(void **state)
+{
+    kb_kernel_fn ks[2] = { k_send_big, k_recv_big };
+    const char *what[2] = { "tl_send E: 68 bytes do not fit a 64-byte slot",
+                            "tl_recv W: 128 bytes do not fit a 64-byte slot" };
+    (void)state;
+    for (int i = 0; i < 2; i++) {
+        kb_ctx *ctx = make_ctx();
+        fx f;
+        fx_init(&f, 2, KB_MEM_TCM, ks[i], 2);
+        fx_ring2(&f, 0, 1);
+        assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), KB_ERR_RANGE);
+        if (!strstr(kb_ctx_errmsg(ctx), what[i]))
+            fail_msg("message '%s' lacks '%s'", kb_ctx_errmsg(ctx), what[i]);
+        kb_ctx_destroy(ctx);
+    }
+}
+
+/* ---- asynchronous receives ---- */
+
+static void k_async(kb_tl *tl, const kb_kargs *a)
+{
+    if (tl_program_id(tl, 0) == 0) {
+        tl_send(tl, KB_DIR_E, tl_load(tl, at(a, 0, 0, 0), KB_SHAPE1(N), KB_F32));
+        tl_send(tl, KB_DIR_E, tl_load(tl, at(a, 0, 0, 1), KB_SHAPE1(N), KB_F32));
+        tl_send(tl, KB_DIR_E, tl_load(tl, at(a, 0, 0, 2), KB_SHAPE1(N), KB_F32));
+    } else {
+        /* two receives outstanding on a one-slot queue, collected out of order */
+        kb_ipcq_req *r1 = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
+        kb_ipcq_req *r2 = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
+        kb_val two = tl_full(tl, KB_SHAPE1(N), 2.0f);
+        kb_val four = tl_add(tl, two, two);
+        kb_val y2 = tl_wait(tl, r2);
+        kb_val y1 = tl_wait(tl, r1);
+        tl_store(tl, at(a, 1, 1, 0), tl_add(tl, y1, four));
+        tl_store(tl, at(a, 1, 1, 1), y2);
+        /* received straight into the tensor */
+        tl_recv_into(tl, KB_DIR_W, at(a, 1, 1, 2), KB_SHAPE1(N), KB_F32);
+    }
+}
+
+static void test_recv_async(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    fx f;
+
+    (void)state;
+    fx_init(&f, 1, KB_MEM_TCM, k_async, 2);
+    fx_link(&f, 0, KB_DIR_E, 1, KB_DIR_W);
+    fx_link(&f, 1, KB_DIR_W, 0, KB_DIR_E);
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), 0);
+    float *out = read_out(&f);
+    check_slot(out, 1, 0, 0, 0, 4.0f);
+    check_slot(out, 1, 1, 0, 1, 0.0f);
+    check_slot(out, 1, 2, 0, 2, 0.0f);
+    for (int i = 0; i < N; i++) /* untouched: zeros */
+        assert_true(out[(1 * NSLOT + 3) * N + i] == 0.0f);
+    free(out);
+    kb_ipcq_counters c1 = counters(ctx, 1, KB_DIR_W);
+    assert_int_equal(c1.my_tail, 3);
+    assert_int_equal(counters(ctx, 0, KB_DIR_E).peer_tail_cache, 3);
+    kb_ctx_destroy(ctx);
+}
+
+/* ---- deadlock report ---- */
+
+static void k_only_recv(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    (void)tl_recv(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
+}
+
+static void test_deadlock_report(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    fx f;
+
+    (void)state;
+    fx_init(&f, 2, KB_MEM_TCM, k_only_recv, 2);
+    fx_ring2(&f, 0, 1);
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), KB_ERR_DEADLOCK);
+    const char *msg = kb_ctx_errmsg(ctx);
+    assert_non_null(strstr(msg, "ipcq recv W"));
+    assert_non_null(strstr(msg, "my_head=0"));
+    assert_non_null(strstr(msg, "peer_tail_cache"));
+    assert_non_null(strstr(msg, "sip0/cube0/pe0"));
+    kb_ctx_destroy(ctx);
+}
+
+/* ---- ring all-reduce with one slot, every buffer kind ---- */
+
+#define AR_WS 4
+#define AR_N 48
+
+typedef struct ar_case {
+    kb_ipcq_cfg icfg;
+    const char *module;
+    float in[AR_WS * AR_N];
+    kb_ccl_job job;
+} ar_case;
+
+static int h_allreduce(kb_ctx *ctx, void *arg)
+{
+    ar_case *c = arg;
+    int rc = kb_ccl_job_prepare(ctx, &c->job, kb_ccl_algo_find(c->module), c->module, "ring_1d",
+                                AR_WS, AR_N, &c->icfg, c->in);
+    if (rc == 0)
+        rc = kb_ccl_job_launch(ctx, &c->job, NULL, NULL);
+    return rc;
+}
+
+static void test_ring_allreduce_one_slot(void **state)
+{
+    static const kb_mem_kind kinds[3] = { KB_MEM_TCM, KB_MEM_HBM, KB_MEM_SRAM };
+    static const char *const modules[2] = { "ring_allreduce", "ring_rsag_allreduce" };
+    ar_case *c = calloc(1, sizeof *c);
+    float out[AR_WS * AR_N];
+
+    (void)state;
+    assert_non_null(c);
+    for (int m = 0; m < 2; m++) {
+        for (int k = 0; k < 3; k++) {
+            kb_ctx *ctx = make_ctx();
+            memset(c, 0, sizeof *c);
+            c->module = modules[m];
+            c->icfg = (kb_ipcq_cfg){ 1, AR_N * 4, kinds[k], 1 };
+            for (int r = 0; r < AR_WS; r++)
+                for (int i = 0; i < AR_N; i++)
+                    c->in[r * AR_N + i] = (float)((r * 7 + i * 3) % 17 - 8) * 0.25f;
+            assert_int_equal(kb_ctx_run_host(ctx, h_allreduce, c), 0);
+            assert_int_equal(kb_ccl_job_read(ctx, &c->job, out, NULL), 0);
+            for (int r = 0; r < AR_WS; r++) {
+                for (int i = 0; i < AR_N; i++) {
+                    float want = 0.0f;
+                    for (int q = 0; q < AR_WS; q++)
+                        want += c->in[q * AR_N + i];
+                    if (out[r * AR_N + i] != want)
+                        fail_msg("%s kind %d rank %d [%d] = %g, expected %g", modules[m], k, r,
+                                 i, (double)out[r * AR_N + i], (double)want);
+                }
+            }
+            /* one slot per queue: every rank's E queue saw ws-1 (ring) or 2(ws-1) sends */
+            kb_ipcq_counters cnt;
+            assert_int_equal(kb_ipcq_counters_of(ctx, pe_at(ctx, 0), KB_DIR_E, &cnt), 0);
+            assert_int_equal(cnt.my_head, m == 0 ? AR_WS - 1 : 2 * (AR_WS - 1));
+            assert_int_equal(cnt.peer_tail_cache, cnt.my_head);
+            kb_ctx_destroy(ctx);
+        }
+    }
+    free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dir_names),
+        cmocka_unit_test(test_ring2_direction_matching),
+        cmocka_unit_test(test_backpressure_one_slot),
+        cmocka_unit_test(test_backpressure_three_slots),
+        cmocka_unit_test(test_placement_tcm),
+        cmocka_unit_test(test_placement_hbm),
+        cmocka_unit_test(test_placement_sram),
+        cmocka_unit_test(test_install_errors),
+        cmocka_unit_test(test_install_same_config_twice),
+        cmocka_unit_test(test_unwired_direction),
+        cmocka_unit_test(test_uninstalled_pe),
+        cmocka_unit_test(test_value_larger_than_slot),
+        cmocka_unit_test(test_recv_async),
+        cmocka_unit_test(test_deadlock_report),
+        cmocka_unit_test(test_ring_allreduce_one_slot),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
