@@ -105,47 +105,47 @@ KB_MF_FN float kb_mf_canon(float r)
 
 /* ---------------------------------------------------------------- storage conversions */
 
-/* f16 bits -> f32, exact; NaN keeps sign and payload and becomes quiet (as kb_dtype.c). */
+/* f16 bits -> f32, exact; NaN keeps sgn and payload and becomes quiet (as kb_dtype.c). */
 KB_MF_FN float kb_mf_h2f(kb_mf_u32 h)
 {
-    kb_mf_u32 sign = (h & 0x8000u) << 16;
+    kb_mf_u32 sgn = (h & 0x8000u) << 16;
     kb_mf_u32 e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
 
     if (e == 0u) {
         float v = (float)m * 0x1p-24f; /* subnormal or zero: exact */
-        return KB_MF_AS_F32(KB_MF_AS_U32(v) | sign);
+        return KB_MF_AS_F32(KB_MF_AS_U32(v) | sgn);
     }
     if (e == 31u)
-        return KB_MF_AS_F32(sign | 0x7F800000u | (m != 0u ? 0x400000u | (m << 13) : 0u));
-    return KB_MF_AS_F32(sign | ((e + 112u) << 23) | (m << 13));
+        return KB_MF_AS_F32(sgn | 0x7F800000u | (m != 0u ? 0x400000u | (m << 13) : 0u));
+    return KB_MF_AS_F32(sgn | ((e + 112u) << 23) | (m << 13));
 }
 
 /* f32 -> f16 bits with round-to-nearest-even; the same mapping as kb_f32_to_f16. */
 KB_MF_FN kb_mf_u32 kb_mf_f2h(float f)
 {
     kb_mf_u32 x = KB_MF_AS_U32(f);
-    kb_mf_u32 sign = (x >> 16) & 0x8000u;
+    kb_mf_u32 sgn = (x >> 16) & 0x8000u;
 
     x &= 0x7FFFFFFFu;
     if (x > 0x7F800000u)
-        return sign | 0x7E00u | ((x >> 13) & 0x3FFu);
+        return sgn | 0x7E00u | ((x >> 13) & 0x3FFu);
     if (x >= 0x477FF000u) /* >= 65520 rounds to infinity */
-        return sign | 0x7C00u;
+        return sgn | 0x7C00u;
     if (x >= 0x38800000u) { /* >= 2^-14: a normal f16 */
         kb_mf_u32 h = (x - 0x38000000u) >> 13, rem = x & 0x1FFFu;
         if (rem > 0x1000u || (rem == 0x1000u && (h & 1u) != 0u))
             h++;
-        return sign | h;
+        return sgn | h;
     }
     if (x < 0x33000000u) /* <= 2^-25 (half the smallest subnormal) or an f32 subnormal */
-        return sign;
+        return sgn;
     {
         kb_mf_u32 s = 126u - (x >> 23); /* 14..24 */
         kb_mf_u32 m = (x & 0x7FFFFFu) | 0x800000u;
-        kb_mf_u32 q = m >> s, rem = m & ((1u << s) - 1u), half = 1u << (s - 1u);
-        if (rem > half || (rem == half && (q & 1u) != 0u))
+        kb_mf_u32 q = m >> s, rem = m & ((1u << s) - 1u), hv = 1u << (s - 1u);
+        if (rem > hv || (rem == hv && (q & 1u) != 0u))
             q++;
-        return sign | q;
+        return sgn | q;
     }
 }
 

@@ -117,18 +117,305 @@ static int check_rec(const kb_rec *r, kb_errbuf *eb)
     return 0;
 }
 
+/* ---------------------------------------------------------------- sorting */
+
+/* A sort item: a 64-bit key and what it belongs to. */
+typedef struct kv {
+    uint64_t key, val;
+} kv;
+
+/*
+ * Stable LSD radix sort of a[0..n) by key, one byte per pass; passes in which every key has
+ * the same byte are skipped, so small key ranges cost few passes, and sorted input costs one
+ * scan. tmp holds n items.
+ */
+static void radix_sort(kv *a, kv *tmp, size_t n)
+{
+    size_t cnt[8][256];
+    kv *src = a, *dst = tmp;
+
+    if (n < 2)
+        return;
+    size_t sorted = 1; /* common: records arrive in seq order */
+    while (sorted < n && a[sorted - 1].key <= a[sorted].key)
+        sorted++;
+    if (sorted == n)
+        return;
+    memset(cnt, 0, sizeof cnt);
+    for (size_t i = 0; i < n; i++)
+        for (unsigned b = 0; b < 8; b++)
+            cnt[b][(a[i].key >> (8 * b)) & 0xFFu]++;
+    for (unsigned b = 0; b < 8; b++) {
+        if (cnt[b][(a[0].key >> (8 * b)) & 0xFFu] == n)
+            continue;
+        size_t pos = 0;
+        for (unsigned d = 0; d < 256; d++) {
+            size_t c = cnt[b][d];
+            cnt[b][d] = pos;
+            pos += c;
+        }
+        for (size_t i = 0; i < n; i++)
+            dst[cnt[b][(src[i].key >> (8 * b)) & 0xFFu]++] = src[i];
+        kv *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a)
+        memcpy(a, src, n * sizeof *a);
+}
+
+/* ---------------------------------------------------------------- spans and endpoints */
+
+static int mem_ival(const kb_opnd *o, ival *v)
+{
+    uint64_t span = kb_opnd_span(o);
+    if (o->space != KB_SPACE_MEM || span == 0)
+        return 0;
+    v->lo = o->addr;
+    v->hi = o->addr + span;
+    return 1;
+}
+
+/* Reads (MEM sources) and write (dst) of a record; returns the number of reads. */
+static unsigned rec_ivals(const kb_rec *r, ival reads[3], ival *write, int *has_write)
+{
+    unsigned n = 0;
+    for (unsigned i = 0; i < r->nsrc; i++)
+        n += (unsigned)mem_ival(&r->src[i], &reads[n]);
+    *has_write = mem_ival(&r->dst, write);
+    return n;
+}
+
+/*
+ * The planner's scratch. What the later passes need is gathered from the records once, in
+ * input order, so that the passes in (t_start, seq) order read small arrays instead of
+ * scattered records, and freshly allocated memory (whose first touch is costly) stays small.
+ * Endpoints: each record's MEM spans, sources in order then dst, give two endpoints each (lo,
+ * hi), numbered consecutively from efirst[record].
+ */
+typedef struct plan_tmp {
+    kv *keys, *ktmp;   /* n: record order; ktmp is sort scratch, then the batch-major order */
+    uint64_t *tkey;    /* n, by input index: t_start as an unsigned sort key */
+    uint8_t *meta;     /* n, by input index: MEM reads | has_write << 2 | kind << 3 */
+    uint32_t *efirst;  /* n, by input index: first endpoint */
+    uint64_t *eaddr;   /* by endpoint: its address */
+    uint32_t *rank;    /* by endpoint: index of its address among the distinct ones */
+    uint64_t *uaddr;   /* nranks distinct endpoint addresses, ascending */
+    size_t nranks;
+    uint64_t *leafoff; /* by rank: the arena offset of that address (where it is covered) */
+    uint32_t *lvl;     /* n, by sorted position: batch */
+    uint32_t *dest;    /* n, by input index: position in the plan */
+    size_t *bstart;    /* nbatches + 1 */
+} plan_tmp;
+
+static void plan_tmp_free(plan_tmp *t)
+{
+    free(t->keys);
+    free(t->ktmp);
+    free(t->tkey);
+    free(t->meta);
+    free(t->efirst);
+    free(t->eaddr);
+    free(t->rank);
+    free(t->uaddr);
+    free(t->leafoff);
+    free(t->lvl);
+    free(t->dest);
+    free(t->bstart);
+}
+
+/* Validates recs and fills keys (by seq), tkey, meta, efirst and eaddr; *ne: endpoint count. */
+static int plan_gather(const kb_rec *const *recs, size_t n, plan_tmp *t, size_t *ne,
+                       kb_errbuf *eb)
+{
+    size_t e = 0;
+    int rc;
+
+    for (size_t i = 0; i < n; i++) {
+        const kb_rec *r = recs[i];
+        ival iv[4];
+        int has_write;
+        unsigned nr;
+
+        if (!r)
+            return kb_err_set(eb, KB_ERR_INVAL, "plan: record %zu is NULL", i);
+        if ((rc = check_rec(r, eb)) != 0)
+            return rc;
+        nr = rec_ivals(r, iv, &iv[3], &has_write);
+        t->keys[i].key = r->seq;
+        t->keys[i].val = i;
+        /* Flip the sign bit so that signed times sort as unsigned keys. */
+        t->tkey[i] = (uint64_t)r->t_start ^ (UINT64_C(1) << 63);
+        t->meta[i] = (uint8_t)(nr | (unsigned)has_write << 2 | (unsigned)r->kind << 3);
+        t->efirst[i] = (uint32_t)e;
+        if (has_write)
+            iv[nr++] = iv[3];
+        for (unsigned k = 0; k < nr; k++) {
+            t->eaddr[e++] = iv[k].lo;
+            t->eaddr[e++] = iv[k].hi;
+        }
+    }
+    *ne = e;
+    return 0;
+}
+
+/* Ranks kv items sorted by key into rank[val]; the distinct keys go to uaddr. */
+static size_t rank_sorted(const kv *s, size_t m, uint32_t *rank, uint64_t *uaddr)
+{
+    size_t r = 0;
+    for (size_t i = 0; i < m; i++) {
+        if (i == 0 || s[i].key != s[i - 1].key)
+            uaddr[r++] = s[i].key;
+        rank[s[i].val] = (uint32_t)(r - 1);
+    }
+    return r;
+}
+
+/*
+ * Ranks endpoints through a hash table of distinct addresses, then sorts only those: real logs
+ * touch the same buffers over and over, so there are few. Returns 1 (nothing ranked) once the
+ * table grows large while most addresses seen are distinct, where sorting every endpoint is
+ * cheaper than hashing.
+ */
+static int rank_by_hash(plan_tmp *t, size_t ne)
+{
+    uint64_t *slot_key = NULL, *ua = NULL;
+    uint32_t *slot_id = NULL, *urank = NULL; /* slot_id: id + 1, 0 = empty */
+    kv *uk = NULL, *utmp = NULL;
+    size_t cap = 4096, nu = 0, ucap = 1024;
+    unsigned bits = 12;
+    int rc = KB_ERR_NOMEM;
+
+    slot_key = malloc(cap * sizeof *slot_key);
+    slot_id = calloc(cap, sizeof *slot_id);
+    ua = malloc(ucap * sizeof *ua);
+    if (!slot_key || !slot_id || !ua)
+        goto out;
+    for (size_t e = 0; e < ne; e++) {
+        uint64_t a = t->eaddr[e];
+        size_t h = (size_t)((a * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - bits));
+        while (slot_id[h] && slot_key[h] != a)
+            h = (h + 1) & (cap - 1);
+        if (slot_id[h]) {
+            t->rank[e] = slot_id[h] - 1;
+            continue;
+        }
+        if (nu == ucap) {
+            uint64_t *g = realloc(ua, 2 * ucap * sizeof *ua);
+            if (!g)
+                goto out;
+            ua = g;
+            ucap *= 2;
+        }
+        ua[nu] = a;
+        slot_key[h] = a;
+        slot_id[h] = (uint32_t)++nu;
+        t->rank[e] = (uint32_t)(nu - 1);
+        if (2 * nu > cap) { /* keep the load at most 1/2 */
+            if (cap >= (1u << 15) && 4 * nu > e + 1) {
+                rc = 1;
+                goto out;
+            }
+            uint64_t *nk = malloc(2 * cap * sizeof *nk);
+            uint32_t *ni = calloc(2 * cap, sizeof *ni);
+            if (!nk || !ni) {
+                free(nk);
+                free(ni);
+                goto out;
+            }
+            bits++;
+            for (size_t j = 0; j < nu; j++) {
+                size_t g = (size_t)((ua[j] * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - bits));
+                while (ni[g])
+                    g = (g + 1) & (2 * cap - 1);
+                nk[g] = ua[j];
+                ni[g] = (uint32_t)(j + 1);
+            }
+            free(slot_key);
+            free(slot_id);
+            slot_key = nk;
+            slot_id = ni;
+            cap *= 2;
+        }
+    }
+    uk = malloc((nu ? nu : 1) * sizeof *uk);
+    utmp = malloc((nu ? nu : 1) * sizeof *utmp);
+    urank = malloc((nu ? nu : 1) * sizeof *urank);
+    if (!uk || !utmp || !urank)
+        goto out;
+    for (size_t j = 0; j < nu; j++) {
+        uk[j].key = ua[j];
+        uk[j].val = j;
+    }
+    radix_sort(uk, utmp, nu);
+    t->nranks = rank_sorted(uk, nu, urank, ua); /* distinct already: nranks == nu */
+    for (size_t e = 0; e < ne; e++)
+        t->rank[e] = urank[t->rank[e]];
+    t->uaddr = ua;
+    ua = NULL;
+    rc = 0;
+out:
+    free(slot_key);
+    free(slot_id);
+    free(ua);
+    free(uk);
+    free(utmp);
+    free(urank);
+    return rc;
+}
+
+static int rank_by_sort(plan_tmp *t, size_t ne)
+{
+    kv *s = malloc(ne * sizeof *s), *tmp = malloc(ne * sizeof *tmp);
+    int rc = KB_ERR_NOMEM;
+
+    t->uaddr = malloc(ne * sizeof *t->uaddr);
+    if (!s || !tmp || !t->uaddr)
+        goto out;
+    for (size_t e = 0; e < ne; e++) {
+        s[e].key = t->eaddr[e];
+        s[e].val = e;
+    }
+    radix_sort(s, tmp, ne);
+    t->nranks = rank_sorted(s, ne, t->rank, t->uaddr);
+    rc = 0;
+out:
+    free(s);
+    free(tmp);
+    return rc;
+}
+
+/* Fills t->rank, t->uaddr and t->nranks. */
+static int rank_endpoints(plan_tmp *t, size_t ne)
+{
+    int rc;
+    t->rank = malloc((ne ? ne : 1) * sizeof *t->rank);
+    if (!t->rank)
+        return KB_ERR_NOMEM;
+    if (ne == 0)
+        return 0;
+    if ((rc = rank_by_hash(t, ne)) != 1)
+        return rc;
+    return rank_by_sort(t, ne);
+}
+
 /* ---------------------------------------------------------------- level map */
 
 /*
- * For each elementary interval (leaf) the latest batch + 1 that wrote it ([LV_W]) and that read
- * it ([LV_R]); 0 = never. Level k > 0 node i covers leaves [i * 16^k, (i + 1) * 16^k). mx is the
- * largest value applied to any leaf below (so a parent's mx is never below a child's); tag is a
- * value applied to every leaf below and is pushed nowhere: a leaf's value is the max of its own
- * and its ancestors' tags. Ranges are split into the maximal nodes they cover, so every strict
- * ancestor of a covering node also contains the range's first or last leaf, and the walk up from
- * those two leaves sees every tag (query) and raises every mx (update) the range involves.
+ * Over the elementary intervals between consecutive distinct endpoints (leaves), the latest
+ * batch + 1 that wrote ([LV_W]) and that read ([LV_R]) each; 0 = none. Level k > 0 node i covers
+ * leaves [i * 16^k, (i + 1) * 16^k); its mx is the largest value applied to any leaf below it
+ * (so a parent's mx is never below a child's), its tag a value applied to every leaf below it,
+ * pushed nowhere: a leaf's value is the max of its own and its ancestors' tags. A range is split
+ * into the maximal nodes it covers, so every strict ancestor of a covering node also contains
+ * the range's first or last leaf, and the walks up from those two leaves see every tag (query)
+ * and raise every mx (update) the range involves.
  */
 enum { LV_FAN = 16, LV_MAXLEV = 17, LV_W = 0, LV_R = 1 };
+
+typedef struct lvleaf {
+    uint32_t v[2];
+} lvleaf;
 
 typedef struct lvnode {
     uint32_t mx[2], tag[2];
@@ -136,58 +423,78 @@ typedef struct lvnode {
 
 typedef struct lvmap {
     unsigned nlev;
-    lvnode *lev[LV_MAXLEV]; /* lev[0] owns the single allocation */
+    int tagged;             /* some node above the leaves has a tag */
+    lvleaf *leaf;
+    lvnode *lev[LV_MAXLEV]; /* lev[1..nlev); lev[1] owns the allocation */
 } lvmap;
+
+static void lvmap_free(lvmap *m)
+{
+    free(m->leaf);
+    free(m->lev[1]);
+}
 
 static int lvmap_init(lvmap *m, size_t leaves)
 {
     size_t len[LV_MAXLEV], total = 0;
     unsigned k = 0;
 
+    memset(m, 0, sizeof *m);
     len[0] = leaves ? leaves : 1;
-    total = len[0];
     while (len[k] > LV_FAN) {
         len[k + 1] = (len[k] + LV_FAN - 1) / LV_FAN;
         total += len[++k];
     }
     m->nlev = k + 1;
-    m->lev[0] = calloc(total, sizeof(lvnode));
-    if (!m->lev[0])
+    m->leaf = calloc(len[0], sizeof *m->leaf);
+    if (!m->leaf)
         return KB_ERR_NOMEM;
-    for (unsigned i = 1; i < m->nlev; i++)
+    if (total == 0)
+        return 0;
+    m->lev[1] = calloc(total, sizeof(lvnode));
+    if (!m->lev[1])
+        return KB_ERR_NOMEM;
+    for (unsigned i = 2; i < m->nlev; i++)
         m->lev[i] = m->lev[i - 1] + len[i - 1];
     return 0;
 }
 
-/* mask: bit 0 = writes, bit 1 = reads. */
+/* mask: bit LV_W = writes, bit LV_R = reads. */
 static uint32_t lv_pick(const uint32_t v[2], unsigned mask)
 {
-    uint32_t a = (mask & 1u) ? v[LV_W] : 0, b = (mask & 2u) ? v[LV_R] : 0;
+    uint32_t a = (mask & (1u << LV_W)) ? v[LV_W] : 0, b = (mask & (1u << LV_R)) ? v[LV_R] : 0;
     return a > b ? a : b;
 }
 
-static uint32_t lv_scan(const lvnode *nd, size_t lo, size_t hi, unsigned mask)
+static uint32_t lv_scan(const lvmap *m, unsigned k, size_t lo, size_t hi, unsigned mask)
 {
-    uint32_t best = 0;
+    uint32_t best = 0, v;
     for (size_t i = lo; i < hi; i++) {
-        uint32_t v = lv_pick(nd[i].mx, mask);
+        v = k == 0 ? lv_pick(m->leaf[i].v, mask) : lv_pick(m->lev[k][i].mx, mask);
         if (v > best)
             best = v;
     }
     return best;
 }
 
-static void lv_raise_nodes(lvnode *nd, size_t lo, size_t hi, unsigned w, uint32_t v)
+static void lv_raise_span(lvmap *m, unsigned k, size_t lo, size_t hi, unsigned w, uint32_t v)
 {
     for (size_t i = lo; i < hi; i++) {
-        if (nd[i].mx[w] < v)
-            nd[i].mx[w] = v;
-        if (nd[i].tag[w] < v)
-            nd[i].tag[w] = v;
+        if (k == 0) {
+            if (m->leaf[i].v[w] < v)
+                m->leaf[i].v[w] = v;
+            continue;
+        }
+        lvnode *nd = &m->lev[k][i];
+        m->tagged = 1;
+        if (nd->mx[w] < v)
+            nd->mx[w] = v;
+        if (nd->tag[w] < v)
+            nd->tag[w] = v;
     }
 }
 
-/* Largest value (of the kinds in mask) over leaves [l, r), l < r. */
+/* Largest value of the kinds in mask over leaves [l, r), l < r. */
 static uint32_t lv_query(const lvmap *m, size_t l, size_t r, unsigned mask)
 {
     uint32_t best = 0, v;
@@ -197,20 +504,20 @@ static uint32_t lv_query(const lvmap *m, size_t l, size_t r, unsigned mask)
     for (;;) {
         size_t plo = (lo + LV_FAN - 1) / LV_FAN, phi = hi / LV_FAN;
         if (k + 1 < m->nlev && plo < phi) { /* whole parents inside: cover them one level up */
-            if ((v = lv_scan(m->lev[k], lo, plo * LV_FAN, mask)) > best)
+            if ((v = lv_scan(m, k, lo, plo * LV_FAN, mask)) > best)
                 best = v;
-            if ((v = lv_scan(m->lev[k], phi * LV_FAN, hi, mask)) > best)
+            if ((v = lv_scan(m, k, phi * LV_FAN, hi, mask)) > best)
                 best = v;
             lo = plo;
             hi = phi;
             k++;
             continue;
         }
-        if ((v = lv_scan(m->lev[k], lo, hi, mask)) > best)
+        if ((v = lv_scan(m, k, lo, hi, mask)) > best)
             best = v;
         break;
     }
-    for (k = 1; k < m->nlev; k++) {
+    for (k = 1; m->tagged && k < m->nlev; k++) {
         a /= LV_FAN;
         b /= LV_FAN;
         if ((v = lv_pick(m->lev[k][a].tag, mask)) > best)
@@ -251,174 +558,32 @@ static void lv_raise(lvmap *m, size_t l, size_t r, unsigned w, uint32_t v)
     for (k = 0;;) {
         size_t plo = (lo + LV_FAN - 1) / LV_FAN, phi = hi / LV_FAN;
         if (k + 1 < m->nlev && plo < phi) {
-            lv_raise_nodes(m->lev[k], lo, plo * LV_FAN, w, v);
-            lv_raise_nodes(m->lev[k], phi * LV_FAN, hi, w, v);
+            lv_raise_span(m, k, lo, plo * LV_FAN, w, v);
+            lv_raise_span(m, k, phi * LV_FAN, hi, w, v);
             lo = plo;
             hi = phi;
             k++;
             continue;
         }
-        lv_raise_nodes(m->lev[k], lo, hi, w, v);
+        lv_raise_span(m, k, lo, hi, w, v);
         break;
     }
 }
 
 /* ---------------------------------------------------------------- planner */
 
-/* A sort item: a 64-bit key and what it belongs to. */
-typedef struct kv {
-    uint64_t key, val;
-} kv;
-
-/*
- * Stable LSD radix sort of a[0..n) by key, one byte per pass; passes in which every key has
- * the same byte are skipped, so small key ranges cost few passes, and sorted input costs one
- * scan. tmp holds n items.
- */
-static void radix_sort(kv *a, kv *tmp, size_t n)
-{
-    size_t cnt[8][256];
-    kv *src = a, *dst = tmp;
-
-    if (n < 2)
-        return;
-    size_t sorted = 1; /* common: records arrive in seq order, spans often in address order */
-    while (sorted < n && a[sorted - 1].key <= a[sorted].key)
-        sorted++;
-    if (sorted == n)
-        return;
-    memset(cnt, 0, sizeof cnt);
-    for (size_t i = 0; i < n; i++)
-        for (unsigned b = 0; b < 8; b++)
-            cnt[b][(a[i].key >> (8 * b)) & 0xFFu]++;
-    for (unsigned b = 0; b < 8; b++) {
-        if (cnt[b][(a[0].key >> (8 * b)) & 0xFFu] == n)
-            continue;
-        size_t pos = 0;
-        for (unsigned d = 0; d < 256; d++) {
-            size_t c = cnt[b][d];
-            cnt[b][d] = pos;
-            pos += c;
-        }
-        for (size_t i = 0; i < n; i++)
-            dst[cnt[b][(src[i].key >> (8 * b)) & 0xFFu]++] = src[i];
-        kv *t = src;
-        src = dst;
-        dst = t;
-    }
-    if (src != a)
-        memcpy(a, src, n * sizeof *a);
-}
-
-static int mem_ival(const kb_opnd *o, ival *v)
-{
-    uint64_t span = kb_opnd_span(o);
-    if (o->space != KB_SPACE_MEM || span == 0)
-        return 0;
-    v->lo = o->addr;
-    v->hi = o->addr + span;
-    return 1;
-}
-
-/* Reads (MEM sources) and write (dst) of a record; returns the number of reads. */
-static unsigned rec_ivals(const kb_rec *r, ival reads[3], ival *write, int *has_write)
-{
-    unsigned n = 0;
-    for (unsigned i = 0; i < r->nsrc; i++)
-        n += (unsigned)mem_ival(&r->src[i], &reads[n]);
-    *has_write = mem_ival(&r->dst, write);
-    return n;
-}
-
-/*
- * The planner's scratch. Everything the level pass needs is gathered from the records once, in
- * input order, so that the passes in (t_start, seq) order read small arrays instead of
- * scattered records (which cost a cache miss each on large logs).
- */
-typedef struct plan_tmp {
-    kv *keys, *ktmp;   /* n: record order; ktmp is sort scratch, then the batch-major order */
-    uint64_t *tkey;    /* n, by input index: t_start as an unsigned sort key */
-    uint8_t *meta;     /* n, by input index: MEM reads | has_write << 2 | kind << 3 */
-    uint32_t *efirst;  /* n, by input index: first endpoint; reads' spans first, then write */
-    kv *ends, *etmp;   /* endpoints (address, endpoint index) and sort scratch */
-    uint32_t *rank;    /* by endpoint index: its leaf in the level map */
-    uint32_t *lvl;     /* n, by sorted position: batch */
-    size_t *bstart;    /* nbatches + 1 */
-} plan_tmp;
-
-static void plan_tmp_free(plan_tmp *t)
-{
-    free(t->keys);
-    free(t->ktmp);
-    free(t->tkey);
-    free(t->meta);
-    free(t->efirst);
-    free(t->ends);
-    free(t->etmp);
-    free(t->rank);
-    free(t->lvl);
-    free(t->bstart);
-}
-
-/* Validates recs and fills keys (by seq), tkey, meta, efirst and ends; *ne: endpoint count. */
-static int plan_gather(const kb_rec *const *recs, size_t n, plan_tmp *t, size_t *ne,
-                       kb_errbuf *eb)
-{
-    size_t e = 0;
-    int rc;
-
-    for (size_t i = 0; i < n; i++) {
-        const kb_rec *r = recs[i];
-        ival iv[4];
-        int has_write;
-        unsigned nr;
-
-        if (!r)
-            return kb_err_set(eb, KB_ERR_INVAL, "plan: record %zu is NULL", i);
-        if ((rc = check_rec(r, eb)) != 0)
-            return rc;
-        nr = rec_ivals(r, iv, &iv[3], &has_write);
-        t->keys[i].key = r->seq;
-        t->keys[i].val = i;
-        /* Flip the sign bit so that signed times sort as unsigned keys. */
-        t->tkey[i] = (uint64_t)r->t_start ^ (UINT64_C(1) << 63);
-        t->meta[i] = (uint8_t)(nr | (unsigned)has_write << 2 | (unsigned)r->kind << 3);
-        t->efirst[i] = (uint32_t)e;
-        if (has_write)
-            iv[nr++] = iv[3];
-        for (unsigned k = 0; k < nr; k++) {
-            t->ends[e].key = iv[k].lo;
-            t->ends[e].val = e;
-            e++;
-            t->ends[e].key = iv[k].hi;
-            t->ends[e].val = e;
-            e++;
-        }
-    }
-    *ne = e;
-    return 0;
-}
-
 /*
  * Gives every sorted record p (input index keys[p].val) its batch lvl[p]; *nbatches receives
- * the count. Ranking the sorted endpoints turns a span into the leaf range
- * [rank(lo), rank(hi)) of the level map.
+ * the count. A span is the leaf range [rank(lo), rank(hi)).
  */
-static int plan_levels(plan_tmp *t, size_t n, size_t ne, size_t *nbatches)
+static int plan_levels(plan_tmp *t, size_t n, size_t *nbatches)
 {
     lvmap map;
     size_t nb = 0;
-    uint32_t nranks = 0;
     int rc;
 
-    radix_sort(t->ends, t->etmp, ne);
-    for (size_t i = 0; i < ne; i++) {
-        if (i > 0 && t->ends[i].key != t->ends[i - 1].key)
-            nranks++;
-        t->rank[t->ends[i].val] = nranks;
-    }
-    if ((rc = lvmap_init(&map, (size_t)nranks + 1)) != 0)
-        return rc;
+    if ((rc = lvmap_init(&map, t->nranks)) != 0)
+        goto out;
     for (size_t p = 0; p < n; p++) {
         size_t i = t->keys[p].val;
         const uint32_t *rk = t->rank + t->efirst[i];
@@ -440,89 +605,88 @@ static int plan_levels(plan_tmp *t, size_t n, size_t ne, size_t *nbatches)
         for (unsigned k = 0; k < nr; k++)
             lv_raise(&map, rk[2 * k], rk[2 * k + 1], LV_R, top + 1);
     }
-    free(map.lev[0]);
     *nbatches = nb;
-    return 0;
-}
-
-static kb_opnd *opnd_at(kb_rec *recs, uint64_t ref)
-{
-    kb_rec *r = &recs[ref >> 2];
-    return (ref & 3u) == 0 ? &r->dst : &r->src[(ref & 3u) - 1];
+out:
+    lvmap_free(&map);
+    return rc;
 }
 
 /*
- * Coalesces every MEM span of the plan's records into segments and rewrites the operands on
- * the way: each span is visited once, in PA order, while its segment is the open one, so its
- * arena address is known without searching. ref = record index * 4 + operand slot (0 = dst).
+ * Lays out the arena over the leaves: maximal runs of leaves that some span covers are the
+ * segments (spans that overlap or touch share one), packed in PA order, each at an offset
+ * congruent to its PA modulo 8. Fills p->segs, p->nsegs, p->arena_bytes and t->leafoff.
  */
-static int build_arena(kb_plan *p)
+static int plan_arena(const plan_tmp *t, size_t n, kb_plan *p, uint64_t *leafoff)
 {
-    kv *spans = malloc((p->nrecs * 4 + 1) * sizeof *spans);
-    kv *tmp = malloc((p->nrecs * 4 + 1) * sizeof *tmp);
-    size_t ns = 0, nseg = 0;
-    uint64_t off = 0, seg_hi = 0;
+    size_t nr = t->nranks, nseg = 0;
+    int32_t *cov = calloc(nr + 1, sizeof *cov), *wcov = calloc(nr + 1, sizeof *wcov);
+    int32_t c = 0, wc = 0;
+    uint64_t end = 0;
     int rc = KB_ERR_NOMEM;
 
-    if (!spans || !tmp)
-        goto fail;
-    for (size_t i = 0; i < p->nrecs; i++) {
-        kb_rec *r = &p->recs[i];
-        for (unsigned s = 0; s <= r->nsrc; s++) {
-            kb_opnd *o = s == 0 ? &r->dst : &r->src[s - 1];
-            if (o->space != KB_SPACE_MEM)
-                continue;
-            if (kb_opnd_span(o) == 0) {
-                o->addr = 0; /* never dereferenced */
-                continue;
-            }
-            spans[ns].key = o->addr;
-            spans[ns].val = (uint64_t)i * 4u + s;
-            ns++;
+    p->segs = malloc((nr ? nr : 1) * sizeof *p->segs); /* shrunk below */
+    if (!cov || !wcov || !p->segs)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t *rk = t->rank + t->efirst[i];
+        unsigned ns = (t->meta[i] & 3u) + ((t->meta[i] >> 2) & 1u);
+        for (unsigned k = 0; k < ns; k++) {
+            cov[rk[2 * k]]++;
+            cov[rk[2 * k + 1]]--;
+        }
+        if ((t->meta[i] >> 2) & 1u) {
+            wcov[rk[2 * ns - 2]]++;
+            wcov[rk[2 * ns - 1]]--;
         }
     }
-    radix_sort(spans, tmp, ns);
-    p->segs = malloc((ns ? ns : 1) * sizeof *p->segs); /* shrunk below */
-    if (!p->segs)
-        goto fail;
-    for (size_t i = 0; i < ns; i++) {
-        kb_opnd *o = opnd_at(p->recs, spans[i].val);
-        uint64_t lo = spans[i].key, hi = lo + kb_opnd_span(o);
-        kb_segment *sg;
-        if (nseg == 0 || lo > seg_hi) { /* overlapping or adjacent spans share a segment */
-            if (nseg > 0)
-                off = p->segs[nseg - 1].arena_off + p->segs[nseg - 1].len;
-            off += (lo - off) & 7u; /* keep the PA's alignment modulo 8 */
+    for (size_t j = 0; j + 1 < nr; j++) { /* leaf j is [uaddr[j], uaddr[j + 1]) */
+        c += cov[j];
+        wc += wcov[j];
+        if (c == 0)
+            continue;
+        kb_segment *sg = nseg > 0 ? &p->segs[nseg - 1] : NULL;
+        if (!sg || sg->pa + sg->len != t->uaddr[j]) {
+            uint64_t off = end + ((t->uaddr[j] - end) & 7u); /* keep the PA's alignment mod 8 */
             sg = &p->segs[nseg++];
-            sg->pa = lo;
+            sg->pa = t->uaddr[j];
             sg->len = 0;
             sg->arena_off = off;
             sg->written = 0;
-            seg_hi = lo;
-        } else {
-            sg = &p->segs[nseg - 1];
         }
-        if (hi > seg_hi) {
-            seg_hi = hi;
-            sg->len = hi - sg->pa;
-        }
-        o->addr = sg->arena_off + (lo - sg->pa);
-        if ((spans[i].val & 3u) == 0)
+        leafoff[j] = sg->arena_off + (t->uaddr[j] - sg->pa);
+        sg->len = t->uaddr[j + 1] - sg->pa;
+        if (wc > 0)
             sg->written = 1;
+        end = sg->arena_off + sg->len;
     }
     p->nsegs = nseg;
     if (nseg > 0) {
         kb_segment *shrunk = realloc(p->segs, nseg * sizeof *p->segs);
         if (shrunk)
             p->segs = shrunk;
-        off = p->segs[nseg - 1].arena_off + p->segs[nseg - 1].len;
     }
-    p->arena_bytes = (off + 7u) & ~(uint64_t)7u;
+    p->arena_bytes = (end + 7u) & ~(uint64_t)7u;
     rc = 0;
-fail:
-    free(spans);
-    free(tmp);
+out:
+    free(cov);
+    free(wcov);
     return rc;
+}
+
+/* Rewrites a copied record's MEM operands to arena offsets; e: its first endpoint. */
+static void rewrite_opnds(kb_rec *r, const plan_tmp *t, size_t e)
+{
+    for (unsigned s = 0; s <= r->nsrc; s++) {
+        kb_opnd *o = s < r->nsrc ? &r->src[s] : &r->dst; /* endpoint order: sources, then dst */
+        if (o->space != KB_SPACE_MEM)
+            continue;
+        if (kb_opnd_span(o) == 0) {
+            o->addr = 0; /* never dereferenced */
+            continue;
+        }
+        o->addr = t->leafoff[t->rank[e]];
+        e += 2;
+    }
 }
 
 void kb_plan_free(kb_plan *p)
@@ -555,34 +719,40 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
     t.tkey = malloc(n * sizeof *t.tkey);
     t.meta = malloc(n);
     t.efirst = malloc(n * sizeof *t.efirst);
-    t.ends = malloc(8 * n * sizeof *t.ends); /* only the pages used are ever touched */
-    if (!t.keys || !t.ktmp || !t.tkey || !t.meta || !t.efirst || !t.ends)
+    t.eaddr = malloc(8 * n * sizeof *t.eaddr); /* only the pages used are ever touched */
+    if (!t.keys || !t.ktmp || !t.tkey || !t.meta || !t.efirst || !t.eaddr)
         goto fail;
     if ((rc = plan_gather(recs, n, &t, &ne, eb)) != 0)
         goto fail;
+    if ((rc = rank_endpoints(&t, ne)) != 0)
+        goto fail;
+    free(t.eaddr);
+    t.eaddr = NULL;
 
     rc = KB_ERR_NOMEM;
-    t.etmp = malloc((ne ? ne : 1) * sizeof *t.etmp);
-    t.rank = malloc((ne ? ne : 1) * sizeof *t.rank);
+    t.leafoff = malloc((t.nranks ? t.nranks : 1) * sizeof *t.leafoff);
     t.lvl = malloc(n * sizeof *t.lvl);
-    out->recs = malloc(n * sizeof *out->recs);
-    if (!t.etmp || !t.rank || !t.lvl || !out->recs)
+    if (!t.leafoff || !t.lvl)
+        goto fail;
+    if ((rc = plan_arena(&t, n, out, t.leafoff)) != 0)
         goto fail;
     /* (t_start, seq) order, ties in input order: sort by seq, then stably by t_start. */
     radix_sort(t.keys, t.ktmp, n);
     for (size_t p = 0; p < n; p++)
         t.keys[p].key = t.tkey[t.keys[p].val];
     radix_sort(t.keys, t.ktmp, n);
-    if ((rc = plan_levels(&t, n, ne, &nb)) != 0)
+    if ((rc = plan_levels(&t, n, &nb)) != 0)
         goto fail;
 
     /* Batch-major, then kind-major order, each stable: sort by batch (into ktmp), then each
-     * batch by kind (into out->recs); one sort on batch * kinds + kind would need nb * kinds
+     * batch by kind (into dest); one sort on batch * kinds + kind would need nb * kinds
      * counters. */
     rc = KB_ERR_NOMEM;
     t.bstart = calloc(nb + 1, sizeof *t.bstart);
+    t.dest = malloc(n * sizeof *t.dest);
     out->batches = malloc(nb * sizeof *out->batches);
-    if (!t.bstart || !out->batches)
+    out->recs = malloc(n * sizeof *out->recs);
+    if (!t.bstart || !t.dest || !out->batches || !out->recs)
         goto fail;
     for (size_t p = 0; p < n; p++)
         t.bstart[t.lvl[p] + 1]++;
@@ -606,15 +776,20 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
         }
         for (size_t p = lo; p < hi; p++) {
             size_t i = t.ktmp[p].val;
-            out->recs[pos[t.meta[i] >> 3]++] = *recs[i];
+            t.dest[i] = (uint32_t)pos[t.meta[i] >> 3]++;
         }
         out->batches[b].first = lo;
         out->batches[b].count = hi - lo;
     }
+    /* Copy in input order: reading the records in sequence is much faster than gathering
+     * them in plan order, and the scattered writes do not stall. */
+    for (size_t i = 0; i < n; i++) {
+        kb_rec *r = &out->recs[t.dest[i]];
+        *r = *recs[i];
+        rewrite_opnds(r, &t, t.efirst[i]);
+    }
     out->nrecs = n;
     out->nbatches = nb;
-    if ((rc = build_arena(out)) != 0)
-        goto fail;
     plan_tmp_free(&t);
     return 0;
 fail:

@@ -240,8 +240,9 @@ static void kb_ew_chunk(uint kind, global const kb_ent *e, global uchar *arena,
 #define KB_EW_KERNEL(name, kind)                                                           \
     __attribute__((reqd_work_group_size(KB_EW_LOCAL, 1, 1)))                              \
     kernel void name(global uchar *arena, global const uchar *payload,                     \
-                     global const kb_ent *tab, uint n, ulong units)                        \
+                     global const kb_ent *tab, uint first, uint n, ulong units)            \
     {                                                                                      \
+        tab += first;                                                                      \
         for (ulong g = get_group_id(0); g < units; g += get_num_groups(0)) {              \
             global const kb_ent *e = tab + kb_find(tab, n, g);                             \
             kb_ew_chunk(kind, e, arena, payload, g - e->start);                            \
@@ -263,8 +264,9 @@ KB_EW_KERNEL(kb_clamp, KB_K_CLAMP)
  */
 __attribute__((reqd_work_group_size(KB_LN_LOCAL, 1, 1)))
 kernel void kb_softmax(global uchar *arena, global const uchar *payload,
-                       global const kb_ent *tab, uint n, ulong units)
+                       global const kb_ent *tab, uint first, uint n, ulong units)
 {
+    tab += first;
     for (ulong g = get_group_id(0); g < units; g += get_num_groups(0)) {
         global const kb_ent *e = tab + kb_find(tab, n, g);
         ulong line = (g - e->start) * KB_LN_LOCAL + get_local_id(0);
@@ -293,8 +295,9 @@ kernel void kb_softmax(global uchar *arena, global const uchar *payload,
 /* One output of a sum or max reduction: its line summed in ascending order. */
 __attribute__((reqd_work_group_size(KB_LN_LOCAL, 1, 1)))
 kernel void kb_reduce(global uchar *arena, global const uchar *payload,
-                      global const kb_ent *tab, uint n, ulong units)
+                      global const kb_ent *tab, uint first, uint n, ulong units)
 {
+    tab += first;
     for (ulong g = get_group_id(0); g < units; g += get_num_groups(0)) {
         global const kb_ent *e = tab + kb_find(tab, n, g);
         ulong line = (g - e->start) * KB_LN_LOCAL + get_local_id(0);
@@ -398,14 +401,14 @@ kernel void kb_reduce(global uchar *arena, global const uchar *payload,
 
 __attribute__((reqd_work_group_size(KB_GEMM_NT, 1, 1)))
 kernel void kb_gemm(global uchar *arena, global const uchar *payload,
-                    global const kb_ent *tab, uint n, ulong units)
+                    global const kb_ent *tab, uint first, uint n, ulong units)
 {
     local float4 As[KB_GEMM_TK * KB_GEMM_LDA / 4];
     local float4 Bs[KB_GEMM_TK * KB_GEMM_LDB / 4];
     float acc[KB_GEMM_WM][KB_GEMM_WN];
     float ra[KB_GEMM_AL], rb[KB_GEMM_BL];
     ulong g = get_group_id(0);
-    global const kb_ent *e = tab + kb_find(tab, n, g);
+    global const kb_ent *e = tab + first + kb_find(tab + first, n, g);
     uint lid = get_local_id(0), tx = lid % KB_GEMM_NTX, ty = lid / KB_GEMM_NTX;
     uint M = e->rows, N = e->cols, K = e->kdim;
     uint tiles_m = (M + KB_GEMM_TM - 1) / KB_GEMM_TM, tiles_n = (N + KB_GEMM_TN - 1) / KB_GEMM_TN;

@@ -115,10 +115,12 @@ void kb_ctx_destroy(kb_ctx *ctx)
     kb_machine_destroy(ctx->m);
     kb_oplog_destroy(ctx->log);
     kb_memstore_destroy(ctx->ms);
+    free(ctx->report);
     free(ctx);
 }
 
 const char *kb_ctx_errmsg(const kb_ctx *ctx) { return ctx->err.msg; }
+const char *kb_ctx_report(const kb_ctx *ctx) { return ctx->report; }
 kb_errbuf *kb_ctx_err(kb_ctx *ctx) { return &ctx->err; }
 kb_sim *kb_ctx_sim(kb_ctx *ctx) { return ctx->sim; }
 kb_machine *kb_ctx_machine(kb_ctx *ctx) { return ctx->m; }
@@ -231,21 +233,22 @@ int kb_ctx_run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
     kb_fiber_set_udata(f, &hp);
     rc = kb_sim_run(ctx->sim);
     if (rc == KB_ERR_DEADLOCK) {
-        static const size_t cap = 16384;
+        /* the report grows with the machine: build it whole, keep it, summarise in err */
+        size_t cap = 4096 + 256 * (size_t)(ctx->m->nsips * ctx->m->ncubes * ctx->m->npes);
         char *buf = malloc(cap);
         dl_report r = { buf, cap, 0, 0 };
         if (buf) {
             buf[0] = 0;
             kb_sim_foreach_blocked(ctx->sim, dl_line, &r);
-            if (ctx->dump && r.len < cap) {
+            if (ctx->dump && r.len + 1 < cap) {
                 int w = snprintf(buf + r.len, cap - r.len, "\n");
                 r.len += w > 0 ? (size_t)w : 0;
                 ctx->dump(ctx, buf + r.len, cap - r.len, ctx->dump_ud);
             }
-            kb_err_set(&ctx->err, KB_ERR_DEADLOCK,
-                       "at t=%.3f ns %d fiber(s) are blocked:%s",
+            free(ctx->report);
+            ctx->report = buf;
+            kb_err_set(&ctx->err, KB_ERR_DEADLOCK, "at t=%.3f ns %d fiber(s) are blocked:%s",
                        kb_time_to_ns(kb_sim_now(ctx->sim)), r.count, buf);
-            free(buf);
         } else {
             kb_err_set(&ctx->err, KB_ERR_DEADLOCK, "deadlock");
         }

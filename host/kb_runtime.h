@@ -57,6 +57,9 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
 void kb_ctx_destroy(kb_ctx *ctx);
 
 const char *kb_ctx_errmsg(const kb_ctx *ctx);
+/* The full report of the last deadlock (every blocked fiber and the registered dumps; the
+ * error message holds only its start), or NULL. Owned by the context. */
+const char *kb_ctx_report(const kb_ctx *ctx);
 kb_errbuf *kb_ctx_err(kb_ctx *ctx);
 kb_sim *kb_ctx_sim(kb_ctx *ctx);
 kb_machine *kb_ctx_machine(kb_ctx *ctx);

@@ -18,6 +18,8 @@ static const kb_bench *const registry[] = {
     &kb_bench_gpt3_qkv,
     &kb_bench_ccl_allreduce,
     &kb_bench_ipcq_deadlock,
+    &kb_bench_tp_mlp,
+    &kb_bench_tp_attention,
 };
 
 const kb_bench *kb_bench_at(int i)
@@ -41,6 +43,12 @@ int kb_bench_param_index(const kb_bench *b, const char *name)
         if (strcmp(b->params[i].name, name) == 0)
             return i;
     return -1;
+}
+
+void kb_run_report_fini(kb_run_report *rep)
+{
+    free(rep->report);
+    rep->report = NULL;
 }
 
 uint64_t kb_fnv1a64(const void *data, size_t n, uint64_t h)
@@ -139,6 +147,8 @@ int kb_bench_execute(const kb_config *cfg, const kb_ctx_opts *opts, const kb_ben
     rc = kb_ctx_run_host(ctx, host_program, &r);
     if (rc) {
         kb_err_set(eb, rc, "%s", kb_ctx_errmsg(ctx));
+        if (kb_ctx_report(ctx))
+            rep->report = strdup(kb_ctx_report(ctx));
         goto out;
     }
     rep->sim_time_ns = kb_time_to_ns(rep->res.t_end - rep->res.t_begin);

@@ -70,7 +70,11 @@ typedef struct kb_run_report {
     uint64_t events, switches, kernels, records;
     kb_replay_stats replay;
     double wall_ms;
+    char *report;      /* full deadlock report when the run deadlocked (malloc'd), else NULL */
 } kb_run_report;
+
+/* Frees what a report owns. */
+void kb_run_report_fini(kb_run_report *rep);
 
 /*
  * Creates a context for cfg/opts (device, trace stream), runs the bench, verifies when asked (and possible), and
@@ -102,6 +106,8 @@ extern const kb_bench kb_bench_va_offset;
 extern const kb_bench kb_bench_gpt3_qkv;
 extern const kb_bench kb_bench_ccl_allreduce;
 extern const kb_bench kb_bench_ipcq_deadlock;
+extern const kb_bench kb_bench_tp_mlp;
+extern const kb_bench kb_bench_tp_attention;
 
 #endif
 

@@ -369,7 +369,11 @@ static int cmd_run(int argc, char **argv)
         rc = kb_bench_execute(&cfg, &opts, b, &args, &rep, &eb);
     }
     if (rc) {
-        fprintf(stderr, "kbcl: %s: %s\n", kb_strerror(rc), eb.msg);
+        if (rep.report) /* the whole deadlock report, not just the message's start */
+            fprintf(stderr, "kbcl: %s: at the end of the run:%s\n", kb_strerror(rc), rep.report);
+        else
+            fprintf(stderr, "kbcl: %s: %s\n", kb_strerror(rc), eb.msg);
+        kb_run_report_fini(&rep);
         code = exit_code_for(rc);
         goto out;
     }
@@ -414,6 +418,7 @@ static int cmd_run(int argc, char **argv)
         }
     }
     code = rep.res.verified == 0 ? EXIT_VERIFY : 0;
+    kb_run_report_fini(&rep);
 out:
     free(sets);
     free(params);

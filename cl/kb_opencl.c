@@ -1,0 +1,940 @@
+/*
+ * kb_opencl — the OpenCL backend of the Phase-2 replay, and OpenCL device discovery.
+ *
+ * A backend owns one context, in-order queue, program and kernel set on one device, plus
+ * three device buffers that grow and are reused across flushes: the arena, the payload and the
+ * argument tables. begin() uploads the arena and the payload without waiting; run_batch() only
+ * appends one kb_clent per record to a host table and one launch per kind group (the planner
+ * sorts a batch by kind), so it costs no driver calls; end() uploads all tables of the flush in
+ * one write, enqueues every launch in batch order (the in-order queue keeps dependent batches
+ * apart), enqueues the arena read and waits once. Kernels are built once per backend from the
+ * embedded cl/kb_mathfn.h + cl/replay.cl with fixed local sizes and FP_CONTRACT OFF, and with
+ * correctly rounded division and sqrt when the device offers it, so results match kb_ref.c
+ * bit for bit. Before the first OpenCL call, POCL_CACHE_DIR is pointed at a writable cache
+ * directory when it is unset (PoCL caches compiled kernels there). Limits: little-endian
+ * devices; one device per backend; a device without correctly rounded division/sqrt or
+ * without f32 denormals still runs, but may differ from ref in the last bit; the whole payload
+ * is uploaded at every flush.
+ */
+#include "kb_opencl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef KBCL_HAVE_OPENCL
+
+#include <errno.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <CL/cl.h>
+
+#include "kb_mathfn.h"
+#include "kb_opencl_src.h" /* generated: kb_opencl_src[], the NUL-terminated program text */
+
+/* Work sizes; passed to the program as -D so host and kernels agree. */
+#define EW_LOCAL 256u
+#define EW_PER 8u
+#define EW_CHUNK (EW_LOCAL * EW_PER)
+#define LN_LOCAL 64u
+#ifndef KB_GEMM_TM
+#define KB_GEMM_TM 128
+#endif
+#ifndef KB_GEMM_TN
+#define KB_GEMM_TN 128
+#endif
+#ifndef KB_GEMM_TK
+#define KB_GEMM_TK 16
+#endif
+#ifndef KB_GEMM_WM
+#define KB_GEMM_WM 8
+#endif
+#ifndef KB_GEMM_WN
+#define KB_GEMM_WN 8
+#endif
+#define GEMM_NT ((KB_GEMM_TM / KB_GEMM_WM) * (KB_GEMM_TN / KB_GEMM_WN))
+
+_Static_assert(KB_GEMM_WM % 4 == 0 && KB_GEMM_WN % 4 == 0 && KB_GEMM_TM % KB_GEMM_WM == 0 &&
+               KB_GEMM_TN % KB_GEMM_WN == 0, "gemm tile shape");
+_Static_assert(KB_REC_COPY == 0 && KB_REC_FILL == 1 && KB_REC_MATH1 == 2 && KB_REC_MATH2 == 3 &&
+               KB_REC_FMA == 4 && KB_REC_CLAMP == 5 && KB_REC_SOFTMAX == 6 &&
+               KB_REC_REDUCE == 7 && KB_REC_GEMM == 8 && KB_REC_NKINDS == 9, "record kinds");
+_Static_assert(KB_MF_M1_GELU == KB_M1_GELU && KB_MF_M1_AXPB == KB_M1_AXPB &&
+               KB_MF_M1_RSQRT == KB_M1_RSQRT && KB_MF_M2_MIN == KB_M2_MIN && KB_RED_MAX == 1,
+               "op codes shared with replay.cl");
+_Static_assert(KB_F16 == 0 && KB_BF16 == 1 && KB_F32 == 2, "dtype codes shared with replay.cl");
+
+/* Argument table entry; the layout of replay.cl's kb_ent (naturally aligned, no padding). */
+typedef struct kb_clent {
+    cl_ulong start;
+    cl_ulong off[4];
+    cl_uint rows, cols, kdim, flags;
+    cl_uint rs[4], cs[4];
+    cl_uint dt, op;
+    cl_float imm0, imm1;
+} kb_clent;
+_Static_assert(sizeof(kb_clent) == 104, "kb_clent must match replay.cl's kb_ent");
+
+enum { DT_PAYLOAD = 4, DT_UNALIGNED = 8 };
+enum { EF_ACC = 1, EF_FLAT = 2, EF_BIG = 4, EF_FMA = 8 };
+
+static const char *const kernel_names[KB_REC_NKINDS] = {
+    "kb_copy", "kb_fill", "kb_math1", "kb_math2", "kb_fma",
+    "kb_clamp", "kb_softmax", "kb_reduce", "kb_gemm",
+};
+
+/* One kernel launch of a flush: entries [first, first + n) of the flush's table. */
+typedef struct cl_launch {
+    unsigned kind;
+    size_t first, n;
+    uint64_t units;
+} cl_launch;
+
+typedef struct clbe {
+    cl_context ctx;
+    cl_command_queue q;
+    cl_program prog;
+    cl_kernel kern[KB_REC_NKINDS];
+    cl_mem arena, payload, table;       /* device buffers, grown on demand */
+    size_t arena_cap, payload_cap, table_cap;
+    cl_uint ncu;
+    uint64_t arena_bytes;
+    kb_clent *tab;                      /* the flush's argument tables, in launch order */
+    size_t ntab, tabcap;
+    cl_launch *ln;
+    size_t nln, lncap;
+    int active, failed;
+    uint64_t launches;
+} clbe;
+
+static const char *cl_errname(cl_int e)
+{
+    switch (e) {
+    case CL_SUCCESS: return "CL_SUCCESS";
+    case CL_DEVICE_NOT_FOUND: return "CL_DEVICE_NOT_FOUND";
+    case CL_DEVICE_NOT_AVAILABLE: return "CL_DEVICE_NOT_AVAILABLE";
+    case CL_COMPILER_NOT_AVAILABLE: return "CL_COMPILER_NOT_AVAILABLE";
+    case CL_MEM_OBJECT_ALLOCATION_FAILURE: return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+    case CL_OUT_OF_RESOURCES: return "CL_OUT_OF_RESOURCES";
+    case CL_OUT_OF_HOST_MEMORY: return "CL_OUT_OF_HOST_MEMORY";
+    case CL_BUILD_PROGRAM_FAILURE: return "CL_BUILD_PROGRAM_FAILURE";
+    case CL_INVALID_VALUE: return "CL_INVALID_VALUE";
+    case CL_INVALID_DEVICE: return "CL_INVALID_DEVICE";
+    case CL_INVALID_CONTEXT: return "CL_INVALID_CONTEXT";
+    case CL_INVALID_COMMAND_QUEUE: return "CL_INVALID_COMMAND_QUEUE";
+    case CL_INVALID_MEM_OBJECT: return "CL_INVALID_MEM_OBJECT";
+    case CL_INVALID_BUILD_OPTIONS: return "CL_INVALID_BUILD_OPTIONS";
+    case CL_INVALID_PROGRAM_EXECUTABLE: return "CL_INVALID_PROGRAM_EXECUTABLE";
+    case CL_INVALID_KERNEL_NAME: return "CL_INVALID_KERNEL_NAME";
+    case CL_INVALID_KERNEL_ARGS: return "CL_INVALID_KERNEL_ARGS";
+    case CL_INVALID_ARG_SIZE: return "CL_INVALID_ARG_SIZE";
+    case CL_INVALID_WORK_GROUP_SIZE: return "CL_INVALID_WORK_GROUP_SIZE";
+    case CL_INVALID_GLOBAL_WORK_SIZE: return "CL_INVALID_GLOBAL_WORK_SIZE";
+    case CL_INVALID_BUFFER_SIZE: return "CL_INVALID_BUFFER_SIZE";
+    case CL_INVALID_OPERATION: return "CL_INVALID_OPERATION";
+    case -1001: return "CL_PLATFORM_NOT_FOUND_KHR";
+    default: return "OpenCL error";
+    }
+}
+
+static int cl_fail(kb_errbuf *eb, const char *what, cl_int err)
+{
+    return kb_err_set(eb, KB_ERR_DEVICE, "opencl: %s: %s (%d)", what, cl_errname(err), (int)err);
+}
+
+/* ---------------------------------------------------------------- environment */
+
+static int mkdir_p(const char *path)
+{
+    char buf[4096];
+    size_t n = strlen(path);
+
+    if (n == 0 || n >= sizeof buf)
+        return -1;
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] != '/' && buf[i] != '\0')
+            continue;
+        char c = buf[i];
+        buf[i] = '\0';
+        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
+            return -1;
+        buf[i] = c;
+    }
+    return access(path, W_OK) == 0 ? 0 : -1;
+}
+
+/* PoCL needs a writable kernel cache; give it one unless the user chose. */
+static void pocl_cache_env(void)
+{
+    char dir[4096];
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+
+    if (getenv("POCL_CACHE_DIR"))
+        return;
+    if (xdg && *xdg) {
+        snprintf(dir, sizeof dir, "%s/kbcl/pocl", xdg);
+        if (mkdir_p(dir) == 0)
+            goto found;
+    }
+    if (home && *home) {
+        snprintf(dir, sizeof dir, "%s/.cache/kbcl/pocl", home);
+        if (mkdir_p(dir) == 0)
+            goto found;
+    }
+    snprintf(dir, sizeof dir, "/tmp/kbcl-pocl-cache-%lu", (unsigned long)getuid());
+    if (mkdir_p(dir) != 0)
+        return;
+found:
+    setenv("POCL_CACHE_DIR", dir, 0);
+}
+
+/* The NVIDIA OpenCL driver library, if installed in a usual place. */
+static const char *nvidia_lib(void)
+{
+    static const char *const paths[] = {
+        "/usr/local/nvidia/lib64/libnvidia-opencl.so.1",
+        "/usr/local/nvidia/lib/libnvidia-opencl.so.1",
+        "/usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1",
+        "/usr/lib/aarch64-linux-gnu/libnvidia-opencl.so.1",
+        "/usr/lib64/libnvidia-opencl.so.1",
+        "/usr/lib/libnvidia-opencl.so.1",
+    };
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
+        if (access(paths[i], R_OK) == 0)
+            return paths[i];
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- discovery */
+
+typedef struct cl_dev {
+    cl_platform_id plat;
+    cl_device_id dev;
+    cl_device_type type;
+} cl_dev;
+
+typedef struct cl_inventory {
+    cl_platform_id *plats;
+    cl_uint nplats;
+    cl_dev *devs;
+    size_t ndevs;
+    int nvidia_platform; /* a platform whose name or vendor mentions NVIDIA */
+} cl_inventory;
+
+static void inv_free(cl_inventory *v)
+{
+    free(v->plats);
+    free(v->devs);
+    memset(v, 0, sizeof *v);
+}
+
+static void plat_str(cl_platform_id p, cl_platform_info what, char *buf, size_t n)
+{
+    if (clGetPlatformInfo(p, what, n, buf, NULL) != CL_SUCCESS)
+        snprintf(buf, n, "?");
+    buf[n - 1] = '\0';
+}
+
+static void dev_str(cl_device_id d, cl_device_info what, char *buf, size_t n)
+{
+    if (clGetDeviceInfo(d, what, n, buf, NULL) != CL_SUCCESS)
+        snprintf(buf, n, "?");
+    buf[n - 1] = '\0';
+}
+
+/* All platforms and devices; no platform at all is not an error. KB_ERR_NOMEM. */
+static int inventory(cl_inventory *v)
+{
+    cl_uint np = 0;
+
+    memset(v, 0, sizeof *v);
+    pocl_cache_env();
+    if (clGetPlatformIDs(0, NULL, &np) != CL_SUCCESS || np == 0)
+        return 0;
+    v->plats = calloc(np, sizeof *v->plats);
+    if (!v->plats)
+        return KB_ERR_NOMEM;
+    if (clGetPlatformIDs(np, v->plats, &np) != CL_SUCCESS)
+        np = 0;
+    v->nplats = np;
+    for (cl_uint p = 0; p < np; p++) {
+        char name[256], vendor[256];
+        cl_uint nd = 0;
+        plat_str(v->plats[p], CL_PLATFORM_NAME, name, sizeof name);
+        plat_str(v->plats[p], CL_PLATFORM_VENDOR, vendor, sizeof vendor);
+        if (strstr(name, "NVIDIA") || strstr(vendor, "NVIDIA"))
+            v->nvidia_platform = 1;
+        if (clGetDeviceIDs(v->plats[p], CL_DEVICE_TYPE_ALL, 0, NULL, &nd) != CL_SUCCESS || nd == 0)
+            continue;
+        cl_device_id *ids = calloc(nd, sizeof *ids);
+        cl_dev *grown = realloc(v->devs, (v->ndevs + nd) * sizeof *grown);
+        if (!ids || !grown) {
+            free(ids);
+            if (grown)
+                v->devs = grown;
+            inv_free(v);
+            return KB_ERR_NOMEM;
+        }
+        v->devs = grown;
+        if (clGetDeviceIDs(v->plats[p], CL_DEVICE_TYPE_ALL, nd, ids, &nd) != CL_SUCCESS)
+            nd = 0;
+        for (cl_uint i = 0; i < nd; i++) {
+            cl_dev *d = &v->devs[v->ndevs++];
+            d->plat = v->plats[p];
+            d->dev = ids[i];
+            if (clGetDeviceInfo(ids[i], CL_DEVICE_TYPE, sizeof d->type, &d->type, NULL) != CL_SUCCESS)
+                d->type = 0;
+        }
+        free(ids);
+    }
+    return 0;
+}
+
+static const char *type_name(cl_device_type t)
+{
+    if (t & CL_DEVICE_TYPE_GPU)
+        return "GPU";
+    if (t & CL_DEVICE_TYPE_CPU)
+        return "CPU";
+    if (t & CL_DEVICE_TYPE_ACCELERATOR)
+        return "accelerator";
+    return "other";
+}
+
+/* Index of the device to use, or -1. */
+static long pick(const cl_inventory *v, kb_cl_want want)
+{
+    static const cl_device_type order_any[] = { CL_DEVICE_TYPE_GPU, CL_DEVICE_TYPE_CPU,
+                                                 CL_DEVICE_TYPE_ALL };
+    for (size_t o = 0; o < 3; o++) {
+        cl_device_type t = want == KB_CL_GPU ? CL_DEVICE_TYPE_GPU
+                           : want == KB_CL_CPU ? CL_DEVICE_TYPE_CPU : order_any[o];
+        for (size_t i = 0; i < v->ndevs; i++) {
+            cl_bool avail = CL_FALSE;
+            if (!(v->devs[i].type & t))
+                continue;
+            if (clGetDeviceInfo(v->devs[i].dev, CL_DEVICE_AVAILABLE, sizeof avail, &avail, NULL)
+                    != CL_SUCCESS || !avail)
+                continue;
+            return (long)i;
+        }
+        if (want != KB_CL_ANY)
+            break;
+    }
+    return -1;
+}
+
+/* "PLATFORM: DEVICE (TYPE); ..." or "no OpenCL platform". */
+static void found_list(const cl_inventory *v, char *buf, size_t n)
+{
+    size_t len = 0;
+
+    buf[0] = '\0';
+    if (v->nplats == 0) {
+        snprintf(buf, n, "no OpenCL platform");
+        return;
+    }
+    for (cl_uint p = 0; p < v->nplats && len + 1 < n; p++) {
+        char pname[128];
+        int any = 0;
+        plat_str(v->plats[p], CL_PLATFORM_NAME, pname, sizeof pname);
+        for (size_t i = 0; i < v->ndevs && len + 1 < n; i++) {
+            char dname[128];
+            if (v->devs[i].plat != v->plats[p])
+                continue;
+            dev_str(v->devs[i].dev, CL_DEVICE_NAME, dname, sizeof dname);
+            len += (size_t)snprintf(buf + len, n - len, "%s%s: %s (%s)", len ? "; " : "", pname,
+                                    dname, type_name(v->devs[i].type));
+            any = 1;
+        }
+        if (!any && len + 1 < n)
+            len += (size_t)snprintf(buf + len, n - len, "%s%s: no devices", len ? "; " : "",
+                                    pname);
+    }
+}
+
+static void icd_hint(const cl_inventory *v, char *buf, size_t n)
+{
+    const char *lib = nvidia_lib();
+
+    buf[0] = '\0';
+    if (lib && !v->nvidia_platform)
+        snprintf(buf, n,
+                 "hint: the NVIDIA OpenCL driver %s is installed but no NVIDIA platform is "
+                 "registered; set OCL_ICD_FILENAMES=%s or add /etc/OpenCL/vendors/nvidia.icd "
+                 "containing libnvidia-opencl.so.1",
+                 lib, lib);
+}
+
+int kb_opencl_available(kb_cl_want want)
+{
+    cl_inventory v;
+    int ok;
+
+    if (inventory(&v) != 0)
+        return 0;
+    ok = pick(&v, want) >= 0;
+    inv_free(&v);
+    return ok;
+}
+
+int kb_opencl_list(char *buf, size_t n)
+{
+    cl_inventory v;
+    size_t len = 0;
+    char hint[512];
+
+    if (!buf || n == 0)
+        return KB_ERR_INVAL;
+    buf[0] = '\0';
+    if (inventory(&v) != 0) {
+        snprintf(buf, n, "OpenCL: out of memory while listing devices\n");
+        return KB_ERR_NOMEM;
+    }
+#define KB_APPEND(...)                                                               \
+    do {                                                                             \
+        if (len + 1 < n)                                                             \
+            len += (size_t)snprintf(buf + len, n - len, __VA_ARGS__);                \
+    } while (0)
+    if (v.nplats == 0)
+        KB_APPEND("OpenCL: no platform found (no ICD registered in /etc/OpenCL/vendors, or "
+                  "OCL_ICD_FILENAMES empty)\n");
+    for (cl_uint p = 0; p < v.nplats; p++) {
+        char name[256], ver[256];
+        plat_str(v.plats[p], CL_PLATFORM_NAME, name, sizeof name);
+        plat_str(v.plats[p], CL_PLATFORM_VERSION, ver, sizeof ver);
+        KB_APPEND("platform %u: %s (%s)\n", (unsigned)p, name, ver);
+        for (size_t i = 0; i < v.ndevs; i++) {
+            char dname[256], dver[256], cver[256];
+            cl_uint ncu = 0;
+            cl_ulong mem = 0;
+            if (v.devs[i].plat != v.plats[p])
+                continue;
+            dev_str(v.devs[i].dev, CL_DEVICE_NAME, dname, sizeof dname);
+            dev_str(v.devs[i].dev, CL_DEVICE_VERSION, dver, sizeof dver);
+            dev_str(v.devs[i].dev, CL_DEVICE_OPENCL_C_VERSION, cver, sizeof cver);
+            (void)clGetDeviceInfo(v.devs[i].dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof ncu, &ncu, NULL);
+            (void)clGetDeviceInfo(v.devs[i].dev, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof mem, &mem, NULL);
+            KB_APPEND("  device %zu: %s [%s] %s; %s; %u compute units, %.1f GiB\n", i, dname,
+                      type_name(v.devs[i].type), dver, cver, (unsigned)ncu,
+                      (double)mem / (1024.0 * 1024.0 * 1024.0));
+        }
+    }
+    icd_hint(&v, hint, sizeof hint);
+    if (hint[0])
+        KB_APPEND("%s\n", hint);
+#undef KB_APPEND
+    int count = (int)v.ndevs;
+    inv_free(&v);
+    return count;
+}
+
+/* ---------------------------------------------------------------- backend */
+
+static int ensure_buf(clbe *b, cl_mem *m, size_t *cap, size_t need, cl_mem_flags fl,
+                      const char *what, kb_errbuf *eb)
+{
+    cl_int err;
+
+    if (need < 64)
+        need = 64;
+    if (*m && *cap >= need)
+        return 0;
+    if (*m)
+        clReleaseMemObject(*m);
+    *m = NULL;
+    *cap = 0;
+    if (need < SIZE_MAX / 2)
+        need += need / 4; /* room to grow across flushes */
+    *m = clCreateBuffer(b->ctx, fl, need, NULL, &err);
+    if (!*m)
+        return kb_err_set(eb, KB_ERR_DEVICE, "opencl: %s buffer of %zu bytes: %s (%d)", what,
+                          need, cl_errname(err), (int)err);
+    *cap = need;
+    return 0;
+}
+
+static int cl_begin(void *self, const uint8_t *arena, uint64_t arena_bytes,
+                    const uint8_t *payload, size_t payload_bytes, kb_errbuf *eb)
+{
+    clbe *b = self;
+    cl_int err;
+    int rc;
+
+    if (b->active)
+        return kb_err_set(eb, KB_ERR_STATE, "opencl backend: begin inside a flush");
+    if (arena_bytes > SIZE_MAX)
+        return kb_err_set(eb, KB_ERR_NOMEM, "opencl backend: arena of %llu bytes",
+                          (unsigned long long)arena_bytes);
+    if ((rc = ensure_buf(b, &b->arena, &b->arena_cap, (size_t)arena_bytes, CL_MEM_READ_WRITE,
+                         "arena", eb)) != 0)
+        return rc;
+    if ((rc = ensure_buf(b, &b->payload, &b->payload_cap, payload_bytes, CL_MEM_READ_ONLY,
+                         "payload", eb)) != 0)
+        return rc;
+    /* Non-blocking: the caller keeps both host buffers unchanged until end() returns. */
+    if (arena_bytes > 0 &&
+        (err = clEnqueueWriteBuffer(b->q, b->arena, CL_FALSE, 0, (size_t)arena_bytes, arena, 0,
+                                    NULL, NULL)) != CL_SUCCESS)
+        goto fail;
+    if (payload_bytes > 0 &&
+        (err = clEnqueueWriteBuffer(b->q, b->payload, CL_FALSE, 0, payload_bytes, payload, 0,
+                                    NULL, NULL)) != CL_SUCCESS)
+        goto fail;
+    b->arena_bytes = arena_bytes;
+    b->ntab = 0;
+    b->nln = 0;
+    b->failed = 0;
+    b->active = 1;
+    return 0;
+fail:
+    clFinish(b->q);
+    return cl_fail(eb, "upload", err);
+}
+
+static uint32_t opnd_desc(const kb_opnd *o)
+{
+    uint32_t d = o->dtype;
+    if (o->space == KB_SPACE_PAYLOAD)
+        d |= DT_PAYLOAD;
+    if (o->addr % kb_dtype_size((kb_dtype)o->dtype) != 0)
+        d |= DT_UNALIGNED;
+    return d;
+}
+
+static void set_opnd(kb_clent *e, unsigned slot, const kb_opnd *o)
+{
+    e->off[slot] = o->addr;
+    e->dt |= opnd_desc(o) << (8 * slot);
+}
+
+/* Fills the entry of one record; *units receives its work units (0: nothing to do). */
+static void make_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
+{
+    const kb_opnd *d = &r->dst, *s = r->src;
+
+    memset(e, 0, sizeof *e);
+    set_opnd(e, 0, d);
+    e->op = r->op;
+    e->imm0 = r->imm[0];
+    e->imm1 = r->imm[1];
+    switch (r->kind) {
+    case KB_REC_SOFTMAX: {
+        int rows = r->op == 1; /* axis 1: one line per row */
+        set_opnd(e, 1, &s[0]);
+        e->rows = rows ? d->rows : d->cols;
+        e->cols = rows ? d->cols : d->rows;
+        e->rs[0] = rows ? d->ld : 1;
+        e->cs[0] = rows ? 1 : d->ld;
+        e->rs[1] = rows ? s[0].ld : 1;
+        e->cs[1] = rows ? 1 : s[0].ld;
+        *units = e->cols == 0 ? 0 : (e->rows + LN_LOCAL - 1) / LN_LOCAL;
+        return;
+    }
+    case KB_REC_REDUCE: {
+        int axis0 = (r->flags & KB_REC_AXIS0) != 0;
+        set_opnd(e, 1, &s[0]);
+        e->rows = axis0 ? s[0].cols : s[0].rows;
+        e->cols = axis0 ? s[0].rows : s[0].cols;
+        e->rs[0] = axis0 ? 1 : d->ld;
+        e->rs[1] = axis0 ? 1 : s[0].ld;
+        e->cs[1] = axis0 ? s[0].ld : 1;
+        *units = (e->rows + LN_LOCAL - 1) / LN_LOCAL;
+        return;
+    }
+    case KB_REC_GEMM: {
+        set_opnd(e, 1, &s[0]);
+        set_opnd(e, 2, &s[1]);
+        e->rows = d->rows;
+        e->cols = d->cols;
+        e->kdim = s[0].cols;
+        e->rs[0] = d->ld;
+        e->rs[1] = s[0].ld;
+        e->rs[2] = s[1].ld;
+        if (r->flags & KB_REC_ACC)
+            e->flags |= EF_ACC;
+        if (s[0].dtype == KB_F16 && s[1].dtype == KB_F16)
+            e->flags |= EF_FMA; /* f16 x f16 is exact in f32, so fma == multiply then add */
+        *units = (uint64_t)((d->rows + KB_GEMM_TM - 1) / KB_GEMM_TM) *
+                 ((d->cols + KB_GEMM_TN - 1) / KB_GEMM_TN);
+        return;
+    }
+    default:
+        break;
+    }
+    /* Elementwise: dst rows x cols in row-major order; sources broadcast with stride 0. */
+    uint64_t n = (uint64_t)d->rows * d->cols;
+    int flat = 1;
+    e->rows = d->rows;
+    e->cols = d->cols;
+    e->rs[0] = d->ld;
+    e->cs[0] = 1;
+    for (unsigned i = 0; i < r->nsrc && i < 3; i++) {
+        set_opnd(e, i + 1, &s[i]);
+        e->rs[i + 1] = s[i].rows == 1 ? 0 : s[i].ld;
+        e->cs[i + 1] = s[i].cols == 1 ? 0 : 1;
+    }
+    for (unsigned i = 0; i <= r->nsrc && i < 4; i++)
+        if (!((d->rows == 1 || e->rs[i] == d->cols) && (d->cols == 1 || e->cs[i] == 1)))
+            flat = 0;
+    if (flat)
+        e->flags |= EF_FLAT;
+    if (n > UINT32_MAX)
+        e->flags |= EF_BIG;
+    *units = (n + EW_CHUNK - 1) / EW_CHUNK;
+}
+
+static int cl_run_batch(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
+{
+    clbe *b = self;
+
+    if (!b->active)
+        return kb_err_set(eb, KB_ERR_STATE, "opencl backend: run_batch outside begin/end");
+    for (size_t i = 0; i < n;) {
+        unsigned kind = recs[i].kind;
+        size_t j = i;
+        uint64_t units = 0;
+        size_t first = b->ntab;
+        if (kind >= KB_REC_NKINDS) {
+            b->failed = 1;
+            return kb_err_set(eb, KB_ERR_INVAL, "opencl backend: record kind %u", kind);
+        }
+        for (; j < n && recs[j].kind == kind; j++) {
+            uint64_t u;
+            if (b->ntab == b->tabcap) {
+                size_t c = b->tabcap ? 2 * b->tabcap : 256;
+                kb_clent *t = realloc(b->tab, c * sizeof *t);
+                if (!t) {
+                    b->failed = 1;
+                    return kb_err_set(eb, KB_ERR_NOMEM, "opencl backend: argument table");
+                }
+                b->tab = t;
+                b->tabcap = c;
+            }
+            make_entry(&recs[j], &b->tab[b->ntab], &u);
+            if (u == 0)
+                continue; /* an empty record: nothing to launch for it */
+            b->tab[b->ntab++].start = units;
+            units += u;
+        }
+        if (b->ntab > first) {
+            if (b->nln == b->lncap) {
+                size_t c = b->lncap ? 2 * b->lncap : 64;
+                cl_launch *l = realloc(b->ln, c * sizeof *l);
+                if (!l) {
+                    b->failed = 1;
+                    return kb_err_set(eb, KB_ERR_NOMEM, "opencl backend: launch list");
+                }
+                b->ln = l;
+                b->lncap = c;
+            }
+            cl_launch *l = &b->ln[b->nln++];
+            l->kind = kind;
+            l->first = first;
+            l->n = b->ntab - first;
+            l->units = units;
+        }
+        i = j;
+    }
+    return 0;
+}
+
+static int enqueue_all(clbe *b, kb_errbuf *eb)
+{
+    cl_int err;
+    int rc;
+
+    if (b->nln == 0)
+        return 0;
+    if ((rc = ensure_buf(b, &b->table, &b->table_cap, b->ntab * sizeof *b->tab,
+                         CL_MEM_READ_ONLY, "argument table", eb)) != 0)
+        return rc;
+    if ((err = clEnqueueWriteBuffer(b->q, b->table, CL_FALSE, 0, b->ntab * sizeof *b->tab, b->tab,
+                                    0, NULL, NULL)) != CL_SUCCESS)
+        return cl_fail(eb, "argument table upload", err);
+    for (size_t i = 0; i < b->nln; i++) {
+        const cl_launch *l = &b->ln[i];
+        cl_kernel k = b->kern[l->kind];
+        cl_uint n = (cl_uint)l->n;
+        cl_ulong units = l->units;
+        size_t local, groups, global;
+        cl_uint first = (cl_uint)l->first;
+
+        if (l->n > UINT32_MAX || l->first > UINT32_MAX)
+            return kb_err_set(eb, KB_ERR_DEVICE, "opencl: %zu records in one flush", b->ntab);
+        if (l->kind == KB_REC_GEMM) {
+            local = GEMM_NT;
+            groups = (size_t)l->units;
+        } else {
+            /* Grid-stride kernels: enough work-groups to fill the device, not one per unit. */
+            size_t cap = (size_t)(b->ncu ? b->ncu : 1) * 32;
+            local = l->kind == KB_REC_SOFTMAX || l->kind == KB_REC_REDUCE ? LN_LOCAL : EW_LOCAL;
+            groups = l->units < cap ? (size_t)l->units : cap;
+        }
+        global = groups * local;
+        err = clSetKernelArg(k, 0, sizeof(cl_mem), &b->arena);
+        if (err == CL_SUCCESS)
+            err = clSetKernelArg(k, 1, sizeof(cl_mem), &b->payload);
+        if (err == CL_SUCCESS)
+            err = clSetKernelArg(k, 2, sizeof(cl_mem), &b->table);
+        if (err == CL_SUCCESS)
+            err = clSetKernelArg(k, 3, sizeof first, &first);
+        if (err == CL_SUCCESS)
+            err = clSetKernelArg(k, 4, sizeof n, &n);
+        if (err == CL_SUCCESS)
+            err = clSetKernelArg(k, 5, sizeof units, &units);
+        if (err == CL_SUCCESS)
+            err = clEnqueueNDRangeKernel(b->q, k, 1, NULL, &global, &local, 0, NULL, NULL);
+        if (err != CL_SUCCESS)
+            return kb_err_set(eb, KB_ERR_DEVICE, "opencl: launching %s over %zu records: %s (%d)",
+                              kernel_names[l->kind], l->n, cl_errname(err), (int)err);
+        b->launches++;
+    }
+    return 0;
+}
+
+static int cl_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *eb)
+{
+    clbe *b = self;
+    cl_int err;
+    int rc = 0;
+
+    if (!b->active)
+        return kb_err_set(eb, KB_ERR_STATE, "opencl backend: end without begin");
+    b->active = 0;
+    if (b->failed) {
+        rc = kb_err_set(eb, KB_ERR_STATE, "opencl backend: end after a failed batch");
+        goto out;
+    }
+    if (arena_bytes != b->arena_bytes) {
+        rc = kb_err_set(eb, KB_ERR_STATE, "opencl backend: end with %llu arena bytes, begin had %llu",
+                        (unsigned long long)arena_bytes, (unsigned long long)b->arena_bytes);
+        goto out;
+    }
+    if ((rc = enqueue_all(b, eb)) != 0)
+        goto out;
+    if (arena_bytes > 0 &&
+        (err = clEnqueueReadBuffer(b->q, b->arena, CL_FALSE, 0, (size_t)arena_bytes, arena, 0,
+                                   NULL, NULL)) != CL_SUCCESS) {
+        rc = cl_fail(eb, "arena read-back", err);
+        goto out;
+    }
+    if ((err = clFinish(b->q)) != CL_SUCCESS) {
+        rc = cl_fail(eb, "replay", err);
+        return rc;
+    }
+    b->ntab = 0;
+    b->nln = 0;
+    return 0;
+out:
+    /* Nothing queued may still refer to the caller's buffers once we return. */
+    clFinish(b->q);
+    b->ntab = 0;
+    b->nln = 0;
+    return rc;
+}
+
+static void cl_destroy(void *self)
+{
+    clbe *b = self;
+
+    if (!b)
+        return;
+    if (b->q)
+        clFinish(b->q);
+    for (unsigned i = 0; i < KB_REC_NKINDS; i++)
+        if (b->kern[i])
+            clReleaseKernel(b->kern[i]);
+    if (b->prog)
+        clReleaseProgram(b->prog);
+    if (b->arena)
+        clReleaseMemObject(b->arena);
+    if (b->payload)
+        clReleaseMemObject(b->payload);
+    if (b->table)
+        clReleaseMemObject(b->table);
+    if (b->q)
+        clReleaseCommandQueue(b->q);
+    if (b->ctx)
+        clReleaseContext(b->ctx);
+    free(b->tab);
+    free(b->ln);
+    free(b);
+}
+
+static const kb_backend_ops cl_ops = {
+    .name = "opencl",
+    .begin = cl_begin,
+    .run_batch = cl_run_batch,
+    .end = cl_end,
+    .destroy = cl_destroy,
+};
+
+uint64_t kb_opencl_launches(const kb_backend *be)
+{
+    if (!be || be->ops != &cl_ops || !be->self)
+        return 0;
+    return ((const clbe *)be->self)->launches;
+}
+
+static int build_program(clbe *b, cl_device_id dev, kb_errbuf *eb)
+{
+    const char *src = (const char *)kb_opencl_src;
+    cl_device_fp_config fp = 0;
+    char opts[512];
+    cl_int err;
+
+    (void)clGetDeviceInfo(dev, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
+    snprintf(opts, sizeof opts,
+             "-cl-std=CL1.2 -DKB_EW_LOCAL=%u -DKB_EW_PER=%u -DKB_LN_LOCAL=%u -DKB_GEMM_TM=%d "
+             "-DKB_GEMM_TN=%d -DKB_GEMM_TK=%d -DKB_GEMM_WM=%d -DKB_GEMM_WN=%d%s",
+             EW_LOCAL, EW_PER, LN_LOCAL, KB_GEMM_TM, KB_GEMM_TN, KB_GEMM_TK, KB_GEMM_WM,
+             KB_GEMM_WN,
+             (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? " -cl-fp32-correctly-rounded-divide-sqrt"
+                                                        : "");
+    b->prog = clCreateProgramWithSource(b->ctx, 1, &src, NULL, &err);
+    if (!b->prog)
+        return cl_fail(eb, "clCreateProgramWithSource", err);
+    err = clBuildProgram(b->prog, 1, &dev, opts, NULL, NULL);
+    if (err != CL_SUCCESS) {
+        char log[600];
+        size_t got = 0;
+        log[0] = '\0';
+        if (clGetProgramBuildInfo(b->prog, dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, &got)
+                != CL_SUCCESS) {
+            /* Longer than our buffer: fetch it whole and keep the start (the first error). */
+            size_t need = 0;
+            char *full = NULL;
+            if (clGetProgramBuildInfo(b->prog, dev, CL_PROGRAM_BUILD_LOG, 0, NULL, &need) ==
+                    CL_SUCCESS && (full = malloc(need + 1)) != NULL &&
+                clGetProgramBuildInfo(b->prog, dev, CL_PROGRAM_BUILD_LOG, need, full, NULL) ==
+                    CL_SUCCESS) {
+                full[need] = '\0';
+                snprintf(log, sizeof log, "%s", full);
+            }
+            free(full);
+        }
+        log[sizeof log - 1] = '\0';
+        return kb_err_set(eb, KB_ERR_DEVICE, "opencl: building the replay kernels: %s (%d): %s",
+                          cl_errname(err), (int)err, log[0] ? log : "(no build log)");
+    }
+    for (unsigned i = 0; i < KB_REC_NKINDS; i++) {
+        size_t wg = 0, want = i == KB_REC_GEMM ? GEMM_NT
+                              : (i == KB_REC_SOFTMAX || i == KB_REC_REDUCE) ? LN_LOCAL : EW_LOCAL;
+        b->kern[i] = clCreateKernel(b->prog, kernel_names[i], &err);
+        if (!b->kern[i])
+            return cl_fail(eb, kernel_names[i], err);
+        if (clGetKernelWorkGroupInfo(b->kern[i], dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
+                                     NULL) == CL_SUCCESS && wg < want)
+            return kb_err_set(eb, KB_ERR_DEVICE,
+                              "opencl: kernel %s runs at most %zu work-items per group, needs %zu",
+                              kernel_names[i], wg, want);
+    }
+    return 0;
+}
+
+int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_t desc_n,
+                             kb_errbuf *eb)
+{
+    cl_inventory v;
+    clbe *b = NULL;
+    cl_int err;
+    long idx;
+    int rc;
+
+    if (!out)
+        return kb_err_set(eb, KB_ERR_INVAL, "opencl backend: no output");
+    out->ops = NULL;
+    out->self = NULL;
+    if (desc && desc_n)
+        desc[0] = '\0';
+    if ((rc = inventory(&v)) != 0)
+        return kb_err_set(eb, rc, "opencl: out of memory listing devices");
+    idx = pick(&v, want);
+    if (idx < 0) {
+        char found[400], hint[300];
+        found_list(&v, found, sizeof found);
+        icd_hint(&v, hint, sizeof hint);
+        rc = kb_err_set(eb, KB_ERR_DEVICE, "no OpenCL %s device; found: %s%s%s",
+                        want == KB_CL_GPU ? "GPU" : want == KB_CL_CPU ? "CPU" : "",
+                        found, hint[0] ? "; " : "", hint);
+        inv_free(&v);
+        return rc;
+    }
+    cl_device_id dev = v.devs[idx].dev;
+    cl_platform_id plat = v.devs[idx].plat;
+    inv_free(&v);
+
+    b = calloc(1, sizeof *b);
+    if (!b)
+        return kb_err_set(eb, KB_ERR_NOMEM, "opencl backend: out of memory");
+    cl_context_properties props[3] = { CL_CONTEXT_PLATFORM, (cl_context_properties)plat, 0 };
+    b->ctx = clCreateContext(props, 1, &dev, NULL, NULL, &err);
+    if (!b->ctx) {
+        rc = cl_fail(eb, "clCreateContext", err);
+        goto fail;
+    }
+    b->q = clCreateCommandQueue(b->ctx, dev, 0, &err);
+    if (!b->q) {
+        rc = cl_fail(eb, "clCreateCommandQueue", err);
+        goto fail;
+    }
+    (void)clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof b->ncu, &b->ncu, NULL);
+    if ((rc = build_program(b, dev, eb)) != 0)
+        goto fail;
+    if (desc && desc_n) {
+        char dname[256], pname[256], ver[256], v1[64] = "", v2[64] = "";
+        dev_str(dev, CL_DEVICE_NAME, dname, sizeof dname);
+        plat_str(plat, CL_PLATFORM_NAME, pname, sizeof pname);
+        dev_str(dev, CL_DEVICE_VERSION, ver, sizeof ver);
+        /* "OpenCL 3.0 CUDA" -> "OpenCL 3.0" */
+        if (sscanf(ver, "%63s %63s", v1, v2) == 2)
+            snprintf(ver, sizeof ver, "%s %s", v1, v2);
+        snprintf(desc, desc_n, "%s (%s, %s)", dname, pname, ver);
+    }
+    out->ops = &cl_ops;
+    out->self = b;
+    return 0;
+fail:
+    cl_destroy(b);
+    return rc;
+}
+
+#else /* !KBCL_HAVE_OPENCL */
+
+int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_t desc_n,
+                             kb_errbuf *eb)
+{
+    (void)want;
+    if (out) {
+        out->ops = NULL;
+        out->self = NULL;
+    }
+    if (desc && desc_n)
+        desc[0] = '\0';
+    return kb_err_set(eb, KB_ERR_DEVICE, "kbcl was built without OpenCL (no OpenCL device)");
+}
+
+int kb_opencl_list(char *buf, size_t n)
+{
+    if (buf && n)
+        snprintf(buf, n, "OpenCL: not available (kbcl was built without OpenCL)\n");
+    return KB_ERR_DEVICE;
+}
+
+int kb_opencl_available(kb_cl_want want)
+{
+    (void)want;
+    return 0;
+}
+
+uint64_t kb_opencl_launches(const kb_backend *be)
+{
+    (void)be;
+    return 0;
+}
+
+#endif

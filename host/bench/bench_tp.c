@@ -1,0 +1,446 @@
+/*
+ * Tensor-parallel benches (rank = SIP, one worker per SIP, process group on
+ * hierarchical_allreduce):
+ *  tp_mlp        x -> ColumnParallelLinear(d, hidden) + bias -> GeLU -> RowParallelLinear(hidden,
+ *                d) + bias (all-reduce); every rank's output is checked against a host
+ *                reference and all ranks' outputs must be identical.
+ *  tp_attention  multi-head self-attention: heads split over the ranks (column-parallel
+ *                Q/K/V: rank r owns heads [r*H/ws, (r+1)*H/ws)), one head per PE: q = x Wq_h,
+ *                k^T = Wk_h^T x^T, v = x Wv_h, softmax(q k^T / sqrt(dh)) v, then the
+ *                row-parallel output projection o_h Wo_h summed over heads and ranks by the
+ *                all-reduce, plus bias. Checked against a host reference.
+ * Both report the simulated time split into compute and communication (time inside
+ * collectives).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_bench.h"
+#include "kb_dist.h"
+#include "kb_tl.h"
+#include "kb_tp.h"
+
+typedef struct tp_state {
+    int ws;
+    int64_t m, d, hid, heads;
+    float *x, *w1, *b1, *w2, *b2;          /* mlp (w1: d x hid, w2: hid x d) */
+    float *wq, *wk, *wv, *wo, *bo;        /* attention (d x d each, bo: d) */
+    kb_tensor *y[KB_MAX_GSIPS];
+    kb_bench_result *res;
+    kb_time comm;
+} tp_state;
+
+static void tp_cleanup(void *p)
+{
+    tp_state *st = p;
+    float *all[] = { st->x, st->w1, st->b1, st->w2, st->b2, st->wq, st->wk, st->wv, st->wo, st->bo };
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        free(all[i]);
+}
+
+static float *pattern(size_t n, uint32_t seed, int range, float den)
+{
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    if (p)
+        kb_bench_pattern(p, n, seed, range, den);
+    return p;
+}
+
+/* The rank = SIP entry of ccl.yaml, or the bare module when no ccl.yaml is loaded. */
+static const char *tp_algorithm(kb_ctx *ctx)
+{
+    return kb_config_find_algo(kb_ctx_config(ctx), "hierarchical_allreduce_sip")
+               ? "hierarchical_allreduce_sip" : "hierarchical_allreduce";
+}
+
+static int tp_begin(kb_ctx *ctx, tp_state *st, int rank)
+{
+    int rc;
+    if ((rc = kb_ctx_set_device(ctx, rank)) != 0 ||
+        (rc = kb_dist_init_process_group(ctx, "ahbm", tp_algorithm(ctx))) != 0 ||
+        (rc = kb_tp_initialize_model_parallel(ctx, st->ws)) != 0)
+        return rc;
+    return 0;
+}
+
+static int tp_mark(kb_ctx *ctx, tp_state *st, int rank, int end)
+{
+    int rc = kb_dist_barrier(ctx);
+    if (rc == 0 && rank == 0) {
+        if (end)
+            kb_bench_mark_end(ctx, st->res);
+        else
+            kb_bench_mark_begin(ctx, st->res);
+    }
+    return rc;
+}
+
+/* ---- tp_mlp ---- */
+
+static int mlp_worker(kb_ctx *ctx, int rank, void *arg)
+{
+    tp_state *st = arg;
+    kb_tp_linear fc1, fc2;
+    kb_tensor *x, *h;
+    int rc;
+    if ((rc = tp_begin(ctx, st, rank)) != 0 ||
+        (rc = kb_tp_column_linear(ctx, st->d, st->hid, st->w1, st->b1, &fc1)) != 0 ||
+        (rc = kb_tp_row_linear(ctx, st->hid, st->d, st->w2, st->b2, &fc2)) != 0 ||
+        (rc = kb_tp_input(ctx, &fc1, st->m, st->x, &x)) != 0 ||
+        (rc = tp_mark(ctx, st, rank, 0)) != 0)
+        return rc;
+    kb_time c0 = kb_dist_comm_time(ctx);
+    if ((rc = kb_tp_column_forward(ctx, &fc1, x, 1, &h)) != 0 ||
+        (rc = kb_tp_row_forward(ctx, &fc2, h, &st->y[rank])) != 0)
+        return rc;
+    if (rank == 0)
+        st->comm = kb_dist_comm_time(ctx) - c0;
+    return tp_mark(ctx, st, rank, 1);
+}
+
+static int check_common(kb_ctx *ctx, tp_state *st, const double *ref, const double *bound,
+                        kb_bench_result *res)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    size_t S = (size_t)m->ncubes * (size_t)m->npes, blk = (size_t)(st->m * st->d);
+    uint16_t *raw = malloc(S * blk * 2), *first = malloc(blk * 2);
+    float *got = malloc(sizeof(float) * blk);
+    uint64_t h = KB_FNV1A64_INIT;
+    int rc = 0;
+    if (!raw || !first || !got) {
+        rc = kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    res->verified = 1;
+    for (int r = 0; r < st->ws; r++) {
+        if ((rc = kb_tensor_read_raw(st->y[r], raw)) != 0)
+            goto out;
+        if (r == 0) {
+            memcpy(first, raw, blk * 2);
+            for (size_t i = 0; i < blk; i++)
+                got[i] = kb_f16_to_f32(raw[i]);
+            if (!kb_bench_check(res, KB_F16, got, ref, bound, blk, "y"))
+                res->verified = 0;
+            h = kb_fnv1a64(raw, blk * 2, h);
+        }
+        /* every PE of every rank holds the same output */
+        for (size_t s = 0; s < S && res->verified; s++) {
+            if (memcmp(raw + s * blk, first, blk * 2) != 0) {
+                snprintf(res->detail, sizeof res->detail,
+                         "rank %d PE block %zu differs from rank 0's output", r, s);
+                res->verified = 0;
+            }
+        }
+    }
+    res->digest = h;
+    res->have_digest = 1;
+    snprintf(res->ok_text, sizeof res->ok_text, "%d ranks OK", st->ws);
+out:
+    free(raw);
+    free(first);
+    free(got);
+    return rc;
+}
+
+static double gelu_d(double x)
+{
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+static void split_time(kb_ctx *ctx, tp_state *st, kb_bench_result *res)
+{
+    (void)ctx;
+    double total = kb_time_to_ns(res->t_end - res->t_begin), comm = kb_time_to_ns(st->comm);
+    kb_bench_add_extra(res, "world_size", st->ws);
+    kb_bench_add_extra(res, "compute_ns", total - comm);
+    kb_bench_add_extra(res, "comm_ns", comm);
+}
+
+static int mlp_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
+{
+    tp_state *st = state;
+    int rc;
+    st->ws = kb_ctx_machine(ctx)->nsips;
+    st->m = a->p[0];
+    st->d = a->p[1];
+    st->hid = a->p[2];
+    st->res = res;
+    st->x = pattern((size_t)(st->m * st->d), 21, 16, 16.0f);
+    st->w1 = pattern((size_t)(st->d * st->hid), 22, 8, 64.0f);
+    st->b1 = pattern((size_t)st->hid, 23, 8, 16.0f);
+    st->w2 = pattern((size_t)(st->hid * st->d), 24, 8, 64.0f);
+    st->b2 = pattern((size_t)st->d, 25, 8, 16.0f);
+    if (!st->x || !st->w1 || !st->b1 || !st->w2 || !st->b2)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    snprintf(res->line, sizeof res->line, "  tp_mlp (tp=%d, m=%lld d=%lld hidden=%lld)", st->ws,
+             (long long)st->m, (long long)st->d, (long long)st->hid);
+    if ((rc = kb_spawn(ctx, mlp_worker, st, st->ws)) != 0)
+        return rc;
+    split_time(ctx, st, res);
+    return 0;
+}
+
+static int mlp_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
+{
+    tp_state *st = state;
+    size_t M = (size_t)st->m, D = (size_t)st->d, H = (size_t)st->hid;
+    double *h = malloc(sizeof(double) * M * H), *ref = malloc(sizeof(double) * M * D),
+           *bound = malloc(sizeof(double) * M * D);
+    int rc;
+    (void)a;
+    if (!h || !ref || !bound) {
+        free(h), free(ref), free(bound);
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < M; i++)
+        for (size_t j = 0; j < H; j++) {
+            double s = st->b1[j];
+            for (size_t k = 0; k < D; k++)
+                s += (double)st->x[i * D + k] * st->w1[k * H + j];
+            /* the device keeps h in f16 between the layers */
+            h[i * H + j] = kb_f16_to_f32(kb_f32_to_f16((float)gelu_d(s)));
+        }
+    for (size_t i = 0; i < M; i++)
+        for (size_t j = 0; j < D; j++) {
+            double s = st->b2[j], sa = 0.0;
+            for (size_t k = 0; k < H; k++) {
+                s += h[i * H + k] * st->w2[k * D + j];
+                sa += fabs(h[i * H + k] * st->w2[k * D + j]);
+            }
+            ref[i * D + j] = s;
+            /* h may differ from the reference by one f16 ulp (f32 vs double before its
+             * rounding): 2^-10 relative per term, plus f32 accumulation */
+            bound[i * D + j] = sa * (ldexp(1.0, -10) + (double)H * ldexp(1.0, -24)) + 1e-6;
+        }
+    rc = check_common(ctx, st, ref, bound, res);
+    free(h);
+    free(ref);
+    free(bound);
+    return rc;
+}
+
+/* ---- tp_attention ---- */
+
+/* ptr: 0 x (S x d), 1 xT (d x S), 2 Wq_r, 3 WkT_r, 4 Wv_r, 5 Wo_r, 6 partial;
+ * i: 0 S, 1 d, 2 dh; f: 0 1/sqrt(dh) */
+static void attn_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t S = a->i[0], d = a->i[1], dh = a->i[2];
+    int j = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
+    kb_va xo = (kb_va)j * (kb_va)(S * d * 2), wo = (kb_va)j * (kb_va)(d * dh * 2);
+    kb_val x = tl_load(tl, a->ptr[0] + xo, KB_SHAPE2(S, d), KB_F16);
+    kb_val xT = tl_load(tl, a->ptr[1] + xo, KB_SHAPE2(d, S), KB_F16);
+    kb_val q = tl_dot(tl, x, tl_ref(tl, a->ptr[2] + wo, KB_SHAPE2(d, dh), KB_F16));
+    kb_val kT = tl_dot(tl, tl_ref(tl, a->ptr[3] + wo, KB_SHAPE2(dh, d), KB_F16), xT);
+    kb_val v = tl_dot(tl, x, tl_ref(tl, a->ptr[4] + wo, KB_SHAPE2(d, dh), KB_F16));
+    kb_val s = tl_dot(tl, q, kT);
+    kb_val ss = tl_scale(tl, s, (float)a->f[0], 0.0f);
+    kb_val p = tl_softmax(tl, ss, 1);
+    kb_val o = tl_dot(tl, p, v);
+    kb_val part = tl_dot(tl, o, tl_ref(tl, a->ptr[5] + wo, KB_SHAPE2(dh, d), KB_F16));
+    tl_store(tl, a->ptr[6] + (kb_va)j * (kb_va)(S * d * 4), part);
+}
+
+static int attn_worker(kb_ctx *ctx, int rank, void *arg)
+{
+    tp_state *st = arg;
+    kb_machine *m = kb_ctx_machine(ctx);
+    int64_t S = st->m, d = st->d, H = st->heads, dh = d / H, Hr = H / st->ws;
+    int cubes, pes, rc;
+    kb_tensor *x, *xT, *wq, *wk, *wv, *wo, *bo, *partial;
+    float *buf = malloc(sizeof(float) * (size_t)(d * (Hr * dh > S ? Hr * dh : S)));
+    if (!buf)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    kb_tp_pick_pes(m, Hr, &cubes, &pes);
+    if ((rc = tp_begin(ctx, st, rank)) != 0)
+        goto out;
+    kb_dp_policy rep = kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, cubes, pes);
+    kb_dp_policy col = kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, cubes, pes);
+    kb_dp_policy row = kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, cubes, pes);
+    int64_t c0 = (int64_t)rank * Hr * dh, lc = Hr * dh;
+#define MAKE(name, r, c, dp, data, dst)                                                   \
+    do {                                                                                  \
+        kb_tensor_desc desc_ = { name, r, c, KB_F16, dp, KB_MEM_HBM };                     \
+        if ((rc = kb_tensor_from_host(ctx, &desc_, data, dst)) != 0)                      \
+            goto out;                                                                     \
+    } while (0)
+    MAKE("x", S, d, rep, st->x, &x);
+    for (int64_t i = 0; i < d; i++)
+        for (int64_t t = 0; t < S; t++)
+            buf[i * S + t] = st->x[t * d + i];
+    MAKE("xT", d, S, rep, buf, &xT);
+    /* column slices of Wq / Wv: the rank's heads */
+    for (int64_t i = 0; i < d; i++)
+        for (int64_t c = 0; c < lc; c++)
+            buf[i * lc + c] = st->wq[i * d + c0 + c];
+    MAKE("wq", d, lc, col, buf, &wq);
+    for (int64_t i = 0; i < d; i++)
+        for (int64_t c = 0; c < lc; c++)
+            buf[i * lc + c] = st->wv[i * d + c0 + c];
+    MAKE("wv", d, lc, col, buf, &wv);
+    /* Wk^T rows for the rank's heads: row c of Wk^T is column c of Wk */
+    for (int64_t c = 0; c < lc; c++)
+        for (int64_t i = 0; i < d; i++)
+            buf[c * d + i] = st->wk[i * d + c0 + c];
+    MAKE("wkT", lc, d, row, buf, &wk);
+    MAKE("wo", lc, d, row, st->wo + c0 * d, &wo);
+    MAKE("bo", 1, d, kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 0, 0), st->bo, &bo);
+#undef MAKE
+    {
+        kb_tensor_desc dp = { "partial", (int64_t)m->ncubes * m->npes * S, d, KB_F32,
+                              kb_dist_policy(ctx), KB_MEM_HBM };
+        if ((rc = kb_tensor_zeros(ctx, &dp, &partial)) != 0 ||
+            (rc = tp_mark(ctx, st, rank, 0)) != 0)
+            goto out;
+    }
+    kb_time t_comm0 = kb_dist_comm_time(ctx);
+    kb_kargs a;
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = kb_tensor_va(x);
+    a.ptr[1] = kb_tensor_va(xT);
+    a.ptr[2] = kb_tensor_va(wq);
+    a.ptr[3] = kb_tensor_va(wk);
+    a.ptr[4] = kb_tensor_va(wv);
+    a.ptr[5] = kb_tensor_va(wo);
+    a.ptr[6] = kb_tensor_va(partial);
+    a.i[0] = S;
+    a.i[1] = d;
+    a.i[2] = dh;
+    a.f[0] = 1.0 / sqrt((double)dh);
+    kb_grid g = { pes, cubes, 1, -1 };
+    if ((rc = kb_launch(ctx, "tp_attention", attn_kernel, &a, &g)) != 0 ||
+        (rc = kb_tp_reduce_blocks(ctx, partial, bo, &st->y[rank])) != 0)
+        goto out;
+    if (rank == 0)
+        st->comm = kb_dist_comm_time(ctx) - t_comm0;
+    rc = tp_mark(ctx, st, rank, 1);
+out:
+    free(buf);
+    return rc;
+}
+
+static int attn_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
+{
+    tp_state *st = state;
+    kb_machine *m = kb_ctx_machine(ctx);
+    int rc;
+    st->ws = m->nsips;
+    st->m = a->p[0];
+    st->d = a->p[1];
+    st->heads = a->p[2];
+    st->res = res;
+    if (st->d % st->heads || st->heads % st->ws || st->heads / st->ws > m->npes * m->ncubes)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_USAGE,
+                          "tp_attention: d=%lld must split into %lld heads, and the heads evenly "
+                          "over %d ranks with at most one head per PE", (long long)st->d,
+                          (long long)st->heads, st->ws);
+    size_t dd = (size_t)(st->d * st->d);
+    st->x = pattern((size_t)(st->m * st->d), 31, 16, 16.0f);
+    st->wq = pattern(dd, 32, 8, 64.0f);
+    st->wk = pattern(dd, 33, 8, 64.0f);
+    st->wv = pattern(dd, 34, 8, 64.0f);
+    st->wo = pattern(dd, 35, 8, 64.0f);
+    st->bo = pattern((size_t)st->d, 36, 8, 16.0f);
+    if (!st->x || !st->wq || !st->wk || !st->wv || !st->wo || !st->bo)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    snprintf(res->line, sizeof res->line, "  tp_attention (tp=%d, seq=%lld d=%lld heads=%lld)",
+             st->ws, (long long)st->m, (long long)st->d, (long long)st->heads);
+    if ((rc = kb_spawn(ctx, attn_worker, st, st->ws)) != 0)
+        return rc;
+    split_time(ctx, st, res);
+    return 0;
+}
+
+static int attn_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
+{
+    tp_state *st = state;
+    size_t S = (size_t)st->m, D = (size_t)st->d, H = (size_t)st->heads, dh = D / H;
+    double *q = malloc(sizeof(double) * S * D), *k = malloc(sizeof(double) * S * D),
+           *v = malloc(sizeof(double) * S * D), *o = malloc(sizeof(double) * S * D),
+           *ref = malloc(sizeof(double) * S * D), *bound = malloc(sizeof(double) * S * D),
+           *p = malloc(sizeof(double) * S);
+    int rc = KB_ERR_NOMEM;
+    (void)a;
+    if (!q || !k || !v || !o || !ref || !bound || !p) {
+        kb_err_set(kb_ctx_err(ctx), rc, "out of memory");
+        goto out;
+    }
+    for (size_t t = 0; t < S; t++)
+        for (size_t c = 0; c < D; c++) {
+            double sq = 0, sk = 0, sv = 0;
+            for (size_t i = 0; i < D; i++) {
+                sq += (double)st->x[t * D + i] * st->wq[i * D + c];
+                sk += (double)st->x[t * D + i] * st->wk[i * D + c];
+                sv += (double)st->x[t * D + i] * st->wv[i * D + c];
+            }
+            q[t * D + c] = sq;
+            k[t * D + c] = sk;
+            v[t * D + c] = sv;
+        }
+    for (size_t hh = 0; hh < H; hh++)
+        for (size_t t = 0; t < S; t++) {
+            double mx = -INFINITY, sum = 0;
+            for (size_t u = 0; u < S; u++) {
+                double s = 0;
+                for (size_t c = 0; c < dh; c++)
+                    s += q[t * D + hh * dh + c] * k[u * D + hh * dh + c];
+                p[u] = s / sqrt((double)dh);
+                mx = p[u] > mx ? p[u] : mx;
+            }
+            for (size_t u = 0; u < S; u++)
+                sum += (p[u] = exp(p[u] - mx));
+            for (size_t c = 0; c < dh; c++) {
+                double s = 0;
+                for (size_t u = 0; u < S; u++)
+                    s += p[u] / sum * v[u * D + hh * dh + c];
+                o[t * D + hh * dh + c] = s;
+            }
+        }
+    for (size_t t = 0; t < S; t++)
+        for (size_t c = 0; c < D; c++) {
+            double s = st->bo[c], sa = fabs(st->bo[c]);
+            for (size_t i = 0; i < D; i++) {
+                s += o[t * D + i] * st->wo[i * D + c];
+                sa += fabs(o[t * D + i] * st->wo[i * D + c]);
+            }
+            ref[t * D + c] = s;
+            /* f32 intermediates (gemms, exp, softmax) against a double reference */
+            bound[t * D + c] = sa * 1e-5 + 1e-6;
+        }
+    rc = check_common(ctx, st, ref, bound, res);
+out:
+    free(q), free(k), free(v), free(o), free(ref), free(bound), free(p);
+    return rc;
+}
+
+const kb_bench kb_bench_tp_mlp = {
+    "tp_mlp",
+    "tensor-parallel MLP: column-parallel fc1 + GeLU, row-parallel fc2 + all-reduce (rank = SIP)",
+    {
+        { "m", 4, 1, 256, "tokens (rows of x)" },
+        { "d", 64, 1, 4096, "model width (fc1 input, fc2 output)" },
+        { "hidden", 256, 1, 16384, "fc1 output / fc2 input (divisible by the TP size)" },
+    },
+    3,
+    sizeof(tp_state),
+    mlp_run,
+    mlp_verify,
+    tp_cleanup,
+};
+
+const kb_bench kb_bench_tp_attention = {
+    "tp_attention",
+    "tensor-parallel attention: column-parallel QKV (heads per rank), SDPA, row-parallel output",
+    {
+        { "seq", 16, 1, 256, "tokens" },
+        { "d", 64, 1, 1024, "model width" },
+        { "heads", 8, 1, 256, "attention heads (d / heads per head; heads / TP size per rank)" },
+    },
+    3,
+    sizeof(tp_state),
+    attn_run,
+    attn_verify,
+    tp_cleanup,
+};

@@ -1,0 +1,861 @@
+/*
+ * test_opencl — the OpenCL Phase-2 backend against the reference backend, and the shared math
+ * of kb_mathfn.h.
+ *
+ * Host-only parts (always run): kb_mathfn.h's f16/bf16 conversions equal kb_dtype.c's
+ * (exhaustively for 16-bit inputs, on about 1.5 M f32 patterns for the other direction), its
+ * exp/log/sin/cos/tanh stay within a few ulp of double-precision libm, and its NaN and signed
+ * zero rules. Device parts (skipped with a message when there is no OpenCL device): random op
+ * logs of every kind and dtype (ragged shapes, row strides, broadcasting, in-place records,
+ * payload sources, odd addresses, records spanning many work-groups) replayed by ref and by
+ * opencl into two memory stores must leave byte-identical memory, gemm included (1x1x1,
+ * 17x33x65, 130x7x300, ... with ACC, all dtype pairs, strides); launches never exceed the
+ * replay's one per kind per batch; device listing and errors. The device is an OpenCL CPU
+ * device (PoCL in CI) unless KBCL_OPENCL_WANT=gpu|any says otherwise.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_mathfn.h"
+#include "kb_opencl.h"
+#include "kb_replay.h"
+
+/* ------------------------------------------------------------------ random numbers */
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static uint64_t rnext(rng *g)
+{
+    uint64_t z = (g->s += UINT64_C(0x9E3779B97F4A7C15));
+    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return z ^ (z >> 31);
+}
+
+static uint32_t rbelow(rng *g, uint32_t n)
+{
+    return (uint32_t)(rnext(g) % n);
+}
+
+static float rfloat(rng *g, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)(rnext(g) >> 40) * 0x1p-24f;
+}
+
+static uint32_t f2u(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static float u2f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* ------------------------------------------------------------------ host-only: kb_mathfn */
+
+static void test_conversions(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 0x10000u; h++) {
+        assert_int_equal(f2u(kb_mf_h2f(h)), f2u(kb_f16_to_f32((uint16_t)h)));
+        assert_int_equal(f2u(kb_mf_bf2f(h)), f2u(kb_bf16_to_f32((uint16_t)h)));
+    }
+    /* Every upper half with low halves around both types' rounding points, plus random bits. */
+    static const uint32_t lows[] = { 0x0000, 0x0001, 0x0FFF, 0x1000, 0x1001, 0x1FFF, 0x2000,
+                                     0x3000, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFF };
+    rng g = { 42 };
+    for (uint32_t hi = 0; hi < 0x10000u; hi++) {
+        for (size_t i = 0; i < sizeof lows / sizeof lows[0] + 10; i++) {
+            uint32_t lo = i < sizeof lows / sizeof lows[0] ? lows[i] : (uint32_t)rnext(&g) & 0xFFFFu;
+            float f = u2f(hi << 16 | lo);
+            assert_int_equal(kb_mf_f2h(f), kb_f32_to_f16(f));
+            assert_int_equal(kb_mf_f2bf(f), kb_f32_to_bf16(f));
+        }
+    }
+}
+
+/* Error of got against the exact value want, in ulp of want's f32 binade. */
+static double ulp_err(float got, double want)
+{
+    if (isnan(want))
+        return isnan(got) ? 0.0 : INFINITY;
+    if (isinf(want) || isinf(got))
+        return (double)got == want ? 0.0 : INFINITY;
+    double a = fabs(want);
+    int e;
+    (void)frexp(a, &e); /* a = f 2^e, f in [0.5, 1) */
+    double ulp = ldexp(1.0, e - 24);
+    if (ulp < 0x1p-149)
+        ulp = 0x1p-149;
+    return fabs((double)got - want) / ulp;
+}
+
+typedef float (*mf1)(float);
+typedef double (*ref1)(double);
+
+static double max_err(mf1 f, ref1 r, rng *g, float lo, float hi, int n)
+{
+    double worst = 0.0;
+    for (int i = 0; i < n; i++) {
+        float x = rfloat(g, lo, hi);
+        double e = ulp_err(f(x), r((double)x));
+        if (e > worst)
+            worst = e;
+    }
+    return worst;
+}
+
+static double gelu_d(double x)
+{
+    return 0.5 * x * (1.0 + tanh(0.7978845608 * (x + 0.044715 * x * x * x)));
+}
+
+static float gelu_f(float x)
+{
+    return kb_mf_math1(KB_MF_M1_GELU, x, 0.0f, 0.0f);
+}
+
+static double sigmoid_d(double x)
+{
+    return 1.0 / (1.0 + exp(-x));
+}
+
+static float sigmoid_f(float x)
+{
+    return kb_mf_math1(KB_MF_M1_SIGMOID, x, 0.0f, 0.0f);
+}
+
+static void test_math_accuracy(void **state)
+{
+    (void)state;
+    rng g = { 7 };
+    /* Measured maxima (4e5 samples): exp 0.9, sin/cos 1.45 (also at |x| ~ 1e6), tanh 2.4,
+     * expm1 1.5, sigmoid 2.4, gelu 3.1 on [-1, 5] (below -1 the formula's 1 + tanh cancels),
+     * log 0.93. The bounds leave a little room. */
+    assert_true(max_err(kb_mf_exp, exp, &g, -103.0f, 88.7f, 200000) <= 1.0);
+    assert_true(max_err(kb_mf_exp, exp, &g, -1.0f, 1.0f, 200000) <= 1.0);
+    assert_true(max_err(kb_mf_sin, sin, &g, -10.0f, 10.0f, 200000) <= 1.5);
+    assert_true(max_err(kb_mf_cos, cos, &g, -10.0f, 10.0f, 200000) <= 1.5);
+    assert_true(max_err(kb_mf_sin, sin, &g, -1e4f, 1e4f, 200000) <= 1.5);
+    assert_true(max_err(kb_mf_cos, cos, &g, -1e4f, 1e4f, 200000) <= 1.5);
+    assert_true(max_err(kb_mf_tanh, tanh, &g, -10.0f, 10.0f, 200000) <= 3.0);
+    assert_true(max_err(kb_mf_tanh, tanh, &g, -0.01f, 0.01f, 200000) <= 3.0);
+    assert_true(max_err(kb_mf_expm1, expm1, &g, -2.0f, 2.0f, 200000) <= 2.0);
+    assert_true(max_err(sigmoid_f, sigmoid_d, &g, -20.0f, 20.0f, 200000) <= 3.0);
+    assert_true(max_err(gelu_f, gelu_d, &g, -1.0f, 5.0f, 200000) <= 4.0);
+    /* log over every binade, subnormals included: random bit patterns of positive floats. */
+    double worst = 0.0;
+    for (int i = 0; i < 400000; i++) {
+        float x = u2f((uint32_t)rnext(&g) % 0x7F800000u + 1u);
+        double e = ulp_err(kb_mf_log(x), log((double)x));
+        if (e > worst)
+            worst = e;
+    }
+    assert_true(worst <= 1.0);
+
+    /* Exact special values. */
+    assert_true(kb_mf_exp(0.0f) == 1.0f);
+    assert_true(kb_mf_exp(-INFINITY) == 0.0f);
+    assert_true(kb_mf_exp(INFINITY) == INFINITY);
+    assert_true(kb_mf_exp(89.0f) == INFINITY);
+    assert_true(kb_mf_exp(-104.0f) == 0.0f);
+    assert_true(kb_mf_exp(-100.0f) > 0.0f); /* subnormal, not flushed */
+    assert_true(kb_mf_log(1.0f) == 0.0f);
+    assert_true(kb_mf_log(0.0f) == -INFINITY);
+    assert_true(kb_mf_log(-0.0f) == -INFINITY);
+    assert_true(kb_mf_log(INFINITY) == INFINITY);
+    assert_int_equal(f2u(kb_mf_log(-1.0f)), 0x7FC00000u);
+    assert_true(kb_mf_sin(0.0f) == 0.0f);
+    assert_int_equal(f2u(kb_mf_sin(-0.0f)), 0x80000000u);
+    assert_true(kb_mf_cos(0.0f) == 1.0f);
+    assert_int_equal(f2u(kb_mf_sin(INFINITY)), 0x7FC00000u);
+    assert_true(kb_mf_tanh(20.0f) == 1.0f);
+    assert_true(kb_mf_tanh(-20.0f) == -1.0f);
+    assert_int_equal(f2u(kb_mf_tanh(-0.0f)), 0x80000000u);
+    assert_true(kb_mf_rint(2.5f) == 2.0f);
+    assert_true(kb_mf_rint(-3.5f) == -4.0f);
+    assert_true(kb_mf_rint(0x1p23f + 1.0f) == 0x1p23f + 1.0f);
+}
+
+static void test_nan_and_zero_rules(void **state)
+{
+    (void)state;
+    const float nan_a = u2f(0x7FC12345u), nan_b = u2f(0xFFC00001u);
+    /* A NaN operand comes back unchanged: the first one when both are NaN. */
+    assert_int_equal(f2u(kb_mf_add(nan_a, 1.0f)), 0x7FC12345u);
+    assert_int_equal(f2u(kb_mf_add(1.0f, nan_b)), 0xFFC00001u);
+    assert_int_equal(f2u(kb_mf_mul(nan_b, nan_a)), 0xFFC00001u);
+    assert_int_equal(f2u(kb_mf_fma(1.0f, nan_a, nan_b)), 0x7FC12345u);
+    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_EXP, nan_b, 0, 0)), 0xFFC00001u);
+    /* A NaN made from numbers is the canonical one. */
+    assert_int_equal(f2u(kb_mf_sub(INFINITY, INFINITY)), 0x7FC00000u);
+    assert_int_equal(f2u(kb_mf_mul(0.0f, INFINITY)), 0x7FC00000u);
+    assert_int_equal(f2u(kb_mf_div(0.0f, 0.0f)), 0x7FC00000u);
+    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_SQRT, -1.0f, 0, 0)), 0x7FC00000u);
+    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_RSQRT, -4.0f, 0, 0)), 0x7FC00000u);
+    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_GELU, -INFINITY, 0, 0)), 0x7FC00000u);
+    /* MAX/MIN ignore NaN and order -0 < +0 in either argument order. */
+    assert_true(kb_mf_fmax(nan_a, 2.0f) == 2.0f);
+    assert_true(kb_mf_fmin(3.0f, nan_b) == 3.0f);
+    assert_int_equal(f2u(kb_mf_fmax(-0.0f, 0.0f)), 0x00000000u);
+    assert_int_equal(f2u(kb_mf_fmax(0.0f, -0.0f)), 0x00000000u);
+    assert_int_equal(f2u(kb_mf_fmin(-0.0f, 0.0f)), 0x80000000u);
+    assert_int_equal(f2u(kb_mf_fmin(0.0f, -0.0f)), 0x80000000u);
+    /* ABS and NEG are sign-bit operations, NaN included. */
+    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_ABS, nan_b, 0, 0)), 0x7FC00001u);
+    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_NEG, nan_a, 0, 0)), 0xFFC12345u);
+    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_RELU, -0.0f, 0, 0)), 0x80000000u);
+}
+
+/* ------------------------------------------------------------------ device fixture */
+
+typedef struct dev {
+    int have, broken; /* broken: a device exists but the backend could not be created */
+    kb_backend be;
+    char desc[256];
+    char why[768];
+} dev;
+
+static int group_setup(void **state)
+{
+    dev *d = calloc(1, sizeof *d);
+    const char *w = getenv("KBCL_OPENCL_WANT");
+    kb_cl_want want = KB_CL_CPU;
+    kb_errbuf eb;
+
+    if (!d)
+        return -1;
+    if (w && strcmp(w, "gpu") == 0)
+        want = KB_CL_GPU;
+    else if (w && strcmp(w, "any") == 0)
+        want = KB_CL_ANY;
+    eb.msg[0] = '\0';
+    int rc = kb_opencl_backend_create(want, &d->be, d->desc, sizeof d->desc, &eb);
+    if (rc == 0) {
+        d->have = 1;
+        fprintf(stderr, "test_opencl: device %s\n", d->desc);
+    } else {
+        snprintf(d->why, sizeof d->why, "%s", eb.msg);
+        d->broken = rc != KB_ERR_DEVICE || kb_opencl_available(want);
+        fprintf(stderr, "test_opencl: %s: %s\n",
+                d->broken ? "backend creation FAILED" : "no OpenCL device, device tests skipped",
+                eb.msg);
+    }
+    *state = d;
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    dev *d = *state;
+    if (d->have)
+        d->be.ops->destroy(d->be.self);
+    free(d);
+    return 0;
+}
+
+static dev *need_device(void **state)
+{
+    dev *d = *state;
+    if (d->broken)
+        fail_msg("opencl backend: %s", d->why);
+    if (!d->have)
+        skip();
+    return d;
+}
+
+/* ------------------------------------------------------------------ replay both ways */
+
+typedef struct pair {
+    kb_oplog *log_ref, *log_cl; /* the same records and payload, twice */
+    kb_memstore *ms_ref, *ms_cl;
+    kb_replay_stats st_ref, st_cl;
+} pair;
+
+static void pair_init(pair *p)
+{
+    memset(p, 0, sizeof *p);
+    p->log_ref = kb_oplog_create();
+    p->log_cl = kb_oplog_create();
+    p->ms_ref = kb_memstore_create();
+    p->ms_cl = kb_memstore_create();
+    assert_non_null(p->log_ref);
+    assert_non_null(p->log_cl);
+    assert_non_null(p->ms_ref);
+    assert_non_null(p->ms_cl);
+}
+
+static void pair_free(pair *p)
+{
+    kb_oplog_destroy(p->log_ref);
+    kb_oplog_destroy(p->log_cl);
+    kb_memstore_destroy(p->ms_ref);
+    kb_memstore_destroy(p->ms_cl);
+}
+
+static void pair_write(pair *p, uint64_t pa, const void *data, size_t n)
+{
+    assert_int_equal(kb_memstore_write(p->ms_ref, pa, data, n), 0);
+    assert_int_equal(kb_memstore_write(p->ms_cl, pa, data, n), 0);
+}
+
+static uint64_t pair_payload(pair *p, const void *data, size_t n)
+{
+    uint64_t a, b;
+    assert_int_equal(kb_oplog_add_payload(p->log_ref, data, n, &a), 0);
+    assert_int_equal(kb_oplog_add_payload(p->log_cl, data, n, &b), 0);
+    assert_int_equal(a, b);
+    return a;
+}
+
+static void pair_append(pair *p, const kb_rec *r)
+{
+    assert_int_equal(kb_oplog_append(p->log_ref, r, NULL), 0);
+    assert_int_equal(kb_oplog_append(p->log_cl, r, NULL), 0);
+}
+
+/* Flushes both logs; returns the OpenCL launches of this flush. */
+static uint64_t pair_flush(pair *p, dev *d)
+{
+    kb_backend ref;
+    kb_errbuf eb;
+    uint64_t before = kb_opencl_launches(&d->be);
+
+    assert_int_equal(kb_ref_backend_create(&ref), 0);
+    eb.msg[0] = '\0';
+    int rc = kb_replay_flush(p->log_ref, p->ms_ref, &ref, &p->st_ref, &eb);
+    if (rc)
+        print_error("ref flush: %s\n", eb.msg);
+    assert_int_equal(rc, 0);
+    ref.ops->destroy(ref.self);
+    eb.msg[0] = '\0';
+    rc = kb_replay_flush(p->log_cl, p->ms_cl, &d->be, &p->st_cl, &eb);
+    if (rc)
+        print_error("opencl flush: %s\n", eb.msg);
+    assert_int_equal(rc, 0);
+    assert_int_equal(p->st_ref.batches, p->st_cl.batches);
+    assert_int_equal(p->st_ref.launches, p->st_cl.launches);
+    uint64_t got = kb_opencl_launches(&d->be) - before;
+    assert_true(got <= p->st_cl.launches);
+    return got;
+}
+
+/* Byte-for-byte comparison of [pa, pa + n) in both stores, reporting the first difference. */
+static void pair_compare(pair *p, uint64_t pa, size_t n)
+{
+    uint8_t *a = malloc(n), *b = malloc(n);
+    assert_non_null(a);
+    assert_non_null(b);
+    kb_memstore_read(p->ms_ref, pa, a, n);
+    kb_memstore_read(p->ms_cl, pa, b, n);
+    for (size_t i = 0; i < n; i++) {
+        if (a[i] != b[i]) {
+            size_t w = i & ~(size_t)3;
+            uint32_t x = 0, y = 0;
+            memcpy(&x, a + w, w + 4 <= n ? 4 : 1);
+            memcpy(&y, b + w, w + 4 <= n ? 4 : 1);
+            print_error("first difference at PA 0x%llx (+%zu): ref word %08x, opencl %08x\n",
+                        (unsigned long long)(pa + i), i, x, y);
+            break;
+        }
+    }
+    assert_memory_equal(a, b, n);
+    free(a);
+    free(b);
+}
+
+/* ------------------------------------------------------------------ random op logs */
+
+typedef struct gen {
+    rng g;
+    uint64_t base;    /* window start PA */
+    uint32_t win;     /* window bytes */
+    uint32_t maxr, maxc;
+    pair *p;
+} gen;
+
+static kb_rec rec_new(kb_rec_kind k, kb_time t)
+{
+    static const unsigned nsrc[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2 };
+    kb_rec r;
+    memset(&r, 0, sizeof r);
+    r.kind = (uint8_t)k;
+    r.nsrc = (uint8_t)nsrc[k];
+    r.t_start = t;
+    r.t_end = t + 10;
+    return r;
+}
+
+/* A random value stored as dtype t into buf element i. */
+static void put_random(rng *g, kb_dtype t, uint8_t *buf, size_t i, float lo, float hi)
+{
+    kb_dtype_store(t, buf, i, rfloat(g, lo, hi));
+}
+
+/* An operand of the given shape somewhere in the window; now and then at an odd address. */
+static kb_opnd place(gen *ge, uint32_t rows, uint32_t cols, kb_dtype t)
+{
+    kb_opnd o = kb_opnd_make(0, rows, cols, t);
+    size_t es = kb_dtype_size(t);
+    o.ld = cols + (rows > 1 ? rbelow(&ge->g, 3) : 0);
+    uint64_t span = kb_opnd_span(&o);
+    assert_true(span + 4 <= ge->win);
+    uint64_t slots = (ge->win - span - 4) / es + 1;
+    o.addr = ge->base + es * (rnext(&ge->g) % slots);
+    if (rbelow(&ge->g, 16) == 0)
+        o.addr += es == 2 ? 1 : 2; /* misaligned element */
+    return o;
+}
+
+static kb_opnd place_bsrc(gen *ge, uint32_t rows, uint32_t cols)
+{
+    uint32_t r = rbelow(&ge->g, 4) == 0 ? 1 : rows, c = rbelow(&ge->g, 4) == 0 ? 1 : cols;
+    return place(ge, r, c, (kb_dtype)rbelow(&ge->g, KB_NDTYPES));
+}
+
+/* Moves a source into the payload: random values of its dtype, same layout. */
+static void to_payload(gen *ge, kb_opnd *o)
+{
+    size_t span = (size_t)kb_opnd_span(o);
+    size_t es = kb_dtype_size((kb_dtype)o->dtype);
+    uint8_t *buf = calloc(span + 1, 1);
+    assert_non_null(buf);
+    for (size_t i = 0; i < span / es; i++)
+        put_random(&ge->g, (kb_dtype)o->dtype, buf, i, -2.0f, 2.0f);
+    o->addr = pair_payload(ge->p, buf, span);
+    o->space = KB_SPACE_PAYLOAD;
+    free(buf);
+}
+
+static int overlap(const kb_opnd *a, const kb_opnd *b)
+{
+    if (a->space != KB_SPACE_MEM || b->space != KB_SPACE_MEM)
+        return 0;
+    uint64_t sa = kb_opnd_span(a), sb = kb_opnd_span(b);
+    return sa && sb && a->addr < b->addr + sb && b->addr < a->addr + sa;
+}
+
+/*
+ * Records whose result does not depend on the element order: dst disjoint from every source,
+ * or (elementwise and softmax) exactly equal to the first one.
+ */
+static int well_formed(const kb_rec *r)
+{
+    for (unsigned s = 0; s < r->nsrc; s++) {
+        if (!overlap(&r->dst, &r->src[s]))
+            continue;
+        if (s == 0 && r->kind != KB_REC_GEMM && r->kind != KB_REC_REDUCE &&
+            memcmp(&r->dst, &r->src[0], sizeof r->dst) == 0)
+            continue;
+        return 0;
+    }
+    return 1;
+}
+
+static kb_rec rand_rec(gen *ge, kb_time t)
+{
+    kb_rec_kind k = (kb_rec_kind)rbelow(&ge->g, KB_REC_NKINDS);
+    kb_rec r = rec_new(k, t);
+    uint32_t rows = 1 + rbelow(&ge->g, ge->maxr), cols = 1 + rbelow(&ge->g, ge->maxc);
+    kb_dtype dt = (kb_dtype)rbelow(&ge->g, KB_NDTYPES);
+
+    switch (k) {
+    case KB_REC_COPY:
+    case KB_REC_MATH1:
+    case KB_REC_MATH2:
+    case KB_REC_FMA:
+    case KB_REC_CLAMP:
+        for (unsigned s = 0; s < r.nsrc; s++)
+            r.src[s] = place_bsrc(ge, rows, cols);
+        r.op = (uint8_t)(k == KB_REC_MATH1 ? rbelow(&ge->g, KB_M1_NOPS)
+                         : k == KB_REC_MATH2 ? rbelow(&ge->g, KB_M2_NOPS) : 0);
+        r.imm[0] = k == KB_REC_CLAMP ? rfloat(&ge->g, -1.0f, 0.0f) : rfloat(&ge->g, -2.0f, 2.0f);
+        r.imm[1] = k == KB_REC_CLAMP ? rfloat(&ge->g, 0.0f, 1.0f) : rfloat(&ge->g, -1.0f, 1.0f);
+        break;
+    case KB_REC_FILL:
+        r.imm[0] = rfloat(&ge->g, -4.0f, 4.0f);
+        break;
+    case KB_REC_SOFTMAX:
+        r.op = (uint8_t)rbelow(&ge->g, 2);
+        r.src[0] = place(ge, rows, cols, (kb_dtype)rbelow(&ge->g, KB_NDTYPES));
+        break;
+    case KB_REC_REDUCE:
+        r.op = (uint8_t)rbelow(&ge->g, KB_RED_NOPS);
+        r.src[0] = place(ge, rows, cols, (kb_dtype)rbelow(&ge->g, KB_NDTYPES));
+        if (rbelow(&ge->g, 2)) {
+            r.flags = KB_REC_AXIS0;
+            rows = 1;
+        } else {
+            cols = 1;
+        }
+        break;
+    case KB_REC_GEMM: {
+        uint32_t kd = 1 + rbelow(&ge->g, 2 * ge->maxc);
+        r.flags = rbelow(&ge->g, 2) ? KB_REC_ACC : 0;
+        r.src[0] = place(ge, rows, kd, (kb_dtype)rbelow(&ge->g, KB_NDTYPES));
+        r.src[1] = place(ge, kd, cols, (kb_dtype)rbelow(&ge->g, KB_NDTYPES));
+        break;
+    }
+    default:
+        break;
+    }
+    for (unsigned s = 0; s < r.nsrc; s++)
+        if (rbelow(&ge->g, 8) == 0)
+            to_payload(ge, &r.src[s]);
+    r.dst = place(ge, rows, cols, dt);
+    /* In place now and then, when the first source has dst's shape. */
+    if (k != KB_REC_GEMM && k != KB_REC_REDUCE && k != KB_REC_FILL && rbelow(&ge->g, 6) == 0 &&
+        r.src[0].rows == rows && r.src[0].cols == cols && r.src[0].space == KB_SPACE_MEM)
+        r.dst = r.src[0];
+    for (int tries = 0; !well_formed(&r) && tries < 50; tries++)
+        r.dst = place(ge, rows, cols, dt);
+    if (!well_formed(&r)) { /* give up on this one: a fill of a fresh place */
+        r = rec_new(KB_REC_FILL, t);
+        r.imm[0] = 1.5f;
+        r.dst = place(ge, 1, 1, KB_F32);
+    }
+    return r;
+}
+
+static void fill_window(gen *ge)
+{
+    uint8_t *buf = malloc(ge->win);
+    assert_non_null(buf);
+    for (uint32_t i = 0; i + 1 < ge->win; i += 2)
+        put_random(&ge->g, KB_F16, buf, i / 2, -1.5f, 1.5f);
+    pair_write(ge->p, ge->base, buf, ge->win);
+    free(buf);
+}
+
+/* nlogs random logs of nrec records; returns the total batches. */
+static uint64_t random_logs(dev *d, uint64_t seed0, int nlogs, int nrec, uint32_t win,
+                            uint32_t maxr, uint32_t maxc, kb_time tspan)
+{
+    uint64_t batches = 0;
+    for (int l = 0; l < nlogs; l++) {
+        pair p;
+        pair_init(&p);
+        gen ge = { { seed0 * 7919u + (uint64_t)l }, (0x400000 - win / 3) & ~(uint64_t)7, win,
+                   maxr, maxc, &p };
+        fill_window(&ge);
+        for (int i = 0; i < nrec; i++) {
+            kb_rec r = rand_rec(&ge, (kb_time)rbelow(&ge.g, (uint32_t)tspan));
+            pair_append(&p, &r);
+        }
+        pair_flush(&p, d);
+        pair_compare(&p, ge.base, win);
+        batches += p.st_cl.batches;
+        pair_free(&p);
+    }
+    return batches;
+}
+
+/* Small shapes, dense conflicts: long dependency chains across many batches. */
+static void test_random_dense(void **state)
+{
+    dev *d = need_device(state);
+    uint64_t batches = random_logs(d, 1, 12, 300, 4096, 5, 9, 300);
+    assert_true(batches > 12 * 20);
+}
+
+/* Larger, ragged shapes (many work-groups per record) over a wide window: big batches. */
+static void test_random_large(void **state)
+{
+    dev *d = need_device(state);
+    random_logs(d, 2, 4, 200, 1u << 20, 70, 90, 1000);
+}
+
+/* ------------------------------------------------------------------ gemm shapes */
+
+static void gemm_case(dev *d, uint32_t m, uint32_t n, uint32_t k, kb_dtype ta, kb_dtype tb,
+                      kb_dtype td, int acc, uint32_t pad, int payload_a, uint64_t seed)
+{
+    pair p;
+    rng g = { seed };
+    kb_rec r = rec_new(KB_REC_GEMM, 0);
+    pair_init(&p);
+    r.src[0] = kb_opnd_make(0x100000, m, k, ta);
+    r.src[1] = kb_opnd_make(0x800000, k, n, tb);
+    r.dst = kb_opnd_make(0x1000000, m, n, td);
+    r.src[0].ld = k + pad;
+    r.src[1].ld = n + 2 * pad;
+    r.dst.ld = n + pad;
+    r.flags = acc ? KB_REC_ACC : 0;
+    const kb_opnd *ops[3] = { &r.src[0], &r.src[1], &r.dst };
+    for (int o = 0; o < 3; o++) {
+        size_t span = (size_t)kb_opnd_span(ops[o]), es = kb_dtype_size((kb_dtype)ops[o]->dtype);
+        uint8_t *buf = malloc(span + 4);
+        assert_non_null(buf);
+        for (size_t i = 0; i < span / es; i++)
+            put_random(&g, (kb_dtype)ops[o]->dtype, buf, i, -1.0f, 1.0f);
+        if (o == 0 && payload_a) {
+            r.src[0].addr = pair_payload(&p, buf, span);
+            r.src[0].space = KB_SPACE_PAYLOAD;
+        } else {
+            pair_write(&p, ops[o]->addr, buf, span);
+        }
+        free(buf);
+    }
+    pair_append(&p, &r);
+    assert_int_equal(pair_flush(&p, d), 1);
+    pair_compare(&p, r.dst.addr, (size_t)kb_opnd_span(&r.dst));
+    pair_free(&p);
+}
+
+/* Exact equality with ref: each output sums its products in ascending k, as ref does. */
+static void test_gemm_shapes(void **state)
+{
+    dev *d = need_device(state);
+    static const uint32_t shapes[][3] = {
+        { 1, 1, 1 }, { 17, 33, 65 }, { 130, 7, 300 }, { 1, 129, 16 }, { 128, 128, 16 },
+        { 129, 257, 33 }, { 5, 3, 0 }, { 64, 1, 200 }, { 200, 150, 17 },
+    };
+    uint64_t seed = 1;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int ta = 0; ta < KB_NDTYPES; ta++)
+            for (int tb = 0; tb < KB_NDTYPES; tb++) {
+                kb_dtype td = (kb_dtype)((ta + tb + (int)s) % KB_NDTYPES);
+                gemm_case(d, shapes[s][0], shapes[s][1], shapes[s][2], (kb_dtype)ta,
+                          (kb_dtype)tb, td, (int)((s + (size_t)ta) % 2), (uint32_t)(s % 3),
+                          (int)(s % 4 == 1), seed++);
+            }
+    /* A larger square in the common f16 case. */
+    gemm_case(d, 256, 256, 256, KB_F16, KB_F16, KB_F16, 0, 0, 0, seed++);
+    gemm_case(d, 256, 256, 256, KB_F16, KB_F16, KB_F32, 1, 0, 0, seed++);
+}
+
+/* Several gemms of different shapes and dtypes in one batch: one launch. */
+static void test_gemm_grouped(void **state)
+{
+    dev *d = need_device(state);
+    pair p;
+    rng g = { 99 };
+    pair_init(&p);
+    uint8_t *buf = malloc(1u << 20);
+    assert_non_null(buf);
+    for (size_t i = 0; i < (1u << 19); i++)
+        put_random(&g, KB_F16, buf, i, -1.0f, 1.0f);
+    pair_write(&p, 0x100000, buf, 1u << 20);
+    for (uint32_t i = 0; i < 12; i++) {
+        kb_rec r = rec_new(KB_REC_GEMM, i);
+        uint32_t m = 1 + 23 * i % 150, n = 1 + 37 * i % 140, k = 1 + 51 * i % 90;
+        r.src[0] = kb_opnd_make(0x100000 + 0x1000 * i, m, k, (kb_dtype)(i % 3));
+        r.src[1] = kb_opnd_make(0x140000 + 0x1000 * i, k, n, (kb_dtype)((i / 3) % 3));
+        r.dst = kb_opnd_make(0x400000 + 0x20000 * i, m, n, (kb_dtype)((i / 2) % 3));
+        r.flags = i % 2 ? KB_REC_ACC : 0;
+        pair_append(&p, &r);
+    }
+    assert_int_equal(pair_flush(&p, d), 1);
+    assert_int_equal(p.st_cl.batches, 1);
+    pair_compare(&p, 0x400000, 12 * 0x20000);
+    free(buf);
+    pair_free(&p);
+}
+
+/* ------------------------------------------------------------------ conversions through copies */
+
+static void test_copy_specials(void **state)
+{
+    dev *d = need_device(state);
+    static const uint32_t bits[] = {
+        0x00000000u, 0x80000000u, 0x3F800000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u,
+        0xFFC00001u, 0x7F800001u, 0x7FBFFFFFu, 0x00000001u, 0x807FFFFFu, 0x477FF000u,
+        0x477FEFFFu, 0x477FE000u, 0x33000000u, 0x33000001u, 0x337FFFFFu, 0x387FC000u,
+        0x38800000u, 0x3F801000u, 0x3F803000u, 0x3F808000u, 0x3F818000u, 0x7F7FFFFFu,
+        0x7F7F8000u, 0xC2F6E979u, 0x3DCCCCCDu, 0x477FFFFFu, 0x35800000u, 0xB4000000u,
+    };
+    enum { NB = sizeof bits / sizeof bits[0] };
+    static const uint16_t h16[] = { 0x0000, 0x8000, 0x0001, 0x03FF, 0x0400, 0x3C00, 0x7BFF,
+                                    0x7C00, 0xFC00, 0x7C01, 0x7DFF, 0x7E00, 0xFFFF, 0xFF81,
+                                    0x7F80, 0x7FC0, 0x0080, 0x8001 };
+    enum { NH = sizeof h16 / sizeof h16[0] };
+    pair p;
+    pair_init(&p);
+    pair_write(&p, 0x1000, bits, sizeof bits);
+    pair_write(&p, 0x2001, h16, sizeof h16); /* odd address */
+    kb_time t = 0;
+    uint64_t out = 0x10000;
+    for (int ts = 0; ts < KB_NDTYPES; ts++) {
+        for (int td = 0; td < KB_NDTYPES; td++) {
+            kb_rec r = rec_new(KB_REC_COPY, t++);
+            r.src[0] = ts == KB_F32 ? kb_opnd_make(0x1000, 1, NB, KB_F32)
+                                    : kb_opnd_make(0x2001, 1, NH, (kb_dtype)ts);
+            r.dst = kb_opnd_make(out, 1, ts == KB_F32 ? NB : NH, (kb_dtype)td);
+            pair_append(&p, &r);
+            r.dst.addr += 0x401; /* and to an odd / misaligned place */
+            pair_append(&p, &r);
+            out += 0x1000;
+        }
+    }
+    /* Arithmetic on the specials keeps the NaN rules. */
+    for (int op = 0; op < KB_M1_NOPS; op++) {
+        kb_rec r = rec_new(KB_REC_MATH1, t++);
+        r.op = (uint8_t)op;
+        r.imm[0] = 0.5f;
+        r.imm[1] = -2.0f;
+        r.src[0] = kb_opnd_make(0x1000, 1, NB, KB_F32);
+        r.dst = kb_opnd_make(out, 1, NB, op % 2 ? KB_F32 : KB_F16);
+        pair_append(&p, &r);
+        out += 0x200;
+    }
+    for (int op = 0; op < KB_M2_NOPS; op++) {
+        kb_rec r = rec_new(KB_REC_MATH2, t++);
+        r.op = (uint8_t)op;
+        r.src[0] = kb_opnd_make(0x1000, 1, NB, KB_F32);
+        r.src[1] = kb_opnd_make(0x1000 + 4 * 5, 1, 1, KB_F32); /* a NaN, broadcast */
+        r.dst = kb_opnd_make(out, 1, NB, KB_F32);
+        pair_append(&p, &r);
+        r.src[1] = kb_opnd_make(0x1000, 1, NB, KB_F32);
+        r.src[0] = kb_opnd_make(0x1000 + 4 * 3, 1, 1, KB_F32); /* inf, broadcast */
+        r.dst.addr += 0x100;
+        pair_append(&p, &r);
+        out += 0x200;
+    }
+    pair_flush(&p, d);
+    pair_compare(&p, 0x10000, (size_t)(out - 0x10000));
+    pair_free(&p);
+}
+
+/* ------------------------------------------------------------------ launches and flushes */
+
+static void test_launch_count(void **state)
+{
+    dev *d = need_device(state);
+    pair p;
+    const float x[8] = { 1, -2, 3, -4, 5, -6, 7, -8 };
+    pair_init(&p);
+    pair_write(&p, 0x1000, x, sizeof x);
+    /* Batch 1: 3 fills, 2 copies, 1 math1 (independent): 3 kinds -> 3 launches. */
+    for (int i = 0; i < 3; i++) {
+        kb_rec r = rec_new(KB_REC_FILL, 0);
+        r.imm[0] = (float)i;
+        r.dst = kb_opnd_make(0x2000 + 0x100 * (uint64_t)i, 1, 8, KB_F16);
+        pair_append(&p, &r);
+    }
+    for (int i = 0; i < 2; i++) {
+        kb_rec r = rec_new(KB_REC_COPY, 0);
+        r.src[0] = kb_opnd_make(0x1000, 1, 8, KB_F32);
+        r.dst = kb_opnd_make(0x3000 + 0x100 * (uint64_t)i, 1, 8, KB_BF16);
+        pair_append(&p, &r);
+    }
+    kb_rec r = rec_new(KB_REC_MATH1, 0);
+    r.op = KB_M1_EXP;
+    r.src[0] = kb_opnd_make(0x1000, 1, 8, KB_F32);
+    r.dst = kb_opnd_make(0x4000, 1, 8, KB_F32);
+    pair_append(&p, &r);
+    /* Batch 2 (reads batch 1's output): a reduce and an empty fill (no work, no launch). */
+    r = rec_new(KB_REC_REDUCE, 5);
+    r.src[0] = kb_opnd_make(0x4000, 1, 8, KB_F32);
+    r.dst = kb_opnd_make(0x5000, 1, 1, KB_F32);
+    pair_append(&p, &r);
+    r = rec_new(KB_REC_FILL, 5);
+    r.dst = kb_opnd_make(0x6000, 1, 0, KB_F32);
+    pair_append(&p, &r);
+    uint64_t launches = pair_flush(&p, d);
+    assert_int_equal(p.st_cl.batches, 2);
+    assert_int_equal(p.st_cl.launches, 5);
+    assert_int_equal(launches, 4);
+    pair_compare(&p, 0x2000, 0x4000);
+    float sum;
+    kb_memstore_read(p.ms_cl, 0x5000, &sum, sizeof sum);
+    assert_true(sum > 1113.0f && sum < 1114.0f); /* e^1 + e^-2 + ... + e^-8 */
+    pair_free(&p);
+}
+
+/* Two flushes of one log (the second with a larger arena), then another log: same as ref. */
+static void test_incremental(void **state)
+{
+    dev *d = need_device(state);
+    pair p;
+    pair_init(&p);
+    gen ge = { { 5 }, 0x80000, 8192, 6, 10, &p };
+    fill_window(&ge);
+    for (int i = 0; i < 150; i++) {
+        kb_rec r = rand_rec(&ge, (kb_time)i);
+        pair_append(&p, &r);
+    }
+    pair_flush(&p, d);
+    pair_compare(&p, ge.base, ge.win);
+    ge.win = 65536;
+    for (int i = 0; i < 150; i++) {
+        kb_rec r = rand_rec(&ge, (kb_time)(1000 + i));
+        pair_append(&p, &r);
+    }
+    pair_flush(&p, d);
+    assert_int_equal(p.st_cl.flushes, 2);
+    pair_compare(&p, ge.base, ge.win);
+    pair_free(&p);
+    random_logs(d, 3, 1, 100, 2048, 4, 4, 50);
+}
+
+/* ------------------------------------------------------------------ devices */
+
+static void test_devices(void **state)
+{
+    dev *d = *state;
+    char buf[8192];
+    int n = kb_opencl_list(buf, sizeof buf);
+    assert_true(n >= 0);
+    assert_true(strlen(buf) > 0);
+    if (!d->have) {
+        need_device(state);
+        assert_non_null(strstr(d->why, "found"));
+        skip();
+    }
+    assert_true(n >= 1);
+    assert_non_null(strstr(buf, "platform 0:"));
+    assert_non_null(strstr(buf, "device"));
+    assert_int_equal(kb_opencl_available(KB_CL_ANY), 1);
+    assert_non_null(strstr(d->desc, " ("));
+    assert_non_null(strstr(d->desc, ", OpenCL "));
+    assert_string_equal(d->be.ops->name, "opencl");
+    /* Asking for a kind that is absent names what exists. */
+    kb_cl_want other = kb_opencl_available(KB_CL_GPU) ? KB_CL_CPU : KB_CL_GPU;
+    if (!kb_opencl_available(other)) {
+        kb_backend be;
+        kb_errbuf eb;
+        eb.msg[0] = '\0';
+        assert_int_equal(kb_opencl_backend_create(other, &be, NULL, 0, &eb), KB_ERR_DEVICE);
+        assert_null(be.ops);
+        assert_non_null(strstr(eb.msg, "found:"));
+    }
+    /* Misuse of the interface is reported, not crashed on. */
+    kb_errbuf eb;
+    uint8_t a[8] = { 0 };
+    assert_int_equal(d->be.ops->end(d->be.self, a, sizeof a, &eb), KB_ERR_STATE);
+    assert_int_equal(d->be.ops->run_batch(d->be.self, NULL, 0, &eb), KB_ERR_STATE);
+    assert_int_equal(kb_opencl_launches(NULL), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conversions),
+        cmocka_unit_test(test_math_accuracy),
+        cmocka_unit_test(test_nan_and_zero_rules),
+        cmocka_unit_test(test_devices),
+        cmocka_unit_test(test_copy_specials),
+        cmocka_unit_test(test_launch_count),
+        cmocka_unit_test(test_gemm_shapes),
+        cmocka_unit_test(test_gemm_grouped),
+        cmocka_unit_test(test_random_dense),
+        cmocka_unit_test(test_random_large),
+        cmocka_unit_test(test_incremental),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}

@@ -1,0 +1,273 @@
+/*
+ * kb_tp — column/row-parallel linear layers over the process group (kb_tp.h). Host-side
+ * slicing picks the rank's part of the full weights; kernels run on the PEs that hold the
+ * slices; the row-parallel reduction is the process group's all-reduce.
+ */
+#include "kb_tp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_runtime_int.h"
+#include "kb_tl.h"
+
+int kb_tp_initialize_model_parallel(kb_ctx *ctx, int tp)
+{
+    int ws = kb_dist_get_world_size(ctx);
+    if (ws < 0)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE,
+                          "initialize_model_parallel before init_process_group");
+    if (tp != ws)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_UNSUPPORTED,
+                          "initialize_model_parallel(%d): tensor-parallel size must equal the "
+                          "world size %d (other splits are not implemented)", tp, ws);
+    const char *alg = kb_dist_algorithm(ctx);
+    if (!alg || strcmp(alg, "hierarchical_allreduce") != 0)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_CONFIG,
+                          "tensor parallelism reduces partial sums on every PE: the process "
+                          "group must use hierarchical_allreduce (it uses %s)", alg ? alg : "none");
+    return 0;
+}
+
+int kb_tp_get_rank(kb_ctx *ctx) { return kb_dist_get_rank(ctx); }
+int kb_tp_world_size(kb_ctx *ctx) { return kb_dist_get_world_size(ctx); }
+
+void kb_tp_pick_pes(const kb_machine *m, int64_t n, int *cubes, int *pes)
+{
+    int total = m->ncubes * m->npes;
+    for (int p = total < n ? total : (int)n; p >= 1; p--) {
+        if (n % p)
+            continue;
+        if (p <= m->npes) {
+            *cubes = 1;
+            *pes = p;
+            return;
+        }
+        if (p % m->npes == 0) {
+            *cubes = p / m->npes;
+            *pes = m->npes;
+            return;
+        }
+    }
+    *cubes = 1;
+    *pes = 1;
+}
+
+static int make(kb_ctx *ctx, const char *name, int64_t rows, int64_t cols, kb_dp_policy dp,
+                const float *data, kb_tensor **out)
+{
+    kb_tensor_desc d = { name, rows, cols, KB_F16, dp, KB_MEM_HBM };
+    return data ? kb_tensor_from_host(ctx, &d, data, out) : kb_tensor_empty(ctx, &d, out);
+}
+
+static int linear(kb_ctx *ctx, int column, int64_t in, int64_t out, const float *w_full,
+                  const float *b_full, kb_tp_linear *lin)
+{
+    int ws = kb_tp_world_size(ctx), r = kb_tp_get_rank(ctx), rc = 0;
+    int64_t split = column ? out : in;
+    float *w = NULL;
+
+    memset(lin, 0, sizeof *lin);
+    if (ws < 1 || r < 0)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "parallel linear outside a TP rank");
+    if (split % ws)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_RANGE, "%s linear: %lld %s not divisible by "
+                          "the TP size %d", column ? "column-parallel" : "row-parallel",
+                          (long long)split, column ? "outputs" : "inputs", ws);
+    lin->column = column;
+    lin->in = in;
+    lin->out = out;
+    lin->local_in = column ? in : in / ws;
+    lin->local_out = column ? out / ws : out;
+    kb_tp_pick_pes(kb_ctx_machine(ctx), column ? lin->local_out : lin->local_in, &lin->cubes,
+                   &lin->pes);
+    w = malloc(sizeof(float) * (size_t)(lin->local_in * lin->local_out));
+    if (!w)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    for (int64_t i = 0; i < lin->local_in; i++)
+        for (int64_t j = 0; j < lin->local_out; j++)
+            w[i * lin->local_out + j] =
+                column ? w_full[i * out + (int64_t)r * lin->local_out + j]
+                       : w_full[((int64_t)r * lin->local_in + i) * out + j];
+    kb_dp_policy dp = column ? kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, lin->cubes, lin->pes)
+                             : kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, lin->cubes, lin->pes);
+    rc = make(ctx, column ? "w_col" : "w_row", lin->local_in, lin->local_out, dp, w, &lin->w);
+    if (rc == 0 && b_full)
+        /* column: the rank's bias slice split like W's columns; row: the full bias, replicated */
+        rc = column ? make(ctx, "b_col", 1, lin->local_out,
+                           kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, lin->cubes, lin->pes),
+                           b_full + (int64_t)r * lin->local_out, &lin->b)
+                    : make(ctx, "b_row", 1, out, kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 0, 0),
+                           b_full, &lin->b);
+    free(w);
+    return rc;
+}
+
+int kb_tp_column_linear(kb_ctx *ctx, int64_t in, int64_t out, const float *w_full,
+                        const float *b_full, kb_tp_linear *lin)
+{
+    return linear(ctx, 1, in, out, w_full, b_full, lin);
+}
+
+int kb_tp_row_linear(kb_ctx *ctx, int64_t in, int64_t out, const float *w_full,
+                     const float *b_full, kb_tp_linear *lin)
+{
+    return linear(ctx, 0, in, out, w_full, b_full, lin);
+}
+
+int kb_tp_input(kb_ctx *ctx, const kb_tp_linear *lin, int64_t m, const float *x, kb_tensor **out)
+{
+    return make(ctx, "x", m, lin->local_in,
+                kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, lin->cubes, lin->pes), x, out);
+}
+
+/* ---- kernels (PE index j = cube * pes + pe within the layer's grid) ---- */
+
+static int pe_index(kb_tl *tl)
+{
+    return tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
+}
+
+/* i: 0 m, 1 k, 2 c (columns per PE), 3 has bias, 4 gelu; ptr: 0 x, 1 w, 2 b, 3 y */
+static void column_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t m = a->i[0], k = a->i[1], c = a->i[2];
+    int j = pe_index(tl);
+    kb_val x = tl_load(tl, a->ptr[0] + (kb_va)j * (kb_va)(m * k * 2), KB_SHAPE2(m, k), KB_F16);
+    kb_val w = tl_ref(tl, a->ptr[1] + (kb_va)j * (kb_va)(k * c * 2), KB_SHAPE2(k, c), KB_F16);
+    kb_val y = tl_dot(tl, x, w);
+    tl_free(tl, x);
+    if (a->i[3]) {
+        kb_val b = tl_load(tl, a->ptr[2] + (kb_va)j * (kb_va)(c * 2), KB_SHAPE2(1, c), KB_F16);
+        kb_val yb = tl_add(tl, y, b);
+        tl_free(tl, y);
+        tl_free(tl, b);
+        y = yb;
+    }
+    if (a->i[4]) {
+        kb_val g = tl_gelu(tl, y);
+        tl_free(tl, y);
+        y = g;
+    }
+    tl_store(tl, a->ptr[3] + (kb_va)j * (kb_va)(m * c * 2), y);
+}
+
+int kb_tp_column_forward(kb_ctx *ctx, const kb_tp_linear *lin, kb_tensor *x, int gelu,
+                         kb_tensor **y_local)
+{
+    int64_t m = kb_tensor_rows(x);
+    int rc;
+    if (!lin->column || kb_tensor_cols(x) != lin->in)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_INVAL, "column forward: x must be m x %lld",
+                          (long long)lin->in);
+    rc = make(ctx, "y_local", m, lin->local_out,
+              kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, lin->cubes, lin->pes), NULL, y_local);
+    if (rc)
+        return rc;
+    kb_kargs a;
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = kb_tensor_va(x);
+    a.ptr[1] = kb_tensor_va(lin->w);
+    a.ptr[2] = lin->b ? kb_tensor_va(lin->b) : 0;
+    a.ptr[3] = kb_tensor_va(*y_local);
+    a.i[0] = m;
+    a.i[1] = lin->in;
+    a.i[2] = lin->local_out / (lin->cubes * lin->pes);
+    a.i[3] = lin->b != NULL;
+    a.i[4] = gelu;
+    kb_grid g = { lin->pes, lin->cubes, 1, -1 };
+    return kb_launch(ctx, "tp_column", column_kernel, &a, &g);
+}
+
+/* i: 0 m, 1 rows per PE, 2 n; ptr: 0 x_local, 1 w, 2 partial */
+static void row_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t m = a->i[0], kr = a->i[1], n = a->i[2];
+    int j = pe_index(tl);
+    kb_val x = tl_load(tl, a->ptr[0] + (kb_va)j * (kb_va)(m * kr * 2), KB_SHAPE2(m, kr), KB_F16);
+    kb_val w = tl_ref(tl, a->ptr[1] + (kb_va)j * (kb_va)(kr * n * 2), KB_SHAPE2(kr, n), KB_F16);
+    kb_val p = tl_dot(tl, x, w);
+    /* PE j of the layer is PE j of the SIP: its partial goes to block j (f32) */
+    tl_store(tl, a->ptr[2] + (kb_va)j * (kb_va)(m * n * 4), p);
+}
+
+/* i: 0 m*n, 1 n, 2 has bias; ptr: 0 partial (f32), 1 bias, 2 y */
+static void bias_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t mn = a->i[0], n = a->i[1];
+    int j = pe_index(tl);
+    kb_val p = tl_load(tl, a->ptr[0] + (kb_va)j * (kb_va)(mn * 4), KB_SHAPE2(mn / n, n), KB_F32);
+    if (a->i[2]) {
+        kb_val b = tl_load(tl, a->ptr[1] + (kb_va)j * (kb_va)(n * 2), KB_SHAPE2(1, n), KB_F16);
+        kb_val s = tl_add(tl, p, b);
+        tl_free(tl, p);
+        p = s;
+    }
+    tl_store(tl, a->ptr[2] + (kb_va)j * (kb_va)(mn * 2), p);
+}
+
+int kb_tp_reduce_blocks(kb_ctx *ctx, kb_tensor *partial, kb_tensor *bias, kb_tensor **y)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    int S = m->ncubes * m->npes, rc;
+    int64_t rows = kb_tensor_rows(partial), n = kb_tensor_cols(partial), mb = rows / S;
+    if ((rc = kb_dist_all_reduce(ctx, partial, KB_DIST_SUM)) != 0)
+        return rc;
+    if ((rc = make(ctx, "y", rows, n, kb_dist_policy(ctx), NULL, y)) != 0)
+        return rc;
+    kb_kargs a;
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = kb_tensor_va(partial);
+    a.ptr[1] = bias ? kb_tensor_va(bias) : 0;
+    a.ptr[2] = kb_tensor_va(*y);
+    a.i[0] = mb * n;
+    a.i[1] = n;
+    a.i[2] = bias != NULL;
+    kb_grid g = { m->npes, m->ncubes, 1, -1 };
+    return kb_launch(ctx, "tp_bias", bias_kernel, &a, &g);
+}
+
+int kb_tp_row_forward(kb_ctx *ctx, const kb_tp_linear *lin, kb_tensor *x_local, kb_tensor **y)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    int S = m->ncubes * m->npes, P = lin->cubes * lin->pes, rc;
+    int64_t mrows = kb_tensor_rows(x_local);
+    kb_tensor *partial;
+
+    if (lin->column || kb_tensor_cols(x_local) != lin->local_in ||
+        (int)kb_tensor_nshards(x_local) != P)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_INVAL,
+                          "row forward: x_local must be m x %lld split column-wise over the %d "
+                          "PEs that hold W's rows", (long long)lin->local_in, P);
+    kb_tensor_desc dp = { "partial", (int64_t)S * mrows, lin->out, KB_F32, kb_dist_policy(ctx),
+                          KB_MEM_HBM };
+    if ((rc = kb_tensor_zeros(ctx, &dp, &partial)) != 0)
+        return rc;
+    kb_kargs a;
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = kb_tensor_va(x_local);
+    a.ptr[1] = kb_tensor_va(lin->w);
+    a.ptr[2] = kb_tensor_va(partial);
+    a.i[0] = mrows;
+    a.i[1] = lin->local_in / P;
+    a.i[2] = lin->out;
+    kb_grid g = { lin->pes, lin->cubes, 1, -1 };
+    if ((rc = kb_launch(ctx, "tp_row", row_kernel, &a, &g)) != 0)
+        return rc;
+    return kb_tp_reduce_blocks(ctx, partial, lin->b, y);
+}
+
+int kb_tp_gather_from_tp_region(kb_ctx *ctx, kb_tensor *y_local, kb_tensor **y)
+{
+    int ws = kb_tp_world_size(ctx), S = kb_dist_shards_per_rank(ctx);
+    int64_t m = kb_tensor_rows(y_local), k = kb_tensor_cols(y_local);
+    int rc;
+    if ((int)kb_tensor_nshards(y_local) != S)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_INVAL,
+                          "gather_from_tp_region: the local output must be split over all %d "
+                          "PEs of the SIP (local columns divisible by %d)", S, S);
+    if ((rc = make(ctx, "gathered", (int64_t)S * m, k * ws, kb_dist_policy(ctx), NULL, y)) != 0)
+        return rc;
+    return kb_dist_all_gather(ctx, *y, y_local);
+}
