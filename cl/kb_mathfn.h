@@ -364,6 +364,8 @@ KB_MF_FN float kb_mf_sincos(float x, int want_cos)
         return x;
     if (x == KB_MF_AS_F32(KB_MF_INF_BITS) || x == -KB_MF_AS_F32(KB_MF_INF_BITS))
         return KB_MF_AS_F32(KB_MF_NAN_BITS);
+    if ((x < 0.0f ? -x : x) < 0x1p-13f) /* sin x rounds to x, cos x to 1 (and sin -0 = -0) */
+        return want_cos ? 1.0f : x;
     {
         float kf = kb_mf_rint(x * 0x1.45f306p-1f); /* x / (pi/2) */
         float ka = kf < 0.0f ? -kf : kf;

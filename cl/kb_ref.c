@@ -8,7 +8,8 @@
  * with -0 < +0, NaN propagation) comes from kb_mathfn.h, the same text the OpenCL kernels are
  * built from, so both give identical bits. Gemm converts B to f32 once and runs i-k-j over an
  * f32 accumulator row: each output element still sums its products in ascending k, one
- * product rounding and one addition rounding per k. Records must already be validated and
+ * product rounding and one addition rounding per k; a NaN result is stored as the canonical
+ * NaN (which NaN the hardware propagates through a sum differs between CPUs and GPUs). Records must already be validated and
  * have arena-relative MEM operands (the planner does both). Limits: elements are computed and
  * stored one at a time in row-major order, so a record whose dst overlaps a source other than
  * exactly in place (same addr and layout) gives order-dependent results, and gemm with dst
@@ -179,7 +180,7 @@ static void gemm_plain(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
                 float p = load_at(a, ab, i, k) * load_at(b, bb, k, j);
                 acc += p;
             }
-            store_at(d, db, i, j, acc);
+            store_at(d, db, i, j, kb_mf_canon(acc));
         }
     }
 }
@@ -234,7 +235,7 @@ static void exec_gemm(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
         for (size_t k = 0; k < kdim; k++)
             axpy_row(acc, arow[k], bf + k * n, n);
         for (size_t j = 0; j < n; j++)
-            store_at(d, db, (uint32_t)i, (uint32_t)j, acc[j]);
+            store_at(d, db, (uint32_t)i, (uint32_t)j, kb_mf_canon(acc[j]));
     }
     goto out;
 plain:

@@ -198,7 +198,6 @@ typedef struct plan_tmp {
     uint64_t *tkey;    /* n, by input index: t_start as an unsigned sort key */
     uint8_t *meta;     /* n, by input index: MEM reads | has_write << 2 | kind << 3 */
     uint32_t *efirst;  /* n, by input index: first endpoint */
-    uint64_t *eaddr;   /* by endpoint: its address */
     uint32_t *rank;    /* by endpoint: index of its address among the distinct ones */
     uint64_t *uaddr;   /* nranks distinct endpoint addresses, ascending */
     size_t nranks;
@@ -215,7 +214,6 @@ static void plan_tmp_free(plan_tmp *t)
     free(t->tkey);
     free(t->meta);
     free(t->efirst);
-    free(t->eaddr);
     free(t->rank);
     free(t->uaddr);
     free(t->leafoff);
@@ -224,13 +222,103 @@ static void plan_tmp_free(plan_tmp *t)
     free(t->bstart);
 }
 
-/* Validates recs and fills keys (by seq), tkey, meta, efirst and eaddr; *ne: endpoint count. */
-static int plan_gather(const kb_rec *const *recs, size_t n, plan_tmp *t, size_t *ne,
-                       kb_errbuf *eb)
+/*
+ * Distinct endpoint addresses, numbered in order of appearance, in an open-addressing hash
+ * table. Real logs touch the same buffers over and over, so there are few; when most addresses
+ * turn out distinct, sorting all endpoints is cheaper and the table gives up.
+ */
+typedef struct uhash {
+    uint64_t *key;  /* cap slots */
+    uint32_t *id;   /* cap slots: id + 1, 0 = empty */
+    size_t cap;
+    unsigned bits;  /* cap == 1 << bits */
+    uint64_t *ua;   /* by id: the address */
+    size_t nu, ucap;
+} uhash;
+
+static void uhash_free(uhash *h)
+{
+    free(h->key);
+    free(h->id);
+    free(h->ua);
+    memset(h, 0, sizeof *h);
+}
+
+static size_t uhash_slot(uint64_t a, unsigned bits)
+{
+    return (size_t)((a * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - bits));
+}
+
+static int uhash_resize(uhash *h, unsigned bits)
+{
+    size_t cap = (size_t)1 << bits;
+    uint64_t *key = malloc(cap * sizeof *key);
+    uint32_t *id = calloc(cap, sizeof *id);
+
+    if (!key || !id) {
+        free(key);
+        free(id);
+        return KB_ERR_NOMEM;
+    }
+    for (size_t j = 0; j < h->nu; j++) {
+        size_t s = uhash_slot(h->ua[j], bits);
+        while (id[s])
+            s = (s + 1) & (cap - 1);
+        key[s] = h->ua[j];
+        id[s] = (uint32_t)(j + 1);
+    }
+    free(h->key);
+    free(h->id);
+    h->key = key;
+    h->id = id;
+    h->cap = cap;
+    h->bits = bits;
+    return 0;
+}
+
+/*
+ * The id of address a (added if new) in *id; seen: endpoints looked up so far. Returns 1 when
+ * giving up (most addresses distinct and the table large), or KB_ERR_NOMEM.
+ */
+static int uhash_id(uhash *h, uint64_t a, size_t seen, uint32_t *id)
+{
+    size_t s = uhash_slot(a, h->bits);
+    while (h->id[s] && h->key[s] != a)
+        s = (s + 1) & (h->cap - 1);
+    if (h->id[s]) {
+        *id = h->id[s] - 1;
+        return 0;
+    }
+    if (h->nu == h->ucap) {
+        uint64_t *g = realloc(h->ua, 2 * h->ucap * sizeof *h->ua);
+        if (!g)
+            return KB_ERR_NOMEM;
+        h->ua = g;
+        h->ucap *= 2;
+    }
+    h->ua[h->nu] = a;
+    h->key[s] = a;
+    h->id[s] = (uint32_t)++h->nu;
+    *id = (uint32_t)(h->nu - 1);
+    if (2 * h->nu > h->cap) { /* keep the load at most 1/2 */
+        if (h->bits >= 15 && 4 * h->nu > seen)
+            return 1;
+        return uhash_resize(h, h->bits + 1);
+    }
+    return 0;
+}
+
+/*
+ * Validates recs and fills keys (by seq), tkey, meta, efirst, and, while the hash table copes,
+ * rank with the endpoints' ids (*hashed = 1); *ne: endpoint count.
+ */
+static int plan_gather(const kb_rec *const *recs, size_t n, plan_tmp *t, uhash *h, int *hashed,
+                       size_t *ne, kb_errbuf *eb)
 {
     size_t e = 0;
     int rc;
 
+    *hashed = 1;
     for (size_t i = 0; i < n; i++) {
         const kb_rec *r = recs[i];
         ival iv[4];
@@ -250,9 +338,16 @@ static int plan_gather(const kb_rec *const *recs, size_t n, plan_tmp *t, size_t 
         t->efirst[i] = (uint32_t)e;
         if (has_write)
             iv[nr++] = iv[3];
-        for (unsigned k = 0; k < nr; k++) {
-            t->eaddr[e++] = iv[k].lo;
-            t->eaddr[e++] = iv[k].hi;
+        for (unsigned k = 0; k < 2 * nr; k++, e++) {
+            if (!*hashed)
+                continue;
+            rc = uhash_id(h, (k & 1u) ? iv[k / 2].hi : iv[k / 2].lo, e + 1, &t->rank[e]);
+            if (rc < 0)
+                return rc;
+            if (rc == 1) {
+                *hashed = 0;
+                uhash_free(h);
+            }
         }
     }
     *ne = e;
@@ -271,111 +366,60 @@ static size_t rank_sorted(const kv *s, size_t m, uint32_t *rank, uint64_t *uaddr
     return r;
 }
 
-/*
- * Ranks endpoints through a hash table of distinct addresses, then sorts only those: real logs
- * touch the same buffers over and over, so there are few. Returns 1 (nothing ranked) once the
- * table grows large while most addresses seen are distinct, where sorting every endpoint is
- * cheaper than hashing.
- */
-static int rank_by_hash(plan_tmp *t, size_t ne)
+/* Turns the hash ids in t->rank into ranks: sorts the distinct addresses only. */
+static int rank_by_hash(plan_tmp *t, uhash *h, size_t ne)
 {
-    uint64_t *slot_key = NULL, *ua = NULL;
-    uint32_t *slot_id = NULL, *urank = NULL; /* slot_id: id + 1, 0 = empty */
-    kv *uk = NULL, *utmp = NULL;
-    size_t cap = 4096, nu = 0, ucap = 1024;
-    unsigned bits = 12;
+    size_t nu = h->nu;
+    kv *uk = malloc((nu ? nu : 1) * sizeof *uk), *tmp = malloc((nu ? nu : 1) * sizeof *tmp);
+    uint32_t *urank = malloc((nu ? nu : 1) * sizeof *urank);
     int rc = KB_ERR_NOMEM;
 
-    slot_key = malloc(cap * sizeof *slot_key);
-    slot_id = calloc(cap, sizeof *slot_id);
-    ua = malloc(ucap * sizeof *ua);
-    if (!slot_key || !slot_id || !ua)
-        goto out;
-    for (size_t e = 0; e < ne; e++) {
-        uint64_t a = t->eaddr[e];
-        size_t h = (size_t)((a * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - bits));
-        while (slot_id[h] && slot_key[h] != a)
-            h = (h + 1) & (cap - 1);
-        if (slot_id[h]) {
-            t->rank[e] = slot_id[h] - 1;
-            continue;
-        }
-        if (nu == ucap) {
-            uint64_t *g = realloc(ua, 2 * ucap * sizeof *ua);
-            if (!g)
-                goto out;
-            ua = g;
-            ucap *= 2;
-        }
-        ua[nu] = a;
-        slot_key[h] = a;
-        slot_id[h] = (uint32_t)++nu;
-        t->rank[e] = (uint32_t)(nu - 1);
-        if (2 * nu > cap) { /* keep the load at most 1/2 */
-            if (cap >= (1u << 15) && 4 * nu > e + 1) {
-                rc = 1;
-                goto out;
-            }
-            uint64_t *nk = malloc(2 * cap * sizeof *nk);
-            uint32_t *ni = calloc(2 * cap, sizeof *ni);
-            if (!nk || !ni) {
-                free(nk);
-                free(ni);
-                goto out;
-            }
-            bits++;
-            for (size_t j = 0; j < nu; j++) {
-                size_t g = (size_t)((ua[j] * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - bits));
-                while (ni[g])
-                    g = (g + 1) & (2 * cap - 1);
-                nk[g] = ua[j];
-                ni[g] = (uint32_t)(j + 1);
-            }
-            free(slot_key);
-            free(slot_id);
-            slot_key = nk;
-            slot_id = ni;
-            cap *= 2;
-        }
-    }
-    uk = malloc((nu ? nu : 1) * sizeof *uk);
-    utmp = malloc((nu ? nu : 1) * sizeof *utmp);
-    urank = malloc((nu ? nu : 1) * sizeof *urank);
-    if (!uk || !utmp || !urank)
+    if (!uk || !tmp || !urank)
         goto out;
     for (size_t j = 0; j < nu; j++) {
-        uk[j].key = ua[j];
+        uk[j].key = h->ua[j];
         uk[j].val = j;
     }
-    radix_sort(uk, utmp, nu);
-    t->nranks = rank_sorted(uk, nu, urank, ua); /* distinct already: nranks == nu */
+    radix_sort(uk, tmp, nu);
+    t->nranks = rank_sorted(uk, nu, urank, h->ua); /* all distinct: nranks == nu */
     for (size_t e = 0; e < ne; e++)
         t->rank[e] = urank[t->rank[e]];
-    t->uaddr = ua;
-    ua = NULL;
+    t->uaddr = h->ua;
+    h->ua = NULL;
     rc = 0;
 out:
-    free(slot_key);
-    free(slot_id);
-    free(ua);
     free(uk);
-    free(utmp);
+    free(tmp);
     free(urank);
     return rc;
 }
 
-static int rank_by_sort(plan_tmp *t, size_t ne)
+/* Ranks every endpoint by sorting them all; walks the records again in gathering order. */
+static int rank_by_sort(plan_tmp *t, const kb_rec *const *recs, size_t n, size_t ne)
 {
-    kv *s = malloc(ne * sizeof *s), *tmp = malloc(ne * sizeof *tmp);
+    kv *s = malloc((ne ? ne : 1) * sizeof *s), *tmp = malloc((ne ? ne : 1) * sizeof *tmp);
+    size_t e = 0;
     int rc = KB_ERR_NOMEM;
 
-    t->uaddr = malloc(ne * sizeof *t->uaddr);
+    t->uaddr = malloc((ne ? ne : 1) * sizeof *t->uaddr);
     if (!s || !tmp || !t->uaddr)
         goto out;
-    for (size_t e = 0; e < ne; e++) {
-        s[e].key = t->eaddr[e];
-        s[e].val = e;
+    for (size_t i = 0; i < n; i++) {
+        ival iv[4];
+        int has_write;
+        unsigned nr = rec_ivals(recs[i], iv, &iv[3], &has_write);
+        if (has_write)
+            iv[nr++] = iv[3];
+        for (unsigned k = 0; k < nr; k++) {
+            s[e].key = iv[k].lo;
+            s[e].val = e;
+            e++;
+            s[e].key = iv[k].hi;
+            s[e].val = e;
+            e++;
+        }
     }
+    assert(e == ne);
     radix_sort(s, tmp, ne);
     t->nranks = rank_sorted(s, ne, t->rank, t->uaddr);
     rc = 0;
@@ -383,20 +427,6 @@ out:
     free(s);
     free(tmp);
     return rc;
-}
-
-/* Fills t->rank, t->uaddr and t->nranks. */
-static int rank_endpoints(plan_tmp *t, size_t ne)
-{
-    int rc;
-    t->rank = malloc((ne ? ne : 1) * sizeof *t->rank);
-    if (!t->rank)
-        return KB_ERR_NOMEM;
-    if (ne == 0)
-        return 0;
-    if ((rc = rank_by_hash(t, ne)) != 1)
-        return rc;
-    return rank_by_sort(t, ne);
 }
 
 /* ---------------------------------------------------------------- level map */
@@ -702,11 +732,13 @@ void kb_plan_free(kb_plan *p)
 int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *eb)
 {
     plan_tmp t;
+    uhash h;
     size_t ne = 0, nb = 0;
-    int rc;
+    int rc, hashed = 0;
 
     memset(out, 0, sizeof *out);
     memset(&t, 0, sizeof t);
+    memset(&h, 0, sizeof h);
     if (n == 0)
         return 0;
     rc = KB_ERR_NOMEM;
@@ -719,15 +751,17 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
     t.tkey = malloc(n * sizeof *t.tkey);
     t.meta = malloc(n);
     t.efirst = malloc(n * sizeof *t.efirst);
-    t.eaddr = malloc(8 * n * sizeof *t.eaddr); /* only the pages used are ever touched */
-    if (!t.keys || !t.ktmp || !t.tkey || !t.meta || !t.efirst || !t.eaddr)
+    t.rank = malloc(8 * n * sizeof *t.rank); /* only the pages used are ever touched */
+    if (!t.keys || !t.ktmp || !t.tkey || !t.meta || !t.efirst || !t.rank)
         goto fail;
-    if ((rc = plan_gather(recs, n, &t, &ne, eb)) != 0)
+    rc = uhash_resize(&h, 12);
+    if (rc == 0)
+        rc = plan_gather(recs, n, &t, &h, &hashed, &ne, eb);
+    if (rc == 0)
+        rc = hashed ? rank_by_hash(&t, &h, ne) : rank_by_sort(&t, recs, n, ne);
+    uhash_free(&h);
+    if (rc)
         goto fail;
-    if ((rc = rank_endpoints(&t, ne)) != 0)
-        goto fail;
-    free(t.eaddr);
-    t.eaddr = NULL;
 
     rc = KB_ERR_NOMEM;
     t.leafoff = malloc((t.nranks ? t.nranks : 1) * sizeof *t.leafoff);

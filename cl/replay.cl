@@ -334,7 +334,8 @@ kernel void kb_reduce(global uchar *arena, global const uchar *payload,
  * fma gives the same bits at twice the rate. Tiles of A (transposed) and B are converted to
  * f32 in local memory; the next tile's global loads are issued before the current tile is
  * used. The last, partial k step stops at K (no zero padding: adding +0 would turn a -0 sum
- * into +0).
+ * into +0). A NaN result is stored as the canonical NaN, as ref does: NaN-ness is the same
+ * everywhere, the payload a sum propagates is not.
  */
 #define KB_GEMM_STEP(k, FMA_)                                                              \
     {                                                                                      \
@@ -446,7 +447,7 @@ kernel void kb_gemm(global uchar *arena, global const uchar *payload,
         _Pragma("unroll") for (uint j = 0; j < KB_GEMM_WN; j++) {
             uint c = n0 + (j / 4) * (KB_GEMM_TN * 4 / KB_GEMM_WN) + tx * 4 + j % 4;
             if (m < M && c < N)
-                kb_st(db, dd, (ulong)m * ldd + c, acc[i][j]);
+                kb_st(db, dd, (ulong)m * ldd + c, kb_mf_canon(acc[i][j]));
         }
     }
 }

@@ -191,7 +191,7 @@ static void test_shipped_ccl(void **state)
     if (kb_config_load_ccl(&cfg, path, &eb) != 0)
         fail_msg("%s", eb.msg);
     assert_memory_equal(&cfg.ccl.defaults, &dflt.ccl.defaults, sizeof cfg.ccl.defaults);
-    assert_int_equal(cfg.ccl.nalgos, 8);
+    assert_int_equal(cfg.ccl.nalgos, 9);
     check_algo(&cfg, "ring_allreduce_tcm", "ring_allreduce", "ring_1d", "all_pes",
                "single_shard_per_rank", "tcm", 256, 8);
     check_algo(&cfg, "ring_allreduce_hbm", "ring_allreduce", "ring_1d", "all_pes",
@@ -204,6 +204,8 @@ static void test_shipped_ccl(void **state)
                "single_shard_per_rank", "tcm", 7, 0);
     check_algo(&cfg, "hierarchical_allreduce", "hierarchical_allreduce", "hierarchical_3level",
                "all_pes", "multi_pe_sip_local", "tcm", 256, 0);
+    check_algo(&cfg, "hierarchical_allreduce_sip", "hierarchical_allreduce",
+               "hierarchical_3level", "all_pes", "multi_pe_sip_local", "tcm", 0, 0);
     check_algo(&cfg, "ring_rsag_allreduce", "ring_rsag_allreduce", "ring_1d", "all_pes",
                "single_shard_per_rank", "tcm", 256, 0);
     check_algo(&cfg, "intercube_allreduce", "intercube_allreduce", "none", "pe0_all_cubes",
