@@ -153,7 +153,7 @@ int kb_ccl_mock_run(const char *module, const char *topo, int ws, int64_t n, con
                     float *out, kb_errbuf *eb)
 {
     kb_config cfg;
-    kb_ctx_opts opts = { KB_DEV_REF, NULL };
+    kb_ctx_opts opts = { .device = KB_DEV_REF };
     kb_ctx *ctx = NULL;
     mock mk;
     int rc;

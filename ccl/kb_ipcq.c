@@ -87,10 +87,15 @@ static const char *const dir_names[KB_NDIRS] = {
     "E", "W", "N", "S", "global_E", "global_W", "global_N", "global_S",
     "parent", "child_left", "child_right",
 };
-static const char *const recv_wait_names[KB_NDIRS] = {
+static const char *const recv_names[KB_NDIRS] = {
     "ipcq recv E", "ipcq recv W", "ipcq recv N", "ipcq recv S", "ipcq recv global_E",
     "ipcq recv global_W", "ipcq recv global_N", "ipcq recv global_S", "ipcq recv parent",
     "ipcq recv child_left", "ipcq recv child_right",
+};
+static const char *const send_names[KB_NDIRS] = {
+    "ipcq send E", "ipcq send W", "ipcq send N", "ipcq send S", "ipcq send global_E",
+    "ipcq send global_W", "ipcq send global_N", "ipcq send global_S", "ipcq send parent",
+    "ipcq send child_left", "ipcq send child_right",
 };
 static const char *const send_wait_names[KB_NDIRS] = {
     "ipcq credit E", "ipcq credit W", "ipcq credit N", "ipcq credit S", "ipcq credit global_E",
@@ -580,7 +585,7 @@ static void progress(qp *q)
         rec.pe = q->owner->pe->gid;
         rec.dst = kb_opnd_make(r->dst, r->rows, r->cols, r->dst_dt);
         rec.src[0] = kb_opnd_make(slot, r->rows, r->cols, r->dt);
-        if (kb_ctx_record(ctx, &rec) != 0 ||
+        if (kb_ctx_record_as(ctx, &rec, recv_names[q->dir]) != 0 ||
             kb_sim_at(ctx->sim, rec.t_end, recv_done, r, NULL) != 0) {
             kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory in an IPCQ receive");
             kb_ctx_fail(ctx, KB_ERR_NOMEM);
@@ -633,7 +638,9 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
     rec.nsrc = 1;
     rec.dst = kb_opnd_make(dst, v.rows, v.cols, (kb_dtype)v.dtype);
     rec.src[0] = kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype);
-    kb_tl_record(tl, &rec);
+    rec.pe = tl->pe->gid;
+    if (kb_ctx_record_as(ctx, &rec, send_names[dir]) != 0)
+        tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
     msg *m = msg_get(sys);
     if (!m)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
@@ -708,7 +715,7 @@ kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
     sys = r->q->owner->sys;
     if (!r->done) {
         r->waiter = kb_fiber_current(tl->ctx->sim);
-        kb_fiber_block(tl->ctx->sim, recv_wait_names[r->q->dir], r->q);
+        kb_fiber_block(tl->ctx->sim, recv_names[r->q->dir], r->q);
     }
     sys->recvs++;
     trace(tl->ctx, "recv", tl->pe, r->q->dir, r->nbytes, r->seq);

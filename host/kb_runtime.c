@@ -9,6 +9,8 @@
  */
 #include "kb_runtime_int.h"
 
+#include "kb_trace.h"
+
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,10 +45,15 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
     ctx->cfg = *cfg;
     ctx->device = opts ? opts->device : KB_DEV_AUTO;
     ctx->trace = opts ? opts->trace : NULL;
+    ctx->trace_rec = opts ? opts->trace_rec : NULL;
     if ((rc = kb_config_validate(cfg, eb)) != 0)
         goto fail;
     if ((rc = kb_machine_create(&cfg->topo, &ctx->m, eb)) != 0)
         goto fail;
+    if (ctx->trace_rec) {
+        ctx->m->trace = ctx->trace_rec;
+        kb_trace_set_machine(ctx->trace_rec, ctx->m);
+    }
     ctx->sim = kb_sim_create(NULL);
     ctx->log = kb_oplog_create();
     ctx->ms = kb_memstore_create();
@@ -160,8 +167,37 @@ void kb_ctx_fail(kb_ctx *ctx, int code)
     }
 }
 
+static const char *rec_name(const kb_rec *r)
+{
+    static const char *const m1[KB_M1_NOPS] = { "exp", "log", "sqrt", "abs", "sigmoid", "cos",
+                                                "sin", "neg", "recip", "relu", "gelu", "scale",
+                                                "rsqrt" };
+    static const char *const m2[KB_M2_NOPS] = { "add", "sub", "mul", "div", "max", "min" };
+    switch (r->kind) {
+    case KB_REC_MATH1:
+        return r->op < KB_M1_NOPS ? m1[r->op] : "math1";
+    case KB_REC_MATH2:
+        return r->op < KB_M2_NOPS ? m2[r->op] : "math2";
+    case KB_REC_REDUCE:
+        return r->op == KB_RED_MAX ? "reduce_max" : "reduce_sum";
+    default:
+        return kb_rec_kind_name((kb_rec_kind)r->kind);
+    }
+}
+
 int kb_ctx_record(kb_ctx *ctx, kb_rec *r)
 {
+    return kb_ctx_record_as(ctx, r, NULL);
+}
+
+int kb_ctx_record_as(kb_ctx *ctx, kb_rec *r, const char *name)
+{
+    if (ctx->trace_rec) {
+        const kb_pe_hw *pe = r->pe == UINT32_MAX ? NULL : ctx->m->pe_by_gid[r->pe];
+        unsigned gsip = pe ? pe->gsip : kb_pa_gsip(r->dst.addr);
+        kb_trace_pe(ctx->trace_rec, gsip, pe ? pe->cube : 0, pe ? (int)pe->pe : -1,
+                    name ? name : rec_name(r), r->t_start, r->t_end, kb_opnd_span(&r->dst));
+    }
     if (!ctx->recording)
         return 0;
     if (kb_oplog_append(ctx->log, r, &r->seq) != 0)
@@ -630,11 +666,13 @@ static int host_write(kb_tensor *t, const float *data)
         if ((rc = kb_ctx_record(ctx, &r)) != 0)
             goto out;
     }
-    wait_until(ctx, tmax);
 out:
     free(block);
     free(fblock);
     free(payload_of);
+    /* wait with nothing held: a run stopped meanwhile never resumes this fiber */
+    if (rc == 0)
+        wait_until(ctx, tmax);
     return rc;
 }
 
@@ -819,6 +857,9 @@ static void kernel_main(kb_sim *sim, void *arg)
     if (tl->start > now)
         kb_fiber_sleep(sim, tl->start - now);
     tl->launch->kernel(tl, &tl->launch->args[tl->pid[2]]);
+    if (tl->ctx->trace_rec)
+        kb_trace_pe(tl->ctx->trace_rec, tl->pe->gsip, tl->pe->cube, (int)tl->pe->pe,
+                    tl->launch->name, tl->start, kb_sim_now(sim), 0);
     kb_tl_release_all(tl);
     tl->ctx->kernels++;
     kernel_finished(tl);

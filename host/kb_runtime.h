@@ -50,6 +50,7 @@ int kb_device_from_name(const char *name); /* -1 when unknown */
 typedef struct kb_ctx_opts {
     kb_device_kind device;
     FILE *trace;      /* IPCQ trace lines (KBCL_CCL_TRACE); NULL = off; not owned */
+    struct kb_trace *trace_rec; /* timeline recorder (kbcl run --trace); NULL = off; not owned */
 } kb_ctx_opts;
 
 /* cfg is copied. Owner: caller; kb_ctx_destroy(NULL) is a no-op. */
@@ -116,8 +117,11 @@ FILE *kb_ctx_trace(kb_ctx *ctx);
 /* Stops the simulation with `code` (message already in kb_ctx_err); used by kernels' errors. */
 void kb_ctx_fail(kb_ctx *ctx, int code);
 
-/* Appends a record when recording; fills seq. Returns 0 or KB_ERR_NOMEM (also when off: 0). */
+/* Appends a record when recording; fills seq. Returns 0 or KB_ERR_NOMEM (also when off: 0).
+ * With a timeline attached the operation also goes into it, named after its kind (or `name`,
+ * a string that outlives the context). */
 int kb_ctx_record(kb_ctx *ctx, kb_rec *r);
+int kb_ctx_record_as(kb_ctx *ctx, kb_rec *r, const char *name);
 
 /* Replays pending op-log records into the memory store (no-op when nothing is pending). */
 int kb_ctx_flush(kb_ctx *ctx);

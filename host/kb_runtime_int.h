@@ -93,6 +93,7 @@ struct kb_ctx {
     void *dump_ud;
     uint64_t kernels;
     FILE *trace;
+    struct kb_trace *trace_rec;
     char *report;           /* full deadlock report (owned), NULL if none */
     void *ext[KB_EXT_NSLOTS];
     void (*ext_destroy[KB_EXT_NSLOTS])(void *);

@@ -14,7 +14,7 @@
 
 #include "kb_bench.h"
 
-static const kb_ctx_opts ref_opts = { KB_DEV_REF, NULL };
+static const kb_ctx_opts ref_opts = { .device = KB_DEV_REF };
 
 static kb_bench_args defaults_of(const kb_bench *b, int verify)
 {
@@ -34,7 +34,7 @@ static void run_bench(const char *name, kb_device_kind dev, int verify, kb_run_r
     assert_non_null(b);
     kb_config_defaults(&cfg);
     kb_bench_args a = defaults_of(b, verify);
-    kb_ctx_opts o = { dev, NULL };
+    kb_ctx_opts o = { .device = dev };
     int rc = kb_bench_execute(&cfg, &o, b, &a, rep, &eb);
     if (rc)
         fail_msg("%s: %s", name, eb.msg);
@@ -168,7 +168,7 @@ static double ccl_sim_ps(const char *algo, int ws, int n)
     kb_errbuf eb;
     kb_run_report rep;
     char set[128];
-    kb_ctx_opts none = { KB_DEV_NONE, NULL };
+    kb_ctx_opts none = { .device = KB_DEV_NONE };
     kb_bench_args a = defaults_of(b, 0);
     kb_config_defaults(&cfg);
     snprintf(set, sizeof set, "ccl.algorithms.%s.module=%s", algo, algo);

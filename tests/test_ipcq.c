@@ -71,7 +71,7 @@ static kb_ctx *make_ctx_trace(FILE *trace)
         "cube.corners=1", "cube.pe_per_corner=4", "cube.hbm.size_bytes=4294967296",
     };
     kb_config cfg;
-    kb_ctx_opts opts = { KB_DEV_REF, trace };
+    kb_ctx_opts opts = { .device = KB_DEV_REF, .trace = trace };
     kb_errbuf eb;
     kb_ctx *ctx = NULL;
 

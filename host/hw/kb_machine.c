@@ -7,6 +7,8 @@
  */
 #include "kb_machine.h"
 
+#include "kb_trace.h"
+
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -449,6 +451,10 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
     if (n < 0)
         return n;
     *t_end = kb_res_path_reserve(path, n, now, nbytes, t_start);
+    if (m->trace)
+        for (int i = 0; i < n; i++)
+            kb_trace_res(m->trace, path[i], *t_start, *t_start + kb_res_occupancy(path[i], nbytes),
+                         nbytes);
     return 0;
 }
 

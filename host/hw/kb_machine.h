@@ -86,6 +86,7 @@ typedef struct kb_machine {
     kb_sip_hw *sips;
     kb_pe_hw **pe_by_gid;     /* [nsips*ncubes*npes] */
     uint8_t *sip_next;        /* [nsips*nsips]: link index toward dst, 0xff = self */
+    struct kb_trace *trace;   /* when set, every DMA's reservations are recorded (not owned) */
 } kb_machine;
 
 int kb_machine_create(const kb_topo_cfg *cfg, kb_machine **out, kb_errbuf *eb);

@@ -1,0 +1,310 @@
+/*
+ * kb_cli — jobs, results, JSON and atomic writes shared by the kbcl subcommands (kb_cli.h).
+ */
+#include "kb_cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "kb_trace.h"
+
+int kbcl_exit_code(int rc)
+{
+    switch (rc) {
+    case 0:
+        return KBCL_EXIT_OK;
+    case KB_ERR_VERIFY:
+        return KBCL_EXIT_VERIFY;
+    case KB_ERR_CONFIG:
+    case KB_ERR_USAGE:
+    case KB_ERR_IO:
+        return KBCL_EXIT_USAGE;
+    case KB_ERR_DEVICE:
+        return KBCL_EXIT_DEVICE;
+    default:
+        return KBCL_EXIT_SIM;
+    }
+}
+
+int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb)
+{
+    static const struct {
+        const char *opt;
+        size_t off;
+    } str_opts[] = {
+        { "--bench", offsetof(kbcl_job, bench) },
+        { "--topology", offsetof(kbcl_job, topology) },
+        { "--ccl", offsetof(kbcl_job, ccl) },
+        { "--algorithm", offsetof(kbcl_job, algorithm) },
+        { "--world-size", offsetof(kbcl_job, world_size) },
+        { "--n-elem", offsetof(kbcl_job, n_elem) },
+        { "--buffer-kind", offsetof(kbcl_job, buffer_kind) },
+        { "--device", offsetof(kbcl_job, device) },
+        { "--trace", offsetof(kbcl_job, trace_path) },
+    };
+    const char *o = argv[*i];
+    const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+
+    if (!strcmp(o, "--verify-data")) {
+        job->verify = 1;
+        return 1;
+    }
+    for (size_t k = 0; k < sizeof str_opts / sizeof str_opts[0]; k++) {
+        if (strcmp(o, str_opts[k].opt))
+            continue;
+        if (!v)
+            return kb_err_set(eb, -1, "%s needs a value", o);
+        *(const char **)((char *)job + str_opts[k].off) = v;
+        (*i)++;
+        return 1;
+    }
+    if (!strcmp(o, "--set") || !strcmp(o, "--param")) {
+        int is_set = o[2] == 's';
+        if (!v)
+            return kb_err_set(eb, -1, "%s needs a value", o);
+        if ((is_set ? job->nsets : job->nparams) >= KBCL_MAX_SETS)
+            return kb_err_set(eb, -1, "too many %s options (at most %d)", o, KBCL_MAX_SETS);
+        if (is_set)
+            job->sets[job->nsets++] = v;
+        else
+            job->params[job->nparams++] = v;
+        (*i)++;
+        return 1;
+    }
+    return 0;
+}
+
+/* Default config file: $KBCL_CONFIG_DIR/NAME, else the source tree's configs/NAME, else none. */
+static const char *default_config(const char *name, char *buf, size_t n)
+{
+    const char *dir = getenv("KBCL_CONFIG_DIR");
+    if (dir && *dir) {
+        snprintf(buf, n, "%s/%s", dir, name);
+        return buf;
+    }
+#ifdef KBCL_SOURCE_DIR
+    snprintf(buf, n, "%s/configs/%s", KBCL_SOURCE_DIR, name);
+    if (access(buf, R_OK) == 0)
+        return buf;
+#endif
+    return NULL;
+}
+
+static int parse_kv(const char *s, char *key, size_t kn, const char **val)
+{
+    const char *eq = strchr(s, '=');
+    if (!eq || eq == s || (size_t)(eq - s) >= kn)
+        return -1;
+    memcpy(key, s, (size_t)(eq - s));
+    key[eq - s] = 0;
+    *val = eq + 1;
+    return 0;
+}
+
+static int parse_i64(const char *s, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 0);
+    if (errno || end == s || *end)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+void kbcl_result_fini(kbcl_result *res)
+{
+    kb_run_report_fini(&res->rep);
+    kb_config_fini(&res->cfg);
+}
+
+int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
+{
+    const char *bench_name = job->bench ? job->bench : "ccl_allreduce";
+    const char *device_name = job->device ? job->device : "ref";
+    const char *topo_path = job->topology, *ccl_path = job->ccl;
+    char pathbuf[2][4096];
+    kb_trace *tr = NULL;
+    int rc, dev;
+
+    memset(res, 0, sizeof *res);
+    kb_config_defaults(&res->cfg);
+    res->bench = kb_bench_find(bench_name);
+    if (!res->bench)
+        return kb_err_set(eb, KB_ERR_USAGE, "unknown bench '%s' (kbcl list shows them)",
+                          bench_name);
+    dev = kb_device_from_name(device_name);
+    if (dev < 0)
+        return kb_err_set(eb, KB_ERR_USAGE, "unknown device '%s' (auto, gpu, cpu, ref, none)",
+                          device_name);
+    snprintf(res->device, sizeof res->device, "%s", device_name);
+    res->args.verify = job->verify;
+    for (int i = 0; i < res->bench->nparams; i++)
+        res->args.p[i] = res->bench->params[i].dflt;
+    for (int i = 0; i < job->nparams; i++) {
+        char key[64];
+        const char *val;
+        int64_t x;
+        int idx;
+        if (parse_kv(job->params[i], key, sizeof key, &val) != 0 ||
+            (idx = kb_bench_param_index(res->bench, key)) < 0 || parse_i64(val, &x) != 0 ||
+            x < res->bench->params[idx].min || x > res->bench->params[idx].max)
+            return kb_err_set(eb, KB_ERR_USAGE,
+                              "--param %s: expected NAME=INTEGER with a parameter of '%s' in its "
+                              "range (kbcl list shows them)", job->params[i], res->bench->name);
+        res->args.p[idx] = x;
+    }
+    if (!topo_path)
+        topo_path = default_config("topology.yaml", pathbuf[0], sizeof pathbuf[0]);
+    if (!ccl_path)
+        ccl_path = default_config("ccl.yaml", pathbuf[1], sizeof pathbuf[1]);
+    if ((topo_path && (rc = kb_config_load_topology(&res->cfg, topo_path, eb)) != 0) ||
+        (ccl_path && (rc = kb_config_load_ccl(&res->cfg, ccl_path, eb)) != 0))
+        return rc == KB_ERR_IO ? KB_ERR_USAGE : KB_ERR_CONFIG;
+    for (int i = 0; i < job->nsets; i++)
+        if ((rc = kb_config_set(&res->cfg, job->sets[i], eb)) != 0)
+            return KB_ERR_USAGE;
+    /* collective options are shorthands for ccl.yaml overrides of the chosen algorithm */
+    {
+        char setbuf[256];
+        const char *an = job->algorithm ? job->algorithm : res->cfg.ccl.defaults.algorithm;
+        const char *keys[4] = { NULL, "world_size", "n_elem", "buffer_kind" };
+        const char *vals[4] = { job->algorithm, job->world_size, job->n_elem, job->buffer_kind };
+        for (int i = 0; i < 4; i++) {
+            if (!vals[i])
+                continue;
+            if (i == 0 && !kb_config_find_algo(&res->cfg, vals[i]))
+                return kb_err_set(eb, KB_ERR_USAGE, "--algorithm %s: no such entry in ccl.yaml "
+                                  "(kbcl list shows them)", vals[i]);
+            if (i == 0)
+                snprintf(setbuf, sizeof setbuf, "ccl.defaults.algorithm=%s", vals[i]);
+            else
+                snprintf(setbuf, sizeof setbuf, "ccl.algorithms.%s.%s=%s", an, keys[i], vals[i]);
+            if ((rc = kb_config_set(&res->cfg, setbuf, eb)) != 0)
+                return KB_ERR_USAGE;
+        }
+    }
+    if ((rc = kb_config_validate(&res->cfg, eb)) != 0)
+        return KB_ERR_USAGE;
+    if (job->trace_path && (rc = kb_trace_create(&tr, eb)) != 0)
+        return rc;
+    kb_ctx_opts opts = { (kb_device_kind)dev, job->ipcq_trace, tr };
+    rc = kb_bench_execute(&res->cfg, &opts, res->bench, &res->args, &res->rep, eb);
+    if (rc == 0 && tr)
+        rc = kb_trace_write(tr, job->trace_path, eb);
+    kb_trace_destroy(tr);
+    return rc;
+}
+
+char *kbcl_result_json(const kbcl_result *res)
+{
+    const kb_bench *b = res->bench;
+    const kb_bench_args *a = &res->args;
+    const char *device = res->device;
+    const kb_config *cfg = &res->cfg;
+    const kb_run_report *rep = &res->rep;
+    cJSON *root = cJSON_CreateObject(), *params = cJSON_CreateObject(),
+          *replay = cJSON_CreateObject(), *machine = cJSON_CreateObject();
+    char digest[32];
+    char *out;
+
+    cJSON_AddStringToObject(root, "kbcl_version", KBCL_VERSION);
+    cJSON_AddStringToObject(root, "bench", b->name);
+    cJSON_AddStringToObject(root, "device", device);
+    for (int i = 0; i < b->nparams; i++)
+        cJSON_AddNumberToObject(params, b->params[i].name, (double)a->p[i]);
+    cJSON_AddItemToObject(root, "params", params);
+    cJSON_AddNumberToObject(machine, "sips", cfg->topo.sips_count);
+    cJSON_AddNumberToObject(machine, "cubes_per_sip", kb_topo_cubes_per_sip(&cfg->topo));
+    cJSON_AddNumberToObject(machine, "pes_per_cube", kb_topo_pes_per_cube(&cfg->topo));
+    cJSON_AddNumberToObject(machine, "pes", kb_topo_total_pes(&cfg->topo));
+    cJSON_AddStringToObject(machine, "sip_topology", cfg->topo.sips_topology);
+    cJSON_AddItemToObject(root, "machine", machine);
+    cJSON_AddNumberToObject(root, "sim_time_ns", rep->sim_time_ns);
+    cJSON_AddNumberToObject(root, "events", (double)rep->events);
+    cJSON_AddNumberToObject(root, "fiber_switches", (double)rep->switches);
+    cJSON_AddNumberToObject(root, "kernels", (double)rep->kernels);
+    cJSON_AddNumberToObject(root, "op_records", (double)rep->records);
+    for (int i = 0; i < rep->res.nextras; i++)
+        cJSON_AddNumberToObject(root, rep->res.extras[i].name, rep->res.extras[i].value);
+    if (rep->res.verified < 0)
+        cJSON_AddNullToObject(root, "verified");
+    else
+        cJSON_AddBoolToObject(root, "verified", rep->res.verified == 1);
+    if (rep->res.have_digest) {
+        snprintf(digest, sizeof digest, "%016llx", (unsigned long long)rep->res.digest);
+        cJSON_AddStringToObject(root, "data_digest", digest);
+    }
+    if (rep->res.have_err) {
+        cJSON_AddNumberToObject(root, "max_abs_err", rep->res.max_abs_err);
+        cJSON_AddNumberToObject(root, "err_bound", rep->res.err_bound);
+    }
+    cJSON_AddStringToObject(replay, "device", device);
+    cJSON_AddNumberToObject(replay, "records", (double)rep->replay.records);
+    cJSON_AddNumberToObject(replay, "batches", (double)rep->replay.batches);
+    cJSON_AddNumberToObject(replay, "launches", (double)rep->replay.launches);
+    cJSON_AddNumberToObject(replay, "flushes", (double)rep->replay.flushes);
+    cJSON_AddItemToObject(root, "replay", replay);
+    /* wall-clock fields last: the only ones that differ between identical runs */
+    cJSON_AddNumberToObject(replay, "ms", rep->replay.ms);
+    cJSON_AddNumberToObject(root, "wall_ms", rep->wall_ms);
+    out = cJSON_Print(root);
+    cJSON_Delete(root);
+    return out;
+}
+
+int kbcl_write_atomic(const char *path, const char *text, kb_errbuf *eb)
+{
+    char tmp[4096];
+    FILE *f;
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    f = fopen(tmp, "w");
+    if (!f)
+        return kb_err_set(eb, KB_ERR_IO, "%s: %s", tmp, strerror(errno));
+    if (fputs(text, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0) {
+        remove(tmp);
+        return kb_err_set(eb, KB_ERR_IO, "%s: write failed", tmp);
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        remove(tmp);
+        return kb_err_set(eb, KB_ERR_IO, "%s: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
+{
+    const kb_run_report *rep = &res->rep;
+    if (rep->res.verified == 1)
+        fprintf(f, "%s: %s\n", rep->res.line, rep->res.ok_text[0] ? rep->res.ok_text : "OK");
+    else if (rep->res.verified == 0)
+        fprintf(f, "  [FAIL] %s: %s\n", rep->res.line + 2, rep->res.detail);
+    else
+        fprintf(f, "%s: timing only (%s)\n", rep->res.line,
+                !strcmp(res->device, "none") ? "--device none"
+                                             : "add --verify-data to check the numbers");
+    if (quiet)
+        return;
+    fprintf(f, "  sim_time   %.3f ns (%.3f us)\n", rep->sim_time_ns, rep->sim_time_ns / 1000.0);
+    for (int i = 0; i < rep->res.nextras; i++)
+        fprintf(f, "  %-10s %.6g\n", rep->res.extras[i].name, rep->res.extras[i].value);
+    fprintf(f, "  events     %llu (%llu fiber switches, %llu kernels)\n",
+            (unsigned long long)rep->events, (unsigned long long)rep->switches,
+            (unsigned long long)rep->kernels);
+    if (rep->res.have_err)
+        fprintf(f, "  max_err    %.6g (bound %.6g)\n", rep->res.max_abs_err, rep->res.err_bound);
+    if (rep->res.have_digest)
+        fprintf(f, "  digest     %016llx\n", (unsigned long long)rep->res.digest);
+    if (rep->replay.flushes)
+        fprintf(f, "  replay     %s: %llu records, %llu batches, %llu launches, %.3f ms\n",
+                res->device, (unsigned long long)rep->replay.records,
+                (unsigned long long)rep->replay.batches, (unsigned long long)rep->replay.launches,
+                rep->replay.ms);
+    fprintf(f, "  wall       %.3f ms\n", rep->wall_ms);
+}

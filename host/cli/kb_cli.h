@@ -1,0 +1,73 @@
+/*
+ * kb_cli — what the kbcl subcommands share: one "job" (everything `kbcl run` takes), its
+ * execution from config files to a report, the report as JSON, atomic file writes, and the
+ * exit-status table. `kbcl run` executes one job; `kbcl sweep` executes many.
+ *
+ * Exit statuses: 0 success, 1 verification failure, 2 usage or configuration error,
+ * 3 simulation error (deadlock, allocation, bad kernel), 4 compute-device error.
+ */
+#ifndef KB_CLI_H
+#define KB_CLI_H
+
+#include <stdio.h>
+
+#include "kb_bench.h"
+#include "kb_config.h"
+
+#define KBCL_VERSION "0.1.0"
+
+enum { KBCL_EXIT_OK = 0, KBCL_EXIT_VERIFY = 1, KBCL_EXIT_USAGE = 2, KBCL_EXIT_SIM = 3,
+       KBCL_EXIT_DEVICE = 4 };
+
+/* Exit status for a library error code. */
+int kbcl_exit_code(int rc);
+
+#define KBCL_MAX_SETS 64
+typedef struct kbcl_job {
+    const char *bench;          /* default ccl_allreduce */
+    const char *topology, *ccl; /* NULL = default files */
+    const char *algorithm, *world_size, *n_elem, *buffer_kind; /* collective shorthands */
+    const char *device;         /* default "ref" */
+    const char *sets[KBCL_MAX_SETS];
+    int nsets;
+    const char *params[KBCL_MAX_SETS];
+    int nparams;
+    int verify;
+    FILE *ipcq_trace;           /* KBCL_CCL_TRACE stream or NULL */
+    const char *trace_path;     /* --trace FILE (Chrome trace JSON) or NULL */
+} kbcl_job;
+
+typedef struct kbcl_result {
+    const kb_bench *bench;
+    kb_bench_args args;
+    kb_config cfg;
+    char device[16];
+    kb_run_report rep;          /* valid when kbcl_job_run returned 0 */
+} kbcl_result;
+
+/*
+ * Parses one `kbcl run` option at argv[*i] into job (advancing *i past its value). Returns 1
+ * if it was a job option, 0 if not, -1 on a missing value (message in eb).
+ */
+int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb);
+
+/* Resolves and runs the job. Returns 0 or a library error code (message in eb; for a
+ * deadlock the whole report is in res->rep.report). Free with kbcl_result_fini. */
+int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb);
+void kbcl_result_fini(kbcl_result *res);
+
+/* The result as JSON text (cJSON_free it). Identical runs give identical text apart from the
+ * wall-clock fields wall_ms and replay.ms. */
+char *kbcl_result_json(const kbcl_result *res);
+
+/* Prints the result table (`kbcl run` output) to f. */
+void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet);
+
+/* Writes text + "\n" to path through a temporary file and rename (never half-written). */
+int kbcl_write_atomic(const char *path, const char *text, kb_errbuf *eb);
+
+/* Subcommands implemented outside main.c. */
+int kbcl_cmd_sweep(int argc, char **argv);
+int kbcl_cmd_report(int argc, char **argv);
+
+#endif

@@ -1,0 +1,296 @@
+/*
+ * kb_trace — Chrome trace-event recording and output (kb_trace.h). Resource threads are named
+ * by locating the kb_res inside the machine's arrays (pointer arithmetic, once per resource,
+ * cached in an open-addressing map).
+ */
+#include "kb_trace.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "kb_machine.h"
+
+#define KB_TRACE_LINK_TID0 100000u
+
+typedef struct tev {
+    uint32_t pid, tid;
+    const char *name;
+    kb_time t0, t1;
+    uint64_t bytes;
+} tev;
+
+typedef struct tthread {
+    uint32_t pid, tid;
+    char name[64];
+} tthread;
+
+typedef struct rslot {
+    const kb_res *r;
+    uint32_t thread; /* index into threads */
+} rslot;
+
+struct kb_trace {
+    const kb_machine *m;
+    tev *ev;
+    size_t nev, capev;
+    tthread *th;
+    size_t nth, capth;
+    rslot *map;
+    size_t mapcap, mapn;
+    uint32_t next_link_tid;
+    int oom;
+};
+
+int kb_trace_create(kb_trace **out, kb_errbuf *eb)
+{
+    kb_trace *t = calloc(1, sizeof *t);
+    *out = t;
+    if (!t)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the trace");
+    t->next_link_tid = KB_TRACE_LINK_TID0;
+    return 0;
+}
+
+void kb_trace_destroy(kb_trace *t)
+{
+    if (!t)
+        return;
+    free(t->ev);
+    free(t->th);
+    free(t->map);
+    free(t);
+}
+
+void kb_trace_set_machine(kb_trace *t, const kb_machine *m) { t->m = m; }
+size_t kb_trace_events(const kb_trace *t) { return t->nev; }
+
+static void push_ev(kb_trace *t, uint32_t pid, uint32_t tid, const char *name, kb_time t0,
+                    kb_time t1, uint64_t bytes)
+{
+    if (t->nev == t->capev) {
+        size_t cap = t->capev ? t->capev * 2 : 4096;
+        tev *n = realloc(t->ev, cap * sizeof *n);
+        if (!n) {
+            t->oom = 1;
+            return;
+        }
+        t->ev = n;
+        t->capev = cap;
+    }
+    t->ev[t->nev++] = (tev){ pid, tid, name, t0, t1, bytes };
+}
+
+static uint32_t add_thread(kb_trace *t, uint32_t pid, uint32_t tid, const char *name)
+{
+    for (size_t i = 0; i < t->nth; i++)
+        if (t->th[i].pid == pid && t->th[i].tid == tid)
+            return (uint32_t)i;
+    if (t->nth == t->capth) {
+        size_t cap = t->capth ? t->capth * 2 : 256;
+        tthread *n = realloc(t->th, cap * sizeof *n);
+        if (!n) {
+            t->oom = 1;
+            return 0;
+        }
+        t->th = n;
+        t->capth = cap;
+    }
+    t->th[t->nth].pid = pid;
+    t->th[t->nth].tid = tid;
+    snprintf(t->th[t->nth].name, sizeof t->th[t->nth].name, "%s", name);
+    return (uint32_t)t->nth++;
+}
+
+void kb_trace_pe(kb_trace *t, unsigned gsip, unsigned cube, int pe, const char *name, kb_time t0,
+                 kb_time t1, uint64_t bytes)
+{
+    char tn[64];
+    uint32_t tid;
+    if (!t)
+        return;
+    if (pe < 0) {
+        tid = 0;
+        snprintf(tn, sizeof tn, "host");
+    } else {
+        int npes = t->m ? t->m->npes : 16;
+        tid = (uint32_t)((int)cube * npes + pe + 1);
+        snprintf(tn, sizeof tn, "cube%u/pe%d", cube, pe);
+    }
+    /* the thread list is small (PEs of the run); names are set once */
+    if (t->nth == 0 || t->th[t->nth - 1].pid != gsip || t->th[t->nth - 1].tid != tid)
+        add_thread(t, gsip, tid, tn);
+    push_ev(t, gsip, tid, name, t0, t1, bytes);
+}
+
+/* Name and SIP of a resource of the machine. */
+static void res_name(const kb_machine *m, const kb_res *r, uint32_t *pid, char *buf, size_t n)
+{
+    static const char *const dn[4] = { "E", "W", "N", "S" };
+    for (int s = 0; m && s < m->nsips; s++) {
+        const kb_sip_hw *sip = &m->sips[s];
+        *pid = (uint32_t)s;
+        if (r == &sip->pcie) {
+            snprintf(buf, n, "sip%d pcie", s);
+            return;
+        }
+        if (r == &sip->pcie_ep) {
+            snprintf(buf, n, "sip%d pcie_ep", s);
+            return;
+        }
+        if (r == &sip->io_cpu) {
+            snprintf(buf, n, "sip%d io_cpu", s);
+            return;
+        }
+        for (int l = 0; l < sip->nlinks; l++)
+            if (r == &sip->links[l].link) {
+                snprintf(buf, n, "sip%d->sip%d link", s, sip->links[l].peer);
+                return;
+            }
+        const char *cb = (const char *)sip->cubes, *ce = cb + sizeof(kb_cube_hw) * (size_t)m->ncubes;
+        if ((const char *)r >= cb && (const char *)r < ce) {
+            int c = (int)(((const char *)r - cb) / (ptrdiff_t)sizeof(kb_cube_hw));
+            const kb_cube_hw *cube = &sip->cubes[c];
+            if (r == &cube->m_cpu)
+                snprintf(buf, n, "sip%d/cube%d m_cpu", s, c);
+            else if (r == &cube->noc)
+                snprintf(buf, n, "sip%d/cube%d noc", s, c);
+            else if (r == &cube->sram_port)
+                snprintf(buf, n, "sip%d/cube%d sram", s, c);
+            else
+                snprintf(buf, n, "sip%d/cube%d ucie %s", s, c,
+                         dn[(r - cube->ucie_out) & 3]);
+            return;
+        }
+        for (int c = 0; c < m->ncubes; c++) {
+            const kb_cube_hw *cube = &sip->cubes[c];
+            const char *pb = (const char *)cube->pes, *pe_end = pb + sizeof(kb_pe_hw) * (size_t)m->npes;
+            if ((const char *)r >= pb && (const char *)r < pe_end) {
+                int p = (int)(((const char *)r - pb) / (ptrdiff_t)sizeof(kb_pe_hw));
+                snprintf(buf, n, "sip%d/cube%d/pe%d %s", s, c, p, r->name ? r->name : "?");
+                return;
+            }
+        }
+    }
+    *pid = 0;
+    snprintf(buf, n, "%s", r->name ? r->name : "resource");
+}
+
+void kb_trace_res(kb_trace *t, const kb_res *r, kb_time t0, kb_time t1, uint64_t bytes)
+{
+    size_t h;
+    if (!t)
+        return;
+    if (t->mapn * 2 >= t->mapcap) {
+        size_t cap = t->mapcap ? t->mapcap * 2 : 1024;
+        rslot *nm = calloc(cap, sizeof *nm);
+        if (!nm) {
+            t->oom = 1;
+            return;
+        }
+        for (size_t i = 0; i < t->mapcap; i++) {
+            if (!t->map[i].r)
+                continue;
+            size_t j = ((uintptr_t)t->map[i].r >> 4) * 0x9e3779b97f4a7c15u & (cap - 1);
+            while (nm[j].r)
+                j = (j + 1) & (cap - 1);
+            nm[j] = t->map[i];
+        }
+        free(t->map);
+        t->map = nm;
+        t->mapcap = cap;
+    }
+    h = ((uintptr_t)r >> 4) * 0x9e3779b97f4a7c15u & (t->mapcap - 1);
+    while (t->map[h].r && t->map[h].r != r)
+        h = (h + 1) & (t->mapcap - 1);
+    if (!t->map[h].r) {
+        char name[64];
+        uint32_t pid;
+        res_name(t->m, r, &pid, name, sizeof name);
+        t->map[h].r = r;
+        t->map[h].thread = add_thread(t, pid, t->next_link_tid++, name);
+        t->mapn++;
+    }
+    const tthread *th = &t->th[t->map[h].thread];
+    push_ev(t, th->pid, th->tid, r->name ? r->name : "busy", t0, t1, bytes);
+}
+
+static int put(FILE *f, cJSON *o, int *first)
+{
+    char *s = cJSON_PrintUnformatted(o);
+    int ok = s && fputs(*first ? "\n" : ",\n", f) >= 0 && fputs(s, f) >= 0;
+    *first = 0;
+    cJSON_free(s);
+    cJSON_Delete(o);
+    return ok ? 0 : -1;
+}
+
+int kb_trace_write(kb_trace *t, const char *path, kb_errbuf *eb)
+{
+    char tmp[4096];
+    FILE *f;
+    int first = 1, bad = 0;
+
+    if (t->oom)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory while recording the trace");
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    f = fopen(tmp, "w");
+    if (!f)
+        return kb_err_set(eb, KB_ERR_IO, "%s: %s", tmp, strerror(errno));
+    fputs("{\"displayTimeUnit\": \"ns\", \"traceEvents\": [", f);
+    /* processes (SIPs) and threads (PEs, host, links) */
+    for (size_t i = 0; i < t->nth && !bad; i++) {
+        int seen = 0;
+        for (size_t j = 0; j < i; j++)
+            seen |= t->th[j].pid == t->th[i].pid;
+        if (!seen) {
+            char pn[32];
+            cJSON *o = cJSON_CreateObject(), *args = cJSON_CreateObject();
+            snprintf(pn, sizeof pn, "SIP %u", t->th[i].pid);
+            cJSON_AddStringToObject(o, "name", "process_name");
+            cJSON_AddStringToObject(o, "ph", "M");
+            cJSON_AddNumberToObject(o, "pid", t->th[i].pid);
+            cJSON_AddStringToObject(args, "name", pn);
+            cJSON_AddItemToObject(o, "args", args);
+            bad |= put(f, o, &first);
+        }
+        cJSON *o = cJSON_CreateObject(), *args = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", "thread_name");
+        cJSON_AddStringToObject(o, "ph", "M");
+        cJSON_AddNumberToObject(o, "pid", t->th[i].pid);
+        cJSON_AddNumberToObject(o, "tid", t->th[i].tid);
+        cJSON_AddStringToObject(args, "name", t->th[i].name);
+        cJSON_AddItemToObject(o, "args", args);
+        bad |= put(f, o, &first);
+    }
+    for (size_t i = 0; i < t->nev && !bad; i++) {
+        const tev *e = &t->ev[i];
+        cJSON *o = cJSON_CreateObject(), *args = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", e->name);
+        cJSON_AddStringToObject(o, "cat", e->tid >= KB_TRACE_LINK_TID0 ? "link" : "pe");
+        cJSON_AddStringToObject(o, "ph", "X");
+        cJSON_AddNumberToObject(o, "ts", (double)e->t0 / 1e6);
+        cJSON_AddNumberToObject(o, "dur", (double)(e->t1 - e->t0) / 1e6);
+        cJSON_AddNumberToObject(o, "pid", e->pid);
+        cJSON_AddNumberToObject(o, "tid", e->tid);
+        cJSON_AddNumberToObject(args, "bytes", (double)e->bytes);
+        cJSON_AddItemToObject(o, "args", args);
+        bad |= put(f, o, &first);
+    }
+    bad |= fputs("\n]}\n", f) < 0;
+    if (fclose(f) != 0 || bad) {
+        remove(tmp);
+        return kb_err_set(eb, KB_ERR_IO, "%s: write failed", tmp);
+    }
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        remove(tmp);
+        return kb_err_set(eb, KB_ERR_IO, "%s: %s", path, strerror(e));
+    }
+    return 0;
+}
