@@ -34,6 +34,9 @@ typedef struct dist {
     kb_ipcq_cfg icfg;
     int root_cube;
     epoch *cur;
+    epoch *done;              /* the last completed epoch while ranks may still wait in it */
+    kb_kargs *args;           /* launch arguments [ws], reused (owned here: a failed kernel
+                                 never returns to the launching fiber) */
     int next_id;
     kb_time comm;
 } dist;
@@ -43,12 +46,16 @@ static void dist_free(void *p)
     dist *d = p;
     /* at context destroy no fiber resumes: ranks still waiting in the open epoch never
      * drop their references, so it goes regardless of users */
-    if (d->cur) {
-        free(d->cur->joined);
-        free(d->cur->a);
-        free(d->cur->b);
-        free(d->cur);
+    for (int i = 0; i < 2; i++) {
+        epoch *e = i ? d->done : d->cur;
+        if (e) {
+            free(e->joined);
+            free(e->a);
+            free(e->b);
+            free(e);
+        }
     }
+    free(d->args);
     free(d);
 }
 
@@ -336,6 +343,7 @@ static int join(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b, exec
     } else {
         kb_time t0 = kb_sim_now(kb_ctx_sim(ctx));
         d->cur = NULL;
+        d->done = e;
         e->users--; /* the dist no longer points at it */
         e->rc = exec ? exec(ctx, d, e) : 0;
         if (kind != EP_BARRIER && kind != EP_INIT)
@@ -344,6 +352,8 @@ static int join(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b, exec
     }
     rc = e->rc;
     if (--e->users == 0) {
+        if (d->done == e)
+            d->done = NULL;
         free(e->joined);
         free(e->a);
         free(e->b);
@@ -374,40 +384,54 @@ int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *alg
         return kb_err_set(eb, KB_ERR_UNSUPPORTED, "init_process_group: backend '%s' is not "
                           "supported (use \"ahbm\")", backend ? backend : "(null)");
     if (!d) {
+        /* build it whole, attach it only when every check passed */
         const char *name = algorithm ? algorithm : cfg->ccl.defaults.algorithm;
         const kb_ccl_algo *entry = kb_config_find_algo(cfg, name);
         const char *module = entry ? entry->module : name;
         kb_ccl_params p = kb_config_algo_params(cfg, entry);
-        d = calloc(1, sizeof *d);
-        if (!d)
-            return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-        kb_ctx_set_ext(ctx, KB_EXT_CCL, d, dist_free);
-        d->ws = m->nsips;
-        snprintf(d->module, sizeof d->module, "%s", module);
-        if (!strcmp(module, "intercube_allreduce")) {
-            d->intercube = 1;
-        } else if (!strcmp(module, "hierarchical_allreduce")) {
-            d->impl = kb_ccl_algo_find(module);
-        } else {
+        dist nd;
+        memset(&nd, 0, sizeof nd);
+        nd.ws = m->nsips;
+        snprintf(nd.module, sizeof nd.module, "%s", module);
+        if (!strcmp(module, "intercube_allreduce"))
+            nd.intercube = 1;
+        else if (!strcmp(module, "hierarchical_allreduce"))
+            nd.impl = kb_ccl_algo_find(module);
+        else
             return kb_err_set(eb, KB_ERR_UNSUPPORTED,
                               "init_process_group: algorithm '%s' (module %s) has no rank = SIP "
                               "form; use intercube_allreduce or hierarchical_allreduce", name,
                               module);
-        }
-        if (p.world_size != 0 && p.world_size != d->ws)
+        if (p.world_size != 0 && p.world_size != nd.ws)
             return kb_err_set(eb, KB_ERR_CONFIG,
                               "init_process_group: %s sets world_size %d (rank = PE mode); the "
                               "process group has one rank per SIP (%d)", name, p.world_size,
-                              d->ws);
-        d->root_cube = entry && entry->root_cube >= 0 ? entry->root_cube : m->ncubes - 1;
-        if (d->root_cube >= m->ncubes)
+                              nd.ws);
+        nd.root_cube = entry && entry->root_cube >= 0 ? entry->root_cube : m->ncubes - 1;
+        if (nd.root_cube >= m->ncubes)
             return kb_err_set(eb, KB_ERR_CONFIG, "root_cube %d: the SIP has %d cubes",
-                              d->root_cube, m->ncubes);
-        d->icfg.n_slots = p.n_slots;
-        d->icfg.slot_size = p.slot_size;
-        d->icfg.backpressure = p.backpressure != 0;
-        d->icfg.buffer_kind = !strcmp(p.buffer_kind, "hbm") ? KB_MEM_HBM
+                              nd.root_cube, m->ncubes);
+        nd.icfg.n_slots = p.n_slots;
+        nd.icfg.slot_size = p.slot_size;
+        nd.icfg.backpressure = p.backpressure != 0;
+        nd.icfg.buffer_kind = !strcmp(p.buffer_kind, "hbm") ? KB_MEM_HBM
                               : !strcmp(p.buffer_kind, "sram") ? KB_MEM_SRAM : KB_MEM_TCM;
+        nd.args = calloc((size_t)nd.ws, sizeof *nd.args);
+        d = malloc(sizeof *d);
+        if (!d || !nd.args) {
+            free(d);
+            free(nd.args);
+            return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        }
+        *d = nd;
+        kb_ctx_set_ext(ctx, KB_EXT_CCL, d, dist_free);
+    } else if (algorithm && !d->initialised) {
+        /* ranks joining the same init: they must name the same algorithm */
+        const kb_ccl_algo *entry = kb_config_find_algo(cfg, algorithm);
+        const char *module = entry ? entry->module : algorithm;
+        if (strcmp(module, d->module) != 0)
+            return kb_err_set(eb, KB_ERR_STATE, "init_process_group: rank %d asks for %s but "
+                              "another rank chose %s", kb_ctx_rank(ctx), module, d->module);
     }
     if (kb_ctx_nprocs(ctx) != d->ws)
         return kb_err_set(eb, KB_ERR_STATE, "init_process_group: %d workers were spawned but "
@@ -466,10 +490,9 @@ static int launch_allreduce(kb_ctx *ctx, dist *d, kb_tensor *const *t)
                           "but slot_size is %llu (raise ccl.defaults.slot_size)",
                           (unsigned long long)n, (unsigned long long)(n * 4),
                           (unsigned long long)d->icfg.slot_size);
-    kb_kargs *args = calloc((size_t)d->ws, sizeof *args);
-    if (!args)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    kb_kargs *args = d->args;
     kb_grid g;
+    memset(args, 0, (size_t)d->ws * sizeof *args);
     for (int r = 0; r < d->ws; r++) {
         args[r].ptr[0] = t[r]->va;
         if (d->intercube) {
@@ -492,10 +515,8 @@ static int launch_allreduce(kb_ctx *ctx, dist *d, kb_tensor *const *t)
         }
     }
     g = d->intercube ? (kb_grid){ 1, m->ncubes, d->ws, 0 } : (kb_grid){ m->npes, m->ncubes, d->ws, 0 };
-    rc = kb_launch_per_sip(ctx, d->module, d->intercube ? intercube_allreduce : d->impl->kernel,
-                           args, &g);
-    free(args);
-    return rc;
+    return kb_launch_per_sip(ctx, d->module,
+                             d->intercube ? intercube_allreduce : d->impl->kernel, args, &g);
 }
 
 static int exec_allreduce(kb_ctx *ctx, dist *d, epoch *e)
@@ -581,38 +602,40 @@ static int exec_gather(kb_ctx *ctx, dist *d, epoch *e, int reduce_scatter)
             return kb_err_set(eb, KB_ERR_STATE, "%s: rank %d's tensors must live on SIP %d",
                               ep_names[reduce_scatter ? EP_REDUCESCATTER : EP_ALLGATHER], r, r);
     int64_t rows = narrow[0]->rows, c = narrow[0]->cols / S;
-    if ((int)narrow[0]->nshards != S || narrow[0]->cols % S != 0 ||
-        wide[0]->rows != rows * S || wide[0]->cols != narrow[0]->cols * d->ws ||
-        wide[0]->dtype != narrow[0]->dtype)
+    int bad = -1;
+    for (int r = 0; r < d->ws && bad < 0; r++)
+        if ((int)narrow[r]->nshards != S || narrow[r]->cols % S != 0 ||
+            narrow[r]->rows != rows || narrow[r]->cols != narrow[0]->cols ||
+            narrow[r]->dtype != narrow[0]->dtype || wide[r]->rows != rows * S ||
+            wide[r]->cols != narrow[0]->cols * d->ws || wide[r]->dtype != narrow[0]->dtype)
+            bad = r;
+    if (bad >= 0)
         return kb_err_set(eb, KB_ERR_STATE,
-                          "%s: the narrow tensor must be (m x k) split column-wise over the "
-                          "rank's %d PEs and the wide one (%d*m x ws*k) row-wise over them", 
-                          ep_names[reduce_scatter ? EP_REDUCESCATTER : EP_ALLGATHER], S, S);
-    kb_kargs *args = calloc((size_t)d->ws, sizeof *args);
-    if (!args)
-        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-    for (int r = 0; r < d->ws; r++) {
-        args[r].ptr[0] = reduce_scatter ? wide[r]->va : narrow[r]->va;
-        args[r].ptr[1] = reduce_scatter ? narrow[r]->va : wide[r]->va;
-        args[r].i[0] = rows;
-        args[r].i[1] = c;
-        args[r].i[2] = S;
-        args[r].i[3] = d->ws;
-        args[r].i[4] = r;
-        args[r].i[5] = narrow[r]->dtype;
-    }
+                          "%s: rank %d: the narrow tensor must be (m x k) split column-wise "
+                          "over the rank's %d PEs and the wide one (%d*m x ws*k) row-wise over "
+                          "them, alike on every rank",
+                          ep_names[reduce_scatter ? EP_REDUCESCATTER : EP_ALLGATHER], bad, S, S);
     kb_grid g = d->intercube ? (kb_grid){ 1, m->ncubes, d->ws, 0 }
                              : (kb_grid){ m->npes, m->ncubes, d->ws, 0 };
-    if (reduce_scatter) {
-        rc = launch_allreduce(ctx, d, wide);
-        if (rc == 0)
-            rc = kb_launch_per_sip(ctx, "reduce_scatter_pick", gather_out, args, &g);
-    } else {
-        rc = kb_launch_per_sip(ctx, "all_gather_place", scatter_in, args, &g);
-        if (rc == 0)
-            rc = launch_allreduce(ctx, d, wide);
+    /* d->args is shared with launch_allreduce; kb_launch_per_sip copies what it is given */
+    if (reduce_scatter && (rc = launch_allreduce(ctx, d, wide)) != 0)
+        return rc;
+    for (int r = 0; r < d->ws; r++) {
+        kb_kargs *a = &d->args[r];
+        memset(a, 0, sizeof *a);
+        a->ptr[0] = reduce_scatter ? wide[r]->va : narrow[r]->va;
+        a->ptr[1] = reduce_scatter ? narrow[r]->va : wide[r]->va;
+        a->i[0] = rows;
+        a->i[1] = c;
+        a->i[2] = S;
+        a->i[3] = d->ws;
+        a->i[4] = r;
+        a->i[5] = narrow[r]->dtype;
     }
-    free(args);
+    rc = kb_launch_per_sip(ctx, reduce_scatter ? "reduce_scatter_pick" : "all_gather_place",
+                           reduce_scatter ? gather_out : scatter_in, d->args, &g);
+    if (rc == 0 && !reduce_scatter)
+        rc = launch_allreduce(ctx, d, wide);
     return rc;
 }
 

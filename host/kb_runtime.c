@@ -9,6 +9,7 @@
  */
 #include "kb_runtime_int.h"
 
+#include "kb_opencl.h"
 #include "kb_trace.h"
 
 #include <assert.h>
@@ -61,22 +62,15 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the context");
         goto fail;
     }
-    switch (ctx->device) {
-    case KB_DEV_NONE:
+    if (ctx->device == KB_DEV_NONE) {
         ctx->recording = 0;
-        break;
-    case KB_DEV_REF:
+        snprintf(ctx->device_desc, sizeof ctx->device_desc, "none (timing only)");
+    } else {
         ctx->recording = 1;
-        if ((rc = kb_ref_backend_create(&ctx->be)) != 0) {
-            kb_err_set(eb, rc, "cannot create the reference backend");
+        if ((rc = kb_backend_for_device(ctx->device, &ctx->be, ctx->device_desc,
+                                        sizeof ctx->device_desc, ctx->device_note,
+                                        sizeof ctx->device_note, eb)) != 0)
             goto fail;
-        }
-        break;
-    default:
-        rc = kb_err_set(eb, KB_ERR_DEVICE,
-                        "device '%s' is not available in this build (use --device ref or none)",
-                        kb_device_name(ctx->device));
-        goto fail;
     }
     *out = ctx;
     return 0;
@@ -127,6 +121,44 @@ void kb_ctx_destroy(kb_ctx *ctx)
 }
 
 const char *kb_ctx_errmsg(const kb_ctx *ctx) { return ctx->err.msg; }
+const char *kb_ctx_device_desc(const kb_ctx *ctx) { return ctx->device_desc; }
+const char *kb_ctx_device_note(const kb_ctx *ctx) { return ctx->device_note; }
+
+int kb_backend_for_device(kb_device_kind dev, kb_backend *out, char *desc, size_t desc_n,
+                          char *note, size_t note_n, kb_errbuf *eb)
+{
+    char tmp[160];
+    int rc;
+    if (note && note_n)
+        note[0] = 0;
+    if (!desc) {
+        desc = tmp;
+        desc_n = sizeof tmp;
+    }
+    switch (dev) {
+    case KB_DEV_REF:
+        snprintf(desc, desc_n, "ref (plain C)");
+        return kb_ref_backend_create(out);
+    case KB_DEV_GPU:
+        return kb_opencl_backend_create(KB_CL_GPU, out, desc, desc_n, eb);
+    case KB_DEV_CPU:
+        return kb_opencl_backend_create(KB_CL_CPU, out, desc, desc_n, eb);
+    case KB_DEV_AUTO: {
+        kb_errbuf why;
+        rc = kb_opencl_backend_create(KB_CL_ANY, out, desc, desc_n, &why);
+        if (rc == 0)
+            return 0;
+        if (note && note_n)
+            snprintf(note, note_n, "device auto: no usable OpenCL device, replaying with ref (%.180s)",
+                     why.msg);
+        snprintf(desc, desc_n, "ref (plain C)");
+        return kb_ref_backend_create(out);
+    }
+    default:
+        return kb_err_set(eb, KB_ERR_INVAL, "device '%s' has no Phase-2 backend",
+                          kb_device_name(dev));
+    }
+}
 const char *kb_ctx_report(const kb_ctx *ctx) { return ctx->report; }
 kb_errbuf *kb_ctx_err(kb_ctx *ctx) { return &ctx->err; }
 kb_sim *kb_ctx_sim(kb_ctx *ctx) { return ctx->sim; }

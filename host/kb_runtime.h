@@ -47,6 +47,15 @@ typedef enum kb_device_kind {
 const char *kb_device_name(kb_device_kind d);
 int kb_device_from_name(const char *name); /* -1 when unknown */
 
+/*
+ * The Phase-2 backend for a device: ref (plain C), cpu (an OpenCL CPU device, e.g. PoCL),
+ * gpu (an OpenCL GPU), auto (GPU, else OpenCL CPU, else ref; `note` then says which one and
+ * why). desc (may be NULL) names the device. none has no backend (KB_ERR_INVAL).
+ * KB_ERR_DEVICE (message naming what was found) when the asked-for device does not exist.
+ */
+int kb_backend_for_device(kb_device_kind dev, kb_backend *out, char *desc, size_t desc_n,
+                          char *note, size_t note_n, kb_errbuf *eb);
+
 typedef struct kb_ctx_opts {
     kb_device_kind device;
     FILE *trace;      /* IPCQ trace lines (KBCL_CCL_TRACE); NULL = off; not owned */
@@ -58,6 +67,10 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
 void kb_ctx_destroy(kb_ctx *ctx);
 
 const char *kb_ctx_errmsg(const kb_ctx *ctx);
+/* What the device choice resolved to ("NVIDIA H100 (...)", "ref"), and a note when auto fell
+ * back to another device (else ""). */
+const char *kb_ctx_device_desc(const kb_ctx *ctx);
+const char *kb_ctx_device_note(const kb_ctx *ctx);
 /* The full report of the last deadlock (every blocked fiber and the registered dumps; the
  * error message holds only its start), or NULL. Owned by the context. */
 const char *kb_ctx_report(const kb_ctx *ctx);

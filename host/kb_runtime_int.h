@@ -82,6 +82,8 @@ struct kb_ctx {
     kb_backend be;
     kb_device_kind device;
     int recording;
+    char device_desc[160];
+    char device_note[256];
     kb_replay_stats rstats;
     kb_errbuf err;
     int failed;             /* first error code that stopped the run */

@@ -67,6 +67,13 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet);
 int kbcl_write_atomic(const char *path, const char *text, kb_errbuf *eb);
 
 /* Subcommands implemented outside main.c. */
+int kbcl_cmd_bench_self(int argc, char **argv);
+int kbcl_cmd_devices(int argc, char **argv);
+
+/* Phase-2 section of bench-self: replay throughput of `device`'s backend, as JSON (*out,
+ * caller deletes) and a printed table. quick = smaller sizes. */
+struct cJSON;
+int kbcl_bench_phase2(const char *device, int quick, struct cJSON **out, kb_errbuf *eb);
 int kbcl_cmd_sweep(int argc, char **argv);
 int kbcl_cmd_report(int argc, char **argv);
 

@@ -15,6 +15,7 @@
 #include "kb_bench.h"
 #include "kb_ccl.h"
 #include "kb_cli.h"
+#include "kb_opencl.h"
 #include "kb_config.h"
 #include "kb_runtime.h"
 
@@ -26,7 +27,9 @@ static void usage_main(FILE *f)
           "commands:\n"
           "  run      run a bench: simulate its timing (Phase 1) and, with --verify-data,\n"
           "           replay its data (Phase 2) and check the numbers\n"
-          "  list     list benches and their parameters\n"
+          "  list     list benches, algorithms, topologies and devices\n"
+          "  devices  list the OpenCL platforms and devices Phase 2 can use\n"
+          "  bench-self  measure the simulator's own speed (Phase 1 and Phase-2 replay)\n"
           "  version  print the version\n"
           "\n"
           "kbcl <command> --help shows the command's options.\n"
@@ -49,7 +52,8 @@ static void usage_run(FILE *f)
           "  --world-size N       ranks (rank = PE mode; overrides the entry's world_size)\n"
           "  --n-elem N           f16 elements per rank tile\n"
           "  --buffer-kind K      where IPCQ rx rings live: tcm | hbm | sram\n"
-          "  --device DEV         ref | none (none = timing only, no data)  [default ref]\n"
+          "  --device DEV         auto | gpu | cpu | ref | none (none = timing only)  [ref]\n"
+          "  --trace FILE         write a Chrome trace-event timeline (Perfetto)\n"
           "  --verify-data        replay the data and check it against a host computation\n"
           "  --json FILE          write the results as JSON (atomically)\n"
           "  --quiet              print only the result line\n"
@@ -76,7 +80,11 @@ static int cmd_list(void)
     for (int i = 0; kb_topo_names[i]; i++)
         printf(" %s", kb_topo_names[i]);
     printf("\n");
-    printf("devices:\n  ref    plain-C reference replay (the oracle)\n"
+    printf("devices:\n"
+           "  auto   an OpenCL GPU, else an OpenCL CPU device, else ref (says which)\n"
+           "  gpu    an OpenCL GPU (exit 4 if there is none)\n"
+           "  cpu    an OpenCL CPU device, e.g. PoCL\n"
+           "  ref    plain-C reference replay (the oracle)\n"
            "  none   timing only: no op log, no data\n");
     return 0;
 }
@@ -152,6 +160,10 @@ int main(int argc, char **argv)
         return cmd_run(argc - 2, argv + 2);
     if (!strcmp(argv[1], "list"))
         return cmd_list();
+    if (!strcmp(argv[1], "bench-self"))
+        return kbcl_cmd_bench_self(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "devices"))
+        return kbcl_cmd_devices(argc - 2, argv + 2);
     if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
         printf("kbcl %s\n", KBCL_VERSION);
         return 0;
@@ -159,4 +171,18 @@ int main(int argc, char **argv)
     fprintf(stderr, "kbcl: unknown command '%s'\n", argv[1]);
     usage_main(stderr);
     return KBCL_EXIT_USAGE;
+}
+
+int kbcl_cmd_devices(int argc, char **argv)
+{
+    static char buf[16384];
+    (void)argv;
+    if (argc > 0) {
+        fprintf(stderr, "usage: kbcl devices\n");
+        return KBCL_EXIT_USAGE;
+    }
+    int n = kb_opencl_list(buf, sizeof buf);
+    fputs(buf, stdout);
+    printf("ref: plain-C reference replay (always available)\n");
+    return n < 0 ? KBCL_EXIT_DEVICE : 0;
 }

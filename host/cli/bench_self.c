@@ -1,0 +1,373 @@
+/*
+ * kbcl bench-self — the simulator's own speed, measured on this machine.
+ *
+ * Phase 1: a synthetic event-loop benchmark (callbacks re-scheduling themselves with random
+ * delays, so the heap holds `pending` events), the fiber switch cost (a fiber sleeping 0 ps in
+ * a loop: one FIFO event and two switches per iteration), the IPCQ send -> recv round trip in
+ * host nanoseconds (two PEs ping-ponging one message), memory per PE (resident bytes a context
+ * adds per simulated PE), and the timing-only runs of the 256-PE ring all-reduce and of the
+ * hierarchical all-reduce at 256 / 1 024 / 2 048 / 8 192 PEs (each run in a child process, so
+ * its peak RSS is its own). Phase 2: replay throughput of the chosen device's backend (see
+ * kb_cli.h: kbcl_bench_phase2). Wall-clock numbers vary with the machine and its load; the
+ * JSON records what was measured, the table prints it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "kb_ccl.h"
+#include "kb_cli.h"
+#include "kb_ipcq.h"
+#include "kb_sim.h"
+#include "kb_tl.h"
+
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+/* ---- event loop ---- */
+
+typedef struct evloop {
+    uint64_t left;
+    uint32_t rng;
+} evloop;
+
+static void ev_tick(kb_sim *sim, void *a, void *b)
+{
+    evloop *e = a;
+    (void)b;
+    if (e->left == 0)
+        return;
+    e->left--;
+    e->rng = e->rng * 1664525u + 1013904223u;
+    kb_sim_after(sim, 1 + (kb_time)(e->rng >> 20), ev_tick, e, NULL);
+}
+
+static double bench_event_loop(int pending, uint64_t total, double *events_per_s)
+{
+    kb_sim *sim = kb_sim_create(NULL);
+    evloop e = { total, 12345u };
+    double t0, t1;
+    *events_per_s = 0;
+    if (!sim)
+        return -1;
+    for (int i = 0; i < pending; i++)
+        kb_sim_after(sim, (kb_time)i, ev_tick, &e, NULL);
+    t0 = now_ns();
+    kb_sim_run(sim);
+    t1 = now_ns();
+    uint64_t n = kb_sim_events(sim);
+    kb_sim_destroy(sim);
+    *events_per_s = (double)n / ((t1 - t0) / 1e9);
+    return (t1 - t0) / (double)n;
+}
+
+/* ---- fiber switch ---- */
+
+static void sleeper(kb_sim *sim, void *arg)
+{
+    long n = *(long *)arg;
+    for (long i = 0; i < n; i++)
+        kb_fiber_sleep(sim, 0);
+}
+
+static double bench_fiber_switch(long iters)
+{
+    kb_sim *sim = kb_sim_create(NULL);
+    double t0, t1;
+    if (!sim || !kb_fiber_spawn(sim, sleeper, &iters, "sleeper")) {
+        kb_sim_destroy(sim);
+        return -1;
+    }
+    t0 = now_ns();
+    kb_sim_run(sim);
+    t1 = now_ns();
+    uint64_t sw = kb_sim_switches(sim);
+    kb_sim_destroy(sim);
+    /* every resume is a switch in and a switch out */
+    return (t1 - t0) / (2.0 * (double)sw);
+}
+
+/* ---- IPCQ round trip ---- */
+
+typedef struct pingpong {
+    long iters;
+    kb_tensor *t;
+    double ns;
+} pingpong;
+
+static void pp_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int me = tl_program_id(tl, 0);
+    kb_val v = tl_load(tl, a->ptr[0] + (kb_va)me * 16u, KB_SHAPE1(8), KB_F16);
+    for (int64_t i = 0; i < a->i[0]; i++) {
+        if (me == 0) {
+            tl_send(tl, KB_DIR_E, v);
+            tl_free(tl, tl_recv(tl, KB_DIR_W, KB_SHAPE1(8), KB_F16));
+        } else {
+            kb_val r = tl_recv(tl, KB_DIR_W, KB_SHAPE1(8), KB_F16);
+            tl_send(tl, KB_DIR_E, r);
+            tl_free(tl, r);
+        }
+    }
+}
+
+static int pp_host(kb_ctx *ctx, void *arg)
+{
+    pingpong *pp = arg;
+    kb_ccl_layout l;
+    kb_ipcq_cfg icfg = { 4, 64, KB_MEM_TCM, 1 };
+    kb_tensor_desc d = { "pp", 1, 16, KB_F16, kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, 1, 2),
+                         KB_MEM_HBM };
+    int rc;
+    if ((rc = kb_tensor_zeros(ctx, &d, &pp->t)) != 0 ||
+        (rc = kb_ccl_layout_legacy(kb_ctx_machine(ctx), 2, &l, kb_ctx_err(ctx))) != 0 ||
+        (rc = kb_ccl_install(ctx, "ring_1d", &l, &icfg)) != 0)
+        return rc;
+    kb_kargs a;
+    memset(&a, 0, sizeof a);
+    a.ptr[0] = kb_tensor_va(pp->t);
+    a.i[0] = pp->iters;
+    kb_grid g = { 2, 1, 1, -1 };
+    double t0 = now_ns();
+    rc = kb_launch(ctx, "pingpong", pp_kernel, &a, &g);
+    pp->ns = (now_ns() - t0) / (double)pp->iters;
+    return rc;
+}
+
+static double bench_ipcq_rtt(long iters)
+{
+    kb_config cfg;
+    kb_ctx *ctx = NULL;
+    kb_ctx_opts o = { .device = KB_DEV_NONE };
+    pingpong pp = { iters, NULL, -1 };
+    kb_config_defaults(&cfg);
+    if (kb_config_set(&cfg, "system.sips.count=1", NULL) || kb_ctx_create(&cfg, &o, &ctx, NULL))
+        return -1;
+    if (kb_ctx_run_host(ctx, pp_host, &pp) != 0)
+        pp.ns = -1;
+    kb_ctx_destroy(ctx);
+    return pp.ns;
+}
+
+/* ---- memory per PE ---- */
+
+static long rss_bytes(void)
+{
+    long pages = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f)
+        return -1;
+    if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+        rss = -1;
+    fclose(f);
+    return rss < 0 ? -1 : rss * sysconf(_SC_PAGESIZE);
+}
+
+static double bench_mem_per_pe(int sips)
+{
+    kb_config cfg;
+    kb_ctx *ctx = NULL;
+    kb_ctx_opts o = { .device = KB_DEV_NONE };
+    char set[64];
+    kb_config_defaults(&cfg);
+    snprintf(set, sizeof set, "system.sips.count=%d", sips);
+    if (kb_config_set(&cfg, set, NULL))
+        return -1;
+    long before = rss_bytes();
+    if (kb_ctx_create(&cfg, &o, &ctx, NULL))
+        return -1;
+    long after = rss_bytes();
+    int pes = kb_topo_total_pes(&cfg.topo);
+    kb_ctx_destroy(ctx);
+    return before < 0 || after < 0 ? -1 : (double)(after - before) / pes;
+}
+
+/* ---- whole runs, each in a child (own peak RSS) ---- */
+
+typedef struct run_stat {
+    int ok;
+    double wall_ms, sim_ns, events, events_per_s, rss_mb;
+} run_stat;
+
+static run_stat run_child(const char *algo, const char *ws, int sips, const char *topo,
+                          const char *device)
+{
+    run_stat st;
+    int fd[2];
+    memset(&st, 0, sizeof st);
+    if (pipe(fd) != 0)
+        return st;
+    pid_t pid = fork();
+    if (pid == 0) {
+        kbcl_job job;
+        kbcl_result res;
+        kb_errbuf eb;
+        char s1[64], s2[64];
+        run_stat r;
+        memset(&job, 0, sizeof job);
+        memset(&r, 0, sizeof r);
+        close(fd[0]);
+        job.bench = "ccl_allreduce";
+        job.algorithm = algo;
+        job.world_size = ws;
+        job.n_elem = "8";
+        job.device = device;
+        job.verify = strcmp(device, "none") != 0;
+        snprintf(s1, sizeof s1, "system.sips.count=%d", sips);
+        snprintf(s2, sizeof s2, "system.sips.topology=%s", topo);
+        job.sets[job.nsets++] = s1;
+        job.sets[job.nsets++] = s2;
+        if (kbcl_job_run(&job, &res, &eb) == 0 && res.rep.res.verified != 0) {
+            struct rusage ru;
+            getrusage(RUSAGE_SELF, &ru);
+            r.ok = 1;
+            r.wall_ms = res.rep.wall_ms;
+            r.sim_ns = res.rep.sim_time_ns;
+            r.events = (double)res.rep.events;
+            r.rss_mb = (double)ru.ru_maxrss / 1024.0;
+        }
+        kbcl_result_fini(&res);
+        ssize_t w = write(fd[1], &r, sizeof r);
+        (void)w;
+        _exit(0);
+    }
+    close(fd[1]);
+    if (pid > 0) {
+        if (read(fd[0], &st, sizeof st) != (ssize_t)sizeof st)
+            memset(&st, 0, sizeof st);
+        waitpid(pid, NULL, 0);
+    }
+    close(fd[0]);
+    if (st.ok && st.wall_ms > 0)
+        st.events_per_s = st.events / (st.wall_ms / 1e3);
+    return st;
+}
+
+static cJSON *stat_json(const char *name, int pes, const run_stat *s)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "run", name);
+    cJSON_AddNumberToObject(o, "pes", pes);
+    cJSON_AddBoolToObject(o, "ok", s->ok);
+    cJSON_AddNumberToObject(o, "wall_ms", s->wall_ms);
+    cJSON_AddNumberToObject(o, "sim_time_ns", s->sim_ns);
+    cJSON_AddNumberToObject(o, "events", s->events);
+    cJSON_AddNumberToObject(o, "events_per_s", s->events_per_s);
+    cJSON_AddNumberToObject(o, "peak_rss_mib", s->rss_mb);
+    return o;
+}
+
+static void usage_bench_self(FILE *f)
+{
+    fputs("usage: kbcl bench-self [--device DEV] [--quick] [--json FILE]\n"
+          "  measures the simulator itself: event loop, fiber switches, IPCQ round trip,\n"
+          "  memory per PE, timing-only runs at 256 .. 8192 PEs, and Phase-2 replay throughput\n"
+          "  of DEV's backend (ref, cpu, gpu, auto; default ref)\n"
+          "  --quick   smaller scaling runs (up to 2048 PEs) and shorter loops\n",
+          f);
+}
+
+int kbcl_cmd_bench_self(int argc, char **argv)
+{
+    const char *json_path = NULL, *device = "ref";
+    int quick = 0;
+    cJSON *root = cJSON_CreateObject(), *p1 = cJSON_CreateObject(), *runs = cJSON_CreateArray();
+    kb_errbuf eb;
+
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--json") && i + 1 < argc)
+            json_path = argv[++i];
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            device = argv[++i];
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage_bench_self(stdout);
+            cJSON_Delete(root);
+            return 0;
+        } else {
+            fprintf(stderr, "kbcl bench-self: unknown option '%s'\n", argv[i]);
+            usage_bench_self(stderr);
+            cJSON_Delete(root);
+            return KBCL_EXIT_USAGE;
+        }
+    }
+    cJSON_AddStringToObject(root, "kbcl_version", KBCL_VERSION);
+    printf("Phase 1 (simulation)\n");
+    static const int pend[] = { 1, 1000, 100000 };
+    cJSON *evl = cJSON_CreateArray();
+    for (size_t i = 0; i < sizeof pend / sizeof pend[0]; i++) {
+        double eps, ns = bench_event_loop(pend[i], quick ? 500000 : 3000000, &eps);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "pending", pend[i]);
+        cJSON_AddNumberToObject(o, "ns_per_event", ns);
+        cJSON_AddNumberToObject(o, "events_per_s", eps);
+        cJSON_AddItemToArray(evl, o);
+        printf("  event loop, %6d pending      %8.1f ns/event  %7.2f M events/s\n", pend[i], ns,
+               eps / 1e6);
+    }
+    cJSON_AddItemToObject(p1, "event_loop", evl);
+    double sw = bench_fiber_switch(quick ? 200000 : 2000000);
+    cJSON_AddNumberToObject(p1, "fiber_switch_ns", sw);
+    printf("  fiber switch                  %8.1f ns\n", sw);
+    double rtt = bench_ipcq_rtt(quick ? 2000 : 20000);
+    cJSON_AddNumberToObject(p1, "ipcq_round_trip_host_ns", rtt);
+    printf("  IPCQ send->recv round trip    %8.0f ns of host time\n", rtt);
+    double mpe = bench_mem_per_pe(8);
+    cJSON_AddNumberToObject(p1, "memory_per_pe_bytes", mpe);
+    printf("  memory per PE                 %8.0f bytes (context of 1024 PEs)\n", mpe);
+
+    printf("  %-34s %6s %10s %10s %12s %9s\n", "timing-only run", "PEs", "wall ms", "events",
+           "events/s", "peak MiB");
+    struct { const char *name, *algo, *ws; int sips; const char *topo; int pes; } rs[] = {
+        { "ring_allreduce 256", "ring_allreduce_tcm", "256", 2, "ring_1d", 256 },
+        { "hierarchical_allreduce 256", "hierarchical_allreduce", "256", 2, "ring_1d", 256 },
+        { "hierarchical_allreduce 1024", "hierarchical_allreduce", "1024", 8, "ring_1d", 1024 },
+        { "hierarchical_allreduce 2048", "hierarchical_allreduce", "2048", 16, "ring_1d", 2048 },
+        { "hierarchical_allreduce 8192", "hierarchical_allreduce", "8192", 64, "ring_1d", 8192 },
+    };
+    for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++) {
+        if (quick && rs[i].pes > 2048)
+            continue;
+        run_stat s = run_child(rs[i].algo, rs[i].ws, rs[i].sips, rs[i].topo, "none");
+        cJSON_AddItemToArray(runs, stat_json(rs[i].name, rs[i].pes, &s));
+        if (s.ok)
+            printf("  %-34s %6d %10.1f %10.0f %12.3g %9.1f\n", rs[i].name, rs[i].pes, s.wall_ms,
+                   s.events, s.events_per_s, s.rss_mb);
+        else
+            printf("  %-34s %6d   failed\n", rs[i].name, rs[i].pes);
+    }
+    cJSON_AddItemToObject(p1, "runs", runs);
+    cJSON_AddItemToObject(root, "phase1", p1);
+
+    cJSON *p2 = NULL;
+    int rc = kbcl_bench_phase2(device, quick, &p2, &eb);
+    if (rc) {
+        fprintf(stderr, "kbcl bench-self: %s\n", eb.msg);
+        cJSON_Delete(root);
+        return kbcl_exit_code(rc);
+    }
+    cJSON_AddItemToObject(root, "phase2", p2);
+    if (json_path) {
+        char *text = cJSON_Print(root);
+        rc = text ? kbcl_write_atomic(json_path, text, &eb) : KB_ERR_NOMEM;
+        cJSON_free(text);
+        if (rc) {
+            fprintf(stderr, "kbcl bench-self: %s\n", eb.msg);
+            cJSON_Delete(root);
+            return kbcl_exit_code(rc);
+        }
+    }
+    cJSON_Delete(root);
+    return 0;
+}

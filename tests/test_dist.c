@@ -1,0 +1,835 @@
+/*
+ * test_dist — the rank = SIP distributed runtime (kb_dist.h over kb_spawn): world size and
+ * ranks of the process group, placement of a rank's tensors on its SIP, the intercube install
+ * plan's wiring (exact peers and reverse rings on the default 4x4 cube mesh, the SIP grid of
+ * torus_2d / mesh_2d_no_wrap), all_reduce results for intercube_allreduce over ring_1d,
+ * torus_2d and mesh_2d_no_wrap and for hierarchical_allreduce, all_gather / reduce_scatter
+ * against the layouts kb_dist.h documents, and the error paths (mismatched collectives, a
+ * second join of an open epoch, unsupported op / backend / algorithm, collectives before init
+ * or outside a worker, a failing worker stopping the run). Data are chosen so every partial
+ * and final sum is exact in f32 and f16, so results are compared for exact equality. Most
+ * cases run on a small machine (2x2 cubes of 2 PEs) to stay fast; the wiring and one
+ * all_reduce use the default 4x4 mesh. Limits: no timing is asserted (bench_ccl and
+ * test_ipcq cover time); every context is destroyed so the ASan build checks for leaks.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_dist.h"
+#include "kb_dtype.h"
+#include "kb_ipcq.h"
+#include "kb_runtime.h"
+#include "kb_sim.h"
+
+#define MAXR 8
+#define MAXE 1024 /* elements of the largest per-rank host buffer */
+
+/* ---- contexts ---- */
+
+static void cfg_set(kb_config *cfg, const char *kv)
+{
+    kb_errbuf eb;
+    int rc = kb_config_set(cfg, kv, &eb);
+    if (rc != 0)
+        fail_msg("%s: %d %s", kv, rc, eb.msg);
+}
+
+/*
+ * A reference-device context of `sips` SIPs linked by `topo`; small = 2x2 cubes of 2 PEs,
+ * else the default 4x4 mesh of 8 PEs. algo sets ccl.defaults.algorithm (NULL keeps the
+ * shipped default, which has no rank = SIP form). Owner: the caller (kb_ctx_destroy).
+ */
+static kb_ctx *make_ctx(int sips, const char *topo, int small, const char *algo)
+{
+    kb_config cfg;
+    kb_errbuf eb;
+    char kv[160];
+    kb_ctx *ctx = NULL;
+
+    kb_config_defaults(&cfg);
+    snprintf(kv, sizeof kv, "system.sips.count=%d", sips);
+    cfg_set(&cfg, kv);
+    snprintf(kv, sizeof kv, "system.sips.topology=%s", topo);
+    cfg_set(&cfg, kv);
+    if (small) {
+        cfg_set(&cfg, "sip.cube_mesh.width=2");
+        cfg_set(&cfg, "sip.cube_mesh.height=2");
+        cfg_set(&cfg, "cube.corners=1");
+        cfg_set(&cfg, "cube.pe_per_corner=2");
+    }
+    if (algo) {
+        snprintf(kv, sizeof kv, "ccl.defaults.algorithm=%s", algo);
+        cfg_set(&cfg, kv);
+    }
+    int rc = kb_ctx_create(&cfg, &(kb_ctx_opts){ .device = KB_DEV_REF }, &ctx, &eb);
+    kb_config_fini(&cfg);
+    if (rc != 0)
+        fail_msg("kb_ctx_create: %d %s", rc, eb.msg);
+    return ctx;
+}
+
+/* ---- rank workers ---- */
+
+typedef struct job job;
+typedef int (*body_fn)(kb_ctx *ctx, int rank, job *j);
+
+/* Shared by the host program, every worker and the checks after the run (owned by the test). */
+struct job {
+    int nprocs;
+    const char *backend;      /* NULL = "ahbm" */
+    const char *algo;         /* init_process_group's algorithm; NULL = ccl.defaults */
+    int skip_init;            /* body runs before any init_process_group */
+    body_fn body;             /* after init; NULL = nothing */
+    int64_t m, n;             /* rows per shard, columns */
+    int pattern;              /* 0: rank r holds r+1; 1: (r+1)(q+1)/8 + column */
+    int repeat;               /* all_reduce a second tensor after a barrier */
+    int fail_rank;            /* worker error scenarios: the rank that fails */
+    int sleeper;              /* ... and rank 0 sleeps past the failure instead of waiting */
+    kb_dist_op op;            /* op of the unsupported-op case */
+    kb_tensor *t[MAXR], *u[MAXR];
+    int rank_seen[MAXR], ws_seen[MAXR], nprocs_seen[MAXR], after[MAXR];
+    int host_rc;              /* what a host-side call after kb_spawn returned */
+    /* Host staging buffers per rank (two per rank). They live here, not on the heap of a
+     * worker, because a failing rank stops the run and the others' fibers never resume to
+     * free what they hold. */
+    float buf[MAXR][2][MAXE];
+};
+
+static int worker(kb_ctx *ctx, int rank, void *arg)
+{
+    job *j = arg;
+    int rc;
+    if (j->skip_init)
+        return j->body(ctx, rank, j);
+    if ((rc = kb_ctx_set_device(ctx, rank)) != 0 ||
+        (rc = kb_dist_init_process_group(ctx, j->backend ? j->backend : "ahbm", j->algo)) != 0)
+        return rc;
+    j->rank_seen[rank] = kb_dist_get_rank(ctx);
+    j->ws_seen[rank] = kb_dist_get_world_size(ctx);
+    j->nprocs_seen[rank] = kb_ctx_nprocs(ctx);
+    return j->body ? j->body(ctx, rank, j) : 0;
+}
+
+static int host_spawn(kb_ctx *ctx, void *arg)
+{
+    job *j = arg;
+    return kb_spawn(ctx, worker, j, j->nprocs);
+}
+
+static void run_ok(kb_ctx *ctx, job *j)
+{
+    int rc = kb_ctx_run_host(ctx, host_spawn, j);
+    if (rc != 0)
+        fail_msg("run: %d %s", rc, kb_ctx_errmsg(ctx));
+}
+
+/* Runs a job that must fail with `code` and a message containing `want`. */
+static void run_fails(kb_ctx *ctx, job *j, int code, const char *want)
+{
+    int rc = kb_ctx_run_host(ctx, host_spawn, j);
+    if (rc != code || !strstr(kb_ctx_errmsg(ctx), want))
+        fail_msg("expected %d with \"%s\", got %d: %s", code, want, rc, kb_ctx_errmsg(ctx));
+}
+
+/* Value of element (row q, column i) of rank r's input. */
+static double val(int pattern, int r, int64_t q, int64_t i)
+{
+    return pattern == 0 ? (double)(r + 1) : (r + 1) * (double)(q + 1) / 8.0 + (double)i;
+}
+
+/* A rank's staging buffer `which` for rows x cols elements; NULL when it does not fit (no
+ * cmocka assert here: it would longjmp out of a fiber). */
+static float *stage(job *j, int rank, int which, int64_t rows, int64_t cols)
+{
+    return rank < MAXR && rows * cols <= MAXE ? j->buf[rank][which] : NULL;
+}
+
+static int too_big(kb_ctx *ctx)
+{
+    return kb_err_set(kb_ctx_err(ctx), KB_ERR_RANGE, "test staging buffer too small");
+}
+
+/* A rows x cols f16 tensor on the calling rank's SIP holding val(pattern, rank, q, i). */
+static int make_tensor(kb_ctx *ctx, job *j, int rank, int64_t rows, int64_t cols,
+                       kb_dp_policy dp, kb_tensor **out)
+{
+    float *data = stage(j, rank, 0, rows, cols);
+    if (!data)
+        return too_big(ctx);
+    for (int64_t q = 0; q < rows; q++)
+        for (int64_t i = 0; i < cols; i++)
+            data[q * cols + i] = (float)val(j->pattern, rank, q, i);
+    kb_tensor_desc d = { "x", rows, cols, KB_F16, dp, KB_MEM_HBM };
+    return kb_tensor_from_host(ctx, &d, data, out);
+}
+
+static int body_place(kb_ctx *ctx, int rank, job *j)
+{
+    kb_tensor_desc d = { "p", kb_dist_shards_per_rank(ctx) * j->m, j->n, KB_F16,
+                         kb_dist_policy(ctx), KB_MEM_HBM };
+    return kb_tensor_zeros(ctx, &d, &j->t[rank]);
+}
+
+static int body_allreduce(kb_ctx *ctx, int rank, job *j)
+{
+    int64_t rows = kb_dist_shards_per_rank(ctx) * j->m;
+    int rc = make_tensor(ctx, j, rank, rows, j->n, kb_dist_policy(ctx), &j->t[rank]);
+    if (rc == 0)
+        rc = kb_dist_all_reduce(ctx, j->t[rank], KB_DIST_SUM);
+    if (rc == 0 && j->repeat) {
+        /* a second epoch after a barrier: same data, a fresh tensor */
+        rc = make_tensor(ctx, j, rank, rows, j->n, kb_dist_policy(ctx), &j->u[rank]);
+        if (rc == 0)
+            rc = kb_dist_barrier(ctx);
+        if (rc == 0)
+            rc = kb_dist_all_reduce(ctx, j->u[rank], KB_DIST_SUM);
+    }
+    return rc;
+}
+
+/* Asserts that want is exact in f16 and that got equals it. */
+static void expect_exact(float got, double want, const char *what, int r, int64_t q, int64_t i)
+{
+    float w = (float)want;
+    assert_true((double)w == want);
+    assert_true(kb_f16_to_f32(kb_f32_to_f16(w)) == w);
+    if (got != w)
+        fail_msg("%s: rank %d [%lld][%lld]: got %g, expected %g", what, r, (long long)q,
+                 (long long)i, (double)got, want);
+}
+
+/* Every block of m rows of every rank's t must be the sum over all ranks' blocks. */
+static void check_allreduce(kb_ctx *ctx, job *j, kb_tensor **t, int ws)
+{
+    int S = kb_dist_shards_per_rank(ctx);
+    int64_t rows = S * j->m, n = j->n;
+    float *got = malloc(sizeof *got * (size_t)(rows * n));
+    assert_non_null(got);
+    for (int r = 0; r < ws; r++) {
+        assert_non_null(t[r]);
+        assert_int_equal(kb_tensor_nshards(t[r]), S);
+        assert_int_equal(kb_tensor_read(t[r], got), 0);
+        for (int64_t q = 0; q < rows; q++)
+            for (int64_t i = 0; i < n; i++) {
+                double want = 0.0;
+                for (int rr = 0; rr < ws; rr++)
+                    for (int p = 0; p < S; p++)
+                        want += val(j->pattern, rr, p * j->m + q % j->m, i);
+                expect_exact(got[q * n + i], want, "all_reduce", r, q, i);
+            }
+    }
+    free(got);
+}
+
+/* ---- world, ranks, placement ---- */
+
+static void test_world_and_ranks(void **state)
+{
+    (void)state;
+    for (int sips = 2; sips <= 4; sips += 2) {
+        kb_ctx *ctx = make_ctx(sips, "ring_1d", 1, "intercube_allreduce");
+        job j = { .nprocs = sips, .body = body_place, .m = 1, .n = 4 };
+        kb_machine *m = kb_ctx_machine(ctx);
+        assert_int_equal(kb_dist_get_world_size(ctx), -1);
+        assert_null(kb_dist_algorithm(ctx));
+        run_ok(ctx, &j);
+        assert_int_equal(kb_dist_get_world_size(ctx), sips);
+        assert_int_equal(kb_dist_get_rank(ctx), -1); /* not a worker */
+        assert_string_equal(kb_dist_algorithm(ctx), "intercube_allreduce");
+        assert_int_equal(kb_dist_shards_per_rank(ctx), 4);
+        for (int r = 0; r < sips; r++) {
+            assert_int_equal(j.ws_seen[r], sips);
+            assert_int_equal(j.rank_seen[r], r);
+            assert_int_equal(j.nprocs_seen[r], sips);
+            /* intercube: one shard per cube, on its PE 0, on the rank's SIP */
+            assert_int_equal(kb_tensor_nshards(j.t[r]), (size_t)m->ncubes);
+            for (size_t i = 0; i < kb_tensor_nshards(j.t[r]); i++) {
+                const kb_shard_spec *s = kb_tensor_shard(j.t[r], i);
+                assert_int_equal(s->sip, (unsigned)r);
+                assert_int_equal(s->cube, (unsigned)i);
+                assert_int_equal(s->pe, 0);
+            }
+        }
+        kb_ctx_destroy(ctx);
+    }
+}
+
+static void test_placement_hierarchical(void **state)
+{
+    kb_ctx *ctx = make_ctx(2, "ring_1d", 1, NULL);
+    job j = { .nprocs = 2, .algo = "hierarchical_allreduce", .body = body_place, .m = 2, .n = 4 };
+    (void)state;
+    run_ok(ctx, &j);
+    assert_string_equal(kb_dist_algorithm(ctx), "hierarchical_allreduce");
+    assert_int_equal(kb_dist_shards_per_rank(ctx), 8); /* 4 cubes x 2 PEs */
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(j.rank_seen[r], r);
+        assert_int_equal(kb_tensor_nshards(j.t[r]), 8);
+        for (size_t i = 0; i < 8; i++) {
+            const kb_shard_spec *s = kb_tensor_shard(j.t[r], i);
+            assert_int_equal(s->sip, (unsigned)r);
+            assert_int_equal(s->cube, (unsigned)(i / 2));
+            assert_int_equal(s->pe, (unsigned)(i % 2));
+            assert_int_equal(s->row0, 2 * i);
+            assert_int_equal(s->rows, 2);
+        }
+    }
+    kb_ctx_destroy(ctx);
+}
+
+/* ---- intercube wiring ---- */
+
+#define BIT(d) (1u << (d))
+
+static kb_pe_hw *pe0(kb_ctx *ctx, int sip, int cube)
+{
+    return kb_machine_pe(kb_ctx_machine(ctx), (unsigned)sip, (unsigned)cube, 0);
+}
+
+/* sip/cube's PE 0 sends on `d` into psip/pcube's PE 0 ring of `pd`. */
+static void expect_link(kb_ctx *ctx, int sip, int cube, kb_dir d, int psip, int pcube, kb_dir pd)
+{
+    kb_ipcq_counters c, back;
+    if (kb_ipcq_counters_of(ctx, pe0(ctx, sip, cube), d, &c) != 0)
+        fail_msg("SIP %d cube %d: %s not wired", sip, cube, kb_dir_name(d));
+    if (c.peer != pe0(ctx, psip, pcube))
+        fail_msg("SIP %d cube %d %s: wrong peer (expected SIP %d cube %d)", sip, cube,
+                 kb_dir_name(d), psip, pcube);
+    assert_int_equal(kb_ipcq_counters_of(ctx, c.peer, pd, &back), 0);
+    if (back.my_rx_base != c.peer_rx_base)
+        fail_msg("SIP %d cube %d %s does not feed the peer's %s ring", sip, cube,
+                 kb_dir_name(d), kb_dir_name(pd));
+    assert_int_equal(c.my_head, 0);
+    assert_int_equal(c.peer_tail_cache, 0);
+}
+
+static void test_wiring_ring_default_mesh(void **state)
+{
+    kb_ctx *ctx = make_ctx(2, "ring_1d", 0, "intercube_allreduce");
+    job j = { .nprocs = 2 };
+    kb_machine *m = kb_ctx_machine(ctx);
+    const uint32_t g = BIT(KB_DIR_GLOBAL_E) | BIT(KB_DIR_GLOBAL_W);
+    kb_ipcq_counters c;
+    (void)state;
+    assert_int_equal(m->mesh_w, 4);
+    assert_int_equal(m->mesh_h, 4);
+    run_ok(ctx, &j);
+    for (int s = 0; s < 2; s++) {
+        /* corner cube 0: E and S only inside the mesh */
+        assert_int_equal(kb_ipcq_wired(ctx, pe0(ctx, s, 0)), BIT(KB_DIR_E) | BIT(KB_DIR_S) | g);
+        expect_link(ctx, s, 0, KB_DIR_E, s, 1, KB_DIR_W);
+        expect_link(ctx, s, 0, KB_DIR_S, s, 4, KB_DIR_N);
+        assert_int_equal(kb_ipcq_counters_of(ctx, pe0(ctx, s, 0), KB_DIR_W, &c), KB_ERR_DIRECTION);
+        assert_int_equal(kb_ipcq_counters_of(ctx, pe0(ctx, s, 0), KB_DIR_N, &c), KB_ERR_DIRECTION);
+        /* inner cube 5: all four */
+        assert_int_equal(kb_ipcq_wired(ctx, pe0(ctx, s, 5)),
+                         BIT(KB_DIR_N) | BIT(KB_DIR_S) | BIT(KB_DIR_E) | BIT(KB_DIR_W) | g);
+        expect_link(ctx, s, 5, KB_DIR_N, s, 1, KB_DIR_S);
+        expect_link(ctx, s, 5, KB_DIR_S, s, 9, KB_DIR_N);
+        expect_link(ctx, s, 5, KB_DIR_E, s, 6, KB_DIR_W);
+        expect_link(ctx, s, 5, KB_DIR_W, s, 4, KB_DIR_E);
+        /* root cube 15: N and W */
+        assert_int_equal(kb_ipcq_wired(ctx, pe0(ctx, s, 15)), BIT(KB_DIR_N) | BIT(KB_DIR_W) | g);
+        expect_link(ctx, s, 15, KB_DIR_N, s, 11, KB_DIR_S);
+        expect_link(ctx, s, 15, KB_DIR_W, s, 14, KB_DIR_E);
+        for (int cube = 0; cube < 16; cube++) {
+            /* every cube's PE 0 reaches the same cube of the other SIP both ways ... */
+            expect_link(ctx, s, cube, KB_DIR_GLOBAL_E, 1 - s, cube, KB_DIR_GLOBAL_W);
+            expect_link(ctx, s, cube, KB_DIR_GLOBAL_W, 1 - s, cube, KB_DIR_GLOBAL_E);
+            assert_int_equal(kb_ipcq_wired(ctx, pe0(ctx, s, cube)) &
+                                 (BIT(KB_DIR_GLOBAL_N) | BIT(KB_DIR_GLOBAL_S)), 0);
+            /* ... through two different rings of the same peer */
+            kb_ipcq_counters e, w;
+            assert_int_equal(kb_ipcq_counters_of(ctx, pe0(ctx, s, cube), KB_DIR_GLOBAL_E, &e), 0);
+            assert_int_equal(kb_ipcq_counters_of(ctx, pe0(ctx, s, cube), KB_DIR_GLOBAL_W, &w), 0);
+            assert_true(e.peer_rx_base != w.peer_rx_base);
+            /* only PE 0 takes part */
+            for (int p = 1; p < m->npes; p++)
+                assert_int_equal(kb_ipcq_wired(ctx, kb_machine_pe(m, (unsigned)s,
+                                                                   (unsigned)cube, (unsigned)p)), 0);
+        }
+    }
+    /* the root's global_E of SIP 0 leads to SIP 1's root */
+    assert_int_equal(kb_ipcq_counters_of(ctx, pe0(ctx, 0, 15), KB_DIR_GLOBAL_E, &c), 0);
+    assert_ptr_equal(c.peer, pe0(ctx, 1, 15));
+    kb_ctx_destroy(ctx);
+}
+
+static void test_wiring_sip_grids(void **state)
+{
+    (void)state;
+    /* torus_2d, 4 SIPs: a 2x2 grid that wraps, so N and S both lead to the other row */
+    kb_ctx *ctx = make_ctx(4, "torus_2d", 1, "intercube_allreduce");
+    job j = { .nprocs = 4 };
+    run_ok(ctx, &j);
+    assert_int_equal(kb_ctx_machine(ctx)->sip_grid_w, 2);
+    assert_int_equal(kb_ctx_machine(ctx)->sip_grid_h, 2);
+    for (int cube = 0; cube < 4; cube++) {
+        expect_link(ctx, 0, cube, KB_DIR_GLOBAL_E, 1, cube, KB_DIR_GLOBAL_W);
+        expect_link(ctx, 0, cube, KB_DIR_GLOBAL_W, 1, cube, KB_DIR_GLOBAL_E);
+        expect_link(ctx, 0, cube, KB_DIR_GLOBAL_N, 2, cube, KB_DIR_GLOBAL_S);
+        expect_link(ctx, 0, cube, KB_DIR_GLOBAL_S, 2, cube, KB_DIR_GLOBAL_N);
+        expect_link(ctx, 3, cube, KB_DIR_GLOBAL_E, 2, cube, KB_DIR_GLOBAL_W);
+        expect_link(ctx, 3, cube, KB_DIR_GLOBAL_N, 1, cube, KB_DIR_GLOBAL_S);
+        for (int s = 0; s < 4; s++)
+            assert_int_equal(kb_ipcq_wired(ctx, pe0(ctx, s, cube)) >> KB_DIR_GLOBAL_E, 0xf);
+    }
+    /* 2x2 cube mesh: cube 3 (the root) has N and W */
+    assert_int_equal(kb_ipcq_wired(ctx, pe0(ctx, 2, 3)) & 0xf, BIT(KB_DIR_N) | BIT(KB_DIR_W));
+    kb_ctx_destroy(ctx);
+
+    /* mesh_2d_no_wrap, 4 SIPs: the grid's edges have no global links */
+    ctx = make_ctx(4, "mesh_2d_no_wrap", 1, "intercube_allreduce");
+    job k = { .nprocs = 4 };
+    run_ok(ctx, &k);
+    for (int cube = 0; cube < 4; cube++) {
+        assert_int_equal(kb_ipcq_wired(ctx, pe0(ctx, 0, cube)) >> KB_DIR_GLOBAL_E,
+                         BIT(0) | BIT(3)); /* global_E, global_S */
+        assert_int_equal(kb_ipcq_wired(ctx, pe0(ctx, 3, cube)) >> KB_DIR_GLOBAL_E,
+                         BIT(1) | BIT(2)); /* global_W, global_N */
+        expect_link(ctx, 0, cube, KB_DIR_GLOBAL_E, 1, cube, KB_DIR_GLOBAL_W);
+        expect_link(ctx, 0, cube, KB_DIR_GLOBAL_S, 2, cube, KB_DIR_GLOBAL_N);
+        expect_link(ctx, 3, cube, KB_DIR_GLOBAL_W, 2, cube, KB_DIR_GLOBAL_E);
+        expect_link(ctx, 3, cube, KB_DIR_GLOBAL_N, 1, cube, KB_DIR_GLOBAL_S);
+    }
+    kb_ctx_destroy(ctx);
+}
+
+/* ---- all_reduce ---- */
+
+static void allreduce_case(int sips, const char *topo, int small, const char *algo, int pattern,
+                           int64_t m, int64_t n, int repeat)
+{
+    kb_ctx *ctx = make_ctx(sips, topo, small, algo);
+    job j = { .nprocs = sips, .body = body_allreduce, .m = m, .n = n, .pattern = pattern,
+              .repeat = repeat };
+    run_ok(ctx, &j);
+    check_allreduce(ctx, &j, j.t, sips);
+    if (repeat)
+        check_allreduce(ctx, &j, j.u, sips);
+    assert_true(kb_dist_comm_time(ctx) > 0);
+    kb_ctx_destroy(ctx);
+}
+
+static void test_allreduce_ring(void **state)
+{
+    (void)state;
+    /* default mesh: 16 cubes x (1 + 2) = 48 everywhere; then per-cube distinct values */
+    allreduce_case(2, "ring_1d", 0, "intercube_allreduce", 0, 1, 8, 0);
+    allreduce_case(2, "ring_1d", 0, "intercube_allreduce", 1, 1, 8, 0);
+    allreduce_case(4, "ring_1d", 1, "intercube_allreduce", 1, 1, 8, 1);
+}
+
+static void test_allreduce_torus(void **state)
+{
+    (void)state;
+    allreduce_case(4, "torus_2d", 1, "intercube_allreduce", 0, 1, 8, 0);
+    allreduce_case(4, "torus_2d", 1, "intercube_allreduce", 1, 1, 8, 1);
+    allreduce_case(6, "torus_2d", 1, "intercube_allreduce", 1, 1, 4, 0); /* 3x2 grid */
+}
+
+static void test_allreduce_mesh_no_wrap(void **state)
+{
+    (void)state;
+    allreduce_case(4, "mesh_2d_no_wrap", 1, "intercube_allreduce", 0, 1, 8, 0);
+    allreduce_case(4, "mesh_2d_no_wrap", 1, "intercube_allreduce", 1, 1, 8, 1);
+    allreduce_case(6, "mesh_2d_no_wrap", 1, "intercube_allreduce", 1, 1, 4, 0);
+}
+
+static void test_allreduce_hierarchical(void **state)
+{
+    (void)state;
+    /* one 2 x n block per PE (8 PEs per SIP) */
+    allreduce_case(2, "ring_1d", 1, "hierarchical_allreduce", 1, 2, 4, 1);
+    allreduce_case(4, "torus_2d", 1, "hierarchical_allreduce", 0, 1, 4, 0);
+}
+
+/* ---- all_gather / reduce_scatter ---- */
+
+/* The narrow layout: m x k column-wise over the rank's S participating PEs. */
+static kb_dp_policy narrow_policy(kb_ctx *ctx)
+{
+    return !strcmp(kb_dist_algorithm(ctx), "intercube_allreduce")
+               ? kb_dp(KB_DP_COLUMN_WISE, KB_DP_REPLICATE, 0, 1)
+               : kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, 0, 0);
+}
+
+/* all_gather input of rank r: r*64 + row*16 + column (exact integers); pattern-free */
+static double ag_in(int r, int64_t q, int64_t i) { return r * 64.0 + (double)q * 16.0 + (double)i; }
+
+static int body_all_gather(kb_ctx *ctx, int rank, job *j)
+{
+    int S = kb_dist_shards_per_rank(ctx), ws = kb_dist_get_world_size(ctx);
+    int64_t k = j->n, wrows = S * j->m, wcols = ws * k;
+    float *in = stage(j, rank, 0, j->m, k), *junk = stage(j, rank, 1, wrows, wcols);
+    int rc;
+    if (!in || !junk)
+        return too_big(ctx);
+    for (int64_t q = 0; q < j->m; q++)
+        for (int64_t i = 0; i < k; i++)
+            in[q * k + i] = (float)ag_in(rank, q, i);
+    for (int64_t x = 0; x < wrows * wcols; x++)
+        junk[x] = -7.0f; /* the gather must overwrite every element */
+    kb_tensor_desc dn = { "in", j->m, k, KB_F16, narrow_policy(ctx), KB_MEM_HBM };
+    kb_tensor_desc dw = { "out", wrows, wcols, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
+    rc = kb_tensor_from_host(ctx, &dn, in, &j->u[rank]);
+    if (rc == 0)
+        rc = kb_tensor_from_host(ctx, &dw, junk, &j->t[rank]);
+    if (rc == 0 && (int)kb_tensor_nshards(j->u[rank]) != S)
+        rc = kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "narrow tensor has %zu shards",
+                        kb_tensor_nshards(j->u[rank]));
+    return rc ? rc : kb_dist_all_gather(ctx, j->t[rank], j->u[rank]);
+}
+
+static void all_gather_case(int sips, const char *algo, int64_t m, int64_t k)
+{
+    kb_ctx *ctx = make_ctx(sips, "ring_1d", 1, algo);
+    job j = { .nprocs = sips, .body = body_all_gather, .m = m, .n = k };
+    int S;
+    run_ok(ctx, &j);
+    S = kb_dist_shards_per_rank(ctx);
+    int64_t wrows = S * m, wcols = sips * k;
+    float *got = malloc(sizeof *got * (size_t)(wrows * wcols));
+    assert_non_null(got);
+    for (int r = 0; r < sips; r++) {
+        assert_int_equal(kb_tensor_read(j.t[r], got), 0);
+        /* every PE's m-row block is the gathered matrix: rank rr's columns at [rr*k, +k) */
+        for (int64_t q = 0; q < wrows; q++)
+            for (int64_t x = 0; x < wcols; x++)
+                expect_exact(got[q * wcols + x], ag_in((int)(x / k), q % m, x % k), "all_gather",
+                             r, q, x);
+    }
+    free(got);
+    kb_ctx_destroy(ctx);
+}
+
+static void test_all_gather(void **state)
+{
+    (void)state;
+    all_gather_case(2, "intercube_allreduce", 2, 8);    /* 4 PEs (cube PE 0s), 2 cols each */
+    all_gather_case(2, "hierarchical_allreduce", 2, 16); /* 8 PEs, 2 cols each */
+}
+
+/* reduce_scatter input of rank r (S*m x ws*k): exact multiples of 1/4 */
+static double rs_in(int r, int64_t q, int64_t x) { return (r + 1) * (double)(q + 1) + (double)x / 4.0; }
+
+static int body_reduce_scatter(kb_ctx *ctx, int rank, job *j)
+{
+    int S = kb_dist_shards_per_rank(ctx), ws = kb_dist_get_world_size(ctx);
+    int64_t k = j->n, wrows = S * j->m, wcols = ws * k;
+    float *in = stage(j, rank, 0, wrows, wcols);
+    int rc;
+    if (!in)
+        return too_big(ctx);
+    for (int64_t q = 0; q < wrows; q++)
+        for (int64_t x = 0; x < wcols; x++)
+            in[q * wcols + x] = (float)rs_in(rank, q, x);
+    kb_tensor_desc dw = { "in", wrows, wcols, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
+    kb_tensor_desc dn = { "out", j->m, k, KB_F16, narrow_policy(ctx), KB_MEM_HBM };
+    rc = kb_tensor_from_host(ctx, &dw, in, &j->u[rank]);
+    if (rc == 0)
+        rc = kb_tensor_zeros(ctx, &dn, &j->t[rank]);
+    return rc ? rc : kb_dist_reduce_scatter(ctx, j->t[rank], j->u[rank]);
+}
+
+static void reduce_scatter_case(int sips, const char *algo, int64_t m, int64_t k)
+{
+    kb_ctx *ctx = make_ctx(sips, "ring_1d", 1, algo);
+    job j = { .nprocs = sips, .body = body_reduce_scatter, .m = m, .n = k };
+    run_ok(ctx, &j);
+    int S = kb_dist_shards_per_rank(ctx);
+    int64_t wcols = sips * k;
+    float *got = malloc(sizeof *got * (size_t)(S * m * wcols));
+    assert_non_null(got);
+    for (int r = 0; r < sips; r++) {
+        /* out of rank r: columns [r*k, +k) of the sum over every PE block of every rank */
+        assert_int_equal(kb_tensor_read(j.t[r], got), 0);
+        for (int64_t q = 0; q < m; q++)
+            for (int64_t c = 0; c < k; c++) {
+                double want = 0.0;
+                for (int rr = 0; rr < sips; rr++)
+                    for (int p = 0; p < S; p++)
+                        want += rs_in(rr, p * m + q, r * k + c);
+                expect_exact(got[q * k + c], want, "reduce_scatter", r, q, c);
+            }
+        /* `in` was all-reduced in place: every block holds the whole sum */
+        assert_int_equal(kb_tensor_read(j.u[r], got), 0);
+        for (int64_t q = 0; q < S * m; q++)
+            for (int64_t x = 0; x < wcols; x++) {
+                double want = 0.0;
+                for (int rr = 0; rr < sips; rr++)
+                    for (int p = 0; p < S; p++)
+                        want += rs_in(rr, p * m + q % m, x);
+                expect_exact(got[q * wcols + x], want, "reduce_scatter in", r, q, x);
+            }
+    }
+    free(got);
+    kb_ctx_destroy(ctx);
+}
+
+static void test_reduce_scatter(void **state)
+{
+    (void)state;
+    reduce_scatter_case(2, "intercube_allreduce", 2, 8);
+    reduce_scatter_case(2, "hierarchical_allreduce", 1, 8);
+}
+
+/* ---- errors ---- */
+
+static int body_mismatch(kb_ctx *ctx, int rank, job *j)
+{
+    if (rank == 1)
+        return kb_dist_barrier(ctx); /* opens epoch 1 as a barrier and waits there */
+    int rc = make_tensor(ctx, j, rank, kb_dist_shards_per_rank(ctx), 4, kb_dist_policy(ctx),
+                         &j->t[rank]);
+    if (rc == 0) {
+        kb_fiber_sleep(kb_ctx_sim(ctx), kb_ns(1000));
+        rc = kb_dist_all_reduce(ctx, j->t[rank], KB_DIST_SUM);
+    }
+    j->after[rank] = 1;
+    return rc;
+}
+
+static void test_err_mismatch(void **state)
+{
+    kb_ctx *ctx = make_ctx(2, "ring_1d", 1, "intercube_allreduce");
+    job j = { .nprocs = 2, .body = body_mismatch };
+    (void)state;
+    run_fails(ctx, &j, KB_ERR_STATE,
+              "rank 0: rank 0 called all_reduce but epoch 1 is a barrier of the other ranks");
+    assert_int_equal(j.after[0], 1);
+    assert_int_equal(j.after[1], 0);
+    kb_ctx_destroy(ctx);
+}
+
+/*
+ * "Joined twice" is not reachable by one worker calling collectives in sequence: join()
+ * blocks until the epoch completes, and the epoch is closed (d->cur = NULL) before anyone
+ * resumes, so a rank's next call always opens a new epoch. It is reachable when two fibers
+ * claim the same rank: here rank 1 spawns a sub-worker (rank 0 of its own group) that calls
+ * all_reduce while rank 0 is still waiting in epoch 1.
+ */
+static int sub_worker(kb_ctx *ctx, int rank, void *arg)
+{
+    job *j = arg;
+    (void)rank;
+    return kb_dist_all_reduce(ctx, j->t[0], KB_DIST_SUM);
+}
+
+static int body_twice(kb_ctx *ctx, int rank, job *j)
+{
+    if (rank == 0) {
+        int rc = make_tensor(ctx, j, rank, kb_dist_shards_per_rank(ctx), 4, kb_dist_policy(ctx),
+                             &j->t[0]);
+        return rc ? rc : kb_dist_all_reduce(ctx, j->t[0], KB_DIST_SUM);
+    }
+    kb_fiber_sleep(kb_ctx_sim(ctx), kb_ns(100000));
+    int rc = kb_spawn(ctx, sub_worker, j, 1);
+    j->after[rank] = 1;
+    return rc;
+}
+
+static void test_err_joined_twice(void **state)
+{
+    kb_ctx *ctx = make_ctx(2, "ring_1d", 1, "intercube_allreduce");
+    job j = { .nprocs = 2, .body = body_twice };
+    (void)state;
+    run_fails(ctx, &j, KB_ERR_STATE,
+              "rank 0: rank 0 joined collective epoch 1 (all_reduce) twice: it called "
+              "all_reduce again before every rank had joined");
+    assert_int_equal(j.after[1], 0);
+    kb_ctx_destroy(ctx);
+}
+
+static int body_op(kb_ctx *ctx, int rank, job *j)
+{
+    int rc = make_tensor(ctx, j, rank, kb_dist_shards_per_rank(ctx), 4, kb_dist_policy(ctx),
+                         &j->t[rank]);
+    return rc ? rc : kb_dist_all_reduce(ctx, j->t[rank], j->op);
+}
+
+static void test_err_op(void **state)
+{
+    static const char *const want[] = { "", "all_reduce: op PROD is not supported (only SUM)",
+                                        "all_reduce: op MAX is not supported (only SUM)",
+                                        "all_reduce: op MIN is not supported (only SUM)" };
+    (void)state;
+    for (int op = KB_DIST_PROD; op <= KB_DIST_MIN; op++) {
+        kb_ctx *ctx = make_ctx(2, "ring_1d", 1, "intercube_allreduce");
+        job j = { .nprocs = 2, .body = body_op, .op = (kb_dist_op)op };
+        run_fails(ctx, &j, KB_ERR_UNSUPPORTED, want[op]);
+        kb_ctx_destroy(ctx);
+    }
+}
+
+static void test_err_backend_and_algorithm(void **state)
+{
+    (void)state;
+    kb_ctx *ctx = make_ctx(2, "ring_1d", 1, "intercube_allreduce");
+    job j = { .nprocs = 2, .backend = "nccl" };
+    run_fails(ctx, &j, KB_ERR_UNSUPPORTED,
+              "init_process_group: backend 'nccl' is not supported (use \"ahbm\")");
+    assert_int_equal(kb_dist_get_world_size(ctx), -1);
+    kb_ctx_destroy(ctx);
+
+    /* the shipped default (ring_allreduce_tcm, rank = PE) has no rank = SIP form */
+    ctx = make_ctx(2, "ring_1d", 1, NULL);
+    job k = { .nprocs = 2 };
+    run_fails(ctx, &k, KB_ERR_UNSUPPORTED, "algorithm 'ring_allreduce_tcm' (module "
+              "ring_allreduce_tcm) has no rank = SIP form");
+    assert_int_equal(kb_dist_get_world_size(ctx), -1);
+    kb_ctx_destroy(ctx);
+
+    /* the world is one rank per SIP: spawning fewer workers is refused */
+    ctx = make_ctx(2, "ring_1d", 1, "intercube_allreduce");
+    job l = { .nprocs = 1 };
+    run_fails(ctx, &l, KB_ERR_STATE, "rank 0: init_process_group: 1 workers were spawned but "
+              "the world has 2 ranks (one per SIP)");
+    kb_ctx_destroy(ctx);
+}
+
+static int body_before_init(kb_ctx *ctx, int rank, job *j)
+{
+    (void)j;
+    return rank == 0 ? kb_dist_all_reduce(ctx, NULL, KB_DIST_SUM) : kb_dist_barrier(ctx);
+}
+
+static int host_after_spawn(kb_ctx *ctx, void *arg)
+{
+    job *j = arg;
+    int rc = kb_spawn(ctx, worker, j, j->nprocs);
+    if (rc)
+        return rc;
+    /* the host program itself is no rank */
+    j->host_rc = kb_dist_barrier(ctx);
+    return 0;
+}
+
+static void test_err_state(void **state)
+{
+    (void)state;
+    kb_ctx *ctx = make_ctx(2, "ring_1d", 1, "intercube_allreduce");
+    job j = { .nprocs = 2, .skip_init = 1, .body = body_before_init };
+    run_fails(ctx, &j, KB_ERR_STATE, "rank 0: all_reduce before init_process_group");
+    kb_ctx_destroy(ctx);
+
+    ctx = make_ctx(2, "ring_1d", 1, "intercube_allreduce");
+    job k = { .nprocs = 2 };
+    assert_int_equal(kb_ctx_run_host(ctx, host_after_spawn, &k), 0);
+    assert_int_equal(k.host_rc, KB_ERR_STATE);
+    assert_string_equal(kb_ctx_errmsg(ctx), "barrier outside a spawned rank worker");
+    kb_ctx_destroy(ctx);
+}
+
+/* Rank fail_rank fails at t = 1 us; the others wait in a barrier (rank 0 first sleeps past
+ * the failure when j->sleeper is set) and mark after[] if they ever get further. */
+static int body_fail(kb_ctx *ctx, int rank, job *j)
+{
+    if (rank == j->fail_rank) {
+        kb_fiber_sleep(kb_ctx_sim(ctx), kb_ns(1000));
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_INVAL, "worker gave up");
+    }
+    if (rank == 0 && j->sleeper)
+        kb_fiber_sleep(kb_ctx_sim(ctx), kb_ns(10000));
+    int rc = kb_dist_barrier(ctx);
+    j->after[rank] = 1;
+    return rc;
+}
+
+static void test_err_worker_fails(void **state)
+{
+    (void)state;
+    for (int sleeper = 0; sleeper <= 1; sleeper++) {
+        kb_ctx *ctx = make_ctx(4, "ring_1d", 1, "intercube_allreduce");
+        job j = { .nprocs = 4, .body = body_fail, .fail_rank = 2, .sleeper = sleeper };
+        kb_sim *sim = kb_ctx_sim(ctx);
+        run_fails(ctx, &j, KB_ERR_INVAL, "rank 2: worker gave up");
+        assert_int_equal(strncmp(kb_ctx_errmsg(ctx), "rank 2: ", 8), 0);
+        /* the run stopped at the failure: host + the 3 other ranks are still live, unfinished */
+        assert_int_equal(kb_sim_live_fibers(sim), 4);
+        assert_int_equal(kb_sim_now(sim) >= kb_ns(1000) && kb_sim_now(sim) < kb_ns(10000), 1);
+        for (int r = 0; r < 4; r++)
+            assert_int_equal(j.after[r], 0);
+        if (!sleeper) {
+            /* nothing is pending: running again only finds the ranks blocked in the barrier */
+            assert_int_equal(kb_sim_run(sim), KB_ERR_DEADLOCK);
+            for (int r = 0; r < 4; r++)
+                assert_int_equal(j.after[r], 0);
+        }
+        kb_ctx_destroy(ctx);
+    }
+}
+
+/* Errors right after (or inside) a collective: nothing may leak. */
+static int body_fail_after(kb_ctx *ctx, int rank, job *j)
+{
+    int rc = kb_dist_barrier(ctx);
+    if (rc == 0 && rank == j->fail_rank)
+        rc = kb_err_set(kb_ctx_err(ctx), KB_ERR_INVAL, "worker gave up");
+    return rc;
+}
+
+/* exec errors: a tensor off its rank's SIP, or shards too big for an IPCQ slot */
+static int body_bad_tensor(kb_ctx *ctx, int rank, job *j)
+{
+    int64_t cols = j->sleeper ? 1025 : 4; /* 1025 f32 = 4100 bytes > slot_size 4096 */
+    if (!j->sleeper && rank == 1 && kb_ctx_set_device(ctx, 0) != 0)
+        return KB_ERR_INVAL;
+    kb_tensor_desc d = { "bad", kb_dist_shards_per_rank(ctx), cols, KB_F16, kb_dist_policy(ctx),
+                         KB_MEM_HBM };
+    int rc = kb_tensor_zeros(ctx, &d, &j->t[rank]);
+    return rc ? rc : kb_dist_all_reduce(ctx, j->t[rank], KB_DIST_SUM);
+}
+
+static void test_err_after_collective(void **state)
+{
+    (void)state;
+    for (int fr = 0; fr < 2; fr++) {
+        kb_ctx *ctx = make_ctx(2, "ring_1d", 1, "intercube_allreduce");
+        job j = { .nprocs = 2, .body = body_fail_after, .fail_rank = fr };
+        run_fails(ctx, &j, KB_ERR_INVAL, "worker gave up");
+        kb_ctx_destroy(ctx);
+    }
+    kb_ctx *ctx = make_ctx(2, "ring_1d", 1, "intercube_allreduce");
+    job j = { .nprocs = 2, .body = body_bad_tensor };
+    run_fails(ctx, &j, KB_ERR_STATE, "all_reduce: validator multi_pe_sip_local: rank 1's tensor "
+              "'bad' lives on SIP 0 (call set_device(rank) first)");
+    kb_ctx_destroy(ctx);
+    ctx = make_ctx(2, "ring_1d", 1, "intercube_allreduce");
+    job k = { .nprocs = 2, .body = body_bad_tensor, .sleeper = 1 };
+    run_fails(ctx, &k, KB_ERR_CONFIG, "all_reduce: shards of 1025 elements travel as 4100-byte f32 "
+              "messages but slot_size is 4096 (raise ccl.defaults.slot_size)");
+    kb_ctx_destroy(ctx);
+}
+
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_world_and_ranks),
+        cmocka_unit_test(test_placement_hierarchical),
+        cmocka_unit_test(test_wiring_ring_default_mesh),
+        cmocka_unit_test(test_wiring_sip_grids),
+        cmocka_unit_test(test_allreduce_ring),
+        cmocka_unit_test(test_allreduce_torus),
+        cmocka_unit_test(test_allreduce_mesh_no_wrap),
+        cmocka_unit_test(test_allreduce_hierarchical),
+        cmocka_unit_test(test_all_gather),
+        cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_err_mismatch),
+        cmocka_unit_test(test_err_joined_twice),
+        cmocka_unit_test(test_err_op),
+        cmocka_unit_test(test_err_backend_and_algorithm),
+        cmocka_unit_test(test_err_state),
+        cmocka_unit_test(test_err_worker_fails),
+        cmocka_unit_test(test_err_after_collective),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
