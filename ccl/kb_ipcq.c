@@ -55,7 +55,8 @@ struct kb_ipcq_req {
     kb_dtype dt;
     uint64_t nbytes, seq;
     kb_time t_post;
-    int done;
+    kb_time t_done;      /* end of the copy-out, once done */
+    int done;            /* the copy-out is issued (it ends at t_done) */
     kb_fiber *waiter;
     kb_ipcq_req *next;
 };
@@ -538,29 +539,6 @@ static void credit_arrive(kb_sim *sim, void *a, void *b)
     msg_put(ps->sys, m);
 }
 
-static void recv_done(kb_sim *sim, void *a, void *b)
-{
-    kb_ipcq_req *r = a;
-    qp *q = r->q;
-    ipcq_sys *sys = q->owner->sys;
-    (void)b;
-    r->done = 1;
-    msg *m = msg_get(sys);
-    if (m) {
-        m->to = q->peer->ipcq_state;
-        m->addr = q->my_rx_base;
-        m->seq = r->seq;
-        if (kb_sim_after(sim, q->credit_delay, credit_arrive, m, NULL) != 0)
-            msg_put(sys, m), m = NULL;
-    }
-    if (!m) {
-        kb_err_set(&sys->ctx->err, KB_ERR_NOMEM, "out of memory sending an IPCQ credit");
-        kb_ctx_fail(sys->ctx, KB_ERR_NOMEM);
-    }
-    if (r->waiter)
-        kb_fiber_wake(sim, r->waiter);
-}
-
 /* Starts the copy-out of every posted receive whose data has arrived. */
 static void progress(qp *q)
 {
@@ -585,12 +563,24 @@ static void progress(qp *q)
         rec.pe = q->owner->pe->gid;
         rec.dst = kb_opnd_make(r->dst, r->rows, r->cols, r->dst_dt);
         rec.src[0] = kb_opnd_make(slot, r->rows, r->cols, r->dt);
-        if (kb_ctx_record_as(ctx, &rec, recv_names[q->dir]) != 0 ||
-            kb_sim_at(ctx->sim, rec.t_end, recv_done, r, NULL) != 0) {
+        /* the copy's end is known now: the credit leaves then and the waiting kernel resumes
+         * then, with no event of its own for the completion */
+        r->done = 1;
+        r->t_done = rec.t_end;
+        msg *m = msg_get(sys);
+        if (m) {
+            m->to = q->peer->ipcq_state;
+            m->addr = q->my_rx_base;
+            m->seq = r->seq;
+        }
+        if (kb_ctx_record_as(ctx, &rec, recv_names[q->dir]) != 0 || !m ||
+            kb_sim_at(ctx->sim, rec.t_end + q->credit_delay, credit_arrive, m, NULL) != 0) {
             kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory in an IPCQ receive");
             kb_ctx_fail(ctx, KB_ERR_NOMEM);
             return;
         }
+        if (r->waiter)
+            kb_fiber_wake_at(ctx->sim, r->waiter, rec.t_end);
     }
 }
 
@@ -654,8 +644,9 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
     kb_tl_wait_until(tl, rec.t_end);
 }
 
+/* sync: the caller waits right away, so the posting overhead is folded into that wait */
 static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int into, kb_va va,
-                         const char *op)
+                         const char *op, int sync)
 {
     qp *q = wired_qp(tl, dir, op);
     ipcq_sys *sys = q->owner->sys;
@@ -695,13 +686,14 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
         q->pend_head = r;
     q->pend_tail = r;
     progress(q);
-    kb_tl_wait_until(tl, r->t_post);
+    if (!sync)
+        kb_tl_wait_until(tl, r->t_post);
     return r;
 }
 
 kb_ipcq_req *tl_recv_async(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt)
 {
-    return post(tl, dir, s, dt, 0, 0, "tl_recv_async");
+    return post(tl, dir, s, dt, 0, 0, "tl_recv_async", 0);
 }
 
 kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
@@ -715,7 +707,9 @@ kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
     sys = r->q->owner->sys;
     if (!r->done) {
         r->waiter = kb_fiber_current(tl->ctx->sim);
-        kb_fiber_block(tl->ctx->sim, recv_names[r->q->dir], r->q);
+        kb_fiber_block(tl->ctx->sim, recv_names[r->q->dir], r->q); /* woken at t_done */
+    } else {
+        kb_tl_wait_until(tl, r->t_done);
     }
     sys->recvs++;
     trace(tl->ctx, "recv", tl->pe, r->q->dir, r->nbytes, r->seq);
@@ -726,10 +720,10 @@ kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
 
 kb_val tl_recv(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt)
 {
-    return tl_wait(tl, post(tl, dir, s, dt, 0, 0, "tl_recv"));
+    return tl_wait(tl, post(tl, dir, s, dt, 0, 0, "tl_recv", 1));
 }
 
 void tl_recv_into(kb_tl *tl, kb_dir dir, kb_va va, kb_shape s, kb_dtype dt)
 {
-    tl_wait(tl, post(tl, dir, s, dt, 1, va, "tl_recv_into"));
+    tl_wait(tl, post(tl, dir, s, dt, 1, va, "tl_recv_into", 1));
 }

@@ -138,9 +138,7 @@ kb_pa kb_tl_translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_te
 
 static int is_local(const kb_tl *tl, kb_pa pa)
 {
-    kb_pa_fields f = kb_pa_decode(pa);
-    return f.kind == KB_PA_PE_RES && kb_pa_gsip(pa) == tl->pe->gsip && f.cube == tl->pe->cube &&
-           f.pe == tl->pe->pe;
+    return kb_pa_in_pe_window(pa, kb_pa_pe_window(tl->pe->gsip, tl->pe->cube, tl->pe->pe));
 }
 
 static void need_local(kb_tl *tl, kb_val v, const char *op)

@@ -184,6 +184,13 @@ static int reserve(kb_sim *sim, size_t extra)
     return need <= sim->cap ? 0 : grow(sim, need);
 }
 
+/*
+ * A 4-ary heap: half the depth of a binary one, and a node's four children are adjacent, so a
+ * sift-down level costs three comparisons within two cache lines instead of a dependent load
+ * per level (measured: the binary heap was a quarter of all instructions of a 256-PE ring).
+ */
+#define KB_HEAP_D_ 4
+
 static void heap_push(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
 {
     kb_event *h = sim->heap;
@@ -192,7 +199,7 @@ static void heap_push(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
 
     assert(sim->hn <= sim->cap);
     while (i > 0) {
-        size_t p = (i - 1) / 2;
+        size_t p = (i - 1) / KB_HEAP_D_;
         if (!ev_before(&ev, &h[p]))
             break;
         h[i] = h[p];
@@ -211,23 +218,21 @@ static void heap_pop(kb_sim *sim, kb_event *out)
     if (n == 0)
         return;
     /* Sift the former last element down from the root, moving the hole instead of swapping. */
+    const kb_event *last = &h[n];
     for (;;) {
-        size_t c = 2 * i + 1;
+        size_t c = KB_HEAP_D_ * i + 1, best;
         if (c >= n)
             break;
-        /* Large heaps miss the cache: fetch both possible next pairs of children now. */
-        if (4 * i + 6 < sim->cap) {
-            KB_PREFETCH_(&h[4 * i + 3]);
-            KB_PREFETCH_(&h[4 * i + 6]);
-        }
-        /* Reads h[n] when c + 1 == n: still initialized (it is the element being placed). */
-        c += (c + 1 < n) & ev_before(&h[c + 1], &h[c]);
-        if (!ev_before(&h[c], &h[n]))
+        best = c;
+        size_t end = c + KB_HEAP_D_ < n ? c + KB_HEAP_D_ : n;
+        for (size_t k = c + 1; k < end; k++)
+            best = ev_before(&h[k], &h[best]) ? k : best;
+        if (!ev_before(&h[best], last))
             break;
-        h[i] = h[c];
-        i = c;
+        h[i] = h[best];
+        i = best;
     }
-    h[i] = h[n];
+    h[i] = *last;
 }
 
 static void fifo_push(kb_sim *sim, kb_event_fn fn, void *a, void *b)

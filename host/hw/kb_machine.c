@@ -285,37 +285,43 @@ typedef struct loc {
 
 static int locate(kb_machine *m, kb_pa pa, loc *l, kb_errbuf *eb)
 {
+    /* hot path: field extraction without kb_pa_decode's validation, which the slow path
+     * below (an error message) does */
     char buf[96];
-    kb_pa_fields f = kb_pa_decode(pa);
-    unsigned gsip = f.rack * KB_SIPS_PER_RACK + f.sip;
+    unsigned gsip = kb_pa_gsip(pa), cube = kb_pa_cube(pa);
 
-    if (f.kind == KB_PA_INVALID || f.kind == KB_PA_MCPU || gsip >= (unsigned)m->nsips ||
-        f.cube >= (unsigned)m->ncubes)
+    if (pa > KB_PA_MAX || gsip >= (unsigned)m->nsips || cube >= (unsigned)m->ncubes)
         goto bad;
     l->gsip = gsip;
-    l->cube = f.cube;
-    kb_cube_hw *cube = &m->sips[gsip].cubes[f.cube];
-    switch (f.kind) {
-    case KB_PA_HBM: {
-        uint64_t pe = f.offset / m->hbm_slice_bytes;
+    l->cube = cube;
+    kb_cube_hw *c = &m->sips[gsip].cubes[cube];
+    if (kb_pa_is_hbm(pa)) {
+        uint64_t pe = kb_pa_hbm_offset(pa) / m->hbm_slice_bytes;
         if (pe >= (uint64_t)m->npes)
             goto bad;
         l->pe = (int)pe;
         l->pe_local = 0;
-        l->port = &cube->pes[pe].hbm_port;
+        l->port = &c->pes[pe].hbm_port;
         return 0;
     }
-    case KB_PA_PE_RES:
-        if (f.pe >= (unsigned)m->npes)
+    if ((pa >> 29) & 1u) /* ext bit: reserved */
+        goto bad;
+    switch (kb_pa_unit_of(pa)) {
+    case KB_UNIT_PE: {
+        unsigned pe = kb_pa_pe_of(pa);
+        if (pe >= (unsigned)m->npes || ((pa & (KB_SUB_OFFSET_BYTES - 1)) >> 27) >= KB_PE_NRANGES)
             goto bad;
-        l->pe = (int)f.pe;
+        l->pe = (int)pe;
         l->pe_local = 1;
-        l->port = &cube->pes[f.pe].tcm_port;
+        l->port = &c->pes[pe].tcm_port;
         return 0;
-    case KB_PA_SRAM:
+    }
+    case KB_UNIT_SRAM:
+        if (kb_pa_pe_of(pa) != 0)
+            goto bad;
         l->pe = -1;
         l->pe_local = 0;
-        l->port = &cube->sram_port;
+        l->port = &c->sram_port;
         return 0;
     default:
         break;

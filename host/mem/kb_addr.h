@@ -97,6 +97,25 @@ static inline unsigned kb_pa_gsip(kb_pa pa)
 static inline unsigned kb_pa_cube(kb_pa pa) { return (unsigned)((pa >> 38) & 0x1fu); }
 
 /*
+ * Field extraction for hot paths (routes, operand checks). They do not validate: use them on
+ * addresses kbcl produced, or after kb_pa_valid().
+ */
+static inline int kb_pa_is_hbm(kb_pa pa) { return (int)((pa >> 37) & 1u); }
+static inline uint64_t kb_pa_hbm_offset(kb_pa pa) { return pa & ((UINT64_C(1) << 37) - 1); }
+static inline unsigned kb_pa_unit_of(kb_pa pa) { return (unsigned)((pa >> 34) & 7u); }
+static inline unsigned kb_pa_pe_of(kb_pa pa) { return (unsigned)((pa >> 30) & 15u); }
+/* The bits [50:30] every address of a PE's resource window shares (rack, sip, cube, unit PE,
+ * pe id); an address is in that PE's window iff (pa >> 30) equals this and bit 29 is clear. */
+static inline uint64_t kb_pa_pe_window(unsigned gsip, unsigned cube, unsigned pe)
+{
+    return ((uint64_t)gsip << 13) | ((uint64_t)cube << 8) | ((uint64_t)KB_UNIT_PE << 4) | pe;
+}
+static inline int kb_pa_in_pe_window(kb_pa pa, uint64_t window)
+{
+    return (pa >> 30) == window && !((pa >> 29) & 1u);
+}
+
+/*
  * Readable form, e.g. "sip=1 cube=3 pe=5 ipcq+0x1200", "sip=0 cube=2 hbm+0x40000000",
  * "rack=1 sip=2 cube=0 sram+0x100" (rack is shown only when non-zero), "invalid(0x...)".
  * Writes at most n bytes including the NUL; returns buf.
