@@ -7,17 +7,19 @@
  * serial replay, while independent records fall into the earliest batch they can; the batch
  * count is the longest conflict chain. Conflicts use exact byte intervals: a record's reads are
  * its MEM sources' spans, its write is its dst span; payload sources never conflict because the
- * payload is read-only. The per-byte "latest batch that wrote / read it" is kept over the
- * elementary intervals between all span endpoints of the flush (found by one sort), in a
- * 16-ary max tree with lazy "raise to at least" tags, so each query or update costs a few
- * node visits for the small spans of real logs and O(16 log m) at worst. Each batch is then
- * grouped by kind (stable), and every touched byte range is packed into coalesced arena
- * segments, MEM operands rewritten to arena offsets. Each segment starts at an arena offset
- * congruent to its PA modulo 8, so every operand keeps the natural alignment it had in
- * simulated memory. All sorting is a stable LSD radix sort (no comparator calls, same result
- * on every libc). Limits: spans are conservative for strided operands (the gaps between rows
- * count as touched); one arena per flush, rebuilt from the memory store each time; fewer than
- * 2^32 records and span endpoints per flush.
+ * payload is read-only. Span endpoints are ranked among the flush's distinct endpoint
+ * addresses (through a hash table, as real logs reuse the same buffers over and over, then a
+ * sort of the distinct ones; or a sort of all endpoints when most are distinct), which cuts the
+ * address space into elementary intervals. Over those intervals a 16-ary max tree with lazy
+ * "raise to at least" tags keeps the latest batch that wrote and that read each byte, so a
+ * query or update costs a few node visits for the small spans of real logs and O(16 log m) at
+ * worst. The same intervals give the arena: maximal runs of touched intervals are coalesced
+ * segments, packed in PA order, each at an arena offset congruent to its PA modulo 8 so that
+ * every operand keeps the natural alignment it had in simulated memory; MEM operands are
+ * rewritten to arena offsets. Each batch is grouped by kind (stable). All sorting is a stable
+ * LSD radix sort (no comparator calls, same result on every libc). Limits: spans are
+ * conservative for strided operands (the gaps between rows count as touched); one arena per
+ * flush, rebuilt from the memory store each time; at most 2^32 / 8 records per flush.
  */
 #include "kb_replay.h"
 
@@ -290,11 +292,12 @@ static int uhash_id(uhash *h, uint64_t a, size_t seen, uint32_t *id)
         return 0;
     }
     if (h->nu == h->ucap) {
-        uint64_t *g = realloc(h->ua, 2 * h->ucap * sizeof *h->ua);
+        size_t c = h->ucap ? 2 * h->ucap : 1024;
+        uint64_t *g = realloc(h->ua, c * sizeof *h->ua);
         if (!g)
             return KB_ERR_NOMEM;
         h->ua = g;
-        h->ucap *= 2;
+        h->ucap = c;
     }
     h->ua[h->nu] = a;
     h->key[s] = a;
@@ -646,11 +649,12 @@ out:
  * segments (spans that overlap or touch share one), packed in PA order, each at an offset
  * congruent to its PA modulo 8. Fills p->segs, p->nsegs, p->arena_bytes and t->leafoff.
  */
-static int plan_arena(const plan_tmp *t, size_t n, kb_plan *p, uint64_t *leafoff)
+static int plan_arena(plan_tmp *t, size_t n, kb_plan *p)
 {
     size_t nr = t->nranks, nseg = 0;
-    int32_t *cov = calloc(nr + 1, sizeof *cov), *wcov = calloc(nr + 1, sizeof *wcov);
-    int32_t c = 0, wc = 0;
+    /* Coverage counts as differences at span ends; a leaf is touched where the sum is > 0. */
+    int64_t *cov = calloc(nr + 1, sizeof *cov), *wcov = calloc(nr + 1, sizeof *wcov);
+    int64_t c = 0, wc = 0;
     uint64_t end = 0;
     int rc = KB_ERR_NOMEM;
 
@@ -683,7 +687,7 @@ static int plan_arena(const plan_tmp *t, size_t n, kb_plan *p, uint64_t *leafoff
             sg->arena_off = off;
             sg->written = 0;
         }
-        leafoff[j] = sg->arena_off + (t->uaddr[j] - sg->pa);
+        t->leafoff[j] = sg->arena_off + (t->uaddr[j] - sg->pa);
         sg->len = t->uaddr[j + 1] - sg->pa;
         if (wc > 0)
             sg->written = 1;
@@ -768,7 +772,7 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
     t.lvl = malloc(n * sizeof *t.lvl);
     if (!t.leafoff || !t.lvl)
         goto fail;
-    if ((rc = plan_arena(&t, n, out, t.leafoff)) != 0)
+    if ((rc = plan_arena(&t, n, out)) != 0)
         goto fail;
     /* (t_start, seq) order, ties in input order: sort by seq, then stably by t_start. */
     radix_sort(t.keys, t.ktmp, n);
