@@ -113,13 +113,13 @@ int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_err
 {
     int per_sip = m->npes * m->ncubes, total = per_sip * m->nsips;
     if (ws < 1 || ws > total)
-        return kb_err_set(eb, KB_ERR_RANGE,
+        return kb_err_set(eb, KB_ERR_CONFIG,
                           "world size %d does not fit the machine's %d PEs (rank = PE mode)", ws,
                           total);
     out->ws = ws;
     if (ws > per_sip) {
         if (ws % per_sip != 0)
-            return kb_err_set(eb, KB_ERR_RANGE,
+            return kb_err_set(eb, KB_ERR_CONFIG,
                               "world size %d spans SIPs but is not a multiple of %d PEs per SIP",
                               ws, per_sip);
         out->sips = ws / per_sip;
@@ -127,7 +127,7 @@ int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_err
         out->pes = m->npes;
     } else if (ws > m->npes) {
         if (ws % m->npes != 0)
-            return kb_err_set(eb, KB_ERR_RANGE,
+            return kb_err_set(eb, KB_ERR_CONFIG,
                               "world size %d spans cubes but is not a multiple of %d PEs per cube",
                               ws, m->npes);
         out->sips = 1;

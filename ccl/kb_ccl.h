@@ -61,8 +61,9 @@ typedef struct kb_ccl_algo_impl {
     const char *module;          /* ccl.yaml `module` */
     const char *summary;
     kb_kernel_fn kernel;
-    /* Checks the world size for this algorithm; NULL = any. Message in eb. */
-    int (*check_ws)(int ws, const kb_ccl_geom *g, kb_errbuf *eb);
+    /* Checks the world size and tile length (n elements) for this algorithm; NULL = any.
+     * KB_ERR_CONFIG with a message in eb. */
+    int (*check)(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb);
     /* Largest message in bytes for a tile of n f16 elements on ws ranks (slot size check). */
     uint64_t (*max_msg_bytes)(int64_t n, int ws);
     /* Expected value of every element of rank r's tile after the collective, when rank q's
@@ -89,7 +90,7 @@ kb_va kb_ccl_my_tile(kb_tl *tl, const kb_kargs *a);
 static inline kb_val kb_val_slice(kb_val v, uint32_t c0, uint32_t n)
 {
     kb_val s = v;
-    s.pa = v.pa + (uint64_t)c0 * (v.dtype == 2 ? 4u : 2u);
+    s.pa = v.pa + (uint64_t)c0 * kb_dtype_size((kb_dtype)v.dtype);
     s.cols = n;
     s.scratch = 0;
     return s;

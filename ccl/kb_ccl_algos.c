@@ -135,12 +135,16 @@ static uint64_t rsag_msg(int64_t n, int ws)
     return (uint64_t)((n + ws - 1) / ws) * 4u;
 }
 
-static int rsag_check(int ws, const kb_ccl_geom *g, kb_errbuf *eb)
+static int rsag_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
 {
     (void)g;
     if (ws > KB_RSAG_MAX_WS)
-        return kb_err_set(eb, KB_ERR_RANGE, "ring_rsag_allreduce: world size %d > %d", ws,
+        return kb_err_set(eb, KB_ERR_CONFIG, "ring_rsag_allreduce: world size %d > %d", ws,
                           KB_RSAG_MAX_WS);
+    if (n < ws)
+        return kb_err_set(eb, KB_ERR_CONFIG,
+                          "ring_rsag_allreduce cuts each tile into one chunk per rank: n_elem %lld "
+                          "is less than the world size %d", (long long)n, ws);
     return 0;
 }
 
@@ -186,10 +190,11 @@ static void mesh_allreduce(kb_tl *tl, const kb_kargs *a)
     tl_store(tl, mine, all);
 }
 
-static int mesh_check(int ws, const kb_ccl_geom *g, kb_errbuf *eb)
+static int mesh_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
 {
     int64_t k = isqrt64(ws);
     (void)g;
+    (void)n;
     if (k * k != ws)
         return kb_err_set(eb, KB_ERR_CONFIG, "mesh_allreduce needs a square world size, got %d",
                           ws);
@@ -310,7 +315,7 @@ static const kb_ccl_algo_impl algos[] = {
       ring_rsag_allreduce, rsag_check, rsag_msg, sum_expected },
     { "mesh_allreduce", "row ring (E/W) then column ring (N/S) on a square k x k world",
       mesh_allreduce, mesh_check, tile_f32, sum_expected },
-    { "tree_allreduce", "binary tree: reduce to rank 0, broadcast back (any world size)",
+    { "tree_allreduce", "binary tree: reduce to rank 0, broadcast back (any size the rank = PE layout takes)",
       tree_allreduce, NULL, tile_f32, sum_expected },
     { "hierarchical_allreduce", "3 levels: chains in each cube and across cubes, ring across SIPs",
       hierarchical_allreduce, NULL, tile_f32, sum_expected },

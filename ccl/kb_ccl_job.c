@@ -30,7 +30,7 @@ int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *imp
     if ((rc = kb_ccl_layout_legacy(m, ws, &job->layout, eb)) != 0)
         return rc;
     kb_ccl_geom g = { m->npes, job->layout.cubes };
-    if (impl->check_ws && (rc = impl->check_ws(ws, &g, eb)) != 0)
+    if (impl->check && (rc = impl->check(ws, n, &g, eb)) != 0)
         return rc;
     uint64_t need = impl->max_msg_bytes(n, ws);
     if (need > icfg->slot_size)

@@ -346,6 +346,9 @@ static int join(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b, exec
         d->done = e;
         e->users--; /* the dist no longer points at it */
         e->rc = exec ? exec(ctx, d, e) : 0;
+        if (e->rc)
+            kb_err_prefix(eb, "%s of epoch %d (run for every rank by rank %d, the last to join)",
+                          ep_names[kind], e->id, r);
         if (kind != EP_BARRIER && kind != EP_INIT)
             d->comm += kb_sim_now(kb_ctx_sim(ctx)) - t0;
         kb_signal_fire(kb_ctx_sim(ctx), &e->done);

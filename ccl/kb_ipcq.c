@@ -36,6 +36,7 @@ typedef struct qp {
     kb_waitq send_wait;
     kb_ipcq_req *pend_head, *pend_tail;
     kb_time credit_delay;
+    uint64_t *slot_bytes;     /* [n_slots]: size of the message in each slot (from its token) */
 } qp;
 
 struct pe_state {
@@ -65,6 +66,7 @@ typedef struct msg {
     pe_state *to;
     kb_pa addr;
     uint64_t seq;
+    uint64_t nbytes;
     struct msg *next;
 } msg;
 
@@ -140,10 +142,12 @@ static kb_alloc *ring_allocator(kb_ctx *ctx, kb_pe_hw *pe, kb_mem_kind kind)
 
 static void free_pe_state(ipcq_sys *sys, pe_state *ps)
 {
-    for (int d = 0; d < KB_NDIRS; d++)
+    for (int d = 0; d < KB_NDIRS; d++) {
         if (ps->q[d].wired)
             kb_alloc_free(ring_allocator(sys->ctx, ps->pe, sys->cfg.buffer_kind),
                           ps->q[d].my_rx_base, NULL);
+        free(ps->q[d].slot_bytes);
+    }
     ps->pe->ipcq_state = NULL;
     free(ps);
 }
@@ -377,6 +381,12 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
                             dir_names[links[i].dir], aeb.msg);
             goto fail;
         }
+        q->slot_bytes = calloc((size_t)cfg->n_slots, sizeof *q->slot_bytes);
+        if (!q->slot_bytes) {
+            kb_alloc_free(ring_allocator(ctx, pe, cfg->buffer_kind), base, NULL);
+            rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
         q->wired = 1;
         q->dir = links[i].dir;
         q->owner = ps;
@@ -549,7 +559,20 @@ static void progress(qp *q)
         q->pend_head = r->next;
         if (!q->pend_head)
             q->pend_tail = NULL;
-        kb_pa slot = q->my_rx_base + (q->my_tail % (uint64_t)q->n_slots) * q->slot_size;
+        uint64_t si = q->my_tail % (uint64_t)q->n_slots;
+        kb_pa slot = q->my_rx_base + si * q->slot_size;
+        if (q->slot_bytes[si] != r->nbytes) {
+            /* the receive names another shape/dtype than the send it matches */
+            if (!ctx->failed)
+                kb_err_set(&ctx->err, KB_ERR_INVAL,
+                           "kernel %s on sip%u/cube%u/pe%u: tl_recv %s expects %llu bytes but "
+                           "message %llu from the peer has %llu", r->tl->launch->name,
+                           q->owner->pe->gsip, q->owner->pe->cube, q->owner->pe->pe,
+                           dir_names[q->dir], (unsigned long long)r->nbytes,
+                           (unsigned long long)q->my_tail, (unsigned long long)q->slot_bytes[si]);
+            kb_ctx_fail(ctx, KB_ERR_INVAL);
+            return;
+        }
         kb_time now = kb_sim_now(ctx->sim), t0 = r->t_post > now ? r->t_post : now;
         kb_rec rec;
         memset(&rec, 0, sizeof rec);
@@ -572,6 +595,7 @@ static void progress(qp *q)
             m->to = q->peer->ipcq_state;
             m->addr = q->my_rx_base;
             m->seq = r->seq;
+            m->nbytes = 0;
         }
         if (kb_ctx_record_as(ctx, &rec, recv_names[q->dir]) != 0 || !m ||
             kb_sim_at(ctx->sim, rec.t_end + q->credit_delay, credit_arrive, m, NULL) != 0) {
@@ -594,6 +618,7 @@ static void meta_arrive(kb_sim *sim, void *a, void *b)
         qp *q = &ps->q[d];
         if (q->wired && m->addr >= q->my_rx_base &&
             m->addr < q->my_rx_base + (uint64_t)q->n_slots * q->slot_size) {
+            q->slot_bytes[(m->addr - q->my_rx_base) / q->slot_size] = m->nbytes;
             q->peer_head_cache++;
             progress(q);
             break;
@@ -637,6 +662,7 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
     m->to = q->peer->ipcq_state;
     m->addr = dst;
     m->seq = seq;
+    m->nbytes = nbytes;
     if (kb_sim_at(ctx->sim, rec.t_end, meta_arrive, m, NULL) != 0)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
     sys->sends++;

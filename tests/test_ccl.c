@@ -288,14 +288,14 @@ static void test_layout_legacy(void **state)
     layout_ok(m, 16, 1, 2, 8);
     layout_ok(m, 128, 1, 16, 8);
     layout_ok(m, 256, 2, 16, 8);
-    assert_int_equal(kb_ccl_layout_legacy(m, 9, &l, &eb), KB_ERR_RANGE);
-    assert_int_equal(kb_ccl_layout_legacy(m, 12, &l, &eb), KB_ERR_RANGE);
+    assert_int_equal(kb_ccl_layout_legacy(m, 9, &l, &eb), KB_ERR_CONFIG);
+    assert_int_equal(kb_ccl_layout_legacy(m, 12, &l, &eb), KB_ERR_CONFIG);
     assert_non_null(strstr(eb.msg, "spans cubes but is not a multiple of 8"));
-    assert_int_equal(kb_ccl_layout_legacy(m, 192, &l, &eb), KB_ERR_RANGE);
+    assert_int_equal(kb_ccl_layout_legacy(m, 192, &l, &eb), KB_ERR_CONFIG);
     assert_non_null(strstr(eb.msg, "spans SIPs but is not a multiple of 128"));
-    assert_int_equal(kb_ccl_layout_legacy(m, 257, &l, &eb), KB_ERR_RANGE);
+    assert_int_equal(kb_ccl_layout_legacy(m, 257, &l, &eb), KB_ERR_CONFIG);
     assert_non_null(strstr(eb.msg, "does not fit the machine's 256 PEs"));
-    assert_int_equal(kb_ccl_layout_legacy(m, 0, &l, &eb), KB_ERR_RANGE);
+    assert_int_equal(kb_ccl_layout_legacy(m, 0, &l, &eb), KB_ERR_CONFIG);
     kb_machine_destroy(m);
     kb_machine_destroy(NULL);
 }

@@ -207,7 +207,7 @@ static void test_shipped_ccl(void **state)
     check_algo(&cfg, "hierarchical_allreduce_sip", "hierarchical_allreduce",
                "hierarchical_3level", "all_pes", "multi_pe_sip_local", "tcm", 0, 0);
     check_algo(&cfg, "ring_rsag_allreduce", "ring_rsag_allreduce", "ring_1d", "all_pes",
-               "single_shard_per_rank", "tcm", 256, 0);
+               "single_shard_per_rank", "tcm", 256, 256);
     check_algo(&cfg, "intercube_allreduce", "intercube_allreduce", "none", "pe0_all_cubes",
                "multi_pe_sip_local", "tcm", 0, 0);
     if (kb_config_validate(&cfg, &eb) != 0)

@@ -665,6 +665,32 @@ static void test_value_larger_than_slot(void **state)
     }
 }
 
+
+/* A receive naming another size than the message it matches is an error, not a silent
+ * misread (the meta token carries the message size). */
+static void k_recv_mismatch(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    if (tl_program_id(tl, 0) == 0)
+        tl_send(tl, KB_DIR_E, tl_full(tl, KB_SHAPE1(N / 2), 1.0f));
+    else
+        (void)tl_recv(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
+}
+
+static void test_recv_size_mismatch(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    fx f;
+    (void)state;
+    fx_init(&f, 2, KB_MEM_TCM, k_recv_mismatch, 2);
+    fx_ring2(&f, 0, 1);
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), KB_ERR_INVAL);
+    if (!strstr(kb_ctx_errmsg(ctx), "sip0/cube0/pe1: tl_recv W expects 64 bytes but message 0 "
+                                    "from the peer has 32"))
+        fail_msg("message: %s", kb_ctx_errmsg(ctx));
+    kb_ctx_destroy(ctx);
+}
+
 /* ---- asynchronous receives ---- */
 
 static void k_async(kb_tl *tl, const kb_kargs *a)
@@ -819,6 +845,7 @@ int main(void)
         cmocka_unit_test(test_unwired_direction),
         cmocka_unit_test(test_uninstalled_pe),
         cmocka_unit_test(test_value_larger_than_slot),
+        cmocka_unit_test(test_recv_size_mismatch),
         cmocka_unit_test(test_recv_async),
         cmocka_unit_test(test_deadlock_report),
         cmocka_unit_test(test_ring_allreduce_one_slot),

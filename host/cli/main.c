@@ -27,6 +27,9 @@ static void usage_main(FILE *f)
           "commands:\n"
           "  run      run a bench: simulate its timing (Phase 1) and, with --verify-data,\n"
           "           replay its data (Phase 2) and check the numbers\n"
+          "  sweep    run a grid of jobs from a YAML file, one result row per point\n"
+          "           (CSV or JSON Lines; --jobs N workers, --resume, mpirun)\n"
+          "  report   render sweep results as a self-contained HTML page with plots\n"
           "  list     list benches, algorithms, topologies and devices\n"
           "  devices  list the OpenCL platforms and devices Phase 2 can use\n"
           "  bench-self  measure the simulator's own speed (Phase 1 and Phase-2 replay)\n"
@@ -42,7 +45,7 @@ static void usage_run(FILE *f)
 {
     fputs("usage: kbcl run [options]\n"
           "\n"
-          "  --bench NAME         bench to run (default gemm; see kbcl list)\n"
+          "  --bench NAME         bench to run (default ccl_allreduce; see kbcl list)\n"
           "  --topology FILE      machine description (default configs/topology.yaml)\n"
           "  --ccl FILE           collective library config (default configs/ccl.yaml)\n"
           "  --set KEY=VALUE      override a config key, e.g. system.sips.count=4,\n"
@@ -158,6 +161,10 @@ int main(int argc, char **argv)
     }
     if (!strcmp(argv[1], "run"))
         return cmd_run(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "sweep"))
+        return kbcl_cmd_sweep(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "report"))
+        return kbcl_cmd_report(argc - 2, argv + 2);
     if (!strcmp(argv[1], "list"))
         return cmd_list();
     if (!strcmp(argv[1], "bench-self"))
