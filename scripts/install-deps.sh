@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kbcl needs to build and test. Idempotent: packages already
 # present are skipped, so `make run` / `make test` can call it every time.
+# KBCL_INSTALL_CHROMIUM=1 also installs chromium (the optional report_render test).
 set -euo pipefail
 
 PKGS=(
@@ -11,7 +12,12 @@ PKGS=(
   libboost-context-dev # make_fcontext / jump_fcontext (C linkage) for fibers
   ocl-icd-opencl-dev opencl-headers ocl-icd-libopencl1 clinfo
   pocl-opencl-icd      # OpenCL on the CPU (CI and machines without a GPU)
+  libopenmpi-dev openmpi-bin # `kbcl sweep` under mpirun (KBCL_MPI)
 )
+# Headless Chromium for the report_render test: large, so only on request.
+if [ "${KBCL_INSTALL_CHROMIUM:-0}" = "1" ]; then
+  PKGS+=(chromium)
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do

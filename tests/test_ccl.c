@@ -400,6 +400,9 @@ static void test_mock_every_algorithm(void **state)
         }
     }
     assert_int_equal(nalgos, (int)(sizeof algo_cases / sizeof algo_cases[0]));
+    /* tiles shorter than the world: the reduce-scatter ring skips its empty chunks */
+    run_mock("ring_rsag_allreduce", NULL, 16, 5, 4242);
+    run_mock("ring_rsag_allreduce", NULL, 8, 1, 4243);
     assert_null(kb_ccl_algo_at(-1));
     assert_null(kb_ccl_algo_find("no_such_algo"));
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -261,7 +262,18 @@ char *kbcl_result_json(const kbcl_result *res)
 int kbcl_write_atomic(const char *path, const char *text, kb_errbuf *eb)
 {
     char tmp[4096];
+    struct stat st;
     FILE *f;
+    /* a device, pipe or terminal (--json /dev/stdout) is written in place: renaming over it
+     * would replace the device node */
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        f = fopen(path, "w");
+        if (!f)
+            return kb_err_set(eb, KB_ERR_IO, "%s: %s", path, strerror(errno));
+        if (fputs(text, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0)
+            return kb_err_set(eb, KB_ERR_IO, "%s: write failed", path);
+        return 0;
+    }
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     f = fopen(tmp, "w");
     if (!f)

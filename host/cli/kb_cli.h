@@ -77,4 +77,26 @@ int kbcl_bench_phase2(const char *device, int quick, struct cJSON **out, kb_errb
 int kbcl_cmd_sweep(int argc, char **argv);
 int kbcl_cmd_report(int argc, char **argv);
 
+/*
+ * The MPI side of `kbcl sweep` (sweep_mpi.c; stubs without KBCL_HAVE_MPI). The sweep hands it
+ * opaque fixed-size outcomes: `run` computes one point (on any rank; on rank 0 in a helper
+ * thread) and `finish` records one (rank 0's main thread only).
+ */
+typedef struct kbcl_sweep_io {
+    void *ctx;
+    size_t outcome_size;        /* bytes of one outcome, at most PIPE_BUF */
+    void (*run)(void *ctx, int point, void *outcome);
+    int (*finish)(void *ctx, const void *outcome);  /* nonzero: hand out no more points */
+} kbcl_sweep_io;
+
+/* 1 (MPI initialised, *rank and *size set) when an MPI launcher started this process as one
+ * of several ranks; 0 to run locally; < 0 when it did but kbcl was built without MPI. */
+int kbcl_sweep_mpi_init(int *rank, int *size, kb_errbuf *eb);
+/* Gives every rank rank 0's points (*points is malloc'd on the other ranks; free it), or
+ * *npoints = -1 on all ranks when any rank passed ok = 0. */
+int kbcl_sweep_mpi_share(int **points, int *npoints, int ok, kb_errbuf *eb);
+/* Runs the points over the ranks (rank 0 hands them out one at a time). Collective. */
+int kbcl_sweep_mpi_run(const kbcl_sweep_io *io, const int *points, int npoints, kb_errbuf *eb);
+void kbcl_sweep_mpi_fini(void);
+
 #endif

@@ -1,0 +1,799 @@
+/*
+ * kbcl report — renders the rows of a `kbcl sweep` (CSV or JSON Lines) as one self-contained
+ * HTML page: inline SVG line plots (simulated time and busbw against world size, one plot per
+ * n_elem; time against message size, one plot per world size; log2 x axes; one line per
+ * algorithm, or per combination of the other swept keys) and a table of every row. No
+ * scripts, fonts or network: the file opens anywhere and is byte-for-byte the same for the
+ * same rows. Limits: only rows with status ok are plotted; the plots need world_size and/or
+ * n_elem columns (other sweeps get the table only); rows must be single lines.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "kb_cli.h"
+
+/* ---------------------------------------------------------------- text building ------- */
+
+typedef struct sb {
+    char *s;
+    size_t len, cap;
+    int oom;
+} sb;
+
+static void sb_printf(sb *b, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+static void sb_printf(sb *b, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    if (b->oom)
+        return;
+    va_start(ap, fmt);
+    n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->oom = 1;
+        return;
+    }
+    if (!b->s || b->len + (size_t)n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        char *s;
+        while (cap < b->len + (size_t)n + 1)
+            cap *= 2;
+        if (!(s = realloc(b->s, cap))) {
+            b->oom = 1;
+            return;
+        }
+        b->s = s;
+        b->cap = cap;
+        va_start(ap, fmt);
+        vsnprintf(b->s + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+    }
+    b->len += (size_t)n;
+}
+
+/* HTML/XML-escaped text. */
+static void sb_esc(sb *b, const char *s)
+{
+    for (; *s; s++) {
+        switch (*s) {
+        case '&': sb_printf(b, "&amp;"); break;
+        case '<': sb_printf(b, "&lt;"); break;
+        case '>': sb_printf(b, "&gt;"); break;
+        case '"': sb_printf(b, "&quot;"); break;
+        default: sb_printf(b, "%c", *s);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- reading rows -------- */
+
+typedef struct rtable {
+    int ncol, nrow, caprow;
+    char **col;        /* column names */
+    char ***cell;      /* nrow x ncol, "" for missing */
+} rtable;
+
+static void rtable_free(rtable *t)
+{
+    for (int r = 0; r < t->nrow; r++) {
+        for (int c = 0; c < t->ncol; c++)
+            free(t->cell[r][c]);
+        free(t->cell[r]);
+    }
+    for (int c = 0; c < t->ncol; c++)
+        free(t->col[c]);
+    free(t->cell);
+    free(t->col);
+}
+
+static char *dupstr(const char *s)
+{
+    char *d = malloc(strlen(s) + 1);
+    if (d)
+        strcpy(d, s);
+    return d;
+}
+
+static int col_index(const rtable *t, const char *name)
+{
+    for (int c = 0; c < t->ncol; c++)
+        if (!strcmp(t->col[c], name))
+            return c;
+    return -1;
+}
+
+static int add_col(rtable *t, const char *name)
+{
+    char **col = realloc(t->col, (size_t)(t->ncol + 1) * sizeof *col);
+    if (!col)
+        return -1;
+    t->col = col;
+    if (!(t->col[t->ncol] = dupstr(name)))
+        return -1;
+    /* rows read so far get an empty cell */
+    for (int r = 0; r < t->nrow; r++) {
+        char **row = realloc(t->cell[r], (size_t)(t->ncol + 1) * sizeof *row);
+        if (!row)
+            return -1;
+        t->cell[r] = row;
+        if (!(row[t->ncol] = dupstr("")))
+            return -1;
+    }
+    return t->ncol++;
+}
+
+static char **add_row(rtable *t)
+{
+    char **row;
+    if (t->nrow == t->caprow) {
+        int cap = t->caprow ? 2 * t->caprow : 64;
+        char ***cell = realloc(t->cell, (size_t)cap * sizeof *cell);
+        if (!cell)
+            return NULL;
+        t->cell = cell;
+        t->caprow = cap;
+    }
+    if (!(row = calloc((size_t)(t->ncol ? t->ncol : 1), sizeof *row)))
+        return NULL;
+    t->cell[t->nrow++] = row;
+    return row;
+}
+
+/* Splits a CSV line in place (quotes as RFC 4180, no embedded newlines); returns the count. */
+static int split_csv(char *line, char **f, int max)
+{
+    int n = 0;
+    char *r = line, *w = line;
+    for (;;) {
+        char *start = w;
+        int quoted = *r == '"';
+        if (quoted)
+            r++;
+        while (*r) {
+            if (quoted && *r == '"' && r[1] == '"') {
+                *w++ = '"';
+                r += 2;
+            } else if (quoted && *r == '"') {
+                quoted = 0;
+                r++;
+            } else if (!quoted && *r == ',') {
+                break;
+            } else {
+                *w++ = *r++;
+            }
+        }
+        if (n < max)
+            f[n] = start;
+        n++;
+        if (!*r) {
+            *w = 0;
+            return n;
+        }
+        r++;
+        *w++ = 0;
+    }
+}
+
+static int read_table(const char *path, rtable *t, kb_errbuf *eb)
+{
+    FILE *f = fopen(path, "rb");
+    char *text = NULL, *line, *nl, **fld = NULL;
+    long sz;
+    int lineno = 0, rc = 0, jsonl;
+    size_t plen = strlen(path);
+
+    memset(t, 0, sizeof *t);
+    if (!f)
+        return kb_err_set(eb, KB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0 || (sz = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||
+        !(text = malloc((size_t)sz + 1)) || fread(text, 1, (size_t)sz, f) != (size_t)sz) {
+        rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot read", path);
+        goto done;
+    }
+    text[sz] = 0;
+    jsonl = (plen >= 6 && !strcmp(path + plen - 6, ".jsonl")) ||
+            (plen >= 5 && !strcmp(path + plen - 5, ".json")) || text[0] == '{';
+    /* a partial last line (an interrupted sweep) is ignored */
+    for (line = text; (nl = strchr(line, '\n')); line = nl + 1) {
+        lineno++;
+        *nl = 0;
+        if (nl > line && nl[-1] == '\r')
+            nl[-1] = 0;
+        if (!*line)
+            continue;
+        if (jsonl) {
+            cJSON *o = cJSON_Parse(line), *it;
+            char **row;
+            if (!cJSON_IsObject(o)) {
+                cJSON_Delete(o);
+                rc = kb_err_set(eb, KB_ERR_USAGE, "%s:%d: not a JSON object", path, lineno);
+                goto done;
+            }
+            cJSON_ArrayForEach(it, o) {
+                if (col_index(t, it->string) < 0 && add_col(t, it->string) < 0) {
+                    cJSON_Delete(o);
+                    rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+                    goto done;
+                }
+            }
+            if (!(row = add_row(t))) {
+                cJSON_Delete(o);
+                rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            for (int c = 0; c < t->ncol; c++) {
+                char num[64];
+                const char *v = "";
+                it = cJSON_GetObjectItemCaseSensitive(o, t->col[c]);
+                if (cJSON_IsString(it))
+                    v = it->valuestring;
+                else if (cJSON_IsNumber(it))
+                    snprintf(num, sizeof num, "%.12g", it->valuedouble), v = num;
+                else if (cJSON_IsBool(it))
+                    v = cJSON_IsTrue(it) ? "true" : "false";
+                row[c] = dupstr(v);
+            }
+            cJSON_Delete(o);
+            continue;
+        }
+        if (!t->col) {
+            int n = 1;
+            char **tmp;
+            for (const char *q = line; *q; q++) /* splitting edits the line: size first */
+                n += *q == ',';
+            if (!(tmp = calloc((size_t)n, sizeof *tmp))) {
+                rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            n = split_csv(line, tmp, n);
+            for (int c = 0; c < n; c++)
+                if (add_col(t, tmp[c]) < 0) {
+                    free(tmp);
+                    rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+                    goto done;
+                }
+            free(tmp);
+            if (!(fld = calloc((size_t)t->ncol, sizeof *fld))) {
+                rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            continue;
+        }
+        {
+            int n = split_csv(line, fld, t->ncol);
+            char **row;
+            if (n != t->ncol) {
+                rc = kb_err_set(eb, KB_ERR_USAGE, "%s:%d: %d fields, the header has %d", path,
+                                lineno, n, t->ncol);
+                goto done;
+            }
+            if (!(row = add_row(t))) {
+                rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+            for (int c = 0; c < t->ncol; c++)
+                row[c] = dupstr(fld[c]);
+        }
+    }
+    for (int r = 0; r < t->nrow; r++)
+        for (int c = 0; c < t->ncol; c++)
+            if (!t->cell[r][c]) {
+                rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+                goto done;
+            }
+    if (col_index(t, "point") < 0)
+        rc = kb_err_set(eb, KB_ERR_USAGE, "%s: no 'point' column: not the output of kbcl sweep",
+                        path);
+done:
+    free(fld);
+    free(text);
+    fclose(f);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- plots --------------- */
+
+static const char *const palette[] = { "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                       "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf" };
+#define NPAL ((int)(sizeof palette / sizeof palette[0]))
+
+/* The columns kbcl sweep writes after the swept ones; everything else except point is swept. */
+static int is_fixed_col(const char *name)
+{
+    static const char *const fixed[] = { "point", "bench", "sim_time_ns", "algbw_gbps",
+                                         "busbw_gbps", "events", "wall_ms", "verified", "status",
+                                         "error" };
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if (!strcmp(name, fixed[i]))
+            return 1;
+    return 0;
+}
+
+typedef struct pt {
+    double x, y;
+    int row;
+} pt;
+
+typedef struct plotdata {
+    int nseries;
+    char **series;        /* names, global order (first appearance by point) */
+    int *row_series;      /* per row: series index, -1 when the row is not plotted */
+    int *order;           /* rows sorted by point */
+} plotdata;
+
+typedef struct axis {
+    double lo, hi;        /* data range mapped to the axis (log10/log2 units when log) */
+    int log;              /* 0 linear, 2 log2, 10 log10 */
+} axis;
+
+#define PW 760   /* svg width */
+#define PH 380
+#define ML 78    /* plot area margins */
+#define MR 230   /* legend column */
+#define MT 34
+#define MB 52
+
+static double tx(const axis *a, double v)
+{
+    double u = a->log == 2 ? log2(v) : a->log == 10 ? log10(v) : v;
+    return ML + (u - a->lo) / (a->hi - a->lo) * (PW - ML - MR);
+}
+
+static double ty(const axis *a, double v)
+{
+    double u = a->log == 10 ? log10(v) : v;
+    return PH - MB - (u - a->lo) / (a->hi - a->lo) * (PH - MT - MB);
+}
+
+static void fmt_tick(char *b, size_t n, double v)
+{
+    if (v != 0 && (fabs(v) >= 1e6 || fabs(v) < 1e-3))
+        snprintf(b, n, "%.0e", v);
+    else
+        snprintf(b, n, "%g", v);
+}
+
+/* Nice linear step (1, 2 or 5 times a power of ten) for about 5 ticks over span. */
+static double nice_step(double span)
+{
+    double raw = span / 5, p = pow(10, floor(log10(raw))), m = raw / p;
+    return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
+}
+
+/* A vertical grid line at x with its tick and label under the plot area. */
+static void svg_xtick(sb *b, double x, const char *lab)
+{
+    sb_printf(b, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#e6e6e6\"/>"
+              "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#444\"/>",
+              x, MT, x, PH - MB, x, PH - MB, x, PH - MB + 5);
+    sb_printf(b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", x,
+              PH - MB + 18, lab);
+}
+
+/* A horizontal grid line at y with its tick and label left of the plot area. */
+static void svg_ytick(sb *b, double y, const char *lab)
+{
+    sb_printf(b, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#e6e6e6\"/>"
+              "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#444\"/>",
+              ML, y, PW - MR, y, ML - 5, y, ML, y);
+    sb_printf(b, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", ML - 8,
+              y + 4, lab);
+}
+
+/* One line plot of pts (npts, grouped by series) as an <svg> element. */
+static void svg_plot(sb *b, const plotdata *pd, const char *title, const char *xlabel,
+                     const char *ylabel, const pt *pts, int npts, int allow_ylog)
+{
+    axis xa = { 0, 1, 2 }, ya = { 0, 1, 0 };
+    double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
+    char lab[64];
+    int width = PW, height = PH;
+
+    for (int i = 0; i < npts; i++) {
+        xmin = fmin(xmin, pts[i].x);
+        xmax = fmax(xmax, pts[i].x);
+        ymin = fmin(ymin, pts[i].y);
+        ymax = fmax(ymax, pts[i].y);
+    }
+    /* x: log2 over whole powers of two around the data */
+    xa.lo = floor(log2(xmin));
+    xa.hi = ceil(log2(xmax));
+    if (xa.hi <= xa.lo)
+        xa.lo -= 1, xa.hi += 1;
+    /* y: log10 over whole decades when the data spans more than 30x, else linear from 0 */
+    if (allow_ylog && ymin > 0 && ymax / ymin > 30) {
+        ya.log = 10;
+        ya.lo = floor(log10(ymin));
+        ya.hi = ceil(log10(ymax));
+    } else {
+        double st = nice_step(ymax > 0 ? ymax : 1);
+        ya.lo = 0;
+        ya.hi = ceil((ymax > 0 ? ymax : 1) / st) * st;
+    }
+    /* the legend column grows with the longest name (about 7 px per character) and the
+     * picture with the number of names */
+    if (MT + 20 + 20 * pd->nseries > height)
+        height = MT + 20 + 20 * pd->nseries;
+    for (int s = 0; s < pd->nseries; s++)
+        if (PW - MR + 56 + 7 * (int)strlen(pd->series[s]) > width)
+            width = PW - MR + 56 + 7 * (int)strlen(pd->series[s]);
+    sb_printf(b, "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"plot\" width=\"%d\" "
+              "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\" "
+              "role=\"img\" aria-label=\"", width, height, width, height);
+    sb_esc(b, title);
+    sb_printf(b, "\">\n<rect x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" fill=\"#fff\"/>\n",
+              width, height);
+    sb_printf(b, "<text x=\"%d\" y=\"20\" font-size=\"14\" font-weight=\"bold\">", ML);
+    sb_esc(b, title);
+    sb_printf(b, "</text>\n");
+    /* grid and ticks */
+    for (int e = (int)xa.lo; e <= (int)xa.hi; e++) {
+        int step = xa.hi - xa.lo > 12 ? 2 : 1;
+        if ((e - (int)xa.lo) % step)
+            continue;
+        snprintf(lab, sizeof lab, "%.0f", ldexp(1.0, e));
+        svg_xtick(b, tx(&xa, ldexp(1.0, e)), lab);
+    }
+    if (ya.log) {
+        for (int e = (int)ya.lo; e <= (int)ya.hi; e++)
+            for (int m = 1; m <= 5; m += (m == 1 ? 1 : 3)) { /* 1, 2, 5 per decade */
+                double v = m * pow(10, e);
+                if ((m > 1 && (ya.hi - ya.lo > 3 || e == (int)ya.hi)))
+                    continue;
+                fmt_tick(lab, sizeof lab, v);
+                svg_ytick(b, ty(&ya, v), lab);
+            }
+    } else {
+        double st = nice_step(ya.hi);
+        for (int k = 0; k * st <= ya.hi * (1 + 1e-9); k++) {
+            fmt_tick(lab, sizeof lab, k * st);
+            svg_ytick(b, ty(&ya, k * st), lab);
+        }
+    }
+    sb_printf(b, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
+              "stroke=\"#444\"/>\n", ML, MT, PW - ML - MR, PH - MT - MB);
+    sb_printf(b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" font-size=\"13\">",
+              (ML + PW - MR) / 2, PH - 12);
+    sb_esc(b, xlabel);
+    sb_printf(b, " (log2 scale)</text>\n<text transform=\"translate(16 %d) rotate(-90)\" "
+              "text-anchor=\"middle\" font-size=\"13\">", (MT + PH - MB) / 2);
+    sb_esc(b, ylabel);
+    sb_printf(b, "%s</text>\n", ya.log ? " (log scale)" : "");
+    /* one polyline per series, points in x order (pts are sorted by series then x) */
+    for (int s = 0; s < pd->nseries; s++) {
+        int first = 1;
+        const char *color = palette[s % NPAL];
+        for (int i = 0; i < npts; i++) {
+            if (pd->row_series[pts[i].row] != s)
+                continue;
+            if (first)
+                sb_printf(b, "<polyline class=\"series\" fill=\"none\" stroke-width=\"2\" "
+                          "stroke=\"%s\" points=\"", color);
+            sb_printf(b, "%s%.1f,%.1f", first ? "" : " ", tx(&xa, pts[i].x), ty(&ya, pts[i].y));
+            first = 0;
+        }
+        if (first)
+            continue;
+        sb_printf(b, "\"/>\n");
+        for (int i = 0; i < npts; i++) {
+            if (pd->row_series[pts[i].row] != s)
+                continue;
+            sb_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"><title>",
+                      tx(&xa, pts[i].x), ty(&ya, pts[i].y), color);
+            sb_esc(b, pd->series[s]);
+            sb_printf(b, ": %s %g, %.6g</title></circle>\n", xlabel, pts[i].x, pts[i].y);
+        }
+    }
+    /* legend: every series, same color in every plot */
+    for (int s = 0; s < pd->nseries; s++) {
+        int y = MT + 10 + 20 * s;
+        sb_printf(b, "<g class=\"legend\"><line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" "
+                  "stroke=\"%s\" stroke-width=\"3\"/><text x=\"%d\" y=\"%d\">", PW - MR + 16, y,
+                  PW - MR + 40, y, palette[s % NPAL], PW - MR + 46, y + 4);
+        sb_esc(b, pd->series[s]);
+        sb_printf(b, "</text></g>\n");
+    }
+    sb_printf(b, "</svg>\n");
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorted distinct positive numbers of column c over the plotted rows. */
+static int distinct_values(const rtable *t, const plotdata *pd, int c, double *out)
+{
+    int n = 0;
+    for (int r = 0; r < t->nrow; r++) {
+        double v;
+        int dup = 0;
+        if (pd->row_series[r] < 0)
+            continue;
+        v = strtod(t->cell[r][c], NULL);
+        for (int i = 0; i < n; i++)
+            dup |= out[i] == v;
+        if (!dup)
+            out[n++] = v;
+    }
+    qsort(out, (size_t)n, sizeof *out, cmp_double);
+    return n;
+}
+
+static int cmp_pt(const void *a, const void *b)
+{
+    const pt *p = a, *q = b;
+    return (p->x > q->x) - (p->x < q->x);
+}
+
+/*
+ * Plots metric column ycol (scaled by yscale) against xcol, one plot per value of panelcol
+ * (or a single plot when panelcol < 0).
+ */
+static void plot_group(sb *b, const rtable *t, const plotdata *pd, int xcol, int ycol,
+                       double yscale, int panelcol, const char *what, const char *xlabel,
+                       const char *ylabel, int allow_ylog, int *nplots)
+{
+    double *panels = malloc((size_t)(t->nrow + 1) * sizeof *panels);
+    pt *pts = malloc((size_t)(t->nrow + 1) * sizeof *pts);
+    int npanel = 1;
+
+    if (!panels || !pts) {
+        b->oom = 1;
+        goto done;
+    }
+    if (panelcol >= 0)
+        npanel = distinct_values(t, pd, panelcol, panels);
+    for (int k = 0; k < npanel; k++) {
+        char title[256];
+        int npts = 0;
+        for (int i = 0; i < t->nrow; i++) {
+            int r = pd->order[i];
+            const char *xs = t->cell[r][xcol], *ys = t->cell[r][ycol];
+            double x, y;
+            if (pd->row_series[r] < 0 || !*xs || !*ys)
+                continue;
+            if (panelcol >= 0 && strtod(t->cell[r][panelcol], NULL) != panels[k])
+                continue;
+            x = strtod(xs, NULL);
+            y = strtod(ys, NULL) * yscale;
+            if (!(x > 0) || !isfinite(y))
+                continue;
+            pts[npts++] = (pt){ x, y, r };
+        }
+        if (!npts)
+            continue;
+        /* stable x order within each series: insertion sort keeps it deterministic */
+        for (int i = 1; i < npts; i++)
+            for (int j = i; j > 0 && cmp_pt(&pts[j - 1], &pts[j]) > 0; j--) {
+                pt tmp = pts[j];
+                pts[j] = pts[j - 1];
+                pts[j - 1] = tmp;
+            }
+        if (panelcol >= 0)
+            snprintf(title, sizeof title, "%s, %s = %g", what, t->col[panelcol], panels[k]);
+        else
+            snprintf(title, sizeof title, "%s", what);
+        svg_plot(b, pd, title, xlabel, ylabel, pts, npts, allow_ylog);
+        (*nplots)++;
+    }
+done:
+    free(panels);
+    free(pts);
+}
+
+/* ---------------------------------------------------------------- the page ------------ */
+
+static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
+{
+    plotdata pd;
+    int cpoint = col_index(t, "point"), cstatus = col_index(t, "status");
+    int cws = col_index(t, "world_size"), cne = col_index(t, "n_elem");
+    int ctime = col_index(t, "sim_time_ns"), cbus = col_index(t, "busbw_gbps");
+    int cbench = col_index(t, "bench"), cver = col_index(t, "verified");
+    int nok = 0, nerr = 0, nbad = 0, nplots = 0, rc = 0;
+    int *series_cols = NULL, nsc = 0;
+
+    memset(&pd, 0, sizeof pd);
+    pd.row_series = malloc((size_t)(t->nrow + 1) * sizeof *pd.row_series);
+    pd.order = malloc((size_t)(t->nrow + 1) * sizeof *pd.order);
+    pd.series = calloc((size_t)(t->nrow + 1), sizeof *pd.series);
+    series_cols = malloc((size_t)(t->ncol + 1) * sizeof *series_cols);
+    if (!pd.row_series || !pd.order || !pd.series || !series_cols) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    /* rows by point index (insertion sort: stable, deterministic) */
+    for (int r = 0; r < t->nrow; r++) {
+        long p = strtol(t->cell[r][cpoint], NULL, 10);
+        int j = r;
+        for (; j > 0 && strtol(t->cell[pd.order[j - 1]][cpoint], NULL, 10) > p; j--)
+            pd.order[j] = pd.order[j - 1];
+        pd.order[j] = r;
+    }
+    /* series: the swept keys other than the x axes and panels, "algorithm" first */
+    {
+        int calg = col_index(t, "algorithm");
+        if (calg >= 0)
+            series_cols[nsc++] = calg;
+        for (int c = 0; c < t->ncol; c++)
+            if (!is_fixed_col(t->col[c]) && c != cws && c != cne && c != calg)
+                series_cols[nsc++] = c;
+    }
+    for (int i = 0; i < t->nrow; i++) {
+        int r = pd.order[i], s;
+        char name[512];
+        size_t len = 0;
+        pd.row_series[r] = -1;
+        if (i > 0 && !strcmp(t->cell[r][cpoint], t->cell[pd.order[i - 1]][cpoint]))
+            continue; /* a duplicated point: the first row stands */
+        if (cstatus >= 0 && strcmp(t->cell[r][cstatus], "ok")) {
+            nerr++;
+            continue;
+        }
+        nok++;
+        if (cver >= 0 && !strcmp(t->cell[r][cver], "false"))
+            nbad++;
+        name[0] = 0;
+        for (int k = 0; k < nsc && len < sizeof name; k++) {
+            int c = series_cols[k];
+            if (!strcmp(t->col[c], "algorithm")) /* the usual case: just the name */
+                len += (size_t)snprintf(name + len, sizeof name - len, "%s%s", k ? ", " : "",
+                                        t->cell[r][c]);
+            else /* a config key by its last part: n_slots=1, not ccl.defaults.n_slots=1 */
+                len += (size_t)snprintf(name + len, sizeof name - len, "%s%s=%s",
+                                        k ? ", " : "", strrchr(t->col[c], '.')
+                                                           ? strrchr(t->col[c], '.') + 1
+                                                           : t->col[c], t->cell[r][c]);
+        }
+        if (!nsc)
+            snprintf(name, sizeof name, "%s", cbench >= 0 ? t->cell[r][cbench] : "all");
+        for (s = 0; s < pd.nseries && strcmp(pd.series[s], name); s++)
+            ;
+        if (s == pd.nseries && !(pd.series[pd.nseries++] = dupstr(name))) {
+            rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+        pd.row_series[r] = s;
+    }
+
+    sb_printf(b, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+              "<title>kbcl sweep report: ");
+    sb_esc(b, src);
+    sb_printf(b, "</title>\n<style>\n"
+              "body{font-family:sans-serif;margin:24px;color:#222}\n"
+              "h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}\n"
+              "svg.plot{display:block;margin:12px 0;border:1px solid #ddd}\n"
+              "table{border-collapse:collapse;font-size:12px}\n"
+              "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}\n"
+              "th{background:#f3f3f3}tr.err td{background:#fde}tr.bad td{background:#fec}\n"
+              "</style>\n</head>\n<body>\n<h1>kbcl sweep report: ");
+    sb_esc(b, src);
+    sb_printf(b, "</h1>\n<p>%d rows: %d ok (%d failed verification), %d errors.", t->nrow, nok,
+              nbad, nerr);
+    if (nerr)
+        sb_printf(b, " Rows with errors are not plotted; they are red in the table.");
+    sb_printf(b, "</p>\n");
+
+    if (ctime >= 0 && cws >= 0) {
+        sb_printf(b, "<h2 id=\"time\">Simulated time vs world size</h2>\n");
+        plot_group(b, t, &pd, cws, ctime, 1e-3, cne, "sim time vs world size",
+                   "world size (ranks)", "sim time (us)", 1, &nplots);
+    }
+    if (cbus >= 0 && cws >= 0) {
+        int any = 0;
+        for (int r = 0; r < t->nrow; r++)
+            any |= pd.row_series[r] >= 0 && *t->cell[r][cbus];
+        if (any) {
+            sb_printf(b, "<h2 id=\"busbw\">Bus bandwidth vs world size</h2>\n");
+            plot_group(b, t, &pd, cws, cbus, 1, cne, "busbw vs world size",
+                       "world size (ranks)", "busbw (GB/s)", 0, &nplots);
+        }
+    }
+    if (ctime >= 0 && cne >= 0) {
+        sb_printf(b, "<h2 id=\"size\">Simulated time vs message size</h2>\n");
+        plot_group(b, t, &pd, cne, ctime, 1e-3, cws, "sim time vs message size",
+                   "n_elem (elements per rank)", "sim time (us)", 1, &nplots);
+    }
+    if (!nplots)
+        sb_printf(b, "<p>No plots: they need ok rows with a world_size or n_elem column.</p>\n");
+
+    sb_printf(b, "<h2 id=\"rows\">Rows</h2>\n<table>\n<tr>");
+    for (int c = 0; c < t->ncol; c++) {
+        sb_printf(b, "<th>");
+        sb_esc(b, t->col[c]);
+        sb_printf(b, "</th>");
+    }
+    sb_printf(b, "</tr>\n");
+    for (int i = 0; i < t->nrow; i++) {
+        int r = pd.order[i];
+        int err = cstatus >= 0 && strcmp(t->cell[r][cstatus], "ok");
+        int bad = cver >= 0 && !strcmp(t->cell[r][cver], "false");
+        sb_printf(b, "<tr%s>", err ? " class=\"err\"" : bad ? " class=\"bad\"" : "");
+        for (int c = 0; c < t->ncol; c++) {
+            sb_printf(b, "<td>");
+            sb_esc(b, t->cell[r][c]);
+            sb_printf(b, "</td>");
+        }
+        sb_printf(b, "</tr>\n");
+    }
+    sb_printf(b, "</table>\n<p>Generated by kbcl %s report.</p>\n</body>\n</html>",
+              KBCL_VERSION);
+    if (b->oom)
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+done:
+    for (int s = 0; s < pd.nseries; s++)
+        free(pd.series[s]);
+    free(pd.series);
+    free(pd.row_series);
+    free(pd.order);
+    free(series_cols);
+    return rc;
+}
+
+static void usage_report(FILE *f)
+{
+    fputs("usage: kbcl report RESULTS.csv|RESULTS.jsonl [-o REPORT.html]\n"
+          "\n"
+          "Renders the rows of kbcl sweep as one self-contained HTML page (inline SVG plots of\n"
+          "sim time and busbw against world size and message size, and a table of the rows).\n"
+          "  -o, --out FILE   the page (default: RESULTS with its extension replaced by .html)\n",
+          f);
+}
+
+int kbcl_cmd_report(int argc, char **argv)
+{
+    const char *in = NULL, *out = NULL;
+    char outbuf[4096];
+    rtable t;
+    sb b = { NULL, 0, 0, 0 };
+    kb_errbuf eb = { { 0 } };
+    int rc;
+
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage_report(stdout);
+            return 0;
+        } else if ((!strcmp(argv[i], "-o") || !strcmp(argv[i], "--out")) && i + 1 < argc) {
+            out = argv[++i];
+        } else if (argv[i][0] == '-' || in) {
+            fprintf(stderr, "kbcl report: unexpected argument '%s' (see kbcl report --help)\n",
+                    argv[i]);
+            return KBCL_EXIT_USAGE;
+        } else {
+            in = argv[i];
+        }
+    }
+    if (!in) {
+        usage_report(stderr);
+        return KBCL_EXIT_USAGE;
+    }
+    if (!out) {
+        const char *dot = strrchr(in, '.'), *slash = strrchr(in, '/');
+        int stem = dot && (!slash || dot > slash) ? (int)(dot - in) : (int)strlen(in);
+        snprintf(outbuf, sizeof outbuf, "%.*s.html", stem, in);
+        out = outbuf;
+    }
+    if ((rc = read_table(in, &t, &eb)) == 0 && (rc = render(&t, in, &b, &eb)) == 0)
+        rc = kbcl_write_atomic(out, b.s, &eb);
+    rtable_free(&t);
+    free(b.s);
+    if (rc) {
+        fprintf(stderr, "kbcl report: %s\n", eb.msg);
+        return KBCL_EXIT_USAGE;
+    }
+    return 0;
+}

@@ -1,0 +1,1672 @@
+/*
+ * kbcl sweep — runs the cartesian product of a YAML grid of `kbcl run` jobs (docs/sweeps.md)
+ * and appends one result row per point to a CSV or JSON Lines file as soon as the point
+ * finishes. Each point runs in a forked worker process (--jobs N at a time) that sends its
+ * outcome back over a pipe, so a crashing point becomes an error row instead of ending the
+ * sweep; under mpirun the points are spread over the ranks instead (sweep_mpi.c). Rows are
+ * written whole with one write() to an O_APPEND file, so an interrupted sweep leaves at most
+ * one partial last line, which --resume cuts off before it skips the points already present.
+ * Limits: a grid has at most SW_MAX_AXES axes and SW_MAX_POINTS points; rows are one line
+ * each (newlines in messages become spaces); resume trusts rows whose point index and swept
+ * values match this sweep file and refuses a file written by a different grid.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <yaml.h>
+
+#include "kb_cli.h"
+
+#define SW_MAX_AXES 16
+#define SW_MAX_POINTS 1000000
+#define SW_MAX_JOBS 256
+
+enum { AX_ALGORITHM, AX_WORLD_SIZE, AX_N_ELEM, AX_BUFFER_KIND, AX_DEVICE, AX_PARAM, AX_CONFIG };
+
+/* Bench options that are both top-level keys and axis names, in AX_* order. */
+static const char *const shorthand_keys[] = { "algorithm", "world_size", "n_elem", "buffer_kind",
+                                              "device" };
+
+typedef struct sw_axis {
+    char *name;     /* column name, as written under grid: */
+    int kind;       /* AX_* */
+    int nvals;
+    char **vals;    /* scalar text of each value */
+    char **assign;  /* "key=value" per value for AX_PARAM / AX_CONFIG, else NULL */
+} sw_axis;
+
+/* One exclude: entry; want[a] == NULL means any value of axis a. */
+typedef struct sw_excl {
+    unsigned char *want[SW_MAX_AXES];
+} sw_excl;
+
+typedef struct sw_plan {
+    char *file;
+    char *bench, *device, *topology, *ccl;
+    char *fixed[4];                    /* algorithm, world_size, n_elem, buffer_kind */
+    int verify;
+    char *sets[KBCL_MAX_SETS];         /* "key=value" */
+    int nsets;
+    char *params[KBCL_MAX_SETS];       /* "name=value" */
+    int nparams;
+    sw_axis ax[SW_MAX_AXES];
+    int nax;
+    sw_excl *excl;
+    int nexcl;
+    int npoints;
+    int *pt;                           /* npoints x nax value indices */
+} sw_plan;
+
+/* What a worker sends back for one point: plain bytes, under PIPE_BUF so one write is atomic. */
+typedef struct sw_outcome {
+    int point;
+    int rc;                            /* 0 or a KB_ERR_* code; SW_CRASH for a dead worker */
+    int verified;                      /* 1, 0, -1 (not checked) */
+    int have_algbw, have_busbw;
+    double sim_time_ns, algbw, busbw, wall_ms;
+    unsigned long long events;
+    char msg[sizeof(kb_errbuf)];
+} sw_outcome;
+
+#define SW_CRASH 1
+
+typedef struct sw_ctx {
+    sw_plan *plan;
+    const char *out_path;              /* NULL = stdout */
+    int fd, jsonl, quiet, tty;
+    unsigned char *done;               /* per point: a row exists */
+    int ndone_before, nfinished, npending;
+    int n_ok, n_verify_fail, n_err;
+    double t0;
+    int bar_shown;
+    int write_failed;
+    kb_errbuf werr;
+} sw_ctx;
+
+/* ---------------------------------------------------------------- plan loading -------- */
+
+static char *xstrdup(const char *s)
+{
+    char *d = malloc(strlen(s) + 1);
+    if (d)
+        strcpy(d, s);
+    return d;
+}
+
+static char *xasprintf(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+
+static char *xasprintf(const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    char *s;
+    va_start(ap, fmt);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0 || !(s = malloc((size_t)n + 1)))
+        return NULL;
+    va_start(ap, fmt);
+    vsnprintf(s, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+static void plan_free(sw_plan *p)
+{
+    if (!p)
+        return;
+    free(p->file);
+    free(p->bench);
+    free(p->device);
+    free(p->topology);
+    free(p->ccl);
+    for (int i = 0; i < 4; i++)
+        free(p->fixed[i]);
+    for (int i = 0; i < p->nsets; i++)
+        free(p->sets[i]);
+    for (int i = 0; i < p->nparams; i++)
+        free(p->params[i]);
+    for (int a = 0; a < p->nax; a++) {
+        for (int v = 0; v < p->ax[a].nvals; v++) {
+            free(p->ax[a].vals[v]);
+            if (p->ax[a].assign)
+                free(p->ax[a].assign[v]);
+        }
+        free(p->ax[a].vals);
+        free(p->ax[a].assign);
+        free(p->ax[a].name);
+    }
+    for (int e = 0; e < p->nexcl; e++)
+        for (int a = 0; a < SW_MAX_AXES; a++)
+            free(p->excl[e].want[a]);
+    free(p->excl);
+    free(p->pt);
+    free(p);
+}
+
+/* Where a value was written (1-based; line 0 = unknown), for messages found after parsing. */
+typedef struct sw_mark {
+    int line, col;
+} sw_mark;
+
+typedef struct sw_parse {
+    sw_plan *p;
+    yaml_document_t *doc;
+    kb_errbuf *eb;
+    sw_mark *vmark[SW_MAX_AXES];       /* per axis value (owned) */
+    sw_mark set_mark[KBCL_MAX_SETS], param_mark[KBCL_MAX_SETS];
+    sw_mark bench_mark, device_mark, alg_mark;
+} sw_parse;
+
+static sw_mark mark_of(const yaml_node_t *n)
+{
+    sw_mark m = { (int)n->start_mark.line + 1, (int)n->start_mark.column + 1 };
+    return m;
+}
+
+/* Sets "FILE:LINE:COL: message" for node n (n may be NULL: "FILE: message"). */
+static int perr(sw_parse *ps, const yaml_node_t *n, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static int perr(sw_parse *ps, const yaml_node_t *n, const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!n)
+        return kb_err_set(ps->eb, KB_ERR_CONFIG, "%s: %s", ps->p->file, msg);
+    return kb_err_set(ps->eb, KB_ERR_CONFIG, "%s:%zu:%zu: %s", ps->p->file,
+                      (size_t)n->start_mark.line + 1, (size_t)n->start_mark.column + 1, msg);
+}
+
+static const char *scalar(const yaml_node_t *n)
+{
+    return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
+}
+
+static int want_scalar(sw_parse *ps, const yaml_node_t *n, const char *what, const char **out)
+{
+    *out = scalar(n);
+    if (!*out)
+        return perr(ps, n, "%s: expected a single value, got a %s", what,
+                    n && n->type == YAML_SEQUENCE_NODE ? "list" : "map");
+    return 0;
+}
+
+static int parse_bool(const char *s, int *out)
+{
+    static const char *const t[] = { "true", "True", "TRUE", "yes", "on", "1" };
+    static const char *const f[] = { "false", "False", "FALSE", "no", "off", "0" };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        if (!strcmp(s, t[i]))
+            return *out = 1, 0;
+        if (!strcmp(s, f[i]))
+            return *out = 0, 0;
+    }
+    return -1;
+}
+
+static int is_int_text(const char *s)
+{
+    char *end;
+    errno = 0;
+    (void)strtoll(s, &end, 10);
+    return *s && !errno && !*end;
+}
+
+/* Resolves a config file path of the sweep file relative to the sweep file's folder. */
+static char *resolve_path(const char *sweep_file, const char *path)
+{
+    const char *slash = strrchr(sweep_file, '/');
+    if (path[0] == '/' || !slash)
+        return xstrdup(path);
+    return xasprintf("%.*s/%s", (int)(slash - sweep_file), sweep_file, path);
+}
+
+static int axis_kind(const char *name)
+{
+    for (int k = 0; k < 5; k++)
+        if (!strcmp(name, shorthand_keys[k]))
+            return k;
+    if (!strncmp(name, "param.", 6))
+        return AX_PARAM;
+    return AX_CONFIG;
+}
+
+static int add_kv(sw_parse *ps, const yaml_node_t *map, const char *section, char **arr, int *n,
+                  sw_mark *marks)
+{
+    if (map->type != YAML_MAPPING_NODE)
+        return perr(ps, map, "%s: expected a map of KEY: VALUE", section);
+    for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top;
+         pr++) {
+        yaml_node_t *k = yaml_document_get_node(ps->doc, pr->key);
+        yaml_node_t *v = yaml_document_get_node(ps->doc, pr->value);
+        const char *ks, *vs;
+        int rc;
+        if ((rc = want_scalar(ps, k, section, &ks)) || (rc = want_scalar(ps, v, ks, &vs)))
+            return rc;
+        if (*n >= KBCL_MAX_SETS)
+            return perr(ps, k, "%s: at most %d entries", section, KBCL_MAX_SETS);
+        if (!(arr[*n] = xasprintf("%s=%s", ks, vs)))
+            return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
+        marks[(*n)++] = mark_of(v);
+    }
+    return 0;
+}
+
+static int parse_axis(sw_parse *ps, const yaml_node_t *k, const yaml_node_t *v)
+{
+    sw_plan *p = ps->p;
+    sw_axis *ax;
+    const char *name;
+    int rc, n;
+
+    if ((rc = want_scalar(ps, k, "grid", &name)))
+        return rc;
+    if (p->nax >= SW_MAX_AXES)
+        return perr(ps, k, "grid: at most %d axes", SW_MAX_AXES);
+    for (int a = 0; a < p->nax; a++)
+        if (!strcmp(p->ax[a].name, name))
+            return perr(ps, k, "grid: axis '%s' appears twice", name);
+    if (!strcmp(name, "bench") || !strcmp(name, "point") || !strcmp(name, "verify"))
+        return perr(ps, k, "grid: '%s' cannot be swept (axes: algorithm, world_size, n_elem, "
+                    "buffer_kind, device, param.NAME or a config key such as "
+                    "system.sips.count)", name);
+    if (axis_kind(name) == AX_CONFIG && !strchr(name, '.'))
+        return perr(ps, k, "grid: unknown axis '%s' (axes: algorithm, world_size, n_elem, "
+                    "buffer_kind, device, param.NAME or a config key such as "
+                    "system.sips.count)", name);
+    if (v->type == YAML_MAPPING_NODE)
+        return perr(ps, v, "grid: %s: expected a list of values", name);
+    n = v->type == YAML_SEQUENCE_NODE
+            ? (int)(v->data.sequence.items.top - v->data.sequence.items.start) : 1;
+    if (n == 0)
+        return perr(ps, v, "grid: %s: the list of values is empty", name);
+    ax = &p->ax[p->nax];
+    ax->kind = axis_kind(name);
+    ax->name = xstrdup(name);
+    ax->vals = calloc((size_t)n, sizeof *ax->vals);
+    if (ax->kind == AX_PARAM || ax->kind == AX_CONFIG)
+        ax->assign = calloc((size_t)n, sizeof *ax->assign);
+    ps->vmark[p->nax] = calloc((size_t)n, sizeof(sw_mark));
+    p->nax++; /* from here plan_free owns the axis */
+    if (!ax->name || !ax->vals || !ps->vmark[p->nax - 1] ||
+        ((ax->kind == AX_PARAM || ax->kind == AX_CONFIG) && !ax->assign))
+        return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        const yaml_node_t *e = v->type == YAML_SEQUENCE_NODE
+            ? yaml_document_get_node(ps->doc, v->data.sequence.items.start[i]) : v;
+        const char *s;
+        if ((rc = want_scalar(ps, e, name, &s)))
+            return rc;
+        if (!*s || strchr(s, '\n') || strchr(s, '\r'))
+            return perr(ps, e, "grid: %s: values must be non-empty single-line text", name);
+        for (int j = 0; j < ax->nvals; j++)
+            if (!strcmp(ax->vals[j], s))
+                return perr(ps, e, "grid: %s: value '%s' appears twice", name, s);
+        if (!(ax->vals[i] = xstrdup(s)))
+            return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
+        ps->vmark[p->nax - 1][i] = mark_of(e);
+        ax->nvals++;
+        if (ax->assign && !(ax->assign[i] = xasprintf("%s=%s", ax->kind == AX_PARAM ? name + 6
+                                                                                : name, s)))
+            return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
+    }
+    return 0;
+}
+
+static int axis_index(const sw_plan *p, const char *name)
+{
+    for (int a = 0; a < p->nax; a++)
+        if (!strcmp(p->ax[a].name, name))
+            return a;
+    return -1;
+}
+
+static int parse_exclude(sw_parse *ps, const yaml_node_t *list)
+{
+    sw_plan *p = ps->p;
+    int n;
+    if (list->type != YAML_SEQUENCE_NODE)
+        return perr(ps, list, "exclude: expected a list of maps {AXIS: VALUE or [VALUES]}");
+    n = (int)(list->data.sequence.items.top - list->data.sequence.items.start);
+    if (!(p->excl = calloc((size_t)n + 1, sizeof *p->excl)))
+        return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        yaml_node_t *m = yaml_document_get_node(ps->doc, list->data.sequence.items.start[i]);
+        sw_excl *x = &p->excl[p->nexcl++];
+        if (m->type != YAML_MAPPING_NODE ||
+            m->data.mapping.pairs.top == m->data.mapping.pairs.start)
+            return perr(ps, m, "exclude: expected a map {AXIS: VALUE or [VALUES]}");
+        for (yaml_node_pair_t *pr = m->data.mapping.pairs.start; pr < m->data.mapping.pairs.top;
+             pr++) {
+            yaml_node_t *k = yaml_document_get_node(ps->doc, pr->key);
+            yaml_node_t *v = yaml_document_get_node(ps->doc, pr->value);
+            const char *ks;
+            int a, rc, nv;
+            if ((rc = want_scalar(ps, k, "exclude", &ks)))
+                return rc;
+            if ((a = axis_index(p, ks)) < 0)
+                return perr(ps, k, "exclude: '%s' is not an axis of grid:", ks);
+            if (x->want[a])
+                return perr(ps, k, "exclude: '%s' appears twice in one entry", ks);
+            if (!(x->want[a] = calloc((size_t)p->ax[a].nvals, 1)))
+                return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
+            nv = v->type == YAML_SEQUENCE_NODE
+                     ? (int)(v->data.sequence.items.top - v->data.sequence.items.start) : 1;
+            for (int j = 0; j < nv; j++) {
+                const yaml_node_t *e = v->type == YAML_SEQUENCE_NODE
+                    ? yaml_document_get_node(ps->doc, v->data.sequence.items.start[j]) : v;
+                const char *s;
+                int hit = -1;
+                if ((rc = want_scalar(ps, e, ks, &s)))
+                    return rc;
+                for (int q = 0; q < p->ax[a].nvals; q++)
+                    if (!strcmp(p->ax[a].vals[q], s))
+                        hit = q;
+                if (hit < 0)
+                    return perr(ps, e, "exclude: %s has no value '%s' in grid:", ks, s);
+                x->want[a][hit] = 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Top-level keys that take one value (grid, exclude, set and params take more). */
+static int is_scalar_key(const char *k)
+{
+    static const char *const keys[] = { "name", "description", "bench", "device", "verify",
+                                        "topology", "ccl", "algorithm", "world_size", "n_elem",
+                                        "buffer_kind" };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (!strcmp(k, keys[i]))
+            return 1;
+    return 0;
+}
+
+static int parse_top(sw_parse *ps, const yaml_node_t *root)
+{
+    sw_plan *p = ps->p;
+    const yaml_node_t *grid = NULL, *exclude = NULL;
+    int rc;
+
+    if (!root)
+        return perr(ps, NULL, "the file is empty (expected a map with bench:, grid: ...)");
+    if (root->type != YAML_MAPPING_NODE)
+        return perr(ps, root, "expected a map with bench:, grid: ... at the top level");
+    for (yaml_node_pair_t *pr = root->data.mapping.pairs.start;
+         pr < root->data.mapping.pairs.top; pr++) {
+        yaml_node_t *k = yaml_document_get_node(ps->doc, pr->key);
+        yaml_node_t *v = yaml_document_get_node(ps->doc, pr->value);
+        const char *ks = scalar(k), *vs = NULL;
+        char **slot = NULL;
+        if (!ks)
+            return perr(ps, k, "expected a key name");
+        if (!strcmp(ks, "grid")) {
+            if (v->type != YAML_MAPPING_NODE && !(v->type == YAML_SCALAR_NODE && !*scalar(v)))
+                return perr(ps, v, "grid: expected a map of AXIS: [VALUES]");
+            grid = v;
+            continue;
+        }
+        if (!strcmp(ks, "exclude")) {
+            exclude = v;
+            continue;
+        }
+        if (!strcmp(ks, "set")) {
+            if ((rc = add_kv(ps, v, "set", p->sets, &p->nsets, ps->set_mark)))
+                return rc;
+            continue;
+        }
+        if (!strcmp(ks, "params")) {
+            if ((rc = add_kv(ps, v, "params", p->params, &p->nparams, ps->param_mark)))
+                return rc;
+            continue;
+        }
+        if (!is_scalar_key(ks))
+            return perr(ps, k, "unknown key '%s' (keys: name, description, bench, device, verify, "
+                        "topology, ccl, algorithm, world_size, n_elem, buffer_kind, set, params, "
+                        "grid, exclude)", ks);
+        if (!(vs = scalar(v)))
+            return perr(ps, v, "%s: expected a single value (to sweep it, list its values "
+                        "under grid:)", ks);
+        if (!strcmp(ks, "name") || !strcmp(ks, "description"))
+            continue; /* for people and reports; not part of any job */
+        if (!strcmp(ks, "verify")) {
+            if (parse_bool(vs, &p->verify) != 0)
+                return perr(ps, v, "verify: expected true or false, got '%s'", vs);
+            continue;
+        }
+        if (!strcmp(ks, "bench"))
+            slot = &p->bench, ps->bench_mark = mark_of(v);
+        else if (!strcmp(ks, "device"))
+            slot = &p->device, ps->device_mark = mark_of(v);
+        else if (!strcmp(ks, "topology") || !strcmp(ks, "ccl")) {
+            char **dst = ks[0] == 't' ? &p->topology : &p->ccl;
+            free(*dst);
+            if (!(*dst = resolve_path(p->file, vs)))
+                return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
+            continue;
+        } else {
+            for (int i = 0; i < 4; i++)
+                if (!strcmp(ks, shorthand_keys[i]))
+                    slot = &p->fixed[i];
+            if (slot == &p->fixed[0])
+                ps->alg_mark = mark_of(v);
+        }
+        assert(slot);
+        free(*slot);
+        if (!(*slot = xstrdup(vs)))
+            return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
+    }
+    if (grid && grid->type == YAML_MAPPING_NODE)
+        for (yaml_node_pair_t *pr = grid->data.mapping.pairs.start;
+             pr < grid->data.mapping.pairs.top; pr++)
+            if ((rc = parse_axis(ps, yaml_document_get_node(ps->doc, pr->key),
+                                 yaml_document_get_node(ps->doc, pr->value))))
+                return rc;
+    if (exclude && (rc = parse_exclude(ps, exclude)))
+        return rc;
+    return 0;
+}
+
+/* An error found after parsing, at the place m where the value was written. */
+static int markerr(sw_parse *ps, sw_mark m, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static int markerr(sw_parse *ps, sw_mark m, const char *fmt, ...)
+{
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!m.line)
+        return kb_err_set(ps->eb, KB_ERR_CONFIG, "%s: %s", ps->p->file, msg);
+    return kb_err_set(ps->eb, KB_ERR_CONFIG, "%s:%d:%d: %s", ps->p->file, m.line, m.col, msg);
+}
+
+/*
+ * Checks everything that can be checked without running: the bench and its parameters,
+ * devices, algorithm names, and that every set: entry and config axis value is a key the
+ * configuration accepts (so a typo is one error, not a failed row per point).
+ */
+static int plan_check(sw_parse *ps)
+{
+    sw_plan *p = ps->p;
+    const kb_bench *b = kb_bench_find(p->bench ? p->bench : "ccl_allreduce");
+    kb_config cfg;
+    kb_errbuf e2 = { { 0 } };
+    int rc = 0, nset_axes = 0, nparam_axes = 0;
+
+    kb_config_defaults(&cfg);
+    if (!b) {
+        rc = markerr(ps, ps->bench_mark, "unknown bench '%s' (kbcl list shows them)", p->bench);
+        goto done;
+    }
+    if (p->device && kb_device_from_name(p->device) < 0) {
+        rc = markerr(ps, ps->device_mark, "unknown device '%s' (ref, none, cpu, gpu, auto)",
+                     p->device);
+        goto done;
+    }
+    for (int i = 0; i < p->nparams; i++) {
+        char *eq = strchr(p->params[i], '=');
+        *eq = 0;
+        int idx = kb_bench_param_index(b, p->params[i]);
+        *eq = '=';
+        if (idx < 0 || !is_int_text(eq + 1)) {
+            rc = markerr(ps, ps->param_mark[i], "params: %s: expected NAME: INTEGER with a "
+                         "parameter of '%s' (kbcl list shows them)", p->params[i], b->name);
+            goto done;
+        }
+    }
+    {
+        char buf[2][4096];
+        const char *dir = getenv("KBCL_CONFIG_DIR");
+        const char *tp = p->topology, *cp = p->ccl;
+        /* the same defaults kbcl_job_run uses */
+        if (!tp && dir && *dir)
+            snprintf(buf[0], sizeof buf[0], "%s/topology.yaml", dir), tp = buf[0];
+        if (!cp && dir && *dir)
+            snprintf(buf[1], sizeof buf[1], "%s/ccl.yaml", dir), cp = buf[1];
+#ifdef KBCL_SOURCE_DIR
+        if (!tp && (snprintf(buf[0], sizeof buf[0], "%s/configs/topology.yaml", KBCL_SOURCE_DIR),
+                    access(buf[0], R_OK) == 0))
+            tp = buf[0];
+        if (!cp && (snprintf(buf[1], sizeof buf[1], "%s/configs/ccl.yaml", KBCL_SOURCE_DIR),
+                    access(buf[1], R_OK) == 0))
+            cp = buf[1];
+#endif
+        if ((tp && kb_config_load_topology(&cfg, tp, &e2) != 0) ||
+            (cp && kb_config_load_ccl(&cfg, cp, &e2) != 0)) {
+            rc = kb_err_set(ps->eb, KB_ERR_CONFIG, "%s", e2.msg);
+            goto done;
+        }
+    }
+    for (int i = 0; i < p->nsets; i++)
+        if (kb_config_set(&cfg, p->sets[i], &e2) != 0) {
+            rc = markerr(ps, ps->set_mark[i], "set: %s", e2.msg);
+            goto done;
+        }
+    if (p->fixed[0] && !kb_config_find_algo(&cfg, p->fixed[0])) {
+        rc = markerr(ps, ps->alg_mark, "algorithm: no entry '%s' in ccl.yaml (kbcl list shows "
+                     "them)", p->fixed[0]);
+        goto done;
+    }
+    for (int a = 0; a < p->nax; a++) {
+        sw_axis *ax = &p->ax[a];
+        if (ax->kind == AX_CONFIG)
+            nset_axes++;
+        if (ax->kind == AX_PARAM)
+            nparam_axes++;
+        for (int v = 0; v < ax->nvals; v++) {
+            const char *s = ax->vals[v];
+            char setbuf[512];
+            switch (ax->kind) {
+            case AX_ALGORITHM:
+                if (!kb_config_find_algo(&cfg, s)) {
+                    rc = markerr(ps, ps->vmark[a][v], "algorithm: no entry '%s' in ccl.yaml "
+                                 "(kbcl list shows them)", s);
+                    goto done;
+                }
+                break;
+            case AX_DEVICE:
+                if (kb_device_from_name(s) < 0) {
+                    rc = markerr(ps, ps->vmark[a][v], "device: unknown device '%s'", s);
+                    goto done;
+                }
+                break;
+            case AX_WORLD_SIZE:
+            case AX_N_ELEM:
+            case AX_BUFFER_KIND:
+                snprintf(setbuf, sizeof setbuf, "ccl.defaults.%s=%s", ax->name, s);
+                if (kb_config_set(&cfg, setbuf, &e2) != 0) {
+                    rc = markerr(ps, ps->vmark[a][v], "%s: %s", ax->name, e2.msg);
+                    goto done;
+                }
+                break;
+            case AX_PARAM:
+                if (kb_bench_param_index(b, ax->name + 6) < 0 || !is_int_text(s)) {
+                    rc = markerr(ps, ps->vmark[a][v], "%s: expected integer values of a "
+                                 "parameter of '%s' (kbcl list shows them)", ax->name, b->name);
+                    goto done;
+                }
+                break;
+            default:
+                if (kb_config_set(&cfg, ax->assign[v], &e2) != 0) {
+                    rc = markerr(ps, ps->vmark[a][v], "%s", e2.msg);
+                    goto done;
+                }
+            }
+        }
+    }
+    if (p->nsets + nset_axes > KBCL_MAX_SETS || p->nparams + nparam_axes > KBCL_MAX_SETS)
+        rc = perr(ps, NULL, "too many set:/params: entries and axes (at most %d each)",
+                  KBCL_MAX_SETS);
+done:
+    kb_config_fini(&cfg);
+    return rc;
+}
+
+static int excluded(const sw_plan *p, const int *idx)
+{
+    for (int e = 0; e < p->nexcl; e++) {
+        int all = 1;
+        for (int a = 0; a < p->nax && all; a++)
+            if (p->excl[e].want[a] && !p->excl[e].want[a][idx[a]])
+                all = 0;
+        if (all)
+            return 1;
+    }
+    return 0;
+}
+
+/* The points: the cartesian product of the axes, first axis slowest, minus the excludes. */
+static int plan_points(sw_parse *ps)
+{
+    sw_plan *p = ps->p;
+    long long total = 1;
+    int idx[SW_MAX_AXES] = { 0 };
+
+    for (int a = 0; a < p->nax; a++) {
+        total *= p->ax[a].nvals;
+        if (total > SW_MAX_POINTS)
+            return perr(ps, NULL, "grid: more than %d points", SW_MAX_POINTS);
+    }
+    if (!(p->pt = malloc((size_t)total * (size_t)(p->nax ? p->nax : 1) * sizeof *p->pt)))
+        return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
+    for (long long i = 0; i < total; i++) {
+        long long r = i;
+        for (int a = p->nax - 1; a >= 0; a--) {
+            idx[a] = (int)(r % p->ax[a].nvals);
+            r /= p->ax[a].nvals;
+        }
+        if (excluded(p, idx))
+            continue;
+        memcpy(&p->pt[(size_t)p->npoints * (size_t)p->nax], idx, (size_t)p->nax * sizeof *idx);
+        p->npoints++;
+    }
+    if (p->npoints == 0)
+        return perr(ps, NULL, "exclude: removes every point of the grid");
+    return 0;
+}
+
+static int plan_load(const char *path, sw_plan **out, kb_errbuf *eb)
+{
+    sw_plan *p = calloc(1, sizeof *p);
+    sw_parse ps;
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    int have_parser = 0, have_doc = 0, rc = 0;
+    FILE *f = NULL;
+
+    *out = NULL;
+    memset(&ps, 0, sizeof ps);
+    if (!p || !(p->file = xstrdup(path))) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    ps.p = p;
+    ps.doc = &doc;
+    ps.eb = eb;
+    if (!(f = fopen(path, "rb"))) {
+        rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (!yaml_parser_initialize(&parser)) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "%s: cannot create a YAML parser", path);
+        goto fail;
+    }
+    have_parser = 1;
+    yaml_parser_set_input_file(&parser, f);
+    if (!yaml_parser_load(&parser, &doc)) {
+        const yaml_mark_t *m = &parser.problem_mark;
+        rc = kb_err_set(eb, KB_ERR_CONFIG, "%s:%zu:%zu: YAML syntax error: %s%s%s", path,
+                        (size_t)m->line + 1, (size_t)m->column + 1,
+                        parser.problem ? parser.problem : "unknown",
+                        parser.context ? " " : "", parser.context ? parser.context : "");
+        goto fail;
+    }
+    have_doc = 1;
+    if ((rc = parse_top(&ps, yaml_document_get_root_node(&doc))) != 0 ||
+        (rc = plan_check(&ps)) != 0 || (rc = plan_points(&ps)) != 0)
+        goto fail;
+    *out = p;
+    p = NULL; /* now the caller's */
+fail:
+    if (have_doc)
+        yaml_document_delete(&doc);
+    if (have_parser)
+        yaml_parser_delete(&parser);
+    if (f)
+        fclose(f);
+    plan_free(p);
+    for (int a = 0; a < SW_MAX_AXES; a++)
+        free(ps.vmark[a]);
+    return rc;
+}
+
+static const char *point_val(const sw_plan *p, int point, int a)
+{
+    return p->ax[a].vals[p->pt[(size_t)point * (size_t)p->nax + (size_t)a]];
+}
+
+/* ---------------------------------------------------------------- running a point ----- */
+
+static void run_point(const sw_plan *p, int point, sw_outcome *o)
+{
+    kbcl_job job;
+    kbcl_result *res = calloc(1, sizeof *res);
+    kb_errbuf eb = { { 0 } };
+    const char **shorthand[5] = { &job.algorithm, &job.world_size, &job.n_elem,
+                                  &job.buffer_kind, &job.device };
+    int rc;
+
+    memset(o, 0, sizeof *o);
+    o->point = point;
+    o->verified = -1;
+    if (!res) {
+        o->rc = KB_ERR_NOMEM;
+        snprintf(o->msg, sizeof o->msg, "out of memory");
+        return;
+    }
+    memset(&job, 0, sizeof job);
+    job.bench = p->bench;
+    job.topology = p->topology;
+    job.ccl = p->ccl;
+    job.device = p->device;
+    job.verify = p->verify;
+    for (int i = 0; i < 4; i++)
+        *shorthand[i] = p->fixed[i];
+    for (int i = 0; i < p->nsets; i++)
+        job.sets[job.nsets++] = p->sets[i];
+    for (int i = 0; i < p->nparams; i++)
+        job.params[job.nparams++] = p->params[i];
+    for (int a = 0; a < p->nax; a++) {
+        int v = p->pt[(size_t)point * (size_t)p->nax + (size_t)a];
+        if (p->ax[a].kind == AX_CONFIG)
+            job.sets[job.nsets++] = p->ax[a].assign[v];
+        else if (p->ax[a].kind == AX_PARAM)
+            job.params[job.nparams++] = p->ax[a].assign[v];
+        else
+            *shorthand[p->ax[a].kind] = p->ax[a].vals[v];
+    }
+    rc = kbcl_job_run(&job, res, &eb);
+    o->rc = rc;
+    if (rc) {
+        snprintf(o->msg, sizeof o->msg, "%s", eb.msg[0] ? eb.msg : kb_strerror(rc));
+    } else {
+        const kb_run_report *rep = &res->rep;
+        o->verified = rep->res.verified;
+        o->sim_time_ns = rep->sim_time_ns;
+        o->events = (unsigned long long)rep->events;
+        o->wall_ms = rep->wall_ms;
+        for (int i = 0; i < rep->res.nextras; i++) {
+            if (!strcmp(rep->res.extras[i].name, "algbw_gbps"))
+                o->have_algbw = 1, o->algbw = rep->res.extras[i].value;
+            if (!strcmp(rep->res.extras[i].name, "busbw_gbps"))
+                o->have_busbw = 1, o->busbw = rep->res.extras[i].value;
+        }
+        if (rep->res.verified == 0)
+            snprintf(o->msg, sizeof o->msg, "%s", rep->res.detail);
+    }
+    for (char *c = o->msg; *c; c++) /* rows are single lines */
+        if (*c == '\n' || *c == '\r' || *c == '\t')
+            *c = ' ';
+    kbcl_result_fini(res);
+    free(res);
+}
+
+static void run_point_cb(void *ctx, int point, void *outcome)
+{
+    run_point(((sw_ctx *)ctx)->plan, point, outcome);
+}
+
+/* Row status of an outcome: "ok", the lower-case KB_ERR_* name, or "crash". */
+static const char *status_name(int rc)
+{
+    static const char *const lower[] = {
+        "ok", "nomem", "inval", "config", "range", "nospace", "notfound", "deadlock", "io",
+        "device", "unsupported", "verify", "state", "direction", "aborted", "usage",
+    };
+    _Static_assert(sizeof lower / sizeof lower[0] == 1 - KB_ERR_MIN_,
+                   "one status name per KB_ERR_* code");
+    if (rc == SW_CRASH)
+        return "crash";
+    if (rc <= 0 && rc >= KB_ERR_MIN_)
+        return lower[-rc];
+    return "error";
+}
+
+/* ---------------------------------------------------------------- rows --------------- */
+
+static int csv_needs_quotes(const char *s)
+{
+    return strpbrk(s, ",\"\n\r") != NULL || (*s && (s[0] == ' ' || s[strlen(s) - 1] == ' '));
+}
+
+/* Appends one CSV field (with its separator) to buf; returns the new length or -1. */
+static int csv_put(char *buf, size_t n, int len, const char *s, int first)
+{
+    if (len < 0 || (size_t)len >= n)
+        return -1;
+    if (!first)
+        len += snprintf(buf + len, n - (size_t)len, ",");
+    if (!csv_needs_quotes(s))
+        return len + snprintf(buf + len, (size_t)len < n ? n - (size_t)len : 0, "%s", s);
+    if ((size_t)len + 1 < n)
+        buf[len++] = '"';
+    for (; *s && (size_t)len + 2 < n; s++) {
+        if (*s == '"')
+            buf[len++] = '"';
+        buf[len++] = *s;
+    }
+    if ((size_t)len + 1 < n)
+        buf[len++] = '"';
+    buf[len] = 0;
+    return len;
+}
+
+/* The fixed columns after the swept ones. */
+static const char *const tail_cols[] = { "bench", "sim_time_ns", "algbw_gbps", "busbw_gbps",
+                                         "events", "wall_ms", "verified", "status", "error" };
+#define N_TAIL ((int)(sizeof tail_cols / sizeof tail_cols[0]))
+
+static char *csv_header(const sw_plan *p)
+{
+    size_t n = 256;
+    char *buf;
+    int len = 0;
+    for (int a = 0; a < p->nax; a++)
+        n += 3 + 2 * strlen(p->ax[a].name);
+    if (!(buf = malloc(n)))
+        return NULL;
+    len = csv_put(buf, n, 0, "point", 1);
+    for (int a = 0; a < p->nax; a++)
+        len = csv_put(buf, n, len, p->ax[a].name, 0);
+    for (int i = 0; i < N_TAIL; i++)
+        len = csv_put(buf, n, len, tail_cols[i], 0);
+    snprintf(buf + len, n - (size_t)len, "\n");
+    return buf;
+}
+
+static void fmt_num(char *b, size_t n, int have, double v)
+{
+    if (have)
+        snprintf(b, n, "%.12g", v);
+    else
+        b[0] = 0;
+}
+
+/* The row of one outcome, "\n"-terminated (malloc'd). */
+static char *format_row(const sw_plan *p, const sw_outcome *o, int jsonl)
+{
+    const char *bench = p->bench ? p->bench : "ccl_allreduce";
+    const char *verified = o->rc || o->verified < 0 ? "" : o->verified ? "true" : "false";
+    char num[5][48];
+    int ok = o->rc == 0;
+
+    fmt_num(num[0], sizeof num[0], ok, o->sim_time_ns);
+    fmt_num(num[1], sizeof num[1], ok && o->have_algbw, o->algbw);
+    fmt_num(num[2], sizeof num[2], ok && o->have_busbw, o->busbw);
+    if (ok)
+        snprintf(num[3], sizeof num[3], "%llu", o->events);
+    else
+        num[3][0] = 0;
+    if (ok)
+        snprintf(num[4], sizeof num[4], "%.3f", o->wall_ms);
+    else
+        num[4][0] = 0;
+    if (jsonl) {
+        cJSON *r = cJSON_CreateObject();
+        char *text, *line;
+        cJSON_AddNumberToObject(r, "point", o->point);
+        for (int a = 0; a < p->nax; a++) {
+            const char *v = point_val(p, o->point, a);
+            char canon[32];
+            /* a number only when it prints back as the same text ("010" stays a string) */
+            snprintf(canon, sizeof canon, "%lld", strtoll(v, NULL, 10));
+            if (is_int_text(v) && strlen(v) < 16 && !strcmp(canon, v))
+                cJSON_AddNumberToObject(r, p->ax[a].name, (double)strtoll(v, NULL, 10));
+            else
+                cJSON_AddStringToObject(r, p->ax[a].name, v);
+        }
+        cJSON_AddStringToObject(r, "bench", bench);
+        for (int i = 0; i < 5; i++) {
+            if (num[i][0])
+                cJSON_AddRawToObject(r, tail_cols[1 + i], num[i]);
+            else
+                cJSON_AddNullToObject(r, tail_cols[1 + i]);
+        }
+        if (*verified)
+            cJSON_AddBoolToObject(r, "verified", verified[0] == 't');
+        else
+            cJSON_AddNullToObject(r, "verified");
+        cJSON_AddStringToObject(r, "status", ok ? "ok" : status_name(o->rc));
+        if (o->msg[0])
+            cJSON_AddStringToObject(r, "error", o->msg);
+        else
+            cJSON_AddNullToObject(r, "error");
+        text = cJSON_PrintUnformatted(r);
+        cJSON_Delete(r);
+        if (!text)
+            return NULL;
+        line = xasprintf("%s\n", text);
+        cJSON_free(text);
+        return line;
+    }
+    {
+        size_t n = 1024 + 2 * sizeof o->msg;
+        char *buf, idx[16];
+        int len;
+        for (int a = 0; a < p->nax; a++)
+            n += 3 + 2 * strlen(point_val(p, o->point, a));
+        if (!(buf = malloc(n)))
+            return NULL;
+        snprintf(idx, sizeof idx, "%d", o->point);
+        len = csv_put(buf, n, 0, idx, 1);
+        for (int a = 0; a < p->nax; a++)
+            len = csv_put(buf, n, len, point_val(p, o->point, a), 0);
+        len = csv_put(buf, n, len, bench, 0);
+        for (int i = 0; i < 5; i++)
+            len = csv_put(buf, n, len, num[i], 0);
+        len = csv_put(buf, n, len, verified, 0);
+        len = csv_put(buf, n, len, ok ? "ok" : status_name(o->rc), 0);
+        len = csv_put(buf, n, len, o->msg, 0);
+        snprintf(buf + len, n - (size_t)len, "\n");
+        return buf;
+    }
+}
+
+static int write_all(int fd, const char *s, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, s, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        s += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------- progress ------------ */
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void fmt_dur(char *b, size_t n, double s)
+{
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(b, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(b, n, "%ld:%02ld", t / 60, t % 60);
+}
+
+static void progress_bar(sw_ctx *c)
+{
+    int total = c->plan->npoints, done = c->ndone_before + c->nfinished, width = 30;
+    int fill = total ? (int)((long long)done * width / total) : width;
+    double el = now_s() - c->t0;
+    char bar[64], e1[32], e2[32];
+    for (int i = 0; i < width; i++)
+        bar[i] = i < fill ? '#' : '.';
+    bar[width] = 0;
+    fmt_dur(e1, sizeof e1, el);
+    if (c->nfinished)
+        fmt_dur(e2, sizeof e2, el / c->nfinished * (c->npending - c->nfinished));
+    else
+        snprintf(e2, sizeof e2, "?");
+    fprintf(stderr, "\r\033[K[%s] %d/%d %3d%%  elapsed %s  ETA %s", bar, done, total,
+            total ? done * 100 / total : 100, e1, e2);
+    fflush(stderr);
+    c->bar_shown = 1;
+}
+
+static void progress_clear(sw_ctx *c)
+{
+    if (c->bar_shown) {
+        fputs("\r\033[K", stderr);
+        c->bar_shown = 0;
+    }
+}
+
+static void describe_point(const sw_ctx *c, int point, char *b, size_t n)
+{
+    size_t len = 0;
+    b[0] = 0;
+    for (int a = 0; a < c->plan->nax && len < n; a++)
+        len += (size_t)snprintf(b + len, n - len, "%s%s=%s", a ? " " : "", c->plan->ax[a].name,
+                                point_val(c->plan, point, a));
+}
+
+static void progress_point(sw_ctx *c, const sw_outcome *o)
+{
+    char what[512];
+    int failed = o->rc != 0 || o->verified == 0;
+    if (c->quiet)
+        return;
+    describe_point(c, o->point, what, sizeof what);
+    if (c->tty && !failed) {
+        progress_bar(c);
+        return;
+    }
+    progress_clear(c);
+    if (o->rc)
+        fprintf(stderr, "[%d/%d] point %d %s: %s: %s\n", c->ndone_before + c->nfinished,
+                c->plan->npoints, o->point, what, status_name(o->rc), o->msg);
+    else
+        fprintf(stderr, "[%d/%d] point %d %s: %s %.6g ns (%.2f s)\n",
+                c->ndone_before + c->nfinished, c->plan->npoints, o->point, what,
+                o->verified == 1 ? "verified" : o->verified == 0 ? "VERIFICATION FAILED"
+                                                                 : "ok",
+                o->sim_time_ns, o->wall_ms / 1000.0);
+    if (c->tty)
+        progress_bar(c);
+}
+
+/* Records one finished point: its row goes to the output at once. */
+static int finish_point(void *ctx, const void *outcome)
+{
+    sw_ctx *c = ctx;
+    const sw_outcome *o = outcome;
+    char *row;
+
+    assert(o->point >= 0 && o->point < c->plan->npoints);
+    c->nfinished++;
+    if (o->rc)
+        c->n_err++;
+    else if (o->verified == 0)
+        c->n_verify_fail++;
+    else
+        c->n_ok++;
+    row = format_row(c->plan, o, c->jsonl);
+    if (c->tty && c->fd == STDOUT_FILENO)
+        progress_clear(c);
+    if (!row || write_all(c->fd, row, strlen(row)) != 0) {
+        if (!c->write_failed)
+            kb_err_set(&c->werr, KB_ERR_IO, "%s: cannot append a row: %s",
+                       c->out_path ? c->out_path : "stdout", row ? strerror(errno)
+                                                                 : "out of memory");
+        c->write_failed = 1;
+    }
+    free(row);
+    c->done[o->point] = 1;
+    progress_point(c, o);
+    return c->write_failed ? KB_ERR_IO : 0;
+}
+
+/* ---------------------------------------------------------------- resume -------------- */
+
+/* Splits one CSV line (no newline) into at most max fields, in place. Returns the count. */
+static int csv_split(char *line, char **f, int max)
+{
+    int n = 0;
+    char *r = line, *w = line;
+    for (;;) {
+        char *start = w;
+        if (*r == '"') {
+            r++;
+            for (;;) {
+                if (!*r)
+                    break;
+                if (*r == '"' && r[1] == '"') {
+                    *w++ = '"';
+                    r += 2;
+                } else if (*r == '"') {
+                    r++;
+                    break;
+                } else {
+                    *w++ = *r++;
+                }
+            }
+            while (*r && *r != ',')
+                *w++ = *r++;
+        } else {
+            while (*r && *r != ',')
+                *w++ = *r++;
+        }
+        if (n < max)
+            f[n] = start;
+        n++;
+        if (!*r) {
+            *w = 0;
+            break;
+        }
+        r++;
+        *w++ = 0;
+    }
+    return n;
+}
+
+static char *read_fd(int fd, size_t *len)
+{
+    struct stat st;
+    char *buf;
+    size_t got = 0;
+    if (fstat(fd, &st) != 0 || !(buf = malloc((size_t)st.st_size + 1)))
+        return NULL;
+    while (got < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    buf[got] = 0;
+    *len = got;
+    return buf;
+}
+
+/* One existing row: checks it belongs to this sweep and marks its point done. */
+static int resume_row(sw_ctx *c, int lineno, int point, const char *const *vals,
+                      const char *verified, const char *status, kb_errbuf *eb)
+{
+    const sw_plan *p = c->plan;
+    if (point < 0 || point >= p->npoints)
+        return kb_err_set(eb, KB_ERR_USAGE, "%s:%d: point %d is not a point of %s (it has %d); "
+                          "was the file written by another sweep? Use a new --out",
+                          c->out_path, lineno, point, p->file, p->npoints);
+    for (int a = 0; a < p->nax; a++)
+        if (strcmp(vals[a], point_val(p, point, a)))
+            return kb_err_set(eb, KB_ERR_USAGE, "%s:%d: point %d has %s=%s but point %d of %s "
+                              "has %s=%s (the grid changed?); use a new --out", c->out_path,
+                              lineno, point, p->ax[a].name, vals[a], point, p->file,
+                              p->ax[a].name, point_val(p, point, a));
+    if (c->done[point])
+        return 0; /* a duplicate from a hand-edited file: the first row stands */
+    c->done[point] = 1;
+    c->ndone_before++;
+    if (strcmp(status, "ok"))
+        c->n_err++;
+    else if (!strcmp(verified, "false"))
+        c->n_verify_fail++;
+    else
+        c->n_ok++;
+    return 0;
+}
+
+static int resume_csv(sw_ctx *c, char *text, kb_errbuf *eb)
+{
+    const sw_plan *p = c->plan;
+    int ncol = 1 + p->nax + N_TAIL, lineno = 1, rc = 0;
+    char **f = calloc((size_t)ncol, sizeof *f), *hdr = csv_header(p), *line = text, *nl;
+    if (!f || !hdr) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    nl = strchr(line, '\n');
+    if (!nl)
+        goto done; /* empty file: the header is written as for a new one */
+    if ((size_t)(nl - line + 1) != strlen(hdr) || strncmp(line, hdr, strlen(hdr))) {
+        hdr[strlen(hdr) - 1] = 0;
+        rc = kb_err_set(eb, KB_ERR_USAGE, "%s:1: header %.*s does not match this sweep's "
+                        "columns (%s); use a new --out", c->out_path, (int)(nl - line), line,
+                        hdr);
+        goto done;
+    }
+    for (line = nl + 1; (nl = strchr(line, '\n')); line = nl + 1) {
+        int n, point;
+        lineno++;
+        *nl = 0;
+        if (!*line)
+            continue;
+        n = csv_split(line, f, ncol);
+        if (n != ncol || !is_int_text(f[0])) {
+            rc = kb_err_set(eb, KB_ERR_USAGE, "%s:%d: not a row of this sweep (%d fields, "
+                            "expected %d)", c->out_path, lineno, n, ncol);
+            goto done;
+        }
+        point = (int)strtol(f[0], NULL, 10);
+        if ((rc = resume_row(c, lineno, point, (const char *const *)f + 1, f[ncol - 3],
+                             f[ncol - 2], eb)) != 0)
+            goto done;
+    }
+done:
+    free(f);
+    free(hdr);
+    return rc;
+}
+
+static int resume_jsonl(sw_ctx *c, char *text, kb_errbuf *eb)
+{
+    const sw_plan *p = c->plan;
+    char num[SW_MAX_AXES][40];
+    const char *vals[SW_MAX_AXES];
+    int lineno = 0, rc = 0;
+    char *nl;
+    for (char *line = text; (nl = strchr(line, '\n')); line = nl + 1) {
+        cJSON *r, *it;
+        int point;
+        lineno++;
+        *nl = 0;
+        if (!*line)
+            continue;
+        r = cJSON_Parse(line);
+        it = cJSON_GetObjectItemCaseSensitive(r, "point");
+        if (!r || !cJSON_IsNumber(it)) {
+            cJSON_Delete(r);
+            return kb_err_set(eb, KB_ERR_USAGE, "%s:%d: not a row of a sweep (no \"point\")",
+                              c->out_path, lineno);
+        }
+        point = it->valueint;
+        for (int a = 0; a < p->nax; a++) {
+            it = cJSON_GetObjectItemCaseSensitive(r, p->ax[a].name);
+            if (cJSON_IsString(it)) {
+                vals[a] = it->valuestring;
+            } else if (cJSON_IsNumber(it)) {
+                snprintf(num[a], sizeof num[a], "%.17g", it->valuedouble);
+                vals[a] = num[a];
+            } else {
+                vals[a] = "(missing)";
+            }
+        }
+        it = cJSON_GetObjectItemCaseSensitive(r, "verified");
+        rc = resume_row(c, lineno, point, vals, cJSON_IsFalse(it) ? "false" : "",
+                        cJSON_IsString(cJSON_GetObjectItemCaseSensitive(r, "status"))
+                            ? cJSON_GetObjectItemCaseSensitive(r, "status")->valuestring
+                            : "", eb);
+        cJSON_Delete(r);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/*
+ * Opens the output (rank 0 only). With resume, cuts a partial last line (a row whose write
+ * was cut short by a kill), then marks the points the file already holds.
+ */
+static int output_open(sw_ctx *c, int resume, kb_errbuf *eb)
+{
+    char *text = NULL, *hdr = NULL;
+    size_t len = 0;
+    int rc = 0;
+
+    if (!c->out_path) {
+        c->fd = STDOUT_FILENO;
+        if (!c->jsonl && (!(hdr = csv_header(c->plan)) || write_all(c->fd, hdr, strlen(hdr))))
+            rc = kb_err_set(eb, KB_ERR_IO, "stdout: write failed");
+        goto done;
+    }
+    c->fd = open(c->out_path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | (resume ? 0 : O_TRUNC),
+                 0644);
+    if (c->fd < 0) {
+        rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot open: %s", c->out_path, strerror(errno));
+        goto done;
+    }
+    if (flock(c->fd, LOCK_EX | LOCK_NB) != 0) {
+        rc = kb_err_set(eb, KB_ERR_IO, "%s: another kbcl sweep is writing it", c->out_path);
+        goto done;
+    }
+    if (resume) {
+        char *nl;
+        if (!(text = read_fd(c->fd, &len))) {
+            rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot read: %s", c->out_path, strerror(errno));
+            goto done;
+        }
+        if (len && text[len - 1] != '\n') {
+            size_t keep = (nl = strrchr(text, '\n')) ? (size_t)(nl - text) + 1 : 0;
+            if (ftruncate(c->fd, (off_t)keep) != 0) {
+                rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot cut the partial last line: %s",
+                                c->out_path, strerror(errno));
+                goto done;
+            }
+            if (!c->quiet)
+                fprintf(stderr, "kbcl sweep: %s: removed a partial last row (%zu bytes) left "
+                        "by an interrupted run\n", c->out_path, len - keep);
+            text[keep] = 0;
+            len = keep;
+        }
+        if ((rc = c->jsonl ? resume_jsonl(c, text, eb) : resume_csv(c, text, eb)) != 0)
+            goto done;
+    }
+    if (!len && !c->jsonl &&
+        (!(hdr = csv_header(c->plan)) || write_all(c->fd, hdr, strlen(hdr)) != 0))
+        rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot write the header", c->out_path);
+done:
+    free(text);
+    free(hdr);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- local workers ------- */
+
+typedef struct sw_worker {
+    pid_t pid;
+    int fd, point;
+    size_t got;
+    sw_outcome o;
+} sw_worker;
+
+static void crash_outcome(sw_outcome *o, int point, int status)
+{
+    memset(o, 0, sizeof *o);
+    o->point = point;
+    o->rc = SW_CRASH;
+    o->verified = -1;
+    if (WIFSIGNALED(status))
+        snprintf(o->msg, sizeof o->msg, "the worker was killed by signal %d (%s)",
+                 WTERMSIG(status), strsignal(WTERMSIG(status)));
+    else
+        snprintf(o->msg, sizeof o->msg, "the worker exited with status %d without a result",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
+static int spawn(sw_ctx *c, sw_worker *w, int point, const sigset_t *oldmask, int sfd,
+                 kb_errbuf *eb)
+{
+    int pfd[2];
+    pid_t parent = getpid();
+    if (pipe2(pfd, O_CLOEXEC) != 0)
+        return kb_err_set(eb, KB_ERR_IO, "pipe: %s", strerror(errno));
+    fflush(stdout);
+    fflush(stderr);
+    w->pid = fork();
+    if (w->pid < 0) {
+        close(pfd[0]);
+        close(pfd[1]);
+        return kb_err_set(eb, KB_ERR_IO, "fork: %s", strerror(errno));
+    }
+    if (w->pid == 0) {
+        sw_outcome o;
+        /* a worker dies with the sweep (kill -9 included) and takes default signals */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1);
+        sigprocmask(SIG_SETMASK, oldmask, NULL);
+        close(sfd);
+        close(pfd[0]);
+        if (c->fd != STDOUT_FILENO)
+            close(c->fd);
+        run_point(c->plan, point, &o);
+        _exit(write_all(pfd[1], (const char *)&o, sizeof o) ? 1 : 0);
+    }
+    close(pfd[1]);
+    w->fd = pfd[0];
+    w->point = point;
+    w->got = 0;
+    return 0;
+}
+
+/* Runs the pending points in up to `jobs` forked workers. Returns 0, or 128+signal. */
+static int run_local(sw_ctx *c, const int *pending, int npending, int jobs, kb_errbuf *eb)
+{
+    sw_worker *w = calloc((size_t)jobs, sizeof *w);
+    struct pollfd *pfd = calloc((size_t)jobs + 1, sizeof *pfd);
+    sigset_t block, old;
+    int next = 0, running = 0, stop = 0, sfd = -1, rc = 0;
+
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    if (!w || !pfd) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    /* signals arrive as readable data in the poll loop: no handler, no global flag */
+    sigprocmask(SIG_BLOCK, &block, &old);
+    if ((sfd = signalfd(-1, &block, SFD_CLOEXEC)) < 0) {
+        rc = kb_err_set(eb, KB_ERR_IO, "signalfd: %s", strerror(errno));
+        goto done;
+    }
+    while (running > 0 || (next < npending && !stop)) {
+        int np = 0, slot[SW_MAX_JOBS + 1];
+        for (int i = 0; i < jobs && next < npending && !stop && !c->write_failed; i++) {
+            if (w[i].pid)
+                continue;
+            if ((rc = spawn(c, &w[i], pending[next], &old, sfd, eb)) != 0) {
+                stop = -1;
+                break;
+            }
+            next++;
+            running++;
+        }
+        if (c->write_failed)
+            stop = stop ? stop : -1;
+        if (running == 0)
+            break;
+        pfd[np].fd = sfd;
+        pfd[np].events = POLLIN;
+        slot[np++] = -1;
+        for (int i = 0; i < jobs; i++)
+            if (w[i].pid) {
+                pfd[np].fd = w[i].fd;
+                pfd[np].events = POLLIN;
+                slot[np++] = i;
+            }
+        if (poll(pfd, (nfds_t)np, c->tty && !c->quiet ? 1000 : -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            rc = kb_err_set(eb, KB_ERR_IO, "poll: %s", strerror(errno));
+            stop = -1;
+            break;
+        }
+        if (pfd[0].revents & POLLIN) {
+            struct signalfd_siginfo si;
+            if (read(sfd, &si, sizeof si) == (ssize_t)sizeof si && stop <= 0) {
+                stop = (int)si.ssi_signo;
+                for (int i = 0; i < jobs; i++)
+                    if (w[i].pid)
+                        kill(w[i].pid, SIGTERM);
+            }
+        }
+        for (int k = 1; k < np; k++) {
+            sw_worker *x = &w[slot[k]];
+            ssize_t r;
+            int status = 0;
+            if (!(pfd[k].revents & (POLLIN | POLLHUP | POLLERR)))
+                continue;
+            r = read(x->fd, (char *)&x->o + x->got, sizeof x->o - x->got);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r > 0) {
+                x->got += (size_t)r;
+                if (x->got < sizeof x->o)
+                    continue;
+            }
+            /* a whole outcome or EOF: the worker is done */
+            close(x->fd);
+            while (waitpid(x->pid, &status, 0) < 0 && errno == EINTR)
+                ;
+            x->pid = 0;
+            running--;
+            if (x->got == sizeof x->o) {
+                if (finish_point(c, &x->o) != 0 && stop == 0)
+                    stop = -1;
+                continue;
+            }
+            if (WIFSIGNALED(status) && (WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM ||
+                                        WTERMSIG(status) == SIGHUP)) {
+                if (stop == 0) { /* someone interrupted the worker: the sweep stops too */
+                    stop = WTERMSIG(status);
+                    for (int i = 0; i < jobs; i++)
+                        if (w[i].pid)
+                            kill(w[i].pid, SIGTERM);
+                }
+                continue;
+            }
+            if (stop > 0)
+                continue; /* interrupted: the point runs again on --resume */
+            crash_outcome(&x->o, x->point, status);
+            if (finish_point(c, &x->o) != 0 && stop == 0)
+                stop = -1;
+        }
+        if (c->tty && !c->quiet && stop == 0)
+            progress_bar(c);
+    }
+    if (stop > 0)
+        rc = 128 + stop;
+done:
+    if (sfd >= 0) {
+        close(sfd);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+    }
+    free(w);
+    free(pfd);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- the command --------- */
+
+static void usage_sweep(FILE *f)
+{
+    fputs("usage: kbcl sweep FILE.yaml [options]\n"
+          "\n"
+          "Runs every point of the grid in FILE.yaml (docs/sweeps.md) and appends one row per\n"
+          "finished point to the output.\n"
+          "\n"
+          "  --jobs N       run N points at a time in worker processes (default 1; 0 = one per\n"
+          "                 CPU). Under mpirun the points are spread over the ranks instead.\n"
+          "  --out FILE     .csv (default format) or .jsonl/.json (JSON Lines); default stdout\n"
+          "  --resume       keep the rows already in --out and run only the missing points\n"
+          "  --quiet        no progress output\n"
+          "exit codes: 0 every point ok, 1 a verification failed, 2 usage or sweep-file error,\n"
+          "            3 a point errored, 128+N interrupted by signal N (resume with --resume)\n",
+          f);
+}
+
+static int ends_with(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+int kbcl_cmd_sweep(int argc, char **argv)
+{
+    const char *file = NULL;
+    int jobs = 1, resume = 0, quiet = 0, rank = 0, size = 1, mpi, rc = 0, code = 0;
+    int *pending = NULL, npending = 0;
+    sw_plan *plan = NULL;
+    sw_ctx c;
+    kb_errbuf eb = { { 0 } };
+
+    memset(&c, 0, sizeof c);
+    c.fd = -1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage_sweep(stdout);
+            return 0;
+        } else if (!strcmp(a, "--jobs") || !strcmp(a, "-j")) {
+            char *end;
+            long v = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
+            if (i + 1 >= argc || *end || v < 0 || v > SW_MAX_JOBS) {
+                fprintf(stderr, "kbcl sweep: --jobs needs a number 0..%d\n", SW_MAX_JOBS);
+                return KBCL_EXIT_USAGE;
+            }
+            jobs = (int)v;
+            i++;
+        } else if (!strcmp(a, "--out") || !strcmp(a, "-o")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kbcl sweep: --out needs a file name\n");
+                return KBCL_EXIT_USAGE;
+            }
+            c.out_path = argv[++i];
+        } else if (!strcmp(a, "--resume")) {
+            resume = 1;
+        } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
+            quiet = 1;
+        } else if (a[0] == '-' || file) {
+            fprintf(stderr, "kbcl sweep: unexpected argument '%s' (see kbcl sweep --help)\n", a);
+            return KBCL_EXIT_USAGE;
+        } else {
+            file = a;
+        }
+    }
+    if (!file) {
+        usage_sweep(stderr);
+        return KBCL_EXIT_USAGE;
+    }
+    if (resume && !c.out_path) {
+        fprintf(stderr, "kbcl sweep: --resume needs --out FILE\n");
+        return KBCL_EXIT_USAGE;
+    }
+    if (jobs == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        jobs = n > 0 ? (n < SW_MAX_JOBS ? (int)n : SW_MAX_JOBS) : 1;
+    }
+    mpi = kbcl_sweep_mpi_init(&rank, &size, &eb);
+    if (mpi < 0) {
+        fprintf(stderr, "kbcl sweep: %s\n", eb.msg);
+        return KBCL_EXIT_USAGE;
+    }
+    c.jsonl = c.out_path && (ends_with(c.out_path, ".jsonl") || ends_with(c.out_path, ".json"));
+    c.quiet = quiet || rank != 0;
+    c.tty = isatty(STDERR_FILENO);
+    c.t0 = now_s();
+    if ((rc = plan_load(file, &plan, &eb)) != 0) {
+        if (rank == 0)
+            fprintf(stderr, "kbcl sweep: %s\n", eb.msg);
+        npending = -1;
+    } else if (rank == 0) {
+        c.plan = plan;
+        if (!(c.done = calloc((size_t)plan->npoints, 1)) ||
+            !(pending = malloc((size_t)plan->npoints * sizeof *pending))) {
+            rc = kb_err_set(&eb, KB_ERR_NOMEM, "out of memory");
+        } else if ((rc = output_open(&c, resume, &eb)) == 0) {
+            for (int i = 0; i < plan->npoints; i++)
+                if (!c.done[i])
+                    pending[npending++] = i;
+        }
+        if (rc) {
+            fprintf(stderr, "kbcl sweep: %s\n", eb.msg);
+            npending = -1;
+        }
+    }
+    c.plan = plan;
+    /* every rank learns rank 0's list of points to run, or that some rank cannot go on */
+    if (mpi && kbcl_sweep_mpi_share(&pending, &npending, npending >= 0, &eb) != 0) {
+        fprintf(stderr, "kbcl sweep: %s\n", eb.msg);
+        code = KBCL_EXIT_SIM;
+        goto out;
+    }
+    if (npending < 0) {
+        code = KBCL_EXIT_USAGE;
+        goto out;
+    }
+    c.npending = npending;
+    if (rank == 0 && !c.quiet && !c.tty)
+        fprintf(stderr, "kbcl sweep: %s: %d points, %d to run (%s %d)\n", plan->file,
+                plan->npoints, npending, mpi ? "MPI ranks" : "jobs", mpi ? size : jobs);
+    if (rank == 0 && !c.quiet && c.tty)
+        progress_bar(&c);
+    if (mpi) {
+        kbcl_sweep_io io = { &c, sizeof(sw_outcome), run_point_cb, finish_point };
+        rc = kbcl_sweep_mpi_run(&io, pending, npending, &eb);
+    } else {
+        rc = run_local(&c, pending, npending, jobs, &eb);
+    }
+    if (rank == 0 && c.write_failed && rc <= 0)
+        rc = kb_err_set(&eb, KB_ERR_IO, "%s", c.werr.msg);
+    if (rank != 0) {
+        code = rc ? KBCL_EXIT_SIM : 0;
+        goto out;
+    }
+    progress_clear(&c);
+    if (rc > 0) {
+        fprintf(stderr, "kbcl sweep: interrupted (%s): %d of %d points in %s; run again with "
+                "--resume to finish\n", strsignal(rc - 128), c.ndone_before + c.nfinished,
+                plan->npoints, c.out_path ? c.out_path : "stdout");
+        code = rc;
+        goto out;
+    }
+    if (rc) {
+        fprintf(stderr, "kbcl sweep: %s\n", eb.msg);
+        code = kbcl_exit_code(rc);
+        goto out;
+    }
+    code = c.n_err ? KBCL_EXIT_SIM : c.n_verify_fail ? KBCL_EXIT_VERIFY : 0;
+    if (!quiet)
+        fprintf(stderr, "kbcl sweep: %d points: %d ok, %d failed verification, %d errors "
+                "(%d from earlier runs); %.1f s%s%s\n", plan->npoints, c.n_ok, c.n_verify_fail,
+                c.n_err, c.ndone_before, now_s() - c.t0, c.out_path ? "; rows in " : "",
+                c.out_path ? c.out_path : "");
+out:
+    if (c.fd >= 0 && c.fd != STDOUT_FILENO)
+        close(c.fd);
+    free(c.done);
+    free(pending);
+    plan_free(plan);
+    if (mpi)
+        kbcl_sweep_mpi_fini();
+    return code;
+}

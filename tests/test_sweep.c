@@ -1,0 +1,582 @@
+/*
+ * End-to-end tests of `kbcl sweep` and `kbcl report` through the real binary ($KBCL_BIN, set
+ * by CTest): the rows and their values, --jobs 2 against --jobs 1, JSON Lines, config-key
+ * axes, exclude:, error rows and exit codes, kill -9 / SIGINT mid-sweep then --resume, the
+ * repair of a partial last row, sweep-file errors naming file:line, and the HTML report.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+static char tmpdir[256];
+
+static const char *bin(void)
+{
+    const char *b = getenv("KBCL_BIN");
+    return b ? b : "./kbcl";
+}
+
+/* Runs `kbcl ARGS` in tmpdir with stdout+stderr captured; returns the exit status. */
+static int kbcl(char *out, size_t n, const char *fmt, ...)
+{
+    char args[2048], cmd[4096];
+    va_list ap;
+    FILE *p;
+    size_t len = 0;
+    int st;
+
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd %s && '%s' %s 2>&1", tmpdir, bin(), args);
+    p = popen(cmd, "r");
+    assert_non_null(p);
+    while (len + 1 < n && fgets(out + len, (int)(n - len), p))
+        len += strlen(out + len);
+    out[len] = 0;
+    st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void path_of(char *buf, size_t n, const char *name)
+{
+    snprintf(buf, n, "%s/%s", tmpdir, name);
+}
+
+static char *slurp(const char *name)
+{
+    char path[512];
+    FILE *f;
+    long sz;
+    char *buf;
+    path_of(path, sizeof path, name);
+    f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = malloc((size_t)sz + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)sz, f), (size_t)sz);
+    buf[sz] = 0;
+    fclose(f);
+    return buf;
+}
+
+static void write_file(const char *name, const char *text)
+{
+    char path[512];
+    FILE *f;
+    path_of(path, sizeof path, name);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static int count_lines(const char *text)
+{
+    int n = 0;
+    for (; *text; text++)
+        n += *text == '\n';
+    return n;
+}
+
+static int count_str(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/*
+ * The rows of a CSV result without the wall_ms column (the only one that differs between
+ * identical runs), sorted by point, one "\n"-terminated line each (malloc'd). Fields before
+ * wall_ms never hold commas, so cutting at commas is exact there.
+ */
+static char *canonical_rows(const char *name, int *nrows)
+{
+    char *text = slurp(name), *line, *nl, *out;
+    char **rows;
+    int wall = -1, n = 0, cap = count_lines(text ? text : "") + 1;
+    size_t len = 0;
+
+    assert_non_null(text);
+    rows = calloc((size_t)cap, sizeof *rows);
+    out = calloc(strlen(text) + 1, 1);
+    assert_true(rows && out);
+    for (line = text; (nl = strchr(line, '\n')); line = nl + 1) {
+        char *f = line, *cut_from, *cut_to;
+        int col = 0;
+        *nl = 0;
+        if (wall < 0) { /* header */
+            for (char *c = line; c; col++) {
+                if (!strncmp(c, "wall_ms,", 8))
+                    wall = col;
+                if ((c = strchr(c, ',')))
+                    c++;
+            }
+            assert_true(wall > 0);
+            continue;
+        }
+        for (col = 0; col < wall; col++) {
+            f = strchr(f, ',');
+            assert_non_null(f);
+            f++;
+        }
+        cut_from = f;
+        cut_to = strchr(f, ',');
+        assert_non_null(cut_to);
+        memmove(cut_from, cut_to + 1, strlen(cut_to + 1) + 1);
+        /* insertion by point index keeps the output sorted */
+        {
+            int j = n++;
+            long p = strtol(line, NULL, 10);
+            while (j > 0 && strtol(rows[j - 1], NULL, 10) > p) {
+                rows[j] = rows[j - 1];
+                j--;
+            }
+            rows[j] = line;
+        }
+    }
+    for (int i = 0; i < n; i++)
+        len += (size_t)sprintf(out + len, "%s\n", rows[i]);
+    *nrows = n;
+    free(rows);
+    free(text);
+    return out;
+}
+
+/* Asserts that no point index appears twice in the canonical rows. */
+static void assert_unique_points(const char *rows, int n)
+{
+    long prev = -1;
+    const char *l = rows;
+    for (int i = 0; i < n; i++) {
+        long p = strtol(l, NULL, 10);
+        assert_true(p > prev);
+        prev = p;
+        l = strchr(l, '\n') + 1;
+    }
+}
+
+/* 2 algorithms x 2 world sizes x 1 tile size: points 0..3 in file order. */
+static const char *small_yaml =
+    "# test sweep\n"
+    "bench: ccl_allreduce\n"
+    "device: ref\n"
+    "verify: true\n"
+    "grid:\n"
+    "  algorithm: [ring_allreduce_tcm, ring_rsag_allreduce]\n"
+    "  world_size: [8, 16]\n"
+    "  n_elem: [16]\n";
+
+/* 8 points; the world_size 64 ones take long enough to be interrupted. */
+static const char *long_yaml =
+    "bench: ccl_allreduce\n"
+    "verify: true\n"
+    "algorithm: ring_allreduce_hbm\n"
+    "grid:\n"
+    "  n_elem: [8, 16, 32, 64]\n"
+    "  world_size: [8, 64]\n";
+
+static int setup(void **s)
+{
+    (void)s;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kbcl_test_sweep_XXXXXX");
+    assert_non_null(mkdtemp(tmpdir));
+    write_file("small.yaml", small_yaml);
+    write_file("long.yaml", long_yaml);
+    return 0;
+}
+
+static int teardown(void **s)
+{
+    char cmd[512];
+    (void)s;
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+/* sim_time_ns and events of one `kbcl run`, printed as the sweep prints them. */
+static void run_one(const char *args, char *sim, size_t n, char *events, size_t m)
+{
+    char out[4096];
+    char *json;
+    cJSON *j;
+    assert_int_equal(kbcl(out, sizeof out, "run %s --json one.json --quiet", args), 0);
+    json = slurp("one.json");
+    j = cJSON_Parse(json);
+    assert_non_null(j);
+    snprintf(sim, n, "%.12g", cJSON_GetObjectItem(j, "sim_time_ns")->valuedouble);
+    snprintf(events, m, "%.0f", cJSON_GetObjectItem(j, "events")->valuedouble);
+    cJSON_Delete(j);
+    free(json);
+}
+
+static void test_rows(void **s)
+{
+    char out[8192], sim[64], ev[64], want[256];
+    char *csv;
+    int n;
+    (void)s;
+    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out r1.csv --jobs 1"), 0);
+    assert_non_null(strstr(out, "4 points: 4 ok, 0 failed verification, 0 errors"));
+    assert_int_equal(count_str(out, "verified"), 4); /* one plain line per point (no TTY) */
+    csv = slurp("r1.csv");
+    assert_non_null(csv);
+    assert_int_equal(count_lines(csv), 5);
+    assert_int_equal(strncmp(csv, "point,algorithm,world_size,n_elem,bench,sim_time_ns,"
+                             "algbw_gbps,busbw_gbps,events,wall_ms,verified,status,error\n",
+                             strlen("point,algorithm,world_size,n_elem,bench,sim_time_ns,"
+                                    "algbw_gbps,busbw_gbps,events,wall_ms,verified,status,"
+                                    "error\n")), 0);
+    free(csv);
+    csv = canonical_rows("r1.csv", &n);
+    assert_int_equal(n, 4);
+    /* every point: its keys, verified, ok, and the same numbers as `kbcl run` */
+    {
+        static const char *const alg[4] = { "ring_allreduce_tcm", "ring_allreduce_tcm",
+                                             "ring_rsag_allreduce", "ring_rsag_allreduce" };
+        static const int ws[4] = { 8, 16, 8, 16 };
+        const char *l = csv;
+        for (int i = 0; i < 4; i++) {
+            char args[256], prefix[128];
+            snprintf(args, sizeof args, "--bench ccl_allreduce --algorithm %s --world-size %d "
+                     "--n-elem 16 --verify-data", alg[i], ws[i]);
+            run_one(args, sim, sizeof sim, ev, sizeof ev);
+            snprintf(prefix, sizeof prefix, "%d,%s,%d,16,ccl_allreduce,%s,", i, alg[i], ws[i],
+                     sim);
+            assert_int_equal(strncmp(l, prefix, strlen(prefix)), 0);
+            snprintf(want, sizeof want, ",%s,true,ok,\n", ev);
+            l = strchr(l, '\n') + 1;
+            assert_int_equal(strncmp(l - strlen(want), want, strlen(want)), 0);
+        }
+    }
+    free(csv);
+}
+
+static void test_jobs2_equals_jobs1(void **s)
+{
+    char out[8192];
+    char *a, *b;
+    int na, nb;
+    (void)s;
+    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out j1.csv --jobs 1 --quiet"), 0);
+    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out j2.csv --jobs 2 --quiet"), 0);
+    assert_null(strstr(out, "kbcl sweep")); /* --quiet: no progress, no summary */
+    assert_null(strstr(out, "point "));
+    a = canonical_rows("j1.csv", &na);
+    b = canonical_rows("j2.csv", &nb);
+    assert_int_equal(na, 4);
+    assert_int_equal(nb, 4);
+    assert_string_equal(a, b);
+    free(a);
+    free(b);
+}
+
+static void test_jsonl(void **s)
+{
+    char out[8192];
+    char *text, *line, *nl;
+    int n = 0;
+    (void)s;
+    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out r.jsonl --jobs 2 --quiet"), 0);
+    text = slurp("r.jsonl");
+    assert_non_null(text);
+    assert_int_equal(count_lines(text), 4);
+    for (line = text; (nl = strchr(line, '\n')); line = nl + 1) {
+        cJSON *r;
+        int p;
+        *nl = 0;
+        r = cJSON_Parse(line);
+        assert_non_null(r);
+        p = cJSON_GetObjectItem(r, "point")->valueint;
+        assert_true(p >= 0 && p < 4);
+        assert_string_equal(cJSON_GetObjectItem(r, "algorithm")->valuestring,
+                            p < 2 ? "ring_allreduce_tcm" : "ring_rsag_allreduce");
+        assert_int_equal(cJSON_GetObjectItem(r, "world_size")->valueint, p % 2 ? 16 : 8);
+        assert_int_equal(cJSON_GetObjectItem(r, "n_elem")->valueint, 16);
+        assert_true(cJSON_IsTrue(cJSON_GetObjectItem(r, "verified")));
+        assert_string_equal(cJSON_GetObjectItem(r, "status")->valuestring, "ok");
+        assert_true(cJSON_IsNull(cJSON_GetObjectItem(r, "error")));
+        assert_true(cJSON_GetObjectItem(r, "busbw_gbps")->valuedouble > 0);
+        n |= 1 << p;
+        cJSON_Delete(r);
+    }
+    assert_int_equal(n, 0xf); /* each point exactly once */
+    free(text);
+}
+
+/* A config key as an axis reaches the run: each row equals `kbcl run --set KEY=VALUE`. */
+static void test_config_axis_and_exclude(void **s)
+{
+    char out[8192], sim[64], ev[64], prefix[128];
+    char *rows;
+    const char *l;
+    int n;
+    (void)s;
+    write_file("cfg.yaml", "algorithm: ring_allreduce_tcm\n"
+                           "world_size: 8\n"
+                           "n_elem: 16\n"
+                           "grid:\n"
+                           "  ccl.defaults.n_slots: [1, 4]\n"
+                           "  buffer_kind: [tcm, hbm]\n"
+                           "exclude:\n"
+                           "  - {ccl.defaults.n_slots: 4, buffer_kind: hbm}\n");
+    assert_int_equal(kbcl(out, sizeof out, "sweep cfg.yaml --out cfg.csv --quiet"), 0);
+    rows = canonical_rows("cfg.csv", &n);
+    assert_int_equal(n, 3); /* 2 x 2 minus the excluded point; indices stay contiguous */
+    l = rows;
+    {
+        static const char *const slots[3] = { "1", "1", "4" };
+        static const char *const kind[3] = { "tcm", "hbm", "tcm" };
+        for (int i = 0; i < 3; i++) {
+            char args[256];
+            snprintf(args, sizeof args, "--algorithm ring_allreduce_tcm --world-size 8 "
+                     "--n-elem 16 --buffer-kind %s --set ccl.defaults.n_slots=%s", kind[i],
+                     slots[i]);
+            run_one(args, sim, sizeof sim, ev, sizeof ev);
+            snprintf(prefix, sizeof prefix, "%d,%s,%s,ccl_allreduce,%s,", i, slots[i], kind[i],
+                     sim);
+            assert_int_equal(strncmp(l, prefix, strlen(prefix)), 0);
+            l = strchr(l, '\n') + 1;
+        }
+    }
+    free(rows);
+}
+
+/* A failing point is a row with its error, not a crash; the sweep exits 3. */
+static void test_error_row(void **s)
+{
+    char out[8192];
+    char *csv;
+    (void)s;
+    write_file("err.yaml", "algorithm: hierarchical_allreduce\n"
+                           "n_elem: 16\n"
+                           "grid:\n"
+                           "  world_size: [8, 12]\n");
+    assert_int_equal(kbcl(out, sizeof out, "sweep err.yaml --out err.csv --jobs 2"), 3);
+    assert_non_null(strstr(out, "2 points: 1 ok, 0 failed verification, 1 errors"));
+    csv = slurp("err.csv");
+    assert_int_equal(count_lines(csv), 3);
+    {
+        /* point 1: no numbers, the error's code name (the ccl layer picks it), its message */
+        const char *row = strstr(csv, "\n1,12,ccl_allreduce,,,,,,,");
+        assert_non_null(row);
+        row += strlen("\n1,12,ccl_allreduce,,,,,,,");
+        assert_true(strncmp(row, "ok,", 3) != 0 && strchr(row, ',') - row >= 2);
+        assert_non_null(strstr(row, ",world size 12 spans cubes but is not a multiple of 8 PEs "
+                                    "per cube\n"));
+    }
+    free(csv);
+    /* --resume keeps the error row (it is a result) and exits 3 again without running */
+    assert_int_equal(kbcl(out, sizeof out, "sweep err.yaml --out err.csv --resume"), 3);
+    assert_non_null(strstr(out, "2 points, 0 to run"));
+    csv = slurp("err.csv");
+    assert_int_equal(count_lines(csv), 3);
+    free(csv);
+}
+
+static pid_t spawn_sweep(const char *args)
+{
+    char cmd[2048];
+    pid_t pid;
+    snprintf(cmd, sizeof cmd, "exec '%s' %s >/dev/null 2>&1", bin(), args);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (chdir(tmpdir) != 0)
+            _exit(127);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits until name holds at least `lines` complete lines (or 120 s pass). */
+static void wait_lines(const char *name, int lines)
+{
+    struct timespec ts = { 0, 2000000 };
+    for (int i = 0; i < 60000; i++) {
+        char *t = slurp(name);
+        int n = t ? count_lines(t) : 0;
+        free(t);
+        if (n >= lines)
+            return;
+        nanosleep(&ts, NULL);
+    }
+    fail_msg("%s never reached %d lines", name, lines);
+}
+
+static void test_kill9_then_resume(void **s)
+{
+    char out[8192];
+    char *ref, *got, *t;
+    int nref, ngot, st;
+    pid_t pid;
+    (void)s;
+    assert_int_equal(kbcl(out, sizeof out, "sweep long.yaml --out ref.csv --jobs 2 --quiet"), 0);
+    ref = canonical_rows("ref.csv", &nref);
+    assert_int_equal(nref, 8);
+
+    pid = spawn_sweep("sweep long.yaml --out k.csv --jobs 1");
+    wait_lines("k.csv", 2); /* the header and the first row */
+    kill(pid, SIGKILL);
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    t = slurp("k.csv");
+    assert_true(count_lines(t) >= 2);
+    free(t);
+    assert_int_equal(kbcl(out, sizeof out, "sweep long.yaml --out k.csv --resume --jobs 1"), 0);
+    got = canonical_rows("k.csv", &ngot);
+    assert_int_equal(ngot, 8);
+    assert_unique_points(got, ngot);
+    assert_string_equal(got, ref);
+    free(got);
+
+    /* SIGINT: the sweep stops, exits 130 with whole rows only, and resumes the same way */
+    pid = spawn_sweep("sweep long.yaml --out i.csv --jobs 2");
+    wait_lines("i.csv", 2);
+    kill(pid, SIGINT);
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 130);
+    t = slurp("i.csv");
+    assert_true(strlen(t) > 0 && t[strlen(t) - 1] == '\n');
+    free(t);
+    assert_int_equal(kbcl(out, sizeof out, "sweep long.yaml --out i.csv --resume --jobs 2"), 0);
+    got = canonical_rows("i.csv", &ngot);
+    assert_int_equal(ngot, 8);
+    assert_string_equal(got, ref);
+    free(got);
+    free(ref);
+}
+
+/* A row cut short (what kill -9 during a write leaves) is removed and its point rerun. */
+static void test_partial_last_line(void **s)
+{
+    char out[8192];
+    char *full, *ref, *got;
+    size_t len;
+    int nref, ngot;
+    (void)s;
+    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out p.csv --quiet"), 0);
+    ref = canonical_rows("p.csv", &nref);
+    full = slurp("p.csv");
+    len = strlen(full);
+    full[len - 9] = 0; /* the last row loses its tail and its newline */
+    write_file("p.csv", full);
+    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out p.csv --resume"), 0);
+    assert_non_null(strstr(out, "removed a partial last row"));
+    assert_non_null(strstr(out, "4 points, 1 to run"));
+    got = canonical_rows("p.csv", &ngot);
+    assert_int_equal(ngot, 4);
+    assert_string_equal(got, ref);
+    free(got);
+    free(full);
+
+    /* a cut header is removed too and the sweep starts over */
+    write_file("p.csv", "point,algo");
+    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out p.csv --resume --quiet"), 0);
+    got = canonical_rows("p.csv", &ngot);
+    assert_string_equal(got, ref);
+    free(got);
+    free(ref);
+}
+
+static void test_sweep_file_errors(void **s)
+{
+    char out[8192];
+    (void)s;
+    write_file("bad.yaml", "bench: ccl_allreduce\ngrid:\n  algorithm: [ring_allreduce_tcm, x\n");
+    assert_int_equal(kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
+    assert_non_null(strstr(out, "bad.yaml:4:1: YAML syntax error"));
+    write_file("bad.yaml", "bench: ccl_allreduce\ngrid:\n  algorithm: [ring_allreduce_tcm, nosuch]\n");
+    assert_int_equal(kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
+    assert_non_null(strstr(out, "bad.yaml:3:35: algorithm: no entry 'nosuch' in ccl.yaml"));
+    write_file("bad.yaml", "verify: true\nworld_sizes: [8]\n");
+    assert_int_equal(kbcl(out, sizeof out, "sweep bad.yaml"), 2);
+    assert_non_null(strstr(out, "bad.yaml:2:1: unknown key 'world_sizes'"));
+    write_file("bad.yaml", "grid:\n  system.sips.count: [1, two]\n");
+    assert_int_equal(kbcl(out, sizeof out, "sweep bad.yaml"), 2);
+    assert_non_null(strstr(out, "bad.yaml:2:26: "));
+    assert_non_null(strstr(out, "system.sips.count"));
+    write_file("bad.yaml", "grid:\n  n_elem: [8]\nexclude:\n  - {world_size: 8}\n");
+    assert_int_equal(kbcl(out, sizeof out, "sweep bad.yaml"), 2);
+    assert_non_null(strstr(out, "bad.yaml:4:6: exclude: 'world_size' is not an axis"));
+    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --resume"), 2);
+    assert_int_equal(kbcl(out, sizeof out, "sweep missing.yaml"), 2);
+    assert_non_null(strstr(out, "missing.yaml: cannot open"));
+    /* --resume refuses a file written by a different grid */
+    write_file("other.csv", "point,algorithm,world_size,n_elem,bench,sim_time_ns,algbw_gbps,"
+                            "busbw_gbps,events,wall_ms,verified,status,error\n"
+                            "1,ring_allreduce_tcm,64,16,ccl_allreduce,1,1,1,1,1,true,ok,\n");
+    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out other.csv --resume"), 2);
+    assert_non_null(strstr(out, "other.csv:2: point 1 has world_size=64"));
+}
+
+static void test_report(void **s)
+{
+    char out[8192];
+    char *html, *again;
+    (void)s;
+    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out rep.csv --quiet"), 0);
+    assert_int_equal(kbcl(out, sizeof out, "report rep.csv -o rep.html"), 0);
+    html = slurp("rep.html");
+    assert_non_null(html);
+    /* time and busbw vs world size (one n_elem), time vs message size (two world sizes) */
+    assert_int_equal(count_str(html, "<svg "), 4);
+    assert_int_equal(count_str(html, "sim time vs world size, n_elem = 16"), 2); /* title, label */
+    assert_int_equal(count_str(html, "busbw vs world size, n_elem = 16"), 2);
+    assert_int_equal(count_str(html, "sim time vs message size, world_size = 8"), 2);
+    assert_int_equal(count_str(html, "sim time vs message size, world_size = 16"), 2);
+    /* the legend of every plot names each algorithm */
+    assert_int_equal(count_str(html, "<g class=\"legend\">"), 8);
+    assert_int_equal(count_str(html, "\">ring_allreduce_tcm</text></g>"), 4);
+    assert_int_equal(count_str(html, "\">ring_rsag_allreduce</text></g>"), 4);
+    assert_int_equal(count_str(html, "<tr>"), 5); /* header + 4 rows */
+    /* self-contained: nothing to run or fetch */
+    assert_null(strstr(html, "<script"));
+    assert_null(strstr(html, "src="));
+    assert_null(strstr(html, "<link"));
+    /* deterministic: rendering again (to the default name rep.html) gives the same bytes */
+    assert_int_equal(kbcl(out, sizeof out, "report rep.csv"), 0);
+    again = slurp("rep.html");
+    assert_string_equal(html, again);
+    free(again);
+    assert_int_equal(kbcl(out, sizeof out, "report nosuch.csv -o x.html"), 2);
+    free(html);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_jobs2_equals_jobs1),
+        cmocka_unit_test(test_jsonl),
+        cmocka_unit_test(test_config_axis_and_exclude),
+        cmocka_unit_test(test_error_row),
+        cmocka_unit_test(test_kill9_then_resume),
+        cmocka_unit_test(test_partial_last_line),
+        cmocka_unit_test(test_sweep_file_errors),
+        cmocka_unit_test(test_report),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
