@@ -105,19 +105,18 @@ KB_MF_FN float kb_mf_canon(float r)
 
 /* ---------------------------------------------------------------- storage conversions */
 
-/* f16 bits -> f32, exact; NaN keeps sgn and payload and becomes quiet (as kb_dtype.c). */
+/*
+ * f16 bits -> f32, exact; NaN keeps sign and payload and becomes quiet (as kb_dtype.c).
+ * Written with selects rather than branches so GPU loads around it stay in flight.
+ */
 KB_MF_FN float kb_mf_h2f(kb_mf_u32 h)
 {
-    kb_mf_u32 sgn = (h & 0x8000u) << 16;
-    kb_mf_u32 e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-
-    if (e == 0u) {
-        float v = (float)m * 0x1p-24f; /* subnormal or zero: exact */
-        return KB_MF_AS_F32(KB_MF_AS_U32(v) | sgn);
-    }
-    if (e == 31u)
-        return KB_MF_AS_F32(sgn | 0x7F800000u | (m != 0u ? 0x400000u | (m << 13) : 0u));
-    return KB_MF_AS_F32(sgn | ((e + 112u) << 23) | (m << 13));
+    kb_mf_u32 sgn = (h & 0x8000u) << 16, em = h & 0x7FFFu, m = h & 0x3FFu;
+    kb_mf_u32 nrm = (em << 13) + 0x38000000u;              /* rebias: exponent + 112 */
+    kb_mf_u32 sub = KB_MF_AS_U32((float)em * 0x1p-24f);    /* zero or subnormal: exact */
+    kb_mf_u32 spc = 0x7F800000u | (m << 13) | (m != 0u ? 0x400000u : 0u); /* inf, NaN */
+    kb_mf_u32 r = em < 0x400u ? sub : em >= 0x7C00u ? spc : nrm;
+    return KB_MF_AS_F32(r | sgn);
 }
 
 /* f32 -> f16 bits with round-to-nearest-even; the same mapping as kb_f32_to_f16. */
@@ -296,6 +295,8 @@ KB_MF_FN float kb_mf_exp(float x)
 KB_MF_FN float kb_mf_expm1(float y)
 {
     float a = y < 0.0f ? -y : y;
+    if (y == 0.0f)
+        return y; /* keeps -0 */
     if (!(a < 0.5f))
         return kb_mf_exp(y) - 1.0f;
     {
@@ -425,7 +426,7 @@ KB_MF_FN float kb_mf_tanh(float x)
             float e = kb_mf_expm1(2.0f * a);
             t = e / (e + 2.0f);
         }
-        return x < 0.0f ? -t : t;
+        return KB_MF_AS_F32(KB_MF_AS_U32(t) | (KB_MF_AS_U32(x) & 0x80000000u)); /* -0 too */
     }
 }
 

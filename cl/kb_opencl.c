@@ -10,7 +10,8 @@
  * apart), enqueues the arena read and waits once. Kernels are built once per backend from the
  * embedded cl/kb_mathfn.h + cl/replay.cl with fixed local sizes and FP_CONTRACT OFF, and with
  * correctly rounded division and sqrt when the device offers it, so results match kb_ref.c
- * bit for bit. Before the first OpenCL call, POCL_CACHE_DIR is pointed at a writable cache
+ * bit for bit. Every launch carries a profiling event, so the device time of the replay is
+ * known (kb_opencl_kernel_ms). Before the first OpenCL call, POCL_CACHE_DIR is pointed at a writable cache
  * directory when it is unset (PoCL caches compiled kernels there). Limits: little-endian
  * devices; one device per backend; a device without correctly rounded division/sqrt or
  * without f32 denormals still runs, but may differ from ref in the last bit; the whole payload
@@ -36,7 +37,10 @@
 
 /* Work sizes; passed to the program as -D so host and kernels agree. */
 #define EW_LOCAL 256u
-#define EW_PER 8u
+#ifndef KB_EW_PER
+#define KB_EW_PER 8
+#endif
+#define EW_PER ((unsigned)KB_EW_PER)
 #define EW_CHUNK (EW_LOCAL * EW_PER)
 #define LN_LOCAL 64u
 #ifndef KB_GEMM_TM
@@ -78,7 +82,7 @@ typedef struct kb_clent {
 _Static_assert(sizeof(kb_clent) == 104, "kb_clent must match replay.cl's kb_ent");
 
 enum { DT_PAYLOAD = 4, DT_UNALIGNED = 8 };
-enum { EF_ACC = 1, EF_FLAT = 2, EF_BIG = 4, EF_FMA = 8 };
+enum { EF_ACC = 1, EF_FLAT = 2, EF_BIG = 4, EF_FMA = 8, EF_PAIR = 16, EF_QUAD = 32 };
 
 static const char *const kernel_names[KB_REC_NKINDS] = {
     "kb_copy", "kb_fill", "kb_math1", "kb_math2", "kb_fma",
@@ -105,8 +109,11 @@ typedef struct clbe {
     size_t ntab, tabcap;
     cl_launch *ln;
     size_t nln, lncap;
+    cl_event *ev;                       /* one per launch of the flush (profiling) */
+    size_t nev, evcap;
     int active, failed;
     uint64_t launches;
+    double kernel_ms;                   /* device time of all launches, from the events */
 } clbe;
 
 static const char *cl_errname(cl_int e)
@@ -407,7 +414,7 @@ int kb_opencl_list(char *buf, size_t n)
         plat_str(v.plats[p], CL_PLATFORM_NAME, name, sizeof name);
         plat_str(v.plats[p], CL_PLATFORM_VERSION, ver, sizeof ver);
         KB_APPEND("platform %u: %s (%s)\n", (unsigned)p, name, ver);
-        for (size_t i = 0; i < v.ndevs; i++) {
+        for (size_t i = 0, j = 0; i < v.ndevs; i++) {
             char dname[256], dver[256], cver[256];
             cl_uint ncu = 0;
             cl_ulong mem = 0;
@@ -418,7 +425,7 @@ int kb_opencl_list(char *buf, size_t n)
             dev_str(v.devs[i].dev, CL_DEVICE_OPENCL_C_VERSION, cver, sizeof cver);
             (void)clGetDeviceInfo(v.devs[i].dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof ncu, &ncu, NULL);
             (void)clGetDeviceInfo(v.devs[i].dev, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof mem, &mem, NULL);
-            KB_APPEND("  device %zu: %s [%s] %s; %s; %u compute units, %.1f GiB\n", i, dname,
+            KB_APPEND("  device %zu: %s [%s] %s; %s; %u compute units, %.1f GiB\n", j++, dname,
                       type_name(v.devs[i].type), dver, cver, (unsigned)ncu,
                       (double)mem / (1024.0 * 1024.0 * 1024.0));
         }
@@ -580,8 +587,24 @@ static void make_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
     for (unsigned i = 0; i <= r->nsrc && i < 4; i++)
         if (!((d->rows == 1 || e->rs[i] == d->cols) && (d->cols == 1 || e->cs[i] == 1)))
             flat = 0;
-    if (flat)
+    if (flat) {
+        /* Wide accesses: four 16-bit elements in 8 bytes, or pairs of elements, when every
+         * operand is aligned for them. */
+        int pair = 1, quad = 1;
         e->flags |= EF_FLAT;
+        for (unsigned i = 0; i <= r->nsrc && i < 4; i++) {
+            const kb_opnd *o = i == 0 ? d : &s[i - 1];
+            size_t es = kb_dtype_size((kb_dtype)o->dtype);
+            if (o->addr % (2 * es) != 0)
+                pair = 0;
+            if (es != 2 || o->addr % 8 != 0)
+                quad = 0;
+        }
+        if (quad && EW_PER % 4 == 0)
+            e->flags |= EF_QUAD;
+        else if (pair && EW_PER % 2 == 0)
+            e->flags |= EF_PAIR;
+    }
     if (n > UINT32_MAX)
         e->flags |= EF_BIG;
     *units = (n + EW_CHUNK - 1) / EW_CHUNK;
@@ -655,6 +678,13 @@ static int enqueue_all(clbe *b, kb_errbuf *eb)
     if ((err = clEnqueueWriteBuffer(b->q, b->table, CL_FALSE, 0, b->ntab * sizeof *b->tab, b->tab,
                                     0, NULL, NULL)) != CL_SUCCESS)
         return cl_fail(eb, "argument table upload", err);
+    if (b->nln > b->evcap) {
+        cl_event *ev = realloc(b->ev, b->nln * sizeof *ev);
+        if (!ev)
+            return kb_err_set(eb, KB_ERR_NOMEM, "opencl backend: launch events");
+        b->ev = ev;
+        b->evcap = b->nln;
+    }
     for (size_t i = 0; i < b->nln; i++) {
         const cl_launch *l = &b->ln[i];
         cl_kernel k = b->kern[l->kind];
@@ -687,13 +717,29 @@ static int enqueue_all(clbe *b, kb_errbuf *eb)
         if (err == CL_SUCCESS)
             err = clSetKernelArg(k, 5, sizeof units, &units);
         if (err == CL_SUCCESS)
-            err = clEnqueueNDRangeKernel(b->q, k, 1, NULL, &global, &local, 0, NULL, NULL);
+            err = clEnqueueNDRangeKernel(b->q, k, 1, NULL, &global, &local, 0, NULL, &b->ev[i]);
         if (err != CL_SUCCESS)
             return kb_err_set(eb, KB_ERR_DEVICE, "opencl: launching %s over %zu records: %s (%d)",
                               kernel_names[l->kind], l->n, cl_errname(err), (int)err);
         b->launches++;
+        b->nev = i + 1;
     }
     return 0;
+}
+
+/* Adds the finished launches' device time to kernel_ms and releases their events. */
+static void collect_events(clbe *b)
+{
+    for (size_t i = 0; i < b->nev; i++) {
+        cl_ulong t0 = 0, t1 = 0;
+        if (clGetEventProfilingInfo(b->ev[i], CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL) ==
+                CL_SUCCESS &&
+            clGetEventProfilingInfo(b->ev[i], CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL) ==
+                CL_SUCCESS && t1 > t0)
+            b->kernel_ms += (double)(t1 - t0) / 1e6;
+        clReleaseEvent(b->ev[i]);
+    }
+    b->nev = 0;
 }
 
 static int cl_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *eb)
@@ -724,14 +770,17 @@ static int cl_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *e
     }
     if ((err = clFinish(b->q)) != CL_SUCCESS) {
         rc = cl_fail(eb, "replay", err);
+        collect_events(b);
         return rc;
     }
+    collect_events(b);
     b->ntab = 0;
     b->nln = 0;
     return 0;
 out:
     /* Nothing queued may still refer to the caller's buffers once we return. */
     clFinish(b->q);
+    collect_events(b);
     b->ntab = 0;
     b->nln = 0;
     return rc;
@@ -745,6 +794,7 @@ static void cl_destroy(void *self)
         return;
     if (b->q)
         clFinish(b->q);
+    collect_events(b);
     for (unsigned i = 0; i < KB_REC_NKINDS; i++)
         if (b->kern[i])
             clReleaseKernel(b->kern[i]);
@@ -762,6 +812,7 @@ static void cl_destroy(void *self)
         clReleaseContext(b->ctx);
     free(b->tab);
     free(b->ln);
+    free(b->ev);
     free(b);
 }
 
@@ -778,6 +829,13 @@ uint64_t kb_opencl_launches(const kb_backend *be)
     if (!be || be->ops != &cl_ops || !be->self)
         return 0;
     return ((const clbe *)be->self)->launches;
+}
+
+double kb_opencl_kernel_ms(const kb_backend *be)
+{
+    if (!be || be->ops != &cl_ops || !be->self)
+        return 0.0;
+    return ((const clbe *)be->self)->kernel_ms;
 }
 
 static int build_program(clbe *b, cl_device_id dev, kb_errbuf *eb)
@@ -858,9 +916,9 @@ int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_
         char found[400], hint[300];
         found_list(&v, found, sizeof found);
         icd_hint(&v, hint, sizeof hint);
-        rc = kb_err_set(eb, KB_ERR_DEVICE, "no OpenCL %s device; found: %s%s%s",
-                        want == KB_CL_GPU ? "GPU" : want == KB_CL_CPU ? "CPU" : "",
-                        found, hint[0] ? "; " : "", hint);
+        rc = kb_err_set(eb, KB_ERR_DEVICE, "no OpenCL %sdevice; found: %s%s%s",
+                        want == KB_CL_GPU ? "GPU " : want == KB_CL_CPU ? "CPU " : "", found,
+                        hint[0] ? "; " : "", hint);
         inv_free(&v);
         return rc;
     }
@@ -877,7 +935,8 @@ int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_
         rc = cl_fail(eb, "clCreateContext", err);
         goto fail;
     }
-    b->q = clCreateCommandQueue(b->ctx, dev, 0, &err);
+    /* Profiling costs next to nothing per launch and gives the replay's device time. */
+    b->q = clCreateCommandQueue(b->ctx, dev, CL_QUEUE_PROFILING_ENABLE, &err);
     if (!b->q) {
         rc = cl_fail(eb, "clCreateCommandQueue", err);
         goto fail;
@@ -935,6 +994,12 @@ uint64_t kb_opencl_launches(const kb_backend *be)
 {
     (void)be;
     return 0;
+}
+
+double kb_opencl_kernel_ms(const kb_backend *be)
+{
+    (void)be;
+    return 0.0;
 }
 
 #endif

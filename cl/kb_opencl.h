@@ -6,8 +6,8 @@
  * arena and one for the payload, uploaded in begin(); per batch one launch per record kind
  * over an argument table; all tables of a flush go up in one write and everything is enqueued
  * before the single wait in end(), which reads the arena back. Results are bit-identical to
- * the `ref` backend (kb_ref.c) for every record kind, gemm included, except that NaN payloads
- * produced inside a gemm may differ on GPUs (NaN positions do not).
+ * the `ref` backend (kb_ref.c) for every record kind, gemm included (docs/phase2.md gives the
+ * precision rules that make this hold on CPUs and GPUs alike).
  *
  * Without KBCL_HAVE_OPENCL (the library built without OpenCL) the functions exist and report
  * that no device is available.
@@ -50,5 +50,12 @@ int kb_opencl_available(kb_cl_want want);
  * an OpenCL one). The replay statistic `launches` (one per kind per batch) bounds it.
  */
 uint64_t kb_opencl_launches(const kb_backend *be);
+
+/*
+ * Device execution time of all those launches in ms (OpenCL profiling events: from each
+ * kernel's start to its end, transfers excluded); 0 for a backend that is not an OpenCL one.
+ * For throughput figures (bench-self): bytes or flops of the replayed records / this time.
+ */
+double kb_opencl_kernel_ms(const kb_backend *be);
 
 #endif

@@ -4,8 +4,8 @@
  * The program text is cl/kb_mathfn.h followed by this file; the library embeds both at build
  * time. Every kernel serves one record kind and a whole group of records in one launch: it
  * receives the arena, the payload and an argument table (kb_ent, one per record, laid out
- * exactly like kb_clent in kb_opencl.c), and maps each work-group to a record by binary search
- * on the entries' `start` (the first work unit of the record within the launch). Element
+ * exactly like kb_clent in kb_opencl.c) whose `start` fields number the launch's work units
+ * (elementwise chunks, groups of lines, gemm tiles) record after record. Element
  * arithmetic is the shared kb_mathfn.h code with f16/bf16 converted in software, so results
  * equal the C reference bit for bit (gemm included, see kb_gemm). Limits: little-endian
  * devices only (the arena holds host bytes); reductions and softmax run one line per
@@ -61,6 +61,8 @@
 #define KB_EF_FLAT 2u
 #define KB_EF_BIG 4u
 #define KB_EF_FMA 8u
+#define KB_EF_PAIR 16u
+#define KB_EF_QUAD 32u
 
 typedef struct kb_ent {
     ulong start;   /* first work unit of this record in the launch */
@@ -135,6 +137,18 @@ static void kb_st32(global uchar *b, uint d, ulong i, uint v)
     ((global uint *)b)[i] = v;
 }
 
+/* The bits of element i (a 16-bit value or f32 bits); kb_cvt turns them into f32. */
+static uint kb_ldraw(global const uchar *b, uint d, ulong i)
+{
+    return (d & 3u) == KB_DT_F32 ? kb_ld32(b, d, i) : kb_ld16(b, d, i);
+}
+
+static float kb_cvt(uint d, uint x)
+{
+    uint t = d & 3u;
+    return t == KB_DT_F32 ? as_float(x) : t == KB_DT_F16 ? kb_mf_h2f(x) : kb_mf_bf2f(x);
+}
+
 /* Element i of an operand as f32. */
 static float kb_ld(global const uchar *b, uint d, ulong i)
 {
@@ -167,161 +181,330 @@ static void kb_st(global uchar *b, uint d, ulong i, float v)
 #define KB_K_FMA 4u
 #define KB_K_CLAMP 5u
 
+/* Sources each kind reads. */
+#define KB_NSRC(kind) ((kind) == KB_K_FILL ? 0u : (kind) == KB_K_MATH2 ? 2u : (kind) == KB_K_FMA ? 3u : 1u)
+
+/* f32 -> the bits stored for an operand of descriptor d (rounding once). */
+static uint kb_enc(uint d, float v)
+{
+    uint t = d & 3u;
+    return t == KB_DT_F32 ? as_uint(v) : t == KB_DT_F16 ? kb_mf_f2h(v) : kb_mf_f2bf(v);
+}
+
 /*
- * One chunk (KB_EW_CHUNK consecutive elements in row-major order of dst) of one record.
- * `kind` is a literal at every call site, so each kernel keeps only its own branch.
+ * The dst bits of one element from its sources' bits. A same-type copy moves bits (16-bit
+ * NaNs are quieted, as the reference's round trip through f32 does).
+ */
+static uint kb_ew_val(uint kind, global const kb_ent *e, uint d0, uint d1, uint d2, uint d3,
+                      uint x1, uint x2, uint x3)
+{
+    float v;
+    if (kind == KB_K_COPY && (d0 & 3u) == (d1 & 3u)) {
+        uint emask = (d0 & 3u) == KB_DT_F16 ? 0x7C00u : 0x7F80u;
+        if ((d0 & 3u) != KB_DT_F32 && (x1 & emask) == emask && (x1 & (emask ^ 0x7FFFu)) != 0u)
+            x1 |= (d0 & 3u) == KB_DT_F16 ? 0x0200u : 0x0040u;
+        return x1;
+    }
+    if (kind == KB_K_COPY)
+        v = kb_cvt(d1, x1);
+    else if (kind == KB_K_FILL)
+        v = e->imm0;
+    else if (kind == KB_K_MATH1)
+        v = kb_mf_math1(e->op, kb_cvt(d1, x1), e->imm0, e->imm1);
+    else if (kind == KB_K_MATH2)
+        v = kb_mf_math2(e->op, kb_cvt(d1, x1), kb_cvt(d2, x2));
+    else if (kind == KB_K_FMA)
+        v = kb_mf_fma(kb_cvt(d1, x1), kb_cvt(d2, x2), kb_cvt(d3, x3));
+    else
+        v = kb_mf_fmin(kb_mf_fmax(kb_cvt(d1, x1), e->imm0), e->imm1);
+    return kb_enc(d0, v);
+}
+
+/* Elements i and i + 1 (i even, the operand aligned to two elements) as raw bits. */
+static uint2 kb_ld2(global const uchar *b, uint d, ulong i)
+{
+    if ((d & 3u) == KB_DT_F32)
+        return ((global const uint2 *)b)[i / 2u];
+    uint x = ((global const uint *)b)[i / 2u];
+    return (uint2)(x & 0xFFFFu, x >> 16);
+}
+
+static void kb_st2(global uchar *b, uint d, ulong i, uint2 v)
+{
+    if ((d & 3u) == KB_DT_F32)
+        ((global uint2 *)b)[i / 2u] = v;
+    else
+        ((global uint *)b)[i / 2u] = v.x | (v.y << 16);
+}
+
+static void kb_st_raw(global uchar *b, uint d, ulong i, uint v)
+{
+    if ((d & 3u) == KB_DT_F32)
+        kb_st32(b, d, i, v);
+    else
+        kb_st16(b, d, i, v);
+}
+
+/*
+ * One chunk (KB_EW_CHUNK consecutive elements in row-major order of dst) of one record. All
+ * loads are issued before the first store (the compiler cannot prove that dst and the sources
+ * do not alias, so interleaving would serialize them); that is safe because dst is either
+ * disjoint from the sources or exactly the first one (in place). `kind` is a literal at every
+ * call site, so each kernel keeps only its own branch.
+ *
+ * Quad path (KB_EF_QUAD: contiguous 16-bit operands aligned to 8 bytes) and pair path
+ * (KB_EF_PAIR: contiguous operands aligned to two elements): each work-item moves four or two
+ * neighbouring elements per access, 8 bytes where it can, because the device sustains far
+ * more bytes per second with wide accesses than with 2-byte ones. Otherwise each
+ * work-item takes every KB_EW_LOCAL-th element, with row/column arithmetic for strides and
+ * broadcasting.
  */
 static void kb_ew_chunk(uint kind, global const kb_ent *e, global uchar *arena,
                         global const uchar *payload, ulong chunk)
 {
     ulong n = (ulong)e->rows * e->cols;
-    ulong first = chunk * KB_EW_CHUNK + get_local_id(0);
+    ulong cbase = chunk * KB_EW_CHUNK;
+    uint lid = get_local_id(0);
     uint dt = e->dt, flags = e->flags, cols = e->cols;
     uint d0 = dt & 0xFFu, d1 = (dt >> 8) & 0xFFu, d2 = (dt >> 16) & 0xFFu, d3 = (dt >> 24) & 0xFFu;
     global uchar *b0 = arena + e->off[0];
     global uchar *b1 = kb_base(arena, payload, d1, e->off[1]);
     global uchar *b2 = kb_base(arena, payload, d2, e->off[2]);
     global uchar *b3 = kb_base(arena, payload, d3, e->off[3]);
-    /* A same-type copy moves bits (16-bit NaNs are quieted, as the f32 round trip does). */
-    int raw = kind == KB_K_COPY && (d0 & 3u) == (d1 & 3u);
 
-    for (uint it = 0; it < KB_EW_PER; it++) {
-        ulong idx = first + (ulong)it * KB_EW_LOCAL;
-        ulong o0, o1, o2, o3;
-        float v;
-        if (idx >= n)
-            break;
-        if (flags & KB_EF_FLAT) {
-            o0 = o1 = o2 = o3 = idx;
-        } else {
-            ulong row, col;
-            if (flags & KB_EF_BIG) {
-                row = idx / cols;
-                col = idx - row * cols;
-            } else {
-                uint r32 = (uint)idx / cols;
-                row = r32;
-                col = (uint)idx - r32 * cols;
+    if (flags & KB_EF_QUAD) {
+        uint2 y1[KB_EW_PER / 4], y2[KB_EW_PER / 4], y3[KB_EW_PER / 4];
+        _Pragma("unroll") for (uint it = 0; it < KB_EW_PER / 4; it++) {
+            ulong idx = cbase + 4u * (lid + it * KB_EW_LOCAL);
+            y1[it] = y2[it] = y3[it] = (uint2)(0u, 0u);
+            if (idx + 3u >= n) { /* the last 1 to 3 elements */
+                for (uint k = 0; k < 3u && idx + k < n; k++) {
+                    uint sh = 16u * (k & 1u);
+                    if (KB_NSRC(kind) >= 1u) {
+                        if (k < 2u) y1[it].x |= kb_ld16(b1, d1, idx + k) << sh;
+                        else y1[it].y = kb_ld16(b1, d1, idx + k);
+                    }
+                    if (KB_NSRC(kind) >= 2u) {
+                        if (k < 2u) y2[it].x |= kb_ld16(b2, d2, idx + k) << sh;
+                        else y2[it].y = kb_ld16(b2, d2, idx + k);
+                    }
+                    if (KB_NSRC(kind) >= 3u) {
+                        if (k < 2u) y3[it].x |= kb_ld16(b3, d3, idx + k) << sh;
+                        else y3[it].y = kb_ld16(b3, d3, idx + k);
+                    }
+                }
+                continue;
             }
-            o0 = row * e->rs[0] + col * e->cs[0];
-            o1 = row * e->rs[1] + col * e->cs[1];
-            o2 = row * e->rs[2] + col * e->cs[2];
-            o3 = row * e->rs[3] + col * e->cs[3];
+            if (KB_NSRC(kind) >= 1u)
+                y1[it] = ((global const uint2 *)b1)[idx / 4u];
+            if (KB_NSRC(kind) >= 2u)
+                y2[it] = ((global const uint2 *)b2)[idx / 4u];
+            if (KB_NSRC(kind) >= 3u)
+                y3[it] = ((global const uint2 *)b3)[idx / 4u];
         }
-        if (raw) {
-            if ((d0 & 3u) == KB_DT_F32) {
-                kb_st32(b0, d0, o0, kb_ld32(b1, d1, o1));
-            } else {
-                uint h = kb_ld16(b1, d1, o1);
-                uint q = (d0 & 3u) == KB_DT_F16 ? 0x0200u : 0x0040u;
-                uint emask = (d0 & 3u) == KB_DT_F16 ? 0x7C00u : 0x7F80u;
-                if ((h & emask) == emask && (h & (emask ^ 0x7FFFu)) != 0u)
-                    h |= q;
-                kb_st16(b0, d0, o0, h);
+        _Pragma("unroll") for (uint it = 0; it < KB_EW_PER / 4; it++) {
+            ulong idx = cbase + 4u * (lid + it * KB_EW_LOCAL);
+            uint v[4];
+            if (idx >= n)
+                continue;
+            _Pragma("unroll") for (uint k = 0; k < 4u; k++) {
+                uint w1 = k < 2u ? y1[it].x : y1[it].y, w2 = k < 2u ? y2[it].x : y2[it].y;
+                uint w3 = k < 2u ? y3[it].x : y3[it].y, sh = 16u * (k & 1u);
+                v[k] = kb_ew_val(kind, e, d0, d1, d2, d3, (w1 >> sh) & 0xFFFFu, (w2 >> sh) & 0xFFFFu,
+                                 (w3 >> sh) & 0xFFFFu);
             }
-            continue;
+            if (idx + 3u >= n) {
+                for (uint k = 0; k < 3u && idx + k < n; k++)
+                    kb_st16(b0, d0, idx + k, v[k]);
+                continue;
+            }
+            ((global uint2 *)b0)[idx / 4u] = (uint2)(v[0] | (v[1] << 16), v[2] | (v[3] << 16));
         }
-        if (kind == KB_K_COPY)
-            v = kb_ld(b1, d1, o1);
-        else if (kind == KB_K_FILL)
-            v = e->imm0;
-        else if (kind == KB_K_MATH1)
-            v = kb_mf_math1(e->op, kb_ld(b1, d1, o1), e->imm0, e->imm1);
-        else if (kind == KB_K_MATH2)
-            v = kb_mf_math2(e->op, kb_ld(b1, d1, o1), kb_ld(b2, d2, o2));
-        else if (kind == KB_K_FMA)
-            v = kb_mf_fma(kb_ld(b1, d1, o1), kb_ld(b2, d2, o2), kb_ld(b3, d3, o3));
-        else
-            v = kb_mf_fmin(kb_mf_fmax(kb_ld(b1, d1, o1), e->imm0), e->imm1);
-        kb_st(b0, d0, o0, v);
+        return;
+    }
+    if (flags & KB_EF_PAIR) {
+        uint2 y1[KB_EW_PER / 2], y2[KB_EW_PER / 2], y3[KB_EW_PER / 2];
+        _Pragma("unroll") for (uint it = 0; it < KB_EW_PER / 2; it++) {
+            ulong idx = cbase + 2u * (lid + it * KB_EW_LOCAL);
+            y1[it] = y2[it] = y3[it] = (uint2)(0u, 0u);
+            if (idx + 1u >= n) {
+                if (idx < n) { /* the odd last element */
+                    if (KB_NSRC(kind) >= 1u)
+                        y1[it].x = kb_ldraw(b1, d1, idx);
+                    if (KB_NSRC(kind) >= 2u)
+                        y2[it].x = kb_ldraw(b2, d2, idx);
+                    if (KB_NSRC(kind) >= 3u)
+                        y3[it].x = kb_ldraw(b3, d3, idx);
+                }
+                continue;
+            }
+            if (KB_NSRC(kind) >= 1u)
+                y1[it] = kb_ld2(b1, d1, idx);
+            if (KB_NSRC(kind) >= 2u)
+                y2[it] = kb_ld2(b2, d2, idx);
+            if (KB_NSRC(kind) >= 3u)
+                y3[it] = kb_ld2(b3, d3, idx);
+        }
+        _Pragma("unroll") for (uint it = 0; it < KB_EW_PER / 2; it++) {
+            ulong idx = cbase + 2u * (lid + it * KB_EW_LOCAL);
+            uint2 r;
+            if (idx >= n)
+                continue;
+            r.x = kb_ew_val(kind, e, d0, d1, d2, d3, y1[it].x, y2[it].x, y3[it].x);
+            if (idx + 1u >= n) {
+                kb_st_raw(b0, d0, idx, r.x);
+                continue;
+            }
+            r.y = kb_ew_val(kind, e, d0, d1, d2, d3, y1[it].y, y2[it].y, y3[it].y);
+            kb_st2(b0, d0, idx, r);
+        }
+        return;
+    }
+    {
+        ulong first = cbase + lid;
+        uint cnt = first >= n ? 0u
+                              : (uint)min((ulong)KB_EW_PER, (n - first + KB_EW_LOCAL - 1) / KB_EW_LOCAL);
+        uint x1[KB_EW_PER], x2[KB_EW_PER], x3[KB_EW_PER];
+        ulong od[KB_EW_PER];
+
+        _Pragma("unroll") for (uint it = 0; it < KB_EW_PER; it++) {
+            ulong idx = first + (ulong)it * KB_EW_LOCAL;
+            ulong o1, o2, o3;
+            x1[it] = x2[it] = x3[it] = 0u;
+            od[it] = 0;
+            if (it >= cnt)
+                continue;
+            if (flags & KB_EF_FLAT) {
+                od[it] = o1 = o2 = o3 = idx;
+            } else {
+                ulong row, col;
+                if (flags & KB_EF_BIG) {
+                    row = idx / cols;
+                    col = idx - row * cols;
+                } else {
+                    uint r32 = (uint)idx / cols;
+                    row = r32;
+                    col = (uint)idx - r32 * cols;
+                }
+                od[it] = row * e->rs[0] + col * e->cs[0];
+                o1 = row * e->rs[1] + col * e->cs[1];
+                o2 = row * e->rs[2] + col * e->cs[2];
+                o3 = row * e->rs[3] + col * e->cs[3];
+            }
+            if (KB_NSRC(kind) >= 1u)
+                x1[it] = kb_ldraw(b1, d1, o1);
+            if (KB_NSRC(kind) >= 2u)
+                x2[it] = kb_ldraw(b2, d2, o2);
+            if (KB_NSRC(kind) >= 3u)
+                x3[it] = kb_ldraw(b3, d3, o3);
+        }
+        _Pragma("unroll") for (uint it = 0; it < KB_EW_PER; it++) {
+            if (it >= cnt)
+                continue;
+            kb_st_raw(b0, d0, od[it], kb_ew_val(kind, e, d0, d1, d2, d3, x1[it], x2[it], x3[it]));
+        }
     }
 }
 
-#define KB_EW_KERNEL(name, kind)                                                           \
-    __attribute__((reqd_work_group_size(KB_EW_LOCAL, 1, 1)))                              \
+/*
+ * Grid kernels (all but gemm): a fixed number of work-groups, each walking a contiguous range
+ * of the launch's work units. One binary search finds the first unit's record; after that the
+ * record index only advances (every entry has at least one unit), so a unit costs no search.
+ */
+#define KB_GRID_KERNEL(name, local, fn, kind)                                              \
+    __attribute__((reqd_work_group_size(local, 1, 1)))                                    \
     kernel void name(global uchar *arena, global const uchar *payload,                     \
                      global const kb_ent *tab, uint first, uint n, ulong units)            \
     {                                                                                      \
+        ulong per = (units + get_num_groups(0) - 1) / get_num_groups(0);                   \
+        ulong g = get_group_id(0) * per, g1 = min(g + per, units), st, nxt;                \
+        uint i;                                                                            \
+        if (g >= g1)                                                                       \
+            return;                                                                        \
         tab += first;                                                                      \
-        for (ulong g = get_group_id(0); g < units; g += get_num_groups(0)) {              \
-            global const kb_ent *e = tab + kb_find(tab, n, g);                             \
-            kb_ew_chunk(kind, e, arena, payload, g - e->start);                            \
+        i = kb_find(tab, n, g);                                                            \
+        st = tab[i].start;                                                                 \
+        nxt = i + 1u < n ? tab[i + 1u].start : units;                                      \
+        for (; g < g1; g++) {                                                              \
+            if (g >= nxt) {                                                                \
+                i++;                                                                       \
+                st = nxt;                                                                  \
+                nxt = i + 1u < n ? tab[i + 1u].start : units;                              \
+            }                                                                              \
+            fn(kind, tab + i, arena, payload, g - st);                                     \
         }                                                                                  \
     }
 
-KB_EW_KERNEL(kb_copy, KB_K_COPY)
-KB_EW_KERNEL(kb_fill, KB_K_FILL)
-KB_EW_KERNEL(kb_math1, KB_K_MATH1)
-KB_EW_KERNEL(kb_math2, KB_K_MATH2)
-KB_EW_KERNEL(kb_fma, KB_K_FMA)
-KB_EW_KERNEL(kb_clamp, KB_K_CLAMP)
+KB_GRID_KERNEL(kb_copy, KB_EW_LOCAL, kb_ew_chunk, KB_K_COPY)
+KB_GRID_KERNEL(kb_fill, KB_EW_LOCAL, kb_ew_chunk, KB_K_FILL)
+KB_GRID_KERNEL(kb_math1, KB_EW_LOCAL, kb_ew_chunk, KB_K_MATH1)
+KB_GRID_KERNEL(kb_math2, KB_EW_LOCAL, kb_ew_chunk, KB_K_MATH2)
+KB_GRID_KERNEL(kb_fma, KB_EW_LOCAL, kb_ew_chunk, KB_K_FMA)
+KB_GRID_KERNEL(kb_clamp, KB_EW_LOCAL, kb_ew_chunk, KB_K_CLAMP)
 
 /* ---------------------------------------------------------------- softmax and reduce */
 
 /*
- * Softmax of one line, in the reference's order: max, then the sum of exp(x - max) in
- * ascending order, then each element's exp(x - max) / sum.
+ * Softmax of the KB_LN_LOCAL lines of unit u (one per work-item), in the reference's order:
+ * max, then the sum of exp(x - max) in ascending order, then each exp(x - max) / sum.
  */
-__attribute__((reqd_work_group_size(KB_LN_LOCAL, 1, 1)))
-kernel void kb_softmax(global uchar *arena, global const uchar *payload,
-                       global const kb_ent *tab, uint first, uint n, ulong units)
+static void kb_softmax_unit(uint kind, global const kb_ent *e, global uchar *arena,
+                            global const uchar *payload, ulong u)
 {
-    tab += first;
-    for (ulong g = get_group_id(0); g < units; g += get_num_groups(0)) {
-        global const kb_ent *e = tab + kb_find(tab, n, g);
-        ulong line = (g - e->start) * KB_LN_LOCAL + get_local_id(0);
-        uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu;
-        global uchar *db = arena + e->off[0];
-        global const uchar *sb = kb_base(arena, payload, d1, e->off[1]);
-        uint len = e->cols;
-        float m = 0.0f, sum = 0.0f;
-        if (line >= e->rows)
-            continue;
-        ulong s0 = line * e->rs[1], d0o = line * e->rs[0];
-        ulong ss = e->cs[1], ds = e->cs[0];
-        for (uint k = 0; k < len; k++) {
-            float x = kb_ld(sb, d1, s0 + k * ss);
-            m = k == 0 ? x : kb_mf_fmax(m, x);
-        }
-        for (uint k = 0; k < len; k++)
-            sum = kb_mf_add(sum, kb_mf_exp(kb_mf_sub(kb_ld(sb, d1, s0 + k * ss), m)));
-        for (uint k = 0; k < len; k++) {
-            float x = kb_ld(sb, d1, s0 + k * ss);
-            kb_st(db, d0, d0o + k * ds, kb_mf_div(kb_mf_exp(kb_mf_sub(x, m)), sum));
-        }
+    ulong line = u * KB_LN_LOCAL + get_local_id(0);
+    uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu;
+    global uchar *db = arena + e->off[0];
+    global const uchar *sb = kb_base(arena, payload, d1, e->off[1]);
+    uint len = e->cols;
+    float m = 0.0f, sum = 0.0f;
+
+    (void)kind;
+    if (line >= e->rows)
+        return;
+    ulong s0 = line * e->rs[1], d0o = line * e->rs[0];
+    ulong ss = e->cs[1], ds = e->cs[0];
+    for (uint k = 0; k < len; k++) {
+        float x = kb_ld(sb, d1, s0 + k * ss);
+        m = k == 0 ? x : kb_mf_fmax(m, x);
+    }
+    for (uint k = 0; k < len; k++)
+        sum = kb_mf_add(sum, kb_mf_exp(kb_mf_sub(kb_ld(sb, d1, s0 + k * ss), m)));
+    for (uint k = 0; k < len; k++) {
+        float x = kb_ld(sb, d1, s0 + k * ss);
+        kb_st(db, d0, d0o + k * ds, kb_mf_div(kb_mf_exp(kb_mf_sub(x, m)), sum));
     }
 }
 
-/* One output of a sum or max reduction: its line summed in ascending order. */
-__attribute__((reqd_work_group_size(KB_LN_LOCAL, 1, 1)))
-kernel void kb_reduce(global uchar *arena, global const uchar *payload,
-                      global const kb_ent *tab, uint first, uint n, ulong units)
+/* Sum or max reductions: each work-item one output, its line in ascending order. */
+static void kb_reduce_unit(uint kind, global const kb_ent *e, global uchar *arena,
+                           global const uchar *payload, ulong u)
 {
-    tab += first;
-    for (ulong g = get_group_id(0); g < units; g += get_num_groups(0)) {
-        global const kb_ent *e = tab + kb_find(tab, n, g);
-        ulong line = (g - e->start) * KB_LN_LOCAL + get_local_id(0);
-        uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu;
-        global uchar *db = arena + e->off[0];
-        global const uchar *sb = kb_base(arena, payload, d1, e->off[1]);
-        uint len = e->cols;
-        int is_max = e->op == 1u;
-        float acc = 0.0f;
-        if (line >= e->rows)
-            continue;
-        ulong s0 = line * e->rs[1], ss = e->cs[1];
-        for (uint k = 0; k < len; k++) {
-            float x = kb_ld(sb, d1, s0 + k * ss);
-            if (is_max)
-                acc = k == 0 ? x : kb_mf_fmax(acc, x);
-            else
-                acc = kb_mf_add(acc, x);
-        }
-        if (is_max && len == 0u)
-            acc = -as_float(KB_MF_INF_BITS);
-        kb_st(db, d0, line * e->rs[0], acc);
+    ulong line = u * KB_LN_LOCAL + get_local_id(0);
+    uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu;
+    global uchar *db = arena + e->off[0];
+    global const uchar *sb = kb_base(arena, payload, d1, e->off[1]);
+    uint len = e->cols;
+    int is_max = e->op == 1u;
+    float acc = 0.0f;
+
+    (void)kind;
+    if (line >= e->rows)
+        return;
+    ulong s0 = line * e->rs[1], ss = e->cs[1];
+    for (uint k = 0; k < len; k++) {
+        float x = kb_ld(sb, d1, s0 + k * ss);
+        if (is_max)
+            acc = k == 0 ? x : kb_mf_fmax(acc, x);
+        else
+            acc = kb_mf_add(acc, x);
     }
+    if (is_max && len == 0u)
+        acc = -as_float(KB_MF_INF_BITS);
+    kb_st(db, d0, line * e->rs[0], acc);
 }
+
+KB_GRID_KERNEL(kb_softmax, KB_LN_LOCAL, kb_softmax_unit, 0u)
+KB_GRID_KERNEL(kb_reduce, KB_LN_LOCAL, kb_reduce_unit, 0u)
 
 /* ---------------------------------------------------------------- gemm */
 
@@ -364,12 +547,12 @@ kernel void kb_reduce(global uchar *arena, global const uchar *payload,
         _Pragma("unroll") for (uint i = 0; i < KB_GEMM_AL; i++) {                          \
             uint x = lid + i * KB_GEMM_NT;                                                 \
             if (x < KB_GEMM_TM * KB_GEMM_TK)                                               \
-                ((local float *)As)[(x % KB_GEMM_TK) * KB_GEMM_LDA + x / KB_GEMM_TK] = ra[i]; \
+                ((local float *)As)[(x % KB_GEMM_TK) * KB_GEMM_LDA + x / KB_GEMM_TK] = kb_cvt(da, ra[i]); \
         }                                                                                  \
         _Pragma("unroll") for (uint i = 0; i < KB_GEMM_BL; i++) {                          \
             uint x = lid + i * KB_GEMM_NT;                                                 \
             if (x < KB_GEMM_TN * KB_GEMM_TK)                                               \
-                ((local float *)Bs)[(x / KB_GEMM_TN) * KB_GEMM_LDB + x % KB_GEMM_TN] = rb[i]; \
+                ((local float *)Bs)[(x / KB_GEMM_TN) * KB_GEMM_LDB + x % KB_GEMM_TN] = kb_cvt(dbt, rb[i]); \
         }                                                                                  \
         barrier(CLK_LOCAL_MEM_FENCE);                                                      \
         if (kt + 1u < ntiles)                                                              \
@@ -383,20 +566,24 @@ kernel void kb_reduce(global uchar *arena, global const uchar *payload,
         }                                                                                  \
     }
 
-/* Global loads of the A and B tiles starting at k = kb into ra / rb (0 outside the matrix). */
+/*
+ * Global loads of the A and B tiles starting at k = kb into ra / rb as raw bits (0 outside
+ * the matrix); they are converted when stored to local memory, so no conversion sits between
+ * a load and the next one.
+ */
 #define KB_GEMM_FETCH(kb)                                                                  \
     {                                                                                      \
         _Pragma("unroll") for (uint i = 0; i < KB_GEMM_AL; i++) {                          \
             uint x = lid + i * KB_GEMM_NT;                                                 \
             uint am = x / KB_GEMM_TK, ak = (kb) + x % KB_GEMM_TK;                          \
             ra[i] = (x < KB_GEMM_TM * KB_GEMM_TK && m0 + am < M && ak < K)                 \
-                        ? kb_ld(ab, da, (ulong)(m0 + am) * lda + ak) : 0.0f;               \
+                        ? kb_ldraw(ab, da, (ulong)(m0 + am) * lda + ak) : 0u;              \
         }                                                                                  \
         _Pragma("unroll") for (uint i = 0; i < KB_GEMM_BL; i++) {                          \
             uint x = lid + i * KB_GEMM_NT;                                                 \
             uint bk = (kb) + x / KB_GEMM_TN, bn = x % KB_GEMM_TN;                          \
             rb[i] = (x < KB_GEMM_TN * KB_GEMM_TK && bk < K && n0 + bn < N)                 \
-                        ? kb_ld(bb, dbt, (ulong)bk * ldb + n0 + bn) : 0.0f;                \
+                        ? kb_ldraw(bb, dbt, (ulong)bk * ldb + n0 + bn) : 0u;               \
         }                                                                                  \
     }
 
@@ -407,7 +594,7 @@ kernel void kb_gemm(global uchar *arena, global const uchar *payload,
     local float4 As[KB_GEMM_TK * KB_GEMM_LDA / 4];
     local float4 Bs[KB_GEMM_TK * KB_GEMM_LDB / 4];
     float acc[KB_GEMM_WM][KB_GEMM_WN];
-    float ra[KB_GEMM_AL], rb[KB_GEMM_BL];
+    uint ra[KB_GEMM_AL], rb[KB_GEMM_BL];
     ulong g = get_group_id(0);
     global const kb_ent *e = tab + first + kb_find(tab + first, n, g);
     uint lid = get_local_id(0), tx = lid % KB_GEMM_NTX, ty = lid / KB_GEMM_NTX;
