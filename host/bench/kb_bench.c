@@ -138,6 +138,8 @@ int kb_bench_execute(const kb_config *cfg, const kb_ctx_opts *opts, const kb_ben
     rep->res.verified = -1;
     if ((rc = kb_ctx_create(cfg, opts, &ctx, eb)) != 0)
         return rc;
+    snprintf(rep->device_desc, sizeof rep->device_desc, "%s", kb_ctx_device_desc(ctx));
+    snprintf(rep->device_note, sizeof rep->device_note, "%s", kb_ctx_device_note(ctx));
     state = calloc(1, b->state_size ? b->state_size : 1);
     if (!state) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");

@@ -71,6 +71,8 @@ typedef struct kb_run_report {
     kb_replay_stats replay;
     double wall_ms;
     char *report;      /* full deadlock report when the run deadlocked (malloc'd), else NULL */
+    char device_desc[160]; /* the Phase-2 device the run used */
+    char device_note[256]; /* why --device auto chose what it chose, or "" */
 } kb_run_report;
 
 /* Frees what a report owns. */

@@ -246,6 +246,7 @@ char *kbcl_result_json(const kbcl_result *res)
         cJSON_AddNumberToObject(root, "err_bound", rep->res.err_bound);
     }
     cJSON_AddStringToObject(replay, "device", device);
+    cJSON_AddStringToObject(replay, "device_desc", rep->device_desc);
     cJSON_AddNumberToObject(replay, "records", (double)rep->replay.records);
     cJSON_AddNumberToObject(replay, "batches", (double)rep->replay.batches);
     cJSON_AddNumberToObject(replay, "launches", (double)rep->replay.launches);

@@ -123,6 +123,8 @@ static int cmd_run(int argc, char **argv)
         }
     }
     rc = kbcl_job_run(&job, &res, &eb);
+    if (res.rep.device_note[0])
+        fprintf(stderr, "kbcl: %s\n", res.rep.device_note);
     if (rc) {
         if (res.rep.report) /* the whole deadlock report, not just the message's start */
             fprintf(stderr, "kbcl: %s: at the end of the run:%s\n", kb_strerror(rc), res.rep.report);
