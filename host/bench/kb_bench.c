@@ -146,7 +146,9 @@ int kb_bench_execute(const kb_config *cfg, const kb_ctx_opts *opts, const kb_ben
         goto out;
     }
     runner r = { b, a, state, &rep->res };
+    double p0 = wall_now_ms();
     rc = kb_ctx_run_host(ctx, host_program, &r);
+    rep->phase1_ms = wall_now_ms() - p0;
     if (rc) {
         kb_err_set(eb, rc, "%s", kb_ctx_errmsg(ctx));
         if (kb_ctx_report(ctx))

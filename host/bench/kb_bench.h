@@ -70,6 +70,7 @@ typedef struct kb_run_report {
     uint64_t events, switches, kernels, records;
     kb_replay_stats replay;
     double wall_ms;
+    double phase1_ms;  /* wall time inside the simulation (the host program and its kernels) */
     char *report;      /* full deadlock report when the run deadlocked (malloc'd), else NULL */
     char device_desc[160]; /* the Phase-2 device the run used */
     char device_note[256]; /* why --device auto chose what it chose, or "" */

@@ -319,5 +319,6 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
                 res->device, (unsigned long long)rep->replay.records,
                 (unsigned long long)rep->replay.batches, (unsigned long long)rep->replay.launches,
                 rep->replay.ms);
-    fprintf(f, "  wall       %.3f ms\n", rep->wall_ms);
+    fprintf(f, "  wall       %.3f ms (simulation %.3f ms, %.3g events/s)\n", rep->wall_ms,
+            rep->phase1_ms, rep->phase1_ms > 0 ? (double)rep->events / (rep->phase1_ms / 1e3) : 0.0);
 }
