@@ -14,6 +14,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "kb_atomic_file.h"
 #include "kb_machine.h"
 
 #define KB_TRACE_LINK_TID0 100000u
@@ -232,16 +233,15 @@ static int put(FILE *f, cJSON *o, int *first)
 
 int kb_trace_write(kb_trace *t, const char *path, kb_errbuf *eb)
 {
-    char tmp[4096];
+    kb_atomic_file af;
     FILE *f;
-    int first = 1, bad = 0;
+    int first = 1, bad = 0, rc;
 
     if (t->oom)
         return kb_err_set(eb, KB_ERR_NOMEM, "out of memory while recording the trace");
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    f = fopen(tmp, "w");
-    if (!f)
-        return kb_err_set(eb, KB_ERR_IO, "%s: %s", tmp, strerror(errno));
+    if ((rc = kb_atomic_open(&af, path, eb)) != 0)
+        return rc;
+    f = af.f;
     fputs("{\"displayTimeUnit\": \"ns\", \"traceEvents\": [", f);
     /* processes (SIPs) and threads (PEs, host, links) */
     for (size_t i = 0; i < t->nth && !bad; i++) {
@@ -283,14 +283,5 @@ int kb_trace_write(kb_trace *t, const char *path, kb_errbuf *eb)
         bad |= put(f, o, &first);
     }
     bad |= fputs("\n]}\n", f) < 0;
-    if (fclose(f) != 0 || bad) {
-        remove(tmp);
-        return kb_err_set(eb, KB_ERR_IO, "%s: write failed", tmp);
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        remove(tmp);
-        return kb_err_set(eb, KB_ERR_IO, "%s: %s", path, strerror(e));
-    }
-    return 0;
+    return kb_atomic_commit(&af, bad, eb);
 }

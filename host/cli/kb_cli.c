@@ -7,11 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
+#include "kb_atomic_file.h"
 #include "kb_trace.h"
 
 int kbcl_exit_code(int rc)
@@ -262,31 +262,24 @@ char *kbcl_result_json(const kbcl_result *res)
 
 int kbcl_write_atomic(const char *path, const char *text, kb_errbuf *eb)
 {
-    char tmp[4096];
-    struct stat st;
-    FILE *f;
-    /* a device, pipe or terminal (--json /dev/stdout) is written in place: renaming over it
-     * would replace the device node */
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-        f = fopen(path, "w");
-        if (!f)
-            return kb_err_set(eb, KB_ERR_IO, "%s: %s", path, strerror(errno));
-        if (fputs(text, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0)
-            return kb_err_set(eb, KB_ERR_IO, "%s: write failed", path);
-        return 0;
-    }
-    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
-    f = fopen(tmp, "w");
-    if (!f)
-        return kb_err_set(eb, KB_ERR_IO, "%s: %s", tmp, strerror(errno));
-    if (fputs(text, f) < 0 || fputc('\n', f) < 0 || fclose(f) != 0) {
-        remove(tmp);
-        return kb_err_set(eb, KB_ERR_IO, "%s: write failed", tmp);
-    }
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        remove(tmp);
-        return kb_err_set(eb, KB_ERR_IO, "%s: %s", path, strerror(e));
+    kb_atomic_file af;
+    int rc = kb_atomic_open(&af, path, eb);
+    if (rc)
+        return rc;
+    return kb_atomic_commit(&af, fputs(text, af.f) < 0 || fputc('\n', af.f) < 0, eb);
+}
+
+int kbcl_write_all(int fd, const void *buf, size_t n)
+{
+    const char *s = buf;
+    while (n) {
+        ssize_t w = write(fd, s, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        s += w;
+        n -= (size_t)w;
     }
     return 0;
 }

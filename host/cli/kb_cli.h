@@ -65,6 +65,8 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet);
 
 /* Writes text + "\n" to path through a temporary file and rename (never half-written). */
 int kbcl_write_atomic(const char *path, const char *text, kb_errbuf *eb);
+/* write(2) until all n bytes are out (retrying EINTR); 0 or -1. */
+int kbcl_write_all(int fd, const void *buf, size_t n);
 
 /* Subcommands implemented outside main.c. */
 int kbcl_cmd_bench_self(int argc, char **argv);

@@ -967,19 +967,6 @@ static char *format_row(const sw_plan *p, const sw_outcome *o, int jsonl)
     }
 }
 
-static int write_all(int fd, const char *s, size_t n)
-{
-    while (n) {
-        ssize_t w = write(fd, s, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        s += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
 
 /* ---------------------------------------------------------------- progress ------------ */
 
@@ -1079,7 +1066,7 @@ static int finish_point(void *ctx, const void *outcome)
     row = format_row(c->plan, o, c->jsonl);
     if (c->tty && c->fd == STDOUT_FILENO)
         progress_clear(c);
-    if (!row || write_all(c->fd, row, strlen(row)) != 0) {
+    if (!row || kbcl_write_all(c->fd, row, strlen(row)) != 0) {
         if (!c->write_failed)
             kb_err_set(&c->werr, KB_ERR_IO, "%s: cannot append a row: %s",
                        c->out_path ? c->out_path : "stdout", row ? strerror(errno)
@@ -1282,7 +1269,7 @@ static int output_open(sw_ctx *c, int resume, kb_errbuf *eb)
 
     if (!c->out_path) {
         c->fd = STDOUT_FILENO;
-        if (!c->jsonl && (!(hdr = csv_header(c->plan)) || write_all(c->fd, hdr, strlen(hdr))))
+        if (!c->jsonl && (!(hdr = csv_header(c->plan)) || kbcl_write_all(c->fd, hdr, strlen(hdr))))
             rc = kb_err_set(eb, KB_ERR_IO, "stdout: write failed");
         goto done;
     }
@@ -1319,7 +1306,7 @@ static int output_open(sw_ctx *c, int resume, kb_errbuf *eb)
             goto done;
     }
     if (!len && !c->jsonl &&
-        (!(hdr = csv_header(c->plan)) || write_all(c->fd, hdr, strlen(hdr)) != 0))
+        (!(hdr = csv_header(c->plan)) || kbcl_write_all(c->fd, hdr, strlen(hdr)) != 0))
         rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot write the header", c->out_path);
 done:
     free(text);
@@ -1377,7 +1364,7 @@ static int spawn(sw_ctx *c, sw_worker *w, int point, const sigset_t *oldmask, in
         if (c->fd != STDOUT_FILENO)
             close(c->fd);
         run_point(c->plan, point, &o);
-        _exit(write_all(pfd[1], (const char *)&o, sizeof o) ? 1 : 0);
+        _exit(kbcl_write_all(pfd[1], (const char *)&o, sizeof o) ? 1 : 0);
     }
     close(pfd[1]);
     w->fd = pfd[0];

@@ -103,20 +103,6 @@ static int queue_take(sw_queue *q)
     return p;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const char *s = buf;
-    while (n) {
-        ssize_t w = write(fd, s, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        s += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
 
 static void *helper_main(void *arg)
 {
@@ -125,7 +111,7 @@ static void *helper_main(void *arg)
     int p;
     while (o && (p = queue_take(h->q)) >= 0) {
         h->io->run(h->io->ctx, p, o);
-        if (write_all(h->wfd, o, h->io->outcome_size) != 0)
+        if (kbcl_write_all(h->wfd, o, h->io->outcome_size) != 0)
             break;
     }
     free(o);
