@@ -112,6 +112,10 @@ typedef struct kb_ccl_job {
     int64_t n;
     kb_ipcq_cfg icfg;
     kb_tensor *tiles[KB_MAX_GSIPS];
+    /* launch arguments, kept here rather than on the heap: a launch that never returns (a
+     * failed or deadlocked run) must not strand an allocation (~74 KiB: keep jobs off fiber
+     * stacks) */
+    kb_kargs args[KB_MAX_GSIPS];
 } kb_ccl_job;
 
 /*

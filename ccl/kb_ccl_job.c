@@ -75,11 +75,9 @@ int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *imp
 
 int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const char *name)
 {
-    kb_kargs *args = calloc((size_t)job->layout.sips, sizeof *args);
+    kb_kargs *args = job->args;
     kb_grid g = { job->layout.pes, job->layout.cubes, job->layout.sips, 0 };
-    int rc;
-    if (!args)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    memset(args, 0, sizeof job->args);
     for (int s = 0; s < job->layout.sips; s++) {
         args[s].ptr[0] = kb_tensor_va(job->tiles[s]);
         args[s].i[KB_CCL_ARG_N] = job->n;
@@ -88,10 +86,8 @@ int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const c
         args[s].i[KB_CCL_ARG_CUBES] = job->layout.cubes;
         args[s].i[KB_CCL_ARG_SIPS] = job->layout.sips;
     }
-    rc = kb_launch_per_sip(ctx, name ? name : job->name, kernel ? kernel : job->impl->kernel, args,
-                           &g);
-    free(args);
-    return rc;
+    return kb_launch_per_sip(ctx, name ? name : job->name,
+                             kernel ? kernel : job->impl->kernel, args, &g);
 }
 
 int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw)

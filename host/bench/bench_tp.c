@@ -288,6 +288,9 @@ static int attn_worker(kb_ctx *ctx, int rank, void *arg)
     MAKE("wo", lc, d, row, st->wo + c0 * d, &wo);
     MAKE("bo", 1, d, kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 0, 0), st->bo, &bo);
 #undef MAKE
+    /* done with the staging buffer before anything that may not return (a failed run) */
+    free(buf);
+    buf = NULL;
     {
         kb_tensor_desc dp = { "partial", (int64_t)m->ncubes * m->npes * S, d, KB_F32,
                               kb_dist_policy(ctx), KB_MEM_HBM };
