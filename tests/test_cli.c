@@ -267,6 +267,62 @@ static void test_ccl_failures(void **s)
     assert_non_null(strstr(out, " recv W 16B seq=0 sip0/cube0/pe1"));
 }
 
+
+/* --trace: Chrome trace-event JSON with complete events for PEs and links, inside the run. */
+static void test_trace(void **s)
+{
+    char out[8192];
+    (void)s;
+    int rc = kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm ring_allreduce_tcm "
+                                   "--world-size 8 --n-elem 32 --verify-data --trace trace.json "
+                                   "--json trace_run.json");
+    if (rc != 0)
+        fail_msg("%s", out);
+    char *text = slurp("trace_run.json");
+    cJSON *run = cJSON_Parse(text);
+    free(text);
+    assert_non_null(run);
+    double end_us = cJSON_GetObjectItem(run, "sim_end_ns")->valuedouble / 1000.0;
+    assert_true(end_us > 0);
+    cJSON_Delete(run);
+
+    text = slurp("trace.json");
+    assert_non_null(text);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    cJSON *evs = cJSON_GetObjectItem(j, "traceEvents");
+    assert_true(cJSON_IsArray(evs));
+    int pe = 0, link = 0, sends = 0, kernels = 0, names = 0;
+    cJSON *e;
+    cJSON_ArrayForEach(e, evs) {
+        const char *ph = cJSON_GetObjectItem(e, "ph")->valuestring;
+        if (!strcmp(ph, "M")) {
+            names++;
+            continue;
+        }
+        assert_string_equal(ph, "X");
+        double ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
+        double dur = cJSON_GetObjectItem(e, "dur")->valuedouble;
+        const char *cat = cJSON_GetObjectItem(e, "cat")->valuestring;
+        const char *name = cJSON_GetObjectItem(e, "name")->valuestring;
+        assert_true(cJSON_IsNumber(cJSON_GetObjectItem(e, "pid")));
+        assert_true(cJSON_IsNumber(cJSON_GetObjectItem(e, "tid")));
+        if (!(ts >= 0 && dur >= 0 && ts + dur <= end_us + 1e-6))
+            fail_msg("event %s at %.6f+%.6f us outside the run (0..%.6f us)", name, ts, dur, end_us);
+        pe += !strcmp(cat, "pe");
+        link += !strcmp(cat, "link");
+        sends += !strcmp(name, "ipcq send E");
+        kernels += !strcmp(name, "ring_allreduce_tcm");
+    }
+    assert_true(names > 8);        /* process and thread names */
+    assert_true(link > 0);
+    assert_int_equal(sends, 8 * 7); /* every rank sends 7 times on E */
+    assert_int_equal(kernels, 8);  /* one kernel span per PE */
+    assert_true(pe > sends);
+    cJSON_Delete(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -278,6 +334,7 @@ int main(void)
         cmocka_unit_test(test_sim_errors),
         cmocka_unit_test(test_ccl_matrix),
         cmocka_unit_test(test_ccl_failures),
+        cmocka_unit_test(test_trace),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

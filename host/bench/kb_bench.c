@@ -156,6 +156,7 @@ int kb_bench_execute(const kb_config *cfg, const kb_ctx_opts *opts, const kb_ben
         goto out;
     }
     rep->sim_time_ns = kb_time_to_ns(rep->res.t_end - rep->res.t_begin);
+    rep->sim_end_ns = kb_time_to_ns(kb_sim_now(kb_ctx_sim(ctx)));
     rep->events = kb_sim_events(kb_ctx_sim(ctx));
     rep->switches = kb_sim_switches(kb_ctx_sim(ctx));
     rep->kernels = kb_ctx_kernels_run(ctx);

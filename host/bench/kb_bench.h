@@ -66,7 +66,8 @@ int kb_bench_param_index(const kb_bench *b, const char *name);
 /* Everything a finished run reports. */
 typedef struct kb_run_report {
     kb_bench_result res;
-    double sim_time_ns;
+    double sim_time_ns;   /* the bench's measured region */
+    double sim_end_ns;    /* simulated time when the host program ended (the whole run) */
     uint64_t events, switches, kernels, records;
     kb_replay_stats replay;
     double wall_ms;

@@ -227,6 +227,7 @@ char *kbcl_result_json(const kbcl_result *res)
     cJSON_AddStringToObject(machine, "sip_topology", cfg->topo.sips_topology);
     cJSON_AddItemToObject(root, "machine", machine);
     cJSON_AddNumberToObject(root, "sim_time_ns", rep->sim_time_ns);
+    cJSON_AddNumberToObject(root, "sim_end_ns", rep->sim_end_ns);
     cJSON_AddNumberToObject(root, "events", (double)rep->events);
     cJSON_AddNumberToObject(root, "fiber_switches", (double)rep->switches);
     cJSON_AddNumberToObject(root, "kernels", (double)rep->kernels);
