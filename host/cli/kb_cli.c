@@ -298,6 +298,26 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
                                              : "add --verify-data to check the numbers");
     if (quiet)
         return;
+    double bytes = 0, count = 0, algbw = -1, busbw = 0;
+    for (int i = 0; i < rep->res.nextras; i++) {
+        const char *n = rep->res.extras[i].name;
+        double v = rep->res.extras[i].value;
+        if (!strcmp(n, "bytes_per_rank"))
+            bytes = v;
+        else if (!strcmp(n, "n_elem"))
+            count = v;
+        else if (!strcmp(n, "algbw_gbps"))
+            algbw = v;
+        else if (!strcmp(n, "busbw_gbps"))
+            busbw = v;
+    }
+    if (algbw >= 0) { /* collectives: the nccl-tests columns */
+        fprintf(f, "  %12s %10s %5s %12s %12s %12s %9s\n", "size(B)", "count", "type",
+                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "verified");
+        fprintf(f, "  %12.0f %10.0f %5s %12.3f %12.6g %12.6g %9s\n", bytes, count, "f16",
+                rep->sim_time_ns / 1000.0, algbw, busbw,
+                rep->res.verified == 1 ? "OK" : rep->res.verified == 0 ? "FAIL" : "-");
+    }
     fprintf(f, "  sim_time   %.3f ns (%.3f us)\n", rep->sim_time_ns, rep->sim_time_ns / 1000.0);
     for (int i = 0; i < rep->res.nextras; i++)
         fprintf(f, "  %-10s %.6g\n", rep->res.extras[i].name, rep->res.extras[i].value);

@@ -185,10 +185,13 @@ int main(int argc, char **argv)
 int kbcl_cmd_devices(int argc, char **argv)
 {
     static char buf[16384];
-    (void)argv;
     if (argc > 0) {
-        fprintf(stderr, "usage: kbcl devices\n");
-        return KBCL_EXIT_USAGE;
+        int help = !strcmp(argv[0], "--help") || !strcmp(argv[0], "-h");
+        fprintf(help ? stdout : stderr,
+                "usage: kbcl devices\n  lists the OpenCL platforms and devices Phase 2 can use "
+                "(--device gpu/cpu/auto),\n  and how to register NVIDIA's driver when its ICD "
+                "file is missing\n");
+        return help ? 0 : KBCL_EXIT_USAGE;
     }
     int n = kb_opencl_list(buf, sizeof buf);
     fputs(buf, stdout);
