@@ -80,7 +80,7 @@ int kbcl_cmd_sweep(int argc, char **argv);
 int kbcl_cmd_report(int argc, char **argv);
 
 /*
- * The MPI side of `kbcl sweep` (sweep_mpi.c; stubs without KBCL_HAVE_MPI). The sweep hands it
+ * The MPI side of `kbcl sweep` (sweep_mpi.c; refusals without KBCL_HAVE_MPI). The sweep hands it
  * opaque fixed-size outcomes: `run` computes one point (on any rank; on rank 0 in a helper
  * thread) and `finish` records one (rank 0's main thread only).
  */

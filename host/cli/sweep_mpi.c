@@ -6,7 +6,8 @@
  * is initialised only here, only for `sweep`, and only when the launcher's environment says
  * there are several ranks, so `kbcl run` never touches MPI. Limits: a point runs inside its
  * rank's process, so a crash in one point ends the whole MPI job (the rows written so far
- * stay valid and --resume continues); without KBCL_HAVE_MPI every entry point is a stub.
+ * stay valid and --resume continues); without KBCL_HAVE_MPI the entry points report that this
+ * build has no MPI (a launcher with several ranks is refused with exit 2).
  */
 #include <stdio.h>
 #include <stdlib.h>
