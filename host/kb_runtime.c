@@ -889,9 +889,13 @@ static void kernel_main(kb_sim *sim, void *arg)
     if (tl->start > now)
         kb_fiber_sleep(sim, tl->start - now);
     tl->launch->kernel(tl, &tl->launch->args[tl->pid[2]]);
-    if (tl->ctx->trace_rec)
-        kb_trace_pe(tl->ctx->trace_rec, tl->pe->gsip, tl->pe->cube, (int)tl->pe->pe,
-                    tl->launch->name, tl->start, kb_sim_now(sim), 0);
+    if (tl->ctx->trace_rec) {
+        /* the launch (and its name) is freed before the trace is written */
+        const char *name = kb_trace_intern(tl->ctx->trace_rec, tl->launch->name);
+        if (name)
+            kb_trace_pe(tl->ctx->trace_rec, tl->pe->gsip, tl->pe->cube, (int)tl->pe->pe, name,
+                        tl->start, kb_sim_now(sim), 0);
+    }
     kb_tl_release_all(tl);
     tl->ctx->kernels++;
     kernel_finished(tl);

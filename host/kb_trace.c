@@ -45,6 +45,8 @@ struct kb_trace {
     rslot *map;
     size_t mapcap, mapn;
     uint32_t next_link_tid;
+    char **names;             /* interned names (owned) */
+    size_t nnames, capnames;
     int oom;
 };
 
@@ -65,7 +67,35 @@ void kb_trace_destroy(kb_trace *t)
     free(t->ev);
     free(t->th);
     free(t->map);
+    for (size_t i = 0; i < t->nnames; i++)
+        free(t->names[i]);
+    free(t->names);
     free(t);
+}
+
+const char *kb_trace_intern(kb_trace *t, const char *name)
+{
+    /* kernels per run are few: a linear search is enough */
+    for (size_t i = t->nnames; i-- > 0;)
+        if (!strcmp(t->names[i], name))
+            return t->names[i];
+    if (t->nnames == t->capnames) {
+        size_t cap = t->capnames ? t->capnames * 2 : 16;
+        char **n = realloc(t->names, cap * sizeof *n);
+        if (!n) {
+            t->oom = 1;
+            return NULL;
+        }
+        t->names = n;
+        t->capnames = cap;
+    }
+    char *copy = strdup(name);
+    if (!copy) {
+        t->oom = 1;
+        return NULL;
+    }
+    t->names[t->nnames++] = copy;
+    return copy;
 }
 
 void kb_trace_set_machine(kb_trace *t, const kb_machine *m) { t->m = m; }

@@ -35,6 +35,10 @@ void kb_trace_set_machine(kb_trace *t, const struct kb_machine *m);
  * (a string literal or a name owned by a longer-lived object). */
 void kb_trace_pe(kb_trace *t, unsigned gsip, unsigned cube, int pe, const char *name,
                  kb_time t0, kb_time t1, uint64_t bytes);
+/* A copy of `name` owned by the trace (one per distinct string), for names that do not
+ * outlive the run (a kernel's name lives in its launch). NULL when out of memory. */
+const char *kb_trace_intern(kb_trace *t, const char *name);
+
 /* A reservation [t0, t1) of a resource of the machine. */
 void kb_trace_res(kb_trace *t, const kb_res *r, kb_time t0, kb_time t1, uint64_t bytes);
 
