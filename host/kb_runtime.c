@@ -96,7 +96,7 @@ void kb_ctx_destroy(kb_ctx *ctx)
         kb_launch_st *l = ctx->launches;
         ctx->launches = l->next;
         for (int i = 0; l->tls && i < l->ntl; i++)
-            free(l->tls[i].vals);
+            kb_tl_fini(&l->tls[i]);
         free(l->tls);
         free(l->args);
         free(l->cube_left);
@@ -835,7 +835,7 @@ static void launch_free(kb_launch_st *l)
     if (l->next)
         l->next->prev = l->prev;
     for (int i = 0; l->tls && i < l->ntl; i++)
-        free(l->tls[i].vals);
+        kb_tl_fini(&l->tls[i]);
     free(l->tls);
     free(l->args);
     free(l->cube_left);

@@ -30,6 +30,14 @@ typedef struct kb_launch_st kb_launch_st;
 
 enum { KB_TAG_HOST = 0x484f5354, KB_TAG_KERNEL = 0x4b45524e };
 
+#define KB_SCR_NCLASS 7              /* 64 B, 128 B, ... 4 KiB */
+#define KB_SCR_MAX (64u << (KB_SCR_NCLASS - 1))
+#define KB_SCR_CHUNK (64u << 10)
+typedef struct kb_scr_chunk {
+    kb_pa base;
+    uint64_t live[KB_SCR_CHUNK / 64 / 64]; /* one bit per 64-byte unit: a value starts there */
+} kb_scr_chunk;
+
 /* Fiber udata of host and kernel fibers both start with a tag saying which it is. */
 struct kb_tl {
     int tag;
@@ -39,9 +47,18 @@ struct kb_tl {
     int pid[3], np[3];
     kb_time start;          /* when the launch message reaches the PE */
     kb_time cpu_ovh;
-    kb_pa *vals;            /* live scratch allocations (owned) */
+    kb_pa *vals;            /* live large scratch allocations (owned) */
     size_t nvals, capvals;
+    /* small scratch values (<= KB_SCR_MAX bytes): size classes carved from 64 KiB chunks */
+    struct kb_scr_chunk *chunks;  /* owned */
+    size_t nchunks, capchunks;
+    kb_pa bump, bump_end;
+    kb_pa *freel[KB_SCR_NCLASS];  /* per-class stacks of free values (owned) */
+    uint32_t nfree[KB_SCR_NCLASS], capfree[KB_SCR_NCLASS];
 };
+
+/* Frees what a kernel context owns (after kb_tl_release_all returned its memory). */
+void kb_tl_fini(kb_tl *tl);
 
 struct kb_launch_st {
     kb_ctx *ctx;

@@ -67,24 +67,86 @@ void kb_tl_record(kb_tl *tl, kb_rec *r)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
 }
 
+/*
+ * Scratch values. Kernels allocate and free one per operation, so small ones (<= 4 KiB, the
+ * common case) come from per-kernel size classes (64 B .. 4 KiB, powers of two) carved out of
+ * 64 KiB chunks of the PE's scratch, with a free stack per class and a live bit per value for
+ * misuse checks; larger ones go to the scratch allocator directly. Everything returns to the
+ * PE when the kernel ends. Deterministic: the same kernel gets the same addresses.
+ */
+static int scr_class(uint64_t bytes)
+{
+    int c = 0;
+    while ((uint64_t)64 << c < bytes)
+        c++;
+    return c;
+}
+
+static kb_scr_chunk *scr_chunk_of(kb_tl *tl, kb_pa pa)
+{
+    for (size_t i = tl->nchunks; i-- > 0;)
+        if (pa >= tl->chunks[i].base && pa < tl->chunks[i].base + KB_SCR_CHUNK)
+            return &tl->chunks[i];
+    return NULL;
+}
+
+static kb_pa scr_small(kb_tl *tl, int c, const char *op)
+{
+    uint64_t size = (uint64_t)64 << c;
+    kb_pa pa;
+    if (tl->nfree[c]) {
+        pa = tl->freel[c][--tl->nfree[c]];
+    } else {
+        if (tl->bump + size > tl->bump_end) {
+            kb_errbuf eb;
+            uint64_t base;
+            if (tl->nchunks == tl->capchunks) {
+                size_t cap = tl->capchunks ? tl->capchunks * 2 : 4;
+                kb_scr_chunk *n = realloc(tl->chunks, cap * sizeof *n);
+                if (!n)
+                    tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+                tl->chunks = n;
+                tl->capchunks = cap;
+            }
+            if (kb_alloc_alloc(tl->pe->scratch, KB_SCR_CHUNK, KB_VAL_ALIGN, &base, &eb) != 0)
+                tl_fail(tl, KB_ERR_NOSPACE, "%s: %s (free values with tl_free, or use smaller "
+                        "tiles)", op, eb.msg);
+            memset(&tl->chunks[tl->nchunks], 0, sizeof tl->chunks[0]);
+            tl->chunks[tl->nchunks++].base = base;
+            tl->bump = base;
+            tl->bump_end = base + KB_SCR_CHUNK;
+        }
+        pa = tl->bump;
+        tl->bump += size;
+    }
+    kb_scr_chunk *ch = scr_chunk_of(tl, pa);
+    uint64_t unit = (pa - ch->base) / 64;
+    ch->live[unit / 64] |= UINT64_C(1) << (unit % 64);
+    return pa;
+}
+
 kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op)
 {
     uint64_t bytes = (uint64_t)rows * cols * kb_dtype_size(dt), pa;
     kb_errbuf eb;
     kb_val v;
 
-    if (kb_alloc_alloc(tl->pe->scratch, bytes ? bytes : 1, KB_VAL_ALIGN, &pa, &eb) != 0)
-        tl_fail(tl, KB_ERR_NOSPACE, "%s: %s (free values with tl_free, or use smaller tiles)", op,
-                eb.msg);
-    if (tl->nvals == tl->capvals) {
-        size_t cap = tl->capvals ? tl->capvals * 2 : 16;
-        kb_pa *n = realloc(tl->vals, cap * sizeof *n);
-        if (!n)
-            tl_fail(tl, KB_ERR_NOMEM, "out of memory");
-        tl->vals = n;
-        tl->capvals = cap;
+    if (bytes <= KB_SCR_MAX) {
+        pa = scr_small(tl, scr_class(bytes), op);
+    } else {
+        if (kb_alloc_alloc(tl->pe->scratch, bytes, KB_VAL_ALIGN, &pa, &eb) != 0)
+            tl_fail(tl, KB_ERR_NOSPACE, "%s: %s (free values with tl_free, or use smaller tiles)",
+                    op, eb.msg);
+        if (tl->nvals == tl->capvals) {
+            size_t cap = tl->capvals ? tl->capvals * 2 : 16;
+            kb_pa *n = realloc(tl->vals, cap * sizeof *n);
+            if (!n)
+                tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+            tl->vals = n;
+            tl->capvals = cap;
+        }
+        tl->vals[tl->nvals++] = pa;
     }
-    tl->vals[tl->nvals++] = pa;
     v.pa = pa;
     v.rows = rows;
     v.cols = cols;
@@ -95,13 +157,33 @@ kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, c
 
 void tl_free(kb_tl *tl, kb_val v)
 {
+    uint64_t bytes = (uint64_t)v.rows * v.cols * kb_dtype_size((kb_dtype)v.dtype);
     if (!v.scratch)
         return;
-    for (size_t i = tl->nvals; i-- > 0;) {
-        if (tl->vals[i] == v.pa) {
-            kb_alloc_free(tl->pe->scratch, v.pa, NULL);
-            tl->vals[i] = tl->vals[--tl->nvals];
+    if (bytes <= KB_SCR_MAX) {
+        int c = scr_class(bytes);
+        kb_scr_chunk *ch = scr_chunk_of(tl, v.pa);
+        uint64_t unit = ch ? (v.pa - ch->base) / 64 : 0;
+        if (ch && (ch->live[unit / 64] >> (unit % 64) & 1u)) {
+            ch->live[unit / 64] &= ~(UINT64_C(1) << (unit % 64));
+            if (tl->nfree[c] == tl->capfree[c]) {
+                uint32_t cap = tl->capfree[c] ? tl->capfree[c] * 2 : 16;
+                kb_pa *n = realloc(tl->freel[c], cap * sizeof *n);
+                if (!n)
+                    tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+                tl->freel[c] = n;
+                tl->capfree[c] = cap;
+            }
+            tl->freel[c][tl->nfree[c]++] = v.pa;
             return;
+        }
+    } else {
+        for (size_t i = tl->nvals; i-- > 0;) {
+            if (tl->vals[i] == v.pa) {
+                kb_alloc_free(tl->pe->scratch, v.pa, NULL);
+                tl->vals[i] = tl->vals[--tl->nvals];
+                return;
+            }
         }
     }
     tl_fail(tl, KB_ERR_INVAL, "tl_free: value at 0x%llx is not a live scratch value",
@@ -113,6 +195,20 @@ void kb_tl_release_all(kb_tl *tl)
     for (size_t i = 0; i < tl->nvals; i++)
         kb_alloc_free(tl->pe->scratch, tl->vals[i], NULL);
     tl->nvals = 0;
+    for (size_t i = 0; i < tl->nchunks; i++)
+        kb_alloc_free(tl->pe->scratch, tl->chunks[i].base, NULL);
+    tl->nchunks = 0;
+    tl->bump = tl->bump_end = 0;
+    for (int c = 0; c < KB_SCR_NCLASS; c++)
+        tl->nfree[c] = 0;
+}
+
+void kb_tl_fini(kb_tl *tl)
+{
+    free(tl->vals);
+    free(tl->chunks);
+    for (int c = 0; c < KB_SCR_NCLASS; c++)
+        free(tl->freel[c]);
 }
 
 static kb_opnd val_opnd(kb_val v) { return kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype); }
