@@ -33,10 +33,14 @@ typedef struct qp {
     uint64_t slot_size;
     kb_pa my_rx_base;
     uint64_t my_head, my_tail, peer_head_cache, peer_tail_cache;
-    kb_waitq send_wait;
     kb_ipcq_req *pend_head, *pend_tail;
     kb_time credit_delay;
     uint64_t *slot_bytes;     /* [n_slots]: size of the message in each slot (from its token) */
+    /* credits on their way to this (sending) queue pair: arrival time and consumer seq, in
+     * arrival order; at most n_slots are ever in flight */
+    struct { kb_time t; uint64_t seq; } *credits;
+    uint32_t cr_head, cr_n;
+    kb_fiber *cr_waiter;      /* the sender blocked on credits, woken at the next arrival */
 } qp;
 
 struct pe_state {
@@ -147,6 +151,7 @@ static void free_pe_state(ipcq_sys *sys, pe_state *ps)
             kb_alloc_free(ring_allocator(sys->ctx, ps->pe, sys->cfg.buffer_kind),
                           ps->q[d].my_rx_base, NULL);
         free(ps->q[d].slot_bytes);
+        free(ps->q[d].credits);
     }
     ps->pe->ipcq_state = NULL;
     free(ps);
@@ -223,6 +228,17 @@ static void req_put(ipcq_sys *sys, kb_ipcq_req *r)
     sys->free_reqs = r;
 }
 
+static void credits_take(qp *q, kb_time now)
+{
+    while (q->cr_n && q->credits[q->cr_head].t <= now) {
+        uint64_t seq = q->credits[q->cr_head].seq;
+        if (seq + 1 > q->peer_tail_cache)
+            q->peer_tail_cache = seq + 1;
+        q->cr_head = (q->cr_head + 1) % (uint32_t)q->n_slots;
+        q->cr_n--;
+    }
+}
+
 static void dump(kb_ctx *ctx, char *buf, size_t n, void *ud)
 {
     ipcq_sys *sys = ud;
@@ -237,6 +253,7 @@ static void dump(kb_ctx *ctx, char *buf, size_t n, void *ud)
             qp *q = &ps->q[d];
             if (!q->wired)
                 continue;
+            credits_take(q, kb_sim_now(sys->ctx->sim));
             w = snprintf(buf + len, n - len,
                          "\n  sip%u/cube%u/pe%u %-10s my_head=%llu my_tail=%llu "
                          "peer_head_cache=%llu peer_tail_cache=%llu",
@@ -261,10 +278,10 @@ uint32_t kb_ipcq_wired(kb_ctx *ctx, const kb_pe_hw *pe)
 int kb_ipcq_counters_of(kb_ctx *ctx, const kb_pe_hw *pe, kb_dir d, kb_ipcq_counters *out)
 {
     const pe_state *ps = pe->ipcq_state;
-    (void)ctx;
     if (!ps || (unsigned)d >= KB_NDIRS || !ps->q[d].wired)
         return KB_ERR_DIRECTION;
-    const qp *q = &ps->q[d];
+    qp *q = (qp *)&ps->q[d];
+    credits_take(q, kb_sim_now(ctx->sim));
     out->my_head = q->my_head;
     out->my_tail = q->my_tail;
     out->peer_head_cache = q->peer_head_cache;
@@ -382,7 +399,12 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
             goto fail;
         }
         q->slot_bytes = calloc((size_t)cfg->n_slots, sizeof *q->slot_bytes);
-        if (!q->slot_bytes) {
+        q->credits = calloc((size_t)cfg->n_slots, sizeof *q->credits);
+        if (!q->slot_bytes || !q->credits) {
+            free(q->slot_bytes);
+            free(q->credits);
+            q->slot_bytes = NULL;
+            q->credits = NULL;
             kb_alloc_free(ring_allocator(ctx, pe, cfg->buffer_kind), base, NULL);
             rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
             goto fail;
@@ -532,21 +554,31 @@ static qp *wired_qp(kb_tl *tl, kb_dir d, const char *op)
     return NULL;
 }
 
-static void credit_arrive(kb_sim *sim, void *a, void *b)
+/*
+ * Credits travel without events of their own: the receiver appends {arrival, seq} to the
+ * sending queue pair (found by its peer_rx_base, as the protocol matches credits), and the
+ * sender takes in those that have arrived whenever it looks at its counters (a send, the
+ * deadlock dump, kb_ipcq_counters_of). A sender blocked on credits is woken at the next
+ * arrival. The observable behaviour is the event-per-credit protocol's.
+ */
+static int credit_send(kb_sim *sim, pe_state *sender, kb_pa rx_base, uint64_t seq, kb_time t)
 {
-    msg *m = a;
-    pe_state *ps = m->to;
-    (void)b;
     for (int d = 0; d < KB_NDIRS; d++) {
-        qp *q = &ps->q[d];
-        if (q->wired && q->peer_rx_base == m->addr) {
-            if (m->seq + 1 > q->peer_tail_cache)
-                q->peer_tail_cache = m->seq + 1;
-            kb_waitq_wake_all(sim, &q->send_wait);
-            break;
+        qp *q = &sender->q[d];
+        if (!q->wired || q->peer_rx_base != rx_base)
+            continue;
+        if (q->cr_n == (uint32_t)q->n_slots)
+            return KB_ERR_STATE; /* more credits than slots: a protocol invariant broke */
+        uint32_t at = (q->cr_head + q->cr_n++) % (uint32_t)q->n_slots;
+        q->credits[at].t = t;
+        q->credits[at].seq = seq;
+        if (q->cr_waiter && q->cr_n == 1) {
+            kb_fiber_wake_at(sim, q->cr_waiter, t);
+            q->cr_waiter = NULL;
         }
+        return 0;
     }
-    msg_put(ps->sys, m);
+    return KB_ERR_STATE;
 }
 
 /* Starts the copy-out of every posted receive whose data has arrived. */
@@ -590,17 +622,17 @@ static void progress(qp *q)
          * then, with no event of its own for the completion */
         r->done = 1;
         r->t_done = rec.t_end;
-        msg *m = msg_get(sys);
-        if (m) {
-            m->to = q->peer->ipcq_state;
-            m->addr = q->my_rx_base;
-            m->seq = r->seq;
-            m->nbytes = 0;
-        }
-        if (kb_ctx_record_as(ctx, &rec, recv_names[q->dir]) != 0 || !m ||
-            kb_sim_at(ctx->sim, rec.t_end + q->credit_delay, credit_arrive, m, NULL) != 0) {
+        if (kb_ctx_record_as(ctx, &rec, recv_names[q->dir]) != 0) {
             kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory in an IPCQ receive");
             kb_ctx_fail(ctx, KB_ERR_NOMEM);
+            return;
+        }
+        if (credit_send(ctx->sim, q->peer->ipcq_state, q->my_rx_base, r->seq,
+                        rec.t_end + q->credit_delay) != 0) {
+            kb_err_set(&ctx->err, KB_ERR_STATE, "IPCQ: a credit from sip%u/cube%u/pe%u %s found "
+                       "no sending queue", q->owner->pe->gsip, q->owner->pe->cube,
+                       q->owner->pe->pe, dir_names[q->dir]);
+            kb_ctx_fail(ctx, KB_ERR_STATE);
             return;
         }
         if (r->waiter)
@@ -639,8 +671,16 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
         tl_fail(tl, KB_ERR_RANGE, "tl_send %s: %llu bytes do not fit a %llu-byte slot "
                 "(raise ccl.defaults.slot_size)", dir_names[dir], (unsigned long long)nbytes,
                 (unsigned long long)q->slot_size);
-    while (sys->cfg.backpressure && q->my_head - q->peer_tail_cache >= (uint64_t)q->n_slots)
-        kb_waitq_block(ctx->sim, &q->send_wait, send_wait_names[dir], q);
+    credits_take(q, kb_sim_now(ctx->sim));
+    while (sys->cfg.backpressure && q->my_head - q->peer_tail_cache >= (uint64_t)q->n_slots) {
+        if (q->cr_n) { /* a credit is on its way: wait for it */
+            kb_tl_wait_until(tl, q->credits[q->cr_head].t);
+        } else {
+            q->cr_waiter = kb_fiber_current(ctx->sim);
+            kb_fiber_block(ctx->sim, send_wait_names[dir], q);
+        }
+        credits_take(q, kb_sim_now(ctx->sim));
+    }
     kb_pa dst = q->peer_rx_base + (q->my_head % (uint64_t)q->n_slots) * q->slot_size;
     uint64_t seq = q->my_head++;
     memset(&rec, 0, sizeof rec);
