@@ -90,11 +90,23 @@ void kb_res_init(kb_res *r, const char *name, double bandwidth_gbps, kb_time lat
     r->bytes = 0;
     r->busy = 0;
     r->name = name;
+    r->memo_key = 0;
+    r->memo_occ = 0;
 }
 
 kb_time kb_res_occupancy(const kb_res *r, uint64_t nbytes)
 {
     return add_sat(r->fixed, kb_bw_time(r->bytes_per_us, nbytes));
+}
+
+/* kb_res_occupancy through the resource's one-entry memo (reservations only). */
+static kb_time occupancy_memo(kb_res *r, uint64_t nbytes)
+{
+    if (r->memo_key != nbytes + 1) {
+        r->memo_occ = kb_res_occupancy(r, nbytes);
+        r->memo_key = nbytes + 1;
+    }
+    return r->memo_occ;
 }
 
 static void account(kb_res *r, uint64_t nbytes, kb_time occ)
@@ -116,7 +128,7 @@ kb_time kb_res_path_reserve(kb_res *const *path, int n_path, kb_time now, uint64
     }
     for (int i = 0; i < n_path; i++) {
         kb_res *r = path[i];
-        kb_time occ = kb_res_occupancy(r, nbytes);
+        kb_time occ = occupancy_memo(r, nbytes);
         r->free_at = add_sat(start, occ);
         account(r, nbytes, occ);
         lat = add_sat(lat, r->latency);
@@ -131,7 +143,7 @@ kb_time kb_res_path_reserve(kb_res *const *path, int n_path, kb_time now, uint64
 kb_time kb_res_hop(kb_res *r, kb_time t_arrive, uint64_t nbytes)
 {
     kb_time start = r->free_at > t_arrive ? r->free_at : t_arrive;
-    kb_time occ = kb_res_occupancy(r, nbytes);
+    kb_time occ = occupancy_memo(r, nbytes);
 
     r->free_at = add_sat(start, occ);
     account(r, nbytes, occ);

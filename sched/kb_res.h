@@ -31,6 +31,11 @@ typedef struct kb_res {
     uint64_t uses, bytes;
     kb_time busy;           /* total occupancy */
     const char *name;       /* static or owned by whoever owns the resource */
+    /* the last occupancy computed by a reservation: transfers repeat sizes, and the exact
+     * division is the dearest part of a reservation. memo_key = nbytes + 1 (0 = none), so a
+     * zero-initialised resource has no memo. Set fixed/bytes_per_us only via kb_res_init. */
+    uint64_t memo_key;
+    kb_time memo_occ;
 } kb_res;
 
 /* gbps is GB/s (1e9 bytes/s = bytes/ns); fractional values are rounded to bytes/us. */

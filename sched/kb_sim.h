@@ -1,11 +1,12 @@
 /*
  * kb_sim — the discrete-event engine and its fibers.
  *
- * Pending events live in a binary min-heap ordered by (time, seq), where seq strictly increases
- * at insertion, so events at equal times fire in insertion order. Events scheduled for the
- * current time go to a FIFO in front of the heap instead (the common zero-delay wake-up never
- * touches the heap); the FIFO preserves (time, seq) order because every event already in the
- * heap for the current time was inserted earlier and is drained first.
+ * Pending events are ordered by (time, seq), where seq strictly increases at insertion, so
+ * events at equal times fire in insertion order. Future events sit in a small heap for the
+ * current 0.256 ns slot, a timing wheel of later slots (2.1 us ahead) and a heap beyond it; events
+ * scheduled for the current time go to a FIFO in front of them (the common zero-delay wake-up
+ * never touches a heap). The FIFO preserves (time, seq) order because every event already
+ * queued for the current time was inserted earlier and is drained first.
  *
  * Two kinds of actors run on the engine: callbacks (kb_event_fn, run on the engine's own stack)
  * and fibers (stackful coroutines that may block: sleep, wait on a signal, a latch or a queue).

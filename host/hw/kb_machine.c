@@ -397,51 +397,43 @@ static int add_between(kb_machine *m, route *r, unsigned sa, unsigned ca, unsign
     return 0;
 }
 
-int kb_machine_route(kb_machine *m, const kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst,
-                     kb_res **path, int max, kb_errbuf *eb)
+/* The route between two located addresses (has_src/has_dst: which of them exist). */
+static int build_route(kb_machine *m, const kb_pe_hw *issuer, const loc *ls, const loc *ld,
+                       int has_src, int has_dst, kb_res **path, int max, kb_errbuf *eb)
 {
     route r = { path, 0, max };
-    loc ls, ld;
-    int has_src = pa_src != KB_PA_INVALID_ADDR, has_dst = pa_dst != KB_PA_INVALID_ADDR;
-    int rc;
-
-    if ((!has_src && !has_dst) || (issuer && (!has_src || !has_dst)))
-        return kb_err_set(eb, KB_ERR_INVAL, "a DMA needs a source and a destination address");
-    if (has_src && (rc = locate(m, pa_src, &ls, eb)) != 0)
-        return rc;
-    if (has_dst && (rc = locate(m, pa_dst, &ld, eb)) != 0)
-        return rc;
 
     if (issuer) {
-        int local = ls.pe_local && ld.pe_local && ls.gsip == issuer->gsip &&
-                    ld.gsip == issuer->gsip && ls.cube == issuer->cube &&
-                    ld.cube == issuer->cube && ls.pe == (int)issuer->pe &&
-                    ld.pe == (int)issuer->pe;
-        kb_cube_hw *cs = &m->sips[ls.gsip].cubes[ls.cube];
-        kb_cube_hw *cd = &m->sips[ld.gsip].cubes[ld.cube];
-        if (add(&r, (kb_res *)&issuer->dma) || add(&r, ls.port))
+        int local = ls->pe_local && ld->pe_local && ls->gsip == issuer->gsip &&
+                    ld->gsip == issuer->gsip && ls->cube == issuer->cube &&
+                    ld->cube == issuer->cube && ls->pe == (int)issuer->pe &&
+                    ld->pe == (int)issuer->pe;
+        kb_cube_hw *cs = &m->sips[ls->gsip].cubes[ls->cube];
+        kb_cube_hw *cd = &m->sips[ld->gsip].cubes[ld->cube];
+        if (add(&r, (kb_res *)&issuer->dma) || add(&r, ls->port))
             goto full;
         if (!local) {
-            if (add(&r, &cs->noc) || add_between(m, &r, ls.gsip, ls.cube, ld.gsip, ld.cube) ||
-                add(&r, &cd->noc))
+            if (add(&r, &cs->noc) ||
+                add_between(m, &r, ls->gsip, ls->cube, ld->gsip, ld->cube) || add(&r, &cd->noc))
                 goto full;
         }
-        if (add(&r, ld.port))
+        if (add(&r, ld->port))
             goto full;
         return r.n;
     }
     if (has_dst) { /* host write: PCIe into the SIP's gateway cube, then to the memory */
-        kb_sip_hw *sip = &m->sips[ld.gsip];
+        kb_sip_hw *sip = &m->sips[ld->gsip];
         if (add(&r, &sip->pcie) || add(&r, &sip->pcie_ep) ||
-            add_xy(m, &r, sip, 0, ld.cube) || add(&r, &sip->cubes[ld.cube].noc) ||
-            add(&r, ld.port))
+            add_xy(m, &r, sip, 0, ld->cube) || add(&r, &sip->cubes[ld->cube].noc) ||
+            add(&r, ld->port))
             goto full;
         return r.n;
     }
     {   /* host read */
-        kb_sip_hw *sip = &m->sips[ls.gsip];
-        if (add(&r, ls.port) || add(&r, &sip->cubes[ls.cube].noc) ||
-            add_xy(m, &r, sip, ls.cube, 0) || add(&r, &sip->pcie_ep) || add(&r, &sip->pcie))
+        kb_sip_hw *sip = &m->sips[ls->gsip];
+        (void)has_src;
+        if (add(&r, ls->port) || add(&r, &sip->cubes[ls->cube].noc) ||
+            add_xy(m, &r, sip, ls->cube, 0) || add(&r, &sip->pcie_ep) || add(&r, &sip->pcie))
             goto full;
         return r.n;
     }
@@ -449,11 +441,74 @@ full:
     return kb_err_set(eb, KB_ERR_RANGE, "route longer than %d resources", max);
 }
 
+/* Locates both ends (each may be KB_PA_INVALID_ADDR for the host side). */
+static int locate_ends(kb_machine *m, const kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst,
+                       loc *ls, loc *ld, kb_errbuf *eb)
+{
+    int has_src = pa_src != KB_PA_INVALID_ADDR, has_dst = pa_dst != KB_PA_INVALID_ADDR;
+    int rc;
+
+    if ((!has_src && !has_dst) || (issuer && (!has_src || !has_dst)))
+        return kb_err_set(eb, KB_ERR_INVAL, "a DMA needs a source and a destination address");
+    if (has_src && (rc = locate(m, pa_src, ls, eb)) != 0)
+        return rc;
+    if (has_dst && (rc = locate(m, pa_dst, ld, eb)) != 0)
+        return rc;
+    return 0;
+}
+
+int kb_machine_route(kb_machine *m, const kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst,
+                     kb_res **path, int max, kb_errbuf *eb)
+{
+    loc ls, ld;
+    int rc = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb);
+
+    if (rc)
+        return rc;
+    return build_route(m, issuer, &ls, &ld, pa_src != KB_PA_INVALID_ADDR,
+                       pa_dst != KB_PA_INVALID_ADDR, path, max, eb);
+}
+
+/* A PE's route between two ports, from its memo or built (and remembered if short enough). */
+static int pe_route(kb_machine *m, kb_pe_hw *issuer, const loc *ls, const loc *ld,
+                    kb_res **buf, kb_res *const **path, kb_errbuf *eb)
+{
+    kb_route_memo *e = issuer->route_memo;
+    int n;
+
+    for (int w = 0; w < KB_ROUTE_MEMO_WAYS; w++) {
+        if (e[w].src == ls->port && e[w].dst == ld->port && e[w].n > 0) {
+            *path = e[w].path;
+            return e[w].n;
+        }
+    }
+    n = build_route(m, issuer, ls, ld, 1, 1, buf, KB_MAX_ROUTE, eb);
+    *path = buf;
+    if (n > 0 && n <= KB_ROUTE_MEMO_LEN) {
+        kb_route_memo *v = &e[issuer->route_memo_next++ % KB_ROUTE_MEMO_WAYS];
+        v->src = ls->port;
+        v->dst = ld->port;
+        v->n = n;
+        memcpy(v->path, buf, (size_t)n * sizeof *buf);
+    }
+    return n;
+}
+
 int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, uint64_t nbytes,
                    kb_time now, kb_time *t_start, kb_time *t_end, kb_errbuf *eb)
 {
-    kb_res *path[KB_MAX_ROUTE];
-    int n = kb_machine_route(m, issuer, pa_src, pa_dst, path, KB_MAX_ROUTE, eb);
+    kb_res *buf[KB_MAX_ROUTE];
+    kb_res *const *path = buf;
+    loc ls, ld;
+    int n = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb);
+
+    if (n)
+        return n;
+    if (issuer)
+        n = pe_route(m, issuer, &ls, &ld, buf, &path, eb);
+    else
+        n = build_route(m, NULL, &ls, &ld, pa_src != KB_PA_INVALID_ADDR,
+                        pa_dst != KB_PA_INVALID_ADDR, buf, KB_MAX_ROUTE, eb);
     if (n < 0)
         return n;
     *t_end = kb_res_path_reserve(path, n, now, nbytes, t_start);

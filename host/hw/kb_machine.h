@@ -34,6 +34,15 @@
 #include "kb_res.h"
 
 #define KB_MAX_ROUTE 96
+#define KB_ROUTE_MEMO_WAYS 4  /* routes remembered per issuing PE */
+#define KB_ROUTE_MEMO_LEN 12  /* longest remembered route: any route inside one SIP */
+
+/* A route remembered by kb_machine_dma for (source port, destination port); n = 0: unused. */
+typedef struct kb_route_memo {
+    const kb_res *src, *dst;
+    int n;
+    kb_res *path[KB_ROUTE_MEMO_LEN];
+} kb_route_memo;
 
 enum { KB_MESH_E = 0, KB_MESH_W = 1, KB_MESH_N = 2, KB_MESH_S = 3 };
 
@@ -47,6 +56,11 @@ typedef struct kb_pe_hw {
     kb_res hbm_port;   /* this PE's HBM slice */
     kb_alloc *hbm, *tcm, *ipcq, *scratch; /* allocators over PhysAddr ranges */
     void *ipcq_state;  /* owned by the IPCQ layer (ccl/); NULL until installed */
+    /* kb_machine_dma's route memo: routes are fixed for a machine's lifetime and a kernel
+     * moves data along a handful of them, so building one (its duplicate checks and mesh
+     * walk) once per pair of ports is enough */
+    kb_route_memo route_memo[KB_ROUTE_MEMO_WAYS];
+    unsigned route_memo_next;  /* round-robin victim */
 } kb_pe_hw;
 
 typedef struct kb_cube_hw {
