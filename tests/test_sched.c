@@ -131,6 +131,41 @@ static void test_heap_nested_random_order(void **state)
     kb_sim_destroy(sim);
 }
 
+/*
+ * Delays spread over every store of the queue: 0 (FIFO), inside the current 0.256 ns slot,
+ * and uniform over 0..10 us on a 100 ps grid (wheel and far heap; ties are common).
+ */
+static void wide_ev(kb_sim *sim, void *a, void *b)
+{
+    order_ctx *c = a;
+
+    trace_add(&c->tr, kb_sim_now(sim), (long)(intptr_t)b);
+    for (int k = 0; k < 2 && c->budget > 0; k++, c->budget--) {
+        uint64_t r = lcg(&c->rng) % 4;
+        kb_time dt = r == 0 ? 0 : r == 1 ? (kb_time)(lcg(&c->rng) % 4) * 64
+                                         : (kb_time)(lcg(&c->rng) % 100000) * 100;
+        assert_int_equal(kb_sim_after(sim, dt, wide_ev, c, (void *)(intptr_t)c->next_id++), 0);
+    }
+}
+
+static void test_queue_wheel_and_far_order(void **state)
+{
+    kb_sim *sim = kb_sim_create(NULL);
+    order_ctx c = {{0}, 4242, 0, 40000};
+
+    (void)state;
+    assert_non_null(sim);
+    /* seeds far apart and out of order: the first ones land in the far heap */
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(kb_sim_at(sim, (kb_time)((i * 7) % 16) * 3000000, wide_ev, &c,
+                                   (void *)(intptr_t)c.next_id++), 0);
+    assert_int_equal(kb_sim_run(sim), 0);
+    check_order(&c, 40016);
+    assert_int_equal(kb_sim_events(sim), 40016u);
+    trace_free(&c.tr);
+    kb_sim_destroy(sim);
+}
+
 typedef struct fifo_ctx {
     trace tr;
 } fifo_ctx;
@@ -813,6 +848,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_heap_random_order),
         cmocka_unit_test(test_heap_nested_random_order),
+        cmocka_unit_test(test_queue_wheel_and_far_order),
         cmocka_unit_test(test_fifo_after_heap_at_same_time),
         cmocka_unit_test(test_at_in_past_is_inval),
         cmocka_unit_test(test_fiber_sleep_exact),
