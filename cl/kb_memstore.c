@@ -1,6 +1,6 @@
 /*
  * kb_memstore — sparse simulated memory: an open-addressing (linear probing) hash map from
- * 64 KiB page number (PA >> 16) to a lazily allocated page that starts filled with
+ * 4 KiB page number (PA >> 12) to a lazily allocated page that starts filled with
  * KB_MEMSTORE_POISON. The table stays at most half full, so probes are short. A write first
  * makes sure every page it touches exists and only then copies, so a failed (NOMEM) write
  * leaves the visible contents unchanged. Limits: single-threaded; pages are freed only by
@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { PAGE_SHIFT = 16 };
-#define PAGE_SIZE ((uint64_t)1 << PAGE_SHIFT)
+#define PAGE_SHIFT KB_MEMSTORE_PAGE_SHIFT
+#define PAGE_SIZE KB_MEMSTORE_PAGE_BYTES
 
 struct kb_memstore {
     uint64_t *keys;   /* page numbers; a slot is empty when its page pointer is NULL */

@@ -1,7 +1,7 @@
 /*
  * kb_memstore — the contents of simulated memory, stored sparsely.
  *
- * A hash map from 64 KiB page number (PA >> 16) to a lazily allocated page. Phase 2 writes it
+ * A hash map from 4 KiB page number (PA >> 12) to a lazily allocated page. Phase 2 writes it
  * (the replay copies its results back), host reads read it. Bytes never written read as 0xFF,
  * which is a NaN in every kbcl dtype, so reading an `empty` tensor before writing it is
  * visible rather than silently zero.
@@ -16,6 +16,10 @@
 #include "kb_err.h"
 
 #define KB_MEMSTORE_POISON 0xFFu
+/* Small pages: simulated data is scattered over many PEs' windows in small pieces (a 256-PE
+ * collective touches thousands of them), and every page is filled with poison when created. */
+#define KB_MEMSTORE_PAGE_SHIFT 12
+#define KB_MEMSTORE_PAGE_BYTES (UINT64_C(1) << KB_MEMSTORE_PAGE_SHIFT)
 
 typedef struct kb_memstore kb_memstore;
 

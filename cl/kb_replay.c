@@ -852,7 +852,7 @@ static double now_ms(void)
  */
 static int reserve_pages(kb_memstore *ms, const kb_plan *p)
 {
-    const uint64_t page = UINT64_C(1) << 16;
+    const uint64_t page = KB_MEMSTORE_PAGE_BYTES;
 
     for (size_t i = 0; i < p->nsegs; i++) {
         const kb_segment *s = &p->segs[i];

@@ -1,6 +1,6 @@
 /*
  * test_memstore — sparse simulated memory: poison for unwritten bytes, reads and writes that
- * cross 64 KiB pages, lazily allocated page counts, many scattered pages (table growth), and
+ * cross pages (KB_MEMSTORE_PAGE_BYTES), lazily allocated page counts, many scattered pages (table growth), and
  * high addresses.
  */
 #include <stdarg.h>
@@ -57,7 +57,7 @@ static void test_small_write(void **state)
 static void test_cross_page(void **state)
 {
     (void)state;
-    enum { N = 3 * 65536 + 100 };
+    const size_t P = (size_t)KB_MEMSTORE_PAGE_BYTES, N = 3 * P + 100;
     kb_memstore *ms = kb_memstore_create();
     uint8_t *src = malloc(N), *dst = malloc(N + 64);
     assert_non_null(ms);
@@ -66,7 +66,7 @@ static void test_cross_page(void **state)
     for (size_t i = 0; i < N; i++)
         src[i] = (uint8_t)(i * 31u + 7u);
     /* Starts 10 bytes before a page boundary: touches 5 pages. */
-    uint64_t pa = 0x7000000000ull + 65536 - 10;
+    uint64_t pa = 0x7000000000ull + P - 10;
     assert_int_equal(kb_memstore_write(ms, pa, src, N), 0);
     assert_int_equal(kb_memstore_pages(ms), 5);
     kb_memstore_read(ms, pa - 32, dst, N + 64);
@@ -77,10 +77,10 @@ static void test_cross_page(void **state)
     assert_memory_equal(dst + 32, src, N);
     /* A two-byte write straddling a boundary. */
     const uint8_t two[2] = { 0xAA, 0xBB };
-    assert_int_equal(kb_memstore_write(ms, 0x1FFFF, two, 2), 0);
+    assert_int_equal(kb_memstore_write(ms, 2 * P - 1, two, 2), 0);
     assert_int_equal(kb_memstore_pages(ms), 7);
     uint8_t back[4];
-    kb_memstore_read(ms, 0x1FFFE, back, 4);
+    kb_memstore_read(ms, 2 * P - 2, back, 4);
     const uint8_t want[4] = { 0xFF, 0xAA, 0xBB, 0xFF };
     assert_memory_equal(back, want, 4);
     free(src);
@@ -91,30 +91,32 @@ static void test_cross_page(void **state)
 static void test_many_pages(void **state)
 {
     (void)state;
-    enum { NP = 700 }; /* 44 MiB of pages; the table grows 64 -> 2048 slots */
+    enum { NP = 700 }; /* the table grows 64 -> 2048 slots */
     kb_memstore *ms = kb_memstore_create();
     assert_non_null(ms);
     /* Scattered page numbers, including neighbours and far-apart ones. */
     for (uint64_t i = 0; i < NP; i++) {
-        uint64_t pa = ((i * 2654435761ull) % 1000003ull) << 16 | (i % 4096);
+        uint64_t pa = ((i * 2654435761ull) % 1000003ull) << KB_MEMSTORE_PAGE_SHIFT |
+                      (i % KB_MEMSTORE_PAGE_BYTES);
         uint64_t v = i * 0x0101010101010101ull;
         assert_int_equal(kb_memstore_write(ms, pa, &v, sizeof v), 0);
     }
     assert_int_equal(kb_memstore_pages(ms), NP);
     for (uint64_t i = 0; i < NP; i++) {
-        uint64_t pa = ((i * 2654435761ull) % 1000003ull) << 16 | (i % 4096);
+        uint64_t pa = ((i * 2654435761ull) % 1000003ull) << KB_MEMSTORE_PAGE_SHIFT |
+                      (i % KB_MEMSTORE_PAGE_BYTES);
         uint64_t v = 0, want = i * 0x0101010101010101ull;
         kb_memstore_read(ms, pa, &v, sizeof v);
         assert_true(v == want);
         uint8_t before = 0;
-        if (i % 4096) {
+        if (i % KB_MEMSTORE_PAGE_BYTES) {
             kb_memstore_read(ms, pa - 1, &before, 1);
             assert_int_equal(before, 0xFF);
         }
     }
     /* An unwritten page between written ones still reads poison. */
     uint64_t probe = 0;
-    kb_memstore_read(ms, 0xFFFFFFFF0000ull, &probe, sizeof probe);
+    kb_memstore_read(ms, UINT64_C(0xFFFFFFFF) << KB_MEMSTORE_PAGE_SHIFT, &probe, sizeof probe);
     assert_true(probe == UINT64_MAX);
     kb_memstore_destroy(ms);
 }
