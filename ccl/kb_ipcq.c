@@ -2,10 +2,11 @@
  * kb_ipcq — PE_IPCQ queue pairs, install, and tl_send / tl_recv (protocol in kb_ipcq.h).
  *
  * Everything on the data path is event-driven and allocation-free after warm-up: meta
- * tokens and credits are small messages from a free list, receive requests likewise. A meta
- * token is matched to a queue pair by scanning the receiver's (at most 11) wired rings for the
- * one containing dst_addr; a credit by scanning the sender's queue pairs for the matching
- * peer_rx_base. Limits: one install per PE for the lifetime of a context.
+ * tokens are small messages from a free list, receive requests likewise, credits ride on the
+ * sending queue pair. The protocol matches a meta token to the receiver's ring containing its
+ * dst_addr and a credit to the sender's queue pair with the matching peer_rx_base; rings are
+ * fixed and disjoint, so both matches are resolved once at install (tok_q, cred_q). Limits:
+ * one install per PE for the lifetime of a context.
  */
 #include "kb_ipcq.h"
 
@@ -41,6 +42,11 @@ typedef struct qp {
     struct { kb_time t; uint64_t seq; } *credits;
     uint32_t cr_head, cr_n;
     kb_fiber *cr_waiter;      /* the sender blocked on credits, woken at the next arrival */
+    /* The matches the protocol makes by address, resolved once at install (rings are fixed
+     * and disjoint): the peer's queue pair whose ring holds peer_rx_base (where this one's
+     * tokens land), and the peer's queue pair whose peer_rx_base is my_rx_base (where this
+     * one's credits go). NULL where no queue pair matches. */
+    struct qp *tok_q, *cred_q;
 } qp;
 
 struct pe_state {
@@ -67,7 +73,7 @@ struct kb_ipcq_req {
 };
 
 typedef struct msg {
-    pe_state *to;
+    qp *to;              /* the receiving queue pair (matched by addr at install) */
     kb_pa addr;
     uint64_t seq;
     uint64_t nbytes;
@@ -294,6 +300,27 @@ int kb_ipcq_counters_of(kb_ctx *ctx, const kb_pe_hw *pe, kb_dir d, kb_ipcq_count
 
 /* ---- install ---- */
 
+/* The queue pair of `ps` whose rx ring holds addr / whose peer ring starts at rx_base. */
+static qp *ring_holding(pe_state *ps, kb_pa addr)
+{
+    for (int d = 0; ps && d < KB_NDIRS; d++) {
+        qp *q = &ps->q[d];
+        if (q->wired && addr >= q->my_rx_base &&
+            addr < q->my_rx_base + (uint64_t)q->n_slots * q->slot_size)
+            return q;
+    }
+    return NULL;
+}
+
+static qp *sender_into(pe_state *ps, kb_pa rx_base)
+{
+    for (int d = 0; ps && d < KB_NDIRS; d++)
+        if (ps->q[d].wired && ps->q[d].peer_rx_base == rx_base)
+            return &ps->q[d];
+    return NULL;
+}
+
+
 static void fmt_pe(const kb_pe_hw *pe, char *buf, size_t n)
 {
     snprintf(buf, n, "sip%u/cube%u/pe%u", pe->gsip, pe->cube, pe->pe);
@@ -437,6 +464,8 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
         qp *q = &ps->q[links[i].dir];
         q->credit_delay = sys->credit_lat +
                           route_latency(ctx, q->peer, q->peer_rx_base, q->my_rx_base);
+        q->tok_q = ring_holding(q->peer->ipcq_state, q->peer_rx_base);
+        q->cred_q = sender_into(q->peer->ipcq_state, q->my_rx_base);
     }
     /* rx rings must be disjoint (they come from allocators; this guards the invariant) */
     {
@@ -526,21 +555,24 @@ fail:
 
 /* ---- data path ---- */
 
-static void trace(kb_ctx *ctx, const char *what, const kb_pe_hw *pe, kb_dir d, uint64_t nbytes,
-                  uint64_t seq)
+static KB_NOINLINE void trace_line(FILE *f, kb_ctx *ctx, const char *what, const kb_pe_hw *pe,
+                                   kb_dir d, uint64_t nbytes, uint64_t seq)
 {
-    FILE *f = kb_ctx_trace(ctx);
-    if (f)
-        fprintf(f, "ipcq t=%.3fns %s %s %lluB seq=%llu sip%u/cube%u/pe%u\n",
-                kb_time_to_ns(kb_sim_now(ctx->sim)), what, dir_names[d],
-                (unsigned long long)nbytes, (unsigned long long)seq, pe->gsip, pe->cube, pe->pe);
+    fprintf(f, "ipcq t=%.3fns %s %s %lluB seq=%llu sip%u/cube%u/pe%u\n",
+            kb_time_to_ns(kb_sim_now(ctx->sim)), what, dir_names[d],
+            (unsigned long long)nbytes, (unsigned long long)seq, pe->gsip, pe->cube, pe->pe);
 }
 
-static qp *wired_qp(kb_tl *tl, kb_dir d, const char *op)
+static inline void trace(kb_ctx *ctx, const char *what, const kb_pe_hw *pe, kb_dir d,
+                         uint64_t nbytes, uint64_t seq)
+{
+    if (ctx->trace)
+        trace_line(ctx->trace, ctx, what, pe, d, nbytes, seq);
+}
+
+static KB_COLD void not_wired(kb_tl *tl, kb_dir d, const char *op)
 {
     pe_state *ps = tl->pe->ipcq_state;
-    if ((unsigned)d < KB_NDIRS && ps && ps->q[d].wired)
-        return &ps->q[d];
     char wired[160] = "";
     size_t len = 0;
     for (int i = 0; ps && i < KB_NDIRS; i++) {
@@ -551,6 +583,14 @@ static qp *wired_qp(kb_tl *tl, kb_dir d, const char *op)
     }
     tl_fail(tl, KB_ERR_DIRECTION, "%s: direction %s is not wired on this PE (wired: %s)", op,
             (unsigned)d < KB_NDIRS ? dir_names[d] : "?", len ? wired : "none");
+}
+
+static inline qp *wired_qp(kb_tl *tl, kb_dir d, const char *op)
+{
+    pe_state *ps = tl->pe->ipcq_state;
+    if ((unsigned)d < KB_NDIRS && ps && ps->q[d].wired)
+        return &ps->q[d];
+    not_wired(tl, d, op);
     return NULL;
 }
 
@@ -561,24 +601,49 @@ static qp *wired_qp(kb_tl *tl, kb_dir d, const char *op)
  * deadlock dump, kb_ipcq_counters_of). A sender blocked on credits is woken at the next
  * arrival. The observable behaviour is the event-per-credit protocol's.
  */
-static int credit_send(kb_sim *sim, pe_state *sender, kb_pa rx_base, uint64_t seq, kb_time t)
+static int credit_send(kb_sim *sim, qp *q, uint64_t seq, kb_time t)
 {
-    for (int d = 0; d < KB_NDIRS; d++) {
-        qp *q = &sender->q[d];
-        if (!q->wired || q->peer_rx_base != rx_base)
-            continue;
-        if (q->cr_n == (uint32_t)q->n_slots)
-            return KB_ERR_STATE; /* more credits than slots: a protocol invariant broke */
-        uint32_t at = (q->cr_head + q->cr_n++) % (uint32_t)q->n_slots;
-        q->credits[at].t = t;
-        q->credits[at].seq = seq;
-        if (q->cr_waiter && q->cr_n == 1) {
-            kb_fiber_wake_at(sim, q->cr_waiter, t);
-            q->cr_waiter = NULL;
-        }
-        return 0;
+    if (!q)
+        return KB_ERR_STATE;
+    if (q->cr_n == (uint32_t)q->n_slots)
+        return KB_ERR_STATE; /* more credits than slots: a protocol invariant broke */
+    uint32_t at = (q->cr_head + q->cr_n++) % (uint32_t)q->n_slots;
+    q->credits[at].t = t;
+    q->credits[at].seq = seq;
+    if (q->cr_waiter && q->cr_n == 1) {
+        kb_fiber_wake_at(sim, q->cr_waiter, t);
+        q->cr_waiter = NULL;
     }
-    return KB_ERR_STATE;
+    return 0;
+}
+
+
+/* Records an IPCQ copy (out of line: timing-only runs never build a record). 0 or NOMEM. */
+static KB_NOINLINE int record_copy(kb_ctx *ctx, uint32_t pe, kb_opnd dst, kb_opnd src,
+                                   kb_time t_start, kb_time t_end, const char *name)
+{
+    kb_rec rec;
+    memset(&rec, 0, sizeof rec);
+    rec.t_start = t_start;
+    rec.t_end = t_end;
+    rec.kind = KB_REC_COPY;
+    rec.nsrc = 1;
+    rec.pe = pe;
+    rec.dst = dst;
+    rec.src[0] = src;
+    return kb_ctx_record_as(ctx, &rec, name);
+}
+
+static KB_COLD void recv_size_mismatch(kb_ctx *ctx, qp *q, const kb_ipcq_req *r, uint64_t si)
+{
+    if (!ctx->failed)
+        kb_err_set(&ctx->err, KB_ERR_INVAL,
+                   "kernel %s on sip%u/cube%u/pe%u: tl_recv %s expects %llu bytes but "
+                   "message %llu from the peer has %llu", r->tl->launch->name,
+                   q->owner->pe->gsip, q->owner->pe->cube, q->owner->pe->pe,
+                   dir_names[q->dir], (unsigned long long)r->nbytes,
+                   (unsigned long long)q->my_tail, (unsigned long long)q->slot_bytes[si]);
+    kb_ctx_fail(ctx, KB_ERR_INVAL);
 }
 
 /* Starts the copy-out of every posted receive whose data has arrived. */
@@ -595,40 +660,29 @@ static void progress(qp *q)
         kb_pa slot = q->my_rx_base + si * q->slot_size;
         if (q->slot_bytes[si] != r->nbytes) {
             /* the receive names another shape/dtype than the send it matches */
-            if (!ctx->failed)
-                kb_err_set(&ctx->err, KB_ERR_INVAL,
-                           "kernel %s on sip%u/cube%u/pe%u: tl_recv %s expects %llu bytes but "
-                           "message %llu from the peer has %llu", r->tl->launch->name,
-                           q->owner->pe->gsip, q->owner->pe->cube, q->owner->pe->pe,
-                           dir_names[q->dir], (unsigned long long)r->nbytes,
-                           (unsigned long long)q->my_tail, (unsigned long long)q->slot_bytes[si]);
-            kb_ctx_fail(ctx, KB_ERR_INVAL);
+            recv_size_mismatch(ctx, q, r, si);
             return;
         }
         kb_time now = kb_sim_now(ctx->sim), t0 = r->t_post > now ? r->t_post : now;
-        kb_rec rec;
-        memset(&rec, 0, sizeof rec);
+        kb_time t_start, t_end;
         r->seq = q->my_tail++;
-        int rc = kb_machine_dma(ctx->m, q->owner->pe, slot, r->dst, r->nbytes, t0, &rec.t_start,
-                                &rec.t_end, NULL);
+        int rc = kb_machine_dma(ctx->m, q->owner->pe, slot, r->dst, r->nbytes, t0, &t_start,
+                                &t_end, NULL);
         assert(rc == 0); /* both ends were validated when the receive was posted */
         (void)rc;
-        rec.kind = KB_REC_COPY;
-        rec.nsrc = 1;
-        rec.pe = q->owner->pe->gid;
-        rec.dst = kb_opnd_make(r->dst, r->rows, r->cols, r->dst_dt);
-        rec.src[0] = kb_opnd_make(slot, r->rows, r->cols, r->dt);
         /* the copy's end is known now: the credit leaves then and the waiting kernel resumes
          * then, with no event of its own for the completion */
         r->done = 1;
-        r->t_done = rec.t_end;
-        if (kb_ctx_record_as(ctx, &rec, recv_names[q->dir]) != 0) {
+        r->t_done = t_end;
+        if (kb_ctx_records(ctx) &&
+            record_copy(ctx, q->owner->pe->gid, kb_opnd_make(r->dst, r->rows, r->cols, r->dst_dt),
+                        kb_opnd_make(slot, r->rows, r->cols, r->dt), t_start, t_end,
+                        recv_names[q->dir]) != 0) {
             kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory in an IPCQ receive");
             kb_ctx_fail(ctx, KB_ERR_NOMEM);
             return;
         }
-        if (credit_send(ctx->sim, q->peer->ipcq_state, q->my_rx_base, r->seq,
-                        rec.t_end + q->credit_delay) != 0) {
+        if (credit_send(ctx->sim, q->cred_q, r->seq, t_end + q->credit_delay) != 0) {
             kb_err_set(&ctx->err, KB_ERR_STATE, "IPCQ: a credit from sip%u/cube%u/pe%u %s found "
                        "no sending queue", q->owner->pe->gsip, q->owner->pe->cube,
                        q->owner->pe->pe, dir_names[q->dir]);
@@ -636,27 +690,39 @@ static void progress(qp *q)
             return;
         }
         if (r->waiter)
-            kb_fiber_wake_at(ctx->sim, r->waiter, rec.t_end);
+            kb_fiber_wake_at(ctx->sim, r->waiter, t_end);
     }
 }
 
 static void meta_arrive(kb_sim *sim, void *a, void *b)
 {
     msg *m = a;
-    pe_state *ps = m->to;
+    qp *q = m->to;
     (void)sim;
     (void)b;
-    for (int d = 0; d < KB_NDIRS; d++) {
-        qp *q = &ps->q[d];
-        if (q->wired && m->addr >= q->my_rx_base &&
-            m->addr < q->my_rx_base + (uint64_t)q->n_slots * q->slot_size) {
-            q->slot_bytes[(m->addr - q->my_rx_base) / q->slot_size] = m->nbytes;
-            q->peer_head_cache++;
-            progress(q);
-            break;
-        }
-    }
-    msg_put(ps->sys, m);
+    assert(m->addr >= q->my_rx_base &&
+           m->addr < q->my_rx_base + (uint64_t)q->n_slots * q->slot_size);
+    q->slot_bytes[(m->addr - q->my_rx_base) / q->slot_size] = m->nbytes;
+    q->peer_head_cache++;
+    progress(q);
+    msg_put(q->owner->sys, m);
+}
+
+/* Why a send's DMA failed (the route was refused: recomputed with a message). */
+static KB_COLD void send_route_fail(kb_tl *tl, kb_dir dir, kb_pa src, kb_pa dst)
+{
+    kb_res *path[KB_MAX_ROUTE];
+    kb_errbuf eb;
+    eb.msg[0] = '\0';
+    kb_machine_route(tl->ctx->m, tl->pe, src, dst, path, KB_MAX_ROUTE, &eb);
+    tl_fail(tl, KB_ERR_RANGE, "tl_send %s: %s", dir_names[dir], eb.msg);
+}
+
+static KB_COLD void send_too_big(kb_tl *tl, kb_dir dir, uint64_t nbytes, uint64_t slot_size)
+{
+    tl_fail(tl, KB_ERR_RANGE, "tl_send %s: %llu bytes do not fit a %llu-byte slot "
+            "(raise ccl.defaults.slot_size)", dir_names[dir], (unsigned long long)nbytes,
+            (unsigned long long)slot_size);
 }
 
 void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
@@ -665,12 +731,10 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
     ipcq_sys *sys = q->owner->sys;
     kb_ctx *ctx = tl->ctx;
     uint64_t nbytes = (uint64_t)v.rows * v.cols * kb_dtype_size((kb_dtype)v.dtype);
-    kb_rec rec;
+    kb_time t_start, t_end;
 
     if (nbytes > q->slot_size)
-        tl_fail(tl, KB_ERR_RANGE, "tl_send %s: %llu bytes do not fit a %llu-byte slot "
-                "(raise ccl.defaults.slot_size)", dir_names[dir], (unsigned long long)nbytes,
-                (unsigned long long)q->slot_size);
+        send_too_big(tl, dir, nbytes, q->slot_size);
     credits_take(q, kb_sim_now(ctx->sim));
     while (sys->cfg.backpressure && q->my_head - q->peer_tail_cache >= (uint64_t)q->n_slots) {
         if (q->cr_n) { /* a credit is on its way: wait for it */
@@ -683,31 +747,30 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
     }
     kb_pa dst = q->peer_rx_base + (q->my_head % (uint64_t)q->n_slots) * q->slot_size;
     uint64_t seq = q->my_head++;
-    memset(&rec, 0, sizeof rec);
-    kb_errbuf eb;
     if (kb_machine_dma(ctx->m, tl->pe, v.pa, dst, nbytes,
-                       kb_sim_now(ctx->sim) + tl->cpu_ovh + sys->ipcq_ovh, &rec.t_start,
-                       &rec.t_end, &eb) != 0)
-        tl_fail(tl, KB_ERR_RANGE, "tl_send %s: %s", dir_names[dir], eb.msg);
-    rec.kind = KB_REC_COPY;
-    rec.nsrc = 1;
-    rec.dst = kb_opnd_make(dst, v.rows, v.cols, (kb_dtype)v.dtype);
-    rec.src[0] = kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype);
-    rec.pe = tl->pe->gid;
-    if (kb_ctx_record_as(ctx, &rec, send_names[dir]) != 0)
+                       kb_sim_now(ctx->sim) + tl->cpu_ovh + sys->ipcq_ovh, &t_start, &t_end,
+                       NULL) != 0)
+        send_route_fail(tl, dir, v.pa, dst);
+    if (kb_ctx_records(ctx) &&
+        record_copy(ctx, tl->pe->gid, kb_opnd_make(dst, v.rows, v.cols, (kb_dtype)v.dtype),
+                    kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype), t_start, t_end,
+                    send_names[dir]) != 0)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
     msg *m = msg_get(sys);
     if (!m)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
-    m->to = q->peer->ipcq_state;
+    if (!q->tok_q)
+        tl_fail(tl, KB_ERR_STATE, "tl_send %s: the peer has no ring at the destination",
+                dir_names[dir]);
+    m->to = q->tok_q;
     m->addr = dst;
     m->seq = seq;
     m->nbytes = nbytes;
-    if (kb_sim_at(ctx->sim, rec.t_end, meta_arrive, m, NULL) != 0)
+    if (kb_sim_at(ctx->sim, t_end, meta_arrive, m, NULL) != 0)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
     sys->sends++;
     trace(ctx, "send", tl->pe, dir, nbytes, seq);
-    kb_tl_wait_until(tl, rec.t_end);
+    kb_tl_wait_until(tl, t_end);
 }
 
 /* sync: the caller waits right away, so the posting overhead is folded into that wait */

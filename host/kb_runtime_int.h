@@ -118,6 +118,13 @@ struct kb_ctx {
     void (*ext_destroy[KB_EXT_NSLOTS])(void *);
 };
 
+/* Whether operations must build records (for the op log or the trace); timing-only runs skip
+ * building them altogether. */
+static inline int kb_ctx_records(const kb_ctx *ctx)
+{
+    return ctx->recording || ctx->trace_rec != NULL;
+}
+
 /* kb_tl.c internals used by the IPCQ layer (each stops the run on failure, like tl_*). */
 kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op);
 kb_pa kb_tl_translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_tensor **tensor);

@@ -90,6 +90,28 @@ static kb_scr_chunk *scr_chunk_of(kb_tl *tl, kb_pa pa)
     return NULL;
 }
 
+/* A fresh 64 KiB chunk to carve from (out of line: it holds an error buffer). */
+static KB_NOINLINE void scr_refill(kb_tl *tl, const char *op)
+{
+    kb_errbuf eb;
+    uint64_t base;
+    if (tl->nchunks == tl->capchunks) {
+        size_t cap = tl->capchunks ? tl->capchunks * 2 : 4;
+        kb_scr_chunk *n = realloc(tl->chunks, cap * sizeof *n);
+        if (!n)
+            tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+        tl->chunks = n;
+        tl->capchunks = cap;
+    }
+    if (kb_alloc_alloc(tl->pe->scratch, KB_SCR_CHUNK, KB_VAL_ALIGN, &base, &eb) != 0)
+        tl_fail(tl, KB_ERR_NOSPACE, "%s: %s (free values with tl_free, or use smaller "
+                "tiles)", op, eb.msg);
+    memset(&tl->chunks[tl->nchunks], 0, sizeof tl->chunks[0]);
+    tl->chunks[tl->nchunks++].base = base;
+    tl->bump = base;
+    tl->bump_end = base + KB_SCR_CHUNK;
+}
+
 static kb_pa scr_small(kb_tl *tl, int c, const char *op)
 {
     uint64_t size = (uint64_t)64 << c;
@@ -97,25 +119,8 @@ static kb_pa scr_small(kb_tl *tl, int c, const char *op)
     if (tl->nfree[c]) {
         pa = tl->freel[c][--tl->nfree[c]];
     } else {
-        if (tl->bump + size > tl->bump_end) {
-            kb_errbuf eb;
-            uint64_t base;
-            if (tl->nchunks == tl->capchunks) {
-                size_t cap = tl->capchunks ? tl->capchunks * 2 : 4;
-                kb_scr_chunk *n = realloc(tl->chunks, cap * sizeof *n);
-                if (!n)
-                    tl_fail(tl, KB_ERR_NOMEM, "out of memory");
-                tl->chunks = n;
-                tl->capchunks = cap;
-            }
-            if (kb_alloc_alloc(tl->pe->scratch, KB_SCR_CHUNK, KB_VAL_ALIGN, &base, &eb) != 0)
-                tl_fail(tl, KB_ERR_NOSPACE, "%s: %s (free values with tl_free, or use smaller "
-                        "tiles)", op, eb.msg);
-            memset(&tl->chunks[tl->nchunks], 0, sizeof tl->chunks[0]);
-            tl->chunks[tl->nchunks++].base = base;
-            tl->bump = base;
-            tl->bump_end = base + KB_SCR_CHUNK;
-        }
+        if (tl->bump + size > tl->bump_end)
+            scr_refill(tl, op);
         pa = tl->bump;
         tl->bump += size;
     }
@@ -125,28 +130,35 @@ static kb_pa scr_small(kb_tl *tl, int c, const char *op)
     return pa;
 }
 
+/* A value above the size classes, straight from the scratch allocator. */
+static KB_NOINLINE kb_pa scratch_big(kb_tl *tl, uint64_t bytes, const char *op)
+{
+    kb_errbuf eb;
+    kb_pa pa;
+    if (kb_alloc_alloc(tl->pe->scratch, bytes, KB_VAL_ALIGN, &pa, &eb) != 0)
+        tl_fail(tl, KB_ERR_NOSPACE, "%s: %s (free values with tl_free, or use smaller tiles)",
+                op, eb.msg);
+    if (tl->nvals == tl->capvals) {
+        size_t cap = tl->capvals ? tl->capvals * 2 : 16;
+        kb_pa *n = realloc(tl->vals, cap * sizeof *n);
+        if (!n)
+            tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+        tl->vals = n;
+        tl->capvals = cap;
+    }
+    tl->vals[tl->nvals++] = pa;
+    return pa;
+}
+
 kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op)
 {
     uint64_t bytes = (uint64_t)rows * cols * kb_dtype_size(dt), pa;
-    kb_errbuf eb;
     kb_val v;
 
-    if (bytes <= KB_SCR_MAX) {
+    if (bytes <= KB_SCR_MAX)
         pa = scr_small(tl, scr_class(bytes), op);
-    } else {
-        if (kb_alloc_alloc(tl->pe->scratch, bytes, KB_VAL_ALIGN, &pa, &eb) != 0)
-            tl_fail(tl, KB_ERR_NOSPACE, "%s: %s (free values with tl_free, or use smaller tiles)",
-                    op, eb.msg);
-        if (tl->nvals == tl->capvals) {
-            size_t cap = tl->capvals ? tl->capvals * 2 : 16;
-            kb_pa *n = realloc(tl->vals, cap * sizeof *n);
-            if (!n)
-                tl_fail(tl, KB_ERR_NOMEM, "out of memory");
-            tl->vals = n;
-            tl->capvals = cap;
-        }
-        tl->vals[tl->nvals++] = pa;
-    }
+    else
+        pa = scratch_big(tl, bytes, op);
     v.pa = pa;
     v.rows = rows;
     v.cols = cols;
@@ -237,12 +249,17 @@ static int is_local(const kb_tl *tl, kb_pa pa)
     return kb_pa_in_pe_window(pa, kb_pa_pe_window(tl->pe->gsip, tl->pe->cube, tl->pe->pe));
 }
 
-static void need_local(kb_tl *tl, kb_val v, const char *op)
+static KB_COLD void not_local(kb_tl *tl, kb_val v, const char *op)
 {
     char buf[96];
+    tl_fail(tl, KB_ERR_INVAL, "%s: operand at %s is not in this PE's TCM/scratch (tl_load it first)",
+            op, kb_pa_format(v.pa, buf, sizeof buf));
+}
+
+static void need_local(kb_tl *tl, kb_val v, const char *op)
+{
     if (!is_local(tl, v.pa))
-        tl_fail(tl, KB_ERR_INVAL, "%s: operand at %s is not in this PE's TCM/scratch (tl_load it first)",
-                op, kb_pa_format(v.pa, buf, sizeof buf));
+        not_local(tl, v, op);
 }
 
 static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, const char *op, int copy)
@@ -336,22 +353,15 @@ static uint32_t bcast_dim(kb_tl *tl, uint32_t a, uint32_t b, const char *op)
     return 0;
 }
 
-static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
-                          float imm0, float imm1, const char *name)
+/* Out of line, so that timing-only runs never touch a record on the kernel's stack. */
+static KB_NOINLINE void record_elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src,
+                                           int nsrc, float imm0, float imm1, kb_val v,
+                                           kb_time t_start, kb_time t_end)
 {
-    uint32_t rows = src[0].rows, cols = src[0].cols;
     kb_rec r;
-    kb_val v;
-
-    for (int i = 0; i < nsrc; i++) {
-        need_local(tl, src[i], name);
-        rows = bcast_dim(tl, rows, src[i].rows, name);
-        cols = bcast_dim(tl, cols, src[i].cols, name);
-    }
-    v = kb_tl_scratch_val(tl, rows, cols, KB_F32, name);
     memset(&r, 0, sizeof r);
-    r.t_start = issue_time(tl);
-    r.t_end = math_time(tl, (uint64_t)rows * cols, 1);
+    r.t_start = t_start;
+    r.t_end = t_end;
     r.kind = (uint8_t)kind;
     r.op = (uint8_t)op;
     r.nsrc = (uint8_t)nsrc;
@@ -361,7 +371,26 @@ static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src
     for (int i = 0; i < nsrc; i++)
         r.src[i] = val_opnd(src[i]);
     kb_tl_record(tl, &r);
-    kb_tl_wait_until(tl, r.t_end);
+}
+
+static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
+                          float imm0, float imm1, const char *name)
+{
+    uint32_t rows = src[0].rows, cols = src[0].cols;
+    kb_time t_start, t_end;
+    kb_val v;
+
+    for (int i = 0; i < nsrc; i++) {
+        need_local(tl, src[i], name);
+        rows = bcast_dim(tl, rows, src[i].rows, name);
+        cols = bcast_dim(tl, cols, src[i].cols, name);
+    }
+    v = kb_tl_scratch_val(tl, rows, cols, KB_F32, name);
+    t_start = issue_time(tl);
+    t_end = math_time(tl, (uint64_t)rows * cols, 1);
+    if (kb_ctx_records(tl->ctx))
+        record_elementwise(tl, kind, op, src, nsrc, imm0, imm1, v, t_start, t_end);
+    kb_tl_wait_until(tl, t_end);
     return v;
 }
 

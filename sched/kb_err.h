@@ -42,6 +42,19 @@ enum {
 const char *kb_strerror(int code);
 
 /* Caller-owned buffer for the detailed message of the last failure. */
+/*
+ * Keeps a rarely taken path (an error message, a cache miss) out of its caller, so that the
+ * caller's stack frame stays small: kernel fibers resume on cold stacks, and every frame line
+ * they touch is a cache miss.
+ */
+#if defined(__GNUC__)
+#define KB_NOINLINE __attribute__((noinline))
+#define KB_COLD __attribute__((noinline, cold))
+#else
+#define KB_NOINLINE
+#define KB_COLD
+#endif
+
 typedef struct kb_errbuf {
     char msg[768];
 } kb_errbuf;

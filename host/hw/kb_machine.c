@@ -17,6 +17,20 @@
 #define KB_VA_BASE (UINT64_C(1) << 40)
 #define KB_VA_SIZE (UINT64_C(1) << 46)
 
+/* Zeroed arrays of structs holding kb_res, which is cache-line aligned (free with free()). */
+static void *zalloc_lines(size_t n, size_t size)
+{
+    size_t bytes;
+    void *p;
+    if (n == 0 || size > SIZE_MAX / n)
+        return NULL;
+    bytes = (n * size + 63u) & ~(size_t)63u;
+    p = aligned_alloc(64, bytes);
+    if (p)
+        memset(p, 0, bytes);
+    return p;
+}
+
 static void link_init(kb_res *r, const char *name, const kb_cfg_link *l)
 {
     kb_res_init(r, name, l->bandwidth_gbps, kb_time_from_ns(l->latency_ns), 0);
@@ -194,7 +208,7 @@ int kb_machine_create(const kb_topo_cfg *cfg, kb_machine **out, kb_errbuf *eb)
                         m->nsips, KB_MAX_GSIPS, m->ncubes, KB_MAX_CUBES, m->npes, KB_MAX_PES);
         goto fail;
     }
-    m->sips = calloc((size_t)m->nsips, sizeof *m->sips);
+    m->sips = zalloc_lines((size_t)m->nsips, sizeof *m->sips);
     m->pe_by_gid = calloc((size_t)m->nsips * (size_t)m->ncubes * (size_t)m->npes,
                           sizeof *m->pe_by_gid);
     if (!m->sips || !m->pe_by_gid) {
@@ -209,7 +223,7 @@ int kb_machine_create(const kb_topo_cfg *cfg, kb_machine **out, kb_errbuf *eb)
         cpu_init(&sip->io_cpu, "io_cpu", cfg->io_cpu_overhead_ns);
         sip->mmu = kb_mmu_create();
         sip->va = kb_alloc_create("virtual address space", KB_VA_BASE, KB_VA_SIZE);
-        sip->cubes = calloc((size_t)m->ncubes, sizeof *sip->cubes);
+        sip->cubes = zalloc_lines((size_t)m->ncubes, sizeof *sip->cubes);
         if (!sip->mmu || !sip->va || !sip->cubes) {
             rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the machine");
             goto fail;
@@ -229,7 +243,7 @@ int kb_machine_create(const kb_topo_cfg *cfg, kb_machine **out, kb_errbuf *eb)
                             kb_pa_cube_sram((unsigned)s, (unsigned)c, 0), cfg->sram_size_bytes, eb);
             if (rc)
                 goto fail;
-            cube->pes = calloc((size_t)m->npes, sizeof *cube->pes);
+            cube->pes = zalloc_lines((size_t)m->npes, sizeof *cube->pes);
             if (!cube->pes) {
                 rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the machine");
                 goto fail;
@@ -469,54 +483,62 @@ int kb_machine_route(kb_machine *m, const kb_pe_hw *issuer, kb_pa pa_src, kb_pa 
                        pa_dst != KB_PA_INVALID_ADDR, path, max, eb);
 }
 
-/* A PE's route between two ports, from its memo or built (and remembered if short enough). */
-static int pe_route(kb_machine *m, kb_pe_hw *issuer, const loc *ls, const loc *ld,
-                    kb_res **buf, kb_res *const **path, kb_errbuf *eb)
+/* kb_machine_dma's tail: reserve the route, and record it when a trace is attached. */
+static void reserve_path(kb_machine *m, kb_res *const *path, int n, kb_time now, uint64_t nbytes,
+                         kb_time *t_start, kb_time *t_end)
 {
-    kb_route_memo *e = issuer->route_memo;
-    int n;
-
-    for (int w = 0; w < KB_ROUTE_MEMO_WAYS; w++) {
-        if (e[w].src == ls->port && e[w].dst == ld->port && e[w].n > 0) {
-            *path = e[w].path;
-            return e[w].n;
-        }
-    }
-    n = build_route(m, issuer, ls, ld, 1, 1, buf, KB_MAX_ROUTE, eb);
-    *path = buf;
-    if (n > 0 && n <= KB_ROUTE_MEMO_LEN) {
-        kb_route_memo *v = &e[issuer->route_memo_next++ % KB_ROUTE_MEMO_WAYS];
-        v->src = ls->port;
-        v->dst = ld->port;
-        v->n = n;
-        memcpy(v->path, buf, (size_t)n * sizeof *buf);
-    }
-    return n;
-}
-
-int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, uint64_t nbytes,
-                   kb_time now, kb_time *t_start, kb_time *t_end, kb_errbuf *eb)
-{
-    kb_res *buf[KB_MAX_ROUTE];
-    kb_res *const *path = buf;
-    loc ls, ld;
-    int n = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb);
-
-    if (n)
-        return n;
-    if (issuer)
-        n = pe_route(m, issuer, &ls, &ld, buf, &path, eb);
-    else
-        n = build_route(m, NULL, &ls, &ld, pa_src != KB_PA_INVALID_ADDR,
-                        pa_dst != KB_PA_INVALID_ADDR, buf, KB_MAX_ROUTE, eb);
-    if (n < 0)
-        return n;
     *t_end = kb_res_path_reserve(path, n, now, nbytes, t_start);
     if (m->trace)
         for (int i = 0; i < n; i++)
             kb_trace_res(m->trace, path[i], *t_start, *t_start + kb_res_occupancy(path[i], nbytes),
                          nbytes);
+}
+
+/*
+ * A DMA whose route is not in the issuer's memo (or issued by the host): builds the route,
+ * remembers it if short enough, reserves it. Kept out of line so that the route buffer is not
+ * part of the hot path's stack frame (kernel fibers' stacks are cold when they resume).
+ */
+static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, const loc *ld,
+                                int has_src, int has_dst, uint64_t nbytes, kb_time now,
+                                kb_time *t_start, kb_time *t_end, kb_errbuf *eb)
+{
+    kb_res *buf[KB_MAX_ROUTE];
+    int n = build_route(m, issuer, ls, ld, has_src, has_dst, buf, KB_MAX_ROUTE, eb);
+
+    if (n < 0)
+        return n;
+    if (issuer && n <= KB_ROUTE_MEMO_LEN) {
+        kb_route_memo *rm = &issuer->routes;
+        unsigned w = rm->next++ % KB_ROUTE_MEMO_WAYS;
+        rm->src[w] = ls->port;
+        rm->dst[w] = ld->port;
+        rm->n[w] = n;
+        memcpy(rm->path[w], buf, (size_t)n * sizeof *buf);
+    }
+    reserve_path(m, buf, n, now, nbytes, t_start, t_end);
     return 0;
+}
+
+int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, uint64_t nbytes,
+                   kb_time now, kb_time *t_start, kb_time *t_end, kb_errbuf *eb)
+{
+    loc ls, ld;
+    int rc = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb);
+
+    if (rc)
+        return rc;
+    if (issuer) {
+        const kb_route_memo *rm = &issuer->routes;
+        for (int w = 0; w < KB_ROUTE_MEMO_WAYS; w++) {
+            if (rm->src[w] == ls.port && rm->dst[w] == ld.port && rm->n[w] > 0) {
+                reserve_path(m, rm->path[w], rm->n[w], now, nbytes, t_start, t_end);
+                return 0;
+            }
+        }
+    }
+    return dma_slow(m, issuer, &ls, &ld, pa_src != KB_PA_INVALID_ADDR,
+                    pa_dst != KB_PA_INVALID_ADDR, nbytes, now, t_start, t_end, eb);
 }
 
 /* ---- command path ---- */

@@ -37,11 +37,13 @@
 #define KB_ROUTE_MEMO_WAYS 4  /* routes remembered per issuing PE */
 #define KB_ROUTE_MEMO_LEN 12  /* longest remembered route: any route inside one SIP */
 
-/* A route remembered by kb_machine_dma for (source port, destination port); n = 0: unused. */
+/* Routes remembered by kb_machine_dma for (source port, destination port); n = 0: unused.
+ * The keys share one cache line, so a lookup touches one line and the hit's path. */
 typedef struct kb_route_memo {
-    const kb_res *src, *dst;
-    int n;
-    kb_res *path[KB_ROUTE_MEMO_LEN];
+    const kb_res *src[KB_ROUTE_MEMO_WAYS], *dst[KB_ROUTE_MEMO_WAYS];
+    int n[KB_ROUTE_MEMO_WAYS];
+    unsigned next;  /* round-robin victim */
+    kb_res *path[KB_ROUTE_MEMO_WAYS][KB_ROUTE_MEMO_LEN];
 } kb_route_memo;
 
 enum { KB_MESH_E = 0, KB_MESH_W = 1, KB_MESH_N = 2, KB_MESH_S = 3 };
@@ -59,8 +61,7 @@ typedef struct kb_pe_hw {
     /* kb_machine_dma's route memo: routes are fixed for a machine's lifetime and a kernel
      * moves data along a handful of them, so building one (its duplicate checks and mesh
      * walk) once per pair of ports is enough */
-    kb_route_memo route_memo[KB_ROUTE_MEMO_WAYS];
-    unsigned route_memo_next;  /* round-robin victim */
+    kb_route_memo routes;
 } kb_pe_hw;
 
 typedef struct kb_cube_hw {
