@@ -12,7 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { CHUNK_RECS = 4096 };
+#include "kb_bigmem.h"
+
+/* A chunk fills one 2 MiB huge page (with kb_bigmem's header): big logs page-fault 512x less. */
+enum { CHUNK_RECS = (int)(((size_t)2 << 20) - 64) / (int)sizeof(kb_rec) };
 
 struct kb_oplog {
     kb_rec **chunks;    /* each CHUNK_RECS records; owned */
@@ -43,7 +46,7 @@ void kb_oplog_destroy(kb_oplog *log)
     if (!log)
         return;
     for (size_t i = 0; i < log->nchunks; i++)
-        free(log->chunks[i]);
+        kb_bigmem_free(log->chunks[i]);
     free(log->chunks);
     free(log->payload);
     free(log);
@@ -62,7 +65,7 @@ int kb_oplog_append(kb_oplog *log, const kb_rec *r, uint64_t *seq)
             log->chunks = p;
             log->capchunks = cap;
         }
-        kb_rec *c = malloc(CHUNK_RECS * sizeof *c);
+        kb_rec *c = kb_bigmem_alloc(CHUNK_RECS * sizeof *c);
         if (!c)
             return KB_ERR_NOMEM;
         log->chunks[log->nchunks++] = c;

@@ -23,6 +23,8 @@
  */
 #include "kb_replay.h"
 
+#include "kb_bigmem.h"
+
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,16 +213,16 @@ typedef struct plan_tmp {
 
 static void plan_tmp_free(plan_tmp *t)
 {
-    free(t->keys);
-    free(t->ktmp);
-    free(t->tkey);
-    free(t->meta);
-    free(t->efirst);
-    free(t->rank);
+    kb_bigmem_free(t->keys);
+    kb_bigmem_free(t->ktmp);
+    kb_bigmem_free(t->tkey);
+    kb_bigmem_free(t->meta);
+    kb_bigmem_free(t->efirst);
+    kb_bigmem_free(t->rank);
     free(t->uaddr);
     free(t->leafoff);
-    free(t->lvl);
-    free(t->dest);
+    kb_bigmem_free(t->lvl);
+    kb_bigmem_free(t->dest);
     free(t->bstart);
 }
 
@@ -727,7 +729,7 @@ void kb_plan_free(kb_plan *p)
 {
     if (!p)
         return;
-    free(p->recs);
+    kb_bigmem_free(p->recs);
     free(p->batches);
     free(p->segs);
     memset(p, 0, sizeof *p);
@@ -750,12 +752,13 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
      * would not fit in memory anyway. */
     if (n > UINT32_MAX / 8)
         goto fail;
-    t.keys = malloc(n * sizeof *t.keys);
-    t.ktmp = malloc(n * sizeof *t.ktmp);
-    t.tkey = malloc(n * sizeof *t.tkey);
-    t.meta = malloc(n);
-    t.efirst = malloc(n * sizeof *t.efirst);
-    t.rank = malloc(8 * n * sizeof *t.rank); /* only the pages used are ever touched */
+    /* per-record arrays: kb_bigmem (huge pages for big flushes) */
+    t.keys = kb_bigmem_alloc(n * sizeof *t.keys);
+    t.ktmp = kb_bigmem_alloc(n * sizeof *t.ktmp);
+    t.tkey = kb_bigmem_alloc(n * sizeof *t.tkey);
+    t.meta = kb_bigmem_alloc(n);
+    t.efirst = kb_bigmem_alloc(n * sizeof *t.efirst);
+    t.rank = kb_bigmem_alloc(8 * n * sizeof *t.rank); /* only the pages used are touched */
     if (!t.keys || !t.ktmp || !t.tkey || !t.meta || !t.efirst || !t.rank)
         goto fail;
     rc = uhash_resize(&h, 12);
@@ -769,7 +772,7 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
 
     rc = KB_ERR_NOMEM;
     t.leafoff = malloc((t.nranks ? t.nranks : 1) * sizeof *t.leafoff);
-    t.lvl = malloc(n * sizeof *t.lvl);
+    t.lvl = kb_bigmem_alloc(n * sizeof *t.lvl);
     if (!t.leafoff || !t.lvl)
         goto fail;
     if ((rc = plan_arena(&t, n, out)) != 0)
@@ -787,9 +790,9 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
      * counters. */
     rc = KB_ERR_NOMEM;
     t.bstart = calloc(nb + 1, sizeof *t.bstart);
-    t.dest = malloc(n * sizeof *t.dest);
+    t.dest = kb_bigmem_alloc(n * sizeof *t.dest);
     out->batches = malloc(nb * sizeof *out->batches);
-    out->recs = malloc(n * sizeof *out->recs);
+    out->recs = kb_bigmem_alloc(n * sizeof *out->recs);
     if (!t.bstart || !t.dest || !out->batches || !out->recs)
         goto fail;
     for (size_t p = 0; p < n; p++)
@@ -908,7 +911,7 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
     size_t payload_bytes = kb_oplog_payload_size(log);
 
     rc = KB_ERR_NOMEM;
-    ptrs = malloc(n * sizeof *ptrs);
+    ptrs = kb_bigmem_alloc(n * sizeof *ptrs);
     if (!ptrs) {
         kb_err_set(eb, rc, "replay: out of memory");
         goto out;
@@ -920,8 +923,8 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
     if ((rc = kb_plan_build(ptrs, n, &plan, eb)) != 0)
         goto out;
 
-    /* calloc: the alignment padding between segments is never read by a record, but is copied. */
-    arena = calloc(plan.arena_bytes ? (size_t)plan.arena_bytes : 1, 1);
+    /* zeroed: the alignment padding between segments is never read by a record, but is copied */
+    arena = plan.arena_bytes <= SIZE_MAX ? kb_bigmem_alloc((size_t)plan.arena_bytes) : NULL;
     if (!arena) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "replay: arena of %llu bytes",
                         (unsigned long long)plan.arena_bytes);
@@ -981,7 +984,7 @@ fail_backend:
     }
 out:
     kb_plan_free(&plan);
-    free(arena);
-    free(ptrs);
+    kb_bigmem_free(arena);
+    kb_bigmem_free(ptrs);
     return rc;
 }
