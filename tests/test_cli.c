@@ -83,6 +83,8 @@ static char *json_without_wall(const char *name)
     free(text);
     assert_non_null(j);
     cJSON_DeleteItemFromObject(j, "wall_ms");
+    cJSON_DeleteItemFromObject(j, "phase1_ms");
+    cJSON_DeleteItemFromObject(j, "events_per_s");
     cJSON_DeleteItemFromObject(cJSON_GetObjectItem(j, "replay"), "ms");
     char *out = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
@@ -128,7 +130,14 @@ static void check_verified_json(const char *bench)
     assert_non_null(j);
     cJSON *t = cJSON_GetObjectItem(j, "sim_time_ns");
     assert_true(cJSON_IsNumber(t) && t->valuedouble > 0);
-    assert_true(cJSON_IsNumber(cJSON_GetObjectItem(j, "wall_ms")));
+    cJSON *w = cJSON_GetObjectItem(j, "wall_ms"), *p1 = cJSON_GetObjectItem(j, "phase1_ms");
+    cJSON *ev = cJSON_GetObjectItem(j, "events"), *eps = cJSON_GetObjectItem(j, "events_per_s");
+    assert_true(cJSON_IsNumber(w) && cJSON_IsNumber(p1) && cJSON_IsNumber(ev) &&
+                cJSON_IsNumber(eps));
+    assert_true(p1->valuedouble > 0 && p1->valuedouble <= w->valuedouble);
+    /* the loop's event rate is the events over the loop's time */
+    double want = ev->valuedouble / (p1->valuedouble / 1e3);
+    assert_true(eps->valuedouble > 0.999 * want && eps->valuedouble < 1.001 * want);
     cJSON *d = cJSON_GetObjectItem(j, "data_digest");
     assert_true(cJSON_IsString(d) && strlen(d->valuestring) == 16);
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "verified")));

@@ -255,6 +255,9 @@ char *kbcl_result_json(const kbcl_result *res)
     cJSON_AddItemToObject(root, "replay", replay);
     /* wall-clock fields last: the only ones that differ between identical runs */
     cJSON_AddNumberToObject(replay, "ms", rep->replay.ms);
+    cJSON_AddNumberToObject(root, "phase1_ms", rep->phase1_ms);
+    cJSON_AddNumberToObject(root, "events_per_s",
+                            rep->phase1_ms > 0 ? (double)rep->events / (rep->phase1_ms / 1e3) : 0.0);
     cJSON_AddNumberToObject(root, "wall_ms", rep->wall_ms);
     out = cJSON_Print(root);
     cJSON_Delete(root);
