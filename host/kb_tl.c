@@ -90,19 +90,29 @@ static kb_scr_chunk *scr_chunk_of(kb_tl *tl, kb_pa pa)
     return NULL;
 }
 
+/*
+ * Makes room for one more entry in an owned array of n entries and capacity *cap (doubling,
+ * `first` entries to start with); returns the array, which may have moved. Stops the kernel
+ * when out of memory.
+ */
+static void *grow_array(kb_tl *tl, void *p, size_t n, size_t *cap, size_t elem, size_t first)
+{
+    if (n < *cap)
+        return p;
+    size_t c = *cap ? *cap * 2 : first;
+    void *q = realloc(p, c * elem);
+    if (!q)
+        tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+    *cap = c;
+    return q;
+}
+
 /* A fresh 64 KiB chunk to carve from (out of line: it holds an error buffer). */
 static KB_NOINLINE void scr_refill(kb_tl *tl, const char *op)
 {
     kb_errbuf eb;
     uint64_t base;
-    if (tl->nchunks == tl->capchunks) {
-        size_t cap = tl->capchunks ? tl->capchunks * 2 : 4;
-        kb_scr_chunk *n = realloc(tl->chunks, cap * sizeof *n);
-        if (!n)
-            tl_fail(tl, KB_ERR_NOMEM, "out of memory");
-        tl->chunks = n;
-        tl->capchunks = cap;
-    }
+    tl->chunks = grow_array(tl, tl->chunks, tl->nchunks, &tl->capchunks, sizeof *tl->chunks, 4);
     if (kb_alloc_alloc(tl->pe->scratch, KB_SCR_CHUNK, KB_VAL_ALIGN, &base, &eb) != 0)
         tl_fail(tl, KB_ERR_NOSPACE, "%s: %s (free values with tl_free, or use smaller "
                 "tiles)", op, eb.msg);
@@ -138,14 +148,7 @@ static KB_NOINLINE kb_pa scratch_big(kb_tl *tl, uint64_t bytes, const char *op)
     if (kb_alloc_alloc(tl->pe->scratch, bytes, KB_VAL_ALIGN, &pa, &eb) != 0)
         tl_fail(tl, KB_ERR_NOSPACE, "%s: %s (free values with tl_free, or use smaller tiles)",
                 op, eb.msg);
-    if (tl->nvals == tl->capvals) {
-        size_t cap = tl->capvals ? tl->capvals * 2 : 16;
-        kb_pa *n = realloc(tl->vals, cap * sizeof *n);
-        if (!n)
-            tl_fail(tl, KB_ERR_NOMEM, "out of memory");
-        tl->vals = n;
-        tl->capvals = cap;
-    }
+    tl->vals = grow_array(tl, tl->vals, tl->nvals, &tl->capvals, sizeof *tl->vals, 16);
     tl->vals[tl->nvals++] = pa;
     return pa;
 }
@@ -179,12 +182,12 @@ void tl_free(kb_tl *tl, kb_val v)
         if (ch && (ch->live[unit / 64] >> (unit % 64) & 1u)) {
             ch->live[unit / 64] &= ~(UINT64_C(1) << (unit % 64));
             if (tl->nfree[c] == tl->capfree[c]) {
-                uint32_t cap = tl->capfree[c] ? tl->capfree[c] * 2 : 16;
-                kb_pa *n = realloc(tl->freel[c], cap * sizeof *n);
-                if (!n)
-                    tl_fail(tl, KB_ERR_NOMEM, "out of memory");
-                tl->freel[c] = n;
-                tl->capfree[c] = cap;
+                size_t cap = tl->capfree[c];
+                tl->freel[c] = grow_array(tl, tl->freel[c], tl->nfree[c], &cap,
+                                          sizeof *tl->freel[c], 16);
+                if (cap > UINT32_MAX)
+                    tl_fail(tl, KB_ERR_NOMEM, "too many free scratch values");
+                tl->capfree[c] = (uint32_t)cap;
             }
             tl->freel[c][tl->nfree[c]++] = v.pa;
             return;
