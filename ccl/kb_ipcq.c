@@ -24,29 +24,47 @@
 typedef struct ipcq_sys ipcq_sys;
 typedef struct pe_state pe_state;
 
+#define KB_QP_INLINE_SLOTS 4 /* rings up to this many slots keep their arrays in the qp */
+
+/*
+ * A queue pair, laid out by role in whole cache lines: a 256-PE collective is bound by cache
+ * misses, and a step touches the sending side of one queue pair and the receiving side of
+ * another. The arrays of small rings live inside the struct.
+ *
+ * The matches the protocol makes by address are resolved once at install (rings are fixed and
+ * disjoint): tok_q is the peer's queue pair whose ring holds peer_rx_base (where this one's
+ * tokens land), cred_q the peer's queue pair whose peer_rx_base is my_rx_base (where this
+ * one's credits go); NULL where no queue pair matches.
+ *
+ * Credits in flight are kept as arrival times only: a receiver frees slots in order (seq =
+ * my_tail++), so the k-th credit to arrive is for seq k and taking one in FIFO order moves
+ * peer_tail_cache on by exactly one.
+ */
 typedef struct qp {
-    kb_dir dir;
-    int wired;
-    pe_state *owner;
-    kb_pe_hw *peer;
+    /* line 1: the sending side */
+    uint64_t my_head, peer_tail_cache;
     kb_pa peer_rx_base;
-    int n_slots;
+    struct qp *tok_q;
+    kb_time *cr_t;            /* [n_slots] ring of credit arrival times (cr_inl or the heap) */
     uint64_t slot_size;
-    kb_pa my_rx_base;
-    uint64_t my_head, my_tail, peer_head_cache, peer_tail_cache;
-    kb_ipcq_req *pend_head, *pend_tail;
-    kb_time credit_delay;
-    uint64_t *slot_bytes;     /* [n_slots]: size of the message in each slot (from its token) */
-    /* credits on their way to this (sending) queue pair: arrival time and consumer seq, in
-     * arrival order; at most n_slots are ever in flight */
-    struct { kb_time t; uint64_t seq; } *credits;
-    uint32_t cr_head, cr_n;
+    uint32_t n_slots, cr_head, cr_n;
+    uint8_t wired, dir;
+    /* line 2 */
+    _Alignas(64) kb_time cr_inl[KB_QP_INLINE_SLOTS];
+    kb_pe_hw *peer;
     kb_fiber *cr_waiter;      /* the sender blocked on credits, woken at the next arrival */
-    /* The matches the protocol makes by address, resolved once at install (rings are fixed
-     * and disjoint): the peer's queue pair whose ring holds peer_rx_base (where this one's
-     * tokens land), and the peer's queue pair whose peer_rx_base is my_rx_base (where this
-     * one's credits go). NULL where no queue pair matches. */
-    struct qp *tok_q, *cred_q;
+    /* line 3: the receiving side */
+    _Alignas(64) kb_pa my_rx_base;
+    uint64_t peer_head_cache, my_tail;
+    kb_ipcq_req *pend_head, *pend_tail;
+    struct qp *cred_q;
+    kb_time credit_delay;
+    pe_state *owner;
+    /* line 4 */
+    _Alignas(64) uint64_t *slot_bytes; /* [n_slots]: size of the message in each slot */
+    uint64_t sb_inl[KB_QP_INLINE_SLOTS];
+    uint64_t rx_slot_size;    /* slot_size and n_slots again, on the receiving side's lines */
+    uint32_t rx_n_slots;
 } qp;
 
 struct pe_state {
@@ -156,8 +174,10 @@ static void free_pe_state(ipcq_sys *sys, pe_state *ps)
         if (ps->q[d].wired)
             kb_alloc_free(ring_allocator(sys->ctx, ps->pe, sys->cfg.buffer_kind),
                           ps->q[d].my_rx_base, NULL);
-        free(ps->q[d].slot_bytes);
-        free(ps->q[d].credits);
+        if (ps->q[d].slot_bytes != ps->q[d].sb_inl)
+            free(ps->q[d].slot_bytes);
+        if (ps->q[d].cr_t != ps->q[d].cr_inl)
+            free(ps->q[d].cr_t);
     }
     ps->pe->ipcq_state = NULL;
     free(ps);
@@ -236,11 +256,9 @@ static void req_put(ipcq_sys *sys, kb_ipcq_req *r)
 
 static void credits_take(qp *q, kb_time now)
 {
-    while (q->cr_n && q->credits[q->cr_head].t <= now) {
-        uint64_t seq = q->credits[q->cr_head].seq;
-        if (seq + 1 > q->peer_tail_cache)
-            q->peer_tail_cache = seq + 1;
-        q->cr_head = (q->cr_head + 1) % (uint32_t)q->n_slots;
+    while (q->cr_n && q->cr_t[q->cr_head] <= now) {
+        q->peer_tail_cache++; /* the credit for seq peer_tail_cache (see qp) */
+        q->cr_head = q->cr_head + 1 == q->n_slots ? 0 : q->cr_head + 1;
         q->cr_n--;
     }
 }
@@ -399,7 +417,9 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
             goto fail;
         }
         if (!ps) {
-            ps = calloc(1, sizeof *ps);
+            ps = aligned_alloc(64, sizeof *ps); /* qp is cache-line aligned */
+            if (ps)
+                memset(ps, 0, sizeof *ps);
             if (!ps) {
                 rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
                 goto fail;
@@ -425,22 +445,29 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
                             dir_names[links[i].dir], aeb.msg);
             goto fail;
         }
-        q->slot_bytes = calloc((size_t)cfg->n_slots, sizeof *q->slot_bytes);
-        q->credits = calloc((size_t)cfg->n_slots, sizeof *q->credits);
-        if (!q->slot_bytes || !q->credits) {
+        if (cfg->n_slots <= KB_QP_INLINE_SLOTS) {
+            q->slot_bytes = q->sb_inl;
+            q->cr_t = q->cr_inl;
+        } else {
+            q->slot_bytes = calloc((size_t)cfg->n_slots, sizeof *q->slot_bytes);
+            q->cr_t = calloc((size_t)cfg->n_slots, sizeof *q->cr_t);
+        }
+        if (!q->slot_bytes || !q->cr_t) {
             free(q->slot_bytes);
-            free(q->credits);
+            free(q->cr_t);
             q->slot_bytes = NULL;
-            q->credits = NULL;
+            q->cr_t = NULL;
             kb_alloc_free(ring_allocator(ctx, pe, cfg->buffer_kind), base, NULL);
             rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
             goto fail;
         }
         q->wired = 1;
-        q->dir = links[i].dir;
+        q->dir = (uint8_t)links[i].dir;
         q->owner = ps;
-        q->n_slots = cfg->n_slots;
+        q->n_slots = (uint32_t)cfg->n_slots;
         q->slot_size = cfg->slot_size;
+        q->rx_n_slots = q->n_slots;
+        q->rx_slot_size = q->slot_size;
         q->my_rx_base = base;
         ps->wired |= 1u << links[i].dir;
     }
@@ -605,11 +632,10 @@ static int credit_send(kb_sim *sim, qp *q, uint64_t seq, kb_time t)
 {
     if (!q)
         return KB_ERR_STATE;
-    if (q->cr_n == (uint32_t)q->n_slots)
-        return KB_ERR_STATE; /* more credits than slots: a protocol invariant broke */
-    uint32_t at = (q->cr_head + q->cr_n++) % (uint32_t)q->n_slots;
-    q->credits[at].t = t;
-    q->credits[at].seq = seq;
+    if (q->cr_n == q->n_slots || seq != q->peer_tail_cache + q->cr_n)
+        return KB_ERR_STATE; /* more credits than slots, or out of order: an invariant broke */
+    uint32_t at = (q->cr_head + q->cr_n++) % q->n_slots;
+    q->cr_t[at] = t;
     if (q->cr_waiter && q->cr_n == 1) {
         kb_fiber_wake_at(sim, q->cr_waiter, t);
         q->cr_waiter = NULL;
@@ -656,8 +682,8 @@ static void progress(qp *q)
         q->pend_head = r->next;
         if (!q->pend_head)
             q->pend_tail = NULL;
-        uint64_t si = q->my_tail % (uint64_t)q->n_slots;
-        kb_pa slot = q->my_rx_base + si * q->slot_size;
+        uint64_t si = q->my_tail % q->rx_n_slots;
+        kb_pa slot = q->my_rx_base + si * q->rx_slot_size;
         if (q->slot_bytes[si] != r->nbytes) {
             /* the receive names another shape/dtype than the send it matches */
             recv_size_mismatch(ctx, q, r, si);
@@ -701,8 +727,8 @@ static void meta_arrive(kb_sim *sim, void *a, void *b)
     (void)sim;
     (void)b;
     assert(m->addr >= q->my_rx_base &&
-           m->addr < q->my_rx_base + (uint64_t)q->n_slots * q->slot_size);
-    q->slot_bytes[(m->addr - q->my_rx_base) / q->slot_size] = m->nbytes;
+           m->addr < q->my_rx_base + (uint64_t)q->rx_n_slots * q->rx_slot_size);
+    q->slot_bytes[(m->addr - q->my_rx_base) / q->rx_slot_size] = m->nbytes;
     q->peer_head_cache++;
     progress(q);
     msg_put(q->owner->sys, m);
@@ -728,7 +754,7 @@ static KB_COLD void send_too_big(kb_tl *tl, kb_dir dir, uint64_t nbytes, uint64_
 void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
 {
     qp *q = wired_qp(tl, dir, "tl_send");
-    ipcq_sys *sys = q->owner->sys;
+    ipcq_sys *sys = ((pe_state *)tl->pe->ipcq_state)->sys; /* not q->owner: another line */
     kb_ctx *ctx = tl->ctx;
     uint64_t nbytes = (uint64_t)v.rows * v.cols * kb_dtype_size((kb_dtype)v.dtype);
     kb_time t_start, t_end;
@@ -738,7 +764,7 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
     credits_take(q, kb_sim_now(ctx->sim));
     while (sys->cfg.backpressure && q->my_head - q->peer_tail_cache >= (uint64_t)q->n_slots) {
         if (q->cr_n) { /* a credit is on its way: wait for it */
-            kb_tl_wait_until(tl, q->credits[q->cr_head].t);
+            kb_tl_wait_until(tl, q->cr_t[q->cr_head]);
         } else {
             q->cr_waiter = kb_fiber_current(ctx->sim);
             kb_fiber_block(ctx->sim, send_wait_names[dir], q);
