@@ -615,7 +615,8 @@ static KB_COLD void not_wired(kb_tl *tl, kb_dir d, const char *op)
 static inline qp *wired_qp(kb_tl *tl, kb_dir d, const char *op)
 {
     pe_state *ps = tl->pe->ipcq_state;
-    if ((unsigned)d < KB_NDIRS && ps && ps->q[d].wired)
+    /* the bitmask, not q[d].wired: it shares a line with what every call reads anyway */
+    if ((unsigned)d < KB_NDIRS && ps && (ps->wired >> d & 1u))
         return &ps->q[d];
     not_wired(tl, d, op);
     return NULL;

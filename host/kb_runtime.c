@@ -939,7 +939,10 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
     for (int s = 0; l->args && args && s < g.sips; s++)
         l->args[s] = *(const kb_kargs *)((const char *)args + (size_t)s * stride);
     l->ntl = g.pes * g.cubes * g.sips;
-    l->tls = calloc((size_t)l->ntl, sizeof *l->tls);
+    /* kb_tl is cache-line aligned */
+    l->tls = aligned_alloc(64, (size_t)(l->ntl > 0 ? l->ntl : 1) * sizeof *l->tls);
+    if (l->tls)
+        memset(l->tls, 0, (size_t)(l->ntl > 0 ? l->ntl : 1) * sizeof *l->tls);
     l->cube_left = calloc((size_t)(g.cubes * g.sips), sizeof *l->cube_left);
     l->cube_tmax = calloc((size_t)(g.cubes * g.sips), sizeof *l->cube_tmax);
     l->sip_left = calloc((size_t)g.sips, sizeof *l->sip_left);

@@ -39,22 +39,31 @@ typedef struct kb_scr_chunk {
 } kb_scr_chunk;
 
 /* Fiber udata of host and kernel fibers both start with a tag saying which it is. */
+/*
+ * A kernel's context. What every operation touches comes first, in two cache lines (with
+ * hundreds of kernels taking turns, each line is a cache miss per turn): line 1 holds the
+ * context, PE, issue cost, the scratch chunks and the free counts; line 2 the free stacks.
+ */
 struct kb_tl {
-    int tag;
-    kb_ctx *ctx;
+    _Alignas(64) kb_ctx *ctx;
     kb_pe_hw *pe;
+    kb_time cpu_ovh;
+    /* small scratch values (<= KB_SCR_MAX bytes): size classes carved from 64 KiB chunks */
+    struct kb_scr_chunk *chunks;  /* owned */
+    uint32_t nchunks;
+    uint32_t nfree[KB_SCR_NCLASS];
+    kb_pa *freel[KB_SCR_NCLASS];  /* per-class stacks of free values (owned) */
+    kb_pa bump, bump_end;
+    /* values carved per class so far, and the free stacks' capacities, kept >= that count
+     * when carving so that tl_free never grows a stack (or reads this line) */
+    uint32_t ncarved[KB_SCR_NCLASS], capfree[KB_SCR_NCLASS];
+    size_t capchunks;
+    int tag;
     kb_launch_st *launch;
     int pid[3], np[3];
     kb_time start;          /* when the launch message reaches the PE */
-    kb_time cpu_ovh;
     kb_pa *vals;            /* live large scratch allocations (owned) */
     size_t nvals, capvals;
-    /* small scratch values (<= KB_SCR_MAX bytes): size classes carved from 64 KiB chunks */
-    struct kb_scr_chunk *chunks;  /* owned */
-    size_t nchunks, capchunks;
-    kb_pa bump, bump_end;
-    kb_pa *freel[KB_SCR_NCLASS];  /* per-class stacks of free values (owned) */
-    uint32_t nfree[KB_SCR_NCLASS], capfree[KB_SCR_NCLASS];
 };
 
 /* Frees what a kernel context owns (after kb_tl_release_all returned its memory). */

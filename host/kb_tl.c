@@ -8,6 +8,7 @@
  */
 #include "kb_runtime_int.h"
 
+#include <assert.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,6 +132,15 @@ static kb_pa scr_small(kb_tl *tl, int c, const char *op)
     } else {
         if (tl->bump + size > tl->bump_end)
             scr_refill(tl, op);
+        if (tl->ncarved[c] == tl->capfree[c]) {
+            size_t cap = tl->capfree[c];
+            tl->freel[c] = grow_array(tl, tl->freel[c], tl->ncarved[c], &cap,
+                                      sizeof *tl->freel[c], 16);
+            if (cap > UINT32_MAX)
+                tl_fail(tl, KB_ERR_NOMEM, "too many scratch values");
+            tl->capfree[c] = (uint32_t)cap;
+        }
+        tl->ncarved[c]++;
         pa = tl->bump;
         tl->bump += size;
     }
@@ -181,14 +191,8 @@ void tl_free(kb_tl *tl, kb_val v)
         uint64_t unit = ch ? (v.pa - ch->base) / 64 : 0;
         if (ch && (ch->live[unit / 64] >> (unit % 64) & 1u)) {
             ch->live[unit / 64] &= ~(UINT64_C(1) << (unit % 64));
-            if (tl->nfree[c] == tl->capfree[c]) {
-                size_t cap = tl->capfree[c];
-                tl->freel[c] = grow_array(tl, tl->freel[c], tl->nfree[c], &cap,
-                                          sizeof *tl->freel[c], 16);
-                if (cap > UINT32_MAX)
-                    tl_fail(tl, KB_ERR_NOMEM, "too many free scratch values");
-                tl->capfree[c] = (uint32_t)cap;
-            }
+            /* a free value was carved, and capfree >= carved values >= free ones */
+            assert(tl->nfree[c] < tl->capfree[c]);
             tl->freel[c][tl->nfree[c]++] = v.pa;
             return;
         }
@@ -215,7 +219,7 @@ void kb_tl_release_all(kb_tl *tl)
     tl->nchunks = 0;
     tl->bump = tl->bump_end = 0;
     for (int c = 0; c < KB_SCR_NCLASS; c++)
-        tl->nfree[c] = 0;
+        tl->nfree[c] = tl->ncarved[c] = 0;
 }
 
 void kb_tl_fini(kb_tl *tl)

@@ -509,12 +509,11 @@ static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, 
     if (n < 0)
         return n;
     if (issuer && n <= KB_ROUTE_MEMO_LEN) {
-        kb_route_memo *rm = &issuer->routes;
-        unsigned w = rm->next++ % KB_ROUTE_MEMO_WAYS;
-        rm->src[w] = ls->port;
-        rm->dst[w] = ld->port;
-        rm->n[w] = n;
-        memcpy(rm->path[w], buf, (size_t)n * sizeof *buf);
+        kb_route_way *w = &issuer->routes[issuer->route_next++ % KB_ROUTE_MEMO_WAYS];
+        w->src = ls->port;
+        w->dst = ld->port;
+        w->n = n;
+        memcpy(w->path, buf, (size_t)n * sizeof *buf);
     }
     reserve_path(m, buf, n, now, nbytes, t_start, t_end);
     return 0;
@@ -529,10 +528,10 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
     if (rc)
         return rc;
     if (issuer) {
-        const kb_route_memo *rm = &issuer->routes;
-        for (int w = 0; w < KB_ROUTE_MEMO_WAYS; w++) {
-            if (rm->src[w] == ls.port && rm->dst[w] == ld.port && rm->n[w] > 0) {
-                reserve_path(m, rm->path[w], rm->n[w], now, nbytes, t_start, t_end);
+        for (int i = 0; i < KB_ROUTE_MEMO_WAYS; i++) {
+            const kb_route_way *w = &issuer->routes[i];
+            if (w->src == ls.port && w->dst == ld.port && w->n > 0) {
+                reserve_path(m, w->path, w->n, now, nbytes, t_start, t_end);
                 return 0;
             }
         }

@@ -37,31 +37,34 @@
 #define KB_ROUTE_MEMO_WAYS 4  /* routes remembered per issuing PE */
 #define KB_ROUTE_MEMO_LEN 12  /* longest remembered route: any route inside one SIP */
 
-/* Routes remembered by kb_machine_dma for (source port, destination port); n = 0: unused.
- * The keys share one cache line, so a lookup touches one line and the hit's path. */
-typedef struct kb_route_memo {
-    const kb_res *src[KB_ROUTE_MEMO_WAYS], *dst[KB_ROUTE_MEMO_WAYS];
-    int n[KB_ROUTE_MEMO_WAYS];
-    unsigned next;  /* round-robin victim */
-    kb_res *path[KB_ROUTE_MEMO_WAYS][KB_ROUTE_MEMO_LEN];
-} kb_route_memo;
+/* A route remembered by kb_machine_dma for (source port, destination port); n = 0: unused.
+ * One way per cache-line pair: a hit on a short route touches a single line. */
+typedef struct kb_route_way {
+    _Alignas(64) const kb_res *src;
+    const kb_res *dst;
+    int n;
+    kb_res *path[KB_ROUTE_MEMO_LEN];
+} kb_route_way;
 
 enum { KB_MESH_E = 0, KB_MESH_W = 1, KB_MESH_N = 2, KB_MESH_S = 3 };
 
+/* The first cache line holds what kernels and the IPCQ read on every operation; each
+ * resource's hot fields have a line of their own (kb_res). */
 typedef struct kb_pe_hw {
     unsigned gsip, cube, pe, gid;  /* gid: global PE index (gsip*cubes + cube)*pes + pe */
+    void *ipcq_state;  /* owned by the IPCQ layer (ccl/); NULL until installed */
+    kb_alloc *hbm, *tcm, *ipcq, *scratch; /* allocators over PhysAddr ranges */
+    unsigned route_next; /* round-robin victim in routes[] */
     kb_res cpu;        /* PE_CPU: issue cost of each kernel operation */
     kb_res dma;        /* PE_DMA engine: setup + bandwidth */
     kb_res math;       /* PE_MATH vector unit */
     kb_res gemm;       /* PE_GEMM matrix unit */
     kb_res tcm_port;   /* TCM (tcm, ipcq and scratch ranges) */
     kb_res hbm_port;   /* this PE's HBM slice */
-    kb_alloc *hbm, *tcm, *ipcq, *scratch; /* allocators over PhysAddr ranges */
-    void *ipcq_state;  /* owned by the IPCQ layer (ccl/); NULL until installed */
     /* kb_machine_dma's route memo: routes are fixed for a machine's lifetime and a kernel
      * moves data along a handful of them, so building one (its duplicate checks and mesh
      * walk) once per pair of ports is enough */
-    kb_route_memo routes;
+    kb_route_way routes[KB_ROUTE_MEMO_WAYS];
 } kb_pe_hw;
 
 typedef struct kb_cube_hw {
