@@ -645,20 +645,43 @@ static int credit_send(kb_sim *sim, qp *q, uint64_t seq, kb_time t)
 }
 
 
+/* An IPCQ copy's operands and times, built by the caller only when records are wanted. */
+typedef struct copy_desc {
+    kb_opnd dst, src;
+    kb_time t_start, t_end;
+} copy_desc;
+
 /* Records an IPCQ copy (out of line: timing-only runs never build a record). 0 or NOMEM. */
-static KB_NOINLINE int record_copy(kb_ctx *ctx, uint32_t pe, kb_opnd dst, kb_opnd src,
-                                   kb_time t_start, kb_time t_end, const char *name)
+static KB_NOINLINE int record_copy(kb_ctx *ctx, uint32_t pe, const copy_desc *c, const char *name)
 {
     kb_rec rec;
     memset(&rec, 0, sizeof rec);
-    rec.t_start = t_start;
-    rec.t_end = t_end;
+    rec.t_start = c->t_start;
+    rec.t_end = c->t_end;
     rec.kind = KB_REC_COPY;
     rec.nsrc = 1;
     rec.pe = pe;
-    rec.dst = dst;
-    rec.src[0] = src;
+    rec.dst = c->dst;
+    rec.src[0] = c->src;
     return kb_ctx_record_as(ctx, &rec, name);
+}
+
+/* The records of a send and of a receive's copy-out (out of line: their descriptors would
+ * otherwise sit in the hot frames). */
+static KB_NOINLINE int record_send(kb_ctx *ctx, const kb_tl *tl, kb_pa dst, const kb_val *v,
+                                   kb_time t_start, kb_time t_end, const char *name)
+{
+    copy_desc c = { kb_opnd_make(dst, v->rows, v->cols, (kb_dtype)v->dtype),
+                    kb_opnd_make(v->pa, v->rows, v->cols, (kb_dtype)v->dtype), t_start, t_end };
+    return record_copy(ctx, tl->pe->gid, &c, name);
+}
+
+static KB_NOINLINE int record_recv(kb_ctx *ctx, const qp *q, const kb_ipcq_req *r, kb_pa slot,
+                                   kb_time t_start, kb_time t_end, const char *name)
+{
+    copy_desc c = { kb_opnd_make(r->dst, r->rows, r->cols, r->dst_dt),
+                    kb_opnd_make(slot, r->rows, r->cols, r->dt), t_start, t_end };
+    return record_copy(ctx, q->owner->pe->gid, &c, name);
 }
 
 static KB_COLD void recv_size_mismatch(kb_ctx *ctx, qp *q, const kb_ipcq_req *r, uint64_t si)
@@ -702,9 +725,7 @@ static void progress(qp *q)
         r->done = 1;
         r->t_done = t_end;
         if (kb_ctx_records(ctx) &&
-            record_copy(ctx, q->owner->pe->gid, kb_opnd_make(r->dst, r->rows, r->cols, r->dst_dt),
-                        kb_opnd_make(slot, r->rows, r->cols, r->dt), t_start, t_end,
-                        recv_names[q->dir]) != 0) {
+            record_recv(ctx, q, r, slot, t_start, t_end, recv_names[q->dir]) != 0) {
             kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory in an IPCQ receive");
             kb_ctx_fail(ctx, KB_ERR_NOMEM);
             return;
@@ -779,9 +800,7 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
                        NULL) != 0)
         send_route_fail(tl, dir, v.pa, dst);
     if (kb_ctx_records(ctx) &&
-        record_copy(ctx, tl->pe->gid, kb_opnd_make(dst, v.rows, v.cols, (kb_dtype)v.dtype),
-                    kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype), t_start, t_end,
-                    send_names[dir]) != 0)
+        record_send(ctx, tl, dst, &v, t_start, t_end, send_names[dir]) != 0)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
     msg *m = msg_get(sys);
     if (!m)

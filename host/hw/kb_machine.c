@@ -297,11 +297,17 @@ typedef struct loc {
     kb_res *port;
 } loc;
 
+static KB_COLD int not_memory(kb_pa pa, kb_errbuf *eb)
+{
+    char buf[96];
+    return kb_err_set(eb, KB_ERR_RANGE, "address %s is not memory of this machine",
+                      kb_pa_format(pa, buf, sizeof buf));
+}
+
 static int locate(kb_machine *m, kb_pa pa, loc *l, kb_errbuf *eb)
 {
     /* hot path: field extraction without kb_pa_decode's validation, which the slow path
-     * below (an error message) does */
-    char buf[96];
+     * (an error message) does */
     unsigned gsip = kb_pa_gsip(pa), cube = kb_pa_cube(pa);
 
     if (pa > KB_PA_MAX || gsip >= (unsigned)m->nsips || cube >= (unsigned)m->ncubes)
@@ -341,8 +347,7 @@ static int locate(kb_machine *m, kb_pa pa, loc *l, kb_errbuf *eb)
         break;
     }
 bad:
-    return kb_err_set(eb, KB_ERR_RANGE, "address %s is not memory of this machine",
-                      kb_pa_format(pa, buf, sizeof buf));
+    return not_memory(pa, eb);
 }
 
 kb_res *kb_machine_port(kb_machine *m, kb_pa pa, kb_errbuf *eb)
