@@ -830,9 +830,9 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
 
     if (s.rows == 0 || s.cols == 0 || (unsigned)dt >= KB_NDTYPES)
         tl_fail(tl, KB_ERR_INVAL, "%s %s: empty shape or bad dtype", op, dir_names[dir]);
-    if (nbytes > q->slot_size)
+    if (nbytes > q->rx_slot_size)
         tl_fail(tl, KB_ERR_RANGE, "%s %s: %llu bytes do not fit a %llu-byte slot", op,
-                dir_names[dir], (unsigned long long)nbytes, (unsigned long long)q->slot_size);
+                dir_names[dir], (unsigned long long)nbytes, (unsigned long long)q->rx_slot_size);
     r = req_get(sys);
     if (!r)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
