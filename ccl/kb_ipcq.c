@@ -59,12 +59,14 @@ typedef struct qp {
     kb_ipcq_req *pend_head, *pend_tail;
     struct qp *cred_q;
     kb_time credit_delay;
-    pe_state *owner;
+    kb_pe_hw *rx_pe;          /* the owner's PE, which issues the copy-outs */
     /* line 4 */
-    _Alignas(64) uint64_t *slot_bytes; /* [n_slots]: size of the message in each slot */
-    uint64_t sb_inl[KB_QP_INLINE_SLOTS];
+    _Alignas(64) uint32_t *slot_bytes; /* [n_slots]: size of the message in each slot */
+    uint32_t sb_inl[KB_QP_INLINE_SLOTS];
     uint64_t rx_slot_size;    /* slot_size and n_slots again, on the receiving side's lines */
     uint32_t rx_n_slots;
+    pe_state *owner;
+    struct ipcq_sys *sys;
 } qp;
 
 struct pe_state {
@@ -180,6 +182,7 @@ static void free_pe_state(ipcq_sys *sys, pe_state *ps)
             free(ps->q[d].cr_t);
     }
     ps->pe->ipcq_state = NULL;
+    ps->pe->ipcq_wired = 0;
     free(ps);
 }
 
@@ -377,9 +380,9 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
     char a[48], b[48];
     int rc = 0;
 
-    if (cfg->n_slots < 1 || cfg->slot_size < 16)
-        return kb_err_set(eb, KB_ERR_RANGE, "IPCQ install: n_slots %d (>= 1), slot_size %llu (>= 16)",
-                          cfg->n_slots, (unsigned long long)cfg->slot_size);
+    if (cfg->n_slots < 1 || cfg->slot_size < 16 || cfg->slot_size > UINT32_MAX)
+        return kb_err_set(eb, KB_ERR_RANGE, "IPCQ install: n_slots %d (>= 1), slot_size %llu "
+                          "(16 .. 4 GiB - 1)", cfg->n_slots, (unsigned long long)cfg->slot_size);
     if (!sys) {
         sys = calloc(1, sizeof *sys);
         if (!sys)
@@ -464,12 +467,15 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
         q->wired = 1;
         q->dir = (uint8_t)links[i].dir;
         q->owner = ps;
+        q->rx_pe = pe;
+        q->sys = sys;
         q->n_slots = (uint32_t)cfg->n_slots;
         q->slot_size = cfg->slot_size;
         q->rx_n_slots = q->n_slots;
         q->rx_slot_size = q->slot_size;
         q->my_rx_base = base;
         ps->wired |= 1u << links[i].dir;
+        pe->ipcq_wired = ps->wired;
     }
     /* pair every link with the peer's ring of the reverse direction */
     for (size_t i = 0; i < n; i++) {
@@ -615,8 +621,8 @@ static KB_COLD void not_wired(kb_tl *tl, kb_dir d, const char *op)
 static inline qp *wired_qp(kb_tl *tl, kb_dir d, const char *op)
 {
     pe_state *ps = tl->pe->ipcq_state;
-    /* the bitmask, not q[d].wired: it shares a line with what every call reads anyway */
-    if ((unsigned)d < KB_NDIRS && ps && (ps->wired >> d & 1u))
+    /* the PE's copy of the bitmask: it shares a line with ipcq_state */
+    if ((unsigned)d < KB_NDIRS && (tl->pe->ipcq_wired >> d & 1u))
         return &ps->q[d];
     not_wired(tl, d, op);
     return NULL;
@@ -681,7 +687,7 @@ static KB_NOINLINE int record_recv(kb_ctx *ctx, const qp *q, const kb_ipcq_req *
 {
     copy_desc c = { kb_opnd_make(r->dst, r->rows, r->cols, r->dst_dt),
                     kb_opnd_make(slot, r->rows, r->cols, r->dt), t_start, t_end };
-    return record_copy(ctx, q->owner->pe->gid, &c, name);
+    return record_copy(ctx, q->rx_pe->gid, &c, name);
 }
 
 static KB_COLD void recv_size_mismatch(kb_ctx *ctx, qp *q, const kb_ipcq_req *r, uint64_t si)
@@ -690,7 +696,7 @@ static KB_COLD void recv_size_mismatch(kb_ctx *ctx, qp *q, const kb_ipcq_req *r,
         kb_err_set(&ctx->err, KB_ERR_INVAL,
                    "kernel %s on sip%u/cube%u/pe%u: tl_recv %s expects %llu bytes but "
                    "message %llu from the peer has %llu", r->tl->launch->name,
-                   q->owner->pe->gsip, q->owner->pe->cube, q->owner->pe->pe,
+                   q->rx_pe->gsip, q->rx_pe->cube, q->rx_pe->pe,
                    dir_names[q->dir], (unsigned long long)r->nbytes,
                    (unsigned long long)q->my_tail, (unsigned long long)q->slot_bytes[si]);
     kb_ctx_fail(ctx, KB_ERR_INVAL);
@@ -699,7 +705,7 @@ static KB_COLD void recv_size_mismatch(kb_ctx *ctx, qp *q, const kb_ipcq_req *r,
 /* Starts the copy-out of every posted receive whose data has arrived. */
 static void progress(qp *q)
 {
-    ipcq_sys *sys = q->owner->sys;
+    ipcq_sys *sys = q->sys;
     kb_ctx *ctx = sys->ctx;
     while (q->pend_head && q->peer_head_cache > q->my_tail) {
         kb_ipcq_req *r = q->pend_head;
@@ -716,7 +722,7 @@ static void progress(qp *q)
         kb_time now = kb_sim_now(ctx->sim), t0 = r->t_post > now ? r->t_post : now;
         kb_time t_start, t_end;
         r->seq = q->my_tail++;
-        int rc = kb_machine_dma(ctx->m, q->owner->pe, slot, r->dst, r->nbytes, t0, &t_start,
+        int rc = kb_machine_dma(ctx->m, q->rx_pe, slot, r->dst, r->nbytes, t0, &t_start,
                                 &t_end, NULL);
         assert(rc == 0); /* both ends were validated when the receive was posted */
         (void)rc;
@@ -750,10 +756,10 @@ static void meta_arrive(kb_sim *sim, void *a, void *b)
     (void)b;
     assert(m->addr >= q->my_rx_base &&
            m->addr < q->my_rx_base + (uint64_t)q->rx_n_slots * q->rx_slot_size);
-    q->slot_bytes[(m->addr - q->my_rx_base) / q->rx_slot_size] = m->nbytes;
+    q->slot_bytes[(m->addr - q->my_rx_base) / q->rx_slot_size] = (uint32_t)m->nbytes;
     q->peer_head_cache++;
     progress(q);
-    msg_put(q->owner->sys, m);
+    msg_put(q->sys, m);
 }
 
 /* Why a send's DMA failed (the route was refused: recomputed with a message). */
@@ -776,7 +782,7 @@ static KB_COLD void send_too_big(kb_tl *tl, kb_dir dir, uint64_t nbytes, uint64_
 void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
 {
     qp *q = wired_qp(tl, dir, "tl_send");
-    ipcq_sys *sys = ((pe_state *)tl->pe->ipcq_state)->sys; /* not q->owner: another line */
+    ipcq_sys *sys = sys_of(tl->ctx); /* not through q or the pe_state: other lines */
     kb_ctx *ctx = tl->ctx;
     uint64_t nbytes = (uint64_t)v.rows * v.cols * kb_dtype_size((kb_dtype)v.dtype);
     kb_time t_start, t_end;
@@ -824,7 +830,7 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
                          const char *op, int sync)
 {
     qp *q = wired_qp(tl, dir, op);
-    ipcq_sys *sys = q->owner->sys;
+    ipcq_sys *sys = q->sys;
     uint64_t nbytes = (uint64_t)s.rows * s.cols * kb_dtype_size(dt);
     kb_ipcq_req *r;
 
@@ -879,7 +885,7 @@ kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
         tl_fail(tl, KB_ERR_INVAL, "tl_wait: no request");
     if (r->tl != tl)
         tl_fail(tl, KB_ERR_INVAL, "tl_wait: request belongs to another kernel");
-    sys = r->q->owner->sys;
+    sys = r->q->sys;
     if (!r->done) {
         r->waiter = kb_fiber_current(tl->ctx->sim);
         kb_fiber_block(tl->ctx->sim, recv_names[r->q->dir], r->q); /* woken at t_done */

@@ -55,6 +55,7 @@ typedef struct kb_pe_hw {
     void *ipcq_state;  /* owned by the IPCQ layer (ccl/); NULL until installed */
     kb_alloc *hbm, *tcm, *ipcq, *scratch; /* allocators over PhysAddr ranges */
     unsigned route_next; /* round-robin victim in routes[] */
+    uint32_t ipcq_wired; /* IPCQ layer: bit d set = direction d wired (copy of its state's) */
     kb_res cpu;        /* PE_CPU: issue cost of each kernel operation */
     kb_res dma;        /* PE_DMA engine: setup + bandwidth */
     kb_res math;       /* PE_MATH vector unit */
