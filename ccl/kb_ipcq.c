@@ -63,8 +63,9 @@ typedef struct qp {
     /* line 4 */
     _Alignas(64) uint32_t *slot_bytes; /* [n_slots]: size of the message in each slot */
     uint32_t sb_inl[KB_QP_INLINE_SLOTS];
-    uint64_t rx_slot_size;    /* slot_size and n_slots again, on the receiving side's lines */
+    uint64_t rx_slot_size;    /* slot_size, n_slots and dir again, on the receiving side's lines */
     uint32_t rx_n_slots;
+    uint8_t rx_dir;
     pe_state *owner;
     struct ipcq_sys *sys;
 } qp;
@@ -472,6 +473,7 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
         q->n_slots = (uint32_t)cfg->n_slots;
         q->slot_size = cfg->slot_size;
         q->rx_n_slots = q->n_slots;
+        q->rx_dir = q->dir;
         q->rx_slot_size = q->slot_size;
         q->my_rx_base = base;
         ps->wired |= 1u << links[i].dir;
@@ -731,7 +733,7 @@ static void progress(qp *q)
         r->done = 1;
         r->t_done = t_end;
         if (kb_ctx_records(ctx) &&
-            record_recv(ctx, q, r, slot, t_start, t_end, recv_names[q->dir]) != 0) {
+            record_recv(ctx, q, r, slot, t_start, t_end, recv_names[q->rx_dir]) != 0) {
             kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory in an IPCQ receive");
             kb_ctx_fail(ctx, KB_ERR_NOMEM);
             return;
@@ -888,12 +890,12 @@ kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
     sys = r->q->sys;
     if (!r->done) {
         r->waiter = kb_fiber_current(tl->ctx->sim);
-        kb_fiber_block(tl->ctx->sim, recv_names[r->q->dir], r->q); /* woken at t_done */
+        kb_fiber_block(tl->ctx->sim, recv_names[r->q->rx_dir], r->q); /* woken at t_done */
     } else {
         kb_tl_wait_until(tl, r->t_done);
     }
     sys->recvs++;
-    trace(tl->ctx, "recv", tl->pe, r->q->dir, r->nbytes, r->seq);
+    trace(tl->ctx, "recv", tl->pe, r->q->rx_dir, r->nbytes, r->seq);
     v = r->val;
     req_put(sys, r);
     return v;

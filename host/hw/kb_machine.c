@@ -532,6 +532,12 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
 
     if (rc)
         return rc;
+    if (issuer && ls.port == &issuer->tcm_port && ld.port == ls.port) {
+        /* a copy inside the issuer's own TCM (build_route's `local` case): no memo lookup */
+        kb_res *const local[2] = { &issuer->dma, &issuer->tcm_port };
+        reserve_path(m, local, 2, now, nbytes, t_start, t_end);
+        return 0;
+    }
     if (issuer) {
         for (int i = 0; i < KB_ROUTE_MEMO_WAYS; i++) {
             const kb_route_way *w = &issuer->routes[i];
