@@ -109,11 +109,19 @@ static kb_time occupancy_memo(kb_res *r, uint64_t nbytes)
     return r->memo_occ;
 }
 
+/* add_sat for operands known to be >= 0 (times, occupancies, latencies): branch-free. */
+static kb_time add_nn(kb_time a, kb_time b)
+{
+    uint64_t s = (uint64_t)a + (uint64_t)b; /* < 2^64: both are <= KB_TIME_MAX */
+    assert(a >= 0 && b >= 0);
+    return s > (uint64_t)KB_TIME_MAX ? KB_TIME_MAX : (kb_time)s;
+}
+
 static void account(kb_res *r, uint64_t nbytes, kb_time occ)
 {
     r->uses++;
     r->bytes += nbytes;
-    r->busy = add_sat(r->busy, occ);
+    r->busy = add_nn(r->busy, occ);
 }
 
 kb_time kb_res_path_reserve(kb_res *const *path, int n_path, kb_time now, uint64_t nbytes,
@@ -129,15 +137,14 @@ kb_time kb_res_path_reserve(kb_res *const *path, int n_path, kb_time now, uint64
     for (int i = 0; i < n_path; i++) {
         kb_res *r = path[i];
         kb_time occ = occupancy_memo(r, nbytes);
-        r->free_at = add_sat(start, occ);
+        r->free_at = add_nn(start, occ);
         account(r, nbytes, occ);
-        lat = add_sat(lat, r->latency);
-        if (occ > occ_max)
-            occ_max = occ;
+        lat = add_nn(lat, r->latency);
+        occ_max = occ > occ_max ? occ : occ_max;
     }
     if (t_start)
         *t_start = start;
-    return add_sat(add_sat(start, lat), occ_max);
+    return add_nn(add_nn(start, lat), occ_max);
 }
 
 kb_time kb_res_hop(kb_res *r, kb_time t_arrive, uint64_t nbytes)
@@ -145,7 +152,7 @@ kb_time kb_res_hop(kb_res *r, kb_time t_arrive, uint64_t nbytes)
     kb_time start = r->free_at > t_arrive ? r->free_at : t_arrive;
     kb_time occ = occupancy_memo(r, nbytes);
 
-    r->free_at = add_sat(start, occ);
+    r->free_at = add_nn(start, occ);
     account(r, nbytes, occ);
-    return add_sat(r->free_at, r->latency);
+    return add_nn(r->free_at, r->latency);
 }

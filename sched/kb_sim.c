@@ -327,11 +327,15 @@ static uint64_t wheel_next(const kb_sim *sim, uint32_t from)
     return 0;
 }
 
+static void heap_pop(kb_sim *sim, kb_event *out);
+
 /*
  * With the near heap empty: moves the cursor to the earliest slot still holding events and
- * fills the near heap from it. Returns 0 when nothing at all is pending.
+ * takes that slot's first event into *out, the rest into the near heap (a slot that holds a
+ * single event, the common case, never touches the heap). Returns 0 when nothing at all is
+ * pending.
  */
-static int advance(kb_sim *sim)
+static int advance(kb_sim *sim, kb_event *out)
 {
     uint64_t next = UINT64_MAX;
     uint32_t cb = (uint32_t)(sim->cursor & (KB_WHEEL_N_ - 1u));
@@ -347,6 +351,17 @@ static int advance(kb_sim *sim)
     if (sim->wn) {
         uint32_t b = (uint32_t)(next & (KB_WHEEL_N_ - 1u));
         uint32_t i = sim->bucket[b];
+        if (i != KB_NIL_ && sim->nodes[i].next == KB_NIL_ &&
+            slot_of(sim->nodes[i].ev.time) == next &&
+            !(sim->farn && slot_of(sim->far[0].time) == next)) {
+            *out = sim->nodes[i].ev; /* alone in its slot: it is the minimum */
+            sim->nodes[i].next = sim->free_node;
+            sim->free_node = i;
+            sim->wn--;
+            sim->bucket[b] = KB_NIL_;
+            sim->bits[b >> 6] &= ~(UINT64_C(1) << (b & 63u));
+            return 1;
+        }
         if (i != KB_NIL_ && slot_of(sim->nodes[i].ev.time) == next) {
             while (i != KB_NIL_) {
                 uint32_t nx = sim->nodes[i].next;
@@ -366,6 +381,7 @@ static int advance(kb_sim *sim)
         heap_insert(sim->heap, &sim->hn, &ev);
     }
     assert(sim->hn > 0);
+    heap_pop(sim, out);
     return 1;
 }
 
@@ -518,8 +534,10 @@ int kb_sim_run(kb_sim *sim)
             ev.fn = e->fn;
             ev.a = e->a;
             ev.b = e->b;
-        } else if (sim->hn || advance(sim)) {
+        } else if (sim->hn) {
             heap_pop(sim, &ev);
+            sim->now = ev.time;
+        } else if (advance(sim, &ev)) {
             sim->now = ev.time;
         } else {
             break;
