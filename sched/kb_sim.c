@@ -1,7 +1,7 @@
 /*
  * kb_sim — discrete-event engine and fibers (API and ordering argument in kb_sim.h).
  *
- * Events are stored by value: future events in a near heap, a timing wheel and a far heap (see
+ * Events are stored by value: future events in a near run, a timing wheel and a far heap (see
  * "event storage" below), events for the current time in a power-of-two ring (the FIFO). The
  * arrays grow by doubling and share one capacity that is kept >= pending callback events + live
  * fibers: every live fiber has at most one pending event (its resume), so the fiber paths
@@ -124,8 +124,8 @@ typedef struct kb_wnode {
 struct kb_sim {
     kb_time now;
     uint64_t seq;
-    kb_event *heap;  /* near heap: every pending event of the cursor's slot */
-    size_t hn;
+    kb_event *heap;  /* near run: every pending event of the cursor's slot, sorted, in [nh, hn) */
+    size_t nh, hn;
     kb_event *far;   /* far heap: events beyond the wheel's horizon when pushed */
     size_t farn;
     kb_now_event *fifo;
@@ -133,7 +133,7 @@ struct kb_sim {
     size_t cap; /* capacity of heap, far heap, fifo and node pool; a power of two */
 
     /* timing wheel between the two heaps (see "event storage") */
-    uint64_t cursor;                  /* slot (time >> KB_WHEEL_SHIFT_) the near heap holds */
+    uint64_t cursor;                  /* slot (time >> KB_WHEEL_SHIFT_) the near run holds */
     kb_wnode *nodes;                  /* pool of cap nodes */
     uint32_t free_node;
     size_t wn;                        /* events in wheel buckets */
@@ -167,16 +167,17 @@ struct kb_sim {
 
 /*
  * Three stores hold the future events, and together they keep exact (time, seq) order:
- *  - the near heap holds every pending event whose slot (time >> KB_WHEEL_SHIFT_) is the
- *    cursor slot, the slot of `now`;
+ *  - the near run holds every pending event whose slot (time >> KB_WHEEL_SHIFT_) is the
+ *    cursor slot, the slot of `now`, sorted by (time, seq) and consumed from its front (a
+ *    slot's events mostly share one time: lockstep PEs; then filling it is a copy);
  *  - the wheel holds events of the next KB_WHEEL_N_ - 1 slots, unsorted, one list per slot;
  *  - the far heap holds events that were beyond the wheel's horizon when pushed.
- * When the near heap runs dry, the cursor moves to the earliest slot that the wheel or the far
- * heap holds, and that slot's events move into the near heap. Every event left behind has a
- * later slot, hence a later time, than any in the near heap, so popping the near heap gives
- * the global (time, seq) minimum. A collective's events cluster within a few microseconds of
- * `now`, so the near heap stays small (a pop was a quarter of all instructions of a 256-PE ring
- * with one heap) and a push into a later slot costs a list link.
+ * When the near run is used up, the cursor moves to the earliest slot that the wheel or the far
+ * heap holds, and that slot's events move into the near run. Every event left behind has a
+ * later slot, hence a later time, than any in the near run, so its front is the global
+ * (time, seq) minimum. A collective's events cluster within a few microseconds of `now`, so a
+ * slot holds a handful of events (a pop from one heap of everything was a quarter of all
+ * instructions of a 256-PE ring) and a push into a later slot costs a list link.
  */
 
 /* Non-short-circuit operators: heap comparisons are unpredictable, so avoid branches. */
@@ -233,7 +234,7 @@ static int grow(kb_sim *sim, size_t need)
 /* Makes room for `extra` more callback events / fibers (see the invariant at the top). */
 static int reserve(kb_sim *sim, size_t extra)
 {
-    size_t need = sim->hn + sim->farn + sim->wn + sim->fn + sim->nlive + extra;
+    size_t need = (sim->hn - sim->nh) + sim->farn + sim->wn + sim->fn + sim->nlive + extra;
     return need <= sim->cap ? 0 : grow(sim, need);
 }
 
@@ -284,6 +285,31 @@ static void heap_remove_min(kb_event *h, size_t *hn, kb_event *out)
     h[i] = *last;
 }
 
+/* Inserts into the sorted near run: ev has the largest seq so far, so it goes after every
+ * event of its time; usually that is the end. */
+static void near_insert(kb_sim *sim, const kb_event *ev)
+{
+    kb_event *h = sim->heap;
+    size_t i;
+
+    if (sim->hn == sim->cap) { /* compact: the consumed front is free space */
+        memmove(h, h + sim->nh, (sim->hn - sim->nh) * sizeof *h);
+        sim->hn -= sim->nh;
+        sim->nh = 0;
+    }
+    assert(sim->hn < sim->cap);
+    for (i = sim->hn; i > sim->nh && ev->time < h[i - 1].time; i--)
+        h[i] = h[i - 1];
+    h[i] = *ev;
+    sim->hn++;
+}
+
+static int ev_cmp(const void *x, const void *y)
+{
+    const kb_event *a = x, *b = y;
+    return ev_before(a, b) ? -1 : ev_before(b, a); /* seqs differ: a strict total order */
+}
+
 static void heap_push(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
 {
     kb_event ev = {t, sim->seq++, fn, a, b};
@@ -291,8 +317,7 @@ static void heap_push(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
 
     assert(s >= sim->cursor);
     if (s == sim->cursor) {
-        assert(sim->hn < sim->cap);
-        heap_insert(sim->heap, &sim->hn, &ev);
+        near_insert(sim, &ev);
     } else if (s - sim->cursor < KB_WHEEL_N_) {
         uint32_t b_ = (uint32_t)(s & (KB_WHEEL_N_ - 1u)), i = sim->free_node;
         assert(i != KB_NIL_);
@@ -327,12 +352,12 @@ static uint64_t wheel_next(const kb_sim *sim, uint32_t from)
     return 0;
 }
 
-static void heap_pop(kb_sim *sim, kb_event *out);
+static void near_pop(kb_sim *sim, kb_event *out);
 
 /*
- * With the near heap empty: moves the cursor to the earliest slot still holding events and
- * takes that slot's first event into *out, the rest into the near heap (a slot that holds a
- * single event, the common case, never touches the heap). Returns 0 when nothing at all is
+ * With the near run used up: moves the cursor to the earliest slot still holding events and
+ * takes that slot's first event into *out, the rest into the near run (a slot that holds a
+ * single event goes straight out). Returns 0 when nothing at all is
  * pending.
  */
 static int advance(kb_sim *sim, kb_event *out)
@@ -340,7 +365,8 @@ static int advance(kb_sim *sim, kb_event *out)
     uint64_t next = UINT64_MAX;
     uint32_t cb = (uint32_t)(sim->cursor & (KB_WHEEL_N_ - 1u));
 
-    assert(sim->hn == 0);
+    assert(sim->hn == sim->nh);
+    sim->nh = sim->hn = 0;
     if (sim->wn)
         next = sim->cursor + wheel_next(sim, cb);
     if (sim->farn && slot_of(sim->far[0].time) < next)
@@ -363,14 +389,24 @@ static int advance(kb_sim *sim, kb_event *out)
             return 1;
         }
         if (i != KB_NIL_ && slot_of(sim->nodes[i].ev.time) == next) {
-            while (i != KB_NIL_) {
+            /* the list is newest first: lay it out back to front, i.e. in seq order */
+            size_t k = 0;
+            for (uint32_t j = i; j != KB_NIL_; j = sim->nodes[j].next)
+                k++;
+            int sorted = 1;
+            for (size_t at = k; i != KB_NIL_;) {
                 uint32_t nx = sim->nodes[i].next;
-                heap_insert(sim->heap, &sim->hn, &sim->nodes[i].ev);
+                sim->heap[--at] = sim->nodes[i].ev;
+                if (at + 1 < k && sim->heap[at].time > sim->heap[at + 1].time)
+                    sorted = 0;
                 sim->nodes[i].next = sim->free_node;
                 sim->free_node = i;
-                sim->wn--;
                 i = nx;
             }
+            sim->wn -= k;
+            sim->hn = k;
+            if (!sorted)
+                qsort(sim->heap, k, sizeof *sim->heap, ev_cmp);
             sim->bucket[b] = KB_NIL_;
             sim->bits[b >> 6] &= ~(UINT64_C(1) << (b & 63u));
         }
@@ -378,16 +414,19 @@ static int advance(kb_sim *sim, kb_event *out)
     while (sim->farn && slot_of(sim->far[0].time) == next) {
         kb_event ev;
         heap_remove_min(sim->far, &sim->farn, &ev);
-        heap_insert(sim->heap, &sim->hn, &ev);
+        near_insert(sim, &ev);
     }
-    assert(sim->hn > 0);
-    heap_pop(sim, out);
+    assert(sim->hn > sim->nh);
+    near_pop(sim, out);
     return 1;
 }
 
-static void heap_pop(kb_sim *sim, kb_event *out)
+/* Takes the near run's front. */
+static void near_pop(kb_sim *sim, kb_event *out)
 {
-    heap_remove_min(sim->heap, &sim->hn, out);
+    *out = sim->heap[sim->nh++];
+    if (sim->nh == sim->hn)
+        sim->nh = sim->hn = 0;
 }
 
 static void fifo_push(kb_sim *sim, kb_event_fn fn, void *a, void *b)
@@ -525,8 +564,8 @@ int kb_sim_run(kb_sim *sim)
     sim->running = 1;
     while (!sim->stop) {
         /* Heap events at `now` were inserted before anything in the FIFO: they go first. */
-        if (sim->hn && sim->heap[0].time == sim->now) {
-            heap_pop(sim, &ev);
+        if (sim->hn > sim->nh && sim->heap[sim->nh].time == sim->now) {
+            near_pop(sim, &ev);
         } else if (sim->fn) {
             kb_now_event *e = &sim->fifo[sim->fhead];
             sim->fhead = (sim->fhead + 1) & (sim->cap - 1);
@@ -534,8 +573,8 @@ int kb_sim_run(kb_sim *sim)
             ev.fn = e->fn;
             ev.a = e->a;
             ev.b = e->b;
-        } else if (sim->hn) {
-            heap_pop(sim, &ev);
+        } else if (sim->hn > sim->nh) {
+            near_pop(sim, &ev);
             sim->now = ev.time;
         } else if (advance(sim, &ev)) {
             sim->now = ev.time;
