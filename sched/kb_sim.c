@@ -126,6 +126,7 @@ struct kb_sim {
     uint64_t seq;
     kb_event *heap;  /* near run: every pending event of the cursor's slot, sorted, in [nh, hn) */
     size_t nh, hn;
+    int near_heap;   /* the near run is a 4-ary heap in [0, hn) instead (nh = 0) */
     kb_event *far;   /* far heap: events beyond the wheel's horizon when pushed */
     size_t farn;
     kb_now_event *fifo;
@@ -169,7 +170,8 @@ struct kb_sim {
  * Three stores hold the future events, and together they keep exact (time, seq) order:
  *  - the near run holds every pending event whose slot (time >> KB_WHEEL_SHIFT_) is the
  *    cursor slot, the slot of `now`, sorted by (time, seq) and consumed from its front (a
- *    slot's events mostly share one time: lockstep PEs; then filling it is a copy);
+ *    slot's events mostly share one time: lockstep PEs; then filling it is a copy); a slot
+ *    whose events come in random time order makes it a 4-ary heap until it is used up;
  *  - the wheel holds events of the next KB_WHEEL_N_ - 1 slots, unsorted, one list per slot;
  *  - the far heap holds events that were beyond the wheel's horizon when pushed.
  * When the near run is used up, the cursor moves to the earliest slot that the wheel or the far
@@ -259,16 +261,9 @@ static void heap_insert(kb_event *h, size_t *hn, const kb_event *ev)
     h[i] = *ev;
 }
 
-static void heap_remove_min(kb_event *h, size_t *hn, kb_event *out)
+/* Places ev at the hole i of h[0..n) and sifts it down (moving the hole, not swapping). */
+static void sift_down(kb_event *h, size_t n, size_t i, const kb_event *ev)
 {
-    size_t n = --*hn;
-    size_t i = 0;
-
-    *out = h[0];
-    if (n == 0)
-        return;
-    /* Sift the former last element down from the root, moving the hole instead of swapping. */
-    const kb_event *last = &h[n];
     for (;;) {
         size_t c = KB_HEAP_D_ * i + 1, best;
         if (c >= n)
@@ -277,12 +272,48 @@ static void heap_remove_min(kb_event *h, size_t *hn, kb_event *out)
         size_t end = c + KB_HEAP_D_ < n ? c + KB_HEAP_D_ : n;
         for (size_t k = c + 1; k < end; k++)
             best = ev_before(&h[k], &h[best]) ? k : best;
-        if (!ev_before(&h[best], last))
+        if (!ev_before(&h[best], ev))
             break;
         h[i] = h[best];
         i = best;
     }
-    h[i] = *last;
+    h[i] = *ev;
+}
+
+static void heap_remove_min(kb_event *h, size_t *hn, kb_event *out)
+{
+    size_t n = --*hn;
+
+    *out = h[0];
+    if (n > 0) {
+        kb_event last = h[n];
+        sift_down(h, n, 0, &last);
+    }
+}
+
+/* Turns h[0..n) into a heap (Floyd: sift down every parent, last first). */
+static void heapify(kb_event *h, size_t n)
+{
+    for (size_t i = n > 1 ? (n - 2) / KB_HEAP_D_ + 1 : 0; i-- > 0;) {
+        kb_event ev = h[i];
+        sift_down(h, n, i, &ev);
+    }
+}
+
+/*
+ * The near run turns into a heap (until it is used up) when keeping it sorted would cost
+ * more than a few moves: slots whose events arrive in random time order.
+ */
+#define KB_NEAR_SHIFTS_ 8
+
+static void near_to_heap(kb_sim *sim)
+{
+    size_t n = sim->hn - sim->nh;
+    if (sim->nh)
+        memmove(sim->heap, sim->heap + sim->nh, n * sizeof *sim->heap);
+    sim->nh = 0;
+    sim->hn = n;
+    sim->near_heap = 1; /* a sorted array already is a heap */
 }
 
 /* Inserts into the sorted near run: ev has the largest seq so far, so it goes after every
@@ -292,6 +323,18 @@ static void near_insert(kb_sim *sim, const kb_event *ev)
     kb_event *h = sim->heap;
     size_t i;
 
+    if (!sim->near_heap) {
+        size_t shifts = 0;
+        for (i = sim->hn; i > sim->nh && ev->time < h[i - 1].time && shifts <= KB_NEAR_SHIFTS_; i--)
+            shifts++;
+        if (shifts > KB_NEAR_SHIFTS_)
+            near_to_heap(sim);
+    }
+    if (sim->near_heap) {
+        assert(sim->hn < sim->cap);
+        heap_insert(h, &sim->hn, ev);
+        return;
+    }
     if (sim->hn == sim->cap) { /* compact: the consumed front is free space */
         memmove(h, h + sim->nh, (sim->hn - sim->nh) * sizeof *h);
         sim->hn -= sim->nh;
@@ -302,12 +345,6 @@ static void near_insert(kb_sim *sim, const kb_event *ev)
         h[i] = h[i - 1];
     h[i] = *ev;
     sim->hn++;
-}
-
-static int ev_cmp(const void *x, const void *y)
-{
-    const kb_event *a = x, *b = y;
-    return ev_before(a, b) ? -1 : ev_before(b, a); /* seqs differ: a strict total order */
 }
 
 static void heap_push(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
@@ -367,6 +404,7 @@ static int advance(kb_sim *sim, kb_event *out)
 
     assert(sim->hn == sim->nh);
     sim->nh = sim->hn = 0;
+    sim->near_heap = 0;
     if (sim->wn)
         next = sim->cursor + wheel_next(sim, cb);
     if (sim->farn && slot_of(sim->far[0].time) < next)
@@ -405,8 +443,10 @@ static int advance(kb_sim *sim, kb_event *out)
             }
             sim->wn -= k;
             sim->hn = k;
-            if (!sorted)
-                qsort(sim->heap, k, sizeof *sim->heap, ev_cmp);
+            if (!sorted) {
+                heapify(sim->heap, k);
+                sim->near_heap = 1;
+            }
             sim->bucket[b] = KB_NIL_;
             sim->bits[b >> 6] &= ~(UINT64_C(1) << (b & 63u));
         }
@@ -421,9 +461,14 @@ static int advance(kb_sim *sim, kb_event *out)
     return 1;
 }
 
-/* Takes the near run's front. */
+/* Takes the near run's front (or its heap's minimum). */
 static void near_pop(kb_sim *sim, kb_event *out)
 {
+    if (sim->near_heap) {
+        heap_remove_min(sim->heap, &sim->hn, out);
+        sim->near_heap = sim->hn > 0;
+        return;
+    }
     *out = sim->heap[sim->nh++];
     if (sim->nh == sim->hn)
         sim->nh = sim->hn = 0;
