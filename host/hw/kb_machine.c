@@ -524,20 +524,28 @@ static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, 
     return 0;
 }
 
+/* Whether pa is in the TCM ranges of pe (what locate would map to pe->tcm_port). */
+static int in_own_tcm(const kb_pe_hw *pe, kb_pa pa)
+{
+    return kb_pa_in_pe_window(pa, kb_pa_pe_window(pe->gsip, pe->cube, pe->pe)) &&
+           ((pa & (KB_SUB_OFFSET_BYTES - 1)) >> 27) < KB_PE_NRANGES;
+}
+
 int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, uint64_t nbytes,
                    kb_time now, kb_time *t_start, kb_time *t_end, kb_errbuf *eb)
 {
     loc ls, ld;
-    int rc = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb);
+    int rc;
 
-    if (rc)
-        return rc;
-    if (issuer && ls.port == &issuer->tcm_port && ld.port == ls.port) {
-        /* a copy inside the issuer's own TCM (build_route's `local` case): no memo lookup */
+    if (issuer && in_own_tcm(issuer, pa_src) && in_own_tcm(issuer, pa_dst)) {
+        /* a copy inside the issuer's own TCM (build_route's `local` case): no lookups */
         kb_res *const local[2] = { &issuer->dma, &issuer->tcm_port };
         reserve_path(m, local, 2, now, nbytes, t_start, t_end);
         return 0;
     }
+    rc = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb);
+    if (rc)
+        return rc;
     if (issuer) {
         for (int i = 0; i < KB_ROUTE_MEMO_WAYS; i++) {
             const kb_route_way *w = &issuer->routes[i];
