@@ -248,8 +248,7 @@ static kb_ipcq_req *req_get(ipcq_sys *sys)
     }
     kb_ipcq_req *r = sys->free_reqs;
     sys->free_reqs = r->next;
-    memset(r, 0, sizeof *r);
-    return r;
+    return r; /* post sets every field */
 }
 
 static void req_put(ipcq_sys *sys, kb_ipcq_req *r)
@@ -850,13 +849,18 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
     r->cols = s.cols;
     r->dt = dt;
     r->nbytes = nbytes;
+    r->seq = 0;
+    r->t_done = 0;
+    r->done = 0;
+    r->waiter = NULL;
+    r->next = NULL;
     if (into) {
         kb_tensor *t;
         kb_tl_translate(tl, va, 1, op, &t);
         r->dst_dt = t ? t->dtype : dt;
         r->dst = kb_tl_translate(tl, va, (uint64_t)s.rows * s.cols * kb_dtype_size(r->dst_dt), op,
                                  NULL);
-        r->val.scratch = 0;
+        r->val = (kb_val){ 0 };
     } else {
         r->val = kb_tl_scratch_val(tl, s.rows, s.cols, dt, op);
         r->dst = r->val.pa;
