@@ -116,8 +116,8 @@ typedef struct kb_wnode {
     uint32_t next;
 } kb_wnode;
 
-#define KB_WHEEL_SHIFT_ 8u                       /* a bucket spans 2^8 ps = 0.256 ns */
-#define KB_WHEEL_N_ 8192u                        /* buckets: a 2.1 us horizon */
+#define KB_WHEEL_SHIFT_ 9u                       /* a bucket spans 2^9 ps = 0.512 ns */
+#define KB_WHEEL_N_ 4096u                        /* buckets: a 2.1 us horizon */
 #define KB_WHEEL_WORDS_ (KB_WHEEL_N_ / 64u)
 #define KB_NIL_ UINT32_MAX
 

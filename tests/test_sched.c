@@ -132,7 +132,7 @@ static void test_heap_nested_random_order(void **state)
 }
 
 /*
- * Delays spread over every store of the queue: 0 (FIFO), inside the current 0.256 ns slot,
+ * Delays spread over every store of the queue: 0 (FIFO), inside the current 0.512 ns slot,
  * and uniform over 0..10 us on a 100 ps grid (wheel and far heap; ties are common).
  */
 static void wide_ev(kb_sim *sim, void *a, void *b)
