@@ -7,9 +7,9 @@
  * fibers: every live fiber has at most one pending event (its resume), so the fiber paths
  * (sleep, wake, finish), which cannot report errors, never allocate; only kb_sim_at/after and
  * kb_fiber_spawn grow the arrays.
- * Fibers switch with Boost.Context's fcontext (no system call per switch) or, under
- * KBCL_FIBER_UCONTEXT, with swapcontext (slower: it saves the signal mask); under AddressSanitizer
- * every switch is announced with __sanitizer_{start,finish}_switch_fiber. Fibers are
+ * Fibers switch with kb_switch_x86_64.S or Boost.Context's fcontext (registers only, no system
+ * call per switch) or, under KBCL_FIBER_UCONTEXT, with swapcontext (slower: it saves the signal
+ * mask); under AddressSanitizer every switch is announced with __sanitizer_{start,finish}_switch_fiber. Fibers are
  * asymmetric: a fiber always switches back to the scheduler loop that resumed it. Stacks are
  * mmap'd with MAP_NORESERVE. A guard page costs a VMA of its own (vm.max_map_count is 65 530 by
  * default), so only a sim's first KB_GUARDED_STACKS_ stacks get one (one mmap each, guard page
@@ -31,14 +31,38 @@
 #if KBCL_FIBER_UCONTEXT
 #include <ucontext.h>
 #else
-/* Boost.Context's C-linkage switch (libboost_context); declared here because its header is C++. */
 typedef void *kb_fctx_;
 typedef struct {
     kb_fctx_ fctx;
     void *data;
 } kb_transfer_;
+#if KBCL_FIBER_ASM
+/* kb_switch_x86_64.S: the same transfer protocol as Boost.Context's fcontext, without saving
+ * the floating-point control words. */
+extern kb_transfer_ kb_switch(kb_fctx_ to, void *data);
+extern void kb_switch_entry(void);
+#define jump_fcontext kb_switch
+
+/* Lays out a fresh context at the top of a stack: six zeroed registers with the entry
+ * function in r12's slot, then kb_switch_entry as the return address. The layout keeps the
+ * stack 16-byte aligned at the entry function's call. */
+static kb_fctx_ make_fcontext(void *sp, size_t size, void (*fn)(kb_transfer_))
+{
+    uintptr_t top = (uintptr_t)sp & ~(uintptr_t)15;
+    unsigned char *c = (unsigned char *)(top - 72);
+    void (*entry)(void) = kb_switch_entry;
+
+    (void)size;
+    memset(c, 0, 72);
+    memcpy(c, &fn, sizeof fn);
+    memcpy(c + 48, &entry, sizeof entry);
+    return c;
+}
+#else
+/* Boost.Context's C-linkage switch (libboost_context); declared here because its header is C++. */
 extern kb_transfer_ jump_fcontext(kb_fctx_ const to, void *vp);
 extern kb_fctx_ make_fcontext(void *sp, size_t size, void (*fn)(kb_transfer_));
+#endif
 #endif
 
 #if defined(__SANITIZE_ADDRESS__)

@@ -10,8 +10,9 @@
  *
  * Two kinds of actors run on the engine: callbacks (kb_event_fn, run on the engine's own stack)
  * and fibers (stackful coroutines that may block: sleep, wait on a signal, a latch or a queue).
- * Fibers switch with Boost.Context's C-linkage make_fcontext/jump_fcontext (a register switch)
- * or, when built with KBCL_FIBER_UCONTEXT (the sanitizer build), with ucontext. Stacks are
+ * Fibers switch registers with kbcl's own x86-64 switch (kb_switch_x86_64.S, KBCL_FIBER_ASM),
+ * or Boost.Context's C-linkage jump_fcontext on other CPUs, or, when built with
+ * KBCL_FIBER_UCONTEXT (the sanitizer build), with ucontext. Stacks are
  * mmap'd with MAP_NORESERVE (committed lazily by the kernel), have one guard page, and are
  * recycled through a free list when a fiber ends.
  *

@@ -9,7 +9,7 @@ PKGS=(
   libyaml-dev          # configs
   libcjson-dev         # JSON output
   libcmocka-dev        # unit tests
-  libboost-context-dev # make_fcontext / jump_fcontext (C linkage) for fibers
+  libboost-context-dev # jump_fcontext for fibers on CPUs other than x86-64 (own switch there)
   ocl-icd-opencl-dev opencl-headers ocl-icd-libopencl1 clinfo
   pocl-opencl-icd      # OpenCL on the CPU (CI and machines without a GPU)
   libopenmpi-dev openmpi-bin # `kbcl sweep` under mpirun (KBCL_MPI)
