@@ -451,19 +451,24 @@ static int advance(kb_sim *sim, kb_event *out)
             return 1;
         }
         if (i != KB_NIL_ && slot_of(sim->nodes[i].ev.time) == next) {
-            /* the list is newest first: lay it out back to front, i.e. in seq order */
+            /* the list is newest first: copy it out in one pass, then reverse (seq order) */
+            kb_event *h = sim->heap;
             size_t k = 0;
-            for (uint32_t j = i; j != KB_NIL_; j = sim->nodes[j].next)
-                k++;
             int sorted = 1;
-            for (size_t at = k; i != KB_NIL_;) {
+            while (i != KB_NIL_) {
                 uint32_t nx = sim->nodes[i].next;
-                sim->heap[--at] = sim->nodes[i].ev;
-                if (at + 1 < k && sim->heap[at].time > sim->heap[at + 1].time)
-                    sorted = 0;
+                h[k] = sim->nodes[i].ev;
+                if (k > 0 && h[k].time > h[k - 1].time)
+                    sorted = 0; /* in reverse order, times must not increase */
+                k++;
                 sim->nodes[i].next = sim->free_node;
                 sim->free_node = i;
                 i = nx;
+            }
+            for (size_t lo = 0, hi = k - 1; lo < hi; lo++, hi--) {
+                kb_event t = h[lo];
+                h[lo] = h[hi];
+                h[hi] = t;
             }
             sim->wn -= k;
             sim->hn = k;
