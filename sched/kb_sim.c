@@ -747,8 +747,7 @@ static int fiber_make_context(kb_sim *sim, kb_fiber *f)
     makecontext(&f->uc, (void (*)(void))fiber_entry_uc, 2, (unsigned int)(p >> 32),
                 (unsigned int)(p & 0xffffffffu));
 #else
-    size_t colour = ((uintptr_t)f->stack / sim->stack_bytes % 61u) * 1088u;
-    f->ctx = make_fcontext(lo + sim->stack_bytes - colour, sim->stack_bytes - colour, fiber_entry_fc);
+    f->ctx = make_fcontext(lo + sim->stack_bytes, sim->stack_bytes, fiber_entry_fc);
 #endif
     return 0;
 }
