@@ -192,10 +192,12 @@ struct kb_sim {
 
 /*
  * Three stores hold the future events, and together they keep exact (time, seq) order:
- *  - the near run holds every pending event whose slot (time >> KB_WHEEL_SHIFT_) is the
- *    cursor slot, the slot of `now`, sorted by (time, seq) and consumed from its front (a
- *    slot's events mostly share one time: lockstep PEs; then filling it is a copy); a slot
- *    whose events come in random time order makes it a 4-ary heap until it is used up;
+ *  - the near run holds every pending event whose slot (time >> KB_WHEEL_SHIFT_) is at most
+ *    the cursor slot (the slot of `now`, or of the only pending event when a push finds the
+ *    queue empty, which keeps a lone event off the wheel), sorted by (time, seq) and consumed
+ *    from its front (a slot's events mostly share one time: lockstep PEs; then filling it is
+ *    a copy); a slot whose events come in random time order makes it a 4-ary heap until it
+ *    is used up;
  *  - the wheel holds events of the next KB_WHEEL_N_ - 1 slots, unsorted, one list per slot;
  *  - the far heap holds events that were beyond the wheel's horizon when pushed.
  * When the near run is used up, the cursor moves to the earliest slot that the wheel or the far
@@ -376,8 +378,9 @@ static void heap_push(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
     kb_event ev = {t, sim->seq++, fn, a, b};
     uint64_t s = slot_of(t);
 
-    assert(s >= sim->cursor);
-    if (s == sim->cursor) {
+    if (s > sim->cursor && sim->hn == sim->nh && sim->wn == 0 && sim->farn == 0)
+        sim->cursor = s; /* nothing else is pending: the cursor may jump to it */
+    if (s <= sim->cursor) {
         near_insert(sim, &ev);
     } else if (s - sim->cursor < KB_WHEEL_N_) {
         uint32_t b_ = (uint32_t)(s & (KB_WHEEL_N_ - 1u)), i = sim->free_node;
