@@ -819,11 +819,16 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
     m->addr = dst;
     m->seq = seq;
     m->nbytes = nbytes;
-    if (kb_sim_at(ctx->sim, t_end, meta_arrive, m, NULL) != 0)
-        tl_fail(tl, KB_ERR_NOMEM, "out of memory");
     sys->sends++;
     trace(ctx, "send", tl->pe, dir, nbytes, seq);
-    kb_tl_wait_until(tl, t_end);
+    /* the token arrives when the DMA ends, which is also when the sender goes on: one queue
+     * entry for both (kb_fiber_sleep_then keeps their order) */
+    if (t_end > kb_sim_now(ctx->sim)) {
+        if (kb_fiber_sleep_then(ctx->sim, t_end, meta_arrive, m, NULL) != 0)
+            tl_fail(tl, KB_ERR_STATE, "tl_send: cannot wait for the DMA");
+    } else if (kb_sim_at(ctx->sim, t_end, meta_arrive, m, NULL) != 0) {
+        tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+    }
 }
 
 /* sync: the caller waits right away, so the posting overhead is folded into that wait */

@@ -119,6 +119,8 @@ struct kb_fiber {
 #endif
     int state;
     const char *what; /* while blocked: what it waits on (static string) */
+    kb_event_fn then_fn; /* kb_fiber_sleep_then: what runs just before the resume */
+    void *then_a, *then_b;
     const void *obj;
     kb_sim *sim;
     kb_fiber_fn fn;
@@ -371,6 +373,22 @@ static void near_insert(kb_sim *sim, const kb_event *ev)
         h[i] = h[i - 1];
     h[i] = *ev;
     sim->hn++;
+}
+
+/* Puts ev, which precedes every pending event, at the front of the near run. */
+static void near_push_front(kb_sim *sim, const kb_event *ev)
+{
+    if (sim->near_heap) {
+        heap_insert(sim->heap, &sim->hn, ev); /* the minimum: it becomes the root */
+        return;
+    }
+    if (sim->nh == 0) {
+        assert(sim->hn < sim->cap);
+        memmove(sim->heap + 1, sim->heap, sim->hn * sizeof *sim->heap);
+        sim->hn++;
+        sim->nh = 1;
+    }
+    sim->heap[--sim->nh] = *ev;
 }
 
 static void heap_push(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
@@ -939,6 +957,41 @@ void kb_fiber_sleep(kb_sim *sim, kb_time dt)
     f->state = KB_F_READY;
     push(sim, dt > 0 ? time_add_sat(sim->now, dt) : sim->now, fiber_resume_ev, f, NULL);
     fiber_yield(sim, f);
+}
+
+/* kb_fiber_sleep_then's event: the callback, then (unless it stopped the run) the resume. */
+static void fiber_then_ev(kb_sim *sim, void *a, void *b)
+{
+    kb_fiber *f = a;
+    uint64_t seq = (uint64_t)(uintptr_t)b; /* the resume's own seq */
+
+    f->then_fn(sim, f->then_a, f->then_b);
+    if (sim->stop) {
+        /* The loop would have stopped before popping the resume: leave it first in line. */
+        kb_event ev = { sim->now, seq, fiber_resume_ev, f, NULL };
+        near_push_front(sim, &ev);
+        return;
+    }
+    sim->nevents++;
+    fiber_resume_ev(sim, f, NULL);
+}
+
+int kb_fiber_sleep_then(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
+{
+    kb_fiber *f = sim->current;
+
+    assert(f && "kb_fiber_sleep_then outside a fiber");
+    if (!f || !fn || t <= sim->now)
+        return KB_ERR_INVAL;
+    f->then_fn = fn;
+    f->then_a = a;
+    f->then_b = b;
+    f->state = KB_F_READY;
+    /* the callback's seq, then the resume's (kept for a stop between the two) */
+    heap_push(sim, t, fiber_then_ev, f, (void *)(uintptr_t)(sim->seq + 1));
+    sim->seq++;
+    fiber_yield(sim, f);
+    return 0;
 }
 
 void kb_fiber_block(kb_sim *sim, const char *what, const void *obj)

@@ -89,6 +89,14 @@ void *kb_fiber_udata(const kb_fiber *f);
 void kb_fiber_sleep(kb_sim *sim, kb_time dt);
 
 /*
+ * kb_sim_at(sim, t, fn, a, b) followed by sleeping until t, in one queue entry: at t, fn runs
+ * and the fiber resumes right after it, as the two events would (nothing can come between
+ * them: they are adjacent in (time, seq) order; both count in kb_sim_events). t must be later
+ * than now (else KB_ERR_INVAL and nothing happens); never allocates. Running fiber only.
+ */
+int kb_fiber_sleep_then(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b);
+
+/*
  * Suspends the running fiber until someone calls kb_fiber_wake() on it. `what` (a static
  * string) and `obj` describe what it waits on, for deadlock reports. Building block of the
  * primitives in kb_sync.h; use those when they fit.

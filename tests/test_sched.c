@@ -306,6 +306,76 @@ static void test_fiber_sleep_exact(void **state)
     kb_sim_destroy(sim);
 }
 
+/* ---- kb_fiber_sleep_then: callback and resume as two adjacent events ---- */
+
+typedef struct then_ctx {
+    trace tr;
+    int stop_in_cb;
+    int rc_inval;
+} then_ctx;
+
+static void then_mark(kb_sim *sim, void *a, void *b)
+{
+    then_ctx *c = a;
+    trace_add(&c->tr, kb_sim_now(sim), (long)(intptr_t)b);
+}
+
+static void then_cb(kb_sim *sim, void *a, void *b)
+{
+    then_ctx *c = a;
+    trace_add(&c->tr, kb_sim_now(sim), (long)(intptr_t)b);
+    /* pushed now, for now: after the fiber's resume (FIFO after queued events) */
+    kb_sim_at(sim, kb_sim_now(sim), then_mark, c, (void *)(intptr_t)40);
+    if (c->stop_in_cb)
+        kb_sim_stop(sim, 9);
+}
+
+static void then_fiber(kb_sim *sim, void *arg)
+{
+    then_ctx *c = arg;
+    trace_add(&c->tr, kb_sim_now(sim), 1);
+    /* an event already pending at 100 fires first; one pushed after us at 100 fires after us */
+    kb_sim_at(sim, 100, then_mark, c, (void *)(intptr_t)20);
+    c->rc_inval = kb_fiber_sleep_then(sim, kb_sim_now(sim), then_cb, c, (void *)(intptr_t)99);
+    assert_int_equal(kb_fiber_sleep_then(sim, 100, then_cb, c, (void *)(intptr_t)30), 0);
+    trace_add(&c->tr, kb_sim_now(sim), 35); /* the resume */
+    kb_fiber_sleep(sim, 50);
+    trace_add(&c->tr, kb_sim_now(sim), 50);
+}
+
+static void then_late(kb_sim *sim, void *a, void *b)
+{
+    (void)b;
+    kb_sim_at(sim, 100, then_mark, a, (void *)(intptr_t)38); /* same time, later seq */
+}
+
+static void test_fiber_sleep_then(void **state)
+{
+    const rec want[] = {{0, 1}, {100, 20}, {100, 30}, {100, 35}, {100, 38}, {100, 40},
+                        {150, 50}};
+    for (int stop = 0; stop < 2; stop++) {
+        kb_sim *sim = kb_sim_create(NULL);
+        then_ctx c = {{0}, stop, 0};
+        (void)state;
+        assert_non_null(kb_fiber_spawn(sim, then_fiber, &c, "then"));
+        assert_int_equal(kb_sim_at(sim, 10, then_late, &c, NULL), 0);
+        if (stop) {
+            /* stopped in the callback: the resume has not fired, and is first in line */
+            assert_int_equal(kb_sim_run(sim), 9);
+            assert_int_equal(c.tr.n, 3);
+            assert_int_equal(kb_sim_run(sim), 0);
+        } else {
+            assert_int_equal(kb_sim_run(sim), 0);
+        }
+        expect_trace(&c.tr, want, sizeof want / sizeof want[0]);
+        assert_int_equal(c.rc_inval, KB_ERR_INVAL);
+        /* spawn, late, mark 20, callback, resume, mark 38, mark 40, the sleep's resume */
+        assert_int_equal(kb_sim_events(sim), 8);
+        trace_free(&c.tr);
+        kb_sim_destroy(sim);
+    }
+}
+
 /* Block + wake_at from a callback; waking a fiber that is not blocked does nothing. */
 typedef struct wake_ctx {
     kb_fiber *f;
@@ -852,6 +922,7 @@ int main(void)
         cmocka_unit_test(test_fifo_after_heap_at_same_time),
         cmocka_unit_test(test_at_in_past_is_inval),
         cmocka_unit_test(test_fiber_sleep_exact),
+        cmocka_unit_test(test_fiber_sleep_then),
         cmocka_unit_test(test_fiber_block_wake_at),
         cmocka_unit_test(test_queue_ping_pong),
         cmocka_unit_test(test_queue_blocks_both_ways),
