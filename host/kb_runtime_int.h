@@ -32,6 +32,8 @@ enum { KB_TAG_HOST = 0x484f5354, KB_TAG_KERNEL = 0x4b45524e };
 
 #define KB_SCR_NCLASS 7              /* 64 B, 128 B, ... 4 KiB */
 #define KB_SCR_MAX (64u << (KB_SCR_NCLASS - 1))
+#define KB_SCR_INL_CLASSES 2         /* the 64 B and 128 B classes ... */
+#define KB_SCR_INL 3                 /* ... keep the top 3 entries of their free stacks inline */
 #define KB_SCR_CHUNK (64u << 10)
 typedef struct kb_scr_chunk {
     kb_pa base;
@@ -42,7 +44,9 @@ typedef struct kb_scr_chunk {
 /*
  * A kernel's context. What every operation touches comes first, in two cache lines (with
  * hundreds of kernels taking turns, each line is a cache miss per turn): line 1 holds the
- * context, PE, issue cost, the scratch chunks and the free counts; line 2 the free stacks.
+ * context, PE, issue cost, the scratch chunks and the free counts; line 2 the tops of the
+ * small classes' free stacks. A class's free stack is freel[c][0 .. nfree[c]) with, for the
+ * first KB_SCR_INL_CLASSES classes, inl[c][0 .. ninl[c]) on top of it.
  */
 struct kb_tl {
     _Alignas(64) kb_ctx *ctx;
@@ -52,6 +56,8 @@ struct kb_tl {
     struct kb_scr_chunk *chunks;  /* owned */
     uint32_t nchunks;
     uint32_t nfree[KB_SCR_NCLASS];
+    kb_pa inl[KB_SCR_INL_CLASSES][KB_SCR_INL];
+    uint8_t ninl[KB_SCR_INL_CLASSES];
     kb_pa *freel[KB_SCR_NCLASS];  /* per-class stacks of free values (owned) */
     kb_pa bump, bump_end;
     /* values carved per class so far, and the free stacks' capacities, kept >= that count

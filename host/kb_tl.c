@@ -127,7 +127,9 @@ static kb_pa scr_small(kb_tl *tl, int c, const char *op)
 {
     uint64_t size = (uint64_t)64 << c;
     kb_pa pa;
-    if (tl->nfree[c]) {
+    if (c < KB_SCR_INL_CLASSES && tl->ninl[c]) {
+        pa = tl->inl[c][--tl->ninl[c]];
+    } else if (tl->nfree[c]) {
         pa = tl->freel[c][--tl->nfree[c]];
     } else {
         if (tl->bump + size > tl->bump_end)
@@ -191,6 +193,20 @@ void tl_free(kb_tl *tl, kb_val v)
         uint64_t unit = ch ? (v.pa - ch->base) / 64 : 0;
         if (ch && (ch->live[unit / 64] >> (unit % 64) & 1u)) {
             ch->live[unit / 64] &= ~(UINT64_C(1) << (unit % 64));
+            if (c < KB_SCR_INL_CLASSES) {
+                kb_pa *top = tl->inl[c];
+                if (tl->ninl[c] < KB_SCR_INL) {
+                    top[tl->ninl[c]++] = v.pa;
+                    return;
+                }
+                /* full: its bottom entry moves to the array, below the rest (order kept) */
+                assert(tl->nfree[c] < tl->capfree[c]);
+                tl->freel[c][tl->nfree[c]++] = top[0];
+                for (int i = 0; i + 1 < KB_SCR_INL; i++)
+                    top[i] = top[i + 1];
+                top[KB_SCR_INL - 1] = v.pa;
+                return;
+            }
             /* a free value was carved, and capfree >= carved values >= free ones */
             assert(tl->nfree[c] < tl->capfree[c]);
             tl->freel[c][tl->nfree[c]++] = v.pa;
@@ -220,6 +236,8 @@ void kb_tl_release_all(kb_tl *tl)
     tl->bump = tl->bump_end = 0;
     for (int c = 0; c < KB_SCR_NCLASS; c++)
         tl->nfree[c] = tl->ncarved[c] = 0;
+    for (int c = 0; c < KB_SCR_INL_CLASSES; c++)
+        tl->ninl[c] = 0;
 }
 
 void kb_tl_fini(kb_tl *tl)

@@ -724,6 +724,47 @@ static void test_small_values(void **state)
     kb_ctx_destroy(ctx);
 }
 
+/* Free stacks are LIFO, also across the inline top of the small classes (3 entries). */
+static void k_lifo(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    kb_val v[6], w[6];
+    for (int i = 0; i < 6; i++)
+        v[i] = tl_full(tl, KB_SHAPE1(8), (float)i); /* 32 B: the 64-byte class */
+    for (int i = 0; i < 6; i++)
+        tl_free(tl, v[i]);
+    for (int i = 0; i < 6; i++)
+        w[i] = tl_full(tl, KB_SHAPE1(8), 0.0f);
+    int lifo = 1;
+    for (int i = 0; i < 6; i++)
+        lifo &= w[i].pa == v[5 - i].pa;
+    p->used[0] = lifo;
+    tl_free(tl, w[0]);
+    p->rc[0] = 1;
+    tl_free(tl, w[0]); /* a double free of a value on the inline top */
+    p->rc[0] = 2;
+}
+
+static int h_lifo(kb_ctx *ctx, void *arg)
+{
+    probe *p = arg;
+    kb_kargs a = kargs(p);
+    return kb_launch(ctx, "lifo", k_lifo, &a, &one_pe);
+}
+
+static void test_small_values_lifo(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    probe p;
+    (void)state;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_ctx_run_host(ctx, h_lifo, &p), KB_ERR_INVAL);
+    assert_int_equal(p.used[0], 1);
+    assert_int_equal(p.rc[0], 1);
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "is not a live scratch value"));
+    kb_ctx_destroy(ctx);
+}
+
 /* ---- kernel errors ---- */
 
 static void k_badload(kb_tl *tl, const kb_kargs *a)
@@ -968,6 +1009,7 @@ int main(void)
         cmocka_unit_test(test_gemm_streamed_one_step),
         cmocka_unit_test(test_gemm_streamed_two_steps),
         cmocka_unit_test(test_free_releases_scratch),
+        cmocka_unit_test(test_small_values_lifo),
         cmocka_unit_test(test_small_values),
         cmocka_unit_test(test_err_unmapped),
         cmocka_unit_test(test_err_cross_shard),
