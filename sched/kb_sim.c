@@ -623,7 +623,7 @@ void kb_sim_destroy(kb_sim *sim)
     free(sim);
 }
 
-kb_time kb_sim_now(const kb_sim *sim) { return sim->now; }
+_Static_assert(offsetof(struct kb_sim, now) == 0, "kb_sim_now (kb_sim.h) reads the first member");
 
 int kb_sim_at(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
 {
