@@ -537,24 +537,32 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
     loc ls, ld;
     int rc;
 
-    if (issuer && in_own_tcm(issuer, pa_src) && in_own_tcm(issuer, pa_dst)) {
-        /* a copy inside the issuer's own TCM (build_route's `local` case): no lookups */
-        kb_res *const local[2] = { &issuer->dma, &issuer->tcm_port };
-        reserve_path(m, local, 2, now, nbytes, t_start, t_end);
-        return 0;
-    }
-    rc = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb);
-    if (rc)
-        return rc;
     if (issuer) {
-        for (int i = 0; i < KB_ROUTE_MEMO_WAYS; i++) {
+        /* the issuer's own TCM is known from the address bits (what locate would find) */
+        const kb_res *sp = in_own_tcm(issuer, pa_src) ? &issuer->tcm_port : NULL;
+        const kb_res *dp = in_own_tcm(issuer, pa_dst) ? &issuer->tcm_port : NULL;
+        if (sp && dp) {
+            /* a copy inside the issuer's own TCM (build_route's `local` case): no lookups */
+            kb_res *const local[2] = { &issuer->dma, &issuer->tcm_port };
+            reserve_path(m, local, 2, now, nbytes, t_start, t_end);
+            return 0;
+        }
+        if (!sp && locate(m, pa_src, &ls, NULL) == 0)
+            sp = ls.port;
+        if (!dp && locate(m, pa_dst, &ld, NULL) == 0)
+            dp = ld.port;
+        for (int i = 0; sp && dp && i < KB_ROUTE_MEMO_WAYS; i++) {
             const kb_route_way *w = &issuer->routes[i];
-            if (w->src == ls.port && w->dst == ld.port && w->n > 0) {
+            if (w->src == sp && w->dst == dp && w->n > 0) {
                 reserve_path(m, w->path, w->n, now, nbytes, t_start, t_end);
                 return 0;
             }
         }
     }
+    /* errors, routes not in the memo, host transfers */
+    rc = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb);
+    if (rc)
+        return rc;
     return dma_slow(m, issuer, &ls, &ld, pa_src != KB_PA_INVALID_ADDR,
                     pa_dst != KB_PA_INVALID_ADDR, nbytes, now, t_start, t_end, eb);
 }
