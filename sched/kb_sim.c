@@ -511,12 +511,17 @@ static int advance(kb_sim *sim, kb_event *out)
     return 1;
 }
 
+static KB_NOINLINE void near_heap_pop(kb_sim *sim, kb_event *out)
+{
+    heap_remove_min(sim->heap, &sim->hn, out);
+    sim->near_heap = sim->hn > 0;
+}
+
 /* Takes the near run's front (or its heap's minimum). */
-static void near_pop(kb_sim *sim, kb_event *out)
+static inline void near_pop(kb_sim *sim, kb_event *out)
 {
     if (sim->near_heap) {
-        heap_remove_min(sim->heap, &sim->hn, out);
-        sim->near_heap = sim->hn > 0;
+        near_heap_pop(sim, out);
         return;
     }
     *out = sim->heap[sim->nh++];
