@@ -393,22 +393,31 @@ static void near_push_front(kb_sim *sim, const kb_event *ev)
 
 static void heap_push(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
 {
-    kb_event ev = {t, sim->seq++, fn, a, b};
     uint64_t s = slot_of(t);
 
     if (s > sim->cursor && sim->hn == sim->nh && sim->wn == 0 && sim->farn == 0)
         sim->cursor = s; /* nothing else is pending: the cursor may jump to it */
-    if (s <= sim->cursor) {
-        near_insert(sim, &ev);
-    } else if (s - sim->cursor < KB_WHEEL_N_) {
+    if (s > sim->cursor && s - sim->cursor < KB_WHEEL_N_) {
+        /* the common case first; fields written in place (a struct built on the stack and
+         * copied costs a store-forwarding stall) */
         uint32_t b_ = (uint32_t)(s & (KB_WHEEL_N_ - 1u)), i = sim->free_node;
+        kb_wnode *nd = &sim->nodes[i];
         assert(i != KB_NIL_);
-        sim->free_node = sim->nodes[i].next;
-        sim->nodes[i].ev = ev;
-        sim->nodes[i].next = sim->bucket[b_];
+        sim->free_node = nd->next;
+        nd->ev.time = t;
+        nd->ev.seq = sim->seq++;
+        nd->ev.fn = fn;
+        nd->ev.a = a;
+        nd->ev.b = b;
+        nd->next = sim->bucket[b_];
         sim->bucket[b_] = i;
         sim->bits[b_ >> 6] |= UINT64_C(1) << (b_ & 63u);
         sim->wn++;
+        return;
+    }
+    kb_event ev = {t, sim->seq++, fn, a, b};
+    if (s <= sim->cursor) {
+        near_insert(sim, &ev);
     } else {
         assert(sim->farn < sim->cap);
         heap_insert(sim->far, &sim->farn, &ev);
