@@ -867,8 +867,13 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
                                  NULL);
         r->val = (kb_val){ 0 };
     } else {
-        r->val = kb_tl_scratch_val(tl, s.rows, s.cols, dt, op);
-        r->dst = r->val.pa;
+        /* filled in place: copying a returned kb_val costs a store-forwarding stall */
+        r->dst = kb_tl_scratch_alloc(tl, nbytes, op);
+        r->val.pa = r->dst;
+        r->val.rows = s.rows;
+        r->val.cols = s.cols;
+        r->val.dtype = (uint8_t)dt;
+        r->val.scratch = 1;
         r->dst_dt = dt;
     }
     r->t_post = kb_sim_now(tl->ctx->sim) + tl->cpu_ovh + sys->ipcq_ovh;

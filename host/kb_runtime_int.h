@@ -142,6 +142,8 @@ static inline int kb_ctx_records(const kb_ctx *ctx)
 
 /* kb_tl.c internals used by the IPCQ layer (each stops the run on failure, like tl_*). */
 kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op);
+/* The same, returning only the address (callers that fill a kb_val in place). */
+kb_pa kb_tl_scratch_alloc(kb_tl *tl, uint64_t bytes, const char *op);
 kb_pa kb_tl_translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_tensor **tensor);
 void kb_tl_record(kb_tl *tl, kb_rec *r);
 void kb_tl_wait_until(kb_tl *tl, kb_time t);

@@ -165,16 +165,16 @@ static KB_NOINLINE kb_pa scratch_big(kb_tl *tl, uint64_t bytes, const char *op)
     return pa;
 }
 
+kb_pa kb_tl_scratch_alloc(kb_tl *tl, uint64_t bytes, const char *op)
+{
+    return bytes <= KB_SCR_MAX ? scr_small(tl, scr_class(bytes), op) : scratch_big(tl, bytes, op);
+}
+
 kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op)
 {
-    uint64_t bytes = (uint64_t)rows * cols * kb_dtype_size(dt), pa;
     kb_val v;
 
-    if (bytes <= KB_SCR_MAX)
-        pa = scr_small(tl, scr_class(bytes), op);
-    else
-        pa = scratch_big(tl, bytes, op);
-    v.pa = pa;
+    v.pa = kb_tl_scratch_alloc(tl, (uint64_t)rows * cols * kb_dtype_size(dt), op);
     v.rows = rows;
     v.cols = cols;
     v.dtype = (uint8_t)dt;

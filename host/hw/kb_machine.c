@@ -504,10 +504,30 @@ static void reserve_path(kb_machine *m, kb_res *const *path, int n, kb_time now,
  * remembers it if short enough, reserves it. Kept out of line so that the route buffer is not
  * part of the hot path's stack frame (kernel fibers' stacks are cold when they resume).
  */
+/*
+ * Route memo keys. An address in some PE's TCM ranges is keyed by its bits above the range
+ * offset (pa >> 27, tagged): they name the PE and the range, hence the port, so a hit needs no
+ * locate (and the address was validated when the entry was made). Any other end is keyed by
+ * its port, found by locate.
+ */
+#define KB_KEY_TCM_ (UINT64_C(1) << 63)
+
+static int tcm_shaped(kb_pa pa)
+{
+    return !kb_pa_is_hbm(pa) && kb_pa_unit_of(pa) == KB_UNIT_PE && !((pa >> 29) & 1u) &&
+           ((pa & (KB_SUB_OFFSET_BYTES - 1)) >> 27) < KB_PE_NRANGES && pa <= KB_PA_MAX;
+}
+
+static uint64_t route_key(kb_pa pa, const kb_res *port)
+{
+    return tcm_shaped(pa) ? (pa >> 27) | KB_KEY_TCM_ : (uint64_t)(uintptr_t)port;
+}
+
 static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, const loc *ld,
-                                int has_src, int has_dst, uint64_t nbytes, kb_time now,
+                                kb_pa pa_src, kb_pa pa_dst, uint64_t nbytes, kb_time now,
                                 kb_time *t_start, kb_time *t_end, kb_errbuf *eb)
 {
+    int has_src = pa_src != KB_PA_INVALID_ADDR, has_dst = pa_dst != KB_PA_INVALID_ADDR;
     kb_res *buf[KB_MAX_ROUTE];
     int n = build_route(m, issuer, ls, ld, has_src, has_dst, buf, KB_MAX_ROUTE, eb);
 
@@ -515,8 +535,8 @@ static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, 
         return n;
     if (issuer && n <= KB_ROUTE_MEMO_LEN) {
         kb_route_way *w = &issuer->routes[issuer->route_next++ % KB_ROUTE_MEMO_WAYS];
-        w->src = ls->port;
-        w->dst = ld->port;
+        w->src = route_key(pa_src, ls->port);
+        w->dst = route_key(pa_dst, ld->port);
         w->n = n;
         memcpy(w->path, buf, (size_t)n * sizeof *buf);
     }
@@ -538,22 +558,24 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
     int rc;
 
     if (issuer) {
-        /* the issuer's own TCM is known from the address bits (what locate would find) */
-        const kb_res *sp = in_own_tcm(issuer, pa_src) ? &issuer->tcm_port : NULL;
-        const kb_res *dp = in_own_tcm(issuer, pa_dst) ? &issuer->tcm_port : NULL;
-        if (sp && dp) {
+        if (in_own_tcm(issuer, pa_src) && in_own_tcm(issuer, pa_dst)) {
             /* a copy inside the issuer's own TCM (build_route's `local` case): no lookups */
             kb_res *const local[2] = { &issuer->dma, &issuer->tcm_port };
             reserve_path(m, local, 2, now, nbytes, t_start, t_end);
             return 0;
         }
-        if (!sp && locate(m, pa_src, &ls, NULL) == 0)
-            sp = ls.port;
-        if (!dp && locate(m, pa_dst, &ld, NULL) == 0)
-            dp = ld.port;
-        for (int i = 0; sp && dp && i < KB_ROUTE_MEMO_WAYS; i++) {
+        uint64_t ks = 0, kd = 0;
+        if (tcm_shaped(pa_src))
+            ks = (pa_src >> 27) | KB_KEY_TCM_;
+        else if (locate(m, pa_src, &ls, NULL) == 0)
+            ks = (uint64_t)(uintptr_t)ls.port;
+        if (tcm_shaped(pa_dst))
+            kd = (pa_dst >> 27) | KB_KEY_TCM_;
+        else if (locate(m, pa_dst, &ld, NULL) == 0)
+            kd = (uint64_t)(uintptr_t)ld.port;
+        for (int i = 0; ks && kd && i < KB_ROUTE_MEMO_WAYS; i++) {
             const kb_route_way *w = &issuer->routes[i];
-            if (w->src == sp && w->dst == dp && w->n > 0) {
+            if (w->src == ks && w->dst == kd && w->n > 0) {
                 reserve_path(m, w->path, w->n, now, nbytes, t_start, t_end);
                 return 0;
             }
@@ -563,8 +585,7 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
     rc = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb);
     if (rc)
         return rc;
-    return dma_slow(m, issuer, &ls, &ld, pa_src != KB_PA_INVALID_ADDR,
-                    pa_dst != KB_PA_INVALID_ADDR, nbytes, now, t_start, t_end, eb);
+    return dma_slow(m, issuer, &ls, &ld, pa_src, pa_dst, nbytes, now, t_start, t_end, eb);
 }
 
 /* ---- command path ---- */

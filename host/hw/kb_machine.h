@@ -37,11 +37,10 @@
 #define KB_ROUTE_MEMO_WAYS 4  /* routes remembered per issuing PE */
 #define KB_ROUTE_MEMO_LEN 12  /* longest remembered route: any route inside one SIP */
 
-/* A route remembered by kb_machine_dma for (source port, destination port); n = 0: unused.
+/* A route remembered by kb_machine_dma for a pair of end keys; n = 0: unused.
  * One way per cache-line pair: a hit on a short route touches a single line. */
 typedef struct kb_route_way {
-    _Alignas(64) const kb_res *src;
-    const kb_res *dst;
+    _Alignas(64) uint64_t src, dst; /* end keys (kb_machine.c: route_key) */
     int n;
     kb_res *path[KB_ROUTE_MEMO_LEN];
 } kb_route_way;
