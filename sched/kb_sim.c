@@ -352,25 +352,26 @@ static void near_insert(kb_sim *sim, const kb_event *ev)
     size_t i;
 
     if (!sim->near_heap) {
-        size_t shifts = 0;
-        for (i = sim->hn; i > sim->nh && ev->time < h[i - 1].time && shifts <= KB_NEAR_SHIFTS_; i--)
-            shifts++;
-        if (shifts > KB_NEAR_SHIFTS_)
-            near_to_heap(sim);
+        /* its place: after the last event of a time <= its own, counted from the back */
+        for (i = sim->hn; i > sim->nh && ev->time < h[i - 1].time; i--)
+            if (sim->hn - i == KB_NEAR_SHIFTS_) {
+                near_to_heap(sim);
+                break;
+            }
     }
     if (sim->near_heap) {
         assert(sim->hn < sim->cap);
-        heap_insert(h, &sim->hn, ev);
+        heap_insert(sim->heap, &sim->hn, ev);
         return;
     }
     if (sim->hn == sim->cap) { /* compact: the consumed front is free space */
         memmove(h, h + sim->nh, (sim->hn - sim->nh) * sizeof *h);
+        i -= sim->nh;
         sim->hn -= sim->nh;
         sim->nh = 0;
     }
     assert(sim->hn < sim->cap);
-    for (i = sim->hn; i > sim->nh && ev->time < h[i - 1].time; i--)
-        h[i] = h[i - 1];
+    memmove(h + i + 1, h + i, (sim->hn - i) * sizeof *h);
     h[i] = *ev;
     sim->hn++;
 }
