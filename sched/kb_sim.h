@@ -13,8 +13,9 @@
  * Fibers switch registers with kbcl's own x86-64 switch (kb_switch_x86_64.S, KBCL_FIBER_ASM),
  * or Boost.Context's C-linkage jump_fcontext on other CPUs, or, when built with
  * KBCL_FIBER_UCONTEXT (the sanitizer build), with ucontext. Stacks are
- * mmap'd with MAP_NORESERVE (committed lazily by the kernel), have one guard page, and are
- * recycled through a free list when a fiber ends.
+ * mmap'd with MAP_NORESERVE in chunks (committed lazily by the kernel), have a guard page below
+ * them (every stack on kernels with guard regions, Linux 6.13+; the first 16 384 elsewhere, see
+ * kb_sim.c), and are recycled through a free list when a fiber ends.
  *
  * kb_sim_run() returns when no event is pending. If fibers are still blocked then, that is a
  * deadlock: it returns KB_ERR_DEADLOCK and kb_sim_foreach_blocked() lists who waits on what.

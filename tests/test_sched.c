@@ -11,8 +11,12 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "kb_err.h"
 #include "kb_sim.h"
@@ -913,10 +917,78 @@ static void test_destroy_with_blocked(void **state)
     kb_sim_destroy(sim);
 }
 
+/* ---------------------------------------------------------------- stack guard */
+
+static int guard_pipe = -1;
+
+/* Frames of ~1 KiB each, written so that the recursion really uses the stack. */
+static unsigned deep(unsigned depth, unsigned stop)
+{
+    volatile unsigned char buf[1024];
+    for (size_t i = 0; i < sizeof buf; i += 64)
+        buf[i] = (unsigned char)depth;
+    if (depth == 4 && write(guard_pipe, "4", 1) != 1)
+        _exit(3);
+    return depth >= stop ? buf[0] : deep(depth + 1, stop) + buf[64];
+}
+
+static void overflow_fiber(kb_sim *sim, void *arg)
+{
+    (void)sim;
+    /* 16 KiB of stack: 20 frames go ~4 KiB below its low end, into the guard page, and
+     * without one into the neighbouring stack's (mapped) top page */
+    deep(0, (unsigned)(uintptr_t)arg);
+}
+
+static void idle_fiber(kb_sim *sim, void *arg)
+{
+    (void)arg;
+    kb_fiber_sleep(sim, 1);
+}
+
+/* A fiber that runs off the low end of its stack dies on the guard page (SIGSEGV; under
+ * AddressSanitizer, its stack-overflow report) instead of overwriting another fiber's stack. */
+static void test_stack_guard(void **state)
+{
+    int fds[2], status;
+    char c = 0;
+    pid_t pid;
+
+    (void)state;
+    assert_int_equal(pipe(fds), 0);
+    fflush(NULL);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        kb_sim *sim = kb_sim_create(&(kb_sim_opts){.fiber_stack_bytes = 16384});
+        close(fds[0]);
+        guard_pipe = fds[1];
+        signal(SIGSEGV, SIG_DFL);
+        if (!sim || !kb_fiber_spawn(sim, idle_fiber, NULL, "below") ||
+            !kb_fiber_spawn(sim, overflow_fiber, (void *)(uintptr_t)20, "overflows"))
+            _exit(2);
+        kb_sim_run(sim);
+        _exit(0); /* the overflow went unnoticed */
+    }
+    close(fds[1]);
+    assert_int_equal(read(fds[0], &c, 1), 1); /* it ran, to depth 4 at least */
+    close(fds[0]);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(c, '4');
+#ifdef __SANITIZE_ADDRESS__
+    assert_true(WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0 &&
+                                        WEXITSTATUS(status) != 2 && WEXITSTATUS(status) != 3));
+#else
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGSEGV);
+#endif
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_heap_random_order),
+        cmocka_unit_test(test_stack_guard),
         cmocka_unit_test(test_heap_nested_random_order),
         cmocka_unit_test(test_queue_wheel_and_far_order),
         cmocka_unit_test(test_fifo_after_heap_at_same_time),
