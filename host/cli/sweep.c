@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -1279,7 +1278,11 @@ static int output_open(sw_ctx *c, int resume, kb_errbuf *eb)
         rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot open: %s", c->out_path, strerror(errno));
         goto done;
     }
-    if (flock(c->fd, LOCK_EX | LOCK_NB) != 0) {
+    /* A POSIX record lock, not flock(): forked workers do not inherit it, so the lock goes
+     * with the sweep process itself (a flock would live on in a worker that a kill -9 of the
+     * sweep left dying, and a --resume right after would find the file locked). */
+    struct flock lk = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0 };
+    if (fcntl(c->fd, F_SETLK, &lk) != 0) {
         rc = kb_err_set(eb, KB_ERR_IO, "%s: another kbcl sweep is writing it", c->out_path);
         goto done;
     }
