@@ -7,7 +7,8 @@
  * fibers: every live fiber has at most one pending event (its resume), so the fiber paths
  * (sleep, wake, finish), which cannot report errors, never allocate; only kb_sim_at/after and
  * kb_fiber_spawn grow the arrays.
- * Fibers switch with kb_switch_x86_64.S or Boost.Context's fcontext (registers only, no system
+ * Fibers switch with inline assembly on x86-64 (uctx_switch) or Boost.Context's fcontext
+ * elsewhere (registers only, no system
  * call per switch) or, under KBCL_FIBER_UCONTEXT, with swapcontext (slower: it saves the signal
  * mask); under AddressSanitizer every switch is announced with __sanitizer_{start,finish}_switch_fiber. Fibers are
  * asymmetric: a fiber always switches back to the scheduler loop that resumed it. Stacks are
@@ -34,39 +35,66 @@
 
 #if KBCL_FIBER_UCONTEXT
 #include <ucontext.h>
+#elif KBCL_FIBER_ASM
+/*
+ * The x86-64 switch is inline assembly at each switch site, with no call and no return: a
+ * suspended context is {stack pointer, frame pointer, resume address}; the switch stores the
+ * current three, loads the other side's and jumps. Every other register is declared clobbered,
+ * so the compiler keeps nothing live in registers across a switch (it spills what it needs,
+ * as around a call). Why no call: a call into a switch routine pushes a return address that
+ * the other side never pops, and the return-stack predictor then mispredicts the resumed
+ * side's returns (a fiber returns through two or three frames after each resume). Without
+ * them, the predictor still holds the previous fiber's returns, which, with hundreds of
+ * kernels taking turns through the same code, are the right ones. The MXCSR and x87 control
+ * words are not switched: kbcl never changes them.
+ */
+typedef struct kb_uctx_ {
+    void *sp, *bp, *pc;
+} kb_uctx_;
+
+/* kb_switch_x86_64.S: where a fresh context starts; calls the function at the stack top with
+ * the fiber (in rdi, put there by the switch). */
+extern void kb_fiber_start(void);
+
+#if defined(__AVX512F__)
+#define KB_CLOBBER_AVX512_                                                                     \
+    , "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", \
+        "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31", "k1", "k2", "k3", "k4", "k5", "k6", \
+        "k7"
+#else
+#define KB_CLOBBER_AVX512_
+#endif
+
+/* Suspends the running context into *from and resumes *to; arg reaches a fresh context's
+ * entry function in rdi. Returns when something switches back to *from. */
+static inline __attribute__((always_inline)) void uctx_switch(kb_uctx_ *from,
+                                                              const kb_uctx_ *to, void *arg)
+{
+    __asm__ volatile("leaq 1f(%%rip), %%rax\n\t"
+                     "movq %%rax, 16(%[from])\n\t"
+                     "movq %%rsp, 0(%[from])\n\t"
+                     "movq %%rbp, 8(%[from])\n\t"
+                     "movq 0(%[to]), %%rsp\n\t"
+                     "movq 8(%[to]), %%rbp\n\t"
+                     "jmpq *16(%[to])\n\t"
+                     "1:"
+                     : "+D"(arg), [from] "+S"(from), [to] "+d"(to)
+                     :
+                     : "rax", "rbx", "rcx", "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15",
+                       "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8",
+                       "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "st",
+                       "st(1)", "st(2)", "st(3)", "st(4)", "st(5)", "st(6)", "st(7)", "memory",
+                       "cc" KB_CLOBBER_AVX512_);
+}
 #else
 typedef void *kb_fctx_;
 typedef struct {
     kb_fctx_ fctx;
     void *data;
 } kb_transfer_;
-#if KBCL_FIBER_ASM
-/* kb_switch_x86_64.S: the same transfer protocol as Boost.Context's fcontext, without saving
- * the floating-point control words. */
-extern kb_transfer_ kb_switch(kb_fctx_ to, void *data);
-extern void kb_switch_entry(void);
-#define jump_fcontext kb_switch
-
-/* Lays out a fresh context at the top of a stack: six zeroed registers with the entry
- * function in r12's slot, then kb_switch_entry as the return address. The layout keeps the
- * stack 16-byte aligned at the entry function's call. */
-static kb_fctx_ make_fcontext(void *sp, size_t size, void (*fn)(kb_transfer_))
-{
-    uintptr_t top = (uintptr_t)sp & ~(uintptr_t)15;
-    unsigned char *c = (unsigned char *)(top - 72);
-    void (*entry)(void) = kb_switch_entry;
-
-    (void)size;
-    memset(c, 0, 72);
-    memcpy(c, &fn, sizeof fn);
-    memcpy(c + 48, &entry, sizeof entry);
-    return c;
-}
-#else
 /* Boost.Context's C-linkage switch (libboost_context); declared here because its header is C++. */
 extern kb_transfer_ jump_fcontext(kb_fctx_ const to, void *vp);
 extern kb_fctx_ make_fcontext(void *sp, size_t size, void (*fn)(kb_transfer_));
-#endif
 #endif
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -121,6 +149,8 @@ struct kb_fiber {
     /* first: what a resume, a sleep and a wake touch (one cache line with the neighbours) */
 #if KBCL_FIBER_UCONTEXT
     ucontext_t uc;
+#elif KBCL_FIBER_ASM
+    kb_uctx_ uc;
 #else
     kb_fctx_ ctx;
 #endif
@@ -188,6 +218,8 @@ struct kb_sim {
 
 #if KBCL_FIBER_UCONTEXT
     ucontext_t sched_uc;
+#elif KBCL_FIBER_ASM
+    kb_uctx_ sched_uc;
 #else
     kb_fctx_ sched_ctx;
 #endif
@@ -667,6 +699,12 @@ int kb_sim_after(kb_sim *sim, kb_time dt, kb_event_fn fn, void *a, void *b)
     return kb_sim_at(sim, sim->now + dt, fn, a, b);
 }
 
+static inline __attribute__((always_inline)) void fiber_resume(kb_sim *sim, kb_fiber *f);
+static inline __attribute__((always_inline)) int fiber_then(kb_sim *sim, kb_fiber *f,
+                                                            uint64_t seq);
+static void fiber_resume_ev(kb_sim *sim, void *a, void *b);
+static void fiber_then_ev(kb_sim *sim, void *a, void *b);
+
 /*
  * A stop requested outside a run stays pending: the next run returns its code before firing
  * anything. Re-entering run from a callback or a fiber is refused with KB_ERR_STATE.
@@ -699,7 +737,17 @@ int kb_sim_run(kb_sim *sim)
             break;
         }
         sim->nevents++;
-        ev.fn(sim, ev.a, ev.b);
+        /* A resume in line: the switch back lands in this loop, so no return through an
+         * event function follows it (after a fiber's run the return predictor holds the
+         * fiber's calls, and that return would be mispredicted). */
+        if (ev.fn == fiber_resume_ev) {
+            fiber_resume(sim, ev.a);
+        } else if (ev.fn == fiber_then_ev) {
+            if (fiber_then(sim, ev.a, (uint64_t)(uintptr_t)ev.b))
+                fiber_resume(sim, ev.a);
+        } else {
+            ev.fn(sim, ev.a, ev.b);
+        }
     }
     if (sim->stop) {
         sim->stop = 0;
@@ -752,6 +800,8 @@ static void fiber_main(kb_sim *sim, kb_fiber *f)
     ASAN_TO_SCHED_(sim, NULL); /* NULL: this stack is abandoned */
 #if KBCL_FIBER_UCONTEXT
     setcontext(&sim->sched_uc);
+#elif KBCL_FIBER_ASM
+    uctx_switch(&f->uc, &sim->sched_uc, NULL);
 #else
     jump_fcontext(sim->sched_ctx, NULL);
 #endif
@@ -764,6 +814,12 @@ static void fiber_entry_uc(unsigned int hi, unsigned int lo)
 {
     kb_fiber *f = (kb_fiber *)(uintptr_t)(((uint64_t)hi << 32) | lo);
     ASAN_BACK_IN_FIBER_(f->sim, NULL);
+    fiber_main(f->sim, f);
+}
+#elif KBCL_FIBER_ASM
+/* kb_fiber_start calls this with the fiber the first switch into it passed. */
+static void fiber_entry_asm(kb_fiber *f)
+{
     fiber_main(f->sim, f);
 }
 #else
@@ -789,27 +845,35 @@ static int fiber_make_context(kb_sim *sim, kb_fiber *f)
     f->uc.uc_link = NULL;
     makecontext(&f->uc, (void (*)(void))fiber_entry_uc, 2, (unsigned int)(p >> 32),
                 (unsigned int)(p & 0xffffffffu));
+#elif KBCL_FIBER_ASM
+    /* kb_fiber_start finds the entry function at the (16-byte aligned) stack pointer */
+    unsigned char *sp = (unsigned char *)(((uintptr_t)(lo + sim->stack_bytes) & ~(uintptr_t)15) - 16);
+    void (*entry)(kb_fiber *) = fiber_entry_asm;
+    memcpy(sp, &entry, sizeof entry);
+    f->uc.sp = sp;
+    f->uc.bp = NULL;
+    f->uc.pc = (void *)(uintptr_t)kb_fiber_start;
 #else
     f->ctx = make_fcontext(lo + sim->stack_bytes, sim->stack_bytes, fiber_entry_fc);
 #endif
     return 0;
 }
 
-/* The resume event: runs f until it blocks, sleeps or finishes (scheduler side). */
-static void fiber_resume_ev(kb_sim *sim, void *a, void *b)
+/* Runs f until it blocks, sleeps or finishes (scheduler side). */
+static inline __attribute__((always_inline)) void fiber_resume(kb_sim *sim, kb_fiber *f)
 {
-    kb_fiber *f = a;
 #ifdef KB_ASAN_
     void *fake = NULL;
 #endif
 
-    (void)b;
     f->state = KB_F_RUNNING;
     sim->current = f;
     sim->nswitches++;
     ASAN_TO_FIBER_(sim, f, fake);
 #if KBCL_FIBER_UCONTEXT
     swapcontext(&sim->sched_uc, &f->uc);
+#elif KBCL_FIBER_ASM
+    uctx_switch(&sim->sched_uc, &f->uc, f);
 #else
     f->ctx = jump_fcontext(f->ctx, f).fctx;
 #endif
@@ -819,14 +883,23 @@ static void fiber_resume_ev(kb_sim *sim, void *a, void *b)
         fiber_recycle(sim, f);
 }
 
+/* The resume event (kb_sim_run resumes in line; this is its address and the general path). */
+static void fiber_resume_ev(kb_sim *sim, void *a, void *b)
+{
+    (void)b;
+    fiber_resume(sim, a);
+}
+
 /* Fiber side: hands control back to the scheduler; returns when resumed. */
-static void fiber_yield(kb_sim *sim, kb_fiber *f)
+static inline __attribute__((always_inline)) void fiber_yield(kb_sim *sim, kb_fiber *f)
 {
 #ifdef KB_ASAN_
     ASAN_TO_SCHED_(sim, &f->fake_stack);
 #endif
 #if KBCL_FIBER_UCONTEXT
     swapcontext(&f->uc, &sim->sched_uc);
+#elif KBCL_FIBER_ASM
+    uctx_switch(&f->uc, &sim->sched_uc, NULL);
 #else
     (void)f;
     sim->sched_ctx = jump_fcontext(sim->sched_ctx, NULL).fctx;
@@ -997,21 +1070,27 @@ void kb_fiber_sleep(kb_sim *sim, kb_time dt)
     fiber_yield(sim, f);
 }
 
-/* kb_fiber_sleep_then's event: the callback, then (unless it stopped the run) the resume. */
-static void fiber_then_ev(kb_sim *sim, void *a, void *b)
+/* kb_fiber_sleep_then's event, first half: the callback. Returns whether the resume (the
+ * second half, a counted event of its own) follows. */
+static inline __attribute__((always_inline)) int fiber_then(kb_sim *sim, kb_fiber *f,
+                                                            uint64_t seq)
 {
-    kb_fiber *f = a;
-    uint64_t seq = (uint64_t)(uintptr_t)b; /* the resume's own seq */
-
     f->then_fn(sim, f->then_a, f->then_b);
     if (sim->stop) {
         /* The loop would have stopped before popping the resume: leave it first in line. */
         kb_event ev = { sim->now, seq, fiber_resume_ev, f, NULL };
         near_push_front(sim, &ev);
-        return;
+        return 0;
     }
     sim->nevents++;
-    fiber_resume_ev(sim, f, NULL);
+    return 1;
+}
+
+/* (kb_sim_run runs it in line; this is its address.) */
+static void fiber_then_ev(kb_sim *sim, void *a, void *b)
+{
+    if (fiber_then(sim, a, (uint64_t)(uintptr_t)b))
+        fiber_resume(sim, a);
 }
 
 int kb_fiber_sleep_then(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)

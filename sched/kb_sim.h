@@ -10,7 +10,7 @@
  *
  * Two kinds of actors run on the engine: callbacks (kb_event_fn, run on the engine's own stack)
  * and fibers (stackful coroutines that may block: sleep, wait on a signal, a latch or a queue).
- * Fibers switch registers with kbcl's own x86-64 switch (kb_switch_x86_64.S, KBCL_FIBER_ASM),
+ * Fibers switch registers with kbcl's own x86-64 switch (inline assembly, KBCL_FIBER_ASM),
  * or Boost.Context's C-linkage jump_fcontext on other CPUs, or, when built with
  * KBCL_FIBER_UCONTEXT (the sanitizer build), with ucontext. Stacks are
  * mmap'd with MAP_NORESERVE in chunks (committed lazily by the kernel), have a guard page below

@@ -1,50 +1,19 @@
 /*
- * kb_switch_x86_64 — the fiber context switch for x86-64 System V (Linux, the BSDs).
+ * kb_switch_x86_64 — where a fresh fiber context starts on x86-64 System V (Linux, the BSDs).
  *
- * A suspended context is its stack pointer, below which the switch has pushed the callee-saved
- * registers (rbp, rbx, r15 .. r12) on top of the return address of its kb_switch call. The
- * MXCSR and x87 control words, which the ABI also makes callee-saved, are not saved: kbcl never
- * changes them.
- *
- *   kb_switch_transfer kb_switch(void *to, void *data)      (rdi, rsi -> rax, rdx)
- *     suspends the caller, resumes `to`, and hands it {the caller's context, data} as the
- *     return value of the kb_switch that suspended it (or as the argument of its entry).
- *   kb_switch_entry
- *     where a fresh context (laid out by kb_switch_make in kb_sim.c) starts: calls the entry
- *     function kept in r12 with the transfer in rdi:rsi. The entry function never returns.
+ * The switch itself is inline assembly in kb_sim.c (uctx_switch): it jumps here, with the
+ * stack pointer 16-byte aligned at the fresh stack's top and the fiber in rdi, the first time
+ * a fiber runs. The entry function's address sits at the stack pointer; it never returns.
  */
     .text
-    .globl  kb_switch
-    .type   kb_switch, @function
+    .globl  kb_fiber_start
+    .type   kb_fiber_start, @function
     .p2align 4
-kb_switch:
-    pushq   %rbp
-    pushq   %rbx
-    pushq   %r15
-    pushq   %r14
-    pushq   %r13
-    pushq   %r12
-    movq    %rsp, %rax
-    movq    %rdi, %rsp
-    popq    %r12
-    popq    %r13
-    popq    %r14
-    popq    %r15
-    popq    %rbx
-    popq    %rbp
-    popq    %r8
-    movq    %rsi, %rdx
-    jmp     *%r8                 /* not ret: the return-stack predictor holds the other side */
-    .size   kb_switch, .-kb_switch
-
-    .globl  kb_switch_entry
-    .type   kb_switch_entry, @function
-    .p2align 4
-kb_switch_entry:
-    movq    %rax, %rdi
-    movq    %rdx, %rsi
-    callq   *%r12
+kb_fiber_start:
+    movq    (%rsp), %rax
+    xorl    %ebp, %ebp
+    callq   *%rax
     ud2
-    .size   kb_switch_entry, .-kb_switch_entry
+    .size   kb_fiber_start, .-kb_fiber_start
 
     .section .note.GNU-stack,"",@progbits

@@ -921,15 +921,16 @@ static void test_destroy_with_blocked(void **state)
 
 static int guard_pipe = -1;
 
-/* Frames of ~1 KiB each, written so that the recursion really uses the stack. */
-static unsigned deep(unsigned depth, unsigned stop)
+/* Frames of ~1 KiB each, written so that the recursion really uses the stack; each frame
+ * hands its buffer to the next, so no compiler can turn the recursion into a loop. */
+static unsigned deep(unsigned depth, unsigned stop, volatile unsigned char *up)
 {
     volatile unsigned char buf[1024];
     for (size_t i = 0; i < sizeof buf; i += 64)
-        buf[i] = (unsigned char)depth;
+        buf[i] = (unsigned char)(depth + (up ? up[i] : 0));
     if (depth == 4 && write(guard_pipe, "4", 1) != 1)
         _exit(3);
-    return depth >= stop ? buf[0] : deep(depth + 1, stop) + buf[64];
+    return depth >= stop ? buf[0] : deep(depth + 1, stop, buf) + buf[64];
 }
 
 static void overflow_fiber(kb_sim *sim, void *arg)
@@ -937,7 +938,7 @@ static void overflow_fiber(kb_sim *sim, void *arg)
     (void)sim;
     /* 16 KiB of stack: 20 frames go ~4 KiB below its low end, into the guard page, and
      * without one into the neighbouring stack's (mapped) top page */
-    deep(0, (unsigned)(uintptr_t)arg);
+    deep(0, (unsigned)(uintptr_t)arg, NULL);
 }
 
 static void idle_fiber(kb_sim *sim, void *arg)
