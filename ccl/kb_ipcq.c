@@ -70,12 +70,41 @@ typedef struct qp {
     struct ipcq_sys *sys;
 } qp;
 
+/*
+ * A PE's IPCQ state: queue pairs for its wired directions only, in direction order (a PE
+ * wires two to four of the eleven, and every page of per-PE state is a page fault when a
+ * launch installs hundreds of PEs). Carved from one block per install.
+ */
 struct pe_state {
     kb_pe_hw *pe;
     ipcq_sys *sys;
     uint32_t wired;
-    qp q[KB_NDIRS];
+    uint32_t nq;
+    qp q[]; /* [nq] */
 };
+
+/* Set bits (no POPCNT in baseline x86-64: the portable bit trick). */
+static unsigned bits_set(uint32_t x)
+{
+    x = x - ((x >> 1) & UINT32_C(0x55555555));
+    x = (x & UINT32_C(0x33333333)) + ((x >> 2) & UINT32_C(0x33333333));
+    x = (x + (x >> 4)) & UINT32_C(0x0f0f0f0f);
+    return (x * UINT32_C(0x01010101)) >> 24;
+}
+
+/* Bits of mask below bit d (< 32): the index of direction d's queue pair among the wired. */
+static unsigned rank_below(uint32_t mask, unsigned d)
+{
+    return bits_set(mask & ((UINT32_C(1) << d) - 1u));
+}
+
+/* Direction d's queue pair, or NULL where d is not wired. */
+static qp *qp_of(const pe_state *ps, int d)
+{
+    if (!ps || (unsigned)d >= KB_NDIRS || !(ps->wired >> d & 1u))
+        return NULL;
+    return (qp *)&ps->q[rank_below(ps->wired, (unsigned)d)];
+}
 
 struct kb_ipcq_req {
     qp *q;
@@ -114,6 +143,8 @@ struct ipcq_sys {
     msg *free_msgs;
     kb_ipcq_req *free_reqs;
     chunk *chunks;        /* pool memory, freed at destroy */
+    void **blocks;        /* pe_state blocks, one per install, freed at destroy */
+    size_t nblocks;
     uint64_t sends, recvs;
 };
 
@@ -171,20 +202,21 @@ static kb_alloc *ring_allocator(kb_ctx *ctx, kb_pe_hw *pe, kb_mem_kind kind)
     }
 }
 
+/* Returns a PE's rings and ring arrays and unhooks it; the state's memory is its block's. */
 static void free_pe_state(ipcq_sys *sys, pe_state *ps)
 {
-    for (int d = 0; d < KB_NDIRS; d++) {
-        if (ps->q[d].wired)
+    for (uint32_t k = 0; k < ps->nq; k++) {
+        qp *q = &ps->q[k];
+        if (q->wired)
             kb_alloc_free(ring_allocator(sys->ctx, ps->pe, sys->cfg.buffer_kind),
-                          ps->q[d].my_rx_base, NULL);
-        if (ps->q[d].slot_bytes != ps->q[d].sb_inl)
-            free(ps->q[d].slot_bytes);
-        if (ps->q[d].cr_t != ps->q[d].cr_inl)
-            free(ps->q[d].cr_t);
+                          q->my_rx_base, NULL);
+        if (q->slot_bytes != q->sb_inl)
+            free(q->slot_bytes);
+        if (q->cr_t != q->cr_inl)
+            free(q->cr_t);
     }
     ps->pe->ipcq_state = NULL;
     ps->pe->ipcq_wired = 0;
-    free(ps);
 }
 
 static void sys_destroy(void *p)
@@ -193,6 +225,9 @@ static void sys_destroy(void *p)
     for (size_t i = 0; i < sys->npes; i++)
         free_pe_state(sys, sys->pes[i]);
     free(sys->pes);
+    for (size_t i = 0; i < sys->nblocks; i++)
+        free(sys->blocks[i]);
+    free(sys->blocks);
     while (sys->chunks) {
         chunk *c = sys->chunks;
         sys->chunks = c->next;
@@ -277,8 +312,8 @@ static void dump(kb_ctx *ctx, char *buf, size_t n, void *ud)
     for (size_t i = 0; i < sys->npes && len < n; i++) {
         pe_state *ps = sys->pes[i];
         for (int d = 0; d < KB_NDIRS && len < n; d++) {
-            qp *q = &ps->q[d];
-            if (!q->wired)
+            qp *q = qp_of(ps, d);
+            if (!q)
                 continue;
             credits_take(q, kb_sim_now(sys->ctx->sim));
             w = snprintf(buf + len, n - len,
@@ -304,10 +339,9 @@ uint32_t kb_ipcq_wired(kb_ctx *ctx, const kb_pe_hw *pe)
 
 int kb_ipcq_counters_of(kb_ctx *ctx, const kb_pe_hw *pe, kb_dir d, kb_ipcq_counters *out)
 {
-    const pe_state *ps = pe->ipcq_state;
-    if (!ps || (unsigned)d >= KB_NDIRS || !ps->q[d].wired)
+    qp *q = qp_of(pe->ipcq_state, (int)d);
+    if (!q)
         return KB_ERR_DIRECTION;
-    qp *q = (qp *)&ps->q[d];
     credits_take(q, kb_sim_now(ctx->sim));
     out->my_head = q->my_head;
     out->my_tail = q->my_tail;
@@ -324,8 +358,8 @@ int kb_ipcq_counters_of(kb_ctx *ctx, const kb_pe_hw *pe, kb_dir d, kb_ipcq_count
 /* The queue pair of `ps` whose rx ring holds addr / whose peer ring starts at rx_base. */
 static qp *ring_holding(pe_state *ps, kb_pa addr)
 {
-    for (int d = 0; ps && d < KB_NDIRS; d++) {
-        qp *q = &ps->q[d];
+    for (uint32_t k = 0; ps && k < ps->nq; k++) {
+        qp *q = &ps->q[k];
         if (q->wired && addr >= q->my_rx_base &&
             addr < q->my_rx_base + (uint64_t)q->n_slots * q->slot_size)
             return q;
@@ -335,9 +369,9 @@ static qp *ring_holding(pe_state *ps, kb_pa addr)
 
 static qp *sender_into(pe_state *ps, kb_pa rx_base)
 {
-    for (int d = 0; ps && d < KB_NDIRS; d++)
-        if (ps->q[d].wired && ps->q[d].peer_rx_base == rx_base)
-            return &ps->q[d];
+    for (uint32_t k = 0; ps && k < ps->nq; k++)
+        if (ps->q[k].wired && ps->q[k].peer_rx_base == rx_base)
+            return &ps->q[k];
     return NULL;
 }
 
@@ -374,7 +408,10 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
 {
     kb_errbuf *eb = &ctx->err;
     ipcq_sys *sys = sys_of(ctx);
-    pe_state **fresh = NULL;
+    pe_state **fresh = NULL; /* this install's PEs, in order of first link */
+    uint32_t *mask = NULL;    /* their wired directions */
+    void *block = NULL;       /* their states (sys owns it once committed) */
+    int states_made = 0;
     size_t nfresh = 0;
     range *rs = NULL;
     char a[48], b[48];
@@ -399,46 +436,74 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
         return kb_err_set(eb, KB_ERR_STATE, "IPCQ install: a context uses one IPCQ configuration");
     }
     fresh = calloc(n ? n : 1, sizeof *fresh);
-    if (!fresh)
-        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+    mask = calloc(n ? n : 1, sizeof *mask);
+    if (!fresh || !mask) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
 
-    /* per-PE state; a PE installed before (or twice in this plan) is an error */
+    /*
+     * The wired directions of each PE first (a PE installed before, or a direction twice, is
+     * an error): while this runs, a PE new to this install points at its entry of `mask`.
+     */
     for (size_t i = 0; i < n; i++) {
         kb_pe_hw *pe = links[i].pe;
         if ((unsigned)links[i].dir >= KB_NDIRS || (unsigned)links[i].peer_dir >= KB_NDIRS) {
             rc = kb_err_set(eb, KB_ERR_INVAL, "IPCQ install: bad direction in link %zu", i);
             goto fail;
         }
-        pe_state *ps = pe->ipcq_state;
-        int mine = 0;
-        for (size_t j = 0; j < nfresh; j++)
-            mine |= fresh[j] == ps;
-        if (ps && !mine) {
+        uint32_t *m = pe->ipcq_state;
+        if (m && !(m >= mask && m < mask + nfresh)) {
             fmt_pe(pe, a, sizeof a);
             rc = kb_err_set(eb, KB_ERR_STATE, "IPCQ install: %s is already installed (a second "
                             "install on a PE is not allowed)", a);
             goto fail;
         }
-        if (!ps) {
-            ps = aligned_alloc(64, sizeof *ps); /* qp is cache-line aligned */
-            if (ps)
-                memset(ps, 0, sizeof *ps);
-            if (!ps) {
-                rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-                goto fail;
-            }
-            ps->pe = pe;
-            ps->sys = sys;
-            pe->ipcq_state = ps;
-            fresh[nfresh++] = ps;
+        if (!m) {
+            m = &mask[nfresh];
+            fresh[nfresh++] = (pe_state *)(void *)pe; /* the PE, until the states exist */
+            pe->ipcq_state = m;
         }
-        qp *q = &ps->q[links[i].dir];
-        if (q->wired) {
+        if (*m >> links[i].dir & 1u) {
             fmt_pe(pe, a, sizeof a);
             rc = kb_err_set(eb, KB_ERR_INVAL, "IPCQ install: %s direction %s appears twice", a,
                             dir_names[links[i].dir]);
             goto fail;
         }
+        *m |= UINT32_C(1) << links[i].dir;
+    }
+    /* the states, in one block (each starts on a cache line: queue pairs are aligned) */
+    {
+        size_t total = 0, off = 0;
+        for (size_t j = 0; j < nfresh; j++)
+            total += sizeof(pe_state) + (size_t)bits_set(mask[j]) * sizeof(qp);
+        void **nb = realloc(sys->blocks, (sys->nblocks + 1) * sizeof *nb);
+        if (nb)
+            sys->blocks = nb;
+        block = nb ? aligned_alloc(64, total ? total : 64) : NULL;
+        if (!block) {
+            rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        memset(block, 0, total);
+        for (size_t j = 0; j < nfresh; j++) {
+            kb_pe_hw *pe = (kb_pe_hw *)(void *)fresh[j];
+            pe_state *ps = (pe_state *)(void *)((char *)block + off);
+            ps->pe = pe;
+            ps->sys = sys;
+            ps->wired = mask[j];
+            ps->nq = bits_set(mask[j]);
+            pe->ipcq_wired = mask[j];
+            off += sizeof(pe_state) + (size_t)ps->nq * sizeof(qp);
+            pe->ipcq_state = ps;
+            fresh[j] = ps;
+        }
+        states_made = 1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        kb_pe_hw *pe = links[i].pe;
+        pe_state *ps = pe->ipcq_state;
+        qp *q = &ps->q[rank_below(ps->wired, links[i].dir)];
         kb_errbuf aeb;
         uint64_t base;
         if (kb_alloc_alloc(ring_allocator(ctx, pe, cfg->buffer_kind),
@@ -475,14 +540,12 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
         q->rx_dir = q->dir;
         q->rx_slot_size = q->slot_size;
         q->my_rx_base = base;
-        ps->wired |= 1u << links[i].dir;
-        pe->ipcq_wired = ps->wired;
     }
     /* pair every link with the peer's ring of the reverse direction */
     for (size_t i = 0; i < n; i++) {
-        pe_state *ps = links[i].pe->ipcq_state, *pp = links[i].peer->ipcq_state;
-        qp *q = &ps->q[links[i].dir];
-        if (!pp || !pp->q[links[i].peer_dir].wired) {
+        qp *q = qp_of(links[i].pe->ipcq_state, links[i].dir);
+        const qp *pq = qp_of(links[i].peer->ipcq_state, links[i].peer_dir);
+        if (!pq || !pq->wired) {
             fmt_pe(links[i].pe, a, sizeof a);
             fmt_pe(links[i].peer, b, sizeof b);
             rc = kb_err_set(eb, KB_ERR_INVAL, "IPCQ install: %s %s -> %s, but %s has no %s queue "
@@ -491,11 +554,10 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
             goto fail;
         }
         q->peer = links[i].peer;
-        q->peer_rx_base = pp->q[links[i].peer_dir].my_rx_base;
+        q->peer_rx_base = pq->my_rx_base;
     }
     for (size_t i = 0; i < n; i++) {
-        pe_state *ps = links[i].pe->ipcq_state;
-        qp *q = &ps->q[links[i].dir];
+        qp *q = qp_of(links[i].pe->ipcq_state, links[i].dir);
         q->credit_delay = sys->credit_lat +
                           route_latency(ctx, q->peer, q->peer_rx_base, q->my_rx_base);
         q->tok_q = ring_holding(q->peer->ipcq_state, q->peer_rx_base);
@@ -505,8 +567,7 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
     {
         size_t total = 0, k = 0;
         for (size_t i = 0; i < sys->npes; i++)
-            for (int d = 0; d < KB_NDIRS; d++)
-                total += sys->pes[i]->q[d].wired;
+            total += sys->pes[i]->nq;
         total += n;
         rs = malloc((total ? total : 1) * sizeof *rs);
         if (!rs) {
@@ -514,13 +575,13 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
             goto fail;
         }
         for (size_t i = 0; i < sys->npes; i++)
-            for (int d = 0; d < KB_NDIRS; d++)
-                if (sys->pes[i]->q[d].wired)
-                    rs[k++] = (range){ sys->pes[i]->q[d].my_rx_base,
-                                       (uint64_t)sys->pes[i]->q[d].n_slots * sys->pes[i]->q[d].slot_size,
-                                       sys->pes[i]->pe, d };
+            for (uint32_t j = 0; j < sys->pes[i]->nq; j++) {
+                const qp *q = &sys->pes[i]->q[j];
+                rs[k++] = (range){ q->my_rx_base, (uint64_t)q->n_slots * q->slot_size,
+                                   sys->pes[i]->pe, q->dir };
+            }
         for (size_t i = 0; i < n; i++) {
-            qp *q = &((pe_state *)links[i].pe->ipcq_state)->q[links[i].dir];
+            const qp *q = qp_of(links[i].pe->ipcq_state, links[i].dir);
             rs[k++] = (range){ q->my_rx_base, (uint64_t)q->n_slots * q->slot_size, links[i].pe,
                                (int)links[i].dir };
         }
@@ -548,6 +609,7 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
     }
     for (size_t i = 0; i < nfresh; i++)
         sys->pes[sys->npes++] = fresh[i];
+    sys->blocks[sys->nblocks++] = block;
 
     /* timing: install messages host -> IO_CPU -> M_CPU -> PE_IPCQ, acks aggregated back */
     if (kb_fiber_current(ctx->sim)) {
@@ -577,12 +639,19 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
             kb_fiber_sleep(ctx->sim, t_done - now);
     }
     free(fresh);
+    free(mask);
     free(rs);
     return 0;
 fail:
-    for (size_t i = 0; i < nfresh; i++)
-        free_pe_state(sys, fresh[i]);
+    for (size_t i = 0; i < nfresh; i++) {
+        if (states_made)
+            free_pe_state(sys, fresh[i]);
+        else
+            ((kb_pe_hw *)(void *)fresh[i])->ipcq_state = NULL;
+    }
+    free(block);
     free(fresh);
+    free(mask);
     free(rs);
     return rc;
 }
@@ -610,7 +679,7 @@ static KB_COLD void not_wired(kb_tl *tl, kb_dir d, const char *op)
     char wired[160] = "";
     size_t len = 0;
     for (int i = 0; ps && i < KB_NDIRS; i++) {
-        if (ps->q[i].wired) {
+        if (qp_of(ps, i)) {
             int w = snprintf(wired + len, sizeof wired - len, "%s%s", len ? " " : "", dir_names[i]);
             len += w > 0 ? (size_t)w : 0;
         }
@@ -623,8 +692,9 @@ static inline qp *wired_qp(kb_tl *tl, kb_dir d, const char *op)
 {
     pe_state *ps = tl->pe->ipcq_state;
     /* the PE's copy of the bitmask: it shares a line with ipcq_state */
-    if ((unsigned)d < KB_NDIRS && (tl->pe->ipcq_wired >> d & 1u))
-        return &ps->q[d];
+    uint32_t wired = tl->pe->ipcq_wired;
+    if ((unsigned)d < KB_NDIRS && (wired >> d & 1u))
+        return &ps->q[rank_below(wired, (unsigned)d)];
     not_wired(tl, d, op);
     return NULL;
 }
