@@ -109,12 +109,6 @@ extern kb_fctx_ make_fcontext(void *sp, size_t size, void (*fn)(kb_transfer_));
 #include <sanitizer/common_interface_defs.h>
 #endif
 
-#if defined(__GNUC__)
-#define KB_PREFETCH_(p) __builtin_prefetch(p)
-#else
-#define KB_PREFETCH_(p) ((void)(p))
-#endif
-
 #define KB_DEFAULT_STACK_ (256u * 1024u)
 #define KB_MIN_STACK_ (16u * 1024u) /* below this even a trivial fiber overflows */
 #define KB_INITIAL_CAP_ 64u
