@@ -8,10 +8,10 @@
  * (sleep, wake, finish), which cannot report errors, never allocate; only kb_sim_at/after and
  * kb_fiber_spawn grow the arrays.
  * Fibers switch with inline assembly on x86-64 (uctx_switch) or Boost.Context's fcontext
- * elsewhere (registers only, no system
- * call per switch) or, under KBCL_FIBER_UCONTEXT, with swapcontext (slower: it saves the signal
- * mask); under AddressSanitizer every switch is announced with __sanitizer_{start,finish}_switch_fiber. Fibers are
- * asymmetric: a fiber always switches back to the scheduler loop that resumed it. Stacks are
+ * elsewhere (registers only, no system call per switch) or, under KBCL_FIBER_UCONTEXT, with
+ * swapcontext (slower: it saves the signal mask); under AddressSanitizer every switch is
+ * announced with __sanitizer_{start,finish}_switch_fiber. Fibers are asymmetric: a fiber always
+ * switches back to the scheduler loop that resumed it. Stacks are
  * carved from chunks of KB_CHUNK_STACKS_ (one MAP_NORESERVE mapping each, committed page by page
  * as used, no transparent huge pages), each with a guard page at its low end. Where the kernel
  * has guard regions (MADV_GUARD_INSTALL, Linux 6.13) a guard costs one cheap madvise and no VMA,
