@@ -409,6 +409,7 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
     kb_errbuf *eb = &ctx->err;
     ipcq_sys *sys = sys_of(ctx);
     pe_state **fresh = NULL; /* this install's PEs, in order of first link */
+    kb_pe_hw **fresh_pe = NULL; /* the same PEs (their states exist only after the count) */
     uint32_t *mask = NULL;    /* their wired directions */
     void *block = NULL;       /* their states (sys owns it once committed) */
     int states_made = 0;
@@ -436,8 +437,9 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
         return kb_err_set(eb, KB_ERR_STATE, "IPCQ install: a context uses one IPCQ configuration");
     }
     fresh = calloc(n ? n : 1, sizeof *fresh);
+    fresh_pe = calloc(n ? n : 1, sizeof *fresh_pe);
     mask = calloc(n ? n : 1, sizeof *mask);
-    if (!fresh || !mask) {
+    if (!fresh || !fresh_pe || !mask) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -453,7 +455,9 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
             goto fail;
         }
         uint32_t *m = pe->ipcq_state;
-        if (m && !(m >= mask && m < mask + nfresh)) {
+        /* compared as integers: m may point into another object (an earlier install's state) */
+        int in_mask = (uintptr_t)m - (uintptr_t)mask < nfresh * sizeof *mask;
+        if (m && !in_mask) {
             fmt_pe(pe, a, sizeof a);
             rc = kb_err_set(eb, KB_ERR_STATE, "IPCQ install: %s is already installed (a second "
                             "install on a PE is not allowed)", a);
@@ -461,7 +465,7 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
         }
         if (!m) {
             m = &mask[nfresh];
-            fresh[nfresh++] = (pe_state *)(void *)pe; /* the PE, until the states exist */
+            fresh_pe[nfresh++] = pe;
             pe->ipcq_state = m;
         }
         if (*m >> links[i].dir & 1u) {
@@ -487,7 +491,7 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
         }
         memset(block, 0, total);
         for (size_t j = 0; j < nfresh; j++) {
-            kb_pe_hw *pe = (kb_pe_hw *)(void *)fresh[j];
+            kb_pe_hw *pe = fresh_pe[j];
             pe_state *ps = (pe_state *)(void *)((char *)block + off);
             ps->pe = pe;
             ps->sys = sys;
@@ -639,6 +643,7 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
             kb_fiber_sleep(ctx->sim, t_done - now);
     }
     free(fresh);
+    free(fresh_pe);
     free(mask);
     free(rs);
     return 0;
@@ -647,10 +652,11 @@ fail:
         if (states_made)
             free_pe_state(sys, fresh[i]);
         else
-            ((kb_pe_hw *)(void *)fresh[i])->ipcq_state = NULL;
+            fresh_pe[i]->ipcq_state = NULL;
     }
     free(block);
     free(fresh);
+    free(fresh_pe);
     free(mask);
     free(rs);
     return rc;
