@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kb_runtime_int.h"
 
 const char *const kb_topo_names[] = {
     "ring_1d", "ring_1d_unidir", "mesh_2d", "torus_2d", "mesh_2d_no_wrap", "tree_binary",
@@ -150,8 +149,8 @@ kb_pe_hw *kb_ccl_rank_pe(const kb_machine *m, const kb_ccl_layout *l, int rank)
 
 int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const kb_ipcq_cfg *cfg)
 {
-    kb_errbuf *eb = &ctx->err;
-    kb_machine *m = ctx->m;
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    kb_machine *m = kb_ctx_machine(ctx);
     kb_ccl_geom g = { m->npes, l->cubes };
     kb_ipcq_link *links = NULL;
     size_t n = 0, cap = 0;

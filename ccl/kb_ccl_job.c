@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kb_runtime_int.h"
 
 int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
                        const char *name, const char *topo, int ws, int64_t n,

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kb_runtime_int.h"
+#include "kb_sync.h"
 
 enum { EP_INIT = 1, EP_ALLREDUCE, EP_BARRIER, EP_ALLGATHER, EP_REDUCESCATTER };
 static const char *const ep_names[] = { "", "init_process_group", "all_reduce", "barrier",
@@ -461,19 +461,19 @@ static int validate(kb_ctx *ctx, dist *d, kb_tensor *const *t, const char *what)
     for (int r = 0; r < d->ws; r++) {
         if (!t[r])
             return kb_err_set(eb, KB_ERR_INVAL, "%s: rank %d passed no tensor", what, r);
-        if (t[r]->gsip != (unsigned)r)
+        if (kb_tensor_sip(t[r]) != (unsigned)r)
             return kb_err_set(eb, KB_ERR_STATE, "%s: validator multi_pe_sip_local: rank %d's "
                               "tensor '%s' lives on SIP %u (call set_device(rank) first)", what,
-                              r, t[r]->name, t[r]->gsip);
-        if ((int)t[r]->nshards != shards || t[r]->rows != t[0]->rows || t[r]->cols != t[0]->cols ||
-            t[r]->dtype != t[0]->dtype)
+                              r, kb_tensor_name(t[r]), kb_tensor_sip(t[r]));
+        if ((int)kb_tensor_nshards(t[r]) != shards || kb_tensor_rows(t[r]) != kb_tensor_rows(t[0]) || kb_tensor_cols(t[r]) != kb_tensor_cols(t[0]) ||
+            kb_tensor_dtype(t[r]) != kb_tensor_dtype(t[0]))
             return kb_err_set(eb, KB_ERR_STATE, "%s: validator multi_pe_sip_local: rank %d's "
                               "tensor '%s' must be split into %d equal shards (%s) like rank 0's",
-                              what, r, t[r]->name, shards,
+                              what, r, kb_tensor_name(t[r]), shards,
                               d->intercube ? "rows over the cubes' PE 0" : "rows over every PE");
-        for (size_t i = 0; i < t[r]->nshards; i++)
-            if (t[r]->shards[i].nbytes != t[r]->shards[0].nbytes ||
-                (d->intercube && t[r]->shards[i].pe != 0))
+        for (size_t i = 0; i < kb_tensor_nshards(t[r]); i++)
+            if (kb_tensor_shard(t[r], i)->nbytes != kb_tensor_shard(t[r], 0)->nbytes ||
+                (d->intercube && kb_tensor_shard(t[r], i)->pe != 0))
                 return kb_err_set(eb, KB_ERR_STATE, "%s: validator multi_pe_sip_local: uneven "
                                   "or misplaced shard %zu of rank %d", what, i, r);
     }
@@ -486,7 +486,7 @@ static int launch_allreduce(kb_ctx *ctx, dist *d, kb_tensor *const *t)
     int rc = validate(ctx, d, t, "all_reduce");
     if (rc)
         return rc;
-    uint64_t n = t[0]->shards[0].nbytes / kb_dtype_size(t[0]->dtype);
+    uint64_t n = kb_tensor_shard(t[0], 0)->nbytes / kb_dtype_size(kb_tensor_dtype(t[0]));
     if (n * 4 > d->icfg.slot_size)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_CONFIG,
                           "all_reduce: shards of %llu elements travel as %llu-byte f32 messages "
@@ -497,7 +497,7 @@ static int launch_allreduce(kb_ctx *ctx, dist *d, kb_tensor *const *t)
     kb_grid g;
     memset(args, 0, (size_t)d->ws * sizeof *args);
     for (int r = 0; r < d->ws; r++) {
-        args[r].ptr[0] = t[r]->va;
+        args[r].ptr[0] = kb_tensor_va(t[r]);
         if (d->intercube) {
             args[r].i[IC_N] = (int64_t)n;
             args[r].i[IC_W] = m->mesh_w;
@@ -507,14 +507,14 @@ static int launch_allreduce(kb_ctx *ctx, dist *d, kb_tensor *const *t)
             args[r].i[IC_GW] = m->sip_grid_w;
             args[r].i[IC_GH] = m->sip_grid_h;
             args[r].i[IC_ROOT] = d->root_cube;
-            args[r].i[IC_DT] = t[r]->dtype;
+            args[r].i[IC_DT] = kb_tensor_dtype(t[r]);
         } else {
             args[r].i[KB_CCL_ARG_N] = (int64_t)n;
             args[r].i[KB_CCL_ARG_WS] = d->ws * m->ncubes * m->npes;
             args[r].i[KB_CCL_ARG_PES] = m->npes;
             args[r].i[KB_CCL_ARG_CUBES] = m->ncubes;
             args[r].i[KB_CCL_ARG_SIPS] = d->ws;
-            args[r].i[KB_CCL_ARG_DTYPE] = t[r]->dtype;
+            args[r].i[KB_CCL_ARG_DTYPE] = kb_tensor_dtype(t[r]);
         }
     }
     g = d->intercube ? (kb_grid){ 1, m->ncubes, d->ws, 0 } : (kb_grid){ m->npes, m->ncubes, d->ws, 0 };
@@ -601,16 +601,16 @@ static int exec_gather(kb_ctx *ctx, dist *d, epoch *e, int reduce_scatter)
     kb_errbuf *eb = kb_ctx_err(ctx);
 
     for (int r = 0; r < d->ws; r++)
-        if (!wide[r] || !narrow[r] || wide[r]->gsip != (unsigned)r || narrow[r]->gsip != (unsigned)r)
+        if (!wide[r] || !narrow[r] || kb_tensor_sip(wide[r]) != (unsigned)r || kb_tensor_sip(narrow[r]) != (unsigned)r)
             return kb_err_set(eb, KB_ERR_STATE, "%s: rank %d's tensors must live on SIP %d",
                               ep_names[reduce_scatter ? EP_REDUCESCATTER : EP_ALLGATHER], r, r);
-    int64_t rows = narrow[0]->rows, c = narrow[0]->cols / S;
+    int64_t rows = kb_tensor_rows(narrow[0]), c = kb_tensor_cols(narrow[0]) / S;
     int bad = -1;
     for (int r = 0; r < d->ws && bad < 0; r++)
-        if ((int)narrow[r]->nshards != S || narrow[r]->cols % S != 0 ||
-            narrow[r]->rows != rows || narrow[r]->cols != narrow[0]->cols ||
-            narrow[r]->dtype != narrow[0]->dtype || wide[r]->rows != rows * S ||
-            wide[r]->cols != narrow[0]->cols * d->ws || wide[r]->dtype != narrow[0]->dtype)
+        if ((int)kb_tensor_nshards(narrow[r]) != S || kb_tensor_cols(narrow[r]) % S != 0 ||
+            kb_tensor_rows(narrow[r]) != rows || kb_tensor_cols(narrow[r]) != kb_tensor_cols(narrow[0]) ||
+            kb_tensor_dtype(narrow[r]) != kb_tensor_dtype(narrow[0]) || kb_tensor_rows(wide[r]) != rows * S ||
+            kb_tensor_cols(wide[r]) != kb_tensor_cols(narrow[0]) * d->ws || kb_tensor_dtype(wide[r]) != kb_tensor_dtype(narrow[0]))
             bad = r;
     if (bad >= 0)
         return kb_err_set(eb, KB_ERR_STATE,
@@ -626,14 +626,14 @@ static int exec_gather(kb_ctx *ctx, dist *d, epoch *e, int reduce_scatter)
     for (int r = 0; r < d->ws; r++) {
         kb_kargs *a = &d->args[r];
         memset(a, 0, sizeof *a);
-        a->ptr[0] = reduce_scatter ? wide[r]->va : narrow[r]->va;
-        a->ptr[1] = reduce_scatter ? narrow[r]->va : wide[r]->va;
+        a->ptr[0] = reduce_scatter ? kb_tensor_va(wide[r]) : kb_tensor_va(narrow[r]);
+        a->ptr[1] = reduce_scatter ? kb_tensor_va(narrow[r]) : kb_tensor_va(wide[r]);
         a->i[0] = rows;
         a->i[1] = c;
         a->i[2] = S;
         a->i[3] = d->ws;
         a->i[4] = r;
-        a->i[5] = narrow[r]->dtype;
+        a->i[5] = kb_tensor_dtype(narrow[r]);
     }
     rc = kb_launch_per_sip(ctx, reduce_scatter ? "reduce_scatter_pick" : "all_gather_place",
                            reduce_scatter ? gather_out : scatter_in, d->args, &g);

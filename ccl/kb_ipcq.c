@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kb_runtime_int.h"
+#include "kb_runtime_ext.h"
 #include "kb_sync.h"
 
 #define KB_IPCQ_POOL_CHUNK 256
@@ -196,7 +196,7 @@ static kb_alloc *ring_allocator(kb_ctx *ctx, kb_pe_hw *pe, kb_mem_kind kind)
     case KB_MEM_HBM:
         return pe->hbm;
     case KB_MEM_SRAM:
-        return ctx->m->sips[pe->gsip].cubes[pe->cube].sram;
+        return kb_ctx_machine(ctx)->sips[pe->gsip].cubes[pe->cube].sram;
     default:
         return pe->ipcq;
     }
@@ -315,7 +315,7 @@ static void dump(kb_ctx *ctx, char *buf, size_t n, void *ud)
             qp *q = qp_of(ps, d);
             if (!q)
                 continue;
-            credits_take(q, kb_sim_now(sys->ctx->sim));
+            credits_take(q, kb_sim_now(kb_ctx_sim(sys->ctx)));
             w = snprintf(buf + len, n - len,
                          "\n  sip%u/cube%u/pe%u %-10s my_head=%llu my_tail=%llu "
                          "peer_head_cache=%llu peer_tail_cache=%llu",
@@ -342,7 +342,7 @@ int kb_ipcq_counters_of(kb_ctx *ctx, const kb_pe_hw *pe, kb_dir d, kb_ipcq_count
     qp *q = qp_of(pe->ipcq_state, (int)d);
     if (!q)
         return KB_ERR_DIRECTION;
-    credits_take(q, kb_sim_now(ctx->sim));
+    credits_take(q, kb_sim_now(kb_ctx_sim(ctx)));
     out->my_head = q->my_head;
     out->my_tail = q->my_tail;
     out->peer_head_cache = q->peer_head_cache;
@@ -398,7 +398,7 @@ static kb_time route_latency(kb_ctx *ctx, kb_pe_hw *from, kb_pa src, kb_pa dst)
 {
     kb_res *path[KB_MAX_ROUTE];
     kb_time lat = 0;
-    int n = kb_machine_route(ctx->m, from, src, dst, path, KB_MAX_ROUTE, NULL);
+    int n = kb_machine_route(kb_ctx_machine(ctx), from, src, dst, path, KB_MAX_ROUTE, NULL);
     for (int i = 0; i < n; i++)
         lat += path[i]->latency;
     return lat;
@@ -406,7 +406,7 @@ static kb_time route_latency(kb_ctx *ctx, kb_pe_hw *from, kb_pa src, kb_pa dst)
 
 int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *links, size_t n)
 {
-    kb_errbuf *eb = &ctx->err;
+    kb_errbuf *eb = kb_ctx_err(ctx);
     ipcq_sys *sys = sys_of(ctx);
     pe_state **fresh = NULL; /* this install's PEs, in order of first link */
     kb_pe_hw **fresh_pe = NULL; /* the same PEs (their states exist only after the count) */
@@ -427,8 +427,8 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
             return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
         sys->ctx = ctx;
         sys->cfg = *cfg;
-        sys->ipcq_ovh = kb_time_from_ns(ctx->cfg.topo.ipcq_overhead_ns);
-        sys->credit_lat = kb_time_from_ns(ctx->cfg.topo.ipcq_credit_latency_ns);
+        sys->ipcq_ovh = kb_time_from_ns(kb_ctx_config(ctx)->topo.ipcq_overhead_ns);
+        sys->credit_lat = kb_time_from_ns(kb_ctx_config(ctx)->topo.ipcq_credit_latency_ns);
         kb_ctx_set_ext(ctx, KB_EXT_IPCQ, sys, sys_destroy);
         kb_ctx_set_deadlock_dump(ctx, dump, sys);
     } else if (sys->cfg.n_slots != cfg->n_slots || sys->cfg.slot_size != cfg->slot_size ||
@@ -616,31 +616,31 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
     sys->blocks[sys->nblocks++] = block;
 
     /* timing: install messages host -> IO_CPU -> M_CPU -> PE_IPCQ, acks aggregated back */
-    if (kb_fiber_current(ctx->sim)) {
-        kb_time now = kb_sim_now(ctx->sim), t_done = now;
+    if (kb_fiber_current(kb_ctx_sim(ctx))) {
+        kb_time now = kb_sim_now(kb_ctx_sim(ctx)), t_done = now;
         for (size_t i = 0; i < nfresh;) {
             unsigned gsip = fresh[i]->pe->gsip;
-            kb_time t_io = kb_machine_cmd_host_to_iocpu(ctx->m, gsip, now, KB_IPCQ_CMD_BYTES);
+            kb_time t_io = kb_machine_cmd_host_to_iocpu(kb_ctx_machine(ctx), gsip, now, KB_IPCQ_CMD_BYTES);
             kb_time t_sip = t_io;
             while (i < nfresh && fresh[i]->pe->gsip == gsip) {
                 unsigned cube = fresh[i]->pe->cube;
-                kb_time t_m = kb_machine_cmd_iocpu_to_mcpu(ctx->m, gsip, cube, t_io, KB_IPCQ_CMD_BYTES);
+                kb_time t_m = kb_machine_cmd_iocpu_to_mcpu(kb_ctx_machine(ctx), gsip, cube, t_io, KB_IPCQ_CMD_BYTES);
                 kb_time t_cube = t_m;
                 while (i < nfresh && fresh[i]->pe->gsip == gsip && fresh[i]->pe->cube == cube) {
-                    kb_time t = kb_machine_cmd_mcpu_to_pe(ctx->m, fresh[i]->pe, t_m, KB_IPCQ_CMD_BYTES);
-                    t = kb_machine_cmd_pe_to_mcpu(ctx->m, fresh[i]->pe, t + sys->ipcq_ovh,
+                    kb_time t = kb_machine_cmd_mcpu_to_pe(kb_ctx_machine(ctx), fresh[i]->pe, t_m, KB_IPCQ_CMD_BYTES);
+                    t = kb_machine_cmd_pe_to_mcpu(kb_ctx_machine(ctx), fresh[i]->pe, t + sys->ipcq_ovh,
                                                   KB_IPCQ_CMD_BYTES);
                     t_cube = t > t_cube ? t : t_cube;
                     i++;
                 }
-                kb_time t = kb_machine_cmd_mcpu_to_iocpu(ctx->m, gsip, cube, t_cube, KB_IPCQ_CMD_BYTES);
+                kb_time t = kb_machine_cmd_mcpu_to_iocpu(kb_ctx_machine(ctx), gsip, cube, t_cube, KB_IPCQ_CMD_BYTES);
                 t_sip = t > t_sip ? t : t_sip;
             }
-            kb_time t = kb_machine_cmd_iocpu_to_host(ctx->m, gsip, t_sip, KB_IPCQ_CMD_BYTES);
+            kb_time t = kb_machine_cmd_iocpu_to_host(kb_ctx_machine(ctx), gsip, t_sip, KB_IPCQ_CMD_BYTES);
             t_done = t > t_done ? t : t_done;
         }
         if (t_done > now)
-            kb_fiber_sleep(ctx->sim, t_done - now);
+            kb_fiber_sleep(kb_ctx_sim(ctx), t_done - now);
     }
     free(fresh);
     free(fresh_pe);
@@ -668,20 +668,20 @@ static KB_NOINLINE void trace_line(FILE *f, kb_ctx *ctx, const char *what, const
                                    kb_dir d, uint64_t nbytes, uint64_t seq)
 {
     fprintf(f, "ipcq t=%.3fns %s %s %lluB seq=%llu sip%u/cube%u/pe%u\n",
-            kb_time_to_ns(kb_sim_now(ctx->sim)), what, dir_names[d],
+            kb_time_to_ns(kb_sim_now(kb_ctx_sim(ctx))), what, dir_names[d],
             (unsigned long long)nbytes, (unsigned long long)seq, pe->gsip, pe->cube, pe->pe);
 }
 
 static inline void trace(kb_ctx *ctx, const char *what, const kb_pe_hw *pe, kb_dir d,
                          uint64_t nbytes, uint64_t seq)
 {
-    if (ctx->trace)
-        trace_line(ctx->trace, ctx, what, pe, d, nbytes, seq);
+    if (kb_ctx_trace(ctx))
+        trace_line(kb_ctx_trace(ctx), ctx, what, pe, d, nbytes, seq);
 }
 
 static KB_COLD void not_wired(kb_tl *tl, kb_dir d, const char *op)
 {
-    pe_state *ps = tl->pe->ipcq_state;
+    pe_state *ps = tl_pe(tl)->ipcq_state;
     char wired[160] = "";
     size_t len = 0;
     for (int i = 0; ps && i < KB_NDIRS; i++) {
@@ -696,9 +696,9 @@ static KB_COLD void not_wired(kb_tl *tl, kb_dir d, const char *op)
 
 static inline qp *wired_qp(kb_tl *tl, kb_dir d, const char *op)
 {
-    pe_state *ps = tl->pe->ipcq_state;
+    pe_state *ps = tl_pe(tl)->ipcq_state;
     /* the PE's copy of the bitmask: it shares a line with ipcq_state */
-    uint32_t wired = tl->pe->ipcq_wired;
+    uint32_t wired = tl_pe(tl)->ipcq_wired;
     if ((unsigned)d < KB_NDIRS && (wired >> d & 1u))
         return &ps->q[rank_below(wired, (unsigned)d)];
     not_wired(tl, d, op);
@@ -751,12 +751,12 @@ static KB_NOINLINE int record_copy(kb_ctx *ctx, uint32_t pe, const copy_desc *c,
 
 /* The records of a send and of a receive's copy-out (out of line: their descriptors would
  * otherwise sit in the hot frames). */
-static KB_NOINLINE int record_send(kb_ctx *ctx, const kb_tl *tl, kb_pa dst, const kb_val *v,
+static KB_NOINLINE int record_send(kb_ctx *ctx, kb_tl *tl, kb_pa dst, const kb_val *v,
                                    kb_time t_start, kb_time t_end, const char *name)
 {
     copy_desc c = { kb_opnd_make(dst, v->rows, v->cols, (kb_dtype)v->dtype),
                     kb_opnd_make(v->pa, v->rows, v->cols, (kb_dtype)v->dtype), t_start, t_end };
-    return record_copy(ctx, tl->pe->gid, &c, name);
+    return record_copy(ctx, tl_pe(tl)->gid, &c, name);
 }
 
 static KB_NOINLINE int record_recv(kb_ctx *ctx, const qp *q, const kb_ipcq_req *r, kb_pa slot,
@@ -769,10 +769,10 @@ static KB_NOINLINE int record_recv(kb_ctx *ctx, const qp *q, const kb_ipcq_req *
 
 static KB_COLD void recv_size_mismatch(kb_ctx *ctx, qp *q, const kb_ipcq_req *r, uint64_t si)
 {
-    if (!ctx->failed)
-        kb_err_set(&ctx->err, KB_ERR_INVAL,
+    if (!kb_ctx_failed(ctx))
+        kb_err_set(kb_ctx_err(ctx), KB_ERR_INVAL,
                    "kernel %s on sip%u/cube%u/pe%u: tl_recv %s expects %llu bytes but "
-                   "message %llu from the peer has %llu", r->tl->launch->name,
+                   "message %llu from the peer has %llu", tl_kernel_name(r->tl),
                    q->rx_pe->gsip, q->rx_pe->cube, q->rx_pe->pe,
                    dir_names[q->dir], (unsigned long long)r->nbytes,
                    (unsigned long long)q->my_tail, (unsigned long long)q->slot_bytes[si]);
@@ -796,10 +796,10 @@ static void progress(qp *q)
             recv_size_mismatch(ctx, q, r, si);
             return;
         }
-        kb_time now = kb_sim_now(ctx->sim), t0 = r->t_post > now ? r->t_post : now;
+        kb_time now = kb_sim_now(kb_ctx_sim(ctx)), t0 = r->t_post > now ? r->t_post : now;
         kb_time t_start, t_end;
         r->seq = q->my_tail++;
-        int rc = kb_machine_dma(ctx->m, q->rx_pe, slot, r->dst, r->nbytes, t0, &t_start,
+        int rc = kb_machine_dma(kb_ctx_machine(ctx), q->rx_pe, slot, r->dst, r->nbytes, t0, &t_start,
                                 &t_end, NULL);
         assert(rc == 0); /* both ends were validated when the receive was posted */
         (void)rc;
@@ -809,19 +809,19 @@ static void progress(qp *q)
         r->t_done = t_end;
         if (kb_ctx_records(ctx) &&
             record_recv(ctx, q, r, slot, t_start, t_end, recv_names[q->rx_dir]) != 0) {
-            kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory in an IPCQ receive");
+            kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory in an IPCQ receive");
             kb_ctx_fail(ctx, KB_ERR_NOMEM);
             return;
         }
-        if (credit_send(ctx->sim, q->cred_q, r->seq, t_end + q->credit_delay) != 0) {
-            kb_err_set(&ctx->err, KB_ERR_STATE, "IPCQ: a credit from sip%u/cube%u/pe%u %s found "
+        if (credit_send(kb_ctx_sim(ctx), q->cred_q, r->seq, t_end + q->credit_delay) != 0) {
+            kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "IPCQ: a credit from sip%u/cube%u/pe%u %s found "
                        "no sending queue", q->owner->pe->gsip, q->owner->pe->cube,
                        q->owner->pe->pe, dir_names[q->dir]);
             kb_ctx_fail(ctx, KB_ERR_STATE);
             return;
         }
         if (r->waiter)
-            kb_fiber_wake_at(ctx->sim, r->waiter, t_end);
+            kb_fiber_wake_at(kb_ctx_sim(ctx), r->waiter, t_end);
     }
 }
 
@@ -845,7 +845,7 @@ static KB_COLD void send_route_fail(kb_tl *tl, kb_dir dir, kb_pa src, kb_pa dst)
     kb_res *path[KB_MAX_ROUTE];
     kb_errbuf eb;
     eb.msg[0] = '\0';
-    kb_machine_route(tl->ctx->m, tl->pe, src, dst, path, KB_MAX_ROUTE, &eb);
+    kb_machine_route(kb_ctx_machine(tl_ctx(tl)), tl_pe(tl), src, dst, path, KB_MAX_ROUTE, &eb);
     tl_fail(tl, KB_ERR_RANGE, "tl_send %s: %s", dir_names[dir], eb.msg);
 }
 
@@ -859,27 +859,27 @@ static KB_COLD void send_too_big(kb_tl *tl, kb_dir dir, uint64_t nbytes, uint64_
 void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
 {
     qp *q = wired_qp(tl, dir, "tl_send");
-    ipcq_sys *sys = sys_of(tl->ctx); /* not through q or the pe_state: other lines */
-    kb_ctx *ctx = tl->ctx;
+    ipcq_sys *sys = sys_of(tl_ctx(tl)); /* not through q or the pe_state: other lines */
+    kb_ctx *ctx = tl_ctx(tl);
     uint64_t nbytes = (uint64_t)v.rows * v.cols * kb_dtype_size((kb_dtype)v.dtype);
     kb_time t_start, t_end;
 
     if (nbytes > q->slot_size)
         send_too_big(tl, dir, nbytes, q->slot_size);
-    credits_take(q, kb_sim_now(ctx->sim));
+    credits_take(q, kb_sim_now(kb_ctx_sim(ctx)));
     while (sys->cfg.backpressure && q->my_head - q->peer_tail_cache >= (uint64_t)q->n_slots) {
         if (q->cr_n) { /* a credit is on its way: wait for it */
             kb_tl_wait_until(tl, q->cr_t[q->cr_head]);
         } else {
-            q->cr_waiter = kb_fiber_current(ctx->sim);
-            kb_fiber_block(ctx->sim, send_wait_names[dir], q);
+            q->cr_waiter = kb_fiber_current(kb_ctx_sim(ctx));
+            kb_fiber_block(kb_ctx_sim(ctx), send_wait_names[dir], q);
         }
-        credits_take(q, kb_sim_now(ctx->sim));
+        credits_take(q, kb_sim_now(kb_ctx_sim(ctx)));
     }
     kb_pa dst = q->peer_rx_base + (q->my_head % (uint64_t)q->n_slots) * q->slot_size;
     uint64_t seq = q->my_head++;
-    if (kb_machine_dma(ctx->m, tl->pe, v.pa, dst, nbytes,
-                       kb_sim_now(ctx->sim) + tl->cpu_ovh + sys->ipcq_ovh, &t_start, &t_end,
+    if (kb_machine_dma(kb_ctx_machine(ctx), tl_pe(tl), v.pa, dst, nbytes,
+                       kb_sim_now(kb_ctx_sim(ctx)) + kb_tl_issue_cost(tl) + sys->ipcq_ovh, &t_start, &t_end,
                        NULL) != 0)
         send_route_fail(tl, dir, v.pa, dst);
     if (kb_ctx_records(ctx) &&
@@ -896,13 +896,13 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
     m->seq = seq;
     m->nbytes = nbytes;
     sys->sends++;
-    trace(ctx, "send", tl->pe, dir, nbytes, seq);
+    trace(ctx, "send", tl_pe(tl), dir, nbytes, seq);
     /* the token arrives when the DMA ends, which is also when the sender goes on: one queue
      * entry for both (kb_fiber_sleep_then keeps their order) */
-    if (t_end > kb_sim_now(ctx->sim)) {
-        if (kb_fiber_sleep_then(ctx->sim, t_end, meta_arrive, m, NULL) != 0)
+    if (t_end > kb_sim_now(kb_ctx_sim(ctx))) {
+        if (kb_fiber_sleep_then(kb_ctx_sim(ctx), t_end, meta_arrive, m, NULL) != 0)
             tl_fail(tl, KB_ERR_STATE, "tl_send: cannot wait for the DMA");
-    } else if (kb_sim_at(ctx->sim, t_end, meta_arrive, m, NULL) != 0) {
+    } else if (kb_sim_at(kb_ctx_sim(ctx), t_end, meta_arrive, m, NULL) != 0) {
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
     }
 }
@@ -938,7 +938,7 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
     if (into) {
         kb_tensor *t;
         kb_tl_translate(tl, va, 1, op, &t);
-        r->dst_dt = t ? t->dtype : dt;
+        r->dst_dt = t ? kb_tensor_dtype(t) : dt;
         r->dst = kb_tl_translate(tl, va, (uint64_t)s.rows * s.cols * kb_dtype_size(r->dst_dt), op,
                                  NULL);
         r->val = (kb_val){ 0 };
@@ -952,7 +952,7 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
         r->val.scratch = 1;
         r->dst_dt = dt;
     }
-    r->t_post = kb_sim_now(tl->ctx->sim) + tl->cpu_ovh + sys->ipcq_ovh;
+    r->t_post = kb_sim_now(kb_ctx_sim(tl_ctx(tl))) + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
     if (q->pend_tail)
         q->pend_tail->next = r;
     else
@@ -979,13 +979,13 @@ kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
         tl_fail(tl, KB_ERR_INVAL, "tl_wait: request belongs to another kernel");
     sys = r->q->sys;
     if (!r->done) {
-        r->waiter = kb_fiber_current(tl->ctx->sim);
-        kb_fiber_block(tl->ctx->sim, recv_names[r->q->rx_dir], r->q); /* woken at t_done */
+        r->waiter = kb_fiber_current(kb_ctx_sim(tl_ctx(tl)));
+        kb_fiber_block(kb_ctx_sim(tl_ctx(tl)), recv_names[r->q->rx_dir], r->q); /* woken at t_done */
     } else {
         kb_tl_wait_until(tl, r->t_done);
     }
     sys->recvs++;
-    trace(tl->ctx, "recv", tl->pe, r->q->rx_dir, r->nbytes, r->seq);
+    trace(tl_ctx(tl), "recv", tl_pe(tl), r->q->rx_dir, r->nbytes, r->seq);
     v = r->val;
     req_put(sys, r);
     return v;

@@ -35,6 +35,12 @@ int kb_device_from_name(const char *name)
     return -1;
 }
 
+/* The machine's reservation observer, forwarding to the trace recorder. */
+static void trace_res_observer(void *ud, const kb_res *r, kb_time t0, kb_time t1, uint64_t bytes)
+{
+    kb_trace_res(ud, r, t0, t1, bytes);
+}
+
 int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, kb_errbuf *eb)
 {
     kb_ctx *ctx = calloc(1, sizeof *ctx);
@@ -52,7 +58,7 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
     if ((rc = kb_machine_create(&cfg->topo, &ctx->m, eb)) != 0)
         goto fail;
     if (ctx->trace_rec) {
-        ctx->m->trace = ctx->trace_rec;
+        kb_machine_observe(ctx->m, trace_res_observer, ctx->trace_rec);
         kb_trace_set_machine(ctx->trace_rec, ctx->m);
     }
     ctx->sim = kb_sim_create(NULL);
@@ -171,6 +177,8 @@ const kb_replay_stats *kb_ctx_replay_stats(const kb_ctx *ctx) { return &ctx->rst
 kb_memstore *kb_ctx_memstore(kb_ctx *ctx) { return ctx->ms; }
 uint64_t kb_ctx_kernels_run(const kb_ctx *ctx) { return ctx->kernels; }
 FILE *kb_ctx_trace(kb_ctx *ctx) { return ctx->trace; }
+int kb_ctx_records(const kb_ctx *ctx) { return ctx->recording || ctx->trace_rec != NULL; }
+int kb_ctx_failed(const kb_ctx *ctx) { return ctx->failed; }
 
 void *kb_ctx_ext(kb_ctx *ctx, int slot)
 {
@@ -816,6 +824,7 @@ size_t kb_tensor_nshards(const kb_tensor *t) { return t->nshards; }
 const kb_shard_spec *kb_tensor_shard(const kb_tensor *t, size_t i) { return &t->shards[i]; }
 kb_pa kb_tensor_shard_pa(const kb_tensor *t, size_t i) { return t->pas[i]; }
 const char *kb_tensor_name(const kb_tensor *t) { return t->name; }
+unsigned kb_tensor_sip(const kb_tensor *t) { return t->gsip; }
 
 /* ---- launches ---- */
 

@@ -177,6 +177,7 @@ size_t kb_tensor_nshards(const kb_tensor *t);
 const kb_shard_spec *kb_tensor_shard(const kb_tensor *t, size_t i);
 kb_pa kb_tensor_shard_pa(const kb_tensor *t, size_t i);
 const char *kb_tensor_name(const kb_tensor *t);
+unsigned kb_tensor_sip(const kb_tensor *t);   /* global SIP index the tensor lives on */
 
 /* The tensor that owns va on SIP gsip (NULL if none). */
 kb_tensor *kb_ctx_tensor_at(kb_ctx *ctx, unsigned gsip, kb_va va);

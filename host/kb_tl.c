@@ -21,8 +21,9 @@ void kb_tl_release_all(kb_tl *tl);
 kb_pe_hw *tl_pe(kb_tl *tl) { return tl->pe; }
 kb_ctx *tl_ctx(kb_tl *tl) { return tl->ctx; }
 const char *tl_kernel_name(kb_tl *tl) { return tl->launch->name; }
+kb_time kb_tl_issue_cost(const kb_tl *tl) { return tl->cpu_ovh; }
 
-void tl_fail(kb_tl *tl, int code, const char *fmt, ...)
+_Noreturn void tl_fail(kb_tl *tl, int code, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;

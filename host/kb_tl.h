@@ -97,7 +97,7 @@ kb_pe_hw *tl_pe(kb_tl *tl);
 kb_ctx *tl_ctx(kb_tl *tl);
 const char *tl_kernel_name(kb_tl *tl);
 /* Stops the simulation with code and a message naming this kernel and PE. */
-void tl_fail(kb_tl *tl, int code, const char *fmt, ...)
+_Noreturn void tl_fail(kb_tl *tl, int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif

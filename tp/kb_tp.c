@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kb_runtime_int.h"
 #include "kb_tl.h"
 
 int kb_tp_initialize_model_parallel(kb_ctx *ctx, int tp)

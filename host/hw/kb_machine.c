@@ -7,7 +7,6 @@
  */
 #include "kb_machine.h"
 
-#include "kb_trace.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -488,15 +487,21 @@ int kb_machine_route(kb_machine *m, const kb_pe_hw *issuer, kb_pa pa_src, kb_pa 
                        pa_dst != KB_PA_INVALID_ADDR, path, max, eb);
 }
 
-/* kb_machine_dma's tail: reserve the route, and record it when a trace is attached. */
+void kb_machine_observe(kb_machine *m, kb_res_observer_fn fn, void *ud)
+{
+    m->res_observer = fn;
+    m->res_observer_ud = fn ? ud : NULL;
+}
+
+/* kb_machine_dma's tail: reserve the route, and tell the observer when one is attached. */
 static void reserve_path(kb_machine *m, kb_res *const *path, int n, kb_time now, uint64_t nbytes,
                          kb_time *t_start, kb_time *t_end)
 {
     *t_end = kb_res_path_reserve(path, n, now, nbytes, t_start);
-    if (m->trace)
+    if (m->res_observer)
         for (int i = 0; i < n; i++)
-            kb_trace_res(m->trace, path[i], *t_start, *t_start + kb_res_occupancy(path[i], nbytes),
-                         nbytes);
+            m->res_observer(m->res_observer_ud, path[i], *t_start,
+                            *t_start + kb_res_occupancy(path[i], nbytes), nbytes);
 }
 
 /*

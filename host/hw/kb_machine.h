@@ -39,6 +39,10 @@
 
 /* A route remembered by kb_machine_dma for a pair of end keys; n = 0: unused.
  * One way per cache-line pair: a hit on a short route touches a single line. */
+/* Told of one reservation: resource r busy over [t0, t1) for `bytes` bytes. */
+typedef void (*kb_res_observer_fn)(void *ud, const kb_res *r, kb_time t0, kb_time t1,
+                                   uint64_t bytes);
+
 typedef struct kb_route_way {
     _Alignas(64) uint64_t src, dst; /* end keys (kb_machine.c: route_key) */
     int n;
@@ -104,10 +108,15 @@ typedef struct kb_machine {
     kb_sip_hw *sips;
     kb_pe_hw **pe_by_gid;     /* [nsips*ncubes*npes] */
     uint8_t *sip_next;        /* [nsips*nsips]: link index toward dst, 0xff = self */
-    struct kb_trace *trace;   /* when set, every DMA's reservations are recorded (not owned) */
+    /* when set, called for every resource a DMA reserves (the trace recorder attaches
+     * here; the machine does not know who listens) */
+    kb_res_observer_fn res_observer;
+    void *res_observer_ud;    /* not owned */
 } kb_machine;
 
 int kb_machine_create(const kb_topo_cfg *cfg, kb_machine **out, kb_errbuf *eb);
+/* Attaches (fn != NULL) or detaches an observer of resource reservations. */
+void kb_machine_observe(kb_machine *m, kb_res_observer_fn fn, void *ud);
 void kb_machine_destroy(kb_machine *m);
 
 static inline kb_pe_hw *kb_machine_pe(const kb_machine *m, unsigned gsip, unsigned cube,

@@ -10,7 +10,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "kb_runtime_int.h"
 
 static const kb_bench *const registry[] = {
     &kb_bench_gemm,

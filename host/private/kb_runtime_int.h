@@ -1,6 +1,7 @@
 /*
- * kb_runtime_int — internals shared by kb_runtime.c and kb_tl.c (and, later, the IPCQ layer).
- * Not a public header: the structs here may change with the implementation.
+ * kb_runtime_int — internals shared by kb_runtime.c and kb_tl.c only. Private to the kb_host
+ * target (host/private/ is not on any other target's include path): the layers above use the
+ * extension interface kb_runtime_ext.h instead. The structs here may change at any time.
  */
 #ifndef KB_RUNTIME_INT_H
 #define KB_RUNTIME_INT_H
@@ -8,6 +9,7 @@
 #include "kb_memstore.h"
 #include "kb_runtime.h"
 #include "kb_sync.h"
+#include "kb_runtime_ext.h"
 #include "kb_tl.h"
 
 struct kb_tensor {
@@ -132,21 +134,6 @@ struct kb_ctx {
     void *ext[KB_EXT_NSLOTS];
     void (*ext_destroy[KB_EXT_NSLOTS])(void *);
 };
-
-/* Whether operations must build records (for the op log or the trace); timing-only runs skip
- * building them altogether. */
-static inline int kb_ctx_records(const kb_ctx *ctx)
-{
-    return ctx->recording || ctx->trace_rec != NULL;
-}
-
-/* kb_tl.c internals used by the IPCQ layer (each stops the run on failure, like tl_*). */
-kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op);
-/* The same, returning only the address (callers that fill a kb_val in place). */
-kb_pa kb_tl_scratch_alloc(kb_tl *tl, uint64_t bytes, const char *op);
-kb_pa kb_tl_translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_tensor **tensor);
-void kb_tl_record(kb_tl *tl, kb_rec *r);
-void kb_tl_wait_until(kb_tl *tl, kb_time t);
 
 /* The host process of the running fiber, or NULL (kernel fiber / outside the run). */
 kb_hostproc *kb_ctx_hostproc(kb_ctx *ctx);

@@ -1,0 +1,53 @@
+/*
+ * kb_runtime_ext — the runtime's extension interface: what the layers above the runtime
+ * (IPCQ and the collectives in ccl/, tensor parallelism in tp/) may use to build kernel-side
+ * operations of their own, beyond the public runtime (kb_runtime.h) and kernel language
+ * (kb_tl.h). It replaces reading the runtime's private structs: every call here is a
+ * function (link-time optimisation inlines the one-line accessors into the IPCQ fast path).
+ *
+ * Contract for an extension operation issued from a kernel (what tl_send/tl_recv do):
+ *  - pay the issue cost kb_tl_issue_cost(tl) (plus the unit's own overhead) before the unit
+ *    starts, and advance the kernel's fiber with kb_tl_wait_until or the sched/ primitives;
+ *  - take scratch results from kb_tl_scratch_val / kb_tl_scratch_alloc, translate kernel
+ *    virtual addresses with kb_tl_translate (it checks bounds and mapping);
+ *  - build op records only when kb_ctx_records(ctx) says so and append them with
+ *    kb_tl_record (which stamps the PE);
+ *  - on misuse call tl_fail (it does not return).
+ * Errors inside these calls stop the run like any tl_* call (they do not return).
+ * The PE's hardware model (kb_machine.h) holds two slots owned by the IPCQ layer
+ * (kb_pe_hw.ipcq_state, kb_pe_hw.ipcq_wired); the rest of kb_machine.h is read-only here.
+ */
+#ifndef KB_RUNTIME_EXT_H
+#define KB_RUNTIME_EXT_H
+
+#include <stdint.h>
+
+#include "kb_runtime.h"
+#include "kb_tl.h"
+
+/* The issue cost of one tl call on this kernel's PE (pe.cpu.overhead_ns, in ps). */
+kb_time kb_tl_issue_cost(const kb_tl *tl);
+
+/* Blocks the kernel until simulated time t (no-op when t is not in the future). */
+void kb_tl_wait_until(kb_tl *tl, kb_time t);
+
+/* A scratch value of rows x cols in dtype dt on the kernel's PE, or only its address
+ * (callers that fill a kb_val in place). `op` names the operation in messages. */
+kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op);
+kb_pa kb_tl_scratch_alloc(kb_tl *tl, uint64_t bytes, const char *op);
+
+/* Physical address of [va, va + bytes) as the kernel's PE sees it (one mapping must cover
+ * it); *tensor (may be NULL) gets the tensor it belongs to. */
+kb_pa kb_tl_translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_tensor **tensor);
+
+/* Appends an op record issued by this kernel (its PE is filled in). */
+void kb_tl_record(kb_tl *tl, kb_rec *r);
+
+/* Whether operations must build op records (op log or trace on); timing-only runs skip
+ * building them. */
+int kb_ctx_records(const kb_ctx *ctx);
+
+/* The error code that stopped the run, 0 while it runs. */
+int kb_ctx_failed(const kb_ctx *ctx);
+
+#endif
