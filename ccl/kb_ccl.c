@@ -10,10 +10,10 @@
 #include <string.h>
 
 
-const char *const kb_topo_names[] = {
-    "ring_1d", "ring_1d_unidir", "mesh_2d", "torus_2d", "mesh_2d_no_wrap", "tree_binary",
-    "hierarchical_3level", "none", NULL,
-};
+/* ---- topologies: one function per family, one table ---- */
+
+typedef int (*topo_fn)(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                       int nbr[KB_NDIRS], kb_errbuf *eb);
 
 static int isqrt_exact(int ws)
 {
@@ -21,80 +21,138 @@ static int isqrt_exact(int ws)
     return k * k == ws ? k : -1;
 }
 
+static int topo_none(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                     int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    (void)name, (void)ws, (void)rank, (void)g, (void)nbr, (void)eb;
+    return 0;
+}
+
+/* ring_1d and ring_1d_unidir: unidir data flows E only, but each link's receiving side is W */
+static int topo_ring(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                     int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    (void)name, (void)g, (void)eb;
+    if (ws > 1) {
+        nbr[KB_DIR_E] = (rank + 1) % ws;
+        nbr[KB_DIR_W] = (rank + ws - 1) % ws;
+    }
+    return 0;
+}
+
+static int topo_mesh(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                     int nbr[KB_NDIRS], kb_errbuf *eb, int wrap)
+{
+    int k = isqrt_exact(ws);
+    (void)g;
+    if (k < 0)
+        return kb_err_set(eb, KB_ERR_CONFIG, "topology %s needs a square world size, got %d",
+                          name, ws);
+    int x = rank % k, y = rank / k;
+    if (k > 1) {
+        if (wrap || x + 1 < k)
+            nbr[KB_DIR_E] = y * k + (x + 1) % k;
+        if (wrap || x > 0)
+            nbr[KB_DIR_W] = y * k + (x + k - 1) % k;
+        if (wrap || y > 0)
+            nbr[KB_DIR_N] = ((y + k - 1) % k) * k + x;
+        if (wrap || y + 1 < k)
+            nbr[KB_DIR_S] = ((y + 1) % k) * k + x;
+    }
+    return 0;
+}
+
+static int topo_mesh_wrap(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                          int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    return topo_mesh(name, ws, rank, g, nbr, eb, 1);
+}
+
+static int topo_mesh_nowrap(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                            int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    return topo_mesh(name, ws, rank, g, nbr, eb, 0);
+}
+
+static int topo_tree(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                     int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    (void)name, (void)g, (void)eb;
+    if (rank > 0)
+        nbr[KB_DIR_PARENT] = (rank - 1) / 2;
+    if (2 * rank + 1 < ws)
+        nbr[KB_DIR_CHILD_LEFT] = 2 * rank + 1;
+    if (2 * rank + 2 < ws)
+        nbr[KB_DIR_CHILD_RIGHT] = 2 * rank + 2;
+    return 0;
+}
+
+static int topo_hier(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                     int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    int P = g->pes_per_cube, per_sip = P * g->cubes_per_sip;
+    int cubes, sips;
+    (void)name;
+    if (ws % P != 0)
+        return kb_err_set(eb, KB_ERR_CONFIG,
+                          "topology hierarchical_3level needs whole cubes: world size %d is "
+                          "not a multiple of %d PEs per cube", ws, P);
+    if (ws > per_sip && ws % per_sip != 0)
+        return kb_err_set(eb, KB_ERR_CONFIG,
+                          "topology hierarchical_3level needs whole SIPs beyond one SIP: world "
+                          "size %d is not a multiple of %d PEs per SIP", ws, per_sip);
+    sips = ws > per_sip ? ws / per_sip : 1;
+    cubes = ws / P / sips;
+    int pe = rank % P, cube = (rank / P) % cubes, sip = rank / (P * cubes);
+    int cube_base = rank - pe, sip_base = sip * cubes * P;
+    if (P > 1) {
+        nbr[KB_DIR_E] = cube_base + (pe + 1) % P;
+        nbr[KB_DIR_W] = cube_base + (pe + P - 1) % P;
+    }
+    if (pe == 0 && cubes > 1) {
+        nbr[KB_DIR_N] = sip_base + ((cube + 1) % cubes) * P;
+        nbr[KB_DIR_S] = sip_base + ((cube + cubes - 1) % cubes) * P;
+    }
+    if (pe == 0 && cube == 0 && sips > 1) {
+        nbr[KB_DIR_GLOBAL_E] = ((sip + 1) % sips) * cubes * P;
+        nbr[KB_DIR_GLOBAL_W] = ((sip + sips - 1) % sips) * cubes * P;
+    }
+    return 0;
+}
+
+/* The one list of rank topologies: kb_topo_names[i] is built by topo_fns[i]. ccl.yaml's
+ * `topology` key takes exactly these names. */
+const char *const kb_topo_names[] = {
+    "ring_1d", "ring_1d_unidir", "mesh_2d", "torus_2d", "mesh_2d_no_wrap", "tree_binary",
+    "hierarchical_3level", "none", NULL,
+};
+static const topo_fn topo_fns[] = {
+    topo_ring, topo_ring, topo_mesh_wrap, topo_mesh_wrap, topo_mesh_nowrap, topo_tree,
+    topo_hier, topo_none,
+};
+_Static_assert(sizeof topo_fns / sizeof topo_fns[0] ==
+                   sizeof kb_topo_names / sizeof kb_topo_names[0] - 1,
+               "every topology name has its builder");
+
+int kb_topo_find(const char *name)
+{
+    for (int i = 0; name && kb_topo_names[i]; i++)
+        if (!strcmp(kb_topo_names[i], name))
+            return i;
+    return -1;
+}
+
 int kb_topo_neighbors(const char *topo, int ws, int rank, const kb_ccl_geom *g,
                       int nbr[KB_NDIRS], kb_errbuf *eb)
 {
+    int t = kb_topo_find(topo);
     for (int d = 0; d < KB_NDIRS; d++)
         nbr[d] = KB_TOPO_NONE;
     if (ws < 1 || rank < 0 || rank >= ws)
         return kb_err_set(eb, KB_ERR_RANGE, "rank %d of a world of %d", rank, ws);
-    if (!strcmp(topo, "none"))
-        return 0;
-    if (!strcmp(topo, "ring_1d") || !strcmp(topo, "ring_1d_unidir")) {
-        /* unidir: data flows E only, but the receiving side of each link is W */
-        if (ws > 1) {
-            nbr[KB_DIR_E] = (rank + 1) % ws;
-            nbr[KB_DIR_W] = (rank + ws - 1) % ws;
-        }
-        return 0;
-    }
-    if (!strcmp(topo, "mesh_2d") || !strcmp(topo, "torus_2d") || !strcmp(topo, "mesh_2d_no_wrap")) {
-        int k = isqrt_exact(ws), wrap = strcmp(topo, "mesh_2d_no_wrap") != 0;
-        if (k < 0)
-            return kb_err_set(eb, KB_ERR_CONFIG, "topology %s needs a square world size, got %d",
-                              topo, ws);
-        int x = rank % k, y = rank / k;
-        if (k > 1) {
-            if (wrap || x + 1 < k)
-                nbr[KB_DIR_E] = y * k + (x + 1) % k;
-            if (wrap || x > 0)
-                nbr[KB_DIR_W] = y * k + (x + k - 1) % k;
-            if (wrap || y > 0)
-                nbr[KB_DIR_N] = ((y + k - 1) % k) * k + x;
-            if (wrap || y + 1 < k)
-                nbr[KB_DIR_S] = ((y + 1) % k) * k + x;
-        }
-        return 0;
-    }
-    if (!strcmp(topo, "tree_binary")) {
-        if (rank > 0)
-            nbr[KB_DIR_PARENT] = (rank - 1) / 2;
-        if (2 * rank + 1 < ws)
-            nbr[KB_DIR_CHILD_LEFT] = 2 * rank + 1;
-        if (2 * rank + 2 < ws)
-            nbr[KB_DIR_CHILD_RIGHT] = 2 * rank + 2;
-        return 0;
-    }
-    if (!strcmp(topo, "hierarchical_3level")) {
-        int P = g->pes_per_cube, per_sip = P * g->cubes_per_sip;
-        int cubes, sips;
-        if (ws % P != 0)
-            return kb_err_set(eb, KB_ERR_CONFIG,
-                              "topology hierarchical_3level needs whole cubes: world size %d is "
-                              "not a multiple of %d PEs per cube", ws, P);
-        if (ws > per_sip && ws % per_sip != 0)
-            return kb_err_set(eb, KB_ERR_CONFIG,
-                              "topology hierarchical_3level needs whole SIPs beyond one SIP: world "
-                              "size %d is not a multiple of %d PEs per SIP", ws, per_sip);
-        sips = ws > per_sip ? ws / per_sip : 1;
-        cubes = ws / P / sips;
-        int pe = rank % P, cube = (rank / P) % cubes, sip = rank / (P * cubes);
-        int cube_base = rank - pe, sip_base = sip * cubes * P;
-        if (P > 1) {
-            nbr[KB_DIR_E] = cube_base + (pe + 1) % P;
-            nbr[KB_DIR_W] = cube_base + (pe + P - 1) % P;
-        }
-        if (pe == 0 && cubes > 1) {
-            nbr[KB_DIR_N] = sip_base + ((cube + 1) % cubes) * P;
-            nbr[KB_DIR_S] = sip_base + ((cube + cubes - 1) % cubes) * P;
-        }
-        if (pe == 0 && cube == 0 && sips > 1) {
-            nbr[KB_DIR_GLOBAL_E] = ((sip + 1) % sips) * cubes * P;
-            nbr[KB_DIR_GLOBAL_W] = ((sip + sips - 1) % sips) * cubes * P;
-        }
-        return 0;
-    }
-    return kb_err_set(eb, KB_ERR_CONFIG, "unknown topology '%s'", topo);
+    if (t < 0)
+        return kb_err_set(eb, KB_ERR_CONFIG, "unknown topology '%s'", topo);
+    return topo_fns[t](kb_topo_names[t], ws, rank, g, nbr, eb);
 }
 
 int kb_topo_reverse(const int nbr_of_peer[KB_NDIRS], int r, kb_dir d)

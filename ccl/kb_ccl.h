@@ -18,6 +18,7 @@
 
 #include <stdint.h>
 
+#include "kb_ccl_config.h"
 #include "kb_ipcq.h"
 #include "kb_runtime.h"
 
@@ -40,8 +41,10 @@ int kb_topo_neighbors(const char *topo, int ws, int rank, const kb_ccl_geom *g,
 /* Reverse direction at peer `p` for the link (r, d): returns the direction or -1. */
 int kb_topo_reverse(const int nbr_of_peer[KB_NDIRS], int r, kb_dir d);
 
-/* Names of all topologies, NULL-terminated (for `kbcl list`). */
+/* Names of all topologies, NULL-terminated: the one list (ccl.yaml, `kbcl list`). */
 extern const char *const kb_topo_names[];
+/* Index of a topology in kb_topo_names, -1 when unknown. */
+int kb_topo_find(const char *name);
 
 /* Which PEs take part: the grid of a legacy (rank = PE) world of ws ranks. */
 typedef struct kb_ccl_layout {

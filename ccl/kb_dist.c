@@ -378,7 +378,7 @@ static int exec_init(kb_ctx *ctx, dist *d, epoch *e)
 
 int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *algorithm)
 {
-    const kb_config *cfg = kb_ctx_config(ctx);
+    const kb_ccl_cfg *cfg = kb_ccl_config_of(ctx);
     kb_errbuf *eb = kb_ctx_err(ctx);
     kb_machine *m = kb_ctx_machine(ctx);
     dist *d = dist_of(ctx);
@@ -386,12 +386,14 @@ int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *alg
     if (!backend || strcmp(backend, "ahbm") != 0)
         return kb_err_set(eb, KB_ERR_UNSUPPORTED, "init_process_group: backend '%s' is not "
                           "supported (use \"ahbm\")", backend ? backend : "(null)");
+    if (!cfg)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
     if (!d) {
         /* build it whole, attach it only when every check passed */
-        const char *name = algorithm ? algorithm : cfg->ccl.defaults.algorithm;
-        const kb_ccl_algo *entry = kb_config_find_algo(cfg, name);
+        const char *name = algorithm ? algorithm : cfg->defaults.algorithm;
+        const kb_ccl_algo *entry = kb_ccl_config_find(cfg, name);
         const char *module = entry ? entry->module : name;
-        kb_ccl_params p = kb_config_algo_params(cfg, entry);
+        kb_ccl_params p = kb_ccl_config_params(cfg, entry);
         dist nd;
         memset(&nd, 0, sizeof nd);
         nd.ws = m->nsips;
@@ -430,7 +432,7 @@ int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *alg
         kb_ctx_set_ext(ctx, KB_EXT_CCL, d, dist_free);
     } else if (algorithm && !d->initialised) {
         /* ranks joining the same init: they must name the same algorithm */
-        const kb_ccl_algo *entry = kb_config_find_algo(cfg, algorithm);
+        const kb_ccl_algo *entry = kb_ccl_config_find(cfg, algorithm);
         const char *module = entry ? entry->module : algorithm;
         if (strcmp(module, d->module) != 0)
             return kb_err_set(eb, KB_ERR_STATE, "init_process_group: rank %d asks for %s but "

@@ -122,7 +122,7 @@ void kb_ctx_set_deadlock_dump(kb_ctx *ctx, kb_dump_fn fn, void *ud);
  * per-context state here. `destroy` (may be NULL) is called with the pointer when the context
  * is destroyed, in reverse slot order, before the machine is freed.
  */
-enum { KB_EXT_IPCQ = 0, KB_EXT_CCL = 1, KB_EXT_NSLOTS = 4 };
+enum { KB_EXT_IPCQ = 0, KB_EXT_CCL = 1, KB_EXT_CCL_CONFIG = 2, KB_EXT_NSLOTS = 4 };
 void *kb_ctx_ext(kb_ctx *ctx, int slot);
 void kb_ctx_set_ext(kb_ctx *ctx, int slot, void *ptr, void (*destroy)(void *ptr));
 FILE *kb_ctx_trace(kb_ctx *ctx);

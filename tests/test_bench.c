@@ -35,7 +35,7 @@ static void run_bench(const char *name, kb_device_kind dev, int verify, kb_run_r
     kb_config_defaults(&cfg);
     kb_bench_args a = defaults_of(b, verify);
     kb_ctx_opts o = { .device = dev };
-    int rc = kb_bench_execute(&cfg, &o, b, &a, rep, &eb);
+    int rc = kb_bench_execute(&cfg, NULL, &o, b, &a, rep, &eb);
     if (rc)
         fail_msg("%s: %s", name, eb.msg);
 }
@@ -96,7 +96,7 @@ static void test_gemm_ragged_shape(void **s)
     a.p[0] = 130;
     a.p[1] = 300;
     a.p[2] = 7;
-    assert_int_equal(kb_bench_execute(&cfg, &ref_opts, b, &a, &rep, &eb), 0);
+    assert_int_equal(kb_bench_execute(&cfg, NULL, &ref_opts, b, &a, &rep, &eb), 0);
     assert_int_equal(rep.res.verified, 1);
 }
 
@@ -111,7 +111,7 @@ static void test_usage_errors(void **s)
     (void)s;
     kb_config_defaults(&cfg);
     a.p[1] = 100;
-    assert_int_equal(kb_bench_execute(&cfg, &ref_opts, b, &a, &rep, &eb), KB_ERR_USAGE);
+    assert_int_equal(kb_bench_execute(&cfg, NULL, &ref_opts, b, &a, &rep, &eb), KB_ERR_USAGE);
     assert_non_null(strstr(eb.msg, "multiple"));
     assert_null(kb_bench_find("nope"));
     assert_int_equal(kb_bench_param_index(b, "k"), 1);
@@ -165,23 +165,25 @@ static double ccl_sim_ps(const char *algo, int ws, int n)
 {
     const kb_bench *b = kb_bench_find("ccl_allreduce");
     kb_config cfg;
+    kb_ccl_cfg ccl;
     kb_errbuf eb;
     kb_run_report rep;
     char set[128];
     kb_ctx_opts none = { .device = KB_DEV_NONE };
     kb_bench_args a = defaults_of(b, 0);
     kb_config_defaults(&cfg);
+    kb_ccl_config_defaults(&ccl);
     snprintf(set, sizeof set, "ccl.algorithms.%s.module=%s", algo, algo);
-    assert_int_equal(kb_config_set(&cfg, set, &eb), 0);
+    assert_int_equal(kb_ccl_config_set(&ccl, set, &eb), 0);
     snprintf(set, sizeof set, "ccl.algorithms.%s.topology=ring_1d", algo);
-    assert_int_equal(kb_config_set(&cfg, set, &eb), 0);
+    assert_int_equal(kb_ccl_config_set(&ccl, set, &eb), 0);
     snprintf(set, sizeof set, "ccl.algorithms.%s.world_size=%d", algo, ws);
-    assert_int_equal(kb_config_set(&cfg, set, &eb), 0);
+    assert_int_equal(kb_ccl_config_set(&ccl, set, &eb), 0);
     snprintf(set, sizeof set, "ccl.algorithms.%s.n_elem=%d", algo, n);
-    assert_int_equal(kb_config_set(&cfg, set, &eb), 0);
+    assert_int_equal(kb_ccl_config_set(&ccl, set, &eb), 0);
     snprintf(set, sizeof set, "ccl.defaults.algorithm=%s", algo);
-    assert_int_equal(kb_config_set(&cfg, set, &eb), 0);
-    if (kb_bench_execute(&cfg, &none, b, &a, &rep, &eb) != 0)
+    assert_int_equal(kb_ccl_config_set(&ccl, set, &eb), 0);
+    if (kb_bench_execute(&cfg, &ccl, &none, b, &a, &rep, &eb) != 0)
         fail_msg("%s", eb.msg);
     return rep.sim_time_ns * 1000.0;
 }

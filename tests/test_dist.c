@@ -64,14 +64,17 @@ static kb_ctx *make_ctx(int sips, const char *topo, int small, const char *algo)
         cfg_set(&cfg, "cube.corners=1");
         cfg_set(&cfg, "cube.pe_per_corner=2");
     }
-    if (algo) {
-        snprintf(kv, sizeof kv, "ccl.defaults.algorithm=%s", algo);
-        cfg_set(&cfg, kv);
-    }
     int rc = kb_ctx_create(&cfg, &(kb_ctx_opts){ .device = KB_DEV_REF }, &ctx, &eb);
     kb_config_fini(&cfg);
     if (rc != 0)
         fail_msg("kb_ctx_create: %d %s", rc, eb.msg);
+    if (algo) {
+        kb_ccl_cfg ccl;
+        kb_ccl_config_defaults(&ccl);
+        snprintf(kv, sizeof kv, "ccl.defaults.algorithm=%s", algo);
+        if (kb_ccl_config_set(&ccl, kv, &eb) != 0 || kb_ccl_config_attach(ctx, &ccl) != 0)
+            fail_msg("%s: %s", kv, eb.msg);
+    }
     return ctx;
 }
 

@@ -1,8 +1,9 @@
 /*
- * kb_config — loads configs/topology.yaml and configs/ccl.yaml with libyaml's document API
- * and checks every node against the schema in kb_schema.c; applies --set overrides; checks
- * cross-field rules. A load works on a copy and commits only on success, so a failed load or
- * --set leaves the caller's kb_config as it was. Only the first YAML document of a file is
+ * kb_config — loads configs/topology.yaml with libyaml's document API and checks every node
+ * against the schema in kb_schema.c; applies --set overrides; checks cross-field rules. The
+ * same walker loads the files of the layers above (ccl.yaml, through kb_config_load_sections).
+ * A load works on a copy and commits only on success, so a failed load or --set leaves the
+ * caller's kb_config as it was. Only the first YAML document of a file is
  * read (a second non-empty one is an error); anchors and aliases work as libyaml resolves
  * them. Messages give 1-based "FILE:LINE:COLUMN" of the offending node, as editors expect.
  */
@@ -41,7 +42,6 @@ void kb_config_defaults(kb_config *cfg)
     /* Zero first so that string tails and padding compare equal with memcmp. */
     memset(cfg, 0, sizeof *cfg);
     kb_schema_apply_defaults(&kb_schema_topo, &cfg->topo);
-    kb_schema_apply_defaults(&kb_schema_ccl_defaults, &cfg->ccl.defaults);
 }
 
 void kb_config_fini(kb_config *cfg)
@@ -49,48 +49,8 @@ void kb_config_fini(kb_config *cfg)
     (void)cfg;
 }
 
-const kb_ccl_algo *kb_config_find_algo(const kb_config *cfg, const char *name)
-{
-    if (!cfg || !name)
-        return NULL;
-    for (int i = 0; i < cfg->ccl.nalgos; i++)
-        if (strcmp(cfg->ccl.algos[i].name, name) == 0)
-            return &cfg->ccl.algos[i];
-    return NULL;
-}
-
-kb_ccl_params kb_config_algo_params(const kb_config *cfg, const kb_ccl_algo *algo)
-{
-    kb_ccl_params r;
-    const kb_ccl_params *o;
-
-    assert(cfg);
-    r = cfg->ccl.defaults;
-    if (!algo)
-        return r;
-    o = &algo->p;
-    /* The effective `algorithm` is the entry itself, whatever defaults.algorithm says. */
-    snprintf(r.algorithm, sizeof r.algorithm, "%s", algo->name);
-    if (o->buffer_kind[0])
-        memcpy(r.buffer_kind, o->buffer_kind, sizeof r.buffer_kind);
-    if (o->backpressure >= 0)
-        r.backpressure = o->backpressure;
-    if (o->n_slots > 0)
-        r.n_slots = o->n_slots;
-    if (o->slot_size > 0)
-        r.slot_size = o->slot_size;
-    if (o->vc_chunk_size > 0)
-        r.vc_chunk_size = o->vc_chunk_size;
-    if (o->ipcq_credit_size_bytes > 0)
-        r.ipcq_credit_size_bytes = o->ipcq_credit_size_bytes;
-    if (o->world_size > 0)
-        r.world_size = o->world_size;
-    if (o->n_elem > 0)
-        r.n_elem = o->n_elem;
-    return r;
-}
-
-static void foreach_scope(const kb_schema_scope *sc, kb_config_key_fn fn, void *ud)
+void kb_config_foreach_scope(const kb_schema_scope *sc, const kb_schema_scope *inherits,
+                             kb_config_key_fn fn, void *ud)
 {
     const kb_schema_key *k;
     char full[PATH_CAP], type[160], dflt[PATH_CAP];
@@ -98,9 +58,9 @@ static void foreach_scope(const kb_schema_scope *sc, kb_config_key_fn fn, void *
     for (size_t i = 0; (k = kb_schema_at(sc, i, NULL)) != NULL; i++) {
         snprintf(full, sizeof full, "%s%s%s", sc->prefix, sc->prefix[0] ? "." : "", k->path);
         kb_schema_type_text(k, type, sizeof type);
-        /* In an algorithm entry the params keys inherit from ccl.defaults. */
-        if (sc == &kb_schema_ccl_algo && kb_schema_find(&kb_schema_ccl_defaults, k->path, NULL))
-            snprintf(dflt, sizeof dflt, "inherits ccl.defaults.%s", k->path);
+        /* keys that inherit from another scope (an entry's overrides of the defaults) */
+        if (inherits && kb_schema_find(inherits, k->path, NULL))
+            snprintf(dflt, sizeof dflt, "inherits %s.%s", inherits->prefix, k->path);
         else
             snprintf(dflt, sizeof dflt, "%s", k->dflt);
         fn(full, type, dflt, k->doc, ud);
@@ -111,9 +71,7 @@ void kb_config_foreach_key(kb_config_key_fn fn, void *ud)
 {
     if (!fn)
         return;
-    foreach_scope(&kb_schema_topo, fn, ud);
-    foreach_scope(&kb_schema_ccl_defaults, fn, ud);
-    foreach_scope(&kb_schema_ccl_algo, fn, ud);
+    kb_config_foreach_scope(&kb_schema_topo, NULL, fn, ud);
 }
 
 /* --------------------------------------------------------------------------------------- */
@@ -264,9 +222,9 @@ static int walk_map(const ld_ctx *c, const kb_schema_scope *sc, const char *disp
     return 0;
 }
 
-static int valid_algo_name(const char *s)
+int kb_config_valid_name(const char *s)
 {
-    if (!s[0] || strlen(s) >= KB_CFG_NAME_MAX)
+    if (!s || !s[0] || strlen(s) >= KB_CFG_NAME_MAX)
         return 0;
     for (; *s; s++)
         if (!(*s == '_' || *s == '-' || (*s >= '0' && *s <= '9') || (*s >= 'a' && *s <= 'z') ||
@@ -275,85 +233,81 @@ static int valid_algo_name(const char *s)
     return 1;
 }
 
-/* The entry called name, created (all overrides unset) when new; NULL when the table is full. */
-static kb_ccl_algo *algo_get(kb_ccl_cfg *ccl, const char *name, int line)
-{
-    kb_ccl_algo *a;
-
-    for (int i = 0; i < ccl->nalgos; i++)
-        if (strcmp(ccl->algos[i].name, name) == 0)
-            return &ccl->algos[i];
-    if (ccl->nalgos >= KB_CFG_MAX_ALGOS)
-        return NULL;
-    a = &ccl->algos[ccl->nalgos++];
-    memset(a, 0, sizeof *a);
-    snprintf(a->name, sizeof a->name, "%s", name);
-    a->root_cube = -1;
-    a->p.backpressure = -1;
-    a->line = line;
-    return a;
-}
-
-static int load_algos(const ld_ctx *c, kb_ccl_cfg *ccl, yaml_node_t *map)
+/* A section of named entries: each key is an entry name, each value one scope instance. */
+static int load_entries(const ld_ctx *c, const kb_cfg_section *sec, yaml_node_t *map)
 {
     size_t n = (size_t)(map->data.mapping.pairs.top - map->data.mapping.pairs.start);
-    char disp[PATH_CAP];
+    char disp[PATH_CAP], where[PATH_CAP + 32];
     int rc;
 
+    snprintf(where, sizeof where, "in section '%s'", sec->disp);
     for (size_t i = 0; i < n; i++) {
         yaml_node_pair_t *p = &map->data.mapping.pairs.start[i];
         yaml_node_t *k = pair_key(c, p), *v = pair_value(c, p);
-        kb_ccl_algo *a;
+        void *base;
 
-        rc = check_key(c, map, i, "in section 'ccl.algorithms'");
+        rc = check_key(c, map, i, where);
         if (rc)
             return rc;
-        if (!valid_algo_name(scalar(k)))
-            return ld_fail(c, k, "invalid algorithm name '%.64s' (use 1-%d letters, digits, "
-                           "'_' or '-')", scalar(k), KB_CFG_NAME_MAX - 1);
+        if (!kb_config_valid_name(scalar(k)))
+            return ld_fail(c, k, "invalid %s name '%.64s' (use 1-%d letters, digits, '_' or "
+                           "'-')", sec->entry_what, scalar(k), KB_CFG_NAME_MAX - 1);
         if (!is_null_node(v) && v->type != YAML_MAPPING_NODE)
-            return ld_fail(c, v, "expected a mapping for algorithm '%s', got %s", scalar(k),
-                           node_kind(v));
-        a = algo_get(ccl, scalar(k), (int)k->start_mark.line + 1);
-        if (!a)
-            return ld_fail(c, k, "too many algorithms (at most %d)", KB_CFG_MAX_ALGOS);
-        a->line = (int)k->start_mark.line + 1;
+            return ld_fail(c, v, "expected a mapping for %s '%s', got %s", sec->entry_what,
+                           scalar(k), node_kind(v));
+        base = sec->entry(sec->ud, scalar(k), (int)k->start_mark.line + 1, c->eb);
+        if (!base) {
+            kb_err_prefix(c->eb, "%s:%zu:%zu", c->file, (size_t)k->start_mark.line + 1,
+                          (size_t)k->start_mark.column + 1);
+            return KB_ERR_CONFIG;
+        }
         if (is_null_node(v))
             continue;
-        snprintf(disp, sizeof disp, "ccl.algorithms.%s", a->name);
-        rc = walk_map(c, &kb_schema_ccl_algo, disp, a, v, "");
+        snprintf(disp, sizeof disp, "%s.%s", sec->disp, scalar(k));
+        rc = walk_map(c, sec->scope, disp, base, v, "");
         if (rc)
             return rc;
     }
     return 0;
 }
 
-static int load_ccl_root(const ld_ctx *c, void *target, yaml_node_t *root)
+typedef struct sections {
+    const kb_cfg_section *v;
+    size_t n;
+} sections;
+
+static int load_sections_root(const ld_ctx *c, void *target, yaml_node_t *root)
 {
-    kb_ccl_cfg *ccl = target;
+    const sections *ss = target;
     size_t n = (size_t)(root->data.mapping.pairs.top - root->data.mapping.pairs.start);
+    char known[256];
     int rc;
 
     for (size_t i = 0; i < n; i++) {
         yaml_node_pair_t *p = &root->data.mapping.pairs.start[i];
         yaml_node_t *k = pair_key(c, p), *v = pair_value(c, p);
-        int is_defaults;
+        const kb_cfg_section *sec = NULL;
 
         rc = check_key(c, root, i, "at the top level");
         if (rc)
             return rc;
-        is_defaults = strcmp(scalar(k), "defaults") == 0;
-        if (!is_defaults && strcmp(scalar(k), "algorithms") != 0)
-            return ld_fail(c, k, "unknown key '%.64s' at the top level (known: defaults, "
-                           "algorithms)", scalar(k));
+        for (size_t j = 0; j < ss->n && !sec; j++)
+            if (strcmp(scalar(k), ss->v[j].key) == 0)
+                sec = &ss->v[j];
+        if (!sec) {
+            known[0] = '\0';
+            for (size_t j = 0; j < ss->n; j++)
+                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s",
+                         j ? ", " : "", ss->v[j].key);
+            return ld_fail(c, k, "unknown key '%.64s' at the top level (known: %s)", scalar(k),
+                           known);
+        }
         if (is_null_node(v))
             continue;
         if (v->type != YAML_MAPPING_NODE)
-            return ld_fail(c, v, "expected a mapping for section 'ccl.%s', got %s", scalar(k),
+            return ld_fail(c, v, "expected a mapping for section '%s', got %s", sec->disp,
                            node_kind(v));
-        rc = is_defaults ? walk_map(c, &kb_schema_ccl_defaults, "ccl.defaults", &ccl->defaults,
-                                    v, "")
-                         : load_algos(c, ccl, v);
+        rc = sec->entry ? load_entries(c, sec, v) : walk_map(c, sec->scope, sec->disp, sec->base, v, "");
         if (rc)
             return rc;
     }
@@ -461,28 +415,14 @@ int kb_config_load_topology(kb_config *cfg, const char *path, kb_errbuf *eb)
     return rc;
 }
 
-int kb_config_load_ccl(kb_config *cfg, const char *path, kb_errbuf *eb)
+int kb_config_load_sections(const char *path, const kb_cfg_section *secs, size_t n,
+                            kb_errbuf *eb)
 {
-    kb_ccl_cfg *work = NULL;
-    int rc;
+    sections ss = { secs, n };
 
-    if (!cfg || !path)
-        return kb_err_set(eb, KB_ERR_INVAL, "kb_config_load_ccl: NULL argument");
-    /* On the heap: the algorithm table is large for a fiber stack. */
-    work = malloc(sizeof *work);
-    if (!work) {
-        rc = kb_err_set(eb, KB_ERR_NOMEM, "%s: out of memory", path);
-        goto out;
-    }
-    *work = cfg->ccl;
-    rc = load_file(path, load_ccl_root, work, eb);
-    if (rc == 0) {
-        cfg->ccl = *work;
-        snprintf(cfg->ccl_path, sizeof cfg->ccl_path, "%s", path);
-    }
-out:
-    free(work);
-    return rc;
+    if (!path || (n && !secs))
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_config_load_sections: NULL argument");
+    return load_file(path, load_sections_root, &ss, eb);
 }
 
 /* --------------------------------------------------------------------------------------- */
@@ -522,8 +462,8 @@ static int set_unknown(const kb_schema_scope *sc, const char *disp, const char *
                       "sip, cube, pe, ccl)", full);
 }
 
-static int set_in_scope(const kb_schema_scope *sc, const char *disp, void *base,
-                        const char *rel, const char *value, int quoted, kb_errbuf *eb)
+int kb_config_set_in_scope(const kb_schema_scope *sc, const char *disp, void *base,
+                           const char *rel, const char *value, int quoted, kb_errbuf *eb)
 {
     const kb_schema_key *k;
     char full[2 * PATH_CAP];
@@ -540,88 +480,53 @@ static int set_in_scope(const kb_schema_scope *sc, const char *disp, void *base,
     return kb_schema_parse(k, full, value, quoted, (char *)base + off, eb);
 }
 
-static int set_ccl(kb_config *cfg, const char *path, const char *value, int quoted,
-                   kb_errbuf *eb)
+int kb_config_parse_assignment(const char *assignment, char *buf, size_t cap, char **path,
+                               char **value, int *quoted, kb_errbuf *eb)
 {
-    static const char algos_pfx[] = "algorithms.";
-    char name[PATH_CAP], disp[2 * PATH_CAP];
-    const char *rel, *dot;
-    kb_ccl_algo *a;
-    int created, rc;
+    char *eq;
+    size_t vlen;
 
-    if (strncmp(path, "defaults.", 9) == 0)
-        return set_in_scope(&kb_schema_ccl_defaults, "ccl.defaults", &cfg->ccl.defaults,
-                            path + 9, value, quoted, eb);
-    if (strncmp(path, algos_pfx, sizeof algos_pfx - 1) != 0)
-        return kb_err_set(eb, KB_ERR_CONFIG, "unknown key 'ccl.%s' (nearest section: 'ccl', "
-                          "which has: defaults, algorithms)", path);
-    rel = path + sizeof algos_pfx - 1;
-    dot = strchr(rel, '.');
-    if (!dot || (size_t)(dot - rel) >= sizeof name)
-        return kb_err_set(eb, KB_ERR_CONFIG, "expected ccl.algorithms.<name>.<key>, got 'ccl.%s'",
-                          path);
-    memcpy(name, rel, (size_t)(dot - rel));
-    name[dot - rel] = '\0';
-    rel = dot + 1;
-    if (!valid_algo_name(name))
-        return kb_err_set(eb, KB_ERR_CONFIG, "invalid algorithm name '%s' (use 1-%d letters, "
-                          "digits, '_' or '-')", name, KB_CFG_NAME_MAX - 1);
-    snprintf(disp, sizeof disp, "ccl.algorithms.%s", name);
-    if (!kb_schema_find(&kb_schema_ccl_algo, rel, NULL))
-        return set_in_scope(&kb_schema_ccl_algo, disp, NULL, rel, value, quoted, eb);
-    created = kb_config_find_algo(cfg, name) == NULL;
-    a = algo_get(&cfg->ccl, name, 0);
-    if (!a)
-        return kb_err_set(eb, KB_ERR_CONFIG, "cannot add algorithm '%s': at most %d algorithms",
-                          name, KB_CFG_MAX_ALGOS);
-    rc = set_in_scope(&kb_schema_ccl_algo, disp, a, rel, value, quoted, eb);
-    if (rc && created) {
-        /* The new entry is the last one: undo it, leaving the slot as unused slots are. */
-        memset(a, 0, sizeof *a);
-        cfg->ccl.nalgos--;
+    *quoted = 0;
+    if (strlen(assignment) >= cap)
+        return kb_err_set(eb, KB_ERR_CONFIG, "assignment is too long (at most %zu characters)",
+                          cap - 1);
+    memcpy(buf, assignment, strlen(assignment) + 1);
+    eq = strchr(buf, '=');
+    if (!eq)
+        return kb_err_set(eb, KB_ERR_CONFIG, "expected KEY=VALUE (for example "
+                          "system.sips.count=4)");
+    *eq = '\0';
+    *path = trim(buf);
+    *value = trim(eq + 1);
+    vlen = strlen(*value);
+    /* The shell usually eats quotes; when they survive they mean "a string", as in YAML. */
+    if (vlen >= 2 && ((*value)[0] == '"' || (*value)[0] == '\'') && (*value)[vlen - 1] == (*value)[0]) {
+        (*value)[vlen - 1] = '\0';
+        (*value)++;
+        *quoted = 1;
     }
-    return rc;
+    if (!(*path)[0])
+        return kb_err_set(eb, KB_ERR_CONFIG, "missing key before '='");
+    return 0;
 }
 
 int kb_config_set(kb_config *cfg, const char *assignment, kb_errbuf *eb)
 {
     char buf[1024];
-    char *eq, *path, *value;
-    size_t vlen;
-    int quoted = 0, rc;
+    char *path, *value;
+    int quoted, rc;
 
     if (!cfg || !assignment)
         return kb_err_set(eb, KB_ERR_INVAL, "kb_config_set: NULL argument");
-    if (strlen(assignment) >= sizeof buf) {
-        rc = kb_err_set(eb, KB_ERR_CONFIG, "assignment is too long (at most %zu characters)",
-                        sizeof buf - 1);
+    rc = kb_config_parse_assignment(assignment, buf, sizeof buf, &path, &value, &quoted, eb);
+    if (rc)
+        goto fail;
+    if (strncmp(path, "ccl.", 4) == 0) {
+        rc = kb_err_set(eb, KB_ERR_CONFIG, "'%s' is a collective-library key (ccl.yaml): set it "
+                        "with kb_ccl_config_set", path);
         goto fail;
     }
-    memcpy(buf, assignment, strlen(assignment) + 1);
-    eq = strchr(buf, '=');
-    if (!eq) {
-        rc = kb_err_set(eb, KB_ERR_CONFIG, "expected KEY=VALUE (for example "
-                        "system.sips.count=4)");
-        goto fail;
-    }
-    *eq = '\0';
-    path = trim(buf);
-    value = trim(eq + 1);
-    vlen = strlen(value);
-    /* The shell usually eats quotes; when they survive they mean "a string", as in YAML. */
-    if (vlen >= 2 && (value[0] == '"' || value[0] == '\'') && value[vlen - 1] == value[0]) {
-        value[vlen - 1] = '\0';
-        value++;
-        quoted = 1;
-    }
-    if (!path[0]) {
-        rc = kb_err_set(eb, KB_ERR_CONFIG, "missing key before '='");
-        goto fail;
-    }
-    if (strncmp(path, "ccl.", 4) == 0)
-        rc = set_ccl(cfg, path + 4, value, quoted, eb);
-    else
-        rc = set_in_scope(&kb_schema_topo, "", &cfg->topo, path, value, quoted, eb);
+    rc = kb_config_set_in_scope(&kb_schema_topo, "", &cfg->topo, path, value, quoted, eb);
     if (rc)
         goto fail;
     return 0;
@@ -729,70 +634,9 @@ static int validate_topo(const kb_topo_cfg *t, kb_errbuf *eb)
     return 0;
 }
 
-/* Checks effective parameters p; who names the algorithm or "ccl.defaults". */
-static int validate_params(const kb_ccl_params *p, const char *who, kb_errbuf *eb)
-{
-    if (!in_list(p->buffer_kind, (const char *const[]){"tcm", "hbm", "sram", NULL}))
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: buffer_kind '%s' must be tcm, hbm or sram", who,
-                          p->buffer_kind);
-    if (p->n_slots < 1)
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: n_slots = %d must be >= 1", who, p->n_slots);
-    if (p->slot_size < 16)
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: slot_size = %llu must be >= 16 bytes", who,
-                          (unsigned long long)p->slot_size);
-    if (p->vc_chunk_size < 1 || p->ipcq_credit_size_bytes < 1)
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: vc_chunk_size and ipcq_credit_size_bytes "
-                          "must be >= 1", who);
-    if (p->world_size < 0 || p->n_elem < 0)
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: world_size and n_elem must be >= 0", who);
-    return 0;
-}
-
 int kb_config_validate(const kb_config *cfg, kb_errbuf *eb)
 {
-    const kb_topo_cfg *t;
-    const kb_ccl_algo *sel;
-    kb_ccl_params eff;
-    char who[KB_CFG_NAME_MAX + 32];
-    int rc;
-
     if (!cfg)
         return kb_err_set(eb, KB_ERR_INVAL, "kb_config_validate: NULL config");
-    t = &cfg->topo;
-    rc = validate_topo(t, eb);
-    if (rc)
-        return rc;
-    rc = validate_params(&cfg->ccl.defaults, "ccl.defaults", eb);
-    if (rc)
-        return rc;
-    for (int i = 0; i < cfg->ccl.nalgos; i++) {
-        const kb_ccl_algo *a = &cfg->ccl.algos[i];
-
-        snprintf(who, sizeof who, "ccl.algorithms.%s", a->name);
-        if (!a->module[0])
-            return kb_err_set(eb, KB_ERR_CONFIG, "%s has no module", who);
-        if (a->topology[0] && !in_list(a->topology, kb_schema_algo_topologies))
-            return kb_err_set(eb, KB_ERR_CONFIG, "%s: unknown topology '%s'", who, a->topology);
-        if (a->root_cube >= kb_topo_cubes_per_sip(t))
-            return kb_err_set(eb, KB_ERR_CONFIG, "%s: root_cube = %d but a SIP has %d cubes", who,
-                              a->root_cube, kb_topo_cubes_per_sip(t));
-        eff = kb_config_algo_params(cfg, a);
-        rc = validate_params(&eff, who, eb);
-        if (rc)
-            return rc;
-    }
-    /*
-     * The selected algorithm must exist once any are defined (with none, a caller runs a
-     * built-in bench), and its world must fit the machine: legacy rank = PE at most.
-     */
-    sel = kb_config_find_algo(cfg, cfg->ccl.defaults.algorithm);
-    if (cfg->ccl.nalgos > 0 && !sel)
-        return kb_err_set(eb, KB_ERR_CONFIG, "ccl.defaults.algorithm '%s' is not defined under "
-                          "algorithms", cfg->ccl.defaults.algorithm);
-    eff = kb_config_algo_params(cfg, sel);
-    if (eff.world_size > kb_topo_total_pes(t))
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: world_size = %d exceeds the machine's %d PEs "
-                          "(system.sips.count * cubes * PEs per cube)", eff.algorithm,
-                          eff.world_size, kb_topo_total_pes(t));
-    return 0;
+    return validate_topo(&cfg->topo, eb);
 }

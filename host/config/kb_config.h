@@ -1,18 +1,18 @@
 /*
- * kb_config — kbcl's configuration: the machine (configs/topology.yaml) and the collective
- * library (configs/ccl.yaml), loaded with libyaml against a typed schema.
+ * kb_config — the machine's configuration (configs/topology.yaml), loaded with libyaml against
+ * a typed schema (kb_schema.h), and the schema-driven YAML loader the layers above reuse for
+ * their own files (the collective library's ccl.yaml lives in ccl/kb_ccl_config.h).
  *
  * Every field has a default (the two configs/ files hold the same defaults, documented in
  * place), a type, a range and a unit in its name (_ns, _gbps = GB/s = bytes/ns, _bytes,
  * _per_ns). Loading rejects unknown keys, wrong types and out-of-range values with a message
  * "FILE:LINE:COLUMN: ..." (1-based line and column of the offending node), and reports YAML
  * syntax errors (bad indentation ...) the same way. kb_config_set() applies one "a.b.c=value"
- * override with the same checks; topology keys are top-level (system.sips.count), ccl keys
- * start with "ccl." (ccl.defaults.n_slots). kb_config_validate() checks cross-field rules.
+ * override with the same checks (topology keys are top-level: system.sips.count).
+ * kb_config_validate() checks cross-field rules.
  *
  * Ownership: a kb_config is a plain struct the caller owns; strings inside are fixed arrays,
- * the algorithm table is a fixed array, so there is nothing to free (kb_config_fini exists
- * for symmetry and future heap members).
+ * so there is nothing to free (kb_config_fini exists for symmetry and future heap members).
  */
 #ifndef KB_CONFIG_H
 #define KB_CONFIG_H
@@ -21,9 +21,9 @@
 #include <stdint.h>
 
 #include "kb_err.h"
+#include "kb_schema.h"
 
 #define KB_CFG_NAME_MAX 64
-#define KB_CFG_MAX_ALGOS 32
 
 /* A link or memory port: bandwidth and latency. */
 typedef struct kb_cfg_link {
@@ -74,66 +74,22 @@ typedef struct kb_topo_cfg {
     double ipcq_credit_latency_ns;           /* pe.ipcq.credit_latency_ns */
 } kb_topo_cfg;
 
-/* ccl.yaml: defaults and per-algorithm overrides. 0 / "" in an algorithm entry = inherit. */
-typedef struct kb_ccl_params {
-    char algorithm[KB_CFG_NAME_MAX];   /* defaults only: the algorithm to run */
-    char buffer_kind[16];              /* tcm | hbm | sram */
-    int backpressure;                  /* bool */
-    int n_slots;                       /* >= 1 */
-    uint64_t slot_size;                /* bytes, >= 16 */
-    uint64_t vc_chunk_size;            /* bytes */
-    uint64_t ipcq_credit_size_bytes;   /* bytes */
-    int world_size;                    /* 0 = derive (SIP count); > 0 = legacy rank = PE */
-    int64_t n_elem;                    /* elements per rank tile, 0 = bench default */
-} kb_ccl_params;
-
-typedef struct kb_ccl_algo {
-    char name[KB_CFG_NAME_MAX];        /* key under algorithms: */
-    char module[KB_CFG_NAME_MAX];      /* algorithm implementation (kernel) name */
-    char topology[KB_CFG_NAME_MAX];
-    char mapper[KB_CFG_NAME_MAX];
-    char validator[KB_CFG_NAME_MAX];
-    int root_cube;                     /* -1 = unset */
-    kb_ccl_params p;                   /* overrides; unset fields are 0 / "" / -1 (backpressure) */
-    int line;                          /* where it was defined, for messages */
-} kb_ccl_algo;
-
-typedef struct kb_ccl_cfg {
-    kb_ccl_params defaults;
-    kb_ccl_algo algos[KB_CFG_MAX_ALGOS];
-    int nalgos;
-} kb_ccl_cfg;
-
 typedef struct kb_config {
     kb_topo_cfg topo;
-    kb_ccl_cfg ccl;
     char topo_path[512];   /* "" = built-in defaults */
-    char ccl_path[512];
 } kb_config;
 
-/* Fills every field with its default (the built-in default machine; no algorithms). */
+/* Fills every field with its default (the built-in default machine). */
 void kb_config_defaults(kb_config *cfg);
 void kb_config_fini(kb_config *cfg);
 
 /* Loads a topology file over cfg->topo (fields not in the file keep their current values). */
 int kb_config_load_topology(kb_config *cfg, const char *path, kb_errbuf *eb);
-/* Loads a ccl file over cfg->ccl. */
-int kb_config_load_ccl(kb_config *cfg, const char *path, kb_errbuf *eb);
-
-/* Applies "a.b.c=value" (topology keys, or ccl.<...> keys, incl. ccl.algorithms.<name>.<key>). */
+/* Applies "a.b.c=value" to a topology key (a "ccl." key is an error naming kb_ccl_config_set). */
 int kb_config_set(kb_config *cfg, const char *assignment, kb_errbuf *eb);
 
 /* Cross-field checks (mesh size, PE count, sizes fit their PhysAddr windows ...). */
 int kb_config_validate(const kb_config *cfg, kb_errbuf *eb);
-
-/* Looks up an algorithm entry by name; NULL when absent. */
-const kb_ccl_algo *kb_config_find_algo(const kb_config *cfg, const char *name);
-
-/*
- * Effective parameters of an algorithm: its overrides on top of the defaults (the
- * algorithm > defaults precedence of DESIGN §8). algo may be NULL (defaults only).
- */
-kb_ccl_params kb_config_algo_params(const kb_config *cfg, const kb_ccl_algo *algo);
 
 /* Derived counts. */
 static inline int kb_topo_pes_per_cube(const kb_topo_cfg *t) { return t->corners * t->pe_per_corner; }
@@ -144,11 +100,48 @@ static inline int kb_topo_total_pes(const kb_topo_cfg *t)
 }
 
 /*
- * Calls fn for every schema key (dotted path, type name, default as text, doc) in file order;
- * used by `kbcl config --keys` and the docs check.
+ * Calls fn for every topology key (dotted path, type name, default as text, doc) in file
+ * order; used by the docs check (tests/test_config.c).
  */
 typedef void (*kb_config_key_fn)(const char *path, const char *type, const char *dflt,
                                  const char *doc, void *ud);
 void kb_config_foreach_key(kb_config_key_fn fn, void *ud);
+
+/* ---- for the layers above: their own schema-driven files and --set keys ---- */
+
+/* The same for one scope; a key that `inherits` also has shows "inherits <prefix>.<key>". */
+void kb_config_foreach_scope(const kb_schema_scope *sc, const kb_schema_scope *inherits,
+                             kb_config_key_fn fn, void *ud);
+
+/*
+ * One top-level section of a schema-driven YAML file: either one scope instance (`base`), or
+ * a mapping of named entries (`entry` != NULL), each a scope instance whose storage entry()
+ * returns (creating it when new; NULL with a message in eb when it cannot).
+ */
+typedef void *(*kb_cfg_entry_fn)(void *ud, const char *name, int line, kb_errbuf *eb);
+typedef struct kb_cfg_section {
+    const char *key;              /* top-level key ("defaults") */
+    const char *disp;             /* prefix of full paths in messages ("ccl.defaults") */
+    const kb_schema_scope *scope;
+    void *base;                   /* plain section: the struct it fills */
+    kb_cfg_entry_fn entry;        /* named entries: storage of one entry */
+    void *ud;
+    const char *entry_what;       /* "algorithm": what an entry is called in messages */
+} kb_cfg_section;
+
+/* Loads the file's sections into their targets (in place: callers that need all-or-nothing
+ * load into a copy). Errors carry FILE:LINE:COLUMN like the topology loader's. */
+int kb_config_load_sections(const char *path, const kb_cfg_section *secs, size_t n,
+                            kb_errbuf *eb);
+
+/* Splits "key = value" into buf (trimmed; surviving quotes mean a string: *quoted = 1). */
+int kb_config_parse_assignment(const char *assignment, char *buf, size_t cap, char **path,
+                               char **value, int *quoted, kb_errbuf *eb);
+/* Parses value into the key at relative path rel of scope sc (base = the scope's struct);
+ * disp prefixes full paths in messages. Unknown keys name the nearest section. */
+int kb_config_set_in_scope(const kb_schema_scope *sc, const char *disp, void *base,
+                           const char *rel, const char *value, int quoted, kb_errbuf *eb);
+/* 1 when s is a valid entry name: 1..KB_CFG_NAME_MAX-1 letters, digits, '_' or '-'. */
+int kb_config_valid_name(const char *s);
 
 #endif

@@ -1,7 +1,8 @@
 /*
- * kb_schema — the one table of every configuration key (path, type, offset, default, range,
- * doc) and the scalar parser that enforces it. kb_config.c walks YAML documents and --set
- * paths against these tables; `kbcl config --keys` and docs/config-reference.md list them.
+ * kb_schema — the table of every topology key (path, type, offset, default, range, doc) and
+ * the scalar parser that enforces it and the layers' own tables (ccl/kb_ccl_config.c).
+ * kb_config.c walks YAML documents and --set paths against these tables;
+ * docs/config-reference.md lists them.
  * Integer ranges are stored as doubles, which is exact for every bound used here (< 2^53).
  * Defaults are "defaults, not measurements": a plausible accelerator, not a measured one.
  */
@@ -24,157 +25,93 @@
 #define MAX_NS 1e9   /* one simulated second: anything above is surely a unit mistake */
 #define MAX_GBPS 1e6 /* 1 PB/s */
 
-/* Entry builders; T is the struct the scope fills. */
-#define FSIZE(T, f) sizeof(((T *)0)->f)
-#define KEY_(T, p, ty, f, sz, d, l, h, open, al, doc) \
-    { (p), (ty), offsetof(T, f), (sz), (d), (l), (h), (open), (al), (doc) }
-#define K_INT(T, p, f, d, l, h, doc) KEY_(T, p, KB_ST_INT, f, 0, d, l, h, 0, NULL, doc)
-#define K_I64(T, p, f, d, l, h, doc) KEY_(T, p, KB_ST_INT64, f, 0, d, l, h, 0, NULL, doc)
-#define K_U64(T, p, f, d, l, h, doc) KEY_(T, p, KB_ST_U64, f, 0, d, l, h, 0, NULL, doc)
-#define K_DBL(T, p, f, d, l, h, doc) KEY_(T, p, KB_ST_DOUBLE, f, 0, d, l, h, 0, NULL, doc)
-#define K_POS(T, p, f, d, h, doc) KEY_(T, p, KB_ST_DOUBLE, f, 0, d, 0.0, h, 1, NULL, doc)
-#define K_BOOL(T, p, f, d, doc) KEY_(T, p, KB_ST_BOOL, f, 0, d, 0.0, 1.0, 0, NULL, doc)
-#define K_STR(T, p, f, d, doc) KEY_(T, p, KB_ST_STRING, f, FSIZE(T, f), d, 0.0, 0.0, 0, NULL, doc)
-#define K_ENUM(T, p, f, d, al, doc) KEY_(T, p, KB_ST_ENUM, f, FSIZE(T, f), d, 0.0, 0.0, 0, al, doc)
-
 #define T_ kb_topo_cfg
 /* A link or memory port: bandwidth_gbps and latency_ns under section p. */
 #define K_LINK(p, f, bw, lat, what)                                                         \
-    K_POS(T_, p ".bandwidth_gbps", f.bandwidth_gbps, bw, MAX_GBPS,                          \
+    KB_SCHEMA_POS(T_, p ".bandwidth_gbps", f.bandwidth_gbps, bw, MAX_GBPS,                          \
           what " bandwidth (GB/s = bytes per ns)"),                                         \
-    K_DBL(T_, p ".latency_ns", f.latency_ns, lat, 0.0, MAX_NS, what " latency (ns)")
+    KB_SCHEMA_DBL(T_, p ".latency_ns", f.latency_ns, lat, 0.0, MAX_NS, what " latency (ns)")
 
 const char *const kb_schema_sip_topologies[] = {"ring_1d", "torus_2d", "mesh_2d", "mesh_2d_no_wrap",
                                                 NULL};
-const char *const kb_schema_algo_topologies[] = {
-    "ring_1d", "ring_1d_unidir", "mesh_2d", "torus_2d", "mesh_2d_no_wrap",
-    "tree_binary", "hierarchical_3level", "none", NULL};
 static const char *const pe_layouts[] = {"corners", NULL};
-static const char *const buffer_kinds[] = {"tcm", "hbm", "sram", NULL};
 
 /* In configs/topology.yaml order (DESIGN §3: system > host > sip > cube > pe). */
 static const kb_schema_key topo_keys[] = {
-    K_INT(T_, "system.sips.count", sips_count, "2", 1, 256,
+    KB_SCHEMA_INT(T_, "system.sips.count", sips_count, "2", 1, 256,
           "number of SIPs (devices = ranks) in the system (count)"),
-    K_ENUM(T_, "system.sips.topology", sips_topology, "ring_1d", kb_schema_sip_topologies,
+    KB_SCHEMA_ENUM(T_, "system.sips.topology", sips_topology, "ring_1d", kb_schema_sip_topologies,
            "how the SIPs are linked through the switch (name)"),
-    K_DBL(T_, "system.switch.overhead_ns", switch_overhead_ns, "5", 0.0, MAX_NS,
+    KB_SCHEMA_DBL(T_, "system.switch.overhead_ns", switch_overhead_ns, "5", 0.0, MAX_NS,
           "switch traversal cost per inter-SIP hop (ns)"),
     K_LINK("system.inter_sip_link", inter_sip, "100", "500", "inter-SIP link"),
     K_LINK("host.pcie", pcie, "64", "1000", "host-to-SIP PCIe link"),
-    K_DBL(T_, "host.pcie_ep.overhead_ns", pcie_ep_overhead_ns, "100", 0.0, MAX_NS,
+    KB_SCHEMA_DBL(T_, "host.pcie_ep.overhead_ns", pcie_ep_overhead_ns, "100", 0.0, MAX_NS,
           "PCIe endpoint processing cost per command (ns)"),
-    K_DBL(T_, "host.overhead_ns", host_overhead_ns, "1000", 0.0, MAX_NS,
+    KB_SCHEMA_DBL(T_, "host.overhead_ns", host_overhead_ns, "1000", 0.0, MAX_NS,
           "host-side software cost per command (ns)"),
-    K_DBL(T_, "sip.io_cpu.overhead_ns", io_cpu_overhead_ns, "200", 0.0, MAX_NS,
+    KB_SCHEMA_DBL(T_, "sip.io_cpu.overhead_ns", io_cpu_overhead_ns, "200", 0.0, MAX_NS,
           "IO_CPU forwarding cost per command (ns)"),
-    K_INT(T_, "sip.cube_mesh.width", cube_mesh_width, "4", 1, 32,
+    KB_SCHEMA_INT(T_, "sip.cube_mesh.width", cube_mesh_width, "4", 1, 32,
           "cubes per row of the SIP's cube mesh (count; width*height <= 32)"),
-    K_INT(T_, "sip.cube_mesh.height", cube_mesh_height, "4", 1, 32,
+    KB_SCHEMA_INT(T_, "sip.cube_mesh.height", cube_mesh_height, "4", 1, 32,
           "cubes per column of the SIP's cube mesh (count; width*height <= 32)"),
     K_LINK("sip.ucie", ucie, "256", "20", "cube-to-cube UCIe link"),
-    K_DBL(T_, "cube.m_cpu.overhead_ns", m_cpu_overhead_ns, "50", 0.0, MAX_NS,
+    KB_SCHEMA_DBL(T_, "cube.m_cpu.overhead_ns", m_cpu_overhead_ns, "50", 0.0, MAX_NS,
           "M_CPU forwarding cost per command (ns)"),
     K_LINK("cube.noc", noc, "512", "5", "cube NoC hop"),
-    K_U64(T_, "cube.sram.size_bytes", sram_size_bytes, "33554432", 1, 512 * MIB,
+    KB_SCHEMA_U64(T_, "cube.sram.size_bytes", sram_size_bytes, "33554432", 1, 512 * MIB,
           "cube SRAM capacity (bytes, <= 512 MiB)"),
     K_LINK("cube.sram", sram, "1024", "10", "cube SRAM port"),
-    K_U64(T_, "cube.hbm.size_bytes", hbm_size_bytes, "51539607552", 1, 128 * GIB,
+    KB_SCHEMA_U64(T_, "cube.hbm.size_bytes", hbm_size_bytes, "51539607552", 1, 128 * GIB,
           "HBM stack capacity per cube, split evenly into PE slices (bytes, <= 128 GiB)"),
     K_LINK("cube.hbm", hbm, "256", "100", "HBM port of one PE slice"),
-    K_ENUM(T_, "cube.pe_layout", pe_layout, "corners", pe_layouts,
+    KB_SCHEMA_ENUM(T_, "cube.pe_layout", pe_layout, "corners", pe_layouts,
            "how PEs are placed in the cube (name)"),
-    K_INT(T_, "cube.corners", corners, "4", 1, 16,
+    KB_SCHEMA_INT(T_, "cube.corners", corners, "4", 1, 16,
           "PE groups (corners) per cube (count; corners*pe_per_corner <= 16)"),
-    K_INT(T_, "cube.pe_per_corner", pe_per_corner, "2", 1, 16,
+    KB_SCHEMA_INT(T_, "cube.pe_per_corner", pe_per_corner, "2", 1, 16,
           "PEs per corner (count; corners*pe_per_corner <= 16)"),
-    K_DBL(T_, "pe.cpu.overhead_ns", pe_cpu_overhead_ns, "2", 0.0, MAX_NS,
+    KB_SCHEMA_DBL(T_, "pe.cpu.overhead_ns", pe_cpu_overhead_ns, "2", 0.0, MAX_NS,
           "PE_CPU issue cost of every tl call (ns)"),
-    K_DBL(T_, "pe.dma.setup_ns", dma_setup_ns, "20", 0.0, MAX_NS,
+    KB_SCHEMA_DBL(T_, "pe.dma.setup_ns", dma_setup_ns, "20", 0.0, MAX_NS,
           "fixed PE_DMA cost per transfer (ns)"),
-    K_POS(T_, "pe.dma.bandwidth_gbps", dma_bandwidth_gbps, "128", MAX_GBPS,
+    KB_SCHEMA_POS(T_, "pe.dma.bandwidth_gbps", dma_bandwidth_gbps, "128", MAX_GBPS,
           "PE_DMA engine throughput (GB/s = bytes per ns)"),
-    K_INT(T_, "pe.dma.channels", dma_channels, "4", 1, 64,
+    KB_SCHEMA_INT(T_, "pe.dma.channels", dma_channels, "4", 1, 64,
           "PE_DMA virtual channels (count)"),
-    K_DBL(T_, "pe.math.fixed_ns", math_fixed_ns, "4", 0.0, MAX_NS,
+    KB_SCHEMA_DBL(T_, "pe.math.fixed_ns", math_fixed_ns, "4", 0.0, MAX_NS,
           "fixed PE_MATH cost per vector op (ns)"),
-    K_POS(T_, "pe.math.lanes_per_ns", math_lanes_per_ns, "64", 1e9,
+    KB_SCHEMA_POS(T_, "pe.math.lanes_per_ns", math_lanes_per_ns, "64", 1e9,
           "PE_MATH throughput (elements per ns)"),
-    K_DBL(T_, "pe.gemm.fixed_ns", gemm_fixed_ns, "16", 0.0, MAX_NS,
+    KB_SCHEMA_DBL(T_, "pe.gemm.fixed_ns", gemm_fixed_ns, "16", 0.0, MAX_NS,
           "fixed PE_GEMM cost per gemm (ns)"),
-    K_POS(T_, "pe.gemm.flops_per_ns", gemm_flops_per_ns, "4096", 1e12,
+    KB_SCHEMA_POS(T_, "pe.gemm.flops_per_ns", gemm_flops_per_ns, "4096", 1e12,
           "PE_GEMM throughput (flops per ns; a gemm is 2*M*N*K flops)"),
-    K_INT(T_, "pe.scheduler.tile_m", sched_tile_m, "128", 1, 65536,
+    KB_SCHEMA_INT(T_, "pe.scheduler.tile_m", sched_tile_m, "128", 1, 65536,
           "SchedulerV2 gemm tile rows (elements)"),
-    K_INT(T_, "pe.scheduler.tile_n", sched_tile_n, "128", 1, 65536,
+    KB_SCHEMA_INT(T_, "pe.scheduler.tile_n", sched_tile_n, "128", 1, 65536,
           "SchedulerV2 gemm tile columns (elements)"),
-    K_INT(T_, "pe.scheduler.tile_k", sched_tile_k, "128", 1, 65536,
+    KB_SCHEMA_INT(T_, "pe.scheduler.tile_k", sched_tile_k, "128", 1, 65536,
           "SchedulerV2 gemm tile depth (elements)"),
-    K_U64(T_, "pe.tcm.size_bytes", tcm_size_bytes, "16777216", 1, 128 * MIB,
+    KB_SCHEMA_U64(T_, "pe.tcm.size_bytes", tcm_size_bytes, "16777216", 1, 128 * MIB,
           "TCM capacity per PE (bytes, <= 128 MiB)"),
-    K_U64(T_, "pe.tcm.scheduler_reserved_bytes", tcm_scheduler_reserved_bytes, "4194304", 0,
+    KB_SCHEMA_U64(T_, "pe.tcm.scheduler_reserved_bytes", tcm_scheduler_reserved_bytes, "4194304", 0,
           128 * MIB, "TCM bytes reserved for SchedulerV2 tiles (bytes, < pe.tcm.size_bytes)"),
     K_LINK("pe.tcm", tcm, "1024", "2", "TCM port"),
-    K_U64(T_, "pe.scratch.size_bytes", scratch_size_bytes, "8388608", 0, 128 * MIB,
+    KB_SCHEMA_U64(T_, "pe.scratch.size_bytes", scratch_size_bytes, "8388608", 0, 128 * MIB,
           "scratch memory per PE (bytes, <= 128 MiB)"),
-    K_U64(T_, "pe.ipcq.area_bytes", ipcq_area_bytes, "1048576", 1, 128 * MIB,
+    KB_SCHEMA_U64(T_, "pe.ipcq.area_bytes", ipcq_area_bytes, "1048576", 1, 128 * MIB,
           "IPCQ ring area per PE (bytes, <= 128 MiB)"),
-    K_DBL(T_, "pe.ipcq.overhead_ns", ipcq_overhead_ns, "10", 0.0, MAX_NS,
+    KB_SCHEMA_DBL(T_, "pe.ipcq.overhead_ns", ipcq_overhead_ns, "10", 0.0, MAX_NS,
           "PE_IPCQ cost per send or recv (ns)"),
-    K_DBL(T_, "pe.ipcq.credit_latency_ns", ipcq_credit_latency_ns, "20", 0.0, MAX_NS,
+    KB_SCHEMA_DBL(T_, "pe.ipcq.credit_latency_ns", ipcq_credit_latency_ns, "20", 0.0, MAX_NS,
           "time for a credit to travel back to the sender (ns)"),
 };
 #undef T_
 
-#define P_ kb_ccl_params
-/* ccl.yaml `defaults`; also the override keys of an algorithm entry (minus `algorithm`). */
-static const kb_schema_key param_keys[] = {
-    K_STR(P_, "algorithm", algorithm, "ring_allreduce_tcm",
-          "the algorithm entry to run (name under algorithms:)"),
-    K_ENUM(P_, "buffer_kind", buffer_kind, "tcm", buffer_kinds,
-           "memory that holds the IPCQ receive slots (name)"),
-    K_BOOL(P_, "backpressure", backpressure, "true",
-           "senders wait for credits when the receiver's slots are full (bool)"),
-    K_INT(P_, "n_slots", n_slots, "4", 1, 4096, "IPCQ receive slots per direction (count)"),
-    K_U64(P_, "slot_size", slot_size, "4096", 16, 128 * MIB, "bytes per IPCQ slot (bytes)"),
-    K_U64(P_, "vc_chunk_size", vc_chunk_size, "256", 1, 128 * MIB,
-          "DMA virtual-channel chunk (bytes)"),
-    K_U64(P_, "ipcq_credit_size_bytes", ipcq_credit_size_bytes, "16", 1, 4096,
-          "size of one credit message (bytes)"),
-    K_INT(P_, "world_size", world_size, "0", 0, 1048576,
-          "ranks; 0 = derive (SIP count), > 0 = legacy rank = PE (count)"),
-    K_I64(P_, "n_elem", n_elem, "0", 0, 1099511627776.0,
-          "elements per rank tile; 0 = the bench default (elements)"),
-};
-#undef P_
-
-#define A_ kb_ccl_algo
-/* Keys only an algorithm entry has; the defaults shown mean "unset". */
-static const kb_schema_key algo_keys[] = {
-    K_STR(A_, "module", module, "(required)", "implementation (kernel) the entry runs (name)"),
-    K_ENUM(A_, "topology", topology, "(unset)", kb_schema_algo_topologies,
-           "rank topology the algorithm is wired for (name)"),
-    K_STR(A_, "mapper", mapper, "(unset)",
-          "which PEs of a rank take part: leader_only, all_pes, pe0_all_cubes (name)"),
-    K_STR(A_, "validator", validator, "(unset)",
-          "shard-layout check before launch, e.g. single_shard_per_rank (name)"),
-    K_INT(A_, "root_cube", root_cube, "-1 (unset)", 0, 31,
-          "cube that collects the reduction, < cubes per SIP (index)"),
-};
-#undef A_
-
-#define NELEM(a) (sizeof(a) / sizeof((a)[0]))
-
 const kb_schema_scope kb_schema_topo = {
-    "", {topo_keys, NULL}, {NELEM(topo_keys), 0}, {0, 0}, NULL};
-const kb_schema_scope kb_schema_ccl_defaults = {
-    "ccl.defaults", {param_keys, NULL}, {NELEM(param_keys), 0}, {0, 0}, NULL};
-const kb_schema_scope kb_schema_ccl_algo = {
-    "ccl.algorithms.<name>",
-    {algo_keys, param_keys},
-    {NELEM(algo_keys), NELEM(param_keys)},
-    {0, offsetof(kb_ccl_algo, p)},
-    "algorithm"};
+    "", {topo_keys, NULL}, {KB_SCHEMA_NKEYS(topo_keys), 0}, {0, 0}, NULL};
 
 const kb_schema_key *kb_schema_at(const kb_schema_scope *sc, size_t idx, size_t *off)
 {

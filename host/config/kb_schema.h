@@ -1,11 +1,13 @@
 /*
- * kb_schema — the typed key tables behind kb_config (private to host/config/).
+ * kb_schema — typed key tables for configuration files: the topology's (here) and, through the
+ * same types and KB_SCHEMA_* builders, those of the layers above (ccl/kb_ccl_config.c).
  *
  * A scope is the set of keys that may appear inside one YAML section, with byte offsets into
- * the struct that section fills: the topology file (kb_topo_cfg), ccl.yaml's `defaults`
- * (kb_ccl_params) and one entry under ccl.yaml's `algorithms` (kb_ccl_algo, which reuses the
- * params keys except `algorithm`). Keys are dotted paths relative to their scope; a "section"
- * is any proper prefix of a key path. All tables are const; nothing here allocates.
+ * the struct that section fills: the topology file (kb_topo_cfg) here; ccl.yaml's `defaults`
+ * and its `algorithms` entries in ccl/. A scope may stack a second table at an offset (an
+ * entry's overrides of the defaults), minus one `skip`ped key. Keys are dotted paths relative
+ * to their scope; a "section" is any proper prefix of a key path. All tables are const;
+ * nothing here allocates.
  */
 #ifndef KB_SCHEMA_H
 #define KB_SCHEMA_H
@@ -45,11 +47,31 @@ typedef struct kb_schema_scope {
 } kb_schema_scope;
 
 extern const kb_schema_scope kb_schema_topo;         /* over kb_topo_cfg */
-extern const kb_schema_scope kb_schema_ccl_defaults; /* over kb_ccl_params */
-extern const kb_schema_scope kb_schema_ccl_algo;     /* over kb_ccl_algo */
 
-/* Topology names an algorithm entry may use (NULL-terminated). */
-extern const char *const kb_schema_algo_topologies[];
+/* Key builders for a scope's table; T is the struct the scope fills, p the key's path, f the
+ * field, d the default as text, l/h the inclusive range, doc one line with the unit. */
+#define KB_SCHEMA_FSIZE(T, f) sizeof(((T *)0)->f)
+#define KB_SCHEMA_KEY(T, p, ty, f, sz, d, l, h, open, al, doc) \
+    { (p), (ty), offsetof(T, f), (sz), (d), (l), (h), (open), (al), (doc) }
+#define KB_SCHEMA_INT(T, p, f, d, l, h, doc) \
+    KB_SCHEMA_KEY(T, p, KB_ST_INT, f, 0, d, l, h, 0, NULL, doc)
+#define KB_SCHEMA_I64(T, p, f, d, l, h, doc) \
+    KB_SCHEMA_KEY(T, p, KB_ST_INT64, f, 0, d, l, h, 0, NULL, doc)
+#define KB_SCHEMA_U64(T, p, f, d, l, h, doc) \
+    KB_SCHEMA_KEY(T, p, KB_ST_U64, f, 0, d, l, h, 0, NULL, doc)
+#define KB_SCHEMA_DBL(T, p, f, d, l, h, doc) \
+    KB_SCHEMA_KEY(T, p, KB_ST_DOUBLE, f, 0, d, l, h, 0, NULL, doc)
+#define KB_SCHEMA_POS(T, p, f, d, h, doc) /* > 0 */ \
+    KB_SCHEMA_KEY(T, p, KB_ST_DOUBLE, f, 0, d, 0.0, h, 1, NULL, doc)
+#define KB_SCHEMA_BOOL(T, p, f, d, doc) \
+    KB_SCHEMA_KEY(T, p, KB_ST_BOOL, f, 0, d, 0.0, 1.0, 0, NULL, doc)
+#define KB_SCHEMA_STR(T, p, f, d, doc) \
+    KB_SCHEMA_KEY(T, p, KB_ST_STRING, f, KB_SCHEMA_FSIZE(T, f), d, 0.0, 0.0, 0, NULL, doc)
+#define KB_SCHEMA_ENUM(T, p, f, d, al, doc) \
+    KB_SCHEMA_KEY(T, p, KB_ST_ENUM, f, KB_SCHEMA_FSIZE(T, f), d, 0.0, 0.0, 0, al, doc)
+/* Number of entries of a key table. */
+#define KB_SCHEMA_NKEYS(a) (sizeof(a) / sizeof((a)[0]))
+
 /* SIP-level topology names of system.sips.topology (NULL-terminated). */
 extern const char *const kb_schema_sip_topologies[];
 

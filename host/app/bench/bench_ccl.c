@@ -34,17 +34,22 @@ typedef struct ccl_state {
 static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int force_ws,
                      const char *force_topo)
 {
-    const kb_config *cfg = kb_ctx_config(ctx);
+    const kb_ccl_cfg *cfg = kb_ccl_config_of(ctx);
     kb_errbuf *eb = kb_ctx_err(ctx);
-    const char *name = force_module ? force_module : cfg->ccl.defaults.algorithm;
-    const kb_ccl_algo *entry = force_module ? NULL : kb_config_find_algo(cfg, name);
+    const char *name;
+    const kb_ccl_algo *entry;
     const kb_ccl_algo_impl *impl;
     kb_ccl_params p;
     kb_ipcq_cfg icfg;
 
+    if (!cfg)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+    name = force_module ? force_module : cfg->defaults.algorithm;
+    entry = force_module ? NULL : kb_ccl_config_find(cfg, name);
+
     if (!entry && !force_module)
         return kb_err_set(eb, KB_ERR_CONFIG, "algorithm '%s' is not defined in ccl.yaml", name);
-    p = kb_config_algo_params(cfg, entry);
+    p = kb_ccl_config_params(cfg, entry);
     if (!force_module && entry && !strcmp(entry->module, "intercube_allreduce") && p.world_size)
         return kb_err_set(eb, KB_ERR_CONFIG, "intercube_allreduce runs one rank per SIP: it takes "
                           "no world_size (got %d)", p.world_size);

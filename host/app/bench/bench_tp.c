@@ -51,7 +51,7 @@ static float *pattern(size_t n, uint32_t seed, int range, float den)
 /* The rank = SIP entry of ccl.yaml, or the bare module when no ccl.yaml is loaded. */
 static const char *tp_algorithm(kb_ctx *ctx)
 {
-    return kb_config_find_algo(kb_ctx_config(ctx), "hierarchical_allreduce_sip")
+    return kb_ccl_config_find(kb_ccl_config_of(ctx), "hierarchical_allreduce_sip")
                ? "hierarchical_allreduce_sip" : "hierarchical_allreduce";
 }
 

@@ -125,7 +125,8 @@ static double wall_now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-int kb_bench_execute(const kb_config *cfg, const kb_ctx_opts *opts, const kb_bench *b,
+int kb_bench_execute(const kb_config *cfg, const kb_ccl_cfg *ccl, const kb_ctx_opts *opts,
+                     const kb_bench *b,
                      const kb_bench_args *a, kb_run_report *rep, kb_errbuf *eb)
 {
     kb_ctx *ctx = NULL;
@@ -137,6 +138,10 @@ int kb_bench_execute(const kb_config *cfg, const kb_ctx_opts *opts, const kb_ben
     rep->res.verified = -1;
     if ((rc = kb_ctx_create(cfg, opts, &ctx, eb)) != 0)
         return rc;
+    if (ccl && (rc = kb_ccl_config_attach(ctx, ccl)) != 0) {
+        kb_err_set(eb, rc, "%s", kb_ctx_errmsg(ctx));
+        goto out;
+    }
     snprintf(rep->device_desc, sizeof rep->device_desc, "%s", kb_ctx_device_desc(ctx));
     snprintf(rep->device_note, sizeof rep->device_note, "%s", kb_ctx_device_note(ctx));
     state = calloc(1, b->state_size ? b->state_size : 1);

@@ -14,6 +14,7 @@
 
 #include <stdint.h>
 
+#include "kb_ccl_config.h"
 #include "kb_runtime.h"
 
 #define KB_BENCH_MAX_PARAMS 8
@@ -85,7 +86,8 @@ void kb_run_report_fini(kb_run_report *rep);
  * fills *rep. Returns 0 (verification failure is rep->res.verified == 0, not an error) or an
  * error code with the message in eb.
  */
-int kb_bench_execute(const kb_config *cfg, const kb_ctx_opts *opts, const kb_bench *b,
+int kb_bench_execute(const kb_config *cfg, const kb_ccl_cfg *ccl, const kb_ctx_opts *opts,
+                     const kb_bench *b,
                      const kb_bench_args *a, kb_run_report *rep, kb_errbuf *eb);
 
 /* Helpers for benches. */

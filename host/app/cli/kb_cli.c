@@ -124,6 +124,15 @@ void kbcl_result_fini(kbcl_result *res)
     kb_config_fini(&res->cfg);
 }
 
+int kbcl_config_set(kb_config *cfg, kb_ccl_cfg *ccl, const char *assignment, kb_errbuf *eb)
+{
+    const char *k = assignment;
+    while (*k == ' ' || *k == '\t')
+        k++;
+    return strncmp(k, "ccl.", 4) == 0 ? kb_ccl_config_set(ccl, assignment, eb)
+                                      : kb_config_set(cfg, assignment, eb);
+}
+
 int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
 {
     const char *bench_name = job->bench ? job->bench : "ccl_allreduce";
@@ -135,6 +144,7 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
 
     memset(res, 0, sizeof *res);
     kb_config_defaults(&res->cfg);
+    kb_ccl_config_defaults(&res->ccl);
     res->bench = kb_bench_find(bench_name);
     if (!res->bench)
         return kb_err_set(eb, KB_ERR_USAGE, "unknown bench '%s' (kbcl list shows them)",
@@ -165,37 +175,38 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     if (!ccl_path)
         ccl_path = default_config("ccl.yaml", pathbuf[1], sizeof pathbuf[1]);
     if ((topo_path && (rc = kb_config_load_topology(&res->cfg, topo_path, eb)) != 0) ||
-        (ccl_path && (rc = kb_config_load_ccl(&res->cfg, ccl_path, eb)) != 0))
+        (ccl_path && (rc = kb_ccl_config_load(&res->ccl, ccl_path, eb)) != 0))
         return rc == KB_ERR_IO ? KB_ERR_USAGE : KB_ERR_CONFIG;
     for (int i = 0; i < job->nsets; i++)
-        if ((rc = kb_config_set(&res->cfg, job->sets[i], eb)) != 0)
+        if ((rc = kbcl_config_set(&res->cfg, &res->ccl, job->sets[i], eb)) != 0)
             return KB_ERR_USAGE;
     /* collective options are shorthands for ccl.yaml overrides of the chosen algorithm */
     {
         char setbuf[256];
-        const char *an = job->algorithm ? job->algorithm : res->cfg.ccl.defaults.algorithm;
+        const char *an = job->algorithm ? job->algorithm : res->ccl.defaults.algorithm;
         const char *keys[4] = { NULL, "world_size", "n_elem", "buffer_kind" };
         const char *vals[4] = { job->algorithm, job->world_size, job->n_elem, job->buffer_kind };
         for (int i = 0; i < 4; i++) {
             if (!vals[i])
                 continue;
-            if (i == 0 && !kb_config_find_algo(&res->cfg, vals[i]))
+            if (i == 0 && !kb_ccl_config_find(&res->ccl, vals[i]))
                 return kb_err_set(eb, KB_ERR_USAGE, "--algorithm %s: no such entry in ccl.yaml "
                                   "(kbcl list shows them)", vals[i]);
             if (i == 0)
                 snprintf(setbuf, sizeof setbuf, "ccl.defaults.algorithm=%s", vals[i]);
             else
                 snprintf(setbuf, sizeof setbuf, "ccl.algorithms.%s.%s=%s", an, keys[i], vals[i]);
-            if ((rc = kb_config_set(&res->cfg, setbuf, eb)) != 0)
+            if ((rc = kb_ccl_config_set(&res->ccl, setbuf, eb)) != 0)
                 return KB_ERR_USAGE;
         }
     }
-    if ((rc = kb_config_validate(&res->cfg, eb)) != 0)
+    if ((rc = kb_config_validate(&res->cfg, eb)) != 0 ||
+        (rc = kb_ccl_config_validate(&res->ccl, &res->cfg.topo, eb)) != 0)
         return KB_ERR_USAGE;
     if (job->trace_path && (rc = kb_trace_create(&tr, eb)) != 0)
         return rc;
     kb_ctx_opts opts = { (kb_device_kind)dev, job->ipcq_trace, tr };
-    rc = kb_bench_execute(&res->cfg, &opts, res->bench, &res->args, &res->rep, eb);
+    rc = kb_bench_execute(&res->cfg, &res->ccl, &opts, res->bench, &res->args, &res->rep, eb);
     if (rc == 0 && tr)
         rc = kb_trace_write(tr, job->trace_path, eb);
     kb_trace_destroy(tr);

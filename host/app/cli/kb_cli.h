@@ -40,10 +40,14 @@ typedef struct kbcl_job {
 typedef struct kbcl_result {
     const kb_bench *bench;
     kb_bench_args args;
-    kb_config cfg;
+    kb_config cfg;              /* the machine */
+    kb_ccl_cfg ccl;             /* the collective library (ccl.yaml + overrides) */
     char device[16];
     kb_run_report rep;          /* valid when kbcl_job_run returned 0 */
 } kbcl_result;
+
+/* Applies one --set KEY=VALUE: ccl.* keys to ccl, every other key to the machine's cfg. */
+int kbcl_config_set(kb_config *cfg, kb_ccl_cfg *ccl, const char *assignment, kb_errbuf *eb);
 
 /*
  * Parses one `kbcl run` option at argv[*i] into job (advancing *i past its value). Returns 1

@@ -524,10 +524,12 @@ static int plan_check(sw_parse *ps)
     sw_plan *p = ps->p;
     const kb_bench *b = kb_bench_find(p->bench ? p->bench : "ccl_allreduce");
     kb_config cfg;
+    kb_ccl_cfg ccl;
     kb_errbuf e2 = { { 0 } };
     int rc = 0, nset_axes = 0, nparam_axes = 0;
 
     kb_config_defaults(&cfg);
+    kb_ccl_config_defaults(&ccl);
     if (!b) {
         rc = markerr(ps, ps->bench_mark, "unknown bench '%s' (kbcl list shows them)", p->bench);
         goto done;
@@ -566,17 +568,17 @@ static int plan_check(sw_parse *ps)
             cp = buf[1];
 #endif
         if ((tp && kb_config_load_topology(&cfg, tp, &e2) != 0) ||
-            (cp && kb_config_load_ccl(&cfg, cp, &e2) != 0)) {
+            (cp && kb_ccl_config_load(&ccl, cp, &e2) != 0)) {
             rc = kb_err_set(ps->eb, KB_ERR_CONFIG, "%s", e2.msg);
             goto done;
         }
     }
     for (int i = 0; i < p->nsets; i++)
-        if (kb_config_set(&cfg, p->sets[i], &e2) != 0) {
+        if (kbcl_config_set(&cfg, &ccl, p->sets[i], &e2) != 0) {
             rc = markerr(ps, ps->set_mark[i], "set: %s", e2.msg);
             goto done;
         }
-    if (p->fixed[0] && !kb_config_find_algo(&cfg, p->fixed[0])) {
+    if (p->fixed[0] && !kb_ccl_config_find(&ccl, p->fixed[0])) {
         rc = markerr(ps, ps->alg_mark, "algorithm: no entry '%s' in ccl.yaml (kbcl list shows "
                      "them)", p->fixed[0]);
         goto done;
@@ -592,7 +594,7 @@ static int plan_check(sw_parse *ps)
             char setbuf[512];
             switch (ax->kind) {
             case AX_ALGORITHM:
-                if (!kb_config_find_algo(&cfg, s)) {
+                if (!kb_ccl_config_find(&ccl, s)) {
                     rc = markerr(ps, ps->vmark[a][v], "algorithm: no entry '%s' in ccl.yaml "
                                  "(kbcl list shows them)", s);
                     goto done;
@@ -608,7 +610,7 @@ static int plan_check(sw_parse *ps)
             case AX_N_ELEM:
             case AX_BUFFER_KIND:
                 snprintf(setbuf, sizeof setbuf, "ccl.defaults.%s=%s", ax->name, s);
-                if (kb_config_set(&cfg, setbuf, &e2) != 0) {
+                if (kb_ccl_config_set(&ccl, setbuf, &e2) != 0) {
                     rc = markerr(ps, ps->vmark[a][v], "%s: %s", ax->name, e2.msg);
                     goto done;
                 }
@@ -621,7 +623,7 @@ static int plan_check(sw_parse *ps)
                 }
                 break;
             default:
-                if (kb_config_set(&cfg, ax->assign[v], &e2) != 0) {
+                if (kbcl_config_set(&cfg, &ccl, ax->assign[v], &e2) != 0) {
                     rc = markerr(ps, ps->vmark[a][v], "%s", e2.msg);
                     goto done;
                 }

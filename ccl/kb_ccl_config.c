@@ -1,0 +1,312 @@
+/*
+ * kb_ccl_config — ccl.yaml's schema (the key tables), loading, --set, validation and the
+ * context attachment (kb_ccl_config.h). The YAML walking is host's (kb_config_load_sections);
+ * this file only says which keys exist and what they mean.
+ */
+#include "kb_ccl_config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_ccl.h"
+
+#define MIB (1048576.0)
+
+static const char *const buffer_kinds[] = {"tcm", "hbm", "sram", NULL};
+
+#define P_ kb_ccl_params
+/* ccl.yaml `defaults`; also the override keys of an algorithm entry (minus `algorithm`). */
+static const kb_schema_key param_keys[] = {
+    KB_SCHEMA_STR(P_, "algorithm", algorithm, "ring_allreduce_tcm",
+                  "the algorithm entry to run (name under algorithms:)"),
+    KB_SCHEMA_ENUM(P_, "buffer_kind", buffer_kind, "tcm", buffer_kinds,
+                   "memory that holds the IPCQ receive slots (name)"),
+    KB_SCHEMA_BOOL(P_, "backpressure", backpressure, "true",
+                   "senders wait for credits when the receiver's slots are full (bool)"),
+    KB_SCHEMA_INT(P_, "n_slots", n_slots, "4", 1, 4096, "IPCQ receive slots per direction (count)"),
+    KB_SCHEMA_U64(P_, "slot_size", slot_size, "4096", 16, 128 * MIB, "bytes per IPCQ slot (bytes)"),
+    KB_SCHEMA_INT(P_, "world_size", world_size, "0", 0, 1048576,
+                  "ranks; 0 = derive (SIP count), > 0 = legacy rank = PE (count)"),
+    KB_SCHEMA_I64(P_, "n_elem", n_elem, "0", 0, 1099511627776.0,
+                  "elements per rank tile; 0 = the bench default (elements)"),
+};
+#undef P_
+
+#define A_ kb_ccl_algo
+/* Keys only an algorithm entry has; the defaults shown mean "unset". */
+static const kb_schema_key algo_keys[] = {
+    KB_SCHEMA_STR(A_, "module", module, "(required)",
+                  "implementation (kernel) the entry runs (name; kbcl list shows them)"),
+    KB_SCHEMA_ENUM(A_, "topology", topology, "(unset)", kb_topo_names,
+                   "rank topology the algorithm is wired for (name)"),
+    KB_SCHEMA_INT(A_, "root_cube", root_cube, "-1 (unset)", 0, 31,
+                  "cube that collects the reduction, < cubes per SIP (index)"),
+};
+#undef A_
+
+static const kb_schema_scope scope_defaults = {
+    "ccl.defaults", {param_keys, NULL}, {KB_SCHEMA_NKEYS(param_keys), 0}, {0, 0}, NULL};
+static const kb_schema_scope scope_algo = {
+    "ccl.algorithms.<name>",
+    {algo_keys, param_keys},
+    {KB_SCHEMA_NKEYS(algo_keys), KB_SCHEMA_NKEYS(param_keys)},
+    {0, offsetof(kb_ccl_algo, p)},
+    "algorithm"};
+
+void kb_ccl_config_defaults(kb_ccl_cfg *c)
+{
+    /* zero first so that string tails and padding compare equal with memcmp */
+    memset(c, 0, sizeof *c);
+    kb_schema_apply_defaults(&scope_defaults, &c->defaults);
+}
+
+const kb_ccl_algo *kb_ccl_config_find(const kb_ccl_cfg *c, const char *name)
+{
+    if (!c || !name)
+        return NULL;
+    for (int i = 0; i < c->nalgos; i++)
+        if (strcmp(c->algos[i].name, name) == 0)
+            return &c->algos[i];
+    return NULL;
+}
+
+kb_ccl_params kb_ccl_config_params(const kb_ccl_cfg *c, const kb_ccl_algo *entry)
+{
+    kb_ccl_params r = c->defaults;
+    const kb_ccl_params *o;
+
+    if (!entry)
+        return r;
+    o = &entry->p;
+    /* the effective `algorithm` is the entry itself, whatever defaults.algorithm says */
+    snprintf(r.algorithm, sizeof r.algorithm, "%s", entry->name);
+    if (o->buffer_kind[0])
+        memcpy(r.buffer_kind, o->buffer_kind, sizeof r.buffer_kind);
+    if (o->backpressure >= 0)
+        r.backpressure = o->backpressure;
+    if (o->n_slots > 0)
+        r.n_slots = o->n_slots;
+    if (o->slot_size > 0)
+        r.slot_size = o->slot_size;
+    if (o->world_size > 0)
+        r.world_size = o->world_size;
+    if (o->n_elem > 0)
+        r.n_elem = o->n_elem;
+    return r;
+}
+
+void kb_ccl_config_foreach_key(kb_config_key_fn fn, void *ud)
+{
+    if (!fn)
+        return;
+    kb_config_foreach_scope(&scope_defaults, NULL, fn, ud);
+    kb_config_foreach_scope(&scope_algo, &scope_defaults, fn, ud);
+}
+
+/* The entry called name, created (all overrides unset) when new; NULL when the table is full. */
+static kb_ccl_algo *algo_get(kb_ccl_cfg *c, const char *name, int line)
+{
+    kb_ccl_algo *a;
+
+    for (int i = 0; i < c->nalgos; i++)
+        if (strcmp(c->algos[i].name, name) == 0)
+            return &c->algos[i];
+    if (c->nalgos >= KB_CFG_MAX_ALGOS)
+        return NULL;
+    a = &c->algos[c->nalgos++];
+    memset(a, 0, sizeof *a);
+    snprintf(a->name, sizeof a->name, "%s", name);
+    a->root_cube = -1;
+    a->p.backpressure = -1;
+    a->line = line;
+    return a;
+}
+
+static void *entry_of(void *ud, const char *name, int line, kb_errbuf *eb)
+{
+    kb_ccl_algo *a = algo_get(ud, name, line);
+    if (!a)
+        kb_err_set(eb, KB_ERR_CONFIG, "too many algorithms (at most %d)", KB_CFG_MAX_ALGOS);
+    else
+        a->line = line;
+    return a;
+}
+
+int kb_ccl_config_load(kb_ccl_cfg *c, const char *path, kb_errbuf *eb)
+{
+    kb_ccl_cfg *work = NULL;
+    int rc;
+
+    if (!c || !path)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_ccl_config_load: NULL argument");
+    /* on the heap: the algorithm table is large for a fiber stack */
+    work = malloc(sizeof *work);
+    if (!work)
+        return kb_err_set(eb, KB_ERR_NOMEM, "%s: out of memory", path);
+    *work = *c;
+    const kb_cfg_section secs[] = {
+        { "defaults", "ccl.defaults", &scope_defaults, &work->defaults, NULL, NULL, NULL },
+        { "algorithms", "ccl.algorithms", &scope_algo, NULL, entry_of, work, "algorithm" },
+    };
+    rc = kb_config_load_sections(path, secs, sizeof secs / sizeof secs[0], eb);
+    if (rc == 0) {
+        *c = *work;
+        snprintf(c->path, sizeof c->path, "%s", path);
+    }
+    free(work);
+    return rc;
+}
+
+static int set_path(kb_ccl_cfg *c, const char *path, const char *value, int quoted,
+                    kb_errbuf *eb)
+{
+    static const char algos_pfx[] = "algorithms.";
+    char name[KB_CFG_NAME_MAX + 1], disp[2 * KB_CFG_NAME_MAX];
+    const char *rel, *dot;
+    kb_ccl_algo *a;
+    int created, rc;
+
+    if (strncmp(path, "defaults.", 9) == 0)
+        return kb_config_set_in_scope(&scope_defaults, "ccl.defaults", &c->defaults, path + 9,
+                                      value, quoted, eb);
+    if (strncmp(path, algos_pfx, sizeof algos_pfx - 1) != 0)
+        return kb_err_set(eb, KB_ERR_CONFIG, "unknown key 'ccl.%s' (nearest section: 'ccl', "
+                          "which has: defaults, algorithms)", path);
+    rel = path + sizeof algos_pfx - 1;
+    dot = strchr(rel, '.');
+    if (!dot || (size_t)(dot - rel) >= sizeof name)
+        return kb_err_set(eb, KB_ERR_CONFIG, "expected ccl.algorithms.<name>.<key>, got 'ccl.%s'",
+                          path);
+    memcpy(name, rel, (size_t)(dot - rel));
+    name[dot - rel] = '\0';
+    rel = dot + 1;
+    if (!kb_config_valid_name(name))
+        return kb_err_set(eb, KB_ERR_CONFIG, "invalid algorithm name '%s' (use 1-%d letters, "
+                          "digits, '_' or '-')", name, KB_CFG_NAME_MAX - 1);
+    snprintf(disp, sizeof disp, "ccl.algorithms.%s", name);
+    if (!kb_schema_find(&scope_algo, rel, NULL))
+        return kb_config_set_in_scope(&scope_algo, disp, NULL, rel, value, quoted, eb);
+    created = kb_ccl_config_find(c, name) == NULL;
+    a = algo_get(c, name, 0);
+    if (!a)
+        return kb_err_set(eb, KB_ERR_CONFIG, "cannot add algorithm '%s': at most %d algorithms",
+                          name, KB_CFG_MAX_ALGOS);
+    rc = kb_config_set_in_scope(&scope_algo, disp, a, rel, value, quoted, eb);
+    if (rc && created) {
+        /* the new entry is the last one: undo it, leaving the slot as unused slots are */
+        memset(a, 0, sizeof *a);
+        c->nalgos--;
+    }
+    return rc;
+}
+
+int kb_ccl_config_set(kb_ccl_cfg *c, const char *assignment, kb_errbuf *eb)
+{
+    char buf[1024];
+    char *path, *value;
+    int quoted, rc;
+
+    if (!c || !assignment)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_ccl_config_set: NULL argument");
+    rc = kb_config_parse_assignment(assignment, buf, sizeof buf, &path, &value, &quoted, eb);
+    if (rc == 0 && strncmp(path, "ccl.", 4) != 0)
+        rc = kb_err_set(eb, KB_ERR_CONFIG, "'%s' is not a collective-library key (those start "
+                        "with ccl.)", path);
+    if (rc == 0)
+        rc = set_path(c, path + 4, value, quoted, eb);
+    if (rc)
+        kb_err_prefix(eb, "--set %s", assignment);
+    return rc;
+}
+
+/* Checks effective parameters p; who names the algorithm or "ccl.defaults". */
+static int validate_params(const kb_ccl_params *p, const char *who, kb_errbuf *eb)
+{
+    int known = 0;
+    for (int i = 0; buffer_kinds[i]; i++)
+        known |= strcmp(p->buffer_kind, buffer_kinds[i]) == 0;
+    if (!known)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: buffer_kind '%s' must be tcm, hbm or sram", who,
+                          p->buffer_kind);
+    if (p->n_slots < 1)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: n_slots = %d must be >= 1", who, p->n_slots);
+    if (p->slot_size < 16)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: slot_size = %llu must be >= 16 bytes", who,
+                          (unsigned long long)p->slot_size);
+    if (p->world_size < 0 || p->n_elem < 0)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: world_size and n_elem must be >= 0", who);
+    return 0;
+}
+
+int kb_ccl_config_validate(const kb_ccl_cfg *c, const kb_topo_cfg *t, kb_errbuf *eb)
+{
+    const kb_ccl_algo *sel;
+    kb_ccl_params eff;
+    char who[KB_CFG_NAME_MAX + 32];
+    int rc;
+
+    if (!c || !t)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_ccl_config_validate: NULL argument");
+    rc = validate_params(&c->defaults, "ccl.defaults", eb);
+    if (rc)
+        return rc;
+    for (int i = 0; i < c->nalgos; i++) {
+        const kb_ccl_algo *a = &c->algos[i];
+
+        snprintf(who, sizeof who, "ccl.algorithms.%s", a->name);
+        if (!a->module[0])
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s has no module", who);
+        if (a->topology[0] && kb_topo_find(a->topology) < 0)
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s: unknown topology '%s'", who, a->topology);
+        if (a->root_cube >= kb_topo_cubes_per_sip(t))
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s: root_cube = %d but a SIP has %d cubes", who,
+                              a->root_cube, kb_topo_cubes_per_sip(t));
+        eff = kb_ccl_config_params(c, a);
+        rc = validate_params(&eff, who, eb);
+        if (rc)
+            return rc;
+    }
+    /*
+     * The selected algorithm must exist once any are defined (with none, a caller runs a
+     * built-in bench), and its world must fit the machine: legacy rank = PE at most.
+     */
+    sel = kb_ccl_config_find(c, c->defaults.algorithm);
+    if (c->nalgos > 0 && !sel)
+        return kb_err_set(eb, KB_ERR_CONFIG, "ccl.defaults.algorithm '%s' is not defined under "
+                          "algorithms", c->defaults.algorithm);
+    eff = kb_ccl_config_params(c, sel);
+    if (eff.world_size > kb_topo_total_pes(t))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: world_size = %d exceeds the machine's %d PEs "
+                          "(system.sips.count * cubes * PEs per cube)", eff.algorithm,
+                          eff.world_size, kb_topo_total_pes(t));
+    return 0;
+}
+
+int kb_ccl_config_attach(kb_ctx *ctx, const kb_ccl_cfg *c)
+{
+    kb_ccl_cfg *copy = kb_ctx_ext(ctx, KB_EXT_CCL_CONFIG);
+    if (copy) {
+        *copy = *c;
+        return 0;
+    }
+    copy = malloc(sizeof *copy);
+    if (!copy)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    *copy = *c;
+    kb_ctx_set_ext(ctx, KB_EXT_CCL_CONFIG, copy, free);
+    return 0;
+}
+
+const kb_ccl_cfg *kb_ccl_config_of(kb_ctx *ctx)
+{
+    const kb_ccl_cfg *c = kb_ctx_ext(ctx, KB_EXT_CCL_CONFIG);
+    if (!c) {
+        kb_ccl_cfg dflt;
+        kb_ccl_config_defaults(&dflt);
+        if (kb_ccl_config_attach(ctx, &dflt) != 0)
+            return NULL;
+        c = kb_ctx_ext(ctx, KB_EXT_CCL_CONFIG);
+    }
+    return c;
+}
