@@ -5,6 +5,7 @@
  */
 #include "kb_ccl.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +105,7 @@ static int topo_hier(const char *name, int ws, int rank, const kb_ccl_geom *g,
     sips = ws > per_sip ? ws / per_sip : 1;
     cubes = ws / P / sips;
     int pe = rank % P, cube = (rank / P) % cubes, sip = rank / (P * cubes);
+    assert(sip < sips); /* whole cubes and SIPs were checked above */
     int cube_base = rank - pe, sip_base = sip * cubes * P;
     if (P > 1) {
         nbr[KB_DIR_E] = cube_base + (pe + 1) % P;
@@ -196,11 +198,13 @@ int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_err
         out->pes = ws;
     }
     out->ranks_per_sip = out->cubes * out->pes;
+    assert(out->sips * out->ranks_per_sip == ws);
     return 0;
 }
 
 kb_pe_hw *kb_ccl_rank_pe(const kb_machine *m, const kb_ccl_layout *l, int rank)
 {
+    assert(rank >= 0 && rank < l->ws);
     int sip = rank / l->ranks_per_sip, local = rank % l->ranks_per_sip;
     return kb_machine_pe(m, (unsigned)sip, (unsigned)(local / l->pes), (unsigned)(local % l->pes));
 }
@@ -221,6 +225,7 @@ int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const 
         for (int d = 0; d < KB_NDIRS; d++) {
             if (nbr[d] == KB_TOPO_NONE)
                 continue;
+            assert(nbr[d] >= 0 && nbr[d] < l->ws);
             if ((rc = kb_topo_neighbors(topo, l->ws, nbr[d], &g, pnbr, eb)) != 0)
                 goto out;
             int rd = kb_topo_reverse(pnbr, r, (kb_dir)d);
@@ -239,6 +244,7 @@ int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const 
                 }
                 links = nl;
             }
+            assert(n < cap);
             links[n].pe = kb_ccl_rank_pe(m, l, r);
             links[n].dir = (kb_dir)d;
             links[n].peer = kb_ccl_rank_pe(m, l, nbr[d]);

@@ -299,6 +299,8 @@ static void credits_take(qp *q, kb_time now)
         q->cr_head = q->cr_head + 1 == q->n_slots ? 0 : q->cr_head + 1;
         q->cr_n--;
     }
+    /* a credit frees a slot that a send filled */
+    assert(q->cr_n <= q->n_slots && q->peer_tail_cache + q->cr_n <= q->my_head);
 }
 
 static void dump(kb_ctx *ctx, char *buf, size_t n, void *ud)
@@ -404,118 +406,139 @@ static kb_time route_latency(kb_ctx *ctx, kb_pe_hw *from, kb_pa src, kb_pa dst)
     return lat;
 }
 
-int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *links, size_t n)
+/*
+ * One install on its way: its links, the PEs new to it (in order of first link, which is the
+ * order of the install messages) and what has been made for them so far, which rollback()
+ * undoes. The steps below run in order; each returns 0 or a set error.
+ */
+typedef struct install {
+    kb_ctx *ctx;
+    kb_errbuf *eb;
+    ipcq_sys *sys;
+    const kb_ipcq_cfg *cfg;
+    const kb_ipcq_link *links;
+    size_t n;
+    kb_pe_hw **pes;      /* [n] the new PEs */
+    pe_state **states;   /* [n] their states, once made */
+    size_t npes;
+    void *block;         /* the states' memory (sys owns it once committed) */
+    int made_states;
+} install;
+
+/* The context's IPCQ system, made by its first install; later installs must repeat its
+ * configuration. */
+static int attach_sys(install *in)
 {
-    kb_errbuf *eb = kb_ctx_err(ctx);
-    ipcq_sys *sys = sys_of(ctx);
-    pe_state **fresh = NULL; /* this install's PEs, in order of first link */
-    kb_pe_hw **fresh_pe = NULL; /* the same PEs (their states exist only after the count) */
-    uint32_t *mask = NULL;    /* their wired directions */
-    void *block = NULL;       /* their states (sys owns it once committed) */
-    int states_made = 0;
-    size_t nfresh = 0;
-    range *rs = NULL;
-    char a[48], b[48];
-    int rc = 0;
+    const kb_ipcq_cfg *cfg = in->cfg;
+    ipcq_sys *sys = sys_of(in->ctx);
 
     if (cfg->n_slots < 1 || cfg->slot_size < 16 || cfg->slot_size > UINT32_MAX)
-        return kb_err_set(eb, KB_ERR_RANGE, "IPCQ install: n_slots %d (>= 1), slot_size %llu "
-                          "(16 .. 4 GiB - 1)", cfg->n_slots, (unsigned long long)cfg->slot_size);
+        return kb_err_set(in->eb, KB_ERR_RANGE, "IPCQ install: n_slots %d (>= 1), slot_size "
+                          "%llu (16 .. 4 GiB - 1)", cfg->n_slots,
+                          (unsigned long long)cfg->slot_size);
     if (!sys) {
         sys = calloc(1, sizeof *sys);
         if (!sys)
-            return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-        sys->ctx = ctx;
+            return kb_err_set(in->eb, KB_ERR_NOMEM, "out of memory");
+        sys->ctx = in->ctx;
         sys->cfg = *cfg;
-        sys->ipcq_ovh = kb_time_from_ns(kb_ctx_config(ctx)->topo.ipcq_overhead_ns);
-        sys->credit_lat = kb_time_from_ns(kb_ctx_config(ctx)->topo.ipcq_credit_latency_ns);
-        kb_ctx_set_ext(ctx, KB_EXT_IPCQ, sys, sys_destroy);
-        kb_ctx_set_deadlock_dump(ctx, dump, sys);
+        sys->ipcq_ovh = kb_time_from_ns(kb_ctx_config(in->ctx)->topo.ipcq_overhead_ns);
+        sys->credit_lat = kb_time_from_ns(kb_ctx_config(in->ctx)->topo.ipcq_credit_latency_ns);
+        kb_ctx_set_ext(in->ctx, KB_EXT_IPCQ, sys, sys_destroy);
+        kb_ctx_set_deadlock_dump(in->ctx, dump, sys);
     } else if (sys->cfg.n_slots != cfg->n_slots || sys->cfg.slot_size != cfg->slot_size ||
                sys->cfg.buffer_kind != cfg->buffer_kind ||
                sys->cfg.backpressure != cfg->backpressure) { /* fields: padding may differ */
-        return kb_err_set(eb, KB_ERR_STATE, "IPCQ install: a context uses one IPCQ configuration");
+        return kb_err_set(in->eb, KB_ERR_STATE,
+                          "IPCQ install: a context uses one IPCQ configuration");
     }
-    fresh = calloc(n ? n : 1, sizeof *fresh);
-    fresh_pe = calloc(n ? n : 1, sizeof *fresh_pe);
-    mask = calloc(n ? n : 1, sizeof *mask);
-    if (!fresh || !fresh_pe || !mask) {
-        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
+    in->sys = sys;
+    return 0;
+}
 
-    /*
-     * The wired directions of each PE first (a PE installed before, or a direction twice, is
-     * an error): while this runs, a PE new to this install points at its entry of `mask`.
-     */
-    for (size_t i = 0; i < n; i++) {
-        kb_pe_hw *pe = links[i].pe;
-        if ((unsigned)links[i].dir >= KB_NDIRS || (unsigned)links[i].peer_dir >= KB_NDIRS) {
-            rc = kb_err_set(eb, KB_ERR_INVAL, "IPCQ install: bad direction in link %zu", i);
-            goto fail;
-        }
-        uint32_t *m = pe->ipcq_state;
-        /* compared as integers: m may point into another object (an earlier install's state) */
-        int in_mask = (uintptr_t)m - (uintptr_t)mask < nfresh * sizeof *mask;
-        if (m && !in_mask) {
+/*
+ * The wired directions of each PE (a PE installed before, or a direction twice, is an error).
+ * A PE new to this install gathers them in its own ipcq_wired while its ipcq_state is still
+ * NULL: outside an install a PE without a state has no wired direction, so a non-zero set
+ * marks a PE this install has already met.
+ */
+static int count_links(install *in)
+{
+    char a[48];
+    for (size_t i = 0; i < in->n; i++) {
+        const kb_ipcq_link *l = &in->links[i];
+        kb_pe_hw *pe = l->pe;
+        if ((unsigned)l->dir >= KB_NDIRS || (unsigned)l->peer_dir >= KB_NDIRS)
+            return kb_err_set(in->eb, KB_ERR_INVAL, "IPCQ install: bad direction in link %zu", i);
+        if (pe->ipcq_state) {
             fmt_pe(pe, a, sizeof a);
-            rc = kb_err_set(eb, KB_ERR_STATE, "IPCQ install: %s is already installed (a second "
-                            "install on a PE is not allowed)", a);
-            goto fail;
+            return kb_err_set(in->eb, KB_ERR_STATE, "IPCQ install: %s is already installed (a "
+                              "second install on a PE is not allowed)", a);
         }
-        if (!m) {
-            m = &mask[nfresh];
-            fresh_pe[nfresh++] = pe;
-            pe->ipcq_state = m;
-        }
-        if (*m >> links[i].dir & 1u) {
+        if (!pe->ipcq_wired)
+            in->pes[in->npes++] = pe;
+        if (pe->ipcq_wired >> l->dir & 1u) {
             fmt_pe(pe, a, sizeof a);
-            rc = kb_err_set(eb, KB_ERR_INVAL, "IPCQ install: %s direction %s appears twice", a,
-                            dir_names[links[i].dir]);
-            goto fail;
+            return kb_err_set(in->eb, KB_ERR_INVAL, "IPCQ install: %s direction %s appears "
+                              "twice", a, dir_names[l->dir]);
         }
-        *m |= UINT32_C(1) << links[i].dir;
+        pe->ipcq_wired |= UINT32_C(1) << l->dir;
     }
-    /* the states, in one block (each starts on a cache line: queue pairs are aligned) */
-    {
-        size_t total = 0, off = 0;
-        for (size_t j = 0; j < nfresh; j++)
-            total += sizeof(pe_state) + (size_t)bits_set(mask[j]) * sizeof(qp);
-        void **nb = realloc(sys->blocks, (sys->nblocks + 1) * sizeof *nb);
-        if (nb)
-            sys->blocks = nb;
-        block = nb ? aligned_alloc(64, total ? total : 64) : NULL;
-        if (!block) {
-            rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
-        memset(block, 0, total);
-        for (size_t j = 0; j < nfresh; j++) {
-            kb_pe_hw *pe = fresh_pe[j];
-            pe_state *ps = (pe_state *)(void *)((char *)block + off);
-            ps->pe = pe;
-            ps->sys = sys;
-            ps->wired = mask[j];
-            ps->nq = bits_set(mask[j]);
-            pe->ipcq_wired = mask[j];
-            off += sizeof(pe_state) + (size_t)ps->nq * sizeof(qp);
-            pe->ipcq_state = ps;
-            fresh[j] = ps;
-        }
-        states_made = 1;
+    assert(in->npes <= in->n);
+    return 0;
+}
+
+/* The new PEs' states, in one block (each starts on a cache line: queue pairs are aligned). */
+static int make_states(install *in)
+{
+    ipcq_sys *sys = in->sys;
+    size_t total = 0, off = 0;
+
+    for (size_t j = 0; j < in->npes; j++)
+        total += sizeof(pe_state) + (size_t)bits_set(in->pes[j]->ipcq_wired) * sizeof(qp);
+    /* room for the block in sys->blocks now, so that the commit cannot fail on it */
+    void **nb = realloc(sys->blocks, (sys->nblocks + 1) * sizeof *nb);
+    if (!nb)
+        return kb_err_set(in->eb, KB_ERR_NOMEM, "out of memory");
+    sys->blocks = nb;
+    in->block = aligned_alloc(64, total ? total : 64);
+    if (!in->block)
+        return kb_err_set(in->eb, KB_ERR_NOMEM, "out of memory");
+    memset(in->block, 0, total);
+    for (size_t j = 0; j < in->npes; j++) {
+        kb_pe_hw *pe = in->pes[j];
+        pe_state *ps = (pe_state *)(void *)((char *)in->block + off);
+        ps->pe = pe;
+        ps->sys = sys;
+        ps->wired = pe->ipcq_wired;
+        ps->nq = bits_set(ps->wired);
+        off += sizeof(pe_state) + (size_t)ps->nq * sizeof(qp);
+        pe->ipcq_state = ps;
+        in->states[j] = ps;
     }
-    for (size_t i = 0; i < n; i++) {
-        kb_pe_hw *pe = links[i].pe;
+    assert(off == total);
+    in->made_states = 1;
+    return 0;
+}
+
+/* Every link's rx ring (where its peer's sends land) and its ring arrays. */
+static int alloc_rings(install *in)
+{
+    const kb_ipcq_cfg *cfg = in->cfg;
+    char a[48];
+
+    for (size_t i = 0; i < in->n; i++) {
+        kb_pe_hw *pe = in->links[i].pe;
         pe_state *ps = pe->ipcq_state;
-        qp *q = &ps->q[rank_below(ps->wired, links[i].dir)];
+        qp *q = &ps->q[rank_below(ps->wired, in->links[i].dir)];
+        kb_alloc *al = ring_allocator(in->ctx, pe, cfg->buffer_kind);
         kb_errbuf aeb;
         uint64_t base;
-        if (kb_alloc_alloc(ring_allocator(ctx, pe, cfg->buffer_kind),
-                           (uint64_t)cfg->n_slots * cfg->slot_size, 64, &base, &aeb) != 0) {
+        assert(!q->wired); /* count_links let each direction through once */
+        if (kb_alloc_alloc(al, (uint64_t)cfg->n_slots * cfg->slot_size, 64, &base, &aeb) != 0) {
             fmt_pe(pe, a, sizeof a);
-            rc = kb_err_set(eb, KB_ERR_NOSPACE, "IPCQ install: rx ring of %s %s: %s", a,
-                            dir_names[links[i].dir], aeb.msg);
-            goto fail;
+            return kb_err_set(in->eb, KB_ERR_NOSPACE, "IPCQ install: rx ring of %s %s: %s", a,
+                              dir_names[in->links[i].dir], aeb.msg);
         }
         if (cfg->n_slots <= KB_QP_INLINE_SLOTS) {
             q->slot_bytes = q->sb_inl;
@@ -525,19 +548,19 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
             q->cr_t = calloc((size_t)cfg->n_slots, sizeof *q->cr_t);
         }
         if (!q->slot_bytes || !q->cr_t) {
+            /* not wired yet: rollback frees only the rings of wired queue pairs */
             free(q->slot_bytes);
             free(q->cr_t);
             q->slot_bytes = NULL;
             q->cr_t = NULL;
-            kb_alloc_free(ring_allocator(ctx, pe, cfg->buffer_kind), base, NULL);
-            rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-            goto fail;
+            kb_alloc_free(al, base, NULL);
+            return kb_err_set(in->eb, KB_ERR_NOMEM, "out of memory");
         }
         q->wired = 1;
-        q->dir = (uint8_t)links[i].dir;
+        q->dir = (uint8_t)in->links[i].dir;
         q->owner = ps;
         q->rx_pe = pe;
-        q->sys = sys;
+        q->sys = in->sys;
         q->n_slots = (uint32_t)cfg->n_slots;
         q->slot_size = cfg->slot_size;
         q->rx_n_slots = q->n_slots;
@@ -545,120 +568,180 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
         q->rx_slot_size = q->slot_size;
         q->my_rx_base = base;
     }
-    /* pair every link with the peer's ring of the reverse direction */
-    for (size_t i = 0; i < n; i++) {
+    return 0;
+}
+
+/*
+ * Pairs every link with the peer's ring of the reverse direction, then resolves the protocol's
+ * address matches (tok_q, cred_q; see qp), which need every pairing of this install made.
+ */
+static int pair_links(install *in)
+{
+    const kb_ipcq_link *links = in->links;
+    char a[48], b[48];
+
+    for (size_t i = 0; i < in->n; i++) {
         qp *q = qp_of(links[i].pe->ipcq_state, links[i].dir);
         const qp *pq = qp_of(links[i].peer->ipcq_state, links[i].peer_dir);
+        assert(q && q->wired);
         if (!pq || !pq->wired) {
             fmt_pe(links[i].pe, a, sizeof a);
             fmt_pe(links[i].peer, b, sizeof b);
-            rc = kb_err_set(eb, KB_ERR_INVAL, "IPCQ install: %s %s -> %s, but %s has no %s queue "
-                            "pointing back", a, dir_names[links[i].dir], b, b,
-                            dir_names[links[i].peer_dir]);
-            goto fail;
+            return kb_err_set(in->eb, KB_ERR_INVAL, "IPCQ install: %s %s -> %s, but %s has no "
+                              "%s queue pointing back", a, dir_names[links[i].dir], b, b,
+                              dir_names[links[i].peer_dir]);
         }
         q->peer = links[i].peer;
         q->peer_rx_base = pq->my_rx_base;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < in->n; i++) {
         qp *q = qp_of(links[i].pe->ipcq_state, links[i].dir);
-        q->credit_delay = sys->credit_lat +
-                          route_latency(ctx, q->peer, q->peer_rx_base, q->my_rx_base);
+        q->credit_delay = in->sys->credit_lat +
+                          route_latency(in->ctx, q->peer, q->peer_rx_base, q->my_rx_base);
         q->tok_q = ring_holding(q->peer->ipcq_state, q->peer_rx_base);
         q->cred_q = sender_into(q->peer->ipcq_state, q->my_rx_base);
     }
-    /* rx rings must be disjoint (they come from allocators; this guards the invariant) */
-    {
-        size_t total = 0, k = 0;
-        for (size_t i = 0; i < sys->npes; i++)
-            total += sys->pes[i]->nq;
-        total += n;
-        rs = malloc((total ? total : 1) * sizeof *rs);
-        if (!rs) {
-            rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-            goto fail;
+    return 0;
+}
+
+/* rx rings must be disjoint, this install's and the earlier ones' (they come from allocators:
+ * this guards the invariant the address matches rest on). */
+static int check_disjoint(install *in)
+{
+    ipcq_sys *sys = in->sys;
+    size_t total = in->n, k = 0;
+    range *rs;
+    char a[48], b[48];
+    int rc = 0;
+
+    for (size_t i = 0; i < sys->npes; i++)
+        total += sys->pes[i]->nq;
+    rs = malloc((total ? total : 1) * sizeof *rs);
+    if (!rs)
+        return kb_err_set(in->eb, KB_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < sys->npes; i++)
+        for (uint32_t j = 0; j < sys->pes[i]->nq; j++) {
+            const qp *q = &sys->pes[i]->q[j];
+            rs[k++] = (range){ q->my_rx_base, (uint64_t)q->n_slots * q->slot_size,
+                               sys->pes[i]->pe, q->dir };
         }
-        for (size_t i = 0; i < sys->npes; i++)
-            for (uint32_t j = 0; j < sys->pes[i]->nq; j++) {
-                const qp *q = &sys->pes[i]->q[j];
-                rs[k++] = (range){ q->my_rx_base, (uint64_t)q->n_slots * q->slot_size,
-                                   sys->pes[i]->pe, q->dir };
-            }
-        for (size_t i = 0; i < n; i++) {
-            const qp *q = qp_of(links[i].pe->ipcq_state, links[i].dir);
-            rs[k++] = (range){ q->my_rx_base, (uint64_t)q->n_slots * q->slot_size, links[i].pe,
-                               (int)links[i].dir };
-        }
-        qsort(rs, k, sizeof *rs, range_cmp);
-        for (size_t i = 1; i < k; i++) {
-            if (rs[i].base < rs[i - 1].base + rs[i - 1].len) {
-                fmt_pe(rs[i - 1].pe, a, sizeof a);
-                fmt_pe(rs[i].pe, b, sizeof b);
-                rc = kb_err_set(eb, KB_ERR_STATE, "IPCQ install: rx rings of %s %s and %s %s overlap",
-                                a, dir_names[rs[i - 1].dir], b, dir_names[rs[i].dir]);
-                goto fail;
-            }
+    for (size_t i = 0; i < in->n; i++) {
+        const qp *q = qp_of(in->links[i].pe->ipcq_state, in->links[i].dir);
+        rs[k++] = (range){ q->my_rx_base, (uint64_t)q->n_slots * q->slot_size, in->links[i].pe,
+                           (int)in->links[i].dir };
+    }
+    assert(k == total);
+    qsort(rs, k, sizeof *rs, range_cmp);
+    for (size_t i = 1; i < k; i++) {
+        if (rs[i].base < rs[i - 1].base + rs[i - 1].len) {
+            fmt_pe(rs[i - 1].pe, a, sizeof a);
+            fmt_pe(rs[i].pe, b, sizeof b);
+            rc = kb_err_set(in->eb, KB_ERR_STATE, "IPCQ install: rx rings of %s %s and %s %s "
+                            "overlap", a, dir_names[rs[i - 1].dir], b, dir_names[rs[i].dir]);
+            break;
         }
     }
-    /* commit */
-    if (sys->npes + nfresh > sys->cappes) {
-        size_t cap = (sys->npes + nfresh) * 2;
+    free(rs);
+    return rc;
+}
+
+/* The new states join the system, which owns their block from here on. */
+static int commit(install *in)
+{
+    ipcq_sys *sys = in->sys;
+    if (sys->npes + in->npes > sys->cappes) {
+        size_t cap = (sys->npes + in->npes) * 2;
         pe_state **np = realloc(sys->pes, cap * sizeof *np);
-        if (!np) {
-            rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-            goto fail;
-        }
+        if (!np)
+            return kb_err_set(in->eb, KB_ERR_NOMEM, "out of memory");
         sys->pes = np;
         sys->cappes = cap;
     }
-    for (size_t i = 0; i < nfresh; i++)
-        sys->pes[sys->npes++] = fresh[i];
-    sys->blocks[sys->nblocks++] = block;
-
-    /* timing: install messages host -> IO_CPU -> M_CPU -> PE_IPCQ, acks aggregated back */
-    if (kb_fiber_current(kb_ctx_sim(ctx))) {
-        kb_time now = kb_sim_now(kb_ctx_sim(ctx)), t_done = now;
-        for (size_t i = 0; i < nfresh;) {
-            unsigned gsip = fresh[i]->pe->gsip;
-            kb_time t_io = kb_machine_cmd_host_to_iocpu(kb_ctx_machine(ctx), gsip, now, KB_IPCQ_CMD_BYTES);
-            kb_time t_sip = t_io;
-            while (i < nfresh && fresh[i]->pe->gsip == gsip) {
-                unsigned cube = fresh[i]->pe->cube;
-                kb_time t_m = kb_machine_cmd_iocpu_to_mcpu(kb_ctx_machine(ctx), gsip, cube, t_io, KB_IPCQ_CMD_BYTES);
-                kb_time t_cube = t_m;
-                while (i < nfresh && fresh[i]->pe->gsip == gsip && fresh[i]->pe->cube == cube) {
-                    kb_time t = kb_machine_cmd_mcpu_to_pe(kb_ctx_machine(ctx), fresh[i]->pe, t_m, KB_IPCQ_CMD_BYTES);
-                    t = kb_machine_cmd_pe_to_mcpu(kb_ctx_machine(ctx), fresh[i]->pe, t + sys->ipcq_ovh,
-                                                  KB_IPCQ_CMD_BYTES);
-                    t_cube = t > t_cube ? t : t_cube;
-                    i++;
-                }
-                kb_time t = kb_machine_cmd_mcpu_to_iocpu(kb_ctx_machine(ctx), gsip, cube, t_cube, KB_IPCQ_CMD_BYTES);
-                t_sip = t > t_sip ? t : t_sip;
-            }
-            kb_time t = kb_machine_cmd_iocpu_to_host(kb_ctx_machine(ctx), gsip, t_sip, KB_IPCQ_CMD_BYTES);
-            t_done = t > t_done ? t : t_done;
-        }
-        if (t_done > now)
-            kb_fiber_sleep(kb_ctx_sim(ctx), t_done - now);
-    }
-    free(fresh);
-    free(fresh_pe);
-    free(mask);
-    free(rs);
+    for (size_t i = 0; i < in->npes; i++)
+        sys->pes[sys->npes++] = in->states[i];
+    sys->blocks[sys->nblocks++] = in->block; /* make_states made the room */
+    in->block = NULL;
     return 0;
-fail:
-    for (size_t i = 0; i < nfresh; i++) {
-        if (states_made)
-            free_pe_state(sys, fresh[i]);
-        else
-            fresh_pe[i]->ipcq_state = NULL;
+}
+
+/*
+ * Times the install messages host -> IO_CPU -> M_CPU -> PE_IPCQ and the acks aggregated back
+ * per cube and per SIP, and blocks the calling fiber until the last ack (nothing to time
+ * outside a fiber). The new PEs come SIP by SIP and cube by cube in first-link order.
+ */
+static void time_install(install *in)
+{
+    kb_sim *sim = kb_ctx_sim(in->ctx);
+    kb_machine *m = kb_ctx_machine(in->ctx);
+    kb_pe_hw **pes = in->pes;
+    size_t npes = in->npes;
+
+    if (!kb_fiber_current(sim))
+        return;
+    kb_time now = kb_sim_now(sim), t_done = now;
+    for (size_t i = 0; i < npes;) {
+        unsigned gsip = pes[i]->gsip;
+        kb_time t_io = kb_machine_cmd_host_to_iocpu(m, gsip, now, KB_IPCQ_CMD_BYTES);
+        kb_time t_sip = t_io;
+        while (i < npes && pes[i]->gsip == gsip) {
+            unsigned cube = pes[i]->cube;
+            kb_time t_m = kb_machine_cmd_iocpu_to_mcpu(m, gsip, cube, t_io, KB_IPCQ_CMD_BYTES);
+            kb_time t_cube = t_m;
+            while (i < npes && pes[i]->gsip == gsip && pes[i]->cube == cube) {
+                kb_time t = kb_machine_cmd_mcpu_to_pe(m, pes[i], t_m, KB_IPCQ_CMD_BYTES);
+                t = kb_machine_cmd_pe_to_mcpu(m, pes[i], t + in->sys->ipcq_ovh,
+                                              KB_IPCQ_CMD_BYTES);
+                t_cube = t > t_cube ? t : t_cube;
+                i++;
+            }
+            kb_time t = kb_machine_cmd_mcpu_to_iocpu(m, gsip, cube, t_cube, KB_IPCQ_CMD_BYTES);
+            t_sip = t > t_sip ? t : t_sip;
+        }
+        kb_time t = kb_machine_cmd_iocpu_to_host(m, gsip, t_sip, KB_IPCQ_CMD_BYTES);
+        t_done = t > t_done ? t : t_done;
     }
-    free(block);
-    free(fresh);
-    free(fresh_pe);
-    free(mask);
-    free(rs);
+    if (t_done > now)
+        kb_fiber_sleep(sim, t_done - now);
+}
+
+/* Undoes a failed install: its PEs are as they were before it (no state, nothing wired). */
+static void rollback(install *in)
+{
+    for (size_t i = 0; i < in->npes; i++) {
+        if (in->made_states) {
+            free_pe_state(in->sys, in->states[i]);
+        } else {
+            assert(!in->pes[i]->ipcq_state);
+            in->pes[i]->ipcq_wired = 0;
+        }
+    }
+    free(in->block);
+    in->block = NULL;
+}
+
+int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *links, size_t n)
+{
+    install in = { .ctx = ctx, .eb = kb_ctx_err(ctx), .cfg = cfg, .links = links, .n = n };
+    int rc = attach_sys(&in);
+
+    if (rc != 0)
+        return rc;
+    in.pes = calloc(n ? n : 1, sizeof *in.pes);
+    in.states = calloc(n ? n : 1, sizeof *in.states);
+    if (!in.pes || !in.states) {
+        rc = kb_err_set(in.eb, KB_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = count_links(&in)) != 0 || (rc = make_states(&in)) != 0 ||
+        (rc = alloc_rings(&in)) != 0 || (rc = pair_links(&in)) != 0 ||
+        (rc = check_disjoint(&in)) != 0 || (rc = commit(&in)) != 0)
+        goto out;
+    time_install(&in);
+out:
+    if (rc != 0)
+        rollback(&in);
+    free(in.pes);
+    free(in.states);
     return rc;
 }
 
@@ -799,6 +882,7 @@ static void progress(qp *q)
         kb_time now = kb_sim_now(kb_ctx_sim(ctx)), t0 = r->t_post > now ? r->t_post : now;
         kb_time t_start, t_end;
         r->seq = q->my_tail++;
+        assert(q->my_tail <= q->peer_head_cache);
         int rc = kb_machine_dma(kb_ctx_machine(ctx), q->rx_pe, slot, r->dst, r->nbytes, t0, &t_start,
                                 &t_end, NULL);
         assert(rc == 0); /* both ends were validated when the receive was posted */
@@ -835,6 +919,8 @@ static void meta_arrive(kb_sim *sim, void *a, void *b)
            m->addr < q->my_rx_base + (uint64_t)q->rx_n_slots * q->rx_slot_size);
     q->slot_bytes[(m->addr - q->my_rx_base) / q->rx_slot_size] = (uint32_t)m->nbytes;
     q->peer_head_cache++;
+    /* with backpressure a sender never gets more than n_slots ahead of the receiver */
+    assert(!q->sys->cfg.backpressure || q->peer_head_cache - q->my_tail <= q->rx_n_slots);
     progress(q);
     msg_put(q->sys, m);
 }
@@ -876,6 +962,7 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
         }
         credits_take(q, kb_sim_now(kb_ctx_sim(ctx)));
     }
+    assert(!sys->cfg.backpressure || q->my_head - q->peer_tail_cache < q->n_slots);
     kb_pa dst = q->peer_rx_base + (q->my_head % (uint64_t)q->n_slots) * q->slot_size;
     uint64_t seq = q->my_head++;
     if (kb_machine_dma(kb_ctx_machine(ctx), tl_pe(tl), v.pa, dst, nbytes,

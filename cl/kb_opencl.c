@@ -178,24 +178,24 @@ static void pocl_cache_env(void)
 {
     char dir[4096];
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    int ok = 0;
 
     if (getenv("POCL_CACHE_DIR"))
         return;
     if (xdg && *xdg) {
         snprintf(dir, sizeof dir, "%s/kbcl/pocl", xdg);
-        if (mkdir_p(dir) == 0)
-            goto found;
+        ok = mkdir_p(dir) == 0;
     }
-    if (home && *home) {
+    if (!ok && home && *home) {
         snprintf(dir, sizeof dir, "%s/.cache/kbcl/pocl", home);
-        if (mkdir_p(dir) == 0)
-            goto found;
+        ok = mkdir_p(dir) == 0;
     }
-    snprintf(dir, sizeof dir, "/tmp/kbcl-pocl-cache-%lu", (unsigned long)getuid());
-    if (mkdir_p(dir) != 0)
-        return;
-found:
-    setenv("POCL_CACHE_DIR", dir, 0);
+    if (!ok) {
+        snprintf(dir, sizeof dir, "/tmp/kbcl-pocl-cache-%lu", (unsigned long)getuid());
+        ok = mkdir_p(dir) == 0;
+    }
+    if (ok)
+        setenv("POCL_CACHE_DIR", dir, 0);
 }
 
 /* The NVIDIA OpenCL driver library, if installed in a usual place. */
@@ -753,20 +753,20 @@ static int cl_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *e
     b->active = 0;
     if (b->failed) {
         rc = kb_err_set(eb, KB_ERR_STATE, "opencl backend: end after a failed batch");
-        goto out;
+        goto fail;
     }
     if (arena_bytes != b->arena_bytes) {
         rc = kb_err_set(eb, KB_ERR_STATE, "opencl backend: end with %llu arena bytes, begin had %llu",
                         (unsigned long long)arena_bytes, (unsigned long long)b->arena_bytes);
-        goto out;
+        goto fail;
     }
     if ((rc = enqueue_all(b, eb)) != 0)
-        goto out;
+        goto fail;
     if (arena_bytes > 0 &&
         (err = clEnqueueReadBuffer(b->q, b->arena, CL_FALSE, 0, (size_t)arena_bytes, arena, 0,
                                    NULL, NULL)) != CL_SUCCESS) {
         rc = cl_fail(eb, "arena read-back", err);
-        goto out;
+        goto fail;
     }
     if ((err = clFinish(b->q)) != CL_SUCCESS) {
         rc = cl_fail(eb, "replay", err);
@@ -777,7 +777,7 @@ static int cl_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *e
     b->ntab = 0;
     b->nln = 0;
     return 0;
-out:
+fail:
     /* Nothing queued may still refer to the caller's buffers once we return. */
     clFinish(b->q);
     collect_events(b);

@@ -217,13 +217,15 @@ static void exec_gemm(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
 
     if (m == 0 || n == 0)
         return;
-    if (kdim > SIZE_MAX / sizeof(float) / n)
-        goto plain;
-    bf = malloc(kdim * n * sizeof *bf + 1);
-    acc = malloc(n * sizeof *acc);
-    arow = malloc(kdim * sizeof *arow + 1);
-    if (!bf || !acc || !arow)
-        goto plain;
+    if (kdim <= SIZE_MAX / sizeof(float) / n) {
+        bf = malloc(kdim * n * sizeof *bf + 1);
+        acc = malloc(n * sizeof *acc);
+        arow = malloc(kdim * sizeof *arow + 1);
+    }
+    if (!bf || !acc || !arow) { /* B too big to stage in f32: the unstaged loop */
+        gemm_plain(r, arena, payload);
+        goto out;
+    }
     for (size_t k = 0; k < kdim; k++)
         for (size_t j = 0; j < n; j++)
             bf[k * n + j] = load_at(b, bb, (uint32_t)k, (uint32_t)j);
@@ -237,9 +239,6 @@ static void exec_gemm(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
         for (size_t j = 0; j < n; j++)
             store_at(d, db, (uint32_t)i, (uint32_t)j, kb_mf_canon(acc[j]));
     }
-    goto out;
-plain:
-    gemm_plain(r, arena, payload);
 out:
     free(bf);
     free(acc);

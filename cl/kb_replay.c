@@ -891,6 +891,33 @@ static int check_payload_refs(const kb_rec *const *recs, size_t n, size_t payloa
     return 0;
 }
 
+/*
+ * Runs the plan's batches on the backend over the arena. A failure names the backend; a
+ * backend stopped after begin is still ended, into a scratch buffer: its message must not hide
+ * the first one.
+ */
+static int run_plan(kb_backend *be, const kb_plan *plan, uint8_t *arena, const uint8_t *payload,
+                    size_t payload_bytes, kb_errbuf *eb)
+{
+    int rc = be->ops->begin(be->self, arena, plan->arena_bytes, payload, payload_bytes, eb);
+
+    if (rc == 0) {
+        for (size_t b = 0; b < plan->nbatches && rc == 0; b++) {
+            const kb_batch *bt = &plan->batches[b];
+            rc = be->ops->run_batch(be->self, plan->recs + bt->first, bt->count, eb);
+        }
+        if (rc == 0) {
+            rc = be->ops->end(be->self, arena, plan->arena_bytes, eb);
+        } else {
+            kb_errbuf scratch;
+            (void)be->ops->end(be->self, arena, plan->arena_bytes, &scratch);
+        }
+    }
+    if (rc != 0)
+        kb_err_prefix(eb, "replay on %s", be->ops->name ? be->ops->name : "?");
+    return rc;
+}
+
 int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_stats *st,
                     kb_errbuf *eb)
 {
@@ -898,7 +925,7 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
     const kb_rec **ptrs = NULL;
     uint8_t *arena = NULL;
     kb_plan plan;
-    int begun = 0, rc;
+    int rc;
 
     memset(&plan, 0, sizeof plan);
     if (!log || !ms || !be || !be->ops)
@@ -934,17 +961,8 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
         kb_memstore_read(ms, plan.segs[i].pa, arena + plan.segs[i].arena_off,
                          (size_t)plan.segs[i].len);
 
-    if ((rc = be->ops->begin(be->self, arena, plan.arena_bytes, payload, payload_bytes, eb)) != 0)
-        goto fail_backend;
-    begun = 1;
-    for (size_t b = 0; b < plan.nbatches; b++) {
-        const kb_batch *bt = &plan.batches[b];
-        if ((rc = be->ops->run_batch(be->self, plan.recs + bt->first, bt->count, eb)) != 0)
-            goto fail_backend;
-    }
-    begun = 0;
-    if ((rc = be->ops->end(be->self, arena, plan.arena_bytes, eb)) != 0)
-        goto fail_backend;
+    if ((rc = run_plan(be, &plan, arena, payload, payload_bytes, eb)) != 0)
+        goto out;
 
     if ((rc = reserve_pages(ms, &plan)) != 0) {
         kb_err_set(eb, rc, "replay: out of memory for the memory store");
@@ -974,14 +992,6 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
         st->ms += now_ms() - t0;
     }
     rc = 0;
-    goto out;
-fail_backend:
-    kb_err_prefix(eb, "replay on %s", be->ops->name ? be->ops->name : "?");
-    if (begun) {
-        /* Let the backend leave its in-flush state; its message must not hide the first one. */
-        kb_errbuf scratch;
-        (void)be->ops->end(be->self, arena, plan.arena_bytes, &scratch);
-    }
 out:
     kb_plan_free(&plan);
     kb_bigmem_free(arena);

@@ -4,11 +4,11 @@
  *
  * A verified 256-PE collective writes ~200 000 records (tens of MiB) and plans them in a
  * handful of record-sized arrays; with 4 KiB pages the kernel's page faults and their
- * bookkeeping took about a third of such a run. Buffers of KB_BIGMEM_HUGE bytes or more are
- * therefore mapped on their own, 2 MiB aligned, and offered to transparent huge pages
- * (madvise(MADV_HUGEPAGE), honoured when the system's THP mode is "madvise" or "always");
- * smaller ones come from calloc. Either way the memory starts zeroed and is released with
- * kb_bigmem_free. Limits: no realloc; a buffer's size is fixed at allocation.
+ * bookkeeping are a large part of such a run (docs/performance.md). Buffers of KB_BIGMEM_HUGE
+ * bytes or more are therefore mapped on their own, 2 MiB aligned, and offered to transparent
+ * huge pages (madvise(MADV_HUGEPAGE), honoured when the system's THP mode is "madvise" or
+ * "always"); smaller ones come from calloc. Either way the memory starts zeroed and is released
+ * with kb_bigmem_free. Limits: no realloc; a buffer's size is fixed at allocation.
  */
 #ifndef KB_BIGMEM_H
 #define KB_BIGMEM_H

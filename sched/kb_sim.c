@@ -18,10 +18,10 @@
  * so every stack gets one; elsewhere a guard is an mprotect that splits the chunk's VMA
  * (vm.max_map_count is 65 530 by default), so only a sim's first KB_GUARDED_STACKS_ stacks get
  * one, which still lets hundreds of thousands of fibers coexist. A fresh mapping plus mprotect
- * per stack cost ~4 us of a 256-kernel launch's ~8 us per kernel on a VM; the chunked guard
- * region ~1 us. Finished fibers keep their stack on a free list for the next spawn; stacks are
- * returned to the OS only by kb_sim_destroy. Limits: single-threaded; kb_sim_destroy must not
- * be called from inside a run.
+ * per stack was most of a launch's cost per kernel (figures in docs/performance.md). Finished
+ * fibers keep their stack on a free list for the next spawn; stacks are returned to the OS only
+ * by kb_sim_destroy. Limits: single-threaded; kb_sim_destroy must not be called from inside a
+ * run.
  */
 #include "kb_sim.h"
 
@@ -239,8 +239,8 @@ struct kb_sim {
  * heap holds, and that slot's events move into the near run. Every event left behind has a
  * later slot, hence a later time, than any in the near run, so its front is the global
  * (time, seq) minimum. A collective's events cluster within a few microseconds of `now`, so a
- * slot holds a handful of events (a pop from one heap of everything was a quarter of all
- * instructions of a 256-PE ring) and a push into a later slot costs a list link.
+ * slot holds a handful of events and a push into a later slot costs a list link, where one heap
+ * of everything paid a full-depth pop per event (docs/performance.md has the history).
  */
 
 /* Non-short-circuit operators: heap comparisons are unpredictable, so avoid branches. */

@@ -16,68 +16,12 @@
 
 #include <cjson/cJSON.h>
 
-static char tmpdir[256];
-
-/* Runs `kbcl ARGS` with stdout+stderr captured; returns the exit status. */
-static int kbcl(char *out, size_t n, const char *fmt, ...)
-{
-    char args[2048], cmd[4096];
-    const char *bin = getenv("KBCL_BIN");
-    va_list ap;
-    FILE *p;
-    size_t len = 0;
-    int st;
-
-    if (!bin)
-        bin = "./kbcl";
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "cd %s && '%s' %s 2>&1", tmpdir, bin, args);
-    p = popen(cmd, "r");
-    assert_non_null(p);
-    while (len + 1 < n && fgets(out + len, (int)(n - len), p))
-        len += strlen(out + len);
-    out[len] = 0;
-    st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static char *slurp(const char *name)
-{
-    char path[512];
-    FILE *f;
-    long sz;
-    char *buf;
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    buf = malloc((size_t)sz + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)sz, f), (size_t)sz);
-    buf[sz] = 0;
-    fclose(f);
-    return buf;
-}
-
-static void write_file(const char *name, const char *text)
-{
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", tmpdir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
+#include "kb_test_util.h"
 
 /* The JSON without its wall-clock fields, printed canonically. */
 static char *json_without_wall(const char *name)
 {
-    char *text = slurp(name);
+    char *text = kbt_slurp(name);
     assert_non_null(text);
     cJSON *j = cJSON_Parse(text);
     free(text);
@@ -94,23 +38,20 @@ static char *json_without_wall(const char *name)
 static int setup(void **s)
 {
     (void)s;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kbcl-cli-XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return kbt_workdir_make("kbcl-cli");
 }
 
 static int teardown(void **s)
 {
-    char cmd[512];
     (void)s;
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return kbt_workdir_remove();
 }
 
 static void check_verified_json(const char *bench)
 {
     char out[8192];
-    int rc = kbcl(out, sizeof out, "run --bench %s --device ref --verify-data --json %s.json",
-                  bench, bench);
+    int rc = kbt_kbcl(out, sizeof out, "run --bench %s --device ref --verify-data --json %s.json",
+                      bench, bench);
     if (rc != 0)
         fail_msg("%s", out);
     /* the first line is the bench's result line, ending in " OK" (sanitizer builds may
@@ -124,7 +65,7 @@ static void check_verified_json(const char *bench)
 
     char name[64];
     snprintf(name, sizeof name, "%s.json", bench);
-    char *text = slurp(name);
+    char *text = kbt_slurp(name);
     cJSON *j = cJSON_Parse(text);
     free(text);
     assert_non_null(j);
@@ -146,7 +87,8 @@ static void check_verified_json(const char *bench)
 
     /* a second identical run: byte-identical apart from the wall-clock fields */
     snprintf(name, sizeof name, "%s2.json", bench);
-    rc = kbcl(out, sizeof out, "run --bench %s --device ref --verify-data --json %s", bench, name);
+    rc = kbt_kbcl(out, sizeof out, "run --bench %s --device ref --verify-data --json %s", bench,
+                  name);
     assert_int_equal(rc, 0);
     char *a = json_without_wall(name), *b;
     snprintf(name, sizeof name, "%s.json", bench);
@@ -156,9 +98,9 @@ static void check_verified_json(const char *bench)
     free(b);
 
     /* timing only: same simulated time */
-    rc = kbcl(out, sizeof out, "run --bench %s --device none --json none.json", bench);
+    rc = kbt_kbcl(out, sizeof out, "run --bench %s --device none --json none.json", bench);
     assert_int_equal(rc, 0);
-    text = slurp("none.json");
+    text = kbt_slurp("none.json");
     j = cJSON_Parse(text);
     free(text);
     assert_true(cJSON_GetObjectItem(j, "sim_time_ns")->valuedouble == sim);
@@ -174,41 +116,41 @@ static void test_usage(void **s)
 {
     char out[8192];
     (void)s;
-    assert_int_equal(kbcl(out, sizeof out, "%s", ""), 2);
-    assert_int_equal(kbcl(out, sizeof out, "--help"), 0);
-    assert_int_equal(kbcl(out, sizeof out, "run --help"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s", ""), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "--help"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --help"), 0);
     assert_non_null(strstr(out, "--verify-data"));
-    assert_int_equal(kbcl(out, sizeof out, "frobnicate"), 2);
-    assert_int_equal(kbcl(out, sizeof out, "run --bench nope"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "frobnicate"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench nope"), 2);
     assert_non_null(strstr(out, "unknown bench 'nope'"));
-    assert_int_equal(kbcl(out, sizeof out, "run --device quantum"), 2);
-    assert_int_equal(kbcl(out, sizeof out, "run --param m=0"), 2);
-    assert_int_equal(kbcl(out, sizeof out, "run --param zz=4"), 2);
-    assert_int_equal(kbcl(out, sizeof out, "run --set cube.nope=1"), 2);
-    assert_int_equal(kbcl(out, sizeof out, "run --set system.sips.count=abc"), 2);
-    assert_int_equal(kbcl(out, sizeof out, "list"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --device quantum"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --param m=0"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --param zz=4"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --set cube.nope=1"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --set system.sips.count=abc"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "list"), 0);
     assert_non_null(strstr(out, "gpt3_qkv"));
-    assert_int_equal(kbcl(out, sizeof out, "run --bench va_offset --param k=100"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench va_offset --param k=100"), 2);
 }
 
 static void test_config_errors(void **s)
 {
     char out[8192];
     (void)s;
-    write_file("unknown.yaml", "system:\n  sips:\n    count: 2\n    bogus: 1\n");
-    assert_int_equal(kbcl(out, sizeof out, "run --topology unknown.yaml"), 2);
+    kbt_write_file("unknown.yaml", "system:\n  sips:\n    count: 2\n    bogus: 1\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --topology unknown.yaml"), 2);
     assert_non_null(strstr(out, "unknown.yaml:4:"));
     assert_non_null(strstr(out, "bogus"));
 
-    write_file("type.yaml", "cube:\n  sram:\n    size_bytes: lots\n");
-    assert_int_equal(kbcl(out, sizeof out, "run --topology type.yaml"), 2);
+    kbt_write_file("type.yaml", "cube:\n  sram:\n    size_bytes: lots\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --topology type.yaml"), 2);
     assert_non_null(strstr(out, "type.yaml:3:"));
 
-    write_file("indent.yaml", "system:\n  sips:\n      count: 2\n    topology: ring_1d\n");
-    assert_int_equal(kbcl(out, sizeof out, "run --topology indent.yaml"), 2);
+    kbt_write_file("indent.yaml", "system:\n  sips:\n      count: 2\n    topology: ring_1d\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --topology indent.yaml"), 2);
     assert_non_null(strstr(out, "indent.yaml:4:"));
 
-    assert_int_equal(kbcl(out, sizeof out, "run --topology missing.yaml"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --topology missing.yaml"), 2);
     assert_non_null(strstr(out, "missing.yaml"));
 }
 
@@ -217,8 +159,8 @@ static void test_sim_errors(void **s)
     char out[8192];
     (void)s;
     /* gemm output of 4096x4096 f32 does not fit the PE's scratch: exit 3 with the reason */
-    assert_int_equal(kbcl(out, sizeof out, "run --bench gemm --param m=4096 --param n=4096 "
-                                           "--param k=64 --device none"), 3);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --param m=4096 --param n=4096 "
+                                               "--param k=64 --device none"), 3);
     assert_non_null(strstr(out, "scratch"));
     assert_non_null(strstr(out, "sip0/cube0/pe0"));
 }
@@ -246,8 +188,8 @@ static void test_ccl_matrix(void **s)
     static char out[1 << 16];
     (void)s;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int rc = kbcl(out, sizeof out, "run --bench ccl_allreduce --device ref --verify-data %s",
-                      cases[i].args);
+        int rc = kbt_kbcl(out, sizeof out,
+                          "run --bench ccl_allreduce --device ref --verify-data %s", cases[i].args);
         if (rc != 0 || !strstr(out, cases[i].line))
             fail_msg("%s: exit %d\n%s", cases[i].args, rc, out);
     }
@@ -258,19 +200,19 @@ static void test_ccl_failures(void **s)
     static char out[1 << 16];
     (void)s;
     /* every PE only receives: deadlock, exit 3, with the pointer dump */
-    assert_int_equal(kbcl(out, sizeof out, "run --bench ipcq_deadlock"), 3);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ipcq_deadlock"), 3);
     assert_non_null(strstr(out, "deadlock"));
     assert_non_null(strstr(out, "my_head=0 my_tail=0 peer_head_cache=0 peer_tail_cache=0"));
     assert_non_null(strstr(out, "ipcq recv W"));
     /* a non-square mesh is a configuration error */
-    assert_int_equal(kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm mesh_allreduce_4 "
-                                           "--world-size 6"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm "
+                              "mesh_allreduce_4 --world-size 6"), 2);
     assert_non_null(strstr(out, "square"));
-    assert_int_equal(kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm nope"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm nope"), 2);
     /* the trace prints one line per send and per receive */
     setenv("KBCL_CCL_TRACE", "1", 1);
-    assert_int_equal(kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm "
-                                           "ring_allreduce_tcm --world-size 2 --n-elem 8 --quiet"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm "
+                              "ring_allreduce_tcm --world-size 2 --n-elem 8 --quiet"), 0);
     unsetenv("KBCL_CCL_TRACE");
     assert_non_null(strstr(out, " send E 16B seq=0 sip0/cube0/pe0"));
     assert_non_null(strstr(out, " recv W 16B seq=0 sip0/cube0/pe1"));
@@ -282,12 +224,12 @@ static void test_trace(void **s)
 {
     char out[8192];
     (void)s;
-    int rc = kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm ring_allreduce_tcm "
-                                   "--world-size 8 --n-elem 32 --verify-data --trace trace.json "
-                                   "--json trace_run.json");
+    int rc = kbt_kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm ring_allreduce_tcm "
+                      "--world-size 8 --n-elem 32 --verify-data --trace trace.json "
+                      "--json trace_run.json");
     if (rc != 0)
         fail_msg("%s", out);
-    char *text = slurp("trace_run.json");
+    char *text = kbt_slurp("trace_run.json");
     cJSON *run = cJSON_Parse(text);
     free(text);
     assert_non_null(run);
@@ -295,7 +237,7 @@ static void test_trace(void **s)
     assert_true(end_us > 0);
     cJSON_Delete(run);
 
-    text = slurp("trace.json");
+    text = kbt_slurp("trace.json");
     assert_non_null(text);
     cJSON *j = cJSON_Parse(text);
     free(text);

@@ -13,20 +13,7 @@
 #include <string.h>
 
 #include "kb_dtype.h"
-
-static uint32_t bits_of(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float float_of(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+#include "kb_test_util.h"
 
 /* Exact value of an f16 pattern computed independently, in double. */
 static double f16_value(uint16_t h)
@@ -73,7 +60,7 @@ static void test_f16_known(void **state)
     assert_int_equal(kb_f32_to_f16(3.0f * 0x1p-25f), 0x0002); /* 1.5 ulp: tie -> even 2 */
     assert_int_equal(kb_f32_to_f16(0x1p-26f), 0x0000);
     assert_int_equal(kb_f32_to_f16(-0x1p-30f), 0x8000);
-    assert_int_equal(kb_f32_to_f16(float_of(0x00000001u)), 0x0000); /* f32 subnormal */
+    assert_int_equal(kb_f32_to_f16(kbt_u2f(0x00000001u)), 0x0000); /* f32 subnormal */
     assert_int_equal(kb_f32_to_f16(1023.0f * 0x1p-24f), 0x03FF);
     assert_int_equal(kb_f32_to_f16(1023.5f * 0x1p-24f), 0x0400);  /* tie, carries to normal */
     assert_int_equal(kb_f32_to_f16(1.0f + 0x1p-11f), 0x3C00);       /* tie -> even */
@@ -89,7 +76,7 @@ static void test_f16_known(void **state)
     assert_true(kb_f16_to_f32(0x03FF) == 1023.0f * 0x1p-24f);
     assert_true(kb_f16_to_f32(0x0400) == 0x1p-14f);
     assert_true(kb_f16_to_f32(0xC000) == -2.0f);
-    assert_int_equal(bits_of(kb_f16_to_f32(0x8000)), 0x80000000u);
+    assert_int_equal(kbt_f2u(kb_f16_to_f32(0x8000)), 0x80000000u);
     assert_true(isinf(kb_f16_to_f32(0x7C00)) && kb_f16_to_f32(0x7C00) > 0);
     assert_true(isinf(kb_f16_to_f32(0xFC00)) && kb_f16_to_f32(0xFC00) < 0);
 }
@@ -100,11 +87,11 @@ static void test_f16_nan(void **state)
     assert_int_equal(kb_f32_to_f16(NAN) & 0x7E00, 0x7E00);
     assert_int_equal(kb_f32_to_f16(-NAN) & 0xFE00, 0xFE00);
     /* A signalling f32 NaN whose payload lives only in the low bits must stay a NaN. */
-    assert_int_equal(kb_f32_to_f16(float_of(0x7F800001u)), 0x7E00);
-    assert_int_equal(kb_f32_to_f16(float_of(0xFFA02000u)), 0xFE01 | 0x0100);
-    assert_int_equal(bits_of(kb_f16_to_f32(0x7E00)), 0x7FC00000u);
-    assert_int_equal(bits_of(kb_f16_to_f32(0x7C01)), 0x7FC02000u); /* quieted */
-    assert_int_equal(bits_of(kb_f16_to_f32(0xFE05)), 0xFFC0A000u);
+    assert_int_equal(kb_f32_to_f16(kbt_u2f(0x7F800001u)), 0x7E00);
+    assert_int_equal(kb_f32_to_f16(kbt_u2f(0xFFA02000u)), 0xFE01 | 0x0100);
+    assert_int_equal(kbt_f2u(kb_f16_to_f32(0x7E00)), 0x7FC00000u);
+    assert_int_equal(kbt_f2u(kb_f16_to_f32(0x7C01)), 0x7FC02000u); /* quieted */
+    assert_int_equal(kbt_f2u(kb_f16_to_f32(0xFE05)), 0xFFC0A000u);
 }
 
 static void test_f16_exhaustive_roundtrip(void **state)
@@ -152,20 +139,20 @@ static void test_bf16(void **state)
     assert_int_equal(kb_f32_to_bf16(1.0f + 0x1p-8f), 0x3F80);        /* tie -> even */
     assert_int_equal(kb_f32_to_bf16(1.0f + 3.0f * 0x1p-8f), 0x3F82); /* tie -> even */
     assert_int_equal(kb_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3F81);
-    assert_int_equal(kb_f32_to_bf16(float_of(0x7F7F0000u)), 0x7F7F);   /* largest finite */
-    assert_int_equal(kb_f32_to_bf16(float_of(0x7F7F7FFFu)), 0x7F7F);
-    assert_int_equal(kb_f32_to_bf16(float_of(0x7F7F8000u)), 0x7F80);   /* tie, odd -> inf */
+    assert_int_equal(kb_f32_to_bf16(kbt_u2f(0x7F7F0000u)), 0x7F7F);   /* largest finite */
+    assert_int_equal(kb_f32_to_bf16(kbt_u2f(0x7F7F7FFFu)), 0x7F7F);
+    assert_int_equal(kb_f32_to_bf16(kbt_u2f(0x7F7F8000u)), 0x7F80);   /* tie, odd -> inf */
     assert_int_equal(kb_f32_to_bf16(INFINITY), 0x7F80);
     assert_int_equal(kb_f32_to_bf16(-INFINITY), 0xFF80);
     assert_int_equal(kb_f32_to_bf16(0x1p-133f), 0x0001); /* subnormal kept */
-    assert_int_equal(kb_f32_to_bf16(float_of(0x00008000u)), 0x0000); /* tie -> even 0 */
-    assert_int_equal(kb_f32_to_bf16(float_of(0x00018000u)), 0x0002);
+    assert_int_equal(kb_f32_to_bf16(kbt_u2f(0x00008000u)), 0x0000); /* tie -> even 0 */
+    assert_int_equal(kb_f32_to_bf16(kbt_u2f(0x00018000u)), 0x0002);
     assert_int_equal(kb_f32_to_bf16(-0.0f), 0x8000);
-    assert_int_equal(kb_f32_to_bf16(float_of(0x7F800001u)), 0x7FC0); /* NaN stays NaN */
-    assert_int_equal(kb_f32_to_bf16(float_of(0xFF812345u)), 0xFFC1);
+    assert_int_equal(kb_f32_to_bf16(kbt_u2f(0x7F800001u)), 0x7FC0); /* NaN stays NaN */
+    assert_int_equal(kb_f32_to_bf16(kbt_u2f(0xFF812345u)), 0xFFC1);
     assert_true(kb_bf16_to_f32(0x3F80) == 1.0f);
     assert_true(kb_bf16_to_f32(0x4049) == 3.140625f);
-    assert_int_equal(bits_of(kb_bf16_to_f32(0x7F81)), 0x7FC10000u);
+    assert_int_equal(kbt_f2u(kb_bf16_to_f32(0x7F81)), 0x7FC10000u);
 
     for (uint32_t h = 0; h < 65536u; h++) {
         float f = kb_bf16_to_f32((uint16_t)h);
@@ -175,7 +162,7 @@ static void test_bf16(void **state)
             assert_int_equal(back, h | 0x40u);
         } else {
             assert_int_equal(back, h);
-            assert_int_equal(bits_of(f), h << 16);
+            assert_int_equal(kbt_f2u(f), h << 16);
         }
     }
 }
@@ -199,7 +186,7 @@ static void test_load_store(void **state)
 
     kb_dtype_store(KB_F32, buf, 2, 0.1f);
     assert_true(kb_dtype_load(KB_F32, buf, 2) == 0.1f);
-    assert_int_equal(bits_of(kb_dtype_load(KB_F32, buf, 2)), 0x3DCCCCCDu);
+    assert_int_equal(kbt_f2u(kb_dtype_load(KB_F32, buf, 2)), 0x3DCCCCCDu);
     /* Unaligned base pointers are fine. */
     kb_dtype_store(KB_F32, buf + 1, 0, -3.5f);
     assert_true(kb_dtype_load(KB_F32, buf + 1, 0) == -3.5f);

@@ -23,6 +23,7 @@
 #include "kb_ipcq.h"
 #include "kb_runtime.h"
 #include "kb_tl.h"
+#include "kb_test_util.h"
 
 #define NPES 4
 #define NSLOT 4      /* value slots per PE in the in/out tensors */
@@ -50,7 +51,6 @@ typedef struct fx {
 } fx;
 
 static fx *fx_of(const kb_kargs *a) { return (fx *)(intptr_t)a->i[FX_ARG]; }
-static kb_time now_tl(kb_tl *tl) { return kb_sim_now(kb_ctx_sim(tl_ctx(tl))); }
 
 /* The input value of element i of slot `slot` of PE `pe` (exact in f32 and distinct). */
 static float in_val(int pe, int slot, int i)
@@ -70,15 +70,9 @@ static kb_ctx *make_ctx_trace(FILE *trace)
         "system.sips.count=1", "sip.cube_mesh.width=1", "sip.cube_mesh.height=1",
         "cube.corners=1", "cube.pe_per_corner=4", "cube.hbm.size_bytes=4294967296",
     };
-    kb_config cfg;
     kb_ctx_opts opts = { .device = KB_DEV_REF, .trace = trace };
-    kb_errbuf eb;
-    kb_ctx *ctx = NULL;
+    kb_ctx *ctx = kbt_ctx_new(sets, sizeof sets / sizeof sets[0], &opts);
 
-    kb_config_defaults(&cfg);
-    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
-        assert_int_equal(kb_config_set(&cfg, sets[i], &eb), 0);
-    assert_int_equal(kb_ctx_create(&cfg, &opts, &ctx, &eb), 0);
     assert_int_equal(kb_ctx_machine(ctx)->npes, NPES);
     assert_int_equal(kb_ctx_machine(ctx)->ncubes, 1);
     return ctx;
@@ -295,9 +289,9 @@ static void k_credit(kb_tl *tl, const kb_kargs *a)
     if (tl_program_id(tl, 0) == 0) {
         for (int j = 0; j < NSEND; j++) {
             kb_val v = tl_load(tl, at(a, 0, 0, j), KB_SHAPE1(N), KB_F32);
-            f->t_call[j] = now_tl(tl);
+            f->t_call[j] = kbt_tl_now(tl);
             tl_send(tl, KB_DIR_E, v);
-            f->t_sent[j] = now_tl(tl);
+            f->t_sent[j] = kbt_tl_now(tl);
             tl_free(tl, v);
         }
     } else {
@@ -307,7 +301,7 @@ static void k_credit(kb_tl *tl, const kb_kargs *a)
             tl_free(tl, tl_add(tl, z, z));
         for (int j = 0; j < NSEND; j++) {
             kb_val x = tl_recv(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
-            f->t_recv[j] = now_tl(tl);
+            f->t_recv[j] = kbt_tl_now(tl);
             tl_store(tl, at(a, 1, 1, j), x);
             tl_free(tl, x);
         }

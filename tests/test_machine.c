@@ -17,16 +17,9 @@
 
 #include "kb_config.h"
 #include "kb_machine.h"
+#include "kb_test_util.h"
 
-/* ---- independent arithmetic (ns -> ps, GB/s -> bytes/us, ceil of n bytes in ps) ---- */
-
-static int64_t ps(double ns) { return (int64_t)(ns * 1000.0 + 0.5); }
-
-static int64_t xfer(uint64_t n, double gbps)
-{
-    uint64_t bpu = (uint64_t)(gbps * 1000.0 + 0.5);
-    return (int64_t)((n * UINT64_C(1000000) + bpu - 1) / bpu);
-}
+/* ---- independent arithmetic (with kbt_ps and kbt_xfer_ps of kb_test_util.h) ---- */
 
 static int64_t max2(int64_t a, int64_t b) { return a > b ? a : b; }
 
@@ -38,9 +31,7 @@ static kb_machine *make_machine(const char *const *sets, int nsets)
     kb_errbuf eb;
     kb_machine *m = NULL;
 
-    kb_config_defaults(&cfg);
-    for (int i = 0; i < nsets; i++)
-        assert_int_equal(kb_config_set(&cfg, sets[i], &eb), 0);
+    kbt_config_with(&cfg, sets, (size_t)nsets);
     assert_int_equal(kb_config_validate(&cfg, &eb), 0);
     assert_int_equal(kb_machine_create(&cfg.topo, &m, &eb), 0);
     assert_non_null(m);
@@ -294,11 +285,11 @@ static void test_dma_idle_same_pe(void **state)
     kb_errbuf eb;
 
     (void)state;
-    int64_t lat = ps(c->hbm.latency_ns) + ps(c->noc.latency_ns) + ps(c->tcm.latency_ns);
-    int64_t occ = ps(c->dma_setup_ns) + xfer(n, c->dma_bandwidth_gbps);
-    occ = max2(occ, xfer(n, c->hbm.bandwidth_gbps));
-    occ = max2(occ, xfer(n, c->noc.bandwidth_gbps));
-    occ = max2(occ, xfer(n, c->tcm.bandwidth_gbps));
+    int64_t lat = kbt_ps(c->hbm.latency_ns) + kbt_ps(c->noc.latency_ns) + kbt_ps(c->tcm.latency_ns);
+    int64_t occ = kbt_ps(c->dma_setup_ns) + kbt_xfer_ps(n, c->dma_bandwidth_gbps);
+    occ = max2(occ, kbt_xfer_ps(n, c->hbm.bandwidth_gbps));
+    occ = max2(occ, kbt_xfer_ps(n, c->noc.bandwidth_gbps));
+    occ = max2(occ, kbt_xfer_ps(n, c->tcm.bandwidth_gbps));
     assert_int_equal(kb_machine_dma(m, pe, hbm_of(m, 0, 0, 0, 0), kb_pa_pe_tcm(0, 0, 0, 0), n, 0,
                                     &ts, &te, &eb),
                      0);
@@ -318,8 +309,8 @@ static void test_dma_idle_same_pe(void **state)
                                     kb_pa_pe_scratch(0, 0, 0, 0), n, 1000, &ts, &te, &eb),
                      0);
     assert_int_equal(ts, 1000);
-    assert_int_equal(te, 1000 + ps(c->tcm.latency_ns) + ps(c->dma_setup_ns) +
-                             xfer(n, c->dma_bandwidth_gbps));
+    assert_int_equal(te, 1000 + kbt_ps(c->tcm.latency_ns) + kbt_ps(c->dma_setup_ns) +
+                             kbt_xfer_ps(n, c->dma_bandwidth_gbps));
     assert_int_equal(te, 1000 + 54000);
     kb_machine_destroy(m2);
     kb_machine_destroy(m);
@@ -335,10 +326,10 @@ static void test_dma_idle_cross_cube(void **state)
     kb_errbuf eb;
 
     (void)state;
-    int64_t lat = ps(c->hbm.latency_ns) + 2 * ps(c->noc.latency_ns) +
-                  3 * ps(c->ucie.latency_ns) + ps(c->tcm.latency_ns);
-    int64_t occ = max2(ps(c->dma_setup_ns) + xfer(n, c->dma_bandwidth_gbps),
-                       xfer(n, c->ucie.bandwidth_gbps));
+    int64_t lat = kbt_ps(c->hbm.latency_ns) + 2 * kbt_ps(c->noc.latency_ns) +
+                  3 * kbt_ps(c->ucie.latency_ns) + kbt_ps(c->tcm.latency_ns);
+    int64_t occ = max2(kbt_ps(c->dma_setup_ns) + kbt_xfer_ps(n, c->dma_bandwidth_gbps),
+                       kbt_xfer_ps(n, c->ucie.bandwidth_gbps));
     assert_int_equal(kb_machine_dma(m, kb_machine_pe(m, 0, 5, 1), hbm_of(m, 0, 5, 1, 0),
                                     kb_pa_pe_tcm(0, 14, 3, 0), n, 0, &ts, &te, &eb),
                      0);
@@ -354,18 +345,19 @@ static void test_dma_idle_cross_cube(void **state)
 /* The multi-hop cross-SIP route of test_route_cross_sip, idle. */
 static int64_t cross_sip_latency(const kb_topo_cfg *c)
 {
-    return ps(c->hbm.latency_ns) + 2 * ps(c->noc.latency_ns) + 5 * ps(c->ucie.latency_ns) +
-           ps(c->inter_sip.latency_ns) + ps(c->switch_overhead_ns) + ps(c->tcm.latency_ns);
+    return kbt_ps(c->hbm.latency_ns) + 2 * kbt_ps(c->noc.latency_ns) +
+           5 * kbt_ps(c->ucie.latency_ns) + kbt_ps(c->inter_sip.latency_ns) +
+           kbt_ps(c->switch_overhead_ns) + kbt_ps(c->tcm.latency_ns);
 }
 
 static int64_t cross_sip_occ(const kb_topo_cfg *c, uint64_t n)
 {
-    int64_t occ = ps(c->dma_setup_ns) + xfer(n, c->dma_bandwidth_gbps);
-    occ = max2(occ, xfer(n, c->hbm.bandwidth_gbps));
-    occ = max2(occ, xfer(n, c->noc.bandwidth_gbps));
-    occ = max2(occ, xfer(n, c->ucie.bandwidth_gbps));
-    occ = max2(occ, xfer(n, c->inter_sip.bandwidth_gbps));
-    return max2(occ, xfer(n, c->tcm.bandwidth_gbps));
+    int64_t occ = kbt_ps(c->dma_setup_ns) + kbt_xfer_ps(n, c->dma_bandwidth_gbps);
+    occ = max2(occ, kbt_xfer_ps(n, c->hbm.bandwidth_gbps));
+    occ = max2(occ, kbt_xfer_ps(n, c->noc.bandwidth_gbps));
+    occ = max2(occ, kbt_xfer_ps(n, c->ucie.bandwidth_gbps));
+    occ = max2(occ, kbt_xfer_ps(n, c->inter_sip.bandwidth_gbps));
+    return max2(occ, kbt_xfer_ps(n, c->tcm.bandwidth_gbps));
 }
 
 static void test_dma_idle_cross_sip(void **state)
@@ -383,7 +375,7 @@ static void test_dma_idle_cross_sip(void **state)
     /* 1 MiB: the 100 GB/s SIP link is the bottleneck, so t = sum(lat) + n / min(bw) exactly */
     assert_int_equal(kb_machine_dma(m, pe, src, dst, big, 0, &ts, &te, &eb), 0);
     assert_int_equal(ts, 0);
-    assert_int_equal(te, cross_sip_latency(c) + xfer(big, c->inter_sip.bandwidth_gbps));
+    assert_int_equal(te, cross_sip_latency(c) + kbt_xfer_ps(big, c->inter_sip.bandwidth_gbps));
     assert_int_equal(te, cross_sip_latency(c) + cross_sip_occ(c, big));
     assert_int_equal(te, 717000 + 10485760);
 
@@ -394,8 +386,8 @@ static void test_dma_idle_cross_sip(void **state)
     assert_int_equal(kb_machine_dma(m2, p2, src, dst, small, 0, &ts, &te, &eb), 0);
     assert_int_equal(te, cross_sip_latency(c) + cross_sip_occ(c, small));
     assert_int_equal(te, 717000 + 52000);
-    assert_true(te < cross_sip_latency(c) + ps(c->dma_setup_ns) +
-                         xfer(small, c->inter_sip.bandwidth_gbps));
+    assert_true(te < cross_sip_latency(c) + kbt_ps(c->dma_setup_ns) +
+                         kbt_xfer_ps(small, c->inter_sip.bandwidth_gbps));
     kb_machine_destroy(m2);
     kb_machine_destroy(m);
 }
@@ -447,12 +439,12 @@ static void test_command_path(void **state)
     kb_pe_hw *p0 = kb_machine_pe(m, 0, 5, 0), *p1 = kb_machine_pe(m, 0, 5, 1);
 
     (void)state;
-    int64_t host = ps(c->host_overhead_ns), ep = ps(c->pcie_ep_overhead_ns);
-    int64_t pcie = xfer(b, c->pcie.bandwidth_gbps), pcie_lat = ps(c->pcie.latency_ns);
-    int64_t io = ps(c->io_cpu_overhead_ns), mcpu = ps(c->m_cpu_overhead_ns);
-    int64_t uc = xfer(b, c->ucie.bandwidth_gbps) + ps(c->ucie.latency_ns);
-    int64_t noc_occ = xfer(b, c->noc.bandwidth_gbps), noc_lat = ps(c->noc.latency_ns);
-    int64_t pcpu = ps(c->pe_cpu_overhead_ns);
+    int64_t host = kbt_ps(c->host_overhead_ns), ep = kbt_ps(c->pcie_ep_overhead_ns);
+    int64_t pcie = kbt_xfer_ps(b, c->pcie.bandwidth_gbps), pcie_lat = kbt_ps(c->pcie.latency_ns);
+    int64_t io = kbt_ps(c->io_cpu_overhead_ns), mcpu = kbt_ps(c->m_cpu_overhead_ns);
+    int64_t uc = kbt_xfer_ps(b, c->ucie.bandwidth_gbps) + kbt_ps(c->ucie.latency_ns);
+    int64_t noc_occ = kbt_xfer_ps(b, c->noc.bandwidth_gbps), noc_lat = kbt_ps(c->noc.latency_ns);
+    int64_t pcpu = kbt_ps(c->pe_cpu_overhead_ns);
 
     /* host -> IO_CPU: host overhead, PCIe (64 B + latency), PCIe EP, IO_CPU */
     kb_time t_io = kb_machine_cmd_host_to_iocpu(m, 0, 0, b);
@@ -658,9 +650,11 @@ static void test_host_transfer_idle(void **state)
     kb_errbuf eb;
 
     (void)state;
-    int64_t lat = ps(c->pcie.latency_ns) + ps(c->noc.latency_ns) + ps(c->hbm.latency_ns);
-    int64_t occ = max2(xfer(n, c->pcie.bandwidth_gbps), ps(c->pcie_ep_overhead_ns));
-    occ = max2(occ, max2(xfer(n, c->noc.bandwidth_gbps), xfer(n, c->hbm.bandwidth_gbps)));
+    int64_t lat =
+        kbt_ps(c->pcie.latency_ns) + kbt_ps(c->noc.latency_ns) + kbt_ps(c->hbm.latency_ns);
+    int64_t occ = max2(kbt_xfer_ps(n, c->pcie.bandwidth_gbps), kbt_ps(c->pcie_ep_overhead_ns));
+    occ = max2(occ, max2(kbt_xfer_ps(n, c->noc.bandwidth_gbps),
+                         kbt_xfer_ps(n, c->hbm.bandwidth_gbps)));
     assert_int_equal(kb_machine_dma(m, NULL, KB_PA_INVALID_ADDR, hbm_of(m, 0, 0, 0, 0), n, 0, &ts,
                                     &te, &eb),
                      0);
@@ -671,7 +665,7 @@ static void test_host_transfer_idle(void **state)
     assert_int_equal(kb_machine_dma(m2, NULL, KB_PA_INVALID_ADDR, hbm_of(m2, 1, 0, 0, 0),
                                     UINT64_C(1) << 20, 0, &ts, &te, &eb),
                      0);
-    assert_int_equal(te, lat + xfer(UINT64_C(1) << 20, c->pcie.bandwidth_gbps));
+    assert_int_equal(te, lat + kbt_xfer_ps(UINT64_C(1) << 20, c->pcie.bandwidth_gbps));
     assert_int_equal(te, 1105000 + 16384000);
     kb_machine_destroy(m2);
     kb_machine_destroy(m);

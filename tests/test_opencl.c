@@ -28,6 +28,7 @@
 #include "kb_mathfn.h"
 #include "kb_opencl.h"
 #include "kb_replay.h"
+#include "kb_test_util.h"
 
 /*
  * LeakSanitizer hook: PoCL's kernel compiler (LLVM) keeps allocations until exit by design
@@ -39,61 +40,24 @@ const char *__lsan_default_suppressions(void)
     return "leak:libLLVM\nleak:libpocl\nleak:libclang\n";
 }
 
-/* ------------------------------------------------------------------ random numbers */
-
-typedef struct rng {
-    uint64_t s;
-} rng;
-
-static uint64_t rnext(rng *g)
-{
-    uint64_t z = (g->s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
-}
-
-static uint32_t rbelow(rng *g, uint32_t n)
-{
-    return (uint32_t)(rnext(g) % n);
-}
-
-static float rfloat(rng *g, float lo, float hi)
-{
-    return lo + (hi - lo) * (float)(rnext(g) >> 40) * 0x1p-24f;
-}
-
-static uint32_t f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
 /* ------------------------------------------------------------------ host-only: kb_mathfn */
 
 static void test_conversions(void **state)
 {
     (void)state;
     for (uint32_t h = 0; h < 0x10000u; h++) {
-        assert_int_equal(f2u(kb_mf_h2f(h)), f2u(kb_f16_to_f32((uint16_t)h)));
-        assert_int_equal(f2u(kb_mf_bf2f(h)), f2u(kb_bf16_to_f32((uint16_t)h)));
+        assert_int_equal(kbt_f2u(kb_mf_h2f(h)), kbt_f2u(kb_f16_to_f32((uint16_t)h)));
+        assert_int_equal(kbt_f2u(kb_mf_bf2f(h)), kbt_f2u(kb_bf16_to_f32((uint16_t)h)));
     }
     /* Every upper half with low halves around both types' rounding points, plus random bits. */
     static const uint32_t lows[] = { 0x0000, 0x0001, 0x0FFF, 0x1000, 0x1001, 0x1FFF, 0x2000,
                                      0x3000, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFF };
-    rng g = { 42 };
+    kbt_rng g = { 42 };
     for (uint32_t hi = 0; hi < 0x10000u; hi++) {
         for (size_t i = 0; i < sizeof lows / sizeof lows[0] + 10; i++) {
-            uint32_t lo = i < sizeof lows / sizeof lows[0] ? lows[i] : (uint32_t)rnext(&g) & 0xFFFFu;
-            float f = u2f(hi << 16 | lo);
+            uint32_t lo = i < sizeof lows / sizeof lows[0] ? lows[i]
+                                                           : (uint32_t)kbt_rng_next(&g) & 0xFFFFu;
+            float f = kbt_u2f(hi << 16 | lo);
             assert_int_equal(kb_mf_f2h(f), kb_f32_to_f16(f));
             assert_int_equal(kb_mf_f2bf(f), kb_f32_to_bf16(f));
         }
@@ -119,11 +83,11 @@ static double ulp_err(float got, double want)
 typedef float (*mf1)(float);
 typedef double (*ref1)(double);
 
-static double max_err(mf1 f, ref1 r, rng *g, float lo, float hi, int n)
+static double max_err(mf1 f, ref1 r, kbt_rng *g, float lo, float hi, int n)
 {
     double worst = 0.0;
     for (int i = 0; i < n; i++) {
-        float x = rfloat(g, lo, hi);
+        float x = kbt_rng_float(g, lo, hi);
         double e = ulp_err(f(x), r((double)x));
         if (e > worst)
             worst = e;
@@ -154,7 +118,7 @@ static float sigmoid_f(float x)
 static void test_math_accuracy(void **state)
 {
     (void)state;
-    rng g = { 7 };
+    kbt_rng g = { 7 };
     /* Measured maxima (4e5 samples): exp 0.9, sin/cos 1.45 (also at |x| ~ 1e6), tanh 2.4,
      * expm1 1.5, sigmoid 2.4, gelu 3.1 on [-1, 5] (below -1 the formula's 1 + tanh cancels),
      * log 0.93. The bounds leave a little room. */
@@ -172,7 +136,7 @@ static void test_math_accuracy(void **state)
     /* log over every binade, subnormals included: random bit patterns of positive floats. */
     double worst = 0.0;
     for (int i = 0; i < 400000; i++) {
-        float x = u2f((uint32_t)rnext(&g) % 0x7F800000u + 1u);
+        float x = kbt_u2f((uint32_t)kbt_rng_next(&g) % 0x7F800000u + 1u);
         double e = ulp_err(kb_mf_log(x), log((double)x));
         if (e > worst)
             worst = e;
@@ -190,14 +154,14 @@ static void test_math_accuracy(void **state)
     assert_true(kb_mf_log(0.0f) == -INFINITY);
     assert_true(kb_mf_log(-0.0f) == -INFINITY);
     assert_true(kb_mf_log(INFINITY) == INFINITY);
-    assert_int_equal(f2u(kb_mf_log(-1.0f)), 0x7FC00000u);
+    assert_int_equal(kbt_f2u(kb_mf_log(-1.0f)), 0x7FC00000u);
     assert_true(kb_mf_sin(0.0f) == 0.0f);
-    assert_int_equal(f2u(kb_mf_sin(-0.0f)), 0x80000000u);
+    assert_int_equal(kbt_f2u(kb_mf_sin(-0.0f)), 0x80000000u);
     assert_true(kb_mf_cos(0.0f) == 1.0f);
-    assert_int_equal(f2u(kb_mf_sin(INFINITY)), 0x7FC00000u);
+    assert_int_equal(kbt_f2u(kb_mf_sin(INFINITY)), 0x7FC00000u);
     assert_true(kb_mf_tanh(20.0f) == 1.0f);
     assert_true(kb_mf_tanh(-20.0f) == -1.0f);
-    assert_int_equal(f2u(kb_mf_tanh(-0.0f)), 0x80000000u);
+    assert_int_equal(kbt_f2u(kb_mf_tanh(-0.0f)), 0x80000000u);
     assert_true(kb_mf_rint(2.5f) == 2.0f);
     assert_true(kb_mf_rint(-3.5f) == -4.0f);
     assert_true(kb_mf_rint(0x1p23f + 1.0f) == 0x1p23f + 1.0f);
@@ -206,31 +170,31 @@ static void test_math_accuracy(void **state)
 static void test_nan_and_zero_rules(void **state)
 {
     (void)state;
-    const float nan_a = u2f(0x7FC12345u), nan_b = u2f(0xFFC00001u);
+    const float nan_a = kbt_u2f(0x7FC12345u), nan_b = kbt_u2f(0xFFC00001u);
     /* A NaN operand comes back unchanged: the first one when both are NaN. */
-    assert_int_equal(f2u(kb_mf_add(nan_a, 1.0f)), 0x7FC12345u);
-    assert_int_equal(f2u(kb_mf_add(1.0f, nan_b)), 0xFFC00001u);
-    assert_int_equal(f2u(kb_mf_mul(nan_b, nan_a)), 0xFFC00001u);
-    assert_int_equal(f2u(kb_mf_fma(1.0f, nan_a, nan_b)), 0x7FC12345u);
-    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_EXP, nan_b, 0, 0)), 0xFFC00001u);
+    assert_int_equal(kbt_f2u(kb_mf_add(nan_a, 1.0f)), 0x7FC12345u);
+    assert_int_equal(kbt_f2u(kb_mf_add(1.0f, nan_b)), 0xFFC00001u);
+    assert_int_equal(kbt_f2u(kb_mf_mul(nan_b, nan_a)), 0xFFC00001u);
+    assert_int_equal(kbt_f2u(kb_mf_fma(1.0f, nan_a, nan_b)), 0x7FC12345u);
+    assert_int_equal(kbt_f2u(kb_mf_math1(KB_MF_M1_EXP, nan_b, 0, 0)), 0xFFC00001u);
     /* A NaN made from numbers is the canonical one. */
-    assert_int_equal(f2u(kb_mf_sub(INFINITY, INFINITY)), 0x7FC00000u);
-    assert_int_equal(f2u(kb_mf_mul(0.0f, INFINITY)), 0x7FC00000u);
-    assert_int_equal(f2u(kb_mf_div(0.0f, 0.0f)), 0x7FC00000u);
-    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_SQRT, -1.0f, 0, 0)), 0x7FC00000u);
-    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_RSQRT, -4.0f, 0, 0)), 0x7FC00000u);
-    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_GELU, -INFINITY, 0, 0)), 0x7FC00000u);
+    assert_int_equal(kbt_f2u(kb_mf_sub(INFINITY, INFINITY)), 0x7FC00000u);
+    assert_int_equal(kbt_f2u(kb_mf_mul(0.0f, INFINITY)), 0x7FC00000u);
+    assert_int_equal(kbt_f2u(kb_mf_div(0.0f, 0.0f)), 0x7FC00000u);
+    assert_int_equal(kbt_f2u(kb_mf_math1(KB_MF_M1_SQRT, -1.0f, 0, 0)), 0x7FC00000u);
+    assert_int_equal(kbt_f2u(kb_mf_math1(KB_MF_M1_RSQRT, -4.0f, 0, 0)), 0x7FC00000u);
+    assert_int_equal(kbt_f2u(kb_mf_math1(KB_MF_M1_GELU, -INFINITY, 0, 0)), 0x7FC00000u);
     /* MAX/MIN ignore NaN and order -0 < +0 in either argument order. */
     assert_true(kb_mf_fmax(nan_a, 2.0f) == 2.0f);
     assert_true(kb_mf_fmin(3.0f, nan_b) == 3.0f);
-    assert_int_equal(f2u(kb_mf_fmax(-0.0f, 0.0f)), 0x00000000u);
-    assert_int_equal(f2u(kb_mf_fmax(0.0f, -0.0f)), 0x00000000u);
-    assert_int_equal(f2u(kb_mf_fmin(-0.0f, 0.0f)), 0x80000000u);
-    assert_int_equal(f2u(kb_mf_fmin(0.0f, -0.0f)), 0x80000000u);
+    assert_int_equal(kbt_f2u(kb_mf_fmax(-0.0f, 0.0f)), 0x00000000u);
+    assert_int_equal(kbt_f2u(kb_mf_fmax(0.0f, -0.0f)), 0x00000000u);
+    assert_int_equal(kbt_f2u(kb_mf_fmin(-0.0f, 0.0f)), 0x80000000u);
+    assert_int_equal(kbt_f2u(kb_mf_fmin(0.0f, -0.0f)), 0x80000000u);
     /* ABS and NEG are sign-bit operations, NaN included. */
-    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_ABS, nan_b, 0, 0)), 0x7FC00001u);
-    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_NEG, nan_a, 0, 0)), 0xFFC12345u);
-    assert_int_equal(f2u(kb_mf_math1(KB_MF_M1_RELU, -0.0f, 0, 0)), 0x80000000u);
+    assert_int_equal(kbt_f2u(kb_mf_math1(KB_MF_M1_ABS, nan_b, 0, 0)), 0x7FC00001u);
+    assert_int_equal(kbt_f2u(kb_mf_math1(KB_MF_M1_NEG, nan_a, 0, 0)), 0xFFC12345u);
+    assert_int_equal(kbt_f2u(kb_mf_math1(KB_MF_M1_RELU, -0.0f, 0, 0)), 0x80000000u);
 }
 
 /* ------------------------------------------------------------------ device fixture */
@@ -395,164 +359,26 @@ static void pair_compare(pair *p, uint64_t pa, size_t n)
 
 /* ------------------------------------------------------------------ random op logs */
 
-typedef struct gen {
-    rng g;
-    uint64_t base;    /* window start PA */
-    uint32_t win;     /* window bytes */
-    uint32_t maxr, maxc;
-    pair *p;
-} gen;
-
-static kb_rec rec_new(kb_rec_kind k, kb_time t)
+static uint64_t pair_payload_cb(void *p, const void *data, size_t n)
 {
-    static const unsigned nsrc[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2 };
-    kb_rec r;
-    memset(&r, 0, sizeof r);
-    r.kind = (uint8_t)k;
-    r.nsrc = (uint8_t)nsrc[k];
-    r.t_start = t;
-    r.t_end = t + 10;
-    return r;
+    return pair_payload(p, data, n);
 }
 
-/* A random value stored as dtype t into buf element i. */
-static void put_random(rng *g, kb_dtype t, uint8_t *buf, size_t i, float lo, float hi)
+/* Random records for a comparison with ref: odd addresses, payload sources, dst never partly
+ * over a source (the result must not depend on the element order). */
+static kbt_recgen gen_over(pair *p, uint64_t seed, uint64_t base, uint32_t win, uint32_t maxr,
+                           uint32_t maxc)
 {
-    kb_dtype_store(t, buf, i, rfloat(g, lo, hi));
+    kbt_recgen ge = { { seed }, base, win, maxr, maxc, 2 * maxc, 1, 1, 8, pair_payload_cb, p };
+    return ge;
 }
 
-/* An operand of the given shape somewhere in the window; now and then at an odd address. */
-static kb_opnd place(gen *ge, uint32_t rows, uint32_t cols, kb_dtype t)
-{
-    kb_opnd o = kb_opnd_make(0, rows, cols, t);
-    size_t es = kb_dtype_size(t);
-    o.ld = cols + (rows > 1 ? rbelow(&ge->g, 3) : 0);
-    uint64_t span = kb_opnd_span(&o);
-    assert_true(span + 4 <= ge->win);
-    uint64_t slots = (ge->win - span - 4) / es + 1;
-    o.addr = ge->base + es * (rnext(&ge->g) % slots);
-    if (rbelow(&ge->g, 16) == 0)
-        o.addr += es == 2 ? 1 : 2; /* misaligned element */
-    return o;
-}
-
-static kb_opnd place_bsrc(gen *ge, uint32_t rows, uint32_t cols)
-{
-    uint32_t r = rbelow(&ge->g, 4) == 0 ? 1 : rows, c = rbelow(&ge->g, 4) == 0 ? 1 : cols;
-    return place(ge, r, c, (kb_dtype)rbelow(&ge->g, KB_NDTYPES));
-}
-
-/* Moves a source into the payload: random values of its dtype, same layout. */
-static void to_payload(gen *ge, kb_opnd *o)
-{
-    size_t span = (size_t)kb_opnd_span(o);
-    size_t es = kb_dtype_size((kb_dtype)o->dtype);
-    uint8_t *buf = calloc(span + 1, 1);
-    assert_non_null(buf);
-    for (size_t i = 0; i < span / es; i++)
-        put_random(&ge->g, (kb_dtype)o->dtype, buf, i, -2.0f, 2.0f);
-    o->addr = pair_payload(ge->p, buf, span);
-    o->space = KB_SPACE_PAYLOAD;
-    free(buf);
-}
-
-static int overlap(const kb_opnd *a, const kb_opnd *b)
-{
-    if (a->space != KB_SPACE_MEM || b->space != KB_SPACE_MEM)
-        return 0;
-    uint64_t sa = kb_opnd_span(a), sb = kb_opnd_span(b);
-    return sa && sb && a->addr < b->addr + sb && b->addr < a->addr + sa;
-}
-
-/*
- * Records whose result does not depend on the element order: dst disjoint from every source,
- * or (elementwise and softmax) exactly equal to the first one.
- */
-static int well_formed(const kb_rec *r)
-{
-    for (unsigned s = 0; s < r->nsrc; s++) {
-        if (!overlap(&r->dst, &r->src[s]))
-            continue;
-        if (s == 0 && r->kind != KB_REC_GEMM && r->kind != KB_REC_REDUCE &&
-            memcmp(&r->dst, &r->src[0], sizeof r->dst) == 0)
-            continue;
-        return 0;
-    }
-    return 1;
-}
-
-static kb_rec rand_rec(gen *ge, kb_time t)
-{
-    kb_rec_kind k = (kb_rec_kind)rbelow(&ge->g, KB_REC_NKINDS);
-    kb_rec r = rec_new(k, t);
-    uint32_t rows = 1 + rbelow(&ge->g, ge->maxr), cols = 1 + rbelow(&ge->g, ge->maxc);
-    kb_dtype dt = (kb_dtype)rbelow(&ge->g, KB_NDTYPES);
-
-    switch (k) {
-    case KB_REC_COPY:
-    case KB_REC_MATH1:
-    case KB_REC_MATH2:
-    case KB_REC_FMA:
-    case KB_REC_CLAMP:
-        for (unsigned s = 0; s < r.nsrc; s++)
-            r.src[s] = place_bsrc(ge, rows, cols);
-        r.op = (uint8_t)(k == KB_REC_MATH1 ? rbelow(&ge->g, KB_M1_NOPS)
-                         : k == KB_REC_MATH2 ? rbelow(&ge->g, KB_M2_NOPS) : 0);
-        r.imm[0] = k == KB_REC_CLAMP ? rfloat(&ge->g, -1.0f, 0.0f) : rfloat(&ge->g, -2.0f, 2.0f);
-        r.imm[1] = k == KB_REC_CLAMP ? rfloat(&ge->g, 0.0f, 1.0f) : rfloat(&ge->g, -1.0f, 1.0f);
-        break;
-    case KB_REC_FILL:
-        r.imm[0] = rfloat(&ge->g, -4.0f, 4.0f);
-        break;
-    case KB_REC_SOFTMAX:
-        r.op = (uint8_t)rbelow(&ge->g, 2);
-        r.src[0] = place(ge, rows, cols, (kb_dtype)rbelow(&ge->g, KB_NDTYPES));
-        break;
-    case KB_REC_REDUCE:
-        r.op = (uint8_t)rbelow(&ge->g, KB_RED_NOPS);
-        r.src[0] = place(ge, rows, cols, (kb_dtype)rbelow(&ge->g, KB_NDTYPES));
-        if (rbelow(&ge->g, 2)) {
-            r.flags = KB_REC_AXIS0;
-            rows = 1;
-        } else {
-            cols = 1;
-        }
-        break;
-    case KB_REC_GEMM: {
-        uint32_t kd = 1 + rbelow(&ge->g, 2 * ge->maxc);
-        r.flags = rbelow(&ge->g, 2) ? KB_REC_ACC : 0;
-        r.src[0] = place(ge, rows, kd, (kb_dtype)rbelow(&ge->g, KB_NDTYPES));
-        r.src[1] = place(ge, kd, cols, (kb_dtype)rbelow(&ge->g, KB_NDTYPES));
-        break;
-    }
-    default:
-        break;
-    }
-    for (unsigned s = 0; s < r.nsrc; s++)
-        if (rbelow(&ge->g, 8) == 0)
-            to_payload(ge, &r.src[s]);
-    r.dst = place(ge, rows, cols, dt);
-    /* In place now and then, when the first source has dst's shape. */
-    if (k != KB_REC_GEMM && k != KB_REC_REDUCE && k != KB_REC_FILL && rbelow(&ge->g, 6) == 0 &&
-        r.src[0].rows == rows && r.src[0].cols == cols && r.src[0].space == KB_SPACE_MEM)
-        r.dst = r.src[0];
-    for (int tries = 0; !well_formed(&r) && tries < 50; tries++)
-        r.dst = place(ge, rows, cols, dt);
-    if (!well_formed(&r)) { /* give up on this one: a fill of a fresh place */
-        r = rec_new(KB_REC_FILL, t);
-        r.imm[0] = 1.5f;
-        r.dst = place(ge, 1, 1, KB_F32);
-    }
-    return r;
-}
-
-static void fill_window(gen *ge)
+static void fill_window(kbt_recgen *ge)
 {
     uint8_t *buf = malloc(ge->win);
     assert_non_null(buf);
-    for (uint32_t i = 0; i + 1 < ge->win; i += 2)
-        put_random(&ge->g, KB_F16, buf, i / 2, -1.5f, 1.5f);
-    pair_write(ge->p, ge->base, buf, ge->win);
+    kbt_rand_f16(&ge->g, buf, ge->win, -1.5f, 1.5f);
+    pair_write(ge->ud, ge->base, buf, ge->win);
     free(buf);
 }
 
@@ -564,11 +390,11 @@ static uint64_t random_logs(dev *d, uint64_t seed0, int nlogs, int nrec, uint32_
     for (int l = 0; l < nlogs; l++) {
         pair p;
         pair_init(&p);
-        gen ge = { { seed0 * 7919u + (uint64_t)l }, (0x400000 - win / 3) & ~(uint64_t)7, win,
-                   maxr, maxc, &p };
+        kbt_recgen ge = gen_over(&p, seed0 * 7919u + (uint64_t)l,
+                                 (0x400000 - win / 3) & ~(uint64_t)7, win, maxr, maxc);
         fill_window(&ge);
         for (int i = 0; i < nrec; i++) {
-            kb_rec r = rand_rec(&ge, (kb_time)rbelow(&ge.g, (uint32_t)tspan));
+            kb_rec r = kbt_rand_rec(&ge, (kb_time)kbt_rng_below(&ge.g, (uint32_t)tspan));
             pair_append(&p, &r);
         }
         pair_flush(&p, d);
@@ -600,8 +426,8 @@ static void gemm_case(dev *d, uint32_t m, uint32_t n, uint32_t k, kb_dtype ta, k
                       kb_dtype td, int acc, uint32_t pad, int payload_a, uint64_t seed)
 {
     pair p;
-    rng g = { seed };
-    kb_rec r = rec_new(KB_REC_GEMM, 0);
+    kbt_rng g = { seed };
+    kb_rec r = kbt_rec_new(KB_REC_GEMM, 0);
     pair_init(&p);
     r.src[0] = kb_opnd_make(0x100000, m, k, ta);
     r.src[1] = kb_opnd_make(0x800000, k, n, tb);
@@ -616,7 +442,7 @@ static void gemm_case(dev *d, uint32_t m, uint32_t n, uint32_t k, kb_dtype ta, k
         uint8_t *buf = malloc(span + 4);
         assert_non_null(buf);
         for (size_t i = 0; i < span / es; i++)
-            put_random(&g, (kb_dtype)ops[o]->dtype, buf, i, -1.0f, 1.0f);
+            kbt_rand_store(&g, (kb_dtype)ops[o]->dtype, buf, i, -1.0f, 1.0f);
         if (o == 0 && payload_a) {
             r.src[0].addr = pair_payload(&p, buf, span);
             r.src[0].space = KB_SPACE_PAYLOAD;
@@ -658,15 +484,15 @@ static void test_gemm_grouped(void **state)
 {
     dev *d = need_device(state);
     pair p;
-    rng g = { 99 };
+    kbt_rng g = { 99 };
     pair_init(&p);
     uint8_t *buf = malloc(1u << 20);
     assert_non_null(buf);
     for (size_t i = 0; i < (1u << 19); i++)
-        put_random(&g, KB_F16, buf, i, -1.0f, 1.0f);
+        kbt_rand_store(&g, KB_F16, buf, i, -1.0f, 1.0f);
     pair_write(&p, 0x100000, buf, 1u << 20);
     for (uint32_t i = 0; i < 12; i++) {
-        kb_rec r = rec_new(KB_REC_GEMM, i);
+        kb_rec r = kbt_rec_new(KB_REC_GEMM, i);
         uint32_t m = 1 + 23 * i % 150, n = 1 + 37 * i % 140, k = 1 + 51 * i % 90;
         r.src[0] = kb_opnd_make(0x100000 + 0x1000 * i, m, k, (kb_dtype)(i % 3));
         r.src[1] = kb_opnd_make(0x140000 + 0x1000 * i, k, n, (kb_dtype)((i / 3) % 3));
@@ -706,7 +532,7 @@ static void test_copy_specials(void **state)
     uint64_t out = 0x10000;
     for (int ts = 0; ts < KB_NDTYPES; ts++) {
         for (int td = 0; td < KB_NDTYPES; td++) {
-            kb_rec r = rec_new(KB_REC_COPY, t++);
+            kb_rec r = kbt_rec_new(KB_REC_COPY, t++);
             r.src[0] = ts == KB_F32 ? kb_opnd_make(0x1000, 1, NB, KB_F32)
                                     : kb_opnd_make(0x2001, 1, NH, (kb_dtype)ts);
             r.dst = kb_opnd_make(out, 1, ts == KB_F32 ? NB : NH, (kb_dtype)td);
@@ -718,7 +544,7 @@ static void test_copy_specials(void **state)
     }
     /* Arithmetic on the specials keeps the NaN rules. */
     for (int op = 0; op < KB_M1_NOPS; op++) {
-        kb_rec r = rec_new(KB_REC_MATH1, t++);
+        kb_rec r = kbt_rec_new(KB_REC_MATH1, t++);
         r.op = (uint8_t)op;
         r.imm[0] = 0.5f;
         r.imm[1] = -2.0f;
@@ -728,7 +554,7 @@ static void test_copy_specials(void **state)
         out += 0x200;
     }
     for (int op = 0; op < KB_M2_NOPS; op++) {
-        kb_rec r = rec_new(KB_REC_MATH2, t++);
+        kb_rec r = kbt_rec_new(KB_REC_MATH2, t++);
         r.op = (uint8_t)op;
         r.src[0] = kb_opnd_make(0x1000, 1, NB, KB_F32);
         r.src[1] = kb_opnd_make(0x1000 + 4 * 5, 1, 1, KB_F32); /* a NaN, broadcast */
@@ -753,8 +579,8 @@ static void test_wide_paths(void **state)
 {
     dev *d = need_device(state);
     pair p;
-    rng g = { 11 };
-    gen ge = { { 12 }, 0x100000, 1u << 16, 1, 1, &p };
+    kbt_rng g = { 11 };
+    kbt_recgen ge = gen_over(&p, 12, 0x100000, 1u << 16, 1, 1);
     pair_init(&p);
     fill_window(&ge);
     kb_time t = 0;
@@ -762,18 +588,18 @@ static void test_wide_paths(void **state)
     for (uint32_t len = 1; len <= 41; len++) {
         for (int k = 0; k < 8; k++) {
             kb_dtype ts = (kb_dtype)(k % 3), td = (kb_dtype)((k / 3 + k) % 3);
-            kb_rec r = rec_new(k < 4 ? KB_REC_MATH2 : k < 6 ? KB_REC_COPY : KB_REC_FMA, t++);
+            kb_rec r = kbt_rec_new(k < 4 ? KB_REC_MATH2 : k < 6 ? KB_REC_COPY : KB_REC_FMA, t++);
             uint64_t shift = k == 7 ? 2 * kb_dtype_size(ts) : 0; /* pairs but not quads */
             r.op = (uint8_t)(k % KB_M2_NOPS);
             for (unsigned s2 = 0; s2 < r.nsrc; s2++)
-                r.src[s2] = kb_opnd_make(0x100000 + 0x800 * s2 + 8 * rbelow(&g, 64) + shift, 1,
-                                         len, s2 == 0 ? ts : td);
+                r.src[s2] = kb_opnd_make(0x100000 + 0x800 * s2 + 8 * kbt_rng_below(&g, 64) + shift,
+                                         1, len, s2 == 0 ? ts : td);
             r.dst = kb_opnd_make(out + shift, 1, len, td);
             pair_append(&p, &r);
             out += 0x100;
         }
         /* In place on a 16-bit vector. */
-        kb_rec r = rec_new(KB_REC_MATH1, t++);
+        kb_rec r = kbt_rec_new(KB_REC_MATH1, t++);
         r.op = KB_M1_NEG;
         r.src[0] = kb_opnd_make(0x108000 + 0x100 * len, 1, len, KB_BF16);
         r.dst = r.src[0];
@@ -796,30 +622,30 @@ static void test_launch_count(void **state)
     pair_write(&p, 0x1000, x, sizeof x);
     /* Batch 1: 3 fills, 2 copies, 1 math1 (independent): 3 kinds -> 3 launches. */
     for (int i = 0; i < 3; i++) {
-        kb_rec r = rec_new(KB_REC_FILL, 0);
+        kb_rec r = kbt_rec_new(KB_REC_FILL, 0);
         r.imm[0] = (float)i;
         r.dst = kb_opnd_make(0x2000 + 0x100 * (uint64_t)i, 1, 8, KB_F16);
         pair_append(&p, &r);
     }
     for (int i = 0; i < 2; i++) {
-        kb_rec r = rec_new(KB_REC_COPY, 0);
+        kb_rec r = kbt_rec_new(KB_REC_COPY, 0);
         r.src[0] = kb_opnd_make(0x1000, 1, 8, KB_F32);
         r.dst = kb_opnd_make(0x3000 + 0x100 * (uint64_t)i, 1, 8, KB_BF16);
         pair_append(&p, &r);
     }
-    kb_rec r = rec_new(KB_REC_MATH1, 0);
+    kb_rec r = kbt_rec_new(KB_REC_MATH1, 0);
     r.op = KB_M1_EXP;
     r.src[0] = kb_opnd_make(0x1000, 1, 8, KB_F32);
     r.dst = kb_opnd_make(0x4000, 1, 8, KB_F32);
     pair_append(&p, &r);
     /* An empty clamp touches no memory, so it joins batch 1 as a kind of its own: counted by
      * the replay, but with no work it is not launched. */
-    r = rec_new(KB_REC_CLAMP, 5);
+    r = kbt_rec_new(KB_REC_CLAMP, 5);
     r.src[0] = kb_opnd_make(0x6000, 1, 0, KB_F32);
     r.dst = kb_opnd_make(0x6000, 1, 0, KB_F32);
     pair_append(&p, &r);
     /* Batch 2 (reads batch 1's output): a reduce. */
-    r = rec_new(KB_REC_REDUCE, 5);
+    r = kbt_rec_new(KB_REC_REDUCE, 5);
     r.src[0] = kb_opnd_make(0x4000, 1, 8, KB_F32);
     r.dst = kb_opnd_make(0x5000, 1, 1, KB_F32);
     pair_append(&p, &r);
@@ -840,17 +666,17 @@ static void test_incremental(void **state)
     dev *d = need_device(state);
     pair p;
     pair_init(&p);
-    gen ge = { { 5 }, 0x80000, 8192, 6, 10, &p };
+    kbt_recgen ge = gen_over(&p, 5, 0x80000, 8192, 6, 10);
     fill_window(&ge);
     for (int i = 0; i < 150; i++) {
-        kb_rec r = rand_rec(&ge, (kb_time)i);
+        kb_rec r = kbt_rand_rec(&ge, (kb_time)i);
         pair_append(&p, &r);
     }
     pair_flush(&p, d);
     pair_compare(&p, ge.base, ge.win);
     ge.win = 65536;
     for (int i = 0; i < 150; i++) {
-        kb_rec r = rand_rec(&ge, (kb_time)(1000 + i));
+        kb_rec r = kbt_rand_rec(&ge, (kb_time)(1000 + i));
         pair_append(&p, &r);
     }
     pair_flush(&p, d);

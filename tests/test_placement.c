@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kb_placement.h"
+#include "kb_test_util.h"
 
 /* Expected shard: cube, pe, row0, col0, rows, cols, offset_bytes, nbytes. */
 typedef struct want {
@@ -280,12 +281,6 @@ static void test_errors(void **state)
     expect_error(&dp, 8, 12, 2, 4, 2, KB_ERR_INVAL, "mode");
 }
 
-static uint32_t lcg(uint32_t *x)
-{
-    *x = *x * 1664525u + 1013904223u;
-    return *x >> 8;
-}
-
 /*
  * Scatters a random logical buffer into one device buffer (shard i at offset_bytes) and
  * gathers it back; also checks the shards cover each element exactly `copies` times and lie
@@ -295,6 +290,7 @@ static void roundtrip(const kb_dp_policy *dp, uint64_t rows, uint64_t cols, size
                       unsigned copies, uint32_t seed)
 {
     size_t total = (size_t)(rows * cols * itemsize), i;
+    kbt_rng g = { seed };
     unsigned char *logical = malloc(total), *back = malloc(total), *dev;
     unsigned *cover = calloc((size_t)(rows * cols), sizeof *cover);
     kb_shard_spec *s = NULL;
@@ -305,7 +301,7 @@ static void roundtrip(const kb_dp_policy *dp, uint64_t rows, uint64_t cols, size
     assert_non_null(back);
     assert_non_null(cover);
     for (i = 0; i < total; i++)
-        logical[i] = (unsigned char)lcg(&seed);
+        logical[i] = (unsigned char)kbt_rng_next(&g);
     assert_int_equal(kb_dp_resolve(dp, rows, cols, itemsize, 4, 2, 1, &s, &n, NULL), 0);
     for (i = 0; i < n; i++) {
         assert_int_equal(s[i].offset_bytes, off);

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "kb_replay.h"
+#include "kb_test_util.h"
 
 /* ------------------------------------------------------------------ fixture and helpers */
 
@@ -51,23 +52,6 @@ static int teardown(void **state)
     f->be.ops->destroy(f->be.self);
     free(f);
     return 0;
-}
-
-static unsigned nsrc_for(kb_rec_kind k)
-{
-    static const unsigned n[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2 };
-    return n[k];
-}
-
-static kb_rec rec_new(kb_rec_kind k, kb_time t)
-{
-    kb_rec r;
-    memset(&r, 0, sizeof r);
-    r.kind = (uint8_t)k;
-    r.nsrc = (uint8_t)nsrc_for(k);
-    r.t_start = t;
-    r.t_end = t + 10;
-    return r;
 }
 
 static void put_f32(kb_memstore *ms, uint64_t pa, const float *v, size_t n)
@@ -135,7 +119,7 @@ static void test_gemm(void **state)
     put_f32(f->ms, 0x2000, b, 6);
     put_f16(f->ms, 0x3100, ones, 4);
 
-    kb_rec r = rec_new(KB_REC_GEMM, 0);
+    kb_rec r = kbt_rec_new(KB_REC_GEMM, 0);
     r.src[0] = kb_opnd_make(0x1000, 2, 3, KB_F32);
     r.src[1] = kb_opnd_make(0x2000, 3, 2, KB_F32);
     r.dst = kb_opnd_make(0x3000, 2, 2, KB_F32);
@@ -165,7 +149,7 @@ static void test_softmax(void **state)
     put_f32(f->ms, 0x1000, row, 2);
     put_f32(f->ms, 0x1100, m, 4);
 
-    kb_rec r = rec_new(KB_REC_SOFTMAX, 0);
+    kb_rec r = kbt_rec_new(KB_REC_SOFTMAX, 0);
     r.op = 1;
     r.src[0] = kb_opnd_make(0x1000, 1, 2, KB_F32);
     r.dst = kb_opnd_make(0x2000, 1, 2, KB_F16);
@@ -200,7 +184,7 @@ static void test_reduce(void **state)
     const float a[6] = { 1, 2, 3, 4, 5, -6 };
     put_f32(f->ms, 0x1000, a, 6);
 
-    kb_rec r = rec_new(KB_REC_REDUCE, 0);
+    kb_rec r = kbt_rec_new(KB_REC_REDUCE, 0);
     r.src[0] = kb_opnd_make(0x1000, 2, 3, KB_F32);
     r.op = KB_RED_SUM;
     r.dst = kb_opnd_make(0x2000, 2, 1, KB_F32);
@@ -239,7 +223,7 @@ static void test_broadcast_math2(void **state)
     put_f16(f->ms, 0x1100, bias, 3);
     put_f32(f->ms, 0x1200, col, 2);
 
-    kb_rec r = rec_new(KB_REC_MATH2, 0);
+    kb_rec r = kbt_rec_new(KB_REC_MATH2, 0);
     r.op = KB_M2_ADD;
     r.src[0] = kb_opnd_make(0x1000, 2, 3, KB_F32);
     r.src[1] = kb_opnd_make(0x1100, 1, 3, KB_F16); /* a 1 x N bias over the rows */
@@ -299,7 +283,7 @@ static void test_math1(void **state)
     enum { NC = sizeof cases / sizeof cases[0] };
     for (size_t i = 0; i < NC; i++) {
         put_f32(f->ms, 0x1000 + 4 * i, &cases[i].x, 1);
-        kb_rec r = rec_new(KB_REC_MATH1, 0);
+        kb_rec r = kbt_rec_new(KB_REC_MATH1, 0);
         r.op = (uint8_t)cases[i].op;
         r.imm[0] = 2.0f;
         r.imm[1] = 1.0f;
@@ -311,7 +295,7 @@ static void test_math1(void **state)
     const float one = 1.0f, two = 2.0f;
     put_f32(f->ms, 0x1100, &one, 1);
     put_f32(f->ms, 0x1104, &two, 1);
-    kb_rec r = rec_new(KB_REC_MATH1, 0);
+    kb_rec r = kbt_rec_new(KB_REC_MATH1, 0);
     r.op = KB_M1_GELU;
     r.src[0] = kb_opnd_make(0x1100, 1, 1, KB_F32);
     r.dst = kb_opnd_make(0x2100, 1, 1, KB_F16);
@@ -349,14 +333,14 @@ static void test_clamp_fma_fill(void **state)
                                  0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x11 };
     assert_int_equal(kb_memstore_write(f->ms, 0x3000, marker, sizeof marker), 0);
 
-    kb_rec r = rec_new(KB_REC_CLAMP, 0);
+    kb_rec r = kbt_rec_new(KB_REC_CLAMP, 0);
     r.imm[0] = -1.0f;
     r.imm[1] = 1.0f;
     r.src[0] = kb_opnd_make(0x1000, 1, 4, KB_F32);
     r.dst = kb_opnd_make(0x2000, 1, 4, KB_F32);
     append(f, &r);
 
-    r = rec_new(KB_REC_FMA, 0);
+    r = kbt_rec_new(KB_REC_FMA, 0);
     r.src[0] = kb_opnd_make(0x1100, 1, 2, KB_F16);
     r.src[1] = kb_opnd_make(0x1200, 1, 2, KB_F32);
     r.src[2] = kb_opnd_make(0x1300, 1, 2, KB_F16);
@@ -369,7 +353,7 @@ static void test_clamp_fma_fill(void **state)
     r.dst = kb_opnd_make(0x2200, 1, 1, KB_F32);
     append(f, &r);
 
-    r = rec_new(KB_REC_FILL, 0);
+    r = kbt_rec_new(KB_REC_FILL, 0);
     r.imm[0] = 2.5f;
     r.dst = kb_opnd_make(0x3000, 2, 2, KB_F16);
     r.dst.ld = 3; /* elements 0,1 and 3,4; element 2 and 5 keep the marker */
@@ -403,7 +387,7 @@ static void test_copy_convert_strided_payload(void **state)
     put_f32(f->ms, 0x1000, src, 4);
     put_f32(f->ms, 0x1100, m, 12);
 
-    kb_rec r = rec_new(KB_REC_COPY, 0);
+    kb_rec r = kbt_rec_new(KB_REC_COPY, 0);
     r.src[0] = kb_opnd_make(0x1000, 1, 4, KB_F32);
     r.dst = kb_opnd_make(0x2000, 1, 4, KB_F16);
     append(f, &r);
@@ -458,11 +442,11 @@ static void test_copy_broadcast_inplace(void **state)
     put_f32(f->ms, 0x1000, row, 2);
     put_f32(f->ms, 0x1100, m, 6);
 
-    kb_rec r = rec_new(KB_REC_COPY, 0);
+    kb_rec r = kbt_rec_new(KB_REC_COPY, 0);
     r.src[0] = kb_opnd_make(0x1000, 1, 2, KB_F32);
     r.dst = kb_opnd_make(0x2000, 3, 2, KB_F16);
     append(f, &r);
-    r = rec_new(KB_REC_MATH1, 1);
+    r = kbt_rec_new(KB_REC_MATH1, 1);
     r.op = KB_M1_NEG;
     r.src[0] = kb_opnd_make(0x1100, 2, 2, KB_F32);
     r.src[0].ld = 3;
@@ -499,7 +483,7 @@ static void plan_ok(const kb_rec *recs, size_t n, kb_plan *p)
 
 static kb_rec copy_rec(uint64_t dst, uint64_t src, uint32_t n, kb_time t, uint64_t seq)
 {
-    kb_rec r = rec_new(KB_REC_COPY, t);
+    kb_rec r = kbt_rec_new(KB_REC_COPY, t);
     r.src[0] = kb_opnd_make(src, 1, n, KB_F16);
     r.dst = kb_opnd_make(dst, 1, n, KB_F16);
     r.seq = seq;
@@ -550,7 +534,7 @@ static void test_plan_conflicts(void **state)
     assert_int_equal(p.nbatches, 1);
     kb_plan_free(&p);
     /* A record reading and writing its own bytes is fine; the next reader is split off. */
-    r[0] = rec_new(KB_REC_MATH1, 0);
+    r[0] = kbt_rec_new(KB_REC_MATH1, 0);
     r[0].src[0] = kb_opnd_make(0x100, 1, 4, KB_F16);
     r[0].dst = r[0].src[0];
     r[0].seq = 0;
@@ -596,7 +580,7 @@ static void test_plan_order_and_grouping(void **state)
     /* Independent records of mixed kinds: one batch grouped by kind, stable inside a kind. */
     for (size_t i = 0; i < 6; i++) {
         kb_rec_kind k = (i % 2) ? KB_REC_COPY : KB_REC_FILL;
-        r[i] = rec_new(k, (kb_time)(60 - i));
+        r[i] = kbt_rec_new(k, (kb_time)(60 - i));
         r[i].seq = i;
         r[i].dst = kb_opnd_make(0x1000 + 0x10 * i, 1, 4, KB_F16);
         if (k == KB_REC_COPY)
@@ -617,7 +601,7 @@ static void test_plan_arena(void **state)
     kb_plan p;
     kb_rec r[3];
 
-    r[0] = rec_new(KB_REC_MATH2, 0);
+    r[0] = kbt_rec_new(KB_REC_MATH2, 0);
     r[0].seq = 0;
     r[0].src[0] = kb_opnd_make(0x1004, 1, 2, KB_F16);  /* [0x1004, 0x1008) */
     r[0].src[1] = kb_opnd_make(0x100C, 2, 1, KB_F32);  /* [0x100C, 0x1014) */
@@ -668,7 +652,7 @@ static void test_plan_invalid(void **state)
     (void)state;
     kb_plan p;
     kb_errbuf eb;
-    kb_rec r = rec_new(KB_REC_COPY, 0);
+    kb_rec r = kbt_rec_new(KB_REC_COPY, 0);
     const kb_rec *pr = &r;
     r.seq = 42;
     r.src[0] = kb_opnd_make(0, 1, 4, KB_F16);
@@ -692,7 +676,7 @@ static void test_plan_invalid(void **state)
     r.kind = KB_REC_NKINDS;
     assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), KB_ERR_INVAL);
 
-    r = rec_new(KB_REC_GEMM, 0);
+    r = kbt_rec_new(KB_REC_GEMM, 0);
     r.src[0] = kb_opnd_make(0x0, 2, 3, KB_F32);
     r.src[1] = kb_opnd_make(0x100, 2, 2, KB_F32); /* K mismatch */
     r.dst = kb_opnd_make(0x200, 2, 2, KB_F32);
@@ -702,7 +686,7 @@ static void test_plan_invalid(void **state)
     assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), 0);
     kb_plan_free(&p);
 
-    r = rec_new(KB_REC_REDUCE, 0);
+    r = kbt_rec_new(KB_REC_REDUCE, 0);
     r.src[0] = kb_opnd_make(0x0, 2, 3, KB_F32);
     r.dst = kb_opnd_make(0x200, 1, 3, KB_F32); /* axis 1 wants 2 x 1 */
     assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), KB_ERR_INVAL);
@@ -844,10 +828,10 @@ static void test_plan_interleaved_chains(void **state)
         for (size_t k = 0; k < DEPTH; k++) {
             kb_rec r;
             if (k % 2 == 0) {
-                r = rec_new(KB_REC_COPY, t);
+                r = kbt_rec_new(KB_REC_COPY, t);
                 r.src[0] = kb_opnd_make(pa, 1, 4, KB_F32);
             } else {
-                r = rec_new(KB_REC_MATH1, t);
+                r = kbt_rec_new(KB_REC_MATH1, t);
                 r.op = KB_M1_NEG;
                 r.src[0] = kb_opnd_make(pb, 1, 4, KB_F32);
             }
@@ -922,25 +906,21 @@ static void test_plan_time(void **state)
     (void)state;
     enum { RANKS = 256, STEPS = 1172, N = RANKS * STEPS };
     kb_rec *r = malloc(N * sizeof *r);
-    uint64_t s = 99;
+    kbt_rng g = { 99 };
     assert_non_null(r);
     for (size_t st = 0; st < STEPS; st++) {
         for (size_t i = 0; i < RANKS; i++) {
             size_t k = st * RANKS + i;
             uint64_t from = 0x1000000 * (uint64_t)i + 16 * (st % 4);
             uint64_t to = 0x1000000 * (uint64_t)((i + 1) % RANKS) + 16 * ((st + 1) % 4);
-            s = s * 6364136223846793005u + 1442695040888963407u;
-            r[k] = copy_rec(to, from, 8, (kb_time)(st * 1000 + (s >> 33) % 900), k);
+            r[k] = copy_rec(to, from, 8, (kb_time)(st * 1000 + kbt_rng_below(&g, 900)), k);
         }
     }
     assert_int_equal(timed_plan("ring", r, N), STEPS);
     for (size_t k = 0; k < N; k++) {
-        uint64_t d, a;
-        s = s * 6364136223846793005u + 1442695040888963407u;
-        d = 0x4000000 + 2 * ((s >> 20) % (UINT64_C(1) << 25));
-        s = s * 6364136223846793005u + 1442695040888963407u;
-        a = 0x4000000 + 2 * ((s >> 20) % (UINT64_C(1) << 25));
-        r[k] = copy_rec(d, a, 1 + (uint32_t)(s % 32), (kb_time)k, k);
+        uint64_t d = 0x4000000 + 2 * (uint64_t)kbt_rng_below(&g, UINT32_C(1) << 25);
+        uint64_t a = 0x4000000 + 2 * (uint64_t)kbt_rng_below(&g, UINT32_C(1) << 25);
+        r[k] = copy_rec(d, a, 1 + kbt_rng_below(&g, 32), (kb_time)k, k);
     }
     assert_true(timed_plan("random", r, N) >= 1);
     free(r);
@@ -948,134 +928,26 @@ static void test_plan_time(void **state)
 
 /* ------------------------------------------------------------------ property test */
 
-/* Random generator plus the memory window that random operands live in. */
-typedef struct rng {
-    uint64_t s;
-    uint64_t base; /* window start PA */
-    uint32_t win;  /* window bytes */
-} rng;
-
-static uint64_t rng_next(rng *g)
+static uint64_t log_payload(void *log, const void *bytes, size_t n)
 {
-    uint64_t z = (g->s += UINT64_C(0x9E3779B97F4A7C15));
-    z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
-    z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
-    return z ^ (z >> 31);
+    uint64_t off;
+    assert_int_equal(kb_oplog_add_payload(log, bytes, n, &off), 0);
+    return off;
 }
 
-static uint32_t rng_below(rng *g, uint32_t n)
+/* Random records for the serial oracle, which replays whatever overlaps: small shapes, dense
+ * conflicts, a payload source now and then (into log). */
+static kbt_recgen gen_over(kb_oplog *log, uint64_t seed, uint64_t base, uint32_t win)
 {
-    return (uint32_t)(rng_next(g) % n);
+    kbt_recgen ge = { { seed }, base, win, 4, 6, 4, 0, 0, 5, log_payload, log };
+    return ge;
 }
 
-static float rng_float(rng *g, float lo, float hi)
+/* Random f16 over the generator's window, in the store and in flat. */
+static void fill_window(kb_memstore *ms, kbt_recgen *ge, uint8_t *flat)
 {
-    return lo + (hi - lo) * (float)(rng_next(g) >> 40) * 0x1p-24f;
-}
-
-/* An operand of the given shape at a random, dtype-aligned place in the window. */
-static kb_opnd rand_opnd(rng *g, uint32_t rows, uint32_t cols)
-{
-    kb_dtype t = (kb_dtype)rng_below(g, KB_NDTYPES);
-    kb_opnd o = kb_opnd_make(0, rows, cols, t);
-    o.ld = cols + (rows > 1 ? rng_below(g, 3) : 0);
-    uint64_t span = kb_opnd_span(&o);
-    uint64_t slots = (g->win - span) / kb_dtype_size(t) + 1;
-    o.addr = g->base + kb_dtype_size(t) * (rng_next(g) % slots);
-    return o;
-}
-
-/* A source broadcasting to rows x cols. */
-static kb_opnd rand_bsrc(rng *g, uint32_t rows, uint32_t cols)
-{
-    uint32_t r = rng_below(g, 4) == 0 ? 1 : rows, c = rng_below(g, 4) == 0 ? 1 : cols;
-    return rand_opnd(g, r, c);
-}
-
-static void rand_payload_src(rng *g, kb_oplog *log, kb_opnd *o)
-{
-    uint8_t buf[256];
-    uint64_t span = kb_opnd_span(o), off;
-    assert_true(span <= sizeof buf);
-    for (size_t i = 0; i + 1 < span; i += 2) {
-        uint16_t h = kb_f32_to_f16(rng_float(g, -2.0f, 2.0f));
-        memcpy(buf + i, &h, 2);
-    }
-    assert_int_equal(kb_oplog_add_payload(log, buf, (size_t)span, &off), 0);
-    o->addr = off;
-    o->space = KB_SPACE_PAYLOAD;
-}
-
-static kb_rec rand_rec(rng *g, kb_oplog *log, kb_time t0, kb_time tspan)
-{
-    kb_rec_kind k = (kb_rec_kind)rng_below(g, KB_REC_NKINDS);
-    kb_rec r = rec_new(k, t0 + (kb_time)rng_below(g, (uint32_t)tspan));
-    uint32_t rows = 1 + rng_below(g, 4), cols = 1 + rng_below(g, 6);
-
-    switch (k) {
-    case KB_REC_COPY:
-        r.src[0] = rand_bsrc(g, rows, cols);
-        if (rng_below(g, 5) == 0)
-            rand_payload_src(g, log, &r.src[0]);
-        break;
-    case KB_REC_FILL:
-        r.imm[0] = rng_float(g, -4.0f, 4.0f);
-        break;
-    case KB_REC_MATH1:
-        r.op = (uint8_t)rng_below(g, KB_M1_NOPS);
-        r.imm[0] = rng_float(g, -2.0f, 2.0f);
-        r.imm[1] = rng_float(g, -1.0f, 1.0f);
-        r.src[0] = rand_bsrc(g, rows, cols);
-        break;
-    case KB_REC_MATH2:
-        r.op = (uint8_t)rng_below(g, KB_M2_NOPS);
-        r.src[0] = rand_bsrc(g, rows, cols);
-        r.src[1] = rand_bsrc(g, rows, cols);
-        break;
-    case KB_REC_FMA:
-        for (int i = 0; i < 3; i++)
-            r.src[i] = rand_bsrc(g, rows, cols);
-        break;
-    case KB_REC_CLAMP:
-        r.imm[0] = rng_float(g, -1.0f, 0.0f);
-        r.imm[1] = rng_float(g, 0.0f, 1.0f);
-        r.src[0] = rand_bsrc(g, rows, cols);
-        break;
-    case KB_REC_SOFTMAX:
-        r.op = (uint8_t)rng_below(g, 2);
-        r.src[0] = rand_opnd(g, rows, cols);
-        break;
-    case KB_REC_REDUCE:
-        r.op = (uint8_t)rng_below(g, KB_RED_NOPS);
-        r.src[0] = rand_opnd(g, rows, cols);
-        if (rng_below(g, 2)) {
-            r.flags = KB_REC_AXIS0;
-            rows = 1;
-        } else {
-            cols = 1;
-        }
-        break;
-    case KB_REC_GEMM: {
-        uint32_t kd = 1 + rng_below(g, 4);
-        r.flags = rng_below(g, 2) ? KB_REC_ACC : 0;
-        r.src[0] = rand_opnd(g, rows, kd);
-        r.src[1] = rand_opnd(g, kd, cols);
-        break;
-    }
-    default:
-        break;
-    }
-    r.dst = rand_opnd(g, rows, cols);
-    return r;
-}
-
-static void fill_window(kb_memstore *ms, rng *g, uint8_t *flat)
-{
-    for (size_t i = 0; i < g->win; i += 2) {
-        uint16_t h = kb_f32_to_f16(rng_float(g, -1.0f, 1.0f));
-        memcpy(flat + i, &h, 2);
-    }
-    assert_int_equal(kb_memstore_write(ms, g->base, flat, g->win), 0);
+    kbt_rand_f16(&ge->g, flat, ge->win, -1.0f, 1.0f);
+    assert_int_equal(kb_memstore_write(ms, ge->base, flat, ge->win), 0);
 }
 
 static int order_cmp(const void *a, const void *b)
@@ -1211,8 +1083,8 @@ static size_t random_logs(uint64_t nseeds, uint32_t win, size_t nmin, uint32_t n
     assert_non_null(got);
     *recs = *batches = 0;
     for (uint64_t seed = 1; seed <= nseeds; seed++) {
-        rng g = { seed * 1000003u + win, 0x30000 - win / 2, win };
         kb_oplog *log = kb_oplog_create();
+        kbt_recgen g = gen_over(log, seed * 1000003u + win, 0x30000 - win / 2, win);
         kb_memstore *ms = kb_memstore_create();
         kb_backend be;
         kb_replay_stats st;
@@ -1222,9 +1094,9 @@ static size_t random_logs(uint64_t nseeds, uint32_t win, size_t nmin, uint32_t n
         assert_non_null(ms);
         assert_int_equal(kb_ref_backend_create(&be), 0);
         fill_window(ms, &g, flat);
-        size_t n = nmin + rng_below(&g, nspread);
+        size_t n = nmin + kbt_rng_below(&g.g, nspread);
         for (size_t i = 0; i < n; i++) {
-            kb_rec r = rand_rec(&g, log, 0, tspan);
+            kb_rec r = kbt_rand_rec(&g, (kb_time)kbt_rng_below(&g.g, (uint32_t)tspan));
             assert_int_equal(kb_oplog_append(log, &r, NULL), 0);
         }
         size_t big = check_plan(log, stride);
@@ -1296,7 +1168,8 @@ static void test_property_wide_spans(void **state)
     assert_non_null(flat);
     assert_non_null(got);
     for (uint64_t seed = 1; seed <= 3; seed++) {
-        rng g = { seed * 7777u, 0x40000, WIN };
+        kbt_rng g = { seed * 7777u };
+        const uint64_t base = 0x40000;
         kb_oplog *log = kb_oplog_create();
         kb_memstore *ms = kb_memstore_create();
         kb_backend be;
@@ -1305,18 +1178,20 @@ static void test_property_wide_spans(void **state)
         assert_non_null(log);
         assert_non_null(ms);
         assert_int_equal(kb_ref_backend_create(&be), 0);
-        fill_window(ms, &g, flat);
+        kbt_rand_f16(&g, flat, WIN, -1.0f, 1.0f);
+        assert_int_equal(kb_memstore_write(ms, base, flat, WIN), 0);
         for (size_t i = 0; i < N; i++) {
-            uint32_t n = rng_below(&g, 10) == 0 ? 1 + rng_below(&g, 8192) : 1 + rng_below(&g, 4);
-            uint64_t d = g.base + 2 * rng_below(&g, (WIN - 2 * n) / 2 + 1);
-            uint64_t a = g.base + 2 * rng_below(&g, (WIN - 2 * n) / 2 + 1);
-            kb_rec r = copy_rec(d, a, n, (kb_time)rng_below(&g, 5000), 0);
+            uint32_t n = kbt_rng_below(&g, 10) == 0 ? 1 + kbt_rng_below(&g, 8192)
+                                                     : 1 + kbt_rng_below(&g, 4);
+            uint64_t d = base + 2 * kbt_rng_below(&g, (WIN - 2 * n) / 2 + 1);
+            uint64_t a = base + 2 * kbt_rng_below(&g, (WIN - 2 * n) / 2 + 1);
+            kb_rec r = copy_rec(d, a, n, (kb_time)kbt_rng_below(&g, 5000), 0);
             assert_int_equal(kb_oplog_append(log, &r, NULL), 0);
         }
         check_plan(log, 1);
         assert_int_equal(kb_replay_flush(log, ms, &be, &st, NULL), 0);
-        serial_replay(log, flat, g.base);
-        kb_memstore_read(ms, g.base, got, WIN);
+        serial_replay(log, flat, base);
+        kb_memstore_read(ms, base, got, WIN);
         assert_memory_equal(got, flat, WIN);
         be.ops->destroy(be.self);
         kb_oplog_destroy(log);
@@ -1335,8 +1210,8 @@ static void test_incremental_flush(void **state)
     assert_non_null(a);
     assert_non_null(b);
     for (uint64_t seed = 1; seed <= 10; seed++) {
-        rng g1 = { seed, 0xFE00, WIN }, g2 = { seed, 0xFE00, WIN };
         kb_oplog *l1 = kb_oplog_create(), *l2 = kb_oplog_create();
+        kbt_recgen g1 = gen_over(l1, seed, 0xFE00, WIN), g2 = gen_over(l2, seed, 0xFE00, WIN);
         kb_memstore *m1 = kb_memstore_create(), *m2 = kb_memstore_create();
         kb_backend be;
         kb_replay_stats s1, s2;
@@ -1348,7 +1223,8 @@ static void test_incremental_flush(void **state)
         for (size_t i = 0; i < 400; i++) {
             /* The second half starts later in simulated time, as it would after a read. */
             kb_time t0 = i < 200 ? 0 : 1000;
-            kb_rec r1 = rand_rec(&g1, l1, t0, 1000), r2 = rand_rec(&g2, l2, t0, 1000);
+            kb_rec r1 = kbt_rand_rec(&g1, t0 + (kb_time)kbt_rng_below(&g1.g, 1000));
+            kb_rec r2 = kbt_rand_rec(&g2, t0 + (kb_time)kbt_rng_below(&g2.g, 1000));
             assert_memory_equal(&r1, &r2, sizeof r1);
             assert_int_equal(kb_oplog_append(l1, &r1, NULL), 0);
             assert_int_equal(kb_oplog_append(l2, &r2, NULL), 0);

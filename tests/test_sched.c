@@ -21,6 +21,7 @@
 #include "kb_err.h"
 #include "kb_sim.h"
 #include "kb_sync.h"
+#include "kb_test_util.h"
 
 /* ---------------------------------------------------------------- helpers */
 
@@ -62,17 +63,11 @@ static void expect_trace(const trace *tr, const rec *want, size_t n)
     }
 }
 
-static uint64_t lcg(uint64_t *s)
-{
-    *s = *s * 6364136223846793005u + 1442695040888963407u;
-    return *s >> 33;
-}
-
 /* ---------------------------------------------------------------- event ordering */
 
 typedef struct order_ctx {
     trace tr;
-    uint64_t rng;
+    kbt_rng rng;
     long next_id;   /* insertion counter: ids increase in kb_sim_at call order */
     long budget;    /* events still allowed to schedule more */
 } order_ctx;
@@ -84,7 +79,7 @@ static void order_ev(kb_sim *sim, void *a, void *b)
     trace_add(&c->tr, kb_sim_now(sim), (long)(intptr_t)b);
     /* Fan out with random delays, a quarter of them zero (FIFO path). */
     for (int k = 0; k < 2 && c->budget > 0; k++, c->budget--) {
-        kb_time dt = (lcg(&c->rng) % 4 == 0) ? 0 : (kb_time)(lcg(&c->rng) % 50);
+        kb_time dt = kbt_rng_below(&c->rng, 4) == 0 ? 0 : (kb_time)kbt_rng_below(&c->rng, 50);
         assert_int_equal(kb_sim_after(sim, dt, order_ev, c, (void *)(intptr_t)c->next_id++), 0);
     }
 }
@@ -103,14 +98,14 @@ static void check_order(const order_ctx *c, size_t want_n)
 static void test_heap_random_order(void **state)
 {
     kb_sim *sim = kb_sim_create(NULL);
-    order_ctx c = {{0}, 12345, 0, 0};
+    order_ctx c = {{0}, {12345}, 0, 0};
     const int n = 20000;
 
     (void)state;
     assert_non_null(sim);
     /* Many ties: 20000 events over 997 distinct times, inserted in random time order. */
     for (int i = 0; i < n; i++)
-        assert_int_equal(kb_sim_at(sim, (kb_time)(lcg(&c.rng) % 997), order_ev, &c,
+        assert_int_equal(kb_sim_at(sim, (kb_time)kbt_rng_below(&c.rng, 997), order_ev, &c,
                                    (void *)(intptr_t)c.next_id++), 0);
     assert_int_equal(kb_sim_run(sim), 0);
     check_order(&c, (size_t)n);
@@ -124,7 +119,7 @@ static void test_heap_random_order(void **state)
 static void test_heap_nested_random_order(void **state)
 {
     kb_sim *sim = kb_sim_create(NULL);
-    order_ctx c = {{0}, 777, 0, 30000};
+    order_ctx c = {{0}, {777}, 0, 30000};
 
     (void)state;
     for (int i = 0; i < 10; i++)
@@ -145,9 +140,9 @@ static void wide_ev(kb_sim *sim, void *a, void *b)
 
     trace_add(&c->tr, kb_sim_now(sim), (long)(intptr_t)b);
     for (int k = 0; k < 2 && c->budget > 0; k++, c->budget--) {
-        uint64_t r = lcg(&c->rng) % 4;
-        kb_time dt = r == 0 ? 0 : r == 1 ? (kb_time)(lcg(&c->rng) % 4) * 64
-                                         : (kb_time)(lcg(&c->rng) % 100000) * 100;
+        uint64_t r = kbt_rng_below(&c->rng, 4);
+        kb_time dt = r == 0 ? 0 : r == 1 ? (kb_time)kbt_rng_below(&c->rng, 4) * 64
+                                         : (kb_time)kbt_rng_below(&c->rng, 100000) * 100;
         assert_int_equal(kb_sim_after(sim, dt, wide_ev, c, (void *)(intptr_t)c->next_id++), 0);
     }
 }
@@ -155,7 +150,7 @@ static void wide_ev(kb_sim *sim, void *a, void *b)
 static void test_queue_wheel_and_far_order(void **state)
 {
     kb_sim *sim = kb_sim_create(NULL);
-    order_ctx c = {{0}, 4242, 0, 40000};
+    order_ctx c = {{0}, {4242}, 0, 40000};
 
     (void)state;
     assert_non_null(sim);
@@ -817,7 +812,7 @@ typedef struct det_ctx {
     trace tr;
     kb_queue q;
     kb_signal go;
-    uint64_t rng;
+    kbt_rng rng;
 } det_ctx;
 
 static void det_ev(kb_sim *sim, void *a, void *b)
@@ -828,7 +823,8 @@ static void det_ev(kb_sim *sim, void *a, void *b)
     if (id == 5)
         kb_signal_fire(sim, &c->go);
     if (id < 400)
-        kb_sim_after(sim, (kb_time)(lcg(&c->rng) % 3000), det_ev, c, (void *)(intptr_t)(id + 7));
+        kb_sim_after(sim, (kb_time)kbt_rng_below(&c->rng, 3000), det_ev, c,
+                     (void *)(intptr_t)(id + 7));
 }
 
 static void det_worker(kb_sim *sim, void *arg)
@@ -836,7 +832,7 @@ static void det_worker(kb_sim *sim, void *arg)
     det_ctx *c = arg;
     kb_signal_wait(sim, &c->go);
     for (int i = 0; i < 20; i++) {
-        kb_fiber_sleep(sim, (kb_time)(lcg(&c->rng) % 700));
+        kb_fiber_sleep(sim, (kb_time)kbt_rng_below(&c->rng, 700));
         kb_queue_put(sim, &c->q, (void *)(intptr_t)i);
         trace_add(&c->tr, kb_sim_now(sim), 1000 + i);
     }
@@ -848,7 +844,7 @@ static void det_reader(kb_sim *sim, void *arg)
     for (int i = 0; i < 60; i++) {
         long v = (long)(intptr_t)kb_queue_get(sim, &c->q);
         trace_add(&c->tr, kb_sim_now(sim), 2000 + v);
-        kb_fiber_sleep(sim, (kb_time)(lcg(&c->rng) % 500));
+        kb_fiber_sleep(sim, (kb_time)kbt_rng_below(&c->rng, 500));
     }
 }
 
@@ -858,14 +854,14 @@ static void det_scenario(trace *out)
     det_ctx c;
 
     memset(&c, 0, sizeof c);
-    c.rng = 99;
+    c.rng.s = 99;
     kb_signal_init(&c.go);
     assert_int_equal(kb_queue_init(&c.q, 2), 0);
     for (int i = 0; i < 3; i++)
         assert_non_null(kb_fiber_spawn(sim, det_worker, &c, "w"));
     assert_non_null(kb_fiber_spawn(sim, det_reader, &c, "r"));
     for (long i = 0; i < 7; i++)
-        kb_sim_at(sim, (kb_time)(lcg(&c.rng) % 100), det_ev, &c, (void *)(intptr_t)i);
+        kb_sim_at(sim, (kb_time)kbt_rng_below(&c.rng, 100), det_ev, &c, (void *)(intptr_t)i);
     assert_int_equal(kb_sim_run(sim), 0);
     kb_queue_fini(&c.q);
     kb_sim_destroy(sim);

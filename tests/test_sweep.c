@@ -23,72 +23,7 @@
 
 #include <cjson/cJSON.h>
 
-static char tmpdir[256];
-
-static const char *bin(void)
-{
-    const char *b = getenv("KBCL_BIN");
-    return b ? b : "./kbcl";
-}
-
-/* Runs `kbcl ARGS` in tmpdir with stdout+stderr captured; returns the exit status. */
-static int kbcl(char *out, size_t n, const char *fmt, ...)
-{
-    char args[2048], cmd[4096];
-    va_list ap;
-    FILE *p;
-    size_t len = 0;
-    int st;
-
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "cd %s && '%s' %s 2>&1", tmpdir, bin(), args);
-    p = popen(cmd, "r");
-    assert_non_null(p);
-    while (len + 1 < n && fgets(out + len, (int)(n - len), p))
-        len += strlen(out + len);
-    out[len] = 0;
-    st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static void path_of(char *buf, size_t n, const char *name)
-{
-    snprintf(buf, n, "%s/%s", tmpdir, name);
-}
-
-static char *slurp(const char *name)
-{
-    char path[512];
-    FILE *f;
-    long sz;
-    char *buf;
-    path_of(path, sizeof path, name);
-    f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    buf = malloc((size_t)sz + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)sz, f), (size_t)sz);
-    buf[sz] = 0;
-    fclose(f);
-    return buf;
-}
-
-static void write_file(const char *name, const char *text)
-{
-    char path[512];
-    FILE *f;
-    path_of(path, sizeof path, name);
-    f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
+#include "kb_test_util.h"
 
 static int count_lines(const char *text)
 {
@@ -113,7 +48,7 @@ static int count_str(const char *text, const char *needle)
  */
 static char *canonical_rows(const char *name, int *nrows)
 {
-    char *text = slurp(name), *line, *nl, *out;
+    char *text = kbt_slurp(name), *line, *nl, *out;
     char **rows;
     int wall = -1, n = 0, cap = count_lines(text ? text : "") + 1;
     size_t len = 0;
@@ -200,19 +135,16 @@ static const char *long_yaml =
 static int setup(void **s)
 {
     (void)s;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kbcl_test_sweep_XXXXXX");
-    assert_non_null(mkdtemp(tmpdir));
-    write_file("small.yaml", small_yaml);
-    write_file("long.yaml", long_yaml);
+    assert_int_equal(kbt_workdir_make("kbcl_test_sweep"), 0);
+    kbt_write_file("small.yaml", small_yaml);
+    kbt_write_file("long.yaml", long_yaml);
     return 0;
 }
 
 static int teardown(void **s)
 {
-    char cmd[512];
     (void)s;
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return kbt_workdir_remove();
 }
 
 /* sim_time_ns and events of one `kbcl run`, printed as the sweep prints them. */
@@ -221,8 +153,8 @@ static void run_one(const char *args, char *sim, size_t n, char *events, size_t 
     char out[4096];
     char *json;
     cJSON *j;
-    assert_int_equal(kbcl(out, sizeof out, "run %s --json one.json --quiet", args), 0);
-    json = slurp("one.json");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run %s --json one.json --quiet", args), 0);
+    json = kbt_slurp("one.json");
     j = cJSON_Parse(json);
     assert_non_null(j);
     snprintf(sim, n, "%.12g", cJSON_GetObjectItem(j, "sim_time_ns")->valuedouble);
@@ -237,10 +169,10 @@ static void test_rows(void **s)
     char *csv;
     int n;
     (void)s;
-    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out r1.csv --jobs 1"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out r1.csv --jobs 1"), 0);
     assert_non_null(strstr(out, "4 points: 4 ok, 0 failed verification, 0 errors"));
     assert_int_equal(count_str(out, "verified"), 4); /* one plain line per point (no TTY) */
-    csv = slurp("r1.csv");
+    csv = kbt_slurp("r1.csv");
     assert_non_null(csv);
     assert_int_equal(count_lines(csv), 5);
     assert_int_equal(strncmp(csv, "point,algorithm,world_size,n_elem,bench,sim_time_ns,"
@@ -279,8 +211,10 @@ static void test_jobs2_equals_jobs1(void **s)
     char *a, *b;
     int na, nb;
     (void)s;
-    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out j1.csv --jobs 1 --quiet"), 0);
-    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out j2.csv --jobs 2 --quiet"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out j1.csv --jobs 1 --quiet"),
+                     0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out j2.csv --jobs 2 --quiet"),
+                     0);
     assert_null(strstr(out, "kbcl sweep")); /* --quiet: no progress, no summary */
     assert_null(strstr(out, "point "));
     a = canonical_rows("j1.csv", &na);
@@ -298,8 +232,9 @@ static void test_jsonl(void **s)
     char *text, *line, *nl;
     int n = 0;
     (void)s;
-    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out r.jsonl --jobs 2 --quiet"), 0);
-    text = slurp("r.jsonl");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out r.jsonl --jobs 2 --quiet"),
+                     0);
+    text = kbt_slurp("r.jsonl");
     assert_non_null(text);
     assert_int_equal(count_lines(text), 4);
     for (line = text; (nl = strchr(line, '\n')); line = nl + 1) {
@@ -333,15 +268,15 @@ static void test_config_axis_and_exclude(void **s)
     const char *l;
     int n;
     (void)s;
-    write_file("cfg.yaml", "algorithm: ring_allreduce_tcm\n"
-                           "world_size: 8\n"
-                           "n_elem: 16\n"
-                           "grid:\n"
-                           "  ccl.defaults.n_slots: [1, 4]\n"
-                           "  buffer_kind: [tcm, hbm]\n"
-                           "exclude:\n"
-                           "  - {ccl.defaults.n_slots: 4, buffer_kind: hbm}\n");
-    assert_int_equal(kbcl(out, sizeof out, "sweep cfg.yaml --out cfg.csv --quiet"), 0);
+    kbt_write_file("cfg.yaml", "algorithm: ring_allreduce_tcm\n"
+                               "world_size: 8\n"
+                               "n_elem: 16\n"
+                               "grid:\n"
+                               "  ccl.defaults.n_slots: [1, 4]\n"
+                               "  buffer_kind: [tcm, hbm]\n"
+                               "exclude:\n"
+                               "  - {ccl.defaults.n_slots: 4, buffer_kind: hbm}\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep cfg.yaml --out cfg.csv --quiet"), 0);
     rows = canonical_rows("cfg.csv", &n);
     assert_int_equal(n, 3); /* 2 x 2 minus the excluded point; indices stay contiguous */
     l = rows;
@@ -369,13 +304,13 @@ static void test_error_row(void **s)
     char out[8192];
     char *csv;
     (void)s;
-    write_file("err.yaml", "algorithm: hierarchical_allreduce\n"
-                           "n_elem: 16\n"
-                           "grid:\n"
-                           "  world_size: [8, 12]\n");
-    assert_int_equal(kbcl(out, sizeof out, "sweep err.yaml --out err.csv --jobs 2"), 3);
+    kbt_write_file("err.yaml", "algorithm: hierarchical_allreduce\n"
+                               "n_elem: 16\n"
+                               "grid:\n"
+                               "  world_size: [8, 12]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep err.yaml --out err.csv --jobs 2"), 3);
     assert_non_null(strstr(out, "2 points: 1 ok, 0 failed verification, 1 errors"));
-    csv = slurp("err.csv");
+    csv = kbt_slurp("err.csv");
     assert_int_equal(count_lines(csv), 3);
     {
         /* point 1: no numbers, the error's code name (the ccl layer picks it), its message */
@@ -388,9 +323,9 @@ static void test_error_row(void **s)
     }
     free(csv);
     /* --resume keeps the error row (it is a result) and exits 3 again without running */
-    assert_int_equal(kbcl(out, sizeof out, "sweep err.yaml --out err.csv --resume"), 3);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep err.yaml --out err.csv --resume"), 3);
     assert_non_null(strstr(out, "2 points, 0 to run"));
-    csv = slurp("err.csv");
+    csv = kbt_slurp("err.csv");
     assert_int_equal(count_lines(csv), 3);
     free(csv);
 }
@@ -399,11 +334,11 @@ static pid_t spawn_sweep(const char *args)
 {
     char cmd[2048];
     pid_t pid;
-    snprintf(cmd, sizeof cmd, "exec '%s' %s >/dev/null 2>&1", bin(), args);
+    snprintf(cmd, sizeof cmd, "exec '%s' %s >/dev/null 2>&1", kbt_kbcl_bin(), args);
     pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        if (chdir(tmpdir) != 0)
+        if (chdir(kbt_workdir()) != 0)
             _exit(127);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
@@ -416,7 +351,7 @@ static void wait_lines(const char *name, int lines)
 {
     struct timespec ts = { 0, 2000000 };
     for (int i = 0; i < 60000; i++) {
-        char *t = slurp(name);
+        char *t = kbt_slurp(name);
         int n = t ? count_lines(t) : 0;
         free(t);
         if (n >= lines)
@@ -433,7 +368,8 @@ static void test_kill9_then_resume(void **s)
     int nref, ngot, st;
     pid_t pid;
     (void)s;
-    assert_int_equal(kbcl(out, sizeof out, "sweep long.yaml --out ref.csv --jobs 2 --quiet"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep long.yaml --out ref.csv --jobs 2 --quiet"),
+                     0);
     ref = canonical_rows("ref.csv", &nref);
     assert_int_equal(nref, 8);
 
@@ -441,10 +377,10 @@ static void test_kill9_then_resume(void **s)
     wait_lines("k.csv", 2); /* the header and the first row */
     kill(pid, SIGKILL);
     assert_int_equal(waitpid(pid, &st, 0), pid);
-    t = slurp("k.csv");
+    t = kbt_slurp("k.csv");
     assert_true(count_lines(t) >= 2);
     free(t);
-    assert_int_equal(kbcl(out, sizeof out, "sweep long.yaml --out k.csv --resume --jobs 1"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep long.yaml --out k.csv --resume --jobs 1"), 0);
     got = canonical_rows("k.csv", &ngot);
     assert_int_equal(ngot, 8);
     assert_unique_points(got, ngot);
@@ -458,10 +394,10 @@ static void test_kill9_then_resume(void **s)
     assert_int_equal(waitpid(pid, &st, 0), pid);
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 130);
-    t = slurp("i.csv");
+    t = kbt_slurp("i.csv");
     assert_true(strlen(t) > 0 && t[strlen(t) - 1] == '\n');
     free(t);
-    assert_int_equal(kbcl(out, sizeof out, "sweep long.yaml --out i.csv --resume --jobs 2"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep long.yaml --out i.csv --resume --jobs 2"), 0);
     got = canonical_rows("i.csv", &ngot);
     assert_int_equal(ngot, 8);
     assert_string_equal(got, ref);
@@ -477,13 +413,13 @@ static void test_partial_last_line(void **s)
     size_t len;
     int nref, ngot;
     (void)s;
-    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out p.csv --quiet"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out p.csv --quiet"), 0);
     ref = canonical_rows("p.csv", &nref);
-    full = slurp("p.csv");
+    full = kbt_slurp("p.csv");
     len = strlen(full);
     full[len - 9] = 0; /* the last row loses its tail and its newline */
-    write_file("p.csv", full);
-    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out p.csv --resume"), 0);
+    kbt_write_file("p.csv", full);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out p.csv --resume"), 0);
     assert_non_null(strstr(out, "removed a partial last row"));
     assert_non_null(strstr(out, "4 points, 1 to run"));
     got = canonical_rows("p.csv", &ngot);
@@ -493,8 +429,8 @@ static void test_partial_last_line(void **s)
     free(full);
 
     /* a cut header is removed too and the sweep starts over */
-    write_file("p.csv", "point,algo");
-    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out p.csv --resume --quiet"), 0);
+    kbt_write_file("p.csv", "point,algo");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out p.csv --resume --quiet"), 0);
     got = canonical_rows("p.csv", &ngot);
     assert_string_equal(got, ref);
     free(got);
@@ -505,30 +441,32 @@ static void test_sweep_file_errors(void **s)
 {
     char out[8192];
     (void)s;
-    write_file("bad.yaml", "bench: ccl_allreduce\ngrid:\n  algorithm: [ring_allreduce_tcm, x\n");
-    assert_int_equal(kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
+    kbt_write_file("bad.yaml",
+                   "bench: ccl_allreduce\ngrid:\n  algorithm: [ring_allreduce_tcm, x\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
     assert_non_null(strstr(out, "bad.yaml:4:1: YAML syntax error"));
-    write_file("bad.yaml", "bench: ccl_allreduce\ngrid:\n  algorithm: [ring_allreduce_tcm, nosuch]\n");
-    assert_int_equal(kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
+    kbt_write_file("bad.yaml",
+                   "bench: ccl_allreduce\ngrid:\n  algorithm: [ring_allreduce_tcm, nosuch]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
     assert_non_null(strstr(out, "bad.yaml:3:35: algorithm: no entry 'nosuch' in ccl.yaml"));
-    write_file("bad.yaml", "verify: true\nworld_sizes: [8]\n");
-    assert_int_equal(kbcl(out, sizeof out, "sweep bad.yaml"), 2);
+    kbt_write_file("bad.yaml", "verify: true\nworld_sizes: [8]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml"), 2);
     assert_non_null(strstr(out, "bad.yaml:2:1: unknown key 'world_sizes'"));
-    write_file("bad.yaml", "grid:\n  system.sips.count: [1, two]\n");
-    assert_int_equal(kbcl(out, sizeof out, "sweep bad.yaml"), 2);
+    kbt_write_file("bad.yaml", "grid:\n  system.sips.count: [1, two]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml"), 2);
     assert_non_null(strstr(out, "bad.yaml:2:26: "));
     assert_non_null(strstr(out, "system.sips.count"));
-    write_file("bad.yaml", "grid:\n  n_elem: [8]\nexclude:\n  - {world_size: 8}\n");
-    assert_int_equal(kbcl(out, sizeof out, "sweep bad.yaml"), 2);
+    kbt_write_file("bad.yaml", "grid:\n  n_elem: [8]\nexclude:\n  - {world_size: 8}\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml"), 2);
     assert_non_null(strstr(out, "bad.yaml:4:6: exclude: 'world_size' is not an axis"));
-    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --resume"), 2);
-    assert_int_equal(kbcl(out, sizeof out, "sweep missing.yaml"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --resume"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep missing.yaml"), 2);
     assert_non_null(strstr(out, "missing.yaml: cannot open"));
     /* --resume refuses a file written by a different grid */
-    write_file("other.csv", "point,algorithm,world_size,n_elem,bench,sim_time_ns,algbw_gbps,"
-                            "busbw_gbps,events,wall_ms,verified,status,error\n"
-                            "1,ring_allreduce_tcm,64,16,ccl_allreduce,1,1,1,1,1,true,ok,\n");
-    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out other.csv --resume"), 2);
+    kbt_write_file("other.csv", "point,algorithm,world_size,n_elem,bench,sim_time_ns,algbw_gbps,"
+                                "busbw_gbps,events,wall_ms,verified,status,error\n"
+                                "1,ring_allreduce_tcm,64,16,ccl_allreduce,1,1,1,1,1,true,ok,\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out other.csv --resume"), 2);
     assert_non_null(strstr(out, "other.csv:2: point 1 has world_size=64"));
 }
 
@@ -537,9 +475,9 @@ static void test_report(void **s)
     char out[8192];
     char *html, *again;
     (void)s;
-    assert_int_equal(kbcl(out, sizeof out, "sweep small.yaml --out rep.csv --quiet"), 0);
-    assert_int_equal(kbcl(out, sizeof out, "report rep.csv -o rep.html"), 0);
-    html = slurp("rep.html");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out rep.csv --quiet"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "report rep.csv -o rep.html"), 0);
+    html = kbt_slurp("rep.html");
     assert_non_null(html);
     /* time and busbw vs world size (one n_elem), time vs message size (two world sizes) */
     assert_int_equal(count_str(html, "<svg "), 4);
@@ -557,11 +495,11 @@ static void test_report(void **s)
     assert_null(strstr(html, "src="));
     assert_null(strstr(html, "<link"));
     /* deterministic: rendering again (to the default name rep.html) gives the same bytes */
-    assert_int_equal(kbcl(out, sizeof out, "report rep.csv"), 0);
-    again = slurp("rep.html");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "report rep.csv"), 0);
+    again = kbt_slurp("rep.html");
     assert_string_equal(html, again);
     free(again);
-    assert_int_equal(kbcl(out, sizeof out, "report nosuch.csv -o x.html"), 2);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "report nosuch.csv -o x.html"), 2);
     free(html);
 }
 

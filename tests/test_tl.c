@@ -20,6 +20,7 @@
 
 #include "kb_runtime.h"
 #include "kb_tl.h"
+#include "kb_test_util.h"
 
 #define NPES 4
 #define NCUBES 2
@@ -38,18 +39,6 @@ typedef struct probe {
 
 static probe *probe_of(const kb_kargs *a) { return (probe *)(intptr_t)a->i[PROBE_ARG]; }
 
-static kb_time now_tl(kb_tl *tl) { return kb_sim_now(kb_ctx_sim(tl_ctx(tl))); }
-static kb_time now_ctx(kb_ctx *ctx) { return kb_sim_now(kb_ctx_sim(ctx)); }
-
-static int64_t ps(double ns) { return (int64_t)(ns * 1000.0 + 0.5); }
-
-/* ceil(n * 1000 / rate) ps for n items at `rate` items (or bytes) per ns */
-static int64_t items_ps(uint64_t n, double rate)
-{
-    uint64_t per_us = (uint64_t)(rate * 1000.0 + 0.5);
-    return (int64_t)((n * UINT64_C(1000000) + per_us - 1) / per_us);
-}
-
 static const char *const small_machine[] = {
     "system.sips.count=1",
     "sip.cube_mesh.width=2",
@@ -61,19 +50,12 @@ static const char *const small_machine[] = {
 static kb_ctx *make_ctx_with(kb_device_kind dev, const char *extra)
 {
     kb_config cfg;
-    kb_ctx_opts opts;
-    kb_errbuf eb;
-    kb_ctx *ctx = NULL;
+    kb_ctx *ctx;
 
-    kb_config_defaults(&cfg);
-    for (size_t i = 0; i < sizeof small_machine / sizeof small_machine[0]; i++)
-        assert_int_equal(kb_config_set(&cfg, small_machine[i], &eb), 0);
+    kbt_config_with(&cfg, small_machine, sizeof small_machine / sizeof small_machine[0]);
     if (extra)
-        assert_int_equal(kb_config_set(&cfg, extra, &eb), 0);
-    memset(&opts, 0, sizeof opts);
-    opts.device = dev;
-    assert_int_equal(kb_ctx_create(&cfg, &opts, &ctx, &eb), 0);
-    assert_non_null(ctx);
+        kbt_config_set(&cfg, extra);
+    ctx = kbt_ctx_from(&cfg, &(kb_ctx_opts){ .device = dev });
     assert_int_equal(kb_ctx_machine(ctx)->npes, NPES);
     assert_int_equal(kb_ctx_machine(ctx)->ncubes, NCUBES);
     return ctx;
@@ -117,7 +99,7 @@ static void k_ids(kb_tl *tl, const kb_kargs *a)
     kb_pe_hw *pe = tl_pe(tl);
     int g = (int)(pe->cube * NPES + pe->pe);
     if (p->ran[g]++ == 0) /* the first launch's start times */
-        p->t_enter[g] = now_tl(tl);
+        p->t_enter[g] = kbt_tl_now(tl);
     for (int ax = 0; ax < 3; ax++) {
         p->pid[g][ax] = tl_program_id(tl, ax);
         p->np[g][ax] = tl_num_programs(tl, ax);
@@ -131,10 +113,10 @@ static int h_ids(kb_ctx *ctx, void *arg)
     kb_grid two = { 2, 1, 1, -1 };
     int rc;
 
-    p->t0 = now_ctx(ctx);
+    p->t0 = kbt_ctx_now(ctx);
     if ((rc = kb_launch(ctx, "ids", k_ids, &a, NULL)) != 0)
         return rc;
-    p->t1 = now_ctx(ctx);
+    p->t1 = kbt_ctx_now(ctx);
     memset(p->np, 0, sizeof p->np);
     if ((rc = kb_launch(ctx, "ids2", k_ids, &a, &two)) != 0)
         return rc;
@@ -182,16 +164,16 @@ static void test_program_ids(void **state)
 
 static void k_empty(kb_tl *tl, const kb_kargs *a)
 {
-    probe_of(a)->t_enter[0] = now_tl(tl);
+    probe_of(a)->t_enter[0] = kbt_tl_now(tl);
 }
 
 static int h_empty(kb_ctx *ctx, void *arg)
 {
     probe *p = arg;
     kb_kargs a = kargs(p);
-    p->t0 = now_ctx(ctx);
+    p->t0 = kbt_ctx_now(ctx);
     int rc = kb_launch(ctx, "empty", k_empty, &a, &one_pe);
-    p->t1 = now_ctx(ctx);
+    p->t1 = kbt_ctx_now(ctx);
     return rc;
 }
 
@@ -205,15 +187,15 @@ static void test_launch_round_trip(void **state)
     (void)state;
     memset(&p, 0, sizeof p);
     assert_int_equal(kb_ctx_run_host(ctx, h_empty, &p), 0);
-    int64_t pcie = items_ps(64, c->pcie.bandwidth_gbps) + ps(c->pcie.latency_ns);
-    int64_t noc = items_ps(64, c->noc.bandwidth_gbps) + ps(c->noc.latency_ns);
-    int64_t t_io = ps(c->host_overhead_ns) + pcie + ps(c->pcie_ep_overhead_ns) +
-                   ps(c->io_cpu_overhead_ns);
-    int64_t t_pe = t_io + ps(c->m_cpu_overhead_ns) + noc + ps(c->pe_cpu_overhead_ns);
+    int64_t pcie = kbt_xfer_ps(64, c->pcie.bandwidth_gbps) + kbt_ps(c->pcie.latency_ns);
+    int64_t noc = kbt_xfer_ps(64, c->noc.bandwidth_gbps) + kbt_ps(c->noc.latency_ns);
+    int64_t t_io = kbt_ps(c->host_overhead_ns) + pcie + kbt_ps(c->pcie_ep_overhead_ns) +
+                   kbt_ps(c->io_cpu_overhead_ns);
+    int64_t t_pe = t_io + kbt_ps(c->m_cpu_overhead_ns) + noc + kbt_ps(c->pe_cpu_overhead_ns);
     assert_int_equal(p.t_enter[0], t_pe);
     assert_int_equal(p.t_enter[0], 2358125);
-    int64_t t_back = t_pe + noc + ps(c->m_cpu_overhead_ns) + ps(c->io_cpu_overhead_ns) +
-                     ps(c->pcie_ep_overhead_ns) + pcie;
+    int64_t t_back = t_pe + noc + kbt_ps(c->m_cpu_overhead_ns) + kbt_ps(c->io_cpu_overhead_ns) +
+                     kbt_ps(c->pcie_ep_overhead_ns) + pcie;
     assert_int_equal(p.t1 - p.t0, t_back);
     assert_int_equal(p.t1 - p.t0, 3714250);
     kb_ctx_destroy(ctx);
@@ -285,13 +267,13 @@ static void test_load_add_store(void **state)
 static void k_add_timed(kb_tl *tl, const kb_kargs *a)
 {
     probe *p = probe_of(a);
-    kb_time t0 = now_tl(tl);
+    kb_time t0 = kbt_tl_now(tl);
     kb_val x = tl_full(tl, KB_SHAPE2(1, 100), 1.5f);
-    kb_time t1 = now_tl(tl);
+    kb_time t1 = kbt_tl_now(tl);
     kb_val y = tl_full(tl, KB_SHAPE2(1, 100), 2.0f);
-    kb_time t2 = now_tl(tl);
+    kb_time t2 = kbt_tl_now(tl);
     kb_val z = tl_add(tl, x, y);
-    kb_time t3 = now_tl(tl);
+    kb_time t3 = kbt_tl_now(tl);
     p->dt[0] = t1 - t0;
     p->dt[1] = t3 - t2;
     p->used[0] = kb_alloc_used(tl_pe(tl)->scratch);
@@ -330,8 +312,8 @@ static void test_add_duration(void **state)
     memset(&p, 0, sizeof p);
     assert_int_equal(kb_ctx_run_host(ctx, h_add_timed, &p), 0);
     /* PE_CPU issue + PE_MATH fixed + ceil(100 elements * 1000 / 64 lanes) ps */
-    int64_t want = ps(c->pe_cpu_overhead_ns) + ps(c->math_fixed_ns) +
-                   items_ps(100, c->math_lanes_per_ns);
+    int64_t want = kbt_ps(c->pe_cpu_overhead_ns) + kbt_ps(c->math_fixed_ns) +
+                   kbt_xfer_ps(100, c->math_lanes_per_ns);
     assert_int_equal(p.dt[1], want);
     assert_int_equal(p.dt[1], 2000 + 4000 + 1563);
     assert_int_equal(p.dt[0], want); /* tl_full costs the same */
@@ -350,11 +332,11 @@ static void k_reduce(kb_tl *tl, const kb_kargs *a)
 {
     probe *p = probe_of(a);
     kb_val x = tl_load(tl, a->ptr[0], KB_SHAPE2(2, 4), KB_F32);
-    kb_time t0 = now_tl(tl);
+    kb_time t0 = kbt_tl_now(tl);
     kb_val sm = tl_softmax(tl, x, 1);
-    kb_time t1 = now_tl(tl);
+    kb_time t1 = kbt_tl_now(tl);
     kb_val s1 = tl_sum(tl, x, 1);
-    kb_time t2 = now_tl(tl);
+    kb_time t2 = kbt_tl_now(tl);
     p->dt[0] = t1 - t0;
     p->dt[1] = t2 - t1;
     tl_store(tl, a->ptr[1], sm);
@@ -424,8 +406,8 @@ static void test_softmax_sum_max(void **state)
     assert_true(io.m1[0] == 3.0f && io.m1[1] == 5.0f);
     assert_true(io.m0[0] == 1.0f && io.m0[1] == 5.0f && io.m0[2] == 3.0f && io.m0[3] == 0.0f);
     /* softmax: 4 passes over 8 elements; a reduction: 1 pass */
-    assert_int_equal(io.p.dt[0], ps(c->pe_cpu_overhead_ns) + ps(c->math_fixed_ns) +
-                                     items_ps(4 * 8, c->math_lanes_per_ns));
+    assert_int_equal(io.p.dt[0], kbt_ps(c->pe_cpu_overhead_ns) + kbt_ps(c->math_fixed_ns) +
+                                     kbt_xfer_ps(4 * 8, c->math_lanes_per_ns));
     assert_int_equal(io.p.dt[0], 2000 + 4000 + 500);
     assert_int_equal(io.p.dt[1], 2000 + 4000 + 125);
     kb_ctx_destroy(ctx);
@@ -510,9 +492,9 @@ static void k_gemm(kb_tl *tl, const kb_kargs *a)
         va = tl_load(tl, a->ptr[0], KB_SHAPE2(2, 3), KB_F32);
         vb = tl_load(tl, a->ptr[1], KB_SHAPE2(3, 2), KB_F32);
     }
-    kb_time t0 = now_tl(tl);
+    kb_time t0 = kbt_tl_now(tl);
     kb_val c = tl_dot(tl, va, vb);
-    p->dt[0] = now_tl(tl) - t0;
+    p->dt[0] = kbt_tl_now(tl) - t0;
     tl_store(tl, a->ptr[2], c);
     kb_val acc = tl_full(tl, KB_SHAPE2(2, 2), 1.0f);
     tl_dot_acc(tl, acc, va, vb);
@@ -568,8 +550,8 @@ static void test_gemm_local(void **state)
     assert_int_equal(kb_ctx_run_host(ctx, h_gemm, &io), 0);
     check_gemm_values(&io);
     /* issue + fixed + ceil(2*M*N*K * 1000 / flops_per_ns) = 2 + 16 + 0.006 ns (24 flops) */
-    assert_int_equal(io.p.dt[0], ps(c->pe_cpu_overhead_ns) + ps(c->gemm_fixed_ns) +
-                                     items_ps(2 * 2 * 2 * 3, c->gemm_flops_per_ns));
+    assert_int_equal(io.p.dt[0], kbt_ps(c->pe_cpu_overhead_ns) + kbt_ps(c->gemm_fixed_ns) +
+                                     kbt_xfer_ps(2 * 2 * 2 * 3, c->gemm_flops_per_ns));
     assert_int_equal(io.p.dt[0], 18006);
     kb_ctx_destroy(ctx);
 }
@@ -586,10 +568,11 @@ static void test_gemm_streamed_one_step(void **state)
     io.streamed = 1;
     assert_int_equal(kb_ctx_run_host(ctx, h_gemm, &io), 0);
     check_gemm_values(&io);
-    int64_t lat = ps(c->hbm.latency_ns) + ps(c->noc.latency_ns) + ps(c->tcm.latency_ns);
-    int64_t dma24 = ps(c->dma_setup_ns) + items_ps(24, c->dma_bandwidth_gbps); /* 24 B tiles */
-    int64_t want = ps(c->pe_cpu_overhead_ns) + 2 * dma24 + lat + ps(c->gemm_fixed_ns) +
-                   items_ps(24, c->gemm_flops_per_ns);
+    int64_t lat = kbt_ps(c->hbm.latency_ns) + kbt_ps(c->noc.latency_ns) + kbt_ps(c->tcm.latency_ns);
+    /* 24 B tiles */
+    int64_t dma24 = kbt_ps(c->dma_setup_ns) + kbt_xfer_ps(24, c->dma_bandwidth_gbps);
+    int64_t want = kbt_ps(c->pe_cpu_overhead_ns) + 2 * dma24 + lat + kbt_ps(c->gemm_fixed_ns) +
+                   kbt_xfer_ps(24, c->gemm_flops_per_ns);
     assert_int_equal(io.p.dt[0], want);
     assert_int_equal(io.p.dt[0], 2000 + 2 * 20188 + 107000 + 16000 + 6);
     kb_ctx_destroy(ctx);
@@ -611,12 +594,12 @@ static void test_gemm_streamed_two_steps(void **state)
     io.streamed = 1;
     assert_int_equal(kb_ctx_run_host(ctx, h_gemm, &io), 0);
     check_gemm_values(&io);
-    int64_t lat = ps(c->hbm.latency_ns) + ps(c->noc.latency_ns) + ps(c->tcm.latency_ns);
-    int64_t d16 = ps(c->dma_setup_ns) + items_ps(16, c->dma_bandwidth_gbps); /* 2x2 f32 */
-    int64_t d8 = ps(c->dma_setup_ns) + items_ps(8, c->dma_bandwidth_gbps);   /* 2x1 / 1x2 */
-    int64_t g0 = ps(c->gemm_fixed_ns) + items_ps(16, c->gemm_flops_per_ns);
-    int64_t g1 = ps(c->gemm_fixed_ns) + items_ps(8, c->gemm_flops_per_ns);
-    int64_t ti = ps(c->pe_cpu_overhead_ns);
+    int64_t lat = kbt_ps(c->hbm.latency_ns) + kbt_ps(c->noc.latency_ns) + kbt_ps(c->tcm.latency_ns);
+    int64_t d16 = kbt_ps(c->dma_setup_ns) + kbt_xfer_ps(16, c->dma_bandwidth_gbps); /* 2x2 f32 */
+    int64_t d8 = kbt_ps(c->dma_setup_ns) + kbt_xfer_ps(8, c->dma_bandwidth_gbps);   /* 2x1 / 1x2 */
+    int64_t g0 = kbt_ps(c->gemm_fixed_ns) + kbt_xfer_ps(16, c->gemm_flops_per_ns);
+    int64_t g1 = kbt_ps(c->gemm_fixed_ns) + kbt_xfer_ps(8, c->gemm_flops_per_ns);
+    int64_t ti = kbt_ps(c->pe_cpu_overhead_ns);
     int64_t end0 = ti + d16 + lat + d16 + g0;          /* A0, B0 back to back, gemm 0 */
     int64_t ready1 = ti + 2 * d16 + d8 + lat + d8;     /* A1, B1 queued behind them */
     int64_t end1 = (ready1 > end0 ? ready1 : end0) + g1;
@@ -889,10 +872,10 @@ static int h_scatter_gather(kb_ctx *ctx, void *arg)
     kb_tensor *t, *t16;
     int rc;
 
-    io->p.t0 = now_ctx(ctx);
+    io->p.t0 = kbt_ctx_now(ctx);
     if ((rc = kb_tensor_from_host(ctx, &d, io->in, &t)) != 0)
         return rc;
-    io->p.t1 = now_ctx(ctx);
+    io->p.t1 = kbt_ctx_now(ctx);
     io->nshards = kb_tensor_nshards(t);
     io->s7 = *kb_tensor_shard(t, 7);
     io->read_rc = kb_tensor_read(t, io->out);
@@ -967,13 +950,13 @@ static int h_host_times(kb_ctx *ctx, void *arg)
     float buf[60] = { 0 };
     int rc;
 
-    p->t0 = now_ctx(ctx);
+    p->t0 = kbt_ctx_now(ctx);
     if ((rc = kb_tensor_from_host(ctx, &d, buf, &t)) != 0)
         return rc;
-    p->t1 = now_ctx(ctx);
+    p->t1 = kbt_ctx_now(ctx);
     if ((rc = kb_tensor_read(t, buf)) != 0)
         return rc;
-    p->t2 = now_ctx(ctx);
+    p->t2 = kbt_ctx_now(ctx);
     return 0;
 }
 
@@ -987,9 +970,10 @@ static void test_host_write_read_time(void **state)
     (void)state;
     memset(&p, 0, sizeof p);
     assert_int_equal(kb_ctx_run_host(ctx, h_host_times, &p), 0);
-    int64_t want = ps(c->host_overhead_ns) + ps(c->pcie.latency_ns) + ps(c->noc.latency_ns) +
-                   ps(c->hbm.latency_ns) + ps(c->pcie_ep_overhead_ns);
-    assert_true(ps(c->pcie_ep_overhead_ns) > items_ps(240, c->pcie.bandwidth_gbps));
+    int64_t want = kbt_ps(c->host_overhead_ns) + kbt_ps(c->pcie.latency_ns) +
+                   kbt_ps(c->noc.latency_ns) + kbt_ps(c->hbm.latency_ns) +
+                   kbt_ps(c->pcie_ep_overhead_ns);
+    assert_true(kbt_ps(c->pcie_ep_overhead_ns) > kbt_xfer_ps(240, c->pcie.bandwidth_gbps));
     assert_int_equal(p.t1 - p.t0, want);
     assert_int_equal(p.t1 - p.t0, 2205000);
     assert_int_equal(p.t2 - p.t1, want);

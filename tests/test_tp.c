@@ -15,25 +15,18 @@
 #include <string.h>
 
 #include "kb_tp.h"
+#include "kb_test_util.h"
 
 enum { M = 2, IN = 8, HID = 16, OUT = 4 };
 
 static kb_ctx *make_ctx(int sips)
 {
-    kb_config cfg;
-    kb_errbuf eb;
-    kb_ctx *ctx = NULL;
-    char s[64];
-    const char *sets[] = { "sip.cube_mesh.width=2", "sip.cube_mesh.height=1", "cube.corners=1",
-                           "cube.pe_per_corner=2", "cube.hbm.size_bytes=1073741824" };
-    kb_ctx_opts o = { .device = KB_DEV_REF };
-    kb_config_defaults(&cfg);
-    snprintf(s, sizeof s, "system.sips.count=%d", sips);
-    assert_int_equal(kb_config_set(&cfg, s, &eb), 0);
-    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
-        assert_int_equal(kb_config_set(&cfg, sets[i], &eb), 0);
-    assert_int_equal(kb_ctx_create(&cfg, &o, &ctx, &eb), 0);
-    return ctx;
+    char count[64];
+    const char *sets[] = { count, "sip.cube_mesh.width=2", "sip.cube_mesh.height=1",
+                           "cube.corners=1", "cube.pe_per_corner=2",
+                           "cube.hbm.size_bytes=1073741824" };
+    snprintf(count, sizeof count, "system.sips.count=%d", sips);
+    return kbt_ctx_new(sets, sizeof sets / sizeof sets[0], &(kb_ctx_opts){ .device = KB_DEV_REF });
 }
 
 typedef struct tp_test {

@@ -5,6 +5,7 @@
  */
 #include "kb_tp.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +47,7 @@ void kb_tp_pick_pes(const kb_machine *m, int64_t n, int *cubes, int *pes)
         if (p % m->npes == 0) {
             *cubes = p / m->npes;
             *pes = m->npes;
+            assert(*cubes <= m->ncubes); /* p <= total */
             return;
         }
     }
@@ -79,8 +81,11 @@ static int linear(kb_ctx *ctx, int column, int64_t in, int64_t out, const float 
     lin->out = out;
     lin->local_in = column ? in : in / ws;
     lin->local_out = column ? out / ws : out;
+    assert(r < ws); /* the process group hands out ranks 0 .. ws - 1 */
     kb_tp_pick_pes(kb_ctx_machine(ctx), column ? lin->local_out : lin->local_in, &lin->cubes,
                    &lin->pes);
+    /* the kernels split the sliced dimension evenly over the layer's PEs */
+    assert((column ? lin->local_out : lin->local_in) % (lin->cubes * lin->pes) == 0);
     w = malloc(sizeof(float) * (size_t)(lin->local_in * lin->local_out));
     if (!w)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
@@ -125,7 +130,9 @@ int kb_tp_input(kb_ctx *ctx, const kb_tp_linear *lin, int64_t m, const float *x,
 
 static int pe_index(kb_tl *tl)
 {
-    return tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
+    int j = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
+    assert(j >= 0 && j < tl_num_programs(tl, 1) * tl_num_programs(tl, 0));
+    return j;
 }
 
 /* i: 0 m, 1 k, 2 c (columns per PE), 3 has bias, 4 gelu; ptr: 0 x, 1 w, 2 b, 3 y */

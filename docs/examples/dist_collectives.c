@@ -3,11 +3,12 @@
  * a process group on intercube_allreduce, then all_reduce, all_gather and reduce_scatter on
  * tensors laid out as kb_dist.h requires, each result checked exactly on the host.
  *
- * Build from the repository root after `cmake --build build --target kbcl`:
- *   gcc -I host -I host/hw -I host/mem -I host/config -I host/bench -I sched -I cl -I ccl \
- *       -I tp docs/examples/dist_collectives.c build/libkb_host.a build/libkb_cl.a \
- *       build/libkb_mem.a build/libkb_config.a build/libkb_sched.a \
- *       -lboost_context -lcjson -lyaml -lOpenCL -lm -o /tmp/dist_collectives
+ * The main build makes it build/examples/dist_collectives; CTest's example_dist_collectives
+ * checks that it prints what docs/distributed.md §3 quotes. By hand, from the repository root
+ * after `cmake --build build` (it uses the kb_ccl layer and the three below it):
+ *   gcc -I sched -I cl -I host -I host/config -I host/hw -I host/mem -I ccl \
+ *       docs/examples/dist_collectives.c build/libkb_ccl.a build/libkb_host.a build/libkb_cl.a \
+ *       build/libkb_sched.a -lcjson -lyaml -lOpenCL -lm -o /tmp/dist_collectives
  *   /tmp/dist_collectives [SIPS [TOPOLOGY]]      e.g. /tmp/dist_collectives 4 torus_2d
  * Limits: an example; values are small integers so every sum is exact in f16.
  */

@@ -310,26 +310,26 @@ static int locate(kb_machine *m, kb_pa pa, loc *l, kb_errbuf *eb)
     unsigned gsip = kb_pa_gsip(pa), cube = kb_pa_cube(pa);
 
     if (pa > KB_PA_MAX || gsip >= (unsigned)m->nsips || cube >= (unsigned)m->ncubes)
-        goto bad;
+        goto fail;
     l->gsip = gsip;
     l->cube = cube;
     kb_cube_hw *c = &m->sips[gsip].cubes[cube];
     if (kb_pa_is_hbm(pa)) {
         uint64_t pe = kb_pa_hbm_offset(pa) / m->hbm_slice_bytes;
         if (pe >= (uint64_t)m->npes)
-            goto bad;
+            goto fail;
         l->pe = (int)pe;
         l->pe_local = 0;
         l->port = &c->pes[pe].hbm_port;
         return 0;
     }
     if ((pa >> 29) & 1u) /* ext bit: reserved */
-        goto bad;
+        goto fail;
     switch (kb_pa_unit_of(pa)) {
     case KB_UNIT_PE: {
         unsigned pe = kb_pa_pe_of(pa);
         if (pe >= (unsigned)m->npes || ((pa & (KB_SUB_OFFSET_BYTES - 1)) >> 27) >= KB_PE_NRANGES)
-            goto bad;
+            goto fail;
         l->pe = (int)pe;
         l->pe_local = 1;
         l->port = &c->pes[pe].tcm_port;
@@ -337,7 +337,7 @@ static int locate(kb_machine *m, kb_pa pa, loc *l, kb_errbuf *eb)
     }
     case KB_UNIT_SRAM:
         if (kb_pa_pe_of(pa) != 0)
-            goto bad;
+            goto fail;
         l->pe = -1;
         l->pe_local = 0;
         l->port = &c->sram_port;
@@ -345,7 +345,7 @@ static int locate(kb_machine *m, kb_pa pa, loc *l, kb_errbuf *eb)
     default:
         break;
     }
-bad:
+fail:
     return not_memory(pa, eb);
 }
 
@@ -429,14 +429,14 @@ static int build_route(kb_machine *m, const kb_pe_hw *issuer, const loc *ls, con
         kb_cube_hw *cs = &m->sips[ls->gsip].cubes[ls->cube];
         kb_cube_hw *cd = &m->sips[ld->gsip].cubes[ld->cube];
         if (add(&r, (kb_res *)&issuer->dma) || add(&r, ls->port))
-            goto full;
+            goto fail;
         if (!local) {
             if (add(&r, &cs->noc) ||
                 add_between(m, &r, ls->gsip, ls->cube, ld->gsip, ld->cube) || add(&r, &cd->noc))
-                goto full;
+                goto fail;
         }
         if (add(&r, ld->port))
-            goto full;
+            goto fail;
         return r.n;
     }
     if (has_dst) { /* host write: PCIe into the SIP's gateway cube, then to the memory */
@@ -444,7 +444,7 @@ static int build_route(kb_machine *m, const kb_pe_hw *issuer, const loc *ls, con
         if (add(&r, &sip->pcie) || add(&r, &sip->pcie_ep) ||
             add_xy(m, &r, sip, 0, ld->cube) || add(&r, &sip->cubes[ld->cube].noc) ||
             add(&r, ld->port))
-            goto full;
+            goto fail;
         return r.n;
     }
     {   /* host read */
@@ -452,10 +452,10 @@ static int build_route(kb_machine *m, const kb_pe_hw *issuer, const loc *ls, con
         (void)has_src;
         if (add(&r, ls->port) || add(&r, &sip->cubes[ls->cube].noc) ||
             add_xy(m, &r, sip, ls->cube, 0) || add(&r, &sip->pcie_ep) || add(&r, &sip->pcie))
-            goto full;
+            goto fail;
         return r.n;
     }
-full:
+fail:
     return kb_err_set(eb, KB_ERR_RANGE, "route longer than %d resources", max);
 }
 

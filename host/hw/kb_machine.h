@@ -58,7 +58,8 @@ typedef struct kb_pe_hw {
     void *ipcq_state;  /* owned by the IPCQ layer (ccl/); NULL until installed */
     kb_alloc *hbm, *tcm, *ipcq, *scratch; /* allocators over PhysAddr ranges */
     unsigned route_next; /* round-robin victim in routes[] */
-    uint32_t ipcq_wired; /* IPCQ layer: bit d set = direction d wired (copy of its state's) */
+    uint32_t ipcq_wired; /* IPCQ layer: bit d set = direction d wired (copy of its state's;
+                          * while an install runs, the directions it has met so far) */
     kb_res cpu;        /* PE_CPU: issue cost of each kernel operation */
     kb_res dma;        /* PE_DMA engine: setup + bandwidth */
     kb_res math;       /* PE_MATH vector unit */
