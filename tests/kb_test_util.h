@@ -141,6 +141,48 @@ static inline void kbt_write_file(const char *name, const char *text)
     fclose(f);
 }
 
+/* Writes text to a new file /tmp/<prefix>_XXXXXX (mkstemp); path receives its name. The
+ * caller unlinks it. */
+static inline void kbt_tmp_file(const char *prefix, const char *text, char path[64])
+{
+    size_t len = strlen(text);
+    int fd;
+    snprintf(path, 64, "/tmp/%s_XXXXXX", prefix);
+    fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, len), (ssize_t)len);
+    close(fd);
+}
+
+/* rel inside the source tree ($KBCL_SOURCE_DIR, set by CTest) into buf, or NULL without it. */
+static inline const char *kbt_source_path(const char *rel, char *buf, size_t cap)
+{
+    const char *dir = getenv("KBCL_SOURCE_DIR");
+    if (!dir)
+        return NULL;
+    snprintf(buf, cap, "%s/%s", dir, rel);
+    return buf;
+}
+
+/* The whole of the file at path, NUL-terminated (malloc'd); fails the test when unreadable
+ * or empty. */
+static inline char *kbt_read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    char *text;
+    long len;
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    len = ftell(f);
+    assert_true(len > 0);
+    rewind(f);
+    text = calloc(1, (size_t)len + 1);
+    assert_non_null(text);
+    assert_int_equal(fread(text, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    return text;
+}
+
 /* The binary under test: $KBCL_BIN (CTest sets it), else ./kbcl. */
 static inline const char *kbt_kbcl_bin(void)
 {

@@ -24,6 +24,8 @@
 #include "kb_ccl_config.h"
 #include "kb_config.h"
 
+#include "kb_test_util.h"
+
 /* ccl keys: 7 under defaults; an entry has 3 keys of its own and overrides the other 6. */
 #define N_CCL_DEFAULTS_KEYS 7
 #define N_CCL_ENTRY_KEYS (3 + 6)
@@ -36,25 +38,12 @@
 #define DEFAULTS_KNOWN                                                                       \
     "(known: algorithm, buffer_kind, backpressure, n_slots, slot_size, world_size, n_elem)"
 
-/* Writes text to a new temp file; path receives its name. */
-static void write_tmp(const char *text, char path[64])
-{
-    int fd;
-    size_t len = strlen(text);
-
-    snprintf(path, 64, "/tmp/kbcl_test_ccl_config_XXXXXX");
-    fd = mkstemp(path);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, text, len), (ssize_t)len);
-    close(fd);
-}
-
 /* Loads text as a ccl.yaml into c; eb gets the message. */
 static int load_text(kb_ccl_cfg *c, const char *text, char path[64], kb_errbuf *eb)
 {
     int rc;
 
-    write_tmp(text, path);
+    kbt_tmp_file("kbcl_test_ccl_config", text, path);
     rc = kb_ccl_config_load(c, path, eb);
     unlink(path);
     return rc;
@@ -90,15 +79,6 @@ static void expect_load_error(const char *text, const char *loc, const char *par
     expect_load_error_over(&c, text, loc, part);
 }
 
-static const char *source_path(const char *rel, char *buf, size_t cap)
-{
-    const char *dir = getenv("KBCL_SOURCE_DIR");
-
-    if (!dir)
-        return NULL;
-    snprintf(buf, cap, "%s/%s", dir, rel);
-    return buf;
-}
 
 /* The built-in machine, for validation. */
 static kb_topo_cfg default_topo(void)
@@ -179,7 +159,7 @@ static void test_shipped_ccl(void **state)
     char path[1024];
 
     (void)state;
-    if (!source_path("configs/ccl.yaml", path, sizeof path))
+    if (!kbt_source_path("configs/ccl.yaml", path, sizeof path))
         skip();
     kb_ccl_config_defaults(&dflt);
     /*
@@ -276,23 +256,12 @@ static void test_docs_cover_every_key(void **state)
 {
     char path[1024], stale[1024] = "";
     doc_ctx d = {0};
-    FILE *f;
     char *text;
-    long len;
 
     (void)state;
-    if (!source_path("docs/config-reference.md", path, sizeof path))
+    if (!kbt_source_path("docs/config-reference.md", path, sizeof path))
         skip();
-    f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    len = ftell(f);
-    assert_true(len > 0);
-    rewind(f);
-    text = calloc(1, (size_t)len + 1);
-    assert_non_null(text);
-    assert_int_equal(fread(text, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
+    text = kbt_read_file(path);
     d.text = text;
     /* The ccl keys; the topology keys are test_config's. */
     kb_ccl_config_foreach_key(doc_key, &d);

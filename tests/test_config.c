@@ -19,28 +19,17 @@
 
 #include "kb_config.h"
 
+#include "kb_test_util.h"
+
 /* Number of topology keys (kb_schema.c's topo_keys). */
 #define N_TOPO_KEYS 45
-
-/* Writes text to a new temp file; path receives its name. */
-static void write_tmp(const char *text, char path[64])
-{
-    int fd;
-    size_t len = strlen(text);
-
-    snprintf(path, 64, "/tmp/kbcl_test_config_XXXXXX");
-    fd = mkstemp(path);
-    assert_true(fd >= 0);
-    assert_int_equal(write(fd, text, len), (ssize_t)len);
-    close(fd);
-}
 
 /* Loads text as a topology file into cfg; eb gets the message. */
 static int load_text(kb_config *cfg, const char *text, char path[64], kb_errbuf *eb)
 {
     int rc;
 
-    write_tmp(text, path);
+    kbt_tmp_file("kbcl_test_config", text, path);
     rc = kb_config_load_topology(cfg, path, eb);
     unlink(path);
     return rc;
@@ -63,15 +52,6 @@ static void expect_load_error(const char *text, const char *loc, const char *par
     assert_memory_equal(&cfg, &before, sizeof cfg);
 }
 
-static const char *source_path(const char *rel, char *buf, size_t cap)
-{
-    const char *dir = getenv("KBCL_SOURCE_DIR");
-
-    if (!dir)
-        return NULL;
-    snprintf(buf, cap, "%s/%s", dir, rel);
-    return buf;
-}
 
 static void test_defaults(void **state)
 {
@@ -131,7 +111,7 @@ static void test_shipped_topology_equals_defaults(void **state)
     char path[1024];
 
     (void)state;
-    if (!source_path("configs/topology.yaml", path, sizeof path))
+    if (!kbt_source_path("configs/topology.yaml", path, sizeof path))
         skip();
     kb_config_defaults(&dflt);
     /*
@@ -170,23 +150,12 @@ static void test_docs_cover_every_key(void **state)
 {
     char path[1024];
     doc_ctx d = {0};
-    FILE *f;
     char *text;
-    long len;
 
     (void)state;
-    if (!source_path("docs/config-reference.md", path, sizeof path))
+    if (!kbt_source_path("docs/config-reference.md", path, sizeof path))
         skip();
-    f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    len = ftell(f);
-    assert_true(len > 0);
-    rewind(f);
-    text = calloc(1, (size_t)len + 1);
-    assert_non_null(text);
-    assert_int_equal(fread(text, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
+    text = kbt_read_file(path);
     d.text = text;
     /* The topology keys; the ccl keys are test_ccl_config's. */
     kb_config_foreach_key(doc_key, &d);
