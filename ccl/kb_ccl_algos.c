@@ -1,7 +1,7 @@
 /*
  * kb_ccl_algos — the collective algorithms as kernels over the tl + IPCQ API, and their
  * registry entries (kb_ccl.h). Every rank's tile is n f16 elements; partial sums travel in f32
- * (exact for the integer test data) and are rounded once when stored. All algorithms run in
+ * (exact for kb_ccl_inputs' data) and are rounded once when stored. All algorithms run in
  * the legacy rank = PE world (kb_ccl_layout_legacy).
  *
  *  hello_send             each rank sends its tile E and keeps what arrives from W
@@ -43,8 +43,6 @@ static void hello_send(kb_tl *tl, const kb_kargs *a)
     tl_recv_into(tl, KB_DIR_W, mine, KB_SHAPE1(n), KB_F16);
 }
 
-static double hello_expected(int r, int ws) { return ws < 2 ? r + 1 : (r + ws - 1) % ws + 1; }
-
 /* ---- ring ---- */
 
 static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
@@ -65,12 +63,6 @@ static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
         cur = in;
     }
     tl_store(tl, mine, acc);
-}
-
-static double sum_expected(int r, int ws)
-{
-    (void)r;
-    return (double)ws * (ws + 1) / 2.0;
 }
 
 static uint64_t tile_f16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; }
@@ -313,19 +305,23 @@ static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
 
 /* ---- registry ---- */
 
+/* One line per algorithm: module, summary, kind, usual topology, kernel, check, largest
+ * message, host reference. */
 static const kb_ccl_algo_impl algos[] = {
     { "hello_send", "each rank sends its tile east and keeps what arrives from the west",
-      hello_send, NULL, tile_f16, hello_expected },
+      KB_COLL_SENDRECV, "ring_1d", hello_send, NULL, tile_f16, kb_ccl_ref_shift_east },
     { "ring_allreduce", "ring all-reduce: p-1 rounds forwarding the last received tile",
-      ring_allreduce, NULL, tile_f16, sum_expected },
+      KB_COLL_ALLREDUCE, "ring_1d", ring_allreduce, NULL, tile_f16, kb_ccl_ref_allreduce },
     { "ring_rsag_allreduce", "bandwidth-optimal ring: reduce-scatter + all-gather, 2(p-1)/p of the data per rank",
-      ring_rsag_allreduce, rsag_check, rsag_msg, sum_expected },
+      KB_COLL_ALLREDUCE, "ring_1d", ring_rsag_allreduce, rsag_check, rsag_msg,
+      kb_ccl_ref_allreduce },
     { "mesh_allreduce", "row ring (E/W) then column ring (N/S) on a square k x k world",
-      mesh_allreduce, mesh_check, tile_f32, sum_expected },
+      KB_COLL_ALLREDUCE, "mesh_2d", mesh_allreduce, mesh_check, tile_f32, kb_ccl_ref_allreduce },
     { "tree_allreduce", "binary tree: reduce to rank 0, broadcast back (any size the rank = PE layout takes)",
-      tree_allreduce, NULL, tile_f32, sum_expected },
+      KB_COLL_ALLREDUCE, "tree_binary", tree_allreduce, NULL, tile_f32, kb_ccl_ref_allreduce },
     { "hierarchical_allreduce", "3 levels: chains in each cube and across cubes, ring across SIPs",
-      hierarchical_allreduce, NULL, tile_f32, sum_expected },
+      KB_COLL_ALLREDUCE, "hierarchical_3level", hierarchical_allreduce, NULL, tile_f32,
+      kb_ccl_ref_allreduce },
 };
 
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i)
@@ -342,3 +338,4 @@ const kb_ccl_algo_impl *kb_ccl_algo_find(const char *module)
             return &algos[i];
     return NULL;
 }
+

@@ -76,9 +76,10 @@ static int cmd_list(void)
                    b->params[j].doc, (long long)b->params[j].dflt, (long long)b->params[j].min,
                    (long long)b->params[j].max);
     }
-    printf("collective algorithms (ccl.yaml module names):\n");
+    printf("collective algorithms (ccl.yaml module names, collective kind):\n");
     for (int i = 0; kb_ccl_algo_at(i); i++)
-        printf("  %-24s %s\n", kb_ccl_algo_at(i)->module, kb_ccl_algo_at(i)->summary);
+        printf("  %-24s %-14s %s\n", kb_ccl_algo_at(i)->module,
+               kb_coll_name(kb_ccl_algo_at(i)->kind), kb_ccl_algo_at(i)->summary);
     printf("topologies:\n ");
     for (int i = 0; kb_topo_names[i]; i++)
         printf(" %s", kb_topo_names[i]);
