@@ -4,8 +4,8 @@
  * the rank = PE algorithm registry (each algorithm is a kernel plus a table entry giving its
  * collective kind, usual topology and host reference), and the verification data every
  * collective bench and test uses (seeded position-dependent inputs, an exact comparison).
- * A new collective = its own file + one table line + its test + its ccl.yaml entry
- * (docs/collectives.md §7).
+ * The rank = SIP registry is in kb_dist_algo.h. A new collective = its own file + one table
+ * line + its test + its ccl.yaml entry (docs/collectives.md §7).
  *
  * Topologies (DESIGN §8): ring_1d, ring_1d_unidir, mesh_2d / torus_2d (square k x k, wraps),
  * mesh_2d_no_wrap, tree_binary (heap order: parent (r-1)/2, children 2r+1, 2r+2),

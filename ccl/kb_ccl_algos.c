@@ -2,7 +2,8 @@
  * kb_ccl_algos — the collective algorithms as kernels over the tl + IPCQ API, and their
  * registry entries (kb_ccl.h). Every rank's tile is n f16 elements; partial sums travel in f32
  * (exact for kb_ccl_inputs' data) and are rounded once when stored. All algorithms run in
- * the legacy rank = PE world (kb_ccl_layout_legacy).
+ * the legacy rank = PE world (kb_ccl_layout_legacy); hierarchical_allreduce also serves the
+ * rank = SIP process group (its kb_dist_algo entry is at the end of this file).
  *
  *  hello_send             each rank sends its tile E and keeps what arrives from W
  *  ring_allreduce         the seed's ring: p-1 rounds, each forwards the tile it last got
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include "kb_ccl.h"
+#include "kb_dist_algo.h"
 
 static kb_dtype dt_of(kb_val v) { return (kb_dtype)v.dtype; }
 
@@ -339,3 +341,55 @@ const kb_ccl_algo_impl *kb_ccl_algo_find(const char *module)
     return NULL;
 }
 
+/* ---- hierarchical_allreduce as a rank = SIP algorithm (kb_dist_algo.h) ---- */
+
+/*
+ * The same kernel over every PE of every SIP: a rank's tensor is one block per PE (rows over
+ * the cubes and PEs), and the PEs run as the ranks of a rank = PE world of ws * PEs-per-SIP.
+ */
+static int hier_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, int ws)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    kb_ccl_layout l;
+    int rc = kb_ccl_layout_legacy(m, ws * m->ncubes * m->npes, &l, kb_ctx_err(ctx));
+    return rc ? rc : kb_ccl_install(ctx, "hierarchical_3level", &l, cfg);
+}
+
+static kb_dp_policy hier_policy(const kb_machine *m)
+{
+    (void)m;
+    return kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, 0, 0);
+}
+
+static int hier_shards(const kb_machine *m) { return m->ncubes * m->npes; }
+
+static int hier_validate(kb_ctx *ctx, kb_tensor *const *t, int ws, const char *what)
+{
+    return kb_dist_check_sip_local(ctx, t, ws, hier_shards(kb_ctx_machine(ctx)), what,
+                                   "rows over every PE", NULL);
+}
+
+static int hier_args(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    a->ptr[0] = kb_tensor_va(l->t);
+    a->i[KB_CCL_ARG_N] = l->n;
+    a->i[KB_CCL_ARG_WS] = l->ws * m->ncubes * m->npes;
+    a->i[KB_CCL_ARG_PES] = m->npes;
+    a->i[KB_CCL_ARG_CUBES] = m->ncubes;
+    a->i[KB_CCL_ARG_SIPS] = l->ws;
+    a->i[KB_CCL_ARG_DTYPE] = kb_tensor_dtype(l->t);
+    return 0;
+}
+
+static kb_grid hier_grid(const kb_machine *m, int ws)
+{
+    return (kb_grid){ m->npes, m->ncubes, ws, 0 };
+}
+
+const kb_dist_algo kb_dist_algo_hierarchical = {
+    "hierarchical_allreduce",
+    "every PE: chains in each cube and across cubes, ring across SIPs (the rank = PE kernel)",
+    KB_COLL_ALLREDUCE, hierarchical_allreduce, hier_install, hier_policy, hier_shards,
+    hier_validate, hier_args, hier_grid, kb_ccl_ref_allreduce,
+};

@@ -19,6 +19,7 @@
 #include "kb_bench.h"
 #include "kb_ccl.h"
 #include "kb_dist.h"
+#include "kb_dist_algo.h"
 #include "kb_tl.h"
 
 #define KB_CCL_DEFAULT_N 32
@@ -49,7 +50,8 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
     if (!entry && !force_module)
         return kb_err_set(eb, KB_ERR_CONFIG, "algorithm '%s' is not defined in ccl.yaml", name);
     p = kb_config_algo_params(cfg, entry);
-    int sip_only = entry && !strcmp(entry->module, "intercube_allreduce");
+    /* a module with only a rank = SIP form runs one rank per SIP whatever the entry says */
+    int sip_only = entry && kb_dist_algo_find(entry->module) && !kb_ccl_algo_find(entry->module);
     if (!force_module && sip_only && p.world_size)
         return kb_err_set(eb, KB_ERR_CONFIG, "%s runs one rank per SIP: it takes no world_size "
                           "(got %d)", entry->module, p.world_size);
@@ -137,7 +139,8 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
         if ((rc = kb_spawn(ctx, dist_worker, st, st->ws)) != 0)
             return rc;
         /* bytes per rank: the whole tensor of the rank */
-        add_bw(res, KB_COLL_ALLREDUCE, st->ws, st->n * kb_dist_shards_per_rank(ctx));
+        add_bw(res, kb_dist_algo_find(kb_dist_algorithm(ctx))->kind, st->ws,
+               st->n * kb_dist_shards_per_rank(ctx));
         return 0;
     }
     snprintf(res->line, sizeof res->line, "  %s (ws=%d)", job->name, job->layout.ws);
@@ -194,9 +197,10 @@ out:
     return rc;
 }
 
-/* rank = SIP: every shard of every rank against the all-reduce over all shards. */
+/* rank = SIP: every shard of every rank against the process group algorithm's reference. */
 static int dist_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
 {
+    const kb_dist_algo *algo = kb_dist_algo_find(kb_dist_algorithm(ctx));
     int shards = (int)kb_tensor_rows(st->t[0]), ntiles = st->ws * shards;
     size_t per = (size_t)shards * (size_t)st->n;
     uint16_t *raw = malloc((size_t)st->ws * per * 2);
@@ -207,8 +211,7 @@ static int dist_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
     for (int r = 0; r < st->ws && rc == 0; r++)
         rc = kb_tensor_read_raw(st->t[r], raw + (size_t)r * per);
     if (rc == 0)
-        rc = check_tiles(ctx, res, kb_ccl_ref_allreduce, KB_COLL_ALLREDUCE, raw, ntiles, shards,
-                         st->n);
+        rc = check_tiles(ctx, res, algo->reference, algo->kind, raw, ntiles, shards, st->n);
     free(raw);
     return rc;
 }
