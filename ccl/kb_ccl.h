@@ -4,8 +4,8 @@
  * the rank = PE algorithm registry (each algorithm is a kernel plus a table entry giving its
  * collective kind, usual topology and host reference), and the verification data every
  * collective bench and test uses (seeded position-dependent inputs, an exact comparison).
- * The rank = SIP registry is in kb_dist_algo.h. A new collective = its own file + one table
- * line + its test + its ccl.yaml entry (docs/collectives.md §7).
+ * The rank = SIP registry is in kb_dist_algo.h. In both rank models a new collective = its own
+ * file + one table line + its test + its ccl.yaml entry (docs/collectives.md §7).
  *
  * Topologies (DESIGN §8): ring_1d, ring_1d_unidir, mesh_2d / torus_2d (square k x k, wraps),
  * mesh_2d_no_wrap, tree_binary (heap order: parent (r-1)/2, children 2r+1, 2r+2),
@@ -115,6 +115,10 @@ typedef struct kb_ccl_algo_impl {
     kb_ccl_ref_fn reference;
 } kb_ccl_algo_impl;
 
+/* The rank = PE registry: a table of entry pointers in kb_ccl_algos.c, looked up by module.
+ * The entries of kb_ccl_algos.c are its own; an algorithm written in a file of its own
+ * (ccl/kb_ccl_<name>.c) defines `const kb_ccl_algo_impl kb_ccl_algo_<name>`, declared here,
+ * and adds one line to that table. */
 const kb_ccl_algo_impl *kb_ccl_algo_find(const char *module);
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
 
