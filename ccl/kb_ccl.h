@@ -1,7 +1,11 @@
 /*
  * kb_ccl — the collective library: topologies (rank -> direction -> peer rank), reverse-
  * direction pairing, mappers (rank -> PE), validators (tensor layout checks), install plans,
- * and the algorithm registry (each algorithm is a kernel plus a table entry).
+ * the rank = PE algorithm registry (each algorithm is a kernel plus a table entry giving its
+ * collective kind, usual topology and host reference), and the verification data every
+ * collective bench and test uses (seeded position-dependent inputs, an exact comparison).
+ * The rank = SIP registry is in kb_dist_algo.h. In both rank models a new collective = its own
+ * file + one table line + its test + its ccl.yaml entry (docs/collectives.md §7).
  *
  * Topologies (DESIGN §8): ring_1d, ring_1d_unidir, mesh_2d / torus_2d (square k x k, wraps),
  * mesh_2d_no_wrap, tree_binary (heap order: parent (r-1)/2, children 2r+1, 2r+2),
@@ -60,20 +64,64 @@ int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const 
 
 /* ---- algorithms ---- */
 
+/*
+ * What a collective computes. The kind decides the host reference an algorithm is checked
+ * against and nccl-tests' bus-bandwidth factor. Only all-reduce and send/recv have algorithms
+ * today; the others are listed so that their algorithms need no new plumbing.
+ */
+typedef enum kb_coll_kind {
+    KB_COLL_ALLREDUCE = 0,
+    KB_COLL_ALLGATHER,
+    KB_COLL_REDUCE_SCATTER,
+    KB_COLL_BROADCAST,
+    KB_COLL_REDUCE,
+    KB_COLL_ALLTOALL,
+    KB_COLL_SENDRECV,
+    KB_COLL_NKINDS
+} kb_coll_kind;
+
+/* "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
+ * "sendrecv" (nccl-tests' names); "?" for anything else. */
+const char *kb_coll_name(kb_coll_kind k);
+
+/*
+ * nccl-tests' bus-bandwidth factor busbw / algbw for a world of ws ranks: 2(ws-1)/ws for
+ * all-reduce; (ws-1)/ws for all-gather, reduce-scatter and all-to-all; 1 for broadcast,
+ * reduce and send/recv. It turns algbw into the per-link traffic of an optimal algorithm, so
+ * busbw is comparable across world sizes. 0 for ws < 1 or an unknown kind.
+ */
+double kb_coll_busbw_factor(kb_coll_kind k, int ws);
+
+/*
+ * A host reference: given every rank's input tile (ws*n values, rank-major), writes every
+ * rank's expected output tile (ws*n, rank-major) in double. With kb_ccl_inputs' data every
+ * value it writes is exact (see there); the caller rounds to the tile dtype.
+ */
+typedef void (*kb_ccl_ref_fn)(const float *in, int ws, int64_t n, double *out);
+/* The references of the kinds that have algorithms: the elementwise sum over ranks in every
+ * tile; every rank gets its west neighbour's tile (rank r-1 mod ws; ws < 2 keeps its own). */
+void kb_ccl_ref_allreduce(const float *in, int ws, int64_t n, double *out);
+void kb_ccl_ref_shift_east(const float *in, int ws, int64_t n, double *out);
+
 typedef struct kb_ccl_algo_impl {
     const char *module;          /* ccl.yaml `module` */
     const char *summary;
+    kb_coll_kind kind;
+    const char *topology;        /* the topology it usually runs on (kb_ccl_default_topo) */
     kb_kernel_fn kernel;
     /* Checks the world size and tile length (n elements) for this algorithm; NULL = any.
      * KB_ERR_CONFIG with a message in eb. */
     int (*check)(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb);
     /* Largest message in bytes for a tile of n f16 elements on ws ranks (slot size check). */
     uint64_t (*max_msg_bytes)(int64_t n, int ws);
-    /* Expected value of every element of rank r's tile after the collective, when rank q's
-     * input tile is filled with q + 1. */
-    double (*expected)(int r, int ws);
+    /* Every rank's expected output tile from every rank's input tile. */
+    kb_ccl_ref_fn reference;
 } kb_ccl_algo_impl;
 
+/* The rank = PE registry: a table of entry pointers in kb_ccl_algos.c, looked up by module.
+ * The entries of kb_ccl_algos.c are its own; an algorithm written in a file of its own
+ * (ccl/kb_ccl_<name>.c) defines `const kb_ccl_algo_impl kb_ccl_algo_<name>`, declared here,
+ * and adds one line to that table. */
 const kb_ccl_algo_impl *kb_ccl_algo_find(const char *module);
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
 
@@ -123,8 +171,9 @@ typedef struct kb_ccl_job {
 
 /*
  * From a host program: checks the world for the algorithm, creates and fills the tiles
- * (inputs: ws*n f32 values, rank-major; NULL fills rank r's tile with r + 1), validates the
- * layout and installs IPCQ. `name` is what reports call the algorithm.
+ * (inputs: ws*n f32 values, rank-major; NULL = kb_ccl_inputs(KB_CCL_INPUT_SEED, ...)),
+ * validates the layout and installs IPCQ. `name` is what reports call the algorithm. The
+ * values never change the host writes' sizes or order, so they never change simulated time.
  */
 int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
                        const char *name, const char *topo, int ws, int64_t n,
@@ -136,7 +185,8 @@ int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw);
 
 /*
  * Mock runtime: runs algorithm `module` on ws ranks with the given inputs (ws*n values,
- * rounded to f16) and returns every rank's result tile in out (ws*n). It builds the smallest
+ * rounded to f16; NULL = kb_ccl_inputs(KB_CCL_INPUT_SEED, ...)) and returns every rank's
+ * result tile in out (ws*n). It builds the smallest
  * machine that holds the world (one cube of ws PEs up to 16 ranks, else cubes of 8 PEs, else
  * SIPs of 128 PEs), runs the real kernel and replays the data with the ref backend; the
  * simulated time is computed but not reported. topo NULL = the algorithm's usual topology.
@@ -144,7 +194,55 @@ int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw);
 int kb_ccl_mock_run(const char *module, const char *topo, int ws, int64_t n, const float *in,
                     float *out, kb_errbuf *eb);
 
-/* The topology an algorithm module normally runs on (ring_1d for rings, ...). */
+/* The topology an algorithm module normally runs on (its table entry's; ring_1d for a module
+ * that is not registered). */
 const char *kb_ccl_default_topo(const char *module);
+
+/* ---- verification data ---- */
+
+/*
+ * Test inputs of every collective bench and of the mock runtime's default: element i of tile
+ * t (a rank's tile; in rank = SIP runs, shard s of rank r is tile r*shards + s) gets
+ * (k - 2048) / 128 with k = a seeded permutation of position p = t*n + i on [0, 4096).
+ * Why this grid: every value is exact in f16, |value| <= 16, and a sum of up to
+ * KB_CCL_INPUT_EXACT_TERMS of them is a multiple of 1/128 below 2^17, i.e. exact in f32 in any
+ * order, so the reduced result is the exact sum rounded once and the check can be exact.
+ * Values are distinct for every (tile, element) while ntiles*n <= KB_CCL_INPUT_GRID; beyond
+ * that each block of 4096 positions is a different permutation: still position-dependent
+ * pseudo-random, but values repeat across blocks.
+ */
+#define KB_CCL_INPUT_SEED 1u
+#define KB_CCL_INPUT_GRID 4096
+#define KB_CCL_INPUT_EXACT_TERMS 8192
+float kb_ccl_input(uint32_t seed, int64_t tile, int64_t i, int64_t n);
+/* x[(t - tile0)*n + i] = kb_ccl_input(seed, t, i, n) for tiles [tile0, tile0 + ntiles). */
+void kb_ccl_inputs(float *x, uint32_t seed, int64_t tile0, int64_t ntiles, int64_t n);
+
+/* What kb_ccl_verify found. Means are over all elements, of the result and of the
+ * reference rounded to the dtype (the FAIL line prints them). */
+typedef struct kb_ccl_verdict {
+    int ntiles, ok_tiles;
+    int first_bad_tile;           /* -1 when every tile passed */
+    int64_t first_bad_elem;
+    double first_got, first_want; /* that element's value and its reference (rounded) */
+    double got_mean, want_mean;
+    double max_abs_err, err_bound; /* worst |got - exact reference| and its bound */
+} kb_ccl_verdict;
+
+/*
+ * Compares ntiles output tiles of n elements (raw: the dtype's bytes, tile-major) with the
+ * exact reference ref (double). acc_bound == 0 (inputs whose partial sums are exact, e.g.
+ * kb_ccl_inputs over at most KB_CCL_INPUT_EXACT_TERMS tiles): an element passes only when it
+ * is, bit for bit, the reference rounded to the dtype (round to nearest even). acc_bound > 0:
+ * it passes when |got - ref| <= ulp(ref)/2 + acc_bound (f32 summation that may round).
+ * err_bound is ulp/2 + acc_bound at the worst element, which a correctly rounded value always
+ * meets. Returns 1 when every tile passed, else 0.
+ */
+int kb_ccl_verify(kb_dtype dt, const void *raw, const double *ref, int ntiles, int64_t n,
+                  double acc_bound, kb_ccl_verdict *v);
+/* The acc_bound kb_ccl_verify needs for a collective of kind k over nterms kb_ccl_inputs
+ * tiles: 0 for kinds that only move data, and for reductions of up to
+ * KB_CCL_INPUT_EXACT_TERMS tiles; else f32's summation bound (nterms-1) * 2^-24 * 16*nterms. */
+double kb_ccl_input_acc_bound(kb_coll_kind k, int64_t nterms);
 
 #endif

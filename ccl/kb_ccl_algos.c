@@ -1,8 +1,9 @@
 /*
  * kb_ccl_algos — the collective algorithms as kernels over the tl + IPCQ API, and their
  * registry entries (kb_ccl.h). Every rank's tile is n f16 elements; partial sums travel in f32
- * (exact for the integer test data) and are rounded once when stored. All algorithms run in
- * the legacy rank = PE world (kb_ccl_layout_legacy).
+ * (exact for kb_ccl_inputs' data) and are rounded once when stored. All algorithms run in
+ * the legacy rank = PE world (kb_ccl_layout_legacy); hierarchical_allreduce also serves the
+ * rank = SIP process group (its kb_dist_algo entry is at the end of this file).
  *
  *  hello_send             each rank sends its tile E and keeps what arrives from W
  *  ring_allreduce         the seed's ring: p-1 rounds, each forwards the tile it last got
@@ -17,6 +18,7 @@
 #include <string.h>
 
 #include "kb_ccl.h"
+#include "kb_dist_algo.h"
 
 static kb_dtype dt_of(kb_val v) { return (kb_dtype)v.dtype; }
 
@@ -43,8 +45,6 @@ static void hello_send(kb_tl *tl, const kb_kargs *a)
     tl_recv_into(tl, KB_DIR_W, mine, KB_SHAPE1(n), KB_F16);
 }
 
-static double hello_expected(int r, int ws) { return ws < 2 ? r + 1 : (r + ws - 1) % ws + 1; }
-
 /* ---- ring ---- */
 
 static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
@@ -65,12 +65,6 @@ static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
         cur = in;
     }
     tl_store(tl, mine, acc);
-}
-
-static double sum_expected(int r, int ws)
-{
-    (void)r;
-    return (double)ws * (ws + 1) / 2.0;
 }
 
 static uint64_t tile_f16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; }
@@ -313,32 +307,104 @@ static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
 
 /* ---- registry ---- */
 
-static const kb_ccl_algo_impl algos[] = {
-    { "hello_send", "each rank sends its tile east and keeps what arrives from the west",
-      hello_send, NULL, tile_f16, hello_expected },
-    { "ring_allreduce", "ring all-reduce: p-1 rounds forwarding the last received tile",
-      ring_allreduce, NULL, tile_f16, sum_expected },
-    { "ring_rsag_allreduce", "bandwidth-optimal ring: reduce-scatter + all-gather, 2(p-1)/p of the data per rank",
-      ring_rsag_allreduce, rsag_check, rsag_msg, sum_expected },
-    { "mesh_allreduce", "row ring (E/W) then column ring (N/S) on a square k x k world",
-      mesh_allreduce, mesh_check, tile_f32, sum_expected },
-    { "tree_allreduce", "binary tree: reduce to rank 0, broadcast back (any size the rank = PE layout takes)",
-      tree_allreduce, NULL, tile_f32, sum_expected },
-    { "hierarchical_allreduce", "3 levels: chains in each cube and across cubes, ring across SIPs",
-      hierarchical_allreduce, NULL, tile_f32, sum_expected },
+/* The entries of this file: module, summary, kind, usual topology, kernel, check, largest
+ * message, host reference. */
+static const kb_ccl_algo_impl hello_send_algo = {
+    "hello_send", "each rank sends its tile east and keeps what arrives from the west",
+    KB_COLL_SENDRECV, "ring_1d", hello_send, NULL, tile_f16, kb_ccl_ref_shift_east,
+};
+static const kb_ccl_algo_impl ring_algo = {
+    "ring_allreduce", "ring all-reduce: p-1 rounds forwarding the last received tile",
+    KB_COLL_ALLREDUCE, "ring_1d", ring_allreduce, NULL, tile_f16, kb_ccl_ref_allreduce,
+};
+static const kb_ccl_algo_impl rsag_algo = {
+    "ring_rsag_allreduce", "bandwidth-optimal ring: reduce-scatter + all-gather, 2(p-1)/p of the data per rank",
+    KB_COLL_ALLREDUCE, "ring_1d", ring_rsag_allreduce, rsag_check, rsag_msg, kb_ccl_ref_allreduce,
+};
+static const kb_ccl_algo_impl mesh_algo = {
+    "mesh_allreduce", "row ring (E/W) then column ring (N/S) on a square k x k world",
+    KB_COLL_ALLREDUCE, "mesh_2d", mesh_allreduce, mesh_check, tile_f32, kb_ccl_ref_allreduce,
+};
+static const kb_ccl_algo_impl tree_algo = {
+    "tree_allreduce", "binary tree: reduce to rank 0, broadcast back (any size the rank = PE layout takes)",
+    KB_COLL_ALLREDUCE, "tree_binary", tree_allreduce, NULL, tile_f32, kb_ccl_ref_allreduce,
+};
+static const kb_ccl_algo_impl hierarchical_algo = {
+    "hierarchical_allreduce", "3 levels: chains in each cube and across cubes, ring across SIPs",
+    KB_COLL_ALLREDUCE, "hierarchical_3level", hierarchical_allreduce, NULL, tile_f32,
+    kb_ccl_ref_allreduce,
+};
+
+/* The rank = PE registry, in `kbcl list` order. An algorithm in a file of its own exports its
+ * entry (declared in kb_ccl.h) and gets one line here. */
+static const kb_ccl_algo_impl *const algos[] = {
+    &hello_send_algo, &ring_algo, &rsag_algo, &mesh_algo, &tree_algo, &hierarchical_algo,
 };
 
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i)
 {
     if (i < 0 || (size_t)i >= sizeof algos / sizeof algos[0])
         return NULL;
-    return &algos[i];
+    return algos[i];
 }
 
 const kb_ccl_algo_impl *kb_ccl_algo_find(const char *module)
 {
     for (int i = 0; kb_ccl_algo_at(i); i++)
-        if (!strcmp(algos[i].module, module))
-            return &algos[i];
+        if (!strcmp(algos[i]->module, module))
+            return algos[i];
     return NULL;
 }
+
+/* ---- hierarchical_allreduce as a rank = SIP algorithm (kb_dist_algo.h) ---- */
+
+/*
+ * The same kernel over every PE of every SIP: a rank's tensor is one block per PE (rows over
+ * the cubes and PEs), and the PEs run as the ranks of a rank = PE world of ws * PEs-per-SIP.
+ */
+static int hier_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, int ws)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    kb_ccl_layout l;
+    int rc = kb_ccl_layout_legacy(m, ws * m->ncubes * m->npes, &l, kb_ctx_err(ctx));
+    return rc ? rc : kb_ccl_install(ctx, "hierarchical_3level", &l, cfg);
+}
+
+static kb_dp_policy hier_policy(const kb_machine *m)
+{
+    (void)m;
+    return kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, 0, 0);
+}
+
+static int hier_shards(const kb_machine *m) { return m->ncubes * m->npes; }
+
+static int hier_validate(kb_ctx *ctx, kb_tensor *const *t, int ws, const char *what)
+{
+    return kb_dist_check_sip_local(ctx, t, ws, hier_shards(kb_ctx_machine(ctx)), what,
+                                   "rows over every PE", NULL);
+}
+
+static int hier_args(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    a->ptr[0] = kb_tensor_va(l->t);
+    a->i[KB_CCL_ARG_N] = l->n;
+    a->i[KB_CCL_ARG_WS] = l->ws * m->ncubes * m->npes;
+    a->i[KB_CCL_ARG_PES] = m->npes;
+    a->i[KB_CCL_ARG_CUBES] = m->ncubes;
+    a->i[KB_CCL_ARG_SIPS] = l->ws;
+    a->i[KB_CCL_ARG_DTYPE] = kb_tensor_dtype(l->t);
+    return 0;
+}
+
+static kb_grid hier_grid(const kb_machine *m, int ws)
+{
+    return (kb_grid){ m->npes, m->ncubes, ws, 0 };
+}
+
+const kb_dist_algo kb_dist_algo_hierarchical = {
+    "hierarchical_allreduce",
+    "every PE: chains in each cube and across cubes, ring across SIPs (the rank = PE kernel)",
+    KB_COLL_ALLREDUCE, hierarchical_allreduce, hier_install, hier_policy, hier_shards,
+    hier_validate, hier_args, hier_grid, kb_ccl_ref_allreduce,
+};

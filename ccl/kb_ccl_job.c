@@ -48,9 +48,11 @@ int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *imp
                                    job->layout.pes), KB_MEM_HBM };
         for (int lr = 0; lr < rps; lr++) {
             int r = s * rps + lr;
-            for (int64_t i = 0; i < n; i++)
-                data[(size_t)(lr * n + i)] = inputs ? inputs[(size_t)r * (size_t)n + (size_t)i]
-                                                    : (float)(r + 1);
+            if (inputs)
+                memcpy(data + (size_t)lr * (size_t)n, inputs + (size_t)r * (size_t)n,
+                       sizeof(float) * (size_t)n);
+            else
+                kb_ccl_inputs(data + (size_t)lr * (size_t)n, KB_CCL_INPUT_SEED, r, 1, n);
         }
         if ((rc = kb_ctx_set_device(ctx, s)) == 0)
             rc = kb_tensor_from_host(ctx, &d, data, &job->tiles[s]);
@@ -112,13 +114,8 @@ int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw)
 
 const char *kb_ccl_default_topo(const char *module)
 {
-    if (!strcmp(module, "mesh_allreduce"))
-        return "mesh_2d";
-    if (!strcmp(module, "tree_allreduce"))
-        return "tree_binary";
-    if (!strcmp(module, "hierarchical_allreduce"))
-        return "hierarchical_3level";
-    return "ring_1d";
+    const kb_ccl_algo_impl *impl = kb_ccl_algo_find(module);
+    return impl ? impl->topology : "ring_1d";
 }
 
 typedef struct mock {

@@ -1,9 +1,13 @@
 /*
- * kb_dist — process group, epoch barriers and the rank = SIP collectives (kb_dist.h),
- * including the intercube all-reduce kernel and its install plan.
+ * kb_dist — process group, epoch barriers and the rank = SIP collectives (kb_dist.h), and the
+ * table of rank = SIP algorithms (kb_dist_algo.h). The process group names no algorithm: it
+ * finds the module's entry in the table and calls its install plan, layout, validator,
+ * argument builder and grid. A new rank = SIP collective = its own file + one line in
+ * sip_algos[] below + its test + its ccl.yaml entry.
  * Limits: one process group per context (IPCQ is installed once per PE); SUM only.
  */
 #include "kb_dist.h"
+#include "kb_dist_algo.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,7 +19,26 @@ enum { EP_INIT = 1, EP_ALLREDUCE, EP_BARRIER, EP_ALLGATHER, EP_REDUCESCATTER };
 static const char *const ep_names[] = { "", "init_process_group", "all_reduce", "barrier",
                                         "all_gather", "reduce_scatter" };
 
-enum { SIPTOPO_RING = 0, SIPTOPO_TORUS = 1, SIPTOPO_MESH = 2 };
+/* The rank = SIP algorithms, in the order error messages and `kbcl list` name them. */
+static const kb_dist_algo *const sip_algos[] = {
+    &kb_dist_algo_intercube,
+    &kb_dist_algo_hierarchical,
+};
+
+const kb_dist_algo *kb_dist_algo_at(int i)
+{
+    if (i < 0 || (size_t)i >= sizeof sip_algos / sizeof sip_algos[0])
+        return NULL;
+    return sip_algos[i];
+}
+
+const kb_dist_algo *kb_dist_algo_find(const char *module)
+{
+    for (int i = 0; kb_dist_algo_at(i); i++)
+        if (!strcmp(sip_algos[i]->module, module))
+            return sip_algos[i];
+    return NULL;
+}
 
 typedef struct epoch {
     int id, kind, arrived, users;
@@ -28,8 +51,7 @@ typedef struct epoch {
 typedef struct dist {
     int ws;
     int initialised;
-    const kb_ccl_algo_impl *impl;     /* hierarchical (all PEs) or NULL for intercube */
-    int intercube;
+    const kb_dist_algo *algo;
     char module[KB_CFG_NAME_MAX];
     kb_ipcq_cfg icfg;
     int root_cube;
@@ -81,11 +103,12 @@ kb_time kb_dist_comm_time(kb_ctx *ctx)
     return d ? d->comm : 0;
 }
 
+/* Before init_process_group the layout is every PE's (the hierarchical process group's). */
 kb_dp_policy kb_dist_policy(kb_ctx *ctx)
 {
     dist *d = dist_of(ctx);
-    if (d && d->intercube)
-        return kb_dp(KB_DP_ROW_WISE, KB_DP_REPLICATE, 0, 1);
+    if (d)
+        return d->algo->policy(kb_ctx_machine(ctx));
     return kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, 0, 0);
 }
 
@@ -93,203 +116,7 @@ int kb_dist_shards_per_rank(kb_ctx *ctx)
 {
     dist *d = dist_of(ctx);
     kb_machine *m = kb_ctx_machine(ctx);
-    return d && d->intercube ? m->ncubes : m->ncubes * m->npes;
-}
-
-/* ---- intercube ---- */
-
-/* Chain/ring helpers over f32 values (every message of intercube is f32). */
-static kb_val add_free(kb_tl *tl, kb_val acc, kb_val in)
-{
-    kb_val s = tl_add(tl, acc, in);
-    tl_free(tl, acc);
-    tl_free(tl, in);
-    return s;
-}
-
-static kb_val ring(kb_tl *tl, kb_val acc, int64_t k, kb_dir out, kb_dir in_dir)
-{
-    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
-    kb_val cur = acc;
-    int cur_owned = 0;
-    for (int64_t i = 0; i + 1 < k; i++) {
-        tl_send(tl, out, cur);
-        if (cur_owned)
-            tl_free(tl, cur);
-        kb_val in = tl_recv(tl, in_dir, s, KB_F32);
-        kb_val sum = tl_add(tl, acc, in);
-        tl_free(tl, acc);
-        acc = sum;
-        cur = in;
-        cur_owned = 1;
-    }
-    if (cur_owned)
-        tl_free(tl, cur);
-    return acc;
-}
-
-/* Chain reduce toward the end of a line of k members (my index i) along `fwd`, then broadcast
- * back along `back`; every member ends with the line's sum. */
-static kb_val line_allreduce(kb_tl *tl, kb_val acc, int i, int k, kb_dir fwd, kb_dir back)
-{
-    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
-    if (k < 2)
-        return acc;
-    if (i > 0)
-        acc = add_free(tl, acc, tl_recv(tl, back, s, KB_F32));
-    if (i < k - 1) {
-        tl_send(tl, fwd, acc);
-        tl_free(tl, acc);
-        acc = tl_recv(tl, fwd, s, KB_F32);
-    }
-    if (i > 0)
-        tl_send(tl, back, acc);
-    return acc;
-}
-
-/* Reduce along one mesh line toward index r: members below r pass up `up`, members above r
- * pass down `down`; r receives from both sides. */
-static kb_val reduce_to(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, kb_dir down)
-{
-    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
-    if (i < r) {
-        if (i > 0)
-            acc = add_free(tl, acc, tl_recv(tl, down, s, KB_F32));
-        tl_send(tl, up, acc);
-    } else if (i > r) {
-        if (i < k - 1)
-            acc = add_free(tl, acc, tl_recv(tl, up, s, KB_F32));
-        tl_send(tl, down, acc);
-    } else {
-        if (r > 0)
-            acc = add_free(tl, acc, tl_recv(tl, down, s, KB_F32));
-        if (r < k - 1)
-            acc = add_free(tl, acc, tl_recv(tl, up, s, KB_F32));
-    }
-    return acc;
-}
-
-/* Inverse of reduce_to: r's value flows out to both ends. */
-static kb_val bcast_from(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, kb_dir down)
-{
-    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
-    if (i == r) {
-        if (r > 0)
-            tl_send(tl, down, acc);
-        if (r < k - 1)
-            tl_send(tl, up, acc);
-        return acc;
-    }
-    if (i < r) {
-        acc = tl_recv(tl, up, s, KB_F32);
-        if (i > 0)
-            tl_send(tl, down, acc);
-    } else {
-        acc = tl_recv(tl, down, s, KB_F32);
-        if (i < k - 1)
-            tl_send(tl, up, acc);
-    }
-    return acc;
-}
-
-enum { IC_N = 0, IC_W, IC_H, IC_SIPS, IC_TOPO, IC_GW, IC_GH, IC_ROOT, IC_DT };
-
-static void intercube_allreduce(kb_tl *tl, const kb_kargs *a)
-{
-    int64_t n = a->i[IC_N];
-    int w = (int)a->i[IC_W], h = (int)a->i[IC_H], sips = (int)a->i[IC_SIPS];
-    int gw = (int)a->i[IC_GW], gh = (int)a->i[IC_GH], root = (int)a->i[IC_ROOT];
-    kb_dtype dt = (kb_dtype)a->i[IC_DT];
-    int cube = tl_program_id(tl, 1), sip = tl_program_id(tl, 2);
-    int col = cube % w, row = cube / w, rc = root % w, rr = root / w;
-    kb_va mine = a->ptr[0] + (kb_va)cube * (kb_va)n * kb_dtype_size(dt);
-    kb_val v = tl_load(tl, mine, KB_SHAPE1(n), dt);
-    kb_val acc = tl_scale(tl, v, 1.0f, 0.0f); /* every message is f32 */
-    tl_free(tl, v);
-
-    /* 1-2: reduce along the row to the root column, then down the root column to the root */
-    acc = reduce_to(tl, acc, col, w, rc, KB_DIR_E, KB_DIR_W);
-    if (col == rc)
-        acc = reduce_to(tl, acc, row, h, rr, KB_DIR_S, KB_DIR_N);
-    /* 3: the SIPs' root cubes combine their sums */
-    if (cube == root && sips > 1) {
-        int sx = sip % gw, sy = sip / gw;
-        switch ((int)a->i[IC_TOPO]) {
-        case SIPTOPO_RING:
-            acc = ring(tl, acc, sips, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
-            break;
-        case SIPTOPO_TORUS:
-            acc = ring(tl, acc, gw, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
-            acc = ring(tl, acc, gh, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N);
-            break;
-        default:
-            acc = line_allreduce(tl, acc, sx, gw, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
-            acc = line_allreduce(tl, acc, sy, gh, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N);
-            break;
-        }
-    }
-    /* 4-5: broadcast back up/down the root column, then along every row */
-    if (col == rc)
-        acc = bcast_from(tl, acc, row, h, rr, KB_DIR_S, KB_DIR_N);
-    acc = bcast_from(tl, acc, col, w, rc, KB_DIR_E, KB_DIR_W);
-    tl_store(tl, mine, acc);
-}
-
-static int sip_topo_kind(const char *t)
-{
-    if (!strcmp(t, "ring_1d"))
-        return SIPTOPO_RING;
-    if (!strcmp(t, "mesh_2d_no_wrap"))
-        return SIPTOPO_MESH;
-    return SIPTOPO_TORUS;
-}
-
-int kb_dist_install_intercube(kb_ctx *ctx, const kb_ipcq_cfg *cfg)
-{
-    kb_machine *m = kb_ctx_machine(ctx);
-    int S = m->nsips, C = m->ncubes, w = m->mesh_w, h = m->mesh_h;
-    int kind = sip_topo_kind(m->cfg.sips_topology), gw = m->sip_grid_w, gh = m->sip_grid_h;
-    int wrap = kind != SIPTOPO_MESH;
-    size_t cap = (size_t)S * (size_t)C * 8, n = 0;
-    kb_ipcq_link *links = malloc(cap * sizeof *links);
-    int rc;
-
-    if (!links)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-    for (int s = 0; s < S; s++) {
-        int sx = s % gw, sy = s / gw;
-        for (int c = 0; c < C; c++) {
-            int x = c % w, y = c / w;
-            kb_pe_hw *pe = kb_machine_pe(m, (unsigned)s, (unsigned)c, 0);
-            struct { int ok; kb_dir d; int sip, cube; kb_dir back; } nb[8] = {
-                { x + 1 < w, KB_DIR_E, s, c + 1, KB_DIR_W },
-                { x > 0, KB_DIR_W, s, c - 1, KB_DIR_E },
-                { y > 0, KB_DIR_N, s, c - w, KB_DIR_S },
-                { y + 1 < h, KB_DIR_S, s, c + w, KB_DIR_N },
-                /* every cube's PE 0 is wired to the same cube of the neighbouring SIPs */
-                { S > 1 && gw > 1 && (wrap || sx + 1 < gw), KB_DIR_GLOBAL_E,
-                  sy * gw + (sx + 1) % gw, c, KB_DIR_GLOBAL_W },
-                { S > 1 && gw > 1 && (wrap || sx > 0), KB_DIR_GLOBAL_W,
-                  sy * gw + (sx + gw - 1) % gw, c, KB_DIR_GLOBAL_E },
-                { S > 1 && gh > 1 && (wrap || sy > 0), KB_DIR_GLOBAL_N,
-                  ((sy + gh - 1) % gh) * gw + sx, c, KB_DIR_GLOBAL_S },
-                { S > 1 && gh > 1 && (wrap || sy + 1 < gh), KB_DIR_GLOBAL_S,
-                  ((sy + 1) % gh) * gw + sx, c, KB_DIR_GLOBAL_N },
-            };
-            for (int i = 0; i < 8; i++) {
-                if (!nb[i].ok)
-                    continue;
-                links[n].pe = pe;
-                links[n].dir = nb[i].d;
-                links[n].peer = kb_machine_pe(m, (unsigned)nb[i].sip, (unsigned)nb[i].cube, 0);
-                links[n].peer_dir = nb[i].back;
-                n++;
-            }
-        }
-    }
-    rc = kb_ipcq_install(ctx, cfg, links, n);
-    free(links);
-    return rc;
+    return d ? d->algo->shards(m) : m->ncubes * m->npes;
 }
 
 /* ---- epochs ---- */
@@ -368,12 +195,21 @@ static int join(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b, exec
 static int exec_init(kb_ctx *ctx, dist *d, epoch *e)
 {
     (void)e;
-    if (d->intercube)
-        return kb_dist_install_intercube(ctx, &d->icfg);
-    kb_ccl_layout l;
-    int rc = kb_ccl_layout_legacy(kb_ctx_machine(ctx),
-                                  d->ws * kb_dist_shards_per_rank(ctx), &l, kb_ctx_err(ctx));
-    return rc ? rc : kb_ccl_install(ctx, "hierarchical_3level", &l, &d->icfg);
+    return d->algo->install(ctx, &d->icfg, d->ws);
+}
+
+/* "a, b or c": the modules of the table, for the error that names them. */
+static void algo_list(char *buf, size_t cap)
+{
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int i = 0; kb_dist_algo_at(i) && len < cap; i++) {
+        const char *sep = i == 0 ? "" : kb_dist_algo_at(i + 1) ? ", " : " or ";
+        int k = snprintf(buf + len, cap - len, "%s%s", sep, kb_dist_algo_at(i)->module);
+        if (k < 0)
+            break;
+        len += (size_t)k;
+    }
 }
 
 int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *algorithm)
@@ -398,15 +234,14 @@ int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *alg
         memset(&nd, 0, sizeof nd);
         nd.ws = m->nsips;
         snprintf(nd.module, sizeof nd.module, "%s", module);
-        if (!strcmp(module, "intercube_allreduce"))
-            nd.intercube = 1;
-        else if (!strcmp(module, "hierarchical_allreduce"))
-            nd.impl = kb_ccl_algo_find(module);
-        else
+        nd.algo = kb_dist_algo_find(module);
+        if (!nd.algo) {
+            char names[256];
+            algo_list(names, sizeof names);
             return kb_err_set(eb, KB_ERR_UNSUPPORTED,
                               "init_process_group: algorithm '%s' (module %s) has no rank = SIP "
-                              "form; use intercube_allreduce or hierarchical_allreduce", name,
-                              module);
+                              "form; use %s", name, module, names);
+        }
         if (p.world_size != 0 && p.world_size != nd.ws)
             return kb_err_set(eb, KB_ERR_CONFIG,
                               "init_process_group: %s sets world_size %d (rank = PE mode); the "
@@ -454,13 +289,12 @@ static int need_init(kb_ctx *ctx, dist *d, const char *what)
     return 0;
 }
 
-/* multi_pe_sip_local: every rank's tensor lives on its own SIP with one equal shard on each
- * participating PE, laid out as kb_dist_policy says. */
-static int validate(kb_ctx *ctx, dist *d, kb_tensor *const *t, const char *what)
+int kb_dist_check_sip_local(kb_ctx *ctx, kb_tensor *const *t, int ws, int shards,
+                            const char *what, const char *layout,
+                            int (*shard_ok)(const kb_shard_spec *sh))
 {
     kb_errbuf *eb = kb_ctx_err(ctx);
-    int shards = kb_dist_shards_per_rank(ctx);
-    for (int r = 0; r < d->ws; r++) {
+    for (int r = 0; r < ws; r++) {
         if (!t[r])
             return kb_err_set(eb, KB_ERR_INVAL, "%s: rank %d passed no tensor", what, r);
         if (kb_tensor_sip(t[r]) != (unsigned)r)
@@ -471,11 +305,10 @@ static int validate(kb_ctx *ctx, dist *d, kb_tensor *const *t, const char *what)
             kb_tensor_dtype(t[r]) != kb_tensor_dtype(t[0]))
             return kb_err_set(eb, KB_ERR_STATE, "%s: validator multi_pe_sip_local: rank %d's "
                               "tensor '%s' must be split into %d equal shards (%s) like rank 0's",
-                              what, r, kb_tensor_name(t[r]), shards,
-                              d->intercube ? "rows over the cubes' PE 0" : "rows over every PE");
+                              what, r, kb_tensor_name(t[r]), shards, layout);
         for (size_t i = 0; i < kb_tensor_nshards(t[r]); i++)
             if (kb_tensor_shard(t[r], i)->nbytes != kb_tensor_shard(t[r], 0)->nbytes ||
-                (d->intercube && kb_tensor_shard(t[r], i)->pe != 0))
+                (shard_ok && !shard_ok(kb_tensor_shard(t[r], i))))
                 return kb_err_set(eb, KB_ERR_STATE, "%s: validator multi_pe_sip_local: uneven "
                                   "or misplaced shard %zu of rank %d", what, i, r);
     }
@@ -485,7 +318,7 @@ static int validate(kb_ctx *ctx, dist *d, kb_tensor *const *t, const char *what)
 static int launch_allreduce(kb_ctx *ctx, dist *d, kb_tensor *const *t)
 {
     kb_machine *m = kb_ctx_machine(ctx);
-    int rc = validate(ctx, d, t, "all_reduce");
+    int rc = d->algo->validate(ctx, t, d->ws, "all_reduce");
     if (rc)
         return rc;
     uint64_t n = kb_tensor_shard(t[0], 0)->nbytes / kb_dtype_size(kb_tensor_dtype(t[0]));
@@ -496,32 +329,14 @@ static int launch_allreduce(kb_ctx *ctx, dist *d, kb_tensor *const *t)
                           (unsigned long long)n, (unsigned long long)(n * 4),
                           (unsigned long long)d->icfg.slot_size);
     kb_kargs *args = d->args;
-    kb_grid g;
     memset(args, 0, (size_t)d->ws * sizeof *args);
     for (int r = 0; r < d->ws; r++) {
-        args[r].ptr[0] = kb_tensor_va(t[r]);
-        if (d->intercube) {
-            args[r].i[IC_N] = (int64_t)n;
-            args[r].i[IC_W] = m->mesh_w;
-            args[r].i[IC_H] = m->mesh_h;
-            args[r].i[IC_SIPS] = d->ws;
-            args[r].i[IC_TOPO] = sip_topo_kind(m->cfg.sips_topology);
-            args[r].i[IC_GW] = m->sip_grid_w;
-            args[r].i[IC_GH] = m->sip_grid_h;
-            args[r].i[IC_ROOT] = d->root_cube;
-            args[r].i[IC_DT] = kb_tensor_dtype(t[r]);
-        } else {
-            args[r].i[KB_CCL_ARG_N] = (int64_t)n;
-            args[r].i[KB_CCL_ARG_WS] = d->ws * m->ncubes * m->npes;
-            args[r].i[KB_CCL_ARG_PES] = m->npes;
-            args[r].i[KB_CCL_ARG_CUBES] = m->ncubes;
-            args[r].i[KB_CCL_ARG_SIPS] = d->ws;
-            args[r].i[KB_CCL_ARG_DTYPE] = kb_tensor_dtype(t[r]);
-        }
+        kb_dist_launch l = { t[r], r, d->ws, (int64_t)n, d->root_cube };
+        if ((rc = d->algo->args(ctx, &l, &args[r])) != 0)
+            return rc;
     }
-    g = d->intercube ? (kb_grid){ 1, m->ncubes, d->ws, 0 } : (kb_grid){ m->npes, m->ncubes, d->ws, 0 };
-    return kb_launch_per_sip(ctx, d->module,
-                             d->intercube ? intercube_allreduce : d->impl->kernel, args, &g);
+    kb_grid g = d->algo->grid(m, d->ws);
+    return kb_launch_per_sip(ctx, d->module, d->algo->kernel, args, &g);
 }
 
 static int exec_allreduce(kb_ctx *ctx, dist *d, epoch *e)
@@ -620,8 +435,7 @@ static int exec_gather(kb_ctx *ctx, dist *d, epoch *e, int reduce_scatter)
                           "over the rank's %d PEs and the wide one (%d*m x ws*k) row-wise over "
                           "them, alike on every rank",
                           ep_names[reduce_scatter ? EP_REDUCESCATTER : EP_ALLGATHER], bad, S, S);
-    kb_grid g = d->intercube ? (kb_grid){ 1, m->ncubes, d->ws, 0 }
-                             : (kb_grid){ m->npes, m->ncubes, d->ws, 0 };
+    kb_grid g = d->algo->grid(m, d->ws);
     /* d->args is shared with launch_allreduce; kb_launch_per_sip copies what it is given */
     if (reduce_scatter && (rc = launch_allreduce(ctx, d, wide)) != 0)
         return rc;

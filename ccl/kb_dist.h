@@ -8,16 +8,13 @@
  * (one launch, per-SIP arguments) and all ranks resume when it has completed. A rank joining
  * an epoch it already joined, or a different collective than the other ranks, is an error.
  *
- * The algorithm is the process group's (ccl.defaults.algorithm unless given):
+ * The algorithm is the process group's (ccl.defaults.algorithm unless given), an entry of the
+ * rank = SIP table (kb_dist_algo.h), which says how a rank's tensor is laid out:
  *   intercube_allreduce     PE 0 of every cube; tensor (n_cubes x n) row-wise over cubes
- *                           (validator multi_pe_sip_local): reduce along the cube mesh rows to
- *                           the root column, down it to the root cube, exchange among the
- *                           SIPs' root cubes by system.sips.topology (ring_1d: ring; torus_2d /
- *                           mesh_2d: row ring then column ring; mesh_2d_no_wrap: chain reduce +
- *                           broadcast along rows, then columns), broadcast back. Every cube's
- *                           PE 0 is wired for inter-SIP traffic.
+ *                           (validator multi_pe_sip_local); ccl/kb_ccl_intercube.c.
  *   hierarchical_allreduce  every PE (mapper all_pes); tensor (n_cubes * n_pes * m x k)
- *                           row-wise over cubes and PEs: one m x k block per PE.
+ *                           row-wise over cubes and PEs: one m x k block per PE; the rank = PE
+ *                           kernel of ccl/kb_ccl_algos.c.
  * all_reduce leaves in EVERY shard the sum over all shards of all ranks (for intercube: over
  * the cubes' rows and the ranks). Only SUM is supported. all_gather and reduce_scatter are
  * built on all_reduce (a zero-padded buffer / the own chunk of the sum): correct, with

@@ -1,7 +1,9 @@
 /*
  * Tests of the built-in benches through the runner: each verifies against its host
  * reference, is deterministic, and reports the same simulated time without data (--device
- * none). The digests pin the exact output bytes.
+ * none). The digests pin the exact output bytes. The collective bench, in both rank models,
+ * verifies its seeded inputs exactly (max_abs_err within err_bound) and applies the busbw
+ * factor of the algorithm's collective kind.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +15,7 @@
 #include <string.h>
 
 #include "kb_bench.h"
+#include "kb_ccl.h"
 
 static const kb_ctx_opts ref_opts = { .device = KB_DEV_REF };
 
@@ -161,30 +164,38 @@ static int64_t t_recv(const costs *k, int64_t b) { return k->cpu + k->ipcq + k->
 static int64_t t_add(const costs *k, int64_t e) { return k->cpu + k->math_fixed + xfer(e, k->lanes); }
 static int64_t t_hbm_ipcq(const costs *k, int64_t b) { return k->cpu + k->ipcq + k->l_hbm + k->l_noc + k->l_tcm + k->setup + xfer(b, k->dma); }
 
-static double ccl_sim_ps(const char *algo, int ws, int n)
+/*
+ * Runs ccl_allreduce on a new ccl.yaml entry `name` of `module` (ws 0 = rank = SIP) on the
+ * default machine with device dev; fails the test on any error.
+ */
+static void ccl_entry_run(const char *name, const char *module, const char *topo, int ws, int n,
+                          kb_device_kind dev, int verify, kb_run_report *rep)
 {
     const kb_bench *b = kb_bench_find("ccl_allreduce");
     kb_config cfg;
     kb_ccl_cfg ccl;
     kb_errbuf eb;
-    kb_run_report rep;
-    char set[128];
-    kb_ctx_opts none = { .device = KB_DEV_NONE };
-    kb_bench_args a = defaults_of(b, 0);
+    char set[5][128];
+    kb_ctx_opts o = { .device = dev };
+    kb_bench_args a = defaults_of(b, verify);
     kb_config_defaults(&cfg);
     kb_ccl_config_defaults(&ccl);
-    snprintf(set, sizeof set, "ccl.algorithms.%s.module=%s", algo, algo);
-    assert_int_equal(kb_ccl_config_set(&ccl, set, &eb), 0);
-    snprintf(set, sizeof set, "ccl.algorithms.%s.topology=ring_1d", algo);
-    assert_int_equal(kb_ccl_config_set(&ccl, set, &eb), 0);
-    snprintf(set, sizeof set, "ccl.algorithms.%s.world_size=%d", algo, ws);
-    assert_int_equal(kb_ccl_config_set(&ccl, set, &eb), 0);
-    snprintf(set, sizeof set, "ccl.algorithms.%s.n_elem=%d", algo, n);
-    assert_int_equal(kb_ccl_config_set(&ccl, set, &eb), 0);
-    snprintf(set, sizeof set, "ccl.defaults.algorithm=%s", algo);
-    assert_int_equal(kb_ccl_config_set(&ccl, set, &eb), 0);
-    if (kb_bench_execute(&cfg, &ccl, &none, b, &a, &rep, &eb) != 0)
-        fail_msg("%s", eb.msg);
+    snprintf(set[0], sizeof set[0], "ccl.algorithms.%s.module=%s", name, module);
+    snprintf(set[1], sizeof set[1], "ccl.algorithms.%s.topology=%s", name, topo);
+    snprintf(set[2], sizeof set[2], "ccl.algorithms.%s.world_size=%d", name, ws);
+    snprintf(set[3], sizeof set[3], "ccl.algorithms.%s.n_elem=%d", name, n);
+    snprintf(set[4], sizeof set[4], "ccl.defaults.algorithm=%s", name);
+    for (int i = 0; i < 5; i++)
+        if (kb_ccl_config_set(&ccl, set[i], &eb) != 0)
+            fail_msg("%s: %s", set[i], eb.msg);
+    if (kb_bench_execute(&cfg, &ccl, &o, b, &a, rep, &eb) != 0)
+        fail_msg("%s: %s", name, eb.msg);
+}
+
+static double ccl_sim_ps(const char *algo, int ws, int n)
+{
+    kb_run_report rep;
+    ccl_entry_run(algo, algo, "ring_1d", ws, n, KB_DEV_NONE, 0, &rep);
     return rep.sim_time_ns * 1000.0;
 }
 
@@ -220,6 +231,62 @@ static void test_rsag_closed_form(void **s)
     assert_within_1pct(ccl_sim_ps("ring_rsag_allreduce", (int)p, (int)n), want);
 }
 
+/* ---- the collective bench: verification and busbw per collective kind ---- */
+
+static double extra(const kb_run_report *rep, const char *name)
+{
+    for (int i = 0; i < rep->res.nextras; i++)
+        if (!strcmp(rep->res.extras[i].name, name))
+            return rep->res.extras[i].value;
+    fail_msg("no extra '%s'", name);
+    return 0.0;
+}
+
+/* Runs ccl_allreduce on a new entry `name` of `module` (ws 0 = rank = SIP), verified. */
+static void ccl_bench(const char *name, const char *module, const char *topo, int ws, int n,
+                      kb_run_report *rep)
+{
+    ccl_entry_run(name, module, topo, ws, n, KB_DEV_REF, 1, rep);
+}
+
+static void test_ccl_verify_and_busbw(void **s)
+{
+    static const struct { const char *module, *topo; int ws, n, ranks; kb_coll_kind k;
+                          int ok; } cases[] = {
+        { "ring_allreduce", "ring_1d", 8, 32, 8, KB_COLL_ALLREDUCE, 8 },
+        { "ring_rsag_allreduce", "ring_1d", 16, 64, 16, KB_COLL_ALLREDUCE, 16 },
+        { "hello_send", "ring_1d", 4, 32, 4, KB_COLL_SENDRECV, 4 },
+        { "hierarchical_allreduce", "hierarchical_3level", 16, 32, 16, KB_COLL_ALLREDUCE, 16 },
+        /* rank = SIP: 2 SIPs; ok counts shards (16 cubes' PE 0 / 128 PEs per SIP) */
+        { "intercube_allreduce", "ring_1d", 0, 32, 2, KB_COLL_ALLREDUCE, 32 },
+        { "hierarchical_allreduce", "ring_1d", 0, 8, 2, KB_COLL_ALLREDUCE, 256 },
+    };
+    kb_run_report rep;
+    char ok[32];
+    (void)s;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ccl_bench("c", cases[i].module, cases[i].topo, cases[i].ws, cases[i].n, &rep);
+        if (rep.res.verified != 1)
+            fail_msg("%s: %s", cases[i].module, rep.res.detail);
+        snprintf(ok, sizeof ok, "%d OK", cases[i].ok);
+        assert_string_equal(rep.res.ok_text, ok);
+        assert_true(rep.res.have_err && rep.res.max_abs_err <= rep.res.err_bound);
+        assert_int_equal((int)extra(&rep, "world_size"), cases[i].ranks);
+        double algbw = extra(&rep, "algbw_gbps"), busbw = extra(&rep, "busbw_gbps");
+        assert_true(algbw > 0);
+        assert_true(busbw == algbw * kb_coll_busbw_factor(cases[i].k, cases[i].ranks));
+        if (cases[i].k == KB_COLL_SENDRECV) /* send/recv's busbw is its algbw */
+            assert_true(busbw == algbw);
+        kb_run_report_fini(&rep);
+    }
+    /* the seeded inputs pin the output bytes; they change no simulated time (the closed form
+     * of test_ring_closed_form) */
+    ccl_bench("c", "ring_allreduce", "ring_1d", 8, 32, &rep);
+    assert_int_equal(rep.res.digest, UINT64_C(0xa7f4e44cf91d2a15));
+    assert_true(rep.sim_time_ns == 4900.75);
+    kb_run_report_fini(&rep);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -230,6 +297,7 @@ int main(void)
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_ring_closed_form),
         cmocka_unit_test(test_rsag_closed_form),
+        cmocka_unit_test(test_ccl_verify_and_busbw),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

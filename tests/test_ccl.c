@@ -1,13 +1,13 @@
 /*
  * test_ccl — the collective library: topology tables and reverse pairing (every topology,
  * with explicit neighbour lists and a generic "every link has a way back" check), the legacy
- * rank = PE layout on the default machine (2 SIPs x 16 cubes x 8 PEs), and every registered
- * algorithm run through the mock runtime on random data at several world sizes, compared
- * element by element with the exact result. Test data are k/8 with k in [-32, 32]: every
- * partial sum is exact in f32 and every final sum of up to 64 ranks (|sum| <= 256, a multiple
- * of 1/8) is exact in f16, so exact equality is the right check; bigger worlds compare with
- * the exact sum rounded once to f16. Limits: the mock runtime reports no time, so nothing
- * here checks timing (test_ipcq checks the protocol's ordering).
+ * rank = PE layout on the default machine (2 SIPs x 16 cubes x 8 PEs), the verification
+ * machinery (collective kinds and busbw factors, host references, the seeded inputs, and a
+ * comparison that rejects an element out of place), and every registered algorithm run through
+ * the mock runtime on seeded position-dependent data at several world sizes, compared bit for
+ * bit with its host reference rounded once to f16 (the inputs keep every f32 partial sum
+ * exact) and, independently, with a sum computed here. Limits: the mock runtime reports no
+ * time, so nothing here checks timing (test_ipcq checks the protocol's ordering).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +15,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -302,51 +303,52 @@ static void test_layout_legacy(void **state)
 
 /* ---- every algorithm through the mock runtime ---- */
 
-typedef struct rng {
-    uint64_t s;
-} rng;
-
-static uint32_t rng_next(rng *r)
+/* Raw f16 bits of ntiles*n floats (what a tile tensor holds after the collective). */
+static uint16_t *to_f16(const float *x, size_t total)
 {
-    /* xorshift64*: small, deterministic and good enough for test data */
-    r->s ^= r->s >> 12;
-    r->s ^= r->s << 25;
-    r->s ^= r->s >> 27;
-    return (uint32_t)((r->s * UINT64_C(2685821657736338717)) >> 32);
+    uint16_t *h = malloc(total * sizeof *h);
+    assert_non_null(h);
+    for (size_t i = 0; i < total; i++)
+        h[i] = kb_f32_to_f16(x[i]);
+    return h;
 }
 
-/* k/8 with k uniform in [-32, 32] */
-static float rng_val(rng *r) { return (float)((int)(rng_next(r) % 65u) - 32) / 8.0f; }
-
-static void run_mock(const char *module, const char *topo, int ws, int64_t n, uint64_t seed)
+/*
+ * Runs `module` on ws ranks with kb_ccl_inputs(seed) and checks every element two ways: with
+ * kb_ccl_verify against the registry's reference (what the bench does), and against a
+ * reference computed here from the kind (sum over ranks, or the west neighbour's tile).
+ */
+static void run_mock(const char *module, const char *topo, int ws, int64_t n, uint32_t seed)
 {
+    const kb_ccl_algo_impl *impl = kb_ccl_algo_find(module);
     size_t total = (size_t)ws * (size_t)n;
     float *in = malloc(total * sizeof *in), *out = malloc(total * sizeof *out);
-    int hello = !strcmp(module, "hello_send");
-    rng r = { seed * UINT64_C(0x9E3779B97F4A7C15) + 1 };
+    double *ref = malloc(total * sizeof *ref);
+    kb_ccl_verdict v;
     kb_errbuf eb;
     int rc;
 
+    assert_non_null(impl);
     assert_non_null(in);
     assert_non_null(out);
-    for (size_t i = 0; i < total; i++) {
-        in[i] = rng_val(&r);
+    assert_non_null(ref);
+    kb_ccl_inputs(in, seed, 0, ws, n);
+    for (size_t i = 0; i < total; i++)
         out[i] = 1e30f;
-    }
     rc = kb_ccl_mock_run(module, topo, ws, n, in, out, &eb);
     if (rc != 0)
         fail_msg("%s ws=%d n=%lld: %d %s", module, ws, (long long)n, rc, eb.msg);
     for (int rank = 0; rank < ws; rank++) {
         for (int64_t i = 0; i < n; i++) {
             double want = 0.0;
-            if (hello) {
+            if (impl->kind == KB_COLL_SENDRECV) {
                 want = in[(size_t)((rank + ws - 1) % ws) * (size_t)n + (size_t)i];
             } else {
+                assert_int_equal(impl->kind, KB_COLL_ALLREDUCE);
                 for (int q = 0; q < ws; q++)
                     want += in[(size_t)q * (size_t)n + (size_t)i];
             }
-            /* partial sums are exact in f32; the result is rounded to f16 once (a no-op
-             * while |sum| < 256, i.e. up to 64 ranks; 384 ranks may need it) */
+            /* partial sums are exact in f32; the result is rounded to f16 once */
             want = kb_f16_to_f32(kb_f32_to_f16((float)want));
             double got = out[(size_t)rank * (size_t)n + (size_t)i];
             if (got != want)
@@ -354,8 +356,17 @@ static void run_mock(const char *module, const char *topo, int ws, int64_t n, ui
                          (long long)n, rank, (long long)i, got, want);
         }
     }
+    impl->reference(in, ws, n, ref);
+    uint16_t *raw = to_f16(out, total);
+    if (!kb_ccl_verify(KB_F16, raw, ref, ws, n, kb_ccl_input_acc_bound(impl->kind, ws), &v))
+        fail_msg("%s ws=%d: kb_ccl_verify rejects rank %d element %lld", module, ws,
+                 v.first_bad_tile, (long long)v.first_bad_elem);
+    assert_int_equal(v.ok_tiles, ws);
+    assert_true(v.max_abs_err <= v.err_bound);
+    free(raw);
     free(in);
     free(out);
+    free(ref);
 }
 
 typedef struct algo_case {
@@ -394,9 +405,9 @@ static void test_mock_every_algorithm(void **state)
         assert_non_null(impl->kernel);
         assert_non_null(impl->max_msg_bytes);
         for (int i = 0; c->ws[i]; i++) {
-            run_mock(impl->module, NULL, c->ws[i], 37, (uint64_t)(a * 100 + i));
+            run_mock(impl->module, NULL, c->ws[i], 37, (uint32_t)(a * 100 + i));
             if (c->n_eq_ws)
-                run_mock(impl->module, NULL, c->ws[i], c->ws[i], (uint64_t)(a * 100 + 50 + i));
+                run_mock(impl->module, NULL, c->ws[i], c->ws[i], (uint32_t)(a * 100 + 50 + i));
         }
     }
     assert_int_equal(nalgos, (int)(sizeof algo_cases / sizeof algo_cases[0]));
@@ -407,22 +418,19 @@ static void test_mock_every_algorithm(void **state)
     assert_null(kb_ccl_algo_find("no_such_algo"));
 }
 
-/* The registry's expected() matches what the kernels compute from the default fill q + 1. */
-static void test_mock_expected_fill(void **state)
+/* With no inputs the mock feeds kb_ccl_inputs(KB_CCL_INPUT_SEED), like the bench. */
+static void test_mock_default_inputs(void **state)
 {
     enum { WS = 4, NE = 8 };
-    float out[WS * NE];
+    float in[WS * NE], a[WS * NE], b[WS * NE];
     kb_errbuf eb;
     (void)state;
-    for (int a = 0; kb_ccl_algo_at(a); a++) {
-        const kb_ccl_algo_impl *impl = kb_ccl_algo_at(a);
-        int ws = WS;
-        assert_int_equal(kb_ccl_mock_run(impl->module, NULL, ws, NE, NULL, out, &eb), 0);
-        for (int r = 0; r < ws; r++)
-            for (int i = 0; i < NE; i++)
-                if (out[r * NE + i] != (float)impl->expected(r, ws))
-                    fail_msg("%s rank %d: %g, expected() says %g", impl->module, r,
-                             (double)out[r * NE + i], impl->expected(r, ws));
+    kb_ccl_inputs(in, KB_CCL_INPUT_SEED, 0, WS, NE);
+    for (int i = 0; kb_ccl_algo_at(i); i++) {
+        const char *module = kb_ccl_algo_at(i)->module;
+        assert_int_equal(kb_ccl_mock_run(module, NULL, WS, NE, NULL, a, &eb), 0);
+        assert_int_equal(kb_ccl_mock_run(module, NULL, WS, NE, in, b, &eb), 0);
+        assert_memory_equal(a, b, sizeof a);
     }
 }
 
@@ -436,10 +444,15 @@ static void test_mock_other_topologies(void **state)
     /* 32 cubes of one SIP, then 3 SIPs: the leaders' global_E/W ring */
     run_mock("hierarchical_allreduce", NULL, 256, 37, 10);
     run_mock("hierarchical_allreduce", NULL, 384, 37, 11);
+    /* the usual topology is the table's */
     assert_string_equal(kb_ccl_default_topo("ring_allreduce"), "ring_1d");
     assert_string_equal(kb_ccl_default_topo("mesh_allreduce"), "mesh_2d");
     assert_string_equal(kb_ccl_default_topo("tree_allreduce"), "tree_binary");
     assert_string_equal(kb_ccl_default_topo("hierarchical_allreduce"), "hierarchical_3level");
+    assert_string_equal(kb_ccl_default_topo("no_such_algo"), "ring_1d");
+    for (int i = 0; kb_ccl_algo_at(i); i++)
+        assert_string_equal(kb_ccl_default_topo(kb_ccl_algo_at(i)->module),
+                            kb_ccl_algo_at(i)->topology);
 }
 
 static void test_mock_errors(void **state)
@@ -461,6 +474,202 @@ static void test_mock_errors(void **state)
                      KB_ERR_RANGE);
 }
 
+/* ---- verification machinery ---- */
+
+static void test_coll_kinds_busbw(void **state)
+{
+    (void)state;
+    /* nccl-tests' factors at 8 ranks */
+    assert_true(kb_coll_busbw_factor(KB_COLL_ALLREDUCE, 8) == 1.75);
+    assert_true(kb_coll_busbw_factor(KB_COLL_ALLGATHER, 8) == 0.875);
+    assert_true(kb_coll_busbw_factor(KB_COLL_REDUCE_SCATTER, 8) == 0.875);
+    assert_true(kb_coll_busbw_factor(KB_COLL_ALLTOALL, 8) == 0.875);
+    assert_true(kb_coll_busbw_factor(KB_COLL_BROADCAST, 8) == 1.0);
+    assert_true(kb_coll_busbw_factor(KB_COLL_REDUCE, 8) == 1.0);
+    assert_true(kb_coll_busbw_factor(KB_COLL_SENDRECV, 8) == 1.0);
+    /* a world of one moves nothing for the n-1 kinds; no world, no factor */
+    assert_true(kb_coll_busbw_factor(KB_COLL_ALLREDUCE, 1) == 0.0);
+    assert_true(kb_coll_busbw_factor(KB_COLL_ALLGATHER, 1) == 0.0);
+    assert_true(kb_coll_busbw_factor(KB_COLL_SENDRECV, 1) == 1.0);
+    assert_true(kb_coll_busbw_factor(KB_COLL_ALLREDUCE, 0) == 0.0);
+    assert_true(kb_coll_busbw_factor(KB_COLL_NKINDS, 8) == 0.0);
+    assert_true(kb_coll_busbw_factor(KB_COLL_ALLREDUCE, 256) == 2.0 * 255 / 256);
+    assert_string_equal(kb_coll_name(KB_COLL_ALLREDUCE), "all_reduce");
+    assert_string_equal(kb_coll_name(KB_COLL_SENDRECV), "sendrecv");
+    assert_string_equal(kb_coll_name(KB_COLL_ALLTOALL), "all_to_all");
+    assert_string_equal(kb_coll_name(KB_COLL_NKINDS), "?");
+    /* every registered algorithm names a kind and a topology the library knows */
+    for (int i = 0; kb_ccl_algo_at(i); i++) {
+        const kb_ccl_algo_impl *impl = kb_ccl_algo_at(i);
+        int known = 0;
+        assert_true((unsigned)impl->kind < KB_COLL_NKINDS);
+        assert_non_null(impl->reference);
+        for (int t = 0; kb_topo_names[t]; t++)
+            known |= !strcmp(kb_topo_names[t], impl->topology);
+        assert_true(known);
+    }
+    assert_int_equal(kb_ccl_algo_find("hello_send")->kind, KB_COLL_SENDRECV);
+    assert_int_equal(kb_ccl_algo_find("ring_allreduce")->kind, KB_COLL_ALLREDUCE);
+}
+
+static void test_references(void **state)
+{
+    const float in[3 * 2] = { 1, 2, 10, 20, 100, 200 };
+    double out[3 * 2];
+    (void)state;
+    kb_ccl_ref_allreduce(in, 3, 2, out);
+    for (int r = 0; r < 3; r++) {
+        assert_true(out[r * 2] == 111.0);
+        assert_true(out[r * 2 + 1] == 222.0);
+    }
+    kb_ccl_ref_shift_east(in, 3, 2, out); /* rank r gets rank r-1's tile */
+    assert_true(out[0] == 100.0 && out[1] == 200.0);
+    assert_true(out[2] == 1.0 && out[3] == 2.0);
+    assert_true(out[4] == 10.0 && out[5] == 20.0);
+    kb_ccl_ref_shift_east(in, 1, 2, out);
+    assert_true(out[0] == 1.0 && out[1] == 2.0);
+}
+
+static void test_inputs(void **state)
+{
+    enum { G = KB_CCL_INPUT_GRID };
+    static float x[2 * G];
+    static uint8_t seen[G];
+    (void)state;
+    /* every (tile, element) of a world with ntiles * n <= the grid gets its own value, for
+     * several shapes and seeds; values are on the 1/128 grid, |x| <= 16, exact in f16 */
+    static const int64_t shapes[][2] = { { 256, 16 }, { 4096, 1 }, { 1, 4096 }, { 7, 37 } };
+    for (uint32_t seed = 1; seed <= 3; seed++) {
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            int64_t nt = shapes[s][0], n = shapes[s][1];
+            memset(seen, 0, sizeof seen);
+            kb_ccl_inputs(x, seed, 0, nt, n);
+            for (int64_t k = 0; k < nt * n; k++) {
+                float v = x[k];
+                int q = (int)(v * 128.0f) + G / 2;
+                assert_true(v * 128.0f == (float)(q - G / 2));
+                assert_true(v >= -16.0f && v < 16.0f);
+                assert_true(kb_f16_to_f32(kb_f32_to_f16(v)) == v);
+                if (seen[q])
+                    fail_msg("seed %u, %lld x %lld: value %g repeats at %lld", seed,
+                             (long long)nt, (long long)n, (double)v, (long long)k);
+                seen[q] = 1;
+                /* the same as element by element, and deterministic */
+                assert_true(kb_ccl_input(seed, k / n, k % n, n) == v);
+            }
+        }
+    }
+    /* a tile range starting later is the same positions' values */
+    kb_ccl_inputs(x, 5, 0, 8, 64);
+    kb_ccl_inputs(x + 8 * 64, 5, 3, 2, 64);
+    assert_memory_equal(x + 8 * 64, x + 3 * 64, 2 * 64 * sizeof *x);
+    /* the seed changes the values; beyond the grid they go on varying */
+    int differ = 0;
+    for (int64_t i = 0; i < 64; i++)
+        differ += kb_ccl_input(1, 0, i, 64) != kb_ccl_input(2, 0, i, 64);
+    assert_true(differ > 48);
+    kb_ccl_inputs(x, 1, 0, 2, G); /* positions 0..8191: block 1 is another permutation */
+    differ = 0;
+    for (int64_t i = 0; i < G; i++)
+        differ += x[i] != x[G + i];
+    assert_true(differ > G * 3 / 4);
+    /* exactness range of reductions */
+    assert_true(kb_ccl_input_acc_bound(KB_COLL_ALLREDUCE, KB_CCL_INPUT_EXACT_TERMS) == 0.0);
+    assert_true(kb_ccl_input_acc_bound(KB_COLL_ALLREDUCE, KB_CCL_INPUT_EXACT_TERMS + 1) > 0.0);
+    assert_true(kb_ccl_input_acc_bound(KB_COLL_SENDRECV, 100000) == 0.0);
+    /* the worst case of the exact range: KB_CCL_INPUT_EXACT_TERMS values of -16 in f32 */
+    float acc = 0.0f;
+    for (int i = 0; i < KB_CCL_INPUT_EXACT_TERMS; i++)
+        acc += -16.0f + 1.0f / 128.0f * (float)(i & 1);
+    assert_true((double)acc == -16.0 * KB_CCL_INPUT_EXACT_TERMS +
+                                   (double)(KB_CCL_INPUT_EXACT_TERMS / 2) / 128.0);
+}
+
+/* Swaps the first element of tile t with a later one of another value; returns its index. */
+static int64_t swap_in_tile(uint16_t *raw, int t, int64_t n)
+{
+    uint16_t *tile = raw + (size_t)t * (size_t)n;
+    for (int64_t j = 1; j < n; j++) {
+        if (tile[j] != tile[0]) {
+            uint16_t tmp = tile[0];
+            tile[0] = tile[j];
+            tile[j] = tmp;
+            return j;
+        }
+    }
+    fail_msg("tile %d holds one value only", t);
+    return -1;
+}
+
+/*
+ * The comparison the bench uses (kb_ccl_verify) rejects a real result with two elements of
+ * one rank's tile swapped: the swap keeps the tile's sum and the mean, so only checking every
+ * element at its place catches it. Also: a tolerance that still catches the swap.
+ */
+static void test_verify_rejects_swap(void **state)
+{
+    enum { WS = 8, NE = 37 };
+    float in[WS * NE], out[WS * NE];
+    double ref[WS * NE];
+    kb_ccl_verdict v;
+    kb_errbuf eb;
+    (void)state;
+    kb_ccl_inputs(in, 99, 0, WS, NE);
+    for (int a = 0; kb_ccl_algo_at(a); a++) {
+        const kb_ccl_algo_impl *impl = kb_ccl_algo_at(a);
+        int ws = !strcmp(impl->module, "mesh_allreduce") ? 4 : WS;
+        assert_int_equal(kb_ccl_mock_run(impl->module, NULL, ws, NE, in, out, &eb), 0);
+        impl->reference(in, ws, NE, ref);
+        uint16_t *raw = to_f16(out, (size_t)ws * NE);
+        assert_int_equal(kb_ccl_verify(KB_F16, raw, ref, ws, NE, 0.0, &v), 1);
+        assert_int_equal(v.ok_tiles, ws);
+        assert_int_equal(v.first_bad_tile, -1);
+        int64_t j = swap_in_tile(raw, ws - 1, NE);
+        assert_int_equal(kb_ccl_verify(KB_F16, raw, ref, ws, NE, 0.0, &v), 0);
+        assert_int_equal(v.ok_tiles, ws - 1);
+        assert_int_equal(v.first_bad_tile, ws - 1);
+        assert_int_equal(v.first_bad_elem, 0);
+        assert_true(v.first_got == kb_f16_to_f32(raw[(size_t)(ws - 1) * NE]));
+        assert_true(v.max_abs_err > v.err_bound);
+        /* the mean cannot tell: the FAIL line's means agree */
+        assert_true(fabs(v.got_mean - v.want_mean) < 1e-9);
+        /* a loose tolerance (here 1/64 beyond half an ulp) still sees it */
+        assert_int_equal(kb_ccl_verify(KB_F16, raw, ref, ws, NE, 1.0 / 64, &v), 0);
+        swap_in_tile(raw, ws - 1, NE); /* the same pair back */
+        (void)j;
+        assert_int_equal(kb_ccl_verify(KB_F16, raw, ref, ws, NE, 0.0, &v), 1);
+        free(raw);
+    }
+}
+
+/* Exact mode wants the bits of the reference rounded to nearest even; the tolerant mode
+ * accepts half an ulp plus acc_bound and reports the worst error against its bound. */
+static void test_verify_rounding(void **state)
+{
+    /* 2049 is a tie between f16 2048 and 2050: nearest even is 2048 */
+    const double ref[2] = { 2049.0, 1.0 };
+    uint16_t raw[2] = { kb_f32_to_f16(2048.0f), kb_f32_to_f16(1.0f) };
+    float f32[2] = { 2049.0f, 1.0f };
+    kb_ccl_verdict v;
+    (void)state;
+    assert_int_equal(kb_ccl_verify(KB_F16, raw, ref, 1, 2, 0.0, &v), 1);
+    assert_true(v.max_abs_err == 1.0 && v.err_bound == 1.0);
+    raw[0] = kb_f32_to_f16(2050.0f); /* the other neighbour: as close, but not RNE */
+    assert_int_equal(kb_ccl_verify(KB_F16, raw, ref, 1, 2, 0.0, &v), 0);
+    assert_int_equal(v.first_bad_elem, 0);
+    assert_int_equal(kb_ccl_verify(KB_F16, raw, ref, 1, 2, 1e-6, &v), 1);
+    raw[0] = kb_f32_to_f16(2052.0f);
+    assert_int_equal(kb_ccl_verify(KB_F16, raw, ref, 1, 2, 1e-6, &v), 0);
+    assert_true(v.max_abs_err == 3.0);
+    /* f32 tiles: exact */
+    assert_int_equal(kb_ccl_verify(KB_F32, f32, ref, 1, 2, 0.0, &v), 1);
+    assert_true(v.max_abs_err == 0.0);
+    f32[1] = 1.0f + 0x1p-23f;
+    assert_int_equal(kb_ccl_verify(KB_F32, f32, ref, 2, 1, 0.0, &v), 0);
+    assert_int_equal(v.ok_tiles, 1);
+    assert_int_equal(v.first_bad_tile, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -471,9 +680,14 @@ int main(void)
         cmocka_unit_test(test_topo_errors_and_names),
         cmocka_unit_test(test_layout_legacy),
         cmocka_unit_test(test_mock_every_algorithm),
-        cmocka_unit_test(test_mock_expected_fill),
+        cmocka_unit_test(test_mock_default_inputs),
         cmocka_unit_test(test_mock_other_topologies),
         cmocka_unit_test(test_mock_errors),
+        cmocka_unit_test(test_coll_kinds_busbw),
+        cmocka_unit_test(test_references),
+        cmocka_unit_test(test_inputs),
+        cmocka_unit_test(test_verify_rejects_swap),
+        cmocka_unit_test(test_verify_rounding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

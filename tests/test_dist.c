@@ -6,8 +6,10 @@
  * torus_2d and mesh_2d_no_wrap and for hierarchical_allreduce, all_gather / reduce_scatter
  * against the layouts kb_dist.h documents, and the error paths (mismatched collectives, a
  * second join of an open epoch, unsupported op / backend / algorithm, collectives before init
- * or outside a worker, a failing worker stopping the run). Data are chosen so every partial
- * and final sum is exact in f32 and f16, so results are compared for exact equality. Most
+ * or outside a worker, a failing worker stopping the run), and the rank = SIP registry: every
+ * entry's all_reduce on seeded position-dependent data (kb_ccl_inputs, one tile per shard)
+ * checked with kb_ccl_verify against the entry's host reference. Data are chosen so every
+ * partial sum is exact in f32, so results are compared for exact equality. Most
  * cases run on a small machine (2x2 cubes of 2 PEs) to stay fast; the wiring and one
  * all_reduce use the default 4x4 mesh. Limits: no timing is asserted (bench_ccl and
  * test_ipcq cover time); every context is destroyed so the ASan build checks for leaks.
@@ -23,6 +25,7 @@
 #include <string.h>
 
 #include "kb_dist.h"
+#include "kb_dist_algo.h"
 #include "kb_dtype.h"
 #include "kb_ipcq.h"
 #include "kb_runtime.h"
@@ -91,7 +94,8 @@ struct job {
     int skip_init;            /* body runs before any init_process_group */
     body_fn body;             /* after init; NULL = nothing */
     int64_t m, n;             /* rows per shard, columns */
-    int pattern;              /* 0: rank r holds r+1; 1: (r+1)(q+1)/8 + column */
+    int pattern;              /* 0: rank r holds r+1; 1: (r+1)(q+1)/8 + column; 2: seeded
+                                 (kb_ccl_inputs, shard p of rank r is tile r*S + p) */
     int repeat;               /* all_reduce a second tensor after a barrier */
     int fail_rank;            /* worker error scenarios: the rank that fails */
     int sleeper;              /* ... and rank 0 sleeps past the failure instead of waiting */
@@ -141,10 +145,18 @@ static void run_fails(kb_ctx *ctx, job *j, int code, const char *want)
         fail_msg("expected %d with \"%s\", got %d: %s", code, want, rc, kb_ctx_errmsg(ctx));
 }
 
-/* Value of element (row q, column i) of rank r's input. */
+/* Value of element (row q, column i) of rank r's input (patterns 0 and 1). */
 static double val(int pattern, int r, int64_t q, int64_t i)
 {
     return pattern == 0 ? (double)(r + 1) : (r + 1) * (double)(q + 1) / 8.0 + (double)i;
+}
+
+#define SEED 7u
+
+/* Pattern 2: row q of rank r (S shards of m rows of n) is in shard q / m, the tile r*S + q/m. */
+static float seeded(const job *j, int S, int r, int64_t q, int64_t i)
+{
+    return kb_ccl_input(SEED, (int64_t)r * S + q / j->m, (q % j->m) * j->n + i, j->m * j->n);
 }
 
 /* A rank's staging buffer `which` for rows x cols elements; NULL when it does not fit (no
@@ -168,7 +180,8 @@ static int make_tensor(kb_ctx *ctx, job *j, int rank, int64_t rows, int64_t cols
         return too_big(ctx);
     for (int64_t q = 0; q < rows; q++)
         for (int64_t i = 0; i < cols; i++)
-            data[q * cols + i] = (float)val(j->pattern, rank, q, i);
+            data[q * cols + i] = j->pattern == 2 ? seeded(j, (int)(rows / j->m), rank, q, i)
+                                                 : (float)val(j->pattern, rank, q, i);
     kb_tensor_desc d = { "x", rows, cols, KB_F16, dp, KB_MEM_HBM };
     return kb_tensor_from_host(ctx, &d, data, out);
 }
@@ -229,6 +242,49 @@ static void check_allreduce(kb_ctx *ctx, job *j, kb_tensor **t, int ws)
             }
     }
     free(got);
+}
+
+/*
+ * Pattern 2: every shard of every rank against the process group entry's reference over all
+ * ws*S shards (kb_ccl_verify, exact), as the ccl_allreduce bench checks it.
+ */
+static void check_seeded(kb_ctx *ctx, job *j, int ws)
+{
+    const kb_dist_algo *algo = kb_dist_algo_find(kb_dist_algorithm(ctx));
+    int S = kb_dist_shards_per_rank(ctx);
+    int64_t tile = j->m * j->n;
+    size_t total = (size_t)ws * (size_t)S * (size_t)tile;
+    float *in = malloc(total * sizeof *in), *got = malloc(total * sizeof *got);
+    double *ref = malloc(total * sizeof *ref);
+    uint16_t *raw = malloc(total * sizeof *raw);
+    kb_ccl_verdict v;
+
+    assert_non_null(algo);
+    assert_true(in && got && ref && raw);
+    kb_ccl_inputs(in, SEED, 0, ws * S, tile);
+    for (int r = 0; r < ws; r++)
+        assert_int_equal(kb_tensor_read(j->t[r], got + (size_t)r * (size_t)S * (size_t)tile), 0);
+    for (size_t k = 0; k < total; k++)
+        raw[k] = kb_f32_to_f16(got[k]);
+    algo->reference(in, ws * S, tile, ref);
+    if (!kb_ccl_verify(KB_F16, raw, ref, ws * S, tile, 0.0, &v))
+        fail_msg("%s ws=%d: shard %d of rank %d, element %lld = %g, expected %g",
+                 algo->module, ws, v.first_bad_tile % S, v.first_bad_tile / S,
+                 (long long)v.first_bad_elem, v.first_got, v.first_want);
+    /* an element out of place inside one shard is caught */
+    size_t a = (size_t)(ws * S - 1) * (size_t)tile, b = a + 1;
+    while (b < total && raw[b] == raw[a])
+        b++;
+    assert_true(b < total);
+    uint16_t tmp = raw[a];
+    raw[a] = raw[b];
+    raw[b] = tmp;
+    assert_int_equal(kb_ccl_verify(KB_F16, raw, ref, ws * S, tile, 0.0, &v), 0);
+    assert_int_equal(v.first_bad_tile, ws * S - 1);
+    free(in);
+    free(got);
+    free(ref);
+    free(raw);
 }
 
 /* ---- world, ranks, placement ---- */
@@ -686,7 +742,8 @@ static void test_err_backend_and_algorithm(void **state)
     ctx = make_ctx(2, "ring_1d", 1, NULL);
     job k = { .nprocs = 2 };
     run_fails(ctx, &k, KB_ERR_UNSUPPORTED, "algorithm 'ring_allreduce_tcm' (module "
-              "ring_allreduce_tcm) has no rank = SIP form");
+              "ring_allreduce_tcm) has no rank = SIP form; use intercube_allreduce or "
+              "hierarchical_allreduce");
     assert_int_equal(kb_dist_get_world_size(ctx), -1);
     kb_ctx_destroy(ctx);
 
@@ -696,6 +753,60 @@ static void test_err_backend_and_algorithm(void **state)
     run_fails(ctx, &l, KB_ERR_STATE, "rank 0: init_process_group: 1 workers were spawned but "
               "the world has 2 ranks (one per SIP)");
     kb_ctx_destroy(ctx);
+}
+
+/* The registry: lookup, complete entries, and what the process group takes from them. */
+static void test_registry(void **state)
+{
+    int n = 0;
+    (void)state;
+    for (; kb_dist_algo_at(n); n++) {
+        const kb_dist_algo *e = kb_dist_algo_at(n);
+        assert_ptr_equal(kb_dist_algo_find(e->module), e);
+        assert_int_equal(e->kind, KB_COLL_ALLREDUCE);
+        assert_true(e->summary && e->kernel && e->install && e->policy && e->shards &&
+                    e->validate && e->args && e->grid && e->reference);
+    }
+    assert_int_equal(n, 2);
+    assert_null(kb_dist_algo_at(-1));
+    assert_null(kb_dist_algo_find("ring_allreduce"));
+    assert_ptr_equal(kb_dist_algo_find("intercube_allreduce"), &kb_dist_algo_intercube);
+    assert_ptr_equal(kb_dist_algo_find("hierarchical_allreduce"), &kb_dist_algo_hierarchical);
+    /* the process group's layout and grid are its entry's */
+    for (int i = 0; i < n; i++) {
+        const kb_dist_algo *e = kb_dist_algo_at(i);
+        kb_ctx *ctx = make_ctx(2, "ring_1d", 1, e->module);
+        job j = { .nprocs = 2, .body = body_place, .m = 1, .n = 4 };
+        kb_machine *m = kb_ctx_machine(ctx);
+        run_ok(ctx, &j);
+        kb_dp_policy a = kb_dist_policy(ctx), b = e->policy(m);
+        assert_memory_equal(&a, &b, sizeof a);
+        assert_int_equal(kb_dist_shards_per_rank(ctx), e->shards(m));
+        kb_grid g = e->grid(m, 2);
+        assert_int_equal(g.pes * g.cubes, e->shards(m)); /* one PE per shard */
+        assert_int_equal(g.sips, 2);
+        kb_ctx_destroy(ctx);
+    }
+}
+
+/* Every rank = SIP entry on seeded position-dependent data, several SIP counts and grids. */
+static void test_allreduce_seeded(void **state)
+{
+    static const struct { int sips; const char *topo; int64_t m, n; } cases[] = {
+        { 2, "ring_1d", 1, 8 }, { 3, "ring_1d", 2, 5 }, { 4, "torus_2d", 1, 16 },
+        { 4, "mesh_2d_no_wrap", 2, 8 }, { 6, "torus_2d", 1, 4 },
+    };
+    (void)state;
+    for (int a = 0; kb_dist_algo_at(a); a++) {
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            kb_ctx *ctx = make_ctx(cases[c].sips, cases[c].topo, 1, kb_dist_algo_at(a)->module);
+            job j = { .nprocs = cases[c].sips, .body = body_allreduce, .m = cases[c].m,
+                      .n = cases[c].n, .pattern = 2 };
+            run_ok(ctx, &j);
+            check_seeded(ctx, &j, cases[c].sips);
+            kb_ctx_destroy(ctx);
+        }
+    }
 }
 
 static int body_before_init(kb_ctx *ctx, int rank, job *j)
@@ -833,6 +944,8 @@ int main(void)
         cmocka_unit_test(test_err_state),
         cmocka_unit_test(test_err_worker_fails),
         cmocka_unit_test(test_err_after_collective),
+        cmocka_unit_test(test_registry),
+        cmocka_unit_test(test_allreduce_seeded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,9 +1,13 @@
 /*
  * ccl_allreduce bench — runs the collective chosen in ccl.yaml (ccl.defaults.algorithm, or
- * kbcl run --algorithm) in the legacy rank = PE world: rank r's tile of n_elem f16 values is
- * filled with r + 1, IPCQ is installed for the algorithm's topology, the kernel runs on every
- * rank, and every rank must then hold the expected value (sum(1..ws) for the all-reduces).
- * Reports algbw = tile bytes / time and the nccl-tests busbw = algbw * 2(ws-1)/ws.
+ * kbcl run --algorithm), in the legacy rank = PE world (an entry with a world_size: rank r's
+ * tile of n_elem f16 values on PE r, IPCQ installed for the entry's topology) or through the
+ * rank = SIP process group (one rank per SIP, one tile per shard). Every tile is filled with
+ * kb_ccl_inputs' seeded position-dependent values, so an element that lands in the wrong place
+ * fails; --verify-data compares every element with the algorithm's host reference rounded to
+ * f16 (kb_ccl_verify: bit for bit while the partial sums are exact). The values never change
+ * the host writes' sizes or order, hence never the simulated time. Reports algbw = tile bytes
+ * / time and nccl-tests' busbw = algbw * the factor of the algorithm's collective kind.
  *
  * ipcq_deadlock bench — the same install on a ring, with a kernel in which every PE only
  * receives: the run must end in a deadlock report with every queue pair's pointers.
@@ -15,6 +19,7 @@
 #include "kb_bench.h"
 #include "kb_ccl.h"
 #include "kb_dist.h"
+#include "kb_dist_algo.h"
 #include "kb_tl.h"
 
 #define KB_CCL_DEFAULT_N 32
@@ -50,10 +55,12 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
     if (!entry && !force_module)
         return kb_err_set(eb, KB_ERR_CONFIG, "algorithm '%s' is not defined in ccl.yaml", name);
     p = kb_ccl_config_params(cfg, entry);
-    if (!force_module && entry && !strcmp(entry->module, "intercube_allreduce") && p.world_size)
-        return kb_err_set(eb, KB_ERR_CONFIG, "intercube_allreduce runs one rank per SIP: it takes "
-                          "no world_size (got %d)", p.world_size);
-    if (!force_module && (p.world_size == 0 || !strcmp(entry->module, "intercube_allreduce"))) {
+    /* a module with only a rank = SIP form runs one rank per SIP whatever the entry says */
+    int sip_only = entry && kb_dist_algo_find(entry->module) && !kb_ccl_algo_find(entry->module);
+    if (!force_module && sip_only && p.world_size)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s runs one rank per SIP: it takes no world_size "
+                          "(got %d)", entry->module, p.world_size);
+    if (!force_module && (p.world_size == 0 || sip_only)) {
         /* rank = SIP: run through spawn + the process group (dist_run) */
         st->dist = 1;
         st->n = p.n_elem > 0 ? p.n_elem : KB_CCL_DEFAULT_N;
@@ -82,7 +89,8 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
                               p.n_elem > 0 ? p.n_elem : KB_CCL_DEFAULT_N, &icfg, NULL);
 }
 
-/* One rank of the rank = SIP run: bind, join, fill with rank + 1, all-reduce. */
+/* One rank of the rank = SIP run: bind, join, fill (shard s of rank r is input tile
+ * r * shards + s), all-reduce. */
 static int dist_worker(kb_ctx *ctx, int rank, void *arg)
 {
     ccl_state *st = arg;
@@ -95,8 +103,7 @@ static int dist_worker(kb_ctx *ctx, int rank, void *arg)
     float *data = malloc(sizeof(float) * (size_t)(shards * st->n));
     if (!data)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-    for (int64_t i = 0; i < shards * st->n; i++)
-        data[i] = (float)(rank + 1);
+    kb_ccl_inputs(data, KB_CCL_INPUT_SEED, (int64_t)rank * shards, shards, st->n);
     rc = kb_tensor_from_host(ctx, &d, data, &st->t[rank]);
     free(data);
     if (rc == 0)
@@ -111,7 +118,7 @@ static int dist_worker(kb_ctx *ctx, int rank, void *arg)
     return rc;
 }
 
-static void add_bw(kb_bench_result *res, int ws, int64_t n)
+static void add_bw(kb_bench_result *res, kb_coll_kind kind, int ws, int64_t n)
 {
     double ns = kb_time_to_ns(res->t_end - res->t_begin), bytes = (double)n * 2.0;
     double algbw = bytes / ns; /* bytes per ns = GB/s */
@@ -119,7 +126,7 @@ static void add_bw(kb_bench_result *res, int ws, int64_t n)
     kb_bench_add_extra(res, "n_elem", (double)n);
     kb_bench_add_extra(res, "bytes_per_rank", bytes);
     kb_bench_add_extra(res, "algbw_gbps", algbw);
-    kb_bench_add_extra(res, "busbw_gbps", algbw * 2.0 * (ws - 1) / (double)ws);
+    kb_bench_add_extra(res, "busbw_gbps", algbw * kb_coll_busbw_factor(kind, ws));
 }
 
 static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
@@ -137,7 +144,8 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
         if ((rc = kb_spawn(ctx, dist_worker, st, st->ws)) != 0)
             return rc;
         /* bytes per rank: the whole tensor of the rank */
-        add_bw(res, st->ws, st->n * kb_dist_shards_per_rank(ctx));
+        add_bw(res, kb_dist_algo_find(kb_dist_algorithm(ctx))->kind, st->ws,
+               st->n * kb_dist_shards_per_rank(ctx));
         return 0;
     }
     snprintf(res->line, sizeof res->line, "  %s (ws=%d)", job->name, job->layout.ws);
@@ -145,47 +153,70 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
     if ((rc = kb_ccl_job_launch(ctx, job, NULL, NULL)) != 0)
         return rc;
     kb_bench_mark_end(ctx, res);
-    add_bw(res, job->layout.ws, job->n);
+    add_bw(res, job->impl->kind, job->layout.ws, job->n);
     return 0;
 }
 
-/* rank = SIP: every shard of every rank must hold (shards per rank) * sum(1..ws). */
+/*
+ * Compares ntiles result tiles (raw f16, tile-major; `per_rank` tiles per rank) with `ref` of
+ * the inputs the bench fed and fills the result: "<tiles> OK", the digest of the raw bytes,
+ * the worst error and, on failure, the mean line and the first wrong element.
+ */
+static int check_tiles(kb_ctx *ctx, kb_bench_result *res, kb_ccl_ref_fn ref, kb_coll_kind kind,
+                       const uint16_t *raw, int ntiles, int per_rank, int64_t n)
+{
+    size_t total = (size_t)ntiles * (size_t)n;
+    float *in = malloc(total * sizeof *in);
+    double *want = malloc(total * sizeof *want);
+    kb_ccl_verdict v;
+    int rc = 0;
+
+    if (!in || !want) {
+        rc = kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    kb_ccl_inputs(in, KB_CCL_INPUT_SEED, 0, ntiles, n);
+    ref(in, ntiles, n, want);
+    res->verified = kb_ccl_verify(KB_F16, raw, want, ntiles, n,
+                                  kb_ccl_input_acc_bound(kind, ntiles), &v);
+    res->digest = kb_fnv1a64(raw, total * 2, KB_FNV1A64_INIT);
+    res->have_digest = 1;
+    res->have_err = 1;
+    res->max_abs_err = v.max_abs_err;
+    res->err_bound = v.err_bound;
+    snprintf(res->ok_text, sizeof res->ok_text, "%d OK", v.ok_tiles);
+    if (!res->verified) {
+        int r = v.first_bad_tile / per_rank, sh = v.first_bad_tile % per_rank;
+        char where[48] = "";
+        if (per_rank > 1)
+            snprintf(where, sizeof where, " shard %d", sh);
+        snprintf(res->detail, sizeof res->detail,
+                 "got mean=%.6g, expected=%.6g (%d of %d %s wrong, first: rank %d%s element "
+                 "%lld = %.6g, expected %.6g)", v.got_mean, v.want_mean, ntiles - v.ok_tiles,
+                 ntiles, per_rank > 1 ? "shards" : "ranks", r, where,
+                 (long long)v.first_bad_elem, v.first_got, v.first_want);
+    }
+out:
+    free(in);
+    free(want);
+    return rc;
+}
+
+/* rank = SIP: every shard of every rank against the process group algorithm's reference. */
 static int dist_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
 {
-    size_t per = (size_t)kb_tensor_rows(st->t[0]) * (size_t)st->n;
-    int shards = (int)kb_tensor_rows(st->t[0]), ok = 0, total = st->ws * shards;
-    uint16_t want = kb_f32_to_f16((float)((double)shards * st->ws * (st->ws + 1) / 2.0));
-    uint16_t *raw = malloc(per * 2);
-    uint64_t h = KB_FNV1A64_INIT;
-    double sum = 0.0;
+    const kb_dist_algo *algo = kb_dist_algo_find(kb_dist_algorithm(ctx));
+    int shards = (int)kb_tensor_rows(st->t[0]), ntiles = st->ws * shards;
+    size_t per = (size_t)shards * (size_t)st->n;
+    uint16_t *raw = malloc((size_t)st->ws * per * 2);
     int rc = 0;
+
     if (!raw)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-    for (int r = 0; r < st->ws && rc == 0; r++) {
-        if ((rc = kb_tensor_read_raw(st->t[r], raw)) != 0)
-            break;
-        h = kb_fnv1a64(raw, per * 2, h);
-        for (int s = 0; s < shards; s++) {
-            int good = 1;
-            for (int64_t i = 0; i < st->n; i++) {
-                uint16_t got = raw[(size_t)s * (size_t)st->n + (size_t)i];
-                sum += kb_f16_to_f32(got);
-                good &= got == want;
-            }
-            ok += good;
-        }
-    }
-    if (rc == 0) {
-        res->digest = h;
-        res->have_digest = 1;
-        res->verified = ok == total;
-        snprintf(res->ok_text, sizeof res->ok_text, "%d OK", ok);
-        if (!res->verified)
-            snprintf(res->detail, sizeof res->detail,
-                     "got mean=%.6g, expected=%.6g (%d of %d shards wrong)",
-                     sum / ((double)total * (double)st->n), (double)kb_f16_to_f32(want),
-                     total - ok, total);
-    }
+    for (int r = 0; r < st->ws && rc == 0; r++)
+        rc = kb_tensor_read_raw(st->t[r], raw + (size_t)r * per);
+    if (rc == 0)
+        rc = check_tiles(ctx, res, algo->reference, algo->kind, raw, ntiles, shards, st->n);
     free(raw);
     return rc;
 }
@@ -196,40 +227,16 @@ static int ccl_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
     kb_ccl_job *job = &st->job;
     if (st->dist)
         return dist_verify(ctx, st, res);
-    int ws = job->layout.ws, ok_ranks = 0, bad = -1;
-    size_t total = (size_t)ws * (size_t)job->n;
-    uint16_t *raw = malloc(total * 2);
-    double sum = 0.0, want_sum = 0.0;
+    int ws = job->layout.ws;
+    uint16_t *raw = malloc((size_t)ws * (size_t)job->n * 2);
     int rc;
     (void)a;
 
     if (!raw)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-    if ((rc = kb_ccl_job_read(ctx, job, NULL, raw)) != 0)
-        goto out;
-    for (int r = 0; r < ws; r++) {
-        uint16_t want = kb_f32_to_f16((float)job->impl->expected(r, ws));
-        int good = 1;
-        for (int64_t i = 0; i < job->n; i++) {
-            uint16_t got = raw[(size_t)r * (size_t)job->n + (size_t)i];
-            sum += kb_f16_to_f32(got);
-            want_sum += kb_f16_to_f32(want);
-            good &= got == want;
-        }
-        if (good)
-            ok_ranks++;
-        else if (bad < 0)
-            bad = r;
-    }
-    res->digest = kb_fnv1a64(raw, total * 2, KB_FNV1A64_INIT);
-    res->have_digest = 1;
-    res->verified = ok_ranks == ws;
-    snprintf(res->ok_text, sizeof res->ok_text, "%d OK", ok_ranks);
-    if (!res->verified)
-        snprintf(res->detail, sizeof res->detail,
-                 "got mean=%.6g, expected=%.6g (%d of %d ranks wrong, first: rank %d)",
-                 sum / (double)total, want_sum / (double)total, ws - ok_ranks, ws, bad);
-out:
+    rc = kb_ccl_job_read(ctx, job, NULL, raw);
+    if (rc == 0)
+        rc = check_tiles(ctx, res, job->impl->reference, job->impl->kind, raw, ws, 1, job->n);
     free(raw);
     return rc;
 }

@@ -14,6 +14,7 @@
 
 #include "kb_bench.h"
 #include "kb_ccl.h"
+#include "kb_dist_algo.h"
 #include "kb_cli.h"
 #include "kb_opencl.h"
 #include "kb_config.h"
@@ -76,9 +77,14 @@ static int cmd_list(void)
                    b->params[j].doc, (long long)b->params[j].dflt, (long long)b->params[j].min,
                    (long long)b->params[j].max);
     }
-    printf("collective algorithms (ccl.yaml module names):\n");
+    printf("collective algorithms, rank = PE (ccl.yaml module names, collective kind):\n");
     for (int i = 0; kb_ccl_algo_at(i); i++)
-        printf("  %-24s %s\n", kb_ccl_algo_at(i)->module, kb_ccl_algo_at(i)->summary);
+        printf("  %-24s %-14s %s\n", kb_ccl_algo_at(i)->module,
+               kb_coll_name(kb_ccl_algo_at(i)->kind), kb_ccl_algo_at(i)->summary);
+    printf("collective algorithms, rank = SIP (init_process_group):\n");
+    for (int i = 0; kb_dist_algo_at(i); i++)
+        printf("  %-24s %-14s %s\n", kb_dist_algo_at(i)->module,
+               kb_coll_name(kb_dist_algo_at(i)->kind), kb_dist_algo_at(i)->summary);
     printf("topologies:\n ");
     for (int i = 0; kb_topo_names[i]; i++)
         printf(" %s", kb_topo_names[i]);

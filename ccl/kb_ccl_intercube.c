@@ -1,0 +1,281 @@
+/*
+ * kb_ccl_intercube — the intercube all-reduce, a rank = SIP algorithm (kb_dist_algo.h): its
+ * kernel, its install plan (kb_dist_install_intercube) and its registry entry. It runs on PE 0
+ * of every cube; a rank's tensor is (n_cubes x n) row-wise over the cubes (one row per cube's
+ * PE 0). Data flow: reduce along each cube-mesh row to the root's column and down that column
+ * to the root cube, exchange among the SIPs' root cubes by system.sips.topology (ring_1d: ring;
+ * torus_2d / mesh_2d: row ring then column ring; mesh_2d_no_wrap: chain reduce + broadcast
+ * along rows, then columns), broadcast back. Every message is f32; the result is stored once
+ * in the tensor's dtype. Every cube's PE 0 is wired for inter-SIP traffic (to the same cube of
+ * the neighbouring SIPs), though only the root cubes use it.
+ * Limits: the root cube's exchange assumes the machine's SIP grid (sip_grid_w x sip_grid_h);
+ * a shard must fit one IPCQ slot as f32.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_dist.h"
+#include "kb_dist_algo.h"
+
+enum { SIPTOPO_RING = 0, SIPTOPO_TORUS = 1, SIPTOPO_MESH = 2 };
+
+/* Chain/ring helpers over f32 values (every message of intercube is f32). */
+static kb_val add_free(kb_tl *tl, kb_val acc, kb_val in)
+{
+    kb_val s = tl_add(tl, acc, in);
+    tl_free(tl, acc);
+    tl_free(tl, in);
+    return s;
+}
+
+static kb_val ring(kb_tl *tl, kb_val acc, int64_t k, kb_dir out, kb_dir in_dir)
+{
+    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
+    kb_val cur = acc;
+    int cur_owned = 0;
+    for (int64_t i = 0; i + 1 < k; i++) {
+        tl_send(tl, out, cur);
+        if (cur_owned)
+            tl_free(tl, cur);
+        kb_val in = tl_recv(tl, in_dir, s, KB_F32);
+        kb_val sum = tl_add(tl, acc, in);
+        tl_free(tl, acc);
+        acc = sum;
+        cur = in;
+        cur_owned = 1;
+    }
+    if (cur_owned)
+        tl_free(tl, cur);
+    return acc;
+}
+
+/* Chain reduce toward the end of a line of k members (my index i) along `fwd`, then broadcast
+ * back along `back`; every member ends with the line's sum. */
+static kb_val line_allreduce(kb_tl *tl, kb_val acc, int i, int k, kb_dir fwd, kb_dir back)
+{
+    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
+    if (k < 2)
+        return acc;
+    if (i > 0)
+        acc = add_free(tl, acc, tl_recv(tl, back, s, KB_F32));
+    if (i < k - 1) {
+        tl_send(tl, fwd, acc);
+        tl_free(tl, acc);
+        acc = tl_recv(tl, fwd, s, KB_F32);
+    }
+    if (i > 0)
+        tl_send(tl, back, acc);
+    return acc;
+}
+
+/* Reduce along one mesh line toward index r: members below r pass up `up`, members above r
+ * pass down `down`; r receives from both sides. */
+static kb_val reduce_to(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, kb_dir down)
+{
+    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
+    if (i < r) {
+        if (i > 0)
+            acc = add_free(tl, acc, tl_recv(tl, down, s, KB_F32));
+        tl_send(tl, up, acc);
+    } else if (i > r) {
+        if (i < k - 1)
+            acc = add_free(tl, acc, tl_recv(tl, up, s, KB_F32));
+        tl_send(tl, down, acc);
+    } else {
+        if (r > 0)
+            acc = add_free(tl, acc, tl_recv(tl, down, s, KB_F32));
+        if (r < k - 1)
+            acc = add_free(tl, acc, tl_recv(tl, up, s, KB_F32));
+    }
+    return acc;
+}
+
+/* Inverse of reduce_to: r's value flows out to both ends. */
+static kb_val bcast_from(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, kb_dir down)
+{
+    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
+    if (i == r) {
+        if (r > 0)
+            tl_send(tl, down, acc);
+        if (r < k - 1)
+            tl_send(tl, up, acc);
+        return acc;
+    }
+    if (i < r) {
+        acc = tl_recv(tl, up, s, KB_F32);
+        if (i > 0)
+            tl_send(tl, down, acc);
+    } else {
+        acc = tl_recv(tl, down, s, KB_F32);
+        if (i < k - 1)
+            tl_send(tl, up, acc);
+    }
+    return acc;
+}
+
+enum { IC_N = 0, IC_W, IC_H, IC_SIPS, IC_TOPO, IC_GW, IC_GH, IC_ROOT, IC_DT };
+
+static void intercube_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[IC_N];
+    int w = (int)a->i[IC_W], h = (int)a->i[IC_H], sips = (int)a->i[IC_SIPS];
+    int gw = (int)a->i[IC_GW], gh = (int)a->i[IC_GH], root = (int)a->i[IC_ROOT];
+    kb_dtype dt = (kb_dtype)a->i[IC_DT];
+    int cube = tl_program_id(tl, 1), sip = tl_program_id(tl, 2);
+    int col = cube % w, row = cube / w, rc = root % w, rr = root / w;
+    kb_va mine = a->ptr[0] + (kb_va)cube * (kb_va)n * kb_dtype_size(dt);
+    kb_val v = tl_load(tl, mine, KB_SHAPE1(n), dt);
+    kb_val acc = tl_scale(tl, v, 1.0f, 0.0f); /* every message is f32 */
+    tl_free(tl, v);
+
+    /* 1-2: reduce along the row to the root column, then down the root column to the root */
+    acc = reduce_to(tl, acc, col, w, rc, KB_DIR_E, KB_DIR_W);
+    if (col == rc)
+        acc = reduce_to(tl, acc, row, h, rr, KB_DIR_S, KB_DIR_N);
+    /* 3: the SIPs' root cubes combine their sums */
+    if (cube == root && sips > 1) {
+        int sx = sip % gw, sy = sip / gw;
+        switch ((int)a->i[IC_TOPO]) {
+        case SIPTOPO_RING:
+            acc = ring(tl, acc, sips, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
+            break;
+        case SIPTOPO_TORUS:
+            acc = ring(tl, acc, gw, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
+            acc = ring(tl, acc, gh, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N);
+            break;
+        default:
+            acc = line_allreduce(tl, acc, sx, gw, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
+            acc = line_allreduce(tl, acc, sy, gh, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N);
+            break;
+        }
+    }
+    /* 4-5: broadcast back up/down the root column, then along every row */
+    if (col == rc)
+        acc = bcast_from(tl, acc, row, h, rr, KB_DIR_S, KB_DIR_N);
+    acc = bcast_from(tl, acc, col, w, rc, KB_DIR_E, KB_DIR_W);
+    tl_store(tl, mine, acc);
+}
+
+/* How the SIPs' root cubes combine, per system.sips.topology (the names the machine takes). */
+static const struct {
+    const char *name;
+    int kind;
+} sip_topos[] = {
+    { "ring_1d", SIPTOPO_RING },
+    { "torus_2d", SIPTOPO_TORUS },
+    { "mesh_2d", SIPTOPO_TORUS },
+    { "mesh_2d_no_wrap", SIPTOPO_MESH },
+};
+
+static int sip_topo_kind(kb_ctx *ctx, const char *t)
+{
+    for (size_t i = 0; i < sizeof sip_topos / sizeof sip_topos[0]; i++)
+        if (!strcmp(sip_topos[i].name, t))
+            return sip_topos[i].kind;
+    return kb_err_set(kb_ctx_err(ctx), KB_ERR_CONFIG,
+                      "intercube_allreduce: no inter-SIP exchange for system.sips.topology '%s'",
+                      t);
+}
+
+int kb_dist_install_intercube(kb_ctx *ctx, const kb_ipcq_cfg *cfg)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    int S = m->nsips, C = m->ncubes, w = m->mesh_w, h = m->mesh_h;
+    int kind = sip_topo_kind(ctx, m->cfg.sips_topology), gw = m->sip_grid_w, gh = m->sip_grid_h;
+    int wrap = kind != SIPTOPO_MESH;
+    size_t cap = (size_t)S * (size_t)C * 8, n = 0;
+    kb_ipcq_link *links;
+    int rc;
+
+    if (kind < 0)
+        return kind;
+    links = malloc(cap * sizeof *links);
+    if (!links)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    for (int s = 0; s < S; s++) {
+        int sx = s % gw, sy = s / gw;
+        for (int c = 0; c < C; c++) {
+            int x = c % w, y = c / w;
+            kb_pe_hw *pe = kb_machine_pe(m, (unsigned)s, (unsigned)c, 0);
+            struct { int ok; kb_dir d; int sip, cube; kb_dir back; } nb[8] = {
+                { x + 1 < w, KB_DIR_E, s, c + 1, KB_DIR_W },
+                { x > 0, KB_DIR_W, s, c - 1, KB_DIR_E },
+                { y > 0, KB_DIR_N, s, c - w, KB_DIR_S },
+                { y + 1 < h, KB_DIR_S, s, c + w, KB_DIR_N },
+                /* every cube's PE 0 is wired to the same cube of the neighbouring SIPs */
+                { S > 1 && gw > 1 && (wrap || sx + 1 < gw), KB_DIR_GLOBAL_E,
+                  sy * gw + (sx + 1) % gw, c, KB_DIR_GLOBAL_W },
+                { S > 1 && gw > 1 && (wrap || sx > 0), KB_DIR_GLOBAL_W,
+                  sy * gw + (sx + gw - 1) % gw, c, KB_DIR_GLOBAL_E },
+                { S > 1 && gh > 1 && (wrap || sy > 0), KB_DIR_GLOBAL_N,
+                  ((sy + gh - 1) % gh) * gw + sx, c, KB_DIR_GLOBAL_S },
+                { S > 1 && gh > 1 && (wrap || sy + 1 < gh), KB_DIR_GLOBAL_S,
+                  ((sy + 1) % gh) * gw + sx, c, KB_DIR_GLOBAL_N },
+            };
+            for (int i = 0; i < 8; i++) {
+                if (!nb[i].ok)
+                    continue;
+                links[n].pe = pe;
+                links[n].dir = nb[i].d;
+                links[n].peer = kb_machine_pe(m, (unsigned)nb[i].sip, (unsigned)nb[i].cube, 0);
+                links[n].peer_dir = nb[i].back;
+                n++;
+            }
+        }
+    }
+    rc = kb_ipcq_install(ctx, cfg, links, n);
+    free(links);
+    return rc;
+}
+
+/* ---- registry entry ---- */
+
+static int ic_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, int ws)
+{
+    (void)ws; /* one rank per SIP: the plan covers every SIP of the machine */
+    return kb_dist_install_intercube(ctx, cfg);
+}
+
+static kb_dp_policy ic_policy(const kb_machine *m)
+{
+    (void)m;
+    return kb_dp(KB_DP_ROW_WISE, KB_DP_REPLICATE, 0, 1);
+}
+
+static int ic_shards(const kb_machine *m) { return m->ncubes; }
+
+static int on_pe0(const kb_shard_spec *sh) { return sh->pe == 0; }
+
+static int ic_validate(kb_ctx *ctx, kb_tensor *const *t, int ws, const char *what)
+{
+    return kb_dist_check_sip_local(ctx, t, ws, kb_ctx_machine(ctx)->ncubes, what,
+                                   "rows over the cubes' PE 0", on_pe0);
+}
+
+static int ic_args(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    int kind = sip_topo_kind(ctx, m->cfg.sips_topology);
+    if (kind < 0)
+        return kind;
+    a->ptr[0] = kb_tensor_va(l->t);
+    a->i[IC_N] = l->n;
+    a->i[IC_W] = m->mesh_w;
+    a->i[IC_H] = m->mesh_h;
+    a->i[IC_SIPS] = l->ws;
+    a->i[IC_TOPO] = kind;
+    a->i[IC_GW] = m->sip_grid_w;
+    a->i[IC_GH] = m->sip_grid_h;
+    a->i[IC_ROOT] = l->root_cube;
+    a->i[IC_DT] = kb_tensor_dtype(l->t);
+    return 0;
+}
+
+static kb_grid ic_grid(const kb_machine *m, int ws) { return (kb_grid){ 1, m->ncubes, ws, 0 }; }
+
+const kb_dist_algo kb_dist_algo_intercube = {
+    "intercube_allreduce",
+    "PE 0 of every cube: reduce over the cube mesh to a root cube, exchange among SIPs, broadcast",
+    KB_COLL_ALLREDUCE, intercube_allreduce, ic_install, ic_policy, ic_shards, ic_validate,
+    ic_args, ic_grid, kb_ccl_ref_allreduce,
+};
