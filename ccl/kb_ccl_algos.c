@@ -405,6 +405,6 @@ static kb_grid hier_grid(const kb_machine *m, int ws)
 const kb_dist_algo kb_dist_algo_hierarchical = {
     "hierarchical_allreduce",
     "every PE: chains in each cube and across cubes, ring across SIPs (the rank = PE kernel)",
-    KB_COLL_ALLREDUCE, hierarchical_allreduce, hier_install, hier_policy, hier_shards,
+    "all_pes", "multi_pe_sip_local", KB_COLL_ALLREDUCE, hierarchical_allreduce, hier_install, hier_policy, hier_shards,
     hier_validate, hier_args, hier_grid, kb_ccl_ref_allreduce,
 };

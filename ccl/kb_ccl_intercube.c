@@ -276,6 +276,6 @@ static kb_grid ic_grid(const kb_machine *m, int ws) { return (kb_grid){ 1, m->nc
 const kb_dist_algo kb_dist_algo_intercube = {
     "intercube_allreduce",
     "PE 0 of every cube: reduce over the cube mesh to a root cube, exchange among SIPs, broadcast",
-    KB_COLL_ALLREDUCE, intercube_allreduce, ic_install, ic_policy, ic_shards, ic_validate,
+    "pe0_all_cubes", "multi_pe_sip_local", KB_COLL_ALLREDUCE, intercube_allreduce, ic_install, ic_policy, ic_shards, ic_validate,
     ic_args, ic_grid, kb_ccl_ref_allreduce,
 };

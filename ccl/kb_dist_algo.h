@@ -26,6 +26,10 @@ typedef struct kb_dist_launch {
 typedef struct kb_dist_algo {
     const char *module;    /* ccl.yaml `module` */
     const char *summary;   /* for `kbcl list` */
+    /* which PEs of a rank take part (the seed's mapper) and the layout check its tensor must
+     * pass (validator), by name, for `kbcl list` and messages: properties of the algorithm,
+     * not configuration */
+    const char *mapper, *validator;
     kb_coll_kind kind;
     kb_kernel_fn kernel;
     /* Installs IPCQ for a world of ws ranks, one per SIP (timed; once per context). */

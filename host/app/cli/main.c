@@ -77,14 +77,17 @@ static int cmd_list(void)
                    b->params[j].doc, (long long)b->params[j].dflt, (long long)b->params[j].min,
                    (long long)b->params[j].max);
     }
-    printf("collective algorithms, rank = PE (ccl.yaml module names, collective kind):\n");
+    printf("collective algorithms, rank = PE (ccl.yaml module names, collective kind; every "
+           "rank is one PE, layout single_shard_per_rank):\n");
     for (int i = 0; kb_ccl_algo_at(i); i++)
         printf("  %-24s %-14s %s\n", kb_ccl_algo_at(i)->module,
                kb_coll_name(kb_ccl_algo_at(i)->kind), kb_ccl_algo_at(i)->summary);
-    printf("collective algorithms, rank = SIP (init_process_group):\n");
-    for (int i = 0; kb_dist_algo_at(i); i++)
-        printf("  %-24s %-14s %s\n", kb_dist_algo_at(i)->module,
-               kb_coll_name(kb_dist_algo_at(i)->kind), kb_dist_algo_at(i)->summary);
+    printf("collective algorithms, rank = SIP (init_process_group; PEs of a rank / layout):\n");
+    for (int i = 0; kb_dist_algo_at(i); i++) {
+        const kb_dist_algo *d = kb_dist_algo_at(i);
+        printf("  %-24s %-14s %s / %s: %s\n", d->module, kb_coll_name(d->kind), d->mapper,
+               d->validator, d->summary);
+    }
     printf("topologies:\n ");
     for (int i = 0; kb_topo_names[i]; i++)
         printf(" %s", kb_topo_names[i]);
