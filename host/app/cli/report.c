@@ -200,7 +200,7 @@ static int read_table(const char *path, rtable *t, kb_errbuf *eb)
     if (fseek(f, 0, SEEK_END) != 0 || (sz = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0 ||
         !(text = malloc((size_t)sz + 1)) || fread(text, 1, (size_t)sz, f) != (size_t)sz) {
         rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot read", path);
-        goto done;
+        goto out;
     }
     text[sz] = 0;
     jsonl = (plen >= 6 && !strcmp(path + plen - 6, ".jsonl")) ||
@@ -219,19 +219,19 @@ static int read_table(const char *path, rtable *t, kb_errbuf *eb)
             if (!cJSON_IsObject(o)) {
                 cJSON_Delete(o);
                 rc = kb_err_set(eb, KB_ERR_USAGE, "%s:%d: not a JSON object", path, lineno);
-                goto done;
+                goto out;
             }
             cJSON_ArrayForEach(it, o) {
                 if (col_index(t, it->string) < 0 && add_col(t, it->string) < 0) {
                     cJSON_Delete(o);
                     rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-                    goto done;
+                    goto out;
                 }
             }
             if (!(row = add_row(t))) {
                 cJSON_Delete(o);
                 rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-                goto done;
+                goto out;
             }
             for (int c = 0; c < t->ncol; c++) {
                 char num[64];
@@ -255,19 +255,19 @@ static int read_table(const char *path, rtable *t, kb_errbuf *eb)
                 n += *q == ',';
             if (!(tmp = calloc((size_t)n, sizeof *tmp))) {
                 rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-                goto done;
+                goto out;
             }
             n = split_csv(line, tmp, n);
             for (int c = 0; c < n; c++)
                 if (add_col(t, tmp[c]) < 0) {
                     free(tmp);
                     rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-                    goto done;
+                    goto out;
                 }
             free(tmp);
             if (!(fld = calloc((size_t)t->ncol, sizeof *fld))) {
                 rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-                goto done;
+                goto out;
             }
             continue;
         }
@@ -277,11 +277,11 @@ static int read_table(const char *path, rtable *t, kb_errbuf *eb)
             if (n != t->ncol) {
                 rc = kb_err_set(eb, KB_ERR_USAGE, "%s:%d: %d fields, the header has %d", path,
                                 lineno, n, t->ncol);
-                goto done;
+                goto out;
             }
             if (!(row = add_row(t))) {
                 rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-                goto done;
+                goto out;
             }
             for (int c = 0; c < t->ncol; c++)
                 row[c] = dupstr(fld[c]);
@@ -291,12 +291,12 @@ static int read_table(const char *path, rtable *t, kb_errbuf *eb)
         for (int c = 0; c < t->ncol; c++)
             if (!t->cell[r][c]) {
                 rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-                goto done;
+                goto out;
             }
     if (col_index(t, "point") < 0)
         rc = kb_err_set(eb, KB_ERR_USAGE, "%s: no 'point' column: not the output of kbcl sweep",
                         path);
-done:
+out:
     free(fld);
     free(text);
     fclose(f);
@@ -553,7 +553,7 @@ static void plot_group(sb *b, const rtable *t, const plotdata *pd, int xcol, int
 
     if (!panels || !pts) {
         b->oom = 1;
-        goto done;
+        goto out;
     }
     if (panelcol >= 0)
         npanel = distinct_values(t, pd, panelcol, panels);
@@ -590,7 +590,7 @@ static void plot_group(sb *b, const rtable *t, const plotdata *pd, int xcol, int
         svg_plot(b, pd, title, xlabel, ylabel, pts, npts, allow_ylog);
         (*nplots)++;
     }
-done:
+out:
     free(panels);
     free(pts);
 }
@@ -614,7 +614,7 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
     series_cols = malloc((size_t)(t->ncol + 1) * sizeof *series_cols);
     if (!pd.row_series || !pd.order || !pd.series || !series_cols) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-        goto done;
+        goto out;
     }
     /* rows by point index (insertion sort: stable, deterministic) */
     for (int r = 0; r < t->nrow; r++) {
@@ -665,7 +665,7 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
             ;
         if (s == pd.nseries && !(pd.series[pd.nseries++] = dupstr(name))) {
             rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-            goto done;
+            goto out;
         }
         pd.row_series[r] = s;
     }
@@ -734,7 +734,7 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
               KBCL_VERSION);
     if (b->oom)
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-done:
+out:
     for (int s = 0; s < pd.nseries; s++)
         free(pd.series[s]);
     free(pd.series);

@@ -532,12 +532,12 @@ static int plan_check(sw_parse *ps)
     kb_ccl_config_defaults(&ccl);
     if (!b) {
         rc = markerr(ps, ps->bench_mark, "unknown bench '%s' (kbcl list shows them)", p->bench);
-        goto done;
+        goto out;
     }
     if (p->device && kb_device_from_name(p->device) < 0) {
         rc = markerr(ps, ps->device_mark, "unknown device '%s' (ref, none, cpu, gpu, auto)",
                      p->device);
-        goto done;
+        goto out;
     }
     for (int i = 0; i < p->nparams; i++) {
         char *eq = strchr(p->params[i], '=');
@@ -547,7 +547,7 @@ static int plan_check(sw_parse *ps)
         if (idx < 0 || !is_int_text(eq + 1)) {
             rc = markerr(ps, ps->param_mark[i], "params: %s: expected NAME: INTEGER with a "
                          "parameter of '%s' (kbcl list shows them)", p->params[i], b->name);
-            goto done;
+            goto out;
         }
     }
     {
@@ -570,18 +570,18 @@ static int plan_check(sw_parse *ps)
         if ((tp && kb_config_load_topology(&cfg, tp, &e2) != 0) ||
             (cp && kb_ccl_config_load(&ccl, cp, &e2) != 0)) {
             rc = kb_err_set(ps->eb, KB_ERR_CONFIG, "%s", e2.msg);
-            goto done;
+            goto out;
         }
     }
     for (int i = 0; i < p->nsets; i++)
         if (kbcl_config_set(&cfg, &ccl, p->sets[i], &e2) != 0) {
             rc = markerr(ps, ps->set_mark[i], "set: %s", e2.msg);
-            goto done;
+            goto out;
         }
     if (p->fixed[0] && !kb_ccl_config_find(&ccl, p->fixed[0])) {
         rc = markerr(ps, ps->alg_mark, "algorithm: no entry '%s' in ccl.yaml (kbcl list shows "
                      "them)", p->fixed[0]);
-        goto done;
+        goto out;
     }
     for (int a = 0; a < p->nax; a++) {
         sw_axis *ax = &p->ax[a];
@@ -597,13 +597,13 @@ static int plan_check(sw_parse *ps)
                 if (!kb_ccl_config_find(&ccl, s)) {
                     rc = markerr(ps, ps->vmark[a][v], "algorithm: no entry '%s' in ccl.yaml "
                                  "(kbcl list shows them)", s);
-                    goto done;
+                    goto out;
                 }
                 break;
             case AX_DEVICE:
                 if (kb_device_from_name(s) < 0) {
                     rc = markerr(ps, ps->vmark[a][v], "device: unknown device '%s'", s);
-                    goto done;
+                    goto out;
                 }
                 break;
             case AX_WORLD_SIZE:
@@ -612,20 +612,20 @@ static int plan_check(sw_parse *ps)
                 snprintf(setbuf, sizeof setbuf, "ccl.defaults.%s=%s", ax->name, s);
                 if (kb_ccl_config_set(&ccl, setbuf, &e2) != 0) {
                     rc = markerr(ps, ps->vmark[a][v], "%s: %s", ax->name, e2.msg);
-                    goto done;
+                    goto out;
                 }
                 break;
             case AX_PARAM:
                 if (kb_bench_param_index(b, ax->name + 6) < 0 || !is_int_text(s)) {
                     rc = markerr(ps, ps->vmark[a][v], "%s: expected integer values of a "
                                  "parameter of '%s' (kbcl list shows them)", ax->name, b->name);
-                    goto done;
+                    goto out;
                 }
                 break;
             default:
                 if (kbcl_config_set(&cfg, &ccl, ax->assign[v], &e2) != 0) {
                     rc = markerr(ps, ps->vmark[a][v], "%s", e2.msg);
-                    goto done;
+                    goto out;
                 }
             }
         }
@@ -633,7 +633,7 @@ static int plan_check(sw_parse *ps)
     if (p->nsets + nset_axes > KBCL_MAX_SETS || p->nparams + nparam_axes > KBCL_MAX_SETS)
         rc = perr(ps, NULL, "too many set:/params: entries and axes (at most %d each)",
                   KBCL_MAX_SETS);
-done:
+out:
     kb_config_fini(&cfg);
     return rc;
 }
@@ -1178,17 +1178,17 @@ static int resume_csv(sw_ctx *c, char *text, kb_errbuf *eb)
     char **f = calloc((size_t)ncol, sizeof *f), *hdr = csv_header(p), *line = text, *nl;
     if (!f || !hdr) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-        goto done;
+        goto out;
     }
     nl = strchr(line, '\n');
     if (!nl)
-        goto done; /* empty file: the header is written as for a new one */
+        goto out; /* empty file: the header is written as for a new one */
     if ((size_t)(nl - line + 1) != strlen(hdr) || strncmp(line, hdr, strlen(hdr))) {
         hdr[strlen(hdr) - 1] = 0;
         rc = kb_err_set(eb, KB_ERR_USAGE, "%s:1: header %.*s does not match this sweep's "
                         "columns (%s); use a new --out", c->out_path, (int)(nl - line), line,
                         hdr);
-        goto done;
+        goto out;
     }
     for (line = nl + 1; (nl = strchr(line, '\n')); line = nl + 1) {
         int n, point;
@@ -1200,14 +1200,14 @@ static int resume_csv(sw_ctx *c, char *text, kb_errbuf *eb)
         if (n != ncol || !is_int_text(f[0])) {
             rc = kb_err_set(eb, KB_ERR_USAGE, "%s:%d: not a row of this sweep (%d fields, "
                             "expected %d)", c->out_path, lineno, n, ncol);
-            goto done;
+            goto out;
         }
         point = (int)strtol(f[0], NULL, 10);
         if ((rc = resume_row(c, lineno, point, (const char *const *)f + 1, f[ncol - 3],
                              f[ncol - 2], eb)) != 0)
-            goto done;
+            goto out;
     }
-done:
+out:
     free(f);
     free(hdr);
     return rc;
@@ -1272,13 +1272,13 @@ static int output_open(sw_ctx *c, int resume, kb_errbuf *eb)
         c->fd = STDOUT_FILENO;
         if (!c->jsonl && (!(hdr = csv_header(c->plan)) || kbcl_write_all(c->fd, hdr, strlen(hdr))))
             rc = kb_err_set(eb, KB_ERR_IO, "stdout: write failed");
-        goto done;
+        goto out;
     }
     c->fd = open(c->out_path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC | (resume ? 0 : O_TRUNC),
                  0644);
     if (c->fd < 0) {
         rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot open: %s", c->out_path, strerror(errno));
-        goto done;
+        goto out;
     }
     /* A POSIX record lock, not flock(): forked workers do not inherit it, so the lock goes
      * with the sweep process itself (a flock would live on in a worker that a kill -9 of the
@@ -1286,20 +1286,20 @@ static int output_open(sw_ctx *c, int resume, kb_errbuf *eb)
     struct flock lk = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 0 };
     if (fcntl(c->fd, F_SETLK, &lk) != 0) {
         rc = kb_err_set(eb, KB_ERR_IO, "%s: another kbcl sweep is writing it", c->out_path);
-        goto done;
+        goto out;
     }
     if (resume) {
         char *nl;
         if (!(text = read_fd(c->fd, &len))) {
             rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot read: %s", c->out_path, strerror(errno));
-            goto done;
+            goto out;
         }
         if (len && text[len - 1] != '\n') {
             size_t keep = (nl = strrchr(text, '\n')) ? (size_t)(nl - text) + 1 : 0;
             if (ftruncate(c->fd, (off_t)keep) != 0) {
                 rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot cut the partial last line: %s",
                                 c->out_path, strerror(errno));
-                goto done;
+                goto out;
             }
             if (!c->quiet)
                 fprintf(stderr, "kbcl sweep: %s: removed a partial last row (%zu bytes) left "
@@ -1308,12 +1308,12 @@ static int output_open(sw_ctx *c, int resume, kb_errbuf *eb)
             len = keep;
         }
         if ((rc = c->jsonl ? resume_jsonl(c, text, eb) : resume_csv(c, text, eb)) != 0)
-            goto done;
+            goto out;
     }
     if (!len && !c->jsonl &&
         (!(hdr = csv_header(c->plan)) || kbcl_write_all(c->fd, hdr, strlen(hdr)) != 0))
         rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot write the header", c->out_path);
-done:
+out:
     free(text);
     free(hdr);
     return rc;
@@ -1392,13 +1392,13 @@ static int run_local(sw_ctx *c, const int *pending, int npending, int jobs, kb_e
     sigaddset(&block, SIGHUP);
     if (!w || !pfd) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-        goto done;
+        goto out;
     }
     /* signals arrive as readable data in the poll loop: no handler, no global flag */
     sigprocmask(SIG_BLOCK, &block, &old);
     if ((sfd = signalfd(-1, &block, SFD_CLOEXEC)) < 0) {
         rc = kb_err_set(eb, KB_ERR_IO, "signalfd: %s", strerror(errno));
-        goto done;
+        goto out;
     }
     while (running > 0 || (next < npending && !stop)) {
         int np = 0, slot[SW_MAX_JOBS + 1];
@@ -1487,7 +1487,7 @@ static int run_local(sw_ctx *c, const int *pending, int npending, int jobs, kb_e
     }
     if (stop > 0)
         rc = 128 + stop;
-done:
+out:
     if (sfd >= 0) {
         close(sfd);
         sigprocmask(SIG_SETMASK, &old, NULL);
