@@ -3,10 +3,11 @@
  * (splitmix64), float bit patterns, ns/rate -> ps arithmetic done independently of the
  * simulator, a scratch directory with file helpers and runs of the kbcl binary ($KBCL_BIN)
  * with their output captured, and, for the layers a test includes before this header,
- * random op records (kb_oplog.h), configurations (kb_config.h), contexts (kb_runtime.h) and
- * the kernel clock (kb_tl.h). Header-only: every function is static inline, so a test
- * carries only what it calls and links against no more than its own layer. Failures are
- * cmocka failures of the calling test, with the library's message where there is one.
+ * random op records (kb_oplog.h), configurations (kb_config.h), contexts (kb_runtime.h),
+ * collective-library configurations and contexts that carry one (kb_ccl_config.h) and the
+ * kernel clock (kb_tl.h). Header-only: every function is static inline, so a test carries
+ * only what it calls and links against no more than its own layer. Failures are cmocka
+ * failures of the calling test, with the library's message where there is one.
  */
 #ifndef KB_TEST_UTIL_H
 #define KB_TEST_UTIL_H
@@ -447,6 +448,41 @@ static inline kb_ctx *kbt_ctx_new(const char *const *sets, size_t nsets, const k
 static inline kb_time kbt_ctx_now(kb_ctx *ctx) { return kb_sim_now(kb_ctx_sim(ctx)); }
 
 #endif /* KB_RUNTIME_H */
+
+/* ---- collective-library configurations (kb_ccl) ---- */
+#ifdef KB_CCL_CONFIG_H
+
+/* One `ccl.defaults.<key>=value` or `ccl.algorithms.<name>.<key>=value`; a refusal fails the
+ * test. */
+static inline void kbt_ccl_config_set(kb_ccl_cfg *c, const char *kv)
+{
+    kb_errbuf eb;
+    int rc = kb_ccl_config_set(c, kv, &eb);
+    if (rc != 0)
+        fail_msg("%s: %d %s", kv, rc, eb.msg);
+}
+
+/* The built-in ccl defaults changed by nsets assignments. */
+static inline void kbt_ccl_config_with(kb_ccl_cfg *c, const char *const *sets, size_t nsets)
+{
+    kb_ccl_config_defaults(c);
+    for (size_t i = 0; i < nsets; i++)
+        kbt_ccl_config_set(c, sets[i]);
+}
+
+#ifdef KB_RUNTIME_H
+/* Attaches the ccl defaults changed by nsets assignments to ctx (what kb_ccl_config_of then
+ * reads); a refusal fails the test. */
+static inline void kbt_ccl_attach(kb_ctx *ctx, const char *const *sets, size_t nsets)
+{
+    kb_ccl_cfg c;
+    kbt_ccl_config_with(&c, sets, nsets);
+    if (kb_ccl_config_attach(ctx, &c) != 0)
+        fail_msg("kb_ccl_config_attach: %s", kb_ctx_errmsg(ctx));
+}
+#endif /* KB_RUNTIME_H */
+
+#endif /* KB_CCL_CONFIG_H */
 
 #ifdef KB_TL_H
 static inline kb_time kbt_tl_now(kb_tl *tl) { return kb_sim_now(kb_ctx_sim(tl_ctx(tl))); }
