@@ -2,11 +2,13 @@
  * kb_test_util — helpers the cmocka tests share instead of copying: one random generator
  * (splitmix64), float bit patterns, ns/rate -> ps arithmetic done independently of the
  * simulator, a scratch directory with file helpers and runs of the kbcl binary ($KBCL_BIN)
- * with their output captured, and, for the layers a test includes before this header,
- * random op records (kb_oplog.h), configurations (kb_config.h), contexts (kb_runtime.h) and
- * the kernel clock (kb_tl.h). Header-only: every function is static inline, so a test
- * carries only what it calls and links against no more than its own layer. Failures are
- * cmocka failures of the calling test, with the library's message where there is one.
+ * with their output captured, error-message checks, and, for the layers a test includes
+ * before this header, random op records (kb_oplog.h), configurations and their key listings
+ * (kb_config.h), contexts (kb_runtime.h), collective-library configurations and contexts that
+ * carry one (kb_ccl_config.h) and the kernel clock (kb_tl.h). Header-only: every function is
+ * static inline, so a test carries only what it calls and links against no more than its own
+ * layer. Failures are cmocka failures of the calling test, with the library's message where
+ * there is one.
  */
 #ifndef KB_TEST_UTIL_H
 #define KB_TEST_UTIL_H
@@ -76,6 +78,26 @@ static inline int64_t kbt_xfer_ps(uint64_t n, double rate)
 {
     uint64_t per_us = (uint64_t)(rate * 1000.0 + 0.5);
     return (int64_t)((n * UINT64_C(1000000) + per_us - 1) / per_us);
+}
+
+/* ---- error messages ---- */
+
+/* Fails the test unless msg contains part. */
+static inline void kbt_msg_has(const char *msg, const char *part)
+{
+    if (!strstr(msg, part))
+        fail_msg("message '%s' lacks '%s'", msg, part);
+}
+
+/* Fails the test unless msg starts with "path:loc" (a FILE:LINE:COLUMN location, or its
+ * start) and contains part. */
+static inline void kbt_msg_at(const char *msg, const char *path, const char *loc,
+                              const char *part)
+{
+    char head[512];
+    snprintf(head, sizeof head, "%s:%s", path, loc);
+    if (strncmp(msg, head, strlen(head)) != 0 || !strstr(msg, part))
+        fail_msg("message '%s' lacks '%s' or '%s'", msg, head, part);
 }
 
 /* ---- a scratch directory, its files, and the kbcl binary run inside it ---- */
@@ -418,6 +440,35 @@ static inline void kbt_config_with(kb_config *cfg, const char *const *sets, size
         kbt_config_set(cfg, sets[i]);
 }
 
+/*
+ * What kbt_doc_key gathers from a key listing (kb_config_foreach_key,
+ * kb_ccl_config_foreach_key) held against a page of docs: how many keys, their paths (the
+ * first KBT_DOC_KEYS_MAX), and those the text does not name.
+ */
+#define KBT_DOC_KEYS_MAX 64
+typedef struct kbt_doc_keys {
+    const char *text;               /* the page (set by the caller) */
+    int nkeys, missing;
+    char first_missing[128];
+    char keys[KBT_DOC_KEYS_MAX][64];
+} kbt_doc_keys;
+
+/* A kb_config_key_fn over a kbt_doc_keys (ud): every key must have a type, a default and a
+ * doc line. */
+static inline void kbt_doc_key(const char *path, const char *type, const char *dflt,
+                               const char *doc, void *ud)
+{
+    kbt_doc_keys *d = ud;
+    assert_non_null(type);
+    assert_non_null(dflt);
+    assert_true(doc && doc[0]);
+    if (d->nkeys < KBT_DOC_KEYS_MAX)
+        snprintf(d->keys[d->nkeys], sizeof d->keys[0], "%s", path);
+    d->nkeys++;
+    if (!strstr(d->text, path) && d->missing++ == 0)
+        snprintf(d->first_missing, sizeof d->first_missing, "%s", path);
+}
+
 #endif /* KB_CONFIG_H */
 
 /* ---- contexts and the clocks (kb_host) ---- */
@@ -447,6 +498,41 @@ static inline kb_ctx *kbt_ctx_new(const char *const *sets, size_t nsets, const k
 static inline kb_time kbt_ctx_now(kb_ctx *ctx) { return kb_sim_now(kb_ctx_sim(ctx)); }
 
 #endif /* KB_RUNTIME_H */
+
+/* ---- collective-library configurations (kb_ccl) ---- */
+#ifdef KB_CCL_CONFIG_H
+
+/* One `ccl.defaults.<key>=value` or `ccl.algorithms.<name>.<key>=value`; a refusal fails the
+ * test. */
+static inline void kbt_ccl_config_set(kb_ccl_cfg *c, const char *kv)
+{
+    kb_errbuf eb;
+    int rc = kb_ccl_config_set(c, kv, &eb);
+    if (rc != 0)
+        fail_msg("%s: %d %s", kv, rc, eb.msg);
+}
+
+/* The built-in ccl defaults changed by nsets assignments. */
+static inline void kbt_ccl_config_with(kb_ccl_cfg *c, const char *const *sets, size_t nsets)
+{
+    kb_ccl_config_defaults(c);
+    for (size_t i = 0; i < nsets; i++)
+        kbt_ccl_config_set(c, sets[i]);
+}
+
+#ifdef KB_RUNTIME_H
+/* Attaches the ccl defaults changed by nsets assignments to ctx (what kb_ccl_config_of then
+ * reads); a refusal fails the test. */
+static inline void kbt_ccl_attach(kb_ctx *ctx, const char *const *sets, size_t nsets)
+{
+    kb_ccl_cfg c;
+    kbt_ccl_config_with(&c, sets, nsets);
+    if (kb_ccl_config_attach(ctx, &c) != 0)
+        fail_msg("kb_ccl_config_attach: %s", kb_ctx_errmsg(ctx));
+}
+#endif /* KB_RUNTIME_H */
+
+#endif /* KB_CCL_CONFIG_H */
 
 #ifdef KB_TL_H
 static inline kb_time kbt_tl_now(kb_tl *tl) { return kb_sim_now(kb_ctx_sim(tl_ctx(tl))); }

@@ -16,8 +16,9 @@
 
 #include "kb_bench.h"
 #include "kb_ccl.h"
+#include "kb_ccl_config.h"
 
-static const kb_ctx_opts ref_opts = { .device = KB_DEV_REF };
+#include "kb_test_util.h"
 
 static kb_bench_args defaults_of(const kb_bench *b, int verify)
 {
@@ -29,17 +30,26 @@ static kb_bench_args defaults_of(const kb_bench *b, int verify)
     return a;
 }
 
-static void run_bench(const char *name, kb_device_kind dev, int verify, kb_run_report *rep)
+/* Runs bench b with arguments a on the default machine with device dev (ccl: NULL = the
+ * built-in collective configuration); the bench's result code, eb its message. */
+static int exec_bench(const kb_bench *b, const kb_ccl_cfg *ccl, kb_device_kind dev,
+                      const kb_bench_args *a, kb_run_report *rep, kb_errbuf *eb)
 {
     kb_config cfg;
+    kb_ctx_opts o = { .device = dev };
+    assert_non_null(b);
+    kb_config_defaults(&cfg);
+    return kb_bench_execute(&cfg, ccl, &o, b, a, rep, eb);
+}
+
+/* Bench `name` with its default arguments; any error fails the test. */
+static void run_bench(const char *name, kb_device_kind dev, int verify, kb_run_report *rep)
+{
     kb_errbuf eb = { { 0 } };
     const kb_bench *b = kb_bench_find(name);
     assert_non_null(b);
-    kb_config_defaults(&cfg);
     kb_bench_args a = defaults_of(b, verify);
-    kb_ctx_opts o = { .device = dev };
-    int rc = kb_bench_execute(&cfg, NULL, &o, b, &a, rep, &eb);
-    if (rc)
+    if (exec_bench(b, NULL, dev, &a, rep, &eb) != 0)
         fail_msg("%s: %s", name, eb.msg);
 }
 
@@ -90,16 +100,14 @@ static void test_gemm_ragged_shape(void **s)
 {
     /* shapes that are not multiples of SchedulerV2's 128 tiles */
     const kb_bench *b = kb_bench_find("gemm");
-    kb_config cfg;
     kb_errbuf eb;
     kb_run_report rep;
     kb_bench_args a = defaults_of(b, 1);
     (void)s;
-    kb_config_defaults(&cfg);
     a.p[0] = 130;
     a.p[1] = 300;
     a.p[2] = 7;
-    assert_int_equal(kb_bench_execute(&cfg, NULL, &ref_opts, b, &a, &rep, &eb), 0);
+    assert_int_equal(exec_bench(b, NULL, KB_DEV_REF, &a, &rep, &eb), 0);
     assert_int_equal(rep.res.verified, 1);
 }
 
@@ -107,14 +115,12 @@ static void test_usage_errors(void **s)
 {
     /* k not a multiple of the SIP's 128 PEs */
     const kb_bench *b = kb_bench_find("va_offset");
-    kb_config cfg;
     kb_errbuf eb;
     kb_run_report rep;
     kb_bench_args a = defaults_of(b, 1);
     (void)s;
-    kb_config_defaults(&cfg);
     a.p[1] = 100;
-    assert_int_equal(kb_bench_execute(&cfg, NULL, &ref_opts, b, &a, &rep, &eb), KB_ERR_USAGE);
+    assert_int_equal(exec_bench(b, NULL, KB_DEV_REF, &a, &rep, &eb), KB_ERR_USAGE);
     assert_non_null(strstr(eb.msg, "multiple"));
     assert_null(kb_bench_find("nope"));
     assert_int_equal(kb_bench_param_index(b, "k"), 1);
@@ -124,14 +130,13 @@ static void test_usage_errors(void **s)
 
 /* ---- collectives against the closed forms of docs/timing-model.md §11 ---- */
 
-static int64_t xfer(int64_t n, int64_t bytes_per_us)
-{
-    return (n * 1000000 + bytes_per_us - 1) / bytes_per_us;
-}
-
-/* Default-config step costs in ps (docs/timing-model.md §11 table), from the config numbers. */
+/*
+ * Default-config step costs in ps (docs/timing-model.md §11 table), from the config numbers
+ * (times with kbt_ps, transfers with kbt_xfer_ps at the rates in GB/s or elements/ns).
+ */
 typedef struct costs {
-    int64_t cpu, ipcq, setup, dma, math_fixed, lanes, l_tcm, l_noc, l_hbm, down, up_fixed, m_cpu;
+    int64_t cpu, ipcq, setup, math_fixed, l_tcm, l_noc, l_hbm, down, up_fixed, m_cpu;
+    double dma, lanes;
 } costs;
 
 static costs default_costs(void)
@@ -140,29 +145,33 @@ static costs default_costs(void)
     kb_config_defaults(&c);
     const kb_topo_cfg *t = &c.topo;
     costs k;
-    k.cpu = (int64_t)(t->pe_cpu_overhead_ns * 1000);
-    k.ipcq = (int64_t)(t->ipcq_overhead_ns * 1000);
-    k.setup = (int64_t)(t->dma_setup_ns * 1000);
-    k.dma = (int64_t)(t->dma_bandwidth_gbps * 1000);
-    k.math_fixed = (int64_t)(t->math_fixed_ns * 1000);
-    k.lanes = (int64_t)(t->math_lanes_per_ns * 1000);
-    k.l_tcm = (int64_t)(t->tcm.latency_ns * 1000);
-    k.l_noc = (int64_t)(t->noc.latency_ns * 1000);
-    k.l_hbm = (int64_t)(t->hbm.latency_ns * 1000);
-    k.m_cpu = (int64_t)(t->m_cpu_overhead_ns * 1000);
-    int64_t pcie = (int64_t)(t->pcie.latency_ns * 1000) + xfer(64, (int64_t)(t->pcie.bandwidth_gbps * 1000));
-    int64_t noc = k.l_noc + xfer(64, (int64_t)(t->noc.bandwidth_gbps * 1000));
-    int64_t ep = (int64_t)(t->pcie_ep_overhead_ns * 1000), io = (int64_t)(t->io_cpu_overhead_ns * 1000);
-    k.down = (int64_t)(t->host_overhead_ns * 1000) + pcie + ep + io + k.m_cpu + noc + k.cpu;
+    k.cpu = kbt_ps(t->pe_cpu_overhead_ns);
+    k.ipcq = kbt_ps(t->ipcq_overhead_ns);
+    k.setup = kbt_ps(t->dma_setup_ns);
+    k.dma = t->dma_bandwidth_gbps;
+    k.math_fixed = kbt_ps(t->math_fixed_ns);
+    k.lanes = t->math_lanes_per_ns;
+    k.l_tcm = kbt_ps(t->tcm.latency_ns);
+    k.l_noc = kbt_ps(t->noc.latency_ns);
+    k.l_hbm = kbt_ps(t->hbm.latency_ns);
+    k.m_cpu = kbt_ps(t->m_cpu_overhead_ns);
+    int64_t pcie = kbt_ps(t->pcie.latency_ns) + kbt_xfer_ps(64, t->pcie.bandwidth_gbps);
+    int64_t noc = k.l_noc + kbt_xfer_ps(64, t->noc.bandwidth_gbps);
+    int64_t ep = kbt_ps(t->pcie_ep_overhead_ns), io = kbt_ps(t->io_cpu_overhead_ns);
+    k.down = kbt_ps(t->host_overhead_ns) + pcie + ep + io + k.m_cpu + noc + k.cpu;
     k.up_fixed = noc + io + ep + pcie; /* plus p * M_CPU */
     return k;
 }
 
-static int64_t t_load(const costs *k, int64_t b) { return k->cpu + k->l_hbm + k->l_noc + k->l_tcm + k->setup + xfer(b, k->dma); }
-static int64_t t_send(const costs *k, int64_t b) { return k->cpu + k->ipcq + 2 * k->l_tcm + k->l_noc + k->setup + xfer(b, k->dma); }
-static int64_t t_recv(const costs *k, int64_t b) { return k->cpu + k->ipcq + k->l_tcm + k->setup + xfer(b, k->dma); }
-static int64_t t_add(const costs *k, int64_t e) { return k->cpu + k->math_fixed + xfer(e, k->lanes); }
-static int64_t t_hbm_ipcq(const costs *k, int64_t b) { return k->cpu + k->ipcq + k->l_hbm + k->l_noc + k->l_tcm + k->setup + xfer(b, k->dma); }
+/* b bytes at the DMA rate, e elements at the math lanes' rate */
+static int64_t dma(const costs *k, int64_t b) { return kbt_xfer_ps((uint64_t)b, k->dma); }
+static int64_t lanes(const costs *k, int64_t e) { return kbt_xfer_ps((uint64_t)e, k->lanes); }
+
+static int64_t t_load(const costs *k, int64_t b) { return k->cpu + k->l_hbm + k->l_noc + k->l_tcm + k->setup + dma(k, b); }
+static int64_t t_send(const costs *k, int64_t b) { return k->cpu + k->ipcq + 2 * k->l_tcm + k->l_noc + k->setup + dma(k, b); }
+static int64_t t_recv(const costs *k, int64_t b) { return k->cpu + k->ipcq + k->l_tcm + k->setup + dma(k, b); }
+static int64_t t_add(const costs *k, int64_t e) { return k->cpu + k->math_fixed + lanes(k, e); }
+static int64_t t_hbm_ipcq(const costs *k, int64_t b) { return k->cpu + k->ipcq + k->l_hbm + k->l_noc + k->l_tcm + k->setup + dma(k, b); }
 
 /*
  * Runs ccl_allreduce on a new ccl.yaml entry `name` of `module` (ws 0 = rank = SIP) on the
@@ -172,23 +181,20 @@ static void ccl_entry_run(const char *name, const char *module, const char *topo
                           kb_device_kind dev, int verify, kb_run_report *rep)
 {
     const kb_bench *b = kb_bench_find("ccl_allreduce");
-    kb_config cfg;
     kb_ccl_cfg ccl;
     kb_errbuf eb;
     char set[5][128];
-    kb_ctx_opts o = { .device = dev };
+    const char *sets[5];
     kb_bench_args a = defaults_of(b, verify);
-    kb_config_defaults(&cfg);
-    kb_ccl_config_defaults(&ccl);
     snprintf(set[0], sizeof set[0], "ccl.algorithms.%s.module=%s", name, module);
     snprintf(set[1], sizeof set[1], "ccl.algorithms.%s.topology=%s", name, topo);
     snprintf(set[2], sizeof set[2], "ccl.algorithms.%s.world_size=%d", name, ws);
     snprintf(set[3], sizeof set[3], "ccl.algorithms.%s.n_elem=%d", name, n);
     snprintf(set[4], sizeof set[4], "ccl.defaults.algorithm=%s", name);
     for (int i = 0; i < 5; i++)
-        if (kb_ccl_config_set(&ccl, set[i], &eb) != 0)
-            fail_msg("%s: %s", set[i], eb.msg);
-    if (kb_bench_execute(&cfg, &ccl, &o, b, &a, rep, &eb) != 0)
+        sets[i] = set[i];
+    kbt_ccl_config_with(&ccl, sets, 5);
+    if (exec_bench(b, &ccl, dev, &a, rep, &eb) != 0)
         fail_msg("%s: %s", name, eb.msg);
 }
 

@@ -58,14 +58,12 @@ static void expect_load_error_over(kb_ccl_cfg *c, const char *text, const char *
 {
     kb_ccl_cfg *before = malloc(sizeof *before);
     kb_errbuf eb = {{0}};
-    char path[64], head[128];
+    char path[64];
 
     assert_non_null(before);
     *before = *c;
     assert_int_equal(load_text(c, text, path, &eb), KB_ERR_CONFIG);
-    snprintf(head, sizeof head, "%s:%s", path, loc);
-    if (strncmp(eb.msg, head, strlen(head)) != 0 || !strstr(eb.msg, part))
-        fail_msg("message '%s' lacks '%s' or '%s'", eb.msg, head, part);
+    kbt_msg_at(eb.msg, path, loc, part);
     assert_memory_equal(c, before, sizeof *c);
     free(before);
 }
@@ -198,28 +196,6 @@ static void test_shipped_ccl(void **state)
     assert_memory_equal(&dflt, &c, sizeof c);
 }
 
-typedef struct doc_ctx {
-    const char *text;
-    int nkeys, missing;
-    char first_missing[128];
-    char keys[N_CCL_KEYS + 8][64];
-} doc_ctx;
-
-static void doc_key(const char *path, const char *type, const char *dflt, const char *doc,
-                    void *ud)
-{
-    doc_ctx *d = ud;
-
-    assert_non_null(type);
-    assert_non_null(dflt);
-    assert_true(doc && doc[0]);
-    if (d->nkeys < N_CCL_KEYS + 8)
-        snprintf(d->keys[d->nkeys], sizeof d->keys[0], "%s", path);
-    d->nkeys++;
-    if (!strstr(d->text, path) && d->missing++ == 0)
-        snprintf(d->first_missing, sizeof d->first_missing, "%s", path);
-}
-
 static int is_key_char(char ch)
 {
     return ch == '_' || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9');
@@ -229,8 +205,8 @@ static int is_key_char(char ch)
  * Appends to stale (", "-separated, no repeats) every key path in text that starts with
  * prefix but is not one of d's keys.
  */
-static void find_stale(const doc_ctx *d, const char *text, const char *prefix, char *stale,
-                       size_t cap)
+static void find_stale(const kbt_doc_keys *d, const char *text, const char *prefix,
+                       char *stale, size_t cap)
 {
     size_t plen = strlen(prefix);
 
@@ -244,7 +220,7 @@ static void find_stale(const doc_ctx *d, const char *text, const char *prefix, c
         if (n == 0)
             continue;
         snprintf(key, sizeof key, "%s%.*s", prefix, (int)n, s + plen);
-        for (int i = 0; i < d->nkeys && !known; i++)
+        for (int i = 0; i < d->nkeys && i < KBT_DOC_KEYS_MAX && !known; i++)
             known = strcmp(d->keys[i], key) == 0;
         if (!known && !strstr(stale, key))
             snprintf(stale + strlen(stale), cap - strlen(stale), "%s%s", stale[0] ? ", " : "",
@@ -255,7 +231,7 @@ static void find_stale(const doc_ctx *d, const char *text, const char *prefix, c
 static void test_docs_cover_every_key(void **state)
 {
     char path[1024], stale[1024] = "";
-    doc_ctx d = {0};
+    kbt_doc_keys d = {0};
     char *text;
 
     (void)state;
@@ -264,7 +240,7 @@ static void test_docs_cover_every_key(void **state)
     text = kbt_read_file(path);
     d.text = text;
     /* The ccl keys; the topology keys are test_config's. */
-    kb_ccl_config_foreach_key(doc_key, &d);
+    kb_ccl_config_foreach_key(kbt_doc_key, &d);
     assert_int_equal(d.nkeys, N_CCL_KEYS);
     /* ... and the other way round: every ccl key the page names is a key. */
     find_stale(&d, text, "ccl.defaults.", stale, sizeof stale);
@@ -873,8 +849,7 @@ static void expect_invalid(const kb_ccl_cfg *c, const kb_topo_cfg *t, const char
     kb_errbuf eb = {{0}};
 
     assert_int_equal(kb_ccl_config_validate(c, t, &eb), KB_ERR_CONFIG);
-    if (!strstr(eb.msg, part))
-        fail_msg("message '%s' lacks '%s'", eb.msg, part);
+    kbt_msg_has(eb.msg, part);
 }
 
 static void test_validate(void **state)

@@ -40,14 +40,12 @@ static void expect_load_error(const char *text, const char *loc, const char *par
 {
     kb_config cfg, before;
     kb_errbuf eb = {{0}};
-    char path[64], head[128];
+    char path[64];
 
     kb_config_defaults(&cfg);
     before = cfg;
     assert_int_equal(load_text(&cfg, text, path, &eb), KB_ERR_CONFIG);
-    snprintf(head, sizeof head, "%s:%s", path, loc);
-    if (strncmp(eb.msg, head, strlen(head)) != 0 || !strstr(eb.msg, part))
-        fail_msg("message '%s' lacks '%s' or '%s'", eb.msg, head, part);
+    kbt_msg_at(eb.msg, path, loc, part);
     /* A failed load changes nothing. */
     assert_memory_equal(&cfg, &before, sizeof cfg);
 }
@@ -127,29 +125,10 @@ static void test_shipped_topology_equals_defaults(void **state)
         fail_msg("%s", eb.msg);
 }
 
-typedef struct doc_ctx {
-    const char *text;
-    int nkeys, missing;
-    char first_missing[128];
-} doc_ctx;
-
-static void doc_key(const char *path, const char *type, const char *dflt, const char *doc,
-                    void *ud)
-{
-    doc_ctx *d = ud;
-
-    assert_non_null(type);
-    assert_non_null(dflt);
-    assert_true(doc && doc[0]);
-    d->nkeys++;
-    if (!strstr(d->text, path) && d->missing++ == 0)
-        snprintf(d->first_missing, sizeof d->first_missing, "%s", path);
-}
-
 static void test_docs_cover_every_key(void **state)
 {
     char path[1024];
-    doc_ctx d = {0};
+    kbt_doc_keys d = {0};
     char *text;
 
     (void)state;
@@ -158,7 +137,7 @@ static void test_docs_cover_every_key(void **state)
     text = kbt_read_file(path);
     d.text = text;
     /* The topology keys; the ccl keys are test_ccl_config's. */
-    kb_config_foreach_key(doc_key, &d);
+    kb_config_foreach_key(kbt_doc_key, &d);
     free(text);
     assert_int_equal(d.nkeys, N_TOPO_KEYS);
     if (d.missing)
@@ -457,8 +436,7 @@ static void expect_invalid(const kb_config *cfg, const char *part)
     kb_errbuf eb = {{0}};
 
     assert_int_equal(kb_config_validate(cfg, &eb), KB_ERR_CONFIG);
-    if (!strstr(eb.msg, part))
-        fail_msg("message '%s' lacks '%s'", eb.msg, part);
+    kbt_msg_has(eb.msg, part);
 }
 
 static void test_validate(void **state)

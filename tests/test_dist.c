@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kb_ccl_config.h"
 #include "kb_dist.h"
 #include "kb_dist_algo.h"
 #include "kb_dtype.h"
@@ -31,52 +32,35 @@
 #include "kb_runtime.h"
 #include "kb_sim.h"
 
+#include "kb_test_util.h"
+
 #define MAXR 8
 #define MAXE 1024 /* elements of the largest per-rank host buffer */
 
 /* ---- contexts ---- */
 
-static void cfg_set(kb_config *cfg, const char *kv)
-{
-    kb_errbuf eb;
-    int rc = kb_config_set(cfg, kv, &eb);
-    if (rc != 0)
-        fail_msg("%s: %d %s", kv, rc, eb.msg);
-}
-
 /*
  * A reference-device context of `sips` SIPs linked by `topo`; small = 2x2 cubes of 2 PEs,
- * else the default 4x4 mesh of 8 PEs. algo sets ccl.defaults.algorithm (NULL keeps the
- * shipped default, which has no rank = SIP form). Owner: the caller (kb_ctx_destroy).
+ * else the default 4x4 mesh of 8 PEs. algo sets ccl.defaults.algorithm in a ccl config
+ * attached to the context (NULL attaches none and keeps the shipped default, which has no
+ * rank = SIP form). Owner: the caller (kb_ctx_destroy).
  */
 static kb_ctx *make_ctx(int sips, const char *topo, int small, const char *algo)
 {
-    kb_config cfg;
-    kb_errbuf eb;
-    char kv[160];
-    kb_ctx *ctx = NULL;
+    char count[64], link[96], algorithm[128];
+    const char *sets[] = { count, link, "sip.cube_mesh.width=2", "sip.cube_mesh.height=2",
+                           "cube.corners=1", "cube.pe_per_corner=2" };
+    const char *ccl_sets[] = { algorithm };
+    kb_ctx *ctx;
 
-    kb_config_defaults(&cfg);
-    snprintf(kv, sizeof kv, "system.sips.count=%d", sips);
-    cfg_set(&cfg, kv);
-    snprintf(kv, sizeof kv, "system.sips.topology=%s", topo);
-    cfg_set(&cfg, kv);
-    if (small) {
-        cfg_set(&cfg, "sip.cube_mesh.width=2");
-        cfg_set(&cfg, "sip.cube_mesh.height=2");
-        cfg_set(&cfg, "cube.corners=1");
-        cfg_set(&cfg, "cube.pe_per_corner=2");
-    }
-    int rc = kb_ctx_create(&cfg, &(kb_ctx_opts){ .device = KB_DEV_REF }, &ctx, &eb);
-    kb_config_fini(&cfg);
-    if (rc != 0)
-        fail_msg("kb_ctx_create: %d %s", rc, eb.msg);
+    snprintf(count, sizeof count, "system.sips.count=%d", sips);
+    snprintf(link, sizeof link, "system.sips.topology=%s", topo);
+    /* the default mesh takes the first two assignments only */
+    ctx = kbt_ctx_new(sets, small ? sizeof sets / sizeof sets[0] : 2,
+                      &(kb_ctx_opts){ .device = KB_DEV_REF });
     if (algo) {
-        kb_ccl_cfg ccl;
-        kb_ccl_config_defaults(&ccl);
-        snprintf(kv, sizeof kv, "ccl.defaults.algorithm=%s", algo);
-        if (kb_ccl_config_set(&ccl, kv, &eb) != 0 || kb_ccl_config_attach(ctx, &ccl) != 0)
-            fail_msg("%s: %s", kv, eb.msg);
+        snprintf(algorithm, sizeof algorithm, "ccl.defaults.algorithm=%s", algo);
+        kbt_ccl_attach(ctx, ccl_sets, 1);
     }
     return ctx;
 }

@@ -819,7 +819,7 @@ static void test_plan_interleaved_chains(void **state)
 {
     fx *f = *state;
     enum { NCH = 64, DEPTH = 50 };
-    uint64_t s = 12345;
+    kbt_rng g = { 12345 };
     for (size_t c = 0; c < NCH; c++) {
         const float a[4] = { (float)c, (float)c + 0.5f, -(float)c, 2.0f };
         uint64_t pa = 0x10000 + 32 * c, pb = pa + 16;
@@ -837,8 +837,7 @@ static void test_plan_interleaved_chains(void **state)
             }
             r.dst = kb_opnd_make(pb, 1, 4, KB_F32);
             append(f, &r);
-            s = s * 6364136223846793005u + 1442695040888963407u;
-            t += 1 + (kb_time)((s >> 33) % 100);
+            t += 1 + (kb_time)kbt_rng_below(&g, 100);
         }
     }
     size_t n = kb_oplog_count(f->log);
