@@ -59,6 +59,10 @@ typedef struct kb_ccl_layout {
 int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb);
 kb_pe_hw *kb_ccl_rank_pe(const kb_machine *m, const kb_ccl_layout *l, int rank);
 
+/* The IPCQ configuration effective parameters ask for (KB_ERR_CONFIG on an unknown
+ * buffer_kind). */
+int kb_ccl_config_ipcq(const kb_ccl_params *p, kb_ipcq_cfg *out, kb_errbuf *eb);
+
 /* Builds the install links of a topology over a layout and installs IPCQ (timed). */
 int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const kb_ipcq_cfg *cfg);
 

@@ -13,7 +13,9 @@
 
 #define MIB (1048576.0)
 
+/* buffer_kind names and the memory each one means (same order) */
 static const char *const buffer_kinds[] = {"tcm", "hbm", "sram", NULL};
+static const kb_mem_kind buffer_mems[] = {KB_MEM_TCM, KB_MEM_HBM, KB_MEM_SRAM};
 
 #define P_ kb_ccl_params
 /* ccl.yaml `defaults`; also the override keys of an algorithm entry (minus `algorithm`). */
@@ -281,6 +283,20 @@ int kb_ccl_config_validate(const kb_ccl_cfg *c, const kb_topo_cfg *t, kb_errbuf 
                           "(system.sips.count * cubes * PEs per cube)", eff.algorithm,
                           eff.world_size, kb_topo_total_pes(t));
     return 0;
+}
+
+int kb_ccl_config_ipcq(const kb_ccl_params *p, kb_ipcq_cfg *out, kb_errbuf *eb)
+{
+    memset(out, 0, sizeof *out);
+    out->n_slots = p->n_slots;
+    out->slot_size = p->slot_size;
+    out->backpressure = p->backpressure != 0;
+    for (int i = 0; buffer_kinds[i]; i++)
+        if (strcmp(p->buffer_kind, buffer_kinds[i]) == 0) {
+            out->buffer_kind = buffer_mems[i];
+            return 0;
+        }
+    return kb_err_set(eb, KB_ERR_CONFIG, "buffer_kind '%s' (tcm, hbm, sram)", p->buffer_kind);
 }
 
 int kb_ccl_config_attach(kb_ctx *ctx, const kb_ccl_cfg *c)

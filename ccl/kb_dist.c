@@ -251,11 +251,9 @@ int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *alg
         if (nd.root_cube >= m->ncubes)
             return kb_err_set(eb, KB_ERR_CONFIG, "root_cube %d: the SIP has %d cubes",
                               nd.root_cube, m->ncubes);
-        nd.icfg.n_slots = p.n_slots;
-        nd.icfg.slot_size = p.slot_size;
-        nd.icfg.backpressure = p.backpressure != 0;
-        nd.icfg.buffer_kind = !strcmp(p.buffer_kind, "hbm") ? KB_MEM_HBM
-                              : !strcmp(p.buffer_kind, "sram") ? KB_MEM_SRAM : KB_MEM_TCM;
+        int rc = kb_ccl_config_ipcq(&p, &nd.icfg, eb);
+        if (rc)
+            return rc;
         nd.args = calloc((size_t)nd.ws, sizeof *nd.args);
         d = malloc(sizeof *d);
         if (!d || !nd.args) {

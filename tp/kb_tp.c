@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kb_dist_algo.h"
 #include "kb_tl.h"
 
 int kb_tp_initialize_model_parallel(kb_ctx *ctx, int tp)
@@ -23,10 +24,13 @@ int kb_tp_initialize_model_parallel(kb_ctx *ctx, int tp)
                           "initialize_model_parallel(%d): tensor-parallel size must equal the "
                           "world size %d (other splits are not implemented)", tp, ws);
     const char *alg = kb_dist_algorithm(ctx);
-    if (!alg || strcmp(alg, "hierarchical_allreduce") != 0)
+    const kb_dist_algo *da = alg ? kb_dist_algo_find(alg) : NULL;
+    /* the layers' partial sums live on every PE of a rank: the collective must take them all */
+    if (!da || strcmp(da->mapper, "all_pes") != 0)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_CONFIG,
                           "tensor parallelism reduces partial sums on every PE: the process "
-                          "group must use hierarchical_allreduce (it uses %s)", alg ? alg : "none");
+                          "group's algorithm must use every PE of a rank (mapper all_pes, e.g. "
+                          "hierarchical_allreduce; it uses %s)", alg ? alg : "none");
     return 0;
 }
 

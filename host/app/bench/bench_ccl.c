@@ -72,18 +72,9 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
         return kb_err_set(eb, KB_ERR_CONFIG, "algorithm '%s': unknown module '%s'", name,
                           entry ? entry->module : name);
     int ws = force_ws ? force_ws : p.world_size;
-    memset(&icfg, 0, sizeof icfg);
-    icfg.n_slots = p.n_slots;
-    icfg.slot_size = p.slot_size;
-    icfg.backpressure = p.backpressure != 0;
-    if (!strcmp(p.buffer_kind, "tcm"))
-        icfg.buffer_kind = KB_MEM_TCM;
-    else if (!strcmp(p.buffer_kind, "hbm"))
-        icfg.buffer_kind = KB_MEM_HBM;
-    else if (!strcmp(p.buffer_kind, "sram"))
-        icfg.buffer_kind = KB_MEM_SRAM;
-    else
-        return kb_err_set(eb, KB_ERR_CONFIG, "buffer_kind '%s' (tcm, hbm, sram)", p.buffer_kind);
+    int rc = kb_ccl_config_ipcq(&p, &icfg, eb);
+    if (rc)
+        return rc;
     return kb_ccl_job_prepare(ctx, &st->job, impl, name,
                               force_topo ? force_topo : entry->topology, ws,
                               p.n_elem > 0 ? p.n_elem : KB_CCL_DEFAULT_N, &icfg, NULL);
