@@ -1,6 +1,7 @@
 /*
- * kb_ccl — the collective library: topologies (rank -> direction -> peer rank), reverse-
- * direction pairing, mappers (rank -> PE), validators (tensor layout checks), install plans,
+ * kb_ccl — the collective library: topologies (rank -> direction -> peer rank, one table),
+ * reverse-direction pairing, the rank = PE layout (rank r on global PE r) and its validator
+ * single_shard_per_rank, install plans, the IPCQ configuration from ccl.yaml parameters,
  * the rank = PE algorithm registry (each algorithm is a kernel plus a table entry giving its
  * collective kind, usual topology and host reference), and the verification data every
  * collective bench and test uses (seeded position-dependent inputs, an exact comparison).
