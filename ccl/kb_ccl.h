@@ -142,6 +142,21 @@ enum { KB_CCL_ARG_N = 0, KB_CCL_ARG_WS, KB_CCL_ARG_PES, KB_CCL_ARG_CUBES, KB_CCL
 int kb_ccl_rank(kb_tl *tl);
 kb_va kb_ccl_my_tile(kb_tl *tl, const kb_kargs *a);
 
+/*
+ * One exchange of a ring step: send v on sd, release `drop` (a scratch value the step no
+ * longer needs; a zero kb_val for none), receive shape s of dt from rd. When both messages
+ * fit one slot this is send, free, receive — the sequence the algorithms always issued, so
+ * their timing is unchanged. When either is longer, the receive is posted first: every rank
+ * of a ring sends before it receives, and a send that streams more chunks than the slot
+ * window holds needs the neighbour's receive to be consuming them already (blocking sends
+ * around a ring would deadlock).
+ */
+kb_val kb_ccl_sendrecv(kb_tl *tl, kb_dir sd, kb_val v, kb_val drop, kb_dir rd, kb_shape s,
+                       kb_dtype dt);
+/* The same, receiving straight into the tensor memory at va. */
+void kb_ccl_sendrecv_into(kb_tl *tl, kb_dir sd, kb_val v, kb_dir rd, kb_va va, kb_shape s,
+                          kb_dtype dt);
+
 /* Column slice [c0, c0 + n) of a one-row value (a view: same memory, not freeable). */
 static inline kb_val kb_val_slice(kb_val v, uint32_t c0, uint32_t n)
 {

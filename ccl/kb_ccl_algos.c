@@ -41,8 +41,7 @@ static void hello_send(kb_tl *tl, const kb_kargs *a)
     if (a->i[KB_CCL_ARG_WS] < 2)
         return;
     kb_val v = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
-    tl_send(tl, KB_DIR_E, v);
-    tl_recv_into(tl, KB_DIR_W, mine, KB_SHAPE1(n), KB_F16);
+    kb_ccl_sendrecv_into(tl, KB_DIR_E, v, KB_DIR_W, mine, KB_SHAPE1(n), KB_F16);
 }
 
 /* ---- ring ---- */
@@ -54,8 +53,8 @@ static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
     kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), KB_F16), acc = v0, cur = v0;
 
     for (int64_t step = 0; step + 1 < ws; step++) {
-        tl_send(tl, KB_DIR_E, cur);
-        kb_val in = tl_recv(tl, KB_DIR_W, KB_SHAPE1(n), KB_F16);
+        kb_val in = kb_ccl_sendrecv(tl, KB_DIR_E, cur, (kb_val){ 0 }, KB_DIR_W, KB_SHAPE1(n),
+                                    KB_F16);
         kb_val s = tl_add(tl, acc, in);
         if (acc.pa != v0.pa)
             tl_free(tl, acc);
@@ -104,16 +103,23 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
     /* with n < ws some chunks are empty: both neighbours skip them (same chunk_of) */
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t rc = ((r - s - 1) % ws + ws) % ws;
-        if (len)
-            tl_send(tl, KB_DIR_E, part);
-        if (part.scratch)
-            tl_free(tl, part);
+        uint32_t slen = len;
+        kb_val sent = part, in;
         chunk_of(n, ws, rc, &off, &len);
-        if (!len) {
-            part = kb_val_slice(tile, off, 0);
-            continue;
+        kb_dtype dt = s == 0 ? KB_F16 : KB_F32;
+        if (slen && len) {
+            in = kb_ccl_sendrecv(tl, KB_DIR_E, sent, sent, KB_DIR_W, KB_SHAPE1(len), dt);
+        } else {
+            if (slen)
+                tl_send(tl, KB_DIR_E, sent);
+            if (sent.scratch)
+                tl_free(tl, sent);
+            if (!len) {
+                part = kb_val_slice(tile, off, 0);
+                continue;
+            }
+            in = tl_recv(tl, KB_DIR_W, KB_SHAPE1(len), dt);
         }
-        kb_val in = tl_recv(tl, KB_DIR_W, KB_SHAPE1(len), s == 0 ? KB_F16 : KB_F32);
         part = accumulate(tl, kb_val_slice(tile, off, len), in, tile);
     }
     /* this rank now holds the full sum of chunk (r + 1) mod ws: store it, then all-gather */
@@ -125,10 +131,17 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
         tl_free(tl, part);
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t sc = ((r + 1 - s) % ws + ws) % ws, rc = ((r - s) % ws + ws) % ws;
-        chunk_of(n, ws, sc, &off, &len);
-        if (len)
-            tl_send(tl, KB_DIR_E, tl_ref(tl, mine + (kb_va)off * 2u, KB_SHAPE1(len), KB_F16));
+        uint32_t soff, slen;
+        chunk_of(n, ws, sc, &soff, &slen);
         chunk_of(n, ws, rc, &off, &len);
+        if (slen && len) {
+            kb_ccl_sendrecv_into(tl, KB_DIR_E,
+                                 tl_ref(tl, mine + (kb_va)soff * 2u, KB_SHAPE1(slen), KB_F16),
+                                 KB_DIR_W, mine + (kb_va)off * 2u, KB_SHAPE1(len), KB_F16);
+            continue;
+        }
+        if (slen)
+            tl_send(tl, KB_DIR_E, tl_ref(tl, mine + (kb_va)soff * 2u, KB_SHAPE1(slen), KB_F16));
         if (len)
             tl_recv_into(tl, KB_DIR_W, mine + (kb_va)off * 2u, KB_SHAPE1(len), KB_F16);
     }
@@ -156,8 +169,8 @@ static kb_val ring_phase(kb_tl *tl, kb_val acc, int64_t k, kb_dir out, kb_dir in
 {
     kb_val cur = acc;
     for (int64_t s = 0; s + 1 < k; s++) {
-        tl_send(tl, out, cur);
-        kb_val in = tl_recv(tl, in_dir, KB_SHAPE2(acc.rows, acc.cols), dt_of(cur));
+        kb_val in = kb_ccl_sendrecv(tl, out, cur, (kb_val){ 0 }, in_dir,
+                                    KB_SHAPE2(acc.rows, acc.cols), dt_of(cur));
         kb_val sum = tl_add(tl, acc, in);
         if (acc.pa != keep.pa && acc.pa != cur.pa)
             tl_free(tl, acc);

@@ -34,10 +34,8 @@ static kb_val ring(kb_tl *tl, kb_val acc, int64_t k, kb_dir out, kb_dir in_dir)
     kb_val cur = acc;
     int cur_owned = 0;
     for (int64_t i = 0; i + 1 < k; i++) {
-        tl_send(tl, out, cur);
-        if (cur_owned)
-            tl_free(tl, cur);
-        kb_val in = tl_recv(tl, in_dir, s, KB_F32);
+        kb_val in = kb_ccl_sendrecv(tl, out, cur, cur_owned ? cur : (kb_val){ 0 }, in_dir, s,
+                                    KB_F32);
         kb_val sum = tl_add(tl, acc, in);
         tl_free(tl, acc);
         acc = sum;

@@ -31,12 +31,6 @@ int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *imp
     kb_ccl_geom g = { m->npes, job->layout.cubes };
     if (impl->check && (rc = impl->check(ws, n, &g, eb)) != 0)
         return rc;
-    uint64_t need = impl->max_msg_bytes(n, ws);
-    if (need > icfg->slot_size)
-        return kb_err_set(eb, KB_ERR_CONFIG,
-                          "%s with n_elem=%lld sends messages of %llu bytes but slot_size is %llu "
-                          "(raise ccl.defaults.slot_size)", name, (long long)n,
-                          (unsigned long long)need, (unsigned long long)icfg->slot_size);
 
     int rps = job->layout.ranks_per_sip;
     float *data = malloc(sizeof(float) * (size_t)(n * rps));

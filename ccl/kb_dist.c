@@ -320,12 +320,6 @@ static int launch_allreduce(kb_ctx *ctx, dist *d, kb_tensor *const *t)
     if (rc)
         return rc;
     uint64_t n = kb_tensor_shard(t[0], 0)->nbytes / kb_dtype_size(kb_tensor_dtype(t[0]));
-    if (n * 4 > d->icfg.slot_size)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_CONFIG,
-                          "all_reduce: shards of %llu elements travel as %llu-byte f32 messages "
-                          "but slot_size is %llu (raise ccl.defaults.slot_size)",
-                          (unsigned long long)n, (unsigned long long)(n * 4),
-                          (unsigned long long)d->icfg.slot_size);
     kb_kargs *args = d->args;
     memset(args, 0, (size_t)d->ws * sizeof *args);
     for (int r = 0; r < d->ws; r++) {

@@ -106,20 +106,29 @@ static qp *qp_of(const pe_state *ps, int d)
     return (qp *)&ps->q[rank_below(ps->wired, (unsigned)d)];
 }
 
+/*
+ * A posted receive of one chunk (one slot's worth). A message of k chunks is k requests
+ * chained by `sib` from its head, the handle tl_recv_async returns; the head counts the
+ * chunks not yet copied out and holds the message's completion.
+ */
 struct kb_ipcq_req {
     qp *q;
     kb_tl *tl;
-    kb_val val;          /* scratch value (tl_recv) */
-    kb_pa dst;           /* where the slot is copied */
+    kb_val val;          /* scratch value of the whole message (tl_recv; head only) */
+    kb_pa dst;           /* where this chunk's slot is copied */
     kb_dtype dst_dt;
-    uint32_t rows, cols;
+    uint32_t rows, cols; /* this chunk's shape (a whole one-chunk message keeps its own) */
     kb_dtype dt;
     uint64_t nbytes, seq;
     kb_time t_post;
-    kb_time t_done;      /* end of the copy-out, once done */
-    int done;            /* the copy-out is issued (it ends at t_done) */
+    kb_time t_done;      /* head: end of the message's last copy-out, once done */
+    int done;            /* head: every copy-out is issued (the last ends at t_done) */
+    uint64_t left;       /* head: chunks not yet copied out */
+    uint64_t msg_bytes;  /* head: the whole message */
     kb_fiber *waiter;
-    kb_ipcq_req *next;
+    kb_ipcq_req *head;   /* the message this chunk belongs to */
+    kb_ipcq_req *sib;    /* the message's next chunk */
+    kb_ipcq_req *next;   /* the queue pair's pending list */
 };
 
 typedef struct msg {
@@ -887,10 +896,14 @@ static void progress(qp *q)
                                 &t_end, NULL);
         assert(rc == 0); /* both ends were validated when the receive was posted */
         (void)rc;
-        /* the copy's end is known now: the credit leaves then and the waiting kernel resumes
-         * then, with no event of its own for the completion */
-        r->done = 1;
-        r->t_done = t_end;
+        /* the copy's end is known now: the credit leaves then and, after the message's last
+         * chunk, the waiting kernel resumes then, with no event of its own for the completion */
+        kb_ipcq_req *h = r->head;
+        if (t_end > h->t_done)
+            h->t_done = t_end;
+        int last = --h->left == 0;
+        if (last)
+            h->done = 1;
         if (kb_ctx_records(ctx) &&
             record_recv(ctx, q, r, slot, t_start, t_end, recv_names[q->rx_dir]) != 0) {
             kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory in an IPCQ receive");
@@ -904,8 +917,8 @@ static void progress(qp *q)
             kb_ctx_fail(ctx, KB_ERR_STATE);
             return;
         }
-        if (r->waiter)
-            kb_fiber_wake_at(kb_ctx_sim(ctx), r->waiter, t_end);
+        if (last && h->waiter)
+            kb_fiber_wake_at(kb_ctx_sim(ctx), h->waiter, h->t_done);
     }
 }
 
@@ -935,43 +948,58 @@ static KB_COLD void send_route_fail(kb_tl *tl, kb_dir dir, kb_pa src, kb_pa dst)
     tl_fail(tl, KB_ERR_RANGE, "tl_send %s: %s", dir_names[dir], eb.msg);
 }
 
-static KB_COLD void send_too_big(kb_tl *tl, kb_dir dir, uint64_t nbytes, uint64_t slot_size)
+/* Elements of dtype dt per chunk: as many whole elements as one slot holds. */
+static inline uint64_t chunk_elems(uint64_t slot_size, kb_dtype dt)
 {
-    tl_fail(tl, KB_ERR_RANGE, "tl_send %s: %llu bytes do not fit a %llu-byte slot "
-            "(raise ccl.defaults.slot_size)", dir_names[dir], (unsigned long long)nbytes,
-            (unsigned long long)slot_size);
+    return slot_size / kb_dtype_size(dt);
 }
 
-void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
+/* Blocks the sender until the queue pair has a free slot (with backpressure). */
+static inline void wait_credit(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir)
 {
-    qp *q = wired_qp(tl, dir, "tl_send");
-    ipcq_sys *sys = sys_of(tl_ctx(tl)); /* not through q or the pe_state: other lines */
-    kb_ctx *ctx = tl_ctx(tl);
-    uint64_t nbytes = (uint64_t)v.rows * v.cols * kb_dtype_size((kb_dtype)v.dtype);
-    kb_time t_start, t_end;
-
-    if (nbytes > q->slot_size)
-        send_too_big(tl, dir, nbytes, q->slot_size);
-    credits_take(q, kb_sim_now(kb_ctx_sim(ctx)));
+    kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
+    credits_take(q, kb_sim_now(sim));
     while (sys->cfg.backpressure && q->my_head - q->peer_tail_cache >= (uint64_t)q->n_slots) {
         if (q->cr_n) { /* a credit is on its way: wait for it */
             kb_tl_wait_until(tl, q->cr_t[q->cr_head]);
         } else {
-            q->cr_waiter = kb_fiber_current(kb_ctx_sim(ctx));
-            kb_fiber_block(kb_ctx_sim(ctx), send_wait_names[dir], q);
+            q->cr_waiter = kb_fiber_current(sim);
+            kb_fiber_block(sim, send_wait_names[dir], q);
         }
-        credits_take(q, kb_sim_now(kb_ctx_sim(ctx)));
+        credits_take(q, kb_sim_now(sim));
     }
     assert(!sys->cfg.backpressure || q->my_head - q->peer_tail_cache < q->n_slots);
+}
+
+/*
+ * One chunk of a send: DMA `len` elements of v from element `off` into the next slot of the
+ * peer's ring, issued at t_issue; its token reaches the receiver when the DMA ends. `last`:
+ * the sender resumes then too (one queue entry for both). Returns the DMA's end.
+ */
+static inline kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir, const kb_val *v,
+                                 uint64_t off, uint64_t len, int whole, kb_time t_issue, int last)
+{
+    kb_ctx *ctx = tl_ctx(tl);
+    size_t es = kb_dtype_size((kb_dtype)v->dtype);
+    uint64_t nbytes = len * es;
+    kb_pa src = v->pa + off * es;
+    kb_time t_start, t_end;
     kb_pa dst = q->peer_rx_base + (q->my_head % (uint64_t)q->n_slots) * q->slot_size;
     uint64_t seq = q->my_head++;
-    if (kb_machine_dma(kb_ctx_machine(ctx), tl_pe(tl), v.pa, dst, nbytes,
-                       kb_sim_now(kb_ctx_sim(ctx)) + kb_tl_issue_cost(tl) + sys->ipcq_ovh, &t_start, &t_end,
-                       NULL) != 0)
-        send_route_fail(tl, dir, v.pa, dst);
-    if (kb_ctx_records(ctx) &&
-        record_send(ctx, tl, dst, &v, t_start, t_end, send_names[dir]) != 0)
-        tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
+    if (kb_machine_dma(kb_ctx_machine(ctx), tl_pe(tl), src, dst, nbytes, t_issue, &t_start,
+                       &t_end, NULL) != 0)
+        send_route_fail(tl, dir, src, dst);
+    if (kb_ctx_records(ctx)) {
+        /* a chunk of a longer message is a flat run of elements of the contiguous value */
+        kb_val part = *v;
+        part.pa = src;
+        if (!whole) {
+            part.rows = 1;
+            part.cols = (uint32_t)len;
+        }
+        if (record_send(ctx, tl, dst, &part, t_start, t_end, send_names[dir]) != 0)
+            tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
+    }
     msg *m = msg_get(sys);
     if (!m)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
@@ -984,14 +1012,48 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
     m->nbytes = nbytes;
     sys->sends++;
     trace(ctx, "send", tl_pe(tl), dir, nbytes, seq);
-    /* the token arrives when the DMA ends, which is also when the sender goes on: one queue
-     * entry for both (kb_fiber_sleep_then keeps their order) */
-    if (t_end > kb_sim_now(kb_ctx_sim(ctx))) {
+    if (last && t_end > kb_sim_now(kb_ctx_sim(ctx))) {
+        /* the token arrives when the DMA ends, which is also when the sender goes on: one
+         * queue entry for both (kb_fiber_sleep_then keeps their order) */
         if (kb_fiber_sleep_then(kb_ctx_sim(ctx), t_end, meta_arrive, m, NULL) != 0)
             tl_fail(tl, KB_ERR_STATE, "tl_send: cannot wait for the DMA");
     } else if (kb_sim_at(kb_ctx_sim(ctx), t_end, meta_arrive, m, NULL) != 0) {
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
     }
+    return t_end;
+}
+
+/*
+ * A message longer than a slot travels as slot-sized chunks through the credit window: the
+ * IPCQ engine issues a chunk as soon as a slot is free (the first one after the call's issue
+ * cost), so with n_slots > 1 chunk k+1 is in flight while the receiver copies out chunk k.
+ * The call returns when the last chunk's DMA has ended (the value may then be reused).
+ */
+void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
+{
+    qp *q = wired_qp(tl, dir, "tl_send");
+    ipcq_sys *sys = sys_of(tl_ctx(tl)); /* not through q or the pe_state: other lines */
+    kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
+    uint64_t n = (uint64_t)v.rows * v.cols, per = chunk_elems(q->slot_size, (kb_dtype)v.dtype);
+
+    if (n <= per) { /* one slot: the protocol as it always was */
+        wait_credit(tl, q, sys, dir);
+        send_chunk(tl, q, sys, dir, &v, 0, n, 1,
+                   kb_sim_now(sim) + kb_tl_issue_cost(tl) + sys->ipcq_ovh, 1);
+        return;
+    }
+    kb_time t_issue = 0, t_last = 0;
+    for (uint64_t off = 0; off < n; off += per) {
+        uint64_t len = n - off < per ? n - off : per;
+        wait_credit(tl, q, sys, dir);
+        kb_time now = kb_sim_now(sim);
+        if (off == 0)
+            t_issue = now + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
+        else if (now > t_issue)
+            t_issue = now;
+        t_last = send_chunk(tl, q, sys, dir, &v, off, len, 0, t_issue, 0);
+    }
+    kb_tl_wait_until(tl, t_last);
 }
 
 /* sync: the caller waits right away, so the posting overhead is folded into that wait */
@@ -1000,14 +1062,12 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
 {
     qp *q = wired_qp(tl, dir, op);
     ipcq_sys *sys = q->sys;
-    uint64_t nbytes = (uint64_t)s.rows * s.cols * kb_dtype_size(dt);
+    uint64_t n = (uint64_t)s.rows * s.cols, per;
+    uint64_t nbytes = n * kb_dtype_size(dt);
     kb_ipcq_req *r;
 
     if (s.rows == 0 || s.cols == 0 || (unsigned)dt >= KB_NDTYPES)
         tl_fail(tl, KB_ERR_INVAL, "%s %s: empty shape or bad dtype", op, dir_names[dir]);
-    if (nbytes > q->rx_slot_size)
-        tl_fail(tl, KB_ERR_RANGE, "%s %s: %llu bytes do not fit a %llu-byte slot", op,
-                dir_names[dir], (unsigned long long)nbytes, (unsigned long long)q->rx_slot_size);
     r = req_get(sys);
     if (!r)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
@@ -1020,14 +1080,17 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
     r->seq = 0;
     r->t_done = 0;
     r->done = 0;
+    r->left = 1;
+    r->msg_bytes = nbytes;
     r->waiter = NULL;
+    r->head = r;
+    r->sib = NULL;
     r->next = NULL;
     if (into) {
         kb_tensor *t;
         kb_tl_translate(tl, va, 1, op, &t);
         r->dst_dt = t ? kb_tensor_dtype(t) : dt;
-        r->dst = kb_tl_translate(tl, va, (uint64_t)s.rows * s.cols * kb_dtype_size(r->dst_dt), op,
-                                 NULL);
+        r->dst = kb_tl_translate(tl, va, n * kb_dtype_size(r->dst_dt), op, NULL);
         r->val = (kb_val){ 0 };
     } else {
         /* filled in place: copying a returned kb_val costs a store-forwarding stall */
@@ -1040,11 +1103,42 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
         r->dst_dt = dt;
     }
     r->t_post = kb_sim_now(kb_ctx_sim(tl_ctx(tl))) + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
-    if (q->pend_tail)
-        q->pend_tail->next = r;
-    else
-        q->pend_head = r;
-    q->pend_tail = r;
+    per = chunk_elems(q->rx_slot_size, dt);
+    if (n > per) {
+        /*
+         * A message of several chunks (the sender cuts it the same way): the head receives
+         * the first, one more request per chunk, all posted now so that each chunk is copied
+         * out and credited as soon as it lands, without the kernel.
+         */
+        size_t ses = kb_dtype_size(dt), des = kb_dtype_size(r->dst_dt);
+        kb_ipcq_req *prev = r;
+        r->rows = 1;
+        r->cols = (uint32_t)per;
+        r->nbytes = per * ses;
+        r->left = (n + per - 1) / per;
+        for (uint64_t off = per; off < n; off += per) {
+            uint64_t len = n - off < per ? n - off : per;
+            kb_ipcq_req *c = req_get(sys);
+            if (!c)
+                tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+            *c = *r;
+            c->dst = r->dst + off * des;
+            c->cols = (uint32_t)len;
+            c->nbytes = len * ses;
+            c->left = 0;
+            c->val = (kb_val){ 0 };
+            c->sib = NULL;
+            prev->sib = c;
+            prev = c;
+        }
+    }
+    for (kb_ipcq_req *c = r; c; c = c->sib) {
+        if (q->pend_tail)
+            q->pend_tail->next = c;
+        else
+            q->pend_head = c;
+        q->pend_tail = c;
+    }
     progress(q);
     if (!sync)
         kb_tl_wait_until(tl, r->t_post);
@@ -1054,6 +1148,11 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
 kb_ipcq_req *tl_recv_async(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt)
 {
     return post(tl, dir, s, dt, 0, 0, "tl_recv_async", 0);
+}
+
+kb_ipcq_req *tl_recv_into_async(kb_tl *tl, kb_dir dir, kb_va va, kb_shape s, kb_dtype dt)
+{
+    return post(tl, dir, s, dt, 1, va, "tl_recv_into_async", 0);
 }
 
 kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
@@ -1072,10 +1171,19 @@ kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
         kb_tl_wait_until(tl, r->t_done);
     }
     sys->recvs++;
-    trace(tl_ctx(tl), "recv", tl_pe(tl), r->q->rx_dir, r->nbytes, r->seq);
+    trace(tl_ctx(tl), "recv", tl_pe(tl), r->q->rx_dir, r->msg_bytes, r->seq);
     v = r->val;
-    req_put(sys, r);
+    while (r) { /* the message's chunk requests, head first */
+        kb_ipcq_req *next = r->sib;
+        req_put(sys, r);
+        r = next;
+    }
     return v;
+}
+
+uint64_t tl_slot_size(kb_tl *tl, kb_dir d)
+{
+    return wired_qp(tl, d, "tl_slot_size")->slot_size;
 }
 
 kb_val tl_recv(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt)

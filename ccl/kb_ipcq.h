@@ -22,10 +22,20 @@
  *        peer_rx_base and raises peer_tail_cache. Slot reuse rule: a slot is only credited
  *        after the copy that reads it has completed, so no send can overwrite a slot that is
  *        still being read (tested with n_slots = 1).
- * tl_recv_async posts a receive that completes in the background; tl_wait collects it.
- * Costs: each call pays pe.cpu.overhead_ns + pe.ipcq.overhead_ns before its DMA.
- * Misuse (unwired direction, value larger than a slot) stops the run with a message naming the
- * PE, the direction and the wired directions. A deadlock report includes every wired queue
+ *  messages of any size: a value longer than a slot travels as chunks of as many whole
+ *        elements as a slot holds, each one slot's message through the credit window (its
+ *        own DMA, token and credit). The IPCQ engine issues chunk k+1 as soon as a slot is
+ *        free, so it is in flight while the receiver copies out chunk k; a receive posts one
+ *        request per chunk at once, so chunks are copied out and credited as they land. A
+ *        message that fits one slot is exactly the one-slot protocol above. n_slots and
+ *        slot_size are performance parameters, never size limits.
+ * tl_recv_async / tl_recv_into_async post a receive that completes in the background; tl_wait
+ * collects it. A ring step must post its receive before a send that needs more chunks than
+ * the window holds (kb_ccl_sendrecv does), or every rank blocks in its send.
+ * Costs: each call pays pe.cpu.overhead_ns + pe.ipcq.overhead_ns before its first DMA; every
+ * chunk's DMA pays pe.dma.setup_ns on the engine.
+ * Misuse (unwired direction, a receive that names another size than the message) stops the
+ * run with a message naming the PE, the direction and the wired directions. A deadlock report includes every wired queue
  * pair's counters. With a trace stream set (KBCL_CCL_TRACE=1), every send/recv prints one line.
  */
 #ifndef KB_IPCQ_H
@@ -72,6 +82,10 @@ typedef struct kb_ipcq_link {
  */
 int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *links, size_t n);
 
+/* Bytes per slot of the queue pair on direction d of the kernel's PE (stops the run when d
+ * is not wired): a message longer than this travels as several chunks. */
+uint64_t tl_slot_size(kb_tl *tl, kb_dir d);
+
 /* Wired directions of a PE as a bitmask (bit d = direction d); 0 when not installed. */
 uint32_t kb_ipcq_wired(kb_ctx *ctx, const kb_pe_hw *pe);
 /* Counters of a queue pair, for tests and reports; KB_ERR_DIRECTION when not wired. */
@@ -91,6 +105,8 @@ kb_val tl_recv(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt);
 /* Receives straight into the tensor memory at va (no scratch value). */
 void tl_recv_into(kb_tl *tl, kb_dir dir, kb_va va, kb_shape s, kb_dtype dt);
 kb_ipcq_req *tl_recv_async(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt);
+/* The same, straight into the tensor memory at va; tl_wait returns an empty value. */
+kb_ipcq_req *tl_recv_into_async(kb_tl *tl, kb_dir dir, kb_va va, kb_shape s, kb_dtype dt);
 kb_val tl_wait(kb_tl *tl, kb_ipcq_req *req);
 
 #endif

@@ -627,36 +627,84 @@ static void test_uninstalled_pe(void **state)
     kb_ctx_destroy(ctx);
 }
 
-static void k_send_big(kb_tl *tl, const kb_kargs *a)
-{
-    (void)a;
-    if (tl_program_id(tl, 0) == 0)
-        tl_send(tl, KB_DIR_E, tl_full(tl, KB_SHAPE1(N + 1), 1.0f));
-}
+/* ---- messages longer than a slot: chunks through the credit window ---- */
 
-static void k_recv_big(kb_tl *tl, const kb_kargs *a)
-{
-    (void)a;
-    if (tl_program_id(tl, 0) == 1)
-        (void)tl_recv(tl, KB_DIR_W, KB_SHAPE2(2, N), KB_F32);
-}
+#define CH_N (2 * N + 5) /* 37 f32 elements: two full 64-byte slots and a 20-byte chunk */
 
-static void test_value_larger_than_slot(void **state)
+static void k_chunked(kb_tl *tl, const kb_kargs *a)
 {
-    kb_kernel_fn ks[2] = { k_send_big, k_recv_big };
-    const char *what[2] = { "tl_send E: 68 bytes do not fit a 64-byte slot",
-                            "tl_recv W: 128 bytes do not fit a 64-byte slot" };
-    (void)state;
-    for (int i = 0; i < 2; i++) {
-        kb_ctx *ctx = make_ctx();
-        fx f;
-        fx_init(&f, 2, KB_MEM_TCM, ks[i], 2);
-        fx_ring2(&f, 0, 1);
-        assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), KB_ERR_RANGE);
-        kbt_msg_has(kb_ctx_errmsg(ctx), what[i]);
-        kb_ctx_destroy(ctx);
+    fx *f = fx_of(a);
+    if (tl_program_id(tl, 0) == 0) {
+        kb_val v = tl_load(tl, at(a, 0, 0, 0), KB_SHAPE1(CH_N), KB_F32);
+        f->t_call[0] = kbt_tl_now(tl);
+        tl_send(tl, KB_DIR_E, v);
+        f->t_sent[0] = kbt_tl_now(tl);
+        /* the reply, received into scratch: a chunked message the other way */
+        kb_val back = tl_recv(tl, KB_DIR_W, KB_SHAPE2(2, CH_N / 2), KB_F32);
+        tl_store(tl, at(a, 1, 0, 0), back);
+    } else {
+        kb_ipcq_req *r = tl_recv_into_async(tl, KB_DIR_W, at(a, 1, 1, 0), KB_SHAPE1(CH_N),
+                                            KB_F32);
+        (void)tl_wait(tl, r);
+        f->t_recv[0] = kbt_tl_now(tl);
+        tl_send(tl, KB_DIR_E, tl_load(tl, at(a, 0, 1, 0), KB_SHAPE2(2, CH_N / 2), KB_F32));
     }
 }
+
+static void check_chunked(int n_slots)
+{
+    kb_ctx *ctx = make_ctx();
+    fx f;
+    int chunks = (CH_N + N - 1) / N, back_chunks = (2 * (CH_N / 2) + N - 1) / N;
+
+    fx_init(&f, n_slots, KB_MEM_TCM, k_chunked, 2);
+    fx_ring2(&f, 0, 1);
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), 0);
+
+    /* every element arrived where it belongs, both ways */
+    float *out = read_out(&f);
+    for (int i = 0; i < CH_N; i++)
+        if (out[(1 * NSLOT) * N + i] != in_val(0, i / N, i % N))
+            fail_msg("n_slots %d: pe1 element %d = %g, expected %g", n_slots, i,
+                     (double)out[(1 * NSLOT) * N + i], (double)in_val(0, i / N, i % N));
+    for (int i = 0; i < 2 * (CH_N / 2); i++)
+        if (out[i] != in_val(1, i / N, i % N))
+            fail_msg("n_slots %d: pe0 element %d = %g, expected %g", n_slots, i,
+                     (double)out[i], (double)in_val(1, i / N, i % N));
+    free(out);
+
+    /* one slot per chunk went each way, every one credited */
+    kb_ipcq_counters c0 = counters(ctx, 0, KB_DIR_E), c1 = counters(ctx, 1, KB_DIR_W);
+    assert_int_equal(c0.my_head, chunks);
+    assert_int_equal(c0.peer_tail_cache, chunks);
+    assert_int_equal(c1.peer_head_cache, chunks);
+    assert_int_equal(c1.my_tail, chunks);
+    assert_int_equal(counters(ctx, 1, KB_DIR_E).my_head, back_chunks);
+
+    if (n_slots >= chunks) {
+        /*
+         * With a free slot for every chunk, the IPCQ engine issues them back to back at the
+         * call's issue time; each DMA holds its route at once, so chunk j starts when the
+         * bottleneck, the sender's PE_DMA, is done with chunk j-1 (its setup plus the bytes):
+         * the message ends after the route's link latencies plus Σ (setup + transfer) over
+         * its chunks (docs/timing-model.md §11).
+         */
+        const kb_topo_cfg *t = &kb_ctx_config(ctx)->topo;
+        int64_t lat = 2 * kbt_ps(t->tcm.latency_ns) + kbt_ps(t->noc.latency_ns);
+        int64_t engine = 0;
+        for (int off = 0; off < CH_N; off += N)
+            engine += kbt_ps(t->dma_setup_ns) +
+                      kbt_xfer_ps((uint64_t)(CH_N - off < N ? CH_N - off : N) * 4u,
+                                  t->dma_bandwidth_gbps);
+        int64_t want = kbt_ps(t->pe_cpu_overhead_ns) + kbt_ps(t->ipcq_overhead_ns) + lat + engine;
+        assert_int_equal(f.t_sent[0] - f.t_call[0], want);
+    }
+    assert_true(f.t_recv[0] > f.t_sent[0]);
+    kb_ctx_destroy(ctx);
+}
+
+static void test_chunked_one_slot(void **state) { (void)state; check_chunked(1); }
+static void test_chunked_window(void **state) { (void)state; check_chunked(4); }
 
 
 /* A receive naming another size than the message it matches is an error, not a silent
@@ -837,7 +885,8 @@ int main(void)
         cmocka_unit_test(test_install_same_config_twice),
         cmocka_unit_test(test_unwired_direction),
         cmocka_unit_test(test_uninstalled_pe),
-        cmocka_unit_test(test_value_larger_than_slot),
+        cmocka_unit_test(test_chunked_one_slot),
+        cmocka_unit_test(test_chunked_window),
         cmocka_unit_test(test_recv_size_mismatch),
         cmocka_unit_test(test_recv_async),
         cmocka_unit_test(test_deadlock_report),
