@@ -80,11 +80,129 @@ static void chunk_of(int64_t n, int64_t ws, int64_t c, uint32_t *off, uint32_t *
 
 #define KB_RSAG_MAX_WS 8192
 
+/*
+ * The streamed form, for tiles whose chunks do not fit one slot (NCCL's ring protocol): the
+ * tile is cut into blocks of ws chunks of at most `per` slices of one slot each, and every
+ * step moves a chunk slice by slice — receive, reduce with the rank's own slice (loaded from
+ * the tile in HBM), send on (recvReduceSend) — so a slice travels on to the next hop while the
+ * following ones are still arriving. The receives of the next step are posted as the current
+ * step consumes its slices, keeping the queue's posted requests in arrival order; scratch
+ * holds a chunk's slices at most, whatever the tile's size.
+ */
+typedef struct rsag_blk {
+    int64_t n, ws, r, S;        /* block elements, world, rank, elements per slice */
+    kb_va tile;                 /* the block's start in the rank's f16 tile */
+} rsag_blk;
+
+/* Elements of slice j of chunk c of the block (0 past its end) and its tile offset. */
+static int64_t slice_of(const rsag_blk *b, int64_t c, int64_t j, int64_t *off)
+{
+    uint32_t co, cl;
+    chunk_of(b->n, b->ws, ((c % b->ws) + b->ws) % b->ws, &co, &cl);
+    int64_t lo = j * b->S, len = (int64_t)cl - lo;
+    *off = (int64_t)co + lo;
+    return len <= 0 ? 0 : len < b->S ? len : b->S;
+}
+
+static kb_va tile_at(const rsag_blk *b, int64_t off) { return b->tile + (kb_va)off * 2u; }
+
+/* Posts the receive of slice j of chunk c (into scratch in dt, or into the tile). */
+static kb_ipcq_req *rsag_post(kb_tl *tl, const rsag_blk *b, int64_t c, int64_t j, kb_dtype dt,
+                              int into)
+{
+    int64_t off, len = slice_of(b, c, j, &off);
+    if (!len)
+        return NULL;
+    return into ? tl_recv_into_async(tl, KB_DIR_W, tile_at(b, off), KB_SHAPE1(len), KB_F16)
+                : tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), dt);
+}
+
+static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **rq)
+{
+    int64_t ws = b->ws, r = b->r, off, len;
+
+    /* reduce-scatter: step 0 sends the rank's own chunk r raw; step s receives chunk
+     * r-s-1, reduces it and sends it on, until the last step holds chunk r+1 complete */
+    for (int64_t j = 0; j < per; j++)
+        rq[j] = rsag_post(tl, b, r - 1, j, KB_F16, 0);
+    for (int64_t j = 0; j < per; j++)
+        if ((len = slice_of(b, r, j, &off)) != 0)
+            tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16));
+    for (int64_t s = 0; s + 1 < ws; s++) {
+        int64_t c = r - s - 1, last = s + 2 == ws;
+        for (int64_t j = 0; j < per; j++) {
+            if (!rq[j])
+                continue;
+            kb_val in = tl_wait(tl, rq[j]);
+            /* the next step's slice j (after the last step: the all-gather's first) */
+            rq[j] = last ? rsag_post(tl, b, r, j, KB_F16, 1)
+                         : rsag_post(tl, b, c - 1, j, KB_F32, 0);
+            len = slice_of(b, c, j, &off);
+            kb_val own = tl_load(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16);
+            kb_val red = tl_add(tl, own, in);
+            tl_free(tl, own);
+            tl_free(tl, in);
+            if (last) { /* chunk r+1 is complete: store it and start the all-gather with it */
+                tl_store(tl, tile_at(b, off), red);
+                tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16));
+            } else {
+                tl_send(tl, KB_DIR_E, red);
+            }
+            tl_free(tl, red);
+        }
+        /* slices the next chunk has beyond this one's (chunks differ by one element) */
+        for (int64_t j = 0; j < per; j++)
+            if (!rq[j] && slice_of(b, c, j, &off) == 0)
+                rq[j] = last ? rsag_post(tl, b, r, j, KB_F16, 1)
+                             : rsag_post(tl, b, c - 1, j, KB_F32, 0);
+    }
+    /* all-gather: step s receives chunk r-s into the tile and forwards it but the last */
+    for (int64_t s = 0; s + 1 < ws; s++) {
+        int64_t c = r - s, last = s + 2 == ws;
+        for (int64_t j = 0; j < per; j++) {
+            if (!rq[j])
+                continue;
+            (void)tl_wait(tl, rq[j]);
+            rq[j] = last ? NULL : rsag_post(tl, b, c - 1, j, KB_F16, 1);
+            if (!last && (len = slice_of(b, c, j, &off)) != 0)
+                tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16));
+        }
+        for (int64_t j = 0; !last && j < per; j++)
+            if (!rq[j] && slice_of(b, c, j, &off) == 0)
+                rq[j] = rsag_post(tl, b, c - 1, j, KB_F16, 1);
+    }
+}
+
+#define RSAG_SCRATCH_BYTES (256u << 10) /* posted receives of one chunk, at most */
+#define RSAG_MAX_SLICES 64
+
+static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine)
+{
+    int64_t S = (int64_t)(tl_slot_size(tl, KB_DIR_E) / 4u); /* f32 elements per slot */
+    int64_t per = (int64_t)(RSAG_SCRATCH_BYTES / tl_slot_size(tl, KB_DIR_E));
+    kb_ipcq_req *rq[RSAG_MAX_SLICES];
+
+    per = per < 1 ? 1 : per > RSAG_MAX_SLICES ? RSAG_MAX_SLICES : per;
+    /* blocks of ws chunks of per slices; the last block takes what is left */
+    int64_t blk = ws * per * S;
+    for (int64_t b0 = 0; b0 < n; b0 += blk) {
+        rsag_blk b = { n - b0 < blk ? n - b0 : blk, ws, r, S, mine + (kb_va)b0 * 2u };
+        rsag_block(tl, &b, per, rq);
+    }
+}
+
+
 static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
 {
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
     int64_t r = kb_ccl_rank(tl);
     kb_va mine = kb_ccl_my_tile(tl, a);
+
+    if (ws >= 2 && (uint64_t)((n + ws - 1) / ws) * 4u > tl_slot_size(tl, KB_DIR_E)) {
+        rsag_streamed(tl, n, ws, r, mine);
+        return;
+    }
+    /* every chunk fits one slot: the whole tile in scratch, one message per step */
     kb_val tile = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
     uint32_t off, len;
 

@@ -871,6 +871,58 @@ static void test_ring_allreduce_one_slot(void **state)
     free(c);
 }
 
+/*
+ * The same collectives with messages longer than a slot: 16-byte slots (four f32 elements),
+ * one or two of them, so every message is chunked and ring_rsag_allreduce takes its streamed
+ * form (its chunks do not fit a slot). The sums must be exact, and every chunk credited.
+ */
+static void test_ring_allreduce_chunked(void **state)
+{
+    static const char *const modules[3] = { "ring_allreduce", "ring_rsag_allreduce",
+                                            "hello_send" };
+    static const int worlds[2] = { 2, AR_WS };
+    ar_case *c = calloc(1, sizeof *c);
+    float out[AR_WS * AR_N];
+
+    (void)state;
+    assert_non_null(c);
+    for (int t = 0; t < 3 * 2 * 2; t++) {
+        int m = t / 4, ws = worlds[(t / 2) % 2], slots = 1 + t % 2;
+        kb_ctx *ctx = make_ctx();
+        memset(c, 0, sizeof *c);
+        c->ws = ws;
+        c->module = modules[m];
+        c->icfg = (kb_ipcq_cfg){ slots, 16, KB_MEM_TCM, 1 };
+        for (int r = 0; r < ws; r++)
+            for (int i = 0; i < AR_N; i++)
+                c->in[r * AR_N + i] = (float)((r * 5 + i * 7) % 23 - 11) * 0.5f;
+        assert_int_equal(kb_ctx_run_host(ctx, h_allreduce, c), 0);
+        assert_int_equal(kb_ccl_job_read(ctx, &c->job, out, NULL), 0);
+        for (int r = 0; r < ws; r++) {
+            for (int i = 0; i < AR_N; i++) {
+                float want = 0.0f;
+                if (m == 2) { /* hello_send: the west neighbour's tile */
+                    want = c->in[((r + ws - 1) % ws) * AR_N + i];
+                } else {
+                    for (int q = 0; q < ws; q++)
+                        want += c->in[q * AR_N + i];
+                }
+                if (out[r * AR_N + i] != want)
+                    fail_msg("%s ws %d n_slots %d rank %d [%d] = %g, expected %g", modules[m],
+                             ws, slots, r, i, (double)out[r * AR_N + i], (double)want);
+            }
+        }
+        for (int r = 0; r < ws; r++) {
+            kb_ipcq_counters snd = counters(ctx, r, KB_DIR_E), rcv = counters(ctx, r, KB_DIR_W);
+            assert_true(snd.my_head > (uint64_t)(ws - 1)); /* more chunks than messages */
+            assert_int_equal(snd.peer_tail_cache, snd.my_head);
+            assert_int_equal(rcv.my_tail, rcv.peer_head_cache);
+        }
+        kb_ctx_destroy(ctx);
+    }
+    free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -891,6 +943,7 @@ int main(void)
         cmocka_unit_test(test_recv_async),
         cmocka_unit_test(test_deadlock_report),
         cmocka_unit_test(test_ring_allreduce_one_slot),
+        cmocka_unit_test(test_ring_allreduce_chunked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
