@@ -110,5 +110,5 @@ const kb_bench kb_bench_gemm = {
     sizeof(gemm_state),
     gemm_run,
     gemm_verify,
-    gemm_cleanup,
+    gemm_cleanup,    0, /* no --size: runs no collective */
 };

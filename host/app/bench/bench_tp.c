@@ -430,7 +430,7 @@ const kb_bench kb_bench_tp_mlp = {
     sizeof(tp_state),
     mlp_run,
     mlp_verify,
-    tp_cleanup,
+    tp_cleanup,    0, /* no --size: runs no collective */
 };
 
 const kb_bench kb_bench_tp_attention = {
@@ -445,5 +445,5 @@ const kb_bench kb_bench_tp_attention = {
     sizeof(tp_state),
     attn_run,
     attn_verify,
-    tp_cleanup,
+    tp_cleanup,    0, /* no --size: runs no collective */
 };

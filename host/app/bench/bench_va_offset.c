@@ -114,5 +114,5 @@ const kb_bench kb_bench_va_offset = {
     sizeof(va_state),
     va_run,
     va_verify,
-    va_cleanup,
+    va_cleanup,    0, /* no --size: runs no collective */
 };
