@@ -312,9 +312,9 @@ static const char *const palette[] = { "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e
 /* The columns kbcl sweep writes after the swept ones; everything else except point is swept. */
 static int is_fixed_col(const char *name)
 {
-    static const char *const fixed[] = { "point", "bench", "sim_time_ns", "algbw_gbps",
-                                         "busbw_gbps", "events", "wall_ms", "verified", "status",
-                                         "error" };
+    static const char *const fixed[] = { "point", "bench", "size_bytes", "sim_time_ns",
+                                         "algbw_gbps", "busbw_gbps", "events", "wall_ms",
+                                         "verified", "status", "error" };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         if (!strcmp(name, fixed[i]))
             return 1;
