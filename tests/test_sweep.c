@@ -606,16 +606,16 @@ static void test_report(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "report rep.csv -o rep.html"), 0);
     html = kbt_slurp("rep.html");
     assert_non_null(html);
-    /* time and busbw vs world size (one n_elem), time vs message size (two world sizes) */
-    assert_int_equal(count_str(html, "<svg "), 4);
-    assert_int_equal(count_str(html, "sim time vs world size, n_elem = 16"), 2); /* title, label */
-    assert_int_equal(count_str(html, "busbw vs world size, n_elem = 16"), 2);
-    assert_int_equal(count_str(html, "sim time vs message size, world_size = 8"), 2);
-    assert_int_equal(count_str(html, "sim time vs message size, world_size = 16"), 2);
+    /* time and busbw vs world size, one plot per message size (n_elem 16 = 32 bytes); the
+     * size takes one value, so nothing is plotted against it */
+    assert_int_equal(count_str(html, "<svg "), 2);
+    assert_int_equal(count_str(html, "sim time vs world size, size = 32 B"), 2); /* title, label */
+    assert_int_equal(count_str(html, "busbw vs world size, size = 32 B"), 2);
+    assert_null(strstr(html, "vs message size"));
     /* the legend of every plot names each algorithm */
-    assert_int_equal(count_str(html, "<g class=\"legend\">"), 8);
-    assert_int_equal(count_str(html, "\">ring_allreduce_tcm</text></g>"), 4);
-    assert_int_equal(count_str(html, "\">ring_rsag_allreduce</text></g>"), 4);
+    assert_int_equal(count_str(html, "<g class=\"legend\">"), 4);
+    assert_int_equal(count_str(html, "\">ring_allreduce_tcm</text></g>"), 2);
+    assert_int_equal(count_str(html, "\">ring_rsag_allreduce</text></g>"), 2);
     assert_int_equal(count_str(html, "<tr>"), 5); /* header + 4 rows */
     /* self-contained: nothing to run or fetch */
     assert_null(strstr(html, "<script"));
@@ -627,6 +627,77 @@ static void test_report(void **s)
     assert_string_equal(html, again);
     free(again);
     assert_int_equal(kbt_kbcl(out, sizeof out, "report nosuch.csv -o x.html"), 2);
+    free(html);
+}
+
+/*
+ * A size sweep as nccl-tests users plot it: busbw and time against the message size on a
+ * log2 axis labelled in B/KiB/MiB/GiB, one line per algorithm; with world sizes too, one
+ * plot per world size (and per size for the world-size plots).
+ */
+static void test_report_sizes(void **s)
+{
+    char out[8192];
+    char *html;
+    (void)s;
+    kbt_write_file("rs.yaml", "world_size: 8\n"
+                              "grid:\n"
+                              "  algorithm: [ring_allreduce_tcm, ring_rsag_allreduce]\n"
+                              "  size: [64, 256, 1K, 4K]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep rs.yaml --out rs.csv --quiet"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "report rs.csv -o rs.html"), 0);
+    html = kbt_slurp("rs.html");
+    assert_non_null(html);
+    /* no world_size column: busbw vs size, then time vs size */
+    assert_int_equal(count_str(html, "<svg "), 2);
+    assert_non_null(strstr(html, "<h2 id=\"busbw-size\">Bus bandwidth vs message size</h2>"));
+    assert_non_null(strstr(html, "<h2 id=\"size\">Simulated time vs message size</h2>"));
+    assert_true(strstr(html, "aria-label=\"busbw vs message size\"") <
+                strstr(html, "aria-label=\"sim time vs message size\""));
+    /* the x axis: its label (log2) and byte ticks */
+    assert_int_equal(count_str(html, ">message size (bytes per rank) (log2 scale)</text>"), 2);
+    assert_int_equal(count_str(html, "text-anchor=\"middle\">64 B</text>"), 2);
+    assert_int_equal(count_str(html, "text-anchor=\"middle\">1 KiB</text>"), 2);
+    assert_int_equal(count_str(html, "text-anchor=\"middle\">4 KiB</text>"), 2);
+    assert_int_equal(count_str(html, ">busbw (GB/s)</text>"), 1);
+    /* one line per algorithm in each plot, through its four sizes */
+    assert_int_equal(count_str(html, "<polyline class=\"series\""), 4);
+    assert_int_equal(count_str(html, "\">ring_allreduce_tcm</text></g>"), 2);
+    assert_int_equal(count_str(html, "\">ring_rsag_allreduce</text></g>"), 2);
+    assert_int_equal(count_str(html, "<title>ring_allreduce_tcm: message size (bytes per rank) "
+                                     "1 KiB, busbw (GB/s) "), 1);
+    assert_int_equal(count_str(html, "<title>ring_rsag_allreduce: message size (bytes per rank) "
+                                     "4 KiB, sim time (us) "), 1);
+    assert_int_equal(count_str(html, "<circle "), 16);
+    free(html);
+
+    /* world sizes too: busbw/time vs world size per size, busbw/time vs size per world size */
+    kbt_write_file("rsw.yaml", "grid:\n"
+                               "  algorithm: [ring_allreduce_tcm, ring_rsag_allreduce]\n"
+                               "  world_size: [4, 8]\n"
+                               "  size: [64, 1K]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep rsw.yaml --out rsw.jsonl --quiet"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "report rsw.jsonl -o rsw.html"), 0);
+    html = kbt_slurp("rsw.html");
+    assert_non_null(html);
+    assert_int_equal(count_str(html, "<svg "), 8);
+    assert_int_equal(count_str(html, "sim time vs world size, size = 64 B"), 2);
+    assert_int_equal(count_str(html, "busbw vs world size, size = 1 KiB"), 2);
+    assert_int_equal(count_str(html, "busbw vs message size, world_size = 4"), 2);
+    assert_int_equal(count_str(html, "sim time vs message size, world_size = 8"), 2);
+    assert_int_equal(count_str(html, "<polyline class=\"series\""), 16);
+    free(html);
+
+    /* rows from before size_bytes: the message size is n_elem, in elements */
+    kbt_write_file("old.csv", "point,algorithm,n_elem,bench,sim_time_ns,algbw_gbps,busbw_gbps,"
+                              "events,wall_ms,verified,status,error\n"
+                              "0,a,8,ccl_allreduce,100,0.1,0.2,1,1,true,ok,\n"
+                              "1,a,64,ccl_allreduce,200,0.4,0.8,1,1,true,ok,\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "report old.csv -o old.html"), 0);
+    html = kbt_slurp("old.html");
+    assert_int_equal(count_str(html, "<svg "), 2);
+    assert_int_equal(count_str(html, ">n_elem (elements per rank) (log2 scale)</text>"), 2);
+    assert_int_equal(count_str(html, "text-anchor=\"middle\">64</text>"), 2);
     free(html);
 }
 
@@ -643,6 +714,7 @@ int main(void)
         cmocka_unit_test(test_sweep_file_errors),
         cmocka_unit_test(test_size_axis),
         cmocka_unit_test(test_report),
+        cmocka_unit_test(test_report_sizes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
