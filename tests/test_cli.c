@@ -339,7 +339,7 @@ static void test_size_run(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --size"), 2);
     kbt_msg_has(out, "--size needs a value");
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --size 16"), 2);
-    kbt_msg_has(out, "--size: bench 'gemm' runs no collective");
+    kbt_msg_has(out, "--size: bench 'gemm' takes no size (ccl_allreduce does");
 }
 
 /* --trace: Chrome trace-event JSON with complete events for PEs and links, inside the run. */

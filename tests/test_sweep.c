@@ -591,7 +591,7 @@ static void test_size_axis(void **s)
     kbt_msg_has(out, "bad.yaml:3:10: size: '0': expected a positive number of bytes");
     kbt_write_file("bad.yaml", "bench: gemm\ngrid:\n  size: [16]\n");
     assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
-    kbt_msg_has(out, "bad.yaml:3:10: size: bench 'gemm' runs no collective");
+    kbt_msg_has(out, "bad.yaml:3:10: size: bench 'gemm' takes no size");
     kbt_write_file("bad.yaml", "grid:\n  sizes: [16]\n");
     assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
     kbt_msg_has(out, "grid: unknown axis 'sizes' (axes: algorithm, world_size, n_elem, size, ");

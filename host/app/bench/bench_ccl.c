@@ -310,5 +310,6 @@ const kb_bench kb_bench_ipcq_deadlock = {
     sizeof(ccl_state),
     deadlock_run,
     NULL,
-    NULL,    0, /* no --size: runs no collective */
+    NULL,
+    0, /* takes no --size */
 };

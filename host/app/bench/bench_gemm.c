@@ -110,5 +110,6 @@ const kb_bench kb_bench_gemm = {
     sizeof(gemm_state),
     gemm_run,
     gemm_verify,
-    gemm_cleanup,    0, /* no --size: runs no collective */
+    gemm_cleanup,
+    0, /* takes no --size */
 };

@@ -136,5 +136,6 @@ const kb_bench kb_bench_gpt3_qkv = {
     sizeof(qkv_state),
     qkv_run,
     qkv_verify,
-    qkv_cleanup,    0, /* no --size: runs no collective */
+    qkv_cleanup,
+    0, /* takes no --size */
 };

@@ -430,7 +430,8 @@ const kb_bench kb_bench_tp_mlp = {
     sizeof(tp_state),
     mlp_run,
     mlp_verify,
-    tp_cleanup,    0, /* no --size: runs no collective */
+    tp_cleanup,
+    0, /* takes no --size */
 };
 
 const kb_bench kb_bench_tp_attention = {
@@ -445,5 +446,6 @@ const kb_bench kb_bench_tp_attention = {
     sizeof(tp_state),
     attn_run,
     attn_verify,
-    tp_cleanup,    0, /* no --size: runs no collective */
+    tp_cleanup,
+    0, /* takes no --size */
 };

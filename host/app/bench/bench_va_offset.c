@@ -114,5 +114,6 @@ const kb_bench kb_bench_va_offset = {
     sizeof(va_state),
     va_run,
     va_verify,
-    va_cleanup,    0, /* no --size: runs no collective */
+    va_cleanup,
+    0, /* takes no --size */
 };

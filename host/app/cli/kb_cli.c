@@ -201,8 +201,9 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
         if (kbcl_parse_size(job->size, &res->args.size_bytes) != 0)
             return kb_err_set(eb, KB_ERR_USAGE, "--size %s: " KBCL_SIZE_HELP, job->size);
         if (res->bench->size_elem_bytes < 1)
-            return kb_err_set(eb, KB_ERR_USAGE, "--size: bench '%s' runs no collective (it "
-                              "takes --param options; kbcl list shows them)", bench_name);
+            return kb_err_set(eb, KB_ERR_USAGE, "--size: bench '%s' takes no size (ccl_allreduce "
+                              "does; its sizes are --param options, kbcl list shows them)",
+                              bench_name);
         if (res->args.size_bytes % res->bench->size_elem_bytes)
             return kb_err_set(eb, KB_ERR_USAGE, "--size %s: not a whole number of %d-byte "
                               "elements", job->size, res->bench->size_elem_bytes);

@@ -527,7 +527,8 @@ static int check_size(sw_parse *ps, const kb_bench *b, sw_mark m, const char *s)
     if (kbcl_parse_size(s, &v) != 0)
         return markerr(ps, m, "size: '%s': " KBCL_SIZE_HELP, s);
     if (b->size_elem_bytes < 1)
-        return markerr(ps, m, "size: bench '%s' runs no collective", b->name);
+        return markerr(ps, m, "size: bench '%s' takes no size (ccl_allreduce does; its sizes "
+                       "are param.NAME axes)", b->name);
     if (v % b->size_elem_bytes)
         return markerr(ps, m, "size: '%s' is not a whole number of %d-byte elements", s,
                        b->size_elem_bytes);
