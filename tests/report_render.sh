@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Renders a `kbcl report` page in headless Chromium and checks the DOM it builds: one <svg>
-# per plot, each algorithm named in the legends, the rows table. Registered by
+# per plot, each algorithm named in the legends, the size axes labelled in bytes, the rows
+# table. Registered by
 # tests/CMakeLists.txt only when chromium is installed (KBCL_INSTALL_CHROMIUM=1
 # scripts/install-deps.sh). Usage: report_render.sh KBCL CHROMIUM
 set -euo pipefail
@@ -16,7 +17,7 @@ verify: true
 grid:
   algorithm: [ring_allreduce_tcm, hierarchical_allreduce]
   world_size: [8, 16]
-  n_elem: [16, 64]
+  size: [32, 128]
 YAML
 fail() { echo "report_render: FAIL: $*" >&2; exit 1; }
 
@@ -26,14 +27,18 @@ timeout 120 "$CHROMIUM" --headless --disable-gpu --no-sandbox --user-data-dir="$
   --dump-dom "file://$dir/r.html" > dom.html 2> chromium.log || {
   cat chromium.log >&2; fail "chromium could not render the page"; }
 
-# 2 n_elem x (time, busbw) vs world size + 2 world sizes x time vs message size
+# 2 sizes x (time, busbw) vs world size + 2 world sizes x (busbw, time) vs message size
 n=$(grep -o '<svg' dom.html | wc -l)
-[ "$n" -eq 6 ] || fail "expected 6 <svg> elements in the DOM, got $n"
+[ "$n" -eq 8 ] || fail "expected 8 <svg> elements in the DOM, got $n"
 for alg in ring_allreduce_tcm hierarchical_allreduce; do
   # (the DOM serializer may write <line ...></line> for <line .../>; the text is the same)
   m=$(grep -o ">$alg</text></g>" dom.html | wc -l)
-  [ "$m" -eq 6 ] || fail "$alg: in $m legends, expected 6"
+  [ "$m" -eq 8 ] || fail "$alg: in $m legends, expected 8"
 done
-grep -q '<polyline' dom.html || fail "no plotted lines"
+m=$(grep -o '<polyline' dom.html | wc -l)
+[ "$m" -eq 16 ] || fail "expected a line per algorithm in each plot (16), got $m"
+m=$(grep -o '>message size (bytes per rank) (log2 scale)<' dom.html | wc -l)
+[ "$m" -eq 4 ] || fail "expected 4 plots against message size, got $m"
+grep -q '>128 B<' dom.html || fail "no byte tick labels on the size axis"
 [ "$(grep -o '<tr' dom.html | wc -l)" -eq 9 ] || fail "expected a table of 8 rows"
 echo "report_render: OK"

@@ -16,6 +16,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "kb_bench.h"
+#include "kb_cli.h"
 #include "kb_test_util.h"
 
 /* The JSON without its wall-clock fields, printed canonically. */
@@ -219,6 +221,127 @@ static void test_ccl_failures(void **s)
 }
 
 
+/* Sizes as users write them: bytes with K, M, G = 2^10, 2^20, 2^30; anything else refused. */
+static void test_size_parse(void **s)
+{
+    static const struct {
+        const char *text;
+        int64_t bytes;
+    } good[] = {
+        { "8", 8 }, { "1K", 1024 }, { "1M", 1 << 20 }, { "1G", INT64_C(1) << 30 },
+        { "64k", 65536 }, { "3m", 3 << 20 }, { "2g", INT64_C(2) << 30 }, { "1000", 1000 },
+        { "4294967296G", INT64_C(1) << 62 },
+    };
+    static const char *const bad[] = { "", "0", "0K", "-8", "+8", "1.5K", "1KB", "1KiB", "K",
+                                       " 8", "8 ", "0x10", "1T", "1e3", "8B", "4294967297G",
+                                       "99999999999999999999" };
+    (void)s;
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        int64_t v = -1;
+        if (kbcl_parse_size(good[i].text, &v) != 0 || v != good[i].bytes)
+            fail_msg("'%s': got %lld, expected %lld", good[i].text, (long long)v,
+                     (long long)good[i].bytes);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int64_t v = -1;
+        if (kbcl_parse_size(bad[i], &v) == 0)
+            fail_msg("'%s' accepted as %lld", bad[i], (long long)v);
+    }
+    assert_int_equal(kbcl_parse_size(NULL, &(int64_t){ 0 }), -1);
+}
+
+/* nccl-tests' size per collective kind and its inverse (the count of a size). */
+static void test_coll_size(void **s)
+{
+    int64_t c = -1;
+    (void)s;
+    /* one buffer: size = count * elem */
+    assert_int_equal(kb_bench_coll_size(KB_COLL_ALLREDUCE, 8, 32, 2), 64);
+    assert_int_equal(kb_bench_coll_size(KB_COLL_BROADCAST, 8, 32, 2), 64);
+    assert_int_equal(kb_bench_coll_size(KB_COLL_REDUCE, 8, 32, 2), 64);
+    assert_int_equal(kb_bench_coll_size(KB_COLL_SENDRECV, 8, 32, 4), 128);
+    /* the ws-rank buffer: all_gather's receive, reduce_scatter's send, all_to_all's either */
+    assert_int_equal(kb_bench_coll_size(KB_COLL_ALLGATHER, 8, 32, 2), 512);
+    assert_int_equal(kb_bench_coll_size(KB_COLL_REDUCE_SCATTER, 8, 32, 2), 512);
+    assert_int_equal(kb_bench_coll_size(KB_COLL_ALLTOALL, 8, 32, 2), 512);
+    assert_int_equal(kb_bench_coll_size(KB_COLL_ALLREDUCE, 0, 32, 2), 0);
+    assert_int_equal(kb_bench_coll_size(KB_COLL_NKINDS, 8, 32, 2), 0);
+
+    assert_int_equal(kb_bench_coll_count(KB_COLL_ALLREDUCE, 256, 16, 2, &c), 0);
+    assert_int_equal(c, 8);
+    assert_int_equal(kb_bench_coll_count(KB_COLL_ALLREDUCE, 256, INT64_C(1) << 30, 2, &c), 0);
+    assert_int_equal(c, INT64_C(1) << 29);
+    assert_int_equal(kb_bench_coll_count(KB_COLL_ALLGATHER, 8, 512, 2, &c), 0);
+    assert_int_equal(c, 32);
+    assert_int_equal(kb_bench_coll_count(KB_COLL_ALLTOALL, 8, 1024, 4, &c), 0);
+    assert_int_equal(c, 32);
+    /* not whole elements, or not whole elements per rank: refused (nccl-tests rounds down) */
+    assert_int_equal(kb_bench_coll_count(KB_COLL_ALLREDUCE, 8, 15, 2, &c), -1);
+    assert_int_equal(kb_bench_coll_count(KB_COLL_REDUCE_SCATTER, 8, 8, 2, &c), -1);
+    assert_int_equal(kb_bench_coll_count(KB_COLL_ALLREDUCE, 8, 0, 2, &c), -1);
+    assert_int_equal(kb_bench_coll_count(KB_COLL_NKINDS, 8, 16, 2, &c), -1);
+}
+
+/* The "size(B)  count" row of the human table. */
+static void assert_table_row(const char *out, const char *size, const char *count)
+{
+    char want[96];
+    snprintf(want, sizeof want, "  %12s %10s   f16 ", size, count);
+    if (!strstr(out, want))
+        fail_msg("no table row '%s' in:\n%s", want, out);
+}
+
+/* --size S runs exactly what --n-elem S/2 runs (f16 all-reduce) and reports size_bytes. */
+static void test_size_run(void **s)
+{
+    static char out[1 << 16];
+    char *a, *b;
+    (void)s;
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --algorithm ring_allreduce_tcm --world-size 8 "
+                              "--n-elem 32 --verify-data --json n.json"), 0);
+    assert_table_row(out, "64", "32");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --algorithm ring_allreduce_tcm --world-size 8 "
+                              "--size 64 --verify-data --json s.json"), 0);
+    assert_table_row(out, "64", "32");
+    assert_non_null(strstr(out, "  size_bytes 64\n"));
+    a = json_without_wall("n.json");
+    b = json_without_wall("s.json");
+    assert_string_equal(a, b); /* same time, events, digest, n_elem and size_bytes */
+    assert_non_null(strstr(b, "\"n_elem\":32,\"size_bytes\":64,"));
+    free(a);
+    free(b);
+    /* suffixes: 1K = 1024 bytes = 512 f16 elements */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --algorithm ring_allreduce_tcm --world-size 4 "
+                              "--size 1K --verify-data --json k.json"), 0);
+    assert_table_row(out, "1024", "512");
+    a = kbt_slurp("k.json");
+    assert_non_null(strstr(a, "\"size_bytes\":\t1024,"));
+    free(a);
+    /* rank = SIP: the rank's elements are split over its 128 shards (PEs) */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --algorithm hierarchical_allreduce_sip "
+                              "--size 512 --verify-data"), 0);
+    assert_table_row(out, "512", "256");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --algorithm hierarchical_allreduce_sip "
+                              "--size 130"), 2);
+    kbt_msg_has(out, "--size 130: hierarchical_allreduce_sip (all_reduce, 2 ranks) takes a "
+                     "multiple of 256 bytes (whole f16 elements on each of a rank's 128 shards)");
+
+    /* usage errors, exit 2, before anything runs */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --size 16 --n-elem 8"), 2);
+    kbt_msg_has(out, "--size and --n-elem both give the message size: use one");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --size 15"), 2);
+    kbt_msg_has(out, "--size 15: not a whole number of 2-byte elements");
+    static const char *const bad[] = { "0", "-8", "1.5K", "8X", "1KB", "''" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(kbt_kbcl(out, sizeof out, "run --size %s", bad[i]), 2);
+        kbt_msg_has(out, "expected a positive number of bytes, optionally with K, M or G");
+    }
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --size"), 2);
+    kbt_msg_has(out, "--size needs a value");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --size 16"), 2);
+    kbt_msg_has(out, "--size: bench 'gemm' takes no size (ccl_allreduce does");
+}
+
 /* --trace: Chrome trace-event JSON with complete events for PEs and links, inside the run. */
 static void test_trace(void **s)
 {
@@ -286,6 +409,9 @@ int main(void)
         cmocka_unit_test(test_ccl_matrix),
         cmocka_unit_test(test_ccl_failures),
         cmocka_unit_test(test_trace),
+        cmocka_unit_test(test_size_parse),
+        cmocka_unit_test(test_coll_size),
+        cmocka_unit_test(test_size_run),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -23,6 +23,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "kb_cli.h"
 #include "kb_test_util.h"
 
 static int count_lines(const char *text)
@@ -175,11 +176,12 @@ static void test_rows(void **s)
     csv = kbt_slurp("r1.csv");
     assert_non_null(csv);
     assert_int_equal(count_lines(csv), 5);
-    assert_int_equal(strncmp(csv, "point,algorithm,world_size,n_elem,bench,sim_time_ns,"
-                             "algbw_gbps,busbw_gbps,events,wall_ms,verified,status,error\n",
-                             strlen("point,algorithm,world_size,n_elem,bench,sim_time_ns,"
-                                    "algbw_gbps,busbw_gbps,events,wall_ms,verified,status,"
-                                    "error\n")), 0);
+    assert_int_equal(strncmp(csv, "point,algorithm,world_size,n_elem,bench,size_bytes,"
+                             "sim_time_ns,algbw_gbps,busbw_gbps,events,wall_ms,verified,status,"
+                             "error\n",
+                             strlen("point,algorithm,world_size,n_elem,bench,size_bytes,"
+                                    "sim_time_ns,algbw_gbps,busbw_gbps,events,wall_ms,verified,"
+                                    "status,error\n")), 0);
     free(csv);
     csv = canonical_rows("r1.csv", &n);
     assert_int_equal(n, 4);
@@ -194,7 +196,8 @@ static void test_rows(void **s)
             snprintf(args, sizeof args, "--bench ccl_allreduce --algorithm %s --world-size %d "
                      "--n-elem 16 --verify-data", alg[i], ws[i]);
             run_one(args, sim, sizeof sim, ev, sizeof ev);
-            snprintf(prefix, sizeof prefix, "%d,%s,%d,16,ccl_allreduce,%s,", i, alg[i], ws[i],
+            /* size_bytes: 16 f16 elements */
+            snprintf(prefix, sizeof prefix, "%d,%s,%d,16,ccl_allreduce,32,%s,", i, alg[i], ws[i],
                      sim);
             assert_int_equal(strncmp(l, prefix, strlen(prefix)), 0);
             snprintf(want, sizeof want, ",%s,true,ok,\n", ev);
@@ -289,8 +292,8 @@ static void test_config_axis_and_exclude(void **s)
                      "--n-elem 16 --buffer-kind %s --set ccl.defaults.n_slots=%s", kind[i],
                      slots[i]);
             run_one(args, sim, sizeof sim, ev, sizeof ev);
-            snprintf(prefix, sizeof prefix, "%d,%s,%s,ccl_allreduce,%s,", i, slots[i], kind[i],
-                     sim);
+            snprintf(prefix, sizeof prefix, "%d,%s,%s,ccl_allreduce,32,%s,", i, slots[i],
+                     kind[i], sim);
             assert_int_equal(strncmp(l, prefix, strlen(prefix)), 0);
             l = strchr(l, '\n') + 1;
         }
@@ -314,9 +317,9 @@ static void test_error_row(void **s)
     assert_int_equal(count_lines(csv), 3);
     {
         /* point 1: no numbers, the error's code name (the ccl layer picks it), its message */
-        const char *row = strstr(csv, "\n1,12,ccl_allreduce,,,,,,,");
+        const char *row = strstr(csv, "\n1,12,ccl_allreduce,,,,,,,,");
         assert_non_null(row);
-        row += strlen("\n1,12,ccl_allreduce,,,,,,,");
+        row += strlen("\n1,12,ccl_allreduce,,,,,,,,");
         assert_true(strncmp(row, "ok,", 3) != 0 && strchr(row, ',') - row >= 2);
         assert_non_null(strstr(row, ",world size 12 spans cubes but is not a multiple of 8 PEs "
                                     "per cube\n"));
@@ -463,11 +466,135 @@ static void test_sweep_file_errors(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "sweep missing.yaml"), 2);
     assert_non_null(strstr(out, "missing.yaml: cannot open"));
     /* --resume refuses a file written by a different grid */
-    kbt_write_file("other.csv", "point,algorithm,world_size,n_elem,bench,sim_time_ns,algbw_gbps,"
-                                "busbw_gbps,events,wall_ms,verified,status,error\n"
-                                "1,ring_allreduce_tcm,64,16,ccl_allreduce,1,1,1,1,1,true,ok,\n");
+    kbt_write_file("other.csv", "point,algorithm,world_size,n_elem,bench,size_bytes,sim_time_ns,"
+                                "algbw_gbps,busbw_gbps,events,wall_ms,verified,status,error\n"
+                                "1,ring_allreduce_tcm,64,16,ccl_allreduce,32,1,1,1,1,1,true,ok,\n");
     assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out other.csv --resume"), 2);
     assert_non_null(strstr(out, "other.csv:2: point 1 has world_size=64"));
+}
+
+/*
+ * configs/sweeps/allreduce-sizes.yaml: its size list is 8 B to 1 GiB in x4 steps (and the 1 GiB
+ * end point); the file itself, with a size list that fits one IPCQ slot, runs: a size axis
+ * whose rows carry size_bytes and equal `kbcl run --n-elem size/2`.
+ */
+static void test_size_axis(void **s)
+{
+    char path[4096], out[16384], sim[64], ev[64], prefix[160];
+    char *yaml, *line, *end, *copy, *rows;
+    const char *l;
+    int64_t want = 8;
+    int n = 0, nrows;
+    (void)s;
+    if (!kbt_source_path("configs/sweeps/allreduce-sizes.yaml", path, sizeof path))
+        skip();
+    yaml = kbt_read_file(path);
+    assert_non_null(strstr(yaml, "\ndevice: none\n"));
+    assert_non_null(strstr(yaml, "\nworld_size: 256\n"));
+    assert_non_null(strstr(yaml, "\n  algorithm: [ring_allreduce_tcm, ring_rsag_allreduce, "
+                                 "tree_allreduce_7, hierarchical_allreduce]\n"));
+    line = strstr(yaml, "\n  size: [");
+    assert_non_null(line);
+    line += strlen("\n  size: [");
+    end = strstr(line, "]\n");
+    assert_non_null(end);
+    *end = 0;
+    for (char *tok = strtok(line, ", "); tok; tok = strtok(NULL, ", ")) {
+        int64_t v;
+        assert_int_equal(kbcl_parse_size(tok, &v), 0);
+        if (want > (INT64_C(1) << 30)) /* past 512M: the end point */
+            want = INT64_C(1) << 30;
+        if (v != want)
+            fail_msg("size %d is %s = %lld, expected %lld", n, tok, (long long)v,
+                     (long long)want);
+        want *= 4;
+        n++;
+    }
+    assert_int_equal(n, 15);
+    free(yaml);
+
+    /* the same file with sizes that fit one 4 KiB slot */
+    yaml = kbt_read_file(path);
+    line = strstr(yaml, "\n  size: [") + 1;
+    end = strchr(line, '\n');
+    copy = malloc(strlen(yaml) + 64);
+    assert_non_null(copy);
+    sprintf(copy, "%.*s  size: [8, 128, 1K]%s", (int)(line - yaml), yaml, end);
+    kbt_write_file("sizes.yaml", copy);
+    free(copy);
+    free(yaml);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep sizes.yaml --out sizes.csv --jobs 2"), 0);
+    kbt_msg_has(out, "12 points: 12 ok");
+    rows = kbt_slurp("sizes.csv");
+    assert_int_equal(strncmp(rows, "point,algorithm,size,bench,size_bytes,sim_time_ns,", 50), 0);
+    free(rows);
+    rows = canonical_rows("sizes.csv", &nrows);
+    assert_int_equal(nrows, 12);
+    l = rows;
+    {
+        static const char *const alg[4] = { "ring_allreduce_tcm", "ring_rsag_allreduce",
+                                             "tree_allreduce_7", "hierarchical_allreduce" };
+        static const char *const size[3] = { "8", "128", "1K" };
+        static const int bytes[3] = { 8, 128, 1024 };
+        for (int i = 0; i < 12; i++) {
+            const char *a = alg[i / 3];
+            int k = i % 3;
+            if (i == 4 || i == 9) { /* a few: the same numbers as --n-elem size/2 */
+                char args[256];
+                snprintf(args, sizeof args, "--algorithm %s --world-size 256 --n-elem %d "
+                         "--device none", a, bytes[k] / 2);
+                run_one(args, sim, sizeof sim, ev, sizeof ev);
+                snprintf(prefix, sizeof prefix, "%d,%s,%s,ccl_allreduce,%d,%s,", i, a, size[k],
+                         bytes[k], sim);
+            } else {
+                snprintf(prefix, sizeof prefix, "%d,%s,%s,ccl_allreduce,%d,", i, a, size[k],
+                         bytes[k]);
+            }
+            if (strncmp(l, prefix, strlen(prefix)))
+                fail_msg("row '%.*s' does not start with '%s'", (int)(strchr(l, '\n') - l), l,
+                         prefix);
+            assert_non_null(strstr(l, ",,ok,\n")); /* not verified (device none), ok */
+            l = strchr(l, '\n') + 1;
+        }
+    }
+    free(rows);
+
+    /* JSON Lines: size as written (a number when it is one), size_bytes a number */
+    kbt_write_file("sz.yaml", "algorithm: ring_allreduce_tcm\nworld_size: 4\nverify: true\n"
+                              "grid:\n  size: [64, 2K]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep sz.yaml --out sz.jsonl --quiet"), 0);
+    rows = kbt_slurp("sz.jsonl");
+    assert_non_null(strstr(rows, "\"size\":64,\"bench\":\"ccl_allreduce\",\"size_bytes\":64,"));
+    assert_non_null(strstr(rows, "\"size\":\"2K\",\"bench\":\"ccl_allreduce\","
+                                 "\"size_bytes\":2048,"));
+    free(rows);
+
+    /* errors at the place they are written, exit 2, nothing run */
+    kbt_write_file("bad.yaml", "n_elem: 8\ngrid:\n  size: [16, 1K]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
+    kbt_msg_has(out, "bad.yaml:3:10: n_elem and size both give the message size: use one");
+    kbt_write_file("bad.yaml", "grid:\n  n_elem: [8]\n  size: [16]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
+    kbt_msg_has(out, "bad.yaml:3:10: n_elem and size both give the message size");
+    kbt_write_file("bad.yaml", "size: 16\ngrid:\n  n_elem: [8]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
+    kbt_msg_has(out, "bad.yaml:1:7: n_elem and size both give the message size");
+    kbt_write_file("bad.yaml", "grid:\n  size: [16, 1Q]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
+    kbt_msg_has(out, "bad.yaml:2:14: size: '1Q': expected a positive number of bytes, "
+                     "optionally with K, M or G");
+    kbt_write_file("bad.yaml", "size: 15\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
+    kbt_msg_has(out, "bad.yaml:1:7: size: '15' is not a whole number of 2-byte elements");
+    kbt_write_file("bad.yaml", "bench: gemm\ngrid:\n  size: [0]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
+    kbt_msg_has(out, "bad.yaml:3:10: size: '0': expected a positive number of bytes");
+    kbt_write_file("bad.yaml", "bench: gemm\ngrid:\n  size: [16]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
+    kbt_msg_has(out, "bad.yaml:3:10: size: bench 'gemm' takes no size");
+    kbt_write_file("bad.yaml", "grid:\n  sizes: [16]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep bad.yaml --out x.csv"), 2);
+    kbt_msg_has(out, "grid: unknown axis 'sizes' (axes: algorithm, world_size, n_elem, size, ");
 }
 
 static void test_report(void **s)
@@ -479,16 +606,16 @@ static void test_report(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "report rep.csv -o rep.html"), 0);
     html = kbt_slurp("rep.html");
     assert_non_null(html);
-    /* time and busbw vs world size (one n_elem), time vs message size (two world sizes) */
-    assert_int_equal(count_str(html, "<svg "), 4);
-    assert_int_equal(count_str(html, "sim time vs world size, n_elem = 16"), 2); /* title, label */
-    assert_int_equal(count_str(html, "busbw vs world size, n_elem = 16"), 2);
-    assert_int_equal(count_str(html, "sim time vs message size, world_size = 8"), 2);
-    assert_int_equal(count_str(html, "sim time vs message size, world_size = 16"), 2);
+    /* time and busbw vs world size, one plot per message size (n_elem 16 = 32 bytes); the
+     * size takes one value, so nothing is plotted against it */
+    assert_int_equal(count_str(html, "<svg "), 2);
+    assert_int_equal(count_str(html, "sim time vs world size, size = 32 B"), 2); /* title, label */
+    assert_int_equal(count_str(html, "busbw vs world size, size = 32 B"), 2);
+    assert_null(strstr(html, "vs message size"));
     /* the legend of every plot names each algorithm */
-    assert_int_equal(count_str(html, "<g class=\"legend\">"), 8);
-    assert_int_equal(count_str(html, "\">ring_allreduce_tcm</text></g>"), 4);
-    assert_int_equal(count_str(html, "\">ring_rsag_allreduce</text></g>"), 4);
+    assert_int_equal(count_str(html, "<g class=\"legend\">"), 4);
+    assert_int_equal(count_str(html, "\">ring_allreduce_tcm</text></g>"), 2);
+    assert_int_equal(count_str(html, "\">ring_rsag_allreduce</text></g>"), 2);
     assert_int_equal(count_str(html, "<tr>"), 5); /* header + 4 rows */
     /* self-contained: nothing to run or fetch */
     assert_null(strstr(html, "<script"));
@@ -503,6 +630,77 @@ static void test_report(void **s)
     free(html);
 }
 
+/*
+ * A size sweep as nccl-tests users plot it: busbw and time against the message size on a
+ * log2 axis labelled in B/KiB/MiB/GiB, one line per algorithm; with world sizes too, one
+ * plot per world size (and per size for the world-size plots).
+ */
+static void test_report_sizes(void **s)
+{
+    char out[8192];
+    char *html;
+    (void)s;
+    kbt_write_file("rs.yaml", "world_size: 8\n"
+                              "grid:\n"
+                              "  algorithm: [ring_allreduce_tcm, ring_rsag_allreduce]\n"
+                              "  size: [64, 256, 1K, 4K]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep rs.yaml --out rs.csv --quiet"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "report rs.csv -o rs.html"), 0);
+    html = kbt_slurp("rs.html");
+    assert_non_null(html);
+    /* no world_size column: busbw vs size, then time vs size */
+    assert_int_equal(count_str(html, "<svg "), 2);
+    assert_non_null(strstr(html, "<h2 id=\"busbw-size\">Bus bandwidth vs message size</h2>"));
+    assert_non_null(strstr(html, "<h2 id=\"size\">Simulated time vs message size</h2>"));
+    assert_true(strstr(html, "aria-label=\"busbw vs message size\"") <
+                strstr(html, "aria-label=\"sim time vs message size\""));
+    /* the x axis: its label (log2) and byte ticks */
+    assert_int_equal(count_str(html, ">message size (bytes per rank) (log2 scale)</text>"), 2);
+    assert_int_equal(count_str(html, "text-anchor=\"middle\">64 B</text>"), 2);
+    assert_int_equal(count_str(html, "text-anchor=\"middle\">1 KiB</text>"), 2);
+    assert_int_equal(count_str(html, "text-anchor=\"middle\">4 KiB</text>"), 2);
+    assert_int_equal(count_str(html, ">busbw (GB/s)</text>"), 1);
+    /* one line per algorithm in each plot, through its four sizes */
+    assert_int_equal(count_str(html, "<polyline class=\"series\""), 4);
+    assert_int_equal(count_str(html, "\">ring_allreduce_tcm</text></g>"), 2);
+    assert_int_equal(count_str(html, "\">ring_rsag_allreduce</text></g>"), 2);
+    assert_int_equal(count_str(html, "<title>ring_allreduce_tcm: message size (bytes per rank) "
+                                     "1 KiB, busbw (GB/s) "), 1);
+    assert_int_equal(count_str(html, "<title>ring_rsag_allreduce: message size (bytes per rank) "
+                                     "4 KiB, sim time (us) "), 1);
+    assert_int_equal(count_str(html, "<circle "), 16);
+    free(html);
+
+    /* world sizes too: busbw/time vs world size per size, busbw/time vs size per world size */
+    kbt_write_file("rsw.yaml", "grid:\n"
+                               "  algorithm: [ring_allreduce_tcm, ring_rsag_allreduce]\n"
+                               "  world_size: [4, 8]\n"
+                               "  size: [64, 1K]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep rsw.yaml --out rsw.jsonl --quiet"), 0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "report rsw.jsonl -o rsw.html"), 0);
+    html = kbt_slurp("rsw.html");
+    assert_non_null(html);
+    assert_int_equal(count_str(html, "<svg "), 8);
+    assert_int_equal(count_str(html, "sim time vs world size, size = 64 B"), 2);
+    assert_int_equal(count_str(html, "busbw vs world size, size = 1 KiB"), 2);
+    assert_int_equal(count_str(html, "busbw vs message size, world_size = 4"), 2);
+    assert_int_equal(count_str(html, "sim time vs message size, world_size = 8"), 2);
+    assert_int_equal(count_str(html, "<polyline class=\"series\""), 16);
+    free(html);
+
+    /* rows from before size_bytes: the message size is n_elem, in elements */
+    kbt_write_file("old.csv", "point,algorithm,n_elem,bench,sim_time_ns,algbw_gbps,busbw_gbps,"
+                              "events,wall_ms,verified,status,error\n"
+                              "0,a,8,ccl_allreduce,100,0.1,0.2,1,1,true,ok,\n"
+                              "1,a,64,ccl_allreduce,200,0.4,0.8,1,1,true,ok,\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "report old.csv -o old.html"), 0);
+    html = kbt_slurp("old.html");
+    assert_int_equal(count_str(html, "<svg "), 2);
+    assert_int_equal(count_str(html, ">n_elem (elements per rank) (log2 scale)</text>"), 2);
+    assert_int_equal(count_str(html, "text-anchor=\"middle\">64</text>"), 2);
+    free(html);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -514,7 +712,9 @@ int main(void)
         cmocka_unit_test(test_kill9_then_resume),
         cmocka_unit_test(test_partial_last_line),
         cmocka_unit_test(test_sweep_file_errors),
+        cmocka_unit_test(test_size_axis),
         cmocka_unit_test(test_report),
+        cmocka_unit_test(test_report_sizes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,8 +6,10 @@
  * kb_ccl_inputs' seeded position-dependent values, so an element that lands in the wrong place
  * fails; --verify-data compares every element with the algorithm's host reference rounded to
  * f16 (kb_ccl_verify: bit for bit while the partial sums are exact). The values never change
- * the host writes' sizes or order, hence never the simulated time. Reports algbw = tile bytes
- * / time and nccl-tests' busbw = algbw * the factor of the algorithm's collective kind.
+ * the host writes' sizes or order, hence never the simulated time. The tile length is ccl.yaml's
+ * n_elem, or comes from --size (nccl-tests' size of the algorithm's kind, kb_bench_coll_count,
+ * split over a rank's shards). Reports size_bytes (nccl-tests' size), algbw = size_bytes / time
+ * and nccl-tests' busbw = algbw * the factor of the algorithm's collective kind.
  *
  * ipcq_deadlock bench — the same install on a ring, with a kernel in which every PE only
  * receives: the run must end in a deadlock report with every queue pair's pointers.
@@ -23,9 +25,12 @@
 #include "kb_tl.h"
 
 #define KB_CCL_DEFAULT_N 32
+/* bytes of one tile element: every tile is f16 (kb_bench_ccl_allreduce.size_elem_bytes too) */
+#define KB_CCL_ELEM_BYTES 2
 
 typedef struct ccl_state {
     kb_ccl_job job;
+    int64_t size_bytes;    /* --size (kb_bench_args.size_bytes), 0 = n_elem decides */
     /* rank = SIP mode */
     int dist;
     int ws;
@@ -34,6 +39,34 @@ typedef struct ccl_state {
     kb_tensor *t[KB_MAX_GSIPS];
     kb_bench_result *res;
 } ccl_state;
+
+/*
+ * The tile length: elements per rank (rank = PE) or per shard (rank = SIP, `shards` per rank).
+ * With --size, the count whose nccl-tests size for the algorithm's kind is exactly that many
+ * bytes, split over the shards; otherwise ccl.yaml's n_elem, else the bench's default.
+ */
+static int tile_len(kb_errbuf *eb, const ccl_state *st, const char *name, kb_coll_kind kind,
+                    int ws, int shards, int64_t n_elem, int64_t *n)
+{
+    int64_t count;
+    if (!st->size_bytes) {
+        *n = n_elem > 0 ? n_elem : KB_CCL_DEFAULT_N;
+        return 0;
+    }
+    if (shards < 1 || kb_bench_coll_count(kind, ws, st->size_bytes, KB_CCL_ELEM_BYTES, &count) ||
+        count % shards) {
+        uint64_t unit = kb_bench_coll_size(kind, ws, 1, KB_CCL_ELEM_BYTES) *
+                        (uint64_t)(shards > 0 ? shards : 1);
+        char split[64] = "";
+        if (shards > 1)
+            snprintf(split, sizeof split, " on each of a rank's %d shards", shards);
+        return kb_err_set(eb, KB_ERR_USAGE, "--size %lld: %s (%s, %d ranks) takes a multiple of "
+                          "%llu bytes (whole f16 elements%s)", (long long)st->size_bytes, name,
+                          kb_coll_name(kind), ws, (unsigned long long)unit, split);
+    }
+    *n = count / shards;
+    return 0;
+}
 
 /* Resolves the algorithm entry and its parameters (algorithm > defaults) and prepares. */
 static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int force_ws,
@@ -62,22 +95,25 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
                           "(got %d)", entry->module, p.world_size);
     if (!force_module && (p.world_size == 0 || sip_only)) {
         /* rank = SIP: run through spawn + the process group (dist_run) */
+        const kb_dist_algo *da = kb_dist_algo_find(entry->module);
+        const kb_machine *m = kb_ctx_machine(ctx);
         st->dist = 1;
-        st->n = p.n_elem > 0 ? p.n_elem : KB_CCL_DEFAULT_N;
         snprintf(st->name, sizeof st->name, "%s", name);
-        return 0;
+        /* (a module without a rank = SIP form fails in init_process_group, with its message) */
+        return tile_len(eb, st, name, da ? da->kind : KB_COLL_ALLREDUCE, m->nsips,
+                        da ? da->shards(m) : 1, p.n_elem, &st->n);
     }
     impl = kb_ccl_algo_find(entry ? entry->module : name);
     if (!impl)
         return kb_err_set(eb, KB_ERR_CONFIG, "algorithm '%s': unknown module '%s'", name,
                           entry ? entry->module : name);
     int ws = force_ws ? force_ws : p.world_size;
+    int64_t n;
     int rc = kb_ccl_config_ipcq(&p, &icfg, eb);
-    if (rc)
+    if (rc || (rc = tile_len(eb, st, name, impl->kind, ws, 1, p.n_elem, &n)) != 0)
         return rc;
     return kb_ccl_job_prepare(ctx, &st->job, impl, name,
-                              force_topo ? force_topo : entry->topology, ws,
-                              p.n_elem > 0 ? p.n_elem : KB_CCL_DEFAULT_N, &icfg, NULL);
+                              force_topo ? force_topo : entry->topology, ws, n, &icfg, NULL);
 }
 
 /* One rank of the rank = SIP run: bind, join, fill (shard s of rank r is input tile
@@ -109,13 +145,15 @@ static int dist_worker(kb_ctx *ctx, int rank, void *arg)
     return rc;
 }
 
-static void add_bw(kb_bench_result *res, kb_coll_kind kind, int ws, int64_t n)
+/* The nccl-tests columns of a run that moved `count` elements per rank (nccl-tests' count). */
+static void add_bw(kb_bench_result *res, kb_coll_kind kind, int ws, int64_t count)
 {
-    double ns = kb_time_to_ns(res->t_end - res->t_begin), bytes = (double)n * 2.0;
-    double algbw = bytes / ns; /* bytes per ns = GB/s */
+    double ns = kb_time_to_ns(res->t_end - res->t_begin);
+    double bytes = (double)kb_bench_coll_size(kind, ws, count, KB_CCL_ELEM_BYTES);
+    double algbw = bytes / ns; /* bytes per ns = GB/s; nccl-tests: size / time for every kind */
     kb_bench_add_extra(res, "world_size", ws);
-    kb_bench_add_extra(res, "n_elem", (double)n);
-    kb_bench_add_extra(res, "bytes_per_rank", bytes);
+    kb_bench_add_extra(res, "n_elem", (double)count);
+    kb_bench_add_extra(res, "size_bytes", bytes);
     kb_bench_add_extra(res, "algbw_gbps", algbw);
     kb_bench_add_extra(res, "busbw_gbps", algbw * kb_coll_busbw_factor(kind, ws));
 }
@@ -125,7 +163,7 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
     ccl_state *st = state;
     kb_ccl_job *job = &st->job;
     int rc;
-    (void)a;
+    st->size_bytes = a->size_bytes;
     if ((rc = ccl_setup(ctx, st, NULL, 0, NULL)) != 0)
         return rc;
     if (st->dist) {
@@ -234,13 +272,15 @@ static int ccl_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
 
 const kb_bench kb_bench_ccl_allreduce = {
     "ccl_allreduce",
-    "the collective of ccl.yaml (--algorithm/--world-size/--n-elem/--buffer-kind), verified",
+    "the collective of ccl.yaml (--algorithm/--world-size/--n-elem or --size/--buffer-kind), "
+    "verified",
     { { NULL, 0, 0, 0, NULL } },
     0,
     sizeof(ccl_state),
     ccl_run,
     ccl_verify,
     NULL,
+    KB_CCL_ELEM_BYTES,
 };
 
 /* ---- ipcq_deadlock ---- */
@@ -271,4 +311,5 @@ const kb_bench kb_bench_ipcq_deadlock = {
     deadlock_run,
     NULL,
     NULL,
+    0, /* takes no --size */
 };

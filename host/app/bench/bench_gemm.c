@@ -111,4 +111,5 @@ const kb_bench kb_bench_gemm = {
     gemm_run,
     gemm_verify,
     gemm_cleanup,
+    0, /* takes no --size */
 };

@@ -137,4 +137,5 @@ const kb_bench kb_bench_gpt3_qkv = {
     qkv_run,
     qkv_verify,
     qkv_cleanup,
+    0, /* takes no --size */
 };

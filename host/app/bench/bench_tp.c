@@ -431,6 +431,7 @@ const kb_bench kb_bench_tp_mlp = {
     mlp_run,
     mlp_verify,
     tp_cleanup,
+    0, /* takes no --size */
 };
 
 const kb_bench kb_bench_tp_attention = {
@@ -446,4 +447,5 @@ const kb_bench kb_bench_tp_attention = {
     attn_run,
     attn_verify,
     tp_cleanup,
+    0, /* takes no --size */
 };

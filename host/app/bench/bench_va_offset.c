@@ -115,4 +115,5 @@ const kb_bench kb_bench_va_offset = {
     va_run,
     va_verify,
     va_cleanup,
+    0, /* takes no --size */
 };

@@ -69,6 +69,44 @@ void kb_bench_add_extra(kb_bench_result *r, const char *name, double value)
     }
 }
 
+/* How many per-rank counts one size covers: ws for the kinds whose nccl-tests size is the
+ * whole ws-rank buffer, else 1 (kb_bench_coll_size); 0 for what has no size. */
+static int64_t coll_ranks_in_size(kb_coll_kind k, int ws)
+{
+    if (ws < 1)
+        return 0;
+    switch (k) {
+    case KB_COLL_ALLREDUCE:
+    case KB_COLL_BROADCAST:
+    case KB_COLL_REDUCE:
+    case KB_COLL_SENDRECV:
+        return 1;
+    case KB_COLL_ALLGATHER:
+    case KB_COLL_REDUCE_SCATTER:
+    case KB_COLL_ALLTOALL:
+        return ws;
+    default:
+        return 0;
+    }
+}
+
+uint64_t kb_bench_coll_size(kb_coll_kind k, int ws, int64_t count, int elem_bytes)
+{
+    if (count < 0 || elem_bytes < 1)
+        return 0;
+    return (uint64_t)coll_ranks_in_size(k, ws) * (uint64_t)count * (uint64_t)elem_bytes;
+}
+
+int kb_bench_coll_count(kb_coll_kind k, int ws, int64_t size_bytes, int elem_bytes,
+                        int64_t *count)
+{
+    int64_t per = coll_ranks_in_size(k, ws) * (int64_t)elem_bytes;
+    if (per < 1 || size_bytes < 1 || size_bytes % per)
+        return -1;
+    *count = size_bytes / per;
+    return 0;
+}
+
 void kb_bench_mark_begin(kb_ctx *ctx, kb_bench_result *r) { r->t_begin = kb_sim_now(kb_ctx_sim(ctx)); }
 void kb_bench_mark_end(kb_ctx *ctx, kb_bench_result *r) { r->t_end = kb_sim_now(kb_ctx_sim(ctx)); }
 

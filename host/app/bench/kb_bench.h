@@ -14,6 +14,7 @@
 
 #include <stdint.h>
 
+#include "kb_ccl.h"
 #include "kb_ccl_config.h"
 #include "kb_runtime.h"
 
@@ -29,6 +30,10 @@ typedef struct kb_bench_param {
 typedef struct kb_bench_args {
     int64_t p[KB_BENCH_MAX_PARAMS];   /* resolved values, in the bench's param order */
     int verify;                        /* --verify-data */
+    /* --size: the collective's buffer per rank in bytes, nccl-tests' size (see
+     * kb_bench_coll_size); 0 = not given (the tile length comes from ccl.yaml's n_elem).
+     * Only a bench with size_elem_bytes > 0 gets one. */
+    int64_t size_bytes;
 } kb_bench_args;
 
 typedef struct kb_bench_result {
@@ -55,6 +60,9 @@ typedef struct kb_bench {
     int (*verify)(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res);
     /* Frees what run/verify malloc'd in state (tensors belong to the context). May be NULL. */
     void (*cleanup)(void *state);
+    /* > 0: the bench runs a collective and takes --size (args.size_bytes) in elements of this
+     * many bytes; 0: it takes no size. */
+    int size_elem_bytes;
 } kb_bench;
 
 /* The registry. */
@@ -105,6 +113,26 @@ void kb_bench_mark_end(kb_ctx *ctx, kb_bench_result *r);
  */
 int kb_bench_check(kb_bench_result *r, kb_dtype dt, const float *got, const double *ref,
                    const double *acc_bound, size_t n, const char *what);
+
+/*
+ * nccl-tests' "size" of a collective: the bytes of the larger of a rank's send and receive
+ * buffers (nccl-tests src/common.cu prints max(sendBytes, expectedBytes) in its size column),
+ * for `count` elements of elem_bytes each, count being nccl-tests' count column
+ * (the per-rank paramcount of each src/<coll>.cu GetCollByteCount):
+ *   all_reduce, broadcast, reduce, sendrecv: size = count * elem (the one buffer);
+ *   all_gather:     size = ws * count * elem (the receive buffer; count is what a rank sends);
+ *   reduce_scatter: size = ws * count * elem (the send buffer; count is what a rank receives);
+ *   all_to_all:     size = ws * count * elem (either buffer; count goes to each peer).
+ * algbw is size / time for every kind (each GetBw's baseBw). 0 for ws < 1 or a bad kind.
+ */
+uint64_t kb_bench_coll_size(kb_coll_kind k, int ws, int64_t count, int elem_bytes);
+/*
+ * The inverse: the count whose size is exactly size_bytes. Returns 0, or -1 when size_bytes is
+ * not a whole number of elements (times ws for the kinds that split the buffer by rank), where
+ * nccl-tests would round down: kbcl refuses, so the size it reports is the size asked for.
+ */
+int kb_bench_coll_count(kb_coll_kind k, int ws, int64_t size_bytes, int elem_bytes,
+                        int64_t *count);
 
 /* The registered benches (defined in bench_*.c). */
 extern const kb_bench kb_bench_gemm;

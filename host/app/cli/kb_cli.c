@@ -44,6 +44,7 @@ int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb)
         { "--algorithm", offsetof(kbcl_job, algorithm) },
         { "--world-size", offsetof(kbcl_job, world_size) },
         { "--n-elem", offsetof(kbcl_job, n_elem) },
+        { "--size", offsetof(kbcl_job, size) },
         { "--buffer-kind", offsetof(kbcl_job, buffer_kind) },
         { "--device", offsetof(kbcl_job, device) },
         { "--trace", offsetof(kbcl_job, trace_path) },
@@ -118,6 +119,42 @@ static int parse_i64(const char *s, int64_t *out)
     return 0;
 }
 
+int kbcl_parse_size(const char *s, int64_t *bytes)
+{
+    int64_t v = 0;
+    int shift = 0;
+    const char *p = s;
+    if (!s || *p < '0' || *p > '9')
+        return -1;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (INT64_C(1) << 62) / 10)
+            return -1;
+        v = v * 10 + (*p - '0');
+    }
+    switch (*p) {
+    case 0:
+        break;
+    case 'K': case 'k':
+        shift = 10;
+        break;
+    case 'M': case 'm':
+        shift = 20;
+        break;
+    case 'G': case 'g':
+        shift = 30;
+        break;
+    default:
+        return -1;
+    }
+    if (shift && p[1])
+        return -1;
+    /* at most 2^62 bytes: far above any machine, and far below int64 overflow */
+    if (v == 0 || v > (INT64_C(1) << (62 - shift)))
+        return -1;
+    *bytes = v << shift;
+    return 0;
+}
+
 void kbcl_result_fini(kbcl_result *res)
 {
     kb_run_report_fini(&res->rep);
@@ -155,6 +192,22 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
                           device_name);
     snprintf(res->device, sizeof res->device, "%s", device_name);
     res->args.verify = job->verify;
+    if (job->size) {
+        /* a shorthand for the tile length: the bench maps the bytes through its collective's
+         * nccl-tests size (and a rank's shards), which only it knows */
+        if (job->n_elem)
+            return kb_err_set(eb, KB_ERR_USAGE, "--size and --n-elem both give the message "
+                              "size: use one");
+        if (kbcl_parse_size(job->size, &res->args.size_bytes) != 0)
+            return kb_err_set(eb, KB_ERR_USAGE, "--size %s: " KBCL_SIZE_HELP, job->size);
+        if (res->bench->size_elem_bytes < 1)
+            return kb_err_set(eb, KB_ERR_USAGE, "--size: bench '%s' takes no size (ccl_allreduce "
+                              "does; its sizes are --param options, kbcl list shows them)",
+                              bench_name);
+        if (res->args.size_bytes % res->bench->size_elem_bytes)
+            return kb_err_set(eb, KB_ERR_USAGE, "--size %s: not a whole number of %d-byte "
+                              "elements", job->size, res->bench->size_elem_bytes);
+    }
     for (int i = 0; i < res->bench->nparams; i++)
         res->args.p[i] = res->bench->params[i].dflt;
     for (int i = 0; i < job->nparams; i++) {
@@ -316,7 +369,7 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
     for (int i = 0; i < rep->res.nextras; i++) {
         const char *n = rep->res.extras[i].name;
         double v = rep->res.extras[i].value;
-        if (!strcmp(n, "bytes_per_rank"))
+        if (!strcmp(n, "size_bytes"))
             bytes = v;
         else if (!strcmp(n, "n_elem"))
             count = v;

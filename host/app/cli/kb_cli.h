@@ -27,6 +27,7 @@ typedef struct kbcl_job {
     const char *bench;          /* default ccl_allreduce */
     const char *topology, *ccl; /* NULL = default files */
     const char *algorithm, *world_size, *n_elem, *buffer_kind; /* collective shorthands */
+    const char *size;           /* --size BYTES[K|M|G] (kbcl_parse_size); excludes n_elem */
     const char *device;         /* default "ref" */
     const char *sets[KBCL_MAX_SETS];
     int nsets;
@@ -45,6 +46,17 @@ typedef struct kbcl_result {
     char device[16];
     kb_run_report rep;          /* valid when kbcl_job_run returned 0 */
 } kbcl_result;
+
+/*
+ * Parses a size as users write it: a positive whole number of bytes, optionally followed by K,
+ * M or G (also k, m, g: 2^10, 2^20, 2^30, as nccl-tests' -b/-e read them): "8", "64K", "1G".
+ * Returns 0, or -1 for anything else (empty, signs, spaces, fractions, other suffixes, zero, or
+ * more than 2^62 bytes).
+ */
+int kbcl_parse_size(const char *s, int64_t *bytes);
+/* The usage line every size error ends with. */
+#define KBCL_SIZE_HELP "expected a positive number of bytes, optionally with K, M or G " \
+                       "(2^10, 2^20, 2^30), e.g. 8, 64K, 1G"
 
 /* Applies one --set KEY=VALUE: ccl.* keys to ccl, every other key to the machine's cfg. */
 int kbcl_config_set(kb_config *cfg, kb_ccl_cfg *ccl, const char *assignment, kb_errbuf *eb);

@@ -1,11 +1,13 @@
 /*
  * kbcl report — renders the rows of a `kbcl sweep` (CSV or JSON Lines) as one self-contained
  * HTML page: inline SVG line plots (simulated time and busbw against world size, one plot per
- * n_elem; time against message size, one plot per world size; log2 x axes; one line per
- * algorithm, or per combination of the other swept keys) and a table of every row. No
- * scripts, fonts or network: the file opens anywhere and is byte-for-byte the same for the
- * same rows. Limits: only rows with status ok are plotted; the plots need world_size and/or
- * n_elem columns (other sweeps get the table only); rows must be single lines.
+ * message size; busbw and time against message size, one plot per world size, as nccl-tests
+ * users plot them; log2 x axes, sizes labelled B/KiB/MiB/GiB; one line per algorithm, or per
+ * combination of the other swept keys) and a table of every row. No scripts, fonts or
+ * network: the file opens anywhere and is byte-for-byte the same for the same rows. Limits:
+ * only rows with status ok are plotted; a quantity is an x axis only when it takes more than
+ * one value (world_size, and size_bytes or, in files from before it, n_elem); other sweeps get
+ * the table only; rows must be single lines.
  */
 #include <errno.h>
 #include <math.h>
@@ -312,9 +314,9 @@ static const char *const palette[] = { "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e
 /* The columns kbcl sweep writes after the swept ones; everything else except point is swept. */
 static int is_fixed_col(const char *name)
 {
-    static const char *const fixed[] = { "point", "bench", "sim_time_ns", "algbw_gbps",
-                                         "busbw_gbps", "events", "wall_ms", "verified", "status",
-                                         "error" };
+    static const char *const fixed[] = { "point", "bench", "size_bytes", "sim_time_ns",
+                                         "algbw_gbps", "busbw_gbps", "events", "wall_ms",
+                                         "verified", "status", "error" };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         if (!strcmp(name, fixed[i]))
             return 1;
@@ -365,6 +367,18 @@ static void fmt_tick(char *b, size_t n, double v)
         snprintf(b, n, "%g", v);
 }
 
+/* A byte count with a binary unit: "8 B", "1 KiB", "1.5 MiB", "1 GiB". */
+static void fmt_bytes(char *b, size_t n, double v)
+{
+    static const char *const unit[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
+    int u = 0;
+    while (u < 5 && fabs(v) >= 1024) {
+        v /= 1024;
+        u++;
+    }
+    snprintf(b, n, "%g %s", v, unit[u]);
+}
+
 /* Nice linear step (1, 2 or 5 times a power of ten) for about 5 ticks over span. */
 static double nice_step(double span)
 {
@@ -372,14 +386,18 @@ static double nice_step(double span)
     return (m < 1.5 ? 1 : m < 3.5 ? 2 : m < 7.5 ? 5 : 10) * p;
 }
 
-/* A vertical grid line at x with its tick and label under the plot area. */
+/* A vertical grid line at x with its tick and label (none when lab is NULL) under the plot
+ * area. */
 static void svg_xtick(sb *b, double x, const char *lab)
 {
     sb_printf(b, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#e6e6e6\"/>"
               "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" stroke=\"#444\"/>",
-              x, MT, x, PH - MB, x, PH - MB, x, PH - MB + 5);
-    sb_printf(b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", x,
-              PH - MB + 18, lab);
+              x, MT, x, PH - MB, x, PH - MB, x, PH - MB + (lab ? 5 : 3));
+    if (lab)
+        sb_printf(b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s</text>\n", x,
+                  PH - MB + 18, lab);
+    else
+        sb_printf(b, "\n");
 }
 
 /* A horizontal grid line at y with its tick and label left of the plot area. */
@@ -392,9 +410,10 @@ static void svg_ytick(sb *b, double y, const char *lab)
               y + 4, lab);
 }
 
-/* One line plot of pts (npts, grouped by series) as an <svg> element. */
+/* One line plot of pts (npts, grouped by series) as an <svg> element; xbytes: x is a size in
+ * bytes, labelled with binary units. */
 static void svg_plot(sb *b, const plotdata *pd, const char *title, const char *xlabel,
-                     const char *ylabel, const pt *pts, int npts, int allow_ylog)
+                     int xbytes, const char *ylabel, const pt *pts, int npts, int allow_ylog)
 {
     axis xa = { 0, 1, 2 }, ya = { 0, 1, 0 };
     double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
@@ -439,12 +458,24 @@ static void svg_plot(sb *b, const plotdata *pd, const char *title, const char *x
     sb_esc(b, title);
     sb_printf(b, "</text>\n");
     /* grid and ticks */
-    for (int e = (int)xa.lo; e <= (int)xa.hi; e++) {
-        int step = xa.hi - xa.lo > 12 ? 2 : 1;
-        if ((e - (int)xa.lo) % step)
-            continue;
-        snprintf(lab, sizeof lab, "%.0f", ldexp(1.0, e));
-        svg_xtick(b, tx(&xa, ldexp(1.0, e)), lab);
+    if (xbytes) {
+        /* a grid line per power of two; labels on every step-th one, counted from 1 B, so that
+         * 1 KiB, 1 MiB, 1 GiB get theirs once labels thin out, and at most 8 labels fit the
+         * width (8 B .. 1 GiB: 32 B, 1 KiB, 32 KiB, 1 MiB, 32 MiB, 1 GiB) */
+        double span = xa.hi - xa.lo;
+        int step = span <= 8 ? 1 : span <= 16 ? 2 : span <= 40 ? 5 : 10;
+        for (int e = (int)xa.lo; e <= (int)xa.hi; e++) {
+            fmt_bytes(lab, sizeof lab, ldexp(1.0, e));
+            svg_xtick(b, tx(&xa, ldexp(1.0, e)), e % step ? NULL : lab);
+        }
+    } else {
+        for (int e = (int)xa.lo; e <= (int)xa.hi; e++) {
+            int step = xa.hi - xa.lo > 12 ? 2 : 1;
+            if ((e - (int)xa.lo) % step)
+                continue;
+            snprintf(lab, sizeof lab, "%.0f", ldexp(1.0, e));
+            svg_xtick(b, tx(&xa, ldexp(1.0, e)), lab);
+        }
     }
     if (ya.log) {
         for (int e = (int)ya.lo; e <= (int)ya.hi; e++)
@@ -493,7 +524,13 @@ static void svg_plot(sb *b, const plotdata *pd, const char *title, const char *x
             sb_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"><title>",
                       tx(&xa, pts[i].x), ty(&ya, pts[i].y), color);
             sb_esc(b, pd->series[s]);
-            sb_printf(b, ": %s %g, %.6g</title></circle>\n", xlabel, pts[i].x, pts[i].y);
+            if (xbytes)
+                fmt_bytes(lab, sizeof lab, pts[i].x);
+            else
+                snprintf(lab, sizeof lab, "%g", pts[i].x);
+            sb_printf(b, ": %s %s, ", xlabel, lab);
+            sb_esc(b, ylabel);
+            sb_printf(b, " %.6g</title></circle>\n", pts[i].y);
         }
     }
     /* legend: every series, same color in every plot */
@@ -537,6 +574,26 @@ static int cmp_pt(const void *a, const void *b)
 {
     const pt *p = a, *q = b;
     return (p->x > q->x) - (p->x < q->x);
+}
+
+/* How many different values column c takes over the plotted rows (0 when c < 0). */
+static int n_distinct(const rtable *t, const plotdata *pd, int c)
+{
+    double *v;
+    int n;
+    if (c < 0)
+        return 0;
+    if (!(v = malloc((size_t)(t->nrow + 1) * sizeof *v)))
+        return 0;
+    n = distinct_values(t, pd, c, v);
+    free(v);
+    return n;
+}
+
+/* Which columns are sizes in bytes: size_bytes (the panel title says "size = 1 KiB"). */
+static int is_bytes_col(const rtable *t, int c)
+{
+    return c >= 0 && !strcmp(t->col[c], "size_bytes");
 }
 
 /*
@@ -583,11 +640,16 @@ static void plot_group(sb *b, const rtable *t, const plotdata *pd, int xcol, int
                 pts[j] = pts[j - 1];
                 pts[j - 1] = tmp;
             }
-        if (panelcol >= 0)
+        if (is_bytes_col(t, panelcol)) {
+            char v[32];
+            fmt_bytes(v, sizeof v, panels[k]);
+            snprintf(title, sizeof title, "%s, size = %s", what, v);
+        } else if (panelcol >= 0) {
             snprintf(title, sizeof title, "%s, %s = %g", what, t->col[panelcol], panels[k]);
-        else
+        } else {
             snprintf(title, sizeof title, "%s", what);
-        svg_plot(b, pd, title, xlabel, ylabel, pts, npts, allow_ylog);
+        }
+        svg_plot(b, pd, title, xlabel, is_bytes_col(t, xcol), ylabel, pts, npts, allow_ylog);
         (*nplots)++;
     }
 out:
@@ -602,6 +664,7 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
     plotdata pd;
     int cpoint = col_index(t, "point"), cstatus = col_index(t, "status");
     int cws = col_index(t, "world_size"), cne = col_index(t, "n_elem");
+    int csz = col_index(t, "size"), cbytes = col_index(t, "size_bytes"), cx;
     int ctime = col_index(t, "sim_time_ns"), cbus = col_index(t, "busbw_gbps");
     int cbench = col_index(t, "bench"), cver = col_index(t, "verified");
     int nok = 0, nerr = 0, nbad = 0, nplots = 0, rc = 0;
@@ -630,7 +693,7 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
         if (calg >= 0)
             series_cols[nsc++] = calg;
         for (int c = 0; c < t->ncol; c++)
-            if (!is_fixed_col(t->col[c]) && c != cws && c != cne && c != calg)
+            if (!is_fixed_col(t->col[c]) && c != cws && c != cne && c != csz && c != calg)
                 series_cols[nsc++] = c;
     }
     for (int i = 0; i < t->nrow; i++) {
@@ -688,28 +751,48 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
         sb_printf(b, " Rows with errors are not plotted; they are red in the table.");
     sb_printf(b, "</p>\n");
 
-    if (ctime >= 0 && cws >= 0) {
-        sb_printf(b, "<h2 id=\"time\">Simulated time vs world size</h2>\n");
-        plot_group(b, t, &pd, cws, ctime, 1e-3, cne, "sim time vs world size",
-                   "world size (ranks)", "sim time (us)", 1, &nplots);
-    }
-    if (cbus >= 0 && cws >= 0) {
-        int any = 0;
+    /* the message size: size_bytes (nccl-tests' size per rank) when the rows have it, else
+     * the n_elem column of files from before it */
+    cx = cne;
+    if (cbytes >= 0)
         for (int r = 0; r < t->nrow; r++)
-            any |= pd.row_series[r] >= 0 && *t->cell[r][cbus];
-        if (any) {
+            if (pd.row_series[r] >= 0 && *t->cell[r][cbytes]) {
+                cx = cbytes;
+                break;
+            }
+    {
+        int any_bus = 0;
+        int ws_varies = n_distinct(t, &pd, cws) > 1, size_varies = n_distinct(t, &pd, cx) > 1;
+        const char *xsize = cx == cbytes ? "message size (bytes per rank)"
+                                         : "n_elem (elements per rank)";
+        for (int r = 0; cbus >= 0 && r < t->nrow; r++)
+            any_bus |= pd.row_series[r] >= 0 && *t->cell[r][cbus];
+        if (ctime >= 0 && ws_varies) {
+            sb_printf(b, "<h2 id=\"time\">Simulated time vs world size</h2>\n");
+            plot_group(b, t, &pd, cws, ctime, 1e-3, cx, "sim time vs world size",
+                       "world size (ranks)", "sim time (us)", 1, &nplots);
+        }
+        if (any_bus && ws_varies) {
             sb_printf(b, "<h2 id=\"busbw\">Bus bandwidth vs world size</h2>\n");
-            plot_group(b, t, &pd, cws, cbus, 1, cne, "busbw vs world size",
+            plot_group(b, t, &pd, cws, cbus, 1, cx, "busbw vs world size",
                        "world size (ranks)", "busbw (GB/s)", 0, &nplots);
         }
-    }
-    if (ctime >= 0 && cne >= 0) {
-        sb_printf(b, "<h2 id=\"size\">Simulated time vs message size</h2>\n");
-        plot_group(b, t, &pd, cne, ctime, 1e-3, cws, "sim time vs message size",
-                   "n_elem (elements per rank)", "sim time (us)", 1, &nplots);
+        /* nccl-tests' view: busbw against size (linear, it levels off at the link rate),
+         * then time against size (log when it spans decades) */
+        if (any_bus && size_varies) {
+            sb_printf(b, "<h2 id=\"busbw-size\">Bus bandwidth vs message size</h2>\n");
+            plot_group(b, t, &pd, cx, cbus, 1, cws, "busbw vs message size", xsize,
+                       "busbw (GB/s)", 0, &nplots);
+        }
+        if (ctime >= 0 && size_varies) {
+            sb_printf(b, "<h2 id=\"size\">Simulated time vs message size</h2>\n");
+            plot_group(b, t, &pd, cx, ctime, 1e-3, cws, "sim time vs message size", xsize,
+                       "sim time (us)", 1, &nplots);
+        }
     }
     if (!nplots)
-        sb_printf(b, "<p>No plots: they need ok rows with a world_size or n_elem column.</p>\n");
+        sb_printf(b, "<p>No plots: they need ok rows in which the world size or the message "
+                  "size (size_bytes, n_elem) takes more than one value.</p>\n");
 
     sb_printf(b, "<h2 id=\"rows\">Rows</h2>\n<table>\n<tr>");
     for (int c = 0; c < t->ncol; c++) {
@@ -749,7 +832,8 @@ static void usage_report(FILE *f)
     fputs("usage: kbcl report RESULTS.csv|RESULTS.jsonl [-o REPORT.html]\n"
           "\n"
           "Renders the rows of kbcl sweep as one self-contained HTML page (inline SVG plots of\n"
-          "sim time and busbw against world size and message size, and a table of the rows).\n"
+          "sim time and busbw against world size and against message size, size_bytes on a\n"
+          "log2 axis in B/KiB/MiB/GiB, one line per algorithm; and a table of the rows).\n"
           "  -o, --out FILE   the page (default: RESULTS with its extension replaced by .html)\n",
           f);
 }

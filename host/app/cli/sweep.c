@@ -36,11 +36,19 @@
 #define SW_MAX_POINTS 1000000
 #define SW_MAX_JOBS 256
 
-enum { AX_ALGORITHM, AX_WORLD_SIZE, AX_N_ELEM, AX_BUFFER_KIND, AX_DEVICE, AX_PARAM, AX_CONFIG };
+enum { AX_ALGORITHM, AX_WORLD_SIZE, AX_N_ELEM, AX_SIZE, AX_BUFFER_KIND, AX_DEVICE, AX_PARAM,
+       AX_CONFIG };
+/* The bench options before AX_DEVICE are kept in sw_plan.fixed when given as top-level keys
+ * (device has a field of its own); every one before AX_PARAM is also an axis name. */
+#define SW_NFIXED AX_DEVICE
+#define SW_NSHORTHAND AX_PARAM
 
 /* Bench options that are both top-level keys and axis names, in AX_* order. */
-static const char *const shorthand_keys[] = { "algorithm", "world_size", "n_elem", "buffer_kind",
-                                              "device" };
+static const char *const shorthand_keys[SW_NSHORTHAND] = { "algorithm", "world_size", "n_elem",
+                                                           "size", "buffer_kind", "device" };
+/* The axes for messages. */
+#define SW_AXES_HELP "algorithm, world_size, n_elem, size, buffer_kind, device, param.NAME or " \
+                     "a config key such as system.sips.count"
 
 typedef struct sw_axis {
     char *name;     /* column name, as written under grid: */
@@ -58,7 +66,7 @@ typedef struct sw_excl {
 typedef struct sw_plan {
     char *file;
     char *bench, *device, *topology, *ccl;
-    char *fixed[4];                    /* algorithm, world_size, n_elem, buffer_kind */
+    char *fixed[SW_NFIXED];            /* algorithm, world_size, n_elem, size, buffer_kind */
     int verify;
     char *sets[KBCL_MAX_SETS];         /* "key=value" */
     int nsets;
@@ -77,8 +85,8 @@ typedef struct sw_outcome {
     int point;
     int rc;                            /* 0 or a KB_ERR_* code; SW_CRASH for a dead worker */
     int verified;                      /* 1, 0, -1 (not checked) */
-    int have_algbw, have_busbw;
-    double sim_time_ns, algbw, busbw, wall_ms;
+    int have_size, have_algbw, have_busbw;
+    double size_bytes, sim_time_ns, algbw, busbw, wall_ms;
     unsigned long long events;
     char msg[sizeof(kb_errbuf)];
 } sw_outcome;
@@ -139,7 +147,7 @@ static void plan_free(sw_plan *p)
     free(p->device);
     free(p->topology);
     free(p->ccl);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < SW_NFIXED; i++)
         free(p->fixed[i]);
     for (int i = 0; i < p->nsets; i++)
         free(p->sets[i]);
@@ -174,7 +182,7 @@ typedef struct sw_parse {
     kb_errbuf *eb;
     sw_mark *vmark[SW_MAX_AXES];       /* per axis value (owned) */
     sw_mark set_mark[KBCL_MAX_SETS], param_mark[KBCL_MAX_SETS];
-    sw_mark bench_mark, device_mark, alg_mark;
+    sw_mark bench_mark, device_mark, alg_mark, size_mark;
 } sw_parse;
 
 static sw_mark mark_of(const yaml_node_t *n)
@@ -249,7 +257,7 @@ static char *resolve_path(const char *sweep_file, const char *path)
 
 static int axis_kind(const char *name)
 {
-    for (int k = 0; k < 5; k++)
+    for (int k = 0; k < SW_NSHORTHAND; k++)
         if (!strcmp(name, shorthand_keys[k]))
             return k;
     if (!strncmp(name, "param.", 6))
@@ -294,13 +302,9 @@ static int parse_axis(sw_parse *ps, const yaml_node_t *k, const yaml_node_t *v)
         if (!strcmp(p->ax[a].name, name))
             return perr(ps, k, "grid: axis '%s' appears twice", name);
     if (!strcmp(name, "bench") || !strcmp(name, "point") || !strcmp(name, "verify"))
-        return perr(ps, k, "grid: '%s' cannot be swept (axes: algorithm, world_size, n_elem, "
-                    "buffer_kind, device, param.NAME or a config key such as "
-                    "system.sips.count)", name);
+        return perr(ps, k, "grid: '%s' cannot be swept (axes: " SW_AXES_HELP ")", name);
     if (axis_kind(name) == AX_CONFIG && !strchr(name, '.'))
-        return perr(ps, k, "grid: unknown axis '%s' (axes: algorithm, world_size, n_elem, "
-                    "buffer_kind, device, param.NAME or a config key such as "
-                    "system.sips.count)", name);
+        return perr(ps, k, "grid: unknown axis '%s' (axes: " SW_AXES_HELP ")", name);
     if (v->type == YAML_MAPPING_NODE)
         return perr(ps, v, "grid: %s: expected a list of values", name);
     n = v->type == YAML_SEQUENCE_NODE
@@ -403,7 +407,7 @@ static int is_scalar_key(const char *k)
 {
     static const char *const keys[] = { "name", "description", "bench", "device", "verify",
                                         "topology", "ccl", "algorithm", "world_size", "n_elem",
-                                        "buffer_kind" };
+                                        "size", "buffer_kind" };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (!strcmp(k, keys[i]))
             return 1;
@@ -450,8 +454,8 @@ static int parse_top(sw_parse *ps, const yaml_node_t *root)
         }
         if (!is_scalar_key(ks))
             return perr(ps, k, "unknown key '%s' (keys: name, description, bench, device, verify, "
-                        "topology, ccl, algorithm, world_size, n_elem, buffer_kind, set, params, "
-                        "grid, exclude)", ks);
+                        "topology, ccl, algorithm, world_size, n_elem, size, buffer_kind, set, "
+                        "params, grid, exclude)", ks);
         if (!(vs = scalar(v)))
             return perr(ps, v, "%s: expected a single value (to sweep it, list its values "
                         "under grid:)", ks);
@@ -473,11 +477,13 @@ static int parse_top(sw_parse *ps, const yaml_node_t *root)
                 return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
             continue;
         } else {
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < SW_NFIXED; i++)
                 if (!strcmp(ks, shorthand_keys[i]))
                     slot = &p->fixed[i];
-            if (slot == &p->fixed[0])
+            if (slot == &p->fixed[AX_ALGORITHM])
                 ps->alg_mark = mark_of(v);
+            if (slot == &p->fixed[AX_SIZE])
+                ps->size_mark = mark_of(v);
         }
         assert(slot);
         free(*slot);
@@ -512,6 +518,21 @@ static int markerr(sw_parse *ps, sw_mark m, const char *fmt, ...)
     if (!m.line)
         return kb_err_set(ps->eb, KB_ERR_CONFIG, "%s: %s", ps->p->file, msg);
     return kb_err_set(ps->eb, KB_ERR_CONFIG, "%s:%d:%d: %s", ps->p->file, m.line, m.col, msg);
+}
+
+/* A size value (key or axis): what `kbcl run --size` accepts for bench b. */
+static int check_size(sw_parse *ps, const kb_bench *b, sw_mark m, const char *s)
+{
+    int64_t v;
+    if (kbcl_parse_size(s, &v) != 0)
+        return markerr(ps, m, "size: '%s': " KBCL_SIZE_HELP, s);
+    if (b->size_elem_bytes < 1)
+        return markerr(ps, m, "size: bench '%s' takes no size (ccl_allreduce does; its sizes "
+                       "are param.NAME axes)", b->name);
+    if (v % b->size_elem_bytes)
+        return markerr(ps, m, "size: '%s' is not a whole number of %d-byte elements", s,
+                       b->size_elem_bytes);
+    return 0;
 }
 
 /*
@@ -578,6 +599,18 @@ static int plan_check(sw_parse *ps)
             rc = markerr(ps, ps->set_mark[i], "set: %s", e2.msg);
             goto out;
         }
+    /* n_elem and size are two ways to say one thing: at most one of them, fixed or swept */
+    {
+        int ne = axis_index(p, "n_elem"), sz = axis_index(p, "size");
+        if ((p->fixed[AX_N_ELEM] || ne >= 0) && (p->fixed[AX_SIZE] || sz >= 0)) {
+            rc = markerr(ps, sz >= 0 ? ps->vmark[sz][0] : ps->size_mark, "n_elem and size both give the message size: use one of them "
+                         "(as a key or as an axis)");
+            goto out;
+        }
+        if (p->fixed[AX_SIZE] &&
+            (rc = check_size(ps, b, ps->size_mark, p->fixed[AX_SIZE])) != 0)
+            goto out;
+    }
     if (p->fixed[0] && !kb_ccl_config_find(&ccl, p->fixed[0])) {
         rc = markerr(ps, ps->alg_mark, "algorithm: no entry '%s' in ccl.yaml (kbcl list shows "
                      "them)", p->fixed[0]);
@@ -605,6 +638,10 @@ static int plan_check(sw_parse *ps)
                     rc = markerr(ps, ps->vmark[a][v], "device: unknown device '%s'", s);
                     goto out;
                 }
+                break;
+            case AX_SIZE:
+                if ((rc = check_size(ps, b, ps->vmark[a][v], s)) != 0)
+                    goto out;
                 break;
             case AX_WORLD_SIZE:
             case AX_N_ELEM:
@@ -748,8 +785,8 @@ static void run_point(const sw_plan *p, int point, sw_outcome *o)
     kbcl_job job;
     kbcl_result *res = calloc(1, sizeof *res);
     kb_errbuf eb = { { 0 } };
-    const char **shorthand[5] = { &job.algorithm, &job.world_size, &job.n_elem,
-                                  &job.buffer_kind, &job.device };
+    const char **shorthand[SW_NSHORTHAND] = { &job.algorithm, &job.world_size, &job.n_elem,
+                                              &job.size, &job.buffer_kind, &job.device };
     int rc;
 
     memset(o, 0, sizeof *o);
@@ -766,7 +803,7 @@ static void run_point(const sw_plan *p, int point, sw_outcome *o)
     job.ccl = p->ccl;
     job.device = p->device;
     job.verify = p->verify;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < SW_NFIXED; i++)
         *shorthand[i] = p->fixed[i];
     for (int i = 0; i < p->nsets; i++)
         job.sets[job.nsets++] = p->sets[i];
@@ -792,6 +829,8 @@ static void run_point(const sw_plan *p, int point, sw_outcome *o)
         o->events = (unsigned long long)rep->events;
         o->wall_ms = rep->wall_ms;
         for (int i = 0; i < rep->res.nextras; i++) {
+            if (!strcmp(rep->res.extras[i].name, "size_bytes"))
+                o->have_size = 1, o->size_bytes = rep->res.extras[i].value;
             if (!strcmp(rep->res.extras[i].name, "algbw_gbps"))
                 o->have_algbw = 1, o->algbw = rep->res.extras[i].value;
             if (!strcmp(rep->res.extras[i].name, "busbw_gbps"))
@@ -858,8 +897,11 @@ static int csv_put(char *buf, size_t n, int len, const char *s, int first)
 }
 
 /* The fixed columns after the swept ones. */
-static const char *const tail_cols[] = { "bench", "sim_time_ns", "algbw_gbps", "busbw_gbps",
-                                         "events", "wall_ms", "verified", "status", "error" };
+static const char *const tail_cols[] = { "bench", "size_bytes", "sim_time_ns", "algbw_gbps",
+                                         "busbw_gbps", "events", "wall_ms", "verified", "status",
+                                         "error" };
+/* The numeric ones, tail_cols[1 .. SW_NNUM]. */
+#define SW_NNUM 6
 #define N_TAIL ((int)(sizeof tail_cols / sizeof tail_cols[0]))
 
 static char *csv_header(const sw_plan *p)
@@ -893,20 +935,21 @@ static char *format_row(const sw_plan *p, const sw_outcome *o, int jsonl)
 {
     const char *bench = p->bench ? p->bench : "ccl_allreduce";
     const char *verified = o->rc || o->verified < 0 ? "" : o->verified ? "true" : "false";
-    char num[5][48];
+    char num[SW_NNUM][48];
     int ok = o->rc == 0;
 
-    fmt_num(num[0], sizeof num[0], ok, o->sim_time_ns);
-    fmt_num(num[1], sizeof num[1], ok && o->have_algbw, o->algbw);
-    fmt_num(num[2], sizeof num[2], ok && o->have_busbw, o->busbw);
+    fmt_num(num[0], sizeof num[0], ok && o->have_size, o->size_bytes);
+    fmt_num(num[1], sizeof num[1], ok, o->sim_time_ns);
+    fmt_num(num[2], sizeof num[2], ok && o->have_algbw, o->algbw);
+    fmt_num(num[3], sizeof num[3], ok && o->have_busbw, o->busbw);
     if (ok)
-        snprintf(num[3], sizeof num[3], "%llu", o->events);
-    else
-        num[3][0] = 0;
-    if (ok)
-        snprintf(num[4], sizeof num[4], "%.3f", o->wall_ms);
+        snprintf(num[4], sizeof num[4], "%llu", o->events);
     else
         num[4][0] = 0;
+    if (ok)
+        snprintf(num[5], sizeof num[5], "%.3f", o->wall_ms);
+    else
+        num[5][0] = 0;
     if (jsonl) {
         cJSON *r = cJSON_CreateObject();
         char *text, *line;
@@ -922,7 +965,7 @@ static char *format_row(const sw_plan *p, const sw_outcome *o, int jsonl)
                 cJSON_AddStringToObject(r, p->ax[a].name, v);
         }
         cJSON_AddStringToObject(r, "bench", bench);
-        for (int i = 0; i < 5; i++) {
+        for (int i = 0; i < SW_NNUM; i++) {
             if (num[i][0])
                 cJSON_AddRawToObject(r, tail_cols[1 + i], num[i]);
             else
@@ -958,7 +1001,7 @@ static char *format_row(const sw_plan *p, const sw_outcome *o, int jsonl)
         for (int a = 0; a < p->nax; a++)
             len = csv_put(buf, n, len, point_val(p, o->point, a), 0);
         len = csv_put(buf, n, len, bench, 0);
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < SW_NNUM; i++)
             len = csv_put(buf, n, len, num[i], 0);
         len = csv_put(buf, n, len, verified, 0);
         len = csv_put(buf, n, len, ok ? "ok" : status_name(o->rc), 0);
