@@ -173,7 +173,7 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
     }
 }
 
-#define RSAG_SCRATCH_BYTES (256u << 10) /* posted receives of one chunk, at most */
+#define RSAG_SCRATCH_BYTES (1u << 20) /* posted receives of one chunk, at most */
 #define RSAG_MAX_SLICES 64
 
 static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine)

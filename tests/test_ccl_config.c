@@ -100,7 +100,7 @@ static void test_defaults(void **state)
     assert_string_equal(c.defaults.buffer_kind, "tcm");
     assert_int_equal(c.defaults.backpressure, 1);
     assert_int_equal(c.defaults.n_slots, 4);
-    assert_int_equal(c.defaults.slot_size, 4096);
+    assert_int_equal(c.defaults.slot_size, 262144);
     assert_int_equal(c.defaults.world_size, 0);
     assert_int_equal(c.defaults.n_elem, 0);
     assert_int_equal(c.nalgos, 0);
@@ -140,7 +140,7 @@ static void check_algo(const kb_ccl_cfg *c, const char *name, const char *module
     assert_int_equal(p.world_size, world_size);
     assert_int_equal(p.n_elem, n_elem);
     assert_int_equal(p.n_slots, 4);
-    assert_int_equal(p.slot_size, 4096);
+    assert_int_equal(p.slot_size, 262144);
     assert_int_equal(p.backpressure, 1);
 }
 
@@ -806,7 +806,7 @@ static void test_algorithm_override_precedence(void **state)
     assert_string_equal(p.buffer_kind, "sram");
     assert_int_equal(p.backpressure, 1);
     assert_int_equal(p.n_slots, 6);
-    assert_int_equal(p.slot_size, 4096);
+    assert_int_equal(p.slot_size, 262144);
     assert_int_equal(p.world_size, 7);        /* algorithm override beats defaults */
     p = kb_ccl_config_params(&c, NULL);
     assert_string_equal(p.algorithm, "a");

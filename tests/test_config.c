@@ -90,7 +90,7 @@ static void test_defaults(void **state)
     assert_int_equal(cfg.topo.tcm_scheduler_reserved_bytes, 4194304u);
     assert_true(cfg.topo.tcm.bandwidth_gbps == 1024.0 && cfg.topo.tcm.latency_ns == 2.0);
     assert_int_equal(cfg.topo.scratch_size_bytes, 8388608u);
-    assert_int_equal(cfg.topo.ipcq_area_bytes, 1048576u);
+    assert_int_equal(cfg.topo.ipcq_area_bytes, 8388608u);
     assert_true(cfg.topo.ipcq_overhead_ns == 10.0 && cfg.topo.ipcq_credit_latency_ns == 20.0);
     assert_int_equal(kb_topo_pes_per_cube(&cfg.topo), 8);
     assert_int_equal(kb_topo_cubes_per_sip(&cfg.topo), 16);

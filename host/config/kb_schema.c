@@ -101,7 +101,7 @@ static const kb_schema_key topo_keys[] = {
     K_LINK("pe.tcm", tcm, "1024", "2", "TCM port"),
     KB_SCHEMA_U64(T_, "pe.scratch.size_bytes", scratch_size_bytes, "8388608", 0, 128 * MIB,
           "scratch memory per PE (bytes, <= 128 MiB)"),
-    KB_SCHEMA_U64(T_, "pe.ipcq.area_bytes", ipcq_area_bytes, "1048576", 1, 128 * MIB,
+    KB_SCHEMA_U64(T_, "pe.ipcq.area_bytes", ipcq_area_bytes, "8388608", 1, 128 * MIB,
           "IPCQ ring area per PE (bytes, <= 128 MiB)"),
     KB_SCHEMA_DBL(T_, "pe.ipcq.overhead_ns", ipcq_overhead_ns, "10", 0.0, MAX_NS,
           "PE_IPCQ cost per send or recv (ns)"),
