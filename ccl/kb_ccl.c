@@ -209,6 +209,33 @@ kb_pe_hw *kb_ccl_rank_pe(const kb_machine *m, const kb_ccl_layout *l, int rank)
     return kb_machine_pe(m, (unsigned)sip, (unsigned)(local / l->pes), (unsigned)(local % l->pes));
 }
 
+double kb_ccl_topo_bound_gbps(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    kb_ccl_geom g = { m->npes, l->cubes };
+    kb_res *path[KB_MAX_ROUTE];
+    uint64_t best = UINT64_MAX; /* bytes per us of the slowest resource so far */
+    int nbr[KB_NDIRS];
+
+    for (int r = 0; r < l->ws; r++) {
+        if (kb_topo_neighbors(topo, l->ws, r, &g, nbr, NULL) != 0)
+            return 0.0;
+        kb_pe_hw *a = kb_ccl_rank_pe(m, l, r);
+        for (int d = 0; d < KB_NDIRS; d++) {
+            if (nbr[d] == KB_TOPO_NONE)
+                continue;
+            kb_pe_hw *b = kb_ccl_rank_pe(m, l, nbr[d]);
+            int n = kb_machine_route(m, a, kb_pa_pe_scratch(a->gsip, a->cube, a->pe, 0),
+                                     kb_pa_pe_ipcq(b->gsip, b->cube, b->pe, 0), path,
+                                     KB_MAX_ROUTE, NULL);
+            for (int i = 0; i < n; i++)
+                if (path[i]->bytes_per_us && path[i]->bytes_per_us < best)
+                    best = path[i]->bytes_per_us;
+        }
+    }
+    return best == UINT64_MAX ? 0.0 : (double)best / 1000.0;
+}
+
 int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const kb_ipcq_cfg *cfg)
 {
     kb_errbuf *eb = kb_ctx_err(ctx);

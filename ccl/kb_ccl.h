@@ -64,6 +64,14 @@ kb_pe_hw *kb_ccl_rank_pe(const kb_machine *m, const kb_ccl_layout *l, int rank);
  * buffer_kind). */
 int kb_ccl_config_ipcq(const kb_ccl_params *p, kb_ipcq_cfg *out, kb_errbuf *eb);
 
+/*
+ * The bus-bandwidth bound of a topology over a layout, in GB/s: the bandwidth of the slowest
+ * resource on the route of any of its links (a rank's scratch to its peer's IPCQ ring, as a
+ * send goes; PE_DMA engines included). busbw cannot exceed it: a ring moves busbw bytes per
+ * second over every link. 0 when the topology has no link (one rank, `none`).
+ */
+double kb_ccl_topo_bound_gbps(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l);
+
 /* Builds the install links of a topology over a layout and installs IPCQ (timed). */
 int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const kb_ipcq_cfg *cfg);
 
