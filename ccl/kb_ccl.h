@@ -178,7 +178,9 @@ typedef struct kb_ccl_job {
  * From a host program: checks the world for the algorithm, creates and fills the tiles
  * (inputs: ws*n f32 values, rank-major; NULL = kb_ccl_inputs(KB_CCL_INPUT_SEED, ...)),
  * validates the layout and installs IPCQ. `name` is what reports call the algorithm. The
- * values never change the host writes' sizes or order, so they never change simulated time.
+ * values never change the host writes' sizes or order, so they never change simulated time;
+ * they are computed (or copied) one tile at a time and only when the context records, so a
+ * timing-only job holds no host memory for them.
  */
 int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
                        const char *name, const char *topo, int ws, int64_t n,
@@ -222,6 +224,9 @@ const char *kb_ccl_default_topo(const char *module);
 float kb_ccl_input(uint32_t seed, int64_t tile, int64_t i, int64_t n);
 /* x[(t - tile0)*n + i] = kb_ccl_input(seed, t, i, n) for tiles [tile0, tile0 + ntiles). */
 void kb_ccl_inputs(float *x, uint32_t seed, int64_t tile0, int64_t ntiles, int64_t n);
+/* x[j] = kb_ccl_input(seed, tile, i0 + j, n) for j in [0, len): part of one tile. */
+void kb_ccl_input_span(float *x, uint32_t seed, int64_t tile, int64_t i0, int64_t len,
+                       int64_t n);
 
 /* What kb_ccl_verify found. Means are over all elements, of the result and of the
  * reference rounded to the dtype (the FAIL line prints them). */

@@ -94,19 +94,39 @@ static uint32_t perm12(uint32_t x, uint32_t key)
     return x;
 }
 
+static uint32_t input_key(uint32_t seed, uint64_t p)
+{
+    return mix64(((uint64_t)seed << 32) ^ (p >> 12) ^ UINT64_C(0x9e3779b97f4a7c15));
+}
+
 float kb_ccl_input(uint32_t seed, int64_t tile, int64_t i, int64_t n)
 {
     uint64_t p = (uint64_t)tile * (uint64_t)n + (uint64_t)i;
-    uint32_t key = mix64(((uint64_t)seed << 32) ^ (p >> 12) ^ UINT64_C(0x9e3779b97f4a7c15));
-    int k = (int)perm12((uint32_t)(p & 0xfffu), key);
+    int k = (int)perm12((uint32_t)(p & 0xfffu), input_key(seed, p));
     return (float)(k - KB_CCL_INPUT_GRID / 2) / 128.0f;
+}
+
+void kb_ccl_input_span(float *x, uint32_t seed, int64_t tile, int64_t i0, int64_t len, int64_t n)
+{
+    uint64_t p = (uint64_t)tile * (uint64_t)n + (uint64_t)i0;
+    /* one key per block of 4096 positions, then the permutation alone per element */
+    for (int64_t k = 0; k < len;) {
+        uint32_t key = input_key(seed, p), lo = (uint32_t)(p & 0xfffu);
+        int64_t m = (int64_t)(0x1000u - lo);
+        if (m > len - k)
+            m = len - k;
+        for (int64_t j = 0; j < m; j++)
+            x[k + j] = (float)((int)perm12(lo + (uint32_t)j, key) - KB_CCL_INPUT_GRID / 2) /
+                       128.0f;
+        k += m;
+        p += (uint64_t)m;
+    }
 }
 
 void kb_ccl_inputs(float *x, uint32_t seed, int64_t tile0, int64_t ntiles, int64_t n)
 {
     for (int64_t t = 0; t < ntiles; t++)
-        for (int64_t i = 0; i < n; i++)
-            x[(size_t)t * (size_t)n + (size_t)i] = kb_ccl_input(seed, tile0 + t, i, n);
+        kb_ccl_input_span(x + (size_t)t * (size_t)n, seed, tile0 + t, 0, n, n);
 }
 
 double kb_ccl_input_acc_bound(kb_coll_kind k, int64_t nterms)

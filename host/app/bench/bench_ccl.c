@@ -80,6 +80,21 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
                               p.n_elem > 0 ? p.n_elem : KB_CCL_DEFAULT_N, &icfg, NULL);
 }
 
+/* Rank `rank`'s tensor (shards x n; row s = input tile rank * shards + s), computed only
+ * when the host write records. */
+typedef struct dist_src {
+    int64_t tile0, n;
+} dist_src;
+
+static void dist_fill(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols,
+                      float *out)
+{
+    const dist_src *ds = ud;
+    for (int64_t r = 0; r < rows; r++)
+        kb_ccl_input_span(out + r * cols, KB_CCL_INPUT_SEED, ds->tile0 + row + r, col, cols,
+                          ds->n);
+}
+
 /* One rank of the rank = SIP run: bind, join, fill (shard s of rank r is input tile
  * r * shards + s), all-reduce. */
 static int dist_worker(kb_ctx *ctx, int rank, void *arg)
@@ -91,12 +106,9 @@ static int dist_worker(kb_ctx *ctx, int rank, void *arg)
         return rc;
     shards = kb_dist_shards_per_rank(ctx);
     kb_tensor_desc d = { "tiles", shards, st->n, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
-    float *data = malloc(sizeof(float) * (size_t)(shards * st->n));
-    if (!data)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-    kb_ccl_inputs(data, KB_CCL_INPUT_SEED, (int64_t)rank * shards, shards, st->n);
-    rc = kb_tensor_from_host(ctx, &d, data, &st->t[rank]);
-    free(data);
+    dist_src ds = { (int64_t)rank * shards, st->n };
+    kb_fill fill = { dist_fill, &ds, NULL, 0, 0, 0 };
+    rc = kb_tensor_from_fill(ctx, &d, &fill, &st->t[rank]);
     if (rc == 0)
         rc = kb_dist_barrier(ctx);
     if (rc)
