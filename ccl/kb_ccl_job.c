@@ -109,14 +109,15 @@ int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const c
 int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw)
 {
     size_t per = (size_t)job->n * (size_t)job->layout.ranks_per_sip;
-    uint16_t *buf = malloc(per * 2);
+    /* raw alone: straight into it; else through one SIP's tiles at a time */
+    uint16_t *buf = out || !raw ? malloc(per * 2) : NULL;
     int rc = 0;
-    if (!buf)
+    if ((out || !raw) && !buf)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
     for (int s = 0; s < job->layout.sips && rc == 0; s++) {
-        if ((rc = kb_tensor_read_raw(job->tiles[s], buf)) != 0)
+        if ((rc = kb_tensor_read_raw(job->tiles[s], buf ? buf : raw + (size_t)s * per)) != 0)
             break;
-        for (size_t i = 0; i < per; i++) {
+        for (size_t i = 0; buf && i < per; i++) {
             if (out)
                 out[(size_t)s * per + i] = kb_f16_to_f32(buf[i]);
             if (raw)
