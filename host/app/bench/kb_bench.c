@@ -172,6 +172,8 @@ int kb_bench_execute(const kb_config *cfg, const kb_ccl_cfg *ccl, const kb_ctx_o
         }
     }
     rep->records = kb_oplog_count(kb_ctx_oplog(ctx));
+    rep->memstore_pages = kb_memstore_pages(kb_ctx_memstore(ctx));
+    rep->payload_bytes = kb_oplog_payload_size(kb_ctx_oplog(ctx));
     rep->replay = *kb_ctx_replay_stats(ctx);
 out:
     if (state && b->cleanup)

@@ -70,6 +70,9 @@ typedef struct kb_run_report {
     double sim_time_ns;   /* the bench's measured region */
     double sim_end_ns;    /* simulated time when the host program ended (the whole run) */
     uint64_t events, switches, kernels, records;
+    /* host memory the run's data took: memory-store pages and op-log payload bytes at its
+     * end (both 0 in a timing-only run) */
+    uint64_t memstore_pages, payload_bytes;
     kb_replay_stats replay;
     double wall_ms;
     double phase1_ms;  /* wall time inside the simulation (the host program and its kernels) */
