@@ -181,8 +181,8 @@ typedef struct kb_ccl_job {
  * (inputs: ws*n f32 values, rank-major; NULL = kb_ccl_inputs(KB_CCL_INPUT_SEED, ...)),
  * validates the layout and installs IPCQ. `name` is what reports call the algorithm. The
  * values never change the host writes' sizes or order, so they never change simulated time;
- * they are computed (or copied) one tile at a time and only when the context records, so a
- * timing-only job holds no host memory for them.
+ * they are computed (or copied) a shard block at a time and only when the context records
+ * (a kb_fill), so a timing-only job holds no host memory for them.
  */
 int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
                        const char *name, const char *topo, int ws, int64_t n,

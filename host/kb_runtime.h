@@ -12,9 +12,10 @@
  * kb_ctx_errmsg(ctx). An error inside a kernel (bad address, memory exhausted ...) stops the
  * simulation; kb_ctx_run_host then returns that error with the kernel and PE in the message.
  *
- * Data and timing: with device KB_DEV_NONE nothing is recorded and tensor reads fail with
- * KB_ERR_UNSUPPORTED; every other device records each data operation in the op log, and a
- * read first replays what is pending (kb_ctx_flush). Timing is identical in both modes.
+ * Data and timing: with device KB_DEV_NONE nothing is recorded, host writes never look at
+ * their values (kb_fill) and tensor reads fail with KB_ERR_UNSUPPORTED, so no host memory
+ * follows the tensors' sizes; every other device records each data operation in the op log,
+ * and a read first replays what is pending (kb_ctx_flush). Timing is identical in both modes.
  *
  * Ownership: tensors belong to the context (kb_tensor_free releases one early; the context
  * frees the rest). Limits: tensors are 1-D or 2-D (higher ranks are viewed as 2-D: rows =
