@@ -108,7 +108,9 @@ double kb_coll_busbw_factor(kb_coll_kind k, int ws);
 /*
  * A host reference: given every rank's input tile (ws*n values, rank-major), writes every
  * rank's expected output tile (ws*n, rank-major) in double. With kb_ccl_inputs' data every
- * value it writes is exact (see there); the caller rounds to the tile dtype.
+ * value it writes is exact (see there); the caller rounds to the tile dtype. For the
+ * position-wise kinds (kb_ccl_positionwise) element i of every output tile must depend only
+ * on element i of the input tiles: verification then runs it on blocks of columns.
  */
 typedef void (*kb_ccl_ref_fn)(const float *in, int ws, int64_t n, double *out);
 /* The references of the kinds that have algorithms: the elementwise sum over ranks in every
@@ -201,7 +203,9 @@ typedef struct kb_ccl_job {
  * From a host program: checks the world for the algorithm, creates and fills the tiles
  * (inputs: ws*n f32 values, rank-major; NULL = kb_ccl_inputs(KB_CCL_INPUT_SEED, ...)),
  * validates the layout and installs IPCQ. `name` is what reports call the algorithm. The
- * values never change the host writes' sizes or order, so they never change simulated time.
+ * values never change the host writes' sizes or order, so they never change simulated time;
+ * they are computed (or copied) a shard block at a time and only when the context records
+ * (a kb_fill), so a timing-only job holds no host memory for them.
  */
 int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
                        const char *name, const char *topo, int ws, int64_t n,
@@ -245,6 +249,9 @@ const char *kb_ccl_default_topo(const char *module);
 float kb_ccl_input(uint32_t seed, int64_t tile, int64_t i, int64_t n);
 /* x[(t - tile0)*n + i] = kb_ccl_input(seed, t, i, n) for tiles [tile0, tile0 + ntiles). */
 void kb_ccl_inputs(float *x, uint32_t seed, int64_t tile0, int64_t ntiles, int64_t n);
+/* x[j] = kb_ccl_input(seed, tile, i0 + j, n) for j in [0, len): part of one tile. */
+void kb_ccl_input_span(float *x, uint32_t seed, int64_t tile, int64_t i0, int64_t len,
+                       int64_t n);
 
 /* What kb_ccl_verify found. Means are over all elements, of the result and of the
  * reference rounded to the dtype (the FAIL line prints them). */
@@ -268,6 +275,24 @@ typedef struct kb_ccl_verdict {
  */
 int kb_ccl_verify(kb_dtype dt, const void *raw, const double *ref, int ntiles, int64_t n,
                   double acc_bound, kb_ccl_verdict *v);
+
+/* Whether output element i of a collective of kind k depends only on the inputs' elements i:
+ * all-reduce, reduce, broadcast and send/recv. */
+int kb_ccl_positionwise(kb_coll_kind k);
+
+/*
+ * kb_ccl_verify of ntiles result tiles of a collective of kind `kind` whose inputs were
+ * kb_ccl_inputs(seed, 0, ntiles, n), against `ref` of those inputs, with the same verdict bit
+ * for bit, but without the ws*n inputs (f32) and reference (f64): for position-wise kinds both
+ * are computed KB_CCL_VERIFY_BLOCK / ntiles columns at a time. Host memory beyond raw: the
+ * reference rounded to dt (dt bytes per element, for the means), O(ntiles) and the blocks
+ * (~12 * KB_CCL_VERIFY_BLOCK bytes). Other kinds build the whole arrays. Returns 1 (every tile
+ * passed), 0, or KB_ERR_NOMEM.
+ */
+#define KB_CCL_VERIFY_BLOCK ((size_t)1 << 18)
+int kb_ccl_verify_inputs(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_coll_kind kind,
+                         uint32_t seed, int ntiles, int64_t n, double acc_bound,
+                         kb_ccl_verdict *v);
 /* The acc_bound kb_ccl_verify needs for a collective of kind k over nterms kb_ccl_inputs
  * tiles: 0 for kinds that only move data, and for reductions of up to
  * KB_CCL_INPUT_EXACT_TERMS tiles; else f32's summation bound (nterms-1) * 2^-24 * 16*nterms. */

@@ -9,6 +9,30 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The tiles of one SIP (a 1 x rps*n row: rank s*rps + lr's tile at column lr*n): the
+ * caller's inputs, or kb_ccl_inputs' seeded values, computed only when a write records. */
+typedef struct tiles_src {
+    const float *inputs; /* ws*n, rank-major; NULL = seeded */
+    int sip, rps;
+    int64_t n;
+} tiles_src;
+
+static void tiles_fill(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols,
+                       float *out)
+{
+    const tiles_src *ts = ud;
+    (void)row;
+    for (int64_t k = 0; k < rows * cols;) {
+        int64_t q = col + k % cols, lr = q / ts->n, i = q % ts->n;
+        int64_t len = ts->n - i < cols - k % cols ? ts->n - i : cols - k % cols;
+        int64_t r = (int64_t)ts->sip * ts->rps + lr;
+        if (ts->inputs)
+            memcpy(out + k, ts->inputs + (size_t)(r * ts->n + i), sizeof(float) * (size_t)len);
+        else
+            kb_ccl_input_span(out + k, KB_CCL_INPUT_SEED, r, i, len, ts->n);
+        k += len;
+    }
+}
 
 int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
                        const char *name, const char *topo, int ws, int64_t n,
@@ -33,23 +57,15 @@ int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *imp
         return rc;
 
     int rps = job->layout.ranks_per_sip;
-    float *data = malloc(sizeof(float) * (size_t)(n * rps));
-    if (!data)
-        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+    tiles_src ts = { inputs, 0, rps, n };
+    kb_fill fill = { tiles_fill, &ts, NULL, 0, 0, 0 };
     for (int s = 0; s < job->layout.sips && rc == 0; s++) {
         kb_tensor_desc d = { "tiles", 1, n * rps, KB_F16,
                              kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, job->layout.cubes,
                                    job->layout.pes), KB_MEM_HBM };
-        for (int lr = 0; lr < rps; lr++) {
-            int r = s * rps + lr;
-            if (inputs)
-                memcpy(data + (size_t)lr * (size_t)n, inputs + (size_t)r * (size_t)n,
-                       sizeof(float) * (size_t)n);
-            else
-                kb_ccl_inputs(data + (size_t)lr * (size_t)n, KB_CCL_INPUT_SEED, r, 1, n);
-        }
+        ts.sip = s;
         if ((rc = kb_ctx_set_device(ctx, s)) == 0)
-            rc = kb_tensor_from_host(ctx, &d, data, &job->tiles[s]);
+            rc = kb_tensor_from_fill(ctx, &d, &fill, &job->tiles[s]);
         /* validator single_shard_per_rank: each rank's PE holds exactly its own tile */
         for (size_t i = 0; rc == 0 && i < kb_tensor_nshards(job->tiles[s]); i++) {
             const kb_shard_spec *sh = kb_tensor_shard(job->tiles[s], i);
@@ -60,7 +76,6 @@ int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *imp
                                 "of SIP %d is not rank %d's tile", i, s, r);
         }
     }
-    free(data);
     if (rc == 0)
         rc = kb_ctx_set_device(ctx, 0);
     if (rc == 0)
@@ -88,14 +103,15 @@ int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const c
 int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw)
 {
     size_t per = (size_t)job->n * (size_t)job->layout.ranks_per_sip;
-    uint16_t *buf = malloc(per * 2);
+    /* raw alone: straight into it; else through one SIP's tiles at a time */
+    uint16_t *buf = out || !raw ? malloc(per * 2) : NULL;
     int rc = 0;
-    if (!buf)
+    if ((out || !raw) && !buf)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
     for (int s = 0; s < job->layout.sips && rc == 0; s++) {
-        if ((rc = kb_tensor_read_raw(job->tiles[s], buf)) != 0)
+        if ((rc = kb_tensor_read_raw(job->tiles[s], buf ? buf : raw + (size_t)s * per)) != 0)
             break;
-        for (size_t i = 0; i < per; i++) {
+        for (size_t i = 0; buf && i < per; i++) {
             if (out)
                 out[(size_t)s * per + i] = kb_f16_to_f32(buf[i]);
             if (raw)

@@ -10,6 +10,7 @@
 #include "kb_ccl.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const coll_names[KB_COLL_NKINDS] = {
@@ -94,19 +95,39 @@ static uint32_t perm12(uint32_t x, uint32_t key)
     return x;
 }
 
+static uint32_t input_key(uint32_t seed, uint64_t p)
+{
+    return mix64(((uint64_t)seed << 32) ^ (p >> 12) ^ UINT64_C(0x9e3779b97f4a7c15));
+}
+
 float kb_ccl_input(uint32_t seed, int64_t tile, int64_t i, int64_t n)
 {
     uint64_t p = (uint64_t)tile * (uint64_t)n + (uint64_t)i;
-    uint32_t key = mix64(((uint64_t)seed << 32) ^ (p >> 12) ^ UINT64_C(0x9e3779b97f4a7c15));
-    int k = (int)perm12((uint32_t)(p & 0xfffu), key);
+    int k = (int)perm12((uint32_t)(p & 0xfffu), input_key(seed, p));
     return (float)(k - KB_CCL_INPUT_GRID / 2) / 128.0f;
+}
+
+void kb_ccl_input_span(float *x, uint32_t seed, int64_t tile, int64_t i0, int64_t len, int64_t n)
+{
+    uint64_t p = (uint64_t)tile * (uint64_t)n + (uint64_t)i0;
+    /* one key per block of 4096 positions, then the permutation alone per element */
+    for (int64_t k = 0; k < len;) {
+        uint32_t key = input_key(seed, p), lo = (uint32_t)(p & 0xfffu);
+        int64_t m = (int64_t)(0x1000u - lo);
+        if (m > len - k)
+            m = len - k;
+        for (int64_t j = 0; j < m; j++)
+            x[k + j] = (float)((int)perm12(lo + (uint32_t)j, key) - KB_CCL_INPUT_GRID / 2) /
+                       128.0f;
+        k += m;
+        p += (uint64_t)m;
+    }
 }
 
 void kb_ccl_inputs(float *x, uint32_t seed, int64_t tile0, int64_t ntiles, int64_t n)
 {
     for (int64_t t = 0; t < ntiles; t++)
-        for (int64_t i = 0; i < n; i++)
-            x[(size_t)t * (size_t)n + (size_t)i] = kb_ccl_input(seed, tile0 + t, i, n);
+        kb_ccl_input_span(x + (size_t)t * (size_t)n, seed, tile0 + t, 0, n, n);
 }
 
 double kb_ccl_input_acc_bound(kb_coll_kind k, int64_t nterms)
@@ -128,6 +149,42 @@ static double half_ulp(kb_dtype dt, double ref)
     return 0.5 * (dt == KB_BF16 ? u * 8.0 : u); /* bf16 has 3 fewer mantissa bits */
 }
 
+/* One element: its value, the reference rounded to dt (bytes into want, value in *w), the
+ * error |got - exact| (NaN counts as infinite) and its bound; returns whether it passes. */
+static int check_elem(kb_dtype dt, size_t es, const void *raw, size_t k, double exact,
+                      double acc_bound, unsigned char *want, double *got, double *w,
+                      double *err, double *bound)
+{
+    *got = kb_dtype_load(dt, raw, k);
+    kb_dtype_store(dt, want, 0, (float)exact);
+    *w = kb_dtype_load(dt, want, 0);
+    *bound = half_ulp(dt, exact) + acc_bound;
+    double e = fabs(*got - exact);
+    int ok = acc_bound > 0.0 ? e <= *bound
+                             : !memcmp((const unsigned char *)raw + k * es, want, es);
+    *err = isnan(e) ? INFINITY : e;
+    return ok;
+}
+
+static void verdict_init(kb_ccl_verdict *v, int ntiles)
+{
+    memset(v, 0, sizeof *v);
+    v->ntiles = ntiles;
+    v->first_bad_tile = -1;
+    v->first_bad_elem = -1;
+    v->max_abs_err = -1.0;
+}
+
+static void verdict_finish(kb_ccl_verdict *v, double got_sum, double want_sum, int64_t n)
+{
+    if (v->max_abs_err < 0.0)
+        v->max_abs_err = 0.0;
+    if (v->ntiles > 0 && n > 0) {
+        v->got_mean = got_sum / ((double)v->ntiles * (double)n);
+        v->want_mean = want_sum / ((double)v->ntiles * (double)n);
+    }
+}
+
 int kb_ccl_verify(kb_dtype dt, const void *raw, const double *ref, int ntiles, int64_t n,
                   double acc_bound, kb_ccl_verdict *v)
 {
@@ -135,23 +192,13 @@ int kb_ccl_verify(kb_dtype dt, const void *raw, const double *ref, int ntiles, i
     double got_sum = 0.0, want_sum = 0.0;
     unsigned char want[4];
 
-    memset(v, 0, sizeof *v);
-    v->ntiles = ntiles;
-    v->first_bad_tile = -1;
-    v->first_bad_elem = -1;
-    v->max_abs_err = -1.0;
+    verdict_init(v, ntiles);
     for (int t = 0; t < ntiles; t++) {
         int good = 1;
         for (int64_t i = 0; i < n; i++) {
             size_t k = (size_t)t * (size_t)n + (size_t)i;
-            double got = kb_dtype_load(dt, raw, k), exact = ref[k];
-            kb_dtype_store(dt, want, 0, (float)exact);
-            double w = kb_dtype_load(dt, want, 0), bound = half_ulp(dt, exact) + acc_bound;
-            double err = fabs(got - exact);
-            int ok = acc_bound > 0.0 ? err <= bound
-                                     : !memcmp((const unsigned char *)raw + k * es, want, es);
-            if (isnan(err))
-                err = INFINITY;
+            double got, w, err, bound;
+            int ok = check_elem(dt, es, raw, k, ref[k], acc_bound, want, &got, &w, &err, &bound);
             if (err > v->max_abs_err) {
                 v->max_abs_err = err;
                 v->err_bound = bound;
@@ -170,11 +217,122 @@ int kb_ccl_verify(kb_dtype dt, const void *raw, const double *ref, int ntiles, i
         }
         v->ok_tiles += good;
     }
-    if (v->max_abs_err < 0.0)
-        v->max_abs_err = 0.0;
-    if (ntiles > 0 && n > 0) {
-        v->got_mean = got_sum / ((double)ntiles * (double)n);
-        v->want_mean = want_sum / ((double)ntiles * (double)n);
-    }
+    verdict_finish(v, got_sum, want_sum, n);
     return v->ok_tiles == ntiles;
+}
+
+/* A tile's part of a verdict: its worst error (first occurrence) and first wrong element. */
+typedef struct tile_verdict {
+    double max_err, bound;
+    int64_t bad_elem; /* -1: none */
+    double bad_got, bad_want;
+} tile_verdict;
+
+int kb_ccl_positionwise(kb_coll_kind k)
+{
+    return k == KB_COLL_ALLREDUCE || k == KB_COLL_REDUCE || k == KB_COLL_BROADCAST ||
+           k == KB_COLL_SENDRECV;
+}
+
+/* Whole arrays: what kinds whose outputs mix positions need. */
+static int verify_whole(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, uint32_t seed,
+                        int ntiles, int64_t n, double acc_bound, kb_ccl_verdict *v)
+{
+    size_t total = (size_t)ntiles * (size_t)n;
+    float *in = malloc((total ? total : 1) * sizeof *in);
+    double *want = malloc((total ? total : 1) * sizeof *want);
+    int rc = KB_ERR_NOMEM;
+    if (in && want) {
+        kb_ccl_inputs(in, seed, 0, ntiles, n);
+        ref(in, ntiles, n, want);
+        rc = kb_ccl_verify(dt, raw, want, ntiles, n, acc_bound, v);
+    }
+    free(in);
+    free(want);
+    return rc;
+}
+
+/*
+ * Column blocks: the inputs and the reference of columns [i0, i0 + nb) of every tile at a
+ * time; every tile's part of the verdict is kept apart and merged in tile order afterwards,
+ * which gives what the tile-major walk of kb_ccl_verify gives (the first worst error and the
+ * first wrong element in tile-major order). The rounded reference is kept (dt bytes per
+ * element) so that the means sum in tile-major order, exactly as kb_ccl_verify sums them.
+ */
+int kb_ccl_verify_inputs(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_coll_kind kind,
+                         uint32_t seed, int ntiles, int64_t n, double acc_bound,
+                         kb_ccl_verdict *v)
+{
+    size_t es = kb_dtype_size(dt), total = (size_t)ntiles * (size_t)n;
+    int64_t B = (int64_t)(KB_CCL_VERIFY_BLOCK / (ntiles > 0 ? (size_t)ntiles : 1));
+    if (!kb_ccl_positionwise(kind))
+        return verify_whole(dt, raw, ref, seed, ntiles, n, acc_bound, v);
+    if (B < 64)
+        B = 64;
+    if (B > n)
+        B = n > 0 ? n : 1;
+    float *in = malloc((size_t)ntiles * (size_t)B * sizeof *in + 1);
+    double *out = malloc((size_t)ntiles * (size_t)B * sizeof *out + 1);
+    tile_verdict *tv = malloc((size_t)(ntiles > 0 ? ntiles : 1) * sizeof *tv);
+    unsigned char *wraw = malloc(total * es + 1), want[4];
+    double got_sum = 0.0, want_sum = 0.0;
+    int rc = KB_ERR_NOMEM;
+
+    if (!in || !out || !tv || !wraw)
+        goto out;
+    for (int t = 0; t < ntiles; t++)
+        tv[t] = (tile_verdict){ -1.0, 0.0, -1, 0.0, 0.0 };
+    for (int64_t i0 = 0; i0 < n; i0 += B) {
+        int64_t nb = n - i0 < B ? n - i0 : B;
+        for (int t = 0; t < ntiles; t++)
+            kb_ccl_input_span(in + (size_t)t * (size_t)nb, seed, t, i0, nb, n);
+        ref(in, ntiles, nb, out);
+        for (int t = 0; t < ntiles; t++) {
+            tile_verdict *a = &tv[t];
+            for (int64_t j = 0; j < nb; j++) {
+                size_t k = (size_t)t * (size_t)n + (size_t)(i0 + j);
+                double got, w, err, bound;
+                int ok = check_elem(dt, es, raw, k, out[(size_t)t * (size_t)nb + (size_t)j],
+                                    acc_bound, want, &got, &w, &err, &bound);
+                memcpy(wraw + k * es, want, es);
+                if (err > a->max_err) {
+                    a->max_err = err;
+                    a->bound = bound;
+                }
+                if (!ok && a->bad_elem < 0) {
+                    a->bad_elem = i0 + j;
+                    a->bad_got = got;
+                    a->bad_want = w;
+                }
+            }
+        }
+    }
+    verdict_init(v, ntiles);
+    for (int t = 0; t < ntiles; t++) {
+        const tile_verdict *a = &tv[t];
+        if (a->max_err > v->max_abs_err) {
+            v->max_abs_err = a->max_err;
+            v->err_bound = a->bound;
+        }
+        if (a->bad_elem < 0) {
+            v->ok_tiles++;
+        } else if (v->first_bad_tile < 0) {
+            v->first_bad_tile = t;
+            v->first_bad_elem = a->bad_elem;
+            v->first_got = a->bad_got;
+            v->first_want = a->bad_want;
+        }
+    }
+    for (size_t k = 0; k < total; k++) {
+        got_sum += kb_dtype_load(dt, raw, k);
+        want_sum += kb_dtype_load(dt, wraw, k);
+    }
+    verdict_finish(v, got_sum, want_sum, n);
+    rc = v->ok_tiles == ntiles;
+out:
+    free(in);
+    free(out);
+    free(tv);
+    free(wraw);
+    return rc;
 }

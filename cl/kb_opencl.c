@@ -464,7 +464,7 @@ static int ensure_buf(clbe *b, cl_mem *m, size_t *cap, size_t need, cl_mem_flags
     return 0;
 }
 
-static int cl_begin(void *self, const uint8_t *arena, uint64_t arena_bytes,
+static int cl_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
                     const uint8_t *payload, size_t payload_bytes, kb_errbuf *eb)
 {
     clbe *b = self;

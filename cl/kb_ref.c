@@ -272,33 +272,26 @@ void kb_ref_exec(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
 
 /* Backend state between begin and end. */
 typedef struct ref_state {
-    uint8_t *arena;          /* owned private copy; kept (and reused) across flushes */
-    uint64_t arena_bytes, arena_cap;
+    uint8_t *arena;          /* the caller's arena, computed in place (borrowed for one flush) */
+    uint64_t arena_bytes;
     const uint8_t *payload;  /* borrowed from the caller for the duration of one flush */
     int active;
 } ref_state;
 
-static int ref_begin(void *self, const uint8_t *arena, uint64_t arena_bytes,
+static int ref_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
                      const uint8_t *payload, size_t payload_bytes, kb_errbuf *eb)
 {
     ref_state *st = self;
+    /* never NULL, even for an empty arena, so operand pointers are always well defined */
+    static uint8_t empty[8];
 
     (void)payload_bytes;
     if (arena_bytes > SIZE_MAX)
         return kb_err_set(eb, KB_ERR_NOMEM, "ref backend: arena of %llu bytes",
                           (unsigned long long)arena_bytes);
-    if (arena_bytes > st->arena_cap || !st->arena) {
-        /* Never NULL, even for an empty arena, so operand pointers are always well defined. */
-        size_t want = arena_bytes > 8 ? (size_t)arena_bytes : 8;
-        uint8_t *p = realloc(st->arena, want);
-        if (!p)
-            return kb_err_set(eb, KB_ERR_NOMEM, "ref backend: arena of %llu bytes",
-                              (unsigned long long)arena_bytes);
-        st->arena = p;
-        st->arena_cap = want;
-    }
-    if (arena_bytes > 0)
-        memcpy(st->arena, arena, (size_t)arena_bytes);
+    if (!arena && arena_bytes > 0)
+        return kb_err_set(eb, KB_ERR_INVAL, "ref backend: no arena");
+    st->arena = arena ? arena : empty;
     st->arena_bytes = arena_bytes;
     st->payload = payload;
     st->active = 1;
@@ -328,8 +321,9 @@ static int ref_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *
         return kb_err_set(eb, KB_ERR_STATE,
                           "ref backend: end with %llu arena bytes, begin had %llu",
                           (unsigned long long)arena_bytes, (unsigned long long)st->arena_bytes);
-    if (arena_bytes > 0)
+    if (arena_bytes > 0 && arena != st->arena) /* another buffer than begin's */
         memcpy(arena, st->arena, (size_t)arena_bytes);
+    st->arena = NULL;
     return 0;
 }
 
@@ -339,7 +333,6 @@ static void ref_destroy(void *self)
 
     if (!st)
         return;
-    free(st->arena);
     free(st);
 }
 

@@ -56,8 +56,11 @@ void kb_plan_free(kb_plan *p);
 /* Backend interface. `self` is the backend's own state. */
 typedef struct kb_backend_ops {
     const char *name;
-    /* Start of a flush: the arena's initial contents and the payload area. */
-    int (*begin)(void *self, const uint8_t *arena, uint64_t arena_bytes,
+    /* Start of a flush: the arena's initial contents and the payload area. The arena is
+     * the caller's and left alone by it until `end`: a host backend may compute in it in
+     * place (the ref backend does: no second copy of the arena) and then copies nothing at
+     * `end`; a device backend uploads it. */
+    int (*begin)(void *self, uint8_t *arena, uint64_t arena_bytes,
                  const uint8_t *payload, size_t payload_bytes, kb_errbuf *eb);
     /* One batch: recs[0..n) are independent and grouped by kind. */
     int (*run_batch)(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb);

@@ -638,21 +638,80 @@ fail:
     return rc;
 }
 
-/* Records and times a host write of every shard; data == NULL writes zeros (FILL). */
-static int host_write(kb_tensor *t, const float *data)
+kb_fill kb_fill_array(const float *data, int64_t ld)
+{
+    kb_fill f = { NULL, NULL, data, ld, 0, 0 };
+    return f;
+}
+
+kb_fill kb_fill_at(kb_fill f, int64_t rows, int64_t cols)
+{
+    f.row0 += rows;
+    f.col0 += cols;
+    return f;
+}
+
+/* Values per piece a recording host write asks a generator for: bounds its scratch. */
+#define KB_FILL_PIECE 65536
+
+/* Shard s's block of the source, rounded once to the tensor's dtype into block (row-major,
+ * s->rows x s->cols); piece: KB_FILL_PIECE floats of scratch for a generator. */
+static void fill_block(const kb_tensor *t, const kb_shard_spec *s, const kb_fill *src,
+                       uint8_t *block, float *piece)
+{
+    int64_t R = (int64_t)s->rows, C = (int64_t)s->cols;
+    int64_t r0 = src->row0 + (int64_t)s->row0, c0 = src->col0 + (int64_t)s->col0;
+
+    if (!src->fn) {
+        int64_t ld = src->ld ? src->ld : t->cols;
+        for (int64_t r = 0; r < R; r++) {
+            const float *row = src->data + (size_t)((r0 + r) * ld + c0);
+            for (int64_t c = 0; c < C; c++)
+                kb_dtype_store(t->dtype, block, (size_t)(r * C + c), row[c]);
+        }
+        return;
+    }
+    /* whole rows while they fit in a piece, else a row in parts */
+    int64_t rows_per = C >= KB_FILL_PIECE ? 1 : KB_FILL_PIECE / C;
+    int64_t cols_per = C >= KB_FILL_PIECE ? KB_FILL_PIECE : C;
+    for (int64_t r = 0; r < R; r += rows_per) {
+        int64_t nr = R - r < rows_per ? R - r : rows_per;
+        for (int64_t c = 0; c < C; c += cols_per) {
+            int64_t nc = C - c < cols_per ? C - c : cols_per;
+            src->fn(src->ud, r0 + r, c0 + c, nr, nc, piece);
+            for (int64_t i = 0; i < nr; i++)
+                for (int64_t j = 0; j < nc; j++)
+                    kb_dtype_store(t->dtype, block, (size_t)((r + i) * C + c + j),
+                                   piece[i * nc + j]);
+        }
+    }
+}
+
+/*
+ * Times a host write of every shard and, when recording, records it: src == NULL writes
+ * zeros (FILL), else a COPY from the op log's payload, which holds each distinct block once
+ * (replicas share it). A timing-only context never looks at src's values.
+ */
+static int host_write(kb_tensor *t, const kb_fill *src)
 {
     kb_ctx *ctx = t->ctx;
     size_t esize = kb_dtype_size(t->dtype);
     kb_time t0 = kb_sim_now(ctx->sim) + ctx->m->host_overhead, tmax = t0;
     uint8_t *block = NULL;
-    float *fblock = NULL;
+    float *piece = NULL;
     uint64_t *payload_of = NULL;
     int rc = 0;
 
-    if (data && ctx->recording) {
+    if (src && !src->fn && !src->data)
+        return kb_err_set(&ctx->err, KB_ERR_INVAL, "tensor '%s': a host write with neither a "
+                          "generator nor data", t->name);
+    if (src && ctx->recording) {
         payload_of = malloc(t->nshards * sizeof *payload_of);
-        if (!payload_of)
-            return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+        piece = src->fn ? malloc(KB_FILL_PIECE * sizeof *piece) : NULL;
+        if (!payload_of || (src->fn && !piece)) {
+            rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+            goto out;
+        }
     }
     for (size_t i = 0; i < t->nshards; i++) {
         const kb_shard_spec *s = &t->shards[i];
@@ -668,7 +727,7 @@ static int host_write(kb_tensor *t, const float *data)
             continue;
         r.pe = UINT32_MAX;
         r.dst = kb_opnd_make(t->pas[i], (uint32_t)s->rows, (uint32_t)s->cols, t->dtype);
-        if (!data) {
+        if (!src) {
             r.kind = KB_REC_FILL;
             r.nsrc = 0;
             r.imm[0] = 0.0f;
@@ -683,16 +742,12 @@ static int host_write(kb_tensor *t, const float *data)
                 payload_of[i] = payload_of[j];
             } else {
                 free(block);
-                free(fblock);
                 block = malloc(n * esize);
-                fblock = malloc(n * sizeof *fblock);
-                if (!block || !fblock) {
+                if (!block) {
                     rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
                     goto out;
                 }
-                kb_shard_pack(s, data, (uint64_t)t->cols, sizeof(float), fblock);
-                for (size_t k = 0; k < n; k++)
-                    kb_dtype_store(t->dtype, block, k, fblock[k]);
+                fill_block(t, s, src, block, piece);
                 if (kb_oplog_add_payload(ctx->log, block, n * esize, &payload_of[i]) != 0) {
                     rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory for the op log payload");
                     goto out;
@@ -708,7 +763,7 @@ static int host_write(kb_tensor *t, const float *data)
     }
 out:
     free(block);
-    free(fblock);
+    free(piece);
     free(payload_of);
     /* wait with nothing held: a run stopped meanwhile never resumes this fiber */
     if (rc == 0)
@@ -718,8 +773,14 @@ out:
 
 int kb_tensor_zeros(kb_ctx *ctx, const kb_tensor_desc *d, kb_tensor **out)
 {
+    return kb_tensor_from_fill(ctx, d, NULL, out);
+}
+
+int kb_tensor_from_fill(kb_ctx *ctx, const kb_tensor_desc *d, const kb_fill *src,
+                        kb_tensor **out)
+{
     int rc = kb_tensor_empty(ctx, d, out);
-    if (rc == 0 && (rc = host_write(*out, NULL)) != 0) {
+    if (rc == 0 && (rc = host_write(*out, src)) != 0) {
         kb_tensor_free(*out);
         *out = NULL;
     }
@@ -728,17 +789,19 @@ int kb_tensor_zeros(kb_ctx *ctx, const kb_tensor_desc *d, kb_tensor **out)
 
 int kb_tensor_from_host(kb_ctx *ctx, const kb_tensor_desc *d, const float *data, kb_tensor **out)
 {
-    int rc = kb_tensor_empty(ctx, d, out);
-    if (rc == 0 && (rc = host_write(*out, data)) != 0) {
-        kb_tensor_free(*out);
-        *out = NULL;
-    }
-    return rc;
+    kb_fill f = kb_fill_array(data, 0);
+    return kb_tensor_from_fill(ctx, d, data ? &f : NULL, out);
+}
+
+int kb_tensor_copy_from_fill(kb_tensor *t, const kb_fill *src)
+{
+    return host_write(t, src);
 }
 
 int kb_tensor_copy_from(kb_tensor *t, const float *data)
 {
-    return host_write(t, data);
+    kb_fill f = kb_fill_array(data, 0);
+    return host_write(t, data ? &f : NULL);
 }
 
 /* Shard i is the first shard holding its block (replicas after the first are skipped). */
@@ -773,6 +836,11 @@ int kb_tensor_read_raw(kb_tensor *t, void *out)
                 goto out;
             if (te > tmax)
                 tmax = te;
+        }
+        if (s->cols == (uint64_t)t->cols) { /* whole rows: contiguous in out too */
+            kb_memstore_read(ctx->ms, t->pas[i], (uint8_t *)out + s->row0 * s->cols * esize,
+                             s->nbytes);
+            continue;
         }
         free(block);
         block = malloc(s->nbytes);

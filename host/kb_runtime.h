@@ -12,9 +12,10 @@
  * kb_ctx_errmsg(ctx). An error inside a kernel (bad address, memory exhausted ...) stops the
  * simulation; kb_ctx_run_host then returns that error with the kernel and PE in the message.
  *
- * Data and timing: with device KB_DEV_NONE nothing is recorded and tensor reads fail with
- * KB_ERR_UNSUPPORTED; every other device records each data operation in the op log, and a
- * read first replays what is pending (kb_ctx_flush). Timing is identical in both modes.
+ * Data and timing: with device KB_DEV_NONE nothing is recorded, host writes never look at
+ * their values (kb_fill) and tensor reads fail with KB_ERR_UNSUPPORTED, so no host memory
+ * follows the tensors' sizes; every other device records each data operation in the op log,
+ * and a read first replays what is pending (kb_ctx_flush). Timing is identical in both modes.
  *
  * Ownership: tensors belong to the context (kb_tensor_free releases one early; the context
  * frees the rest). Limits: tensors are 1-D or 2-D (higher ranks are viewed as 2-D: rows =
@@ -161,6 +162,35 @@ int kb_tensor_from_host(kb_ctx *ctx, const kb_tensor_desc *d, const float *data,
 
 /* Host -> device write of the logical row-major f32 buffer (scattered to every shard). */
 int kb_tensor_copy_from(kb_tensor *t, const float *data);
+
+/*
+ * The values of a host write, produced on demand. Element (r, c) of the tensor is element
+ * (row0 + r, col0 + c) of the source, which is either a generator, fn(ud, row, col, rows, cols,
+ * out) writing the rows x cols block whose top-left element is (row, col) row-major into out,
+ * or (fn NULL) a dense row-major f32 array `data` of ld values per row. (row0, col0) place
+ * the tensor inside a larger source, e.g. a rank's slice of a full weight.
+ * The write consults the source only when the context records (kb_ctx_recording): a
+ * timing-only run never computes or holds a tensor's values, and its write takes exactly the
+ * simulated time of a recorded one. A recording write asks the generator for each distinct
+ * shard block once, in pieces of at most 65 536 values, and keeps only the rounded bytes (in
+ * the op log's payload).
+ */
+typedef void (*kb_fill_fn)(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols,
+                           float *out);
+typedef struct kb_fill {
+    kb_fill_fn fn;
+    void *ud;
+    const float *data; /* when fn is NULL */
+    int64_t ld;
+    int64_t row0, col0;
+} kb_fill;
+/* A fill reading a row-major array of ld values per row (ld 0: the tensor's cols). */
+kb_fill kb_fill_array(const float *data, int64_t ld);
+/* `f` moved by (rows, cols) into its source: the slice starting there. */
+kb_fill kb_fill_at(kb_fill f, int64_t rows, int64_t cols);
+int kb_tensor_from_fill(kb_ctx *ctx, const kb_tensor_desc *d, const kb_fill *src,
+                        kb_tensor **out);
+int kb_tensor_copy_from_fill(kb_tensor *t, const kb_fill *src);
 /* Device -> host read into f32 (replays pending records first). */
 int kb_tensor_read(kb_tensor *t, float *out);
 /* Same, raw storage bytes of the logical tensor (rows*cols*elem size bytes). */

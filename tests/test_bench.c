@@ -3,7 +3,9 @@
  * reference, is deterministic, and reports the same simulated time without data (--device
  * none). The digests pin the exact output bytes. The collective bench, in both rank models,
  * verifies its seeded inputs exactly (max_abs_err within err_bound) and applies the busbw
- * factor of the algorithm's collective kind.
+ * factor of the algorithm's collective kind. Timing-only runs simulate exactly what recorded
+ * runs do and keep no data (no record, payload or memory-store page), and their peak RSS does
+ * not grow with the simulated bytes (a forked child per size, Linux's ru_maxrss).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +15,10 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "kb_bench.h"
 #include "kb_ccl.h"
@@ -198,6 +204,17 @@ static void ccl_entry_run(const char *name, const char *module, const char *topo
         fail_msg("%s: %s", name, eb.msg);
 }
 
+/* ccl_allreduce with ccl.yaml assignments `sets`; the result code, eb the message. */
+static int ccl_sets_run(const char *const *sets, size_t nsets, kb_device_kind dev, int verify,
+                        kb_run_report *rep, kb_errbuf *eb)
+{
+    const kb_bench *b = kb_bench_find("ccl_allreduce");
+    kb_ccl_cfg ccl;
+    kb_bench_args a = defaults_of(b, verify);
+    kbt_ccl_config_with(&ccl, sets, nsets);
+    return exec_bench(b, &ccl, dev, &a, rep, eb);
+}
+
 static double ccl_sim_ps(const char *algo, int ws, int n)
 {
     kb_run_report rep;
@@ -293,6 +310,122 @@ static void test_ccl_verify_and_busbw(void **s)
     kb_run_report_fini(&rep);
 }
 
+/* ---- timing-only runs: the same numbers, no data ---- */
+
+/* rep (timing only) and ref (recorded) simulated the same thing; rep holds no data. */
+static void assert_same_timing_no_data(const char *what, const kb_run_report *rep,
+                                       const kb_run_report *ref)
+{
+    if (rep->sim_time_ns != ref->sim_time_ns || rep->events != ref->events ||
+        rep->switches != ref->switches || rep->kernels != ref->kernels ||
+        rep->sim_end_ns != ref->sim_end_ns)
+        fail_msg("%s: timing only %.3f ns / %llu events / %llu switches, recorded %.3f / %llu "
+                 "/ %llu", what, rep->sim_time_ns, (unsigned long long)rep->events,
+                 (unsigned long long)rep->switches, ref->sim_time_ns,
+                 (unsigned long long)ref->events, (unsigned long long)ref->switches);
+    assert_int_equal(rep->records, 0);
+    assert_int_equal(rep->memstore_pages, 0);
+    assert_int_equal(rep->payload_bytes, 0);
+    assert_int_equal(rep->res.verified, -1);
+    /* the recorded run did keep its data */
+    assert_true(ref->records > 0 && ref->memstore_pages > 0 && ref->payload_bytes > 0);
+    assert_int_equal(ref->res.verified, 1);
+}
+
+/*
+ * Every bench whose inputs come from fills (the collective bench in both rank models, with
+ * a large tile, and the TP benches) simulates exactly the same with and without data, and a
+ * timing-only run ends with an empty memory store, no op-log record and no payload.
+ */
+static void test_timing_only_same_numbers(void **s)
+{
+    static const char *const legacy[] = {
+        "ccl.algorithms.big.module=ring_rsag_allreduce", "ccl.algorithms.big.topology=ring_1d",
+        "ccl.algorithms.big.world_size=16", "ccl.algorithms.big.n_elem=262144",
+        "ccl.defaults.slot_size=131072", "ccl.defaults.buffer_kind=hbm",
+        "ccl.defaults.algorithm=big",
+    };
+    static const char *const dist[] = {
+        "ccl.algorithms.sip.module=hierarchical_allreduce", "ccl.algorithms.sip.n_elem=4096",
+        "ccl.defaults.slot_size=16384", "ccl.defaults.algorithm=sip",
+    };
+    const char *const *cases[] = { legacy, dist };
+    const size_t ncases[] = { sizeof legacy / sizeof *legacy, sizeof dist / sizeof *dist };
+    kb_run_report rn, rr;
+    kb_errbuf eb;
+    (void)s;
+    for (size_t i = 0; i < 2; i++) {
+        if (ccl_sets_run(cases[i], ncases[i], KB_DEV_NONE, 1, &rn, &eb) != 0 ||
+            ccl_sets_run(cases[i], ncases[i], KB_DEV_REF, 1, &rr, &eb) != 0)
+            fail_msg("%s", eb.msg);
+        assert_same_timing_no_data(cases[i][0], &rn, &rr);
+        kb_run_report_fini(&rn);
+        kb_run_report_fini(&rr);
+    }
+    static const char *const tps[] = { "tp_mlp", "tp_attention", "gemm", "va_offset" };
+    for (size_t i = 0; i < sizeof tps / sizeof *tps; i++) {
+        run_bench(tps[i], KB_DEV_NONE, 1, &rn);
+        run_bench(tps[i], KB_DEV_REF, 1, &rr);
+        assert_same_timing_no_data(tps[i], &rn, &rr);
+        kb_run_report_fini(&rn);
+        kb_run_report_fini(&rr);
+    }
+}
+
+/* Peak RSS (KiB) of a child process that runs the 256-rank ring_rsag_allreduce timing-only
+ * with tiles of n f16 elements; -1 on failure. */
+static long child_peak_rss(int64_t n)
+{
+    int fd[2];
+    long kib = -1;
+    if (pipe(fd) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        char set[96];
+        const char *sets[] = { "ccl.algorithms.r.module=ring_rsag_allreduce",
+                               "ccl.algorithms.r.topology=ring_1d",
+                               "ccl.algorithms.r.world_size=256", "ccl.defaults.algorithm=r",
+                               "ccl.defaults.slot_size=65536", set };
+        kb_run_report rep;
+        kb_errbuf eb;
+        struct rusage ru;
+        snprintf(set, sizeof set, "ccl.algorithms.r.n_elem=%lld", (long long)n);
+        long out = -1;
+        if (ccl_sets_run(sets, 6, KB_DEV_NONE, 0, &rep, &eb) != 0)
+            fprintf(stderr, "child: %s\n", eb.msg);
+        else if (rep.events > 0 && getrusage(RUSAGE_SELF, &ru) == 0)
+            out = ru.ru_maxrss;
+        if (write(fd[1], &out, sizeof out) != (ssize_t)sizeof out)
+            _exit(2);
+        _exit(0);
+    }
+    close(fd[1]);
+    if (pid > 0) {
+        if (read(fd[0], &kib, sizeof kib) != (ssize_t)sizeof kib)
+            kib = -1;
+        waitpid(pid, NULL, 0);
+    }
+    close(fd[0]);
+    return kib;
+}
+
+/*
+ * Issue #13: a timing-only run's host memory does not grow with the simulated bytes. 256
+ * ranks of 1 KiB tiles (256 KiB in all) and of 4 MiB tiles (1 GiB in all, which used to cost
+ * 2 GiB of f32 inputs): the peak RSS of the two runs (each in a child forked from the same
+ * state) is the same within 64 MiB.
+ */
+static void test_timing_only_memory_flat(void **s)
+{
+    (void)s;
+    long small = child_peak_rss(512), big = child_peak_rss(2097152);
+    if (small < 0 || big < 0)
+        fail_msg("child run failed (%ld / %ld KiB)", small, big);
+    if (big - small > 64 * 1024)
+        fail_msg("peak RSS %ld KiB at 1 GiB simulated vs %ld KiB at 256 KiB", big, small);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -304,6 +437,8 @@ int main(void)
         cmocka_unit_test(test_ring_closed_form),
         cmocka_unit_test(test_rsag_closed_form),
         cmocka_unit_test(test_ccl_verify_and_busbw),
+        cmocka_unit_test(test_timing_only_same_numbers),
+        cmocka_unit_test(test_timing_only_memory_flat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

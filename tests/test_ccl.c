@@ -23,6 +23,7 @@
 #include "kb_dtype.h"
 #include "kb_ipcq.h"
 #include "kb_runtime.h"
+#include "kb_test_util.h"
 
 #define NONE KB_TOPO_NONE
 
@@ -559,6 +560,12 @@ static void test_inputs(void **state)
             }
         }
     }
+    /* spans of a tile, across the 4096-position blocks, are the same values */
+    for (int64_t i0 = 0; i0 < 3 * G; i0 += 1237) {
+        kb_ccl_input_span(x, 4, 2, i0, 2 * G - 1, 3 * G + 5);
+        for (int64_t j = 0; j < 2 * G - 1; j++)
+            assert_true(x[j] == kb_ccl_input(4, 2, i0 + j, 3 * G + 5));
+    }
     /* a tile range starting later is the same positions' values */
     kb_ccl_inputs(x, 5, 0, 8, 64);
     kb_ccl_inputs(x + 8 * 64, 5, 3, 2, 64);
@@ -670,6 +677,95 @@ static void test_verify_rounding(void **state)
     assert_int_equal(v.first_bad_tile, 1);
 }
 
+/* Two verdicts agree in every field, doubles bit for bit (NaN means included). */
+static void assert_same_verdict(const kb_ccl_verdict *a, const kb_ccl_verdict *b)
+{
+    assert_int_equal(a->ntiles, b->ntiles);
+    assert_int_equal(a->ok_tiles, b->ok_tiles);
+    assert_int_equal(a->first_bad_tile, b->first_bad_tile);
+    assert_int_equal(a->first_bad_elem, b->first_bad_elem);
+    const double da[] = { a->first_got, a->first_want, a->got_mean, a->want_mean,
+                          a->max_abs_err, a->err_bound };
+    const double db[] = { b->first_got, b->first_want, b->got_mean, b->want_mean,
+                          b->max_abs_err, b->err_bound };
+    assert_memory_equal(da, db, sizeof da);
+}
+
+/*
+ * kb_ccl_verify_inputs (column blocks, nothing held whole) gives kb_ccl_verify's verdict of
+ * the whole arrays, field for field: correct results, scattered wrong values, NaNs, equal
+ * worst errors in several tiles (the first in tile-major order wins), several blocks with a
+ * partial last one, both comparison modes, f16 and f32, position-wise kinds and the
+ * whole-array fallback.
+ */
+static void test_verify_inputs_matches(void **state)
+{
+    static const struct { int ntiles; int64_t n; } shapes[] = {
+        { 5, 37 }, { 1, 1 }, { 3, 4100 }, { 700, 420 }, /* 374 columns a block: 2 */
+    };
+    static const struct { kb_coll_kind kind; kb_ccl_ref_fn ref; } refs[] = {
+        { KB_COLL_ALLREDUCE, kb_ccl_ref_allreduce },
+        { KB_COLL_SENDRECV, kb_ccl_ref_shift_east },
+        { KB_COLL_ALLGATHER, kb_ccl_ref_shift_east }, /* not position-wise: whole arrays */
+    };
+    static const kb_dtype dts[] = { KB_F16, KB_F32 };
+    kbt_rng g = { 7 };
+    (void)state;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int nt = shapes[si].ntiles;
+        int64_t n = shapes[si].n;
+        size_t total = (size_t)nt * (size_t)n;
+        float *in = malloc(total * sizeof *in);
+        double *ref = malloc(total * sizeof *ref);
+        unsigned char *raw = malloc(total * 4);
+        assert_non_null(in);
+        assert_non_null(ref);
+        assert_non_null(raw);
+        kb_ccl_inputs(in, 3, 0, nt, n);
+        for (size_t ri = 0; ri < sizeof refs / sizeof refs[0]; ri++) {
+            refs[ri].ref(in, nt, n, ref);
+            for (size_t di = 0; di < sizeof dts / sizeof dts[0]; di++) {
+                kb_dtype dt = dts[di];
+                for (int variant = 0; variant < 3; variant++) {
+                    for (size_t k = 0; k < total; k++)
+                        kb_dtype_store(dt, raw, k, (float)ref[k]);
+                    if (variant >= 1) { /* scattered wrong values, some NaN */
+                        for (int c = 0; c < 1 + (int)(total / 97); c++) {
+                            size_t k = kbt_rng_below(&g, (uint32_t)total);
+                            float bad = kbt_rng_below(&g, 5) == 0 ? NAN
+                                        : (float)ref[k] + (float)(kbt_rng_below(&g, 9)) - 4.0f;
+                            kb_dtype_store(dt, raw, k, bad);
+                        }
+                    }
+                    if (variant == 2 && nt > 1) { /* equal worst errors in tiles nt-1 and 0 */
+                        size_t k1 = total - 1, k0 = (size_t)(n - 1);
+                        kb_dtype_store(dt, raw, k1, (float)ref[k1] + 64.0f);
+                        kb_dtype_store(dt, raw, k0, (float)ref[k0] + 64.0f);
+                    }
+                    for (int mode = 0; mode < 2; mode++) {
+                        double acc = mode ? 0.05 : 0.0;
+                        kb_ccl_verdict want, got;
+                        int w = kb_ccl_verify(dt, raw, ref, nt, n, acc, &want);
+                        int r = kb_ccl_verify_inputs(dt, raw, refs[ri].ref, refs[ri].kind, 3,
+                                                     nt, n, acc, &got);
+                        if (variant == 0)
+                            assert_int_equal(w, 1);
+                        assert_int_equal(r, w);
+                        assert_same_verdict(&got, &want);
+                    }
+                }
+            }
+        }
+        free(in);
+        free(ref);
+        free(raw);
+    }
+    assert_true(kb_ccl_positionwise(KB_COLL_ALLREDUCE) && kb_ccl_positionwise(KB_COLL_SENDRECV));
+    assert_false(kb_ccl_positionwise(KB_COLL_ALLGATHER) ||
+                 kb_ccl_positionwise(KB_COLL_REDUCE_SCATTER) ||
+                 kb_ccl_positionwise(KB_COLL_ALLTOALL));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -688,6 +784,7 @@ int main(void)
         cmocka_unit_test(test_inputs),
         cmocka_unit_test(test_verify_rejects_swap),
         cmocka_unit_test(test_verify_rounding),
+        cmocka_unit_test(test_verify_inputs_matches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

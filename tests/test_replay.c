@@ -714,7 +714,7 @@ typedef struct fail_be {
     int batches;
 } fail_be;
 
-static int fb_begin(void *self, const uint8_t *arena, uint64_t arena_bytes, const uint8_t *payload,
+static int fb_begin(void *self, uint8_t *arena, uint64_t arena_bytes, const uint8_t *payload,
                     size_t payload_bytes, kb_errbuf *eb)
 {
     (void)self; (void)arena; (void)arena_bytes; (void)payload; (void)payload_bytes; (void)eb;

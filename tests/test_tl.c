@@ -942,6 +942,140 @@ static void test_device_none(void **state)
     free(io_ref);
 }
 
+/* ---- host writes from fills ---- */
+
+#define WIDE 70000 /* > the 65 536 values a generator is asked for at once */
+
+typedef struct fill_io {
+    int64_t calls, values, max_piece; /* what the generator was asked for */
+    kb_time dt[3];                    /* durations: fill, array, copy_from_fill */
+    int bad_rc, read_rc;
+    float a[60], b[60], a2[60];
+    float *wide, *square;             /* 3 x WIDE, 300 x 300 */
+} fill_io;
+
+/* Source element (r, c): multiples of 1/4 below 256, exact in f16. */
+static float src_val(int64_t r, int64_t c)
+{
+    return (float)((r * 7 + c * 3) % 2048 - 1024) / 4.0f;
+}
+
+static void gen_fill(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols, float *out)
+{
+    fill_io *io = ud;
+    io->calls++;
+    io->values += rows * cols;
+    if (rows * cols > io->max_piece)
+        io->max_piece = rows * cols;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++)
+            out[i * cols + j] = src_val(row + i, col + j);
+}
+
+static int h_fill(kb_ctx *ctx, void *arg)
+{
+    fill_io *io = arg;
+    kb_dp_policy grid = kb_dp(KB_DP_ROW_WISE, KB_DP_COLUMN_WISE, 0, 0);
+    kb_dp_policy everywhere = kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 0, 0);
+    kb_tensor_desc d = desc("a", 6, 10, KB_F32, grid), dw = desc("wide", 3, WIDE, KB_F16, everywhere),
+                   ds = desc("square", 300, 300, KB_F16, on_pe0());
+    kb_fill gen = { gen_fill, io, NULL, 0, 0, 0 }, none = { NULL, NULL, NULL, 0, 0, 0 };
+    kb_fill at = kb_fill_at(gen, 2, 5); /* element (r, c) is source (2 + r, 5 + c) */
+    float arr[6 * 10];
+    kb_tensor *a, *b, *w, *sq, *bad = NULL;
+    kb_time t;
+    int rc;
+
+    for (int r = 0; r < 6; r++)
+        for (int c = 0; c < 10; c++)
+            arr[r * 10 + c] = src_val(2 + r, 5 + c);
+    t = kbt_ctx_now(ctx);
+    if ((rc = kb_tensor_from_fill(ctx, &d, &at, &a)) != 0)
+        return rc;
+    io->dt[0] = kbt_ctx_now(ctx) - t;
+    t = kbt_ctx_now(ctx);
+    if ((rc = kb_tensor_from_host(ctx, &d, arr, &b)) != 0)
+        return rc;
+    io->dt[1] = kbt_ctx_now(ctx) - t;
+    if ((rc = kb_tensor_from_fill(ctx, &dw, &gen, &w)) != 0 ||
+        (rc = kb_tensor_from_fill(ctx, &ds, &gen, &sq)) != 0)
+        return rc;
+    io->bad_rc = kb_tensor_from_fill(ctx, &d, &none, &bad);
+    if (bad)
+        return KB_ERR_STATE;
+    if (!kb_ctx_recording(ctx)) {
+        t = kbt_ctx_now(ctx);
+        rc = kb_tensor_copy_from_fill(a, &gen);
+        io->dt[2] = kbt_ctx_now(ctx) - t;
+        return rc;
+    }
+    if ((io->read_rc = kb_tensor_read(a, io->a)) != 0 || (rc = kb_tensor_read(b, io->b)) != 0 ||
+        (rc = kb_tensor_read(w, io->wide)) != 0 || (rc = kb_tensor_read(sq, io->square)) != 0)
+        return io->read_rc ? io->read_rc : rc;
+    t = kbt_ctx_now(ctx);
+    if ((rc = kb_tensor_copy_from_fill(a, &gen)) != 0)
+        return rc;
+    io->dt[2] = kbt_ctx_now(ctx) - t;
+    return kb_tensor_read(a, io->a2);
+}
+
+/*
+ * A fill (generator or array, moved into its source by kb_fill_at) writes what the equivalent
+ * array writes, in the same simulated time; the generator is asked for each distinct block
+ * once (replicas share it), in pieces of at most 65 536 values, rows or parts of a row; a
+ * fill with no values is refused. Without recording the generator is never called and the
+ * context keeps nothing: no record, no payload, no memory-store page.
+ */
+static void test_fill_sources(void **state)
+{
+    kb_ctx *ctx = make_ctx(), *none = make_ctx_with(KB_DEV_NONE, NULL);
+    fill_io *io = calloc(1, sizeof *io), *ion = calloc(1, sizeof *ion);
+    (void)state;
+    assert_non_null(io);
+    assert_non_null(ion);
+    io->wide = malloc(sizeof(float) * 3 * WIDE);
+    io->square = malloc(sizeof(float) * 300 * 300);
+    assert_non_null(io->wide);
+    assert_non_null(io->square);
+    assert_int_equal(kb_ctx_run_host(ctx, h_fill, io), 0);
+    assert_int_equal(io->read_rc, 0);
+    assert_int_equal(io->bad_rc, KB_ERR_INVAL);
+    assert_memory_equal(io->a, io->b, sizeof io->a);
+    for (int r = 0; r < 6; r++)
+        for (int c = 0; c < 10; c++) {
+            assert_true(io->a[r * 10 + c] == src_val(2 + r, 5 + c));
+            assert_true(io->a2[r * 10 + c] == src_val(r, c));
+        }
+    for (int64_t r = 0; r < 3; r++)
+        for (int64_t c = 0; c < WIDE; c += 997)
+            assert_true(io->wide[r * WIDE + c] == src_val(r, c));
+    assert_true(io->wide[3 * WIDE - 1] == src_val(2, WIDE - 1));
+    for (int64_t k = 0; k < 300 * 300; k++)
+        assert_true(io->square[k] == src_val(k / 300, k % 300));
+    /* a's 8 blocks twice (60 values each time), wide's one block once for 8 replicas (in
+     * rows split in two pieces), square's in two pieces of whole rows */
+    assert_int_equal(io->values, 60 + 3 * WIDE + 300 * 300 + 60);
+    assert_int_equal(io->calls, 8 + 3 * 2 + 2 + 8);
+    assert_int_equal(io->max_piece, 65536); /* wide: 65 536 + 4 464 values a row */
+    assert_int_equal(io->dt[0], io->dt[1]);
+
+    assert_int_equal(kb_ctx_run_host(none, h_fill, ion), 0);
+    assert_int_equal(ion->calls, 0);
+    assert_int_equal(ion->bad_rc, KB_ERR_INVAL);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(ion->dt[i], io->dt[i]);
+    assert_int_equal(kb_oplog_count(kb_ctx_oplog(none)), 0);
+    assert_int_equal(kb_oplog_payload_size(kb_ctx_oplog(none)), 0);
+    assert_int_equal(kb_memstore_pages(kb_ctx_memstore(none)), 0);
+    assert_true(kb_oplog_payload_size(kb_ctx_oplog(ctx)) > 0);
+    kb_ctx_destroy(ctx);
+    kb_ctx_destroy(none);
+    free(io->wide);
+    free(io->square);
+    free(io);
+    free(ion);
+}
+
 static int h_host_times(kb_ctx *ctx, void *arg)
 {
     probe *p = arg;
@@ -1000,6 +1134,7 @@ int main(void)
         cmocka_unit_test(test_err_too_big),
         cmocka_unit_test(test_scatter_gather_2d),
         cmocka_unit_test(test_device_none),
+        cmocka_unit_test(test_fill_sources),
         cmocka_unit_test(test_host_write_read_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

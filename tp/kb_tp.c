@@ -60,18 +60,17 @@ void kb_tp_pick_pes(const kb_machine *m, int64_t n, int *cubes, int *pes)
 }
 
 static int make(kb_ctx *ctx, const char *name, int64_t rows, int64_t cols, kb_dp_policy dp,
-                const float *data, kb_tensor **out)
+                const kb_fill *src, kb_tensor **out)
 {
     kb_tensor_desc d = { name, rows, cols, KB_F16, dp, KB_MEM_HBM };
-    return data ? kb_tensor_from_host(ctx, &d, data, out) : kb_tensor_empty(ctx, &d, out);
+    return src ? kb_tensor_from_fill(ctx, &d, src, out) : kb_tensor_empty(ctx, &d, out);
 }
 
-static int linear(kb_ctx *ctx, int column, int64_t in, int64_t out, const float *w_full,
-                  const float *b_full, kb_tp_linear *lin)
+static int linear(kb_ctx *ctx, int column, int64_t in, int64_t out, const kb_fill *w_full,
+                  const kb_fill *b_full, kb_tp_linear *lin)
 {
     int ws = kb_tp_world_size(ctx), r = kb_tp_get_rank(ctx), rc = 0;
     int64_t split = column ? out : in;
-    float *w = NULL;
 
     memset(lin, 0, sizeof *lin);
     if (ws < 1 || r < 0)
@@ -90,44 +89,61 @@ static int linear(kb_ctx *ctx, int column, int64_t in, int64_t out, const float 
                    &lin->pes);
     /* the kernels split the sliced dimension evenly over the layer's PEs */
     assert((column ? lin->local_out : lin->local_in) % (lin->cubes * lin->pes) == 0);
-    w = malloc(sizeof(float) * (size_t)(lin->local_in * lin->local_out));
-    if (!w)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-    for (int64_t i = 0; i < lin->local_in; i++)
-        for (int64_t j = 0; j < lin->local_out; j++)
-            w[i * lin->local_out + j] =
-                column ? w_full[i * out + (int64_t)r * lin->local_out + j]
-                       : w_full[((int64_t)r * lin->local_in + i) * out + j];
+    /* the rank's slice, read through the fill (only when the write records) */
+    kb_fill w = column ? kb_fill_at(*w_full, 0, (int64_t)r * lin->local_out)
+                       : kb_fill_at(*w_full, (int64_t)r * lin->local_in, 0);
     kb_dp_policy dp = column ? kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, lin->cubes, lin->pes)
                              : kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, lin->cubes, lin->pes);
-    rc = make(ctx, column ? "w_col" : "w_row", lin->local_in, lin->local_out, dp, w, &lin->w);
-    if (rc == 0 && b_full)
+    rc = make(ctx, column ? "w_col" : "w_row", lin->local_in, lin->local_out, dp, &w, &lin->w);
+    if (rc == 0 && b_full) {
         /* column: the rank's bias slice split like W's columns; row: the full bias, replicated */
+        kb_fill b = column ? kb_fill_at(*b_full, 0, (int64_t)r * lin->local_out) : *b_full;
         rc = column ? make(ctx, "b_col", 1, lin->local_out,
                            kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, lin->cubes, lin->pes),
-                           b_full + (int64_t)r * lin->local_out, &lin->b)
+                           &b, &lin->b)
                     : make(ctx, "b_row", 1, out, kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 0, 0),
-                           b_full, &lin->b);
-    free(w);
+                           &b, &lin->b);
+    }
     return rc;
+}
+
+int kb_tp_column_linear_fill(kb_ctx *ctx, int64_t in, int64_t out, const kb_fill *w_full,
+                             const kb_fill *b_full, kb_tp_linear *lin)
+{
+    return linear(ctx, 1, in, out, w_full, b_full, lin);
+}
+
+int kb_tp_row_linear_fill(kb_ctx *ctx, int64_t in, int64_t out, const kb_fill *w_full,
+                          const kb_fill *b_full, kb_tp_linear *lin)
+{
+    return linear(ctx, 0, in, out, w_full, b_full, lin);
+}
+
+int kb_tp_input_fill(kb_ctx *ctx, const kb_tp_linear *lin, int64_t m, const kb_fill *x,
+                     kb_tensor **out)
+{
+    return make(ctx, "x", m, lin->local_in,
+                kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, lin->cubes, lin->pes), x, out);
 }
 
 int kb_tp_column_linear(kb_ctx *ctx, int64_t in, int64_t out, const float *w_full,
                         const float *b_full, kb_tp_linear *lin)
 {
-    return linear(ctx, 1, in, out, w_full, b_full, lin);
+    kb_fill w = kb_fill_array(w_full, out), b = kb_fill_array(b_full, out);
+    return linear(ctx, 1, in, out, &w, b_full ? &b : NULL, lin);
 }
 
 int kb_tp_row_linear(kb_ctx *ctx, int64_t in, int64_t out, const float *w_full,
                      const float *b_full, kb_tp_linear *lin)
 {
-    return linear(ctx, 0, in, out, w_full, b_full, lin);
+    kb_fill w = kb_fill_array(w_full, out), b = kb_fill_array(b_full, out);
+    return linear(ctx, 0, in, out, &w, b_full ? &b : NULL, lin);
 }
 
 int kb_tp_input(kb_ctx *ctx, const kb_tp_linear *lin, int64_t m, const float *x, kb_tensor **out)
 {
-    return make(ctx, "x", m, lin->local_in,
-                kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, lin->cubes, lin->pes), x, out);
+    kb_fill f = kb_fill_array(x, lin->local_in);
+    return kb_tp_input_fill(ctx, lin, m, x ? &f : NULL, out);
 }
 
 /* ---- kernels (PE index j = cube * pes + pe within the layer's grid) ---- */

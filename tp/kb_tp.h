@@ -43,6 +43,16 @@ int kb_tp_row_linear(kb_ctx *ctx, int64_t in, int64_t out, const float *w_full,
 /* A tensor of m rows replicated on the PEs a column-parallel layer uses (its input x). */
 int kb_tp_input(kb_ctx *ctx, const kb_tp_linear *lin, int64_t m, const float *x, kb_tensor **out);
 
+/* The same with the values as fills (kb_runtime.h: element (i, j) of the full weight, bias
+ * (1 x out) or input is the fill's (i, j)): the rank's slice is read through the fill, only
+ * when the context records, so a timing-only run never builds or slices a weight. */
+int kb_tp_column_linear_fill(kb_ctx *ctx, int64_t in, int64_t out, const kb_fill *w_full,
+                             const kb_fill *b_full, kb_tp_linear *lin);
+int kb_tp_row_linear_fill(kb_ctx *ctx, int64_t in, int64_t out, const kb_fill *w_full,
+                          const kb_fill *b_full, kb_tp_linear *lin);
+int kb_tp_input_fill(kb_ctx *ctx, const kb_tp_linear *lin, int64_t m, const kb_fill *x,
+                     kb_tensor **out);
+
 /* y_local (m x local_out, column-wise over lin's PEs) = x @ W + b, then GeLU if gelu. */
 int kb_tp_column_forward(kb_ctx *ctx, const kb_tp_linear *lin, kb_tensor *x, int gelu,
                          kb_tensor **y_local);

@@ -5,11 +5,13 @@
  * rank = SIP process group (one rank per SIP, one tile per shard). Every tile is filled with
  * kb_ccl_inputs' seeded position-dependent values, so an element that lands in the wrong place
  * fails; --verify-data compares every element with the algorithm's host reference rounded to
- * f16 (kb_ccl_verify: bit for bit while the partial sums are exact). The values never change
- * the host writes' sizes or order, hence never the simulated time. The tile length is ccl.yaml's
- * n_elem, or comes from --size (nccl-tests' size of the algorithm's kind, kb_bench_coll_count,
- * split over a rank's shards). Reports size_bytes (nccl-tests' size), algbw = size_bytes / time
- * and nccl-tests' busbw = algbw * the factor of the algorithm's collective kind.
+ * f16 (kb_ccl_verify_inputs: bit for bit while the partial sums are exact). The values never
+ * change the host writes' sizes or order, hence never the simulated time, and are computed
+ * only when the run records: a timing-only run holds nothing proportional to the tiles. The
+ * tile length is ccl.yaml's n_elem, or comes from --size (nccl-tests' size of the algorithm's
+ * kind, kb_bench_coll_count, split over a rank's shards). Reports size_bytes (nccl-tests'
+ * size), algbw = size_bytes / time, nccl-tests' busbw = algbw * the factor of the algorithm's
+ * collective kind, and (rank = PE) busbw_bound_gbps, the slowest link of its topology.
  *
  * ipcq_deadlock bench — the same install on a ring, with a kernel in which every PE only
  * receives: the run must end in a deadlock report with every queue pair's pointers.
@@ -116,6 +118,21 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
                               force_topo ? force_topo : entry->topology, ws, n, &icfg, NULL);
 }
 
+/* Rank `rank`'s tensor (shards x n; row s = input tile rank * shards + s), computed only
+ * when the host write records. */
+typedef struct dist_src {
+    int64_t tile0, n;
+} dist_src;
+
+static void dist_fill(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols,
+                      float *out)
+{
+    const dist_src *ds = ud;
+    for (int64_t r = 0; r < rows; r++)
+        kb_ccl_input_span(out + r * cols, KB_CCL_INPUT_SEED, ds->tile0 + row + r, col, cols,
+                          ds->n);
+}
+
 /* One rank of the rank = SIP run: bind, join, fill (shard s of rank r is input tile
  * r * shards + s), all-reduce. */
 static int dist_worker(kb_ctx *ctx, int rank, void *arg)
@@ -127,12 +144,9 @@ static int dist_worker(kb_ctx *ctx, int rank, void *arg)
         return rc;
     shards = kb_dist_shards_per_rank(ctx);
     kb_tensor_desc d = { "tiles", shards, st->n, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
-    float *data = malloc(sizeof(float) * (size_t)(shards * st->n));
-    if (!data)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-    kb_ccl_inputs(data, KB_CCL_INPUT_SEED, (int64_t)rank * shards, shards, st->n);
-    rc = kb_tensor_from_host(ctx, &d, data, &st->t[rank]);
-    free(data);
+    dist_src ds = { (int64_t)rank * shards, st->n };
+    kb_fill fill = { dist_fill, &ds, NULL, 0, 0, 0 };
+    rc = kb_tensor_from_fill(ctx, &d, &fill, &st->t[rank]);
     if (rc == 0)
         rc = kb_dist_barrier(ctx);
     if (rc)
@@ -188,26 +202,21 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
 
 /*
  * Compares ntiles result tiles (raw f16, tile-major; `per_rank` tiles per rank) with `ref` of
- * the inputs the bench fed and fills the result: "<tiles> OK", the digest of the raw bytes,
- * the worst error and, on failure, the mean line and the first wrong element.
+ * the inputs the bench fed (kb_ccl_verify_inputs: computed in column blocks, never held
+ * whole) and fills the result: "<tiles> OK", the digest of the raw bytes, the worst error
+ * and, on failure, the mean line and the first wrong element.
  */
 static int check_tiles(kb_ctx *ctx, kb_bench_result *res, kb_ccl_ref_fn ref, kb_coll_kind kind,
                        const uint16_t *raw, int ntiles, int per_rank, int64_t n)
 {
     size_t total = (size_t)ntiles * (size_t)n;
-    float *in = malloc(total * sizeof *in);
-    double *want = malloc(total * sizeof *want);
     kb_ccl_verdict v;
-    int rc = 0;
-
-    if (!in || !want) {
-        rc = kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-        goto out;
-    }
-    kb_ccl_inputs(in, KB_CCL_INPUT_SEED, 0, ntiles, n);
-    ref(in, ntiles, n, want);
-    res->verified = kb_ccl_verify(KB_F16, raw, want, ntiles, n,
+    int ok = kb_ccl_verify_inputs(KB_F16, raw, ref, kind, KB_CCL_INPUT_SEED, ntiles, n,
                                   kb_ccl_input_acc_bound(kind, ntiles), &v);
+
+    if (ok < 0)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    res->verified = ok;
     res->digest = kb_fnv1a64(raw, total * 2, KB_FNV1A64_INIT);
     res->have_digest = 1;
     res->have_err = 1;
@@ -225,10 +234,7 @@ static int check_tiles(kb_ctx *ctx, kb_bench_result *res, kb_ccl_ref_fn ref, kb_
                  ntiles, per_rank > 1 ? "shards" : "ranks", r, where,
                  (long long)v.first_bad_elem, v.first_got, v.first_want);
     }
-out:
-    free(in);
-    free(want);
-    return rc;
+    return 0;
 }
 
 /* rank = SIP: every shard of every rank against the process group algorithm's reference. */

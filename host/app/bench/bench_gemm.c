@@ -11,8 +11,11 @@
 
 enum { P_M, P_K, P_N };
 
+/* A and B: kb_bench_pattern values, written through fills (built only when recording) */
+static const kb_bench_pat pat_a = { 1, 8, 16.0f, 0, 0 }, pat_b = { 2, 8, 16.0f, 0, 0 };
+
 typedef struct gemm_state {
-    float *a, *b;
+    float *a, *b; /* verify only */
     kb_tensor *c;
 } gemm_state;
 
@@ -35,16 +38,14 @@ static int gemm_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_benc
     kb_tensor_desc dc = { "c", M, N, KB_F16, one, KB_MEM_HBM };
     kb_tensor *ta, *tb;
     kb_kargs ka = { { 0 }, { M, K, N }, { 0 } };
+    kb_bench_pat pa = pat_a, pb = pat_b;
     int rc;
 
-    st->a = malloc(sizeof(float) * (size_t)(M * K));
-    st->b = malloc(sizeof(float) * (size_t)(K * N));
-    if (!st->a || !st->b)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-    kb_bench_pattern(st->a, (size_t)(M * K), 1, 8, 16.0f);
-    kb_bench_pattern(st->b, (size_t)(K * N), 2, 8, 16.0f);
-    if ((rc = kb_tensor_from_host(ctx, &da, st->a, &ta)) != 0 ||
-        (rc = kb_tensor_from_host(ctx, &db, st->b, &tb)) != 0 ||
+    pa.ld = K;
+    pb.ld = N;
+    kb_fill fa = kb_bench_pattern_fill(&pa), fb = kb_bench_pattern_fill(&pb);
+    if ((rc = kb_tensor_from_fill(ctx, &da, &fa, &ta)) != 0 ||
+        (rc = kb_tensor_from_fill(ctx, &db, &fb, &tb)) != 0 ||
         (rc = kb_tensor_empty(ctx, &dc, &st->c)) != 0)
         return rc;
     ka.ptr[0] = kb_tensor_va(ta);
@@ -71,10 +72,14 @@ static int gemm_verify(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_b
     double *ref = malloc(sizeof(double) * M * N), *bound = malloc(sizeof(double) * M * N);
     int rc = KB_ERR_NOMEM;
 
-    if (!got || !raw || !ref || !bound) {
+    st->a = malloc(sizeof(float) * M * K);
+    st->b = malloc(sizeof(float) * K * N);
+    if (!got || !raw || !ref || !bound || !st->a || !st->b) {
         kb_err_set(kb_ctx_err(ctx), rc, "out of memory");
         goto out;
     }
+    kb_bench_pattern(st->a, M * K, pat_a.seed, pat_a.range, pat_a.den);
+    kb_bench_pattern(st->b, K * N, pat_b.seed, pat_b.range, pat_b.den);
     if ((rc = kb_tensor_read_raw(st->c, raw)) != 0)
         goto out;
     for (size_t i = 0; i < M * N; i++)

@@ -13,8 +13,14 @@
 
 enum { P_M, P_D };
 
+/* X and W_Q/W_K/W_V: kb_bench_pattern values, written through fills (built only when
+ * recording) */
+static const kb_bench_pat pat_x = { 10, 16, 16.0f, 0, 0 };
+static const kb_bench_pat pat_w[3] = { { 11, 32, 64.0f, 0, 0 }, { 12, 32, 64.0f, 0, 0 },
+                                       { 13, 32, 64.0f, 0, 0 } };
+
 typedef struct qkv_state {
-    float *x, *w[3];
+    float *x, *w[3]; /* verify only */
     kb_tensor *out[3];
 } qkv_state;
 
@@ -49,21 +55,19 @@ static int qkv_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_bench
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_USAGE,
                           "gpt3_qkv: d_model=%lld must be a multiple of the SIP's %lld PEs",
                           (long long)D, (long long)parts);
-    st->x = malloc(sizeof(float) * (size_t)(M * D));
-    if (!st->x)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-    kb_bench_pattern(st->x, (size_t)(M * D), 10, 16, 16.0f);
-    if ((rc = kb_tensor_from_host(ctx, &dx, st->x, &tx)) != 0)
+    kb_bench_pat px = pat_x;
+    px.ld = D;
+    kb_fill fx = kb_bench_pattern_fill(&px);
+    if ((rc = kb_tensor_from_fill(ctx, &dx, &fx, &tx)) != 0)
         return rc;
     ka.ptr[0] = kb_tensor_va(tx);
     for (int j = 0; j < 3; j++) {
         kb_tensor_desc dw = { wn[j], D, D, KB_F16, col, KB_MEM_HBM };
         kb_tensor_desc dout = { on[j], M, D, KB_F16, col, KB_MEM_HBM };
-        st->w[j] = malloc(sizeof(float) * (size_t)(D * D));
-        if (!st->w[j])
-            return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-        kb_bench_pattern(st->w[j], (size_t)(D * D), 11 + (uint32_t)j, 32, 64.0f);
-        if ((rc = kb_tensor_from_host(ctx, &dw, st->w[j], &tw)) != 0 ||
+        kb_bench_pat pw = pat_w[j];
+        pw.ld = D;
+        kb_fill fw = kb_bench_pattern_fill(&pw);
+        if ((rc = kb_tensor_from_fill(ctx, &dw, &fw, &tw)) != 0 ||
             (rc = kb_tensor_empty(ctx, &dout, &st->out[j])) != 0)
             return rc;
         ka.ptr[1 + j] = kb_tensor_va(tw);
@@ -92,10 +96,16 @@ static int qkv_verify(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_be
     uint64_t h = KB_FNV1A64_INIT;
     int rc = 0;
 
-    if (!raw || !got || !ref || !bound) {
+    st->x = malloc(sizeof(float) * n);
+    for (int j = 0; j < 3; j++)
+        st->w[j] = malloc(sizeof(float) * D * D);
+    if (!raw || !got || !ref || !bound || !st->x || !st->w[0] || !st->w[1] || !st->w[2]) {
         rc = kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
         goto out;
     }
+    kb_bench_pattern(st->x, n, pat_x.seed, pat_x.range, pat_x.den);
+    for (int j = 0; j < 3; j++)
+        kb_bench_pattern(st->w[j], D * D, pat_w[j].seed, pat_w[j].range, pat_w[j].den);
     res->verified = 1;
     for (int j = 0; j < 3; j++) {
         if ((rc = kb_tensor_read_raw(st->out[j], raw)) != 0)

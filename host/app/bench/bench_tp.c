@@ -22,9 +22,21 @@
 #include "kb_tl.h"
 #include "kb_tp.h"
 
+/* The benches' inputs: kb_bench_pattern(seed, range, den) matrices. The runs write them
+ * through fills (nothing is built unless the run records); verify builds the arrays the host
+ * reference needs. */
+enum { MLP_X, MLP_W1, MLP_B1, MLP_W2, MLP_B2, ATT_X, ATT_WQ, ATT_WK, ATT_WV, ATT_WO, ATT_BO, NPAT };
+static const struct { uint32_t seed; int range; float den; } pats[NPAT] = {
+    [MLP_X] = { 21, 16, 16.0f }, [MLP_W1] = { 22, 8, 64.0f }, [MLP_B1] = { 23, 8, 16.0f },
+    [MLP_W2] = { 24, 8, 64.0f }, [MLP_B2] = { 25, 8, 16.0f },
+    [ATT_X] = { 31, 16, 16.0f }, [ATT_WQ] = { 32, 8, 64.0f }, [ATT_WK] = { 33, 8, 64.0f },
+    [ATT_WV] = { 34, 8, 64.0f }, [ATT_WO] = { 35, 8, 64.0f }, [ATT_BO] = { 36, 8, 16.0f },
+};
+
 typedef struct tp_state {
     int ws;
     int64_t m, d, hid, heads;
+    /* verify only: */
     float *x, *w1, *b1, *w2, *b2;          /* mlp (w1: d x hid, w2: hid x d) */
     float *wq, *wk, *wv, *wo, *bo;        /* attention (d x d each, bo: d) */
     kb_tensor *y[KB_MAX_GSIPS];
@@ -40,11 +52,18 @@ static void tp_cleanup(void *p)
         free(all[i]);
 }
 
-static float *pattern(size_t n, uint32_t seed, int range, float den)
+static float *pattern(size_t n, int which)
 {
     float *p = malloc(sizeof(float) * (n ? n : 1));
     if (p)
-        kb_bench_pattern(p, n, seed, range, den);
+        kb_bench_pattern(p, n, pats[which].seed, pats[which].range, pats[which].den);
+    return p;
+}
+
+/* Pattern `which` as a rows x ld matrix (transposed view with transpose). */
+static kb_bench_pat pat(int which, int64_t ld, int transpose)
+{
+    kb_bench_pat p = { pats[which].seed, pats[which].range, pats[which].den, ld, transpose };
     return p;
 }
 
@@ -84,11 +103,17 @@ static int mlp_worker(kb_ctx *ctx, int rank, void *arg)
     tp_state *st = arg;
     kb_tp_linear fc1, fc2;
     kb_tensor *x, *h;
+    kb_bench_pat px = pat(MLP_X, st->d, 0), pw1 = pat(MLP_W1, st->hid, 0),
+                 pb1 = pat(MLP_B1, st->hid, 0), pw2 = pat(MLP_W2, st->d, 0),
+                 pb2 = pat(MLP_B2, st->d, 0);
+    kb_fill fx = kb_bench_pattern_fill(&px), fw1 = kb_bench_pattern_fill(&pw1),
+            fb1 = kb_bench_pattern_fill(&pb1), fw2 = kb_bench_pattern_fill(&pw2),
+            fb2 = kb_bench_pattern_fill(&pb2);
     int rc;
     if ((rc = tp_begin(ctx, st, rank)) != 0 ||
-        (rc = kb_tp_column_linear(ctx, st->d, st->hid, st->w1, st->b1, &fc1)) != 0 ||
-        (rc = kb_tp_row_linear(ctx, st->hid, st->d, st->w2, st->b2, &fc2)) != 0 ||
-        (rc = kb_tp_input(ctx, &fc1, st->m, st->x, &x)) != 0 ||
+        (rc = kb_tp_column_linear_fill(ctx, st->d, st->hid, &fw1, &fb1, &fc1)) != 0 ||
+        (rc = kb_tp_row_linear_fill(ctx, st->hid, st->d, &fw2, &fb2, &fc2)) != 0 ||
+        (rc = kb_tp_input_fill(ctx, &fc1, st->m, &fx, &x)) != 0 ||
         (rc = tp_mark(ctx, st, rank, 0)) != 0)
         return rc;
     kb_time c0 = kb_dist_comm_time(ctx);
@@ -167,13 +192,6 @@ static int mlp_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
     st->d = a->p[1];
     st->hid = a->p[2];
     st->res = res;
-    st->x = pattern((size_t)(st->m * st->d), 21, 16, 16.0f);
-    st->w1 = pattern((size_t)(st->d * st->hid), 22, 8, 64.0f);
-    st->b1 = pattern((size_t)st->hid, 23, 8, 16.0f);
-    st->w2 = pattern((size_t)(st->hid * st->d), 24, 8, 64.0f);
-    st->b2 = pattern((size_t)st->d, 25, 8, 16.0f);
-    if (!st->x || !st->w1 || !st->b1 || !st->w2 || !st->b2)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
     snprintf(res->line, sizeof res->line, "  tp_mlp (tp=%d, m=%lld d=%lld hidden=%lld)", st->ws,
              (long long)st->m, (long long)st->d, (long long)st->hid);
     if ((rc = kb_spawn(ctx, mlp_worker, st, st->ws)) != 0)
@@ -190,7 +208,12 @@ static int mlp_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
            *bound = malloc(sizeof(double) * M * D);
     int rc;
     (void)a;
-    if (!h || !ref || !bound) {
+    st->x = pattern(M * D, MLP_X);
+    st->w1 = pattern(D * H, MLP_W1);
+    st->b1 = pattern(H, MLP_B1);
+    st->w2 = pattern(H * D, MLP_W2);
+    st->b2 = pattern(D, MLP_B2);
+    if (!h || !ref || !bound || !st->x || !st->w1 || !st->b1 || !st->w2 || !st->b2) {
         free(h), free(ref), free(bound);
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
     }
@@ -250,9 +273,6 @@ static int attn_worker(kb_ctx *ctx, int rank, void *arg)
     int64_t S = st->m, d = st->d, H = st->heads, dh = d / H, Hr = H / st->ws;
     int cubes, pes, rc;
     kb_tensor *x, *xT, *wq, *wk, *wv, *wo, *bo, *partial;
-    float *buf = malloc(sizeof(float) * (size_t)(d * (Hr * dh > S ? Hr * dh : S)));
-    if (!buf)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
     kb_tp_pick_pes(m, Hr, &cubes, &pes);
     if ((rc = tp_begin(ctx, st, rank)) != 0)
         goto out;
@@ -260,37 +280,30 @@ static int attn_worker(kb_ctx *ctx, int rank, void *arg)
     kb_dp_policy col = kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, cubes, pes);
     kb_dp_policy row = kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, cubes, pes);
     int64_t c0 = (int64_t)rank * Hr * dh, lc = Hr * dh;
-#define MAKE(name, r, c, dp, data, dst)                                                   \
+    /* x and its transpose; the rank's heads: columns [c0, c0 + lc) of Wq and Wv, the same
+     * columns of Wk as rows of Wk^T, rows [c0, c0 + lc) of Wo */
+    kb_bench_pat px = pat(ATT_X, d, 0), pxT = pat(ATT_X, d, 1), pq = pat(ATT_WQ, d, 0),
+                 pv = pat(ATT_WV, d, 0), pkT = pat(ATT_WK, d, 1), po = pat(ATT_WO, d, 0),
+                 pbo = pat(ATT_BO, d, 0);
+    kb_fill fx = kb_bench_pattern_fill(&px), fxT = kb_bench_pattern_fill(&pxT),
+            fq = kb_fill_at(kb_bench_pattern_fill(&pq), 0, c0),
+            fv = kb_fill_at(kb_bench_pattern_fill(&pv), 0, c0),
+            fkT = kb_fill_at(kb_bench_pattern_fill(&pkT), c0, 0),
+            fo = kb_fill_at(kb_bench_pattern_fill(&po), c0, 0), fbo = kb_bench_pattern_fill(&pbo);
+#define MAKE(name, r, c, dp, src, dst)                                                    \
     do {                                                                                  \
         kb_tensor_desc desc_ = { name, r, c, KB_F16, dp, KB_MEM_HBM };                     \
-        if ((rc = kb_tensor_from_host(ctx, &desc_, data, dst)) != 0)                      \
+        if ((rc = kb_tensor_from_fill(ctx, &desc_, src, dst)) != 0)                       \
             goto out;                                                                     \
     } while (0)
-    MAKE("x", S, d, rep, st->x, &x);
-    for (int64_t i = 0; i < d; i++)
-        for (int64_t t = 0; t < S; t++)
-            buf[i * S + t] = st->x[t * d + i];
-    MAKE("xT", d, S, rep, buf, &xT);
-    /* column slices of Wq / Wv: the rank's heads */
-    for (int64_t i = 0; i < d; i++)
-        for (int64_t c = 0; c < lc; c++)
-            buf[i * lc + c] = st->wq[i * d + c0 + c];
-    MAKE("wq", d, lc, col, buf, &wq);
-    for (int64_t i = 0; i < d; i++)
-        for (int64_t c = 0; c < lc; c++)
-            buf[i * lc + c] = st->wv[i * d + c0 + c];
-    MAKE("wv", d, lc, col, buf, &wv);
-    /* Wk^T rows for the rank's heads: row c of Wk^T is column c of Wk */
-    for (int64_t c = 0; c < lc; c++)
-        for (int64_t i = 0; i < d; i++)
-            buf[c * d + i] = st->wk[i * d + c0 + c];
-    MAKE("wkT", lc, d, row, buf, &wk);
-    MAKE("wo", lc, d, row, st->wo + c0 * d, &wo);
-    MAKE("bo", 1, d, kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 0, 0), st->bo, &bo);
+    MAKE("x", S, d, rep, &fx, &x);
+    MAKE("xT", d, S, rep, &fxT, &xT);
+    MAKE("wq", d, lc, col, &fq, &wq);
+    MAKE("wv", d, lc, col, &fv, &wv);
+    MAKE("wkT", lc, d, row, &fkT, &wk);
+    MAKE("wo", lc, d, row, &fo, &wo);
+    MAKE("bo", 1, d, kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 0, 0), &fbo, &bo);
 #undef MAKE
-    /* done with the staging buffer before anything that may not return (a failed run) */
-    free(buf);
-    buf = NULL;
     {
         kb_tensor_desc dp = { "partial", (int64_t)m->ncubes * m->npes * S, d, KB_F32,
                               kb_dist_policy(ctx), KB_MEM_HBM };
@@ -320,7 +333,6 @@ static int attn_worker(kb_ctx *ctx, int rank, void *arg)
         st->comm = kb_dist_comm_time(ctx) - t_comm0;
     rc = tp_mark(ctx, st, rank, 1);
 out:
-    free(buf);
     return rc;
 }
 
@@ -339,15 +351,6 @@ static int attn_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_r
                           "tp_attention: d=%lld must split into %lld heads, and the heads evenly "
                           "over %d ranks with at most one head per PE", (long long)st->d,
                           (long long)st->heads, st->ws);
-    size_t dd = (size_t)(st->d * st->d);
-    st->x = pattern((size_t)(st->m * st->d), 31, 16, 16.0f);
-    st->wq = pattern(dd, 32, 8, 64.0f);
-    st->wk = pattern(dd, 33, 8, 64.0f);
-    st->wv = pattern(dd, 34, 8, 64.0f);
-    st->wo = pattern(dd, 35, 8, 64.0f);
-    st->bo = pattern((size_t)st->d, 36, 8, 16.0f);
-    if (!st->x || !st->wq || !st->wk || !st->wv || !st->wo || !st->bo)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
     snprintf(res->line, sizeof res->line, "  tp_attention (tp=%d, seq=%lld d=%lld heads=%lld)",
              st->ws, (long long)st->m, (long long)st->d, (long long)st->heads);
     if ((rc = kb_spawn(ctx, attn_worker, st, st->ws)) != 0)
@@ -366,7 +369,14 @@ static int attn_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_benc
            *p = malloc(sizeof(double) * S);
     int rc = KB_ERR_NOMEM;
     (void)a;
-    if (!q || !k || !v || !o || !ref || !bound || !p) {
+    st->x = pattern(S * D, ATT_X);
+    st->wq = pattern(D * D, ATT_WQ);
+    st->wk = pattern(D * D, ATT_WK);
+    st->wv = pattern(D * D, ATT_WV);
+    st->wo = pattern(D * D, ATT_WO);
+    st->bo = pattern(D, ATT_BO);
+    if (!q || !k || !v || !o || !ref || !bound || !p || !st->x || !st->wq || !st->wk ||
+        !st->wv || !st->wo || !st->bo) {
         kb_err_set(kb_ctx_err(ctx), rc, "out of memory");
         goto out;
     }

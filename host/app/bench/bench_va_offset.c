@@ -13,8 +13,11 @@
 
 enum { P_M, P_K };
 
+/* src: kb_bench_pattern values, written through a fill (built only when recording) */
+static const kb_bench_pat pat_src = { 3, 1000, 64.0f, 0, 0 };
+
 typedef struct va_state {
-    float *src;
+    float *src; /* verify only */
     kb_tensor *tsrc, *tdst;
 } va_state;
 
@@ -43,11 +46,10 @@ static int va_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_bench_
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_USAGE,
                           "va_offset: k=%lld must be a multiple of the SIP's %lld PEs", (long long)K,
                           (long long)parts);
-    st->src = malloc(sizeof(float) * (size_t)(M * K));
-    if (!st->src)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-    kb_bench_pattern(st->src, (size_t)(M * K), 3, 1000, 64.0f);
-    if ((rc = kb_tensor_from_host(ctx, &ds, st->src, &st->tsrc)) != 0 ||
+    kb_bench_pat ps = pat_src;
+    ps.ld = K;
+    kb_fill fs = kb_bench_pattern_fill(&ps);
+    if ((rc = kb_tensor_from_fill(ctx, &ds, &fs, &st->tsrc)) != 0 ||
         (rc = kb_tensor_empty(ctx, &dd, &st->tdst)) != 0)
         return rc;
     ka.ptr[0] = kb_tensor_va(st->tsrc);
@@ -69,10 +71,12 @@ static int va_verify(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_ben
     uint16_t *got = malloc(2 * n), *want = malloc(2 * n);
     int rc = 0;
 
-    if (!got || !want) {
+    st->src = malloc(sizeof(float) * (n ? n : 1));
+    if (!got || !want || !st->src) {
         rc = kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
         goto out;
     }
+    kb_bench_pattern(st->src, n, pat_src.seed, pat_src.range, pat_src.den);
     if ((rc = kb_tensor_read_raw(st->tdst, got)) != 0)
         goto out;
     for (size_t i = 0; i < n; i++)

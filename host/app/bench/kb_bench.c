@@ -210,6 +210,8 @@ int kb_bench_execute(const kb_config *cfg, const kb_ccl_cfg *ccl, const kb_ctx_o
         }
     }
     rep->records = kb_oplog_count(kb_ctx_oplog(ctx));
+    rep->memstore_pages = kb_memstore_pages(kb_ctx_memstore(ctx));
+    rep->payload_bytes = kb_oplog_payload_size(kb_ctx_oplog(ctx));
     rep->replay = *kb_ctx_replay_stats(ctx);
 out:
     if (state && b->cleanup)
@@ -220,15 +222,36 @@ out:
     return rc;
 }
 
+float kb_bench_pattern_at(size_t i, uint32_t seed, int range, float den)
+{
+    uint32_t h = (uint32_t)i * 2654435761u ^ (seed * 0x9e3779b9u + 0x7f4a7c15u);
+    h ^= h >> 15;
+    h *= 0x2c1b3c6du;
+    h ^= h >> 12;
+    return (float)((int)(h % (uint32_t)(2 * range + 1)) - range) / den;
+}
+
 void kb_bench_pattern(float *x, size_t n, uint32_t seed, int range, float den)
 {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t h = (uint32_t)i * 2654435761u ^ (seed * 0x9e3779b9u + 0x7f4a7c15u);
-        h ^= h >> 15;
-        h *= 0x2c1b3c6du;
-        h ^= h >> 12;
-        x[i] = (float)((int)(h % (uint32_t)(2 * range + 1)) - range) / den;
-    }
+    for (size_t i = 0; i < n; i++)
+        x[i] = kb_bench_pattern_at(i, seed, range, den);
+}
+
+static void pattern_block(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols,
+                          float *out)
+{
+    const kb_bench_pat *p = ud;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            int64_t i = p->transpose ? (col + c) * p->ld + row + r : (row + r) * p->ld + col + c;
+            out[r * cols + c] = kb_bench_pattern_at((size_t)i, p->seed, p->range, p->den);
+        }
+}
+
+kb_fill kb_bench_pattern_fill(const kb_bench_pat *p)
+{
+    kb_fill f = { pattern_block, (void *)p, NULL, 0, 0, 0 };
+    return f;
 }
 
 void kb_bench_ref_gemm(const float *a, const float *b, size_t M, size_t N, size_t K, double *ref,

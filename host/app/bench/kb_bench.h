@@ -78,6 +78,9 @@ typedef struct kb_run_report {
     double sim_time_ns;   /* the bench's measured region */
     double sim_end_ns;    /* simulated time when the host program ended (the whole run) */
     uint64_t events, switches, kernels, records;
+    /* host memory the run's data took: memory-store pages and op-log payload bytes at its
+     * end (both 0 in a timing-only run) */
+    uint64_t memstore_pages, payload_bytes;
     kb_replay_stats replay;
     double wall_ms;
     double phase1_ms;  /* wall time inside the simulation (the host program and its kernels) */
@@ -143,16 +146,31 @@ extern const kb_bench kb_bench_ipcq_deadlock;
 extern const kb_bench kb_bench_tp_mlp;
 extern const kb_bench kb_bench_tp_attention;
 
-#endif
-
 /*
  * Deterministic test data: x[i] = (h(seed, i) mod (2*range + 1) - range) / den, small
  * integers over a power of two, so products and sums stay exact in f32 for the sizes the
  * benches use and the host reference is exact.
  */
 void kb_bench_pattern(float *x, size_t n, uint32_t seed, int range, float den);
+/* Its value x[i] alone. */
+float kb_bench_pattern_at(size_t i, uint32_t seed, int range, float den);
+/*
+ * A pattern as the values of a host write (kb_fill), computed only when the write records:
+ * element (r, c) is x[r * ld + c] of kb_bench_pattern(seed, range, den), or x[c * ld + r]
+ * with transpose (a transposed view). `p` must outlive the fill.
+ */
+typedef struct kb_bench_pat {
+    uint32_t seed;
+    int range;
+    float den;
+    int64_t ld;
+    int transpose;
+} kb_bench_pat;
+kb_fill kb_bench_pattern_fill(const kb_bench_pat *p);
 
 /* Reference gemm in double: ref (MxN) = a (MxK) @ b (KxN); bound[i] = K * 2^-24 * sum|a||b|
  * (the f32 accumulation error allowance). */
 void kb_bench_ref_gemm(const float *a, const float *b, size_t M, size_t N, size_t K, double *ref,
                        double *bound);
+
+#endif
