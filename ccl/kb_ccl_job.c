@@ -21,16 +21,13 @@ static void tiles_fill(void *ud, int64_t row, int64_t col, int64_t rows, int64_t
                        float *out)
 {
     const tiles_src *ts = ud;
-    (void)row;
-    for (int64_t k = 0; k < rows * cols;) {
-        int64_t q = col + k % cols, lr = q / ts->n, i = q % ts->n;
-        int64_t len = ts->n - i < cols - k % cols ? ts->n - i : cols - k % cols;
-        int64_t r = (int64_t)ts->sip * ts->rps + lr;
+    for (int64_t k = 0; k < rows; k++) {
+        int64_t r = (int64_t)ts->sip * ts->rps + row + k; /* row lr of SIP s: rank s*rps + lr */
         if (ts->inputs)
-            memcpy(out + k, ts->inputs + (size_t)(r * ts->n + i), sizeof(float) * (size_t)len);
+            memcpy(out + k * cols, ts->inputs + (size_t)(r * ts->n + col),
+                   sizeof(float) * (size_t)cols);
         else
-            kb_ccl_input_span(out + k, KB_CCL_INPUT_SEED, r, i, len, ts->n);
-        k += len;
+            kb_ccl_input_span(out + k * cols, KB_CCL_INPUT_SEED, r, col, cols, ts->n);
     }
 }
 
@@ -60,8 +57,11 @@ int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *imp
     tiles_src ts = { inputs, 0, rps, n };
     kb_fill fill = { tiles_fill, &ts, NULL, 0, 0, 0 };
     for (int s = 0; s < job->layout.sips && rc == 0; s++) {
-        kb_tensor_desc d = { "tiles", 1, n * rps, KB_F16,
-                             kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, job->layout.cubes,
+        /* one row per rank: row lr (rank s*rps + lr) on the lr-th PE of the grid, at the same
+         * VA offset lr*n*2 as a single row split by columns would give, without a 2^32-column
+         * limit on a SIP's tiles */
+        kb_tensor_desc d = { "tiles", rps, n, KB_F16,
+                             kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, job->layout.cubes,
                                    job->layout.pes), KB_MEM_HBM };
         ts.sip = s;
         if ((rc = kb_ctx_set_device(ctx, s)) == 0)

@@ -272,6 +272,14 @@ static void ccl_bench(const char *name, const char *module, const char *topo, in
     ccl_entry_run(name, module, topo, ws, n, KB_DEV_REF, 1, rep);
 }
 
+/* The default PE_DMA bandwidth, GB/s. */
+static double default_dma_gbps(void)
+{
+    kb_config c;
+    kb_config_defaults(&c);
+    return c.topo.dma_bandwidth_gbps;
+}
+
 static void test_ccl_verify_and_busbw(void **s)
 {
     static const struct { const char *module, *topo; int ws, n, ranks; kb_coll_kind k;
@@ -300,8 +308,24 @@ static void test_ccl_verify_and_busbw(void **s)
         assert_true(busbw == algbw * kb_coll_busbw_factor(cases[i].k, cases[i].ranks));
         if (cases[i].k == KB_COLL_SENDRECV) /* send/recv's busbw is its algbw */
             assert_true(busbw == algbw);
+        if (cases[i].ws > 0) {
+            /* inside one SIP the slowest resource of every link is the sender's PE_DMA */
+            double bound = extra(&rep, "busbw_bound_gbps");
+            assert_true(bound == default_dma_gbps());
+            assert_true(busbw <= bound);
+        }
         kb_run_report_fini(&rep);
     }
+    /* across SIPs the ring's slowest link is the inter-SIP link (100 GB/s by default) */
+    kb_run_report big;
+    ccl_entry_run("c", "ring_rsag_allreduce", "ring_1d", 256, 4096, KB_DEV_NONE, 0, &big);
+    {
+        kb_config c;
+        kb_config_defaults(&c);
+        assert_true(extra(&big, "busbw_bound_gbps") == c.topo.inter_sip.bandwidth_gbps);
+        assert_true(extra(&big, "busbw_gbps") <= extra(&big, "busbw_bound_gbps"));
+    }
+    kb_run_report_fini(&big);
     /* the seeded inputs pin the output bytes; they change no simulated time (the closed form
      * of test_ring_closed_form) */
     ccl_bench("c", "ring_allreduce", "ring_1d", 8, 32, &rep);

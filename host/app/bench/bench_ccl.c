@@ -197,6 +197,8 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
         return rc;
     kb_bench_mark_end(ctx, res);
     add_bw(res, job->impl->kind, job->layout.ws, job->n);
+    kb_bench_add_extra(res, "busbw_bound_gbps",
+                       kb_ccl_topo_bound_gbps(ctx, job->topo, &job->layout));
     return 0;
 }
 
