@@ -285,42 +285,6 @@ out:
     return rc;
 }
 
-static int fits(kb_tl *tl, kb_dir sd, kb_val v, kb_dir rd, kb_shape s, kb_dtype dt)
-{
-    uint64_t out = (uint64_t)v.rows * v.cols * kb_dtype_size((kb_dtype)v.dtype);
-    uint64_t in = (uint64_t)s.rows * s.cols * kb_dtype_size(dt);
-    return out <= tl_slot_size(tl, sd) && in <= tl_slot_size(tl, rd);
-}
-
-kb_val kb_ccl_sendrecv(kb_tl *tl, kb_dir sd, kb_val v, kb_val drop, kb_dir rd, kb_shape s,
-                       kb_dtype dt)
-{
-    if (fits(tl, sd, v, rd, s, dt)) {
-        tl_send(tl, sd, v);
-        if (drop.scratch)
-            tl_free(tl, drop);
-        return tl_recv(tl, rd, s, dt);
-    }
-    kb_ipcq_req *r = tl_recv_async(tl, rd, s, dt);
-    tl_send(tl, sd, v);
-    if (drop.scratch)
-        tl_free(tl, drop);
-    return tl_wait(tl, r);
-}
-
-void kb_ccl_sendrecv_into(kb_tl *tl, kb_dir sd, kb_val v, kb_dir rd, kb_va va, kb_shape s,
-                          kb_dtype dt)
-{
-    if (fits(tl, sd, v, rd, s, dt)) {
-        tl_send(tl, sd, v);
-        tl_recv_into(tl, rd, va, s, dt);
-        return;
-    }
-    kb_ipcq_req *r = tl_recv_into_async(tl, rd, va, s, dt);
-    tl_send(tl, sd, v);
-    tl_wait(tl, r);
-}
-
 int kb_ccl_rank(kb_tl *tl)
 {
     return (tl_program_id(tl, 2) * tl_num_programs(tl, 1) + tl_program_id(tl, 1)) *

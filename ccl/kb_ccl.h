@@ -159,13 +159,46 @@ kb_va kb_ccl_my_tile(kb_tl *tl, const kb_kargs *a);
  * their timing is unchanged. When either is longer, the receive is posted first: every rank
  * of a ring sends before it receives, and a send that streams more chunks than the slot
  * window holds needs the neighbour's receive to be consuming them already (blocking sends
- * around a ring would deadlock).
+ * around a ring would deadlock). Inline: in a ring's inner loop the test folds into the
+ * caller's constants (the slot size is one per context; send and receive check directions).
  */
-kb_val kb_ccl_sendrecv(kb_tl *tl, kb_dir sd, kb_val v, kb_val drop, kb_dir rd, kb_shape s,
-                       kb_dtype dt);
+static inline int kb_ccl__fits(kb_tl *tl, kb_val v, kb_shape s, kb_dtype dt)
+{
+    uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
+    uint64_t out = (uint64_t)v.rows * v.cols * kb_dtype_size((kb_dtype)v.dtype);
+    uint64_t in = (uint64_t)s.rows * s.cols * kb_dtype_size(dt);
+    return out <= slot && in <= slot;
+}
+
+static inline kb_val kb_ccl_sendrecv(kb_tl *tl, kb_dir sd, kb_val v, kb_val drop, kb_dir rd,
+                                     kb_shape s, kb_dtype dt)
+{
+    if (kb_ccl__fits(tl, v, s, dt)) {
+        tl_send(tl, sd, v);
+        if (drop.scratch)
+            tl_free(tl, drop);
+        return tl_recv(tl, rd, s, dt);
+    }
+    kb_ipcq_req *r = tl_recv_async(tl, rd, s, dt);
+    tl_send(tl, sd, v);
+    if (drop.scratch)
+        tl_free(tl, drop);
+    return tl_wait(tl, r);
+}
+
 /* The same, receiving straight into the tensor memory at va. */
-void kb_ccl_sendrecv_into(kb_tl *tl, kb_dir sd, kb_val v, kb_dir rd, kb_va va, kb_shape s,
-                          kb_dtype dt);
+static inline void kb_ccl_sendrecv_into(kb_tl *tl, kb_dir sd, kb_val v, kb_dir rd, kb_va va,
+                                        kb_shape s, kb_dtype dt)
+{
+    if (kb_ccl__fits(tl, v, s, dt)) {
+        tl_send(tl, sd, v);
+        tl_recv_into(tl, rd, va, s, dt);
+        return;
+    }
+    kb_ipcq_req *r = tl_recv_into_async(tl, rd, va, s, dt);
+    tl_send(tl, sd, v);
+    tl_wait(tl, r);
+}
 
 /* Column slice [c0, c0 + n) of a one-row value (a view: same memory, not freeable). */
 static inline kb_val kb_val_slice(kb_val v, uint32_t c0, uint32_t n)

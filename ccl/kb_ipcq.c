@@ -955,7 +955,7 @@ static inline uint64_t chunk_elems(uint64_t slot_size, kb_dtype dt)
 }
 
 /* Blocks the sender until the queue pair has a free slot (with backpressure). */
-static inline void wait_credit(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir)
+static KB_ALWAYS_INLINE void wait_credit(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir)
 {
     kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
     credits_take(q, kb_sim_now(sim));
@@ -976,8 +976,9 @@ static inline void wait_credit(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir)
  * peer's ring, issued at t_issue; its token reaches the receiver when the DMA ends. `last`:
  * the sender resumes then too (one queue entry for both). Returns the DMA's end.
  */
-static inline kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir, const kb_val *v,
-                                 uint64_t off, uint64_t len, int whole, kb_time t_issue, int last)
+static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir,
+                                           const kb_val *v, uint64_t off, uint64_t len,
+                                           int whole, kb_time t_issue, int last)
 {
     kb_ctx *ctx = tl_ctx(tl);
     size_t es = kb_dtype_size((kb_dtype)v->dtype);
@@ -1034,14 +1035,15 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
     qp *q = wired_qp(tl, dir, "tl_send");
     ipcq_sys *sys = sys_of(tl_ctx(tl)); /* not through q or the pe_state: other lines */
     kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
-    uint64_t n = (uint64_t)v.rows * v.cols, per = chunk_elems(q->slot_size, (kb_dtype)v.dtype);
+    uint64_t n = (uint64_t)v.rows * v.cols;
 
-    if (n <= per) { /* one slot: the protocol as it always was */
+    if (n * kb_dtype_size((kb_dtype)v.dtype) <= q->slot_size) { /* the protocol as it was */
         wait_credit(tl, q, sys, dir);
         send_chunk(tl, q, sys, dir, &v, 0, n, 1,
                    kb_sim_now(sim) + kb_tl_issue_cost(tl) + sys->ipcq_ovh, 1);
         return;
     }
+    uint64_t per = chunk_elems(q->slot_size, (kb_dtype)v.dtype);
     kb_time t_issue = 0, t_last = 0;
     for (uint64_t off = 0; off < n; off += per) {
         uint64_t len = n - off < per ? n - off : per;
@@ -1103,8 +1105,7 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
         r->dst_dt = dt;
     }
     r->t_post = kb_sim_now(kb_ctx_sim(tl_ctx(tl))) + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
-    per = chunk_elems(q->rx_slot_size, dt);
-    if (n > per) {
+    if (nbytes > q->rx_slot_size) {
         /*
          * A message of several chunks (the sender cuts it the same way): the head receives
          * the first, one more request per chunk, all posted now so that each chunk is copied
@@ -1112,6 +1113,7 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
          */
         size_t ses = kb_dtype_size(dt), des = kb_dtype_size(r->dst_dt);
         kb_ipcq_req *prev = r;
+        per = chunk_elems(q->rx_slot_size, dt);
         r->rows = 1;
         r->cols = (uint32_t)per;
         r->nbytes = per * ses;
@@ -1184,6 +1186,12 @@ kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
 uint64_t tl_slot_size(kb_tl *tl, kb_dir d)
 {
     return wired_qp(tl, d, "tl_slot_size")->slot_size;
+}
+
+uint64_t kb_ipcq_slot_size(kb_ctx *ctx)
+{
+    const ipcq_sys *sys = sys_of(ctx);
+    return sys ? sys->cfg.slot_size : 0;
 }
 
 kb_val tl_recv(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt)

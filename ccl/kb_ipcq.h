@@ -86,6 +86,10 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
  * is not wired): a message longer than this travels as several chunks. */
 uint64_t tl_slot_size(kb_tl *tl, kb_dir d);
 
+/* The context's slot size (one IPCQ configuration per context), 0 before any install: what a
+ * ring step compares its messages with, without a direction lookup. */
+uint64_t kb_ipcq_slot_size(kb_ctx *ctx);
+
 /* Wired directions of a PE as a bitmask (bit d = direction d); 0 when not installed. */
 uint32_t kb_ipcq_wired(kb_ctx *ctx, const kb_pe_hw *pe);
 /* Counters of a queue pair, for tests and reports; KB_ERR_DIRECTION when not wired. */

@@ -50,9 +50,13 @@ const char *kb_strerror(int code);
 #if defined(__GNUC__)
 #define KB_NOINLINE __attribute__((noinline))
 #define KB_COLD __attribute__((noinline, cold))
+/* The opposite, for a hot helper with several call sites that the compiler would keep out of
+ * line (IPCQ's send of one chunk: its one-slot call site must stay the old inline path). */
+#define KB_ALWAYS_INLINE inline __attribute__((always_inline))
 #else
 #define KB_NOINLINE
 #define KB_COLD
+#define KB_ALWAYS_INLINE inline
 #endif
 
 typedef struct kb_errbuf {
