@@ -46,10 +46,10 @@ static void hello_send(kb_tl *tl, const kb_kargs *a)
 
 /* ---- ring ---- */
 
-static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
+/* The whole ring over the n elements at `mine` (the tile, or one block of it). */
+static void ring_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
-    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
-    kb_va mine = kb_ccl_my_tile(tl, a);
+    int64_t ws = a->i[KB_CCL_ARG_WS];
     kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), KB_F16), acc = v0, cur = v0;
 
     for (int64_t step = 0; step + 1 < ws; step++) {
@@ -64,6 +64,13 @@ static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
         cur = in;
     }
     tl_store(tl, mine, acc);
+}
+
+/* Messages are f16 tiles: a tile longer than a slot runs block by block, each block's ring
+ * steps streaming its chunks through kb_ccl_sendrecv (receive posted first). */
+static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    kb_ccl_run_tile(tl, a, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], KB_F16, 2, ring_tile);
 }
 
 static uint64_t tile_f16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; }
@@ -99,12 +106,12 @@ static int64_t slice_of(const rsag_blk *b, int64_t c, int64_t j, int64_t *off)
 {
     uint32_t co, cl;
     chunk_of(b->n, b->ws, ((c % b->ws) + b->ws) % b->ws, &co, &cl);
-    int64_t lo = j * b->S, len = (int64_t)cl - lo;
-    *off = (int64_t)co + lo;
-    return len <= 0 ? 0 : len < b->S ? len : b->S;
+    int64_t len = kb_ccl_piece((int64_t)cl, b->S, j, off);
+    *off += (int64_t)co;
+    return len;
 }
 
-static kb_va tile_at(const rsag_blk *b, int64_t off) { return b->tile + (kb_va)off * 2u; }
+static kb_va tile_at(const rsag_blk *b, int64_t off) { return kb_ccl_elem_va(b->tile, off, KB_F16); }
 
 /* Posts the receive of slice j of chunk c (into scratch in dt, or into the tile). */
 static kb_ipcq_req *rsag_post(kb_tl *tl, const rsag_blk *b, int64_t c, int64_t j, kb_dtype dt,
@@ -173,20 +180,20 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
     }
 }
 
-#define RSAG_SCRATCH_BYTES (1u << 20) /* posted receives of one chunk, at most */
 #define RSAG_MAX_SLICES 64
 
 static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine)
 {
     int64_t S = (int64_t)(tl_slot_size(tl, KB_DIR_E) / 4u); /* f32 elements per slot */
-    int64_t per = (int64_t)(RSAG_SCRATCH_BYTES / tl_slot_size(tl, KB_DIR_E));
+    /* posted receives of one chunk: at most KB_CCL_STREAM_BYTES */
+    int64_t per = (int64_t)(KB_CCL_STREAM_BYTES / tl_slot_size(tl, KB_DIR_E));
     kb_ipcq_req *rq[RSAG_MAX_SLICES];
 
     per = per < 1 ? 1 : per > RSAG_MAX_SLICES ? RSAG_MAX_SLICES : per;
     /* blocks of ws chunks of per slices; the last block takes what is left */
     int64_t blk = ws * per * S;
     for (int64_t b0 = 0; b0 < n; b0 += blk) {
-        rsag_blk b = { n - b0 < blk ? n - b0 : blk, ws, r, S, mine + (kb_va)b0 * 2u };
+        rsag_blk b = { n - b0 < blk ? n - b0 : blk, ws, r, S, kb_ccl_elem_va(mine, b0, KB_F16) };
         rsag_block(tl, &b, per, rq);
     }
 }
@@ -310,16 +317,22 @@ static int64_t isqrt64(int64_t x)
     return k;
 }
 
-static void mesh_allreduce(kb_tl *tl, const kb_kargs *a)
+static void mesh_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
-    int64_t n = a->i[KB_CCL_ARG_N], k = isqrt64(a->i[KB_CCL_ARG_WS]);
-    kb_va mine = kb_ccl_my_tile(tl, a);
+    int64_t k = isqrt64(a->i[KB_CCL_ARG_WS]);
     kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
     kb_val row = ring_phase(tl, v0, k, KB_DIR_E, KB_DIR_W, v0);
     /* the column phase moves f32 row sums; start from an f32 copy so dtypes agree */
     kb_val row32 = row.dtype == KB_F32 ? row : tl_scale(tl, row, 1.0f, 0.0f);
     kb_val all = ring_phase(tl, row32, k, KB_DIR_S, KB_DIR_N, v0);
     tl_store(tl, mine, all);
+}
+
+/* Both ring phases step through kb_ccl_sendrecv, so a block's messages (f32 at most) may be
+ * longer than a slot; a larger tile runs block by block. */
+static void mesh_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    kb_ccl_run_tile(tl, a, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], KB_F16, 4, mesh_tile);
 }
 
 static int mesh_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
@@ -335,10 +348,9 @@ static int mesh_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
 
 /* ---- tree ---- */
 
-static void tree_allreduce(kb_tl *tl, const kb_kargs *a)
+static void tree_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
-    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
-    kb_va mine = kb_ccl_my_tile(tl, a);
+    int64_t ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
     kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
     kb_val acc = tl_scale(tl, v0, 1.0f, 0.0f); /* f32 partial sums travel up */
     int has_l = 2 * r + 1 < ws, has_r = 2 * r + 2 < ws;
@@ -357,6 +369,15 @@ static void tree_allreduce(kb_tl *tl, const kb_kargs *a)
     if (has_r)
         tl_send(tl, KB_DIR_CHILD_RIGHT, acc);
     tl_store(tl, mine, acc);
+}
+
+/* A tree has no cycle of sends: a block's f32 messages longer than a slot stream as chunks
+ * into the blocking receive of the other end. A larger tile runs block by block; a rank
+ * starts the next block's reduce as soon as it has sent this one's broadcast on, so blocks
+ * pipeline through the tree's levels. */
+static void tree_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    kb_ccl_run_tile(tl, a, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], KB_F16, 4, tree_tile);
 }
 
 /* ---- hierarchical ---- */
@@ -416,12 +437,10 @@ static kb_val chain_bcast(kb_tl *tl, kb_val v, int i, int g, kb_dir inc, kb_dir 
     return v;
 }
 
-static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
+static void hierarchical_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
-    int64_t n = a->i[KB_CCL_ARG_N];
     int P = (int)a->i[KB_CCL_ARG_PES], C = (int)a->i[KB_CCL_ARG_CUBES], S = (int)a->i[KB_CCL_ARG_SIPS];
     int pe = tl_program_id(tl, 0), cube = tl_program_id(tl, 1);
-    kb_va mine = kb_ccl_my_tile(tl, a);
     kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), (kb_dtype)a->i[KB_CCL_ARG_DTYPE]);
     kb_val acc = tl_scale(tl, v0, 1.0f, 0.0f);
 
@@ -434,6 +453,15 @@ static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
     }
     acc = chain_bcast(tl, acc, pe, P, KB_DIR_E, KB_DIR_W);
     tl_store(tl, mine, acc);
+}
+
+/* Chains have no cycle of sends and the SIP ring steps through kb_ccl_sendrecv, so a block's
+ * f32 messages longer than a slot stream as chunks; a larger tile runs block by block, and
+ * each level starts the next block while the levels above still combine this one. */
+static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    kb_ccl_run_tile(tl, a, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N],
+                    (kb_dtype)a->i[KB_CCL_ARG_DTYPE], 4, hierarchical_tile);
 }
 
 /* ---- registry ---- */
