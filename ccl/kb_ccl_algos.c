@@ -64,6 +64,12 @@ static void ring_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
         cur = in;
     }
     tl_store(tl, mine, acc);
+    /* nothing is allocated after this: a streamed tile's next block starts from free scratch */
+    if (cur.pa != v0.pa && cur.pa != acc.pa)
+        tl_free(tl, cur);
+    if (acc.pa != v0.pa)
+        tl_free(tl, acc);
+    tl_free(tl, v0);
 }
 
 /* Messages are f16 tiles: a tile longer than a slot runs block by block, each block's ring
@@ -326,6 +332,9 @@ static void mesh_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
     kb_val row32 = row.dtype == KB_F32 ? row : tl_scale(tl, row, 1.0f, 0.0f);
     kb_val all = ring_phase(tl, row32, k, KB_DIR_S, KB_DIR_N, v0);
     tl_store(tl, mine, all);
+    if (all.pa != v0.pa)
+        tl_free(tl, all);
+    tl_free(tl, v0);
 }
 
 /* Both ring phases step through kb_ccl_sendrecv, so a block's messages (f32 at most) may be
@@ -369,6 +378,8 @@ static void tree_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
     if (has_r)
         tl_send(tl, KB_DIR_CHILD_RIGHT, acc);
     tl_store(tl, mine, acc);
+    tl_free(tl, acc);
+    tl_free(tl, v0);
 }
 
 /* A tree has no cycle of sends: a block's f32 messages longer than a slot stream as chunks
@@ -412,7 +423,8 @@ static kb_val chain_reduce(kb_tl *tl, kb_val acc, int i, int g, kb_dir inc, kb_d
     return acc;
 }
 
-/* Inverse of chain_reduce: member 0's value flows back out along both chains. */
+/* Inverse of chain_reduce: member 0's value flows back out along both chains. A member
+ * other than 0 releases its partial sum (sent during the reduce) once the total has come. */
 static kb_val chain_bcast(kb_tl *tl, kb_val v, int i, int g, kb_dir inc, kb_dir dec)
 {
     int h = g / 2;
@@ -425,6 +437,7 @@ static kb_val chain_bcast(kb_tl *tl, kb_val v, int i, int g, kb_dir inc, kb_dir 
             tl_send(tl, dec, v);
         return v;
     }
+    kb_val part = v;
     if (i <= h) {
         v = tl_recv(tl, dec, s, KB_F32);
         if (i + 1 <= h)
@@ -434,6 +447,7 @@ static kb_val chain_bcast(kb_tl *tl, kb_val v, int i, int g, kb_dir inc, kb_dir 
         if (i - 1 >= h + 1)
             tl_send(tl, dec, v);
     }
+    tl_free(tl, part);
     return v;
 }
 
@@ -453,6 +467,8 @@ static void hierarchical_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t 
     }
     acc = chain_bcast(tl, acc, pe, P, KB_DIR_E, KB_DIR_W);
     tl_store(tl, mine, acc);
+    tl_free(tl, acc);
+    tl_free(tl, v0);
 }
 
 /* Chains have no cycle of sends and the SIP ring steps through kb_ccl_sendrecv, so a block's

@@ -88,7 +88,8 @@ static kb_val reduce_to(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, k
     return acc;
 }
 
-/* Inverse of reduce_to: r's value flows out to both ends. */
+/* Inverse of reduce_to: r's value flows out to both ends; the others release their partial
+ * sums (sent during the reduce) once the total has come. */
 static kb_val bcast_from(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, kb_dir down)
 {
     kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
@@ -99,6 +100,7 @@ static kb_val bcast_from(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, 
             tl_send(tl, up, acc);
         return acc;
     }
+    kb_val part = acc;
     if (i < r) {
         acc = tl_recv(tl, up, s, KB_F32);
         if (i > 0)
@@ -108,6 +110,7 @@ static kb_val bcast_from(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, 
         if (i < k - 1)
             tl_send(tl, up, acc);
     }
+    tl_free(tl, part);
     return acc;
 }
 
@@ -151,6 +154,7 @@ static void intercube_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
         acc = bcast_from(tl, acc, row, h, rr, KB_DIR_S, KB_DIR_N);
     acc = bcast_from(tl, acc, col, w, rc, KB_DIR_E, KB_DIR_W);
     tl_store(tl, mine, acc);
+    tl_free(tl, acc); /* a streamed row's next block starts from free scratch */
 }
 
 /* Lines and chains have no cycle of sends and the rings step through kb_ccl_sendrecv, so a
