@@ -72,11 +72,88 @@ static void ring_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
     tl_free(tl, v0);
 }
 
-/* Messages are f16 tiles: a tile longer than a slot runs block by block, each block's ring
- * steps streaming its chunks through kb_ccl_sendrecv (receive posted first). */
+/* Slices a streamed block holds at most (one posted receive each per direction). */
+#define STREAM_MAX_SLICES 64
+
+/* Slices per block of a streamed form whose slices take `scale` x slot bytes of scratch each:
+ * as many as KB_CCL_STREAM_BYTES holds, 1 to STREAM_MAX_SLICES. */
+static int64_t stream_per(uint64_t slot, uint64_t scale)
+{
+    int64_t per = (int64_t)(KB_CCL_STREAM_BYTES / (slot * scale));
+    return per < 1 ? 1 : per > STREAM_MAX_SLICES ? STREAM_MAX_SLICES : per;
+}
+
+/*
+ * The streamed ring, for tiles longer than a slot: blocks of `per` slices of one slot of f16
+ * each. Step 0 sends the rank's own slices straight from the tile; every later step forwards
+ * each slice as soon as it has arrived (NCCL's recvSend), so a slice moves on to the next hop
+ * while the following ones still arrive, and adds it to that slice's f32 sum. The own slice
+ * is loaded when its first neighbour slice comes; the last step stores the sum. The next
+ * step's receive of a slice is posted when the slice is consumed, which keeps the queue's
+ * posted receives in arrival order. Scratch: per sums and two receives per slice.
+ */
+static void ring_block(kb_tl *tl, kb_va mine, int64_t n, int64_t ws, int64_t S, int64_t per,
+                       kb_ipcq_req **rq, kb_val *acc)
+{
+    int64_t off, len;
+
+    for (int64_t j = 0; j < per; j++)
+        rq[j] = (len = kb_ccl_piece(n, S, j, &off)) != 0
+                    ? tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), KB_F16)
+                    : NULL;
+    for (int64_t j = 0; j < per; j++)
+        if ((len = kb_ccl_piece(n, S, j, &off)) != 0)
+            tl_send(tl, KB_DIR_E,
+                    tl_ref(tl, kb_ccl_elem_va(mine, off, KB_F16), KB_SHAPE1(len), KB_F16));
+    for (int64_t s = 0; s + 1 < ws; s++) {
+        int last = s + 2 == ws;
+        for (int64_t j = 0; j < per && (len = kb_ccl_piece(n, S, j, &off)) != 0; j++) {
+            kb_va va = kb_ccl_elem_va(mine, off, KB_F16);
+            kb_val in = tl_wait(tl, rq[j]), sum;
+            rq[j] = last ? NULL : tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), KB_F16);
+            if (!last)
+                tl_send(tl, KB_DIR_E, in);
+            if (s == 0) {
+                kb_val own = tl_load(tl, va, KB_SHAPE1(len), KB_F16);
+                sum = tl_add(tl, own, in);
+                tl_free(tl, own);
+            } else {
+                sum = tl_add(tl, acc[j], in);
+                tl_free(tl, acc[j]);
+            }
+            tl_free(tl, in);
+            acc[j] = sum;
+            if (last) {
+                tl_store(tl, va, sum);
+                tl_free(tl, sum);
+            }
+        }
+    }
+}
+
+static void ring_streamed(kb_tl *tl, int64_t n, int64_t ws, kb_va mine)
+{
+    uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
+    /* a slice: one slot of f16; its scratch: an f32 sum (2 slots) and two receives */
+    int64_t S = (int64_t)(slot / 2u), per = stream_per(slot, 4), blk = per * S, off, len;
+    kb_ipcq_req *rq[STREAM_MAX_SLICES];
+    kb_val acc[STREAM_MAX_SLICES];
+
+    for (int64_t b = 0; (len = kb_ccl_piece(n, blk, b, &off)) != 0; b++)
+        ring_block(tl, kb_ccl_elem_va(mine, off, KB_F16), len, ws, S, per, rq, acc);
+}
+
+/* Messages are f16 tiles: a tile longer than a slot streams (ring_streamed); one rank only
+ * loads and stores, block by block. */
 static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
 {
-    kb_ccl_run_tile(tl, a, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], KB_F16, 2, ring_tile);
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
+
+    if (ws >= 2 && kb_ccl_stream_block(tl, n, 2)) {
+        ring_streamed(tl, n, ws, kb_ccl_my_tile(tl, a));
+        return;
+    }
+    kb_ccl_run_tile(tl, a, kb_ccl_my_tile(tl, a), n, KB_F16, 2, ring_tile);
 }
 
 static uint64_t tile_f16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; }
@@ -186,16 +263,14 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
     }
 }
 
-#define RSAG_MAX_SLICES 64
 
 static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine)
 {
     int64_t S = (int64_t)(tl_slot_size(tl, KB_DIR_E) / 4u); /* f32 elements per slot */
     /* posted receives of one chunk: at most KB_CCL_STREAM_BYTES */
-    int64_t per = (int64_t)(KB_CCL_STREAM_BYTES / tl_slot_size(tl, KB_DIR_E));
-    kb_ipcq_req *rq[RSAG_MAX_SLICES];
+    int64_t per = stream_per(tl_slot_size(tl, KB_DIR_E), 1);
+    kb_ipcq_req *rq[STREAM_MAX_SLICES];
 
-    per = per < 1 ? 1 : per > RSAG_MAX_SLICES ? RSAG_MAX_SLICES : per;
     /* blocks of ws chunks of per slices; the last block takes what is left */
     int64_t blk = ws * per * S;
     for (int64_t b0 = 0; b0 < n; b0 += blk) {
