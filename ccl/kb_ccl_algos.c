@@ -457,13 +457,80 @@ static void tree_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
     tl_free(tl, v0);
 }
 
-/* A tree has no cycle of sends: a block's f32 messages longer than a slot stream as chunks
- * into the blocking receive of the other end. A larger tile runs block by block; a rank
- * starts the next block's reduce as soon as it has sent this one's broadcast on, so blocks
- * pipeline through the tree's levels. */
+/*
+ * The streamed tree, for tiles longer than a slot: slices of one slot of f32 flow through the
+ * tree as a pipeline. In its step k a rank reduces slice k (its own, loaded from the tile,
+ * plus its children's sums) and sends it up, then takes the total of slice k - lag from its
+ * parent, sends it down and stores it, where lag is the rank's depth (the root sends each
+ * total down at once). One more step of lag per level is what keeps the pipeline from
+ * blocking with any n_slots: a parent in step k' < k sends totals up to k' - lag(parent)
+ * <= k - lag(child), all of which the child has consumed or is about to, and a child
+ * waiting for total k - lag(child) has it sent by a parent that already holds slice k.
+ * Scratch: a slice and its two children's, whatever the tile's size.
+ */
+static kb_val tree_up(kb_tl *tl, kb_va va, int64_t len, int has_l, int has_r)
+{
+    kb_val v0 = tl_load(tl, va, KB_SHAPE1(len), KB_F16), acc = tl_scale(tl, v0, 1.0f, 0.0f);
+
+    tl_free(tl, v0);
+    for (int c = 0; c < 2; c++) {
+        if (!(c ? has_r : has_l))
+            continue;
+        kb_val in = tl_recv(tl, c ? KB_DIR_CHILD_RIGHT : KB_DIR_CHILD_LEFT, KB_SHAPE1(len),
+                            KB_F32);
+        kb_val sum = tl_add(tl, acc, in);
+        tl_free(tl, acc);
+        tl_free(tl, in);
+        acc = sum;
+    }
+    return acc;
+}
+
+static void tree_down(kb_tl *tl, kb_va va, kb_val v, int has_l, int has_r)
+{
+    if (has_l)
+        tl_send(tl, KB_DIR_CHILD_LEFT, v);
+    if (has_r)
+        tl_send(tl, KB_DIR_CHILD_RIGHT, v);
+    tl_store(tl, va, v);
+    tl_free(tl, v);
+}
+
+static void tree_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine)
+{
+    int64_t S = (int64_t)(kb_ipcq_slot_size(tl_ctx(tl)) / 4u), nsl = (n + S - 1) / S;
+    int64_t lag = 0, off, len;
+    int has_l = 2 * r + 1 < ws, has_r = 2 * r + 2 < ws;
+
+    for (int64_t q = r; q > 0; q = (q - 1) / 2)
+        lag++; /* the rank's depth */
+    for (int64_t k = 0; k < nsl + lag; k++) {
+        if ((len = kb_ccl_piece(n, S, k, &off)) != 0) {
+            kb_va va = kb_ccl_elem_va(mine, off, KB_F16);
+            kb_val acc = tree_up(tl, va, len, has_l, has_r);
+            if (r == 0) {
+                tree_down(tl, va, acc, has_l, has_r);
+                continue;
+            }
+            tl_send(tl, KB_DIR_PARENT, acc);
+            tl_free(tl, acc);
+        }
+        if (r > 0 && k >= lag && (len = kb_ccl_piece(n, S, k - lag, &off)) != 0)
+            tree_down(tl, kb_ccl_elem_va(mine, off, KB_F16),
+                      tl_recv(tl, KB_DIR_PARENT, KB_SHAPE1(len), KB_F32), has_l, has_r);
+    }
+}
+
+/* Messages are f32 tiles: a tile longer than a slot streams (tree_streamed). */
 static void tree_allreduce(kb_tl *tl, const kb_kargs *a)
 {
-    kb_ccl_run_tile(tl, a, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], KB_F16, 4, tree_tile);
+    int64_t n = a->i[KB_CCL_ARG_N];
+
+    if (kb_ccl_stream_block(tl, n, 4)) {
+        tree_streamed(tl, n, a->i[KB_CCL_ARG_WS], kb_ccl_rank(tl), kb_ccl_my_tile(tl, a));
+        return;
+    }
+    tree_tile(tl, a, kb_ccl_my_tile(tl, a), n);
 }
 
 /* ---- hierarchical ---- */
