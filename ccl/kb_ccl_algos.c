@@ -14,6 +14,11 @@
  *  hierarchical_allreduce bidirectional chain reduce inside each cube (E/W) and among the
  *                         cubes' PE 0 (N/S), ring among SIP leaders (global_E/W), chain
  *                         broadcast back down
+ *
+ * Every one runs at any tile size: a tile whose messages fit one slot (and whose f32 sums fit
+ * KB_CCL_STREAM_BYTES) takes the whole-tile code; a larger one streams with scratch bounded by
+ * a few slot-sized slices (ring, rsag and tree slice by slice, the others block by block
+ * through kb_ccl_run_tile; docs/collectives.md §4).
  */
 #include <string.h>
 
