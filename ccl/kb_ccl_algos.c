@@ -17,8 +17,8 @@
  *
  * Every one runs at any tile size: a tile whose messages fit one slot (and whose f32 sums fit
  * KB_CCL_STREAM_BYTES) takes the whole-tile code; a larger one streams with scratch bounded by
- * a few slot-sized slices (ring, rsag and tree slice by slice, the others block by block
- * through kb_ccl_run_tile; docs/collectives.md §4).
+ * a few slot-sized slices (ring, rsag, tree and hierarchical slice by slice, mesh block by
+ * block through kb_ccl_run_tile; docs/collectives.md §4).
  */
 #include <string.h>
 
@@ -618,13 +618,114 @@ static void hierarchical_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t 
     tl_free(tl, v0);
 }
 
-/* Chains have no cycle of sends and the SIP ring steps through kb_ccl_sendrecv, so a block's
- * f32 messages longer than a slot stream as chunks; a larger tile runs block by block, and
- * each level starts the next block while the levels above still combine this one. */
+/*
+ * The streamed form, for tiles longer than a slot. The two chain levels form a tree rooted at
+ * the SIP leaders: a PE's parent is its chain neighbour toward member 0 (a cube's PE 0: its
+ * cube-chain neighbour's PE 0). Slices of one slot of f32 flow through it as a pipeline like
+ * tree_streamed's: in step k a rank reduces slice k (its own plus its children's) and sends it
+ * up, or, as a SIP leader, combines it around the SIP ring and sends the total straight down;
+ * then it takes slice k - depth's total from its parent, sends it down and stores it. One step
+ * of lag per level keeps the pipeline from blocking with any n_slots (see tree_streamed).
+ */
+typedef struct hier_node {
+    kb_dir up;                  /* KB_NDIRS: a SIP leader */
+    kb_dir down[4];             /* children, in chain_reduce's order */
+    int ndown, depth;
+} hier_node;
+
+/* Member i of a chain of g (chain_reduce's shape): its parent and children directions. */
+static void chain_links(hier_node *h, int i, int g, kb_dir inc, kb_dir dec, int *up)
+{
+    int half = g / 2;
+    if (g < 2)
+        return;
+    if (i == 0) {
+        h->down[h->ndown++] = inc;
+        if (g - 1 >= half + 1)
+            h->down[h->ndown++] = dec;
+        return;
+    }
+    if (i <= half) {
+        if (i + 1 <= half)
+            h->down[h->ndown++] = inc;
+        h->up = dec;
+        h->depth += i;
+    } else {
+        if (i - 1 >= half + 1)
+            h->down[h->ndown++] = dec;
+        h->up = inc;
+        h->depth += g - i;
+    }
+    *up = 1;
+}
+
+static void hier_streamed(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
+{
+    int P = (int)a->i[KB_CCL_ARG_PES], C = (int)a->i[KB_CCL_ARG_CUBES];
+    int S = (int)a->i[KB_CCL_ARG_SIPS], pe = tl_program_id(tl, 0), cube = tl_program_id(tl, 1);
+    kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+    int64_t SL = (int64_t)(kb_ipcq_slot_size(tl_ctx(tl)) / 4u), nsl = (n + SL - 1) / SL;
+    int64_t off, len;
+    hier_node h = { KB_NDIRS, { KB_DIR_E }, 0, 0 };
+    int has_up = 0;
+
+    chain_links(&h, pe, P, KB_DIR_E, KB_DIR_W, &has_up);
+    if (pe == 0) {
+        hier_node c = { KB_NDIRS, { KB_DIR_E }, 0, 0 };
+        chain_links(&c, cube, C, KB_DIR_N, KB_DIR_S, &has_up);
+        h.up = c.up;
+        h.depth = c.depth;
+        for (int d = 0; d < c.ndown; d++)
+            h.down[h.ndown++] = c.down[d];
+    } else {
+        /* depth below the cube's PE 0 plus that PE's depth in the cube chain */
+        int half = C / 2;
+        h.depth += cube == 0 || C < 2 ? 0 : cube <= half ? cube : C - cube;
+    }
+    for (int64_t k = 0; k < nsl + h.depth; k++) {
+        if ((len = kb_ccl_piece(n, SL, k, &off)) != 0) {
+            kb_va va = kb_ccl_elem_va(mine, off, dt);
+            kb_val v0 = tl_load(tl, va, KB_SHAPE1(len), dt), acc = tl_scale(tl, v0, 1.0f, 0.0f);
+            tl_free(tl, v0);
+            for (int d = 0; d < h.ndown; d++) {
+                kb_val in = tl_recv(tl, h.down[d], KB_SHAPE1(len), KB_F32);
+                kb_val sum = tl_add(tl, acc, in);
+                tl_free(tl, acc);
+                tl_free(tl, in);
+                acc = sum;
+            }
+            if (!has_up) {
+                if (S > 1) /* ring_phase keeps nothing else: v0 is gone */
+                    acc = ring_phase(tl, acc, S, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, (kb_val){ 0 });
+                for (int d = h.ndown - 1; d >= 0; d--)
+                    tl_send(tl, h.down[d], acc);
+                tl_store(tl, va, acc);
+                tl_free(tl, acc);
+                continue;
+            }
+            tl_send(tl, h.up, acc);
+            tl_free(tl, acc);
+        }
+        if (has_up && k >= h.depth && (len = kb_ccl_piece(n, SL, k - h.depth, &off)) != 0) {
+            kb_val v = tl_recv(tl, h.up, KB_SHAPE1(len), KB_F32);
+            for (int d = h.ndown - 1; d >= 0; d--)
+                tl_send(tl, h.down[d], v);
+            tl_store(tl, kb_ccl_elem_va(mine, off, dt), v);
+            tl_free(tl, v);
+        }
+    }
+}
+
+/* Messages are f32: a tile longer than a slot streams (hier_streamed). */
 static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
 {
-    kb_ccl_run_tile(tl, a, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N],
-                    (kb_dtype)a->i[KB_CCL_ARG_DTYPE], 4, hierarchical_tile);
+    int64_t n = a->i[KB_CCL_ARG_N];
+
+    if (kb_ccl_stream_block(tl, n, 4)) {
+        hier_streamed(tl, a, kb_ccl_my_tile(tl, a), n);
+        return;
+    }
+    hierarchical_tile(tl, a, kb_ccl_my_tile(tl, a), n);
 }
 
 /* ---- registry ---- */
