@@ -928,10 +928,11 @@ static void test_ring_allreduce_chunked(void **state)
 }
 
 /*
- * Every all-reduce streams a tile whose messages are longer than a slot (kb_ccl_run_tile):
- * 16-byte slots force it at AR_N (one block, many chunks per message), and a tile past
- * KB_CCL_STREAM_BYTES of f32 runs as several blocks, the last one short. The sums of these
- * inputs are exact in f16, so every element must equal the exact sum.
+ * Every all-reduce streams a tile whose messages are longer than a slot: 16-byte slots force
+ * it at AR_N (slices of a few elements; mesh: one block of many chunks), and a tile past
+ * KB_CCL_STREAM_BYTES of f32 with 4 KiB slots runs as many slices and, for mesh, several
+ * blocks, the last one short. The sums of these inputs are exact in f16, so every element
+ * must equal the exact sum.
  */
 static void test_allreduce_streamed(void **state)
 {
