@@ -252,7 +252,10 @@ int64_t kb_ccl_stream_block(kb_tl *tl, int64_t n, uint32_t msg_esz);
  * and stores then cover one block, and every rank walks the same blocks, so the body's
  * exchanges pair up block by block and nothing of the tile stays in scratch between blocks.
  * Suits algorithms whose exchanges do not wait on a cycle of full sends (chains, trees, rings
- * through kb_ccl_sendrecv): a block's messages longer than a slot stream as chunks.
+ * through kb_ccl_sendrecv): a block's messages longer than a slot stream as chunks. f must
+ * release every scratch value it allocates before it returns (the kernel's end would only
+ * release them after the last block). Mesh and intercube use it; ring, rsag, tree and
+ * hierarchical have slice-by-slice streamed forms of their own.
  */
 typedef void (*kb_ccl_tile_fn)(kb_tl *tl, const kb_kargs *a, kb_va va, int64_t n);
 void kb_ccl_run_tile(kb_tl *tl, const kb_kargs *a, kb_va va, int64_t n, kb_dtype dt,
