@@ -291,7 +291,10 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
     int64_t r = kb_ccl_rank(tl);
     kb_va mine = kb_ccl_my_tile(tl, a);
 
-    if (ws >= 2 && (uint64_t)((n + ws - 1) / ws) * 4u > tl_slot_size(tl, KB_DIR_E)) {
+    /* the whole-tile path holds the f16 tile in scratch: a tile past half of it streams
+     * too, though its chunks fit a slot (8 MiB per rank on 256 ranks) */
+    if (ws >= 2 && ((uint64_t)((n + ws - 1) / ws) * 4u > tl_slot_size(tl, KB_DIR_E) ||
+                    (uint64_t)n * 2u > kb_ctx_machine(tl_ctx(tl))->cfg.scratch_size_bytes / 2u)) {
         rsag_streamed(tl, n, ws, r, mine);
         return;
     }
