@@ -297,3 +297,27 @@ kb_va kb_ccl_my_tile(kb_tl *tl, const kb_kargs *a)
     return a->ptr[0] + (kb_va)local * (kb_va)a->i[KB_CCL_ARG_N] *
                            (kb_va)kb_dtype_size((kb_dtype)a->i[KB_CCL_ARG_DTYPE]);
 }
+
+int64_t kb_ccl_stream_block(kb_tl *tl, int64_t n, uint32_t msg_esz)
+{
+    uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
+    int64_t S = (int64_t)(slot / 4u), cap = (int64_t)(KB_CCL_STREAM_BYTES / 4u);
+
+    if ((uint64_t)n * msg_esz <= slot && (uint64_t)n * 4u <= KB_CCL_STREAM_BYTES)
+        return 0;
+    /* whole f32 slices up to the budget; a slot larger than the budget: the budget */
+    return S >= 1 && S <= cap ? cap / S * S : cap;
+}
+
+void kb_ccl_run_tile(kb_tl *tl, const kb_kargs *a, kb_va va, int64_t n, kb_dtype dt,
+                     uint32_t msg_esz, kb_ccl_tile_fn f)
+{
+    int64_t blk = kb_ccl_stream_block(tl, n, msg_esz), off, len;
+
+    if (!blk) {
+        f(tl, a, va, n);
+        return;
+    }
+    for (int64_t j = 0; (len = kb_ccl_piece(n, blk, j, &off)) != 0; j++)
+        f(tl, a, kb_ccl_elem_va(va, off, dt), len);
+}

@@ -211,6 +211,56 @@ static inline kb_val kb_val_slice(kb_val v, uint32_t c0, uint32_t n)
 }
 
 
+/* ---- streaming a tile that does not fit one message ---- */
+
+/*
+ * Past one slot per message, an algorithm that keeps its whole tile (and f32 sums of it) in
+ * PE scratch stops at a few MiB per rank. The streamed forms keep the tile in HBM and work on
+ * it a block at a time: a block is whole slot-sized slices of f32 (slot / 4 elements each),
+ * at most KB_CCL_STREAM_BYTES of f32, so scratch holds a small constant number of blocks
+ * whatever the tile's size, and every block's messages still travel as slot-sized chunks.
+ */
+#define KB_CCL_STREAM_BYTES ((uint64_t)1 << 20)
+
+/* Elements of piece j of a span of n elements cut into pieces of S (0 past its end); its
+ * offset in the span in *off. */
+static inline int64_t kb_ccl_piece(int64_t n, int64_t S, int64_t j, int64_t *off)
+{
+    int64_t lo = j * S, len = n - lo;
+    *off = lo;
+    return len <= 0 ? 0 : len < S ? len : S;
+}
+
+/* VA of element i of a tile of dtype dt starting at va. */
+static inline kb_va kb_ccl_elem_va(kb_va va, int64_t i, kb_dtype dt)
+{
+    return va + (kb_va)i * (kb_va)kb_dtype_size(dt);
+}
+
+/*
+ * Elements per block when a kernel must stream its tile of n elements, 0 when it need not:
+ * it streams when its largest message (msg_esz bytes per tile element) is longer than a slot
+ * or the tile's f32 sums exceed KB_CCL_STREAM_BYTES. The answer depends only on n and the
+ * context's IPCQ configuration, so every rank takes the same path; a tile that fits keeps
+ * the algorithm's whole-tile code exactly as it was.
+ */
+int64_t kb_ccl_stream_block(kb_tl *tl, int64_t n, uint32_t msg_esz);
+
+/*
+ * Runs an algorithm's whole-tile body f once on the tile at va (n elements of dt) when it
+ * fits (kb_ccl_stream_block), else on each block of it in order: the body's loads, messages
+ * and stores then cover one block, and every rank walks the same blocks, so the body's
+ * exchanges pair up block by block and nothing of the tile stays in scratch between blocks.
+ * Suits algorithms whose exchanges do not wait on a cycle of full sends (chains, trees, rings
+ * through kb_ccl_sendrecv): a block's messages longer than a slot stream as chunks. f must
+ * release every scratch value it allocates before it returns (the kernel's end would only
+ * release them after the last block). Mesh and intercube use it; ring, rsag, tree and
+ * hierarchical have slice-by-slice streamed forms of their own.
+ */
+typedef void (*kb_ccl_tile_fn)(kb_tl *tl, const kb_kargs *a, kb_va va, int64_t n);
+void kb_ccl_run_tile(kb_tl *tl, const kb_kargs *a, kb_va va, int64_t n, kb_dtype dt,
+                     uint32_t msg_esz, kb_ccl_tile_fn f);
+
 /* ---- running a collective ---- */
 
 /*

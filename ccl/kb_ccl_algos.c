@@ -14,6 +14,11 @@
  *  hierarchical_allreduce bidirectional chain reduce inside each cube (E/W) and among the
  *                         cubes' PE 0 (N/S), ring among SIP leaders (global_E/W), chain
  *                         broadcast back down
+ *
+ * Every one runs at any tile size: a tile whose messages fit one slot (and whose f32 sums fit
+ * KB_CCL_STREAM_BYTES) takes the whole-tile code; a larger one streams with scratch bounded by
+ * a few slot-sized slices (ring, rsag, tree and hierarchical slice by slice, mesh block by
+ * block through kb_ccl_run_tile; docs/collectives.md §4).
  */
 #include <string.h>
 
@@ -46,10 +51,10 @@ static void hello_send(kb_tl *tl, const kb_kargs *a)
 
 /* ---- ring ---- */
 
-static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
+/* The whole ring over the n elements at `mine` (the tile, or one block of it). */
+static void ring_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
-    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
-    kb_va mine = kb_ccl_my_tile(tl, a);
+    int64_t ws = a->i[KB_CCL_ARG_WS];
     kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), KB_F16), acc = v0, cur = v0;
 
     for (int64_t step = 0; step + 1 < ws; step++) {
@@ -64,6 +69,96 @@ static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
         cur = in;
     }
     tl_store(tl, mine, acc);
+    /* nothing is allocated after this: a streamed tile's next block starts from free scratch */
+    if (cur.pa != v0.pa && cur.pa != acc.pa)
+        tl_free(tl, cur);
+    if (acc.pa != v0.pa)
+        tl_free(tl, acc);
+    tl_free(tl, v0);
+}
+
+/* Slices a streamed block holds at most (one posted receive each per direction). */
+#define STREAM_MAX_SLICES 64
+
+/* Slices per block of a streamed form whose slices take `scale` x slot bytes of scratch each:
+ * as many as KB_CCL_STREAM_BYTES holds, 1 to STREAM_MAX_SLICES. */
+static int64_t stream_per(uint64_t slot, uint64_t scale)
+{
+    int64_t per = (int64_t)(KB_CCL_STREAM_BYTES / (slot * scale));
+    return per < 1 ? 1 : per > STREAM_MAX_SLICES ? STREAM_MAX_SLICES : per;
+}
+
+/*
+ * The streamed ring, for tiles longer than a slot: blocks of `per` slices of one slot of f16
+ * each. Step 0 sends the rank's own slices straight from the tile; every later step forwards
+ * each slice as soon as it has arrived (NCCL's recvSend), so a slice moves on to the next hop
+ * while the following ones still arrive, and adds it to that slice's f32 sum. The own slice
+ * is loaded when its first neighbour slice comes; the last step stores the sum. The next
+ * step's receive of a slice is posted when the slice is consumed, which keeps the queue's
+ * posted receives in arrival order. Scratch: per sums and two receives per slice.
+ */
+static void ring_block(kb_tl *tl, kb_va mine, int64_t n, int64_t ws, int64_t S, int64_t per,
+                       kb_ipcq_req **rq, kb_val *acc)
+{
+    int64_t off, len;
+
+    for (int64_t j = 0; j < per; j++)
+        rq[j] = (len = kb_ccl_piece(n, S, j, &off)) != 0
+                    ? tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), KB_F16)
+                    : NULL;
+    for (int64_t j = 0; j < per; j++)
+        if ((len = kb_ccl_piece(n, S, j, &off)) != 0)
+            tl_send(tl, KB_DIR_E,
+                    tl_ref(tl, kb_ccl_elem_va(mine, off, KB_F16), KB_SHAPE1(len), KB_F16));
+    for (int64_t s = 0; s + 1 < ws; s++) {
+        int last = s + 2 == ws;
+        for (int64_t j = 0; j < per && (len = kb_ccl_piece(n, S, j, &off)) != 0; j++) {
+            kb_va va = kb_ccl_elem_va(mine, off, KB_F16);
+            kb_val in = tl_wait(tl, rq[j]), sum;
+            rq[j] = last ? NULL : tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), KB_F16);
+            if (!last)
+                tl_send(tl, KB_DIR_E, in);
+            if (s == 0) {
+                kb_val own = tl_load(tl, va, KB_SHAPE1(len), KB_F16);
+                sum = tl_add(tl, own, in);
+                tl_free(tl, own);
+            } else {
+                sum = tl_add(tl, acc[j], in);
+                tl_free(tl, acc[j]);
+            }
+            tl_free(tl, in);
+            acc[j] = sum;
+            if (last) {
+                tl_store(tl, va, sum);
+                tl_free(tl, sum);
+            }
+        }
+    }
+}
+
+static void ring_streamed(kb_tl *tl, int64_t n, int64_t ws, kb_va mine)
+{
+    uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
+    /* a slice: one slot of f16; its scratch: an f32 sum (2 slots) and two receives */
+    int64_t S = (int64_t)(slot / 2u), per = stream_per(slot, 4), blk = per * S, off, len;
+    kb_ipcq_req *rq[STREAM_MAX_SLICES];
+    kb_val acc[STREAM_MAX_SLICES];
+
+    for (int64_t b = 0; (len = kb_ccl_piece(n, blk, b, &off)) != 0; b++)
+        ring_block(tl, kb_ccl_elem_va(mine, off, KB_F16), len, ws, S, per, rq, acc);
+}
+
+/* Messages are f16 tiles: a tile longer than a slot streams (ring_streamed); one rank only
+ * loads and stores, block by block. */
+static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
+
+    if (ws >= 2 && kb_ccl_stream_block(tl, n, 2)) {
+        ring_streamed(tl, n, ws, kb_ccl_my_tile(tl, a));
+        return;
+    }
+    kb_ccl_run_tile(tl, a, kb_ccl_my_tile(tl, a), n, KB_F16, 2, ring_tile);
 }
 
 static uint64_t tile_f16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; }
@@ -99,12 +194,12 @@ static int64_t slice_of(const rsag_blk *b, int64_t c, int64_t j, int64_t *off)
 {
     uint32_t co, cl;
     chunk_of(b->n, b->ws, ((c % b->ws) + b->ws) % b->ws, &co, &cl);
-    int64_t lo = j * b->S, len = (int64_t)cl - lo;
-    *off = (int64_t)co + lo;
-    return len <= 0 ? 0 : len < b->S ? len : b->S;
+    int64_t len = kb_ccl_piece((int64_t)cl, b->S, j, off);
+    *off += (int64_t)co;
+    return len;
 }
 
-static kb_va tile_at(const rsag_blk *b, int64_t off) { return b->tile + (kb_va)off * 2u; }
+static kb_va tile_at(const rsag_blk *b, int64_t off) { return kb_ccl_elem_va(b->tile, off, KB_F16); }
 
 /* Posts the receive of slice j of chunk c (into scratch in dt, or into the tile). */
 static kb_ipcq_req *rsag_post(kb_tl *tl, const rsag_blk *b, int64_t c, int64_t j, kb_dtype dt,
@@ -173,20 +268,18 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
     }
 }
 
-#define RSAG_SCRATCH_BYTES (1u << 20) /* posted receives of one chunk, at most */
-#define RSAG_MAX_SLICES 64
 
 static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine)
 {
     int64_t S = (int64_t)(tl_slot_size(tl, KB_DIR_E) / 4u); /* f32 elements per slot */
-    int64_t per = (int64_t)(RSAG_SCRATCH_BYTES / tl_slot_size(tl, KB_DIR_E));
-    kb_ipcq_req *rq[RSAG_MAX_SLICES];
+    /* posted receives of one chunk: at most KB_CCL_STREAM_BYTES */
+    int64_t per = stream_per(tl_slot_size(tl, KB_DIR_E), 1);
+    kb_ipcq_req *rq[STREAM_MAX_SLICES];
 
-    per = per < 1 ? 1 : per > RSAG_MAX_SLICES ? RSAG_MAX_SLICES : per;
     /* blocks of ws chunks of per slices; the last block takes what is left */
     int64_t blk = ws * per * S;
     for (int64_t b0 = 0; b0 < n; b0 += blk) {
-        rsag_blk b = { n - b0 < blk ? n - b0 : blk, ws, r, S, mine + (kb_va)b0 * 2u };
+        rsag_blk b = { n - b0 < blk ? n - b0 : blk, ws, r, S, kb_ccl_elem_va(mine, b0, KB_F16) };
         rsag_block(tl, &b, per, rq);
     }
 }
@@ -198,7 +291,10 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
     int64_t r = kb_ccl_rank(tl);
     kb_va mine = kb_ccl_my_tile(tl, a);
 
-    if (ws >= 2 && (uint64_t)((n + ws - 1) / ws) * 4u > tl_slot_size(tl, KB_DIR_E)) {
+    /* the whole-tile path holds the f16 tile in scratch: a tile past half of it streams
+     * too, though its chunks fit a slot (8 MiB per rank on 256 ranks) */
+    if (ws >= 2 && ((uint64_t)((n + ws - 1) / ws) * 4u > tl_slot_size(tl, KB_DIR_E) ||
+                    (uint64_t)n * 2u > kb_ctx_machine(tl_ctx(tl))->cfg.scratch_size_bytes / 2u)) {
         rsag_streamed(tl, n, ws, r, mine);
         return;
     }
@@ -310,16 +406,25 @@ static int64_t isqrt64(int64_t x)
     return k;
 }
 
-static void mesh_allreduce(kb_tl *tl, const kb_kargs *a)
+static void mesh_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
-    int64_t n = a->i[KB_CCL_ARG_N], k = isqrt64(a->i[KB_CCL_ARG_WS]);
-    kb_va mine = kb_ccl_my_tile(tl, a);
+    int64_t k = isqrt64(a->i[KB_CCL_ARG_WS]);
     kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
     kb_val row = ring_phase(tl, v0, k, KB_DIR_E, KB_DIR_W, v0);
     /* the column phase moves f32 row sums; start from an f32 copy so dtypes agree */
     kb_val row32 = row.dtype == KB_F32 ? row : tl_scale(tl, row, 1.0f, 0.0f);
     kb_val all = ring_phase(tl, row32, k, KB_DIR_S, KB_DIR_N, v0);
     tl_store(tl, mine, all);
+    if (all.pa != v0.pa)
+        tl_free(tl, all);
+    tl_free(tl, v0);
+}
+
+/* Both ring phases step through kb_ccl_sendrecv, so a block's messages (f32 at most) may be
+ * longer than a slot; a larger tile runs block by block. */
+static void mesh_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    kb_ccl_run_tile(tl, a, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], KB_F16, 4, mesh_tile);
 }
 
 static int mesh_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
@@ -335,10 +440,9 @@ static int mesh_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
 
 /* ---- tree ---- */
 
-static void tree_allreduce(kb_tl *tl, const kb_kargs *a)
+static void tree_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
-    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
-    kb_va mine = kb_ccl_my_tile(tl, a);
+    int64_t ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
     kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
     kb_val acc = tl_scale(tl, v0, 1.0f, 0.0f); /* f32 partial sums travel up */
     int has_l = 2 * r + 1 < ws, has_r = 2 * r + 2 < ws;
@@ -357,6 +461,84 @@ static void tree_allreduce(kb_tl *tl, const kb_kargs *a)
     if (has_r)
         tl_send(tl, KB_DIR_CHILD_RIGHT, acc);
     tl_store(tl, mine, acc);
+    tl_free(tl, acc);
+    tl_free(tl, v0);
+}
+
+/*
+ * The streamed tree, for tiles longer than a slot: slices of one slot of f32 flow through the
+ * tree as a pipeline. In its step k a rank reduces slice k (its own, loaded from the tile,
+ * plus its children's sums) and sends it up, then takes the total of slice k - lag from its
+ * parent, sends it down and stores it, where lag is the rank's depth (the root sends each
+ * total down at once). One more step of lag per level is what keeps the pipeline from
+ * blocking with any n_slots: a parent in step k' < k sends totals up to k' - lag(parent)
+ * <= k - lag(child), all of which the child has consumed or is about to, and a child
+ * waiting for total k - lag(child) has it sent by a parent that already holds slice k.
+ * Scratch: a slice and its two children's, whatever the tile's size.
+ */
+static kb_val tree_up(kb_tl *tl, kb_va va, int64_t len, int has_l, int has_r)
+{
+    kb_val v0 = tl_load(tl, va, KB_SHAPE1(len), KB_F16), acc = tl_scale(tl, v0, 1.0f, 0.0f);
+
+    tl_free(tl, v0);
+    for (int c = 0; c < 2; c++) {
+        if (!(c ? has_r : has_l))
+            continue;
+        kb_val in = tl_recv(tl, c ? KB_DIR_CHILD_RIGHT : KB_DIR_CHILD_LEFT, KB_SHAPE1(len),
+                            KB_F32);
+        kb_val sum = tl_add(tl, acc, in);
+        tl_free(tl, acc);
+        tl_free(tl, in);
+        acc = sum;
+    }
+    return acc;
+}
+
+static void tree_down(kb_tl *tl, kb_va va, kb_val v, int has_l, int has_r)
+{
+    if (has_l)
+        tl_send(tl, KB_DIR_CHILD_LEFT, v);
+    if (has_r)
+        tl_send(tl, KB_DIR_CHILD_RIGHT, v);
+    tl_store(tl, va, v);
+    tl_free(tl, v);
+}
+
+static void tree_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine)
+{
+    int64_t S = (int64_t)(kb_ipcq_slot_size(tl_ctx(tl)) / 4u), nsl = (n + S - 1) / S;
+    int64_t lag = 0, off, len;
+    int has_l = 2 * r + 1 < ws, has_r = 2 * r + 2 < ws;
+
+    for (int64_t q = r; q > 0; q = (q - 1) / 2)
+        lag++; /* the rank's depth */
+    for (int64_t k = 0; k < nsl + lag; k++) {
+        if ((len = kb_ccl_piece(n, S, k, &off)) != 0) {
+            kb_va va = kb_ccl_elem_va(mine, off, KB_F16);
+            kb_val acc = tree_up(tl, va, len, has_l, has_r);
+            if (r == 0) {
+                tree_down(tl, va, acc, has_l, has_r);
+                continue;
+            }
+            tl_send(tl, KB_DIR_PARENT, acc);
+            tl_free(tl, acc);
+        }
+        if (r > 0 && k >= lag && (len = kb_ccl_piece(n, S, k - lag, &off)) != 0)
+            tree_down(tl, kb_ccl_elem_va(mine, off, KB_F16),
+                      tl_recv(tl, KB_DIR_PARENT, KB_SHAPE1(len), KB_F32), has_l, has_r);
+    }
+}
+
+/* Messages are f32 tiles: a tile longer than a slot streams (tree_streamed). */
+static void tree_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N];
+
+    if (kb_ccl_stream_block(tl, n, 4)) {
+        tree_streamed(tl, n, a->i[KB_CCL_ARG_WS], kb_ccl_rank(tl), kb_ccl_my_tile(tl, a));
+        return;
+    }
+    tree_tile(tl, a, kb_ccl_my_tile(tl, a), n);
 }
 
 /* ---- hierarchical ---- */
@@ -391,7 +573,8 @@ static kb_val chain_reduce(kb_tl *tl, kb_val acc, int i, int g, kb_dir inc, kb_d
     return acc;
 }
 
-/* Inverse of chain_reduce: member 0's value flows back out along both chains. */
+/* Inverse of chain_reduce: member 0's value flows back out along both chains. A member
+ * other than 0 releases its partial sum (sent during the reduce) once the total has come. */
 static kb_val chain_bcast(kb_tl *tl, kb_val v, int i, int g, kb_dir inc, kb_dir dec)
 {
     int h = g / 2;
@@ -404,6 +587,7 @@ static kb_val chain_bcast(kb_tl *tl, kb_val v, int i, int g, kb_dir inc, kb_dir 
             tl_send(tl, dec, v);
         return v;
     }
+    kb_val part = v;
     if (i <= h) {
         v = tl_recv(tl, dec, s, KB_F32);
         if (i + 1 <= h)
@@ -413,15 +597,14 @@ static kb_val chain_bcast(kb_tl *tl, kb_val v, int i, int g, kb_dir inc, kb_dir 
         if (i - 1 >= h + 1)
             tl_send(tl, dec, v);
     }
+    tl_free(tl, part);
     return v;
 }
 
-static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
+static void hierarchical_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
-    int64_t n = a->i[KB_CCL_ARG_N];
     int P = (int)a->i[KB_CCL_ARG_PES], C = (int)a->i[KB_CCL_ARG_CUBES], S = (int)a->i[KB_CCL_ARG_SIPS];
     int pe = tl_program_id(tl, 0), cube = tl_program_id(tl, 1);
-    kb_va mine = kb_ccl_my_tile(tl, a);
     kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), (kb_dtype)a->i[KB_CCL_ARG_DTYPE]);
     kb_val acc = tl_scale(tl, v0, 1.0f, 0.0f);
 
@@ -434,6 +617,118 @@ static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
     }
     acc = chain_bcast(tl, acc, pe, P, KB_DIR_E, KB_DIR_W);
     tl_store(tl, mine, acc);
+    tl_free(tl, acc);
+    tl_free(tl, v0);
+}
+
+/*
+ * The streamed form, for tiles longer than a slot. The two chain levels form a tree rooted at
+ * the SIP leaders: a PE's parent is its chain neighbour toward member 0 (a cube's PE 0: its
+ * cube-chain neighbour's PE 0). Slices of one slot of f32 flow through it as a pipeline like
+ * tree_streamed's: in step k a rank reduces slice k (its own plus its children's) and sends it
+ * up, or, as a SIP leader, combines it around the SIP ring and sends the total straight down;
+ * then it takes slice k - depth's total from its parent, sends it down and stores it. One step
+ * of lag per level keeps the pipeline from blocking with any n_slots (see tree_streamed).
+ */
+typedef struct hier_node {
+    kb_dir up;                  /* KB_NDIRS: a SIP leader */
+    kb_dir down[4];             /* children, in chain_reduce's order */
+    int ndown, depth;
+} hier_node;
+
+/* Member i of a chain of g (chain_reduce's shape): its parent and children directions. */
+static void chain_links(hier_node *h, int i, int g, kb_dir inc, kb_dir dec, int *up)
+{
+    int half = g / 2;
+    if (g < 2)
+        return;
+    if (i == 0) {
+        h->down[h->ndown++] = inc;
+        if (g - 1 >= half + 1)
+            h->down[h->ndown++] = dec;
+        return;
+    }
+    if (i <= half) {
+        if (i + 1 <= half)
+            h->down[h->ndown++] = inc;
+        h->up = dec;
+        h->depth += i;
+    } else {
+        if (i - 1 >= half + 1)
+            h->down[h->ndown++] = dec;
+        h->up = inc;
+        h->depth += g - i;
+    }
+    *up = 1;
+}
+
+static void hier_streamed(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
+{
+    int P = (int)a->i[KB_CCL_ARG_PES], C = (int)a->i[KB_CCL_ARG_CUBES];
+    int S = (int)a->i[KB_CCL_ARG_SIPS], pe = tl_program_id(tl, 0), cube = tl_program_id(tl, 1);
+    kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+    int64_t SL = (int64_t)(kb_ipcq_slot_size(tl_ctx(tl)) / 4u), nsl = (n + SL - 1) / SL;
+    int64_t off, len;
+    hier_node h = { KB_NDIRS, { KB_DIR_E }, 0, 0 };
+    int has_up = 0;
+
+    chain_links(&h, pe, P, KB_DIR_E, KB_DIR_W, &has_up);
+    if (pe == 0) {
+        hier_node c = { KB_NDIRS, { KB_DIR_E }, 0, 0 };
+        chain_links(&c, cube, C, KB_DIR_N, KB_DIR_S, &has_up);
+        h.up = c.up;
+        h.depth = c.depth;
+        for (int d = 0; d < c.ndown; d++)
+            h.down[h.ndown++] = c.down[d];
+    } else {
+        /* depth below the cube's PE 0 plus that PE's depth in the cube chain */
+        int half = C / 2;
+        h.depth += cube == 0 || C < 2 ? 0 : cube <= half ? cube : C - cube;
+    }
+    for (int64_t k = 0; k < nsl + h.depth; k++) {
+        if ((len = kb_ccl_piece(n, SL, k, &off)) != 0) {
+            kb_va va = kb_ccl_elem_va(mine, off, dt);
+            kb_val v0 = tl_load(tl, va, KB_SHAPE1(len), dt), acc = tl_scale(tl, v0, 1.0f, 0.0f);
+            tl_free(tl, v0);
+            for (int d = 0; d < h.ndown; d++) {
+                kb_val in = tl_recv(tl, h.down[d], KB_SHAPE1(len), KB_F32);
+                kb_val sum = tl_add(tl, acc, in);
+                tl_free(tl, acc);
+                tl_free(tl, in);
+                acc = sum;
+            }
+            if (!has_up) {
+                if (S > 1) /* ring_phase keeps nothing else: v0 is gone */
+                    acc = ring_phase(tl, acc, S, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, (kb_val){ 0 });
+                for (int d = h.ndown - 1; d >= 0; d--)
+                    tl_send(tl, h.down[d], acc);
+                tl_store(tl, va, acc);
+                tl_free(tl, acc);
+                continue;
+            }
+            tl_send(tl, h.up, acc);
+            tl_free(tl, acc);
+        }
+        if (has_up && k >= h.depth && (len = kb_ccl_piece(n, SL, k - h.depth, &off)) != 0) {
+            kb_val v = tl_recv(tl, h.up, KB_SHAPE1(len), KB_F32);
+            for (int d = h.ndown - 1; d >= 0; d--)
+                tl_send(tl, h.down[d], v);
+            tl_store(tl, kb_ccl_elem_va(mine, off, dt), v);
+            tl_free(tl, v);
+        }
+    }
+}
+
+/* Messages are f32: a tile longer than a slot streams (hier_streamed). */
+static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N];
+
+    if (kb_ccl_stream_block(tl, n, 4)) {
+        hier_streamed(tl, a, kb_ccl_my_tile(tl, a), n);
+        return;
+    }
+    hierarchical_tile(tl, a, kb_ccl_my_tile(tl, a), n);
 }
 
 /* ---- registry ---- */

@@ -8,8 +8,8 @@
  * along rows, then columns), broadcast back. Every message is f32; the result is stored once
  * in the tensor's dtype. Every cube's PE 0 is wired for inter-SIP traffic (to the same cube of
  * the neighbouring SIPs), though only the root cubes use it.
- * Limits: the root cube's exchange assumes the machine's SIP grid (sip_grid_w x sip_grid_h);
- * a shard must fit one IPCQ slot as f32.
+ * Limits: the root cube's exchange assumes the machine's SIP grid (sip_grid_w x sip_grid_h).
+ * A row whose f32 messages are longer than a slot runs block by block (kb_ccl_run_tile).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -88,7 +88,8 @@ static kb_val reduce_to(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, k
     return acc;
 }
 
-/* Inverse of reduce_to: r's value flows out to both ends. */
+/* Inverse of reduce_to: r's value flows out to both ends; the others release their partial
+ * sums (sent during the reduce) once the total has come. */
 static kb_val bcast_from(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, kb_dir down)
 {
     kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
@@ -99,6 +100,7 @@ static kb_val bcast_from(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, 
             tl_send(tl, up, acc);
         return acc;
     }
+    kb_val part = acc;
     if (i < r) {
         acc = tl_recv(tl, up, s, KB_F32);
         if (i > 0)
@@ -108,20 +110,20 @@ static kb_val bcast_from(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, 
         if (i < k - 1)
             tl_send(tl, up, acc);
     }
+    tl_free(tl, part);
     return acc;
 }
 
 enum { IC_N = 0, IC_W, IC_H, IC_SIPS, IC_TOPO, IC_GW, IC_GH, IC_ROOT, IC_DT };
 
-static void intercube_allreduce(kb_tl *tl, const kb_kargs *a)
+/* The whole exchange over the n elements at `mine` (the cube's row, or one block of it). */
+static void intercube_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
-    int64_t n = a->i[IC_N];
     int w = (int)a->i[IC_W], h = (int)a->i[IC_H], sips = (int)a->i[IC_SIPS];
     int gw = (int)a->i[IC_GW], gh = (int)a->i[IC_GH], root = (int)a->i[IC_ROOT];
     kb_dtype dt = (kb_dtype)a->i[IC_DT];
     int cube = tl_program_id(tl, 1), sip = tl_program_id(tl, 2);
     int col = cube % w, row = cube / w, rc = root % w, rr = root / w;
-    kb_va mine = a->ptr[0] + (kb_va)cube * (kb_va)n * kb_dtype_size(dt);
     kb_val v = tl_load(tl, mine, KB_SHAPE1(n), dt);
     kb_val acc = tl_scale(tl, v, 1.0f, 0.0f); /* every message is f32 */
     tl_free(tl, v);
@@ -152,6 +154,20 @@ static void intercube_allreduce(kb_tl *tl, const kb_kargs *a)
         acc = bcast_from(tl, acc, row, h, rr, KB_DIR_S, KB_DIR_N);
     acc = bcast_from(tl, acc, col, w, rc, KB_DIR_E, KB_DIR_W);
     tl_store(tl, mine, acc);
+    tl_free(tl, acc); /* a streamed row's next block starts from free scratch */
+}
+
+/* Lines and chains have no cycle of sends and the rings step through kb_ccl_sendrecv, so a
+ * block's f32 messages longer than a slot stream as chunks; a row larger than that runs block
+ * by block (kb_ccl_run_tile), every cube starting the next block as soon as it is done with
+ * this one. */
+static void intercube_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[IC_N];
+    kb_dtype dt = (kb_dtype)a->i[IC_DT];
+    kb_va mine = a->ptr[0] + (kb_va)tl_program_id(tl, 1) * (kb_va)n * kb_dtype_size(dt);
+
+    kb_ccl_run_tile(tl, a, mine, n, dt, 4, intercube_tile);
 }
 
 /* How the SIPs' root cubes combine, per system.sips.topology (the names the machine takes). */

@@ -812,6 +812,9 @@ typedef struct ar_case {
     kb_ipcq_cfg icfg;
     int ws;
     const char *module;
+    const char *topo;  /* NULL = ring_1d */
+    int64_t n;         /* 0 = AR_N, from in; else from big */
+    const float *big;
     float in[AR_WS * AR_N];
     kb_ccl_job job;
 } ar_case;
@@ -819,8 +822,9 @@ typedef struct ar_case {
 static int h_allreduce(kb_ctx *ctx, void *arg)
 {
     ar_case *c = arg;
-    int rc = kb_ccl_job_prepare(ctx, &c->job, kb_ccl_algo_find(c->module), c->module, "ring_1d",
-                                c->ws, AR_N, &c->icfg, c->in);
+    int rc = kb_ccl_job_prepare(ctx, &c->job, kb_ccl_algo_find(c->module), c->module,
+                                c->topo ? c->topo : "ring_1d", c->ws, c->n ? c->n : AR_N,
+                                &c->icfg, c->n ? c->big : c->in);
     if (rc == 0)
         rc = kb_ccl_job_launch(ctx, &c->job, NULL, NULL);
     return rc;
@@ -923,6 +927,78 @@ static void test_ring_allreduce_chunked(void **state)
     free(c);
 }
 
+/*
+ * Every all-reduce streams a tile whose messages are longer than a slot: 16-byte slots force
+ * it at AR_N (slices of a few elements; mesh: one block of many chunks), and a tile past
+ * KB_CCL_STREAM_BYTES of f32 with 4 KiB slots runs as many slices and, for mesh, several
+ * blocks, the last one short. The sums of these inputs are exact in f16, so every element
+ * must equal the exact sum.
+ */
+static void test_allreduce_streamed(void **state)
+{
+    static const struct { const char *module, *topo; } algos[] = {
+        { "ring_allreduce", "ring_1d" },          { "tree_allreduce", "tree_binary" },
+        { "mesh_allreduce", "mesh_2d" },          { "hierarchical_allreduce", "hierarchical_3level" },
+    };
+    const int nalgos = (int)(sizeof algos / sizeof algos[0]);
+    /* two blocks and an odd remainder */
+    const int64_t big_n = (int64_t)(KB_CCL_STREAM_BYTES / 4u) + 1003;
+    ar_case *c = calloc(1, sizeof *c);
+    float *big = malloc((size_t)AR_WS * (size_t)big_n * sizeof *big);
+    float *out = malloc((size_t)AR_WS * (size_t)big_n * sizeof *out);
+
+    (void)state;
+    assert_non_null(c);
+    assert_non_null(big);
+    assert_non_null(out);
+    for (int64_t q = 0; q < AR_WS * big_n; q++)
+        big[q] = (float)((q % big_n * 7 + q / big_n * 5) % 23 - 11) * 0.5f;
+    /* per algorithm: small tile with 16-byte slots (n_slots 1 and 2), then the large tile with
+     * 4 KiB slots and one slot; ring also on 2 ranks (E and W are the same peer) */
+    for (int t = 0; t < nalgos * 3 + 1; t++) {
+        int m = t < nalgos * 3 ? t / 3 : 0, v = t < nalgos * 3 ? t % 3 : 2;
+        int ws = t < nalgos * 3 ? AR_WS : 2;
+        int64_t n = v < 2 ? AR_N : big_n;
+        const float *in;
+        kb_ctx *ctx = make_ctx();
+
+        memset(c, 0, sizeof *c);
+        c->ws = ws;
+        c->module = algos[m].module;
+        c->topo = algos[m].topo;
+        if (v < 2) {
+            c->icfg = (kb_ipcq_cfg){ 1 + v, 16, KB_MEM_TCM, 1 };
+            for (int r = 0; r < ws; r++)
+                for (int i = 0; i < AR_N; i++)
+                    c->in[r * AR_N + i] = (float)((r * 5 + i * 7) % 23 - 11) * 0.5f;
+            in = c->in;
+        } else {
+            c->icfg = (kb_ipcq_cfg){ 1, 4096, KB_MEM_TCM, 1 };
+            c->n = big_n;
+            c->big = big;
+            in = big;
+        }
+        assert_int_equal(kb_ctx_run_host(ctx, h_allreduce, c), 0);
+        assert_int_equal(kb_ccl_job_read(ctx, &c->job, out, NULL), 0);
+        for (int r = 0; r < ws; r++) {
+            for (int64_t i = 0; i < n; i++) {
+                float want = 0.0f;
+                for (int q = 0; q < ws; q++)
+                    want += in[q * n + i];
+                if (out[r * n + i] != want)
+                    fail_msg("%s ws %d n %lld slot %llu rank %d [%lld] = %g, expected %g",
+                             algos[m].module, ws, (long long)n,
+                             (unsigned long long)c->icfg.slot_size, r, (long long)i,
+                             (double)out[r * n + i], (double)want);
+            }
+        }
+        kb_ctx_destroy(ctx);
+    }
+    free(out);
+    free(big);
+    free(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -944,6 +1020,7 @@ int main(void)
         cmocka_unit_test(test_deadlock_report),
         cmocka_unit_test(test_ring_allreduce_one_slot),
         cmocka_unit_test(test_ring_allreduce_chunked),
+        cmocka_unit_test(test_allreduce_streamed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
