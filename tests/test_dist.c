@@ -776,16 +776,24 @@ static void test_registry(void **state)
 /* Every rank = SIP entry on seeded position-dependent data, several SIP counts and grids. */
 static void test_allreduce_seeded(void **state)
 {
-    static const struct { int sips; const char *topo; int64_t m, n; } cases[] = {
-        { 2, "ring_1d", 1, 8 }, { 3, "ring_1d", 2, 5 }, { 4, "torus_2d", 1, 16 },
-        { 4, "mesh_2d_no_wrap", 2, 8 }, { 6, "torus_2d", 1, 4 },
-        /* shards longer than a 4096-byte slot: their f32 messages travel as chunks */
-        { 2, "ring_1d", 1, 1100 }, { 4, "torus_2d", 2, 600 },
+    static const struct { int sips; const char *topo; int64_t m, n; int slot; } cases[] = {
+        { 2, "ring_1d", 1, 8, 0 }, { 3, "ring_1d", 2, 5, 0 }, { 4, "torus_2d", 1, 16, 0 },
+        { 4, "mesh_2d_no_wrap", 2, 8, 0 }, { 6, "torus_2d", 1, 4, 0 },
+        /* shards of 4400 and 4800 f32 bytes over 4096-byte slots: messages travel as chunks */
+        { 2, "ring_1d", 1, 1100, 4096 }, { 4, "torus_2d", 2, 600, 4096 },
     };
     (void)state;
     for (int a = 0; kb_dist_algo_at(a); a++) {
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-            kb_ctx *ctx = make_ctx(cases[c].sips, cases[c].topo, 1, kb_dist_algo_at(a)->module);
+            const char *module = kb_dist_algo_at(a)->module;
+            kb_ctx *ctx = make_ctx(cases[c].sips, cases[c].topo, 1, module);
+            if (cases[c].slot) {
+                char alg[128], slot[64];
+                const char *sets[] = { alg, slot };
+                snprintf(alg, sizeof alg, "ccl.defaults.algorithm=%s", module);
+                snprintf(slot, sizeof slot, "ccl.defaults.slot_size=%d", cases[c].slot);
+                kbt_ccl_attach(ctx, sets, 2);
+            }
             job j = { .nprocs = cases[c].sips, .body = body_allreduce, .m = cases[c].m,
                       .n = cases[c].n, .pattern = 2 };
             run_ok(ctx, &j);
