@@ -112,19 +112,18 @@ static qp *qp_of(const pe_state *ps, int d)
  * chunks not yet copied out and holds the message's completion.
  */
 struct kb_ipcq_req {
+    /* two cache lines: what posting, progress and the wait touch */
     qp *q;
     kb_tl *tl;
     kb_val val;          /* scratch value of the whole message (tl_recv; head only) */
     kb_pa dst;           /* where this chunk's slot is copied */
-    kb_dtype dst_dt;
     uint32_t rows, cols; /* this chunk's shape (a whole one-chunk message keeps its own) */
-    kb_dtype dt;
+    uint8_t dt, dst_dt;  /* kb_dtype of the message and of the destination */
+    uint8_t done;        /* head: every copy-out is issued (the last ends at t_done) */
+    uint32_t left;       /* head: chunks not yet copied out */
     uint64_t nbytes, seq;
     kb_time t_post;
     kb_time t_done;      /* head: end of the message's last copy-out, once done */
-    int done;            /* head: every copy-out is issued (the last ends at t_done) */
-    uint64_t left;       /* head: chunks not yet copied out */
-    uint64_t msg_bytes;  /* head: the whole message */
     kb_fiber *waiter;
     kb_ipcq_req *head;   /* the message this chunk belongs to */
     kb_ipcq_req *sib;    /* the message's next chunk */
@@ -1083,7 +1082,6 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
     r->t_done = 0;
     r->done = 0;
     r->left = 1;
-    r->msg_bytes = nbytes;
     r->waiter = NULL;
     r->head = r;
     r->sib = NULL;
@@ -1117,7 +1115,7 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
         r->rows = 1;
         r->cols = (uint32_t)per;
         r->nbytes = per * ses;
-        r->left = (n + per - 1) / per;
+        r->left = (uint32_t)((n + per - 1) / per);
         for (uint64_t off = per; off < n; off += per) {
             uint64_t len = n - off < per ? n - off : per;
             kb_ipcq_req *c = req_get(sys);
@@ -1173,7 +1171,12 @@ kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
         kb_tl_wait_until(tl, r->t_done);
     }
     sys->recvs++;
-    trace(tl_ctx(tl), "recv", tl_pe(tl), r->q->rx_dir, r->msg_bytes, r->seq);
+    if (kb_ctx_trace(tl_ctx(tl))) {
+        uint64_t bytes = 0; /* the whole message: its chunks' bytes */
+        for (const kb_ipcq_req *c = r; c; c = c->sib)
+            bytes += c->nbytes;
+        trace(tl_ctx(tl), "recv", tl_pe(tl), r->q->rx_dir, bytes, r->seq);
+    }
     v = r->val;
     while (r) { /* the message's chunk requests, head first */
         kb_ipcq_req *next = r->sib;
