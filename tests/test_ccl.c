@@ -302,6 +302,136 @@ static void test_layout_legacy(void **state)
     kb_machine_destroy(NULL);
 }
 
+/* kb_ccl_layout_linear: any world size, partial cubes and a partial last SIP. */
+static void test_layout_linear(void **state)
+{
+    static const struct { int ws, sips, cubes, pes, rps, last; } cases[] = {
+        { 1, 1, 1, 1, 1, 1 },     { 7, 1, 1, 7, 7, 7 },       { 8, 1, 1, 8, 8, 8 },
+        { 9, 1, 2, 8, 9, 9 },     { 12, 1, 2, 8, 12, 12 },    { 16, 1, 2, 8, 16, 16 },
+        { 127, 1, 16, 8, 127, 127 }, { 130, 2, 16, 8, 128, 2 }, { 256, 2, 16, 8, 128, 128 },
+    };
+    kb_config cfg;
+    kb_machine *m = NULL;
+    kb_ccl_layout l, w;
+    kb_errbuf eb;
+    (void)state;
+    kb_config_defaults(&cfg);
+    assert_int_equal(kb_machine_create(&cfg.topo, &m, &eb), 0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int ws = cases[i].ws;
+        assert_int_equal(kb_ccl_layout_linear(m, ws, &l, &eb), 0);
+        assert_int_equal(l.ws, ws);
+        assert_int_equal(l.sips, cases[i].sips);
+        assert_int_equal(l.cubes, cases[i].cubes);
+        assert_int_equal(l.pes, cases[i].pes);
+        assert_int_equal(l.ranks_per_sip, cases[i].rps);
+        assert_int_equal(kb_ccl_layout_sip_ranks(&l, l.sips - 1), cases[i].last);
+        assert_int_equal(kb_ccl_layout_sip_ranks(&l, l.sips), 0);
+        for (int r = 0; r < ws; r++)
+            assert_int_equal(kb_ccl_rank_pe(m, &l, r)->gid, r);
+        /* where whole cubes are filled it is the legacy layout */
+        if (kb_ccl_layout_legacy(m, ws, &w, &eb) == 0)
+            assert_memory_equal(&w, &l, sizeof l);
+    }
+    assert_int_equal(kb_ccl_layout_linear(m, 257, &l, &eb), KB_ERR_CONFIG);
+    assert_int_equal(kb_ccl_layout_linear(m, 0, &l, &eb), KB_ERR_CONFIG);
+    kb_machine_destroy(m);
+}
+
+/* A KB_CCL_ANY_WORLD algorithm: every rank sends its tile east and keeps what comes from the
+ * west; the grid's PEs past the last rank return at once. */
+static void shift_any(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N];
+    if (kb_ccl_idle(tl, a))
+        return;
+    kb_va mine = kb_ccl_my_tile(tl, a);
+    kb_val v = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
+    tl_send(tl, KB_DIR_E, v);
+    tl_free(tl, v);
+    tl_store(tl, mine, tl_recv(tl, KB_DIR_W, KB_SHAPE1(n), KB_F16));
+}
+
+static uint64_t shift_msg(int64_t n, int ws)
+{
+    (void)ws;
+    return (uint64_t)n * 2;
+}
+
+static const kb_ccl_algo_impl shift_any_impl = {
+    "shift_any", "test: shift east on any world", KB_COLL_SENDRECV, "ring_1d", shift_any, NULL,
+    shift_msg, kb_ccl_ref_shift_east, KB_CCL_ANY_WORLD,
+};
+
+typedef struct any_case {
+    const kb_ccl_algo_impl *impl;
+    int ws;
+    kb_ccl_job job;
+} any_case;
+
+static int h_any(kb_ctx *ctx, void *arg)
+{
+    any_case *c = arg;
+    kb_ipcq_cfg icfg = { 2, 4096, KB_MEM_TCM, 1 };
+    int rc = kb_ccl_job_prepare(ctx, &c->job, c->impl, c->impl->module, "ring_1d", c->ws, 16,
+                                &icfg, NULL);
+    return rc ? rc : kb_ccl_job_launch(ctx, &c->job, NULL, NULL);
+}
+
+/* Partial cubes and a partial last SIP through kb_ccl_job_* on the default machine; an
+ * algorithm without the flag is still refused. */
+static void test_job_any_world(void **state)
+{
+    static const int worlds[] = { 12, 130 };
+    any_case *c = calloc(1, sizeof *c);
+    (void)state;
+    assert_non_null(c);
+    for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++) {
+        kb_config cfg;
+        kb_ctx_opts opts = { .device = KB_DEV_REF };
+        kb_ctx *ctx = NULL;
+        kb_errbuf eb;
+        kb_ccl_verdict v;
+        int ws = worlds[w];
+        uint16_t *raw = malloc((size_t)ws * 16 * 2);
+        double *ref = malloc((size_t)ws * 16 * sizeof *ref);
+        float *in = malloc((size_t)ws * 16 * sizeof *in);
+        assert_true(raw && ref && in);
+        kb_config_defaults(&cfg);
+        assert_int_equal(kb_ctx_create(&cfg, &opts, &ctx, &eb), 0);
+        memset(c, 0, sizeof *c);
+        c->impl = &shift_any_impl;
+        c->ws = ws;
+        if (kb_ctx_run_host(ctx, h_any, c) != 0)
+            fail_msg("ws %d: %s", ws, kb_ctx_errmsg(ctx));
+        assert_int_equal(kb_ccl_job_read(ctx, &c->job, NULL, raw), 0);
+        kb_ccl_inputs(in, KB_CCL_INPUT_SEED, 0, ws, 16);
+        kb_ccl_ref_shift_east(in, ws, 16, ref);
+        assert_int_equal(kb_ccl_verify(KB_F16, raw, ref, ws, 16, 0.0, &v), 1);
+        kb_ctx_destroy(ctx);
+        free(raw);
+        free(ref);
+        free(in);
+    }
+    {
+        kb_config cfg;
+        kb_ctx_opts opts = { .device = KB_DEV_REF };
+        kb_ctx *ctx = NULL;
+        kb_errbuf eb;
+        kb_ccl_algo_impl whole = shift_any_impl;
+        whole.flags = 0;
+        kb_config_defaults(&cfg);
+        assert_int_equal(kb_ctx_create(&cfg, &opts, &ctx, &eb), 0);
+        memset(c, 0, sizeof *c);
+        c->impl = &whole;
+        c->ws = 12;
+        assert_int_equal(kb_ctx_run_host(ctx, h_any, c), KB_ERR_CONFIG);
+        assert_non_null(strstr(kb_ctx_errmsg(ctx), "spans cubes but is not a multiple of 8"));
+        kb_ctx_destroy(ctx);
+    }
+    free(c);
+}
+
 /* ---- every algorithm through the mock runtime ---- */
 
 /* Raw f16 bits of ntiles*n floats (what a tile tensor holds after the collective). */
@@ -775,6 +905,8 @@ int main(void)
         cmocka_unit_test(test_topo_hierarchical),
         cmocka_unit_test(test_topo_errors_and_names),
         cmocka_unit_test(test_layout_legacy),
+        cmocka_unit_test(test_layout_linear),
+        cmocka_unit_test(test_job_any_world),
         cmocka_unit_test(test_mock_every_algorithm),
         cmocka_unit_test(test_mock_default_inputs),
         cmocka_unit_test(test_mock_other_topologies),
