@@ -337,6 +337,10 @@ int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw);
  */
 int kb_ccl_mock_run(const char *module, const char *topo, int ws, int64_t n, const float *in,
                     float *out, kb_errbuf *eb);
+/* The same for an entry that is in no table (a plugin's, before or without registering it);
+ * topo NULL = the entry's topology. */
+int kb_ccl_mock_run_algo(const kb_ccl_algo_impl *impl, const char *topo, int ws, int64_t n,
+                         const float *in, float *out, kb_errbuf *eb);
 
 /* The topology an algorithm module normally runs on (its table entry's; ring_1d for a module
  * that is not registered). */

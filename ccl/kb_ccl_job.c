@@ -167,6 +167,15 @@ static int mock_host(kb_ctx *ctx, void *arg)
 int kb_ccl_mock_run(const char *module, const char *topo, int ws, int64_t n, const float *in,
                     float *out, kb_errbuf *eb)
 {
+    const kb_ccl_algo_impl *impl = kb_ccl_algo_find(module);
+    if (!impl)
+        return kb_err_set(eb, KB_ERR_NOTFOUND, "unknown algorithm module '%s'", module);
+    return kb_ccl_mock_run_algo(impl, topo, ws, n, in, out, eb);
+}
+
+int kb_ccl_mock_run_algo(const kb_ccl_algo_impl *impl, const char *topo, int ws, int64_t n,
+                         const float *in, float *out, kb_errbuf *eb)
+{
     kb_config cfg;
     kb_ctx_opts opts = { .device = KB_DEV_REF };
     kb_ctx *ctx = NULL;
@@ -174,10 +183,10 @@ int kb_ccl_mock_run(const char *module, const char *topo, int ws, int64_t n, con
     int rc;
 
     memset(&mk, 0, sizeof mk);
-    mk.impl = kb_ccl_algo_find(module);
-    if (!mk.impl)
-        return kb_err_set(eb, KB_ERR_NOTFOUND, "unknown algorithm module '%s'", module);
-    mk.topo = topo ? topo : kb_ccl_default_topo(module);
+    if (!impl)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_ccl_mock_run_algo: NULL entry");
+    mk.impl = impl;
+    mk.topo = topo ? topo : impl->topology;
     mk.ws = ws;
     mk.n = n;
     mk.in = in;

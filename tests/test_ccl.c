@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kb_ccl.h"
+#include "kb_ccl_reg.h"
 #include "kb_dtype.h"
 #include "kb_ipcq.h"
 #include "kb_runtime.h"
@@ -430,6 +431,83 @@ static void test_job_any_world(void **state)
         kb_ctx_destroy(ctx);
     }
     free(c);
+}
+
+/* kb_ccl_reg: adding, the clash and completeness checks, lookups after the built-ins, and a
+ * registered entry through the mock runtime. */
+static void test_registry(void **state)
+{
+    kb_ccl_reg *r = NULL;
+    kb_errbuf eb = {{0}};
+    kb_ccl_algo_impl bad;
+    (void)state;
+    assert_int_equal(kb_ccl_reg_create(&r, &eb), 0);
+    assert_null(kb_ccl_reg_algo_at(r, 0));
+    assert_null(kb_ccl_reg_find_algo(r, "shift_any"));
+    assert_ptr_equal(kb_ccl_reg_find_algo(r, "ring_allreduce"), kb_ccl_algo_find("ring_allreduce"));
+    assert_ptr_equal(kb_ccl_reg_find_algo(NULL, "ring_allreduce"), kb_ccl_algo_find("ring_allreduce"));
+    assert_int_equal(kb_ccl_reg_add_algo(r, &shift_any_impl, &eb), 0);
+    assert_ptr_equal(kb_ccl_reg_algo_at(r, 0), &shift_any_impl);
+    assert_ptr_equal(kb_ccl_reg_find_algo(r, "shift_any"), &shift_any_impl);
+    assert_null(kb_ccl_reg_find_algo(NULL, "shift_any"));
+    assert_null(kb_ccl_reg_find_dist(r, "shift_any"));
+    assert_int_equal(kb_ccl_reg_add_algo(r, &shift_any_impl, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "rank = PE algorithm 'shift_any' is already registered");
+    /* built-in names of either model clash */
+    bad = shift_any_impl;
+    bad.module = "ring_rsag_allreduce";
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "'ring_rsag_allreduce' clashes with kbcl's built-in module");
+    bad.module = "intercube_allreduce";
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "clashes with kbcl's built-in module");
+    bad.module = "no spaces";
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "not a valid ccl.yaml name");
+    bad = shift_any_impl;
+    bad.module = "other";
+    bad.reference = NULL;
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "must all be set");
+    bad.reference = kb_ccl_ref_shift_east;
+    bad.topology = "moebius";
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "unknown topology 'moebius'");
+    bad.topology = "ring_1d";
+    bad.flags = 6;
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "unknown flags 0x6");
+    bad.flags = 0;
+    bad.kind = KB_COLL_NKINDS;
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    assert_int_equal(kb_ccl_reg_check_algo(r, NULL, &eb), KB_ERR_CONFIG);
+    /* the rank = SIP side: the same rules; a built-in's entry under another name is fine */
+    {
+        kb_dist_algo d = kb_dist_algo_hierarchical;
+        assert_int_equal(kb_ccl_reg_add_dist(r, &d, &eb), KB_ERR_CONFIG);
+        kbt_msg_has(eb.msg, "'hierarchical_allreduce' clashes with kbcl's built-in module");
+        d.module = "shift_any"; /* the same name in the other model */
+        assert_int_equal(kb_ccl_reg_add_dist(r, &d, &eb), 0);
+        assert_ptr_equal(kb_ccl_reg_find_dist(r, "shift_any"), &d);
+        assert_ptr_equal(kb_ccl_reg_dist_at(r, 0), &d);
+        assert_int_equal(kb_ccl_reg_add_dist(r, &d, &eb), KB_ERR_CONFIG);
+        d.module = "x2";
+        d.grid = NULL;
+        assert_int_equal(kb_ccl_reg_check_dist(r, &d, &eb), KB_ERR_CONFIG);
+        kbt_msg_has(eb.msg, "every field");
+    }
+    kb_ccl_reg_destroy(r);
+    kb_ccl_reg_destroy(NULL);
+    /* an entry in no table runs through the mock runtime */
+    {
+        float in[5 * 8], out[5 * 8];
+        kb_ccl_inputs(in, 3, 0, 5, 8);
+        assert_int_equal(kb_ccl_mock_run_algo(&shift_any_impl, NULL, 5, 8, in, out, &eb), 0);
+        for (int rk = 0; rk < 5; rk++)
+            for (int i = 0; i < 8; i++)
+                assert_true(out[rk * 8 + i] == in[((rk + 4) % 5) * 8 + i]);
+        assert_int_equal(kb_ccl_mock_run_algo(NULL, NULL, 5, 8, in, out, &eb), KB_ERR_INVAL);
+    }
 }
 
 /* ---- every algorithm through the mock runtime ---- */
@@ -907,6 +985,7 @@ int main(void)
         cmocka_unit_test(test_layout_legacy),
         cmocka_unit_test(test_layout_linear),
         cmocka_unit_test(test_job_any_world),
+        cmocka_unit_test(test_registry),
         cmocka_unit_test(test_mock_every_algorithm),
         cmocka_unit_test(test_mock_default_inputs),
         cmocka_unit_test(test_mock_other_topologies),
