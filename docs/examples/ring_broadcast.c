@@ -13,6 +13,8 @@
  *   gcc -I sched -I cl -I host -I host/config -I host/hw -I host/mem -I ccl \
  *       docs/examples/ring_broadcast.c build/libkb_ccl.a build/libkb_host.a build/libkb_cl.a \
  *       build/libkb_sched.a -lcjson -lyaml -lOpenCL -lm -o /tmp/ring_broadcast
+ * Against an installed kbcl (docs/plugins.md "Installing kbcl"): docs/examples/CMakeLists.txt,
+ * or cc docs/examples/ring_broadcast.c $(pkg-config --cflags --libs kbcl) -o /tmp/ring_broadcast
  * Limits: an example; a tile must fit one IPCQ slot.
  */
 #include <stdio.h>

@@ -93,6 +93,21 @@ const char *kbcl_default_config(const char *name, char *buf, size_t n)
     if (access(buf, R_OK) == 0)
         return buf;
 #endif
+    /* an installed kbcl: PREFIX/bin/kbcl reads PREFIX/share/kbcl/configs */
+    {
+        char exe[4096];
+        ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        char *slash;
+        if (len > 0) {
+            exe[len] = '\0';
+            if ((slash = strrchr(exe, '/')) != NULL) {
+                *slash = '\0';
+                snprintf(buf, n, "%s/../share/kbcl/configs/%s", exe, name);
+                if (access(buf, R_OK) == 0)
+                    return buf;
+            }
+        }
+    }
     return NULL;
 }
 

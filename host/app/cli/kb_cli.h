@@ -79,7 +79,8 @@ int kbcl_ccl_plugins(kb_plugins *ps, kb_ccl_cfg *ccl, kb_errbuf *eb);
 #define KBCL_MAX_PLUGIN_ARGS 32
 
 /* The configuration file NAME kbcl reads when none is named: $KBCL_CONFIG_DIR/NAME, else the
- * source tree's configs/NAME when it exists (written into buf), else NULL. */
+ * source tree's configs/NAME when it exists, else PREFIX/share/kbcl/configs/NAME of an
+ * installed kbcl (PREFIX/bin/kbcl) when it exists (written into buf), else NULL. */
 const char *kbcl_default_config(const char *name, char *buf, size_t n);
 
 /* Applies one --set KEY=VALUE: ccl.* keys to ccl, every other key to the machine's cfg. */

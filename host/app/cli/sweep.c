@@ -598,21 +598,12 @@ static int plan_check(sw_parse *ps)
         }
     {
         char buf[2][4096];
-        const char *dir = getenv("KBCL_CONFIG_DIR");
         const char *tp = p->topology, *cp = p->ccl;
         /* the same defaults kbcl_job_run uses */
-        if (!tp && dir && *dir)
-            snprintf(buf[0], sizeof buf[0], "%s/topology.yaml", dir), tp = buf[0];
-        if (!cp && dir && *dir)
-            snprintf(buf[1], sizeof buf[1], "%s/ccl.yaml", dir), cp = buf[1];
-#ifdef KBCL_SOURCE_DIR
-        if (!tp && (snprintf(buf[0], sizeof buf[0], "%s/configs/topology.yaml", KBCL_SOURCE_DIR),
-                    access(buf[0], R_OK) == 0))
-            tp = buf[0];
-        if (!cp && (snprintf(buf[1], sizeof buf[1], "%s/configs/ccl.yaml", KBCL_SOURCE_DIR),
-                    access(buf[1], R_OK) == 0))
-            cp = buf[1];
-#endif
+        if (!tp)
+            tp = kbcl_default_config("topology.yaml", buf[0], sizeof buf[0]);
+        if (!cp)
+            cp = kbcl_default_config("ccl.yaml", buf[1], sizeof buf[1]);
         if ((tp && kb_config_load_topology(&cfg, tp, &e2) != 0) ||
             (cp && kb_ccl_config_load(&ccl, cp, &e2) != 0) ||
             kbcl_ccl_plugins(p->plugins, &ccl, &e2) != 0) {
