@@ -258,7 +258,7 @@ int kb_plugins_load(kb_plugins *ps, const char *path, kb_errbuf *eb)
         }
     }
     base = strrchr(p->path, '/');
-    snprintf(p->name, sizeof p->name, "%s", base ? base + 1 : p->path);
+    snprintf(p->name, sizeof p->name, "%.*s", (int)sizeof p->name - 1, base ? base + 1 : p->path);
     p->info.path = p->path;
     p->info.name = p->name;
     p->info.summary = p->summary;
