@@ -213,24 +213,23 @@ int kb_plugins_load(kb_plugins *ps, const char *path, kb_errbuf *eb)
     kb_plugin_reg reg;
     void *sym;
     const char *base;
+    char real[PATH_MAX];
     int rc = 0;
 
     if (!ps || !path)
         return kb_err_set(eb, KB_ERR_INVAL, "kb_plugins_load: NULL argument");
+    if (!realpath(path, real))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: cannot load plugin: %s", path,
+                          strerror(errno));
+    for (int i = 0; i < ps->n; i++)
+        if (!strcmp(ps->v[i]->path, real))
+            return 0; /* already loaded (the set is not touched: sweep workers call this) */
+    if (ps->n >= KB_PLUGINS_MAX)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: cannot load plugin: at most %d plugins", path,
+                          KB_PLUGINS_MAX);
     if (!(p = calloc(1, sizeof *p)))
         return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-    if (!realpath(path, p->path)) {
-        rc = kb_err_set(eb, KB_ERR_CONFIG, "%s: cannot load plugin: %s", path, strerror(errno));
-        goto fail;
-    }
-    for (int i = 0; i < ps->n; i++)
-        if (!strcmp(ps->v[i]->path, p->path))
-            goto fail; /* already loaded: rc 0 */
-    if (ps->n >= KB_PLUGINS_MAX) {
-        rc = kb_err_set(eb, KB_ERR_CONFIG, "%s: cannot load plugin: at most %d plugins", path,
-                        KB_PLUGINS_MAX);
-        goto fail;
-    }
+    memcpy(p->path, real, sizeof real);
     dlerror();
     if (!(p->handle = dlopen(p->path, RTLD_NOW | RTLD_LOCAL))) {
         const char *why = dlerror();
