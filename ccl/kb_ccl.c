@@ -321,3 +321,61 @@ void kb_ccl_run_tile(kb_tl *tl, const kb_kargs *a, kb_va va, int64_t n, kb_dtype
     for (int64_t j = 0; (len = kb_ccl_piece(n, blk, j, &off)) != 0; j++)
         f(tl, a, kb_ccl_elem_va(va, off, dt), len);
 }
+
+kb_val kb_ccl_ring_allreduce_val(kb_tl *tl, kb_val acc, int64_t k, int64_t i, kb_dir out,
+                                 kb_dir in, kb_va va, kb_dtype dt)
+{
+    int64_t n = acc.cols;
+    uint32_t off, len;
+
+    assert(k >= 2 && acc.rows == 1);
+    /* reduce-scatter: step s sends chunk i - s and receives chunk i - s - 1 */
+    kb_ccl_chunk(n, k, i, &off, &len);
+    kb_val part = kb_val_slice(acc, off, len);
+    for (int64_t s = 0; s + 1 < k; s++) {
+        int64_t rc = ((i - s - 1) % k + k) % k;
+        uint32_t slen = len;
+        kb_val sent = part, got;
+        kb_ccl_chunk(n, k, rc, &off, &len);
+        if (slen && len) {
+            got = kb_ccl_sendrecv(tl, out, sent, sent, in, KB_SHAPE1(len), KB_F32);
+        } else {
+            if (slen)
+                tl_send(tl, out, sent);
+            if (sent.scratch)
+                tl_free(tl, sent);
+            part = kb_val_slice(acc, off, 0);
+            if (!len)
+                continue;
+            got = tl_recv(tl, in, KB_SHAPE1(len), KB_F32);
+        }
+        part = tl_add(tl, kb_val_slice(acc, off, len), got);
+        tl_free(tl, got);
+    }
+    /* chunk i + 1 is complete: store it, then gather the others into the tile */
+    kb_ccl_chunk(n, k, (i + 1) % k, &off, &len);
+    if (len)
+        tl_store(tl, kb_ccl_elem_va(va, off, dt), part);
+    if (part.scratch)
+        tl_free(tl, part);
+    for (int64_t s = 0; s + 1 < k; s++) {
+        uint32_t soff, slen;
+        kb_ccl_chunk(n, k, ((i + 1 - s) % k + k) % k, &soff, &slen);
+        kb_ccl_chunk(n, k, ((i - s) % k + k) % k, &off, &len);
+        kb_val v = slen ? tl_ref(tl, kb_ccl_elem_va(va, soff, dt), KB_SHAPE1(slen), dt)
+                        : (kb_val){ 0 };
+        if (slen && len)
+            kb_ccl_sendrecv_into(tl, out, v, in, kb_ccl_elem_va(va, off, dt), KB_SHAPE1(len), dt);
+        else if (slen)
+            tl_send(tl, out, v);
+        else if (len)
+            tl_recv_into(tl, in, kb_ccl_elem_va(va, off, dt), KB_SHAPE1(len), dt);
+    }
+    tl_free(tl, acc);
+    kb_val tot = tl_load(tl, va, KB_SHAPE1(n), dt);
+    if (dt == KB_F32)
+        return tot;
+    kb_val t32 = tl_scale(tl, tot, 1.0f, 0.0f);
+    tl_free(tl, tot);
+    return t32;
+}

@@ -237,6 +237,28 @@ static inline kb_va kb_ccl_elem_va(kb_va va, int64_t i, kb_dtype dt)
     return va + (kb_va)i * (kb_va)kb_dtype_size(dt);
 }
 
+/* Chunk c of n elements cut into ws chunks as evenly as possible (the first n % ws one
+ * element longer): its offset and length (0 when n < ws leaves it empty). */
+static inline void kb_ccl_chunk(int64_t n, int64_t ws, int64_t c, uint32_t *off, uint32_t *len)
+{
+    int64_t base = n / ws, extra = n % ws;
+    *off = (uint32_t)(c * base + (c < extra ? c : extra));
+    *len = (uint32_t)(base + (c < extra ? 1 : 0));
+}
+
+/*
+ * Ring all-reduce (reduce-scatter + all-gather) of the f32 value acc (1 x n) among k members
+ * (my index i; sends on `out` to i + 1, receives on `in` from i - 1), for a collective's top
+ * level where the members' totals must have the same bits: each chunk is summed once, along
+ * one path, then handed round; a ring that forwards whole values sums in a different order
+ * on every member. The all-gather runs in the member's tile memory at va (n elements of dt,
+ * overwritten) and the total is read back from it as f32; in dt the chunks travel, so with
+ * f16 the total is rounded to f16 once (as the tile's store would round it). acc is
+ * released; returns a new value. Needs k >= 2; messages longer than a slot travel as chunks.
+ */
+kb_val kb_ccl_ring_allreduce_val(kb_tl *tl, kb_val acc, int64_t k, int64_t i, kb_dir out,
+                                 kb_dir in, kb_va va, kb_dtype dt);
+
 /*
  * Elements per block when a kernel must stream its tile of n elements, 0 when it need not:
  * it streams when its largest message (msg_esz bytes per tile element) is longer than a slot

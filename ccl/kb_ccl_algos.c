@@ -20,6 +20,7 @@
  * a few slot-sized slices (ring, rsag, tree and hierarchical slice by slice, mesh block by
  * block through kb_ccl_run_tile; docs/collectives.md §4).
  */
+#include <assert.h>
 #include <string.h>
 
 #include "kb_ccl.h"
@@ -168,9 +169,7 @@ static uint64_t tile_f32(int64_t n, int ws) { (void)ws; return (uint64_t)n * 4u;
 
 static void chunk_of(int64_t n, int64_t ws, int64_t c, uint32_t *off, uint32_t *len)
 {
-    int64_t base = n / ws, extra = n % ws;
-    *off = (uint32_t)(c * base + (c < extra ? c : extra));
-    *len = (uint32_t)(base + (c < extra ? 1 : 0));
+    kb_ccl_chunk(n, ws, c, off, len);
 }
 
 #define KB_RSAG_MAX_WS 8192
@@ -601,6 +600,17 @@ static kb_val chain_bcast(kb_tl *tl, kb_val v, int i, int g, kb_dir inc, kb_dir 
     return v;
 }
 
+/* The SIP leaders' all-reduce: two exchange once (a + b == b + a bitwise); three or more
+ * reduce-scatter + all-gather so that every leader holds the same bits. */
+static kb_val sip_allreduce(kb_tl *tl, kb_val acc, int S, kb_va va, kb_dtype dt, kb_val keep)
+{
+    if (S < 3)
+        return ring_phase(tl, acc, S, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, keep);
+    assert(acc.pa != keep.pa);
+    return kb_ccl_ring_allreduce_val(tl, acc, S, tl_program_id(tl, 2), KB_DIR_GLOBAL_E,
+                                     KB_DIR_GLOBAL_W, va, dt);
+}
+
 static void hierarchical_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
     int P = (int)a->i[KB_CCL_ARG_PES], C = (int)a->i[KB_CCL_ARG_CUBES], S = (int)a->i[KB_CCL_ARG_SIPS];
@@ -612,7 +622,7 @@ static void hierarchical_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t 
     if (pe == 0) {
         acc = chain_reduce(tl, acc, cube, C, KB_DIR_N, KB_DIR_S, v0);
         if (cube == 0 && S > 1)
-            acc = ring_phase(tl, acc, S, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, v0);
+            acc = sip_allreduce(tl, acc, S, mine, (kb_dtype)a->i[KB_CCL_ARG_DTYPE], v0);
         acc = chain_bcast(tl, acc, cube, C, KB_DIR_N, KB_DIR_S);
     }
     acc = chain_bcast(tl, acc, pe, P, KB_DIR_E, KB_DIR_W);
@@ -698,8 +708,8 @@ static void hier_streamed(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
                 acc = sum;
             }
             if (!has_up) {
-                if (S > 1) /* ring_phase keeps nothing else: v0 is gone */
-                    acc = ring_phase(tl, acc, S, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, (kb_val){ 0 });
+                if (S > 1) /* keeps nothing else: v0 is gone */
+                    acc = sip_allreduce(tl, acc, S, va, dt, (kb_val){ 0 });
                 for (int d = h.ndown - 1; d >= 0; d--)
                     tl_send(tl, h.down[d], acc);
                 tl_store(tl, va, acc);
