@@ -329,6 +329,27 @@ kb_val kb_ccl_ring_allreduce_val(kb_tl *tl, kb_val acc, int64_t k, int64_t i, kb
     uint32_t off, len;
 
     assert(k >= 2 && acc.rows == 1);
+    if (k <= KB_CCL_GATHER_SUM_MAX && (uint64_t)k * (uint64_t)n * 4u <= kb_ipcq_slot_size(tl_ctx(tl))) {
+        /* small: forward the members' values round the ring (k - 1 steps, the latency of the
+         * plain ring), keep them, and sum them in member order 0, 1, ... k - 1 */
+        kb_val v[KB_CCL_GATHER_SUM_MAX], cur = acc, sum;
+        v[i] = acc;
+        for (int64_t s = 0; s + 1 < k; s++) {
+            cur = kb_ccl_sendrecv(tl, out, cur, (kb_val){ 0 }, in, KB_SHAPE1(n), KB_F32);
+            v[((i - 1 - s) % k + k) % k] = cur;
+        }
+        sum = tl_add(tl, v[0], v[1]);
+        for (int64_t m = 2; m < k; m++) {
+            kb_val t = tl_add(tl, sum, v[m]);
+            tl_free(tl, sum);
+            sum = t;
+        }
+        for (int64_t m = 0; m < k; m++)
+            tl_free(tl, v[m]);
+        (void)va;
+        (void)dt;
+        return sum;
+    }
     /* reduce-scatter: step s sends chunk i - s and receives chunk i - s - 1 */
     kb_ccl_chunk(n, k, i, &off, &len);
     kb_val part = kb_val_slice(acc, off, len);

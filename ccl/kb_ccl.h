@@ -247,15 +247,18 @@ static inline void kb_ccl_chunk(int64_t n, int64_t ws, int64_t c, uint32_t *off,
 }
 
 /*
- * Ring all-reduce (reduce-scatter + all-gather) of the f32 value acc (1 x n) among k members
- * (my index i; sends on `out` to i + 1, receives on `in` from i - 1), for a collective's top
- * level where the members' totals must have the same bits: each chunk is summed once, along
- * one path, then handed round; a ring that forwards whole values sums in a different order
- * on every member. The all-gather runs in the member's tile memory at va (n elements of dt,
- * overwritten) and the total is read back from it as f32; in dt the chunks travel, so with
- * f16 the total is rounded to f16 once (as the tile's store would round it). acc is
- * released; returns a new value. Needs k >= 2; messages longer than a slot travel as chunks.
+ * Ring all-reduce of the f32 value acc (1 x n) among k members (my index i; sends on `out`
+ * to i + 1, receives on `in` from i - 1), for a collective's top level where the members'
+ * totals must have the same bits — a ring that forwards whole values and adds each as it
+ * comes sums in a different order on every member. Small (k <= KB_CCL_GATHER_SUM_MAX and
+ * the k values within one slot): the values go round as in that ring (k - 1 steps) and each
+ * member sums them in member order. Otherwise reduce-scatter + all-gather: each chunk is
+ * summed once, along one path, then handed round; the all-gather runs in the member's tile
+ * memory at va (n elements of dt, overwritten) and the total is read back from it as f32, so
+ * with f16 it is rounded to f16 once (as the tile's store would round it). acc is released;
+ * returns a new value. Needs k >= 2; messages longer than a slot travel as chunks.
  */
+#define KB_CCL_GATHER_SUM_MAX 64
 kb_val kb_ccl_ring_allreduce_val(kb_tl *tl, kb_val acc, int64_t k, int64_t i, kb_dir out,
                                  kb_dir in, kb_va va, kb_dtype dt);
 
