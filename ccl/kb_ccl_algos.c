@@ -275,6 +275,11 @@ static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va min
     int64_t per = stream_per(tl_slot_size(tl, KB_DIR_E), 1);
     kb_ipcq_req *rq[STREAM_MAX_SLICES];
 
+    /* a tile of one block whose chunks take fewer slices: loop over those only (the same
+     * block and messages; the slices past a chunk's end would all be empty) */
+    if (n <= ws * per * S && tl_cdiv(tl_cdiv(n, ws), S) < per)
+        per = tl_cdiv(tl_cdiv(n, ws), S);
+
     /* blocks of ws chunks of per slices; the last block takes what is left */
     int64_t blk = ws * per * S;
     for (int64_t b0 = 0; b0 < n; b0 += blk) {
