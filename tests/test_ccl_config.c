@@ -117,7 +117,7 @@ static void test_defaults(void **state)
 
 static void check_algo(const kb_ccl_cfg *c, const char *name, const char *module,
                        const char *topology, const char *buffer_kind, int world_size,
-                       int64_t n_elem)
+                       int64_t n_elem, uint64_t slot_size)
 {
     const kb_ccl_algo *a = kb_ccl_config_find(c, name);
     kb_ccl_params p;
@@ -129,10 +129,11 @@ static void check_algo(const kb_ccl_cfg *c, const char *name, const char *module
     assert_string_equal(a->topology, topology);
     assert_int_equal(a->root_cube, -1);
     assert_true(a->line > 0);
-    /* The shipped entries leave these to the defaults. */
+    /* The shipped entries leave these to the defaults (but the rings' slot size: slot_size
+     * 0 here = the default's) */
     assert_int_equal(a->p.backpressure, -1);
     assert_int_equal(a->p.n_slots, 0);
-    assert_int_equal(a->p.slot_size, 0);
+    assert_int_equal(a->p.slot_size, slot_size);
     assert_string_equal(a->p.algorithm, "");
     p = kb_ccl_config_params(c, a);
     assert_string_equal(p.algorithm, name);
@@ -140,7 +141,7 @@ static void check_algo(const kb_ccl_cfg *c, const char *name, const char *module
     assert_int_equal(p.world_size, world_size);
     assert_int_equal(p.n_elem, n_elem);
     assert_int_equal(p.n_slots, 4);
-    assert_int_equal(p.slot_size, 262144);
+    assert_int_equal(p.slot_size, slot_size ? slot_size : 262144);
     assert_int_equal(p.backpressure, 1);
 }
 
@@ -175,17 +176,18 @@ static void test_shipped_ccl(void **state)
         if (i > 0)
             assert_true(c.algos[i].line > c.algos[i - 1].line);
     }
-    check_algo(&c, "ring_allreduce_tcm", "ring_allreduce", "ring_1d", "tcm", 256, 8);
-    check_algo(&c, "ring_allreduce_hbm", "ring_allreduce", "ring_1d", "hbm", 256, 8);
-    check_algo(&c, "ring_allreduce_sram", "ring_allreduce", "ring_1d", "sram", 256, 8);
-    check_algo(&c, "mesh_allreduce_4", "mesh_allreduce", "mesh_2d", "tcm", 4, 0);
-    check_algo(&c, "tree_allreduce_7", "tree_allreduce", "tree_binary", "tcm", 7, 0);
+    check_algo(&c, "ring_allreduce_tcm", "ring_allreduce", "ring_1d", "tcm", 256, 8, 1048576);
+    check_algo(&c, "ring_allreduce_hbm", "ring_allreduce", "ring_1d", "hbm", 256, 8, 0);
+    check_algo(&c, "ring_allreduce_sram", "ring_allreduce", "ring_1d", "sram", 256, 8, 0);
+    check_algo(&c, "mesh_allreduce_4", "mesh_allreduce", "mesh_2d", "tcm", 4, 0, 0);
+    check_algo(&c, "tree_allreduce_7", "tree_allreduce", "tree_binary", "tcm", 7, 0, 0);
     check_algo(&c, "hierarchical_allreduce", "hierarchical_allreduce", "hierarchical_3level",
-               "tcm", 256, 0);
+               "tcm", 256, 0, 0);
     check_algo(&c, "hierarchical_allreduce_sip", "hierarchical_allreduce",
-               "hierarchical_3level", "tcm", 0, 0);
-    check_algo(&c, "ring_rsag_allreduce", "ring_rsag_allreduce", "ring_1d", "tcm", 256, 256);
-    check_algo(&c, "intercube_allreduce", "intercube_allreduce", "none", "tcm", 0, 0);
+               "hierarchical_3level", "tcm", 0, 0, 0);
+    check_algo(&c, "ring_rsag_allreduce", "ring_rsag_allreduce", "ring_1d", "tcm", 256, 256,
+               1048576);
+    check_algo(&c, "intercube_allreduce", "intercube_allreduce", "none", "tcm", 0, 0, 0);
     if (kb_ccl_config_validate(&c, &t, &eb) != 0)
         fail_msg("%s", eb.msg);
 

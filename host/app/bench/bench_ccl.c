@@ -172,6 +172,16 @@ static void add_bw(kb_bench_result *res, kb_coll_kind kind, int ws, int64_t coun
     kb_bench_add_extra(res, "busbw_gbps", algbw * kb_coll_busbw_factor(kind, ws));
 }
 
+/* IPCQ traffic of the whole run (set-up and barriers included): Phase 1's host cost per
+ * chunk is phase1_ms over ipcq_chunks. */
+static void add_traffic(kb_ctx *ctx, kb_bench_result *res)
+{
+    uint64_t msgs, chunks;
+    kb_ipcq_counts(ctx, &msgs, &chunks);
+    kb_bench_add_extra(res, "ipcq_messages", (double)msgs);
+    kb_bench_add_extra(res, "ipcq_chunks", (double)chunks);
+}
+
 static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
 {
     ccl_state *st = state;
@@ -189,6 +199,7 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
         /* bytes per rank: the whole tensor of the rank */
         add_bw(res, kb_dist_algo_find(kb_dist_algorithm(ctx))->kind, st->ws,
                st->n * kb_dist_shards_per_rank(ctx));
+        add_traffic(ctx, res);
         return 0;
     }
     snprintf(res->line, sizeof res->line, "  %s (ws=%d)", job->name, job->layout.ws);
@@ -199,6 +210,7 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
     add_bw(res, job->impl->kind, job->layout.ws, job->n);
     kb_bench_add_extra(res, "busbw_bound_gbps",
                        kb_ccl_topo_bound_gbps(ctx, job->topo, &job->layout));
+    add_traffic(ctx, res);
     return 0;
 }
 
