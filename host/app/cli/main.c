@@ -59,6 +59,7 @@ static void usage_run(FILE *f)
           "                       count x 2 bytes); suffixes K, M, G = 2^10, 2^20, 2^30, e.g.\n"
           "                       --size 64K; instead of --n-elem\n"
           "  --buffer-kind K      where IPCQ rx rings live: tcm | hbm | sram\n"
+          "  --root R             root rank of a broadcast or reduce (default 0)\n"
           "  --device DEV         auto | gpu | cpu | ref | none (none = timing only)  [ref]\n"
           "  --trace FILE         write a Chrome trace-event timeline (Perfetto)\n"
           "  --verify-data        replay the data and check it against a host computation\n"
