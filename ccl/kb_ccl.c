@@ -139,15 +139,49 @@ static int topo_full(const char *name, int ws, int rank, const kb_ccl_geom *g,
     return 0;
 }
 
+/*
+ * hypercube: MPI's recursive-doubling wiring for any world size. With P = 2^d the largest
+ * power of two <= ws and rem = ws - P, ranks below 2*rem pair up (r even with r+1) on
+ * direction d (the fold); the odd ones and the ranks from 2*rem on are the P survivors, v =
+ * r/2 or r - rem, and direction k (< d) of a survivor leads to the survivor v ^ 2^k.
+ */
+static int topo_cube(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                     int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    int d = kb_topo_hypercube_dims(ws), rem = ws - (1 << d);
+    (void)g;
+    if (d + (rem > 0) > KB_NDIRS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "topology %s: a world of %d needs %d IPCQ "
+                          "directions per PE, a PE has %d", name, ws, d + (rem > 0), KB_NDIRS);
+    if (rank < 2 * rem)
+        nbr[d] = rank ^ 1;
+    if (rank < 2 * rem && !(rank & 1))
+        return 0;
+    int v = rank < 2 * rem ? rank / 2 : rank - rem;
+    for (int k = 0; k < d; k++) {
+        int p = v ^ (1 << k);
+        nbr[k] = p < rem ? 2 * p + 1 : p + rem;
+    }
+    return 0;
+}
+
+int kb_topo_hypercube_dims(int ws)
+{
+    int d = 0;
+    while (ws >= (2 << d))
+        d++;
+    return d;
+}
+
 /* The one list of rank topologies: kb_topo_names[i] is built by topo_fns[i]. ccl.yaml's
  * `topology` key takes exactly these names. */
 const char *const kb_topo_names[] = {
     "ring_1d", "ring_1d_unidir", "mesh_2d", "torus_2d", "mesh_2d_no_wrap", "tree_binary",
-    "hierarchical_3level", "none", "full_mesh", NULL,
+    "hierarchical_3level", "none", "full_mesh", "hypercube", NULL,
 };
 static const topo_fn topo_fns[] = {
     topo_ring, topo_ring, topo_mesh_wrap, topo_mesh_wrap, topo_mesh_nowrap, topo_tree,
-    topo_hier, topo_none, topo_full,
+    topo_hier, topo_none, topo_full, topo_cube,
 };
 _Static_assert(sizeof topo_fns / sizeof topo_fns[0] ==
                    sizeof kb_topo_names / sizeof kb_topo_names[0] - 1,

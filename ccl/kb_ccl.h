@@ -12,7 +12,9 @@
  * mesh_2d_no_wrap, tree_binary (heap order: parent (r-1)/2, children 2r+1, 2r+2),
  * hierarchical_3level (E/W ring inside each cube, N/S ring of the cubes' PE 0 inside each SIP,
  * global_E/global_W ring of the SIPs' leaders (cube 0, PE 0)), none, full_mesh (direction
- * k-1 leads to rank r+k: a queue to every other rank, ws <= KB_NDIRS + 1). tree_binary hangs
+ * k-1 leads to rank r+k: a queue to every other rank, ws <= KB_NDIRS + 1), hypercube (MPI's
+ * recursive doubling for any ws: ranks below 2*rem = 2(ws - 2^d) fold in pairs on direction
+ * d, the 2^d survivors are a d-cube on directions 0..d-1; needs d + (rem > 0) <= KB_NDIRS). tree_binary hangs
  * from the geometry's root (heap order over ranks relabelled r - root mod ws).
  * Reverse pairing: for rank r sending on d to p, p's receiving direction is opposite(d) if p's
  * table points it back at r, else the first direction of p (in kb_dir order) that does.
@@ -45,6 +47,9 @@ typedef struct kb_ccl_geom {
  */
 int kb_topo_neighbors(const char *topo, int ws, int rank, const kb_ccl_geom *g,
                       int nbr[KB_NDIRS], kb_errbuf *eb);
+
+/* d = floor(log2 ws): the dimensions of the hypercube topology (ws >= 1). */
+int kb_topo_hypercube_dims(int ws);
 
 /* Reverse direction at peer `p` for the link (r, d): returns the direction or -1. */
 int kb_topo_reverse(const int nbr_of_peer[KB_NDIRS], int r, kb_dir d);
@@ -168,7 +173,8 @@ const kb_ccl_algo_impl *kb_ccl_algo_find(const char *module);
 /* ccl/kb_ccl_coll.c: the collectives other than all-reduce */
 extern const kb_ccl_algo_impl kb_ccl_algo_ring_allgather, kb_ccl_algo_ring_reducescatter,
     kb_ccl_algo_p2p_sendrecv, kb_ccl_algo_ring_broadcast, kb_ccl_algo_ring_reduce,
-    kb_ccl_algo_tree_broadcast, kb_ccl_algo_tree_reduce, kb_ccl_algo_pairwise_alltoall;
+    kb_ccl_algo_tree_broadcast, kb_ccl_algo_tree_reduce, kb_ccl_algo_pairwise_alltoall,
+    kb_ccl_algo_rd_allgather;
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
 
 /*

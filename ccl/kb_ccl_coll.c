@@ -12,6 +12,7 @@
  *  tree_broadcast      a pipelined binary tree hanging from the root (tree_binary)
  *  tree_reduce         the same tree, partial sums flowing up to the root
  *  pairwise_alltoall   ws - 1 pairwise exchanges over full_mesh
+ *  rd_allgather        recursive doubling over hypercube (MPI's fold for non-powers of two)
  *
  * Tiles (kb_coll_kind): a rank's tile is its whole buffer, n = nccl-tests' size / 2 f16
  * elements; the chunked kinds (all_gather, reduce_scatter, all_to_all) have n = ws * count,
@@ -22,7 +23,8 @@
  * the next hop while the following ones are still arriving (the pipelining of NCCL's ring and
  * tree protocols). Partial sums travel in f32 and are rounded once when stored.
  *
- * Limits: pairwise_alltoall needs a direct queue to every peer, so ws - 1 <= KB_NDIRS (11)
+ * Limits: rd_allgather needs floor(log2 ws) + 1 directions (ws < 2048) and as many rings per
+ * PE in the IPCQ area; pairwise_alltoall needs a direct queue to every peer, so ws - 1 <= KB_NDIRS (11)
  * directions per PE, and (ws - 1) * n_slots * slot_size bytes of IPCQ area per PE.
  */
 #include <string.h>
@@ -369,6 +371,70 @@ static void pairwise_alltoall(kb_tl *tl, const kb_kargs *a)
     }
 }
 
+/* ---- recursive doubling all_gather ---- */
+
+/* First chunk of survivor v's block (hypercube topology): a folded pair's two chunks or the
+ * rank's own; first_chunk(2^d) = ws. */
+static int64_t first_chunk(int64_t v, int64_t rem) { return v < rem ? 2 * v : v + rem; }
+
+/* Posts the receive of chunks [c0, c1) into the tile from d; NULL when empty. */
+static kb_ipcq_req *post_chunks(kb_tl *tl, kb_dir d, kb_va tile, int64_t cnt, int64_t c0,
+                                int64_t c1)
+{
+    return c1 > c0 ? tl_recv_into_async(tl, d, at(tile, c0 * cnt), KB_SHAPE1((c1 - c0) * cnt),
+                                        KB_F16)
+                   : NULL;
+}
+
+static void send_chunks(kb_tl *tl, kb_dir d, kb_va tile, int64_t cnt, int64_t c0, int64_t c1)
+{
+    if (c1 > c0)
+        tl_send(tl, d, ref16(tl, tile, c0 * cnt, (c1 - c0) * cnt));
+}
+
+/*
+ * MPI's recursive doubling with the fold for any world size (hypercube topology): a rank
+ * below 2*rem with an even number hands its chunk to r+1 and, at the end, gets every other
+ * chunk back from it; the 2^d survivors exchange in step k with the survivor v ^ 2^k the
+ * block of 2^k survivors' chunks they hold (a contiguous range of chunks), so the data held
+ * doubles each step. Messages go HBM -> peer ring -> HBM and travel as chunks of a slot
+ * (receives posted first).
+ */
+static void rd_allgather(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl), cnt = n / ws;
+    int d = kb_topo_hypercube_dims((int)ws);
+    int64_t rem = ws - ((int64_t)1 << d);
+    kb_dir fold = (kb_dir)d;
+    kb_va tile = kb_ccl_my_tile(tl, a);
+
+    if (ws < 2)
+        return;
+    if (r < 2 * rem && !(r & 1)) { /* folded: give the chunk, get the rest */
+        kb_ipcq_req *lo = post_chunks(tl, fold, tile, cnt, 0, r);
+        kb_ipcq_req *hi = post_chunks(tl, fold, tile, cnt, r + 1, ws);
+        send_chunks(tl, fold, tile, cnt, r, r + 1);
+        if (lo)
+            (void)tl_wait(tl, lo);
+        (void)tl_wait(tl, hi);
+        return;
+    }
+    if (r < 2 * rem)
+        tl_recv_into(tl, fold, at(tile, (r - 1) * cnt), KB_SHAPE1(cnt), KB_F16);
+    int64_t v = r < 2 * rem ? r / 2 : r - rem;
+    for (int k = 0; k < d; k++) {
+        int64_t w = (int64_t)1 << k, vb = v & ~(w - 1), pb = vb ^ w;
+        int64_t m0 = first_chunk(vb, rem), m1 = first_chunk(vb + w, rem);
+        int64_t p0 = first_chunk(pb, rem), p1 = first_chunk(pb + w, rem);
+        kb_ccl_sendrecv_into(tl, (kb_dir)k, ref16(tl, tile, m0 * cnt, (m1 - m0) * cnt),
+                             (kb_dir)k, at(tile, p0 * cnt), KB_SHAPE1((p1 - p0) * cnt), KB_F16);
+    }
+    if (r < 2 * rem) { /* the folded partner r-1 gets everything but its own chunk */
+        send_chunks(tl, fold, tile, cnt, 0, r - 1);
+        send_chunks(tl, fold, tile, cnt, r, ws);
+    }
+}
+
 /* ---- checks, message sizes, entries ---- */
 
 static int chunked_check(const char *who, int ws, int64_t n, kb_errbuf *eb)
@@ -391,6 +457,12 @@ static int rs_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
     return chunked_check("ring_reducescatter", ws, n, eb);
 }
 
+static int rd_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
+{
+    (void)g;
+    return chunked_check("rd_allgather", ws, n, eb);
+}
+
 static int a2a_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
 {
     (void)g;
@@ -407,6 +479,8 @@ static uint64_t tile16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; }
 static uint64_t tile32(int64_t n, int ws) { (void)ws; return (uint64_t)n * 4u; }
 static uint64_t chunk16(int64_t n, int ws) { return (uint64_t)(n / (ws > 0 ? ws : 1)) * 2u; }
 static uint64_t chunk32(int64_t n, int ws) { return (uint64_t)(n / (ws > 0 ? ws : 1)) * 4u; }
+/* recursive doubling's last step and the unfold move (almost) the whole tile */
+static uint64_t whole16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; }
 
 const kb_ccl_algo_impl kb_ccl_algo_ring_allgather = {
     "ring_allgather", "ring: p-1 steps forwarding the chunk received last, (p-1)/p of the buffer per rank",
@@ -440,4 +514,8 @@ const kb_ccl_algo_impl kb_ccl_algo_tree_reduce = {
 const kb_ccl_algo_impl kb_ccl_algo_pairwise_alltoall = {
     "pairwise_alltoall", "ws-1 pairwise chunk swaps over a full mesh (world size <= 12)",
     KB_COLL_ALLTOALL, "full_mesh", pairwise_alltoall, a2a_check, chunk16, kb_ccl_ref_alltoall,
+};
+const kb_ccl_algo_impl kb_ccl_algo_rd_allgather = {
+    "rd_allgather", "recursive doubling (MPI's fold for any world size): log2(p) exchanges of doubling blocks",
+    KB_COLL_ALLGATHER, "hypercube", rd_allgather, rd_check, whole16, kb_ccl_ref_allgather,
 };

@@ -214,6 +214,23 @@ static void test_topo_full_mesh(void **state)
     assert_non_null(strstr(eb.msg, "needs 12 IPCQ directions per PE, a PE has 11"));
 }
 
+static void test_topo_hypercube(void **state)
+{
+    (void)state;
+    assert_int_equal(kb_topo_hypercube_dims(1), 0);
+    assert_int_equal(kb_topo_hypercube_dims(7), 2);
+    assert_int_equal(kb_topo_hypercube_dims(8), 3);
+    assert_int_equal(kb_topo_hypercube_dims(256), 8);
+    /* 8: a 3-cube, direction k to r ^ 2^k */
+    expect_nbrs("hypercube", 8, 5, NULL, 3, KB_DIR_E, 4, KB_DIR_W, 7, KB_DIR_N, 1);
+    /* 6 = 4 + 2: ranks 0-3 fold in pairs on direction 2; survivors 1, 3, 4, 5 are v 0..3 */
+    expect_nbrs("hypercube", 6, 0, NULL, 1, KB_DIR_N, 1);
+    expect_nbrs("hypercube", 6, 1, NULL, 3, KB_DIR_E, 3, KB_DIR_W, 4, KB_DIR_N, 0);
+    expect_nbrs("hypercube", 6, 5, NULL, 2, KB_DIR_E, 4, KB_DIR_W, 3);
+    for (int ws = 1; ws <= 70; ws++)
+        check_all_links_reverse("hypercube", ws, NULL);
+}
+
 static void test_topo_hierarchical(void **state)
 {
     kb_ccl_geom g = { 8, 16, 0 };
@@ -258,8 +275,8 @@ static void test_topo_errors_and_names(void **state)
     kb_errbuf eb;
     int n = 0;
     (void)state;
-    assert_int_equal(kb_topo_neighbors("hypercube", 4, 0, &g, t, &eb), KB_ERR_CONFIG);
-    assert_non_null(strstr(eb.msg, "unknown topology 'hypercube'"));
+    assert_int_equal(kb_topo_neighbors("dragonfly", 4, 0, &g, t, &eb), KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "unknown topology 'dragonfly'"));
     assert_int_equal(kb_topo_neighbors("ring_1d", 4, 4, &g, t, &eb), KB_ERR_RANGE);
     assert_int_equal(kb_topo_neighbors("ring_1d", 4, -1, &g, t, &eb), KB_ERR_RANGE);
     assert_int_equal(kb_topo_neighbors("ring_1d", 0, 0, &g, t, &eb), KB_ERR_RANGE);
@@ -268,7 +285,7 @@ static void test_topo_errors_and_names(void **state)
         assert_int_equal(kb_topo_neighbors(kb_topo_names[n], 4, 3, &g, t, &eb), 0);
         check_all_links_reverse(kb_topo_names[n], 4, &g);
     }
-    assert_int_equal(n, 9);
+    assert_int_equal(n, 10);
     /* kb_topo_reverse: no direction points back */
     for (int d = 0; d < KB_NDIRS; d++)
         t[d] = NONE;
@@ -439,7 +456,7 @@ static void run_mock(const char *module, const char *topo, int ws, int64_t n, ui
 
 typedef struct algo_case {
     const char *module;
-    int ws[8];       /* 0-terminated */
+    int ws[9];       /* 0-terminated */
     int n_eq_ws;     /* also run with n = ws */
     int sweep;       /* counts 1, ws-1 and 37 (chunked kinds: ws chunks of them) and, for a
                       * rooted kind, roots ws-1 and ws/2 too */
@@ -460,6 +477,7 @@ static const algo_case algo_cases[] = {
     { "tree_broadcast", { 1, 2, 3, 7, 8, 16, 64, 0 }, 0, 1 },
     { "tree_reduce", { 1, 2, 3, 7, 8, 16, 64, 0 }, 0, 1 },
     { "pairwise_alltoall", { 1, 2, 3, 5, 7, 8, 12, 0 }, 0, 1 },
+    { "rd_allgather", { 1, 2, 3, 6, 7, 8, 16, 64 }, 0, 1 },
 };
 
 static const algo_case *case_of(const char *module)
@@ -517,7 +535,7 @@ static void test_coll_chunked(void **state)
 {
     static const char *const modules[] = {
         "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
-        "ring_reduce", "tree_broadcast", "tree_reduce", "pairwise_alltoall",
+        "ring_reduce", "tree_broadcast", "tree_reduce", "pairwise_alltoall", "rd_allgather",
     };
     static const struct { int slots; uint64_t slot; int64_t count; } sz[] = {
         { 2, 4096, 3001 }, { 1, 4096, 3001 }, { 2, 64, 2100 },
@@ -586,9 +604,9 @@ static void test_mock_errors(void **state)
     assert_non_null(strstr(eb.msg, "square world size, got 6"));
     assert_int_equal(kb_ccl_mock_run("no_such_algo", NULL, 2, 4, in, out, &eb), KB_ERR_NOTFOUND);
     assert_non_null(strstr(eb.msg, "unknown algorithm module 'no_such_algo'"));
-    assert_int_equal(kb_ccl_mock_run("ring_allreduce", "hypercube", 2, 4, in, out, &eb),
+    assert_int_equal(kb_ccl_mock_run("ring_allreduce", "dragonfly", 2, 4, in, out, &eb),
                      KB_ERR_CONFIG);
-    assert_non_null(strstr(eb.msg, "unknown topology 'hypercube'"));
+    assert_non_null(strstr(eb.msg, "unknown topology 'dragonfly'"));
     assert_int_equal(kb_ccl_mock_run("ring_allreduce", NULL, 20, 4, NULL, NULL, &eb),
                      KB_ERR_RANGE);
     assert_non_null(strstr(eb.msg, "cannot lay out 20 ranks"));
@@ -926,6 +944,7 @@ int main(void)
         cmocka_unit_test(test_topo_mesh),
         cmocka_unit_test(test_topo_tree),
         cmocka_unit_test(test_topo_full_mesh),
+        cmocka_unit_test(test_topo_hypercube),
         cmocka_unit_test(test_topo_hierarchical),
         cmocka_unit_test(test_topo_errors_and_names),
         cmocka_unit_test(test_layout_legacy),

@@ -206,7 +206,7 @@ static void test_coll_entries(void **s)
 {
     static const char *const entries[] = {
         "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
-        "tree_broadcast", "ring_reduce", "tree_reduce", "pairwise_alltoall",
+        "tree_broadcast", "ring_reduce", "tree_reduce", "pairwise_alltoall", "rd_allgather",
     };
     static const int worlds[] = { 2, 3, 8 };
     static const int counts[] = { 1, 37, 3001 };
@@ -216,7 +216,7 @@ static void test_coll_entries(void **s)
     for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++)
         for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++)
             for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
-                int ws = worlds[w], chunked = e < 2 || e == 7;
+                int ws = worlds[w], chunked = e < 2 || e >= 7;
                 long long size = 2LL * counts[c] * (chunked ? ws : 1);
                 int rooted = e >= 3 && e <= 6; /* the broadcasts and reduces */
                 const char *root = rooted ? (ws > 2 ? "--root 2" : "--root 1") : "";
