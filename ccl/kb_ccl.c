@@ -75,16 +75,19 @@ static int topo_mesh_nowrap(const char *name, int ws, int rank, const kb_ccl_geo
     return topo_mesh(name, ws, rank, g, nbr, eb, 0);
 }
 
+/* heap order over the ranks relabelled v = (rank - root) mod ws: the tree hangs from the
+ * geometry's root (0 without one) */
 static int topo_tree(const char *name, int ws, int rank, const kb_ccl_geom *g,
                      int nbr[KB_NDIRS], kb_errbuf *eb)
 {
-    (void)name, (void)g, (void)eb;
-    if (rank > 0)
-        nbr[KB_DIR_PARENT] = (rank - 1) / 2;
-    if (2 * rank + 1 < ws)
-        nbr[KB_DIR_CHILD_LEFT] = 2 * rank + 1;
-    if (2 * rank + 2 < ws)
-        nbr[KB_DIR_CHILD_RIGHT] = 2 * rank + 2;
+    int root = g ? g->root : 0, v = ((rank - root) % ws + ws) % ws;
+    (void)name, (void)eb;
+    if (v > 0)
+        nbr[KB_DIR_PARENT] = ((v - 1) / 2 + root) % ws;
+    if (2 * v + 1 < ws)
+        nbr[KB_DIR_CHILD_LEFT] = (2 * v + 1 + root) % ws;
+    if (2 * v + 2 < ws)
+        nbr[KB_DIR_CHILD_RIGHT] = (2 * v + 2 + root) % ws;
     return 0;
 }
 
@@ -122,15 +125,63 @@ static int topo_hier(const char *name, int ws, int rank, const kb_ccl_geom *g,
     return 0;
 }
 
+/* full_mesh: direction k-1 leads to rank r+k (mod ws), k = 1 .. ws-1, so every pair of ranks
+ * has a queue; a PE has KB_NDIRS directions, hence ws <= KB_NDIRS + 1 */
+static int topo_full(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                     int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    (void)g;
+    if (ws - 1 > KB_NDIRS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "topology %s: a world of %d needs %d IPCQ "
+                          "directions per PE, a PE has %d", name, ws, ws - 1, KB_NDIRS);
+    for (int k = 1; k < ws; k++)
+        nbr[k - 1] = (rank + k) % ws;
+    return 0;
+}
+
+/*
+ * hypercube: MPI's recursive-doubling wiring for any world size. With P = 2^d the largest
+ * power of two <= ws and rem = ws - P, ranks below 2*rem pair up (r even with r+1) on
+ * direction d (the fold); the odd ones and the ranks from 2*rem on are the P survivors, v =
+ * r/2 or r - rem, and direction k (< d) of a survivor leads to the survivor v ^ 2^k.
+ */
+static int topo_cube(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                     int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    int d = kb_topo_hypercube_dims(ws), rem = ws - (1 << d);
+    (void)g;
+    if (d + (rem > 0) > KB_NDIRS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "topology %s: a world of %d needs %d IPCQ "
+                          "directions per PE, a PE has %d", name, ws, d + (rem > 0), KB_NDIRS);
+    if (rank < 2 * rem)
+        nbr[d] = rank ^ 1;
+    if (rank < 2 * rem && !(rank & 1))
+        return 0;
+    int v = rank < 2 * rem ? rank / 2 : rank - rem;
+    for (int k = 0; k < d; k++) {
+        int p = v ^ (1 << k);
+        nbr[k] = p < rem ? 2 * p + 1 : p + rem;
+    }
+    return 0;
+}
+
+int kb_topo_hypercube_dims(int ws)
+{
+    int d = 0;
+    while (ws >= (2 << d))
+        d++;
+    return d;
+}
+
 /* The one list of rank topologies: kb_topo_names[i] is built by topo_fns[i]. ccl.yaml's
  * `topology` key takes exactly these names. */
 const char *const kb_topo_names[] = {
     "ring_1d", "ring_1d_unidir", "mesh_2d", "torus_2d", "mesh_2d_no_wrap", "tree_binary",
-    "hierarchical_3level", "none", NULL,
+    "hierarchical_3level", "none", "full_mesh", "hypercube", NULL,
 };
 static const topo_fn topo_fns[] = {
     topo_ring, topo_ring, topo_mesh_wrap, topo_mesh_wrap, topo_mesh_nowrap, topo_tree,
-    topo_hier, topo_none,
+    topo_hier, topo_none, topo_full, topo_cube,
 };
 _Static_assert(sizeof topo_fns / sizeof topo_fns[0] ==
                    sizeof kb_topo_names / sizeof kb_topo_names[0] - 1,
@@ -198,6 +249,7 @@ int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_err
         out->pes = ws;
     }
     out->ranks_per_sip = out->cubes * out->pes;
+    out->root = 0;
     assert(out->sips * out->ranks_per_sip == ws);
     return 0;
 }
@@ -212,7 +264,7 @@ kb_pe_hw *kb_ccl_rank_pe(const kb_machine *m, const kb_ccl_layout *l, int rank)
 double kb_ccl_topo_bound_gbps(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l)
 {
     kb_machine *m = kb_ctx_machine(ctx);
-    kb_ccl_geom g = { m->npes, l->cubes };
+    kb_ccl_geom g = { m->npes, l->cubes, l->root };
     kb_res *path[KB_MAX_ROUTE];
     uint64_t best = UINT64_MAX; /* bytes per us of the slowest resource so far */
     int nbr[KB_NDIRS];
@@ -240,7 +292,7 @@ int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const 
 {
     kb_errbuf *eb = kb_ctx_err(ctx);
     kb_machine *m = kb_ctx_machine(ctx);
-    kb_ccl_geom g = { m->npes, l->cubes };
+    kb_ccl_geom g = { m->npes, l->cubes, l->root };
     kb_ipcq_link *links = NULL;
     size_t n = 0, cap = 0;
     int nbr[KB_NDIRS], pnbr[KB_NDIRS];

@@ -780,6 +780,9 @@ static const kb_ccl_algo_impl hierarchical_algo = {
  * entry (declared in kb_ccl.h) and gets one line here. */
 static const kb_ccl_algo_impl *const algos[] = {
     &hello_send_algo, &ring_algo, &rsag_algo, &mesh_algo, &tree_algo, &hierarchical_algo,
+    &kb_ccl_algo_ring_allgather, &kb_ccl_algo_ring_reducescatter, &kb_ccl_algo_p2p_sendrecv,
+    &kb_ccl_algo_ring_broadcast, &kb_ccl_algo_ring_reduce, &kb_ccl_algo_tree_broadcast,
+    &kb_ccl_algo_tree_reduce, &kb_ccl_algo_pairwise_alltoall, &kb_ccl_algo_rd_allgather,
 };
 
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i)
