@@ -188,23 +188,31 @@ typedef struct rsag_blk {
     kb_va tile;                 /* the block's start in the rank's f16 tile */
 } rsag_blk;
 
-/* Elements of slice j of chunk c of the block (0 past its end) and its tile offset. */
-static int64_t slice_of(const rsag_blk *b, int64_t c, int64_t j, int64_t *off)
+/* Elements of slice j of chunk c of the block, slices of w elements (0 past its end), and its
+ * tile offset. */
+static int64_t slice_w(const rsag_blk *b, int64_t c, int64_t j, int64_t w, int64_t *off)
 {
     uint32_t co, cl;
     chunk_of(b->n, b->ws, ((c % b->ws) + b->ws) % b->ws, &co, &cl);
-    int64_t len = kb_ccl_piece((int64_t)cl, b->S, j, off);
+    int64_t len = kb_ccl_piece((int64_t)cl, w, j, off);
     *off += (int64_t)co;
     return len;
 }
 
+/* The reduce-scatter's slices: one slot of f32 partial sums (S elements). */
+static int64_t slice_of(const rsag_blk *b, int64_t c, int64_t j, int64_t *off)
+{
+    return slice_w(b, c, j, b->S, off);
+}
+
 static kb_va tile_at(const rsag_blk *b, int64_t off) { return kb_ccl_elem_va(b->tile, off, KB_F16); }
 
-/* Posts the receive of slice j of chunk c (into scratch in dt, or into the tile). */
+/* Posts the receive of slice j of chunk c: a reduce-scatter slice into scratch in dt, or an
+ * all-gather slice (one slot of f16: 2S elements) into the tile. */
 static kb_ipcq_req *rsag_post(kb_tl *tl, const rsag_blk *b, int64_t c, int64_t j, kb_dtype dt,
                               int into)
 {
-    int64_t off, len = slice_of(b, c, j, &off);
+    int64_t off, len = slice_w(b, c, j, into ? 2 * b->S : b->S, &off);
     if (!len)
         return NULL;
     return into ? tl_recv_into_async(tl, KB_DIR_W, tile_at(b, off), KB_SHAPE1(len), KB_F16)
@@ -228,41 +236,47 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
             if (!rq[j])
                 continue;
             kb_val in = tl_wait(tl, rq[j]);
-            /* the next step's slice j (after the last step: the all-gather's first) */
-            rq[j] = last ? rsag_post(tl, b, r, j, KB_F16, 1)
-                         : rsag_post(tl, b, c - 1, j, KB_F32, 0);
+            rq[j] = last ? NULL : rsag_post(tl, b, c - 1, j, KB_F32, 0); /* next step's */
             len = slice_of(b, c, j, &off);
             kb_val own = tl_load(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16);
             kb_val red = tl_add(tl, own, in);
             tl_free(tl, own);
             tl_free(tl, in);
-            if (last) { /* chunk r+1 is complete: store it and start the all-gather with it */
+            if (last) /* chunk r+1 is complete */
                 tl_store(tl, tile_at(b, off), red);
-                tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16));
-            } else {
+            else
                 tl_send(tl, KB_DIR_E, red);
-            }
             tl_free(tl, red);
         }
         /* slices the next chunk has beyond this one's (chunks differ by one element) */
-        for (int64_t j = 0; j < per; j++)
+        for (int64_t j = 0; !last && j < per; j++)
             if (!rq[j] && slice_of(b, c, j, &off) == 0)
-                rq[j] = last ? rsag_post(tl, b, r, j, KB_F16, 1)
-                             : rsag_post(tl, b, c - 1, j, KB_F32, 0);
+                rq[j] = rsag_post(tl, b, c - 1, j, KB_F32, 0);
     }
-    /* all-gather: step s receives chunk r-s into the tile and forwards it but the last */
+    /*
+     * All-gather in f16 slices of a whole slot (2S elements: half the messages of the f32
+     * slices): step 0 sends chunk r+1 and receives chunk r into the tile; step s forwards
+     * chunk r-s+1... slice by slice as it lands, but the last. It starts once the whole
+     * reduce-scatter is done (one chunk's bubble per block of ws chunks).
+     */
+    int64_t w = 2 * b->S, per2 = (per + 1) / 2;
+    for (int64_t j = 0; j < per2; j++)
+        rq[j] = rsag_post(tl, b, r, j, KB_F16, 1);
+    for (int64_t j = 0; j < per2; j++)
+        if ((len = slice_w(b, r + 1, j, w, &off)) != 0)
+            tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16));
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = r - s, last = s + 2 == ws;
-        for (int64_t j = 0; j < per; j++) {
+        for (int64_t j = 0; j < per2; j++) {
             if (!rq[j])
                 continue;
             (void)tl_wait(tl, rq[j]);
             rq[j] = last ? NULL : rsag_post(tl, b, c - 1, j, KB_F16, 1);
-            if (!last && (len = slice_of(b, c, j, &off)) != 0)
+            if (!last && (len = slice_w(b, c, j, w, &off)) != 0)
                 tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16));
         }
-        for (int64_t j = 0; !last && j < per; j++)
-            if (!rq[j] && slice_of(b, c, j, &off) == 0)
+        for (int64_t j = 0; !last && j < per2; j++)
+            if (!rq[j] && slice_w(b, c, j, w, &off) == 0)
                 rq[j] = rsag_post(tl, b, c - 1, j, KB_F16, 1);
     }
 }
