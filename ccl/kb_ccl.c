@@ -75,16 +75,19 @@ static int topo_mesh_nowrap(const char *name, int ws, int rank, const kb_ccl_geo
     return topo_mesh(name, ws, rank, g, nbr, eb, 0);
 }
 
+/* heap order over the ranks relabelled v = (rank - root) mod ws: the tree hangs from the
+ * geometry's root (0 without one) */
 static int topo_tree(const char *name, int ws, int rank, const kb_ccl_geom *g,
                      int nbr[KB_NDIRS], kb_errbuf *eb)
 {
-    (void)name, (void)g, (void)eb;
-    if (rank > 0)
-        nbr[KB_DIR_PARENT] = (rank - 1) / 2;
-    if (2 * rank + 1 < ws)
-        nbr[KB_DIR_CHILD_LEFT] = 2 * rank + 1;
-    if (2 * rank + 2 < ws)
-        nbr[KB_DIR_CHILD_RIGHT] = 2 * rank + 2;
+    int root = g ? g->root : 0, v = ((rank - root) % ws + ws) % ws;
+    (void)name, (void)eb;
+    if (v > 0)
+        nbr[KB_DIR_PARENT] = ((v - 1) / 2 + root) % ws;
+    if (2 * v + 1 < ws)
+        nbr[KB_DIR_CHILD_LEFT] = (2 * v + 1 + root) % ws;
+    if (2 * v + 2 < ws)
+        nbr[KB_DIR_CHILD_RIGHT] = (2 * v + 2 + root) % ws;
     return 0;
 }
 
@@ -122,15 +125,63 @@ static int topo_hier(const char *name, int ws, int rank, const kb_ccl_geom *g,
     return 0;
 }
 
+/* full_mesh: direction k-1 leads to rank r+k (mod ws), k = 1 .. ws-1, so every pair of ranks
+ * has a queue; a PE has KB_NDIRS directions, hence ws <= KB_NDIRS + 1 */
+static int topo_full(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                     int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    (void)g;
+    if (ws - 1 > KB_NDIRS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "topology %s: a world of %d needs %d IPCQ "
+                          "directions per PE, a PE has %d", name, ws, ws - 1, KB_NDIRS);
+    for (int k = 1; k < ws; k++)
+        nbr[k - 1] = (rank + k) % ws;
+    return 0;
+}
+
+/*
+ * hypercube: MPI's recursive-doubling wiring for any world size. With P = 2^d the largest
+ * power of two <= ws and rem = ws - P, ranks below 2*rem pair up (r even with r+1) on
+ * direction d (the fold); the odd ones and the ranks from 2*rem on are the P survivors, v =
+ * r/2 or r - rem, and direction k (< d) of a survivor leads to the survivor v ^ 2^k.
+ */
+static int topo_cube(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                     int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    int d = kb_topo_hypercube_dims(ws), rem = ws - (1 << d);
+    (void)g;
+    if (d + (rem > 0) > KB_NDIRS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "topology %s: a world of %d needs %d IPCQ "
+                          "directions per PE, a PE has %d", name, ws, d + (rem > 0), KB_NDIRS);
+    if (rank < 2 * rem)
+        nbr[d] = rank ^ 1;
+    if (rank < 2 * rem && !(rank & 1))
+        return 0;
+    int v = rank < 2 * rem ? rank / 2 : rank - rem;
+    for (int k = 0; k < d; k++) {
+        int p = v ^ (1 << k);
+        nbr[k] = p < rem ? 2 * p + 1 : p + rem;
+    }
+    return 0;
+}
+
+int kb_topo_hypercube_dims(int ws)
+{
+    int d = 0;
+    while (ws >= (2 << d))
+        d++;
+    return d;
+}
+
 /* The one list of rank topologies: kb_topo_names[i] is built by topo_fns[i]. ccl.yaml's
  * `topology` key takes exactly these names. */
 const char *const kb_topo_names[] = {
     "ring_1d", "ring_1d_unidir", "mesh_2d", "torus_2d", "mesh_2d_no_wrap", "tree_binary",
-    "hierarchical_3level", "none", NULL,
+    "hierarchical_3level", "none", "full_mesh", "hypercube", NULL,
 };
 static const topo_fn topo_fns[] = {
     topo_ring, topo_ring, topo_mesh_wrap, topo_mesh_wrap, topo_mesh_nowrap, topo_tree,
-    topo_hier, topo_none,
+    topo_hier, topo_none, topo_full, topo_cube,
 };
 _Static_assert(sizeof topo_fns / sizeof topo_fns[0] ==
                    sizeof kb_topo_names / sizeof kb_topo_names[0] - 1,
@@ -198,6 +249,7 @@ int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_err
         out->pes = ws;
     }
     out->ranks_per_sip = out->cubes * out->pes;
+    out->root = 0;
     assert(out->sips * out->ranks_per_sip == ws);
     return 0;
 }
@@ -221,6 +273,7 @@ int kb_ccl_layout_linear(const kb_machine *m, int ws, kb_ccl_layout *out, kb_err
         out->pes = ws < m->npes ? ws : m->npes;
         out->ranks_per_sip = ws;
     }
+    out->root = 0;
     assert((out->sips - 1) * out->ranks_per_sip < ws && ws <= out->sips * out->ranks_per_sip);
     return 0;
 }
@@ -241,7 +294,7 @@ kb_pe_hw *kb_ccl_rank_pe(const kb_machine *m, const kb_ccl_layout *l, int rank)
 double kb_ccl_topo_bound_gbps(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l)
 {
     kb_machine *m = kb_ctx_machine(ctx);
-    kb_ccl_geom g = { m->npes, l->cubes };
+    kb_ccl_geom g = { m->npes, l->cubes, l->root };
     kb_res *path[KB_MAX_ROUTE];
     uint64_t best = UINT64_MAX; /* bytes per us of the slowest resource so far */
     int nbr[KB_NDIRS];
@@ -269,7 +322,7 @@ int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const 
 {
     kb_errbuf *eb = kb_ctx_err(ctx);
     kb_machine *m = kb_ctx_machine(ctx);
-    kb_ccl_geom g = { m->npes, l->cubes };
+    kb_ccl_geom g = { m->npes, l->cubes, l->root };
     kb_ipcq_link *links = NULL;
     size_t n = 0, cap = 0;
     int nbr[KB_NDIRS], pnbr[KB_NDIRS];
@@ -349,4 +402,83 @@ void kb_ccl_run_tile(kb_tl *tl, const kb_kargs *a, kb_va va, int64_t n, kb_dtype
     }
     for (int64_t j = 0; (len = kb_ccl_piece(n, blk, j, &off)) != 0; j++)
         f(tl, a, kb_ccl_elem_va(va, off, dt), len);
+}
+
+kb_val kb_ccl_ring_allreduce_val(kb_tl *tl, kb_val acc, int64_t k, int64_t i, kb_dir out,
+                                 kb_dir in, kb_va va, kb_dtype dt)
+{
+    int64_t n = acc.cols;
+    uint32_t off, len;
+
+    assert(k >= 2 && acc.rows == 1);
+    if (k <= KB_CCL_GATHER_SUM_MAX && (uint64_t)k * (uint64_t)n * 4u <= kb_ipcq_slot_size(tl_ctx(tl))) {
+        /* small: forward the members' values round the ring (k - 1 steps, the latency of the
+         * plain ring), keep them, and sum them in member order 0, 1, ... k - 1 */
+        kb_val v[KB_CCL_GATHER_SUM_MAX], cur = acc, sum;
+        v[i] = acc;
+        for (int64_t s = 0; s + 1 < k; s++) {
+            cur = kb_ccl_sendrecv(tl, out, cur, (kb_val){ 0 }, in, KB_SHAPE1(n), KB_F32);
+            v[((i - 1 - s) % k + k) % k] = cur;
+        }
+        sum = tl_add(tl, v[0], v[1]);
+        for (int64_t m = 2; m < k; m++) {
+            kb_val t = tl_add(tl, sum, v[m]);
+            tl_free(tl, sum);
+            sum = t;
+        }
+        for (int64_t m = 0; m < k; m++)
+            tl_free(tl, v[m]);
+        (void)va;
+        (void)dt;
+        return sum;
+    }
+    /* reduce-scatter: step s sends chunk i - s and receives chunk i - s - 1 */
+    kb_ccl_chunk(n, k, i, &off, &len);
+    kb_val part = kb_val_slice(acc, off, len);
+    for (int64_t s = 0; s + 1 < k; s++) {
+        int64_t rc = ((i - s - 1) % k + k) % k;
+        uint32_t slen = len;
+        kb_val sent = part, got;
+        kb_ccl_chunk(n, k, rc, &off, &len);
+        if (slen && len) {
+            got = kb_ccl_sendrecv(tl, out, sent, sent, in, KB_SHAPE1(len), KB_F32);
+        } else {
+            if (slen)
+                tl_send(tl, out, sent);
+            if (sent.scratch)
+                tl_free(tl, sent);
+            part = kb_val_slice(acc, off, 0);
+            if (!len)
+                continue;
+            got = tl_recv(tl, in, KB_SHAPE1(len), KB_F32);
+        }
+        part = tl_add(tl, kb_val_slice(acc, off, len), got);
+        tl_free(tl, got);
+    }
+    /* chunk i + 1 is complete: store it, then gather the others into the tile */
+    kb_ccl_chunk(n, k, (i + 1) % k, &off, &len);
+    if (len)
+        tl_store(tl, kb_ccl_elem_va(va, off, dt), part);
+    if (part.scratch)
+        tl_free(tl, part);
+    for (int64_t s = 0; s + 1 < k; s++) {
+        uint32_t soff, slen;
+        kb_ccl_chunk(n, k, ((i + 1 - s) % k + k) % k, &soff, &slen);
+        kb_ccl_chunk(n, k, ((i - s) % k + k) % k, &off, &len);
+        kb_val v = slen ? tl_ref(tl, kb_ccl_elem_va(va, soff, dt), KB_SHAPE1(slen), dt)
+                        : (kb_val){ 0 };
+        if (slen && len)
+            kb_ccl_sendrecv_into(tl, out, v, in, kb_ccl_elem_va(va, off, dt), KB_SHAPE1(len), dt);
+        else if (slen)
+            tl_send(tl, out, v);
+        else if (len)
+            tl_recv_into(tl, in, kb_ccl_elem_va(va, off, dt), KB_SHAPE1(len), dt);
+    }
+    tl_free(tl, acc);
+    kb_val tot = tl_load(tl, va, KB_SHAPE1(n), dt);
+    if (dt == KB_F32)
+        return tot;
+    kb_val t32 = tl_scale(tl, tot, 1.0f, 0.0f);
+    tl_free(tl, tot);
+    return t32;
 }

@@ -11,7 +11,11 @@
  * Topologies (DESIGN §8): ring_1d, ring_1d_unidir, mesh_2d / torus_2d (square k x k, wraps),
  * mesh_2d_no_wrap, tree_binary (heap order: parent (r-1)/2, children 2r+1, 2r+2),
  * hierarchical_3level (E/W ring inside each cube, N/S ring of the cubes' PE 0 inside each SIP,
- * global_E/global_W ring of the SIPs' leaders (cube 0, PE 0)), none.
+ * global_E/global_W ring of the SIPs' leaders (cube 0, PE 0)), none, full_mesh (direction
+ * k-1 leads to rank r+k: a queue to every other rank, ws <= KB_NDIRS + 1), hypercube (MPI's
+ * recursive doubling for any ws: ranks below 2*rem = 2(ws - 2^d) fold in pairs on direction
+ * d, the 2^d survivors are a d-cube on directions 0..d-1; needs d + (rem > 0) <= KB_NDIRS). tree_binary hangs
+ * from the geometry's root (heap order over ranks relabelled r - root mod ws).
  * Reverse pairing: for rank r sending on d to p, p's receiving direction is opposite(d) if p's
  * table points it back at r, else the first direction of p (in kb_dir order) that does.
  *
@@ -33,6 +37,7 @@
 typedef struct kb_ccl_geom {
     int pes_per_cube;
     int cubes_per_sip;
+    int root;      /* the rank a rooted topology (tree_binary) hangs from; 0 by default */
 } kb_ccl_geom;
 
 /*
@@ -42,6 +47,9 @@ typedef struct kb_ccl_geom {
  */
 int kb_topo_neighbors(const char *topo, int ws, int rank, const kb_ccl_geom *g,
                       int nbr[KB_NDIRS], kb_errbuf *eb);
+
+/* d = floor(log2 ws): the dimensions of the hypercube topology (ws >= 1). */
+int kb_topo_hypercube_dims(int ws);
 
 /* Reverse direction at peer `p` for the link (r, d): returns the direction or -1. */
 int kb_topo_reverse(const int nbr_of_peer[KB_NDIRS], int r, kb_dir d);
@@ -56,6 +64,7 @@ typedef struct kb_ccl_layout {
     int ws;
     int sips, cubes, pes;     /* grid: PEs [0,pes) of cubes [0,cubes) of SIPs [0,sips) */
     int ranks_per_sip;
+    int root;                 /* the collective's root rank (broadcast, reduce); 0 otherwise */
 } kb_ccl_layout;
 int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb);
 /*
@@ -90,8 +99,16 @@ int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const 
 
 /*
  * What a collective computes. The kind decides the host reference an algorithm is checked
- * against and nccl-tests' bus-bandwidth factor. Only all-reduce and send/recv have algorithms
- * today; the others are listed so that their algorithms need no new plumbing.
+ * against and nccl-tests' bus-bandwidth factor.
+ *
+ * A rank's tile (n elements) is its buffer as nccl-tests sizes it (size / element):
+ * all_reduce, broadcast, reduce and sendrecv work on n = count elements in place; all_gather,
+ * reduce_scatter and all_to_all on n = ws * count (kb_coll_tile_ranks), chunk c being
+ * elements [c * count, (c + 1) * count). In place as NCCL's in-place calls: all_gather's input
+ * is the rank's own chunk r (the other chunks are overwritten); reduce_scatter leaves the sum
+ * of chunk r in chunk r and every other chunk untouched; all_to_all sends chunk c to rank c
+ * and receives rank c's chunk r into chunk c. reduce leaves the sum on the root and every
+ * other tile untouched.
  */
 typedef enum kb_coll_kind {
     KB_COLL_ALLREDUCE = 0,
@@ -107,6 +124,11 @@ typedef enum kb_coll_kind {
 /* "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
  * "sendrecv" (nccl-tests' names); "?" for anything else. */
 const char *kb_coll_name(kb_coll_kind k);
+/* Whether a kind has a root rank (broadcast, reduce). */
+int kb_coll_rooted(kb_coll_kind k);
+/* Tile elements per element of nccl-tests' count: ws for all_gather, reduce_scatter and
+ * all_to_all, else 1. */
+int kb_coll_tile_ranks(kb_coll_kind k, int ws);
 
 /*
  * nccl-tests' bus-bandwidth factor busbw / algbw for a world of ws ranks: 2(ws-1)/ws for
@@ -124,10 +146,20 @@ double kb_coll_busbw_factor(kb_coll_kind k, int ws);
  * on element i of the input tiles: verification then runs it on blocks of columns.
  */
 typedef void (*kb_ccl_ref_fn)(const float *in, int ws, int64_t n, double *out);
-/* The references of the kinds that have algorithms: the elementwise sum over ranks in every
- * tile; every rank gets its west neighbour's tile (rank r-1 mod ws; ws < 2 keeps its own). */
+/* The references, for root 0 (a rooted check relabels the ranks, kb_ccl_verify_inputs_root):
+ * all_reduce: the elementwise sum over ranks in every tile; shift_east (sendrecv): every rank
+ * gets its west neighbour's tile (rank r-1 mod ws; ws < 2 keeps its own); all_gather: chunk c
+ * of every tile = chunk c of rank c's; reduce_scatter: chunk r of rank r = the sum of every
+ * rank's chunk r, the rest unchanged; all_to_all: chunk c of rank r = chunk r of rank c;
+ * broadcast: every tile = rank 0's; reduce: rank 0's tile = the sum, the rest unchanged. The
+ * chunked kinds need n to be a multiple of ws. */
 void kb_ccl_ref_allreduce(const float *in, int ws, int64_t n, double *out);
 void kb_ccl_ref_shift_east(const float *in, int ws, int64_t n, double *out);
+void kb_ccl_ref_allgather(const float *in, int ws, int64_t n, double *out);
+void kb_ccl_ref_reduce_scatter(const float *in, int ws, int64_t n, double *out);
+void kb_ccl_ref_alltoall(const float *in, int ws, int64_t n, double *out);
+void kb_ccl_ref_broadcast(const float *in, int ws, int64_t n, double *out);
+void kb_ccl_ref_reduce(const float *in, int ws, int64_t n, double *out);
 
 typedef struct kb_ccl_algo_impl {
     const char *module;          /* ccl.yaml `module` */
@@ -161,6 +193,11 @@ typedef struct kb_ccl_algo_impl {
  * (ccl/kb_ccl_<name>.c) defines `const kb_ccl_algo_impl kb_ccl_algo_<name>`, declared here,
  * and adds one line to that table. */
 const kb_ccl_algo_impl *kb_ccl_algo_find(const char *module);
+/* ccl/kb_ccl_coll.c: the collectives other than all-reduce */
+extern const kb_ccl_algo_impl kb_ccl_algo_ring_allgather, kb_ccl_algo_ring_reducescatter,
+    kb_ccl_algo_p2p_sendrecv, kb_ccl_algo_ring_broadcast, kb_ccl_algo_ring_reduce,
+    kb_ccl_algo_tree_broadcast, kb_ccl_algo_tree_reduce, kb_ccl_algo_pairwise_alltoall,
+    kb_ccl_algo_rd_allgather;
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
 
 /*
@@ -169,7 +206,8 @@ const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
  * i[1] = world size, i[2] = PEs per cube, i[3] = cubes per SIP used, i[4] = SIPs used.
  */
 enum { KB_CCL_ARG_N = 0, KB_CCL_ARG_WS, KB_CCL_ARG_PES, KB_CCL_ARG_CUBES, KB_CCL_ARG_SIPS,
-       KB_CCL_ARG_DTYPE /* tile dtype (kb_dtype; 0 = f16); honoured by hierarchical_allreduce */ };
+       KB_CCL_ARG_DTYPE /* tile dtype (kb_dtype; 0 = f16); honoured by hierarchical_allreduce */,
+       KB_CCL_ARG_ROOT /* the root rank of a rooted collective (broadcast, reduce), < ws */ };
 
 /* A kernel's rank and the VA of its own tile. */
 int kb_ccl_rank(kb_tl *tl);
@@ -266,6 +304,31 @@ static inline kb_va kb_ccl_elem_va(kb_va va, int64_t i, kb_dtype dt)
     return va + (kb_va)i * (kb_va)kb_dtype_size(dt);
 }
 
+/* Chunk c of n elements cut into ws chunks as evenly as possible (the first n % ws one
+ * element longer): its offset and length (0 when n < ws leaves it empty). */
+static inline void kb_ccl_chunk(int64_t n, int64_t ws, int64_t c, uint32_t *off, uint32_t *len)
+{
+    int64_t base = n / ws, extra = n % ws;
+    *off = (uint32_t)(c * base + (c < extra ? c : extra));
+    *len = (uint32_t)(base + (c < extra ? 1 : 0));
+}
+
+/*
+ * Ring all-reduce of the f32 value acc (1 x n) among k members (my index i; sends on `out`
+ * to i + 1, receives on `in` from i - 1), for a collective's top level where the members'
+ * totals must have the same bits — a ring that forwards whole values and adds each as it
+ * comes sums in a different order on every member. Small (k <= KB_CCL_GATHER_SUM_MAX and
+ * the k values within one slot): the values go round as in that ring (k - 1 steps) and each
+ * member sums them in member order. Otherwise reduce-scatter + all-gather: each chunk is
+ * summed once, along one path, then handed round; the all-gather runs in the member's tile
+ * memory at va (n elements of dt, overwritten) and the total is read back from it as f32, so
+ * with f16 it is rounded to f16 once (as the tile's store would round it). acc is released;
+ * returns a new value. Needs k >= 2; messages longer than a slot travel as chunks.
+ */
+#define KB_CCL_GATHER_SUM_MAX 64
+kb_val kb_ccl_ring_allreduce_val(kb_tl *tl, kb_val acc, int64_t k, int64_t i, kb_dir out,
+                                 kb_dir in, kb_va va, kb_dtype dt);
+
 /*
  * Elements per block when a kernel must stream its tile of n elements, 0 when it need not:
  * it streams when its largest message (msg_esz bytes per tile element) is longer than a slot
@@ -322,6 +385,12 @@ typedef struct kb_ccl_job {
 int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
                        const char *name, const char *topo, int ws, int64_t n,
                        const kb_ipcq_cfg *icfg, const float *inputs);
+/* The same with a root rank (broadcast, reduce; KB_CCL_ARG_ROOT, and the rank a rooted
+ * topology hangs from). KB_ERR_CONFIG for a root outside [0, ws) or a non-zero root of a kind
+ * that has none. */
+int kb_ccl_job_prepare_root(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
+                            const char *name, const char *topo, int ws, int64_t n, int root,
+                            const kb_ipcq_cfg *icfg, const float *inputs);
 /* Launches `kernel` (NULL = the algorithm's) on every rank and waits for it. */
 int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const char *name);
 /* Reads every rank's tile (ws*n f32 values, rank-major); raw f16 bits into raw if non-NULL. */
@@ -337,10 +406,15 @@ int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw);
  */
 int kb_ccl_mock_run(const char *module, const char *topo, int ws, int64_t n, const float *in,
                     float *out, kb_errbuf *eb);
+/* The same with a root (kb_ccl_job_prepare_root) and, when icfg is non-NULL, that IPCQ
+ * configuration instead of two slots of the largest message (e.g. small slots, to chunk). */
+int kb_ccl_mock_run_opts(const char *module, const char *topo, int ws, int64_t n, int root,
+                         const kb_ipcq_cfg *icfg, const float *in, float *out, kb_errbuf *eb);
 /* The same for an entry that is in no table (a plugin's, before or without registering it);
  * topo NULL = the entry's topology. */
 int kb_ccl_mock_run_algo(const kb_ccl_algo_impl *impl, const char *topo, int ws, int64_t n,
-                         const float *in, float *out, kb_errbuf *eb);
+                         int root, const kb_ipcq_cfg *icfg, const float *in, float *out,
+                         kb_errbuf *eb);
 
 /* The topology an algorithm module normally runs on (its table entry's; ring_1d for a module
  * that is not registered). */
@@ -409,6 +483,11 @@ int kb_ccl_positionwise(kb_coll_kind k);
 int kb_ccl_verify_inputs(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_coll_kind kind,
                          uint32_t seed, int ntiles, int64_t n, double acc_bound,
                          kb_ccl_verdict *v);
+/* The same for a collective rooted at `root` (0 <= root < ntiles): tile t is checked as the
+ * reference's tile (t - root) mod ntiles of the inputs relabelled the same way. */
+int kb_ccl_verify_inputs_root(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref,
+                              kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
+                              double acc_bound, kb_ccl_verdict *v);
 /* The acc_bound kb_ccl_verify needs for a collective of kind k over nterms kb_ccl_inputs
  * tiles: 0 for kinds that only move data, and for reductions of up to
  * KB_CCL_INPUT_EXACT_TERMS tiles; else f32's summation bound (nterms-1) * 2^-24 * 16*nterms. */

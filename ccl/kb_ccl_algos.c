@@ -20,6 +20,7 @@
  * a few slot-sized slices (ring, rsag, tree and hierarchical slice by slice, mesh block by
  * block through kb_ccl_run_tile; docs/collectives.md §4).
  */
+#include <assert.h>
 #include <string.h>
 
 #include "kb_ccl.h"
@@ -168,9 +169,7 @@ static uint64_t tile_f32(int64_t n, int ws) { (void)ws; return (uint64_t)n * 4u;
 
 static void chunk_of(int64_t n, int64_t ws, int64_t c, uint32_t *off, uint32_t *len)
 {
-    int64_t base = n / ws, extra = n % ws;
-    *off = (uint32_t)(c * base + (c < extra ? c : extra));
-    *len = (uint32_t)(base + (c < extra ? 1 : 0));
+    kb_ccl_chunk(n, ws, c, off, len);
 }
 
 #define KB_RSAG_MAX_WS 8192
@@ -189,23 +188,31 @@ typedef struct rsag_blk {
     kb_va tile;                 /* the block's start in the rank's f16 tile */
 } rsag_blk;
 
-/* Elements of slice j of chunk c of the block (0 past its end) and its tile offset. */
-static int64_t slice_of(const rsag_blk *b, int64_t c, int64_t j, int64_t *off)
+/* Elements of slice j of chunk c of the block, slices of w elements (0 past its end), and its
+ * tile offset. */
+static int64_t slice_w(const rsag_blk *b, int64_t c, int64_t j, int64_t w, int64_t *off)
 {
     uint32_t co, cl;
     chunk_of(b->n, b->ws, ((c % b->ws) + b->ws) % b->ws, &co, &cl);
-    int64_t len = kb_ccl_piece((int64_t)cl, b->S, j, off);
+    int64_t len = kb_ccl_piece((int64_t)cl, w, j, off);
     *off += (int64_t)co;
     return len;
 }
 
+/* The reduce-scatter's slices: one slot of f32 partial sums (S elements). */
+static int64_t slice_of(const rsag_blk *b, int64_t c, int64_t j, int64_t *off)
+{
+    return slice_w(b, c, j, b->S, off);
+}
+
 static kb_va tile_at(const rsag_blk *b, int64_t off) { return kb_ccl_elem_va(b->tile, off, KB_F16); }
 
-/* Posts the receive of slice j of chunk c (into scratch in dt, or into the tile). */
+/* Posts the receive of slice j of chunk c: a reduce-scatter slice into scratch in dt, or an
+ * all-gather slice (one slot of f16: 2S elements) into the tile. */
 static kb_ipcq_req *rsag_post(kb_tl *tl, const rsag_blk *b, int64_t c, int64_t j, kb_dtype dt,
                               int into)
 {
-    int64_t off, len = slice_of(b, c, j, &off);
+    int64_t off, len = slice_w(b, c, j, into ? 2 * b->S : b->S, &off);
     if (!len)
         return NULL;
     return into ? tl_recv_into_async(tl, KB_DIR_W, tile_at(b, off), KB_SHAPE1(len), KB_F16)
@@ -229,41 +236,47 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
             if (!rq[j])
                 continue;
             kb_val in = tl_wait(tl, rq[j]);
-            /* the next step's slice j (after the last step: the all-gather's first) */
-            rq[j] = last ? rsag_post(tl, b, r, j, KB_F16, 1)
-                         : rsag_post(tl, b, c - 1, j, KB_F32, 0);
+            rq[j] = last ? NULL : rsag_post(tl, b, c - 1, j, KB_F32, 0); /* next step's */
             len = slice_of(b, c, j, &off);
             kb_val own = tl_load(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16);
             kb_val red = tl_add(tl, own, in);
             tl_free(tl, own);
             tl_free(tl, in);
-            if (last) { /* chunk r+1 is complete: store it and start the all-gather with it */
+            if (last) /* chunk r+1 is complete */
                 tl_store(tl, tile_at(b, off), red);
-                tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16));
-            } else {
+            else
                 tl_send(tl, KB_DIR_E, red);
-            }
             tl_free(tl, red);
         }
         /* slices the next chunk has beyond this one's (chunks differ by one element) */
-        for (int64_t j = 0; j < per; j++)
+        for (int64_t j = 0; !last && j < per; j++)
             if (!rq[j] && slice_of(b, c, j, &off) == 0)
-                rq[j] = last ? rsag_post(tl, b, r, j, KB_F16, 1)
-                             : rsag_post(tl, b, c - 1, j, KB_F32, 0);
+                rq[j] = rsag_post(tl, b, c - 1, j, KB_F32, 0);
     }
-    /* all-gather: step s receives chunk r-s into the tile and forwards it but the last */
+    /*
+     * All-gather in f16 slices of a whole slot (2S elements: half the messages of the f32
+     * slices): step 0 sends chunk r+1 and receives chunk r into the tile; step s forwards
+     * chunk r-s+1... slice by slice as it lands, but the last. It starts once the whole
+     * reduce-scatter is done (one chunk's bubble per block of ws chunks).
+     */
+    int64_t w = 2 * b->S, per2 = (per + 1) / 2;
+    for (int64_t j = 0; j < per2; j++)
+        rq[j] = rsag_post(tl, b, r, j, KB_F16, 1);
+    for (int64_t j = 0; j < per2; j++)
+        if ((len = slice_w(b, r + 1, j, w, &off)) != 0)
+            tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16));
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = r - s, last = s + 2 == ws;
-        for (int64_t j = 0; j < per; j++) {
+        for (int64_t j = 0; j < per2; j++) {
             if (!rq[j])
                 continue;
             (void)tl_wait(tl, rq[j]);
             rq[j] = last ? NULL : rsag_post(tl, b, c - 1, j, KB_F16, 1);
-            if (!last && (len = slice_of(b, c, j, &off)) != 0)
+            if (!last && (len = slice_w(b, c, j, w, &off)) != 0)
                 tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16));
         }
-        for (int64_t j = 0; !last && j < per; j++)
-            if (!rq[j] && slice_of(b, c, j, &off) == 0)
+        for (int64_t j = 0; !last && j < per2; j++)
+            if (!rq[j] && slice_w(b, c, j, w, &off) == 0)
                 rq[j] = rsag_post(tl, b, c - 1, j, KB_F16, 1);
     }
 }
@@ -275,6 +288,11 @@ static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va min
     /* posted receives of one chunk: at most KB_CCL_STREAM_BYTES */
     int64_t per = stream_per(tl_slot_size(tl, KB_DIR_E), 1);
     kb_ipcq_req *rq[STREAM_MAX_SLICES];
+
+    /* a tile of one block whose chunks take fewer slices: loop over those only (the same
+     * block and messages; the slices past a chunk's end would all be empty) */
+    if (n <= ws * per * S && tl_cdiv(tl_cdiv(n, ws), S) < per)
+        per = tl_cdiv(tl_cdiv(n, ws), S);
 
     /* blocks of ws chunks of per slices; the last block takes what is left */
     int64_t blk = ws * per * S;
@@ -601,6 +619,17 @@ static kb_val chain_bcast(kb_tl *tl, kb_val v, int i, int g, kb_dir inc, kb_dir 
     return v;
 }
 
+/* The SIP leaders' all-reduce: two exchange once (a + b == b + a bitwise); three or more
+ * reduce-scatter + all-gather so that every leader holds the same bits. */
+static kb_val sip_allreduce(kb_tl *tl, kb_val acc, int S, kb_va va, kb_dtype dt, kb_val keep)
+{
+    if (S < 3)
+        return ring_phase(tl, acc, S, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, keep);
+    assert(acc.pa != keep.pa);
+    return kb_ccl_ring_allreduce_val(tl, acc, S, tl_program_id(tl, 2), KB_DIR_GLOBAL_E,
+                                     KB_DIR_GLOBAL_W, va, dt);
+}
+
 static void hierarchical_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
     int P = (int)a->i[KB_CCL_ARG_PES], C = (int)a->i[KB_CCL_ARG_CUBES], S = (int)a->i[KB_CCL_ARG_SIPS];
@@ -612,7 +641,7 @@ static void hierarchical_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t 
     if (pe == 0) {
         acc = chain_reduce(tl, acc, cube, C, KB_DIR_N, KB_DIR_S, v0);
         if (cube == 0 && S > 1)
-            acc = ring_phase(tl, acc, S, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, v0);
+            acc = sip_allreduce(tl, acc, S, mine, (kb_dtype)a->i[KB_CCL_ARG_DTYPE], v0);
         acc = chain_bcast(tl, acc, cube, C, KB_DIR_N, KB_DIR_S);
     }
     acc = chain_bcast(tl, acc, pe, P, KB_DIR_E, KB_DIR_W);
@@ -698,8 +727,8 @@ static void hier_streamed(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
                 acc = sum;
             }
             if (!has_up) {
-                if (S > 1) /* ring_phase keeps nothing else: v0 is gone */
-                    acc = ring_phase(tl, acc, S, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, (kb_val){ 0 });
+                if (S > 1) /* keeps nothing else: v0 is gone */
+                    acc = sip_allreduce(tl, acc, S, va, dt, (kb_val){ 0 });
                 for (int d = h.ndown - 1; d >= 0; d--)
                     tl_send(tl, h.down[d], acc);
                 tl_store(tl, va, acc);
@@ -765,6 +794,9 @@ static const kb_ccl_algo_impl hierarchical_algo = {
  * entry (declared in kb_ccl.h) and gets one line here. */
 static const kb_ccl_algo_impl *const algos[] = {
     &hello_send_algo, &ring_algo, &rsag_algo, &mesh_algo, &tree_algo, &hierarchical_algo,
+    &kb_ccl_algo_ring_allgather, &kb_ccl_algo_ring_reducescatter, &kb_ccl_algo_p2p_sendrecv,
+    &kb_ccl_algo_ring_broadcast, &kb_ccl_algo_ring_reduce, &kb_ccl_algo_tree_broadcast,
+    &kb_ccl_algo_tree_reduce, &kb_ccl_algo_pairwise_alltoall, &kb_ccl_algo_rd_allgather,
 };
 
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i)

@@ -44,6 +44,8 @@ static const kb_schema_key algo_keys[] = {
                    "rank topology the algorithm is wired for (name)"),
     KB_SCHEMA_INT(A_, "root_cube", root_cube, "-1 (unset)", 0, 31,
                   "cube that collects the reduction, < cubes per SIP (index)"),
+    KB_SCHEMA_INT(A_, "root", root, "-1 (unset)", 0, 1048575,
+                  "root rank of a broadcast or reduce, < the world size; unset = 0 (rank)"),
 };
 #undef A_
 
@@ -120,6 +122,7 @@ static kb_ccl_algo *algo_get(kb_ccl_cfg *c, const char *name, int line)
     memset(a, 0, sizeof *a);
     snprintf(a->name, sizeof a->name, "%s", name);
     a->root_cube = -1;
+    a->root = -1;
     a->p.backpressure = -1;
     a->line = line;
     return a;

@@ -1,7 +1,7 @@
 /*
  * kb_ccl_config — the collective library's configuration (configs/ccl.yaml): `defaults` that
  * every algorithm starts from and `algorithms.<name>` entries (module = implementation,
- * topology, root_cube, and overrides of any default but `algorithm`). Precedence: entry >
+ * topology, root_cube, root, and overrides of any default but `algorithm`). Precedence: entry >
  * defaults (> for world_size: the SIP count). Loaded with host's schema-driven YAML walker
  * (kb_config_load_sections), so errors carry FILE:LINE:COLUMN and unknown keys are errors.
  *
@@ -47,6 +47,7 @@ typedef struct kb_ccl_algo {
     char module[KB_CFG_NAME_MAX];      /* algorithm implementation (kernel) name */
     char topology[KB_CFG_NAME_MAX];
     int root_cube;                     /* -1 = unset */
+    int root;                          /* root rank of a broadcast / reduce; -1 = unset (0) */
     kb_ccl_params p;                   /* overrides; unset fields are 0 / "" / -1 (backpressure) */
     int line;                          /* where it was defined, for messages */
 } kb_ccl_algo;

@@ -28,23 +28,21 @@ static kb_val add_free(kb_tl *tl, kb_val acc, kb_val in)
     return s;
 }
 
-static kb_val ring(kb_tl *tl, kb_val acc, int64_t k, kb_dir out, kb_dir in_dir)
+/*
+ * All-reduce among the k members of a ring (my index i). Two members exchange once (a + b ==
+ * b + a bitwise); three or more reduce-scatter + all-gather through the row at mine (n of dt)
+ * so that every member holds the same bits (kb_ccl_ring_allreduce_val).
+ */
+static kb_val ring(kb_tl *tl, kb_val acc, int64_t i, int64_t k, kb_dir out, kb_dir in_dir,
+                   kb_va mine, kb_dtype dt)
 {
-    kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
-    kb_val cur = acc;
-    int cur_owned = 0;
-    for (int64_t i = 0; i + 1 < k; i++) {
-        kb_val in = kb_ccl_sendrecv(tl, out, cur, cur_owned ? cur : (kb_val){ 0 }, in_dir, s,
-                                    KB_F32);
-        kb_val sum = tl_add(tl, acc, in);
-        tl_free(tl, acc);
-        acc = sum;
-        cur = in;
-        cur_owned = 1;
-    }
-    if (cur_owned)
-        tl_free(tl, cur);
-    return acc;
+    if (k < 2)
+        return acc;
+    if (k > 2)
+        return kb_ccl_ring_allreduce_val(tl, acc, k, i, out, in_dir, mine, dt);
+    kb_val in = kb_ccl_sendrecv(tl, out, acc, (kb_val){ 0 }, in_dir,
+                                KB_SHAPE2(acc.rows, acc.cols), KB_F32);
+    return add_free(tl, acc, in);
 }
 
 /* Chain reduce toward the end of a line of k members (my index i) along `fwd`, then broadcast
@@ -137,11 +135,11 @@ static void intercube_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
         int sx = sip % gw, sy = sip / gw;
         switch ((int)a->i[IC_TOPO]) {
         case SIPTOPO_RING:
-            acc = ring(tl, acc, sips, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
+            acc = ring(tl, acc, sip, sips, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, mine, dt);
             break;
         case SIPTOPO_TORUS:
-            acc = ring(tl, acc, gw, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
-            acc = ring(tl, acc, gh, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N);
+            acc = ring(tl, acc, sx, gw, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, mine, dt);
+            acc = ring(tl, acc, sy, gh, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N, mine, dt);
             break;
         default:
             acc = line_allreduce(tl, acc, sx, gw, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);

@@ -35,6 +35,13 @@ int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *imp
                        const char *name, const char *topo, int ws, int64_t n,
                        const kb_ipcq_cfg *icfg, const float *inputs)
 {
+    return kb_ccl_job_prepare_root(ctx, job, impl, name, topo, ws, n, 0, icfg, inputs);
+}
+
+int kb_ccl_job_prepare_root(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
+                            const char *name, const char *topo, int ws, int64_t n, int root,
+                            const kb_ipcq_cfg *icfg, const float *inputs)
+{
     kb_machine *m = kb_ctx_machine(ctx);
     kb_errbuf *eb = kb_ctx_err(ctx);
     int rc;
@@ -51,7 +58,14 @@ int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *imp
                                          : kb_ccl_layout_legacy(m, ws, &job->layout, eb);
     if (rc)
         return rc;
-    kb_ccl_geom g = { m->npes, job->layout.cubes };
+    if (root < 0 || root >= ws)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: root %d is not a rank of a world of %d", name,
+                          root, ws);
+    if (root && !kb_coll_rooted(impl->kind))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: the %s kind has no root (got root %d)", name,
+                          kb_coll_name(impl->kind), root);
+    job->layout.root = root;
+    kb_ccl_geom g = { m->npes, job->layout.cubes, root };
     if (impl->check && (rc = impl->check(ws, n, &g, eb)) != 0)
         return rc;
 
@@ -106,6 +120,7 @@ int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const c
         args[s].i[KB_CCL_ARG_PES] = job->layout.pes;
         args[s].i[KB_CCL_ARG_CUBES] = job->layout.cubes;
         args[s].i[KB_CCL_ARG_SIPS] = job->layout.sips;
+        args[s].i[KB_CCL_ARG_ROOT] = job->layout.root;
     }
     return kb_launch_per_sip(ctx, name ? name : job->name,
                              kernel ? kernel : job->impl->kernel, args, &g);
@@ -144,7 +159,8 @@ const char *kb_ccl_default_topo(const char *module)
 typedef struct mock {
     const kb_ccl_algo_impl *impl;
     const char *topo;
-    int ws;
+    const kb_ipcq_cfg *icfg;
+    int ws, root;
     int64_t n;
     const float *in;
     kb_ccl_job job;
@@ -157,8 +173,10 @@ static int mock_host(kb_ctx *ctx, void *arg)
     int rc;
     if (icfg.slot_size < 64)
         icfg.slot_size = 64;
-    rc = kb_ccl_job_prepare(ctx, &mk->job, mk->impl, mk->impl->module, mk->topo, mk->ws, mk->n,
-                            &icfg, mk->in);
+    if (mk->icfg)
+        icfg = *mk->icfg;
+    rc = kb_ccl_job_prepare_root(ctx, &mk->job, mk->impl, mk->impl->module, mk->topo, mk->ws,
+                                 mk->n, mk->root, &icfg, mk->in);
     if (rc == 0)
         rc = kb_ccl_job_launch(ctx, &mk->job, NULL, NULL);
     return rc;
@@ -167,14 +185,21 @@ static int mock_host(kb_ctx *ctx, void *arg)
 int kb_ccl_mock_run(const char *module, const char *topo, int ws, int64_t n, const float *in,
                     float *out, kb_errbuf *eb)
 {
+    return kb_ccl_mock_run_opts(module, topo, ws, n, 0, NULL, in, out, eb);
+}
+
+int kb_ccl_mock_run_opts(const char *module, const char *topo, int ws, int64_t n, int root,
+                         const kb_ipcq_cfg *icfg, const float *in, float *out, kb_errbuf *eb)
+{
     const kb_ccl_algo_impl *impl = kb_ccl_algo_find(module);
     if (!impl)
         return kb_err_set(eb, KB_ERR_NOTFOUND, "unknown algorithm module '%s'", module);
-    return kb_ccl_mock_run_algo(impl, topo, ws, n, in, out, eb);
+    return kb_ccl_mock_run_algo(impl, topo, ws, n, root, icfg, in, out, eb);
 }
 
 int kb_ccl_mock_run_algo(const kb_ccl_algo_impl *impl, const char *topo, int ws, int64_t n,
-                         const float *in, float *out, kb_errbuf *eb)
+                         int root, const kb_ipcq_cfg *icfg, const float *in, float *out,
+                         kb_errbuf *eb)
 {
     kb_config cfg;
     kb_ctx_opts opts = { .device = KB_DEV_REF };
@@ -188,6 +213,8 @@ int kb_ccl_mock_run_algo(const kb_ccl_algo_impl *impl, const char *topo, int ws,
     mk.impl = impl;
     mk.topo = topo ? topo : impl->topology;
     mk.ws = ws;
+    mk.root = root;
+    mk.icfg = icfg;
     mk.n = n;
     mk.in = in;
     kb_config_defaults(&cfg);

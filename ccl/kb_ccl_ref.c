@@ -9,6 +9,7 @@
  */
 #include "kb_ccl.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,13 @@ static const char *const coll_names[KB_COLL_NKINDS] = {
 const char *kb_coll_name(kb_coll_kind k)
 {
     return (unsigned)k < KB_COLL_NKINDS ? coll_names[k] : "?";
+}
+
+int kb_coll_rooted(kb_coll_kind k) { return k == KB_COLL_BROADCAST || k == KB_COLL_REDUCE; }
+
+int kb_coll_tile_ranks(kb_coll_kind k, int ws)
+{
+    return k == KB_COLL_ALLGATHER || k == KB_COLL_REDUCE_SCATTER || k == KB_COLL_ALLTOALL ? ws : 1;
 }
 
 double kb_coll_busbw_factor(kb_coll_kind k, int ws)
@@ -58,6 +66,65 @@ void kb_ccl_ref_allreduce(const float *in, int ws, int64_t n, double *out)
     }
     for (int r = 1; r < ws; r++)
         memcpy(out + (size_t)r * (size_t)n, out, (size_t)n * sizeof *out);
+}
+
+/* Chunk c of a tile of n = ws * count elements is [c * count, (c + 1) * count). */
+static int64_t count_of(int ws, int64_t n)
+{
+    assert(ws > 0 && n % ws == 0);
+    return n / ws;
+}
+
+void kb_ccl_ref_allgather(const float *in, int ws, int64_t n, double *out)
+{
+    int64_t cnt = count_of(ws, n);
+    for (int r = 0; r < ws; r++)
+        for (int64_t j = 0; j < n; j++)
+            out[(size_t)r * (size_t)n + (size_t)j] = in[(size_t)(j / cnt) * (size_t)n + (size_t)j];
+}
+
+void kb_ccl_ref_reduce_scatter(const float *in, int ws, int64_t n, double *out)
+{
+    int64_t cnt = count_of(ws, n);
+    for (size_t k = 0; k < (size_t)ws * (size_t)n; k++)
+        out[k] = in[k];
+    for (int r = 0; r < ws; r++)
+        for (int64_t i = 0; i < cnt; i++) {
+            size_t j = (size_t)r * (size_t)cnt + (size_t)i;
+            double s = 0.0;
+            for (int q = 0; q < ws; q++)
+                s += in[(size_t)q * (size_t)n + j];
+            out[(size_t)r * (size_t)n + j] = s;
+        }
+}
+
+void kb_ccl_ref_alltoall(const float *in, int ws, int64_t n, double *out)
+{
+    int64_t cnt = count_of(ws, n);
+    for (int r = 0; r < ws; r++)
+        for (int c = 0; c < ws; c++)
+            for (int64_t i = 0; i < cnt; i++)
+                out[(size_t)r * (size_t)n + (size_t)(c * cnt + i)] =
+                    in[(size_t)c * (size_t)n + (size_t)(r * cnt + i)];
+}
+
+void kb_ccl_ref_broadcast(const float *in, int ws, int64_t n, double *out)
+{
+    for (int r = 0; r < ws; r++)
+        for (int64_t i = 0; i < n; i++)
+            out[(size_t)r * (size_t)n + (size_t)i] = in[i];
+}
+
+void kb_ccl_ref_reduce(const float *in, int ws, int64_t n, double *out)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double s = 0.0;
+        for (int q = 0; q < ws; q++)
+            s += in[(size_t)q * (size_t)n + (size_t)i];
+        out[i] = s;
+    }
+    for (size_t k = (size_t)n; k < (size_t)ws * (size_t)n; k++)
+        out[k] = in[k];
 }
 
 void kb_ccl_ref_shift_east(const float *in, int ws, int64_t n, double *out)
@@ -235,18 +302,29 @@ int kb_ccl_positionwise(kb_coll_kind k)
 }
 
 /* Whole arrays: what kinds whose outputs mix positions need. */
+/* The reference's tile v is rank (v + root) mod ntiles: a reference written for root 0
+ * checks any root with the ranks relabelled. */
+static int rot(int t, int root, int ntiles) { return ((t - root) % ntiles + ntiles) % ntiles; }
+
 static int verify_whole(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, uint32_t seed,
-                        int ntiles, int64_t n, double acc_bound, kb_ccl_verdict *v)
+                        int ntiles, int64_t n, int root, double acc_bound, kb_ccl_verdict *v)
 {
     size_t total = (size_t)ntiles * (size_t)n;
     float *in = malloc((total ? total : 1) * sizeof *in);
     double *want = malloc((total ? total : 1) * sizeof *want);
+    double *rw = root ? malloc((total ? total : 1) * sizeof *rw) : want;
     int rc = KB_ERR_NOMEM;
-    if (in && want) {
-        kb_ccl_inputs(in, seed, 0, ntiles, n);
+    if (in && want && rw) {
+        for (int t = 0; t < ntiles; t++)
+            kb_ccl_inputs(in + (size_t)rot(t, root, ntiles) * (size_t)n, seed, t, 1, n);
         ref(in, ntiles, n, want);
-        rc = kb_ccl_verify(dt, raw, want, ntiles, n, acc_bound, v);
+        for (int t = 0; root && t < ntiles; t++)
+            memcpy(rw + (size_t)t * (size_t)n, want + (size_t)rot(t, root, ntiles) * (size_t)n,
+                   (size_t)n * sizeof *rw);
+        rc = kb_ccl_verify(dt, raw, rw, ntiles, n, acc_bound, v);
     }
+    if (rw != want)
+        free(rw);
     free(in);
     free(want);
     return rc;
@@ -263,10 +341,18 @@ int kb_ccl_verify_inputs(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_col
                          uint32_t seed, int ntiles, int64_t n, double acc_bound,
                          kb_ccl_verdict *v)
 {
+    return kb_ccl_verify_inputs_root(dt, raw, ref, kind, seed, ntiles, n, 0, acc_bound, v);
+}
+
+int kb_ccl_verify_inputs_root(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref,
+                              kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
+                              double acc_bound, kb_ccl_verdict *v)
+{
     size_t es = kb_dtype_size(dt), total = (size_t)ntiles * (size_t)n;
     int64_t B = (int64_t)(KB_CCL_VERIFY_BLOCK / (ntiles > 0 ? (size_t)ntiles : 1));
     if (!kb_ccl_positionwise(kind))
-        return verify_whole(dt, raw, ref, seed, ntiles, n, acc_bound, v);
+        return verify_whole(dt, raw, ref, seed, ntiles, n, root, acc_bound, v);
+    assert(root >= 0 && (root == 0 || root < ntiles));
     if (B < 64)
         B = 64;
     if (B > n)
@@ -285,14 +371,16 @@ int kb_ccl_verify_inputs(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_col
     for (int64_t i0 = 0; i0 < n; i0 += B) {
         int64_t nb = n - i0 < B ? n - i0 : B;
         for (int t = 0; t < ntiles; t++)
-            kb_ccl_input_span(in + (size_t)t * (size_t)nb, seed, t, i0, nb, n);
+            kb_ccl_input_span(in + (size_t)rot(t, root, ntiles) * (size_t)nb, seed, t, i0, nb,
+                              n);
         ref(in, ntiles, nb, out);
         for (int t = 0; t < ntiles; t++) {
             tile_verdict *a = &tv[t];
             for (int64_t j = 0; j < nb; j++) {
                 size_t k = (size_t)t * (size_t)n + (size_t)(i0 + j);
                 double got, w, err, bound;
-                int ok = check_elem(dt, es, raw, k, out[(size_t)t * (size_t)nb + (size_t)j],
+                int ok = check_elem(dt, es, raw, k,
+                                    out[(size_t)rot(t, root, ntiles) * (size_t)nb + (size_t)j],
                                     acc_bound, want, &got, &w, &err, &bound);
                 memcpy(wraw + k * es, want, es);
                 if (err > a->max_err) {

@@ -153,7 +153,8 @@ struct ipcq_sys {
     chunk *chunks;        /* pool memory, freed at destroy */
     void **blocks;        /* pe_state blocks, one per install, freed at destroy */
     size_t nblocks;
-    uint64_t sends, recvs;
+    uint64_t sends, recvs; /* chunks sent, messages received */
+    uint64_t msgs;         /* messages sent (tl_send calls) */
 };
 
 static const char *const dir_names[KB_NDIRS] = {
@@ -1036,6 +1037,7 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
     kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
     uint64_t n = (uint64_t)v.rows * v.cols;
 
+    sys->msgs++;
     if (n * kb_dtype_size((kb_dtype)v.dtype) <= q->slot_size) { /* the protocol as it was */
         wait_credit(tl, q, sys, dir);
         send_chunk(tl, q, sys, dir, &v, 0, n, 1,
@@ -1189,6 +1191,13 @@ kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
 uint64_t tl_slot_size(kb_tl *tl, kb_dir d)
 {
     return wired_qp(tl, d, "tl_slot_size")->slot_size;
+}
+
+void kb_ipcq_counts(kb_ctx *ctx, uint64_t *msgs, uint64_t *chunks)
+{
+    const ipcq_sys *sys = sys_of(ctx);
+    *msgs = sys ? sys->msgs : 0;
+    *chunks = sys ? sys->sends : 0;
 }
 
 uint64_t kb_ipcq_slot_size(kb_ctx *ctx)

@@ -90,6 +90,11 @@ uint64_t tl_slot_size(kb_tl *tl, kb_dir d);
  * ring step compares its messages with, without a direction lookup. */
 uint64_t kb_ipcq_slot_size(kb_ctx *ctx);
 
+/* Messages sent (tl_send calls) and the slot-sized chunks they travelled as, since the
+ * context's first install (0 and 0 before it): what Phase 1's host time per chunk is
+ * measured against. */
+void kb_ipcq_counts(kb_ctx *ctx, uint64_t *msgs, uint64_t *chunks);
+
 /* Wired directions of a PE as a bitmask (bit d = direction d); 0 when not installed. */
 uint32_t kb_ipcq_wired(kb_ctx *ctx, const kb_pe_hw *pe);
 /* Counters of a queue pair, for tests and reports; KB_ERR_DIRECTION when not wired. */

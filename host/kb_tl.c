@@ -154,13 +154,32 @@ static kb_pa scr_small(kb_tl *tl, int c, const char *op)
 }
 
 /* A value above the size classes, straight from the scratch allocator. */
+static void bigc_flush(kb_tl *tl)
+{
+    for (int i = 0; i < tl->nbigc; i++)
+        kb_alloc_free(tl->pe->scratch, tl->bigc[i].pa, NULL);
+    tl->nbigc = 0;
+}
+
 static KB_NOINLINE kb_pa scratch_big(kb_tl *tl, uint64_t bytes, const char *op)
 {
     kb_errbuf eb;
-    kb_pa pa;
-    if (kb_alloc_alloc(tl->pe->scratch, bytes, KB_VAL_ALIGN, &pa, &eb) != 0)
-        tl_fail(tl, KB_ERR_NOSPACE, "%s: %s (free values with tl_free, or use smaller tiles)",
-                op, eb.msg);
+    kb_pa pa = 0;
+    int i = tl->nbigc;
+
+    while (i-- > 0 && tl->bigc[i].bytes != bytes)
+        ;
+    if (i >= 0) { /* the latest freed value of this size */
+        pa = tl->bigc[i].pa;
+        for (; i + 1 < tl->nbigc; i++)
+            tl->bigc[i] = tl->bigc[i + 1];
+        tl->nbigc--;
+    } else if (kb_alloc_alloc(tl->pe->scratch, bytes, KB_VAL_ALIGN, &pa, &eb) != 0) {
+        bigc_flush(tl);
+        if (kb_alloc_alloc(tl->pe->scratch, bytes, KB_VAL_ALIGN, &pa, &eb) != 0)
+            tl_fail(tl, KB_ERR_NOSPACE,
+                    "%s: %s (free values with tl_free, or use smaller tiles)", op, eb.msg);
+    }
     tl->vals = grow_array(tl, tl->vals, tl->nvals, &tl->capvals, sizeof *tl->vals, 16);
     tl->vals[tl->nvals++] = pa;
     return pa;
@@ -216,8 +235,14 @@ void tl_free(kb_tl *tl, kb_val v)
     } else {
         for (size_t i = tl->nvals; i-- > 0;) {
             if (tl->vals[i] == v.pa) {
-                kb_alloc_free(tl->pe->scratch, v.pa, NULL);
                 tl->vals[i] = tl->vals[--tl->nvals];
+                if (tl->nbigc == KB_BIG_CACHE) { /* the oldest goes back */
+                    kb_alloc_free(tl->pe->scratch, tl->bigc[0].pa, NULL);
+                    memmove(tl->bigc, tl->bigc + 1, sizeof tl->bigc[0] * (KB_BIG_CACHE - 1));
+                    tl->nbigc--;
+                }
+                tl->bigc[tl->nbigc].pa = v.pa;
+                tl->bigc[tl->nbigc++].bytes = bytes;
                 return;
             }
         }
@@ -228,6 +253,7 @@ void tl_free(kb_tl *tl, kb_val v)
 
 void kb_tl_release_all(kb_tl *tl)
 {
+    bigc_flush(tl);
     for (size_t i = 0; i < tl->nvals; i++)
         kb_alloc_free(tl->pe->scratch, tl->vals[i], NULL);
     tl->nvals = 0;
@@ -254,20 +280,28 @@ static kb_opnd val_opnd(kb_val v) { return kb_opnd_make(v.pa, v.rows, v.cols, (k
 /* Translates [va, va + bytes) on this PE's SIP; it must lie in one mapping. */
 kb_pa kb_tl_translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_tensor **tensor)
 {
-    kb_sip_hw *sip = &tl->ctx->m->sips[tl->pe->gsip];
-    kb_errbuf eb;
-    kb_pa pa;
-    uint64_t contig;
+    const kb_mmu *mmu = tl->ctx->m->sips[tl->pe->gsip].mmu;
+    uint64_t gen = kb_mmu_gen(mmu);
 
-    if (kb_mmu_translate(sip->mmu, va, &pa, &contig, &eb) != 0)
-        tl_fail(tl, KB_ERR_NOTFOUND, "%s: %s", op, eb.msg);
-    if (contig < bytes)
+    if (tl->tlb_gen != gen || va < tl->tlb_va || va >= tl->tlb_end) {
+        kb_errbuf eb;
+        uint64_t len;
+        if (kb_mmu_segment(mmu, va, &tl->tlb_va, &len, &tl->tlb_pa, &eb) != 0) {
+            tl->tlb_gen = 0;
+            tl_fail(tl, KB_ERR_NOTFOUND, "%s: %s", op, eb.msg);
+        }
+        tl->tlb_end = tl->tlb_va + len;
+        tl->tlb_t = kb_ctx_tensor_at(tl->ctx, tl->pe->gsip, tl->tlb_va);
+        tl->tlb_gen = gen;
+    }
+    if (tl->tlb_end - va < bytes)
         tl_fail(tl, KB_ERR_RANGE,
                 "%s: %llu bytes at va 0x%llx cross the end of a shard (%llu bytes left in it)", op,
-                (unsigned long long)bytes, (unsigned long long)va, (unsigned long long)contig);
+                (unsigned long long)bytes, (unsigned long long)va,
+                (unsigned long long)(tl->tlb_end - va));
     if (tensor)
-        *tensor = kb_ctx_tensor_at(tl->ctx, tl->pe->gsip, va);
-    return pa;
+        *tensor = tl->tlb_t;
+    return tl->tlb_pa + (va - tl->tlb_va);
 }
 
 static int is_local(const kb_tl *tl, kb_pa pa)

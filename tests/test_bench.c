@@ -254,6 +254,35 @@ static void test_rsag_closed_form(void **s)
     assert_within_1pct(ccl_sim_ps("ring_rsag_allreduce", (int)p, (int)n), want);
 }
 
+/*
+ * The other collectives on p ranks of one cube, count c f16 elements per chunk (b = 2c
+ * bytes), one slot per message. t_hbm_ipcq is a post (cpu + ipcq) plus a copy-out of the
+ * own ring into HBM, or a send from HBM; a send from scratch is t_send.
+ *  p2p_sendrecv: load, post, send, copy-out into the tile
+ *  ring_allgather: (p-1) x (send the chunk from HBM, post, copy the next one out into HBM)
+ *  ring_reducescatter: step 0 sends the raw chunk from HBM; each step copies a partial sum
+ *    out (f16 after step 0, then f32), loads and adds the own chunk and sends the f32 sum on,
+ *    or, in the last step, stores it
+ */
+static void test_coll_closed_forms(void **s)
+{
+    costs k = default_costs();
+    int64_t p = 8, c = 8, b = 2 * c, up = k.up_fixed + p * k.m_cpu;
+    int64_t p2p = k.down + t_load(&k, b) + t_send(&k, b) + t_hbm_ipcq(&k, b) + up;
+    int64_t ag = k.down + (p - 1) * 2 * t_hbm_ipcq(&k, b) + up;
+    int64_t rs = k.down + t_hbm_ipcq(&k, b) + t_recv(&k, b) + (p - 2) * t_recv(&k, 2 * b) +
+                 (p - 1) * (t_load(&k, b) + t_add(&k, c)) + (p - 2) * t_send(&k, 2 * b) +
+                 t_load(&k, b) /* store */ + up;
+    (void)s;
+    assert_int_equal(p2p, 4373625);
+    assert_int_equal(ag, 6012000);
+    assert_int_equal(rs, 5766375);
+    /* exact in ps: every rank runs the same sequence and the receive posts hide the skew */
+    assert_true(ccl_sim_ps("p2p_sendrecv", (int)p, (int)b / 2) == (double)p2p);
+    assert_true(ccl_sim_ps("ring_allgather", (int)p, (int)c) == (double)ag);
+    assert_true(ccl_sim_ps("ring_reducescatter", (int)p, (int)c) == (double)rs);
+}
+
 /* ---- the collective bench: verification and busbw per collective kind ---- */
 
 static double extra(const kb_run_report *rep, const char *name)
@@ -288,6 +317,12 @@ static void test_ccl_verify_and_busbw(void **s)
         { "ring_rsag_allreduce", "ring_1d", 16, 64, 16, KB_COLL_ALLREDUCE, 16 },
         { "hello_send", "ring_1d", 4, 32, 4, KB_COLL_SENDRECV, 4 },
         { "hierarchical_allreduce", "hierarchical_3level", 16, 32, 16, KB_COLL_ALLREDUCE, 16 },
+        { "ring_allgather", "ring_1d", 8, 5, 8, KB_COLL_ALLGATHER, 8 },
+        { "ring_reducescatter", "ring_1d", 8, 5, 8, KB_COLL_REDUCE_SCATTER, 8 },
+        { "pairwise_alltoall", "full_mesh", 8, 5, 8, KB_COLL_ALLTOALL, 8 },
+        { "ring_broadcast", "ring_1d", 8, 33, 8, KB_COLL_BROADCAST, 8 },
+        { "tree_reduce", "tree_binary", 8, 33, 8, KB_COLL_REDUCE, 8 },
+        { "p2p_sendrecv", "ring_1d", 8, 33, 8, KB_COLL_SENDRECV, 8 },
         /* rank = SIP: 2 SIPs; ok counts shards (16 cubes' PE 0 / 128 PEs per SIP) */
         { "intercube_allreduce", "ring_1d", 0, 32, 2, KB_COLL_ALLREDUCE, 32 },
         { "hierarchical_allreduce", "ring_1d", 0, 8, 2, KB_COLL_ALLREDUCE, 256 },
@@ -309,6 +344,10 @@ static void test_ccl_verify_and_busbw(void **s)
         if (cases[i].k == KB_COLL_SENDRECV) /* send/recv's busbw is its algbw */
             assert_true(busbw == algbw);
         if (cases[i].ws > 0) {
+            /* nccl-tests' count and size: the chunked kinds' buffer is ws chunks of count */
+            assert_true(extra(&rep, "n_elem") == cases[i].n);
+            assert_true(extra(&rep, "size_bytes") ==
+                        2.0 * cases[i].n * kb_coll_tile_ranks(cases[i].k, cases[i].ws));
             /* inside one SIP the slowest resource of every link is the sender's PE_DMA */
             double bound = extra(&rep, "busbw_bound_gbps");
             assert_true(bound == default_dma_gbps());
@@ -460,6 +499,7 @@ int main(void)
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_ring_closed_form),
         cmocka_unit_test(test_rsag_closed_form),
+        cmocka_unit_test(test_coll_closed_forms),
         cmocka_unit_test(test_ccl_verify_and_busbw),
         cmocka_unit_test(test_timing_only_same_numbers),
         cmocka_unit_test(test_timing_only_memory_flat),

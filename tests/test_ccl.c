@@ -184,11 +184,57 @@ static void test_topo_tree(void **state)
     assert_int_equal(reverse_of("tree_binary", 7, 2, KB_DIR_PARENT, NULL), KB_DIR_CHILD_RIGHT);
     for (int ws = 1; ws <= 16; ws++)
         check_all_links_reverse("tree_binary", ws, NULL);
+    /* hanging from root 5 of 7: heap order over r - 5 mod 7 */
+    kb_ccl_geom g5 = { 8, 1, 5 };
+    expect_nbrs("tree_binary", 7, 5, &g5, 2, KB_DIR_CHILD_LEFT, 6, KB_DIR_CHILD_RIGHT, 0);
+    expect_nbrs("tree_binary", 7, 6, &g5, 3, KB_DIR_PARENT, 5, KB_DIR_CHILD_LEFT, 1,
+                KB_DIR_CHILD_RIGHT, 2);
+    expect_nbrs("tree_binary", 7, 4, &g5, 1, KB_DIR_PARENT, 0);
+    for (int ws = 1; ws <= 16; ws++) {
+        kb_ccl_geom gr = { 8, 1, ws - 1 };
+        check_all_links_reverse("tree_binary", ws, &gr);
+    }
+}
+
+static void test_topo_full_mesh(void **state)
+{
+    int t[KB_NDIRS];
+    kb_errbuf eb;
+    (void)state;
+    /* direction k-1 leads to r+k */
+    expect_nbrs("full_mesh", 4, 1, NULL, 3, KB_DIR_E, 2, KB_DIR_W, 3, KB_DIR_N, 0);
+    expect_nbrs("full_mesh", 2, 1, NULL, 1, KB_DIR_E, 0);
+    expect_nbrs("full_mesh", 1, 0, NULL, 0);
+    /* the reverse of r -> r+k is the peer's direction ws-k-1 */
+    assert_int_equal(reverse_of("full_mesh", 4, 1, KB_DIR_E, NULL), KB_DIR_N);
+    assert_int_equal(reverse_of("full_mesh", 4, 1, KB_DIR_W, NULL), KB_DIR_W);
+    for (int ws = 1; ws <= KB_NDIRS + 1; ws++)
+        check_all_links_reverse("full_mesh", ws, NULL);
+    assert_int_equal(kb_topo_neighbors("full_mesh", KB_NDIRS + 2, 0, NULL, t, &eb),
+                     KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "needs 12 IPCQ directions per PE, a PE has 11"));
+}
+
+static void test_topo_hypercube(void **state)
+{
+    (void)state;
+    assert_int_equal(kb_topo_hypercube_dims(1), 0);
+    assert_int_equal(kb_topo_hypercube_dims(7), 2);
+    assert_int_equal(kb_topo_hypercube_dims(8), 3);
+    assert_int_equal(kb_topo_hypercube_dims(256), 8);
+    /* 8: a 3-cube, direction k to r ^ 2^k */
+    expect_nbrs("hypercube", 8, 5, NULL, 3, KB_DIR_E, 4, KB_DIR_W, 7, KB_DIR_N, 1);
+    /* 6 = 4 + 2: ranks 0-3 fold in pairs on direction 2; survivors 1, 3, 4, 5 are v 0..3 */
+    expect_nbrs("hypercube", 6, 0, NULL, 1, KB_DIR_N, 1);
+    expect_nbrs("hypercube", 6, 1, NULL, 3, KB_DIR_E, 3, KB_DIR_W, 4, KB_DIR_N, 0);
+    expect_nbrs("hypercube", 6, 5, NULL, 2, KB_DIR_E, 4, KB_DIR_W, 3);
+    for (int ws = 1; ws <= 70; ws++)
+        check_all_links_reverse("hypercube", ws, NULL);
 }
 
 static void test_topo_hierarchical(void **state)
 {
-    kb_ccl_geom g = { 8, 16 };
+    kb_ccl_geom g = { 8, 16, 0 };
     int t[KB_NDIRS];
     kb_errbuf eb;
     (void)state;
@@ -225,13 +271,13 @@ static void test_topo_hierarchical(void **state)
 
 static void test_topo_errors_and_names(void **state)
 {
-    kb_ccl_geom g = { 2, 2 };
+    kb_ccl_geom g = { 2, 2, 0 };
     int t[KB_NDIRS];
     kb_errbuf eb;
     int n = 0;
     (void)state;
-    assert_int_equal(kb_topo_neighbors("hypercube", 4, 0, &g, t, &eb), KB_ERR_CONFIG);
-    assert_non_null(strstr(eb.msg, "unknown topology 'hypercube'"));
+    assert_int_equal(kb_topo_neighbors("dragonfly", 4, 0, &g, t, &eb), KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "unknown topology 'dragonfly'"));
     assert_int_equal(kb_topo_neighbors("ring_1d", 4, 4, &g, t, &eb), KB_ERR_RANGE);
     assert_int_equal(kb_topo_neighbors("ring_1d", 4, -1, &g, t, &eb), KB_ERR_RANGE);
     assert_int_equal(kb_topo_neighbors("ring_1d", 0, 0, &g, t, &eb), KB_ERR_RANGE);
@@ -240,7 +286,7 @@ static void test_topo_errors_and_names(void **state)
         assert_int_equal(kb_topo_neighbors(kb_topo_names[n], 4, 3, &g, t, &eb), 0);
         check_all_links_reverse(kb_topo_names[n], 4, &g);
     }
-    assert_int_equal(n, 8);
+    assert_int_equal(n, 10);
     /* kb_topo_reverse: no direction points back */
     for (int d = 0; d < KB_NDIRS; d++)
         t[d] = NONE;
@@ -502,11 +548,11 @@ static void test_registry(void **state)
     {
         float in[5 * 8], out[5 * 8];
         kb_ccl_inputs(in, 3, 0, 5, 8);
-        assert_int_equal(kb_ccl_mock_run_algo(&shift_any_impl, NULL, 5, 8, in, out, &eb), 0);
+        assert_int_equal(kb_ccl_mock_run_algo(&shift_any_impl, NULL, 5, 8, 0, NULL, in, out, &eb), 0);
         for (int rk = 0; rk < 5; rk++)
             for (int i = 0; i < 8; i++)
                 assert_true(out[rk * 8 + i] == in[((rk + 4) % 5) * 8 + i]);
-        assert_int_equal(kb_ccl_mock_run_algo(NULL, NULL, 5, 8, in, out, &eb), KB_ERR_INVAL);
+        assert_int_equal(kb_ccl_mock_run_algo(NULL, NULL, 5, 8, 0, NULL, in, out, &eb), KB_ERR_INVAL);
     }
 }
 
@@ -522,12 +568,46 @@ static uint16_t *to_f16(const float *x, size_t total)
     return h;
 }
 
+/* What element i of rank `rank`'s tile must hold after a collective of kind k rooted at
+ * `root`, from every rank's input tile (in, ws x n), computed here apart from the library's
+ * references; exact (f32 partial sums of these inputs are), not yet rounded. */
+static double expect_of(kb_coll_kind k, const float *in, int ws, int64_t n, int root, int rank,
+                        int64_t i)
+{
+    int64_t cnt = n / ws;
+    double sum = 0.0;
+    for (int q = 0; q < ws; q++)
+        sum += in[(size_t)q * (size_t)n + (size_t)i];
+    const float *mine = in + (size_t)rank * (size_t)n;
+    switch (k) {
+    case KB_COLL_ALLREDUCE:
+        return sum;
+    case KB_COLL_SENDRECV:
+        return in[(size_t)((rank + ws - 1) % ws) * (size_t)n + (size_t)i];
+    case KB_COLL_ALLGATHER:
+        return in[(size_t)(i / cnt) * (size_t)n + (size_t)i];
+    case KB_COLL_REDUCE_SCATTER:
+        return i / cnt == rank ? sum : mine[i];
+    case KB_COLL_ALLTOALL:
+        return in[(size_t)(i / cnt) * (size_t)n + (size_t)(rank * cnt + i % cnt)];
+    case KB_COLL_BROADCAST:
+        return in[(size_t)root * (size_t)n + (size_t)i];
+    case KB_COLL_REDUCE:
+        return rank == root ? sum : mine[i];
+    default:
+        fail_msg("kind %d has no expectation here", (int)k);
+        return 0.0;
+    }
+}
+
 /*
- * Runs `module` on ws ranks with kb_ccl_inputs(seed) and checks every element two ways: with
- * kb_ccl_verify against the registry's reference (what the bench does), and against a
- * reference computed here from the kind (sum over ranks, or the west neighbour's tile).
+ * Runs `module` on ws ranks (tile n, root, IPCQ configuration icfg or the mock's) with
+ * kb_ccl_inputs(seed) and checks every element two ways: against an expectation computed here
+ * from the kind (expect_of), and with the library's check against the registry's reference
+ * (what the bench does: kb_ccl_verify, and kb_ccl_verify_inputs_root for a root).
  */
-static void run_mock(const char *module, const char *topo, int ws, int64_t n, uint32_t seed)
+static void run_mock_opts(const char *module, const char *topo, int ws, int64_t n, int root,
+                          const kb_ipcq_cfg *icfg, uint32_t seed)
 {
     const kb_ccl_algo_impl *impl = kb_ccl_algo_find(module);
     size_t total = (size_t)ws * (size_t)n;
@@ -544,53 +624,68 @@ static void run_mock(const char *module, const char *topo, int ws, int64_t n, ui
     kb_ccl_inputs(in, seed, 0, ws, n);
     for (size_t i = 0; i < total; i++)
         out[i] = 1e30f;
-    rc = kb_ccl_mock_run(module, topo, ws, n, in, out, &eb);
+    rc = kb_ccl_mock_run_opts(module, topo, ws, n, root, icfg, in, out, &eb);
     if (rc != 0)
-        fail_msg("%s ws=%d n=%lld: %d %s", module, ws, (long long)n, rc, eb.msg);
+        fail_msg("%s ws=%d n=%lld root=%d: %d %s", module, ws, (long long)n, root, rc, eb.msg);
     for (int rank = 0; rank < ws; rank++) {
         for (int64_t i = 0; i < n; i++) {
-            double want = 0.0;
-            if (impl->kind == KB_COLL_SENDRECV) {
-                want = in[(size_t)((rank + ws - 1) % ws) * (size_t)n + (size_t)i];
-            } else {
-                assert_int_equal(impl->kind, KB_COLL_ALLREDUCE);
-                for (int q = 0; q < ws; q++)
-                    want += in[(size_t)q * (size_t)n + (size_t)i];
-            }
+            double want = expect_of(impl->kind, in, ws, n, root, rank, i);
             /* partial sums are exact in f32; the result is rounded to f16 once */
             want = kb_f16_to_f32(kb_f32_to_f16((float)want));
             double got = out[(size_t)rank * (size_t)n + (size_t)i];
             if (got != want)
-                fail_msg("%s ws=%d n=%lld: rank %d element %lld = %g, expected %g", module, ws,
-                         (long long)n, rank, (long long)i, got, want);
+                fail_msg("%s ws=%d n=%lld root=%d: rank %d element %lld = %g, expected %g",
+                         module, ws, (long long)n, root, rank, (long long)i, got, want);
         }
     }
-    impl->reference(in, ws, n, ref);
     uint16_t *raw = to_f16(out, total);
-    if (!kb_ccl_verify(KB_F16, raw, ref, ws, n, kb_ccl_input_acc_bound(impl->kind, ws), &v))
-        fail_msg("%s ws=%d: kb_ccl_verify rejects rank %d element %lld", module, ws,
-                 v.first_bad_tile, (long long)v.first_bad_elem);
-    assert_int_equal(v.ok_tiles, ws);
-    assert_true(v.max_abs_err <= v.err_bound);
+    if (root == 0) {
+        impl->reference(in, ws, n, ref);
+        if (!kb_ccl_verify(KB_F16, raw, ref, ws, n, kb_ccl_input_acc_bound(impl->kind, ws), &v))
+            fail_msg("%s ws=%d: kb_ccl_verify rejects rank %d element %lld", module, ws,
+                     v.first_bad_tile, (long long)v.first_bad_elem);
+        assert_int_equal(v.ok_tiles, ws);
+        assert_true(v.max_abs_err <= v.err_bound);
+    }
+    if (kb_ccl_verify_inputs_root(KB_F16, raw, impl->reference, impl->kind, seed, ws, n, root,
+                                  kb_ccl_input_acc_bound(impl->kind, ws), &v) != 1)
+        fail_msg("%s ws=%d root=%d: kb_ccl_verify_inputs_root rejects rank %d element %lld",
+                 module, ws, root, v.first_bad_tile, (long long)v.first_bad_elem);
     free(raw);
     free(in);
     free(out);
     free(ref);
 }
 
+static void run_mock(const char *module, const char *topo, int ws, int64_t n, uint32_t seed)
+{
+    run_mock_opts(module, topo, ws, n, 0, NULL, seed);
+}
+
 typedef struct algo_case {
     const char *module;
-    int ws[8];       /* 0-terminated */
+    int ws[9];       /* 0-terminated */
     int n_eq_ws;     /* also run with n = ws */
+    int sweep;       /* counts 1, ws-1 and 37 (chunked kinds: ws chunks of them) and, for a
+                      * rooted kind, roots ws-1 and ws/2 too */
 } algo_case;
 
 static const algo_case algo_cases[] = {
-    { "hello_send", { 2, 5, 0 }, 0 },
-    { "ring_allreduce", { 2, 3, 5, 8, 16, 24, 0 }, 0 },
-    { "ring_rsag_allreduce", { 2, 3, 8, 16, 0 }, 1 },
-    { "mesh_allreduce", { 1, 4, 9, 16, 0 }, 0 },
-    { "tree_allreduce", { 1, 2, 7, 13, 0 }, 0 },
-    { "hierarchical_allreduce", { 3, 5, 8, 16, 24, 32, 64, 0 }, 0 },
+    { "hello_send", { 2, 5, 0 }, 0, 0 },
+    { "ring_allreduce", { 2, 3, 5, 8, 16, 24, 0 }, 0, 0 },
+    { "ring_rsag_allreduce", { 2, 3, 8, 16, 0 }, 1, 0 },
+    { "mesh_allreduce", { 1, 4, 9, 16, 0 }, 0, 0 },
+    { "tree_allreduce", { 1, 2, 7, 13, 0 }, 0, 0 },
+    { "hierarchical_allreduce", { 3, 5, 8, 16, 24, 32, 64, 0 }, 0, 0 },
+    { "ring_allgather", { 1, 2, 3, 7, 8, 16, 64, 0 }, 0, 1 },
+    { "ring_reducescatter", { 1, 2, 3, 7, 8, 16, 64, 0 }, 0, 1 },
+    { "p2p_sendrecv", { 1, 2, 3, 7, 8, 16, 64, 0 }, 0, 1 },
+    { "ring_broadcast", { 1, 2, 3, 7, 8, 16, 64, 0 }, 0, 1 },
+    { "ring_reduce", { 1, 2, 3, 7, 8, 16, 64, 0 }, 0, 1 },
+    { "tree_broadcast", { 1, 2, 3, 7, 8, 16, 64, 0 }, 0, 1 },
+    { "tree_reduce", { 1, 2, 3, 7, 8, 16, 64, 0 }, 0, 1 },
+    { "pairwise_alltoall", { 1, 2, 3, 5, 7, 8, 12, 0 }, 0, 1 },
+    { "rd_allgather", { 1, 2, 3, 6, 7, 8, 16, 64 }, 0, 1 },
 };
 
 static const algo_case *case_of(const char *module)
@@ -614,9 +709,20 @@ static void test_mock_every_algorithm(void **state)
         assert_non_null(impl->kernel);
         assert_non_null(impl->max_msg_bytes);
         for (int i = 0; c->ws[i]; i++) {
-            run_mock(impl->module, NULL, c->ws[i], 37, (uint32_t)(a * 100 + i));
-            if (c->n_eq_ws)
-                run_mock(impl->module, NULL, c->ws[i], c->ws[i], (uint32_t)(a * 100 + 50 + i));
+            int ws = c->ws[i], tr = kb_coll_tile_ranks(impl->kind, ws);
+            if (!c->sweep) {
+                run_mock(impl->module, NULL, ws, 37, (uint32_t)(a * 100 + i));
+                if (c->n_eq_ws)
+                    run_mock(impl->module, NULL, ws, ws, (uint32_t)(a * 100 + 50 + i));
+                continue;
+            }
+            const int64_t counts[3] = { 1, ws - 1, 37 };
+            const int roots[3] = { 0, ws - 1, ws / 2 };
+            for (int ci = 0; ci < 3; ci++)
+                for (int ri = 0; ri < (kb_coll_rooted(impl->kind) ? 3 : 1); ri++)
+                    if (counts[ci] > 0)
+                        run_mock_opts(impl->module, NULL, ws, counts[ci] * tr, roots[ri], NULL,
+                                      (uint32_t)(a * 100 + i * 10 + ci * 3 + ri));
         }
     }
     assert_int_equal(nalgos, (int)(sizeof algo_cases / sizeof algo_cases[0]));
@@ -625,6 +731,39 @@ static void test_mock_every_algorithm(void **state)
     run_mock("ring_rsag_allreduce", NULL, 8, 1, 4243);
     assert_null(kb_ccl_algo_at(-1));
     assert_null(kb_ccl_algo_find("no_such_algo"));
+}
+
+/*
+ * The other collectives at sizes past a slot: 4096-byte slots (two, and one) with 3001
+ * elements per chunk (or tile) make every chunk several slices; 64-byte slots with 2100
+ * make more slices than a block posts (several blocks, the last one short). Rooted kinds run
+ * at a root other than 0.
+ */
+static void test_coll_chunked(void **state)
+{
+    static const char *const modules[] = {
+        "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
+        "ring_reduce", "tree_broadcast", "tree_reduce", "pairwise_alltoall", "rd_allgather",
+    };
+    static const struct { int slots; uint64_t slot; int64_t count; } sz[] = {
+        { 2, 4096, 3001 }, { 1, 4096, 3001 }, { 2, 64, 2100 },
+    };
+    static const int worlds[] = { 3, 8 };
+    (void)state;
+    for (size_t m = 0; m < sizeof modules / sizeof modules[0]; m++) {
+        const kb_ccl_algo_impl *impl = kb_ccl_algo_find(modules[m]);
+        assert_non_null(impl);
+        for (size_t k = 0; k < sizeof sz / sizeof sz[0]; k++)
+            for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++) {
+                int ws = worlds[w];
+                kb_ipcq_cfg icfg = { sz[k].slots, sz[k].slot, KB_MEM_TCM, 1 };
+                int64_t n = sz[k].count * kb_coll_tile_ranks(impl->kind, ws);
+                int root = kb_coll_rooted(impl->kind) ? ws - 2 : 0;
+                assert_true((uint64_t)sz[k].count * 2u > sz[k].slot);
+                run_mock_opts(modules[m], NULL, ws, n, root, &icfg,
+                              (uint32_t)(1000 + m * 10 + k * 2 + w));
+            }
+    }
 }
 
 /* With no inputs the mock feeds kb_ccl_inputs(KB_CCL_INPUT_SEED), like the bench. */
@@ -673,14 +812,26 @@ static void test_mock_errors(void **state)
     assert_non_null(strstr(eb.msg, "square world size, got 6"));
     assert_int_equal(kb_ccl_mock_run("no_such_algo", NULL, 2, 4, in, out, &eb), KB_ERR_NOTFOUND);
     assert_non_null(strstr(eb.msg, "unknown algorithm module 'no_such_algo'"));
-    assert_int_equal(kb_ccl_mock_run("ring_allreduce", "hypercube", 2, 4, in, out, &eb),
+    assert_int_equal(kb_ccl_mock_run("ring_allreduce", "dragonfly", 2, 4, in, out, &eb),
                      KB_ERR_CONFIG);
-    assert_non_null(strstr(eb.msg, "unknown topology 'hypercube'"));
+    assert_non_null(strstr(eb.msg, "unknown topology 'dragonfly'"));
     assert_int_equal(kb_ccl_mock_run("ring_allreduce", NULL, 20, 4, NULL, NULL, &eb),
                      KB_ERR_RANGE);
     assert_non_null(strstr(eb.msg, "cannot lay out 20 ranks"));
     assert_int_equal(kb_ccl_mock_run("ring_allreduce", NULL, 0, 4, NULL, NULL, &eb),
                      KB_ERR_RANGE);
+    /* chunked kinds need ws chunks; full meshes end at 12 ranks; roots are ranks */
+    assert_int_equal(kb_ccl_mock_run("ring_allgather", NULL, 3, 4, in, out, &eb), KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "a tile of 4 elements is not 3 chunks"));
+    assert_int_equal(kb_ccl_mock_run("pairwise_alltoall", NULL, 13, 13, NULL, NULL, &eb),
+                     KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "world size <= 12"));
+    assert_int_equal(kb_ccl_mock_run_opts("ring_broadcast", NULL, 4, 4, 4, NULL, in, out, &eb),
+                     KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "root 4 is not a rank of a world of 4"));
+    assert_int_equal(kb_ccl_mock_run_opts("ring_allgather", NULL, 4, 4, 1, NULL, in, out, &eb),
+                     KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "the all_gather kind has no root"));
 }
 
 /* ---- verification machinery ---- */
@@ -737,6 +888,26 @@ static void test_references(void **state)
     assert_true(out[4] == 10.0 && out[5] == 20.0);
     kb_ccl_ref_shift_east(in, 1, 2, out);
     assert_true(out[0] == 1.0 && out[1] == 2.0);
+    /* two ranks, tiles of two chunks of one: rank r's chunk c at element c */
+    const float in2[2 * 2] = { 1, 2, 10, 20 };
+    double o2[4];
+    kb_ccl_ref_allgather(in2, 2, 2, o2); /* chunk c from rank c */
+    assert_true(o2[0] == 1 && o2[1] == 20 && o2[2] == 1 && o2[3] == 20);
+    kb_ccl_ref_reduce_scatter(in2, 2, 2, o2); /* chunk r summed on rank r, the rest kept */
+    assert_true(o2[0] == 11 && o2[1] == 2 && o2[2] == 10 && o2[3] == 22);
+    kb_ccl_ref_alltoall(in2, 2, 2, o2); /* chunk c of rank r = chunk r of rank c */
+    assert_true(o2[0] == 1 && o2[1] == 10 && o2[2] == 2 && o2[3] == 20);
+    kb_ccl_ref_broadcast(in, 3, 2, out);
+    for (int r = 0; r < 3; r++)
+        assert_true(out[r * 2] == 1.0 && out[r * 2 + 1] == 2.0);
+    kb_ccl_ref_reduce(in, 3, 2, out);
+    assert_true(out[0] == 111.0 && out[1] == 222.0);
+    assert_true(out[2] == 10.0 && out[5] == 200.0);
+    assert_int_equal(kb_coll_tile_ranks(KB_COLL_ALLGATHER, 5), 5);
+    assert_int_equal(kb_coll_tile_ranks(KB_COLL_ALLTOALL, 5), 5);
+    assert_int_equal(kb_coll_tile_ranks(KB_COLL_REDUCE, 5), 1);
+    assert_true(kb_coll_rooted(KB_COLL_BROADCAST) && kb_coll_rooted(KB_COLL_REDUCE));
+    assert_false(kb_coll_rooted(KB_COLL_ALLREDUCE));
 }
 
 static void test_inputs(void **state)
@@ -823,7 +994,7 @@ static int64_t swap_in_tile(uint16_t *raw, int t, int64_t n)
  */
 static void test_verify_rejects_swap(void **state)
 {
-    enum { WS = 8, NE = 37 };
+    enum { WS = 8, NE = 40 }; /* 5 elements a chunk for the chunked kinds */
     float in[WS * NE], out[WS * NE];
     double ref[WS * NE];
     kb_ccl_verdict v;
@@ -980,6 +1151,8 @@ int main(void)
         cmocka_unit_test(test_topo_ring),
         cmocka_unit_test(test_topo_mesh),
         cmocka_unit_test(test_topo_tree),
+        cmocka_unit_test(test_topo_full_mesh),
+        cmocka_unit_test(test_topo_hypercube),
         cmocka_unit_test(test_topo_hierarchical),
         cmocka_unit_test(test_topo_errors_and_names),
         cmocka_unit_test(test_layout_legacy),
@@ -987,6 +1160,7 @@ int main(void)
         cmocka_unit_test(test_job_any_world),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_mock_every_algorithm),
+        cmocka_unit_test(test_coll_chunked),
         cmocka_unit_test(test_mock_default_inputs),
         cmocka_unit_test(test_mock_other_topologies),
         cmocka_unit_test(test_mock_errors),

@@ -26,14 +26,14 @@
 
 #include "kb_test_util.h"
 
-/* ccl keys: 7 under defaults; an entry has 3 keys of its own and overrides the other 6. */
+/* ccl keys: 7 under defaults; an entry has 4 keys of its own and overrides the other 6. */
 #define N_CCL_DEFAULTS_KEYS 7
-#define N_CCL_ENTRY_KEYS (3 + 6)
+#define N_CCL_ENTRY_KEYS (4 + 6)
 #define N_CCL_KEYS (N_CCL_DEFAULTS_KEYS + N_CCL_ENTRY_KEYS)
 
 /* An algorithm entry's keys, in the order unknown-key messages list them. */
 #define ENTRY_KNOWN                                                                          \
-    "(known: module, topology, root_cube, buffer_kind, backpressure, n_slots, slot_size, "    \
+    "(known: module, topology, root_cube, root, buffer_kind, backpressure, n_slots, slot_size, "    \
     "world_size, n_elem)"
 #define DEFAULTS_KNOWN                                                                       \
     "(known: algorithm, buffer_kind, backpressure, n_slots, slot_size, world_size, n_elem)"
@@ -117,7 +117,7 @@ static void test_defaults(void **state)
 
 static void check_algo(const kb_ccl_cfg *c, const char *name, const char *module,
                        const char *topology, const char *buffer_kind, int world_size,
-                       int64_t n_elem)
+                       int64_t n_elem, uint64_t slot_size)
 {
     const kb_ccl_algo *a = kb_ccl_config_find(c, name);
     kb_ccl_params p;
@@ -129,10 +129,11 @@ static void check_algo(const kb_ccl_cfg *c, const char *name, const char *module
     assert_string_equal(a->topology, topology);
     assert_int_equal(a->root_cube, -1);
     assert_true(a->line > 0);
-    /* The shipped entries leave these to the defaults. */
+    /* The shipped entries leave these to the defaults (but the rings' slot size: slot_size
+     * 0 here = the default's) */
     assert_int_equal(a->p.backpressure, -1);
     assert_int_equal(a->p.n_slots, 0);
-    assert_int_equal(a->p.slot_size, 0);
+    assert_int_equal(a->p.slot_size, slot_size);
     assert_string_equal(a->p.algorithm, "");
     p = kb_ccl_config_params(c, a);
     assert_string_equal(p.algorithm, name);
@@ -140,7 +141,7 @@ static void check_algo(const kb_ccl_cfg *c, const char *name, const char *module
     assert_int_equal(p.world_size, world_size);
     assert_int_equal(p.n_elem, n_elem);
     assert_int_equal(p.n_slots, 4);
-    assert_int_equal(p.slot_size, 262144);
+    assert_int_equal(p.slot_size, slot_size ? slot_size : 262144);
     assert_int_equal(p.backpressure, 1);
 }
 
@@ -150,7 +151,10 @@ static void test_shipped_ccl(void **state)
         "ring_allreduce_tcm", "ring_allreduce_hbm", "ring_allreduce_sram",
         "mesh_allreduce_4", "tree_allreduce_7", "hierarchical_allreduce",
         "hierarchical_allreduce_sip", "ring_rsag_allreduce", "intercube_allreduce",
+        "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
+        "tree_broadcast", "ring_reduce", "tree_reduce", "pairwise_alltoall", "rd_allgather",
     };
+    const int norder = (int)(sizeof order / sizeof order[0]);
     kb_ccl_cfg dflt, c;
     kb_topo_cfg t = default_topo();
     kb_errbuf eb = {{0}};
@@ -169,23 +173,34 @@ static void test_shipped_ccl(void **state)
         fail_msg("%s", eb.msg);
     assert_memory_equal(&c.defaults, &dflt.defaults, sizeof c.defaults);
     assert_string_equal(c.path, path);
-    assert_int_equal(c.nalgos, 9);
-    for (int i = 0; i < 9; i++) {
+    assert_int_equal(c.nalgos, norder);
+    for (int i = 0; i < norder; i++) {
         assert_string_equal(c.algos[i].name, order[i]);
         if (i > 0)
             assert_true(c.algos[i].line > c.algos[i - 1].line);
     }
-    check_algo(&c, "ring_allreduce_tcm", "ring_allreduce", "ring_1d", "tcm", 256, 8);
-    check_algo(&c, "ring_allreduce_hbm", "ring_allreduce", "ring_1d", "hbm", 256, 8);
-    check_algo(&c, "ring_allreduce_sram", "ring_allreduce", "ring_1d", "sram", 256, 8);
-    check_algo(&c, "mesh_allreduce_4", "mesh_allreduce", "mesh_2d", "tcm", 4, 0);
-    check_algo(&c, "tree_allreduce_7", "tree_allreduce", "tree_binary", "tcm", 7, 0);
+    check_algo(&c, "ring_allreduce_tcm", "ring_allreduce", "ring_1d", "tcm", 256, 8, 1048576);
+    check_algo(&c, "ring_allreduce_hbm", "ring_allreduce", "ring_1d", "hbm", 256, 8, 0);
+    check_algo(&c, "ring_allreduce_sram", "ring_allreduce", "ring_1d", "sram", 256, 8, 0);
+    check_algo(&c, "mesh_allreduce_4", "mesh_allreduce", "mesh_2d", "tcm", 4, 0, 0);
+    check_algo(&c, "tree_allreduce_7", "tree_allreduce", "tree_binary", "tcm", 7, 0, 0);
     check_algo(&c, "hierarchical_allreduce", "hierarchical_allreduce", "hierarchical_3level",
-               "tcm", 256, 0);
+               "tcm", 256, 0, 0);
     check_algo(&c, "hierarchical_allreduce_sip", "hierarchical_allreduce",
-               "hierarchical_3level", "tcm", 0, 0);
-    check_algo(&c, "ring_rsag_allreduce", "ring_rsag_allreduce", "ring_1d", "tcm", 256, 256);
-    check_algo(&c, "intercube_allreduce", "intercube_allreduce", "none", "tcm", 0, 0);
+               "hierarchical_3level", "tcm", 0, 0, 0);
+    check_algo(&c, "ring_rsag_allreduce", "ring_rsag_allreduce", "ring_1d", "tcm", 256, 256,
+               1048576);
+    check_algo(&c, "intercube_allreduce", "intercube_allreduce", "none", "tcm", 0, 0, 0);
+    /* the other collectives: each entry is named after its module */
+    for (int i = 9; i < norder; i++) {
+        const kb_ccl_algo *a = kb_ccl_config_find(&c, order[i]);
+        assert_non_null(a);
+        assert_string_equal(a->module, order[i]);
+        assert_int_equal(a->root, -1);
+    }
+    check_algo(&c, "ring_allgather", "ring_allgather", "ring_1d", "tcm", 256, 0, 0);
+    check_algo(&c, "tree_reduce", "tree_reduce", "tree_binary", "tcm", 256, 0, 0);
+    check_algo(&c, "pairwise_alltoall", "pairwise_alltoall", "full_mesh", "tcm", 8, 0, 0);
     if (kb_ccl_config_validate(&c, &t, &eb) != 0)
         fail_msg("%s", eb.msg);
 
@@ -298,6 +313,7 @@ static void test_foreach_key_order(void **state)
         "ccl.algorithms.<name>.module",
         "ccl.algorithms.<name>.topology",
         "ccl.algorithms.<name>.root_cube",
+        "ccl.algorithms.<name>.root",
         "ccl.algorithms.<name>.buffer_kind",
         "ccl.algorithms.<name>.backpressure",
         "ccl.algorithms.<name>.n_slots",
@@ -317,7 +333,7 @@ static void test_foreach_key_order(void **state)
     assert_string_equal(o.module_type, "string");
     assert_string_equal(o.module_dflt, "(required)");
     assert_string_equal(o.topology_type, "enum: ring_1d|ring_1d_unidir|mesh_2d|torus_2d|"
-                                         "mesh_2d_no_wrap|tree_binary|hierarchical_3level|none");
+                                         "mesh_2d_no_wrap|tree_binary|hierarchical_3level|none|full_mesh|hypercube");
     assert_string_equal(o.root_dflt, "-1 (unset)");
     assert_string_equal(o.dflt_nslots, "4");
     assert_string_equal(o.algo_nslots_dflt, "inherits ccl.defaults.n_slots");
@@ -470,7 +486,7 @@ static void test_wrong_types(void **state)
     expect_load_error("algorithms:\n  a:\n    module: m\n    topology: ring_9d\n", "4:15: ",
                       "invalid value 'ring_9d' for ccl.algorithms.a.topology (allowed: ring_1d, "
                       "ring_1d_unidir, mesh_2d, torus_2d, mesh_2d_no_wrap, tree_binary, "
-                      "hierarchical_3level, none)");
+                      "hierarchical_3level, none, full_mesh, hypercube)");
     expect_load_error("algorithms:\n  a:\n    module:\n", "3:12: ",
                       "missing value for ccl.algorithms.a.module");
     /* A mapping where a scalar belongs and vice versa; a sequence. */
@@ -659,6 +675,7 @@ static void test_set(void **state)
     assert_string_equal(a->module, "ring_allreduce");
     assert_string_equal(a->topology, "");
     assert_int_equal(a->root_cube, -1);
+    assert_int_equal(a->root, -1);
     assert_int_equal(a->p.backpressure, -1);
     assert_int_equal(a->p.n_slots, 0);
     assert_int_equal(a->p.slot_size, 0);
@@ -666,6 +683,8 @@ static void test_set(void **state)
     assert_int_equal(a->p.n_elem, 0);
     assert_string_equal(a->p.buffer_kind, "");
     assert_int_equal(kb_ccl_config_set(&c, "ccl.algorithms.mine.root_cube=3", &eb), 0);
+    assert_int_equal(kb_ccl_config_set(&c, "ccl.algorithms.mine.root=5", &eb), 0);
+    assert_int_equal(a->root, 5);
     assert_int_equal(kb_ccl_config_set(&c, "ccl.algorithms.mine.backpressure=true", &eb), 0);
     assert_int_equal(kb_ccl_config_set(&c, "ccl.algorithms.mine.topology=tree_binary", &eb), 0);
     assert_int_equal(c.nalgos, 1);
@@ -725,7 +744,7 @@ static void test_set(void **state)
     expect_set_error(&c, "ccl.algorithms.fresh.topology=ring_9d",
                      "--set ccl.algorithms.fresh.topology=ring_9d: invalid value 'ring_9d' for "
                      "ccl.algorithms.fresh.topology (allowed: ring_1d, ring_1d_unidir, mesh_2d, "
-                     "torus_2d, mesh_2d_no_wrap, tree_binary, hierarchical_3level, none)");
+                     "torus_2d, mesh_2d_no_wrap, tree_binary, hierarchical_3level, none, full_mesh, hypercube)");
     expect_set_error(&c, "ccl.algorithms.fresh.root_cube=32",
                      "--set ccl.algorithms.fresh.root_cube=32: ccl.algorithms.fresh.root_cube = "
                      "32 is out of range [0, 31]");

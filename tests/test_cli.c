@@ -197,6 +197,58 @@ static void test_ccl_matrix(void **s)
     }
 }
 
+/*
+ * The other collectives end to end: every shipped entry verifies on 2, 3 and 8 ranks at sizes
+ * of one element per rank (nccl-tests' smallest), an odd count and one past a 4 KiB slot; the
+ * rooted ones at --root 2 too; and the JSON reports nccl-tests' size and count.
+ */
+static void test_coll_entries(void **s)
+{
+    static const char *const entries[] = {
+        "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
+        "tree_broadcast", "ring_reduce", "tree_reduce", "pairwise_alltoall", "rd_allgather",
+    };
+    static const int worlds[] = { 2, 3, 8 };
+    static const int counts[] = { 1, 37, 3001 };
+    static char out[1 << 16];
+    char line[128];
+    (void)s;
+    for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++)
+        for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++)
+            for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+                int ws = worlds[w], chunked = e < 2 || e >= 7;
+                long long size = 2LL * counts[c] * (chunked ? ws : 1);
+                int rooted = e >= 3 && e <= 6; /* the broadcasts and reduces */
+                const char *root = rooted ? (ws > 2 ? "--root 2" : "--root 1") : "";
+                int rc = kbt_kbcl(out, sizeof out, "run --bench ccl_allreduce --device ref "
+                                  "--verify-data --algorithm %s --world-size %d --size %lld %s "
+                                  "--set ccl.defaults.slot_size=4096 --json coll.json",
+                                  entries[e], ws, size, root);
+                snprintf(line, sizeof line, "  %s (ws=%d): %d OK", entries[e], ws, ws);
+                if (rc != 0 || !strstr(out, line))
+                    fail_msg("%s ws %d size %lld %s: exit %d\n%s", entries[e], ws, size, root,
+                             rc, out);
+                char *text = kbt_slurp("coll.json");
+                cJSON *j = cJSON_Parse(text);
+                free(text);
+                assert_non_null(j);
+                assert_true(cJSON_GetObjectItem(j, "size_bytes")->valuedouble == (double)size);
+                assert_true(cJSON_GetObjectItem(j, "n_elem")->valuedouble == counts[c]);
+                cJSON_Delete(j);
+            }
+    /* a root outside the world, and a root for a kind that has none, are config errors */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm "
+                              "ring_broadcast --world-size 4 --root 4"), 2);
+    assert_non_null(strstr(out, "root 4 is not a rank of a world of 4"));
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm "
+                              "ring_allgather --world-size 4 --root 1"), 2);
+    assert_non_null(strstr(out, "the all_gather kind has no root"));
+    /* an all_gather size must be whole chunks of whole elements */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl_allreduce --algorithm "
+                              "ring_allgather --world-size 3 --size 4"), 2);
+    assert_non_null(strstr(out, "takes a multiple of 6 bytes"));
+}
+
 static void test_ccl_failures(void **s)
 {
     static char out[1 << 16];
@@ -407,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_sim_errors),
         cmocka_unit_test(test_ccl_matrix),
+        cmocka_unit_test(test_coll_entries),
         cmocka_unit_test(test_ccl_failures),
         cmocka_unit_test(test_trace),
         cmocka_unit_test(test_size_parse),

@@ -20,6 +20,8 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -839,6 +841,79 @@ static void test_registry_entry(void **state)
     kb_ccl_reg_destroy(reg);
 }
 
+/* Pattern-free f32 data whose partial sums round: (r + 1) / 3 + i / 7 (no exact binary form). */
+static float odd_f32(int r, int64_t q, int64_t i) { return (float)((r + 1) / 3.0 + (q * 97 + i) / 7.0); }
+
+static int body_allreduce_f32(kb_ctx *ctx, int rank, job *j)
+{
+    int64_t rows = kb_dist_shards_per_rank(ctx) * j->m;
+    float *data = stage(j, rank, 0, rows, j->n);
+    int rc;
+    if (!data)
+        return too_big(ctx);
+    for (int64_t q = 0; q < rows; q++)
+        for (int64_t i = 0; i < j->n; i++)
+            data[q * j->n + i] = odd_f32(rank, q, i);
+    kb_tensor_desc d = { "x", rows, j->n, KB_F32, kb_dist_policy(ctx), KB_MEM_HBM };
+    rc = kb_tensor_from_host(ctx, &d, data, &j->t[rank]);
+    return rc ? rc : kb_dist_all_reduce(ctx, j->t[rank], KB_DIST_SUM);
+}
+
+/*
+ * f32 sums round, so their order matters: every rank's replica must still hold the same bits
+ * (a tensor-parallel layer relies on it), and each element must be within f32 rounding of the
+ * exact sum. A ring that forwards whole values among 3 or more SIP leaders failed this.
+ */
+static void test_allreduce_replicas_agree(void **state)
+{
+    static const struct { int sips; const char *topo; int64_t n; int slot; } cases[] = {
+        { 3, "ring_1d", 24, 0 }, { 4, "torus_2d", 40, 0 }, { 5, "ring_1d", 7, 0 },
+        { 4, "ring_1d", 1500, 4096 }, /* 6000-byte rows over 4096-byte slots: streamed */
+    };
+    (void)state;
+    for (int a = 0; kb_dist_algo_at(a); a++) {
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            const char *module = kb_dist_algo_at(a)->module;
+            kb_ctx *ctx = make_ctx(cases[c].sips, cases[c].topo, 1, module);
+            char alg[128], slot[64];
+            const char *sets[] = { alg, slot };
+            snprintf(alg, sizeof alg, "ccl.defaults.algorithm=%s", module);
+            snprintf(slot, sizeof slot, "ccl.defaults.slot_size=%d",
+                     cases[c].slot ? cases[c].slot : 262144);
+            kbt_ccl_attach(ctx, sets, 2);
+            job j = { .nprocs = cases[c].sips, .body = body_allreduce_f32, .m = 1,
+                      .n = cases[c].n };
+            run_ok(ctx, &j);
+            int64_t rows = kb_dist_shards_per_rank(ctx), n = j.n;
+            float *r0 = malloc(sizeof *r0 * (size_t)(rows * n)), *got = malloc(sizeof *got * (size_t)(rows * n));
+            assert_non_null(r0);
+            assert_non_null(got);
+            assert_int_equal(kb_tensor_read(j.t[0], r0), 0);
+            for (int64_t q = 0; q < rows; q++)
+                for (int64_t i = 0; i < n; i++) {
+                    double want = 0; /* every PE block of every rank is a member */
+                    for (int rr = 0; rr < cases[c].sips; rr++)
+                        for (int64_t p = 0; p < rows; p++)
+                            want += odd_f32(rr, p, i);
+                    if (fabs(r0[q * n + i] - want) > 2.0 * (double)(cases[c].sips * rows) *
+                                                         FLT_EPSILON * fabs(want))
+                        fail_msg("%s %d SIPs: [%lld][%lld] = %.9g, exact %.9g", module,
+                                 cases[c].sips, (long long)q, (long long)i, (double)r0[q * n + i],
+                                 want);
+                }
+            for (int r = 1; r < cases[c].sips; r++) {
+                assert_int_equal(kb_tensor_read(j.t[r], got), 0);
+                if (memcmp(got, r0, sizeof *got * (size_t)(rows * n)) != 0)
+                    fail_msg("%s %d SIPs n=%lld: rank %d's replica differs from rank 0's", module,
+                             cases[c].sips, (long long)n, r);
+            }
+            free(r0);
+            free(got);
+            kb_ctx_destroy(ctx);
+        }
+    }
+}
+
 static int body_before_init(kb_ctx *ctx, int rank, job *j)
 {
     (void)j;
@@ -972,6 +1047,7 @@ int main(void)
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_allreduce_seeded),
         cmocka_unit_test(test_registry_entry),
+        cmocka_unit_test(test_allreduce_replicas_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -90,7 +90,7 @@ static void test_load_and_unload(void **state)
     {
         float in[12 * 40], out[12 * 40];
         kb_ccl_inputs(in, 5, 0, 12, 40);
-        assert_int_equal(kb_ccl_mock_run_algo(pi->algos[0], NULL, 12, 40, in, out, &eb), 0);
+        assert_int_equal(kb_ccl_mock_run_algo(pi->algos[0], NULL, 12, 40, 0, NULL, in, out, &eb), 0);
         for (int i = 0; i < 40; i++) {
             float want = 0.0f;
             for (int r = 0; r < 12; r++)

@@ -621,7 +621,12 @@ static void k_free_loop(kb_tl *tl, const kb_kargs *a)
             p->used[1] = kb_alloc_used(tl_pe(tl)->scratch);
         tl_free(tl, v);
     }
+    /* the last freed value stays allocated for reuse (the kernel's cache of large values) */
     p->used[2] = kb_alloc_used(tl_pe(tl)->scratch);
+    /* ... and is given back when an allocation needs the room: the whole 8 MiB fits */
+    kb_val all = tl_full(tl, KB_SHAPE2(1, 2097152), 0.0f);
+    p->used[3] = kb_alloc_used(tl_pe(tl)->scratch);
+    tl_free(tl, all);
 }
 
 static void k_hoard(kb_tl *tl, const kb_kargs *a)
@@ -651,7 +656,8 @@ static void test_free_releases_scratch(void **state)
     assert_int_equal(kb_ctx_run_host(ctx, h_launch_one, &p), 0);
     assert_int_equal(p.used[0], 0);
     assert_int_equal(p.used[1], UINT64_C(1) << 20);
-    assert_int_equal(p.used[2], 0);
+    assert_int_equal(p.used[2], UINT64_C(1) << 20);
+    assert_int_equal(p.used[3], UINT64_C(8) << 20);
     kb_ctx_destroy(ctx);
 
     /* without tl_free the same loop runs out after 8 values */

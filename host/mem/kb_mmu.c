@@ -22,6 +22,7 @@ typedef struct segment {
 struct kb_mmu {
     segment *seg; /* owned; sorted by va, disjoint */
     size_t n, cap;
+    uint64_t gen; /* bumped by every map and unmap (callers' translation caches) */
 };
 
 kb_mmu *kb_mmu_create(void)
@@ -93,6 +94,7 @@ int kb_mmu_map(kb_mmu *m, kb_va va, uint64_t len, kb_pa pa, kb_errbuf *eb)
     memmove(&m->seg[at + 1], &m->seg[at], (m->n - at) * sizeof *m->seg);
     m->seg[at] = (segment){va, len, pa};
     m->n++;
+    m->gen++;
     return 0;
 }
 
@@ -128,6 +130,7 @@ int kb_mmu_unmap(kb_mmu *m, kb_va va, uint64_t len, kb_errbuf *eb)
     }
     memmove(&m->seg[first], &m->seg[last], (m->n - last) * sizeof *m->seg);
     m->n -= last - first;
+    m->gen++;
     return 0;
 }
 
@@ -146,6 +149,27 @@ int kb_mmu_translate(const kb_mmu *m, kb_va va, kb_pa *pa, uint64_t *contig, kb_
     if (contig)
         *contig = s->va + s->len - va;
     return 0;
+}
+
+int kb_mmu_segment(const kb_mmu *m, kb_va va, kb_va *seg_va, uint64_t *seg_len, kb_pa *seg_pa,
+                   kb_errbuf *eb)
+{
+    size_t at;
+
+    if (!m)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_mmu_segment: NULL mmu");
+    at = upper_bound(m, va);
+    if (at == 0 || m->seg[at - 1].va + m->seg[at - 1].len <= va)
+        return kb_err_set(eb, KB_ERR_NOTFOUND, "unmapped virtual address 0x%" PRIx64, va);
+    *seg_va = m->seg[at - 1].va;
+    *seg_len = m->seg[at - 1].len;
+    *seg_pa = m->seg[at - 1].pa;
+    return 0;
+}
+
+uint64_t kb_mmu_gen(const kb_mmu *m)
+{
+    return m ? m->gen + 1 : 0;
 }
 
 size_t kb_mmu_nsegments(const kb_mmu *m)

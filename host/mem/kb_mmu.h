@@ -37,6 +37,17 @@ int kb_mmu_unmap(kb_mmu *m, kb_va va, uint64_t len, kb_errbuf *eb);
  */
 int kb_mmu_translate(const kb_mmu *m, kb_va va, kb_pa *pa, uint64_t *contig, kb_errbuf *eb);
 
+/*
+ * The segment holding va: its start, length and physical start (a caller may keep them to
+ * translate later addresses inside it without a search, while kb_mmu_gen is unchanged).
+ * Unmapped VA gives KB_ERR_NOTFOUND with a message naming the address.
+ */
+int kb_mmu_segment(const kb_mmu *m, kb_va va, kb_va *seg_va, uint64_t *seg_len, kb_pa *seg_pa,
+                   kb_errbuf *eb);
+
+/* A count that changes whenever a segment is mapped or unmapped (never 0). */
+uint64_t kb_mmu_gen(const kb_mmu *m);
+
 size_t kb_mmu_nsegments(const kb_mmu *m);
 
 #endif

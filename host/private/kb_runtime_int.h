@@ -37,6 +37,7 @@ enum { KB_TAG_HOST = 0x484f5354, KB_TAG_KERNEL = 0x4b45524e };
 #define KB_SCR_INL_CLASSES 2         /* the 64 B and 128 B classes ... */
 #define KB_SCR_INL 3                 /* ... keep the top 3 entries of their free stacks inline */
 #define KB_SCR_CHUNK (64u << 10)
+#define KB_BIG_CACHE 4               /* freed large values kept for reuse per kernel */
 typedef struct kb_scr_chunk {
     kb_pa base;
     uint64_t live[KB_SCR_CHUNK / 64 / 64]; /* one bit per 64-byte unit: a value starts there */
@@ -72,6 +73,17 @@ struct kb_tl {
     kb_time start;          /* when the launch message reaches the PE */
     kb_pa *vals;            /* live large scratch allocations (owned) */
     size_t nvals, capvals;
+    /* large values freed lately, still allocated: a streaming kernel frees and allocates
+     * the same few sizes every step (given back when an allocation fails, and at the end) */
+    struct { kb_pa pa; uint64_t bytes; } bigc[KB_BIG_CACHE];
+    int nbigc;
+    /* kb_tl_translate's last segment: a kernel walks the same few tiles over and over, and
+     * two searches (segments, tensors) per access cost more than the access's bookkeeping.
+     * Valid while the SIP's MMU generation is tlb_gen (0: empty). */
+    uint64_t tlb_gen;
+    kb_va tlb_va, tlb_end;
+    kb_pa tlb_pa;
+    struct kb_tensor *tlb_t;  /* borrowed: the tensor holding the segment, or NULL */
 };
 
 /* Frees what a kernel context owns (after kb_tl_release_all returned its memory). */

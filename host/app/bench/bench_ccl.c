@@ -9,7 +9,9 @@
  * change the host writes' sizes or order, hence never the simulated time, and are computed
  * only when the run records: a timing-only run holds nothing proportional to the tiles. The
  * tile length is ccl.yaml's n_elem, or comes from --size (nccl-tests' size of the algorithm's
- * kind, kb_bench_coll_count, split over a rank's shards). Reports size_bytes (nccl-tests'
+ * kind, kb_bench_coll_count, split over a rank's shards; an all_gather, reduce_scatter or
+ * all_to_all tile is the rank's whole buffer of ws chunks of that count, kb_coll_tile_ranks).
+ * A broadcast or reduce takes its root from the entry's `root` (kbcl run --root). Reports size_bytes (nccl-tests'
  * size), algbw = size_bytes / time, nccl-tests' busbw = algbw * the factor of the algorithm's
  * collective kind, and (rank = PE) busbw_bound_gbps, the slowest link of its topology.
  *
@@ -116,8 +118,11 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
     int rc = kb_ccl_config_ipcq(&p, &icfg, eb);
     if (rc || (rc = tile_len(eb, st, name, impl->kind, ws, 1, p.n_elem, &n)) != 0)
         return rc;
-    return kb_ccl_job_prepare(ctx, &st->job, impl, name,
-                              force_topo ? force_topo : entry->topology, ws, n, &icfg, NULL);
+    /* the tile is the rank's whole buffer: ws chunks of count for the chunked kinds */
+    n *= kb_coll_tile_ranks(impl->kind, ws > 0 ? ws : 1);
+    return kb_ccl_job_prepare_root(ctx, &st->job, impl, name,
+                                   force_topo ? force_topo : entry->topology, ws, n,
+                                   entry && entry->root > 0 ? entry->root : 0, &icfg, NULL);
 }
 
 /* Rank `rank`'s tensor (shards x n; row s = input tile rank * shards + s), computed only
@@ -174,6 +179,16 @@ static void add_bw(kb_bench_result *res, kb_coll_kind kind, int ws, int64_t coun
     kb_bench_add_extra(res, "busbw_gbps", algbw * kb_coll_busbw_factor(kind, ws));
 }
 
+/* IPCQ traffic of the whole run (set-up and barriers included): Phase 1's host cost per
+ * chunk is phase1_ms over ipcq_chunks. */
+static void add_traffic(kb_ctx *ctx, kb_bench_result *res)
+{
+    uint64_t msgs, chunks;
+    kb_ipcq_counts(ctx, &msgs, &chunks);
+    kb_bench_add_extra(res, "ipcq_messages", (double)msgs);
+    kb_bench_add_extra(res, "ipcq_chunks", (double)chunks);
+}
+
 static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
 {
     ccl_state *st = state;
@@ -191,6 +206,7 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
         /* bytes per rank: the whole tensor of the rank */
         add_bw(res, kb_dist_algo_of(ctx)->kind, st->ws,
                st->n * kb_dist_shards_per_rank(ctx));
+        add_traffic(ctx, res);
         return 0;
     }
     snprintf(res->line, sizeof res->line, "  %s (ws=%d)", job->name, job->layout.ws);
@@ -198,9 +214,11 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
     if ((rc = kb_ccl_job_launch(ctx, job, NULL, NULL)) != 0)
         return rc;
     kb_bench_mark_end(ctx, res);
-    add_bw(res, job->impl->kind, job->layout.ws, job->n);
+    add_bw(res, job->impl->kind, job->layout.ws,
+           job->n / kb_coll_tile_ranks(job->impl->kind, job->layout.ws));
     kb_bench_add_extra(res, "busbw_bound_gbps",
                        kb_ccl_topo_bound_gbps(ctx, job->topo, &job->layout));
+    add_traffic(ctx, res);
     return 0;
 }
 
@@ -211,12 +229,12 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
  * and, on failure, the mean line and the first wrong element.
  */
 static int check_tiles(kb_ctx *ctx, kb_bench_result *res, kb_ccl_ref_fn ref, kb_coll_kind kind,
-                       const uint16_t *raw, int ntiles, int per_rank, int64_t n)
+                       const uint16_t *raw, int ntiles, int per_rank, int64_t n, int root)
 {
     size_t total = (size_t)ntiles * (size_t)n;
     kb_ccl_verdict v;
-    int ok = kb_ccl_verify_inputs(KB_F16, raw, ref, kind, KB_CCL_INPUT_SEED, ntiles, n,
-                                  kb_ccl_input_acc_bound(kind, ntiles), &v);
+    int ok = kb_ccl_verify_inputs_root(KB_F16, raw, ref, kind, KB_CCL_INPUT_SEED, ntiles, n,
+                                       root, kb_ccl_input_acc_bound(kind, ntiles), &v);
 
     if (ok < 0)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
@@ -255,7 +273,7 @@ static int dist_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
     for (int r = 0; r < st->ws && rc == 0; r++)
         rc = kb_tensor_read_raw(st->t[r], raw + (size_t)r * per);
     if (rc == 0)
-        rc = check_tiles(ctx, res, algo->reference, algo->kind, raw, ntiles, shards, st->n);
+        rc = check_tiles(ctx, res, algo->reference, algo->kind, raw, ntiles, shards, st->n, 0);
     free(raw);
     return rc;
 }
@@ -275,7 +293,8 @@ static int ccl_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
     rc = kb_ccl_job_read(ctx, job, NULL, raw);
     if (rc == 0)
-        rc = check_tiles(ctx, res, job->impl->reference, job->impl->kind, raw, ws, 1, job->n);
+        rc = check_tiles(ctx, res, job->impl->reference, job->impl->kind, raw, ws, 1, job->n,
+                         job->layout.root);
     free(raw);
     return rc;
 }

@@ -196,11 +196,19 @@ static double bench_mem_per_pe(int sips)
 
 typedef struct run_stat {
     int ok;
-    double wall_ms, phase1_ms, sim_ns, events, events_per_s, rss_mb;
+    double wall_ms, phase1_ms, sim_ns, events, events_per_s, rss_mb, chunks;
 } run_stat;
 
-static run_stat run_child(const char *algo, const char *ws, int sips, const char *topo,
-                          const char *device)
+static double extra_of(const kb_bench_result *r, const char *name)
+{
+    for (int i = 0; i < r->nextras; i++)
+        if (!strcmp(r->extras[i].name, name))
+            return r->extras[i].value;
+    return 0;
+}
+
+static run_stat run_child(const char *algo, const char *ws, const char *n_elem, int sips,
+                          const char *topo, const char *device)
 {
     run_stat st;
     int fd[2];
@@ -220,7 +228,7 @@ static run_stat run_child(const char *algo, const char *ws, int sips, const char
         job.bench = "ccl_allreduce";
         job.algorithm = algo;
         job.world_size = ws;
-        job.n_elem = "8";
+        job.n_elem = n_elem;
         job.device = device;
         job.verify = strcmp(device, "none") != 0;
         snprintf(s1, sizeof s1, "system.sips.count=%d", sips);
@@ -235,6 +243,7 @@ static run_stat run_child(const char *algo, const char *ws, int sips, const char
             r.phase1_ms = res.rep.phase1_ms;
             r.sim_ns = res.rep.sim_time_ns;
             r.events = (double)res.rep.events;
+            r.chunks = extra_of(&res.rep.res, "ipcq_chunks");
             r.rss_mb = (double)ru.ru_maxrss / 1024.0;
         }
         kbcl_result_fini(&res);
@@ -267,6 +276,9 @@ static cJSON *stat_json(const char *name, int pes, const run_stat *s)
     cJSON_AddNumberToObject(o, "events", s->events);
     cJSON_AddNumberToObject(o, "events_per_s", s->events_per_s);
     cJSON_AddNumberToObject(o, "peak_rss_mib", s->rss_mb);
+    cJSON_AddNumberToObject(o, "ipcq_chunks", s->chunks);
+    cJSON_AddNumberToObject(o, "phase1_us_per_chunk",
+                            s->chunks > 0 ? s->phase1_ms * 1e3 / s->chunks : 0);
     return o;
 }
 
@@ -330,25 +342,31 @@ int kbcl_cmd_bench_self(int argc, char **argv)
     cJSON_AddNumberToObject(p1, "memory_per_pe_bytes", mpe);
     printf("  memory per PE                 %8.0f bytes (context of 1024 PEs)\n", mpe);
 
-    printf("  %-30s %6s %9s %9s %9s %11s %9s\n", "timing-only run", "PEs", "wall ms",
-           "loop ms", "events", "loop ev/s", "peak MiB");
-    struct { const char *name, *algo, *ws; int sips; const char *topo; int pes; } rs[] = {
-        { "ring_allreduce 256", "ring_allreduce_tcm", "256", 2, "ring_1d", 256 },
-        { "hierarchical_allreduce 256", "hierarchical_allreduce", "256", 2, "ring_1d", 256 },
-        { "hierarchical_allreduce 1024", "hierarchical_allreduce", "1024", 8, "ring_1d", 1024 },
-        { "hierarchical_allreduce 2048", "hierarchical_allreduce", "2048", 16, "ring_1d", 2048 },
-        { "hierarchical_allreduce 8192", "hierarchical_allreduce", "8192", 64, "ring_1d", 8192 },
+    printf("  %-32s %6s %9s %9s %9s %11s %9s %9s\n", "timing-only run", "PEs", "wall ms",
+           "loop ms", "events", "loop ev/s", "us/chunk", "peak MiB");
+    /* ring_rsag at n = 4096 (8 KiB per rank): one-element chunks at 4 096 ranks, the
+     * message-bound end of a sweep; us/chunk = loop time over IPCQ chunks sent */
+    struct { const char *name, *algo, *ws, *n; int sips; const char *topo; int pes; } rs[] = {
+        { "ring_allreduce 256", "ring_allreduce_tcm", "256", "8", 2, "ring_1d", 256 },
+        { "ring_rsag_allreduce 256 x 8K", "ring_rsag_allreduce", "256", "4096", 2, "ring_1d", 256 },
+        { "ring_rsag_allreduce 1024 x 8K", "ring_rsag_allreduce", "1024", "4096", 8, "ring_1d", 1024 },
+        { "ring_rsag_allreduce 4096 x 8K", "ring_rsag_allreduce", "4096", "4096", 32, "ring_1d", 4096 },
+        { "hierarchical_allreduce 256", "hierarchical_allreduce", "256", "8", 2, "ring_1d", 256 },
+        { "hierarchical_allreduce 1024", "hierarchical_allreduce", "1024", "8", 8, "ring_1d", 1024 },
+        { "hierarchical_allreduce 2048", "hierarchical_allreduce", "2048", "8", 16, "ring_1d", 2048 },
+        { "hierarchical_allreduce 8192", "hierarchical_allreduce", "8192", "8", 64, "ring_1d", 8192 },
     };
     for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++) {
         if (quick && rs[i].pes > 2048)
             continue;
-        run_stat s = run_child(rs[i].algo, rs[i].ws, rs[i].sips, rs[i].topo, "none");
+        run_stat s = run_child(rs[i].algo, rs[i].ws, rs[i].n, rs[i].sips, rs[i].topo, "none");
         cJSON_AddItemToArray(runs, stat_json(rs[i].name, rs[i].pes, &s));
         if (s.ok)
-            printf("  %-30s %6d %9.1f %9.1f %9.0f %11.3g %9.1f\n", rs[i].name, rs[i].pes,
-                   s.wall_ms, s.phase1_ms, s.events, s.events_per_s, s.rss_mb);
+            printf("  %-32s %6d %9.1f %9.1f %9.0f %11.3g %9.3f %9.1f\n", rs[i].name, rs[i].pes,
+                   s.wall_ms, s.phase1_ms, s.events, s.events_per_s,
+                   s.chunks > 0 ? s.phase1_ms * 1e3 / s.chunks : 0.0, s.rss_mb);
         else
-            printf("  %-30s %6d   failed\n", rs[i].name, rs[i].pes);
+            printf("  %-32s %6d   failed\n", rs[i].name, rs[i].pes);
     }
     cJSON_AddItemToObject(p1, "runs", runs);
     cJSON_AddItemToObject(root, "phase1", p1);

@@ -45,6 +45,7 @@ int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb)
         { "--world-size", offsetof(kbcl_job, world_size) },
         { "--n-elem", offsetof(kbcl_job, n_elem) },
         { "--size", offsetof(kbcl_job, size) },
+        { "--root", offsetof(kbcl_job, root) },
         { "--buffer-kind", offsetof(kbcl_job, buffer_kind) },
         { "--device", offsetof(kbcl_job, device) },
         { "--trace", offsetof(kbcl_job, trace_path) },
@@ -313,9 +314,10 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     {
         char setbuf[256];
         const char *an = job->algorithm ? job->algorithm : res->ccl.defaults.algorithm;
-        const char *keys[4] = { NULL, "world_size", "n_elem", "buffer_kind" };
-        const char *vals[4] = { job->algorithm, job->world_size, job->n_elem, job->buffer_kind };
-        for (int i = 0; i < 4; i++) {
+        const char *keys[5] = { NULL, "world_size", "n_elem", "buffer_kind", "root" };
+        const char *vals[5] = { job->algorithm, job->world_size, job->n_elem, job->buffer_kind,
+                                job->root };
+        for (int i = 0; i < 5; i++) {
             if (!vals[i])
                 continue;
             if (i == 0 && !kb_ccl_config_find(&res->ccl, vals[i]))

@@ -29,6 +29,7 @@ typedef struct kbcl_job {
     const char *topology, *ccl; /* NULL = default files */
     const char *algorithm, *world_size, *n_elem, *buffer_kind; /* collective shorthands */
     const char *size;           /* --size BYTES[K|M|G] (kbcl_parse_size); excludes n_elem */
+    const char *root;           /* --root R: ccl.algorithms.<algorithm>.root */
     const char *device;         /* default "ref" */
     const char *sets[KBCL_MAX_SETS];
     int nsets;

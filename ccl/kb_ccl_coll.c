@@ -1,0 +1,521 @@
+/*
+ * kb_ccl_coll — the collectives other than all-reduce as rank = PE kernels over tl + IPCQ,
+ * with their registry entries (kb_ccl.h): all_gather, reduce_scatter, broadcast, reduce,
+ * all_to_all and send/recv, as nccl-tests defines them (docs/collectives.md §4).
+ *
+ *  ring_allgather      p-1 steps around ring_1d: forward the chunk received last
+ *  ring_reducescatter  p-1 steps around ring_1d: receive a partial sum, add the own chunk,
+ *                      send it on; rank r ends with the sum of chunk r
+ *  p2p_sendrecv        rank r sends its tile to r+1 and receives r-1's (ring_1d)
+ *  ring_broadcast      a pipelined chain from the root around ring_1d
+ *  ring_reduce         a pipelined chain around ring_1d that ends at the root
+ *  tree_broadcast      a pipelined binary tree hanging from the root (tree_binary)
+ *  tree_reduce         the same tree, partial sums flowing up to the root
+ *  pairwise_alltoall   ws - 1 pairwise exchanges over full_mesh
+ *  rd_allgather        recursive doubling over hypercube (MPI's fold for non-powers of two)
+ *
+ * Tiles (kb_coll_kind): a rank's tile is its whole buffer, n = nccl-tests' size / 2 f16
+ * elements; the chunked kinds (all_gather, reduce_scatter, all_to_all) have n = ws * count,
+ * chunk c at [c * count, (c + 1) * count), and run in place as NCCL's in-place calls do. Every
+ * kernel moves its data slice by slice, a slice being as many elements as one slot holds
+ * (f16 for data that is only moved, f32 for partial sums), so every message fits one slot,
+ * scratch holds at most KB_CCL_STREAM_BYTES of slices whatever n is, and a slice travels on to
+ * the next hop while the following ones are still arriving (the pipelining of NCCL's ring and
+ * tree protocols). Partial sums travel in f32 and are rounded once when stored.
+ *
+ * Limits: rd_allgather needs floor(log2 ws) + 1 directions (ws < 2048) and as many rings per
+ * PE in the IPCQ area; pairwise_alltoall needs a direct queue to every peer, so ws - 1 <= KB_NDIRS (11)
+ * directions per PE, and (ws - 1) * n_slots * slot_size bytes of IPCQ area per PE.
+ */
+#include <string.h>
+
+#include "kb_ccl.h"
+
+/* Receives posted ahead into tensor memory (they hold no scratch). */
+#define COLL_MAX_POSTED 64
+
+/* Receives of whole slots into scratch posted ahead: as many as KB_CCL_STREAM_BYTES holds. */
+static int64_t scratch_window(uint64_t slot)
+{
+    int64_t w = (int64_t)(KB_CCL_STREAM_BYTES / slot);
+    return w < 1 ? 1 : w > COLL_MAX_POSTED ? COLL_MAX_POSTED : w;
+}
+
+static int64_t mod(int64_t a, int64_t m) { return (a % m + m) % m; }
+
+/* Elements of one slice: a slot of elements of esz bytes. */
+static int64_t slice_elems(kb_tl *tl, uint32_t esz)
+{
+    int64_t S = (int64_t)(kb_ipcq_slot_size(tl_ctx(tl)) / esz);
+    return S < 1 ? 1 : S;
+}
+
+static kb_va at(kb_va tile, int64_t i) { return kb_ccl_elem_va(tile, i, KB_F16); }
+
+static kb_val ref16(kb_tl *tl, kb_va tile, int64_t off, int64_t len)
+{
+    return tl_ref(tl, at(tile, off), KB_SHAPE1(len), KB_F16);
+}
+
+/* ---- ring all_gather ---- */
+
+/*
+ * One block: elements [b0, b0 + bl) of every chunk, in slices of S. Step 0 sends the own
+ * chunk r; step s receives chunk r-s-1 straight into the tile and forwards it (HBM -> peer
+ * ring -> HBM), slice by slice, posting the next step's receive of a slice as it consumes it.
+ */
+static void ag_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, int64_t b0,
+                     int64_t bl, int64_t S)
+{
+    kb_ipcq_req *rq[COLL_MAX_POSTED];
+    int64_t nsl = (bl + S - 1) / S, off, len;
+
+    for (int64_t j = 0; j < nsl; j++) {
+        len = kb_ccl_piece(bl, S, j, &off);
+        rq[j] = tl_recv_into_async(tl, KB_DIR_W, at(tile, mod(r - 1, ws) * cnt + b0 + off),
+                                   KB_SHAPE1(len), KB_F16);
+    }
+    for (int64_t j = 0; j < nsl; j++) {
+        len = kb_ccl_piece(bl, S, j, &off);
+        tl_send(tl, KB_DIR_E, ref16(tl, tile, r * cnt + b0 + off, len));
+    }
+    for (int64_t s = 0; s + 1 < ws; s++) {
+        int64_t c = mod(r - s - 1, ws), last = s + 2 == ws;
+        for (int64_t j = 0; j < nsl; j++) {
+            len = kb_ccl_piece(bl, S, j, &off);
+            (void)tl_wait(tl, rq[j]);
+            if (last)
+                continue;
+            rq[j] = tl_recv_into_async(tl, KB_DIR_W, at(tile, mod(c - 1, ws) * cnt + b0 + off),
+                                       KB_SHAPE1(len), KB_F16);
+            tl_send(tl, KB_DIR_E, ref16(tl, tile, c * cnt + b0 + off, len));
+        }
+    }
+}
+
+static void ring_allgather(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
+    int64_t cnt = n / ws, S = slice_elems(tl, 2), blk = S * COLL_MAX_POSTED, off, len;
+    kb_va tile = kb_ccl_my_tile(tl, a);
+
+    if (ws < 2)
+        return;
+    for (int64_t b = 0; (len = kb_ccl_piece(cnt, blk, b, &off)) != 0; b++)
+        ag_block(tl, tile, ws, r, cnt, off, len, S);
+}
+
+/* ---- ring reduce_scatter ---- */
+
+/*
+ * One block of every chunk. Step s sends chunk r-s-1 (step 0: the raw f16 chunk from the
+ * tile; later: the f32 partial sum just made) and receives chunk r-s-2's partial sum, adds
+ * the own slice (loaded from the tile) and sends it on; the last step receives chunk r and
+ * stores its total (NCCL's recvReduceSend, then recvReduceCopy).
+ */
+static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, int64_t b0,
+                     int64_t bl, int64_t S)
+{
+    kb_ipcq_req *rq[COLL_MAX_POSTED];
+    int64_t nsl = (bl + S - 1) / S, off, len;
+
+    for (int64_t j = 0; j < nsl; j++) {
+        len = kb_ccl_piece(bl, S, j, &off);
+        rq[j] = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), KB_F16);
+    }
+    for (int64_t j = 0; j < nsl; j++) {
+        len = kb_ccl_piece(bl, S, j, &off);
+        tl_send(tl, KB_DIR_E, ref16(tl, tile, mod(r - 1, ws) * cnt + b0 + off, len));
+    }
+    for (int64_t s = 0; s + 1 < ws; s++) {
+        int64_t c = mod(r - s - 2, ws), last = s + 2 == ws;
+        for (int64_t j = 0; j < nsl; j++) {
+            len = kb_ccl_piece(bl, S, j, &off);
+            kb_val in = tl_wait(tl, rq[j]);
+            if (!last)
+                rq[j] = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), KB_F32);
+            kb_val own = tl_load(tl, at(tile, c * cnt + b0 + off), KB_SHAPE1(len), KB_F16);
+            kb_val red = tl_add(tl, own, in);
+            tl_free(tl, own);
+            tl_free(tl, in);
+            if (last)
+                tl_store(tl, at(tile, c * cnt + b0 + off), red);
+            else
+                tl_send(tl, KB_DIR_E, red);
+            tl_free(tl, red);
+        }
+    }
+}
+
+static void ring_reducescatter(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
+    int64_t cnt = n / ws, S = slice_elems(tl, 4);
+    int64_t blk = S * scratch_window(kb_ipcq_slot_size(tl_ctx(tl))), off, len;
+    kb_va tile = kb_ccl_my_tile(tl, a);
+
+    if (ws < 2)
+        return;
+    for (int64_t b = 0; (len = kb_ccl_piece(cnt, blk, b, &off)) != 0; b++)
+        rs_block(tl, tile, ws, r, cnt, off, len, S);
+}
+
+/* ---- send/recv ---- */
+
+/*
+ * In place, slice by slice: a slice is loaded before its receive is posted (the incoming
+ * slice lands where it was), then sent; a slice's receive is collected COLL_MAX_POSTED
+ * slices later, so sends and copy-outs overlap. A tile that fits one slot is: load, post,
+ * send, wait.
+ */
+static void p2p_sendrecv(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N], S = slice_elems(tl, 2), nsl = (n + S - 1) / S, off, len;
+    kb_va tile = kb_ccl_my_tile(tl, a);
+    kb_ipcq_req *rq[COLL_MAX_POSTED];
+
+    if (a->i[KB_CCL_ARG_WS] < 2)
+        return;
+    for (int64_t j = 0; j < nsl + COLL_MAX_POSTED; j++) {
+        if (j >= COLL_MAX_POSTED && j - COLL_MAX_POSTED < nsl)
+            (void)tl_wait(tl, rq[(j - COLL_MAX_POSTED) % COLL_MAX_POSTED]);
+        if (j >= nsl)
+            continue;
+        len = kb_ccl_piece(n, S, j, &off);
+        kb_val v = tl_load(tl, at(tile, off), KB_SHAPE1(len), KB_F16);
+        rq[j % COLL_MAX_POSTED] = tl_recv_into_async(tl, KB_DIR_W, at(tile, off),
+                                                     KB_SHAPE1(len), KB_F16);
+        tl_send(tl, KB_DIR_E, v);
+        tl_free(tl, v);
+    }
+}
+
+/* ---- broadcast ---- */
+
+/*
+ * A rank that receives its slices from `up` into the tile and forwards each one to its `nd`
+ * downstream directions as soon as it has landed; the root (up = KB_NDIRS) sends them from
+ * the tile. Receives are posted COLL_MAX_POSTED slices ahead; a chain or tree has no cycle,
+ * so nothing waits on itself.
+ */
+static void bcast_flow(kb_tl *tl, kb_va tile, int64_t n, kb_dir up, const kb_dir *down, int nd)
+{
+    int64_t S = slice_elems(tl, 2), nsl = (n + S - 1) / S, off, len;
+    kb_ipcq_req *rq[COLL_MAX_POSTED];
+
+    if (up != KB_NDIRS)
+        for (int64_t j = 0; j < nsl && j < COLL_MAX_POSTED; j++) {
+            len = kb_ccl_piece(n, S, j, &off);
+            rq[j] = tl_recv_into_async(tl, up, at(tile, off), KB_SHAPE1(len), KB_F16);
+        }
+    for (int64_t j = 0; j < nsl; j++) {
+        len = kb_ccl_piece(n, S, j, &off);
+        if (up != KB_NDIRS) {
+            (void)tl_wait(tl, rq[j % COLL_MAX_POSTED]);
+            int64_t nx = j + COLL_MAX_POSTED, xo, xl = kb_ccl_piece(n, S, nx, &xo);
+            if (xl)
+                rq[nx % COLL_MAX_POSTED] = tl_recv_into_async(tl, up, at(tile, xo),
+                                                              KB_SHAPE1(xl), KB_F16);
+        }
+        for (int d = 0; d < nd; d++)
+            tl_send(tl, down[d], ref16(tl, tile, off, len));
+    }
+}
+
+static void ring_broadcast(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
+    kb_dir e = KB_DIR_E;
+
+    if (ws < 2)
+        return;
+    bcast_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], v == 0 ? KB_NDIRS : KB_DIR_W, &e,
+               v + 1 < ws);
+}
+
+/* Heap position v of a binary tree over ws ranks: its children's directions. */
+static int tree_children(int64_t v, int64_t ws, kb_dir down[2])
+{
+    int nd = 0;
+    if (2 * v + 1 < ws)
+        down[nd++] = KB_DIR_CHILD_LEFT;
+    if (2 * v + 2 < ws)
+        down[nd++] = KB_DIR_CHILD_RIGHT;
+    return nd;
+}
+
+static void tree_broadcast(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
+    kb_dir down[2];
+    int nd = tree_children(v, ws, down);
+
+    if (ws < 2)
+        return;
+    bcast_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], v == 0 ? KB_NDIRS : KB_DIR_PARENT,
+               down, nd);
+}
+
+/* ---- reduce ---- */
+
+/*
+ * A rank of a reduction flowing toward the root: per f32 slice, the partial sums of its
+ * `nin` upstream directions (in[k], arriving as dtype dt[k]) are added to its own slice
+ * (loaded from the tile) and sent on `out`, or stored by the root (out = KB_NDIRS). A rank
+ * with no upstream sends its raw f16 slices straight from the tile. Receives are posted a
+ * scratch window ahead.
+ */
+static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, const kb_dtype *dt,
+                        int nin, kb_dir out)
+{
+    uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
+    int64_t S = slice_elems(tl, 4), nsl = (n + S - 1) / S, W = scratch_window(slot), off, len;
+    kb_ipcq_req *rq[2][COLL_MAX_POSTED];
+
+    if (nin > 0 && W > 1)
+        W /= nin; /* the window's scratch is shared by the upstream directions */
+    for (int64_t j = 0; j < nsl && j < W; j++)
+        for (int k = 0; k < nin; k++) {
+            len = kb_ccl_piece(n, S, j, &off);
+            rq[k][j] = tl_recv_async(tl, in[k], KB_SHAPE1(len), dt[k]);
+        }
+    for (int64_t j = 0; j < nsl; j++) {
+        len = kb_ccl_piece(n, S, j, &off);
+        if (!nin) {
+            tl_send(tl, out, ref16(tl, tile, off, len));
+            continue;
+        }
+        kb_val acc = tl_load(tl, at(tile, off), KB_SHAPE1(len), KB_F16);
+        for (int k = 0; k < nin; k++) {
+            kb_val x = tl_wait(tl, rq[k][j % W]);
+            int64_t xo, xl = kb_ccl_piece(n, S, j + W, &xo);
+            if (xl)
+                rq[k][(j + W) % W] = tl_recv_async(tl, in[k], KB_SHAPE1(xl), dt[k]);
+            kb_val s = tl_add(tl, acc, x);
+            tl_free(tl, acc);
+            tl_free(tl, x);
+            acc = s;
+        }
+        if (out == KB_NDIRS)
+            tl_store(tl, at(tile, off), acc);
+        else
+            tl_send(tl, out, acc);
+        tl_free(tl, acc);
+    }
+}
+
+/* Chain v = 1 -> 2 -> ... -> ws-1 -> 0 (the root) on E: rank v = 1 starts with raw slices. */
+static void ring_reduce(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
+    kb_dir w = KB_DIR_W;
+    kb_dtype dt = mod(v - 1, ws) == 1 ? KB_F16 : KB_F32; /* what the west neighbour sends */
+
+    if (ws < 2)
+        return;
+    reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], &w, &dt, v == 1 ? 0 : 1,
+                v == 0 ? KB_NDIRS : KB_DIR_E);
+}
+
+static void tree_reduce(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
+    kb_dir in[2];
+    kb_dtype dt[2];
+    int nin = tree_children(v, ws, in);
+
+    if (ws < 2)
+        return;
+    for (int k = 0; k < nin; k++) { /* a leaf child sends raw f16 */
+        int64_t c = 2 * v + 1 + k;
+        dt[k] = 2 * c + 1 < ws ? KB_F32 : KB_F16;
+    }
+    reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], in, dt, nin,
+                v == 0 ? KB_NDIRS : KB_DIR_PARENT);
+}
+
+/* ---- all_to_all ---- */
+
+/*
+ * Step k = 0 .. ws-1 pairs rank r with p = (k - r) mod ws (a symmetric round-robin: p's
+ * partner in step k is r); p == r is the rank's idle step. The pair swaps chunks in place:
+ * r sends its chunk p and receives p's chunk r into chunk p, slice by slice (each slice
+ * loaded before its receive is posted), on the full_mesh direction that leads to p.
+ */
+static kb_dir mesh_dir(int64_t r, int64_t p, int64_t ws) { return (kb_dir)(mod(p - r, ws) - 1); }
+
+static void pairwise_alltoall(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
+    int64_t cnt = n / ws, S = slice_elems(tl, 2), nsl = (cnt + S - 1) / S, off, len;
+    kb_va tile = kb_ccl_my_tile(tl, a);
+    kb_ipcq_req *rq[COLL_MAX_POSTED];
+
+    for (int64_t k = 0; k < ws; k++) {
+        int64_t p = mod(k - r, ws);
+        if (p == r)
+            continue;
+        kb_dir d = mesh_dir(r, p, ws);
+        for (int64_t j = 0; j < nsl + COLL_MAX_POSTED; j++) {
+            if (j >= COLL_MAX_POSTED && j - COLL_MAX_POSTED < nsl)
+                (void)tl_wait(tl, rq[(j - COLL_MAX_POSTED) % COLL_MAX_POSTED]);
+            if (j >= nsl)
+                continue;
+            len = kb_ccl_piece(cnt, S, j, &off);
+            kb_va va = at(tile, p * cnt + off);
+            kb_val v = tl_load(tl, va, KB_SHAPE1(len), KB_F16);
+            rq[j % COLL_MAX_POSTED] = tl_recv_into_async(tl, d, va, KB_SHAPE1(len), KB_F16);
+            tl_send(tl, d, v);
+            tl_free(tl, v);
+        }
+    }
+}
+
+/* ---- recursive doubling all_gather ---- */
+
+/* First chunk of survivor v's block (hypercube topology): a folded pair's two chunks or the
+ * rank's own; first_chunk(2^d) = ws. */
+static int64_t first_chunk(int64_t v, int64_t rem) { return v < rem ? 2 * v : v + rem; }
+
+/* Posts the receive of chunks [c0, c1) into the tile from d; NULL when empty. */
+static kb_ipcq_req *post_chunks(kb_tl *tl, kb_dir d, kb_va tile, int64_t cnt, int64_t c0,
+                                int64_t c1)
+{
+    return c1 > c0 ? tl_recv_into_async(tl, d, at(tile, c0 * cnt), KB_SHAPE1((c1 - c0) * cnt),
+                                        KB_F16)
+                   : NULL;
+}
+
+static void send_chunks(kb_tl *tl, kb_dir d, kb_va tile, int64_t cnt, int64_t c0, int64_t c1)
+{
+    if (c1 > c0)
+        tl_send(tl, d, ref16(tl, tile, c0 * cnt, (c1 - c0) * cnt));
+}
+
+/*
+ * MPI's recursive doubling with the fold for any world size (hypercube topology): a rank
+ * below 2*rem with an even number hands its chunk to r+1 and, at the end, gets every other
+ * chunk back from it; the 2^d survivors exchange in step k with the survivor v ^ 2^k the
+ * block of 2^k survivors' chunks they hold (a contiguous range of chunks), so the data held
+ * doubles each step. Messages go HBM -> peer ring -> HBM and travel as chunks of a slot
+ * (receives posted first).
+ */
+static void rd_allgather(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl), cnt = n / ws;
+    int d = kb_topo_hypercube_dims((int)ws);
+    int64_t rem = ws - ((int64_t)1 << d);
+    kb_dir fold = (kb_dir)d;
+    kb_va tile = kb_ccl_my_tile(tl, a);
+
+    if (ws < 2)
+        return;
+    if (r < 2 * rem && !(r & 1)) { /* folded: give the chunk, get the rest */
+        kb_ipcq_req *lo = post_chunks(tl, fold, tile, cnt, 0, r);
+        kb_ipcq_req *hi = post_chunks(tl, fold, tile, cnt, r + 1, ws);
+        send_chunks(tl, fold, tile, cnt, r, r + 1);
+        if (lo)
+            (void)tl_wait(tl, lo);
+        (void)tl_wait(tl, hi);
+        return;
+    }
+    if (r < 2 * rem)
+        tl_recv_into(tl, fold, at(tile, (r - 1) * cnt), KB_SHAPE1(cnt), KB_F16);
+    int64_t v = r < 2 * rem ? r / 2 : r - rem;
+    for (int k = 0; k < d; k++) {
+        int64_t w = (int64_t)1 << k, vb = v & ~(w - 1), pb = vb ^ w;
+        int64_t m0 = first_chunk(vb, rem), m1 = first_chunk(vb + w, rem);
+        int64_t p0 = first_chunk(pb, rem), p1 = first_chunk(pb + w, rem);
+        kb_ccl_sendrecv_into(tl, (kb_dir)k, ref16(tl, tile, m0 * cnt, (m1 - m0) * cnt),
+                             (kb_dir)k, at(tile, p0 * cnt), KB_SHAPE1((p1 - p0) * cnt), KB_F16);
+    }
+    if (r < 2 * rem) { /* the folded partner r-1 gets everything but its own chunk */
+        send_chunks(tl, fold, tile, cnt, 0, r - 1);
+        send_chunks(tl, fold, tile, cnt, r, ws);
+    }
+}
+
+/* ---- checks, message sizes, entries ---- */
+
+static int chunked_check(const char *who, int ws, int64_t n, kb_errbuf *eb)
+{
+    if (ws < 1 || n % ws)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: a tile of %lld elements is not %d chunks "
+                          "(the tile is world size x count)", who, (long long)n, ws);
+    return 0;
+}
+
+static int ag_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
+{
+    (void)g;
+    return chunked_check("ring_allgather", ws, n, eb);
+}
+
+static int rs_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
+{
+    (void)g;
+    return chunked_check("ring_reducescatter", ws, n, eb);
+}
+
+static int rd_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
+{
+    (void)g;
+    return chunked_check("rd_allgather", ws, n, eb);
+}
+
+static int a2a_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
+{
+    (void)g;
+    if (ws - 1 > KB_NDIRS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "pairwise_alltoall needs a queue to each of the "
+                          "world's %d other ranks, but a PE has %d IPCQ directions (world "
+                          "size <= %d)", ws - 1, KB_NDIRS, KB_NDIRS + 1);
+    return chunked_check("pairwise_alltoall", ws, n, eb);
+}
+
+/* Largest messages: one slice, i.e. a chunk (or the tile) of f16 or f32 up to a slot; the
+ * mock runtime sizes its slots with these, so its runs use one slice per chunk. */
+static uint64_t tile16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; }
+static uint64_t tile32(int64_t n, int ws) { (void)ws; return (uint64_t)n * 4u; }
+static uint64_t chunk16(int64_t n, int ws) { return (uint64_t)(n / (ws > 0 ? ws : 1)) * 2u; }
+static uint64_t chunk32(int64_t n, int ws) { return (uint64_t)(n / (ws > 0 ? ws : 1)) * 4u; }
+/* recursive doubling's last step and the unfold move (almost) the whole tile */
+static uint64_t whole16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; }
+
+const kb_ccl_algo_impl kb_ccl_algo_ring_allgather = {
+    "ring_allgather", "ring: p-1 steps forwarding the chunk received last, (p-1)/p of the buffer per rank",
+    KB_COLL_ALLGATHER, "ring_1d", ring_allgather, ag_check, chunk16, kb_ccl_ref_allgather, 0,
+};
+const kb_ccl_algo_impl kb_ccl_algo_ring_reducescatter = {
+    "ring_reducescatter", "ring: p-1 steps of receive, add the own chunk, send on; rank r keeps chunk r's sum",
+    KB_COLL_REDUCE_SCATTER, "ring_1d", ring_reducescatter, rs_check, chunk32,
+    kb_ccl_ref_reduce_scatter, 0,
+};
+const kb_ccl_algo_impl kb_ccl_algo_p2p_sendrecv = {
+    "p2p_sendrecv", "rank r sends its tile to r+1 and receives r-1's, slice by slice",
+    KB_COLL_SENDRECV, "ring_1d", p2p_sendrecv, NULL, tile16, kb_ccl_ref_shift_east, 0,
+};
+const kb_ccl_algo_impl kb_ccl_algo_ring_broadcast = {
+    "ring_broadcast", "pipelined chain from the root around the ring, slice by slice",
+    KB_COLL_BROADCAST, "ring_1d", ring_broadcast, NULL, tile16, kb_ccl_ref_broadcast, 0,
+};
+const kb_ccl_algo_impl kb_ccl_algo_ring_reduce = {
+    "ring_reduce", "pipelined chain around the ring ending at the root, f32 partial sums",
+    KB_COLL_REDUCE, "ring_1d", ring_reduce, NULL, tile32, kb_ccl_ref_reduce, 0,
+};
+const kb_ccl_algo_impl kb_ccl_algo_tree_broadcast = {
+    "tree_broadcast", "pipelined binary tree hanging from the root, slice by slice",
+    KB_COLL_BROADCAST, "tree_binary", tree_broadcast, NULL, tile16, kb_ccl_ref_broadcast, 0,
+};
+const kb_ccl_algo_impl kb_ccl_algo_tree_reduce = {
+    "tree_reduce", "pipelined binary tree: f32 partial sums flow up to the root",
+    KB_COLL_REDUCE, "tree_binary", tree_reduce, NULL, tile32, kb_ccl_ref_reduce, 0,
+};
+const kb_ccl_algo_impl kb_ccl_algo_pairwise_alltoall = {
+    "pairwise_alltoall", "ws-1 pairwise chunk swaps over a full mesh (world size <= 12)",
+    KB_COLL_ALLTOALL, "full_mesh", pairwise_alltoall, a2a_check, chunk16, kb_ccl_ref_alltoall, 0,
+};
+const kb_ccl_algo_impl kb_ccl_algo_rd_allgather = {
+    "rd_allgather", "recursive doubling (MPI's fold for any world size): log2(p) exchanges of doubling blocks",
+    KB_COLL_ALLGATHER, "hypercube", rd_allgather, rd_check, whole16, kb_ccl_ref_allgather, 0,
+};
