@@ -254,6 +254,36 @@ int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_err
     return 0;
 }
 
+int kb_ccl_layout_linear(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb)
+{
+    int per_sip = m->npes * m->ncubes, total = per_sip * m->nsips;
+    if (ws < 1 || ws > total)
+        return kb_err_set(eb, KB_ERR_CONFIG,
+                          "world size %d does not fit the machine's %d PEs (rank = PE mode)", ws,
+                          total);
+    out->ws = ws;
+    if (ws > per_sip) {
+        out->sips = (ws + per_sip - 1) / per_sip;
+        out->cubes = m->ncubes;
+        out->pes = m->npes;
+        out->ranks_per_sip = per_sip;
+    } else {
+        out->sips = 1;
+        out->cubes = (ws + m->npes - 1) / m->npes;
+        out->pes = ws < m->npes ? ws : m->npes;
+        out->ranks_per_sip = ws;
+    }
+    out->root = 0;
+    assert((out->sips - 1) * out->ranks_per_sip < ws && ws <= out->sips * out->ranks_per_sip);
+    return 0;
+}
+
+int kb_ccl_layout_sip_ranks(const kb_ccl_layout *l, int s)
+{
+    int left = l->ws - s * l->ranks_per_sip;
+    return left < 0 ? 0 : left < l->ranks_per_sip ? left : l->ranks_per_sip;
+}
+
 kb_pe_hw *kb_ccl_rank_pe(const kb_machine *m, const kb_ccl_layout *l, int rank)
 {
     assert(rank >= 0 && rank < l->ws);

@@ -67,6 +67,17 @@ typedef struct kb_ccl_layout {
     int root;                 /* the collective's root rank (broadcast, reduce); 0 otherwise */
 } kb_ccl_layout;
 int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb);
+/*
+ * The same mapping (rank r on global PE r) for any ws from 1 to every PE: a world that spans
+ * cubes takes ceil(ws / PEs per cube) cubes of its SIP, the last one maybe partial; beyond one
+ * SIP it takes whole SIPs but the last. pes x cubes x sips is then the grid the kernel is
+ * launched on, which may hold PEs past the last rank; ranks_per_sip is the ranks of every SIP
+ * but the last (kb_ccl_layout_sip_ranks). A world that fills whole cubes gets exactly
+ * kb_ccl_layout_legacy's layout.
+ */
+int kb_ccl_layout_linear(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb);
+/* Ranks on SIP s of a layout (ranks_per_sip, or fewer on a partial last SIP). */
+int kb_ccl_layout_sip_ranks(const kb_ccl_layout *l, int s);
 kb_pe_hw *kb_ccl_rank_pe(const kb_machine *m, const kb_ccl_layout *l, int rank);
 
 /* The IPCQ configuration effective parameters ask for (KB_ERR_CONFIG on an unknown
@@ -163,7 +174,19 @@ typedef struct kb_ccl_algo_impl {
     uint64_t (*max_msg_bytes)(int64_t n, int ws);
     /* Every rank's expected output tile from every rank's input tile. */
     kb_ccl_ref_fn reference;
+    /* KB_CCL_* flags below; 0 for none. */
+    unsigned flags;
 } kb_ccl_algo_impl;
+
+/*
+ * The algorithm runs on any world size of the rank = PE layout, partial cubes and a partial
+ * last SIP included (kb_ccl_layout_linear): its topology is one that takes any world size
+ * (ring_1d, ring_1d_unidir, tree_binary, none). Its kernel is launched over whole cubes, so
+ * the PEs of the last cube past the last rank run it too: it must return at once on them
+ * (kb_ccl_idle). Without the flag a world that spans cubes must fill whole cubes (and whole
+ * SIPs beyond one SIP), as kb_ccl_layout_legacy requires.
+ */
+#define KB_CCL_ANY_WORLD 1u
 
 /* The rank = PE registry: a table of entry pointers in kb_ccl_algos.c, looked up by module.
  * The entries of kb_ccl_algos.c are its own; an algorithm written in a file of its own
@@ -189,6 +212,12 @@ enum { KB_CCL_ARG_N = 0, KB_CCL_ARG_WS, KB_CCL_ARG_PES, KB_CCL_ARG_CUBES, KB_CCL
 /* A kernel's rank and the VA of its own tile. */
 int kb_ccl_rank(kb_tl *tl);
 kb_va kb_ccl_my_tile(kb_tl *tl, const kb_kargs *a);
+/* 1 on a PE of the launch grid that holds no rank (past the last rank of a KB_CCL_ANY_WORLD
+ * layout): the kernel returns at once there. */
+static inline int kb_ccl_idle(kb_tl *tl, const kb_kargs *a)
+{
+    return kb_ccl_rank(tl) >= a->i[KB_CCL_ARG_WS];
+}
 
 /*
  * One exchange of a ring step: send v on sd, release `drop` (a scratch value the step no
@@ -381,6 +410,11 @@ int kb_ccl_mock_run(const char *module, const char *topo, int ws, int64_t n, con
  * configuration instead of two slots of the largest message (e.g. small slots, to chunk). */
 int kb_ccl_mock_run_opts(const char *module, const char *topo, int ws, int64_t n, int root,
                          const kb_ipcq_cfg *icfg, const float *in, float *out, kb_errbuf *eb);
+/* The same for an entry that is in no table (a plugin's, before or without registering it);
+ * topo NULL = the entry's topology. */
+int kb_ccl_mock_run_algo(const kb_ccl_algo_impl *impl, const char *topo, int ws, int64_t n,
+                         int root, const kb_ipcq_cfg *icfg, const float *in, float *out,
+                         kb_errbuf *eb);
 
 /* The topology an algorithm module normally runs on (its table entry's; ring_1d for a module
  * that is not registered). */

@@ -763,31 +763,31 @@ static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
 /* ---- registry ---- */
 
 /* The entries of this file: module, summary, kind, usual topology, kernel, check, largest
- * message, host reference. */
+ * message, host reference, flags. */
 static const kb_ccl_algo_impl hello_send_algo = {
     "hello_send", "each rank sends its tile east and keeps what arrives from the west",
-    KB_COLL_SENDRECV, "ring_1d", hello_send, NULL, tile_f16, kb_ccl_ref_shift_east,
+    KB_COLL_SENDRECV, "ring_1d", hello_send, NULL, tile_f16, kb_ccl_ref_shift_east, 0,
 };
 static const kb_ccl_algo_impl ring_algo = {
     "ring_allreduce", "ring all-reduce: p-1 rounds forwarding the last received tile",
-    KB_COLL_ALLREDUCE, "ring_1d", ring_allreduce, NULL, tile_f16, kb_ccl_ref_allreduce,
+    KB_COLL_ALLREDUCE, "ring_1d", ring_allreduce, NULL, tile_f16, kb_ccl_ref_allreduce, 0,
 };
 static const kb_ccl_algo_impl rsag_algo = {
     "ring_rsag_allreduce", "bandwidth-optimal ring: reduce-scatter + all-gather, 2(p-1)/p of the data per rank",
-    KB_COLL_ALLREDUCE, "ring_1d", ring_rsag_allreduce, rsag_check, rsag_msg, kb_ccl_ref_allreduce,
+    KB_COLL_ALLREDUCE, "ring_1d", ring_rsag_allreduce, rsag_check, rsag_msg, kb_ccl_ref_allreduce, 0,
 };
 static const kb_ccl_algo_impl mesh_algo = {
     "mesh_allreduce", "row ring (E/W) then column ring (N/S) on a square k x k world",
-    KB_COLL_ALLREDUCE, "mesh_2d", mesh_allreduce, mesh_check, tile_f32, kb_ccl_ref_allreduce,
+    KB_COLL_ALLREDUCE, "mesh_2d", mesh_allreduce, mesh_check, tile_f32, kb_ccl_ref_allreduce, 0,
 };
 static const kb_ccl_algo_impl tree_algo = {
     "tree_allreduce", "binary tree: reduce to rank 0, broadcast back (any size the rank = PE layout takes)",
-    KB_COLL_ALLREDUCE, "tree_binary", tree_allreduce, NULL, tile_f32, kb_ccl_ref_allreduce,
+    KB_COLL_ALLREDUCE, "tree_binary", tree_allreduce, NULL, tile_f32, kb_ccl_ref_allreduce, 0,
 };
 static const kb_ccl_algo_impl hierarchical_algo = {
     "hierarchical_allreduce", "3 levels: chains in each cube and across cubes, ring across SIPs",
     KB_COLL_ALLREDUCE, "hierarchical_3level", hierarchical_allreduce, NULL, tile_f32,
-    kb_ccl_ref_allreduce,
+    kb_ccl_ref_allreduce, 0,
 };
 
 /* The rank = PE registry, in `kbcl list` order. An algorithm in a file of its own exports its

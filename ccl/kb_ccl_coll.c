@@ -484,38 +484,38 @@ static uint64_t whole16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; 
 
 const kb_ccl_algo_impl kb_ccl_algo_ring_allgather = {
     "ring_allgather", "ring: p-1 steps forwarding the chunk received last, (p-1)/p of the buffer per rank",
-    KB_COLL_ALLGATHER, "ring_1d", ring_allgather, ag_check, chunk16, kb_ccl_ref_allgather,
+    KB_COLL_ALLGATHER, "ring_1d", ring_allgather, ag_check, chunk16, kb_ccl_ref_allgather, 0,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_reducescatter = {
     "ring_reducescatter", "ring: p-1 steps of receive, add the own chunk, send on; rank r keeps chunk r's sum",
     KB_COLL_REDUCE_SCATTER, "ring_1d", ring_reducescatter, rs_check, chunk32,
-    kb_ccl_ref_reduce_scatter,
+    kb_ccl_ref_reduce_scatter, 0,
 };
 const kb_ccl_algo_impl kb_ccl_algo_p2p_sendrecv = {
     "p2p_sendrecv", "rank r sends its tile to r+1 and receives r-1's, slice by slice",
-    KB_COLL_SENDRECV, "ring_1d", p2p_sendrecv, NULL, tile16, kb_ccl_ref_shift_east,
+    KB_COLL_SENDRECV, "ring_1d", p2p_sendrecv, NULL, tile16, kb_ccl_ref_shift_east, 0,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_broadcast = {
     "ring_broadcast", "pipelined chain from the root around the ring, slice by slice",
-    KB_COLL_BROADCAST, "ring_1d", ring_broadcast, NULL, tile16, kb_ccl_ref_broadcast,
+    KB_COLL_BROADCAST, "ring_1d", ring_broadcast, NULL, tile16, kb_ccl_ref_broadcast, 0,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_reduce = {
     "ring_reduce", "pipelined chain around the ring ending at the root, f32 partial sums",
-    KB_COLL_REDUCE, "ring_1d", ring_reduce, NULL, tile32, kb_ccl_ref_reduce,
+    KB_COLL_REDUCE, "ring_1d", ring_reduce, NULL, tile32, kb_ccl_ref_reduce, 0,
 };
 const kb_ccl_algo_impl kb_ccl_algo_tree_broadcast = {
     "tree_broadcast", "pipelined binary tree hanging from the root, slice by slice",
-    KB_COLL_BROADCAST, "tree_binary", tree_broadcast, NULL, tile16, kb_ccl_ref_broadcast,
+    KB_COLL_BROADCAST, "tree_binary", tree_broadcast, NULL, tile16, kb_ccl_ref_broadcast, 0,
 };
 const kb_ccl_algo_impl kb_ccl_algo_tree_reduce = {
     "tree_reduce", "pipelined binary tree: f32 partial sums flow up to the root",
-    KB_COLL_REDUCE, "tree_binary", tree_reduce, NULL, tile32, kb_ccl_ref_reduce,
+    KB_COLL_REDUCE, "tree_binary", tree_reduce, NULL, tile32, kb_ccl_ref_reduce, 0,
 };
 const kb_ccl_algo_impl kb_ccl_algo_pairwise_alltoall = {
     "pairwise_alltoall", "ws-1 pairwise chunk swaps over a full mesh (world size <= 12)",
-    KB_COLL_ALLTOALL, "full_mesh", pairwise_alltoall, a2a_check, chunk16, kb_ccl_ref_alltoall,
+    KB_COLL_ALLTOALL, "full_mesh", pairwise_alltoall, a2a_check, chunk16, kb_ccl_ref_alltoall, 0,
 };
 const kb_ccl_algo_impl kb_ccl_algo_rd_allgather = {
     "rd_allgather", "recursive doubling (MPI's fold for any world size): log2(p) exchanges of doubling blocks",
-    KB_COLL_ALLGATHER, "hypercube", rd_allgather, rd_check, whole16, kb_ccl_ref_allgather,
+    KB_COLL_ALLGATHER, "hypercube", rd_allgather, rd_check, whole16, kb_ccl_ref_allgather, 0,
 };

@@ -138,6 +138,36 @@ static void *entry_of(void *ud, const char *name, int line, kb_errbuf *eb)
     return a;
 }
 
+/* `plugins:` items: the file being loaded and the configuration they go to. */
+typedef struct plugin_ud {
+    kb_ccl_cfg *c;
+    const char *file;
+} plugin_ud;
+
+static int plugin_item(void *ud, const char *value, kb_errbuf *eb)
+{
+    plugin_ud *pu = ud;
+    kb_ccl_cfg *c = pu->c;
+    const char *slash = strrchr(pu->file, '/');
+    char full[KB_CCL_PLUGIN_PATH_MAX + 1];
+    int n;
+
+    if (value[0] == '/' || !slash)
+        n = snprintf(full, sizeof full, "%s", value);
+    else
+        n = snprintf(full, sizeof full, "%.*s/%s", (int)(slash - pu->file), pu->file, value);
+    if (n < 0 || n >= KB_CCL_PLUGIN_PATH_MAX)
+        return kb_err_set(eb, KB_ERR_CONFIG, "plugins: path '%s' is too long (at most %d "
+                          "bytes once resolved)", value, KB_CCL_PLUGIN_PATH_MAX - 1);
+    for (int i = 0; i < c->nplugins; i++)
+        if (!strcmp(c->plugins[i], full))
+            return 0;
+    if (c->nplugins >= KB_CCL_MAX_PLUGINS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "plugins: at most %d", KB_CCL_MAX_PLUGINS);
+    memcpy(c->plugins[c->nplugins++], full, (size_t)n + 1);
+    return 0;
+}
+
 int kb_ccl_config_load(kb_ccl_cfg *c, const char *path, kb_errbuf *eb)
 {
     kb_ccl_cfg *work = NULL;
@@ -150,9 +180,11 @@ int kb_ccl_config_load(kb_ccl_cfg *c, const char *path, kb_errbuf *eb)
     if (!work)
         return kb_err_set(eb, KB_ERR_NOMEM, "%s: out of memory", path);
     *work = *c;
+    plugin_ud pu = { work, path };
     const kb_cfg_section secs[] = {
-        { "defaults", "ccl.defaults", &scope_defaults, &work->defaults, NULL, NULL, NULL },
-        { "algorithms", "ccl.algorithms", &scope_algo, NULL, entry_of, work, "algorithm" },
+        { "defaults", "ccl.defaults", &scope_defaults, &work->defaults, NULL, NULL, NULL, NULL },
+        { "algorithms", "ccl.algorithms", &scope_algo, NULL, entry_of, work, "algorithm", NULL },
+        { "plugins", "ccl.plugins", NULL, NULL, NULL, &pu, "plugin", plugin_item },
     };
     rc = kb_config_load_sections(path, secs, sizeof secs / sizeof secs[0], eb);
     if (rc == 0) {

@@ -5,12 +5,19 @@
  * defaults (> for world_size: the SIP count). Loaded with host's schema-driven YAML walker
  * (kb_config_load_sections), so errors carry FILE:LINE:COLUMN and unknown keys are errors.
  *
+ * A top-level `plugins:` list names shared objects that add algorithms and benches
+ * (docs/plugins.md); the file only records them, resolved against the file's folder, and the
+ * application loads them. What they added reaches the library through `reg`, the run-time
+ * registry of algorithms (kb_ccl_reg.h) that lookups through a context's configuration see
+ * after the built-in tables.
+ *
  * A context gets the configuration with kb_ccl_config_attach (a copy); the distributed
  * runtime and the benches read it back with kb_ccl_config_of. Which PEs take part and which
  * shard layout an algorithm needs are properties of its implementation (ccl/kb_ccl.h's
  * registry), not configuration.
  *
- * Ownership: a kb_ccl_cfg is a plain struct (fixed arrays, nothing to free) the caller owns.
+ * Ownership: a kb_ccl_cfg is a plain struct (fixed arrays, nothing to free) the caller owns;
+ * `reg` is borrowed and must outlive every copy of the struct that is used.
  */
 #ifndef KB_CCL_CONFIG_H
 #define KB_CCL_CONFIG_H
@@ -21,6 +28,8 @@
 #include "kb_runtime.h"
 
 #define KB_CFG_MAX_ALGOS 32
+#define KB_CCL_MAX_PLUGINS 8
+#define KB_CCL_PLUGIN_PATH_MAX 512
 
 /* Parameters: the defaults, or an entry's overrides (0 / "" / -1 = inherit). */
 typedef struct kb_ccl_params {
@@ -48,6 +57,12 @@ typedef struct kb_ccl_cfg {
     kb_ccl_algo algos[KB_CFG_MAX_ALGOS];
     int nalgos;
     char path[512];                    /* the file loaded last, "" = built-in defaults */
+    /* `plugins:` of the files loaded, in order, each once; relative paths were resolved
+     * against their file's folder */
+    char plugins[KB_CCL_MAX_PLUGINS][KB_CCL_PLUGIN_PATH_MAX];
+    int nplugins;
+    /* borrowed: algorithms added at run time (kb_ccl_reg.h); NULL = the built-ins only */
+    const struct kb_ccl_reg *reg;
 } kb_ccl_cfg;
 
 /* Built-in defaults, no algorithm entries. */

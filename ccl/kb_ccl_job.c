@@ -54,7 +54,9 @@ int kb_ccl_job_prepare_root(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
     job->icfg = *icfg;
     if (n < 1 || n > UINT32_MAX / 4)
         return kb_err_set(eb, KB_ERR_RANGE, "%s: n_elem %lld out of range", name, (long long)n);
-    if ((rc = kb_ccl_layout_legacy(m, ws, &job->layout, eb)) != 0)
+    rc = impl->flags & KB_CCL_ANY_WORLD ? kb_ccl_layout_linear(m, ws, &job->layout, eb)
+                                         : kb_ccl_layout_legacy(m, ws, &job->layout, eb);
+    if (rc)
         return rc;
     if (root < 0 || root >= ws)
         return kb_err_set(eb, KB_ERR_CONFIG, "%s: root %d is not a rank of a world of %d", name,
@@ -77,6 +79,15 @@ int kb_ccl_job_prepare_root(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
         kb_tensor_desc d = { "tiles", rps, n, KB_F16,
                              kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, job->layout.cubes,
                                    job->layout.pes), KB_MEM_HBM };
+        int here = kb_ccl_layout_sip_ranks(&job->layout, s);
+        if (here < job->layout.cubes * job->layout.pes) {
+            /* a partial cube (KB_CCL_ANY_WORLD): rows dealt one per PE in grid order, which
+             * is where row-wise blocks would put them, and the same VA offsets */
+            d.rows = here;
+            d.dp.mode = KB_DP_TILED_ROW_MAJOR;
+            d.dp.tile_rows = 1;
+            d.dp.tile_cols = (uint64_t)n;
+        }
         ts.sip = s;
         if ((rc = kb_ctx_set_device(ctx, s)) == 0)
             rc = kb_tensor_from_fill(ctx, &d, &fill, &job->tiles[s]);
@@ -117,6 +128,7 @@ int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const c
 
 int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw)
 {
+    /* every SIP but a partial last one holds ranks_per_sip tiles; SIP s's start at s * per */
     size_t per = (size_t)job->n * (size_t)job->layout.ranks_per_sip;
     /* raw alone: straight into it; else through one SIP's tiles at a time */
     uint16_t *buf = out || !raw ? malloc(per * 2) : NULL;
@@ -124,9 +136,10 @@ int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw)
     if ((out || !raw) && !buf)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
     for (int s = 0; s < job->layout.sips && rc == 0; s++) {
+        size_t here = (size_t)job->n * (size_t)kb_ccl_layout_sip_ranks(&job->layout, s);
         if ((rc = kb_tensor_read_raw(job->tiles[s], buf ? buf : raw + (size_t)s * per)) != 0)
             break;
-        for (size_t i = 0; buf && i < per; i++) {
+        for (size_t i = 0; buf && i < here; i++) {
             if (out)
                 out[(size_t)s * per + i] = kb_f16_to_f32(buf[i]);
             if (raw)
@@ -178,6 +191,16 @@ int kb_ccl_mock_run(const char *module, const char *topo, int ws, int64_t n, con
 int kb_ccl_mock_run_opts(const char *module, const char *topo, int ws, int64_t n, int root,
                          const kb_ipcq_cfg *icfg, const float *in, float *out, kb_errbuf *eb)
 {
+    const kb_ccl_algo_impl *impl = kb_ccl_algo_find(module);
+    if (!impl)
+        return kb_err_set(eb, KB_ERR_NOTFOUND, "unknown algorithm module '%s'", module);
+    return kb_ccl_mock_run_algo(impl, topo, ws, n, root, icfg, in, out, eb);
+}
+
+int kb_ccl_mock_run_algo(const kb_ccl_algo_impl *impl, const char *topo, int ws, int64_t n,
+                         int root, const kb_ipcq_cfg *icfg, const float *in, float *out,
+                         kb_errbuf *eb)
+{
     kb_config cfg;
     kb_ctx_opts opts = { .device = KB_DEV_REF };
     kb_ctx *ctx = NULL;
@@ -185,10 +208,10 @@ int kb_ccl_mock_run_opts(const char *module, const char *topo, int ws, int64_t n
     int rc;
 
     memset(&mk, 0, sizeof mk);
-    mk.impl = kb_ccl_algo_find(module);
-    if (!mk.impl)
-        return kb_err_set(eb, KB_ERR_NOTFOUND, "unknown algorithm module '%s'", module);
-    mk.topo = topo ? topo : kb_ccl_default_topo(module);
+    if (!impl)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_ccl_mock_run_algo: NULL entry");
+    mk.impl = impl;
+    mk.topo = topo ? topo : impl->topology;
     mk.ws = ws;
     mk.root = root;
     mk.icfg = icfg;

@@ -8,6 +8,7 @@
  */
 #include "kb_dist.h"
 #include "kb_dist_algo.h"
+#include "kb_ccl_reg.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +96,12 @@ const char *kb_dist_algorithm(kb_ctx *ctx)
 {
     dist *d = dist_of(ctx);
     return d && d->initialised ? d->module : NULL;
+}
+
+const kb_dist_algo *kb_dist_algo_of(kb_ctx *ctx)
+{
+    dist *d = dist_of(ctx);
+    return d && d->initialised ? d->algo : NULL;
 }
 
 kb_time kb_dist_comm_time(kb_ctx *ctx)
@@ -198,14 +205,23 @@ static int exec_init(kb_ctx *ctx, dist *d, epoch *e)
     return d->algo->install(ctx, &d->icfg, d->ws);
 }
 
-/* "a, b or c": the modules of the table, for the error that names them. */
-static void algo_list(char *buf, size_t cap)
+/* The i-th rank = SIP module: the built-in table's, then the registry's. */
+static const kb_dist_algo *any_algo_at(const kb_ccl_reg *r, int i)
+{
+    int nb = 0;
+    while (kb_dist_algo_at(nb))
+        nb++;
+    return i < nb ? kb_dist_algo_at(i) : kb_ccl_reg_dist_at(r, i - nb);
+}
+
+/* "a, b or c": the modules of the table and the registry, for the error that names them. */
+static void algo_list(const kb_ccl_reg *r, char *buf, size_t cap)
 {
     size_t len = 0;
     buf[0] = '\0';
-    for (int i = 0; kb_dist_algo_at(i) && len < cap; i++) {
-        const char *sep = i == 0 ? "" : kb_dist_algo_at(i + 1) ? ", " : " or ";
-        int k = snprintf(buf + len, cap - len, "%s%s", sep, kb_dist_algo_at(i)->module);
+    for (int i = 0; any_algo_at(r, i) && len < cap; i++) {
+        const char *sep = i == 0 ? "" : any_algo_at(r, i + 1) ? ", " : " or ";
+        int k = snprintf(buf + len, cap - len, "%s%s", sep, any_algo_at(r, i)->module);
         if (k < 0)
             break;
         len += (size_t)k;
@@ -234,10 +250,10 @@ int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *alg
         memset(&nd, 0, sizeof nd);
         nd.ws = m->nsips;
         snprintf(nd.module, sizeof nd.module, "%s", module);
-        nd.algo = kb_dist_algo_find(module);
+        nd.algo = kb_ccl_reg_find_dist(cfg->reg, module);
         if (!nd.algo) {
             char names[256];
-            algo_list(names, sizeof names);
+            algo_list(cfg->reg, names, sizeof names);
             return kb_err_set(eb, KB_ERR_UNSUPPORTED,
                               "init_process_group: algorithm '%s' (module %s) has no rank = SIP "
                               "form; use %s", name, module, names);

@@ -47,9 +47,14 @@ typedef struct kb_dist_algo {
     kb_ccl_ref_fn reference;
 } kb_dist_algo;
 
-/* Table lookup by module name; NULL when the module has no rank = SIP form. */
+/* Table lookup by module name; NULL when the module has no built-in rank = SIP form (the
+ * algorithms plugins add are found through kb_ccl_reg_find_dist). */
 const kb_dist_algo *kb_dist_algo_find(const char *module);
 const kb_dist_algo *kb_dist_algo_at(int i); /* NULL past the end */
+
+/* The entry the context's process group runs (built-in or added at run time); NULL before
+ * init_process_group has succeeded. */
+const kb_dist_algo *kb_dist_algo_of(kb_ctx *ctx);
 
 /*
  * Validator multi_pe_sip_local, shared by the entries: every rank passed a tensor that lives

@@ -38,8 +38,21 @@ enum {
     KB_ERR_MIN_ = -15
 };
 
+/*
+ * KB_API marks the functions of this layer that plugins may call. kb_sched is compiled with
+ * hidden visibility: the event engine is kbcl's internal machinery, which the kbcl executable
+ * does not export to plugins (docs/plugins.md), so link-time optimisation keeps inlining its
+ * hot paths into the layers above as it did before kbcl exported its symbols. The error
+ * functions below are what plugins need of it.
+ */
+#if defined(__GNUC__)
+#define KB_API __attribute__((visibility("default")))
+#else
+#define KB_API
+#endif
+
 /* Name of an error code ("simulated memory exhausted"); never NULL. */
-const char *kb_strerror(int code);
+KB_API const char *kb_strerror(int code);
 
 /* Caller-owned buffer for the detailed message of the last failure. */
 /*
@@ -68,14 +81,14 @@ typedef struct kb_errbuf {
  * returns `code`, so that failing paths read `return kb_err_set(eb, KB_ERR_RANGE, "...")`.
  * An existing message is replaced.
  */
-int kb_err_set(kb_errbuf *eb, int code, const char *fmt, ...)
+KB_API int kb_err_set(kb_errbuf *eb, int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
 
 /* Prepends "prefix: " to the message already in `eb` (for adding context on the way up). */
-void kb_err_prefix(kb_errbuf *eb, const char *fmt, ...)
+KB_API void kb_err_prefix(kb_errbuf *eb, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kb_ccl.h"
+#include "kb_ccl_reg.h"
 #include "kb_dtype.h"
 #include "kb_ipcq.h"
 #include "kb_runtime.h"
@@ -346,6 +347,213 @@ static void test_layout_legacy(void **state)
     assert_int_equal(kb_ccl_layout_legacy(m, 0, &l, &eb), KB_ERR_CONFIG);
     kb_machine_destroy(m);
     kb_machine_destroy(NULL);
+}
+
+/* kb_ccl_layout_linear: any world size, partial cubes and a partial last SIP. */
+static void test_layout_linear(void **state)
+{
+    static const struct { int ws, sips, cubes, pes, rps, last; } cases[] = {
+        { 1, 1, 1, 1, 1, 1 },     { 7, 1, 1, 7, 7, 7 },       { 8, 1, 1, 8, 8, 8 },
+        { 9, 1, 2, 8, 9, 9 },     { 12, 1, 2, 8, 12, 12 },    { 16, 1, 2, 8, 16, 16 },
+        { 127, 1, 16, 8, 127, 127 }, { 130, 2, 16, 8, 128, 2 }, { 256, 2, 16, 8, 128, 128 },
+    };
+    kb_config cfg;
+    kb_machine *m = NULL;
+    kb_ccl_layout l, w;
+    kb_errbuf eb;
+    (void)state;
+    kb_config_defaults(&cfg);
+    assert_int_equal(kb_machine_create(&cfg.topo, &m, &eb), 0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int ws = cases[i].ws;
+        assert_int_equal(kb_ccl_layout_linear(m, ws, &l, &eb), 0);
+        assert_int_equal(l.ws, ws);
+        assert_int_equal(l.sips, cases[i].sips);
+        assert_int_equal(l.cubes, cases[i].cubes);
+        assert_int_equal(l.pes, cases[i].pes);
+        assert_int_equal(l.ranks_per_sip, cases[i].rps);
+        assert_int_equal(kb_ccl_layout_sip_ranks(&l, l.sips - 1), cases[i].last);
+        assert_int_equal(kb_ccl_layout_sip_ranks(&l, l.sips), 0);
+        for (int r = 0; r < ws; r++)
+            assert_int_equal(kb_ccl_rank_pe(m, &l, r)->gid, r);
+        /* where whole cubes are filled it is the legacy layout */
+        if (kb_ccl_layout_legacy(m, ws, &w, &eb) == 0)
+            assert_memory_equal(&w, &l, sizeof l);
+    }
+    assert_int_equal(kb_ccl_layout_linear(m, 257, &l, &eb), KB_ERR_CONFIG);
+    assert_int_equal(kb_ccl_layout_linear(m, 0, &l, &eb), KB_ERR_CONFIG);
+    kb_machine_destroy(m);
+}
+
+/* A KB_CCL_ANY_WORLD algorithm: every rank sends its tile east and keeps what comes from the
+ * west; the grid's PEs past the last rank return at once. */
+static void shift_any(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_CCL_ARG_N];
+    if (kb_ccl_idle(tl, a))
+        return;
+    kb_va mine = kb_ccl_my_tile(tl, a);
+    kb_val v = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
+    tl_send(tl, KB_DIR_E, v);
+    tl_free(tl, v);
+    tl_store(tl, mine, tl_recv(tl, KB_DIR_W, KB_SHAPE1(n), KB_F16));
+}
+
+static uint64_t shift_msg(int64_t n, int ws)
+{
+    (void)ws;
+    return (uint64_t)n * 2;
+}
+
+static const kb_ccl_algo_impl shift_any_impl = {
+    "shift_any", "test: shift east on any world", KB_COLL_SENDRECV, "ring_1d", shift_any, NULL,
+    shift_msg, kb_ccl_ref_shift_east, KB_CCL_ANY_WORLD,
+};
+
+typedef struct any_case {
+    const kb_ccl_algo_impl *impl;
+    int ws;
+    kb_ccl_job job;
+} any_case;
+
+static int h_any(kb_ctx *ctx, void *arg)
+{
+    any_case *c = arg;
+    kb_ipcq_cfg icfg = { 2, 4096, KB_MEM_TCM, 1 };
+    int rc = kb_ccl_job_prepare(ctx, &c->job, c->impl, c->impl->module, "ring_1d", c->ws, 16,
+                                &icfg, NULL);
+    return rc ? rc : kb_ccl_job_launch(ctx, &c->job, NULL, NULL);
+}
+
+/* Partial cubes and a partial last SIP through kb_ccl_job_* on the default machine; an
+ * algorithm without the flag is still refused. */
+static void test_job_any_world(void **state)
+{
+    static const int worlds[] = { 12, 130 };
+    any_case *c = calloc(1, sizeof *c);
+    (void)state;
+    assert_non_null(c);
+    for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++) {
+        kb_config cfg;
+        kb_ctx_opts opts = { .device = KB_DEV_REF };
+        kb_ctx *ctx = NULL;
+        kb_errbuf eb;
+        kb_ccl_verdict v;
+        int ws = worlds[w];
+        uint16_t *raw = malloc((size_t)ws * 16 * 2);
+        double *ref = malloc((size_t)ws * 16 * sizeof *ref);
+        float *in = malloc((size_t)ws * 16 * sizeof *in);
+        assert_true(raw && ref && in);
+        kb_config_defaults(&cfg);
+        assert_int_equal(kb_ctx_create(&cfg, &opts, &ctx, &eb), 0);
+        memset(c, 0, sizeof *c);
+        c->impl = &shift_any_impl;
+        c->ws = ws;
+        if (kb_ctx_run_host(ctx, h_any, c) != 0)
+            fail_msg("ws %d: %s", ws, kb_ctx_errmsg(ctx));
+        assert_int_equal(kb_ccl_job_read(ctx, &c->job, NULL, raw), 0);
+        kb_ccl_inputs(in, KB_CCL_INPUT_SEED, 0, ws, 16);
+        kb_ccl_ref_shift_east(in, ws, 16, ref);
+        assert_int_equal(kb_ccl_verify(KB_F16, raw, ref, ws, 16, 0.0, &v), 1);
+        kb_ctx_destroy(ctx);
+        free(raw);
+        free(ref);
+        free(in);
+    }
+    {
+        kb_config cfg;
+        kb_ctx_opts opts = { .device = KB_DEV_REF };
+        kb_ctx *ctx = NULL;
+        kb_errbuf eb;
+        kb_ccl_algo_impl whole = shift_any_impl;
+        whole.flags = 0;
+        kb_config_defaults(&cfg);
+        assert_int_equal(kb_ctx_create(&cfg, &opts, &ctx, &eb), 0);
+        memset(c, 0, sizeof *c);
+        c->impl = &whole;
+        c->ws = 12;
+        assert_int_equal(kb_ctx_run_host(ctx, h_any, c), KB_ERR_CONFIG);
+        assert_non_null(strstr(kb_ctx_errmsg(ctx), "spans cubes but is not a multiple of 8"));
+        kb_ctx_destroy(ctx);
+    }
+    free(c);
+}
+
+/* kb_ccl_reg: adding, the clash and completeness checks, lookups after the built-ins, and a
+ * registered entry through the mock runtime. */
+static void test_registry(void **state)
+{
+    kb_ccl_reg *r = NULL;
+    kb_errbuf eb = {{0}};
+    kb_ccl_algo_impl bad;
+    (void)state;
+    assert_int_equal(kb_ccl_reg_create(&r, &eb), 0);
+    assert_null(kb_ccl_reg_algo_at(r, 0));
+    assert_null(kb_ccl_reg_find_algo(r, "shift_any"));
+    assert_ptr_equal(kb_ccl_reg_find_algo(r, "ring_allreduce"), kb_ccl_algo_find("ring_allreduce"));
+    assert_ptr_equal(kb_ccl_reg_find_algo(NULL, "ring_allreduce"), kb_ccl_algo_find("ring_allreduce"));
+    assert_int_equal(kb_ccl_reg_add_algo(r, &shift_any_impl, &eb), 0);
+    assert_ptr_equal(kb_ccl_reg_algo_at(r, 0), &shift_any_impl);
+    assert_ptr_equal(kb_ccl_reg_find_algo(r, "shift_any"), &shift_any_impl);
+    assert_null(kb_ccl_reg_find_algo(NULL, "shift_any"));
+    assert_null(kb_ccl_reg_find_dist(r, "shift_any"));
+    assert_int_equal(kb_ccl_reg_add_algo(r, &shift_any_impl, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "rank = PE algorithm 'shift_any' is already registered");
+    /* built-in names of either model clash */
+    bad = shift_any_impl;
+    bad.module = "ring_rsag_allreduce";
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "'ring_rsag_allreduce' clashes with kbcl's built-in module");
+    bad.module = "intercube_allreduce";
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "clashes with kbcl's built-in module");
+    bad.module = "no spaces";
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "not a valid ccl.yaml name");
+    bad = shift_any_impl;
+    bad.module = "other";
+    bad.reference = NULL;
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "must all be set");
+    bad.reference = kb_ccl_ref_shift_east;
+    bad.topology = "moebius";
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "unknown topology 'moebius'");
+    bad.topology = "ring_1d";
+    bad.flags = 6;
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "unknown flags 0x6");
+    bad.flags = 0;
+    bad.kind = KB_COLL_NKINDS;
+    assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
+    assert_int_equal(kb_ccl_reg_check_algo(r, NULL, &eb), KB_ERR_CONFIG);
+    /* the rank = SIP side: the same rules; a built-in's entry under another name is fine */
+    {
+        kb_dist_algo d = kb_dist_algo_hierarchical;
+        assert_int_equal(kb_ccl_reg_add_dist(r, &d, &eb), KB_ERR_CONFIG);
+        kbt_msg_has(eb.msg, "'hierarchical_allreduce' clashes with kbcl's built-in module");
+        d.module = "shift_any"; /* the same name in the other model */
+        assert_int_equal(kb_ccl_reg_add_dist(r, &d, &eb), 0);
+        assert_ptr_equal(kb_ccl_reg_find_dist(r, "shift_any"), &d);
+        assert_ptr_equal(kb_ccl_reg_dist_at(r, 0), &d);
+        assert_int_equal(kb_ccl_reg_add_dist(r, &d, &eb), KB_ERR_CONFIG);
+        d.module = "x2";
+        d.grid = NULL;
+        assert_int_equal(kb_ccl_reg_check_dist(r, &d, &eb), KB_ERR_CONFIG);
+        kbt_msg_has(eb.msg, "every field");
+    }
+    kb_ccl_reg_destroy(r);
+    kb_ccl_reg_destroy(NULL);
+    /* an entry in no table runs through the mock runtime */
+    {
+        float in[5 * 8], out[5 * 8];
+        kb_ccl_inputs(in, 3, 0, 5, 8);
+        assert_int_equal(kb_ccl_mock_run_algo(&shift_any_impl, NULL, 5, 8, 0, NULL, in, out, &eb), 0);
+        for (int rk = 0; rk < 5; rk++)
+            for (int i = 0; i < 8; i++)
+                assert_true(out[rk * 8 + i] == in[((rk + 4) % 5) * 8 + i]);
+        assert_int_equal(kb_ccl_mock_run_algo(NULL, NULL, 5, 8, 0, NULL, in, out, &eb), KB_ERR_INVAL);
+    }
 }
 
 /* ---- every algorithm through the mock runtime ---- */
@@ -948,6 +1156,9 @@ int main(void)
         cmocka_unit_test(test_topo_hierarchical),
         cmocka_unit_test(test_topo_errors_and_names),
         cmocka_unit_test(test_layout_legacy),
+        cmocka_unit_test(test_layout_linear),
+        cmocka_unit_test(test_job_any_world),
+        cmocka_unit_test(test_registry),
         cmocka_unit_test(test_mock_every_algorithm),
         cmocka_unit_test(test_coll_chunked),
         cmocka_unit_test(test_mock_default_inputs),

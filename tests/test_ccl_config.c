@@ -349,12 +349,47 @@ static void test_unknown_key(void **state)
     expect_load_error("algorithms:\n  a:\n    module: m\n    algorithm: b\n", "4:5: ",
                       "unknown key 'algorithm' in section 'ccl.algorithms.a' " ENTRY_KNOWN);
     expect_load_error("default:\n  n_slots: 5\n", "1:1: ",
-                      "unknown key 'default' at the top level (known: defaults, algorithms)");
+                      "unknown key 'default' at the top level (known: defaults, algorithms, plugins)");
     /* Topology sections are not ccl.yaml sections. */
     expect_load_error("system:\n  sips:\n    count: 2\n", "1:1: ",
-                      "unknown key 'system' at the top level (known: defaults, algorithms)");
+                      "unknown key 'system' at the top level (known: defaults, algorithms, plugins)");
     expect_load_error("defaults:\n  buffer:\n    kind: tcm\n", "2:3: ",
                       "unknown key 'buffer' in section 'ccl.defaults' " DEFAULTS_KNOWN);
+}
+
+/* `plugins:` records shared objects, resolved against the file's folder, each once, in order;
+ * the loading is the application's. */
+static void test_plugins_list(void **state)
+{
+    kb_ccl_cfg c;
+    kb_errbuf eb = {{0}};
+    char path[64], want[128];
+    (void)state;
+    kb_ccl_config_defaults(&c);
+    assert_int_equal(c.nplugins, 0);
+    assert_null(c.reg);
+    assert_int_equal(load_text(&c, "plugins: [libone.so, /abs/two.so, sub/three.so, libone.so]\n",
+                               path, &eb), 0);
+    assert_int_equal(c.nplugins, 3);
+    snprintf(want, sizeof want, "%.*s/libone.so", (int)(strrchr(path, '/') - path), path);
+    assert_string_equal(c.plugins[0], want);
+    assert_string_equal(c.plugins[1], "/abs/two.so");
+    snprintf(want, sizeof want, "%.*s/sub/three.so", (int)(strrchr(path, '/') - path), path);
+    assert_string_equal(c.plugins[2], want);
+    /* a second file adds to the list; an empty list changes nothing */
+    assert_int_equal(load_text(&c, "plugins:\n  - /abs/two.so\n  - /abs/four.so\n", path, &eb), 0);
+    assert_int_equal(c.nplugins, 4);
+    assert_string_equal(c.plugins[3], "/abs/four.so");
+    assert_int_equal(load_text(&c, "plugins: []\n", path, &eb), 0);
+    assert_int_equal(load_text(&c, "plugins:\n", path, &eb), 0);
+    assert_int_equal(c.nplugins, 4);
+    expect_load_error("plugins: libone.so\n", "1:10: ",
+                      "expected a list for section 'ccl.plugins', got a scalar");
+    expect_load_error("plugins:\n  - [a.so]\n", "2:5: ",
+                      "section 'ccl.plugins': expected a list of names, got a sequence");
+    expect_load_error("plugins:\n  - a.so\n  - ''\n", "3:5: ",
+                      "section 'ccl.plugins': expected a list of names, got a scalar");
+    expect_load_error("plugins: [a, b, c, d, e, f, g, h, i]\n", "1:35: ", "plugins: at most 8");
 }
 
 /* mapper, validator, vc_chunk_size and ipcq_credit_size_bytes did nothing and were removed. */
@@ -957,6 +992,7 @@ int main(void)
         cmocka_unit_test(test_docs_cover_every_key),
         cmocka_unit_test(test_foreach_key_order),
         cmocka_unit_test(test_unknown_key),
+        cmocka_unit_test(test_plugins_list),
         cmocka_unit_test(test_removed_keys_are_unknown),
         cmocka_unit_test(test_wrong_types),
         cmocka_unit_test(test_bad_entry_names),

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "kb_ccl_config.h"
+#include "kb_ccl_reg.h"
 #include "kb_dist.h"
 #include "kb_dist_algo.h"
 #include "kb_dtype.h"
@@ -236,7 +237,7 @@ static void check_allreduce(kb_ctx *ctx, job *j, kb_tensor **t, int ws)
  */
 static void check_seeded(kb_ctx *ctx, job *j, int ws)
 {
-    const kb_dist_algo *algo = kb_dist_algo_find(kb_dist_algorithm(ctx));
+    const kb_dist_algo *algo = kb_dist_algo_of(ctx);
     int S = kb_dist_shards_per_rank(ctx);
     int64_t tile = j->m * j->n;
     size_t total = (size_t)ws * (size_t)S * (size_t)tile;
@@ -805,6 +806,41 @@ static void test_allreduce_seeded(void **state)
     }
 }
 
+/* A rank = SIP algorithm added at run time (the built-in intercube entry under another
+ * name) is found through the configuration's registry, and only through it. */
+static void test_registry_entry(void **state)
+{
+    static kb_dist_algo mine;
+    kb_ccl_reg *reg = NULL;
+    kb_errbuf eb = {{0}};
+    kb_ccl_cfg c;
+    const char *sets[] = { "ccl.defaults.algorithm=my_intercube" };
+    (void)state;
+    mine = kb_dist_algo_intercube;
+    mine.module = "my_intercube";
+    assert_int_equal(kb_ccl_reg_create(&reg, &eb), 0);
+    assert_int_equal(kb_ccl_reg_add_dist(reg, &mine, &eb), 0);
+    for (int with = 0; with < 2; with++) {
+        kb_ctx *ctx = make_ctx(2, "ring_1d", 1, NULL);
+        job j = { .nprocs = 2, .body = body_allreduce, .m = 1, .n = 8, .pattern = 2 };
+        kbt_ccl_config_with(&c, sets, 1);
+        c.reg = with ? reg : NULL;
+        assert_int_equal(kb_ccl_config_attach(ctx, &c), 0);
+        if (!with) {
+            run_fails(ctx, &j, KB_ERR_UNSUPPORTED, "algorithm 'my_intercube' (module "
+                      "my_intercube) has no rank = SIP form; use intercube_allreduce or "
+                      "hierarchical_allreduce");
+        } else {
+            run_ok(ctx, &j);
+            assert_string_equal(kb_dist_algorithm(ctx), "my_intercube");
+            assert_ptr_equal(kb_dist_algo_of(ctx), &mine);
+            check_seeded(ctx, &j, 2);
+        }
+        kb_ctx_destroy(ctx);
+    }
+    kb_ccl_reg_destroy(reg);
+}
+
 /* Pattern-free f32 data whose partial sums round: (r + 1) / 3 + i / 7 (no exact binary form). */
 static float odd_f32(int r, int64_t q, int64_t i) { return (float)((r + 1) / 3.0 + (q * 97 + i) / 7.0); }
 
@@ -1010,6 +1046,7 @@ int main(void)
         cmocka_unit_test(test_err_after_collective),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_allreduce_seeded),
+        cmocka_unit_test(test_registry_entry),
         cmocka_unit_test(test_allreduce_replicas_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -24,7 +24,7 @@ int kb_tp_initialize_model_parallel(kb_ctx *ctx, int tp)
                           "initialize_model_parallel(%d): tensor-parallel size must equal the "
                           "world size %d (other splits are not implemented)", tp, ws);
     const char *alg = kb_dist_algorithm(ctx);
-    const kb_dist_algo *da = alg ? kb_dist_algo_find(alg) : NULL;
+    const kb_dist_algo *da = kb_dist_algo_of(ctx);
     /* the layers' partial sums live on every PE of a rank: the collective must take them all */
     if (!da || strcmp(da->mapper, "all_pes") != 0)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_CONFIG,

@@ -10,6 +10,8 @@
  *       docs/examples/dist_collectives.c build/libkb_ccl.a build/libkb_host.a build/libkb_cl.a \
  *       build/libkb_sched.a -lcjson -lyaml -lOpenCL -lm -o /tmp/dist_collectives
  *   /tmp/dist_collectives [SIPS [TOPOLOGY]]      e.g. /tmp/dist_collectives 4 torus_2d
+ * Against an installed kbcl (docs/plugins.md "Installing kbcl"): docs/examples/CMakeLists.txt,
+ * or cc docs/examples/dist_collectives.c $(pkg-config --cflags --libs kbcl) -o /tmp/dist_collectives
  * Limits: an example; values are small integers so every sum is exact in f16.
  */
 #include <stdio.h>

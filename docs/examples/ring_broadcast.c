@@ -13,6 +13,8 @@
  *   gcc -I sched -I cl -I host -I host/config -I host/hw -I host/mem -I ccl \
  *       docs/examples/ring_broadcast.c build/libkb_ccl.a build/libkb_host.a build/libkb_cl.a \
  *       build/libkb_sched.a -lcjson -lyaml -lOpenCL -lm -o /tmp/ring_broadcast
+ * Against an installed kbcl (docs/plugins.md "Installing kbcl"): docs/examples/CMakeLists.txt,
+ * or cc docs/examples/ring_broadcast.c $(pkg-config --cflags --libs kbcl) -o /tmp/ring_broadcast
  * Limits: an example; a tile must fit one IPCQ slot.
  */
 #include <stdio.h>
@@ -57,7 +59,7 @@ static void bcast_ref(const float *in, int ws, int64_t n, double *out)
 /* What a registry entry would hold (kb_ccl_algos.c); here it only feeds kb_ccl_job_prepare. */
 static const kb_ccl_algo_impl impl = {
     "ring_broadcast", "rank 0's tile forwarded once around a one-directional ring",
-    KB_COLL_BROADCAST, "ring_1d_unidir", ring_broadcast, NULL, bcast_msg, bcast_ref,
+    KB_COLL_BROADCAST, "ring_1d_unidir", ring_broadcast, NULL, bcast_msg, bcast_ref, 0,
 };
 
 typedef struct run {

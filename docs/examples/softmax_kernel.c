@@ -15,6 +15,8 @@
  *   gcc -I sched -I cl -I host -I host/config -I host/hw -I host/mem \
  *       docs/examples/softmax_kernel.c build/libkb_host.a build/libkb_cl.a build/libkb_sched.a \
  *       -lcjson -lyaml -lOpenCL -lm -o /tmp/softmax_kernel
+ * Against an installed kbcl (docs/plugins.md "Installing kbcl"): docs/examples/CMakeLists.txt,
+ * or cc docs/examples/softmax_kernel.c $(pkg-config --cflags --libs kbcl) -o /tmp/softmax_kernel
  * Limits: an example, not a library kernel; R x (C / 4) blocks must fit the PE's scratch.
  */
 #include <math.h>

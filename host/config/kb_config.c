@@ -271,6 +271,27 @@ static int load_entries(const ld_ctx *c, const kb_cfg_section *sec, yaml_node_t 
     return 0;
 }
 
+/* A section that is a list of text items (`plugins: [a.so, b.so]`). */
+static int load_items(const ld_ctx *c, const kb_cfg_section *sec, yaml_node_t *seq)
+{
+    for (yaml_node_item_t *it = seq->data.sequence.items.start; it < seq->data.sequence.items.top;
+         it++) {
+        yaml_node_t *v = yaml_document_get_node(c->doc, *it);
+        int rc;
+
+        if (!v || v->type != YAML_SCALAR_NODE || !scalar(v)[0])
+            return ld_fail(c, v ? v : seq, "section '%s': expected a list of names, got %s",
+                           sec->disp, v ? node_kind(v) : "nothing");
+        rc = sec->item(sec->ud, scalar(v), c->eb);
+        if (rc) {
+            kb_err_prefix(c->eb, "%s:%zu:%zu", c->file, (size_t)v->start_mark.line + 1,
+                          (size_t)v->start_mark.column + 1);
+            return rc;
+        }
+    }
+    return 0;
+}
+
 typedef struct sections {
     const kb_cfg_section *v;
     size_t n;
@@ -304,6 +325,15 @@ static int load_sections_root(const ld_ctx *c, void *target, yaml_node_t *root)
         }
         if (is_null_node(v))
             continue;
+        if (sec->item) {
+            if (v->type != YAML_SEQUENCE_NODE)
+                return ld_fail(c, v, "expected a list for section '%s', got %s", sec->disp,
+                               node_kind(v));
+            rc = load_items(c, sec, v);
+            if (rc)
+                return rc;
+            continue;
+        }
         if (v->type != YAML_MAPPING_NODE)
             return ld_fail(c, v, "expected a mapping for section '%s', got %s", sec->disp,
                            node_kind(v));

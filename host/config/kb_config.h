@@ -116,9 +116,12 @@ void kb_config_foreach_scope(const kb_schema_scope *sc, const kb_schema_scope *i
 /*
  * One top-level section of a schema-driven YAML file: either one scope instance (`base`), or
  * a mapping of named entries (`entry` != NULL), each a scope instance whose storage entry()
- * returns (creating it when new; NULL with a message in eb when it cannot).
+ * returns (creating it when new; NULL with a message in eb when it cannot), or a list of
+ * plain text items (`item` != NULL, scope NULL): item() takes each one in order and returns 0
+ * or an error code with a message in eb (the loader prefixes FILE:LINE:COLUMN).
  */
 typedef void *(*kb_cfg_entry_fn)(void *ud, const char *name, int line, kb_errbuf *eb);
+typedef int (*kb_cfg_item_fn)(void *ud, const char *value, kb_errbuf *eb);
 typedef struct kb_cfg_section {
     const char *key;              /* top-level key ("defaults") */
     const char *disp;             /* prefix of full paths in messages ("ccl.defaults") */
@@ -127,6 +130,7 @@ typedef struct kb_cfg_section {
     kb_cfg_entry_fn entry;        /* named entries: storage of one entry */
     void *ud;
     const char *entry_what;       /* "algorithm": what an entry is called in messages */
+    kb_cfg_item_fn item;          /* list section: takes one item */
 } kb_cfg_section;
 
 /* Loads the file's sections into their targets (in place: callers that need all-or-nothing

@@ -15,6 +15,7 @@ static const kb_bench *const registry[] = {
     &kb_bench_gemm,
     &kb_bench_va_offset,
     &kb_bench_gpt3_qkv,
+    &kb_bench_ccl,
     &kb_bench_ccl_allreduce,
     &kb_bench_ipcq_deadlock,
     &kb_bench_tp_mlp,

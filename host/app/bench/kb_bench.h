@@ -141,7 +141,8 @@ int kb_bench_coll_count(kb_coll_kind k, int ws, int64_t size_bytes, int elem_byt
 extern const kb_bench kb_bench_gemm;
 extern const kb_bench kb_bench_va_offset;
 extern const kb_bench kb_bench_gpt3_qkv;
-extern const kb_bench kb_bench_ccl_allreduce;
+extern const kb_bench kb_bench_ccl;
+extern const kb_bench kb_bench_ccl_allreduce;   /* the same bench as kb_bench_ccl, its old name */
 extern const kb_bench kb_bench_ipcq_deadlock;
 extern const kb_bench kb_bench_tp_mlp;
 extern const kb_bench kb_bench_tp_attention;

@@ -82,8 +82,7 @@ int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb)
     return 0;
 }
 
-/* Default config file: $KBCL_CONFIG_DIR/NAME, else the source tree's configs/NAME, else none. */
-static const char *default_config(const char *name, char *buf, size_t n)
+const char *kbcl_default_config(const char *name, char *buf, size_t n)
 {
     const char *dir = getenv("KBCL_CONFIG_DIR");
     if (dir && *dir) {
@@ -95,6 +94,21 @@ static const char *default_config(const char *name, char *buf, size_t n)
     if (access(buf, R_OK) == 0)
         return buf;
 #endif
+    /* an installed kbcl: PREFIX/bin/kbcl reads PREFIX/share/kbcl/configs */
+    {
+        char exe[4096];
+        ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        char *slash;
+        if (len > 0) {
+            exe[len] = '\0';
+            if ((slash = strrchr(exe, '/')) != NULL) {
+                *slash = '\0';
+                snprintf(buf, n, "%s/../share/kbcl/configs/%s", exe, name);
+                if (access(buf, R_OK) == 0)
+                    return buf;
+            }
+        }
+    }
     return NULL;
 }
 
@@ -162,6 +176,65 @@ void kbcl_result_fini(kbcl_result *res)
     kb_config_fini(&res->cfg);
 }
 
+int kbcl_plugins_load_cli(kb_plugins *ps, const char *const *files, int n, kb_errbuf *eb)
+{
+    const char *env = getenv("KBCL_PLUGIN_PATH");
+    int rc = 0;
+
+    if (env && *env && (rc = kb_plugins_load_list(ps, env, eb)) != 0)
+        kb_err_prefix(eb, "KBCL_PLUGIN_PATH");
+    for (int i = 0; rc == 0 && i < n; i++)
+        if ((rc = kb_plugins_load(ps, files[i], eb)) != 0)
+            kb_err_prefix(eb, "--plugin");
+    return rc;
+}
+
+/* Adds "ccl.algorithms.NAME.KEY=VALUE" to ccl. */
+static int add_entry_key(kb_ccl_cfg *ccl, const char *name, const char *key, const char *value,
+                         kb_errbuf *eb)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "ccl.algorithms.%s.%s=%s", name, key, value);
+    return kb_ccl_config_set(ccl, buf, eb);
+}
+
+int kbcl_ccl_plugins(kb_plugins *ps, kb_ccl_cfg *ccl, kb_errbuf *eb)
+{
+    const kb_ccl_reg *reg;
+    int rc = 0;
+
+    if (!ps) {
+        if (ccl->nplugins)
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s: plugins: %s: this program loads no "
+                              "plugins", ccl->path, ccl->plugins[0]);
+        return 0;
+    }
+    for (int i = 0; i < ccl->nplugins; i++)
+        if ((rc = kb_plugins_load(ps, ccl->plugins[i], eb)) != 0) {
+            kb_err_prefix(eb, "%s: plugins", ccl->path);
+            return rc;
+        }
+    reg = kb_plugins_ccl(ps);
+    ccl->reg = reg;
+    for (int model = 0; model < 2; model++) {
+        for (int i = 0;; i++) {
+            const kb_ccl_algo_impl *a = model ? NULL : kb_ccl_reg_algo_at(reg, i);
+            const kb_dist_algo *d = model ? kb_ccl_reg_dist_at(reg, i) : NULL;
+            const char *name = a ? a->module : d ? d->module : NULL;
+            if (!name)
+                break;
+            if (kb_ccl_config_find(ccl, name))
+                continue; /* ccl.yaml's entry (or the other form's, added just before) wins */
+            if ((rc = add_entry_key(ccl, name, "module", name, eb)) != 0 ||
+                (a && (rc = add_entry_key(ccl, name, "topology", a->topology, eb)) != 0)) {
+                kb_err_prefix(eb, "plugin algorithm '%s': cannot add its ccl.yaml entry", name);
+                return KB_ERR_CONFIG;
+            }
+        }
+    }
+    return 0;
+}
+
 int kbcl_config_set(kb_config *cfg, kb_ccl_cfg *ccl, const char *assignment, kb_errbuf *eb)
 {
     const char *k = assignment;
@@ -183,7 +256,17 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     memset(res, 0, sizeof *res);
     kb_config_defaults(&res->cfg);
     kb_ccl_config_defaults(&res->ccl);
-    res->bench = kb_bench_find(bench_name);
+    /* the configuration first: ccl.yaml's plugins may add the bench */
+    if (!topo_path)
+        topo_path = kbcl_default_config("topology.yaml", pathbuf[0], sizeof pathbuf[0]);
+    if (!ccl_path)
+        ccl_path = kbcl_default_config("ccl.yaml", pathbuf[1], sizeof pathbuf[1]);
+    if ((topo_path && (rc = kb_config_load_topology(&res->cfg, topo_path, eb)) != 0) ||
+        (ccl_path && (rc = kb_ccl_config_load(&res->ccl, ccl_path, eb)) != 0))
+        return rc == KB_ERR_IO ? KB_ERR_USAGE : KB_ERR_CONFIG;
+    if ((rc = kbcl_ccl_plugins(job->plugins, &res->ccl, eb)) != 0)
+        return rc;
+    res->bench = kb_plugins_find_bench(job->plugins, bench_name);
     if (!res->bench)
         return kb_err_set(eb, KB_ERR_USAGE, "unknown bench '%s' (kbcl list shows them)",
                           bench_name);
@@ -224,13 +307,6 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
                               "range (kbcl list shows them)", job->params[i], res->bench->name);
         res->args.p[idx] = x;
     }
-    if (!topo_path)
-        topo_path = default_config("topology.yaml", pathbuf[0], sizeof pathbuf[0]);
-    if (!ccl_path)
-        ccl_path = default_config("ccl.yaml", pathbuf[1], sizeof pathbuf[1]);
-    if ((topo_path && (rc = kb_config_load_topology(&res->cfg, topo_path, eb)) != 0) ||
-        (ccl_path && (rc = kb_ccl_config_load(&res->ccl, ccl_path, eb)) != 0))
-        return rc == KB_ERR_IO ? KB_ERR_USAGE : KB_ERR_CONFIG;
     for (int i = 0; i < job->nsets; i++)
         if ((rc = kbcl_config_set(&res->cfg, &res->ccl, job->sets[i], eb)) != 0)
             return KB_ERR_USAGE;

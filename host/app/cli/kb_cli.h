@@ -13,6 +13,7 @@
 
 #include "kb_bench.h"
 #include "kb_config.h"
+#include "kb_plugin.h"
 
 #define KBCL_VERSION "0.1.0"
 
@@ -37,6 +38,10 @@ typedef struct kbcl_job {
     int verify;
     FILE *ipcq_trace;           /* KBCL_CCL_TRACE stream or NULL */
     const char *trace_path;     /* --trace FILE (Chrome trace JSON) or NULL */
+    /* borrowed: the plugins loaded so far (the command loads KBCL_PLUGIN_PATH and --plugin
+     * into it) and where ccl.yaml's plugins: load; benches and algorithms are looked up in it.
+     * NULL = the built-ins only (a ccl.yaml that lists plugins is then refused). */
+    kb_plugins *plugins;
 } kbcl_job;
 
 typedef struct kbcl_result {
@@ -58,6 +63,26 @@ int kbcl_parse_size(const char *s, int64_t *bytes);
 /* The usage line every size error ends with. */
 #define KBCL_SIZE_HELP "expected a positive number of bytes, optionally with K, M or G " \
                        "(2^10, 2^20, 2^30), e.g. 8, 64K, 1G"
+
+/*
+ * Plugins named outside the configuration files: every element of $KBCL_PLUGIN_PATH (files,
+ * or folders of *.so files), then files[0..n) (the --plugin options), into ps. 0 or
+ * KB_ERR_CONFIG with "FILE: why" in eb.
+ */
+int kbcl_plugins_load_cli(kb_plugins *ps, const char *const *files, int n, kb_errbuf *eb);
+/*
+ * Loads ccl's plugins: into ps (ps NULL: ccl must list none), lends ccl the registry of every
+ * plugin collective loaded into ps, and gives each plugin collective that ccl does not define
+ * as an entry a ccl.yaml entry of its own name (module = it; the rank = PE form's topology),
+ * so that --algorithm NAME runs it. 0 or KB_ERR_CONFIG.
+ */
+int kbcl_ccl_plugins(kb_plugins *ps, kb_ccl_cfg *ccl, kb_errbuf *eb);
+#define KBCL_MAX_PLUGIN_ARGS 32
+
+/* The configuration file NAME kbcl reads when none is named: $KBCL_CONFIG_DIR/NAME, else the
+ * source tree's configs/NAME when it exists, else PREFIX/share/kbcl/configs/NAME of an
+ * installed kbcl (PREFIX/bin/kbcl) when it exists (written into buf), else NULL. */
+const char *kbcl_default_config(const char *name, char *buf, size_t n);
 
 /* Applies one --set KEY=VALUE: ccl.* keys to ccl, every other key to the machine's cfg. */
 int kbcl_config_set(kb_config *cfg, kb_ccl_cfg *ccl, const char *assignment, kb_errbuf *eb);

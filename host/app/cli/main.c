@@ -18,6 +18,7 @@
 #include "kb_cli.h"
 #include "kb_opencl.h"
 #include "kb_config.h"
+#include "kb_plugin.h"
 #include "kb_runtime.h"
 
 
@@ -46,13 +47,14 @@ static void usage_run(FILE *f)
 {
     fputs("usage: kbcl run [options]\n"
           "\n"
-          "  --bench NAME         bench to run (default ccl_allreduce; see kbcl list)\n"
+          "  --bench NAME         bench to run (default ccl_allreduce, also named ccl; see\n"
+          "                       kbcl list)\n"
           "  --topology FILE      machine description (default configs/topology.yaml)\n"
           "  --ccl FILE           collective library config (default configs/ccl.yaml)\n"
           "  --set KEY=VALUE      override a config key, e.g. system.sips.count=4,\n"
           "                       ccl.defaults.n_slots=1 (repeatable)\n"
           "  --param NAME=VALUE   set a bench parameter, e.g. m=512 (repeatable)\n"
-          "  --algorithm NAME     collective for ccl_allreduce (an entry of ccl.yaml)\n"
+          "  --algorithm NAME     collective for the ccl bench (an entry of ccl.yaml)\n"
           "  --world-size N       ranks (rank = PE mode; overrides the entry's world_size)\n"
           "  --n-elem N           f16 elements per rank (nccl-tests' count; all_gather,\n"
           "                       reduce_scatter, all_to_all tiles hold ws chunks of it)\n"
@@ -66,17 +68,138 @@ static void usage_run(FILE *f)
           "  --verify-data        replay the data and check it against a host computation\n"
           "  --json FILE          write the results as JSON (atomically)\n"
           "  --quiet              print only the result line\n"
+          "  --plugin FILE.so     load a plugin: algorithms and benches (repeatable;\n"
+          "                       docs/plugins.md)\n"
           "environment: KBCL_CCL_TRACE=1 prints one line per IPCQ send/recv to stderr;\n"
-          "KBCL_CONFIG_DIR=DIR reads DIR/topology.yaml and DIR/ccl.yaml by default\n",
+          "KBCL_CONFIG_DIR=DIR reads DIR/topology.yaml and DIR/ccl.yaml by default;\n"
+          "KBCL_PLUGIN_PATH=A:B loads plugins (files, or folders of *.so files) first\n",
           f);
 }
 
-static int cmd_list(void)
+static void usage_list(FILE *f)
 {
+    fputs("usage: kbcl list [--plugin FILE.so]... [--ccl FILE]\n"
+          "\n"
+          "  lists benches, collective algorithms, topologies and devices: kbcl's own, then\n"
+          "  what each plugin adds (plugins of KBCL_PLUGIN_PATH, of --plugin, and of the\n"
+          "  plugins: list of ccl.yaml, the default one or --ccl FILE's)\n",
+          f);
+}
+
+/* Loads KBCL_PLUGIN_PATH and the --plugin files into a new set (*out; NULL on error, with
+ * the message printed under `cmd`). */
+static int plugins_open(const char *cmd, const char *const *files, int n, kb_plugins **out)
+{
+    kb_errbuf eb = { { 0 } };
+    int rc = kb_plugins_create(out, &eb);
+    if (rc == 0 && (rc = kbcl_plugins_load_cli(*out, files, n, &eb)) != 0) {
+        kb_plugins_destroy(*out);
+        *out = NULL;
+    }
+    if (rc)
+        fprintf(stderr, "kbcl %s: %s\n", cmd, eb.msg);
+    return rc;
+}
+
+/* " [plugin NAME]" for an entry a plugin added, "" for a built-in. */
+static const char *origin(const kb_plugins *ps, const void *entry, char *buf, size_t n)
+{
+    const kb_plugin_info *pi;
+    buf[0] = '\0';
+    for (int i = 0; (pi = kb_plugins_at(ps, i)) != NULL; i++) {
+        for (int j = 0; j < pi->nalgos; j++)
+            if ((const void *)pi->algos[j] == entry)
+                snprintf(buf, n, "  [plugin %s]", pi->name);
+        for (int j = 0; j < pi->ndists; j++)
+            if ((const void *)pi->dists[j] == entry)
+                snprintf(buf, n, "  [plugin %s]", pi->name);
+        for (int j = 0; j < pi->nbenches; j++)
+            if ((const void *)pi->benches[j] == entry)
+                snprintf(buf, n, "  [plugin %s]", pi->name);
+    }
+    return buf;
+}
+
+/* The i-th bench / algorithm: kbcl's own, then the plugins' in load order. */
+static const kb_bench *any_bench(const kb_plugins *ps, int i)
+{
+    const kb_plugin_info *pi;
+    int nb = 0;
+    while (kb_bench_at(nb))
+        nb++;
+    if (i < nb)
+        return kb_bench_at(i);
+    i -= nb;
+    for (int p = 0; (pi = kb_plugins_at(ps, p)) != NULL; p++) {
+        if (i < pi->nbenches)
+            return pi->benches[i];
+        i -= pi->nbenches;
+    }
+    return NULL;
+}
+
+static const kb_ccl_algo_impl *any_algo(const kb_plugins *ps, int i)
+{
+    int nb = 0;
+    while (kb_ccl_algo_at(nb))
+        nb++;
+    return i < nb ? kb_ccl_algo_at(i) : kb_ccl_reg_algo_at(kb_plugins_ccl(ps), i - nb);
+}
+
+static const kb_dist_algo *any_dist(const kb_plugins *ps, int i)
+{
+    int nb = 0;
+    while (kb_dist_algo_at(nb))
+        nb++;
+    return i < nb ? kb_dist_algo_at(i) : kb_ccl_reg_dist_at(kb_plugins_ccl(ps), i - nb);
+}
+
+static int cmd_list(int argc, char **argv)
+{
+    const char *files[KBCL_MAX_PLUGIN_ARGS], *ccl_path = NULL;
+    const kb_plugin_info *pi;
+    kb_plugins *ps = NULL;
+    kb_ccl_cfg *ccl = NULL;
+    kb_errbuf eb = { { 0 } };
+    char from[96], cclbuf[4096];
+    int nfiles = 0, rc = 0;
+
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage_list(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--plugin") && i + 1 < argc &&
+                   nfiles < KBCL_MAX_PLUGIN_ARGS) {
+            files[nfiles++] = argv[++i];
+        } else if (!strcmp(argv[i], "--ccl") && i + 1 < argc) {
+            ccl_path = argv[++i];
+        } else {
+            fprintf(stderr, "kbcl list: unexpected argument '%s'\n", argv[i]);
+            usage_list(stderr);
+            return KBCL_EXIT_USAGE;
+        }
+    }
+    if (plugins_open("list", files, nfiles, &ps) != 0)
+        return KBCL_EXIT_USAGE;
+    /* the plugins of ccl.yaml (the one `kbcl run` would read) */
+    if (!(ccl = malloc(sizeof *ccl))) {
+        fprintf(stderr, "kbcl list: out of memory\n");
+        rc = KBCL_EXIT_SIM;
+        goto out;
+    }
+    kb_ccl_config_defaults(ccl);
+    if (!ccl_path)
+        ccl_path = kbcl_default_config("ccl.yaml", cclbuf, sizeof cclbuf);
+    if ((ccl_path && kb_ccl_config_load(ccl, ccl_path, &eb) != 0) ||
+        kbcl_ccl_plugins(ps, ccl, &eb) != 0) {
+        fprintf(stderr, "kbcl list: %s\n", eb.msg);
+        rc = KBCL_EXIT_USAGE;
+        goto out;
+    }
     printf("benches:\n");
-    for (int i = 0; kb_bench_at(i); i++) {
-        const kb_bench *b = kb_bench_at(i);
-        printf("  %-12s %s\n", b->name, b->summary);
+    for (int i = 0; any_bench(ps, i); i++) {
+        const kb_bench *b = any_bench(ps, i);
+        printf("  %-12s %s%s\n", b->name, b->summary, origin(ps, b, from, sizeof from));
         for (int j = 0; j < b->nparams; j++)
             printf("      --param %s=N   %s (default %lld, %lld..%lld)\n", b->params[j].name,
                    b->params[j].doc, (long long)b->params[j].dflt, (long long)b->params[j].min,
@@ -84,14 +207,16 @@ static int cmd_list(void)
     }
     printf("collective algorithms, rank = PE (ccl.yaml module names, collective kind; every "
            "rank is one PE, layout single_shard_per_rank):\n");
-    for (int i = 0; kb_ccl_algo_at(i); i++)
-        printf("  %-24s %-14s %s\n", kb_ccl_algo_at(i)->module,
-               kb_coll_name(kb_ccl_algo_at(i)->kind), kb_ccl_algo_at(i)->summary);
+    for (int i = 0; any_algo(ps, i); i++) {
+        const kb_ccl_algo_impl *a = any_algo(ps, i);
+        printf("  %-24s %-14s %s%s\n", a->module, kb_coll_name(a->kind), a->summary,
+               origin(ps, a, from, sizeof from));
+    }
     printf("collective algorithms, rank = SIP (init_process_group; PEs of a rank / layout):\n");
-    for (int i = 0; kb_dist_algo_at(i); i++) {
-        const kb_dist_algo *d = kb_dist_algo_at(i);
-        printf("  %-24s %-14s %s / %s: %s\n", d->module, kb_coll_name(d->kind), d->mapper,
-               d->validator, d->summary);
+    for (int i = 0; any_dist(ps, i); i++) {
+        const kb_dist_algo *d = any_dist(ps, i);
+        printf("  %-24s %-14s %s / %s: %s%s\n", d->module, kb_coll_name(d->kind), d->mapper,
+               d->validator, d->summary, origin(ps, d, from, sizeof from));
     }
     printf("topologies:\n ");
     for (int i = 0; kb_topo_names[i]; i++)
@@ -103,7 +228,22 @@ static int cmd_list(void)
            "  cpu    an OpenCL CPU device, e.g. PoCL\n"
            "  ref    plain-C reference replay (the oracle)\n"
            "  none   timing only: no op log, no data\n");
-    return 0;
+    printf("plugins:\n");
+    if (!kb_plugins_at(ps, 0))
+        printf("  (none: --plugin FILE.so, KBCL_PLUGIN_PATH or ccl.yaml's plugins: load them)\n");
+    for (int i = 0; (pi = kb_plugins_at(ps, i)) != NULL; i++) {
+        printf("  %s  %s%s%s\n", pi->name, pi->path, pi->summary[0] ? ": " : "", pi->summary);
+        for (int j = 0; j < pi->nalgos; j++)
+            printf("      rank = PE algorithm   %s\n", pi->algos[j]->module);
+        for (int j = 0; j < pi->ndists; j++)
+            printf("      rank = SIP algorithm  %s\n", pi->dists[j]->module);
+        for (int j = 0; j < pi->nbenches; j++)
+            printf("      bench                 %s\n", pi->benches[j]->name);
+    }
+out:
+    free(ccl);
+    kb_plugins_destroy(ps);
+    return rc;
 }
 
 static int cmd_run(int argc, char **argv)
@@ -112,7 +252,9 @@ static int cmd_run(int argc, char **argv)
     kbcl_result res;
     kb_errbuf eb = { { 0 } };
     const char *json_path = NULL, *tr = getenv("KBCL_CCL_TRACE");
-    int quiet = 0, rc, code;
+    const char *files[KBCL_MAX_PLUGIN_ARGS];
+    kb_plugins *ps = NULL;
+    int quiet = 0, nfiles = 0, rc, code;
 
     memset(&job, 0, sizeof job);
     job.ipcq_trace = tr && *tr && strcmp(tr, "0") ? stderr : NULL;
@@ -131,11 +273,22 @@ static int cmd_run(int argc, char **argv)
             json_path = argv[++i];
         } else if (!strcmp(argv[i], "--quiet")) {
             quiet = 1;
+        } else if (!strcmp(argv[i], "--plugin")) {
+            if (i + 1 >= argc || nfiles >= KBCL_MAX_PLUGIN_ARGS) {
+                fprintf(stderr, "kbcl run: --plugin needs a file (at most %d)\n",
+                        KBCL_MAX_PLUGIN_ARGS);
+                return KBCL_EXIT_USAGE;
+            }
+            files[nfiles++] = argv[++i];
         } else {
             fprintf(stderr, "kbcl run: unknown option '%s' (see kbcl run --help)\n", argv[i]);
             return KBCL_EXIT_USAGE;
         }
     }
+    /* the plugins outlive everything that may point into them: the result, the report */
+    if (plugins_open("run", files, nfiles, &ps) != 0)
+        return KBCL_EXIT_USAGE;
+    job.plugins = ps;
     rc = kbcl_job_run(&job, &res, &eb);
     if (res.rep.device_note[0])
         fprintf(stderr, "kbcl: %s\n", res.rep.device_note);
@@ -147,6 +300,7 @@ static int cmd_run(int argc, char **argv)
         else
             fprintf(stderr, "kbcl: %s: %s\n", kb_strerror(rc), eb.msg);
         kbcl_result_fini(&res);
+        kb_plugins_destroy(ps);
         return kbcl_exit_code(rc);
     }
     kbcl_result_print(stdout, &res, quiet);
@@ -165,6 +319,7 @@ static int cmd_run(int argc, char **argv)
         }
     }
     kbcl_result_fini(&res);
+    kb_plugins_destroy(ps);
     return code;
 }
 
@@ -182,7 +337,7 @@ int main(int argc, char **argv)
     if (!strcmp(argv[1], "report"))
         return kbcl_cmd_report(argc - 2, argv + 2);
     if (!strcmp(argv[1], "list"))
-        return cmd_list();
+        return cmd_list(argc - 2, argv + 2);
     if (!strcmp(argv[1], "bench-self"))
         return kbcl_cmd_bench_self(argc - 2, argv + 2);
     if (!strcmp(argv[1], "devices"))

@@ -78,6 +78,9 @@ typedef struct sw_plan {
     int nexcl;
     int npoints;
     int *pt;                           /* npoints x nax value indices */
+    char *plugin_files[KBCL_MAX_PLUGIN_ARGS]; /* plugins:, resolved against the file's folder */
+    int nplugin_files;
+    kb_plugins *plugins;               /* borrowed: where they load; every point's job uses it */
 } sw_plan;
 
 /* What a worker sends back for one point: plain bytes, under PIPE_BUF so one write is atomic. */
@@ -163,6 +166,8 @@ static void plan_free(sw_plan *p)
         free(p->ax[a].assign);
         free(p->ax[a].name);
     }
+    for (int i = 0; i < p->nplugin_files; i++)
+        free(p->plugin_files[i]);
     for (int e = 0; e < p->nexcl; e++)
         for (int a = 0; a < SW_MAX_AXES; a++)
             free(p->excl[e].want[a]);
@@ -182,6 +187,7 @@ typedef struct sw_parse {
     kb_errbuf *eb;
     sw_mark *vmark[SW_MAX_AXES];       /* per axis value (owned) */
     sw_mark set_mark[KBCL_MAX_SETS], param_mark[KBCL_MAX_SETS];
+    sw_mark plugin_mark[KBCL_MAX_PLUGIN_ARGS];
     sw_mark bench_mark, device_mark, alg_mark, size_mark;
 } sw_parse;
 
@@ -283,6 +289,32 @@ static int add_kv(sw_parse *ps, const yaml_node_t *map, const char *section, cha
         if (!(arr[*n] = xasprintf("%s=%s", ks, vs)))
             return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
         marks[(*n)++] = mark_of(v);
+    }
+    return 0;
+}
+
+/* plugins: a list of shared objects (docs/plugins.md), relative to the sweep file's folder. */
+static int parse_plugins(sw_parse *ps, const yaml_node_t *v)
+{
+    sw_plan *p = ps->p;
+    if (v->type == YAML_SCALAR_NODE && !*scalar(v))
+        return 0; /* `plugins:` with nothing under it */
+    if (v->type != YAML_SEQUENCE_NODE)
+        return perr(ps, v, "plugins: expected a list of plugin files");
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+         it++) {
+        const yaml_node_t *e = yaml_document_get_node(ps->doc, *it);
+        const char *s;
+        int rc;
+        if ((rc = want_scalar(ps, e, "plugins", &s)))
+            return rc;
+        if (!*s)
+            return perr(ps, e, "plugins: an empty file name");
+        if (p->nplugin_files >= KBCL_MAX_PLUGIN_ARGS)
+            return perr(ps, e, "plugins: at most %d", KBCL_MAX_PLUGIN_ARGS);
+        if (!(p->plugin_files[p->nplugin_files] = resolve_path(p->file, s)))
+            return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
+        ps->plugin_mark[p->nplugin_files++] = mark_of(e);
     }
     return 0;
 }
@@ -452,10 +484,15 @@ static int parse_top(sw_parse *ps, const yaml_node_t *root)
                 return rc;
             continue;
         }
+        if (!strcmp(ks, "plugins")) {
+            if ((rc = parse_plugins(ps, v)))
+                return rc;
+            continue;
+        }
         if (!is_scalar_key(ks))
             return perr(ps, k, "unknown key '%s' (keys: name, description, bench, device, verify, "
                         "topology, ccl, algorithm, world_size, n_elem, size, buffer_kind, set, "
-                        "params, grid, exclude)", ks);
+                        "params, plugins, grid, exclude)", ks);
         if (!(vs = scalar(v)))
             return perr(ps, v, "%s: expected a single value (to sweep it, list its values "
                         "under grid:)", ks);
@@ -543,7 +580,7 @@ static int check_size(sw_parse *ps, const kb_bench *b, sw_mark m, const char *s)
 static int plan_check(sw_parse *ps)
 {
     sw_plan *p = ps->p;
-    const kb_bench *b = kb_bench_find(p->bench ? p->bench : "ccl_allreduce");
+    const kb_bench *b = NULL;
     kb_config cfg;
     kb_ccl_cfg ccl;
     kb_errbuf e2 = { { 0 } };
@@ -551,6 +588,30 @@ static int plan_check(sw_parse *ps)
 
     kb_config_defaults(&cfg);
     kb_ccl_config_defaults(&ccl);
+    /* plugins first (here, before any worker forks: the workers inherit them), then the
+     * configuration files and their plugins: both may add the bench and the algorithms */
+    for (int i = 0; i < p->nplugin_files; i++)
+        if ((p->plugins ? kb_plugins_load(p->plugins, p->plugin_files[i], &e2)
+                        : kb_err_set(&e2, KB_ERR_CONFIG, "this program loads no plugins")) != 0) {
+            rc = markerr(ps, ps->plugin_mark[i], "plugins: %s", e2.msg);
+            goto out;
+        }
+    {
+        char buf[2][4096];
+        const char *tp = p->topology, *cp = p->ccl;
+        /* the same defaults kbcl_job_run uses */
+        if (!tp)
+            tp = kbcl_default_config("topology.yaml", buf[0], sizeof buf[0]);
+        if (!cp)
+            cp = kbcl_default_config("ccl.yaml", buf[1], sizeof buf[1]);
+        if ((tp && kb_config_load_topology(&cfg, tp, &e2) != 0) ||
+            (cp && kb_ccl_config_load(&ccl, cp, &e2) != 0) ||
+            kbcl_ccl_plugins(p->plugins, &ccl, &e2) != 0) {
+            rc = kb_err_set(ps->eb, KB_ERR_CONFIG, "%s", e2.msg);
+            goto out;
+        }
+    }
+    b = kb_plugins_find_bench(p->plugins, p->bench ? p->bench : "ccl_allreduce");
     if (!b) {
         rc = markerr(ps, ps->bench_mark, "unknown bench '%s' (kbcl list shows them)", p->bench);
         goto out;
@@ -568,29 +629,6 @@ static int plan_check(sw_parse *ps)
         if (idx < 0 || !is_int_text(eq + 1)) {
             rc = markerr(ps, ps->param_mark[i], "params: %s: expected NAME: INTEGER with a "
                          "parameter of '%s' (kbcl list shows them)", p->params[i], b->name);
-            goto out;
-        }
-    }
-    {
-        char buf[2][4096];
-        const char *dir = getenv("KBCL_CONFIG_DIR");
-        const char *tp = p->topology, *cp = p->ccl;
-        /* the same defaults kbcl_job_run uses */
-        if (!tp && dir && *dir)
-            snprintf(buf[0], sizeof buf[0], "%s/topology.yaml", dir), tp = buf[0];
-        if (!cp && dir && *dir)
-            snprintf(buf[1], sizeof buf[1], "%s/ccl.yaml", dir), cp = buf[1];
-#ifdef KBCL_SOURCE_DIR
-        if (!tp && (snprintf(buf[0], sizeof buf[0], "%s/configs/topology.yaml", KBCL_SOURCE_DIR),
-                    access(buf[0], R_OK) == 0))
-            tp = buf[0];
-        if (!cp && (snprintf(buf[1], sizeof buf[1], "%s/configs/ccl.yaml", KBCL_SOURCE_DIR),
-                    access(buf[1], R_OK) == 0))
-            cp = buf[1];
-#endif
-        if ((tp && kb_config_load_topology(&cfg, tp, &e2) != 0) ||
-            (cp && kb_ccl_config_load(&ccl, cp, &e2) != 0)) {
-            rc = kb_err_set(ps->eb, KB_ERR_CONFIG, "%s", e2.msg);
             goto out;
         }
     }
@@ -718,7 +756,7 @@ static int plan_points(sw_parse *ps)
     return 0;
 }
 
-static int plan_load(const char *path, sw_plan **out, kb_errbuf *eb)
+static int plan_load(const char *path, kb_plugins *plugins, sw_plan **out, kb_errbuf *eb)
 {
     sw_plan *p = calloc(1, sizeof *p);
     sw_parse ps;
@@ -736,6 +774,7 @@ static int plan_load(const char *path, sw_plan **out, kb_errbuf *eb)
     ps.p = p;
     ps.doc = &doc;
     ps.eb = eb;
+    p->plugins = plugins;
     if (!(f = fopen(path, "rb"))) {
         rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         goto fail;
@@ -803,6 +842,7 @@ static void run_point(const sw_plan *p, int point, sw_outcome *o)
     job.ccl = p->ccl;
     job.device = p->device;
     job.verify = p->verify;
+    job.plugins = p->plugins;
     for (int i = 0; i < SW_NFIXED; i++)
         *shorthand[i] = p->fixed[i];
     for (int i = 0; i < p->nsets; i++)
@@ -1554,6 +1594,8 @@ static void usage_sweep(FILE *f)
           "  --out FILE     .csv (default format) or .jsonl/.json (JSON Lines); default stdout\n"
           "  --resume       keep the rows already in --out and run only the missing points\n"
           "  --quiet        no progress output\n"
+          "  --plugin FILE  load a plugin before the sweep file's plugins: (repeatable;\n"
+          "                 docs/plugins.md); KBCL_PLUGIN_PATH=A:B loads plugins first\n"
           "exit codes: 0 every point ok, 1 a verification failed, 2 usage or sweep-file error,\n"
           "            3 a point errored, 128+N interrupted by signal N (resume with --resume)\n",
           f);
@@ -1569,7 +1611,9 @@ int kbcl_cmd_sweep(int argc, char **argv)
 {
     const char *file = NULL;
     int jobs = 1, resume = 0, quiet = 0, rank = 0, size = 1, mpi, rc = 0, code = 0;
-    int *pending = NULL, npending = 0;
+    int *pending = NULL, npending = 0, nfiles = 0;
+    const char *files[KBCL_MAX_PLUGIN_ARGS];
+    kb_plugins *plugins = NULL;
     sw_plan *plan = NULL;
     sw_ctx c;
     kb_errbuf eb = { { 0 } };
@@ -1598,6 +1642,13 @@ int kbcl_cmd_sweep(int argc, char **argv)
             c.out_path = argv[++i];
         } else if (!strcmp(a, "--resume")) {
             resume = 1;
+        } else if (!strcmp(a, "--plugin")) {
+            if (i + 1 >= argc || nfiles >= KBCL_MAX_PLUGIN_ARGS) {
+                fprintf(stderr, "kbcl sweep: --plugin needs a file (at most %d)\n",
+                        KBCL_MAX_PLUGIN_ARGS);
+                return KBCL_EXIT_USAGE;
+            }
+            files[nfiles++] = argv[++i];
         } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
             quiet = 1;
         } else if (a[0] == '-' || file) {
@@ -1628,7 +1679,12 @@ int kbcl_cmd_sweep(int argc, char **argv)
     c.quiet = quiet || rank != 0;
     c.tty = isatty(STDERR_FILENO);
     c.t0 = now_s();
-    if ((rc = plan_load(file, &plan, &eb)) != 0) {
+    /* every rank (and, through fork, every worker) has the plugins before any point runs */
+    if ((rc = kb_plugins_create(&plugins, &eb)) == 0)
+        rc = kbcl_plugins_load_cli(plugins, files, nfiles, &eb);
+    if (rc == 0)
+        rc = plan_load(file, plugins, &plan, &eb);
+    if (rc != 0) {
         if (rank == 0)
             fprintf(stderr, "kbcl sweep: %s\n", eb.msg);
         npending = -1;
@@ -1701,6 +1757,7 @@ out:
     free(c.done);
     free(pending);
     plan_free(plan);
+    kb_plugins_destroy(plugins);
     if (mpi)
         kbcl_sweep_mpi_fini();
     return code;

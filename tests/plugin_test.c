@@ -1,0 +1,89 @@
+/*
+ * plugin_test — the plugins tests/test_plugin.c loads, one shared object per variant (the
+ * build compiles this file once per PT_* macro, tests/CMakeLists.txt):
+ *   PT_NOINIT      exports kbcl_plugin_abi but no kbcl_plugin_init (not a kbcl plugin)
+ *   PT_NOABI       exports kbcl_plugin_init but no kbcl_plugin_abi
+ *   PT_ABI99       built for another ABI version (kbcl_plugin_abi = 99)
+ *   PT_CLASH       registers a rank = PE algorithm named ring_rsag_allreduce (a built-in)
+ *   PT_BENCHCLASH  registers a bench named gemm (a built-in)
+ *   PT_DUP         registers my_ring (the example plugin's algorithm)
+ *   PT_REFUSE      its init refuses with a message
+ *   PT_SIP         a good plugin: my_sip, the built-in intercube all-reduce under another name
+ *                  in the rank = SIP model (what a rank = SIP plugin registers)
+ */
+#include <stdio.h>
+
+#include "kb_plugin.h"
+
+#if defined(PT_ABI99)
+KB_PLUGIN_EXPORT const int kbcl_plugin_abi = 99;
+#elif !defined(PT_NOABI)
+KB_PLUGIN_DECLARE_ABI;
+#endif
+
+#if defined(PT_CLASH) || defined(PT_DUP) || defined(PT_ABI99) || defined(PT_NOABI)
+static void nothing(kb_tl *tl, const kb_kargs *a)
+{
+    (void)tl;
+    (void)a;
+}
+
+static uint64_t msg(int64_t n, int ws)
+{
+    (void)ws;
+    return (uint64_t)n * 2;
+}
+
+static const kb_ccl_algo_impl algo = {
+#if defined(PT_CLASH)
+    "ring_rsag_allreduce",
+#elif defined(PT_DUP)
+    "my_ring",
+#else
+    "never_registered",
+#endif
+    "test entry", KB_COLL_ALLREDUCE, "ring_1d", nothing, NULL, msg, kb_ccl_ref_allreduce, 0,
+};
+#endif
+
+#if defined(PT_BENCHCLASH)
+static int run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
+{
+    (void)ctx;
+    (void)a;
+    (void)state;
+    (void)res;
+    return 0;
+}
+
+static const kb_bench bench = {
+    "gemm", "test entry", { { NULL, 0, 0, 0, NULL } }, 0, 0, run, NULL, NULL, 0,
+};
+#endif
+
+#if defined(PT_SIP)
+static kb_dist_algo sip; /* filled in init: the built-in's functions, another name */
+#endif
+
+#if !defined(PT_NOINIT)
+int kbcl_plugin_init(kb_plugin_reg *reg, int abi_version)
+{
+    (void)abi_version;
+#if defined(PT_REFUSE)
+    kb_err_set(reg->err, KB_ERR_CONFIG, "plugin_refuse wants a GPU it cannot find");
+    return -1;
+#elif defined(PT_BENCHCLASH)
+    return reg->add_bench(reg, &bench);
+#elif defined(PT_SIP)
+    sip = kb_dist_algo_intercube;
+    sip.module = "my_sip";
+    sip.summary = "the intercube all-reduce, registered by a plugin";
+    reg->describe(reg, "plugin_sip", "test: a rank = SIP algorithm");
+    return reg->add_dist_algo(reg, &sip);
+#else
+    /* PT_CLASH and PT_DUP ignore the refusal on purpose: the loader must refuse anyway */
+    reg->add_ccl_algo(reg, &algo);
+    return 0;
+#endif
+}
+#endif
