@@ -252,6 +252,17 @@ int kb_ccl_config_set(kb_ccl_cfg *c, const char *assignment, kb_errbuf *eb)
                         "with ccl.)", path);
     if (rc == 0)
         rc = set_path(c, path + 4, value, quoted, eb);
+    /* the queue's performance knobs given for a run reach every entry, also one that ships
+     * its own tuning (the ring entries' slot size): a later entry-level --set still wins */
+    if (rc == 0) {
+        int ns = !strcmp(path, "ccl.defaults.n_slots"), ss = !strcmp(path, "ccl.defaults.slot_size");
+        for (int i = 0; (ns || ss) && i < c->nalgos; i++) {
+            if (ns)
+                c->algos[i].p.n_slots = 0;
+            else
+                c->algos[i].p.slot_size = 0;
+        }
+    }
     if (rc)
         kb_err_prefix(eb, "--set %s", assignment);
     return rc;

@@ -70,7 +70,10 @@ void kb_ccl_config_defaults(kb_ccl_cfg *c);
 /* Loads a ccl.yaml over c; all or nothing (c is unchanged on error). */
 int kb_ccl_config_load(kb_ccl_cfg *c, const char *path, kb_errbuf *eb);
 /* Applies "ccl.defaults.<key>=value" or "ccl.algorithms.<name>.<key>=value" (a new name
- * adds an entry). Errors are prefixed "--set ASSIGNMENT". */
+ * adds an entry). ccl.defaults.n_slots and ccl.defaults.slot_size also clear that key in every
+ * entry loaded so far: set for a run, the queue's performance parameters reach every entry,
+ * including those that ship their own (a later entry-level assignment still wins). Errors are
+ * prefixed "--set ASSIGNMENT". */
 int kb_ccl_config_set(kb_ccl_cfg *c, const char *assignment, kb_errbuf *eb);
 /* Cross-field checks against the machine (world sizes, root cubes, the selected entry). */
 int kb_ccl_config_validate(const kb_ccl_cfg *c, const kb_topo_cfg *t, kb_errbuf *eb);

@@ -209,6 +209,22 @@ static void test_shipped_ccl(void **state)
     if (kb_ccl_config_load(&dflt, path, &eb) != 0)
         fail_msg("%s", eb.msg);
     assert_memory_equal(&dflt, &c, sizeof c);
+
+    /* --set ccl.defaults.slot_size / n_slots reach entries that ship their own; a later
+     * entry-level --set wins again */
+    const kb_ccl_algo *rs = kb_ccl_config_find(&c, "ring_rsag_allreduce");
+    assert_int_equal(kb_ccl_config_params(&c, rs).slot_size, 1048576);
+    assert_int_equal(kb_ccl_config_set(&c, "ccl.defaults.slot_size=16", &eb), 0);
+    assert_int_equal(kb_ccl_config_set(&c, "ccl.defaults.n_slots=1", &eb), 0);
+    assert_int_equal(kb_ccl_config_params(&c, rs).slot_size, 16);
+    assert_int_equal(kb_ccl_config_params(&c, rs).n_slots, 1);
+    assert_int_equal(kb_ccl_config_params(&c, kb_ccl_config_find(&c, "ring_allreduce_tcm")).slot_size,
+                     16);
+    assert_int_equal(kb_ccl_config_set(&c, "ccl.algorithms.ring_rsag_allreduce.slot_size=4096",
+                                       &eb), 0);
+    assert_int_equal(kb_ccl_config_params(&c, rs).slot_size, 4096);
+    assert_int_equal(kb_ccl_config_params(&c, kb_ccl_config_find(&c, "ring_allreduce_tcm")).slot_size,
+                     16);
 }
 
 static int is_key_char(char ch)
@@ -867,9 +883,14 @@ static void test_algorithm_override_precedence(void **state)
     assert_int_equal(p.n_slots, 6);
     assert_string_equal(p.buffer_kind, "sram");
 
-    /* --set on defaults reaches entries without an override only. */
+    /* --set on defaults reaches entries without an override only ... */
+    assert_int_equal(kb_ccl_config_set(&c, "ccl.defaults.buffer_kind=tcm", &eb), 0);
+    assert_string_equal(kb_ccl_config_params(&c, a).buffer_kind, "hbm");
+    assert_string_equal(kb_ccl_config_params(&c, NULL).buffer_kind, "tcm");
+    /* ... but the queue's performance parameters reach every entry */
     assert_int_equal(kb_ccl_config_set(&c, "ccl.defaults.n_slots=9", &eb), 0);
-    assert_int_equal(kb_ccl_config_params(&c, a).n_slots, 2);
+    assert_int_equal(kb_ccl_config_params(&c, a).n_slots, 9);
+    assert_int_equal(kb_ccl_config_params(&c, a).slot_size, 64);
     assert_int_equal(kb_ccl_config_params(&c, b).n_slots, 9);
     assert_int_equal(kb_ccl_config_set(&c, "ccl.algorithms.b.n_slots=3", &eb), 0);
     assert_int_equal(kb_ccl_config_params(&c, b).n_slots, 3);
