@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# gpu-compare — the figures issue #15 asks for, on one machine: every shipped bench and the
+# default `make run` job with --device ref and --device gpu (warm program cache: one untimed
+# run first), their wall times (median of 3) and data digests; the allreduce sweep with
+# device: ref and device: gpu; ring_rsag on 256 ranks at --size 4M verified on both.
+#
+# Usage: scripts/gpu-compare.sh [BUILD_DIR] [DEVICE]     (defaults: build, gpu)
+#   BUILD_DIR holds kbcl (a build carried from another machine works). DEVICE is the OpenCL
+#   device to compare with ref (gpu; cpu for PoCL). Registers NVIDIA's OpenCL driver through
+#   OCL_ICD_FILENAMES when no NVIDIA ICD is installed, as gpu-smoke.sh does.
+# Prints one line per job: name, ref wall ms, DEVICE wall ms, ratio, digests equal or not.
+# Exit status 0 when every digest matched.
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-$root/build}
+dev=${2:-gpu}
+kbcl=$build/kbcl
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+if [ "$dev" = gpu ] && ! grep -qsi nvidia /etc/OpenCL/vendors/*.icd && [ -z "${OCL_ICD_FILENAMES:-}" ]; then
+    for lib in /usr/local/nvidia/lib64/libnvidia-opencl.so.1 \
+               /usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1; do
+        [ -e "$lib" ] && export OCL_ICD_FILENAMES=$lib && break
+    done
+fi
+cd "$root" || exit 2
+
+# field NAME FILE: a top-level number or string of a kbcl JSON report
+field() { python3 -c "import json,sys; d=json.load(open(sys.argv[2])); print(d.get(sys.argv[1]))" "$1" "$2"; }
+
+# run_one DEVICE JSON ARGS...: wall ms of the whole process (not the report's field: set-up too)
+run_one() {
+    local d=$1 j=$2 t0 t1
+    shift 2
+    t0=$(date +%s%N)
+    "$kbcl" run "$@" --device "$d" --verify-data --json "$j" >/dev/null 2>"$tmp/err" || {
+        echo "FAILED: kbcl run $* --device $d: $(tail -1 "$tmp/err")" >&2
+        echo -1
+        return
+    }
+    t1=$(date +%s%N)
+    echo $(((t1 - t0) / 1000000))
+}
+
+median3() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
+
+status=0
+compare() {
+    local name=$1
+    shift
+    run_one "$dev" "$tmp/w.json" "$@" >/dev/null # warm the program cache
+    local r=() g=()
+    for i in 1 2 3; do
+        r+=("$(run_one ref "$tmp/r.json" "$@")")
+        g+=("$(run_one "$dev" "$tmp/g.json" "$@")")
+    done
+    local rm gm dr dg
+    rm=$(median3 "${r[@]}")
+    gm=$(median3 "${g[@]}")
+    dr=$(field data_digest "$tmp/r.json")
+    dg=$(field data_digest "$tmp/g.json")
+    [ "$dr" = "$dg" ] || status=1
+    printf '%-34s ref %7s ms  %s %7s ms  x%-6s %s\n' "$name" "$rm" "$dev" "$gm" \
+        "$(python3 -c "print(round($gm/max($rm,1),2))")" \
+        "$([ "$dr" = "$dg" ] && echo "digest $dr" || echo "DIGESTS DIFFER: $dr vs $dg")"
+}
+
+echo "device: $("$kbcl" devices 2>/dev/null | grep -i "$dev" | head -1)"
+compare "gemm" --bench gemm
+compare "va_offset" --bench va_offset
+compare "gpt3_qkv" --bench gpt3_qkv
+compare "make run (ring_allreduce_tcm 256)" --bench ccl_allreduce --algorithm ring_allreduce_tcm --world-size 256 --n-elem 8
+compare "tp_mlp" --bench tp_mlp
+compare "tp_attention" --bench tp_attention
+compare "ring_rsag 256 n4096" --bench ccl_allreduce --algorithm ring_rsag_allreduce --world-size 256 --n-elem 4096
+compare "ring_rsag 256 --size 4M" --bench ccl_allreduce --algorithm ring_rsag_allreduce --world-size 256 --size 4M
+
+# the sweep with each device (the file's own device: key replaced)
+for d in ref "$dev"; do
+    sed "s/^device: .*/device: $d/" configs/sweeps/allreduce.yaml >"$tmp/sw-$d.yaml"
+    t0=$(date +%s%N)
+    "$kbcl" sweep "$tmp/sw-$d.yaml" --jobs "$(nproc)" --out "$tmp/sw-$d.csv" >/dev/null 2>&1 || status=1
+    t1=$(date +%s%N)
+    echo "sweep allreduce.yaml device: $d  $(((t1 - t0) / 1000000)) ms"
+done
+exit $status
