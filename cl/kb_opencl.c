@@ -28,10 +28,12 @@
 #include <errno.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <CL/cl.h>
 
+#include "kb_clcache.h"
 #include "kb_mathfn.h"
 #include "kb_opencl_src.h" /* generated: kb_opencl_src[], the NUL-terminated program text */
 
@@ -114,6 +116,7 @@ typedef struct clbe {
     int active, failed;
     uint64_t launches;
     double kernel_ms;                   /* device time of all launches, from the events */
+    kb_opencl_setup setup;
 } clbe;
 
 static const char *cl_errname(cl_int e)
@@ -173,21 +176,17 @@ static int mkdir_p(const char *path)
     return access(path, W_OK) == 0 ? 0 : -1;
 }
 
-/* PoCL needs a writable kernel cache; give it one unless the user chose. */
+/* PoCL needs a writable kernel cache; give it one unless the user chose: DIR/pocl of kbcl's
+ * cache folder (kb_clcache_dir), else a folder in /tmp. */
 static void pocl_cache_env(void)
 {
-    char dir[4096];
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[4096], base[3900];
     int ok = 0;
 
     if (getenv("POCL_CACHE_DIR"))
         return;
-    if (xdg && *xdg) {
-        snprintf(dir, sizeof dir, "%s/kbcl/pocl", xdg);
-        ok = mkdir_p(dir) == 0;
-    }
-    if (!ok && home && *home) {
-        snprintf(dir, sizeof dir, "%s/.cache/kbcl/pocl", home);
+    if (kb_clcache_dir(base, sizeof base)) {
+        snprintf(dir, sizeof dir, "%s/pocl", base);
         ok = mkdir_p(dir) == 0;
     }
     if (!ok) {
@@ -196,6 +195,13 @@ static void pocl_cache_env(void)
     }
     if (ok)
         setenv("POCL_CACHE_DIR", dir, 0);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 /* The NVIDIA OpenCL driver library, if installed in a usual place. */
@@ -376,6 +382,42 @@ static void icd_hint(const cl_inventory *v, char *buf, size_t n)
                  lib, lib);
 }
 
+/* The program's build options for dev. */
+static void build_opts(cl_device_id dev, char *opts, size_t n)
+{
+    cl_device_fp_config fp = 0;
+
+    (void)clGetDeviceInfo(dev, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
+    snprintf(opts, n,
+             "-cl-std=CL1.2 -DKB_EW_LOCAL=%u -DKB_EW_PER=%u -DKB_LN_LOCAL=%u -DKB_GEMM_TM=%d "
+             "-DKB_GEMM_TN=%d -DKB_GEMM_TK=%d -DKB_GEMM_WM=%d -DKB_GEMM_WN=%d%s",
+             EW_LOCAL, EW_PER, LN_LOCAL, KB_GEMM_TM, KB_GEMM_TN, KB_GEMM_TK, KB_GEMM_WM,
+             KB_GEMM_WN,
+             (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? " -cl-fp32-correctly-rounded-divide-sqrt"
+                                                        : "");
+}
+
+/* The cache key of the program for dev: everything its binary depends on. */
+static void program_key(cl_platform_id plat, cl_device_id dev, const char *opts, char *key,
+                        size_t n)
+{
+    const char *src = (const char *)kb_opencl_src;
+    size_t len = strlen(src);
+    char pname[256], pver[256], dname[256], dvendor[256], dver[256], drv[256];
+
+    plat_str(plat, CL_PLATFORM_NAME, pname, sizeof pname);
+    plat_str(plat, CL_PLATFORM_VERSION, pver, sizeof pver);
+    dev_str(dev, CL_DEVICE_NAME, dname, sizeof dname);
+    dev_str(dev, CL_DEVICE_VENDOR, dvendor, sizeof dvendor);
+    dev_str(dev, CL_DEVICE_VERSION, dver, sizeof dver);
+    dev_str(dev, CL_DRIVER_VERSION, drv, sizeof drv);
+    snprintf(key, n,
+             "kbcl replay program v1\nplatform: %s | %s\ndevice: %s | %s | %s\ndriver: %s\n"
+             "source: %016llx %zu\noptions: %s\n",
+             pname, pver, dname, dvendor, dver, drv,
+             (unsigned long long)kb_clcache_hash(src, len, KB_CLCACHE_HASH_INIT), len, opts);
+}
+
 int kb_opencl_available(kb_cl_want want)
 {
     cl_inventory v;
@@ -401,6 +443,8 @@ int kb_opencl_list(char *buf, size_t n)
         snprintf(buf, n, "OpenCL: out of memory while listing devices\n");
         return KB_ERR_NOMEM;
     }
+    char cdir[3800];
+    int cache_on = kb_clcache_dir(cdir, sizeof cdir);
 #define KB_APPEND(...)                                                               \
     do {                                                                             \
         if (len + 1 < n)                                                             \
@@ -428,8 +472,25 @@ int kb_opencl_list(char *buf, size_t n)
             KB_APPEND("  device %zu: %s [%s] %s; %s; %u compute units, %.1f GiB\n", j++, dname,
                       type_name(v.devs[i].type), dver, cver, (unsigned)ncu,
                       (double)mem / (1024.0 * 1024.0 * 1024.0));
+            if (cache_on) {
+                char opts[512], key[2048], path[4096];
+                uint8_t *bin = NULL;
+                size_t nbin = 0;
+                build_opts(v.devs[i].dev, opts, sizeof opts);
+                program_key(v.plats[p], v.devs[i].dev, opts, key, sizeof key);
+                kb_clcache_path(cdir, key, path, sizeof path);
+                if (kb_clcache_load(cdir, key, &bin, &nbin) == 1)
+                    KB_APPEND("    program cache: hit (%s, %.0f KiB): set-up starts warm\n", path,
+                              (double)nbin / 1024.0);
+                else
+                    KB_APPEND("    program cache: miss: the first backend builds from source and "
+                              "stores %s\n", path);
+                free(bin);
+            }
         }
     }
+    KB_APPEND("program cache: %s%s\n", cdir,
+              cache_on ? " (KBCL_CACHE_DIR=off turns it off)" : "");
     icd_hint(&v, hint, sizeof hint);
     if (hint[0])
         KB_APPEND("%s\n", hint);
@@ -838,48 +899,125 @@ double kb_opencl_kernel_ms(const kb_backend *be)
     return ((const clbe *)be->self)->kernel_ms;
 }
 
-static int build_program(clbe *b, cl_device_id dev, kb_errbuf *eb)
+static void build_log(cl_program prog, cl_device_id dev, char *log, size_t n)
+{
+    size_t got = 0;
+
+    log[0] = '\0';
+    if (clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, n - 1, log, &got) != CL_SUCCESS) {
+        /* Longer than our buffer: fetch it whole and keep the start (the first error). */
+        size_t need = 0;
+        char *full = NULL;
+        if (clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, 0, NULL, &need) ==
+                CL_SUCCESS && (full = malloc(need + 1)) != NULL &&
+            clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, need, full, NULL) ==
+                CL_SUCCESS) {
+            full[need] = '\0';
+            snprintf(log, n, "%s", full);
+        }
+        free(full);
+    }
+    log[n - 1] = '\0';
+}
+
+/* Builds b->prog from the cached binary; 1 when it worked, 0 (nothing kept) when not. */
+static int program_from_binary(clbe *b, cl_device_id dev, const char *opts, const uint8_t *bin,
+                               size_t n)
+{
+    cl_int err, st = CL_SUCCESS;
+
+    b->prog = clCreateProgramWithBinary(b->ctx, 1, &dev, &n, &bin, &st, &err);
+    if (!b->prog)
+        return 0;
+    if (err != CL_SUCCESS || st != CL_SUCCESS ||
+        clBuildProgram(b->prog, 1, &dev, opts, NULL, NULL) != CL_SUCCESS) {
+        clReleaseProgram(b->prog);
+        b->prog = NULL;
+        return 0;
+    }
+    return 1;
+}
+
+/* The built program's binary for its one device (malloc'd), or NULL. */
+static uint8_t *program_binary(cl_program prog, size_t *n)
+{
+    size_t size = 0;
+    uint8_t *bin;
+
+    *n = 0;
+    if (clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL) != CL_SUCCESS ||
+        size == 0 || (bin = malloc(size)) == NULL)
+        return NULL;
+    if (clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL) != CL_SUCCESS) {
+        free(bin);
+        return NULL;
+    }
+    *n = size;
+    return bin;
+}
+
+/*
+ * Builds the program for dev: from the cache's binary when mode allows and there is one that
+ * the driver takes, else from source (then stored, unless bypassed). Fills b->setup's cache
+ * fields; a cache that cannot be written is a note, not an error.
+ */
+static int build_program(clbe *b, cl_platform_id plat, cl_device_id dev, kb_cl_cache_mode mode,
+                         kb_errbuf *eb)
 {
     const char *src = (const char *)kb_opencl_src;
-    cl_device_fp_config fp = 0;
-    char opts[512];
+    char opts[512], dir[3800], key[2048];
+    uint8_t *bin = NULL;
+    size_t nbin = 0;
     cl_int err;
+    int on, rc = 0;
 
-    (void)clGetDeviceInfo(dev, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
-    snprintf(opts, sizeof opts,
-             "-cl-std=CL1.2 -DKB_EW_LOCAL=%u -DKB_EW_PER=%u -DKB_LN_LOCAL=%u -DKB_GEMM_TM=%d "
-             "-DKB_GEMM_TN=%d -DKB_GEMM_TK=%d -DKB_GEMM_WM=%d -DKB_GEMM_WN=%d%s",
-             EW_LOCAL, EW_PER, LN_LOCAL, KB_GEMM_TM, KB_GEMM_TN, KB_GEMM_TK, KB_GEMM_WM,
-             KB_GEMM_WN,
-             (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? " -cl-fp32-correctly-rounded-divide-sqrt"
-                                                        : "");
-    b->prog = clCreateProgramWithSource(b->ctx, 1, &src, NULL, &err);
-    if (!b->prog)
-        return cl_fail(eb, "clCreateProgramWithSource", err);
-    err = clBuildProgram(b->prog, 1, &dev, opts, NULL, NULL);
-    if (err != CL_SUCCESS) {
-        char log[600];
-        size_t got = 0;
-        log[0] = '\0';
-        if (clGetProgramBuildInfo(b->prog, dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, &got)
-                != CL_SUCCESS) {
-            /* Longer than our buffer: fetch it whole and keep the start (the first error). */
-            size_t need = 0;
-            char *full = NULL;
-            if (clGetProgramBuildInfo(b->prog, dev, CL_PROGRAM_BUILD_LOG, 0, NULL, &need) ==
-                    CL_SUCCESS && (full = malloc(need + 1)) != NULL &&
-                clGetProgramBuildInfo(b->prog, dev, CL_PROGRAM_BUILD_LOG, need, full, NULL) ==
-                    CL_SUCCESS) {
-                full[need] = '\0';
-                snprintf(log, sizeof log, "%s", full);
+    build_opts(dev, opts, sizeof opts);
+    on = mode != KB_CL_CACHE_BYPASS && kb_clcache_dir(dir, sizeof dir);
+    b->setup.cache = KB_CL_CACHE_OFF;
+    if (!on) {
+        snprintf(b->setup.note, sizeof b->setup.note, "%s",
+                 mode == KB_CL_CACHE_BYPASS ? "program cache bypassed" : dir);
+    } else {
+        program_key(plat, dev, opts, key, sizeof key);
+        kb_clcache_path(dir, key, b->setup.cache_path, sizeof b->setup.cache_path);
+        b->setup.cache = KB_CL_CACHE_MISS;
+        if (mode == KB_CL_CACHE_USE && kb_clcache_load(dir, key, &bin, &nbin) == 1) {
+            if (program_from_binary(b, dev, opts, bin, nbin)) {
+                b->setup.cache = KB_CL_CACHE_HIT;
+                b->setup.binary_bytes = nbin;
+            } else {
+                b->setup.cache = KB_CL_CACHE_REJECTED;
             }
-            free(full);
+            free(bin);
+            bin = NULL;
         }
-        log[sizeof log - 1] = '\0';
-        return kb_err_set(eb, KB_ERR_DEVICE, "opencl: building the replay kernels: %s (%d): %s",
-                          cl_errname(err), (int)err, log[0] ? log : "(no build log)");
     }
-    for (unsigned i = 0; i < KB_REC_NKINDS; i++) {
+    if (!b->prog) {
+        b->prog = clCreateProgramWithSource(b->ctx, 1, &src, NULL, &err);
+        if (!b->prog)
+            return cl_fail(eb, "clCreateProgramWithSource", err);
+        err = clBuildProgram(b->prog, 1, &dev, opts, NULL, NULL);
+        if (err != CL_SUCCESS) {
+            char log[600];
+            build_log(b->prog, dev, log, sizeof log);
+            return kb_err_set(eb, KB_ERR_DEVICE,
+                              "opencl: building the replay kernels: %s (%d): %s",
+                              cl_errname(err), (int)err, log[0] ? log : "(no build log)");
+        }
+        if (on) {
+            kb_errbuf why;
+            bin = program_binary(b->prog, &nbin);
+            if (!bin)
+                snprintf(b->setup.note, sizeof b->setup.note,
+                         "program cache: the driver gave no binary");
+            else if (kb_clcache_store(dir, key, bin, nbin, &why) != 0)
+                snprintf(b->setup.note, sizeof b->setup.note, "%s", why.msg);
+            else
+                b->setup.binary_bytes = nbin;
+            free(bin);
+        }
+    }
+    for (unsigned i = 0; i < KB_REC_NKINDS && rc == 0; i++) {
         size_t wg = 0, want = i == KB_REC_GEMM ? GEMM_NT
                               : (i == KB_REC_SOFTMAX || i == KB_REC_REDUCE) ? LN_LOCAL : EW_LOCAL;
         b->kern[i] = clCreateKernel(b->prog, kernel_names[i], &err);
@@ -887,16 +1025,41 @@ static int build_program(clbe *b, cl_device_id dev, kb_errbuf *eb)
             return cl_fail(eb, kernel_names[i], err);
         if (clGetKernelWorkGroupInfo(b->kern[i], dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
                                      NULL) == CL_SUCCESS && wg < want)
-            return kb_err_set(eb, KB_ERR_DEVICE,
-                              "opencl: kernel %s runs at most %zu work-items per group, needs %zu",
-                              kernel_names[i], wg, want);
+            rc = kb_err_set(eb, KB_ERR_DEVICE,
+                            "opencl: kernel %s runs at most %zu work-items per group, needs %zu",
+                            kernel_names[i], wg, want);
     }
+    return rc;
+}
+
+const char *kb_cl_cache_state_name(kb_cl_cache_state s)
+{
+    switch (s) {
+    case KB_CL_CACHE_MISS: return "miss";
+    case KB_CL_CACHE_HIT: return "hit";
+    case KB_CL_CACHE_REJECTED: return "rejected";
+    default: return "off";
+    }
+}
+
+int kb_opencl_setup_of(const kb_backend *be, kb_opencl_setup *out)
+{
+    if (!be || be->ops != &cl_ops || !be->self || !out)
+        return KB_ERR_INVAL;
+    *out = ((const clbe *)be->self)->setup;
     return 0;
 }
 
 int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_t desc_n,
                              kb_errbuf *eb)
 {
+    return kb_opencl_backend_create_ex(want, KB_CL_CACHE_USE, out, desc, desc_n, eb);
+}
+
+int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backend *out,
+                                char *desc, size_t desc_n, kb_errbuf *eb)
+{
+    double t0 = now_ms(), t1, t2;
     cl_inventory v;
     clbe *b = NULL;
     cl_int err;
@@ -925,6 +1088,7 @@ int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_
     cl_device_id dev = v.devs[idx].dev;
     cl_platform_id plat = v.devs[idx].plat;
     inv_free(&v);
+    t1 = now_ms();
 
     b = calloc(1, sizeof *b);
     if (!b)
@@ -942,8 +1106,13 @@ int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_
         goto fail;
     }
     (void)clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof b->ncu, &b->ncu, NULL);
-    if ((rc = build_program(b, dev, eb)) != 0)
+    t2 = now_ms();
+    if ((rc = build_program(b, plat, dev, mode, eb)) != 0)
         goto fail;
+    b->setup.discover_ms = t1 - t0;
+    b->setup.context_ms = t2 - t1;
+    b->setup.program_ms = now_ms() - t2;
+    b->setup.total_ms = now_ms() - t0;
     if (desc && desc_n) {
         char dname[256], pname[256], ver[256], v1[64] = "", v2[64] = "";
         dev_str(dev, CL_DEVICE_NAME, dname, sizeof dname);
@@ -975,6 +1144,26 @@ int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_
     if (desc && desc_n)
         desc[0] = '\0';
     return kb_err_set(eb, KB_ERR_DEVICE, "kbcl was built without OpenCL (no OpenCL device)");
+}
+
+int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backend *out,
+                                char *desc, size_t desc_n, kb_errbuf *eb)
+{
+    (void)mode;
+    return kb_opencl_backend_create(want, out, desc, desc_n, eb);
+}
+
+int kb_opencl_setup_of(const kb_backend *be, kb_opencl_setup *out)
+{
+    (void)be;
+    (void)out;
+    return KB_ERR_INVAL;
+}
+
+const char *kb_cl_cache_state_name(kb_cl_cache_state s)
+{
+    (void)s;
+    return "off";
 }
 
 int kb_opencl_list(char *buf, size_t n)
