@@ -35,6 +35,7 @@
 
 #include "kb_clcache.h"
 #include "kb_mathfn.h"
+#include "kb_resident.h"
 #include "kb_opencl_src.h" /* generated: kb_opencl_src[], the NUL-terminated program text */
 
 /* Work sizes; passed to the program as -D so host and kernels agree. */
@@ -105,6 +106,10 @@ typedef struct clbe {
     cl_kernel kern[KB_REC_NKINDS];
     cl_mem arena, payload, table;       /* device buffers, grown on demand */
     size_t arena_cap, payload_cap, table_cap;
+    kb_resident *res;                   /* device-resident memory (kb_resident.h): */
+    cl_mem rarena, rpayload;            /* its arena and payload */
+    size_t rarena_cap, rpayload_cap;
+    cl_mem cur_arena, cur_payload;      /* what the flush's launches use */
     cl_uint ncu;
     uint64_t arena_bytes;
     kb_clent *tab;                      /* the flush's argument tables, in launch order */
@@ -537,6 +542,25 @@ static int cl_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
     if (arena_bytes > SIZE_MAX)
         return kb_err_set(eb, KB_ERR_NOMEM, "opencl backend: arena of %llu bytes",
                           (unsigned long long)arena_bytes);
+    if (!arena) { /* a resident flush: kb_resident has put everything in place */
+        if (arena_bytes > b->rarena_cap)
+            return kb_err_set(eb, KB_ERR_STATE,
+                              "opencl backend: resident arena of %llu bytes, has %zu",
+                              (unsigned long long)arena_bytes, b->rarena_cap);
+        if ((!b->rarena && (rc = ensure_buf(b, &b->rarena, &b->rarena_cap, 64,
+                                            CL_MEM_READ_WRITE, "arena", eb)) != 0) ||
+            (!b->rpayload && (rc = ensure_buf(b, &b->rpayload, &b->rpayload_cap, 64,
+                                              CL_MEM_READ_ONLY, "payload", eb)) != 0))
+            return rc;
+        b->cur_arena = b->rarena;
+        b->cur_payload = b->rpayload;
+        b->arena_bytes = arena_bytes;
+        b->ntab = 0;
+        b->nln = 0;
+        b->failed = 0;
+        b->active = 1;
+        return 0;
+    }
     if ((rc = ensure_buf(b, &b->arena, &b->arena_cap, (size_t)arena_bytes, CL_MEM_READ_WRITE,
                          "arena", eb)) != 0)
         return rc;
@@ -552,6 +576,8 @@ static int cl_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
         (err = clEnqueueWriteBuffer(b->q, b->payload, CL_FALSE, 0, payload_bytes, payload, 0,
                                     NULL, NULL)) != CL_SUCCESS)
         goto fail;
+    b->cur_arena = b->arena;
+    b->cur_payload = b->payload;
     b->arena_bytes = arena_bytes;
     b->ntab = 0;
     b->nln = 0;
@@ -766,9 +792,9 @@ static int enqueue_all(clbe *b, kb_errbuf *eb)
             groups = l->units < cap ? (size_t)l->units : cap;
         }
         global = groups * local;
-        err = clSetKernelArg(k, 0, sizeof(cl_mem), &b->arena);
+        err = clSetKernelArg(k, 0, sizeof(cl_mem), &b->cur_arena);
         if (err == CL_SUCCESS)
-            err = clSetKernelArg(k, 1, sizeof(cl_mem), &b->payload);
+            err = clSetKernelArg(k, 1, sizeof(cl_mem), &b->cur_payload);
         if (err == CL_SUCCESS)
             err = clSetKernelArg(k, 2, sizeof(cl_mem), &b->table);
         if (err == CL_SUCCESS)
@@ -823,7 +849,7 @@ static int cl_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *e
     }
     if ((rc = enqueue_all(b, eb)) != 0)
         goto fail;
-    if (arena_bytes > 0 &&
+    if (arena && arena_bytes > 0 &&
         (err = clEnqueueReadBuffer(b->q, b->arena, CL_FALSE, 0, (size_t)arena_bytes, arena, 0,
                                    NULL, NULL)) != CL_SUCCESS) {
         rc = cl_fail(eb, "arena read-back", err);
@@ -853,6 +879,7 @@ static void cl_destroy(void *self)
 
     if (!b)
         return;
+    kb_resident_destroy(b->res); /* may still pull a bound store's data */
     if (b->q)
         clFinish(b->q);
     collect_events(b);
@@ -867,6 +894,10 @@ static void cl_destroy(void *self)
         clReleaseMemObject(b->payload);
     if (b->table)
         clReleaseMemObject(b->table);
+    if (b->rarena)
+        clReleaseMemObject(b->rarena);
+    if (b->rpayload)
+        clReleaseMemObject(b->rpayload);
     if (b->q)
         clReleaseCommandQueue(b->q);
     if (b->ctx)
@@ -877,12 +908,134 @@ static void cl_destroy(void *self)
     free(b);
 }
 
+/* ---------------------------------------------------------------- device-resident memory */
+
+static int rs_arena(void *dev, uint64_t bytes, const kb_move *mv, size_t n, kb_errbuf *eb)
+{
+    clbe *b = dev;
+    cl_int err;
+    cl_mem m;
+
+    if (bytes > SIZE_MAX || bytes == 0)
+        return kb_err_set(eb, KB_ERR_NOMEM, "opencl: resident arena of %llu bytes",
+                          (unsigned long long)bytes);
+    m = clCreateBuffer(b->ctx, CL_MEM_READ_WRITE, (size_t)bytes, NULL, &err);
+    if (!m)
+        return kb_err_set(eb, KB_ERR_DEVICE, "opencl: resident arena of %llu bytes: %s (%d)",
+                          (unsigned long long)bytes, cl_errname(err), (int)err);
+    for (size_t i = 0; i < n; i++) {
+        if (mv[i].n == 0)
+            continue;
+        err = clEnqueueCopyBuffer(b->q, b->rarena, m, (size_t)mv[i].from, (size_t)mv[i].to,
+                                  (size_t)mv[i].n, 0, NULL, NULL);
+        if (err != CL_SUCCESS) {
+            clFinish(b->q);
+            clReleaseMemObject(m);
+            return cl_fail(eb, "moving the resident arena", err);
+        }
+    }
+    /* Released once the copies are done (the queue keeps it until then). */
+    if (b->rarena)
+        clReleaseMemObject(b->rarena);
+    b->rarena = m;
+    b->rarena_cap = (size_t)bytes;
+    return 0;
+}
+
+static int rs_copy(void *dev, uint64_t to, uint64_t from, uint64_t n, kb_errbuf *eb)
+{
+    clbe *b = dev;
+    cl_int err;
+
+    if (n == 0)
+        return 0;
+    if (from < to + n && to < from + n)
+        return kb_err_set(eb, KB_ERR_INVAL, "opencl: overlapping copy in the resident arena");
+    err = clEnqueueCopyBuffer(b->q, b->rarena, b->rarena, (size_t)from, (size_t)to, (size_t)n, 0,
+                              NULL, NULL);
+    return err == CL_SUCCESS ? 0 : cl_fail(eb, "copy in the resident arena", err);
+}
+
+static int rs_fill(void *dev, uint64_t off, uint64_t n, uint8_t byte, kb_errbuf *eb)
+{
+    clbe *b = dev;
+    cl_int err;
+
+    if (n == 0)
+        return 0;
+    err = clEnqueueFillBuffer(b->q, b->rarena, &byte, 1, (size_t)off, (size_t)n, 0, NULL, NULL);
+    return err == CL_SUCCESS ? 0 : cl_fail(eb, "fill in the resident arena", err);
+}
+
+static int rs_upload(void *dev, uint64_t off, const void *src, uint64_t n, kb_errbuf *eb)
+{
+    clbe *b = dev;
+    cl_int err;
+
+    if (n == 0)
+        return 0;
+    err = clEnqueueWriteBuffer(b->q, b->rarena, CL_TRUE, (size_t)off, (size_t)n, src, 0, NULL,
+                               NULL);
+    return err == CL_SUCCESS ? 0 : cl_fail(eb, "upload to the resident arena", err);
+}
+
+static int rs_download(void *dev, uint64_t off, void *dst, uint64_t n, kb_errbuf *eb)
+{
+    clbe *b = dev;
+    cl_int err;
+
+    if (n == 0)
+        return 0;
+    err = clEnqueueReadBuffer(b->q, b->rarena, CL_TRUE, (size_t)off, (size_t)n, dst, 0, NULL,
+                              NULL);
+    return err == CL_SUCCESS ? 0 : cl_fail(eb, "download from the resident arena", err);
+}
+
+static int rs_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_errbuf *eb)
+{
+    clbe *b = dev;
+    cl_int err;
+
+    if (size > b->rpayload_cap) {
+        size_t cap = size + size / 4;
+        cl_mem m = clCreateBuffer(b->ctx, CL_MEM_READ_ONLY, cap, NULL, &err);
+        if (!m)
+            return kb_err_set(eb, KB_ERR_DEVICE, "opencl: payload buffer of %zu bytes: %s (%d)",
+                              cap, cl_errname(err), (int)err);
+        if (have > 0 && (err = clEnqueueCopyBuffer(b->q, b->rpayload, m, 0, 0, have, 0, NULL,
+                                                   NULL)) != CL_SUCCESS) {
+            clFinish(b->q);
+            clReleaseMemObject(m);
+            return cl_fail(eb, "moving the payload", err);
+        }
+        if (b->rpayload)
+            clReleaseMemObject(b->rpayload);
+        b->rpayload = m;
+        b->rpayload_cap = cap;
+    }
+    if (size > have &&
+        (err = clEnqueueWriteBuffer(b->q, b->rpayload, CL_TRUE, have, size - have, p + have, 0,
+                                    NULL, NULL)) != CL_SUCCESS)
+        return cl_fail(eb, "payload upload", err);
+    return 0;
+}
+
+static const kb_resident_ops rs_ops = {
+    rs_arena, rs_copy, rs_fill, rs_upload, rs_download, rs_payload,
+};
+
+static kb_resident *cl_resident(void *self)
+{
+    return ((clbe *)self)->res;
+}
+
 static const kb_backend_ops cl_ops = {
     .name = "opencl",
     .begin = cl_begin,
     .run_batch = cl_run_batch,
     .end = cl_end,
     .destroy = cl_destroy,
+    .resident = cl_resident,
 };
 
 uint64_t kb_opencl_launches(const kb_backend *be)
@@ -1091,8 +1244,10 @@ int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backe
     t1 = now_ms();
 
     b = calloc(1, sizeof *b);
-    if (!b)
+    if (!b || (b->res = kb_resident_create(&rs_ops, b)) == NULL) {
+        free(b);
         return kb_err_set(eb, KB_ERR_NOMEM, "opencl backend: out of memory");
+    }
     cl_context_properties props[3] = { CL_CONTEXT_PLATFORM, (cl_context_properties)plat, 0 };
     b->ctx = clCreateContext(props, 1, &dev, NULL, NULL, &err);
     if (!b->ctx) {

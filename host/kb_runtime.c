@@ -117,11 +117,13 @@ void kb_ctx_destroy(kb_ctx *ctx)
     }
     free(ctx->tensors);
     kb_sim_destroy(ctx->sim);
+    /* The store before the backend: a device-resident backend then forgets it instead of
+     * handing its device data back. */
+    kb_memstore_destroy(ctx->ms);
     if (ctx->be.ops)
         ctx->be.ops->destroy(ctx->be.self);
     kb_machine_destroy(ctx->m);
     kb_oplog_destroy(ctx->log);
-    kb_memstore_destroy(ctx->ms);
     free(ctx->report);
     free(ctx);
 }
@@ -174,6 +176,7 @@ kb_oplog *kb_ctx_oplog(kb_ctx *ctx) { return ctx->log; }
 int kb_ctx_recording(const kb_ctx *ctx) { return ctx->recording; }
 kb_device_kind kb_ctx_device(const kb_ctx *ctx) { return ctx->device; }
 const kb_replay_stats *kb_ctx_replay_stats(const kb_ctx *ctx) { return &ctx->rstats; }
+const kb_backend *kb_ctx_backend(const kb_ctx *ctx) { return &ctx->be; }
 kb_memstore *kb_ctx_memstore(kb_ctx *ctx) { return ctx->ms; }
 uint64_t kb_ctx_kernels_run(const kb_ctx *ctx) { return ctx->kernels; }
 FILE *kb_ctx_trace(kb_ctx *ctx) { return ctx->trace; }
@@ -838,8 +841,10 @@ int kb_tensor_read_raw(kb_tensor *t, void *out)
                 tmax = te;
         }
         if (s->cols == (uint64_t)t->cols) { /* whole rows: contiguous in out too */
-            kb_memstore_read(ctx->ms, t->pas[i], (uint8_t *)out + s->row0 * s->cols * esize,
-                             s->nbytes);
+            rc = kb_memstore_load(ctx->ms, t->pas[i], (uint8_t *)out + s->row0 * s->cols * esize,
+                                  s->nbytes, &ctx->err);
+            if (rc)
+                goto out;
             continue;
         }
         free(block);
@@ -848,7 +853,8 @@ int kb_tensor_read_raw(kb_tensor *t, void *out)
             rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
             goto out;
         }
-        kb_memstore_read(ctx->ms, t->pas[i], block, s->nbytes);
+        if ((rc = kb_memstore_load(ctx->ms, t->pas[i], block, s->nbytes, &ctx->err)) != 0)
+            goto out;
         kb_shard_unpack(s, block, (uint64_t)t->cols, esize, out);
     }
     wait_until(ctx, tmax);
@@ -880,8 +886,7 @@ int kb_tensor_read_shard_raw(kb_tensor *t, size_t i, void *out)
                           t->nshards);
     if ((rc = kb_ctx_flush(t->ctx)) != 0)
         return rc;
-    kb_memstore_read(t->ctx->ms, t->pas[i], out, t->shards[i].nbytes);
-    return 0;
+    return kb_memstore_load(t->ctx->ms, t->pas[i], out, t->shards[i].nbytes, &t->ctx->err);
 }
 
 kb_va kb_tensor_va(const kb_tensor *t) { return t->va; }

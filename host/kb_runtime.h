@@ -83,6 +83,8 @@ kb_oplog *kb_ctx_oplog(kb_ctx *ctx);
 int kb_ctx_recording(const kb_ctx *ctx);
 kb_device_kind kb_ctx_device(const kb_ctx *ctx);
 const kb_replay_stats *kb_ctx_replay_stats(const kb_ctx *ctx);
+/* The Phase-2 backend (ops NULL with device none): its set-up and transfer figures. */
+const kb_backend *kb_ctx_backend(const kb_ctx *ctx);
 
 /* ---- host programs ---- */
 

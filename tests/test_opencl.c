@@ -346,8 +346,9 @@ static void pair_compare(pair *p, uint64_t pa, size_t n)
     uint8_t *a = malloc(n), *b = malloc(n);
     assert_non_null(a);
     assert_non_null(b);
-    kb_memstore_read(p->ms_ref, pa, a, n);
-    kb_memstore_read(p->ms_cl, pa, b, n);
+    kb_errbuf eb;
+    assert_int_equal(kb_memstore_load(p->ms_ref, pa, a, n, &eb), 0);
+    assert_int_equal(kb_memstore_load(p->ms_cl, pa, b, n, &eb), 0); /* pulls from the device */
     for (size_t i = 0; i < n; i++) {
         if (a[i] != b[i]) {
             size_t w = i & ~(size_t)3;
@@ -662,7 +663,8 @@ static void test_launch_count(void **state)
     assert_int_equal(launches, 4);
     pair_compare(&p, 0x2000, 0x4000);
     float sum;
-    kb_memstore_read(p.ms_cl, 0x5000, &sum, sizeof sum);
+    kb_errbuf eb;
+    assert_int_equal(kb_memstore_load(p.ms_cl, 0x5000, &sum, sizeof sum, &eb), 0);
     assert_true(sum > 1268.0f && sum < 1268.02f); /* e^1 + e^-2 + ... + e^-8 = 1268.0066 */
     pair_free(&p);
 }

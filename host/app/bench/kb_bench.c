@@ -4,6 +4,8 @@
  */
 #include "kb_bench.h"
 
+#include "kb_opencl.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,8 +176,14 @@ int kb_bench_execute(const kb_config *cfg, const kb_ccl_cfg *ccl, const kb_ctx_o
 
     memset(rep, 0, sizeof *rep);
     rep->res.verified = -1;
+    rep->program_cache = -1;
     if ((rc = kb_ctx_create(cfg, opts, &ctx, eb)) != 0)
         return rc;
+    kb_opencl_setup su;
+    if (kb_opencl_setup_of(kb_ctx_backend(ctx), &su) == 0) {
+        rep->setup_ms = su.total_ms;
+        rep->program_cache = (int)su.cache;
+    }
     if (ccl && (rc = kb_ccl_config_attach(ctx, ccl)) != 0) {
         kb_err_set(eb, rc, "%s", kb_ctx_errmsg(ctx));
         goto out;
@@ -213,6 +221,8 @@ int kb_bench_execute(const kb_config *cfg, const kb_ccl_cfg *ccl, const kb_ctx_o
     rep->memstore_pages = kb_memstore_pages(kb_ctx_memstore(ctx));
     rep->payload_bytes = kb_oplog_payload_size(kb_ctx_oplog(ctx));
     rep->replay = *kb_ctx_replay_stats(ctx);
+    kb_backend_xfer_stats(kb_ctx_backend(ctx), &rep->xfer);
+    rep->kernel_ms = kb_opencl_kernel_ms(kb_ctx_backend(ctx));
 out:
     if (state && b->cleanup)
         b->cleanup(state);
