@@ -301,10 +301,34 @@ int kb_memstore_sync_all(kb_memstore *ms, kb_errbuf *eb)
 
 int kb_memstore_load(kb_memstore *ms, uint64_t pa, void *dst, size_t n, kb_errbuf *eb)
 {
-    int rc = kb_memstore_sync(ms, pa, n, eb);
-    if (rc == 0)
+    uint8_t *out = dst;
+    uint64_t end = pa + n;
+
+    if (n == 0 || !kb_ivset_overlaps(&ms->dev_dirty, pa, end)) {
         kb_memstore_read(ms, pa, dst, n);
-    return rc;
+        return 0;
+    }
+    if (!ms->mirror.self)
+        return kb_memstore_sync(ms, pa, n, eb); /* reports the lost device copy */
+    /* Device-dirty runs straight from the device into dst, the rest from the pages. */
+    for (size_t i = kb_ivset_find(&ms->dev_dirty, pa); pa < end;) {
+        const kb_range *d = i < ms->dev_dirty.n ? &ms->dev_dirty.v[i] : NULL;
+        if (d && d->lo <= pa) {
+            uint64_t b = d->hi < end ? d->hi : end;
+            int rc = ms->mirror.pull(ms->mirror.self, pa, out, (size_t)(b - pa), eb);
+            if (rc)
+                return rc;
+            out += b - pa;
+            pa = b;
+            i++;
+        } else {
+            uint64_t b = d && d->lo < end ? d->lo : end;
+            kb_memstore_read(ms, pa, out, (size_t)(b - pa));
+            out += b - pa;
+            pa = b;
+        }
+    }
+    return 0;
 }
 
 const kb_ivset *kb_memstore_device_dirty(const kb_memstore *ms)

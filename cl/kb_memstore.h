@@ -9,9 +9,11 @@
  * Device copy. A device-resident Phase-2 backend keeps the bytes its records touch in device
  * memory across flushes (kb_replay.h); the store is then the host copy and attaches that
  * backend as its mirror. Two sets of byte ranges say which copy is newer:
- *   device-dirty: bytes the device wrote since the host last read them. kb_memstore_sync (and
- *     kb_memstore_load, which every host read of simulated memory uses) pulls them from the
- *     mirror first; kb_memstore_read alone returns the host copy as it is.
+ *   device-dirty: bytes the device wrote that the host copy lacks. kb_memstore_load, which
+ *     every host read of simulated memory uses, reads them through from the mirror straight
+ *     into the caller's buffer, keeping nothing (a GB-scale result read once needs no host
+ *     pages; a second read pulls again); kb_memstore_sync pulls them into the host copy,
+ *     where they are then clean; kb_memstore_read alone returns the host copy as it is.
  *   host-dirty:   bytes kb_memstore_write changed while a mirror was attached; the replayer
  *     uploads those it holds on the device before its next flush and clears the set.
  * A write makes its bytes host-dirty and no longer device-dirty (the host's bytes are newer).
@@ -69,7 +71,9 @@ int kb_memstore_mark_device(kb_memstore *ms, const kb_range *r, size_t k);
 int kb_memstore_sync(kb_memstore *ms, uint64_t pa, uint64_t n, kb_errbuf *eb);
 /* Pulls every device-dirty byte (before the mirror goes away). */
 int kb_memstore_sync_all(kb_memstore *ms, kb_errbuf *eb);
-/* kb_memstore_sync then kb_memstore_read: what a host read of simulated memory uses. */
+/* [pa, pa + n) as the newest copy has it (device-dirty bytes read through from the mirror,
+ * the rest from the host copy): what a host read of simulated memory uses. Errors as
+ * kb_memstore_sync's. */
 int kb_memstore_load(kb_memstore *ms, uint64_t pa, void *dst, size_t n, kb_errbuf *eb);
 
 const kb_ivset *kb_memstore_device_dirty(const kb_memstore *ms);
