@@ -667,11 +667,9 @@ static void fill_block(const kb_tensor *t, const kb_shard_spec *s, const kb_fill
 
     if (!src->fn) {
         int64_t ld = src->ld ? src->ld : t->cols;
-        for (int64_t r = 0; r < R; r++) {
-            const float *row = src->data + (size_t)((r0 + r) * ld + c0);
-            for (int64_t c = 0; c < C; c++)
-                kb_dtype_store(t->dtype, block, (size_t)(r * C + c), row[c]);
-        }
+        for (int64_t r = 0; r < R; r++)
+            kb_dtype_store_n(t->dtype, block, (size_t)(r * C),
+                             src->data + (size_t)((r0 + r) * ld + c0), (size_t)C);
         return;
     }
     /* whole rows while they fit in a piece, else a row in parts */
@@ -683,9 +681,8 @@ static void fill_block(const kb_tensor *t, const kb_shard_spec *s, const kb_fill
             int64_t nc = C - c < cols_per ? C - c : cols_per;
             src->fn(src->ud, r0 + r, c0 + c, nr, nc, piece);
             for (int64_t i = 0; i < nr; i++)
-                for (int64_t j = 0; j < nc; j++)
-                    kb_dtype_store(t->dtype, block, (size_t)((r + i) * C + c + j),
-                                   piece[i * nc + j]);
+                kb_dtype_store_n(t->dtype, block, (size_t)((r + i) * C + c), piece + i * nc,
+                                 (size_t)nc);
         }
     }
 }
@@ -872,8 +869,7 @@ int kb_tensor_read(kb_tensor *t, float *out)
         return kb_err_set(&t->ctx->err, KB_ERR_NOMEM, "out of memory");
     rc = kb_tensor_read_raw(t, raw);
     if (rc == 0)
-        for (size_t i = 0; i < n; i++)
-            out[i] = kb_dtype_load(t->dtype, raw, i);
+        kb_dtype_load_n(t->dtype, raw, 0, out, n);
     free(raw);
     return rc;
 }
