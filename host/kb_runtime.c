@@ -71,6 +71,12 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
     if (ctx->device == KB_DEV_NONE) {
         ctx->recording = 0;
         snprintf(ctx->device_desc, sizeof ctx->device_desc, "none (timing only)");
+    } else if (opts && opts->backend && opts->backend->ops) {
+        ctx->recording = 1;
+        ctx->be = *opts->backend;
+        ctx->be_borrowed = 1;
+        snprintf(ctx->device_desc, sizeof ctx->device_desc, "%s",
+                 opts->backend_desc ? opts->backend_desc : ctx->be.ops->name);
     } else {
         ctx->recording = 1;
         if ((rc = kb_backend_for_device(ctx->device, &ctx->be, ctx->device_desc,
@@ -120,7 +126,7 @@ void kb_ctx_destroy(kb_ctx *ctx)
     /* The store before the backend: a device-resident backend then forgets it instead of
      * handing its device data back. */
     kb_memstore_destroy(ctx->ms);
-    if (ctx->be.ops)
+    if (ctx->be.ops && !ctx->be_borrowed)
         ctx->be.ops->destroy(ctx->be.self);
     kb_machine_destroy(ctx->m);
     kb_oplog_destroy(ctx->log);
@@ -177,6 +183,7 @@ int kb_ctx_recording(const kb_ctx *ctx) { return ctx->recording; }
 kb_device_kind kb_ctx_device(const kb_ctx *ctx) { return ctx->device; }
 const kb_replay_stats *kb_ctx_replay_stats(const kb_ctx *ctx) { return &ctx->rstats; }
 const kb_backend *kb_ctx_backend(const kb_ctx *ctx) { return &ctx->be; }
+int kb_ctx_backend_borrowed(const kb_ctx *ctx) { return ctx->be_borrowed; }
 kb_memstore *kb_ctx_memstore(kb_ctx *ctx) { return ctx->ms; }
 uint64_t kb_ctx_kernels_run(const kb_ctx *ctx) { return ctx->kernels; }
 FILE *kb_ctx_trace(kb_ctx *ctx) { return ctx->trace; }

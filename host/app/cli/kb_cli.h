@@ -37,6 +37,10 @@ typedef struct kbcl_job {
     int verify;
     FILE *ipcq_trace;           /* KBCL_CCL_TRACE stream or NULL */
     const char *trace_path;     /* --trace FILE (Chrome trace JSON) or NULL */
+    /* A Phase-2 backend kept across jobs (a sweep worker's) instead of one per job; NULL =
+     * the job makes its own. Not owned. */
+    const kb_backend *backend;
+    const char *backend_desc;
 } kbcl_job;
 
 typedef struct kbcl_result {
