@@ -480,6 +480,9 @@ int kb_ccl_positionwise(kb_coll_kind k);
  * passed), 0, or KB_ERR_NOMEM.
  */
 #define KB_CCL_VERIFY_BLOCK ((size_t)1 << 18)
+/* Checks of 4 Mi elements and more split the column blocks over up to this many threads (one
+ * per online CPU), merged in column order: the verdict does not depend on the split. */
+#define KB_CCL_VERIFY_THREADS 16
 int kb_ccl_verify_inputs(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_coll_kind kind,
                          uint32_t seed, int ntiles, int64_t n, double acc_bound,
                          kb_ccl_verdict *v);

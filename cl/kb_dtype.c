@@ -3,8 +3,11 @@
  * and typed element load/store on raw byte buffers. The conversions work on bit patterns only
  * (no reliance on compiler or hardware half support), so every host and backend produce the
  * same bits: round-to-nearest-even, subnormals kept, overflow to infinity, NaN kept as a quiet
- * NaN with its sign and the high payload bits. Limits: elements are addressed unaligned-safe
- * through memcpy, which is correct everywhere but not the fastest path for bulk conversion.
+ * NaN with its sign and the high payload bits. The bulk forms compute every case of a block
+ * of 16 elements and select with masks (no branches, so that -O2 vectorises them); f32 -> f16
+ * rounds results below 2^-14 by adding 0.5f (whose ulp is f16's subnormal step, 2^-24) and
+ * taking the low bits: the FPU's round-to-nearest-even, which requires the default rounding
+ * mode without flush-to-zero. Limits: elements are addressed unaligned-safe through memcpy.
  */
 #include "kb_dtype.h"
 
@@ -150,6 +153,87 @@ void kb_dtype_store(kb_dtype t, void *base, size_t i, float v)
     }
     uint16_t h = t == KB_F16 ? kb_f32_to_f16(v) : kb_f32_to_bf16(v);
     memcpy(p + i * 2u, &h, sizeof h);
+}
+
+enum { BLK = 16 };
+
+/* f32 -> f16 of BLK values (see the file comment). */
+static void f16_store_blk(uint16_t *h, const float *src)
+{
+    for (int i = 0; i < BLK; i++) {
+        float f = src[i], a = fabsf(f) + 0.5f;
+        uint32_t u = f32_bits(f), x = u & 0x7FFFFFFFu, sub = f32_bits(a) - 0x3F000000u;
+        uint32_t nrm = (x - (112u << 23) + 0xFFFu + ((x >> 13) & 1u)) >> 13;
+        uint32_t ms = 0u - (uint32_t)(x < 0x38800000u); /* below 2^-14: subnormal or zero */
+        uint32_t mn = 0u - (uint32_t)(x < 0x477FF000u); /* below 65520: finite */
+        uint32_t mi = 0u - (uint32_t)(x < 0x7F800001u); /* not NaN */
+        uint32_t big = (0x7C00u & mi) | ((0x7E00u | ((x >> 13) & 0x3FFu)) & ~mi);
+        uint32_t r = (sub & ms) | (nrm & mn & ~ms) | (big & ~mn);
+        h[i] = (uint16_t)(r | ((u >> 16) & 0x8000u));
+    }
+}
+
+static void bf16_store_blk(uint16_t *h, const float *src)
+{
+    for (int i = 0; i < BLK; i++) {
+        uint32_t x = f32_bits(src[i]);
+        uint32_t mnan = 0u - (uint32_t)((x & 0x7FFFFFFFu) > 0x7F800000u);
+        uint32_t r = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+        h[i] = (uint16_t)((r & ~mnan) | (((x >> 16) | 0x0040u) & mnan));
+    }
+}
+
+/* f16 -> f32 of BLK values: subnormals as (mantissa as float) * 2^-24, exactly. */
+static void f16_load_blk(float *dst, const uint16_t *h)
+{
+    for (int i = 0; i < BLK; i++) {
+        uint32_t v = h[i], sign = (v & 0x8000u) << 16, e = (v >> 10) & 0x1Fu, m = v & 0x3FFu;
+        uint32_t sub = f32_bits((float)(int)m * 0x1p-24f);
+        uint32_t nrm = ((e + 112u) << 23) | (m << 13);
+        uint32_t inf = 0x7F800000u | (m << 13) | (m ? 0x00400000u : 0u);
+        uint32_t mz = 0u - (uint32_t)(e == 0), mx = 0u - (uint32_t)(e == 31);
+        uint32_t r = (sub & mz) | (inf & mx) | (nrm & ~(mz | mx));
+        dst[i] = f32_from_bits(r | sign);
+    }
+}
+
+void kb_dtype_store_n(kb_dtype t, void *base, size_t i0, const float *src, size_t n)
+{
+    unsigned char *p = (unsigned char *)base + i0 * kb_dtype_size(t);
+    uint16_t h[BLK];
+    size_t i = 0;
+
+    if (t == KB_F32) {
+        memcpy(p, src, n * 4u);
+        return;
+    }
+    for (; i + BLK <= n; i += BLK) {
+        if (t == KB_F16)
+            f16_store_blk(h, src + i);
+        else
+            bf16_store_blk(h, src + i);
+        memcpy(p + 2u * i, h, sizeof h);
+    }
+    for (; i < n; i++)
+        kb_dtype_store(t, p, i, src[i]);
+}
+
+void kb_dtype_load_n(kb_dtype t, const void *base, size_t i0, float *dst, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)base + i0 * kb_dtype_size(t);
+    uint16_t h[BLK];
+    size_t i = 0;
+
+    if (t == KB_F32) {
+        memcpy(dst, p, n * 4u);
+        return;
+    }
+    for (; t == KB_F16 && i + BLK <= n; i += BLK) {
+        memcpy(h, p + 2u * i, sizeof h);
+        f16_load_blk(dst + i, h);
+    }
+    for (; i < n; i++)
+        dst[i] = kb_dtype_load(t, p, i);
 }
 
 float kb_f16_ulp(float v)

@@ -27,6 +27,15 @@ uint16_t kb_f32_to_bf16(float f);           /* round to nearest even */
 float kb_dtype_load(kb_dtype t, const void *base, size_t i);
 void kb_dtype_store(kb_dtype t, void *base, size_t i, float v);
 
+/*
+ * Bulk forms: src[0..n) stored as elements [i0, i0 + n) of a buffer of type t, and elements
+ * [i0, i0 + n) loaded into dst: exactly kb_dtype_store's and kb_dtype_load's bits (checked on
+ * every f32 bit pattern), written without branches in blocks of 16 that the compiler
+ * vectorises. For host writes and reads of whole tensors.
+ */
+void kb_dtype_store_n(kb_dtype t, void *base, size_t i0, const float *src, size_t n);
+void kb_dtype_load_n(kb_dtype t, const void *base, size_t i0, float *dst, size_t n);
+
 /* Distance in units in the last place of f16 between two values (for tests and bounds). */
 float kb_f16_ulp(float v);
 

@@ -3,7 +3,10 @@
  * 4 KiB page number (PA >> 12) to a lazily allocated page that starts filled with
  * KB_MEMSTORE_POISON. The table stays at most half full, so probes are short. A write first
  * makes sure every page it touches exists and only then copies, so a failed (NOMEM) write
- * leaves the visible contents unchanged. Limits: single-threaded; pages are freed only by
+ * leaves the visible contents unchanged. With a device mirror attached, two kb_ivsets track
+ * the device-dirty and host-dirty bytes (kb_memstore.h); a sync pulls device-dirty runs in
+ * pieces of at most 64 MiB through one staging buffer and stores them into the pages without
+ * marking them host-dirty. Limits: single-threaded; pages are freed only by
  * kb_memstore_destroy; an access must not wrap around the end of the 64-bit address space.
  */
 #include "kb_memstore.h"
@@ -21,7 +24,11 @@ struct kb_memstore {
     size_t cap;       /* power of two, or 0 before the first write */
     unsigned log2cap;
     size_t npages;
+    kb_memstore_mirror mirror; /* self == NULL: none */
+    kb_ivset dev_dirty, host_dirty;
 };
+
+#define SYNC_PIECE (UINT64_C(64) << 20)
 
 static size_t slot_of(const kb_memstore *ms, uint64_t key)
 {
@@ -104,13 +111,22 @@ static int get_or_add_page(kb_memstore *ms, uint64_t key, uint8_t **out)
 
 kb_memstore *kb_memstore_create(void)
 {
-    return calloc(1, sizeof(kb_memstore));
+    kb_memstore *ms = calloc(1, sizeof(kb_memstore));
+    if (ms) {
+        kb_ivset_init(&ms->dev_dirty);
+        kb_ivset_init(&ms->host_dirty);
+    }
+    return ms;
 }
 
 void kb_memstore_destroy(kb_memstore *ms)
 {
     if (!ms)
         return;
+    if (ms->mirror.self && ms->mirror.detach)
+        ms->mirror.detach(ms->mirror.self);
+    kb_ivset_free(&ms->dev_dirty);
+    kb_ivset_free(&ms->host_dirty);
     for (size_t i = 0; i < ms->cap; i++)
         free(ms->pages[i]);
     free(ms->keys);
@@ -139,15 +155,9 @@ void kb_memstore_read(const kb_memstore *ms, uint64_t pa, void *dst, size_t n)
     }
 }
 
-int kb_memstore_write(kb_memstore *ms, uint64_t pa, const void *src, size_t n)
+/* Makes every page of [pa, pa + n) exist (n > 0); a failure changes nothing visible. */
+static int add_pages(kb_memstore *ms, uint64_t pa, uint64_t n)
 {
-    const uint8_t *in = src;
-
-    if (n == 0)
-        return 0;
-    if (!src || pa + (n - 1) < pa)
-        return KB_ERR_INVAL;
-    /* Allocate first: new pages are all poison, so a failure here changes nothing visible. */
     uint64_t first = pa >> PAGE_SHIFT, last = (pa + (n - 1)) >> PAGE_SHIFT;
     for (uint64_t k = first;; k++) {
         uint8_t *p;
@@ -157,6 +167,12 @@ int kb_memstore_write(kb_memstore *ms, uint64_t pa, const void *src, size_t n)
         if (k == last)
             break;
     }
+    return 0;
+}
+
+/* Copies into existing pages. */
+static void copy_in(kb_memstore *ms, uint64_t pa, const uint8_t *in, size_t n)
+{
     while (n > 0) {
         uint64_t in_page = pa & (PAGE_SIZE - 1);
         size_t chunk = (size_t)(PAGE_SIZE - in_page);
@@ -169,7 +185,170 @@ int kb_memstore_write(kb_memstore *ms, uint64_t pa, const void *src, size_t n)
         pa += chunk;
         n -= chunk;
     }
+}
+
+int kb_memstore_write(kb_memstore *ms, uint64_t pa, const void *src, size_t n)
+{
+    int rc;
+
+    if (n == 0)
+        return 0;
+    if (!src || pa + (n - 1) < pa)
+        return KB_ERR_INVAL;
+    /* Allocate first: new pages are all poison, so a failure here changes nothing visible. */
+    if ((rc = add_pages(ms, pa, n)) != 0)
+        return rc;
+    if (ms->mirror.self) {
+        /* The host's bytes are now the newer ones: reserve, so that neither change fails. */
+        if (kb_ivset_reserve(&ms->dev_dirty, 1) != 0 || kb_ivset_reserve(&ms->host_dirty, 1) != 0)
+            return KB_ERR_NOMEM;
+        kb_ivset_remove(&ms->dev_dirty, pa, pa + n);
+        kb_ivset_add(&ms->host_dirty, pa, pa + n);
+    }
+    copy_in(ms, pa, src, n);
     return 0;
+}
+
+int kb_memstore_has_pages(const kb_memstore *ms, uint64_t pa, uint64_t n)
+{
+    if (n == 0 || ms->npages == 0)
+        return 0;
+    uint64_t first = pa >> PAGE_SHIFT, last = (pa + (n - 1)) >> PAGE_SHIFT;
+    if (last - first >= ms->cap) { /* a long range: scan the table instead */
+        for (size_t i = 0; i < ms->cap; i++)
+            if (ms->pages[i] && ms->keys[i] >= first && ms->keys[i] <= last)
+                return 1;
+        return 0;
+    }
+    for (uint64_t k = first;; k++) {
+        if (find_page(ms, k))
+            return 1;
+        if (k == last)
+            return 0;
+    }
+}
+
+void kb_memstore_set_mirror(kb_memstore *ms, const kb_memstore_mirror *m)
+{
+    if (ms->mirror.self && ms->mirror.detach &&
+        (!m || m->self != ms->mirror.self))
+        ms->mirror.detach(ms->mirror.self);
+    if (m)
+        ms->mirror = *m;
+    else
+        memset(&ms->mirror, 0, sizeof ms->mirror);
+}
+
+void *kb_memstore_mirror_self(const kb_memstore *ms)
+{
+    return ms->mirror.self;
+}
+
+int kb_memstore_mark_device(kb_memstore *ms, const kb_range *r, size_t k)
+{
+    return kb_ivset_add_sorted(&ms->dev_dirty, r, k);
+}
+
+int kb_memstore_sync(kb_memstore *ms, uint64_t pa, uint64_t n, kb_errbuf *eb)
+{
+    uint64_t end = pa + n;
+    uint8_t *stage = NULL;
+    size_t i;
+    int rc = 0;
+
+    if (n == 0 || !kb_ivset_overlaps(&ms->dev_dirty, pa, end))
+        return 0;
+    if (!ms->mirror.self)
+        return kb_err_set(eb, KB_ERR_STATE,
+                          "memory store: %llu bytes at PA 0x%llx were computed on a device that "
+                          "is gone",
+                          (unsigned long long)ms->dev_dirty.bytes, (unsigned long long)pa);
+    while ((i = kb_ivset_find(&ms->dev_dirty, pa)) < ms->dev_dirty.n &&
+           ms->dev_dirty.v[i].lo < end) {
+        uint64_t a = ms->dev_dirty.v[i].lo > pa ? ms->dev_dirty.v[i].lo : pa;
+        uint64_t b = ms->dev_dirty.v[i].hi < end ? ms->dev_dirty.v[i].hi : end;
+        if (b - a > SYNC_PIECE)
+            b = a + SYNC_PIECE;
+        /* every piece lies in the original [pa, end) and is at most SYNC_PIECE long */
+        if (!stage && (stage = malloc((size_t)(n < SYNC_PIECE ? n : SYNC_PIECE))) == NULL) {
+            rc = kb_err_set(eb, KB_ERR_NOMEM, "memory store: out of memory pulling device data");
+            goto out;
+        }
+        if ((rc = add_pages(ms, a, b - a)) != 0 || (rc = kb_ivset_reserve(&ms->dev_dirty, 1)) != 0) {
+            kb_err_set(eb, rc, "memory store: out of memory pulling device data");
+            goto out;
+        }
+        if ((rc = ms->mirror.pull(ms->mirror.self, a, stage, (size_t)(b - a), eb)) != 0)
+            goto out;
+        copy_in(ms, a, stage, (size_t)(b - a));
+        kb_ivset_remove(&ms->dev_dirty, a, b);
+        pa = b; /* what lies before b in [pa, end) is clean now */
+    }
+out:
+    free(stage);
+    return rc;
+}
+
+int kb_memstore_sync_all(kb_memstore *ms, kb_errbuf *eb)
+{
+    int rc = 0;
+    while (rc == 0 && ms->dev_dirty.n > 0) {
+        kb_range r = ms->dev_dirty.v[0];
+        rc = kb_memstore_sync(ms, r.lo, r.hi - r.lo, eb);
+    }
+    return rc;
+}
+
+int kb_memstore_load(kb_memstore *ms, uint64_t pa, void *dst, size_t n, kb_errbuf *eb)
+{
+    uint8_t *out = dst;
+    uint64_t end = pa + n;
+
+    if (n == 0 || !kb_ivset_overlaps(&ms->dev_dirty, pa, end)) {
+        kb_memstore_read(ms, pa, dst, n);
+        return 0;
+    }
+    if (!ms->mirror.self)
+        return kb_memstore_sync(ms, pa, n, eb); /* reports the lost device copy */
+    /* Device-dirty runs straight from the device into dst, the rest from the pages. */
+    for (size_t i = kb_ivset_find(&ms->dev_dirty, pa); pa < end;) {
+        const kb_range *d = i < ms->dev_dirty.n ? &ms->dev_dirty.v[i] : NULL;
+        if (d && d->lo <= pa) {
+            uint64_t b = d->hi < end ? d->hi : end;
+            int rc = ms->mirror.pull(ms->mirror.self, pa, out, (size_t)(b - pa), eb);
+            if (rc)
+                return rc;
+            out += b - pa;
+            pa = b;
+            i++;
+        } else {
+            uint64_t b = d && d->lo < end ? d->lo : end;
+            kb_memstore_read(ms, pa, out, (size_t)(b - pa));
+            out += b - pa;
+            pa = b;
+        }
+    }
+    return 0;
+}
+
+const kb_ivset *kb_memstore_device_dirty(const kb_memstore *ms)
+{
+    return &ms->dev_dirty;
+}
+
+const kb_ivset *kb_memstore_host_dirty(const kb_memstore *ms)
+{
+    return &ms->host_dirty;
+}
+
+void kb_memstore_host_clean(kb_memstore *ms)
+{
+    kb_ivset_clear(&ms->host_dirty);
+}
+
+void kb_memstore_device_forget(kb_memstore *ms)
+{
+    kb_ivset_clear(&ms->dev_dirty);
 }
 
 size_t kb_memstore_pages(const kb_memstore *ms)

@@ -28,11 +28,14 @@
 #include <errno.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <CL/cl.h>
 
+#include "kb_clcache.h"
 #include "kb_mathfn.h"
+#include "kb_resident.h"
 #include "kb_opencl_src.h" /* generated: kb_opencl_src[], the NUL-terminated program text */
 
 /* Work sizes; passed to the program as -D so host and kernels agree. */
@@ -103,6 +106,10 @@ typedef struct clbe {
     cl_kernel kern[KB_REC_NKINDS];
     cl_mem arena, payload, table;       /* device buffers, grown on demand */
     size_t arena_cap, payload_cap, table_cap;
+    kb_resident *res;                   /* device-resident memory (kb_resident.h): */
+    cl_mem rarena, rpayload;            /* its arena and payload */
+    size_t rarena_cap, rpayload_cap;
+    cl_mem cur_arena, cur_payload;      /* what the flush's launches use */
     cl_uint ncu;
     uint64_t arena_bytes;
     kb_clent *tab;                      /* the flush's argument tables, in launch order */
@@ -114,6 +121,7 @@ typedef struct clbe {
     int active, failed;
     uint64_t launches;
     double kernel_ms;                   /* device time of all launches, from the events */
+    kb_opencl_setup setup;
 } clbe;
 
 static const char *cl_errname(cl_int e)
@@ -173,21 +181,17 @@ static int mkdir_p(const char *path)
     return access(path, W_OK) == 0 ? 0 : -1;
 }
 
-/* PoCL needs a writable kernel cache; give it one unless the user chose. */
+/* PoCL needs a writable kernel cache; give it one unless the user chose: DIR/pocl of kbcl's
+ * cache folder (kb_clcache_dir), else a folder in /tmp. */
 static void pocl_cache_env(void)
 {
-    char dir[4096];
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[4096], base[3900];
     int ok = 0;
 
     if (getenv("POCL_CACHE_DIR"))
         return;
-    if (xdg && *xdg) {
-        snprintf(dir, sizeof dir, "%s/kbcl/pocl", xdg);
-        ok = mkdir_p(dir) == 0;
-    }
-    if (!ok && home && *home) {
-        snprintf(dir, sizeof dir, "%s/.cache/kbcl/pocl", home);
+    if (kb_clcache_dir(base, sizeof base)) {
+        snprintf(dir, sizeof dir, "%s/pocl", base);
         ok = mkdir_p(dir) == 0;
     }
     if (!ok) {
@@ -196,6 +200,13 @@ static void pocl_cache_env(void)
     }
     if (ok)
         setenv("POCL_CACHE_DIR", dir, 0);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
 /* The NVIDIA OpenCL driver library, if installed in a usual place. */
@@ -376,6 +387,42 @@ static void icd_hint(const cl_inventory *v, char *buf, size_t n)
                  lib, lib);
 }
 
+/* The program's build options for dev. */
+static void build_opts(cl_device_id dev, char *opts, size_t n)
+{
+    cl_device_fp_config fp = 0;
+
+    (void)clGetDeviceInfo(dev, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
+    snprintf(opts, n,
+             "-cl-std=CL1.2 -DKB_EW_LOCAL=%u -DKB_EW_PER=%u -DKB_LN_LOCAL=%u -DKB_GEMM_TM=%d "
+             "-DKB_GEMM_TN=%d -DKB_GEMM_TK=%d -DKB_GEMM_WM=%d -DKB_GEMM_WN=%d%s",
+             EW_LOCAL, EW_PER, LN_LOCAL, KB_GEMM_TM, KB_GEMM_TN, KB_GEMM_TK, KB_GEMM_WM,
+             KB_GEMM_WN,
+             (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? " -cl-fp32-correctly-rounded-divide-sqrt"
+                                                        : "");
+}
+
+/* The cache key of the program for dev: everything its binary depends on. */
+static void program_key(cl_platform_id plat, cl_device_id dev, const char *opts, char *key,
+                        size_t n)
+{
+    const char *src = (const char *)kb_opencl_src;
+    size_t len = strlen(src);
+    char pname[256], pver[256], dname[256], dvendor[256], dver[256], drv[256];
+
+    plat_str(plat, CL_PLATFORM_NAME, pname, sizeof pname);
+    plat_str(plat, CL_PLATFORM_VERSION, pver, sizeof pver);
+    dev_str(dev, CL_DEVICE_NAME, dname, sizeof dname);
+    dev_str(dev, CL_DEVICE_VENDOR, dvendor, sizeof dvendor);
+    dev_str(dev, CL_DEVICE_VERSION, dver, sizeof dver);
+    dev_str(dev, CL_DRIVER_VERSION, drv, sizeof drv);
+    snprintf(key, n,
+             "kbcl replay program v1\nplatform: %s | %s\ndevice: %s | %s | %s\ndriver: %s\n"
+             "source: %016llx %zu\noptions: %s\n",
+             pname, pver, dname, dvendor, dver, drv,
+             (unsigned long long)kb_clcache_hash(src, len, KB_CLCACHE_HASH_INIT), len, opts);
+}
+
 int kb_opencl_available(kb_cl_want want)
 {
     cl_inventory v;
@@ -401,6 +448,8 @@ int kb_opencl_list(char *buf, size_t n)
         snprintf(buf, n, "OpenCL: out of memory while listing devices\n");
         return KB_ERR_NOMEM;
     }
+    char cdir[3800];
+    int cache_on = kb_clcache_dir(cdir, sizeof cdir);
 #define KB_APPEND(...)                                                               \
     do {                                                                             \
         if (len + 1 < n)                                                             \
@@ -428,8 +477,25 @@ int kb_opencl_list(char *buf, size_t n)
             KB_APPEND("  device %zu: %s [%s] %s; %s; %u compute units, %.1f GiB\n", j++, dname,
                       type_name(v.devs[i].type), dver, cver, (unsigned)ncu,
                       (double)mem / (1024.0 * 1024.0 * 1024.0));
+            if (cache_on) {
+                char opts[512], key[2048], path[4096];
+                uint8_t *bin = NULL;
+                size_t nbin = 0;
+                build_opts(v.devs[i].dev, opts, sizeof opts);
+                program_key(v.plats[p], v.devs[i].dev, opts, key, sizeof key);
+                kb_clcache_path(cdir, key, path, sizeof path);
+                if (kb_clcache_load(cdir, key, &bin, &nbin) == 1)
+                    KB_APPEND("    program cache: hit (%s, %.0f KiB): set-up starts warm\n", path,
+                              (double)nbin / 1024.0);
+                else
+                    KB_APPEND("    program cache: miss: the first backend builds from source and "
+                              "stores %s\n", path);
+                free(bin);
+            }
         }
     }
+    KB_APPEND("program cache: %s%s\n", cdir,
+              cache_on ? " (KBCL_CACHE_DIR=off turns it off)" : "");
     icd_hint(&v, hint, sizeof hint);
     if (hint[0])
         KB_APPEND("%s\n", hint);
@@ -476,6 +542,25 @@ static int cl_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
     if (arena_bytes > SIZE_MAX)
         return kb_err_set(eb, KB_ERR_NOMEM, "opencl backend: arena of %llu bytes",
                           (unsigned long long)arena_bytes);
+    if (!arena) { /* a resident flush: kb_resident has put everything in place */
+        if (arena_bytes > b->rarena_cap)
+            return kb_err_set(eb, KB_ERR_STATE,
+                              "opencl backend: resident arena of %llu bytes, has %zu",
+                              (unsigned long long)arena_bytes, b->rarena_cap);
+        if ((!b->rarena && (rc = ensure_buf(b, &b->rarena, &b->rarena_cap, 64,
+                                            CL_MEM_READ_WRITE, "arena", eb)) != 0) ||
+            (!b->rpayload && (rc = ensure_buf(b, &b->rpayload, &b->rpayload_cap, 64,
+                                              CL_MEM_READ_ONLY, "payload", eb)) != 0))
+            return rc;
+        b->cur_arena = b->rarena;
+        b->cur_payload = b->rpayload;
+        b->arena_bytes = arena_bytes;
+        b->ntab = 0;
+        b->nln = 0;
+        b->failed = 0;
+        b->active = 1;
+        return 0;
+    }
     if ((rc = ensure_buf(b, &b->arena, &b->arena_cap, (size_t)arena_bytes, CL_MEM_READ_WRITE,
                          "arena", eb)) != 0)
         return rc;
@@ -491,6 +576,8 @@ static int cl_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
         (err = clEnqueueWriteBuffer(b->q, b->payload, CL_FALSE, 0, payload_bytes, payload, 0,
                                     NULL, NULL)) != CL_SUCCESS)
         goto fail;
+    b->cur_arena = b->arena;
+    b->cur_payload = b->payload;
     b->arena_bytes = arena_bytes;
     b->ntab = 0;
     b->nln = 0;
@@ -705,9 +792,9 @@ static int enqueue_all(clbe *b, kb_errbuf *eb)
             groups = l->units < cap ? (size_t)l->units : cap;
         }
         global = groups * local;
-        err = clSetKernelArg(k, 0, sizeof(cl_mem), &b->arena);
+        err = clSetKernelArg(k, 0, sizeof(cl_mem), &b->cur_arena);
         if (err == CL_SUCCESS)
-            err = clSetKernelArg(k, 1, sizeof(cl_mem), &b->payload);
+            err = clSetKernelArg(k, 1, sizeof(cl_mem), &b->cur_payload);
         if (err == CL_SUCCESS)
             err = clSetKernelArg(k, 2, sizeof(cl_mem), &b->table);
         if (err == CL_SUCCESS)
@@ -762,7 +849,7 @@ static int cl_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *e
     }
     if ((rc = enqueue_all(b, eb)) != 0)
         goto fail;
-    if (arena_bytes > 0 &&
+    if (arena && arena_bytes > 0 &&
         (err = clEnqueueReadBuffer(b->q, b->arena, CL_FALSE, 0, (size_t)arena_bytes, arena, 0,
                                    NULL, NULL)) != CL_SUCCESS) {
         rc = cl_fail(eb, "arena read-back", err);
@@ -792,6 +879,7 @@ static void cl_destroy(void *self)
 
     if (!b)
         return;
+    kb_resident_destroy(b->res); /* may still pull a bound store's data */
     if (b->q)
         clFinish(b->q);
     collect_events(b);
@@ -806,6 +894,10 @@ static void cl_destroy(void *self)
         clReleaseMemObject(b->payload);
     if (b->table)
         clReleaseMemObject(b->table);
+    if (b->rarena)
+        clReleaseMemObject(b->rarena);
+    if (b->rpayload)
+        clReleaseMemObject(b->rpayload);
     if (b->q)
         clReleaseCommandQueue(b->q);
     if (b->ctx)
@@ -816,12 +908,134 @@ static void cl_destroy(void *self)
     free(b);
 }
 
+/* ---------------------------------------------------------------- device-resident memory */
+
+static int rs_arena(void *dev, uint64_t bytes, const kb_move *mv, size_t n, kb_errbuf *eb)
+{
+    clbe *b = dev;
+    cl_int err;
+    cl_mem m;
+
+    if (bytes > SIZE_MAX || bytes == 0)
+        return kb_err_set(eb, KB_ERR_NOMEM, "opencl: resident arena of %llu bytes",
+                          (unsigned long long)bytes);
+    m = clCreateBuffer(b->ctx, CL_MEM_READ_WRITE, (size_t)bytes, NULL, &err);
+    if (!m)
+        return kb_err_set(eb, KB_ERR_DEVICE, "opencl: resident arena of %llu bytes: %s (%d)",
+                          (unsigned long long)bytes, cl_errname(err), (int)err);
+    for (size_t i = 0; i < n; i++) {
+        if (mv[i].n == 0)
+            continue;
+        err = clEnqueueCopyBuffer(b->q, b->rarena, m, (size_t)mv[i].from, (size_t)mv[i].to,
+                                  (size_t)mv[i].n, 0, NULL, NULL);
+        if (err != CL_SUCCESS) {
+            clFinish(b->q);
+            clReleaseMemObject(m);
+            return cl_fail(eb, "moving the resident arena", err);
+        }
+    }
+    /* Released once the copies are done (the queue keeps it until then). */
+    if (b->rarena)
+        clReleaseMemObject(b->rarena);
+    b->rarena = m;
+    b->rarena_cap = (size_t)bytes;
+    return 0;
+}
+
+static int rs_copy(void *dev, uint64_t to, uint64_t from, uint64_t n, kb_errbuf *eb)
+{
+    clbe *b = dev;
+    cl_int err;
+
+    if (n == 0)
+        return 0;
+    if (from < to + n && to < from + n)
+        return kb_err_set(eb, KB_ERR_INVAL, "opencl: overlapping copy in the resident arena");
+    err = clEnqueueCopyBuffer(b->q, b->rarena, b->rarena, (size_t)from, (size_t)to, (size_t)n, 0,
+                              NULL, NULL);
+    return err == CL_SUCCESS ? 0 : cl_fail(eb, "copy in the resident arena", err);
+}
+
+static int rs_fill(void *dev, uint64_t off, uint64_t n, uint8_t byte, kb_errbuf *eb)
+{
+    clbe *b = dev;
+    cl_int err;
+
+    if (n == 0)
+        return 0;
+    err = clEnqueueFillBuffer(b->q, b->rarena, &byte, 1, (size_t)off, (size_t)n, 0, NULL, NULL);
+    return err == CL_SUCCESS ? 0 : cl_fail(eb, "fill in the resident arena", err);
+}
+
+static int rs_upload(void *dev, uint64_t off, const void *src, uint64_t n, kb_errbuf *eb)
+{
+    clbe *b = dev;
+    cl_int err;
+
+    if (n == 0)
+        return 0;
+    err = clEnqueueWriteBuffer(b->q, b->rarena, CL_TRUE, (size_t)off, (size_t)n, src, 0, NULL,
+                               NULL);
+    return err == CL_SUCCESS ? 0 : cl_fail(eb, "upload to the resident arena", err);
+}
+
+static int rs_download(void *dev, uint64_t off, void *dst, uint64_t n, kb_errbuf *eb)
+{
+    clbe *b = dev;
+    cl_int err;
+
+    if (n == 0)
+        return 0;
+    err = clEnqueueReadBuffer(b->q, b->rarena, CL_TRUE, (size_t)off, (size_t)n, dst, 0, NULL,
+                              NULL);
+    return err == CL_SUCCESS ? 0 : cl_fail(eb, "download from the resident arena", err);
+}
+
+static int rs_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_errbuf *eb)
+{
+    clbe *b = dev;
+    cl_int err;
+
+    if (size > b->rpayload_cap) {
+        size_t cap = size + size / 4;
+        cl_mem m = clCreateBuffer(b->ctx, CL_MEM_READ_ONLY, cap, NULL, &err);
+        if (!m)
+            return kb_err_set(eb, KB_ERR_DEVICE, "opencl: payload buffer of %zu bytes: %s (%d)",
+                              cap, cl_errname(err), (int)err);
+        if (have > 0 && (err = clEnqueueCopyBuffer(b->q, b->rpayload, m, 0, 0, have, 0, NULL,
+                                                   NULL)) != CL_SUCCESS) {
+            clFinish(b->q);
+            clReleaseMemObject(m);
+            return cl_fail(eb, "moving the payload", err);
+        }
+        if (b->rpayload)
+            clReleaseMemObject(b->rpayload);
+        b->rpayload = m;
+        b->rpayload_cap = cap;
+    }
+    if (size > have &&
+        (err = clEnqueueWriteBuffer(b->q, b->rpayload, CL_TRUE, have, size - have, p + have, 0,
+                                    NULL, NULL)) != CL_SUCCESS)
+        return cl_fail(eb, "payload upload", err);
+    return 0;
+}
+
+static const kb_resident_ops rs_ops = {
+    rs_arena, rs_copy, rs_fill, rs_upload, rs_download, rs_payload,
+};
+
+static kb_resident *cl_resident(void *self)
+{
+    return ((clbe *)self)->res;
+}
+
 static const kb_backend_ops cl_ops = {
     .name = "opencl",
     .begin = cl_begin,
     .run_batch = cl_run_batch,
     .end = cl_end,
     .destroy = cl_destroy,
+    .resident = cl_resident,
 };
 
 uint64_t kb_opencl_launches(const kb_backend *be)
@@ -838,48 +1052,125 @@ double kb_opencl_kernel_ms(const kb_backend *be)
     return ((const clbe *)be->self)->kernel_ms;
 }
 
-static int build_program(clbe *b, cl_device_id dev, kb_errbuf *eb)
+static void build_log(cl_program prog, cl_device_id dev, char *log, size_t n)
+{
+    size_t got = 0;
+
+    log[0] = '\0';
+    if (clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, n - 1, log, &got) != CL_SUCCESS) {
+        /* Longer than our buffer: fetch it whole and keep the start (the first error). */
+        size_t need = 0;
+        char *full = NULL;
+        if (clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, 0, NULL, &need) ==
+                CL_SUCCESS && (full = malloc(need + 1)) != NULL &&
+            clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, need, full, NULL) ==
+                CL_SUCCESS) {
+            full[need] = '\0';
+            snprintf(log, n, "%s", full);
+        }
+        free(full);
+    }
+    log[n - 1] = '\0';
+}
+
+/* Builds b->prog from the cached binary; 1 when it worked, 0 (nothing kept) when not. */
+static int program_from_binary(clbe *b, cl_device_id dev, const char *opts, const uint8_t *bin,
+                               size_t n)
+{
+    cl_int err, st = CL_SUCCESS;
+
+    b->prog = clCreateProgramWithBinary(b->ctx, 1, &dev, &n, &bin, &st, &err);
+    if (!b->prog)
+        return 0;
+    if (err != CL_SUCCESS || st != CL_SUCCESS ||
+        clBuildProgram(b->prog, 1, &dev, opts, NULL, NULL) != CL_SUCCESS) {
+        clReleaseProgram(b->prog);
+        b->prog = NULL;
+        return 0;
+    }
+    return 1;
+}
+
+/* The built program's binary for its one device (malloc'd), or NULL. */
+static uint8_t *program_binary(cl_program prog, size_t *n)
+{
+    size_t size = 0;
+    uint8_t *bin;
+
+    *n = 0;
+    if (clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof size, &size, NULL) != CL_SUCCESS ||
+        size == 0 || (bin = malloc(size)) == NULL)
+        return NULL;
+    if (clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL) != CL_SUCCESS) {
+        free(bin);
+        return NULL;
+    }
+    *n = size;
+    return bin;
+}
+
+/*
+ * Builds the program for dev: from the cache's binary when mode allows and there is one that
+ * the driver takes, else from source (then stored, unless bypassed). Fills b->setup's cache
+ * fields; a cache that cannot be written is a note, not an error.
+ */
+static int build_program(clbe *b, cl_platform_id plat, cl_device_id dev, kb_cl_cache_mode mode,
+                         kb_errbuf *eb)
 {
     const char *src = (const char *)kb_opencl_src;
-    cl_device_fp_config fp = 0;
-    char opts[512];
+    char opts[512], dir[3800], key[2048];
+    uint8_t *bin = NULL;
+    size_t nbin = 0;
     cl_int err;
+    int on, rc = 0;
 
-    (void)clGetDeviceInfo(dev, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL);
-    snprintf(opts, sizeof opts,
-             "-cl-std=CL1.2 -DKB_EW_LOCAL=%u -DKB_EW_PER=%u -DKB_LN_LOCAL=%u -DKB_GEMM_TM=%d "
-             "-DKB_GEMM_TN=%d -DKB_GEMM_TK=%d -DKB_GEMM_WM=%d -DKB_GEMM_WN=%d%s",
-             EW_LOCAL, EW_PER, LN_LOCAL, KB_GEMM_TM, KB_GEMM_TN, KB_GEMM_TK, KB_GEMM_WM,
-             KB_GEMM_WN,
-             (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? " -cl-fp32-correctly-rounded-divide-sqrt"
-                                                        : "");
-    b->prog = clCreateProgramWithSource(b->ctx, 1, &src, NULL, &err);
-    if (!b->prog)
-        return cl_fail(eb, "clCreateProgramWithSource", err);
-    err = clBuildProgram(b->prog, 1, &dev, opts, NULL, NULL);
-    if (err != CL_SUCCESS) {
-        char log[600];
-        size_t got = 0;
-        log[0] = '\0';
-        if (clGetProgramBuildInfo(b->prog, dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, &got)
-                != CL_SUCCESS) {
-            /* Longer than our buffer: fetch it whole and keep the start (the first error). */
-            size_t need = 0;
-            char *full = NULL;
-            if (clGetProgramBuildInfo(b->prog, dev, CL_PROGRAM_BUILD_LOG, 0, NULL, &need) ==
-                    CL_SUCCESS && (full = malloc(need + 1)) != NULL &&
-                clGetProgramBuildInfo(b->prog, dev, CL_PROGRAM_BUILD_LOG, need, full, NULL) ==
-                    CL_SUCCESS) {
-                full[need] = '\0';
-                snprintf(log, sizeof log, "%s", full);
+    build_opts(dev, opts, sizeof opts);
+    on = mode != KB_CL_CACHE_BYPASS && kb_clcache_dir(dir, sizeof dir);
+    b->setup.cache = KB_CL_CACHE_OFF;
+    if (!on) {
+        snprintf(b->setup.note, sizeof b->setup.note, "%s",
+                 mode == KB_CL_CACHE_BYPASS ? "program cache bypassed" : dir);
+    } else {
+        program_key(plat, dev, opts, key, sizeof key);
+        kb_clcache_path(dir, key, b->setup.cache_path, sizeof b->setup.cache_path);
+        b->setup.cache = KB_CL_CACHE_MISS;
+        if (mode == KB_CL_CACHE_USE && kb_clcache_load(dir, key, &bin, &nbin) == 1) {
+            if (program_from_binary(b, dev, opts, bin, nbin)) {
+                b->setup.cache = KB_CL_CACHE_HIT;
+                b->setup.binary_bytes = nbin;
+            } else {
+                b->setup.cache = KB_CL_CACHE_REJECTED;
             }
-            free(full);
+            free(bin);
+            bin = NULL;
         }
-        log[sizeof log - 1] = '\0';
-        return kb_err_set(eb, KB_ERR_DEVICE, "opencl: building the replay kernels: %s (%d): %s",
-                          cl_errname(err), (int)err, log[0] ? log : "(no build log)");
     }
-    for (unsigned i = 0; i < KB_REC_NKINDS; i++) {
+    if (!b->prog) {
+        b->prog = clCreateProgramWithSource(b->ctx, 1, &src, NULL, &err);
+        if (!b->prog)
+            return cl_fail(eb, "clCreateProgramWithSource", err);
+        err = clBuildProgram(b->prog, 1, &dev, opts, NULL, NULL);
+        if (err != CL_SUCCESS) {
+            char log[600];
+            build_log(b->prog, dev, log, sizeof log);
+            return kb_err_set(eb, KB_ERR_DEVICE,
+                              "opencl: building the replay kernels: %s (%d): %s",
+                              cl_errname(err), (int)err, log[0] ? log : "(no build log)");
+        }
+        if (on) {
+            kb_errbuf why;
+            bin = program_binary(b->prog, &nbin);
+            if (!bin)
+                snprintf(b->setup.note, sizeof b->setup.note,
+                         "program cache: the driver gave no binary");
+            else if (kb_clcache_store(dir, key, bin, nbin, &why) != 0)
+                snprintf(b->setup.note, sizeof b->setup.note, "%s", why.msg);
+            else
+                b->setup.binary_bytes = nbin;
+            free(bin);
+        }
+    }
+    for (unsigned i = 0; i < KB_REC_NKINDS && rc == 0; i++) {
         size_t wg = 0, want = i == KB_REC_GEMM ? GEMM_NT
                               : (i == KB_REC_SOFTMAX || i == KB_REC_REDUCE) ? LN_LOCAL : EW_LOCAL;
         b->kern[i] = clCreateKernel(b->prog, kernel_names[i], &err);
@@ -887,16 +1178,41 @@ static int build_program(clbe *b, cl_device_id dev, kb_errbuf *eb)
             return cl_fail(eb, kernel_names[i], err);
         if (clGetKernelWorkGroupInfo(b->kern[i], dev, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg,
                                      NULL) == CL_SUCCESS && wg < want)
-            return kb_err_set(eb, KB_ERR_DEVICE,
-                              "opencl: kernel %s runs at most %zu work-items per group, needs %zu",
-                              kernel_names[i], wg, want);
+            rc = kb_err_set(eb, KB_ERR_DEVICE,
+                            "opencl: kernel %s runs at most %zu work-items per group, needs %zu",
+                            kernel_names[i], wg, want);
     }
+    return rc;
+}
+
+const char *kb_cl_cache_state_name(kb_cl_cache_state s)
+{
+    switch (s) {
+    case KB_CL_CACHE_MISS: return "miss";
+    case KB_CL_CACHE_HIT: return "hit";
+    case KB_CL_CACHE_REJECTED: return "rejected";
+    default: return "off";
+    }
+}
+
+int kb_opencl_setup_of(const kb_backend *be, kb_opencl_setup *out)
+{
+    if (!be || be->ops != &cl_ops || !be->self || !out)
+        return KB_ERR_INVAL;
+    *out = ((const clbe *)be->self)->setup;
     return 0;
 }
 
 int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_t desc_n,
                              kb_errbuf *eb)
 {
+    return kb_opencl_backend_create_ex(want, KB_CL_CACHE_USE, out, desc, desc_n, eb);
+}
+
+int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backend *out,
+                                char *desc, size_t desc_n, kb_errbuf *eb)
+{
+    double t0 = now_ms(), t1, t2;
     cl_inventory v;
     clbe *b = NULL;
     cl_int err;
@@ -925,10 +1241,13 @@ int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_
     cl_device_id dev = v.devs[idx].dev;
     cl_platform_id plat = v.devs[idx].plat;
     inv_free(&v);
+    t1 = now_ms();
 
     b = calloc(1, sizeof *b);
-    if (!b)
+    if (!b || (b->res = kb_resident_create(&rs_ops, b)) == NULL) {
+        free(b);
         return kb_err_set(eb, KB_ERR_NOMEM, "opencl backend: out of memory");
+    }
     cl_context_properties props[3] = { CL_CONTEXT_PLATFORM, (cl_context_properties)plat, 0 };
     b->ctx = clCreateContext(props, 1, &dev, NULL, NULL, &err);
     if (!b->ctx) {
@@ -942,8 +1261,13 @@ int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_
         goto fail;
     }
     (void)clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof b->ncu, &b->ncu, NULL);
-    if ((rc = build_program(b, dev, eb)) != 0)
+    t2 = now_ms();
+    if ((rc = build_program(b, plat, dev, mode, eb)) != 0)
         goto fail;
+    b->setup.discover_ms = t1 - t0;
+    b->setup.context_ms = t2 - t1;
+    b->setup.program_ms = now_ms() - t2;
+    b->setup.total_ms = now_ms() - t0;
     if (desc && desc_n) {
         char dname[256], pname[256], ver[256], v1[64] = "", v2[64] = "";
         dev_str(dev, CL_DEVICE_NAME, dname, sizeof dname);
@@ -975,6 +1299,26 @@ int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_
     if (desc && desc_n)
         desc[0] = '\0';
     return kb_err_set(eb, KB_ERR_DEVICE, "kbcl was built without OpenCL (no OpenCL device)");
+}
+
+int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backend *out,
+                                char *desc, size_t desc_n, kb_errbuf *eb)
+{
+    (void)mode;
+    return kb_opencl_backend_create(want, out, desc, desc_n, eb);
+}
+
+int kb_opencl_setup_of(const kb_backend *be, kb_opencl_setup *out)
+{
+    (void)be;
+    (void)out;
+    return KB_ERR_INVAL;
+}
+
+const char *kb_cl_cache_state_name(kb_cl_cache_state s)
+{
+    (void)s;
+    return "off";
 }
 
 int kb_opencl_list(char *buf, size_t n)

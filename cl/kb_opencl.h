@@ -9,6 +9,11 @@
  * the `ref` backend (kb_ref.c) for every record kind, gemm included (docs/phase2.md gives the
  * precision rules that make this hold on CPUs and GPUs alike).
  *
+ * Warm start: the built program is cached on disk (kb_clcache.h), keyed by platform, device,
+ * driver version, source hash and build options; a later backend on the same device loads
+ * the binary (clCreateProgramWithBinary) and falls back to a source build when the driver
+ * rejects it. kb_opencl_setup_of says what the set-up cost and whether the cache was hit.
+ *
  * Without KBCL_HAVE_OPENCL (the library built without OpenCL) the functions exist and report
  * that no device is available.
  */
@@ -23,6 +28,35 @@
 
 typedef enum kb_cl_want { KB_CL_ANY, KB_CL_GPU, KB_CL_CPU } kb_cl_want;
 
+/* How a backend uses kbcl's program cache (kb_clcache.h). */
+typedef enum kb_cl_cache_mode {
+    KB_CL_CACHE_USE = 0, /* load the cached binary if there is one; store after a source build */
+    KB_CL_CACHE_REFRESH, /* build from source and store: a cold start that leaves it warm */
+    KB_CL_CACHE_BYPASS   /* neither load nor store */
+} kb_cl_cache_mode;
+
+/* Whether the cache gave the program. */
+typedef enum kb_cl_cache_state {
+    KB_CL_CACHE_OFF = 0,  /* cache off (KBCL_CACHE_DIR=off, no HOME) or bypassed: source build */
+    KB_CL_CACHE_MISS,     /* no entry (or REFRESH): source build, then stored */
+    KB_CL_CACHE_HIT,      /* built from the cached binary */
+    KB_CL_CACHE_REJECTED  /* an entry the driver refused: source build, stored again */
+} kb_cl_cache_state;
+
+const char *kb_cl_cache_state_name(kb_cl_cache_state s); /* "off", "miss", "hit", "rejected" */
+
+/* What creating a backend cost, in wall-clock ms, and where the program came from. */
+typedef struct kb_opencl_setup {
+    double discover_ms;  /* platforms and devices (the ICD loader starts the drivers) */
+    double context_ms;   /* context and command queue */
+    double program_ms;   /* the program (cache load and binary build, or source build) + kernels */
+    double total_ms;
+    kb_cl_cache_state cache;
+    size_t binary_bytes; /* the binary loaded or stored; 0 when none */
+    char cache_path[512];/* the entry file, or "" with the cache off */
+    char note[256];      /* why the cache was off, or why a store failed; else "" */
+} kb_opencl_setup;
+
 /*
  * Creates a backend on the first OpenCL device of the wanted kind (ANY: a GPU if there is
  * one, else a CPU device, else any other device) and builds the kernels for it. `desc`
@@ -33,12 +67,19 @@ typedef enum kb_cl_want { KB_CL_ANY, KB_CL_GPU, KB_CL_CPU } kb_cl_want;
  */
 int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_t desc_n,
                              kb_errbuf *eb);
+/* The same with a program-cache mode (kb_opencl_backend_create uses KB_CL_CACHE_USE). */
+int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backend *out,
+                                char *desc, size_t desc_n, kb_errbuf *eb);
+
+/* The set-up figures of an OpenCL backend into *out; KB_ERR_INVAL for any other backend. */
+int kb_opencl_setup_of(const kb_backend *be, kb_opencl_setup *out);
 
 /*
  * Writes a human listing of the OpenCL platforms and devices into buf (always
- * NUL-terminated when n > 0), with a hint when the NVIDIA OpenCL library is installed but no
- * NVIDIA platform is registered. Returns the number of devices, or KB_ERR_DEVICE when the
- * library was built without OpenCL.
+ * NUL-terminated when n > 0), with the program cache's folder and, per device, whether it
+ * holds this build's program for it (a backend created now would start warm), and a hint
+ * when the NVIDIA OpenCL library is installed but no NVIDIA platform is registered. Returns
+ * the number of devices, or KB_ERR_DEVICE when the library was built without OpenCL.
  */
 int kb_opencl_list(char *buf, size_t n);
 

@@ -14,7 +14,10 @@
  * stored one at a time in row-major order, so a record whose dst overlaps a source other than
  * exactly in place (same addr and layout) gives order-dependent results, and gemm with dst
  * aliasing src0/src1 is not supported (gemm ACC reads dst itself, which is fine). The backend
- * keeps a private copy of the arena between begin and end, reused across flushes.
+ * computes in the caller's arena between begin and end. Its resident variant
+ * (kb_ref_backend_create_resident) keeps a host buffer standing for device memory across
+ * flushes, so that kb_resident's placement, merges and dirty-range transfers are tested
+ * without a device.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -22,6 +25,7 @@
 
 #include "kb_mathfn.h"
 #include "kb_replay.h"
+#include "kb_resident.h"
 
 /* kb_mathfn.h's op codes are the op log's. */
 _Static_assert(KB_MF_M1_EXP == KB_M1_EXP && KB_MF_M1_LOG == KB_M1_LOG &&
@@ -276,6 +280,11 @@ typedef struct ref_state {
     uint64_t arena_bytes;
     const uint8_t *payload;  /* borrowed from the caller for the duration of one flush */
     int active;
+    /* the resident variant: host buffers standing for device memory */
+    kb_resident *res;
+    uint8_t *dev_arena, *dev_payload;
+    uint64_t dev_arena_bytes;
+    size_t dev_payload_bytes;
 } ref_state;
 
 static int ref_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
@@ -289,6 +298,14 @@ static int ref_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
     if (arena_bytes > SIZE_MAX)
         return kb_err_set(eb, KB_ERR_NOMEM, "ref backend: arena of %llu bytes",
                           (unsigned long long)arena_bytes);
+    if (!arena && st->res) { /* resident flush: the "device" buffers */
+        if (arena_bytes > st->dev_arena_bytes)
+            return kb_err_set(eb, KB_ERR_STATE, "ref backend: resident arena of %llu bytes, has %llu",
+                              (unsigned long long)arena_bytes,
+                              (unsigned long long)st->dev_arena_bytes);
+        arena = st->dev_arena;
+        payload = st->dev_payload;
+    }
     if (!arena && arena_bytes > 0)
         return kb_err_set(eb, KB_ERR_INVAL, "ref backend: no arena");
     st->arena = arena ? arena : empty;
@@ -321,7 +338,7 @@ static int ref_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *
         return kb_err_set(eb, KB_ERR_STATE,
                           "ref backend: end with %llu arena bytes, begin had %llu",
                           (unsigned long long)arena_bytes, (unsigned long long)st->arena_bytes);
-    if (arena_bytes > 0 && arena != st->arena) /* another buffer than begin's */
+    if (arena && arena_bytes > 0 && arena != st->arena) /* another buffer than begin's */
         memcpy(arena, st->arena, (size_t)arena_bytes);
     st->arena = NULL;
     return 0;
@@ -333,7 +350,99 @@ static void ref_destroy(void *self)
 
     if (!st)
         return;
+    kb_resident_destroy(st->res);
+    free(st->dev_arena);
+    free(st->dev_payload);
     free(st);
+}
+
+/* ---- the resident variant's "device": host buffers ---- */
+
+static int rd_arena(void *dev, uint64_t bytes, const kb_move *mv, size_t n, kb_errbuf *eb)
+{
+    ref_state *st = dev;
+    uint8_t *a = bytes <= SIZE_MAX ? malloc(bytes ? (size_t)bytes : 1) : NULL;
+    if (!a)
+        return kb_err_set(eb, KB_ERR_NOMEM, "ref backend: resident arena of %llu bytes",
+                          (unsigned long long)bytes);
+    memset(a, 0xA5, (size_t)bytes); /* what a fresh device buffer holds: anything */
+    for (size_t i = 0; i < n; i++)
+        memcpy(a + mv[i].to, st->dev_arena + mv[i].from, (size_t)mv[i].n);
+    free(st->dev_arena);
+    st->dev_arena = a;
+    st->dev_arena_bytes = bytes;
+    return 0;
+}
+
+static int rd_check(const ref_state *st, uint64_t off, uint64_t n, kb_errbuf *eb)
+{
+    if (off > st->dev_arena_bytes || n > st->dev_arena_bytes - off)
+        return kb_err_set(eb, KB_ERR_RANGE, "ref backend: [%llu, +%llu) outside the arena of %llu",
+                          (unsigned long long)off, (unsigned long long)n,
+                          (unsigned long long)st->dev_arena_bytes);
+    return 0;
+}
+
+static int rd_copy(void *dev, uint64_t to, uint64_t from, uint64_t n, kb_errbuf *eb)
+{
+    ref_state *st = dev;
+    int rc = rd_check(st, to, n, eb);
+    if (rc == 0 && (rc = rd_check(st, from, n, eb)) == 0)
+        memmove(st->dev_arena + to, st->dev_arena + from, (size_t)n);
+    return rc;
+}
+
+static int rd_fill(void *dev, uint64_t off, uint64_t n, uint8_t byte, kb_errbuf *eb)
+{
+    ref_state *st = dev;
+    int rc = rd_check(st, off, n, eb);
+    if (rc == 0)
+        memset(st->dev_arena + off, byte, (size_t)n);
+    return rc;
+}
+
+static int rd_upload(void *dev, uint64_t off, const void *src, uint64_t n, kb_errbuf *eb)
+{
+    ref_state *st = dev;
+    int rc = rd_check(st, off, n, eb);
+    if (rc == 0)
+        memcpy(st->dev_arena + off, src, (size_t)n);
+    return rc;
+}
+
+static int rd_download(void *dev, uint64_t off, void *dst, uint64_t n, kb_errbuf *eb)
+{
+    ref_state *st = dev;
+    int rc = rd_check(st, off, n, eb);
+    if (rc == 0)
+        memcpy(dst, st->dev_arena + off, (size_t)n);
+    return rc;
+}
+
+static int rd_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_errbuf *eb)
+{
+    ref_state *st = dev;
+    if (size > st->dev_payload_bytes) {
+        uint8_t *np = malloc(size);
+        if (!np)
+            return kb_err_set(eb, KB_ERR_NOMEM, "ref backend: payload of %zu bytes", size);
+        if (have > 0)
+            memcpy(np, st->dev_payload, have);
+        free(st->dev_payload);
+        st->dev_payload = np;
+        st->dev_payload_bytes = size;
+    }
+    memcpy(st->dev_payload + have, p + have, size - have);
+    return 0;
+}
+
+static const kb_resident_ops rd_ops = {
+    rd_arena, rd_copy, rd_fill, rd_upload, rd_download, rd_payload,
+};
+
+static kb_resident *ref_resident(void *self)
+{
+    return ((ref_state *)self)->res;
 }
 
 static const kb_backend_ops ref_ops = {
@@ -343,6 +452,31 @@ static const kb_backend_ops ref_ops = {
     .end = ref_end,
     .destroy = ref_destroy,
 };
+
+static const kb_backend_ops ref_resident_ops = {
+    .name = "ref-resident",
+    .begin = ref_begin,
+    .run_batch = ref_run_batch,
+    .end = ref_end,
+    .destroy = ref_destroy,
+    .resident = ref_resident,
+};
+
+int kb_ref_backend_create_resident(kb_backend *out)
+{
+    ref_state *st = calloc(1, sizeof *st);
+
+    if (!st)
+        return KB_ERR_NOMEM;
+    st->res = kb_resident_create(&rd_ops, st);
+    if (!st->res) {
+        free(st);
+        return KB_ERR_NOMEM;
+    }
+    out->ops = &ref_resident_ops;
+    out->self = st;
+    return 0;
+}
 
 int kb_ref_backend_create(kb_backend *out)
 {

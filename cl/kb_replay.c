@@ -17,13 +17,17 @@
  * segments, packed in PA order, each at an arena offset congruent to its PA modulo 8 so that
  * every operand keeps the natural alignment it had in simulated memory; MEM operands are
  * rewritten to arena offsets. Each batch is grouped by kind (stable). All sorting is a stable
- * LSD radix sort (no comparator calls, same result on every libc). Limits: spans are
- * conservative for strided operands (the gaps between rows count as touched); one arena per
- * flush, rebuilt from the memory store each time; at most 2^32 / 8 records per flush.
+ * LSD radix sort (no comparator calls, same result on every libc). A placer (kb_plan_build_ex)
+ * may give the segments other offsets, such as a device-resident backend's (kb_resident.c);
+ * the leaves' offsets then follow their segments. The flush of a host backend builds a fresh
+ * arena from the memory store and writes the written segments back; that of a resident
+ * backend moves only what kb_resident decides. Limits: spans are conservative for strided
+ * operands (the gaps between rows count as touched); at most 2^32 / 8 records per flush.
  */
 #include "kb_replay.h"
 
 #include "kb_bigmem.h"
+#include "kb_resident.h"
 
 #include <assert.h>
 #include <stdlib.h>
@@ -660,8 +664,10 @@ static int plan_arena(plan_tmp *t, size_t n, kb_plan *p)
     uint64_t end = 0;
     int rc = KB_ERR_NOMEM;
 
+    size_t nw = 0;
     p->segs = malloc((nr ? nr : 1) * sizeof *p->segs); /* shrunk below */
-    if (!cov || !wcov || !p->segs)
+    p->wruns = malloc((nr ? nr : 1) * sizeof *p->wruns);
+    if (!cov || !wcov || !p->segs || !p->wruns)
         goto out;
     for (size_t i = 0; i < n; i++) {
         const uint32_t *rk = t->rank + t->efirst[i];
@@ -691,15 +697,26 @@ static int plan_arena(plan_tmp *t, size_t n, kb_plan *p)
         }
         t->leafoff[j] = sg->arena_off + (t->uaddr[j] - sg->pa);
         sg->len = t->uaddr[j + 1] - sg->pa;
-        if (wc > 0)
+        if (wc > 0) {
             sg->written = 1;
+            if (nw > 0 && p->wruns[nw - 1].hi == t->uaddr[j])
+                p->wruns[nw - 1].hi = t->uaddr[j + 1];
+            else
+                p->wruns[nw++] = (kb_range){ t->uaddr[j], t->uaddr[j + 1] };
+        }
         end = sg->arena_off + sg->len;
     }
     p->nsegs = nseg;
+    p->nwruns = nw;
     if (nseg > 0) {
         kb_segment *shrunk = realloc(p->segs, nseg * sizeof *p->segs);
         if (shrunk)
             p->segs = shrunk;
+    }
+    if (nw > 0) {
+        kb_range *shrunk = realloc(p->wruns, nw * sizeof *p->wruns);
+        if (shrunk)
+            p->wruns = shrunk;
     }
     p->arena_bytes = (end + 7u) & ~(uint64_t)7u;
     rc = 0;
@@ -732,10 +749,32 @@ void kb_plan_free(kb_plan *p)
     kb_bigmem_free(p->recs);
     free(p->batches);
     free(p->segs);
+    free(p->wruns);
     memset(p, 0, sizeof *p);
 }
 
+/* After a placer moved the segments: every covered leaf's offset follows its segment. */
+static void replace_leaves(plan_tmp *t, const kb_plan *p)
+{
+    size_t k = 0;
+    for (size_t j = 0; j + 1 < t->nranks; j++) {
+        uint64_t a = t->uaddr[j];
+        while (k < p->nsegs && p->segs[k].pa + p->segs[k].len <= a)
+            k++;
+        if (k == p->nsegs)
+            break;
+        if (p->segs[k].pa <= a)
+            t->leafoff[j] = p->segs[k].arena_off + (a - p->segs[k].pa);
+    }
+}
+
 int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *eb)
+{
+    return kb_plan_build_ex(recs, n, NULL, NULL, out, eb);
+}
+
+int kb_plan_build_ex(const kb_rec *const *recs, size_t n, kb_plan_place_fn place, void *ctx,
+                     kb_plan *out, kb_errbuf *eb)
 {
     plan_tmp t;
     uhash h;
@@ -777,6 +816,11 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
         goto fail;
     if ((rc = plan_arena(&t, n, out)) != 0)
         goto fail;
+    if (place) {
+        if ((rc = place(ctx, out, eb)) != 0)
+            goto fail;
+        replace_leaves(&t, out);
+    }
     /* (t_start, seq) order, ties in input order: sort by seq, then stably by t_start. */
     radix_sort(t.keys, t.ktmp, n);
     for (size_t p = 0; p < n; p++)
@@ -937,6 +981,8 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
     const uint8_t *payload = kb_oplog_payload(log);
     size_t payload_bytes = kb_oplog_payload_size(log);
 
+    kb_resident *res = be->ops->resident ? be->ops->resident(be->self) : NULL;
+
     rc = KB_ERR_NOMEM;
     ptrs = kb_bigmem_alloc(n * sizeof *ptrs);
     if (!ptrs) {
@@ -947,32 +993,53 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
         ptrs[i] = kb_oplog_at(log, first + i);
     if ((rc = check_payload_refs(ptrs, n, payload_bytes, eb)) != 0)
         goto out;
-    if ((rc = kb_plan_build(ptrs, n, &plan, eb)) != 0)
-        goto out;
 
-    /* zeroed: the alignment padding between segments is never read by a record, but is copied */
-    arena = plan.arena_bytes <= SIZE_MAX ? kb_bigmem_alloc((size_t)plan.arena_bytes) : NULL;
-    if (!arena) {
-        rc = kb_err_set(eb, KB_ERR_NOMEM, "replay: arena of %llu bytes",
-                        (unsigned long long)plan.arena_bytes);
-        goto out;
-    }
-    for (size_t i = 0; i < plan.nsegs; i++)
-        kb_memstore_read(ms, plan.segs[i].pa, arena + plan.segs[i].arena_off,
-                         (size_t)plan.segs[i].len);
+    if (res) {
+        /* Device-resident: nothing of the arena crosses the bus (kb_resident.h). */
+        if ((rc = kb_resident_prepare(res, log, ms, eb)) != 0 ||
+            (rc = kb_plan_build_ex(ptrs, n, kb_resident_place, res, &plan, eb)) != 0 ||
+            (rc = kb_resident_commit(res, &plan, eb)) != 0) {
+            kb_err_prefix(eb, "replay on %s", be->ops->name ? be->ops->name : "?");
+            goto out;
+        }
+        if ((rc = run_plan(be, &plan, NULL, NULL, 0, eb)) != 0) {
+            kb_resident_fail(res);
+            goto out;
+        }
+    } else {
+        /* A store that a resident backend holds data of gets it back first. */
+        if (kb_memstore_mirror_self(ms)) {
+            if ((rc = kb_memstore_sync_all(ms, eb)) != 0)
+                goto out;
+            kb_memstore_set_mirror(ms, NULL);
+        }
+        if ((rc = kb_plan_build(ptrs, n, &plan, eb)) != 0)
+            goto out;
+        /* zeroed: the alignment padding between segments is never read by a record, but is
+         * copied */
+        arena = plan.arena_bytes <= SIZE_MAX ? kb_bigmem_alloc((size_t)plan.arena_bytes) : NULL;
+        if (!arena) {
+            rc = kb_err_set(eb, KB_ERR_NOMEM, "replay: arena of %llu bytes",
+                            (unsigned long long)plan.arena_bytes);
+            goto out;
+        }
+        for (size_t i = 0; i < plan.nsegs; i++)
+            kb_memstore_read(ms, plan.segs[i].pa, arena + plan.segs[i].arena_off,
+                             (size_t)plan.segs[i].len);
 
-    if ((rc = run_plan(be, &plan, arena, payload, payload_bytes, eb)) != 0)
-        goto out;
+        if ((rc = run_plan(be, &plan, arena, payload, payload_bytes, eb)) != 0)
+            goto out;
 
-    if ((rc = reserve_pages(ms, &plan)) != 0) {
-        kb_err_set(eb, rc, "replay: out of memory for the memory store");
-        goto out;
-    }
-    for (size_t i = 0; i < plan.nsegs; i++) {
-        const kb_segment *s = &plan.segs[i];
-        if (s->written) {
-            rc = kb_memstore_write(ms, s->pa, arena + s->arena_off, (size_t)s->len);
-            assert(rc == 0); /* every page exists after reserve_pages */
+        if ((rc = reserve_pages(ms, &plan)) != 0) {
+            kb_err_set(eb, rc, "replay: out of memory for the memory store");
+            goto out;
+        }
+        for (size_t i = 0; i < plan.nsegs; i++) {
+            const kb_segment *sg = &plan.segs[i];
+            if (sg->written) {
+                rc = kb_memstore_write(ms, sg->pa, arena + sg->arena_off, (size_t)sg->len);
+                assert(rc == 0); /* every page exists after reserve_pages */
+            }
         }
     }
     kb_oplog_set_replayed(log, count);

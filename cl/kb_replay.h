@@ -12,8 +12,13 @@
  *     argument table;
  *  3. builds the arena: every byte range the records touch in memory is coalesced into
  *     segments packed into one buffer, and the operands' PAs are rewritten to arena offsets.
- * The replayer copies the segments' current contents from the memory store into the arena,
- * hands the batches to a backend, and writes the segments that records wrote back.
+ * For a host backend the replayer copies the segments' current contents from the memory store
+ * into a fresh arena, hands the batches to the backend, and writes the segments that records
+ * wrote back. A device-resident backend (one with a kb_resident, kb_resident.h) keeps one arena
+ * on the device across flushes instead: the plan's segments are placed in it (new ones
+ * initialised from the store, ones that grew merged on the device), only the payload's new
+ * bytes and the bytes the host changed go up, and the store only learns which bytes the
+ * device wrote; a host read pulls those it needs.
  *
  * Backends are tables of function pointers (kb_backend_ops). `ref` (kb_ref_backend) is the
  * plain-C oracle; OpenCL backends implement the same table.
@@ -25,6 +30,7 @@
 #include <stdint.h>
 
 #include "kb_err.h"
+#include "kb_ivset.h"
 #include "kb_memstore.h"
 #include "kb_oplog.h"
 
@@ -44,8 +50,10 @@ typedef struct kb_plan {
     size_t nrecs;
     kb_batch *batches;
     size_t nbatches;
-    kb_segment *segs;      /* sorted by pa, disjoint */
+    kb_segment *segs;      /* sorted by pa, disjoint, not touching */
     size_t nsegs;
+    kb_range *wruns;       /* the bytes records write (PAs): sorted, disjoint, not touching */
+    size_t nwruns;
     uint64_t arena_bytes;
 } kb_plan;
 
@@ -53,20 +61,35 @@ typedef struct kb_plan {
 int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *eb);
 void kb_plan_free(kb_plan *p);
 
+/*
+ * A placer gives the plan's segments their arena offsets (segs[i].arena_off, each congruent
+ * to its pa modulo 8) and sets arena_bytes, before operands are rewritten; it may fail.
+ */
+typedef int (*kb_plan_place_fn)(void *ctx, kb_plan *p, kb_errbuf *eb);
+/* kb_plan_build with a placer instead of the packed layout (place NULL: packed). */
+int kb_plan_build_ex(const kb_rec *const *recs, size_t n, kb_plan_place_fn place, void *ctx,
+                     kb_plan *out, kb_errbuf *eb);
+
+struct kb_resident;
+
 /* Backend interface. `self` is the backend's own state. */
 typedef struct kb_backend_ops {
     const char *name;
     /* Start of a flush: the arena's initial contents and the payload area. The arena is
      * the caller's and left alone by it until `end`: a host backend may compute in it in
      * place (the ref backend does: no second copy of the arena) and then copies nothing at
-     * `end`; a device backend uploads it. */
+     * `end`; a device backend uploads it. A resident backend (below) is called with arena
+     * and payload NULL: its device arena and payload are already in place. */
     int (*begin)(void *self, uint8_t *arena, uint64_t arena_bytes,
                  const uint8_t *payload, size_t payload_bytes, kb_errbuf *eb);
     /* One batch: recs[0..n) are independent and grouped by kind. */
     int (*run_batch)(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb);
-    /* End of a flush: copy the arena's final contents back into `arena`. */
+    /* End of a flush: copy the arena's final contents back into `arena` (NULL: a resident
+     * flush, nothing is copied; the work is complete when it returns). */
     int (*end)(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *eb);
     void (*destroy)(void *self);
+    /* Device-resident backends: their kb_resident (kb_resident.h); NULL for host backends. */
+    struct kb_resident *(*resident)(void *self);
 } kb_backend_ops;
 
 typedef struct kb_backend {
@@ -76,6 +99,10 @@ typedef struct kb_backend {
 
 /* The reference backend (plain C loops). Owner: caller (backend.ops->destroy(self)). */
 int kb_ref_backend_create(kb_backend *out);
+/* The reference backend with device-resident memory in a host buffer standing for the
+ * device: the same arithmetic, the resident replayer's transfers as memcpy (tests of
+ * kb_resident without a device). */
+int kb_ref_backend_create_resident(kb_backend *out);
 
 /* Executes one record (arena-relative operands) on a host arena: the oracle's kernel. */
 void kb_ref_exec(const kb_rec *r, uint8_t *arena, const uint8_t *payload);

@@ -71,6 +71,12 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
     if (ctx->device == KB_DEV_NONE) {
         ctx->recording = 0;
         snprintf(ctx->device_desc, sizeof ctx->device_desc, "none (timing only)");
+    } else if (opts && opts->backend && opts->backend->ops) {
+        ctx->recording = 1;
+        ctx->be = *opts->backend;
+        ctx->be_borrowed = 1;
+        snprintf(ctx->device_desc, sizeof ctx->device_desc, "%s",
+                 opts->backend_desc ? opts->backend_desc : ctx->be.ops->name);
     } else {
         ctx->recording = 1;
         if ((rc = kb_backend_for_device(ctx->device, &ctx->be, ctx->device_desc,
@@ -117,11 +123,13 @@ void kb_ctx_destroy(kb_ctx *ctx)
     }
     free(ctx->tensors);
     kb_sim_destroy(ctx->sim);
-    if (ctx->be.ops)
+    /* The store before the backend: a device-resident backend then forgets it instead of
+     * handing its device data back. */
+    kb_memstore_destroy(ctx->ms);
+    if (ctx->be.ops && !ctx->be_borrowed)
         ctx->be.ops->destroy(ctx->be.self);
     kb_machine_destroy(ctx->m);
     kb_oplog_destroy(ctx->log);
-    kb_memstore_destroy(ctx->ms);
     free(ctx->report);
     free(ctx);
 }
@@ -174,6 +182,8 @@ kb_oplog *kb_ctx_oplog(kb_ctx *ctx) { return ctx->log; }
 int kb_ctx_recording(const kb_ctx *ctx) { return ctx->recording; }
 kb_device_kind kb_ctx_device(const kb_ctx *ctx) { return ctx->device; }
 const kb_replay_stats *kb_ctx_replay_stats(const kb_ctx *ctx) { return &ctx->rstats; }
+const kb_backend *kb_ctx_backend(const kb_ctx *ctx) { return &ctx->be; }
+int kb_ctx_backend_borrowed(const kb_ctx *ctx) { return ctx->be_borrowed; }
 kb_memstore *kb_ctx_memstore(kb_ctx *ctx) { return ctx->ms; }
 uint64_t kb_ctx_kernels_run(const kb_ctx *ctx) { return ctx->kernels; }
 FILE *kb_ctx_trace(kb_ctx *ctx) { return ctx->trace; }
@@ -664,11 +674,9 @@ static void fill_block(const kb_tensor *t, const kb_shard_spec *s, const kb_fill
 
     if (!src->fn) {
         int64_t ld = src->ld ? src->ld : t->cols;
-        for (int64_t r = 0; r < R; r++) {
-            const float *row = src->data + (size_t)((r0 + r) * ld + c0);
-            for (int64_t c = 0; c < C; c++)
-                kb_dtype_store(t->dtype, block, (size_t)(r * C + c), row[c]);
-        }
+        for (int64_t r = 0; r < R; r++)
+            kb_dtype_store_n(t->dtype, block, (size_t)(r * C),
+                             src->data + (size_t)((r0 + r) * ld + c0), (size_t)C);
         return;
     }
     /* whole rows while they fit in a piece, else a row in parts */
@@ -680,9 +688,8 @@ static void fill_block(const kb_tensor *t, const kb_shard_spec *s, const kb_fill
             int64_t nc = C - c < cols_per ? C - c : cols_per;
             src->fn(src->ud, r0 + r, c0 + c, nr, nc, piece);
             for (int64_t i = 0; i < nr; i++)
-                for (int64_t j = 0; j < nc; j++)
-                    kb_dtype_store(t->dtype, block, (size_t)((r + i) * C + c + j),
-                                   piece[i * nc + j]);
+                kb_dtype_store_n(t->dtype, block, (size_t)((r + i) * C + c), piece + i * nc,
+                                 (size_t)nc);
         }
     }
 }
@@ -838,8 +845,10 @@ int kb_tensor_read_raw(kb_tensor *t, void *out)
                 tmax = te;
         }
         if (s->cols == (uint64_t)t->cols) { /* whole rows: contiguous in out too */
-            kb_memstore_read(ctx->ms, t->pas[i], (uint8_t *)out + s->row0 * s->cols * esize,
-                             s->nbytes);
+            rc = kb_memstore_load(ctx->ms, t->pas[i], (uint8_t *)out + s->row0 * s->cols * esize,
+                                  s->nbytes, &ctx->err);
+            if (rc)
+                goto out;
             continue;
         }
         free(block);
@@ -848,7 +857,8 @@ int kb_tensor_read_raw(kb_tensor *t, void *out)
             rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
             goto out;
         }
-        kb_memstore_read(ctx->ms, t->pas[i], block, s->nbytes);
+        if ((rc = kb_memstore_load(ctx->ms, t->pas[i], block, s->nbytes, &ctx->err)) != 0)
+            goto out;
         kb_shard_unpack(s, block, (uint64_t)t->cols, esize, out);
     }
     wait_until(ctx, tmax);
@@ -866,8 +876,7 @@ int kb_tensor_read(kb_tensor *t, float *out)
         return kb_err_set(&t->ctx->err, KB_ERR_NOMEM, "out of memory");
     rc = kb_tensor_read_raw(t, raw);
     if (rc == 0)
-        for (size_t i = 0; i < n; i++)
-            out[i] = kb_dtype_load(t->dtype, raw, i);
+        kb_dtype_load_n(t->dtype, raw, 0, out, n);
     free(raw);
     return rc;
 }
@@ -880,8 +889,7 @@ int kb_tensor_read_shard_raw(kb_tensor *t, size_t i, void *out)
                           t->nshards);
     if ((rc = kb_ctx_flush(t->ctx)) != 0)
         return rc;
-    kb_memstore_read(t->ctx->ms, t->pas[i], out, t->shards[i].nbytes);
-    return 0;
+    return kb_memstore_load(t->ctx->ms, t->pas[i], out, t->shards[i].nbytes, &t->ctx->err);
 }
 
 kb_va kb_tensor_va(const kb_tensor *t) { return t->va; }

@@ -61,6 +61,11 @@ typedef struct kb_ctx_opts {
     kb_device_kind device;
     FILE *trace;      /* IPCQ trace lines (KBCL_CCL_TRACE); NULL = off; not owned */
     struct kb_trace *trace_rec; /* timeline recorder (kbcl run --trace); NULL = off; not owned */
+    /* A Phase-2 backend to use instead of making one for `device` (a sweep worker's, kept
+     * across points, so its device set-up is paid once); NULL = make one. Not owned: the
+     * context forgets it when destroyed. backend_desc names it (may be NULL). */
+    const kb_backend *backend;
+    const char *backend_desc;
 } kb_ctx_opts;
 
 /* cfg is copied. Owner: caller; kb_ctx_destroy(NULL) is a no-op. */
@@ -83,6 +88,10 @@ kb_oplog *kb_ctx_oplog(kb_ctx *ctx);
 int kb_ctx_recording(const kb_ctx *ctx);
 kb_device_kind kb_ctx_device(const kb_ctx *ctx);
 const kb_replay_stats *kb_ctx_replay_stats(const kb_ctx *ctx);
+/* The Phase-2 backend (ops NULL with device none): its set-up and transfer figures. */
+const kb_backend *kb_ctx_backend(const kb_ctx *ctx);
+/* 1 when the backend came from kb_ctx_opts.backend (set up before this context). */
+int kb_ctx_backend_borrowed(const kb_ctx *ctx);
 
 /* ---- host programs ---- */
 

@@ -1145,6 +1145,53 @@ static void test_verify_inputs_matches(void **state)
                  kb_ccl_positionwise(KB_COLL_ALLTOALL));
 }
 
+/*
+ * A check large enough to be split over threads (4 Mi elements: one per CPU, column blocks
+ * merged in order) gives kb_ccl_verify's verdict, field for field: correct all-reduce
+ * results, then wrong values in the first and last blocks of several tiles (the first wrong
+ * element and the first worst error must be the single-pass ones), then an off-grid value
+ * (the means are then summed in order).
+ */
+static void test_verify_inputs_threads(void **state)
+{
+    enum { NT = 256, N = 16384 };
+    size_t total = (size_t)NT * N;
+    float *in = malloc(total * sizeof *in);
+    double *ref = malloc(total * sizeof *ref);
+    uint16_t *raw = malloc(total * 2);
+    (void)state;
+    assert_non_null(in);
+    assert_non_null(ref);
+    assert_non_null(raw);
+    kb_ccl_inputs(in, 9, 0, NT, N);
+    kb_ccl_ref_allreduce(in, NT, N, ref);
+    for (size_t k = 0; k < total; k++)
+        kb_dtype_store(KB_F16, raw, k, (float)ref[k]);
+    for (int round = 0; round < 3; round++) {
+        if (round == 1) {
+            kb_dtype_store(KB_F16, raw, (size_t)7 * N + N - 3, (float)ref[7 * N + N - 3] + 2.0f);
+            kb_dtype_store(KB_F16, raw, (size_t)9 * N + 5, (float)ref[9 * N + 5] - 2.0f);
+            kb_dtype_store(KB_F16, raw, (size_t)9 * N + N - 1, (float)ref[9 * N + N - 1] + 2.0f);
+            kb_dtype_store(KB_F16, raw, (size_t)200 * N + N / 2, NAN);
+        }
+        if (round == 2)
+            raw[(size_t)3 * N + 11] = 0x0001; /* 2^-24: off the inputs' 2^-7 grid */
+        for (int mode = 0; mode < 2; mode++) {
+            double acc = mode ? 0.05 : 0.0;
+            kb_ccl_verdict want, got;
+            int w = kb_ccl_verify(KB_F16, raw, ref, NT, N, acc, &want);
+            int r = kb_ccl_verify_inputs(KB_F16, raw, kb_ccl_ref_allreduce, KB_COLL_ALLREDUCE, 9,
+                                         NT, N, acc, &got);
+            assert_int_equal(w, round == 0);
+            assert_int_equal(r, w);
+            assert_same_verdict(&got, &want);
+        }
+    }
+    free(in);
+    free(ref);
+    free(raw);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1170,6 +1217,7 @@ int main(void)
         cmocka_unit_test(test_verify_rejects_swap),
         cmocka_unit_test(test_verify_rounding),
         cmocka_unit_test(test_verify_inputs_matches),
+        cmocka_unit_test(test_verify_inputs_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

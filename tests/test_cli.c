@@ -449,6 +449,59 @@ static void test_trace(void **s)
     cJSON_Delete(j);
 }
 
+/* bench-self's per-bench Phase-2 rows, on ref: every shipped bench runs on the device and on
+ * ref in children and their digests agree. */
+static void test_bench_self_phase2(void **s)
+{
+    cJSON *p2 = NULL;
+    kb_errbuf eb;
+    (void)s;
+    assert_int_equal(kbcl_bench_phase2("ref", 1, &p2, &eb), 0);
+    assert_null(cJSON_GetObjectItem(p2, "setup")); /* set-up rows are OpenCL's */
+    cJSON *b = cJSON_GetObjectItem(p2, "benches");
+    assert_int_equal(cJSON_GetArraySize(b), 7);
+    for (int i = 0; i < 7; i++) {
+        cJSON *r = cJSON_GetArrayItem(b, i);
+        assert_true(cJSON_IsTrue(cJSON_GetObjectItem(r, "ok")));
+        assert_true(cJSON_IsTrue(cJSON_GetObjectItem(r, "digest_matches_ref")));
+        assert_true(cJSON_GetObjectItem(r, "wall_ms")->valuedouble > 0);
+        assert_true(cJSON_GetObjectItem(r, "replay_ms")->valuedouble > 0);
+    }
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetArrayItem(b, 5), "bench")->valuestring,
+                        "ccl_allreduce ring_allreduce_tcm ws256 n8");
+    cJSON_Delete(p2);
+}
+
+/* On an OpenCL CPU device (PoCL in CI): the run reports its device-resident transfers, and
+ * only the inputs go up and only what the check reads comes down. */
+static void test_device_transfers(void **s)
+{
+    char out[8192];
+    (void)s;
+    if (kbt_kbcl(out, sizeof out, "devices") != 0 || !strstr(out, "[CPU]"))
+        skip();
+    int rc = kbt_kbcl(out, sizeof out,
+                      "run --bench va_offset --device cpu --verify-data --json cpu.json");
+    if (rc != 0)
+        fail_msg("%s", out);
+    assert_non_null(strstr(out, "  device     set-up "));
+    char *text = kbt_slurp("cpu.json");
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    cJSON *rp = cJSON_GetObjectItem(j, "replay"), *t = cJSON_GetObjectItem(rp, "transfers");
+    assert_non_null(t);
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(rp, "program_cache")));
+    assert_true(cJSON_GetObjectItem(rp, "setup_ms")->valuedouble > 0);
+    /* va_offset: a 64 x 1024 f16 input written by the host, copied shard by shard into a
+     * 64 x 1024 output that the check reads: 128 KiB up, 128 KiB down */
+    assert_int_equal(cJSON_GetObjectItem(t, "upload_bytes")->valuedouble, 131072);
+    assert_int_equal(cJSON_GetObjectItem(t, "download_bytes")->valuedouble, 131072);
+    assert_int_equal(cJSON_GetObjectItem(t, "moves")->valuedouble, 0);
+    assert_string_equal(cJSON_GetObjectItem(j, "data_digest")->valuestring, "0b0c1e2b05459353");
+    cJSON_Delete(j);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -465,6 +518,8 @@ int main(void)
         cmocka_unit_test(test_size_parse),
         cmocka_unit_test(test_coll_size),
         cmocka_unit_test(test_size_run),
+        cmocka_unit_test(test_bench_self_phase2),
+        cmocka_unit_test(test_device_transfers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

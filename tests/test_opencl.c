@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kb_clcache.h"
 #include "kb_mathfn.h"
 #include "kb_opencl.h"
 #include "kb_replay.h"
@@ -206,19 +207,25 @@ typedef struct dev {
     char why[768];
 } dev;
 
+/* The device kind the tests use: KBCL_OPENCL_WANT=gpu|any, else an OpenCL CPU device. */
+static kb_cl_want want_of_env(void)
+{
+    const char *w = getenv("KBCL_OPENCL_WANT");
+    if (w && strcmp(w, "gpu") == 0)
+        return KB_CL_GPU;
+    if (w && strcmp(w, "any") == 0)
+        return KB_CL_ANY;
+    return KB_CL_CPU;
+}
+
 static int group_setup(void **state)
 {
     dev *d = calloc(1, sizeof *d);
-    const char *w = getenv("KBCL_OPENCL_WANT");
-    kb_cl_want want = KB_CL_CPU;
+    kb_cl_want want = want_of_env();
     kb_errbuf eb;
 
     if (!d)
         return -1;
-    if (w && strcmp(w, "gpu") == 0)
-        want = KB_CL_GPU;
-    else if (w && strcmp(w, "any") == 0)
-        want = KB_CL_ANY;
     eb.msg[0] = '\0';
     int rc = kb_opencl_backend_create(want, &d->be, d->desc, sizeof d->desc, &eb);
     if (rc == 0) {
@@ -339,8 +346,9 @@ static void pair_compare(pair *p, uint64_t pa, size_t n)
     uint8_t *a = malloc(n), *b = malloc(n);
     assert_non_null(a);
     assert_non_null(b);
-    kb_memstore_read(p->ms_ref, pa, a, n);
-    kb_memstore_read(p->ms_cl, pa, b, n);
+    kb_errbuf eb;
+    assert_int_equal(kb_memstore_load(p->ms_ref, pa, a, n, &eb), 0);
+    assert_int_equal(kb_memstore_load(p->ms_cl, pa, b, n, &eb), 0); /* pulls from the device */
     for (size_t i = 0; i < n; i++) {
         if (a[i] != b[i]) {
             size_t w = i & ~(size_t)3;
@@ -655,7 +663,8 @@ static void test_launch_count(void **state)
     assert_int_equal(launches, 4);
     pair_compare(&p, 0x2000, 0x4000);
     float sum;
-    kb_memstore_read(p.ms_cl, 0x5000, &sum, sizeof sum);
+    kb_errbuf eb;
+    assert_int_equal(kb_memstore_load(p.ms_cl, 0x5000, &sum, sizeof sum, &eb), 0);
     assert_true(sum > 1268.0f && sum < 1268.02f); /* e^1 + e^-2 + ... + e^-8 = 1268.0066 */
     pair_free(&p);
 }
@@ -684,6 +693,119 @@ static void test_incremental(void **state)
     pair_compare(&p, ge.base, ge.win);
     pair_free(&p);
     random_logs(d, 3, 1, 100, 2048, 4, 4, 50);
+}
+
+/* ------------------------------------------------------------------ program cache */
+
+/* A backend created with mode under KBCL_CACHE_DIR=dir; its set-up figures in *su. */
+static void create_cached(const char *dir, kb_cl_cache_mode mode, kb_backend *be,
+                          kb_opencl_setup *su)
+{
+    kb_errbuf eb;
+    eb.msg[0] = '\0';
+    setenv("KBCL_CACHE_DIR", dir, 1);
+    int rc = kb_opencl_backend_create_ex(want_of_env(), mode, be, NULL, 0, &eb);
+    if (rc)
+        print_error("backend: %s\n", eb.msg);
+    assert_int_equal(rc, 0);
+    assert_int_equal(kb_opencl_setup_of(be, su), 0);
+    assert_true(su->total_ms >= su->program_ms && su->program_ms > 0.0);
+}
+
+/* The same records replayed by be and by ref give the same bytes (a program from the cache
+ * works). */
+static void check_backend(kb_backend *be)
+{
+    dev d;
+    memset(&d, 0, sizeof d);
+    d.have = 1;
+    d.be = *be;
+    random_logs(&d, 11, 1, 60, 4096, 4, 8, 20);
+}
+
+static void test_program_cache(void **state)
+{
+    need_device(state);
+    const char *saved = getenv("KBCL_CACHE_DIR");
+    char *keep = saved ? strdup(saved) : NULL;
+    char dir[300], path[600], tmpl[] = "/tmp/kbcl-progcache-XXXXXX";
+    kb_backend be;
+    kb_opencl_setup su;
+
+    assert_non_null(mkdtemp(tmpl));
+    snprintf(dir, sizeof dir, "%s/c", tmpl);
+    /* Cold: a miss, built from source and stored; warm: a hit with the same binary. */
+    create_cached(dir, KB_CL_CACHE_USE, &be, &su);
+    assert_int_equal(su.cache, KB_CL_CACHE_MISS);
+    assert_true(su.binary_bytes > 0);
+    assert_string_equal(su.note, "");
+    size_t stored = su.binary_bytes;
+    snprintf(path, sizeof path, "%s", su.cache_path);
+    assert_non_null(strstr(path, "/c/programs/"));
+    be.ops->destroy(be.self);
+    create_cached(dir, KB_CL_CACHE_USE, &be, &su);
+    assert_int_equal(su.cache, KB_CL_CACHE_HIT);
+    assert_int_equal(su.binary_bytes, stored);
+    assert_string_equal(su.cache_path, path);
+    fprintf(stderr, "test_opencl: program cache: set-up %.1f ms warm (program %.1f ms)\n",
+            su.total_ms, su.program_ms);
+    check_backend(&be);
+    be.ops->destroy(be.self);
+    /* kbcl devices says the device starts warm. */
+    char list[8192];
+    kb_opencl_list(list, sizeof list);
+    assert_non_null(strstr(list, "program cache: hit"));
+    /* An entry the driver refuses (right key, garbage binary): rebuilt from source and stored
+     * again, then a hit. */
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    uint8_t hdr[32];
+    assert_int_equal(fread(hdr, 1, 32, f), 32);
+    size_t klen = hdr[8] | (size_t)hdr[9] << 8 | (size_t)hdr[10] << 16;
+    char *key = calloc(1, klen + 1);
+    assert_non_null(key);
+    assert_int_equal(fread(key, 1, klen, f), klen);
+    fclose(f);
+    kb_errbuf eb;
+    assert_int_equal(kb_clcache_store(dir, key, "not a program", 13, &eb), 0);
+    free(key);
+    create_cached(dir, KB_CL_CACHE_USE, &be, &su);
+    assert_int_equal(su.cache, KB_CL_CACHE_REJECTED);
+    check_backend(&be);
+    be.ops->destroy(be.self);
+    create_cached(dir, KB_CL_CACHE_USE, &be, &su);
+    assert_int_equal(su.cache, KB_CL_CACHE_HIT);
+    be.ops->destroy(be.self);
+    /* Bypassed, or turned off: a source build that stores nothing. */
+    create_cached(dir, KB_CL_CACHE_BYPASS, &be, &su);
+    assert_int_equal(su.cache, KB_CL_CACHE_OFF);
+    assert_int_equal(su.binary_bytes, 0);
+    be.ops->destroy(be.self);
+    char off[300];
+    snprintf(off, sizeof off, "%s/elsewhere", tmpl);
+    create_cached("off", KB_CL_CACHE_USE, &be, &su);
+    assert_int_equal(su.cache, KB_CL_CACHE_OFF);
+    assert_non_null(strstr(su.note, "KBCL_CACHE_DIR=off"));
+    be.ops->destroy(be.self);
+    kb_opencl_list(list, sizeof list);
+    assert_non_null(strstr(list, "program cache: off"));
+    assert_null(strstr(list, "program cache: hit"));
+    /* REFRESH rebuilds and stores whatever is there. */
+    create_cached(off, KB_CL_CACHE_REFRESH, &be, &su);
+    assert_int_equal(su.cache, KB_CL_CACHE_MISS);
+    be.ops->destroy(be.self);
+    create_cached(off, KB_CL_CACHE_USE, &be, &su);
+    assert_int_equal(su.cache, KB_CL_CACHE_HIT);
+    be.ops->destroy(be.self);
+
+    if (keep)
+        setenv("KBCL_CACHE_DIR", keep, 1);
+    else
+        unsetenv("KBCL_CACHE_DIR");
+    free(keep);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpl);
+    assert_int_equal(system(cmd), 0);
 }
 
 /* ------------------------------------------------------------------ devices */
@@ -745,6 +867,7 @@ int main(void)
         cmocka_unit_test(test_random_dense),
         cmocka_unit_test(test_random_large),
         cmocka_unit_test(test_incremental),
+        cmocka_unit_test(test_program_cache),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

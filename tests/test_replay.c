@@ -31,17 +31,29 @@ typedef struct fx {
     kb_errbuf eb;
 } fx;
 
-static int setup(void **state)
+static int setup_with(void **state, int resident)
 {
     fx *f = calloc(1, sizeof *f);
     if (!f)
         return -1;
     f->log = kb_oplog_create();
     f->ms = kb_memstore_create();
-    if (!f->log || !f->ms || kb_ref_backend_create(&f->be) != 0)
+    if (!f->log || !f->ms ||
+        (resident ? kb_ref_backend_create_resident(&f->be) : kb_ref_backend_create(&f->be)) != 0)
         return -1;
     *state = f;
     return 0;
+}
+
+static int setup(void **state)
+{
+    return setup_with(state, 0);
+}
+
+/* The same tests on device-resident memory (kb_resident, with host buffers as the device). */
+static int setup_resident(void **state)
+{
+    return setup_with(state, 1);
 }
 
 static int teardown(void **state)
@@ -67,29 +79,40 @@ static void put_f16(kb_memstore *ms, uint64_t pa, const float *v, size_t n)
     }
 }
 
-static float get_f32(const kb_memstore *ms, uint64_t pa, size_t i)
+/* Host reads go through kb_memstore_load: they pull what a resident backend computed. */
+static void load(kb_memstore *ms, uint64_t pa, void *dst, size_t n)
+{
+    kb_errbuf eb;
+    eb.msg[0] = '\0';
+    int rc = kb_memstore_load(ms, pa, dst, n, &eb);
+    if (rc)
+        print_error("load: %s\n", eb.msg);
+    assert_int_equal(rc, 0);
+}
+
+static float get_f32(kb_memstore *ms, uint64_t pa, size_t i)
 {
     float v;
-    kb_memstore_read(ms, pa + 4 * i, &v, sizeof v);
+    load(ms, pa + 4 * i, &v, sizeof v);
     return v;
 }
 
-static uint16_t get_u16(const kb_memstore *ms, uint64_t pa, size_t i)
+static uint16_t get_u16(kb_memstore *ms, uint64_t pa, size_t i)
 {
     uint16_t v;
-    kb_memstore_read(ms, pa + 2 * i, &v, sizeof v);
+    load(ms, pa + 2 * i, &v, sizeof v);
     return v;
 }
 
-static float get_f16(const kb_memstore *ms, uint64_t pa, size_t i)
+static float get_f16(kb_memstore *ms, uint64_t pa, size_t i)
 {
     return kb_f16_to_f32(get_u16(ms, pa, i));
 }
 
-static uint32_t get_u32(const kb_memstore *ms, uint64_t pa, size_t i)
+static uint32_t get_u32(kb_memstore *ms, uint64_t pa, size_t i)
 {
     uint32_t v;
-    kb_memstore_read(ms, pa + 4 * i, &v, sizeof v);
+    load(ms, pa + 4 * i, &v, sizeof v);
     return v;
 }
 
@@ -429,8 +452,9 @@ static void test_copy_convert_strided_payload(void **state)
     assert_int_equal(get_u32(f->ms, 0x2300, 0), 0xFFFFE000u);
     /* The source bytes were only read: the store still has exactly what was written. */
     assert_true(get_f32(f->ms, 0x1100, 5) == 5.0f);
-    /* 4 KiB pages: 0x1xxx (the sources put here) and 0x2xxx (the results), nothing else */
-    assert_int_equal(kb_memstore_pages(f->ms), 2);
+    /* 4 KiB pages: 0x1xxx (the sources put here) and 0x2xxx (the results), nothing else;
+     * device-resident results stay on the device (reads go through to it) */
+    assert_int_equal(kb_memstore_pages(f->ms), f->be.ops->resident ? 1 : 2);
 }
 
 /* Broadcast copy (a row repeated) and a strided elementwise op writing in place. */
@@ -745,7 +769,7 @@ static void fb_destroy(void *self)
 static void test_flush_backend_failure(void **state)
 {
     fx *f = *state;
-    static const kb_backend_ops ops = { "failing", fb_begin, fb_run, fb_end, fb_destroy };
+    static const kb_backend_ops ops = { "failing", fb_begin, fb_run, fb_end, fb_destroy, NULL };
     fail_be fb = { 0 };
     kb_backend be = { &ops, &fb };
     const float x[4] = { 1, 2, 3, 4 };
@@ -1074,7 +1098,8 @@ static size_t check_plan(const kb_oplog *log, size_t stride)
  * byte. Returns the largest batch seen; *recs and *batches receive totals.
  */
 static size_t random_logs(uint64_t nseeds, uint32_t win, size_t nmin, uint32_t nspread,
-                          kb_time tspan, size_t stride, uint64_t *recs, uint64_t *batches)
+                          kb_time tspan, size_t stride, int resident, uint64_t *recs,
+                          uint64_t *batches)
 {
     uint8_t *flat = malloc(win), *got = malloc(win);
     size_t largest = 0;
@@ -1091,7 +1116,8 @@ static size_t random_logs(uint64_t nseeds, uint32_t win, size_t nmin, uint32_t n
         memset(&st, 0, sizeof st);
         assert_non_null(log);
         assert_non_null(ms);
-        assert_int_equal(kb_ref_backend_create(&be), 0);
+        assert_int_equal(resident ? kb_ref_backend_create_resident(&be)
+                                  : kb_ref_backend_create(&be), 0);
         fill_window(ms, &g, flat);
         size_t n = nmin + kbt_rng_below(&g.g, nspread);
         for (size_t i = 0; i < n; i++) {
@@ -1107,7 +1133,7 @@ static size_t random_logs(uint64_t nseeds, uint32_t win, size_t nmin, uint32_t n
             print_error("seed %llu: %s\n", (unsigned long long)seed, eb.msg);
         assert_int_equal(rc, 0);
         serial_replay(log, flat, g.base);
-        kb_memstore_read(ms, g.base, got, win);
+        load(ms, g.base, got, win);
         assert_memory_equal(got, flat, win);
         assert_int_equal(st.records, n);
         assert_true(st.batches >= 1 && st.batches <= n);
@@ -1128,8 +1154,9 @@ static void test_property_random_logs(void **state)
 {
     (void)state;
     uint64_t recs, batches;
-    random_logs(50, 1024, 300, 200, 200, 1, &recs, &batches);
+    random_logs(50, 1024, 300, 200, 200, 1, 0, &recs, &batches);
     assert_true(batches < recs); /* batching actually happened */
+    random_logs(20, 1024, 300, 200, 200, 1, 1, &recs, &batches);
 }
 
 /* Sparse conflicts over 64 KiB: large batches, which exercise the interval sets' merging. */
@@ -1137,7 +1164,7 @@ static void test_property_large_batches(void **state)
 {
     (void)state;
     uint64_t recs, batches;
-    size_t largest = random_logs(8, 65536, 2000, 500, 2000, 3, &recs, &batches);
+    size_t largest = random_logs(8, 65536, 2000, 500, 2000, 3, 0, &recs, &batches);
     assert_true(largest >= 48);
     assert_true(batches * 8 < recs);
 }
@@ -1150,7 +1177,7 @@ static void test_property_many_addresses(void **state)
 {
     (void)state;
     uint64_t recs, batches;
-    random_logs(2, 256 * 1024, 40000, 1000, 40000, 499, &recs, &batches);
+    random_logs(2, 256 * 1024, 40000, 1000, 40000, 499, 1, &recs, &batches);
     assert_true(batches * 4 < recs);
 }
 
@@ -1176,7 +1203,9 @@ static void test_property_wide_spans(void **state)
         memset(&st, 0, sizeof st);
         assert_non_null(log);
         assert_non_null(ms);
-        assert_int_equal(kb_ref_backend_create(&be), 0);
+        /* the last seed on device-resident memory */
+        assert_int_equal(seed == 3 ? kb_ref_backend_create_resident(&be)
+                                   : kb_ref_backend_create(&be), 0);
         kbt_rand_f16(&g, flat, WIN, -1.0f, 1.0f);
         assert_int_equal(kb_memstore_write(ms, base, flat, WIN), 0);
         for (size_t i = 0; i < N; i++) {
@@ -1190,7 +1219,7 @@ static void test_property_wide_spans(void **state)
         check_plan(log, 1);
         assert_int_equal(kb_replay_flush(log, ms, &be, &st, NULL), 0);
         serial_replay(log, flat, base);
-        kb_memstore_read(ms, base, got, WIN);
+        load(ms, base, got, WIN);
         assert_memory_equal(got, flat, WIN);
         be.ops->destroy(be.self);
         kb_oplog_destroy(log);
@@ -1212,11 +1241,15 @@ static void test_incremental_flush(void **state)
         kb_oplog *l1 = kb_oplog_create(), *l2 = kb_oplog_create();
         kbt_recgen g1 = gen_over(l1, seed, 0xFE00, WIN), g2 = gen_over(l2, seed, 0xFE00, WIN);
         kb_memstore *m1 = kb_memstore_create(), *m2 = kb_memstore_create();
-        kb_backend be;
+        kb_backend be, rbe; /* l1 on device-resident memory (odd seeds), l2 on the plain ref */
         kb_replay_stats s1, s2;
         memset(&s1, 0, sizeof s1);
         memset(&s2, 0, sizeof s2);
         assert_int_equal(kb_ref_backend_create(&be), 0);
+        if (seed & 1)
+            assert_int_equal(kb_ref_backend_create_resident(&rbe), 0);
+        else
+            rbe = be;
         fill_window(m1, &g1, a);
         fill_window(m2, &g2, b);
         for (size_t i = 0; i < 400; i++) {
@@ -1228,18 +1261,20 @@ static void test_incremental_flush(void **state)
             assert_int_equal(kb_oplog_append(l1, &r1, NULL), 0);
             assert_int_equal(kb_oplog_append(l2, &r2, NULL), 0);
             if (i == 199)
-                assert_int_equal(kb_replay_flush(l1, m1, &be, &s1, NULL), 0);
+                assert_int_equal(kb_replay_flush(l1, m1, &rbe, &s1, NULL), 0);
         }
         assert_int_equal(kb_oplog_replayed(l1), 200);
-        assert_int_equal(kb_replay_flush(l1, m1, &be, &s1, NULL), 0);
+        assert_int_equal(kb_replay_flush(l1, m1, &rbe, &s1, NULL), 0);
         assert_int_equal(kb_replay_flush(l2, m2, &be, &s2, NULL), 0);
-        kb_memstore_read(m1, g1.base, a, WIN);
-        kb_memstore_read(m2, g2.base, b, WIN);
+        load(m1, g1.base, a, WIN);
+        load(m2, g2.base, b, WIN);
         assert_memory_equal(a, b, WIN);
         assert_int_equal(s1.flushes, 2);
         assert_int_equal(s1.records, 400);
         assert_int_equal(s2.flushes, 1);
         assert_int_equal(s2.records, 400);
+        if (seed & 1)
+            rbe.ops->destroy(rbe.self);
         be.ops->destroy(be.self);
         kb_oplog_destroy(l1);
         kb_oplog_destroy(l2);
@@ -1261,11 +1296,21 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_clamp_fma_fill, setup, teardown),
         cmocka_unit_test_setup_teardown(test_copy_convert_strided_payload, setup, teardown),
         cmocka_unit_test_setup_teardown(test_copy_broadcast_inplace, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gemm, setup_resident, teardown),
+        cmocka_unit_test_setup_teardown(test_softmax, setup_resident, teardown),
+        cmocka_unit_test_setup_teardown(test_reduce, setup_resident, teardown),
+        cmocka_unit_test_setup_teardown(test_broadcast_math2, setup_resident, teardown),
+        cmocka_unit_test_setup_teardown(test_math1, setup_resident, teardown),
+        cmocka_unit_test_setup_teardown(test_clamp_fma_fill, setup_resident, teardown),
+        cmocka_unit_test_setup_teardown(test_copy_convert_strided_payload, setup_resident,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_copy_broadcast_inplace, setup_resident, teardown),
         cmocka_unit_test(test_plan_conflicts),
         cmocka_unit_test(test_plan_order_and_grouping),
         cmocka_unit_test(test_plan_arena),
         cmocka_unit_test(test_plan_invalid),
         cmocka_unit_test_setup_teardown(test_flush_bad_payload, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_flush_bad_payload, setup_resident, teardown),
         cmocka_unit_test_setup_teardown(test_flush_backend_failure, setup, teardown),
         cmocka_unit_test(test_plan_scale),
         cmocka_unit_test_setup_teardown(test_plan_interleaved_chains, setup, teardown),

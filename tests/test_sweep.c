@@ -333,6 +333,62 @@ static void test_error_row(void **s)
     free(csv);
 }
 
+/*
+ * OpenCL points run in device workers that keep their backend from point to point, mixed with
+ * one-point workers for ref points: every row is verified, and each configuration gives the
+ * same simulated time and events on both devices (rows ordered device-fastest). A device that
+ * does not exist makes every one of its points an error row (the worker answers each).
+ */
+static void test_device_workers(void **s)
+{
+    char out[8192];
+    char *rows, *l;
+    int n;
+    (void)s;
+    if (kbt_kbcl(out, sizeof out, "devices") != 0 || !strstr(out, "[CPU]"))
+        skip();
+    kbt_write_file("dev.yaml", "bench: ccl_allreduce\n"
+                               "verify: true\n"
+                               "n_elem: 16\n"
+                               "grid:\n"
+                               "  algorithm: [ring_allreduce_tcm, ring_rsag_allreduce]\n"
+                               "  world_size: [8, 16]\n"
+                               "  device: [ref, cpu]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep dev.yaml --out dev.csv --jobs 2"), 0);
+    assert_non_null(strstr(out, "8 points: 8 ok, 0 failed verification, 0 errors"));
+    rows = canonical_rows("dev.csv", &n);
+    assert_int_equal(n, 8);
+    l = rows;
+    for (int i = 0; i < 4; i++) {
+        /* "point,algorithm,world_size,device,bench,size_bytes,sim,...": compare from bench on */
+        char *r1 = l, *r2 = strchr(r1, '\n') + 1;
+        l = strchr(r2, '\n') + 1;
+        const char *a = strstr(r1, ",ref,ccl_allreduce,"), *b = strstr(r2, ",cpu,ccl_allreduce,");
+        assert_non_null(a);
+        assert_non_null(b);
+        a += strlen(",ref");
+        b += strlen(",cpu");
+        assert_int_equal(strncmp(a, b, (size_t)(strchr(a, '\n') - a)), 0);
+        assert_non_null(strstr(r1, ",true,ok,"));
+    }
+    free(rows);
+    kbt_kbcl(out, sizeof out, "devices");
+    if (strstr(out, "[GPU]"))
+        return;
+    kbt_write_file("nogpu.yaml", "bench: ccl_allreduce\n"
+                                 "device: gpu\n"
+                                 "n_elem: 16\n"
+                                 "algorithm: ring_allreduce_tcm\n"
+                                 "grid:\n"
+                                 "  world_size: [8, 16, 32]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep nogpu.yaml --out nogpu.csv --jobs 2"), 3);
+    assert_non_null(strstr(out, "3 points: 0 ok, 0 failed verification, 3 errors"));
+    char *csv = kbt_slurp("nogpu.csv");
+    assert_int_equal(count_lines(csv), 4);
+    assert_int_equal(count_str(csv, ",device,no OpenCL GPU device"), 3);
+    free(csv);
+}
+
 static pid_t spawn_sweep(const char *args)
 {
     char cmd[2048];
@@ -709,6 +765,7 @@ int main(void)
         cmocka_unit_test(test_jsonl),
         cmocka_unit_test(test_config_axis_and_exclude),
         cmocka_unit_test(test_error_row),
+        cmocka_unit_test(test_device_workers),
         cmocka_unit_test(test_kill9_then_resume),
         cmocka_unit_test(test_partial_last_line),
         cmocka_unit_test(test_sweep_file_errors),

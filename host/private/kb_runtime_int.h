@@ -126,6 +126,7 @@ struct kb_ctx {
     kb_oplog *log;
     kb_memstore *ms;
     kb_backend be;
+    int be_borrowed;          /* be came from kb_ctx_opts.backend: not destroyed here */
     kb_device_kind device;
     int recording;
     char device_desc[160];

@@ -16,6 +16,7 @@
 
 #include "kb_ccl.h"
 #include "kb_ccl_config.h"
+#include "kb_resident.h"
 #include "kb_runtime.h"
 
 #define KB_BENCH_MAX_PARAMS 8
@@ -82,6 +83,12 @@ typedef struct kb_run_report {
      * end (both 0 in a timing-only run) */
     uint64_t memstore_pages, payload_bytes;
     kb_replay_stats replay;
+    /* Phase 2 on an OpenCL device: its transfers (zeros for ref), the backend's set-up, the
+     * program cache's state (kb_cl_cache_state; -1 without an OpenCL backend) and the
+     * kernels' device time */
+    kb_xfer_stats xfer;
+    double setup_ms, kernel_ms;
+    int program_cache;
     double wall_ms;
     double phase1_ms;  /* wall time inside the simulation (the host program and its kernels) */
     char *report;      /* full deadlock report when the run deadlocked (malloc'd), else NULL */

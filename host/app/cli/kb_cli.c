@@ -12,6 +12,7 @@
 #include <cjson/cJSON.h>
 
 #include "kb_atomic_file.h"
+#include "kb_opencl.h"
 #include "kb_trace.h"
 
 int kbcl_exit_code(int rc)
@@ -336,7 +337,8 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
         return KB_ERR_USAGE;
     if (job->trace_path && (rc = kb_trace_create(&tr, eb)) != 0)
         return rc;
-    kb_ctx_opts opts = { (kb_device_kind)dev, job->ipcq_trace, tr };
+    kb_ctx_opts opts = { (kb_device_kind)dev, job->ipcq_trace, tr, job->backend,
+                         job->backend_desc };
     rc = kb_bench_execute(&res->cfg, &res->ccl, &opts, res->bench, &res->args, &res->rep, eb);
     if (rc == 0 && tr)
         rc = kb_trace_write(tr, job->trace_path, eb);
@@ -394,9 +396,31 @@ char *kbcl_result_json(const kbcl_result *res)
     cJSON_AddNumberToObject(replay, "batches", (double)rep->replay.batches);
     cJSON_AddNumberToObject(replay, "launches", (double)rep->replay.launches);
     cJSON_AddNumberToObject(replay, "flushes", (double)rep->replay.flushes);
+    if (rep->program_cache >= 0) { /* an OpenCL device: device-resident memory */
+        const kb_xfer_stats *x = &rep->xfer;
+        cJSON *t = cJSON_AddObjectToObject(replay, "transfers");
+        cJSON_AddNumberToObject(t, "uploads", (double)x->uploads);
+        cJSON_AddNumberToObject(t, "upload_bytes", (double)x->upload_bytes);
+        cJSON_AddNumberToObject(t, "downloads", (double)x->downloads);
+        cJSON_AddNumberToObject(t, "download_bytes", (double)x->download_bytes);
+        cJSON_AddNumberToObject(t, "fills", (double)x->fills);
+        cJSON_AddNumberToObject(t, "fill_bytes", (double)x->fill_bytes);
+        cJSON_AddNumberToObject(t, "moves", (double)x->moves);
+        cJSON_AddNumberToObject(t, "move_bytes", (double)x->move_bytes);
+        cJSON_AddNumberToObject(t, "arena_bytes", (double)x->arena_bytes);
+    }
     cJSON_AddItemToObject(root, "replay", replay);
-    /* wall-clock fields last: the only ones that differ between identical runs */
+    /* wall-clock fields last: the only ones that differ between identical runs (and the
+     * program cache's state, which a first run leaves warm) */
     cJSON_AddNumberToObject(replay, "ms", rep->replay.ms);
+    if (rep->program_cache >= 0) {
+        cJSON_AddStringToObject(replay, "program_cache",
+                                kb_cl_cache_state_name((kb_cl_cache_state)rep->program_cache));
+        cJSON_AddNumberToObject(replay, "setup_ms", rep->setup_ms);
+        cJSON_AddNumberToObject(replay, "upload_ms", rep->xfer.upload_ms);
+        cJSON_AddNumberToObject(replay, "download_ms", rep->xfer.download_ms);
+        cJSON_AddNumberToObject(replay, "kernel_ms", rep->kernel_ms);
+    }
     cJSON_AddNumberToObject(root, "phase1_ms", rep->phase1_ms);
     cJSON_AddNumberToObject(root, "events_per_s",
                             rep->phase1_ms > 0 ? (double)rep->events / (rep->phase1_ms / 1e3) : 0.0);
@@ -478,6 +502,13 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
                 res->device, (unsigned long long)rep->replay.records,
                 (unsigned long long)rep->replay.batches, (unsigned long long)rep->replay.launches,
                 rep->replay.ms);
+    if (rep->program_cache >= 0)
+        fprintf(f, "  device     set-up %.1f ms (program cache %s), up %.2f MiB in %llu (%.1f ms), "
+                "down %.2f MiB in %llu (%.1f ms), kernels %.1f ms\n",
+                rep->setup_ms, kb_cl_cache_state_name((kb_cl_cache_state)rep->program_cache),
+                (double)rep->xfer.upload_bytes / 1048576.0, (unsigned long long)rep->xfer.uploads,
+                rep->xfer.upload_ms, (double)rep->xfer.download_bytes / 1048576.0,
+                (unsigned long long)rep->xfer.downloads, rep->xfer.download_ms, rep->kernel_ms);
     fprintf(f, "  wall       %.3f ms (simulation %.3f ms, %.3g events/s)\n", rep->wall_ms,
             rep->phase1_ms, rep->phase1_ms > 0 ? (double)rep->events / (rep->phase1_ms / 1e3) : 0.0);
 }

@@ -42,6 +42,10 @@ typedef struct kbcl_job {
      * into it) and where ccl.yaml's plugins: load; benches and algorithms are looked up in it.
      * NULL = the built-ins only (a ccl.yaml that lists plugins is then refused). */
     kb_plugins *plugins;
+    /* A Phase-2 backend kept across jobs (a sweep worker's) instead of one per job; NULL =
+     * the job makes its own. Not owned. */
+    const kb_backend *backend;
+    const char *backend_desc;
 } kbcl_job;
 
 typedef struct kbcl_result {

@@ -31,6 +31,7 @@
 #include <yaml.h>
 
 #include "kb_cli.h"
+#include "kb_resident.h"
 
 #define SW_MAX_AXES 16
 #define SW_MAX_POINTS 1000000
@@ -819,7 +820,26 @@ static const char *point_val(const sw_plan *p, int point, int a)
 
 /* ---------------------------------------------------------------- running a point ----- */
 
-static void run_point(const sw_plan *p, int point, sw_outcome *o)
+/* The device a point runs on: its device axis value, else the sweep's device. */
+static const char *point_device(const sw_plan *p, int point)
+{
+    for (int a = 0; a < p->nax; a++)
+        if (p->ax[a].kind == AX_DEVICE)
+            return p->ax[a].vals[p->pt[(size_t)point * (size_t)p->nax + (size_t)a]];
+    return p->device ? p->device : "ref";
+}
+
+/* Whether a point's device is an OpenCL one (gpu, cpu, auto): such points run in workers that
+ * keep their backend (context, queue, program) from point to point. */
+static int point_uses_opencl(const sw_plan *p, int point)
+{
+    int d = kb_device_from_name(point_device(p, point));
+    return d == KB_DEV_GPU || d == KB_DEV_CPU || d == KB_DEV_AUTO;
+}
+
+/* Runs one point; be (may be NULL) is a backend kept across points, desc its name. */
+static void run_point_on(const sw_plan *p, int point, sw_outcome *o, const kb_backend *be,
+                         const char *desc)
 {
     kbcl_job job;
     kbcl_result *res = calloc(1, sizeof *res);
@@ -837,6 +857,8 @@ static void run_point(const sw_plan *p, int point, sw_outcome *o)
         return;
     }
     memset(&job, 0, sizeof job);
+    job.backend = be;
+    job.backend_desc = desc;
     job.bench = p->bench;
     job.topology = p->topology;
     job.ccl = p->ccl;
@@ -884,6 +906,11 @@ static void run_point(const sw_plan *p, int point, sw_outcome *o)
             *c = ' ';
     kbcl_result_fini(res);
     free(res);
+}
+
+static void run_point(const sw_plan *p, int point, sw_outcome *o)
+{
+    run_point_on(p, point, o, NULL, NULL);
 }
 
 static void run_point_cb(void *ctx, int point, void *outcome)
@@ -1407,6 +1434,8 @@ out:
 typedef struct sw_worker {
     pid_t pid;
     int fd, point;
+    int cmd;     /* a device worker's command pipe (it reads point numbers); -1: one point */
+    int busy;    /* a device worker is running a point (one-point workers always are) */
     size_t got;
     sw_outcome o;
 } sw_worker;
@@ -1425,8 +1454,21 @@ static void crash_outcome(sw_outcome *o, int point, int status)
                  WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
+/* In a new worker: the other workers' pipe ends are not its own (a device worker must see
+ * its command pipe close when the sweep closes it). */
+static void close_others(const sw_worker *all, int jobs, const sw_worker *self)
+{
+    for (int i = 0; i < jobs; i++) {
+        if (&all[i] == self || !all[i].pid)
+            continue;
+        close(all[i].fd);
+        if (all[i].cmd >= 0)
+            close(all[i].cmd);
+    }
+}
+
 static int spawn(sw_ctx *c, sw_worker *w, int point, const sigset_t *oldmask, int sfd,
-                 kb_errbuf *eb)
+                 const sw_worker *all, int jobs, kb_errbuf *eb)
 {
     int pfd[2];
     pid_t parent = getpid();
@@ -1449,6 +1491,7 @@ static int spawn(sw_ctx *c, sw_worker *w, int point, const sigset_t *oldmask, in
         sigprocmask(SIG_SETMASK, oldmask, NULL);
         close(sfd);
         close(pfd[0]);
+        close_others(all, jobs, w);
         if (c->fd != STDOUT_FILENO)
             close(c->fd);
         run_point(c->plan, point, &o);
@@ -1456,9 +1499,145 @@ static int spawn(sw_ctx *c, sw_worker *w, int point, const sigset_t *oldmask, in
     }
     close(pfd[1]);
     w->fd = pfd[0];
+    w->cmd = -1;
+    w->busy = 1;
     w->point = point;
     w->got = 0;
     return 0;
+}
+
+static int read_all(int fd, void *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)buf + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/*
+ * A device worker: reads point numbers until its command pipe closes and answers each with an
+ * outcome, keeping one Phase-2 backend (its OpenCL context, queue and built program) for all
+ * of them; it is made again only when a point needs another device or a failed flush left it
+ * unusable.
+ */
+static void device_worker(const sw_plan *p, int cmd, int out)
+{
+    kb_backend be = { NULL, NULL };
+    int be_dev = -1, point;
+    char desc[160], note[256];
+
+    while (read_all(cmd, &point, sizeof point) == 0) {
+        sw_outcome o;
+        int dev = kb_device_from_name(point_device(p, point));
+        kb_resident *res = be.ops && be.ops->resident ? be.ops->resident(be.self) : NULL;
+        if (be.ops && (dev != be_dev || (res && kb_resident_broken(res)))) {
+            be.ops->destroy(be.self);
+            be.ops = NULL;
+        }
+        if (!be.ops) {
+            kb_errbuf eb = { { 0 } };
+            int rc = kb_backend_for_device((kb_device_kind)dev, &be, desc, sizeof desc, note,
+                                           sizeof note, &eb);
+            if (rc) {
+                be.ops = NULL;
+                memset(&o, 0, sizeof o);
+                o.point = point;
+                o.rc = rc;
+                o.verified = -1;
+                snprintf(o.msg, sizeof o.msg, "%s", eb.msg[0] ? eb.msg : kb_strerror(rc));
+                if (kbcl_write_all(out, (const char *)&o, sizeof o) != 0)
+                    break;
+                continue;
+            }
+            be_dev = dev;
+        }
+        run_point_on(p, point, &o, &be, desc);
+        if (kbcl_write_all(out, (const char *)&o, sizeof o) != 0)
+            break;
+    }
+    if (be.ops)
+        be.ops->destroy(be.self);
+}
+
+/* Starts a device worker in slot w (idle: no point yet). */
+static int spawn_device(sw_ctx *c, sw_worker *w, const sigset_t *oldmask, int sfd,
+                        const sw_worker *all, int jobs, kb_errbuf *eb)
+{
+    int pfd[2], cfd[2];
+    pid_t parent = getpid();
+    if (pipe2(pfd, O_CLOEXEC) != 0)
+        return kb_err_set(eb, KB_ERR_IO, "pipe: %s", strerror(errno));
+    if (pipe2(cfd, O_CLOEXEC) != 0) {
+        close(pfd[0]);
+        close(pfd[1]);
+        return kb_err_set(eb, KB_ERR_IO, "pipe: %s", strerror(errno));
+    }
+    fflush(stdout);
+    fflush(stderr);
+    w->pid = fork();
+    if (w->pid < 0) {
+        close(pfd[0]);
+        close(pfd[1]);
+        close(cfd[0]);
+        close(cfd[1]);
+        return kb_err_set(eb, KB_ERR_IO, "fork: %s", strerror(errno));
+    }
+    if (w->pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(1);
+        sigprocmask(SIG_SETMASK, oldmask, NULL);
+        close(sfd);
+        close(pfd[0]);
+        close(cfd[1]);
+        close_others(all, jobs, w);
+        if (c->fd != STDOUT_FILENO)
+            close(c->fd);
+        device_worker(c->plan, cfd[0], pfd[1]);
+        _exit(0);
+    }
+    close(pfd[1]);
+    close(cfd[0]);
+    w->fd = pfd[0];
+    w->cmd = cfd[1];
+    w->busy = 0;
+    w->got = 0;
+    return 0;
+}
+
+/* Hands point to the idle device worker w; -1 if the worker is gone. */
+static int assign(sw_worker *w, int point)
+{
+    if (kbcl_write_all(w->cmd, (const char *)&point, sizeof point) != 0)
+        return -1;
+    w->point = point;
+    w->busy = 1;
+    w->got = 0;
+    return 0;
+}
+
+/* Ends slot w's worker (a device worker exits when its command pipe closes). */
+static void retire(sw_worker *w, int kill_it)
+{
+    int status;
+    if (!w->pid)
+        return;
+    if (kill_it)
+        kill(w->pid, SIGTERM);
+    if (w->cmd >= 0)
+        close(w->cmd);
+    close(w->fd);
+    while (waitpid(w->pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    w->pid = 0;
+    w->cmd = -1;
+    w->busy = 0;
 }
 
 /* Runs the pending points in up to `jobs` forked workers. Returns 0, or 128+signal. */
@@ -1477,18 +1656,47 @@ static int run_local(sw_ctx *c, const int *pending, int npending, int jobs, kb_e
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
         goto out;
     }
+    for (int i = 0; i < jobs; i++)
+        w[i].cmd = -1;
     /* signals arrive as readable data in the poll loop: no handler, no global flag */
     sigprocmask(SIG_BLOCK, &block, &old);
     if ((sfd = signalfd(-1, &block, SFD_CLOEXEC)) < 0) {
         rc = kb_err_set(eb, KB_ERR_IO, "signalfd: %s", strerror(errno));
         goto out;
     }
+    /* SIGPIPE from a device worker that died between points: seen as a failed write */
+    signal(SIGPIPE, SIG_IGN);
     while (running > 0 || (next < npending && !stop)) {
         int np = 0, slot[SW_MAX_JOBS + 1];
-        for (int i = 0; i < jobs && next < npending && !stop && !c->write_failed; i++) {
-            if (w[i].pid)
-                continue;
-            if ((rc = spawn(c, &w[i], pending[next], &old, sfd, eb)) != 0) {
+        /* Hand out points: an OpenCL point to an idle device worker (started in a free slot
+         * if there is none), any other to a one-point worker in a free slot (an idle device
+         * worker gives its slot up for it). */
+        while (next < npending && !stop && !c->write_failed) {
+            int point = pending[next], ocl = point_uses_opencl(c->plan, point), pick = -1;
+            for (int i = 0; i < jobs && pick < 0; i++)
+                if (ocl && w[i].pid && w[i].cmd >= 0 && !w[i].busy)
+                    pick = i;
+            for (int i = 0; i < jobs && pick < 0; i++)
+                if (!w[i].pid)
+                    pick = i;
+            for (int i = 0; i < jobs && pick < 0 && !ocl; i++)
+                if (w[i].pid && w[i].cmd >= 0 && !w[i].busy) {
+                    retire(&w[i], 0);
+                    pick = i;
+                }
+            if (pick < 0)
+                break;
+            if (ocl) {
+                if (!w[pick].pid &&
+                    (rc = spawn_device(c, &w[pick], &old, sfd, w, jobs, eb)) != 0) {
+                    stop = -1;
+                    break;
+                }
+                if (assign(&w[pick], point) != 0) { /* died idle: start another */
+                    retire(&w[pick], 1);
+                    continue;
+                }
+            } else if ((rc = spawn(c, &w[pick], point, &old, sfd, w, jobs, eb)) != 0) {
                 stop = -1;
                 break;
             }
@@ -1503,7 +1711,7 @@ static int run_local(sw_ctx *c, const int *pending, int npending, int jobs, kb_e
         pfd[np].events = POLLIN;
         slot[np++] = -1;
         for (int i = 0; i < jobs; i++)
-            if (w[i].pid) {
+            if (w[i].pid) { /* idle device workers too: an EOF says one died */
                 pfd[np].fd = w[i].fd;
                 pfd[np].events = POLLIN;
                 slot[np++] = i;
@@ -1537,12 +1745,27 @@ static int run_local(sw_ctx *c, const int *pending, int npending, int jobs, kb_e
                 x->got += (size_t)r;
                 if (x->got < sizeof x->o)
                     continue;
+                if (x->cmd >= 0) { /* a device worker's outcome: it stays, idle */
+                    x->busy = 0;
+                    x->got = 0;
+                    running--;
+                    if (finish_point(c, &x->o) != 0 && stop == 0)
+                        stop = -1;
+                    continue;
+                }
             }
             /* a whole outcome or EOF: the worker is done */
+            int was_busy = x->busy;
+            if (x->cmd >= 0)
+                close(x->cmd);
+            x->cmd = -1;
             close(x->fd);
             while (waitpid(x->pid, &status, 0) < 0 && errno == EINTR)
                 ;
             x->pid = 0;
+            x->busy = 0;
+            if (!was_busy)
+                continue; /* an idle device worker ended */
             running--;
             if (x->got == sizeof x->o) {
                 if (finish_point(c, &x->o) != 0 && stop == 0)
@@ -1571,6 +1794,8 @@ static int run_local(sw_ctx *c, const int *pending, int npending, int jobs, kb_e
     if (stop > 0)
         rc = 128 + stop;
 out:
+    for (int i = 0; w && i < jobs; i++) /* idle device workers; any other means a stop */
+        retire(&w[i], w[i].busy || w[i].cmd < 0);
     if (sfd >= 0) {
         close(sfd);
         sigprocmask(SIG_SETMASK, &old, NULL);

@@ -1,0 +1,426 @@
+/*
+ * test_resident — device-resident simulated memory (kb_resident) on the reference backend's
+ * resident variant, whose "device" is a host buffer: for a known sequence of flushes, host
+ * writes and host reads, the exact transfers (uploads, poison fills, device moves, downloads,
+ * their bytes), the arena's size and segments, the device-dirty and host-dirty sets, and the
+ * values read back; a backend handed from one store to another (the first gets its device
+ * data back), a store destroyed while bound, and a failed flush (the device copy is then
+ * reported undefined, never silently read).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_replay.h"
+#include "kb_resident.h"
+#include "kb_test_util.h"
+
+typedef struct fx {
+    kb_oplog *log;
+    kb_memstore *ms;
+    kb_backend be;
+    kb_replay_stats st;
+} fx;
+
+static int setup(void **state)
+{
+    fx *f = calloc(1, sizeof *f);
+    if (!f)
+        return -1;
+    f->log = kb_oplog_create();
+    f->ms = kb_memstore_create();
+    if (!f->log || !f->ms || kb_ref_backend_create_resident(&f->be) != 0)
+        return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx *f = *state;
+    kb_oplog_destroy(f->log);
+    kb_memstore_destroy(f->ms);
+    f->be.ops->destroy(f->be.self);
+    free(f);
+    return 0;
+}
+
+static kb_rec copy_f32(uint64_t dst, uint64_t src, uint32_t n, kb_time t)
+{
+    kb_rec r = kbt_rec_new(KB_REC_COPY, t);
+    r.src[0] = kb_opnd_make(src, 1, n, KB_F32);
+    r.dst = kb_opnd_make(dst, 1, n, KB_F32);
+    return r;
+}
+
+static void flush(fx *f, kb_rec r)
+{
+    kb_errbuf eb;
+    assert_int_equal(kb_oplog_append(f->log, &r, NULL), 0);
+    eb.msg[0] = '\0';
+    int rc = kb_replay_flush(f->log, f->ms, &f->be, &f->st, &eb);
+    if (rc)
+        print_error("flush: %s\n", eb.msg);
+    assert_int_equal(rc, 0);
+}
+
+static void load(kb_memstore *ms, uint64_t pa, void *dst, size_t n)
+{
+    kb_errbuf eb;
+    eb.msg[0] = '\0';
+    int rc = kb_memstore_load(ms, pa, dst, n, &eb);
+    if (rc)
+        print_error("load: %s\n", eb.msg);
+    assert_int_equal(rc, 0);
+}
+
+static kb_xfer_stats xs(const fx *f)
+{
+    kb_xfer_stats x;
+    kb_backend_xfer_stats(&f->be, &x);
+    return x;
+}
+
+/* The transfers so far: uploads (count, bytes), fills, moves, downloads. */
+static void expect_xfer(const fx *f, uint64_t up, uint64_t upb, uint64_t fi, uint64_t fib,
+                        uint64_t mv, uint64_t mvb, uint64_t dn, uint64_t dnb)
+{
+    kb_xfer_stats x = xs(f);
+    assert_int_equal(x.uploads, up);
+    assert_int_equal(x.upload_bytes, upb);
+    assert_int_equal(x.fills, fi);
+    assert_int_equal(x.fill_bytes, fib);
+    assert_int_equal(x.moves, mv);
+    assert_int_equal(x.move_bytes, mvb);
+    assert_int_equal(x.downloads, dn);
+    assert_int_equal(x.download_bytes, dnb);
+}
+
+static void test_known_sequence(void **state)
+{
+    fx *f = *state;
+    float x[16], y[4], got[1040];
+    for (int i = 0; i < 16; i++)
+        x[i] = (float)i + 0.5f;
+    for (int i = 0; i < 4; i++)
+        y[i] = -(float)i - 100.0f;
+    /* The host's bytes before any flush: not tracked (no mirror yet). */
+    assert_int_equal(kb_memstore_write(f->ms, 0x1000, x, sizeof x), 0);
+    assert_int_equal(kb_memstore_host_dirty(f->ms)->n, 0);
+
+    /* 1. 0x1000 -> 0x2000: both new. The source's 64 bytes go up (the store holds them), the
+     * destination is poison-filled on the device. First arena: 2 x (64 + 8) rounded to 4 KiB.
+     * Nothing comes down. */
+    flush(f, copy_f32(0x2000, 0x1000, 16, 0));
+    expect_xfer(f, 1, 64, 1, 64, 0, 0, 0, 0);
+    kb_xfer_stats s = xs(f);
+    assert_int_equal(s.arena_bytes, 4096);
+    assert_int_equal(s.segments, 2);
+    assert_int_equal(s.resident_bytes, 128);
+    const kb_ivset *dd = kb_memstore_device_dirty(f->ms);
+    assert_int_equal(dd->n, 1);
+    assert_int_equal(dd->v[0].lo, 0x2000);
+    assert_int_equal(dd->v[0].hi, 0x2040);
+    assert_int_equal(kb_memstore_pages(f->ms), 1); /* the result is not in the store yet */
+    assert_int_equal(kb_memstore_mirror_self(f->ms) != NULL, 1);
+
+    /* A host read pulls exactly the device-dirty bytes it reads, straight into its buffer:
+     * they stay device-dirty (the store gets no page), and a second read pulls again. */
+    load(f->ms, 0x2000, got, 64);
+    assert_memory_equal(got, x, 64);
+    expect_xfer(f, 1, 64, 1, 64, 0, 0, 1, 64);
+    assert_int_equal(dd->n, 1);
+    assert_int_equal(kb_memstore_pages(f->ms), 1);
+    load(f->ms, 0x2000, got, 64);
+    expect_xfer(f, 1, 64, 1, 64, 0, 0, 2, 128);
+
+    /* 2. The host changes 16 bytes of the resident source; the next flush uploads just them
+     * (the arena has room: no growth), then poison-fills the new destination. */
+    assert_int_equal(kb_memstore_write(f->ms, 0x1010, y, sizeof y), 0);
+    assert_int_equal(kb_memstore_host_dirty(f->ms)->bytes, 16);
+    flush(f, copy_f32(0x3000, 0x1000, 16, 1));
+    expect_xfer(f, 2, 80, 2, 128, 0, 0, 2, 128);
+    assert_int_equal(kb_memstore_host_dirty(f->ms)->n, 0);
+    assert_int_equal(xs(f).arena_bytes, 4096);
+    load(f->ms, 0x3000, got, 64);
+    expect_xfer(f, 2, 80, 2, 128, 0, 0, 3, 192);
+    for (int i = 0; i < 16; i++)
+        assert_true(got[i] == (i >= 4 && i < 8 ? y[i - 4] : x[i]));
+
+    /* 3. A source spanning both destinations [0x2000, 0x3040) merges them: the arena grows
+     * (and compacts: the 3 resident segments move, 192 bytes) to (192 + 2 x 4168) x 1.5 ->
+     * 16 KiB; the two old segments are copied into the new one (128 bytes) and the 4032
+     * bytes between them are poison-filled (the store holds nothing there), as is the new
+     * destination (a second fill: the copy in between keeps them apart). */
+    flush(f, copy_f32(0x8000, 0x2000, 1040, 2));
+    expect_xfer(f, 2, 80, 4, 128 + 4032 + 4160, 5, 192 + 128, 3, 192);
+    s = xs(f);
+    assert_int_equal(s.arena_bytes, 16384);
+    assert_int_equal(s.segments, 3);
+    assert_int_equal(s.resident_bytes, 64 + 4160 + 4160);
+    load(f->ms, 0x8000, got, 1040 * 4);
+    for (int i = 0; i < 16; i++) {
+        assert_true(got[i] == x[i]);                                         /* from 0x2000 */
+        assert_true(got[1024 + i] == (i >= 4 && i < 8 ? y[i - 4] : x[i]));  /* from 0x3000 */
+    }
+    uint32_t poison;
+    memcpy(&poison, &got[16], 4);
+    assert_int_equal(poison, 0xFFFFFFFFu);
+    expect_xfer(f, 2, 80, 4, 8320, 5, 320, 4, 192 + 4160);
+}
+
+static void test_payload_and_host_writes(void **state)
+{
+    fx *f = *state;
+    float z[12], w[2] = { 7.0f, 8.0f }, got[16];
+    uint64_t off;
+    for (int i = 0; i < 12; i++)
+        z[i] = 10.0f + (float)i;
+    /* Host data arrives through the payload: the first flush uploads its 32 bytes, the next
+     * only the 16 added since. */
+    assert_int_equal(kb_oplog_add_payload(f->log, z, 32, &off), 0);
+    kb_rec r = copy_f32(0x1000, off, 8, 0);
+    r.src[0].space = KB_SPACE_PAYLOAD;
+    flush(f, r);
+    expect_xfer(f, 1, 32, 1, 32, 0, 0, 0, 0);
+    assert_int_equal(kb_oplog_add_payload(f->log, z + 8, 16, &off), 0);
+    assert_int_equal(off, 32);
+    r = copy_f32(0x1020, off, 4, 1);
+    r.src[0].space = KB_SPACE_PAYLOAD;
+    flush(f, r);
+    expect_xfer(f, 2, 48, 2, 48, 0, 0, 0, 0);
+    /* [0x1000, 0x1020) and [0x1020, 0x1030) are touching segments: one read pulls both. */
+    load(f->ms, 0x1000, got, 48);
+    assert_memory_equal(got, z, 48);
+    expect_xfer(f, 2, 48, 2, 48, 0, 0, 2, 48);
+
+    /* The device writes [0x1000, 0x1040): a merge (48 bytes move, 16 new ones are
+     * poison-filled). Then the host overwrites 8 bytes in the middle: they stop being
+     * device-dirty and become host-dirty. A read pulls the two device-dirty pieces around
+     * them and takes the host's 8 bytes from the store. */
+    kb_rec fill = kbt_rec_new(KB_REC_FILL, 2);
+    fill.imm[0] = 2.0f;
+    fill.dst = kb_opnd_make(0x1000, 1, 16, KB_F32);
+    flush(f, fill);
+    expect_xfer(f, 2, 48, 3, 64, 2, 48, 2, 48);
+    assert_int_equal(kb_memstore_write(f->ms, 0x1008, w, 8), 0);
+    const kb_ivset *dd = kb_memstore_device_dirty(f->ms);
+    assert_int_equal(dd->n, 2);
+    assert_int_equal(dd->bytes, 56);
+    assert_int_equal(kb_memstore_host_dirty(f->ms)->bytes, 8);
+    load(f->ms, 0x1000, got, 64);
+    expect_xfer(f, 2, 48, 3, 64, 2, 48, 4, 104);
+    for (int i = 0; i < 16; i++)
+        assert_true(got[i] == (i == 2 ? 7.0f : i == 3 ? 8.0f : 2.0f));
+    /* The next flush uploads the host's 8 bytes before the device reads them. */
+    flush(f, copy_f32(0x5000, 0x1000, 16, 3));
+    expect_xfer(f, 3, 56, 4, 128, 2, 48, 4, 104);
+    load(f->ms, 0x5000, got, 64);
+    for (int i = 0; i < 16; i++)
+        assert_true(got[i] == (i == 2 ? 7.0f : i == 3 ? 8.0f : 2.0f));
+}
+
+/* The new segments of one flush are poison-filled by one fill (the padding between them
+ * included), however many there are. */
+static void test_fill_coalescing(void **state)
+{
+    fx *f = *state;
+    float z[16] = { 0 };
+    uint64_t off;
+    assert_int_equal(kb_oplog_add_payload(f->log, z, sizeof z, &off), 0);
+    for (int i = 0; i < 4; i++) {
+        /* destinations at PAs 4 mod 8 apart from the first: 4 bytes of padding before each */
+        kb_rec r = copy_f32(0x10000 * (uint64_t)(i + 1) + (i ? 4 : 0), off, 16, 0);
+        r.src[0].space = KB_SPACE_PAYLOAD;
+        assert_int_equal(kb_oplog_append(f->log, &r, NULL), 0);
+    }
+    assert_int_equal(kb_replay_flush(f->log, f->ms, &f->be, &f->st, NULL), 0);
+    /* offsets 0, 68, 132, 196: one fill of 260 bytes */
+    expect_xfer(f, 1, 64, 1, 260, 0, 0, 0, 0);
+    assert_int_equal(xs(f).segments, 4);
+}
+
+/* One backend, two stores in turn, and a store destroyed while bound. */
+static void test_rebind(void **state)
+{
+    fx *f = *state;
+    float x[4] = { 1, 2, 3, 4 }, got[4];
+    kb_errbuf eb;
+    assert_int_equal(kb_memstore_write(f->ms, 0x1000, x, 16), 0);
+    flush(f, copy_f32(0x2000, 0x1000, 4, 0));
+    assert_int_equal(kb_memstore_device_dirty(f->ms)->bytes, 16);
+    /* Another store on the same backend: the first one gets its device data back (pulled
+     * before the arena is reused) and loses its mirror. */
+    fx g = { kb_oplog_create(), kb_memstore_create(), f->be, { 0 } };
+    assert_non_null(g.log);
+    assert_non_null(g.ms);
+    assert_int_equal(kb_memstore_write(g.ms, 0x1000, x + 2, 8), 0);
+    flush(&g, copy_f32(0x9000, 0x1000, 2, 0));
+    assert_null(kb_memstore_mirror_self(f->ms));
+    assert_int_equal(kb_memstore_device_dirty(f->ms)->n, 0);
+    kb_xfer_stats s = xs(f);
+    assert_int_equal(s.downloads, 1);
+    assert_int_equal(s.download_bytes, 16);
+    assert_int_equal(s.segments, 2); /* g's */
+    load(f->ms, 0x2000, got, 16);
+    assert_memory_equal(got, x, 16);
+    load(g.ms, 0x9000, got, 8);
+    assert_memory_equal(got, x + 2, 8);
+    /* g's store goes away while bound: the backend forgets it, transfers nothing. */
+    kb_memstore_write(g.ms, 0x9000, x, 4); /* (host-dirty, never uploaded) */
+    flush(&g, copy_f32(0x9100, 0x9000, 2, 1));
+    kb_memstore_destroy(g.ms);
+    kb_oplog_destroy(g.log);
+    s = xs(f);
+    assert_int_equal(s.segments, 0);
+    assert_int_equal(s.downloads, 2); /* the read of 0x9000 above */
+    /* The first store binds again and replays on. */
+    flush(f, copy_f32(0x3000, 0x2000, 4, 1));
+    load(f->ms, 0x3000, got, 16);
+    assert_memory_equal(got, x, 16);
+    /* Switching such a store back to a host backend pulls its device data first. */
+    kb_backend ref;
+    assert_int_equal(kb_ref_backend_create(&ref), 0);
+    fx h = { f->log, f->ms, ref, { 0 } };
+    flush(&h, copy_f32(0x4000, 0x1000, 4, 2));
+    assert_null(kb_memstore_mirror_self(f->ms));
+    eb.msg[0] = '\0';
+    assert_int_equal(kb_memstore_load(f->ms, 0x4000, got, 16, &eb), 0);
+    assert_memory_equal(got, x, 16);
+    ref.ops->destroy(ref.self);
+}
+
+/* A resident backend whose second batch fails. */
+typedef struct failing {
+    kb_backend inner;
+    int batches;
+} failing;
+
+static int fl_begin(void *self, uint8_t *arena, uint64_t bytes, const uint8_t *payload,
+                    size_t payload_bytes, kb_errbuf *eb)
+{
+    failing *b = self;
+    return b->inner.ops->begin(b->inner.self, arena, bytes, payload, payload_bytes, eb);
+}
+
+static int fl_run(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
+{
+    failing *b = self;
+    if (++b->batches == 2)
+        return kb_err_set(eb, KB_ERR_DEVICE, "injected failure");
+    return b->inner.ops->run_batch(b->inner.self, recs, n, eb);
+}
+
+static int fl_end(void *self, uint8_t *arena, uint64_t bytes, kb_errbuf *eb)
+{
+    failing *b = self;
+    return b->inner.ops->end(b->inner.self, arena, bytes, eb);
+}
+
+static void fl_destroy(void *self)
+{
+    (void)self;
+}
+
+static kb_resident *fl_resident(void *self)
+{
+    failing *b = self;
+    return b->inner.ops->resident(b->inner.self);
+}
+
+static void test_failed_flush(void **state)
+{
+    fx *f = *state;
+    static const kb_backend_ops ops = { "failing-resident", fl_begin, fl_run, fl_end, fl_destroy,
+                                        fl_resident };
+    failing fb = { f->be, 0 };
+    float x[4] = { 1, 2, 3, 4 }, got[4];
+    kb_errbuf eb;
+    assert_int_equal(kb_memstore_write(f->ms, 0x1000, x, 16), 0);
+    flush(f, copy_f32(0x2000, 0x1000, 4, 0)); /* device-dirty, not read yet */
+    fx g = { f->log, f->ms, { &ops, &fb }, { 0 } };
+    kb_rec a = copy_f32(0x3000, 0x2000, 4, 1), b = copy_f32(0x4000, 0x3000, 4, 2);
+    assert_int_equal(kb_oplog_append(f->log, &a, NULL), 0);
+    assert_int_equal(kb_oplog_append(f->log, &b, NULL), 0);
+    eb.msg[0] = '\0';
+    assert_int_equal(kb_replay_flush(f->log, f->ms, &g.be, &g.st, &eb), KB_ERR_DEVICE);
+    assert_non_null(strstr(eb.msg, "injected failure"));
+    assert_int_equal(kb_oplog_replayed(f->log), 1);
+    assert_true(kb_resident_broken(fl_resident(&fb)));
+    /* From now on the device copy is undefined: flushes and reads of device data say so. */
+    assert_int_equal(kb_replay_flush(f->log, f->ms, &f->be, &f->st, &eb), KB_ERR_STATE);
+    assert_non_null(strstr(eb.msg, "undefined"));
+    assert_int_equal(kb_memstore_load(f->ms, 0x2000, got, 16, &eb), KB_ERR_STATE);
+    /* What the host holds is still readable. */
+    assert_int_equal(kb_memstore_load(f->ms, 0x1000, got, 16, &eb), 0);
+    assert_memory_equal(got, x, 16);
+}
+
+/*
+ * Growth and merges keep every byte: a chain of copies, each a new segment, every 8th one
+ * spanning the last four (a merge of segments and the poison between them), replayed flush by
+ * flush on resident memory and on the plain ref backend: the same memory everywhere.
+ */
+static void test_growth(void **state)
+{
+    fx *f = *state;
+    enum { N = 40, SPAN = 0x30000 / 4 + N };
+    const uint64_t base = 0x100000, end = base + 0x10000 * (uint64_t)N + 4 * (uint64_t)SPAN;
+    float v[N];
+    kb_backend ref;
+    kb_replay_stats rst;
+    kb_oplog *log2 = kb_oplog_create();
+    kb_memstore *ms2 = kb_memstore_create();
+    uint8_t *a = malloc(end - base), *b = malloc(end - base);
+    assert_non_null(log2);
+    assert_non_null(ms2);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(kb_ref_backend_create(&ref), 0);
+    memset(&rst, 0, sizeof rst);
+    for (int i = 0; i < N; i++)
+        v[i] = (float)i * 3.0f;
+    assert_int_equal(kb_memstore_write(f->ms, base, v, sizeof v), 0);
+    assert_int_equal(kb_memstore_write(ms2, base, v, sizeof v), 0);
+    for (int k = 1; k < N; k++) {
+        uint64_t dst = base + 0x10000 * (uint64_t)k;
+        kb_rec r = copy_f32(dst, dst - 0x10000, N, k);
+        if (k % 8 == 0)
+            r = copy_f32(dst, dst - 0x40000, SPAN, k);
+        flush(f, r);
+        assert_int_equal(kb_oplog_append(log2, &r, NULL), 0);
+        assert_int_equal(kb_replay_flush(log2, ms2, &ref, &rst, NULL), 0);
+    }
+    kb_xfer_stats x = xs(f);
+    assert_true(x.moves > 0);
+    assert_true(x.arena_bytes >= x.resident_bytes);
+    load(f->ms, base, a, end - base);
+    load(ms2, base, b, end - base);
+    assert_memory_equal(a, b, end - base);
+    float got[N];
+    memcpy(got, a + 0x10000, sizeof got);
+    assert_memory_equal(got, v, sizeof v);
+    ref.ops->destroy(ref.self);
+    kb_oplog_destroy(log2);
+    kb_memstore_destroy(ms2);
+    free(a);
+    free(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_known_sequence, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_payload_and_host_writes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fill_coalescing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rebind, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failed_flush, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_growth, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
