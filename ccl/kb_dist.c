@@ -3,11 +3,14 @@
  * table of rank = SIP algorithms (kb_dist_algo.h). The process group names no algorithm: it
  * finds the module's entry in the table and calls its install plan, layout, validator,
  * argument builder and grid. A new rank = SIP collective = its own file + one line in
- * sip_algos[] below + its test + its ccl.yaml entry.
+ * sip_algos[] below + its test + its ccl.yaml entry. all_gather and reduce_scatter launch the
+ * kernels of kb_dist_coll.c over the entry's wiring (or, for a wiring they do not know, are
+ * built on the entry's all_reduce).
  * Limits: one process group per context (IPCQ is installed once per PE); SUM only.
  */
 #include "kb_dist.h"
 #include "kb_dist_algo.h"
+#include "kb_dist_coll.h"
 #include "kb_ccl_reg.h"
 
 #include <stdio.h>
@@ -444,7 +447,25 @@ static int exec_gather(kb_ctx *ctx, dist *d, epoch *e, int reduce_scatter)
                           "them, alike on every rank",
                           ep_names[reduce_scatter ? EP_REDUCESCATTER : EP_ALLGATHER], bad, S, S);
     kb_grid g = d->algo->grid(m, d->ws);
-    /* d->args is shared with launch_allreduce; kb_launch_per_sip copies what it is given */
+    int tree = kb_dist_coll_tree(d->algo);
+    if (tree >= 0) {
+        /* the real algorithms (kb_dist_coll.c) over the process group's wiring */
+        for (int r = 0; r < d->ws; r++) {
+            kb_kargs *a = &d->args[r];
+            memset(a, 0, sizeof *a);
+            a->ptr[0] = kb_tensor_va(narrow[r]);
+            a->ptr[1] = kb_tensor_va(wide[r]);
+            kb_dist_coll_args(m, tree, d->ws, d->root_cube, rows, c, S,
+                              kb_tensor_dtype(narrow[r]), a);
+        }
+        return kb_launch_per_sip(ctx, reduce_scatter ? "dist_reduce_scatter" : "dist_all_gather",
+                                 reduce_scatter ? kb_dist_reducescatter_kernel
+                                                : kb_dist_allgather_kernel,
+                                 d->args, &g);
+    }
+    /* another entry's wiring: built on its all-reduce (a zero-padded buffer / the own chunk
+     * of the sum). d->args is shared with launch_allreduce; kb_launch_per_sip copies what it
+     * is given */
     if (reduce_scatter && (rc = launch_allreduce(ctx, d, wide)) != 0)
         return rc;
     for (int r = 0; r < d->ws; r++) {

@@ -17,8 +17,10 @@
  *                           kernel of ccl/kb_ccl_algos.c.
  * all_reduce leaves in EVERY shard the sum over all shards of all ranks (for intercube: over
  * the cubes' rows and the ranks). Only SUM is supported. all_gather and reduce_scatter are
- * built on all_reduce (a zero-padded buffer / the own chunk of the sum): correct, with
- * all_reduce's traffic rather than a ring all-gather's. barrier synchronises the ranks'
+ * real algorithms over the same wiring (kb_dist_coll.c): a tree inside each SIP to a leader
+ * PE and a ring (chain where the SIP grid does not wrap) among the leaders, each leader
+ * sending (ws-1)/ws of the gathered / reduced matrix; an entry whose mapper is neither
+ * all_pes nor pe0_all_cubes gets them built on its all_reduce. barrier synchronises the ranks'
  * host programs without device work.
  */
 #ifndef KB_DIST_H
@@ -42,8 +44,9 @@ int kb_dist_barrier(kb_ctx *ctx);
  * [j*k/S, (j+1)*k/S)) -> `out` (S*m x ws*k per rank, row-wise: every PE's m x ws*k block
  * holds the whole gathered matrix, rank r's columns at [r*k, (r+1)*k)). */
 int kb_dist_all_gather(kb_ctx *ctx, kb_tensor *out, kb_tensor *in);
-/* Inverse layout: `in` (wide, row-wise, one m x ws*k block per PE) is all-reduced IN PLACE,
- * then each PE keeps its own k/S-column chunk in `out` (m x k, column-wise over the PEs). */
+/* Inverse layout: `in` (wide, row-wise, one m x ws*k block per PE) is summed over every PE
+ * of every rank; PE j of rank r keeps its k/S columns of the rank's k-column chunk of the
+ * sum in `out` (m x k, column-wise over the PEs). `in` is staging: unspecified afterwards. */
 int kb_dist_reduce_scatter(kb_ctx *ctx, kb_tensor *out, kb_tensor *in);
 
 /* The DPPolicy a rank's tensor must have for the process group's algorithm. */
