@@ -65,6 +65,7 @@ typedef struct dist {
                                  never returns to the launching fiber) */
     int next_id;
     kb_time comm;
+    uint64_t calls[KB_COLL_NKINDS], inter_sip[KB_COLL_NKINDS]; /* kb_dist_traffic */
 } dist;
 
 static void dist_free(void *p)
@@ -105,6 +106,22 @@ const kb_dist_algo *kb_dist_algo_of(kb_ctx *ctx)
 {
     dist *d = dist_of(ctx);
     return d && d->initialised ? d->algo : NULL;
+}
+
+/* Bytes sent so far over the SIPs' links: every install plan of the table wires inter-SIP
+ * links on the global directions only. */
+static uint64_t global_bytes(kb_ctx *ctx)
+{
+    return kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_E) + kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_W) +
+           kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_N) + kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_S);
+}
+
+void kb_dist_traffic(kb_ctx *ctx, kb_coll_kind kind, uint64_t *calls, uint64_t *inter_sip_bytes)
+{
+    dist *d = dist_of(ctx);
+    int ok = d && (unsigned)kind < KB_COLL_NKINDS;
+    *calls = ok ? d->calls[kind] : 0;
+    *inter_sip_bytes = ok ? d->inter_sip[kind] : 0;
 }
 
 kb_time kb_dist_comm_time(kb_ctx *ctx)
@@ -179,10 +196,17 @@ static int join(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b, exec
         kb_signal_wait(kb_ctx_sim(ctx), &e->done);
     } else {
         kb_time t0 = kb_sim_now(kb_ctx_sim(ctx));
+        uint64_t b0 = global_bytes(ctx);
         d->cur = NULL;
         d->done = e;
         e->users--; /* the dist no longer points at it */
         e->rc = exec ? exec(ctx, d, e) : 0;
+        int ck = kind == EP_ALLREDUCE ? KB_COLL_ALLREDUCE : kind == EP_ALLGATHER ? KB_COLL_ALLGATHER
+               : kind == EP_REDUCESCATTER ? KB_COLL_REDUCE_SCATTER : -1;
+        if (ck >= 0) {
+            d->calls[ck]++;
+            d->inter_sip[ck] += global_bytes(ctx) - b0;
+        }
         if (e->rc)
             kb_err_prefix(eb, "%s of epoch %d (run for every rank by rank %d, the last to join)",
                           ep_names[kind], e->id, r);

@@ -56,6 +56,10 @@ int kb_dist_shards_per_rank(kb_ctx *ctx);
 
 /* Seconds-free statistics: simulated time spent inside collectives, summed per call. */
 kb_time kb_dist_comm_time(kb_ctx *ctx);
+/* Calls of the collective `kind` (KB_COLL_ALLREDUCE, _ALLGATHER, _REDUCE_SCATTER) so far and
+ * the bytes they sent over inter-SIP links (IPCQ payloads on the global directions), summed
+ * over every rank; 0 and 0 before init. */
+void kb_dist_traffic(kb_ctx *ctx, kb_coll_kind kind, uint64_t *calls, uint64_t *inter_sip_bytes);
 
 /* The intercube install plan (exposed for tests): links of PE 0 of every cube. */
 int kb_dist_install_intercube(kb_ctx *ctx, const kb_ipcq_cfg *cfg);

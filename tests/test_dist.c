@@ -570,6 +570,17 @@ static kb_ctx *gather_ctx(int sips, const char *topo, const char *algo, int slot
     return ctx;
 }
 
+/* One call of `kind`, whose inter-SIP traffic is the ring's closed form: every rank sends
+ * (ws - 1) chunks of `chunk` bytes, i.e. (ws - 1)/ws of the ws-chunk buffer (a chain that
+ * does not wrap sends the same in total, unevenly over the ranks). */
+static void expect_traffic(kb_ctx *ctx, kb_coll_kind kind, int ws, int64_t chunk)
+{
+    uint64_t calls, bytes;
+    kb_dist_traffic(ctx, kind, &calls, &bytes);
+    assert_int_equal(calls, 1);
+    assert_int_equal(bytes, (uint64_t)ws * (uint64_t)(ws - 1) * (uint64_t)chunk);
+}
+
 static void all_gather_case(int sips, const char *topo, const char *algo, int64_t m, int64_t k,
                             int slot, int root)
 {
@@ -578,6 +589,7 @@ static void all_gather_case(int sips, const char *topo, const char *algo, int64_
     int S;
     run_ok(ctx, &j);
     S = kb_dist_shards_per_rank(ctx);
+    expect_traffic(ctx, KB_COLL_ALLGATHER, sips, m * k * 2);
     int64_t wrows = S * m, wcols = sips * k;
     float *got = malloc(sizeof *got * (size_t)(wrows * wcols));
     assert_non_null(got);
@@ -643,6 +655,7 @@ static void reduce_scatter_case(int sips, const char *topo, const char *algo, in
     job j = { .nprocs = sips, .body = body_reduce_scatter, .m = m, .n = k };
     run_ok(ctx, &j);
     int S = kb_dist_shards_per_rank(ctx);
+    expect_traffic(ctx, KB_COLL_REDUCE_SCATTER, sips, m * k * 4); /* f32 partial sums */
     float *got = malloc(sizeof *got * (size_t)(m * k));
     assert_non_null(got);
     for (int r = 0; r < sips; r++) {
