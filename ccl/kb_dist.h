@@ -20,7 +20,8 @@
  * real algorithms over the same wiring (kb_dist_coll.c): a tree inside each SIP to a leader
  * PE and a ring (chain where the SIP grid does not wrap) among the leaders, each leader
  * sending (ws-1)/ws of the gathered / reduced matrix; an entry whose mapper is neither
- * all_pes nor pe0_all_cubes gets them built on its all_reduce. barrier synchronises the ranks'
+ * all_pes nor pe0_all_cubes gets them built on its all_reduce (and no broadcast / reduce).
+ * broadcast and reduce (SUM) take a root rank. barrier synchronises the ranks'
  * host programs without device work.
  */
 #ifndef KB_DIST_H
@@ -48,6 +49,15 @@ int kb_dist_all_gather(kb_ctx *ctx, kb_tensor *out, kb_tensor *in);
  * of every rank; PE j of rank r keeps its k/S columns of the rank's k-column chunk of the
  * sum in `out` (m x k, column-wise over the PEs). `in` is staging: unspecified afterwards. */
 int kb_dist_reduce_scatter(kb_ctx *ctx, kb_tensor *out, kb_tensor *in);
+
+/* broadcast: every rank's tensor (the all_reduce layout) becomes rank root's, shard by shard
+ * (shard j of every rank = shard j of root). reduce (SUM): every shard of root's tensor
+ * becomes what all_reduce would leave there (the sum over every shard of every rank); the
+ * other ranks' tensors are unchanged. Both run over the process group's wiring
+ * (kb_dist_coll.c): shards stream up the root SIP's tree, along the leaders' chains (the
+ * root's grid row, then every column) and down; reduce sums them the other way. */
+int kb_dist_broadcast(kb_ctx *ctx, kb_tensor *t, int root);
+int kb_dist_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op, int root);
 
 /* The DPPolicy a rank's tensor must have for the process group's algorithm. */
 kb_dp_policy kb_dist_policy(kb_ctx *ctx);

@@ -1,25 +1,34 @@
 /*
- * kb_dist_coll — the rank = SIP all-gather and reduce-scatter kernels of the process group
- * (kb_dist_all_gather / kb_dist_reduce_scatter, layouts in kb_dist.h), over the IPCQ wiring
- * the process group's install plan made. Each is a real gather / reduce-scatter, not an
- * all-reduce of a padded buffer:
+ * kb_dist_coll — the rank = SIP all-gather, reduce-scatter, broadcast and reduce kernels of
+ * the process group (kb_dist_all_gather, _reduce_scatter, _broadcast, _reduce; layouts in
+ * kb_dist.h), over the IPCQ wiring the process group's install plan made. Each is a real
+ * algorithm, not an all-reduce of a padded buffer:
  *
  *   all_gather      1. inside the SIP, every PE's m x c block is gathered up a two-level tree
  *                      to the rank's leader PE (each message carries the blocks of the
  *                      sender's subtree, in the tensor's dtype);
  *                   2. the leaders all-gather the ranks' m x k chunks over the SIP grid
- *                      (rings, or bidirectional chains where the grid does not wrap): every
- *                      leader sends (ws - 1)/ws of the gathered m x ws*k matrix;
+ *                      (rings, or bidirectional chains where the grid does not wrap): a
+ *                      leader sends (ws - 1)/ws of the gathered m x ws*k matrix (on chains,
+ *                      on average over the leaders);
  *                   3. the leader broadcasts the gathered matrix down the tree.
  *   reduce_scatter  1. every PE's m x ws*k partial (as f32) is reduced up the tree to the
  *                      leader (the layout gives every PE a whole-width partial);
  *                   2. the leaders reduce-scatter over the SIP grid (rings, or two chains
- *                      where it does not wrap): every leader sends (ws - 1)/ws of the matrix
- *                      (f32), and ends with its rank's m x k chunk of the total;
+ *                      where it does not wrap): a leader sends (ws - 1)/ws of the f32 matrix
+ *                      (on chains, on average), and ends with its rank's m x k chunk of the
+ *                      total;
  *                   3. the leader rounds the chunk to the dtype once and scatters it down the
  *                      tree: each message carries only the blocks of the receiver's subtree.
  *
- * The trees (kb_dist_tree): hierarchical_allreduce's wiring (mapper all_pes) gives chains
+ *   broadcast       the root SIP's shards stream up its tree in shard order, along the
+ *                   leaders' tree over the SIP grid (the root's grid row, then every column;
+ *                   a ring as two chains from the root) and down every other SIP's tree to
+ *                   the PE that owns each shard.
+ *   reduce          every SIP's shards summed up its tree (f32), the leaders' sums toward the
+ *                   root's leader, the total down the root SIP's tree into every shard.
+ *
+ * The trees (kb_dist_coll_tree): hierarchical_allreduce's wiring (mapper all_pes) gives chains
  * inside each cube (E/W) and among the cubes' PE 0 (N/S), each split in two halves toward
  * member 0, like its all-reduce; the leader is cube 0's PE 0 and the SIP grid is its global
  * E/W ring of ws SIPs whatever system.sips.topology says. intercube_allreduce's wiring
@@ -28,8 +37,10 @@
  * and the SIP grid is the machine's (sip_grid_w x sip_grid_h, wrapping unless
  * mesh_2d_no_wrap): rows over global E/W, then columns over global S/N.
  *
- * Messages between leaders run one matrix row at a time (the rank's chunk is m strided row
- * pieces of the m x ws*k matrix), so m rows cost m messages per step, with the bytes of the
+ * The leaders' all_gather messages are the ranks' contiguous m x k chunks (the leader turns
+ * its own chunk row-major before and lays the whole matrix out after: local stores); their
+ * reduce_scatter runs one matrix row at a time (the f32 partial stays in scratch, where a
+ * chunk is m strided row pieces), so m rows cost m messages per step, with the bytes of the
  * closed form. Messages longer than a slot travel as chunks (chains block until the receiver
  * takes them; rings step through kb_ccl_sendrecv). Limits: a PE's whole m x ws*k block (f32
  * for reduce_scatter) is held in its scratch; reduce_scatter uses the leader's block of `in`
@@ -460,4 +471,240 @@ void kb_dist_coll_args(const kb_machine *m, int tree, int ws, int root_cube, int
         a->i[KB_DC_GH] = m->sip_grid_h;
         a->i[KB_DC_WRAP] = strcmp(m->cfg.sips_topology, "mesh_2d_no_wrap") != 0;
     }
+}
+
+/* ---- broadcast and reduce (a rank's tensor: S shards of n elements, one per PE) ---- */
+
+/* A leader's place in the broadcast / reduce tree over the SIP grid rooted at rank `root`:
+ * along the root's grid row (X), then along every column (Y); halves of a ring where the
+ * grid wraps, lines from the root where it does not. */
+typedef struct gnode {
+    int parent;      /* direction toward the root, -1 at the root */
+    int nch;
+    kb_dir ch[4];
+} gnode;
+
+static void dim_node(int i, int g, int rt, int wrap, kb_dir fwd, kb_dir back, int *parent,
+                     kb_dir *ch, int *nch)
+{
+    *parent = -1;
+    if (g < 2)
+        return;
+    if (wrap) {
+        int de = ((i - rt) % g + g) % g, h = g / 2;
+        if (de == 0) {
+            ch[(*nch)++] = fwd;
+            if (g - 1 >= h + 1)
+                ch[(*nch)++] = back;
+        } else if (de <= h) {
+            *parent = (int)back;
+            if (de < h)
+                ch[(*nch)++] = fwd;
+        } else {
+            *parent = (int)fwd;
+            if (de > h + 1)
+                ch[(*nch)++] = back;
+        }
+        return;
+    }
+    if (i == rt) {
+        if (rt < g - 1)
+            ch[(*nch)++] = fwd;
+        if (rt > 0)
+            ch[(*nch)++] = back;
+    } else if (i > rt) {
+        *parent = (int)back;
+        if (i < g - 1)
+            ch[(*nch)++] = fwd;
+    } else {
+        *parent = (int)fwd;
+        if (i > 0)
+            ch[(*nch)++] = back;
+    }
+}
+
+static void grid_node(const kb_kargs *a, int sip, int root, gnode *gn)
+{
+    int gw, gh, sx, sy, wrap, p;
+    grid_of(a, sip, &gw, &gh, &sx, &sy, &wrap);
+    int rx = root % gw, ry = root / gw;
+    memset(gn, 0, sizeof *gn);
+    gn->parent = -1;
+    if (sy == ry) {
+        dim_node(sx, gw, rx, wrap, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, &gn->parent, gn->ch, &gn->nch);
+        dim_node(sy, gh, ry, wrap, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N, &p, gn->ch, &gn->nch);
+    } else {
+        dim_node(sy, gh, ry, wrap, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N, &gn->parent, gn->ch,
+                 &gn->nch);
+    }
+}
+
+typedef struct bsink {
+    int ndir;
+    kb_dir dir[4];
+} bsink;
+
+static void sink_send(kb_tl *tl, const bsink *s, kb_val v)
+{
+    for (int x = 0; x < s->ndir; x++)
+        tl_send(tl, s->dir[x], v);
+}
+
+/*
+ * Broadcast, up on the root's SIP: the PE's subtree's blocks in increasing block order, each
+ * taken from the child that holds it (received) or from its own shard (loaded) and handed to
+ * the sink. Every subtree of a chain or line is a range of members with the own member at an
+ * end, so each child emits its blocks in increasing order too.
+ */
+static void emit_up(kb_tl *tl, const where *w, int lvl, kb_va t, int64_t n, kb_dtype dt,
+                    const bsink *s)
+{
+    const tnode *nd = lvl == 1 ? &w->l1 : &w->l2;
+    int64_t unit = lvl == 1 ? w->unit1 : w->unit2;
+    /* segments in member order: children's ranges and the own member */
+    for (int mbr = nd->lo; mbr <= nd->hi;) {
+        int x;
+        for (x = 0; x < nd->nch; x++)
+            if (nd->clo[x] == mbr)
+                break;
+        if (x < nd->nch) {
+            int64_t cnt = (nd->chi[x] - nd->clo[x] + 1) * unit;
+            for (int64_t b = 0; b < cnt; b++) {
+                kb_val v = tl_recv(tl, nd->ch[x], KB_SHAPE1(n), dt);
+                sink_send(tl, s, v);
+                tl_free(tl, v);
+            }
+            mbr = nd->chi[x] + 1;
+        } else {
+            if (lvl == 2) {
+                emit_up(tl, w, 1, t, n, dt, s);
+            } else {
+                kb_val v = tl_load(tl, elem(t, w->j * n, dt), KB_SHAPE1(n), dt);
+                sink_send(tl, s, v);
+                tl_free(tl, v);
+            }
+            mbr++;
+        }
+    }
+}
+
+/* Broadcast, down on another SIP: block b (received, in increasing order) goes to the child
+ * whose subtree holds it, or into the own shard. */
+static void route_down(kb_tl *tl, const where *w, int lvl, int64_t b, kb_val v, kb_va t,
+                       int64_t n, kb_dtype dt)
+{
+    const tnode *nd = lvl == 1 ? &w->l1 : &w->l2;
+    int64_t unit = lvl == 1 ? w->unit1 : w->unit2, base = lvl == 1 ? w->base1 : 0;
+    int64_t mbr = (b - base) / unit;
+    for (int x = 0; x < nd->nch; x++)
+        if (mbr >= nd->clo[x] && mbr <= nd->chi[x]) {
+            tl_send(tl, nd->ch[x], v);
+            return;
+        }
+    if (lvl == 2)
+        route_down(tl, w, 1, b, v, t, n, dt);
+    else
+        tl_store(tl, elem(t, w->j * n, dt), v);
+}
+
+void kb_dist_broadcast_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_DC_M];
+    int root = (int)a->i[KB_DC_C], sip = tl_program_id(tl, 2);
+    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
+    kb_va t = a->ptr[0];
+    where w;
+    locate(tl, a, &w);
+    int top = w.in2 ? 2 : 1;
+    const tnode *nd = top == 1 ? &w.l1 : &w.l2;
+    gnode gn;
+    bsink s = { 0, { 0 } };
+    if (w.leader) {
+        grid_node(a, sip, root, &gn);
+        s.ndir = gn.nch;
+        memcpy(s.dir, gn.ch, sizeof gn.ch);
+    } else if (sip == root) {
+        s.ndir = 1;
+        s.dir[0] = (kb_dir)nd->parent;
+    }
+    if (sip == root) {
+        emit_up(tl, &w, top, t, n, dt, &s);
+        return;
+    }
+    /* another SIP: the blocks of this PE's subtree arrive in increasing order */
+    int parent = w.leader ? gn.parent : nd->parent;
+    int64_t lo = top == 1 ? w.base1 + nd->lo * w.unit1 : nd->lo * w.unit2;
+    int64_t hi = top == 1 ? w.base1 + (nd->hi + 1) * w.unit1 : (nd->hi + 1) * w.unit2;
+    for (int64_t b = lo; b < hi; b++) {
+        kb_val v = tl_recv(tl, (kb_dir)parent, KB_SHAPE1(n), dt);
+        if (w.leader)
+            sink_send(tl, &s, v);
+        route_down(tl, &w, top, b, v, t, n, dt);
+        tl_free(tl, v);
+    }
+}
+
+/*
+ * Reduce: every shard summed (f32) up the tree to the leader, the leaders' sums toward the
+ * root's leader, whose total goes down its SIP's tree into every shard of the root's tensor.
+ * The other ranks' tensors are left as they were.
+ */
+void kb_dist_reduce_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_DC_M];
+    int root = (int)a->i[KB_DC_C], sip = tl_program_id(tl, 2);
+    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
+    kb_va mine;
+    where w;
+    locate(tl, a, &w);
+    mine = elem(a->ptr[0], w.j * n, dt);
+    kb_val v = tl_load(tl, mine, KB_SHAPE1(n), dt);
+    kb_val acc = tl_scale(tl, v, 1.0f, 0.0f);
+    tl_free(tl, v);
+    int sent = 0;
+    for (int lvl = 1; lvl <= 2 && !sent; lvl++) {
+        const tnode *t = lvl == 1 ? &w.l1 : &w.l2;
+        if (lvl == 2 && !w.in2)
+            break;
+        for (int x = 0; x < t->nch; x++) {
+            kb_val r = tl_recv(tl, t->ch[x], KB_SHAPE1(n), KB_F32);
+            kb_val s = tl_add(tl, acc, r);
+            tl_free(tl, acc);
+            tl_free(tl, r);
+            acc = s;
+        }
+        if (t->parent >= 0) {
+            tl_send(tl, (kb_dir)t->parent, acc);
+            sent = 1;
+        }
+    }
+    if (w.leader) {
+        gnode gn;
+        grid_node(a, sip, root, &gn);
+        for (int x = 0; x < gn.nch; x++) {
+            kb_val r = tl_recv(tl, gn.ch[x], KB_SHAPE1(n), KB_F32);
+            kb_val s = tl_add(tl, acc, r);
+            tl_free(tl, acc);
+            tl_free(tl, r);
+            acc = s;
+        }
+        if (gn.parent >= 0)
+            tl_send(tl, (kb_dir)gn.parent, acc);
+    }
+    if (sip == root) {
+        /* the total down the root SIP's tree: level 2, then level 1 */
+        for (int lvl = 2; lvl >= 1; lvl--) {
+            const tnode *t = lvl == 1 ? &w.l1 : &w.l2;
+            if (lvl == 2 && !w.in2)
+                continue;
+            if (t->parent >= 0) {
+                tl_free(tl, acc);
+                acc = tl_recv(tl, (kb_dir)t->parent, KB_SHAPE1(n), KB_F32);
+            }
+            for (int x = 0; x < t->nch; x++)
+                tl_send(tl, t->ch[x], acc);
+        }
+        tl_store(tl, mine, acc);
+    }
+    tl_free(tl, acc);
 }

@@ -1,7 +1,7 @@
 /*
- * kb_dist_coll — the rank = SIP all-gather and reduce-scatter kernels the process group
- * (kb_dist.c) launches for kb_dist_all_gather / kb_dist_reduce_scatter: a gather / scatter
- * tree inside each SIP to a leader PE and a ring (or chain) exchange among the SIPs' leaders
+ * kb_dist_coll — the rank = SIP all-gather, reduce-scatter, broadcast and reduce kernels the
+ * process group (kb_dist.c) launches for kb_dist_all_gather, _reduce_scatter, _broadcast and
+ * _reduce: a tree inside each SIP to a leader PE and rings / chains among the SIPs' leaders
  * over the wiring of the process group's install plan. Algorithms and limits are described
  * in kb_dist_coll.c; the tensor layouts in kb_dist.h.
  */
@@ -30,5 +30,9 @@ void kb_dist_coll_args(const kb_machine *m, int tree, int ws, int root_cube, int
 
 void kb_dist_allgather_kernel(kb_tl *tl, const kb_kargs *a);
 void kb_dist_reducescatter_kernel(kb_tl *tl, const kb_kargs *a);
+/* broadcast / reduce over a tensor of S shards of n elements (the all_reduce layout):
+ * ptr[0] = the tensor, i[KB_DC_M] = n, i[KB_DC_C] = the root rank. */
+void kb_dist_broadcast_kernel(kb_tl *tl, const kb_kargs *a);
+void kb_dist_reduce_kernel(kb_tl *tl, const kb_kargs *a);
 
 #endif

@@ -88,6 +88,7 @@ struct job {
     int fail_rank;            /* worker error scenarios: the rank that fails */
     int sleeper;              /* ... and rank 0 sleeps past the failure instead of waiting */
     kb_dist_op op;            /* op of the unsupported-op case */
+    int root;                 /* broadcast / reduce: the root rank */
     kb_tensor *t[MAXR], *u[MAXR];
     int rank_seen[MAXR], ws_seen[MAXR], nprocs_seen[MAXR], after[MAXR];
     int host_rc;              /* what a host-side call after kb_spawn returned */
@@ -690,6 +691,87 @@ static void test_reduce_scatter(void **state)
     reduce_scatter_case(1, "ring_1d", "hierarchical_allreduce", 1, 8, 0, -1);
 }
 
+/* ---- broadcast / reduce ---- */
+
+/* broadcast input: integers below 1024 (exact in f16); reduce input: quarters below 8, so
+ * that a sum of up to 32 terms is exact in f16 */
+static double bc_in(int r, int64_t s, int64_t i) { return (double)((r * 97 + s * 31 + i * 7) % 1021); }
+static double rd_in(int r, int64_t s, int64_t i) { return (double)((r * 13 + s * 7 + i * 5) % 31) / 4.0; }
+
+static int body_rooted(kb_ctx *ctx, int rank, job *j, int reduce)
+{
+    int S = kb_dist_shards_per_rank(ctx);
+    float *x = stage(j, rank, 0, S, j->n);
+    int rc;
+    if (!x)
+        return too_big(ctx);
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t i = 0; i < j->n; i++)
+            x[s * j->n + i] = (float)(reduce ? rd_in(rank, s, i) : bc_in(rank, s, i));
+    kb_tensor_desc d = { "t", S, j->n, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
+    if ((rc = kb_tensor_from_host(ctx, &d, x, &j->t[rank])) != 0)
+        return rc;
+    return reduce ? kb_dist_reduce(ctx, j->t[rank], KB_DIST_SUM, j->root)
+                  : kb_dist_broadcast(ctx, j->t[rank], j->root);
+}
+
+static int body_broadcast(kb_ctx *ctx, int rank, job *j) { return body_rooted(ctx, rank, j, 0); }
+static int body_reduce(kb_ctx *ctx, int rank, job *j) { return body_rooted(ctx, rank, j, 1); }
+
+static void rooted_case(int reduce, int sips, const char *topo, const char *algo, int64_t n,
+                        int root, int slot)
+{
+    kb_ctx *ctx = gather_ctx(sips, topo, algo, slot, -1);
+    job j = { .nprocs = sips, .body = reduce ? body_reduce : body_broadcast, .n = n,
+              .root = root };
+    run_ok(ctx, &j);
+    int S = kb_dist_shards_per_rank(ctx);
+    uint64_t calls, bytes;
+    kb_dist_traffic(ctx, reduce ? KB_COLL_REDUCE : KB_COLL_BROADCAST, &calls, &bytes);
+    assert_int_equal(calls, 1);
+    /* broadcast: every other rank receives the tensor once; reduce: every other rank's f32
+     * sum of its shards crosses one inter-SIP link */
+    assert_int_equal(bytes, (uint64_t)(sips - 1) * (uint64_t)(reduce ? n * 4 : S * n * 2));
+    float *got = malloc(sizeof *got * (size_t)(S * n));
+    assert_non_null(got);
+    for (int r = 0; r < sips; r++) {
+        assert_int_equal(kb_tensor_read(j.t[r], got), 0);
+        for (int64_t s = 0; s < S; s++)
+            for (int64_t i = 0; i < n; i++) {
+                double want = 0.0;
+                if (!reduce)
+                    want = bc_in(root, s, i);
+                else if (r != root)
+                    want = rd_in(r, s, i);
+                else
+                    for (int rr = 0; rr < sips; rr++)
+                        for (int p = 0; p < S; p++)
+                            want += rd_in(rr, p, i);
+                expect_exact(got[s * n + i], want, reduce ? "reduce" : "broadcast", r, s, i);
+            }
+    }
+    free(got);
+    kb_ctx_destroy(ctx);
+}
+
+/* Both wirings, 1-4 SIPs on ring_1d, torus_2d and mesh_2d_no_wrap, the first and the last
+ * rank as root, and shards longer than a 4 KiB slot. */
+static void test_broadcast_reduce(void **state)
+{
+    static const char *const topos[] = { "ring_1d", "torus_2d", "mesh_2d_no_wrap" };
+    (void)state;
+    for (int reduce = 0; reduce < 2; reduce++) {
+        for (int t = 0; t < 3; t++)
+            for (int n = 1; n <= 4; n++)
+                for (int root = 0; root < n; root += n > 1 ? n - 1 : 1) {
+                    rooted_case(reduce, n, topos[t], "intercube_allreduce", 8, root, 0);
+                    rooted_case(reduce, n, topos[t], "hierarchical_allreduce", 8, root, 0);
+                }
+        rooted_case(reduce, 3, "ring_1d", "intercube_allreduce", 4096, 1, 4096);
+        rooted_case(reduce, 4, "torus_2d", "hierarchical_allreduce", 2048, 2, 4096);
+    }
+}
+
 /* ---- errors ---- */
 
 static int body_mismatch(kb_ctx *ctx, int rank, job *j)
@@ -1100,6 +1182,7 @@ int main(void)
         cmocka_unit_test(test_allreduce_hierarchical),
         cmocka_unit_test(test_all_gather),
         cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_broadcast_reduce),
         cmocka_unit_test(test_err_mismatch),
         cmocka_unit_test(test_err_joined_twice),
         cmocka_unit_test(test_err_op),
