@@ -3,11 +3,14 @@
  * table of rank = SIP algorithms (kb_dist_algo.h). The process group names no algorithm: it
  * finds the module's entry in the table and calls its install plan, layout, validator,
  * argument builder and grid. A new rank = SIP collective = its own file + one line in
- * sip_algos[] below + its test + its ccl.yaml entry.
+ * sip_algos[] below + its test + its ccl.yaml entry. all_gather, reduce_scatter, broadcast and
+ * reduce launch the kernels of kb_dist_coll.c over the entry's wiring (for a wiring they do
+ * not know, all_gather and reduce_scatter are built on the entry's all_reduce).
  * Limits: one process group per context (IPCQ is installed once per PE); SUM only.
  */
 #include "kb_dist.h"
 #include "kb_dist_algo.h"
+#include "kb_dist_coll.h"
 #include "kb_ccl_reg.h"
 
 #include <stdio.h>
@@ -16,9 +19,10 @@
 
 #include "kb_sync.h"
 
-enum { EP_INIT = 1, EP_ALLREDUCE, EP_BARRIER, EP_ALLGATHER, EP_REDUCESCATTER };
+enum { EP_INIT = 1, EP_ALLREDUCE, EP_BARRIER, EP_ALLGATHER, EP_REDUCESCATTER, EP_BROADCAST,
+       EP_REDUCE };
 static const char *const ep_names[] = { "", "init_process_group", "all_reduce", "barrier",
-                                        "all_gather", "reduce_scatter" };
+                                        "all_gather", "reduce_scatter", "broadcast", "reduce" };
 
 /* The rank = SIP algorithms, in the order error messages and `kbcl list` name them. */
 static const kb_dist_algo *const sip_algos[] = {
@@ -43,6 +47,7 @@ const kb_dist_algo *kb_dist_algo_find(const char *module)
 
 typedef struct epoch {
     int id, kind, arrived, users;
+    int root;                 /* broadcast / reduce: the root rank every rank named */
     uint8_t *joined;          /* [ws] */
     kb_tensor **a, **b;       /* [ws] per-rank arguments */
     kb_signal done;
@@ -62,6 +67,7 @@ typedef struct dist {
                                  never returns to the launching fiber) */
     int next_id;
     kb_time comm;
+    uint64_t calls[KB_COLL_NKINDS], inter_sip[KB_COLL_NKINDS]; /* kb_dist_traffic */
 } dist;
 
 static void dist_free(void *p)
@@ -104,6 +110,22 @@ const kb_dist_algo *kb_dist_algo_of(kb_ctx *ctx)
     return d && d->initialised ? d->algo : NULL;
 }
 
+/* Bytes sent so far over the SIPs' links: every install plan of the table wires inter-SIP
+ * links on the global directions only. */
+static uint64_t global_bytes(kb_ctx *ctx)
+{
+    return kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_E) + kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_W) +
+           kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_N) + kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_S);
+}
+
+void kb_dist_traffic(kb_ctx *ctx, kb_coll_kind kind, uint64_t *calls, uint64_t *inter_sip_bytes)
+{
+    dist *d = dist_of(ctx);
+    int ok = d && (unsigned)kind < KB_COLL_NKINDS;
+    *calls = ok ? d->calls[kind] : 0;
+    *inter_sip_bytes = ok ? d->inter_sip[kind] : 0;
+}
+
 kb_time kb_dist_comm_time(kb_ctx *ctx)
 {
     dist *d = dist_of(ctx);
@@ -130,7 +152,16 @@ int kb_dist_shards_per_rank(kb_ctx *ctx)
 
 typedef int (*exec_fn)(kb_ctx *ctx, dist *d, epoch *e);
 
+static int join_root(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b, int root,
+                     exec_fn exec);
+
 static int join(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b, exec_fn exec)
+{
+    return join_root(ctx, d, kind, a, b, 0, exec);
+}
+
+static int join_root(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b, int root,
+                     exec_fn exec)
 {
     kb_errbuf *eb = kb_ctx_err(ctx);
     int r = kb_ctx_rank(ctx), rc;
@@ -154,6 +185,7 @@ static int join(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b, exec
         }
         e->id = d->next_id++;
         e->kind = kind;
+        e->root = root;
         e->users = 1; /* the dist's reference */
         kb_signal_init(&e->done);
         d->cur = e;
@@ -168,6 +200,10 @@ static int join(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b, exec
         return kb_err_set(eb, KB_ERR_STATE,
                           "rank %d called %s but epoch %d is a %s of the other ranks", r,
                           ep_names[kind], e->id, ep_names[e->kind]);
+    if (e->root != root)
+        return kb_err_set(eb, KB_ERR_STATE, "rank %d called %s with root %d but the other "
+                          "ranks of epoch %d named root %d", r, ep_names[kind], root, e->id,
+                          e->root);
     e->joined[r] = 1;
     e->a[r] = a;
     e->b[r] = b;
@@ -176,10 +212,18 @@ static int join(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b, exec
         kb_signal_wait(kb_ctx_sim(ctx), &e->done);
     } else {
         kb_time t0 = kb_sim_now(kb_ctx_sim(ctx));
+        uint64_t b0 = global_bytes(ctx);
         d->cur = NULL;
         d->done = e;
         e->users--; /* the dist no longer points at it */
         e->rc = exec ? exec(ctx, d, e) : 0;
+        int ck = kind == EP_ALLREDUCE ? KB_COLL_ALLREDUCE : kind == EP_ALLGATHER ? KB_COLL_ALLGATHER
+               : kind == EP_REDUCESCATTER ? KB_COLL_REDUCE_SCATTER
+               : kind == EP_BROADCAST ? KB_COLL_BROADCAST : kind == EP_REDUCE ? KB_COLL_REDUCE : -1;
+        if (ck >= 0) {
+            d->calls[ck]++;
+            d->inter_sip[ck] += global_bytes(ctx) - b0;
+        }
         if (e->rc)
             kb_err_prefix(eb, "%s of epoch %d (run for every rank by rank %d, the last to join)",
                           ep_names[kind], e->id, r);
@@ -444,7 +488,25 @@ static int exec_gather(kb_ctx *ctx, dist *d, epoch *e, int reduce_scatter)
                           "them, alike on every rank",
                           ep_names[reduce_scatter ? EP_REDUCESCATTER : EP_ALLGATHER], bad, S, S);
     kb_grid g = d->algo->grid(m, d->ws);
-    /* d->args is shared with launch_allreduce; kb_launch_per_sip copies what it is given */
+    int tree = kb_dist_coll_tree(d->algo);
+    if (tree >= 0) {
+        /* the real algorithms (kb_dist_coll.c) over the process group's wiring */
+        for (int r = 0; r < d->ws; r++) {
+            kb_kargs *a = &d->args[r];
+            memset(a, 0, sizeof *a);
+            a->ptr[0] = kb_tensor_va(narrow[r]);
+            a->ptr[1] = kb_tensor_va(wide[r]);
+            kb_dist_coll_args(m, tree, d->ws, d->root_cube, rows, c, S,
+                              kb_tensor_dtype(narrow[r]), a);
+        }
+        return kb_launch_per_sip(ctx, reduce_scatter ? "dist_reduce_scatter" : "dist_all_gather",
+                                 reduce_scatter ? kb_dist_reducescatter_kernel
+                                                : kb_dist_allgather_kernel,
+                                 d->args, &g);
+    }
+    /* another entry's wiring: built on its all-reduce (a zero-padded buffer / the own chunk
+     * of the sum). d->args is shared with launch_allreduce; kb_launch_per_sip copies what it
+     * is given */
     if (reduce_scatter && (rc = launch_allreduce(ctx, d, wide)) != 0)
         return rc;
     for (int r = 0; r < d->ws; r++) {
@@ -481,4 +543,67 @@ int kb_dist_reduce_scatter(kb_ctx *ctx, kb_tensor *out, kb_tensor *in)
     dist *d = dist_of(ctx);
     int rc = need_init(ctx, d, "reduce_scatter");
     return rc ? rc : join(ctx, d, EP_REDUCESCATTER, out, in, exec_reducescatter);
+}
+
+/* ---- broadcast / reduce ---- */
+
+static int exec_rooted(kb_ctx *ctx, dist *d, epoch *e, int reduce)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    const char *what = ep_names[reduce ? EP_REDUCE : EP_BROADCAST];
+    int tree = kb_dist_coll_tree(d->algo), rc;
+    if (tree < 0)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_UNSUPPORTED, "%s: the process group's "
+                          "algorithm %s (mapper %s) has no %s", what, d->module,
+                          d->algo->mapper ? d->algo->mapper : "?", what);
+    if ((rc = d->algo->validate(ctx, e->a, d->ws, what)) != 0)
+        return rc;
+    if (d->ws == 1 && !reduce)
+        return 0; /* the root's tensor is every rank's already */
+    uint64_t n = kb_tensor_shard(e->a[0], 0)->nbytes / kb_dtype_size(kb_tensor_dtype(e->a[0]));
+    for (int r = 0; r < d->ws; r++) {
+        kb_kargs *a = &d->args[r];
+        memset(a, 0, sizeof *a);
+        kb_dist_coll_args(m, tree, d->ws, d->root_cube, (int64_t)n, e->root,
+                          kb_dist_shards_per_rank(ctx), kb_tensor_dtype(e->a[r]), a);
+        a->ptr[0] = kb_tensor_va(e->a[r]);
+    }
+    kb_grid g = d->algo->grid(m, d->ws);
+    return kb_launch_per_sip(ctx, reduce ? "dist_reduce" : "dist_broadcast",
+                             reduce ? kb_dist_reduce_kernel : kb_dist_broadcast_kernel, d->args,
+                             &g);
+}
+
+static int exec_broadcast(kb_ctx *ctx, dist *d, epoch *e) { return exec_rooted(ctx, d, e, 0); }
+static int exec_reduce(kb_ctx *ctx, dist *d, epoch *e) { return exec_rooted(ctx, d, e, 1); }
+
+static int check_root(kb_ctx *ctx, dist *d, const char *what, int root)
+{
+    if (root < 0 || root >= d->ws)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_RANGE, "%s: root %d outside a world of %d "
+                          "ranks", what, root, d->ws);
+    return 0;
+}
+
+int kb_dist_broadcast(kb_ctx *ctx, kb_tensor *t, int root)
+{
+    dist *d = dist_of(ctx);
+    int rc = need_init(ctx, d, "broadcast");
+    if (rc == 0)
+        rc = check_root(ctx, d, "broadcast", root);
+    return rc ? rc : join_root(ctx, d, EP_BROADCAST, t, NULL, root, exec_broadcast);
+}
+
+int kb_dist_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op, int root)
+{
+    static const char *const names[] = { "SUM", "PROD", "MAX", "MIN" };
+    dist *d = dist_of(ctx);
+    int rc = need_init(ctx, d, "reduce");
+    if (rc == 0)
+        rc = check_root(ctx, d, "reduce", root);
+    if (rc == 0 && op != KB_DIST_SUM)
+        rc = kb_err_set(kb_ctx_err(ctx), KB_ERR_UNSUPPORTED,
+                        "reduce: op %s is not supported (only SUM)",
+                        (unsigned)op < 4 ? names[op] : "?");
+    return rc ? rc : join_root(ctx, d, EP_REDUCE, t, NULL, root, exec_reduce);
 }

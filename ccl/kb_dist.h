@@ -17,8 +17,11 @@
  *                           kernel of ccl/kb_ccl_algos.c.
  * all_reduce leaves in EVERY shard the sum over all shards of all ranks (for intercube: over
  * the cubes' rows and the ranks). Only SUM is supported. all_gather and reduce_scatter are
- * built on all_reduce (a zero-padded buffer / the own chunk of the sum): correct, with
- * all_reduce's traffic rather than a ring all-gather's. barrier synchronises the ranks'
+ * real algorithms over the same wiring (kb_dist_coll.c): a tree inside each SIP to a leader
+ * PE and a ring (chain where the SIP grid does not wrap) among the leaders, each leader
+ * sending (ws-1)/ws of the gathered / reduced matrix; an entry whose mapper is neither
+ * all_pes nor pe0_all_cubes gets them built on its all_reduce (and no broadcast / reduce).
+ * broadcast and reduce (SUM) take a root rank. barrier synchronises the ranks'
  * host programs without device work.
  */
 #ifndef KB_DIST_H
@@ -42,9 +45,19 @@ int kb_dist_barrier(kb_ctx *ctx);
  * [j*k/S, (j+1)*k/S)) -> `out` (S*m x ws*k per rank, row-wise: every PE's m x ws*k block
  * holds the whole gathered matrix, rank r's columns at [r*k, (r+1)*k)). */
 int kb_dist_all_gather(kb_ctx *ctx, kb_tensor *out, kb_tensor *in);
-/* Inverse layout: `in` (wide, row-wise, one m x ws*k block per PE) is all-reduced IN PLACE,
- * then each PE keeps its own k/S-column chunk in `out` (m x k, column-wise over the PEs). */
+/* Inverse layout: `in` (wide, row-wise, one m x ws*k block per PE) is summed over every PE
+ * of every rank; PE j of rank r keeps its k/S columns of the rank's k-column chunk of the
+ * sum in `out` (m x k, column-wise over the PEs). `in` is staging: unspecified afterwards. */
 int kb_dist_reduce_scatter(kb_ctx *ctx, kb_tensor *out, kb_tensor *in);
+
+/* broadcast: every rank's tensor (the all_reduce layout) becomes rank root's, shard by shard
+ * (shard j of every rank = shard j of root). reduce (SUM): every shard of root's tensor
+ * becomes what all_reduce would leave there (the sum over every shard of every rank); the
+ * other ranks' tensors are unchanged. Both run over the process group's wiring
+ * (kb_dist_coll.c): shards stream up the root SIP's tree, along the leaders' chains (the
+ * root's grid row, then every column) and down; reduce sums them the other way. */
+int kb_dist_broadcast(kb_ctx *ctx, kb_tensor *t, int root);
+int kb_dist_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op, int root);
 
 /* The DPPolicy a rank's tensor must have for the process group's algorithm. */
 kb_dp_policy kb_dist_policy(kb_ctx *ctx);
@@ -53,6 +66,10 @@ int kb_dist_shards_per_rank(kb_ctx *ctx);
 
 /* Seconds-free statistics: simulated time spent inside collectives, summed per call. */
 kb_time kb_dist_comm_time(kb_ctx *ctx);
+/* Calls of the collective `kind` (KB_COLL_ALLREDUCE, _ALLGATHER, _REDUCE_SCATTER) so far and
+ * the bytes they sent over inter-SIP links (IPCQ payloads on the global directions), summed
+ * over every rank; 0 and 0 before init. */
+void kb_dist_traffic(kb_ctx *ctx, kb_coll_kind kind, uint64_t *calls, uint64_t *inter_sip_bytes);
 
 /* The intercube install plan (exposed for tests): links of PE 0 of every cube. */
 int kb_dist_install_intercube(kb_ctx *ctx, const kb_ipcq_cfg *cfg);

@@ -6,9 +6,10 @@
  * grid. Each algorithm's file defines its entry (a const kb_dist_algo), and kb_dist.c's table
  * lists it. A new rank = SIP collective = its own file in ccl/ + one line in that table + its
  * test (tests/test_dist.c) + its ccl.yaml entry.
- * Limits: the process group calls every entry through all_reduce (and all_gather /
- * reduce_scatter built on it), so every entry today is an all-reduce whose messages are f32
- * shards (kb_dist.c's slot-size check assumes 4 bytes per element).
+ * The process group's all_reduce launches the entry's kernel; its all_gather and
+ * reduce_scatter (kb_dist_coll.c) run over the entry's wiring, recognised by its mapper
+ * (all_pes: hierarchical_3level; pe0_all_cubes: the intercube plan); another mapper gets them
+ * built on all_reduce. Limits: every entry is an all-reduce whose messages are f32 shards.
  */
 #ifndef KB_DIST_ALGO_H
 #define KB_DIST_ALGO_H

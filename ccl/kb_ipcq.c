@@ -155,6 +155,7 @@ struct ipcq_sys {
     size_t nblocks;
     uint64_t sends, recvs; /* chunks sent, messages received */
     uint64_t msgs;         /* messages sent (tl_send calls) */
+    uint64_t dir_bytes[KB_NDIRS]; /* bytes sent per direction */
 };
 
 static const char *const dir_names[KB_NDIRS] = {
@@ -1012,6 +1013,7 @@ static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_d
     m->seq = seq;
     m->nbytes = nbytes;
     sys->sends++;
+    sys->dir_bytes[dir] += nbytes;
     trace(ctx, "send", tl_pe(tl), dir, nbytes, seq);
     if (last && t_end > kb_sim_now(kb_ctx_sim(ctx))) {
         /* the token arrives when the DMA ends, which is also when the sender goes on: one
@@ -1198,6 +1200,12 @@ void kb_ipcq_counts(kb_ctx *ctx, uint64_t *msgs, uint64_t *chunks)
     const ipcq_sys *sys = sys_of(ctx);
     *msgs = sys ? sys->msgs : 0;
     *chunks = sys ? sys->sends : 0;
+}
+
+uint64_t kb_ipcq_dir_bytes(kb_ctx *ctx, kb_dir dir)
+{
+    const ipcq_sys *sys = sys_of(ctx);
+    return sys && (unsigned)dir < KB_NDIRS ? sys->dir_bytes[dir] : 0;
 }
 
 uint64_t kb_ipcq_slot_size(kb_ctx *ctx)

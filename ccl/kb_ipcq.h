@@ -94,6 +94,8 @@ uint64_t kb_ipcq_slot_size(kb_ctx *ctx);
  * context's first install (0 and 0 before it): what Phase 1's host time per chunk is
  * measured against. */
 void kb_ipcq_counts(kb_ctx *ctx, uint64_t *msgs, uint64_t *chunks);
+/* Bytes sent so far on direction `dir` by every PE (chunks' payloads; 0 before install). */
+uint64_t kb_ipcq_dir_bytes(kb_ctx *ctx, kb_dir dir);
 
 /* Wired directions of a PE as a bitmask (bit d = direction d); 0 when not installed. */
 uint32_t kb_ipcq_wired(kb_ctx *ctx, const kb_pe_hw *pe);

@@ -4,7 +4,8 @@
  * plan's wiring (exact peers and reverse rings on the default 4x4 cube mesh, the SIP grid of
  * torus_2d / mesh_2d_no_wrap), all_reduce results for intercube_allreduce over ring_1d,
  * torus_2d and mesh_2d_no_wrap and for hierarchical_allreduce, all_gather / reduce_scatter
- * against the layouts kb_dist.h documents, and the error paths (mismatched collectives, a
+ * against the layouts kb_dist.h documents (both wirings, 1-4 SIPs on ring_1d, torus_2d and
+ * mesh_2d_no_wrap, messages longer than a 4 KiB slot, intercube with a moved root cube), and the error paths (mismatched collectives, a
  * second join of an open epoch, unsupported op / backend / algorithm, collectives before init
  * or outside a worker, a failing worker stopping the run), and the rank = SIP registry: every
  * entry's all_reduce on seeded position-dependent data (kb_ccl_inputs, one tile per shard)
@@ -87,6 +88,7 @@ struct job {
     int fail_rank;            /* worker error scenarios: the rank that fails */
     int sleeper;              /* ... and rank 0 sleeps past the failure instead of waiting */
     kb_dist_op op;            /* op of the unsupported-op case */
+    int root;                 /* broadcast / reduce: the root rank */
     kb_tensor *t[MAXR], *u[MAXR];
     int rank_seen[MAXR], ws_seen[MAXR], nprocs_seen[MAXR], after[MAXR];
     int host_rc;              /* what a host-side call after kb_spawn returned */
@@ -507,8 +509,11 @@ static kb_dp_policy narrow_policy(kb_ctx *ctx)
                : kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, 0, 0);
 }
 
-/* all_gather input of rank r: r*64 + row*16 + column (exact integers); pattern-free */
-static double ag_in(int r, int64_t q, int64_t i) { return r * 64.0 + (double)q * 16.0 + (double)i; }
+/* all_gather input of rank r: integers below 2048 (exact in f16), position-dependent */
+static double ag_in(int r, int64_t q, int64_t i)
+{
+    return (double)((r * 977 + q * 131 + i * 7) % 2039);
+}
 
 static int body_all_gather(kb_ctx *ctx, int rank, job *j)
 {
@@ -534,13 +539,58 @@ static int body_all_gather(kb_ctx *ctx, int rank, job *j)
     return rc ? rc : kb_dist_all_gather(ctx, j->t[rank], j->u[rank]);
 }
 
-static void all_gather_case(int sips, const char *algo, int64_t m, int64_t k)
+/*
+ * A small-machine context (2x2 cubes of 2 PEs) of `sips` SIPs on `topo` whose process group
+ * runs `algo`, with IPCQ slots of `slot` bytes (0 = the default) and intercube's root cube
+ * `root` (-1 = the default, the last cube).
+ */
+static kb_ctx *gather_ctx(int sips, const char *topo, const char *algo, int slot, int root)
 {
-    kb_ctx *ctx = make_ctx(sips, "ring_1d", 1, algo);
+    char count[64], link[96], a[128], sl[96], rt[128], mod[128];
+    const char *sets[] = { count, link, "sip.cube_mesh.width=2", "sip.cube_mesh.height=2",
+                           "cube.corners=1", "cube.pe_per_corner=2" };
+    const char *ccl_sets[4] = { a };
+    size_t n = 1;
+    snprintf(count, sizeof count, "system.sips.count=%d", sips);
+    snprintf(link, sizeof link, "system.sips.topology=%s", topo);
+    snprintf(a, sizeof a, "ccl.defaults.algorithm=%s", root >= 0 ? "rooted" : algo);
+    kb_ctx *ctx = kbt_ctx_new(sets, sizeof sets / sizeof sets[0],
+                              &(kb_ctx_opts){ .device = KB_DEV_REF });
+    if (slot) {
+        snprintf(sl, sizeof sl, "ccl.defaults.slot_size=%d", slot);
+        ccl_sets[n++] = sl;
+    }
+    if (root >= 0) {
+        /* an entry of its own: the module and its root cube */
+        snprintf(mod, sizeof mod, "ccl.algorithms.rooted.module=%s", algo);
+        snprintf(rt, sizeof rt, "ccl.algorithms.rooted.root_cube=%d", root);
+        ccl_sets[n++] = mod;
+        ccl_sets[n++] = rt;
+    }
+    kbt_ccl_attach(ctx, ccl_sets, n);
+    return ctx;
+}
+
+/* One call of `kind`, whose inter-SIP traffic is the ring's closed form: every rank sends
+ * (ws - 1) chunks of `chunk` bytes, i.e. (ws - 1)/ws of the ws-chunk buffer (a chain that
+ * does not wrap sends the same in total, unevenly over the ranks). */
+static void expect_traffic(kb_ctx *ctx, kb_coll_kind kind, int ws, int64_t chunk)
+{
+    uint64_t calls, bytes;
+    kb_dist_traffic(ctx, kind, &calls, &bytes);
+    assert_int_equal(calls, 1);
+    assert_int_equal(bytes, (uint64_t)ws * (uint64_t)(ws - 1) * (uint64_t)chunk);
+}
+
+static void all_gather_case(int sips, const char *topo, const char *algo, int64_t m, int64_t k,
+                            int slot, int root)
+{
+    kb_ctx *ctx = gather_ctx(sips, topo, algo, slot, root);
     job j = { .nprocs = sips, .body = body_all_gather, .m = m, .n = k };
     int S;
     run_ok(ctx, &j);
     S = kb_dist_shards_per_rank(ctx);
+    expect_traffic(ctx, KB_COLL_ALLGATHER, sips, m * k * 2);
     int64_t wrows = S * m, wcols = sips * k;
     float *got = malloc(sizeof *got * (size_t)(wrows * wcols));
     assert_non_null(got);
@@ -556,15 +606,29 @@ static void all_gather_case(int sips, const char *algo, int64_t m, int64_t k)
     kb_ctx_destroy(ctx);
 }
 
+/* Both process groups' wirings; SIP counts 2..4 on ring_1d, torus_2d and mesh_2d_no_wrap;
+ * messages longer than a 4 KiB slot (chunked); intercube with its root at cube 0. */
 static void test_all_gather(void **state)
 {
+    static const char *const topos[] = { "ring_1d", "torus_2d", "mesh_2d_no_wrap" };
     (void)state;
-    all_gather_case(2, "intercube_allreduce", 2, 8);    /* 4 PEs (cube PE 0s), 2 cols each */
-    all_gather_case(2, "hierarchical_allreduce", 2, 16); /* 8 PEs, 2 cols each */
+    for (int t = 0; t < 3; t++)
+        for (int n = 2; n <= 4; n++) {
+            all_gather_case(n, topos[t], "intercube_allreduce", 2, 8, 0, -1); /* 4 PEs, 2 cols */
+            all_gather_case(n, topos[t], "hierarchical_allreduce", 2, 16, 0, -1); /* 8 PEs */
+        }
+    all_gather_case(3, "ring_1d", "intercube_allreduce", 4, 256, 4096, -1); /* 6 KiB messages */
+    all_gather_case(4, "torus_2d", "intercube_allreduce", 2, 128, 4096, 0);
+    all_gather_case(3, "mesh_2d_no_wrap", "hierarchical_allreduce", 2, 256, 4096, -1);
+    all_gather_case(1, "ring_1d", "hierarchical_allreduce", 1, 16, 0, -1);
 }
 
-/* reduce_scatter input of rank r (S*m x ws*k): exact multiples of 1/4 */
-static double rs_in(int r, int64_t q, int64_t x) { return (r + 1) * (double)(q + 1) + (double)x / 4.0; }
+/* reduce_scatter input of rank r (S*m x ws*k): quarters below 8, so that every sum of up to
+ * 32 terms is exact in f16 */
+static double rs_in(int r, int64_t q, int64_t x)
+{
+    return (double)((r * 13 + q * 7 + x * 5) % 31) / 4.0;
+}
 
 static int body_reduce_scatter(kb_ctx *ctx, int rank, job *j)
 {
@@ -585,14 +649,15 @@ static int body_reduce_scatter(kb_ctx *ctx, int rank, job *j)
     return rc ? rc : kb_dist_reduce_scatter(ctx, j->t[rank], j->u[rank]);
 }
 
-static void reduce_scatter_case(int sips, const char *algo, int64_t m, int64_t k)
+static void reduce_scatter_case(int sips, const char *topo, const char *algo, int64_t m,
+                                int64_t k, int slot, int root)
 {
-    kb_ctx *ctx = make_ctx(sips, "ring_1d", 1, algo);
+    kb_ctx *ctx = gather_ctx(sips, topo, algo, slot, root);
     job j = { .nprocs = sips, .body = body_reduce_scatter, .m = m, .n = k };
     run_ok(ctx, &j);
     int S = kb_dist_shards_per_rank(ctx);
-    int64_t wcols = sips * k;
-    float *got = malloc(sizeof *got * (size_t)(S * m * wcols));
+    expect_traffic(ctx, KB_COLL_REDUCE_SCATTER, sips, m * k * 4); /* f32 partial sums */
+    float *got = malloc(sizeof *got * (size_t)(m * k));
     assert_non_null(got);
     for (int r = 0; r < sips; r++) {
         /* out of rank r: columns [r*k, +k) of the sum over every PE block of every rank */
@@ -605,16 +670,6 @@ static void reduce_scatter_case(int sips, const char *algo, int64_t m, int64_t k
                         want += rs_in(rr, p * m + q, r * k + c);
                 expect_exact(got[q * k + c], want, "reduce_scatter", r, q, c);
             }
-        /* `in` was all-reduced in place: every block holds the whole sum */
-        assert_int_equal(kb_tensor_read(j.u[r], got), 0);
-        for (int64_t q = 0; q < S * m; q++)
-            for (int64_t x = 0; x < wcols; x++) {
-                double want = 0.0;
-                for (int rr = 0; rr < sips; rr++)
-                    for (int p = 0; p < S; p++)
-                        want += rs_in(rr, p * m + q % m, x);
-                expect_exact(got[q * wcols + x], want, "reduce_scatter in", r, q, x);
-            }
     }
     free(got);
     kb_ctx_destroy(ctx);
@@ -622,9 +677,99 @@ static void reduce_scatter_case(int sips, const char *algo, int64_t m, int64_t k
 
 static void test_reduce_scatter(void **state)
 {
+    static const char *const topos[] = { "ring_1d", "torus_2d", "mesh_2d_no_wrap" };
     (void)state;
-    reduce_scatter_case(2, "intercube_allreduce", 2, 8);
-    reduce_scatter_case(2, "hierarchical_allreduce", 1, 8);
+    for (int t = 0; t < 3; t++)
+        for (int n = 2; n <= 4; n++) {
+            reduce_scatter_case(n, topos[t], "intercube_allreduce", 2, 8, 0, -1);
+            reduce_scatter_case(n, topos[t], "hierarchical_allreduce", 1, 8, 0, -1);
+        }
+    /* f32 partials of 1536 elements: 6 KiB messages in 4 KiB slots */
+    reduce_scatter_case(3, "ring_1d", "intercube_allreduce", 2, 256, 4096, -1);
+    reduce_scatter_case(4, "torus_2d", "intercube_allreduce", 2, 128, 4096, 1);
+    reduce_scatter_case(3, "mesh_2d_no_wrap", "hierarchical_allreduce", 2, 256, 4096, -1);
+    reduce_scatter_case(1, "ring_1d", "hierarchical_allreduce", 1, 8, 0, -1);
+}
+
+/* ---- broadcast / reduce ---- */
+
+/* broadcast input: integers below 1024 (exact in f16); reduce input: quarters below 8, so
+ * that a sum of up to 32 terms is exact in f16 */
+static double bc_in(int r, int64_t s, int64_t i) { return (double)((r * 97 + s * 31 + i * 7) % 1021); }
+static double rd_in(int r, int64_t s, int64_t i) { return (double)((r * 13 + s * 7 + i * 5) % 31) / 4.0; }
+
+static int body_rooted(kb_ctx *ctx, int rank, job *j, int reduce)
+{
+    int S = kb_dist_shards_per_rank(ctx);
+    float *x = stage(j, rank, 0, S, j->n);
+    int rc;
+    if (!x)
+        return too_big(ctx);
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t i = 0; i < j->n; i++)
+            x[s * j->n + i] = (float)(reduce ? rd_in(rank, s, i) : bc_in(rank, s, i));
+    kb_tensor_desc d = { "t", S, j->n, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
+    if ((rc = kb_tensor_from_host(ctx, &d, x, &j->t[rank])) != 0)
+        return rc;
+    return reduce ? kb_dist_reduce(ctx, j->t[rank], KB_DIST_SUM, j->root)
+                  : kb_dist_broadcast(ctx, j->t[rank], j->root);
+}
+
+static int body_broadcast(kb_ctx *ctx, int rank, job *j) { return body_rooted(ctx, rank, j, 0); }
+static int body_reduce(kb_ctx *ctx, int rank, job *j) { return body_rooted(ctx, rank, j, 1); }
+
+static void rooted_case(int reduce, int sips, const char *topo, const char *algo, int64_t n,
+                        int root, int slot)
+{
+    kb_ctx *ctx = gather_ctx(sips, topo, algo, slot, -1);
+    job j = { .nprocs = sips, .body = reduce ? body_reduce : body_broadcast, .n = n,
+              .root = root };
+    run_ok(ctx, &j);
+    int S = kb_dist_shards_per_rank(ctx);
+    uint64_t calls, bytes;
+    kb_dist_traffic(ctx, reduce ? KB_COLL_REDUCE : KB_COLL_BROADCAST, &calls, &bytes);
+    assert_int_equal(calls, 1);
+    /* broadcast: every other rank receives the tensor once; reduce: every other rank's f32
+     * sum of its shards crosses one inter-SIP link */
+    assert_int_equal(bytes, (uint64_t)(sips - 1) * (uint64_t)(reduce ? n * 4 : S * n * 2));
+    float *got = malloc(sizeof *got * (size_t)(S * n));
+    assert_non_null(got);
+    for (int r = 0; r < sips; r++) {
+        assert_int_equal(kb_tensor_read(j.t[r], got), 0);
+        for (int64_t s = 0; s < S; s++)
+            for (int64_t i = 0; i < n; i++) {
+                double want = 0.0;
+                if (!reduce)
+                    want = bc_in(root, s, i);
+                else if (r != root)
+                    want = rd_in(r, s, i);
+                else
+                    for (int rr = 0; rr < sips; rr++)
+                        for (int p = 0; p < S; p++)
+                            want += rd_in(rr, p, i);
+                expect_exact(got[s * n + i], want, reduce ? "reduce" : "broadcast", r, s, i);
+            }
+    }
+    free(got);
+    kb_ctx_destroy(ctx);
+}
+
+/* Both wirings, 1-4 SIPs on ring_1d, torus_2d and mesh_2d_no_wrap, the first and the last
+ * rank as root, and shards longer than a 4 KiB slot. */
+static void test_broadcast_reduce(void **state)
+{
+    static const char *const topos[] = { "ring_1d", "torus_2d", "mesh_2d_no_wrap" };
+    (void)state;
+    for (int reduce = 0; reduce < 2; reduce++) {
+        for (int t = 0; t < 3; t++)
+            for (int n = 1; n <= 4; n++)
+                for (int root = 0; root < n; root += n > 1 ? n - 1 : 1) {
+                    rooted_case(reduce, n, topos[t], "intercube_allreduce", 8, root, 0);
+                    rooted_case(reduce, n, topos[t], "hierarchical_allreduce", 8, root, 0);
+                }
+        rooted_case(reduce, 3, "ring_1d", "intercube_allreduce", 4096, 1, 4096);
+        rooted_case(reduce, 4, "torus_2d", "hierarchical_allreduce", 2048, 2, 4096);
+    }
 }
 
 /* ---- errors ---- */
@@ -1037,6 +1182,7 @@ int main(void)
         cmocka_unit_test(test_allreduce_hierarchical),
         cmocka_unit_test(test_all_gather),
         cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_broadcast_reduce),
         cmocka_unit_test(test_err_mismatch),
         cmocka_unit_test(test_err_joined_twice),
         cmocka_unit_test(test_err_op),

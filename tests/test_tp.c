@@ -1,7 +1,8 @@
 /*
  * Tests of tensor parallelism (tp/kb_tp): model-parallel initialisation, the per-rank weight
  * slices of column- and row-parallel layers, exact forward results against a host
- * computation, and gather_from_tp_region. Small machines (2 cubes x 2 PEs per SIP) keep it
+ * computation, and gather_from_tp_region (its values, and its inter-SIP traffic: the ring
+ * all-gather's closed form). Small machines (2 cubes x 2 PEs per SIP) keep it
  * fast; every value is a small multiple of a power of two, so results are exact in f16/f32.
  */
 #include <stdarg.h>
@@ -196,6 +197,14 @@ static void test_gather_from_tp_region(void **s)
     if (kb_ctx_run_host(ctx, gather_host, t) != 0)
         fail_msg("%s", kb_ctx_errmsg(ctx));
     int S = 4, W = S * t->ws;
+    /* the real ring all-gather: each rank sends (ws - 1)/ws of the gathered M x W f16 matrix
+     * over inter-SIP links, and nothing else crosses them */
+    uint64_t calls, bytes;
+    kb_dist_traffic(ctx, KB_COLL_ALLGATHER, &calls, &bytes);
+    assert_int_equal(calls, 1);
+    assert_int_equal(bytes, (uint64_t)t->ws * (uint64_t)(t->ws - 1) * M * W * 2 / t->ws);
+    kb_dist_traffic(ctx, KB_COLL_ALLREDUCE, &calls, &bytes);
+    assert_int_equal(calls, 0);
     for (int r = 0; r < t->ws; r++) {
         assert_int_equal(kb_tensor_rows(t->g[r]), S * M);
         assert_int_equal(kb_tensor_cols(t->g[r]), W);

@@ -13,7 +13,8 @@
  * row-parallel partial sums live one m x out block per PE of the SIP (zeros on the PEs that
  * compute nothing) and are reduced by the process group's all-reduce, which must be
  * hierarchical_allreduce (every PE); the result is replicated on every PE.
- * gather_from_tp_region concatenates the ranks' column slices with all_gather.
+ * gather_from_tp_region concatenates the ranks' column slices with the process group's (ring)
+ * all_gather (kb_dist_coll.c).
  * Tensors are f16 in memory; partial sums are f32; all arithmetic is f32.
  */
 #ifndef KB_TP_H

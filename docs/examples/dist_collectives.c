@@ -94,8 +94,8 @@ static int worker(kb_ctx *ctx, int rank, void *arg)
             (rc = check(ctx, wide, want, (size_t)(S * M * ws * K), sh)) != 0)
             return rc;
     }
-    /* reduce_scatter of that wide tensor: all-reduced in place (a sum over all S * ws
-     * blocks), then this rank keeps columns [rank*K, (rank+1)*K): S * ws * its own input */
+    /* reduce_scatter of that wide tensor: a sum over all S * ws blocks, of which this rank
+     * keeps columns [rank*K, (rank+1)*K): S * ws * its own input (wide is staging after) */
     {
         static float want_of[MAXR][M * K];   /* per rank: ranks interleave at every call */
         float *want = want_of[rank];

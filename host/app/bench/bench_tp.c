@@ -10,7 +10,8 @@
  *                row-parallel output projection o_h Wo_h summed over heads and ranks by the
  *                all-reduce, plus bias. Checked against a host reference.
  * Both report the simulated time split into compute and communication (time inside
- * collectives).
+ * collectives) and, per collective (all_reduce, all_gather, reduce_scatter), the bytes each
+ * rank sent over inter-SIP links in the measured region (kb_dist_traffic / ws).
  */
 #include <math.h>
 #include <stdio.h>
@@ -42,7 +43,12 @@ typedef struct tp_state {
     kb_tensor *y[KB_MAX_GSIPS];
     kb_bench_result *res;
     kb_time comm;
+    /* inter-SIP bytes of all_reduce, all_gather, reduce_scatter (all ranks) in the region */
+    uint64_t sip_bytes[3];
 } tp_state;
+
+static const kb_coll_kind tp_colls[3] = { KB_COLL_ALLREDUCE, KB_COLL_ALLGATHER,
+                                          KB_COLL_REDUCE_SCATTER };
 
 static void tp_cleanup(void *p)
 {
@@ -92,6 +98,11 @@ static int tp_mark(kb_ctx *ctx, tp_state *st, int rank, int end)
             kb_bench_mark_end(ctx, st->res);
         else
             kb_bench_mark_begin(ctx, st->res);
+        for (int i = 0; i < 3; i++) {
+            uint64_t calls, bytes;
+            kb_dist_traffic(ctx, tp_colls[i], &calls, &bytes);
+            st->sip_bytes[i] = end ? bytes - st->sip_bytes[i] : bytes;
+        }
     }
     return rc;
 }
@@ -181,6 +192,10 @@ static void split_time(kb_ctx *ctx, tp_state *st, kb_bench_result *res)
     kb_bench_add_extra(res, "world_size", st->ws);
     kb_bench_add_extra(res, "compute_ns", total - comm);
     kb_bench_add_extra(res, "comm_ns", comm);
+    /* bytes each rank sent over inter-SIP links, per collective (kb_dist_traffic / ws) */
+    kb_bench_add_extra(res, "all_reduce_sip_bytes", (double)st->sip_bytes[0] / st->ws);
+    kb_bench_add_extra(res, "all_gather_sip_bytes", (double)st->sip_bytes[1] / st->ws);
+    kb_bench_add_extra(res, "reduce_scatter_sip_bytes", (double)st->sip_bytes[2] / st->ws);
 }
 
 static int mlp_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)

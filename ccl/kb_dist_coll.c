@@ -1,0 +1,710 @@
+/*
+ * kb_dist_coll — the rank = SIP all-gather, reduce-scatter, broadcast and reduce kernels of
+ * the process group (kb_dist_all_gather, _reduce_scatter, _broadcast, _reduce; layouts in
+ * kb_dist.h), over the IPCQ wiring the process group's install plan made. Each is a real
+ * algorithm, not an all-reduce of a padded buffer:
+ *
+ *   all_gather      1. inside the SIP, every PE's m x c block is gathered up a two-level tree
+ *                      to the rank's leader PE (each message carries the blocks of the
+ *                      sender's subtree, in the tensor's dtype);
+ *                   2. the leaders all-gather the ranks' m x k chunks over the SIP grid
+ *                      (rings, or bidirectional chains where the grid does not wrap): a
+ *                      leader sends (ws - 1)/ws of the gathered m x ws*k matrix (on chains,
+ *                      on average over the leaders);
+ *                   3. the leader broadcasts the gathered matrix down the tree.
+ *   reduce_scatter  1. every PE's m x ws*k partial (as f32) is reduced up the tree to the
+ *                      leader (the layout gives every PE a whole-width partial);
+ *                   2. the leaders reduce-scatter over the SIP grid (rings, or two chains
+ *                      where it does not wrap): a leader sends (ws - 1)/ws of the f32 matrix
+ *                      (on chains, on average), and ends with its rank's m x k chunk of the
+ *                      total;
+ *                   3. the leader rounds the chunk to the dtype once and scatters it down the
+ *                      tree: each message carries only the blocks of the receiver's subtree.
+ *
+ *   broadcast       the root SIP's shards stream up its tree in shard order, along the
+ *                   leaders' tree over the SIP grid (the root's grid row, then every column;
+ *                   a ring as two chains from the root) and down every other SIP's tree to
+ *                   the PE that owns each shard.
+ *   reduce          every SIP's shards summed up its tree (f32), the leaders' sums toward the
+ *                   root's leader, the total down the root SIP's tree into every shard.
+ *
+ * The trees (kb_dist_coll_tree): hierarchical_allreduce's wiring (mapper all_pes) gives chains
+ * inside each cube (E/W) and among the cubes' PE 0 (N/S), each split in two halves toward
+ * member 0, like its all-reduce; the leader is cube 0's PE 0 and the SIP grid is its global
+ * E/W ring of ws SIPs whatever system.sips.topology says. intercube_allreduce's wiring
+ * (pe0_all_cubes) gives lines along each cube-mesh row toward the root column and down that
+ * column to the root cube (its all-reduce's reduce_to); the leader is the root cube's PE 0
+ * and the SIP grid is the machine's (sip_grid_w x sip_grid_h, wrapping unless
+ * mesh_2d_no_wrap): rows over global E/W, then columns over global S/N.
+ *
+ * The leaders' all_gather messages are the ranks' contiguous m x k chunks (the leader turns
+ * its own chunk row-major before and lays the whole matrix out after: local stores); their
+ * reduce_scatter runs one matrix row at a time (the f32 partial stays in scratch, where a
+ * chunk is m strided row pieces), so m rows cost m messages per step, with the bytes of the
+ * closed form. Messages longer than a slot travel as chunks (chains block until the receiver
+ * takes them; rings step through kb_ccl_sendrecv). Limits: a PE's whole m x ws*k block (f32
+ * for reduce_scatter) is held in its scratch; reduce_scatter uses the leader's block of `in`
+ * as staging (its contents afterwards are unspecified).
+ */
+#include <string.h>
+
+#include "kb_dist_coll.h"
+#include "kb_tl.h"
+
+/* One member of a tree level: member indices [lo, hi] form its subtree; up to two children
+ * (direction to the child and the child's subtree); parent direction, or -1 at the root. */
+typedef struct tnode {
+    int parent;
+    int nch;
+    kb_dir ch[2];
+    int clo[2], chi[2];
+    int lo, hi;
+} tnode;
+
+/* Chain split in two halves toward member 0 (hierarchical's chain_reduce): members 1..h pass
+ * toward 0 on `dec`, members h+1..g-1 on `inc` (g-1 wraps to 0). */
+static void tree_halves(tnode *t, int i, int g, kb_dir inc, kb_dir dec)
+{
+    int h = g / 2;
+    memset(t, 0, sizeof *t);
+    t->parent = -1;
+    if (i == 0) {
+        t->lo = 0;
+        t->hi = g - 1;
+        if (g >= 2) {
+            t->ch[t->nch] = inc, t->clo[t->nch] = 1, t->chi[t->nch] = h, t->nch++;
+            if (g - 1 >= h + 1)
+                t->ch[t->nch] = dec, t->clo[t->nch] = h + 1, t->chi[t->nch] = g - 1, t->nch++;
+        }
+    } else if (i <= h) {
+        t->parent = (int)dec;
+        t->lo = i;
+        t->hi = h;
+        if (i + 1 <= h)
+            t->ch[0] = inc, t->clo[0] = i + 1, t->chi[0] = h, t->nch = 1;
+    } else {
+        t->parent = (int)inc;
+        t->lo = h + 1;
+        t->hi = i;
+        if (i - 1 >= h + 1)
+            t->ch[0] = dec, t->clo[0] = h + 1, t->chi[0] = i - 1, t->nch = 1;
+    }
+}
+
+/* A line of g members toward member r (intercube's reduce_to): members below r pass on `up`,
+ * members above r on `down`. */
+static void tree_line(tnode *t, int i, int g, int r, kb_dir up, kb_dir down)
+{
+    memset(t, 0, sizeof *t);
+    t->parent = -1;
+    if (i < r) {
+        t->parent = (int)up;
+        t->lo = 0;
+        t->hi = i;
+        if (i > 0)
+            t->ch[0] = down, t->clo[0] = 0, t->chi[0] = i - 1, t->nch = 1;
+    } else if (i > r) {
+        t->parent = (int)down;
+        t->lo = i;
+        t->hi = g - 1;
+        if (i < g - 1)
+            t->ch[0] = up, t->clo[0] = i + 1, t->chi[0] = g - 1, t->nch = 1;
+    } else {
+        t->lo = 0;
+        t->hi = g - 1;
+        if (r > 0)
+            t->ch[t->nch] = down, t->clo[t->nch] = 0, t->chi[t->nch] = r - 1, t->nch++;
+        if (r < g - 1)
+            t->ch[t->nch] = up, t->clo[t->nch] = r + 1, t->chi[t->nch] = g - 1, t->nch++;
+    }
+}
+
+/* Where this PE sits: its block index j in the rank (0..S-1), its two tree levels (level 2
+ * only for level-1 roots), block units per member of each level and the level's first block. */
+typedef struct where {
+    int j, leader, in2;
+    tnode l1, l2;
+    int64_t unit1, base1, unit2;
+} where;
+
+static void locate(kb_tl *tl, const kb_kargs *a, where *w)
+{
+    int shape = (int)a->i[KB_DC_SHAPE];
+    int pe = tl_program_id(tl, 0), cube = tl_program_id(tl, 1);
+    memset(w, 0, sizeof *w);
+    if (shape == KB_DIST_TREE_CHAINS) {
+        int P = (int)a->i[KB_DC_G1], C = (int)a->i[KB_DC_G2];
+        w->j = cube * P + pe;
+        tree_halves(&w->l1, pe, P, KB_DIR_E, KB_DIR_W);
+        w->in2 = pe == 0;
+        if (w->in2)
+            tree_halves(&w->l2, cube, C, KB_DIR_N, KB_DIR_S);
+        w->unit1 = 1;
+        w->base1 = (int64_t)cube * P;
+        w->unit2 = P;
+    } else {
+        int mw = (int)a->i[KB_DC_G1], mh = (int)a->i[KB_DC_G2], root = (int)a->i[KB_DC_ROOT];
+        int col = cube % mw, row = cube / mw, rc = root % mw, rr = root / mw;
+        w->j = cube;
+        tree_line(&w->l1, col, mw, rc, KB_DIR_E, KB_DIR_W);
+        w->in2 = col == rc;
+        if (w->in2)
+            tree_line(&w->l2, row, mh, rr, KB_DIR_S, KB_DIR_N);
+        w->unit1 = 1;
+        w->base1 = (int64_t)row * mw;
+        w->unit2 = mw;
+    }
+    w->leader = w->in2 && w->l2.parent < 0;
+}
+
+static kb_va elem(kb_va va, int64_t i, kb_dtype dt) { return va + (kb_va)i * kb_dtype_size(dt); }
+
+/* ---- between the leaders: one matrix row at a time ---- */
+
+/* All-gather of g units of u elements at row + base (member i owns unit i), in place. */
+static void ag_row_ring(kb_tl *tl, kb_va row, int64_t u, int i, int g, kb_dir fwd, kb_dir back,
+                        kb_dtype dt, int t)
+{
+    int su = ((i - t) % g + g) % g, ru = ((i - t - 1) % g + g) % g;
+    kb_val v = tl_load(tl, elem(row, su * u, dt), KB_SHAPE1(u), dt);
+    kb_ccl_sendrecv_into(tl, fwd, v, back, elem(row, ru * u, dt), KB_SHAPE1(u), dt);
+    tl_free(tl, v);
+}
+
+/* One dimension of the leaders' all-gather over m rows (row q at va + q*W): a ring of g - 1
+ * steps when the dimension wraps, else a chain east then a chain west. */
+static void ag_dim(kb_tl *tl, kb_va va, int64_t m, int64_t W, int64_t base, int64_t u, int i,
+                   int g, int wrap, kb_dir fwd, kb_dir back, kb_dtype dt)
+{
+    if (g < 2)
+        return;
+    if (wrap) {
+        for (int t = 0; t < g - 1; t++)
+            for (int64_t q = 0; q < m; q++)
+                ag_row_ring(tl, elem(va, q * W + base, dt), u, i, g, fwd, back, dt, t);
+        return;
+    }
+    for (int64_t q = 0; q < m; q++) {
+        kb_va row = elem(va, q * W + base, dt);
+        if (i > 0)
+            tl_recv_into(tl, back, row, KB_SHAPE1(i * u), dt);
+        if (i < g - 1) {
+            kb_val v = tl_load(tl, row, KB_SHAPE1((i + 1) * u), dt);
+            tl_send(tl, fwd, v);
+            tl_free(tl, v);
+        }
+    }
+    for (int64_t q = 0; q < m; q++) {
+        kb_va row = elem(va, q * W + base, dt);
+        if (i < g - 1)
+            tl_recv_into(tl, fwd, elem(row, (i + 1) * u, dt), KB_SHAPE1((g - 1 - i) * u), dt);
+        if (i > 0) {
+            kb_val v = tl_load(tl, elem(row, i * u, dt), KB_SHAPE1((g - i) * u), dt);
+            tl_send(tl, back, v);
+            tl_free(tl, v);
+        }
+    }
+}
+
+static void free_own(kb_tl *tl, kb_val v)
+{
+    if (v.scratch)
+        tl_free(tl, v);
+}
+
+/*
+ * Reduce-scatter of one row x (g units of u f32 elements, member i of g): returns the total
+ * of unit i as a new value (a view of x when g == 1). Ring: g - 1 steps, unit i - t - 1 sent
+ * at step t. Chain (no wrap): partial sums of units [i+1, g) flow east and of [0, i) west.
+ */
+static kb_val rs_row(kb_tl *tl, kb_val x, int64_t u, int i, int g, int wrap, kb_dir fwd,
+                     kb_dir back)
+{
+    if (g < 2)
+        return x;
+    if (wrap) {
+        kb_val cur = kb_val_slice(x, (uint32_t)((((i - 1) % g + g) % g) * u), (uint32_t)u);
+        for (int t = 0; t < g - 1; t++) {
+            int ru = ((i - t - 2) % g + g) % g;
+            kb_val in = kb_ccl_sendrecv(tl, fwd, cur, cur, back, KB_SHAPE1(u), KB_F32);
+            cur = tl_add(tl, kb_val_slice(x, (uint32_t)(ru * u), (uint32_t)u), in);
+            tl_free(tl, in);
+        }
+        return cur;
+    }
+    kb_val part = { 0 }, inw = { 0 }, tot;
+    if (i > 0) {
+        kb_val ine = tl_recv(tl, back, KB_SHAPE1((g - i) * u), KB_F32);
+        part = tl_add(tl, kb_val_slice(x, (uint32_t)(i * u), (uint32_t)((g - i) * u)), ine);
+        tl_free(tl, ine);
+    }
+    if (i < g - 1)
+        tl_send(tl, fwd, i > 0 ? kb_val_slice(part, (uint32_t)u, (uint32_t)((g - 1 - i) * u))
+                               : kb_val_slice(x, (uint32_t)u, (uint32_t)((g - 1) * u)));
+    if (i < g - 1)
+        inw = tl_recv(tl, fwd, KB_SHAPE1((i + 1) * u), KB_F32);
+    if (i > 0) {
+        kb_val xs = kb_val_slice(x, 0, (uint32_t)(i * u));
+        if (inw.scratch) {
+            kb_val p2 = tl_add(tl, xs, kb_val_slice(inw, 0, (uint32_t)(i * u)));
+            tl_send(tl, back, p2);
+            tl_free(tl, p2);
+        } else {
+            tl_send(tl, back, xs);
+        }
+    }
+    kb_val mine = i > 0 ? kb_val_slice(part, 0, (uint32_t)u) : kb_val_slice(x, 0, (uint32_t)u);
+    tot = inw.scratch ? tl_add(tl, mine, kb_val_slice(inw, (uint32_t)(i * u), (uint32_t)u))
+                      : tl_scale(tl, mine, 1.0f, 0.0f);
+    free_own(tl, part);
+    free_own(tl, inw);
+    return tot;
+}
+
+/* The leaders' SIP grid and this leader's place in it. */
+static void grid_of(const kb_kargs *a, int sip, int *gw, int *gh, int *sx, int *sy, int *wrap)
+{
+    *gw = (int)a->i[KB_DC_GW];
+    *gh = (int)a->i[KB_DC_GH];
+    *wrap = (int)a->i[KB_DC_WRAP];
+    *sx = sip % *gw;
+    *sy = sip / *gw;
+}
+
+/* ---- all_gather ---- */
+
+void kb_dist_allgather_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t m = a->i[KB_DC_M], c = a->i[KB_DC_C], S = a->i[KB_DC_S], ws = a->i[KB_DC_WS];
+    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
+    int64_t B = m * c, k = S * c, W = ws * k, K = m * k; /* K: elements of a rank's chunk */
+    int sip = tl_program_id(tl, 2);
+    where w;
+    locate(tl, a, &w);
+    kb_va in = elem(a->ptr[0], w.j * B, dt), out = elem(a->ptr[1], w.j * m * W, dt);
+    /* the PE's out block is staging until the end: rank-major, chunk r at r*K; inside the
+     * own chunk the S blocks go block-major while they are gathered */
+    kb_va own = elem(out, sip * K, dt);
+    kb_val v = tl_load(tl, in, KB_SHAPE1(B), dt);
+    tl_store(tl, elem(own, w.j * B, dt), v);
+    tl_free(tl, v);
+
+    /* 1. gather up: level 1 (members of a cube / a cube row), then level 2 */
+    for (int lvl = 1; lvl <= 2; lvl++) {
+        const tnode *t = lvl == 1 ? &w.l1 : &w.l2;
+        int64_t unit = lvl == 1 ? w.unit1 : w.unit2, base = lvl == 1 ? w.base1 : 0;
+        if (lvl == 2 && !w.in2)
+            break;
+        for (int x = 0; x < t->nch; x++)
+            tl_recv_into(tl, t->ch[x], elem(own, (base + t->clo[x] * unit) * B, dt),
+                         KB_SHAPE1((t->chi[x] - t->clo[x] + 1) * unit * B), dt);
+        if (t->parent >= 0) {
+            v = tl_load(tl, elem(own, (base + t->lo * unit) * B, dt),
+                        KB_SHAPE1((t->hi - t->lo + 1) * unit * B), dt);
+            tl_send(tl, (kb_dir)t->parent, v);
+            tl_free(tl, v);
+        }
+    }
+
+    /* 2. the leader turns its chunk row-major (m x k), the leaders all-gather the ranks'
+     * contiguous chunks, and the leader lays the m x W matrix out row-major (the local
+     * rearrangement of Megatron's gather along the last dimension) */
+    if (w.leader) {
+        if (m > 1) {
+            v = tl_load(tl, own, KB_SHAPE1(K), dt);
+            for (int64_t q = 0; q < m; q++)
+                for (int64_t b = 0; b < S; b++)
+                    tl_store(tl, elem(own, q * k + b * c, dt),
+                             kb_val_slice(v, (uint32_t)(b * B + q * c), (uint32_t)c));
+            tl_free(tl, v);
+        }
+        int gw, gh, sx, sy, wrap;
+        grid_of(a, sip, &gw, &gh, &sx, &sy, &wrap);
+        ag_dim(tl, out, 1, 0, (int64_t)sy * gw * K, K, sx, gw, wrap, KB_DIR_GLOBAL_E,
+               KB_DIR_GLOBAL_W, dt);
+        ag_dim(tl, out, 1, 0, 0, gw * K, sy, gh, wrap, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N, dt);
+        if (m > 1 && ws > 1) {
+            v = tl_load(tl, out, KB_SHAPE1(m * W), dt);
+            for (int64_t r = 0; r < ws; r++)
+                for (int64_t q = 0; q < m; q++)
+                    tl_store(tl, elem(out, q * W + r * k, dt),
+                             kb_val_slice(v, (uint32_t)(r * K + q * k), (uint32_t)k));
+            tl_free(tl, v);
+        }
+    }
+
+    /* 3. broadcast the m x W matrix down: level 2, then level 1 */
+    v = (kb_val){ 0 };
+    if (w.leader)
+        v = tl_load(tl, out, KB_SHAPE1(m * W), dt);
+    for (int lvl = 2; lvl >= 1; lvl--) {
+        const tnode *t = lvl == 1 ? &w.l1 : &w.l2;
+        if (lvl == 2 && !w.in2)
+            continue;
+        if (t->parent >= 0) {
+            v = tl_recv(tl, (kb_dir)t->parent, KB_SHAPE1(m * W), dt);
+            tl_store(tl, out, v);
+        }
+        for (int x = 0; x < t->nch; x++)
+            tl_send(tl, t->ch[x], v);
+    }
+    tl_free(tl, v);
+}
+
+/* ---- reduce_scatter ---- */
+
+void kb_dist_reducescatter_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t m = a->i[KB_DC_M], c = a->i[KB_DC_C], S = a->i[KB_DC_S], ws = a->i[KB_DC_WS];
+    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
+    int64_t B = m * c, k = S * c, W = ws * k;
+    int sip = tl_program_id(tl, 2);
+    where w;
+    locate(tl, a, &w);
+    kb_va out = elem(a->ptr[0], w.j * B, dt), in = elem(a->ptr[1], w.j * m * W, dt);
+
+    /* 1. reduce the whole-width partials up the tree (f32) */
+    kb_val v = tl_load(tl, in, KB_SHAPE1(m * W), dt);
+    kb_val acc = tl_scale(tl, v, 1.0f, 0.0f);
+    tl_free(tl, v);
+    for (int lvl = 1; lvl <= 2; lvl++) {
+        const tnode *t = lvl == 1 ? &w.l1 : &w.l2;
+        if (lvl == 2 && !w.in2)
+            break;
+        for (int x = 0; x < t->nch; x++) {
+            kb_val r = tl_recv(tl, t->ch[x], KB_SHAPE1(m * W), KB_F32);
+            kb_val s = tl_add(tl, acc, r);
+            tl_free(tl, acc);
+            tl_free(tl, r);
+            acc = s;
+        }
+        if (t->parent >= 0) {
+            tl_send(tl, (kb_dir)t->parent, acc);
+            break;
+        }
+    }
+
+    /* 2. the leaders reduce-scatter row by row (grid columns first, then rows); the rank's
+     * chunk goes block-major, rounded to the dtype once, to the start of its `in` block */
+    if (w.leader) {
+        int gw, gh, sx, sy, wrap;
+        grid_of(a, sip, &gw, &gh, &sx, &sy, &wrap);
+        for (int64_t q = 0; q < m; q++) {
+            kb_val row = kb_val_slice(acc, (uint32_t)(q * W), (uint32_t)W);
+            kb_val ry = rs_row(tl, row, gw * k, sy, gh, wrap, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N);
+            kb_val rx = rs_row(tl, ry, k, sx, gw, wrap, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
+            if (!ry.scratch && !rx.scratch) /* one SIP: the chunk is the row itself */
+                rx = kb_val_slice(row, 0, (uint32_t)k);
+            for (int64_t b = 0; b < S; b++)
+                tl_store(tl, elem(in, b * B + q * c, dt),
+                         kb_val_slice(rx, (uint32_t)(b * c), (uint32_t)c));
+            if (rx.pa != ry.pa)
+                free_own(tl, rx);
+            free_own(tl, ry);
+        }
+    }
+    tl_free(tl, acc);
+
+    /* 3. scatter the chunk down: each message holds the receiver's subtree's blocks */
+    v = (kb_val){ 0 };
+    int64_t vlo = 0; /* first block v holds */
+    if (w.leader)
+        v = tl_load(tl, in, KB_SHAPE1(S * B), dt);
+    for (int lvl = 2; lvl >= 1; lvl--) {
+        const tnode *t = lvl == 1 ? &w.l1 : &w.l2;
+        int64_t unit = lvl == 1 ? w.unit1 : w.unit2, base = lvl == 1 ? w.base1 : 0;
+        if (lvl == 2 && !w.in2)
+            continue;
+        if (t->parent >= 0) {
+            vlo = base + t->lo * unit;
+            v = tl_recv(tl, (kb_dir)t->parent, KB_SHAPE1((t->hi - t->lo + 1) * unit * B), dt);
+        }
+        for (int x = 0; x < t->nch; x++)
+            tl_send(tl, t->ch[x],
+                    kb_val_slice(v, (uint32_t)((base + t->clo[x] * unit - vlo) * B),
+                                 (uint32_t)((t->chi[x] - t->clo[x] + 1) * unit * B)));
+    }
+    tl_store(tl, out, kb_val_slice(v, (uint32_t)((w.j - vlo) * B), (uint32_t)B));
+    tl_free(tl, v);
+}
+
+/* ---- arguments ---- */
+
+/* The wirings whose trees the kernels know, by the mapper of the entry that installs them. */
+static const struct {
+    const char *mapper;
+    int tree;
+} wirings[] = {
+    { "all_pes", KB_DIST_TREE_CHAINS },       /* hierarchical_3level over every PE */
+    { "pe0_all_cubes", KB_DIST_TREE_LINES },  /* kb_dist_install_intercube */
+};
+
+int kb_dist_coll_tree(const kb_dist_algo *algo)
+{
+    for (size_t i = 0; i < sizeof wirings / sizeof wirings[0]; i++)
+        if (algo->mapper && !strcmp(wirings[i].mapper, algo->mapper))
+            return wirings[i].tree;
+    return -1;
+}
+
+void kb_dist_coll_args(const kb_machine *m, int tree, int ws, int root_cube, int64_t rows,
+                       int64_t c, int S, kb_dtype dt, kb_kargs *a)
+{
+    a->i[KB_DC_M] = rows;
+    a->i[KB_DC_C] = c;
+    a->i[KB_DC_S] = S;
+    a->i[KB_DC_WS] = ws;
+    a->i[KB_DC_DT] = dt;
+    a->i[KB_DC_SHAPE] = tree;
+    if (tree == KB_DIST_TREE_CHAINS) {
+        /* hierarchical_3level: a global E/W ring of the SIP leaders, whatever the topology */
+        a->i[KB_DC_G1] = m->npes;
+        a->i[KB_DC_G2] = m->ncubes;
+        a->i[KB_DC_GW] = ws;
+        a->i[KB_DC_GH] = 1;
+        a->i[KB_DC_WRAP] = 1;
+    } else {
+        a->i[KB_DC_G1] = m->mesh_w;
+        a->i[KB_DC_G2] = m->mesh_h;
+        a->i[KB_DC_ROOT] = root_cube;
+        a->i[KB_DC_GW] = m->sip_grid_w;
+        a->i[KB_DC_GH] = m->sip_grid_h;
+        a->i[KB_DC_WRAP] = strcmp(m->cfg.sips_topology, "mesh_2d_no_wrap") != 0;
+    }
+}
+
+/* ---- broadcast and reduce (a rank's tensor: S shards of n elements, one per PE) ---- */
+
+/* A leader's place in the broadcast / reduce tree over the SIP grid rooted at rank `root`:
+ * along the root's grid row (X), then along every column (Y); halves of a ring where the
+ * grid wraps, lines from the root where it does not. */
+typedef struct gnode {
+    int parent;      /* direction toward the root, -1 at the root */
+    int nch;
+    kb_dir ch[4];
+} gnode;
+
+static void dim_node(int i, int g, int rt, int wrap, kb_dir fwd, kb_dir back, int *parent,
+                     kb_dir *ch, int *nch)
+{
+    *parent = -1;
+    if (g < 2)
+        return;
+    if (wrap) {
+        int de = ((i - rt) % g + g) % g, h = g / 2;
+        if (de == 0) {
+            ch[(*nch)++] = fwd;
+            if (g - 1 >= h + 1)
+                ch[(*nch)++] = back;
+        } else if (de <= h) {
+            *parent = (int)back;
+            if (de < h)
+                ch[(*nch)++] = fwd;
+        } else {
+            *parent = (int)fwd;
+            if (de > h + 1)
+                ch[(*nch)++] = back;
+        }
+        return;
+    }
+    if (i == rt) {
+        if (rt < g - 1)
+            ch[(*nch)++] = fwd;
+        if (rt > 0)
+            ch[(*nch)++] = back;
+    } else if (i > rt) {
+        *parent = (int)back;
+        if (i < g - 1)
+            ch[(*nch)++] = fwd;
+    } else {
+        *parent = (int)fwd;
+        if (i > 0)
+            ch[(*nch)++] = back;
+    }
+}
+
+static void grid_node(const kb_kargs *a, int sip, int root, gnode *gn)
+{
+    int gw, gh, sx, sy, wrap, p;
+    grid_of(a, sip, &gw, &gh, &sx, &sy, &wrap);
+    int rx = root % gw, ry = root / gw;
+    memset(gn, 0, sizeof *gn);
+    gn->parent = -1;
+    if (sy == ry) {
+        dim_node(sx, gw, rx, wrap, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, &gn->parent, gn->ch, &gn->nch);
+        dim_node(sy, gh, ry, wrap, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N, &p, gn->ch, &gn->nch);
+    } else {
+        dim_node(sy, gh, ry, wrap, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N, &gn->parent, gn->ch,
+                 &gn->nch);
+    }
+}
+
+typedef struct bsink {
+    int ndir;
+    kb_dir dir[4];
+} bsink;
+
+static void sink_send(kb_tl *tl, const bsink *s, kb_val v)
+{
+    for (int x = 0; x < s->ndir; x++)
+        tl_send(tl, s->dir[x], v);
+}
+
+/*
+ * Broadcast, up on the root's SIP: the PE's subtree's blocks in increasing block order, each
+ * taken from the child that holds it (received) or from its own shard (loaded) and handed to
+ * the sink. Every subtree of a chain or line is a range of members with the own member at an
+ * end, so each child emits its blocks in increasing order too.
+ */
+static void emit_up(kb_tl *tl, const where *w, int lvl, kb_va t, int64_t n, kb_dtype dt,
+                    const bsink *s)
+{
+    const tnode *nd = lvl == 1 ? &w->l1 : &w->l2;
+    int64_t unit = lvl == 1 ? w->unit1 : w->unit2;
+    /* segments in member order: children's ranges and the own member */
+    for (int mbr = nd->lo; mbr <= nd->hi;) {
+        int x;
+        for (x = 0; x < nd->nch; x++)
+            if (nd->clo[x] == mbr)
+                break;
+        if (x < nd->nch) {
+            int64_t cnt = (nd->chi[x] - nd->clo[x] + 1) * unit;
+            for (int64_t b = 0; b < cnt; b++) {
+                kb_val v = tl_recv(tl, nd->ch[x], KB_SHAPE1(n), dt);
+                sink_send(tl, s, v);
+                tl_free(tl, v);
+            }
+            mbr = nd->chi[x] + 1;
+        } else {
+            if (lvl == 2) {
+                emit_up(tl, w, 1, t, n, dt, s);
+            } else {
+                kb_val v = tl_load(tl, elem(t, w->j * n, dt), KB_SHAPE1(n), dt);
+                sink_send(tl, s, v);
+                tl_free(tl, v);
+            }
+            mbr++;
+        }
+    }
+}
+
+/* Broadcast, down on another SIP: block b (received, in increasing order) goes to the child
+ * whose subtree holds it, or into the own shard. */
+static void route_down(kb_tl *tl, const where *w, int lvl, int64_t b, kb_val v, kb_va t,
+                       int64_t n, kb_dtype dt)
+{
+    const tnode *nd = lvl == 1 ? &w->l1 : &w->l2;
+    int64_t unit = lvl == 1 ? w->unit1 : w->unit2, base = lvl == 1 ? w->base1 : 0;
+    int64_t mbr = (b - base) / unit;
+    for (int x = 0; x < nd->nch; x++)
+        if (mbr >= nd->clo[x] && mbr <= nd->chi[x]) {
+            tl_send(tl, nd->ch[x], v);
+            return;
+        }
+    if (lvl == 2)
+        route_down(tl, w, 1, b, v, t, n, dt);
+    else
+        tl_store(tl, elem(t, w->j * n, dt), v);
+}
+
+void kb_dist_broadcast_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_DC_M];
+    int root = (int)a->i[KB_DC_C], sip = tl_program_id(tl, 2);
+    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
+    kb_va t = a->ptr[0];
+    where w;
+    locate(tl, a, &w);
+    int top = w.in2 ? 2 : 1;
+    const tnode *nd = top == 1 ? &w.l1 : &w.l2;
+    gnode gn;
+    bsink s = { 0, { 0 } };
+    if (w.leader) {
+        grid_node(a, sip, root, &gn);
+        s.ndir = gn.nch;
+        memcpy(s.dir, gn.ch, sizeof gn.ch);
+    } else if (sip == root) {
+        s.ndir = 1;
+        s.dir[0] = (kb_dir)nd->parent;
+    }
+    if (sip == root) {
+        emit_up(tl, &w, top, t, n, dt, &s);
+        return;
+    }
+    /* another SIP: the blocks of this PE's subtree arrive in increasing order */
+    int parent = w.leader ? gn.parent : nd->parent;
+    int64_t lo = top == 1 ? w.base1 + nd->lo * w.unit1 : nd->lo * w.unit2;
+    int64_t hi = top == 1 ? w.base1 + (nd->hi + 1) * w.unit1 : (nd->hi + 1) * w.unit2;
+    for (int64_t b = lo; b < hi; b++) {
+        kb_val v = tl_recv(tl, (kb_dir)parent, KB_SHAPE1(n), dt);
+        if (w.leader)
+            sink_send(tl, &s, v);
+        route_down(tl, &w, top, b, v, t, n, dt);
+        tl_free(tl, v);
+    }
+}
+
+/*
+ * Reduce: every shard summed (f32) up the tree to the leader, the leaders' sums toward the
+ * root's leader, whose total goes down its SIP's tree into every shard of the root's tensor.
+ * The other ranks' tensors are left as they were.
+ */
+void kb_dist_reduce_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_DC_M];
+    int root = (int)a->i[KB_DC_C], sip = tl_program_id(tl, 2);
+    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
+    kb_va mine;
+    where w;
+    locate(tl, a, &w);
+    mine = elem(a->ptr[0], w.j * n, dt);
+    kb_val v = tl_load(tl, mine, KB_SHAPE1(n), dt);
+    kb_val acc = tl_scale(tl, v, 1.0f, 0.0f);
+    tl_free(tl, v);
+    int sent = 0;
+    for (int lvl = 1; lvl <= 2 && !sent; lvl++) {
+        const tnode *t = lvl == 1 ? &w.l1 : &w.l2;
+        if (lvl == 2 && !w.in2)
+            break;
+        for (int x = 0; x < t->nch; x++) {
+            kb_val r = tl_recv(tl, t->ch[x], KB_SHAPE1(n), KB_F32);
+            kb_val s = tl_add(tl, acc, r);
+            tl_free(tl, acc);
+            tl_free(tl, r);
+            acc = s;
+        }
+        if (t->parent >= 0) {
+            tl_send(tl, (kb_dir)t->parent, acc);
+            sent = 1;
+        }
+    }
+    if (w.leader) {
+        gnode gn;
+        grid_node(a, sip, root, &gn);
+        for (int x = 0; x < gn.nch; x++) {
+            kb_val r = tl_recv(tl, gn.ch[x], KB_SHAPE1(n), KB_F32);
+            kb_val s = tl_add(tl, acc, r);
+            tl_free(tl, acc);
+            tl_free(tl, r);
+            acc = s;
+        }
+        if (gn.parent >= 0)
+            tl_send(tl, (kb_dir)gn.parent, acc);
+    }
+    if (sip == root) {
+        /* the total down the root SIP's tree: level 2, then level 1 */
+        for (int lvl = 2; lvl >= 1; lvl--) {
+            const tnode *t = lvl == 1 ? &w.l1 : &w.l2;
+            if (lvl == 2 && !w.in2)
+                continue;
+            if (t->parent >= 0) {
+                tl_free(tl, acc);
+                acc = tl_recv(tl, (kb_dir)t->parent, KB_SHAPE1(n), KB_F32);
+            }
+            for (int x = 0; x < t->nch; x++)
+                tl_send(tl, t->ch[x], acc);
+        }
+        tl_store(tl, mine, acc);
+    }
+    tl_free(tl, acc);
+}
