@@ -42,6 +42,8 @@ static kb_val accumulate(kb_tl *tl, kb_val acc, kb_val in, kb_val keep)
 
 static void hello_send(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N];
     kb_va mine = kb_ccl_my_tile(tl, a);
     if (a->i[KB_CCL_ARG_WS] < 2)
@@ -153,6 +155,8 @@ static void ring_streamed(kb_tl *tl, int64_t n, int64_t ws, kb_va mine)
  * loads and stores, block by block. */
 static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
 
     if (ws >= 2 && kb_ccl_stream_block(tl, n, 2)) {
@@ -305,6 +309,8 @@ static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va min
 
 static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
     int64_t r = kb_ccl_rank(tl);
     kb_va mine = kb_ccl_my_tile(tl, a);
@@ -442,6 +448,8 @@ static void mesh_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
  * longer than a slot; a larger tile runs block by block. */
 static void mesh_allreduce(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     kb_ccl_run_tile(tl, a, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], KB_F16, 4, mesh_tile);
 }
 
@@ -550,6 +558,8 @@ static void tree_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va min
 /* Messages are f32 tiles: a tile longer than a slot streams (tree_streamed). */
 static void tree_allreduce(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N];
 
     if (kb_ccl_stream_block(tl, n, 4)) {
@@ -766,23 +776,23 @@ static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
  * message, host reference, flags. */
 static const kb_ccl_algo_impl hello_send_algo = {
     "hello_send", "each rank sends its tile east and keeps what arrives from the west",
-    KB_COLL_SENDRECV, "ring_1d", hello_send, NULL, tile_f16, kb_ccl_ref_shift_east, 0,
+    KB_COLL_SENDRECV, "ring_1d", hello_send, NULL, tile_f16, kb_ccl_ref_shift_east, KB_CCL_ANY_WORLD,
 };
 static const kb_ccl_algo_impl ring_algo = {
     "ring_allreduce", "ring all-reduce: p-1 rounds forwarding the last received tile",
-    KB_COLL_ALLREDUCE, "ring_1d", ring_allreduce, NULL, tile_f16, kb_ccl_ref_allreduce, 0,
+    KB_COLL_ALLREDUCE, "ring_1d", ring_allreduce, NULL, tile_f16, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD,
 };
 static const kb_ccl_algo_impl rsag_algo = {
     "ring_rsag_allreduce", "bandwidth-optimal ring: reduce-scatter + all-gather, 2(p-1)/p of the data per rank",
-    KB_COLL_ALLREDUCE, "ring_1d", ring_rsag_allreduce, rsag_check, rsag_msg, kb_ccl_ref_allreduce, 0,
+    KB_COLL_ALLREDUCE, "ring_1d", ring_rsag_allreduce, rsag_check, rsag_msg, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD,
 };
 static const kb_ccl_algo_impl mesh_algo = {
     "mesh_allreduce", "row ring (E/W) then column ring (N/S) on a square k x k world",
-    KB_COLL_ALLREDUCE, "mesh_2d", mesh_allreduce, mesh_check, tile_f32, kb_ccl_ref_allreduce, 0,
+    KB_COLL_ALLREDUCE, "mesh_2d", mesh_allreduce, mesh_check, tile_f32, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD,
 };
 static const kb_ccl_algo_impl tree_algo = {
     "tree_allreduce", "binary tree: reduce to rank 0, broadcast back (any size the rank = PE layout takes)",
-    KB_COLL_ALLREDUCE, "tree_binary", tree_allreduce, NULL, tile_f32, kb_ccl_ref_allreduce, 0,
+    KB_COLL_ALLREDUCE, "tree_binary", tree_allreduce, NULL, tile_f32, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD,
 };
 static const kb_ccl_algo_impl hierarchical_algo = {
     "hierarchical_allreduce", "3 levels: chains in each cube and across cubes, ring across SIPs",

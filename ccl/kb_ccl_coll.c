@@ -95,6 +95,8 @@ static void ag_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
 
 static void ring_allgather(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
     int64_t cnt = n / ws, S = slice_elems(tl, 2), blk = S * COLL_MAX_POSTED, off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
@@ -149,6 +151,8 @@ static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
 
 static void ring_reducescatter(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
     int64_t cnt = n / ws, S = slice_elems(tl, 4);
     int64_t blk = S * scratch_window(kb_ipcq_slot_size(tl_ctx(tl))), off, len;
@@ -170,6 +174,8 @@ static void ring_reducescatter(kb_tl *tl, const kb_kargs *a)
  */
 static void p2p_sendrecv(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], S = slice_elems(tl, 2), nsl = (n + S - 1) / S, off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
     kb_ipcq_req *rq[COLL_MAX_POSTED];
@@ -224,6 +230,8 @@ static void bcast_flow(kb_tl *tl, kb_va tile, int64_t n, kb_dir up, const kb_dir
 
 static void ring_broadcast(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
     kb_dir e = KB_DIR_E;
 
@@ -246,6 +254,8 @@ static int tree_children(int64_t v, int64_t ws, kb_dir down[2])
 
 static void tree_broadcast(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
     kb_dir down[2];
     int nd = tree_children(v, ws, down);
@@ -307,6 +317,8 @@ static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, cons
 /* Chain v = 1 -> 2 -> ... -> ws-1 -> 0 (the root) on E: rank v = 1 starts with raw slices. */
 static void ring_reduce(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
     kb_dir w = KB_DIR_W;
     kb_dtype dt = mod(v - 1, ws) == 1 ? KB_F16 : KB_F32; /* what the west neighbour sends */
@@ -319,6 +331,8 @@ static void ring_reduce(kb_tl *tl, const kb_kargs *a)
 
 static void tree_reduce(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
     kb_dir in[2];
     kb_dtype dt[2];
@@ -346,6 +360,8 @@ static kb_dir mesh_dir(int64_t r, int64_t p, int64_t ws) { return (kb_dir)(mod(p
 
 static void pairwise_alltoall(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
     int64_t cnt = n / ws, S = slice_elems(tl, 2), nsl = (cnt + S - 1) / S, off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
@@ -402,6 +418,8 @@ static void send_chunks(kb_tl *tl, kb_dir d, kb_va tile, int64_t cnt, int64_t c0
  */
 static void rd_allgather(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl), cnt = n / ws;
     int d = kb_topo_hypercube_dims((int)ws);
     int64_t rem = ws - ((int64_t)1 << d);
@@ -484,38 +502,47 @@ static uint64_t whole16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; 
 
 const kb_ccl_algo_impl kb_ccl_algo_ring_allgather = {
     "ring_allgather", "ring: p-1 steps forwarding the chunk received last, (p-1)/p of the buffer per rank",
-    KB_COLL_ALLGATHER, "ring_1d", ring_allgather, ag_check, chunk16, kb_ccl_ref_allgather, 0,
+    KB_COLL_ALLGATHER, "ring_1d", ring_allgather, ag_check, chunk16, kb_ccl_ref_allgather,
+    KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_reducescatter = {
     "ring_reducescatter", "ring: p-1 steps of receive, add the own chunk, send on; rank r keeps chunk r's sum",
     KB_COLL_REDUCE_SCATTER, "ring_1d", ring_reducescatter, rs_check, chunk32,
-    kb_ccl_ref_reduce_scatter, 0,
+    kb_ccl_ref_reduce_scatter,
+    KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_p2p_sendrecv = {
     "p2p_sendrecv", "rank r sends its tile to r+1 and receives r-1's, slice by slice",
-    KB_COLL_SENDRECV, "ring_1d", p2p_sendrecv, NULL, tile16, kb_ccl_ref_shift_east, 0,
+    KB_COLL_SENDRECV, "ring_1d", p2p_sendrecv, NULL, tile16, kb_ccl_ref_shift_east,
+    KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_broadcast = {
     "ring_broadcast", "pipelined chain from the root around the ring, slice by slice",
-    KB_COLL_BROADCAST, "ring_1d", ring_broadcast, NULL, tile16, kb_ccl_ref_broadcast, 0,
+    KB_COLL_BROADCAST, "ring_1d", ring_broadcast, NULL, tile16, kb_ccl_ref_broadcast,
+    KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_reduce = {
     "ring_reduce", "pipelined chain around the ring ending at the root, f32 partial sums",
-    KB_COLL_REDUCE, "ring_1d", ring_reduce, NULL, tile32, kb_ccl_ref_reduce, 0,
+    KB_COLL_REDUCE, "ring_1d", ring_reduce, NULL, tile32, kb_ccl_ref_reduce,
+    KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_tree_broadcast = {
     "tree_broadcast", "pipelined binary tree hanging from the root, slice by slice",
-    KB_COLL_BROADCAST, "tree_binary", tree_broadcast, NULL, tile16, kb_ccl_ref_broadcast, 0,
+    KB_COLL_BROADCAST, "tree_binary", tree_broadcast, NULL, tile16, kb_ccl_ref_broadcast,
+    KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_tree_reduce = {
     "tree_reduce", "pipelined binary tree: f32 partial sums flow up to the root",
-    KB_COLL_REDUCE, "tree_binary", tree_reduce, NULL, tile32, kb_ccl_ref_reduce, 0,
+    KB_COLL_REDUCE, "tree_binary", tree_reduce, NULL, tile32, kb_ccl_ref_reduce,
+    KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_pairwise_alltoall = {
     "pairwise_alltoall", "ws-1 pairwise chunk swaps over a full mesh (world size <= 12)",
-    KB_COLL_ALLTOALL, "full_mesh", pairwise_alltoall, a2a_check, chunk16, kb_ccl_ref_alltoall, 0,
+    KB_COLL_ALLTOALL, "full_mesh", pairwise_alltoall, a2a_check, chunk16, kb_ccl_ref_alltoall,
+    KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_rd_allgather = {
     "rd_allgather", "recursive doubling (MPI's fold for any world size): log2(p) exchanges of doubling blocks",
-    KB_COLL_ALLGATHER, "hypercube", rd_allgather, rd_check, whole16, kb_ccl_ref_allgather, 0,
+    KB_COLL_ALLGATHER, "hypercube", rd_allgather, rd_check, whole16, kb_ccl_ref_allgather,
+    KB_CCL_ANY_WORLD,
 };

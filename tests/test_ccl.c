@@ -425,6 +425,76 @@ static int h_any(kb_ctx *ctx, void *arg)
     return rc ? rc : kb_ccl_job_launch(ctx, &c->job, NULL, NULL);
 }
 
+typedef struct any_algo_case {
+    const kb_ccl_algo_impl *impl;
+    int ws;
+    int64_t n;
+    kb_ccl_job job;
+} any_algo_case;
+
+static int h_any_algo(kb_ctx *ctx, void *arg)
+{
+    any_algo_case *c = arg;
+    kb_ipcq_cfg icfg = { 2, 4096, KB_MEM_TCM, 1 };
+    int rc = kb_ccl_job_prepare(ctx, &c->job, c->impl, c->impl->module, c->impl->topology,
+                                c->ws, c->n, &icfg, NULL);
+    return rc ? rc : kb_ccl_job_launch(ctx, &c->job, NULL, NULL);
+}
+
+/* Every built-in algorithm with KB_CCL_ANY_WORLD on worlds that split a cube (12) and a SIP
+ * (130) of the default machine (8 PEs per cube, 128 per SIP), odd counts, seeded inputs,
+ * checked against its reference; the full mesh stops at 12 ranks (11 directions). The ones
+ * without the flag (hierarchical) still need whole cubes. */
+static void test_builtin_any_world(void **state)
+{
+    static const int worlds[] = { 12, 130 };
+    any_algo_case *c = calloc(1, sizeof *c);
+    int flagged = 0;
+    (void)state;
+    assert_non_null(c);
+    for (int i = 0; kb_ccl_algo_at(i); i++) {
+        const kb_ccl_algo_impl *impl = kb_ccl_algo_at(i);
+        if (!(impl->flags & KB_CCL_ANY_WORLD)) {
+            assert_string_equal(impl->module, "hierarchical_allreduce");
+            continue;
+        }
+        flagged++;
+        for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++) {
+            int ws = worlds[w];
+            int64_t n = 5 * kb_coll_tile_ranks(impl->kind, ws);
+            if (!strcmp(impl->topology, "full_mesh") && ws > KB_NDIRS + 1)
+                continue;
+            if (!strcmp(impl->topology, "mesh_2d"))
+                ws = w ? 121 : 9; /* squares that split a cube / a SIP */
+            kb_config cfg;
+            kb_ctx_opts opts = { .device = KB_DEV_REF };
+            kb_ctx *ctx = NULL;
+            kb_errbuf eb;
+            kb_ccl_verdict v;
+            uint16_t *raw = malloc((size_t)ws * (size_t)n * 2);
+            assert_non_null(raw);
+            kb_config_defaults(&cfg);
+            assert_int_equal(kb_ctx_create(&cfg, &opts, &ctx, &eb), 0);
+            memset(c, 0, sizeof *c);
+            c->impl = impl;
+            c->ws = ws;
+            c->n = n;
+            if (kb_ctx_run_host(ctx, h_any_algo, c) != 0)
+                fail_msg("%s ws %d: %s", impl->module, ws, kb_ctx_errmsg(ctx));
+            assert_int_equal(kb_ccl_job_read(ctx, &c->job, NULL, raw), 0);
+            if (kb_ccl_verify_inputs(KB_F16, raw, impl->reference, impl->kind,
+                                     KB_CCL_INPUT_SEED, ws, n, 0.0, &v) != 1)
+                fail_msg("%s ws %d: rank %d element %lld = %g, expected %g", impl->module, ws,
+                         v.first_bad_tile, (long long)v.first_bad_elem, v.first_got,
+                         v.first_want);
+            kb_ctx_destroy(ctx);
+            free(raw);
+        }
+    }
+    assert_int_equal(flagged, 14); /* every algorithm but hierarchical_allreduce */
+    free(c);
+}
+
 /* Partial cubes and a partial last SIP through kb_ccl_job_* on the default machine; an
  * algorithm without the flag is still refused. */
 static void test_job_any_world(void **state)
@@ -1158,6 +1228,7 @@ int main(void)
         cmocka_unit_test(test_layout_legacy),
         cmocka_unit_test(test_layout_linear),
         cmocka_unit_test(test_job_any_world),
+        cmocka_unit_test(test_builtin_any_world),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_mock_every_algorithm),
         cmocka_unit_test(test_coll_chunked),

@@ -47,8 +47,10 @@ typedef struct ccl_state {
 
 /*
  * The tile length: elements per rank (rank = PE) or per shard (rank = SIP, `shards` per rank).
- * With --size, the count whose nccl-tests size for the algorithm's kind is exactly that many
- * bytes, split over the shards; otherwise ccl.yaml's n_elem, else the bench's default.
+ * With --size, rank = PE (one shard): nccl-tests' count for that size, rounded down as
+ * nccl-tests rounds it (at least 1; the result's size_bytes is the size that count gives).
+ * Rank = SIP: the count whose size is exactly that many bytes, split over the shards (else a
+ * usage error). Otherwise ccl.yaml's n_elem, else the bench's default.
  */
 static int tile_len(kb_errbuf *eb, const ccl_state *st, const char *name, kb_coll_kind kind,
                     int ws, int shards, int64_t n_elem, int64_t *n)
@@ -56,6 +58,17 @@ static int tile_len(kb_errbuf *eb, const ccl_state *st, const char *name, kb_col
     int64_t count;
     if (!st->size_bytes) {
         *n = n_elem > 0 ? n_elem : KB_CCL_DEFAULT_N;
+        return 0;
+    }
+    if (shards == 1) {
+        /* rank = PE: nccl-tests' rounding (count = size / (ranks in the size * elem), at
+         * least 1); the size reported is the one that count gives */
+        int64_t per = (int64_t)kb_bench_coll_size(kind, ws, 1, KB_CCL_ELEM_BYTES);
+        if (per < 1)
+            return kb_err_set(eb, KB_ERR_USAGE, "--size %lld: %s (%s) has no size",
+                              (long long)st->size_bytes, name, kb_coll_name(kind));
+        count = st->size_bytes / per;
+        *n = count > 0 ? count : 1;
         return 0;
     }
     if (shards < 1 || kb_bench_coll_count(kind, ws, st->size_bytes, KB_CCL_ELEM_BYTES, &count) ||
