@@ -198,7 +198,10 @@ static void test_shipped_ccl(void **state)
         assert_string_equal(a->module, order[i]);
         assert_int_equal(a->root, -1);
     }
-    check_algo(&c, "ring_allgather", "ring_allgather", "ring_1d", "tcm", 256, 0, 0);
+    /* rsag's halves take its 1 MiB slots */
+    check_algo(&c, "ring_allgather", "ring_allgather", "ring_1d", "tcm", 256, 0, 1048576);
+    check_algo(&c, "ring_reducescatter", "ring_reducescatter", "ring_1d", "tcm", 256, 0,
+               1048576);
     check_algo(&c, "tree_reduce", "tree_reduce", "tree_binary", "tcm", 256, 0, 0);
     check_algo(&c, "pairwise_alltoall", "pairwise_alltoall", "full_mesh", "tcm", 8, 0, 0);
     if (kb_ccl_config_validate(&c, &t, &eb) != 0)
