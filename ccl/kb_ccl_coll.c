@@ -57,6 +57,14 @@ static kb_val ref16(kb_tl *tl, kb_va tile, int64_t off, int64_t len)
     return tl_ref(tl, at(tile, off), KB_SHAPE1(len), KB_F16);
 }
 
+/* The same for a tile of dtype dt (the KB_CCL_TYPED kernels). */
+static kb_va atd(kb_va tile, int64_t i, kb_dtype dt) { return kb_ccl_elem_va(tile, i, dt); }
+
+static kb_val refd(kb_tl *tl, kb_va tile, int64_t off, int64_t len, kb_dtype dt)
+{
+    return tl_ref(tl, atd(tile, off, dt), KB_SHAPE1(len), dt);
+}
+
 /* ---- ring all_gather ---- */
 
 /*
@@ -65,19 +73,19 @@ static kb_val ref16(kb_tl *tl, kb_va tile, int64_t off, int64_t len)
  * ring -> HBM), slice by slice, posting the next step's receive of a slice as it consumes it.
  */
 static void ag_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, int64_t b0,
-                     int64_t bl, int64_t S)
+                     int64_t bl, int64_t S, kb_dtype dt)
 {
     kb_ipcq_req *rq[COLL_MAX_POSTED];
     int64_t nsl = (bl + S - 1) / S, off, len;
 
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
-        rq[j] = tl_recv_into_async(tl, KB_DIR_W, at(tile, mod(r - 1, ws) * cnt + b0 + off),
-                                   KB_SHAPE1(len), KB_F16);
+        rq[j] = tl_recv_into_async(tl, KB_DIR_W, atd(tile, mod(r - 1, ws) * cnt + b0 + off, dt),
+                                   KB_SHAPE1(len), dt);
     }
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
-        tl_send(tl, KB_DIR_E, ref16(tl, tile, r * cnt + b0 + off, len));
+        tl_send(tl, KB_DIR_E, refd(tl, tile, r * cnt + b0 + off, len, dt));
     }
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = mod(r - s - 1, ws), last = s + 2 == ws;
@@ -86,9 +94,9 @@ static void ag_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
             (void)tl_wait(tl, rq[j]);
             if (last)
                 continue;
-            rq[j] = tl_recv_into_async(tl, KB_DIR_W, at(tile, mod(c - 1, ws) * cnt + b0 + off),
-                                       KB_SHAPE1(len), KB_F16);
-            tl_send(tl, KB_DIR_E, ref16(tl, tile, c * cnt + b0 + off, len));
+            rq[j] = tl_recv_into_async(tl, KB_DIR_W, atd(tile, mod(c - 1, ws) * cnt + b0 + off, dt),
+                                       KB_SHAPE1(len), dt);
+            tl_send(tl, KB_DIR_E, refd(tl, tile, c * cnt + b0 + off, len, dt));
         }
     }
 }
@@ -98,13 +106,15 @@ static void ring_allgather(kb_tl *tl, const kb_kargs *a)
     if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
         return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
-    int64_t cnt = n / ws, S = slice_elems(tl, 2), blk = S * COLL_MAX_POSTED, off, len;
+    kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+    int64_t cnt = n / ws, S = slice_elems(tl, (uint32_t)kb_dtype_size(dt));
+    int64_t blk = S * COLL_MAX_POSTED, off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
 
     if (ws < 2)
         return;
     for (int64_t b = 0; (len = kb_ccl_piece(cnt, blk, b, &off)) != 0; b++)
-        ag_block(tl, tile, ws, r, cnt, off, len, S);
+        ag_block(tl, tile, ws, r, cnt, off, len, S, dt);
 }
 
 /* ---- ring reduce_scatter ---- */
@@ -116,18 +126,18 @@ static void ring_allgather(kb_tl *tl, const kb_kargs *a)
  * stores its total (NCCL's recvReduceSend, then recvReduceCopy).
  */
 static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, int64_t b0,
-                     int64_t bl, int64_t S)
+                     int64_t bl, int64_t S, kb_dtype dt, int op)
 {
     kb_ipcq_req *rq[COLL_MAX_POSTED];
     int64_t nsl = (bl + S - 1) / S, off, len;
 
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
-        rq[j] = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), KB_F16);
+        rq[j] = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), dt);
     }
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
-        tl_send(tl, KB_DIR_E, ref16(tl, tile, mod(r - 1, ws) * cnt + b0 + off, len));
+        tl_send(tl, KB_DIR_E, refd(tl, tile, mod(r - 1, ws) * cnt + b0 + off, len, dt));
     }
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = mod(r - s - 2, ws), last = s + 2 == ws;
@@ -136,14 +146,16 @@ static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
             kb_val in = tl_wait(tl, rq[j]);
             if (!last)
                 rq[j] = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), KB_F32);
-            kb_val own = tl_load(tl, at(tile, c * cnt + b0 + off), KB_SHAPE1(len), KB_F16);
-            kb_val red = tl_add(tl, own, in);
+            kb_val own = tl_load(tl, atd(tile, c * cnt + b0 + off, dt), KB_SHAPE1(len), dt);
+            kb_val red = kb_ccl_combine(tl, op, own, in);
             tl_free(tl, own);
             tl_free(tl, in);
-            if (last)
-                tl_store(tl, at(tile, c * cnt + b0 + off), red);
-            else
+            if (last) {
+                red = kb_ccl_finish(tl, op, red, ws);
+                tl_store(tl, atd(tile, c * cnt + b0 + off, dt), red);
+            } else {
                 tl_send(tl, KB_DIR_E, red);
+            }
             tl_free(tl, red);
         }
     }
@@ -157,11 +169,13 @@ static void ring_reducescatter(kb_tl *tl, const kb_kargs *a)
     int64_t cnt = n / ws, S = slice_elems(tl, 4);
     int64_t blk = S * scratch_window(kb_ipcq_slot_size(tl_ctx(tl))), off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
+    kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+    int op = (int)a->i[KB_CCL_ARG_OP];
 
-    if (ws < 2)
+    if (ws < 2) /* one rank: every op leaves the tile as it is (avg: x / 1) */
         return;
     for (int64_t b = 0; (len = kb_ccl_piece(cnt, blk, b, &off)) != 0; b++)
-        rs_block(tl, tile, ws, r, cnt, off, len, S);
+        rs_block(tl, tile, ws, r, cnt, off, len, S, dt, op);
 }
 
 /* ---- send/recv ---- */
@@ -276,7 +290,7 @@ static void tree_broadcast(kb_tl *tl, const kb_kargs *a)
  * scratch window ahead.
  */
 static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, const kb_dtype *dt,
-                        int nin, kb_dir out)
+                        int nin, kb_dir out, kb_dtype tdt, int op, int64_t ws)
 {
     uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
     int64_t S = slice_elems(tl, 4), nsl = (n + S - 1) / S, W = scratch_window(slot), off, len;
@@ -292,24 +306,26 @@ static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, cons
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(n, S, j, &off);
         if (!nin) {
-            tl_send(tl, out, ref16(tl, tile, off, len));
+            tl_send(tl, out, refd(tl, tile, off, len, tdt));
             continue;
         }
-        kb_val acc = tl_load(tl, at(tile, off), KB_SHAPE1(len), KB_F16);
+        kb_val acc = tl_load(tl, atd(tile, off, tdt), KB_SHAPE1(len), tdt);
         for (int k = 0; k < nin; k++) {
             kb_val x = tl_wait(tl, rq[k][j % W]);
             int64_t xo, xl = kb_ccl_piece(n, S, j + W, &xo);
             if (xl)
                 rq[k][(j + W) % W] = tl_recv_async(tl, in[k], KB_SHAPE1(xl), dt[k]);
-            kb_val s = tl_add(tl, acc, x);
+            kb_val s = kb_ccl_combine(tl, op, acc, x);
             tl_free(tl, acc);
             tl_free(tl, x);
             acc = s;
         }
-        if (out == KB_NDIRS)
-            tl_store(tl, at(tile, off), acc);
-        else
+        if (out == KB_NDIRS) {
+            acc = kb_ccl_finish(tl, op, acc, ws);
+            tl_store(tl, atd(tile, off, tdt), acc);
+        } else {
             tl_send(tl, out, acc);
+        }
         tl_free(tl, acc);
     }
 }
@@ -321,12 +337,13 @@ static void ring_reduce(kb_tl *tl, const kb_kargs *a)
         return;
     int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
     kb_dir w = KB_DIR_W;
-    kb_dtype dt = mod(v - 1, ws) == 1 ? KB_F16 : KB_F32; /* what the west neighbour sends */
+    kb_dtype tdt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+    kb_dtype dt = mod(v - 1, ws) == 1 ? tdt : KB_F32; /* what the west neighbour sends */
 
-    if (ws < 2)
+    if (ws < 2) /* one rank: every op leaves the tile as it is (avg: x / 1) */
         return;
     reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], &w, &dt, v == 1 ? 0 : 1,
-                v == 0 ? KB_NDIRS : KB_DIR_E);
+                v == 0 ? KB_NDIRS : KB_DIR_E, tdt, (int)a->i[KB_CCL_ARG_OP], ws);
 }
 
 static void tree_reduce(kb_tl *tl, const kb_kargs *a)
@@ -338,14 +355,16 @@ static void tree_reduce(kb_tl *tl, const kb_kargs *a)
     kb_dtype dt[2];
     int nin = tree_children(v, ws, in);
 
-    if (ws < 2)
+    kb_dtype tdt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+
+    if (ws < 2) /* one rank: every op leaves the tile as it is (avg: x / 1) */
         return;
-    for (int k = 0; k < nin; k++) { /* a leaf child sends raw f16 */
+    for (int k = 0; k < nin; k++) { /* a leaf child sends its raw tile dtype */
         int64_t c = 2 * v + 1 + k;
-        dt[k] = 2 * c + 1 < ws ? KB_F32 : KB_F16;
+        dt[k] = 2 * c + 1 < ws ? KB_F32 : tdt;
     }
     reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], in, dt, nin,
-                v == 0 ? KB_NDIRS : KB_DIR_PARENT);
+                v == 0 ? KB_NDIRS : KB_DIR_PARENT, tdt, (int)a->i[KB_CCL_ARG_OP], ws);
 }
 
 /* ---- all_to_all ---- */
@@ -503,13 +522,13 @@ static uint64_t whole16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; 
 const kb_ccl_algo_impl kb_ccl_algo_ring_allgather = {
     "ring_allgather", "ring: p-1 steps forwarding the chunk received last, (p-1)/p of the buffer per rank",
     KB_COLL_ALLGATHER, "ring_1d", ring_allgather, ag_check, chunk16, kb_ccl_ref_allgather,
-    KB_CCL_ANY_WORLD,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_reducescatter = {
     "ring_reducescatter", "ring: p-1 steps of receive, add the own chunk, send on; rank r keeps chunk r's sum",
     KB_COLL_REDUCE_SCATTER, "ring_1d", ring_reducescatter, rs_check, chunk32,
     kb_ccl_ref_reduce_scatter,
-    KB_CCL_ANY_WORLD,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };
 const kb_ccl_algo_impl kb_ccl_algo_p2p_sendrecv = {
     "p2p_sendrecv", "rank r sends its tile to r+1 and receives r-1's, slice by slice",
@@ -524,7 +543,7 @@ const kb_ccl_algo_impl kb_ccl_algo_ring_broadcast = {
 const kb_ccl_algo_impl kb_ccl_algo_ring_reduce = {
     "ring_reduce", "pipelined chain around the ring ending at the root, f32 partial sums",
     KB_COLL_REDUCE, "ring_1d", ring_reduce, NULL, tile32, kb_ccl_ref_reduce,
-    KB_CCL_ANY_WORLD,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };
 const kb_ccl_algo_impl kb_ccl_algo_tree_broadcast = {
     "tree_broadcast", "pipelined binary tree hanging from the root, slice by slice",
@@ -534,7 +553,7 @@ const kb_ccl_algo_impl kb_ccl_algo_tree_broadcast = {
 const kb_ccl_algo_impl kb_ccl_algo_tree_reduce = {
     "tree_reduce", "pipelined binary tree: f32 partial sums flow up to the root",
     KB_COLL_REDUCE, "tree_binary", tree_reduce, NULL, tile32, kb_ccl_ref_reduce,
-    KB_CCL_ANY_WORLD,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };
 const kb_ccl_algo_impl kb_ccl_algo_pairwise_alltoall = {
     "pairwise_alltoall", "ws-1 pairwise chunk swaps over a full mesh (world size <= 12)",
