@@ -13,6 +13,7 @@
  *  tree_reduce         the same tree, partial sums flowing up to the root
  *  pairwise_alltoall   ws - 1 pairwise exchanges over full_mesh
  *  rd_allgather        recursive doubling over hypercube (MPI's fold for non-powers of two)
+ *  rh_reducescatter    recursive halving over hypercube (the same fold), f32 partial sums
  *
  * Tiles (kb_coll_kind): a rank's tile is its whole buffer, n = nccl-tests' size / 2 f16
  * elements; the chunked kinds (all_gather, reduce_scatter, all_to_all) have n = ws * count,
@@ -472,6 +473,106 @@ static void rd_allgather(kb_tl *tl, const kb_kargs *a)
     }
 }
 
+/* ---- recursive halving reduce_scatter ---- */
+
+#define RH_MAX_WS 2048 /* the hypercube's directions (kb_topo_hypercube_dims + 1 <= KB_NDIRS) */
+
+/*
+ * One block: elements [b0, b0 + bl) of every chunk, one piece (value) per chunk, so a range
+ * of chunks is a list of pieces and every message is one piece (at most a slot of f32).
+ * MPI's recursive halving with the fold (hypercube topology): a rank below 2*rem with an
+ * even number sends its raw pieces to r+1 and gets its chunk's total back at the end; r+1
+ * adds them to its own. The 2^d survivors then halve: in step k = d-1 .. 0 survivor v keeps
+ * the half of its range of survivors' blocks that holds its own, sends the other half to
+ * v ^ 2^k and adds what v ^ 2^k sends of its half (receives posted first). Survivor v ends
+ * with the totals of its block, chunks [first_chunk(v), first_chunk(v + 1)): it stores chunk
+ * r and, folded, sends chunk r-1 to r-1. Partial sums travel in f32 (raw f16 before a rank's
+ * first addition) and are rounded once when stored.
+ */
+static void rh_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, int64_t b0,
+                     int64_t bl, kb_val *acc, kb_ipcq_req **rq)
+{
+    int d = kb_topo_hypercube_dims((int)ws);
+    int64_t rem = ws - ((int64_t)1 << d);
+    kb_dir fold = (kb_dir)d;
+
+    if (r < 2 * rem && !(r & 1)) { /* folded: hand over the raw pieces, get chunk r back */
+        kb_ipcq_req *back = tl_recv_async(tl, fold, KB_SHAPE1(bl), KB_F32);
+        for (int64_t c = 0; c < ws; c++)
+            tl_send(tl, fold, ref16(tl, tile, c * cnt + b0, bl));
+        kb_val v = tl_wait(tl, back);
+        tl_store(tl, at(tile, r * cnt + b0), v);
+        tl_free(tl, v);
+        return;
+    }
+    /* acc[c]: the partial result of chunk c's piece, or a zero value when not held */
+    if (r < 2 * rem) {
+        for (int64_t c = 0; c < ws; c++)
+            rq[c] = tl_recv_async(tl, fold, KB_SHAPE1(bl), KB_F16);
+        for (int64_t c = 0; c < ws; c++) {
+            kb_val in = tl_wait(tl, rq[c]);
+            kb_val own = tl_load(tl, at(tile, c * cnt + b0), KB_SHAPE1(bl), KB_F16);
+            acc[c] = tl_add(tl, own, in);
+            tl_free(tl, own);
+            tl_free(tl, in);
+        }
+    } else {
+        for (int64_t c = 0; c < ws; c++)
+            acc[c] = tl_load(tl, at(tile, c * cnt + b0), KB_SHAPE1(bl), KB_F16);
+    }
+    int64_t v = r < 2 * rem ? r / 2 : r - rem;
+    for (int k = d - 1; k >= 0; k--) {
+        int64_t w = (int64_t)1 << k, mine = v & ~(w - 1), other = mine ^ w;
+        int64_t m0 = first_chunk(mine, rem), m1 = first_chunk(mine + w, rem);
+        int64_t o0 = first_chunk(other, rem), o1 = first_chunk(other + w, rem);
+        /* what the partner sends: raw f16 before its first addition (a survivor that did not
+         * fold, in the first step), else f32 sums */
+        int64_t pv = v ^ w, pr = pv < rem ? 2 * pv + 1 : pv + rem;
+        kb_dtype in_dt = k == d - 1 && pr >= 2 * rem ? KB_F16 : KB_F32;
+        for (int64_t c = m0; c < m1; c++)
+            rq[c] = tl_recv_async(tl, (kb_dir)k, KB_SHAPE1(bl), in_dt);
+        for (int64_t c = o0; c < o1; c++) {
+            tl_send(tl, (kb_dir)k, acc[c]);
+            tl_free(tl, acc[c]);
+        }
+        for (int64_t c = m0; c < m1; c++) {
+            kb_val in = tl_wait(tl, rq[c]);
+            kb_val sum = tl_add(tl, acc[c], in);
+            tl_free(tl, acc[c]);
+            tl_free(tl, in);
+            acc[c] = sum;
+        }
+    }
+    int64_t c0 = first_chunk(v, rem), c1 = first_chunk(v + 1, rem);
+    for (int64_t c = c0; c < c1; c++) {
+        if (c == r)
+            tl_store(tl, at(tile, c * cnt + b0), acc[c]);
+        else /* the folded partner's chunk r-1 */
+            tl_send(tl, fold, acc[c]);
+        tl_free(tl, acc[c]);
+    }
+}
+
+static void rh_reducescatter(kb_tl *tl, const kb_kargs *a)
+{
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl), cnt = n / ws;
+    /* a block's pieces: one slot of f32 each at most, all ws of them within
+     * KB_CCL_STREAM_BYTES of scratch */
+    int64_t S = slice_elems(tl, 4), cap = (int64_t)(KB_CCL_STREAM_BYTES / 4u) / ws, off, len;
+    kb_val acc[RH_MAX_WS];
+    kb_ipcq_req *rq[RH_MAX_WS];
+    kb_va tile = kb_ccl_my_tile(tl, a);
+
+    if (ws < 2)
+        return;
+    if (cap < S)
+        S = cap > 0 ? cap : 1;
+    for (int64_t b = 0; (len = kb_ccl_piece(cnt, S, b, &off)) != 0; b++)
+        rh_block(tl, tile, ws, r, cnt, off, len, acc, rq);
+}
+
 /* ---- checks, message sizes, entries ---- */
 
 static int chunked_check(const char *who, int ws, int64_t n, kb_errbuf *eb)
@@ -498,6 +599,15 @@ static int rd_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
 {
     (void)g;
     return chunked_check("rd_allgather", ws, n, eb);
+}
+
+static int rh_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
+{
+    (void)g;
+    if (ws > RH_MAX_WS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "rh_reducescatter: world size %d > %d (the "
+                          "hypercube's directions)", ws, RH_MAX_WS);
+    return chunked_check("rh_reducescatter", ws, n, eb);
 }
 
 static int a2a_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
@@ -559,6 +669,11 @@ const kb_ccl_algo_impl kb_ccl_algo_pairwise_alltoall = {
     "pairwise_alltoall", "ws-1 pairwise chunk swaps over a full mesh (world size <= 12)",
     KB_COLL_ALLTOALL, "full_mesh", pairwise_alltoall, a2a_check, chunk16, kb_ccl_ref_alltoall,
     KB_CCL_ANY_WORLD,
+};
+const kb_ccl_algo_impl kb_ccl_algo_rh_reducescatter = {
+    "rh_reducescatter", "recursive halving (MPI's fold for any world size): log2(p) exchanges of halving ranges, f32 sums",
+    KB_COLL_REDUCE_SCATTER, "hypercube", rh_reducescatter, rh_check, chunk32,
+    kb_ccl_ref_reduce_scatter, KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_rd_allgather = {
     "rd_allgather", "recursive doubling (MPI's fold for any world size): log2(p) exchanges of doubling blocks",

@@ -208,6 +208,7 @@ static void test_coll_entries(void **s)
     static const char *const entries[] = {
         "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
         "tree_broadcast", "ring_reduce", "tree_reduce", "pairwise_alltoall", "rd_allgather",
+        "rh_reducescatter",
     };
     static const int worlds[] = { 2, 3, 8 };
     static const int counts[] = { 1, 37, 3001 };
