@@ -14,6 +14,7 @@
  *  pairwise_alltoall   ws - 1 pairwise exchanges over full_mesh
  *  rd_allgather        recursive doubling over hypercube (MPI's fold for non-powers of two)
  *  rh_reducescatter    recursive halving over hypercube (the same fold), f32 partial sums
+ *  rhd_allreduce       recursive halving-doubling (Rabenseifner): rh + recursive doubling
  *
  * Tiles (kb_coll_kind): a rank's tile is its whole buffer, n = nccl-tests' size / 2 f16
  * elements; the chunked kinds (all_gather, reduce_scatter, all_to_all) have n = ws * count,
@@ -489,36 +490,58 @@ static void rd_allgather(kb_tl *tl, const kb_kargs *a)
  * r and, folded, sends chunk r-1 to r-1. Partial sums travel in f32 (raw f16 before a rank's
  * first addition) and are rounded once when stored.
  */
-static void rh_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, int64_t b0,
-                     int64_t bl, kb_val *acc, kb_ipcq_req **rq)
+/* Piece b (pieces of S elements) of chunk c of a tile of n elements cut into ws balanced
+ * chunks (kb_ccl_chunk; for the chunked kinds chunk c is [c * count, (c + 1) * count)):
+ * its length (0 past the chunk's end) and its tile offset in *off. */
+static int64_t rh_piece(int64_t n, int64_t ws, int64_t c, int64_t b, int64_t S, int64_t *off)
+{
+    uint32_t co, cl;
+    kb_ccl_chunk(n, ws, c, &co, &cl);
+    int64_t len = kb_ccl_piece((int64_t)cl, S, b, off);
+    *off += (int64_t)co;
+    return len;
+}
+
+static void rh_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t n, int64_t b,
+                     int64_t S, int keep, kb_val *acc, kb_ipcq_req **rq)
 {
     int d = kb_topo_hypercube_dims((int)ws);
-    int64_t rem = ws - ((int64_t)1 << d);
+    int64_t rem = ws - ((int64_t)1 << d), off, len;
     kb_dir fold = (kb_dir)d;
 
     if (r < 2 * rem && !(r & 1)) { /* folded: hand over the raw pieces, get chunk r back */
-        kb_ipcq_req *back = tl_recv_async(tl, fold, KB_SHAPE1(bl), KB_F32);
+        kb_ipcq_req *back = NULL;
+        if ((len = rh_piece(n, ws, r, b, S, &off)) != 0)
+            back = tl_recv_async(tl, fold, KB_SHAPE1(len), KB_F32);
         for (int64_t c = 0; c < ws; c++)
-            tl_send(tl, fold, ref16(tl, tile, c * cnt + b0, bl));
-        kb_val v = tl_wait(tl, back);
-        tl_store(tl, at(tile, r * cnt + b0), v);
-        tl_free(tl, v);
+            if ((len = rh_piece(n, ws, c, b, S, &off)) != 0)
+                tl_send(tl, fold, ref16(tl, tile, off, len));
+        if (back) {
+            kb_val v = tl_wait(tl, back);
+            rh_piece(n, ws, r, b, S, &off);
+            tl_store(tl, at(tile, off), v);
+            tl_free(tl, v);
+        }
         return;
     }
-    /* acc[c]: the partial result of chunk c's piece, or a zero value when not held */
+    /* acc[c]: the partial result of chunk c's piece while this rank holds it */
     if (r < 2 * rem) {
         for (int64_t c = 0; c < ws; c++)
-            rq[c] = tl_recv_async(tl, fold, KB_SHAPE1(bl), KB_F16);
+            if ((len = rh_piece(n, ws, c, b, S, &off)) != 0)
+                rq[c] = tl_recv_async(tl, fold, KB_SHAPE1(len), KB_F16);
         for (int64_t c = 0; c < ws; c++) {
+            if ((len = rh_piece(n, ws, c, b, S, &off)) == 0)
+                continue;
             kb_val in = tl_wait(tl, rq[c]);
-            kb_val own = tl_load(tl, at(tile, c * cnt + b0), KB_SHAPE1(bl), KB_F16);
+            kb_val own = tl_load(tl, at(tile, off), KB_SHAPE1(len), KB_F16);
             acc[c] = tl_add(tl, own, in);
             tl_free(tl, own);
             tl_free(tl, in);
         }
     } else {
         for (int64_t c = 0; c < ws; c++)
-            acc[c] = tl_load(tl, at(tile, c * cnt + b0), KB_SHAPE1(bl), KB_F16);
+            if ((len = rh_piece(n, ws, c, b, S, &off)) != 0)
+                acc[c] = tl_load(tl, at(tile, off), KB_SHAPE1(len), KB_F16);
     }
     int64_t v = r < 2 * rem ? r / 2 : r - rem;
     for (int k = d - 1; k >= 0; k--) {
@@ -530,12 +553,16 @@ static void rh_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
         int64_t pv = v ^ w, pr = pv < rem ? 2 * pv + 1 : pv + rem;
         kb_dtype in_dt = k == d - 1 && pr >= 2 * rem ? KB_F16 : KB_F32;
         for (int64_t c = m0; c < m1; c++)
-            rq[c] = tl_recv_async(tl, (kb_dir)k, KB_SHAPE1(bl), in_dt);
-        for (int64_t c = o0; c < o1; c++) {
-            tl_send(tl, (kb_dir)k, acc[c]);
-            tl_free(tl, acc[c]);
-        }
+            if ((len = rh_piece(n, ws, c, b, S, &off)) != 0)
+                rq[c] = tl_recv_async(tl, (kb_dir)k, KB_SHAPE1(len), in_dt);
+        for (int64_t c = o0; c < o1; c++)
+            if (rh_piece(n, ws, c, b, S, &off) != 0) {
+                tl_send(tl, (kb_dir)k, acc[c]);
+                tl_free(tl, acc[c]);
+            }
         for (int64_t c = m0; c < m1; c++) {
+            if (rh_piece(n, ws, c, b, S, &off) == 0)
+                continue;
             kb_val in = tl_wait(tl, rq[c]);
             kb_val sum = tl_add(tl, acc[c], in);
             tl_free(tl, acc[c]);
@@ -545,32 +572,113 @@ static void rh_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
     }
     int64_t c0 = first_chunk(v, rem), c1 = first_chunk(v + 1, rem);
     for (int64_t c = c0; c < c1; c++) {
-        if (c == r)
-            tl_store(tl, at(tile, c * cnt + b0), acc[c]);
-        else /* the folded partner's chunk r-1 */
+        if (rh_piece(n, ws, c, b, S, &off) == 0)
+            continue;
+        if (c == r || keep) /* keep: the all-reduce stores the partner's total too */
+            tl_store(tl, at(tile, off), acc[c]);
+        if (c != r) /* the folded partner's chunk r-1 */
             tl_send(tl, fold, acc[c]);
         tl_free(tl, acc[c]);
     }
+}
+
+/* The reduce-scatter of rh_reducescatter and rhd_allreduce: every piece b of every chunk;
+ * keep: a folded pair's survivor stores its partner's total too (the all-gather sends it). */
+static void rh_phase(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t n, int keep)
+{
+    /* a block's pieces: one slot of f32 each at most, all ws of them within
+     * KB_CCL_STREAM_BYTES of scratch */
+    int64_t S = slice_elems(tl, 4), cap = (int64_t)(KB_CCL_STREAM_BYTES / 4u) / ws;
+    int64_t longest = (n + ws - 1) / ws;
+    kb_val acc[RH_MAX_WS];
+    kb_ipcq_req *rq[RH_MAX_WS];
+
+    if (cap < S)
+        S = cap > 0 ? cap : 1;
+    for (int64_t b = 0; b * S < longest; b++)
+        rh_block(tl, tile, ws, r, n, b, S, keep, acc, rq);
 }
 
 static void rh_reducescatter(kb_tl *tl, const kb_kargs *a)
 {
     if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
         return;
-    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl), cnt = n / ws;
-    /* a block's pieces: one slot of f32 each at most, all ws of them within
-     * KB_CCL_STREAM_BYTES of scratch */
-    int64_t S = slice_elems(tl, 4), cap = (int64_t)(KB_CCL_STREAM_BYTES / 4u) / ws, off, len;
-    kb_val acc[RH_MAX_WS];
-    kb_ipcq_req *rq[RH_MAX_WS];
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
+
+    if (ws < 2)
+        return;
+    rh_phase(tl, kb_ccl_my_tile(tl, a), ws, kb_ccl_rank(tl), n, 0);
+}
+
+/* ---- recursive halving-doubling all_reduce ---- */
+
+/* Tile offset of chunk c of a tile of n elements in ws balanced chunks (c = ws: n). */
+static int64_t chunk_at(int64_t n, int64_t ws, int64_t c)
+{
+    uint32_t co, cl;
+    if (c >= ws)
+        return n;
+    kb_ccl_chunk(n, ws, c, &co, &cl);
+    return (int64_t)co;
+}
+
+/* Sends elements [e0, e1) of the tile on d (nothing when empty). */
+static void send_span(kb_tl *tl, kb_dir d, kb_va tile, int64_t e0, int64_t e1)
+{
+    if (e1 > e0)
+        tl_send(tl, d, ref16(tl, tile, e0, e1 - e0));
+}
+
+static kb_ipcq_req *post_span(kb_tl *tl, kb_dir d, kb_va tile, int64_t e0, int64_t e1)
+{
+    return e1 > e0 ? tl_recv_into_async(tl, d, at(tile, e0), KB_SHAPE1(e1 - e0), KB_F16) : NULL;
+}
+
+/*
+ * Rabenseifner's all-reduce as MPI implements it for any world size: the recursive-halving
+ * reduce-scatter above (rh_phase: rank r ends with chunk r's total in its tile, chunks being
+ * the tile cut into ws balanced ones), then recursive doubling of the totals (rd_allgather's
+ * exchange on contiguous chunk ranges) and the unfold: a folded rank gets every chunk but its
+ * own from r+1. 2(p-1)/p of the data per rank for a power of two, in log2(p) steps each way.
+ */
+static void rhd_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
+    int d = kb_topo_hypercube_dims((int)ws);
+    int64_t rem = ws - ((int64_t)1 << d);
+    kb_dir fold = (kb_dir)d;
     kb_va tile = kb_ccl_my_tile(tl, a);
 
     if (ws < 2)
         return;
-    if (cap < S)
-        S = cap > 0 ? cap : 1;
-    for (int64_t b = 0; (len = kb_ccl_piece(cnt, S, b, &off)) != 0; b++)
-        rh_block(tl, tile, ws, r, cnt, off, len, acc, rq);
+    rh_phase(tl, tile, ws, r, n, 1);
+    if (r < 2 * rem && !(r & 1)) { /* folded: every chunk but its own comes back */
+        kb_ipcq_req *lo = post_span(tl, fold, tile, 0, chunk_at(n, ws, r));
+        kb_ipcq_req *hi = post_span(tl, fold, tile, chunk_at(n, ws, r + 1), n);
+        if (lo)
+            (void)tl_wait(tl, lo);
+        if (hi)
+            (void)tl_wait(tl, hi);
+        return;
+    }
+    int64_t v = r < 2 * rem ? r / 2 : r - rem;
+    for (int k = 0; k < d; k++) {
+        int64_t w = (int64_t)1 << k, vb = v & ~(w - 1), pb = vb ^ w;
+        int64_t m0 = chunk_at(n, ws, first_chunk(vb, rem));
+        int64_t m1 = chunk_at(n, ws, first_chunk(vb + w, rem));
+        int64_t p0 = chunk_at(n, ws, first_chunk(pb, rem));
+        int64_t p1 = chunk_at(n, ws, first_chunk(pb + w, rem));
+        kb_ipcq_req *rq = post_span(tl, (kb_dir)k, tile, p0, p1);
+        send_span(tl, (kb_dir)k, tile, m0, m1);
+        if (rq)
+            (void)tl_wait(tl, rq);
+    }
+    if (r < 2 * rem) { /* the folded partner r-1 gets everything but its own chunk */
+        send_span(tl, fold, tile, 0, chunk_at(n, ws, r - 1));
+        send_span(tl, fold, tile, chunk_at(n, ws, r), n);
+    }
 }
 
 /* ---- checks, message sizes, entries ---- */
@@ -609,6 +717,19 @@ static int rh_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
                           "hypercube's directions)", ws, RH_MAX_WS);
     return chunked_check("rh_reducescatter", ws, n, eb);
 }
+
+static int rhd_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
+{
+    (void)g;
+    (void)n; /* any n: chunks shorter than the world are empty on both sides */
+    if (ws > RH_MAX_WS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "rhd_allreduce: world size %d > %d (the "
+                          "hypercube's directions)", ws, RH_MAX_WS);
+    return 0;
+}
+
+/* the doubling's last exchange and the unfold move (almost) the whole f16 tile */
+static uint64_t rhd_msg(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; }
 
 static int a2a_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
 {
@@ -674,6 +795,11 @@ const kb_ccl_algo_impl kb_ccl_algo_rh_reducescatter = {
     "rh_reducescatter", "recursive halving (MPI's fold for any world size): log2(p) exchanges of halving ranges, f32 sums",
     KB_COLL_REDUCE_SCATTER, "hypercube", rh_reducescatter, rh_check, chunk32,
     kb_ccl_ref_reduce_scatter, KB_CCL_ANY_WORLD,
+};
+const kb_ccl_algo_impl kb_ccl_algo_rhd_allreduce = {
+    "rhd_allreduce", "recursive halving-doubling (Rabenseifner; MPI's fold for any world size): rh reduce-scatter + rd all-gather",
+    KB_COLL_ALLREDUCE, "hypercube", rhd_allreduce, rhd_check, rhd_msg, kb_ccl_ref_allreduce,
+    KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_rd_allgather = {
     "rd_allgather", "recursive doubling (MPI's fold for any world size): log2(p) exchanges of doubling blocks",

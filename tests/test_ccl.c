@@ -491,7 +491,7 @@ static void test_builtin_any_world(void **state)
             free(raw);
         }
     }
-    assert_int_equal(flagged, 15); /* every algorithm but hierarchical_allreduce */
+    assert_int_equal(flagged, 16); /* every algorithm but hierarchical_allreduce */
     free(c);
 }
 
@@ -895,6 +895,7 @@ static const algo_case algo_cases[] = {
     { "pairwise_alltoall", { 1, 2, 3, 5, 7, 8, 12, 0 }, 0, 1 },
     { "rd_allgather", { 1, 2, 3, 6, 7, 8, 16, 64 }, 0, 1 },
     { "rh_reducescatter", { 1, 2, 3, 5, 8, 12, 64, 0 }, 0, 1 },
+    { "rhd_allreduce", { 1, 2, 3, 5, 8, 12, 64, 0 }, 0, 1 },
 };
 
 static const algo_case *case_of(const char *module)
@@ -953,7 +954,7 @@ static void test_coll_chunked(void **state)
     static const char *const modules[] = {
         "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
         "ring_reduce", "tree_broadcast", "tree_reduce", "pairwise_alltoall", "rd_allgather",
-        "rh_reducescatter",
+        "rh_reducescatter", "rhd_allreduce",
     };
     static const struct { int slots; uint64_t slot; int64_t count; } sz[] = {
         { 2, 4096, 3001 }, { 1, 4096, 3001 }, { 2, 64, 2100 },

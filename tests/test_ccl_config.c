@@ -154,7 +154,7 @@ static void test_shipped_ccl(void **state)
         "hierarchical_allreduce_sip", "ring_rsag_allreduce", "intercube_allreduce",
         "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
         "tree_broadcast", "ring_reduce", "tree_reduce", "pairwise_alltoall", "rd_allgather",
-        "rh_reducescatter",
+        "rh_reducescatter", "rhd_allreduce",
     };
     const int norder = (int)(sizeof order / sizeof order[0]);
     kb_ccl_cfg dflt, c;
