@@ -181,7 +181,8 @@ typedef struct kb_ccl_algo_impl {
 /*
  * The algorithm runs on any world size of the rank = PE layout, partial cubes and a partial
  * last SIP included (kb_ccl_layout_linear): its topology is one that takes any world size
- * (ring_1d, ring_1d_unidir, tree_binary, none). Its kernel is launched over whole cubes, so
+ * (ring_1d, ring_1d_unidir, tree_binary, none, full_mesh, hypercube; mesh_2d's own limit is a
+ * square). Its kernel is launched over whole cubes, so
  * the PEs of the last cube past the last rank run it too: it must return at once on them
  * (kb_ccl_idle). Without the flag a world that spans cubes must fill whole cubes (and whole
  * SIPs beyond one SIP), as kb_ccl_layout_legacy requires.

@@ -16,8 +16,9 @@
  *  rh_reducescatter    recursive halving over hypercube (the same fold), f32 partial sums
  *  rhd_allreduce       recursive halving-doubling (Rabenseifner): rh + recursive doubling
  *
- * Tiles (kb_coll_kind): a rank's tile is its whole buffer, n = nccl-tests' size / 2 f16
- * elements; the chunked kinds (all_gather, reduce_scatter, all_to_all) have n = ws * count,
+ * Tiles (kb_coll_kind): a rank's tile is its whole buffer, n = nccl-tests' size / element
+ * size (f16 unless a KB_CCL_TYPED kernel gets another dtype in KB_CCL_ARG_DTYPE; the
+ * reducing ones of those also take KB_CCL_ARG_OP); the chunked kinds (all_gather, reduce_scatter, all_to_all) have n = ws * count,
  * chunk c at [c * count, (c + 1) * count), and run in place as NCCL's in-place calls do. Every
  * kernel moves its data slice by slice, a slice being as many elements as one slot holds
  * (f16 for data that is only moved, f32 for partial sums), so every message fits one slot,
@@ -25,8 +26,9 @@
  * the next hop while the following ones are still arriving (the pipelining of NCCL's ring and
  * tree protocols). Partial sums travel in f32 and are rounded once when stored.
  *
- * Limits: rd_allgather needs floor(log2 ws) + 1 directions (ws < 2048) and as many rings per
- * PE in the IPCQ area; pairwise_alltoall needs a direct queue to every peer, so ws - 1 <= KB_NDIRS (11)
+ * Limits: rd_allgather, rh_reducescatter and rhd_allreduce need floor(log2 ws) + 1 directions
+ * (ws < 2048) and as many rings per PE in the IPCQ area (rd's and rhd's doubling messages
+ * are ranges of chunks, which IPCQ carries as slot-sized chunks); pairwise_alltoall needs a direct queue to every peer, so ws - 1 <= KB_NDIRS (11)
  * directions per PE, and (ws - 1) * n_slots * slot_size bytes of IPCQ area per PE.
  */
 #include <string.h>
