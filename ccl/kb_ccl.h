@@ -181,12 +181,37 @@ typedef struct kb_ccl_algo_impl {
 /*
  * The algorithm runs on any world size of the rank = PE layout, partial cubes and a partial
  * last SIP included (kb_ccl_layout_linear): its topology is one that takes any world size
- * (ring_1d, ring_1d_unidir, tree_binary, none). Its kernel is launched over whole cubes, so
+ * (ring_1d, ring_1d_unidir, tree_binary, none, full_mesh, hypercube; mesh_2d's own limit is a
+ * square). Its kernel is launched over whole cubes, so
  * the PEs of the last cube past the last rank run it too: it must return at once on them
  * (kb_ccl_idle). Without the flag a world that spans cubes must fill whole cubes (and whole
  * SIPs beyond one SIP), as kb_ccl_layout_legacy requires.
  */
 #define KB_CCL_ANY_WORLD 1u
+/*
+ * The kernel honours KB_CCL_ARG_DTYPE (tiles of f16, bf16 or f32) and, for a reducing kind
+ * (all_reduce, reduce_scatter, reduce), KB_CCL_ARG_OP (kb_ccl_op). Without the flag a job
+ * with another dtype than f16 or another op than sum is refused (kb_ccl_job_prepare_opts).
+ */
+#define KB_CCL_TYPED 2u
+
+/*
+ * Reduction operators, nccl-tests' --op (NCCL's ncclRedOp_t): sum, prod, max, min, avg. Every
+ * reducing kernel accumulates in f32 whatever the tile dtype (f16 and bf16 values are exact in
+ * f32) and rounds once when it stores; avg is the sum, scaled by 1/ws once at the end, as
+ * NCCL's ncclAvg for floating types.
+ */
+typedef enum kb_ccl_op {
+    KB_CCL_OP_SUM = 0, KB_CCL_OP_PROD, KB_CCL_OP_MAX, KB_CCL_OP_MIN, KB_CCL_OP_AVG, KB_CCL_NOPS
+} kb_ccl_op;
+/* "sum", "prod", "max", "min", "avg"; "?" otherwise. */
+const char *kb_ccl_op_name(int op);
+/* The op of a name, -1 when unknown. */
+int kb_ccl_op_from_name(const char *name);
+/* Names of the ops, NULL-terminated (the ccl.yaml key's values). */
+extern const char *const kb_ccl_op_names[];
+/* Names of the tile dtypes, NULL-terminated: f16, bf16, f32. */
+extern const char *const kb_ccl_dtype_names[];
 
 /* The rank = PE registry: a table of entry pointers in kb_ccl_algos.c, looked up by module.
  * The entries of kb_ccl_algos.c are its own; an algorithm written in a file of its own
@@ -197,7 +222,7 @@ const kb_ccl_algo_impl *kb_ccl_algo_find(const char *module);
 extern const kb_ccl_algo_impl kb_ccl_algo_ring_allgather, kb_ccl_algo_ring_reducescatter,
     kb_ccl_algo_p2p_sendrecv, kb_ccl_algo_ring_broadcast, kb_ccl_algo_ring_reduce,
     kb_ccl_algo_tree_broadcast, kb_ccl_algo_tree_reduce, kb_ccl_algo_pairwise_alltoall,
-    kb_ccl_algo_rd_allgather;
+    kb_ccl_algo_rd_allgather, kb_ccl_algo_rh_reducescatter, kb_ccl_algo_rhd_allreduce;
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
 
 /*
@@ -207,7 +232,36 @@ const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
  */
 enum { KB_CCL_ARG_N = 0, KB_CCL_ARG_WS, KB_CCL_ARG_PES, KB_CCL_ARG_CUBES, KB_CCL_ARG_SIPS,
        KB_CCL_ARG_DTYPE /* tile dtype (kb_dtype; 0 = f16); honoured by hierarchical_allreduce */,
-       KB_CCL_ARG_ROOT /* the root rank of a rooted collective (broadcast, reduce), < ws */ };
+       KB_CCL_ARG_ROOT /* the root rank of a rooted collective (broadcast, reduce), < ws */,
+       KB_CCL_ARG_OP /* the reduction (kb_ccl_op; 0 = sum); honoured by KB_CCL_TYPED kernels */ };
+
+/* Combines two partial results with op (f32 out): add for sum and avg, mul, maximum,
+ * minimum. */
+static inline kb_val kb_ccl_combine(kb_tl *tl, int op, kb_val a, kb_val b)
+{
+    switch (op) {
+    case KB_CCL_OP_PROD:
+        return tl_mul(tl, a, b);
+    case KB_CCL_OP_MAX:
+        return tl_maximum(tl, a, b);
+    case KB_CCL_OP_MIN:
+        return tl_minimum(tl, a, b);
+    default:
+        return tl_add(tl, a, b);
+    }
+}
+
+/* A complete reduction before it is stored: avg scales it by 1/ws (v is released, a new
+ * value returned); every other op returns v. */
+static inline kb_val kb_ccl_finish(kb_tl *tl, int op, kb_val v, int64_t ws)
+{
+    if (op != KB_CCL_OP_AVG)
+        return v;
+    kb_val s = tl_scale(tl, v, 1.0f / (float)ws, 0.0f);
+    if (v.scratch)
+        tl_free(tl, v);
+    return s;
+}
 
 /* A kernel's rank and the VA of its own tile. */
 int kb_ccl_rank(kb_tl *tl);
@@ -372,6 +426,8 @@ typedef struct kb_ccl_job {
      * failed or deadlocked run) must not strand an allocation (~74 KiB: keep jobs off fiber
      * stacks) */
     kb_kargs args[KB_MAX_GSIPS];
+    kb_dtype dtype;            /* the tiles' dtype (f16 unless kb_ccl_job_prepare_opts said) */
+    int op;                    /* kb_ccl_op of a reducing kind (sum by default) */
 } kb_ccl_job;
 
 /*
@@ -391,10 +447,28 @@ int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *imp
 int kb_ccl_job_prepare_root(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
                             const char *name, const char *topo, int ws, int64_t n, int root,
                             const kb_ipcq_cfg *icfg, const float *inputs);
+/* Everything kb_ccl_job_prepare_root takes beyond it: the root, the tiles' dtype and the
+ * reduction. The seeded inputs depend on the op (kb_ccl_input_op). KB_ERR_CONFIG for a dtype
+ * other than f16 or an op other than sum on an entry without KB_CCL_TYPED, and for an op
+ * other than sum on a kind that does not reduce. */
+typedef struct kb_ccl_job_opts {
+    int root;
+    kb_dtype dtype;
+    int op;
+} kb_ccl_job_opts;
+int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
+                            const char *name, const char *topo, int ws, int64_t n,
+                            const kb_ccl_job_opts *o, const kb_ipcq_cfg *icfg,
+                            const float *inputs);
+/* Whether a kind reduces (all_reduce, reduce_scatter, reduce): the kinds an op applies to. */
+int kb_coll_reduces(kb_coll_kind k);
 /* Launches `kernel` (NULL = the algorithm's) on every rank and waits for it. */
 int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const char *name);
-/* Reads every rank's tile (ws*n f32 values, rank-major); raw f16 bits into raw if non-NULL. */
+/* Reads every rank's tile (ws*n f32 values, rank-major); raw f16 bits into raw if non-NULL
+ * (f16 tiles only; kb_ccl_job_read_raw reads any dtype). */
 int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw);
+/* Every rank's tile as raw bytes of the job's dtype (ws*n*size, rank-major). */
+int kb_ccl_job_read_raw(kb_ctx *ctx, kb_ccl_job *job, void *raw);
 
 /*
  * Mock runtime: runs algorithm `module` on ws ranks with the given inputs (ws*n values,
@@ -443,6 +517,19 @@ void kb_ccl_inputs(float *x, uint32_t seed, int64_t tile0, int64_t ntiles, int64
 void kb_ccl_input_span(float *x, uint32_t seed, int64_t tile, int64_t i0, int64_t len,
                        int64_t n);
 
+/*
+ * The seeded inputs of a job with reduction op over ntiles ranks. Sum, max, min and avg:
+ * kb_ccl_input. Prod: a product of ntiles grid values would leave f16's range, so element i
+ * keeps its grid value only on tile i mod ntiles and is +-1 (the sign of its grid value) on
+ * every other tile: the product is exact in every dtype and f32 order, still
+ * position-dependent. x[j] for elements [i0, i0 + len) of tile `tile`, rounded to dt.
+ */
+void kb_ccl_input_op_span(float *x, uint32_t seed, int op, kb_dtype dt, int64_t ntiles,
+                          int64_t tile, int64_t i0, int64_t len, int64_t n);
+/* The reference of a reducing kind for op (root 0, as kb_ccl_ref_fn): all_reduce, reduce
+ * and reduce_scatter with the op in place of the sum; avg = sum / ws. */
+void kb_ccl_ref_op(kb_coll_kind kind, int op, const float *in, int ws, int64_t n, double *out);
+
 /* What kb_ccl_verify found. Means are over all elements, of the result and of the
  * reference rounded to the dtype (the FAIL line prints them). */
 typedef struct kb_ccl_verdict {
@@ -452,6 +539,7 @@ typedef struct kb_ccl_verdict {
     double first_got, first_want; /* that element's value and its reference (rounded) */
     double got_mean, want_mean;
     double max_abs_err, err_bound; /* worst |got - exact reference| and its bound */
+    int64_t nwrong;               /* elements that failed (nccl-tests' #wrong) */
 } kb_ccl_verdict;
 
 /*
@@ -491,6 +579,17 @@ int kb_ccl_verify_inputs(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_col
 int kb_ccl_verify_inputs_root(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref,
                               kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
                               double acc_bound, kb_ccl_verdict *v);
+/*
+ * kb_ccl_verify_inputs_root for a job of dtype dt and op: the inputs are
+ * kb_ccl_input_op_span's (rounded to dt), the reference the entry's `ref` for sum and
+ * kb_ccl_ref_op for the other ops of a reducing kind.
+ */
+int kb_ccl_verify_inputs_op(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn ref,
+                            kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
+                            double acc_bound, kb_ccl_verdict *v);
+/* kb_ccl_input_acc_bound for op: the sum's; max, min and prod (kb_ccl_input_op_span's data)
+ * are exact (0); avg adds 2^-18, the two f32 roundings of sum * (1/ws) (|avg| <= 16). */
+double kb_ccl_input_acc_bound_op(kb_coll_kind k, int op, int64_t nterms);
 /* The acc_bound kb_ccl_verify needs for a collective of kind k over nterms kb_ccl_inputs
  * tiles: 0 for kinds that only move data, and for reductions of up to
  * KB_CCL_INPUT_EXACT_TERMS tiles; else f32's summation bound (nterms-1) * 2^-24 * 16*nterms. */

@@ -38,10 +38,22 @@ static kb_val accumulate(kb_tl *tl, kb_val acc, kb_val in, kb_val keep)
     return s;
 }
 
+/* accumulate for op: a new partial result acc (op) in; acc is released unless it is keep. */
+static kb_val combine_op(kb_tl *tl, int op, kb_val acc, kb_val in, kb_val keep)
+{
+    kb_val s = kb_ccl_combine(tl, op, acc, in);
+    if (acc.pa != keep.pa)
+        tl_free(tl, acc);
+    tl_free(tl, in);
+    return s;
+}
+
 /* ---- hello_send ---- */
 
 static void hello_send(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N];
     kb_va mine = kb_ccl_my_tile(tl, a);
     if (a->i[KB_CCL_ARG_WS] < 2)
@@ -153,6 +165,8 @@ static void ring_streamed(kb_tl *tl, int64_t n, int64_t ws, kb_va mine)
  * loads and stores, block by block. */
 static void ring_allreduce(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
 
     if (ws >= 2 && kb_ccl_stream_block(tl, n, 2)) {
@@ -185,7 +199,10 @@ static void chunk_of(int64_t n, int64_t ws, int64_t c, uint32_t *off, uint32_t *
  */
 typedef struct rsag_blk {
     int64_t n, ws, r, S;        /* block elements, world, rank, elements per slice */
-    kb_va tile;                 /* the block's start in the rank's f16 tile */
+    kb_va tile;                 /* the block's start in the rank's tile */
+    kb_dtype dt;                /* the tile's dtype */
+    int op;                     /* kb_ccl_op */
+    int64_t W;                  /* elements of an all-gather slice: one slot of dt */
 } rsag_blk;
 
 /* Elements of slice j of chunk c of the block, slices of w elements (0 past its end), and its
@@ -205,17 +222,17 @@ static int64_t slice_of(const rsag_blk *b, int64_t c, int64_t j, int64_t *off)
     return slice_w(b, c, j, b->S, off);
 }
 
-static kb_va tile_at(const rsag_blk *b, int64_t off) { return kb_ccl_elem_va(b->tile, off, KB_F16); }
+static kb_va tile_at(const rsag_blk *b, int64_t off) { return kb_ccl_elem_va(b->tile, off, b->dt); }
 
 /* Posts the receive of slice j of chunk c: a reduce-scatter slice into scratch in dt, or an
- * all-gather slice (one slot of f16: 2S elements) into the tile. */
+ * all-gather slice (one slot of the tile's dtype: W elements) into the tile. */
 static kb_ipcq_req *rsag_post(kb_tl *tl, const rsag_blk *b, int64_t c, int64_t j, kb_dtype dt,
                               int into)
 {
-    int64_t off, len = slice_w(b, c, j, into ? 2 * b->S : b->S, &off);
+    int64_t off, len = slice_w(b, c, j, into ? b->W : b->S, &off);
     if (!len)
         return NULL;
-    return into ? tl_recv_into_async(tl, KB_DIR_W, tile_at(b, off), KB_SHAPE1(len), KB_F16)
+    return into ? tl_recv_into_async(tl, KB_DIR_W, tile_at(b, off), KB_SHAPE1(len), b->dt)
                 : tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), dt);
 }
 
@@ -226,10 +243,10 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
     /* reduce-scatter: step 0 sends the rank's own chunk r raw; step s receives chunk
      * r-s-1, reduces it and sends it on, until the last step holds chunk r+1 complete */
     for (int64_t j = 0; j < per; j++)
-        rq[j] = rsag_post(tl, b, r - 1, j, KB_F16, 0);
+        rq[j] = rsag_post(tl, b, r - 1, j, b->dt, 0);
     for (int64_t j = 0; j < per; j++)
         if ((len = slice_of(b, r, j, &off)) != 0)
-            tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16));
+            tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), b->dt));
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = r - s - 1, last = s + 2 == ws;
         for (int64_t j = 0; j < per; j++) {
@@ -238,14 +255,16 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
             kb_val in = tl_wait(tl, rq[j]);
             rq[j] = last ? NULL : rsag_post(tl, b, c - 1, j, KB_F32, 0); /* next step's */
             len = slice_of(b, c, j, &off);
-            kb_val own = tl_load(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16);
-            kb_val red = tl_add(tl, own, in);
+            kb_val own = tl_load(tl, tile_at(b, off), KB_SHAPE1(len), b->dt);
+            kb_val red = kb_ccl_combine(tl, b->op, own, in);
             tl_free(tl, own);
             tl_free(tl, in);
-            if (last) /* chunk r+1 is complete */
+            if (last) { /* chunk r+1 is complete */
+                red = kb_ccl_finish(tl, b->op, red, ws);
                 tl_store(tl, tile_at(b, off), red);
-            else
+            } else {
                 tl_send(tl, KB_DIR_E, red);
+            }
             tl_free(tl, red);
         }
         /* slices the next chunk has beyond this one's (chunks differ by one element) */
@@ -254,35 +273,36 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
                 rq[j] = rsag_post(tl, b, c - 1, j, KB_F32, 0);
     }
     /*
-     * All-gather in f16 slices of a whole slot (2S elements: half the messages of the f32
-     * slices): step 0 sends chunk r+1 and receives chunk r into the tile; step s forwards
-     * chunk r-s+1... slice by slice as it lands, but the last. It starts once the whole
-     * reduce-scatter is done (one chunk's bubble per block of ws chunks).
+     * All-gather in slices of a whole slot of the tile's dtype (W elements; f16: 2S, half
+     * the messages of the f32 slices): step 0 sends chunk r+1 and receives chunk r into the
+     * tile; step s forwards chunk r-s+1... slice by slice as it lands, but the last. It
+     * starts once the whole reduce-scatter is done (one chunk's bubble per block of ws chunks).
      */
-    int64_t w = 2 * b->S, per2 = (per + 1) / 2;
+    int64_t w = b->W, per2 = (per * b->S + w - 1) / w;
     for (int64_t j = 0; j < per2; j++)
-        rq[j] = rsag_post(tl, b, r, j, KB_F16, 1);
+        rq[j] = rsag_post(tl, b, r, j, b->dt, 1);
     for (int64_t j = 0; j < per2; j++)
         if ((len = slice_w(b, r + 1, j, w, &off)) != 0)
-            tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16));
+            tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), b->dt));
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = r - s, last = s + 2 == ws;
         for (int64_t j = 0; j < per2; j++) {
             if (!rq[j])
                 continue;
             (void)tl_wait(tl, rq[j]);
-            rq[j] = last ? NULL : rsag_post(tl, b, c - 1, j, KB_F16, 1);
+            rq[j] = last ? NULL : rsag_post(tl, b, c - 1, j, b->dt, 1);
             if (!last && (len = slice_w(b, c, j, w, &off)) != 0)
-                tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), KB_F16));
+                tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), b->dt));
         }
         for (int64_t j = 0; !last && j < per2; j++)
             if (!rq[j] && slice_w(b, c, j, w, &off) == 0)
-                rq[j] = rsag_post(tl, b, c - 1, j, KB_F16, 1);
+                rq[j] = rsag_post(tl, b, c - 1, j, b->dt, 1);
     }
 }
 
 
-static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine)
+static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine,
+                          kb_dtype dt, int op)
 {
     int64_t S = (int64_t)(tl_slot_size(tl, KB_DIR_E) / 4u); /* f32 elements per slot */
     /* posted receives of one chunk: at most KB_CCL_STREAM_BYTES */
@@ -297,7 +317,8 @@ static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va min
     /* blocks of ws chunks of per slices; the last block takes what is left */
     int64_t blk = ws * per * S;
     for (int64_t b0 = 0; b0 < n; b0 += blk) {
-        rsag_blk b = { n - b0 < blk ? n - b0 : blk, ws, r, S, kb_ccl_elem_va(mine, b0, KB_F16) };
+        rsag_blk b = { n - b0 < blk ? n - b0 : blk, ws, r, S, kb_ccl_elem_va(mine, b0, dt),
+                       dt, op, (int64_t)(tl_slot_size(tl, KB_DIR_E) / kb_dtype_size(dt)) };
         rsag_block(tl, &b, per, rq);
     }
 }
@@ -305,19 +326,24 @@ static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va min
 
 static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
     int64_t r = kb_ccl_rank(tl);
     kb_va mine = kb_ccl_my_tile(tl, a);
+    kb_dtype tdt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+    int op = (int)a->i[KB_CCL_ARG_OP];
+    uint64_t es = kb_dtype_size(tdt);
 
-    /* the whole-tile path holds the f16 tile in scratch: a tile past half of it streams
-     * too, though its chunks fit a slot (8 MiB per rank on 256 ranks) */
+    /* the whole-tile path holds the tile in scratch: a tile past half of it streams too,
+     * though its chunks fit a slot (8 MiB of f16 per rank on 256 ranks) */
     if (ws >= 2 && ((uint64_t)((n + ws - 1) / ws) * 4u > tl_slot_size(tl, KB_DIR_E) ||
-                    (uint64_t)n * 2u > kb_ctx_machine(tl_ctx(tl))->cfg.scratch_size_bytes / 2u)) {
-        rsag_streamed(tl, n, ws, r, mine);
+                    (uint64_t)n * es > kb_ctx_machine(tl_ctx(tl))->cfg.scratch_size_bytes / 2u)) {
+        rsag_streamed(tl, n, ws, r, mine, tdt, op);
         return;
     }
     /* every chunk fits one slot: the whole tile in scratch, one message per step */
-    kb_val tile = tl_load(tl, mine, KB_SHAPE1(n), KB_F16);
+    kb_val tile = tl_load(tl, mine, KB_SHAPE1(n), tdt);
     uint32_t off, len;
 
     if (ws < 2) {
@@ -338,7 +364,7 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
         uint32_t slen = len;
         kb_val sent = part, in;
         chunk_of(n, ws, rc, &off, &len);
-        kb_dtype dt = s == 0 ? KB_F16 : KB_F32;
+        kb_dtype dt = s == 0 ? tdt : KB_F32;
         if (slen && len) {
             in = kb_ccl_sendrecv(tl, KB_DIR_E, sent, sent, KB_DIR_W, KB_SHAPE1(len), dt);
         } else {
@@ -352,13 +378,15 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
             }
             in = tl_recv(tl, KB_DIR_W, KB_SHAPE1(len), dt);
         }
-        part = accumulate(tl, kb_val_slice(tile, off, len), in, tile);
+        part = combine_op(tl, op, kb_val_slice(tile, off, len), in, tile);
     }
     /* this rank now holds the full sum of chunk (r + 1) mod ws: store it, then all-gather */
     int64_t own = (r + 1) % ws;
     chunk_of(n, ws, own, &off, &len);
-    if (len)
-        tl_store(tl, mine + (kb_va)off * 2u, part);
+    if (len) {
+        part = kb_ccl_finish(tl, op, part, ws);
+        tl_store(tl, mine + (kb_va)off * es, part);
+    }
     if (part.scratch)
         tl_free(tl, part);
     for (int64_t s = 0; s + 1 < ws; s++) {
@@ -368,14 +396,14 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
         chunk_of(n, ws, rc, &off, &len);
         if (slen && len) {
             kb_ccl_sendrecv_into(tl, KB_DIR_E,
-                                 tl_ref(tl, mine + (kb_va)soff * 2u, KB_SHAPE1(slen), KB_F16),
-                                 KB_DIR_W, mine + (kb_va)off * 2u, KB_SHAPE1(len), KB_F16);
+                                 tl_ref(tl, mine + (kb_va)soff * es, KB_SHAPE1(slen), tdt),
+                                 KB_DIR_W, mine + (kb_va)off * es, KB_SHAPE1(len), tdt);
             continue;
         }
         if (slen)
-            tl_send(tl, KB_DIR_E, tl_ref(tl, mine + (kb_va)soff * 2u, KB_SHAPE1(slen), KB_F16));
+            tl_send(tl, KB_DIR_E, tl_ref(tl, mine + (kb_va)soff * es, KB_SHAPE1(slen), tdt));
         if (len)
-            tl_recv_into(tl, KB_DIR_W, mine + (kb_va)off * 2u, KB_SHAPE1(len), KB_F16);
+            tl_recv_into(tl, KB_DIR_W, mine + (kb_va)off * es, KB_SHAPE1(len), tdt);
     }
 }
 
@@ -442,6 +470,8 @@ static void mesh_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
  * longer than a slot; a larger tile runs block by block. */
 static void mesh_allreduce(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     kb_ccl_run_tile(tl, a, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], KB_F16, 4, mesh_tile);
 }
 
@@ -550,6 +580,8 @@ static void tree_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va min
 /* Messages are f32 tiles: a tile longer than a slot streams (tree_streamed). */
 static void tree_allreduce(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N];
 
     if (kb_ccl_stream_block(tl, n, 4)) {
@@ -766,23 +798,23 @@ static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
  * message, host reference, flags. */
 static const kb_ccl_algo_impl hello_send_algo = {
     "hello_send", "each rank sends its tile east and keeps what arrives from the west",
-    KB_COLL_SENDRECV, "ring_1d", hello_send, NULL, tile_f16, kb_ccl_ref_shift_east, 0,
+    KB_COLL_SENDRECV, "ring_1d", hello_send, NULL, tile_f16, kb_ccl_ref_shift_east, KB_CCL_ANY_WORLD,
 };
 static const kb_ccl_algo_impl ring_algo = {
     "ring_allreduce", "ring all-reduce: p-1 rounds forwarding the last received tile",
-    KB_COLL_ALLREDUCE, "ring_1d", ring_allreduce, NULL, tile_f16, kb_ccl_ref_allreduce, 0,
+    KB_COLL_ALLREDUCE, "ring_1d", ring_allreduce, NULL, tile_f16, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD,
 };
 static const kb_ccl_algo_impl rsag_algo = {
     "ring_rsag_allreduce", "bandwidth-optimal ring: reduce-scatter + all-gather, 2(p-1)/p of the data per rank",
-    KB_COLL_ALLREDUCE, "ring_1d", ring_rsag_allreduce, rsag_check, rsag_msg, kb_ccl_ref_allreduce, 0,
+    KB_COLL_ALLREDUCE, "ring_1d", ring_rsag_allreduce, rsag_check, rsag_msg, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };
 static const kb_ccl_algo_impl mesh_algo = {
     "mesh_allreduce", "row ring (E/W) then column ring (N/S) on a square k x k world",
-    KB_COLL_ALLREDUCE, "mesh_2d", mesh_allreduce, mesh_check, tile_f32, kb_ccl_ref_allreduce, 0,
+    KB_COLL_ALLREDUCE, "mesh_2d", mesh_allreduce, mesh_check, tile_f32, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD,
 };
 static const kb_ccl_algo_impl tree_algo = {
     "tree_allreduce", "binary tree: reduce to rank 0, broadcast back (any size the rank = PE layout takes)",
-    KB_COLL_ALLREDUCE, "tree_binary", tree_allreduce, NULL, tile_f32, kb_ccl_ref_allreduce, 0,
+    KB_COLL_ALLREDUCE, "tree_binary", tree_allreduce, NULL, tile_f32, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD,
 };
 static const kb_ccl_algo_impl hierarchical_algo = {
     "hierarchical_allreduce", "3 levels: chains in each cube and across cubes, ring across SIPs",
@@ -797,6 +829,7 @@ static const kb_ccl_algo_impl *const algos[] = {
     &kb_ccl_algo_ring_allgather, &kb_ccl_algo_ring_reducescatter, &kb_ccl_algo_p2p_sendrecv,
     &kb_ccl_algo_ring_broadcast, &kb_ccl_algo_ring_reduce, &kb_ccl_algo_tree_broadcast,
     &kb_ccl_algo_tree_reduce, &kb_ccl_algo_pairwise_alltoall, &kb_ccl_algo_rd_allgather,
+    &kb_ccl_algo_rh_reducescatter, &kb_ccl_algo_rhd_allreduce,
 };
 
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i)

@@ -13,9 +13,12 @@
  *  tree_reduce         the same tree, partial sums flowing up to the root
  *  pairwise_alltoall   ws - 1 pairwise exchanges over full_mesh
  *  rd_allgather        recursive doubling over hypercube (MPI's fold for non-powers of two)
+ *  rh_reducescatter    recursive halving over hypercube (the same fold), f32 partial sums
+ *  rhd_allreduce       recursive halving-doubling (Rabenseifner): rh + recursive doubling
  *
- * Tiles (kb_coll_kind): a rank's tile is its whole buffer, n = nccl-tests' size / 2 f16
- * elements; the chunked kinds (all_gather, reduce_scatter, all_to_all) have n = ws * count,
+ * Tiles (kb_coll_kind): a rank's tile is its whole buffer, n = nccl-tests' size / element
+ * size (f16 unless a KB_CCL_TYPED kernel gets another dtype in KB_CCL_ARG_DTYPE; the
+ * reducing ones of those also take KB_CCL_ARG_OP); the chunked kinds (all_gather, reduce_scatter, all_to_all) have n = ws * count,
  * chunk c at [c * count, (c + 1) * count), and run in place as NCCL's in-place calls do. Every
  * kernel moves its data slice by slice, a slice being as many elements as one slot holds
  * (f16 for data that is only moved, f32 for partial sums), so every message fits one slot,
@@ -23,8 +26,9 @@
  * the next hop while the following ones are still arriving (the pipelining of NCCL's ring and
  * tree protocols). Partial sums travel in f32 and are rounded once when stored.
  *
- * Limits: rd_allgather needs floor(log2 ws) + 1 directions (ws < 2048) and as many rings per
- * PE in the IPCQ area; pairwise_alltoall needs a direct queue to every peer, so ws - 1 <= KB_NDIRS (11)
+ * Limits: rd_allgather, rh_reducescatter and rhd_allreduce need floor(log2 ws) + 1 directions
+ * (ws < 2048) and as many rings per PE in the IPCQ area (rd's and rhd's doubling messages
+ * are ranges of chunks, which IPCQ carries as slot-sized chunks); pairwise_alltoall needs a direct queue to every peer, so ws - 1 <= KB_NDIRS (11)
  * directions per PE, and (ws - 1) * n_slots * slot_size bytes of IPCQ area per PE.
  */
 #include <string.h>
@@ -57,6 +61,14 @@ static kb_val ref16(kb_tl *tl, kb_va tile, int64_t off, int64_t len)
     return tl_ref(tl, at(tile, off), KB_SHAPE1(len), KB_F16);
 }
 
+/* The same for a tile of dtype dt (the KB_CCL_TYPED kernels). */
+static kb_va atd(kb_va tile, int64_t i, kb_dtype dt) { return kb_ccl_elem_va(tile, i, dt); }
+
+static kb_val refd(kb_tl *tl, kb_va tile, int64_t off, int64_t len, kb_dtype dt)
+{
+    return tl_ref(tl, atd(tile, off, dt), KB_SHAPE1(len), dt);
+}
+
 /* ---- ring all_gather ---- */
 
 /*
@@ -65,19 +77,19 @@ static kb_val ref16(kb_tl *tl, kb_va tile, int64_t off, int64_t len)
  * ring -> HBM), slice by slice, posting the next step's receive of a slice as it consumes it.
  */
 static void ag_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, int64_t b0,
-                     int64_t bl, int64_t S)
+                     int64_t bl, int64_t S, kb_dtype dt)
 {
     kb_ipcq_req *rq[COLL_MAX_POSTED];
     int64_t nsl = (bl + S - 1) / S, off, len;
 
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
-        rq[j] = tl_recv_into_async(tl, KB_DIR_W, at(tile, mod(r - 1, ws) * cnt + b0 + off),
-                                   KB_SHAPE1(len), KB_F16);
+        rq[j] = tl_recv_into_async(tl, KB_DIR_W, atd(tile, mod(r - 1, ws) * cnt + b0 + off, dt),
+                                   KB_SHAPE1(len), dt);
     }
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
-        tl_send(tl, KB_DIR_E, ref16(tl, tile, r * cnt + b0 + off, len));
+        tl_send(tl, KB_DIR_E, refd(tl, tile, r * cnt + b0 + off, len, dt));
     }
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = mod(r - s - 1, ws), last = s + 2 == ws;
@@ -86,23 +98,27 @@ static void ag_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
             (void)tl_wait(tl, rq[j]);
             if (last)
                 continue;
-            rq[j] = tl_recv_into_async(tl, KB_DIR_W, at(tile, mod(c - 1, ws) * cnt + b0 + off),
-                                       KB_SHAPE1(len), KB_F16);
-            tl_send(tl, KB_DIR_E, ref16(tl, tile, c * cnt + b0 + off, len));
+            rq[j] = tl_recv_into_async(tl, KB_DIR_W, atd(tile, mod(c - 1, ws) * cnt + b0 + off, dt),
+                                       KB_SHAPE1(len), dt);
+            tl_send(tl, KB_DIR_E, refd(tl, tile, c * cnt + b0 + off, len, dt));
         }
     }
 }
 
 static void ring_allgather(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
-    int64_t cnt = n / ws, S = slice_elems(tl, 2), blk = S * COLL_MAX_POSTED, off, len;
+    kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+    int64_t cnt = n / ws, S = slice_elems(tl, (uint32_t)kb_dtype_size(dt));
+    int64_t blk = S * COLL_MAX_POSTED, off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
 
     if (ws < 2)
         return;
     for (int64_t b = 0; (len = kb_ccl_piece(cnt, blk, b, &off)) != 0; b++)
-        ag_block(tl, tile, ws, r, cnt, off, len, S);
+        ag_block(tl, tile, ws, r, cnt, off, len, S, dt);
 }
 
 /* ---- ring reduce_scatter ---- */
@@ -114,18 +130,18 @@ static void ring_allgather(kb_tl *tl, const kb_kargs *a)
  * stores its total (NCCL's recvReduceSend, then recvReduceCopy).
  */
 static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, int64_t b0,
-                     int64_t bl, int64_t S)
+                     int64_t bl, int64_t S, kb_dtype dt, int op)
 {
     kb_ipcq_req *rq[COLL_MAX_POSTED];
     int64_t nsl = (bl + S - 1) / S, off, len;
 
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
-        rq[j] = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), KB_F16);
+        rq[j] = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), dt);
     }
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
-        tl_send(tl, KB_DIR_E, ref16(tl, tile, mod(r - 1, ws) * cnt + b0 + off, len));
+        tl_send(tl, KB_DIR_E, refd(tl, tile, mod(r - 1, ws) * cnt + b0 + off, len, dt));
     }
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = mod(r - s - 2, ws), last = s + 2 == ws;
@@ -134,14 +150,16 @@ static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
             kb_val in = tl_wait(tl, rq[j]);
             if (!last)
                 rq[j] = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), KB_F32);
-            kb_val own = tl_load(tl, at(tile, c * cnt + b0 + off), KB_SHAPE1(len), KB_F16);
-            kb_val red = tl_add(tl, own, in);
+            kb_val own = tl_load(tl, atd(tile, c * cnt + b0 + off, dt), KB_SHAPE1(len), dt);
+            kb_val red = kb_ccl_combine(tl, op, own, in);
             tl_free(tl, own);
             tl_free(tl, in);
-            if (last)
-                tl_store(tl, at(tile, c * cnt + b0 + off), red);
-            else
+            if (last) {
+                red = kb_ccl_finish(tl, op, red, ws);
+                tl_store(tl, atd(tile, c * cnt + b0 + off, dt), red);
+            } else {
                 tl_send(tl, KB_DIR_E, red);
+            }
             tl_free(tl, red);
         }
     }
@@ -149,15 +167,19 @@ static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
 
 static void ring_reducescatter(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
     int64_t cnt = n / ws, S = slice_elems(tl, 4);
     int64_t blk = S * scratch_window(kb_ipcq_slot_size(tl_ctx(tl))), off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
+    kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+    int op = (int)a->i[KB_CCL_ARG_OP];
 
-    if (ws < 2)
+    if (ws < 2) /* one rank: every op leaves the tile as it is (avg: x / 1) */
         return;
     for (int64_t b = 0; (len = kb_ccl_piece(cnt, blk, b, &off)) != 0; b++)
-        rs_block(tl, tile, ws, r, cnt, off, len, S);
+        rs_block(tl, tile, ws, r, cnt, off, len, S, dt, op);
 }
 
 /* ---- send/recv ---- */
@@ -170,6 +192,8 @@ static void ring_reducescatter(kb_tl *tl, const kb_kargs *a)
  */
 static void p2p_sendrecv(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], S = slice_elems(tl, 2), nsl = (n + S - 1) / S, off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
     kb_ipcq_req *rq[COLL_MAX_POSTED];
@@ -224,6 +248,8 @@ static void bcast_flow(kb_tl *tl, kb_va tile, int64_t n, kb_dir up, const kb_dir
 
 static void ring_broadcast(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
     kb_dir e = KB_DIR_E;
 
@@ -246,6 +272,8 @@ static int tree_children(int64_t v, int64_t ws, kb_dir down[2])
 
 static void tree_broadcast(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
     kb_dir down[2];
     int nd = tree_children(v, ws, down);
@@ -266,7 +294,7 @@ static void tree_broadcast(kb_tl *tl, const kb_kargs *a)
  * scratch window ahead.
  */
 static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, const kb_dtype *dt,
-                        int nin, kb_dir out)
+                        int nin, kb_dir out, kb_dtype tdt, int op, int64_t ws)
 {
     uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
     int64_t S = slice_elems(tl, 4), nsl = (n + S - 1) / S, W = scratch_window(slot), off, len;
@@ -282,24 +310,26 @@ static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, cons
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(n, S, j, &off);
         if (!nin) {
-            tl_send(tl, out, ref16(tl, tile, off, len));
+            tl_send(tl, out, refd(tl, tile, off, len, tdt));
             continue;
         }
-        kb_val acc = tl_load(tl, at(tile, off), KB_SHAPE1(len), KB_F16);
+        kb_val acc = tl_load(tl, atd(tile, off, tdt), KB_SHAPE1(len), tdt);
         for (int k = 0; k < nin; k++) {
             kb_val x = tl_wait(tl, rq[k][j % W]);
             int64_t xo, xl = kb_ccl_piece(n, S, j + W, &xo);
             if (xl)
                 rq[k][(j + W) % W] = tl_recv_async(tl, in[k], KB_SHAPE1(xl), dt[k]);
-            kb_val s = tl_add(tl, acc, x);
+            kb_val s = kb_ccl_combine(tl, op, acc, x);
             tl_free(tl, acc);
             tl_free(tl, x);
             acc = s;
         }
-        if (out == KB_NDIRS)
-            tl_store(tl, at(tile, off), acc);
-        else
+        if (out == KB_NDIRS) {
+            acc = kb_ccl_finish(tl, op, acc, ws);
+            tl_store(tl, atd(tile, off, tdt), acc);
+        } else {
             tl_send(tl, out, acc);
+        }
         tl_free(tl, acc);
     }
 }
@@ -307,31 +337,38 @@ static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, cons
 /* Chain v = 1 -> 2 -> ... -> ws-1 -> 0 (the root) on E: rank v = 1 starts with raw slices. */
 static void ring_reduce(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
     kb_dir w = KB_DIR_W;
-    kb_dtype dt = mod(v - 1, ws) == 1 ? KB_F16 : KB_F32; /* what the west neighbour sends */
+    kb_dtype tdt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+    kb_dtype dt = mod(v - 1, ws) == 1 ? tdt : KB_F32; /* what the west neighbour sends */
 
-    if (ws < 2)
+    if (ws < 2) /* one rank: every op leaves the tile as it is (avg: x / 1) */
         return;
     reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], &w, &dt, v == 1 ? 0 : 1,
-                v == 0 ? KB_NDIRS : KB_DIR_E);
+                v == 0 ? KB_NDIRS : KB_DIR_E, tdt, (int)a->i[KB_CCL_ARG_OP], ws);
 }
 
 static void tree_reduce(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
     kb_dir in[2];
     kb_dtype dt[2];
     int nin = tree_children(v, ws, in);
 
-    if (ws < 2)
+    kb_dtype tdt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+
+    if (ws < 2) /* one rank: every op leaves the tile as it is (avg: x / 1) */
         return;
-    for (int k = 0; k < nin; k++) { /* a leaf child sends raw f16 */
+    for (int k = 0; k < nin; k++) { /* a leaf child sends its raw tile dtype */
         int64_t c = 2 * v + 1 + k;
-        dt[k] = 2 * c + 1 < ws ? KB_F32 : KB_F16;
+        dt[k] = 2 * c + 1 < ws ? KB_F32 : tdt;
     }
     reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], in, dt, nin,
-                v == 0 ? KB_NDIRS : KB_DIR_PARENT);
+                v == 0 ? KB_NDIRS : KB_DIR_PARENT, tdt, (int)a->i[KB_CCL_ARG_OP], ws);
 }
 
 /* ---- all_to_all ---- */
@@ -346,6 +383,8 @@ static kb_dir mesh_dir(int64_t r, int64_t p, int64_t ws) { return (kb_dir)(mod(p
 
 static void pairwise_alltoall(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
     int64_t cnt = n / ws, S = slice_elems(tl, 2), nsl = (cnt + S - 1) / S, off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
@@ -402,6 +441,8 @@ static void send_chunks(kb_tl *tl, kb_dir d, kb_va tile, int64_t cnt, int64_t c0
  */
 static void rd_allgather(kb_tl *tl, const kb_kargs *a)
 {
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl), cnt = n / ws;
     int d = kb_topo_hypercube_dims((int)ws);
     int64_t rem = ws - ((int64_t)1 << d);
@@ -435,6 +476,213 @@ static void rd_allgather(kb_tl *tl, const kb_kargs *a)
     }
 }
 
+/* ---- recursive halving reduce_scatter ---- */
+
+#define RH_MAX_WS 2048 /* the hypercube's directions (kb_topo_hypercube_dims + 1 <= KB_NDIRS) */
+
+/*
+ * One block: elements [b0, b0 + bl) of every chunk, one piece (value) per chunk, so a range
+ * of chunks is a list of pieces and every message is one piece (at most a slot of f32).
+ * MPI's recursive halving with the fold (hypercube topology): a rank below 2*rem with an
+ * even number sends its raw pieces to r+1 and gets its chunk's total back at the end; r+1
+ * adds them to its own. The 2^d survivors then halve: in step k = d-1 .. 0 survivor v keeps
+ * the half of its range of survivors' blocks that holds its own, sends the other half to
+ * v ^ 2^k and adds what v ^ 2^k sends of its half (receives posted first). Survivor v ends
+ * with the totals of its block, chunks [first_chunk(v), first_chunk(v + 1)): it stores chunk
+ * r and, folded, sends chunk r-1 to r-1. Partial sums travel in f32 (raw f16 before a rank's
+ * first addition) and are rounded once when stored.
+ */
+/* Piece b (pieces of S elements) of chunk c of a tile of n elements cut into ws balanced
+ * chunks (kb_ccl_chunk; for the chunked kinds chunk c is [c * count, (c + 1) * count)):
+ * its length (0 past the chunk's end) and its tile offset in *off. */
+static int64_t rh_piece(int64_t n, int64_t ws, int64_t c, int64_t b, int64_t S, int64_t *off)
+{
+    uint32_t co, cl;
+    kb_ccl_chunk(n, ws, c, &co, &cl);
+    int64_t len = kb_ccl_piece((int64_t)cl, S, b, off);
+    *off += (int64_t)co;
+    return len;
+}
+
+static void rh_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t n, int64_t b,
+                     int64_t S, int keep, kb_val *acc, kb_ipcq_req **rq)
+{
+    int d = kb_topo_hypercube_dims((int)ws);
+    int64_t rem = ws - ((int64_t)1 << d), off, len;
+    kb_dir fold = (kb_dir)d;
+
+    if (r < 2 * rem && !(r & 1)) { /* folded: hand over the raw pieces, get chunk r back */
+        kb_ipcq_req *back = NULL;
+        if ((len = rh_piece(n, ws, r, b, S, &off)) != 0)
+            back = tl_recv_async(tl, fold, KB_SHAPE1(len), KB_F32);
+        for (int64_t c = 0; c < ws; c++)
+            if ((len = rh_piece(n, ws, c, b, S, &off)) != 0)
+                tl_send(tl, fold, ref16(tl, tile, off, len));
+        if (back) {
+            kb_val v = tl_wait(tl, back);
+            rh_piece(n, ws, r, b, S, &off);
+            tl_store(tl, at(tile, off), v);
+            tl_free(tl, v);
+        }
+        return;
+    }
+    /* acc[c]: the partial result of chunk c's piece while this rank holds it */
+    if (r < 2 * rem) {
+        for (int64_t c = 0; c < ws; c++)
+            if ((len = rh_piece(n, ws, c, b, S, &off)) != 0)
+                rq[c] = tl_recv_async(tl, fold, KB_SHAPE1(len), KB_F16);
+        for (int64_t c = 0; c < ws; c++) {
+            if ((len = rh_piece(n, ws, c, b, S, &off)) == 0)
+                continue;
+            kb_val in = tl_wait(tl, rq[c]);
+            kb_val own = tl_load(tl, at(tile, off), KB_SHAPE1(len), KB_F16);
+            acc[c] = tl_add(tl, own, in);
+            tl_free(tl, own);
+            tl_free(tl, in);
+        }
+    } else {
+        for (int64_t c = 0; c < ws; c++)
+            if ((len = rh_piece(n, ws, c, b, S, &off)) != 0)
+                acc[c] = tl_load(tl, at(tile, off), KB_SHAPE1(len), KB_F16);
+    }
+    int64_t v = r < 2 * rem ? r / 2 : r - rem;
+    for (int k = d - 1; k >= 0; k--) {
+        int64_t w = (int64_t)1 << k, mine = v & ~(w - 1), other = mine ^ w;
+        int64_t m0 = first_chunk(mine, rem), m1 = first_chunk(mine + w, rem);
+        int64_t o0 = first_chunk(other, rem), o1 = first_chunk(other + w, rem);
+        /* what the partner sends: raw f16 before its first addition (a survivor that did not
+         * fold, in the first step), else f32 sums */
+        int64_t pv = v ^ w, pr = pv < rem ? 2 * pv + 1 : pv + rem;
+        kb_dtype in_dt = k == d - 1 && pr >= 2 * rem ? KB_F16 : KB_F32;
+        for (int64_t c = m0; c < m1; c++)
+            if ((len = rh_piece(n, ws, c, b, S, &off)) != 0)
+                rq[c] = tl_recv_async(tl, (kb_dir)k, KB_SHAPE1(len), in_dt);
+        for (int64_t c = o0; c < o1; c++)
+            if (rh_piece(n, ws, c, b, S, &off) != 0) {
+                tl_send(tl, (kb_dir)k, acc[c]);
+                tl_free(tl, acc[c]);
+            }
+        for (int64_t c = m0; c < m1; c++) {
+            if (rh_piece(n, ws, c, b, S, &off) == 0)
+                continue;
+            kb_val in = tl_wait(tl, rq[c]);
+            kb_val sum = tl_add(tl, acc[c], in);
+            tl_free(tl, acc[c]);
+            tl_free(tl, in);
+            acc[c] = sum;
+        }
+    }
+    int64_t c0 = first_chunk(v, rem), c1 = first_chunk(v + 1, rem);
+    for (int64_t c = c0; c < c1; c++) {
+        if (rh_piece(n, ws, c, b, S, &off) == 0)
+            continue;
+        if (c == r || keep) /* keep: the all-reduce stores the partner's total too */
+            tl_store(tl, at(tile, off), acc[c]);
+        if (c != r) /* the folded partner's chunk r-1 */
+            tl_send(tl, fold, acc[c]);
+        tl_free(tl, acc[c]);
+    }
+}
+
+/* The reduce-scatter of rh_reducescatter and rhd_allreduce: every piece b of every chunk;
+ * keep: a folded pair's survivor stores its partner's total too (the all-gather sends it). */
+static void rh_phase(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t n, int keep)
+{
+    /* a block's pieces: one slot of f32 each at most, all ws of them within
+     * KB_CCL_STREAM_BYTES of scratch */
+    int64_t S = slice_elems(tl, 4), cap = (int64_t)(KB_CCL_STREAM_BYTES / 4u) / ws;
+    int64_t longest = (n + ws - 1) / ws;
+    kb_val acc[RH_MAX_WS];
+    kb_ipcq_req *rq[RH_MAX_WS];
+
+    if (cap < S)
+        S = cap > 0 ? cap : 1;
+    for (int64_t b = 0; b * S < longest; b++)
+        rh_block(tl, tile, ws, r, n, b, S, keep, acc, rq);
+}
+
+static void rh_reducescatter(kb_tl *tl, const kb_kargs *a)
+{
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
+
+    if (ws < 2)
+        return;
+    rh_phase(tl, kb_ccl_my_tile(tl, a), ws, kb_ccl_rank(tl), n, 0);
+}
+
+/* ---- recursive halving-doubling all_reduce ---- */
+
+/* Tile offset of chunk c of a tile of n elements in ws balanced chunks (c = ws: n). */
+static int64_t chunk_at(int64_t n, int64_t ws, int64_t c)
+{
+    uint32_t co, cl;
+    if (c >= ws)
+        return n;
+    kb_ccl_chunk(n, ws, c, &co, &cl);
+    return (int64_t)co;
+}
+
+/* Sends elements [e0, e1) of the tile on d (nothing when empty). */
+static void send_span(kb_tl *tl, kb_dir d, kb_va tile, int64_t e0, int64_t e1)
+{
+    if (e1 > e0)
+        tl_send(tl, d, ref16(tl, tile, e0, e1 - e0));
+}
+
+static kb_ipcq_req *post_span(kb_tl *tl, kb_dir d, kb_va tile, int64_t e0, int64_t e1)
+{
+    return e1 > e0 ? tl_recv_into_async(tl, d, at(tile, e0), KB_SHAPE1(e1 - e0), KB_F16) : NULL;
+}
+
+/*
+ * Rabenseifner's all-reduce as MPI implements it for any world size: the recursive-halving
+ * reduce-scatter above (rh_phase: rank r ends with chunk r's total in its tile, chunks being
+ * the tile cut into ws balanced ones), then recursive doubling of the totals (rd_allgather's
+ * exchange on contiguous chunk ranges) and the unfold: a folded rank gets every chunk but its
+ * own from r+1. 2(p-1)/p of the data per rank for a power of two, in log2(p) steps each way.
+ */
+static void rhd_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
+    int d = kb_topo_hypercube_dims((int)ws);
+    int64_t rem = ws - ((int64_t)1 << d);
+    kb_dir fold = (kb_dir)d;
+    kb_va tile = kb_ccl_my_tile(tl, a);
+
+    if (ws < 2)
+        return;
+    rh_phase(tl, tile, ws, r, n, 1);
+    if (r < 2 * rem && !(r & 1)) { /* folded: every chunk but its own comes back */
+        kb_ipcq_req *lo = post_span(tl, fold, tile, 0, chunk_at(n, ws, r));
+        kb_ipcq_req *hi = post_span(tl, fold, tile, chunk_at(n, ws, r + 1), n);
+        if (lo)
+            (void)tl_wait(tl, lo);
+        if (hi)
+            (void)tl_wait(tl, hi);
+        return;
+    }
+    int64_t v = r < 2 * rem ? r / 2 : r - rem;
+    for (int k = 0; k < d; k++) {
+        int64_t w = (int64_t)1 << k, vb = v & ~(w - 1), pb = vb ^ w;
+        int64_t m0 = chunk_at(n, ws, first_chunk(vb, rem));
+        int64_t m1 = chunk_at(n, ws, first_chunk(vb + w, rem));
+        int64_t p0 = chunk_at(n, ws, first_chunk(pb, rem));
+        int64_t p1 = chunk_at(n, ws, first_chunk(pb + w, rem));
+        kb_ipcq_req *rq = post_span(tl, (kb_dir)k, tile, p0, p1);
+        send_span(tl, (kb_dir)k, tile, m0, m1);
+        if (rq)
+            (void)tl_wait(tl, rq);
+    }
+    if (r < 2 * rem) { /* the folded partner r-1 gets everything but its own chunk */
+        send_span(tl, fold, tile, 0, chunk_at(n, ws, r - 1));
+        send_span(tl, fold, tile, chunk_at(n, ws, r), n);
+    }
+}
+
 /* ---- checks, message sizes, entries ---- */
 
 static int chunked_check(const char *who, int ws, int64_t n, kb_errbuf *eb)
@@ -463,6 +711,28 @@ static int rd_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
     return chunked_check("rd_allgather", ws, n, eb);
 }
 
+static int rh_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
+{
+    (void)g;
+    if (ws > RH_MAX_WS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "rh_reducescatter: world size %d > %d (the "
+                          "hypercube's directions)", ws, RH_MAX_WS);
+    return chunked_check("rh_reducescatter", ws, n, eb);
+}
+
+static int rhd_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
+{
+    (void)g;
+    (void)n; /* any n: chunks shorter than the world are empty on both sides */
+    if (ws > RH_MAX_WS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "rhd_allreduce: world size %d > %d (the "
+                          "hypercube's directions)", ws, RH_MAX_WS);
+    return 0;
+}
+
+/* the doubling's last exchange and the unfold move (almost) the whole f16 tile */
+static uint64_t rhd_msg(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; }
+
 static int a2a_check(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb)
 {
     (void)g;
@@ -484,38 +754,57 @@ static uint64_t whole16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; 
 
 const kb_ccl_algo_impl kb_ccl_algo_ring_allgather = {
     "ring_allgather", "ring: p-1 steps forwarding the chunk received last, (p-1)/p of the buffer per rank",
-    KB_COLL_ALLGATHER, "ring_1d", ring_allgather, ag_check, chunk16, kb_ccl_ref_allgather, 0,
+    KB_COLL_ALLGATHER, "ring_1d", ring_allgather, ag_check, chunk16, kb_ccl_ref_allgather,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_reducescatter = {
     "ring_reducescatter", "ring: p-1 steps of receive, add the own chunk, send on; rank r keeps chunk r's sum",
     KB_COLL_REDUCE_SCATTER, "ring_1d", ring_reducescatter, rs_check, chunk32,
-    kb_ccl_ref_reduce_scatter, 0,
+    kb_ccl_ref_reduce_scatter,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };
 const kb_ccl_algo_impl kb_ccl_algo_p2p_sendrecv = {
     "p2p_sendrecv", "rank r sends its tile to r+1 and receives r-1's, slice by slice",
-    KB_COLL_SENDRECV, "ring_1d", p2p_sendrecv, NULL, tile16, kb_ccl_ref_shift_east, 0,
+    KB_COLL_SENDRECV, "ring_1d", p2p_sendrecv, NULL, tile16, kb_ccl_ref_shift_east,
+    KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_broadcast = {
     "ring_broadcast", "pipelined chain from the root around the ring, slice by slice",
-    KB_COLL_BROADCAST, "ring_1d", ring_broadcast, NULL, tile16, kb_ccl_ref_broadcast, 0,
+    KB_COLL_BROADCAST, "ring_1d", ring_broadcast, NULL, tile16, kb_ccl_ref_broadcast,
+    KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_reduce = {
     "ring_reduce", "pipelined chain around the ring ending at the root, f32 partial sums",
-    KB_COLL_REDUCE, "ring_1d", ring_reduce, NULL, tile32, kb_ccl_ref_reduce, 0,
+    KB_COLL_REDUCE, "ring_1d", ring_reduce, NULL, tile32, kb_ccl_ref_reduce,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };
 const kb_ccl_algo_impl kb_ccl_algo_tree_broadcast = {
     "tree_broadcast", "pipelined binary tree hanging from the root, slice by slice",
-    KB_COLL_BROADCAST, "tree_binary", tree_broadcast, NULL, tile16, kb_ccl_ref_broadcast, 0,
+    KB_COLL_BROADCAST, "tree_binary", tree_broadcast, NULL, tile16, kb_ccl_ref_broadcast,
+    KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_tree_reduce = {
     "tree_reduce", "pipelined binary tree: f32 partial sums flow up to the root",
-    KB_COLL_REDUCE, "tree_binary", tree_reduce, NULL, tile32, kb_ccl_ref_reduce, 0,
+    KB_COLL_REDUCE, "tree_binary", tree_reduce, NULL, tile32, kb_ccl_ref_reduce,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };
 const kb_ccl_algo_impl kb_ccl_algo_pairwise_alltoall = {
     "pairwise_alltoall", "ws-1 pairwise chunk swaps over a full mesh (world size <= 12)",
-    KB_COLL_ALLTOALL, "full_mesh", pairwise_alltoall, a2a_check, chunk16, kb_ccl_ref_alltoall, 0,
+    KB_COLL_ALLTOALL, "full_mesh", pairwise_alltoall, a2a_check, chunk16, kb_ccl_ref_alltoall,
+    KB_CCL_ANY_WORLD,
+};
+const kb_ccl_algo_impl kb_ccl_algo_rh_reducescatter = {
+    "rh_reducescatter", "recursive halving (MPI's fold for any world size): log2(p) exchanges of halving ranges, f32 sums",
+    KB_COLL_REDUCE_SCATTER, "hypercube", rh_reducescatter, rh_check, chunk32,
+    kb_ccl_ref_reduce_scatter, KB_CCL_ANY_WORLD,
+};
+const kb_ccl_algo_impl kb_ccl_algo_rhd_allreduce = {
+    "rhd_allreduce", "recursive halving-doubling (Rabenseifner; MPI's fold for any world size): rh reduce-scatter + rd all-gather",
+    KB_COLL_ALLREDUCE, "hypercube", rhd_allreduce, rhd_check, rhd_msg, kb_ccl_ref_allreduce,
+    KB_CCL_ANY_WORLD,
 };
 const kb_ccl_algo_impl kb_ccl_algo_rd_allgather = {
     "rd_allgather", "recursive doubling (MPI's fold for any world size): log2(p) exchanges of doubling blocks",
-    KB_COLL_ALLGATHER, "hypercube", rd_allgather, rd_check, whole16, kb_ccl_ref_allgather, 0,
+    KB_COLL_ALLGATHER, "hypercube", rd_allgather, rd_check, whole16, kb_ccl_ref_allgather,
+    KB_CCL_ANY_WORLD,
 };

@@ -46,6 +46,11 @@ static const kb_schema_key algo_keys[] = {
                   "cube that collects the reduction, < cubes per SIP (index)"),
     KB_SCHEMA_INT(A_, "root", root, "-1 (unset)", 0, 1048575,
                   "root rank of a broadcast or reduce, < the world size; unset = 0 (rank)"),
+    KB_SCHEMA_ENUM(A_, "op", op, "(unset)", kb_ccl_op_names,
+                   "reduction of an all_reduce, reduce_scatter or reduce (sum, prod, max, min, "
+                   "avg); unset = sum"),
+    KB_SCHEMA_ENUM(A_, "dtype", dtype, "(unset)", kb_ccl_dtype_names,
+                   "tile element type (f16, bf16, f32); unset = f16"),
 };
 #undef A_
 

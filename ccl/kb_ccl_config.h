@@ -48,6 +48,8 @@ typedef struct kb_ccl_algo {
     char topology[KB_CFG_NAME_MAX];
     int root_cube;                     /* -1 = unset */
     int root;                          /* root rank of a broadcast / reduce; -1 = unset (0) */
+    char op[8];                        /* reduction: sum|prod|max|min|avg; "" = unset (sum) */
+    char dtype[8];                     /* tile dtype: f16|bf16|f32; "" = unset (f16) */
     kb_ccl_params p;                   /* overrides; unset fields are 0 / "" / -1 (backpressure) */
     int line;                          /* where it was defined, for messages */
 } kb_ccl_algo;

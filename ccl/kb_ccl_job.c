@@ -15,6 +15,8 @@ typedef struct tiles_src {
     const float *inputs; /* ws*n, rank-major; NULL = seeded */
     int sip, rps;
     int64_t n;
+    int op, ws;     /* the seeded inputs' op and world (kb_ccl_input_op_span) */
+    kb_dtype dt;
 } tiles_src;
 
 static void tiles_fill(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols,
@@ -27,7 +29,8 @@ static void tiles_fill(void *ud, int64_t row, int64_t col, int64_t rows, int64_t
             memcpy(out + k * cols, ts->inputs + (size_t)(r * ts->n + col),
                    sizeof(float) * (size_t)cols);
         else
-            kb_ccl_input_span(out + k * cols, KB_CCL_INPUT_SEED, r, col, cols, ts->n);
+            kb_ccl_input_op_span(out + k * cols, KB_CCL_INPUT_SEED, ts->op, ts->dt, ts->ws, r,
+                                 col, cols, ts->n);
     }
 }
 
@@ -42,6 +45,16 @@ int kb_ccl_job_prepare_root(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
                             const char *name, const char *topo, int ws, int64_t n, int root,
                             const kb_ipcq_cfg *icfg, const float *inputs)
 {
+    kb_ccl_job_opts o = { root, KB_F16, KB_CCL_OP_SUM };
+    return kb_ccl_job_prepare_opts(ctx, job, impl, name, topo, ws, n, &o, icfg, inputs);
+}
+
+int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
+                            const char *name, const char *topo, int ws, int64_t n,
+                            const kb_ccl_job_opts *o, const kb_ipcq_cfg *icfg,
+                            const float *inputs)
+{
+    int root = o->root;
     kb_machine *m = kb_ctx_machine(ctx);
     kb_errbuf *eb = kb_ctx_err(ctx);
     int rc;
@@ -52,6 +65,18 @@ int kb_ccl_job_prepare_root(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
     snprintf(job->topo, sizeof job->topo, "%s", topo);
     job->n = n;
     job->icfg = *icfg;
+    job->dtype = o->dtype;
+    job->op = o->op;
+    if ((unsigned)o->dtype >= KB_NDTYPES || o->op < 0 || o->op >= KB_CCL_NOPS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: unknown dtype %d or op %d", name,
+                          (int)o->dtype, o->op);
+    if (o->op != KB_CCL_OP_SUM && !kb_coll_reduces(impl->kind))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: op %s: the %s kind does not reduce", name,
+                          kb_ccl_op_name(o->op), kb_coll_name(impl->kind));
+    if ((o->dtype != KB_F16 || o->op != KB_CCL_OP_SUM) && !(impl->flags & KB_CCL_TYPED))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: module %s runs f16 sums only (dtype %s, op %s "
+                          "asked)", name, impl->module, kb_dtype_name(o->dtype),
+                          kb_ccl_op_name(o->op));
     if (n < 1 || n > UINT32_MAX / 4)
         return kb_err_set(eb, KB_ERR_RANGE, "%s: n_elem %lld out of range", name, (long long)n);
     rc = impl->flags & KB_CCL_ANY_WORLD ? kb_ccl_layout_linear(m, ws, &job->layout, eb)
@@ -70,13 +95,13 @@ int kb_ccl_job_prepare_root(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
         return rc;
 
     int rps = job->layout.ranks_per_sip;
-    tiles_src ts = { inputs, 0, rps, n };
+    tiles_src ts = { inputs, 0, rps, n, o->op, ws, o->dtype };
     kb_fill fill = { tiles_fill, &ts, NULL, 0, 0, 0 };
     for (int s = 0; s < job->layout.sips && rc == 0; s++) {
         /* one row per rank: row lr (rank s*rps + lr) on the lr-th PE of the grid, at the same
          * VA offset lr*n*2 as a single row split by columns would give, without a 2^32-column
          * limit on a SIP's tiles */
-        kb_tensor_desc d = { "tiles", rps, n, KB_F16,
+        kb_tensor_desc d = { "tiles", rps, n, o->dtype,
                              kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, job->layout.cubes,
                                    job->layout.pes), KB_MEM_HBM };
         int here = kb_ccl_layout_sip_ranks(&job->layout, s);
@@ -95,7 +120,7 @@ int kb_ccl_job_prepare_root(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
         for (size_t i = 0; rc == 0 && i < kb_tensor_nshards(job->tiles[s]); i++) {
             const kb_shard_spec *sh = kb_tensor_shard(job->tiles[s], i);
             int r = s * rps + (int)(sh->cube * (unsigned)job->layout.pes + sh->pe);
-            if (sh->nbytes != (uint64_t)n * 2 ||
+            if (sh->nbytes != (uint64_t)n * kb_dtype_size(o->dtype) ||
                 kb_ccl_rank_pe(m, &job->layout, r) != kb_machine_pe(m, sh->sip, sh->cube, sh->pe))
                 rc = kb_err_set(eb, KB_ERR_STATE, "validator single_shard_per_rank: shard %zu "
                                 "of SIP %d is not rank %d's tile", i, s, r);
@@ -121,6 +146,8 @@ int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const c
         args[s].i[KB_CCL_ARG_CUBES] = job->layout.cubes;
         args[s].i[KB_CCL_ARG_SIPS] = job->layout.sips;
         args[s].i[KB_CCL_ARG_ROOT] = job->layout.root;
+        args[s].i[KB_CCL_ARG_DTYPE] = job->dtype;
+        args[s].i[KB_CCL_ARG_OP] = job->op;
     }
     return kb_launch_per_sip(ctx, name ? name : job->name,
                              kernel ? kernel : job->impl->kernel, args, &g);
@@ -147,6 +174,17 @@ int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw)
         }
     }
     free(buf);
+    return rc;
+}
+
+int kb_ccl_job_read_raw(kb_ctx *ctx, kb_ccl_job *job, void *raw)
+{
+    size_t es = kb_dtype_size(job->dtype);
+    size_t per = (size_t)job->n * (size_t)job->layout.ranks_per_sip * es;
+    int rc = 0;
+    (void)ctx; /* the tiles belong to it; kept for symmetry with kb_ccl_job_read */
+    for (int s = 0; s < job->layout.sips && rc == 0; s++)
+        rc = kb_tensor_read_raw(job->tiles[s], (unsigned char *)raw + (size_t)s * per);
     return rc;
 }
 

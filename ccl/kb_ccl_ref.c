@@ -30,6 +30,27 @@ const char *kb_coll_name(kb_coll_kind k)
 
 int kb_coll_rooted(kb_coll_kind k) { return k == KB_COLL_BROADCAST || k == KB_COLL_REDUCE; }
 
+int kb_coll_reduces(kb_coll_kind k)
+{
+    return k == KB_COLL_ALLREDUCE || k == KB_COLL_REDUCE_SCATTER || k == KB_COLL_REDUCE;
+}
+
+const char *const kb_ccl_op_names[] = { "sum", "prod", "max", "min", "avg", NULL };
+const char *const kb_ccl_dtype_names[] = { "f16", "bf16", "f32", NULL };
+
+const char *kb_ccl_op_name(int op)
+{
+    return op >= 0 && op < KB_CCL_NOPS ? kb_ccl_op_names[op] : "?";
+}
+
+int kb_ccl_op_from_name(const char *name)
+{
+    for (int i = 0; name && i < KB_CCL_NOPS; i++)
+        if (!strcmp(kb_ccl_op_names[i], name))
+            return i;
+    return -1;
+}
+
 int kb_coll_tile_ranks(kb_coll_kind k, int ws)
 {
     return k == KB_COLL_ALLGATHER || k == KB_COLL_REDUCE_SCATTER || k == KB_COLL_ALLTOALL ? ws : 1;
@@ -137,6 +158,51 @@ void kb_ccl_ref_reduce(const float *in, int ws, int64_t n, double *out)
         out[k] = in[k];
 }
 
+/* op over the ws values in[q * stride] (avg: their sum / ws), in double: exact for the
+ * seeded data (sums below 2^17 on a 1/128 grid; prod of +-1 and one grid value). */
+static double reduce_op(int op, const float *in, int ws, size_t stride)
+{
+    double a = in[0];
+    for (int q = 1; q < ws; q++) {
+        double x = in[(size_t)q * stride];
+        switch (op) {
+        case KB_CCL_OP_PROD:
+            a *= x;
+            break;
+        case KB_CCL_OP_MAX:
+            a = x > a ? x : a;
+            break;
+        case KB_CCL_OP_MIN:
+            a = x < a ? x : a;
+            break;
+        default:
+            a += x;
+        }
+    }
+    return op == KB_CCL_OP_AVG ? a / ws : a;
+}
+
+void kb_ccl_ref_op(kb_coll_kind kind, int op, const float *in, int ws, int64_t n, double *out)
+{
+    size_t N = (size_t)n;
+    for (size_t k = 0; k < (size_t)ws * N; k++)
+        out[k] = in[k];
+    if (kind == KB_COLL_REDUCE_SCATTER) {
+        int64_t cnt = count_of(ws, n);
+        for (int r = 0; r < ws; r++)
+            for (int64_t i = 0; i < cnt; i++) {
+                size_t j = (size_t)r * (size_t)cnt + (size_t)i;
+                out[(size_t)r * N + j] = reduce_op(op, in + j, ws, N);
+            }
+        return;
+    }
+    for (size_t i = 0; i < N; i++) {
+        double v = reduce_op(op, in + i, ws, N);
+        for (int r = 0; r < (kind == KB_COLL_REDUCE ? 1 : ws); r++)
+            out[(size_t)r * N + i] = v;
+    }
+}
+
 void kb_ccl_ref_shift_east(const float *in, int ws, int64_t n, double *out)
 {
     for (int r = 0; r < ws; r++) {
@@ -241,6 +307,29 @@ void kb_ccl_inputs(float *x, uint32_t seed, int64_t tile0, int64_t ntiles, int64
         kb_ccl_input_span(x + (size_t)t * (size_t)n, seed, tile0 + t, 0, n, n);
 }
 
+void kb_ccl_input_op_span(float *x, uint32_t seed, int op, kb_dtype dt, int64_t ntiles,
+                          int64_t tile, int64_t i0, int64_t len, int64_t n)
+{
+    unsigned char b[4];
+    kb_ccl_input_span(x, seed, tile, i0, len, n);
+    for (int64_t j = 0; op == KB_CCL_OP_PROD && j < len; j++)
+        if ((i0 + j) % ntiles != tile)
+            x[j] = x[j] < 0.0f ? -1.0f : 1.0f;
+    for (int64_t j = 0; dt != KB_F32 && j < len; j++) {
+        kb_dtype_store(dt, b, 0, x[j]); /* what the tile holds */
+        x[j] = kb_dtype_load(dt, b, 0);
+    }
+}
+
+double kb_ccl_input_acc_bound_op(kb_coll_kind k, int op, int64_t nterms)
+{
+    if (op == KB_CCL_OP_PROD || op == KB_CCL_OP_MAX || op == KB_CCL_OP_MIN)
+        return 0.0;
+    double b = kb_ccl_input_acc_bound(k, nterms);
+    /* avg: sum * f32(1/ws), two roundings of 2^-24 relative, |avg| <= 16 */
+    return op == KB_CCL_OP_AVG && kb_coll_reduces(k) ? b / (double)nterms + ldexp(1.0, -18) : b;
+}
+
 double kb_ccl_input_acc_bound(kb_coll_kind k, int64_t nterms)
 {
     int reduces = k == KB_COLL_ALLREDUCE || k == KB_COLL_REDUCE || k == KB_COLL_REDUCE_SCATTER;
@@ -316,6 +405,7 @@ int kb_ccl_verify(kb_dtype dt, const void *raw, const double *ref, int ntiles, i
             }
             got_sum += got;
             want_sum += w;
+            v->nwrong += !ok;
             if (!ok && good) {
                 good = 0;
                 if (v->first_bad_tile < 0) {
@@ -415,6 +505,7 @@ typedef struct tile_verdict {
     double max_err, bound;
     int64_t bad_elem; /* -1: none */
     double bad_got, bad_want;
+    int64_t nwrong;
 } tile_verdict;
 
 int kb_ccl_positionwise(kb_coll_kind k)
@@ -428,8 +519,19 @@ int kb_ccl_positionwise(kb_coll_kind k)
  * checks any root with the ranks relabelled. */
 static int rot(int t, int root, int ntiles) { return ((t - root) % ntiles + ntiles) % ntiles; }
 
-static int verify_whole(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, uint32_t seed,
-                        int ntiles, int64_t n, int root, double acc_bound, kb_ccl_verdict *v)
+/* The entry's reference for sum, kb_ccl_ref_op for the other ops of a reducing kind. */
+static void run_ref(kb_ccl_ref_fn ref, kb_coll_kind kind, int op, const float *in, int ws,
+                    int64_t n, double *out)
+{
+    if (op == KB_CCL_OP_SUM || !kb_coll_reduces(kind))
+        ref(in, ws, n, out);
+    else
+        kb_ccl_ref_op(kind, op, in, ws, n, out);
+}
+
+static int verify_whole(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn ref,
+                        kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
+                        double acc_bound, kb_ccl_verdict *v)
 {
     size_t total = (size_t)ntiles * (size_t)n;
     float *in = malloc((total ? total : 1) * sizeof *in);
@@ -438,8 +540,9 @@ static int verify_whole(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, uint32_
     int rc = KB_ERR_NOMEM;
     if (in && want && rw) {
         for (int t = 0; t < ntiles; t++)
-            kb_ccl_inputs(in + (size_t)rot(t, root, ntiles) * (size_t)n, seed, t, 1, n);
-        ref(in, ntiles, n, want);
+            kb_ccl_input_op_span(in + (size_t)rot(t, root, ntiles) * (size_t)n, seed, op, dt,
+                                 ntiles, t, 0, n, n);
+        run_ref(ref, kind, op, in, ntiles, n, want);
         for (int t = 0; root && t < ntiles; t++)
             memcpy(rw + (size_t)t * (size_t)n, want + (size_t)rot(t, root, ntiles) * (size_t)n,
                    (size_t)n * sizeof *rw);
@@ -507,7 +610,7 @@ static void *verify_blocks(void *arg)
     double *colb = same ? malloc((size_t)B * sizeof *colb + 1) : NULL;
 
     for (int t = 0; t < ntiles; t++)
-        w->tv[t] = (tile_verdict){ -1.0, 0.0, -1, 0.0, 0.0 };
+        w->tv[t] = (tile_verdict){ -1.0, 0.0, -1, 0.0, 0.0, 0 };
     if (!in || !out || (same && !colb)) {
         w->nomem = 1;
         goto out;
@@ -546,6 +649,7 @@ static void *verify_blocks(void *arg)
                         nbad += !ok;
                     }
                 }
+                a->nwrong += nbad;
                 if (bm <= a->max_err && (nbad == 0 || a->bad_elem >= 0))
                     continue;
                 for (int64_t j = 0; j < nb; j++) {
@@ -581,6 +685,7 @@ static void *verify_blocks(void *arg)
                     a->max_err = err;
                     a->bound = bound;
                 }
+                a->nwrong += !ok;
                 if (!ok && a->bad_elem < 0) {
                     a->bad_elem = i0 + j;
                     a->bad_got = got;
@@ -613,10 +718,22 @@ int kb_ccl_verify_inputs_root(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref,
                               kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
                               double acc_bound, kb_ccl_verdict *v)
 {
+    return kb_ccl_verify_inputs_op(dt, KB_CCL_OP_SUM, raw, ref, kind, seed, ntiles, n, root,
+                                   acc_bound, v);
+}
+
+/*
+ * The f16 sum check of a position-wise collective (every bench's default), fast: column
+ * blocks over threads, an all-reduce's column reference once, f16 results compared as bits.
+ * Same verdict as the general loop of kb_ccl_verify_inputs_op.
+ */
+static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_coll_kind kind,
+                          uint32_t seed, int ntiles, int64_t n, int root, double acc_bound,
+                          kb_ccl_verdict *v)
+{
+    (void)kind; /* position-wise: the caller checked */
     size_t es = kb_dtype_size(dt), total = (size_t)ntiles * (size_t)n;
     int64_t B = (int64_t)(KB_CCL_VERIFY_BLOCK / (ntiles > 0 ? (size_t)ntiles : 1));
-    if (!kb_ccl_positionwise(kind))
-        return verify_whole(dt, raw, ref, seed, ntiles, n, root, acc_bound, v);
     assert(root >= 0 && (root == 0 || root < ntiles));
     if (B < 64)
         B = 64;
@@ -680,6 +797,7 @@ int kb_ccl_verify_inputs_root(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref,
         for (int t = 0; t < ntiles; t++) {
             tile_verdict *a = &tv[t];
             const tile_verdict *b = &wk[i].tv[t];
+            a->nwrong += b->nwrong;
             if (b->max_err > a->max_err) {
                 a->max_err = b->max_err;
                 a->bound = b->bound;
@@ -694,6 +812,7 @@ int kb_ccl_verify_inputs_root(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref,
     verdict_init(v, ntiles);
     for (int t = 0; t < ntiles; t++) {
         const tile_verdict *a = &tv[t];
+        v->nwrong += a->nwrong;
         if (a->max_err > v->max_abs_err) {
             v->max_abs_err = a->max_err;
             v->err_bound = a->bound;
@@ -741,5 +860,90 @@ out:
     free(wraw);
     free(lut);
     free(lq);
+    return rc;
+}
+
+int kb_ccl_verify_inputs_op(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn ref,
+                            kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
+                            double acc_bound, kb_ccl_verdict *v)
+{
+    size_t es = kb_dtype_size(dt), total = (size_t)ntiles * (size_t)n;
+    int64_t B = (int64_t)(KB_CCL_VERIFY_BLOCK / (ntiles > 0 ? (size_t)ntiles : 1));
+    if (!kb_ccl_positionwise(kind))
+        return verify_whole(dt, op, raw, ref, kind, seed, ntiles, n, root, acc_bound, v);
+    if (op == KB_CCL_OP_SUM && dt == KB_F16)
+        return verify_sum_f16(dt, raw, ref, kind, seed, ntiles, n, root, acc_bound, v);
+    assert(root >= 0 && (root == 0 || root < ntiles));
+    if (B < 64)
+        B = 64;
+    if (B > n)
+        B = n > 0 ? n : 1;
+    float *in = malloc((size_t)ntiles * (size_t)B * sizeof *in + 1);
+    double *out = malloc((size_t)ntiles * (size_t)B * sizeof *out + 1);
+    tile_verdict *tv = malloc((size_t)(ntiles > 0 ? ntiles : 1) * sizeof *tv);
+    unsigned char *wraw = malloc(total * es + 1), want[4];
+    double got_sum = 0.0, want_sum = 0.0;
+    int rc = KB_ERR_NOMEM;
+
+    if (!in || !out || !tv || !wraw)
+        goto out;
+    for (int t = 0; t < ntiles; t++)
+        tv[t] = (tile_verdict){ -1.0, 0.0, -1, 0.0, 0.0, 0 };
+    for (int64_t i0 = 0; i0 < n; i0 += B) {
+        int64_t nb = n - i0 < B ? n - i0 : B;
+        for (int t = 0; t < ntiles; t++)
+            kb_ccl_input_op_span(in + (size_t)rot(t, root, ntiles) * (size_t)nb, seed, op, dt,
+                                 ntiles, t, i0, nb, n);
+        run_ref(ref, kind, op, in, ntiles, nb, out);
+        for (int t = 0; t < ntiles; t++) {
+            tile_verdict *a = &tv[t];
+            for (int64_t j = 0; j < nb; j++) {
+                size_t k = (size_t)t * (size_t)n + (size_t)(i0 + j);
+                double got, w, err, bound;
+                int ok = check_elem(dt, es, raw, k,
+                                    out[(size_t)rot(t, root, ntiles) * (size_t)nb + (size_t)j],
+                                    acc_bound, want, &got, &w, &err, &bound);
+                memcpy(wraw + k * es, want, es);
+                if (err > a->max_err) {
+                    a->max_err = err;
+                    a->bound = bound;
+                }
+                a->nwrong += !ok;
+                if (!ok && a->bad_elem < 0) {
+                    a->bad_elem = i0 + j;
+                    a->bad_got = got;
+                    a->bad_want = w;
+                }
+            }
+        }
+    }
+    verdict_init(v, ntiles);
+    for (int t = 0; t < ntiles; t++) {
+        const tile_verdict *a = &tv[t];
+        v->nwrong += a->nwrong;
+        if (a->max_err > v->max_abs_err) {
+            v->max_abs_err = a->max_err;
+            v->err_bound = a->bound;
+        }
+        if (a->bad_elem < 0) {
+            v->ok_tiles++;
+        } else if (v->first_bad_tile < 0) {
+            v->first_bad_tile = t;
+            v->first_bad_elem = a->bad_elem;
+            v->first_got = a->bad_got;
+            v->first_want = a->bad_want;
+        }
+    }
+    for (size_t k = 0; k < total; k++) {
+        got_sum += kb_dtype_load(dt, raw, k);
+        want_sum += kb_dtype_load(dt, wraw, k);
+    }
+    verdict_finish(v, got_sum, want_sum, n);
+    rc = v->ok_tiles == ntiles;
+out:
+    free(in);
+    free(out);
+    free(tv);
+    free(wraw);
     return rc;
 }

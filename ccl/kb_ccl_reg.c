@@ -60,9 +60,9 @@ int kb_ccl_reg_check_algo(const kb_ccl_reg *r, const kb_ccl_algo_impl *a, kb_err
     if (kb_topo_find(a->topology) < 0)
         return kb_err_set(eb, KB_ERR_CONFIG, "%s algorithm '%s': unknown topology '%s'", model,
                           a->module, a->topology);
-    if (a->flags & ~KB_CCL_ANY_WORLD)
+    if (a->flags & ~(KB_CCL_ANY_WORLD | KB_CCL_TYPED))
         return kb_err_set(eb, KB_ERR_CONFIG, "%s algorithm '%s': unknown flags 0x%x", model,
-                          a->module, a->flags & ~KB_CCL_ANY_WORLD);
+                          a->module, a->flags & ~(KB_CCL_ANY_WORLD | KB_CCL_TYPED));
     for (int i = 0; r && i < r->nalgos; i++)
         if (!strcmp(r->algos[i]->module, a->module))
             return kb_err_set(eb, KB_ERR_CONFIG, "%s algorithm '%s' is already registered",

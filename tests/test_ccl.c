@@ -425,6 +425,214 @@ static int h_any(kb_ctx *ctx, void *arg)
     return rc ? rc : kb_ccl_job_launch(ctx, &c->job, NULL, NULL);
 }
 
+typedef struct any_algo_case {
+    const kb_ccl_algo_impl *impl;
+    int ws;
+    int64_t n;
+    kb_ccl_job job;
+} any_algo_case;
+
+static int h_any_algo(kb_ctx *ctx, void *arg)
+{
+    any_algo_case *c = arg;
+    kb_ipcq_cfg icfg = { 2, 4096, KB_MEM_TCM, 1 };
+    int rc = kb_ccl_job_prepare(ctx, &c->job, c->impl, c->impl->module, c->impl->topology,
+                                c->ws, c->n, &icfg, NULL);
+    return rc ? rc : kb_ccl_job_launch(ctx, &c->job, NULL, NULL);
+}
+
+/* Every built-in algorithm with KB_CCL_ANY_WORLD on worlds that split a cube (12) and a SIP
+ * (130) of the default machine (8 PEs per cube, 128 per SIP), odd counts, seeded inputs,
+ * checked against its reference; the full mesh stops at 12 ranks (11 directions). The ones
+ * without the flag (hierarchical) still need whole cubes. */
+static void test_builtin_any_world(void **state)
+{
+    static const int worlds[] = { 12, 130 };
+    any_algo_case *c = calloc(1, sizeof *c);
+    int flagged = 0;
+    (void)state;
+    assert_non_null(c);
+    for (int i = 0; kb_ccl_algo_at(i); i++) {
+        const kb_ccl_algo_impl *impl = kb_ccl_algo_at(i);
+        if (!(impl->flags & KB_CCL_ANY_WORLD)) {
+            assert_string_equal(impl->module, "hierarchical_allreduce");
+            continue;
+        }
+        flagged++;
+        for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++) {
+            int ws = worlds[w];
+            int64_t n = 5 * kb_coll_tile_ranks(impl->kind, ws);
+            if (!strcmp(impl->topology, "full_mesh") && ws > KB_NDIRS + 1)
+                continue;
+            if (!strcmp(impl->topology, "mesh_2d"))
+                ws = w ? 121 : 9; /* squares that split a cube / a SIP */
+            kb_config cfg;
+            kb_ctx_opts opts = { .device = KB_DEV_REF };
+            kb_ctx *ctx = NULL;
+            kb_errbuf eb;
+            kb_ccl_verdict v;
+            uint16_t *raw = malloc((size_t)ws * (size_t)n * 2);
+            assert_non_null(raw);
+            kb_config_defaults(&cfg);
+            assert_int_equal(kb_ctx_create(&cfg, &opts, &ctx, &eb), 0);
+            memset(c, 0, sizeof *c);
+            c->impl = impl;
+            c->ws = ws;
+            c->n = n;
+            if (kb_ctx_run_host(ctx, h_any_algo, c) != 0)
+                fail_msg("%s ws %d: %s", impl->module, ws, kb_ctx_errmsg(ctx));
+            assert_int_equal(kb_ccl_job_read(ctx, &c->job, NULL, raw), 0);
+            if (kb_ccl_verify_inputs(KB_F16, raw, impl->reference, impl->kind,
+                                     KB_CCL_INPUT_SEED, ws, n, 0.0, &v) != 1)
+                fail_msg("%s ws %d: rank %d element %lld = %g, expected %g", impl->module, ws,
+                         v.first_bad_tile, (long long)v.first_bad_elem, v.first_got,
+                         v.first_want);
+            kb_ctx_destroy(ctx);
+            free(raw);
+        }
+    }
+    assert_int_equal(flagged, 16); /* every algorithm but hierarchical_allreduce */
+    free(c);
+}
+
+typedef struct typed_case {
+    const kb_ccl_algo_impl *impl;
+    int ws;
+    int64_t n;
+    kb_ccl_job_opts o;
+    kb_ccl_job job;
+} typed_case;
+
+static int h_typed(kb_ctx *ctx, void *arg)
+{
+    typed_case *c = arg;
+    kb_ipcq_cfg icfg = { 2, 4096, KB_MEM_TCM, 1 };
+    int rc = kb_ccl_job_prepare_opts(ctx, &c->job, c->impl, c->impl->module,
+                                     c->impl->topology, c->ws, c->n, &c->o, &icfg, NULL);
+    return rc ? rc : kb_ccl_job_launch(ctx, &c->job, NULL, NULL);
+}
+
+/* Runs one typed job on the default machine; returns its raw tiles (caller frees). */
+static void *run_typed(typed_case *c)
+{
+    kb_config cfg;
+    kb_ctx_opts opts = { .device = KB_DEV_REF };
+    kb_ctx *ctx = NULL;
+    kb_errbuf eb;
+    void *raw = malloc((size_t)c->ws * (size_t)c->n * kb_dtype_size(c->o.dtype));
+    assert_non_null(raw);
+    kb_config_defaults(&cfg);
+    assert_int_equal(kb_ctx_create(&cfg, &opts, &ctx, &eb), 0);
+    if (kb_ctx_run_host(ctx, h_typed, c) != 0)
+        fail_msg("%s ws %d op %s dtype %s: %s", c->impl->module, c->ws,
+                 kb_ccl_op_name(c->o.op), kb_dtype_name(c->o.dtype), kb_ctx_errmsg(ctx));
+    assert_int_equal(kb_ccl_job_read_raw(ctx, &c->job, raw), 0);
+    kb_ctx_destroy(ctx);
+    return raw;
+}
+
+/*
+ * Every KB_CCL_TYPED reducing algorithm x op x dtype x world sizes {1, 2, 3, 5, 12} x counts
+ * {1, 7, 37} (4096-byte slots, so the larger counts take several f32 slices), against the op
+ * reference with the stated tolerance (exact but for avg). Max is also checked against an
+ * expectation computed here from the raw inputs, and a max result must fail as a min.
+ */
+static void test_typed_ops(void **state)
+{
+    static const int worlds[] = { 1, 2, 3, 5, 12 };
+    static const int64_t counts[] = { 1, 7, 1500 };
+    typed_case *c = calloc(1, sizeof *c);
+    int algos = 0;
+    (void)state;
+    assert_non_null(c);
+    for (int i = 0; kb_ccl_algo_at(i); i++) {
+        const kb_ccl_algo_impl *impl = kb_ccl_algo_at(i);
+        if (!(impl->flags & KB_CCL_TYPED) || !kb_coll_reduces(impl->kind))
+            continue;
+        algos++;
+        for (int op = 0; op < KB_CCL_NOPS; op++)
+            for (int dt = 0; dt < KB_NDTYPES; dt++)
+                for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++)
+                    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+                        int ws = worlds[w];
+                        int64_t n = counts[k] * kb_coll_tile_ranks(impl->kind, ws);
+                        kb_ccl_verdict v;
+                        memset(c, 0, sizeof *c);
+                        c->impl = impl;
+                        c->ws = ws;
+                        c->n = n;
+                        c->o = (kb_ccl_job_opts){ ws > 2 ? 2 : 0, (kb_dtype)dt, op };
+                        if (!kb_coll_rooted(impl->kind))
+                            c->o.root = 0;
+                        void *raw = run_typed(c);
+                        double acc = kb_ccl_input_acc_bound_op(impl->kind, op, ws);
+                        if (kb_ccl_verify_inputs_op((kb_dtype)dt, op, raw, impl->reference,
+                                                    impl->kind, KB_CCL_INPUT_SEED, ws, n,
+                                                    c->o.root, acc, &v) != 1)
+                            fail_msg("%s ws %d n %lld op %s dtype %s: rank %d element %lld = "
+                                     "%g, expected %g", impl->module, ws, (long long)n,
+                                     kb_ccl_op_name(op), kb_dtype_name((kb_dtype)dt),
+                                     v.first_bad_tile, (long long)v.first_bad_elem,
+                                     v.first_got, v.first_want);
+                        /* bit for bit against the reference rounded once, but for avg */
+                        assert_true((acc == 0.0) == (op != KB_CCL_OP_AVG));
+                        if (op == KB_CCL_OP_MAX && ws > 1 && impl->kind == KB_COLL_ALLREDUCE) {
+                            /* independently: element i of every rank = max over the inputs */
+                            float *x = malloc((size_t)n * sizeof *x), *m = malloc((size_t)n * sizeof *m);
+                            assert_true(x && m);
+                            for (int t = 0; t < ws; t++) {
+                                kb_ccl_input_op_span(x, KB_CCL_INPUT_SEED, op, (kb_dtype)dt, ws, t,
+                                                     0, n, n);
+                                for (int64_t e = 0; e < n; e++)
+                                    m[e] = t == 0 || x[e] > m[e] ? x[e] : m[e];
+                            }
+                            for (int t = 0; t < ws; t++)
+                                for (int64_t e = 0; e < n; e++)
+                                    assert_true(kb_dtype_load((kb_dtype)dt, raw,
+                                                              (size_t)t * (size_t)n + (size_t)e) == m[e]);
+                            /* the same result is not a min */
+                            assert_int_equal(kb_ccl_verify_inputs_op((kb_dtype)dt, KB_CCL_OP_MIN,
+                                                                     raw, impl->reference,
+                                                                     impl->kind, KB_CCL_INPUT_SEED,
+                                                                     ws, n, 0, 0.0, &v), 0);
+                            free(x);
+                            free(m);
+                        }
+                        free(raw);
+                    }
+    }
+    assert_int_equal(algos, 4); /* ring_rsag_allreduce, ring_reducescatter, ring/tree_reduce */
+    /* an algorithm without KB_CCL_TYPED refuses another dtype or op, a kind that does not
+     * reduce refuses an op */
+    {
+        kb_config cfg;
+        kb_ctx_opts opts = { .device = KB_DEV_REF };
+        kb_ctx *ctx = NULL;
+        kb_errbuf eb;
+        kb_config_defaults(&cfg);
+        assert_int_equal(kb_ctx_create(&cfg, &opts, &ctx, &eb), 0);
+        memset(c, 0, sizeof *c);
+        c->impl = kb_ccl_algo_find("ring_allreduce");
+        c->ws = 4;
+        c->n = 8;
+        c->o = (kb_ccl_job_opts){ 0, KB_BF16, KB_CCL_OP_SUM };
+        assert_int_equal(kb_ctx_run_host(ctx, h_typed, c), KB_ERR_CONFIG);
+        assert_non_null(strstr(kb_ctx_errmsg(ctx), "module ring_allreduce runs f16 sums only "
+                                                   "(dtype bf16, op sum asked)"));
+        kb_ctx_destroy(ctx);
+        assert_int_equal(kb_ctx_create(&cfg, &opts, &ctx, &eb), 0);
+        memset(c, 0, sizeof *c);
+        c->impl = kb_ccl_algo_find("ring_allgather");
+        c->ws = 4;
+        c->n = 8;
+        c->o = (kb_ccl_job_opts){ 0, KB_F16, KB_CCL_OP_MAX };
+        assert_int_equal(kb_ctx_run_host(ctx, h_typed, c), KB_ERR_CONFIG);
+        assert_non_null(strstr(kb_ctx_errmsg(ctx), "op max: the all_gather kind does not reduce"));
+        kb_ctx_destroy(ctx);
+    }
+    free(c);
+}
+
 /* Partial cubes and a partial last SIP through kb_ccl_job_* on the default machine; an
  * algorithm without the flag is still refused. */
 static void test_job_any_world(void **state)
@@ -520,9 +728,9 @@ static void test_registry(void **state)
     assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
     kbt_msg_has(eb.msg, "unknown topology 'moebius'");
     bad.topology = "ring_1d";
-    bad.flags = 6;
+    bad.flags = 12; /* 1 and 2 are KB_CCL_ANY_WORLD and KB_CCL_TYPED */
     assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
-    kbt_msg_has(eb.msg, "unknown flags 0x6");
+    kbt_msg_has(eb.msg, "unknown flags 0xc");
     bad.flags = 0;
     bad.kind = KB_COLL_NKINDS;
     assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
@@ -686,6 +894,8 @@ static const algo_case algo_cases[] = {
     { "tree_reduce", { 1, 2, 3, 7, 8, 16, 64, 0 }, 0, 1 },
     { "pairwise_alltoall", { 1, 2, 3, 5, 7, 8, 12, 0 }, 0, 1 },
     { "rd_allgather", { 1, 2, 3, 6, 7, 8, 16, 64 }, 0, 1 },
+    { "rh_reducescatter", { 1, 2, 3, 5, 8, 12, 64, 0 }, 0, 1 },
+    { "rhd_allreduce", { 1, 2, 3, 5, 8, 12, 64, 0 }, 0, 1 },
 };
 
 static const algo_case *case_of(const char *module)
@@ -744,6 +954,7 @@ static void test_coll_chunked(void **state)
     static const char *const modules[] = {
         "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
         "ring_reduce", "tree_broadcast", "tree_reduce", "pairwise_alltoall", "rd_allgather",
+        "rh_reducescatter", "rhd_allreduce",
     };
     static const struct { int slots; uint64_t slot; int64_t count; } sz[] = {
         { 2, 4096, 3001 }, { 1, 4096, 3001 }, { 2, 64, 2100 },
@@ -1205,6 +1416,8 @@ int main(void)
         cmocka_unit_test(test_layout_legacy),
         cmocka_unit_test(test_layout_linear),
         cmocka_unit_test(test_job_any_world),
+        cmocka_unit_test(test_builtin_any_world),
+        cmocka_unit_test(test_typed_ops),
         cmocka_unit_test(test_registry),
         cmocka_unit_test(test_mock_every_algorithm),
         cmocka_unit_test(test_coll_chunked),

@@ -28,12 +28,13 @@
 
 /* ccl keys: 7 under defaults; an entry has 4 keys of its own and overrides the other 6. */
 #define N_CCL_DEFAULTS_KEYS 7
-#define N_CCL_ENTRY_KEYS (4 + 6)
+#define N_CCL_ENTRY_KEYS (6 + 6)
 #define N_CCL_KEYS (N_CCL_DEFAULTS_KEYS + N_CCL_ENTRY_KEYS)
 
 /* An algorithm entry's keys, in the order unknown-key messages list them. */
 #define ENTRY_KNOWN                                                                          \
-    "(known: module, topology, root_cube, root, buffer_kind, backpressure, n_slots, slot_size, "    \
+    "(known: module, topology, root_cube, root, op, dtype, buffer_kind, backpressure, n_slots, "   \
+    "slot_size, "                                                                            \
     "world_size, n_elem)"
 #define DEFAULTS_KNOWN                                                                       \
     "(known: algorithm, buffer_kind, backpressure, n_slots, slot_size, world_size, n_elem)"
@@ -153,6 +154,7 @@ static void test_shipped_ccl(void **state)
         "hierarchical_allreduce_sip", "ring_rsag_allreduce", "intercube_allreduce",
         "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
         "tree_broadcast", "ring_reduce", "tree_reduce", "pairwise_alltoall", "rd_allgather",
+        "rh_reducescatter", "rhd_allreduce",
     };
     const int norder = (int)(sizeof order / sizeof order[0]);
     kb_ccl_cfg dflt, c;
@@ -198,9 +200,12 @@ static void test_shipped_ccl(void **state)
         assert_string_equal(a->module, order[i]);
         assert_int_equal(a->root, -1);
     }
-    check_algo(&c, "ring_allgather", "ring_allgather", "ring_1d", "tcm", 256, 0, 0);
+    /* rsag's halves take its 1 MiB slots */
+    check_algo(&c, "ring_allgather", "ring_allgather", "ring_1d", "tcm", 256, 0, 1048576);
+    check_algo(&c, "ring_reducescatter", "ring_reducescatter", "ring_1d", "tcm", 256, 0,
+               1048576);
     check_algo(&c, "tree_reduce", "tree_reduce", "tree_binary", "tcm", 256, 0, 0);
-    check_algo(&c, "pairwise_alltoall", "pairwise_alltoall", "full_mesh", "tcm", 8, 0, 0);
+    check_algo(&c, "pairwise_alltoall", "pairwise_alltoall", "full_mesh", "tcm", 8, 0, 131072);
     if (kb_ccl_config_validate(&c, &t, &eb) != 0)
         fail_msg("%s", eb.msg);
 
@@ -330,6 +335,8 @@ static void test_foreach_key_order(void **state)
         "ccl.algorithms.<name>.topology",
         "ccl.algorithms.<name>.root_cube",
         "ccl.algorithms.<name>.root",
+        "ccl.algorithms.<name>.op",
+        "ccl.algorithms.<name>.dtype",
         "ccl.algorithms.<name>.buffer_kind",
         "ccl.algorithms.<name>.backpressure",
         "ccl.algorithms.<name>.n_slots",

@@ -534,6 +534,66 @@ static void test_sweep_file_errors(void **s)
  * end point); the file itself, with a size list that fits one IPCQ slot, runs: a size axis
  * whose rows carry size_bytes and equal `kbcl run --n-elem size/2`.
  */
+/* op and dtype axes: every combination runs and verifies, in its own row; the f32 rows move
+ * the same bytes with half the elements; an unknown value names the axis. */
+static void test_op_dtype_axes(void **s)
+{
+    char out[8192];
+    char *csv;
+    (void)s;
+    kbt_write_file("od.yaml", "bench: ccl\n"
+                              "algorithm: ring_reducescatter\n"
+                              "world_size: 5\n"
+                              "size: 4K\n"
+                              "verify: true\n"
+                              "set:\n"
+                              "  ccl.defaults.slot_size: 4096\n"
+                              "grid:\n"
+                              "  op: [sum, prod, max, min, avg]\n"
+                              "  dtype: [f16, bf16, f32]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep od.yaml --out od.csv --jobs 2"), 0);
+    assert_non_null(strstr(out, "15 points: 15 ok, 0 failed verification, 0 errors"));
+    csv = kbt_slurp("od.csv");
+    assert_int_equal(count_lines(csv), 16);
+    assert_non_null(strstr(csv, "point,op,dtype,"));
+    assert_non_null(strstr(csv, "\n14,avg,f32,ccl,"));
+    free(csv);
+    kbt_write_file("od2.yaml", "bench: ccl\nalgorithm: ring_reducescatter\nworld_size: 5\n"
+                               "grid:\n  op: [sum, mean]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep od2.yaml --out od2.csv"), 2);
+    assert_non_null(strstr(out, "op: unknown op 'mean' (sum, prod, max, min, avg)"));
+}
+
+/* configs/sweeps/collectives.yaml: 7 collectives x 10 sizes (1K .. 256M), every point ok
+ * (pairwise_alltoall on 12 ranks, the others on 256), and the report has one busbw-vs-size
+ * group per collective. */
+static void test_collectives_sweep(void **s)
+{
+    static const char *const kinds[] = { "all_reduce", "all_gather", "reduce_scatter",
+                                         "broadcast", "reduce", "all_to_all", "sendrecv" };
+    char path[4096], out[16384], want[160];
+    char *html, *csv;
+    (void)s;
+    if (!kbt_source_path("configs/sweeps/collectives.yaml", path, sizeof path))
+        skip();
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep %s --jobs 2 --out coll.csv", path), 0);
+    assert_non_null(strstr(out, "70 points: 70 ok, 0 failed verification, 0 errors"));
+    csv = kbt_slurp("coll.csv");
+    assert_non_null(strstr(csv, ",pairwise_alltoall,12,256M,ccl,268435440,"));
+    assert_non_null(strstr(csv, ",ring_allgather,256,1K,ccl,1024,"));
+    free(csv);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "report coll.csv -o coll.html"), 0);
+    html = kbt_slurp("coll.html");
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        snprintf(want, sizeof want, "<h2 id=\"busbw-size-%s\">Bus bandwidth vs message size: "
+                 "%s</h2>", kinds[k], kinds[k]);
+        if (!strstr(html, want))
+            fail_msg("no '%s' in the report", want);
+    }
+    assert_null(strstr(html, "<h2 id=\"busbw-size\">"));
+    free(html);
+}
+
 static void test_size_axis(void **s)
 {
     char path[4096], out[16384], sim[64], ev[64], prefix[160];
@@ -769,6 +829,8 @@ int main(void)
         cmocka_unit_test(test_kill9_then_resume),
         cmocka_unit_test(test_partial_last_line),
         cmocka_unit_test(test_sweep_file_errors),
+        cmocka_unit_test(test_op_dtype_axes),
+        cmocka_unit_test(test_collectives_sweep),
         cmocka_unit_test(test_size_axis),
         cmocka_unit_test(test_report),
         cmocka_unit_test(test_report_sizes),

@@ -31,12 +31,15 @@
 #include "kb_tl.h"
 
 #define KB_CCL_DEFAULT_N 32
-/* bytes of one tile element: every tile is f16 (kb_bench_ccl_allreduce.size_elem_bytes too) */
+/* bytes of a tile element by default (f16; kb_bench_ccl.size_elem_bytes too); an entry's
+ * `dtype` (--dtype) sets another */
 #define KB_CCL_ELEM_BYTES 2
 
 typedef struct ccl_state {
     kb_ccl_job job;
     int64_t size_bytes;    /* --size (kb_bench_args.size_bytes), 0 = n_elem decides */
+    kb_dtype dt;           /* the entry's dtype (f16 unless set) */
+    int op;                /* the entry's kb_ccl_op (sum unless set) */
     /* rank = SIP mode */
     int dist;
     int ws;
@@ -48,20 +51,34 @@ typedef struct ccl_state {
 
 /*
  * The tile length: elements per rank (rank = PE) or per shard (rank = SIP, `shards` per rank).
- * With --size, the count whose nccl-tests size for the algorithm's kind is exactly that many
- * bytes, split over the shards; otherwise ccl.yaml's n_elem, else the bench's default.
+ * With --size, rank = PE (one shard): nccl-tests' count for that size, rounded down as
+ * nccl-tests rounds it (at least 1; the result's size_bytes is the size that count gives).
+ * Rank = SIP: the count whose size is exactly that many bytes, split over the shards (else a
+ * usage error). Otherwise ccl.yaml's n_elem, else the bench's default.
  */
 static int tile_len(kb_errbuf *eb, const ccl_state *st, const char *name, kb_coll_kind kind,
                     int ws, int shards, int64_t n_elem, int64_t *n)
 {
+    int esz = (int)kb_dtype_size(st->dt);
     int64_t count;
     if (!st->size_bytes) {
         *n = n_elem > 0 ? n_elem : KB_CCL_DEFAULT_N;
         return 0;
     }
-    if (shards < 1 || kb_bench_coll_count(kind, ws, st->size_bytes, KB_CCL_ELEM_BYTES, &count) ||
+    if (shards == 1) {
+        /* rank = PE: nccl-tests' rounding (count = size / (ranks in the size * elem), at
+         * least 1); the size reported is the one that count gives */
+        int64_t per = (int64_t)kb_bench_coll_size(kind, ws, 1, esz);
+        if (per < 1)
+            return kb_err_set(eb, KB_ERR_USAGE, "--size %lld: %s (%s) has no size",
+                              (long long)st->size_bytes, name, kb_coll_name(kind));
+        count = st->size_bytes / per;
+        *n = count > 0 ? count : 1;
+        return 0;
+    }
+    if (shards < 1 || kb_bench_coll_count(kind, ws, st->size_bytes, esz, &count) ||
         count % shards) {
-        uint64_t unit = kb_bench_coll_size(kind, ws, 1, KB_CCL_ELEM_BYTES) *
+        uint64_t unit = kb_bench_coll_size(kind, ws, 1, esz) *
                         (uint64_t)(shards > 0 ? shards : 1);
         char split[64] = "";
         if (shards > 1)
@@ -94,6 +111,12 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
     if (!entry && !force_module)
         return kb_err_set(eb, KB_ERR_CONFIG, "algorithm '%s' is not defined in ccl.yaml", name);
     p = kb_ccl_config_params(cfg, entry);
+    st->dt = KB_F16;
+    st->op = KB_CCL_OP_SUM;
+    if (entry && entry->dtype[0])
+        st->dt = (kb_dtype)kb_dtype_from_name(entry->dtype);
+    if (entry && entry->op[0])
+        st->op = kb_ccl_op_from_name(entry->op);
     /* a module with only a rank = SIP form runs one rank per SIP whatever the entry says */
     int sip_only = entry && kb_ccl_reg_find_dist(cfg->reg, entry->module) &&
                    !kb_ccl_reg_find_algo(cfg->reg, entry->module);
@@ -106,6 +129,10 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
         const kb_machine *m = kb_ctx_machine(ctx);
         st->dist = 1;
         snprintf(st->name, sizeof st->name, "%s", name);
+        if (st->dt != KB_F16 || st->op != KB_CCL_OP_SUM)
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s: the rank = SIP process group runs f16 sums "
+                              "(dtype %s, op %s asked)", name, kb_dtype_name(st->dt),
+                              kb_ccl_op_name(st->op));
         /* (a module without a rank = SIP form fails in init_process_group, with its message) */
         return tile_len(eb, st, name, da ? da->kind : KB_COLL_ALLREDUCE, m->nsips,
                         da ? da->shards(m) : 1, p.n_elem, &st->n);
@@ -121,9 +148,10 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
         return rc;
     /* the tile is the rank's whole buffer: ws chunks of count for the chunked kinds */
     n *= kb_coll_tile_ranks(impl->kind, ws > 0 ? ws : 1);
-    return kb_ccl_job_prepare_root(ctx, &st->job, impl, name,
-                                   force_topo ? force_topo : entry->topology, ws, n,
-                                   entry && entry->root > 0 ? entry->root : 0, &icfg, NULL);
+    kb_ccl_job_opts o = { entry && entry->root > 0 ? entry->root : 0, st->dt, st->op };
+    return kb_ccl_job_prepare_opts(ctx, &st->job, impl, name,
+                                   force_topo ? force_topo : entry->topology, ws, n, &o, &icfg,
+                                   NULL);
 }
 
 /* Rank `rank`'s tensor (shards x n; row s = input tile rank * shards + s), computed only
@@ -168,10 +196,10 @@ static int dist_worker(kb_ctx *ctx, int rank, void *arg)
 }
 
 /* The nccl-tests columns of a run that moved `count` elements per rank (nccl-tests' count). */
-static void add_bw(kb_bench_result *res, kb_coll_kind kind, int ws, int64_t count)
+static void add_bw(kb_bench_result *res, kb_coll_kind kind, int ws, int64_t count, int esz)
 {
     double ns = kb_time_to_ns(res->t_end - res->t_begin);
-    double bytes = (double)kb_bench_coll_size(kind, ws, count, KB_CCL_ELEM_BYTES);
+    double bytes = (double)kb_bench_coll_size(kind, ws, count, esz);
     double algbw = bytes / ns; /* bytes per ns = GB/s; nccl-tests: size / time for every kind */
     kb_bench_add_extra(res, "world_size", ws);
     kb_bench_add_extra(res, "n_elem", (double)count);
@@ -206,7 +234,7 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
             return rc;
         /* bytes per rank: the whole tensor of the rank */
         add_bw(res, kb_dist_algo_of(ctx)->kind, st->ws,
-               st->n * kb_dist_shards_per_rank(ctx));
+               st->n * kb_dist_shards_per_rank(ctx), KB_CCL_ELEM_BYTES);
         add_traffic(ctx, res);
         return 0;
     }
@@ -216,7 +244,8 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
         return rc;
     kb_bench_mark_end(ctx, res);
     add_bw(res, job->impl->kind, job->layout.ws,
-           job->n / kb_coll_tile_ranks(job->impl->kind, job->layout.ws));
+           job->n / kb_coll_tile_ranks(job->impl->kind, job->layout.ws),
+           (int)kb_dtype_size(job->dtype));
     kb_bench_add_extra(res, "busbw_bound_gbps",
                        kb_ccl_topo_bound_gbps(ctx, job->topo, &job->layout));
     add_traffic(ctx, res);
@@ -245,15 +274,16 @@ static void *digest_main(void *arg)
 }
 
 static int check_tiles(kb_ctx *ctx, kb_bench_result *res, kb_ccl_ref_fn ref, kb_coll_kind kind,
-                       const uint16_t *raw, int ntiles, int per_rank, int64_t n, int root)
+                       const void *raw, int ntiles, int per_rank, int64_t n, int root,
+                       kb_dtype dt, int op)
 {
     size_t total = (size_t)ntiles * (size_t)n;
     kb_ccl_verdict v;
-    digest_job dj = { raw, total * 2, 0 };
+    digest_job dj = { raw, total * kb_dtype_size(dt), 0 };
     pthread_t th;
     int threaded = total >= ((size_t)1 << 22) && pthread_create(&th, NULL, digest_main, &dj) == 0;
-    int ok = kb_ccl_verify_inputs_root(KB_F16, raw, ref, kind, KB_CCL_INPUT_SEED, ntiles, n,
-                                       root, kb_ccl_input_acc_bound(kind, ntiles), &v);
+    int ok = kb_ccl_verify_inputs_op(dt, op, raw, ref, kind, KB_CCL_INPUT_SEED, ntiles, n, root,
+                                     kb_ccl_input_acc_bound_op(kind, op, ntiles), &v);
 
     if (threaded)
         pthread_join(th, NULL);
@@ -267,6 +297,7 @@ static int check_tiles(kb_ctx *ctx, kb_bench_result *res, kb_ccl_ref_fn ref, kb_
     res->have_err = 1;
     res->max_abs_err = v.max_abs_err;
     res->err_bound = v.err_bound;
+    kb_bench_add_extra(res, "n_wrong", (double)v.nwrong);
     snprintf(res->ok_text, sizeof res->ok_text, "%d OK", v.ok_tiles);
     if (!res->verified) {
         int r = v.first_bad_tile / per_rank, sh = v.first_bad_tile % per_rank;
@@ -296,7 +327,8 @@ static int dist_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
     for (int r = 0; r < st->ws && rc == 0; r++)
         rc = kb_tensor_read_raw(st->t[r], raw + (size_t)r * per);
     if (rc == 0)
-        rc = check_tiles(ctx, res, algo->reference, algo->kind, raw, ntiles, shards, st->n, 0);
+        rc = check_tiles(ctx, res, algo->reference, algo->kind, raw, ntiles, shards, st->n, 0,
+                         KB_F16, KB_CCL_OP_SUM);
     free(raw);
     return rc;
 }
@@ -308,16 +340,16 @@ static int ccl_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
     if (st->dist)
         return dist_verify(ctx, st, res);
     int ws = job->layout.ws;
-    uint16_t *raw = malloc((size_t)ws * (size_t)job->n * 2);
+    void *raw = malloc((size_t)ws * (size_t)job->n * kb_dtype_size(job->dtype));
     int rc;
     (void)a;
 
     if (!raw)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-    rc = kb_ccl_job_read(ctx, job, NULL, raw);
+    rc = kb_ccl_job_read_raw(ctx, job, raw);
     if (rc == 0)
         rc = check_tiles(ctx, res, job->impl->reference, job->impl->kind, raw, ws, 1, job->n,
-                         job->layout.root);
+                         job->layout.root, job->dtype, job->op);
     free(raw);
     return rc;
 }

@@ -20,7 +20,7 @@
 #include "kb_runtime.h"
 
 #define KB_BENCH_MAX_PARAMS 8
-#define KB_BENCH_MAX_EXTRAS 8
+#define KB_BENCH_MAX_EXTRAS 16
 
 typedef struct kb_bench_param {
     const char *name;

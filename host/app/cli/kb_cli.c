@@ -13,6 +13,9 @@
 
 #include "kb_atomic_file.h"
 #include "kb_opencl.h"
+#include "kb_ccl.h"
+#include "kb_ccl_reg.h"
+#include "kb_dist_algo.h"
 #include "kb_trace.h"
 
 int kbcl_exit_code(int rc)
@@ -47,6 +50,8 @@ int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb)
         { "--n-elem", offsetof(kbcl_job, n_elem) },
         { "--size", offsetof(kbcl_job, size) },
         { "--root", offsetof(kbcl_job, root) },
+        { "--op", offsetof(kbcl_job, op) },
+        { "--dtype", offsetof(kbcl_job, dtype) },
         { "--buffer-kind", offsetof(kbcl_job, buffer_kind) },
         { "--device", offsetof(kbcl_job, device) },
         { "--trace", offsetof(kbcl_job, trace_path) },
@@ -315,10 +320,11 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     {
         char setbuf[256];
         const char *an = job->algorithm ? job->algorithm : res->ccl.defaults.algorithm;
-        const char *keys[5] = { NULL, "world_size", "n_elem", "buffer_kind", "root" };
-        const char *vals[5] = { job->algorithm, job->world_size, job->n_elem, job->buffer_kind,
-                                job->root };
-        for (int i = 0; i < 5; i++) {
+        const char *keys[7] = { NULL, "world_size", "n_elem", "buffer_kind", "root", "op",
+                                "dtype" };
+        const char *vals[7] = { job->algorithm, job->world_size, job->n_elem, job->buffer_kind,
+                                job->root, job->op, job->dtype };
+        for (int i = 0; i < 7; i++) {
             if (!vals[i])
                 continue;
             if (i == 0 && !kb_ccl_config_find(&res->ccl, vals[i]))
@@ -346,6 +352,20 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     return rc;
 }
 
+/* nccl-tests' type, redop and root columns of a collective run: the entry's dtype, its op
+ * ("none" for a kind that does not reduce) and its root (-1 for a kind without one). */
+static void coll_labels(const kbcl_result *res, const char **type, const char **redop,
+                        int *root)
+{
+    const kb_ccl_algo *e = kb_ccl_config_find(&res->ccl, res->ccl.defaults.algorithm);
+    const kb_ccl_algo_impl *impl = e ? kb_ccl_reg_find_algo(res->ccl.reg, e->module) : NULL;
+    const kb_dist_algo *da = e ? kb_ccl_reg_find_dist(res->ccl.reg, e->module) : NULL;
+    kb_coll_kind k = impl ? impl->kind : da ? da->kind : KB_COLL_ALLREDUCE;
+    *type = e && e->dtype[0] ? e->dtype : "f16";
+    *redop = !kb_coll_reduces(k) ? "none" : e && e->op[0] ? e->op : "sum";
+    *root = kb_coll_rooted(k) ? (e && e->root > 0 ? e->root : 0) : -1;
+}
+
 char *kbcl_result_json(const kbcl_result *res)
 {
     const kb_bench *b = res->bench;
@@ -370,6 +390,16 @@ char *kbcl_result_json(const kbcl_result *res)
     cJSON_AddNumberToObject(machine, "pes", kb_topo_total_pes(&cfg->topo));
     cJSON_AddStringToObject(machine, "sip_topology", cfg->topo.sips_topology);
     cJSON_AddItemToObject(root, "machine", machine);
+    for (int i = 0; i < rep->res.nextras; i++)
+        if (!strcmp(rep->res.extras[i].name, "algbw_gbps")) { /* a collective: its labels */
+            const char *type, *redop;
+            int r;
+            coll_labels(res, &type, &redop, &r);
+            cJSON_AddStringToObject(root, "dtype", type);
+            cJSON_AddStringToObject(root, "redop", redop);
+            cJSON_AddNumberToObject(root, "root", r);
+            break;
+        }
     cJSON_AddNumberToObject(root, "sim_time_ns", rep->sim_time_ns);
     cJSON_AddNumberToObject(root, "sim_end_ns", rep->sim_end_ns);
     cJSON_AddNumberToObject(root, "events", (double)rep->events);
@@ -467,7 +497,7 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
                                              : "add --verify-data to check the numbers");
     if (quiet)
         return;
-    double bytes = 0, count = 0, algbw = -1, busbw = 0;
+    double bytes = 0, count = 0, algbw = -1, busbw = 0, wrong = -1;
     for (int i = 0; i < rep->res.nextras; i++) {
         const char *n = rep->res.extras[i].name;
         double v = rep->res.extras[i].value;
@@ -479,13 +509,20 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
             algbw = v;
         else if (!strcmp(n, "busbw_gbps"))
             busbw = v;
+        else if (!strcmp(n, "n_wrong"))
+            wrong = v;
     }
     if (algbw >= 0) { /* collectives: the nccl-tests columns */
-        fprintf(f, "  %12s %10s %5s %12s %12s %12s %9s\n", "size(B)", "count", "type",
-                "time(us)", "algbw(GB/s)", "busbw(GB/s)", "verified");
-        fprintf(f, "  %12.0f %10.0f %5s %12.3f %12.6g %12.6g %9s\n", bytes, count, "f16",
-                rep->sim_time_ns / 1000.0, algbw, busbw,
-                rep->res.verified == 1 ? "OK" : rep->res.verified == 0 ? "FAIL" : "-");
+        const char *type, *redop;
+        int root;
+        char nw[24] = "N/A";
+        coll_labels(res, &type, &redop, &root);
+        if (wrong >= 0)
+            snprintf(nw, sizeof nw, "%.0f", wrong);
+        fprintf(f, "  %12s %10s %5s %6s %5s %12s %12s %12s %8s\n", "size(B)", "count", "type",
+                "redop", "root", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+        fprintf(f, "  %12.0f %10.0f %5s %6s %5d %12.3f %12.6g %12.6g %8s\n", bytes, count, type,
+                redop, root, rep->sim_time_ns / 1000.0, algbw, busbw, nw);
     }
     fprintf(f, "  sim_time   %.3f ns (%.3f us)\n", rep->sim_time_ns, rep->sim_time_ns / 1000.0);
     for (int i = 0; i < rep->res.nextras; i++)

@@ -30,6 +30,8 @@ typedef struct kbcl_job {
     const char *algorithm, *world_size, *n_elem, *buffer_kind; /* collective shorthands */
     const char *size;           /* --size BYTES[K|M|G] (kbcl_parse_size); excludes n_elem */
     const char *root;           /* --root R: ccl.algorithms.<algorithm>.root */
+    const char *op;             /* --op OP: ccl.algorithms.<algorithm>.op */
+    const char *dtype;          /* --dtype T: ccl.algorithms.<algorithm>.dtype */
     const char *device;         /* default "ref" */
     const char *sets[KBCL_MAX_SETS];
     int nsets;

@@ -63,6 +63,8 @@ static void usage_run(FILE *f)
           "                       --size 64K; instead of --n-elem\n"
           "  --buffer-kind K      where IPCQ rx rings live: tcm | hbm | sram\n"
           "  --root R             root rank of a broadcast or reduce (default 0)\n"
+          "  --op OP              reduction: sum|prod|max|min|avg (default sum)\n"
+          "  --dtype T            tile element type: f16|bf16|f32 (default f16)\n"
           "  --device DEV         auto | gpu | cpu | ref | none (none = timing only)  [ref]\n"
           "  --trace FILE         write a Chrome trace-event timeline (Perfetto)\n"
           "  --verify-data        replay the data and check it against a host computation\n"

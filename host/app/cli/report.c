@@ -3,7 +3,10 @@
  * HTML page: inline SVG line plots (simulated time and busbw against world size, one plot per
  * message size; busbw and time against message size, one plot per world size, as nccl-tests
  * users plot them; log2 x axes, sizes labelled B/KiB/MiB/GiB; one line per algorithm, or per
- * combination of the other swept keys) and a table of every row. No scripts, fonts or
+ * combination of the other swept keys; when the algorithms are collectives of more than one
+ * kind, busbw against message size gets one group of plots per collective, the kind of each
+ * algorithm coming from the shipped ccl.yaml and the registries) and a table of every row.
+ * No scripts, fonts or
  * network: the file opens anywhere and is byte-for-byte the same for the same rows. Limits:
  * only rows with status ok are plotted; a quantity is an x axis only when it takes more than
  * one value (world_size, and size_bytes or, in files from before it, n_elem); other sweeps get
@@ -18,7 +21,10 @@
 
 #include <cjson/cJSON.h>
 
+#include "kb_ccl.h"
+#include "kb_ccl_reg.h"
 #include "kb_cli.h"
+#include "kb_dist_algo.h"
 
 /* ---------------------------------------------------------------- text building ------- */
 
@@ -657,6 +663,35 @@ out:
     free(pts);
 }
 
+/* ---------------------------------------------------------------- collectives --------- */
+
+/* The collective kind of each row's algorithm (-1: none, or not an entry of the shipped
+ * ccl.yaml with a built-in module), looked up once per distinct name. */
+static int row_kinds(const rtable *t, int calg, int *kind)
+{
+    kb_ccl_cfg *cfg = malloc(sizeof *cfg);
+    char buf[4096];
+    kb_errbuf eb;
+    const char *path = kbcl_default_config("ccl.yaml", buf, sizeof buf);
+    int nkinds = 0, seen[KB_COLL_NKINDS] = { 0 };
+    for (int r = 0; r < t->nrow; r++)
+        kind[r] = -1;
+    if (!cfg)
+        return 0;
+    kb_ccl_config_defaults(cfg);
+    if (calg >= 0 && path && kb_ccl_config_load(cfg, path, &eb) == 0)
+        for (int r = 0; r < t->nrow; r++) {
+            const kb_ccl_algo *e = kb_ccl_config_find(cfg, t->cell[r][calg]);
+            const kb_ccl_algo_impl *a = e ? kb_ccl_reg_find_algo(NULL, e->module) : NULL;
+            const kb_dist_algo *d = e ? kb_ccl_reg_find_dist(NULL, e->module) : NULL;
+            kind[r] = a ? (int)a->kind : d ? (int)d->kind : -1;
+            if (kind[r] >= 0 && !seen[kind[r]]++)
+                nkinds++;
+        }
+    free(cfg);
+    return nkinds;
+}
+
 /* ---------------------------------------------------------------- the page ------------ */
 
 static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
@@ -779,11 +814,37 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
         }
         /* nccl-tests' view: busbw against size (linear, it levels off at the link rate),
          * then time against size (log when it spans decades) */
-        if (any_bus && size_varies) {
+        int *kind = malloc((size_t)(t->nrow + 1) * sizeof *kind);
+        int *all = pd.row_series, *mine = malloc((size_t)(t->nrow + 1) * sizeof *mine);
+        int nkinds = kind && mine ? row_kinds(t, col_index(t, "algorithm"), kind) : 0;
+        if (any_bus && size_varies && nkinds > 1) {
+            /* one group per collective, in kb_coll_kind order: busbw is comparable within a
+             * collective (nccl-tests' factor), its level differs across them */
+            for (int k = 0; k < KB_COLL_NKINDS; k++) {
+                int any = 0;
+                char what[96];
+                for (int r = 0; r < t->nrow; r++) {
+                    mine[r] = kind[r] == k ? all[r] : -1;
+                    any |= mine[r] >= 0;
+                }
+                if (!any)
+                    continue;
+                sb_printf(b, "<h2 id=\"busbw-size-%s\">Bus bandwidth vs message size: %s</h2>\n",
+                          kb_coll_name((kb_coll_kind)k), kb_coll_name((kb_coll_kind)k));
+                snprintf(what, sizeof what, "%s busbw vs message size",
+                         kb_coll_name((kb_coll_kind)k));
+                pd.row_series = mine;
+                plot_group(b, t, &pd, cx, cbus, 1, cws, what, xsize, "busbw (GB/s)", 0,
+                           &nplots);
+                pd.row_series = all;
+            }
+        } else if (any_bus && size_varies) {
             sb_printf(b, "<h2 id=\"busbw-size\">Bus bandwidth vs message size</h2>\n");
             plot_group(b, t, &pd, cx, cbus, 1, cws, "busbw vs message size", xsize,
                        "busbw (GB/s)", 0, &nplots);
         }
+        free(kind);
+        free(mine);
         if (ctime >= 0 && size_varies) {
             sb_printf(b, "<h2 id=\"size\">Simulated time vs message size</h2>\n");
             plot_group(b, t, &pd, cx, ctime, 1e-3, cws, "sim time vs message size", xsize,

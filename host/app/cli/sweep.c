@@ -37,8 +37,8 @@
 #define SW_MAX_POINTS 1000000
 #define SW_MAX_JOBS 256
 
-enum { AX_ALGORITHM, AX_WORLD_SIZE, AX_N_ELEM, AX_SIZE, AX_BUFFER_KIND, AX_DEVICE, AX_PARAM,
-       AX_CONFIG };
+enum { AX_ALGORITHM, AX_WORLD_SIZE, AX_N_ELEM, AX_SIZE, AX_BUFFER_KIND, AX_OP, AX_DTYPE,
+       AX_DEVICE, AX_PARAM, AX_CONFIG };
 /* The bench options before AX_DEVICE are kept in sw_plan.fixed when given as top-level keys
  * (device has a field of its own); every one before AX_PARAM is also an axis name. */
 #define SW_NFIXED AX_DEVICE
@@ -46,9 +46,11 @@ enum { AX_ALGORITHM, AX_WORLD_SIZE, AX_N_ELEM, AX_SIZE, AX_BUFFER_KIND, AX_DEVIC
 
 /* Bench options that are both top-level keys and axis names, in AX_* order. */
 static const char *const shorthand_keys[SW_NSHORTHAND] = { "algorithm", "world_size", "n_elem",
-                                                           "size", "buffer_kind", "device" };
+                                                           "size", "buffer_kind", "op", "dtype",
+                                                           "device" };
 /* The axes for messages. */
-#define SW_AXES_HELP "algorithm, world_size, n_elem, size, buffer_kind, device, param.NAME or " \
+#define SW_AXES_HELP "algorithm, world_size, n_elem, size, buffer_kind, op, dtype, device, "    \
+                     "param.NAME or " \
                      "a config key such as system.sips.count"
 
 typedef struct sw_axis {
@@ -67,7 +69,8 @@ typedef struct sw_excl {
 typedef struct sw_plan {
     char *file;
     char *bench, *device, *topology, *ccl;
-    char *fixed[SW_NFIXED];            /* algorithm, world_size, n_elem, size, buffer_kind */
+    char *fixed[SW_NFIXED];            /* algorithm, world_size, n_elem, size, buffer_kind,
+                                        * op, dtype */
     int verify;
     char *sets[KBCL_MAX_SETS];         /* "key=value" */
     int nsets;
@@ -440,7 +443,7 @@ static int is_scalar_key(const char *k)
 {
     static const char *const keys[] = { "name", "description", "bench", "device", "verify",
                                         "topology", "ccl", "algorithm", "world_size", "n_elem",
-                                        "size", "buffer_kind" };
+                                        "size", "buffer_kind", "op", "dtype" };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (!strcmp(k, keys[i]))
             return 1;
@@ -682,6 +685,20 @@ static int plan_check(sw_parse *ps)
                 if ((rc = check_size(ps, b, ps->vmark[a][v], s)) != 0)
                     goto out;
                 break;
+            case AX_OP:
+                if (kb_ccl_op_from_name(s) < 0) {
+                    rc = markerr(ps, ps->vmark[a][v], "op: unknown op '%s' (sum, prod, max, "
+                                 "min, avg)", s);
+                    goto out;
+                }
+                break;
+            case AX_DTYPE:
+                if (kb_dtype_from_name(s) < 0) {
+                    rc = markerr(ps, ps->vmark[a][v], "dtype: unknown dtype '%s' (f16, bf16, "
+                                 "f32)", s);
+                    goto out;
+                }
+                break;
             case AX_WORLD_SIZE:
             case AX_N_ELEM:
             case AX_BUFFER_KIND:
@@ -845,7 +862,8 @@ static void run_point_on(const sw_plan *p, int point, sw_outcome *o, const kb_ba
     kbcl_result *res = calloc(1, sizeof *res);
     kb_errbuf eb = { { 0 } };
     const char **shorthand[SW_NSHORTHAND] = { &job.algorithm, &job.world_size, &job.n_elem,
-                                              &job.size, &job.buffer_kind, &job.device };
+                                              &job.size, &job.buffer_kind, &job.op, &job.dtype,
+                                              &job.device };
     int rc;
 
     memset(o, 0, sizeof *o);
