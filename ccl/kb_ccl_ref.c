@@ -722,6 +722,28 @@ int kb_ccl_verify_inputs_root(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref,
                                    acc_bound, v);
 }
 
+/* The verdict of ntiles tile verdicts: counts, the worst error, the first bad element. */
+static void tiles_verdict(const tile_verdict *tv, int ntiles, kb_ccl_verdict *v)
+{
+    verdict_init(v, ntiles);
+    for (int t = 0; t < ntiles; t++) {
+        const tile_verdict *a = &tv[t];
+        v->nwrong += a->nwrong;
+        if (a->max_err > v->max_abs_err) {
+            v->max_abs_err = a->max_err;
+            v->err_bound = a->bound;
+        }
+        if (a->bad_elem < 0) {
+            v->ok_tiles++;
+        } else if (v->first_bad_tile < 0) {
+            v->first_bad_tile = t;
+            v->first_bad_elem = a->bad_elem;
+            v->first_got = a->bad_got;
+            v->first_want = a->bad_want;
+        }
+    }
+}
+
 /*
  * The f16 sum check of a position-wise collective (every bench's default), fast: column
  * blocks over threads, an all-reduce's column reference once, f16 results compared as bits.
@@ -809,23 +831,7 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_co
             }
         }
     }
-    verdict_init(v, ntiles);
-    for (int t = 0; t < ntiles; t++) {
-        const tile_verdict *a = &tv[t];
-        v->nwrong += a->nwrong;
-        if (a->max_err > v->max_abs_err) {
-            v->max_abs_err = a->max_err;
-            v->err_bound = a->bound;
-        }
-        if (a->bad_elem < 0) {
-            v->ok_tiles++;
-        } else if (v->first_bad_tile < 0) {
-            v->first_bad_tile = t;
-            v->first_bad_elem = a->bad_elem;
-            v->first_got = a->bad_got;
-            v->first_want = a->bad_want;
-        }
-    }
+    tiles_verdict(tv, ntiles, v);
     if (lq && !offgrid) { /* exact: the integer sums are the sequential double sums */
         int64_t wq = 0;
         for (int64_t i = 0; i < n; i++) {
@@ -917,23 +923,7 @@ int kb_ccl_verify_inputs_op(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn 
             }
         }
     }
-    verdict_init(v, ntiles);
-    for (int t = 0; t < ntiles; t++) {
-        const tile_verdict *a = &tv[t];
-        v->nwrong += a->nwrong;
-        if (a->max_err > v->max_abs_err) {
-            v->max_abs_err = a->max_err;
-            v->err_bound = a->bound;
-        }
-        if (a->bad_elem < 0) {
-            v->ok_tiles++;
-        } else if (v->first_bad_tile < 0) {
-            v->first_bad_tile = t;
-            v->first_bad_elem = a->bad_elem;
-            v->first_got = a->bad_got;
-            v->first_want = a->bad_want;
-        }
-    }
+    tiles_verdict(tv, ntiles, v);
     for (size_t k = 0; k < total; k++) {
         got_sum += kb_dtype_load(dt, raw, k);
         want_sum += kb_dtype_load(dt, wraw, k);
