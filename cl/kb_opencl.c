@@ -202,6 +202,11 @@ static void pocl_cache_env(void)
         setenv("POCL_CACHE_DIR", dir, 0);
 }
 
+void kb_opencl_env(void)
+{
+    pocl_cache_env();
+}
+
 static double now_ms(void)
 {
     struct timespec ts;
@@ -1332,6 +1337,10 @@ int kb_opencl_available(kb_cl_want want)
 {
     (void)want;
     return 0;
+}
+
+void kb_opencl_env(void)
+{
 }
 
 uint64_t kb_opencl_launches(const kb_backend *be)
