@@ -1133,7 +1133,7 @@ static int build_program(clbe *b, cl_platform_id plat, cl_device_id dev, kb_cl_c
     on = mode != KB_CL_CACHE_BYPASS && kb_clcache_dir(dir, sizeof dir);
     b->setup.cache = KB_CL_CACHE_OFF;
     if (!on) {
-        snprintf(b->setup.note, sizeof b->setup.note, "%s",
+        snprintf(b->setup.note, sizeof b->setup.note, "%.200s",
                  mode == KB_CL_CACHE_BYPASS ? "program cache bypassed" : dir);
     } else {
         program_key(plat, dev, opts, key, sizeof key);
@@ -1169,7 +1169,7 @@ static int build_program(clbe *b, cl_platform_id plat, cl_device_id dev, kb_cl_c
                 snprintf(b->setup.note, sizeof b->setup.note,
                          "program cache: the driver gave no binary");
             else if (kb_clcache_store(dir, key, bin, nbin, &why) != 0)
-                snprintf(b->setup.note, sizeof b->setup.note, "%s", why.msg);
+                snprintf(b->setup.note, sizeof b->setup.note, "%.250s", why.msg);
             else
                 b->setup.binary_bytes = nbin;
             free(bin);

@@ -13,6 +13,7 @@
 #include "kb_trace.h"
 
 #include <assert.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +60,13 @@ static void *backend_setup(void *arg)
                                        sizeof ctx->device_note, &ctx->be_eb);
     if (ctx->be_rc != 0)
         ctx->be.ops = NULL;
+    /* A driver may have given this thread an alternate signal stack from its own heap (LLVM,
+     * which PoCL loads, does); the thread's exit must not try to release it as its own (the
+     * AddressSanitizer runtime would): nothing on this thread needs one any more. */
+    stack_t off;
+    memset(&off, 0, sizeof off);
+    off.ss_flags = SS_DISABLE;
+    sigaltstack(&off, NULL);
     return NULL;
 }
 
