@@ -108,6 +108,11 @@ typedef struct setup_out {
     kb_opencl_setup su;
 } setup_out;
 
+static void avail_child(void *arg, void *out)
+{
+    *(int *)out = kb_opencl_available(((const setup_arg *)arg)->want);
+}
+
 static void setup_child(void *arg, void *out)
 {
     const setup_arg *a = arg;
@@ -193,6 +198,11 @@ static void phase2_runs(int dev, cJSON *p2)
         setup_arg sa = { dev == KB_DEV_GPU ? KB_CL_GPU : dev == KB_DEV_CPU ? KB_CL_CPU : KB_CL_ANY,
                          KB_CL_CACHE_REFRESH };
         setup_out cold, warm;
+        int avail = 0;
+        /* no such device: nothing to measure (the caller reports the device error) */
+        if (dev != KB_DEV_AUTO && (in_child(avail_child, &sa, &avail, sizeof avail) != 0 ||
+                                   !avail))
+            return;
         cJSON *o = cJSON_CreateObject();
         in_child(setup_child, &sa, &cold, sizeof cold);
         sa.mode = KB_CL_CACHE_USE;
