@@ -4,8 +4,12 @@
  * Host writes become op-log records (a COPY from the log's payload, or a FILL) timed as DMAs
  * over PCIe into the SIP; launches are timed hop by hop on the command path with fan-out per
  * cube and aggregated completions. Reads replay pending records through the Phase-2 backend
- * first. Limits: tensors are found by VA with a binary search over (SIP, VA); a launch's
- * bookkeeping is freed when the host fiber that waits for it resumes.
+ * first, then take the bytes through kb_memstore_load (from the device when a device-resident
+ * backend holds them). An OpenCL backend is set up on a thread of its own while the
+ * simulation runs (joined by the first flush or kb_ctx_backend_wait); a backend passed in
+ * kb_ctx_opts is used as is and left alone. Limits: tensors are found by VA with a binary
+ * search over (SIP, VA); a launch's bookkeeping is freed when the host fiber that waits for it
+ * resumes.
  */
 #include "kb_runtime_int.h"
 
