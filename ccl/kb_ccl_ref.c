@@ -273,6 +273,7 @@ static void perm12_64(uint16_t *out, uint32_t base, uint32_t key)
     }
 }
 
+KB_VECTOR_CLONES
 void kb_ccl_input_span(float *x, uint32_t seed, int64_t tile, int64_t i0, int64_t len, int64_t n)
 {
     uint64_t p = (uint64_t)tile * (uint64_t)n + (uint64_t)i0;

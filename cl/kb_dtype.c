@@ -10,6 +10,7 @@
  * mode without flush-to-zero. Limits: elements are addressed unaligned-safe through memcpy.
  */
 #include "kb_dtype.h"
+#include "kb_err.h"
 
 #include <math.h>
 #include <string.h>
@@ -197,6 +198,7 @@ static void f16_load_blk(float *dst, const uint16_t *h)
     }
 }
 
+KB_VECTOR_CLONES
 void kb_dtype_store_n(kb_dtype t, void *base, size_t i0, const float *src, size_t n)
 {
     unsigned char *p = (unsigned char *)base + i0 * kb_dtype_size(t);
@@ -218,6 +220,7 @@ void kb_dtype_store_n(kb_dtype t, void *base, size_t i0, const float *src, size_
         kb_dtype_store(t, p, i, src[i]);
 }
 
+KB_VECTOR_CLONES
 void kb_dtype_load_n(kb_dtype t, const void *base, size_t i0, float *dst, size_t n)
 {
     const unsigned char *p = (const unsigned char *)base + i0 * kb_dtype_size(t);

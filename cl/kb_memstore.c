@@ -274,7 +274,8 @@ int kb_memstore_sync(kb_memstore *ms, uint64_t pa, uint64_t n, kb_errbuf *eb)
             rc = kb_err_set(eb, KB_ERR_NOMEM, "memory store: out of memory pulling device data");
             goto out;
         }
-        if ((rc = add_pages(ms, a, b - a)) != 0 || (rc = kb_ivset_reserve(&ms->dev_dirty, 1)) != 0) {
+        if ((rc = add_pages(ms, a, b - a)) != 0 ||
+            (rc = kb_ivset_reserve(&ms->dev_dirty, 1)) != 0) {
             kb_err_set(eb, rc, "memory store: out of memory pulling device data");
             goto out;
         }

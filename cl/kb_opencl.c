@@ -1,21 +1,26 @@
 /*
  * kb_opencl — the OpenCL backend of the Phase-2 replay, and OpenCL device discovery.
  *
- * A backend owns one context, in-order queue, program and kernel set on one device, plus
- * three device buffers that grow and are reused across flushes: the arena, the payload and the
- * argument tables. begin() uploads the arena and the payload without waiting; run_batch() only
- * appends one kb_clent per record to a host table and one launch per kind group (the planner
- * sorts a batch by kind), so it costs no driver calls; end() uploads all tables of the flush in
- * one write, enqueues every launch in batch order (the in-order queue keeps dependent batches
- * apart), enqueues the arena read and waits once. Kernels are built once per backend from the
- * embedded cl/kb_mathfn.h + cl/replay.cl with fixed local sizes and FP_CONTRACT OFF, and with
- * correctly rounded division and sqrt when the device offers it, so results match kb_ref.c
- * bit for bit. Every launch carries a profiling event, so the device time of the replay is
- * known (kb_opencl_kernel_ms). Before the first OpenCL call, POCL_CACHE_DIR is pointed at a writable cache
- * directory when it is unset (PoCL caches compiled kernels there). Limits: little-endian
- * devices; one device per backend; a device without correctly rounded division/sqrt or
- * without f32 denormals still runs, but may differ from ref in the last bit; the whole payload
- * is uploaded at every flush.
+ * A backend owns one context, in-order queue, program and kernel set on one device, and its
+ * device-resident memory (kb_resident.h): a resident arena and payload buffer that persist
+ * across flushes, moved only by kb_resident's primitives (clEnqueueCopyBuffer for growth and
+ * merges, clEnqueueFillBuffer for poison, blocking writes and reads for uploads and pulls),
+ * plus a buffer for the argument tables. A resident flush's begin() only points the launches
+ * at those buffers; run_batch() only appends one kb_clent per record to a host table and one
+ * launch per kind group (the planner sorts a batch by kind), so it costs no driver calls;
+ * end() uploads all tables of the flush in one write, enqueues every launch in batch order
+ * (the in-order queue keeps dependent batches apart) and waits once. Called with a host arena
+ * (bench-self's synthetic batches), begin() uploads it and the payload into buffers of their
+ * own and end() reads it back. Kernels are built once per backend from the embedded
+ * cl/kb_mathfn.h + cl/replay.cl with fixed local sizes and FP_CONTRACT OFF, and with correctly
+ * rounded division and sqrt when the device offers it, so results match kb_ref.c bit for bit;
+ * the built program is kept in kbcl's program cache (kb_clcache.h) and loaded from there by
+ * later backends on the same device and driver. Every launch carries a profiling event, so the
+ * device time of the replay is known (kb_opencl_kernel_ms), and the set-up is timed
+ * (kb_opencl_setup_of). Before the first OpenCL call, POCL_CACHE_DIR is pointed at a writable
+ * cache directory when it is unset (PoCL caches compiled kernels there). Limits:
+ * little-endian devices; one device per backend; a device without correctly rounded
+ * division/sqrt or without f32 denormals still runs, but may differ from ref in the last bit.
  */
 #include "kb_opencl.h"
 
@@ -200,6 +205,11 @@ static void pocl_cache_env(void)
     }
     if (ok)
         setenv("POCL_CACHE_DIR", dir, 0);
+}
+
+void kb_opencl_env(void)
+{
+    pocl_cache_env();
 }
 
 static double now_ms(void)
@@ -1128,7 +1138,7 @@ static int build_program(clbe *b, cl_platform_id plat, cl_device_id dev, kb_cl_c
     on = mode != KB_CL_CACHE_BYPASS && kb_clcache_dir(dir, sizeof dir);
     b->setup.cache = KB_CL_CACHE_OFF;
     if (!on) {
-        snprintf(b->setup.note, sizeof b->setup.note, "%s",
+        snprintf(b->setup.note, sizeof b->setup.note, "%.200s",
                  mode == KB_CL_CACHE_BYPASS ? "program cache bypassed" : dir);
     } else {
         program_key(plat, dev, opts, key, sizeof key);
@@ -1164,7 +1174,7 @@ static int build_program(clbe *b, cl_platform_id plat, cl_device_id dev, kb_cl_c
                 snprintf(b->setup.note, sizeof b->setup.note,
                          "program cache: the driver gave no binary");
             else if (kb_clcache_store(dir, key, bin, nbin, &why) != 0)
-                snprintf(b->setup.note, sizeof b->setup.note, "%s", why.msg);
+                snprintf(b->setup.note, sizeof b->setup.note, "%.250s", why.msg);
             else
                 b->setup.binary_bytes = nbin;
             free(bin);
@@ -1332,6 +1342,10 @@ int kb_opencl_available(kb_cl_want want)
 {
     (void)want;
     return 0;
+}
+
+void kb_opencl_env(void)
+{
 }
 
 uint64_t kb_opencl_launches(const kb_backend *be)

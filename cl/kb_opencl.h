@@ -87,6 +87,14 @@ int kb_opencl_list(char *buf, size_t n);
 int kb_opencl_available(kb_cl_want want);
 
 /*
+ * Sets the environment the OpenCL drivers read (POCL_CACHE_DIR, kb_clcache.h) if unset. Every
+ * entry point here does it first; a program that creates a backend on another thread calls it
+ * before starting that thread, so that no thread changes the environment while another reads
+ * it.
+ */
+void kb_opencl_env(void);
+
+/*
  * Kernel launches the backend has enqueued since it was created (0 for a backend that is not
  * an OpenCL one). The replay statistic `launches` (one per kind per batch) bounds it.
  */

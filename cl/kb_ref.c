@@ -300,7 +300,8 @@ static int ref_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
                           (unsigned long long)arena_bytes);
     if (!arena && st->res) { /* resident flush: the "device" buffers */
         if (arena_bytes > st->dev_arena_bytes)
-            return kb_err_set(eb, KB_ERR_STATE, "ref backend: resident arena of %llu bytes, has %llu",
+            return kb_err_set(eb, KB_ERR_STATE,
+                              "ref backend: resident arena of %llu bytes, has %llu",
                               (unsigned long long)arena_bytes,
                               (unsigned long long)st->dev_arena_bytes);
         arena = st->dev_arena;

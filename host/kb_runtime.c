@@ -4,8 +4,12 @@
  * Host writes become op-log records (a COPY from the log's payload, or a FILL) timed as DMAs
  * over PCIe into the SIP; launches are timed hop by hop on the command path with fan-out per
  * cube and aggregated completions. Reads replay pending records through the Phase-2 backend
- * first. Limits: tensors are found by VA with a binary search over (SIP, VA); a launch's
- * bookkeeping is freed when the host fiber that waits for it resumes.
+ * first, then take the bytes through kb_memstore_load (from the device when a device-resident
+ * backend holds them). An OpenCL backend is set up on a thread of its own while the
+ * simulation runs (joined by the first flush or kb_ctx_backend_wait); a backend passed in
+ * kb_ctx_opts is used as is and left alone. Limits: tensors are found by VA with a binary
+ * search over (SIP, VA); a launch's bookkeeping is freed when the host fiber that waits for it
+ * resumes.
  */
 #include "kb_runtime_int.h"
 
@@ -13,9 +17,11 @@
 #include "kb_trace.h"
 
 #include <assert.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define KB_TENSOR_ALIGN 256u
 #define KB_VA_ALIGN 65536u
@@ -40,6 +46,48 @@ static void trace_res_observer(void *ud, const kb_res *r, kb_time t0, kb_time t1
 {
     kb_trace_res(ud, r, t0, t1, bytes);
 }
+
+static double rt_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* The set-up thread: makes the backend of ctx->device (nothing else of ctx is touched). */
+static void *backend_setup(void *arg)
+{
+    kb_ctx *ctx = arg;
+    ctx->be_eb.msg[0] = '\0';
+    ctx->be_rc = kb_backend_for_device(ctx->device, &ctx->be, ctx->device_desc,
+                                       sizeof ctx->device_desc, ctx->device_note,
+                                       sizeof ctx->device_note, &ctx->be_eb);
+    if (ctx->be_rc != 0)
+        ctx->be.ops = NULL;
+    /* A driver may have given this thread an alternate signal stack from its own heap (LLVM,
+     * which PoCL loads, does); the thread's exit must not try to release it as its own (the
+     * AddressSanitizer runtime would): nothing on this thread needs one any more. */
+    stack_t off;
+    memset(&off, 0, sizeof off);
+    off.ss_flags = SS_DISABLE;
+    sigaltstack(&off, NULL);
+    return NULL;
+}
+
+int kb_ctx_backend_wait(kb_ctx *ctx)
+{
+    if (ctx->be_pending) {
+        double t0 = rt_now_ms();
+        pthread_join(ctx->be_thread, NULL);
+        ctx->be_pending = 0;
+        ctx->be_wait_ms += rt_now_ms() - t0;
+    }
+    if (ctx->be_rc != 0)
+        return kb_err_set(&ctx->err, ctx->be_rc, "%s", ctx->be_eb.msg);
+    return 0;
+}
+
+double kb_ctx_backend_wait_ms(const kb_ctx *ctx) { return ctx->be_wait_ms; }
 
 int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, kb_errbuf *eb)
 {
@@ -77,6 +125,19 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
         ctx->be_borrowed = 1;
         snprintf(ctx->device_desc, sizeof ctx->device_desc, "%s",
                  opts->backend_desc ? opts->backend_desc : ctx->be.ops->name);
+    } else if (ctx->device == KB_DEV_GPU || ctx->device == KB_DEV_CPU ||
+               ctx->device == KB_DEV_AUTO) {
+        /* The device set-up (driver, context, program) overlaps the simulation. */
+        ctx->recording = 1;
+        kb_opencl_env();
+        ctx->be_pending = pthread_create(&ctx->be_thread, NULL, backend_setup, ctx) == 0;
+        if (!ctx->be_pending) {
+            backend_setup(ctx);
+            if ((rc = ctx->be_rc) != 0) {
+                kb_err_set(eb, rc, "%s", ctx->be_eb.msg);
+                goto fail;
+            }
+        }
     } else {
         ctx->recording = 1;
         if ((rc = kb_backend_for_device(ctx->device, &ctx->be, ctx->device_desc,
@@ -123,6 +184,10 @@ void kb_ctx_destroy(kb_ctx *ctx)
     }
     free(ctx->tensors);
     kb_sim_destroy(ctx->sim);
+    if (ctx->be_pending) {
+        pthread_join(ctx->be_thread, NULL);
+        ctx->be_pending = 0;
+    }
     /* The store before the backend: a device-resident backend then forgets it instead of
      * handing its device data back. */
     kb_memstore_destroy(ctx->ms);
@@ -262,7 +327,10 @@ int kb_ctx_flush(kb_ctx *ctx)
                           "no data with --device none (timing only): tensor contents are not computed");
     if (kb_oplog_replayed(ctx->log) == kb_oplog_count(ctx->log))
         return 0;
-    int rc = kb_replay_flush(ctx->log, ctx->ms, &ctx->be, &ctx->rstats, &ctx->err);
+    int rc = kb_ctx_backend_wait(ctx);
+    if (rc)
+        return rc;
+    rc = kb_replay_flush(ctx->log, ctx->ms, &ctx->be, &ctx->rstats, &ctx->err);
     if (rc)
         kb_err_prefix(&ctx->err, "phase-2 replay (%s)", ctx->be.ops->name);
     return rc;

@@ -74,7 +74,7 @@ void kb_ctx_destroy(kb_ctx *ctx);
 
 const char *kb_ctx_errmsg(const kb_ctx *ctx);
 /* What the device choice resolved to ("NVIDIA H100 (...)", "ref"), and a note when auto fell
- * back to another device (else ""). */
+ * back to another device (else ""); after kb_ctx_backend_wait. */
 const char *kb_ctx_device_desc(const kb_ctx *ctx);
 const char *kb_ctx_device_note(const kb_ctx *ctx);
 /* The full report of the last deadlock (every blocked fiber and the registered dumps; the
@@ -88,6 +88,16 @@ kb_oplog *kb_ctx_oplog(kb_ctx *ctx);
 int kb_ctx_recording(const kb_ctx *ctx);
 kb_device_kind kb_ctx_device(const kb_ctx *ctx);
 const kb_replay_stats *kb_ctx_replay_stats(const kb_ctx *ctx);
+/*
+ * An OpenCL backend (devices gpu, cpu, auto) is set up on a thread of its own from
+ * kb_ctx_create on, while the simulation runs; the first flush waits for it, and so does this
+ * call, which returns the set-up's error (KB_ERR_DEVICE naming what was found, with the message
+ * in kb_ctx_errmsg) or 0. kb_ctx_backend, kb_ctx_device_desc and kb_ctx_device_note are valid
+ * once it has returned (at once for other devices).
+ */
+int kb_ctx_backend_wait(kb_ctx *ctx);
+/* Wall time spent waiting for that set-up (the part the simulation did not hide). */
+double kb_ctx_backend_wait_ms(const kb_ctx *ctx);
 /* The Phase-2 backend (ops NULL with device none): its set-up and transfer figures. */
 const kb_backend *kb_ctx_backend(const kb_ctx *ctx);
 /* 1 when the backend came from kb_ctx_opts.backend (set up before this context). */

@@ -542,6 +542,9 @@ static void test_device_transfers(void **s)
     assert_non_null(t);
     assert_true(cJSON_IsString(cJSON_GetObjectItem(rp, "program_cache")));
     assert_true(cJSON_GetObjectItem(rp, "setup_ms")->valuedouble > 0);
+    /* the set-up ran beside the simulation: what the run waited for is part of its wall */
+    double wait = cJSON_GetObjectItem(rp, "setup_wait_ms")->valuedouble;
+    assert_true(wait >= 0.0 && wait <= cJSON_GetObjectItem(j, "wall_ms")->valuedouble);
     /* va_offset: a 64 x 1024 f16 input written by the host, copied shard by shard into a
      * 64 x 1024 output that the check reads: 128 KiB up, 128 KiB down */
     assert_int_equal(cJSON_GetObjectItem(t, "upload_bytes")->valuedouble, 131072);
@@ -549,6 +552,14 @@ static void test_device_transfers(void **s)
     assert_int_equal(cJSON_GetObjectItem(t, "moves")->valuedouble, 0);
     assert_string_equal(cJSON_GetObjectItem(j, "data_digest")->valuestring, "0b0c1e2b05459353");
     cJSON_Delete(j);
+    /* A device that is missing is still a device error (exit 4) naming what exists, though
+     * the set-up runs in the background: the run waits for it before reporting. */
+    kbt_kbcl(out, sizeof out, "devices");
+    if (strstr(out, "[GPU]"))
+        return;
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device gpu --verify-data"), 4);
+    assert_non_null(strstr(out, "no OpenCL GPU device; found: "));
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device gpu"), 4);
 }
 
 int main(void)

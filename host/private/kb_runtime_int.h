@@ -6,6 +6,8 @@
 #ifndef KB_RUNTIME_INT_H
 #define KB_RUNTIME_INT_H
 
+#include <pthread.h>
+
 #include "kb_memstore.h"
 #include "kb_runtime.h"
 #include "kb_sync.h"
@@ -127,6 +129,12 @@ struct kb_ctx {
     kb_memstore *ms;
     kb_backend be;
     int be_borrowed;          /* be came from kb_ctx_opts.backend: not destroyed here */
+    /* An OpenCL backend is set up on be_thread while the simulation runs: until it is joined
+     * (be_pending == 0), be, device_desc and device_note belong to that thread. */
+    pthread_t be_thread;
+    int be_pending, be_rc;
+    kb_errbuf be_eb;
+    double be_wait_ms;        /* time spent waiting for it */
     kb_device_kind device;
     int recording;
     char device_desc[160];

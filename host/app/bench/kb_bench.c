@@ -180,21 +180,20 @@ int kb_bench_execute(const kb_config *cfg, const kb_ccl_cfg *ccl, const kb_ctx_o
     rep->program_cache = -1;
     if ((rc = kb_ctx_create(cfg, opts, &ctx, eb)) != 0)
         return rc;
-    /* A backend kept across runs: its set-up was paid before, its counters started before. */
+    /* A backend kept across runs: its set-up was paid before, its counters started before
+     * (an own backend, still being set up in the background, starts from zero). */
     kb_opencl_setup su;
     kb_xfer_stats x0;
-    double k0 = kb_opencl_kernel_ms(kb_ctx_backend(ctx));
-    kb_backend_xfer_stats(kb_ctx_backend(ctx), &x0);
-    if (kb_opencl_setup_of(kb_ctx_backend(ctx), &su) == 0) {
-        rep->setup_ms = kb_ctx_backend_borrowed(ctx) ? 0.0 : su.total_ms;
-        rep->program_cache = (int)su.cache;
+    double k0 = 0.0;
+    memset(&x0, 0, sizeof x0);
+    if (kb_ctx_backend_borrowed(ctx)) {
+        k0 = kb_opencl_kernel_ms(kb_ctx_backend(ctx));
+        kb_backend_xfer_stats(kb_ctx_backend(ctx), &x0);
     }
     if (ccl && (rc = kb_ccl_config_attach(ctx, ccl)) != 0) {
         kb_err_set(eb, rc, "%s", kb_ctx_errmsg(ctx));
         goto out;
     }
-    snprintf(rep->device_desc, sizeof rep->device_desc, "%s", kb_ctx_device_desc(ctx));
-    snprintf(rep->device_note, sizeof rep->device_note, "%s", kb_ctx_device_note(ctx));
     state = calloc(1, b->state_size ? b->state_size : 1);
     if (!state) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
@@ -209,6 +208,17 @@ int kb_bench_execute(const kb_config *cfg, const kb_ccl_cfg *ccl, const kb_ctx_o
         if (kb_ctx_report(ctx))
             rep->report = strdup(kb_ctx_report(ctx));
         goto out;
+    }
+    /* the background set-up (if the simulation did not need it yet): errors, figures */
+    if ((rc = kb_ctx_backend_wait(ctx)) != 0) {
+        kb_err_set(eb, rc, "%s", kb_ctx_errmsg(ctx));
+        goto out;
+    }
+    snprintf(rep->device_desc, sizeof rep->device_desc, "%s", kb_ctx_device_desc(ctx));
+    snprintf(rep->device_note, sizeof rep->device_note, "%s", kb_ctx_device_note(ctx));
+    if (kb_opencl_setup_of(kb_ctx_backend(ctx), &su) == 0) {
+        rep->setup_ms = kb_ctx_backend_borrowed(ctx) ? 0.0 : su.total_ms;
+        rep->program_cache = (int)su.cache;
     }
     rep->sim_time_ns = kb_time_to_ns(rep->res.t_end - rep->res.t_begin);
     rep->sim_end_ns = kb_time_to_ns(kb_sim_now(kb_ctx_sim(ctx)));
@@ -238,6 +248,7 @@ int kb_bench_execute(const kb_config *cfg, const kb_ccl_cfg *ccl, const kb_ctx_o
     rep->xfer.upload_ms -= x0.upload_ms;
     rep->xfer.download_ms -= x0.download_ms;
     rep->kernel_ms = kb_opencl_kernel_ms(kb_ctx_backend(ctx)) - k0;
+    rep->setup_wait_ms = kb_ctx_backend_wait_ms(ctx);
 out:
     if (state && b->cleanup)
         b->cleanup(state);

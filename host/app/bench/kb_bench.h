@@ -88,6 +88,8 @@ typedef struct kb_run_report {
      * kernels' device time */
     kb_xfer_stats xfer;
     double setup_ms, kernel_ms;
+    double setup_wait_ms; /* the part of setup_ms the run waited for (the rest overlapped the
+                           * simulation: the set-up runs in the background) */
     int program_cache;
     double wall_ms;
     double phase1_ms;  /* wall time inside the simulation (the host program and its kernels) */

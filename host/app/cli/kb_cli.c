@@ -447,6 +447,7 @@ char *kbcl_result_json(const kbcl_result *res)
         cJSON_AddStringToObject(replay, "program_cache",
                                 kb_cl_cache_state_name((kb_cl_cache_state)rep->program_cache));
         cJSON_AddNumberToObject(replay, "setup_ms", rep->setup_ms);
+        cJSON_AddNumberToObject(replay, "setup_wait_ms", rep->setup_wait_ms);
         cJSON_AddNumberToObject(replay, "upload_ms", rep->xfer.upload_ms);
         cJSON_AddNumberToObject(replay, "download_ms", rep->xfer.download_ms);
         cJSON_AddNumberToObject(replay, "kernel_ms", rep->kernel_ms);
@@ -540,9 +541,10 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
                 (unsigned long long)rep->replay.batches, (unsigned long long)rep->replay.launches,
                 rep->replay.ms);
     if (rep->program_cache >= 0)
-        fprintf(f, "  device     set-up %.1f ms (program cache %s), up %.2f MiB in %llu (%.1f ms), "
-                "down %.2f MiB in %llu (%.1f ms), kernels %.1f ms\n",
-                rep->setup_ms, kb_cl_cache_state_name((kb_cl_cache_state)rep->program_cache),
+        fprintf(f, "  device     set-up %.1f ms (%.1f waited for, program cache %s), up %.2f MiB "
+                "in %llu (%.1f ms), down %.2f MiB in %llu (%.1f ms), kernels %.1f ms\n",
+                rep->setup_ms, rep->setup_wait_ms,
+                kb_cl_cache_state_name((kb_cl_cache_state)rep->program_cache),
                 (double)rep->xfer.upload_bytes / 1048576.0, (unsigned long long)rep->xfer.uploads,
                 rep->xfer.upload_ms, (double)rep->xfer.download_bytes / 1048576.0,
                 (unsigned long long)rep->xfer.downloads, rep->xfer.download_ms, rep->kernel_ms);

@@ -3,7 +3,9 @@
  * and appends one result row per point to a CSV or JSON Lines file as soon as the point
  * finishes. Each point runs in a forked worker process (--jobs N at a time) that sends its
  * outcome back over a pipe, so a crashing point becomes an error row instead of ending the
- * sweep; under mpirun the points are spread over the ranks instead (sweep_mpi.c). Rows are
+ * sweep; points on an OpenCL device go to device workers instead, which stay and keep their
+ * Phase-2 backend (context, program) from point to point, reading point numbers from a
+ * command pipe; under mpirun the points are spread over the ranks instead (sweep_mpi.c). Rows are
  * written whole with one write() to an O_APPEND file, so an interrupted sweep leaves at most
  * one partial last line, which --resume cuts off before it skips the points already present.
  * Limits: a grid has at most SW_MAX_AXES axes and SW_MAX_POINTS points; rows are one line
