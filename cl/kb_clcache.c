@@ -150,7 +150,7 @@ out:
     return rc;
 }
 
-static int mkdir_p(const char *path)
+int kb_clcache_mkdir_p(const char *path)
 {
     char buf[4096];
     size_t n = strlen(path);
@@ -182,7 +182,7 @@ int kb_clcache_store(const char *dir, const char *key, const void *data, size_t 
         return kb_err_set(eb, KB_ERR_RANGE, "program cache: a binary of %zu bytes is not cached",
                           n);
     snprintf(sub, sizeof sub, "%s/programs", dir);
-    if (mkdir_p(sub) != 0)
+    if (kb_clcache_mkdir_p(sub) != 0)
         return kb_err_set(eb, KB_ERR_IO, "program cache: cannot create %s: %s", sub,
                           strerror(errno));
     kb_clcache_path(dir, key, path, sizeof path);

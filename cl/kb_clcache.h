@@ -28,6 +28,9 @@
  */
 int kb_clcache_dir(char *buf, size_t n);
 
+/* Creates path and its missing parents (mode 0700); 0, or -1 with errno set. */
+int kb_clcache_mkdir_p(const char *path);
+
 /* 64-bit FNV-1a of data, continuing from h (start with KB_CLCACHE_HASH_INIT). */
 #define KB_CLCACHE_HASH_INIT UINT64_C(0xcbf29ce484222325)
 uint64_t kb_clcache_hash(const void *data, size_t n, uint64_t h);

@@ -166,24 +166,10 @@ static int cl_fail(kb_errbuf *eb, const char *what, cl_int err)
 
 /* ---------------------------------------------------------------- environment */
 
+/* path and its parents exist and path is writable */
 static int mkdir_p(const char *path)
 {
-    char buf[4096];
-    size_t n = strlen(path);
-
-    if (n == 0 || n >= sizeof buf)
-        return -1;
-    memcpy(buf, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (buf[i] != '/' && buf[i] != '\0')
-            continue;
-        char c = buf[i];
-        buf[i] = '\0';
-        if (mkdir(buf, 0700) != 0 && errno != EEXIST)
-            return -1;
-        buf[i] = c;
-    }
-    return access(path, W_OK) == 0 ? 0 : -1;
+    return kb_clcache_mkdir_p(path) == 0 && access(path, W_OK) == 0 ? 0 : -1;
 }
 
 /* PoCL needs a writable kernel cache; give it one unless the user chose: DIR/pocl of kbcl's
