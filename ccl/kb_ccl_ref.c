@@ -509,6 +509,22 @@ typedef struct tile_verdict {
     int64_t nwrong;
 } tile_verdict;
 
+/* Adds one checked element (its error, its bound, ok or not) to a tile's verdict. */
+static void tile_note(tile_verdict *a, int ok, double err, double bound, int64_t elem,
+                      double got, double want)
+{
+    if (err > a->max_err) {
+        a->max_err = err;
+        a->bound = bound;
+    }
+    a->nwrong += !ok;
+    if (!ok && a->bad_elem < 0) {
+        a->bad_elem = elem;
+        a->bad_got = got;
+        a->bad_want = want;
+    }
+}
+
 int kb_ccl_positionwise(kb_coll_kind k)
 {
     return k == KB_COLL_ALLREDUCE || k == KB_COLL_REDUCE || k == KB_COLL_BROADCAST ||
@@ -682,16 +698,7 @@ static void *verify_blocks(void *arg)
                                     out[(size_t)rot(t, root, ntiles) * (size_t)nb + (size_t)j],
                                     acc_bound, want, &got, &wv, &err, &bound);
                 memcpy(wraw + k * es, want, es);
-                if (err > a->max_err) {
-                    a->max_err = err;
-                    a->bound = bound;
-                }
-                a->nwrong += !ok;
-                if (!ok && a->bad_elem < 0) {
-                    a->bad_elem = i0 + j;
-                    a->bad_got = got;
-                    a->bad_want = wv;
-                }
+                tile_note(a, ok, err, bound, i0 + j, got, wv);
             }
         }
     }
@@ -911,16 +918,7 @@ int kb_ccl_verify_inputs_op(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn 
                                     out[(size_t)rot(t, root, ntiles) * (size_t)nb + (size_t)j],
                                     acc_bound, want, &got, &w, &err, &bound);
                 memcpy(wraw + k * es, want, es);
-                if (err > a->max_err) {
-                    a->max_err = err;
-                    a->bound = bound;
-                }
-                a->nwrong += !ok;
-                if (!ok && a->bad_elem < 0) {
-                    a->bad_elem = i0 + j;
-                    a->bad_got = got;
-                    a->bad_want = w;
-                }
+                tile_note(a, ok, err, bound, i0 + j, got, w);
             }
         }
     }
