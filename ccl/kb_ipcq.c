@@ -1039,6 +1039,9 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
     kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
     uint64_t n = (uint64_t)v.rows * v.cols;
 
+    if (!kb_val_contiguous(v))
+        tl_fail(tl, KB_ERR_INVAL, "tl_send %s: the value is a strided view (row stride %u, %u "
+                "columns); tl_copy it into a contiguous value first", dir_names[dir], v.ld, v.cols);
     sys->msgs++;
     if (n * kb_dtype_size((kb_dtype)v.dtype) <= q->slot_size) { /* the protocol as it was */
         wait_credit(tl, q, sys, dir);

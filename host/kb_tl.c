@@ -199,6 +199,8 @@ kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, c
     v.cols = cols;
     v.dtype = (uint8_t)dt;
     v.scratch = 1;
+    v.pad_ = 0;
+    v.ld = 0;
     return v;
 }
 
@@ -275,7 +277,18 @@ void kb_tl_fini(kb_tl *tl)
         free(tl->freel[c]);
 }
 
-static kb_opnd val_opnd(kb_val v) { return kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype); }
+static kb_opnd val_opnd(kb_val v)
+{
+    kb_opnd o = kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype);
+    o.ld = kb_val_ld(v);
+    return o;
+}
+
+/* Bytes a block of rows x cols elements with row stride ld spans from its first element. */
+static uint64_t span_bytes(uint32_t rows, uint32_t cols, uint32_t ld, size_t es)
+{
+    return rows == 0 || cols == 0 ? 0 : ((uint64_t)(rows - 1) * ld + cols) * es;
+}
 
 /* Translates [va, va + bytes) on this PE's SIP; it must lie in one mapping. */
 kb_pa kb_tl_translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_tensor **tensor)
@@ -322,7 +335,8 @@ static void need_local(kb_tl *tl, kb_val v, const char *op)
         not_local(tl, v, op);
 }
 
-static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, const char *op, int copy)
+static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt,
+                          const char *op, int copy)
 {
     uint64_t bytes = (uint64_t)s.rows * s.cols * kb_dtype_size(dt);
     kb_tensor *t;
@@ -332,7 +346,10 @@ static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, const ch
 
     if (s.rows == 0 || s.cols == 0 || (unsigned)dt >= KB_NDTYPES)
         tl_fail(tl, KB_ERR_INVAL, "%s: empty shape or bad dtype", op);
-    src = kb_tl_translate(tl, va, bytes, op, &t);
+    if (ld < s.cols)
+        tl_fail(tl, KB_ERR_INVAL, "%s: row stride %u is below the block's %u columns", op, ld,
+                s.cols);
+    src = kb_tl_translate(tl, va, span_bytes(s.rows, s.cols, ld, kb_dtype_size(dt)), op, &t);
     if (t && t->dtype != dt)
         tl_fail(tl, KB_ERR_INVAL, "%s: asked for %s but tensor '%s' holds %s", op,
                 kb_dtype_name(dt), t->name, kb_dtype_name(t->dtype));
@@ -342,6 +359,8 @@ static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, const ch
         v.cols = s.cols;
         v.dtype = (uint8_t)dt;
         v.scratch = 0;
+        v.pad_ = 0;
+        v.ld = ld == s.cols ? 0 : ld;
         return v;
     }
     v = kb_tl_scratch_val(tl, s.rows, s.cols, dt, op);
@@ -356,6 +375,7 @@ static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, const ch
     r.nsrc = 1;
     r.dst = val_opnd(v);
     r.src[0] = kb_opnd_make(src, s.rows, s.cols, dt);
+    r.src[0].ld = ld;
     kb_tl_record(tl, &r);
     kb_tl_wait_until(tl, r.t_end);
     return v;
@@ -363,38 +383,76 @@ static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, const ch
 
 kb_val tl_load(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt)
 {
-    return load_common(tl, va, s, dt, "tl_load", 1);
+    return load_common(tl, va, s, s.cols, dt, "tl_load", 1);
 }
 
 kb_val tl_ref(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt)
 {
-    return load_common(tl, va, s, dt, "tl_ref", 0);
+    return load_common(tl, va, s, s.cols, dt, "tl_ref", 0);
 }
 
-void tl_store(kb_tl *tl, kb_va va, kb_val v)
+kb_val tl_load2d(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt)
+{
+    return load_common(tl, va, s, ld, dt, "tl_load2d", 1);
+}
+
+kb_val tl_ref2d(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt)
+{
+    return load_common(tl, va, s, ld, dt, "tl_ref2d", 0);
+}
+
+/*
+ * One DMA between a value (src_val: local or a tl_ref) and the strided block of a tensor at
+ * va (row stride ld): to_mem stores v there (the tensor's dtype), otherwise the block is
+ * loaded into v (v's dtype must be the tensor's).
+ */
+static void dma_block(kb_tl *tl, kb_va va, uint32_t ld, kb_val v, int to_mem, const char *op)
 {
     kb_tensor *t;
     kb_dtype dt;
     uint64_t bytes;
-    kb_pa dst;
+    kb_pa mem;
     kb_rec r;
     kb_errbuf eb;
 
-    /* the destination dtype is the tensor's; the first translation finds the tensor */
-    kb_tl_translate(tl, va, 1, "tl_store", &t);
+    if (ld < v.cols)
+        tl_fail(tl, KB_ERR_INVAL, "%s: row stride %u is below the block's %u columns", op, ld,
+                v.cols);
+    /* the memory side's dtype is the tensor's; the first translation finds the tensor */
+    kb_tl_translate(tl, va, 1, op, &t);
     dt = t ? t->dtype : (kb_dtype)v.dtype;
+    if (!to_mem && dt != (kb_dtype)v.dtype)
+        tl_fail(tl, KB_ERR_INVAL, "%s: the destination holds %s but tensor '%s' holds %s", op,
+                kb_dtype_name((kb_dtype)v.dtype), t ? t->name : "?", kb_dtype_name(dt));
     bytes = (uint64_t)v.rows * v.cols * kb_dtype_size(dt);
-    dst = kb_tl_translate(tl, va, bytes, "tl_store", NULL);
+    mem = kb_tl_translate(tl, va, span_bytes(v.rows, v.cols, ld, kb_dtype_size(dt)), op, NULL);
     memset(&r, 0, sizeof r);
-    if (kb_machine_dma(tl->ctx->m, tl->pe, v.pa, dst, bytes, issue_time(tl), &r.t_start, &r.t_end,
-                       &eb) != 0)
-        tl_fail(tl, KB_ERR_RANGE, "tl_store: %s", eb.msg);
+    if (kb_machine_dma(tl->ctx->m, tl->pe, to_mem ? v.pa : mem, to_mem ? mem : v.pa, bytes,
+                       issue_time(tl), &r.t_start, &r.t_end, &eb) != 0)
+        tl_fail(tl, KB_ERR_RANGE, "%s: %s", op, eb.msg);
     r.kind = KB_REC_COPY;
     r.nsrc = 1;
-    r.dst = kb_opnd_make(dst, v.rows, v.cols, dt);
-    r.src[0] = val_opnd(v);
+    if (to_mem) {
+        r.dst = kb_opnd_make(mem, v.rows, v.cols, dt);
+        r.dst.ld = ld;
+        r.src[0] = val_opnd(v);
+    } else {
+        r.dst = val_opnd(v);
+        r.src[0] = kb_opnd_make(mem, v.rows, v.cols, dt);
+        r.src[0].ld = ld;
+    }
     kb_tl_record(tl, &r);
     kb_tl_wait_until(tl, r.t_end);
+}
+
+void tl_store(kb_tl *tl, kb_va va, kb_val v)
+{
+    dma_block(tl, va, v.cols, v, 1, "tl_store");
+}
+
+void tl_store2d(kb_tl *tl, kb_va va, uint32_t ld, kb_val v)
+{
+    dma_block(tl, va, ld, v, 1, "tl_store2d");
 }
 
 /* Occupies PE_MATH for `passes` passes over n elements from the issue time; returns the end. */
@@ -500,6 +558,51 @@ kb_val tl_clamp(kb_tl *tl, kb_val a, float lo, float hi)
     if (!(lo <= hi))
         tl_fail(tl, KB_ERR_INVAL, "tl_clamp: lo %g > hi %g", (double)lo, (double)hi);
     return elementwise(tl, KB_REC_CLAMP, 0, &a, 1, lo, hi, "tl_clamp");
+}
+
+void tl_load_into(kb_tl *tl, kb_val dst, kb_va va, uint32_t ld)
+{
+    need_local(tl, dst, "tl_load_into");
+    dma_block(tl, va, ld, dst, 0, "tl_load_into");
+}
+
+kb_val tl_view(kb_tl *tl, kb_val v, uint32_t r0, uint32_t c0, uint32_t rows, uint32_t cols)
+{
+    uint32_t ld = kb_val_ld(v);
+    if (rows == 0 || cols == 0 || r0 > v.rows || rows > v.rows - r0 || c0 > v.cols ||
+        cols > v.cols - c0)
+        tl_fail(tl, KB_ERR_RANGE, "tl_view: [%u, %u) x [%u, %u) is outside a %u x %u value", r0,
+                r0 + rows, c0, c0 + cols, v.rows, v.cols);
+    v.pa += ((uint64_t)r0 * ld + c0) * kb_dtype_size((kb_dtype)v.dtype);
+    v.rows = rows;
+    v.cols = cols;
+    v.scratch = 0;
+    v.ld = rows <= 1 || ld == cols ? 0 : ld;
+    return v;
+}
+
+void tl_copy(kb_tl *tl, kb_val dst, kb_val src)
+{
+    kb_time t_start, t_end;
+    need_local(tl, dst, "tl_copy");
+    need_local(tl, src, "tl_copy");
+    if (dst.rows != src.rows || dst.cols != src.cols)
+        tl_fail(tl, KB_ERR_INVAL, "tl_copy: shapes differ (%ux%u into %ux%u)", src.rows, src.cols,
+                dst.rows, dst.cols);
+    t_start = issue_time(tl);
+    t_end = math_time(tl, (uint64_t)src.rows * src.cols, 1);
+    if (kb_ctx_records(tl->ctx)) {
+        kb_rec r;
+        memset(&r, 0, sizeof r);
+        r.t_start = t_start;
+        r.t_end = t_end;
+        r.kind = KB_REC_COPY;
+        r.nsrc = 1;
+        r.dst = val_opnd(dst);
+        r.src[0] = val_opnd(src);
+        kb_tl_record(tl, &r);
+    }
+    kb_tl_wait_until(tl, t_end);
 }
 
 kb_val tl_full(kb_tl *tl, kb_shape s, float value)
@@ -655,8 +758,10 @@ kb_val tl_dot(kb_tl *tl, kb_val a, kb_val b)
 
 void tl_dot_acc(kb_tl *tl, kb_val acc, kb_val a, kb_val b)
 {
-    if (!acc.scratch || acc.dtype != KB_F32 || acc.rows != a.rows || acc.cols != b.cols)
-        tl_fail(tl, KB_ERR_INVAL, "tl_dot_acc: accumulator must be an f32 scratch value of %ux%u",
-                a.rows, b.cols);
+    if (!is_local(tl, acc.pa) || acc.dtype != KB_F32 || acc.rows != a.rows ||
+        acc.cols != b.cols)
+        tl_fail(tl, KB_ERR_INVAL,
+                "tl_dot_acc: accumulator must be a local f32 value (or view) of %ux%u", a.rows,
+                b.cols);
     dot_common(tl, acc, a, b, 1);
 }

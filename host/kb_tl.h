@@ -30,10 +30,16 @@
 
 typedef struct kb_val {
     kb_pa pa;
-    uint32_t rows, cols;   /* contiguous row-major block */
+    uint32_t rows, cols;   /* row-major block */
     uint8_t dtype;         /* kb_dtype */
-    uint8_t scratch;       /* 1 = owned scratch allocation */
+    uint8_t scratch;       /* 1 = owned scratch allocation (never a view) */
+    uint16_t pad_;
+    uint32_t ld;           /* row stride in elements; 0 = cols (contiguous) */
 } kb_val;
+
+/* Row stride of v in elements. */
+static inline uint32_t kb_val_ld(kb_val v) { return v.ld ? v.ld : v.cols; }
+static inline int kb_val_contiguous(kb_val v) { return v.ld == 0 || v.ld == v.cols || v.rows <= 1; }
 
 typedef struct kb_shape {
     uint32_t rows, cols;
@@ -54,6 +60,30 @@ kb_val tl_load(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt);
 kb_val tl_ref(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt);
 /* Stores v at va, converting to the destination tensor's dtype. */
 void tl_store(kb_tl *tl, kb_va va, kb_val v);
+
+/*
+ * Strided blocks (sub-matrices). `ld` is the row stride of the block in memory, in elements
+ * (>= s.cols): the block at va is rows of s.cols elements, ld apart — e.g. columns
+ * [c0, c0 + w) of a row-major R x C shard are tl_load2d(va + c0 * es, (R, w), C). The whole
+ * span must lie in one shard's mapping. A DMA of a strided block costs the bytes it moves
+ * (rows * cols * element size), like a contiguous one.
+ *  - tl_load2d copies the block into a new contiguous scratch value; tl_ref2d refers to it in
+ *    place (for tl_dot operands streamed by SchedulerV2).
+ *  - tl_store2d writes v into the strided block at va (the tensor's dtype).
+ *  - tl_load_into DMAs the block at va into an existing local value or view `dst` (same shape;
+ *    dst's dtype is the tensor's), e.g. to assemble a value from pieces held by several PEs.
+ *  - tl_view is a sub-block [r0, r0 + rows) x [c0, c0 + cols) of v sharing its storage (not
+ *    owned: never tl_free a view). Views are valid operands of every compute op and of
+ *    tl_store/tl_copy; tl_send needs a contiguous value.
+ *  - tl_copy(dst, src): dst = src elementwise (dtype converted) on PE_MATH, e.g. to
+ *    concatenate values into views of one value. Both must be local.
+ */
+kb_val tl_load2d(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt);
+kb_val tl_ref2d(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt);
+void tl_store2d(kb_tl *tl, kb_va va, uint32_t ld, kb_val v);
+void tl_load_into(kb_tl *tl, kb_val dst, kb_va va, uint32_t ld);
+kb_val tl_view(kb_tl *tl, kb_val v, uint32_t r0, uint32_t c0, uint32_t rows, uint32_t cols);
+void tl_copy(kb_tl *tl, kb_val dst, kb_val src);
 
 kb_val tl_dot(kb_tl *tl, kb_val a, kb_val b);
 /* acc += a @ b in place (acc must be an f32 scratch value of shape M x N). */
