@@ -10,7 +10,9 @@
  * payload sources, odd addresses, records spanning many work-groups) replayed by ref and by
  * opencl into two memory stores must leave byte-identical memory, gemm included (1x1x1,
  * 17x33x65, 130x7x300, ... with ACC, all dtype pairs, strides); launches never exceed the
- * replay's one per kind per batch; device listing and errors. The device is an OpenCL CPU
+ * replay's one per kind per batch; the kb_tl_nn kinds (transpose, attention softmax with causal
+ * offsets and soft-capping, gather with invalid ids, tanh/silu/softcap) on targeted shapes;
+ * device listing and errors. The device is an OpenCL CPU
  * device (PoCL in CI) unless KBCL_OPENCL_WANT=gpu|any says otherwise; KBCL_OPENCL_REQUIRE=1
  * turns a missing device into a failure (scripts/gpu-smoke.sh).
  */
