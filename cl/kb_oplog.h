@@ -30,7 +30,7 @@
  *           prefix of each row.
  *   GATHER  dst (n x d) row i = row id_i of src0 (the table, V x d, in memory), id_i = element
  *           i of src1 (1 x n or n x 1, any dtype, read as f32); an id that is not an integer
- *           in [0, V) gives a row of canonical NaNs
+ *           in [0, V) (NaN included) gives a row of +0 (a vocab-parallel shard's miss)
  */
 #ifndef KB_OPLOG_H
 #define KB_OPLOG_H

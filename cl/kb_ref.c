@@ -332,8 +332,7 @@ static void exec_gather(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
     for (uint32_t i = 0; i < d->rows; i++) {
         int64_t row = gather_row(kb_dtype_load((kb_dtype)ids->dtype, ib, i * istride), t->rows);
         for (uint32_t j = 0; j < d->cols; j++)
-            store_at(d, db, i, j, row < 0 ? KB_MF_AS_F32(KB_MF_NAN_BITS)
-                                          : load_at(t, tb, (uint32_t)row, j));
+            store_at(d, db, i, j, row < 0 ? 0.0f : load_at(t, tb, (uint32_t)row, j));
     }
 }
 

@@ -696,7 +696,7 @@ KB_GRID_KERNEL(kb_attn_softmax, KB_LN_LOCAL, kb_attn_softmax_unit, 0u)
 /*
  * Gather (embedding rows): one chunk of KB_EW_CHUNK destination elements per unit; element
  * (i, j) reads id i (off[2], stride rs[2]) and then table element (id, j) (off[1], row
- * stride rs[1], kdim rows). An id that is not an integer in [0, kdim) gives the canonical NaN.
+ * stride rs[1], kdim rows). An id that is not an integer in [0, kdim) gives +0.
  */
 static void kb_gather_unit(uint kind, global const kb_ent *e, global uchar *arena,
                            global const uchar *payload, ulong chunk)
@@ -717,7 +717,7 @@ static void kb_gather_unit(uint kind, global const kb_ent *e, global uchar *aren
         row = idx / e->cols;
         col = idx - row * e->cols;
         x = kb_ld(ib, d2, row * e->rs[2]);
-        v = as_float(KB_MF_NAN_BITS);
+        v = 0.0f;
         if (x >= 0.0f && x < 4294967296.0f) {
             ulong id = (ulong)x;
             if ((float)id == x && id < (ulong)e->kdim)

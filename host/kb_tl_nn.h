@@ -14,7 +14,9 @@
  *  - tl_transpose: one TRANSPOSE record, 1 pass;
  *  - tl_embedding: one GATHER record whose time is a DMA of n rows of d elements from the
  *    table's shard (Phase 1 cannot know which rows: ids are only read in Phase 2); an id that
- *    is not an integer in [0, vocab) gives a row of NaNs.
+ *    is not an integer in [0, vocab) gives a row of zeros, so that lookups in the vocabulary
+ *    shards of a vocab-parallel table (ids shifted by each shard's first row with tl_scale)
+ *    sum to the embedding, as Megatron's VocabParallelEmbedding does.
  * The others are compositions of kb_tl records (their time is the sum of their parts):
  * tl_rmsnorm, tl_layernorm, tl_rope, tl_concat, tl_repeat_kv, tl_gated.
  * Limits: tl_embedding's table must lie in one shard mapping (one DMA route); ids are f32
@@ -57,7 +59,8 @@ kb_val tl_repeat_kv(kb_tl *tl, kb_val kv, int nkv, int hd, int n_rep);
 /* gated MLP activation: act(gate) * up, act 0 = silu, 1 = gelu_tanh */
 kb_val tl_gated(kb_tl *tl, kb_val gate, kb_val up, int act);
 /* embedding lookup: rows ids (ids: 1 x n or n x 1 local value holding row numbers as f32,
- * exact below 2^24) of the table (vocab x d, dtype dt, at VA table, one shard) -> n x d f32 */
+ * exact below 2^24) of the table (vocab x d, dtype dt, at VA table, one shard) -> n x d f32;
+ * an id outside [0, vocab) (or not an integer, or NaN) gives a row of zeros */
 kb_val tl_embedding(kb_tl *tl, kb_va table, int64_t vocab, int64_t d, kb_dtype dt, kb_val ids);
 
 #endif
