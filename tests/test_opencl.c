@@ -118,6 +118,21 @@ static float sigmoid_f(float x)
     return kb_mf_math1(KB_MF_M1_SIGMOID, x, 0.0f, 0.0f);
 }
 
+static double silu_d(double x)
+{
+    return x / (1.0 + exp(-x));
+}
+
+static float softcap30_f(float x)
+{
+    return kb_mf_math1(KB_MF_M1_SOFTCAP, x, 30.0f, 0.0f);
+}
+
+static double softcap30_d(double x)
+{
+    return 30.0 * tanh(x / 30.0);
+}
+
 static void test_math_accuracy(void **state)
 {
     (void)state;
@@ -136,6 +151,12 @@ static void test_math_accuracy(void **state)
     assert_true(max_err(kb_mf_expm1, expm1, &g, -2.0f, 2.0f, 200000) <= 2.0);
     assert_true(max_err(sigmoid_f, sigmoid_d, &g, -20.0f, 20.0f, 200000) <= 3.0);
     assert_true(max_err(gelu_f, gelu_d, &g, -1.0f, 5.0f, 200000) <= 4.0);
+    /* kb_tl_nn's: silu 2.35 on [-20, 20], softcap (cap 30) 3.6 on [-200, 200] (measured) */
+    assert_true(max_err(kb_mf_silu, silu_d, &g, -20.0f, 20.0f, 200000) <= 3.0);
+    assert_true(max_err(softcap30_f, softcap30_d, &g, -200.0f, 200.0f, 200000) <= 4.5);
+    assert_int_equal(kbt_f2u(kb_mf_silu(-INFINITY)), 0x80000000u);
+    assert_true(kb_mf_silu(INFINITY) == INFINITY);
+    assert_true(kb_mf_math1(KB_MF_M1_TANH, 0.5f, 0.0f, 0.0f) == kb_mf_tanh(0.5f));
     /* log over every binade, subnormals included: random bit patterns of positive floats. */
     double worst = 0.0;
     for (int i = 0; i < 400000; i++) {
