@@ -6,7 +6,9 @@
  * embedding), f16 and bf16 inputs, the causal mask with offsets that mask whole rows (zeros),
  * soft-capping, embedding ids out of range (zero rows), the exact PE_MATH time of each op from
  * its closed form (docs/timing-model.md), the embedding DMA equal to a load of as many rows,
- * the same times with --device none, kb_rope_tables and the ops' error messages.
+ * the same times with --device none, kb_rope_tables, the ops' error messages, and a causal
+ * grouped-query attention composed of them (repeat_kv, transpose, dot, attn_softmax, copy)
+ * against double precision.
  * OpenCL-vs-ref bit equality of the new record kinds is in test_opencl.
  */
 #include <stdarg.h>
@@ -41,10 +43,33 @@ static kb_ctx *make_ctx(kb_device_kind dev)
 
 enum {
     OP_TANH, OP_SILU, OP_GELU, OP_SOFTCAP, OP_ATTN, OP_RMS, OP_LN, OP_ROPE, OP_TRANSPOSE,
-    OP_CAT0, OP_CAT1, OP_REPKV, OP_GATED_SILU, OP_GATED_GELU, OP_EMB
+    OP_CAT0, OP_CAT1, OP_REPKV, OP_GATED_SILU, OP_GATED_GELU, OP_EMB, OP_ATTN_BLOCK
 };
 
 #define MAXN 512
+
+/*
+ * Causal grouped-query attention of i[0] query heads over i[1] kv heads of width i[2]:
+ * q (T x nh*hd), k and v (T x nkv*hd) -> T x nh*hd, the way a decoder layer composes the ops.
+ */
+static kb_val attn_block(kb_tl *tl, kb_val q, kb_val k, kb_val v, int nh, int nkv, int hd)
+{
+    kb_val kr = tl_repeat_kv(tl, k, nkv, hd, nh / nkv), vr = tl_repeat_kv(tl, v, nkv, hd, nh / nkv);
+    kb_val out = tl_full(tl, KB_SHAPE2(q.rows, q.cols), 0.0f);
+    for (int h = 0; h < nh; h++) {
+        uint32_t c0 = (uint32_t)(h * hd);
+        kb_val kt = tl_transpose(tl, tl_view(tl, kr, 0, c0, k.rows, (uint32_t)hd));
+        kb_val sc = tl_dot(tl, tl_view(tl, q, 0, c0, q.rows, (uint32_t)hd), kt);
+        kb_val pr = tl_attn_softmax(tl, sc, 1.0f / sqrtf((float)hd), 0.0f, 1, 0);
+        kb_val o = tl_dot(tl, pr, tl_view(tl, vr, 0, c0, v.rows, (uint32_t)hd));
+        tl_copy(tl, tl_view(tl, out, 0, c0, q.rows, (uint32_t)hd), o);
+        tl_free(tl, o);
+        tl_free(tl, pr);
+        tl_free(tl, sc);
+        tl_free(tl, kt);
+    }
+    return out;
+}
 
 /* One op on up to three inputs (input 0 in dtype dt, the others f32), one output. */
 typedef struct nn_case {
@@ -88,6 +113,9 @@ static void k_nn(kb_tl *tl, const kb_kargs *a)
     case OP_REPKV: out = tl_repeat_kv(tl, v[0], (int)c->i[0], (int)c->i[1], (int)c->i[2]); break;
     case OP_GATED_SILU: out = tl_gated(tl, v[0], v[1], 0); break;
     case OP_GATED_GELU: out = tl_gated(tl, v[0], v[1], 1); break;
+    case OP_ATTN_BLOCK:
+        out = attn_block(tl, v[0], v[1], v[2], (int)c->i[0], (int)c->i[1], (int)c->i[2]);
+        break;
     default: /* OP_EMB */
         out = tl_embedding(tl, a->ptr[0], c->r[0], c->c[0], c->dt, v[1]);
         break;
@@ -510,6 +538,47 @@ static void test_embedding(void **state)
     }
 }
 
+/* ---- composition: causal grouped-query attention ---- */
+
+static void test_attention_block(void **state)
+{
+    enum { T = 6, NH = 4, NKV = 2, HD = 8 };
+    nn_case *c = new_case(OP_ATTN_BLOCK, KB_BF16, T, NH * HD);
+    double want[MAXN];
+    (void)state;
+    set_input(c, 0, T, NH * HD, 2.0f, 20);
+    set_input(c, 1, T, NKV * HD, 2.0f, 21);
+    set_input(c, 2, T, NKV * HD, 2.0f, 22);
+    c->i[0] = NH;
+    c->i[1] = NKV;
+    c->i[2] = HD;
+    run_case(c, KB_DEV_REF);
+    for (int h = 0; h < NH; h++) {
+        int g = h / (NH / NKV);
+        for (int i = 0; i < T; i++) {
+            double sc[T], m = -INFINITY, sum = 0.0;
+            for (int j = 0; j <= i; j++) {
+                double d = 0.0;
+                for (int e = 0; e < HD; e++)
+                    d += (double)c->in[0][i * NH * HD + h * HD + e] *
+                         c->in[1][j * NKV * HD + g * HD + e];
+                sc[j] = d / sqrt((double)HD);
+                m = fmax(m, sc[j]);
+            }
+            for (int j = 0; j <= i; j++)
+                sum += exp(sc[j] - m);
+            for (int e = 0; e < HD; e++) {
+                double o = 0.0;
+                for (int j = 0; j <= i; j++)
+                    o += exp(sc[j] - m) / sum * c->in[2][j * NKV * HD + g * HD + e];
+                want[i * NH * HD + h * HD + e] = o;
+            }
+        }
+    }
+    expect_close(c, want, T * NH * HD, 1e-5);
+    free(c);
+}
+
 /* ---- timing only: the same times, no data read ---- */
 
 static void test_device_none(void **state)
@@ -581,6 +650,7 @@ int main(void)
         cmocka_unit_test(test_transpose_concat_repeat),
         cmocka_unit_test(test_gated),
         cmocka_unit_test(test_embedding),
+        cmocka_unit_test(test_attention_block),
         cmocka_unit_test(test_device_none),
         cmocka_unit_test(test_errors),
     };
