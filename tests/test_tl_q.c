@@ -261,6 +261,12 @@ static void test_times_bytes(void **state)
                      (t->gemm_fixed_ns + 2.0 * M * N * K / t->gemm_flops_per_ns)) < 1e-3);
     assert_true(fabs(kb_qgemm_ns(t, KB_QF_INT8, 1, M, N, K) -
                      (t->gemm_fixed_ns + 2.0 * M * N * K / (4.0 * t->gemm_flops_per_ns))) < 1e-3);
+    /* the numbers docs/timing-model.md quotes (defaults) */
+    assert_true(kb_qgemm_ns(t, KB_QF_F16, 0, M, N, K) == 20.5);
+    assert_true(kb_qgemm_ns(t, KB_QF_INT8, 0, M, N, K) == 18.25);
+    assert_true(kb_qgemm_ns(t, KB_QF_INT8, 1, M, N, K) == 17.125);
+    assert_true(kb_qgemm_ns(t, KB_QF_MXINT8, 0, M, N, K) == 18.25);
+    assert_true(kb_qgemm_ns(t, KB_QF_FP8E5M2, 1, M, N, K) == 17.125);
     for (int f = 0; f < KB_QF_COUNT; f++) {
         for (int sp = 0; sp < 2; sp++) {
             kb_qfmt fmt = (kb_qfmt)f;
@@ -350,6 +356,143 @@ static void test_kernel_errors(void **state)
     kb_ctx_destroy(ctx);
 }
 
+/* A weight split column-wise over all 8 PEs: PE j multiplies by its shard j (VAs base + j *
+ * shard bytes) and stores shard j of a column-wise y; the whole y equals the host reference. */
+typedef struct splitcase {
+    kb_qfmt fmt;
+    int sparse;
+    const float *x, *w;
+    float *y;
+} splitcase;
+
+enum { SM = 3, SK = 64, SN = 64, SPARTS = 8, SNJ = SN / SPARTS };
+
+static void k_split(kb_tl *tl, const kb_kargs *a)
+{
+    splitcase *c = (splitcase *)(intptr_t)a->i[7];
+    int j = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
+    size_t es = kb_dtype_size(kb_qfmt_dtype(c->fmt));
+    uint32_t qrows = c->sparse ? SK / 2 : SK;
+    kb_va q = a->ptr[1] + (kb_va)j * qrows * SNJ * es;
+    kb_va sc = a->ptr[2] ? a->ptr[2] + (kb_va)j * SNJ * 4 : 0;
+    kb_va meta = a->ptr[3] ? a->ptr[3] + (kb_va)j * ((SK + 7) / 8) * SNJ : 0;
+    kb_val x = tl_load(tl, a->ptr[0], KB_SHAPE2(SM, SK), KB_F32);
+    kb_val y = tl_dot_q(tl, x, tl_qref(tl, q, sc, meta, SK, SNJ, c->fmt, c->sparse));
+    tl_store(tl, a->ptr[4] + (kb_va)j * SM * SNJ * 4, y);
+}
+
+static int h_split(kb_ctx *ctx, void *arg)
+{
+    splitcase *c = arg;
+    kb_dp_policy cw = kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, 0, 0);
+    kb_dp_policy one = kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 0, 0);
+    kb_tensor_desc dx = { "x", SM, SK, KB_F32, one, KB_MEM_HBM };
+    kb_tensor_desc dy = { "y", SM, SN, KB_F32, cw, KB_MEM_HBM };
+    kb_fill fw = kb_fill_array(c->w, SN);
+    kb_tensor *xt = NULL, *yt = NULL;
+    kb_qweight qw;
+    kb_kargs a;
+    int rc;
+
+    memset(&a, 0, sizeof a);
+    if ((rc = kb_tensor_from_host(ctx, &dx, c->x, &xt)) != 0 ||
+        (rc = kb_tensor_empty(ctx, &dy, &yt)) != 0 ||
+        (rc = kb_qweight_create(ctx, "w", SK, SN, c->fmt, c->sparse, cw, &fw, &qw)) != 0)
+        return rc;
+    assert_int_equal(kb_tensor_nshards(qw.q), SPARTS);
+    a.ptr[0] = kb_tensor_va(xt);
+    a.ptr[1] = kb_tensor_va(qw.q);
+    a.ptr[2] = qw.scale ? kb_tensor_va(qw.scale) : 0;
+    a.ptr[3] = qw.meta ? kb_tensor_va(qw.meta) : 0;
+    a.ptr[4] = kb_tensor_va(yt);
+    a.i[7] = (int64_t)(intptr_t)c;
+    if ((rc = kb_launch(ctx, "qsplit", k_split, &a, NULL)) != 0)
+        return rc;
+    return kb_tensor_read(yt, c->y);
+}
+
+static void test_column_split(void **state)
+{
+    float x[SM * SK], w[SK * SN], xd[SM * SK], wd[SK * SN], y[SM * SN];
+    kb_qfmt fmts[3] = { KB_QF_INT8, KB_QF_FP8E4M3, KB_QF_F16 };
+
+    (void)state;
+    rand_fill(x, SM * SK, 31, -2.0f, 2.0f);
+    rand_fill(w, SK * SN, 32, -1.0f, 1.0f);
+    for (int f = 0; f < 3; f++) {
+        int sp = f != 1;
+        splitcase c = { fmts[f], sp, x, w, y };
+        kb_config cfg;
+        kb_ctx *ctx;
+        kb_fill fw = kb_fill_array(w, SN);
+        kbt_config_with(&cfg, small_machine, sizeof small_machine / sizeof small_machine[0]);
+        ctx = kbt_ctx_from(&cfg, &(kb_ctx_opts){ .device = KB_DEV_REF });
+        if (kb_ctx_run_host(ctx, h_split, &c) != 0)
+            fail_msg("%s", kb_ctx_errmsg(ctx));
+        kb_ctx_destroy(ctx);
+        assert_int_equal(kb_qact_host_values(fmts[f], SM, SK, x, xd), 0);
+        assert_int_equal(kb_qweight_host_values(fmts[f], sp, SK, SN, &fw, wd), 0);
+        for (int i = 0; i < SM; i++)
+            for (int j = 0; j < SN; j++) {
+                float acc = 0.0f;
+                for (int k = 0; k < SK; k++) {
+                    float p = xd[i * SK + k] * wd[k * SN + j];
+                    acc += p;
+                }
+                if (acc != y[i * SN + j])
+                    fail_msg("%s: y(%d, %d) = %a, host %a", kb_qfmt_name(fmts[f]), i, j,
+                             (double)y[i * SN + j], (double)acc);
+            }
+    }
+}
+
+/* A row (K) split must keep whole MXINT8 blocks and metadata bytes per part. */
+static int h_rowsplit(kb_ctx *ctx, void *arg)
+{
+    kb_qweight qw;
+    float *w = arg;
+    kb_fill fw = kb_fill_array(w, 8);
+    kb_dp_policy rw = kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, 0, 0);
+    int rc = kb_qweight_create(ctx, "w", 384, 8, KB_QF_MXINT8, 0, rw, &fw, &qw); /* 48 rows each */
+    if (rc == 0)
+        kb_qweight_free(&qw);
+    return rc;
+}
+
+static int h_rowsplit_ok(kb_ctx *ctx, void *arg)
+{
+    kb_qweight qw;
+    float *w = arg;
+    kb_fill fw = kb_fill_array(w, 8);
+    kb_dp_policy rw = kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, 0, 0);
+    int rc = kb_qweight_create(ctx, "w", 256, 8, KB_QF_INT8, 1, rw, &fw, &qw); /* 32 rows each */
+    if (rc != 0)
+        return rc;
+    assert_int_equal(kb_tensor_nshards(qw.scale), SPARTS); /* replicated per-channel scale */
+    assert_int_equal(kb_tensor_shard(qw.meta, 3)->row0, 12);
+    assert_int_equal(kb_tensor_shard(qw.q, 3)->row0, 48);
+    kb_qweight_free(&qw);
+    return 0;
+}
+
+static void test_row_split(void **state)
+{
+    float *w = calloc(384 * 8, sizeof *w);
+    kb_config cfg;
+    kb_ctx *ctx;
+    (void)state;
+    assert_non_null(w);
+    kbt_config_with(&cfg, small_machine, sizeof small_machine / sizeof small_machine[0]);
+    ctx = kbt_ctx_from(&cfg, &(kb_ctx_opts){ .device = KB_DEV_NONE });
+    assert_int_equal(kb_ctx_run_host(ctx, h_rowsplit, w), KB_ERR_INVAL);
+    kbt_msg_has(kb_ctx_errmsg(ctx), "not whole MXINT8 blocks of 32");
+    kb_ctx_destroy(ctx);
+    ctx = kbt_ctx_from(&cfg, &(kb_ctx_opts){ .device = KB_DEV_NONE });
+    assert_int_equal(kb_ctx_run_host(ctx, h_rowsplit_ok, w), 0);
+    kb_ctx_destroy(ctx);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -359,6 +502,8 @@ int main(void)
         cmocka_unit_test(test_times_bytes),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_kernel_errors),
+        cmocka_unit_test(test_column_split),
+        cmocka_unit_test(test_row_split),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
