@@ -748,12 +748,14 @@ static kb_val quantize_act(kb_tl *tl, kb_val x, kb_qfmt fmt)
     }
 }
 
-/* K rows per dequantized weight chunk: a multiple of 32 (MX blocks, metadata bytes) near the
- * scheduler's tile depth, so the f32 copy of W stays small. */
-static uint32_t chunk_rows(kb_tl *tl)
+/* K rows per dequantized weight chunk: a multiple of 32 (MX blocks, metadata bytes) at most
+ * the scheduler's tile depth and at most 1 MiB of f32 for n columns, so the f32 copy of W
+ * stays small in scratch (at least 32 rows). */
+static uint32_t chunk_rows(kb_tl *tl, uint32_t n)
 {
-    int64_t tk = kb_ctx_machine(tl_ctx(tl))->cfg.sched_tile_k;
-    return tk < MX_BLOCK ? MX_BLOCK : (uint32_t)(tk / MX_BLOCK * MX_BLOCK);
+    int64_t tk = kb_ctx_machine(tl_ctx(tl))->cfg.sched_tile_k, cap = (INT64_C(1) << 18) / n;
+    int64_t r = (tk < cap ? tk : cap) / MX_BLOCK * MX_BLOCK;
+    return r < MX_BLOCK ? MX_BLOCK : (uint32_t)r;
 }
 
 /* Rows [r0, r0 + rows) of v (a view; rows clipped by the caller). */
@@ -783,9 +785,10 @@ kb_val tl_dot_q(kb_tl *tl, kb_val x, kb_qref w)
     kb_val y = kb_tl_scratch_val(tl, m, N, KB_F32, "tl_dot_q");
     kb_time t0 = now_issue(tl), t1 = qgemm_time(tl, &w, m, t0);
 
+    /* the f32 chunk is allocated in timing-only runs too, so both use the same scratch */
+    uint32_t ck = chunk_rows(tl, N);
+    kb_val wd = kb_tl_scratch_val(tl, K < ck ? K : ck, N, KB_F32, "tl_dot_q");
     if (kb_ctx_records(tl_ctx(tl))) {
-        uint32_t ck = chunk_rows(tl);
-        kb_val wd = kb_tl_scratch_val(tl, K < ck ? K : ck, N, KB_F32, "tl_dot_q");
         int mx = fmt == KB_QF_MXINT8;
         float imm = mx ? MX_ELEM_SCALE : 1.0f;
         for (uint32_t k0 = 0; k0 < K; k0 += ck) {
@@ -814,8 +817,8 @@ kb_val tl_dot_q(kb_tl *tl, kb_val x, kb_qref w)
                 kb_tl_record(tl, &r);
             }
         }
-        tl_free(tl, wd);
     }
+    tl_free(tl, wd);
     kb_tl_wait_until(tl, t1);
     if (is8(fmt))
         tl_free(tl, xd);
