@@ -695,7 +695,7 @@ static int plan_check(sw_parse *ps)
                 }
                 break;
             case AX_DTYPE:
-                if (kb_dtype_from_name(s) < 0) {
+                if (kb_dtype_from_name(s) < 0 || kb_dtype_from_name(s) > KB_F32) {
                     rc = markerr(ps, ps->vmark[a][v], "dtype: unknown dtype '%s' (f16, bf16, "
                                  "f32)", s);
                     goto out;
