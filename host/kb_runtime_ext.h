@@ -35,6 +35,9 @@ void kb_tl_wait_until(kb_tl *tl, kb_time t);
  * (callers that fill a kb_val in place). `op` names the operation in messages. */
 kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op);
 kb_pa kb_tl_scratch_alloc(kb_tl *tl, uint64_t bytes, const char *op);
+/* Bytes of the largest scratch value the kernel could allocate now (large values it freed
+ * and the runtime kept for reuse are given back to the PE's scratch first). */
+uint64_t kb_tl_scratch_room(kb_tl *tl);
 
 /* Physical address of [va, va + bytes) as the kernel's PE sees it (one mapping must cover
  * it); *tensor (may be NULL) gets the tensor it belongs to. */

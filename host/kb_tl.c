@@ -190,6 +190,12 @@ kb_pa kb_tl_scratch_alloc(kb_tl *tl, uint64_t bytes, const char *op)
     return bytes <= KB_SCR_MAX ? scr_small(tl, scr_class(bytes), op) : scratch_big(tl, bytes, op);
 }
 
+uint64_t kb_tl_scratch_room(kb_tl *tl)
+{
+    bigc_flush(tl);
+    return kb_alloc_largest_free(tl->pe->scratch);
+}
+
 kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op)
 {
     kb_val v;
