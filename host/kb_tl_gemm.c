@@ -129,7 +129,8 @@ void tl_gemm(kb_tl *tl, kb_va c, uint32_t ldc, kb_va a, uint32_t lda, kb_va b, u
         uint32_t mt = min_u32(g.tm, m - m0), nt = min_u32(g.tn, n - n0);
         kb_val va = tl_ref2d(tl, a + (kb_va)((uint64_t)m0 * lda * ea), KB_SHAPE2(mt, k), lda, da);
         kb_val vb = tl_ref2d(tl, b + (kb_va)((uint64_t)n0 * eb), KB_SHAPE2(k, nt), ldb, db);
-        kb_val acc = tl_dot(tl, va, vb);
+        /* several parts share the cubes' links: their streams interleave step by step */
+        kb_val acc = nparts > 1 ? kb_tl_dot_paced(tl, va, vb) : tl_dot(tl, va, vb);
         tl_store2d(tl, c + (kb_va)(((uint64_t)m0 * ldc + n0) * ec), ldc, acc);
         tl_free(tl, acc);
     }
