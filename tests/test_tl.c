@@ -609,6 +609,220 @@ static void test_gemm_streamed_two_steps(void **state)
     kb_ctx_destroy(ctx);
 }
 
+
+/* ---- strided values: tl_load2d / tl_ref2d / tl_store2d / tl_load_into / tl_view / tl_copy ---- */
+
+#define SM_R 6
+#define SM_C 10 /* the source matrix m: 6 x 10 f32, m[i][j] = 10 i + j */
+
+static void k_strided(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    kb_va m = a->ptr[0];
+    kb_time t0 = kbt_tl_now(tl);
+    kb_val blk = tl_load2d(tl, m + (1 * SM_C + 2) * 4, KB_SHAPE2(4, 5), SM_C, KB_F32);
+    kb_time t1 = kbt_tl_now(tl);
+    kb_val flat = tl_load(tl, m, KB_SHAPE2(1, 20), KB_F32); /* the same 80 bytes, contiguous */
+    kb_time t2 = kbt_tl_now(tl);
+    p->dt[0] = t1 - t0;
+    p->dt[1] = t2 - t1;
+    tl_store(tl, a->ptr[1], blk);
+    /* into the f16 tensor o2: rows 0-1 contiguously, then the block at rows 2-5, cols 3-7 */
+    t0 = kbt_tl_now(tl);
+    tl_store(tl, a->ptr[2], flat);
+    t1 = kbt_tl_now(tl);
+    tl_store2d(tl, a->ptr[2] + (2 * SM_C + 3) * 2, SM_C, blk);
+    t2 = kbt_tl_now(tl);
+    p->dt[2] = t1 - t0;
+    p->dt[3] = t2 - t1;
+    /* views of a 4 x 6 value, written through tl_load_into and tl_copy */
+    kb_val x = tl_full(tl, KB_SHAPE2(4, 6), -1.0f);
+    t0 = kbt_tl_now(tl);
+    kb_val v = tl_view(tl, x, 1, 2, 2, 3);  /* x[1..3) x [2..5) */
+    kb_val vv = tl_view(tl, v, 1, 1, 1, 2); /* x[2][3..5) */
+    p->dt[7] = kbt_tl_now(tl) - t0;
+    t0 = kbt_tl_now(tl);
+    tl_load_into(tl, v, m + 3 * SM_C * 4, SM_C); /* m[3..5) x [0..3) */
+    t1 = kbt_tl_now(tl);
+    (void)tl_load(tl, m, KB_SHAPE2(1, 6), KB_F32);
+    t2 = kbt_tl_now(tl);
+    p->dt[4] = t1 - t0;
+    p->dt[5] = t2 - t1;
+    kb_val six = tl_full(tl, KB_SHAPE2(1, 2), 6.0f);
+    t0 = kbt_tl_now(tl);
+    tl_copy(tl, vv, six);
+    p->dt[6] = kbt_tl_now(tl) - t0;
+    tl_store(tl, a->ptr[3], x);
+    tl_store(tl, a->ptr[5], tl_add(tl, v, v)); /* a view as a compute operand */
+    /* a gemm of strided references: m[0..2) x [0..3) @ m[0..3) x [7..9) */
+    kb_val ra = tl_ref2d(tl, m, KB_SHAPE2(2, 3), SM_C, KB_F32);
+    kb_val rb = tl_ref2d(tl, m + 7 * 4, KB_SHAPE2(3, 2), SM_C, KB_F32);
+    tl_store(tl, a->ptr[4], tl_dot(tl, ra, rb));
+}
+
+typedef struct strided_io {
+    probe p;
+    float m[SM_R * SM_C];
+    float o1[20], o2[SM_R * SM_C], o3[24], o4[4], o5[6];
+} strided_io;
+
+static int h_strided(kb_ctx *ctx, void *arg)
+{
+    strided_io *io = arg;
+    kb_tensor_desc dm = desc("m", SM_R, SM_C, KB_F32, on_pe0());
+    kb_tensor_desc d1 = desc("o1", 4, 5, KB_F32, on_pe0());
+    kb_tensor_desc d2 = desc("o2", SM_R, SM_C, KB_F16, on_pe0());
+    kb_tensor_desc d3 = desc("o3", 4, 6, KB_F32, on_pe0());
+    kb_tensor_desc d4 = desc("o4", 2, 2, KB_F32, on_pe0());
+    kb_tensor_desc d5 = desc("o5", 2, 3, KB_F32, on_pe0());
+    kb_tensor *tm, *t[5];
+    kb_kargs a = kargs(&io->p);
+    int rc;
+
+    if ((rc = kb_tensor_from_host(ctx, &dm, io->m, &tm)) != 0 ||
+        (rc = kb_tensor_empty(ctx, &d1, &t[0])) != 0 ||
+        (rc = kb_tensor_zeros(ctx, &d2, &t[1])) != 0 ||
+        (rc = kb_tensor_empty(ctx, &d3, &t[2])) != 0 ||
+        (rc = kb_tensor_empty(ctx, &d4, &t[3])) != 0 ||
+        (rc = kb_tensor_empty(ctx, &d5, &t[4])) != 0)
+        return rc;
+    a.ptr[0] = kb_tensor_va(tm);
+    for (int i = 0; i < 5; i++)
+        a.ptr[1 + i] = kb_tensor_va(t[i]);
+    if ((rc = kb_launch(ctx, "strided", k_strided, &a, &one_pe)) != 0 ||
+        (rc = kb_tensor_read(t[0], io->o1)) != 0 || (rc = kb_tensor_read(t[1], io->o2)) != 0 ||
+        (rc = kb_tensor_read(t[2], io->o3)) != 0 || (rc = kb_tensor_read(t[3], io->o4)) != 0 ||
+        (rc = kb_tensor_read(t[4], io->o5)) != 0)
+        return rc;
+    return 0;
+}
+
+static float sm(int i, int j) { return (float)(SM_C * i + j); }
+
+static void test_strided_values(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    const kb_topo_cfg *c = topo(ctx);
+    strided_io *io = calloc(1, sizeof *io);
+
+    (void)state;
+    assert_non_null(io);
+    for (int i = 0; i < SM_R; i++)
+        for (int j = 0; j < SM_C; j++)
+            io->m[i * SM_C + j] = sm(i, j);
+    assert_int_equal(kb_ctx_run_host(ctx, h_strided, io), 0);
+    /* tl_load2d: rows 1..4, columns 2..6 */
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 5; j++)
+            assert_true(io->o1[i * 5 + j] == sm(1 + i, 2 + j));
+    /* o2 (f16): rows 0-1 = m's first 20 values; the block at rows 2..5, columns 3..7; 0 else */
+    for (int i = 0; i < SM_R; i++)
+        for (int j = 0; j < SM_C; j++) {
+            float want = i < 2 ? sm(i, j)
+                         : j >= 3 && j < 8 ? sm(1 + (i - 2), 2 + (j - 3)) : 0.0f;
+            if (io->o2[i * SM_C + j] != want)
+                fail_msg("o2[%d][%d] = %g, expected %g", i, j, (double)io->o2[i * SM_C + j],
+                         (double)want);
+        }
+    /* x: -1 except its view x[1..3) x [2..5) = m[3..5) x [0..3), then x[2][3..5) = 6 */
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 6; j++) {
+            float want = -1.0f;
+            if (i >= 1 && i < 3 && j >= 2 && j < 5)
+                want = i == 2 && j >= 3 ? 6.0f : sm(3 + (i - 1), j - 2);
+            if (io->o3[i * 6 + j] != want)
+                fail_msg("x[%d][%d] = %g, expected %g", i, j, (double)io->o3[i * 6 + j],
+                         (double)want);
+        }
+    /* v + v over the view */
+    static const float k_vv[6] = { 60, 62, 64, 80, 12, 12 };
+    for (int i = 0; i < 6; i++)
+        assert_true(io->o5[i] == k_vv[i]);
+    /* the strided gemm: sum_k m[i][k] * m[k][7 + j] */
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            float want = 0.0f;
+            for (int k = 0; k < 3; k++)
+                want += sm(i, k) * sm(k, 7 + j);
+            assert_true(io->o4[i * 2 + j] == want);
+        }
+    /* costs: a strided DMA costs what a contiguous one of the same bytes costs */
+    assert_int_equal(io->p.dt[0], io->p.dt[1]);
+    assert_int_equal(io->p.dt[2], io->p.dt[3]);
+    assert_int_equal(io->p.dt[4], io->p.dt[5]);
+    int64_t lat = kbt_ps(c->hbm.latency_ns) + kbt_ps(c->noc.latency_ns) + kbt_ps(c->tcm.latency_ns);
+    assert_int_equal(io->p.dt[0], kbt_ps(c->pe_cpu_overhead_ns) + kbt_ps(c->dma_setup_ns) +
+                                      kbt_xfer_ps(80, c->dma_bandwidth_gbps) + lat);
+    /* tl_copy: one PE_MATH pass over its 2 elements; views cost nothing */
+    assert_int_equal(io->p.dt[6], kbt_ps(c->pe_cpu_overhead_ns) + kbt_ps(c->math_fixed_ns) +
+                                      kbt_xfer_ps(2, c->math_lanes_per_ns));
+    assert_int_equal(io->p.dt[6], 2000 + 4000 + 32);
+    assert_int_equal(io->p.dt[7], 0);
+    kb_ctx_destroy(ctx);
+    free(io);
+}
+
+/* Misuse of strided values: a view outside its value, a row stride below the width, a block
+ * whose last row runs past its shard. */
+static void k_strided_err(kb_tl *tl, const kb_kargs *a)
+{
+    switch (a->i[0]) {
+    case 0:
+        (void)tl_view(tl, tl_full(tl, KB_SHAPE2(4, 6), 0.0f), 2, 1, 3, 2);
+        break;
+    case 1:
+        (void)tl_load2d(tl, a->ptr[0], KB_SHAPE2(2, 5), 3, KB_F32);
+        break;
+    case 2:
+        /* columns 9-10 of 6 rows: the last row's second element is past m's 240 bytes */
+        (void)tl_load2d(tl, a->ptr[0] + 9 * 4, KB_SHAPE2(SM_R, 2), SM_C, KB_F32);
+        break;
+    default:
+        tl_store2d(tl, a->ptr[0], 4, tl_full(tl, KB_SHAPE2(2, 5), 0.0f));
+        break;
+    }
+    probe_of(a)->rc[0] = 1; /* never reached */
+}
+
+static int h_strided_err(kb_ctx *ctx, void *arg)
+{
+    probe *p = arg;
+    kb_tensor_desc dm = desc("m", SM_R, SM_C, KB_F32, on_pe0());
+    kb_tensor *tm;
+    kb_kargs a = kargs(p);
+    int rc;
+    if ((rc = kb_tensor_zeros(ctx, &dm, &tm)) != 0)
+        return rc;
+    a.ptr[0] = kb_tensor_va(tm);
+    a.i[0] = p->rc[1];
+    return kb_launch(ctx, "strided_err", k_strided_err, &a, &one_pe);
+}
+
+static void test_strided_errors(void **state)
+{
+    static const struct {
+        int rc;
+        const char *msg;
+    } cases[] = {
+        { KB_ERR_RANGE, "tl_view: [2, 5) x [1, 3) is outside a 4 x 6 value" },
+        { KB_ERR_INVAL, "tl_load2d: row stride 3 is below the block's 5 columns" },
+        { KB_ERR_RANGE, "cross the end of a shard (204 bytes left in it)" },
+        { KB_ERR_INVAL, "tl_store2d: row stride 4 is below the block's 5 columns" },
+    };
+    (void)state;
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        kb_ctx *ctx = make_ctx();
+        probe p;
+        memset(&p, 0, sizeof p);
+        p.rc[1] = i;
+        assert_int_equal(kb_ctx_run_host(ctx, h_strided_err, &p), cases[i].rc);
+        assert_int_equal(p.rc[0], 0);
+        if (!strstr(kb_ctx_errmsg(ctx), cases[i].msg))
+            fail_msg("case %d: %s", i, kb_ctx_errmsg(ctx));
+        kb_ctx_destroy(ctx);
+    }
+}
+
 /* ---- scratch release ---- */
 
 static void k_free_loop(kb_tl *tl, const kb_kargs *a)
@@ -1132,6 +1346,8 @@ int main(void)
         cmocka_unit_test(test_gemm_local),
         cmocka_unit_test(test_gemm_streamed_one_step),
         cmocka_unit_test(test_gemm_streamed_two_steps),
+        cmocka_unit_test(test_strided_values),
+        cmocka_unit_test(test_strided_errors),
         cmocka_unit_test(test_free_releases_scratch),
         cmocka_unit_test(test_small_values_lifo),
         cmocka_unit_test(test_small_values),
