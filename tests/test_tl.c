@@ -19,7 +19,9 @@
 #include <string.h>
 
 #include "kb_runtime.h"
+#include "kb_runtime_ext.h"
 #include "kb_tl.h"
+#include "kb_tl_gemm.h"
 #include "kb_test_util.h"
 
 #define NPES 4
@@ -823,6 +825,200 @@ static void test_strided_errors(void **state)
     }
 }
 
+
+/* ---- tl_gemm: gemm of any size in output tiles ---- */
+
+static void test_gemm_tiling(void **state)
+{
+    kb_gemm_tiling g;
+    (void)state;
+    /* fits the free scratch: one tile, what one tl_dot needs */
+    assert_int_equal(kb_tl_gemm_tiling(256, 256, 8u << 20, 8u << 20, 128, 128, 1, &g), 0);
+    assert_true(g.tm == 256 && g.tn == 256 && g.tiles_m == 1 && g.tiles_n == 1);
+    /* 4096^2: tiles of half the scratch (4 MiB of f32 = 1024 x 1024) */
+    assert_int_equal(kb_tl_gemm_tiling(4096, 4096, 8u << 20, 8u << 20, 128, 128, 1, &g), 0);
+    assert_true(g.tm == 1024 && g.tn == 1024 && g.tiles_m == 4 && g.tiles_n == 4);
+    /* less free than half: the free block bounds the tile */
+    assert_int_equal(kb_tl_gemm_tiling(4096, 4096, 1u << 20, 8u << 20, 128, 128, 1, &g), 0);
+    assert_true(g.tm == 512 && g.tn == 512);
+    /* few rows: wide tiles */
+    assert_int_equal(kb_tl_gemm_tiling(8, 1 << 20, 8u << 20, 8u << 20, 128, 128, 1, &g), 0);
+    assert_true(g.tm == 8 && g.tn == 131072 && g.tiles_n == 8);
+    /* several parts: halved (longer side first) until each part has a tile */
+    assert_int_equal(kb_tl_gemm_tiling(1024, 1024, 0, 8u << 20, 128, 128, 8, &g), 0);
+    assert_true(g.tm == 256 && g.tn == 512 && g.tiles_m == 4 && g.tiles_n == 2);
+    /* ... but not below a scheduler tile: 64 tiles for 128 parts */
+    assert_int_equal(kb_tl_gemm_tiling(1024, 1024, 0, 8u << 20, 128, 128, 128, &g), 0);
+    assert_true(g.tm == 128 && g.tn == 128 && g.tiles_m * g.tiles_n == 64);
+    /* no room at all */
+    assert_int_equal(kb_tl_gemm_tiling(16, 16, 0, 8u << 20, 128, 128, 1, &g), -1);
+}
+
+#define TG_M 300
+#define TG_N 200
+#define TG_K 500
+#define TG_LDA 512 /* A and C sit in wider tensors: row strides above their widths */
+#define TG_LDC 256
+
+static float tg_a(int i, int k) { return (float)((i * 7 + k * 3) % 9 - 4) * 0.25f; }
+static float tg_b(int k, int j) { return (float)((k * 5 + j) % 7 - 3) * 0.5f; }
+
+static void k_tlgemm(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    int part = tl_program_id(tl, 0), nparts = (int)a->i[0];
+    kb_time t0 = kbt_tl_now(tl);
+    tl_gemm(tl, a->ptr[2], TG_LDC, a->ptr[0], TG_LDA, a->ptr[1], TG_N, TG_M, TG_N, TG_K, KB_F16,
+            KB_F16, part, nparts);
+    if (part == 0)
+        p->dt[0] = kbt_tl_now(tl) - t0;
+}
+
+typedef struct tlgemm_io {
+    probe p;
+    int nparts;
+    kb_mem_kind mem;
+    float a[TG_M * TG_LDA], b[TG_K * TG_N], c[TG_M * TG_LDC];
+} tlgemm_io;
+
+static int h_tlgemm(kb_ctx *ctx, void *arg)
+{
+    tlgemm_io *io = arg;
+    kb_tensor_desc da = desc("a", TG_M, TG_LDA, KB_F16, on_pe0());
+    kb_tensor_desc db = desc("b", TG_K, TG_N, KB_F16, on_pe0());
+    kb_tensor_desc dc = desc("c", TG_M, TG_LDC, KB_F32, on_pe0());
+    kb_tensor *ta, *tb, *tc;
+    kb_kargs a = kargs(&io->p);
+    kb_grid g = { io->nparts, 1, 1, -1 };
+    int rc;
+
+    da.mem = db.mem = dc.mem = io->mem;
+    if ((rc = kb_tensor_from_host(ctx, &da, io->a, &ta)) != 0 ||
+        (rc = kb_tensor_from_host(ctx, &db, io->b, &tb)) != 0 ||
+        (rc = kb_tensor_from_host(ctx, &dc, io->c, &tc)) != 0)
+        return rc;
+    a.ptr[0] = kb_tensor_va(ta);
+    a.ptr[1] = kb_tensor_va(tb);
+    a.ptr[2] = kb_tensor_va(tc);
+    a.i[0] = io->nparts;
+    if ((rc = kb_launch(ctx, "tlgemm", k_tlgemm, &a, &g)) != 0)
+        return rc;
+    return kb_tensor_read(tc, io->c);
+}
+
+/* 300 x 500 @ 500 x 200 with 128 KiB of scratch per PE: 6 tiles of at most 128 x 128. */
+static tlgemm_io *run_tlgemm(int nparts, kb_mem_kind mem)
+{
+    kb_ctx *ctx = make_ctx_with(KB_DEV_REF, "pe.scratch.size_bytes=131072");
+    tlgemm_io *io = calloc(1, sizeof *io);
+
+    assert_non_null(io);
+    io->nparts = nparts;
+    io->mem = mem;
+    for (int i = 0; i < TG_M; i++)
+        for (int k = 0; k < TG_LDA; k++)
+            io->a[i * TG_LDA + k] = k < TG_K ? tg_a(i, k) : 99.0f;
+    for (int k = 0; k < TG_K; k++)
+        for (int j = 0; j < TG_N; j++)
+            io->b[k * TG_N + j] = tg_b(k, j);
+    for (int i = 0; i < TG_M * TG_LDC; i++)
+        io->c[i] = -7.0f;
+    assert_int_equal(kb_ctx_run_host(ctx, h_tlgemm, io), 0);
+    /* every element exact (multiples of 1/8 below 2^10: exact f32 sums), the rest of C kept */
+    for (int i = 0; i < TG_M; i++)
+        for (int j = 0; j < TG_LDC; j++) {
+            double want = -7.0;
+            if (j < TG_N) {
+                want = 0.0;
+                for (int k = 0; k < TG_K; k++)
+                    want += (double)tg_a(i, k) * (double)tg_b(k, j);
+            }
+            if ((double)io->c[i * TG_LDC + j] != want)
+                fail_msg("nparts %d: c[%d][%d] = %g, expected %g", nparts, i, j,
+                         (double)io->c[i * TG_LDC + j], want);
+        }
+    kb_ctx_destroy(ctx);
+    return io;
+}
+
+static void test_tl_gemm_odd_sizes(void **state)
+{
+    (void)state;
+    tlgemm_io *one = run_tlgemm(1, KB_MEM_HBM), *three = run_tlgemm(3, KB_MEM_HBM);
+    /* the same bits whoever computes which tile */
+    assert_memory_equal(one->c, three->c, sizeof one->c);
+    assert_true(three->p.dt[0] < one->p.dt[0]);
+    free(one);
+    free(three);
+}
+
+/*
+ * Operands in the PE's own TCM: each tile's tl_dot is one PE_GEMM use (no streaming), its
+ * store one DMA scratch -> TCM, so tl_gemm's time is the closed form
+ *   sum over tiles of  issue + gemm.fixed + 2 mt nt K / flops  +  issue + dma.setup
+ *                      + mt nt 4 B / dma.bandwidth + tcm.latency.
+ */
+static void test_tl_gemm_time_local(void **state)
+{
+    kb_ctx *ctx = make_ctx_with(KB_DEV_REF, "pe.scratch.size_bytes=131072");
+    const kb_topo_cfg *c = topo(ctx);
+    static const uint32_t mts[3] = { 128, 128, 44 }, nts[2] = { 128, 72 };
+    int64_t want = 0;
+    (void)state;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++) {
+            uint64_t mn = (uint64_t)mts[i] * nts[j];
+            want += kbt_ps(c->pe_cpu_overhead_ns) + kbt_ps(c->gemm_fixed_ns) +
+                    kbt_xfer_ps(2 * mn * TG_K, c->gemm_flops_per_ns);
+            want += kbt_ps(c->pe_cpu_overhead_ns) + kbt_ps(c->dma_setup_ns) +
+                    kbt_xfer_ps(mn * 4, c->dma_bandwidth_gbps) + kbt_ps(c->tcm.latency_ns);
+        }
+    kb_ctx_destroy(ctx);
+    tlgemm_io *io = run_tlgemm(1, KB_MEM_TCM);
+    assert_int_equal(io->p.dt[0], want);
+    assert_int_equal(io->p.dt[0], 16775438);
+    free(io);
+}
+
+/* Alone on its links, a paced stream takes exactly tl_dot's time (8 steps from HBM). */
+static void k_paced(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    kb_val va = tl_ref(tl, a->ptr[0], KB_SHAPE2(256, 256), KB_F16);
+    kb_val vb = tl_ref(tl, a->ptr[1], KB_SHAPE2(256, 256), KB_F16);
+    kb_time t0 = kbt_tl_now(tl);
+    tl_free(tl, tl_dot(tl, va, vb));
+    kb_time t1 = kbt_tl_now(tl);
+    tl_free(tl, kb_tl_dot_paced(tl, va, vb));
+    p->dt[0] = t1 - t0;
+    p->dt[1] = kbt_tl_now(tl) - t1;
+}
+
+static int h_paced(kb_ctx *ctx, void *arg)
+{
+    kb_tensor_desc d = desc("x", 256, 256, KB_F16, on_pe0());
+    kb_tensor *ta, *tb;
+    kb_kargs a = kargs(arg);
+    int rc;
+    if ((rc = kb_tensor_zeros(ctx, &d, &ta)) != 0 || (rc = kb_tensor_zeros(ctx, &d, &tb)) != 0)
+        return rc;
+    a.ptr[0] = kb_tensor_va(ta);
+    a.ptr[1] = kb_tensor_va(tb);
+    return kb_launch(ctx, "paced", k_paced, &a, &one_pe);
+}
+
+static void test_dot_paced_alone(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    probe p;
+    (void)state;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_ctx_run_host(ctx, h_paced, &p), 0);
+    assert_int_equal(p.dt[0], p.dt[1]);
+    assert_true(p.dt[0] > 8 * kbt_xfer_ps(2u * 128 * 128 * 128, topo(ctx)->gemm_flops_per_ns));
+    kb_ctx_destroy(ctx);
+}
+
 /* ---- scratch release ---- */
 
 static void k_free_loop(kb_tl *tl, const kb_kargs *a)
@@ -1348,6 +1544,10 @@ int main(void)
         cmocka_unit_test(test_gemm_streamed_two_steps),
         cmocka_unit_test(test_strided_values),
         cmocka_unit_test(test_strided_errors),
+        cmocka_unit_test(test_gemm_tiling),
+        cmocka_unit_test(test_tl_gemm_odd_sizes),
+        cmocka_unit_test(test_tl_gemm_time_local),
+        cmocka_unit_test(test_dot_paced_alone),
         cmocka_unit_test(test_free_releases_scratch),
         cmocka_unit_test(test_small_values_lifo),
         cmocka_unit_test(test_small_values),
