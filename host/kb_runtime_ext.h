@@ -55,6 +55,13 @@ kb_pa kb_tl_translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_te
 /* Appends an op record issued by this kernel (its PE is filled in). */
 void kb_tl_record(kb_tl *tl, kb_rec *r);
 
+/* The op-log operand of a value (address, shape, dtype and row stride). */
+kb_opnd kb_tl_opnd(kb_val v);
+/* Fills *r (cleared first) with a record of `kind`/`op` over [t_start, t_end): dst, nsrc
+ * sources, the two immediates. The caller may adjust it, then appends it with kb_tl_record. */
+void kb_tl_rec_fill(kb_rec *r, kb_rec_kind kind, int op, kb_val dst, const kb_val *src, int nsrc,
+                    float imm0, float imm1, kb_time t_start, kb_time t_end);
+
 /* Whether operations must build op records (op log or trace on); timing-only runs skip
  * building them. */
 int kb_ctx_records(const kb_ctx *ctx);

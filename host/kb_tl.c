@@ -283,11 +283,29 @@ void kb_tl_fini(kb_tl *tl)
         free(tl->freel[c]);
 }
 
-static kb_opnd val_opnd(kb_val v)
+kb_opnd kb_tl_opnd(kb_val v)
 {
     kb_opnd o = kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype);
     o.ld = kb_val_ld(v);
     return o;
+}
+
+static kb_opnd val_opnd(kb_val v) { return kb_tl_opnd(v); }
+
+void kb_tl_rec_fill(kb_rec *r, kb_rec_kind kind, int op, kb_val dst, const kb_val *src, int nsrc,
+                    float imm0, float imm1, kb_time t_start, kb_time t_end)
+{
+    memset(r, 0, sizeof *r);
+    r->t_start = t_start;
+    r->t_end = t_end;
+    r->kind = (uint8_t)kind;
+    r->op = (uint8_t)op;
+    r->nsrc = (uint8_t)nsrc;
+    r->imm[0] = imm0;
+    r->imm[1] = imm1;
+    r->dst = kb_tl_opnd(dst);
+    for (int i = 0; i < nsrc; i++)
+        r->src[i] = kb_tl_opnd(src[i]);
 }
 
 /* Bytes a block of rows x cols elements with row stride ld spans from its first element. */
@@ -483,17 +501,7 @@ static KB_NOINLINE void record_elementwise(kb_tl *tl, kb_rec_kind kind, int op, 
                                            kb_time t_start, kb_time t_end)
 {
     kb_rec r;
-    memset(&r, 0, sizeof r);
-    r.t_start = t_start;
-    r.t_end = t_end;
-    r.kind = (uint8_t)kind;
-    r.op = (uint8_t)op;
-    r.nsrc = (uint8_t)nsrc;
-    r.imm[0] = imm0;
-    r.imm[1] = imm1;
-    r.dst = val_opnd(v);
-    for (int i = 0; i < nsrc; i++)
-        r.src[i] = val_opnd(src[i]);
+    kb_tl_rec_fill(&r, kind, op, v, src, nsrc, imm0, imm1, t_start, t_end);
     kb_tl_record(tl, &r);
 }
 

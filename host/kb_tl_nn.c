@@ -12,12 +12,7 @@
 
 static kb_time issue_time(kb_tl *tl) { return kb_sim_now(tl->ctx->sim) + tl->cpu_ovh; }
 
-static kb_opnd val_opnd(kb_val v)
-{
-    kb_opnd o = kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype);
-    o.ld = kb_val_ld(v);
-    return o;
-}
+static kb_opnd val_opnd(kb_val v) { return kb_tl_opnd(v); }
 
 static void need_local(kb_tl *tl, kb_val v, const char *op)
 {
@@ -41,17 +36,7 @@ static void math_record(kb_tl *tl, kb_rec_kind kind, int op, kb_val dst, const k
 
     if (kb_ctx_records(tl->ctx)) {
         kb_rec r;
-        memset(&r, 0, sizeof r);
-        r.t_start = t_start;
-        r.t_end = t_end;
-        r.kind = (uint8_t)kind;
-        r.op = (uint8_t)op;
-        r.nsrc = (uint8_t)nsrc;
-        r.imm[0] = imm0;
-        r.imm[1] = imm1;
-        r.dst = val_opnd(dst);
-        for (int i = 0; i < nsrc; i++)
-            r.src[i] = val_opnd(src[i]);
+        kb_tl_rec_fill(&r, kind, op, dst, src, nsrc, imm0, imm1, t_start, t_end);
         if (kind == KB_REC_ATTN_SOFTMAX)
             r.src[1].addr = (uint64_t)offset; /* not an operand: nsrc is 1 */
         kb_tl_record(tl, &r);

@@ -599,12 +599,7 @@ static kb_time qgemm_time(kb_tl *tl, const kb_qref *w, uint32_t M, kb_time t0)
 
 /* ---------------------------------------------------------------- kernel side */
 
-static kb_opnd opnd_of(kb_val v)
-{
-    kb_opnd o = kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype);
-    o.ld = kb_val_ld(v);
-    return o;
-}
+static kb_opnd opnd_of(kb_val v) { return kb_tl_opnd(v); }
 
 /* A PE_MATH op over n elements with an explicit destination (any dtype): the record of an
  * elementwise kind whose store rounds into dst's dtype. */
@@ -615,17 +610,7 @@ static void math_into(kb_tl *tl, kb_rec_kind kind, int op, kb_val dst, const kb_
     kb_time t1 = kb_res_hop(&tl_pe(tl)->math, t0, (uint64_t)dst.rows * dst.cols);
     if (kb_ctx_records(tl_ctx(tl))) {
         kb_rec r;
-        memset(&r, 0, sizeof r);
-        r.t_start = t0;
-        r.t_end = t1;
-        r.kind = (uint8_t)kind;
-        r.op = (uint8_t)op;
-        r.nsrc = (uint8_t)nsrc;
-        r.imm[0] = imm0;
-        r.imm[1] = imm1;
-        r.dst = opnd_of(dst);
-        for (int i = 0; i < nsrc; i++)
-            r.src[i] = opnd_of(src[i]);
+        kb_tl_rec_fill(&r, kind, op, dst, src, nsrc, imm0, imm1, t0, t1);
         kb_tl_record(tl, &r);
     }
     kb_tl_wait_until(tl, t1);
