@@ -295,13 +295,12 @@ static void test_times_bytes(void **state)
 static void test_errors(void **state)
 {
     enum { K = 48, N = 8 };
-    float w[K * N], out[K * N];
+    float w[K * N] = { 0 }, out[K * N];
     kb_fill fw = kb_fill_array(w, N);
     kb_config cfg;
     kb_ctx *ctx;
 
     (void)state;
-    memset(w, 0, sizeof w);
     assert_int_equal(kb_qweight_host_values(KB_QF_MXINT8, 0, K, N, &fw, out), KB_ERR_INVAL);
     assert_int_equal(kb_qweight_host_values(KB_QF_INT8, 1, 6, N, &fw, out), KB_ERR_INVAL);
     assert_int_equal(kb_qweight_host_values(KB_QF_INT8, 1, K, N, &fw, out), 0);
