@@ -81,6 +81,9 @@ static inline float kb_mf_as_f32_(kb_mf_u32 u)
 #define KB_MF_M1_GELU 10
 #define KB_MF_M1_AXPB 11
 #define KB_MF_M1_RSQRT 12
+#define KB_MF_M1_TANH 13
+#define KB_MF_M1_SILU 14
+#define KB_MF_M1_SOFTCAP 15
 
 #define KB_MF_M2_ADD 0
 #define KB_MF_M2_SUB 1
@@ -430,6 +433,31 @@ KB_MF_FN float kb_mf_tanh(float x)
     }
 }
 
+/* ---------------------------------------------------------------- neural-network helpers */
+
+/* x * sigmoid(x) as x / (1 + e^-x); -inf gives -0 (not -inf / inf). */
+KB_MF_FN float kb_mf_silu(float x)
+{
+    if (x != x)
+        return x;
+    if (x == -KB_MF_AS_F32(KB_MF_INF_BITS))
+        return -0.0f;
+    return kb_mf_canon(x / (1.0f + kb_mf_exp(-x)));
+}
+
+/* cap * tanh(x / cap), the logit soft-capping of Gemma 2 (cap > 0). */
+KB_MF_FN float kb_mf_softcap(float x, float cap)
+{
+    return kb_mf_mul(cap, kb_mf_tanh(kb_mf_div(x, cap)));
+}
+
+/* An ATTN_SOFTMAX score before the softmax: softcap(scale * x) when cap > 0, else scale * x. */
+KB_MF_FN float kb_mf_attn_score(float x, float scale, float cap)
+{
+    float y = kb_mf_mul(x, scale);
+    return cap > 0.0f ? kb_mf_softcap(y, cap) : y;
+}
+
 /* ---------------------------------------------------------------- the record ops */
 
 /* MATH1 op on x (AXPB: a * x + b with one rounding). */
@@ -459,6 +487,9 @@ KB_MF_FN float kb_mf_math1(kb_mf_u32 op, float x, float a, float b)
     }
     case KB_MF_M1_AXPB: r = kb_mf_fma(a, x, b); break;
     case KB_MF_M1_RSQRT: r = x < 0.0f ? KB_MF_AS_F32(KB_MF_NAN_BITS) : 1.0f / KB_MF_SQRT(x); break;
+    case KB_MF_M1_TANH: r = kb_mf_tanh(x); break;
+    case KB_MF_M1_SILU: r = kb_mf_silu(x); break;
+    case KB_MF_M1_SOFTCAP: r = kb_mf_softcap(x, a); break;
     default: r = KB_MF_AS_F32(KB_MF_NAN_BITS); break;
     }
     return kb_mf_canon(r);

@@ -72,9 +72,12 @@ _Static_assert(KB_GEMM_WM % 4 == 0 && KB_GEMM_WN % 4 == 0 && KB_GEMM_TM % KB_GEM
                KB_GEMM_TN % KB_GEMM_WN == 0, "gemm tile shape");
 _Static_assert(KB_REC_COPY == 0 && KB_REC_FILL == 1 && KB_REC_MATH1 == 2 && KB_REC_MATH2 == 3 &&
                KB_REC_FMA == 4 && KB_REC_CLAMP == 5 && KB_REC_SOFTMAX == 6 &&
-               KB_REC_REDUCE == 7 && KB_REC_GEMM == 8 && KB_REC_NKINDS == 9, "record kinds");
+               KB_REC_REDUCE == 7 && KB_REC_GEMM == 8 && KB_REC_TRANSPOSE == 9 &&
+               KB_REC_ATTN_SOFTMAX == 10 && KB_REC_GATHER == 11 && KB_REC_NKINDS == 12,
+               "record kinds");
 _Static_assert(KB_MF_M1_GELU == KB_M1_GELU && KB_MF_M1_AXPB == KB_M1_AXPB &&
-               KB_MF_M1_RSQRT == KB_M1_RSQRT && KB_MF_M2_MIN == KB_M2_MIN && KB_RED_MAX == 1,
+               KB_MF_M1_RSQRT == KB_M1_RSQRT && KB_MF_M1_SOFTCAP == KB_M1_SOFTCAP &&
+               KB_MF_M2_MIN == KB_M2_MIN && KB_RED_MAX == 1,
                "op codes shared with replay.cl");
 _Static_assert(KB_F16 == 0 && KB_BF16 == 1 && KB_F32 == 2, "dtype codes shared with replay.cl");
 
@@ -95,7 +98,18 @@ enum { EF_ACC = 1, EF_FLAT = 2, EF_BIG = 4, EF_FMA = 8, EF_PAIR = 16, EF_QUAD = 
 static const char *const kernel_names[KB_REC_NKINDS] = {
     "kb_copy", "kb_fill", "kb_math1", "kb_math2", "kb_fma",
     "kb_clamp", "kb_softmax", "kb_reduce", "kb_gemm",
+    "kb_transpose", "kb_attn_softmax", "kb_gather",
 };
+
+/* Work-items per group of a kind's kernel (replay.cl's reqd_work_group_size). */
+static size_t local_of(unsigned kind)
+{
+    if (kind == KB_REC_GEMM)
+        return GEMM_NT;
+    if (kind == KB_REC_SOFTMAX || kind == KB_REC_REDUCE || kind == KB_REC_ATTN_SOFTMAX)
+        return LN_LOCAL;
+    return EW_LOCAL;
+}
 
 /* One kernel launch of a flush: entries [first, first + n) of the flush's table. */
 typedef struct cl_launch {
@@ -601,6 +615,44 @@ static void set_opnd(kb_clent *e, unsigned slot, const kb_opnd *o)
     e->dt |= opnd_desc(o) << (8 * slot);
 }
 
+/* make_entry for the kb_tl_nn kinds (kb_oplog.h; kernels at the end of replay.cl). */
+static void make_nn_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
+{
+    const kb_opnd *d = &r->dst, *s = r->src;
+    uint64_t n = (uint64_t)d->rows * d->cols;
+
+    e->rows = d->rows;
+    e->cols = d->cols;
+    e->rs[0] = d->ld;
+    e->cs[0] = 1;
+    set_opnd(e, 1, &s[0]);
+    switch (r->kind) {
+    case KB_REC_TRANSPOSE: /* dst (i, j) = src (j, i): the source's strides swapped */
+        e->rs[1] = 1;
+        e->cs[1] = s[0].ld;
+        if (n > UINT32_MAX)
+            e->flags |= EF_BIG;
+        *units = (n + EW_CHUNK - 1) / EW_CHUNK;
+        return;
+    case KB_REC_ATTN_SOFTMAX:
+        e->rs[1] = s[0].ld;
+        e->cs[1] = 1;
+        e->off[2] = s[1].addr; /* the causal offset's bits, not an operand */
+        *units = d->cols == 0 ? 0 : (d->rows + LN_LOCAL - 1) / LN_LOCAL;
+        return;
+    case KB_REC_GATHER:
+        set_opnd(e, 2, &s[1]);
+        e->rs[1] = s[0].ld;
+        e->kdim = s[0].rows;
+        e->rs[2] = s[1].rows == 1 ? 1 : s[1].ld;
+        *units = (n + EW_CHUNK - 1) / EW_CHUNK;
+        return;
+    default:
+        *units = 0;
+        return;
+    }
+}
+
 /* Fills the entry of one record; *units receives its work units (0: nothing to do). */
 static void make_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
 {
@@ -612,6 +664,11 @@ static void make_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
     e->imm0 = r->imm[0];
     e->imm1 = r->imm[1];
     switch (r->kind) {
+    case KB_REC_TRANSPOSE:
+    case KB_REC_ATTN_SOFTMAX:
+    case KB_REC_GATHER:
+        make_nn_entry(r, e, units);
+        return;
     case KB_REC_SOFTMAX: {
         int rows = r->op == 1; /* axis 1: one line per row */
         set_opnd(e, 1, &s[0]);
@@ -784,7 +841,7 @@ static int enqueue_all(clbe *b, kb_errbuf *eb)
         } else {
             /* Grid-stride kernels: enough work-groups to fill the device, not one per unit. */
             size_t cap = (size_t)(b->ncu ? b->ncu : 1) * 32;
-            local = l->kind == KB_REC_SOFTMAX || l->kind == KB_REC_REDUCE ? LN_LOCAL : EW_LOCAL;
+            local = local_of(l->kind);
             groups = l->units < cap ? (size_t)l->units : cap;
         }
         global = groups * local;
@@ -1167,8 +1224,7 @@ static int build_program(clbe *b, cl_platform_id plat, cl_device_id dev, kb_cl_c
         }
     }
     for (unsigned i = 0; i < KB_REC_NKINDS && rc == 0; i++) {
-        size_t wg = 0, want = i == KB_REC_GEMM ? GEMM_NT
-                              : (i == KB_REC_SOFTMAX || i == KB_REC_REDUCE) ? LN_LOCAL : EW_LOCAL;
+        size_t wg = 0, want = local_of(i);
         b->kern[i] = clCreateKernel(b->prog, kernel_names[i], &err);
         if (!b->kern[i])
             return cl_fail(eb, kernel_names[i], err);

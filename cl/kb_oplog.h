@@ -21,6 +21,16 @@
  *           axis 1 gives rows x 1, axis 0 gives 1 x cols
  *   GEMM    dst(MxN) = src0(MxK) @ src1(KxN) [+ dst when flags & KB_REC_ACC]; k summed in
  *           ascending order in f32
+ *   TRANSPOSE    dst (C x R) = src0 (R x C) transposed (dtype converted like COPY)
+ *   ATTN_SOFTMAX dst = softmax over each row of y, y(i, j) = softcap(imm[0] * src0(i, j)) with
+ *           softcap(v) = imm[1] * tanh(v / imm[1]) when imm[1] > 0 (else v); when op == 1
+ *           (causal) element (i, j) is masked (left out, stored as 0) when j > i + offset,
+ *           offset = (int64_t)src[1].addr (src[1] is no operand: nsrc is 1). A row with every
+ *           element masked is all zeros. Same order of operations as SOFTMAX on the unmasked
+ *           prefix of each row.
+ *   GATHER  dst (n x d) row i = row id_i of src0 (the table, V x d, in memory), id_i = element
+ *           i of src1 (1 x n or n x 1, any dtype, read as f32); an id that is not an integer
+ *           in [0, V) (NaN included) gives a row of +0 (a vocab-parallel shard's miss)
  */
 #ifndef KB_OPLOG_H
 #define KB_OPLOG_H
@@ -42,12 +52,18 @@ typedef enum kb_rec_kind {
     KB_REC_SOFTMAX,
     KB_REC_REDUCE,
     KB_REC_GEMM,
+    /* neural-network kinds (kb_tl_nn) */
+    KB_REC_TRANSPOSE,
+    KB_REC_ATTN_SOFTMAX,
+    KB_REC_GATHER,
     KB_REC_NKINDS
 } kb_rec_kind;
 
 typedef enum kb_math1_op {
     KB_M1_EXP = 0, KB_M1_LOG, KB_M1_SQRT, KB_M1_ABS, KB_M1_SIGMOID, KB_M1_COS, KB_M1_SIN,
-    KB_M1_NEG, KB_M1_RECIP, KB_M1_RELU, KB_M1_GELU, KB_M1_AXPB, KB_M1_RSQRT, KB_M1_NOPS
+    KB_M1_NEG, KB_M1_RECIP, KB_M1_RELU, KB_M1_GELU, KB_M1_AXPB, KB_M1_RSQRT,
+    /* kb_tl_nn: tanh, x * sigmoid(x), imm[0] * tanh(x / imm[0]) */
+    KB_M1_TANH, KB_M1_SILU, KB_M1_SOFTCAP, KB_M1_NOPS
 } kb_math1_op;
 
 typedef enum kb_math2_op {
@@ -76,7 +92,8 @@ typedef struct kb_rec {
     uint8_t kind;    /* kb_rec_kind */
     uint8_t op;      /* kb_math1_op / kb_math2_op / kb_reduce_op / softmax axis */
     uint8_t flags;   /* KB_REC_* */
-    uint8_t nsrc;    /* sources used: COPY 1, FILL 0, MATH1 1, MATH2 2, FMA 3, ... GEMM 2 */
+    uint8_t nsrc;    /* sources used: COPY 1, FILL 0, MATH1 1, MATH2 2, FMA 3, ... GEMM 2,
+                        TRANSPOSE 1, ATTN_SOFTMAX 1, GATHER 2 */
     uint32_t pe;     /* global index of the PE that issued it (host writes: UINT32_MAX) */
     float imm[2];
     kb_opnd dst;

@@ -34,7 +34,9 @@ _Static_assert(KB_MF_M1_EXP == KB_M1_EXP && KB_MF_M1_LOG == KB_M1_LOG &&
                KB_MF_M1_SIN == KB_M1_SIN && KB_MF_M1_NEG == KB_M1_NEG &&
                KB_MF_M1_RECIP == KB_M1_RECIP && KB_MF_M1_RELU == KB_M1_RELU &&
                KB_MF_M1_GELU == KB_M1_GELU && KB_MF_M1_AXPB == KB_M1_AXPB &&
-               KB_MF_M1_RSQRT == KB_M1_RSQRT && KB_M1_NOPS == 13,
+               KB_MF_M1_RSQRT == KB_M1_RSQRT && KB_MF_M1_TANH == KB_M1_TANH &&
+               KB_MF_M1_SILU == KB_M1_SILU && KB_MF_M1_SOFTCAP == KB_M1_SOFTCAP &&
+               KB_M1_NOPS == 16,
                "math1 op codes");
 _Static_assert(KB_MF_M2_ADD == KB_M2_ADD && KB_MF_M2_SUB == KB_M2_SUB &&
                KB_MF_M2_MUL == KB_M2_MUL && KB_MF_M2_DIV == KB_M2_DIV &&
@@ -249,6 +251,91 @@ out:
     free(arow);
 }
 
+/* ---- the kb_tl_nn kinds (kb_oplog.h) ---- */
+
+static void exec_transpose(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
+{
+    const kb_opnd *s = &r->src[0], *d = &r->dst;
+    const uint8_t *sb = opnd_base(s, arena, payload);
+    uint8_t *db = arena + d->addr;
+
+    for (uint32_t i = 0; i < d->rows; i++)
+        for (uint32_t j = 0; j < d->cols; j++)
+            store_at(d, db, i, j, load_at(s, sb, j, i));
+}
+
+/*
+ * Unmasked prefix length of row i of an ATTN_SOFTMAX record: cols, or with the causal flag
+ * the j <= i + offset, clamped to [0, cols] (replay.cl's kb_attn_valid is the same).
+ */
+static uint32_t attn_valid(const kb_rec *r, uint32_t i)
+{
+    int64_t off = (int64_t)r->src[1].addr, lim;
+    uint32_t cols = r->dst.cols;
+
+    if (r->op == 0)
+        return cols;
+    /* the clamp first, so that i + offset + 1 cannot overflow */
+    if (off >= (int64_t)cols)
+        return cols;
+    if (off < -(int64_t)UINT32_MAX - 1)
+        return 0;
+    lim = (int64_t)i + off + 1;
+    return lim <= 0 ? 0 : lim >= (int64_t)cols ? cols : (uint32_t)lim;
+}
+
+/* Softmax of each row of the scores over its unmasked prefix, as exec_softmax's order. */
+static void exec_attn_softmax(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
+{
+    const kb_opnd *s = &r->src[0], *d = &r->dst;
+    const uint8_t *sb = opnd_base(s, arena, payload);
+    uint8_t *db = arena + d->addr;
+    float scale = r->imm[0], cap = r->imm[1];
+
+    for (uint32_t i = 0; i < d->rows; i++) {
+        uint32_t nv = attn_valid(r, i);
+        float m = 0.0f, sum = 0.0f;
+        for (uint32_t k = 0; k < nv; k++) {
+            float y = kb_mf_attn_score(load_at(s, sb, i, k), scale, cap);
+            m = k == 0 ? y : kb_mf_fmax(m, y);
+        }
+        for (uint32_t k = 0; k < nv; k++)
+            sum = kb_mf_add(sum, kb_mf_exp(kb_mf_sub(kb_mf_attn_score(load_at(s, sb, i, k),
+                                                                      scale, cap), m)));
+        for (uint32_t k = 0; k < d->cols; k++) {
+            float v = 0.0f;
+            if (k < nv)
+                v = kb_mf_div(kb_mf_exp(kb_mf_sub(kb_mf_attn_score(load_at(s, sb, i, k), scale,
+                                                                   cap), m)), sum);
+            store_at(d, db, i, k, v);
+        }
+    }
+}
+
+/* Row index from a GATHER id: the integer in [0, vocab), or -1. */
+static int64_t gather_row(float x, uint32_t vocab)
+{
+    uint64_t u;
+    if (!(x >= 0.0f && x < 4294967296.0f))
+        return -1;
+    u = (uint64_t)x;
+    return (float)u == x && u < vocab ? (int64_t)u : -1;
+}
+
+static void exec_gather(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
+{
+    const kb_opnd *t = &r->src[0], *ids = &r->src[1], *d = &r->dst;
+    const uint8_t *tb = opnd_base(t, arena, payload), *ib = opnd_base(ids, arena, payload);
+    uint8_t *db = arena + d->addr;
+    size_t istride = ids->rows == 1 ? 1 : ids->ld;
+
+    for (uint32_t i = 0; i < d->rows; i++) {
+        int64_t row = gather_row(kb_dtype_load((kb_dtype)ids->dtype, ib, i * istride), t->rows);
+        for (uint32_t j = 0; j < d->cols; j++)
+            store_at(d, db, i, j, row < 0 ? 0.0f : load_at(t, tb, (uint32_t)row, j));
+    }
+}
+
 void kb_ref_exec(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
 {
     switch (r->kind) {
@@ -268,6 +355,15 @@ void kb_ref_exec(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
         break;
     case KB_REC_GEMM:
         exec_gemm(r, arena, payload);
+        break;
+    case KB_REC_TRANSPOSE:
+        exec_transpose(r, arena, payload);
+        break;
+    case KB_REC_ATTN_SOFTMAX:
+        exec_attn_softmax(r, arena, payload);
+        break;
+    case KB_REC_GATHER:
+        exec_gather(r, arena, payload);
         break;
     default:
         break;

@@ -42,7 +42,7 @@ typedef struct ival {
 
 static unsigned nsrc_of(unsigned kind)
 {
-    static const unsigned n[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2 };
+    static const unsigned n[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2, 1, 1, 2 };
     return kind < KB_REC_NKINDS ? n[kind] : 0;
 }
 
@@ -68,6 +68,33 @@ static int check_opnd(const kb_rec *r, const kb_opnd *o, kb_errbuf *eb)
 static int bcasts(const kb_opnd *s, const kb_opnd *d)
 {
     return (s->rows == d->rows || s->rows == 1) && (s->cols == d->cols || s->cols == 1);
+}
+
+/* The kinds of kb_tl_nn (kb_oplog.h): shapes and ops. */
+static int check_nn_rec(const kb_rec *r, kb_errbuf *eb)
+{
+    const kb_opnd *d = &r->dst, *s = r->src;
+
+    switch (r->kind) {
+    case KB_REC_TRANSPOSE:
+        if (s[0].rows != d->cols || s[0].cols != d->rows)
+            return bad(r, eb, "transpose needs a C x R destination for an R x C source");
+        return 0;
+    case KB_REC_ATTN_SOFTMAX:
+        if (r->op > 1)
+            return bad(r, eb, "attn_softmax causal flag must be 0 or 1");
+        if (s[0].rows != d->rows || s[0].cols != d->cols)
+            return bad(r, eb, "attn_softmax source and destination shapes differ");
+        return 0;
+    case KB_REC_GATHER:
+        if (s[0].cols != d->cols)
+            return bad(r, eb, "gather table and destination widths differ");
+        if (!((s[1].rows == 1 && s[1].cols == d->rows) || (s[1].cols == 1 && s[1].rows == d->rows)))
+            return bad(r, eb, "gather needs one id per destination row (1 x n or n x 1)");
+        return 0;
+    default:
+        return bad(r, eb, "not a kb_tl_nn kind");
+    }
 }
 
 static int check_rec(const kb_rec *r, kb_errbuf *eb)
@@ -116,6 +143,10 @@ static int check_rec(const kb_rec *r, kb_errbuf *eb)
         if (s[0].rows != d->rows || s[1].cols != d->cols || s[0].cols != s[1].rows)
             return bad(r, eb, "gemm shapes do not chain (MxK @ KxN -> MxN)");
         return 0;
+    case KB_REC_TRANSPOSE:
+    case KB_REC_ATTN_SOFTMAX:
+    case KB_REC_GATHER:
+        return check_nn_rec(r, eb);
     default:
         break;
     }

@@ -638,3 +638,93 @@ kernel void kb_gemm(global uchar *arena, global const uchar *payload,
         }
     }
 }
+
+/* ---------------------------------------------------------------- kb_tl_nn kinds */
+
+/* Transpose: kb_ew_chunk's strided path; the entry reads the source with swapped strides. */
+KB_GRID_KERNEL(kb_transpose, KB_EW_LOCAL, kb_ew_chunk, KB_K_COPY)
+
+/* Unmasked prefix of row i of an ATTN_SOFTMAX record (kb_ref.c's attn_valid); off[2] holds
+ * the causal offset as int64 bits. */
+static uint kb_attn_valid(global const kb_ent *e, ulong i)
+{
+    long off = (long)e->off[2], lim;
+    uint cols = e->cols;
+    if (e->op == 0u || off >= (long)cols)
+        return cols;
+    if (off < -(long)0xFFFFFFFFul - 1)
+        return 0u;
+    lim = (long)i + off + 1;
+    return lim <= 0 ? 0u : lim >= (long)cols ? cols : (uint)lim;
+}
+
+/* Fused attention softmax, one row per work-item, in the reference's order. */
+static void kb_attn_softmax_unit(uint kind, global const kb_ent *e, global uchar *arena,
+                                 global const uchar *payload, ulong u)
+{
+    ulong line = u * KB_LN_LOCAL + get_local_id(0);
+    uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu;
+    global uchar *db = arena + e->off[0];
+    global const uchar *sb = kb_base(arena, payload, d1, e->off[1]);
+    float scale = e->imm0, cap = e->imm1;
+    float m = 0.0f, sum = 0.0f;
+    uint nv;
+
+    (void)kind;
+    if (line >= e->rows)
+        return;
+    nv = kb_attn_valid(e, line);
+    ulong s0 = line * e->rs[1], d0o = line * e->rs[0];
+    for (uint k = 0; k < nv; k++) {
+        float y = kb_mf_attn_score(kb_ld(sb, d1, s0 + k), scale, cap);
+        m = k == 0 ? y : kb_mf_fmax(m, y);
+    }
+    for (uint k = 0; k < nv; k++)
+        sum = kb_mf_add(sum, kb_mf_exp(kb_mf_sub(kb_mf_attn_score(kb_ld(sb, d1, s0 + k), scale,
+                                                                  cap), m)));
+    for (uint k = 0; k < e->cols; k++) {
+        float v = 0.0f;
+        if (k < nv)
+            v = kb_mf_div(kb_mf_exp(kb_mf_sub(kb_mf_attn_score(kb_ld(sb, d1, s0 + k), scale,
+                                                               cap), m)), sum);
+        kb_st(db, d0, d0o + k, v);
+    }
+}
+
+KB_GRID_KERNEL(kb_attn_softmax, KB_LN_LOCAL, kb_attn_softmax_unit, 0u)
+
+/*
+ * Gather (embedding rows): one chunk of KB_EW_CHUNK destination elements per unit; element
+ * (i, j) reads id i (off[2], stride rs[2]) and then table element (id, j) (off[1], row
+ * stride rs[1], kdim rows). An id that is not an integer in [0, kdim) gives +0.
+ */
+static void kb_gather_unit(uint kind, global const kb_ent *e, global uchar *arena,
+                           global const uchar *payload, ulong chunk)
+{
+    ulong n = (ulong)e->rows * e->cols;
+    uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu, d2 = (e->dt >> 16) & 0xFFu;
+    global uchar *db = arena + e->off[0];
+    global const uchar *tb = kb_base(arena, payload, d1, e->off[1]);
+    global const uchar *ib = kb_base(arena, payload, d2, e->off[2]);
+    ulong first = chunk * KB_EW_CHUNK + get_local_id(0);
+
+    (void)kind;
+    for (uint it = 0; it < KB_EW_PER; it++) {
+        ulong idx = first + (ulong)it * KB_EW_LOCAL, row, col;
+        float x, v;
+        if (idx >= n)
+            break;
+        row = idx / e->cols;
+        col = idx - row * e->cols;
+        x = kb_ld(ib, d2, row * e->rs[2]);
+        v = 0.0f;
+        if (x >= 0.0f && x < 4294967296.0f) {
+            ulong id = (ulong)x;
+            if ((float)id == x && id < (ulong)e->kdim)
+                v = kb_ld(tb, d1, id * e->rs[1] + col);
+        }
+        kb_st(db, d0, row * e->rs[0] + col, v);
+    }
+}
+
+KB_GRID_KERNEL(kb_gather, KB_EW_LOCAL, kb_gather_unit, 0u)

@@ -286,7 +286,7 @@ static const char *rec_name(const kb_rec *r)
 {
     static const char *const m1[KB_M1_NOPS] = { "exp", "log", "sqrt", "abs", "sigmoid", "cos",
                                                 "sin", "neg", "recip", "relu", "gelu", "scale",
-                                                "rsqrt" };
+                                                "rsqrt", "tanh", "silu", "softcap" };
     static const char *const m2[KB_M2_NOPS] = { "add", "sub", "mul", "div", "max", "min" };
     switch (r->kind) {
     case KB_REC_MATH1:

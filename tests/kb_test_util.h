@@ -244,7 +244,7 @@ static inline int kbt_kbcl(char *out, size_t n, const char *fmt, ...)
 /* A record of kind k at t (10 ps long) with the kind's number of sources, all else zero. */
 static inline kb_rec kbt_rec_new(kb_rec_kind k, kb_time t)
 {
-    static const unsigned nsrc[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2 };
+    static const unsigned nsrc[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2, 1, 1, 2 };
     kb_rec r;
     memset(&r, 0, sizeof r);
     r.kind = (uint8_t)k;
@@ -340,6 +340,7 @@ static inline int kbt__disjoint(const kb_rec *r)
         if (!kbt__overlap(&r->dst, &r->src[s]))
             continue;
         if (s == 0 && r->kind != KB_REC_GEMM && r->kind != KB_REC_REDUCE &&
+            r->kind != KB_REC_TRANSPOSE && r->kind != KB_REC_GATHER &&
             memcmp(&r->dst, &r->src[0], sizeof r->dst) == 0)
             continue;
         return 0;
@@ -394,6 +395,24 @@ static inline kb_rec kbt_rand_rec(kbt_recgen *ge, kb_time t)
         r.src[1] = kbt_rand_place(ge, kd, cols, (kb_dtype)kbt_rng_below(g, KB_NDTYPES));
         break;
     }
+    case KB_REC_TRANSPOSE:
+        r.src[0] = kbt_rand_place(ge, cols, rows, (kb_dtype)kbt_rng_below(g, KB_NDTYPES));
+        break;
+    case KB_REC_ATTN_SOFTMAX:
+        r.op = (uint8_t)kbt_rng_below(g, 2);
+        r.imm[0] = kbt_rng_float(g, 0.1f, 2.0f);
+        r.imm[1] = kbt_rng_below(g, 2) ? kbt_rng_float(g, 1.0f, 30.0f) : 0.0f;
+        r.src[0] = kbt_rand_place(ge, rows, cols, (kb_dtype)kbt_rng_below(g, KB_NDTYPES));
+        /* the causal offset (no operand), from fully masked rows to none masked */
+        r.src[1].addr = (uint64_t)((int64_t)kbt_rng_below(g, rows + cols + 3) - (int64_t)rows - 1);
+        break;
+    case KB_REC_GATHER: {
+        uint32_t vocab = 1 + kbt_rng_below(g, ge->maxr);
+        r.src[0] = kbt_rand_place(ge, vocab, cols, (kb_dtype)kbt_rng_below(g, KB_NDTYPES));
+        r.src[1] = kbt_rng_below(g, 2) ? kbt_rand_place(ge, 1, rows, KB_F32)
+                                       : kbt_rand_place(ge, rows, 1, KB_F32);
+        break;
+    }
     default:
         break;
     }
@@ -402,7 +421,8 @@ static inline kb_rec kbt_rand_rec(kbt_recgen *ge, kb_time t)
             kbt__to_payload(ge, &r.src[s]);
     r.dst = kbt_rand_place(ge, rows, cols, dt);
     /* in place now and then, when the first source has dst's shape */
-    if (k != KB_REC_GEMM && k != KB_REC_REDUCE && k != KB_REC_FILL &&
+    if (k != KB_REC_GEMM && k != KB_REC_REDUCE && k != KB_REC_FILL && k != KB_REC_TRANSPOSE &&
+        k != KB_REC_GATHER &&
         kbt_rng_below(g, 6) == 0 && r.src[0].rows == rows && r.src[0].cols == cols &&
         r.src[0].space == KB_SPACE_MEM)
         r.dst = r.src[0];

@@ -10,7 +10,9 @@
  * payload sources, odd addresses, records spanning many work-groups) replayed by ref and by
  * opencl into two memory stores must leave byte-identical memory, gemm included (1x1x1,
  * 17x33x65, 130x7x300, ... with ACC, all dtype pairs, strides); launches never exceed the
- * replay's one per kind per batch; device listing and errors. The device is an OpenCL CPU
+ * replay's one per kind per batch; the kb_tl_nn kinds (transpose, attention softmax with causal
+ * offsets and soft-capping, gather with invalid ids, tanh/silu/softcap) on targeted shapes;
+ * device listing and errors. The device is an OpenCL CPU
  * device (PoCL in CI) unless KBCL_OPENCL_WANT=gpu|any says otherwise; KBCL_OPENCL_REQUIRE=1
  * turns a missing device into a failure (scripts/gpu-smoke.sh).
  */
@@ -116,6 +118,21 @@ static float sigmoid_f(float x)
     return kb_mf_math1(KB_MF_M1_SIGMOID, x, 0.0f, 0.0f);
 }
 
+static double silu_d(double x)
+{
+    return x / (1.0 + exp(-x));
+}
+
+static float softcap30_f(float x)
+{
+    return kb_mf_math1(KB_MF_M1_SOFTCAP, x, 30.0f, 0.0f);
+}
+
+static double softcap30_d(double x)
+{
+    return 30.0 * tanh(x / 30.0);
+}
+
 static void test_math_accuracy(void **state)
 {
     (void)state;
@@ -134,6 +151,12 @@ static void test_math_accuracy(void **state)
     assert_true(max_err(kb_mf_expm1, expm1, &g, -2.0f, 2.0f, 200000) <= 2.0);
     assert_true(max_err(sigmoid_f, sigmoid_d, &g, -20.0f, 20.0f, 200000) <= 3.0);
     assert_true(max_err(gelu_f, gelu_d, &g, -1.0f, 5.0f, 200000) <= 4.0);
+    /* kb_tl_nn's: silu 2.35 on [-20, 20], softcap (cap 30) 3.6 on [-200, 200] (measured) */
+    assert_true(max_err(kb_mf_silu, silu_d, &g, -20.0f, 20.0f, 200000) <= 3.0);
+    assert_true(max_err(softcap30_f, softcap30_d, &g, -200.0f, 200.0f, 200000) <= 4.5);
+    assert_int_equal(kbt_f2u(kb_mf_silu(-INFINITY)), 0x80000000u);
+    assert_true(kb_mf_silu(INFINITY) == INFINITY);
+    assert_true(kb_mf_math1(KB_MF_M1_TANH, 0.5f, 0.0f, 0.0f) == kb_mf_tanh(0.5f));
     /* log over every binade, subnormals included: random bit patterns of positive floats. */
     double worst = 0.0;
     for (int i = 0; i < 400000; i++) {
@@ -619,6 +642,131 @@ static void test_wide_paths(void **state)
     pair_free(&p);
 }
 
+/* ------------------------------------------------------------------ kb_tl_nn kinds */
+
+/*
+ * The record kinds of kb_tl_nn against ref, bit for bit: ATTN_SOFTMAX (causal offsets from
+ * all rows masked to none, soft-capping, rows beyond one work-group, strides, every dtype),
+ * TRANSPOSE (shapes beyond one chunk, strides, dtype pairs), GATHER (valid and invalid ids,
+ * 1 x n and strided n x 1 ids, every table dtype) and the new MATH1 ops over a wide range.
+ */
+static void test_nn_kinds(void **state)
+{
+    dev *d = need_device(state);
+    pair p;
+    kbt_rng g = { 77 };
+    const uint64_t in = 0x100000, out0 = 0x400000;
+    enum { WIN = 1 << 18 };
+    uint8_t *buf = malloc(WIN);
+    kb_time t = 0;
+    uint64_t out = out0;
+
+    assert_non_null(buf);
+    pair_init(&p);
+    for (size_t i = 0; i + 1 < WIN; i += 2) /* f16 scores in [-6, 6]; as f32 / bf16: anything */
+        kbt_rand_store(&g, KB_F16, buf, i / 2, -6.0f, 6.0f);
+    pair_write(&p, in, buf, WIN);
+    {
+        static const uint32_t shp[][2] = { { 1, 1 }, { 5, 9 }, { 130, 77 }, { 3, 300 } };
+        static const int64_t offs[] = { 0, -3, 5, -200, INT64_MAX, INT64_MIN };
+        for (size_t s = 0; s < sizeof shp / sizeof shp[0]; s++) {
+            for (int k = 0; k < 12; k++) {
+                kb_rec r = kbt_rec_new(KB_REC_ATTN_SOFTMAX, t++);
+                kb_dtype ts = (kb_dtype)(k % 3), td = (kb_dtype)((k / 3) % 3);
+                r.op = (uint8_t)(k % 6 != 5);
+                r.imm[0] = 0.125f * (float)(1 + k % 3);
+                r.imm[1] = k % 2 ? 20.0f : 0.0f;
+                r.src[1].addr = (uint64_t)offs[k % 6];
+                r.src[0] = kb_opnd_make(in + 2 * kbt_rng_below(&g, 64), shp[s][0], shp[s][1], ts);
+                r.src[0].ld = shp[s][1] + (uint32_t)(k % 3);
+                if (ts == KB_F32)
+                    r.src[0] = kb_opnd_make(in, shp[s][0], shp[s][1], KB_F16); /* sane values */
+                r.dst = kb_opnd_make(out, shp[s][0], shp[s][1], td);
+                r.dst.ld = shp[s][1] + (uint32_t)(k % 2);
+                pair_append(&p, &r);
+                out += (kb_opnd_span(&r.dst) + 64) & ~(uint64_t)63;
+            }
+        }
+    }
+    {
+        static const uint32_t shp[][2] = { { 1, 1 }, { 3, 70 }, { 70, 3 }, { 300, 50 } };
+        for (size_t s = 0; s < sizeof shp / sizeof shp[0]; s++) {
+            for (int k = 0; k < 9; k++) {
+                kb_rec r = kbt_rec_new(KB_REC_TRANSPOSE, t++);
+                r.src[0] = kb_opnd_make(in + 2 * kbt_rng_below(&g, 64), shp[s][0], shp[s][1],
+                                        (kb_dtype)(k % 3));
+                r.src[0].ld = shp[s][1] + (uint32_t)(k % 2);
+                r.dst = kb_opnd_make(out, shp[s][1], shp[s][0], (kb_dtype)(k / 3));
+                r.dst.ld = shp[s][0] + (uint32_t)(k % 3);
+                pair_append(&p, &r);
+                out += (kb_opnd_span(&r.dst) + 64) & ~(uint64_t)63;
+            }
+        }
+    }
+    {
+        /* ids: integers below the vocabulary and invalid ones (-1, V, 2.5, NaN, 1e10) */
+        enum { V = 50, D = 37, NID = 100 };
+        float ids[NID * 3];
+        const uint64_t ida = 0x80000;
+        for (int i = 0; i < NID * 3; i++)
+            ids[i] = (float)kbt_rng_below(&g, V);
+        ids[3] = -1.0f;
+        ids[7] = (float)V;
+        ids[11] = 2.5f;
+        ids[13] = NAN;
+        ids[17] = 1e10f;
+        pair_write(&p, ida, ids, sizeof ids);
+        for (int k = 0; k < 12; k++) {
+            kb_rec r = kbt_rec_new(KB_REC_GATHER, t++);
+            uint32_t n = k < 6 ? NID : 1 + kbt_rng_below(&g, 20);
+            r.src[0] = kb_opnd_make(in + 2 * kbt_rng_below(&g, 64), V, D, (kb_dtype)(k % 3));
+            r.src[0].ld = D + (uint32_t)(k % 2) * 5;
+            if (k % 2) {
+                r.src[1] = kb_opnd_make(ida, 1, n, KB_F32);
+            } else { /* n x 1 with a row stride of 3 */
+                r.src[1] = kb_opnd_make(ida, n, 1, KB_F32);
+                r.src[1].ld = 3;
+            }
+            r.dst = kb_opnd_make(out, n, D, (kb_dtype)((k / 3) % 3));
+            pair_append(&p, &r);
+            out += (kb_opnd_span(&r.dst) + 64) & ~(uint64_t)63;
+        }
+    }
+    {
+        /* the new MATH1 ops over [-40, 40] (f32 written over the f16 window's second half) */
+        float xs[4096];
+        for (int i = 0; i < 4096; i++)
+            xs[i] = kbt_rng_float(&g, -40.0f, 40.0f);
+        pair_write(&p, in + WIN / 2, xs, sizeof xs);
+        for (int op = KB_M1_TANH; op <= KB_M1_SOFTCAP; op++) {
+            for (int td = 0; td < 3; td++) {
+                kb_rec r = kbt_rec_new(KB_REC_MATH1, t++);
+                r.op = (uint8_t)op;
+                r.imm[0] = 15.0f;
+                r.src[0] = kb_opnd_make(in + WIN / 2, 64, 64, KB_F32);
+                r.dst = kb_opnd_make(out, 64, 64, (kb_dtype)td);
+                pair_append(&p, &r);
+                out += (kb_opnd_span(&r.dst) + 64) & ~(uint64_t)63;
+            }
+        }
+    }
+    assert_true(out - out0 < 0x400000);
+    pair_flush(&p, d);
+    pair_compare(&p, out0, (size_t)(out - out0));
+    {
+        /* spot checks on ref's result: the first record (1 x 1, causal, offset 0, f16) is
+         * 1; the second (offset -3) masks its only element: 0 */
+        uint16_t v[2];
+        kb_errbuf eb;
+        assert_int_equal(kb_memstore_load(p.ms_ref, out0, &v[0], 2, &eb), 0);
+        assert_int_equal(kb_memstore_load(p.ms_ref, out0 + 64, &v[1], 2, &eb), 0);
+        assert_int_equal(v[0], 0x3C00);
+        assert_int_equal(v[1], 0x0000);
+    }
+    pair_free(&p);
+    free(buf);
+}
+
 /* ------------------------------------------------------------------ launches and flushes */
 
 static void test_launch_count(void **state)
@@ -861,6 +1009,7 @@ int main(void)
         cmocka_unit_test(test_devices),
         cmocka_unit_test(test_copy_specials),
         cmocka_unit_test(test_wide_paths),
+        cmocka_unit_test(test_nn_kinds),
         cmocka_unit_test(test_launch_count),
         cmocka_unit_test(test_gemm_shapes),
         cmocka_unit_test(test_gemm_grouped),
