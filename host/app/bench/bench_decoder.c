@@ -272,8 +272,8 @@ static double tolerance(kb_qfmt f, int sparse)
 {
     double t;
     switch (f) {
-    case KB_QF_F16: t = 1.0 / 256; break;
-    case KB_QF_BF16: t = 1.0 / 32; break;
+    case KB_QF_F16: t = 1.0 / 128; break;
+    case KB_QF_BF16: t = 1.0 / 16; break;
     case KB_QF_INT8: t = 1.0 / 16; break;
     case KB_QF_MXINT8: t = 1.0 / 16; break;
     default: t = 1.0 / 4; break; /* fp8: 3 or 2 mantissa bits on every activation */
