@@ -340,22 +340,6 @@ static kb_val wdot(kb_tl *tl, kb_val x, const kb_va *w, int j, uint32_t k, uint3
     return tl_dot_q(tl, x, q);
 }
 
-/* Rows [r0, r0 + n) of a row-major tensor of `cols` columns split row-wise over owners of rc
- * rows each into dst (n x cols); one DMA per owner (the VA range is the logical layout). */
-static void gather_rows(kb_tl *tl, kb_val dst, kb_va va, int64_t r0, int64_t n, int64_t rc,
-                        int64_t cols, size_t es)
-{
-    for (int64_t r = r0; r < r0 + n;) {
-        int64_t end = (r / rc + 1) * rc;
-        if (end > r0 + n)
-            end = r0 + n;
-        tl_load_into(tl, tl_view(tl, dst, (uint32_t)(r - r0), 0, (uint32_t)(end - r),
-                                 (uint32_t)cols),
-                     va + (kb_va)(r * cols) * es, (uint32_t)cols);
-        r = end;
-    }
-}
-
 /* Rows [r0, r0 + n) (d columns) of a flattened 1 x Tl*d tensor split column-wise into pieces
  * of L elements (seq_parallel's collective layout), loaded into / stored from v (n x d):
  * one DMA per (piece, row) segment, whole rows at once where a piece holds several. */
@@ -388,7 +372,7 @@ static void pieces_io(kb_tl *tl, kb_val v, kb_va va, int64_t r0, int64_t n, int6
 
 /* ---- row owners: norms and residual adds ---- */
 
-enum { RK_MODE, RK_RC, RK_D, RK_SP, RK_PIECE, RK_POST, RK_T, RK_ACT, RK_T0 };
+enum { RK_MODE, RK_RC, RK_D, RK_SP, RK_PIECE, RK_POST, RK_T, RK_ACT, RK_NCOPY };
 enum { RP_X, RP_LNA, RP_LNB, RP_SUM, RP_OUT, RP_NORM };
 
 static void rows_kernel(kb_tl *tl, const kb_kargs *a)
@@ -435,30 +419,24 @@ static void rows_kernel(kb_tl *tl, const kb_kargs *a)
     kb_val n = tl_rmsnorm(tl, h, w, eps, off);
     if (sp)
         pieces_io(tl, n, a->ptr[RP_NORM], r0, rc, d, piece, kb_dtype_size(act), 1);
-    else /* f32 rows the gemm PEs gather (gemm_input) */
-        tl_store(tl, a->ptr[RP_NORM] + (kb_va)(r0 * d) * 4, n);
+    else /* into every gemm PE's copy of the T x d activations (gemm_input) */
+        for (int64_t k = 0; k < a->i[RK_NCOPY]; k++)
+            tl_store(tl, shard_va(tl, a->ptr[RP_NORM], (int)k) +
+                             (kb_va)(r0 * d) * kb_dtype_size(act), n);
 }
 
-/* The gemm input rows [r0, r0 + n) (T x d normalized activations): SP from this PE's block
- * of the all-gathered copy (activation dtype); otherwise from the row owners (rc rows each,
- * f32: a DMA fills a value of the tensor's dtype and tl_full makes the f32 value the owners'
- * blocks land in). */
-static kb_val gemm_input(kb_tl *tl, kb_va va, int sp, int j, int64_t r0, int64_t n, int64_t T,
-                         int64_t d, int64_t rc, kb_dtype act)
+/* The gemm input rows [r0, r0 + n) of the T x d normalized activations: this PE's own copy,
+ * block j of the all-gathered tensor (seq_parallel) or of the copies the row owners wrote. */
+static kb_val gemm_input(kb_tl *tl, kb_va va, int j, int64_t r0, int64_t n, int64_t d,
+                         kb_dtype act)
 {
-    if (sp)
-        return tl_load(tl, va + (kb_va)(((int64_t)j * T + r0) * d) * kb_dtype_size(act),
-                       KB_SHAPE2(n, d), act);
-    if (r0 / rc == (r0 + n - 1) / rc)
-        return tl_load(tl, va + (kb_va)(r0 * d) * 4, KB_SHAPE2(n, d), KB_F32);
-    kb_val v = tl_full(tl, KB_SHAPE2(n, d), 0.0f);
-    gather_rows(tl, v, va, r0, n, rc, d, 4);
-    return v;
+    return tl_load(tl, shard_va(tl, va, j) + (kb_va)(r0 * d) * kb_dtype_size(act),
+                   KB_SHAPE2(n, d), act);
 }
 
 /* ---- QKV ---- */
 
-enum { QK_T, QK_D, QK_C, QK_P, QK_NROPE, QK_SP, QK_RC, QK_HD, QK_TB, QK_FLAGS };
+enum { QK_T, QK_D, QK_C, QK_P, QK_NROPE, QK_HD, QK_TB, QK_FLAGS };
 enum { QP_IN, QP_W, QP_WS, QP_WM, QP_COS, QP_SIN, QP_OUT };
 
 static void qkv_kernel(kb_tl *tl, const kb_kargs *a)
@@ -466,13 +444,13 @@ static void qkv_kernel(kb_tl *tl, const kb_kargs *a)
     int64_t T = a->i[QK_T], d = a->i[QK_D], c = a->i[QK_C], p = a->i[QK_P], hd = a->i[QK_HD];
     int64_t tb = a->i[QK_TB], flags = a->i[QK_FLAGS];
     kb_dtype act = F_ACT(flags);
-    int j = pe_index(tl), sp = (int)a->i[QK_SP];
+    int j = pe_index(tl);
     int64_t u = j / p, pi = j % p;
     int rope = u < a->i[QK_NROPE];
     kb_va out = shard_va(tl, a->ptr[QP_OUT], j);
     for (int64_t r0 = 0; r0 < T; r0 += tb) {
         int64_t n = T - r0 < tb ? T - r0 : tb;
-        kb_val x = gemm_input(tl, a->ptr[QP_IN], sp, j, r0, n, T, d, a->i[QK_RC], act);
+        kb_val x = gemm_input(tl, a->ptr[QP_IN], j, r0, n, d, act);
         kb_val y = wdot(tl, x, &a->ptr[QP_W], j, (uint32_t)d, (uint32_t)c, flags);
         tl_free(tl, x);
         if (rope) {
@@ -674,17 +652,17 @@ static void dcomb_kernel(kb_tl *tl, const kb_kargs *a)
 
 /* ---- MLP: gate/up columns and down rows of one PE ---- */
 
-enum { MK_T, MK_D, MK_CF, MK_SP, MK_RC, MK_TB, MK_FLAGS, MK_ACT };
+enum { MK_T, MK_D, MK_CF, MK_TB, MK_FLAGS, MK_ACT };
 enum { MP_IN, MP_WG, MP_WGS, MP_WGM, MP_WU, MP_WUS, MP_WUM, MP_WD, MP_WDS, MP_WDM, MP_PART };
 
 static void mlp_kernel(kb_tl *tl, const kb_kargs *a)
 {
     int64_t T = a->i[MK_T], d = a->i[MK_D], cf = a->i[MK_CF], tb = a->i[MK_TB];
     int64_t flags = a->i[MK_FLAGS];
-    int j = pe_index(tl), sp = (int)a->i[MK_SP];
+    int j = pe_index(tl);
     for (int64_t r0 = 0; r0 < T; r0 += tb) {
         int64_t n = T - r0 < tb ? T - r0 : tb;
-        kb_val x = gemm_input(tl, a->ptr[MP_IN], sp, j, r0, n, T, d, a->i[MK_RC], F_ACT(flags));
+        kb_val x = gemm_input(tl, a->ptr[MP_IN], j, r0, n, d, F_ACT(flags));
         kb_val g = wdot(tl, x, &a->ptr[MP_WG], j, (uint32_t)d, (uint32_t)cf, flags);
         kb_val u = wdot(tl, x, &a->ptr[MP_WU], j, (uint32_t)d, (uint32_t)cf, flags);
         tl_free(tl, x);
@@ -822,8 +800,11 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
             (rc = make_t(ctx, "rs_mlp", 1, Tl * d, KB_F32, allcol, NULL, 0, &dec->rs_d)) != 0)
             return rc;
     } else {
-        if ((rc = make_t(ctx, "hn_attn", T, d, KB_F32, rows, NULL, 0, &dec->hn1)) != 0 ||
-            (rc = make_t(ctx, "hn_mlp", T, d, KB_F32, rows, NULL, 0, &dec->hn2)) != 0)
+        /* one T x d copy per gemm PE, written by the row owners */
+        if ((rc = make_t(ctx, "hn_attn", (int64_t)pl->qkv.n * T, d, act,
+                         dpg(KB_DP_ROW_WISE, &pl->qkv), NULL, 0, &dec->hn1)) != 0 ||
+            (rc = make_t(ctx, "hn_mlp", (int64_t)pl->mlp.n * T, d, act,
+                         dpg(KB_DP_ROW_WISE, &pl->mlp), NULL, 0, &dec->hn2)) != 0)
             return rc;
     }
     return 0;
@@ -935,6 +916,7 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
     /* 1. input norm -> the QKV PEs' input */
     a = ra;
     a.i[RK_MODE] = 0;
+    a.i[RK_NCOPY] = pl->qkv.n;
     a.ptr[RP_X] = kb_tensor_va(dec->x);
     a.ptr[RP_LNB] = kb_tensor_va(dec->ln[0]);
     a.ptr[RP_NORM] = kb_tensor_va(sp ? dec->ag1_in : dec->hn1);
@@ -949,8 +931,6 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
     a.i[QK_C] = pl->c;
     a.i[QK_P] = pl->p;
     a.i[QK_NROPE] = pl->nq + pl->nkv;
-    a.i[QK_SP] = sp;
-    a.i[QK_RC] = pl->rc;
     a.i[QK_HD] = pl->hd;
     a.i[QK_TB] = pl->tb;
     a.i[QK_FLAGS] = flags;
@@ -1025,6 +1005,7 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
     /* 4. residual + norms -> the MLP PEs' input */
     a = ra;
     a.i[RK_MODE] = 1;
+    a.i[RK_NCOPY] = pl->mlp.n;
     a.ptr[RP_X] = kb_tensor_va(dec->x);
     a.ptr[RP_LNA] = dec->ln[1] ? kb_tensor_va(dec->ln[1]) : 0;
     a.ptr[RP_LNB] = kb_tensor_va(dec->ln[2]);
@@ -1040,8 +1021,6 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
     a.i[MK_T] = pl->T;
     a.i[MK_D] = pl->d;
     a.i[MK_CF] = pl->cf;
-    a.i[MK_SP] = sp;
-    a.i[MK_RC] = pl->rc;
     a.i[MK_TB] = pl->tb;
     a.i[MK_FLAGS] = flags;
     a.i[MK_ACT] = kb_model_act(mc);

@@ -33,7 +33,8 @@
  *    layout); with seq_parallel a reduce_scatter leaves rank r its token chunk, the row
  *    owners normalize it, and an all_gather (before QKV and before the MLP) replicates the
  *    normalized activations on every PE of every rank (kb_dist.h's flattened 1 x T*d layout).
- *    Without seq_parallel the gemm PEs gather the normalized rows from the row owners.
+ *    Without seq_parallel the row owners write their normalized rows into a T x d copy in
+ *    every gemm PE's HBM.
  * Weights are in `fmt` (kb_tl_q.h: f16, bf16, int8, mxint8, fp8), 2:4 sparse along K when
  * sparse; activations are stored in bf16 for bf16, f16 otherwise, and quantized by
  * tl_dot_q for 8-bit formats. Limits: one forward per kb_decoder (the partial blocks are
@@ -114,7 +115,7 @@ typedef struct kb_decoder {
     kb_decoder_plan pl;
     kb_dtype act;
     kb_tensor *x, *ln[4], *cosq, *sinq, *qkv, *h, *y, *po, *pd, *kc, *vc, *dpart;
-    kb_tensor *hn1, *hn2;               /* non-SP: normalized rows (row owners) */
+    kb_tensor *hn1, *hn2;               /* non-SP: a copy of the normalized T x d per gemm PE */
     kb_tensor *ag1_in, *ag1, *ag2_in, *ag2, *rs_o, *rs_d; /* seq_parallel */
     kb_qweight wqkv, wo, wg, wu, wd;
     kb_decoder_stats st;
