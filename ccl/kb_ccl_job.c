@@ -67,9 +67,11 @@ int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
     job->icfg = *icfg;
     job->dtype = o->dtype;
     job->op = o->op;
-    if ((unsigned)o->dtype >= KB_NDTYPES || o->op < 0 || o->op >= KB_CCL_NOPS)
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: unknown dtype %d or op %d", name,
-                          (int)o->dtype, o->op);
+    /* collectives reduce in f16, bf16 or f32; the number formats (i8, fp8, ...) are not
+     * collective element types */
+    if ((unsigned)o->dtype > KB_F32 || o->op < 0 || o->op >= KB_CCL_NOPS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: unknown dtype %d (f16, bf16, f32) or op %d",
+                          name, (int)o->dtype, o->op);
     if (o->op != KB_CCL_OP_SUM && !kb_coll_reduces(impl->kind))
         return kb_err_set(eb, KB_ERR_CONFIG, "%s: op %s: the %s kind does not reduce", name,
                           kb_ccl_op_name(o->op), kb_coll_name(impl->kind));

@@ -1,6 +1,7 @@
 /*
  * kb_dtype — exact software conversions between f32 and the 16-bit storage types (f16, bf16),
- * and typed element load/store on raw byte buffers. The conversions work on bit patterns only
+ * and typed element load/store on raw byte buffers (the number formats' conversions are
+ * kb_mathfn.h's, shared with the OpenCL kernels; their bulk forms go element by element). The conversions work on bit patterns only
  * (no reliance on compiler or hardware half support), so every host and backend produce the
  * same bits: round-to-nearest-even, subnormals kept, overflow to infinity, NaN kept as a quiet
  * NaN with its sign and the high payload bits. The bulk forms compute every case of a block
@@ -11,6 +12,7 @@
  */
 #include "kb_dtype.h"
 #include "kb_err.h"
+#include "kb_mathfn.h"
 
 #include <math.h>
 #include <string.h>
@@ -35,6 +37,11 @@ const char *kb_dtype_name(kb_dtype t)
     case KB_F16: return "f16";
     case KB_BF16: return "bf16";
     case KB_F32: return "f32";
+    case KB_I8: return "i8";
+    case KB_FP8E4M3: return "fp8e4m3";
+    case KB_FP8E5M2: return "fp8e5m2";
+    case KB_E8M0: return "e8m0";
+    case KB_I32: return "i32";
     default: return "?";
     }
 }
@@ -47,8 +54,9 @@ int kb_dtype_from_name(const char *name)
         return KB_F16;
     if (strcmp(name, "bf16") == 0)
         return KB_BF16;
-    if (strcmp(name, "f32") == 0)
-        return KB_F32;
+    for (int t = 0; t < KB_NDTYPES; t++)
+        if (strcmp(name, kb_dtype_name((kb_dtype)t)) == 0)
+            return t;
     return -1;
 }
 
@@ -132,9 +140,50 @@ uint16_t kb_f32_to_bf16(float f)
     return (uint16_t)(x >> 16);
 }
 
+float kb_i8_to_f32(uint8_t c) { return kb_mf_i82f(c); }
+uint8_t kb_f32_to_i8(float f) { return (uint8_t)kb_mf_f2i8(f); }
+float kb_e4m3_to_f32(uint8_t c) { return kb_mf_e4m32f(c); }
+uint8_t kb_f32_to_e4m3(float f) { return (uint8_t)kb_mf_f2e4m3(f); }
+float kb_e5m2_to_f32(uint8_t c) { return kb_mf_e5m22f(c); }
+uint8_t kb_f32_to_e5m2(float f) { return (uint8_t)kb_mf_f2e5m2(f); }
+float kb_e8m0_to_f32(uint8_t c) { return kb_mf_e8m02f(c); }
+uint8_t kb_f32_to_e8m0(float f) { return (uint8_t)kb_mf_f2e8m0(f); }
+
+/* The number formats: 1-byte codes and int32 (out of the f16/bf16/f32 fast paths). */
+static float load_fmt(kb_dtype t, const unsigned char *p, size_t i)
+{
+    uint32_t u;
+    switch (t) {
+    case KB_I8: return kb_mf_i82f(p[i]);
+    case KB_FP8E4M3: return kb_mf_e4m32f(p[i]);
+    case KB_FP8E5M2: return kb_mf_e5m22f(p[i]);
+    case KB_E8M0: return kb_mf_e8m02f(p[i]);
+    default:
+        memcpy(&u, p + 4u * i, sizeof u);
+        return kb_mf_i322f(u);
+    }
+}
+
+static void store_fmt(kb_dtype t, unsigned char *p, size_t i, float v)
+{
+    uint32_t u;
+    switch (t) {
+    case KB_I8: p[i] = (unsigned char)kb_mf_f2i8(v); return;
+    case KB_FP8E4M3: p[i] = (unsigned char)kb_mf_f2e4m3(v); return;
+    case KB_FP8E5M2: p[i] = (unsigned char)kb_mf_f2e5m2(v); return;
+    case KB_E8M0: p[i] = (unsigned char)kb_mf_f2e8m0(v); return;
+    default:
+        u = kb_mf_f2i32(v);
+        memcpy(p + 4u * i, &u, sizeof u);
+        return;
+    }
+}
+
 float kb_dtype_load(kb_dtype t, const void *base, size_t i)
 {
     const unsigned char *p = base;
+    if (t > KB_F32)
+        return load_fmt(t, p, i);
     if (t == KB_F32) {
         float f;
         memcpy(&f, p + i * 4u, sizeof f);
@@ -148,6 +197,10 @@ float kb_dtype_load(kb_dtype t, const void *base, size_t i)
 void kb_dtype_store(kb_dtype t, void *base, size_t i, float v)
 {
     unsigned char *p = base;
+    if (t > KB_F32) {
+        store_fmt(t, p, i, v);
+        return;
+    }
     if (t == KB_F32) {
         memcpy(p + i * 4u, &v, sizeof v);
         return;
@@ -209,7 +262,7 @@ void kb_dtype_store_n(kb_dtype t, void *base, size_t i0, const float *src, size_
         memcpy(p, src, n * 4u);
         return;
     }
-    for (; i + BLK <= n; i += BLK) {
+    for (; t <= KB_BF16 && i + BLK <= n; i += BLK) {
         if (t == KB_F16)
             f16_store_blk(h, src + i);
         else

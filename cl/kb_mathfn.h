@@ -168,6 +168,146 @@ KB_MF_FN kb_mf_u32 kb_mf_f2bf(float f)
     return x >> 16;
 }
 
+/*
+ * The 8-bit formats (docs/formats.md) and int32. Every f32 -> format conversion rounds to
+ * nearest even and saturates finite overflow to the largest finite value; NaN stays NaN.
+ *  - fp8 e4m3 (OCP FP8): bias 7, no infinities, max 448 (0x7E), NaN S.1111.111; +-inf
+ *    saturates to +-448.
+ *  - fp8 e5m2 (OCP FP8, IEEE-like): bias 15, max 57344 (0x7B), +-inf kept (0x7C), NaN
+ *    S.11111.mm (mm != 0): a NaN's f32 form carries mm in its low payload bits so every code
+ *    round-trips; other f32 NaNs become S.11111.10.
+ *  - int8: two's complement, [-128, 127]; NaN -> 0.
+ *  - int32: [-2^31, 2^31 - 1]; NaN -> 0; loads round to nearest even above 2^24.
+ *  - e8m0 (OCP MX scale): 2^(e - 127), 0xFF = NaN. A store keeps the power of two at or below
+ *    the value (floor(log2 v), the MX shared-scale rule, not round-to-nearest), clamped to
+ *    [2^-127, 2^127]; zero, negatives and values below 2^-127 give 0x00, +inf 0xFE.
+ */
+KB_MF_FN float kb_mf_rint_small(float t) /* t in [0, 2^23): round to nearest even */
+{
+    return (t + 8388608.0f) - 8388608.0f;
+}
+
+/* |f| -> code of a sign-less minifloat with m mantissa bits and minimum normal exponent emin
+ * (unbiased), before saturation; f must be finite. */
+KB_MF_FN kb_mf_u32 kb_mf_mini_code(kb_mf_u32 a, int m, int emin)
+{
+    int e = (int)(a >> 23) - 127;
+    int s;
+    kb_mf_u32 sig, q, rem, hv;
+
+    if ((a >> 23) == 0u) /* zero or an f32 subnormal: far below half the smallest subnormal */
+        return 0u;
+    if (e >= 64) /* far above any 8-bit format's range: saturated by the caller */
+        return 0xFFFFu;
+    s = 23 - m + (e < emin ? emin - e : 0);
+    if (s > 24)
+        return 0u;
+    sig = (a & 0x7FFFFFu) | 0x800000u;
+    q = sig >> s;
+    rem = sig & ((1u << s) - 1u);
+    hv = 1u << (s - 1);
+    if (rem > hv || (rem == hv && (q & 1u) != 0u))
+        q++;
+    return (e >= emin ? (kb_mf_u32)(e - emin) << m : 0u) + q;
+}
+
+KB_MF_FN kb_mf_u32 kb_mf_f2e4m3(float f)
+{
+    kb_mf_u32 x = KB_MF_AS_U32(f), sgn = (x >> 24) & 0x80u, a = x & 0x7FFFFFFFu, c;
+    if (a > 0x7F800000u)
+        return sgn | 0x7Fu;
+    c = a == 0x7F800000u ? 0x7Eu : kb_mf_mini_code(a, 3, -6);
+    return sgn | (c > 0x7Eu ? 0x7Eu : c);
+}
+
+KB_MF_FN float kb_mf_e4m32f(kb_mf_u32 c)
+{
+    kb_mf_u32 sgn = (c & 0x80u) << 24, e = (c >> 3) & 0xFu, m = c & 7u, r;
+    if ((c & 0x7Fu) == 0x7Fu)
+        r = KB_MF_NAN_BITS;
+    else if (e == 0u)
+        r = KB_MF_AS_U32((float)m * 0x1p-9f);
+    else
+        r = ((e + 120u) << 23) | (m << 20);
+    return KB_MF_AS_F32(r | sgn);
+}
+
+KB_MF_FN kb_mf_u32 kb_mf_f2e5m2(float f)
+{
+    kb_mf_u32 x = KB_MF_AS_U32(f), sgn = (x >> 24) & 0x80u, a = x & 0x7FFFFFFFu, c;
+    if (a > 0x7F800000u)
+        return sgn | 0x7Cu | ((a & 3u) != 0u ? (a & 3u) : 2u);
+    if (a == 0x7F800000u)
+        return sgn | 0x7Cu;
+    c = kb_mf_mini_code(a, 2, -14);
+    return sgn | (c > 0x7Bu ? 0x7Bu : c);
+}
+
+KB_MF_FN float kb_mf_e5m22f(kb_mf_u32 c)
+{
+    kb_mf_u32 sgn = (c & 0x80u) << 24, e = (c >> 2) & 0x1Fu, m = c & 3u, r;
+    if (e == 31u)
+        r = m != 0u ? (KB_MF_NAN_BITS | m) : KB_MF_INF_BITS;
+    else if (e == 0u)
+        r = KB_MF_AS_U32((float)m * 0x1p-16f);
+    else
+        r = ((e + 112u) << 23) | (m << 21);
+    return KB_MF_AS_F32(r | sgn);
+}
+
+KB_MF_FN kb_mf_u32 kb_mf_f2i8(float f)
+{
+    float t = f < 0.0f ? -f : f, r;
+    if (f != f)
+        return 0u;
+    r = t < 256.0f ? kb_mf_rint_small(t) : 256.0f;
+    if (f < 0.0f)
+        return r >= 128.0f ? 0x80u : (0u - (kb_mf_u32)r) & 0xFFu;
+    return r >= 127.0f ? 0x7Fu : (kb_mf_u32)r;
+}
+
+KB_MF_FN float kb_mf_i82f(kb_mf_u32 c)
+{
+    c &= 0xFFu;
+    return c >= 0x80u ? -(float)(0x100u - c) : (float)c;
+}
+
+KB_MF_FN kb_mf_u32 kb_mf_f2i32(float f)
+{
+    float t = f < 0.0f ? -f : f;
+    kb_mf_u32 r;
+    if (f != f)
+        return 0u;
+    if (f >= 2147483648.0f)
+        return 0x7FFFFFFFu;
+    if (f <= -2147483648.0f)
+        return 0x80000000u;
+    r = (kb_mf_u32)(t < 8388608.0f ? kb_mf_rint_small(t) : t); /* >= 2^23: already integral */
+    return f < 0.0f ? 0u - r : r;
+}
+
+KB_MF_FN float kb_mf_i322f(kb_mf_u32 c)
+{
+    /* magnitude first, so the conversion is unsigned -> float (one rounding, to nearest even) */
+    return (c & 0x80000000u) ? -(float)(0u - c) : (float)c;
+}
+
+KB_MF_FN kb_mf_u32 kb_mf_f2e8m0(float f)
+{
+    kb_mf_u32 x = KB_MF_AS_U32(f);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u)
+        return 0xFFu;
+    if ((x & 0x80000000u) != 0u || x < 0x00800000u) /* <= 0 or below 2^-126 (subnormal) */
+        return 0u;
+    return (x >> 23) >= 0xFFu ? 0xFEu : (x >> 23);
+}
+
+KB_MF_FN float kb_mf_e8m02f(kb_mf_u32 c)
+{
+    c &= 0xFFu;
+    return KB_MF_AS_F32(c == 0xFFu ? KB_MF_NAN_BITS : c == 0u ? 0x00400000u : c << 23);
+}
+
 /* ---------------------------------------------------------------- NaN-deterministic basics */
 
 KB_MF_FN float kb_mf_add(float x, float y)
@@ -506,6 +646,25 @@ KB_MF_FN float kb_mf_math2(kb_mf_u32 op, float x, float y)
     case KB_MF_M2_MIN: return kb_mf_fmin(x, y);
     default: return KB_MF_AS_F32(KB_MF_NAN_BITS);
     }
+}
+
+/* ---------------------------------------------------------------- number formats */
+
+/*
+ * DEQUANT (kb_oplog.h): which kept value of a 2:4 group holds position pos (0..3) of group g,
+ * given the metadata byte holding g (low nibble for even g): 0, 1 or -1 (a pruned zero).
+ */
+KB_MF_FN int kb_mf_sparse_slot(kb_mf_u32 byte, kb_mf_u32 g, kb_mf_u32 pos)
+{
+    kb_mf_u32 nib = (byte >> (4u * (g & 1u))) & 0xFu;
+    return (nib & 3u) == pos ? 0 : (nib >> 2) == pos ? 1 : -1;
+}
+
+/* The dequantized element: (x * s) * imm with a scale, x * imm without (NaN rules above). */
+KB_MF_FN float kb_mf_deq(float x, float s, float imm, int has_scale)
+{
+    float v = has_scale ? kb_mf_mul(x, s) : x;
+    return kb_mf_mul(v, imm);
 }
 
 #endif

@@ -73,13 +73,16 @@ _Static_assert(KB_GEMM_WM % 4 == 0 && KB_GEMM_WN % 4 == 0 && KB_GEMM_TM % KB_GEM
 _Static_assert(KB_REC_COPY == 0 && KB_REC_FILL == 1 && KB_REC_MATH1 == 2 && KB_REC_MATH2 == 3 &&
                KB_REC_FMA == 4 && KB_REC_CLAMP == 5 && KB_REC_SOFTMAX == 6 &&
                KB_REC_REDUCE == 7 && KB_REC_GEMM == 8 && KB_REC_TRANSPOSE == 9 &&
-               KB_REC_ATTN_SOFTMAX == 10 && KB_REC_GATHER == 11 && KB_REC_NKINDS == 12,
+               KB_REC_ATTN_SOFTMAX == 10 && KB_REC_GATHER == 11 && KB_REC_DEQUANT == 12 &&
+               KB_REC_NKINDS == 13,
                "record kinds");
 _Static_assert(KB_MF_M1_GELU == KB_M1_GELU && KB_MF_M1_AXPB == KB_M1_AXPB &&
                KB_MF_M1_RSQRT == KB_M1_RSQRT && KB_MF_M1_SOFTCAP == KB_M1_SOFTCAP &&
                KB_MF_M2_MIN == KB_M2_MIN && KB_RED_MAX == 1,
                "op codes shared with replay.cl");
 _Static_assert(KB_F16 == 0 && KB_BF16 == 1 && KB_F32 == 2, "dtype codes shared with replay.cl");
+_Static_assert(KB_I8 == 3 && KB_FP8E4M3 == 4 && KB_FP8E5M2 == 5 && KB_E8M0 == 6 && KB_I32 == 7 &&
+               KB_NDTYPES == 8, "number-format dtype codes shared with replay.cl (3 bits)");
 
 /* Argument table entry; the layout of replay.cl's kb_ent (naturally aligned, no padding). */
 typedef struct kb_clent {
@@ -92,13 +95,16 @@ typedef struct kb_clent {
 } kb_clent;
 _Static_assert(sizeof(kb_clent) == 104, "kb_clent must match replay.cl's kb_ent");
 
-enum { DT_PAYLOAD = 4, DT_UNALIGNED = 8 };
+enum { DT_PAYLOAD = 8, DT_UNALIGNED = 16 };
 enum { EF_ACC = 1, EF_FLAT = 2, EF_BIG = 4, EF_FMA = 8, EF_PAIR = 16, EF_QUAD = 32 };
+enum { EF_QSPARSE = 64, EF_QSCALE = 128 }; /* DEQUANT */
 
 static const char *const kernel_names[KB_REC_NKINDS] = {
     "kb_copy", "kb_fill", "kb_math1", "kb_math2", "kb_fma",
     "kb_clamp", "kb_softmax", "kb_reduce", "kb_gemm",
     "kb_transpose", "kb_attn_softmax", "kb_gather",
+    /* number formats */
+    "kb_dequant",
 };
 
 /* Work-items per group of a kind's kernel (replay.cl's reqd_work_group_size). */
@@ -709,6 +715,33 @@ static void make_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
                  ((d->cols + KB_GEMM_TN - 1) / KB_GEMM_TN);
         return;
     }
+    case KB_REC_DEQUANT: {
+        /* slot 1 elements, 2 metadata, 3 scale; cs[1], cs[2]: the scale's row and column
+         * blocks (dst rows / columns per scale element) */
+        int sparse = (r->flags & KB_REC_QSPARSE) != 0, scaled = (r->flags & KB_REC_QSCALE) != 0;
+        set_opnd(e, 1, &s[0]);
+        e->rs[1] = s[0].ld;
+        if (sparse) {
+            set_opnd(e, 2, &s[1]);
+            e->rs[2] = s[1].ld;
+            e->flags |= EF_QSPARSE;
+        }
+        if (scaled) {
+            const kb_opnd *sc = &s[r->nsrc - 1];
+            set_opnd(e, 3, sc);
+            e->rs[3] = sc->ld;
+            e->cs[1] = d->rows / sc->rows;
+            e->cs[2] = d->cols / sc->cols;
+            e->flags |= EF_QSCALE;
+        }
+        e->rows = d->rows;
+        e->cols = d->cols;
+        e->rs[0] = d->ld;
+        if ((uint64_t)d->rows * d->cols > UINT32_MAX)
+            e->flags |= EF_BIG;
+        *units = ((uint64_t)d->rows * d->cols + EW_CHUNK - 1) / EW_CHUNK;
+        return;
+    }
     default:
         break;
     }
@@ -735,7 +768,7 @@ static void make_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
         for (unsigned i = 0; i <= r->nsrc && i < 4; i++) {
             const kb_opnd *o = i == 0 ? d : &s[i - 1];
             size_t es = kb_dtype_size((kb_dtype)o->dtype);
-            if (o->addr % (2 * es) != 0)
+            if (o->addr % (2 * es) != 0 || es == 1) /* no byte-pair accesses */
                 pair = 0;
             if (es != 2 || o->addr % 8 != 0)
                 quad = 0;

@@ -31,6 +31,8 @@ const char *kb_rec_kind_name(kb_rec_kind k)
     static const char *const names[KB_REC_NKINDS] = {
         "copy", "fill", "math1", "math2", "fma", "clamp", "softmax", "reduce", "gemm",
         "transpose", "attn_softmax", "gather",
+        /* number formats */
+        "dequant",
     };
     if ((unsigned)k >= KB_REC_NKINDS)
         return "?";

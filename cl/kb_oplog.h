@@ -31,6 +31,16 @@
  *   GATHER  dst (n x d) row i = row id_i of src0 (the table, V x d, in memory), id_i = element
  *           i of src1 (1 x n or n x 1, any dtype, read as f32); an id that is not an integer
  *           in [0, V) (NaN included) gives a row of +0 (a vocab-parallel shard's miss)
+ * Number formats (issue #16, host/kb_tl_q.c):
+ *   DEQUANT dst(RxC) = x * s * imm[0], per element, the two products rounded in f32 in that
+ *           order (x * imm[0] without a scale). x: src0(RxC), or with flags & KB_REC_QSPARSE the
+ *           2:4-expanded src0 (R/2 x C kept values, R % 4 == 0) with src1 the metadata
+ *           (ceil(R/8) x C bytes, dtype i8, raw bits): byte (g/2, j) holds group g = i/4 of
+ *           column j in its low (g even) or high nibble as idx0 | idx1 << 2 (idx0 < idx1, the
+ *           positions in the group of kept rows 2g and 2g + 1); other positions are +0.
+ *           s (flags & KB_REC_QSCALE, the last source, sr x sc with R % sr == 0, C % sc == 0):
+ *           element (i, j) uses s(i / (R/sr), j / (C/sc)) — per-channel, per-token and
+ *           32-element MX blocks alike. nsrc = 1 + sparse + scale.
  */
 #ifndef KB_OPLOG_H
 #define KB_OPLOG_H
@@ -56,6 +66,8 @@ typedef enum kb_rec_kind {
     KB_REC_TRANSPOSE,
     KB_REC_ATTN_SOFTMAX,
     KB_REC_GATHER,
+    /* number formats (issue #16) */
+    KB_REC_DEQUANT,
     KB_REC_NKINDS
 } kb_rec_kind;
 
@@ -75,6 +87,8 @@ typedef enum kb_reduce_op { KB_RED_SUM = 0, KB_RED_MAX, KB_RED_NOPS } kb_reduce_
 enum { KB_SPACE_MEM = 0, KB_SPACE_PAYLOAD = 1 };
 
 enum { KB_REC_ACC = 1u << 0, KB_REC_AXIS0 = 1u << 1 };
+/* DEQUANT flags (number formats) */
+enum { KB_REC_QSPARSE = 1u << 4, KB_REC_QSCALE = 1u << 5 };
 
 typedef struct kb_opnd {
     uint64_t addr;   /* PA (KB_SPACE_MEM) or payload byte offset (KB_SPACE_PAYLOAD);

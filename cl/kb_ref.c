@@ -336,6 +336,33 @@ static void exec_gather(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
     }
 }
 
+/* DEQUANT (kb_oplog.h), element by element in row-major order. */
+static void exec_dequant(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
+{
+    const kb_opnd *d = &r->dst, *x = &r->src[0];
+    int sparse = (r->flags & KB_REC_QSPARSE) != 0, scaled = (r->flags & KB_REC_QSCALE) != 0;
+    const kb_opnd *meta = sparse ? &r->src[1] : NULL, *sc = scaled ? &r->src[r->nsrc - 1] : NULL;
+    const uint8_t *xb = opnd_base(x, arena, payload);
+    const uint8_t *mb = meta ? opnd_base(meta, arena, payload) : NULL;
+    const uint8_t *sb = sc ? opnd_base(sc, arena, payload) : NULL;
+    uint8_t *db = arena + d->addr;
+    uint32_t rb = sc ? d->rows / sc->rows : 1, cb = sc ? d->cols / sc->cols : 1;
+
+    for (uint32_t i = 0; i < d->rows; i++) {
+        for (uint32_t j = 0; j < d->cols; j++) {
+            float v, s = sc ? load_at(sc, sb, i / rb, j / cb) : 0.0f;
+            if (sparse) {
+                uint32_t g = i / 4;
+                int k = kb_mf_sparse_slot(mb[(size_t)(g / 2) * meta->ld + j], g, i % 4);
+                v = k < 0 ? 0.0f : load_at(x, xb, 2 * g + (uint32_t)k, j);
+            } else {
+                v = load_at(x, xb, i, j);
+            }
+            store_at(d, db, i, j, kb_mf_deq(v, s, r->imm[0], scaled));
+        }
+    }
+}
+
 void kb_ref_exec(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
 {
     switch (r->kind) {
@@ -364,6 +391,9 @@ void kb_ref_exec(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
         break;
     case KB_REC_GATHER:
         exec_gather(r, arena, payload);
+        break;
+    case KB_REC_DEQUANT:
+        exec_dequant(r, arena, payload);
         break;
     default:
         break;

@@ -42,7 +42,8 @@ typedef struct ival {
 
 static unsigned nsrc_of(unsigned kind)
 {
-    static const unsigned n[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2, 1, 1, 2 };
+    static const unsigned n[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2, 1, 1, 2,
+                                               /* dequant: at least (see check_dequant) */ 1 };
     return kind < KB_REC_NKINDS ? n[kind] : 0;
 }
 
@@ -97,6 +98,27 @@ static int check_nn_rec(const kb_rec *r, kb_errbuf *eb)
     }
 }
 
+/* DEQUANT (kb_oplog.h): the elements, the 2:4 metadata and the scale fit the destination. */
+static int check_dequant(const kb_rec *r, kb_errbuf *eb)
+{
+    const kb_opnd *d = &r->dst, *s = r->src;
+    if (r->flags & KB_REC_QSPARSE) {
+        if (d->rows % 4 != 0 || s[0].rows * 2 != d->rows || s[0].cols != d->cols)
+            return bad(r, eb, "sparse dequant needs R % 4 == 0 and R/2 x C kept values");
+        if (s[1].rows != (d->rows + 7) / 8 || s[1].cols != d->cols || s[1].dtype != KB_I8)
+            return bad(r, eb, "sparse dequant needs ceil(R/8) x C i8 metadata");
+    } else if (s[0].rows != d->rows || s[0].cols != d->cols) {
+        return bad(r, eb, "dequant elements and destination shapes differ");
+    }
+    if (r->flags & KB_REC_QSCALE) {
+        const kb_opnd *sc = &s[r->nsrc - 1];
+        if (sc->rows == 0 || sc->cols == 0 || d->rows % sc->rows != 0 ||
+            d->cols % sc->cols != 0)
+            return bad(r, eb, "dequant scale shape does not divide the destination's");
+    }
+    return 0;
+}
+
 static int check_rec(const kb_rec *r, kb_errbuf *eb)
 {
     const kb_opnd *d = &r->dst, *s = r->src;
@@ -105,7 +127,9 @@ static int check_rec(const kb_rec *r, kb_errbuf *eb)
     if (r->kind >= KB_REC_NKINDS)
         return kb_err_set(eb, KB_ERR_INVAL, "op log record seq %llu: unknown kind %u",
                           (unsigned long long)r->seq, (unsigned)r->kind);
-    if (r->nsrc != nsrc_of(r->kind))
+    if (r->kind == KB_REC_DEQUANT
+            ? r->nsrc != 1u + !!(r->flags & KB_REC_QSPARSE) + !!(r->flags & KB_REC_QSCALE)
+            : r->nsrc != nsrc_of(r->kind))
         return bad(r, eb, "wrong number of sources");
     if (d->space != KB_SPACE_MEM)
         return bad(r, eb, "destination not in memory");
@@ -147,6 +171,8 @@ static int check_rec(const kb_rec *r, kb_errbuf *eb)
     case KB_REC_ATTN_SOFTMAX:
     case KB_REC_GATHER:
         return check_nn_rec(r, eb);
+    case KB_REC_DEQUANT:
+        return check_dequant(r, eb);
     default:
         break;
     }

@@ -53,8 +53,14 @@
 #define KB_DT_F16 0u
 #define KB_DT_BF16 1u
 #define KB_DT_F32 2u
-#define KB_DT_PAYLOAD 4u
-#define KB_DT_UNALIGNED 8u
+#define KB_DT_I8 3u
+#define KB_DT_E4M3 4u
+#define KB_DT_E5M2 5u
+#define KB_DT_E8M0 6u
+#define KB_DT_I32 7u
+#define KB_DT_TYPE 7u       /* the kb_dtype code */
+#define KB_DT_PAYLOAD 8u
+#define KB_DT_UNALIGNED 16u
 
 /* kb_ent.flags */
 #define KB_EF_ACC 1u
@@ -137,39 +143,69 @@ static void kb_st32(global uchar *b, uint d, ulong i, uint v)
     ((global uint *)b)[i] = v;
 }
 
-/* The bits of element i (a 16-bit value or f32 bits); kb_cvt turns them into f32. */
+/* Bytes per element of type t: 1 for the 8-bit formats, 4 for f32 and i32, else 2. */
+static uint kb_esize(uint t)
+{
+    return t >= KB_DT_I8 && t <= KB_DT_E8M0 ? 1u : (t == KB_DT_F32 || t == KB_DT_I32) ? 4u : 2u;
+}
+
+/* The bits of element i (an 8- or 16-bit code or 32 bits); kb_cvt turns them into f32. */
 static uint kb_ldraw(global const uchar *b, uint d, ulong i)
 {
-    return (d & 3u) == KB_DT_F32 ? kb_ld32(b, d, i) : kb_ld16(b, d, i);
+    uint s = kb_esize(d & KB_DT_TYPE);
+    return s == 4u ? kb_ld32(b, d, i) : s == 2u ? kb_ld16(b, d, i) : (uint)b[i];
 }
 
 static float kb_cvt(uint d, uint x)
 {
-    uint t = d & 3u;
-    return t == KB_DT_F32 ? as_float(x) : t == KB_DT_F16 ? kb_mf_h2f(x) : kb_mf_bf2f(x);
+    switch (d & KB_DT_TYPE) {
+    case KB_DT_F32: return as_float(x);
+    case KB_DT_F16: return kb_mf_h2f(x);
+    case KB_DT_BF16: return kb_mf_bf2f(x);
+    case KB_DT_I8: return kb_mf_i82f(x);
+    case KB_DT_E4M3: return kb_mf_e4m32f(x);
+    case KB_DT_E5M2: return kb_mf_e5m22f(x);
+    case KB_DT_E8M0: return kb_mf_e8m02f(x);
+    default: return kb_mf_i322f(x);
+    }
 }
 
 /* Element i of an operand as f32. */
 static float kb_ld(global const uchar *b, uint d, ulong i)
 {
-    uint t = d & 3u;
-    if (t == KB_DT_F32)
-        return as_float(kb_ld32(b, d, i));
-    if (t == KB_DT_F16)
-        return kb_mf_h2f(kb_ld16(b, d, i));
-    return kb_mf_bf2f(kb_ld16(b, d, i));
+    return kb_cvt(d, kb_ldraw(b, d, i));
+}
+
+/* f32 -> the bits stored for an operand of descriptor d (rounding once). */
+static uint kb_enc(uint d, float v)
+{
+    switch (d & KB_DT_TYPE) {
+    case KB_DT_F32: return as_uint(v);
+    case KB_DT_F16: return kb_mf_f2h(v);
+    case KB_DT_BF16: return kb_mf_f2bf(v);
+    case KB_DT_I8: return kb_mf_f2i8(v);
+    case KB_DT_E4M3: return kb_mf_f2e4m3(v);
+    case KB_DT_E5M2: return kb_mf_f2e5m2(v);
+    case KB_DT_E8M0: return kb_mf_f2e8m0(v);
+    default: return kb_mf_f2i32(v);
+    }
+}
+
+static void kb_st_raw(global uchar *b, uint d, ulong i, uint v)
+{
+    uint s = kb_esize(d & KB_DT_TYPE);
+    if (s == 4u)
+        kb_st32(b, d, i, v);
+    else if (s == 2u)
+        kb_st16(b, d, i, v);
+    else
+        b[i] = (uchar)v;
 }
 
 /* Stores v into element i, rounding once to the operand's type. */
 static void kb_st(global uchar *b, uint d, ulong i, float v)
 {
-    uint t = d & 3u;
-    if (t == KB_DT_F32)
-        kb_st32(b, d, i, as_uint(v));
-    else if (t == KB_DT_F16)
-        kb_st16(b, d, i, kb_mf_f2h(v));
-    else
-        kb_st16(b, d, i, kb_mf_f2bf(v));
+    kb_st_raw(b, d, i, kb_enc(d, v));
 }
 
 /* ---------------------------------------------------------------- elementwise kinds */
@@ -184,13 +220,6 @@ static void kb_st(global uchar *b, uint d, ulong i, float v)
 /* Sources each kind reads. */
 #define KB_NSRC(kind) ((kind) == KB_K_FILL ? 0u : (kind) == KB_K_MATH2 ? 2u : (kind) == KB_K_FMA ? 3u : 1u)
 
-/* f32 -> the bits stored for an operand of descriptor d (rounding once). */
-static uint kb_enc(uint d, float v)
-{
-    uint t = d & 3u;
-    return t == KB_DT_F32 ? as_uint(v) : t == KB_DT_F16 ? kb_mf_f2h(v) : kb_mf_f2bf(v);
-}
-
 /*
  * The dst bits of one element from its sources' bits. A same-type copy moves bits (16-bit
  * NaNs are quieted, as the reference's round trip through f32 does).
@@ -199,10 +228,11 @@ static uint kb_ew_val(uint kind, global const kb_ent *e, uint d0, uint d1, uint 
                       uint x1, uint x2, uint x3)
 {
     float v;
-    if (kind == KB_K_COPY && (d0 & 3u) == (d1 & 3u)) {
-        uint emask = (d0 & 3u) == KB_DT_F16 ? 0x7C00u : 0x7F80u;
-        if ((d0 & 3u) != KB_DT_F32 && (x1 & emask) == emask && (x1 & (emask ^ 0x7FFFu)) != 0u)
-            x1 |= (d0 & 3u) == KB_DT_F16 ? 0x0200u : 0x0040u;
+    if (kind == KB_K_COPY && (d0 & KB_DT_TYPE) == (d1 & KB_DT_TYPE) &&
+        (d0 & KB_DT_TYPE) <= KB_DT_F32) {
+        uint emask = (d0 & KB_DT_TYPE) == KB_DT_F16 ? 0x7C00u : 0x7F80u;
+        if ((d0 & KB_DT_TYPE) != KB_DT_F32 && (x1 & emask) == emask && (x1 & (emask ^ 0x7FFFu)) != 0u)
+            x1 |= (d0 & KB_DT_TYPE) == KB_DT_F16 ? 0x0200u : 0x0040u;
         return x1;
     }
     if (kind == KB_K_COPY)
@@ -223,7 +253,7 @@ static uint kb_ew_val(uint kind, global const kb_ent *e, uint d0, uint d1, uint 
 /* Elements i and i + 1 (i even, the operand aligned to two elements) as raw bits. */
 static uint2 kb_ld2(global const uchar *b, uint d, ulong i)
 {
-    if ((d & 3u) == KB_DT_F32)
+    if (kb_esize(d & KB_DT_TYPE) == 4u)
         return ((global const uint2 *)b)[i / 2u];
     uint x = ((global const uint *)b)[i / 2u];
     return (uint2)(x & 0xFFFFu, x >> 16);
@@ -231,18 +261,10 @@ static uint2 kb_ld2(global const uchar *b, uint d, ulong i)
 
 static void kb_st2(global uchar *b, uint d, ulong i, uint2 v)
 {
-    if ((d & 3u) == KB_DT_F32)
+    if (kb_esize(d & KB_DT_TYPE) == 4u)
         ((global uint2 *)b)[i / 2u] = v;
     else
         ((global uint *)b)[i / 2u] = v.x | (v.y << 16);
-}
-
-static void kb_st_raw(global uchar *b, uint d, ulong i, uint v)
-{
-    if ((d & 3u) == KB_DT_F32)
-        kb_st32(b, d, i, v);
-    else
-        kb_st16(b, d, i, v);
 }
 
 /*
@@ -441,6 +463,59 @@ KB_GRID_KERNEL(kb_math1, KB_EW_LOCAL, kb_ew_chunk, KB_K_MATH1)
 KB_GRID_KERNEL(kb_math2, KB_EW_LOCAL, kb_ew_chunk, KB_K_MATH2)
 KB_GRID_KERNEL(kb_fma, KB_EW_LOCAL, kb_ew_chunk, KB_K_FMA)
 KB_GRID_KERNEL(kb_clamp, KB_EW_LOCAL, kb_ew_chunk, KB_K_CLAMP)
+
+/* ---------------------------------------------------------------- number formats */
+
+#define KB_EF_QSPARSE 64u
+#define KB_EF_QSCALE 128u
+
+/*
+ * DEQUANT (kb_oplog.h): each work-item every KB_EW_LOCAL-th element of a chunk, with the
+ * reference's arithmetic (kb_mf_sparse_slot, kb_mf_deq). Slots: 1 elements, 2 the 2:4
+ * metadata (raw bytes), 3 the scale; cs[1] / cs[2] are the scale's row / column blocks.
+ */
+static void kb_dequant_chunk(uint kind, global const kb_ent *e, global uchar *arena,
+                             global const uchar *payload, ulong chunk)
+{
+    ulong n = (ulong)e->rows * e->cols, cbase = chunk * KB_EW_CHUNK;
+    uint lid = get_local_id(0), cols = e->cols, flags = e->flags;
+    uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu, d2 = (e->dt >> 16) & 0xFFu;
+    uint d3 = (e->dt >> 24) & 0xFFu;
+    int scaled = (flags & KB_EF_QSCALE) != 0u;
+    global uchar *b0 = arena + e->off[0];
+    global const uchar *b1 = kb_base(arena, payload, d1, e->off[1]);
+    global const uchar *b2 = kb_base(arena, payload, d2, e->off[2]);
+    global const uchar *b3 = kb_base(arena, payload, d3, e->off[3]);
+
+    (void)kind;
+    for (uint it = 0; it < KB_EW_PER; it++) {
+        ulong idx = cbase + lid + (ulong)it * KB_EW_LOCAL, row, col;
+        float v, s = 0.0f;
+        if (idx >= n)
+            break;
+        if (flags & KB_EF_BIG) {
+            row = idx / cols;
+            col = idx - row * cols;
+        } else {
+            uint r32 = (uint)idx / cols;
+            row = r32;
+            col = (uint)idx - r32 * cols;
+        }
+        if (scaled)
+            s = kb_ld(b3, d3, (row / e->cs[1]) * e->rs[3] + col / e->cs[2]);
+        if (flags & KB_EF_QSPARSE) {
+            uint g = (uint)(row / 4u);
+            int k = kb_mf_sparse_slot((uint)b2[(ulong)(g / 2u) * e->rs[2] + col], g,
+                                      (uint)(row % 4u));
+            v = k < 0 ? 0.0f : kb_ld(b1, d1, (ulong)(2u * g + (uint)k) * e->rs[1] + col);
+        } else {
+            v = kb_ld(b1, d1, row * e->rs[1] + col);
+        }
+        kb_st(b0, d0, row * e->rs[0] + col, kb_mf_deq(v, s, e->imm0, scaled));
+    }
+}
+
+KB_GRID_KERNEL(kb_dequant, KB_EW_LOCAL, kb_dequant_chunk, 0u)
 
 /* ---------------------------------------------------------------- softmax and reduce */
 

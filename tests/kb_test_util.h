@@ -244,7 +244,8 @@ static inline int kbt_kbcl(char *out, size_t n, const char *fmt, ...)
 /* A record of kind k at t (10 ps long) with the kind's number of sources, all else zero. */
 static inline kb_rec kbt_rec_new(kb_rec_kind k, kb_time t)
 {
-    static const unsigned nsrc[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2, 1, 1, 2 };
+    static const unsigned nsrc[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2, 1, 1, 2,
+                                                   /* dequant (elements only) */ 1 };
     kb_rec r;
     memset(&r, 0, sizeof r);
     r.kind = (uint8_t)k;
@@ -341,6 +342,7 @@ static inline int kbt__disjoint(const kb_rec *r)
             continue;
         if (s == 0 && r->kind != KB_REC_GEMM && r->kind != KB_REC_REDUCE &&
             r->kind != KB_REC_TRANSPOSE && r->kind != KB_REC_GATHER &&
+            r->kind != KB_REC_DEQUANT &&
             memcmp(&r->dst, &r->src[0], sizeof r->dst) == 0)
             continue;
         return 0;
@@ -413,6 +415,29 @@ static inline kb_rec kbt_rand_rec(kbt_recgen *ge, kb_time t)
                                        : kbt_rand_place(ge, rows, 1, KB_F32);
         break;
     }
+    case KB_REC_DEQUANT: {
+        /* optionally 2:4-sparse (rows a multiple of 4; random metadata bytes, any nibble) and
+         * scaled by a block scale whose blocks divide the shape */
+        int sparse = kbt_rng_below(g, 2), scaled = kbt_rng_below(g, 3) != 0;
+        uint32_t rb = 1 + kbt_rng_below(g, 4), cb = 1 + kbt_rng_below(g, 4);
+        uint32_t ru = sparse ? 4 * rb : rb; /* rows: a multiple of 4 (sparse) and of rb */
+        rows = (rows + ru - 1) / ru * ru;
+        cols = (cols + cb - 1) / cb * cb;
+        r.nsrc = (uint8_t)(1 + sparse + scaled);
+        r.imm[0] = kbt_rng_below(g, 2) ? 1.0f : 0x1p-6f;
+        r.src[0] = kbt_rand_place(ge, sparse ? rows / 2 : rows, cols,
+                                  (kb_dtype)kbt_rng_below(g, KB_NDTYPES));
+        if (sparse) {
+            r.flags |= KB_REC_QSPARSE;
+            r.src[1] = kbt_rand_place(ge, (rows + 7) / 8, cols, KB_I8);
+        }
+        if (scaled) {
+            r.flags |= KB_REC_QSCALE;
+            r.src[r.nsrc - 1] = kbt_rand_place(ge, rows / rb, cols / cb,
+                                               (kb_dtype)kbt_rng_below(g, KB_NDTYPES));
+        }
+        break;
+    }
     default:
         break;
     }
@@ -422,7 +447,7 @@ static inline kb_rec kbt_rand_rec(kbt_recgen *ge, kb_time t)
     r.dst = kbt_rand_place(ge, rows, cols, dt);
     /* in place now and then, when the first source has dst's shape */
     if (k != KB_REC_GEMM && k != KB_REC_REDUCE && k != KB_REC_FILL && k != KB_REC_TRANSPOSE &&
-        k != KB_REC_GATHER &&
+        k != KB_REC_GATHER && k != KB_REC_DEQUANT &&
         kbt_rng_below(g, 6) == 0 && r.src[0].rows == rows && r.src[0].cols == cols &&
         r.src[0].space == KB_SPACE_MEM)
         r.dst = r.src[0];

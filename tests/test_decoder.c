@@ -163,6 +163,21 @@ static void test_plan(void **s)
 
 /* ---- the projection gemms' time is the closed form ---- */
 
+/* x (m x k) @ a streamed k x n weight: one PE_GEMM use per SchedulerV2 step, each the
+ * closed form kb_qgemm_ns of its tile (timing-model.md); whole picoseconds */
+static int64_t tiled_ps(const kb_topo_cfg *c, kb_qfmt f, int sp, uint64_t m, uint64_t n,
+                        uint64_t k)
+{
+    int64_t ps = 0;
+    for (uint64_t m0 = 0; m0 < m; m0 += 128)
+        for (uint64_t n0 = 0; n0 < n; n0 += 128)
+            for (uint64_t k0 = 0; k0 < k; k0 += 128)
+                ps += llround(1000.0 * kb_qgemm_ns(c, f, sp, m - m0 < 128 ? m - m0 : 128,
+                                                   n - n0 < 128 ? n - n0 : 128,
+                                                   k - k0 < 128 ? k - k0 : 128));
+    return ps;
+}
+
 static void test_proj_gemm_closed_form(void **s)
 {
     const kb_bench *b = kb_bench_find("decoder_layer");
@@ -203,21 +218,21 @@ static void test_proj_gemm_closed_form(void **s)
             assert_int_equal(kb_model_load(&m, model, &eb), 0);
             assert_int_equal(kb_decoder_plan_make(&m, &o, cfg.topo.sips_count, 0, 2, 8, &pl,
                                                   &eb), 0);
-            double want = 0, calls = 0;
+            int64_t want = 0;
+            const kb_topo_cfg *c = &cfg.topo;
             for (uint64_t r0 = 0; r0 < 160; r0 += 128) {
                 uint64_t n = 160 - r0 < 128 ? 160 - r0 : 128;
-                want += pl.qkv.n * kb_qgemm_ns(&cfg.topo, fmts[f], sparse, n, (uint64_t)pl.c,
-                                               (uint64_t)pl.d) +
-                        pl.mlp.n * (2 * kb_qgemm_ns(&cfg.topo, fmts[f], sparse, n,
-                                                    (uint64_t)pl.cf, (uint64_t)pl.d) +
-                                    kb_qgemm_ns(&cfg.topo, fmts[f], sparse, n, (uint64_t)pl.d,
-                                                (uint64_t)pl.cf));
-                calls += pl.qkv.n + 3.0 * pl.mlp.n;
+                want += pl.qkv.n * tiled_ps(c, fmts[f], sparse, n, (uint64_t)pl.c,
+                                            (uint64_t)pl.d) +
+                        pl.mlp.n * (2 * tiled_ps(c, fmts[f], sparse, n, (uint64_t)pl.cf,
+                                                 (uint64_t)pl.d) +
+                                    tiled_ps(c, fmts[f], sparse, n, (uint64_t)pl.d,
+                                             (uint64_t)pl.cf));
             }
-            /* exact up to the picosecond rounding of each call's time */
-            if (!(got > 0) || fabs(got - want) > 1e-3 * calls)
+            /* exactly, in picoseconds */
+            if (!(got > 0) || llround(got * 1000.0) != want)
                 fail_msg("%s sparse=%d: PE_GEMM busy %.3f ns, closed form %.3f ns", a.dtype,
-                         sparse, got, want);
+                         sparse, got, want / 1000.0);
         }
 }
 

@@ -33,7 +33,7 @@ static void test_names(void **state)
     assert_int_equal(kb_dtype_from_name("bf16"), KB_BF16);
     assert_int_equal(kb_dtype_from_name("f32"), KB_F32);
     assert_int_equal(kb_dtype_from_name("f16"), KB_F16);
-    assert_int_equal(kb_dtype_from_name("fp8"), -1);
+    assert_int_equal(kb_dtype_from_name("fp8"), -1); /* the formats are fp8e4m3, fp8e5m2 */
     assert_int_equal(kb_dtype_from_name(NULL), -1);
     assert_int_equal(kb_dtype_size(KB_F16), 2);
     assert_int_equal(kb_dtype_size(KB_BF16), 2);
@@ -267,6 +267,143 @@ static void test_bulk(void **state)
     free(bulk);
 }
 
+/* ------------------------------------------------------------------ number formats */
+
+static void test_fmt_names_sizes(void **state)
+{
+    static const char *const nm[] = { "i8", "fp8e4m3", "fp8e5m2", "e8m0", "i32" };
+    static const size_t sz[] = { 1, 1, 1, 1, 4 };
+    (void)state;
+    for (int t = KB_I8; t <= KB_I32; t++) {
+        assert_string_equal(kb_dtype_name((kb_dtype)t), nm[t - KB_I8]);
+        assert_int_equal(kb_dtype_from_name(nm[t - KB_I8]), t);
+        assert_int_equal(kb_dtype_size((kb_dtype)t), sz[t - KB_I8]);
+    }
+    assert_int_equal(KB_NDTYPES, 8);
+}
+
+/* Every code of each 8-bit format decodes and encodes back to itself (NaNs included). */
+static void test_fmt_roundtrip_all_codes(void **state)
+{
+    (void)state;
+    for (unsigned c = 0; c < 256; c++) {
+        uint8_t b = (uint8_t)c;
+        assert_int_equal(kb_f32_to_i8(kb_i8_to_f32(b)), b);
+        assert_int_equal(kb_f32_to_e4m3(kb_e4m3_to_f32(b)), b);
+        assert_int_equal(kb_f32_to_e5m2(kb_e5m2_to_f32(b)), b);
+        if (c > 0) /* e8m0 0x00 is 2^-127, an f32 subnormal: it stores back as 0x00 too */
+            assert_int_equal(kb_f32_to_e8m0(kb_e8m0_to_f32(b)), b);
+        for (int t = KB_I8; t <= KB_E8M0; t++) { /* the dtype paths agree */
+            uint8_t buf[1] = { b }, out[1];
+            float v = kb_dtype_load((kb_dtype)t, buf, 0);
+            kb_dtype_store((kb_dtype)t, out, 0, v);
+            assert_int_equal(out[0], b);
+        }
+    }
+    assert_int_equal(kb_f32_to_e8m0(kb_e8m0_to_f32(0)), 0);
+}
+
+static void test_fmt_values(void **state)
+{
+    (void)state;
+    /* int8: two's complement */
+    assert_true(kb_i8_to_f32(0x80) == -128.0f && kb_i8_to_f32(0x7F) == 127.0f);
+    assert_true(kb_i8_to_f32(0xFF) == -1.0f);
+    /* e4m3: bias 7, max 448 = S.1111.110, min subnormal 2^-9, NaN S.1111.111 */
+    assert_true(kb_e4m3_to_f32(0x7E) == 448.0f && kb_e4m3_to_f32(0xFE) == -448.0f);
+    assert_true(kb_e4m3_to_f32(0x01) == 0x1p-9f && kb_e4m3_to_f32(0x08) == 0x1p-6f);
+    assert_true(kb_e4m3_to_f32(0x38) == 1.0f);
+    assert_true(isnan(kb_e4m3_to_f32(0x7F)) && isnan(kb_e4m3_to_f32(0xFF)));
+    assert_true(kb_e4m3_to_f32(0x80) == 0.0f && signbit(kb_e4m3_to_f32(0x80)));
+    /* e5m2: bias 15, max 57344 = S.11110.11, inf S.11111.00 */
+    assert_true(kb_e5m2_to_f32(0x7B) == 57344.0f && kb_e5m2_to_f32(0x3C) == 1.0f);
+    assert_true(kb_e5m2_to_f32(0x01) == 0x1p-16f && isinf(kb_e5m2_to_f32(0x7C)));
+    assert_true(isnan(kb_e5m2_to_f32(0x7D)) && isnan(kb_e5m2_to_f32(0xFF)));
+    /* e8m0: 2^(e - 127), 0xFF NaN */
+    assert_true(kb_e8m0_to_f32(127) == 1.0f && kb_e8m0_to_f32(0) == 0x1p-127f);
+    assert_true(kb_e8m0_to_f32(254) == 0x1p127f && isnan(kb_e8m0_to_f32(255)));
+}
+
+/* Round to nearest even at the midpoints; saturation to the largest finite value. */
+static void test_fmt_rounding(void **state)
+{
+    (void)state;
+    /* int8 */
+    assert_int_equal(kb_f32_to_i8(2.5f), 2);
+    assert_int_equal(kb_f32_to_i8(3.5f), 4);
+    assert_int_equal(kb_f32_to_i8(-2.5f), 0xFE);
+    assert_int_equal(kb_f32_to_i8(-0.5f), 0);
+    assert_int_equal(kb_f32_to_i8(0.5000001f), 1);
+    assert_int_equal(kb_f32_to_i8(127.5f), 127);   /* 128 saturates */
+    assert_int_equal(kb_f32_to_i8(1e9f), 127);
+    assert_int_equal(kb_f32_to_i8(-128.5f), 0x80); /* -128 is in range */
+    assert_int_equal(kb_f32_to_i8(-1e9f), 0x80);
+    assert_int_equal(kb_f32_to_i8(INFINITY), 127);
+    assert_int_equal(kb_f32_to_i8(NAN), 0);
+    /* e4m3 between 1 (0x38) and 1.125 (0x39): the midpoint goes to the even 0x38; between
+     * 1.125 and 1.25 (0x3A) to 0x3A */
+    assert_int_equal(kb_f32_to_e4m3(1.0625f), 0x38);
+    assert_int_equal(kb_f32_to_e4m3(1.1875f), 0x3A);
+    assert_int_equal(kb_f32_to_e4m3(1.0626f), 0x39);
+    assert_int_equal(kb_f32_to_e4m3(464.0f), 0x7E);   /* midpoint 448 | 480: even 448 */
+    assert_int_equal(kb_f32_to_e4m3(1e6f), 0x7E);     /* saturates */
+    assert_int_equal(kb_f32_to_e4m3(-1e6f), 0xFE);
+    assert_int_equal(kb_f32_to_e4m3(-INFINITY), 0xFE); /* no infinities */
+    assert_int_equal(kb_f32_to_e4m3(NAN), 0x7F);
+    assert_int_equal(kb_f32_to_e4m3(0x1p-10f), 0x00); /* half the smallest subnormal: even 0 */
+    assert_int_equal(kb_f32_to_e4m3(0x1.8p-9f), 0x02); /* 1.5 subnormal steps: even 2 */
+    /* e5m2 */
+    assert_int_equal(kb_f32_to_e5m2(1.125f), 0x3C);   /* midpoint 1 | 1.25: even 1 */
+    assert_int_equal(kb_f32_to_e5m2(1.375f), 0x3E);   /* midpoint 1.25 | 1.5: even 1.5 */
+    assert_int_equal(kb_f32_to_e5m2(61440.0f), 0x7B); /* would round to 2^16: saturates */
+    assert_int_equal(kb_f32_to_e5m2(1e9f), 0x7B);
+    assert_int_equal(kb_f32_to_e5m2(INFINITY), 0x7C); /* infinity is kept */
+    assert_int_equal(kb_f32_to_e5m2(0x1p-17f), 0x00);
+    /* e8m0: the power of two at or below */
+    assert_int_equal(kb_f32_to_e8m0(1.0f), 127);
+    assert_int_equal(kb_f32_to_e8m0(1.99f), 127);
+    assert_int_equal(kb_f32_to_e8m0(0.5f), 126);
+    assert_int_equal(kb_f32_to_e8m0(0.0f), 0);
+    assert_int_equal(kb_f32_to_e8m0(-4.0f), 0);
+    assert_int_equal(kb_f32_to_e8m0(INFINITY), 254);
+    assert_int_equal(kb_f32_to_e8m0(NAN), 255);
+    /* i32 through the dtype paths */
+    uint8_t b[4];
+    kb_dtype_store(KB_I32, b, 0, 2.5f);
+    assert_true(kb_dtype_load(KB_I32, b, 0) == 2.0f);
+    kb_dtype_store(KB_I32, b, 0, -3.5f);
+    assert_true(kb_dtype_load(KB_I32, b, 0) == -4.0f);
+    kb_dtype_store(KB_I32, b, 0, 3e9f);
+    assert_true(kb_dtype_load(KB_I32, b, 0) == 2147483648.0f); /* INT32_MAX as f32 */
+    kb_dtype_store(KB_I32, b, 0, NAN);
+    assert_true(kb_dtype_load(KB_I32, b, 0) == 0.0f);
+}
+
+/* e4m3 and e5m2 against a reference: the nearest code by value (ties to the even code),
+ * saturated, for a sweep of f32 values across the whole range. */
+static void test_fmt_nearest_sweep(void **state)
+{
+    (void)state;
+    for (int fmt = 0; fmt < 2; fmt++) {
+        float (*dec)(uint8_t) = fmt ? kb_e5m2_to_f32 : kb_e4m3_to_f32;
+        uint8_t (*enc)(float) = fmt ? kb_f32_to_e5m2 : kb_f32_to_e4m3;
+        uint8_t maxc = fmt ? 0x7B : 0x7E;
+        for (uint32_t u = 0; u < 0x48000000u; u += 0x1357u) { /* 0 .. 131072 */
+            float x;
+            memcpy(&x, &u, sizeof x);
+            int best = 0;
+            for (int c = 1; c <= maxc; c++) {
+                double dc = fabs((double)dec((uint8_t)c) - x), db = fabs((double)dec((uint8_t)best) - x);
+                if (dc < db || (dc == db && (c & 1) == 0))
+                    best = c;
+            }
+            if (enc(x) != best)
+                fail_msg("fmt %d: %a -> 0x%02x, nearest 0x%02x", fmt, (double)x, enc(x), best);
+            assert_int_equal(enc(-x), best | 0x80);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -279,6 +416,11 @@ int main(void)
         cmocka_unit_test(test_load_store),
         cmocka_unit_test(test_ulp),
         cmocka_unit_test(test_bulk),
+        cmocka_unit_test(test_fmt_names_sizes),
+        cmocka_unit_test(test_fmt_roundtrip_all_codes),
+        cmocka_unit_test(test_fmt_values),
+        cmocka_unit_test(test_fmt_rounding),
+        cmocka_unit_test(test_fmt_nearest_sweep),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -603,6 +603,82 @@ static void test_copy_specials(void **state)
 }
 
 /*
+ * Number formats: every code of each 8-bit type (and int32 words) copied into every type, a
+ * sweep of f32 values (ties, saturation, subnormals, NaN, inf) stored into each of them, and
+ * DEQUANT records (dense / 2:4, with per-channel, per-token and 32-block scales): both
+ * backends give the same bytes.
+ */
+static void test_formats(void **state)
+{
+    dev *d = need_device(state);
+    enum { NV = 2048 };
+    uint8_t codes[1024];
+    float *vals = malloc(NV * sizeof *vals);
+    kbt_rng g = { 21 };
+    pair p;
+    kb_time t = 0;
+    uint64_t out = 0x40000;
+
+    assert_non_null(vals);
+    for (int i = 0; i < 1024; i++) /* every code, then random bytes */
+        codes[i] = (uint8_t)(i < 256 ? (uint64_t)i : kbt_rng_next(&g));
+    for (int i = 0; i < NV; i++) { /* midpoints, big, tiny and special values */
+        uint32_t u = (uint32_t)kbt_rng_next(&g);
+        float v = i % 4 == 0 ? kbt_rng_float(&g, -600.0f, 600.0f)
+                : i % 4 == 1 ? (float)(i / 4 - 256) + 0.5f
+                : i % 4 == 2 ? kbt_rng_float(&g, -1.0f, 1.0f) * 0x1p-8f : 0.0f;
+        if (i % 4 == 3)
+            memcpy(&v, &u, sizeof v); /* any bit pattern: NaNs, infinities, subnormals */
+        vals[i] = v;
+    }
+    pair_init(&p);
+    pair_write(&p, 0x1000, codes, sizeof codes);
+    pair_write(&p, 0x2000, vals, NV * sizeof *vals);
+    for (int ts = KB_I8; ts <= KB_I32; ts++) {
+        for (int td = 0; td < KB_NDTYPES; td++) {
+            kb_rec r = kbt_rec_new(KB_REC_COPY, t++);
+            r.src[0] = kb_opnd_make(0x1000, 1, ts == KB_I32 ? 64 : 256, (kb_dtype)ts);
+            r.dst = kb_opnd_make(out, 1, r.src[0].cols, (kb_dtype)td);
+            pair_append(&p, &r);
+            out += 0x800;
+        }
+    }
+    for (int td = KB_I8; td <= KB_I32; td++) {
+        kb_rec r = kbt_rec_new(KB_REC_COPY, t++);
+        r.src[0] = kb_opnd_make(0x2000, 1, NV, KB_F32);
+        r.dst = kb_opnd_make(out, 1, NV, (kb_dtype)td);
+        pair_append(&p, &r);
+        out += 4 * NV;
+    }
+    for (int k = 0; k < 12; k++) { /* DEQUANT: 64 x 16 from the codes / values */
+        kb_rec r = kbt_rec_new(KB_REC_DEQUANT, t++);
+        int sparse = k & 1, sk = (k >> 1) % 3;
+        kb_dtype et = k % 4 < 2 ? KB_I8 : (k & 2) ? KB_FP8E4M3 : KB_FP8E5M2;
+        r.nsrc = 1;
+        r.imm[0] = sk == 2 ? 0x1p-6f : 1.0f;
+        r.src[0] = kb_opnd_make(0x1000, sparse ? 32 : 64, 16, k > 8 ? KB_FP8E5M2 : et);
+        if (sparse) {
+            r.flags |= KB_REC_QSPARSE;
+            r.src[r.nsrc++] = kb_opnd_make(0x1000 + 7 * k, 8, 16, KB_I8);
+        }
+        if (sk < 2 || k > 8) {
+            r.flags |= KB_REC_QSCALE;
+            r.src[r.nsrc] = sk == 0 ? kb_opnd_make(0x2000, 1, 16, KB_F32)   /* per channel */
+                          : sk == 1 ? kb_opnd_make(0x2100, 64, 1, KB_F32)   /* per token */
+                                    : kb_opnd_make(0x1010, 2, 16, KB_E8M0); /* 32-blocks */
+            r.nsrc++;
+        }
+        r.dst = kb_opnd_make(out, 64, 16, k % 3 ? KB_F32 : KB_F16);
+        pair_append(&p, &r);
+        out += 64 * 16 * 4;
+    }
+    pair_flush(&p, d);
+    pair_compare(&p, 0x40000, (size_t)(out - 0x40000));
+    pair_free(&p);
+    free(vals);
+}
+
+/*
  * Contiguous records of every length 1..41 at 8-byte aligned places (4 elements per access
  * for 16-bit types, pairs otherwise, with the odd tails), at 2-element alignment, and in place.
  */
@@ -1008,6 +1084,7 @@ int main(void)
         cmocka_unit_test(test_nan_and_zero_rules),
         cmocka_unit_test(test_devices),
         cmocka_unit_test(test_copy_specials),
+        cmocka_unit_test(test_formats),
         cmocka_unit_test(test_wide_paths),
         cmocka_unit_test(test_nn_kinds),
         cmocka_unit_test(test_launch_count),

@@ -694,7 +694,7 @@ static void test_plan_invalid(void **state)
     r.src[0].cols = 3; /* 3 does not broadcast to 4 */
     assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), KB_ERR_INVAL);
     r.src[0].cols = 4;
-    r.dst.dtype = 7;
+    r.dst.dtype = KB_NDTYPES;
     assert_int_equal(kb_plan_build(&pr, 1, &p, NULL), KB_ERR_INVAL);
     r.dst.dtype = KB_F16;
     r.kind = KB_REC_NKINDS;

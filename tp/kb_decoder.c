@@ -325,18 +325,12 @@ static kb_va shard_va(kb_tl *tl, kb_va base, int j)
 #define F_SPARSE(x) ((int)(((x) >> 8) & 0xff))
 #define F_ACT(x) ((kb_dtype)(((x) >> 16) & 0xff))
 
-/* x (m x k) @ shard j of a weight (k x n): the 16-bit dense formats are plain f16/bf16
- * tensors (tl_dot streams them), the others go through tl_dot_q. */
+/* x (m x k) @ shard j (k x n) of a weight whose parts are at w[0..2] (kb_qweight). */
 static kb_val wdot(kb_tl *tl, kb_val x, const kb_va *w, int j, uint32_t k, uint32_t n,
                    int64_t flags)
 {
-    kb_qfmt fmt = F_FMT(flags);
-    int sparse = F_SPARSE(flags);
-    if ((fmt == KB_QF_F16 || fmt == KB_QF_BF16) && !sparse)
-        return tl_dot(tl, x, tl_ref(tl, shard_va(tl, w[0], j), KB_SHAPE2(k, n),
-                                    fmt == KB_QF_BF16 ? KB_BF16 : KB_F16));
     kb_qref q = tl_qref(tl, shard_va(tl, w[0], j), shard_va(tl, w[1], j), shard_va(tl, w[2], j),
-                        k, n, fmt, sparse);
+                        k, n, F_FMT(flags), F_SPARSE(flags));
     return tl_dot_q(tl, x, q);
 }
 
@@ -688,18 +682,9 @@ static int make_t(kb_ctx *ctx, const char *name, int64_t rows, int64_t cols, kb_
     return zeros ? kb_tensor_zeros(ctx, &d, out) : kb_tensor_empty(ctx, &d, out);
 }
 
-static int dense16(kb_qfmt f, int sparse) { return (f == KB_QF_F16 || f == KB_QF_BF16) && !sparse; }
-
 static int make_w(kb_ctx *ctx, const char *name, int64_t k, int64_t n, const kb_decoder_opts *o,
                   kb_dp_policy dp, const kb_fill *f, kb_qweight *w)
 {
-    memset(w, 0, sizeof *w);
-    if (dense16(o->fmt, o->sparse)) {
-        w->fmt = o->fmt;
-        w->k = k;
-        w->n = n;
-        return make_t(ctx, name, k, n, o->fmt == KB_QF_BF16 ? KB_BF16 : KB_F16, dp, f, 0, &w->q);
-    }
     return kb_qweight_create(ctx, name, k, n, o->fmt, o->sparse, dp, f, w);
 }
 
@@ -868,6 +853,20 @@ static int coll_timed(kb_ctx *ctx, kb_decoder *dec, int kind, kb_tensor *out, kb
     return rc;
 }
 
+double kb_decoder_gemm_closed_ns(const kb_topo_cfg *c, kb_qfmt fmt, int sparse, uint64_t m,
+                                  uint64_t n, uint64_t k)
+{
+    uint64_t tm = (uint64_t)c->sched_tile_m, tn = (uint64_t)c->sched_tile_n,
+             tk = (uint64_t)c->sched_tile_k;
+    double t = 0;
+    for (uint64_t m0 = 0; m0 < m; m0 += tm)
+        for (uint64_t n0 = 0; n0 < n; n0 += tn)
+            for (uint64_t k0 = 0; k0 < k; k0 += tk)
+                t += kb_qgemm_ns(c, fmt, sparse, m - m0 < tm ? m - m0 : tm,
+                                 n - n0 < tn ? n - n0 : tn, k - k0 < tk ? k - k0 : tk);
+    return t;
+}
+
 /* The closed form of the projection gemms of the QKV and MLP kernels on one rank. */
 static double proj_closed(kb_ctx *ctx, const kb_decoder *dec)
 {
@@ -878,9 +877,10 @@ static double proj_closed(kb_ctx *ctx, const kb_decoder *dec)
     double t = 0;
     for (int64_t r0 = 0; r0 < pl->T; r0 += pl->tb) {
         uint64_t n = (uint64_t)(pl->T - r0 < pl->tb ? pl->T - r0 : pl->tb);
-        t += pl->qkv.n * kb_qgemm_ns(c, f, sp, n, (uint64_t)pl->c, (uint64_t)pl->d);
-        t += pl->mlp.n * (2 * kb_qgemm_ns(c, f, sp, n, (uint64_t)pl->cf, (uint64_t)pl->d) +
-                          kb_qgemm_ns(c, f, sp, n, (uint64_t)pl->d, (uint64_t)pl->cf));
+        t += pl->qkv.n * kb_decoder_gemm_closed_ns(c, f, sp, n, (uint64_t)pl->c, (uint64_t)pl->d);
+        t += pl->mlp.n *
+             (2 * kb_decoder_gemm_closed_ns(c, f, sp, n, (uint64_t)pl->cf, (uint64_t)pl->d) +
+              kb_decoder_gemm_closed_ns(c, f, sp, n, (uint64_t)pl->d, (uint64_t)pl->cf));
     }
     return t;
 }

@@ -100,12 +100,19 @@ typedef struct kb_decoder_plan {
 int kb_decoder_plan_make(const kb_model_cfg *mc, const kb_decoder_opts *o, int ws, int rank,
                          int ncubes, int npes, kb_decoder_plan *pl, kb_errbuf *eb);
 
+/* The projection gemm's PE_GEMM time in closed form: x (m x k, local) @ a k x n weight
+ * streamed from HBM by SchedulerV2 is one gemm-unit use per tile step (tile_m x tile_n x
+ * tile_k, edge tiles smaller), each kb_qgemm_ns of its sizes (format rate, 2:4 speed-up). */
+double kb_decoder_gemm_closed_ns(const kb_topo_cfg *c, kb_qfmt fmt, int sparse, uint64_t m,
+                                 uint64_t n, uint64_t k);
+
 /* Time split of one forward (rank 0's critical path; see docs/decoder.md). */
 typedef struct kb_decoder_stats {
     double compute_ns, memory_ns, comm_ns;
     /* PE_GEMM time of the projection gemms (tl_dot_q) as the closed form kb_qgemm_ns gives
      * it for every call made, summed over the rank's PEs, and the time the rank's PE_GEMM
-     * units were busy in the projection kernels' gemm calls (measured): equal by design */
+     * units were busy in the projection kernels' gemm calls (measured): equal by design
+     * (kb_decoder_gemm_closed_ns) */
     double proj_gemm_closed_ns, proj_gemm_busy_ns;
 } kb_decoder_stats;
 

@@ -64,6 +64,8 @@ typedef struct kb_topo_cfg {
     double math_lanes_per_ns;                /* pe.math.lanes_per_ns: elements per ns */
     double gemm_fixed_ns;                    /* pe.gemm.fixed_ns */
     double gemm_flops_per_ns;                /* pe.gemm.flops_per_ns (2*M*N*K flops per gemm) */
+    /* pe.gemm.{int8,fp8,mxint8,sparse}_speedup: number-format rates (kb_tl_q) */
+    double gemm_int8_speedup, gemm_fp8_speedup, gemm_mxint8_speedup, gemm_sparse_speedup;
     int sched_tile_m, sched_tile_n, sched_tile_k; /* pe.scheduler.tile_{m,n,k}: SchedulerV2 tiles */
     uint64_t tcm_size_bytes;                 /* pe.tcm.size_bytes (<= 128 MiB) */
     uint64_t tcm_scheduler_reserved_bytes;   /* pe.tcm.scheduler_reserved_bytes (< size) */

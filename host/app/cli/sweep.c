@@ -711,7 +711,9 @@ static int plan_check(sw_parse *ps)
                 }
                 break;
             case AX_DTYPE:
-                if (kb_bench_takes_model(b) ? kb_qfmt_from_name(s) < 0 : kb_dtype_from_name(s) < 0) {
+                if (kb_bench_takes_model(b) ? kb_qfmt_from_name(s) < 0
+                                            : kb_dtype_from_name(s) < 0 ||
+                                                  kb_dtype_from_name(s) > KB_F32) {
                     if (kb_bench_takes_model(b)) {
                         rc = markerr(ps, ps->vmark[a][v], "dtype: unknown number format '%s' "
                                      "(f16, bf16, int8, mxint8, fp8e4m3, fp8e5m2)", s);

@@ -1,0 +1,826 @@
+/*
+ * kb_tl_q — number formats and 2:4 sparsity for gemm (kb_tl_q.h, docs/formats.md).
+ *
+ * One set of scalar routines defines every quantized value: the host paths
+ * (kb_qweight_create, kb_qweight_host_values, kb_qact_host_values) call them directly and the
+ * kernel path records ops whose replay evaluates the same kb_mathfn.h functions
+ * (ABS, REDUCE max, CLAMP, AXPB, DIV into an 8-bit dtype, COPY into e8m0, DEQUANT), so host
+ * references reproduce the device's bits. Scales: int8/fp8 s = max(amax, FLT_MIN) * (1/Q)
+ * (one f32 rounding; Q = 127, 448, 57344; amax via the NaN-ignoring max), q = RNE-saturating
+ * store of x / s; MXINT8 per 32-block: e = e8m0(amax) (floor of log2, the OCP MX rule with
+ * emax = 0 for INT8), q = int8(x / (2^e * 2^-6)), value q * 2^e * 2^-6 (exact).
+ *
+ * Timing: activation quantization occupies PE_MATH (int8/fp8: 3 passes over m x k — abs, row
+ * max, divide-and-store — plus 2 over m for the scale; MXINT8: 3 passes over m x k plus 2
+ * over m x k / 32); the gemm occupies PE_GEMM for fixed + 2MNK / (flops_per_ns * speedup) per
+ * SchedulerV2 step, reserved here with the format's rate (the DEQUANT records that make
+ * replay see f32 operands stand for the gemm unit's own format handling and take no time).
+ * Weights not in the PE's TCM are streamed per (m, n, k) tile like tl_dot's B operand, in the
+ * format's bytes: elements (1 B, f16/bf16 2 B; sparse: half the rows), MXINT8 scales 1 B per
+ * 32 elements, per-channel scales 4 B per column at each tile's first k step, 2:4 metadata
+ * 1 B per 8 rows (2 bits per kept element). Limits: see kb_tl_q.h.
+ */
+#include "kb_tl_q.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_addr.h"
+#include "kb_machine.h"
+#include "kb_mathfn.h"
+#include "kb_runtime_ext.h"
+
+static const char *const fmt_names[KB_QF_COUNT] = { "f16", "bf16", "int8", "mxint8", "fp8e4m3",
+                                                    "fp8e5m2" };
+
+const char *kb_qfmt_name(kb_qfmt f)
+{
+    return (unsigned)f < KB_QF_COUNT ? fmt_names[f] : "?";
+}
+
+int kb_qfmt_from_name(const char *s)
+{
+    for (int i = 0; s && i < KB_QF_COUNT; i++)
+        if (strcmp(s, fmt_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+double kb_qfmt_bits(kb_qfmt f)
+{
+    switch (f) {
+    case KB_QF_F16:
+    case KB_QF_BF16: return 16.0;
+    case KB_QF_MXINT8: return 8.0 + 8.0 / 32.0;
+    case KB_QF_INT8:
+    case KB_QF_FP8E4M3:
+    case KB_QF_FP8E5M2: return 8.0;
+    default: return 0.0;
+    }
+}
+
+kb_dtype kb_qfmt_dtype(kb_qfmt f)
+{
+    static const kb_dtype dt[KB_QF_COUNT] = { KB_F16, KB_BF16, KB_I8, KB_I8, KB_FP8E4M3,
+                                              KB_FP8E5M2 };
+    return (unsigned)f < KB_QF_COUNT ? dt[f] : KB_F16;
+}
+
+static int is8(kb_qfmt f) { return f >= KB_QF_INT8 && f < KB_QF_COUNT; }
+static int has_scale(kb_qfmt f) { return is8(f); }
+
+/* Q: the largest element magnitude of a per-channel / per-token format. */
+static float qmax(kb_qfmt f)
+{
+    return f == KB_QF_FP8E4M3 ? 448.0f : f == KB_QF_FP8E5M2 ? 57344.0f : 127.0f;
+}
+
+#define MX_BLOCK 32
+#define MX_ELEM_SCALE 0x1p-6f /* MXINT8 elements are fixed point with 6 fractional bits */
+
+/* ---------------------------------------------------------------- scalar definitions */
+
+/* v stored into dtype dt and loaded back: the value the device holds. */
+static float as_dtype(kb_dtype dt, float v)
+{
+    unsigned char b[4];
+    kb_dtype_store(dt, b, 0, v);
+    return kb_dtype_load(dt, b, 0);
+}
+
+/* int8 / fp8 scale from an absolute maximum: CLAMP then AXPB, as tl_dot_q records them. */
+static float chan_scale(kb_qfmt f, float amax)
+{
+    float c = kb_mf_fmin(kb_mf_fmax(amax, FLT_MIN), FLT_MAX);
+    return kb_mf_math1(KB_MF_M1_AXPB, c, 1.0f / qmax(f), 0.0f);
+}
+
+/* MXINT8: the e8m0 scale value of a block maximum and the divisor of its elements. */
+static float mx_scale(float amax) { return as_dtype(KB_E8M0, amax); }
+static float mx_div(float sv) { return kb_mf_math1(KB_MF_M1_AXPB, sv, MX_ELEM_SCALE, 0.0f); }
+
+/* The element value of x quantized with divisor d (the DIV record stored into dt). */
+static float quant(kb_dtype dt, float x, float d) { return as_dtype(dt, kb_mf_div(x, d)); }
+
+/* ---------------------------------------------------------------- host side */
+
+void kb_prune_2_4(float *w, int64_t k, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++) {
+        for (int64_t g = 0; g + 4 <= k; g += 4) {
+            float mag[4];
+            int keep0 = -1, keep1 = -1;
+            for (int p = 0; p < 4; p++) {
+                float v = w[(g + p) * n + j];
+                mag[p] = v != v ? -1.0f : fabsf(v); /* NaN ranks lowest */
+            }
+            for (int p = 0; p < 4; p++) /* strict >: ties keep the lower index */
+                if (keep0 < 0 || mag[p] > mag[keep0])
+                    keep0 = p;
+            for (int p = 0; p < 4; p++)
+                if (p != keep0 && (keep1 < 0 || mag[p] > mag[keep1]))
+                    keep1 = p;
+            for (int p = 0; p < 4; p++)
+                if (p != keep0 && p != keep1)
+                    w[(g + p) * n + j] = 0.0f;
+        }
+    }
+}
+
+/* The fill's values of the k x n block at its origin into out (row-major). */
+static void eval_fill(const kb_fill *f, int64_t k, int64_t n, float *out)
+{
+    if (f->fn) {
+        f->fn(f->ud, f->row0, f->col0, k, n, out);
+        return;
+    }
+    int64_t ld = f->ld ? f->ld : n;
+    for (int64_t r = 0; r < k; r++)
+        memcpy(out + r * n, f->data + (f->row0 + r) * ld + f->col0, (size_t)n * sizeof *out);
+}
+
+/*
+ * Quantizes w (k x n, pruned first when sparse) in place into its element values, and
+ * optionally the dense q (k x n), the scales (int8/fp8: n; mxint8: k/32 x n, the f32 values
+ * of the e8m0 codes) and deq (the dequantized k x n matrix). NULL outputs are skipped.
+ */
+static void quantize_weight(kb_qfmt fmt, int sparse, int64_t k, int64_t n, float *w, float *q,
+                            float *scale, float *deq)
+{
+    kb_dtype dt = kb_qfmt_dtype(fmt);
+
+    if (sparse)
+        kb_prune_2_4(w, k, n);
+    for (int64_t j = 0; j < n; j++) {
+        float s = 1.0f;
+        if (fmt == KB_QF_INT8 || fmt == KB_QF_FP8E4M3 || fmt == KB_QF_FP8E5M2) {
+            float amax = 0.0f;
+            for (int64_t i = 0; i < k; i++) {
+                float a = kb_mf_math1(KB_MF_M1_ABS, w[i * n + j], 0.0f, 0.0f);
+                amax = i == 0 ? a : kb_mf_fmax(amax, a);
+            }
+            s = chan_scale(fmt, amax);
+            if (scale)
+                scale[j] = s;
+        }
+        for (int64_t b = 0; b < k; b += MX_BLOCK) {
+            float sv = 1.0f, d = s;
+            if (fmt == KB_QF_MXINT8) {
+                float amax = 0.0f;
+                for (int64_t i = b; i < b + MX_BLOCK && i < k; i++) {
+                    float a = kb_mf_math1(KB_MF_M1_ABS, w[i * n + j], 0.0f, 0.0f);
+                    amax = i == b ? a : kb_mf_fmax(amax, a);
+                }
+                sv = mx_scale(amax);
+                d = mx_div(sv);
+                if (scale)
+                    scale[(b / MX_BLOCK) * n + j] = sv;
+            }
+            for (int64_t i = b; i < b + MX_BLOCK && i < k; i++) {
+                float x = w[i * n + j], qv, v;
+                if (is8(fmt)) {
+                    qv = quant(dt, x, d);
+                    v = fmt == KB_QF_MXINT8 ? kb_mf_deq(qv, sv, MX_ELEM_SCALE, 1)
+                                            : kb_mf_deq(qv, s, 1.0f, 1);
+                } else {
+                    qv = v = as_dtype(dt, x);
+                }
+                w[i * n + j] = qv; /* the element value, for the sparse packing below */
+                if (deq)
+                    deq[i * n + j] = v;
+                if (q && !sparse)
+                    q[i * n + j] = qv;
+            }
+        }
+    }
+}
+
+/* Positions kept by kb_prune_2_4 for group g of column j of the original w. */
+static void kept_of(const float *w, int64_t n, int64_t g, int64_t j, int *i0, int *i1)
+{
+    float mag[4];
+    int keep0 = -1, keep1 = -1;
+    for (int p = 0; p < 4; p++) {
+        float v = w[(4 * g + p) * n + j];
+        mag[p] = v != v ? -1.0f : fabsf(v);
+    }
+    for (int p = 0; p < 4; p++)
+        if (keep0 < 0 || mag[p] > mag[keep0])
+            keep0 = p;
+    for (int p = 0; p < 4; p++)
+        if (p != keep0 && (keep1 < 0 || mag[p] > mag[keep1]))
+            keep1 = p;
+    *i0 = keep0 < keep1 ? keep0 : keep1;
+    *i1 = keep0 < keep1 ? keep1 : keep0;
+}
+
+/*
+ * Everything of a weight from its source fill: the part tensors' values (q: rows x n element
+ * values, rows = k or k/2; scale; meta: ceil(k/8) x n byte values as signed i8) and the
+ * dequantized k x n matrix deq; NULL when not wanted. The 2:4 positions come from the source
+ * values (a kept value may quantize to 0).
+ */
+static int build_weight(kb_qfmt fmt, int sparse, int64_t k, int64_t n, const kb_fill *src,
+                        float *q, float *scale, float *meta, float *deq)
+{
+    size_t kn = (size_t)k * (size_t)n;
+    float *w = malloc(kn * sizeof *w), *orig = NULL;
+
+    if (!w)
+        return KB_ERR_NOMEM;
+    eval_fill(src, k, n, w);
+    if (sparse) {
+        orig = malloc(kn * sizeof *orig);
+        if (!orig) {
+            free(w);
+            return KB_ERR_NOMEM;
+        }
+        memcpy(orig, w, kn * sizeof *w);
+    }
+    quantize_weight(fmt, sparse, k, n, w, sparse ? NULL : q, scale, deq);
+    if (sparse) {
+        if (meta)
+            for (size_t i = 0; i < (size_t)((k + 7) / 8) * (size_t)n; i++)
+                meta[i] = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            for (int64_t g = 0; g < k / 4; g++) {
+                int i0, i1;
+                kept_of(orig, n, g, j, &i0, &i1);
+                if (q) {
+                    q[(2 * g) * n + j] = w[(4 * g + i0) * n + j];
+                    q[(2 * g + 1) * n + j] = w[(4 * g + i1) * n + j];
+                }
+                if (meta) {
+                    float *m = &meta[(g / 2) * n + j];
+                    unsigned byte = (unsigned)(int)*m & 0xFFu;
+                    byte |= (unsigned)(i0 | i1 << 2) << (4 * (g & 1));
+                    *m = (float)(byte >= 128u ? (int)byte - 256 : (int)byte); /* as i8 */
+                }
+            }
+        }
+    }
+    free(w);
+    free(orig);
+    return 0;
+}
+
+static int check_sizes(kb_qfmt fmt, int sparse, int64_t k, int64_t n, kb_errbuf *eb)
+{
+    if ((unsigned)fmt >= KB_QF_COUNT)
+        return kb_err_set(eb, KB_ERR_INVAL, "number format %d out of range", (int)fmt);
+    if (k <= 0 || n <= 0 || k > UINT32_MAX || n > UINT32_MAX)
+        return kb_err_set(eb, KB_ERR_INVAL, "weight of %lld x %lld", (long long)k, (long long)n);
+    if (fmt == KB_QF_MXINT8 && k % MX_BLOCK != 0)
+        return kb_err_set(eb, KB_ERR_INVAL, "mxint8 needs K a multiple of 32 (K = %lld)",
+                          (long long)k);
+    if (sparse && k % 4 != 0)
+        return kb_err_set(eb, KB_ERR_INVAL, "2:4 sparsity needs K a multiple of 4 (K = %lld)",
+                          (long long)k);
+    return 0;
+}
+
+int kb_qweight_host_values(kb_qfmt fmt, int sparse, int64_t k, int64_t n, const kb_fill *w,
+                           float *out)
+{
+    if (!w || !out || check_sizes(fmt, sparse, k, n, NULL) != 0)
+        return KB_ERR_INVAL;
+    return build_weight(fmt, sparse, k, n, w, NULL, NULL, NULL, out);
+}
+
+int kb_qact_host_values(kb_qfmt fmt, int64_t m, int64_t k, const float *x, float *out)
+{
+    kb_dtype dt = kb_qfmt_dtype(fmt);
+
+    if (!x || !out || m <= 0 || k <= 0 || (unsigned)fmt >= KB_QF_COUNT ||
+        (fmt == KB_QF_MXINT8 && k % MX_BLOCK != 0))
+        return KB_ERR_INVAL;
+    for (int64_t i = 0; i < m; i++) {
+        const float *xr = x + i * k;
+        float *yr = out + i * k;
+        if (!is8(fmt)) {
+            memcpy(yr, xr, (size_t)k * sizeof *yr);
+            continue;
+        }
+        float s = 1.0f;
+        if (fmt != KB_QF_MXINT8) {
+            float amax = 0.0f;
+            for (int64_t c = 0; c < k; c++) {
+                float a = kb_mf_math1(KB_MF_M1_ABS, xr[c], 0.0f, 0.0f);
+                amax = c == 0 ? a : kb_mf_fmax(amax, a);
+            }
+            s = chan_scale(fmt, amax);
+            for (int64_t c = 0; c < k; c++)
+                yr[c] = kb_mf_deq(quant(dt, xr[c], s), s, 1.0f, 1);
+            continue;
+        }
+        for (int64_t b = 0; b < k; b += MX_BLOCK) {
+            float amax = 0.0f, sv, d;
+            for (int64_t c = b; c < b + MX_BLOCK; c++) {
+                float a = kb_mf_math1(KB_MF_M1_ABS, xr[c], 0.0f, 0.0f);
+                amax = c == b ? a : kb_mf_fmax(amax, a);
+            }
+            sv = mx_scale(amax);
+            d = mx_div(sv);
+            for (int64_t c = b; c < b + MX_BLOCK; c++)
+                yr[c] = kb_mf_deq(quant(dt, xr[c], d), sv, MX_ELEM_SCALE, 1);
+        }
+    }
+    return 0;
+}
+
+/* A fill never consulted (timing-only contexts do not evaluate fills). */
+static void fill_unused(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols,
+                        float *out)
+{
+    (void)ud;
+    (void)row;
+    (void)col;
+    memset(out, 0, (size_t)(rows * cols) * sizeof *out);
+}
+
+/* The K range [*k0, *k0 + *kr) shard s of a part tensor covers (rows_per: K rows per row). */
+static void shard_k(const kb_shard_spec *s, int64_t num, int64_t den, uint64_t *k0, uint64_t *kr)
+{
+    *k0 = s->row0 * (uint64_t)num / (uint64_t)den;
+    *kr = s->rows * (uint64_t)num / (uint64_t)den;
+}
+
+/* Shards of the parts must pair up: same columns, same K ranges (per-channel scales are
+ * replicated over row splits). */
+static int check_shards(const kb_qweight *w, kb_errbuf *eb)
+{
+    size_t ns = kb_tensor_nshards(w->q);
+    int mx = w->fmt == KB_QF_MXINT8;
+
+    if ((w->scale && kb_tensor_nshards(w->scale) != ns) ||
+        (w->meta && kb_tensor_nshards(w->meta) != ns))
+        return kb_err_set(eb, KB_ERR_INVAL, "quantized weight: its parts split into different "
+                          "numbers of shards");
+    for (size_t i = 0; i < ns; i++) {
+        const kb_shard_spec *q = kb_tensor_shard(w->q, i);
+        uint64_t k0, kr, a0, ar;
+        shard_k(q, w->sparse ? 2 : 1, 1, &k0, &kr);
+        if (w->meta) {
+            const kb_shard_spec *m = kb_tensor_shard(w->meta, i);
+            if (m->col0 != q->col0 || m->cols != q->cols || m->row0 * 8 != k0 ||
+                m->rows != (kr + 7) / 8)
+                return kb_err_set(eb, KB_ERR_INVAL, "quantized weight: shard %zu's K rows "
+                                  "[%llu, +%llu) do not start on a metadata byte (8 rows); "
+                                  "split K in multiples of 8 per part", i,
+                                  (unsigned long long)k0, (unsigned long long)kr);
+        }
+        if (w->scale) {
+            const kb_shard_spec *s = kb_tensor_shard(w->scale, i);
+            if (s->col0 != q->col0 || s->cols != q->cols)
+                return kb_err_set(eb, KB_ERR_INVAL, "quantized weight: scale shard %zu covers "
+                                  "other columns than its elements", i);
+            shard_k(s, MX_BLOCK, 1, &a0, &ar);
+            if (mx && (a0 != k0 || ar != kr))
+                return kb_err_set(eb, KB_ERR_INVAL, "quantized weight: shard %zu's K rows "
+                                  "[%llu, +%llu) are not whole MXINT8 blocks of 32; split K "
+                                  "in multiples of 32 per part", i, (unsigned long long)k0,
+                                  (unsigned long long)kr);
+        }
+    }
+    return 0;
+}
+
+void kb_qweight_free(kb_qweight *w)
+{
+    if (!w)
+        return;
+    if (w->q)
+        kb_tensor_free(w->q);
+    if (w->scale)
+        kb_tensor_free(w->scale);
+    if (w->meta)
+        kb_tensor_free(w->meta);
+    w->q = w->scale = w->meta = NULL;
+}
+
+int kb_qweight_create(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
+                      int sparse, kb_dp_policy dp, const kb_fill *w, kb_qweight *out)
+{
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    kb_qweight qw;
+    int64_t qrows = sparse ? k / 2 : k, srows = fmt == KB_QF_MXINT8 ? k / MX_BLOCK : 1;
+    int64_t mrows = (k + 7) / 8;
+    float *q = NULL, *sc = NULL, *meta = NULL;
+    char nm[3][160];
+    int rc;
+
+    memset(&qw, 0, sizeof qw);
+    if (!out || !w)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_qweight_create: NULL argument");
+    if ((rc = check_sizes(fmt, sparse, k, n, eb)) != 0)
+        return rc;
+    if (dp.mode != KB_DP_BLOCK)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_qweight_create: '%s': tiled dp is not "
+                          "supported for quantized weights", name ? name : "?");
+    qw.fmt = fmt;
+    qw.sparse = sparse;
+    qw.k = k;
+    qw.n = n;
+    if (kb_ctx_recording(ctx)) { /* the values are only consulted when recording */
+        q = malloc((size_t)qrows * (size_t)n * sizeof *q);
+        sc = malloc((size_t)srows * (size_t)n * sizeof *sc);
+        meta = malloc((size_t)mrows * (size_t)n * sizeof *meta);
+        if (!q || !sc || !meta) {
+            rc = kb_err_set(eb, KB_ERR_NOMEM, "kb_qweight_create: host buffers");
+            goto fail;
+        }
+        if ((rc = build_weight(fmt, sparse, k, n, w, q, sc, meta, NULL)) != 0) {
+            kb_err_set(eb, rc, "kb_qweight_create: host buffers");
+            goto fail;
+        }
+    }
+    snprintf(nm[0], sizeof nm[0], "%s.q", name ? name : "qweight");
+    snprintf(nm[1], sizeof nm[1], "%s.scale", name ? name : "qweight");
+    snprintf(nm[2], sizeof nm[2], "%s.meta", name ? name : "qweight");
+    {
+        kb_fill none = { fill_unused, NULL, NULL, 0, 0, 0 };
+        kb_fill fq = q ? kb_fill_array(q, n) : none;
+        kb_tensor_desc d = { nm[0], qrows, n, kb_qfmt_dtype(fmt), dp, KB_MEM_HBM };
+        if ((rc = kb_tensor_from_fill(ctx, &d, &fq, &qw.q)) != 0)
+            goto fail;
+        if (has_scale(fmt)) {
+            kb_fill fs = sc ? kb_fill_array(sc, n) : none;
+            kb_tensor_desc ds = { nm[1], srows, n, fmt == KB_QF_MXINT8 ? KB_E8M0 : KB_F32, dp,
+                                  KB_MEM_HBM };
+            /* a per-channel scale row goes whole to every PE of a row (K) split */
+            if (fmt != KB_QF_MXINT8) {
+                if (ds.dp.cube == KB_DP_ROW_WISE)
+                    ds.dp.cube = KB_DP_REPLICATE;
+                if (ds.dp.pe == KB_DP_ROW_WISE)
+                    ds.dp.pe = KB_DP_REPLICATE;
+            }
+            if ((rc = kb_tensor_from_fill(ctx, &ds, &fs, &qw.scale)) != 0)
+                goto fail;
+        }
+        if (sparse) {
+            kb_fill fm = meta ? kb_fill_array(meta, n) : none;
+            kb_tensor_desc dm = { nm[2], mrows, n, KB_I8, dp, KB_MEM_HBM };
+            if ((rc = kb_tensor_from_fill(ctx, &dm, &fm, &qw.meta)) != 0)
+                goto fail;
+        }
+    }
+    if ((rc = check_shards(&qw, eb)) != 0)
+        goto fail;
+    free(q);
+    free(sc);
+    free(meta);
+    *out = qw;
+    return 0;
+fail:
+    kb_qweight_free(&qw);
+    free(q);
+    free(sc);
+    free(meta);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- gemm-unit time */
+
+static double fmt_speedup(const kb_topo_cfg *c, kb_qfmt fmt, int sparse)
+{
+    double s = fmt == KB_QF_INT8 ? c->gemm_int8_speedup
+             : fmt == KB_QF_MXINT8 ? c->gemm_mxint8_speedup
+             : (fmt == KB_QF_FP8E4M3 || fmt == KB_QF_FP8E5M2) ? c->gemm_fp8_speedup : 1.0;
+    return sparse ? s * c->gemm_sparse_speedup : s;
+}
+
+/* The format's PE_GEMM rate in "bytes" (flops) per microsecond, rounded as kb_res_init does. */
+static uint64_t fmt_bpu(const kb_topo_cfg *c, kb_qfmt fmt, int sparse)
+{
+    double bpu = c->gemm_flops_per_ns * fmt_speedup(c, fmt, sparse) * 1000.0;
+    return bpu < 1.0 ? 1u : bpu >= 9.0e18 ? UINT64_C(9000000000000000000) : (uint64_t)llround(bpu);
+}
+
+static kb_time occ_ps(const kb_topo_cfg *c, kb_qfmt fmt, int sparse, uint64_t flops)
+{
+    return kb_time_from_ns(c->gemm_fixed_ns) + kb_bw_time(fmt_bpu(c, fmt, sparse), flops);
+}
+
+double kb_qgemm_ns(const kb_topo_cfg *c, kb_qfmt fmt, int sparse, uint64_t m, uint64_t n, uint64_t k)
+{
+    return kb_time_to_ns(occ_ps(c, fmt, sparse, 2ull * m * n * k));
+}
+
+/* One FIFO use of PE_GEMM from t for occ (kb_res_hop's accounting, at our own rate). */
+static kb_time gemm_reserve(kb_res *r, kb_time t, kb_time occ, uint64_t flops)
+{
+    kb_time start = t > r->free_at ? t : r->free_at;
+    r->free_at = start + occ;
+    r->uses++;
+    r->bytes += flops;
+    r->busy += occ;
+    return r->free_at + r->latency;
+}
+
+static int pa_local(kb_tl *tl, kb_pa pa)
+{
+    const kb_pe_hw *pe = tl_pe(tl);
+    return kb_pa_in_pe_window(pa, kb_pa_pe_window(pe->gsip, pe->cube, pe->pe));
+}
+
+static kb_time now_issue(kb_tl *tl)
+{
+    return kb_sim_now(kb_ctx_sim(tl_ctx(tl))) + kb_tl_issue_cost(tl);
+}
+
+static void dma_part(kb_tl *tl, kb_val v, kb_pa resv, uint64_t bytes, kb_time at, kb_time *ready)
+{
+    kb_time ts, te;
+    kb_errbuf e;
+    if (bytes == 0 || pa_local(tl, v.pa))
+        return;
+    if (kb_machine_dma(kb_ctx_machine(tl_ctx(tl)), tl_pe(tl), v.pa, resv, bytes, at, &ts, &te,
+                       &e) != 0)
+        tl_fail(tl, KB_ERR_RANGE, "tl_dot_q: %s", e.msg);
+    if (te > *ready)
+        *ready = te;
+}
+
+/*
+ * tl_dot_q's gemm time from t0: one occupancy when every part of W is in this PE's TCM, else
+ * SchedulerV2 steps (tl_dot's double buffering) whose DMAs move the parts' bytes of each
+ * tile. Returns the end; *t_first receives the first step's start.
+ */
+static kb_time qgemm_time(kb_tl *tl, const kb_qref *w, uint32_t M, kb_time t0)
+{
+    const kb_topo_cfg *c = &kb_ctx_machine(tl_ctx(tl))->cfg;
+    kb_pe_hw *pe = tl_pe(tl);
+    kb_qfmt fmt = (kb_qfmt)w->fmt;
+    uint32_t N = w->n, K = w->k;
+    int scaled = has_scale(fmt), mx = fmt == KB_QF_MXINT8;
+    int local = pa_local(tl, w->q.pa) && (!scaled || pa_local(tl, w->scale.pa)) &&
+                (!w->sparse || pa_local(tl, w->meta.pa));
+    size_t es = kb_dtype_size(kb_qfmt_dtype(fmt));
+
+    if (local)
+        return gemm_reserve(&pe->gemm, t0, occ_ps(c, fmt, w->sparse, 2ull * M * N * K),
+                            2ull * M * N * K);
+
+    kb_pa resv = kb_pa_pe_tcm(pe->gsip, pe->cube, pe->pe,
+                              c->tcm_size_bytes - c->tcm_scheduler_reserved_bytes);
+    uint32_t tm = (uint32_t)c->sched_tile_m, tn = (uint32_t)c->sched_tile_n,
+             tk = (uint32_t)c->sched_tile_k;
+    kb_time done[2] = { t0, t0 }, end = t0;
+    uint64_t step = 0;
+
+    for (uint32_t m0 = 0; m0 < M; m0 += tm) {
+        uint32_t mt = M - m0 < tm ? M - m0 : tm;
+        for (uint32_t n0 = 0; n0 < N; n0 += tn) {
+            uint32_t nt = N - n0 < tn ? N - n0 : tn;
+            for (uint32_t k0 = 0; k0 < K; k0 += tk, step++) {
+                uint32_t kt = K - k0 < tk ? K - k0 : tk, k1 = k0 + kt;
+                kb_time at = done[step & 1] > t0 ? done[step & 1] : t0, ready = at;
+                /* rows of each part in [k0, k1): differences of cumulative counts, so the
+                 * steps of a tile add up to the parts' exact sizes */
+                uint64_t qrows = w->sparse ? k1 / 2 - k0 / 2 : kt;
+                uint64_t srows = mx ? k1 / MX_BLOCK - k0 / MX_BLOCK : (scaled && k0 == 0);
+                uint64_t mrows = w->sparse ? (k1 + 7) / 8 - (k0 + 7) / 8 : 0;
+                dma_part(tl, w->q, resv, qrows * nt * es, at, &ready);
+                if (scaled)
+                    dma_part(tl, w->scale, resv, srows * nt * (mx ? 1u : 4u), at, &ready);
+                if (w->sparse)
+                    dma_part(tl, w->meta, resv, mrows * nt, at, &ready);
+                end = gemm_reserve(&pe->gemm, ready,
+                                   occ_ps(c, fmt, w->sparse, 2ull * mt * nt * kt),
+                                   2ull * mt * nt * kt);
+                done[step & 1] = end;
+            }
+        }
+    }
+    return end;
+}
+
+/* ---------------------------------------------------------------- kernel side */
+
+static kb_opnd opnd_of(kb_val v)
+{
+    kb_opnd o = kb_opnd_make(v.pa, v.rows, v.cols, (kb_dtype)v.dtype);
+    o.ld = kb_val_ld(v);
+    return o;
+}
+
+/* A PE_MATH op over n elements with an explicit destination (any dtype): the record of an
+ * elementwise kind whose store rounds into dst's dtype. */
+static void math_into(kb_tl *tl, kb_rec_kind kind, int op, kb_val dst, const kb_val *src,
+                      int nsrc, float imm0, float imm1)
+{
+    kb_time t0 = now_issue(tl);
+    kb_time t1 = kb_res_hop(&tl_pe(tl)->math, t0, (uint64_t)dst.rows * dst.cols);
+    if (kb_ctx_records(tl_ctx(tl))) {
+        kb_rec r;
+        memset(&r, 0, sizeof r);
+        r.t_start = t0;
+        r.t_end = t1;
+        r.kind = (uint8_t)kind;
+        r.op = (uint8_t)op;
+        r.nsrc = (uint8_t)nsrc;
+        r.imm[0] = imm0;
+        r.imm[1] = imm1;
+        r.dst = opnd_of(dst);
+        for (int i = 0; i < nsrc; i++)
+            r.src[i] = opnd_of(src[i]);
+        kb_tl_record(tl, &r);
+    }
+    kb_tl_wait_until(tl, t1);
+}
+
+/* A DEQUANT record (no time of its own: part of the gemm interval [t0, t1]). */
+static void dequant_rec(kb_tl *tl, kb_val dst, kb_val x, const kb_val *meta, const kb_val *scale,
+                        float imm, kb_time t0, kb_time t1)
+{
+    kb_rec r;
+    if (!kb_ctx_records(tl_ctx(tl)))
+        return;
+    memset(&r, 0, sizeof r);
+    r.t_start = t0;
+    r.t_end = t1;
+    r.kind = KB_REC_DEQUANT;
+    r.imm[0] = imm;
+    r.dst = opnd_of(dst);
+    r.src[r.nsrc++] = opnd_of(x);
+    if (meta) {
+        r.flags |= KB_REC_QSPARSE;
+        r.src[r.nsrc++] = opnd_of(*meta);
+    }
+    if (scale) {
+        r.flags |= KB_REC_QSCALE;
+        r.src[r.nsrc++] = opnd_of(*scale);
+    }
+    kb_tl_record(tl, &r);
+}
+
+/* v (contiguous) seen as rows x cols over the same elements. */
+static kb_val reshape(kb_val v, uint32_t rows, uint32_t cols)
+{
+    v.rows = rows;
+    v.cols = cols;
+    v.ld = 0;
+    v.scratch = 0;
+    return v;
+}
+
+kb_qref tl_qref(kb_tl *tl, kb_va q, kb_va scale, kb_va meta, uint32_t k, uint32_t n,
+                kb_qfmt fmt, int sparse)
+{
+    kb_qref r;
+    kb_errbuf eb;
+
+    memset(&r, 0, sizeof r);
+    if (check_sizes(fmt, sparse, k, n, &eb) != 0)
+        tl_fail(tl, KB_ERR_INVAL, "tl_qref: %s", eb.msg);
+    r.fmt = (uint8_t)fmt;
+    r.sparse = (uint8_t)!!sparse;
+    r.k = k;
+    r.n = n;
+    r.q = tl_ref(tl, q, KB_SHAPE2(sparse ? k / 2 : k, n), kb_qfmt_dtype(fmt));
+    if (fmt == KB_QF_MXINT8)
+        r.scale = tl_ref(tl, scale, KB_SHAPE2(k / MX_BLOCK, n), KB_E8M0);
+    else if (has_scale(fmt))
+        r.scale = tl_ref(tl, scale, KB_SHAPE2(1, n), KB_F32);
+    if (sparse)
+        r.meta = tl_ref(tl, meta, KB_SHAPE2((k + 7) / 8, n), KB_I8);
+    return r;
+}
+
+/*
+ * x quantized the tl_dot_q way and dequantized to f32 for the gemm (m x k contiguous). The
+ * DEQUANT record is stamped [t, t] at the gemm's issue (the gemm unit's own work).
+ */
+static kb_val quantize_act(kb_tl *tl, kb_val x, kb_qfmt fmt)
+{
+    uint32_t m = x.rows, k = x.cols;
+    kb_dtype dt = kb_qfmt_dtype(fmt);
+    kb_val xd = kb_tl_scratch_val(tl, m, k, KB_F32, "tl_dot_q");
+
+    if (fmt != KB_QF_MXINT8) {
+        kb_val a = tl_abs(tl, x), amax = tl_max(tl, a, 1), c, s, src[2];
+        tl_free(tl, a);
+        c = tl_clamp(tl, amax, FLT_MIN, FLT_MAX);
+        tl_free(tl, amax);
+        s = tl_scale(tl, c, 1.0f / qmax(fmt), 0.0f);
+        tl_free(tl, c);
+        kb_val q = kb_tl_scratch_val(tl, m, k, dt, "tl_dot_q");
+        src[0] = x;
+        src[1] = s;
+        math_into(tl, KB_REC_MATH2, KB_M2_DIV, q, src, 2, 0.0f, 0.0f);
+        kb_time t = now_issue(tl);
+        dequant_rec(tl, xd, q, NULL, &s, 1.0f, t, t);
+        tl_free(tl, q);
+        tl_free(tl, s);
+        return xd;
+    }
+    {
+        uint32_t nb = (uint32_t)((uint64_t)m * k / MX_BLOCK);
+        kb_val xc = x, owned = { 0 };
+        if (!kb_val_contiguous(x)) { /* the block view needs contiguous rows */
+            owned = kb_tl_scratch_val(tl, m, k, KB_F32, "tl_dot_q");
+            tl_copy(tl, owned, x);
+            xc = owned;
+        }
+        kb_val xv = reshape(xc, nb, MX_BLOCK), src[2];
+        kb_val a = tl_abs(tl, xv), amax = tl_max(tl, a, 1);
+        tl_free(tl, a);
+        kb_val e = kb_tl_scratch_val(tl, nb, 1, KB_E8M0, "tl_dot_q");
+        math_into(tl, KB_REC_COPY, 0, e, &amax, 1, 0.0f, 0.0f);
+        tl_free(tl, amax);
+        kb_val d = kb_tl_scratch_val(tl, nb, 1, KB_F32, "tl_dot_q");
+        math_into(tl, KB_REC_MATH1, KB_M1_AXPB, d, &e, 1, MX_ELEM_SCALE, 0.0f);
+        kb_val q = kb_tl_scratch_val(tl, nb, MX_BLOCK, KB_I8, "tl_dot_q");
+        src[0] = xv;
+        src[1] = d;
+        math_into(tl, KB_REC_MATH2, KB_M2_DIV, q, src, 2, 0.0f, 0.0f);
+        tl_free(tl, d);
+        kb_time t = now_issue(tl);
+        kb_val qm = reshape(q, m, k), em = reshape(e, m, k / MX_BLOCK);
+        dequant_rec(tl, xd, qm, NULL, &em, MX_ELEM_SCALE, t, t);
+        tl_free(tl, q);
+        tl_free(tl, e);
+        if (owned.scratch)
+            tl_free(tl, owned);
+        return xd;
+    }
+}
+
+/* K rows per dequantized weight chunk: a multiple of 32 (MX blocks, metadata bytes) at most
+ * the scheduler's tile depth and at most 1 MiB of f32 for n columns, so the f32 copy of W
+ * stays small in scratch (at least 32 rows). */
+static uint32_t chunk_rows(kb_tl *tl, uint32_t n)
+{
+    int64_t tk = kb_ctx_machine(tl_ctx(tl))->cfg.sched_tile_k, cap = (INT64_C(1) << 18) / n;
+    int64_t r = (tk < cap ? tk : cap) / MX_BLOCK * MX_BLOCK;
+    return r < MX_BLOCK ? MX_BLOCK : (uint32_t)r;
+}
+
+/* Rows [r0, r0 + rows) of v (a view; rows clipped by the caller). */
+static kb_val rows_of(kb_tl *tl, kb_val v, uint32_t r0, uint32_t rows)
+{
+    return tl_view(tl, v, r0, 0, rows, v.cols);
+}
+
+kb_val tl_dot_q(kb_tl *tl, kb_val x, kb_qref w)
+{
+    kb_qfmt fmt = (kb_qfmt)w.fmt;
+    kb_errbuf eb;
+    uint32_t m = x.rows, K = w.k, N = w.n;
+
+    if (check_sizes(fmt, w.sparse, w.k, w.n, &eb) != 0)
+        tl_fail(tl, KB_ERR_INVAL, "tl_dot_q: %s", eb.msg);
+    if (x.cols != K)
+        tl_fail(tl, KB_ERR_INVAL, "tl_dot_q: inner dimensions differ (%ux%u @ %ux%u)", x.rows,
+                x.cols, K, N);
+    if (!pa_local(tl, x.pa))
+        tl_fail(tl, KB_ERR_INVAL, "tl_dot_q: the activation is not in this PE's TCM/scratch "
+                "(tl_load it first)");
+    if (!w.sparse && !is8(fmt))
+        return tl_dot(tl, x, w.q);
+
+    kb_val xd = is8(fmt) ? quantize_act(tl, x, fmt) : x;
+    kb_val y = kb_tl_scratch_val(tl, m, N, KB_F32, "tl_dot_q");
+    kb_time t0 = now_issue(tl), t1 = qgemm_time(tl, &w, m, t0);
+
+    /* the f32 chunk is allocated in timing-only runs too, so both use the same scratch */
+    uint32_t ck = chunk_rows(tl, N);
+    kb_val wd = kb_tl_scratch_val(tl, K < ck ? K : ck, N, KB_F32, "tl_dot_q");
+    if (kb_ctx_records(tl_ctx(tl))) {
+        int mx = fmt == KB_QF_MXINT8;
+        float imm = mx ? MX_ELEM_SCALE : 1.0f;
+        for (uint32_t k0 = 0; k0 < K; k0 += ck) {
+            uint32_t kt = K - k0 < ck ? K - k0 : ck;
+            kb_val dst = rows_of(tl, wd, 0, kt), q, meta, sc;
+            q = w.sparse ? rows_of(tl, w.q, k0 / 2, kt / 2) : rows_of(tl, w.q, k0, kt);
+            if (w.sparse)
+                meta = rows_of(tl, w.meta, k0 / 8, (kt + 7) / 8);
+            if (mx)
+                sc = rows_of(tl, w.scale, k0 / MX_BLOCK, kt / MX_BLOCK);
+            else if (has_scale(fmt))
+                sc = w.scale;
+            dequant_rec(tl, dst, q, w.sparse ? &meta : NULL, has_scale(fmt) ? &sc : NULL, imm,
+                        t0, t1);
+            {
+                kb_rec r;
+                memset(&r, 0, sizeof r);
+                r.t_start = t0;
+                r.t_end = t1;
+                r.kind = KB_REC_GEMM;
+                r.flags = (uint8_t)(k0 ? KB_REC_ACC : 0);
+                r.nsrc = 2;
+                r.dst = opnd_of(y);
+                r.src[0] = opnd_of(tl_view(tl, xd, 0, k0, m, kt));
+                r.src[1] = opnd_of(dst);
+                kb_tl_record(tl, &r);
+            }
+        }
+    }
+    tl_free(tl, wd);
+    kb_tl_wait_until(tl, t1);
+    if (is8(fmt))
+        tl_free(tl, xd);
+    return y;
+}
