@@ -74,6 +74,39 @@ static void test_model_files(void **s)
     assert_int_equal(kb_model_act(&m), KB_ACT_SILU);
 }
 
+/* Every model key is documented in config-reference.md with its default. */
+static char *g_ref_doc;
+static void key_in_doc(const char *path, const char *type, const char *dflt, const char *doc,
+                       void *ud)
+{
+    char want[256];
+    (void)type;
+    (void)doc;
+    (void)ud;
+    snprintf(want, sizeof want, "| `%s` |", path);
+    if (!strstr(g_ref_doc, want))
+        fail_msg("docs/config-reference.md does not list %s", path);
+    snprintf(want, sizeof want, "| %s |", dflt);
+    const char *row = strstr(g_ref_doc, path);
+    const char *eol = row ? strchr(row, '\n') : NULL;
+    char *hit = row ? strstr(row, want) : NULL;
+    if (!hit || (eol && hit > eol))
+        fail_msg("docs/config-reference.md: %s's default is not %s", path, dflt);
+}
+
+static void test_model_keys_documented(void **s)
+{
+    (void)s;
+    FILE *f = fopen(src_path("docs/config-reference.md"), "rb");
+    assert_non_null(f);
+    g_ref_doc = calloc(1, 1 << 20);
+    assert_non_null(g_ref_doc);
+    assert_true(fread(g_ref_doc, 1, (1 << 20) - 1, f) > 0);
+    fclose(f);
+    kb_model_foreach_key(key_in_doc, NULL);
+    free(g_ref_doc);
+}
+
 static void write_file(const char *name, const char *text)
 {
     char p[512];
@@ -277,10 +310,17 @@ static void test_e2e_modes(void **s)
         "--param seq=16 --param sparse=1",
         "--param seq=16 --dtype mxint8 --param sparse=1",
     };
+    /* the exact output bytes of three of them */
+    static const char *const digests[] = { "42ec8903dd3e3f78", NULL, "e380288f93ec2ee8", NULL,
+                                           NULL, NULL, NULL, NULL, NULL, NULL,
+                                           "0978fcdbe3dc645a" };
     char out[8192];
     (void)s;
-    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
         run_ok(modes[i], out, sizeof out);
+        if (digests[i])
+            assert_string_equal(digest_of(out), digests[i]);
+    }
     /* the SiLU / plain-norm model */
     int rc = kbt_kbcl(out, sizeof out, "run " TINY " --model %s --param seq=16 --verify-data",
                       src_path("tests/data/tiny-silu.yaml"));
@@ -324,6 +364,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_files),
         cmocka_unit_test(test_model_errors),
+        cmocka_unit_test(test_model_keys_documented),
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_proj_gemm_closed_form),
         cmocka_unit_test(test_e2e_modes),
