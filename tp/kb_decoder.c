@@ -1092,6 +1092,36 @@ static void ref_mm(const double *a, const float *w, double *out, int64_t M, int6
     mm_rows(&j[0]);
 }
 
+/* x rounded to what a store of dtype dt keeps */
+static void ref_round(double *x, int64_t n, kb_dtype dt)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = dt == KB_BF16 ? kb_bf16_to_f32(kb_f32_to_bf16((float)x[i]))
+             : dt == KB_F16  ? kb_f16_to_f32(kb_f32_to_f16((float)x[i]))
+                             : (double)(float)x[i];
+}
+
+/* tl_dot_q's activation quantization of x (M x K), per row over each seg columns; tmp holds
+ * 2 * M * seg floats */
+static int ref_quant(kb_qfmt fmt, double *x, int64_t M, int64_t K, int64_t seg, float *tmp)
+{
+    if (fmt == KB_QF_F16 || fmt == KB_QF_BF16)
+        return 0;
+    for (int64_t c0 = 0; c0 < K; c0 += seg) {
+        float *in = tmp, *q = tmp + M * seg;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t c = 0; c < seg; c++)
+                in[i * seg + c] = (float)x[i * K + c0 + c];
+        int rc = kb_qact_host_values(fmt, M, seg, in, q);
+        if (rc)
+            return rc;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t c = 0; c < seg; c++)
+                x[i * K + c0 + c] = q[i * seg + c];
+    }
+    return 0;
+}
+
 static void ref_rmsnorm(const double *x, const float *w, double *out, int64_t M, int64_t d,
                         double eps, double off)
 {
@@ -1131,14 +1161,26 @@ int kb_decoder_reference(const kb_model_cfg *mc, const kb_decoder_opts *o,
     double *t1 = malloc(sizeof(double) * (size_t)(T * d)), *h = malloc(sizeof(double) * (size_t)(T * d));
     double *g = malloc(sizeof(double) * (size_t)(T * F)), *u = malloc(sizeof(double) * (size_t)(T * F));
     double *p = malloc(sizeof(double) * (size_t)L);
+    int64_t segmax = d > nq ? d : nq;
+    float *qt = malloc(sizeof(float) * 2 * (size_t)(T * (segmax > F ? segmax : F)));
+    kb_qfmt fmt = o->fmt;
     int rc = 0;
-    if (!x || !n || !q || !k || !v || !att || !t1 || !h || !g || !u || !p) {
+    if (in->o_seg < 1 || nq % in->o_seg || in->mlp_seg < 1 || F % in->mlp_seg) {
+        rc = kb_err_set(eb, KB_ERR_INVAL, "decoder reference: segments %lld / %lld do not "
+                        "split %lld / %lld", (long long)in->o_seg, (long long)in->mlp_seg,
+                        (long long)nq, (long long)F);
+        goto out;
+    }
+    if (!x || !n || !q || !k || !v || !att || !t1 || !h || !g || !u || !p || !qt) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "decoder reference: out of memory");
         goto out;
     }
     for (int64_t i = 0; i < T * d; i++)
         x[i] = in->x[i];
     ref_rmsnorm(x, in->ln[0], n, T, d, mc->norm_eps, off);
+    ref_round(n, T * d, in->act);
+    if ((rc = ref_quant(fmt, n, T, d, d, qt)) != 0)
+        goto qfail;
     ref_mm(n, in->wq, q, T, d, nq);
     ref_mm(n, in->wk, k, T, d, nk);
     ref_mm(n, in->wv, v, T, d, nk);
@@ -1149,6 +1191,9 @@ int kb_decoder_reference(const kb_model_cfg *mc, const kb_decoder_opts *o,
         for (int64_t hh = 0; hh < Hkv; hh++)
             ref_rope(k + t * nk + hh * hd, hd, pos, mc->rope_theta);
     }
+    ref_round(q, T * nq, in->act);
+    ref_round(k, T * nk, in->act);
+    ref_round(v, T * nk, in->act);
     for (int64_t t = 0; t < T; t++) {
         int64_t b = o->decode ? t : t / o->seq, s = o->decode ? o->kv_len : t % o->seq;
         for (int64_t hh = 0; hh < Hq; hh++) {
@@ -1192,6 +1237,8 @@ int kb_decoder_reference(const kb_model_cfg *mc, const kb_decoder_opts *o,
             }
         }
     }
+    if ((rc = ref_quant(fmt, att, T, nq, in->o_seg, qt)) != 0)
+        goto qfail;
     ref_mm(att, in->wo, t1, T, nq, d);
     if (mc->post_norms) {
         ref_rmsnorm(t1, in->ln[1], n, T, d, mc->norm_eps, off);
@@ -1200,6 +1247,9 @@ int kb_decoder_reference(const kb_model_cfg *mc, const kb_decoder_opts *o,
     for (int64_t i = 0; i < T * d; i++)
         h[i] = x[i] + t1[i];
     ref_rmsnorm(h, in->ln[2], n, T, d, mc->norm_eps, off);
+    ref_round(n, T * d, in->act);
+    if ((rc = ref_quant(fmt, n, T, d, d, qt)) != 0)
+        goto qfail;
     ref_mm(n, in->wg, g, T, d, F);
     ref_mm(n, in->wu, u, T, d, F);
     for (int64_t i = 0; i < T * F; i++) {
@@ -1209,6 +1259,8 @@ int kb_decoder_reference(const kb_model_cfg *mc, const kb_decoder_opts *o,
                        : 0.5 * z * (1.0 + tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)));
         g[i] = a * u[i];
     }
+    if ((rc = ref_quant(fmt, g, T, F, in->mlp_seg, qt)) != 0)
+        goto qfail;
     ref_mm(g, in->wd, t1, T, F, d);
     if (mc->post_norms) {
         ref_rmsnorm(t1, in->ln[3], n, T, d, mc->norm_eps, off);
@@ -1217,7 +1269,11 @@ int kb_decoder_reference(const kb_model_cfg *mc, const kb_decoder_opts *o,
     for (int64_t i = 0; i < T * d; i++)
         out[i] = h[i] + t1[i];
     (void)L;
+    goto out;
+qfail:
+    rc = kb_err_set(eb, rc, "decoder reference: activation quantization failed");
 out:
+    free(qt);
     free(x), free(n), free(q), free(k), free(v), free(att), free(t1), free(h), free(g), free(u);
     free(p);
     return rc;

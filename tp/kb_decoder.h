@@ -139,12 +139,20 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec);
 /*
  * Host f64 reference of the whole layer. Inputs are the values the device holds: x (T x d),
  * ln[4] (d each), the projection weights as the ranks hold them after quantization
- * (kb_decoder_ref_weights), the caches (decode). out: T x d.
+ * (kb_decoder_ref_weight), the caches (decode). out: T x d.
+ * The reference rounds where the device stores (the normalized activations and Q, K, V to the
+ * activation dtype `act`) and quantizes each projection's input the way tl_dot_q does
+ * (kb_qact_host_values, per row over the k a PE multiplies: d for QKV and gate/up, o_seg
+ * columns for O — a head, or a decode group's heads — and mlp_seg for down — a PE's c_f);
+ * everything else is double. So it differs from the device by f32 arithmetic and by the rare
+ * activation that lands on the other side of a rounding boundary.
  */
 typedef struct kb_decoder_ref_in {
     const float *x, *ln[4];
     const float *wq, *wk, *wv, *wo, *wg, *wu, *wd; /* full matrices (layouts as the fills) */
     const float *kc, *vc;
+    kb_dtype act;
+    int64_t o_seg, mlp_seg;
 } kb_decoder_ref_in;
 int kb_decoder_reference(const kb_model_cfg *mc, const kb_decoder_opts *o,
                          const kb_decoder_ref_in *in, double *out, kb_errbuf *eb);
