@@ -278,11 +278,11 @@ static double tolerance(kb_qfmt f)
         return 1.0 / 128;
     case KB_QF_INT8:
     case KB_QF_MXINT8:
-        return 1.0 / 64;
+        return 1.0 / 16;
     case KB_QF_FP8E4M3:
-        return 1.0 / 16; /* a step is an eighth of the value */
+        return 1.0 / 8; /* a step is an eighth of the value */
     default:
-        return 1.0 / 8; /* fp8e5m2: a step is a quarter of the value */
+        return 1.0 / 4; /* fp8e5m2: a step is a quarter of the value */
     }
 }
 
