@@ -129,6 +129,7 @@ typedef struct clbe {
     cl_command_queue q;
     cl_program prog;
     cl_kernel kern[KB_REC_NKINDS];
+    cl_kernel kfill;                    /* kb_fill_bytes (rs_fill) */
     cl_mem arena, payload, table;       /* device buffers, grown on demand */
     size_t arena_cap, payload_cap, table_cap;
     kb_resident *res;                   /* device-resident memory (kb_resident.h): */
@@ -972,6 +973,8 @@ static void cl_destroy(void *self)
     for (unsigned i = 0; i < KB_REC_NKINDS; i++)
         if (b->kern[i])
             clReleaseKernel(b->kern[i]);
+    if (b->kfill)
+        clReleaseKernel(b->kfill);
     if (b->prog)
         clReleaseProgram(b->prog);
     if (b->arena)
@@ -1042,15 +1045,28 @@ static int rs_copy(void *dev, uint64_t to, uint64_t from, uint64_t n, kb_errbuf 
     return err == CL_SUCCESS ? 0 : cl_fail(eb, "copy in the resident arena", err);
 }
 
+/* Our own kernel, not clEnqueueFillBuffer (replay.cl's kb_fill_bytes says why). */
 static int rs_fill(void *dev, uint64_t off, uint64_t n, uint8_t byte, kb_errbuf *eb)
 {
     clbe *b = dev;
     cl_int err;
+    cl_ulong o = off, len = n;
+    cl_uint v = byte;
+    /* one work-item per 16 bytes, at most 2^20 work-items (grid-stride beyond) */
+    uint64_t items = (n + 15) / 16;
+    size_t global = (size_t)(items < (1u << 20) ? items : (1u << 20));
 
     if (n == 0)
         return 0;
-    err = clEnqueueFillBuffer(b->q, b->rarena, &byte, 1, (size_t)off, (size_t)n, 0, NULL, NULL);
-    return err == CL_SUCCESS ? 0 : cl_fail(eb, "fill in the resident arena", err);
+    global = (global + 63) / 64 * 64;
+    if ((err = clSetKernelArg(b->kfill, 0, sizeof b->rarena, &b->rarena)) != CL_SUCCESS ||
+        (err = clSetKernelArg(b->kfill, 1, sizeof o, &o)) != CL_SUCCESS ||
+        (err = clSetKernelArg(b->kfill, 2, sizeof len, &len)) != CL_SUCCESS ||
+        (err = clSetKernelArg(b->kfill, 3, sizeof v, &v)) != CL_SUCCESS ||
+        (err = clEnqueueNDRangeKernel(b->q, b->kfill, 1, NULL, &global, NULL, 0, NULL, NULL)) !=
+            CL_SUCCESS)
+        return cl_fail(eb, "fill in the resident arena", err);
+    return 0;
 }
 
 static int rs_upload(void *dev, uint64_t off, const void *src, uint64_t n, kb_errbuf *eb)
@@ -1256,6 +1272,8 @@ static int build_program(clbe *b, cl_platform_id plat, cl_device_id dev, kb_cl_c
             free(bin);
         }
     }
+    if (rc == 0 && !(b->kfill = clCreateKernel(b->prog, "kb_fill_bytes", &err)))
+        return cl_fail(eb, "kb_fill_bytes", err);
     for (unsigned i = 0; i < KB_REC_NKINDS && rc == 0; i++) {
         size_t wg = 0, want = local_of(i);
         b->kern[i] = clCreateKernel(b->prog, kernel_names[i], &err);

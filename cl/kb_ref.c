@@ -6,9 +6,10 @@
  * starting from 0 (or from dst with KB_REC_ACC), FMA and AXPB with a single rounding. The
  * elementwise, softmax and reduce arithmetic (exp, log, sin, cos, tanh, MAX/MIN ignoring NaN
  * with -0 < +0, NaN propagation) comes from kb_mathfn.h, the same text the OpenCL kernels are
- * built from, so both give identical bits. Gemm converts B to f32 once and runs i-k-j over an
- * f32 accumulator row: each output element still sums its products in ascending k, one
- * product rounding and one addition rounding per k; a NaN result is stored as the canonical
+ * built from, so both give identical bits. Gemm converts A to f32 once and B block by block and
+ * runs blocks of K over f32 accumulator panels (4 x 16 elements in registers): each output
+ * element still sums its products in ascending k, one product rounding and one addition
+ * rounding per k; a NaN result is stored as the canonical
  * NaN (which NaN the hardware propagates through a sum differs between CPUs and GPUs). Records must already be validated and
  * have arena-relative MEM operands (the planner does both). Limits: elements are computed and
  * stored one at a time in row-major order, so a record whose dst overlaps a source other than
@@ -191,25 +192,71 @@ static void gemm_plain(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
     }
 }
 
-/* acc[j] += a * b[j] for j < n, unrolled so the compiler can keep several lanes busy. */
-static void axpy_row(float *restrict acc, float a, const float *restrict b, size_t n)
+/*
+ * The fast path. A is converted to f32 once (m x K), B one KB x JB block at a time; the
+ * accumulators of a column panel (m x JB f32) start from 0 or dst and take the K blocks in
+ * ascending order, each block's k in ascending order, so every element still sums its
+ * products in ascending k with one product rounding and one addition rounding per k: the
+ * plain loop's bits. The inner kernel keeps 4 rows x 16 columns of sums in registers.
+ */
+enum { GEMM_JB = 256, GEMM_KB = 256 };
+
+/* Eight floats as one value (GCC/Clang vector extension): one AVX2 register in the avx2 copy,
+ * two SSE halves in the baseline one. Loads and stores through memcpy (any alignment). */
+typedef float kb_v8f __attribute__((vector_size(32)));
+#define V8_LD(v, p) memcpy(&(v), (p), sizeof(kb_v8f))
+#define V8_ST(p, v) memcpy((p), &(v), sizeof(kb_v8f))
+
+/* c[r][0..16) += a[r * lda + k] * bp[k * GEMM_JB + 0..16) for r < 4, k < kw (c: row stride ldc) */
+KB_VECTOR_CLONES
+static void gemm_4x16(const float *a, size_t lda, const float *bp, size_t kw, float *c, size_t ldc)
 {
-    size_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-        float p0 = a * b[j], p1 = a * b[j + 1], p2 = a * b[j + 2], p3 = a * b[j + 3];
-        float p4 = a * b[j + 4], p5 = a * b[j + 5], p6 = a * b[j + 6], p7 = a * b[j + 7];
-        acc[j] += p0;
-        acc[j + 1] += p1;
-        acc[j + 2] += p2;
-        acc[j + 3] += p3;
-        acc[j + 4] += p4;
-        acc[j + 5] += p5;
-        acc[j + 6] += p6;
-        acc[j + 7] += p7;
+    kb_v8f c00, c01, c10, c11, c20, c21, c30, c31;
+    V8_LD(c00, c);
+    V8_LD(c01, c + 8);
+    V8_LD(c10, c + ldc);
+    V8_LD(c11, c + ldc + 8);
+    V8_LD(c20, c + 2 * ldc);
+    V8_LD(c21, c + 2 * ldc + 8);
+    V8_LD(c30, c + 3 * ldc);
+    V8_LD(c31, c + 3 * ldc + 8);
+    for (size_t k = 0; k < kw; k++) {
+        kb_v8f b0, b1;
+        float x0 = a[k], x1 = a[lda + k], x2 = a[2 * lda + k], x3 = a[3 * lda + k];
+        kb_v8f a0 = { x0, x0, x0, x0, x0, x0, x0, x0 }, a1 = { x1, x1, x1, x1, x1, x1, x1, x1 };
+        kb_v8f a2 = { x2, x2, x2, x2, x2, x2, x2, x2 }, a3 = { x3, x3, x3, x3, x3, x3, x3, x3 };
+        kb_v8f p;
+        V8_LD(b0, bp + k * GEMM_JB);
+        V8_LD(b1, bp + k * GEMM_JB + 8);
+        p = a0 * b0; c00 += p;
+        p = a0 * b1; c01 += p;
+        p = a1 * b0; c10 += p;
+        p = a1 * b1; c11 += p;
+        p = a2 * b0; c20 += p;
+        p = a2 * b1; c21 += p;
+        p = a3 * b0; c30 += p;
+        p = a3 * b1; c31 += p;
     }
-    for (; j < n; j++) {
-        float p = a * b[j];
-        acc[j] += p;
+    V8_ST(c, c00);
+    V8_ST(c + 8, c01);
+    V8_ST(c + ldc, c10);
+    V8_ST(c + ldc + 8, c11);
+    V8_ST(c + 2 * ldc, c20);
+    V8_ST(c + 2 * ldc + 8, c21);
+    V8_ST(c + 3 * ldc, c30);
+    V8_ST(c + 3 * ldc + 8, c31);
+}
+
+/* The edges: one row, w columns, the same sums one element at a time. */
+static void gemm_1xw(const float *a, const float *bp, size_t kw, size_t w, float *c)
+{
+    for (size_t j = 0; j < w; j++) {
+        float acc = c[j];
+        for (size_t k = 0; k < kw; k++) {
+            float p = a[k] * bp[k * GEMM_JB + j];
+            acc += p;
+        }
+        c[j] = acc;
     }
 }
 
@@ -219,36 +266,52 @@ static void exec_gemm(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
     const uint8_t *ab = opnd_base(a, arena, payload), *bb = opnd_base(b, arena, payload);
     uint8_t *db = arena + d->addr;
     size_t m = d->rows, n = d->cols, kdim = a->cols;
-    float *bf = NULL, *acc = NULL, *arow = NULL;
+    size_t jb = n < GEMM_JB ? n : GEMM_JB;
+    float *af = NULL, *bp = NULL, *acc = NULL;
 
     if (m == 0 || n == 0)
         return;
-    if (kdim <= SIZE_MAX / sizeof(float) / n) {
-        bf = malloc(kdim * n * sizeof *bf + 1);
-        acc = malloc(n * sizeof *acc);
-        arow = malloc(kdim * sizeof *arow + 1);
+    if (kdim <= SIZE_MAX / sizeof(float) / m && m <= SIZE_MAX / sizeof(float) / GEMM_JB) {
+        af = malloc(m * kdim * sizeof *af + 1);
+        bp = malloc((size_t)GEMM_KB * GEMM_JB * sizeof *bp);
+        acc = malloc(m * jb * sizeof *acc);
     }
-    if (!bf || !acc || !arow) { /* B too big to stage in f32: the unstaged loop */
+    if (!af || !bp || !acc) { /* A too big to stage in f32: the unstaged loop */
         gemm_plain(r, arena, payload);
         goto out;
     }
-    for (size_t k = 0; k < kdim; k++)
-        for (size_t j = 0; j < n; j++)
-            bf[k * n + j] = load_at(b, bb, (uint32_t)k, (uint32_t)j);
-    for (size_t i = 0; i < m; i++) {
-        for (size_t j = 0; j < n; j++)
-            acc[j] = (r->flags & KB_REC_ACC) ? load_at(d, db, (uint32_t)i, (uint32_t)j) : 0.0f;
-        for (size_t k = 0; k < kdim; k++)
-            arow[k] = load_at(a, ab, (uint32_t)i, (uint32_t)k);
-        for (size_t k = 0; k < kdim; k++)
-            axpy_row(acc, arow[k], bf + k * n, n);
-        for (size_t j = 0; j < n; j++)
-            store_at(d, db, (uint32_t)i, (uint32_t)j, kb_mf_canon(acc[j]));
+    for (size_t i = 0; i < m; i++)
+        kb_dtype_load_n((kb_dtype)a->dtype, ab, i * a->ld, af + i * kdim, kdim);
+    for (size_t j0 = 0; j0 < n; j0 += GEMM_JB) {
+        size_t jw = n - j0 < GEMM_JB ? n - j0 : GEMM_JB;
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < jw; j++)
+                acc[i * jb + j] = (r->flags & KB_REC_ACC)
+                                      ? load_at(d, db, (uint32_t)i, (uint32_t)(j0 + j)) : 0.0f;
+        for (size_t k0 = 0; k0 < kdim; k0 += GEMM_KB) {
+            size_t kw = kdim - k0 < GEMM_KB ? kdim - k0 : GEMM_KB;
+            for (size_t k = 0; k < kw; k++)
+                kb_dtype_load_n((kb_dtype)b->dtype, bb, (k0 + k) * b->ld + j0, bp + k * GEMM_JB,
+                                jw);
+            size_t i = 0;
+            for (; i + 4 <= m; i += 4) {
+                size_t j = 0;
+                for (; j + 16 <= jw; j += 16)
+                    gemm_4x16(af + i * kdim + k0, kdim, bp + j, kw, acc + i * jb + j, jb);
+                for (size_t ii = i; j < jw && ii < i + 4; ii++)
+                    gemm_1xw(af + ii * kdim + k0, bp + j, kw, jw - j, acc + ii * jb + j);
+            }
+            for (; i < m; i++)
+                gemm_1xw(af + i * kdim + k0, bp, kw, jw, acc + i * jb);
+        }
+        for (size_t i = 0; i < m; i++)
+            for (size_t j = 0; j < jw; j++)
+                store_at(d, db, (uint32_t)i, (uint32_t)(j0 + j), kb_mf_canon(acc[i * jb + j]));
     }
 out:
-    free(bf);
+    free(af);
+    free(bp);
     free(acc);
-    free(arow);
 }
 
 /* ---- the kb_tl_nn kinds (kb_oplog.h) ---- */

@@ -803,3 +803,27 @@ static void kb_gather_unit(uint kind, global const kb_ent *e, global uchar *aren
 }
 
 KB_GRID_KERNEL(kb_gather, KB_EW_LOCAL, kb_gather_unit, 0u)
+
+/* ---------------------------------------------------------------- byte fill */
+
+/*
+ * n bytes from byte offset off of a set to `byte` (the resident arena's poison fill). Used
+ * instead of clEnqueueFillBuffer, which on NVIDIA's OpenCL (CUDA 13.0 driver, H100) kills
+ * the queue for a 1-byte pattern at offsets of 2 GiB and more. 16-byte stores on the
+ * aligned middle, single bytes at the ends; any global size works (grid-stride loop).
+ */
+kernel void kb_fill_bytes(global uchar *a, ulong off, ulong n, uint byte)
+{
+    ulong gid = get_global_id(0), gsz = get_global_size(0);
+    ulong head = min((16ul - (off & 15ul)) & 15ul, n);
+    ulong body = (n - head) / 16ul, tail0 = head + body * 16ul;
+    uint w = (byte & 0xFFu) * 0x01010101u;
+    global uint4 *p = (global uint4 *)(a + off + head);
+
+    if (gid < head)
+        a[off + gid] = (uchar)byte;
+    for (ulong i = gid; i < body; i += gsz)
+        p[i] = (uint4)(w, w, w, w);
+    if (gid < n - tail0)
+        a[off + tail0 + gid] = (uchar)byte;
+}

@@ -35,6 +35,18 @@ void kb_tl_wait_until(kb_tl *tl, kb_time t);
  * (callers that fill a kb_val in place). `op` names the operation in messages. */
 kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op);
 kb_pa kb_tl_scratch_alloc(kb_tl *tl, uint64_t bytes, const char *op);
+/* Bytes of the largest scratch value the kernel could allocate now (large values it freed
+ * and the runtime kept for reuse are given back to the PE's scratch first). */
+uint64_t kb_tl_scratch_room(kb_tl *tl);
+
+/*
+ * tl_dot whose SchedulerV2 loads each reserve their route when the PE's DMA engine can start
+ * them (the kernel waits until then), not all at the call: streams of several PEs over a
+ * shared FIFO link (a cube's NoC) then interleave load by load instead of a later stream
+ * queuing behind an earlier one's whole reservation. Alone on its links it takes exactly
+ * tl_dot's time (more scheduler events). tl_gemm uses it with nparts > 1.
+ */
+kb_val kb_tl_dot_paced(kb_tl *tl, kb_val a, kb_val b);
 
 /* Physical address of [va, va + bytes) as the kernel's PE sees it (one mapping must cover
  * it); *tensor (may be NULL) gets the tensor it belongs to. */

@@ -190,6 +190,12 @@ kb_pa kb_tl_scratch_alloc(kb_tl *tl, uint64_t bytes, const char *op)
     return bytes <= KB_SCR_MAX ? scr_small(tl, scr_class(bytes), op) : scratch_big(tl, bytes, op);
 }
 
+uint64_t kb_tl_scratch_room(kb_tl *tl)
+{
+    bigc_flush(tl);
+    return kb_alloc_largest_free(tl->pe->scratch);
+}
+
 kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op)
 {
     kb_val v;
@@ -676,9 +682,26 @@ kb_val tl_max(kb_tl *tl, kb_val a, int axis)
  * tile_m x tile_n tiles and K into tile_k steps; each step DMAs the A and B tiles that are not
  * local into the scheduler's reserved TCM (double-buffered: a step's loads may start once
  * the step two before it has finished computing) and then occupies PE_GEMM for
- * fixed + 2*tm*tn*tk/flops.
+ * fixed + 2*tm*tn*tk/flops. All steps are reserved at the call (FIFO resources: a stream
+ * issued later by another PE on a shared link queues behind this whole stream) unless
+ * `paced` (dma_dispatch): then the kernel reserves each load when its DMA engine can start
+ * it, so that concurrent streams interleave; alone on its path, the same times.
  */
-static kb_time gemm_time(kb_tl *tl, kb_val a, kb_val b, uint32_t M, uint32_t N, uint32_t K)
+/*
+ * Paced streaming: the kernel waits until a load can start on its DMA engine (issued, and the
+ * engine done with the transfers before it) and only then reserves its route. Reserved
+ * earlier, a load queued behind its own engine's work would hold a shared link (the cube's
+ * NoC) from a future start on, and every other PE's transfer on that FIFO link would queue
+ * behind that slot. Alone on its links, the reservation gets the same start either way.
+ */
+static void dma_dispatch(kb_tl *tl, kb_time issue)
+{
+    kb_time t = tl->pe->dma.free_at;
+    kb_tl_wait_until(tl, t > issue ? t : issue);
+}
+
+static kb_time gemm_time(kb_tl *tl, kb_val a, kb_val b, uint32_t M, uint32_t N, uint32_t K,
+                         int paced)
 {
     const kb_topo_cfg *c = &tl->ctx->m->cfg;
     kb_pe_hw *pe = tl->pe;
@@ -706,12 +729,16 @@ static kb_time gemm_time(kb_tl *tl, kb_val a, kb_val b, uint32_t M, uint32_t N, 
                 kb_time ready = ld_issue, ts, te;
                 kb_errbuf e;
                 if (!la) {
+                    if (paced)
+                        dma_dispatch(tl, ld_issue);
                     if (kb_machine_dma(tl->ctx->m, pe, a.pa, resv, (uint64_t)mt * kt * ea,
                                        ld_issue, &ts, &te, &e) != 0)
                         tl_fail(tl, KB_ERR_RANGE, "tl_dot: %s", e.msg);
                     ready = te > ready ? te : ready;
                 }
                 if (!lb) {
+                    if (paced)
+                        dma_dispatch(tl, ld_issue);
                     if (kb_machine_dma(tl->ctx->m, pe, b.pa, resv, (uint64_t)kt * nt * eb_,
                                        ld_issue, &ts, &te, &e) != 0)
                         tl_fail(tl, KB_ERR_RANGE, "tl_dot: %s", e.msg);
@@ -725,7 +752,7 @@ static kb_time gemm_time(kb_tl *tl, kb_val a, kb_val b, uint32_t M, uint32_t N, 
     return end;
 }
 
-static void dot_common(kb_tl *tl, kb_val dst, kb_val a, kb_val b, int acc)
+static void dot_common(kb_tl *tl, kb_val dst, kb_val a, kb_val b, int acc, int paced)
 {
     kb_rec r;
 
@@ -734,7 +761,7 @@ static void dot_common(kb_tl *tl, kb_val dst, kb_val a, kb_val b, int acc)
                 a.cols, b.rows, b.cols);
     memset(&r, 0, sizeof r);
     r.t_start = issue_time(tl);
-    r.t_end = gemm_time(tl, a, b, a.rows, b.cols, a.cols);
+    r.t_end = gemm_time(tl, a, b, a.rows, b.cols, a.cols, paced);
     r.kind = KB_REC_GEMM;
     r.flags = (uint8_t)(acc ? KB_REC_ACC : 0);
     r.nsrc = 2;
@@ -745,15 +772,25 @@ static void dot_common(kb_tl *tl, kb_val dst, kb_val a, kb_val b, int acc)
     kb_tl_wait_until(tl, r.t_end);
 }
 
-kb_val tl_dot(kb_tl *tl, kb_val a, kb_val b)
+static kb_val dot_new(kb_tl *tl, kb_val a, kb_val b, int paced)
 {
     kb_val d;
     if (a.cols != b.rows)
         tl_fail(tl, KB_ERR_INVAL, "tl_dot: inner dimensions differ (%ux%u @ %ux%u)", a.rows,
                 a.cols, b.rows, b.cols);
     d = kb_tl_scratch_val(tl, a.rows, b.cols, KB_F32, "tl_dot");
-    dot_common(tl, d, a, b, 0);
+    dot_common(tl, d, a, b, 0, paced);
     return d;
+}
+
+kb_val tl_dot(kb_tl *tl, kb_val a, kb_val b)
+{
+    return dot_new(tl, a, b, 0);
+}
+
+kb_val kb_tl_dot_paced(kb_tl *tl, kb_val a, kb_val b)
+{
+    return dot_new(tl, a, b, 1);
 }
 
 void tl_dot_acc(kb_tl *tl, kb_val acc, kb_val a, kb_val b)
@@ -763,5 +800,5 @@ void tl_dot_acc(kb_tl *tl, kb_val acc, kb_val a, kb_val b)
         tl_fail(tl, KB_ERR_INVAL,
                 "tl_dot_acc: accumulator must be a local f32 value (or view) of %ux%u", a.rows,
                 b.cols);
-    dot_common(tl, acc, a, b, 1);
+    dot_common(tl, acc, a, b, 1, 0);
 }

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/types.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "kb_bench.h"
+#include "kb_hostgemm.h"
 #include "kb_ccl.h"
 #include "kb_ccl_config.h"
 
@@ -115,6 +117,87 @@ static void test_gemm_ragged_shape(void **s)
     a.p[2] = 7;
     assert_int_equal(exec_bench(b, NULL, KB_DEV_REF, &a, &rep, &eb), 0);
     assert_int_equal(rep.res.verified, 1);
+}
+
+/* Output tiles over PEs: 8 PEs of cube 0 and 16 (two cubes) give gemm's exact bytes, faster;
+ * 4096^3 runs (timing only here) at its pinned time. */
+static void test_gemm_pes(void **s)
+{
+    const kb_bench *b = kb_bench_find("gemm");
+    kb_errbuf eb;
+    kb_run_report r1, r8, r16, big;
+    kb_bench_args a = defaults_of(b, 1);
+    (void)s;
+    a.p[0] = 1000; /* m, k, n: 8 tiles of at most 256 x 512 */
+    a.p[1] = 200;
+    a.p[2] = 1020;
+    assert_int_equal(exec_bench(b, NULL, KB_DEV_REF, &a, &r1, &eb), 0);
+    a.p[3] = 8;
+    assert_int_equal(exec_bench(b, NULL, KB_DEV_REF, &a, &r8, &eb), 0);
+    a.p[3] = 16;
+    assert_int_equal(exec_bench(b, NULL, KB_DEV_REF, &a, &r16, &eb), 0);
+    assert_int_equal(r1.res.verified, 1);
+    assert_int_equal(r8.res.verified, 1);
+    assert_int_equal(r16.res.verified, 1);
+    assert_int_equal(r8.res.digest, r1.res.digest);
+    assert_int_equal(r16.res.digest, r1.res.digest);
+    assert_true(r8.sim_time_ns < r1.sim_time_ns / 3);
+    assert_true(r16.sim_time_ns < r8.sim_time_ns);
+    kb_run_report_fini(&r1);
+    kb_run_report_fini(&r8);
+    kb_run_report_fini(&r16);
+    /* pes=12: neither within one cube nor whole cubes */
+    a.p[3] = 12;
+    assert_int_equal(exec_bench(b, NULL, KB_DEV_REF, &a, &r1, &eb), KB_ERR_USAGE);
+    assert_non_null(strstr(eb.msg, "pes=12"));
+    kb_run_report_fini(&r1);
+    a = defaults_of(b, 0);
+    a.p[0] = a.p[1] = a.p[2] = 4096;
+    assert_int_equal(exec_bench(b, NULL, KB_DEV_NONE, &a, &big, &eb), 0);
+    assert_true(big.sim_time_ns == 34357218.25);
+    kb_run_report_fini(&big);
+}
+
+/* kb_hostgemm_check gives kb_bench_check's verdict on the full reference: worst error and the
+ * first failing element's global index. */
+static void test_hostgemm_check(void **s)
+{
+    enum { M = 70, N = 37, K = 300 };
+    float *a = malloc(sizeof(float) * M * K), *b = malloc(sizeof(float) * K * N);
+    float *got = malloc(sizeof(float) * M * N);
+    double *ref = malloc(sizeof(double) * M * N), *bound = malloc(sizeof(double) * M * N);
+    kbt_rng g = { 7 };
+    (void)s;
+    assert_true(a && b && got && ref && bound);
+    for (int pass = 0; pass < 2; pass++) { /* random floats (f64 path), then a coarse grid */
+        for (int i = 0; i < M * K; i++)
+            a[i] = pass ? (float)((int)kbt_rng_below(&g, 9) - 4) : kbt_rng_float(&g, -1, 1);
+        for (int i = 0; i < K * N; i++)
+            b[i] = pass ? (float)((int)kbt_rng_below(&g, 9) - 4) / 8 : kbt_rng_float(&g, -1, 1);
+        kb_bench_ref_gemm(a, b, M, N, K, ref, bound);
+        for (int i = 0; i < M * N; i++) {
+            double p = 0.0;
+            for (int k = 0; k < K; k++) /* the plain loop's sum, the definition */
+                p += (double)a[(i / N) * K + k] * (double)b[k * N + i % N];
+            assert_true(ref[i] == p);
+            got[i] = kb_f16_to_f32(kb_f32_to_f16((float)ref[i]));
+        }
+        got[41 * N + 5] += 1.0f;
+        got[60 * N + 2] += 2.0f;
+        kb_bench_result r1, r2;
+        memset(&r1, 0, sizeof r1);
+        memset(&r2, 0, sizeof r2);
+        assert_int_equal(kb_bench_check(&r1, KB_F16, got, ref, bound, M * N, "c"), 0);
+        assert_int_equal(kb_hostgemm_check(&r2, KB_F16, got, a, b, M, N, K, "c"), 0);
+        assert_true(r1.max_abs_err == r2.max_abs_err && r1.err_bound == r2.err_bound);
+        assert_string_equal(r1.detail, r2.detail);
+        assert_non_null(strstr(r2.detail, "c[1522]"));
+    }
+    free(a);
+    free(b);
+    free(got);
+    free(ref);
+    free(bound);
 }
 
 static void test_usage_errors(void **s)
@@ -496,6 +579,8 @@ int main(void)
         cmocka_unit_test(test_va_offset),
         cmocka_unit_test(test_gpt3_qkv),
         cmocka_unit_test(test_gemm_ragged_shape),
+        cmocka_unit_test(test_gemm_pes),
+        cmocka_unit_test(test_hostgemm_check),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_ring_closed_form),
         cmocka_unit_test(test_rsag_closed_form),

@@ -605,6 +605,30 @@ static void test_unwired_direction(void **state)
     kb_ctx_destroy(ctx);
 }
 
+/* A strided view cannot travel as a message (its rows are not one run of memory). */
+static void k_send_view(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    if (tl_program_id(tl, 0) == 0)
+        tl_send(tl, KB_DIR_E, tl_view(tl, tl_full(tl, KB_SHAPE2(4, 8), 1.0f), 1, 2, 2, 3));
+}
+
+static void test_send_strided_view(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    fx f;
+
+    (void)state;
+    fx_init(&f, 2, KB_MEM_TCM, k_send_view, 2);
+    fx_ring2(&f, 0, 1);
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), KB_ERR_INVAL);
+    if (!strstr(kb_ctx_errmsg(ctx), "sip0/cube0/pe0") ||
+        !strstr(kb_ctx_errmsg(ctx), "tl_send E: the value is a strided view (row stride 8, 3 "
+                                    "columns); tl_copy it into a contiguous value first"))
+        fail_msg("message: %s", kb_ctx_errmsg(ctx));
+    kb_ctx_destroy(ctx);
+}
+
 static void k_recv_unwired(kb_tl *tl, const kb_kargs *a)
 {
     (void)a;
@@ -1013,6 +1037,7 @@ int main(void)
         cmocka_unit_test(test_install_same_config_twice),
         cmocka_unit_test(test_unwired_direction),
         cmocka_unit_test(test_uninstalled_pe),
+        cmocka_unit_test(test_send_strided_view),
         cmocka_unit_test(test_chunked_one_slot),
         cmocka_unit_test(test_chunked_window),
         cmocka_unit_test(test_recv_size_mismatch),

@@ -19,7 +19,9 @@
 #include <string.h>
 
 #include "kb_runtime.h"
+#include "kb_runtime_ext.h"
 #include "kb_tl.h"
+#include "kb_tl_gemm.h"
 #include "kb_test_util.h"
 
 #define NPES 4
@@ -609,6 +611,414 @@ static void test_gemm_streamed_two_steps(void **state)
     kb_ctx_destroy(ctx);
 }
 
+
+/* ---- strided values: tl_load2d / tl_ref2d / tl_store2d / tl_load_into / tl_view / tl_copy ---- */
+
+#define SM_R 6
+#define SM_C 10 /* the source matrix m: 6 x 10 f32, m[i][j] = 10 i + j */
+
+static void k_strided(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    kb_va m = a->ptr[0];
+    kb_time t0 = kbt_tl_now(tl);
+    kb_val blk = tl_load2d(tl, m + (1 * SM_C + 2) * 4, KB_SHAPE2(4, 5), SM_C, KB_F32);
+    kb_time t1 = kbt_tl_now(tl);
+    kb_val flat = tl_load(tl, m, KB_SHAPE2(1, 20), KB_F32); /* the same 80 bytes, contiguous */
+    kb_time t2 = kbt_tl_now(tl);
+    p->dt[0] = t1 - t0;
+    p->dt[1] = t2 - t1;
+    tl_store(tl, a->ptr[1], blk);
+    /* into the f16 tensor o2: rows 0-1 contiguously, then the block at rows 2-5, cols 3-7 */
+    t0 = kbt_tl_now(tl);
+    tl_store(tl, a->ptr[2], flat);
+    t1 = kbt_tl_now(tl);
+    tl_store2d(tl, a->ptr[2] + (2 * SM_C + 3) * 2, SM_C, blk);
+    t2 = kbt_tl_now(tl);
+    p->dt[2] = t1 - t0;
+    p->dt[3] = t2 - t1;
+    /* views of a 4 x 6 value, written through tl_load_into and tl_copy */
+    kb_val x = tl_full(tl, KB_SHAPE2(4, 6), -1.0f);
+    t0 = kbt_tl_now(tl);
+    kb_val v = tl_view(tl, x, 1, 2, 2, 3);  /* x[1..3) x [2..5) */
+    kb_val vv = tl_view(tl, v, 1, 1, 1, 2); /* x[2][3..5) */
+    p->dt[7] = kbt_tl_now(tl) - t0;
+    t0 = kbt_tl_now(tl);
+    tl_load_into(tl, v, m + 3 * SM_C * 4, SM_C); /* m[3..5) x [0..3) */
+    t1 = kbt_tl_now(tl);
+    (void)tl_load(tl, m, KB_SHAPE2(1, 6), KB_F32);
+    t2 = kbt_tl_now(tl);
+    p->dt[4] = t1 - t0;
+    p->dt[5] = t2 - t1;
+    kb_val six = tl_full(tl, KB_SHAPE2(1, 2), 6.0f);
+    t0 = kbt_tl_now(tl);
+    tl_copy(tl, vv, six);
+    p->dt[6] = kbt_tl_now(tl) - t0;
+    tl_store(tl, a->ptr[3], x);
+    tl_store(tl, a->ptr[5], tl_add(tl, v, v)); /* a view as a compute operand */
+    /* a gemm of strided references: m[0..2) x [0..3) @ m[0..3) x [7..9) */
+    kb_val ra = tl_ref2d(tl, m, KB_SHAPE2(2, 3), SM_C, KB_F32);
+    kb_val rb = tl_ref2d(tl, m + 7 * 4, KB_SHAPE2(3, 2), SM_C, KB_F32);
+    tl_store(tl, a->ptr[4], tl_dot(tl, ra, rb));
+}
+
+typedef struct strided_io {
+    probe p;
+    float m[SM_R * SM_C];
+    float o1[20], o2[SM_R * SM_C], o3[24], o4[4], o5[6];
+} strided_io;
+
+static int h_strided(kb_ctx *ctx, void *arg)
+{
+    strided_io *io = arg;
+    kb_tensor_desc dm = desc("m", SM_R, SM_C, KB_F32, on_pe0());
+    kb_tensor_desc d1 = desc("o1", 4, 5, KB_F32, on_pe0());
+    kb_tensor_desc d2 = desc("o2", SM_R, SM_C, KB_F16, on_pe0());
+    kb_tensor_desc d3 = desc("o3", 4, 6, KB_F32, on_pe0());
+    kb_tensor_desc d4 = desc("o4", 2, 2, KB_F32, on_pe0());
+    kb_tensor_desc d5 = desc("o5", 2, 3, KB_F32, on_pe0());
+    kb_tensor *tm, *t[5];
+    kb_kargs a = kargs(&io->p);
+    int rc;
+
+    if ((rc = kb_tensor_from_host(ctx, &dm, io->m, &tm)) != 0 ||
+        (rc = kb_tensor_empty(ctx, &d1, &t[0])) != 0 ||
+        (rc = kb_tensor_zeros(ctx, &d2, &t[1])) != 0 ||
+        (rc = kb_tensor_empty(ctx, &d3, &t[2])) != 0 ||
+        (rc = kb_tensor_empty(ctx, &d4, &t[3])) != 0 ||
+        (rc = kb_tensor_empty(ctx, &d5, &t[4])) != 0)
+        return rc;
+    a.ptr[0] = kb_tensor_va(tm);
+    for (int i = 0; i < 5; i++)
+        a.ptr[1 + i] = kb_tensor_va(t[i]);
+    if ((rc = kb_launch(ctx, "strided", k_strided, &a, &one_pe)) != 0 ||
+        (rc = kb_tensor_read(t[0], io->o1)) != 0 || (rc = kb_tensor_read(t[1], io->o2)) != 0 ||
+        (rc = kb_tensor_read(t[2], io->o3)) != 0 || (rc = kb_tensor_read(t[3], io->o4)) != 0 ||
+        (rc = kb_tensor_read(t[4], io->o5)) != 0)
+        return rc;
+    return 0;
+}
+
+static float sm(int i, int j) { return (float)(SM_C * i + j); }
+
+static void test_strided_values(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    const kb_topo_cfg *c = topo(ctx);
+    strided_io *io = calloc(1, sizeof *io);
+
+    (void)state;
+    assert_non_null(io);
+    for (int i = 0; i < SM_R; i++)
+        for (int j = 0; j < SM_C; j++)
+            io->m[i * SM_C + j] = sm(i, j);
+    assert_int_equal(kb_ctx_run_host(ctx, h_strided, io), 0);
+    /* tl_load2d: rows 1..4, columns 2..6 */
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 5; j++)
+            assert_true(io->o1[i * 5 + j] == sm(1 + i, 2 + j));
+    /* o2 (f16): rows 0-1 = m's first 20 values; the block at rows 2..5, columns 3..7; 0 else */
+    for (int i = 0; i < SM_R; i++)
+        for (int j = 0; j < SM_C; j++) {
+            float want = i < 2 ? sm(i, j)
+                         : j >= 3 && j < 8 ? sm(1 + (i - 2), 2 + (j - 3)) : 0.0f;
+            if (io->o2[i * SM_C + j] != want)
+                fail_msg("o2[%d][%d] = %g, expected %g", i, j, (double)io->o2[i * SM_C + j],
+                         (double)want);
+        }
+    /* x: -1 except its view x[1..3) x [2..5) = m[3..5) x [0..3), then x[2][3..5) = 6 */
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 6; j++) {
+            float want = -1.0f;
+            if (i >= 1 && i < 3 && j >= 2 && j < 5)
+                want = i == 2 && j >= 3 ? 6.0f : sm(3 + (i - 1), j - 2);
+            if (io->o3[i * 6 + j] != want)
+                fail_msg("x[%d][%d] = %g, expected %g", i, j, (double)io->o3[i * 6 + j],
+                         (double)want);
+        }
+    /* v + v over the view */
+    static const float k_vv[6] = { 60, 62, 64, 80, 12, 12 };
+    for (int i = 0; i < 6; i++)
+        assert_true(io->o5[i] == k_vv[i]);
+    /* the strided gemm: sum_k m[i][k] * m[k][7 + j] */
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            float want = 0.0f;
+            for (int k = 0; k < 3; k++)
+                want += sm(i, k) * sm(k, 7 + j);
+            assert_true(io->o4[i * 2 + j] == want);
+        }
+    /* costs: a strided DMA costs what a contiguous one of the same bytes costs */
+    assert_int_equal(io->p.dt[0], io->p.dt[1]);
+    assert_int_equal(io->p.dt[2], io->p.dt[3]);
+    assert_int_equal(io->p.dt[4], io->p.dt[5]);
+    int64_t lat = kbt_ps(c->hbm.latency_ns) + kbt_ps(c->noc.latency_ns) + kbt_ps(c->tcm.latency_ns);
+    assert_int_equal(io->p.dt[0], kbt_ps(c->pe_cpu_overhead_ns) + kbt_ps(c->dma_setup_ns) +
+                                      kbt_xfer_ps(80, c->dma_bandwidth_gbps) + lat);
+    /* tl_copy: one PE_MATH pass over its 2 elements; views cost nothing */
+    assert_int_equal(io->p.dt[6], kbt_ps(c->pe_cpu_overhead_ns) + kbt_ps(c->math_fixed_ns) +
+                                      kbt_xfer_ps(2, c->math_lanes_per_ns));
+    assert_int_equal(io->p.dt[6], 2000 + 4000 + 32);
+    assert_int_equal(io->p.dt[7], 0);
+    kb_ctx_destroy(ctx);
+    free(io);
+}
+
+/* Misuse of strided values: a view outside its value, a row stride below the width, a block
+ * whose last row runs past its shard. */
+static void k_strided_err(kb_tl *tl, const kb_kargs *a)
+{
+    switch (a->i[0]) {
+    case 0:
+        (void)tl_view(tl, tl_full(tl, KB_SHAPE2(4, 6), 0.0f), 2, 1, 3, 2);
+        break;
+    case 1:
+        (void)tl_load2d(tl, a->ptr[0], KB_SHAPE2(2, 5), 3, KB_F32);
+        break;
+    case 2:
+        /* columns 9-10 of 6 rows: the last row's second element is past m's 240 bytes */
+        (void)tl_load2d(tl, a->ptr[0] + 9 * 4, KB_SHAPE2(SM_R, 2), SM_C, KB_F32);
+        break;
+    default:
+        tl_store2d(tl, a->ptr[0], 4, tl_full(tl, KB_SHAPE2(2, 5), 0.0f));
+        break;
+    }
+    probe_of(a)->rc[0] = 1; /* never reached */
+}
+
+static int h_strided_err(kb_ctx *ctx, void *arg)
+{
+    probe *p = arg;
+    kb_tensor_desc dm = desc("m", SM_R, SM_C, KB_F32, on_pe0());
+    kb_tensor *tm;
+    kb_kargs a = kargs(p);
+    int rc;
+    if ((rc = kb_tensor_zeros(ctx, &dm, &tm)) != 0)
+        return rc;
+    a.ptr[0] = kb_tensor_va(tm);
+    a.i[0] = p->rc[1];
+    return kb_launch(ctx, "strided_err", k_strided_err, &a, &one_pe);
+}
+
+static void test_strided_errors(void **state)
+{
+    static const struct {
+        int rc;
+        const char *msg;
+    } cases[] = {
+        { KB_ERR_RANGE, "tl_view: [2, 5) x [1, 3) is outside a 4 x 6 value" },
+        { KB_ERR_INVAL, "tl_load2d: row stride 3 is below the block's 5 columns" },
+        { KB_ERR_RANGE, "cross the end of a shard (204 bytes left in it)" },
+        { KB_ERR_INVAL, "tl_store2d: row stride 4 is below the block's 5 columns" },
+    };
+    (void)state;
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        kb_ctx *ctx = make_ctx();
+        probe p;
+        memset(&p, 0, sizeof p);
+        p.rc[1] = i;
+        assert_int_equal(kb_ctx_run_host(ctx, h_strided_err, &p), cases[i].rc);
+        assert_int_equal(p.rc[0], 0);
+        if (!strstr(kb_ctx_errmsg(ctx), cases[i].msg))
+            fail_msg("case %d: %s", i, kb_ctx_errmsg(ctx));
+        kb_ctx_destroy(ctx);
+    }
+}
+
+
+/* ---- tl_gemm: gemm of any size in output tiles ---- */
+
+static void test_gemm_tiling(void **state)
+{
+    kb_gemm_tiling g;
+    (void)state;
+    /* fits the free scratch: one tile, what one tl_dot needs */
+    assert_int_equal(kb_tl_gemm_tiling(256, 256, 8u << 20, 8u << 20, 128, 128, 1, &g), 0);
+    assert_true(g.tm == 256 && g.tn == 256 && g.tiles_m == 1 && g.tiles_n == 1);
+    /* 4096^2: tiles of half the scratch (4 MiB of f32 = 1024 x 1024) */
+    assert_int_equal(kb_tl_gemm_tiling(4096, 4096, 8u << 20, 8u << 20, 128, 128, 1, &g), 0);
+    assert_true(g.tm == 1024 && g.tn == 1024 && g.tiles_m == 4 && g.tiles_n == 4);
+    /* less free than half: the free block bounds the tile */
+    assert_int_equal(kb_tl_gemm_tiling(4096, 4096, 1u << 20, 8u << 20, 128, 128, 1, &g), 0);
+    assert_true(g.tm == 512 && g.tn == 512);
+    /* few rows: wide tiles */
+    assert_int_equal(kb_tl_gemm_tiling(8, 1 << 20, 8u << 20, 8u << 20, 128, 128, 1, &g), 0);
+    assert_true(g.tm == 8 && g.tn == 131072 && g.tiles_n == 8);
+    /* several parts: halved (longer side first) until each part has a tile */
+    assert_int_equal(kb_tl_gemm_tiling(1024, 1024, 0, 8u << 20, 128, 128, 8, &g), 0);
+    assert_true(g.tm == 256 && g.tn == 512 && g.tiles_m == 4 && g.tiles_n == 2);
+    /* ... but not below a scheduler tile: 64 tiles for 128 parts */
+    assert_int_equal(kb_tl_gemm_tiling(1024, 1024, 0, 8u << 20, 128, 128, 128, &g), 0);
+    assert_true(g.tm == 128 && g.tn == 128 && g.tiles_m * g.tiles_n == 64);
+    /* no room at all */
+    assert_int_equal(kb_tl_gemm_tiling(16, 16, 0, 8u << 20, 128, 128, 1, &g), -1);
+}
+
+#define TG_M 300
+#define TG_N 200
+#define TG_K 500
+#define TG_LDA 512 /* A and C sit in wider tensors: row strides above their widths */
+#define TG_LDC 256
+
+static float tg_a(int i, int k) { return (float)((i * 7 + k * 3) % 9 - 4) * 0.25f; }
+static float tg_b(int k, int j) { return (float)((k * 5 + j) % 7 - 3) * 0.5f; }
+
+static void k_tlgemm(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    int part = tl_program_id(tl, 0), nparts = (int)a->i[0];
+    kb_time t0 = kbt_tl_now(tl);
+    tl_gemm(tl, a->ptr[2], TG_LDC, a->ptr[0], TG_LDA, a->ptr[1], TG_N, TG_M, TG_N, TG_K, KB_F16,
+            KB_F16, part, nparts);
+    if (part == 0)
+        p->dt[0] = kbt_tl_now(tl) - t0;
+}
+
+typedef struct tlgemm_io {
+    probe p;
+    int nparts;
+    kb_mem_kind mem;
+    float a[TG_M * TG_LDA], b[TG_K * TG_N], c[TG_M * TG_LDC];
+} tlgemm_io;
+
+static int h_tlgemm(kb_ctx *ctx, void *arg)
+{
+    tlgemm_io *io = arg;
+    kb_tensor_desc da = desc("a", TG_M, TG_LDA, KB_F16, on_pe0());
+    kb_tensor_desc db = desc("b", TG_K, TG_N, KB_F16, on_pe0());
+    kb_tensor_desc dc = desc("c", TG_M, TG_LDC, KB_F32, on_pe0());
+    kb_tensor *ta, *tb, *tc;
+    kb_kargs a = kargs(&io->p);
+    kb_grid g = { io->nparts, 1, 1, -1 };
+    int rc;
+
+    da.mem = db.mem = dc.mem = io->mem;
+    if ((rc = kb_tensor_from_host(ctx, &da, io->a, &ta)) != 0 ||
+        (rc = kb_tensor_from_host(ctx, &db, io->b, &tb)) != 0 ||
+        (rc = kb_tensor_from_host(ctx, &dc, io->c, &tc)) != 0)
+        return rc;
+    a.ptr[0] = kb_tensor_va(ta);
+    a.ptr[1] = kb_tensor_va(tb);
+    a.ptr[2] = kb_tensor_va(tc);
+    a.i[0] = io->nparts;
+    if ((rc = kb_launch(ctx, "tlgemm", k_tlgemm, &a, &g)) != 0)
+        return rc;
+    return kb_tensor_read(tc, io->c);
+}
+
+/* 300 x 500 @ 500 x 200 with 128 KiB of scratch per PE: 6 tiles of at most 128 x 128. */
+static tlgemm_io *run_tlgemm(int nparts, kb_mem_kind mem)
+{
+    kb_ctx *ctx = make_ctx_with(KB_DEV_REF, "pe.scratch.size_bytes=131072");
+    tlgemm_io *io = calloc(1, sizeof *io);
+
+    assert_non_null(io);
+    io->nparts = nparts;
+    io->mem = mem;
+    for (int i = 0; i < TG_M; i++)
+        for (int k = 0; k < TG_LDA; k++)
+            io->a[i * TG_LDA + k] = k < TG_K ? tg_a(i, k) : 99.0f;
+    for (int k = 0; k < TG_K; k++)
+        for (int j = 0; j < TG_N; j++)
+            io->b[k * TG_N + j] = tg_b(k, j);
+    for (int i = 0; i < TG_M * TG_LDC; i++)
+        io->c[i] = -7.0f;
+    assert_int_equal(kb_ctx_run_host(ctx, h_tlgemm, io), 0);
+    /* every element exact (multiples of 1/8 below 2^10: exact f32 sums), the rest of C kept */
+    for (int i = 0; i < TG_M; i++)
+        for (int j = 0; j < TG_LDC; j++) {
+            double want = -7.0;
+            if (j < TG_N) {
+                want = 0.0;
+                for (int k = 0; k < TG_K; k++)
+                    want += (double)tg_a(i, k) * (double)tg_b(k, j);
+            }
+            if ((double)io->c[i * TG_LDC + j] != want)
+                fail_msg("nparts %d: c[%d][%d] = %g, expected %g", nparts, i, j,
+                         (double)io->c[i * TG_LDC + j], want);
+        }
+    kb_ctx_destroy(ctx);
+    return io;
+}
+
+static void test_tl_gemm_odd_sizes(void **state)
+{
+    (void)state;
+    tlgemm_io *one = run_tlgemm(1, KB_MEM_HBM), *three = run_tlgemm(3, KB_MEM_HBM);
+    /* the same bits whoever computes which tile */
+    assert_memory_equal(one->c, three->c, sizeof one->c);
+    assert_true(three->p.dt[0] < one->p.dt[0]);
+    free(one);
+    free(three);
+}
+
+/*
+ * Operands in the PE's own TCM: each tile's tl_dot is one PE_GEMM use (no streaming), its
+ * store one DMA scratch -> TCM, so tl_gemm's time is the closed form
+ *   sum over tiles of  issue + gemm.fixed + 2 mt nt K / flops  +  issue + dma.setup
+ *                      + mt nt 4 B / dma.bandwidth + tcm.latency.
+ */
+static void test_tl_gemm_time_local(void **state)
+{
+    kb_ctx *ctx = make_ctx_with(KB_DEV_REF, "pe.scratch.size_bytes=131072");
+    const kb_topo_cfg *c = topo(ctx);
+    static const uint32_t mts[3] = { 128, 128, 44 }, nts[2] = { 128, 72 };
+    int64_t want = 0;
+    (void)state;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 2; j++) {
+            uint64_t mn = (uint64_t)mts[i] * nts[j];
+            want += kbt_ps(c->pe_cpu_overhead_ns) + kbt_ps(c->gemm_fixed_ns) +
+                    kbt_xfer_ps(2 * mn * TG_K, c->gemm_flops_per_ns);
+            want += kbt_ps(c->pe_cpu_overhead_ns) + kbt_ps(c->dma_setup_ns) +
+                    kbt_xfer_ps(mn * 4, c->dma_bandwidth_gbps) + kbt_ps(c->tcm.latency_ns);
+        }
+    kb_ctx_destroy(ctx);
+    tlgemm_io *io = run_tlgemm(1, KB_MEM_TCM);
+    assert_int_equal(io->p.dt[0], want);
+    assert_int_equal(io->p.dt[0], 16775438);
+    free(io);
+}
+
+/* Alone on its links, a paced stream takes exactly tl_dot's time (8 steps from HBM). */
+static void k_paced(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    kb_val va = tl_ref(tl, a->ptr[0], KB_SHAPE2(256, 256), KB_F16);
+    kb_val vb = tl_ref(tl, a->ptr[1], KB_SHAPE2(256, 256), KB_F16);
+    kb_time t0 = kbt_tl_now(tl);
+    tl_free(tl, tl_dot(tl, va, vb));
+    kb_time t1 = kbt_tl_now(tl);
+    tl_free(tl, kb_tl_dot_paced(tl, va, vb));
+    p->dt[0] = t1 - t0;
+    p->dt[1] = kbt_tl_now(tl) - t1;
+}
+
+static int h_paced(kb_ctx *ctx, void *arg)
+{
+    kb_tensor_desc d = desc("x", 256, 256, KB_F16, on_pe0());
+    kb_tensor *ta, *tb;
+    kb_kargs a = kargs(arg);
+    int rc;
+    if ((rc = kb_tensor_zeros(ctx, &d, &ta)) != 0 || (rc = kb_tensor_zeros(ctx, &d, &tb)) != 0)
+        return rc;
+    a.ptr[0] = kb_tensor_va(ta);
+    a.ptr[1] = kb_tensor_va(tb);
+    return kb_launch(ctx, "paced", k_paced, &a, &one_pe);
+}
+
+static void test_dot_paced_alone(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    probe p;
+    (void)state;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_ctx_run_host(ctx, h_paced, &p), 0);
+    assert_int_equal(p.dt[0], p.dt[1]);
+    assert_true(p.dt[0] > 8 * kbt_xfer_ps(2u * 128 * 128 * 128, topo(ctx)->gemm_flops_per_ns));
+    kb_ctx_destroy(ctx);
+}
+
 /* ---- scratch release ---- */
 
 static void k_free_loop(kb_tl *tl, const kb_kargs *a)
@@ -1132,6 +1542,12 @@ int main(void)
         cmocka_unit_test(test_gemm_local),
         cmocka_unit_test(test_gemm_streamed_one_step),
         cmocka_unit_test(test_gemm_streamed_two_steps),
+        cmocka_unit_test(test_strided_values),
+        cmocka_unit_test(test_strided_errors),
+        cmocka_unit_test(test_gemm_tiling),
+        cmocka_unit_test(test_tl_gemm_odd_sizes),
+        cmocka_unit_test(test_tl_gemm_time_local),
+        cmocka_unit_test(test_dot_paced_alone),
         cmocka_unit_test(test_free_releases_scratch),
         cmocka_unit_test(test_small_values_lifo),
         cmocka_unit_test(test_small_values),

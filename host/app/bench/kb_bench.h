@@ -134,6 +134,10 @@ void kb_bench_mark_end(kb_ctx *ctx, kb_bench_result *r);
  */
 int kb_bench_check(kb_bench_result *r, kb_dtype dt, const float *got, const double *ref,
                    const double *acc_bound, size_t n, const char *what);
+/* The same for elements index0 .. index0 + n - 1 of a larger output: the index a failure
+ * message names counts from index0. */
+int kb_bench_check_from(kb_bench_result *r, kb_dtype dt, const float *got, const double *ref,
+                        const double *acc_bound, size_t n, size_t index0, const char *what);
 
 /*
  * nccl-tests' "size" of a collective: the bytes of the larger of a rank's send and receive
@@ -189,7 +193,8 @@ typedef struct kb_bench_pat {
 kb_fill kb_bench_pattern_fill(const kb_bench_pat *p);
 
 /* Reference gemm in double: ref (MxN) = a (MxK) @ b (KxN); bound[i] = K * 2^-24 * sum|a||b|
- * (the f32 accumulation error allowance). */
+ * (the f32 accumulation error allowance). kb_hostgemm_ref's blocked, threaded loops; to check
+ * an output without holding ref and bound, kb_hostgemm_check. */
 void kb_bench_ref_gemm(const float *a, const float *b, size_t M, size_t N, size_t K, double *ref,
                        double *bound);
 
