@@ -23,7 +23,10 @@ static const kb_bench *const registry[] = {
     &kb_bench_ipcq_deadlock,
     &kb_bench_tp_mlp,
     &kb_bench_tp_attention,
+    &kb_bench_decoder_layer,
 };
+
+int kb_bench_takes_model(const kb_bench *b) { return b == &kb_bench_decoder_layer; }
 
 const kb_bench *kb_bench_at(int i)
 {

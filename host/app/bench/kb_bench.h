@@ -35,6 +35,10 @@ typedef struct kb_bench_args {
      * kb_bench_coll_size); 0 = not given (the tile length comes from ccl.yaml's n_elem).
      * Only a bench with size_elem_bytes > 0 gets one. */
     int64_t size_bytes;
+    /* --model FILE and --dtype NAME for a bench that takes them (kb_bench_takes_model;
+     * NULL = not given). */
+    const char *model;
+    const char *dtype;
 } kb_bench_args;
 
 typedef struct kb_bench_result {
@@ -65,6 +69,11 @@ typedef struct kb_bench {
      * many bytes; 0: it takes no size. */
     int size_elem_bytes;
 } kb_bench;
+
+/* 1 when b takes --model FILE (args.model) and reads --dtype as its number format
+ * (args.dtype) instead of the collective's: the built-in decoder_layer; 0 for every other
+ * bench (plugins' included), which refuse --model. */
+int kb_bench_takes_model(const kb_bench *b);
 
 /* The registry. */
 const kb_bench *kb_bench_find(const char *name);
@@ -159,6 +168,7 @@ extern const kb_bench kb_bench_ccl_allreduce;   /* the same bench as kb_bench_cc
 extern const kb_bench kb_bench_ipcq_deadlock;
 extern const kb_bench kb_bench_tp_mlp;
 extern const kb_bench kb_bench_tp_attention;
+extern const kb_bench kb_bench_decoder_layer;
 
 /*
  * Deterministic test data: x[i] = (h(seed, i) mod (2*range + 1) - range) / den, small

@@ -52,6 +52,7 @@ int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb)
         { "--root", offsetof(kbcl_job, root) },
         { "--op", offsetof(kbcl_job, op) },
         { "--dtype", offsetof(kbcl_job, dtype) },
+        { "--model", offsetof(kbcl_job, model) },
         { "--buffer-kind", offsetof(kbcl_job, buffer_kind) },
         { "--device", offsetof(kbcl_job, device) },
         { "--trace", offsetof(kbcl_job, trace_path) },
@@ -298,6 +299,12 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
             return kb_err_set(eb, KB_ERR_USAGE, "--size %s: not a whole number of %d-byte "
                               "elements", job->size, res->bench->size_elem_bytes);
     }
+    if (job->model && !kb_bench_takes_model(res->bench))
+        return kb_err_set(eb, KB_ERR_USAGE, "--model: bench '%s' takes no model file "
+                          "(decoder_layer does)", bench_name);
+    res->args.model = job->model;
+    if (kb_bench_takes_model(res->bench))
+        res->args.dtype = job->dtype;
     for (int i = 0; i < res->bench->nparams; i++)
         res->args.p[i] = res->bench->params[i].dflt;
     for (int i = 0; i < job->nparams; i++) {
@@ -313,6 +320,14 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
                               "range (kbcl list shows them)", job->params[i], res->bench->name);
         res->args.p[idx] = x;
     }
+    /* decoder_layer runs its process group on hierarchical_allreduce_sip whatever the default
+     * algorithm is: make that the default so the default's world size (ring_allreduce_tcm's
+     * 256 ranks) does not refuse machines the layer runs on */
+    if (kb_bench_takes_model(res->bench) && !job->algorithm &&
+        kb_ccl_config_find(&res->ccl, "hierarchical_allreduce_sip") &&
+        (rc = kb_ccl_config_set(&res->ccl, "ccl.defaults.algorithm=hierarchical_allreduce_sip",
+                                eb)) != 0)
+        return KB_ERR_USAGE;
     for (int i = 0; i < job->nsets; i++)
         if ((rc = kbcl_config_set(&res->cfg, &res->ccl, job->sets[i], eb)) != 0)
             return KB_ERR_USAGE;
@@ -323,7 +338,8 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
         const char *keys[7] = { NULL, "world_size", "n_elem", "buffer_kind", "root", "op",
                                 "dtype" };
         const char *vals[7] = { job->algorithm, job->world_size, job->n_elem, job->buffer_kind,
-                                job->root, job->op, job->dtype };
+                                job->root, job->op,
+                                kb_bench_takes_model(res->bench) ? NULL : job->dtype };
         for (int i = 0; i < 7; i++) {
             if (!vals[i])
                 continue;

@@ -31,7 +31,9 @@ typedef struct kbcl_job {
     const char *size;           /* --size BYTES[K|M|G] (kbcl_parse_size); excludes n_elem */
     const char *root;           /* --root R: ccl.algorithms.<algorithm>.root */
     const char *op;             /* --op OP: ccl.algorithms.<algorithm>.op */
-    const char *dtype;          /* --dtype T: ccl.algorithms.<algorithm>.dtype */
+    const char *dtype;          /* --dtype T: ccl.algorithms.<algorithm>.dtype, or the number
+                                 * format of a bench that takes --model */
+    const char *model;          /* --model FILE: a model file (configs/models/) */
     const char *device;         /* default "ref" */
     const char *sets[KBCL_MAX_SETS];
     int nsets;

@@ -8,7 +8,10 @@
  * algorithm coming from the shipped ccl.yaml and the registries) and a table of every row.
  * No scripts, fonts or
  * network: the file opens anywhere and is byte-for-byte the same for the same rows. Limits:
- * only rows with status ok are plotted; a quantity is an x axis only when it takes more than
+ * rows with the decoder_layer time split (compute_ns, memory_ns, comm_ns) and a
+ * system.sips.count axis also get the split against the TP size: stacked bars per row of a
+ * table (one line per combination of the other swept keys) and one line plot per part.
+ * Only rows with status ok are plotted; a quantity is an x axis only when it takes more than
  * one value (world_size, and size_bytes or, in files from before it, n_elem); other sweeps get
  * the table only; rows must be single lines.
  */
@@ -322,7 +325,8 @@ static int is_fixed_col(const char *name)
 {
     static const char *const fixed[] = { "point", "bench", "size_bytes", "sim_time_ns",
                                          "algbw_gbps", "busbw_gbps", "events", "wall_ms",
-                                         "verified", "status", "error" };
+                                         "verified", "status", "error", "compute_ns",
+                                         "memory_ns", "comm_ns", "tokens_per_s" };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         if (!strcmp(name, fixed[i]))
             return 1;
@@ -702,6 +706,11 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
     int csz = col_index(t, "size"), cbytes = col_index(t, "size_bytes"), cx;
     int ctime = col_index(t, "sim_time_ns"), cbus = col_index(t, "busbw_gbps");
     int cbench = col_index(t, "bench"), cver = col_index(t, "verified");
+    int csplit[3] = { col_index(t, "compute_ns"), col_index(t, "memory_ns"),
+                      col_index(t, "comm_ns") };
+    int ctps = col_index(t, "tokens_per_s");
+    int ctp = csplit[0] >= 0 && csplit[1] >= 0 && csplit[2] >= 0
+                  ? col_index(t, "system.sips.count") : -1;
     int nok = 0, nerr = 0, nbad = 0, nplots = 0, rc = 0;
     int *series_cols = NULL, nsc = 0;
 
@@ -728,7 +737,8 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
         if (calg >= 0)
             series_cols[nsc++] = calg;
         for (int c = 0; c < t->ncol; c++)
-            if (!is_fixed_col(t->col[c]) && c != cws && c != cne && c != csz && c != calg)
+            if (!is_fixed_col(t->col[c]) && c != cws && c != cne && c != csz && c != calg &&
+                c != ctp)
                 series_cols[nsc++] = c;
     }
     for (int i = 0; i < t->nrow; i++) {
@@ -849,6 +859,70 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
             sb_printf(b, "<h2 id=\"size\">Simulated time vs message size</h2>\n");
             plot_group(b, t, &pd, cx, ctime, 1e-3, cws, "sim time vs message size", xsize,
                        "sim time (us)", 1, &nplots);
+        }
+    }
+    if (ctp >= 0 && n_distinct(t, &pd, ctp) > 1) {
+        static const char *const part[3] = { "compute", "memory", "communication" };
+        static const char *const colr[3] = { "#1f77b4", "#ff7f0e", "#d62728" };
+        double tmax = 0;
+        sb_printf(b, "<h2 id=\"split\">Decoder layer: time split vs TP size</h2>\n"
+                  "<p>Simulated time of the layer split into compute, memory and "
+                  "communication (docs/decoder.md), per TP size (system.sips.count), one "
+                  "group per combination of the other swept keys. Bars: ");
+        for (int k = 0; k < 3; k++)
+            sb_printf(b, "<span style=\"color:%s\">&#9632; %s</span> ", colr[k], part[k]);
+        sb_printf(b, "</p>\n<table>\n<tr><th>series</th><th>TP</th><th>compute (us)</th>"
+                  "<th>memory (us)</th><th>comm (us)</th><th>total (us)</th>"
+                  "<th>tokens/s</th><th>split</th></tr>\n");
+        for (int r = 0; r < t->nrow; r++)
+            if (pd.row_series[r] >= 0) {
+                double tot = 0;
+                for (int k = 0; k < 3; k++)
+                    tot += strtod(t->cell[r][csplit[k]], NULL);
+                tmax = fmax(tmax, tot);
+            }
+        for (int s = 0; s < pd.nseries; s++) {
+            double tps[KB_MAX_GSIPS];
+            int rows_s[KB_MAX_GSIPS], n = 0;
+            /* this series' rows by TP size */
+            for (int i = 0; i < t->nrow && n < KB_MAX_GSIPS; i++) {
+                int r = pd.order[i], j;
+                double v = strtod(t->cell[r][ctp], NULL);
+                if (pd.row_series[r] != s)
+                    continue;
+                for (j = n; j > 0 && tps[j - 1] > v; j--)
+                    tps[j] = tps[j - 1], rows_s[j] = rows_s[j - 1];
+                tps[j] = v;
+                rows_s[j] = r;
+                n++;
+            }
+            for (int i = 0; i < n; i++) {
+                int r = rows_s[i];
+                double v[3], tot = 0, x = 0;
+                for (int k = 0; k < 3; k++)
+                    tot += (v[k] = strtod(t->cell[r][csplit[k]], NULL));
+                sb_printf(b, "<tr><td style=\"text-align:left\">");
+                sb_esc(b, pd.series[s]);
+                sb_printf(b, "</td><td>%g</td><td>%.3f</td><td>%.3f</td><td>%.3f</td>"
+                          "<td>%.3f</td><td>%s</td><td>", tps[i], v[0] * 1e-3, v[1] * 1e-3,
+                          v[2] * 1e-3, tot * 1e-3, ctps >= 0 ? t->cell[r][ctps] : "");
+                sb_printf(b, "<svg width=\"320\" height=\"12\">");
+                for (int k = 0; k < 3; k++) {
+                    double w = tmax > 0 ? v[k] / tmax * 320.0 : 0;
+                    sb_printf(b, "<rect x=\"%.2f\" y=\"0\" width=\"%.2f\" height=\"12\" "
+                              "fill=\"%s\"/>", x, w, colr[k]);
+                    x += w;
+                }
+                sb_printf(b, "</svg></td></tr>\n");
+            }
+        }
+        sb_printf(b, "</table>\n");
+        for (int k = 0; k < 3; k++) {
+            char what[64], ylab[64];
+            snprintf(what, sizeof what, "%s time vs TP size", part[k]);
+            snprintf(ylab, sizeof ylab, "%s (us)", part[k]);
+            plot_group(b, t, &pd, ctp, csplit[k], 1e-3, -1, what, "TP size (SIPs)", ylab, 0,
+                       &nplots);
         }
     }
     if (!nplots)

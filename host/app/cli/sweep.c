@@ -34,6 +34,7 @@
 
 #include "kb_cli.h"
 #include "kb_resident.h"
+#include "kb_tl_q.h"
 
 #define SW_MAX_AXES 16
 #define SW_MAX_POINTS 1000000
@@ -70,7 +71,8 @@ typedef struct sw_excl {
 
 typedef struct sw_plan {
     char *file;
-    char *bench, *device, *topology, *ccl;
+    char *bench, *device, *topology, *ccl, *model;
+    int split_cols; /* the bench reports the decoder time split: its columns are written */
     char *fixed[SW_NFIXED];            /* algorithm, world_size, n_elem, size, buffer_kind,
                                         * op, dtype */
     int verify;
@@ -94,13 +96,20 @@ typedef struct sw_outcome {
     int point;
     int rc;                            /* 0 or a KB_ERR_* code; SW_CRASH for a dead worker */
     int verified;                      /* 1, 0, -1 (not checked) */
-    int have_size, have_algbw, have_busbw;
+    int have_size, have_algbw, have_busbw, have_split;
     double size_bytes, sim_time_ns, algbw, busbw, wall_ms;
+    double split[4];                   /* compute_ns memory_ns comm_ns tokens_per_s */
     unsigned long long events;
     char msg[sizeof(kb_errbuf)];
 } sw_outcome;
 
 #define SW_CRASH 1
+
+/* The decoder_layer time split (docs/decoder.md): columns of a sweep whose bench takes a
+ * model file, between wall_ms and verified. */
+#define SW_NSPLIT 4
+static const char *const split_cols[SW_NSPLIT] = { "compute_ns", "memory_ns", "comm_ns",
+                                                   "tokens_per_s" };
 
 typedef struct sw_ctx {
     sw_plan *plan;
@@ -156,6 +165,7 @@ static void plan_free(sw_plan *p)
     free(p->device);
     free(p->topology);
     free(p->ccl);
+    free(p->model);
     for (int i = 0; i < SW_NFIXED; i++)
         free(p->fixed[i]);
     for (int i = 0; i < p->nsets; i++)
@@ -444,7 +454,8 @@ static int parse_exclude(sw_parse *ps, const yaml_node_t *list)
 static int is_scalar_key(const char *k)
 {
     static const char *const keys[] = { "name", "description", "bench", "device", "verify",
-                                        "topology", "ccl", "algorithm", "world_size", "n_elem",
+                                        "topology", "ccl", "model", "algorithm", "world_size",
+                                        "n_elem",
                                         "size", "buffer_kind", "op", "dtype" };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (!strcmp(k, keys[i]))
@@ -497,7 +508,7 @@ static int parse_top(sw_parse *ps, const yaml_node_t *root)
         }
         if (!is_scalar_key(ks))
             return perr(ps, k, "unknown key '%s' (keys: name, description, bench, device, verify, "
-                        "topology, ccl, algorithm, world_size, n_elem, size, buffer_kind, set, "
+                        "topology, ccl, model, algorithm, world_size, n_elem, size, buffer_kind, set, "
                         "params, plugins, grid, exclude)", ks);
         if (!(vs = scalar(v)))
             return perr(ps, v, "%s: expected a single value (to sweep it, list its values "
@@ -513,8 +524,8 @@ static int parse_top(sw_parse *ps, const yaml_node_t *root)
             slot = &p->bench, ps->bench_mark = mark_of(v);
         else if (!strcmp(ks, "device"))
             slot = &p->device, ps->device_mark = mark_of(v);
-        else if (!strcmp(ks, "topology") || !strcmp(ks, "ccl")) {
-            char **dst = ks[0] == 't' ? &p->topology : &p->ccl;
+        else if (!strcmp(ks, "topology") || !strcmp(ks, "ccl") || !strcmp(ks, "model")) {
+            char **dst = ks[0] == 't' ? &p->topology : ks[0] == 'c' ? &p->ccl : &p->model;
             free(*dst);
             if (!(*dst = resolve_path(p->file, vs)))
                 return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
@@ -622,6 +633,11 @@ static int plan_check(sw_parse *ps)
         rc = markerr(ps, ps->bench_mark, "unknown bench '%s' (kbcl list shows them)", p->bench);
         goto out;
     }
+    if (p->model && !kb_bench_takes_model(b)) {
+        rc = markerr(ps, ps->bench_mark, "model: bench '%s' takes no model file", b->name);
+        goto out;
+    }
+    p->split_cols = kb_bench_takes_model(b);
     if (p->device && kb_device_from_name(p->device) < 0) {
         rc = markerr(ps, ps->device_mark, "unknown device '%s' (ref, none, cpu, gpu, auto)",
                      p->device);
@@ -695,7 +711,14 @@ static int plan_check(sw_parse *ps)
                 }
                 break;
             case AX_DTYPE:
-                if (kb_dtype_from_name(s) < 0 || kb_dtype_from_name(s) > KB_F32) {
+                if (kb_bench_takes_model(b) ? kb_qfmt_from_name(s) < 0
+                                            : kb_dtype_from_name(s) < 0 ||
+                                                  kb_dtype_from_name(s) > KB_F32) {
+                    if (kb_bench_takes_model(b)) {
+                        rc = markerr(ps, ps->vmark[a][v], "dtype: unknown number format '%s' "
+                                     "(f16, bf16, int8, mxint8, fp8e4m3, fp8e5m2)", s);
+                        goto out;
+                    }
                     rc = markerr(ps, ps->vmark[a][v], "dtype: unknown dtype '%s' (f16, bf16, "
                                  "f32)", s);
                     goto out;
@@ -882,6 +905,7 @@ static void run_point_on(const sw_plan *p, int point, sw_outcome *o, const kb_ba
     job.bench = p->bench;
     job.topology = p->topology;
     job.ccl = p->ccl;
+    job.model = p->model;
     job.device = p->device;
     job.verify = p->verify;
     job.plugins = p->plugins;
@@ -917,6 +941,9 @@ static void run_point_on(const sw_plan *p, int point, sw_outcome *o, const kb_ba
                 o->have_algbw = 1, o->algbw = rep->res.extras[i].value;
             if (!strcmp(rep->res.extras[i].name, "busbw_gbps"))
                 o->have_busbw = 1, o->busbw = rep->res.extras[i].value;
+            for (int k = 0; k < SW_NSPLIT; k++)
+                if (!strcmp(rep->res.extras[i].name, split_cols[k]))
+                    o->have_split = 1, o->split[k] = rep->res.extras[i].value;
         }
         if (rep->res.verified == 0)
             snprintf(o->msg, sizeof o->msg, "%s", rep->res.detail);
@@ -1003,8 +1030,12 @@ static char *csv_header(const sw_plan *p)
     len = csv_put(buf, n, 0, "point", 1);
     for (int a = 0; a < p->nax; a++)
         len = csv_put(buf, n, len, p->ax[a].name, 0);
-    for (int i = 0; i < N_TAIL; i++)
+    for (int i = 0; i < N_TAIL; i++) {
+        if (i == N_TAIL - 3 && p->split_cols)
+            for (int k = 0; k < SW_NSPLIT; k++)
+                len = csv_put(buf, n, len, split_cols[k], 0);
         len = csv_put(buf, n, len, tail_cols[i], 0);
+    }
     snprintf(buf + len, n - (size_t)len, "\n");
     return buf;
 }
@@ -1022,8 +1053,11 @@ static char *format_row(const sw_plan *p, const sw_outcome *o, int jsonl)
 {
     const char *bench = p->bench ? p->bench : "ccl_allreduce";
     const char *verified = o->rc || o->verified < 0 ? "" : o->verified ? "true" : "false";
-    char num[SW_NNUM][48];
+    char num[SW_NNUM][48], split[SW_NSPLIT][48];
     int ok = o->rc == 0;
+
+    for (int k = 0; k < SW_NSPLIT; k++)
+        fmt_num(split[k], sizeof split[k], ok && o->have_split, o->split[k]);
 
     fmt_num(num[0], sizeof num[0], ok && o->have_size, o->size_bytes);
     fmt_num(num[1], sizeof num[1], ok, o->sim_time_ns);
@@ -1058,6 +1092,12 @@ static char *format_row(const sw_plan *p, const sw_outcome *o, int jsonl)
             else
                 cJSON_AddNullToObject(r, tail_cols[1 + i]);
         }
+        for (int k = 0; p->split_cols && k < SW_NSPLIT; k++) {
+            if (split[k][0])
+                cJSON_AddRawToObject(r, split_cols[k], split[k]);
+            else
+                cJSON_AddNullToObject(r, split_cols[k]);
+        }
         if (*verified)
             cJSON_AddBoolToObject(r, "verified", verified[0] == 't');
         else
@@ -1090,6 +1130,8 @@ static char *format_row(const sw_plan *p, const sw_outcome *o, int jsonl)
         len = csv_put(buf, n, len, bench, 0);
         for (int i = 0; i < SW_NNUM; i++)
             len = csv_put(buf, n, len, num[i], 0);
+        for (int k = 0; p->split_cols && k < SW_NSPLIT; k++)
+            len = csv_put(buf, n, len, split[k], 0);
         len = csv_put(buf, n, len, verified, 0);
         len = csv_put(buf, n, len, ok ? "ok" : status_name(o->rc), 0);
         len = csv_put(buf, n, len, o->msg, 0);
@@ -1304,7 +1346,7 @@ static int resume_row(sw_ctx *c, int lineno, int point, const char *const *vals,
 static int resume_csv(sw_ctx *c, char *text, kb_errbuf *eb)
 {
     const sw_plan *p = c->plan;
-    int ncol = 1 + p->nax + N_TAIL, lineno = 1, rc = 0;
+    int ncol = 1 + p->nax + N_TAIL + (p->split_cols ? SW_NSPLIT : 0), lineno = 1, rc = 0;
     char **f = calloc((size_t)ncol, sizeof *f), *hdr = csv_header(p), *line = text, *nl;
     if (!f || !hdr) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");

@@ -1,0 +1,375 @@
+/*
+ * Tests of the decoder layer (tp/kb_decoder.h, tp/kb_model.h, the decoder_layer bench):
+ * model files and their errors, the placement plan at the shipped shapes, the projection
+ * gemms' simulated time against the closed form kb_qgemm_ns for every format and sparsity,
+ * and end to end through the kbcl binary with the tiny models: every mode verifies, the
+ * digest is pinned, and an OpenCL CPU device gives ref's digest.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_bench.h"
+#include "kb_decoder.h"
+#include "kb_model.h"
+#include "kb_tl_q.h"
+
+#include "kb_test_util.h"
+
+static char path_buf[1024];
+static const char *src_path(const char *rel)
+{
+    const char *d = getenv("KBCL_SOURCE_DIR");
+    snprintf(path_buf, sizeof path_buf, "%s/%s", d ? d : ".", rel);
+    return path_buf;
+}
+
+static int setup(void **s)
+{
+    (void)s;
+    return kbt_workdir_make("kbcl-decoder");
+}
+
+static int teardown(void **s)
+{
+    (void)s;
+    return kbt_workdir_remove();
+}
+
+/* ---- model files ---- */
+
+static void test_model_files(void **s)
+{
+    kb_model_cfg m;
+    kb_errbuf eb = { { 0 } };
+    (void)s;
+    assert_int_equal(kb_model_load(&m, src_path("configs/models/gemma2-2b.yaml"), &eb), 0);
+    assert_int_equal(m.d_model, 2304);
+    assert_int_equal(m.n_heads, 8);
+    assert_int_equal(m.n_kv_heads, 4);
+    assert_int_equal(m.head_dim, 256);
+    assert_int_equal(m.mlp_hidden, 9216);
+    assert_int_equal(kb_model_act(&m), KB_ACT_GELU_TANH);
+    assert_true(m.attn_softcap == 50.0 && m.norm_unit_offset == 1.0 && m.post_norms == 1);
+    assert_true(m.norm_eps == 1e-6 && m.rope_theta == 10000.0);
+    assert_true(kb_model_qscale(&m) == 1.0 / 16.0);
+    assert_int_equal(kb_model_load(&m, src_path("configs/models/mistral-7b.yaml"), &eb), 0);
+    assert_int_equal(m.d_model, 4096);
+    assert_int_equal(m.n_heads, 32);
+    assert_int_equal(m.n_kv_heads, 8);
+    assert_int_equal(m.head_dim, 128);
+    assert_int_equal(m.mlp_hidden, 14336);
+    assert_int_equal(kb_model_act(&m), KB_ACT_SILU);
+    assert_true(m.attn_softcap == 0.0 && m.norm_unit_offset == 0.0 && m.post_norms == 0);
+    assert_true(m.rope_theta == 1e6 && m.norm_eps == 1e-5);
+    assert_int_equal(kb_model_load(&m, src_path("configs/models/tiny.yaml"), &eb), 0);
+    assert_int_equal(kb_model_load(&m, src_path("tests/data/tiny-silu.yaml"), &eb), 0);
+    assert_int_equal(kb_model_act(&m), KB_ACT_SILU);
+}
+
+/* Every model key is documented in config-reference.md with its default. */
+static char *g_ref_doc;
+static void key_in_doc(const char *path, const char *type, const char *dflt, const char *doc,
+                       void *ud)
+{
+    char want[256];
+    (void)type;
+    (void)doc;
+    (void)ud;
+    snprintf(want, sizeof want, "| `%s` |", path);
+    if (!strstr(g_ref_doc, want))
+        fail_msg("docs/config-reference.md does not list %s", path);
+    snprintf(want, sizeof want, "| %s |", dflt);
+    const char *row = strstr(g_ref_doc, path);
+    const char *eol = row ? strchr(row, '\n') : NULL;
+    char *hit = row ? strstr(row, want) : NULL;
+    if (!hit || (eol && hit > eol))
+        fail_msg("docs/config-reference.md: %s's default is not %s", path, dflt);
+}
+
+static void test_model_keys_documented(void **s)
+{
+    (void)s;
+    FILE *f = fopen(src_path("docs/config-reference.md"), "rb");
+    assert_non_null(f);
+    g_ref_doc = calloc(1, 1 << 20);
+    assert_non_null(g_ref_doc);
+    assert_true(fread(g_ref_doc, 1, (1 << 20) - 1, f) > 0);
+    fclose(f);
+    kb_model_foreach_key(key_in_doc, NULL);
+    free(g_ref_doc);
+}
+
+static void write_file(const char *name, const char *text)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", kbt_workdir(), name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void test_model_errors(void **s)
+{
+    kb_model_cfg m;
+    kb_errbuf eb = { { 0 } };
+    char p[512];
+    (void)s;
+    write_file("bad1.yaml", "model:\n  d_model: 64\n  n_head: 4\n");
+    snprintf(p, sizeof p, "%s/bad1.yaml", kbt_workdir());
+    assert_int_equal(kb_model_load(&m, p, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "bad1.yaml:3:");
+    kbt_msg_has(eb.msg, "n_head");
+    write_file("bad2.yaml", "model:\n  activation: relu\n");
+    snprintf(p, sizeof p, "%s/bad2.yaml", kbt_workdir());
+    assert_int_equal(kb_model_load(&m, p, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "bad2.yaml:2:");
+    kbt_msg_has(eb.msg, "gelu_tanh");
+    write_file("bad3.yaml", "model:\n  n_heads: 6\n  n_kv_heads: 4\n");
+    snprintf(p, sizeof p, "%s/bad3.yaml", kbt_workdir());
+    assert_int_equal(kb_model_load(&m, p, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "multiple of model.n_kv_heads");
+    write_file("bad4.yaml", "model:\n  head_dim: -2\n");
+    snprintf(p, sizeof p, "%s/bad4.yaml", kbt_workdir());
+    assert_int_equal(kb_model_load(&m, p, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "bad4.yaml:2:");
+}
+
+/* ---- placement ---- */
+
+static void test_plan(void **s)
+{
+    kb_model_cfg m;
+    kb_decoder_plan pl;
+    kb_errbuf eb = { { 0 } };
+    kb_decoder_opts o = { 1, 128, 0, 0, 0, KB_QF_F16, 0 };
+    (void)s;
+    assert_int_equal(kb_model_load(&m, src_path("configs/models/gemma2-2b.yaml"), &eb), 0);
+    /* TP 4 on 16 cubes x 8 PEs: 2 q heads + 1 KV head per rank = 4 units of 8 PEs with 32
+     * columns each; 8 query blocks of 16 rows per head; 2304 MLP columns = 72 x 32 */
+    assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 1, 16, 8, &pl, &eb), 0);
+    assert_int_equal(pl.nq, 2);
+    assert_int_equal(pl.nkv, 1);
+    assert_int_equal(pl.kv0, 1);
+    assert_int_equal(pl.U, 4);
+    assert_int_equal(pl.p, 8);
+    assert_int_equal(pl.c, 32);
+    assert_int_equal(pl.qkv.n, 32);
+    assert_int_equal(pl.qrows, 16);
+    assert_int_equal(pl.items, 16);
+    assert_int_equal(pl.mlp.n, 72);
+    assert_int_equal(pl.cf, 32);
+    assert_int_equal(pl.rows.n, 128);
+    /* TP 8: 4 KV heads replicated, rank r uses KV head r / 2 */
+    assert_int_equal(kb_decoder_plan_make(&m, &o, 8, 5, 16, 8, &pl, &eb), 0);
+    assert_int_equal(pl.nq, 1);
+    assert_int_equal(pl.nkv, 1);
+    assert_int_equal(pl.kv0, 2);
+    assert_int_equal(pl.mlp.n, 36);
+    /* seq_parallel: the rank's 32 tokens x 2304 over 128 PEs = pieces of 576 */
+    o.seq_parallel = 1;
+    assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
+    assert_int_equal(pl.Tl, 32);
+    assert_int_equal(pl.piece, 576);
+    /* decode at kv_len 2048: chunks of 17 positions over 121 PEs */
+    o.seq_parallel = 0;
+    o.decode = 1;
+    o.kv_len = 2048;
+    assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
+    assert_int_equal(pl.T, 1);
+    assert_int_equal(pl.clen, 17);
+    assert_int_equal(pl.chunks, 121);
+    assert_int_equal(pl.citems, 1);
+    /* a TP size that splits no head count */
+    o.decode = 0;
+    assert_int_equal(kb_decoder_plan_make(&m, &o, 3, 0, 16, 8, &pl, &eb), KB_ERR_USAGE);
+    kbt_msg_has(eb.msg, "query heads");
+}
+
+/* ---- the projection gemms' time is the closed form ---- */
+
+/* x (m x k) @ a streamed k x n weight: one PE_GEMM use per SchedulerV2 step, each the
+ * closed form kb_qgemm_ns of its tile (timing-model.md); whole picoseconds */
+static int64_t tiled_ps(const kb_topo_cfg *c, kb_qfmt f, int sp, uint64_t m, uint64_t n,
+                        uint64_t k)
+{
+    int64_t ps = 0;
+    for (uint64_t m0 = 0; m0 < m; m0 += 128)
+        for (uint64_t n0 = 0; n0 < n; n0 += 128)
+            for (uint64_t k0 = 0; k0 < k; k0 += 128)
+                ps += llround(1000.0 * kb_qgemm_ns(c, f, sp, m - m0 < 128 ? m - m0 : 128,
+                                                   n - n0 < 128 ? n - n0 : 128,
+                                                   k - k0 < 128 ? k - k0 : 128));
+    return ps;
+}
+
+static void test_proj_gemm_closed_form(void **s)
+{
+    const kb_bench *b = kb_bench_find("decoder_layer");
+    static const kb_qfmt fmts[] = { KB_QF_F16, KB_QF_BF16, KB_QF_INT8, KB_QF_MXINT8,
+                                    KB_QF_FP8E4M3, KB_QF_FP8E5M2 };
+    char model[1024];
+    (void)s;
+    assert_non_null(b);
+    snprintf(model, sizeof model, "%s", src_path("configs/models/tiny.yaml"));
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
+        for (int sparse = 0; sparse <= 1; sparse++) {
+            kb_config cfg;
+            kb_errbuf eb = { { 0 } };
+            kb_run_report rep;
+            kb_ctx_opts co = { .device = KB_DEV_NONE };
+            kb_bench_args a;
+            kb_model_cfg m;
+            kb_decoder_plan pl;
+            memset(&a, 0, sizeof a);
+            for (int i = 0; i < b->nparams; i++)
+                a.p[i] = b->params[i].dflt;
+            a.p[0] = 160; /* seq: a full 128-row gemm block and a partial one */
+            a.model = model;
+            a.dtype = kb_qfmt_name(fmts[f]);
+            a.p[5] = sparse;
+            kb_config_defaults(&cfg);
+            cfg.topo.cube_mesh_width = 2;
+            cfg.topo.cube_mesh_height = 1;
+            if (kb_bench_execute(&cfg, NULL, &co, b, &a, &rep, &eb) != 0)
+                fail_msg("%s sparse=%d: %s", a.dtype, sparse, eb.msg);
+            double got = -1;
+            for (int i = 0; i < rep.res.nextras; i++)
+                if (!strcmp(rep.res.extras[i].name, "proj_gemm_ns"))
+                    got = rep.res.extras[i].value;
+            kb_run_report_fini(&rep);
+            /* the closed form, from the plan of rank 0 */
+            kb_decoder_opts o = { 1, 160, 0, 0, 0, fmts[f], sparse };
+            assert_int_equal(kb_model_load(&m, model, &eb), 0);
+            assert_int_equal(kb_decoder_plan_make(&m, &o, cfg.topo.sips_count, 0, 2, 8, &pl,
+                                                  &eb), 0);
+            int64_t want = 0;
+            const kb_topo_cfg *c = &cfg.topo;
+            for (uint64_t r0 = 0; r0 < 160; r0 += 128) {
+                uint64_t n = 160 - r0 < 128 ? 160 - r0 : 128;
+                want += pl.qkv.n * tiled_ps(c, fmts[f], sparse, n, (uint64_t)pl.c,
+                                            (uint64_t)pl.d) +
+                        pl.mlp.n * (2 * tiled_ps(c, fmts[f], sparse, n, (uint64_t)pl.cf,
+                                                 (uint64_t)pl.d) +
+                                    tiled_ps(c, fmts[f], sparse, n, (uint64_t)pl.d,
+                                             (uint64_t)pl.cf));
+            }
+            /* exactly, in picoseconds */
+            if (!(got > 0) || llround(got * 1000.0) != want)
+                fail_msg("%s sparse=%d: PE_GEMM busy %.3f ns, closed form %.3f ns", a.dtype,
+                         sparse, got, want / 1000.0);
+        }
+}
+
+/* ---- end to end ---- */
+
+#define TINY "--bench decoder_layer --set system.sips.count=2 --set sip.cube_mesh.width=2 " \
+             "--set sip.cube_mesh.height=1"
+
+static const char *digest_of(const char *out)
+{
+    static char d[32];
+    const char *p = strstr(out, "digest");
+    d[0] = 0;
+    if (p && sscanf(p, "digest %31s", d) != 1)
+        d[0] = 0;
+    return d;
+}
+
+static void run_ok(const char *extra, char *out, size_t n)
+{
+    int rc = kbt_kbcl(out, n, "run " TINY " --model %s --device ref --verify-data %s",
+                      src_path("configs/models/tiny.yaml"), extra);
+    if (rc != 0)
+        fail_msg("%s: exit %d\n%s", extra, rc, out);
+    char *nl = strchr(out, '\n');
+    if (!nl || strncmp(nl - 3, " OK", 3) != 0)
+        fail_msg("%s: no OK line\n%s", extra, out);
+}
+
+static void test_e2e_modes(void **s)
+{
+    static const char *const modes[] = {
+        "--param seq=16",
+        "--param seq=8 --param batch=2 --param seq_parallel=1",
+        "--param decode=1 --param kv_len=40 --param batch=2",
+        "--param decode=1 --param kv_len=40 --param batch=2 --param seq_parallel=1",
+        "--param seq=16 --dtype bf16",
+        "--param seq=16 --dtype int8",
+        "--param seq=16 --dtype mxint8",
+        "--param seq=16 --dtype fp8e4m3",
+        "--param seq=16 --dtype fp8e5m2",
+        "--param seq=16 --param sparse=1",
+        "--param seq=16 --dtype mxint8 --param sparse=1",
+    };
+    /* the exact output bytes of three of them */
+    static const char *const digests[] = { "42ec8903dd3e3f78", NULL, "e380288f93ec2ee8", NULL,
+                                           NULL, NULL, NULL, NULL, NULL, NULL,
+                                           "0978fcdbe3dc645a" };
+    char out[8192];
+    (void)s;
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+        run_ok(modes[i], out, sizeof out);
+        if (digests[i])
+            assert_string_equal(digest_of(out), digests[i]);
+    }
+    /* the SiLU / plain-norm model */
+    int rc = kbt_kbcl(out, sizeof out, "run " TINY " --model %s --param seq=16 --verify-data",
+                      src_path("tests/data/tiny-silu.yaml"));
+    if (rc != 0)
+        fail_msg("tiny-silu: exit %d\n%s", rc, out);
+}
+
+static void test_e2e_cpu_digest(void **s)
+{
+    char out[8192], ref[32];
+    (void)s;
+    run_ok("--param seq=16", out, sizeof out);
+    snprintf(ref, sizeof ref, "%s", digest_of(out));
+    assert_true(ref[0] != 0);
+    if (kbt_kbcl(out, sizeof out, "devices") != 0 || !strstr(out, "[CPU]"))
+        skip();
+    int rc = kbt_kbcl(out, sizeof out, "run " TINY " --model %s --param seq=16 --device cpu "
+                      "--verify-data", src_path("configs/models/tiny.yaml"));
+    if (rc != 0)
+        fail_msg("cpu: exit %d\n%s", rc, out);
+    assert_string_equal(digest_of(out), ref);
+}
+
+static void test_e2e_usage(void **s)
+{
+    char out[8192];
+    (void)s;
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench decoder_layer --device none"), 2);
+    kbt_msg_has(out, "--model");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --model x.yaml"), 2);
+    kbt_msg_has(out, "takes no model");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run " TINY " --model %s --dtype int4 "
+                              "--device none", src_path("configs/models/tiny.yaml")), 2);
+    kbt_msg_has(out, "int4");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run " TINY " --model nosuch.yaml --device none"),
+                     2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_files),
+        cmocka_unit_test(test_model_errors),
+        cmocka_unit_test(test_model_keys_documented),
+        cmocka_unit_test(test_plan),
+        cmocka_unit_test(test_proj_gemm_closed_form),
+        cmocka_unit_test(test_e2e_modes),
+        cmocka_unit_test(test_e2e_cpu_digest),
+        cmocka_unit_test(test_e2e_usage),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
