@@ -1103,6 +1103,42 @@ static void ref_round(double *x, int64_t n, kb_dtype dt)
 
 /* tl_dot_q's activation quantization of x (M x K), per row over each seg columns; tmp holds
  * 2 * M * seg floats */
+/* The distance from v (a value of dtype dt) to its next representable neighbour away from 0. */
+static double act_step(kb_dtype dt, double v)
+{
+    if (dt == KB_F32) {
+        float f = (float)fabs(v);
+        return (double)nextafterf(f, INFINITY) - (double)f;
+    }
+    uint16_t b = 0;
+    kb_dtype_store(dt, &b, 0, (float)fabs(v));
+    if ((b & 0x7fffu) >= (dt == KB_F16 ? 0x7bffu : 0x7f7fu)) /* the largest finite: no next */
+        return INFINITY;
+    uint16_t nb = (uint16_t)(b + 1u);
+    return (double)kb_dtype_load(dt, &nb, 0) - (double)kb_dtype_load(dt, &b, 0);
+}
+
+/* Continues from the device's activations dev where they are within tol * (|n| + rms(n)) (or
+ * one step of dt) of n (see kb_decoder_ref_in.n_dev); records the first element further
+ * away in *far. */
+static void ref_take(double *n, const float *dev, int64_t cnt, kb_dtype dt, double tol,
+                     int64_t *far)
+{
+    double ss = 0, rms;
+    if (!dev)
+        return;
+    for (int64_t i = 0; i < cnt; i++)
+        ss += n[i] * n[i];
+    rms = cnt > 0 ? sqrt(ss / (double)cnt) : 0;
+    for (int64_t i = 0; i < cnt; i++) {
+        double e = fabs((double)dev[i] - n[i]);
+        if (e <= act_step(dt, n[i]) || e <= tol * (fabs(n[i]) + rms))
+            n[i] = dev[i];
+        else if (far && *far < 0)
+            *far = i;
+    }
+}
+
 static int ref_quant(kb_qfmt fmt, double *x, int64_t M, int64_t K, int64_t seg, float *tmp)
 {
     if (fmt == KB_QF_F16 || fmt == KB_QF_BF16)
@@ -1177,8 +1213,11 @@ int kb_decoder_reference(const kb_model_cfg *mc, const kb_decoder_opts *o,
     }
     for (int64_t i = 0; i < T * d; i++)
         x[i] = in->x[i];
+    if (in->n_far)
+        *in->n_far = -1;
     ref_rmsnorm(x, in->ln[0], n, T, d, mc->norm_eps, off);
     ref_round(n, T * d, in->act);
+    ref_take(n, in->n_dev[0], T * d, in->act, in->n_tol, in->n_far);
     if ((rc = ref_quant(fmt, n, T, d, d, qt)) != 0)
         goto qfail;
     ref_mm(n, in->wq, q, T, d, nq);
@@ -1248,6 +1287,7 @@ int kb_decoder_reference(const kb_model_cfg *mc, const kb_decoder_opts *o,
         h[i] = x[i] + t1[i];
     ref_rmsnorm(h, in->ln[2], n, T, d, mc->norm_eps, off);
     ref_round(n, T * d, in->act);
+    ref_take(n, in->n_dev[1], T * d, in->act, in->n_tol, in->n_far);
     if ((rc = ref_quant(fmt, n, T, d, d, qt)) != 0)
         goto qfail;
     ref_mm(n, in->wg, g, T, d, F);

@@ -153,6 +153,17 @@ typedef struct kb_decoder_ref_in {
     const float *kc, *vc;
     kb_dtype act;
     int64_t o_seg, mlp_seg;
+    /* Optional (NULL: not used): the device's normalized activations (T x d, token order) fed
+     * to the attention (0) and MLP (1) projections. Where the reference's own rounded value
+     * n is within n_tol * (|n| + rms(n)) (or one step of the activation dtype) of the
+     * device's, the reference continues from the device's value: the projections then
+     * quantize the same numbers, and an activation that f32 arithmetic put on the other side
+     * of a rounding boundary no longer requantizes a whole row or MX block differently from
+     * the device (an absmax flip changes the row's scale). *n_far (if not NULL) receives the
+     * first element index further away (the reference keeps its own value there), or -1. */
+    const float *n_dev[2];
+    double n_tol;
+    int64_t *n_far;
 } kb_decoder_ref_in;
 int kb_decoder_reference(const kb_model_cfg *mc, const kb_decoder_opts *o,
                          const kb_decoder_ref_in *in, double *out, kb_errbuf *eb);

@@ -300,6 +300,9 @@ static int dec_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
     kb_decoder_ref_in in;
     float *buf[NIN] = { 0 }, *got = NULL, *first = NULL;
     double *ref = NULL, *bound = NULL;
+    float *ndev[2] = { NULL, NULL };
+    void *raw = NULL;
+    int64_t far = -1;
     int rc = 0;
     (void)a;
     memset(&in, 0, sizeof in);
@@ -326,7 +329,10 @@ static int dec_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
             rc = kb_err_set(eb, KB_ERR_NOMEM, "decoder_layer verify: out of memory");
             goto out;
         }
-    if (!got || !first || !ref || !bound) {
+    ndev[0] = malloc(sizeof(float) * (size_t)(T * d));
+    ndev[1] = malloc(sizeof(float) * (size_t)(T * d));
+    raw = malloc(kb_dtype_size(act) * (size_t)(T * d));
+    if (!got || !first || !ref || !bound || !ndev[0] || !ndev[1] || !raw) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "decoder_layer verify: out of memory");
         goto out;
     }
@@ -368,6 +374,17 @@ static int dec_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
     in.act = act;
     in.o_seg = o->decode ? st->dec[0].pl.nrep * hd : hd;
     in.mlp_seg = st->dec[0].pl.cf;
+    /* rank 0's normalized activations as its first gemm PE reads them (kb_decoder_ref_in) */
+    for (int i = 0; i < 2; i++) {
+        kb_tensor *t = o->seq_parallel ? (i ? st->dec[0].ag2 : st->dec[0].ag1)
+                                       : (i ? st->dec[0].hn2 : st->dec[0].hn1);
+        if ((rc = kb_tensor_read_shard_raw(t, 0, raw)) != 0)
+            goto out;
+        kb_dtype_load_n(act, raw, 0, ndev[i], (size_t)(T * d));
+        in.n_dev[i] = ndev[i];
+    }
+    in.n_tol = tolerance(o->fmt); /* the same bound as the output's */
+    in.n_far = &far;
     if ((rc = kb_decoder_reference(mc, o, &in, ref, eb)) != 0)
         goto out;
     /* the output rows: every rank's (identical) T rows, or each rank's chunk */
@@ -386,6 +403,12 @@ static int dec_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
             }
         }
     }
+    if (far >= 0 && res->verified) {
+        snprintf(res->detail, sizeof res->detail,
+                 "normalized activation %lld (token %lld) is further from the reference's "
+                 "than the format's bound", (long long)far, (long long)(far % (T * d) / d));
+        res->verified = 0;
+    }
     {
         double ss = 0, tol = tolerance(o->fmt);
         for (int64_t i = 0; i < T * d; i++)
@@ -403,6 +426,9 @@ static int dec_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
 out:
     for (int i = 0; i < NIN; i++)
         free(buf[i]);
+    free(ndev[0]);
+    free(ndev[1]);
+    free(raw);
     free(got);
     free(first);
     free(ref);
