@@ -547,6 +547,18 @@ static int ensure_buf(clbe *b, cl_mem *m, size_t *cap, size_t need, cl_mem_flags
     return 0;
 }
 
+/* A flush starts: its launches use these buffers; the argument tables start empty. */
+static void flush_open(clbe *b, cl_mem arena, cl_mem payload, uint64_t arena_bytes)
+{
+    b->cur_arena = arena;
+    b->cur_payload = payload;
+    b->arena_bytes = arena_bytes;
+    b->ntab = 0;
+    b->nln = 0;
+    b->failed = 0;
+    b->active = 1;
+}
+
 static int cl_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
                     const uint8_t *payload, size_t payload_bytes, kb_errbuf *eb)
 {
@@ -569,13 +581,7 @@ static int cl_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
             (!b->rpayload && (rc = ensure_buf(b, &b->rpayload, &b->rpayload_cap, 64,
                                               CL_MEM_READ_ONLY, "payload", eb)) != 0))
             return rc;
-        b->cur_arena = b->rarena;
-        b->cur_payload = b->rpayload;
-        b->arena_bytes = arena_bytes;
-        b->ntab = 0;
-        b->nln = 0;
-        b->failed = 0;
-        b->active = 1;
+        flush_open(b, b->rarena, b->rpayload, arena_bytes);
         return 0;
     }
     if ((rc = ensure_buf(b, &b->arena, &b->arena_cap, (size_t)arena_bytes, CL_MEM_READ_WRITE,
@@ -593,13 +599,7 @@ static int cl_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
         (err = clEnqueueWriteBuffer(b->q, b->payload, CL_FALSE, 0, payload_bytes, payload, 0,
                                     NULL, NULL)) != CL_SUCCESS)
         goto fail;
-    b->cur_arena = b->arena;
-    b->cur_payload = b->payload;
-    b->arena_bytes = arena_bytes;
-    b->ntab = 0;
-    b->nln = 0;
-    b->failed = 0;
-    b->active = 1;
+    flush_open(b, b->arena, b->payload, arena_bytes);
     return 0;
 fail:
     clFinish(b->q);
