@@ -49,6 +49,24 @@ int kb_ccl_job_prepare_root(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
     return kb_ccl_job_prepare_opts(ctx, job, impl, name, topo, ws, n, &o, icfg, inputs);
 }
 
+int kb_ccl_job_check_opts(const kb_ccl_algo_impl *impl, const char *name,
+                          const kb_ccl_job_opts *o, kb_errbuf *eb)
+{
+    /* collectives reduce in f16, bf16 or f32; the number formats (i8, fp8, ...) are not
+     * collective element types */
+    if ((unsigned)o->dtype > KB_F32 || o->op < 0 || o->op >= KB_CCL_NOPS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: unknown dtype %d (f16, bf16, f32) or op %d",
+                          name, (int)o->dtype, o->op);
+    if (o->op != KB_CCL_OP_SUM && !kb_coll_reduces(impl->kind))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: op %s: the %s kind does not reduce", name,
+                          kb_ccl_op_name(o->op), kb_coll_name(impl->kind));
+    if ((o->dtype != KB_F16 || o->op != KB_CCL_OP_SUM) && !(impl->flags & KB_CCL_TYPED))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: module %s runs f16 sums only (dtype %s, op %s "
+                          "asked)", name, impl->module, kb_dtype_name(o->dtype),
+                          kb_ccl_op_name(o->op));
+    return 0;
+}
+
 int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
                             const char *name, const char *topo, int ws, int64_t n,
                             const kb_ccl_job_opts *o, const kb_ipcq_cfg *icfg,
@@ -67,18 +85,8 @@ int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
     job->icfg = *icfg;
     job->dtype = o->dtype;
     job->op = o->op;
-    /* collectives reduce in f16, bf16 or f32; the number formats (i8, fp8, ...) are not
-     * collective element types */
-    if ((unsigned)o->dtype > KB_F32 || o->op < 0 || o->op >= KB_CCL_NOPS)
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: unknown dtype %d (f16, bf16, f32) or op %d",
-                          name, (int)o->dtype, o->op);
-    if (o->op != KB_CCL_OP_SUM && !kb_coll_reduces(impl->kind))
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: op %s: the %s kind does not reduce", name,
-                          kb_ccl_op_name(o->op), kb_coll_name(impl->kind));
-    if ((o->dtype != KB_F16 || o->op != KB_CCL_OP_SUM) && !(impl->flags & KB_CCL_TYPED))
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: module %s runs f16 sums only (dtype %s, op %s "
-                          "asked)", name, impl->module, kb_dtype_name(o->dtype),
-                          kb_ccl_op_name(o->op));
+    if ((rc = kb_ccl_job_check_opts(impl, name, o, eb)) != 0)
+        return rc;
     if (n < 1 || n > UINT32_MAX / 4)
         return kb_err_set(eb, KB_ERR_RANGE, "%s: n_elem %lld out of range", name, (long long)n);
     rc = impl->flags & KB_CCL_ANY_WORLD ? kb_ccl_layout_linear(m, ws, &job->layout, eb)

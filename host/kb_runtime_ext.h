@@ -28,6 +28,15 @@
 /* The issue cost of one tl call on this kernel's PE (pe.cpu.overhead_ns, in ps). */
 kb_time kb_tl_issue_cost(const kb_tl *tl);
 
+/*
+ * The launch grid the kernel sees through tl_program_id / tl_num_programs. A kernel that runs
+ * another kernel on a world of its own (ccl/kb_ccl_lanes.c: one rank per SIP, the SIP's PEs
+ * in lanes) shows it pid/np before the call and puts the saved ones back afterwards: the
+ * runtime reads the real ids when the kernel ends. old_pid/old_np (may be NULL) get the ids
+ * in force before the call.
+ */
+void kb_tl_view(kb_tl *tl, const int pid[3], const int np[3], int old_pid[3], int old_np[3]);
+
 /* Blocks the kernel until simulated time t (no-op when t is not in the future). */
 void kb_tl_wait_until(kb_tl *tl, kb_time t);
 

@@ -23,6 +23,18 @@ kb_ctx *tl_ctx(kb_tl *tl) { return tl->ctx; }
 const char *tl_kernel_name(kb_tl *tl) { return tl->launch->name; }
 kb_time kb_tl_issue_cost(const kb_tl *tl) { return tl->cpu_ovh; }
 
+void kb_tl_view(kb_tl *tl, const int pid[3], const int np[3], int old_pid[3], int old_np[3])
+{
+    for (int i = 0; i < 3; i++) {
+        if (old_pid)
+            old_pid[i] = tl->pid[i];
+        if (old_np)
+            old_np[i] = tl->np[i];
+        tl->pid[i] = pid[i];
+        tl->np[i] = np[i];
+    }
+}
+
 _Noreturn void tl_fail(kb_tl *tl, int code, const char *fmt, ...)
 {
     char msg[512];

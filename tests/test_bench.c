@@ -406,9 +406,12 @@ static void test_ccl_verify_and_busbw(void **s)
         { "ring_broadcast", "ring_1d", 8, 33, 8, KB_COLL_BROADCAST, 8 },
         { "tree_reduce", "tree_binary", 8, 33, 8, KB_COLL_REDUCE, 8 },
         { "p2p_sendrecv", "ring_1d", 8, 33, 8, KB_COLL_SENDRECV, 8 },
-        /* rank = SIP: 2 SIPs; ok counts shards (16 cubes' PE 0 / 128 PEs per SIP) */
-        { "intercube_allreduce", "ring_1d", 0, 32, 2, KB_COLL_ALLREDUCE, 32 },
-        { "hierarchical_allreduce", "ring_1d", 0, 8, 2, KB_COLL_ALLREDUCE, 256 },
+        /* rank = SIP: 2 SIPs; ok counts ranks (of 16 cubes' PE 0 / 128 PEs' shards each) */
+        { "intercube_allreduce", "ring_1d", 0, 32, 2, KB_COLL_ALLREDUCE, 2 },
+        { "hierarchical_allreduce", "ring_1d", 0, 8, 2, KB_COLL_ALLREDUCE, 2 },
+        /* rank = SIP in lanes: the rank = PE kernels over every PE of 2 SIPs */
+        { "ring_allgather", "ring_1d", 0, 300, 2, KB_COLL_ALLGATHER, 2 },
+        { "tree_reduce", "tree_binary", 0, 129, 2, KB_COLL_REDUCE, 2 },
     };
     kb_run_report rep;
     char ok[32];

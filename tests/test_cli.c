@@ -270,6 +270,59 @@ static void test_coll_entries(void **s)
     }
 }
 
+/*
+ * Rank = SIP (--world-size 0): an entry whose module has no process-group form runs its rank =
+ * PE kernel in lanes over every PE of each SIP (kb_ccl_lanes.h). Every such entry verifies on
+ * 1 and 3 SIPs for counts of 1 (one lane busy), 37 (fewer than the 128 lanes) and 3001 (not a
+ * multiple of them), the rooted ones at the last SIP; the result counts ranks; a topology
+ * that needs more queues than a PE has is refused by name.
+ */
+static void test_coll_lanes(void **s)
+{
+    static const char *const entries[] = {
+        "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
+        "tree_broadcast", "ring_reduce", "tree_reduce", "pairwise_alltoall", "rd_allgather",
+        "rh_reducescatter", "rhd_allreduce", "ring_rsag_allreduce", "ring_allreduce_tcm",
+        "tree_allreduce_7",
+    };
+    static const int sips[] = { 1, 3 };
+    static const int counts[] = { 1, 37, 3001 };
+    static char out[1 << 16];
+    char line[128];
+    (void)s;
+    for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++)
+        for (size_t w = 0; w < sizeof sips / sizeof sips[0]; w++)
+            for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+                int ws = sips[w], chunked = e < 2 || (e >= 7 && e <= 9);
+                long long size = 2LL * counts[c] * (chunked ? ws : 1);
+                int rooted = e >= 3 && e <= 6;
+                char root[32] = "";
+                if (rooted)
+                    snprintf(root, sizeof root, "--root %d", ws - 1);
+                int rc = kbt_kbcl(out, sizeof out, "run --bench ccl --device ref --verify-data "
+                                  "--algorithm %s --world-size 0 --set system.sips.count=%d "
+                                  "--size %lld %s --set ccl.defaults.slot_size=4096 "
+                                  "--json lanes.json", entries[e], ws, size, root);
+                snprintf(line, sizeof line, "  %s (ws=%d): %d OK", entries[e], ws, ws);
+                if (rc != 0 || !strstr(out, line))
+                    fail_msg("%s on %d SIPs, size %lld %s: exit %d\n%s", entries[e], ws, size,
+                             root, rc, out);
+                char *text = kbt_slurp("lanes.json");
+                cJSON *j = cJSON_Parse(text);
+                free(text);
+                assert_non_null(j);
+                assert_true(cJSON_GetObjectItem(j, "n_elem")->valuedouble == counts[c]);
+                assert_true(cJSON_GetObjectItem(j, "world_size")->valuedouble == ws);
+                cJSON_Delete(j);
+            }
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl --algorithm pairwise_alltoall "
+                              "--world-size 0 --set system.sips.count=16 --size 2"), 2);
+    assert_non_null(strstr(out, "a PE has 11 IPCQ directions"));
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl --algorithm mesh_allreduce_4 "
+                              "--world-size 0 --set system.sips.count=2 --size 2"), 2);
+    assert_non_null(strstr(out, "square"));
+}
+
 /* The shipped ring_allgather and ring_reducescatter are ring_rsag_allreduce's two halves,
  * step for step (same 1 MiB slots, the same slices and f32 partial sums): on 256 ranks at
  * --size 64M, timing-only, their times add up to rsag's within 0.1 %. The reduce-scatter half
@@ -423,10 +476,14 @@ static void test_size_run(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --algorithm hierarchical_allreduce_sip "
                               "--size 512 --verify-data"), 0);
     assert_table_row(out, "512", "256");
+    /* the same whole number of elements on each shard: the count rounds down to a multiple
+     * of 128, at least one element per shard (nccl-tests' rounding, per shard) */
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --algorithm hierarchical_allreduce_sip "
-                              "--size 130"), 2);
-    kbt_msg_has(out, "--size 130: hierarchical_allreduce_sip (all_reduce, 2 ranks) takes a "
-                     "multiple of 256 bytes (whole f16 elements on each of a rank's 128 shards)");
+                              "--size 130 --verify-data"), 0);
+    assert_table_row(out, "256", "128");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --algorithm hierarchical_allreduce_sip "
+                              "--size 1000 --verify-data"), 0);
+    assert_table_row(out, "768", "384");
 
     /* usage errors, exit 2, before anything runs */
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --size 16 --n-elem 8"), 2);
@@ -574,6 +631,7 @@ int main(void)
         cmocka_unit_test(test_sim_errors),
         cmocka_unit_test(test_ccl_matrix),
         cmocka_unit_test(test_coll_entries),
+        cmocka_unit_test(test_coll_lanes),
         cmocka_unit_test(test_rsag_halves),
         cmocka_unit_test(test_ccl_failures),
         cmocka_unit_test(test_trace),

@@ -25,6 +25,7 @@
 
 #include "kb_bench.h"
 #include "kb_ccl.h"
+#include "kb_ccl_lanes.h"
 #include "kb_ccl_reg.h"
 #include "kb_dist.h"
 #include "kb_dist_algo.h"
@@ -40,8 +41,10 @@ typedef struct ccl_state {
     int64_t size_bytes;    /* --size (kb_bench_args.size_bytes), 0 = n_elem decides */
     kb_dtype dt;           /* the entry's dtype (f16 unless set) */
     int op;                /* the entry's kb_ccl_op (sum unless set) */
-    /* rank = SIP mode */
+    /* rank = SIP mode: the module's own form (dist) or the rank = PE kernel in lanes */
     int dist;
+    int lanes;
+    kb_ccl_lanes lj;
     int ws;
     int64_t n;
     char name[KB_CFG_NAME_MAX];
@@ -50,11 +53,11 @@ typedef struct ccl_state {
 } ccl_state;
 
 /*
- * The tile length: elements per rank (rank = PE) or per shard (rank = SIP, `shards` per rank).
- * With --size, rank = PE (one shard): nccl-tests' count for that size, rounded down as
- * nccl-tests rounds it (at least 1; the result's size_bytes is the size that count gives).
- * Rank = SIP: the count whose size is exactly that many bytes, split over the shards (else a
- * usage error). Otherwise ccl.yaml's n_elem, else the bench's default.
+ * The tile length: elements per rank (rank = PE, and rank = SIP in lanes) or per shard (a
+ * rank = SIP process group, `shards` per rank). With --size: nccl-tests' count for that size,
+ * rounded down as nccl-tests rounds it, at least 1 — per shard for a process group, whose
+ * tensor holds the same whole number of elements on each shard; the result's size_bytes is
+ * the size that count gives. Otherwise ccl.yaml's n_elem, else the bench's default.
  */
 static int tile_len(kb_errbuf *eb, const ccl_state *st, const char *name, kb_coll_kind kind,
                     int ws, int shards, int64_t n_elem, int64_t *n)
@@ -76,18 +79,14 @@ static int tile_len(kb_errbuf *eb, const ccl_state *st, const char *name, kb_col
         *n = count > 0 ? count : 1;
         return 0;
     }
-    if (shards < 1 || kb_bench_coll_count(kind, ws, st->size_bytes, esz, &count) ||
-        count % shards) {
-        uint64_t unit = kb_bench_coll_size(kind, ws, 1, esz) *
-                        (uint64_t)(shards > 0 ? shards : 1);
-        char split[64] = "";
-        if (shards > 1)
-            snprintf(split, sizeof split, " on each of a rank's %d shards", shards);
-        return kb_err_set(eb, KB_ERR_USAGE, "--size %lld: %s (%s, %d ranks) takes a multiple of "
-                          "%llu bytes (whole f16 elements%s)", (long long)st->size_bytes, name,
-                          kb_coll_name(kind), ws, (unsigned long long)unit, split);
-    }
-    *n = count / shards;
+    /* a process group's tensor: whole elements on each of the rank's shards, so the count
+     * rounds down to a multiple of the shard count (at least one element per shard) */
+    uint64_t unit = kb_bench_coll_size(kind, ws, 1, esz) * (uint64_t)shards;
+    if (shards < 1 || unit < 1)
+        return kb_err_set(eb, KB_ERR_USAGE, "--size %lld: %s (%s) has no size",
+                          (long long)st->size_bytes, name, kb_coll_name(kind));
+    count = st->size_bytes / (int64_t)unit;
+    *n = count > 0 ? count : 1;
     return 0;
 }
 
@@ -123,6 +122,18 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
     if (!force_module && sip_only && p.world_size)
         return kb_err_set(eb, KB_ERR_CONFIG, "%s runs one rank per SIP: it takes no world_size "
                           "(got %d)", entry->module, p.world_size);
+    if (!force_module && p.world_size == 0 && !kb_ccl_reg_find_dist(cfg->reg, entry->module) &&
+        (impl = kb_ccl_reg_find_algo(cfg->reg, entry->module)) != NULL) {
+        /* rank = SIP, the rank = PE kernel in lanes over every PE of each SIP */
+        int64_t count;
+        int rc = kb_ccl_config_ipcq(&p, &icfg, eb);
+        if (rc || (rc = tile_len(eb, st, name, impl->kind, kb_ctx_machine(ctx)->nsips, 1,
+                                 p.n_elem, &count)) != 0)
+            return rc;
+        kb_ccl_job_opts o = { entry->root > 0 ? entry->root : 0, st->dt, st->op };
+        st->lanes = 1;
+        return kb_ccl_lanes_prepare(ctx, &st->lj, impl, name, entry->topology, count, &o, &icfg);
+    }
     if (!force_module && (p.world_size == 0 || sip_only)) {
         /* rank = SIP: run through spawn + the process group (dist_run) */
         const kb_dist_algo *da = kb_ccl_reg_find_dist(cfg->reg, entry->module);
@@ -238,6 +249,17 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
         add_traffic(ctx, res);
         return 0;
     }
+    if (st->lanes) {
+        kb_ccl_lanes *lj = &st->lj;
+        snprintf(res->line, sizeof res->line, "  %s (ws=%d)", lj->name, lj->ws);
+        kb_bench_mark_begin(ctx, res);
+        if ((rc = kb_ccl_lanes_launch(ctx, lj)) != 0)
+            return rc;
+        kb_bench_mark_end(ctx, res);
+        add_bw(res, lj->impl->kind, lj->ws, lj->count, (int)kb_dtype_size(lj->dtype));
+        add_traffic(ctx, res);
+        return 0;
+    }
     snprintf(res->line, sizeof res->line, "  %s (ws=%d)", job->name, job->layout.ws);
     kb_bench_mark_begin(ctx, res);
     if ((rc = kb_ccl_job_launch(ctx, job, NULL, NULL)) != 0)
@@ -298,7 +320,9 @@ static int check_tiles(kb_ctx *ctx, kb_bench_result *res, kb_ccl_ref_fn ref, kb_
     res->max_abs_err = v.max_abs_err;
     res->err_bound = v.err_bound;
     kb_bench_add_extra(res, "n_wrong", (double)v.nwrong);
-    snprintf(res->ok_text, sizeof res->ok_text, "%d OK", v.ok_tiles);
+    /* ranks, as nccl-tests counts them (a rank = SIP process group's rank is per_rank
+     * shards, every one of which passed) */
+    snprintf(res->ok_text, sizeof res->ok_text, "%d OK", v.ok_tiles / per_rank);
     if (!res->verified) {
         int r = v.first_bad_tile / per_rank, sh = v.first_bad_tile % per_rank;
         char where[48] = "";
@@ -333,12 +357,32 @@ static int dist_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
     return rc;
 }
 
+/* rank = SIP in lanes: every rank's logical buffer, checked as the rank = PE job's tiles. */
+static int lanes_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
+{
+    kb_ccl_lanes *lj = &st->lj;
+    int64_t n = lj->count * lj->chunks;
+    void *raw = malloc((size_t)lj->ws * (size_t)n * kb_dtype_size(lj->dtype));
+    int rc;
+
+    if (!raw)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    rc = kb_ccl_lanes_read_raw(ctx, lj, raw);
+    if (rc == 0)
+        rc = check_tiles(ctx, res, lj->impl->reference, lj->impl->kind, raw, lj->ws, 1, n,
+                         lj->root, lj->dtype, lj->op);
+    free(raw);
+    return rc;
+}
+
 static int ccl_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
 {
     ccl_state *st = state;
     kb_ccl_job *job = &st->job;
     if (st->dist)
         return dist_verify(ctx, st, res);
+    if (st->lanes)
+        return lanes_verify(ctx, st, res);
     int ws = job->layout.ws;
     void *raw = malloc((size_t)ws * (size_t)job->n * kb_dtype_size(job->dtype));
     int rc;
