@@ -17,6 +17,15 @@
 #include <math.h>
 #include <string.h>
 
+/* x86-64 with F16C: the bulk f16 conversions use the hardware's (vcvtph2ps / vcvtps2ph with
+ * round-to-nearest-even give the software conversions' bits in every case, NaN payloads
+ * included: test_dtype's test_bulk compares them on every pattern it tries), chosen at run
+ * time. Not in sanitizer builds, as KB_VECTOR_CLONES. */
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#include <immintrin.h>
+#define KB_F16C 1
+#endif
+
 static uint32_t f32_bits(float f)
 {
     uint32_t u;
@@ -212,7 +221,7 @@ void kb_dtype_store(kb_dtype t, void *base, size_t i, float v)
 enum { BLK = 16 };
 
 /* f32 -> f16 of BLK values (see the file comment). */
-static void f16_store_blk(uint16_t *h, const float *src)
+static KB_ALWAYS_INLINE void f16_store_blk(uint16_t *h, const float *src)
 {
     for (int i = 0; i < BLK; i++) {
         float f = src[i], a = fabsf(f) + 0.5f;
@@ -227,7 +236,7 @@ static void f16_store_blk(uint16_t *h, const float *src)
     }
 }
 
-static void bf16_store_blk(uint16_t *h, const float *src)
+static KB_ALWAYS_INLINE void bf16_store_blk(uint16_t *h, const float *src)
 {
     for (int i = 0; i < BLK; i++) {
         uint32_t x = f32_bits(src[i]);
@@ -238,7 +247,7 @@ static void bf16_store_blk(uint16_t *h, const float *src)
 }
 
 /* f16 -> f32 of BLK values: subnormals as (mantissa as float) * 2^-24, exactly. */
-static void f16_load_blk(float *dst, const uint16_t *h)
+static KB_ALWAYS_INLINE void f16_load_blk(float *dst, const uint16_t *h)
 {
     for (int i = 0; i < BLK; i++) {
         uint32_t v = h[i], sign = (v & 0x8000u) << 16, e = (v >> 10) & 0x1Fu, m = v & 0x3FFu;
@@ -251,6 +260,34 @@ static void f16_load_blk(float *dst, const uint16_t *h)
     }
 }
 
+#ifdef KB_F16C
+static int have_f16c(void)
+{
+    return __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+}
+
+/* Whole groups of 8; returns how many elements it converted. */
+__attribute__((target("avx,f16c"))) static size_t f16_store_hw(unsigned char *p,
+                                                                  const float *src, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(p + 2u * i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    return i;
+}
+
+__attribute__((target("avx,f16c"))) static size_t f16_load_hw(float *dst,
+                                                                 const unsigned char *p, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i,
+                         _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(p + 2u * i))));
+    return i;
+}
+#endif
+
 KB_VECTOR_CLONES
 void kb_dtype_store_n(kb_dtype t, void *base, size_t i0, const float *src, size_t n)
 {
@@ -262,6 +299,10 @@ void kb_dtype_store_n(kb_dtype t, void *base, size_t i0, const float *src, size_
         memcpy(p, src, n * 4u);
         return;
     }
+#ifdef KB_F16C
+    if (t == KB_F16 && have_f16c())
+        i = f16_store_hw(p, src, n);
+#endif
     for (; t <= KB_BF16 && i + BLK <= n; i += BLK) {
         if (t == KB_F16)
             f16_store_blk(h, src + i);
@@ -284,6 +325,10 @@ void kb_dtype_load_n(kb_dtype t, const void *base, size_t i0, float *dst, size_t
         memcpy(dst, p, n * 4u);
         return;
     }
+#ifdef KB_F16C
+    if (t == KB_F16 && have_f16c())
+        i = f16_load_hw(dst, p, n);
+#endif
     for (; t == KB_F16 && i + BLK <= n; i += BLK) {
         memcpy(h, p + 2u * i, sizeof h);
         f16_load_blk(dst + i, h);

@@ -67,12 +67,108 @@ static void store_at(const kb_opnd *o, uint8_t *base, uint32_t i, uint32_t j, fl
     kb_dtype_store((kb_dtype)o->dtype, base, (size_t)i * o->ld + j, v);
 }
 
+/* Bytes an operand spans in its space, from its address. */
+static uint64_t opnd_span(const kb_opnd *o)
+{
+    return o->rows == 0 || o->cols == 0
+               ? 0
+               : ((uint64_t)(o->rows - 1) * o->ld + o->cols) * kb_dtype_size((kb_dtype)o->dtype);
+}
+
+/*
+ * Whether an elementwise record may run a row at a time through f32 buffers (the fast path
+ * below) with the same result as element by element: every source has the destination's
+ * shape (no broadcast) and is either exactly the destination (in place) or disjoint from it;
+ * the kinds are the ones the fast path knows.
+ */
+static int elementwise_rowwise(const kb_rec *r)
+{
+    const kb_opnd *d = &r->dst;
+    uint64_t d0 = d->addr, d1 = d0 + opnd_span(d);
+
+    if (r->kind != KB_REC_COPY && r->kind != KB_REC_MATH1 && r->kind != KB_REC_MATH2)
+        return 0;
+    if (r->nsrc != (r->kind == KB_REC_MATH2 ? 2u : 1u))
+        return 0;
+    for (unsigned k = 0; k < r->nsrc; k++) {
+        const kb_opnd *o = &r->src[k];
+        uint64_t s0 = o->addr, s1 = s0 + opnd_span(o);
+        if (o->rows != d->rows || o->cols != d->cols)
+            return 0;
+        if (o->space == KB_SPACE_PAYLOAD || s1 <= d0 || d1 <= s0)
+            continue;
+        if (!(s0 == d0 && o->ld == d->ld && o->dtype == d->dtype))
+            return 0;
+    }
+    return 1;
+}
+
+/* The fast path: ROWWISE_BLK elements at a time, converted in bulk (kb_dtype_load_n /
+ * store_n, the same roundings as one at a time), the arithmetic of kb_mathfn.h per element. */
+#define ROWWISE_BLK 1024
+/* x[i] = kb_mf_add(x[i], y[i]): blocks of 16 as plain sums (branch-free, so they vectorise),
+ * which are kb_mf_add's bits whenever no sum is a NaN; a block with one goes element by
+ * element. */
+KB_VECTOR_CLONES
+static void add_n(float *x, const float *y, size_t n)
+{
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        float z[16];
+        unsigned nan = 0;
+        for (int k = 0; k < 16; k++) {
+            z[k] = x[i + k] + y[i + k];
+            nan |= (unsigned)(z[k] != z[k]);
+        }
+        if (!nan)
+            memcpy(x + i, z, sizeof z);
+        else
+            for (int k = 0; k < 16; k++)
+                x[i + k] = kb_mf_add(x[i + k], y[i + k]);
+    }
+    for (; i < n; i++)
+        x[i] = kb_mf_add(x[i], y[i]);
+}
+
+static void exec_rowwise(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
+{
+    const kb_opnd *d = &r->dst;
+    const uint8_t *sb0 = opnd_base(&r->src[0], arena, payload);
+    const uint8_t *sb1 = r->nsrc > 1 ? opnd_base(&r->src[1], arena, payload) : NULL;
+    uint8_t *db = arena + d->addr;
+    float x[ROWWISE_BLK], y[ROWWISE_BLK];
+
+    for (uint32_t i = 0; i < d->rows; i++) {
+        for (uint32_t j = 0; j < d->cols; j += ROWWISE_BLK) {
+            size_t n = d->cols - j < ROWWISE_BLK ? d->cols - j : ROWWISE_BLK;
+            kb_dtype_load_n((kb_dtype)r->src[0].dtype, sb0, (size_t)i * r->src[0].ld + j, x, n);
+            if (r->kind == KB_REC_MATH2) {
+                kb_dtype_load_n((kb_dtype)r->src[1].dtype, sb1, (size_t)i * r->src[1].ld + j, y,
+                                n);
+                if (r->op == KB_M2_ADD)
+                    add_n(x, y, n);
+                else
+                    for (size_t k = 0; k < n; k++)
+                        x[k] = kb_mf_math2(r->op, x[k], y[k]);
+            } else if (r->kind == KB_REC_MATH1) {
+                for (size_t k = 0; k < n; k++)
+                    x[k] = kb_mf_math1(r->op, x[k], r->imm[0], r->imm[1]);
+            }
+            kb_dtype_store_n((kb_dtype)d->dtype, db, (size_t)i * d->ld + j, x, n);
+        }
+    }
+}
+
 static void exec_elementwise(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
 {
     const kb_opnd *d = &r->dst;
     uint8_t *db = arena + d->addr;
     const uint8_t *sb[3] = { NULL, NULL, NULL };
 
+    if (elementwise_rowwise(r)) {
+        exec_rowwise(r, arena, payload);
+        return;
+    }
     for (unsigned s = 0; s < r->nsrc && s < 3; s++)
         sb[s] = opnd_base(&r->src[s], arena, payload);
     for (uint32_t i = 0; i < d->rows; i++) {

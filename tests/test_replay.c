@@ -18,6 +18,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kb_mathfn.h"
 #include "kb_replay.h"
 #include "kb_test_util.h"
 
@@ -290,6 +291,79 @@ static void test_broadcast_math2(void **state)
     assert_true(get_f32(f->ms, 0x2400, 2) == 3.0f);
     assert_true(get_f32(f->ms, 0x2500, 0) == 1.0f);
     assert_true(get_f32(f->ms, 0x2500, 2) == 3.0f);
+}
+
+/*
+ * Elementwise records over whole rows run through f32 blocks (kb_ref.c's fast path); they must
+ * give the element-by-element bits: adds of f16 into f32 sums with NaN, infinities and -0 in
+ * some 16-element blocks (a NaN sum takes kb_mf_add's operand NaN or the canonical one),
+ * other ops, an f32 -> f16 copy with ties and overflow, in place, and a destination that
+ * overlaps its source one element on (which must read the source's old values in order,
+ * element by element: the record's documented order).
+ */
+static void test_rowwise_fast_path(void **state)
+{
+    enum { N = 1000 };
+    fx *f = *state;
+    static float a[N], b[N];
+    static uint16_t bh[N];
+    const uint32_t qnan = 0x7FC00123u, canon = 0x7FC00000u;
+    for (int i = 0; i < N; i++) {
+        a[i] = (float)((i * 37) % 101) * 0.37f - 11.0f;
+        b[i] = (float)((i * 53) % 97) * 0.5f - 20.0f;
+    }
+    a[35] = kbt_u2f(qnan);   /* a NaN source in block 2 */
+    b[70] = INFINITY;        /* inf + -inf: the canonical NaN, block 4 */
+    a[70] = -INFINITY;
+    b[100] = NAN;
+    a[200] = -0.0f;
+    b[200] = -0.0f;
+    a[999] = INFINITY;       /* the scalar tail */
+    for (int i = 0; i < N; i++)
+        bh[i] = kb_f32_to_f16(b[i]);
+    put_f32(f->ms, 0x10000, a, N);
+    assert_int_equal(kb_memstore_write(f->ms, 0x20000, bh, sizeof bh), 0);
+
+    kb_rec r = kbt_rec_new(KB_REC_MATH2, 0);
+    static const int ops[] = { KB_M2_ADD, KB_M2_SUB, KB_M2_MUL, KB_M2_MAX };
+    for (int k = 0; k < 4; k++) {
+        r.op = ops[k];
+        r.src[0] = kb_opnd_make(0x10000, 1, N, KB_F32);
+        r.src[1] = kb_opnd_make(0x20000, 1, N, KB_F16);
+        r.dst = kb_opnd_make(0x30000 + 0x1000 * (uint64_t)k, 1, N, KB_F32);
+        append(f, &r);
+    }
+    /* in place: a += b, then a copy of the sums to f16 */
+    r.op = KB_M2_ADD;
+    r.dst = kb_opnd_make(0x10000, 1, N, KB_F32);
+    append(f, &r);
+    kb_rec c = kbt_rec_new(KB_REC_COPY, 0);
+    c.src[0] = kb_opnd_make(0x10000, 1, N, KB_F32);
+    c.dst = kb_opnd_make(0x40000, 1, N, KB_F16);
+    append(f, &c);
+    /* overlapping one element on: dst[i] = src[i] with dst = src + 1 element */
+    c.src[0] = kb_opnd_make(0x20000, 1, N - 1, KB_F16);
+    c.dst = kb_opnd_make(0x20002, 1, N - 1, KB_F16);
+    append(f, &c);
+    flush_ok(f);
+
+    for (int k = 0; k < 4; k++)
+        for (int i = 0; i < N; i++) {
+            float bv = kb_f16_to_f32(bh[i]);
+            uint32_t want = kbt_f2u(kb_mf_math2((uint32_t)ops[k], a[i], bv));
+            assert_int_equal(get_u32(f->ms, 0x30000 + 0x1000 * (uint64_t)k, i), want);
+        }
+    assert_int_equal(get_u32(f->ms, 0x30000, 35), qnan);  /* kb_mf_add keeps x's NaN */
+    assert_int_equal(get_u32(f->ms, 0x30000, 70), canon);
+    assert_int_equal(get_u32(f->ms, 0x30000, 200), 0x80000000u); /* -0 + -0 */
+    for (int i = 0; i < N; i++) {
+        float sum = kb_mf_add(a[i], kb_f16_to_f32(bh[i]));
+        assert_int_equal(get_u32(f->ms, 0x10000, i), kbt_f2u(sum));
+        assert_int_equal(get_u16(f->ms, 0x40000, i), kb_f32_to_f16(sum));
+    }
+    /* element by element in order: every element became the old element 0 */
+    for (int i = 0; i < N; i++)
+        assert_int_equal(get_u16(f->ms, 0x20000, i), bh[0]);
 }
 
 static void test_math1(void **state)
@@ -1292,6 +1366,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_softmax, setup, teardown),
         cmocka_unit_test_setup_teardown(test_reduce, setup, teardown),
         cmocka_unit_test_setup_teardown(test_broadcast_math2, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rowwise_fast_path, setup, teardown),
         cmocka_unit_test_setup_teardown(test_math1, setup, teardown),
         cmocka_unit_test_setup_teardown(test_clamp_fma_fill, setup, teardown),
         cmocka_unit_test_setup_teardown(test_copy_convert_strided_payload, setup, teardown),
@@ -1300,6 +1375,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_softmax, setup_resident, teardown),
         cmocka_unit_test_setup_teardown(test_reduce, setup_resident, teardown),
         cmocka_unit_test_setup_teardown(test_broadcast_math2, setup_resident, teardown),
+        cmocka_unit_test_setup_teardown(test_rowwise_fast_path, setup_resident, teardown),
         cmocka_unit_test_setup_teardown(test_math1, setup_resident, teardown),
         cmocka_unit_test_setup_teardown(test_clamp_fma_fill, setup_resident, teardown),
         cmocka_unit_test_setup_teardown(test_copy_convert_strided_payload, setup_resident,
