@@ -165,6 +165,24 @@ static int topo_cube(const char *name, int ws, int rank, const kb_ccl_geom *g,
     return 0;
 }
 
+/* double_binary_tree: rank r's parent and children in both trees (kb_ccl_dbtree_node_of),
+ * each on its tree's directions */
+static int topo_dbtree(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                       int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    (void)name, (void)g, (void)eb;
+    for (int t = 0; t < 2; t++) {
+        kb_ccl_dbtree_node nd;
+        kb_ccl_dbtree_node_of(ws, t, rank, &nd);
+        if (nd.parent >= 0)
+            nbr[kb_ccl_dbtree_up_dir(t, nd.side)] = nd.parent;
+        for (int c = 0; c < 2; c++)
+            if (nd.child[c] >= 0)
+                nbr[kb_ccl_dbtree_down_dir(t, c)] = nd.child[c];
+    }
+    return 0;
+}
+
 int kb_topo_hypercube_dims(int ws)
 {
     int d = 0;
@@ -177,11 +195,11 @@ int kb_topo_hypercube_dims(int ws)
  * `topology` key takes exactly these names. */
 const char *const kb_topo_names[] = {
     "ring_1d", "ring_1d_unidir", "mesh_2d", "torus_2d", "mesh_2d_no_wrap", "tree_binary",
-    "hierarchical_3level", "none", "full_mesh", "hypercube", NULL,
+    "hierarchical_3level", "none", "full_mesh", "hypercube", "double_binary_tree", NULL,
 };
 static const topo_fn topo_fns[] = {
     topo_ring, topo_ring, topo_mesh_wrap, topo_mesh_wrap, topo_mesh_nowrap, topo_tree,
-    topo_hier, topo_none, topo_full, topo_cube,
+    topo_hier, topo_none, topo_full, topo_cube, topo_dbtree,
 };
 _Static_assert(sizeof topo_fns / sizeof topo_fns[0] ==
                    sizeof kb_topo_names / sizeof kb_topo_names[0] - 1,

@@ -16,6 +16,8 @@
  * recursive doubling for any ws: ranks below 2*rem = 2(ws - 2^d) fold in pairs on direction
  * d, the 2^d survivors are a d-cube on directions 0..d-1; needs d + (rem > 0) <= KB_NDIRS). tree_binary hangs
  * from the geometry's root (heap order over ranks relabelled r - root mod ws).
+ * double_binary_tree: NCCL's two binary trees at once (kb_ccl_dbtree_node_of below), six
+ * directions at most per rank, any ws.
  * Reverse pairing: for rank r sending on d to p, p's receiving direction is opposite(d) if p's
  * table points it back at r, else the first direction of p (in kb_dir order) that does.
  *
@@ -53,6 +55,31 @@ int kb_topo_hypercube_dims(int ws);
 
 /* Reverse direction at peer `p` for the link (r, d): returns the direction or -1. */
 int kb_topo_reverse(const int nbr_of_peer[KB_NDIRS], int r, kb_dir d);
+
+/*
+ * The double binary tree (NCCL's ncclGetDtree; topology double_binary_tree, ccl/kb_ccl_dbtree.c).
+ * Tree 0 is the in-order binary tree over positions p = 0 .. ws-1 (rank r at p = r): with
+ * q = p + 1 and b its lowest set bit, q's children are q - b/2 and the first of q + b/2,
+ * q + b/4, ... that is <= ws, its parent (q ^ b) | 2b, or q ^ b when that is past ws; the
+ * root is the largest power of two <= ws. Its interior nodes are the odd positions, its
+ * leaves the even ones. Tree 1 is its mirror (rank r at p = ws-1-r) for an even ws and its
+ * shift (p = r - 1 mod ws) for an odd one, so every rank is interior in at most one tree and
+ * a leaf in at least one. Directions: tree 0 hangs on N (a child 0 toward its parent) / E
+ * (a child 1), its parent reaching child 0 on S and child 1 on W; tree 1 the same on
+ * global_N / global_E and global_S / global_W. Every link is its direction's opposite, so a
+ * pair linked in both trees pairs up right (kb_topo_reverse).
+ */
+typedef struct kb_ccl_dbtree_node {
+    int parent;      /* rank; -1 at the root */
+    int child[2];    /* ranks; -1 where none (child 0 exists whenever child 1 does) */
+    int side;        /* which child of its parent the rank is (0 or 1); -1 at the root */
+    int depth;       /* hops to the root */
+} kb_ccl_dbtree_node;
+/* Rank `rank`'s node in tree `tree` (0 or 1) over ws >= 1 ranks. */
+void kb_ccl_dbtree_node_of(int ws, int tree, int rank, kb_ccl_dbtree_node *out);
+/* The direction toward the parent of a child on `side` of tree t, and toward child c. */
+kb_dir kb_ccl_dbtree_up_dir(int tree, int side);
+kb_dir kb_ccl_dbtree_down_dir(int tree, int c);
 
 /* Names of all topologies, NULL-terminated: the one list (ccl.yaml, `kbcl list`). */
 extern const char *const kb_topo_names[];
@@ -181,7 +208,8 @@ typedef struct kb_ccl_algo_impl {
 /*
  * The algorithm runs on any world size of the rank = PE layout, partial cubes and a partial
  * last SIP included (kb_ccl_layout_linear): its topology is one that takes any world size
- * (ring_1d, ring_1d_unidir, tree_binary, none, full_mesh, hypercube; mesh_2d's own limit is a
+ * (ring_1d, ring_1d_unidir, tree_binary, none, full_mesh, hypercube, double_binary_tree;
+ * mesh_2d's own limit is a
  * square). Its kernel is launched over whole cubes, so
  * the PEs of the last cube past the last rank run it too: it must return at once on them
  * (kb_ccl_idle). Without the flag a world that spans cubes must fill whole cubes (and whole
@@ -223,6 +251,8 @@ extern const kb_ccl_algo_impl kb_ccl_algo_ring_allgather, kb_ccl_algo_ring_reduc
     kb_ccl_algo_p2p_sendrecv, kb_ccl_algo_ring_broadcast, kb_ccl_algo_ring_reduce,
     kb_ccl_algo_tree_broadcast, kb_ccl_algo_tree_reduce, kb_ccl_algo_pairwise_alltoall,
     kb_ccl_algo_rd_allgather, kb_ccl_algo_rh_reducescatter, kb_ccl_algo_rhd_allreduce;
+/* ccl/kb_ccl_dbtree.c: NCCL's double binary tree all-reduce */
+extern const kb_ccl_algo_impl kb_ccl_algo_dbtree_allreduce;
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
 
 /*

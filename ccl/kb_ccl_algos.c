@@ -829,7 +829,7 @@ static const kb_ccl_algo_impl *const algos[] = {
     &kb_ccl_algo_ring_allgather, &kb_ccl_algo_ring_reducescatter, &kb_ccl_algo_p2p_sendrecv,
     &kb_ccl_algo_ring_broadcast, &kb_ccl_algo_ring_reduce, &kb_ccl_algo_tree_broadcast,
     &kb_ccl_algo_tree_reduce, &kb_ccl_algo_pairwise_alltoall, &kb_ccl_algo_rd_allgather,
-    &kb_ccl_algo_rh_reducescatter, &kb_ccl_algo_rhd_allreduce,
+    &kb_ccl_algo_rh_reducescatter, &kb_ccl_algo_rhd_allreduce, &kb_ccl_algo_dbtree_allreduce,
 };
 
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i)

@@ -269,6 +269,82 @@ static void test_topo_hierarchical(void **state)
     assert_non_null(strstr(eb.msg, "whole SIPs"));
 }
 
+/* The double binary tree: explicit tables at ws 4, then for every ws up to 300 both trees
+ * are trees (one root; parents and children agree; depth = parent's + 1, at most
+ * floor(log2 ws)), every rank is interior in at most one tree and a leaf in at least one, and
+ * every link pairs up with its opposite direction. */
+static void test_topo_dbtree(void **state)
+{
+    (void)state;
+    /* tree 0: 3 -> 1 -> {0, 2}; tree 1 (mirror): 0 -> 2 -> {3, 1} */
+    expect_nbrs("double_binary_tree", 4, 1, NULL, 4, KB_DIR_N, 3, KB_DIR_S, 0, KB_DIR_W, 2,
+                KB_DIR_GLOBAL_E, 2);
+    expect_nbrs("double_binary_tree", 4, 2, NULL, 4, KB_DIR_E, 1, KB_DIR_GLOBAL_N, 0,
+                KB_DIR_GLOBAL_S, 3, KB_DIR_GLOBAL_W, 1);
+    expect_nbrs("double_binary_tree", 4, 3, NULL, 2, KB_DIR_S, 1, KB_DIR_GLOBAL_N, 2);
+    /* odd: tree 1 is tree 0 shifted by one rank (3: tree 0 1 -> {0, 2}, tree 1 2 -> {1, 0}) */
+    expect_nbrs("double_binary_tree", 3, 0, NULL, 2, KB_DIR_N, 1, KB_DIR_GLOBAL_E, 2);
+    expect_nbrs("double_binary_tree", 3, 2, NULL, 3, KB_DIR_E, 1, KB_DIR_GLOBAL_S, 1,
+                KB_DIR_GLOBAL_W, 0);
+    expect_nbrs("double_binary_tree", 1, 0, NULL, 0);
+    /* a pair linked in both trees pairs each link with its opposite */
+    assert_int_equal(reverse_of("double_binary_tree", 4, 1, KB_DIR_W, NULL), KB_DIR_E);
+    assert_int_equal(reverse_of("double_binary_tree", 4, 1, KB_DIR_GLOBAL_E, NULL),
+                     KB_DIR_GLOBAL_W);
+    for (int ws = 1; ws <= 300; ws++) {
+        int logws = 0;
+        while ((2 << logws) <= ws)
+            logws++;
+        for (int r = 0; r < ws; r++) {
+            int interior = 0, t[KB_NDIRS], wired = 0;
+            for (int tree = 0; tree < 2; tree++) {
+                kb_ccl_dbtree_node nd, pn, cn;
+                kb_ccl_dbtree_node_of(ws, tree, r, &nd);
+                assert_true(nd.depth >= 0 && nd.depth <= logws);
+                if (nd.parent < 0) {
+                    assert_int_equal(nd.depth, 0);
+                    assert_int_equal(nd.side, -1);
+                } else {
+                    assert_true(nd.parent < ws && nd.parent != r);
+                    assert_true(nd.side == 0 || nd.side == 1);
+                    kb_ccl_dbtree_node_of(ws, tree, nd.parent, &pn);
+                    assert_int_equal(pn.child[nd.side], r);
+                    assert_int_equal(nd.depth, pn.depth + 1);
+                }
+                if (nd.child[1] >= 0)
+                    assert_true(nd.child[0] >= 0);
+                for (int c = 0; c < 2; c++) {
+                    if (nd.child[c] < 0)
+                        continue;
+                    kb_ccl_dbtree_node_of(ws, tree, nd.child[c], &cn);
+                    assert_int_equal(cn.parent, r);
+                    assert_int_equal(cn.side, c);
+                }
+                interior += nd.child[0] >= 0;
+                /* tree 0 is in order: the odd ranks are its interior */
+                if (tree == 0 && ws > 1)
+                    assert_int_equal(nd.child[0] >= 0, r % 2 == 1);
+            }
+            assert_true(interior <= 1);
+            nbrs("double_binary_tree", ws, r, NULL, t);
+            for (int d = 0; d < KB_NDIRS; d++)
+                wired += t[d] != NONE;
+            assert_true(wired <= 6);
+        }
+        /* one root per tree: the ranks' depths sum to a tree's */
+        for (int tree = 0; tree < 2; tree++) {
+            int roots = 0;
+            for (int r = 0; r < ws; r++) {
+                kb_ccl_dbtree_node nd;
+                kb_ccl_dbtree_node_of(ws, tree, r, &nd);
+                roots += nd.parent < 0;
+            }
+            assert_int_equal(roots, 1);
+        }
+        check_all_links_reverse("double_binary_tree", ws, NULL);
+    }
+}
+
 static void test_topo_errors_and_names(void **state)
 {
     kb_ccl_geom g = { 2, 2, 0 };
@@ -286,7 +362,7 @@ static void test_topo_errors_and_names(void **state)
         assert_int_equal(kb_topo_neighbors(kb_topo_names[n], 4, 3, &g, t, &eb), 0);
         check_all_links_reverse(kb_topo_names[n], 4, &g);
     }
-    assert_int_equal(n, 10);
+    assert_int_equal(n, 11);
     /* kb_topo_reverse: no direction points back */
     for (int d = 0; d < KB_NDIRS; d++)
         t[d] = NONE;
@@ -491,7 +567,7 @@ static void test_builtin_any_world(void **state)
             free(raw);
         }
     }
-    assert_int_equal(flagged, 16); /* every algorithm but hierarchical_allreduce */
+    assert_int_equal(flagged, 17); /* every algorithm but hierarchical_allreduce */
     free(c);
 }
 
@@ -601,7 +677,8 @@ static void test_typed_ops(void **state)
                         free(raw);
                     }
     }
-    assert_int_equal(algos, 4); /* ring_rsag_allreduce, ring_reducescatter, ring/tree_reduce */
+    assert_int_equal(algos, 5); /* ring_rsag_allreduce, ring_reducescatter, ring/tree_reduce,
+                                 * dbtree_allreduce */
     /* an algorithm without KB_CCL_TYPED refuses another dtype or op, a kind that does not
      * reduce refuses an op */
     {
@@ -896,6 +973,7 @@ static const algo_case algo_cases[] = {
     { "rd_allgather", { 1, 2, 3, 6, 7, 8, 16, 64 }, 0, 1 },
     { "rh_reducescatter", { 1, 2, 3, 5, 8, 12, 64, 0 }, 0, 1 },
     { "rhd_allreduce", { 1, 2, 3, 5, 8, 12, 64, 0 }, 0, 1 },
+    { "dbtree_allreduce", { 1, 2, 3, 5, 8, 12, 64, 0 }, 0, 1 },
 };
 
 static const algo_case *case_of(const char *module)
@@ -954,7 +1032,7 @@ static void test_coll_chunked(void **state)
     static const char *const modules[] = {
         "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
         "ring_reduce", "tree_broadcast", "tree_reduce", "pairwise_alltoall", "rd_allgather",
-        "rh_reducescatter", "rhd_allreduce",
+        "rh_reducescatter", "rhd_allreduce", "dbtree_allreduce",
     };
     static const struct { int slots; uint64_t slot; int64_t count; } sz[] = {
         { 2, 4096, 3001 }, { 1, 4096, 3001 }, { 2, 64, 2100 },
@@ -1412,6 +1490,7 @@ int main(void)
         cmocka_unit_test(test_topo_full_mesh),
         cmocka_unit_test(test_topo_hypercube),
         cmocka_unit_test(test_topo_hierarchical),
+        cmocka_unit_test(test_topo_dbtree),
         cmocka_unit_test(test_topo_errors_and_names),
         cmocka_unit_test(test_layout_legacy),
         cmocka_unit_test(test_layout_linear),

@@ -154,7 +154,7 @@ static void test_shipped_ccl(void **state)
         "hierarchical_allreduce_sip", "ring_rsag_allreduce", "intercube_allreduce",
         "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
         "tree_broadcast", "ring_reduce", "tree_reduce", "pairwise_alltoall", "rd_allgather",
-        "rh_reducescatter", "rhd_allreduce",
+        "rh_reducescatter", "rhd_allreduce", "dbtree_allreduce",
     };
     const int norder = (int)(sizeof order / sizeof order[0]);
     kb_ccl_cfg dflt, c;
@@ -356,7 +356,8 @@ static void test_foreach_key_order(void **state)
     assert_string_equal(o.module_type, "string");
     assert_string_equal(o.module_dflt, "(required)");
     assert_string_equal(o.topology_type, "enum: ring_1d|ring_1d_unidir|mesh_2d|torus_2d|"
-                                         "mesh_2d_no_wrap|tree_binary|hierarchical_3level|none|full_mesh|hypercube");
+                                         "mesh_2d_no_wrap|tree_binary|hierarchical_3level|none|"
+                                         "full_mesh|hypercube|double_binary_tree");
     assert_string_equal(o.root_dflt, "-1 (unset)");
     assert_string_equal(o.dflt_nslots, "4");
     assert_string_equal(o.algo_nslots_dflt, "inherits ccl.defaults.n_slots");
@@ -509,7 +510,7 @@ static void test_wrong_types(void **state)
     expect_load_error("algorithms:\n  a:\n    module: m\n    topology: ring_9d\n", "4:15: ",
                       "invalid value 'ring_9d' for ccl.algorithms.a.topology (allowed: ring_1d, "
                       "ring_1d_unidir, mesh_2d, torus_2d, mesh_2d_no_wrap, tree_binary, "
-                      "hierarchical_3level, none, full_mesh, hypercube)");
+                      "hierarchical_3level, none, full_mesh, hypercube, double_binary_tree)");
     expect_load_error("algorithms:\n  a:\n    module:\n", "3:12: ",
                       "missing value for ccl.algorithms.a.module");
     /* A mapping where a scalar belongs and vice versa; a sequence. */
@@ -767,7 +768,7 @@ static void test_set(void **state)
     expect_set_error(&c, "ccl.algorithms.fresh.topology=ring_9d",
                      "--set ccl.algorithms.fresh.topology=ring_9d: invalid value 'ring_9d' for "
                      "ccl.algorithms.fresh.topology (allowed: ring_1d, ring_1d_unidir, mesh_2d, "
-                     "torus_2d, mesh_2d_no_wrap, tree_binary, hierarchical_3level, none, full_mesh, hypercube)");
+                     "torus_2d, mesh_2d_no_wrap, tree_binary, hierarchical_3level, none, full_mesh, hypercube, double_binary_tree)");
     expect_set_error(&c, "ccl.algorithms.fresh.root_cube=32",
                      "--set ccl.algorithms.fresh.root_cube=32: ccl.algorithms.fresh.root_cube = "
                      "32 is out of range [0, 31]");
