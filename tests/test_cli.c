@@ -283,7 +283,7 @@ static void test_coll_lanes(void **s)
         "ring_allgather", "ring_reducescatter", "p2p_sendrecv", "ring_broadcast",
         "tree_broadcast", "ring_reduce", "tree_reduce", "pairwise_alltoall", "rd_allgather",
         "rh_reducescatter", "rhd_allreduce", "ring_rsag_allreduce", "ring_allreduce_tcm",
-        "tree_allreduce_7",
+        "tree_allreduce_7", "dbtree_allreduce",
     };
     static const int sips[] = { 1, 3 };
     static const int counts[] = { 1, 37, 3001 };
