@@ -211,13 +211,15 @@ static int cmd_list(int argc, char **argv)
                    (long long)b->params[j].max);
     }
     printf("collective algorithms, rank = PE (ccl.yaml module names, collective kind; every "
-           "rank is one PE, layout single_shard_per_rank):\n");
+           "rank is one PE, layout single_shard_per_rank; with world_size 0 one rank per SIP "
+           "in lanes over the SIP's PEs, unless the module has a process-group form below):\n");
     for (int i = 0; any_algo(ps, i); i++) {
         const kb_ccl_algo_impl *a = any_algo(ps, i);
         printf("  %-24s %-14s %s%s\n", a->module, kb_coll_name(a->kind), a->summary,
                origin(ps, a, from, sizeof from));
     }
-    printf("collective algorithms, rank = SIP (init_process_group; PEs of a rank / layout):\n");
+    printf("collective algorithms, rank = SIP process-group forms (init_process_group; PEs of "
+           "a rank / layout):\n");
     for (int i = 0; any_dist(ps, i); i++) {
         const kb_dist_algo *d = any_dist(ps, i);
         printf("  %-24s %-14s %s / %s: %s%s\n", d->module, kb_coll_name(d->kind), d->mapper,
