@@ -194,7 +194,9 @@ static void p2p_sendrecv(kb_tl *tl, const kb_kargs *a)
 {
     if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
         return;
-    int64_t n = a->i[KB_CCL_ARG_N], S = slice_elems(tl, 2), nsl = (n + S - 1) / S, off, len;
+    kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+    int64_t n = a->i[KB_CCL_ARG_N], S = slice_elems(tl, (uint32_t)kb_dtype_size(dt));
+    int64_t nsl = (n + S - 1) / S, off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
     kb_ipcq_req *rq[COLL_MAX_POSTED];
 
@@ -206,9 +208,9 @@ static void p2p_sendrecv(kb_tl *tl, const kb_kargs *a)
         if (j >= nsl)
             continue;
         len = kb_ccl_piece(n, S, j, &off);
-        kb_val v = tl_load(tl, at(tile, off), KB_SHAPE1(len), KB_F16);
-        rq[j % COLL_MAX_POSTED] = tl_recv_into_async(tl, KB_DIR_W, at(tile, off),
-                                                     KB_SHAPE1(len), KB_F16);
+        kb_val v = tl_load(tl, atd(tile, off, dt), KB_SHAPE1(len), dt);
+        rq[j % COLL_MAX_POSTED] = tl_recv_into_async(tl, KB_DIR_W, atd(tile, off, dt),
+                                                     KB_SHAPE1(len), dt);
         tl_send(tl, KB_DIR_E, v);
         tl_free(tl, v);
     }
@@ -222,15 +224,16 @@ static void p2p_sendrecv(kb_tl *tl, const kb_kargs *a)
  * the tile. Receives are posted COLL_MAX_POSTED slices ahead; a chain or tree has no cycle,
  * so nothing waits on itself.
  */
-static void bcast_flow(kb_tl *tl, kb_va tile, int64_t n, kb_dir up, const kb_dir *down, int nd)
+static void bcast_flow(kb_tl *tl, kb_va tile, int64_t n, kb_dtype dt, kb_dir up,
+                       const kb_dir *down, int nd)
 {
-    int64_t S = slice_elems(tl, 2), nsl = (n + S - 1) / S, off, len;
+    int64_t S = slice_elems(tl, (uint32_t)kb_dtype_size(dt)), nsl = (n + S - 1) / S, off, len;
     kb_ipcq_req *rq[COLL_MAX_POSTED];
 
     if (up != KB_NDIRS)
         for (int64_t j = 0; j < nsl && j < COLL_MAX_POSTED; j++) {
             len = kb_ccl_piece(n, S, j, &off);
-            rq[j] = tl_recv_into_async(tl, up, at(tile, off), KB_SHAPE1(len), KB_F16);
+            rq[j] = tl_recv_into_async(tl, up, atd(tile, off, dt), KB_SHAPE1(len), dt);
         }
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(n, S, j, &off);
@@ -238,11 +241,11 @@ static void bcast_flow(kb_tl *tl, kb_va tile, int64_t n, kb_dir up, const kb_dir
             (void)tl_wait(tl, rq[j % COLL_MAX_POSTED]);
             int64_t nx = j + COLL_MAX_POSTED, xo, xl = kb_ccl_piece(n, S, nx, &xo);
             if (xl)
-                rq[nx % COLL_MAX_POSTED] = tl_recv_into_async(tl, up, at(tile, xo),
-                                                              KB_SHAPE1(xl), KB_F16);
+                rq[nx % COLL_MAX_POSTED] = tl_recv_into_async(tl, up, atd(tile, xo, dt),
+                                                              KB_SHAPE1(xl), dt);
         }
         for (int d = 0; d < nd; d++)
-            tl_send(tl, down[d], ref16(tl, tile, off, len));
+            tl_send(tl, down[d], refd(tl, tile, off, len, dt));
     }
 }
 
@@ -255,8 +258,8 @@ static void ring_broadcast(kb_tl *tl, const kb_kargs *a)
 
     if (ws < 2)
         return;
-    bcast_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], v == 0 ? KB_NDIRS : KB_DIR_W, &e,
-               v + 1 < ws);
+    bcast_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], (kb_dtype)a->i[KB_CCL_ARG_DTYPE],
+               v == 0 ? KB_NDIRS : KB_DIR_W, &e, v + 1 < ws);
 }
 
 /* Heap position v of a binary tree over ws ranks: its children's directions. */
@@ -280,8 +283,8 @@ static void tree_broadcast(kb_tl *tl, const kb_kargs *a)
 
     if (ws < 2)
         return;
-    bcast_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], v == 0 ? KB_NDIRS : KB_DIR_PARENT,
-               down, nd);
+    bcast_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], (kb_dtype)a->i[KB_CCL_ARG_DTYPE],
+               v == 0 ? KB_NDIRS : KB_DIR_PARENT, down, nd);
 }
 
 /* ---- reduce ---- */
@@ -386,7 +389,9 @@ static void pairwise_alltoall(kb_tl *tl, const kb_kargs *a)
     if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
         return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
-    int64_t cnt = n / ws, S = slice_elems(tl, 2), nsl = (cnt + S - 1) / S, off, len;
+    kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+    int64_t cnt = n / ws, S = slice_elems(tl, (uint32_t)kb_dtype_size(dt));
+    int64_t nsl = (cnt + S - 1) / S, off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
     kb_ipcq_req *rq[COLL_MAX_POSTED];
 
@@ -401,9 +406,9 @@ static void pairwise_alltoall(kb_tl *tl, const kb_kargs *a)
             if (j >= nsl)
                 continue;
             len = kb_ccl_piece(cnt, S, j, &off);
-            kb_va va = at(tile, p * cnt + off);
-            kb_val v = tl_load(tl, va, KB_SHAPE1(len), KB_F16);
-            rq[j % COLL_MAX_POSTED] = tl_recv_into_async(tl, d, va, KB_SHAPE1(len), KB_F16);
+            kb_va va = atd(tile, p * cnt + off, dt);
+            kb_val v = tl_load(tl, va, KB_SHAPE1(len), dt);
+            rq[j % COLL_MAX_POSTED] = tl_recv_into_async(tl, d, va, KB_SHAPE1(len), dt);
             tl_send(tl, d, v);
             tl_free(tl, v);
         }
@@ -418,17 +423,18 @@ static int64_t first_chunk(int64_t v, int64_t rem) { return v < rem ? 2 * v : v 
 
 /* Posts the receive of chunks [c0, c1) into the tile from d; NULL when empty. */
 static kb_ipcq_req *post_chunks(kb_tl *tl, kb_dir d, kb_va tile, int64_t cnt, int64_t c0,
-                                int64_t c1)
+                                int64_t c1, kb_dtype dt)
 {
-    return c1 > c0 ? tl_recv_into_async(tl, d, at(tile, c0 * cnt), KB_SHAPE1((c1 - c0) * cnt),
-                                        KB_F16)
+    return c1 > c0 ? tl_recv_into_async(tl, d, atd(tile, c0 * cnt, dt),
+                                        KB_SHAPE1((c1 - c0) * cnt), dt)
                    : NULL;
 }
 
-static void send_chunks(kb_tl *tl, kb_dir d, kb_va tile, int64_t cnt, int64_t c0, int64_t c1)
+static void send_chunks(kb_tl *tl, kb_dir d, kb_va tile, int64_t cnt, int64_t c0, int64_t c1,
+                        kb_dtype dt)
 {
     if (c1 > c0)
-        tl_send(tl, d, ref16(tl, tile, c0 * cnt, (c1 - c0) * cnt));
+        tl_send(tl, d, refd(tl, tile, c0 * cnt, (c1 - c0) * cnt, dt));
 }
 
 /*
@@ -448,31 +454,32 @@ static void rd_allgather(kb_tl *tl, const kb_kargs *a)
     int64_t rem = ws - ((int64_t)1 << d);
     kb_dir fold = (kb_dir)d;
     kb_va tile = kb_ccl_my_tile(tl, a);
+    kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
 
     if (ws < 2)
         return;
     if (r < 2 * rem && !(r & 1)) { /* folded: give the chunk, get the rest */
-        kb_ipcq_req *lo = post_chunks(tl, fold, tile, cnt, 0, r);
-        kb_ipcq_req *hi = post_chunks(tl, fold, tile, cnt, r + 1, ws);
-        send_chunks(tl, fold, tile, cnt, r, r + 1);
+        kb_ipcq_req *lo = post_chunks(tl, fold, tile, cnt, 0, r, dt);
+        kb_ipcq_req *hi = post_chunks(tl, fold, tile, cnt, r + 1, ws, dt);
+        send_chunks(tl, fold, tile, cnt, r, r + 1, dt);
         if (lo)
             (void)tl_wait(tl, lo);
         (void)tl_wait(tl, hi);
         return;
     }
     if (r < 2 * rem)
-        tl_recv_into(tl, fold, at(tile, (r - 1) * cnt), KB_SHAPE1(cnt), KB_F16);
+        tl_recv_into(tl, fold, atd(tile, (r - 1) * cnt, dt), KB_SHAPE1(cnt), dt);
     int64_t v = r < 2 * rem ? r / 2 : r - rem;
     for (int k = 0; k < d; k++) {
         int64_t w = (int64_t)1 << k, vb = v & ~(w - 1), pb = vb ^ w;
         int64_t m0 = first_chunk(vb, rem), m1 = first_chunk(vb + w, rem);
         int64_t p0 = first_chunk(pb, rem), p1 = first_chunk(pb + w, rem);
-        kb_ccl_sendrecv_into(tl, (kb_dir)k, ref16(tl, tile, m0 * cnt, (m1 - m0) * cnt),
-                             (kb_dir)k, at(tile, p0 * cnt), KB_SHAPE1((p1 - p0) * cnt), KB_F16);
+        kb_ccl_sendrecv_into(tl, (kb_dir)k, refd(tl, tile, m0 * cnt, (m1 - m0) * cnt, dt),
+                             (kb_dir)k, atd(tile, p0 * cnt, dt), KB_SHAPE1((p1 - p0) * cnt), dt);
     }
     if (r < 2 * rem) { /* the folded partner r-1 gets everything but its own chunk */
-        send_chunks(tl, fold, tile, cnt, 0, r - 1);
-        send_chunks(tl, fold, tile, cnt, r, ws);
+        send_chunks(tl, fold, tile, cnt, 0, r - 1, dt);
+        send_chunks(tl, fold, tile, cnt, r, ws, dt);
     }
 }
 
@@ -766,12 +773,12 @@ const kb_ccl_algo_impl kb_ccl_algo_ring_reducescatter = {
 const kb_ccl_algo_impl kb_ccl_algo_p2p_sendrecv = {
     "p2p_sendrecv", "rank r sends its tile to r+1 and receives r-1's, slice by slice",
     KB_COLL_SENDRECV, "ring_1d", p2p_sendrecv, NULL, tile16, kb_ccl_ref_shift_east,
-    KB_CCL_ANY_WORLD,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_broadcast = {
     "ring_broadcast", "pipelined chain from the root around the ring, slice by slice",
     KB_COLL_BROADCAST, "ring_1d", ring_broadcast, NULL, tile16, kb_ccl_ref_broadcast,
-    KB_CCL_ANY_WORLD,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_reduce = {
     "ring_reduce", "pipelined chain around the ring ending at the root, f32 partial sums",
@@ -781,7 +788,7 @@ const kb_ccl_algo_impl kb_ccl_algo_ring_reduce = {
 const kb_ccl_algo_impl kb_ccl_algo_tree_broadcast = {
     "tree_broadcast", "pipelined binary tree hanging from the root, slice by slice",
     KB_COLL_BROADCAST, "tree_binary", tree_broadcast, NULL, tile16, kb_ccl_ref_broadcast,
-    KB_CCL_ANY_WORLD,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };
 const kb_ccl_algo_impl kb_ccl_algo_tree_reduce = {
     "tree_reduce", "pipelined binary tree: f32 partial sums flow up to the root",
@@ -791,7 +798,7 @@ const kb_ccl_algo_impl kb_ccl_algo_tree_reduce = {
 const kb_ccl_algo_impl kb_ccl_algo_pairwise_alltoall = {
     "pairwise_alltoall", "ws-1 pairwise chunk swaps over a full mesh (world size <= 12)",
     KB_COLL_ALLTOALL, "full_mesh", pairwise_alltoall, a2a_check, chunk16, kb_ccl_ref_alltoall,
-    KB_CCL_ANY_WORLD,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };
 const kb_ccl_algo_impl kb_ccl_algo_rh_reducescatter = {
     "rh_reducescatter", "recursive halving (MPI's fold for any world size): log2(p) exchanges of halving ranges, f32 sums",
@@ -806,5 +813,5 @@ const kb_ccl_algo_impl kb_ccl_algo_rhd_allreduce = {
 const kb_ccl_algo_impl kb_ccl_algo_rd_allgather = {
     "rd_allgather", "recursive doubling (MPI's fold for any world size): log2(p) exchanges of doubling blocks",
     KB_COLL_ALLGATHER, "hypercube", rd_allgather, rd_check, whole16, kb_ccl_ref_allgather,
-    KB_CCL_ANY_WORLD,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };

@@ -679,6 +679,38 @@ static void test_typed_ops(void **state)
     }
     assert_int_equal(algos, 5); /* ring_rsag_allreduce, ring_reducescatter, ring/tree_reduce,
                                  * dbtree_allreduce */
+    /* the kinds that only move data take every element type too, bit for bit */
+    int movers = 0;
+    for (int i = 0; kb_ccl_algo_at(i); i++) {
+        const kb_ccl_algo_impl *impl = kb_ccl_algo_at(i);
+        if (!(impl->flags & KB_CCL_TYPED) || kb_coll_reduces(impl->kind))
+            continue;
+        movers++;
+        for (int dt = 0; dt <= KB_F32; dt++)
+            for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++)
+                for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+                    int ws = worlds[w];
+                    int64_t n = counts[k] * kb_coll_tile_ranks(impl->kind, ws);
+                    kb_ccl_verdict v;
+                    memset(c, 0, sizeof *c);
+                    c->impl = impl;
+                    c->ws = ws;
+                    c->n = n;
+                    c->o = (kb_ccl_job_opts){ kb_coll_rooted(impl->kind) && ws > 2 ? 2 : 0,
+                                              (kb_dtype)dt, KB_CCL_OP_SUM };
+                    void *raw = run_typed(c);
+                    if (kb_ccl_verify_inputs_op((kb_dtype)dt, KB_CCL_OP_SUM, raw,
+                                                impl->reference, impl->kind, KB_CCL_INPUT_SEED,
+                                                ws, n, c->o.root, 0.0, &v) != 1)
+                        fail_msg("%s ws %d n %lld dtype %s: rank %d element %lld = %g, "
+                                 "expected %g", impl->module, ws, (long long)n,
+                                 kb_dtype_name((kb_dtype)dt), v.first_bad_tile,
+                                 (long long)v.first_bad_elem, v.first_got, v.first_want);
+                    free(raw);
+                }
+    }
+    assert_int_equal(movers, 6); /* ring/rd_allgather, p2p_sendrecv, ring/tree_broadcast,
+                                  * pairwise_alltoall */
     /* an algorithm without KB_CCL_TYPED refuses another dtype or op, a kind that does not
      * reduce refuses an op */
     {
