@@ -505,8 +505,10 @@ static KB_NOINLINE void record_elementwise(kb_tl *tl, kb_rec_kind kind, int op, 
     kb_tl_record(tl, &r);
 }
 
-static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
-                          float imm0, float imm1, const char *name)
+/* out: the result's dtype (f32 for every op but tl_binary_as: the unit rounds on writeback,
+ * within the same pass). */
+static kb_val elementwise_as(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
+                             float imm0, float imm1, kb_dtype out, const char *name)
 {
     uint32_t rows = src[0].rows, cols = src[0].cols;
     kb_time t_start, t_end;
@@ -517,13 +519,19 @@ static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src
         rows = bcast_dim(tl, rows, src[i].rows, name);
         cols = bcast_dim(tl, cols, src[i].cols, name);
     }
-    v = kb_tl_scratch_val(tl, rows, cols, KB_F32, name);
+    v = kb_tl_scratch_val(tl, rows, cols, out, name);
     t_start = issue_time(tl);
     t_end = math_time(tl, (uint64_t)rows * cols, 1);
     if (kb_ctx_records(tl->ctx))
         record_elementwise(tl, kind, op, src, nsrc, imm0, imm1, v, t_start, t_end);
     kb_tl_wait_until(tl, t_end);
     return v;
+}
+
+static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
+                          float imm0, float imm1, const char *name)
+{
+    return elementwise_as(tl, kind, op, src, nsrc, imm0, imm1, KB_F32, name);
 }
 
 #define KB_TL_BINARY(fn, opc)                                                  \
@@ -538,6 +546,19 @@ KB_TL_BINARY(tl_mul, KB_M2_MUL)
 KB_TL_BINARY(tl_div, KB_M2_DIV)
 KB_TL_BINARY(tl_maximum, KB_M2_MAX)
 KB_TL_BINARY(tl_minimum, KB_M2_MIN)
+
+kb_val tl_binary_as(kb_tl *tl, kb_binop op, kb_val a, kb_val b, kb_dtype dt)
+{
+    static const int opc[] = { [KB_BIN_ADD] = KB_M2_ADD, [KB_BIN_MUL] = KB_M2_MUL,
+                               [KB_BIN_MAX] = KB_M2_MAX, [KB_BIN_MIN] = KB_M2_MIN };
+    kb_val s[2] = { a, b };
+    if ((unsigned)op > KB_BIN_MIN)
+        tl_fail(tl, KB_ERR_INVAL, "tl_binary_as: unknown op %d", (int)op);
+    if (dt != KB_F32 && dt != KB_F16 && dt != KB_BF16)
+        tl_fail(tl, KB_ERR_INVAL, "tl_binary_as: result dtype %s is not f32, f16 or bf16",
+                kb_dtype_name(dt));
+    return elementwise_as(tl, KB_REC_MATH2, opc[op], s, 2, 0.0f, 0.0f, dt, "tl_binary_as");
+}
 
 #define KB_TL_UNARY(fn, opc)                                                   \
     kb_val fn(kb_tl *tl, kb_val a)                                             \

@@ -407,7 +407,7 @@ static uint64_t shift_msg(int64_t n, int ws)
 
 static const kb_ccl_algo_impl shift_any_impl = {
     "shift_any", "test: shift east on any world", KB_COLL_SENDRECV, "ring_1d", shift_any, NULL,
-    shift_msg, kb_ccl_ref_shift_east, KB_CCL_ANY_WORLD,
+    shift_msg, kb_ccl_ref_shift_east, KB_CCL_ANY_WORLD, NULL,
 };
 
 typedef struct any_case {
