@@ -482,8 +482,9 @@ static void test_builtin_any_world(void **state)
             if (kb_ctx_run_host(ctx, h_any_algo, c) != 0)
                 fail_msg("%s ws %d: %s", impl->module, ws, kb_ctx_errmsg(ctx));
             assert_int_equal(kb_ccl_job_read(ctx, &c->job, NULL, raw), 0);
-            if (kb_ccl_verify_inputs(KB_F16, raw, impl->reference, impl->kind,
-                                     KB_CCL_INPUT_SEED, ws, n, 0.0, &v) != 1)
+            if (kb_ccl_verify_inputs_ord(KB_F16, KB_CCL_OP_SUM, raw, impl->reference,
+                                         impl->ordered, impl->kind, KB_CCL_INPUT_SEED, ws, n,
+                                         0, 0.0, &v) != 1)
                 fail_msg("%s ws %d: rank %d element %lld = %g, expected %g", impl->module, ws,
                          v.first_bad_tile, (long long)v.first_bad_elem, v.first_got,
                          v.first_want);
@@ -566,8 +567,8 @@ static void test_typed_ops(void **state)
                             c->o.root = 0;
                         void *raw = run_typed(c);
                         double acc = kb_ccl_input_acc_bound_op(impl->kind, op, ws);
-                        if (kb_ccl_verify_inputs_op((kb_dtype)dt, op, raw, impl->reference,
-                                                    impl->kind, KB_CCL_INPUT_SEED, ws, n,
+                        if (kb_ccl_verify_inputs_ord((kb_dtype)dt, op, raw, impl->reference,
+                                                    impl->ordered, impl->kind, KB_CCL_INPUT_SEED, ws, n,
                                                     c->o.root, acc, &v) != 1)
                             fail_msg("%s ws %d n %lld op %s dtype %s: rank %d element %lld = "
                                      "%g, expected %g", impl->module, ws, (long long)n,
@@ -591,8 +592,8 @@ static void test_typed_ops(void **state)
                                     assert_true(kb_dtype_load((kb_dtype)dt, raw,
                                                               (size_t)t * (size_t)n + (size_t)e) == m[e]);
                             /* the same result is not a min */
-                            assert_int_equal(kb_ccl_verify_inputs_op((kb_dtype)dt, KB_CCL_OP_MIN,
-                                                                     raw, impl->reference,
+                            assert_int_equal(kb_ccl_verify_inputs_ord((kb_dtype)dt, KB_CCL_OP_MIN,
+                                                                     raw, impl->reference, impl->ordered,
                                                                      impl->kind, KB_CCL_INPUT_SEED,
                                                                      ws, n, 0, 0.0, &v), 0);
                             free(x);
@@ -814,6 +815,15 @@ static double expect_of(kb_coll_kind k, const float *in, int ws, int64_t n, int 
  * from the kind (expect_of), and with the library's check against the registry's reference
  * (what the bench does: kb_ccl_verify, and kb_ccl_verify_inputs_root for a root).
  */
+/* The expected f16 sum of an entry: its order-emulating reference where it has one. */
+static void ref_of(const kb_ccl_algo_impl *impl, const float *in, int ws, int64_t n, double *out)
+{
+    if (impl->ordered)
+        impl->ordered(in, ws, n, 0, n, KB_F16, KB_CCL_OP_SUM, out);
+    else
+        impl->reference(in, ws, n, out);
+}
+
 static void run_mock_opts(const char *module, const char *topo, int ws, int64_t n, int root,
                           const kb_ipcq_cfg *icfg, uint32_t seed)
 {
@@ -835,9 +845,12 @@ static void run_mock_opts(const char *module, const char *topo, int ws, int64_t 
     rc = kb_ccl_mock_run_opts(module, topo, ws, n, root, icfg, in, out, &eb);
     if (rc != 0)
         fail_msg("%s ws=%d n=%lld root=%d: %d %s", module, ws, (long long)n, root, rc, eb.msg);
+    if (impl->ordered) /* partials rounded to f16 per hop: the kernel's order */
+        impl->ordered(in, ws, n, 0, n, KB_F16, KB_CCL_OP_SUM, ref);
     for (int rank = 0; rank < ws; rank++) {
         for (int64_t i = 0; i < n; i++) {
-            double want = expect_of(impl->kind, in, ws, n, root, rank, i);
+            double want = impl->ordered ? ref[(size_t)rank * (size_t)n + (size_t)i]
+                                        : expect_of(impl->kind, in, ws, n, root, rank, i);
             /* partial sums are exact in f32; the result is rounded to f16 once */
             want = kb_f16_to_f32(kb_f32_to_f16((float)want));
             double got = out[(size_t)rank * (size_t)n + (size_t)i];
@@ -848,15 +861,16 @@ static void run_mock_opts(const char *module, const char *topo, int ws, int64_t 
     }
     uint16_t *raw = to_f16(out, total);
     if (root == 0) {
-        impl->reference(in, ws, n, ref);
+        ref_of(impl, in, ws, n, ref);
         if (!kb_ccl_verify(KB_F16, raw, ref, ws, n, kb_ccl_input_acc_bound(impl->kind, ws), &v))
             fail_msg("%s ws=%d: kb_ccl_verify rejects rank %d element %lld", module, ws,
                      v.first_bad_tile, (long long)v.first_bad_elem);
         assert_int_equal(v.ok_tiles, ws);
         assert_true(v.max_abs_err <= v.err_bound);
     }
-    if (kb_ccl_verify_inputs_root(KB_F16, raw, impl->reference, impl->kind, seed, ws, n, root,
-                                  kb_ccl_input_acc_bound(impl->kind, ws), &v) != 1)
+    if (kb_ccl_verify_inputs_ord(KB_F16, KB_CCL_OP_SUM, raw, impl->reference, impl->ordered,
+                                 impl->kind, seed, ws, n, root,
+                                 kb_ccl_input_acc_bound(impl->kind, ws), &v) != 1)
         fail_msg("%s ws=%d root=%d: kb_ccl_verify_inputs_root rejects rank %d element %lld",
                  module, ws, root, v.first_bad_tile, (long long)v.first_bad_elem);
     free(raw);
@@ -1216,7 +1230,7 @@ static void test_verify_rejects_swap(void **state)
         const kb_ccl_algo_impl *impl = kb_ccl_algo_at(a);
         int ws = !strcmp(impl->module, "mesh_allreduce") ? 4 : WS;
         assert_int_equal(kb_ccl_mock_run(impl->module, NULL, ws, NE, in, out, &eb), 0);
-        impl->reference(in, ws, NE, ref);
+        ref_of(impl, in, ws, NE, ref);
         uint16_t *raw = to_f16(out, (size_t)ws * NE);
         assert_int_equal(kb_ccl_verify(KB_F16, raw, ref, ws, NE, 0.0, &v), 1);
         assert_int_equal(v.ok_tiles, ws);
