@@ -1217,6 +1217,41 @@ static int64_t swap_in_tile(uint16_t *raw, int t, int64_t n)
  * one rank's tile swapped: the swap keeps the tile's sum and the mean, so only checking every
  * element at its place catches it. Also: a tolerance that still catches the swap.
  */
+/*
+ * The order-emulating references: with f16 partials rounded per hop the ring's result differs
+ * from the exact sum rounded once on some elements of the seeded data (so the check really
+ * depends on the order), never in f32 (the grid's sums are exact); and a real run of the
+ * kernel matches the emulation bit for bit but fails against the exact sum.
+ */
+static void test_ordered_reference(void **state)
+{
+    enum { WS = 12, NE = 1200 };
+    static float in[WS * NE], out[WS * NE];
+    static double ord[WS * NE], exact[WS * NE];
+    kb_ccl_verdict v;
+    kb_errbuf eb;
+    (void)state;
+    kb_ccl_inputs(in, KB_CCL_INPUT_SEED, 0, WS, NE);
+    for (int m = 0; m < 2; m++) {
+        const kb_ccl_algo_impl *impl = kb_ccl_algo_find(m ? "ring_reducescatter" : "ring_rsag_allreduce");
+        assert_non_null(impl->ordered);
+        impl->reference(in, WS, NE, exact);
+        impl->ordered(in, WS, NE, 0, NE, KB_F32, KB_CCL_OP_SUM, ord);
+        for (size_t k = 0; k < (size_t)WS * NE; k++)
+            assert_true(ord[k] == exact[k]);
+        impl->ordered(in, WS, NE, 0, NE, KB_F16, KB_CCL_OP_SUM, ord);
+        int differ = 0;
+        for (size_t k = 0; k < (size_t)WS * NE; k++)
+            differ += kb_f32_to_f16((float)ord[k]) != kb_f32_to_f16((float)exact[k]);
+        assert_true(differ > 0);
+        assert_int_equal(kb_ccl_mock_run(impl->module, NULL, WS, NE, in, out, &eb), 0);
+        uint16_t *raw = to_f16(out, (size_t)WS * NE);
+        assert_int_equal(kb_ccl_verify(KB_F16, raw, ord, WS, NE, 0.0, &v), 1);
+        assert_int_equal(kb_ccl_verify(KB_F16, raw, exact, WS, NE, 0.0, &v), 0);
+        free(raw);
+    }
+}
+
 static void test_verify_rejects_swap(void **state)
 {
     enum { WS = 8, NE = 40 }; /* 5 elements a chunk for the chunked kinds */
@@ -1442,6 +1477,7 @@ int main(void)
         cmocka_unit_test(test_references),
         cmocka_unit_test(test_inputs),
         cmocka_unit_test(test_verify_rejects_swap),
+        cmocka_unit_test(test_ordered_reference),
         cmocka_unit_test(test_verify_rounding),
         cmocka_unit_test(test_verify_inputs_matches),
         cmocka_unit_test(test_verify_inputs_threads),
