@@ -235,6 +235,30 @@ static kb_ipcq_req *rsag_post(kb_tl *tl, const rsag_blk *b, int64_t c, int64_t j
                 : tl_recv_view_async(tl, KB_DIR_W, KB_SHAPE1(len), b->dt);
 }
 
+/* The (step, slice) after (*s, *j) that the reduce-scatter combines (a non-empty slice of
+ * chunk r-s-1); 0 past the last step. */
+static int rsag_next(const rsag_blk *b, int64_t per, int64_t *s, int64_t *j)
+{
+    int64_t off;
+    for (;;) {
+        if (++*j == per) {
+            *j = 0;
+            ++*s;
+        }
+        if (*s + 1 >= b->ws)
+            return 0;
+        if (slice_of(b, b->r - *s - 1, *j, &off) != 0)
+            return 1;
+    }
+}
+
+/* Starts the load of the own slice j of step s (chunk r-s-1); its data are there at *ready. */
+static kb_val rsag_own(kb_tl *tl, const rsag_blk *b, int64_t s, int64_t j, int64_t *ready)
+{
+    int64_t off, len = slice_of(b, b->r - s - 1, j, &off);
+    return tl_load_async(tl, tile_at(b, off), KB_SHAPE1(len), b->dt, ready);
+}
+
 static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **rq)
 {
     int64_t ws = b->ws, r = b->r, off, len;
@@ -247,14 +271,24 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
     for (int64_t j = 0; j < per; j++)
         if ((len = slice_of(b, r, j, &off)) != 0)
             tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), b->dt));
+    /* the own slice of the next (step, slice) is loaded while this one is combined: PE_DMA
+     * and PE_MATH work at once, as the all-gather's copy-out runs beside its send */
+    int64_t ns = 0, nj = -1, rdy, nrdy = 0;
+    kb_val nxt = { 0 };
+    if (rsag_next(b, per, &ns, &nj))
+        nxt = rsag_own(tl, b, ns, nj, &nrdy);
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = r - s - 1, last = s + 2 == ws;
         for (int64_t j = 0; j < per; j++) {
             if (!rq[j])
                 continue;
             len = slice_of(b, c, j, &off);
-            kb_val own = tl_load(tl, tile_at(b, off), KB_SHAPE1(len), b->dt);
+            kb_val own = nxt;
+            rdy = nrdy;
+            if (rsag_next(b, per, &ns, &nj))
+                nxt = rsag_own(tl, b, ns, nj, &nrdy);
             kb_val in = tl_wait(tl, rq[j]), red;
+            tl_wait_time(tl, rdy);
             if (last) { /* chunk r+1 is complete: f32, rounded once as it is stored */
                 red = kb_ccl_combine(tl, b->op, own, in);
                 tl_recv_release(tl, KB_DIR_W, in);

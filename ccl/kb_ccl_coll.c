@@ -132,6 +132,16 @@ static void ring_allgather(kb_tl *tl, const kb_kargs *a)
  * the result on; the last step receives chunk r and stores its total, rounded once (NCCL's
  * recvReduceSend, then recvReduceCopy).
  */
+/* Starts the load of the own slice j of reduce-scatter step s (chunk r-s-2) of a block; its
+ * data are there at *ready. */
+static kb_val rs_own(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, int64_t b0,
+                     int64_t bl, int64_t S, kb_dtype dt, int64_t s, int64_t j, int64_t *ready)
+{
+    int64_t off, len = kb_ccl_piece(bl, S, j, &off);
+    return tl_load_async(tl, atd(tile, mod(r - s - 2, ws) * cnt + b0 + off, dt), KB_SHAPE1(len),
+                         dt, ready);
+}
+
 static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, int64_t b0,
                      int64_t bl, int64_t S, kb_dtype dt, int op)
 {
@@ -146,12 +156,21 @@ static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
         len = kb_ccl_piece(bl, S, j, &off);
         tl_send(tl, KB_DIR_E, refd(tl, tile, mod(r - 1, ws) * cnt + b0 + off, len, dt));
     }
+    /* the own slice of the next (step, slice) is loaded while this one is combined: PE_DMA
+     * and PE_MATH work at once, as the all-gather's copy-out runs beside its send */
+    int64_t rdy, nrdy = 0;
+    kb_val nxt = rs_own(tl, tile, ws, r, cnt, b0, bl, S, dt, 0, 0, &nrdy);
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = mod(r - s - 2, ws), last = s + 2 == ws;
         for (int64_t j = 0; j < nsl; j++) {
             len = kb_ccl_piece(bl, S, j, &off);
-            kb_val own = tl_load(tl, atd(tile, c * cnt + b0 + off, dt), KB_SHAPE1(len), dt);
+            kb_val own = nxt;
+            rdy = nrdy;
+            if (j + 1 < nsl || !last)
+                nxt = rs_own(tl, tile, ws, r, cnt, b0, bl, S, dt, j + 1 < nsl ? s : s + 1,
+                             j + 1 < nsl ? j + 1 : 0, &nrdy);
             kb_val in = tl_wait(tl, rq[j]), red;
+            tl_wait_time(tl, rdy);
             if (last) {
                 red = kb_ccl_combine(tl, op, own, in);
                 tl_recv_release(tl, KB_DIR_W, in);

@@ -359,8 +359,10 @@ static void need_local(kb_tl *tl, kb_val v, const char *op)
         not_local(tl, v, op);
 }
 
+/* copy: 0 a reference (no DMA), 1 a load the kernel waits for, 2 a load it does not wait for
+ * (the data are there at *ready) */
 static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt,
-                          const char *op, int copy)
+                          const char *op, int copy, kb_time *ready)
 {
     uint64_t bytes = (uint64_t)s.rows * s.cols * kb_dtype_size(dt);
     kb_tensor *t;
@@ -401,28 +403,40 @@ static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype
     r.src[0] = kb_opnd_make(src, s.rows, s.cols, dt);
     r.src[0].ld = ld;
     kb_tl_record(tl, &r);
+    if (copy == 2) {
+        *ready = r.t_end;
+        kb_tl_wait_until(tl, issue_time(tl));
+        return v;
+    }
     kb_tl_wait_until(tl, r.t_end);
     return v;
 }
 
+void tl_wait_time(kb_tl *tl, int64_t t) { kb_tl_wait_until(tl, (kb_time)t); }
+
+kb_val tl_load_async(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, int64_t *ready)
+{
+    return load_common(tl, va, s, s.cols, dt, "tl_load_async", 2, ready);
+}
+
 kb_val tl_load(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt)
 {
-    return load_common(tl, va, s, s.cols, dt, "tl_load", 1);
+    return load_common(tl, va, s, s.cols, dt, "tl_load", 1, NULL);
 }
 
 kb_val tl_ref(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt)
 {
-    return load_common(tl, va, s, s.cols, dt, "tl_ref", 0);
+    return load_common(tl, va, s, s.cols, dt, "tl_ref", 0, NULL);
 }
 
 kb_val tl_load2d(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt)
 {
-    return load_common(tl, va, s, ld, dt, "tl_load2d", 1);
+    return load_common(tl, va, s, ld, dt, "tl_load2d", 1, NULL);
 }
 
 kb_val tl_ref2d(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt)
 {
-    return load_common(tl, va, s, ld, dt, "tl_ref2d", 0);
+    return load_common(tl, va, s, ld, dt, "tl_ref2d", 0, NULL);
 }
 
 /*

@@ -58,6 +58,12 @@ int tl_num_programs(kb_tl *tl, int axis);
 
 kb_val tl_load(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt);
 kb_val tl_ref(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt);
+/* tl_load whose DMA the kernel does not wait for: the call returns after its issue cost, and
+ * the value's data are there at *ready (simulated ps). Before an op reads the value the kernel
+ * waits until then (tl_wait_time), so a load can run on PE_DMA while PE_MATH computes. */
+kb_val tl_load_async(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, int64_t *ready);
+/* Sleeps until simulated time t (ps) if it is in the future. */
+void tl_wait_time(kb_tl *tl, int64_t t);
 /* Stores v at va, converting to the destination tensor's dtype. */
 void tl_store(kb_tl *tl, kb_va va, kb_val v);
 

@@ -272,16 +272,15 @@ static void test_coll_entries(void **s)
 
 /* The shipped ring_allgather and ring_reducescatter are ring_rsag_allreduce's two halves,
  * step for step (same 1 MiB slots, the same slices, partials in the tile's dtype read in place
- * in the receive slot): on 256 ranks at --size 64M, timing-only, their times add up to rsag's
- * within 2 % (rsag's all-gather half starts on ranks whose reduce-scatter ended at different
- * times and takes ~5 % longer than the all-gather alone). The reduce-scatter half is still the
- * longer one: its own-slice load, the combine (PE_MATH) and the send are one kernel's serial
- * operations, where the all-gather's copy-out runs in the background. */
+ * in the receive slot, the next own slice loaded while the current one is combined): on 256
+ * ranks at --size 64M, timing-only, their times add up to rsag's within 0.1 %. The
+ * reduce-scatter half is still the longer one (0.57 of rsag): the combine (PE_MATH) lies
+ * between a slice's arrival and its send, where the all-gather only forwards. */
 static void test_rsag_halves(void **s)
 {
     static const char *const entries[] = { "ring_allgather", "ring_reducescatter",
                                             "ring_rsag_allreduce" };
-    static const double want[] = { 2510950.125, 4112144.26, 6721928.625 };
+    static const double want[] = { 2510950.125, 3338295.94, 5849858.375 };
     static char out[1 << 14];
     double t[3];
     (void)s;
@@ -298,7 +297,7 @@ static void test_rsag_halves(void **s)
         if (t[e] != want[e])
             fail_msg("%s: sim_time %.3f ns, expected %.3f", entries[e], t[e], want[e]);
     }
-    assert_true(fabs(t[0] + t[1] - t[2]) < 2e-2 * t[2]);
+    assert_true(fabs(t[0] + t[1] - t[2]) < 1e-3 * t[2]);
     assert_true(t[0] < 0.5 * t[2] && t[1] > 0.5 * t[2]);
 }
 
