@@ -178,6 +178,10 @@ void kb_ccl_ref_ring_allreduce(const float *in, int ws, int64_t n, int64_t i0, i
                                kb_dtype dt, int op, double *out);
 /* ring_reducescatter: chunk c (count = n / ws elements) along c+1, c+2, ..., c, ending in
  * rank c's chunk c; every other chunk unchanged. */
+/* ring_reduce (root 0; a rooted check relabels the ranks): the chain 1, 2, ..., ws-1, 0 in
+ * rank 0's tile, every other tile unchanged. */
+void kb_ccl_ref_ring_reduce(const float *in, int ws, int64_t n, int64_t i0, int64_t nb,
+                            kb_dtype dt, int op, double *out);
 void kb_ccl_ref_ring_reduce_scatter(const float *in, int ws, int64_t n, int64_t i0,
                                     int64_t nb, kb_dtype dt, int op, double *out);
 
@@ -626,7 +630,7 @@ int kb_ccl_verify_inputs_op(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn 
                             kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
                             double acc_bound, kb_ccl_verdict *v);
 /* The same with an order-emulating reference: `ord` replaces `ref` (and kb_ccl_ref_op) when
- * non-NULL (an entry's `ordered`); root 0 only for it. */
+ * non-NULL (an entry's `ordered`); a root relabels the ranks as for `ref`. */
 int kb_ccl_verify_inputs_ord(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn ref,
                              kb_ccl_ref_ord_fn ord, kb_coll_kind kind, uint32_t seed, int ntiles,
                              int64_t n, int root, double acc_bound, kb_ccl_verdict *v);

@@ -321,7 +321,7 @@ static void tree_broadcast(kb_tl *tl, const kb_kargs *a)
  * scratch window ahead.
  */
 static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, const kb_dtype *dt,
-                        int nin, kb_dir out, kb_dtype tdt, int op, int64_t ws)
+                        int nin, kb_dir out, kb_dtype tdt, int op, int64_t ws, kb_dtype pdt)
 {
     uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
     int64_t S = slice_elems(tl, 4), nsl = (n + S - 1) / S, W = scratch_window(slot), off, len;
@@ -346,7 +346,9 @@ static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, cons
             int64_t xo, xl = kb_ccl_piece(n, S, j + W, &xo);
             if (xl)
                 rq[k][(j + W) % W] = tl_recv_async(tl, in[k], KB_SHAPE1(xl), dt[k]);
-            kb_val s = kb_ccl_combine(tl, op, acc, x);
+            /* the partial that goes on is written in pdt (the ring: the tile's dtype) */
+            kb_val s = k + 1 == nin && out != KB_NDIRS ? kb_ccl_combine_as(tl, op, acc, x, pdt)
+                                                       : kb_ccl_combine(tl, op, acc, x);
             tl_free(tl, acc);
             tl_free(tl, x);
             acc = s;
@@ -369,12 +371,12 @@ static void ring_reduce(kb_tl *tl, const kb_kargs *a)
     int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
     kb_dir w = KB_DIR_W;
     kb_dtype tdt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
-    kb_dtype dt = mod(v - 1, ws) == 1 ? tdt : KB_F32; /* what the west neighbour sends */
+    kb_dtype dt = tdt; /* what the west neighbour sends: raw or partial, in the tile's dtype */
 
     if (ws < 2) /* one rank: every op leaves the tile as it is (avg: x / 1) */
         return;
     reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], &w, &dt, v == 1 ? 0 : 1,
-                v == 0 ? KB_NDIRS : KB_DIR_E, tdt, (int)a->i[KB_CCL_ARG_OP], ws);
+                v == 0 ? KB_NDIRS : KB_DIR_E, tdt, (int)a->i[KB_CCL_ARG_OP], ws, tdt);
 }
 
 static void tree_reduce(kb_tl *tl, const kb_kargs *a)
@@ -395,7 +397,7 @@ static void tree_reduce(kb_tl *tl, const kb_kargs *a)
         dt[k] = 2 * c + 1 < ws ? KB_F32 : tdt;
     }
     reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], in, dt, nin,
-                v == 0 ? KB_NDIRS : KB_DIR_PARENT, tdt, (int)a->i[KB_CCL_ARG_OP], ws);
+                v == 0 ? KB_NDIRS : KB_DIR_PARENT, tdt, (int)a->i[KB_CCL_ARG_OP], ws, KB_F32);
 }
 
 /* ---- all_to_all ---- */
@@ -801,9 +803,9 @@ const kb_ccl_algo_impl kb_ccl_algo_ring_broadcast = {
     KB_CCL_ANY_WORLD, NULL,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_reduce = {
-    "ring_reduce", "pipelined chain around the ring ending at the root, f32 partial sums",
+    "ring_reduce", "pipelined chain around the ring ending at the root, partials in the tile's dtype",
     KB_COLL_REDUCE, "ring_1d", ring_reduce, NULL, tile32, kb_ccl_ref_reduce,
-    KB_CCL_ANY_WORLD | KB_CCL_TYPED, NULL,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED, kb_ccl_ref_ring_reduce,
 };
 const kb_ccl_algo_impl kb_ccl_algo_tree_broadcast = {
     "tree_broadcast", "pipelined binary tree hanging from the root, slice by slice",

@@ -278,6 +278,17 @@ void kb_ccl_ref_ring_reduce_scatter(const float *in, int ws, int64_t n, int64_t 
         }
 }
 
+void kb_ccl_ref_ring_reduce(const float *in, int ws, int64_t n, int64_t i0, int64_t nb,
+                            kb_dtype dt, int op, double *out)
+{
+    (void)n;
+    (void)i0;
+    for (size_t k = 0; k < (size_t)ws * (size_t)nb; k++)
+        out[k] = in[k];
+    for (int64_t j = 0; j < nb; j++) /* the chain 1, 2, ..., ws-1, 0 ends at the root */
+        out[j] = ring_chain(in + j, ws, (size_t)nb, ws > 1 ? 1 : 0, dt, op);
+}
+
 void kb_ccl_ref_shift_east(const float *in, int ws, int64_t n, double *out)
 {
     for (int r = 0; r < ws; r++) {

@@ -845,11 +845,20 @@ static void run_mock_opts(const char *module, const char *topo, int ws, int64_t 
     rc = kb_ccl_mock_run_opts(module, topo, ws, n, root, icfg, in, out, &eb);
     if (rc != 0)
         fail_msg("%s ws=%d n=%lld root=%d: %d %s", module, ws, (long long)n, root, rc, eb.msg);
-    if (impl->ordered) /* partials rounded to f16 per hop: the kernel's order */
-        impl->ordered(in, ws, n, 0, n, KB_F16, KB_CCL_OP_SUM, ref);
+    if (impl->ordered) { /* partials rounded to f16 per hop: the kernel's order, for root 0
+                          * on the ranks relabelled r - root */
+        float *rel = malloc(total * sizeof *rel);
+        assert_non_null(rel);
+        for (int q = 0; q < ws; q++)
+            memcpy(rel + (size_t)q * (size_t)n, in + (size_t)((q + root) % ws) * (size_t)n,
+                   (size_t)n * sizeof *rel);
+        impl->ordered(rel, ws, n, 0, n, KB_F16, KB_CCL_OP_SUM, ref);
+        free(rel);
+    }
     for (int rank = 0; rank < ws; rank++) {
         for (int64_t i = 0; i < n; i++) {
-            double want = impl->ordered ? ref[(size_t)rank * (size_t)n + (size_t)i]
+            size_t rk = (size_t)((rank - root + ws) % ws);
+            double want = impl->ordered ? ref[rk * (size_t)n + (size_t)i]
                                         : expect_of(impl->kind, in, ws, n, root, rank, i);
             /* partial sums are exact in f32; the result is rounded to f16 once */
             want = kb_f16_to_f32(kb_f32_to_f16((float)want));
