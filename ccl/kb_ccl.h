@@ -188,6 +188,30 @@ void kb_ccl_ref_alltoall(const float *in, int ws, int64_t n, double *out);
 void kb_ccl_ref_broadcast(const float *in, int ws, int64_t n, double *out);
 void kb_ccl_ref_reduce(const float *in, int ws, int64_t n, double *out);
 
+/*
+ * A reference that emulates an algorithm's order of operations, for kernels whose partial
+ * results travel rounded to the tile's dtype (so the result depends on which rank starts a
+ * chain and in which order the ranks combine): given columns [i0, i0 + nb) of every rank's
+ * input tile of n elements (ws rows of nb values, already rounded to dt), writes those columns
+ * of every rank's expected output tile (ws rows of nb) for dtype dt and op (kb_ccl_op), each
+ * value what the kernel computes before its final rounding to dt (avg: the chain's sum / ws).
+ * A kind that is not position-wise is called once with i0 = 0, nb = n.
+ */
+typedef void (*kb_ccl_ref_ord_fn)(const float *in, int ws, int64_t n, int64_t i0, int64_t nb,
+                                  kb_dtype dt, int op, double *out);
+/* ring_rsag_allreduce: chunk c (kb_ccl_chunk of the tile) is combined along c, c+1, ...,
+ * c-1 with a rounding to dt after every hop but the last, then gathered to every rank. */
+void kb_ccl_ref_ring_allreduce(const float *in, int ws, int64_t n, int64_t i0, int64_t nb,
+                               kb_dtype dt, int op, double *out);
+/* ring_reducescatter: chunk c (count = n / ws elements) along c+1, c+2, ..., c, ending in
+ * rank c's chunk c; every other chunk unchanged. */
+/* ring_reduce (root 0; a rooted check relabels the ranks): the chain 1, 2, ..., ws-1, 0 in
+ * rank 0's tile, every other tile unchanged. */
+void kb_ccl_ref_ring_reduce(const float *in, int ws, int64_t n, int64_t i0, int64_t nb,
+                            kb_dtype dt, int op, double *out);
+void kb_ccl_ref_ring_reduce_scatter(const float *in, int ws, int64_t n, int64_t i0,
+                                    int64_t nb, kb_dtype dt, int op, double *out);
+
 typedef struct kb_ccl_algo_impl {
     const char *module;          /* ccl.yaml `module` */
     const char *summary;
@@ -203,6 +227,10 @@ typedef struct kb_ccl_algo_impl {
     kb_ccl_ref_fn reference;
     /* KB_CCL_* flags below; 0 for none. */
     unsigned flags;
+    /* Optional (plugin ABI 5): the order-emulating reference, used instead of `reference`
+     * (and of kb_ccl_ref_op) when set; NULL for kernels whose result does not depend on the
+     * order (partials in f32 on exact data, or no reduction). */
+    kb_ccl_ref_ord_fn ordered;
 } kb_ccl_algo_impl;
 
 /*
@@ -279,6 +307,20 @@ static inline kb_val kb_ccl_combine(kb_tl *tl, int op, kb_val a, kb_val b)
     default:
         return tl_add(tl, a, b);
     }
+}
+
+/* kb_ccl_combine with the result written in dtype dt (tl_binary_as: one pass, rounded to
+ * dt as it is written): a partial result that travels on in the buffer's dtype, as NCCL's
+ * ring reduce-scatter sends it (f32: the same as kb_ccl_combine). */
+static inline kb_val kb_ccl_combine_as(kb_tl *tl, int op, kb_val a, kb_val b, kb_dtype dt)
+{
+    if (dt == KB_F32)
+        return kb_ccl_combine(tl, op, a, b);
+    kb_binop o = op == KB_CCL_OP_PROD ? KB_BIN_MUL
+                 : op == KB_CCL_OP_MAX ? KB_BIN_MAX
+                 : op == KB_CCL_OP_MIN ? KB_BIN_MIN
+                                       : KB_BIN_ADD;
+    return tl_binary_as(tl, o, a, b, dt);
 }
 
 /* A complete reduction before it is stored: avg scales it by 1/ws (v is released, a new
@@ -621,6 +663,11 @@ int kb_ccl_verify_inputs_root(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref,
 int kb_ccl_verify_inputs_op(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn ref,
                             kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
                             double acc_bound, kb_ccl_verdict *v);
+/* The same with an order-emulating reference: `ord` replaces `ref` (and kb_ccl_ref_op) when
+ * non-NULL (an entry's `ordered`); a root relabels the ranks as for `ref`. */
+int kb_ccl_verify_inputs_ord(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn ref,
+                             kb_ccl_ref_ord_fn ord, kb_coll_kind kind, uint32_t seed, int ntiles,
+                             int64_t n, int root, double acc_bound, kb_ccl_verdict *v);
 /* kb_ccl_input_acc_bound for op: the sum's; max, min and prod (kb_ccl_input_op_span's data)
  * are exact (0); avg adds 2^-18, the two f32 roundings of sum * (1/ws) (|avg| <= 16). */
 double kb_ccl_input_acc_bound_op(kb_coll_kind k, int op, int64_t nterms);

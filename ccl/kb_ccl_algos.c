@@ -38,10 +38,11 @@ static kb_val accumulate(kb_tl *tl, kb_val acc, kb_val in, kb_val keep)
     return s;
 }
 
-/* accumulate for op: a new partial result acc (op) in; acc is released unless it is keep. */
-static kb_val combine_op(kb_tl *tl, int op, kb_val acc, kb_val in, kb_val keep)
+/* accumulate for op: a new partial result acc (op) in, written in dtype dt; acc is released
+ * unless it is keep. */
+static kb_val combine_op(kb_tl *tl, int op, kb_val acc, kb_val in, kb_val keep, kb_dtype dt)
 {
-    kb_val s = kb_ccl_combine(tl, op, acc, in);
+    kb_val s = kb_ccl_combine_as(tl, op, acc, in, dt);
     if (acc.pa != keep.pa)
         tl_free(tl, acc);
     tl_free(tl, in);
@@ -189,114 +190,148 @@ static void chunk_of(int64_t n, int64_t ws, int64_t c, uint32_t *off, uint32_t *
 #define KB_RSAG_MAX_WS 8192
 
 /*
- * The streamed form, for tiles whose chunks do not fit one slot (NCCL's ring protocol): the
- * tile is cut into blocks of ws chunks of at most `per` slices of one slot each, and every
- * step moves a chunk slice by slice — receive, reduce with the rank's own slice (loaded from
- * the tile in HBM), send on (recvReduceSend) — so a slice travels on to the next hop while the
- * following ones are still arriving. The receives of the next step are posted as the current
- * step consumes its slices, keeping the queue's posted requests in arrival order; scratch
- * holds a chunk's slices at most, whatever the tile's size.
+ * The streamed form, for tiles whose chunks do not fit one slot (NCCL's ring protocol). The
+ * tile is cut into ws chunks as the whole-tile form cuts it (kb_ccl_chunk: chunk c's
+ * reduction chain starts at rank c whatever the slot size, which is what the host reference
+ * emulates), each chunk into slices of one slot of the tile's dtype, and block b is slices
+ * [b * per, (b + 1) * per) of every chunk. Every reduce-scatter step moves a chunk slice by
+ * slice — load the rank's own slice, take the incoming partial where it lies in the receive
+ * slot (tl_recv_view_async), combine in f32 rounding to the dtype as it is written, hand the
+ * slot back, send the result on (recvReduceSend) — so a slice travels on to the next hop
+ * while the following ones are still arriving; the own slice is loaded before the wait, while
+ * the neighbour's slice is still on its way. The receives of the next step are posted as the
+ * current step consumes its slices, keeping the queue's posted requests in arrival order;
+ * scratch holds a chunk's slices at most, whatever the tile's size.
  */
 typedef struct rsag_blk {
-    int64_t n, ws, r, S;        /* block elements, world, rank, elements per slice */
-    kb_va tile;                 /* the block's start in the rank's tile */
+    int64_t n, ws, r;           /* tile elements, world, rank */
+    kb_va tile;                 /* the rank's tile */
     kb_dtype dt;                /* the tile's dtype */
     int op;                     /* kb_ccl_op */
-    int64_t W;                  /* elements of an all-gather slice: one slot of dt */
+    int64_t W;                  /* elements of a slice: one slot of dt */
+    int64_t s0;                 /* the block's first slice of every chunk */
 } rsag_blk;
 
-/* Elements of slice j of chunk c of the block, slices of w elements (0 past its end), and its
- * tile offset. */
-static int64_t slice_w(const rsag_blk *b, int64_t c, int64_t j, int64_t w, int64_t *off)
+/* Elements of slice s0 + j of chunk c (0 past its end), and its tile offset. */
+static int64_t slice_of(const rsag_blk *b, int64_t c, int64_t j, int64_t *off)
 {
     uint32_t co, cl;
     chunk_of(b->n, b->ws, ((c % b->ws) + b->ws) % b->ws, &co, &cl);
-    int64_t len = kb_ccl_piece((int64_t)cl, w, j, off);
+    int64_t len = kb_ccl_piece((int64_t)cl, b->W, b->s0 + j, off);
     *off += (int64_t)co;
     return len;
 }
 
-/* The reduce-scatter's slices: one slot of f32 partial sums (S elements). */
-static int64_t slice_of(const rsag_blk *b, int64_t c, int64_t j, int64_t *off)
-{
-    return slice_w(b, c, j, b->S, off);
-}
-
 static kb_va tile_at(const rsag_blk *b, int64_t off) { return kb_ccl_elem_va(b->tile, off, b->dt); }
 
-/* Posts the receive of slice j of chunk c: a reduce-scatter slice into scratch in dt, or an
- * all-gather slice (one slot of the tile's dtype: W elements) into the tile. */
-static kb_ipcq_req *rsag_post(kb_tl *tl, const rsag_blk *b, int64_t c, int64_t j, kb_dtype dt,
-                              int into)
+/* Posts the receive of slice j of chunk c: a reduce-scatter slice read in place (a view of
+ * the slot), or an all-gather slice into the tile. */
+static kb_ipcq_req *rsag_post(kb_tl *tl, const rsag_blk *b, int64_t c, int64_t j, int into)
 {
-    int64_t off, len = slice_w(b, c, j, into ? b->W : b->S, &off);
+    int64_t off, len = slice_of(b, c, j, &off);
     if (!len)
         return NULL;
     return into ? tl_recv_into_async(tl, KB_DIR_W, tile_at(b, off), KB_SHAPE1(len), b->dt)
-                : tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), dt);
+                : tl_recv_view_async(tl, KB_DIR_W, KB_SHAPE1(len), b->dt);
+}
+
+/* The (step, slice) after (*s, *j) that the reduce-scatter combines (a non-empty slice of
+ * chunk r-s-1); 0 past the last step. */
+static int rsag_next(const rsag_blk *b, int64_t per, int64_t *s, int64_t *j)
+{
+    int64_t off;
+    for (;;) {
+        if (++*j == per) {
+            *j = 0;
+            ++*s;
+        }
+        if (*s + 1 >= b->ws)
+            return 0;
+        if (slice_of(b, b->r - *s - 1, *j, &off) != 0)
+            return 1;
+    }
+}
+
+/* Starts the load of the own slice j of step s (chunk r-s-1); its data are there at *ready. */
+static kb_val rsag_own(kb_tl *tl, const rsag_blk *b, int64_t s, int64_t j, int64_t *ready)
+{
+    int64_t off, len = slice_of(b, b->r - s - 1, j, &off);
+    return tl_load_async(tl, tile_at(b, off), KB_SHAPE1(len), b->dt, ready);
 }
 
 static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **rq)
 {
     int64_t ws = b->ws, r = b->r, off, len;
 
-    /* reduce-scatter: step 0 sends the rank's own chunk r raw; step s receives chunk
-     * r-s-1, reduces it and sends it on, until the last step holds chunk r+1 complete */
+    /* reduce-scatter: step 0 sends the rank's own chunk r; step s receives chunk r-s-1's
+     * partial, combines it with the own slice and sends it on, until the last step holds
+     * chunk r+1 complete */
     for (int64_t j = 0; j < per; j++)
-        rq[j] = rsag_post(tl, b, r - 1, j, b->dt, 0);
+        rq[j] = rsag_post(tl, b, r - 1, j, 0);
     for (int64_t j = 0; j < per; j++)
         if ((len = slice_of(b, r, j, &off)) != 0)
             tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), b->dt));
+    /* the own slice of the next (step, slice) is loaded while this one is combined: PE_DMA
+     * and PE_MATH work at once, as the all-gather's copy-out runs beside its send */
+    int64_t ns = 0, nj = -1, rdy, nrdy = 0;
+    kb_val nxt = { 0 };
+    if (rsag_next(b, per, &ns, &nj))
+        nxt = rsag_own(tl, b, ns, nj, &nrdy);
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = r - s - 1, last = s + 2 == ws;
         for (int64_t j = 0; j < per; j++) {
             if (!rq[j])
                 continue;
-            kb_val in = tl_wait(tl, rq[j]);
-            rq[j] = last ? NULL : rsag_post(tl, b, c - 1, j, KB_F32, 0); /* next step's */
             len = slice_of(b, c, j, &off);
-            kb_val own = tl_load(tl, tile_at(b, off), KB_SHAPE1(len), b->dt);
-            kb_val red = kb_ccl_combine(tl, b->op, own, in);
-            tl_free(tl, own);
-            tl_free(tl, in);
-            if (last) { /* chunk r+1 is complete */
+            kb_val own = nxt;
+            rdy = nrdy;
+            if (rsag_next(b, per, &ns, &nj))
+                nxt = rsag_own(tl, b, ns, nj, &nrdy);
+            kb_val in = tl_wait(tl, rq[j]), red;
+            tl_wait_time(tl, rdy);
+            if (last) { /* chunk r+1 is complete: f32, rounded once as it is stored */
+                red = kb_ccl_combine(tl, b->op, own, in);
+                tl_recv_release(tl, KB_DIR_W, in);
+                rq[j] = NULL;
                 red = kb_ccl_finish(tl, b->op, red, ws);
                 tl_store(tl, tile_at(b, off), red);
             } else {
+                red = kb_ccl_combine_as(tl, b->op, own, in, b->dt);
+                tl_recv_release(tl, KB_DIR_W, in);
+                rq[j] = rsag_post(tl, b, c - 1, j, 0); /* next step's */
                 tl_send(tl, KB_DIR_E, red);
             }
+            tl_free(tl, own);
             tl_free(tl, red);
         }
         /* slices the next chunk has beyond this one's (chunks differ by one element) */
         for (int64_t j = 0; !last && j < per; j++)
             if (!rq[j] && slice_of(b, c, j, &off) == 0)
-                rq[j] = rsag_post(tl, b, c - 1, j, KB_F32, 0);
+                rq[j] = rsag_post(tl, b, c - 1, j, 0);
     }
     /*
-     * All-gather in slices of a whole slot of the tile's dtype (W elements; f16: 2S, half
-     * the messages of the f32 slices): step 0 sends chunk r+1 and receives chunk r into the
-     * tile; step s forwards chunk r-s+1... slice by slice as it lands, but the last. It
-     * starts once the whole reduce-scatter is done (one chunk's bubble per block of ws chunks).
+     * All-gather in the same slices: step 0 sends chunk r+1 and receives chunk r into the
+     * tile; step s forwards chunk r-s+1 slice by slice as it lands, but the last. It starts
+     * once the block's reduce-scatter is done (one chunk's bubble per block).
      */
-    int64_t w = b->W, per2 = (per * b->S + w - 1) / w;
-    for (int64_t j = 0; j < per2; j++)
-        rq[j] = rsag_post(tl, b, r, j, b->dt, 1);
-    for (int64_t j = 0; j < per2; j++)
-        if ((len = slice_w(b, r + 1, j, w, &off)) != 0)
+    for (int64_t j = 0; j < per; j++)
+        rq[j] = rsag_post(tl, b, r, j, 1);
+    for (int64_t j = 0; j < per; j++)
+        if ((len = slice_of(b, r + 1, j, &off)) != 0)
             tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), b->dt));
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = r - s, last = s + 2 == ws;
-        for (int64_t j = 0; j < per2; j++) {
+        for (int64_t j = 0; j < per; j++) {
             if (!rq[j])
                 continue;
             (void)tl_wait(tl, rq[j]);
-            rq[j] = last ? NULL : rsag_post(tl, b, c - 1, j, b->dt, 1);
-            if (!last && (len = slice_w(b, c, j, w, &off)) != 0)
+            rq[j] = last ? NULL : rsag_post(tl, b, c - 1, j, 1);
+            if (!last && (len = slice_of(b, c, j, &off)) != 0)
                 tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), b->dt));
         }
-        for (int64_t j = 0; !last && j < per2; j++)
-            if (!rq[j] && slice_w(b, c, j, w, &off) == 0)
-                rq[j] = rsag_post(tl, b, c - 1, j, b->dt, 1);
+        for (int64_t j = 0; !last && j < per; j++)
+            if (!rq[j] && slice_of(b, c, j, &off) == 0)
+                rq[j] = rsag_post(tl, b, c - 1, j, 1);
     }
 }
 
@@ -304,22 +339,23 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
 static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine,
                           kb_dtype dt, int op)
 {
-    int64_t S = (int64_t)(tl_slot_size(tl, KB_DIR_E) / 4u); /* f32 elements per slot */
-    /* posted receives of one chunk: at most KB_CCL_STREAM_BYTES */
-    int64_t per = stream_per(tl_slot_size(tl, KB_DIR_E), 1);
+    uint64_t slot = tl_slot_size(tl, KB_DIR_E);
+    int64_t W = (int64_t)(slot / kb_dtype_size(dt)); /* elements per slice */
+    /* slices of a chunk per block: their scratch (a slice's own load and result) within
+     * KB_CCL_STREAM_BYTES */
+    int64_t per = stream_per(slot, 1);
+    /* step 0 sends a block's own slices before taking any in, and a neighbour holding its
+     * views while it sends takes in none of them: no more than the ring's window */
+    if (per > (int64_t)tl_slot_count(tl, KB_DIR_E))
+        per = (int64_t)tl_slot_count(tl, KB_DIR_E);
+    int64_t nsl = tl_cdiv(tl_cdiv(n, ws), W); /* slices of the longest chunk */
     kb_ipcq_req *rq[STREAM_MAX_SLICES];
 
-    /* a tile of one block whose chunks take fewer slices: loop over those only (the same
-     * block and messages; the slices past a chunk's end would all be empty) */
-    if (n <= ws * per * S && tl_cdiv(tl_cdiv(n, ws), S) < per)
-        per = tl_cdiv(tl_cdiv(n, ws), S);
-
-    /* blocks of ws chunks of per slices; the last block takes what is left */
-    int64_t blk = ws * per * S;
-    for (int64_t b0 = 0; b0 < n; b0 += blk) {
-        rsag_blk b = { n - b0 < blk ? n - b0 : blk, ws, r, S, kb_ccl_elem_va(mine, b0, dt),
-                       dt, op, (int64_t)(tl_slot_size(tl, KB_DIR_E) / kb_dtype_size(dt)) };
-        rsag_block(tl, &b, per, rq);
+    if (nsl < per)
+        per = nsl;
+    for (int64_t s0 = 0; s0 < nsl; s0 += per) {
+        rsag_blk b = { n, ws, r, mine, dt, op, W, s0 };
+        rsag_block(tl, &b, nsl - s0 < per ? nsl - s0 : per, rq);
     }
 }
 
@@ -337,7 +373,7 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
 
     /* the whole-tile path holds the tile in scratch: a tile past half of it streams too,
      * though its chunks fit a slot (8 MiB of f16 per rank on 256 ranks) */
-    if (ws >= 2 && ((uint64_t)((n + ws - 1) / ws) * 4u > tl_slot_size(tl, KB_DIR_E) ||
+    if (ws >= 2 && ((uint64_t)((n + ws - 1) / ws) * es > tl_slot_size(tl, KB_DIR_E) ||
                     (uint64_t)n * es > kb_ctx_machine(tl_ctx(tl))->cfg.scratch_size_bytes / 2u)) {
         rsag_streamed(tl, n, ws, r, mine, tdt, op);
         return;
@@ -353,7 +389,9 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
     /*
      * Reduce-scatter. Chunk c's running sum lives in `part` only while this rank holds it:
      * in step s the rank sends chunk (r - s) and receives chunk (r - s - 1), so the running
-     * sum received in one step is the one sent in the next. Step 0 sends the raw f16 chunk.
+     * sum received in one step is the one sent in the next. Step 0 sends the raw chunk; every
+     * partial travels in the tile's dtype (combined in f32, rounded as it is written), the
+     * last one is rounded once as it is stored.
      */
     kb_val part;
     chunk_of(n, ws, ((r % ws) + ws) % ws, &off, &len);
@@ -364,7 +402,7 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
         uint32_t slen = len;
         kb_val sent = part, in;
         chunk_of(n, ws, rc, &off, &len);
-        kb_dtype dt = s == 0 ? tdt : KB_F32;
+        kb_dtype dt = tdt;
         if (slen && len) {
             in = kb_ccl_sendrecv(tl, KB_DIR_E, sent, sent, KB_DIR_W, KB_SHAPE1(len), dt);
         } else {
@@ -378,7 +416,8 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
             }
             in = tl_recv(tl, KB_DIR_W, KB_SHAPE1(len), dt);
         }
-        part = combine_op(tl, op, kb_val_slice(tile, off, len), in, tile);
+        part = combine_op(tl, op, kb_val_slice(tile, off, len), in, tile,
+                          s + 2 == ws ? KB_F32 : tdt);
     }
     /* this rank now holds the full sum of chunk (r + 1) mod ws: store it, then all-gather */
     int64_t own = (r + 1) % ws;
@@ -798,28 +837,28 @@ static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
  * message, host reference, flags. */
 static const kb_ccl_algo_impl hello_send_algo = {
     "hello_send", "each rank sends its tile east and keeps what arrives from the west",
-    KB_COLL_SENDRECV, "ring_1d", hello_send, NULL, tile_f16, kb_ccl_ref_shift_east, KB_CCL_ANY_WORLD,
+    KB_COLL_SENDRECV, "ring_1d", hello_send, NULL, tile_f16, kb_ccl_ref_shift_east, KB_CCL_ANY_WORLD, NULL,
 };
 static const kb_ccl_algo_impl ring_algo = {
     "ring_allreduce", "ring all-reduce: p-1 rounds forwarding the last received tile",
-    KB_COLL_ALLREDUCE, "ring_1d", ring_allreduce, NULL, tile_f16, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD,
+    KB_COLL_ALLREDUCE, "ring_1d", ring_allreduce, NULL, tile_f16, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD, NULL,
 };
 static const kb_ccl_algo_impl rsag_algo = {
     "ring_rsag_allreduce", "bandwidth-optimal ring: reduce-scatter + all-gather, 2(p-1)/p of the data per rank",
-    KB_COLL_ALLREDUCE, "ring_1d", ring_rsag_allreduce, rsag_check, rsag_msg, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD | KB_CCL_TYPED,
+    KB_COLL_ALLREDUCE, "ring_1d", ring_rsag_allreduce, rsag_check, rsag_msg, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD | KB_CCL_TYPED, kb_ccl_ref_ring_allreduce,
 };
 static const kb_ccl_algo_impl mesh_algo = {
     "mesh_allreduce", "row ring (E/W) then column ring (N/S) on a square k x k world",
-    KB_COLL_ALLREDUCE, "mesh_2d", mesh_allreduce, mesh_check, tile_f32, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD,
+    KB_COLL_ALLREDUCE, "mesh_2d", mesh_allreduce, mesh_check, tile_f32, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD, NULL,
 };
 static const kb_ccl_algo_impl tree_algo = {
     "tree_allreduce", "binary tree: reduce to rank 0, broadcast back (any size the rank = PE layout takes)",
-    KB_COLL_ALLREDUCE, "tree_binary", tree_allreduce, NULL, tile_f32, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD,
+    KB_COLL_ALLREDUCE, "tree_binary", tree_allreduce, NULL, tile_f32, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD, NULL,
 };
 static const kb_ccl_algo_impl hierarchical_algo = {
     "hierarchical_allreduce", "3 levels: chains in each cube and across cubes, ring across SIPs",
     KB_COLL_ALLREDUCE, "hierarchical_3level", hierarchical_allreduce, NULL, tile_f32,
-    kb_ccl_ref_allreduce, 0,
+    kb_ccl_ref_allreduce, 0, NULL,
 };
 
 /* The rank = PE registry, in `kbcl list` order. An algorithm in a file of its own exports its

@@ -124,11 +124,24 @@ static void ring_allgather(kb_tl *tl, const kb_kargs *a)
 /* ---- ring reduce_scatter ---- */
 
 /*
- * One block of every chunk. Step s sends chunk r-s-1 (step 0: the raw f16 chunk from the
- * tile; later: the f32 partial sum just made) and receives chunk r-s-2's partial sum, adds
- * the own slice (loaded from the tile) and sends it on; the last step receives chunk r and
- * stores its total (NCCL's recvReduceSend, then recvReduceCopy).
+ * One block of every chunk, in slices of one slot of the tile's dtype. Step s sends chunk
+ * r-s-1 (step 0: the raw chunk from the tile; later: the partial result just made) and
+ * receives chunk r-s-2's partial; it loads the own slice (before the wait: the neighbour's
+ * slice is still on its way), combines it with the partial where that lies in the receive
+ * slot (a view), in f32 rounded to the dtype as it is written, hands the slot back and sends
+ * the result on; the last step receives chunk r and stores its total, rounded once (NCCL's
+ * recvReduceSend, then recvReduceCopy).
  */
+/* Starts the load of the own slice j of reduce-scatter step s (chunk r-s-2) of a block; its
+ * data are there at *ready. */
+static kb_val rs_own(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, int64_t b0,
+                     int64_t bl, int64_t S, kb_dtype dt, int64_t s, int64_t j, int64_t *ready)
+{
+    int64_t off, len = kb_ccl_piece(bl, S, j, &off);
+    return tl_load_async(tl, atd(tile, mod(r - s - 2, ws) * cnt + b0 + off, dt), KB_SHAPE1(len),
+                         dt, ready);
+}
+
 static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, int64_t b0,
                      int64_t bl, int64_t S, kb_dtype dt, int op)
 {
@@ -137,29 +150,39 @@ static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
 
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
-        rq[j] = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), dt);
+        rq[j] = tl_recv_view_async(tl, KB_DIR_W, KB_SHAPE1(len), dt);
     }
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
         tl_send(tl, KB_DIR_E, refd(tl, tile, mod(r - 1, ws) * cnt + b0 + off, len, dt));
     }
+    /* the own slice of the next (step, slice) is loaded while this one is combined: PE_DMA
+     * and PE_MATH work at once, as the all-gather's copy-out runs beside its send */
+    int64_t rdy, nrdy = 0;
+    kb_val nxt = rs_own(tl, tile, ws, r, cnt, b0, bl, S, dt, 0, 0, &nrdy);
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = mod(r - s - 2, ws), last = s + 2 == ws;
         for (int64_t j = 0; j < nsl; j++) {
             len = kb_ccl_piece(bl, S, j, &off);
-            kb_val in = tl_wait(tl, rq[j]);
-            if (!last)
-                rq[j] = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), KB_F32);
-            kb_val own = tl_load(tl, atd(tile, c * cnt + b0 + off, dt), KB_SHAPE1(len), dt);
-            kb_val red = kb_ccl_combine(tl, op, own, in);
-            tl_free(tl, own);
-            tl_free(tl, in);
+            kb_val own = nxt;
+            rdy = nrdy;
+            if (j + 1 < nsl || !last)
+                nxt = rs_own(tl, tile, ws, r, cnt, b0, bl, S, dt, j + 1 < nsl ? s : s + 1,
+                             j + 1 < nsl ? j + 1 : 0, &nrdy);
+            kb_val in = tl_wait(tl, rq[j]), red;
+            tl_wait_time(tl, rdy);
             if (last) {
+                red = kb_ccl_combine(tl, op, own, in);
+                tl_recv_release(tl, KB_DIR_W, in);
                 red = kb_ccl_finish(tl, op, red, ws);
                 tl_store(tl, atd(tile, c * cnt + b0 + off, dt), red);
             } else {
+                red = kb_ccl_combine_as(tl, op, own, in, dt);
+                tl_recv_release(tl, KB_DIR_W, in);
+                rq[j] = tl_recv_view_async(tl, KB_DIR_W, KB_SHAPE1(len), dt);
                 tl_send(tl, KB_DIR_E, red);
             }
+            tl_free(tl, own);
             tl_free(tl, red);
         }
     }
@@ -170,15 +193,19 @@ static void ring_reducescatter(kb_tl *tl, const kb_kargs *a)
     if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
         return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
-    int64_t cnt = n / ws, S = slice_elems(tl, 4);
-    int64_t blk = S * scratch_window(kb_ipcq_slot_size(tl_ctx(tl))), off, len;
-    kb_va tile = kb_ccl_my_tile(tl, a);
     kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+    int64_t cnt = n / ws, S = slice_elems(tl, (uint32_t)kb_dtype_size(dt));
+    /* slices per block: a scratch window of own loads and results, and no more than the
+     * ring's slots (step 0 sends them all before a neighbour, holding its views, takes any) */
+    int64_t w = scratch_window(kb_ipcq_slot_size(tl_ctx(tl))), off, len;
+    kb_va tile = kb_ccl_my_tile(tl, a);
     int op = (int)a->i[KB_CCL_ARG_OP];
 
     if (ws < 2) /* one rank: every op leaves the tile as it is (avg: x / 1) */
         return;
-    for (int64_t b = 0; (len = kb_ccl_piece(cnt, blk, b, &off)) != 0; b++)
+    if (w > (int64_t)tl_slot_count(tl, KB_DIR_E))
+        w = (int64_t)tl_slot_count(tl, KB_DIR_E);
+    for (int64_t b = 0; (len = kb_ccl_piece(cnt, S * w, b, &off)) != 0; b++)
         rs_block(tl, tile, ws, r, cnt, off, len, S, dt, op);
 }
 
@@ -297,7 +324,7 @@ static void tree_broadcast(kb_tl *tl, const kb_kargs *a)
  * scratch window ahead.
  */
 static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, const kb_dtype *dt,
-                        int nin, kb_dir out, kb_dtype tdt, int op, int64_t ws)
+                        int nin, kb_dir out, kb_dtype tdt, int op, int64_t ws, kb_dtype pdt)
 {
     uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
     int64_t S = slice_elems(tl, 4), nsl = (n + S - 1) / S, W = scratch_window(slot), off, len;
@@ -322,7 +349,9 @@ static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, cons
             int64_t xo, xl = kb_ccl_piece(n, S, j + W, &xo);
             if (xl)
                 rq[k][(j + W) % W] = tl_recv_async(tl, in[k], KB_SHAPE1(xl), dt[k]);
-            kb_val s = kb_ccl_combine(tl, op, acc, x);
+            /* the partial that goes on is written in pdt (the ring: the tile's dtype) */
+            kb_val s = k + 1 == nin && out != KB_NDIRS ? kb_ccl_combine_as(tl, op, acc, x, pdt)
+                                                       : kb_ccl_combine(tl, op, acc, x);
             tl_free(tl, acc);
             tl_free(tl, x);
             acc = s;
@@ -345,12 +374,12 @@ static void ring_reduce(kb_tl *tl, const kb_kargs *a)
     int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
     kb_dir w = KB_DIR_W;
     kb_dtype tdt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
-    kb_dtype dt = mod(v - 1, ws) == 1 ? tdt : KB_F32; /* what the west neighbour sends */
+    kb_dtype dt = tdt; /* what the west neighbour sends: raw or partial, in the tile's dtype */
 
     if (ws < 2) /* one rank: every op leaves the tile as it is (avg: x / 1) */
         return;
     reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], &w, &dt, v == 1 ? 0 : 1,
-                v == 0 ? KB_NDIRS : KB_DIR_E, tdt, (int)a->i[KB_CCL_ARG_OP], ws);
+                v == 0 ? KB_NDIRS : KB_DIR_E, tdt, (int)a->i[KB_CCL_ARG_OP], ws, tdt);
 }
 
 static void tree_reduce(kb_tl *tl, const kb_kargs *a)
@@ -371,7 +400,7 @@ static void tree_reduce(kb_tl *tl, const kb_kargs *a)
         dt[k] = 2 * c + 1 < ws ? KB_F32 : tdt;
     }
     reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], in, dt, nin,
-                v == 0 ? KB_NDIRS : KB_DIR_PARENT, tdt, (int)a->i[KB_CCL_ARG_OP], ws);
+                v == 0 ? KB_NDIRS : KB_DIR_PARENT, tdt, (int)a->i[KB_CCL_ARG_OP], ws, KB_F32);
 }
 
 /* ---- all_to_all ---- */
@@ -762,56 +791,56 @@ static uint64_t whole16(int64_t n, int ws) { (void)ws; return (uint64_t)n * 2u; 
 const kb_ccl_algo_impl kb_ccl_algo_ring_allgather = {
     "ring_allgather", "ring: p-1 steps forwarding the chunk received last, (p-1)/p of the buffer per rank",
     KB_COLL_ALLGATHER, "ring_1d", ring_allgather, ag_check, chunk16, kb_ccl_ref_allgather,
-    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED, NULL,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_reducescatter = {
     "ring_reducescatter", "ring: p-1 steps of receive, add the own chunk, send on; rank r keeps chunk r's sum",
-    KB_COLL_REDUCE_SCATTER, "ring_1d", ring_reducescatter, rs_check, chunk32,
+    KB_COLL_REDUCE_SCATTER, "ring_1d", ring_reducescatter, rs_check, chunk16,
     kb_ccl_ref_reduce_scatter,
-    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED, kb_ccl_ref_ring_reduce_scatter,
 };
 const kb_ccl_algo_impl kb_ccl_algo_p2p_sendrecv = {
     "p2p_sendrecv", "rank r sends its tile to r+1 and receives r-1's, slice by slice",
     KB_COLL_SENDRECV, "ring_1d", p2p_sendrecv, NULL, tile16, kb_ccl_ref_shift_east,
-    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED, NULL,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_broadcast = {
     "ring_broadcast", "pipelined chain from the root around the ring, slice by slice",
     KB_COLL_BROADCAST, "ring_1d", ring_broadcast, NULL, tile16, kb_ccl_ref_broadcast,
-    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED, NULL,
 };
 const kb_ccl_algo_impl kb_ccl_algo_ring_reduce = {
-    "ring_reduce", "pipelined chain around the ring ending at the root, f32 partial sums",
+    "ring_reduce", "pipelined chain around the ring ending at the root, partials in the tile's dtype",
     KB_COLL_REDUCE, "ring_1d", ring_reduce, NULL, tile32, kb_ccl_ref_reduce,
-    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED, kb_ccl_ref_ring_reduce,
 };
 const kb_ccl_algo_impl kb_ccl_algo_tree_broadcast = {
     "tree_broadcast", "pipelined binary tree hanging from the root, slice by slice",
     KB_COLL_BROADCAST, "tree_binary", tree_broadcast, NULL, tile16, kb_ccl_ref_broadcast,
-    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED, NULL,
 };
 const kb_ccl_algo_impl kb_ccl_algo_tree_reduce = {
     "tree_reduce", "pipelined binary tree: f32 partial sums flow up to the root",
     KB_COLL_REDUCE, "tree_binary", tree_reduce, NULL, tile32, kb_ccl_ref_reduce,
-    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED, NULL,
 };
 const kb_ccl_algo_impl kb_ccl_algo_pairwise_alltoall = {
     "pairwise_alltoall", "ws-1 pairwise chunk swaps over a full mesh (world size <= 12)",
     KB_COLL_ALLTOALL, "full_mesh", pairwise_alltoall, a2a_check, chunk16, kb_ccl_ref_alltoall,
-    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED, NULL,
 };
 const kb_ccl_algo_impl kb_ccl_algo_rh_reducescatter = {
     "rh_reducescatter", "recursive halving (MPI's fold for any world size): log2(p) exchanges of halving ranges, f32 sums",
     KB_COLL_REDUCE_SCATTER, "hypercube", rh_reducescatter, rh_check, chunk32,
-    kb_ccl_ref_reduce_scatter, KB_CCL_ANY_WORLD,
+    kb_ccl_ref_reduce_scatter, KB_CCL_ANY_WORLD, NULL,
 };
 const kb_ccl_algo_impl kb_ccl_algo_rhd_allreduce = {
     "rhd_allreduce", "recursive halving-doubling (Rabenseifner; MPI's fold for any world size): rh reduce-scatter + rd all-gather",
     KB_COLL_ALLREDUCE, "hypercube", rhd_allreduce, rhd_check, rhd_msg, kb_ccl_ref_allreduce,
-    KB_CCL_ANY_WORLD,
+    KB_CCL_ANY_WORLD, NULL,
 };
 const kb_ccl_algo_impl kb_ccl_algo_rd_allgather = {
     "rd_allgather", "recursive doubling (MPI's fold for any world size): log2(p) exchanges of doubling blocks",
     KB_COLL_ALLGATHER, "hypercube", rd_allgather, rd_check, whole16, kb_ccl_ref_allgather,
-    KB_CCL_ANY_WORLD | KB_CCL_TYPED,
+    KB_CCL_ANY_WORLD | KB_CCL_TYPED, NULL,
 };

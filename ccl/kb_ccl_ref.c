@@ -203,6 +203,92 @@ void kb_ccl_ref_op(kb_coll_kind kind, int op, const float *in, int ws, int64_t n
     }
 }
 
+/* ---- order-emulating references (kb_ccl_ref_ord_fn) ---- */
+
+/* v rounded to dt as the kernel writes it (f32: as is). */
+static float round_dt(kb_dtype dt, float v)
+{
+    if (dt == KB_F16)
+        return kb_f16_to_f32(kb_f32_to_f16(v));
+    if (dt == KB_BF16)
+        return kb_bf16_to_f32(kb_f32_to_bf16(v));
+    return v;
+}
+
+/* One combine in f32, as kb_ccl_combine computes it (the replay's kb_mf_* operations on
+ * these values: an f32 add or multiply rounds to nearest even in C as on the devices; max
+ * and min order -0 below +0). */
+static float combine_f32(int op, float a, float x)
+{
+    switch (op) {
+    case KB_CCL_OP_PROD:
+        return a * x;
+    case KB_CCL_OP_MAX:
+        return x > a || (x == a && signbit(a) && !signbit(x)) ? x : a;
+    case KB_CCL_OP_MIN:
+        return x < a || (x == a && !signbit(a) && signbit(x)) ? x : a;
+    default:
+        return a + x;
+    }
+}
+
+/* A ring's chain over the ws values in[q * stride] starting at rank `start`: start's value,
+ * then each next rank's combined in, rounded to dt after every hop but the last; avg: the
+ * sum / ws. */
+static double ring_chain(const float *in, int ws, size_t stride, int start, kb_dtype dt, int op)
+{
+    float acc = in[(size_t)start * stride];
+    for (int k = 1; k < ws; k++) {
+        float v = combine_f32(op, acc, in[(size_t)((start + k) % ws) * stride]);
+        acc = k + 1 < ws ? round_dt(dt, v) : v;
+    }
+    return op == KB_CCL_OP_AVG ? (double)acc / ws : (double)acc;
+}
+
+/* The chunk (kb_ccl_chunk) of n elements in ws chunks that holds element i. */
+static int chunk_index(int64_t n, int ws, int64_t i)
+{
+    int64_t base = n / ws, extra = n % ws, split = extra * (base + 1);
+    return (int)(i < split ? i / (base + 1) : extra + (i - split) / base);
+}
+
+void kb_ccl_ref_ring_allreduce(const float *in, int ws, int64_t n, int64_t i0, int64_t nb,
+                               kb_dtype dt, int op, double *out)
+{
+    for (int64_t j = 0; j < nb; j++) {
+        double v = ring_chain(in + j, ws, (size_t)nb, chunk_index(n, ws, i0 + j), dt, op);
+        for (int r = 0; r < ws; r++)
+            out[(size_t)r * (size_t)nb + (size_t)j] = v;
+    }
+}
+
+void kb_ccl_ref_ring_reduce_scatter(const float *in, int ws, int64_t n, int64_t i0,
+                                    int64_t nb, kb_dtype dt, int op, double *out)
+{
+    int64_t cnt = count_of(ws, n);
+    assert(i0 == 0 && nb == n); /* not position-wise: the whole tiles */
+    (void)i0;
+    (void)nb;
+    for (size_t k = 0; k < (size_t)ws * (size_t)n; k++)
+        out[k] = in[k];
+    for (int r = 0; r < ws; r++)
+        for (int64_t i = 0; i < cnt; i++) {
+            size_t j = (size_t)r * (size_t)cnt + (size_t)i;
+            out[(size_t)r * (size_t)n + j] = ring_chain(in + j, ws, (size_t)n, (r + 1) % ws, dt, op);
+        }
+}
+
+void kb_ccl_ref_ring_reduce(const float *in, int ws, int64_t n, int64_t i0, int64_t nb,
+                            kb_dtype dt, int op, double *out)
+{
+    (void)n;
+    (void)i0;
+    for (size_t k = 0; k < (size_t)ws * (size_t)nb; k++)
+        out[k] = in[k];
+    for (int64_t j = 0; j < nb; j++) /* the chain 1, 2, ..., ws-1, 0 ends at the root */
+        out[j] = ring_chain(in + j, ws, (size_t)nb, ws > 1 ? 1 : 0, dt, op);
+}
+
 void kb_ccl_ref_shift_east(const float *in, int ws, int64_t n, double *out)
 {
     for (int r = 0; r < ws; r++) {
@@ -547,8 +633,8 @@ static void run_ref(kb_ccl_ref_fn ref, kb_coll_kind kind, int op, const float *i
 }
 
 static int verify_whole(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn ref,
-                        kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
-                        double acc_bound, kb_ccl_verdict *v)
+                        kb_ccl_ref_ord_fn ord, kb_coll_kind kind, uint32_t seed, int ntiles,
+                        int64_t n, int root, double acc_bound, kb_ccl_verdict *v)
 {
     size_t total = (size_t)ntiles * (size_t)n;
     float *in = malloc((total ? total : 1) * sizeof *in);
@@ -559,7 +645,10 @@ static int verify_whole(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn ref,
         for (int t = 0; t < ntiles; t++)
             kb_ccl_input_op_span(in + (size_t)rot(t, root, ntiles) * (size_t)n, seed, op, dt,
                                  ntiles, t, 0, n, n);
-        run_ref(ref, kind, op, in, ntiles, n, want);
+        if (ord)
+            ord(in, ntiles, n, 0, n, dt, op, want);
+        else
+            run_ref(ref, kind, op, in, ntiles, n, want);
         for (int t = 0; root && t < ntiles; t++)
             memcpy(rw + (size_t)t * (size_t)n, want + (size_t)rot(t, root, ntiles) * (size_t)n,
                    (size_t)n * sizeof *rw);
@@ -592,6 +681,7 @@ typedef struct vshared {
     size_t es;
     const void *raw;
     kb_ccl_ref_fn ref;
+    kb_ccl_ref_ord_fn ord; /* replaces ref when set (f16 sum: op and dt are fixed) */
     uint32_t seed;
     int ntiles, root, same;
     int64_t n, B;
@@ -688,7 +778,10 @@ static void *verify_blocks(void *arg)
             }
             continue;
         }
-        sh->ref(in, ntiles, nb, out);
+        if (sh->ord)
+            sh->ord(in, ntiles, n, i0, nb, KB_F16, KB_CCL_OP_SUM, out);
+        else
+            sh->ref(in, ntiles, nb, out);
         for (int t = 0; t < ntiles; t++) {
             tile_verdict *a = &w->tv[t];
             for (int64_t j = 0; j < nb; j++) {
@@ -757,9 +850,9 @@ static void tiles_verdict(const tile_verdict *tv, int ntiles, kb_ccl_verdict *v)
  * blocks over threads, an all-reduce's column reference once, f16 results compared as bits.
  * Same verdict as the general loop of kb_ccl_verify_inputs_op.
  */
-static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_coll_kind kind,
-                          uint32_t seed, int ntiles, int64_t n, int root, double acc_bound,
-                          kb_ccl_verdict *v)
+static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_ccl_ref_ord_fn ord,
+                          kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
+                          double acc_bound, kb_ccl_verdict *v)
 {
     (void)kind; /* position-wise: the caller checked */
     size_t es = kb_dtype_size(dt), total = (size_t)ntiles * (size_t)n;
@@ -771,7 +864,7 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_co
         B = n > 0 ? n : 1;
     /* An all-reduce's reference is the same for every tile: each column's sum, rounding and
      * bound once, then per element only its load and comparison. */
-    int same = ref == kb_ccl_ref_allreduce;
+    int same = ref == kb_ccl_ref_allreduce && !ord;
     int64_t blocks = n > 0 ? (n + B - 1) / B : 0;
     int nth = verify_threads(total, blocks);
     tile_verdict *tv = malloc((size_t)(ntiles > 0 ? ntiles : 1) * (size_t)nth * sizeof *tv);
@@ -801,7 +894,7 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_co
     }
     /* Column blocks split over workers in order; their parts are merged in that order, which
      * gives what one pass over the blocks gives, whatever the number of workers. */
-    vshared sh = { dt, es, raw, ref, seed, ntiles, root, same, n, B, acc_bound, lut, lq, wraw };
+    vshared sh = { dt, es, raw, ref, ord, seed, ntiles, root, same, n, B, acc_bound, lut, lq, wraw };
     for (int i = 0; i < nth; i++) {
         wk[i].sh = &sh;
         wk[i].c0 = blocks * i / nth * B;
@@ -881,12 +974,20 @@ int kb_ccl_verify_inputs_op(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn 
                             kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
                             double acc_bound, kb_ccl_verdict *v)
 {
+    return kb_ccl_verify_inputs_ord(dt, op, raw, ref, NULL, kind, seed, ntiles, n, root,
+                                    acc_bound, v);
+}
+
+int kb_ccl_verify_inputs_ord(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn ref,
+                             kb_ccl_ref_ord_fn ord, kb_coll_kind kind, uint32_t seed, int ntiles,
+                             int64_t n, int root, double acc_bound, kb_ccl_verdict *v)
+{
     size_t es = kb_dtype_size(dt), total = (size_t)ntiles * (size_t)n;
     int64_t B = (int64_t)(KB_CCL_VERIFY_BLOCK / (ntiles > 0 ? (size_t)ntiles : 1));
     if (!kb_ccl_positionwise(kind))
-        return verify_whole(dt, op, raw, ref, kind, seed, ntiles, n, root, acc_bound, v);
+        return verify_whole(dt, op, raw, ref, ord, kind, seed, ntiles, n, root, acc_bound, v);
     if (op == KB_CCL_OP_SUM && dt == KB_F16)
-        return verify_sum_f16(dt, raw, ref, kind, seed, ntiles, n, root, acc_bound, v);
+        return verify_sum_f16(dt, raw, ref, ord, kind, seed, ntiles, n, root, acc_bound, v);
     assert(root >= 0 && (root == 0 || root < ntiles));
     if (B < 64)
         B = 64;
@@ -908,7 +1009,10 @@ int kb_ccl_verify_inputs_op(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn 
         for (int t = 0; t < ntiles; t++)
             kb_ccl_input_op_span(in + (size_t)rot(t, root, ntiles) * (size_t)nb, seed, op, dt,
                                  ntiles, t, i0, nb, n);
-        run_ref(ref, kind, op, in, ntiles, nb, out);
+        if (ord)
+            ord(in, ntiles, n, i0, nb, dt, op, out);
+        else
+            run_ref(ref, kind, op, in, ntiles, nb, out);
         for (int t = 0; t < ntiles; t++) {
             tile_verdict *a = &tv[t];
             for (int64_t j = 0; j < nb; j++) {

@@ -68,6 +68,12 @@ typedef struct qp {
     uint8_t rx_dir;
     pe_state *owner;
     struct ipcq_sys *sys;
+    /* views (tl_recv_view_async): slots are credited in order, so while a view holds slot
+     * seq, later slots' credits wait in cr_defer[seq % n_slots] (-1: not yet known) until
+     * the view is released; cr_next is the seq of the next credit to send. NULL until the
+     * queue pair's first view. */
+    kb_time *cr_defer;
+    uint64_t cr_next;
 } qp;
 
 /*
@@ -120,6 +126,7 @@ struct kb_ipcq_req {
     uint32_t rows, cols; /* this chunk's shape (a whole one-chunk message keeps its own) */
     uint8_t dt, dst_dt;  /* kb_dtype of the message and of the destination */
     uint8_t done;        /* head: every copy-out is issued (the last ends at t_done) */
+    uint8_t view;        /* a view: the slot is read in place, credited at tl_recv_release */
     uint32_t left;       /* head: chunks not yet copied out */
     uint64_t nbytes, seq;
     kb_time t_post;
@@ -224,6 +231,8 @@ static void free_pe_state(ipcq_sys *sys, pe_state *ps)
             free(q->slot_bytes);
         if (q->cr_t != q->cr_inl)
             free(q->cr_t);
+        free(q->cr_defer);
+        q->cr_defer = NULL;
     }
     ps->pe->ipcq_state = NULL;
     ps->pe->ipcq_wired = 0;
@@ -872,6 +881,46 @@ static KB_COLD void recv_size_mismatch(kb_ctx *ctx, qp *q, const kb_ipcq_req *r,
     kb_ctx_fail(ctx, KB_ERR_INVAL);
 }
 
+static KB_COLD void credit_fail(qp *q)
+{
+    kb_ctx *ctx = q->sys->ctx;
+    kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "IPCQ: a credit from sip%u/cube%u/pe%u %s found "
+               "no sending queue", q->owner->pe->gsip, q->owner->pe->cube, q->owner->pe->pe,
+               dir_names[q->dir]);
+    kb_ctx_fail(ctx, KB_ERR_STATE);
+}
+
+/*
+ * Slot seq is free from t on (its credit reaches the sender then). Slots are credited in
+ * order: on a queue pair that never had a view this is the credit itself, as it always was;
+ * with no view held it is sent at once too; behind a held view it waits in cr_defer, and the release of the view sends every credit that is then known, each
+ * no earlier than the one before it. 0, or the context has failed.
+ */
+static int credit_free(qp *q, uint64_t seq, kb_time t)
+{
+    kb_sim *sim = kb_ctx_sim(q->sys->ctx);
+    if (!q->cr_defer) {
+        if (credit_send(sim, q->cred_q, seq, t) != 0) {
+            credit_fail(q);
+            return -1;
+        }
+        return 0;
+    }
+    q->cr_defer[seq % q->rx_n_slots] = t;
+    kb_time prev = 0;
+    while (q->cr_next < q->my_tail && q->cr_defer[q->cr_next % q->rx_n_slots] >= 0) {
+        kb_time at = q->cr_defer[q->cr_next % q->rx_n_slots];
+        prev = at > prev ? at : prev;
+        q->cr_defer[q->cr_next % q->rx_n_slots] = -1;
+        if (credit_send(sim, q->cred_q, q->cr_next, prev) != 0) {
+            credit_fail(q);
+            return -1;
+        }
+        q->cr_next++;
+    }
+    return 0;
+}
+
 /* Starts the copy-out of every posted receive whose data has arrived. */
 static void progress(qp *q)
 {
@@ -893,6 +942,16 @@ static void progress(qp *q)
         kb_time t_start, t_end;
         r->seq = q->my_tail++;
         assert(q->my_tail <= q->peer_head_cache);
+        if (r->view) { /* no copy: the value is the slot, held until tl_recv_release */
+            r->val.pa = slot;
+            r->t_done = t0;
+            r->done = 1;
+            r->left = 0;
+            q->cr_defer[r->seq % q->rx_n_slots] = -1;
+            if (r->waiter)
+                kb_fiber_wake_at(kb_ctx_sim(ctx), r->waiter, t0);
+            continue;
+        }
         int rc = kb_machine_dma(kb_ctx_machine(ctx), q->rx_pe, slot, r->dst, r->nbytes, t0, &t_start,
                                 &t_end, NULL);
         assert(rc == 0); /* both ends were validated when the receive was posted */
@@ -911,13 +970,8 @@ static void progress(qp *q)
             kb_ctx_fail(ctx, KB_ERR_NOMEM);
             return;
         }
-        if (credit_send(kb_ctx_sim(ctx), q->cred_q, r->seq, t_end + q->credit_delay) != 0) {
-            kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "IPCQ: a credit from sip%u/cube%u/pe%u %s found "
-                       "no sending queue", q->owner->pe->gsip, q->owner->pe->cube,
-                       q->owner->pe->pe, dir_names[q->dir]);
-            kb_ctx_fail(ctx, KB_ERR_STATE);
+        if (credit_free(q, r->seq, t_end + q->credit_delay) != 0)
             return;
-        }
         if (last && h->waiter)
             kb_fiber_wake_at(kb_ctx_sim(ctx), h->waiter, h->t_done);
     }
@@ -1066,7 +1120,7 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
 
 /* sync: the caller waits right away, so the posting overhead is folded into that wait */
 static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int into, kb_va va,
-                         const char *op, int sync)
+                         const char *op, int sync, int view)
 {
     qp *q = wired_qp(tl, dir, op);
     ipcq_sys *sys = q->sys;
@@ -1088,6 +1142,7 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
     r->seq = 0;
     r->t_done = 0;
     r->done = 0;
+    r->view = 0;
     r->left = 1;
     r->waiter = NULL;
     r->head = r;
@@ -1099,6 +1154,25 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
         r->dst_dt = t ? kb_tensor_dtype(t) : dt;
         r->dst = kb_tl_translate(tl, va, n * kb_dtype_size(r->dst_dt), op, NULL);
         r->val = (kb_val){ 0 };
+    } else if (view && nbytes <= q->rx_slot_size &&
+               kb_pa_in_pe_window(q->my_rx_base, kb_pa_pe_window(tl_pe(tl)->gsip,
+                                                                tl_pe(tl)->cube, tl_pe(tl)->pe))) {
+        /* a view: the value will be the slot itself (progress sets its pa) */
+        if (!q->cr_defer) {
+            q->cr_defer = malloc((size_t)q->rx_n_slots * sizeof *q->cr_defer);
+            if (!q->cr_defer)
+                tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+            for (uint32_t k = 0; k < q->rx_n_slots; k++)
+                q->cr_defer[k] = -1;
+            q->cr_next = q->my_tail;
+        }
+        r->view = 1;
+        r->dst = 0;
+        r->val = (kb_val){ 0 };
+        r->val.rows = s.rows;
+        r->val.cols = s.cols;
+        r->val.dtype = (uint8_t)dt;
+        r->dst_dt = dt;
     } else {
         /* filled in place: copying a returned kb_val costs a store-forwarding stall */
         r->dst = kb_tl_scratch_alloc(tl, nbytes, op);
@@ -1154,12 +1228,35 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
 
 kb_ipcq_req *tl_recv_async(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt)
 {
-    return post(tl, dir, s, dt, 0, 0, "tl_recv_async", 0);
+    return post(tl, dir, s, dt, 0, 0, "tl_recv_async", 0, 0);
+}
+
+kb_ipcq_req *tl_recv_view_async(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt)
+{
+    return post(tl, dir, s, dt, 0, 0, "tl_recv_view_async", 0, 1);
+}
+
+void tl_recv_release(kb_tl *tl, kb_dir dir, kb_val v)
+{
+    if (v.scratch) { /* a view that fell back to a copy */
+        tl_free(tl, v);
+        return;
+    }
+    qp *q = wired_qp(tl, dir, "tl_recv_release");
+    if (!q->cr_defer || q->cr_next >= q->my_tail ||
+        q->my_rx_base + (q->cr_next % q->rx_n_slots) * q->rx_slot_size != v.pa ||
+        q->cr_defer[q->cr_next % q->rx_n_slots] >= 0)
+        tl_fail(tl, KB_ERR_INVAL, "tl_recv_release %s: the value is not the oldest held view "
+                "of this direction (views are released in the order they were received)",
+                dir_names[dir]);
+    /* the slot is free once the kernel's reads of it are done, i.e. now */
+    if (credit_free(q, q->cr_next, kb_sim_now(kb_ctx_sim(tl_ctx(tl))) + q->credit_delay) != 0)
+        tl_fail(tl, KB_ERR_STATE, "tl_recv_release: %s", kb_ctx_err(tl_ctx(tl))->msg);
 }
 
 kb_ipcq_req *tl_recv_into_async(kb_tl *tl, kb_dir dir, kb_va va, kb_shape s, kb_dtype dt)
 {
-    return post(tl, dir, s, dt, 1, va, "tl_recv_into_async", 0);
+    return post(tl, dir, s, dt, 1, va, "tl_recv_into_async", 0, 0);
 }
 
 kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
@@ -1198,6 +1295,11 @@ uint64_t tl_slot_size(kb_tl *tl, kb_dir d)
     return wired_qp(tl, d, "tl_slot_size")->slot_size;
 }
 
+uint32_t tl_slot_count(kb_tl *tl, kb_dir d)
+{
+    return wired_qp(tl, d, "tl_slot_count")->n_slots;
+}
+
 void kb_ipcq_counts(kb_ctx *ctx, uint64_t *msgs, uint64_t *chunks)
 {
     const ipcq_sys *sys = sys_of(ctx);
@@ -1219,10 +1321,10 @@ uint64_t kb_ipcq_slot_size(kb_ctx *ctx)
 
 kb_val tl_recv(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt)
 {
-    return tl_wait(tl, post(tl, dir, s, dt, 0, 0, "tl_recv", 1));
+    return tl_wait(tl, post(tl, dir, s, dt, 0, 0, "tl_recv", 1, 0));
 }
 
 void tl_recv_into(kb_tl *tl, kb_dir dir, kb_va va, kb_shape s, kb_dtype dt)
 {
-    tl_wait(tl, post(tl, dir, s, dt, 1, va, "tl_recv_into", 1));
+    tl_wait(tl, post(tl, dir, s, dt, 1, va, "tl_recv_into", 1, 0));
 }

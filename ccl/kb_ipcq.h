@@ -85,6 +85,10 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
 /* Bytes per slot of the queue pair on direction d of the kernel's PE (stops the run when d
  * is not wired): a message longer than this travels as several chunks. */
 uint64_t tl_slot_size(kb_tl *tl, kb_dir d);
+/* Slots of the peer's ring that a send on d may fill ahead of the peer's receives (n_slots):
+ * a kernel that holds received slots (views) while it sends must not send more than this
+ * ahead of what its neighbour can take in without it. */
+uint32_t tl_slot_count(kb_tl *tl, kb_dir d);
 
 /* The context's slot size (one IPCQ configuration per context), 0 before any install: what a
  * ring step compares its messages with, without a direction lookup. */
@@ -119,5 +123,16 @@ kb_ipcq_req *tl_recv_async(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt);
 /* The same, straight into the tensor memory at va; tl_wait returns an empty value. */
 kb_ipcq_req *tl_recv_into_async(kb_tl *tl, kb_dir dir, kb_va va, kb_shape s, kb_dtype dt);
 kb_val tl_wait(kb_tl *tl, kb_ipcq_req *req);
+/*
+ * A receive read in place: when the message fits one slot and the ring is in this PE's own
+ * TCM, tl_wait returns a value that IS the receive slot (no copy-out: the wait ends when the
+ * data are there, at max(post, arrival)), and the slot stays the kernel's until
+ * tl_recv_release hands it back (its credit leaves then). Compute ops read it like any local
+ * value; never tl_free it, and release a direction's views in the order they were received.
+ * Otherwise (a longer message, a ring in HBM or SRAM) it is tl_recv_async, and
+ * tl_recv_release frees the copy. What NCCL's reduce-from-the-receive-buffer is here.
+ */
+kb_ipcq_req *tl_recv_view_async(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt);
+void tl_recv_release(kb_tl *tl, kb_dir dir, kb_val v);
 
 #endif

@@ -371,8 +371,10 @@ static void need_local(kb_tl *tl, kb_val v, const char *op)
         not_local(tl, v, op);
 }
 
+/* copy: 0 a reference (no DMA), 1 a load the kernel waits for, 2 a load it does not wait for
+ * (the data are there at *ready) */
 static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt,
-                          const char *op, int copy)
+                          const char *op, int copy, kb_time *ready)
 {
     uint64_t bytes = (uint64_t)s.rows * s.cols * kb_dtype_size(dt);
     kb_tensor *t;
@@ -413,28 +415,40 @@ static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype
     r.src[0] = kb_opnd_make(src, s.rows, s.cols, dt);
     r.src[0].ld = ld;
     kb_tl_record(tl, &r);
+    if (copy == 2) {
+        *ready = r.t_end;
+        kb_tl_wait_until(tl, issue_time(tl));
+        return v;
+    }
     kb_tl_wait_until(tl, r.t_end);
     return v;
 }
 
+void tl_wait_time(kb_tl *tl, int64_t t) { kb_tl_wait_until(tl, (kb_time)t); }
+
+kb_val tl_load_async(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, int64_t *ready)
+{
+    return load_common(tl, va, s, s.cols, dt, "tl_load_async", 2, ready);
+}
+
 kb_val tl_load(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt)
 {
-    return load_common(tl, va, s, s.cols, dt, "tl_load", 1);
+    return load_common(tl, va, s, s.cols, dt, "tl_load", 1, NULL);
 }
 
 kb_val tl_ref(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt)
 {
-    return load_common(tl, va, s, s.cols, dt, "tl_ref", 0);
+    return load_common(tl, va, s, s.cols, dt, "tl_ref", 0, NULL);
 }
 
 kb_val tl_load2d(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt)
 {
-    return load_common(tl, va, s, ld, dt, "tl_load2d", 1);
+    return load_common(tl, va, s, ld, dt, "tl_load2d", 1, NULL);
 }
 
 kb_val tl_ref2d(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt)
 {
-    return load_common(tl, va, s, ld, dt, "tl_ref2d", 0);
+    return load_common(tl, va, s, ld, dt, "tl_ref2d", 0, NULL);
 }
 
 /*
@@ -517,8 +531,10 @@ static KB_NOINLINE void record_elementwise(kb_tl *tl, kb_rec_kind kind, int op, 
     kb_tl_record(tl, &r);
 }
 
-static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
-                          float imm0, float imm1, const char *name)
+/* out: the result's dtype (f32 for every op but tl_binary_as: the unit rounds on writeback,
+ * within the same pass). */
+static kb_val elementwise_as(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
+                             float imm0, float imm1, kb_dtype out, const char *name)
 {
     uint32_t rows = src[0].rows, cols = src[0].cols;
     kb_time t_start, t_end;
@@ -529,13 +545,19 @@ static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src
         rows = bcast_dim(tl, rows, src[i].rows, name);
         cols = bcast_dim(tl, cols, src[i].cols, name);
     }
-    v = kb_tl_scratch_val(tl, rows, cols, KB_F32, name);
+    v = kb_tl_scratch_val(tl, rows, cols, out, name);
     t_start = issue_time(tl);
     t_end = math_time(tl, (uint64_t)rows * cols, 1);
     if (kb_ctx_records(tl->ctx))
         record_elementwise(tl, kind, op, src, nsrc, imm0, imm1, v, t_start, t_end);
     kb_tl_wait_until(tl, t_end);
     return v;
+}
+
+static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
+                          float imm0, float imm1, const char *name)
+{
+    return elementwise_as(tl, kind, op, src, nsrc, imm0, imm1, KB_F32, name);
 }
 
 #define KB_TL_BINARY(fn, opc)                                                  \
@@ -550,6 +572,19 @@ KB_TL_BINARY(tl_mul, KB_M2_MUL)
 KB_TL_BINARY(tl_div, KB_M2_DIV)
 KB_TL_BINARY(tl_maximum, KB_M2_MAX)
 KB_TL_BINARY(tl_minimum, KB_M2_MIN)
+
+kb_val tl_binary_as(kb_tl *tl, kb_binop op, kb_val a, kb_val b, kb_dtype dt)
+{
+    static const int opc[] = { [KB_BIN_ADD] = KB_M2_ADD, [KB_BIN_MUL] = KB_M2_MUL,
+                               [KB_BIN_MAX] = KB_M2_MAX, [KB_BIN_MIN] = KB_M2_MIN };
+    kb_val s[2] = { a, b };
+    if ((unsigned)op > KB_BIN_MIN)
+        tl_fail(tl, KB_ERR_INVAL, "tl_binary_as: unknown op %d", (int)op);
+    if (dt != KB_F32 && dt != KB_F16 && dt != KB_BF16)
+        tl_fail(tl, KB_ERR_INVAL, "tl_binary_as: result dtype %s is not f32, f16 or bf16",
+                kb_dtype_name(dt));
+    return elementwise_as(tl, KB_REC_MATH2, opc[op], s, 2, 0.0f, 0.0f, dt, "tl_binary_as");
+}
 
 #define KB_TL_UNARY(fn, opc)                                                   \
     kb_val fn(kb_tl *tl, kb_val a)                                             \

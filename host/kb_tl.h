@@ -58,6 +58,12 @@ int tl_num_programs(kb_tl *tl, int axis);
 
 kb_val tl_load(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt);
 kb_val tl_ref(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt);
+/* tl_load whose DMA the kernel does not wait for: the call returns after its issue cost, and
+ * the value's data are there at *ready (simulated ps). Before an op reads the value the kernel
+ * waits until then (tl_wait_time), so a load can run on PE_DMA while PE_MATH computes. */
+kb_val tl_load_async(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, int64_t *ready);
+/* Sleeps until simulated time t (ps) if it is in the future. */
+void tl_wait_time(kb_tl *tl, int64_t t);
 /* Stores v at va, converting to the destination tensor's dtype. */
 void tl_store(kb_tl *tl, kb_va va, kb_val v);
 
@@ -95,6 +101,14 @@ kb_val tl_mul(kb_tl *tl, kb_val a, kb_val b);
 kb_val tl_div(kb_tl *tl, kb_val a, kb_val b);
 kb_val tl_maximum(kb_tl *tl, kb_val a, kb_val b);
 kb_val tl_minimum(kb_tl *tl, kb_val a, kb_val b);
+/*
+ * a op b computed in f32 as tl_add/tl_mul/tl_maximum/tl_minimum do, with the result written
+ * in dtype dt (f32, f16 or bf16; rounded to nearest even as it is written): one PE_MATH pass,
+ * the same time as the f32 form. What a reduction that forwards its partial results in the
+ * buffer's dtype uses (the collectives' ring reduce-scatter).
+ */
+typedef enum kb_binop { KB_BIN_ADD = 0, KB_BIN_MUL, KB_BIN_MAX, KB_BIN_MIN } kb_binop;
+kb_val tl_binary_as(kb_tl *tl, kb_binop op, kb_val a, kb_val b, kb_dtype dt);
 
 kb_val tl_exp(kb_tl *tl, kb_val a);
 kb_val tl_log(kb_tl *tl, kb_val a);

@@ -42,7 +42,7 @@ static const kb_ccl_algo_impl algo = {
 #else
     "never_registered",
 #endif
-    "test entry", KB_COLL_ALLREDUCE, "ring_1d", nothing, NULL, msg, kb_ccl_ref_allreduce, 0,
+    "test entry", KB_COLL_ALLREDUCE, "ring_1d", nothing, NULL, msg, kb_ccl_ref_allreduce, 0, NULL,
 };
 #endif
 

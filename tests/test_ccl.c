@@ -483,7 +483,7 @@ static uint64_t shift_msg(int64_t n, int ws)
 
 static const kb_ccl_algo_impl shift_any_impl = {
     "shift_any", "test: shift east on any world", KB_COLL_SENDRECV, "ring_1d", shift_any, NULL,
-    shift_msg, kb_ccl_ref_shift_east, KB_CCL_ANY_WORLD,
+    shift_msg, kb_ccl_ref_shift_east, KB_CCL_ANY_WORLD, NULL,
 };
 
 typedef struct any_case {
@@ -558,8 +558,9 @@ static void test_builtin_any_world(void **state)
             if (kb_ctx_run_host(ctx, h_any_algo, c) != 0)
                 fail_msg("%s ws %d: %s", impl->module, ws, kb_ctx_errmsg(ctx));
             assert_int_equal(kb_ccl_job_read(ctx, &c->job, NULL, raw), 0);
-            if (kb_ccl_verify_inputs(KB_F16, raw, impl->reference, impl->kind,
-                                     KB_CCL_INPUT_SEED, ws, n, 0.0, &v) != 1)
+            if (kb_ccl_verify_inputs_ord(KB_F16, KB_CCL_OP_SUM, raw, impl->reference,
+                                         impl->ordered, impl->kind, KB_CCL_INPUT_SEED, ws, n,
+                                         0, 0.0, &v) != 1)
                 fail_msg("%s ws %d: rank %d element %lld = %g, expected %g", impl->module, ws,
                          v.first_bad_tile, (long long)v.first_bad_elem, v.first_got,
                          v.first_want);
@@ -642,8 +643,8 @@ static void test_typed_ops(void **state)
                             c->o.root = 0;
                         void *raw = run_typed(c);
                         double acc = kb_ccl_input_acc_bound_op(impl->kind, op, ws);
-                        if (kb_ccl_verify_inputs_op((kb_dtype)dt, op, raw, impl->reference,
-                                                    impl->kind, KB_CCL_INPUT_SEED, ws, n,
+                        if (kb_ccl_verify_inputs_ord((kb_dtype)dt, op, raw, impl->reference,
+                                                    impl->ordered, impl->kind, KB_CCL_INPUT_SEED, ws, n,
                                                     c->o.root, acc, &v) != 1)
                             fail_msg("%s ws %d n %lld op %s dtype %s: rank %d element %lld = "
                                      "%g, expected %g", impl->module, ws, (long long)n,
@@ -667,8 +668,8 @@ static void test_typed_ops(void **state)
                                     assert_true(kb_dtype_load((kb_dtype)dt, raw,
                                                               (size_t)t * (size_t)n + (size_t)e) == m[e]);
                             /* the same result is not a min */
-                            assert_int_equal(kb_ccl_verify_inputs_op((kb_dtype)dt, KB_CCL_OP_MIN,
-                                                                     raw, impl->reference,
+                            assert_int_equal(kb_ccl_verify_inputs_ord((kb_dtype)dt, KB_CCL_OP_MIN,
+                                                                     raw, impl->reference, impl->ordered,
                                                                      impl->kind, KB_CCL_INPUT_SEED,
                                                                      ws, n, 0, 0.0, &v), 0);
                             free(x);
@@ -923,6 +924,15 @@ static double expect_of(kb_coll_kind k, const float *in, int ws, int64_t n, int 
  * from the kind (expect_of), and with the library's check against the registry's reference
  * (what the bench does: kb_ccl_verify, and kb_ccl_verify_inputs_root for a root).
  */
+/* The expected f16 sum of an entry: its order-emulating reference where it has one. */
+static void ref_of(const kb_ccl_algo_impl *impl, const float *in, int ws, int64_t n, double *out)
+{
+    if (impl->ordered)
+        impl->ordered(in, ws, n, 0, n, KB_F16, KB_CCL_OP_SUM, out);
+    else
+        impl->reference(in, ws, n, out);
+}
+
 static void run_mock_opts(const char *module, const char *topo, int ws, int64_t n, int root,
                           const kb_ipcq_cfg *icfg, uint32_t seed)
 {
@@ -944,9 +954,21 @@ static void run_mock_opts(const char *module, const char *topo, int ws, int64_t 
     rc = kb_ccl_mock_run_opts(module, topo, ws, n, root, icfg, in, out, &eb);
     if (rc != 0)
         fail_msg("%s ws=%d n=%lld root=%d: %d %s", module, ws, (long long)n, root, rc, eb.msg);
+    if (impl->ordered) { /* partials rounded to f16 per hop: the kernel's order, for root 0
+                          * on the ranks relabelled r - root */
+        float *rel = malloc(total * sizeof *rel);
+        assert_non_null(rel);
+        for (int q = 0; q < ws; q++)
+            memcpy(rel + (size_t)q * (size_t)n, in + (size_t)((q + root) % ws) * (size_t)n,
+                   (size_t)n * sizeof *rel);
+        impl->ordered(rel, ws, n, 0, n, KB_F16, KB_CCL_OP_SUM, ref);
+        free(rel);
+    }
     for (int rank = 0; rank < ws; rank++) {
         for (int64_t i = 0; i < n; i++) {
-            double want = expect_of(impl->kind, in, ws, n, root, rank, i);
+            size_t rk = (size_t)((rank - root + ws) % ws);
+            double want = impl->ordered ? ref[rk * (size_t)n + (size_t)i]
+                                        : expect_of(impl->kind, in, ws, n, root, rank, i);
             /* partial sums are exact in f32; the result is rounded to f16 once */
             want = kb_f16_to_f32(kb_f32_to_f16((float)want));
             double got = out[(size_t)rank * (size_t)n + (size_t)i];
@@ -957,15 +979,16 @@ static void run_mock_opts(const char *module, const char *topo, int ws, int64_t 
     }
     uint16_t *raw = to_f16(out, total);
     if (root == 0) {
-        impl->reference(in, ws, n, ref);
+        ref_of(impl, in, ws, n, ref);
         if (!kb_ccl_verify(KB_F16, raw, ref, ws, n, kb_ccl_input_acc_bound(impl->kind, ws), &v))
             fail_msg("%s ws=%d: kb_ccl_verify rejects rank %d element %lld", module, ws,
                      v.first_bad_tile, (long long)v.first_bad_elem);
         assert_int_equal(v.ok_tiles, ws);
         assert_true(v.max_abs_err <= v.err_bound);
     }
-    if (kb_ccl_verify_inputs_root(KB_F16, raw, impl->reference, impl->kind, seed, ws, n, root,
-                                  kb_ccl_input_acc_bound(impl->kind, ws), &v) != 1)
+    if (kb_ccl_verify_inputs_ord(KB_F16, KB_CCL_OP_SUM, raw, impl->reference, impl->ordered,
+                                 impl->kind, seed, ws, n, root,
+                                 kb_ccl_input_acc_bound(impl->kind, ws), &v) != 1)
         fail_msg("%s ws=%d root=%d: kb_ccl_verify_inputs_root rejects rank %d element %lld",
                  module, ws, root, v.first_bad_tile, (long long)v.first_bad_elem);
     free(raw);
@@ -1313,6 +1336,41 @@ static int64_t swap_in_tile(uint16_t *raw, int t, int64_t n)
  * one rank's tile swapped: the swap keeps the tile's sum and the mean, so only checking every
  * element at its place catches it. Also: a tolerance that still catches the swap.
  */
+/*
+ * The order-emulating references: with f16 partials rounded per hop the ring's result differs
+ * from the exact sum rounded once on some elements of the seeded data (so the check really
+ * depends on the order), never in f32 (the grid's sums are exact); and a real run of the
+ * kernel matches the emulation bit for bit but fails against the exact sum.
+ */
+static void test_ordered_reference(void **state)
+{
+    enum { WS = 12, NE = 1200 };
+    static float in[WS * NE], out[WS * NE];
+    static double ord[WS * NE], exact[WS * NE];
+    kb_ccl_verdict v;
+    kb_errbuf eb;
+    (void)state;
+    kb_ccl_inputs(in, KB_CCL_INPUT_SEED, 0, WS, NE);
+    for (int m = 0; m < 2; m++) {
+        const kb_ccl_algo_impl *impl = kb_ccl_algo_find(m ? "ring_reducescatter" : "ring_rsag_allreduce");
+        assert_non_null(impl->ordered);
+        impl->reference(in, WS, NE, exact);
+        impl->ordered(in, WS, NE, 0, NE, KB_F32, KB_CCL_OP_SUM, ord);
+        for (size_t k = 0; k < (size_t)WS * NE; k++)
+            assert_true(ord[k] == exact[k]);
+        impl->ordered(in, WS, NE, 0, NE, KB_F16, KB_CCL_OP_SUM, ord);
+        int differ = 0;
+        for (size_t k = 0; k < (size_t)WS * NE; k++)
+            differ += kb_f32_to_f16((float)ord[k]) != kb_f32_to_f16((float)exact[k]);
+        assert_true(differ > 0);
+        assert_int_equal(kb_ccl_mock_run(impl->module, NULL, WS, NE, in, out, &eb), 0);
+        uint16_t *raw = to_f16(out, (size_t)WS * NE);
+        assert_int_equal(kb_ccl_verify(KB_F16, raw, ord, WS, NE, 0.0, &v), 1);
+        assert_int_equal(kb_ccl_verify(KB_F16, raw, exact, WS, NE, 0.0, &v), 0);
+        free(raw);
+    }
+}
+
 static void test_verify_rejects_swap(void **state)
 {
     enum { WS = 8, NE = 40 }; /* 5 elements a chunk for the chunked kinds */
@@ -1326,7 +1384,7 @@ static void test_verify_rejects_swap(void **state)
         const kb_ccl_algo_impl *impl = kb_ccl_algo_at(a);
         int ws = !strcmp(impl->module, "mesh_allreduce") ? 4 : WS;
         assert_int_equal(kb_ccl_mock_run(impl->module, NULL, ws, NE, in, out, &eb), 0);
-        impl->reference(in, ws, NE, ref);
+        ref_of(impl, in, ws, NE, ref);
         uint16_t *raw = to_f16(out, (size_t)ws * NE);
         assert_int_equal(kb_ccl_verify(KB_F16, raw, ref, ws, NE, 0.0, &v), 1);
         assert_int_equal(v.ok_tiles, ws);
@@ -1539,6 +1597,7 @@ int main(void)
         cmocka_unit_test(test_references),
         cmocka_unit_test(test_inputs),
         cmocka_unit_test(test_verify_rejects_swap),
+        cmocka_unit_test(test_ordered_reference),
         cmocka_unit_test(test_verify_rounding),
         cmocka_unit_test(test_verify_inputs_matches),
         cmocka_unit_test(test_verify_inputs_threads),

@@ -48,6 +48,7 @@ typedef struct fx {
     /* filled by the host program and the kernels */
     kb_tensor *in, *out;
     kb_time t_call[NSLOT], t_sent[NSLOT], t_recv[NSLOT];
+    int twice; /* test_recv_view: release the view twice */
 } fx;
 
 static fx *fx_of(const kb_kargs *a) { return (fx *)(intptr_t)a->i[FX_ARG]; }
@@ -802,6 +803,61 @@ static void test_recv_async(void **state)
     kb_ctx_destroy(ctx);
 }
 
+/* A view holds its slot: on a one-slot queue the second message can only come once the view
+ * is released, and the copy-out receive posted behind the view gets it then. */
+static void k_view(kb_tl *tl, const kb_kargs *a)
+{
+    if (tl_program_id(tl, 0) == 0) {
+        for (int k = 0; k < 3; k++)
+            tl_send(tl, KB_DIR_E, tl_load(tl, at(a, 0, 0, k), KB_SHAPE1(N), KB_F32));
+        return;
+    }
+    kb_ipcq_req *r1 = tl_recv_view_async(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
+    kb_ipcq_req *r2 = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
+    kb_val v1 = tl_wait(tl, r1);
+    kb_ipcq_counters c;
+    if (kb_ipcq_counters_of(tl_ctx(tl), tl_pe(tl), KB_DIR_W, &c) != 0 || v1.scratch ||
+        v1.pa != c.my_rx_base)
+        tl_fail(tl, KB_ERR_STATE, "the view is not the receive slot");
+    kb_val two = tl_full(tl, KB_SHAPE1(N), 2.0f);
+    tl_store(tl, at(a, 1, 1, 0), tl_add(tl, v1, tl_add(tl, two, two)));
+    tl_recv_release(tl, KB_DIR_W, v1);
+    tl_store(tl, at(a, 1, 1, 1), tl_wait(tl, r2));
+    /* a view that is no longer held cannot be released again */
+    if (fx_of(a)->twice)
+        tl_recv_release(tl, KB_DIR_W, v1);
+    tl_recv_into(tl, KB_DIR_W, at(a, 1, 1, 2), KB_SHAPE1(N), KB_F32);
+}
+
+static void test_recv_view(void **state)
+{
+    for (int twice = 0; twice < 2; twice++) {
+        kb_ctx *ctx = make_ctx();
+        fx f;
+        (void)state;
+        fx_init(&f, 1, KB_MEM_TCM, k_view, 2);
+        f.twice = twice;
+        fx_link(&f, 0, KB_DIR_E, 1, KB_DIR_W);
+        fx_link(&f, 1, KB_DIR_W, 0, KB_DIR_E);
+        if (twice) {
+            assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), KB_ERR_INVAL);
+            assert_non_null(strstr(kb_ctx_errmsg(ctx), "tl_recv_release W: the value is not "
+                                                       "the oldest held view"));
+            kb_ctx_destroy(ctx);
+            continue;
+        }
+        assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), 0);
+        float *out = read_out(&f);
+        check_slot(out, 1, 0, 0, 0, 4.0f);
+        check_slot(out, 1, 1, 0, 1, 0.0f);
+        check_slot(out, 1, 2, 0, 2, 0.0f);
+        free(out);
+        assert_int_equal(counters(ctx, 1, KB_DIR_W).my_tail, 3);
+        assert_int_equal(counters(ctx, 0, KB_DIR_E).peer_tail_cache, 3);
+        kb_ctx_destroy(ctx);
+    }
+}
+
 /* ---- deadlock report ---- */
 
 static void k_only_recv(kb_tl *tl, const kb_kargs *a)
@@ -1042,6 +1098,7 @@ int main(void)
         cmocka_unit_test(test_chunked_window),
         cmocka_unit_test(test_recv_size_mismatch),
         cmocka_unit_test(test_recv_async),
+        cmocka_unit_test(test_recv_view),
         cmocka_unit_test(test_deadlock_report),
         cmocka_unit_test(test_ring_allreduce_one_slot),
         cmocka_unit_test(test_ring_allreduce_chunked),

@@ -64,7 +64,7 @@ static uint64_t my_ring_msg(int64_t n, int ws)
 static const kb_ccl_algo_impl my_ring_algo = {
     "my_ring", "ring passing f32 running sums: p-1 steps, each adds the rank's own tile",
     KB_COLL_ALLREDUCE, "ring_1d", my_ring, NULL, my_ring_msg, kb_ccl_ref_allreduce,
-    KB_CCL_ANY_WORLD,
+    KB_CCL_ANY_WORLD, NULL,
 };
 
 /* ---- my_scale ---- */

@@ -59,7 +59,7 @@ static void bcast_ref(const float *in, int ws, int64_t n, double *out)
 /* What a registry entry would hold (kb_ccl_algos.c); here it only feeds kb_ccl_job_prepare. */
 static const kb_ccl_algo_impl impl = {
     "ring_broadcast", "rank 0's tile forwarded once around a one-directional ring",
-    KB_COLL_BROADCAST, "ring_1d_unidir", ring_broadcast, NULL, bcast_msg, bcast_ref, 0,
+    KB_COLL_BROADCAST, "ring_1d_unidir", ring_broadcast, NULL, bcast_msg, bcast_ref, 0, NULL,
 };
 
 typedef struct run {

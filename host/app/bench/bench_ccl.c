@@ -295,17 +295,17 @@ static void *digest_main(void *arg)
     return NULL;
 }
 
-static int check_tiles(kb_ctx *ctx, kb_bench_result *res, kb_ccl_ref_fn ref, kb_coll_kind kind,
-                       const void *raw, int ntiles, int per_rank, int64_t n, int root,
-                       kb_dtype dt, int op)
+static int check_tiles(kb_ctx *ctx, kb_bench_result *res, kb_ccl_ref_fn ref,
+                       kb_ccl_ref_ord_fn ord, kb_coll_kind kind, const void *raw, int ntiles,
+                       int per_rank, int64_t n, int root, kb_dtype dt, int op)
 {
     size_t total = (size_t)ntiles * (size_t)n;
     kb_ccl_verdict v;
     digest_job dj = { raw, total * kb_dtype_size(dt), 0 };
     pthread_t th;
     int threaded = total >= ((size_t)1 << 22) && pthread_create(&th, NULL, digest_main, &dj) == 0;
-    int ok = kb_ccl_verify_inputs_op(dt, op, raw, ref, kind, KB_CCL_INPUT_SEED, ntiles, n, root,
-                                     kb_ccl_input_acc_bound_op(kind, op, ntiles), &v);
+    int ok = kb_ccl_verify_inputs_ord(dt, op, raw, ref, ord, kind, KB_CCL_INPUT_SEED, ntiles, n,
+                                      root, kb_ccl_input_acc_bound_op(kind, op, ntiles), &v);
 
     if (threaded)
         pthread_join(th, NULL);
@@ -351,7 +351,7 @@ static int dist_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
     for (int r = 0; r < st->ws && rc == 0; r++)
         rc = kb_tensor_read_raw(st->t[r], raw + (size_t)r * per);
     if (rc == 0)
-        rc = check_tiles(ctx, res, algo->reference, algo->kind, raw, ntiles, shards, st->n, 0,
+        rc = check_tiles(ctx, res, algo->reference, NULL, algo->kind, raw, ntiles, shards, st->n, 0,
                          KB_F16, KB_CCL_OP_SUM);
     free(raw);
     return rc;
@@ -392,7 +392,7 @@ static int ccl_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
     rc = kb_ccl_job_read_raw(ctx, job, raw);
     if (rc == 0)
-        rc = check_tiles(ctx, res, job->impl->reference, job->impl->kind, raw, ws, 1, job->n,
+        rc = check_tiles(ctx, res, job->impl->reference, job->impl->ordered, job->impl->kind, raw, ws, 1, job->n,
                          job->layout.root, job->dtype, job->op);
     free(raw);
     return rc;
