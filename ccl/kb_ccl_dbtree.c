@@ -267,5 +267,5 @@ static uint64_t dbtree_msg(int64_t n, int ws)
 const kb_ccl_algo_impl kb_ccl_algo_dbtree_allreduce = {
     "dbtree_allreduce", "double binary tree (NCCL): half the tile up and down each of two trees at once, pipelined",
     KB_COLL_ALLREDUCE, "double_binary_tree", dbtree_allreduce, NULL, dbtree_msg,
-    kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD | KB_CCL_TYPED,
+    kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD | KB_CCL_TYPED, NULL,
 };

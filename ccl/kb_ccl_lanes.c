@@ -244,3 +244,86 @@ int kb_ccl_lanes_read_raw(kb_ctx *ctx, kb_ccl_lanes *job, void *raw)
     free(buf);
     return rc;
 }
+
+int kb_ccl_lanes_verify_ordered(const kb_ccl_lanes *job, const void *raw, double acc_bound,
+                                kb_ccl_verdict *v)
+{
+    int ws = job->ws, used = lanes_used(job), rc = 1;
+    int64_t total = job->chunks * job->count, hi = kb_ccl_lane_share(job->count, job->lanes, 0,
+                                                                      NULL);
+    size_t es = kb_dtype_size(job->dtype), cap = (size_t)ws * (size_t)(hi * job->chunks);
+    float *in = malloc(cap * sizeof *in), *rel = malloc(cap * sizeof *rel);
+    double *out = malloc(cap * sizeof *out), *want = malloc(cap * sizeof *want);
+    unsigned char *lane = malloc(cap * es), *bad = calloc((size_t)ws, 1);
+    double got_sum = 0.0, want_sum = 0.0, cnt = 0.0;
+
+    memset(v, 0, sizeof *v);
+    v->ntiles = ws;
+    v->first_bad_tile = -1;
+    if (!in || !rel || !out || !want || !lane || !bad) {
+        rc = KB_ERR_NOMEM;
+        goto out;
+    }
+    for (int l = 0; l < used; l++) {
+        int64_t off, share = kb_ccl_lane_share(job->count, job->lanes, l, &off);
+        int64_t nl = share * job->chunks;
+        kb_ccl_verdict lv;
+        for (int r = 0; r < ws; r++)
+            for (int j = 0; j < job->chunks; j++) {
+                size_t at = (size_t)r * (size_t)nl + (size_t)(j * share);
+                size_t lg = (size_t)r * (size_t)total + (size_t)(j * job->count + off);
+                kb_ccl_input_op_span(in + at, KB_CCL_INPUT_SEED, job->op, job->dtype, ws, r,
+                                     j * job->count + off, share, total);
+                memcpy(lane + at * es, (const unsigned char *)raw + lg * es, (size_t)share * es);
+            }
+        /* a root relabels the ranks: the reference runs rooted at its rank 0 */
+        for (int t = 0; t < ws; t++)
+            memcpy(rel + (size_t)t * (size_t)nl, in + (size_t)((t + job->root) % ws) * (size_t)nl,
+                   (size_t)nl * sizeof *rel);
+        job->impl->ordered(rel, ws, nl, 0, nl, job->dtype, job->op, out);
+        for (int r = 0; r < ws; r++)
+            memcpy(want + (size_t)r * (size_t)nl,
+                   out + (size_t)((r - job->root + ws) % ws) * (size_t)nl,
+                   (size_t)nl * sizeof *want);
+        if (kb_ccl_verify(job->dtype, lane, want, ws, nl, acc_bound, &lv) != 1 &&
+            lv.first_bad_tile >= 0) {
+            /* lv only names its first bad rank: recheck the others to know which failed */
+            for (int r = 0; r < ws; r++) {
+                kb_ccl_verdict one;
+                if (kb_ccl_verify(job->dtype, lane + (size_t)r * (size_t)nl * es,
+                                  want + (size_t)r * (size_t)nl, 1, nl, acc_bound, &one) != 1)
+                    bad[r] = 1;
+            }
+            if (v->first_bad_tile < 0 || lv.first_bad_tile < v->first_bad_tile) {
+                int64_t e = lv.first_bad_elem;
+                v->first_bad_tile = lv.first_bad_tile;
+                v->first_bad_elem = e / share * job->count + off + e % share;
+                v->first_got = lv.first_got;
+                v->first_want = lv.first_want;
+            }
+        }
+        if (lv.max_abs_err > v->max_abs_err) {
+            v->max_abs_err = lv.max_abs_err;
+            v->err_bound = lv.err_bound;
+        }
+        if (lv.err_bound > v->err_bound && lv.max_abs_err >= v->max_abs_err)
+            v->err_bound = lv.err_bound;
+        v->nwrong += lv.nwrong;
+        got_sum += lv.got_mean * (double)ws * (double)nl;
+        want_sum += lv.want_mean * (double)ws * (double)nl;
+        cnt += (double)ws * (double)nl;
+    }
+    for (int r = 0; r < ws; r++)
+        v->ok_tiles += !bad[r];
+    v->got_mean = cnt > 0 ? got_sum / cnt : 0.0;
+    v->want_mean = cnt > 0 ? want_sum / cnt : 0.0;
+    rc = v->ok_tiles == ws;
+out:
+    free(in);
+    free(rel);
+    free(out);
+    free(want);
+    free(lane);
+    free(bad);
+    return rc;
+}

@@ -58,4 +58,15 @@ int kb_ccl_lanes_launch(kb_ctx *ctx, kb_ccl_lanes *job);
  * rank = PE job of the same algorithm would hold) as raw bytes. */
 int kb_ccl_lanes_read_raw(kb_ctx *ctx, kb_ccl_lanes *job, void *raw);
 
+/*
+ * Checks a lane run of an algorithm whose reference emulates its order (the entry's
+ * `ordered`): the order depends on the tile length, so each lane is checked as the rank = PE
+ * collective it ran — its inputs rebuilt from the seeded logical buffers, its outputs taken
+ * from `raw` (every rank's logical buffer, kb_ccl_lanes_read_raw) — and the verdicts merged
+ * (a rank passes when every lane of it does; first_bad_elem is an index of the logical
+ * buffer). Returns 1 (every rank passed), 0, or KB_ERR_NOMEM.
+ */
+int kb_ccl_lanes_verify_ordered(const kb_ccl_lanes *job, const void *raw, double acc_bound,
+                                kb_ccl_verdict *v);
+
 #endif

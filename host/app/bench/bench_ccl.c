@@ -295,6 +295,44 @@ static void *digest_main(void *arg)
     return NULL;
 }
 
+/* The result of a check (ok: 1, 0 or a negative error), the digest of its raw bytes, and the
+ * verdict's figures; ranks of per_rank tiles each. */
+static int report_verdict(kb_ctx *ctx, kb_bench_result *res, int ok, const kb_ccl_verdict *v,
+                          uint64_t digest, int ntiles, int per_rank)
+{
+    if (ok < 0)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+    res->verified = ok;
+    res->digest = digest;
+    res->have_digest = 1;
+    res->have_err = 1;
+    res->max_abs_err = v->max_abs_err;
+    res->err_bound = v->err_bound;
+    kb_bench_add_extra(res, "n_wrong", (double)v->nwrong);
+    /* ranks, as nccl-tests counts them (a rank = SIP process group's rank is per_rank
+     * shards, every one of which passed) */
+    snprintf(res->ok_text, sizeof res->ok_text, "%d OK", v->ok_tiles / per_rank);
+    if (!res->verified) {
+        int r = v->first_bad_tile / per_rank, sh = v->first_bad_tile % per_rank;
+        char where[48] = "";
+        if (per_rank > 1)
+            snprintf(where, sizeof where, " shard %d", sh);
+        snprintf(res->detail, sizeof res->detail,
+                 "got mean=%.6g, expected=%.6g (%d of %d %s wrong, first: rank %d%s element "
+                 "%lld = %.6g, expected %.6g)", v->got_mean, v->want_mean, ntiles - v->ok_tiles,
+                 ntiles, per_rank > 1 ? "shards" : "ranks", r, where,
+                 (long long)v->first_bad_elem, v->first_got, v->first_want);
+    }
+    return 0;
+}
+
+/* Starts the digest of a large result in a thread of its own (0 when it runs), else 1: the
+ * caller then runs digest_main itself. */
+static int digest_start(digest_job *dj, pthread_t *th)
+{
+    return !(dj->n >= ((size_t)2 << 22) && pthread_create(th, NULL, digest_main, dj) == 0);
+}
+
 static int check_tiles(kb_ctx *ctx, kb_bench_result *res, kb_ccl_ref_fn ref,
                        kb_ccl_ref_ord_fn ord, kb_coll_kind kind, const void *raw, int ntiles,
                        int per_rank, int64_t n, int root, kb_dtype dt, int op)
@@ -303,38 +341,34 @@ static int check_tiles(kb_ctx *ctx, kb_bench_result *res, kb_ccl_ref_fn ref,
     kb_ccl_verdict v;
     digest_job dj = { raw, total * kb_dtype_size(dt), 0 };
     pthread_t th;
-    int threaded = total >= ((size_t)1 << 22) && pthread_create(&th, NULL, digest_main, &dj) == 0;
+    int inline_digest = digest_start(&dj, &th);
     int ok = kb_ccl_verify_inputs_ord(dt, op, raw, ref, ord, kind, KB_CCL_INPUT_SEED, ntiles, n,
                                       root, kb_ccl_input_acc_bound_op(kind, op, ntiles), &v);
 
-    if (threaded)
-        pthread_join(th, NULL);
-    else
+    if (inline_digest)
         digest_main(&dj);
-    if (ok < 0)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
-    res->verified = ok;
-    res->digest = dj.h;
-    res->have_digest = 1;
-    res->have_err = 1;
-    res->max_abs_err = v.max_abs_err;
-    res->err_bound = v.err_bound;
-    kb_bench_add_extra(res, "n_wrong", (double)v.nwrong);
-    /* ranks, as nccl-tests counts them (a rank = SIP process group's rank is per_rank
-     * shards, every one of which passed) */
-    snprintf(res->ok_text, sizeof res->ok_text, "%d OK", v.ok_tiles / per_rank);
-    if (!res->verified) {
-        int r = v.first_bad_tile / per_rank, sh = v.first_bad_tile % per_rank;
-        char where[48] = "";
-        if (per_rank > 1)
-            snprintf(where, sizeof where, " shard %d", sh);
-        snprintf(res->detail, sizeof res->detail,
-                 "got mean=%.6g, expected=%.6g (%d of %d %s wrong, first: rank %d%s element "
-                 "%lld = %.6g, expected %.6g)", v.got_mean, v.want_mean, ntiles - v.ok_tiles,
-                 ntiles, per_rank > 1 ? "shards" : "ranks", r, where,
-                 (long long)v.first_bad_elem, v.first_got, v.first_want);
-    }
-    return 0;
+    else
+        pthread_join(th, NULL);
+    return report_verdict(ctx, res, ok, &v, dj.h, ntiles, per_rank);
+}
+
+/* A lane run of an algorithm with an order-emulating reference: lane by lane. */
+static int check_lanes_ordered(kb_ctx *ctx, kb_bench_result *res, const kb_ccl_lanes *lj,
+                               const void *raw)
+{
+    kb_ccl_verdict v;
+    digest_job dj = { raw, (size_t)lj->ws * (size_t)(lj->chunks * lj->count) *
+                               kb_dtype_size(lj->dtype), 0 };
+    pthread_t th;
+    int inline_digest = digest_start(&dj, &th);
+    int ok = kb_ccl_lanes_verify_ordered(
+        lj, raw, kb_ccl_input_acc_bound_op(lj->impl->kind, lj->op, lj->ws), &v);
+
+    if (inline_digest)
+        digest_main(&dj);
+    else
+        pthread_join(th, NULL);
+    return report_verdict(ctx, res, ok, &v, dj.h, lj->ws, 1);
 }
 
 /* rank = SIP: every shard of every rank against the process group algorithm's reference. */
@@ -369,8 +403,9 @@ static int lanes_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
     rc = kb_ccl_lanes_read_raw(ctx, lj, raw);
     if (rc == 0)
-        rc = check_tiles(ctx, res, lj->impl->reference, lj->impl->kind, raw, lj->ws, 1, n,
-                         lj->root, lj->dtype, lj->op);
+        rc = lj->impl->ordered ? check_lanes_ordered(ctx, res, lj, raw)
+                               : check_tiles(ctx, res, lj->impl->reference, NULL, lj->impl->kind,
+                                             raw, lj->ws, 1, n, lj->root, lj->dtype, lj->op);
     free(raw);
     return rc;
 }
