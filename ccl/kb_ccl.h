@@ -532,10 +532,10 @@ int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
                             const char *name, const char *topo, int ws, int64_t n,
                             const kb_ccl_job_opts *o, const kb_ipcq_cfg *icfg,
                             const float *inputs);
-/* The dtype and op checks of kb_ccl_job_prepare_opts (KB_ERR_CONFIG naming `name`); the
- * rank = SIP lanes (kb_ccl_lanes.h) apply the same. */
+/* The dtype, op and root checks of kb_ccl_job_prepare_opts for a world of ws ranks
+ * (KB_ERR_CONFIG naming `name`); the rank = SIP lanes (kb_ccl_lanes.h) apply the same. */
 int kb_ccl_job_check_opts(const kb_ccl_algo_impl *impl, const char *name,
-                          const kb_ccl_job_opts *o, kb_errbuf *eb);
+                          const kb_ccl_job_opts *o, int ws, kb_errbuf *eb);
 /* Whether a kind reduces (all_reduce, reduce_scatter, reduce): the kinds an op applies to. */
 int kb_coll_reduces(kb_coll_kind k);
 /* Launches `kernel` (NULL = the algorithm's) on every rank and waits for it. */

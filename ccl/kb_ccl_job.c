@@ -50,7 +50,7 @@ int kb_ccl_job_prepare_root(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
 }
 
 int kb_ccl_job_check_opts(const kb_ccl_algo_impl *impl, const char *name,
-                          const kb_ccl_job_opts *o, kb_errbuf *eb)
+                          const kb_ccl_job_opts *o, int ws, kb_errbuf *eb)
 {
     /* collectives reduce in f16, bf16 or f32; the number formats (i8, fp8, ...) are not
      * collective element types */
@@ -64,6 +64,12 @@ int kb_ccl_job_check_opts(const kb_ccl_algo_impl *impl, const char *name,
         return kb_err_set(eb, KB_ERR_CONFIG, "%s: module %s runs f16 sums only (dtype %s, op %s "
                           "asked)", name, impl->module, kb_dtype_name(o->dtype),
                           kb_ccl_op_name(o->op));
+    if (o->root < 0 || o->root >= ws)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: root %d is not a rank of a world of %d", name,
+                          o->root, ws);
+    if (o->root && !kb_coll_rooted(impl->kind))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: the %s kind has no root (got root %d)", name,
+                          kb_coll_name(impl->kind), o->root);
     return 0;
 }
 
@@ -85,20 +91,14 @@ int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
     job->icfg = *icfg;
     job->dtype = o->dtype;
     job->op = o->op;
-    if ((rc = kb_ccl_job_check_opts(impl, name, o, eb)) != 0)
-        return rc;
     if (n < 1 || n > UINT32_MAX / 4)
         return kb_err_set(eb, KB_ERR_RANGE, "%s: n_elem %lld out of range", name, (long long)n);
     rc = impl->flags & KB_CCL_ANY_WORLD ? kb_ccl_layout_linear(m, ws, &job->layout, eb)
                                          : kb_ccl_layout_legacy(m, ws, &job->layout, eb);
     if (rc)
         return rc;
-    if (root < 0 || root >= ws)
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: root %d is not a rank of a world of %d", name,
-                          root, ws);
-    if (root && !kb_coll_rooted(impl->kind))
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: the %s kind has no root (got root %d)", name,
-                          kb_coll_name(impl->kind), root);
+    if ((rc = kb_ccl_job_check_opts(impl, name, o, ws, eb)) != 0)
+        return rc;
     job->layout.root = root;
     kb_ccl_geom g = { m->npes, job->layout.cubes, root };
     if (impl->check && (rc = impl->check(ws, n, &g, eb)) != 0)

@@ -136,7 +136,7 @@ int kb_ccl_lanes_prepare(kb_ctx *ctx, kb_ccl_lanes *job, const kb_ccl_algo_impl 
     job->dtype = o->dtype;
     job->count = count;
     job->icfg = *icfg;
-    if ((rc = kb_ccl_job_check_opts(impl, name, o, eb)) != 0)
+    if ((rc = kb_ccl_job_check_opts(impl, name, o, job->ws, eb)) != 0)
         return rc;
     if (job->ws > KB_MAX_GSIPS)
         return kb_err_set(eb, KB_ERR_CONFIG, "%s: %d SIPs, at most %d", name, job->ws,
@@ -144,12 +144,6 @@ int kb_ccl_lanes_prepare(kb_ctx *ctx, kb_ccl_lanes *job, const kb_ccl_algo_impl 
     if (count < 1 || count > UINT32_MAX / 4 / job->chunks)
         return kb_err_set(eb, KB_ERR_RANGE, "%s: count %lld out of range", name,
                           (long long)count);
-    if (o->root < 0 || o->root >= job->ws)
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: root %d is not a rank of a world of %d SIPs",
-                          name, o->root, job->ws);
-    if (o->root && !kb_coll_rooted(impl->kind))
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: the %s kind has no root (got root %d)", name,
-                          kb_coll_name(impl->kind), o->root);
     /* the algorithm's own rule, for the longest and the shortest lane that runs */
     kb_ccl_geom g = { 1, 1, o->root };
     int64_t hi = kb_ccl_lane_share(count, job->lanes, 0, NULL);
