@@ -299,7 +299,7 @@ int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *alg
             char names[256];
             algo_list(cfg->reg, names, sizeof names);
             return kb_err_set(eb, KB_ERR_UNSUPPORTED,
-                              "init_process_group: algorithm '%s' (module %s) has no rank = SIP "
+                              "init_process_group: algorithm '%s' (module %s) has no process-group "
                               "form; use %s", name, module, names);
         }
         if (p.world_size != 0 && p.world_size != nd.ws)

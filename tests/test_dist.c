@@ -870,11 +870,12 @@ static void test_err_backend_and_algorithm(void **state)
     assert_int_equal(kb_dist_get_world_size(ctx), -1);
     kb_ctx_destroy(ctx);
 
-    /* the shipped default (ring_allreduce_tcm, rank = PE) has no rank = SIP form */
+    /* the shipped default (ring_allreduce_tcm, rank = PE) has no process-group form (kbcl run
+     * runs it one rank per SIP in lanes, not through a process group) */
     ctx = make_ctx(2, "ring_1d", 1, NULL);
     job k = { .nprocs = 2 };
     run_fails(ctx, &k, KB_ERR_UNSUPPORTED, "algorithm 'ring_allreduce_tcm' (module "
-              "ring_allreduce_tcm) has no rank = SIP form; use intercube_allreduce or "
+              "ring_allreduce_tcm) has no process-group form; use intercube_allreduce or "
               "hierarchical_allreduce");
     assert_int_equal(kb_dist_get_world_size(ctx), -1);
     kb_ctx_destroy(ctx);
@@ -973,7 +974,7 @@ static void test_registry_entry(void **state)
         assert_int_equal(kb_ccl_config_attach(ctx, &c), 0);
         if (!with) {
             run_fails(ctx, &j, KB_ERR_UNSUPPORTED, "algorithm 'my_intercube' (module "
-                      "my_intercube) has no rank = SIP form; use intercube_allreduce or "
+                      "my_intercube) has no process-group form; use intercube_allreduce or "
                       "hierarchical_allreduce");
         } else {
             run_ok(ctx, &j);
