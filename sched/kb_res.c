@@ -1,5 +1,5 @@
 /*
- * kb_res — FIFO-reserved bandwidth resources (semantics in kb_res.h).
+ * kb_res — bandwidth resources reserved at request time (semantics in kb_res.h).
  *
  * All arithmetic is integral: a bandwidth is an integer number of bytes per microsecond, so the
  * time to move n bytes, n * 1e6 / bytes_per_us ps, is a rational number that is rounded up
@@ -7,8 +7,9 @@
  * remainder by bytes_per_us first; the remainder part never overflows for realistic
  * bandwidths and falls back to a shift-and-add long multiplication for absurd ones. Times
  * saturate at KB_TIME_MAX instead of wrapping. Limits: a resource serves one reservation at a
- * time, in request order (no priorities, no preemption); callers must request in
- * nondecreasing `now` order for the FIFO to mean first-come first-served.
+ * time (no priorities, no preemption) and remembers one idle gap only, the latest (requests
+ * come in nondecreasing `now` order, so older gaps are mostly in the past): a transfer that
+ * would fit an older gap queues instead. Callers must request in nondecreasing `now` order.
  */
 #include "kb_res.h"
 
@@ -17,6 +18,12 @@
 #include <stddef.h>
 
 #define KB_PS_PER_US_ UINT64_C(1000000)
+
+#if defined(__GNUC__)
+#define KB_RES_NOINLINE __attribute__((noinline))
+#else
+#define KB_RES_NOINLINE
+#endif
 
 static kb_time add_sat(kb_time a, kb_time b)
 {
@@ -76,6 +83,7 @@ void kb_res_init(kb_res *r, const char *name, double bandwidth_gbps, kb_time lat
     double bpu = bandwidth_gbps * 1000.0;
 
     r->free_at = 0;
+    r->hole_lo = r->hole_hi = 0;
     r->fixed = fixed;
     r->latency = latency;
     if (!(bpu > 0.0))
@@ -124,20 +132,76 @@ static void account(kb_res *r, uint64_t nbytes, kb_time occ)
     r->busy = add_nn(r->busy, occ);
 }
 
+/* Earliest start >= t at which r can take occ: t itself when r is free by then, a start inside
+ * its idle gap when the use fits there, else the end of its reservations. */
+static kb_time earliest(const kb_res *r, kb_time t, kb_time occ)
+{
+    if (r->free_at <= t)
+        return t;
+    kb_time e = r->hole_lo > t ? r->hole_lo : t;
+    if (e < r->hole_hi && r->hole_hi - e >= occ)
+        return e;
+    return r->free_at;
+}
+
+/* Books [start, start + occ) on r: at or after free_at (the gap before it becomes the hole),
+ * or inside the hole (its later remainder stays a hole: requests come in time order). */
+static void book(kb_res *r, kb_time start, kb_time occ)
+{
+    kb_time end = add_nn(start, occ);
+    if (start >= r->free_at) {
+        if (start > r->free_at) {
+            r->hole_lo = r->free_at;
+            r->hole_hi = start;
+        }
+        r->free_at = end;
+    } else if (end < r->hole_hi) {
+        r->hole_lo = end;
+    } else {
+        r->hole_hi = start;
+    }
+}
+
+/*
+ * The earliest t >= now at which every resource of the path can take its share, idle gaps
+ * included: each round moves t to the latest of the resources' earliest starts, which only
+ * moves later; a few rounds reach it, else the first-come first-served start (fifo, where all
+ * are free). Out of line: only requests that would wait and meet a gap come here.
+ */
+static KB_RES_NOINLINE kb_time backfill(kb_res *const *path, int n_path, kb_time now,
+                                        uint64_t nbytes, kb_time fifo)
+{
+    kb_time t = now;
+    for (int it = 0; it < 4; it++) {
+        kb_time u = t;
+        for (int i = 0; i < n_path; i++) {
+            kb_time e = earliest(path[i], t, occupancy_memo(path[i], nbytes));
+            u = e > u ? e : u;
+        }
+        if (u == t)
+            return t;
+        t = u;
+    }
+    return fifo;
+}
+
 kb_time kb_res_path_reserve(kb_res *const *path, int n_path, kb_time now, uint64_t nbytes,
                             kb_time *t_start)
 {
     kb_time start = now, lat = 0, occ_max = 0;
+    int holes = 0;
 
     for (int i = 0; i < n_path; i++) {
         assert(path[i]);
-        if (path[i]->free_at > start)
-            start = path[i]->free_at;
+        start = path[i]->free_at > start ? path[i]->free_at : start;
+        holes |= path[i]->hole_hi > now;
     }
+    if (start > now && holes)
+        start = backfill(path, n_path, now, nbytes, start);
     for (int i = 0; i < n_path; i++) {
         kb_res *r = path[i];
         kb_time occ = occupancy_memo(r, nbytes);
-        r->free_at = add_nn(start, occ);
+        book(r, start, occ);
         account(r, nbytes, occ);
         lat = add_nn(lat, r->latency);
         occ_max = occ > occ_max ? occ : occ_max;
@@ -149,10 +213,10 @@ kb_time kb_res_path_reserve(kb_res *const *path, int n_path, kb_time now, uint64
 
 kb_time kb_res_hop(kb_res *r, kb_time t_arrive, uint64_t nbytes)
 {
-    kb_time start = r->free_at > t_arrive ? r->free_at : t_arrive;
     kb_time occ = occupancy_memo(r, nbytes);
+    kb_time start = earliest(r, t_arrive, occ);
 
-    r->free_at = add_nn(start, occ);
+    book(r, start, occ);
     account(r, nbytes, occ);
-    return add_nn(r->free_at, r->latency);
+    return add_nn(add_nn(start, occ), r->latency);
 }

@@ -1,18 +1,25 @@
 /*
- * kb_res — bandwidth resources (links, memory ports, engines) with FIFO reservation.
+ * kb_res — bandwidth resources (links, memory ports, engines) reserved at request time.
  *
  * A resource has a fixed per-use occupancy (`fixed`, e.g. a CPU's per-message overhead), a
  * bandwidth (bytes per microsecond, i.e. GB/s x 1000, an integer so time stays integral) and a
  * latency that delays the end of a use without occupying the resource. Using it for n bytes
  * occupies it for fixed + ceil(n * 1e6 / bytes_per_us) ps.
  *
- * Reservations are made at request time, in request order, so a busy resource serves
- * transfers first-come first-served without queue events. Two ways to use a chain:
+ * Reservations are made at request time, in request order, without queue events. Two ways to
+ * use a chain:
  *  - kb_res_path_reserve(): a pipelined (cut-through) transfer over several resources at once:
- *    start = max(now, free_at of each); each resource is busy for its own occupancy from start;
- *    end = start + sum(latency) + max(occupancy). For an idle path with no fixed costs:
- *    end - now = sum(latency) + n / min(bandwidth), the closed form the docs state.
+ *    it starts at the earliest t >= now at which every resource of the path can take its own
+ *    occupancy (each is busy for its occupancy from t); end = t + sum(latency) +
+ *    max(occupancy). For an idle path with no fixed costs: end - now = sum(latency) +
+ *    n / min(bandwidth), the closed form the docs state.
  *  - kb_res_hop(): one store-and-forward hop (a message through a CPU or a link), to chain.
+ * A resource is free after its last reservation (free_at) and in one idle gap before it (the
+ * latest gap a reservation left, [hole_lo, hole_hi)): a transfer that has to wait for one
+ * resource of its path books the others from that later start, which leaves them idle until
+ * then, and a later request that fits in such a gap on every resource of its path takes it
+ * instead of queueing behind (a link serves whatever is ready while it is idle). Otherwise a
+ * busy resource serves transfers first-come first-served.
  * No floating point; every duration rounds up to whole picoseconds.
  */
 #ifndef KB_RES_H
@@ -28,6 +35,7 @@
  */
 typedef struct kb_res {
     kb_time free_at;        /* when the current reservation ends */
+    kb_time hole_lo, hole_hi; /* an idle gap before free_at that later requests may fill */
     kb_time latency;        /* added to the end of each use, ps; does not occupy */
     /* the last occupancy computed by a reservation: transfers repeat sizes, and the exact
      * division is the dearest part of a reservation. memo_key = nbytes + 1 (0 = none), so a

@@ -326,16 +326,19 @@ static void test_coll_lanes(void **s)
 /* The shipped ring_allgather and ring_reducescatter are ring_rsag_allreduce's two halves,
  * step for step (same 1 MiB slots, the same slices, partials in the tile's dtype read in place
  * in the receive slot, the next own slice loaded while the current one is combined): on 256
- * ranks at --size 64M, timing-only, their times add up to rsag's within 0.1 %. The
- * reduce-scatter half is still the longer one (0.57 of rsag): the combine (PE_MATH) lies
- * between a slice's arrival and its send, where the all-gather only forwards. */
+ * ranks at --size 64M, timing-only, each takes 0.45-0.55 of rsag's time (half its traffic)
+ * and its busbw is within 10 % of rsag's (issue #14). Both halves are bound by the cubes'
+ * NoCs, which carry every hop's send and its copy-out or own load; the combine that lies
+ * between a reduce-scatter slice's arrival and its send hides behind the other PEs' traffic
+ * now that a link serves what is ready while it would idle (kb_res's gaps). Their times add
+ * up to rsag's within 0.5 % (rsag's all-gather starts as its reduce-scatter drains). */
 static void test_rsag_halves(void **s)
 {
     static const char *const entries[] = { "ring_allgather", "ring_reducescatter",
                                             "ring_rsag_allreduce" };
-    static const double want[] = { 2510950.125, 3338295.94, 5849858.375 };
+    static const double want[] = { 2277674.5, 2254049.125, 4520718 };
     static char out[1 << 14];
-    double t[3];
+    double t[3], bw[3];
     (void)s;
     for (int e = 0; e < 3; e++) {
         assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl --algorithm %s --size 64M "
@@ -345,13 +348,17 @@ static void test_rsag_halves(void **s)
         free(text);
         assert_non_null(j);
         t[e] = cJSON_GetObjectItem(j, "sim_time_ns")->valuedouble;
+        bw[e] = cJSON_GetObjectItem(j, "busbw_gbps")->valuedouble;
         assert_true(cJSON_GetObjectItem(j, "size_bytes")->valuedouble == 64.0 * 1048576);
         cJSON_Delete(j);
         if (t[e] != want[e])
             fail_msg("%s: sim_time %.3f ns, expected %.3f", entries[e], t[e], want[e]);
     }
-    assert_true(fabs(t[0] + t[1] - t[2]) < 1e-3 * t[2]);
-    assert_true(t[0] < 0.5 * t[2] && t[1] > 0.5 * t[2]);
+    assert_true(fabs(t[0] + t[1] - t[2]) < 5e-3 * t[2]);
+    for (int e = 0; e < 2; e++) {
+        assert_true(t[e] >= 0.45 * t[2] && t[e] <= 0.55 * t[2]);
+        assert_true(fabs(bw[e] - bw[2]) <= 0.10 * bw[2]);
+    }
 }
 
 static void test_ccl_failures(void **s)

@@ -126,8 +126,43 @@ static void test_path_fifo_queuing(void **state)
     assert_int_equal(port.bytes, 2010);
     assert_int_equal(link.busy, 10000 + 10000 + 100);
     assert_int_equal(port.busy, 21000 + 21000 + 1200);
-    /* Only the start time is optional. */
-    assert_int_equal(kb_res_path_reserve(path, 2, 0, 0, NULL), kb_ns(100) + 1200 + 2000 + 1000);
+    /* Only the start time is optional. A zero-byte use (the port's 1 ns) requested at 0 fits
+     * the gaps the third transfer left (link [31, 100) ns, port [42, 100) ns): it starts at
+     * 42 ns, where both are idle, instead of queueing behind 101.2 ns. */
+    assert_int_equal(kb_res_path_reserve(path, 2, 0, 0, NULL), 42000 + 2000 + 1000);
+}
+
+/*
+ * A transfer that waits for one resource of its path leaves the others idle until it starts;
+ * a later request that fits such a gap on every resource of its path takes it (a link serves
+ * whatever is ready while it is idle), one that does not queues first-come first-served.
+ */
+static void test_path_backfill(void **state)
+{
+    kb_res dma_a, dma_b, noc;
+    kb_res *pa[2] = {&dma_a, &noc}, *pb[2] = {&dma_b, &noc};
+    kb_time s;
+
+    (void)state;
+    kb_res_init(&dma_a, "dma_a", 100.0, 0, 0); /* 10 ps/byte */
+    kb_res_init(&dma_b, "dma_b", 100.0, 0, 0);
+    kb_res_init(&noc, "noc", 100.0, 0, 0);
+    /* A's engine is busy until 10 ns; A's second transfer starts there and holds the NoC
+     * [10, 20) ns: the NoC is idle in [0, 10) */
+    assert_int_equal(kb_res_hop(&dma_a, 0, 1000), 10000);
+    assert_int_equal(kb_res_path_reserve(pa, 2, 0, 1000, &s), 20000);
+    assert_int_equal(s, 10000);
+    /* B's 400 bytes (4 ns) at 1 ns fit the gap: start at once */
+    assert_int_equal(kb_res_path_reserve(pb, 2, kb_ns(1), 400, &s), 5000);
+    assert_int_equal(s, 1000);
+    /* 600 more bytes at 2 ns: the gap left is [5, 10) ns, 5 ns < 6 ns: they queue behind A */
+    assert_int_equal(kb_res_path_reserve(pb, 2, kb_ns(2), 600, &s), 26000);
+    assert_int_equal(s, 20000);
+    /* 500 bytes at 3 ns: 5 ns fit both gaps (NoC [5, 10) ns, B's engine [5, 20) ns) */
+    assert_int_equal(kb_res_path_reserve(pb, 2, kb_ns(3), 500, &s), 10000);
+    assert_int_equal(s, 5000);
+    assert_int_equal(noc.uses, 4);
+    assert_int_equal(noc.busy, 10000 + 4000 + 6000 + 5000);
 }
 
 /* Store-and-forward chain: each hop starts when the message arrived and the resource is free. */
@@ -185,6 +220,7 @@ int main(void)
         cmocka_unit_test(test_bw_time_large_sizes),
         cmocka_unit_test(test_idle_path_closed_form),
         cmocka_unit_test(test_path_fifo_queuing),
+        cmocka_unit_test(test_path_backfill),
         cmocka_unit_test(test_hop_chain),
         cmocka_unit_test(test_fractional_gbps),
     };
