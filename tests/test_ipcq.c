@@ -3,7 +3,8 @@
  * reference backend: direction matching by destination address in a 2-rank ring (data and
  * credits), credit backpressure with one and three slots (ordering taken from the op log),
  * rx ring placement for every buffer_kind, install errors and their rollback, kernel misuse
- * (unwired direction, oversized values), asynchronous receives, the deadlock report, and the
+ * (unwired direction, oversized values), asynchronous receives, the deadlock report, peer
+ * directions (KB_DIR_PEER(k): pairing, names, errors, the ring-area check), and the
  * ring all-reduces with one slot through kb_ccl_job for every buffer_kind. Kernels learn their
  * tensors from kb_kargs and report times through a fixture whose address travels in
  * kb_kargs.i[7]. Limits: one cube only; routes across cubes and SIPs are exercised by the
@@ -1103,6 +1104,32 @@ static void test_deadlock_report(void **state)
     kb_ctx_destroy(ctx);
 }
 
+/* A receive on a peer direction that nobody feeds: the report names the peer directions. */
+static void k_peer_only_recv(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    if (tl_program_id(tl, 0) == 1)
+        (void)tl_recv(tl, KB_DIR_PEER(2), KB_SHAPE1(N), KB_F32);
+}
+
+static void test_peer_deadlock_report(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    fx f;
+
+    (void)state;
+    fx_init(&f, 2, KB_MEM_TCM, k_peer_only_recv, 3);
+    fx_peer_links(&f);
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), KB_ERR_DEADLOCK);
+    const char *rep = kb_ctx_report(ctx);
+    if (!strstr(rep, "ipcq recv peer") || !strstr(rep, "sip0/cube0/pe1 peer2      my_head=0") ||
+        !strstr(rep, "sip0/cube0/pe0 peer5      my_head=0") ||
+        !strstr(rep, "sip0/cube0/pe0 peer7      my_head=0") ||
+        !strstr(rep, "sip0/cube0/pe0 E          my_head=0"))
+        fail_msg("report: %s", rep);
+    kb_ctx_destroy(ctx);
+}
+
 /* ---- ring all-reduce with one slot, every buffer kind ---- */
 
 #define AR_WS 4
@@ -1323,6 +1350,7 @@ int main(void)
         cmocka_unit_test(test_recv_async),
         cmocka_unit_test(test_recv_view),
         cmocka_unit_test(test_deadlock_report),
+        cmocka_unit_test(test_peer_deadlock_report),
         cmocka_unit_test(test_ring_allreduce_one_slot),
         cmocka_unit_test(test_ring_allreduce_chunked),
         cmocka_unit_test(test_allreduce_streamed),
