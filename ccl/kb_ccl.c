@@ -125,17 +125,13 @@ static int topo_hier(const char *name, int ws, int rank, const kb_ccl_geom *g,
     return 0;
 }
 
-/* full_mesh: direction k-1 leads to rank r+k (mod ws), k = 1 .. ws-1, so every pair of ranks
- * has a queue; a PE has KB_NDIRS directions, hence ws <= KB_NDIRS + 1 */
+/* full_mesh: peer direction KB_DIR_PEER(k-1) leads to rank r+k (mod ws), k = 1 .. ws-1, so
+ * every pair of ranks has a queue; kb_topo_neighbors_n fills them (kb_topo_peer_dirs), the
+ * named directions stay unwired */
 static int topo_full(const char *name, int ws, int rank, const kb_ccl_geom *g,
                      int nbr[KB_NDIRS], kb_errbuf *eb)
 {
-    (void)g;
-    if (ws - 1 > KB_NDIRS)
-        return kb_err_set(eb, KB_ERR_CONFIG, "topology %s: a world of %d needs %d IPCQ "
-                          "directions per PE, a PE has %d", name, ws, ws - 1, KB_NDIRS);
-    for (int k = 1; k < ws; k++)
-        nbr[k - 1] = (rank + k) % ws;
+    (void)name, (void)ws, (void)rank, (void)g, (void)nbr, (void)eb;
     return 0;
 }
 
@@ -213,28 +209,62 @@ int kb_topo_find(const char *name)
     return -1;
 }
 
-int kb_topo_neighbors(const char *topo, int ws, int rank, const kb_ccl_geom *g,
-                      int nbr[KB_NDIRS], kb_errbuf *eb)
+int kb_topo_peer_dirs(const char *topo, int ws)
 {
-    int t = kb_topo_find(topo);
-    for (int d = 0; d < KB_NDIRS; d++)
+    return topo && !strcmp(topo, "full_mesh") && ws > 1 ? ws - 1 : 0;
+}
+
+int kb_topo_ndirs(const char *topo, int ws) { return KB_NDIRS + kb_topo_peer_dirs(topo, ws); }
+
+int kb_topo_neighbors_n(const char *topo, int ws, int rank, const kb_ccl_geom *g, int *nbr,
+                        int ndirs, kb_errbuf *eb)
+{
+    int t = kb_topo_find(topo), np = kb_topo_peer_dirs(topo, ws), rc;
+    assert(ndirs >= KB_NDIRS);
+    for (int d = 0; d < ndirs; d++)
         nbr[d] = KB_TOPO_NONE;
     if (ws < 1 || rank < 0 || rank >= ws)
         return kb_err_set(eb, KB_ERR_RANGE, "rank %d of a world of %d", rank, ws);
     if (t < 0)
         return kb_err_set(eb, KB_ERR_CONFIG, "unknown topology '%s'", topo);
-    return topo_fns[t](kb_topo_names[t], ws, rank, g, nbr, eb);
+    if (np > KB_IPCQ_MAX_PEER_DIRS)
+        return kb_err_set(eb, KB_ERR_CONFIG, "topology %s: a world of %d needs %d IPCQ peer "
+                          "directions per PE, at most %d", topo, ws, np, KB_IPCQ_MAX_PEER_DIRS);
+    if (KB_NDIRS + np > ndirs)
+        return kb_err_set(eb, KB_ERR_CONFIG, "topology %s: a world of %d needs %d IPCQ "
+                          "directions per PE (%d peer directions), this caller has room for %d",
+                          topo, ws, KB_NDIRS + np, np, ndirs);
+    if ((rc = topo_fns[t](kb_topo_names[t], ws, rank, g, nbr, eb)) != 0)
+        return rc;
+    for (int k = 1; k <= np; k++) /* full_mesh: offset k on peer direction k - 1 */
+        nbr[KB_DIR_PEER(k - 1)] = (rank + k) % ws;
+    return 0;
+}
+
+int kb_topo_neighbors(const char *topo, int ws, int rank, const kb_ccl_geom *g,
+                      int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    return kb_topo_neighbors_n(topo, ws, rank, g, nbr, KB_NDIRS, eb);
+}
+
+int kb_topo_reverse_n(const int *nbr_of_peer, int ndirs, int r, kb_dir d)
+{
+    int np = ndirs - KB_NDIRS;
+    /* peer direction k's opposite is np-1-k (full_mesh: offset o comes back on ws - o) */
+    int o = (int)d >= KB_NDIRS ? ((int)d - KB_NDIRS < np ? KB_NDIRS + np - 1 - ((int)d - KB_NDIRS)
+                                                          : -1)
+                               : kb_dir_opposite(d);
+    if (o >= 0 && nbr_of_peer[o] == r)
+        return o;
+    for (int i = 0; i < ndirs; i++)
+        if (nbr_of_peer[i] == r)
+            return i;
+    return -1;
 }
 
 int kb_topo_reverse(const int nbr_of_peer[KB_NDIRS], int r, kb_dir d)
 {
-    int o = kb_dir_opposite(d);
-    if (o >= 0 && nbr_of_peer[o] == r)
-        return o;
-    for (int i = 0; i < KB_NDIRS; i++)
-        if (nbr_of_peer[i] == r)
-            return i;
-    return -1;
+    return kb_topo_reverse_n(nbr_of_peer, KB_NDIRS, r, d);
 }
 
 int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb)
@@ -315,13 +345,16 @@ double kb_ccl_topo_bound_gbps(kb_ctx *ctx, const char *topo, const kb_ccl_layout
     kb_ccl_geom g = { m->npes, l->cubes, l->root };
     kb_res *path[KB_MAX_ROUTE];
     uint64_t best = UINT64_MAX; /* bytes per us of the slowest resource so far */
-    int nbr[KB_NDIRS];
+    int ndirs = kb_topo_ndirs(topo, l->ws);
+    int *nbr = malloc((size_t)ndirs * sizeof *nbr);
 
-    for (int r = 0; r < l->ws; r++) {
-        if (kb_topo_neighbors(topo, l->ws, r, &g, nbr, NULL) != 0)
+    for (int r = 0; nbr && r < l->ws; r++) {
+        if (kb_topo_neighbors_n(topo, l->ws, r, &g, nbr, ndirs, NULL) != 0) {
+            free(nbr);
             return 0.0;
+        }
         kb_pe_hw *a = kb_ccl_rank_pe(m, l, r);
-        for (int d = 0; d < KB_NDIRS; d++) {
+        for (int d = 0; d < ndirs; d++) {
             if (nbr[d] == KB_TOPO_NONE)
                 continue;
             kb_pe_hw *b = kb_ccl_rank_pe(m, l, nbr[d]);
@@ -333,6 +366,7 @@ double kb_ccl_topo_bound_gbps(kb_ctx *ctx, const char *topo, const kb_ccl_layout
                     best = path[i]->bytes_per_us;
         }
     }
+    free(nbr);
     return best == UINT64_MAX ? 0.0 : (double)best / 1000.0;
 }
 
@@ -343,23 +377,32 @@ int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const 
     kb_ccl_geom g = { m->npes, l->cubes, l->root };
     kb_ipcq_link *links = NULL;
     size_t n = 0, cap = 0;
-    int nbr[KB_NDIRS], pnbr[KB_NDIRS];
+    int ndirs = kb_topo_ndirs(topo, l->ws), np = ndirs - KB_NDIRS;
+    int *nbr = malloc(2 * (size_t)ndirs * sizeof *nbr), *pnbr = nbr ? nbr + ndirs : NULL;
+    char lbl[KB_DIR_LABEL_LEN];
     int rc = 0;
 
+    if (!nbr) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    /* a full mesh's rings must fit every PE's ring area: say so before building ws^2 links */
+    if (np > 0 && (rc = kb_ipcq_check_fit(ctx, cfg, kb_ccl_rank_pe(m, l, 0), np)) != 0)
+        goto out;
     for (int r = 0; r < l->ws; r++) {
-        if ((rc = kb_topo_neighbors(topo, l->ws, r, &g, nbr, eb)) != 0)
+        if ((rc = kb_topo_neighbors_n(topo, l->ws, r, &g, nbr, ndirs, eb)) != 0)
             goto out;
-        for (int d = 0; d < KB_NDIRS; d++) {
+        for (int d = 0; d < ndirs; d++) {
             if (nbr[d] == KB_TOPO_NONE)
                 continue;
             assert(nbr[d] >= 0 && nbr[d] < l->ws);
-            if ((rc = kb_topo_neighbors(topo, l->ws, nbr[d], &g, pnbr, eb)) != 0)
+            if ((rc = kb_topo_neighbors_n(topo, l->ws, nbr[d], &g, pnbr, ndirs, eb)) != 0)
                 goto out;
-            int rd = kb_topo_reverse(pnbr, r, (kb_dir)d);
+            int rd = kb_topo_reverse_n(pnbr, ndirs, r, (kb_dir)d);
             if (rd < 0) {
                 rc = kb_err_set(eb, KB_ERR_CONFIG, "topology %s: rank %d's %s points at rank %d, "
-                                "which has no direction back", topo, r, kb_dir_name((kb_dir)d),
-                                nbr[d]);
+                                "which has no direction back", topo, r,
+                                kb_dir_label((kb_dir)d, lbl, sizeof lbl), nbr[d]);
                 goto out;
             }
             if (n == cap) {
@@ -382,6 +425,7 @@ int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const 
     rc = kb_ipcq_install(ctx, cfg, links, n);
 out:
     free(links);
+    free(nbr);
     return rc;
 }
 

@@ -11,15 +11,18 @@
  * Topologies (DESIGN §8): ring_1d, ring_1d_unidir, mesh_2d / torus_2d (square k x k, wraps),
  * mesh_2d_no_wrap, tree_binary (heap order: parent (r-1)/2, children 2r+1, 2r+2),
  * hierarchical_3level (E/W ring inside each cube, N/S ring of the cubes' PE 0 inside each SIP,
- * global_E/global_W ring of the SIPs' leaders (cube 0, PE 0)), none, full_mesh (direction
- * k-1 leads to rank r+k: a queue to every other rank, ws <= KB_NDIRS + 1), hypercube (MPI's
+ * global_E/global_W ring of the SIPs' leaders (cube 0, PE 0)), none, full_mesh (peer direction
+ * KB_DIR_PEER(k-1) leads to rank r+k: a queue to every other rank, any ws up to the machine's
+ * PEs, as far as ws - 1 rings fit the IPCQ area), hypercube (MPI's
  * recursive doubling for any ws: ranks below 2*rem = 2(ws - 2^d) fold in pairs on direction
  * d, the 2^d survivors are a d-cube on directions 0..d-1; needs d + (rem > 0) <= KB_NDIRS). tree_binary hangs
  * from the geometry's root (heap order over ranks relabelled r - root mod ws).
  * double_binary_tree: NCCL's two binary trees at once (kb_ccl_dbtree_node_of below), six
  * directions at most per rank, any ws.
  * Reverse pairing: for rank r sending on d to p, p's receiving direction is opposite(d) if p's
- * table points it back at r, else the first direction of p (in kb_dir order) that does.
+ * table points it back at r, else the first direction of p (in kb_dir order) that does; the
+ * opposite of peer direction k of a table with np peer directions is peer direction np-1-k
+ * (full_mesh: offset o comes back on offset ws - o).
  *
  * Rank = PE ("legacy", a ccl.yaml world_size): rank r runs on global PE r, i.e. ranks fill the
  * PEs of cube 0 of SIP 0 first, then cube 1, ..., then SIP 1.
@@ -45,16 +48,27 @@ typedef struct kb_ccl_geom {
 /*
  * Fills nbr[d] = peer rank of `rank` on direction d, or KB_TOPO_NONE, for a world of `ws`
  * ranks. Errors (KB_ERR_CONFIG / KB_ERR_RANGE with a message): unknown topology, a mesh
- * world that is not a square, a hierarchical world that does not fill whole cubes.
+ * world that is not a square, a hierarchical world that does not fill whole cubes, a
+ * topology with peer directions (full_mesh beyond one rank) for a table of KB_NDIRS.
+ * kb_topo_neighbors_n fills a table of ndirs >= kb_topo_ndirs(topo, ws) entries, the peer
+ * directions after the named ones.
  */
 int kb_topo_neighbors(const char *topo, int ws, int rank, const kb_ccl_geom *g,
                       int nbr[KB_NDIRS], kb_errbuf *eb);
+int kb_topo_neighbors_n(const char *topo, int ws, int rank, const kb_ccl_geom *g, int *nbr,
+                        int ndirs, kb_errbuf *eb);
+/* The peer directions a topology wires per rank in a world of ws (full_mesh: ws - 1, every
+ * other topology 0), and the size of the direction table it needs (KB_NDIRS + those). */
+int kb_topo_peer_dirs(const char *topo, int ws);
+int kb_topo_ndirs(const char *topo, int ws);
 
 /* d = floor(log2 ws): the dimensions of the hypercube topology (ws >= 1). */
 int kb_topo_hypercube_dims(int ws);
 
-/* Reverse direction at peer `p` for the link (r, d): returns the direction or -1. */
+/* Reverse direction at peer `p` for the link (r, d): returns the direction or -1. The _n form
+ * takes p's table of ndirs entries (peer directions included). */
 int kb_topo_reverse(const int nbr_of_peer[KB_NDIRS], int r, kb_dir d);
+int kb_topo_reverse_n(const int *nbr_of_peer, int ndirs, int r, kb_dir d);
 
 /*
  * The double binary tree (NCCL's ncclGetDtree; topology double_binary_tree, ccl/kb_ccl_dbtree.c).

@@ -69,26 +69,34 @@ static int lanes_install(kb_ctx *ctx, const kb_ccl_lanes *job)
     kb_machine *m = kb_ctx_machine(ctx);
     kb_ccl_geom g = { 1, 1, job->root };
     int used = lanes_used(job), ws = job->ws;
-    int nbr[KB_NDIRS], pnbr[KB_NDIRS];
+    int ndirs = kb_topo_ndirs(job->topo, ws), np = ndirs - KB_NDIRS;
+    int *nbr = malloc(2 * (size_t)ndirs * sizeof *nbr), *pnbr = nbr ? nbr + ndirs : NULL;
+    char lbl[KB_DIR_LABEL_LEN];
     size_t n = 0, cap = (size_t)used * (size_t)ws * 2u;
     kb_ipcq_link *links = malloc((cap ? cap : 1) * sizeof *links);
     int rc = 0;
 
-    if (!links)
+    if (!links || !nbr) {
+        free(links);
+        free(nbr);
         return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+    }
+    /* a full mesh among the SIPs: each lane PE holds ws - 1 rings */
+    if (np > 0 && used > 0)
+        rc = kb_ipcq_check_fit(ctx, &job->icfg, kb_machine_pe(m, 0, 0, 0), np);
     for (int r = 0; r < ws && rc == 0; r++) {
-        if ((rc = kb_topo_neighbors(job->topo, ws, r, &g, nbr, eb)) != 0)
+        if ((rc = kb_topo_neighbors_n(job->topo, ws, r, &g, nbr, ndirs, eb)) != 0)
             break;
-        for (int d = 0; d < KB_NDIRS && rc == 0; d++) {
+        for (int d = 0; d < ndirs && rc == 0; d++) {
             if (nbr[d] == KB_TOPO_NONE)
                 continue;
-            if ((rc = kb_topo_neighbors(job->topo, ws, nbr[d], &g, pnbr, eb)) != 0)
+            if ((rc = kb_topo_neighbors_n(job->topo, ws, nbr[d], &g, pnbr, ndirs, eb)) != 0)
                 break;
-            int rd = kb_topo_reverse(pnbr, r, (kb_dir)d);
+            int rd = kb_topo_reverse_n(pnbr, ndirs, r, (kb_dir)d);
             if (rd < 0) {
                 rc = kb_err_set(eb, KB_ERR_CONFIG, "topology %s: SIP rank %d's %s points at "
                                 "rank %d, which has no direction back", job->topo, r,
-                                kb_dir_name((kb_dir)d), nbr[d]);
+                                kb_dir_label((kb_dir)d, lbl, sizeof lbl), nbr[d]);
                 break;
             }
             for (int l = 0; l < used; l++) {
@@ -113,6 +121,7 @@ static int lanes_install(kb_ctx *ctx, const kb_ccl_lanes *job)
     if (rc == 0)
         rc = kb_ipcq_install(ctx, &job->icfg, links, n);
     free(links);
+    free(nbr);
     return rc;
 }
 

@@ -14,8 +14,8 @@
  * Split: count elements per rank (and chunk) go to the lanes as evenly as possible, the first
  * count mod lanes lanes one more; a lane with none sits the collective out (a count below the
  * PE count leaves most lanes empty — legal, as empty chunks are). Limits: the topology's
- * queues per PE (full_mesh: ws <= KB_NDIRS + 1 SIPs) and the algorithm's own check (mesh: a
- * square number of SIPs), with their messages.
+ * rings per PE (full_mesh: ws - 1 peer directions per lane PE, whose rings must fit its IPCQ
+ * area) and the algorithm's own check (mesh: a square number of SIPs), with their messages.
  */
 #ifndef KB_CCL_LANES_H
 #define KB_CCL_LANES_H

@@ -48,7 +48,8 @@ typedef struct qp {
     kb_time *cr_t;            /* [n_slots] ring of credit arrival times (cr_inl or the heap) */
     uint64_t slot_size;
     uint32_t n_slots, cr_head, cr_n;
-    uint8_t wired, dir;
+    uint8_t wired;
+    uint16_t dir;             /* a named direction or a peer direction (< KB_IPCQ_MAX_DIRS) */
     /* line 2 */
     _Alignas(64) kb_time cr_inl[KB_QP_INLINE_SLOTS];
     kb_pe_hw *peer;
@@ -65,7 +66,7 @@ typedef struct qp {
     uint32_t sb_inl[KB_QP_INLINE_SLOTS];
     uint64_t rx_slot_size;    /* slot_size, n_slots and dir again, on the receiving side's lines */
     uint32_t rx_n_slots;
-    uint8_t rx_dir;
+    uint16_t rx_dir;
     pe_state *owner;
     struct ipcq_sys *sys;
     /* views (tl_recv_view_async): slots are credited in order, so while a view holds slot
@@ -77,17 +78,30 @@ typedef struct qp {
 } qp;
 
 /*
- * A PE's IPCQ state: queue pairs for its wired directions only, in direction order (a PE
- * wires two to four of the eleven, and every page of per-PE state is a page fault when a
- * launch installs hundreds of PEs). Carved from one block per install.
+ * A PE's IPCQ state: queue pairs for its wired directions only, in direction order, the named
+ * ones first (a ring PE wires two to four of the eleven, a full mesh's PE ws - 1 peer
+ * directions, and every page of per-PE state is a page fault when a launch installs hundreds
+ * of PEs). Named direction d is found by its bit in `wired`; peer direction KB_DIR_PEER(k) by
+ * peer_ix[k - peer_lo] (UINT32_MAX: not wired), a table over the span of the PE's peer
+ * directions only. Carved from one block per install.
  */
 struct pe_state {
     kb_pe_hw *pe;
     ipcq_sys *sys;
-    uint32_t wired;
-    uint32_t nq;
-    qp q[]; /* [nq] */
+    uint32_t wired;    /* named directions, bit d */
+    uint32_t nq;       /* queue pairs: named, then peer */
+    uint32_t npeer;    /* wired peer directions */
+    uint32_t peer_lo, peer_span;
+    uint32_t *peer_ix; /* [peer_span], in the state's block; NULL without peer directions */
+    qp q[];            /* [nq] */
 };
+
+/* A PE new to an install gathers its named directions in its ipcq_wired; this bit marks one
+ * that has met only peer directions so far (the install sorts those out by PE). */
+#define PEER_MARK (UINT32_C(1) << 31)
+#define NAMED_MASK ((UINT32_C(1) << KB_NDIRS) - 1u)
+_Static_assert(KB_NDIRS < 31, "named directions and the peer mark share a 32-bit mask");
+_Static_assert(KB_IPCQ_MAX_DIRS <= UINT16_MAX, "a queue pair keeps its direction in 16 bits");
 
 /* Set bits (no POPCNT in baseline x86-64: the portable bit trick). */
 static unsigned bits_set(uint32_t x)
@@ -104,10 +118,23 @@ static unsigned rank_below(uint32_t mask, unsigned d)
     return bits_set(mask & ((UINT32_C(1) << d) - 1u));
 }
 
+/* Peer direction d's queue pair (d >= KB_NDIRS), or NULL where it is not wired. */
+static qp *peer_qp(const pe_state *ps, unsigned d)
+{
+    uint32_t k = d - KB_NDIRS - ps->peer_lo;
+    if (d < KB_NDIRS + ps->peer_lo || k >= ps->peer_span || ps->peer_ix[k] == UINT32_MAX)
+        return NULL;
+    return (qp *)&ps->q[ps->peer_ix[k]];
+}
+
 /* Direction d's queue pair, or NULL where d is not wired. */
 static qp *qp_of(const pe_state *ps, int d)
 {
-    if (!ps || (unsigned)d >= KB_NDIRS || !(ps->wired >> d & 1u))
+    if (!ps || d < 0)
+        return NULL;
+    if ((unsigned)d >= KB_NDIRS)
+        return peer_qp(ps, (unsigned)d);
+    if (!(ps->wired >> d & 1u))
         return NULL;
     return (qp *)&ps->q[rank_below(ps->wired, (unsigned)d)];
 }
@@ -162,36 +189,69 @@ struct ipcq_sys {
     size_t nblocks;
     uint64_t sends, recvs; /* chunks sent, messages received */
     uint64_t msgs;         /* messages sent (tl_send calls) */
-    uint64_t dir_bytes[KB_NDIRS]; /* bytes sent per direction */
+    uint64_t dir_bytes[KB_NDIRS + 1]; /* bytes sent per named direction; [KB_NDIRS]: peers */
 };
 
 static const char *const dir_names[KB_NDIRS] = {
     "E", "W", "N", "S", "global_E", "global_W", "global_N", "global_S",
     "parent", "child_left", "child_right",
 };
-static const char *const recv_names[KB_NDIRS] = {
+/* Op names of records and blocked fibers (static strings: records keep the pointer); every
+ * peer direction shares the last one (the record's PE and addresses tell the peer). */
+static const char *const recv_names[KB_NDIRS + 1] = {
     "ipcq recv E", "ipcq recv W", "ipcq recv N", "ipcq recv S", "ipcq recv global_E",
     "ipcq recv global_W", "ipcq recv global_N", "ipcq recv global_S", "ipcq recv parent",
-    "ipcq recv child_left", "ipcq recv child_right",
+    "ipcq recv child_left", "ipcq recv child_right", "ipcq recv peer",
 };
-static const char *const send_names[KB_NDIRS] = {
+static const char *const send_names[KB_NDIRS + 1] = {
     "ipcq send E", "ipcq send W", "ipcq send N", "ipcq send S", "ipcq send global_E",
     "ipcq send global_W", "ipcq send global_N", "ipcq send global_S", "ipcq send parent",
-    "ipcq send child_left", "ipcq send child_right",
+    "ipcq send child_left", "ipcq send child_right", "ipcq send peer",
 };
-static const char *const send_wait_names[KB_NDIRS] = {
+static const char *const send_wait_names[KB_NDIRS + 1] = {
     "ipcq credit E", "ipcq credit W", "ipcq credit N", "ipcq credit S", "ipcq credit global_E",
     "ipcq credit global_W", "ipcq credit global_N", "ipcq credit global_S", "ipcq credit parent",
-    "ipcq credit child_left", "ipcq credit child_right",
+    "ipcq credit child_left", "ipcq credit child_right", "ipcq credit peer",
 };
 
-const char *kb_dir_name(kb_dir d) { return (unsigned)d < KB_NDIRS ? dir_names[d] : "?"; }
+/* Index into the name tables above: a named direction's own, KB_NDIRS for every peer one. */
+static inline unsigned name_ix(unsigned d) { return d < KB_NDIRS ? d : KB_NDIRS; }
+
+const char *kb_dir_name(kb_dir d)
+{
+    if ((unsigned)d < KB_NDIRS)
+        return dir_names[d];
+    return (unsigned)d < KB_IPCQ_MAX_DIRS ? "peer" : "?";
+}
+
+const char *kb_dir_label(kb_dir d, char *buf, size_t n)
+{
+    if ((unsigned)d >= KB_NDIRS && (unsigned)d < KB_IPCQ_MAX_DIRS)
+        snprintf(buf, n, "peer%u", (unsigned)d - KB_NDIRS);
+    else
+        snprintf(buf, n, "%s", kb_dir_name(d));
+    return buf;
+}
+
+/* A direction's label for messages: a compound literal lives to the end of the enclosing
+ * block, i.e. the statement that prints it. */
+#define DIRL(d) kb_dir_label((kb_dir)(d), (char[KB_DIR_LABEL_LEN]){ 0 }, KB_DIR_LABEL_LEN)
 
 int kb_dir_from_name(const char *name)
 {
     for (int i = 0; i < KB_NDIRS; i++)
         if (strcmp(name, dir_names[i]) == 0)
             return i;
+    if (strncmp(name, "peer", 4) == 0 && name[4] >= '0' && name[4] <= '9' &&
+        (name[4] != '0' || name[5] == '\0')) { /* digits only, no leading zero */
+        unsigned long k = 0;
+        for (const char *c = name + 4; *c; c++) {
+            if (*c < '0' || *c > '9' || k >= KB_IPCQ_MAX_PEER_DIRS)
+                return -1;
+            k = k * 10 + (unsigned long)(*c - '0');
+        }
+        return k < KB_IPCQ_MAX_PEER_DIRS ? KB_NDIRS + (int)k : -1;
+    }
     return -1;
 }
 
@@ -332,15 +392,13 @@ static void dump(kb_ctx *ctx, char *buf, size_t n, void *ud)
     len = w > 0 ? (size_t)w : 0;
     for (size_t i = 0; i < sys->npes && len < n; i++) {
         pe_state *ps = sys->pes[i];
-        for (int d = 0; d < KB_NDIRS && len < n; d++) {
-            qp *q = qp_of(ps, d);
-            if (!q)
-                continue;
+        for (uint32_t k = 0; k < ps->nq && len < n; k++) {
+            qp *q = &ps->q[k]; /* direction order */
             credits_take(q, kb_sim_now(kb_ctx_sim(sys->ctx)));
             w = snprintf(buf + len, n - len,
                          "\n  sip%u/cube%u/pe%u %-10s my_head=%llu my_tail=%llu "
                          "peer_head_cache=%llu peer_tail_cache=%llu",
-                         ps->pe->gsip, ps->pe->cube, ps->pe->pe, dir_names[d],
+                         ps->pe->gsip, ps->pe->cube, ps->pe->pe, DIRL(q->dir),
                          (unsigned long long)q->my_head, (unsigned long long)q->my_tail,
                          (unsigned long long)q->peer_head_cache,
                          (unsigned long long)q->peer_tail_cache);
@@ -356,6 +414,19 @@ uint32_t kb_ipcq_wired(kb_ctx *ctx, const kb_pe_hw *pe)
     (void)ctx;
     const pe_state *ps = pe->ipcq_state;
     return ps ? ps->wired : 0;
+}
+
+int kb_ipcq_is_wired(kb_ctx *ctx, const kb_pe_hw *pe, kb_dir d)
+{
+    (void)ctx;
+    return qp_of(pe->ipcq_state, (int)d) != NULL;
+}
+
+int kb_ipcq_peer_wired(kb_ctx *ctx, const kb_pe_hw *pe)
+{
+    (void)ctx;
+    const pe_state *ps = pe->ipcq_state;
+    return ps ? (int)ps->npeer : 0;
 }
 
 int kb_ipcq_counters_of(kb_ctx *ctx, const kb_pe_hw *pe, kb_dir d, kb_ipcq_counters *out)
@@ -440,9 +511,80 @@ typedef struct install {
     kb_pe_hw **pes;      /* [n] the new PEs */
     pe_state **states;   /* [n] their states, once made */
     size_t npes;
+    struct plink *pl;    /* the links on peer directions, by (PE, direction); NULL if none */
+    size_t npl;
     void *block;         /* the states' memory (sys owns it once committed) */
     int made_states;
 } install;
+
+/* A link on a peer direction, as count_links sorts them out by PE. */
+typedef struct plink {
+    unsigned gid;
+    unsigned dir;
+} plink;
+
+static int plink_cmp(const void *a, const void *b)
+{
+    const plink *x = a, *y = b;
+    if (x->gid != y->gid)
+        return x->gid < y->gid ? -1 : 1;
+    return x->dir < y->dir ? -1 : x->dir > y->dir;
+}
+
+/* The first of pl[0..n) (sorted) on PE gid. */
+static size_t plink_first(const plink *pl, size_t n, unsigned gid)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (pl[mid].gid < gid)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static const char *area_name(kb_mem_kind kind)
+{
+    switch (kind) {
+    case KB_MEM_HBM:
+        return "the PE's HBM slice";
+    case KB_MEM_SRAM:
+        return "the cube SRAM";
+    default:
+        return "the PE's IPCQ area in TCM (pe.ipcq.area_bytes)";
+    }
+}
+
+/* KB_ERR_NOSPACE with the numbers unless `nrings` rings of cfg fit next to what the ring
+ * allocator of pe already holds. */
+static int fit_check(kb_ctx *ctx, const kb_ipcq_cfg *cfg, kb_pe_hw *pe, uint64_t nrings,
+                     uint64_t npeer, kb_errbuf *eb)
+{
+    kb_alloc *al = ring_allocator(ctx, pe, cfg->buffer_kind);
+    uint64_t ring = (uint64_t)cfg->n_slots * cfg->slot_size;
+    uint64_t size = kb_alloc_size(al), used = kb_alloc_used(al), free_b = size - used;
+    char a[48];
+    /* rings are 64-byte aligned: round each up, as the allocator does */
+    uint64_t ring_al = (ring + 63u) & ~UINT64_C(63);
+    if (nrings == 0 || (ring_al <= free_b && nrings <= free_b / ring_al))
+        return 0;
+    fmt_pe(pe, a, sizeof a);
+    return kb_err_set(eb, KB_ERR_NOSPACE, "IPCQ install: %s needs %llu rx rings (%llu of them "
+                      "peer directions) of %d slots x %llu bytes = %llu bytes, but %s has %llu "
+                      "bytes (%llu free): use fewer or smaller slots (n_slots, slot_size) or a "
+                      "larger area", a, (unsigned long long)nrings, (unsigned long long)npeer,
+                      cfg->n_slots, (unsigned long long)cfg->slot_size,
+                      (unsigned long long)(nrings * ring), area_name(cfg->buffer_kind),
+                      (unsigned long long)size, (unsigned long long)free_b);
+}
+
+int kb_ipcq_check_fit(kb_ctx *ctx, const kb_ipcq_cfg *cfg, kb_pe_hw *pe, int64_t ndirs)
+{
+    uint64_t n = ndirs > 0 ? (uint64_t)ndirs : 0;
+    return fit_check(ctx, cfg, pe, n, n, kb_ctx_err(ctx));
+}
 
 /* The context's IPCQ system, made by its first install; later installs must repeat its
  * configuration. */
@@ -487,7 +629,7 @@ static int count_links(install *in)
     for (size_t i = 0; i < in->n; i++) {
         const kb_ipcq_link *l = &in->links[i];
         kb_pe_hw *pe = l->pe;
-        if ((unsigned)l->dir >= KB_NDIRS || (unsigned)l->peer_dir >= KB_NDIRS)
+        if ((unsigned)l->dir >= KB_IPCQ_MAX_DIRS || (unsigned)l->peer_dir >= KB_IPCQ_MAX_DIRS)
             return kb_err_set(in->eb, KB_ERR_INVAL, "IPCQ install: bad direction in link %zu", i);
         if (pe->ipcq_state) {
             fmt_pe(pe, a, sizeof a);
@@ -496,6 +638,13 @@ static int count_links(install *in)
         }
         if (!pe->ipcq_wired)
             in->pes[in->npes++] = pe;
+        if ((unsigned)l->dir >= KB_NDIRS) { /* sorted out below */
+            if (!in->pl && !(in->pl = malloc(in->n * sizeof *in->pl)))
+                return kb_err_set(in->eb, KB_ERR_NOMEM, "out of memory");
+            in->pl[in->npl++] = (plink){ pe->gid, (unsigned)l->dir };
+            pe->ipcq_wired |= PEER_MARK;
+            continue;
+        }
         if (pe->ipcq_wired >> l->dir & 1u) {
             fmt_pe(pe, a, sizeof a);
             return kb_err_set(in->eb, KB_ERR_INVAL, "IPCQ install: %s direction %s appears "
@@ -504,6 +653,18 @@ static int count_links(install *in)
         pe->ipcq_wired |= UINT32_C(1) << l->dir;
     }
     assert(in->npes <= in->n);
+    if (in->npl) {
+        qsort(in->pl, in->npl, sizeof *in->pl, plink_cmp);
+        for (size_t i = 1; i < in->npl; i++) {
+            if (plink_cmp(&in->pl[i - 1], &in->pl[i]) == 0) {
+                const kb_machine *m = kb_ctx_machine(in->ctx);
+                unsigned g = in->pl[i].gid, per_sip = m->ncubes * m->npes;
+                return kb_err_set(in->eb, KB_ERR_INVAL, "IPCQ install: sip%u/cube%u/pe%u "
+                                  "direction %s appears twice", g / per_sip,
+                                  g % per_sip / m->npes, g % m->npes, DIRL(in->pl[i].dir));
+            }
+        }
+    }
     return 0;
 }
 
@@ -513,8 +674,17 @@ static int make_states(install *in)
     ipcq_sys *sys = in->sys;
     size_t total = 0, off = 0;
 
-    for (size_t j = 0; j < in->npes; j++)
-        total += sizeof(pe_state) + (size_t)bits_set(in->pes[j]->ipcq_wired) * sizeof(qp);
+    for (size_t j = 0; j < in->npes; j++) {
+        kb_pe_hw *pe = in->pes[j];
+        total += sizeof(pe_state) + (size_t)bits_set(pe->ipcq_wired & NAMED_MASK) * sizeof(qp);
+        if (pe->ipcq_wired & PEER_MARK) { /* its peer queue pairs and their table */
+            size_t f = plink_first(in->pl, in->npl, pe->gid), e = f;
+            while (e < in->npl && in->pl[e].gid == pe->gid)
+                e++;
+            size_t span = in->pl[e - 1].dir - in->pl[f].dir + 1u;
+            total += (e - f) * sizeof(qp) + ((span * sizeof(uint32_t) + 63u) & ~(size_t)63u);
+        }
+    }
     /* room for the block in sys->blocks now, so that the commit cannot fail on it */
     void **nb = realloc(sys->blocks, (sys->nblocks + 1) * sizeof *nb);
     if (!nb)
@@ -529,14 +699,44 @@ static int make_states(install *in)
         pe_state *ps = (pe_state *)(void *)((char *)in->block + off);
         ps->pe = pe;
         ps->sys = sys;
-        ps->wired = pe->ipcq_wired;
+        ps->wired = pe->ipcq_wired & NAMED_MASK;
         ps->nq = bits_set(ps->wired);
+        if (pe->ipcq_wired & PEER_MARK) {
+            size_t f = plink_first(in->pl, in->npl, pe->gid), e = f;
+            while (e < in->npl && in->pl[e].gid == pe->gid)
+                e++;
+            ps->npeer = (uint32_t)(e - f);
+            ps->peer_lo = in->pl[f].dir - KB_NDIRS;
+            ps->peer_span = in->pl[e - 1].dir - in->pl[f].dir + 1u;
+            ps->peer_ix = (uint32_t *)(void *)((char *)ps + sizeof(pe_state) +
+                                               (size_t)(ps->nq + ps->npeer) * sizeof(qp));
+            for (uint32_t k = 0; k < ps->peer_span; k++)
+                ps->peer_ix[k] = UINT32_MAX;
+            for (size_t t = f; t < e; t++) /* after the named ones, in direction order */
+                ps->peer_ix[in->pl[t].dir - KB_NDIRS - ps->peer_lo] = ps->nq + (uint32_t)(t - f);
+            ps->nq += ps->npeer;
+            off += ((size_t)ps->peer_span * sizeof(uint32_t) + 63u) & ~(size_t)63u;
+        }
         off += sizeof(pe_state) + (size_t)ps->nq * sizeof(qp);
+        pe->ipcq_wired = ps->wired; /* the mark's job is done */
         pe->ipcq_state = ps;
         in->states[j] = ps;
     }
     assert(off == total);
     in->made_states = 1;
+    return 0;
+}
+
+/* Each new PE's rings fit its ring area (a message with the numbers where they do not,
+ * before a ring is allocated; a shared SRAM can still run out in alloc_rings). */
+static int check_fit(install *in)
+{
+    for (size_t j = 0; j < in->npes; j++) {
+        const pe_state *ps = in->states[j];
+        int rc = fit_check(in->ctx, in->cfg, in->pes[j], ps->nq, ps->npeer, in->eb);
+        if (rc != 0)
+            return rc;
+    }
     return 0;
 }
 
@@ -549,15 +749,17 @@ static int alloc_rings(install *in)
     for (size_t i = 0; i < in->n; i++) {
         kb_pe_hw *pe = in->links[i].pe;
         pe_state *ps = pe->ipcq_state;
-        qp *q = &ps->q[rank_below(ps->wired, in->links[i].dir)];
+        qp *q = qp_of(ps, in->links[i].dir);
         kb_alloc *al = ring_allocator(in->ctx, pe, cfg->buffer_kind);
         kb_errbuf aeb;
         uint64_t base;
-        assert(!q->wired); /* count_links let each direction through once */
+        assert(q && !q->wired); /* count_links let each direction through once */
         if (kb_alloc_alloc(al, (uint64_t)cfg->n_slots * cfg->slot_size, 64, &base, &aeb) != 0) {
             fmt_pe(pe, a, sizeof a);
-            return kb_err_set(in->eb, KB_ERR_NOSPACE, "IPCQ install: rx ring of %s %s: %s", a,
-                              dir_names[in->links[i].dir], aeb.msg);
+            return kb_err_set(in->eb, KB_ERR_NOSPACE, "IPCQ install: rx ring of %s %s (%d x "
+                              "%llu bytes) in %s: %s", a, DIRL(in->links[i].dir), cfg->n_slots,
+                              (unsigned long long)cfg->slot_size, area_name(cfg->buffer_kind),
+                              aeb.msg);
         }
         if (cfg->n_slots <= KB_QP_INLINE_SLOTS) {
             q->slot_bytes = q->sb_inl;
@@ -576,7 +778,7 @@ static int alloc_rings(install *in)
             return kb_err_set(in->eb, KB_ERR_NOMEM, "out of memory");
         }
         q->wired = 1;
-        q->dir = (uint8_t)in->links[i].dir;
+        q->dir = (uint16_t)in->links[i].dir;
         q->owner = ps;
         q->rx_pe = pe;
         q->sys = in->sys;
@@ -607,8 +809,8 @@ static int pair_links(install *in)
             fmt_pe(links[i].pe, a, sizeof a);
             fmt_pe(links[i].peer, b, sizeof b);
             return kb_err_set(in->eb, KB_ERR_INVAL, "IPCQ install: %s %s -> %s, but %s has no "
-                              "%s queue pointing back", a, dir_names[links[i].dir], b, b,
-                              dir_names[links[i].peer_dir]);
+                              "%s queue pointing back", a, DIRL(links[i].dir), b, b,
+                              DIRL(links[i].peer_dir));
         }
         q->peer = links[i].peer;
         q->peer_rx_base = pq->my_rx_base;
@@ -656,7 +858,7 @@ static int check_disjoint(install *in)
             fmt_pe(rs[i - 1].pe, a, sizeof a);
             fmt_pe(rs[i].pe, b, sizeof b);
             rc = kb_err_set(in->eb, KB_ERR_STATE, "IPCQ install: rx rings of %s %s and %s %s "
-                            "overlap", a, dir_names[rs[i - 1].dir], b, dir_names[rs[i].dir]);
+                            "overlap", a, DIRL(rs[i - 1].dir), b, DIRL(rs[i].dir));
             break;
         }
     }
@@ -752,7 +954,7 @@ int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *lin
         goto out;
     }
     if ((rc = count_links(&in)) != 0 || (rc = make_states(&in)) != 0 ||
-        (rc = alloc_rings(&in)) != 0 || (rc = pair_links(&in)) != 0 ||
+        (rc = check_fit(&in)) != 0 || (rc = alloc_rings(&in)) != 0 || (rc = pair_links(&in)) != 0 ||
         (rc = check_disjoint(&in)) != 0 || (rc = commit(&in)) != 0)
         goto out;
     time_install(&in);
@@ -761,6 +963,7 @@ out:
         rollback(&in);
     free(in.pes);
     free(in.states);
+    free(in.pl);
     return rc;
 }
 
@@ -770,7 +973,7 @@ static KB_NOINLINE void trace_line(FILE *f, kb_ctx *ctx, const char *what, const
                                    kb_dir d, uint64_t nbytes, uint64_t seq)
 {
     fprintf(f, "ipcq t=%.3fns %s %s %lluB seq=%llu sip%u/cube%u/pe%u\n",
-            kb_time_to_ns(kb_sim_now(kb_ctx_sim(ctx))), what, dir_names[d],
+            kb_time_to_ns(kb_sim_now(kb_ctx_sim(ctx))), what, DIRL(d),
             (unsigned long long)nbytes, (unsigned long long)seq, pe->gsip, pe->cube, pe->pe);
 }
 
@@ -784,7 +987,7 @@ static inline void trace(kb_ctx *ctx, const char *what, const kb_pe_hw *pe, kb_d
 static KB_COLD void not_wired(kb_tl *tl, kb_dir d, const char *op)
 {
     pe_state *ps = tl_pe(tl)->ipcq_state;
-    char wired[160] = "";
+    char wired[200] = "";
     size_t len = 0;
     for (int i = 0; ps && i < KB_NDIRS; i++) {
         if (qp_of(ps, i)) {
@@ -792,8 +995,14 @@ static KB_COLD void not_wired(kb_tl *tl, kb_dir d, const char *op)
             len += w > 0 ? (size_t)w : 0;
         }
     }
+    if (ps && ps->npeer && len < sizeof wired) { /* a full mesh's are many: their range */
+        int w = snprintf(wired + len, sizeof wired - len, "%s%u peer directions in peer%u..peer%u",
+                         len ? " and " : "", ps->npeer, ps->peer_lo,
+                         ps->peer_lo + ps->peer_span - 1u);
+        len += w > 0 ? (size_t)w : 0;
+    }
     tl_fail(tl, KB_ERR_DIRECTION, "%s: direction %s is not wired on this PE (wired: %s)", op,
-            (unsigned)d < KB_NDIRS ? dir_names[d] : "?", len ? wired : "none");
+            DIRL(d), len ? wired : "none");
 }
 
 static inline qp *wired_qp(kb_tl *tl, kb_dir d, const char *op)
@@ -801,8 +1010,14 @@ static inline qp *wired_qp(kb_tl *tl, kb_dir d, const char *op)
     pe_state *ps = tl_pe(tl)->ipcq_state;
     /* the PE's copy of the bitmask: it shares a line with ipcq_state */
     uint32_t wired = tl_pe(tl)->ipcq_wired;
-    if ((unsigned)d < KB_NDIRS && (wired >> d & 1u))
-        return &ps->q[rank_below(wired, (unsigned)d)];
+    if ((unsigned)d < KB_NDIRS) {
+        if (wired >> d & 1u)
+            return &ps->q[rank_below(wired, (unsigned)d)];
+    } else if (ps) {
+        qp *q = peer_qp(ps, (unsigned)d);
+        if (q)
+            return q;
+    }
     not_wired(tl, d, op);
     return NULL;
 }
@@ -876,7 +1091,7 @@ static KB_COLD void recv_size_mismatch(kb_ctx *ctx, qp *q, const kb_ipcq_req *r,
                    "kernel %s on sip%u/cube%u/pe%u: tl_recv %s expects %llu bytes but "
                    "message %llu from the peer has %llu", tl_kernel_name(r->tl),
                    q->rx_pe->gsip, q->rx_pe->cube, q->rx_pe->pe,
-                   dir_names[q->dir], (unsigned long long)r->nbytes,
+                   DIRL(q->dir), (unsigned long long)r->nbytes,
                    (unsigned long long)q->my_tail, (unsigned long long)q->slot_bytes[si]);
     kb_ctx_fail(ctx, KB_ERR_INVAL);
 }
@@ -886,7 +1101,7 @@ static KB_COLD void credit_fail(qp *q)
     kb_ctx *ctx = q->sys->ctx;
     kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "IPCQ: a credit from sip%u/cube%u/pe%u %s found "
                "no sending queue", q->owner->pe->gsip, q->owner->pe->cube, q->owner->pe->pe,
-               dir_names[q->dir]);
+               DIRL(q->dir));
     kb_ctx_fail(ctx, KB_ERR_STATE);
 }
 
@@ -965,7 +1180,7 @@ static void progress(qp *q)
         if (last)
             h->done = 1;
         if (kb_ctx_records(ctx) &&
-            record_recv(ctx, q, r, slot, t_start, t_end, recv_names[q->rx_dir]) != 0) {
+            record_recv(ctx, q, r, slot, t_start, t_end, recv_names[name_ix(q->rx_dir)]) != 0) {
             kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory in an IPCQ receive");
             kb_ctx_fail(ctx, KB_ERR_NOMEM);
             return;
@@ -1000,7 +1215,7 @@ static KB_COLD void send_route_fail(kb_tl *tl, kb_dir dir, kb_pa src, kb_pa dst)
     kb_errbuf eb;
     eb.msg[0] = '\0';
     kb_machine_route(kb_ctx_machine(tl_ctx(tl)), tl_pe(tl), src, dst, path, KB_MAX_ROUTE, &eb);
-    tl_fail(tl, KB_ERR_RANGE, "tl_send %s: %s", dir_names[dir], eb.msg);
+    tl_fail(tl, KB_ERR_RANGE, "tl_send %s: %s", DIRL(dir), eb.msg);
 }
 
 /* Elements of dtype dt per chunk: as many whole elements as one slot holds. */
@@ -1019,7 +1234,7 @@ static KB_ALWAYS_INLINE void wait_credit(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir
             kb_tl_wait_until(tl, q->cr_t[q->cr_head]);
         } else {
             q->cr_waiter = kb_fiber_current(sim);
-            kb_fiber_block(sim, send_wait_names[dir], q);
+            kb_fiber_block(sim, send_wait_names[name_ix(dir)], q);
         }
         credits_take(q, kb_sim_now(sim));
     }
@@ -1053,7 +1268,7 @@ static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_d
             part.rows = 1;
             part.cols = (uint32_t)len;
         }
-        if (record_send(ctx, tl, dst, &part, t_start, t_end, send_names[dir]) != 0)
+        if (record_send(ctx, tl, dst, &part, t_start, t_end, send_names[name_ix(dir)]) != 0)
             tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
     }
     msg *m = msg_get(sys);
@@ -1061,13 +1276,13 @@ static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_d
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
     if (!q->tok_q)
         tl_fail(tl, KB_ERR_STATE, "tl_send %s: the peer has no ring at the destination",
-                dir_names[dir]);
+                DIRL(dir));
     m->to = q->tok_q;
     m->addr = dst;
     m->seq = seq;
     m->nbytes = nbytes;
     sys->sends++;
-    sys->dir_bytes[dir] += nbytes;
+    sys->dir_bytes[name_ix(dir)] += nbytes;
     trace(ctx, "send", tl_pe(tl), dir, nbytes, seq);
     if (last && t_end > kb_sim_now(kb_ctx_sim(ctx))) {
         /* the token arrives when the DMA ends, which is also when the sender goes on: one
@@ -1095,7 +1310,7 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
 
     if (!kb_val_contiguous(v))
         tl_fail(tl, KB_ERR_INVAL, "tl_send %s: the value is a strided view (row stride %u, %u "
-                "columns); tl_copy it into a contiguous value first", dir_names[dir], v.ld, v.cols);
+                "columns); tl_copy it into a contiguous value first", DIRL(dir), v.ld, v.cols);
     sys->msgs++;
     if (n * kb_dtype_size((kb_dtype)v.dtype) <= q->slot_size) { /* the protocol as it was */
         wait_credit(tl, q, sys, dir);
@@ -1129,7 +1344,7 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
     kb_ipcq_req *r;
 
     if (s.rows == 0 || s.cols == 0 || (unsigned)dt >= KB_NDTYPES)
-        tl_fail(tl, KB_ERR_INVAL, "%s %s: empty shape or bad dtype", op, dir_names[dir]);
+        tl_fail(tl, KB_ERR_INVAL, "%s %s: empty shape or bad dtype", op, DIRL(dir));
     r = req_get(sys);
     if (!r)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
@@ -1248,7 +1463,7 @@ void tl_recv_release(kb_tl *tl, kb_dir dir, kb_val v)
         q->cr_defer[q->cr_next % q->rx_n_slots] >= 0)
         tl_fail(tl, KB_ERR_INVAL, "tl_recv_release %s: the value is not the oldest held view "
                 "of this direction (views are released in the order they were received)",
-                dir_names[dir]);
+                DIRL(dir));
     /* the slot is free once the kernel's reads of it are done, i.e. now */
     if (credit_free(q, q->cr_next, kb_sim_now(kb_ctx_sim(tl_ctx(tl))) + q->credit_delay) != 0)
         tl_fail(tl, KB_ERR_STATE, "tl_recv_release: %s", kb_ctx_err(tl_ctx(tl))->msg);
@@ -1270,7 +1485,7 @@ kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
     sys = r->q->sys;
     if (!r->done) {
         r->waiter = kb_fiber_current(kb_ctx_sim(tl_ctx(tl)));
-        kb_fiber_block(kb_ctx_sim(tl_ctx(tl)), recv_names[r->q->rx_dir], r->q); /* woken at t_done */
+        kb_fiber_block(kb_ctx_sim(tl_ctx(tl)), recv_names[name_ix(r->q->rx_dir)], r->q); /* woken at t_done */
     } else {
         kb_tl_wait_until(tl, r->t_done);
     }
@@ -1311,6 +1526,12 @@ uint64_t kb_ipcq_dir_bytes(kb_ctx *ctx, kb_dir dir)
 {
     const ipcq_sys *sys = sys_of(ctx);
     return sys && (unsigned)dir < KB_NDIRS ? sys->dir_bytes[dir] : 0;
+}
+
+uint64_t kb_ipcq_peer_bytes(kb_ctx *ctx)
+{
+    const ipcq_sys *sys = sys_of(ctx);
+    return sys ? sys->dir_bytes[KB_NDIRS] : 0;
 }
 
 uint64_t kb_ipcq_slot_size(kb_ctx *ctx)

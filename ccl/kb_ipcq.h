@@ -2,8 +2,13 @@
  * kb_ipcq — the PE_IPCQ model: credit-based queues between PEs, and the kernel-side
  * send/recv calls.
  *
- * Each PE that an install plan wires holds one queue pair per wired direction (E W N S,
- * global_E/W/N/S, parent, child_left, child_right). A queue pair knows its peer endpoint
+ * Each PE that an install plan wires holds one queue pair per wired direction: the eleven named
+ * ones (E W N S, global_E/W/N/S, parent, child_left, child_right) and peer directions
+ * KB_DIR_PEER(k) = KB_NDIRS + k ("peer<k>", k = 0 .. KB_IPCQ_MAX_PEER_DIRS - 1), which the
+ * full_mesh topology uses (direction KB_DIR_PEER(o - 1) leads to rank r + o mod ws). Queue
+ * pairs exist for wired directions only, so a ring install pays for its two and a full mesh of
+ * 256 ranks for 255; every ring must fit the PE's ring area (an install that does not fit
+ * fails with the bytes it needs). A queue pair knows its peer endpoint
  * (PE, peer rx ring base, n_slots, slot_size), its own rx ring (a real allocation in TCM's ipcq
  * range, the PE's HBM slice or the cube SRAM, per buffer_kind) and four counters: my_head
  * (sends issued), my_tail (receives consumed), peer_head_cache (data tokens seen) and
@@ -53,10 +58,25 @@ typedef enum kb_dir {
     KB_NDIRS
 } kb_dir;
 
-const char *kb_dir_name(kb_dir d);            /* "E", "global_W", "child_left" ... */
-int kb_dir_from_name(const char *name);       /* -1 when unknown */
+/* Peer directions: KB_DIR_PEER(k), k < KB_IPCQ_MAX_PEER_DIRS (a queue pair keeps its
+ * direction in 16 bits); KB_IPCQ_MAX_DIRS bounds every direction. */
+#define KB_DIR_PEER(k) ((kb_dir)(KB_NDIRS + (k)))
+#define KB_IPCQ_MAX_PEER_DIRS 65000
+#define KB_IPCQ_MAX_DIRS (KB_NDIRS + KB_IPCQ_MAX_PEER_DIRS)
+/* Room for any direction's name with kb_dir_label ("peer64999" and its NUL). */
+#define KB_DIR_LABEL_LEN 16
+
+/* A named direction's name ("E", "global_W", "child_left" ...); "peer" for any peer
+ * direction (kb_dir_label tells which), "?" past KB_IPCQ_MAX_DIRS. */
+const char *kb_dir_name(kb_dir d);
+/* Any direction's full name into buf (n >= KB_DIR_LABEL_LEN): the named ones as kb_dir_name,
+ * peer direction k as "peer<k>"; returns buf. What messages, traces and dumps print. */
+const char *kb_dir_label(kb_dir d, char *buf, size_t n);
+/* The direction a name (kb_dir_label's) stands for; -1 when unknown. */
+int kb_dir_from_name(const char *name);
 /* The preferred reverse direction (E<->W, N<->S, global_E<->global_W, children->parent);
- * -1 for parent (either child may point back). */
+ * -1 for parent (either child may point back) and for peer directions (their reverse depends
+ * on the world: kb_topo_reverse). */
 int kb_dir_opposite(kb_dir d);
 
 typedef struct kb_ipcq_cfg {
@@ -98,11 +118,22 @@ uint64_t kb_ipcq_slot_size(kb_ctx *ctx);
  * context's first install (0 and 0 before it): what Phase 1's host time per chunk is
  * measured against. */
 void kb_ipcq_counts(kb_ctx *ctx, uint64_t *msgs, uint64_t *chunks);
-/* Bytes sent so far on direction `dir` by every PE (chunks' payloads; 0 before install). */
+/* Bytes sent so far on named direction `dir` by every PE (chunks' payloads; 0 before install);
+ * kb_ipcq_peer_bytes: on every peer direction together. */
 uint64_t kb_ipcq_dir_bytes(kb_ctx *ctx, kb_dir dir);
+uint64_t kb_ipcq_peer_bytes(kb_ctx *ctx);
 
-/* Wired directions of a PE as a bitmask (bit d = direction d); 0 when not installed. */
+/* KB_ERR_NOSPACE (message with the numbers) unless `ndirs` rings of the configuration fit
+ * the ring area of `pe` (pe.ipcq.area_bytes of TCM, the PE's HBM slice or the cube SRAM, per
+ * buffer_kind) next to what is allocated there: what an install plan checks before it builds
+ * a full mesh's links. The install itself checks each PE the same way. */
+int kb_ipcq_check_fit(kb_ctx *ctx, const kb_ipcq_cfg *cfg, kb_pe_hw *pe, int64_t ndirs);
+/* Wired named directions of a PE as a bitmask (bit d = direction d); 0 when not installed. */
 uint32_t kb_ipcq_wired(kb_ctx *ctx, const kb_pe_hw *pe);
+/* Whether direction d (named or peer) is wired on the PE; kb_ipcq_peer_wired counts the
+ * PE's wired peer directions. */
+int kb_ipcq_is_wired(kb_ctx *ctx, const kb_pe_hw *pe, kb_dir d);
+int kb_ipcq_peer_wired(kb_ctx *ctx, const kb_pe_hw *pe);
 /* Counters of a queue pair, for tests and reports; KB_ERR_DIRECTION when not wired. */
 typedef struct kb_ipcq_counters {
     uint64_t my_head, my_tail, peer_head_cache, peer_tail_cache;

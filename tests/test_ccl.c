@@ -30,10 +30,13 @@
 
 /* ---- topologies ---- */
 
-static void nbrs(const char *topo, int ws, int rank, const kb_ccl_geom *g, int out[KB_NDIRS])
+/* Direction tables here have room for the peer directions of a full mesh of 257 ranks. */
+#define TMAX (KB_NDIRS + 256)
+
+static void nbrs(const char *topo, int ws, int rank, const kb_ccl_geom *g, int out[TMAX])
 {
     kb_errbuf eb;
-    int rc = kb_topo_neighbors(topo, ws, rank, g, out, &eb);
+    int rc = kb_topo_neighbors_n(topo, ws, rank, g, out, TMAX, &eb);
     if (rc != 0)
         fail_msg("%s ws=%d rank=%d: %d %s", topo, ws, rank, rc, eb.msg);
 }
@@ -42,9 +45,10 @@ static void nbrs(const char *topo, int ws, int rank, const kb_ccl_geom *g, int o
 static void expect_nbrs(const char *topo, int ws, int rank, const kb_ccl_geom *g, int npairs,
                         ...)
 {
-    int want[KB_NDIRS], got[KB_NDIRS];
+    int want[TMAX], got[TMAX];
+    char lbl[KB_DIR_LABEL_LEN];
     va_list ap;
-    for (int d = 0; d < KB_NDIRS; d++)
+    for (int d = 0; d < TMAX; d++)
         want[d] = NONE;
     va_start(ap, npairs);
     for (int i = 0; i < npairs; i++) {
@@ -53,38 +57,43 @@ static void expect_nbrs(const char *topo, int ws, int rank, const kb_ccl_geom *g
     }
     va_end(ap);
     nbrs(topo, ws, rank, g, got);
-    for (int d = 0; d < KB_NDIRS; d++)
+    for (int d = 0; d < TMAX; d++)
         if (got[d] != want[d])
             fail_msg("%s ws=%d rank %d %s: got %d, expected %d", topo, ws, rank,
-                     kb_dir_name((kb_dir)d), got[d], want[d]);
+                     kb_dir_label((kb_dir)d, lbl, sizeof lbl), got[d], want[d]);
 }
 
 static int reverse_of(const char *topo, int ws, int r, kb_dir d, const kb_ccl_geom *g)
 {
-    int t[KB_NDIRS], p[KB_NDIRS];
+    int t[TMAX], p[TMAX];
     nbrs(topo, ws, r, g, t);
     assert_int_not_equal(t[d], NONE);
     nbrs(topo, ws, t[d], g, p);
-    return kb_topo_reverse(p, r, d);
+    return kb_topo_reverse_n(p, kb_topo_ndirs(topo, ws), r, d);
 }
 
 /* Every link of every rank has a reverse direction at the peer that points back. */
 static void check_all_links_reverse(const char *topo, int ws, const kb_ccl_geom *g)
 {
-    int t[KB_NDIRS], p[KB_NDIRS];
+    int t[TMAX], p[TMAX], nd = kb_topo_ndirs(topo, ws);
+    char lbl[KB_DIR_LABEL_LEN];
+    assert_true(nd <= TMAX);
     for (int r = 0; r < ws; r++) {
         nbrs(topo, ws, r, g, t);
-        for (int d = 0; d < KB_NDIRS; d++) {
+        for (int d = nd; d < TMAX; d++) /* nothing past the topology's directions */
+            assert_int_equal(t[d], NONE);
+        for (int d = 0; d < nd; d++) {
             if (t[d] == NONE)
                 continue;
             assert_true(t[d] >= 0 && t[d] < ws);
             nbrs(topo, ws, t[d], g, p);
-            int rd = kb_topo_reverse(p, r, (kb_dir)d);
+            int rd = kb_topo_reverse_n(p, nd, r, (kb_dir)d);
             if (rd < 0 || p[rd] != r)
                 fail_msg("%s ws=%d: rank %d %s -> %d has no way back", topo, ws, r,
-                         kb_dir_name((kb_dir)d), t[d]);
-            /* the preferred opposite is taken whenever it points back */
-            int o = kb_dir_opposite((kb_dir)d);
+                         kb_dir_label((kb_dir)d, lbl, sizeof lbl), t[d]);
+            /* the preferred opposite is taken whenever it points back (peer direction k's
+             * is peer direction np-1-k) */
+            int o = d < KB_NDIRS ? kb_dir_opposite((kb_dir)d) : nd - 1 - (d - KB_NDIRS);
             if (o >= 0 && p[o] == r)
                 assert_int_equal(rd, o);
         }
@@ -118,7 +127,7 @@ static void test_topo_ring(void **state)
 
 static void test_topo_mesh(void **state)
 {
-    int a[KB_NDIRS], b[KB_NDIRS];
+    int a[TMAX], b[TMAX];
     kb_errbuf eb;
     (void)state;
     /* 2 x 2: E and W lead to the same peer, and N and S likewise */
@@ -198,21 +207,37 @@ static void test_topo_tree(void **state)
 
 static void test_topo_full_mesh(void **state)
 {
-    int t[KB_NDIRS];
+    int t[TMAX];
     kb_errbuf eb;
     (void)state;
-    /* direction k-1 leads to r+k */
-    expect_nbrs("full_mesh", 4, 1, NULL, 3, KB_DIR_E, 2, KB_DIR_W, 3, KB_DIR_N, 0);
-    expect_nbrs("full_mesh", 2, 1, NULL, 1, KB_DIR_E, 0);
+    /* peer direction k-1 leads to r+k; the named directions stay unwired */
+    expect_nbrs("full_mesh", 4, 1, NULL, 3, KB_DIR_PEER(0), 2, KB_DIR_PEER(1), 3,
+                KB_DIR_PEER(2), 0);
+    expect_nbrs("full_mesh", 2, 1, NULL, 1, KB_DIR_PEER(0), 0);
     expect_nbrs("full_mesh", 1, 0, NULL, 0);
-    /* the reverse of r -> r+k is the peer's direction ws-k-1 */
-    assert_int_equal(reverse_of("full_mesh", 4, 1, KB_DIR_E, NULL), KB_DIR_N);
-    assert_int_equal(reverse_of("full_mesh", 4, 1, KB_DIR_W, NULL), KB_DIR_W);
-    for (int ws = 1; ws <= KB_NDIRS + 1; ws++)
+    assert_int_equal(kb_topo_peer_dirs("full_mesh", 256), 255);
+    assert_int_equal(kb_topo_ndirs("full_mesh", 256), KB_NDIRS + 255);
+    assert_int_equal(kb_topo_peer_dirs("full_mesh", 1), 0);
+    assert_int_equal(kb_topo_peer_dirs("ring_1d", 256), 0);
+    /* 256 ranks: rank 7's peer direction k leads to 7 + k + 1 mod 256 */
+    nbrs("full_mesh", 256, 7, NULL, t);
+    assert_int_equal(t[KB_DIR_PEER(0)], 8);
+    assert_int_equal(t[KB_DIR_PEER(247)], 255);
+    assert_int_equal(t[KB_DIR_PEER(248)], 0);
+    assert_int_equal(t[KB_DIR_PEER(254)], 6);
+    assert_int_equal(t[KB_DIR_PEER(255)], NONE);
+    /* the reverse of r -> r+k (peer direction k-1) is the peer's peer direction ws-k-1 */
+    assert_int_equal(reverse_of("full_mesh", 4, 1, KB_DIR_PEER(0), NULL), KB_DIR_PEER(2));
+    assert_int_equal(reverse_of("full_mesh", 4, 1, KB_DIR_PEER(1), NULL), KB_DIR_PEER(1));
+    assert_int_equal(reverse_of("full_mesh", 256, 3, KB_DIR_PEER(9), NULL), KB_DIR_PEER(245));
+    for (int ws = 1; ws <= 17; ws++)
         check_all_links_reverse("full_mesh", ws, NULL);
-    assert_int_equal(kb_topo_neighbors("full_mesh", KB_NDIRS + 2, 0, NULL, t, &eb),
-                     KB_ERR_CONFIG);
-    assert_non_null(strstr(eb.msg, "needs 12 IPCQ directions per PE, a PE has 11"));
+    check_all_links_reverse("full_mesh", 64, NULL);
+    /* a table of the named directions only has no room for peer directions */
+    assert_int_equal(kb_topo_neighbors("full_mesh", 4, 0, NULL, t, &eb), KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "a world of 4 needs 14 IPCQ directions per PE (3 peer "
+                           "directions), this caller has room for 11"));
+    assert_int_equal(kb_topo_neighbors("full_mesh", 1, 0, NULL, t, &eb), 0);
 }
 
 static void test_topo_hypercube(void **state)
@@ -235,7 +260,7 @@ static void test_topo_hypercube(void **state)
 static void test_topo_hierarchical(void **state)
 {
     kb_ccl_geom g = { 8, 16, 0 };
-    int t[KB_NDIRS];
+    int t[TMAX];
     kb_errbuf eb;
     (void)state;
     /* ws 256 = 2 SIPs x 16 cubes x 8 PEs */
@@ -296,7 +321,7 @@ static void test_topo_dbtree(void **state)
         while ((2 << logws) <= ws)
             logws++;
         for (int r = 0; r < ws; r++) {
-            int interior = 0, t[KB_NDIRS], wired = 0;
+            int interior = 0, t[TMAX], wired = 0;
             for (int tree = 0; tree < 2; tree++) {
                 kb_ccl_dbtree_node nd, pn, cn;
                 kb_ccl_dbtree_node_of(ws, tree, r, &nd);
@@ -348,7 +373,7 @@ static void test_topo_dbtree(void **state)
 static void test_topo_errors_and_names(void **state)
 {
     kb_ccl_geom g = { 2, 2, 0 };
-    int t[KB_NDIRS];
+    int t[TMAX];
     kb_errbuf eb;
     int n = 0;
     (void)state;
@@ -359,7 +384,7 @@ static void test_topo_errors_and_names(void **state)
     assert_int_equal(kb_topo_neighbors("ring_1d", 0, 0, &g, t, &eb), KB_ERR_RANGE);
     /* every listed topology accepts a world of 4 (a square of 2 x 2 cubes of 2 PEs) */
     for (; kb_topo_names[n]; n++) {
-        assert_int_equal(kb_topo_neighbors(kb_topo_names[n], 4, 3, &g, t, &eb), 0);
+        assert_int_equal(kb_topo_neighbors_n(kb_topo_names[n], 4, 3, &g, t, TMAX, &eb), 0);
         check_all_links_reverse(kb_topo_names[n], 4, &g);
     }
     assert_int_equal(n, 11);
@@ -519,7 +544,8 @@ static int h_any_algo(kb_ctx *ctx, void *arg)
 
 /* Every built-in algorithm with KB_CCL_ANY_WORLD on worlds that split a cube (12) and a SIP
  * (130) of the default machine (8 PEs per cube, 128 per SIP), odd counts, seeded inputs,
- * checked against its reference; the full mesh stops at 12 ranks (11 directions). The ones
+ * checked against its reference; the full mesh of 130 ranks wires 129 peer directions per PE
+ * (129 rings of 2 x 4 KiB in the 8 MiB IPCQ area). The ones
  * without the flag (hierarchical) still need whole cubes. */
 static void test_builtin_any_world(void **state)
 {
@@ -538,8 +564,6 @@ static void test_builtin_any_world(void **state)
         for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++) {
             int ws = worlds[w];
             int64_t n = 5 * kb_coll_tile_ranks(impl->kind, ws);
-            if (!strcmp(impl->topology, "full_mesh") && ws > KB_NDIRS + 1)
-                continue;
             if (!strcmp(impl->topology, "mesh_2d"))
                 ws = w ? 121 : 9; /* squares that split a cube / a SIP */
             kb_config cfg;
@@ -1024,7 +1048,7 @@ static const algo_case algo_cases[] = {
     { "ring_reduce", { 1, 2, 3, 7, 8, 16, 64, 0 }, 0, 1 },
     { "tree_broadcast", { 1, 2, 3, 7, 8, 16, 64, 0 }, 0, 1 },
     { "tree_reduce", { 1, 2, 3, 7, 8, 16, 64, 0 }, 0, 1 },
-    { "pairwise_alltoall", { 1, 2, 3, 5, 7, 8, 12, 0 }, 0, 1 },
+    { "pairwise_alltoall", { 1, 2, 3, 5, 8, 12, 13, 64 }, 0, 1 }, /* 13 on: peer directions */
     { "rd_allgather", { 1, 2, 3, 6, 7, 8, 16, 64 }, 0, 1 },
     { "rh_reducescatter", { 1, 2, 3, 5, 8, 12, 64, 0 }, 0, 1 },
     { "rhd_allreduce", { 1, 2, 3, 5, 8, 12, 64, 0 }, 0, 1 },
@@ -1164,12 +1188,18 @@ static void test_mock_errors(void **state)
     assert_non_null(strstr(eb.msg, "cannot lay out 20 ranks"));
     assert_int_equal(kb_ccl_mock_run("ring_allreduce", NULL, 0, 4, NULL, NULL, &eb),
                      KB_ERR_RANGE);
-    /* chunked kinds need ws chunks; full meshes end at 12 ranks; roots are ranks */
+    /* chunked kinds need ws chunks; a full mesh must fit the IPCQ area; roots are ranks */
     assert_int_equal(kb_ccl_mock_run("ring_allgather", NULL, 3, 4, in, out, &eb), KB_ERR_CONFIG);
     assert_non_null(strstr(eb.msg, "a tile of 4 elements is not 3 chunks"));
-    assert_int_equal(kb_ccl_mock_run("pairwise_alltoall", NULL, 13, 13, NULL, NULL, &eb),
-                     KB_ERR_CONFIG);
-    assert_non_null(strstr(eb.msg, "world size <= 12"));
+    {
+        /* a full mesh whose rings do not fit the IPCQ area: the install says by how much */
+        kb_ipcq_cfg big = { 4, 65536, KB_MEM_TCM, 1 };
+        assert_int_equal(kb_ccl_mock_run_opts("pairwise_alltoall", NULL, 64, 64, 0, &big, NULL,
+                                              NULL, &eb), KB_ERR_NOSPACE);
+        assert_non_null(strstr(eb.msg, "needs 63 rx rings (63 of them peer directions) of 4 "
+                               "slots x 65536 bytes = 16515072 bytes, but the PE's IPCQ area "
+                               "in TCM (pe.ipcq.area_bytes) has 8388608 bytes (8388608 free)"));
+    }
     assert_int_equal(kb_ccl_mock_run_opts("ring_broadcast", NULL, 4, 4, 4, NULL, in, out, &eb),
                      KB_ERR_CONFIG);
     assert_non_null(strstr(eb.msg, "root 4 is not a rank of a world of 4"));

@@ -205,7 +205,7 @@ static void test_shipped_ccl(void **state)
     check_algo(&c, "ring_reducescatter", "ring_reducescatter", "ring_1d", "tcm", 256, 0,
                1048576);
     check_algo(&c, "tree_reduce", "tree_reduce", "tree_binary", "tcm", 256, 0, 0);
-    check_algo(&c, "pairwise_alltoall", "pairwise_alltoall", "full_mesh", "tcm", 8, 0, 131072);
+    check_algo(&c, "pairwise_alltoall", "pairwise_alltoall", "full_mesh", "tcm", 8, 0, 8192);
     if (kb_ccl_config_validate(&c, &t, &eb) != 0)
         fail_msg("%s", eb.msg);
 

@@ -274,8 +274,9 @@ static void test_coll_entries(void **s)
  * Rank = SIP (--world-size 0): an entry whose module has no process-group form runs its rank =
  * PE kernel in lanes over every PE of each SIP (kb_ccl_lanes.h). Every such entry verifies on
  * 1 and 3 SIPs for counts of 1 (one lane busy), 37 (fewer than the 128 lanes) and 3001 (not a
- * multiple of them), the rooted ones at the last SIP; the result counts ranks; a topology
- * that needs more queues than a PE has is refused by name.
+ * multiple of them), the rooted ones at the last SIP; the result counts ranks. The full mesh
+ * runs on 16 SIPs and, rank = PE, on 256 ranks; rings beyond the IPCQ area are refused with
+ * the numbers.
  */
 static void test_coll_lanes(void **s)
 {
@@ -315,9 +316,22 @@ static void test_coll_lanes(void **s)
                 assert_true(cJSON_GetObjectItem(j, "world_size")->valuedouble == ws);
                 cJSON_Delete(j);
             }
+    /* a full mesh of 16 SIPs: 15 peer directions per lane PE */
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl --algorithm pairwise_alltoall "
-                              "--world-size 0 --set system.sips.count=16 --size 2"), 2);
-    assert_non_null(strstr(out, "a PE has 11 IPCQ directions"));
+                              "--world-size 0 --set system.sips.count=16 --size 2 --device ref "
+                              "--verify-data"), 0);
+    assert_non_null(strstr(out, "  pairwise_alltoall (ws=16): 16 OK"));
+    /* rank = PE on 256 ranks (255 peer directions per PE), and a mesh whose rings do not fit
+     * the IPCQ area */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl --algorithm pairwise_alltoall "
+                              "--world-size 256 --size 2 --device ref --verify-data"), 0);
+    assert_non_null(strstr(out, "  pairwise_alltoall (ws=256): 256 OK"));
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl --algorithm pairwise_alltoall "
+                              "--world-size 256 --size 2 "
+                              "--set ccl.algorithms.pairwise_alltoall.slot_size=16384"), 3);
+    assert_non_null(strstr(out, "needs 255 rx rings (255 of them peer directions) of 4 slots x "
+                                "16384 bytes = 16711680 bytes, but the PE's IPCQ area in TCM "
+                                "(pe.ipcq.area_bytes) has 8388608 bytes"));
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl --algorithm mesh_allreduce_4 "
                               "--world-size 0 --set system.sips.count=2 --size 2"), 2);
     assert_non_null(strstr(out, "square"));

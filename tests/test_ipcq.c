@@ -3,7 +3,8 @@
  * reference backend: direction matching by destination address in a 2-rank ring (data and
  * credits), credit backpressure with one and three slots (ordering taken from the op log),
  * rx ring placement for every buffer_kind, install errors and their rollback, kernel misuse
- * (unwired direction, oversized values), asynchronous receives, the deadlock report, and the
+ * (unwired direction, oversized values), asynchronous receives, the deadlock report, peer
+ * directions (KB_DIR_PEER(k): pairing, names, errors, the ring-area check), and the
  * ring all-reduces with one slot through kb_ccl_job for every buffer_kind. Kernels learn their
  * tensors from kb_kargs and report times through a fixture whose address travels in
  * kb_kargs.i[7]. Limits: one cube only; routes across cubes and SIPs are exercised by the
@@ -195,10 +196,29 @@ static void test_dir_names(void **state)
     assert_string_equal(kb_dir_name(KB_DIR_E), "E");
     assert_string_equal(kb_dir_name(KB_DIR_GLOBAL_W), "global_W");
     assert_string_equal(kb_dir_name(KB_DIR_CHILD_RIGHT), "child_right");
-    assert_string_equal(kb_dir_name(KB_NDIRS), "?");
+    assert_string_equal(kb_dir_name(KB_NDIRS), "peer");
+    assert_string_equal(kb_dir_name((kb_dir)KB_IPCQ_MAX_DIRS), "?");
     for (int d = 0; d < KB_NDIRS; d++)
         assert_int_equal(kb_dir_from_name(kb_dir_name((kb_dir)d)), d);
     assert_int_equal(kb_dir_from_name("NE"), -1);
+    /* peer directions: "peer<k>" both ways, up to the last one */
+    {
+        char b[KB_DIR_LABEL_LEN];
+        static const int ks[] = { 0, 1, 9, 12, 254, KB_IPCQ_MAX_PEER_DIRS - 1 };
+        assert_string_equal(kb_dir_label(KB_DIR_PEER(12), b, sizeof b), "peer12");
+        assert_string_equal(kb_dir_label(KB_DIR_CHILD_LEFT, b, sizeof b), "child_left");
+        assert_string_equal(kb_dir_label(KB_DIR_PEER(KB_IPCQ_MAX_PEER_DIRS - 1), b, sizeof b),
+                            "peer64999");
+        for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++)
+            assert_int_equal(kb_dir_from_name(kb_dir_label(KB_DIR_PEER(ks[i]), b, sizeof b)),
+                             KB_DIR_PEER(ks[i]));
+        assert_int_equal(kb_dir_from_name("peer"), -1);
+        assert_int_equal(kb_dir_from_name("peer012"), -1);
+        assert_int_equal(kb_dir_from_name("peer1x"), -1);
+        assert_int_equal(kb_dir_from_name("peer65000"), -1);
+        assert_int_equal(kb_dir_from_name("peer-1"), -1);
+        assert_int_equal(kb_dir_opposite(KB_DIR_PEER(3)), -1);
+    }
     assert_int_equal(kb_dir_opposite(KB_DIR_E), KB_DIR_W);
     assert_int_equal(kb_dir_opposite(KB_DIR_S), KB_DIR_N);
     assert_int_equal(kb_dir_opposite(KB_DIR_GLOBAL_E), KB_DIR_GLOBAL_W);
@@ -277,6 +297,207 @@ static void test_ring2_direction_matching(void **state)
     assert_non_null(strstr(tbuf, "recv W 64B seq=0 sip0/cube0/pe1"));
     assert_non_null(strstr(tbuf, "recv E 64B seq=0 sip0/cube0/pe1"));
     free(tbuf);
+}
+
+/* ---- peer directions (full_mesh's KB_DIR_PEER(k)) next to named ones ---- */
+
+/* PE0 sends slot 0 on peer5 (-> PE1's peer2), slot 1 on peer7 (-> PE2's peer0) and slot 2 on
+ * E (-> PE1's W); PE1 and PE2 store what they receive in out slots 0, 2 and 1. */
+static void k_peer(kb_tl *tl, const kb_kargs *a)
+{
+    int pe = tl_program_id(tl, 0);
+    if (pe == 0) {
+        static const kb_dir dirs[3] = { KB_DIR_PEER(5), KB_DIR_PEER(7), KB_DIR_E };
+        for (int j = 0; j < 3; j++) {
+            kb_val v = tl_load(tl, at(a, 0, 0, j), KB_SHAPE1(N), KB_F32);
+            tl_send(tl, dirs[j], v);
+            tl_free(tl, v);
+        }
+    } else if (pe == 1) {
+        tl_store(tl, at(a, 1, 1, 0), tl_recv(tl, KB_DIR_PEER(2), KB_SHAPE1(N), KB_F32));
+        tl_store(tl, at(a, 1, 1, 2), tl_recv(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32));
+    } else if (pe == 2) {
+        tl_store(tl, at(a, 1, 2, 1), tl_recv(tl, KB_DIR_PEER(0), KB_SHAPE1(N), KB_F32));
+    }
+}
+
+static void fx_peer_links(fx *f)
+{
+    fx_link(f, 0, KB_DIR_PEER(5), 1, KB_DIR_PEER(2));
+    fx_link(f, 1, KB_DIR_PEER(2), 0, KB_DIR_PEER(5));
+    fx_link(f, 0, KB_DIR_PEER(7), 2, KB_DIR_PEER(0));
+    fx_link(f, 2, KB_DIR_PEER(0), 0, KB_DIR_PEER(7));
+    fx_link(f, 0, KB_DIR_E, 1, KB_DIR_W);
+    fx_link(f, 1, KB_DIR_W, 0, KB_DIR_E);
+}
+
+static void test_peer_directions(void **state)
+{
+    char *tbuf = NULL;
+    size_t tlen = 0;
+    FILE *trace = open_memstream(&tbuf, &tlen);
+    kb_ctx *ctx;
+    fx f;
+
+    (void)state;
+    assert_non_null(trace);
+    ctx = make_ctx_trace(trace);
+    fx_init(&f, 2, KB_MEM_TCM, k_peer, 3);
+    fx_peer_links(&f);
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), 0);
+
+    float *out = read_out(&f);
+    check_slot(out, 1, 0, 0, 0, 0.0f); /* peer5 -> PE1's peer2 */
+    check_slot(out, 2, 1, 0, 1, 0.0f); /* peer7 -> PE2's peer0 */
+    check_slot(out, 1, 2, 0, 2, 0.0f); /* E -> PE1's W */
+    free(out);
+
+    /* queue pairs exist on the wired peer directions only, paired with the right rings */
+    kb_ipcq_counters c05 = counters(ctx, 0, KB_DIR_PEER(5)), c12 = counters(ctx, 1, KB_DIR_PEER(2));
+    kb_ipcq_counters c07 = counters(ctx, 0, KB_DIR_PEER(7)), c20 = counters(ctx, 2, KB_DIR_PEER(0));
+    assert_ptr_equal(c05.peer, pe_at(ctx, 1));
+    assert_ptr_equal(c12.peer, pe_at(ctx, 0));
+    assert_ptr_equal(c07.peer, pe_at(ctx, 2));
+    assert_ptr_equal(c20.peer, pe_at(ctx, 0));
+    assert_true(c05.peer_rx_base == c12.my_rx_base && c12.peer_rx_base == c05.my_rx_base);
+    assert_true(c07.peer_rx_base == c20.my_rx_base && c20.peer_rx_base == c07.my_rx_base);
+    assert_int_equal(c05.my_head, 1);
+    assert_int_equal(c05.peer_tail_cache, 1);
+    assert_int_equal(c12.my_tail, 1);
+    assert_int_equal(c20.peer_head_cache, 1);
+    kb_ipcq_counters c;
+    assert_int_equal(kb_ipcq_counters_of(ctx, pe_at(ctx, 0), KB_DIR_PEER(6), &c),
+                     KB_ERR_DIRECTION);
+    assert_int_equal(kb_ipcq_counters_of(ctx, pe_at(ctx, 0), KB_DIR_PEER(4), &c),
+                     KB_ERR_DIRECTION);
+    assert_int_equal(kb_ipcq_counters_of(ctx, pe_at(ctx, 0), KB_DIR_PEER(8), &c),
+                     KB_ERR_DIRECTION);
+    assert_int_equal(kb_ipcq_counters_of(ctx, pe_at(ctx, 1), KB_DIR_PEER(5), &c),
+                     KB_ERR_DIRECTION);
+    /* the named bitmask keeps the named ones; peer ones are counted apart */
+    assert_int_equal(kb_ipcq_wired(ctx, pe_at(ctx, 0)), 1u << KB_DIR_E);
+    assert_int_equal(kb_ipcq_wired(ctx, pe_at(ctx, 2)), 0);
+    assert_int_equal(kb_ipcq_peer_wired(ctx, pe_at(ctx, 0)), 2);
+    assert_int_equal(kb_ipcq_peer_wired(ctx, pe_at(ctx, 2)), 1);
+    assert_int_equal(kb_ipcq_peer_wired(ctx, pe_at(ctx, 3)), 0);
+    assert_true(kb_ipcq_is_wired(ctx, pe_at(ctx, 0), KB_DIR_PEER(7)));
+    assert_true(kb_ipcq_is_wired(ctx, pe_at(ctx, 0), KB_DIR_E));
+    assert_false(kb_ipcq_is_wired(ctx, pe_at(ctx, 0), KB_DIR_W));
+    assert_false(kb_ipcq_is_wired(ctx, pe_at(ctx, 0), KB_DIR_PEER(6)));
+    /* three rings on PE0 (2 slots x 64 B each), one on PE2 */
+    assert_int_equal(kb_alloc_used(pe_at(ctx, 0)->ipcq), 3 * 128);
+    assert_int_equal(kb_alloc_used(pe_at(ctx, 2)->ipcq), 128);
+    assert_int_equal(kb_ipcq_peer_bytes(ctx), 2 * N * 4);
+    assert_int_equal(kb_ipcq_dir_bytes(ctx, KB_DIR_E), N * 4);
+    kb_ctx_destroy(ctx);
+
+    fclose(trace);
+    assert_non_null(strstr(tbuf, "send peer5 64B seq=0 sip0/cube0/pe0"));
+    assert_non_null(strstr(tbuf, "recv peer2 64B seq=0 sip0/cube0/pe1"));
+    assert_non_null(strstr(tbuf, "recv peer0 64B seq=0 sip0/cube0/pe2"));
+    free(tbuf);
+}
+
+static void k_send_peer6(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    if (tl_program_id(tl, 0) == 0)
+        tl_send(tl, KB_DIR_PEER(6), tl_full(tl, KB_SHAPE1(N), 1.0f));
+}
+
+/* A peer direction inside the PE's span but not wired is named in the error. */
+static void test_peer_unwired(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    fx f;
+
+    (void)state;
+    fx_init(&f, 2, KB_MEM_TCM, k_send_peer6, 3);
+    fx_peer_links(&f);
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), KB_ERR_DIRECTION);
+    if (!strstr(kb_ctx_errmsg(ctx), "tl_send: direction peer6 is not wired on this PE (wired: "
+                                    "E and 2 peer directions in peer5..peer7)"))
+        fail_msg("message: %s", kb_ctx_errmsg(ctx));
+    kb_ctx_destroy(ctx);
+}
+
+/* Install errors on peer directions: twice on a PE, no way back, rings beyond the area. */
+typedef struct peer_inst {
+    int rc[4];
+    char msg[4][768];
+    uint64_t used0[4];
+} peer_inst;
+
+static int h_peer_install(kb_ctx *ctx, void *arg)
+{
+    peer_inst *pi = arg;
+    kb_ipcq_cfg cfg = { 2, 64, KB_MEM_TCM, 1 };
+    link_spec twice[3] = {
+        { 0, KB_DIR_PEER(3), 1, KB_DIR_PEER(1) }, { 1, KB_DIR_PEER(1), 0, KB_DIR_PEER(3) },
+        { 0, KB_DIR_PEER(3), 1, KB_DIR_PEER(1) },
+    };
+    link_spec no_back[1] = { { 0, KB_DIR_PEER(300), 1, KB_DIR_PEER(1) } };
+    link_spec good[2] = {
+        { 0, KB_DIR_PEER(300), 1, KB_DIR_PEER(1) }, { 1, KB_DIR_PEER(1), 0, KB_DIR_PEER(300) },
+    };
+    for (int step = 0; step < 3; step++) {
+        switch (step) {
+        case 0: pi->rc[step] = install_specs(ctx, &cfg, twice, 3); break;
+        case 1: pi->rc[step] = install_specs(ctx, &cfg, no_back, 1); break;
+        default: pi->rc[step] = install_specs(ctx, &cfg, good, 2); break;
+        }
+        snprintf(pi->msg[step], sizeof pi->msg[step], "%s", kb_ctx_errmsg(ctx));
+        pi->used0[step] = kb_alloc_used(pe_at(ctx, 0)->ipcq);
+    }
+    return 0;
+}
+
+static int h_peer_nofit(kb_ctx *ctx, void *arg)
+{
+    peer_inst *pi = arg;
+    kb_ipcq_cfg cfg = { 2, 1048576, KB_MEM_TCM, 1 };
+    link_spec ls[10];
+    for (int k = 0; k < 5; k++) { /* PE0 <-> PE1 on five peer directions each way: 10 MiB */
+        ls[2 * k] = (link_spec){ 0, KB_DIR_PEER(k), 1, KB_DIR_PEER(k) };
+        ls[2 * k + 1] = (link_spec){ 1, KB_DIR_PEER(k), 0, KB_DIR_PEER(k) };
+    }
+    pi->rc[3] = install_specs(ctx, &cfg, ls, 10);
+    snprintf(pi->msg[3], sizeof pi->msg[3], "%s", kb_ctx_errmsg(ctx));
+    pi->used0[3] = kb_alloc_used(pe_at(ctx, 0)->ipcq);
+    return 0;
+}
+
+static void test_peer_install_errors(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    peer_inst *pi = calloc(1, sizeof *pi);
+
+    (void)state;
+    assert_non_null(pi);
+    assert_int_equal(kb_ctx_run_host(ctx, h_peer_install, pi), 0);
+    assert_int_equal(pi->rc[0], KB_ERR_INVAL);
+    assert_non_null(strstr(pi->msg[0], "sip0/cube0/pe0 direction peer3 appears twice"));
+    assert_int_equal(pi->rc[1], KB_ERR_INVAL);
+    assert_non_null(strstr(pi->msg[1], "sip0/cube0/pe0 peer300 -> sip0/cube0/pe1, but "
+                                       "sip0/cube0/pe1 has no peer1 queue pointing back"));
+    assert_int_equal(pi->used0[0], 0); /* rolled back */
+    assert_int_equal(pi->used0[1], 0);
+    if (pi->rc[2] != 0)
+        fail_msg("good install: %s", pi->msg[2]);
+    assert_int_equal(pi->used0[2], 128);
+    assert_true(kb_ipcq_is_wired(ctx, pe_at(ctx, 0), KB_DIR_PEER(300)));
+    kb_ctx_destroy(ctx);
+
+    ctx = make_ctx();
+    assert_int_equal(kb_ctx_run_host(ctx, h_peer_nofit, pi), 0);
+    assert_int_equal(pi->rc[3], KB_ERR_NOSPACE);
+    if (!strstr(pi->msg[3], "sip0/cube0/pe0 needs 5 rx rings (5 of them peer directions) of 2 "
+                            "slots x 1048576 bytes = 10485760 bytes, but the PE's IPCQ area in "
+                            "TCM (pe.ipcq.area_bytes) has"))
+        fail_msg("message: %s", pi->msg[3]);
+    assert_int_equal(pi->used0[3], 0);
+    kb_ctx_destroy(ctx);
+    free(pi);
 }
 
 /* ---- backpressure ---- */
@@ -883,6 +1104,32 @@ static void test_deadlock_report(void **state)
     kb_ctx_destroy(ctx);
 }
 
+/* A receive on a peer direction that nobody feeds: the report names the peer directions. */
+static void k_peer_only_recv(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    if (tl_program_id(tl, 0) == 1)
+        (void)tl_recv(tl, KB_DIR_PEER(2), KB_SHAPE1(N), KB_F32);
+}
+
+static void test_peer_deadlock_report(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    fx f;
+
+    (void)state;
+    fx_init(&f, 2, KB_MEM_TCM, k_peer_only_recv, 3);
+    fx_peer_links(&f);
+    assert_int_equal(kb_ctx_run_host(ctx, h_run, &f), KB_ERR_DEADLOCK);
+    const char *rep = kb_ctx_report(ctx);
+    if (!strstr(rep, "ipcq recv peer") || !strstr(rep, "sip0/cube0/pe1 peer2      my_head=0") ||
+        !strstr(rep, "sip0/cube0/pe0 peer5      my_head=0") ||
+        !strstr(rep, "sip0/cube0/pe0 peer7      my_head=0") ||
+        !strstr(rep, "sip0/cube0/pe0 E          my_head=0"))
+        fail_msg("report: %s", rep);
+    kb_ctx_destroy(ctx);
+}
+
 /* ---- ring all-reduce with one slot, every buffer kind ---- */
 
 #define AR_WS 4
@@ -1083,6 +1330,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dir_names),
+        cmocka_unit_test(test_peer_directions),
+        cmocka_unit_test(test_peer_unwired),
+        cmocka_unit_test(test_peer_install_errors),
         cmocka_unit_test(test_ring2_direction_matching),
         cmocka_unit_test(test_backpressure_one_slot),
         cmocka_unit_test(test_backpressure_three_slots),
@@ -1100,6 +1350,7 @@ int main(void)
         cmocka_unit_test(test_recv_async),
         cmocka_unit_test(test_recv_view),
         cmocka_unit_test(test_deadlock_report),
+        cmocka_unit_test(test_peer_deadlock_report),
         cmocka_unit_test(test_ring_allreduce_one_slot),
         cmocka_unit_test(test_ring_allreduce_chunked),
         cmocka_unit_test(test_allreduce_streamed),
