@@ -84,6 +84,7 @@ void kb_res_init(kb_res *r, const char *name, double bandwidth_gbps, kb_time lat
 
     r->free_at = 0;
     r->hole_lo = r->hole_hi = 0;
+    r->ordered = 0;
     r->fixed = fixed;
     r->latency = latency;
     if (!(bpu > 0.0))
@@ -132,6 +133,12 @@ static void account(kb_res *r, uint64_t nbytes, kb_time occ)
     r->busy = add_nn(r->busy, occ);
 }
 
+void kb_res_set_ordered(kb_res *r)
+{
+    r->ordered = 1;
+    r->hole_lo = r->hole_hi = 0;
+}
+
 /* Earliest start >= t at which r can take occ: t itself when r is free by then, a start inside
  * its idle gap when the use fits there, else the end of its reservations. */
 static kb_time earliest(const kb_res *r, kb_time t, kb_time occ)
@@ -144,13 +151,14 @@ static kb_time earliest(const kb_res *r, kb_time t, kb_time occ)
     return r->free_at;
 }
 
-/* Books [start, start + occ) on r: at or after free_at (the gap before it becomes the hole),
- * or inside the hole (its later remainder stays a hole: requests come in time order). */
+/* Books [start, start + occ) on r: at or after free_at (the gap before it becomes the hole,
+ * unless r is ordered), or inside the hole (its later remainder stays a hole: requests come
+ * in time order; its earlier part when nothing is left after). */
 static void book(kb_res *r, kb_time start, kb_time occ)
 {
     kb_time end = add_nn(start, occ);
     if (start >= r->free_at) {
-        if (start > r->free_at) {
+        if (start > r->free_at && !r->ordered) {
             r->hole_lo = r->free_at;
             r->hole_hi = start;
         }
@@ -189,15 +197,18 @@ kb_time kb_res_path_reserve(kb_res *const *path, int n_path, kb_time now, uint64
                             kb_time *t_start)
 {
     kb_time start = now, lat = 0, occ_max = 0;
-    int holes = 0;
 
     for (int i = 0; i < n_path; i++) {
         assert(path[i]);
         start = path[i]->free_at > start ? path[i]->free_at : start;
-        holes |= path[i]->hole_hi > now;
     }
-    if (start > now && holes)
-        start = backfill(path, n_path, now, nbytes, start);
+    if (start > now) { /* would wait: is there a gap it may fill? */
+        int holes = 0;
+        for (int i = 0; i < n_path; i++)
+            holes |= path[i]->hole_hi > now;
+        if (holes)
+            start = backfill(path, n_path, now, nbytes, start);
+    }
     for (int i = 0; i < n_path; i++) {
         kb_res *r = path[i];
         kb_time occ = occupancy_memo(r, nbytes);
@@ -213,8 +224,8 @@ kb_time kb_res_path_reserve(kb_res *const *path, int n_path, kb_time now, uint64
 
 kb_time kb_res_hop(kb_res *r, kb_time t_arrive, uint64_t nbytes)
 {
+    kb_time start = r->free_at > t_arrive ? r->free_at : t_arrive;
     kb_time occ = occupancy_memo(r, nbytes);
-    kb_time start = earliest(r, t_arrive, occ);
 
     book(r, start, occ);
     account(r, nbytes, occ);

@@ -14,12 +14,14 @@
  *    max(occupancy). For an idle path with no fixed costs: end - now = sum(latency) +
  *    n / min(bandwidth), the closed form the docs state.
  *  - kb_res_hop(): one store-and-forward hop (a message through a CPU or a link), to chain.
- * A resource is free after its last reservation (free_at) and in one idle gap before it (the
- * latest gap a reservation left, [hole_lo, hole_hi)): a transfer that has to wait for one
+ * A link or port is free after its last reservation (free_at) and in one idle gap before it
+ * (the latest gap a reservation left, [hole_lo, hole_hi)): a transfer that has to wait for one
  * resource of its path books the others from that later start, which leaves them idle until
- * then, and a later request that fits in such a gap on every resource of its path takes it
- * instead of queueing behind (a link serves whatever is ready while it is idle). Otherwise a
- * busy resource serves transfers first-come first-served.
+ * then, and a later path request that fits in such a gap on every resource of its path takes
+ * it instead of queueing behind (a link serves whatever is ready while it is idle). Ordered
+ * resources (kb_res_set_ordered: DMA engines) never fill gaps, and kb_res_hop (CPUs, compute
+ * units, store-and-forward hops) serves in request order. Otherwise a busy resource serves
+ * transfers first-come first-served.
  * No floating point; every duration rounds up to whole picoseconds.
  */
 #ifndef KB_RES_H
@@ -35,7 +37,6 @@
  */
 typedef struct kb_res {
     kb_time free_at;        /* when the current reservation ends */
-    kb_time hole_lo, hole_hi; /* an idle gap before free_at that later requests may fill */
     kb_time latency;        /* added to the end of each use, ps; does not occupy */
     /* the last occupancy computed by a reservation: transfers repeat sizes, and the exact
      * division is the dearest part of a reservation. memo_key = nbytes + 1 (0 = none), so a
@@ -45,15 +46,22 @@ typedef struct kb_res {
     /* statistics */
     uint64_t uses, bytes;
     kb_time busy;           /* total occupancy */
-    /* second line: read when the memo misses */
+    /* second line: read when the memo misses or a request meets a busy resource */
     _Alignas(64) kb_time fixed; /* occupancy per use, ps */
     uint64_t bytes_per_us;  /* 0 = infinite bandwidth */
+    kb_time hole_lo, hole_hi; /* the latest idle gap before free_at (empty: hole_hi <= hole_lo) */
+    int ordered;            /* serves strictly in request order, never fills a gap */
     const char *name;       /* static or owned by whoever owns the resource */
 } kb_res;
 
 /* gbps is GB/s (1e9 bytes/s = bytes/ns); fractional values are rounded to bytes/us. */
 void kb_res_init(kb_res *r, const char *name, double bandwidth_gbps, kb_time latency,
                  kb_time fixed);
+
+/* Makes r an engine that serves its uses strictly in request order (a DMA engine working
+ * through its descriptors): a later request never starts before an earlier one, so messages
+ * it carries on one route arrive in the order they were sent. */
+void kb_res_set_ordered(kb_res *r);
 
 /* Occupancy for n bytes: fixed + ceil(n * 1e6 / bytes_per_us) ps (exact integer math). */
 kb_time kb_res_occupancy(const kb_res *r, uint64_t nbytes);

@@ -67,6 +67,8 @@ static int build_pe(kb_machine *m, kb_pe_hw *p, unsigned gsip, unsigned cube, un
     p->gid = (unsigned)(((int)gsip * m->ncubes + (int)cube) * m->npes + (int)pe);
     cpu_init(&p->cpu, "pe_cpu", c->pe_cpu_overhead_ns);
     kb_res_init(&p->dma, "pe_dma", c->dma_bandwidth_gbps, 0, kb_time_from_ns(c->dma_setup_ns));
+    /* an engine works through its transfers in issue order: chunks of one queue land in order */
+    kb_res_set_ordered(&p->dma);
     /* rates in items/ns play the role of bytes/ns: a use of n elements (flops) takes n / rate */
     kb_res_init(&p->math, "pe_math", c->math_lanes_per_ns, 0, kb_time_from_ns(c->math_fixed_ns));
     kb_res_init(&p->gemm, "pe_gemm", c->gemm_flops_per_ns, 0, kb_time_from_ns(c->gemm_fixed_ns));
