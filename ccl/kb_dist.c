@@ -20,9 +20,10 @@
 #include "kb_sync.h"
 
 enum { EP_INIT = 1, EP_ALLREDUCE, EP_BARRIER, EP_ALLGATHER, EP_REDUCESCATTER, EP_BROADCAST,
-       EP_REDUCE };
+       EP_REDUCE, EP_ALLTOALL };
 static const char *const ep_names[] = { "", "init_process_group", "all_reduce", "barrier",
-                                        "all_gather", "reduce_scatter", "broadcast", "reduce" };
+                                        "all_gather", "reduce_scatter", "broadcast", "reduce",
+                                        "all_to_all" };
 
 /* The rank = SIP algorithms, in the order error messages and `kbcl list` name them. */
 static const kb_dist_algo *const sip_algos[] = {
@@ -219,7 +220,8 @@ static int join_root(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b,
         e->rc = exec ? exec(ctx, d, e) : 0;
         int ck = kind == EP_ALLREDUCE ? KB_COLL_ALLREDUCE : kind == EP_ALLGATHER ? KB_COLL_ALLGATHER
                : kind == EP_REDUCESCATTER ? KB_COLL_REDUCE_SCATTER
-               : kind == EP_BROADCAST ? KB_COLL_BROADCAST : kind == EP_REDUCE ? KB_COLL_REDUCE : -1;
+               : kind == EP_BROADCAST ? KB_COLL_BROADCAST : kind == EP_REDUCE ? KB_COLL_REDUCE
+               : kind == EP_ALLTOALL ? KB_COLL_ALLTOALL : -1;
         if (ck >= 0) {
             d->calls[ck]++;
             d->inter_sip[ck] += global_bytes(ctx) - b0;
@@ -606,4 +608,53 @@ int kb_dist_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op, int root)
                         "reduce: op %s is not supported (only SUM)",
                         (unsigned)op < 4 ? names[op] : "?");
     return rc ? rc : join_root(ctx, d, EP_REDUCE, t, NULL, root, exec_reduce);
+}
+
+/* ---- all_to_all ---- */
+
+static int exec_alltoall(kb_ctx *ctx, dist *d, epoch *e)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    int tree = kb_dist_coll_tree(d->algo), rc;
+    /* e->a = out, e->b = in */
+    if (tree < 0)
+        return kb_err_set(eb, KB_ERR_UNSUPPORTED, "all_to_all: the process group's algorithm "
+                          "%s (mapper %s) has no all_to_all", d->module,
+                          d->algo->mapper ? d->algo->mapper : "?");
+    if ((rc = d->algo->validate(ctx, e->b, d->ws, "all_to_all (in)")) != 0 ||
+        (rc = d->algo->validate(ctx, e->a, d->ws, "all_to_all (out)")) != 0)
+        return rc;
+    for (int r = 0; r < d->ws; r++)
+        if (kb_tensor_rows(e->a[r]) != kb_tensor_rows(e->b[r]) ||
+            kb_tensor_cols(e->a[r]) != kb_tensor_cols(e->b[r]) ||
+            kb_tensor_dtype(e->a[r]) != kb_tensor_dtype(e->b[r]))
+            return kb_err_set(eb, KB_ERR_STATE, "all_to_all: rank %d's out (%lld x %lld %s) "
+                              "differs from its in (%lld x %lld %s)", r,
+                              (long long)kb_tensor_rows(e->a[r]), (long long)kb_tensor_cols(e->a[r]),
+                              kb_dtype_name(kb_tensor_dtype(e->a[r])),
+                              (long long)kb_tensor_rows(e->b[r]), (long long)kb_tensor_cols(e->b[r]),
+                              kb_dtype_name(kb_tensor_dtype(e->b[r])));
+    uint64_t n = kb_tensor_shard(e->b[0], 0)->nbytes / kb_dtype_size(kb_tensor_dtype(e->b[0]));
+    if (n % (uint64_t)d->ws != 0)
+        return kb_err_set(eb, KB_ERR_STATE, "all_to_all: a shard of %llu elements does not "
+                          "split into %d equal blocks (one per rank)", (unsigned long long)n,
+                          d->ws);
+    for (int r = 0; r < d->ws; r++) {
+        kb_kargs *a = &d->args[r];
+        memset(a, 0, sizeof *a);
+        kb_dist_coll_args(m, tree, d->ws, d->root_cube, (int64_t)n, 0,
+                          kb_dist_shards_per_rank(ctx), kb_tensor_dtype(e->b[r]), a);
+        a->ptr[0] = kb_tensor_va(e->b[r]);
+        a->ptr[1] = kb_tensor_va(e->a[r]);
+    }
+    kb_grid g = d->algo->grid(m, d->ws);
+    return kb_launch_per_sip(ctx, "dist_all_to_all", kb_dist_alltoall_kernel, d->args, &g);
+}
+
+int kb_dist_all_to_all(kb_ctx *ctx, kb_tensor *out, kb_tensor *in)
+{
+    dist *d = dist_of(ctx);
+    int rc = need_init(ctx, d, "all_to_all");
+    return rc ? rc : join(ctx, d, EP_ALLTOALL, out, in, exec_alltoall);
 }

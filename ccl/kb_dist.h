@@ -59,6 +59,15 @@ int kb_dist_reduce_scatter(kb_ctx *ctx, kb_tensor *out, kb_tensor *in);
 int kb_dist_broadcast(kb_ctx *ctx, kb_tensor *t, int root);
 int kb_dist_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op, int root);
 
+/* all_to_all: `in` and `out` have the all_reduce layout (S shards of n elements, n a multiple
+ * of ws, alike on every rank); every shard is ws blocks of n/ws elements, and block i of
+ * shard s of rank r's `in` becomes block r of shard s of rank i's `out` (torch's
+ * all_to_all_single on every shard). kb_dist_coll.c: the shards go up each SIP's tree to the
+ * leader, the leaders exchange the blocks along the SIP grid's rows then columns (rings;
+ * chains both ways where the grid does not wrap; ws - 1 steps on a ring of ws), and every
+ * block goes down the tree to the PE that owns its shard. */
+int kb_dist_all_to_all(kb_ctx *ctx, kb_tensor *out, kb_tensor *in);
+
 /* The DPPolicy a rank's tensor must have for the process group's algorithm. */
 kb_dp_policy kb_dist_policy(kb_ctx *ctx);
 /* Number of shards (participating PEs) per rank for the process group's algorithm. */

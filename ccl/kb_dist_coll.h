@@ -34,5 +34,8 @@ void kb_dist_reducescatter_kernel(kb_tl *tl, const kb_kargs *a);
  * ptr[0] = the tensor, i[KB_DC_M] = n, i[KB_DC_C] = the root rank. */
 void kb_dist_broadcast_kernel(kb_tl *tl, const kb_kargs *a);
 void kb_dist_reduce_kernel(kb_tl *tl, const kb_kargs *a);
+/* all_to_all between two tensors of that layout: ptr[0] = in, ptr[1] = out, i[KB_DC_M] = n
+ * (a multiple of ws). */
+void kb_dist_alltoall_kernel(kb_tl *tl, const kb_kargs *a);
 
 #endif

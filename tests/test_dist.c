@@ -772,6 +772,97 @@ static void test_broadcast_reduce(void **state)
     }
 }
 
+/* ---- all_to_all ---- */
+
+/* all_to_all input: integers below 1024, distinct across ranks, shards and positions */
+static double a2a_in(int r, int64_t s, int64_t i) { return (double)((r * 131 + s * 37 + i * 11) % 1021); }
+
+static int body_all_to_all(kb_ctx *ctx, int rank, job *j)
+{
+    int S = kb_dist_shards_per_rank(ctx);
+    float *x = stage(j, rank, 0, S, j->n);
+    int rc;
+    if (!x)
+        return too_big(ctx);
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t i = 0; i < j->n; i++)
+            x[s * j->n + i] = (float)a2a_in(rank, s, i);
+    kb_tensor_desc di = { "a2a_in", S, j->n, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
+    kb_tensor_desc dout = { "a2a_out", S, j->n, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
+    if ((rc = kb_tensor_from_host(ctx, &di, x, &j->u[rank])) != 0 ||
+        (rc = kb_tensor_empty(ctx, &dout, &j->t[rank])) != 0)
+        return rc;
+    return kb_dist_all_to_all(ctx, j->t[rank], j->u[rank]);
+}
+
+/* Items (one block of every shard each) a dimension of g leaders sends over its links when
+ * every pair of members exchanges q of them: ring q g^2 (g-1)/2 (each of the g members
+ * forwards q (g-1) g / 2), chain q (g+1) g (g-1)/3 (the link between i and i+1 carries
+ * (i+1)(g-1-i) q each way). */
+static uint64_t a2a_dim_items(uint64_t g, uint64_t q, int wrap)
+{
+    return wrap ? q * g * g * (g - 1) / 2 : q * (g + 1) * g * (g - 1) / 3;
+}
+
+/* The closed form of kb_dist_all_to_all's inter-SIP bytes: S shards, blocks of u elements of
+ * es bytes, a gw x gh leaders' grid: gh row exchanges of q = gh items per pair, then gw column
+ * exchanges of q = gw. */
+static uint64_t a2a_bytes(uint64_t S, uint64_t u, uint64_t es, uint64_t gw, uint64_t gh, int wrap)
+{
+    return S * u * es * (gh * a2a_dim_items(gw, gh, wrap) + gw * a2a_dim_items(gh, gw, wrap));
+}
+
+static void all_to_all_case(int sips, const char *topo, const char *algo, int64_t n, int slot)
+{
+    kb_ctx *ctx = gather_ctx(sips, topo, algo, slot, -1);
+    job j = { .nprocs = sips, .body = body_all_to_all, .n = n };
+    run_ok(ctx, &j);
+    kb_machine *m = kb_ctx_machine(ctx);
+    int S = kb_dist_shards_per_rank(ctx), hier = !strcmp(algo, "hierarchical_allreduce");
+    int64_t u = n / sips;
+    uint64_t calls, bytes;
+    kb_dist_traffic(ctx, KB_COLL_ALLTOALL, &calls, &bytes);
+    assert_int_equal(calls, 1);
+    assert_int_equal(bytes, a2a_bytes((uint64_t)S, (uint64_t)u, 2, hier ? (uint64_t)sips : (uint64_t)m->sip_grid_w,
+                                      hier ? 1 : (uint64_t)m->sip_grid_h,
+                                      hier || strcmp(topo, "mesh_2d_no_wrap") != 0));
+    float *got = malloc(sizeof *got * (size_t)(S * n));
+    assert_non_null(got);
+    for (int r = 0; r < sips; r++) {
+        assert_int_equal(kb_tensor_read(j.t[r], got), 0);
+        /* block src of shard s of rank r = block r of shard s of rank src */
+        for (int64_t s = 0; s < S; s++)
+            for (int64_t i = 0; i < n; i++)
+                expect_exact(got[s * n + i], a2a_in((int)(i / u), s, r * u + i % u), "all_to_all",
+                             r, s, i);
+        /* the input is left as it was */
+        assert_int_equal(kb_tensor_read(j.u[r], got), 0);
+        for (int64_t s = 0; s < S; s++)
+            for (int64_t i = 0; i < n; i++)
+                expect_exact(got[s * n + i], a2a_in(r, s, i), "all_to_all in", r, s, i);
+    }
+    free(got);
+    kb_ctx_destroy(ctx);
+}
+
+/* Both wirings, 1-4 SIPs on ring_1d, torus_2d and mesh_2d_no_wrap (4 SIPs: a 2 x 2 grid),
+ * 6 SIPs on a 3 x 2 torus and chain, and blocks longer than a 1 KiB slot. */
+static void test_all_to_all(void **state)
+{
+    static const char *const topos[] = { "ring_1d", "torus_2d", "mesh_2d_no_wrap" };
+    (void)state;
+    for (int t = 0; t < 3; t++)
+        for (int n = 1; n <= 4; n++) {
+            all_to_all_case(n, topos[t], "intercube_allreduce", 12, 0);
+            all_to_all_case(n, topos[t], "hierarchical_allreduce", 12, 0);
+        }
+    all_to_all_case(6, "torus_2d", "intercube_allreduce", 12, 0);
+    all_to_all_case(6, "mesh_2d_no_wrap", "intercube_allreduce", 6, 0);
+    all_to_all_case(5, "ring_1d", "hierarchical_allreduce", 10, 0);
+    all_to_all_case(2, "ring_1d", "intercube_allreduce", 2048, 1024);
+    all_to_all_case(4, "torus_2d", "hierarchical_allreduce", 2048, 1024);
+}
+
 /* ---- errors ---- */
 
 static int body_mismatch(kb_ctx *ctx, int rank, job *j)
@@ -1184,6 +1275,7 @@ int main(void)
         cmocka_unit_test(test_all_gather),
         cmocka_unit_test(test_reduce_scatter),
         cmocka_unit_test(test_broadcast_reduce),
+        cmocka_unit_test(test_all_to_all),
         cmocka_unit_test(test_err_mismatch),
         cmocka_unit_test(test_err_joined_twice),
         cmocka_unit_test(test_err_op),
