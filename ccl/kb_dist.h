@@ -68,6 +68,17 @@ int kb_dist_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op, int root);
  * block goes down the tree to the PE that owns its shard. */
 int kb_dist_all_to_all(kb_ctx *ctx, kb_tensor *out, kb_tensor *in);
 
+/* Point-to-point (pipeline-parallel handoff): rank src's `t` (the all_reduce layout) is copied
+ * into rank dst's `t` (same shape and dtype), shard j into shard j. Not an epoch: a 2-party
+ * rendezvous keyed by (src, dst, n-th call of that pair); the rank that arrives second runs
+ * one launch over the SIPs of the route (the tensor goes up src's tree, along the leaders of
+ * the SIP grid — the row, then the column, shorter way round a ring — and down dst's tree)
+ * and both return its code. One transfer runs at a time per process group (pairs matched
+ * meanwhile wait). A half whose peer never comes ends the run as a deadlock whose report
+ * names it ("kb_dist_recv from rank 0 (#0 of 0 -> 1): no matching kb_dist_send"). */
+int kb_dist_send(kb_ctx *ctx, kb_tensor *t, int dst);
+int kb_dist_recv(kb_ctx *ctx, kb_tensor *t, int src);
+
 /* The DPPolicy a rank's tensor must have for the process group's algorithm. */
 kb_dp_policy kb_dist_policy(kb_ctx *ctx);
 /* Number of shards (participating PEs) per rank for the process group's algorithm. */

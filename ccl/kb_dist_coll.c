@@ -884,3 +884,49 @@ void kb_dist_alltoall_kernel(kb_tl *tl, const kb_kargs *a)
         tl_free(tl, vals[s]);
     free(vals);
 }
+
+/* ---- send / recv ---- */
+
+void kb_dist_p2p_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_DC_M], S = a->i[KB_DC_S];
+    int role = (int)a->i[KB_DC_ROLE];
+    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
+    kb_va t = a->ptr[0];
+    where w;
+    if (role == KB_DIST_P2P_IDLE)
+        return;
+    locate(tl, a, &w);
+    int top = w.in2 ? 2 : 1;
+    const tnode *nd = top == 1 ? &w.l1 : &w.l2;
+    if (role == KB_DIST_P2P_SRC) {
+        /* the shards up the tree in increasing order, the leader passing each on */
+        bsink s = { 1, { w.leader ? (kb_dir)a->i[KB_DC_OUT] : (kb_dir)nd->parent } };
+        emit_up(tl, &w, top, t, n, dt, &s);
+    } else if (role == KB_DIST_P2P_FWD) {
+        if (!w.leader)
+            return;
+        for (int64_t b = 0; b < S; b++) {
+            kb_val v = tl_recv(tl, (kb_dir)a->i[KB_DC_IN], KB_SHAPE1(n), dt);
+            tl_send(tl, (kb_dir)a->i[KB_DC_OUT], v);
+            tl_free(tl, v);
+        }
+    } else {
+        /* DST: the shards arrive in increasing order, each routed to the PE that owns it */
+        int parent = w.leader ? (int)a->i[KB_DC_IN] : nd->parent;
+        int64_t lo = top == 1 ? w.base1 + nd->lo * w.unit1 : nd->lo * w.unit2;
+        int64_t hi = top == 1 ? w.base1 + (nd->hi + 1) * w.unit1 : (nd->hi + 1) * w.unit2;
+        for (int64_t b = lo; b < hi; b++) {
+            kb_val v = tl_recv(tl, (kb_dir)parent, KB_SHAPE1(n), dt);
+            route_down(tl, &w, top, b, v, t, n, 0, dt);
+            tl_free(tl, v);
+        }
+    }
+}
+
+int kb_dist_coll_shard_ok(const kb_machine *m, int tree, int64_t i, const kb_shard_spec *sh)
+{
+    if (tree == KB_DIST_TREE_CHAINS)
+        return sh->cube == (unsigned)(i / m->npes) && sh->pe == (unsigned)(i % m->npes);
+    return sh->cube == (unsigned)i && sh->pe == 0;
+}
