@@ -4,9 +4,12 @@
  * finds the module's entry in the table and calls its install plan, layout, validator,
  * argument builder and grid. A new rank = SIP collective = its own file + one line in
  * sip_algos[] below + its test + its ccl.yaml entry. all_gather, reduce_scatter, broadcast and
- * reduce launch the kernels of kb_dist_coll.c over the entry's wiring (for a wiring they do
- * not know, all_gather and reduce_scatter are built on the entry's all_reduce).
- * Limits: one process group per context (IPCQ is installed once per PE); SUM only.
+ * reduce and all_to_all launch the kernels of kb_dist_coll.c over the entry's wiring (for a
+ * wiring they do not know, all_gather and reduce_scatter are built on the entry's
+ * all_reduce). send / recv meet outside the epochs, in a list of waiting halves keyed by
+ * (src, dst, seq); the second half to arrive launches kb_dist_p2p_kernel over the route.
+ * Limits: one process group per context (IPCQ is installed once per PE); SUM only; one
+ * send/recv transfer at a time.
  */
 #include "kb_dist.h"
 #include "kb_dist_algo.h"

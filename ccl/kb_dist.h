@@ -21,8 +21,13 @@
  * PE and a ring (chain where the SIP grid does not wrap) among the leaders, each leader
  * sending (ws-1)/ws of the gathered / reduced matrix; an entry whose mapper is neither
  * all_pes nor pe0_all_cubes gets them built on its all_reduce (and no broadcast / reduce).
- * broadcast and reduce (SUM) take a root rank. barrier synchronises the ranks'
- * host programs without device work.
+ * broadcast and reduce (SUM) take a root rank; all_to_all exchanges equal blocks of every
+ * shard (all three real algorithms over the same wiring, and KB_ERR_UNSUPPORTED for another
+ * mapper). barrier synchronises the ranks' host programs without device work.
+ * send / recv are point to point, not epochs: a 2-party rendezvous keyed by (src, dst, the
+ * pair's call count) whose second arriving rank runs one launch over the SIPs of the route
+ * (src's tree, the leaders along the SIP grid, dst's tree); one transfer at a time per process
+ * group; a half whose peer never comes ends the run in a deadlock report naming it.
  */
 #ifndef KB_DIST_H
 #define KB_DIST_H
@@ -84,11 +89,13 @@ kb_dp_policy kb_dist_policy(kb_ctx *ctx);
 /* Number of shards (participating PEs) per rank for the process group's algorithm. */
 int kb_dist_shards_per_rank(kb_ctx *ctx);
 
-/* Seconds-free statistics: simulated time spent inside collectives, summed per call. */
+/* Seconds-free statistics: simulated time spent inside collectives (from the last rank's
+ * arrival) and send/recv transfers, summed per call. */
 kb_time kb_dist_comm_time(kb_ctx *ctx);
-/* Calls of the collective `kind` (KB_COLL_ALLREDUCE, _ALLGATHER, _REDUCE_SCATTER) so far and
- * the bytes they sent over inter-SIP links (IPCQ payloads on the global directions), summed
- * over every rank; 0 and 0 before init. */
+/* Calls of the collective `kind` (KB_COLL_ALLREDUCE, _ALLGATHER, _REDUCE_SCATTER, _BROADCAST,
+ * _REDUCE, _ALLTOALL; _SENDRECV counts send/recv pairs) so far and the bytes they sent over
+ * inter-SIP links (IPCQ payloads on the global directions), summed over every rank; 0 and 0
+ * before init. */
 void kb_dist_traffic(kb_ctx *ctx, kb_coll_kind kind, uint64_t *calls, uint64_t *inter_sip_bytes);
 
 /* The intercube install plan (exposed for tests): links of PE 0 of every cube. */

@@ -27,6 +27,12 @@
  *                   the PE that owns each shard.
  *   reduce          every SIP's shards summed up its tree (f32), the leaders' sums toward the
  *                   root's leader, the total down the root SIP's tree into every shard.
+ *   all_to_all      every SIP's shards streamed up its tree to the leader; the leaders
+ *                   exchange the blocks along the grid rows, then the columns (a ring of g-1
+ *                   forwarding steps, or a chain each way: a2a_dim); each block down the tree
+ *                   to the PE that owns its shard.
+ *   send / recv     the source SIP's shards up its tree, along the leaders of the route (row,
+ *                   then column), down the destination SIP's tree (kb_dist_p2p_kernel).
  *
  * The trees (kb_dist_coll_tree): hierarchical_allreduce's wiring (mapper all_pes) gives chains
  * inside each cube (E/W) and among the cubes' PE 0 (N/S), each split in two halves toward
@@ -44,7 +50,9 @@
  * closed form. Messages longer than a slot travel as chunks (chains block until the receiver
  * takes them; rings step through kb_ccl_sendrecv). Limits: a PE's whole m x ws*k block (f32
  * for reduce_scatter) is held in its scratch; reduce_scatter uses the leader's block of `in`
- * as staging (its contents afterwards are unspecified).
+ * as staging (its contents afterwards are unspecified); all_to_all's leader holds the rank's
+ * whole tensor (and up to as much again in flight) in scratch and sends one message per
+ * (shard, block, hop).
  */
 #include <stdlib.h>
 #include <string.h>

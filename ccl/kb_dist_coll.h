@@ -1,7 +1,7 @@
 /*
- * kb_dist_coll — the rank = SIP all-gather, reduce-scatter, broadcast and reduce kernels the
- * process group (kb_dist.c) launches for kb_dist_all_gather, _reduce_scatter, _broadcast and
- * _reduce: a tree inside each SIP to a leader PE and rings / chains among the SIPs' leaders
+ * kb_dist_coll — the rank = SIP all-gather, reduce-scatter, broadcast, reduce, all-to-all and
+ * send/recv kernels the process group (kb_dist.c) launches for kb_dist_all_gather,
+ * _reduce_scatter, _broadcast, _reduce, _all_to_all and _send / _recv: a tree inside each SIP to a leader PE and rings / chains among the SIPs' leaders
  * over the wiring of the process group's install plan. Algorithms and limits are described
  * in kb_dist_coll.c; the tensor layouts in kb_dist.h.
  */

@@ -5,7 +5,12 @@
  * torus_2d / mesh_2d_no_wrap), all_reduce results for intercube_allreduce over ring_1d,
  * torus_2d and mesh_2d_no_wrap and for hierarchical_allreduce, all_gather / reduce_scatter
  * against the layouts kb_dist.h documents (both wirings, 1-4 SIPs on ring_1d, torus_2d and
- * mesh_2d_no_wrap, messages longer than a 4 KiB slot, intercube with a moved root cube), and the error paths (mismatched collectives, a
+ * mesh_2d_no_wrap, messages longer than a 4 KiB slot, intercube with a moved root cube),
+ * broadcast / reduce, all_to_all (values against the host rule and inter-SIP bytes against
+ * the closed form of docs/distributed.md, rings and chains, 1-6 SIPs), send / recv (pairs 1-3
+ * hops apart, a pair's messages in order, a pipeline through every rank, two pairs at once,
+ * bytes = hops x tensor; a mismatched shape, a tensor off its SIP, a self / out-of-range
+ * peer, a recv without a send ending as a deadlock report naming it), and the error paths (mismatched collectives, a
  * second join of an open epoch, unsupported op / backend / algorithm, collectives before init
  * or outside a worker, a failing worker stopping the run), and the rank = SIP registry: every
  * entry's all_reduce on seeded position-dependent data (kb_ccl_inputs, one tile per shard)
@@ -791,7 +796,9 @@ static int body_all_to_all(kb_ctx *ctx, int rank, job *j)
         for (int64_t i = 0; i < j->n; i++)
             x[s * j->n + i] = (float)a2a_in(rank, s, i);
     kb_tensor_desc di = { "a2a_in", S, j->n, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
-    kb_tensor_desc dout = { "a2a_out", S, j->n, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
+    /* bad_cols: out has other columns than in (the mismatch case) */
+    kb_tensor_desc dout = { "a2a_out", S, j->bad_cols ? j->bad_cols : j->n, KB_F16,
+                            kb_dist_policy(ctx), KB_MEM_HBM };
     if ((rc = kb_tensor_from_host(ctx, &di, x, &j->u[rank])) != 0 ||
         (rc = kb_tensor_empty(ctx, &dout, &j->t[rank])) != 0)
         return rc;
@@ -866,9 +873,25 @@ static void test_all_to_all(void **state)
     all_to_all_case(4, "torus_2d", "hierarchical_allreduce", 2048, 1024);
 }
 
+static void test_all_to_all_errors(void **state)
+{
+    (void)state;
+    kb_ctx *ctx = gather_ctx(2, "ring_1d", "intercube_allreduce", 0, -1);
+    job j = { .nprocs = 2, .body = body_all_to_all, .n = 12, .bad_cols = 8 };
+    run_fails(ctx, &j, KB_ERR_STATE, "all_to_all: rank 0's out (4 x 8 f16) differs from its in "
+              "(4 x 12 f16)");
+    kb_ctx_destroy(ctx);
+    ctx = gather_ctx(4, "torus_2d", "hierarchical_allreduce", 0, -1);
+    job odd = { .nprocs = 4, .body = body_all_to_all, .n = 10 };
+    run_fails(ctx, &odd, KB_ERR_STATE, "all_to_all: a shard of 10 elements does not split into "
+              "4 equal blocks (one per rank)");
+    kb_ctx_destroy(ctx);
+}
+
 /* ---- send / recv ---- */
 
-enum { P2P_PAIR, P2P_TWICE, P2P_PIPELINE, P2P_TWO_PAIRS, P2P_NO_SEND, P2P_SELF, P2P_RANGE };
+enum { P2P_PAIR, P2P_TWICE, P2P_PIPELINE, P2P_TWO_PAIRS, P2P_NO_SEND, P2P_SELF, P2P_RANGE,
+       P2P_OFF_SIP };
 
 /* message k of rank r: integers below 1024 */
 static double p2p_in(int r, int k, int64_t s, int64_t i)
@@ -937,6 +960,14 @@ static int body_p2p(kb_ctx *ctx, int rank, job *j)
                         : kb_dist_recv(ctx, j->t[rank], rank - 2);
     case P2P_SELF:
         return rank == 0 ? kb_dist_send(ctx, NULL, 0) : 0;
+    case P2P_OFF_SIP: /* rank 0's tensor made on rank 1's SIP */
+        if (rank == 0)
+            return (rc = kb_ctx_set_device(ctx, 1)) != 0 ||
+                   (rc = p2p_tensor(ctx, j, rank, 0, 0, n, &j->t[rank])) != 0 ||
+                   (rc = kb_ctx_set_device(ctx, 0)) != 0 ? rc
+                   : kb_dist_send(ctx, j->t[rank], 1);
+        return (rc = p2p_tensor(ctx, j, rank, 1, 0, n, &j->t[rank])) != 0 ? rc
+               : kb_dist_recv(ctx, j->t[rank], 0);
     default:
         return rank == 0 ? kb_dist_recv(ctx, NULL, ws) : 0;
     }
@@ -1050,6 +1081,12 @@ static void test_send_recv_errors(void **state)
     ctx = gather_ctx(2, "ring_1d", "intercube_allreduce", 0, -1);
     job self = { .nprocs = 2, .body = body_p2p, .n = 8, .p2p = P2P_SELF };
     run_fails(ctx, &self, KB_ERR_INVAL, "send: rank 0 names itself as its peer");
+    kb_ctx_destroy(ctx);
+
+    ctx = gather_ctx(2, "ring_1d", "hierarchical_allreduce", 0, -1);
+    job off = { .nprocs = 2, .body = body_p2p, .n = 8, .p2p = P2P_OFF_SIP };
+    run_fails(ctx, &off, KB_ERR_STATE, "send: rank 0's tensor 'tx' must live on SIP 0 with the "
+              "process group's layout (hierarchical_allreduce: 8 equal shards, kb_dist_policy)");
     kb_ctx_destroy(ctx);
 
     ctx = gather_ctx(2, "ring_1d", "intercube_allreduce", 0, -1);
@@ -1471,6 +1508,7 @@ int main(void)
         cmocka_unit_test(test_reduce_scatter),
         cmocka_unit_test(test_broadcast_reduce),
         cmocka_unit_test(test_all_to_all),
+        cmocka_unit_test(test_all_to_all_errors),
         cmocka_unit_test(test_send_recv),
         cmocka_unit_test(test_send_recv_sequences),
         cmocka_unit_test(test_send_recv_errors),
