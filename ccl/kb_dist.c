@@ -4,9 +4,12 @@
  * finds the module's entry in the table and calls its install plan, layout, validator,
  * argument builder and grid. A new rank = SIP collective = its own file + one line in
  * sip_algos[] below + its test + its ccl.yaml entry. all_gather, reduce_scatter, broadcast and
- * reduce launch the kernels of kb_dist_coll.c over the entry's wiring (for a wiring they do
- * not know, all_gather and reduce_scatter are built on the entry's all_reduce).
- * Limits: one process group per context (IPCQ is installed once per PE); SUM only.
+ * reduce and all_to_all launch the kernels of kb_dist_coll.c over the entry's wiring (for a
+ * wiring they do not know, all_gather and reduce_scatter are built on the entry's
+ * all_reduce). send / recv meet outside the epochs, in a list of waiting halves keyed by
+ * (src, dst, seq); the second half to arrive launches kb_dist_p2p_kernel over the route.
+ * Limits: one process group per context (IPCQ is installed once per PE); SUM only; one
+ * send/recv transfer at a time.
  */
 #include "kb_dist.h"
 #include "kb_dist_algo.h"
@@ -20,9 +23,10 @@
 #include "kb_sync.h"
 
 enum { EP_INIT = 1, EP_ALLREDUCE, EP_BARRIER, EP_ALLGATHER, EP_REDUCESCATTER, EP_BROADCAST,
-       EP_REDUCE };
+       EP_REDUCE, EP_ALLTOALL };
 static const char *const ep_names[] = { "", "init_process_group", "all_reduce", "barrier",
-                                        "all_gather", "reduce_scatter", "broadcast", "reduce" };
+                                        "all_gather", "reduce_scatter", "broadcast", "reduce",
+                                        "all_to_all" };
 
 /* The rank = SIP algorithms, in the order error messages and `kbcl list` name them. */
 static const kb_dist_algo *const sip_algos[] = {
@@ -54,6 +58,19 @@ typedef struct epoch {
     int rc;
 } epoch;
 
+/* A point-to-point half (send or recv) waiting for its peer: the rendezvous key is (src, dst,
+ * seq), seq counting the calls of that ordered pair on each side. The waiting rank frees it
+ * when it resumes; dist_free frees what a stopped run left. */
+typedef struct p2p {
+    struct p2p *next;
+    int src, dst, poster;     /* poster: the rank that waits (src for a send, dst for a recv) */
+    uint64_t seq;
+    kb_tensor *t;
+    int matched, rc;
+    kb_waitq waiters;
+    char what[128];           /* what the waiting rank waits on, for deadlock reports */
+} p2p;
+
 typedef struct dist {
     int ws;
     int initialised;
@@ -68,6 +85,10 @@ typedef struct dist {
     int next_id;
     kb_time comm;
     uint64_t calls[KB_COLL_NKINDS], inter_sip[KB_COLL_NKINDS]; /* kb_dist_traffic */
+    p2p *posts;               /* unmatched and matched-but-not-resumed halves */
+    uint64_t *seq_send, *seq_recv; /* [src * ws + dst]: calls so far per ordered pair */
+    int p2p_busy;             /* a transfer runs; matched pairs queue in p2p_wait */
+    kb_waitq p2p_wait;
 } dist;
 
 static void dist_free(void *p)
@@ -84,6 +105,13 @@ static void dist_free(void *p)
             free(e);
         }
     }
+    while (d->posts) {
+        p2p *h = d->posts;
+        d->posts = h->next;
+        free(h);
+    }
+    free(d->seq_send);
+    free(d->seq_recv);
     free(d->args);
     free(d);
 }
@@ -219,7 +247,8 @@ static int join_root(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b,
         e->rc = exec ? exec(ctx, d, e) : 0;
         int ck = kind == EP_ALLREDUCE ? KB_COLL_ALLREDUCE : kind == EP_ALLGATHER ? KB_COLL_ALLGATHER
                : kind == EP_REDUCESCATTER ? KB_COLL_REDUCE_SCATTER
-               : kind == EP_BROADCAST ? KB_COLL_BROADCAST : kind == EP_REDUCE ? KB_COLL_REDUCE : -1;
+               : kind == EP_BROADCAST ? KB_COLL_BROADCAST : kind == EP_REDUCE ? KB_COLL_REDUCE
+               : kind == EP_ALLTOALL ? KB_COLL_ALLTOALL : -1;
         if (ck >= 0) {
             d->calls[ck]++;
             d->inter_sip[ck] += global_bytes(ctx) - b0;
@@ -315,10 +344,14 @@ int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *alg
         if (rc)
             return rc;
         nd.args = calloc((size_t)nd.ws, sizeof *nd.args);
+        nd.seq_send = calloc((size_t)nd.ws * (size_t)nd.ws, sizeof *nd.seq_send);
+        nd.seq_recv = calloc((size_t)nd.ws * (size_t)nd.ws, sizeof *nd.seq_recv);
         d = malloc(sizeof *d);
-        if (!d || !nd.args) {
+        if (!d || !nd.args || !nd.seq_send || !nd.seq_recv) {
             free(d);
             free(nd.args);
+            free(nd.seq_send);
+            free(nd.seq_recv);
             return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
         }
         *d = nd;
@@ -607,3 +640,235 @@ int kb_dist_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op, int root)
                         (unsigned)op < 4 ? names[op] : "?");
     return rc ? rc : join_root(ctx, d, EP_REDUCE, t, NULL, root, exec_reduce);
 }
+
+/* ---- all_to_all ---- */
+
+static int exec_alltoall(kb_ctx *ctx, dist *d, epoch *e)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    int tree = kb_dist_coll_tree(d->algo), rc;
+    /* e->a = out, e->b = in */
+    if (tree < 0)
+        return kb_err_set(eb, KB_ERR_UNSUPPORTED, "all_to_all: the process group's algorithm "
+                          "%s (mapper %s) has no all_to_all", d->module,
+                          d->algo->mapper ? d->algo->mapper : "?");
+    if ((rc = d->algo->validate(ctx, e->b, d->ws, "all_to_all (in)")) != 0 ||
+        (rc = d->algo->validate(ctx, e->a, d->ws, "all_to_all (out)")) != 0)
+        return rc;
+    for (int r = 0; r < d->ws; r++)
+        if (kb_tensor_rows(e->a[r]) != kb_tensor_rows(e->b[r]) ||
+            kb_tensor_cols(e->a[r]) != kb_tensor_cols(e->b[r]) ||
+            kb_tensor_dtype(e->a[r]) != kb_tensor_dtype(e->b[r]))
+            return kb_err_set(eb, KB_ERR_STATE, "all_to_all: rank %d's out (%lld x %lld %s) "
+                              "differs from its in (%lld x %lld %s)", r,
+                              (long long)kb_tensor_rows(e->a[r]), (long long)kb_tensor_cols(e->a[r]),
+                              kb_dtype_name(kb_tensor_dtype(e->a[r])),
+                              (long long)kb_tensor_rows(e->b[r]), (long long)kb_tensor_cols(e->b[r]),
+                              kb_dtype_name(kb_tensor_dtype(e->b[r])));
+    uint64_t n = kb_tensor_shard(e->b[0], 0)->nbytes / kb_dtype_size(kb_tensor_dtype(e->b[0]));
+    if (n % (uint64_t)d->ws != 0)
+        return kb_err_set(eb, KB_ERR_STATE, "all_to_all: a shard of %llu elements does not "
+                          "split into %d equal blocks (one per rank)", (unsigned long long)n,
+                          d->ws);
+    for (int r = 0; r < d->ws; r++) {
+        kb_kargs *a = &d->args[r];
+        memset(a, 0, sizeof *a);
+        kb_dist_coll_args(m, tree, d->ws, d->root_cube, (int64_t)n, 0,
+                          kb_dist_shards_per_rank(ctx), kb_tensor_dtype(e->b[r]), a);
+        a->ptr[0] = kb_tensor_va(e->b[r]);
+        a->ptr[1] = kb_tensor_va(e->a[r]);
+    }
+    kb_grid g = d->algo->grid(m, d->ws);
+    return kb_launch_per_sip(ctx, "dist_all_to_all", kb_dist_alltoall_kernel, d->args, &g);
+}
+
+int kb_dist_all_to_all(kb_ctx *ctx, kb_tensor *out, kb_tensor *in)
+{
+    dist *d = dist_of(ctx);
+    int rc = need_init(ctx, d, "all_to_all");
+    return rc ? rc : join(ctx, d, EP_ALLTOALL, out, in, exec_alltoall);
+}
+
+/* ---- send / recv ---- */
+
+static kb_dir opposite(kb_dir d)
+{
+    return d == KB_DIR_GLOBAL_E ? KB_DIR_GLOBAL_W : d == KB_DIR_GLOBAL_W ? KB_DIR_GLOBAL_E
+         : d == KB_DIR_GLOBAL_S ? KB_DIR_GLOBAL_N : KB_DIR_GLOBAL_S;
+}
+
+/*
+ * The leaders' route from src to dst over the SIP grid of `proto` (kb_dist_coll_args):
+ * along src's grid row to dst's column, then along that column (the shorter way round where
+ * the grid wraps, east / south on a tie). Sets the role and directions of every SIP on it in
+ * args[sip] (the others stay IDLE) and the range [lo, hi] of SIPs the launch covers; returns
+ * the hop count.
+ */
+static int p2p_route(const kb_kargs *proto, int src, int dst, int ws, kb_kargs *args, int *lo,
+                     int *hi)
+{
+    int gw = (int)proto->i[KB_DC_GW], gh = (int)proto->i[KB_DC_GH];
+    int wrap = (int)proto->i[KB_DC_WRAP], cur = src, hops = 0;
+    for (int r = 0; r < ws; r++) {
+        args[r] = *proto;
+        args[r].i[KB_DC_ROLE] = KB_DIST_P2P_IDLE;
+    }
+    *lo = *hi = src;
+    args[src].i[KB_DC_ROLE] = KB_DIST_P2P_SRC;
+    for (int dim = 0; dim < 2; dim++) {
+        int g = dim == 0 ? gw : gh;
+        int at = dim == 0 ? cur % gw : cur / gw, to = dim == 0 ? dst % gw : dst / gw;
+        int fwd = (to - at + g) % g, steps, up;
+        if (wrap) {
+            up = fwd <= g - fwd;
+            steps = up ? fwd : g - fwd;
+        } else {
+            up = to >= at;
+            steps = up ? to - at : at - to;
+        }
+        kb_dir d = dim == 0 ? (up ? KB_DIR_GLOBAL_E : KB_DIR_GLOBAL_W)
+                            : (up ? KB_DIR_GLOBAL_S : KB_DIR_GLOBAL_N);
+        for (int k = 0; k < steps; k++) {
+            at = (at + (up ? 1 : g - 1)) % g;
+            int next = dim == 0 ? (cur / gw) * gw + at : at * gw + cur % gw;
+            args[cur].i[KB_DC_OUT] = d;
+            args[next].i[KB_DC_IN] = opposite(d);
+            args[next].i[KB_DC_ROLE] = next == dst ? KB_DIST_P2P_DST : KB_DIST_P2P_FWD;
+            cur = next;
+            hops++;
+            *lo = cur < *lo ? cur : *lo;
+            *hi = cur > *hi ? cur : *hi;
+        }
+    }
+    return hops;
+}
+
+/* The tensor `t` of rank r has the process group's layout (its all_reduce layout). */
+static int p2p_layout(kb_ctx *ctx, dist *d, int tree, const char *what, int r, kb_tensor *t)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    int S = kb_dist_shards_per_rank(ctx);
+    int ok = kb_tensor_sip(t) == (unsigned)r && (int)kb_tensor_nshards(t) == S;
+    for (int i = 0; ok && i < S; i++) {
+        const kb_shard_spec *sh = kb_tensor_shard(t, (size_t)i);
+        ok = sh->nbytes == kb_tensor_shard(t, 0)->nbytes &&
+             sh->offset_bytes == (uint64_t)i * sh->nbytes && kb_dist_coll_shard_ok(m, tree, i, sh);
+    }
+    if (!ok)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "%s: rank %d's tensor '%s' must live "
+                          "on SIP %d with the process group's layout (%s: %d equal shards, "
+                          "kb_dist_policy)", what, r, kb_tensor_name(t), r, d->module, S);
+    return 0;
+}
+
+/* Runs the transfer of a matched pair (called by the rank that arrived second). */
+static int p2p_exec(kb_ctx *ctx, dist *d, int src, int dst, uint64_t seq, kb_tensor *ts,
+                    kb_tensor *tr)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    kb_sim *sim = kb_ctx_sim(ctx);
+    int tree = kb_dist_coll_tree(d->algo), rc, lo, hi;
+    if (tree < 0)
+        return kb_err_set(eb, KB_ERR_UNSUPPORTED, "send/recv: the process group's algorithm %s "
+                          "(mapper %s) has no send/recv", d->module,
+                          d->algo->mapper ? d->algo->mapper : "?");
+    if (!ts || !tr)
+        return kb_err_set(eb, KB_ERR_INVAL, "send/recv: rank %d passed no tensor", ts ? dst : src);
+    if (kb_tensor_rows(ts) != kb_tensor_rows(tr) || kb_tensor_cols(ts) != kb_tensor_cols(tr) ||
+        kb_tensor_dtype(ts) != kb_tensor_dtype(tr))
+        return kb_err_set(eb, KB_ERR_STATE, "send/recv #%llu: rank %d sends '%s' (%lld x %lld "
+                          "%s) but rank %d receives into '%s' (%lld x %lld %s)",
+                          (unsigned long long)seq, src, kb_tensor_name(ts),
+                          (long long)kb_tensor_rows(ts), (long long)kb_tensor_cols(ts),
+                          kb_dtype_name(kb_tensor_dtype(ts)), dst, kb_tensor_name(tr),
+                          (long long)kb_tensor_rows(tr), (long long)kb_tensor_cols(tr),
+                          kb_dtype_name(kb_tensor_dtype(tr)));
+    if ((rc = p2p_layout(ctx, d, tree, "send", src, ts)) != 0 ||
+        (rc = p2p_layout(ctx, d, tree, "recv", dst, tr)) != 0)
+        return rc;
+    /* one transfer at a time: two routes may share a leader and its global queues */
+    while (d->p2p_busy)
+        kb_waitq_block(sim, &d->p2p_wait, "kb_dist send/recv of another pair", d);
+    d->p2p_busy = 1;
+    uint64_t n = kb_tensor_shard(ts, 0)->nbytes / kb_dtype_size(kb_tensor_dtype(ts));
+    kb_kargs proto;
+    memset(&proto, 0, sizeof proto);
+    kb_dist_coll_args(m, tree, d->ws, d->root_cube, (int64_t)n, 0, kb_dist_shards_per_rank(ctx),
+                      kb_tensor_dtype(ts), &proto);
+    p2p_route(&proto, src, dst, d->ws, d->args, &lo, &hi);
+    d->args[src].ptr[0] = kb_tensor_va(ts);
+    d->args[dst].ptr[0] = kb_tensor_va(tr);
+    kb_grid g = d->algo->grid(m, d->ws);
+    g.sip0 = lo;
+    g.sips = hi - lo + 1;
+    kb_time t0 = kb_sim_now(sim);
+    uint64_t b0 = global_bytes(ctx);
+    rc = kb_launch_per_sip(ctx, "dist_send_recv", kb_dist_p2p_kernel, d->args + lo, &g);
+    d->calls[KB_COLL_SENDRECV]++;
+    d->inter_sip[KB_COLL_SENDRECV] += global_bytes(ctx) - b0;
+    d->comm += kb_sim_now(sim) - t0;
+    d->p2p_busy = 0;
+    kb_waitq_wake_one(sim, &d->p2p_wait);
+    return rc;
+}
+
+/* One half of a pair: matches the peer's waiting half or waits for it. */
+static int p2p_half(kb_ctx *ctx, kb_tensor *t, int peer, int is_send)
+{
+    const char *what = is_send ? "send" : "recv";
+    dist *d = dist_of(ctx);
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    int me = kb_ctx_rank(ctx), rc = need_init(ctx, d, what);
+    if (rc)
+        return rc;
+    if (me < 0)
+        return kb_err_set(eb, KB_ERR_STATE, "%s outside a spawned rank worker", what);
+    if (peer < 0 || peer >= d->ws)
+        return kb_err_set(eb, KB_ERR_RANGE, "%s: rank %d outside a world of %d ranks", what,
+                          peer, d->ws);
+    if (peer == me)
+        return kb_err_set(eb, KB_ERR_INVAL, "%s: rank %d names itself as its peer", what, me);
+    int src = is_send ? me : peer, dst = is_send ? peer : me;
+    uint64_t *ctr = is_send ? d->seq_send : d->seq_recv;
+    uint64_t seq = ctr[src * d->ws + dst]++;
+    for (p2p *p = d->posts; p; p = p->next)
+        if (!p->matched && p->src == src && p->dst == dst && p->seq == seq) {
+            /* the peer waits: run the transfer for both, then wake it */
+            p->matched = 1;
+            rc = p2p_exec(ctx, d, src, dst, seq, is_send ? t : p->t, is_send ? p->t : t);
+            if (rc)
+                kb_err_prefix(eb, "%s #%llu of ranks %d -> %d (run by rank %d, the second to "
+                              "arrive)", what, (unsigned long long)seq, src, dst, me);
+            p->rc = rc;
+            kb_waitq_wake_all(kb_ctx_sim(ctx), &p->waiters);
+            return rc;
+        }
+    p2p *p = calloc(1, sizeof *p);
+    if (!p)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+    p->src = src;
+    p->dst = dst;
+    p->poster = me;
+    p->seq = seq;
+    p->t = t;
+    snprintf(p->what, sizeof p->what, "kb_dist_%s %s rank %d (#%llu of %d -> %d): no matching "
+             "kb_dist_%s", what, is_send ? "to" : "from", peer, (unsigned long long)seq, src,
+             dst, is_send ? "recv" : "send");
+    p->next = d->posts;
+    d->posts = p;
+    kb_waitq_block(kb_ctx_sim(ctx), &p->waiters, p->what, p);
+    /* matched and done: unlink and free the half */
+    for (p2p **pp = &d->posts; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    rc = p->rc;
+    free(p);
+    return rc;
+}
+
+int kb_dist_send(kb_ctx *ctx, kb_tensor *t, int dst) { return p2p_half(ctx, t, dst, 1); }
+int kb_dist_recv(kb_ctx *ctx, kb_tensor *t, int src) { return p2p_half(ctx, t, src, 0); }

@@ -21,8 +21,13 @@
  * PE and a ring (chain where the SIP grid does not wrap) among the leaders, each leader
  * sending (ws-1)/ws of the gathered / reduced matrix; an entry whose mapper is neither
  * all_pes nor pe0_all_cubes gets them built on its all_reduce (and no broadcast / reduce).
- * broadcast and reduce (SUM) take a root rank. barrier synchronises the ranks'
- * host programs without device work.
+ * broadcast and reduce (SUM) take a root rank; all_to_all exchanges equal blocks of every
+ * shard (all three real algorithms over the same wiring, and KB_ERR_UNSUPPORTED for another
+ * mapper). barrier synchronises the ranks' host programs without device work.
+ * send / recv are point to point, not epochs: a 2-party rendezvous keyed by (src, dst, the
+ * pair's call count) whose second arriving rank runs one launch over the SIPs of the route
+ * (src's tree, the leaders along the SIP grid, dst's tree); one transfer at a time per process
+ * group; a half whose peer never comes ends the run in a deadlock report naming it.
  */
 #ifndef KB_DIST_H
 #define KB_DIST_H
@@ -59,16 +64,38 @@ int kb_dist_reduce_scatter(kb_ctx *ctx, kb_tensor *out, kb_tensor *in);
 int kb_dist_broadcast(kb_ctx *ctx, kb_tensor *t, int root);
 int kb_dist_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op, int root);
 
+/* all_to_all: `in` and `out` have the all_reduce layout (S shards of n elements, n a multiple
+ * of ws, alike on every rank); every shard is ws blocks of n/ws elements, and block i of
+ * shard s of rank r's `in` becomes block r of shard s of rank i's `out` (torch's
+ * all_to_all_single on every shard). kb_dist_coll.c: the shards go up each SIP's tree to the
+ * leader, the leaders exchange the blocks along the SIP grid's rows then columns (rings;
+ * chains both ways where the grid does not wrap; ws - 1 steps on a ring of ws), and every
+ * block goes down the tree to the PE that owns its shard. */
+int kb_dist_all_to_all(kb_ctx *ctx, kb_tensor *out, kb_tensor *in);
+
+/* Point-to-point (pipeline-parallel handoff): rank src's `t` (the all_reduce layout) is copied
+ * into rank dst's `t` (same shape and dtype), shard j into shard j. Not an epoch: a 2-party
+ * rendezvous keyed by (src, dst, n-th call of that pair); the rank that arrives second runs
+ * one launch over the SIPs of the route (the tensor goes up src's tree, along the leaders of
+ * the SIP grid — the row, then the column, shorter way round a ring — and down dst's tree)
+ * and both return its code. One transfer runs at a time per process group (pairs matched
+ * meanwhile wait). A half whose peer never comes ends the run as a deadlock whose report
+ * names it ("kb_dist_recv from rank 0 (#0 of 0 -> 1): no matching kb_dist_send"). */
+int kb_dist_send(kb_ctx *ctx, kb_tensor *t, int dst);
+int kb_dist_recv(kb_ctx *ctx, kb_tensor *t, int src);
+
 /* The DPPolicy a rank's tensor must have for the process group's algorithm. */
 kb_dp_policy kb_dist_policy(kb_ctx *ctx);
 /* Number of shards (participating PEs) per rank for the process group's algorithm. */
 int kb_dist_shards_per_rank(kb_ctx *ctx);
 
-/* Seconds-free statistics: simulated time spent inside collectives, summed per call. */
+/* Seconds-free statistics: simulated time spent inside collectives (from the last rank's
+ * arrival) and send/recv transfers, summed per call. */
 kb_time kb_dist_comm_time(kb_ctx *ctx);
-/* Calls of the collective `kind` (KB_COLL_ALLREDUCE, _ALLGATHER, _REDUCE_SCATTER) so far and
- * the bytes they sent over inter-SIP links (IPCQ payloads on the global directions), summed
- * over every rank; 0 and 0 before init. */
+/* Calls of the collective `kind` (KB_COLL_ALLREDUCE, _ALLGATHER, _REDUCE_SCATTER, _BROADCAST,
+ * _REDUCE, _ALLTOALL; _SENDRECV counts send/recv pairs) so far and the bytes they sent over
+ * inter-SIP links (IPCQ payloads on the global directions), summed over every rank; 0 and 0
+ * before init. */
 void kb_dist_traffic(kb_ctx *ctx, kb_coll_kind kind, uint64_t *calls, uint64_t *inter_sip_bytes);
 
 /* The intercube install plan (exposed for tests): links of PE 0 of every cube. */

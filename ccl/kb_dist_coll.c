@@ -27,6 +27,12 @@
  *                   the PE that owns each shard.
  *   reduce          every SIP's shards summed up its tree (f32), the leaders' sums toward the
  *                   root's leader, the total down the root SIP's tree into every shard.
+ *   all_to_all      every SIP's shards streamed up its tree to the leader; the leaders
+ *                   exchange the blocks along the grid rows, then the columns (a ring of g-1
+ *                   forwarding steps, or a chain each way, one packed message per step:
+ *                   a2a_dim); every output shard down the tree to the PE that owns it.
+ *   send / recv     the source SIP's shards up its tree, along the leaders of the route (row,
+ *                   then column), down the destination SIP's tree (kb_dist_p2p_kernel).
  *
  * The trees (kb_dist_coll_tree): hierarchical_allreduce's wiring (mapper all_pes) gives chains
  * inside each cube (E/W) and among the cubes' PE 0 (N/S), each split in two halves toward
@@ -44,11 +50,15 @@
  * closed form. Messages longer than a slot travel as chunks (chains block until the receiver
  * takes them; rings step through kb_ccl_sendrecv). Limits: a PE's whole m x ws*k block (f32
  * for reduce_scatter) is held in its scratch; reduce_scatter uses the leader's block of `in`
- * as staging (its contents afterwards are unspecified).
+ * as staging (its contents afterwards are unspecified); all_to_all's leader holds the rank's
+ * whole tensor and every message it receives in scratch until the end (about (ws + 1)/2
+ * times the tensor on a ring) and copies each travelling block into the next message.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "kb_dist_coll.h"
+#include "kb_runtime_ext.h"
 #include "kb_tl.h"
 
 /* One member of a tree level: member indices [lo, hi] form its subtree; up to two children
@@ -589,9 +599,9 @@ static void emit_up(kb_tl *tl, const where *w, int lvl, kb_va t, int64_t n, kb_d
 }
 
 /* Broadcast, down on another SIP: block b (received, in increasing order) goes to the child
- * whose subtree holds it, or into the own shard. */
+ * whose subtree holds it, or into the own shard at element `off`. */
 static void route_down(kb_tl *tl, const where *w, int lvl, int64_t b, kb_val v, kb_va t,
-                       int64_t n, kb_dtype dt)
+                       int64_t n, int64_t off, kb_dtype dt)
 {
     const tnode *nd = lvl == 1 ? &w->l1 : &w->l2;
     int64_t unit = lvl == 1 ? w->unit1 : w->unit2, base = lvl == 1 ? w->base1 : 0;
@@ -602,9 +612,9 @@ static void route_down(kb_tl *tl, const where *w, int lvl, int64_t b, kb_val v, 
             return;
         }
     if (lvl == 2)
-        route_down(tl, w, 1, b, v, t, n, dt);
+        route_down(tl, w, 1, b, v, t, n, off, dt);
     else
-        tl_store(tl, elem(t, w->j * n, dt), v);
+        tl_store(tl, elem(t, w->j * n + off, dt), v);
 }
 
 void kb_dist_broadcast_kernel(kb_tl *tl, const kb_kargs *a)
@@ -639,7 +649,7 @@ void kb_dist_broadcast_kernel(kb_tl *tl, const kb_kargs *a)
         kb_val v = tl_recv(tl, (kb_dir)parent, KB_SHAPE1(n), dt);
         if (w.leader)
             sink_send(tl, &s, v);
-        route_down(tl, &w, top, b, v, t, n, dt);
+        route_down(tl, &w, top, b, v, t, n, 0, dt);
         tl_free(tl, v);
     }
 }
@@ -707,4 +717,245 @@ void kb_dist_reduce_kernel(kb_tl *tl, const kb_kargs *a)
         tl_store(tl, mine, acc);
     }
     tl_free(tl, acc);
+}
+
+/* ---- all_to_all (a rank's tensors: S shards of n elements, each ws blocks of u = n/ws) ---- */
+
+/* The leader's up phase: the rank's S shards as values, vals[b] = shard b, received up the
+ * tree in the order emit_up sends them (every subtree in increasing block order). */
+static void collect_up(kb_tl *tl, const where *w, int lvl, kb_va t, int64_t n, kb_dtype dt,
+                       kb_val *vals)
+{
+    const tnode *nd = lvl == 1 ? &w->l1 : &w->l2;
+    int64_t unit = lvl == 1 ? w->unit1 : w->unit2, base = lvl == 1 ? w->base1 : 0;
+    for (int mbr = nd->lo; mbr <= nd->hi;) {
+        int x;
+        for (x = 0; x < nd->nch; x++)
+            if (nd->clo[x] == mbr)
+                break;
+        if (x < nd->nch) {
+            for (int64_t b = base + nd->clo[x] * unit; b < base + (nd->chi[x] + 1) * unit; b++)
+                vals[b] = tl_recv(tl, nd->ch[x], KB_SHAPE1(n), dt);
+            mbr = nd->chi[x] + 1;
+        } else {
+            if (lvl == 2)
+                collect_up(tl, w, 1, t, n, dt, vals);
+            else
+                vals[w->j] = tl_load(tl, elem(t, w->j * n, dt), KB_SHAPE1(n), dt);
+            mbr++;
+        }
+    }
+}
+
+/* The nc items (u elements each) as one contiguous message: local copies into a fresh
+ * scratch value of the items' dtype (freed by the caller once sent). */
+static kb_val pack_items(kb_tl *tl, const kb_val *items, int64_t nc, int64_t u, kb_dtype dt)
+{
+    kb_val p = kb_tl_scratch_val(tl, 1, (uint32_t)(nc * u), dt, "dist_all_to_all");
+    for (int64_t e = 0; e < nc; e++)
+        tl_copy(tl, kb_val_slice(p, (uint32_t)(e * u), (uint32_t)u), items[e]);
+    return p;
+}
+
+/*
+ * All-to-all along one dimension of the leaders' grid: g members, this one i. it[d*q + k] is
+ * the k-th item (u elements) this member holds for member d; on return got[x*q + k] is the
+ * k-th item member x held for this one (the own items pass as they are). Every step moves
+ * one message per direction: the items a member passes on are packed into one value, and
+ * those it receives stay views of the received value, which is appended to keep[] (freed
+ * by the caller at the end). carry has room for g*q items.
+ *   ring (wrap): g - 1 steps; at step t every member sends fwd the items still travelling
+ *      (those of source i - t + 1 for distances t .. g-1 from it, nearest first) and receives
+ *      from back those of source i - t: it keeps the first q (its own) and forwards the rest
+ *      at step t + 1. Through kb_ccl_sendrecv, so the ring never blocks.
+ *   chain (no wrap): the same flow eastward over members 0 .. g-1 (items for higher members),
+ *      then westward (items for lower members); a member sends a batch before it receives
+ *      the next, and the flow is one way, so a full queue only waits for the member ahead.
+ * A link of a ring carries q g (g - 1) / 2 items; the chain's link between members i and
+ * i + 1 carries (i + 1)(g - 1 - i) q items each way.
+ */
+static void a2a_dim(kb_tl *tl, const kb_val *it, kb_val *got, kb_val *carry, int64_t q,
+                    int64_t u, int i, int g, int wrap, kb_dir fwd, kb_dir back, kb_dtype dt,
+                    kb_val *keep, int *nkeep)
+{
+    int64_t nc = 0;
+    for (int64_t k = 0; k < q; k++)
+        got[(int64_t)i * q + k] = it[(int64_t)i * q + k];
+    if (g < 2)
+        return;
+    if (wrap) {
+        for (int d = 1; d < g; d++)
+            for (int64_t k = 0; k < q; k++)
+                carry[nc++] = it[(int64_t)((i + d) % g) * q + k];
+        for (int t = 1; t < g; t++) {
+            int x = ((i - t) % g + g) % g;
+            kb_val p = pack_items(tl, carry, nc, u, dt);
+            kb_val r = kb_ccl_sendrecv(tl, fwd, p, p, back, KB_SHAPE1(nc * u), dt);
+            keep[(*nkeep)++] = r;
+            for (int64_t e = 0; e < nc; e++) {
+                kb_val v = kb_val_slice(r, (uint32_t)(e * u), (uint32_t)u);
+                if (e < q)
+                    got[(int64_t)x * q + e] = v;
+                else
+                    carry[e - q] = v;
+            }
+            nc -= q;
+        }
+        return;
+    }
+    for (int dir = 0; dir < 2; dir++) {
+        /* east: members ascending over fwd; west: the mirror image over back */
+        int me = dir == 0 ? i : g - 1 - i;
+        kb_dir to = dir == 0 ? fwd : back, from = dir == 0 ? back : fwd;
+        nc = 0;
+        for (int d = me + 1; d < g; d++)
+            for (int64_t k = 0; k < q; k++)
+                carry[nc++] = it[(int64_t)(dir == 0 ? d : g - 1 - d) * q + k];
+        for (int t = 1; t < g; t++) {
+            if (me - t + 1 >= 0 && me < g - 1 && nc > 0) {
+                kb_val p = pack_items(tl, carry, nc, u, dt);
+                tl_send(tl, to, p);
+                tl_free(tl, p);
+            }
+            nc = 0;
+            if (me - t < 0)
+                break;
+            int x = dir == 0 ? me - t : g - 1 - (me - t);
+            int64_t cnt = (int64_t)(g - me) * q;
+            kb_val r = tl_recv(tl, from, KB_SHAPE1(cnt * u), dt);
+            keep[(*nkeep)++] = r;
+            for (int64_t e = 0; e < cnt; e++) {
+                kb_val v = kb_val_slice(r, (uint32_t)(e * u), (uint32_t)u);
+                if (e < q)
+                    got[(int64_t)x * q + e] = v;
+                else
+                    carry[nc++] = v;
+            }
+        }
+    }
+}
+
+/*
+ * all_to_all: block i of shard s of rank r (the i-th u-element slice of the PE's shard of
+ * `in`) becomes block r of shard s of rank i (`out`). 1. every PE streams its subtree's shards
+ * up the tree (emit_up) to the leader, which holds the rank's whole tensor; 2. the leaders
+ * exchange the blocks over the SIP grid, along grid rows (items: every shard's blocks for
+ * the destinations of a grid column) and then along columns (a2a_dim: rings, or chains where
+ * the grid does not wrap); 3. the leader packs every shard's received blocks in rank order
+ * and routes the shard down the tree to the PE that owns it, in increasing shard order.
+ * ptr[0] = in, ptr[1] = out, i[KB_DC_M] = n (elements per shard), S = i[KB_DC_S].
+ */
+void kb_dist_alltoall_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_DC_M], S = a->i[KB_DC_S], ws = a->i[KB_DC_WS], u = n / ws;
+    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
+    kb_va in = a->ptr[0], out = a->ptr[1];
+    int sip = tl_program_id(tl, 2);
+    where w;
+    locate(tl, a, &w);
+    int top = w.in2 ? 2 : 1;
+    const tnode *nd = top == 1 ? &w.l1 : &w.l2;
+
+    if (!w.leader) {
+        bsink s = { 1, { (kb_dir)nd->parent } };
+        int64_t lo = top == 1 ? w.base1 + nd->lo * w.unit1 : nd->lo * w.unit2;
+        int64_t hi = top == 1 ? w.base1 + (nd->hi + 1) * w.unit1 : (nd->hi + 1) * w.unit2;
+        emit_up(tl, &w, top, in, n, dt, &s);
+        for (int64_t b = lo; b < hi; b++) {
+            kb_val v = tl_recv(tl, (kb_dir)nd->parent, KB_SHAPE1(n), dt);
+            route_down(tl, &w, top, b, v, out, n, 0, dt);
+            tl_free(tl, v);
+        }
+        return;
+    }
+
+    int gw, gh, sx, sy, wrap;
+    grid_of(a, sip, &gw, &gh, &sx, &sy, &wrap);
+    int64_t q1 = S * gh, q2 = S * gw, total = S * ws;
+    /* one allocation for the item tables (freed on return; a kernel that fails never
+     * returns, and the run stops with it) */
+    kb_val *vals = calloc((size_t)(S + 5 * total + 4 * ws), sizeof *vals);
+    if (!vals)
+        tl_fail(tl, KB_ERR_NOMEM, "dist_all_to_all: out of host memory for %lld items", (long long)total);
+    kb_val *it1 = vals + S, *got1 = it1 + total, *it2 = got1 + total, *got2 = it2 + total,
+           *carry = got2 + total, *keep = carry + total; /* keep: the received messages */
+    int nkeep = 0;
+
+    /* 1. the rank's tensor up to the leader */
+    collect_up(tl, &w, 2, in, n, dt, vals);
+    /* 2. grid rows: the items of column dc are every shard's blocks for the ranks of column
+     * dc (k = s*gh + destination row); then grid columns (k = s*gw + source column) */
+    for (int64_t s = 0; s < S; s++)
+        for (int dr = 0; dr < gh; dr++)
+            for (int dc = 0; dc < gw; dc++)
+                it1[dc * q1 + s * gh + dr] =
+                    kb_val_slice(vals[s], (uint32_t)((dr * gw + dc) * u), (uint32_t)u);
+    a2a_dim(tl, it1, got1, carry, q1, u, sx, gw, wrap, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, dt,
+            keep, &nkeep);
+    for (int64_t s = 0; s < S; s++)
+        for (int dr = 0; dr < gh; dr++)
+            for (int xc = 0; xc < gw; xc++)
+                it2[dr * q2 + s * gw + xc] = got1[xc * q1 + s * gh + dr];
+    a2a_dim(tl, it2, got2, carry, q2, u, sy, gh, wrap, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N, dt,
+            keep, &nkeep);
+    /* 3. down: got2[yr*q2 + s*gw + xc] is shard s's block from rank yr*gw + xc; a shard's
+     * blocks are packed in rank order (carry is free again) and go down as one message */
+    for (int64_t s = 0; s < S; s++) {
+        for (int64_t src = 0; src < ws; src++)
+            carry[src] = got2[(src / gw) * q2 + s * gw + src % gw];
+        kb_val v = pack_items(tl, carry, ws, u, dt);
+        route_down(tl, &w, 2, s, v, out, n, 0, dt);
+        tl_free(tl, v);
+    }
+    for (int x = 0; x < nkeep; x++)
+        tl_free(tl, keep[x]);
+    for (int64_t s = 0; s < S; s++)
+        tl_free(tl, vals[s]);
+    free(vals);
+}
+
+/* ---- send / recv ---- */
+
+void kb_dist_p2p_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    int64_t n = a->i[KB_DC_M], S = a->i[KB_DC_S];
+    int role = (int)a->i[KB_DC_ROLE];
+    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
+    kb_va t = a->ptr[0];
+    where w;
+    if (role == KB_DIST_P2P_IDLE)
+        return;
+    locate(tl, a, &w);
+    int top = w.in2 ? 2 : 1;
+    const tnode *nd = top == 1 ? &w.l1 : &w.l2;
+    if (role == KB_DIST_P2P_SRC) {
+        /* the shards up the tree in increasing order, the leader passing each on */
+        bsink s = { 1, { w.leader ? (kb_dir)a->i[KB_DC_OUT] : (kb_dir)nd->parent } };
+        emit_up(tl, &w, top, t, n, dt, &s);
+    } else if (role == KB_DIST_P2P_FWD) {
+        if (!w.leader)
+            return;
+        for (int64_t b = 0; b < S; b++) {
+            kb_val v = tl_recv(tl, (kb_dir)a->i[KB_DC_IN], KB_SHAPE1(n), dt);
+            tl_send(tl, (kb_dir)a->i[KB_DC_OUT], v);
+            tl_free(tl, v);
+        }
+    } else {
+        /* DST: the shards arrive in increasing order, each routed to the PE that owns it */
+        int parent = w.leader ? (int)a->i[KB_DC_IN] : nd->parent;
+        int64_t lo = top == 1 ? w.base1 + nd->lo * w.unit1 : nd->lo * w.unit2;
+        int64_t hi = top == 1 ? w.base1 + (nd->hi + 1) * w.unit1 : (nd->hi + 1) * w.unit2;
+        for (int64_t b = lo; b < hi; b++) {
+            kb_val v = tl_recv(tl, (kb_dir)parent, KB_SHAPE1(n), dt);
+            route_down(tl, &w, top, b, v, t, n, 0, dt);
+            tl_free(tl, v);
+        }
+    }
+}
+
+int kb_dist_coll_shard_ok(const kb_machine *m, int tree, int64_t i, const kb_shard_spec *sh)
+{
+    if (tree == KB_DIST_TREE_CHAINS)
+        return sh->cube == (unsigned)(i / m->npes) && sh->pe == (unsigned)(i % m->npes);
+    return sh->cube == (unsigned)i && sh->pe == 0;
 }

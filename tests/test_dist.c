@@ -5,7 +5,12 @@
  * torus_2d / mesh_2d_no_wrap), all_reduce results for intercube_allreduce over ring_1d,
  * torus_2d and mesh_2d_no_wrap and for hierarchical_allreduce, all_gather / reduce_scatter
  * against the layouts kb_dist.h documents (both wirings, 1-4 SIPs on ring_1d, torus_2d and
- * mesh_2d_no_wrap, messages longer than a 4 KiB slot, intercube with a moved root cube), and the error paths (mismatched collectives, a
+ * mesh_2d_no_wrap, messages longer than a 4 KiB slot, intercube with a moved root cube),
+ * broadcast / reduce, all_to_all (values against the host rule and inter-SIP bytes against
+ * the closed form of docs/distributed.md, rings and chains, 1-6 SIPs), send / recv (pairs 1-3
+ * hops apart, a pair's messages in order, a pipeline through every rank, two pairs at once,
+ * bytes = hops x tensor; a mismatched shape, a tensor off its SIP, a self / out-of-range
+ * peer, a recv without a send ending as a deadlock report naming it), and the error paths (mismatched collectives, a
  * second join of an open epoch, unsupported op / backend / algorithm, collectives before init
  * or outside a worker, a failing worker stopping the run), and the rank = SIP registry: every
  * entry's all_reduce on seeded position-dependent data (kb_ccl_inputs, one tile per shard)
@@ -89,6 +94,9 @@ struct job {
     int sleeper;              /* ... and rank 0 sleeps past the failure instead of waiting */
     kb_dist_op op;            /* op of the unsupported-op case */
     int root;                 /* broadcast / reduce: the root rank */
+    int p2p;                  /* send/recv scenario (body_p2p) */
+    int src, dst;             /* ... its pair */
+    int64_t bad_cols;         /* ... the receiver's columns in the mismatch case */
     kb_tensor *t[MAXR], *u[MAXR];
     int rank_seen[MAXR], ws_seen[MAXR], nprocs_seen[MAXR], after[MAXR];
     int host_rc;              /* what a host-side call after kb_spawn returned */
@@ -772,6 +780,321 @@ static void test_broadcast_reduce(void **state)
     }
 }
 
+/* ---- all_to_all ---- */
+
+/* all_to_all input: integers below 1024, distinct across ranks, shards and positions */
+static double a2a_in(int r, int64_t s, int64_t i) { return (double)((r * 131 + s * 37 + i * 11) % 1021); }
+
+static int body_all_to_all(kb_ctx *ctx, int rank, job *j)
+{
+    int S = kb_dist_shards_per_rank(ctx);
+    float *x = stage(j, rank, 0, S, j->n);
+    int rc;
+    if (!x)
+        return too_big(ctx);
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t i = 0; i < j->n; i++)
+            x[s * j->n + i] = (float)a2a_in(rank, s, i);
+    kb_tensor_desc di = { "a2a_in", S, j->n, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
+    /* bad_cols: out has other columns than in (the mismatch case) */
+    kb_tensor_desc dout = { "a2a_out", S, j->bad_cols ? j->bad_cols : j->n, KB_F16,
+                            kb_dist_policy(ctx), KB_MEM_HBM };
+    if ((rc = kb_tensor_from_host(ctx, &di, x, &j->u[rank])) != 0 ||
+        (rc = kb_tensor_empty(ctx, &dout, &j->t[rank])) != 0)
+        return rc;
+    return kb_dist_all_to_all(ctx, j->t[rank], j->u[rank]);
+}
+
+/* Items (one block of every shard each) a dimension of g leaders sends over its links when
+ * every pair of members exchanges q of them: ring q g^2 (g-1)/2 (each of the g members
+ * forwards q (g-1) g / 2), chain q (g+1) g (g-1)/3 (the link between i and i+1 carries
+ * (i+1)(g-1-i) q each way). */
+static uint64_t a2a_dim_items(uint64_t g, uint64_t q, int wrap)
+{
+    return wrap ? q * g * g * (g - 1) / 2 : q * (g + 1) * g * (g - 1) / 3;
+}
+
+/* The closed form of kb_dist_all_to_all's inter-SIP bytes: S shards, blocks of u elements of
+ * es bytes, a gw x gh leaders' grid: gh row exchanges of q = gh items per pair, then gw column
+ * exchanges of q = gw. */
+static uint64_t a2a_bytes(uint64_t S, uint64_t u, uint64_t es, uint64_t gw, uint64_t gh, int wrap)
+{
+    return S * u * es * (gh * a2a_dim_items(gw, gh, wrap) + gw * a2a_dim_items(gh, gw, wrap));
+}
+
+static void all_to_all_case(int sips, const char *topo, const char *algo, int64_t n, int slot)
+{
+    kb_ctx *ctx = gather_ctx(sips, topo, algo, slot, -1);
+    job j = { .nprocs = sips, .body = body_all_to_all, .n = n };
+    run_ok(ctx, &j);
+    kb_machine *m = kb_ctx_machine(ctx);
+    int S = kb_dist_shards_per_rank(ctx), hier = !strcmp(algo, "hierarchical_allreduce");
+    int64_t u = n / sips;
+    uint64_t calls, bytes;
+    kb_dist_traffic(ctx, KB_COLL_ALLTOALL, &calls, &bytes);
+    assert_int_equal(calls, 1);
+    assert_int_equal(bytes, a2a_bytes((uint64_t)S, (uint64_t)u, 2, hier ? (uint64_t)sips : (uint64_t)m->sip_grid_w,
+                                      hier ? 1 : (uint64_t)m->sip_grid_h,
+                                      hier || strcmp(topo, "mesh_2d_no_wrap") != 0));
+    float *got = malloc(sizeof *got * (size_t)(S * n));
+    assert_non_null(got);
+    for (int r = 0; r < sips; r++) {
+        assert_int_equal(kb_tensor_read(j.t[r], got), 0);
+        /* block src of shard s of rank r = block r of shard s of rank src */
+        for (int64_t s = 0; s < S; s++)
+            for (int64_t i = 0; i < n; i++)
+                expect_exact(got[s * n + i], a2a_in((int)(i / u), s, r * u + i % u), "all_to_all",
+                             r, s, i);
+        /* the input is left as it was */
+        assert_int_equal(kb_tensor_read(j.u[r], got), 0);
+        for (int64_t s = 0; s < S; s++)
+            for (int64_t i = 0; i < n; i++)
+                expect_exact(got[s * n + i], a2a_in(r, s, i), "all_to_all in", r, s, i);
+    }
+    free(got);
+    kb_ctx_destroy(ctx);
+}
+
+/* Both wirings, 1-4 SIPs on ring_1d, torus_2d and mesh_2d_no_wrap (4 SIPs: a 2 x 2 grid),
+ * 6 SIPs on a 3 x 2 torus and chain, and blocks longer than a 1 KiB slot. */
+static void test_all_to_all(void **state)
+{
+    static const char *const topos[] = { "ring_1d", "torus_2d", "mesh_2d_no_wrap" };
+    (void)state;
+    for (int t = 0; t < 3; t++)
+        for (int n = 1; n <= 4; n++) {
+            all_to_all_case(n, topos[t], "intercube_allreduce", 12, 0);
+            all_to_all_case(n, topos[t], "hierarchical_allreduce", 12, 0);
+        }
+    all_to_all_case(6, "torus_2d", "intercube_allreduce", 12, 0);
+    all_to_all_case(6, "mesh_2d_no_wrap", "intercube_allreduce", 6, 0);
+    all_to_all_case(5, "ring_1d", "hierarchical_allreduce", 10, 0);
+    all_to_all_case(2, "ring_1d", "intercube_allreduce", 2048, 1024);
+    all_to_all_case(4, "torus_2d", "hierarchical_allreduce", 2048, 1024);
+}
+
+static void test_all_to_all_errors(void **state)
+{
+    (void)state;
+    kb_ctx *ctx = gather_ctx(2, "ring_1d", "intercube_allreduce", 0, -1);
+    job j = { .nprocs = 2, .body = body_all_to_all, .n = 12, .bad_cols = 8 };
+    run_fails(ctx, &j, KB_ERR_STATE, "all_to_all: rank 0's out (4 x 8 f16) differs from its in "
+              "(4 x 12 f16)");
+    kb_ctx_destroy(ctx);
+    ctx = gather_ctx(4, "torus_2d", "hierarchical_allreduce", 0, -1);
+    job odd = { .nprocs = 4, .body = body_all_to_all, .n = 10 };
+    run_fails(ctx, &odd, KB_ERR_STATE, "all_to_all: a shard of 10 elements does not split into "
+              "4 equal blocks (one per rank)");
+    kb_ctx_destroy(ctx);
+}
+
+/* ---- send / recv ---- */
+
+enum { P2P_PAIR, P2P_TWICE, P2P_PIPELINE, P2P_TWO_PAIRS, P2P_NO_SEND, P2P_SELF, P2P_RANGE,
+       P2P_OFF_SIP };
+
+/* message k of rank r: integers below 1024 */
+static double p2p_in(int r, int k, int64_t s, int64_t i)
+{
+    return (double)((r * 211 + k * 101 + s * 29 + i * 3) % 1019);
+}
+
+/* A fresh S x cols tensor of the process group's layout holding message k of rank `rank`
+ * (stage buffer `which`). */
+static int p2p_tensor(kb_ctx *ctx, job *j, int rank, int which, int k, int64_t cols,
+                      kb_tensor **out)
+{
+    int S = kb_dist_shards_per_rank(ctx);
+    float *x = stage(j, rank, which, S, cols);
+    if (!x)
+        return too_big(ctx);
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t i = 0; i < cols; i++)
+            x[s * cols + i] = (float)p2p_in(rank, k, s, i);
+    kb_tensor_desc d = { which ? "rx" : "tx", S, cols, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
+    return kb_tensor_from_host(ctx, &d, x, out);
+}
+
+static int body_p2p(kb_ctx *ctx, int rank, job *j)
+{
+    int rc = 0, ws = kb_dist_get_world_size(ctx);
+    int64_t n = j->n;
+    switch (j->p2p) {
+    case P2P_PAIR: /* t[dst] ends as src's tensor; u[dst] stays for a second check */
+    case P2P_NO_SEND:
+        if (rank == j->src && j->p2p == P2P_PAIR)
+            return (rc = p2p_tensor(ctx, j, rank, 0, 0, n, &j->t[rank])) != 0 ? rc
+                   : kb_dist_send(ctx, j->t[rank], j->dst);
+        if (rank == j->dst)
+            return (rc = p2p_tensor(ctx, j, rank, 1, 0, j->bad_cols ? j->bad_cols : n,
+                                    &j->t[rank])) != 0 ? rc
+                   : kb_dist_recv(ctx, j->t[rank], j->src);
+        return 0;
+    case P2P_TWICE: /* two messages of one pair arrive in order */
+        if (rank == j->src) {
+            if ((rc = p2p_tensor(ctx, j, rank, 0, 0, n, &j->t[rank])) != 0 ||
+                (rc = p2p_tensor(ctx, j, rank, 1, 1, n, &j->u[rank])) != 0 ||
+                (rc = kb_dist_send(ctx, j->t[rank], j->dst)) != 0)
+                return rc;
+            return kb_dist_send(ctx, j->u[rank], j->dst);
+        }
+        if (rank == j->dst) {
+            if ((rc = p2p_tensor(ctx, j, rank, 0, 7, n, &j->t[rank])) != 0 ||
+                (rc = p2p_tensor(ctx, j, rank, 1, 7, n, &j->u[rank])) != 0 ||
+                (rc = kb_dist_recv(ctx, j->t[rank], j->src)) != 0)
+                return rc;
+            return kb_dist_recv(ctx, j->u[rank], j->src);
+        }
+        return 0;
+    case P2P_PIPELINE: /* rank 0's tensor handed down the ranks: r receives from r - 1 and
+                        * passes it on to r + 1 */
+        if ((rc = p2p_tensor(ctx, j, rank, 0, 5, n, &j->t[rank])) != 0)
+            return rc;
+        if (rank > 0 && (rc = kb_dist_recv(ctx, j->t[rank], rank - 1)) != 0)
+            return rc;
+        return rank + 1 < ws ? kb_dist_send(ctx, j->t[rank], rank + 1) : 0;
+    case P2P_TWO_PAIRS: /* 0 -> 2 and 1 -> 3 at once (their routes share SIPs) */
+        if ((rc = p2p_tensor(ctx, j, rank, 0, 3, n, &j->t[rank])) != 0)
+            return rc;
+        return rank < 2 ? kb_dist_send(ctx, j->t[rank], rank + 2)
+                        : kb_dist_recv(ctx, j->t[rank], rank - 2);
+    case P2P_SELF:
+        return rank == 0 ? kb_dist_send(ctx, NULL, 0) : 0;
+    case P2P_OFF_SIP: /* rank 0's tensor made on rank 1's SIP */
+        if (rank == 0)
+            return (rc = kb_ctx_set_device(ctx, 1)) != 0 ||
+                   (rc = p2p_tensor(ctx, j, rank, 0, 0, n, &j->t[rank])) != 0 ||
+                   (rc = kb_ctx_set_device(ctx, 0)) != 0 ? rc
+                   : kb_dist_send(ctx, j->t[rank], 1);
+        return (rc = p2p_tensor(ctx, j, rank, 1, 0, n, &j->t[rank])) != 0 ? rc
+               : kb_dist_recv(ctx, j->t[rank], 0);
+    default:
+        return rank == 0 ? kb_dist_recv(ctx, NULL, ws) : 0;
+    }
+}
+
+static void expect_p2p(kb_ctx *ctx, kb_tensor *t, int from, int k, int64_t n, int r)
+{
+    int S = kb_dist_shards_per_rank(ctx);
+    float *got = malloc(sizeof *got * (size_t)(S * n));
+    assert_non_null(got);
+    assert_int_equal(kb_tensor_read(t, got), 0);
+    for (int64_t s = 0; s < S; s++)
+        for (int64_t i = 0; i < n; i++)
+            expect_exact(got[s * n + i], p2p_in(from, k, s, i), "send/recv", r, s, i);
+    free(got);
+}
+
+/* The transfers' inter-SIP bytes: every shard crosses each link of the route once. */
+static void expect_p2p_traffic(kb_ctx *ctx, uint64_t calls_want, uint64_t hops, int64_t n)
+{
+    uint64_t calls, bytes;
+    kb_dist_traffic(ctx, KB_COLL_SENDRECV, &calls, &bytes);
+    assert_int_equal(calls, calls_want);
+    assert_int_equal(bytes, hops * (uint64_t)kb_dist_shards_per_rank(ctx) * (uint64_t)n * 2);
+}
+
+/* One pair src -> dst, `hops` leaders' links apart. */
+static void p2p_pair_case(int sips, const char *topo, const char *algo, int src, int dst,
+                          int hops, int64_t n, int slot)
+{
+    kb_ctx *ctx = gather_ctx(sips, topo, algo, slot, -1);
+    job j = { .nprocs = sips, .body = body_p2p, .n = n, .p2p = P2P_PAIR, .src = src, .dst = dst };
+    run_ok(ctx, &j);
+    expect_p2p(ctx, j.t[dst], src, 0, n, dst);
+    expect_p2p(ctx, j.t[src], src, 0, n, src);
+    expect_p2p_traffic(ctx, 1, (uint64_t)hops, n);
+    kb_ctx_destroy(ctx);
+}
+
+/* Adjacent and distant pairs on both wirings: a ring's neighbours (also round the wrap), two
+ * hops on a ring of 4 (the tie goes east), the 2 x 2 torus's diagonal, a 3 x 2 grid without
+ * wrap corner to corner, hierarchical's global ring, and shards longer than a 1 KiB slot. */
+static void test_send_recv(void **state)
+{
+    (void)state;
+    p2p_pair_case(2, "ring_1d", "intercube_allreduce", 0, 1, 1, 8, 0);
+    p2p_pair_case(2, "ring_1d", "hierarchical_allreduce", 1, 0, 1, 8, 0);
+    p2p_pair_case(4, "ring_1d", "intercube_allreduce", 3, 0, 1, 8, 0);
+    p2p_pair_case(4, "ring_1d", "intercube_allreduce", 1, 3, 2, 8, 0);
+    p2p_pair_case(4, "ring_1d", "intercube_allreduce", 2, 0, 2, 8, 0);
+    p2p_pair_case(5, "ring_1d", "hierarchical_allreduce", 0, 3, 2, 8, 0);
+    p2p_pair_case(4, "torus_2d", "intercube_allreduce", 0, 3, 2, 8, 0);
+    p2p_pair_case(4, "torus_2d", "hierarchical_allreduce", 3, 1, 2, 8, 0);
+    p2p_pair_case(6, "mesh_2d_no_wrap", "intercube_allreduce", 5, 0, 3, 8, 0);
+    p2p_pair_case(6, "mesh_2d_no_wrap", "intercube_allreduce", 0, 2, 2, 8, 0);
+    p2p_pair_case(4, "mesh_2d_no_wrap", "hierarchical_allreduce", 3, 0, 1, 8, 0); /* its own ring */
+    p2p_pair_case(3, "ring_1d", "intercube_allreduce", 0, 1, 1, 2048, 1024);
+    p2p_pair_case(4, "torus_2d", "hierarchical_allreduce", 1, 3, 2, 1024, 1024);
+}
+
+/* Two messages of one pair in order, a pipeline through every rank, two pairs at once. */
+static void test_send_recv_sequences(void **state)
+{
+    (void)state;
+    for (int h = 0; h < 2; h++) {
+        const char *algo = h ? "hierarchical_allreduce" : "intercube_allreduce";
+        kb_ctx *ctx = gather_ctx(3, "ring_1d", algo, 0, -1);
+        job j = { .nprocs = 3, .body = body_p2p, .n = 8, .p2p = P2P_TWICE, .src = 2, .dst = 0 };
+        run_ok(ctx, &j);
+        expect_p2p(ctx, j.t[0], 2, 0, 8, 0);
+        expect_p2p(ctx, j.u[0], 2, 1, 8, 0);
+        expect_p2p_traffic(ctx, 2, 2, 8);
+        kb_ctx_destroy(ctx);
+
+        ctx = gather_ctx(4, "torus_2d", algo, 0, -1);
+        job pl = { .nprocs = 4, .body = body_p2p, .n = 8, .p2p = P2P_PIPELINE };
+        run_ok(ctx, &pl);
+        for (int r = 0; r < 4; r++)
+            expect_p2p(ctx, pl.t[r], 0, 5, 8, r);
+        /* hops 0->1, 1->2, 2->3: 1 + 2 + 1 on the 2 x 2 torus (intercube), 1 + 1 + 1 on the
+         * global ring (hierarchical) */
+        expect_p2p_traffic(ctx, 3, h ? 3 : 4, 8);
+        kb_ctx_destroy(ctx);
+
+        ctx = gather_ctx(4, "ring_1d", algo, 0, -1);
+        job two = { .nprocs = 4, .body = body_p2p, .n = 8, .p2p = P2P_TWO_PAIRS };
+        run_ok(ctx, &two);
+        expect_p2p(ctx, two.t[2], 0, 3, 8, 2);
+        expect_p2p(ctx, two.t[3], 1, 3, 8, 3);
+        expect_p2p_traffic(ctx, 2, 4, 8);
+        kb_ctx_destroy(ctx);
+    }
+}
+
+static void test_send_recv_errors(void **state)
+{
+    (void)state;
+    kb_ctx *ctx = gather_ctx(2, "ring_1d", "intercube_allreduce", 0, -1);
+    job j = { .nprocs = 2, .body = body_p2p, .n = 8, .p2p = P2P_PAIR, .src = 0, .dst = 1,
+              .bad_cols = 4 };
+    run_fails(ctx, &j, KB_ERR_STATE, "rank 0 sends 'tx' (4 x 8 f16) but rank 1 receives into "
+              "'rx' (4 x 4 f16)");
+    kb_ctx_destroy(ctx);
+
+    ctx = gather_ctx(3, "ring_1d", "hierarchical_allreduce", 0, -1);
+    job ns = { .nprocs = 3, .body = body_p2p, .n = 8, .p2p = P2P_NO_SEND, .src = 0, .dst = 2 };
+    run_fails(ctx, &ns, KB_ERR_DEADLOCK, "rank2: waits on kb_dist_recv from rank 0 (#0 of 0 -> "
+              "2): no matching kb_dist_send");
+    kb_ctx_destroy(ctx);
+
+    ctx = gather_ctx(2, "ring_1d", "intercube_allreduce", 0, -1);
+    job self = { .nprocs = 2, .body = body_p2p, .n = 8, .p2p = P2P_SELF };
+    run_fails(ctx, &self, KB_ERR_INVAL, "send: rank 0 names itself as its peer");
+    kb_ctx_destroy(ctx);
+
+    ctx = gather_ctx(2, "ring_1d", "hierarchical_allreduce", 0, -1);
+    job off = { .nprocs = 2, .body = body_p2p, .n = 8, .p2p = P2P_OFF_SIP };
+    run_fails(ctx, &off, KB_ERR_STATE, "send: rank 0's tensor 'tx' must live on SIP 0 with the "
+              "process group's layout (hierarchical_allreduce: 8 equal shards, kb_dist_policy)");
+    kb_ctx_destroy(ctx);
+
+    ctx = gather_ctx(2, "ring_1d", "intercube_allreduce", 0, -1);
+    job range = { .nprocs = 2, .body = body_p2p, .n = 8, .p2p = P2P_RANGE };
+    run_fails(ctx, &range, KB_ERR_RANGE, "recv: rank 2 outside a world of 2 ranks");
+    kb_ctx_destroy(ctx);
+}
+
 /* ---- errors ---- */
 
 static int body_mismatch(kb_ctx *ctx, int rank, job *j)
@@ -1184,6 +1507,11 @@ int main(void)
         cmocka_unit_test(test_all_gather),
         cmocka_unit_test(test_reduce_scatter),
         cmocka_unit_test(test_broadcast_reduce),
+        cmocka_unit_test(test_all_to_all),
+        cmocka_unit_test(test_all_to_all_errors),
+        cmocka_unit_test(test_send_recv),
+        cmocka_unit_test(test_send_recv_sequences),
+        cmocka_unit_test(test_send_recv_errors),
         cmocka_unit_test(test_err_mismatch),
         cmocka_unit_test(test_err_joined_twice),
         cmocka_unit_test(test_err_op),

@@ -1,7 +1,8 @@
 /*
  * dist_collectives — the example of docs/distributed.md: one rank worker per SIP (kb_spawn),
- * a process group on intercube_allreduce, then all_reduce, all_gather and reduce_scatter on
- * tensors laid out as kb_dist.h requires, each result checked exactly on the host.
+ * a process group on intercube_allreduce, then all_reduce, all_gather, reduce_scatter,
+ * all_to_all and a send/recv pipeline through every rank on tensors laid out as kb_dist.h
+ * requires, each result checked exactly on the host.
  *
  * The main build makes it build/examples/dist_collectives; CTest's example_dist_collectives
  * checks that it prints what docs/distributed.md §3 quotes. By hand, from the repository root
@@ -108,6 +109,39 @@ static int worker(kb_ctx *ctx, int rank, void *arg)
             (rc = check(ctx, out, want, (size_t)(M * K), sh)) != 0)
             return rc;
     }
+    /* all_to_all: S x A per rank (A = 2 * ws: every shard is ws blocks of 2), block i of
+     * shard s goes to rank i, which keeps it as its block `rank` */
+    {
+        static float x[MAXR][64 * 2 * MAXR], want_of[MAXR][64 * 2 * MAXR];
+        int64_t A = 2 * (int64_t)ws;
+        kb_tensor *a_in, *a_out;
+        kb_tensor_desc d = { "a2a_in", S, A, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
+        kb_tensor_desc dout = { "a2a_out", S, A, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
+        for (int s = 0; s < S; s++)
+            for (int64_t i = 0; i < A; i++) {
+                x[rank][s * A + i] = (float)((rank * 7 + s * 3 + i) % 61);
+                /* block i / 2 comes from rank i / 2, which sent its block `rank` */
+                want_of[rank][s * A + i] = (float)(((i / 2) * 7 + s * 3 + rank * 2 + i % 2) % 61);
+            }
+        if ((rc = kb_tensor_from_host(ctx, &d, x[rank], &a_in)) != 0 ||
+            (rc = kb_tensor_empty(ctx, &dout, &a_out)) != 0 ||
+            (rc = kb_dist_all_to_all(ctx, a_out, a_in)) != 0 ||
+            (rc = check(ctx, a_out, want_of[rank], (size_t)(S * A), sh)) != 0)
+            return rc;
+    }
+    /* send / recv: rank 0's S x N tensor handed down a pipeline 0 -> 1 -> ... -> ws-1 */
+    {
+        static float x[64 * N];
+        kb_tensor *p;
+        kb_tensor_desc d = { "stage", S, N, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
+        for (int i = 0; i < S * N; i++)
+            x[i] = (float)(i % 53 + 1);
+        if ((rc = rank == 0 ? kb_tensor_from_host(ctx, &d, x, &p) : kb_tensor_empty(ctx, &d, &p)) != 0 ||
+            (rank > 0 && (rc = kb_dist_recv(ctx, p, rank - 1)) != 0) ||
+            (rank + 1 < ws && (rc = kb_dist_send(ctx, p, rank + 1)) != 0) ||
+            (rc = check(ctx, p, x, (size_t)(S * N), sh)) != 0)
+            return rc;
+    }
     if ((rc = kb_dist_barrier(ctx)) != 0)
         return rc;
     if (rank == 0)
@@ -155,7 +189,8 @@ int main(int argc, char **argv)
         kb_ctx_destroy(ctx);
         return 1;
     }
-    printf("ws=%d %s: all_reduce, all_gather, reduce_scatter: %s (%d wrong), "
+    printf("ws=%d %s: all_reduce, all_gather, reduce_scatter, all_to_all, send/recv: %s "
+           "(%d wrong), "
            "%.3f ns in collectives\n", kb_ctx_machine(ctx)->nsips, cfg.topo.sips_topology,
            sh.bad ? "FAIL" : "OK", sh.bad, sh.t_comm_ns);
     kb_ctx_destroy(ctx);
