@@ -94,33 +94,26 @@ static int topo_tree(const char *name, int ws, int rank, const kb_ccl_geom *g,
 static int topo_hier(const char *name, int ws, int rank, const kb_ccl_geom *g,
                      int nbr[KB_NDIRS], kb_errbuf *eb)
 {
+    /* ranks fill PEs in linear order; the world's last cube and SIP may be partial: a chain
+     * links the ranks it has (the kernel's hier_chains counts them the same way) */
     int P = g->pes_per_cube, per_sip = P * g->cubes_per_sip;
-    int cubes, sips;
-    (void)name;
-    if (ws % P != 0)
-        return kb_err_set(eb, KB_ERR_CONFIG,
-                          "topology hierarchical_3level needs whole cubes: world size %d is "
-                          "not a multiple of %d PEs per cube", ws, P);
-    if (ws > per_sip && ws % per_sip != 0)
-        return kb_err_set(eb, KB_ERR_CONFIG,
-                          "topology hierarchical_3level needs whole SIPs beyond one SIP: world "
-                          "size %d is not a multiple of %d PEs per SIP", ws, per_sip);
-    sips = ws > per_sip ? ws / per_sip : 1;
-    cubes = ws / P / sips;
-    int pe = rank % P, cube = (rank / P) % cubes, sip = rank / (P * cubes);
-    assert(sip < sips); /* whole cubes and SIPs were checked above */
-    int cube_base = rank - pe, sip_base = sip * cubes * P;
-    if (P > 1) {
-        nbr[KB_DIR_E] = cube_base + (pe + 1) % P;
-        nbr[KB_DIR_W] = cube_base + (pe + P - 1) % P;
+    (void)name, (void)eb;
+    int pe = rank % P, cube = rank % per_sip / P, sip = rank / per_sip;
+    int cube_base = rank - pe, sip_base = sip * per_sip;
+    int in_cube = ws - cube_base < P ? ws - cube_base : P;
+    int in_sip = ws - sip_base < per_sip ? ws - sip_base : per_sip;
+    int cubes = (in_sip + P - 1) / P, sips = (ws + per_sip - 1) / per_sip;
+    if (in_cube > 1) {
+        nbr[KB_DIR_E] = cube_base + (pe + 1) % in_cube;
+        nbr[KB_DIR_W] = cube_base + (pe + in_cube - 1) % in_cube;
     }
     if (pe == 0 && cubes > 1) {
         nbr[KB_DIR_N] = sip_base + ((cube + 1) % cubes) * P;
         nbr[KB_DIR_S] = sip_base + ((cube + cubes - 1) % cubes) * P;
     }
     if (pe == 0 && cube == 0 && sips > 1) {
-        nbr[KB_DIR_GLOBAL_E] = ((sip + 1) % sips) * cubes * P;
-        nbr[KB_DIR_GLOBAL_W] = ((sip + sips - 1) % sips) * cubes * P;
+        nbr[KB_DIR_GLOBAL_E] = ((sip + 1) % sips) * per_sip;
+        nbr[KB_DIR_GLOBAL_W] = ((sip + sips - 1) % sips) * per_sip;
     }
     return 0;
 }

@@ -48,7 +48,7 @@ typedef struct kb_ccl_geom {
 /*
  * Fills nbr[d] = peer rank of `rank` on direction d, or KB_TOPO_NONE, for a world of `ws`
  * ranks. Errors (KB_ERR_CONFIG / KB_ERR_RANGE with a message): unknown topology, a mesh
- * world that is not a square, a hierarchical world that does not fill whole cubes, a
+ * world that is not a square, a
  * topology with peer directions (full_mesh beyond one rank) for a table of KB_NDIRS.
  * kb_topo_neighbors_n fills a table of ndirs >= kb_topo_ndirs(topo, ws) entries, the peer
  * directions after the named ones.
@@ -250,9 +250,8 @@ typedef struct kb_ccl_algo_impl {
 /*
  * The algorithm runs on any world size of the rank = PE layout, partial cubes and a partial
  * last SIP included (kb_ccl_layout_linear): its topology is one that takes any world size
- * (ring_1d, ring_1d_unidir, tree_binary, none, full_mesh, hypercube, double_binary_tree;
- * mesh_2d's own limit is a
- * square). Its kernel is launched over whole cubes, so
+ * (ring_1d, ring_1d_unidir, tree_binary, none, full_mesh, hypercube, double_binary_tree,
+ * hierarchical_3level; mesh_2d's own limit is a square). Its kernel is launched over whole cubes, so
  * the PEs of the last cube past the last rank run it too: it must return at once on them
  * (kb_ccl_idle). Without the flag a world that spans cubes must fill whole cubes (and whole
  * SIPs beyond one SIP), as kb_ccl_layout_legacy requires.

@@ -701,10 +701,26 @@ static kb_val sip_allreduce(kb_tl *tl, kb_val acc, int S, kb_va va, kb_dtype dt,
                                      KB_DIR_GLOBAL_W, va, dt);
 }
 
+/*
+ * The chains' lengths at this rank: ranks fill the PEs in linear order (kb_ccl_rank), so the
+ * world's last cube and last SIP may be partial. *gp: the ranks of this rank's cube; *gc: the
+ * cubes of its SIP that hold a rank (their PE 0 form the cube chain). Whole cubes and SIPs
+ * give the launch grid's P and C.
+ */
+static void hier_chains(kb_tl *tl, const kb_kargs *a, int *gp, int *gc)
+{
+    int64_t ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
+    int64_t P = tl_num_programs(tl, 0), per_sip = P * tl_num_programs(tl, 1);
+    int64_t in_cube = ws - (r - tl_program_id(tl, 0)), in_sip = ws - r / per_sip * per_sip;
+    *gp = (int)(in_cube < P ? in_cube : P);
+    *gc = (int)(((in_sip < per_sip ? in_sip : per_sip) + P - 1) / P);
+}
+
 static void hierarchical_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
-    int P = (int)a->i[KB_CCL_ARG_PES], C = (int)a->i[KB_CCL_ARG_CUBES], S = (int)a->i[KB_CCL_ARG_SIPS];
+    int P, C, S = (int)a->i[KB_CCL_ARG_SIPS];
     int pe = tl_program_id(tl, 0), cube = tl_program_id(tl, 1);
+    hier_chains(tl, a, &P, &C);
     kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), (kb_dtype)a->i[KB_CCL_ARG_DTYPE]);
     kb_val acc = tl_scale(tl, v0, 1.0f, 0.0f);
 
@@ -764,14 +780,15 @@ static void chain_links(hier_node *h, int i, int g, kb_dir inc, kb_dir dec, int 
 
 static void hier_streamed(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
-    int P = (int)a->i[KB_CCL_ARG_PES], C = (int)a->i[KB_CCL_ARG_CUBES];
-    int S = (int)a->i[KB_CCL_ARG_SIPS], pe = tl_program_id(tl, 0), cube = tl_program_id(tl, 1);
+    int P, C, S = (int)a->i[KB_CCL_ARG_SIPS], pe = tl_program_id(tl, 0);
+    int cube = tl_program_id(tl, 1);
     kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
     int64_t SL = (int64_t)(kb_ipcq_slot_size(tl_ctx(tl)) / 4u), nsl = (n + SL - 1) / SL;
     int64_t off, len;
     hier_node h = { KB_NDIRS, { KB_DIR_E }, 0, 0 };
     int has_up = 0;
 
+    hier_chains(tl, a, &P, &C);
     chain_links(&h, pe, P, KB_DIR_E, KB_DIR_W, &has_up);
     if (pe == 0) {
         hier_node c = { KB_NDIRS, { KB_DIR_E }, 0, 0 };
@@ -824,6 +841,9 @@ static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
 {
     int64_t n = a->i[KB_CCL_ARG_N];
 
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
+
     if (kb_ccl_stream_block(tl, n, 4)) {
         hier_streamed(tl, a, kb_ccl_my_tile(tl, a), n);
         return;
@@ -858,7 +878,7 @@ static const kb_ccl_algo_impl tree_algo = {
 static const kb_ccl_algo_impl hierarchical_algo = {
     "hierarchical_allreduce", "3 levels: chains in each cube and across cubes, ring across SIPs",
     KB_COLL_ALLREDUCE, "hierarchical_3level", hierarchical_allreduce, NULL, tile_f32,
-    kb_ccl_ref_allreduce, 0, NULL,
+    kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD, NULL,
 };
 
 /* The rank = PE registry, in `kbcl list` order. An algorithm in a file of its own exports its

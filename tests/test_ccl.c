@@ -287,11 +287,23 @@ static void test_topo_hierarchical(void **state)
     check_all_links_reverse("hierarchical_3level", 256, &g);
     check_all_links_reverse("hierarchical_3level", 16, &g);
     check_all_links_reverse("hierarchical_3level", 64, &g);
-    /* errors: partial cubes, partial SIPs */
-    assert_int_equal(kb_topo_neighbors("hierarchical_3level", 12, 0, &g, t, &eb), KB_ERR_CONFIG);
-    assert_non_null(strstr(eb.msg, "whole cubes"));
-    assert_int_equal(kb_topo_neighbors("hierarchical_3level", 192, 0, &g, t, &eb), KB_ERR_CONFIG);
-    assert_non_null(strstr(eb.msg, "whole SIPs"));
+    /* partial cubes and SIPs (ranks fill PEs in linear order): each chain links the ranks it
+     * has. 12 ranks: cube 1 holds 8..11; 3 ranks: one chain of 3; 130 ranks: SIP 1 holds
+     * 128 and 129, one cube, and the SIP ring has two leaders, 0 and 128. */
+    expect_nbrs("hierarchical_3level", 12, 8, &g, 4, KB_DIR_E, 9, KB_DIR_W, 11, KB_DIR_N, 0,
+                KB_DIR_S, 0);
+    expect_nbrs("hierarchical_3level", 12, 11, &g, 2, KB_DIR_E, 8, KB_DIR_W, 10);
+    expect_nbrs("hierarchical_3level", 3, 0, &g, 2, KB_DIR_E, 1, KB_DIR_W, 2);
+    expect_nbrs("hierarchical_3level", 130, 128, &g, 4, KB_DIR_E, 129, KB_DIR_W, 129,
+                KB_DIR_GLOBAL_E, 0, KB_DIR_GLOBAL_W, 0);
+    expect_nbrs("hierarchical_3level", 130, 120, &g, 4, KB_DIR_E, 121, KB_DIR_W, 127, KB_DIR_N,
+                0, KB_DIR_S, 112);
+    expect_nbrs("hierarchical_3level", 1, 0, &g, 0);
+    check_all_links_reverse("hierarchical_3level", 3, &g);
+    check_all_links_reverse("hierarchical_3level", 12, &g);
+    check_all_links_reverse("hierarchical_3level", 130, &g);
+    check_all_links_reverse("hierarchical_3level", 193, &g);
+    (void)t, (void)eb;
 }
 
 /* The double binary tree: explicit tables at ws 4, then for every ws up to 300 both trees
@@ -542,11 +554,10 @@ static int h_any_algo(kb_ctx *ctx, void *arg)
     return rc ? rc : kb_ccl_job_launch(ctx, &c->job, NULL, NULL);
 }
 
-/* Every built-in algorithm with KB_CCL_ANY_WORLD on worlds that split a cube (12) and a SIP
- * (130) of the default machine (8 PEs per cube, 128 per SIP), odd counts, seeded inputs,
- * checked against its reference; the full mesh of 130 ranks wires 129 peer directions per PE
- * (129 rings of 2 x 4 KiB in the 8 MiB IPCQ area). The ones
- * without the flag (hierarchical) still need whole cubes. */
+/* Every built-in algorithm (all have KB_CCL_ANY_WORLD) on worlds that split a cube (12) and
+ * a SIP (130) of the default machine (8 PEs per cube, 128 per SIP), odd counts, seeded
+ * inputs, checked against its reference; the full mesh of 130 ranks wires 129 peer
+ * directions per PE (129 rings of 2 x 4 KiB in the 8 MiB IPCQ area). */
 static void test_builtin_any_world(void **state)
 {
     static const int worlds[] = { 12, 130 };
@@ -556,10 +567,8 @@ static void test_builtin_any_world(void **state)
     assert_non_null(c);
     for (int i = 0; kb_ccl_algo_at(i); i++) {
         const kb_ccl_algo_impl *impl = kb_ccl_algo_at(i);
-        if (!(impl->flags & KB_CCL_ANY_WORLD)) {
-            assert_string_equal(impl->module, "hierarchical_allreduce");
-            continue;
-        }
+        if (!(impl->flags & KB_CCL_ANY_WORLD))
+            fail_msg("%s: no KB_CCL_ANY_WORLD", impl->module);
         flagged++;
         for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++) {
             int ws = worlds[w];
@@ -592,7 +601,7 @@ static void test_builtin_any_world(void **state)
             free(raw);
         }
     }
-    assert_int_equal(flagged, 17); /* every algorithm but hierarchical_allreduce */
+    assert_int_equal(flagged, 18);
     free(c);
 }
 

@@ -307,10 +307,10 @@ static void test_error_row(void **s)
     char out[8192];
     char *csv;
     (void)s;
-    kbt_write_file("err.yaml", "algorithm: hierarchical_allreduce\n"
+    kbt_write_file("err.yaml", "algorithm: mesh_allreduce_4\n"
                                "n_elem: 16\n"
                                "grid:\n"
-                               "  world_size: [8, 12]\n");
+                               "  world_size: [4, 12]\n");
     assert_int_equal(kbt_kbcl(out, sizeof out, "sweep err.yaml --out err.csv --jobs 2"), 3);
     assert_non_null(strstr(out, "2 points: 1 ok, 0 failed verification, 1 errors"));
     csv = kbt_slurp("err.csv");
@@ -321,8 +321,8 @@ static void test_error_row(void **s)
         assert_non_null(row);
         row += strlen("\n1,12,ccl_allreduce,,,,,,,,");
         assert_true(strncmp(row, "ok,", 3) != 0 && strchr(row, ',') - row >= 2);
-        assert_non_null(strstr(row, ",world size 12 spans cubes but is not a multiple of 8 PEs "
-                                    "per cube\n"));
+        /* the message has a comma: CSV-quoted */
+        assert_non_null(strstr(row, ",\"mesh_allreduce needs a square world size, got 12\"\n"));
     }
     free(csv);
     /* --resume keeps the error row (it is a result) and exits 3 again without running */
