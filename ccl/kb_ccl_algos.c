@@ -747,7 +747,7 @@ static void hierarchical_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t 
  * of lag per level keeps the pipeline from blocking with any n_slots (see tree_streamed).
  */
 typedef struct hier_node {
-    kb_dir up;                  /* KB_NDIRS: a SIP leader */
+    kb_dir up;                  /* KB_DIR_NONE: a SIP leader */
     kb_dir down[4];             /* children, in chain_reduce's order */
     int ndown, depth;
 } hier_node;
@@ -785,13 +785,13 @@ static void hier_streamed(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
     kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
     int64_t SL = (int64_t)(kb_ipcq_slot_size(tl_ctx(tl)) / 4u), nsl = (n + SL - 1) / SL;
     int64_t off, len;
-    hier_node h = { KB_NDIRS, { KB_DIR_E }, 0, 0 };
+    hier_node h = { KB_DIR_NONE, { KB_DIR_E }, 0, 0 };
     int has_up = 0;
 
     hier_chains(tl, a, &P, &C);
     chain_links(&h, pe, P, KB_DIR_E, KB_DIR_W, &has_up);
     if (pe == 0) {
-        hier_node c = { KB_NDIRS, { KB_DIR_E }, 0, 0 };
+        hier_node c = { KB_DIR_NONE, { KB_DIR_E }, 0, 0 };
         chain_links(&c, cube, C, KB_DIR_N, KB_DIR_S, &has_up);
         h.up = c.up;
         h.depth = c.depth;

@@ -250,7 +250,7 @@ static void p2p_sendrecv(kb_tl *tl, const kb_kargs *a)
 
 /*
  * A rank that receives its slices from `up` into the tile and forwards each one to its `nd`
- * downstream directions as soon as it has landed; the root (up = KB_NDIRS) sends them from
+ * downstream directions as soon as it has landed; the root (up = KB_DIR_NONE) sends them from
  * the tile. Receives are posted COLL_MAX_POSTED slices ahead; a chain or tree has no cycle,
  * so nothing waits on itself.
  */
@@ -260,14 +260,14 @@ static void bcast_flow(kb_tl *tl, kb_va tile, int64_t n, kb_dtype dt, kb_dir up,
     int64_t S = slice_elems(tl, (uint32_t)kb_dtype_size(dt)), nsl = (n + S - 1) / S, off, len;
     kb_ipcq_req *rq[COLL_MAX_POSTED];
 
-    if (up != KB_NDIRS)
+    if (up != KB_DIR_NONE)
         for (int64_t j = 0; j < nsl && j < COLL_MAX_POSTED; j++) {
             len = kb_ccl_piece(n, S, j, &off);
             rq[j] = tl_recv_into_async(tl, up, atd(tile, off, dt), KB_SHAPE1(len), dt);
         }
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(n, S, j, &off);
-        if (up != KB_NDIRS) {
+        if (up != KB_DIR_NONE) {
             (void)tl_wait(tl, rq[j % COLL_MAX_POSTED]);
             int64_t nx = j + COLL_MAX_POSTED, xo, xl = kb_ccl_piece(n, S, nx, &xo);
             if (xl)
@@ -289,7 +289,7 @@ static void ring_broadcast(kb_tl *tl, const kb_kargs *a)
     if (ws < 2)
         return;
     bcast_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], (kb_dtype)a->i[KB_CCL_ARG_DTYPE],
-               v == 0 ? KB_NDIRS : KB_DIR_W, &e, v + 1 < ws);
+               v == 0 ? KB_DIR_NONE : KB_DIR_W, &e, v + 1 < ws);
 }
 
 /* Heap position v of a binary tree over ws ranks: its children's directions. */
@@ -314,7 +314,7 @@ static void tree_broadcast(kb_tl *tl, const kb_kargs *a)
     if (ws < 2)
         return;
     bcast_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], (kb_dtype)a->i[KB_CCL_ARG_DTYPE],
-               v == 0 ? KB_NDIRS : KB_DIR_PARENT, down, nd);
+               v == 0 ? KB_DIR_NONE : KB_DIR_PARENT, down, nd);
 }
 
 /* ---- reduce ---- */
@@ -322,7 +322,7 @@ static void tree_broadcast(kb_tl *tl, const kb_kargs *a)
 /*
  * A rank of a reduction flowing toward the root: per f32 slice, the partial sums of its
  * `nin` upstream directions (in[k], arriving as dtype dt[k]) are added to its own slice
- * (loaded from the tile) and sent on `out`, or stored by the root (out = KB_NDIRS). A rank
+ * (loaded from the tile) and sent on `out`, or stored by the root (out = KB_DIR_NONE). A rank
  * with no upstream sends its raw f16 slices straight from the tile. Receives are posted a
  * scratch window ahead.
  */
@@ -353,13 +353,13 @@ static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, cons
             if (xl)
                 rq[k][(j + W) % W] = tl_recv_async(tl, in[k], KB_SHAPE1(xl), dt[k]);
             /* the partial that goes on is written in pdt (the ring: the tile's dtype) */
-            kb_val s = k + 1 == nin && out != KB_NDIRS ? kb_ccl_combine_as(tl, op, acc, x, pdt)
+            kb_val s = k + 1 == nin && out != KB_DIR_NONE ? kb_ccl_combine_as(tl, op, acc, x, pdt)
                                                        : kb_ccl_combine(tl, op, acc, x);
             tl_free(tl, acc);
             tl_free(tl, x);
             acc = s;
         }
-        if (out == KB_NDIRS) {
+        if (out == KB_DIR_NONE) {
             acc = kb_ccl_finish(tl, op, acc, ws);
             tl_store(tl, atd(tile, off, tdt), acc);
         } else {
@@ -382,7 +382,7 @@ static void ring_reduce(kb_tl *tl, const kb_kargs *a)
     if (ws < 2) /* one rank: every op leaves the tile as it is (avg: x / 1) */
         return;
     reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], &w, &dt, v == 1 ? 0 : 1,
-                v == 0 ? KB_NDIRS : KB_DIR_E, tdt, (int)a->i[KB_CCL_ARG_OP], ws, tdt);
+                v == 0 ? KB_DIR_NONE : KB_DIR_E, tdt, (int)a->i[KB_CCL_ARG_OP], ws, tdt);
 }
 
 static void tree_reduce(kb_tl *tl, const kb_kargs *a)
@@ -403,7 +403,7 @@ static void tree_reduce(kb_tl *tl, const kb_kargs *a)
         dt[k] = 2 * c + 1 < ws ? KB_F32 : tdt;
     }
     reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], in, dt, nin,
-                v == 0 ? KB_NDIRS : KB_DIR_PARENT, tdt, (int)a->i[KB_CCL_ARG_OP], ws, KB_F32);
+                v == 0 ? KB_DIR_NONE : KB_DIR_PARENT, tdt, (int)a->i[KB_CCL_ARG_OP], ws, KB_F32);
 }
 
 /* ---- all_to_all ---- */

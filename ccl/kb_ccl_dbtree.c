@@ -109,7 +109,7 @@ kb_dir kb_ccl_dbtree_down_dir(int tree, int c)
 typedef struct db_tree {
     int64_t base, len, nsl;      /* its half: tile offset, elements, slices */
     int64_t depth;               /* steps its totals lag its partial sums */
-    kb_dir up;                   /* KB_NDIRS at the root */
+    kb_dir up;                   /* KB_DIR_NONE at the root */
     kb_dir down[2];
     kb_dtype in_dt[2];           /* what each child sends: raw tile values from a leaf */
     int nd;                      /* children */
@@ -150,7 +150,7 @@ static void db_up(kb_tl *tl, const db_run *x, db_tree *t, int64_t k)
         tl_free(tl, in);
         acc = s;
     }
-    if (t->up != KB_NDIRS) {
+    if (t->up != KB_DIR_NONE) {
         tl_send(tl, t->up, acc);
         tl_free(tl, acc);
         return;
@@ -201,7 +201,7 @@ static void dbtree_allreduce(kb_tl *tl, const kb_kargs *a)
         d->len = t ? n / 2 : (n + 1) / 2;
         d->nsl = (d->len + x.S - 1) / x.S;
         d->depth = nd.depth;
-        d->up = nd.parent < 0 ? KB_NDIRS : kb_ccl_dbtree_up_dir(t, nd.side);
+        d->up = nd.parent < 0 ? KB_DIR_NONE : kb_ccl_dbtree_up_dir(t, nd.side);
         d->nd = 0;
         for (int c = 0; c < 2; c++) {
             kb_ccl_dbtree_node cn;
@@ -214,7 +214,7 @@ static void dbtree_allreduce(kb_tl *tl, const kb_kargs *a)
         }
         inputs += d->nsl ? d->nd : 0;
         /* the last tick: the total of the last slice (the root: its reduction) */
-        int64_t end = d->nsl + H + (d->up == KB_NDIRS ? 0 : d->depth);
+        int64_t end = d->nsl + H + (d->up == KB_DIR_NONE ? 0 : d->depth);
         steps = d->nsl && end > steps ? end : steps;
     }
     /* the partial sums posted ahead share a scratch window of KB_CCL_STREAM_BYTES */
@@ -227,7 +227,7 @@ static void dbtree_allreduce(kb_tl *tl, const kb_kargs *a)
                 len = kb_ccl_piece(d->len, x.S, j, &off);
                 d->up_rq[c][j] = tl_recv_async(tl, d->down[c], KB_SHAPE1(len), d->in_dt[c]);
             }
-        if (d->up != KB_NDIRS)
+        if (d->up != KB_DIR_NONE)
             for (int64_t j = 0; j < d->nsl && j < DB_MAX_POSTED; j++) {
                 len = kb_ccl_piece(d->len, x.S, j, &off);
                 d->dn_rq[j] = tl_recv_into_async(tl, d->up, db_va(&x, d, off), KB_SHAPE1(len),
@@ -251,7 +251,7 @@ static void dbtree_allreduce(kb_tl *tl, const kb_kargs *a)
         }
         for (int t = 0; t < 2; t++) {
             int64_t j = tau - (H + tr[t].depth);
-            if (tr[t].up != KB_NDIRS && j >= 0 && j < tr[t].nsl)
+            if (tr[t].up != KB_DIR_NONE && j >= 0 && j < tr[t].nsl)
                 db_down(tl, &x, &tr[t], j);
         }
     }

@@ -61,6 +61,8 @@ typedef enum kb_dir {
 /* Peer directions: KB_DIR_PEER(k), k < KB_IPCQ_MAX_PEER_DIRS (a queue pair keeps its
  * direction in 16 bits); KB_IPCQ_MAX_DIRS bounds every direction. */
 #define KB_DIR_PEER(k) ((kb_dir)(KB_NDIRS + (k)))
+/* No direction: a kernel's sentinel for "no parent" / "no output" (never wired). */
+#define KB_DIR_NONE ((kb_dir)-1)
 #define KB_IPCQ_MAX_PEER_DIRS 65000
 #define KB_IPCQ_MAX_DIRS (KB_NDIRS + KB_IPCQ_MAX_PEER_DIRS)
 /* Room for any direction's name with kb_dir_label ("peer64999" and its NUL). */
