@@ -71,6 +71,15 @@ typedef struct tnode {
     int lo, hi;
 } tnode;
 
+/* The child whose subtree's members start at mbr, or nd->nch when mbr is the node's own. */
+static int child_from(const tnode *nd, int mbr)
+{
+    int x = 0;
+    while (x < nd->nch && nd->clo[x] != mbr)
+        x++;
+    return x;
+}
+
 /* Chain split in two halves toward member 0 (hierarchical's chain_reduce): members 1..h pass
  * toward 0 on `dec`, members h+1..g-1 on `inc` (g-1 wraps to 0). */
 static void tree_halves(tnode *t, int i, int g, kb_dir inc, kb_dir dec)
@@ -573,10 +582,7 @@ static void emit_up(kb_tl *tl, const where *w, int lvl, kb_va t, int64_t n, kb_d
     int64_t unit = lvl == 1 ? w->unit1 : w->unit2;
     /* segments in member order: children's ranges and the own member */
     for (int mbr = nd->lo; mbr <= nd->hi;) {
-        int x;
-        for (x = 0; x < nd->nch; x++)
-            if (nd->clo[x] == mbr)
-                break;
+        int x = child_from(nd, mbr);
         if (x < nd->nch) {
             int64_t cnt = (nd->chi[x] - nd->clo[x] + 1) * unit;
             for (int64_t b = 0; b < cnt; b++) {
@@ -729,10 +735,7 @@ static void collect_up(kb_tl *tl, const where *w, int lvl, kb_va t, int64_t n, k
     const tnode *nd = lvl == 1 ? &w->l1 : &w->l2;
     int64_t unit = lvl == 1 ? w->unit1 : w->unit2, base = lvl == 1 ? w->base1 : 0;
     for (int mbr = nd->lo; mbr <= nd->hi;) {
-        int x;
-        for (x = 0; x < nd->nch; x++)
-            if (nd->clo[x] == mbr)
-                break;
+        int x = child_from(nd, mbr);
         if (x < nd->nch) {
             for (int64_t b = base + nd->clo[x] * unit; b < base + (nd->chi[x] + 1) * unit; b++)
                 vals[b] = tl_recv(tl, nd->ch[x], KB_SHAPE1(n), dt);
