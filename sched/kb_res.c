@@ -170,16 +170,23 @@ static void book(kb_res *r, kb_time start, kb_time occ)
     }
 }
 
+/* 1 when r's gap can take occ at some start >= t (kb_res_set_ordered: never). */
+static int gap_fits(const kb_res *r, kb_time t, kb_time occ)
+{
+    kb_time e = r->hole_lo > t ? r->hole_lo : t;
+    return e < r->hole_hi && r->hole_hi - e >= occ;
+}
+
 /*
- * The earliest t >= now at which every resource of the path can take its share, idle gaps
+ * The earliest t >= from at which every resource of the path can take its share, idle gaps
  * included: each round moves t to the latest of the resources' earliest starts, which only
  * moves later; a few rounds reach it, else the first-come first-served start (fifo, where all
- * are free). Out of line: only requests that would wait and meet a gap come here.
+ * are free). Out of line: only requests that would wait and may fit a gap come here.
  */
-static KB_RES_NOINLINE kb_time backfill(kb_res *const *path, int n_path, kb_time now,
+static KB_RES_NOINLINE kb_time backfill(kb_res *const *path, int n_path, kb_time from,
                                         uint64_t nbytes, kb_time fifo)
 {
-    kb_time t = now;
+    kb_time t = from;
     for (int it = 0; it < 4; it++) {
         kb_time u = t;
         for (int i = 0; i < n_path; i++) {
@@ -196,19 +203,20 @@ static KB_RES_NOINLINE kb_time backfill(kb_res *const *path, int n_path, kb_time
 kb_time kb_res_path_reserve(kb_res *const *path, int n_path, kb_time now, uint64_t nbytes,
                             kb_time *t_start)
 {
-    kb_time start = now, lat = 0, occ_max = 0;
+    kb_time fifo = now, blocked = now, lat = 0, occ_max = 0;
 
+    /* fifo: where every resource is free; blocked: no start before the end of a busy
+     * resource whose gap cannot take this use at any time from now on */
     for (int i = 0; i < n_path; i++) {
-        assert(path[i]);
-        start = path[i]->free_at > start ? path[i]->free_at : start;
+        const kb_res *r = path[i];
+        assert(r);
+        if (r->free_at > now) {
+            fifo = r->free_at > fifo ? r->free_at : fifo;
+            if (r->free_at > blocked && !gap_fits(r, now, occupancy_memo(path[i], nbytes)))
+                blocked = r->free_at;
+        }
     }
-    if (start > now) { /* would wait: is there a gap it may fill? */
-        int holes = 0;
-        for (int i = 0; i < n_path; i++)
-            holes |= path[i]->hole_hi > now;
-        if (holes)
-            start = backfill(path, n_path, now, nbytes, start);
-    }
+    kb_time start = blocked < fifo ? backfill(path, n_path, blocked, nbytes, fifo) : fifo;
     for (int i = 0; i < n_path; i++) {
         kb_res *r = path[i];
         kb_time occ = occupancy_memo(r, nbytes);
