@@ -375,6 +375,39 @@ static void test_rsag_halves(void **s)
     }
 }
 
+/* The busiest resource of the measured region: gemm 256^3 on one PE is 8 SchedulerV2 steps of
+ * 128^3 on PE_GEMM, each fixed 16 ns + 2*128^3 / 4096 flops/ns = 1040 ns, so PE_GEMM is
+ * reserved 8320 ns of the region exactly; the 256-rank ring at 64 MiB per rank is bound by the
+ * first cube's NoC (every hop's send and copy-out or own load cross it). */
+static void test_busiest(void **s)
+{
+    static char out[1 << 14];
+    (void)s;
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device none --json b.json"), 0);
+    assert_non_null(strstr(out, "  busiest    pe_gemm sip0/cube0/pe0, reserved "));
+    char *text = kbt_slurp("b.json");
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItem(j, "busiest_resource")->valuestring,
+                        "pe_gemm sip0/cube0/pe0");
+    double t = cJSON_GetObjectItem(j, "sim_time_ns")->valuedouble;
+    double f = cJSON_GetObjectItem(j, "busiest_busy_frac")->valuedouble;
+    assert_true(fabs(f * t - 8320.0) < 1e-6);
+    cJSON_Delete(j);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl --algorithm ring_rsag_allreduce "
+                              "--size 64M --device none --json b.json"), 0);
+    text = kbt_slurp("b.json");
+    j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItem(j, "busiest_resource")->valuestring,
+                        "noc sip0/cube0");
+    f = cJSON_GetObjectItem(j, "busiest_busy_frac")->valuedouble;
+    assert_true(f > 0.95 && f <= 1.0);
+    cJSON_Delete(j);
+}
+
 static void test_ccl_failures(void **s)
 {
     static char out[1 << 16];
@@ -656,6 +689,7 @@ int main(void)
         cmocka_unit_test(test_coll_entries),
         cmocka_unit_test(test_coll_lanes),
         cmocka_unit_test(test_rsag_halves),
+        cmocka_unit_test(test_busiest),
         cmocka_unit_test(test_ccl_failures),
         cmocka_unit_test(test_trace),
         cmocka_unit_test(test_size_parse),

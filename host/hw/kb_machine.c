@@ -672,3 +672,34 @@ int kb_machine_sip_hops(const kb_machine *m, unsigned a, unsigned b)
     }
     return hops;
 }
+
+void kb_machine_each_res(const kb_machine *m, kb_res_visit_fn fn, void *ud)
+{
+    char where[48];
+    for (int s = 0; s < m->nsips; s++) {
+        const kb_sip_hw *sip = &m->sips[s];
+        snprintf(where, sizeof where, "sip%d", s);
+        fn(ud, &sip->pcie, where);
+        fn(ud, &sip->pcie_ep, where);
+        fn(ud, &sip->io_cpu, where);
+        for (int l = 0; l < sip->nlinks; l++)
+            fn(ud, &sip->links[l].link, where);
+        for (int c = 0; c < m->ncubes; c++) {
+            const kb_cube_hw *cb = &sip->cubes[c];
+            snprintf(where, sizeof where, "sip%d/cube%d", s, c);
+            fn(ud, &cb->m_cpu, where);
+            fn(ud, &cb->noc, where);
+            fn(ud, &cb->sram_port, where);
+            for (int d = 0; d < 4; d++)
+                fn(ud, &cb->ucie_out[d], where);
+            for (int p = 0; p < m->npes; p++) {
+                const kb_pe_hw *pe = &cb->pes[p];
+                snprintf(where, sizeof where, "sip%d/cube%d/pe%d", s, c, p);
+                const kb_res *const all[] = { &pe->cpu, &pe->dma, &pe->math, &pe->gemm,
+                                              &pe->tcm_port, &pe->hbm_port };
+                for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+                    fn(ud, all[i], where);
+            }
+        }
+    }
+}

@@ -130,6 +130,15 @@ static inline kb_pe_hw *kb_machine_pe(const kb_machine *m, unsigned gsip, unsign
 kb_res *kb_machine_port(kb_machine *m, kb_pa pa, kb_errbuf *eb);
 
 /*
+ * Calls fn for every resource of the machine, in a fixed order: per SIP its PCIe link, PCIe
+ * endpoint, IO_CPU and inter-SIP links, then per cube its M_CPU, NoC, SRAM port and UCIe
+ * links, then per PE its CPU, DMA engine, MATH and GEMM units, TCM and HBM ports. `where`
+ * ("sip0", "sip0/cube3", "sip0/cube3/pe2") lives until fn returns; r->name is the kind.
+ */
+typedef void (*kb_res_visit_fn)(void *ud, const kb_res *r, const char *where);
+void kb_machine_each_res(const kb_machine *m, kb_res_visit_fn fn, void *ud);
+
+/*
  * Builds the route of a DMA of pa_src -> pa_dst issued by `issuer` (NULL = the host, through
  * the destination SIP's PCIe; for host reads pass the source SIP via pa_src). Returns the
  * number of resources written to path[], or a negative error.

@@ -114,8 +114,69 @@ int kb_bench_coll_count(kb_coll_kind k, int ws, int64_t size_bytes, int elem_byt
     return 0;
 }
 
-void kb_bench_mark_begin(kb_ctx *ctx, kb_bench_result *r) { r->t_begin = kb_sim_now(kb_ctx_sim(ctx)); }
-void kb_bench_mark_end(kb_ctx *ctx, kb_bench_result *r) { r->t_end = kb_sim_now(kb_ctx_sim(ctx)); }
+/* The busiest resource of a region: every resource's busy time (kb_res.busy, the occupancy
+ * of its reservations) at the start, compared at the end. */
+typedef struct busy_walk {
+    kb_time *mark;
+    size_t i;
+    kb_time best;
+    char *name;
+    size_t name_len;
+} busy_walk;
+
+static void busy_count(void *ud, const kb_res *r, const char *where)
+{
+    (void)r, (void)where;
+    ((busy_walk *)ud)->i++;
+}
+
+static void busy_store(void *ud, const kb_res *r, const char *where)
+{
+    busy_walk *w = ud;
+    (void)where;
+    w->mark[w->i++] = r->busy;
+}
+
+static void busy_compare(void *ud, const kb_res *r, const char *where)
+{
+    busy_walk *w = ud;
+    kb_time d = r->busy - w->mark[w->i++];
+    if (d > w->best) { /* the first of equals, in the machine's order */
+        w->best = d;
+        snprintf(w->name, w->name_len, "%s %s", r->name, where);
+    }
+}
+
+void kb_bench_mark_begin(kb_ctx *ctx, kb_bench_result *r)
+{
+    const kb_machine *m = kb_ctx_machine(ctx);
+    busy_walk w = { NULL, 0, 0, NULL, 0 };
+    r->t_begin = kb_sim_now(kb_ctx_sim(ctx));
+    free(r->busy_mark);
+    kb_machine_each_res(m, busy_count, &w);
+    /* no memory for the snapshot: no busiest resource, the run itself is unaffected */
+    if ((r->busy_mark = malloc((w.i ? w.i : 1) * sizeof *r->busy_mark)) != NULL) {
+        w.mark = r->busy_mark;
+        w.i = 0;
+        kb_machine_each_res(m, busy_store, &w);
+    }
+}
+
+void kb_bench_mark_end(kb_ctx *ctx, kb_bench_result *r)
+{
+    r->t_end = kb_sim_now(kb_ctx_sim(ctx));
+    if (!r->busy_mark)
+        return;
+    busy_walk w = { r->busy_mark, 0, 0, r->busiest, sizeof r->busiest };
+    r->busiest[0] = '\0';
+    kb_machine_each_res(kb_ctx_machine(ctx), busy_compare, &w);
+    r->busiest_frac = r->t_end > r->t_begin && w.best > 0
+                          ? (double)w.best / (double)(r->t_end - r->t_begin) : 0.0;
+    if (w.best == 0)
+        r->busiest[0] = '\0';
+    free(r->busy_mark);
+    r->busy_mark = NULL;
+}
 
 int kb_bench_check_from(kb_bench_result *r, kb_dtype dt, const float *got, const double *ref,
                         const double *acc_bound, size_t n, size_t index0, const char *what)
@@ -260,6 +321,8 @@ int kb_bench_execute(const kb_config *cfg, const kb_ccl_cfg *ccl, const kb_ctx_o
     rep->kernel_ms = kb_opencl_kernel_ms(kb_ctx_backend(ctx)) - k0;
     rep->setup_wait_ms = kb_ctx_backend_wait_ms(ctx);
 out:
+    free(rep->res.busy_mark); /* a run that stopped between mark_begin and mark_end */
+    rep->res.busy_mark = NULL;
     if (state && b->cleanup)
         b->cleanup(state);
     free(state);

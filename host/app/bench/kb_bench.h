@@ -51,6 +51,11 @@ typedef struct kb_bench_result {
     int have_err;
     double max_abs_err, err_bound;     /* worst |got - ref| and the bound it was checked against */
     kb_time t_begin, t_end;            /* measured region (simulated) */
+    /* the resource reserved longest in the region (kb_bench_mark_begin / _end): its kind and
+     * place ("noc sip0/cube3"), and that time over the region's; empty when not measured */
+    char busiest[64];
+    double busiest_frac;
+    kb_time *busy_mark;                /* owned: every resource's busy time at mark_begin */
     int nextras;
     struct { const char *name; double value; } extras[KB_BENCH_MAX_EXTRAS];
 } kb_bench_result;

@@ -424,6 +424,10 @@ char *kbcl_result_json(const kbcl_result *res)
     cJSON_AddNumberToObject(root, "op_records", (double)rep->records);
     for (int i = 0; i < rep->res.nextras; i++)
         cJSON_AddNumberToObject(root, rep->res.extras[i].name, rep->res.extras[i].value);
+    if (rep->res.busiest[0]) {
+        cJSON_AddStringToObject(root, "busiest_resource", rep->res.busiest);
+        cJSON_AddNumberToObject(root, "busiest_busy_frac", rep->res.busiest_frac);
+    }
     if (rep->res.verified < 0)
         cJSON_AddNullToObject(root, "verified");
     else
@@ -544,6 +548,9 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
     fprintf(f, "  sim_time   %.3f ns (%.3f us)\n", rep->sim_time_ns, rep->sim_time_ns / 1000.0);
     for (int i = 0; i < rep->res.nextras; i++)
         fprintf(f, "  %-10s %.6g\n", rep->res.extras[i].name, rep->res.extras[i].value);
+    if (rep->res.busiest[0])
+        fprintf(f, "  busiest    %s, reserved %.1f %% of sim_time\n", rep->res.busiest,
+                100.0 * rep->res.busiest_frac);
     fprintf(f, "  events     %llu (%llu fiber switches, %llu kernels)\n",
             (unsigned long long)rep->events, (unsigned long long)rep->switches,
             (unsigned long long)rep->kernels);
