@@ -72,28 +72,33 @@ static const kb_coll_kind dec_colls[3] = { KB_COLL_ALLREDUCE, KB_COLL_ALLGATHER,
 
 /* Bytes moved over each link class of the whole machine so far (HBM ports, NoC hops, UCIe
  * links, inter-SIP links, TCM ports) and the PE_GEMM / PE_MATH busy time of every PE. */
+/* Bytes through each link class (HBM ports, NoCs, UCIe links, inter-SIP links, TCM ports) and
+ * the PE_GEMM / PE_MATH busy time, summed over the machine (kb_machine_each_res). */
+typedef struct dec_counts {
+    uint64_t *cls;
+    kb_time *gemm, *math;
+} dec_counts;
+
+static void count_res(void *ud, const kb_res *r, const char *where)
+{
+    static const char *const classes[5] = { "hbm", "noc", "ucie", "inter_sip", "tcm" };
+    dec_counts *c = ud;
+    (void)where;
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(r->name, classes[i]))
+            c->cls[i] += r->bytes;
+    if (!strcmp(r->name, "pe_gemm"))
+        *c->gemm += r->busy;
+    else if (!strcmp(r->name, "pe_math"))
+        *c->math += r->busy;
+}
+
 static void counters(const kb_machine *m, uint64_t cls[5], kb_time *gemm, kb_time *math)
 {
+    dec_counts c = { cls, gemm, math };
     memset(cls, 0, 5 * sizeof cls[0]);
     *gemm = *math = 0;
-    for (int s = 0; s < m->nsips; s++) {
-        const kb_sip_hw *sp = &m->sips[s];
-        for (int l = 0; l < sp->nlinks; l++)
-            cls[3] += sp->links[l].link.bytes;
-        for (int c = 0; c < m->ncubes; c++) {
-            const kb_cube_hw *cb = &sp->cubes[c];
-            cls[1] += cb->noc.bytes;
-            for (int d = 0; d < 4; d++)
-                cls[2] += cb->ucie_out[d].bytes;
-            for (int p = 0; p < m->npes; p++) {
-                const kb_pe_hw *pe = &cb->pes[p];
-                cls[0] += pe->hbm_port.bytes;
-                cls[4] += pe->tcm_port.bytes;
-                *gemm += pe->gemm.busy;
-                *math += pe->math.busy;
-            }
-        }
-    }
+    kb_machine_each_res(m, count_res, &c);
 }
 
 static const char *dec_algorithm(kb_ctx *ctx)
