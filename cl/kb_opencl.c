@@ -23,6 +23,7 @@
  * division/sqrt or without f32 denormals still runs, but may differ from ref in the last bit.
  */
 #include "kb_opencl.h"
+#include "kb_remote.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,9 +126,10 @@ typedef struct cl_launch {
 } cl_launch;
 
 typedef struct clbe {
-    cl_context ctx;
+    cl_context ctx;                     /* shared with clones (retained) */
+    cl_device_id dev;
     cl_command_queue q;
-    cl_program prog;
+    cl_program prog;                    /* shared with clones (retained) */
     cl_kernel kern[KB_REC_NKINDS];
     cl_kernel kfill;                    /* kb_fill_bytes (rs_fill) */
     cl_mem arena, payload, table;       /* device buffers, grown on demand */
@@ -148,6 +150,7 @@ typedef struct clbe {
     uint64_t launches;
     double kernel_ms;                   /* device time of all launches, from the events */
     kb_opencl_setup setup;
+    char desc[256];                     /* as kb_opencl_backend_create describes the device */
 } clbe;
 
 static const char *cl_errname(cl_int e)
@@ -1140,14 +1143,14 @@ static const kb_backend_ops cl_ops = {
     .resident = cl_resident,
 };
 
-uint64_t kb_opencl_launches(const kb_backend *be)
+static uint64_t cl_launches_of(const kb_backend *be)
 {
     if (!be || be->ops != &cl_ops || !be->self)
         return 0;
     return ((const clbe *)be->self)->launches;
 }
 
-double kb_opencl_kernel_ms(const kb_backend *be)
+static double cl_kernel_ms_of(const kb_backend *be)
 {
     if (!be || be->ops != &cl_ops || !be->self)
         return 0.0;
@@ -1272,7 +1275,17 @@ static int build_program(clbe *b, cl_platform_id plat, cl_device_id dev, kb_cl_c
             free(bin);
         }
     }
-    if (rc == 0 && !(b->kfill = clCreateKernel(b->prog, "kb_fill_bytes", &err)))
+    return rc;
+}
+
+/* The kernel objects of b->prog: each backend has its own (clSetKernelArg is not
+ * thread-safe on a shared kernel). */
+static int make_kernels(clbe *b, cl_device_id dev, kb_errbuf *eb)
+{
+    cl_int err;
+    int rc = 0;
+
+    if (!(b->kfill = clCreateKernel(b->prog, "kb_fill_bytes", &err)))
         return cl_fail(eb, "kb_fill_bytes", err);
     for (unsigned i = 0; i < KB_REC_NKINDS && rc == 0; i++) {
         size_t wg = 0, want = local_of(i);
@@ -1298,7 +1311,7 @@ const char *kb_cl_cache_state_name(kb_cl_cache_state s)
     }
 }
 
-int kb_opencl_setup_of(const kb_backend *be, kb_opencl_setup *out)
+static int cl_setup_of(const kb_backend *be, kb_opencl_setup *out)
 {
     if (!be || be->ops != &cl_ops || !be->self || !out)
         return KB_ERR_INVAL;
@@ -1365,7 +1378,8 @@ int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backe
     }
     (void)clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof b->ncu, &b->ncu, NULL);
     t2 = now_ms();
-    if ((rc = build_program(b, plat, dev, mode, eb)) != 0)
+    b->dev = dev;
+    if ((rc = build_program(b, plat, dev, mode, eb)) != 0 || (rc = make_kernels(b, dev, eb)) != 0)
         goto fail;
     b->setup.discover_ms = t1 - t0;
     b->setup.context_ms = t2 - t1;
@@ -1379,7 +1393,8 @@ int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backe
         /* "OpenCL 3.0 CUDA" -> "OpenCL 3.0" */
         if (sscanf(ver, "%63s %63s", v1, v2) == 2)
             snprintf(ver, sizeof ver, "%s %s", v1, v2);
-        snprintf(desc, desc_n, "%s (%s, %s)", dname, pname, ver);
+        snprintf(b->desc, sizeof b->desc, "%s (%s, %s)", dname, pname, ver);
+        snprintf(desc, desc_n, "%s", b->desc);
     }
     out->ops = &cl_ops;
     out->self = b;
@@ -1389,7 +1404,75 @@ fail:
     return rc;
 }
 
+int kb_opencl_backend_clone(const kb_backend *src, kb_backend *out, char *desc, size_t desc_n,
+                            kb_errbuf *eb)
+{
+    const clbe *s;
+    clbe *b = NULL;
+    double t0 = now_ms();
+    cl_int err;
+    int rc;
+
+    if (!out || !src || src->ops != &cl_ops || !src->self)
+        return kb_err_set(eb, KB_ERR_INVAL, "opencl clone: not an OpenCL backend");
+    out->ops = NULL;
+    out->self = NULL;
+    s = src->self;
+    b = calloc(1, sizeof *b);
+    if (!b || (b->res = kb_resident_create(&rs_ops, b)) == NULL) {
+        free(b);
+        return kb_err_set(eb, KB_ERR_NOMEM, "opencl backend: out of memory");
+    }
+    if ((err = clRetainContext(s->ctx)) != CL_SUCCESS) {
+        rc = cl_fail(eb, "clRetainContext", err);
+        goto fail;
+    }
+    b->ctx = s->ctx;
+    if ((err = clRetainProgram(s->prog)) != CL_SUCCESS) {
+        rc = cl_fail(eb, "clRetainProgram", err);
+        goto fail;
+    }
+    b->prog = s->prog;
+    b->dev = s->dev;
+    b->ncu = s->ncu;
+    b->setup = s->setup;
+    memcpy(b->desc, s->desc, sizeof b->desc);
+    b->q = clCreateCommandQueue(b->ctx, b->dev, CL_QUEUE_PROFILING_ENABLE, &err);
+    if (!b->q) {
+        rc = cl_fail(eb, "clCreateCommandQueue", err);
+        goto fail;
+    }
+    if ((rc = make_kernels(b, b->dev, eb)) != 0)
+        goto fail;
+    /* the clone's own set-up: a queue and kernels on the shared context and program */
+    b->setup.discover_ms = 0.0;
+    b->setup.context_ms = 0.0;
+    b->setup.program_ms = now_ms() - t0;
+    b->setup.total_ms = b->setup.program_ms;
+    if (desc && desc_n)
+        snprintf(desc, desc_n, "%s", b->desc);
+    out->ops = &cl_ops;
+    out->self = b;
+    return 0;
+fail:
+    cl_destroy(b);
+    return rc;
+}
+
 #else /* !KBCL_HAVE_OPENCL */
+
+int kb_opencl_backend_clone(const kb_backend *src, kb_backend *out, char *desc, size_t desc_n,
+                            kb_errbuf *eb)
+{
+    (void)src;
+    (void)desc;
+    (void)desc_n;
+    if (out) {
+        out->ops = NULL;
+        out->self = NULL;
+    }
+    return kb_err_set(eb, KB_ERR_DEVICE, "kbcl was built without OpenCL");
+}
 
 int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_t desc_n,
                              kb_errbuf *eb)
@@ -1411,7 +1494,7 @@ int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backe
     return kb_opencl_backend_create(want, out, desc, desc_n, eb);
 }
 
-int kb_opencl_setup_of(const kb_backend *be, kb_opencl_setup *out)
+static int cl_setup_of(const kb_backend *be, kb_opencl_setup *out)
 {
     (void)be;
     (void)out;
@@ -1441,16 +1524,32 @@ void kb_opencl_env(void)
 {
 }
 
-uint64_t kb_opencl_launches(const kb_backend *be)
+static uint64_t cl_launches_of(const kb_backend *be)
 {
     (void)be;
     return 0;
 }
 
-double kb_opencl_kernel_ms(const kb_backend *be)
+static double cl_kernel_ms_of(const kb_backend *be)
 {
     (void)be;
     return 0.0;
 }
 
 #endif
+
+/* The accessors answer for a device server's session too (kb_remote.h). */
+uint64_t kb_opencl_launches(const kb_backend *be)
+{
+    return kb_remote_is(be) ? kb_remote_launches(be) : cl_launches_of(be);
+}
+
+double kb_opencl_kernel_ms(const kb_backend *be)
+{
+    return kb_remote_is(be) ? kb_remote_kernel_ms(be) : cl_kernel_ms_of(be);
+}
+
+int kb_opencl_setup_of(const kb_backend *be, kb_opencl_setup *out)
+{
+    return kb_remote_is(be) ? kb_remote_setup_of(be, out) : cl_setup_of(be, out);
+}

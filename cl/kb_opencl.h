@@ -73,6 +73,15 @@ int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backe
 
 /* The set-up figures of an OpenCL backend into *out; KB_ERR_INVAL for any other backend. */
 int kb_opencl_setup_of(const kb_backend *be, kb_opencl_setup *out);
+/*
+ * A second backend on src's device that shares its context and built program (retained) and
+ * has its own command queue, kernels, buffers and resident memory: what a device server
+ * (kb_devd.h) gives each session. Costs a queue and the kernel objects, no build; its set-up
+ * record is src's, with program_ms/total_ms the clone's own time. Owner: the caller; the
+ * context lives until src and every clone are destroyed, in any order.
+ */
+int kb_opencl_backend_clone(const kb_backend *src, kb_backend *out, char *desc, size_t desc_n,
+                            kb_errbuf *eb);
 
 /*
  * Writes a human listing of the OpenCL platforms and devices into buf (always

@@ -99,6 +99,12 @@ static void res_detach(void *self)
     r->top = 0;
 }
 
+void kb_resident_device(const kb_resident *r, const kb_resident_ops **ops, void **dev)
+{
+    *ops = r->ops;
+    *dev = r->dev;
+}
+
 kb_resident *kb_resident_create(const kb_resident_ops *ops, void *dev)
 {
     kb_resident *r = calloc(1, sizeof *r);

@@ -14,6 +14,7 @@
 #include "kb_runtime_int.h"
 
 #include "kb_opencl.h"
+#include "kb_remote.h"
 #include "kb_trace.h"
 
 #include <assert.h>
@@ -213,6 +214,22 @@ int kb_backend_for_device(kb_device_kind dev, kb_backend *out, char *desc, size_
     if (!desc) {
         desc = tmp;
         desc_n = sizeof tmp;
+    }
+    if ((dev == KB_DEV_GPU || dev == KB_DEV_CPU || dev == KB_DEV_AUTO) && kb_devd_enabled()) {
+        /* a device server (kbcl devd) for this device: no set-up of our own */
+        const char *names[2] = { kb_device_name(dev), dev == KB_DEV_AUTO ? "gpu" : NULL };
+        for (int i = 0; i < 2 && names[i]; i++) {
+            char path[200];
+            kb_errbuf why = { { 0 } };
+            if (kb_devd_socket_path(names[i], path, sizeof path, &why) != 0)
+                continue;
+            rc = kb_remote_backend_create(path, out, desc, desc_n, &why);
+            if (rc == 0)
+                return 0;
+            if (rc != KB_ERR_NOTFOUND && note && note_n)
+                snprintf(note, note_n, "%.200s; setting the device up in this process",
+                         why.msg);
+        }
     }
     switch (dev) {
     case KB_DEV_REF:

@@ -8,6 +8,8 @@
 #   BUILD_DIR holds kbcl (a build carried from another machine works). DEVICE is the OpenCL
 #   device to compare with ref (gpu; cpu for PoCL). Registers NVIDIA's OpenCL driver through
 #   OCL_ICD_FILENAMES when no NVIDIA ICD is installed, as gpu-smoke.sh does.
+# DEVD=1 starts a device server for DEVICE first (kbcl devd --detach, stopped at the end), so
+# every DEVICE run and sweep point uses it instead of setting the device up itself.
 # Prints one line per job: name, ref wall ms, DEVICE wall ms, ratio, digests equal or not.
 # Exit status 0 when every digest matched.
 set -uo pipefail
@@ -26,6 +28,11 @@ if [ "$dev" = gpu ] && ! grep -qsi nvidia /etc/OpenCL/vendors/*.icd && [ -z "${O
     done
 fi
 cd "$root" || exit 2
+if [ "${DEVD:-0}" = 1 ]; then
+    export KBCL_DEVD_DIR=$tmp/devd
+    "$kbcl" devd --device "$dev" --detach || exit 2
+    trap '"$kbcl" devd --device "$dev" --stop >/dev/null; rm -rf "$tmp"' EXIT
+fi
 
 # field NAME FILE: a top-level number or string of a kbcl JSON report
 field() { python3 -c "import json,sys; d=json.load(open(sys.argv[2])); print(d.get(sys.argv[1]))" "$1" "$2"; }

@@ -676,6 +676,59 @@ static void test_device_transfers(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device gpu"), 4);
 }
 
+/* The device server end to end (PoCL in CI): `kbcl devd --detach` sets the CPU device up once;
+ * a run with --device cpu then goes through it (same digest and transfers as in process, no
+ * set-up of its own); KBCL_DEVD=off keeps a run in process; a second server for the same
+ * device is refused; --status and --stop say and do what they should. */
+static void test_device_server(void **s)
+{
+    char out[8192], dir[400];
+    (void)s;
+    if (kbt_kbcl(out, sizeof out, "devices") != 0 || !strstr(out, "[CPU]"))
+        skip();
+    snprintf(dir, sizeof dir, "%s/devd", kbt_workdir());
+    setenv("KBCL_DEVD_DIR", dir, 1);
+    unsetenv("KBCL_DEVD");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "devd --status --device cpu"), 1);
+    assert_non_null(strstr(out, "no server for cpu at "));
+    assert_int_equal(kbt_kbcl(out, sizeof out, "devd --device cpu --detach --idle-exit 120"), 0);
+    assert_non_null(strstr(out, "kbcl devd: serving cpu ("));
+    assert_non_null(strstr(out, "/devd/cpu.sock, pid "));
+    assert_int_equal(kbt_kbcl(out, sizeof out, "devd --device cpu --detach"), 2);
+    assert_non_null(strstr(out, "a device server already listens at "));
+    int rc = kbt_kbcl(out, sizeof out,
+                      "run --bench va_offset --device cpu --verify-data --json devd.json");
+    if (rc != 0)
+        fail_msg("%s", out);
+    char *text = kbt_slurp("devd.json");
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    cJSON *rp = cJSON_GetObjectItem(j, "replay"), *t = cJSON_GetObjectItem(rp, "transfers");
+    assert_non_null(strstr(cJSON_GetObjectItem(rp, "device_desc")->valuestring,
+                           " via kbcl devd"));
+    assert_string_equal(cJSON_GetObjectItem(j, "data_digest")->valuestring, "0b0c1e2b05459353");
+    assert_int_equal(cJSON_GetObjectItem(t, "upload_bytes")->valuedouble, 131072);
+    assert_int_equal(cJSON_GetObjectItem(t, "download_bytes")->valuedouble, 131072);
+    assert_true(cJSON_GetObjectItem(rp, "launches")->valuedouble > 0);
+    cJSON_Delete(j);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "devd --status --device cpu"), 0);
+    assert_non_null(strstr(out, "0 session(s) open"));
+    setenv("KBCL_DEVD", "off", 1);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench va_offset --device cpu --verify-data"),
+                     0);
+    assert_null(strstr(out, "via kbcl devd"));
+    unsetenv("KBCL_DEVD");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "devd --stop --device cpu"), 0);
+    assert_non_null(strstr(out, "stops once its sessions end"));
+    for (int i = 0; i < 100 && kbt_kbcl(out, sizeof out, "devd --status --device cpu") == 0; i++)
+        usleep(50000);
+    if (!strstr(out, "no server for cpu"))
+        fail_msg("after --stop: %s", out);
+    setenv("KBCL_DEVD", "off", 1);
+    unsetenv("KBCL_DEVD_DIR");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -697,6 +750,10 @@ int main(void)
         cmocka_unit_test(test_size_run),
         cmocka_unit_test(test_bench_self_phase2),
         cmocka_unit_test(test_device_transfers),
+        cmocka_unit_test(test_device_server),
     };
+    /* a device server the user runs must not serve these runs (test_device_server starts
+     * its own, in the scratch folder) */
+    setenv("KBCL_DEVD", "off", 1);
     return cmocka_run_group_tests(tests, setup, teardown);
 }

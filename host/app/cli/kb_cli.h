@@ -121,6 +121,7 @@ int kbcl_write_all(int fd, const void *buf, size_t n);
 /* Subcommands implemented outside main.c. */
 int kbcl_cmd_bench_self(int argc, char **argv);
 int kbcl_cmd_devices(int argc, char **argv);
+int kbcl_cmd_devd(int argc, char **argv);
 
 /* Phase-2 section of bench-self: replay throughput of `device`'s backend, as JSON (*out,
  * caller deletes) and a printed table. quick = smaller sizes. */

@@ -16,6 +16,7 @@
 #include "kb_ccl.h"
 #include "kb_dist_algo.h"
 #include "kb_cli.h"
+#include "kb_remote.h"
 #include "kb_opencl.h"
 #include "kb_config.h"
 #include "kb_plugin.h"
@@ -34,6 +35,7 @@ static void usage_main(FILE *f)
           "  report   render sweep results as a self-contained HTML page with plots\n"
           "  list     list benches, algorithms, topologies and devices\n"
           "  devices  list the OpenCL platforms and devices Phase 2 can use\n"
+          "  devd     keep an OpenCL device set up for every kbcl process (device server)\n"
           "  bench-self  measure the simulator's own speed (Phase 1 and Phase-2 replay)\n"
           "  version  print the version\n"
           "\n"
@@ -349,6 +351,8 @@ int main(int argc, char **argv)
         return kbcl_cmd_bench_self(argc - 2, argv + 2);
     if (!strcmp(argv[1], "devices"))
         return kbcl_cmd_devices(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "devd"))
+        return kbcl_cmd_devd(argc - 2, argv + 2);
     if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
         printf("kbcl %s\n", KBCL_VERSION);
         return 0;
@@ -372,5 +376,15 @@ int kbcl_cmd_devices(int argc, char **argv)
     int n = kb_opencl_list(buf, sizeof buf);
     fputs(buf, stdout);
     printf("ref: plain-C reference replay (always available)\n");
+    static const char *const served[] = { "gpu", "cpu", "auto" };
+    for (int i = 0; i < 3; i++) {
+        char path[200];
+        kb_devd_hello h;
+        kb_errbuf eb;
+        if (kb_devd_socket_path(served[i], path, sizeof path, &eb) == 0 &&
+            kb_remote_hello(path, &h, &eb) == 0)
+            printf("device server for %s: %s at %s, pid %d (kbcl devd; %s)\n", served[i], h.desc,
+                   path, (int)h.pid, kb_devd_enabled() ? "used by --device runs" : "KBCL_DEVD=off");
+    }
     return n < 0 ? KBCL_EXIT_DEVICE : 0;
 }

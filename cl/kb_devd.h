@@ -1,0 +1,102 @@
+/*
+ * kb_devd — the device server: one long-lived process that holds a Phase-2 device (its
+ * OpenCL context and built program) and lends it to short-lived kbcl processes over a Unix
+ * socket, so that a run on a GPU does not pay the driver's per-process set-up (~0.25 s for an
+ * NVIDIA context, more than many whole runs take with the reference backend).
+ *
+ * Each connection gets a session: a device-resident backend of its own (for OpenCL, a clone
+ * that shares the server's context and program but has its own queue, kernels and buffers),
+ * made by the caller's session function and destroyed when the client disconnects. The
+ * client side is kb_remote.h; it keeps the resident bookkeeping (kb_resident) and sends the
+ * device primitives (arena, copy, fill, upload, download, payload) and, once per flush, the
+ * flush's batches. Every request is answered (status, error text, data) before the next is
+ * read, so a session is strictly sequential; sessions run in threads of their own.
+ *
+ * Limits: clients must be the same kbcl build (the records travel as raw structs; the hello
+ * checks the protocol version and the struct sizes); one machine (a Unix socket); the server
+ * keeps a copy of each session's payload (the payload primitive needs the whole area) and
+ * buffers one transfer at a time; at most KB_DEVD_MAX_SESSIONS sessions at once.
+ */
+#ifndef KB_DEVD_H
+#define KB_DEVD_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kb_err.h"
+#include "kb_opencl.h"
+#include "kb_replay.h"
+
+#define KB_DEVD_PROTO 1
+#define KB_DEVD_MAGIC 0x6b62646576643031ULL /* "kbdevd01" */
+#define KB_DEVD_MAX_SESSIONS 256
+
+/* Requests. */
+enum {
+    KB_DEVD_HELLO = 1,  /* a = magic, b = proto, c = sizeof(kb_rec); flags 1: open a session */
+    KB_DEVD_ARENA,      /* a = bytes, b = moves; data: kb_move[b] */
+    KB_DEVD_COPY,       /* a = to, b = from, c = n */
+    KB_DEVD_FILL,       /* a = off, b = n, c = byte */
+    KB_DEVD_UPLOAD,     /* a = off; data: the bytes */
+    KB_DEVD_DOWNLOAD,   /* a = off, b = n; reply data: the bytes */
+    KB_DEVD_PAYLOAD,    /* a = size, b = have; data: payload bytes [have, size) */
+    KB_DEVD_FLUSH,      /* a = arena bytes, b = batches; data: uint64 counts[b], then kb_rec[] */
+    KB_DEVD_SHUTDOWN,   /* the server stops accepting and exits once its sessions end */
+};
+
+/* A request header; `len` bytes of data follow. */
+typedef struct kb_devd_msg {
+    uint32_t op, flags;
+    uint64_t a, b, c, len;
+} kb_devd_msg;
+
+/* A reply header: `msglen` bytes of error text (rc != 0), then `len` bytes of data. FLUSH
+ * replies carry the session's launches in a and its kernel time (ms, a double's bits) in b. */
+typedef struct kb_devd_rep {
+    int32_t rc;
+    uint32_t msglen;
+    uint64_t a, b, len;
+} kb_devd_rep;
+
+/* The HELLO reply's data. */
+typedef struct kb_devd_hello {
+    uint32_t proto, rec_size;
+    int32_t pid;
+    uint32_t sessions;       /* sessions open, this one included */
+    double uptime_s;
+    double session_ms;       /* making this session's backend (0 without one) */
+    kb_opencl_setup setup;   /* the server's own set-up (context, program cache) */
+    char device[16];         /* the device name it serves: gpu, cpu, auto */
+    char desc[200];          /* the device, as kbcl run prints it */
+} kb_devd_hello;
+
+/* A new device-resident backend for a session. Owner of *out: the server (ops->destroy). */
+typedef int (*kb_devd_session_fn)(void *arg, kb_backend *out, char *desc, size_t desc_n,
+                                  kb_errbuf *eb);
+
+typedef struct kb_devd_opts {
+    const char *path;              /* the socket to listen on (made; removed on return) */
+    const char *device;            /* the device name served (gpu, cpu, auto) */
+    const char *desc;              /* the device, as kbcl run prints it */
+    const kb_opencl_setup *setup;  /* the server's own set-up; NULL: none */
+    kb_devd_session_fn session;
+    void *arg;
+    double idle_exit_s;            /* return after this long without sessions; 0: never */
+    volatile sig_atomic_t *stop;   /* return once *stop is set (a signal handler's flag) */
+    int ready_fd;                  /* >= 0: written one byte, then closed, once listening */
+} kb_devd_opts;
+
+/* Serves until *stop, a SHUTDOWN request or the idle time; waits for open sessions to end
+ * (their sockets are shut down). 0, or the error that kept it from listening. */
+int kb_devd_serve(const kb_devd_opts *o, kb_errbuf *eb);
+
+/* The folder of the servers' sockets: $KBCL_DEVD_DIR, else $XDG_RUNTIME_DIR/kbcl, else
+ * /tmp/kbcl-devd-$UID. 0, or KB_ERR_RANGE when it does not fit. */
+int kb_devd_dir(char *buf, size_t n, kb_errbuf *eb);
+/* <dir>/<device>.sock, checked against the socket path length limit. */
+int kb_devd_socket_path(const char *device, char *buf, size_t n, kb_errbuf *eb);
+/* Whether clients may use a server: KBCL_DEVD unset or not one of off, 0, no. */
+int kb_devd_enabled(void);
+
+#endif

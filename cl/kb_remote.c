@@ -1,0 +1,408 @@
+/*
+ * kb_remote — a Phase-2 backend served by a device server (kb_remote.h, kb_devd.h).
+ */
+#include "kb_remote.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kb_resident.h"
+
+typedef struct rbe {
+    int fd;             /* -1 once the connection is lost */
+    kb_resident *res;
+    char path[128];
+    kb_devd_hello hello;
+    kb_opencl_setup setup;
+    /* the flush being collected: batch sizes and records, sent by end() */
+    uint64_t *cnt;
+    size_t ncnt, cntcap;
+    kb_rec *recs;
+    size_t nrec, reccap;
+    uint64_t arena_bytes;
+    int active, failed;
+    uint64_t launches;
+    double kernel_ms;
+} rbe;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int read_full(int fd, void *p, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, (char *)p + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+static int write_full(int fd, const void *p, size_t n)
+{
+    size_t put = 0;
+    while (put < n) {
+        ssize_t w = send(fd, (const char *)p + put, n - put, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        put += (size_t)w;
+    }
+    return 0;
+}
+
+/*
+ * One request and its reply on fd: header m, data d1[n1] then d2[n2]; the reply's data (at
+ * most `cap` bytes) goes to out. Returns the reply's rc (its message in eb), or KB_ERR_DEVICE
+ * when the connection fails (*lost set).
+ */
+static int call(int fd, const char *path, kb_devd_msg *m, const void *d1, size_t n1,
+                const void *d2, size_t n2, kb_devd_rep *rep, void *out, size_t cap, int *lost,
+                kb_errbuf *eb)
+{
+    kb_devd_rep r;
+    m->len = n1 + n2;
+    if (write_full(fd, m, sizeof *m) != 0 || (n1 && write_full(fd, d1, n1) != 0) ||
+        (n2 && write_full(fd, d2, n2) != 0) || read_full(fd, &r, sizeof r) != 0)
+        goto lost;
+    if (r.rc) {
+        char msg[sizeof eb->msg];
+        size_t k = r.msglen < sizeof msg - 1 ? r.msglen : sizeof msg - 1;
+        if (read_full(fd, msg, k) != 0)
+            goto lost;
+        for (size_t left = r.msglen - k; left > 0;) { /* a longer message than ours: skip */
+            char skip[256];
+            size_t s = left < sizeof skip ? left : sizeof skip;
+            if (read_full(fd, skip, s) != 0)
+                goto lost;
+            left -= s;
+        }
+        msg[k] = '\0';
+        return kb_err_set(eb, r.rc < 0 ? r.rc : KB_ERR_DEVICE, "%s", msg);
+    }
+    if (r.len > cap)
+        goto lost; /* not what we asked for: the stream cannot be trusted any more */
+    if (r.len && read_full(fd, out, (size_t)r.len) != 0)
+        goto lost;
+    if (rep)
+        *rep = r;
+    return 0;
+lost:
+    if (lost)
+        *lost = 1;
+    return kb_err_set(eb, KB_ERR_DEVICE, "device server %s: connection lost", path);
+}
+
+static int connect_to(const char *path, kb_errbuf *eb)
+{
+    struct sockaddr_un sa;
+    int fd;
+
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof sa.sun_path)
+        return kb_err_set(eb, KB_ERR_RANGE, "device server socket %s: path too long", path);
+    memcpy(sa.sun_path, path, strlen(path));
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return kb_err_set(eb, KB_ERR_IO, "socket: %s", strerror(errno));
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        int e = errno;
+        close(fd);
+        if (e == ENOENT || e == ECONNREFUSED)
+            return kb_err_set(eb, KB_ERR_NOTFOUND, "no device server at %s", path);
+        return kb_err_set(eb, KB_ERR_IO, "device server %s: %s", path, strerror(e));
+    }
+    return fd;
+}
+
+/* HELLO on a new connection; *fd_out the connection (closed on failure). */
+static int hello(const char *path, int session, int *fd_out, kb_devd_hello *h, kb_errbuf *eb)
+{
+    kb_devd_msg m = { KB_DEVD_HELLO, (uint32_t)session, KB_DEVD_MAGIC, KB_DEVD_PROTO,
+                      sizeof(kb_rec), 0 };
+    kb_devd_rep r;
+    int fd = connect_to(path, eb), rc;
+    if (fd < 0)
+        return fd;
+    memset(h, 0, sizeof *h);
+    int lost = 0;
+    rc = call(fd, path, &m, NULL, 0, NULL, 0, &r, h, sizeof *h, &lost, eb);
+    if (lost) /* accepted by the kernel, closed unanswered: a server that is stopping */
+        rc = kb_err_set(eb, KB_ERR_NOTFOUND, "device server %s: stopping", path);
+    if (rc == 0 && r.len != sizeof *h)
+        rc = kb_err_set(eb, KB_ERR_DEVICE, "device server %s: a hello of %llu bytes", path,
+                        (unsigned long long)r.len);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    *fd_out = fd;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ resident primitives */
+
+static int rcall(rbe *b, kb_devd_msg *m, const void *d, size_t n, void *out, size_t cap,
+                 kb_errbuf *eb)
+{
+    int lost = 0, rc;
+    if (b->fd < 0)
+        return kb_err_set(eb, KB_ERR_DEVICE, "device server %s: connection lost", b->path);
+    rc = call(b->fd, b->path, m, d, n, NULL, 0, NULL, out, cap, &lost, eb);
+    if (lost) {
+        close(b->fd);
+        b->fd = -1;
+    }
+    return rc;
+}
+
+static int r_arena(void *dev, uint64_t bytes, const kb_move *mv, size_t n, kb_errbuf *eb)
+{
+    kb_devd_msg m = { KB_DEVD_ARENA, 0, bytes, n, 0, 0 };
+    return rcall(dev, &m, mv, n * sizeof *mv, NULL, 0, eb);
+}
+
+static int r_copy(void *dev, uint64_t to, uint64_t from, uint64_t n, kb_errbuf *eb)
+{
+    kb_devd_msg m = { KB_DEVD_COPY, 0, to, from, n, 0 };
+    return rcall(dev, &m, NULL, 0, NULL, 0, eb);
+}
+
+static int r_fill(void *dev, uint64_t off, uint64_t n, uint8_t byte, kb_errbuf *eb)
+{
+    kb_devd_msg m = { KB_DEVD_FILL, 0, off, n, byte, 0 };
+    return rcall(dev, &m, NULL, 0, NULL, 0, eb);
+}
+
+static int r_upload(void *dev, uint64_t off, const void *src, uint64_t n, kb_errbuf *eb)
+{
+    kb_devd_msg m = { KB_DEVD_UPLOAD, 0, off, 0, 0, 0 };
+    if (n > SIZE_MAX)
+        return kb_err_set(eb, KB_ERR_NOMEM, "device server: upload of %llu bytes",
+                          (unsigned long long)n);
+    return rcall(dev, &m, src, (size_t)n, NULL, 0, eb);
+}
+
+static int r_download(void *dev, uint64_t off, void *dst, uint64_t n, kb_errbuf *eb)
+{
+    kb_devd_msg m = { KB_DEVD_DOWNLOAD, 0, off, n, 0, 0 };
+    if (n > SIZE_MAX)
+        return kb_err_set(eb, KB_ERR_NOMEM, "device server: download of %llu bytes",
+                          (unsigned long long)n);
+    return rcall(dev, &m, NULL, 0, dst, (size_t)n, eb);
+}
+
+static int r_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_errbuf *eb)
+{
+    kb_devd_msg m = { KB_DEVD_PAYLOAD, 0, size, have, 0, 0 };
+    if (have > size)
+        return kb_err_set(eb, KB_ERR_INVAL, "device server: payload shrinks");
+    return rcall(dev, &m, p + have, size - have, NULL, 0, eb);
+}
+
+static const kb_resident_ops r_ops = {
+    r_arena, r_copy, r_fill, r_upload, r_download, r_payload,
+};
+
+/* ------------------------------------------------------------------ backend */
+
+static int rb_begin(void *self, uint8_t *arena, uint64_t arena_bytes, const uint8_t *payload,
+                    size_t payload_bytes, kb_errbuf *eb)
+{
+    rbe *b = self;
+    (void)payload;
+    (void)payload_bytes;
+    if (b->active)
+        return kb_err_set(eb, KB_ERR_STATE, "remote backend: begin inside a flush");
+    if (arena)
+        return kb_err_set(eb, KB_ERR_UNSUPPORTED,
+                          "remote backend: host-arena flushes are not served (only "
+                          "device-resident replay goes through a device server)");
+    b->ncnt = 0;
+    b->nrec = 0;
+    b->arena_bytes = arena_bytes;
+    b->failed = 0;
+    b->active = 1;
+    return 0;
+}
+
+static int rb_run_batch(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
+{
+    rbe *b = self;
+    if (!b->active)
+        return kb_err_set(eb, KB_ERR_STATE, "remote backend: run_batch outside begin/end");
+    if (b->ncnt == b->cntcap) {
+        size_t c = b->cntcap ? 2 * b->cntcap : 64;
+        uint64_t *t = realloc(b->cnt, c * sizeof *t);
+        if (!t)
+            goto nomem;
+        b->cnt = t;
+        b->cntcap = c;
+    }
+    if (b->nrec + n > b->reccap) {
+        size_t c = b->reccap ? b->reccap : 256;
+        while (c < b->nrec + n)
+            c *= 2;
+        kb_rec *t = realloc(b->recs, c * sizeof *t);
+        if (!t)
+            goto nomem;
+        b->recs = t;
+        b->reccap = c;
+    }
+    memcpy(b->recs + b->nrec, recs, n * sizeof *recs);
+    b->nrec += n;
+    b->cnt[b->ncnt++] = n;
+    return 0;
+nomem:
+    b->failed = 1;
+    return kb_err_set(eb, KB_ERR_NOMEM, "remote backend: out of memory collecting a flush");
+}
+
+static int rb_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *eb)
+{
+    rbe *b = self;
+    kb_devd_msg m = { KB_DEVD_FLUSH, 0, arena_bytes, b->ncnt, 0, 0 };
+    kb_devd_rep r;
+    int lost = 0, rc;
+
+    if (!b->active)
+        return kb_err_set(eb, KB_ERR_STATE, "remote backend: end without begin");
+    b->active = 0;
+    if (b->failed)
+        return kb_err_set(eb, KB_ERR_STATE, "remote backend: end after a failed batch");
+    if (arena || arena_bytes != b->arena_bytes)
+        return kb_err_set(eb, KB_ERR_STATE, "remote backend: end does not match begin");
+    if (b->fd < 0)
+        return kb_err_set(eb, KB_ERR_DEVICE, "device server %s: connection lost", b->path);
+    memset(&r, 0, sizeof r);
+    rc = call(b->fd, b->path, &m, b->cnt, b->ncnt * sizeof *b->cnt, b->recs,
+              b->nrec * sizeof *b->recs, &r, NULL, 0, &lost, eb);
+    if (lost) {
+        close(b->fd);
+        b->fd = -1;
+    }
+    if (rc == 0) {
+        b->launches = r.a;
+        memcpy(&b->kernel_ms, &r.b, sizeof b->kernel_ms);
+    }
+    return rc;
+}
+
+static void rb_destroy(void *self)
+{
+    rbe *b = self;
+    if (!b)
+        return;
+    kb_resident_destroy(b->res); /* may still pull a bound store's data */
+    if (b->fd >= 0)
+        close(b->fd);            /* the server ends the session and frees its device memory */
+    free(b->cnt);
+    free(b->recs);
+    free(b);
+}
+
+static kb_resident *rb_resident(void *self)
+{
+    return ((rbe *)self)->res;
+}
+
+static const kb_backend_ops rb_ops = {
+    .name = "remote",
+    .begin = rb_begin,
+    .run_batch = rb_run_batch,
+    .end = rb_end,
+    .destroy = rb_destroy,
+    .resident = rb_resident,
+};
+
+int kb_remote_backend_create(const char *path, kb_backend *out, char *desc, size_t desc_n,
+                             kb_errbuf *eb)
+{
+    double t0 = now_ms();
+    rbe *b;
+    int rc;
+
+    out->ops = NULL;
+    out->self = NULL;
+    b = calloc(1, sizeof *b);
+    if (!b || (b->res = kb_resident_create(&r_ops, b)) == NULL) {
+        free(b);
+        return kb_err_set(eb, KB_ERR_NOMEM, "remote backend: out of memory");
+    }
+    b->fd = -1;
+    snprintf(b->path, sizeof b->path, "%s", path);
+    if ((rc = hello(path, 1, &b->fd, &b->hello, eb)) != 0) {
+        rb_destroy(b);
+        return rc;
+    }
+    b->setup = b->hello.setup;
+    b->setup.discover_ms = 0.0;
+    b->setup.context_ms = now_ms() - t0 - b->hello.session_ms;
+    b->setup.program_ms = b->hello.session_ms;
+    b->setup.total_ms = now_ms() - t0;
+    snprintf(b->setup.note, sizeof b->setup.note, "device server %.200s (pid %d)", path,
+             (int)b->hello.pid);
+    if (desc && desc_n)
+        snprintf(desc, desc_n, "%s via kbcl devd", b->hello.desc);
+    out->ops = &rb_ops;
+    out->self = b;
+    return 0;
+}
+
+int kb_remote_is(const kb_backend *be)
+{
+    return be && be->ops == &rb_ops && be->self;
+}
+
+uint64_t kb_remote_launches(const kb_backend *be)
+{
+    return kb_remote_is(be) ? ((const rbe *)be->self)->launches : 0;
+}
+
+double kb_remote_kernel_ms(const kb_backend *be)
+{
+    return kb_remote_is(be) ? ((const rbe *)be->self)->kernel_ms : 0.0;
+}
+
+int kb_remote_setup_of(const kb_backend *be, kb_opencl_setup *out)
+{
+    if (!kb_remote_is(be) || !out)
+        return KB_ERR_INVAL;
+    *out = ((const rbe *)be->self)->setup;
+    return 0;
+}
+
+int kb_remote_hello(const char *path, kb_devd_hello *out, kb_errbuf *eb)
+{
+    int fd = -1, rc = hello(path, 0, &fd, out, eb);
+    if (rc == 0)
+        close(fd);
+    return rc;
+}
+
+int kb_remote_shutdown(const char *path, kb_errbuf *eb)
+{
+    kb_devd_msg m = { KB_DEVD_SHUTDOWN, 0, 0, 0, 0, 0 };
+    int fd = connect_to(path, eb), rc;
+    if (fd < 0)
+        return fd;
+    rc = call(fd, path, &m, NULL, 0, NULL, 0, NULL, NULL, 0, NULL, eb);
+    close(fd);
+    return rc;
+}

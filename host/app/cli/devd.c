@@ -1,0 +1,242 @@
+/*
+ * kbcl devd — starts, queries or stops a device server (cl/kb_devd.h): a process that keeps
+ * an OpenCL device set up (context, built program) so that `kbcl run`, sweeps and every
+ * other kbcl process on this machine with --device gpu/cpu/auto use it without their own
+ * set-up. Limits: one server per device name and socket folder; the server runs the
+ * OpenCL backend only (ref needs no set-up).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kb_cli.h"
+#include "kb_devd.h"
+#include "kb_opencl.h"
+#include "kb_remote.h"
+
+static volatile sig_atomic_t devd_stop;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    devd_stop = 1;
+}
+
+static void usage_devd(FILE *f)
+{
+    fputs("usage: kbcl devd [--device gpu|cpu|auto] [--detach] [--idle-exit SECONDS]\n"
+          "       kbcl devd --status | --stop [--device gpu|cpu|auto]\n"
+          "\n"
+          "  Runs a device server: it sets the OpenCL device up once (context, program) and\n"
+          "  lends it to every kbcl process of this user that asks for the same device, so\n"
+          "  they skip the driver's set-up (docs/phase2.md, \"Device server\").\n"
+          "\n"
+          "  --device D        the device to serve (default gpu)\n"
+          "  --detach          run in the background; returns once the server listens\n"
+          "  --idle-exit S     exit after S seconds without sessions (default: never in the\n"
+          "                    foreground, 1800 with --detach; 0 = never)\n"
+          "  --status          say whether a server for D runs, and what it serves\n"
+          "  --stop            ask the server for D to exit (after its open sessions)\n"
+          "\n"
+          "  Socket: $KBCL_DEVD_DIR/D.sock, else $XDG_RUNTIME_DIR/kbcl/D.sock, else\n"
+          "  /tmp/kbcl-devd-$UID/D.sock. KBCL_DEVD=off keeps clients from using a server.\n",
+          f);
+}
+
+typedef struct devd_master {
+    kb_backend be;
+} devd_master;
+
+static int clone_session(void *arg, kb_backend *out, char *desc, size_t desc_n, kb_errbuf *eb)
+{
+    devd_master *m = arg;
+    return kb_opencl_backend_clone(&m->be, out, desc, desc_n, eb);
+}
+
+static int want_of(const char *dev, kb_cl_want *w)
+{
+    if (!strcmp(dev, "gpu"))
+        *w = KB_CL_GPU;
+    else if (!strcmp(dev, "cpu"))
+        *w = KB_CL_CPU;
+    else if (!strcmp(dev, "auto"))
+        *w = KB_CL_ANY;
+    else
+        return -1;
+    return 0;
+}
+
+/* Sets the device up and serves; `ready` (or -1) hears one byte once listening, or the
+ * error text. Returns an exit code. */
+static int serve(const char *dev, const char *path, double idle, int ready)
+{
+    devd_master m;
+    kb_errbuf eb = { { 0 } };
+    kb_opencl_setup su;
+    char desc[200] = "";
+    kb_cl_want w = KB_CL_GPU;
+    struct sigaction sa;
+    int rc;
+
+    (void)want_of(dev, &w);
+    memset(&m, 0, sizeof m);
+    kb_opencl_env();
+    if ((rc = kb_opencl_backend_create(w, &m.be, desc, sizeof desc, &eb)) != 0)
+        goto fail;
+    if (kb_opencl_setup_of(&m.be, &su) != 0)
+        memset(&su, 0, sizeof su);
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    if (ready < 0) {
+        printf("kbcl devd: serving %s (%s, set-up %.1f ms, program cache %s) at %s, pid %d\n",
+               dev, desc, su.total_ms, kb_cl_cache_state_name(su.cache), path, (int)getpid());
+        fflush(stdout);
+    }
+    kb_devd_opts o = { path, dev, desc, &su, clone_session, &m, idle, &devd_stop, ready };
+    rc = kb_devd_serve(&o, &eb);
+    m.be.ops->destroy(m.be.self);
+    if (rc)
+        goto fail;
+    return 0;
+fail:
+    if (ready >= 0) {
+        (void)!write(ready, eb.msg, strnlen(eb.msg, sizeof eb.msg));
+        close(ready);
+    } else {
+        fprintf(stderr, "kbcl devd: %s\n", eb.msg);
+    }
+    return rc == KB_ERR_DEVICE ? KBCL_EXIT_DEVICE : KBCL_EXIT_USAGE;
+}
+
+int kbcl_cmd_devd(int argc, char **argv)
+{
+    const char *dev = "gpu";
+    int detach = 0, status = 0, stop = 0;
+    double idle = -1;
+    char path[200];
+    kb_errbuf eb = { { 0 } };
+    kb_cl_want w;
+
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage_devd(stdout);
+            return 0;
+        } else if (!strcmp(a, "--device") && i + 1 < argc) {
+            dev = argv[++i];
+        } else if (!strcmp(a, "--idle-exit") && i + 1 < argc) {
+            char *end;
+            idle = strtod(argv[++i], &end);
+            if (*end || idle < 0) {
+                fprintf(stderr, "kbcl devd: --idle-exit wants seconds >= 0, got '%s'\n", argv[i]);
+                return KBCL_EXIT_USAGE;
+            }
+        } else if (!strcmp(a, "--detach")) {
+            detach = 1;
+        } else if (!strcmp(a, "--status")) {
+            status = 1;
+        } else if (!strcmp(a, "--stop")) {
+            stop = 1;
+        } else {
+            fprintf(stderr, "kbcl devd: unknown option '%s'\n", a);
+            usage_devd(stderr);
+            return KBCL_EXIT_USAGE;
+        }
+    }
+    if (want_of(dev, &w) != 0) {
+        fprintf(stderr, "kbcl devd: --device %s: a server serves gpu, cpu or auto\n", dev);
+        return KBCL_EXIT_USAGE;
+    }
+    if (kb_devd_socket_path(dev, path, sizeof path, &eb) != 0) {
+        fprintf(stderr, "kbcl devd: %s\n", eb.msg);
+        return KBCL_EXIT_USAGE;
+    }
+    if (status || stop) {
+        kb_devd_hello h;
+        int rc = kb_remote_hello(path, &h, &eb);
+        if (rc == KB_ERR_NOTFOUND) {
+            printf("kbcl devd: no server for %s at %s\n", dev, path);
+            return status ? 1 : 0;
+        }
+        if (rc) {
+            fprintf(stderr, "kbcl devd: %s\n", eb.msg);
+            return KBCL_EXIT_DEVICE;
+        }
+        if (status) {
+            printf("kbcl devd: serving %s (%s) at %s, pid %d, up %.0f s, %u session(s) open\n",
+                   h.device, h.desc, path, (int)h.pid, h.uptime_s, h.sessions);
+            return 0;
+        }
+        if ((rc = kb_remote_shutdown(path, &eb)) != 0) {
+            fprintf(stderr, "kbcl devd: %s\n", eb.msg);
+            return KBCL_EXIT_DEVICE;
+        }
+        printf("kbcl devd: server for %s (pid %d) stops once its sessions end\n", dev,
+               (int)h.pid);
+        return 0;
+    }
+    kb_devd_hello h;
+    if (kb_remote_hello(path, &h, &eb) != KB_ERR_NOTFOUND) {
+        fprintf(stderr, "kbcl devd: a device server already listens at %s (pid %d; kbcl devd "
+                "--stop ends it)\n", path, (int)h.pid);
+        return KBCL_EXIT_USAGE;
+    }
+    if (!detach)
+        return serve(dev, path, idle < 0 ? 0 : idle, -1);
+
+    int p[2];
+    if (pipe(p) != 0) {
+        fprintf(stderr, "kbcl devd: pipe: %s\n", strerror(errno));
+        return KBCL_EXIT_USAGE;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        fprintf(stderr, "kbcl devd: fork: %s\n", strerror(errno));
+        return KBCL_EXIT_USAGE;
+    }
+    if (pid == 0) {
+        close(p[0]);
+        if (fork() != 0) /* the server is a grandchild: no zombie, no controlling terminal */
+            _exit(0);
+        setsid();
+        int nul = open("/dev/null", O_RDWR);
+        if (nul >= 0) {
+            dup2(nul, 0);
+            dup2(nul, 1);
+            dup2(nul, 2);
+            if (nul > 2)
+                close(nul);
+        }
+        _exit(serve(dev, path, idle < 0 ? 1800 : idle, p[1]));
+    }
+    close(p[1]);
+    waitpid(pid, NULL, 0);
+    char msg[600];
+    ssize_t n, got = 0;
+    while ((n = read(p[0], msg + got, sizeof msg - 1 - (size_t)got)) > 0)
+        got += n;
+    close(p[0]);
+    msg[got > 0 ? got : 0] = '\0';
+    if (got == 1 && msg[0] == 1) {
+        if (kb_remote_hello(path, &h, &eb) == 0)
+            printf("kbcl devd: serving %s (%s, program cache %s) at %s, pid %d\n", dev, h.desc,
+                   kb_cl_cache_state_name(h.setup.cache), path, (int)h.pid);
+        else
+            printf("kbcl devd: serving %s at %s\n", dev, path);
+        return 0;
+    }
+    fprintf(stderr, "kbcl devd: %s\n", got > 0 ? msg : "the server exited before listening");
+    return KBCL_EXIT_DEVICE;
+}
