@@ -76,8 +76,18 @@ typedef struct session {
     kb_devd_hello hello;
 } session;
 
+/* A finished session's backend and buffers, kept for the next session. */
+typedef struct pooled {
+    kb_backend be;
+    uint8_t *buf;
+    size_t buf_cap;
+    char desc[200];
+} pooled;
+
 struct devd {
     const kb_devd_opts *o;
+    pooled pool[KB_DEVD_POOL];
+    int npool;
     pthread_mutex_t mu;
     session **s;        /* running and finished-but-not-joined sessions */
     size_t ns;
@@ -163,8 +173,19 @@ static int open_backend(session *s, kb_errbuf *eb)
     devd *d = s->d;
     double t0 = mono_s();
     char desc[200] = "";
-    int rc = d->o->session(d->o->arg, &s->be, desc, sizeof desc, eb);
-    if (rc)
+    int rc = 0, reused = 0;
+    pthread_mutex_lock(&d->mu);
+    if (d->npool > 0) {
+        pooled *p = &d->pool[--d->npool];
+        s->be = p->be;
+        free(s->buf);
+        s->buf = p->buf;
+        s->buf_cap = p->buf_cap;
+        memcpy(desc, p->desc, sizeof desc);
+        reused = 1;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (!reused && (rc = d->o->session(d->o->arg, &s->be, desc, sizeof desc, eb)) != 0)
         return rc;
     kb_resident *res = s->be.ops->resident ? s->be.ops->resident(s->be.self) : NULL;
     if (!res) {
@@ -308,7 +329,24 @@ static void *session_main(void *arg)
             break;
     }
     if (s->be.ops) {
-        s->be.ops->destroy(s->be.self); /* frees the session's device memory */
+        devd *d = s->d;
+        int kept = 0;
+        /* the device memory goes either way; the queue, kernels and tables may stay */
+        if (d->o->recycle && d->o->recycle(d->o->arg, &s->be) == 0) {
+            pthread_mutex_lock(&d->mu);
+            if (d->npool < KB_DEVD_POOL) {
+                pooled *p = &d->pool[d->npool++];
+                p->be = s->be;
+                p->buf = s->buf;
+                p->buf_cap = s->buf_cap;
+                memcpy(p->desc, s->hello.desc, sizeof p->desc);
+                s->buf = NULL;
+                kept = 1;
+            }
+            pthread_mutex_unlock(&d->mu);
+        }
+        if (!kept)
+            s->be.ops->destroy(s->be.self);
         s->be.ops = NULL;
         pthread_mutex_lock(&s->d->mu);
         s->d->open--;
@@ -466,6 +504,10 @@ int kb_devd_serve(const kb_devd_opts *o, kb_errbuf *eb)
     close(lfd);
     unlink(o->path);
     reap(&d, 1);
+    for (int i = 0; i < d.npool; i++) {
+        d.pool[i].be.ops->destroy(d.pool[i].be.self);
+        free(d.pool[i].buf);
+    }
     free(d.s);
     pthread_mutex_destroy(&d.mu);
     return rc;

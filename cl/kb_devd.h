@@ -31,6 +31,7 @@
 #define KB_DEVD_PROTO 1
 #define KB_DEVD_MAGIC 0x6b62646576643031ULL /* "kbdevd01" */
 #define KB_DEVD_MAX_SESSIONS 256
+#define KB_DEVD_POOL 4
 
 /* Requests. */
 enum {
@@ -82,6 +83,9 @@ typedef struct kb_devd_opts {
     const kb_opencl_setup *setup;  /* the server's own set-up; NULL: none */
     kb_devd_session_fn session;
     void *arg;
+    /* Optional: makes a finished session's backend fit for another session (0) or says it
+     * is not (then it is destroyed). Up to KB_DEVD_POOL such backends wait for the next. */
+    int (*recycle)(void *arg, kb_backend *be);
     double idle_exit_s;            /* return after this long without sessions; 0: never */
     volatile sig_atomic_t *stop;   /* return once *stop is set (a signal handler's flag) */
     int ready_fd;                  /* >= 0: written one byte, then closed, once listening */

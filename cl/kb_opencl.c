@@ -1301,6 +1301,30 @@ static int make_kernels(clbe *b, cl_device_id dev, kb_errbuf *eb)
     return rc;
 }
 
+int kb_opencl_backend_trim(const kb_backend *be)
+{
+    clbe *b;
+    if (!be || be->ops != &cl_ops || !be->self)
+        return KB_ERR_INVAL;
+    b = be->self;
+    if (b->active || (b->res && kb_resident_broken(b->res)))
+        return KB_ERR_STATE;
+    if (clFinish(b->q) != CL_SUCCESS)
+        return KB_ERR_DEVICE;
+    collect_events(b);
+    cl_mem *bufs[4] = { &b->arena, &b->payload, &b->rarena, &b->rpayload };
+    size_t *caps[4] = { &b->arena_cap, &b->payload_cap, &b->rarena_cap, &b->rpayload_cap };
+    for (int i = 0; i < 4; i++) {
+        if (*bufs[i])
+            clReleaseMemObject(*bufs[i]);
+        *bufs[i] = NULL;
+        *caps[i] = 0;
+    }
+    b->launches = 0;
+    b->kernel_ms = 0.0;
+    return 0;
+}
+
 const char *kb_cl_cache_state_name(kb_cl_cache_state s)
 {
     switch (s) {
@@ -1460,6 +1484,12 @@ fail:
 }
 
 #else /* !KBCL_HAVE_OPENCL */
+
+int kb_opencl_backend_trim(const kb_backend *be)
+{
+    (void)be;
+    return KB_ERR_INVAL;
+}
 
 int kb_opencl_backend_clone(const kb_backend *src, kb_backend *out, char *desc, size_t desc_n,
                             kb_errbuf *eb)

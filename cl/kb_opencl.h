@@ -82,6 +82,11 @@ int kb_opencl_setup_of(const kb_backend *be, kb_opencl_setup *out);
  */
 int kb_opencl_backend_clone(const kb_backend *src, kb_backend *out, char *desc, size_t desc_n,
                             kb_errbuf *eb);
+/* Frees a backend's device buffers (arena, payload: everything of a flush's data) and zeroes
+ * its launch and kernel-time counters, keeping its queue, kernels and host tables: a device
+ * server keeps a few such backends for its next sessions. 0, KB_ERR_STATE inside a flush or
+ * after a failed one (not reusable), KB_ERR_INVAL for another kind of backend. */
+int kb_opencl_backend_trim(const kb_backend *be);
 
 /*
  * Writes a human listing of the OpenCL platforms and devices into buf (always

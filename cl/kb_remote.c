@@ -20,11 +20,20 @@ typedef struct rbe {
     char path[128];
     kb_devd_hello hello;
     kb_opencl_setup setup;
-    /* the flush being collected: batch sizes and records, sent by end() */
+    /* the flush being collected: batch sizes and records, sent by end(). The planner's
+     * batches are consecutive in one array: while they are, only a pointer is kept (ext);
+     * otherwise they are copied into own[]. */
     uint64_t *cnt;
     size_t ncnt, cntcap;
-    kb_rec *recs;
-    size_t nrec, reccap;
+    const kb_rec *ext;
+    kb_rec *own;
+    size_t nrec, owncap;
+    /* read-ahead: a copy of arena bytes [ra_off, ra_off + ra_n), valid until the next
+     * request that changes the device (a flush, upload, fill, copy, new arena) */
+    uint8_t *ra;
+    uint64_t ra_off, ra_n;
+    size_t ra_cap;
+    uint64_t arena_cap;
     uint64_t arena_bytes;
     int active, failed;
     uint64_t launches;
@@ -175,37 +184,84 @@ static int rcall(rbe *b, kb_devd_msg *m, const void *d, size_t n, void *out, siz
 static int r_arena(void *dev, uint64_t bytes, const kb_move *mv, size_t n, kb_errbuf *eb)
 {
     kb_devd_msg m = { KB_DEVD_ARENA, 0, bytes, n, 0, 0 };
-    return rcall(dev, &m, mv, n * sizeof *mv, NULL, 0, eb);
+    rbe *b = dev;
+    b->ra_n = 0;
+    int rc = rcall(dev, &m, mv, n * sizeof *mv, NULL, 0, eb);
+    if (rc == 0)
+        b->arena_cap = bytes;
+    return rc;
 }
 
 static int r_copy(void *dev, uint64_t to, uint64_t from, uint64_t n, kb_errbuf *eb)
 {
     kb_devd_msg m = { KB_DEVD_COPY, 0, to, from, n, 0 };
+    ((rbe *)dev)->ra_n = 0;
     return rcall(dev, &m, NULL, 0, NULL, 0, eb);
 }
 
 static int r_fill(void *dev, uint64_t off, uint64_t n, uint8_t byte, kb_errbuf *eb)
 {
     kb_devd_msg m = { KB_DEVD_FILL, 0, off, n, byte, 0 };
+    ((rbe *)dev)->ra_n = 0;
     return rcall(dev, &m, NULL, 0, NULL, 0, eb);
 }
 
 static int r_upload(void *dev, uint64_t off, const void *src, uint64_t n, kb_errbuf *eb)
 {
     kb_devd_msg m = { KB_DEVD_UPLOAD, 0, off, 0, 0, 0 };
+    ((rbe *)dev)->ra_n = 0;
     if (n > SIZE_MAX)
         return kb_err_set(eb, KB_ERR_NOMEM, "device server: upload of %llu bytes",
                           (unsigned long long)n);
     return rcall(dev, &m, src, (size_t)n, NULL, 0, eb);
 }
 
+/*
+ * A host read asks for one range at a time (a check reads rank after rank), and a round trip
+ * costs more than the bytes: a small read brings KB_REMOTE_READ_AHEAD bytes (clipped to the
+ * arena) and later reads inside them are served here.
+ */
+#define KB_REMOTE_READ_AHEAD ((uint64_t)1 << 20)
+
 static int r_download(void *dev, uint64_t off, void *dst, uint64_t n, kb_errbuf *eb)
 {
-    kb_devd_msg m = { KB_DEVD_DOWNLOAD, 0, off, n, 0, 0 };
+    rbe *b = dev;
+    uint64_t want = n;
+    int rc;
+
     if (n > SIZE_MAX)
         return kb_err_set(eb, KB_ERR_NOMEM, "device server: download of %llu bytes",
                           (unsigned long long)n);
-    return rcall(dev, &m, NULL, 0, dst, (size_t)n, eb);
+    if (b->ra_n && off >= b->ra_off && off - b->ra_off <= b->ra_n &&
+        n <= b->ra_n - (off - b->ra_off)) {
+        memcpy(dst, b->ra + (off - b->ra_off), (size_t)n);
+        return 0;
+    }
+    if (n < KB_REMOTE_READ_AHEAD && b->arena_cap > off) {
+        want = b->arena_cap - off < KB_REMOTE_READ_AHEAD ? b->arena_cap - off
+                                                         : KB_REMOTE_READ_AHEAD;
+        if (want < n)
+            want = n;
+    }
+    if (want == n) {
+        kb_devd_msg m = { KB_DEVD_DOWNLOAD, 0, off, n, 0, 0 };
+        return rcall(dev, &m, NULL, 0, dst, (size_t)n, eb);
+    }
+    if (b->ra_cap < want) {
+        uint8_t *p = realloc(b->ra, (size_t)want);
+        if (!p)
+            return kb_err_set(eb, KB_ERR_NOMEM, "remote backend: read-ahead buffer");
+        b->ra = p;
+        b->ra_cap = (size_t)want;
+    }
+    kb_devd_msg m = { KB_DEVD_DOWNLOAD, 0, off, want, 0, 0 };
+    b->ra_n = 0;
+    if ((rc = rcall(dev, &m, NULL, 0, b->ra, (size_t)want, eb)) != 0)
+        return rc;
+    b->ra_off = off;
+    b->ra_n = want;
+    memcpy(dst, b->ra, (size_t)n);
+    return 0;
 }
 
 static int r_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_errbuf *eb)
@@ -236,6 +292,7 @@ static int rb_begin(void *self, uint8_t *arena, uint64_t arena_bytes, const uint
                           "device-resident replay goes through a device server)");
     b->ncnt = 0;
     b->nrec = 0;
+    b->ext = NULL;
     b->arena_bytes = arena_bytes;
     b->failed = 0;
     b->active = 1;
@@ -255,17 +312,25 @@ static int rb_run_batch(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
         b->cnt = t;
         b->cntcap = c;
     }
-    if (b->nrec + n > b->reccap) {
-        size_t c = b->reccap ? b->reccap : 256;
-        while (c < b->nrec + n)
-            c *= 2;
-        kb_rec *t = realloc(b->recs, c * sizeof *t);
-        if (!t)
-            goto nomem;
-        b->recs = t;
-        b->reccap = c;
+    if (b->ncnt == 0 || (b->ext && recs == b->ext + b->nrec)) {
+        b->ext = b->ncnt == 0 ? recs : b->ext; /* consecutive: no copy */
+    } else {
+        if (b->nrec + n > b->owncap) {
+            size_t c = b->owncap ? b->owncap : 256;
+            while (c < b->nrec + n)
+                c *= 2;
+            kb_rec *t = realloc(b->own, c * sizeof *t);
+            if (!t)
+                goto nomem;
+            b->own = t;
+            b->owncap = c;
+        }
+        if (b->ext) { /* the batches so far were the caller's: copy them first */
+            memcpy(b->own, b->ext, b->nrec * sizeof *b->own);
+            b->ext = NULL;
+        }
+        memcpy(b->own + b->nrec, recs, n * sizeof *recs);
     }
-    memcpy(b->recs + b->nrec, recs, n * sizeof *recs);
     b->nrec += n;
     b->cnt[b->ncnt++] = n;
     return 0;
@@ -291,8 +356,10 @@ static int rb_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *e
     if (b->fd < 0)
         return kb_err_set(eb, KB_ERR_DEVICE, "device server %s: connection lost", b->path);
     memset(&r, 0, sizeof r);
-    rc = call(b->fd, b->path, &m, b->cnt, b->ncnt * sizeof *b->cnt, b->recs,
-              b->nrec * sizeof *b->recs, &r, NULL, 0, &lost, eb);
+    b->ra_n = 0;
+    rc = call(b->fd, b->path, &m, b->cnt, b->ncnt * sizeof *b->cnt, b->ext ? b->ext : b->own,
+              b->nrec * sizeof(kb_rec), &r, NULL, 0, &lost, eb);
+    b->ext = NULL; /* the caller's array is theirs again */
     if (lost) {
         close(b->fd);
         b->fd = -1;
@@ -313,7 +380,8 @@ static void rb_destroy(void *self)
     if (b->fd >= 0)
         close(b->fd);            /* the server ends the session and frees its device memory */
     free(b->cnt);
-    free(b->recs);
+    free(b->own);
+    free(b->ra);
     free(b);
 }
 

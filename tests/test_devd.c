@@ -32,6 +32,7 @@ typedef struct srv {
     pthread_t th;
     int rc;
     int sessions_made;
+    int pool, recycled;   /* pool: offer finished backends back (recycle) */
     kb_errbuf eb;
 } srv;
 
@@ -44,10 +45,19 @@ static int ref_session(void *arg, kb_backend *out, char *desc, size_t n, kb_errb
     return kb_ref_backend_create_resident(out);
 }
 
+static int ref_recycle(void *arg, kb_backend *be)
+{
+    srv *s = arg;
+    (void)be; /* the next client's first request makes a new arena: nothing to trim */
+    __atomic_add_fetch(&s->recycled, 1, __ATOMIC_SEQ_CST);
+    return 0;
+}
+
 static void *srv_main(void *arg)
 {
     srv *s = arg;
-    kb_devd_opts o = { s->path, "cpu", "test device", NULL, ref_session, s, 0, &s->stop, -1 };
+    kb_devd_opts o = { s->path, "cpu", "test device", NULL, ref_session, s,
+                       s->pool ? ref_recycle : NULL, 0, &s->stop, -1 };
     s->rc = kb_devd_serve(&o, &s->eb);
     return NULL;
 }
@@ -268,6 +278,33 @@ static void test_two_sessions(void **state)
     assert_int_equal(h.pid, (int)getpid());
 }
 
+/* A server with recycling keeps a finished session's backend for the next session: the
+ * second client gets it (no new backend made) and its own correct data. */
+static void test_pooled_sessions(void **state)
+{
+    (void)state;
+    static float a[2080], b[2080];
+    srv s2;
+    run r;
+    memset(&s2, 0, sizeof s2);
+    s2.pool = 1;
+    snprintf(s2.path, sizeof s2.path, "%s/pool.sock", kbt_workdir());
+    assert_int_equal(pthread_create(&s2.th, NULL, srv_main, &s2), 0);
+    srv_wait_listening(&s2);
+    run_open(&r, s2.path);
+    scenario(&r, a, 3);
+    run_close(&r);
+    for (int i = 0; i < 200 && __atomic_load_n(&s2.recycled, __ATOMIC_SEQ_CST) == 0; i++)
+        usleep(5000); /* the session ends in the server's own time */
+    run_open(&r, s2.path);
+    scenario(&r, b, 4);
+    run_close(&r);
+    assert_int_equal(s2.sessions_made, 1);
+    assert_true(s2.recycled >= 1);
+    assert_memory_not_equal(a, b, sizeof a);
+    srv_stop(&s2);
+}
+
 static void test_no_server(void **state)
 {
     (void)state;
@@ -294,7 +331,7 @@ static void test_no_server(void **state)
     assert_int_equal(pthread_create(&s2.th, NULL, srv_main, &s2), 0);
     srv_wait_listening(&s2);
     /* a second server on a live socket is refused */
-    kb_devd_opts o = { path, "cpu", "x", NULL, ref_session, &s2, 0, &s2.stop, -1 };
+    kb_devd_opts o = { path, "cpu", "x", NULL, ref_session, &s2, NULL, 0, &s2.stop, -1 };
     assert_int_equal(kb_devd_serve(&o, &eb), KB_ERR_STATE);
     kbt_msg_has(eb.msg, "already listens");
     srv_stop(&s2);
@@ -406,6 +443,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_same_as_in_process, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_sessions, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pooled_sessions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_server, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_build, setup, teardown),
         cmocka_unit_test_setup_teardown(test_server_gone, setup, teardown),

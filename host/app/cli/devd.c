@@ -59,6 +59,12 @@ static int clone_session(void *arg, kb_backend *out, char *desc, size_t desc_n, 
     return kb_opencl_backend_clone(&m->be, out, desc, desc_n, eb);
 }
 
+static int trim_session(void *arg, kb_backend *be)
+{
+    (void)arg;
+    return kb_opencl_backend_trim(be);
+}
+
 static int want_of(const char *dev, kb_cl_want *w)
 {
     if (!strcmp(dev, "gpu"))
@@ -102,7 +108,8 @@ static int serve(const char *dev, const char *path, double idle, int ready)
                dev, desc, su.total_ms, kb_cl_cache_state_name(su.cache), path, (int)getpid());
         fflush(stdout);
     }
-    kb_devd_opts o = { path, dev, desc, &su, clone_session, &m, idle, &devd_stop, ready };
+    kb_devd_opts o = { path, dev, desc, &su, clone_session, &m, trim_session, idle, &devd_stop,
+                       ready };
     rc = kb_devd_serve(&o, &eb);
     m.be.ops->destroy(m.be.self);
     if (rc)
