@@ -150,7 +150,7 @@ typedef struct clbe {
     uint64_t launches;
     double kernel_ms;                   /* device time of all launches, from the events */
     kb_opencl_setup setup;
-    char desc[256];                     /* as kb_opencl_backend_create describes the device */
+    char desc[800];                     /* as kb_opencl_backend_create describes the device */
 } clbe;
 
 static const char *cl_errname(cl_int e)

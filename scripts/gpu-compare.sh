@@ -10,7 +10,8 @@
 #   OCL_ICD_FILENAMES when no NVIDIA ICD is installed, as gpu-smoke.sh does.
 # DEVD=1 starts a device server for DEVICE first (kbcl devd --detach, stopped at the end), so
 # every DEVICE run and sweep point uses it instead of setting the device up itself.
-# Prints one line per job: name, ref wall ms, DEVICE wall ms, ratio, digests equal or not.
+# Prints one line per job: name, ref wall ms, DEVICE wall ms (medians), ratio, digests equal or
+# not, and the three samples of each.
 # Exit status 0 when every digest matched.
 set -uo pipefail
 
@@ -69,9 +70,10 @@ compare() {
     dr=$(field data_digest "$tmp/r.json")
     dg=$(field data_digest "$tmp/g.json")
     [ "$dr" = "$dg" ] || status=1
-    printf '%-34s ref %7s ms  %s %7s ms  x%-6s %s\n' "$name" "$rm" "$dev" "$gm" \
+    printf '%-34s ref %7s ms  %s %7s ms  x%-6s %s  (ref %s; %s %s)\n' "$name" "$rm" "$dev" "$gm" \
         "$(python3 -c "print(round($gm/max($rm,1),2))")" \
-        "$([ "$dr" = "$dg" ] && echo "digest $dr" || echo "DIGESTS DIFFER: $dr vs $dg")"
+        "$([ "$dr" = "$dg" ] && echo "digest $dr" || echo "DIGESTS DIFFER: $dr vs $dg")" \
+        "${r[*]}" "$dev" "${g[*]}"
 }
 
 echo "device: $("$kbcl" devices 2>/dev/null | grep -i "$dev" | head -1)"

@@ -36,6 +36,13 @@ typedef struct srv {
     kb_errbuf eb;
 } srv;
 
+static void copy_str(char *dst, size_t n, const char *src)
+{
+    size_t k = strlen(src);
+    assert_true(k < n);
+    memcpy(dst, src, k + 1);
+}
+
 static int ref_session(void *arg, kb_backend *out, char *desc, size_t n, kb_errbuf *eb)
 {
     srv *s = arg;
@@ -320,14 +327,14 @@ static void test_no_server(void **state)
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    copy_str(sa.sun_path, sizeof sa.sun_path, path);
     assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
     close(fd);
     assert_int_equal(kb_remote_backend_create(path, &be, NULL, 0, &eb), KB_ERR_NOTFOUND);
     /* a server can take over a stale socket */
     srv s2;
     memset(&s2, 0, sizeof s2);
-    snprintf(s2.path, sizeof s2.path, "%s", path);
+    copy_str(s2.path, sizeof s2.path, path);
     assert_int_equal(pthread_create(&s2.th, NULL, srv_main, &s2), 0);
     srv_wait_listening(&s2);
     /* a second server on a live socket is refused */
@@ -349,7 +356,7 @@ static void test_other_build(void **state)
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
     memset(&sa, 0, sizeof sa);
     sa.sun_family = AF_UNIX;
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", s->path);
+    copy_str(sa.sun_path, sizeof sa.sun_path, s->path);
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
     assert_int_equal(write(fd, &m, sizeof m), (ssize_t)sizeof m);
     assert_int_equal(read(fd, &r, sizeof r), (ssize_t)sizeof r);
