@@ -106,7 +106,7 @@ static double mono_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static int read_full(int fd, void *p, size_t n)
+int kb_devd_read_full(int fd, void *p, size_t n)
 {
     size_t got = 0;
     while (got < n) {
@@ -120,7 +120,7 @@ static int read_full(int fd, void *p, size_t n)
     return 0;
 }
 
-static int write_full(int fd, const void *p, size_t n)
+int kb_devd_write_full(int fd, const void *p, size_t n)
 {
     size_t put = 0;
     while (put < n) {
@@ -145,9 +145,9 @@ static int reply(session *s, int rc, const kb_errbuf *eb, uint64_t a, uint64_t b
     r.a = a;
     r.b = b;
     r.len = rc ? 0 : n;
-    if (write_full(s->fd, &r, sizeof r) != 0 ||
-        (r.msglen && write_full(s->fd, eb->msg, r.msglen) != 0) ||
-        (r.len && write_full(s->fd, data, (size_t)r.len) != 0))
+    if (kb_devd_write_full(s->fd, &r, sizeof r) != 0 ||
+        (r.msglen && kb_devd_write_full(s->fd, eb->msg, r.msglen) != 0) ||
+        (r.len && kb_devd_write_full(s->fd, data, (size_t)r.len) != 0))
         return -1;
     return 0;
 }
@@ -320,10 +320,10 @@ static void *session_main(void *arg)
     session *s = arg;
     kb_devd_msg m;
 
-    while (read_full(s->fd, &m, sizeof m) == 0) {
+    while (kb_devd_read_full(s->fd, &m, sizeof m) == 0) {
         if (m.len > SIZE_MAX || grow(&s->buf, &s->buf_cap, (size_t)m.len) != 0)
             break; /* cannot even read it: the client sees the connection close */
-        if (m.len && read_full(s->fd, s->buf, (size_t)m.len) != 0)
+        if (m.len && kb_devd_read_full(s->fd, s->buf, (size_t)m.len) != 0)
             break;
         if (serve_one(s, &m) != 0)
             break;

@@ -100,6 +100,10 @@ int kb_devd_serve(const kb_devd_opts *o, kb_errbuf *eb);
 int kb_devd_dir(char *buf, size_t n, kb_errbuf *eb);
 /* <dir>/<device>.sock, checked against the socket path length limit. */
 int kb_devd_socket_path(const char *device, char *buf, size_t n, kb_errbuf *eb);
+/* Whole reads and writes on a socket (EINTR retried; writes never raise SIGPIPE): 0, or -1
+ * when the peer is gone or the call failed. Shared by the server and kb_remote. */
+int kb_devd_read_full(int fd, void *p, size_t n);
+int kb_devd_write_full(int fd, const void *p, size_t n);
 /* Whether clients may use a server: KBCL_DEVD unset or not one of off, 0, no. */
 int kb_devd_enabled(void);
 

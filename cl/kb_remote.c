@@ -47,34 +47,6 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static int read_full(int fd, void *p, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, (char *)p + got, n - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        got += (size_t)r;
-    }
-    return 0;
-}
-
-static int write_full(int fd, const void *p, size_t n)
-{
-    size_t put = 0;
-    while (put < n) {
-        ssize_t w = send(fd, (const char *)p + put, n - put, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return -1;
-        put += (size_t)w;
-    }
-    return 0;
-}
-
 /*
  * One request and its reply on fd: header m, data d1[n1] then d2[n2]; the reply's data (at
  * most `cap` bytes) goes to out. Returns the reply's rc (its message in eb), or KB_ERR_DEVICE
@@ -86,18 +58,19 @@ static int call(int fd, const char *path, kb_devd_msg *m, const void *d1, size_t
 {
     kb_devd_rep r;
     m->len = n1 + n2;
-    if (write_full(fd, m, sizeof *m) != 0 || (n1 && write_full(fd, d1, n1) != 0) ||
-        (n2 && write_full(fd, d2, n2) != 0) || read_full(fd, &r, sizeof r) != 0)
+    if (kb_devd_write_full(fd, m, sizeof *m) != 0 ||
+        (n1 && kb_devd_write_full(fd, d1, n1) != 0) ||
+        (n2 && kb_devd_write_full(fd, d2, n2) != 0) || kb_devd_read_full(fd, &r, sizeof r) != 0)
         goto lost;
     if (r.rc) {
         char msg[sizeof eb->msg];
         size_t k = r.msglen < sizeof msg - 1 ? r.msglen : sizeof msg - 1;
-        if (read_full(fd, msg, k) != 0)
+        if (kb_devd_read_full(fd, msg, k) != 0)
             goto lost;
         for (size_t left = r.msglen - k; left > 0;) { /* a longer message than ours: skip */
             char skip[256];
             size_t s = left < sizeof skip ? left : sizeof skip;
-            if (read_full(fd, skip, s) != 0)
+            if (kb_devd_read_full(fd, skip, s) != 0)
                 goto lost;
             left -= s;
         }
@@ -106,7 +79,7 @@ static int call(int fd, const char *path, kb_devd_msg *m, const void *d1, size_t
     }
     if (r.len > cap)
         goto lost; /* not what we asked for: the stream cannot be trusted any more */
-    if (r.len && read_full(fd, out, (size_t)r.len) != 0)
+    if (r.len && kb_devd_read_full(fd, out, (size_t)r.len) != 0)
         goto lost;
     if (rep)
         *rep = r;
