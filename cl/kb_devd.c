@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -69,8 +70,12 @@ typedef struct session {
     kb_backend be;      /* none until HELLO asks for one */
     const kb_resident_ops *ops;
     void *dev;
-    uint8_t *payload;   /* this session's payload area, as the device has it */
+    uint8_t *payload;   /* this session's payload area, as the device has it (copied) */
     size_t payload_cap;
+    int shm_fd;         /* the client's payload file (KB_DEVD_SHARED), or -1 */
+    const uint8_t *shm; /* shm_fd mapped read-only: shm_len bytes */
+    size_t shm_len;
+    int rfd;            /* a descriptor that came with the current request, or -1 */
     uint8_t *buf;       /* the request's data */
     size_t buf_cap;
     kb_devd_hello hello;
@@ -130,6 +135,80 @@ int kb_devd_write_full(int fd, const void *p, size_t n)
         if (w <= 0)
             return -1;
         put += (size_t)w;
+    }
+    return 0;
+}
+
+int kb_devd_send_fd(int fd, const void *p, size_t n, int passfd)
+{
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = { (void *)p, n };
+    struct msghdr mh;
+    ssize_t w;
+
+    if (passfd < 0)
+        return kb_devd_write_full(fd, p, n);
+    memset(&mh, 0, sizeof mh);
+    memset(&ctl, 0, sizeof ctl);
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = ctl.buf;
+    mh.msg_controllen = sizeof ctl.buf;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &passfd, sizeof passfd);
+    do
+        w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    while (w < 0 && errno == EINTR);
+    if (w <= 0)
+        return -1;
+    /* the descriptor went with the first byte; the rest is plain data */
+    return (size_t)w == n ? 0 : kb_devd_write_full(fd, (const char *)p + w, n - (size_t)w);
+}
+
+int kb_devd_recv_fd(int fd, void *p, size_t n, int *gotfd)
+{
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec iov = { p, n };
+    struct msghdr mh;
+    ssize_t r;
+
+    if (gotfd)
+        *gotfd = -1;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = ctl.buf;
+    mh.msg_controllen = sizeof ctl.buf;
+    do
+        r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+    while (r < 0 && errno == EINTR);
+    if (r <= 0)
+        return -1;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+            c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            int got;
+            memcpy(&got, CMSG_DATA(c), sizeof got);
+            if (gotfd && *gotfd < 0)
+                *gotfd = got;
+            else
+                close(got);
+        }
+    if ((size_t)r < n && kb_devd_read_full(fd, (char *)p + r, n - (size_t)r) != 0) {
+        if (gotfd && *gotfd >= 0) {
+            close(*gotfd);
+            *gotfd = -1;
+        }
+        return -1;
     }
     return 0;
 }
@@ -266,6 +345,38 @@ static int serve_one(session *s, const kb_devd_msg *m)
             rc = s->ops->download(s->dev, m->a, s->buf, m->b, &eb);
         return reply(s, rc, &eb, 0, 0, s->buf, m->b);
     case KB_DEVD_PAYLOAD:
+        if (m->flags & KB_DEVD_SHARED) { /* the client's own pages: map, upload, no copy */
+            if (s->rfd >= 0) {
+                if (s->shm)
+                    munmap((void *)s->shm, s->shm_len);
+                if (s->shm_fd >= 0)
+                    close(s->shm_fd);
+                s->shm = NULL;
+                s->shm_len = 0;
+                s->shm_fd = s->rfd;
+                s->rfd = -1;
+            }
+            if (s->shm_fd < 0 || m->a < m->b || m->a > SIZE_MAX || m->len)
+                rc = kb_err_set(&eb, KB_ERR_INVAL, "device server: shared payload without a file");
+            else if (m->a > s->shm_len) {
+                void *p;
+                if (s->shm)
+                    munmap((void *)s->shm, s->shm_len);
+                s->shm = NULL;
+                s->shm_len = 0;
+                p = mmap(NULL, (size_t)m->a, PROT_READ, MAP_SHARED, s->shm_fd, 0);
+                if (p == MAP_FAILED)
+                    rc = kb_err_set(&eb, KB_ERR_IO, "device server: mapping the payload: %s",
+                                    strerror(errno));
+                else {
+                    s->shm = p;
+                    s->shm_len = (size_t)m->a;
+                }
+            }
+            if (rc == 0)
+                rc = s->ops->payload(s->dev, s->shm, (size_t)m->a, (size_t)m->b, &eb);
+            return reply(s, rc, &eb, 0, 0, NULL, 0);
+        }
         /* the client sends the bytes the device lacks; the primitive wants the whole area */
         if (m->a < m->b || m->len != m->a - m->b || m->a > SIZE_MAX ||
             grow(&s->payload, &s->payload_cap, (size_t)m->a) != 0)
@@ -320,14 +431,27 @@ static void *session_main(void *arg)
     session *s = arg;
     kb_devd_msg m;
 
-    while (kb_devd_read_full(s->fd, &m, sizeof m) == 0) {
+    s->shm_fd = -1;
+    s->rfd = -1;
+    while (kb_devd_recv_fd(s->fd, &m, sizeof m, &s->rfd) == 0) {
         if (m.len > SIZE_MAX || grow(&s->buf, &s->buf_cap, (size_t)m.len) != 0)
             break; /* cannot even read it: the client sees the connection close */
         if (m.len && kb_devd_read_full(s->fd, s->buf, (size_t)m.len) != 0)
             break;
-        if (serve_one(s, &m) != 0)
+        int stop = serve_one(s, &m) != 0;
+        if (s->rfd >= 0) { /* a descriptor no request took */
+            close(s->rfd);
+            s->rfd = -1;
+        }
+        if (stop)
             break;
     }
+    if (s->rfd >= 0)
+        close(s->rfd);
+    if (s->shm)
+        munmap((void *)s->shm, s->shm_len);
+    if (s->shm_fd >= 0)
+        close(s->shm_fd);
     if (s->be.ops) {
         devd *d = s->d;
         int kept = 0;

@@ -41,10 +41,15 @@ enum {
     KB_DEVD_FILL,       /* a = off, b = n, c = byte */
     KB_DEVD_UPLOAD,     /* a = off; data: the bytes */
     KB_DEVD_DOWNLOAD,   /* a = off, b = n; reply data: the bytes */
-    KB_DEVD_PAYLOAD,    /* a = size, b = have; data: payload bytes [have, size) */
+    KB_DEVD_PAYLOAD,    /* a = size, b = have; data: payload bytes [have, size); or, with
+                           flags KB_DEVD_SHARED, no data: the bytes are in the shared-memory
+                           file the client passed (SCM_RIGHTS, with this or an earlier
+                           PAYLOAD), which the server maps instead of receiving a copy */
     KB_DEVD_FLUSH,      /* a = arena bytes, b = batches; data: uint64 counts[b], then kb_rec[] */
     KB_DEVD_SHUTDOWN,   /* the server stops accepting and exits once its sessions end */
 };
+
+#define KB_DEVD_SHARED 2u /* PAYLOAD flag */
 
 /* A request header; `len` bytes of data follow. */
 typedef struct kb_devd_msg {
@@ -104,6 +109,10 @@ int kb_devd_socket_path(const char *device, char *buf, size_t n, kb_errbuf *eb);
  * when the peer is gone or the call failed. Shared by the server and kb_remote. */
 int kb_devd_read_full(int fd, void *p, size_t n);
 int kb_devd_write_full(int fd, const void *p, size_t n);
+/* n bytes that may carry a file descriptor (SCM_RIGHTS): passfd >= 0 sends one with them;
+ * *gotfd (if not NULL) receives one that came with them, else -1 (the caller owns it). */
+int kb_devd_send_fd(int fd, const void *p, size_t n, int passfd);
+int kb_devd_recv_fd(int fd, void *p, size_t n, int *gotfd);
 /* Whether clients may use a server: KBCL_DEVD unset or not one of off, 0, no. */
 int kb_devd_enabled(void);
 

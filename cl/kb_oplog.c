@@ -2,8 +2,10 @@
  * kb_oplog — storage of the op log: records in fixed-size chunks (an array of chunk pointers
  * that grows), so appending never copies or moves earlier records and kb_oplog_at pointers
  * stay valid for the life of the log; host-write bytes live in one growable payload buffer
- * whose offsets are 8-byte aligned (the buffer itself may move when it grows). The log owns
- * everything it stores. Limits: single-threaded; nothing is freed before kb_oplog_destroy, so
+ * whose offsets are 8-byte aligned (the buffer itself may move when it grows). The payload is
+ * a shared-memory file (memfd) mapped here, so that a device server can map the same pages
+ * and upload host data without copying it through a socket (kb_oplog_payload_fd); where
+ * memfd is refused it is plain heap memory. The log owns everything it stores. Limits: single-threaded; nothing is freed before kb_oplog_destroy, so
  * a long run keeps every record it ever logged.
  */
 #include "kb_oplog.h"
@@ -11,6 +13,8 @@
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "kb_bigmem.h"
 
@@ -22,8 +26,9 @@ struct kb_oplog {
     size_t nchunks, capchunks;
     size_t count;
     size_t replayed;
-    uint8_t *payload;   /* owned */
+    uint8_t *payload;   /* owned: mapped from payload_fd, or heap memory when that is -1 */
     size_t payload_size, payload_cap;
+    int payload_fd;     /* the memfd behind payload (owned), -1: heap, -2: not decided yet */
 };
 
 const char *kb_rec_kind_name(kb_rec_kind k)
@@ -41,7 +46,34 @@ const char *kb_rec_kind_name(kb_rec_kind k)
 
 kb_oplog *kb_oplog_create(void)
 {
-    return calloc(1, sizeof(kb_oplog));
+    kb_oplog *log = calloc(1, sizeof(kb_oplog));
+    if (log)
+        log->payload_fd = -2;
+    return log;
+}
+
+/* Grows the payload to cap bytes (contents kept). */
+static int payload_grow(kb_oplog *log, size_t cap)
+{
+    if (log->payload_fd == -2) /* the first growth decides */
+        log->payload_fd = memfd_create("kbcl-payload", MFD_CLOEXEC);
+    if (log->payload_fd >= 0) {
+        void *p;
+        if (ftruncate(log->payload_fd, (off_t)cap) != 0)
+            return KB_ERR_NOMEM;
+        p = log->payload ? mremap(log->payload, log->payload_cap, cap, MREMAP_MAYMOVE)
+                         : mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_SHARED, log->payload_fd, 0);
+        if (p == MAP_FAILED)
+            return KB_ERR_NOMEM;
+        log->payload = p;
+    } else {
+        uint8_t *p = realloc(log->payload, cap);
+        if (!p)
+            return KB_ERR_NOMEM;
+        log->payload = p;
+    }
+    log->payload_cap = cap;
+    return 0;
 }
 
 void kb_oplog_destroy(kb_oplog *log)
@@ -51,7 +83,13 @@ void kb_oplog_destroy(kb_oplog *log)
     for (size_t i = 0; i < log->nchunks; i++)
         kb_bigmem_free(log->chunks[i]);
     free(log->chunks);
-    free(log->payload);
+    if (log->payload_fd >= 0) {
+        if (log->payload)
+            munmap(log->payload, log->payload_cap);
+        close(log->payload_fd);
+    } else {
+        free(log->payload);
+    }
     free(log);
 }
 
@@ -100,11 +138,9 @@ int kb_oplog_add_payload(kb_oplog *log, const void *data, size_t n, uint64_t *of
             }
             cap *= 2;
         }
-        uint8_t *p = realloc(log->payload, cap);
-        if (!p)
-            return KB_ERR_NOMEM;
-        log->payload = p;
-        log->payload_cap = cap;
+        int rc = payload_grow(log, cap);
+        if (rc)
+            return rc;
     }
     if (start > log->payload_size)
         memset(log->payload + log->payload_size, 0, start - log->payload_size);
@@ -135,6 +171,11 @@ const uint8_t *kb_oplog_payload(const kb_oplog *log)
 size_t kb_oplog_payload_size(const kb_oplog *log)
 {
     return log->payload_size;
+}
+
+int kb_oplog_payload_fd(const kb_oplog *log)
+{
+    return log->payload_fd >= 0 ? log->payload_fd : -1;
 }
 
 size_t kb_oplog_replayed(const kb_oplog *log)

@@ -147,6 +147,10 @@ size_t kb_oplog_count(const kb_oplog *log);
 const kb_rec *kb_oplog_at(const kb_oplog *log, size_t i); /* i < count; stable pointer */
 const uint8_t *kb_oplog_payload(const kb_oplog *log);     /* base; may move on add_payload */
 size_t kb_oplog_payload_size(const kb_oplog *log);
+/* The shared-memory file (memfd) holding the payload, whose first kb_oplog_payload_size bytes
+ * are the payload; -1 when the payload is heap memory (or empty). Owned by the log: a reader
+ * may map it (read-only) or dup it, never close it. */
+int kb_oplog_payload_fd(const kb_oplog *log);
 
 /* Number of records already replayed (maintained by the replayer). */
 size_t kb_oplog_replayed(const kb_oplog *log);

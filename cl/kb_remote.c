@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,6 +39,10 @@ typedef struct rbe {
     int active, failed;
     uint64_t launches;
     double kernel_ms;
+    /* the payload file the server has (KB_DEVD_SHARED) */
+    int shm_sent;
+    ino_t shm_ino;
+    dev_t shm_dev;
 } rbe;
 
 static double now_ms(void)
@@ -52,13 +57,13 @@ static double now_ms(void)
  * most `cap` bytes) goes to out. Returns the reply's rc (its message in eb), or KB_ERR_DEVICE
  * when the connection fails (*lost set).
  */
-static int call(int fd, const char *path, kb_devd_msg *m, const void *d1, size_t n1,
-                const void *d2, size_t n2, kb_devd_rep *rep, void *out, size_t cap, int *lost,
-                kb_errbuf *eb)
+static int call_fd(int fd, const char *path, kb_devd_msg *m, int passfd, const void *d1,
+                   size_t n1, const void *d2, size_t n2, kb_devd_rep *rep, void *out, size_t cap,
+                   int *lost, kb_errbuf *eb)
 {
     kb_devd_rep r;
     m->len = n1 + n2;
-    if (kb_devd_write_full(fd, m, sizeof *m) != 0 ||
+    if (kb_devd_send_fd(fd, m, sizeof *m, passfd) != 0 ||
         (n1 && kb_devd_write_full(fd, d1, n1) != 0) ||
         (n2 && kb_devd_write_full(fd, d2, n2) != 0) || kb_devd_read_full(fd, &r, sizeof r) != 0)
         goto lost;
@@ -88,6 +93,13 @@ lost:
     if (lost)
         *lost = 1;
     return kb_err_set(eb, KB_ERR_DEVICE, "device server %s: connection lost", path);
+}
+
+static int call(int fd, const char *path, kb_devd_msg *m, const void *d1, size_t n1,
+                const void *d2, size_t n2, kb_devd_rep *rep, void *out, size_t cap, int *lost,
+                kb_errbuf *eb)
+{
+    return call_fd(fd, path, m, -1, d1, n1, d2, n2, rep, out, cap, lost, eb);
 }
 
 static int connect_to(const char *path, kb_errbuf *eb)
@@ -239,9 +251,32 @@ static int r_download(void *dev, uint64_t off, void *dst, uint64_t n, kb_errbuf 
 
 static int r_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_errbuf *eb)
 {
+    rbe *b = dev;
     kb_devd_msg m = { KB_DEVD_PAYLOAD, 0, size, have, 0, 0 };
+    const kb_oplog *log = kb_resident_log(b->res);
+    int pfd = log && kb_oplog_payload(log) == p ? kb_oplog_payload_fd(log) : -1;
+    struct stat st;
+
     if (have > size)
         return kb_err_set(eb, KB_ERR_INVAL, "device server: payload shrinks");
+    if (pfd >= 0 && fstat(pfd, &st) == 0 && b->fd >= 0) {
+        /* the payload is a shared-memory file: the server maps it (sent once per file) */
+        int lost = 0, rc;
+        int send = !(b->shm_sent && st.st_ino == b->shm_ino && st.st_dev == b->shm_dev);
+        m.flags = KB_DEVD_SHARED;
+        rc = call_fd(b->fd, b->path, &m, send ? pfd : -1, NULL, 0, NULL, 0, NULL, NULL, 0, &lost,
+                     eb);
+        if (lost) {
+            close(b->fd);
+            b->fd = -1;
+        }
+        if (rc == 0 && send) {
+            b->shm_sent = 1;
+            b->shm_ino = st.st_ino;
+            b->shm_dev = st.st_dev;
+        }
+        return rc;
+    }
     return rcall(dev, &m, p + have, size - have, NULL, 0, eb);
 }
 

@@ -99,6 +99,11 @@ static void res_detach(void *self)
     r->top = 0;
 }
 
+const kb_oplog *kb_resident_log(const kb_resident *r)
+{
+    return r->log;
+}
+
 void kb_resident_device(const kb_resident *r, const kb_resident_ops **ops, void **dev)
 {
     *ops = r->ops;

@@ -92,6 +92,8 @@ int kb_resident_broken(const kb_resident *r);
 void kb_resident_stats(const kb_resident *r, kb_xfer_stats *out);
 /* The device primitives and their device handle (a device server drives them directly). */
 void kb_resident_device(const kb_resident *r, const kb_resident_ops **ops, void **dev);
+/* The log whose payload the device holds (NULL before the first flush). */
+const kb_oplog *kb_resident_log(const kb_resident *r);
 /* The transfer statistics of a backend's kb_resident; zeros for a host backend. */
 void kb_backend_xfer_stats(const kb_backend *be, kb_xfer_stats *out);
 

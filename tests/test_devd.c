@@ -3,7 +3,8 @@
  * Unix socket, with the reference backend's resident variant as the served device (no
  * OpenCL needed): a replay through the server gives the same bytes and the same transfer
  * counts as the same backend in process; two sessions at once keep their data apart; the
- * errors a user can meet are reported (no server, a stale socket file, a different build,
+ * host data reaches the server through the log's shared payload file or, for other memory, as
+ * a copy; the errors a user can meet are reported (no server, a stale socket file, a different build,
  * a server that went away mid-run, a host-arena flush), and --stop ends the server.
  */
 #include <stdarg.h>
@@ -312,6 +313,35 @@ static void test_pooled_sessions(void **state)
     srv_stop(&s2);
 }
 
+/* The device primitives of a remote backend, driven directly: a payload that is not a
+ * log's shared file (heap memory) travels as a copy, and a flush reads it on the server. */
+static void test_copied_payload(void **state)
+{
+    srv *s = *state;
+    kb_backend be;
+    kb_errbuf eb = { { 0 } };
+    const kb_resident_ops *ops;
+    void *dev;
+    float src[16], got[16];
+    for (int i = 0; i < 16; i++)
+        src[i] = (float)i * 0.25f - 1.0f;
+    assert_int_equal(kb_remote_backend_create(s->path, &be, NULL, 0, &eb), 0);
+    kb_resident_device(be.ops->resident(be.self), &ops, &dev);
+    assert_int_equal(ops->arena(dev, 4096, NULL, 0, &eb), 0);
+    assert_int_equal(ops->payload(dev, (const uint8_t *)src, 32, 0, &eb), 0);
+    assert_int_equal(ops->payload(dev, (const uint8_t *)src, sizeof src, 32, &eb), 0);
+    kb_rec r = copy_f32(256, 0, 16, 0);
+    r.src[0].space = KB_SPACE_PAYLOAD;
+    assert_int_equal(be.ops->begin(be.self, NULL, 4096, NULL, 0, &eb), 0);
+    assert_int_equal(be.ops->run_batch(be.self, &r, 1, &eb), 0);
+    assert_int_equal(be.ops->end(be.self, NULL, 4096, &eb), 0);
+    assert_int_equal(ops->download(dev, 256, got, sizeof got, &eb), 0);
+    assert_memory_equal(got, src, sizeof src);
+    /* a payload that shrinks is refused before anything is sent */
+    assert_int_equal(ops->payload(dev, (const uint8_t *)src, 8, 32, &eb), KB_ERR_INVAL);
+    be.ops->destroy(be.self);
+}
+
 static void test_no_server(void **state)
 {
     (void)state;
@@ -451,6 +481,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_same_as_in_process, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_sessions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pooled_sessions, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_copied_payload, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_server, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_build, setup, teardown),
         cmocka_unit_test_setup_teardown(test_server_gone, setup, teardown),
