@@ -12,10 +12,14 @@
  * flush's batches. Every request is answered (status, error text, data) before the next is
  * read, so a session is strictly sequential; sessions run in threads of their own.
  *
+ * The op log's payload (host input bytes) is a memfd the client passes once: the server maps
+ * it and uploads from its mapping, so input data crosses no socket.
+ *
  * Limits: clients must be the same kbcl build (the records travel as raw structs; the hello
- * checks the protocol version and the struct sizes); one machine (a Unix socket); the server
- * keeps a copy of each session's payload (the payload primitive needs the whole area) and
- * buffers one transfer at a time; at most KB_DEVD_MAX_SESSIONS sessions at once.
+ * checks the protocol version and the struct sizes); one machine (a Unix socket); a payload
+ * that is not a shared file is copied, and the server then keeps a copy of it (the payload
+ * primitive needs the whole area); the server buffers one transfer at a time; at most
+ * KB_DEVD_MAX_SESSIONS sessions at once.
  */
 #ifndef KB_DEVD_H
 #define KB_DEVD_H
