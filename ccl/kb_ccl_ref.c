@@ -252,14 +252,54 @@ static int chunk_index(int64_t n, int ws, int64_t i)
     return (int)(i < split ? i / (base + 1) : extra + (i - split) / base);
 }
 
+/*
+ * ring_chain for the columns [0, nb) of in (ws rows of nb) into col[0, nb): the columns of
+ * one chunk share their chain's start, so they advance together, up to RING_COLS at a time,
+ * and each hop's rounding is one bulk conversion (kb_dtype_store_n / load_n: the same bits as
+ * round_dt, vectorised). The values are ring_chain's exactly.
+ */
+#define RING_COLS 1024
+
+static void ring_allreduce_cols(const float *in, int ws, int64_t n, int64_t i0, int64_t nb,
+                                kb_dtype dt, int op, double *col)
+{
+    float acc[RING_COLS];
+    uint16_t tmp[RING_COLS];
+    int plain = op == KB_CCL_OP_SUM || op == KB_CCL_OP_AVG; /* combine_f32 is a + x */
+
+    for (int64_t j0 = 0; j0 < nb;) {
+        int start = chunk_index(n, ws, i0 + j0);
+        int64_t j1 = j0 + 1;
+        while (j1 < nb && j1 - j0 < RING_COLS && chunk_index(n, ws, i0 + j1) == start)
+            j1++;
+        size_t len = (size_t)(j1 - j0);
+        const float *first = in + (size_t)start * (size_t)nb + (size_t)j0;
+        memcpy(acc, first, len * sizeof *acc);
+        for (int k = 1; k < ws; k++) {
+            const float *row = in + (size_t)((start + k) % ws) * (size_t)nb + (size_t)j0;
+            if (plain)
+                for (size_t j = 0; j < len; j++)
+                    acc[j] = acc[j] + row[j];
+            else
+                for (size_t j = 0; j < len; j++)
+                    acc[j] = combine_f32(op, acc[j], row[j]);
+            if (k + 1 < ws && (dt == KB_F16 || dt == KB_BF16)) {
+                kb_dtype_store_n(dt, tmp, 0, acc, len);
+                kb_dtype_load_n(dt, tmp, 0, acc, len);
+            }
+        }
+        for (size_t j = 0; j < len; j++)
+            col[(size_t)j0 + j] = op == KB_CCL_OP_AVG ? (double)acc[j] / ws : (double)acc[j];
+        j0 = j1;
+    }
+}
+
 void kb_ccl_ref_ring_allreduce(const float *in, int ws, int64_t n, int64_t i0, int64_t nb,
                                kb_dtype dt, int op, double *out)
 {
-    for (int64_t j = 0; j < nb; j++) {
-        double v = ring_chain(in + j, ws, (size_t)nb, chunk_index(n, ws, i0 + j), dt, op);
-        for (int r = 0; r < ws; r++)
-            out[(size_t)r * (size_t)nb + (size_t)j] = v;
-    }
+    ring_allreduce_cols(in, ws, n, i0, nb, dt, op, out);
+    for (int r = 1; r < ws; r++)
+        memcpy(out + (size_t)r * (size_t)nb, out, (size_t)nb * sizeof *out);
 }
 
 void kb_ccl_ref_ring_reduce_scatter(const float *in, int ws, int64_t n, int64_t i0,
@@ -397,14 +437,16 @@ void kb_ccl_inputs(float *x, uint32_t seed, int64_t tile0, int64_t ntiles, int64
 void kb_ccl_input_op_span(float *x, uint32_t seed, int op, kb_dtype dt, int64_t ntiles,
                           int64_t tile, int64_t i0, int64_t len, int64_t n)
 {
-    unsigned char b[4];
+    unsigned char b[4 * 1024];
     kb_ccl_input_span(x, seed, tile, i0, len, n);
     for (int64_t j = 0; op == KB_CCL_OP_PROD && j < len; j++)
         if ((i0 + j) % ntiles != tile)
             x[j] = x[j] < 0.0f ? -1.0f : 1.0f;
-    for (int64_t j = 0; dt != KB_F32 && j < len; j++) {
-        kb_dtype_store(dt, b, 0, x[j]); /* what the tile holds */
-        x[j] = kb_dtype_load(dt, b, 0);
+    /* what the tile holds: rounded to dt (bulk conversions, the same bits as one by one) */
+    for (int64_t j = 0; dt != KB_F32 && j < len; j += 1024) {
+        size_t m = (size_t)(len - j < 1024 ? len - j : 1024);
+        kb_dtype_store_n(dt, b, 0, x + j, m);
+        kb_dtype_load_n(dt, b, 0, x + j, m);
     }
 }
 
@@ -728,7 +770,10 @@ static void *verify_blocks(void *arg)
             kb_ccl_input_span(in + (size_t)rot(t, root, ntiles) * (size_t)nb, sh->seed, t, i0,
                               nb, n);
         if (same) {
-            sum_ranks(in, ntiles, nb, out);
+            if (sh->ord) /* kb_ccl_ref_ring_allreduce, one row for all tiles */
+                ring_allreduce_cols(in, ntiles, n, i0, nb, KB_F16, KB_CCL_OP_SUM, out);
+            else
+                sum_ranks(in, ntiles, nb, out);
             for (int64_t j = 0; j < nb; j++) { /* as check_elem does it */
                 unsigned char *wj = wraw + (size_t)(i0 + j) * es;
                 kb_dtype_store(dt, wj, 0, (float)out[j]);
@@ -862,9 +907,10 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_cc
         B = 64;
     if (B > n)
         B = n > 0 ? n : 1;
-    /* An all-reduce's reference is the same for every tile: each column's sum, rounding and
-     * bound once, then per element only its load and comparison. */
-    int same = ref == kb_ccl_ref_allreduce && !ord;
+    /* An all-reduce's reference is the same for every tile (the ring's ordered one too: every
+     * rank ends with the chain's one result): each column's value, rounding and bound once,
+     * then per element only its load and comparison. */
+    int same = (ref == kb_ccl_ref_allreduce && !ord) || ord == kb_ccl_ref_ring_allreduce;
     int64_t blocks = n > 0 ? (n + B - 1) / B : 0;
     int nth = verify_threads(total, blocks);
     tile_verdict *tv = malloc((size_t)(ntiles > 0 ? ntiles : 1) * (size_t)nth * sizeof *tv);
