@@ -73,8 +73,11 @@ typedef struct session {
     uint8_t *payload;   /* this session's payload area, as the device has it (copied) */
     size_t payload_cap;
     int shm_fd;         /* the client's payload file (KB_DEVD_SHARED), or -1 */
-    const uint8_t *shm; /* shm_fd mapped read-only: shm_len bytes */
+    uint8_t *shm;       /* shm_fd mapped read-only: shm_len bytes */
     size_t shm_len;
+    int stage_fd;       /* the client's staging file for downloads, or -1 */
+    uint8_t *stage;     /* stage_fd mapped read-write: stage_len bytes */
+    size_t stage_len;
     int rfd;            /* a descriptor that came with the current request, or -1 */
     uint8_t *buf;       /* the request's data */
     size_t buf_cap;
@@ -285,6 +288,39 @@ static int open_backend(session *s, kb_errbuf *eb)
     return 0;
 }
 
+/* Maps at least `need` bytes of fd (a client's file) at *map (*len bytes mapped): kept when
+ * large enough, else mapped again. */
+static int map_file(int fd, size_t need, int prot, uint8_t **map, size_t *len, kb_errbuf *eb)
+{
+    void *p;
+    if (*map && *len >= need)
+        return 0;
+    if (*map)
+        munmap(*map, *len);
+    *map = NULL;
+    *len = 0;
+    if (need == 0)
+        return 0;
+    p = mmap(NULL, need, prot, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED)
+        return kb_err_set(eb, KB_ERR_IO, "device server: mapping a client file: %s",
+                          strerror(errno));
+    *map = p;
+    *len = need;
+    return 0;
+}
+
+static void unmap_file(int *fd, uint8_t **map, size_t *len)
+{
+    if (*map)
+        munmap(*map, *len);
+    if (*fd >= 0)
+        close(*fd);
+    *fd = -1;
+    *map = NULL;
+    *len = 0;
+}
+
 /* One request whose header is m and whose data is in s->buf. -1: end the session. */
 static int serve_one(session *s, const kb_devd_msg *m)
 {
@@ -338,6 +374,19 @@ static int serve_one(session *s, const kb_devd_msg *m)
     case KB_DEVD_UPLOAD:
         return reply(s, s->ops->upload(s->dev, m->a, s->buf, m->len, &eb), &eb, 0, 0, NULL, 0);
     case KB_DEVD_DOWNLOAD:
+        if (m->flags & KB_DEVD_SHARED) { /* into the client's staging file */
+            if (s->rfd >= 0) {
+                unmap_file(&s->stage_fd, &s->stage, &s->stage_len);
+                s->stage_fd = s->rfd;
+                s->rfd = -1;
+            }
+            if (s->stage_fd < 0 || m->b > SIZE_MAX)
+                rc = kb_err_set(&eb, KB_ERR_INVAL, "device server: shared download without a file");
+            else if ((rc = map_file(s->stage_fd, (size_t)m->b, PROT_READ | PROT_WRITE,
+                                    &s->stage, &s->stage_len, &eb)) == 0)
+                rc = s->ops->download(s->dev, m->a, s->stage, m->b, &eb);
+            return reply(s, rc, &eb, 0, 0, NULL, 0);
+        }
         if (m->b > SIZE_MAX || grow(&s->buf, &s->buf_cap, (size_t)m->b) != 0)
             rc = kb_err_set(&eb, KB_ERR_NOMEM, "device server: %llu bytes to download",
                             (unsigned long long)m->b);
@@ -347,33 +396,14 @@ static int serve_one(session *s, const kb_devd_msg *m)
     case KB_DEVD_PAYLOAD:
         if (m->flags & KB_DEVD_SHARED) { /* the client's own pages: map, upload, no copy */
             if (s->rfd >= 0) {
-                if (s->shm)
-                    munmap((void *)s->shm, s->shm_len);
-                if (s->shm_fd >= 0)
-                    close(s->shm_fd);
-                s->shm = NULL;
-                s->shm_len = 0;
+                unmap_file(&s->shm_fd, &s->shm, &s->shm_len);
                 s->shm_fd = s->rfd;
                 s->rfd = -1;
             }
             if (s->shm_fd < 0 || m->a < m->b || m->a > SIZE_MAX || m->len)
                 rc = kb_err_set(&eb, KB_ERR_INVAL, "device server: shared payload without a file");
-            else if (m->a > s->shm_len) {
-                void *p;
-                if (s->shm)
-                    munmap((void *)s->shm, s->shm_len);
-                s->shm = NULL;
-                s->shm_len = 0;
-                p = mmap(NULL, (size_t)m->a, PROT_READ, MAP_SHARED, s->shm_fd, 0);
-                if (p == MAP_FAILED)
-                    rc = kb_err_set(&eb, KB_ERR_IO, "device server: mapping the payload: %s",
-                                    strerror(errno));
-                else {
-                    s->shm = p;
-                    s->shm_len = (size_t)m->a;
-                }
-            }
-            if (rc == 0)
+            else if ((rc = map_file(s->shm_fd, (size_t)m->a, PROT_READ, &s->shm, &s->shm_len,
+                                    &eb)) == 0)
                 rc = s->ops->payload(s->dev, s->shm, (size_t)m->a, (size_t)m->b, &eb);
             return reply(s, rc, &eb, 0, 0, NULL, 0);
         }
@@ -432,6 +462,7 @@ static void *session_main(void *arg)
     kb_devd_msg m;
 
     s->shm_fd = -1;
+    s->stage_fd = -1;
     s->rfd = -1;
     while (kb_devd_recv_fd(s->fd, &m, sizeof m, &s->rfd) == 0) {
         if (m.len > SIZE_MAX || grow(&s->buf, &s->buf_cap, (size_t)m.len) != 0)
@@ -448,10 +479,8 @@ static void *session_main(void *arg)
     }
     if (s->rfd >= 0)
         close(s->rfd);
-    if (s->shm)
-        munmap((void *)s->shm, s->shm_len);
-    if (s->shm_fd >= 0)
-        close(s->shm_fd);
+    unmap_file(&s->shm_fd, &s->shm, &s->shm_len);
+    unmap_file(&s->stage_fd, &s->stage, &s->stage_len);
     if (s->be.ops) {
         devd *d = s->d;
         int kept = 0;

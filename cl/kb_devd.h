@@ -44,7 +44,10 @@ enum {
     KB_DEVD_COPY,       /* a = to, b = from, c = n */
     KB_DEVD_FILL,       /* a = off, b = n, c = byte */
     KB_DEVD_UPLOAD,     /* a = off; data: the bytes */
-    KB_DEVD_DOWNLOAD,   /* a = off, b = n; reply data: the bytes */
+    KB_DEVD_DOWNLOAD,   /* a = off, b = n; reply data: the bytes; or, with flags
+                           KB_DEVD_SHARED, no reply data: the bytes are written at the start
+                           of the client's staging file (passed with this or an earlier
+                           shared DOWNLOAD) */
     KB_DEVD_PAYLOAD,    /* a = size, b = have; data: payload bytes [have, size); or, with
                            flags KB_DEVD_SHARED, no data: the bytes are in the shared-memory
                            file the client passed (SCM_RIGHTS, with this or an earlier
@@ -53,7 +56,7 @@ enum {
     KB_DEVD_SHUTDOWN,   /* the server stops accepting and exits once its sessions end */
 };
 
-#define KB_DEVD_SHARED 2u /* PAYLOAD flag */
+#define KB_DEVD_SHARED 2u /* PAYLOAD and DOWNLOAD flag */
 
 /* A request header; `len` bytes of data follow. */
 typedef struct kb_devd_msg {
