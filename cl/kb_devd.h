@@ -13,7 +13,8 @@
  * read, so a session is strictly sequential; sessions run in threads of their own.
  *
  * The op log's payload (host input bytes) is a memfd the client passes once: the server maps
- * it and uploads from its mapping, so input data crosses no socket.
+ * it and uploads from its mapping; host reads land in a staging memfd of the client's that the
+ * server writes into. So no simulated data crosses the socket.
  *
  * Limits: clients must be the same kbcl build (the records travel as raw structs; the hello
  * checks the protocol version and the struct sizes); one machine (a Unix socket); a payload
