@@ -538,19 +538,27 @@ static void reap(devd *d, int all)
     pthread_mutex_unlock(&d->mu);
 }
 
-static int listen_on(const char *path, kb_errbuf *eb)
+int kb_devd_socket(const char *path, struct sockaddr_un *sa, kb_errbuf *eb)
 {
-    struct sockaddr_un sa;
     int fd;
-
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    if (strlen(path) >= sizeof sa.sun_path)
+    memset(sa, 0, sizeof *sa);
+    sa->sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof sa->sun_path)
         return kb_err_set(eb, KB_ERR_RANGE, "device server socket %s: path too long", path);
-    memcpy(sa.sun_path, path, strlen(path));
+    memcpy(sa->sun_path, path, strlen(path));
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return kb_err_set(eb, KB_ERR_IO, "socket: %s", strerror(errno));
+    return fd;
+}
+
+static int listen_on(const char *path, kb_errbuf *eb)
+{
+    struct sockaddr_un sa;
+    int fd = kb_devd_socket(path, &sa, eb);
+
+    if (fd < 0)
+        return fd;
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0)
         goto bound;
     if (errno == EADDRINUSE) {

@@ -113,8 +113,12 @@ int kb_devd_serve(const kb_devd_opts *o, kb_errbuf *eb);
 int kb_devd_dir(char *buf, size_t n, kb_errbuf *eb);
 /* <dir>/<device>.sock, checked against the socket path length limit. */
 int kb_devd_socket_path(const char *device, char *buf, size_t n, kb_errbuf *eb);
-/* Whole reads and writes on a socket (EINTR retried; writes never raise SIGPIPE): 0, or -1
- * when the peer is gone or the call failed. Shared by the server and kb_remote. */
+struct sockaddr_un;
+/* A Unix stream socket (close-on-exec) and *sa filled with path: the descriptor, or the
+ * error (KB_ERR_RANGE for a path longer than a socket address holds). */
+int kb_devd_socket(const char *path, struct sockaddr_un *sa, kb_errbuf *eb);
+/* Whole reads (any descriptor: sockets, pipes) and writes on a socket (EINTR retried; writes
+ * never raise SIGPIPE): 0, or -1 when the peer is gone or the call failed. */
 int kb_devd_read_full(int fd, void *p, size_t n);
 int kb_devd_write_full(int fd, const void *p, size_t n);
 /* n bytes that may carry a file descriptor (SCM_RIGHTS): passfd >= 0 sends one with them;

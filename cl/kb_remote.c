@@ -111,16 +111,10 @@ static int call(int fd, const char *path, kb_devd_msg *m, const void *d1, size_t
 static int connect_to(const char *path, kb_errbuf *eb)
 {
     struct sockaddr_un sa;
-    int fd;
+    int fd = kb_devd_socket(path, &sa, eb);
 
-    memset(&sa, 0, sizeof sa);
-    sa.sun_family = AF_UNIX;
-    if (strlen(path) >= sizeof sa.sun_path)
-        return kb_err_set(eb, KB_ERR_RANGE, "device server socket %s: path too long", path);
-    memcpy(sa.sun_path, path, strlen(path));
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return kb_err_set(eb, KB_ERR_IO, "socket: %s", strerror(errno));
+        return fd;
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
         int e = errno;
         close(fd);

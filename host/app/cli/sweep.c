@@ -33,6 +33,7 @@
 #include <yaml.h>
 
 #include "kb_cli.h"
+#include "kb_devd.h"
 #include "kb_resident.h"
 #include "kb_tl_q.h"
 
@@ -1568,20 +1569,6 @@ static int spawn(sw_ctx *c, sw_worker *w, int point, const sigset_t *oldmask, in
     return 0;
 }
 
-static int read_all(int fd, void *buf, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, (char *)buf + got, n - got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        got += (size_t)r;
-    }
-    return 0;
-}
-
 /*
  * A device worker: reads point numbers until its command pipe closes and answers each with an
  * outcome, keeping one Phase-2 backend (its OpenCL context, queue and built program) for all
@@ -1594,7 +1581,7 @@ static void device_worker(const sw_plan *p, int cmd, int out)
     int be_dev = -1, point;
     char desc[160], note[256];
 
-    while (read_all(cmd, &point, sizeof point) == 0) {
+    while (kb_devd_read_full(cmd, &point, sizeof point) == 0) { /* whole reads, any fd */
         sw_outcome o;
         int dev = kb_device_from_name(point_device(p, point));
         kb_resident *res = be.ops && be.ops->resident ? be.ops->resident(be.self) : NULL;
