@@ -122,11 +122,22 @@ int kb_oplog_append(kb_oplog *log, const kb_rec *r, uint64_t *seq)
 
 int kb_oplog_add_payload(kb_oplog *log, const void *data, size_t n, uint64_t *off)
 {
+    uint8_t *at;
+    int rc;
+    if (n > 0 && !data)
+        return KB_ERR_INVAL;
+    if ((rc = kb_oplog_reserve_payload(log, n, off, &at)) != 0)
+        return rc;
+    if (n > 0)
+        memcpy(at, data, n);
+    return 0;
+}
+
+int kb_oplog_reserve_payload(kb_oplog *log, size_t n, uint64_t *off, uint8_t **at)
+{
     /* 8-byte aligned offsets keep every element type naturally aligned inside the payload. */
     size_t start = (log->payload_size + 7u) & ~(size_t)7u;
 
-    if (n > 0 && !data)
-        return KB_ERR_INVAL;
     if (n > SIZE_MAX - start)
         return KB_ERR_NOMEM;
     if (start + n > log->payload_cap) {
@@ -144,11 +155,11 @@ int kb_oplog_add_payload(kb_oplog *log, const void *data, size_t n, uint64_t *of
     }
     if (start > log->payload_size)
         memset(log->payload + log->payload_size, 0, start - log->payload_size);
-    if (n > 0)
-        memcpy(log->payload + start, data, n);
     log->payload_size = start + n;
     if (off)
         *off = (uint64_t)start;
+    if (at)
+        *at = log->payload + start;
     return 0;
 }
 

@@ -142,6 +142,9 @@ void kb_oplog_destroy(kb_oplog *log); /* NULL is a no-op */
 int kb_oplog_append(kb_oplog *log, const kb_rec *r, uint64_t *seq);
 /* Copies n bytes into the payload area; *off receives their payload offset. KB_ERR_NOMEM. */
 int kb_oplog_add_payload(kb_oplog *log, const void *data, size_t n, uint64_t *off);
+/* Appends n bytes for the caller to write at *at (valid until the next payload append); *off
+ * receives their payload offset. Their contents are unspecified until written. KB_ERR_NOMEM. */
+int kb_oplog_reserve_payload(kb_oplog *log, size_t n, uint64_t *off, uint8_t **at);
 
 size_t kb_oplog_count(const kb_oplog *log);
 const kb_rec *kb_oplog_at(const kb_oplog *log, size_t i); /* i < count; stable pointer */

@@ -833,17 +833,13 @@ static int host_write(kb_tensor *t, const kb_fill *src)
             if (j < i) {
                 payload_of[i] = payload_of[j];
             } else {
-                free(block);
-                block = malloc(n * esize);
-                if (!block) {
-                    rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
-                    goto out;
-                }
-                fill_block(t, s, src, block, piece);
-                if (kb_oplog_add_payload(ctx->log, block, n * esize, &payload_of[i]) != 0) {
+                /* generated straight into the payload: no block to copy from */
+                if (kb_oplog_reserve_payload(ctx->log, n * esize, &payload_of[i], &block) != 0) {
                     rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory for the op log payload");
                     goto out;
                 }
+                fill_block(t, s, src, block, piece);
+                block = NULL;
             }
             r.kind = KB_REC_COPY;
             r.nsrc = 1;
@@ -854,7 +850,6 @@ static int host_write(kb_tensor *t, const kb_fill *src)
             goto out;
     }
 out:
-    free(block);
     free(piece);
     free(payload_of);
     /* wait with nothing held: a run stopped meanwhile never resumes this fiber */
