@@ -106,7 +106,10 @@ int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
 
     int rps = job->layout.ranks_per_sip;
     tiles_src ts = { inputs, 0, rps, n, o->op, ws, o->dtype };
-    kb_fill fill = { tiles_fill, &ts, NULL, 0, 0, 0 };
+    /* seeded tiles: row lr of SIP s is tile s*rps + lr (tiles_fill), generated where the
+     * write replays (a GEN record per shard) */
+    kb_fill_gen gen = { KB_CCL_INPUT_SEED, o->op == KB_CCL_OP_PROD, ws, 0, 0, n };
+    kb_fill fill = { tiles_fill, &ts, NULL, 0, 0, 0, inputs ? NULL : &gen };
     for (int s = 0; s < job->layout.sips && rc == 0; s++) {
         /* one row per rank: row lr (rank s*rps + lr) on the lr-th PE of the grid, at the same
          * VA offset lr*n*2 as a single row split by columns would give, without a 2^32-column
@@ -124,6 +127,7 @@ int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
             d.dp.tile_cols = (uint64_t)n;
         }
         ts.sip = s;
+        gen.tile0 = (int64_t)s * rps;
         if ((rc = kb_ctx_set_device(ctx, s)) == 0)
             rc = kb_tensor_from_fill(ctx, &d, &fill, &job->tiles[s]);
         /* validator single_shard_per_rank: each rank's PE holds exactly its own tile */

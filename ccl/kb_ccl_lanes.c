@@ -163,7 +163,7 @@ int kb_ccl_lanes_prepare(kb_ctx *ctx, kb_ccl_lanes *job, const kb_ccl_algo_impl 
     job->width = hi * job->chunks;
 
     lanes_src ls = { job, 0 };
-    kb_fill fill = { lanes_fill, &ls, NULL, 0, 0, 0 };
+    kb_fill fill = { lanes_fill, &ls, NULL, 0, 0, 0, NULL };
     for (int s = 0; s < job->ws && rc == 0; s++) {
         kb_tensor_desc d = { "lanes", job->lanes, job->width, o->dtype,
                              kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, m->ncubes, m->npes),

@@ -75,7 +75,7 @@ _Static_assert(KB_REC_COPY == 0 && KB_REC_FILL == 1 && KB_REC_MATH1 == 2 && KB_R
                KB_REC_FMA == 4 && KB_REC_CLAMP == 5 && KB_REC_SOFTMAX == 6 &&
                KB_REC_REDUCE == 7 && KB_REC_GEMM == 8 && KB_REC_TRANSPOSE == 9 &&
                KB_REC_ATTN_SOFTMAX == 10 && KB_REC_GATHER == 11 && KB_REC_DEQUANT == 12 &&
-               KB_REC_NKINDS == 13,
+               KB_REC_GEN == 13 && KB_REC_NKINDS == 14,
                "record kinds");
 _Static_assert(KB_MF_M1_GELU == KB_M1_GELU && KB_MF_M1_AXPB == KB_M1_AXPB &&
                KB_MF_M1_RSQRT == KB_M1_RSQRT && KB_MF_M1_SOFTCAP == KB_M1_SOFTCAP &&
@@ -106,6 +106,8 @@ static const char *const kernel_names[KB_REC_NKINDS] = {
     "kb_transpose", "kb_attn_softmax", "kb_gather",
     /* number formats */
     "kb_dequant",
+    /* test data */
+    "kb_gen",
 };
 
 /* Work-items per group of a kind's kernel (replay.cl's reqd_work_group_size). */
@@ -719,6 +721,17 @@ static void make_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
                  ((d->cols + KB_GEMM_TN - 1) / KB_GEMM_TN);
         return;
     }
+    case KB_REC_GEN: /* parameters in the operand slots (kb_oplog.h, replay.cl's kb_gen) */
+        e->off[1] = s[0].addr;
+        e->off[2] = s[1].addr;
+        e->off[3] = s[2].addr;
+        e->kdim = s[0].rows;
+        e->rs[1] = s[0].cols;
+        e->rows = d->rows;
+        e->cols = d->cols;
+        e->rs[0] = d->ld;
+        *units = ((uint64_t)d->rows * d->cols + EW_CHUNK - 1) / EW_CHUNK;
+        return;
     case KB_REC_DEQUANT: {
         /* slot 1 elements, 2 metadata, 3 scale; cs[1], cs[2]: the scale's row and column
          * blocks (dst rows / columns per scale element) */

@@ -38,6 +38,8 @@ const char *kb_rec_kind_name(kb_rec_kind k)
         "transpose", "attn_softmax", "gather",
         /* number formats */
         "dequant",
+        /* test data */
+        "gen",
     };
     if ((unsigned)k >= KB_REC_NKINDS)
         return "?";

@@ -41,6 +41,12 @@
  *           s (flags & KB_REC_QSCALE, the last source, sr x sc with R % sr == 0, C % sc == 0):
  *           element (i, j) uses s(i / (R/sr), j / (C/sc)) — per-channel, per-token and
  *           32-element MX blocks alike. nsrc = 1 + sparse + scale.
+ * Test data:
+ *   GEN     dst(RxC) = the seeded test values of kb_seedgen.h, generated where the record
+ *           replays (no payload): element (i, j) = kb_seedgen_value(seed, tile0 + i, i0 + j, n)
+ *           with tile0 = src[0].addr, i0 = src[1].addr, n = src[2].addr, seed = src[0].rows
+ *           (nsrc 0: the sources are parameters, not operands); op KB_GEN_SIGN then applies
+ *           kb_seedgen_sign with ntiles = src[0].cols (a product's inputs).
  */
 #ifndef KB_OPLOG_H
 #define KB_OPLOG_H
@@ -68,6 +74,8 @@ typedef enum kb_rec_kind {
     KB_REC_GATHER,
     /* number formats (issue #16) */
     KB_REC_DEQUANT,
+    /* test data (kb_seedgen.h) */
+    KB_REC_GEN,
     KB_REC_NKINDS
 } kb_rec_kind;
 
@@ -85,6 +93,9 @@ typedef enum kb_math2_op {
 typedef enum kb_reduce_op { KB_RED_SUM = 0, KB_RED_MAX, KB_RED_NOPS } kb_reduce_op;
 
 enum { KB_SPACE_MEM = 0, KB_SPACE_PAYLOAD = 1 };
+
+/* GEN ops */
+enum { KB_GEN_PLAIN = 0, KB_GEN_SIGN = 1 };
 
 enum { KB_REC_ACC = 1u << 0, KB_REC_AXIS0 = 1u << 1 };
 /* DEQUANT flags (number formats) */

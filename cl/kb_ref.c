@@ -30,6 +30,7 @@
 #include "kb_mathfn.h"
 #include "kb_replay.h"
 #include "kb_resident.h"
+#include "kb_seedgen.h"
 
 /* kb_mathfn.h's op codes are the op log's. */
 _Static_assert(KB_MF_M1_EXP == KB_M1_EXP && KB_MF_M1_LOG == KB_M1_LOG &&
@@ -525,6 +526,26 @@ static void exec_dequant(const kb_rec *r, uint8_t *arena, const uint8_t *payload
     }
 }
 
+/* GEN (kb_oplog.h): the seeded values, a row at a time in blocks, one rounding on store. */
+static void exec_gen(const kb_rec *r, uint8_t *arena)
+{
+    const kb_opnd *d = &r->dst;
+    uint8_t *db = arena + d->addr;
+    uint32_t seed = r->src[0].rows;
+    int64_t tile0 = (int64_t)r->src[0].addr, i0 = (int64_t)r->src[1].addr;
+    int64_t n = (int64_t)r->src[2].addr;
+    float x[ROWWISE_BLK];
+
+    for (uint32_t i = 0; i < d->rows; i++)
+        for (uint32_t j = 0; j < d->cols; j += ROWWISE_BLK) {
+            size_t m = d->cols - j < ROWWISE_BLK ? d->cols - j : ROWWISE_BLK;
+            kb_seedgen_span(x, seed, tile0 + i, i0 + j, (int64_t)m, n);
+            if (r->op == KB_GEN_SIGN)
+                kb_seedgen_sign(x, r->src[0].cols, tile0 + i, i0 + j, (int64_t)m);
+            kb_dtype_store_n((kb_dtype)d->dtype, db, (size_t)i * d->ld + j, x, m);
+        }
+}
+
 void kb_ref_exec(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
 {
     switch (r->kind) {
@@ -556,6 +577,9 @@ void kb_ref_exec(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
         break;
     case KB_REC_DEQUANT:
         exec_dequant(r, arena, payload);
+        break;
+    case KB_REC_GEN:
+        exec_gen(r, arena);
         break;
     default:
         break;

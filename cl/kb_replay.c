@@ -43,7 +43,8 @@ typedef struct ival {
 static unsigned nsrc_of(unsigned kind)
 {
     static const unsigned n[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2, 1, 1, 2,
-                                               /* dequant: at least (see check_dequant) */ 1 };
+                                               /* dequant: at least (see check_dequant) */ 1,
+                                               /* gen: parameters, no operands */ 0 };
     return kind < KB_REC_NKINDS ? n[kind] : 0;
 }
 
@@ -173,6 +174,12 @@ static int check_rec(const kb_rec *r, kb_errbuf *eb)
         return check_nn_rec(r, eb);
     case KB_REC_DEQUANT:
         return check_dequant(r, eb);
+    case KB_REC_GEN:
+        if (r->op > KB_GEN_SIGN)
+            return bad(r, eb, "gen op out of range");
+        if (r->op == KB_GEN_SIGN && r->src[0].cols == 0)
+            return bad(r, eb, "gen sign variant needs ntiles >= 1");
+        return 0;
     default:
         break;
     }

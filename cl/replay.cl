@@ -804,6 +804,65 @@ static void kb_gather_unit(uint kind, global const kb_ent *e, global uchar *aren
 
 KB_GRID_KERNEL(kb_gather, KB_EW_LOCAL, kb_gather_unit, 0u)
 
+/* ---------------------------------------------------------------- test data */
+
+/* cl/kb_seedgen.c's generator, the same integer steps (keep the two in step). */
+static uint kb_gen_mix(ulong x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdUL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53UL;
+    x ^= x >> 33;
+    return (uint)x;
+}
+
+static float kb_gen_value(uint seed, ulong p)
+{
+    uint key = kb_gen_mix(((ulong)seed << 32) ^ (p >> 12) ^ 0x9e3779b97f4a7c15UL);
+    uint x = (uint)(p & 0xfffUL);
+    for (uint r = 0; r < 4u; r++) {
+        x = (x + (key >> (r * 5u))) & 0xfffu;
+        x = (x * 0x9e5u) & 0xfffu;
+        x ^= x >> 5;
+        x = (x * 0x2c1u) & 0xfffu;
+        x ^= x >> 7;
+    }
+    return (float)((int)x - 2048) * 0x1p-7f;
+}
+
+/*
+ * GEN (kb_oplog.h): one chunk of KB_EW_CHUNK destination elements per unit. off[1] tile0,
+ * off[2] i0, off[3] n, kdim the seed, rs[1] ntiles (op 1: the sign variant).
+ */
+static void kb_gen_unit(uint kind, global const kb_ent *e, global uchar *arena,
+                        global const uchar *payload, ulong chunk)
+{
+    ulong n = (ulong)e->rows * e->cols;
+    uint d0 = e->dt & 0xFFu;
+    global uchar *db = arena + e->off[0];
+    ulong first = chunk * KB_EW_CHUNK + get_local_id(0);
+
+    (void)kind;
+    (void)payload;
+    for (uint it = 0; it < KB_EW_PER; it++) {
+        ulong idx = first + (ulong)it * KB_EW_LOCAL, row, col, tile, i;
+        float v;
+        if (idx >= n)
+            break;
+        row = idx / e->cols;
+        col = idx - row * e->cols;
+        tile = e->off[1] + row;
+        i = e->off[2] + col;
+        v = kb_gen_value(e->kdim, tile * e->off[3] + i);
+        if (e->op == 1u && i % (ulong)e->rs[1] != tile)
+            v = v < 0.0f ? -1.0f : 1.0f;
+        kb_st(db, d0, row * e->rs[0] + col, v);
+    }
+}
+
+KB_GRID_KERNEL(kb_gen, KB_EW_LOCAL, kb_gen_unit, 0u)
+
 /* ---------------------------------------------------------------- byte fill */
 
 /*

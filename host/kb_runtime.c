@@ -735,7 +735,7 @@ fail:
 
 kb_fill kb_fill_array(const float *data, int64_t ld)
 {
-    kb_fill f = { NULL, NULL, data, ld, 0, 0 };
+    kb_fill f = { NULL, NULL, data, ld, 0, 0, NULL };
     return f;
 }
 
@@ -799,8 +799,8 @@ static int host_write(kb_tensor *t, const kb_fill *src)
                           "generator nor data", t->name);
     if (src && ctx->recording) {
         payload_of = malloc(t->nshards * sizeof *payload_of);
-        piece = src->fn ? malloc(KB_FILL_PIECE * sizeof *piece) : NULL;
-        if (!payload_of || (src->fn && !piece)) {
+        piece = src->fn && !src->gen ? malloc(KB_FILL_PIECE * sizeof *piece) : NULL;
+        if (!payload_of || (src->fn && !src->gen && !piece)) {
             rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
             goto out;
         }
@@ -823,6 +823,16 @@ static int host_write(kb_tensor *t, const kb_fill *src)
             r.kind = KB_REC_FILL;
             r.nsrc = 0;
             r.imm[0] = 0.0f;
+        } else if (src->gen) { /* generated where it replays */
+            const kb_fill_gen *g = src->gen;
+            r.kind = KB_REC_GEN;
+            r.nsrc = 0;
+            r.op = g->sign ? KB_GEN_SIGN : KB_GEN_PLAIN;
+            r.src[0].addr = (uint64_t)(g->tile0 + src->row0 + (int64_t)s->row0);
+            r.src[1].addr = (uint64_t)(g->i0 + src->col0 + (int64_t)s->col0);
+            r.src[2].addr = (uint64_t)g->n;
+            r.src[0].rows = g->seed;
+            r.src[0].cols = (uint32_t)g->ntiles;
         } else {
             size_t j, n = (size_t)(s->rows * s->cols);
             /* identical blocks (replicas) share one payload */

@@ -193,15 +193,28 @@ int kb_tensor_copy_from(kb_tensor *t, const float *data);
  * simulated time of a recorded one. A recording write asks the generator for each distinct
  * shard block once, in pieces of at most 65 536 values, and keeps only the rounded bytes (in
  * the op log's payload).
+ * A source whose values are the seeded test values of kb_seedgen.h may say so (`gen`): a
+ * recording write then records one GEN record per shard instead (kb_oplog.h), and the values
+ * are generated where the record replays (on the device for an OpenCL backend): no payload
+ * and no host work proportional to the tensor. fn must still give the same values (readers
+ * of the fill on the host use it).
  */
 typedef void (*kb_fill_fn)(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols,
                            float *out);
+/* Source element (row, col) = kb_seedgen_value(seed, tile0 + row, i0 + col, n), then
+ * kb_seedgen_sign(ntiles) when sign is set. */
+typedef struct kb_fill_gen {
+    uint32_t seed;
+    int sign;
+    int64_t ntiles, tile0, i0, n;
+} kb_fill_gen;
 typedef struct kb_fill {
     kb_fill_fn fn;
     void *ud;
     const float *data; /* when fn is NULL */
     int64_t ld;
     int64_t row0, col0;
+    const kb_fill_gen *gen; /* optional (above); NULL: fn or data */
 } kb_fill;
 /* A fill reading a row-major array of ld values per row (ld 0: the tensor's cols). */
 kb_fill kb_fill_array(const float *data, int64_t ld);

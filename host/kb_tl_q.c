@@ -440,7 +440,7 @@ int kb_qweight_create(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qf
     snprintf(nm[1], sizeof nm[1], "%s.scale", name ? name : "qweight");
     snprintf(nm[2], sizeof nm[2], "%s.meta", name ? name : "qweight");
     {
-        kb_fill none = { fill_unused, NULL, NULL, 0, 0, 0 };
+        kb_fill none = { fill_unused, NULL, NULL, 0, 0, 0, NULL };
         kb_fill fq = q ? kb_fill_array(q, n) : none;
         kb_tensor_desc d = { nm[0], qrows, n, kb_qfmt_dtype(fmt), dp, KB_MEM_HBM };
         if ((rc = kb_tensor_from_fill(ctx, &d, &fq, &qw.q)) != 0)

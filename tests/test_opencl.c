@@ -826,6 +826,20 @@ static void test_nn_kinds(void **state)
             }
         }
     }
+    for (int k = 0; k < 8; k++) { /* GEN: seeded values, both variants, every float dtype */
+        static const uint32_t shp[][2] = { { 1, 1 }, { 4, 5000 }, { 9, 33 }, { 2, 4097 } };
+        kb_rec r = kbt_rec_new(KB_REC_GEN, t++);
+        r.op = (uint8_t)(k % 2);
+        r.src[0].addr = (uint64_t)k * 3;
+        r.src[1].addr = (uint64_t)k * 1000;
+        r.src[2].addr = 1u << 20;
+        r.src[0].rows = 1 + (uint32_t)k;
+        r.src[0].cols = 5;
+        r.dst = kb_opnd_make(out, shp[k % 4][0], shp[k % 4][1], (kb_dtype)(k % 3));
+        r.dst.ld = shp[k % 4][1] + (uint32_t)(k % 2) * 3;
+        pair_append(&p, &r);
+        out += (kb_opnd_span(&r.dst) + 64) & ~(uint64_t)63;
+    }
     assert_true(out - out0 < 0x400000);
     pair_flush(&p, d);
     pair_compare(&p, out0, (size_t)(out - out0));

@@ -1395,7 +1395,8 @@ static int h_fill(kb_ctx *ctx, void *arg)
     kb_dp_policy everywhere = kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 0, 0);
     kb_tensor_desc d = desc("a", 6, 10, KB_F32, grid), dw = desc("wide", 3, WIDE, KB_F16, everywhere),
                    ds = desc("square", 300, 300, KB_F16, on_pe0());
-    kb_fill gen = { gen_fill, io, NULL, 0, 0, 0 }, none = { NULL, NULL, NULL, 0, 0, 0 };
+    kb_fill gen = { gen_fill, io, NULL, 0, 0, 0, NULL },
+            none = { NULL, NULL, NULL, 0, 0, 0, NULL };
     kb_fill at = kb_fill_at(gen, 2, 5); /* element (r, c) is source (2 + r, 5 + c) */
     float arr[6 * 10];
     kb_tensor *a, *b, *w, *sq, *bad = NULL;

@@ -722,9 +722,12 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
     dec_fill fo = { &dec->pl, &dec->o, &dec->mc, { f->wo }, o->decode ? DF_WO_COMB : DF_WO_ATT };
     dec_fill fk = { &dec->pl, &dec->o, &dec->mc, { f->kc }, DF_KC };
     dec_fill fv = { &dec->pl, &dec->o, &dec->mc, { f->vc }, DF_VC };
-    kb_fill Fq = { dec_fill_fn, &fq, NULL, 0, 0, 0 }, Fc = { dec_fill_fn, &fc, NULL, 0, 0, 0 },
-            Fs = { dec_fill_fn, &fs, NULL, 0, 0, 0 }, Fo = { dec_fill_fn, &fo, NULL, 0, 0, 0 },
-            Fk = { dec_fill_fn, &fk, NULL, 0, 0, 0 }, Fv = { dec_fill_fn, &fv, NULL, 0, 0, 0 };
+    kb_fill Fq = { dec_fill_fn, &fq, NULL, 0, 0, 0, NULL },
+            Fc = { dec_fill_fn, &fc, NULL, 0, 0, 0, NULL },
+            Fs = { dec_fill_fn, &fs, NULL, 0, 0, 0, NULL },
+            Fo = { dec_fill_fn, &fo, NULL, 0, 0, 0, NULL },
+            Fk = { dec_fill_fn, &fk, NULL, 0, 0, 0, NULL },
+            Fv = { dec_fill_fn, &fv, NULL, 0, 0, 0, NULL };
     kb_fill fx = kb_fill_at(f->x, o->seq_parallel ? (int64_t)r * Tl : 0, 0);
     kb_fill fg = kb_fill_at(f->wg, 0, (int64_t)r * pl->Floc);
     kb_fill fu = kb_fill_at(f->wu, 0, (int64_t)r * pl->Floc);

@@ -160,7 +160,7 @@ static void make_fills(dec_state *st)
     for (int i = 0; i < 4; i++) {
         st->lnf[i].inner = f[I_LN0 + i];
         st->lnf[i].add = (float)(1.0 - mc->norm_unit_offset);
-        kb_fill a = { add_fn, &st->lnf[i], NULL, 0, 0, 0 };
+        kb_fill a = { add_fn, &st->lnf[i], NULL, 0, 0, 0, NULL };
         st->fills.ln[i] = a;
     }
     st->fills.x = f[I_X];

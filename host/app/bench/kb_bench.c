@@ -359,7 +359,7 @@ static void pattern_block(void *ud, int64_t row, int64_t col, int64_t rows, int6
 
 kb_fill kb_bench_pattern_fill(const kb_bench_pat *p)
 {
-    kb_fill f = { pattern_block, (void *)p, NULL, 0, 0, 0 };
+    kb_fill f = { pattern_block, (void *)p, NULL, 0, 0, 0, NULL };
     return f;
 }
 
