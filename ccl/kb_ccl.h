@@ -35,6 +35,7 @@
 #include "kb_ccl_config.h"
 #include "kb_ipcq.h"
 #include "kb_runtime.h"
+#include "kb_vquery.h"
 
 #define KB_TOPO_NONE (-1)
 
@@ -681,6 +682,21 @@ int kb_ccl_verify_inputs_op(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn 
 int kb_ccl_verify_inputs_ord(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn ref,
                              kb_ccl_ref_ord_fn ord, kb_coll_kind kind, uint32_t seed, int ntiles,
                              int64_t n, int root, double acc_bound, kb_ccl_verdict *v);
+/*
+ * The same check on the device that holds the result (kb_vquery.h), so that neither the data
+ * nor the host's work grows with it: when the check is one a device answers (an all-reduce
+ * of f16 sums, root 0, whose reference is the plain sum or the ring's chain
+ * kb_ccl_ref_ring_allreduce, fewer than 2^30 elements in all), fills *q (kind KB_VQ_CHECK,
+ * the seeded inputs of `seed`) and returns 1; else 0.
+ */
+int kb_ccl_vquery_of(kb_dtype dt, int op, kb_ccl_ref_fn ref, kb_ccl_ref_ord_fn ord,
+                     kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
+                     kb_vquery *q);
+/* The verdict of q's result (kb_vq_tile per tile, then kb_vq_sums): the very verdict
+ * kb_ccl_verify_inputs_ord gives for the same data. 1 when every tile passed, 0 when not,
+ * KB_ERR_UNSUPPORTED when the result cannot give the means exactly (a value off the 1/128
+ * grid, e.g. a NaN: check on the host; *v then holds all the rest), KB_ERR_NOMEM. */
+int kb_ccl_verdict_of_query(const kb_vquery *q, const void *result, kb_ccl_verdict *v);
 /* kb_ccl_input_acc_bound for op: the sum's; max, min and prod (kb_ccl_input_op_span's data)
  * are exact (0); avg adds 2^-18, the two f32 roundings of sum * (1/ws) (|avg| <= 16). */
 double kb_ccl_input_acc_bound_op(kb_coll_kind k, int op, int64_t nterms);

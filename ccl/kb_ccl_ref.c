@@ -938,6 +938,53 @@ out:
     return rc;
 }
 
+int kb_ccl_vquery_of(kb_dtype dt, int op, kb_ccl_ref_fn ref, kb_ccl_ref_ord_fn ord,
+                     kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
+                     kb_vquery *q)
+{
+    /* verify_sum_f16's "same" case, whose per-column reference the device computes */
+    int plain = ref == kb_ccl_ref_allreduce && !ord, ring = ord == kb_ccl_ref_ring_allreduce;
+    if (dt != KB_F16 || op != KB_CCL_OP_SUM || kind != KB_COLL_ALLREDUCE || root != 0 ||
+        !(plain || ring) || ntiles < 1 || n < 1 ||
+        (uint64_t)ntiles * (uint64_t)n >= ((uint64_t)1 << 30))
+        return 0;
+    memset(q, 0, sizeof *q);
+    q->kind = KB_VQ_CHECK;
+    q->ntiles = (uint32_t)ntiles;
+    q->n = (uint64_t)n;
+    q->seed = seed;
+    q->ordered = (uint32_t)ring;
+    q->acc_bound = kb_ccl_input_acc_bound_op(kind, op, ntiles);
+    return 1;
+}
+
+int kb_ccl_verdict_of_query(const kb_vquery *q, const void *result, kb_ccl_verdict *v)
+{
+    const kb_vq_tile *vt = result;
+    const kb_vq_sums *sums = (const kb_vq_sums *)(vt + q->ntiles);
+    int ntiles = (int)q->ntiles;
+    tile_verdict *tv = malloc((size_t)(ntiles > 0 ? ntiles : 1) * sizeof *tv);
+    int64_t gq = 0;
+    int offgrid = sums->offgrid != 0;
+
+    if (!tv)
+        return KB_ERR_NOMEM;
+    for (int t = 0; t < ntiles; t++) {
+        tv[t] = (tile_verdict){ vt[t].max_err, vt[t].bound, vt[t].bad_elem, vt[t].bad_got,
+                                vt[t].bad_want, vt[t].nwrong };
+        gq += vt[t].gq;
+        offgrid |= vt[t].offgrid != 0;
+    }
+    tiles_verdict(tv, ntiles, v);
+    free(tv);
+    if (offgrid) /* all but the means is the host's verdict */
+        return KB_ERR_UNSUPPORTED;
+    /* as verify_sum_f16 finishes: every value on the grid, so the integer sums are exact */
+    verdict_finish(v, (double)gq * 0x1p-7, (double)(sums->wq * ntiles) * 0x1p-7,
+                   (int64_t)q->n);
+    return v->ok_tiles == ntiles;
+}
+
 int kb_ccl_verify_inputs_op(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn ref,
                             kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
                             double acc_bound, kb_ccl_verdict *v)

@@ -449,6 +449,31 @@ static int serve_one(session *s, const kb_devd_msg *m)
         memcpy(&bits, &kms, sizeof bits);
         return reply(s, rc, &eb, kb_opencl_launches(&s->be), bits, NULL, 0);
     }
+    case KB_DEVD_QUERY: {
+        kb_vquery q;
+        void *out = NULL;
+        size_t outn = 0;
+        if (m->len < sizeof q) {
+            rc = kb_err_set(&eb, KB_ERR_INVAL, "device server: QUERY with %llu data bytes",
+                            (unsigned long long)m->len);
+        } else {
+            memcpy(&q, s->buf, sizeof q);
+            outn = kb_vquery_result_size(&q);
+            if (m->len != sizeof q + (uint64_t)q.ntiles * sizeof(uint64_t) || outn == 0)
+                rc = kb_err_set(&eb, KB_ERR_INVAL, "device server: QUERY kind %u over %u tiles "
+                                "with %llu data bytes", q.kind, q.ntiles,
+                                (unsigned long long)m->len);
+            else if (!s->ops->query)
+                rc = kb_err_set(&eb, KB_ERR_UNSUPPORTED, "device server: no device queries");
+            else if (!(out = malloc(outn)))
+                rc = kb_err_set(&eb, KB_ERR_NOMEM, "device server: query result");
+            else
+                rc = s->ops->query(s->dev, &q, (const uint64_t *)(s->buf + sizeof q), out, &eb);
+        }
+        int w = reply(s, rc, &eb, 0, 0, out, outn);
+        free(out);
+        return w;
+    }
     default:
         kb_err_set(&eb, KB_ERR_INVAL, "device server: unknown request %u", m->op);
         reply(s, KB_ERR_INVAL, &eb, 0, 0, NULL, 0);

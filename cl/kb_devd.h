@@ -8,8 +8,8 @@
  * that shares the server's context and program but has its own queue, kernels and buffers),
  * made by the caller's session function and destroyed when the client disconnects. The
  * client side is kb_remote.h; it keeps the resident bookkeeping (kb_resident) and sends the
- * device primitives (arena, copy, fill, upload, download, payload) and, once per flush, the
- * flush's batches. Every request is answered (status, error text, data) before the next is
+ * device primitives (arena, copy, fill, upload, download, payload, query) and, once per
+ * flush, the flush's batches. Every request is answered (status, error text, data) before the next is
  * read, so a session is strictly sequential; sessions run in threads of their own.
  *
  * The op log's payload (host input bytes) is a memfd the client passes once: the server maps
@@ -33,7 +33,7 @@
 #include "kb_opencl.h"
 #include "kb_replay.h"
 
-#define KB_DEVD_PROTO 1
+#define KB_DEVD_PROTO 2
 #define KB_DEVD_MAGIC 0x6b62646576643031ULL /* "kbdevd01" */
 #define KB_DEVD_MAX_SESSIONS 256
 #define KB_DEVD_POOL 4
@@ -55,6 +55,8 @@ enum {
                            PAYLOAD), which the server maps instead of receiving a copy */
     KB_DEVD_FLUSH,      /* a = arena bytes, b = batches; data: uint64 counts[b], then kb_rec[] */
     KB_DEVD_SHUTDOWN,   /* the server stops accepting and exits once its sessions end */
+    KB_DEVD_QUERY,      /* data: a kb_vquery, then uint64 off[ntiles]; reply data: its result
+                           (kb_vquery.h, kb_vquery_result_size bytes) */
 };
 
 #define KB_DEVD_SHARED 2u /* PAYLOAD and DOWNLOAD flag */

@@ -134,6 +134,8 @@ typedef struct clbe {
     cl_program prog;                    /* shared with clones (retained) */
     cl_kernel kern[KB_REC_NKINDS];
     cl_kernel kfill;                    /* kb_fill_bytes (rs_fill) */
+    cl_kernel kvq_digest, kvq_colref, kvq_check; /* device queries (rs_query); the last two
+                                                    NULL without fp64 */
     cl_mem arena, payload, table;       /* device buffers, grown on demand */
     size_t arena_cap, payload_cap, table_cap;
     kb_resident *res;                   /* device-resident memory (kb_resident.h): */
@@ -991,6 +993,12 @@ static void cl_destroy(void *self)
             clReleaseKernel(b->kern[i]);
     if (b->kfill)
         clReleaseKernel(b->kfill);
+    if (b->kvq_digest)
+        clReleaseKernel(b->kvq_digest);
+    if (b->kvq_colref)
+        clReleaseKernel(b->kvq_colref);
+    if (b->kvq_check)
+        clReleaseKernel(b->kvq_check);
     if (b->prog)
         clReleaseProgram(b->prog);
     if (b->arena)
@@ -1138,8 +1146,156 @@ static int rs_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_
     return 0;
 }
 
+/* ---------------------------------------------------------------- device queries */
+
+#define VQ_LOCAL 256                /* replay.cl's KB_VQ_LOCAL */
+#define VQ_SLAB (VQ_LOCAL * 64)     /* columns a check work-group covers */
+
+/* Sets kernel k's arguments 0 .. n-1: sz[i] bytes at v[i]. */
+static cl_int set_args(cl_kernel k, size_t n, const size_t *sz, const void *const *v)
+{
+    cl_int err = CL_SUCCESS;
+    for (size_t i = 0; i < n && err == CL_SUCCESS; i++)
+        err = clSetKernelArg(k, (cl_uint)i, sz[i], v[i]);
+    return err;
+}
+
+static int vq_digest(clbe *b, const kb_vquery *q, cl_mem toff, uint64_t *out, kb_errbuf *eb)
+{
+    cl_ulong tb = q->tile_bytes, total = q->tile_bytes * q->ntiles;
+    cl_ulong nb = total ? (total + KB_VQ_DIGEST_BLOCK - 1) / KB_VQ_DIGEST_BLOCK : 0;
+    cl_mem bh = NULL;
+    uint64_t *h = NULL;
+    cl_int err = CL_SUCCESS;
+    int rc = 0;
+
+    if (nb == 0) {
+        *out = KB_VQ_FNV_INIT;
+        return 0;
+    }
+    size_t local = 64, global = (size_t)((nb + local - 1) / local * local);
+    if (!(h = malloc((size_t)nb * sizeof *h)) ||
+        !(bh = clCreateBuffer(b->ctx, CL_MEM_WRITE_ONLY, (size_t)nb * 8, NULL, &err))) {
+        rc = h ? cl_fail(eb, "digest buffer", err)
+               : kb_err_set(eb, KB_ERR_NOMEM, "opencl: digest of %llu blocks",
+                            (unsigned long long)nb);
+        goto out;
+    }
+    const size_t sz[] = { sizeof(cl_mem), sizeof(cl_mem), sizeof tb, sizeof total, sizeof nb,
+                          sizeof(cl_mem) };
+    const void *const v[] = { &b->rarena, &toff, &tb, &total, &nb, &bh };
+    if ((err = set_args(b->kvq_digest, 6, sz, v)) != CL_SUCCESS ||
+        (err = clEnqueueNDRangeKernel(b->q, b->kvq_digest, 1, NULL, &global, &local, 0, NULL,
+                                      NULL)) != CL_SUCCESS ||
+        (err = clEnqueueReadBuffer(b->q, bh, CL_TRUE, 0, (size_t)nb * 8, h, 0, NULL, NULL)) !=
+            CL_SUCCESS) {
+        rc = cl_fail(eb, "digest query", err);
+        goto out;
+    }
+    *out = kb_vq_combine(h, nb);
+out:
+    if (bh)
+        clReleaseMemObject(bh);
+    free(h);
+    return rc;
+}
+
+static int vq_check(clbe *b, const kb_vquery *q, cl_mem toff, void *out, kb_errbuf *eb)
+{
+    cl_ulong n = q->n, slab = VQ_SLAB;
+    cl_uint seed = q->seed, T = q->ntiles, ord = q->ordered;
+    cl_uint nslab = (cl_uint)(n ? (n + VQ_SLAB - 1) / VQ_SLAB : 1);
+    cl_double accb = q->acc_bound;
+    size_t cap = (size_t)(b->ncu ? b->ncu : 1) * 16, local = VQ_LOCAL;
+    size_t rgroups = (size_t)((n + VQ_LOCAL - 1) / VQ_LOCAL);
+    size_t nparts = (size_t)T * nslab;
+    cl_mem ref = NULL, wp = NULL, part = NULL;
+    kb_vq_tile *hp = NULL;
+    int64_t *hw = NULL;
+    cl_int err = CL_SUCCESS;
+    int rc = 0;
+
+    if (rgroups > cap)
+        rgroups = cap;
+    if (rgroups == 0)
+        rgroups = 1;
+    size_t rglobal = rgroups * local, cglobal = nparts * local;
+    if (!(hp = malloc(nparts * sizeof *hp)) || !(hw = malloc(rgroups * 2 * sizeof *hw))) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "opencl: check of %u tiles", (unsigned)T);
+        goto out;
+    }
+    if (!(ref = clCreateBuffer(b->ctx, CL_MEM_READ_WRITE, (size_t)(n ? n : 1) * 8, NULL, &err)) ||
+        !(wp = clCreateBuffer(b->ctx, CL_MEM_WRITE_ONLY, rgroups * 16, NULL, &err)) ||
+        !(part = clCreateBuffer(b->ctx, CL_MEM_WRITE_ONLY, nparts * sizeof *hp, NULL, &err))) {
+        rc = cl_fail(eb, "check buffers", err);
+        goto out;
+    }
+    {
+        const size_t sz[] = { sizeof seed, sizeof T, sizeof n, sizeof ord, sizeof(cl_mem),
+                              sizeof(cl_mem) };
+        const void *const v[] = { &seed, &T, &n, &ord, &ref, &wp };
+        if ((err = set_args(b->kvq_colref, 6, sz, v)) != CL_SUCCESS ||
+            (err = clEnqueueNDRangeKernel(b->q, b->kvq_colref, 1, NULL, &rglobal, &local, 0,
+                                          NULL, NULL)) != CL_SUCCESS) {
+            rc = cl_fail(eb, "check query (references)", err);
+            goto out;
+        }
+    }
+    {
+        const size_t sz[] = { sizeof(cl_mem), sizeof(cl_mem), sizeof n, sizeof slab,
+                              sizeof nslab, sizeof accb, sizeof(cl_mem), sizeof(cl_mem) };
+        const void *const v[] = { &b->rarena, &toff, &n, &slab, &nslab, &accb, &ref, &part };
+        if ((err = set_args(b->kvq_check, 8, sz, v)) != CL_SUCCESS ||
+            (err = clEnqueueNDRangeKernel(b->q, b->kvq_check, 1, NULL, &cglobal, &local, 0, NULL,
+                                          NULL)) != CL_SUCCESS ||
+            (err = clEnqueueReadBuffer(b->q, part, CL_FALSE, 0, nparts * sizeof *hp, hp, 0, NULL,
+                                       NULL)) != CL_SUCCESS ||
+            (err = clEnqueueReadBuffer(b->q, wp, CL_TRUE, 0, rgroups * 16, hw, 0, NULL, NULL)) !=
+                CL_SUCCESS) {
+            rc = cl_fail(eb, "check query", err);
+            goto out;
+        }
+    }
+    kb_vq_merge_check(hp, T, nslab, hw, rgroups, out);
+out:
+    if (rc)
+        clFinish(b->q); /* nothing queued may still write into hp / hw */
+    if (ref)
+        clReleaseMemObject(ref);
+    if (wp)
+        clReleaseMemObject(wp);
+    if (part)
+        clReleaseMemObject(part);
+    free(hp);
+    free(hw);
+    return rc;
+}
+
+static int rs_query(void *dev, const kb_vquery *q, const uint64_t *off, void *out,
+                    kb_errbuf *eb)
+{
+    clbe *b = dev;
+    cl_mem toff = NULL;
+    cl_int err = CL_SUCCESS;
+    int rc;
+
+    if (q->kind == KB_VQ_CHECK && !b->kvq_check)
+        return kb_err_set(eb, KB_ERR_UNSUPPORTED, "opencl: the device has no doubles (fp64) "
+                          "for a check query");
+    if (q->kind != KB_VQ_CHECK && q->kind != KB_VQ_DIGEST)
+        return kb_err_set(eb, KB_ERR_UNSUPPORTED, "opencl: query kind %u", q->kind);
+    if (q->ntiles == 0 || !b->rarena)
+        return kb_err_set(eb, KB_ERR_UNSUPPORTED, "opencl: a query over no resident tile");
+    if (!(toff = clCreateBuffer(b->ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                (size_t)q->ntiles * sizeof *off, (void *)off, &err)))
+        return cl_fail(eb, "query tile table", err);
+    rc = q->kind == KB_VQ_DIGEST ? vq_digest(b, q, toff, out, eb) : vq_check(b, q, toff, out, eb);
+    clReleaseMemObject(toff);
+    return rc;
+}
+
 static const kb_resident_ops rs_ops = {
-    rs_arena, rs_copy, rs_fill, rs_upload, rs_download, rs_payload,
+    rs_arena, rs_copy, rs_fill, rs_upload, rs_download, rs_payload, rs_query,
 };
 
 static kb_resident *cl_resident(void *self)
@@ -1300,6 +1456,12 @@ static int make_kernels(clbe *b, cl_device_id dev, kb_errbuf *eb)
 
     if (!(b->kfill = clCreateKernel(b->prog, "kb_fill_bytes", &err)))
         return cl_fail(eb, "kb_fill_bytes", err);
+    if (!(b->kvq_digest = clCreateKernel(b->prog, "kb_vq_digest", &err)))
+        return cl_fail(eb, "kb_vq_digest", err);
+    /* replay.cl builds these only where doubles exist (cl_khr_fp64); else a check query is
+     * answered by the host */
+    b->kvq_colref = clCreateKernel(b->prog, "kb_vq_colref", &err);
+    b->kvq_check = b->kvq_colref ? clCreateKernel(b->prog, "kb_vq_check", &err) : NULL;
     for (unsigned i = 0; i < KB_REC_NKINDS && rc == 0; i++) {
         size_t wg = 0, want = local_of(i);
         b->kern[i] = clCreateKernel(b->prog, kernel_names[i], &err);

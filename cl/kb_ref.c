@@ -749,8 +749,22 @@ static int rd_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_
     return 0;
 }
 
+/* The oracle's answers (kb_vquery_run_host) over the "device" arena. */
+static int rd_query(void *dev, const kb_vquery *q, const uint64_t *off, void *out,
+                    kb_errbuf *eb)
+{
+    ref_state *st = dev;
+    uint64_t per = q->kind == KB_VQ_CHECK ? q->n * 2 : q->tile_bytes;
+    int rc = 0;
+    for (uint32_t t = 0; t < q->ntiles && rc == 0; t++)
+        rc = rd_check(st, off[t], per, eb);
+    if (rc == 0 && (rc = kb_vquery_run_host(q, st->dev_arena, off, out)) != 0)
+        kb_err_set(eb, rc, "ref backend: query kind %u: %s", q->kind, kb_strerror(rc));
+    return rc;
+}
+
 static const kb_resident_ops rd_ops = {
-    rd_arena, rd_copy, rd_fill, rd_upload, rd_download, rd_payload,
+    rd_arena, rd_copy, rd_fill, rd_upload, rd_download, rd_payload, rd_query,
 };
 
 static kb_resident *ref_resident(void *self)

@@ -325,8 +325,25 @@ static int r_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_e
     return rcall(dev, &m, p + have, size - have, NULL, 0, eb);
 }
 
+static int r_query(void *dev, const kb_vquery *q, const uint64_t *off, void *out,
+                   kb_errbuf *eb)
+{
+    kb_devd_msg m = { KB_DEVD_QUERY, 0, 0, 0, 0, 0 };
+    rbe *b = dev;
+    int lost = 0, rc;
+    if (b->fd < 0)
+        return kb_err_set(eb, KB_ERR_DEVICE, "device server %s: connection lost", b->path);
+    rc = call(b->fd, b->path, &m, q, sizeof *q, off, (size_t)q->ntiles * sizeof *off, NULL, out,
+              kb_vquery_result_size(q), &lost, eb);
+    if (lost) {
+        close(b->fd);
+        b->fd = -1;
+    }
+    return rc;
+}
+
 static const kb_resident_ops r_ops = {
-    r_arena, r_copy, r_fill, r_upload, r_download, r_payload,
+    r_arena, r_copy, r_fill, r_upload, r_download, r_payload, r_query,
 };
 
 /* ------------------------------------------------------------------ backend */

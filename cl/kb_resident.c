@@ -152,6 +152,59 @@ int kb_resident_broken(const kb_resident *r)
     return r->broken;
 }
 
+/* ---------------------------------------------------------------- queries */
+
+static int fill_flush(kb_resident *r, kb_errbuf *eb);
+
+/* The arena offset of [pa, pa + n) when it lies in one resident segment and no byte of it is
+ * host-dirty, else KB_ERR_NOTFOUND. */
+static int locate(const kb_resident *r, uint64_t pa, uint64_t n, uint64_t *off)
+{
+    const kb_ivset *hd = kb_memstore_host_dirty(r->ms);
+    size_t lo = 0, hi = r->nseg;
+    while (lo < hi) { /* first segment that ends after pa */
+        size_t mid = lo + (hi - lo) / 2;
+        if (r->seg[mid].pa + r->seg[mid].len <= pa)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == r->nseg || r->seg[lo].pa > pa || r->seg[lo].pa + r->seg[lo].len < pa + n)
+        return KB_ERR_NOTFOUND;
+    for (size_t i = 0; i < hd->n; i++)
+        if (hd->v[i].lo < pa + n && hd->v[i].hi > pa)
+            return KB_ERR_NOTFOUND;
+    *off = r->seg[lo].off + (pa - r->seg[lo].pa);
+    return 0;
+}
+
+int kb_resident_query(kb_resident *r, const kb_vquery *q, const uint64_t *pa, void *out,
+                      kb_errbuf *eb)
+{
+    uint64_t per = q->kind == KB_VQ_CHECK ? q->n * 2 : q->tile_bytes;
+    uint64_t *off;
+    double t0 = now_ms();
+    int rc = 0;
+
+    if (r->broken)
+        return kb_err_set(eb, KB_ERR_STATE,
+                          "device memory is undefined after a failed replay flush");
+    if (!r->ops->query || !r->ms)
+        return KB_ERR_UNSUPPORTED;
+    if (!(off = malloc((q->ntiles ? q->ntiles : 1) * sizeof *off)))
+        return kb_err_set(eb, KB_ERR_NOMEM, "device query: out of memory");
+    for (uint32_t t = 0; t < q->ntiles && rc == 0; t++)
+        rc = locate(r, pa[t], per, &off[t]);
+    if (rc == 0 && (rc = fill_flush(r, eb)) == 0 &&
+        (rc = r->ops->query(r->dev, q, off, out, eb)) == 0) {
+        r->st.downloads++;
+        r->st.download_bytes += kb_vquery_result_size(q);
+        r->st.download_ms += now_ms() - t0;
+    }
+    free(off);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- transfers */
 
 /* Issues the pending poison fill. */

@@ -36,6 +36,7 @@
 #include "kb_memstore.h"
 #include "kb_oplog.h"
 #include "kb_replay.h"
+#include "kb_vquery.h"
 
 /* n bytes from arena offset `from` to `to`. */
 typedef struct kb_move {
@@ -55,6 +56,10 @@ typedef struct kb_resident_ops {
     int (*download)(void *dev, uint64_t off, void *dst, uint64_t n, kb_errbuf *eb);
     /* The device payload becomes p[0, size); its first `have` bytes are there already. */
     int (*payload)(void *dev, const uint8_t *p, size_t size, size_t have, kb_errbuf *eb);
+    /* Optional (NULL: none): answers q (kb_vquery.h) over the arena, tile t at off[t];
+     * out receives kb_vquery_result_size(q) bytes. KB_ERR_UNSUPPORTED when this device
+     * cannot answer that kind. */
+    int (*query)(void *dev, const kb_vquery *q, const uint64_t *off, void *out, kb_errbuf *eb);
 } kb_resident_ops;
 
 typedef struct kb_xfer_stats {
@@ -94,6 +99,16 @@ void kb_resident_stats(const kb_resident *r, kb_xfer_stats *out);
 void kb_resident_device(const kb_resident *r, const kb_resident_ops **ops, void **dev);
 /* The log whose payload the device holds (NULL before the first flush). */
 const kb_oplog *kb_resident_log(const kb_resident *r);
+/*
+ * Answers q on the device (kb_vquery.h) over the tiles at PAs pa[0 .. q->ntiles), each
+ * q->n * 2 (CHECK) or q->tile_bytes (DIGEST) bytes: nothing is downloaded but the result.
+ * KB_ERR_UNSUPPORTED when the device has no query primitive or cannot answer this one, and
+ * KB_ERR_NOTFOUND when a tile is not wholly in one resident segment with the device's copy
+ * current (the host changed it since the last flush): the caller then reads the data instead.
+ * Time is counted as a download (kb_xfer_stats), the result's bytes as download bytes.
+ */
+int kb_resident_query(kb_resident *r, const kb_vquery *q, const uint64_t *pa, void *out,
+                      kb_errbuf *eb);
 /* The transfer statistics of a backend's kb_resident; zeros for a host backend. */
 void kb_backend_xfer_stats(const kb_backend *be, kb_xfer_stats *out);
 

@@ -863,6 +863,218 @@ static void kb_gen_unit(uint kind, global const kb_ent *e, global uchar *arena,
 
 KB_GRID_KERNEL(kb_gen, KB_EW_LOCAL, kb_gen_unit, 0u)
 
+/* ---------------------------------------------------------------- device queries */
+
+/*
+ * cl/kb_vquery.h: the digest of tiles laid end to end and the check of a seeded all-reduce,
+ * answered where the data is. kb_vquery.c's plain-C code defines every bit of the results.
+ */
+#define KB_VQ_BLOCK 65536UL
+#define KB_VQ_LOCAL 256
+
+/* Block b's FNV-1a 64 (blocks of KB_VQ_BLOCK bytes of the stream of `total` bytes; tile t of
+ * tb bytes at arena + toff[t]): one work-item per block. */
+kernel void kb_vq_digest(global const uchar *arena, global const ulong *toff, ulong tb,
+                         ulong total, ulong nblocks, global ulong *bh)
+{
+    for (ulong b = get_global_id(0); b < nblocks; b += get_global_size(0)) {
+        ulong a = b * KB_VQ_BLOCK, e = min(total, a + KB_VQ_BLOCK), h = 0xcbf29ce484222325UL;
+        while (a < e) {
+            ulong t = a / tb, in = a - t * tb, k = min(tb - in, e - a), j = 0;
+            global const uchar *p = arena + toff[t] + in;
+            if (((size_t)p & 7u) == 0u) {
+                for (; j + 8u <= k; j += 8u) {
+                    ulong w = *(global const ulong *)(p + j);
+                    for (uint q = 0; q < 8u; q++) {
+                        h ^= (w >> (8u * q)) & 0xffUL;
+                        h *= 0x100000001b3UL;
+                    }
+                }
+            }
+            for (; j < k; j++) {
+                h ^= (ulong)p[j];
+                h *= 0x100000001b3UL;
+            }
+            a += k;
+        }
+        bh[b] = h;
+    }
+}
+
+#ifdef cl_khr_fp64
+#pragma OPENCL EXTENSION cl_khr_fp64 : enable
+
+/* kb_vq_tile of kb_vquery.h (eight 8-byte fields). */
+typedef struct kb_vq_tile {
+    double max_err, bound;
+    long bad_elem;
+    double bad_got, bad_want;
+    long nwrong, gq, offgrid;
+} kb_vq_tile;
+
+/* The ring chunk of n in T chunks (the first n % T one longer) that holds i. */
+static uint kb_vq_chunk(ulong n, uint T, ulong i)
+{
+    ulong base = n / T, extra = n % T, split = extra * (base + 1UL);
+    return (uint)(i < split ? i / (base + 1UL) : extra + (i - split) / base);
+}
+
+static long kb_vq_q(float got, long *off)
+{
+    float q = got * 128.0f;
+    if (isfinite(q) && q == floor(q))
+        return (long)q;
+    *off = 1;
+    return 0;
+}
+
+/* kb_f16_ulp (cl/kb_dtype.c). */
+static float kb_vq_f16ulp(float v)
+{
+    int ex;
+    float a = fabs(v);
+    if (isnan(v))
+        return v;
+    if (isinf(v))
+        return INFINITY;
+    if (a < 0x1p-14f)
+        return 0x1p-24f;
+    (void)frexp(a, &ex);
+    return ldexp(1.0f, ex - 11);
+}
+
+/* Column references ref[i] (kb_vquery.h), and per work-group the grid sum of the references
+ * rounded to f16 and whether one is off the grid: wpart[2g], wpart[2g + 1]. */
+__attribute__((reqd_work_group_size(KB_VQ_LOCAL, 1, 1)))
+kernel void kb_vq_colref(uint seed, uint T, ulong n, uint ordered, global double *ref,
+                         global long *wpart)
+{
+    local long lq[KB_VQ_LOCAL], lo[KB_VQ_LOCAL];
+    uint lid = get_local_id(0);
+    long q = 0, off = 0;
+
+    for (ulong i = get_global_id(0); i < n; i += get_global_size(0)) {
+        double r;
+        if (!ordered) {
+            double s = 0.0;
+            for (uint t = 0; t < T; t++)
+                s += (double)kb_gen_value(seed, (ulong)t * n + i);
+            r = s;
+        } else {
+            uint st = kb_vq_chunk(n, T, i), t = st;
+            float acc = kb_gen_value(seed, (ulong)st * n + i);
+            for (uint k = 1; k < T; k++) {
+                float v;
+                t = t + 1u == T ? 0u : t + 1u;
+                v = acc + kb_gen_value(seed, (ulong)t * n + i);
+                acc = k + 1u < T ? kb_cvt(KB_DT_F16, kb_enc(KB_DT_F16, v)) : v;
+            }
+            r = (double)acc;
+        }
+        ref[i] = r;
+        q += kb_vq_q(kb_cvt(KB_DT_F16, kb_enc(KB_DT_F16, (float)r)), &off);
+    }
+    lq[lid] = q;
+    lo[lid] = off;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint s = KB_VQ_LOCAL / 2; s > 0; s >>= 1) {
+        if (lid < s) {
+            lq[lid] += lq[lid + s];
+            lo[lid] |= lo[lid + s];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) {
+        wpart[2 * get_group_id(0)] = lq[0];
+        wpart[2 * get_group_id(0) + 1] = lo[0];
+    }
+}
+
+/*
+ * Work-group g checks columns [s * slab, (s + 1) * slab) of tile g / nslab (s = g % nslab)
+ * against ref and writes its kb_vq_tile part: the largest error with the smallest column
+ * among equals (the first occurrence), the first failing column, the counts and sums.
+ */
+__attribute__((reqd_work_group_size(KB_VQ_LOCAL, 1, 1)))
+kernel void kb_vq_check(global const uchar *arena, global const ulong *toff, ulong n, ulong slab,
+                        uint nslab, double acc_bound, global const double *ref,
+                        global kb_vq_tile *part)
+{
+    local double lme[KB_VQ_LOCAL], lmb[KB_VQ_LOCAL], lbg[KB_VQ_LOCAL], lbw[KB_VQ_LOCAL];
+    local long lmi[KB_VQ_LOCAL], lbi[KB_VQ_LOCAL], lnw[KB_VQ_LOCAL], lgq[KB_VQ_LOCAL],
+        lof[KB_VQ_LOCAL];
+    uint g = get_group_id(0), lid = get_local_id(0);
+    ulong c0 = (ulong)(g % nslab) * slab, c1 = min(n, c0 + slab);
+    global const uchar *tile = arena + toff[g / nslab];
+    double me = -1.0, mb = 0.0, bg = 0.0, bw = 0.0;
+    long mi = LONG_MAX, bi = LONG_MAX, nw = 0, gq = 0, off = 0;
+
+    for (ulong i = c0 + lid; i < c1; i += KB_VQ_LOCAL) {
+        uint h = (uint)tile[2 * i] | ((uint)tile[2 * i + 1] << 8);
+        float gf = kb_cvt(KB_DT_F16, h);
+        double ex = ref[i];
+        uint wb = kb_enc(KB_DT_F16, (float)ex);
+        double bound = 0.5 * (double)kb_vq_f16ulp((float)ex) + acc_bound;
+        double e = fabs((double)gf - ex);
+        int ok = acc_bound > 0.0 ? e <= bound : h == wb;
+        if (isnan(e))
+            e = INFINITY;
+        if (e > me) {
+            me = e;
+            mb = bound;
+            mi = (long)i;
+        }
+        nw += !ok;
+        if (!ok && bi == LONG_MAX) {
+            bi = (long)i;
+            bg = (double)gf;
+            bw = (double)kb_cvt(KB_DT_F16, wb);
+        }
+        gq += kb_vq_q(gf, &off);
+    }
+    lme[lid] = me;
+    lmb[lid] = mb;
+    lmi[lid] = mi;
+    lbi[lid] = bi;
+    lbg[lid] = bg;
+    lbw[lid] = bw;
+    lnw[lid] = nw;
+    lgq[lid] = gq;
+    lof[lid] = off;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint s = KB_VQ_LOCAL / 2; s > 0; s >>= 1) {
+        if (lid < s) {
+            uint o = lid + s;
+            if (lme[o] > lme[lid] || (lme[o] == lme[lid] && lmi[o] < lmi[lid])) {
+                lme[lid] = lme[o];
+                lmb[lid] = lmb[o];
+                lmi[lid] = lmi[o];
+            }
+            if (lbi[o] < lbi[lid]) {
+                lbi[lid] = lbi[o];
+                lbg[lid] = lbg[o];
+                lbw[lid] = lbw[o];
+            }
+            lnw[lid] += lnw[o];
+            lgq[lid] += lgq[o];
+            lof[lid] |= lof[o];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) {
+        global kb_vq_tile *p = part + g;
+        p->max_err = lme[0];
+        p->bound = lmb[0];
+        p->bad_elem = lbi[0] == LONG_MAX ? -1L : lbi[0];
+        p->bad_got = lbg[0];
+        p->bad_want = lbw[0];
+        p->nwrong = lnw[0];
+        p->gq = lgq[0];
+        p->offgrid = lof[0];
+    }
+}
+#endif
+
 /* ---------------------------------------------------------------- byte fill */
 
 /*

@@ -635,6 +635,37 @@ static void test_bench_self_phase2(void **s)
     cJSON_Delete(p2);
 }
 
+/*
+ * A seeded all-reduce verified on the device (kb_vquery.h): 16 ranks x 64 KiB, whose inputs
+ * are generated there (GEN records: nothing goes up) and whose check and digest are answered
+ * there: only the answers come down (16 tiles x 64 bytes + 16, then 8), with the verdict and
+ * the digest of --device ref (the block digest: 1 MiB of results).
+ */
+static void ccl_on_device(const char *json)
+{
+    char out[8192], cmd[300];
+    snprintf(cmd, sizeof cmd, "run --bench ccl_allreduce --algorithm ring_rsag_allreduce "
+             "--world-size 16 --size 64K --device cpu --verify-data --json %s", json);
+    if (kbt_kbcl(out, sizeof out, cmd) != 0)
+        fail_msg("%s", out);
+    assert_non_null(strstr(out, "ring_rsag_allreduce (ws=16): 16 OK"));
+    char *text = kbt_slurp(json);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    cJSON *t = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "replay"), "transfers");
+    assert_string_equal(cJSON_GetObjectItem(j, "data_digest")->valuestring, "bda608cb75bf0525");
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "verified")));
+    assert_int_equal(cJSON_GetObjectItem(t, "upload_bytes")->valuedouble, 0);
+    assert_int_equal(cJSON_GetObjectItem(t, "download_bytes")->valuedouble, 16 * 64 + 16 + 8);
+    cJSON_Delete(j);
+    /* the host's check of the same run */
+    snprintf(cmd, sizeof cmd, "run --bench ccl_allreduce --algorithm ring_rsag_allreduce "
+             "--world-size 16 --size 64K --device ref --verify-data");
+    assert_int_equal(kbt_kbcl(out, sizeof out, cmd), 0);
+    assert_non_null(strstr(out, "digest     bda608cb75bf0525"));
+}
+
 /* On an OpenCL CPU device (PoCL in CI): the run reports its device-resident transfers, and
  * only the inputs go up and only what the check reads comes down. */
 static void test_device_transfers(void **s)
@@ -666,6 +697,7 @@ static void test_device_transfers(void **s)
     assert_int_equal(cJSON_GetObjectItem(t, "moves")->valuedouble, 0);
     assert_string_equal(cJSON_GetObjectItem(j, "data_digest")->valuestring, "0b0c1e2b05459353");
     cJSON_Delete(j);
+    ccl_on_device("ccl_cpu.json");
     /* A device that is missing is still a device error (exit 4) naming what exists, though
      * the set-up runs in the background: the run waits for it before reporting. */
     kbt_kbcl(out, sizeof out, "devices");
@@ -712,6 +744,7 @@ static void test_device_server(void **s)
     assert_int_equal(cJSON_GetObjectItem(t, "download_bytes")->valuedouble, 131072);
     assert_true(cJSON_GetObjectItem(rp, "launches")->valuedouble > 0);
     cJSON_Delete(j);
+    ccl_on_device("ccl_devd.json"); /* the queries through the server */
     assert_int_equal(kbt_kbcl(out, sizeof out, "devd --status --device cpu"), 0);
     assert_non_null(strstr(out, "0 session(s) open"));
     setenv("KBCL_DEVD", "off", 1);

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kb_bench.h"
 #include "kb_ccl.h"
@@ -29,7 +30,9 @@
 #include "kb_ccl_reg.h"
 #include "kb_dist.h"
 #include "kb_dist_algo.h"
+#include "kb_resident.h"
 #include "kb_tl.h"
+#include "kb_vquery.h"
 
 #define KB_CCL_DEFAULT_N 32
 /* bytes of a tile element by default (f16; kb_bench_ccl.size_elem_bytes too); an entry's
@@ -281,8 +284,9 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
  * whole) and fills the result: "<tiles> OK", the digest of the raw bytes, the worst error
  * and, on failure, the mean line and the first wrong element.
  */
-/* The digest of a large result is a byte-serial chain (FNV-1a): it runs in a thread of its
- * own while the result is checked. */
+/* The digest of a result (kb_vquery.h: FNV-1a 64 up to 64 KiB, of the blocks' digests
+ * beyond, which a device computes where the data is): it runs in a thread of its own while
+ * the result is checked, its blocks over the CPUs. */
 typedef struct digest_job {
     const void *data;
     size_t n;
@@ -292,7 +296,8 @@ typedef struct digest_job {
 static void *digest_main(void *arg)
 {
     digest_job *d = arg;
-    d->h = kb_fnv1a64(d->data, d->n, KB_FNV1A64_INIT);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    d->h = kb_vquery_digest_host(d->data, d->n, cpus > 0 ? (int)cpus : 1);
     return NULL;
 }
 
@@ -411,6 +416,77 @@ static int lanes_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
     return rc;
 }
 
+/*
+ * The rank = PE job's check and digest on the device that holds the tiles (a device-resident
+ * backend with queries, kb_vquery.h), for the checks a device answers (kb_ccl_vquery_of):
+ * nothing but the answers comes back. 1 when done, 0 when the host must check (no such
+ * device, a check it does not answer, tiles not resident, values off the grid), or an error.
+ */
+static int device_verify(kb_ctx *ctx, kb_bench_result *res, const kb_ccl_job *job)
+{
+    const kb_backend *be = kb_ctx_backend(ctx);
+    kb_resident *r = be && be->ops && be->ops->resident ? be->ops->resident(be->self) : NULL;
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    int ws = job->layout.ws, rps = job->layout.ranks_per_sip, rc, ok;
+    kb_vquery q, qd;
+    kb_ccl_verdict v;
+    uint64_t *pa = NULL, digest = 0;
+    void *out = NULL;
+
+    if (!r || !kb_ccl_vquery_of(job->dtype, job->op, job->impl->reference, job->impl->ordered,
+                                job->impl->kind, KB_CCL_INPUT_SEED, ws, job->n,
+                                job->layout.root, &q))
+        return 0;
+    if ((rc = kb_ctx_flush(ctx)) != 0)
+        return rc;
+    pa = malloc((size_t)ws * sizeof *pa);
+    out = malloc(kb_vquery_result_size(&q));
+    if (!pa || !out) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int t = 0; t < ws; t++)
+        pa[t] = UINT64_MAX; /* no tile yet */
+    /* rank s * rps + row: one shard per rank, its whole tile (kb_ccl_job_prepare) */
+    for (int s = 0; s < job->layout.sips; s++)
+        for (size_t i = 0; i < kb_tensor_nshards(job->tiles[s]); i++) {
+            const kb_shard_spec *sh = kb_tensor_shard(job->tiles[s], i);
+            int64_t rank = (int64_t)s * rps + (int64_t)sh->row0;
+            if (sh->rows != 1 || (int64_t)sh->cols != job->n || rank >= ws ||
+                pa[rank] != UINT64_MAX) {
+                rc = 0; /* not the layout the query assumes: the host reads it */
+                goto out;
+            }
+            pa[rank] = kb_tensor_shard_pa(job->tiles[s], i);
+        }
+    for (int t = 0; t < ws; t++)
+        if (pa[t] == UINT64_MAX) { /* a rank without its tile: the host reads what there is */
+            rc = 0;
+            goto out;
+        }
+    qd = (kb_vquery){ KB_VQ_DIGEST, (uint32_t)ws, 0, (uint64_t)job->n * 2, 0, 0, 0.0 };
+    rc = kb_resident_query(r, &q, pa, out, eb);
+    if (rc == 0)
+        rc = kb_resident_query(r, &qd, pa, &digest, eb);
+    if (rc == KB_ERR_UNSUPPORTED || rc == KB_ERR_NOTFOUND) {
+        rc = 0;
+        goto out;
+    }
+    if (rc)
+        goto out;
+    if ((ok = kb_ccl_verdict_of_query(&q, out, &v)) < 0) {
+        rc = ok == KB_ERR_UNSUPPORTED ? 0 : kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    rc = report_verdict(ctx, res, ok, &v, digest, ws, 1);
+    if (rc == 0)
+        rc = 1;
+out:
+    free(pa);
+    free(out);
+    return rc;
+}
+
 static int ccl_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
 {
     ccl_state *st = state;
@@ -419,6 +495,9 @@ static int ccl_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
         return dist_verify(ctx, st, res);
     if (st->lanes)
         return lanes_verify(ctx, st, res);
+    int drc = device_verify(ctx, res, job);
+    if (drc != 0)
+        return drc < 0 ? drc : 0;
     int ws = job->layout.ws;
     void *raw = malloc((size_t)ws * (size_t)job->n * kb_dtype_size(job->dtype));
     int rc;

@@ -1,0 +1,286 @@
+/*
+ * kb_vquery — device queries (kb_vquery.h): the plain-C answers, which define the results the
+ * OpenCL kernels (replay.cl's kb_vq_*) must reproduce bit for bit, and the host digest.
+ */
+#include "kb_vquery.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_dtype.h"
+#include "kb_err.h"
+#include "kb_seedgen.h"
+
+uint64_t kb_vq_fnv(const void *data, size_t n, uint64_t h)
+{
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= KB_VQ_FNV_PRIME;
+    }
+    return h;
+}
+
+size_t kb_vquery_result_size(const kb_vquery *q)
+{
+    if (q->kind == KB_VQ_CHECK)
+        return (size_t)q->ntiles * sizeof(kb_vq_tile) + sizeof(kb_vq_sums);
+    if (q->kind == KB_VQ_DIGEST)
+        return sizeof(uint64_t);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- digest */
+
+/* Tiles laid end to end: tile t of `tb` bytes at base + off[t] (off NULL: contiguous). */
+typedef struct stream {
+    const uint8_t *base;
+    const uint64_t *off;
+    uint64_t tb, total;
+} stream;
+
+/* FNV-1a of stream bytes [a, b), continuing from h. */
+static uint64_t stream_fnv(const stream *s, uint64_t a, uint64_t b, uint64_t h)
+{
+    if (!s->off)
+        return kb_vq_fnv(s->base + a, (size_t)(b - a), h);
+    while (a < b) {
+        uint64_t t = a / s->tb, in = a - t * s->tb, k = s->tb - in;
+        if (k > b - a)
+            k = b - a;
+        h = kb_vq_fnv(s->base + s->off[t] + in, (size_t)k, h);
+        a += k;
+    }
+    return h;
+}
+
+typedef struct dwork {
+    const stream *s;
+    uint64_t b0, b1; /* blocks */
+    uint64_t *bh;
+} dwork;
+
+static void *digest_blocks(void *arg)
+{
+    dwork *w = arg;
+    for (uint64_t b = w->b0; b < w->b1; b++) {
+        uint64_t lo = b * KB_VQ_DIGEST_BLOCK, hi = lo + KB_VQ_DIGEST_BLOCK;
+        w->bh[b] = stream_fnv(w->s, lo, hi < w->s->total ? hi : w->s->total, KB_VQ_FNV_INIT);
+    }
+    return NULL;
+}
+
+/* h continued over a block digest's 8 little-endian bytes. */
+static uint64_t combine_into(uint64_t h, uint64_t d)
+{
+    for (int k = 0; k < 8; k++) {
+        h ^= (d >> (8 * k)) & 0xffu;
+        h *= KB_VQ_FNV_PRIME;
+    }
+    return h;
+}
+
+#define KB_VQ_MAX_THREADS 64
+
+uint64_t kb_vq_combine(const uint64_t *bh, uint64_t nb)
+{
+    uint64_t h = KB_VQ_FNV_INIT;
+    if (nb == 1)
+        return bh[0];
+    for (uint64_t b = 0; b < nb; b++)
+        h = combine_into(h, bh[b]);
+    return h;
+}
+
+void kb_vq_merge_check(const kb_vq_tile *part, uint32_t ntiles, uint32_t nslab,
+                       const int64_t *wpart, size_t ngroups, void *out)
+{
+    kb_vq_tile *tv = out;
+    kb_vq_sums *sums = (kb_vq_sums *)(tv + ntiles);
+    sums->wq = 0;
+    sums->offgrid = 0;
+    for (size_t g = 0; g < ngroups; g++) {
+        sums->wq += wpart[2 * g];
+        sums->offgrid |= wpart[2 * g + 1];
+    }
+    for (uint32_t t = 0; t < ntiles; t++) {
+        kb_vq_tile *a = &tv[t];
+        *a = (kb_vq_tile){ -1.0, 0.0, -1, 0.0, 0.0, 0, 0, 0 };
+        for (uint32_t s = 0; s < nslab; s++) { /* ascending columns: strict > keeps the first */
+            const kb_vq_tile *p = &part[(size_t)t * nslab + s];
+            if (p->max_err > a->max_err) {
+                a->max_err = p->max_err;
+                a->bound = p->bound;
+            }
+            if (a->bad_elem < 0 && p->bad_elem >= 0) {
+                a->bad_elem = p->bad_elem;
+                a->bad_got = p->bad_got;
+                a->bad_want = p->bad_want;
+            }
+            a->nwrong += p->nwrong;
+            a->gq += p->gq;
+            a->offgrid |= p->offgrid;
+        }
+    }
+}
+
+static uint64_t stream_digest(const stream *s, int threads)
+{
+    if (s->total <= KB_VQ_DIGEST_BLOCK)
+        return stream_fnv(s, 0, s->total, KB_VQ_FNV_INIT);
+    uint64_t nb = (s->total + KB_VQ_DIGEST_BLOCK - 1) / KB_VQ_DIGEST_BLOCK, h;
+    uint64_t *bh = malloc((size_t)nb * sizeof *bh);
+    dwork w[KB_VQ_MAX_THREADS];
+    pthread_t th[KB_VQ_MAX_THREADS];
+    int started[KB_VQ_MAX_THREADS] = { 0 };
+
+    if (threads < 1)
+        threads = 1;
+    if (threads > KB_VQ_MAX_THREADS)
+        threads = KB_VQ_MAX_THREADS;
+    if ((uint64_t)threads > nb)
+        threads = (int)nb;
+    if (!bh) { /* no room for the block digests: one pass, combining as it goes */
+        h = KB_VQ_FNV_INIT;
+        for (uint64_t b = 0; b < nb; b++) {
+            uint64_t lo = b * KB_VQ_DIGEST_BLOCK, hi = lo + KB_VQ_DIGEST_BLOCK;
+            uint64_t one = stream_fnv(s, lo, hi < s->total ? hi : s->total, KB_VQ_FNV_INIT);
+            h = combine_into(h, one);
+        }
+        return h;
+    }
+    for (int i = 0; i < threads; i++) {
+        w[i] = (dwork){ s, nb * (uint64_t)i / (uint64_t)threads,
+                        nb * (uint64_t)(i + 1) / (uint64_t)threads, bh };
+        if (i > 0)
+            started[i] = pthread_create(&th[i], NULL, digest_blocks, &w[i]) == 0;
+    }
+    digest_blocks(&w[0]);
+    for (int i = 1; i < threads; i++) {
+        if (started[i])
+            pthread_join(th[i], NULL);
+        else
+            digest_blocks(&w[i]);
+    }
+    h = KB_VQ_FNV_INIT;
+    for (uint64_t b = 0; b < nb; b++)
+        h = combine_into(h, bh[b]);
+    free(bh);
+    return h;
+}
+
+uint64_t kb_vquery_digest_host(const void *data, uint64_t n, int threads)
+{
+    stream s = { data, NULL, n, n };
+    return stream_digest(&s, threads);
+}
+
+/* ---------------------------------------------------------------- check */
+
+/* The ring chunk (of n in ntiles chunks, the first n % ntiles one longer) holding i. */
+static uint32_t ring_chunk(uint64_t n, uint32_t ntiles, uint64_t i)
+{
+    uint64_t base = n / ntiles, extra = n % ntiles, split = extra * (base + 1);
+    return (uint32_t)(i < split ? i / (base + 1) : extra + (i - split) / base);
+}
+
+static float round_f16(float v)
+{
+    return kb_f16_to_f32(kb_f32_to_f16(v));
+}
+
+/* Column i's reference (kb_vquery.h). */
+static double column_ref(const kb_vquery *q, uint64_t i)
+{
+    uint32_t T = q->ntiles;
+    if (!q->ordered) {
+        double s = 0.0;
+        for (uint32_t t = 0; t < T; t++)
+            s += (double)kb_seedgen_value(q->seed, t, (int64_t)i, (int64_t)q->n);
+        return s;
+    }
+    uint32_t start = ring_chunk(q->n, T, i);
+    float acc = kb_seedgen_value(q->seed, start, (int64_t)i, (int64_t)q->n);
+    for (uint32_t k = 1; k < T; k++) {
+        float v = acc + kb_seedgen_value(q->seed, (start + k) % T, (int64_t)i, (int64_t)q->n);
+        acc = k + 1 < T ? round_f16(v) : v;
+    }
+    return (double)acc;
+}
+
+/* got * 128 as an integer, or *off set when it is none. */
+static int64_t grid_q(float got, int64_t *off)
+{
+    float q = got * 128.0f;
+    if (isfinite(q) && q == floorf(q))
+        return (int64_t)q;
+    *off = 1;
+    return 0;
+}
+
+static int run_check(const kb_vquery *q, const uint8_t *base, const uint64_t *off, void *out)
+{
+    uint64_t n = q->n;
+    kb_vq_tile *tv = out;
+    kb_vq_sums *sums = (kb_vq_sums *)(tv + q->ntiles);
+    double *ref = malloc((size_t)(n ? n : 1) * sizeof *ref);
+    uint16_t *wbits = malloc((size_t)(n ? n : 1) * sizeof *wbits);
+    double *bnd = malloc((size_t)(n ? n : 1) * sizeof *bnd);
+
+    if (!ref || !wbits || !bnd) {
+        free(ref);
+        free(wbits);
+        free(bnd);
+        return KB_ERR_NOMEM;
+    }
+    sums->wq = 0;
+    sums->offgrid = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        ref[i] = column_ref(q, i);
+        wbits[i] = kb_f32_to_f16((float)ref[i]);
+        bnd[i] = 0.5 * (double)kb_f16_ulp((float)ref[i]) + q->acc_bound;
+        sums->wq += grid_q(kb_f16_to_f32(wbits[i]), &sums->offgrid);
+    }
+    for (uint32_t t = 0; t < q->ntiles; t++) {
+        const uint8_t *tile = base + off[t];
+        kb_vq_tile *a = &tv[t];
+        *a = (kb_vq_tile){ -1.0, 0.0, -1, 0.0, 0.0, 0, 0, 0 };
+        for (uint64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, tile + 2 * i, 2);
+            float gf = kb_f16_to_f32(h);
+            double got = gf, e = fabs(got - ref[i]);
+            int ok = q->acc_bound > 0.0 ? e <= bnd[i] : h == wbits[i];
+            e = e != e ? INFINITY : e;
+            if (e > a->max_err) {
+                a->max_err = e;
+                a->bound = bnd[i];
+            }
+            a->nwrong += !ok;
+            if (!ok && a->bad_elem < 0) {
+                a->bad_elem = (int64_t)i;
+                a->bad_got = got;
+                a->bad_want = kb_f16_to_f32(wbits[i]);
+            }
+            a->gq += grid_q(gf, &a->offgrid);
+        }
+    }
+    free(ref);
+    free(wbits);
+    free(bnd);
+    return 0;
+}
+
+int kb_vquery_run_host(const kb_vquery *q, const uint8_t *base, const uint64_t *off, void *out)
+{
+    if (q->kind == KB_VQ_CHECK)
+        return q->ntiles ? run_check(q, base, off, out) : KB_ERR_INVAL;
+    if (q->kind == KB_VQ_DIGEST) {
+        stream s = { base, off, q->tile_bytes, q->tile_bytes * q->ntiles };
+        *(uint64_t *)out = stream_digest(&s, 1);
+        return 0;
+    }
+    return KB_ERR_INVAL;
+}
