@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# gpu-compare — the figures issue #15 asks for, on one machine: every shipped bench and the
-# default `make run` job with --device ref and --device gpu (warm program cache: one untimed
-# run first), their wall times (median of 3) and data digests; the allreduce sweep with
-# device: ref and device: gpu; ring_rsag on 256 ranks at --size 4M verified on both.
+# gpu-compare — the figures issue #15 asks for, on one machine: every shipped bench (the
+# decoder_layer with the tiny and the Gemma-2 2B model) and the default `make run` job with
+# --device ref and --device gpu (warm program cache: one untimed run first), their wall times
+# (median of 3) and data digests; the allreduce sweep with device: ref and device: gpu;
+# ring_rsag on 256 ranks at --size 4M verified on both.
 #
 # Usage: scripts/gpu-compare.sh [BUILD_DIR] [DEVICE]     (defaults: build, gpu)
 #   BUILD_DIR holds kbcl (a build carried from another machine works). DEVICE is the OpenCL
@@ -83,6 +84,8 @@ compare "gpt3_qkv" --bench gpt3_qkv
 compare "make run (ring_allreduce_tcm 256)" --bench ccl_allreduce --algorithm ring_allreduce_tcm --world-size 256 --n-elem 8
 compare "tp_mlp" --bench tp_mlp
 compare "tp_attention" --bench tp_attention
+compare "decoder_layer tiny" --bench decoder_layer --model configs/models/tiny.yaml
+compare "decoder_layer gemma2-2b" --bench decoder_layer --model configs/models/gemma2-2b.yaml
 compare "ring_rsag 256 n4096" --bench ccl_allreduce --algorithm ring_rsag_allreduce --world-size 256 --n-elem 4096
 compare "ring_rsag 256 --size 4M" --bench ccl_allreduce --algorithm ring_rsag_allreduce --world-size 256 --size 4M
 

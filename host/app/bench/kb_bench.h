@@ -47,7 +47,8 @@ typedef struct kb_bench_result {
     char ok_text[64];                  /* printed after "line: " on success ("OK" if empty) */
     char detail[512];                  /* why verification failed */
     int have_digest;
-    uint64_t digest;                   /* FNV-1a 64 of the verified output bytes */
+    uint64_t digest;                   /* FNV-1a 64 of the verified output bytes (the ccl
+                                          bench beyond 64 KiB: kb_vquery.h's block digest) */
     int have_err;
     double max_abs_err, err_bound;     /* worst |got - ref| and the bound it was checked against */
     kb_time t_begin, t_end;            /* measured region (simulated) */
