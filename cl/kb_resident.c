@@ -47,24 +47,32 @@ static uint64_t align_off(uint64_t top, uint64_t pa)
 
 /* ---------------------------------------------------------------- binding */
 
-/* The mirror's pull: device bytes [pa, pa + n), which may span touching segments. */
-static int res_pull(void *self, uint64_t pa, void *dst, size_t n, kb_errbuf *eb)
+/* The first resident segment that ends after pa (nseg when none). */
+static size_t seg_after(const kb_resident *r, uint64_t pa)
 {
-    kb_resident *r = self;
-    uint8_t *out = dst;
     size_t lo = 0, hi = r->nseg;
-    double t0 = now_ms();
-
-    if (r->broken)
-        return kb_err_set(eb, KB_ERR_STATE,
-                          "device memory is undefined after a failed replay flush");
-    while (lo < hi) { /* first segment that ends after pa */
+    while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
         if (r->seg[mid].pa + r->seg[mid].len <= pa)
             lo = mid + 1;
         else
             hi = mid;
     }
+    return lo;
+}
+
+/* The mirror's pull: device bytes [pa, pa + n), which may span touching segments. */
+static int res_pull(void *self, uint64_t pa, void *dst, size_t n, kb_errbuf *eb)
+{
+    kb_resident *r = self;
+    uint8_t *out = dst;
+    size_t lo;
+    double t0 = now_ms();
+
+    if (r->broken)
+        return kb_err_set(eb, KB_ERR_STATE,
+                          "device memory is undefined after a failed replay flush");
+    lo = seg_after(r, pa);
     while (n > 0) {
         const rseg *s = lo < r->nseg ? &r->seg[lo] : NULL;
         if (!s || s->pa > pa)
@@ -161,14 +169,7 @@ static int fill_flush(kb_resident *r, kb_errbuf *eb);
 static int locate(const kb_resident *r, uint64_t pa, uint64_t n, uint64_t *off)
 {
     const kb_ivset *hd = kb_memstore_host_dirty(r->ms);
-    size_t lo = 0, hi = r->nseg;
-    while (lo < hi) { /* first segment that ends after pa */
-        size_t mid = lo + (hi - lo) / 2;
-        if (r->seg[mid].pa + r->seg[mid].len <= pa)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    size_t lo = seg_after(r, pa);
     if (lo == r->nseg || r->seg[lo].pa > pa || r->seg[lo].pa + r->seg[lo].len < pa + n)
         return KB_ERR_NOTFOUND;
     for (size_t i = 0; i < hd->n; i++)
