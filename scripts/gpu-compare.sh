@@ -2,8 +2,9 @@
 # gpu-compare — the figures issue #15 asks for, on one machine: every shipped bench (the
 # decoder_layer with the tiny and the Gemma-2 2B model) and the default `make run` job with
 # --device ref and --device gpu (warm program cache: one untimed run first), their wall times
-# (median of 3) and data digests; the allreduce sweep with device: ref and device: gpu;
-# ring_rsag on 256 ranks at --size 4M verified on both.
+# (median of 5 alternating ref / DEVICE pairs; 3 for the jobs of seconds) and data digests;
+# the allreduce sweep with device: ref and device: gpu; ring_rsag on 256 ranks at --size 4M
+# verified on both.
 #
 # Usage: scripts/gpu-compare.sh [BUILD_DIR] [DEVICE]     (defaults: build, gpu)
 #   BUILD_DIR holds kbcl (a build carried from another machine works). DEVICE is the OpenCL
@@ -12,7 +13,8 @@
 # DEVD=1 starts a device server for DEVICE first (kbcl devd --detach, stopped at the end), so
 # every DEVICE run and sweep point uses it instead of setting the device up itself.
 # Prints one line per job: name, ref wall ms, DEVICE wall ms (medians), ratio, digests equal or
-# not, and the three samples of each.
+# not, and the samples of each. Why 5: on the device machine a 150 ms job's single samples
+# spread by +-30 % (frequency, page faults), so a median of 3 can flip a 1.05 ratio to 1.4.
 # Exit status 0 when every digest matched.
 set -uo pipefail
 
@@ -53,21 +55,22 @@ run_one() {
     echo $(((t1 - t0) / 1000000))
 }
 
-median3() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
+median() { printf '%s\n' "$@" | sort -n | sed -n "$((($# + 1) / 2))p"; }
 
 status=0
+# compare NAME ARGS...: SAMPLES pairs (default 5)
 compare() {
     local name=$1
     shift
     run_one "$dev" "$tmp/w.json" "$@" >/dev/null # warm the program cache
     local r=() g=()
-    for i in 1 2 3; do
+    for ((i = 0; i < ${SAMPLES:-5}; i++)); do
         r+=("$(run_one ref "$tmp/r.json" "$@")")
         g+=("$(run_one "$dev" "$tmp/g.json" "$@")")
     done
     local rm gm dr dg
-    rm=$(median3 "${r[@]}")
-    gm=$(median3 "${g[@]}")
+    rm=$(median "${r[@]}")
+    gm=$(median "${g[@]}")
     dr=$(field data_digest "$tmp/r.json")
     dg=$(field data_digest "$tmp/g.json")
     [ "$dr" = "$dg" ] || status=1
@@ -85,9 +88,9 @@ compare "make run (ring_allreduce_tcm 256)" --bench ccl_allreduce --algorithm ri
 compare "tp_mlp" --bench tp_mlp
 compare "tp_attention" --bench tp_attention
 compare "decoder_layer tiny" --bench decoder_layer --model configs/models/tiny.yaml
-compare "decoder_layer gemma2-2b" --bench decoder_layer --model configs/models/gemma2-2b.yaml
+SAMPLES=3 compare "decoder_layer gemma2-2b" --bench decoder_layer --model configs/models/gemma2-2b.yaml
 compare "ring_rsag 256 n4096" --bench ccl_allreduce --algorithm ring_rsag_allreduce --world-size 256 --n-elem 4096
-compare "ring_rsag 256 --size 4M" --bench ccl_allreduce --algorithm ring_rsag_allreduce --world-size 256 --size 4M
+SAMPLES=3 compare "ring_rsag 256 --size 4M" --bench ccl_allreduce --algorithm ring_rsag_allreduce --world-size 256 --size 4M
 
 # the sweep with each device (the file's own device: key replaced)
 for d in ref "$dev"; do
