@@ -8,11 +8,11 @@
  * algorithms (all-reduce, send/recv); beyond KB_CCL_INPUT_GRID positions input values repeat.
  */
 #include "kb_ccl.h"
+#include "kb_par.h"
 #include "kb_seedgen.h"
 
 #include <assert.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -837,8 +837,6 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_cc
     int nth = verify_threads(total, blocks);
     tile_verdict *tv = malloc((size_t)(ntiles > 0 ? ntiles : 1) * (size_t)nth * sizeof *tv);
     vwork *wk = calloc((size_t)nth, sizeof *wk);
-    pthread_t *th = calloc((size_t)nth, sizeof *th);
-    char *started = calloc((size_t)nth, 1);
     unsigned char *wraw = malloc((same ? (size_t)n : total) * es + 1);
     float *lut = dt == KB_F16 ? malloc(65536 * sizeof *lut) : NULL;
     /* f16 values on the 2^-7 grid, as integers (else QOFF): while every value is on it and
@@ -850,7 +848,7 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_cc
     double got_sum = 0.0, want_sum = 0.0;
     int rc = KB_ERR_NOMEM;
 
-    if (!tv || !wk || !th || !started || !wraw || (dt == KB_F16 && !lut) ||
+    if (!tv || !wk || !wraw || (dt == KB_F16 && !lut) ||
         (dt == KB_F16 && same && !lq))
         goto out;
     for (uint32_t h = 0; lut && h < 65536; h++) { /* f16 loads: kb_dtype_load's values */
@@ -868,16 +866,8 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_cc
         wk[i].c0 = blocks * i / nth * B;
         wk[i].c1 = i + 1 == nth ? n : blocks * (i + 1) / nth * B;
         wk[i].tv = tv + (size_t)i * (size_t)ntiles;
-        if (i > 0)
-            started[i] = pthread_create(&th[i], NULL, verify_blocks, &wk[i]) == 0;
     }
-    verify_blocks(&wk[0]);
-    for (int i = 1; i < nth; i++) {
-        if (started[i])
-            pthread_join(th[i], NULL);
-        else
-            verify_blocks(&wk[i]);
-    }
+    kb_par_run(verify_blocks, wk, sizeof *wk, (size_t)nth);
     for (int i = 0; i < nth; i++) {
         if (wk[i].nomem)
             goto out;
@@ -930,8 +920,6 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_cc
 out:
     free(tv);
     free(wk);
-    free(th);
-    free(started);
     free(wraw);
     free(lut);
     free(lq);

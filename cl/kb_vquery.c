@@ -5,12 +5,12 @@
 #include "kb_vquery.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kb_dtype.h"
 #include "kb_err.h"
+#include "kb_par.h"
 #include "kb_seedgen.h"
 
 uint64_t kb_vq_fnv(const void *data, size_t n, uint64_t h)
@@ -82,7 +82,7 @@ static uint64_t combine_into(uint64_t h, uint64_t d)
     return h;
 }
 
-#define KB_VQ_MAX_THREADS 64
+#define KB_VQ_MAX_THREADS KB_PAR_MAX
 
 uint64_t kb_vq_combine(const uint64_t *bh, uint64_t nb)
 {
@@ -133,8 +133,6 @@ static uint64_t stream_digest(const stream *s, int threads)
     uint64_t nb = (s->total + KB_VQ_DIGEST_BLOCK - 1) / KB_VQ_DIGEST_BLOCK, h;
     uint64_t *bh = malloc((size_t)nb * sizeof *bh);
     dwork w[KB_VQ_MAX_THREADS];
-    pthread_t th[KB_VQ_MAX_THREADS];
-    int started[KB_VQ_MAX_THREADS] = { 0 };
 
     if (threads < 1)
         threads = 1;
@@ -151,19 +149,10 @@ static uint64_t stream_digest(const stream *s, int threads)
         }
         return h;
     }
-    for (int i = 0; i < threads; i++) {
+    for (int i = 0; i < threads; i++)
         w[i] = (dwork){ s, nb * (uint64_t)i / (uint64_t)threads,
                         nb * (uint64_t)(i + 1) / (uint64_t)threads, bh };
-        if (i > 0)
-            started[i] = pthread_create(&th[i], NULL, digest_blocks, &w[i]) == 0;
-    }
-    digest_blocks(&w[0]);
-    for (int i = 1; i < threads; i++) {
-        if (started[i])
-            pthread_join(th[i], NULL);
-        else
-            digest_blocks(&w[i]);
-    }
+    kb_par_run(digest_blocks, w, sizeof *w, (size_t)threads);
     h = KB_VQ_FNV_INIT;
     for (uint64_t b = 0; b < nb; b++)
         h = combine_into(h, bh[b]);

@@ -9,11 +9,12 @@
 
 #include <math.h>
 #include <stdint.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "kb_par.h"
 
 enum { RB = 128, JB = 128, KB = 128 };
 
@@ -331,8 +332,6 @@ static int run_job(const job *j, size_t blocks)
     double macs = (double)j->M * (double)j->N * (double)j->K;
     size_t nth = macs < 16777216.0 || cpus < 1 ? 1 : (size_t)cpus;
     worker wk[KB_HOSTGEMM_THREADS];
-    pthread_t th[KB_HOSTGEMM_THREADS];
-    int started[KB_HOSTGEMM_THREADS];
     int rc = 0;
 
     if (nth > KB_HOSTGEMM_THREADS)
@@ -344,15 +343,8 @@ static int run_job(const job *j, size_t blocks)
         wk[i].b0 = blocks * i / nth;
         wk[i].b1 = blocks * (i + 1) / nth;
         wk[i].nomem = 0;
-        started[i] = i > 0 && pthread_create(&th[i], NULL, work, &wk[i]) == 0;
     }
-    work(&wk[0]);
-    for (size_t i = 1; i < nth; i++) {
-        if (started[i])
-            pthread_join(th[i], NULL);
-        else
-            work(&wk[i]);
-    }
+    kb_par_run(work, wk, sizeof *wk, nth);
     for (size_t i = 0; i < nth; i++)
         if (wk[i].nomem)
             rc = KB_ERR_NOMEM;
