@@ -551,13 +551,9 @@ static double scan_f16_exact(const unsigned char *rt, const unsigned char *wraw,
     return m2 > m0 ? m2 : m0;
 }
 
-/* A tile's part of a verdict: its worst error (first occurrence) and first wrong element. */
-typedef struct tile_verdict {
-    double max_err, bound;
-    int64_t bad_elem; /* -1: none */
-    double bad_got, bad_want;
-    int64_t nwrong;
-} tile_verdict;
+/* A tile's part of a verdict: its worst error (first occurrence) and first wrong element
+ * (the device queries' kb_vq_tile; gq and offgrid are the callers' own business here). */
+typedef kb_vq_tile tile_verdict;
 
 /* Adds one checked element (its error, its bound, ok or not) to a tile's verdict. */
 static void tile_note(tile_verdict *a, int ok, double err, double bound, int64_t elem,
@@ -681,7 +677,7 @@ static void *verify_blocks(void *arg)
     double *colb = same ? malloc((size_t)B * sizeof *colb + 1) : NULL;
 
     for (int t = 0; t < ntiles; t++)
-        w->tv[t] = (tile_verdict){ -1.0, 0.0, -1, 0.0, 0.0, 0 };
+        w->tv[t] = KB_VQ_TILE_EMPTY;
     if (!in || !out || (same && !colb)) {
         w->nomem = 1;
         goto out;
@@ -874,22 +870,9 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_cc
         gq += wk[i].gq;
         offgrid |= wk[i].offgrid;
     }
-    for (int i = 1; i < nth; i++) {
-        for (int t = 0; t < ntiles; t++) {
-            tile_verdict *a = &tv[t];
-            const tile_verdict *b = &wk[i].tv[t];
-            a->nwrong += b->nwrong;
-            if (b->max_err > a->max_err) {
-                a->max_err = b->max_err;
-                a->bound = b->bound;
-            }
-            if (a->bad_elem < 0 && b->bad_elem >= 0) {
-                a->bad_elem = b->bad_elem;
-                a->bad_got = b->bad_got;
-                a->bad_want = b->bad_want;
-            }
-        }
-    }
+    for (int i = 1; i < nth; i++) /* workers' column ranges in ascending order */
+        for (int t = 0; t < ntiles; t++)
+            kb_vq_tile_merge(&tv[t], &wk[i].tv[t]);
     tiles_verdict(tv, ntiles, v);
     if (lq && !offgrid) { /* exact: the integer sums are the sequential double sums */
         int64_t wq = 0;
@@ -951,20 +934,14 @@ int kb_ccl_verdict_of_query(const kb_vquery *q, const void *result, kb_ccl_verdi
     const kb_vq_tile *vt = result;
     const kb_vq_sums *sums = (const kb_vq_sums *)(vt + q->ntiles);
     int ntiles = (int)q->ntiles;
-    tile_verdict *tv = malloc((size_t)(ntiles > 0 ? ntiles : 1) * sizeof *tv);
     int64_t gq = 0;
     int offgrid = sums->offgrid != 0;
 
-    if (!tv)
-        return KB_ERR_NOMEM;
     for (int t = 0; t < ntiles; t++) {
-        tv[t] = (tile_verdict){ vt[t].max_err, vt[t].bound, vt[t].bad_elem, vt[t].bad_got,
-                                vt[t].bad_want, vt[t].nwrong };
         gq += vt[t].gq;
         offgrid |= vt[t].offgrid != 0;
     }
-    tiles_verdict(tv, ntiles, v);
-    free(tv);
+    tiles_verdict(vt, ntiles, v);
     if (offgrid) /* all but the means is the host's verdict */
         return KB_ERR_UNSUPPORTED;
     /* as verify_sum_f16 finishes: every value on the grid, so the integer sums are exact */
@@ -1006,7 +983,7 @@ int kb_ccl_verify_inputs_ord(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn
     if (!in || !out || !tv || !wraw)
         goto out;
     for (int t = 0; t < ntiles; t++)
-        tv[t] = (tile_verdict){ -1.0, 0.0, -1, 0.0, 0.0, 0 };
+        tv[t] = KB_VQ_TILE_EMPTY;
     for (int64_t i0 = 0; i0 < n; i0 += B) {
         int64_t nb = n - i0 < B ? n - i0 : B;
         for (int t = 0; t < ntiles; t++)

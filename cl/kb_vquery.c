@@ -94,6 +94,22 @@ uint64_t kb_vq_combine(const uint64_t *bh, uint64_t nb)
     return h;
 }
 
+void kb_vq_tile_merge(kb_vq_tile *a, const kb_vq_tile *later)
+{
+    if (later->max_err > a->max_err) { /* strict: an equal later error is not the first */
+        a->max_err = later->max_err;
+        a->bound = later->bound;
+    }
+    if (a->bad_elem < 0 && later->bad_elem >= 0) {
+        a->bad_elem = later->bad_elem;
+        a->bad_got = later->bad_got;
+        a->bad_want = later->bad_want;
+    }
+    a->nwrong += later->nwrong;
+    a->gq += later->gq;
+    a->offgrid |= later->offgrid;
+}
+
 void kb_vq_merge_check(const kb_vq_tile *part, uint32_t ntiles, uint32_t nslab,
                        const int64_t *wpart, size_t ngroups, void *out)
 {
@@ -106,23 +122,9 @@ void kb_vq_merge_check(const kb_vq_tile *part, uint32_t ntiles, uint32_t nslab,
         sums->offgrid |= wpart[2 * g + 1];
     }
     for (uint32_t t = 0; t < ntiles; t++) {
-        kb_vq_tile *a = &tv[t];
-        *a = (kb_vq_tile){ -1.0, 0.0, -1, 0.0, 0.0, 0, 0, 0 };
-        for (uint32_t s = 0; s < nslab; s++) { /* ascending columns: strict > keeps the first */
-            const kb_vq_tile *p = &part[(size_t)t * nslab + s];
-            if (p->max_err > a->max_err) {
-                a->max_err = p->max_err;
-                a->bound = p->bound;
-            }
-            if (a->bad_elem < 0 && p->bad_elem >= 0) {
-                a->bad_elem = p->bad_elem;
-                a->bad_got = p->bad_got;
-                a->bad_want = p->bad_want;
-            }
-            a->nwrong += p->nwrong;
-            a->gq += p->gq;
-            a->offgrid |= p->offgrid;
-        }
+        tv[t] = KB_VQ_TILE_EMPTY;
+        for (uint32_t s = 0; s < nslab; s++) /* slabs in ascending columns */
+            kb_vq_tile_merge(&tv[t], &part[(size_t)t * nslab + s]);
     }
 }
 
@@ -235,7 +237,7 @@ static int run_check(const kb_vquery *q, const uint8_t *base, const uint64_t *of
     for (uint32_t t = 0; t < q->ntiles; t++) {
         const uint8_t *tile = base + off[t];
         kb_vq_tile *a = &tv[t];
-        *a = (kb_vq_tile){ -1.0, 0.0, -1, 0.0, 0.0, 0, 0, 0 };
+        *a = KB_VQ_TILE_EMPTY;
         for (uint64_t i = 0; i < n; i++) {
             uint16_t h;
             memcpy(&h, tile + 2 * i, 2);

@@ -62,6 +62,12 @@ typedef struct kb_vq_tile {
     int64_t offgrid;         /* 1: some got * 128 is no integer (gq is then meaningless) */
 } kb_vq_tile;
 
+/* A tile's part before any element. */
+#define KB_VQ_TILE_EMPTY ((kb_vq_tile){ -1.0, 0.0, -1, 0.0, 0.0, 0, 0, 0 })
+/* Adds the part of a later column range to a tile's part: the first worst error and first
+ * failing column stay the earlier ones, counts and sums add up. */
+void kb_vq_tile_merge(kb_vq_tile *a, const kb_vq_tile *later);
+
 /* After the tiles: the rounded reference's grid sum over the columns. */
 typedef struct kb_vq_sums {
     int64_t wq, offgrid;
