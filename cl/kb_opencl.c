@@ -100,7 +100,12 @@ enum { DT_PAYLOAD = 8, DT_UNALIGNED = 16 };
 enum { EF_ACC = 1, EF_FLAT = 2, EF_BIG = 4, EF_FMA = 8, EF_PAIR = 16, EF_QUAD = 32 };
 enum { EF_QSPARSE = 64, EF_QSCALE = 128 }; /* DEQUANT */
 
-static const char *const kernel_names[KB_REC_NKINDS] = {
+/* The kernels of record kinds, then kb_ew: a launch group of several elementwise kinds. */
+#define CL_EW_MIXED KB_REC_NKINDS
+#define CL_NKERN (KB_REC_NKINDS + 1)
+#define EF_KIND_SHIFT 8 /* replay.cl's KB_EF_KIND_SHIFT: an elementwise entry's kind */
+
+static const char *const kernel_names[CL_NKERN] = {
     "kb_copy", "kb_fill", "kb_math1", "kb_math2", "kb_fma",
     "kb_clamp", "kb_softmax", "kb_reduce", "kb_gemm",
     "kb_transpose", "kb_attn_softmax", "kb_gather",
@@ -108,6 +113,8 @@ static const char *const kernel_names[KB_REC_NKINDS] = {
     "kb_dequant",
     /* test data */
     "kb_gen",
+    /* several elementwise kinds */
+    "kb_ew",
 };
 
 /* Work-items per group of a kind's kernel (replay.cl's reqd_work_group_size). */
@@ -132,7 +139,7 @@ typedef struct clbe {
     cl_device_id dev;
     cl_command_queue q;
     cl_program prog;                    /* shared with clones (retained) */
-    cl_kernel kern[KB_REC_NKINDS];
+    cl_kernel kern[CL_NKERN];            /* by kind, then kb_ew (CL_EW_MIXED) */
     cl_kernel kfill;                    /* kb_fill_bytes (rs_fill) */
     cl_kernel kvq_digest, kvq_colref, kvq_check; /* device queries (rs_query); the last two
                                                     NULL without fp64 */
@@ -809,7 +816,7 @@ static int cl_run_batch(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
     if (!b->active)
         return kb_err_set(eb, KB_ERR_STATE, "opencl backend: run_batch outside begin/end");
     for (size_t i = 0; i < n;) {
-        unsigned kind = recs[i].kind;
+        unsigned kind = recs[i].kind, group = kb_rec_launch_group(kind);
         size_t j = i;
         uint64_t units = 0;
         size_t first = b->ntab;
@@ -817,7 +824,8 @@ static int cl_run_batch(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
             b->failed = 1;
             return kb_err_set(eb, KB_ERR_INVAL, "opencl backend: record kind %u", kind);
         }
-        for (; j < n && recs[j].kind == kind; j++) {
+        for (; j < n && recs[j].kind < KB_REC_NKINDS &&
+               kb_rec_launch_group(recs[j].kind) == group; j++) {
             uint64_t u;
             if (b->ntab == b->tabcap) {
                 size_t c = b->tabcap ? 2 * b->tabcap : 256;
@@ -832,6 +840,12 @@ static int cl_run_batch(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
             make_entry(&recs[j], &b->tab[b->ntab], &u);
             if (u == 0)
                 continue; /* an empty record: nothing to launch for it */
+            if (b->ntab == first)
+                kind = recs[j].kind; /* the first entry with work names the kernel ... */
+            else if (recs[j].kind != kind)
+                kind = CL_EW_MIXED;  /* ... unless elementwise kinds differ: kb_ew */
+            if (group == KB_REC_COPY)
+                b->tab[b->ntab].flags |= (cl_uint)recs[j].kind << EF_KIND_SHIFT;
             b->tab[b->ntab++].start = units;
             units += u;
         }
@@ -988,7 +1002,7 @@ static void cl_destroy(void *self)
     if (b->q)
         clFinish(b->q);
     collect_events(b);
-    for (unsigned i = 0; i < KB_REC_NKINDS; i++)
+    for (unsigned i = 0; i < CL_NKERN; i++)
         if (b->kern[i])
             clReleaseKernel(b->kern[i]);
     if (b->kfill)
@@ -1462,7 +1476,7 @@ static int make_kernels(clbe *b, cl_device_id dev, kb_errbuf *eb)
      * answered by the host */
     b->kvq_colref = clCreateKernel(b->prog, "kb_vq_colref", &err);
     b->kvq_check = b->kvq_colref ? clCreateKernel(b->prog, "kb_vq_check", &err) : NULL;
-    for (unsigned i = 0; i < KB_REC_NKINDS && rc == 0; i++) {
+    for (unsigned i = 0; i < CL_NKERN && rc == 0; i++) {
         size_t wg = 0, want = local_of(i);
         b->kern[i] = clCreateKernel(b->prog, kernel_names[i], &err);
         if (!b->kern[i])

@@ -26,6 +26,8 @@ struct kb_oplog {
     size_t nchunks, capchunks;
     size_t count;
     size_t replayed;
+    uint64_t *cuts;     /* ascending record indices = seqs (kb_oplog_cut); owned */
+    size_t ncuts, capcuts;
     uint8_t *payload;   /* owned: mapped from payload_fd, or heap memory when that is -1 */
     size_t payload_size, payload_cap;
     int payload_fd;     /* the memfd behind payload (owned), -1: heap, -2: not decided yet */
@@ -85,6 +87,7 @@ void kb_oplog_destroy(kb_oplog *log)
     for (size_t i = 0; i < log->nchunks; i++)
         kb_bigmem_free(log->chunks[i]);
     free(log->chunks);
+    free(log->cuts);
     if (log->payload_fd >= 0) {
         if (log->payload)
             munmap(log->payload, log->payload_cap);
@@ -200,4 +203,38 @@ void kb_oplog_set_replayed(kb_oplog *log, size_t n)
 {
     assert(n <= log->count);
     log->replayed = n <= log->count ? n : log->count;
+}
+
+int kb_oplog_cut(kb_oplog *log)
+{
+    if (log->count == 0 || (log->ncuts > 0 && log->cuts[log->ncuts - 1] == log->count))
+        return 0;
+    if (log->ncuts == log->capcuts) {
+        size_t c = log->capcuts ? 2 * log->capcuts : 16;
+        uint64_t *t = realloc(log->cuts, c * sizeof *t);
+        if (!t)
+            return KB_ERR_NOMEM;
+        log->cuts = t;
+        log->capcuts = c;
+    }
+    log->cuts[log->ncuts++] = log->count;
+    return 0;
+}
+
+size_t kb_oplog_cuts_in(const kb_oplog *log, size_t first, size_t end, const uint64_t **cuts)
+{
+    size_t lo = 0, hi = log->ncuts;
+    /* the first cut > first */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (log->cuts[mid] <= first)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    size_t k = lo;
+    while (k < log->ncuts && log->cuts[k] < end)
+        k++;
+    *cuts = log->cuts ? log->cuts + lo : NULL;
+    return k - lo;
 }

@@ -170,4 +170,17 @@ int kb_oplog_payload_fd(const kb_oplog *log);
 size_t kb_oplog_replayed(const kb_oplog *log);
 void kb_oplog_set_replayed(kb_oplog *log, size_t n);
 
+/*
+ * Cuts: a cut at index c orders every record before it ahead of every record from c on,
+ * whatever their times — the planner's order is (epoch, t_start, seq), the epoch being the
+ * number of cuts at or below a record's index. A flush covers whole epochs' worth of records
+ * (it always ends at the log's count), so replaying the log in one flush or in several that
+ * end at cuts gives the same order: that is what lets a device backend replay while Phase 1
+ * still runs (kb_runtime.h). kb_oplog_cut marks one at the current count (no-op when empty or
+ * already marked there); KB_ERR_NOMEM. kb_oplog_cuts_in sets *cuts to the ascending cuts c
+ * (record indices, which are seqs) with first < c < end and returns their number (the pointer stays valid until the next cut).
+ */
+int kb_oplog_cut(kb_oplog *log);
+size_t kb_oplog_cuts_in(const kb_oplog *log, size_t first, size_t end, const uint64_t **cuts);
+
 #endif

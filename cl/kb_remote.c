@@ -49,6 +49,12 @@ typedef struct rbe {
     int shm_sent;
     ino_t shm_ino;
     dev_t shm_dev;
+    /* Pipelining: end() sends a flush and returns; its reply is read by the next request
+     * (settle). A flush that failed there breaks the session: every later request returns
+     * its error (brk_rc, brk), since the device's data is no longer known. */
+    int pending;
+    int brk_rc;
+    kb_errbuf brk;
 } rbe;
 
 static double now_ms(void)
@@ -63,15 +69,26 @@ static double now_ms(void)
  * most `cap` bytes) goes to out. Returns the reply's rc (its message in eb), or KB_ERR_DEVICE
  * when the connection fails (*lost set).
  */
-static int call_fd(int fd, const char *path, kb_devd_msg *m, int passfd, const void *d1,
-                   size_t n1, const void *d2, size_t n2, kb_devd_rep *rep, void *out, size_t cap,
-                   int *lost, kb_errbuf *eb)
+static int send_req(int fd, const char *path, kb_devd_msg *m, int passfd, const void *d1,
+                    size_t n1, const void *d2, size_t n2, int *lost, kb_errbuf *eb)
 {
-    kb_devd_rep r;
     m->len = n1 + n2;
     if (kb_devd_send_fd(fd, m, sizeof *m, passfd) != 0 ||
         (n1 && kb_devd_write_full(fd, d1, n1) != 0) ||
-        (n2 && kb_devd_write_full(fd, d2, n2) != 0) || kb_devd_read_full(fd, &r, sizeof r) != 0)
+        (n2 && kb_devd_write_full(fd, d2, n2) != 0)) {
+        if (lost)
+            *lost = 1;
+        return kb_err_set(eb, KB_ERR_DEVICE, "device server %s: connection lost", path);
+    }
+    return 0;
+}
+
+/* Reads one reply (see call_fd). */
+static int read_rep(int fd, const char *path, kb_devd_rep *rep, void *out, size_t cap,
+                    int *lost, kb_errbuf *eb)
+{
+    kb_devd_rep r;
+    if (kb_devd_read_full(fd, &r, sizeof r) != 0)
         goto lost;
     if (r.rc) {
         char msg[sizeof eb->msg];
@@ -99,6 +116,14 @@ lost:
     if (lost)
         *lost = 1;
     return kb_err_set(eb, KB_ERR_DEVICE, "device server %s: connection lost", path);
+}
+
+static int call_fd(int fd, const char *path, kb_devd_msg *m, int passfd, const void *d1,
+                   size_t n1, const void *d2, size_t n2, kb_devd_rep *rep, void *out, size_t cap,
+                   int *lost, kb_errbuf *eb)
+{
+    int rc = send_req(fd, path, m, passfd, d1, n1, d2, n2, lost, eb);
+    return rc ? rc : read_rep(fd, path, rep, out, cap, lost, eb);
 }
 
 static int call(int fd, const char *path, kb_devd_msg *m, const void *d1, size_t n1,
@@ -152,17 +177,52 @@ static int hello(const char *path, int session, int *fd_out, kb_devd_hello *h, k
 
 /* ------------------------------------------------------------------ resident primitives */
 
+static void drop(rbe *b)
+{
+    close(b->fd);
+    b->fd = -1;
+}
+
+/*
+ * Reads the reply of the flush in flight, if any; then fails when a flush ever failed. Every
+ * request starts here, so replies stay in order and no result of a failed replay is served.
+ */
+static int settle(rbe *b, kb_errbuf *eb)
+{
+    if (b->pending) {
+        kb_devd_rep r;
+        int lost = 0, rc;
+        b->pending = 0;
+        if (b->fd < 0)
+            rc = kb_err_set(&b->brk, KB_ERR_DEVICE, "device server %s: connection lost", b->path);
+        else
+            rc = read_rep(b->fd, b->path, &r, NULL, 0, &lost, &b->brk);
+        if (lost)
+            drop(b);
+        if (rc == 0) {
+            b->launches = r.a;
+            memcpy(&b->kernel_ms, &r.b, sizeof b->kernel_ms);
+        } else {
+            kb_err_prefix(&b->brk, "a pipelined replay");
+            b->brk_rc = rc;
+        }
+    }
+    if (b->brk_rc)
+        return kb_err_set(eb, b->brk_rc, "%s", b->brk.msg);
+    return 0;
+}
+
 static int rcall(rbe *b, kb_devd_msg *m, const void *d, size_t n, void *out, size_t cap,
                  kb_errbuf *eb)
 {
     int lost = 0, rc;
+    if ((rc = settle(b, eb)) != 0)
+        return rc;
     if (b->fd < 0)
         return kb_err_set(eb, KB_ERR_DEVICE, "device server %s: connection lost", b->path);
     rc = call(b->fd, b->path, m, d, n, NULL, 0, NULL, out, cap, &lost, eb);
-    if (lost) {
-        close(b->fd);
-        b->fd = -1;
-    }
+    if (lost)
+        drop(b);
     return rc;
 }
 
@@ -256,16 +316,16 @@ static int r_download(void *dev, uint64_t off, void *dst, uint64_t n, kb_errbuf 
             want = n;
     }
     b->ra_n = 0;
+    if ((rc = settle(b, eb)) != 0)
+        return rc;
     if (b->fd >= 0 && stage_ensure(b, (size_t)want) == 0) {
         /* the server writes into our staging file: no bytes through the socket */
         kb_devd_msg m = { KB_DEVD_DOWNLOAD, KB_DEVD_SHARED, off, want, 0, 0 };
         int lost = 0;
         rc = call_fd(b->fd, b->path, &m, b->stage_sent ? -1 : b->stage_fd, NULL, 0, NULL, 0,
                      NULL, NULL, 0, &lost, eb);
-        if (lost) {
-            close(b->fd);
-            b->fd = -1;
-        }
+        if (lost)
+            drop(b);
         if (rc)
             return rc;
         b->stage_sent = 1;
@@ -304,6 +364,9 @@ static int r_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_e
 
     if (have > size)
         return kb_err_set(eb, KB_ERR_INVAL, "device server: payload shrinks");
+    int src = settle(b, eb);
+    if (src)
+        return src;
     if (pfd >= 0 && fstat(pfd, &st) == 0 && b->fd >= 0) {
         /* the payload is a shared-memory file: the server maps it (sent once per file) */
         int lost = 0, rc;
@@ -311,10 +374,8 @@ static int r_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_e
         m.flags = KB_DEVD_SHARED;
         rc = call_fd(b->fd, b->path, &m, send ? pfd : -1, NULL, 0, NULL, 0, NULL, NULL, 0, &lost,
                      eb);
-        if (lost) {
-            close(b->fd);
-            b->fd = -1;
-        }
+        if (lost)
+            drop(b);
         if (rc == 0 && send) {
             b->shm_sent = 1;
             b->shm_ino = st.st_ino;
@@ -331,14 +392,14 @@ static int r_query(void *dev, const kb_vquery *q, const uint64_t *off, void *out
     kb_devd_msg m = { KB_DEVD_QUERY, 0, 0, 0, 0, 0 };
     rbe *b = dev;
     int lost = 0, rc;
+    if ((rc = settle(b, eb)) != 0)
+        return rc;
     if (b->fd < 0)
         return kb_err_set(eb, KB_ERR_DEVICE, "device server %s: connection lost", b->path);
     rc = call(b->fd, b->path, &m, q, sizeof *q, off, (size_t)q->ntiles * sizeof *off, NULL, out,
               kb_vquery_result_size(q), &lost, eb);
-    if (lost) {
-        close(b->fd);
-        b->fd = -1;
-    }
+    if (lost)
+        drop(b);
     return rc;
 }
 
@@ -352,10 +413,13 @@ static int rb_begin(void *self, uint8_t *arena, uint64_t arena_bytes, const uint
                     size_t payload_bytes, kb_errbuf *eb)
 {
     rbe *b = self;
+    int rc;
     (void)payload;
     (void)payload_bytes;
     if (b->active)
         return kb_err_set(eb, KB_ERR_STATE, "remote backend: begin inside a flush");
+    if ((rc = settle(b, eb)) != 0)
+        return rc;
     if (arena)
         return kb_err_set(eb, KB_ERR_UNSUPPORTED,
                           "remote backend: host-arena flushes are not served (only "
@@ -413,7 +477,6 @@ static int rb_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *e
 {
     rbe *b = self;
     kb_devd_msg m = { KB_DEVD_FLUSH, 0, arena_bytes, b->ncnt, 0, 0 };
-    kb_devd_rep r;
     int lost = 0, rc;
 
     if (!b->active)
@@ -425,20 +488,22 @@ static int rb_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *e
         return kb_err_set(eb, KB_ERR_STATE, "remote backend: end does not match begin");
     if (b->fd < 0)
         return kb_err_set(eb, KB_ERR_DEVICE, "device server %s: connection lost", b->path);
-    memset(&r, 0, sizeof r);
     b->ra_n = 0;
-    rc = call(b->fd, b->path, &m, b->cnt, b->ncnt * sizeof *b->cnt, b->ext ? b->ext : b->own,
-              b->nrec * sizeof(kb_rec), &r, NULL, 0, &lost, eb);
+    /* Once sent, the records are the server's (the socket has copied them): the reply is read
+     * by the next request (settle), and meanwhile this process simulates on. */
+    rc = send_req(b->fd, b->path, &m, -1, b->cnt, b->ncnt * sizeof *b->cnt,
+                  b->ext ? b->ext : b->own, b->nrec * sizeof(kb_rec), &lost, eb);
     b->ext = NULL; /* the caller's array is theirs again */
-    if (lost) {
-        close(b->fd);
-        b->fd = -1;
-    }
-    if (rc == 0) {
-        b->launches = r.a;
-        memcpy(&b->kernel_ms, &r.b, sizeof b->kernel_ms);
-    }
+    if (lost)
+        drop(b);
+    if (rc == 0)
+        b->pending = 1;
     return rc;
+}
+
+static int rb_sync(void *self, kb_errbuf *eb)
+{
+    return settle(self, eb);
 }
 
 static void rb_destroy(void *self)
@@ -471,6 +536,7 @@ static const kb_backend_ops rb_ops = {
     .end = rb_end,
     .destroy = rb_destroy,
     .resident = rb_resident,
+    .sync = rb_sync,
 };
 
 int kb_remote_backend_create(const char *path, kb_backend *out, char *desc, size_t desc_n,

@@ -4,7 +4,9 @@
  * (which simulated bytes live where, what is dirty) stays in this process, and its device
  * primitives become requests; a flush's batches travel as one request and run on the
  * server's clone of its OpenCL backend, so the replay and the results are those of the
- * in-process OpenCL backend on the same device.
+ * in-process OpenCL backend on the same device. It is pipelined (kb_backend_ops.sync): a
+ * flush returns once its records are sent, the server replays them while this process goes
+ * on, and the next request reads the reply first; a failed replay fails every later request.
  *
  * Limits: only resident flushes (kb_replay_flush's path); a host-arena flush (bench-self's
  * synthetic batches) is refused — those make their backend in process. A lost connection is

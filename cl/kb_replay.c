@@ -840,6 +840,39 @@ int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *
 int kb_plan_build_ex(const kb_rec *const *recs, size_t n, kb_plan_place_fn place, void *ctx,
                      kb_plan *out, kb_errbuf *eb)
 {
+    return kb_plan_build_cut(recs, n, NULL, 0, place, ctx, out, eb);
+}
+
+/* Sorts t->keys (by seq on entry) into (epoch, t_start, seq) order, each pass stable. */
+static int plan_order(plan_tmp *t, size_t n, const uint64_t *cuts, size_t ncuts)
+{
+    uint32_t *ep = NULL;
+
+    if (ncuts) {
+        size_t c = 0;
+        if (!(ep = malloc(n * sizeof *ep)))
+            return KB_ERR_NOMEM;
+        for (size_t p = 0; p < n; p++) { /* keys are in seq order: epochs only grow */
+            while (c < ncuts && cuts[c] <= t->keys[p].key)
+                c++;
+            ep[t->keys[p].val] = (uint32_t)c;
+        }
+    }
+    for (size_t p = 0; p < n; p++)
+        t->keys[p].key = t->tkey[t->keys[p].val];
+    radix_sort(t->keys, t->ktmp, n);
+    if (ep) {
+        for (size_t p = 0; p < n; p++)
+            t->keys[p].key = ep[t->keys[p].val];
+        radix_sort(t->keys, t->ktmp, n);
+        free(ep);
+    }
+    return 0;
+}
+
+int kb_plan_build_cut(const kb_rec *const *recs, size_t n, const uint64_t *cuts, size_t ncuts,
+                      kb_plan_place_fn place, void *ctx, kb_plan *out, kb_errbuf *eb)
+{
     plan_tmp t;
     uhash h;
     size_t ne = 0, nb = 0;
@@ -885,11 +918,12 @@ int kb_plan_build_ex(const kb_rec *const *recs, size_t n, kb_plan_place_fn place
             goto fail;
         replace_leaves(&t, out);
     }
-    /* (t_start, seq) order, ties in input order: sort by seq, then stably by t_start. */
+    /* (epoch, t_start, seq) order, ties in input order: sort by seq, then stably by t_start,
+     * then (with cuts) stably by epoch. */
     radix_sort(t.keys, t.ktmp, n);
-    for (size_t p = 0; p < n; p++)
-        t.keys[p].key = t.tkey[t.keys[p].val];
-    radix_sort(t.keys, t.ktmp, n);
+    rc = KB_ERR_NOMEM;
+    if (plan_order(&t, n, cuts, ncuts) != 0)
+        goto fail;
     if ((rc = plan_levels(&t, n, &nb)) != 0)
         goto fail;
 
@@ -1058,10 +1092,14 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
     if ((rc = check_payload_refs(ptrs, n, payload_bytes, eb)) != 0)
         goto out;
 
+    const uint64_t *cuts;
+    size_t ncuts = kb_oplog_cuts_in(log, first, count, &cuts);
+
     if (res) {
         /* Device-resident: nothing of the arena crosses the bus (kb_resident.h). */
         if ((rc = kb_resident_prepare(res, log, ms, eb)) != 0 ||
-            (rc = kb_plan_build_ex(ptrs, n, kb_resident_place, res, &plan, eb)) != 0 ||
+            (rc = kb_plan_build_cut(ptrs, n, cuts, ncuts, kb_resident_place, res, &plan,
+                                    eb)) != 0 ||
             (rc = kb_resident_commit(res, &plan, eb)) != 0) {
             kb_err_prefix(eb, "replay on %s", be->ops->name ? be->ops->name : "?");
             goto out;
@@ -1077,7 +1115,7 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
                 goto out;
             kb_memstore_set_mirror(ms, NULL);
         }
-        if ((rc = kb_plan_build(ptrs, n, &plan, eb)) != 0)
+        if ((rc = kb_plan_build_cut(ptrs, n, cuts, ncuts, NULL, NULL, &plan, eb)) != 0)
             goto out;
         /* zeroed: the alignment padding between segments is never read by a record, but is
          * copied */
@@ -1113,7 +1151,8 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
         for (size_t b = 0; b < plan.nbatches; b++) {
             const kb_batch *bt = &plan.batches[b];
             for (size_t i = 0; i < bt->count; i++)
-                if (i == 0 || plan.recs[bt->first + i].kind != plan.recs[bt->first + i - 1].kind)
+                if (i == 0 || kb_rec_launch_group(plan.recs[bt->first + i].kind) !=
+                                  kb_rec_launch_group(plan.recs[bt->first + i - 1].kind))
                     launches++;
         }
         st->records += n;

@@ -2,7 +2,8 @@
  * kb_replay — Phase 2: the planner, the arena and the backend interface.
  *
  * A flush replays the op-log records not yet replayed. The planner
- *  1. orders them by (t_start, seq);
+ *  1. orders them by (epoch, t_start, seq), the epoch counting the log's cuts below the
+ *     record (kb_oplog.h; 0 without cuts);
  *  2. gives each record a batch by level scheduling: one past the latest batch of any earlier
  *     record (in that order) it conflicts with, i.e. whose written bytes it reads or writes, or
  *     whose read bytes it writes (exact byte intervals); 0 if none. Conflicting records keep
@@ -69,6 +70,24 @@ typedef int (*kb_plan_place_fn)(void *ctx, kb_plan *p, kb_errbuf *eb);
 /* kb_plan_build with a placer instead of the packed layout (place NULL: packed). */
 int kb_plan_build_ex(const kb_rec *const *recs, size_t n, kb_plan_place_fn place, void *ctx,
                      kb_plan *out, kb_errbuf *eb);
+/*
+ * kb_plan_build_ex honouring cuts (kb_oplog.h): cuts[0..ncuts) are ascending seqs, and a
+ * record's epoch is the number of them <= its seq; records are ordered by (epoch, t_start,
+ * seq) instead of (t_start, seq).
+ */
+int kb_plan_build_cut(const kb_rec *const *recs, size_t n, const uint64_t *cuts, size_t ncuts,
+                      kb_plan_place_fn place, void *ctx, kb_plan *out, kb_errbuf *eb);
+
+/*
+ * Launch groups: the records of one batch that a device runs in one launch. Elementwise kinds
+ * (COPY, FILL, MATH1, MATH2, FMA, CLAMP: contiguous codes, so adjacent in a batch's kind
+ * order) share one; every other kind is a group of its own. kb_replay_stats.launches counts
+ * the groups of each batch.
+ */
+static inline unsigned kb_rec_launch_group(unsigned kind)
+{
+    return kind <= KB_REC_CLAMP ? KB_REC_COPY : kind;
+}
 
 struct kb_resident;
 
@@ -90,6 +109,12 @@ typedef struct kb_backend_ops {
     void (*destroy)(void *self);
     /* Device-resident backends: their kb_resident (kb_resident.h); NULL for host backends. */
     struct kb_resident *(*resident)(void *self);
+    /* Pipelined backends only (NULL otherwise): their resident `end` returns once the flush is
+     * handed to the device, before it has run, and an error of that work surfaces at the next
+     * call into the backend or its kb_resident; sync waits for everything handed over and
+     * returns its error. The runtime flushes such a backend at each cut while Phase 1 runs
+     * (kb_runtime.h), so the device replays while the host simulates. */
+    int (*sync)(void *self, kb_errbuf *eb);
 } kb_backend_ops;
 
 typedef struct kb_backend {

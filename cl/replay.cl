@@ -457,6 +457,28 @@ static void kb_ew_chunk(uint kind, global const kb_ent *e, global uchar *arena,
         }                                                                                  \
     }
 
+/*
+ * A batch's elementwise records of several kinds in one launch (kb_replay.h's launch groups):
+ * each entry's kind in flags, and the same specialised chunk code per kind as the one-kind
+ * kernels below, so the bits are theirs.
+ */
+#define KB_EF_KIND_SHIFT 8u
+
+static void kb_ew_any(uint kind, global const kb_ent *e, global uchar *arena,
+                      global const uchar *payload, ulong chunk)
+{
+    (void)kind;
+    switch ((e->flags >> KB_EF_KIND_SHIFT) & 7u) {
+    case KB_K_COPY: kb_ew_chunk(KB_K_COPY, e, arena, payload, chunk); break;
+    case KB_K_FILL: kb_ew_chunk(KB_K_FILL, e, arena, payload, chunk); break;
+    case KB_K_MATH1: kb_ew_chunk(KB_K_MATH1, e, arena, payload, chunk); break;
+    case KB_K_MATH2: kb_ew_chunk(KB_K_MATH2, e, arena, payload, chunk); break;
+    case KB_K_FMA: kb_ew_chunk(KB_K_FMA, e, arena, payload, chunk); break;
+    default: kb_ew_chunk(KB_K_CLAMP, e, arena, payload, chunk); break;
+    }
+}
+
+KB_GRID_KERNEL(kb_ew, KB_EW_LOCAL, kb_ew_any, 0u)
 KB_GRID_KERNEL(kb_copy, KB_EW_LOCAL, kb_ew_chunk, KB_K_COPY)
 KB_GRID_KERNEL(kb_fill, KB_EW_LOCAL, kb_ew_chunk, KB_K_FILL)
 KB_GRID_KERNEL(kb_math1, KB_EW_LOCAL, kb_ew_chunk, KB_K_MATH1)

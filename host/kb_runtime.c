@@ -72,6 +72,7 @@ static void *backend_setup(void *arg)
     memset(&off, 0, sizeof off);
     off.ss_flags = SS_DISABLE;
     sigaltstack(&off, NULL);
+    atomic_store(&ctx->be_ready, 1);
     return NULL;
 }
 
@@ -102,6 +103,7 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
     ctx->device = opts ? opts->device : KB_DEV_AUTO;
     ctx->trace = opts ? opts->trace : NULL;
     ctx->trace_rec = opts ? opts->trace_rec : NULL;
+    ctx->cut_every = opts && opts->cut_records ? opts->cut_records : KB_CTX_CUT_RECORDS;
     if ((rc = kb_config_validate(cfg, eb)) != 0)
         goto fail;
     if ((rc = kb_machine_create(&cfg->topo, &ctx->m, eb)) != 0)
@@ -334,7 +336,31 @@ int kb_ctx_record_as(kb_ctx *ctx, kb_rec *r, const char *name)
         return 0;
     if (kb_oplog_append(ctx->log, r, &r->seq) != 0)
         return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory appending to the op log");
+    /* Pause the simulation after this step for a cut (ctx_cut): a fixed record count, so the
+     * cuts fall at the same places whatever the backend. */
+    if (++ctx->since_cut >= ctx->cut_every && !ctx->cut_asked && !ctx->failed) {
+        ctx->cut_asked = 1;
+        kb_sim_stop(ctx->sim, KB_CTX_CUT_);
+    }
     return 0;
+}
+
+static int replay_pending(kb_ctx *ctx)
+{
+    int rc = kb_replay_flush(ctx->log, ctx->ms, &ctx->be, &ctx->rstats, &ctx->err);
+    if (rc)
+        kb_err_prefix(&ctx->err, "phase-2 replay (%s)", ctx->be.ops->name);
+    return rc;
+}
+
+int kb_ctx_sync(kb_ctx *ctx)
+{
+    if (ctx->be_pending || !ctx->be.ops || !ctx->be.ops->sync)
+        return 0;
+    int rc = ctx->be.ops->sync(ctx->be.self, &ctx->err);
+    if (rc)
+        kb_err_prefix(&ctx->err, "phase-2 replay (%s)", ctx->be.ops->name);
+    return rc;
 }
 
 int kb_ctx_flush(kb_ctx *ctx)
@@ -343,14 +369,35 @@ int kb_ctx_flush(kb_ctx *ctx)
         return kb_err_set(&ctx->err, KB_ERR_UNSUPPORTED,
                           "no data with --device none (timing only): tensor contents are not computed");
     if (kb_oplog_replayed(ctx->log) == kb_oplog_count(ctx->log))
-        return 0;
+        return kb_ctx_sync(ctx);
     int rc = kb_ctx_backend_wait(ctx);
-    if (rc)
-        return rc;
-    rc = kb_replay_flush(ctx->log, ctx->ms, &ctx->be, &ctx->rstats, &ctx->err);
-    if (rc)
-        kb_err_prefix(&ctx->err, "phase-2 replay (%s)", ctx->be.ops->name);
+    if (rc == 0)
+        rc = replay_pending(ctx);
+    if (rc == 0)
+        rc = kb_ctx_sync(ctx);
     return rc;
+}
+
+/*
+ * At a pause for a cut: marks it, and hands a pipelined backend everything so far (not
+ * waiting for a backend still being set up: a later cut or read takes those records).
+ */
+static int ctx_cut(kb_ctx *ctx)
+{
+    int rc;
+    ctx->cut_asked = 0;
+    ctx->since_cut = 0;
+    if (kb_oplog_cut(ctx->log) != 0)
+        return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory marking an op-log cut");
+    if (ctx->be_pending) {
+        if (!atomic_load(&ctx->be_ready))
+            return 0;
+        if ((rc = kb_ctx_backend_wait(ctx)) != 0)
+            return rc;
+    }
+    if (!ctx->be.ops || !ctx->be.ops->sync)
+        return 0;
+    return replay_pending(ctx);
 }
 
 /* ---- host fibers ---- */
@@ -402,7 +449,12 @@ int kb_ctx_run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
     if (!f)
         return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory spawning the host fiber");
     kb_fiber_set_udata(f, &hp);
-    rc = kb_sim_run(ctx->sim);
+    while ((rc = kb_sim_run(ctx->sim)) == KB_CTX_CUT_) {
+        if ((rc = ctx_cut(ctx)) != 0) {
+            kb_ctx_fail(ctx, rc);
+            return rc;
+        }
+    }
     if (rc == KB_ERR_DEADLOCK) {
         /* the report grows with the machine: build it whole, keep it, summarise in err */
         size_t cap = 4096 + 256 * (size_t)(ctx->m->nsips * ctx->m->ncubes * ctx->m->npes);

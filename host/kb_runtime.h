@@ -66,7 +66,15 @@ typedef struct kb_ctx_opts {
      * context forgets it when destroyed. backend_desc names it (may be NULL). */
     const kb_backend *backend;
     const char *backend_desc;
+    /* Records between op-log cuts (kb_oplog.h); 0 = KB_CTX_CUT_RECORDS, SIZE_MAX = no cuts.
+     * Once that many records are appended, the simulation pauses after its current step, a
+     * cut is marked, and a pipelined backend (kb_backend_ops.sync: a device server's) is
+     * handed everything so far, to replay while the simulation goes on. Cuts order records
+     * the same way on every backend, so results do not depend on which one flushed there. */
+    size_t cut_records;
 } kb_ctx_opts;
+
+#define KB_CTX_CUT_RECORDS ((size_t)32768)
 
 /* cfg is copied. Owner: caller; kb_ctx_destroy(NULL) is a no-op. */
 int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, kb_errbuf *eb);
@@ -156,8 +164,12 @@ void kb_ctx_fail(kb_ctx *ctx, int code);
 int kb_ctx_record(kb_ctx *ctx, kb_rec *r);
 int kb_ctx_record_as(kb_ctx *ctx, kb_rec *r, const char *name);
 
-/* Replays pending op-log records into the memory store (no-op when nothing is pending). */
+/* Replays pending op-log records into the memory store, and waits for a pipelined backend's
+ * earlier flushes (kb_ctx_sync); a no-op when nothing is pending. */
 int kb_ctx_flush(kb_ctx *ctx);
+/* Waits until a pipelined backend (kb_backend_ops.sync) has run everything it was handed, and
+ * returns the first error of that work; 0 at once for other backends. */
+int kb_ctx_sync(kb_ctx *ctx);
 kb_memstore *kb_ctx_memstore(kb_ctx *ctx);
 
 /* ---- tensors ---- */

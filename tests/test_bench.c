@@ -25,6 +25,7 @@
 #include "kb_hostgemm.h"
 #include "kb_ccl.h"
 #include "kb_ccl_config.h"
+#include "kb_replay.h"
 
 #include "kb_test_util.h"
 
@@ -296,6 +297,119 @@ static int ccl_sets_run(const char *const *sets, size_t nsets, kb_device_kind de
     kb_bench_args a = defaults_of(b, verify);
     kbt_ccl_config_with(&ccl, sets, nsets);
     return exec_bench(b, &ccl, dev, &a, rep, eb);
+}
+
+/* A backend the runtime takes for pipelined (it has a sync): the resident ref inside. Counts
+ * the flushes handed to it and the syncs. */
+typedef struct piped {
+    kb_backend in;
+    int ends, syncs;
+} piped;
+
+static int pp_begin(void *self, uint8_t *arena, uint64_t bytes, const uint8_t *payload,
+                    size_t payload_bytes, kb_errbuf *eb)
+{
+    piped *p = self;
+    return p->in.ops->begin(p->in.self, arena, bytes, payload, payload_bytes, eb);
+}
+
+static int pp_run(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
+{
+    piped *p = self;
+    return p->in.ops->run_batch(p->in.self, recs, n, eb);
+}
+
+static int pp_end(void *self, uint8_t *arena, uint64_t bytes, kb_errbuf *eb)
+{
+    piped *p = self;
+    p->ends++;
+    return p->in.ops->end(p->in.self, arena, bytes, eb);
+}
+
+static void pp_destroy(void *self)
+{
+    (void)self; /* borrowed by the runs: the test destroys the inner backend */
+}
+
+static kb_resident *pp_resident(void *self)
+{
+    piped *p = self;
+    return p->in.ops->resident(p->in.self);
+}
+
+static int pp_sync(void *self, kb_errbuf *eb)
+{
+    piped *p = self;
+    (void)eb;
+    p->syncs++;
+    return 0;
+}
+
+static const kb_backend_ops pp_ops = {
+    .name = "pipelined-ref",
+    .begin = pp_begin,
+    .run_batch = pp_run,
+    .end = pp_end,
+    .destroy = pp_destroy,
+    .resident = pp_resident,
+    .sync = pp_sync,
+};
+
+/* ring_rsag_allreduce, 16 ranks x 64 KiB verified, with `cut` records between cuts on
+ * backend be (NULL: ref). */
+static void rsag16_run(size_t cut, const kb_backend *be, kb_run_report *rep)
+{
+    const char *sets[] = { "ccl.algorithms.ring_rsag_allreduce.module=ring_rsag_allreduce",
+                           "ccl.algorithms.ring_rsag_allreduce.topology=ring_1d",
+                           "ccl.algorithms.ring_rsag_allreduce.world_size=16",
+                           "ccl.algorithms.ring_rsag_allreduce.n_elem=32768",
+                           "ccl.algorithms.ring_rsag_allreduce.slot_size=1048576",
+                           "ccl.defaults.algorithm=ring_rsag_allreduce" };
+    const kb_bench *b = kb_bench_find("ccl_allreduce");
+    kb_bench_args a = defaults_of(b, 1);
+    kb_ccl_cfg ccl;
+    kb_config cfg;
+    kb_errbuf eb = { { 0 } };
+    kb_ctx_opts o = { .device = KB_DEV_REF, .backend = be, .cut_records = cut };
+    kbt_ccl_config_with(&ccl, sets, 6);
+    kb_config_defaults(&cfg);
+    if (kb_bench_execute(&cfg, &ccl, &o, b, &a, rep, &eb) != 0)
+        fail_msg("%s", eb.msg);
+    assert_int_equal(rep->res.verified, 1);
+}
+
+/*
+ * Op-log cuts: every 100 records the run pauses, marks a cut and hands a pipelined backend
+ * what it has (12 cuts in 1 248 records, then the rest at the check), and the result is that
+ * of ref with one flush; without cuts the pipelined backend also gets one flush.
+ */
+static void test_pipelined_cuts(void **s)
+{
+    kb_run_report ref, cut, none;
+    piped p;
+    kb_backend be = { &pp_ops, &p };
+    (void)s;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_ref_backend_create_resident(&p.in), 0);
+    rsag16_run(100, NULL, &ref);
+    assert_int_equal(ref.replay.flushes, 1);
+    assert_int_equal(ref.replay.records, 1248);
+    rsag16_run(100, &be, &cut);
+    assert_int_equal(cut.res.digest, ref.res.digest);
+    assert_int_equal(cut.replay.records, 1248);
+    assert_int_equal(cut.replay.flushes, 13);
+    assert_int_equal(p.ends, 13);
+    assert_true(p.syncs >= 1);
+    assert_true(cut.sim_time_ns == ref.sim_time_ns);
+    assert_int_equal(cut.events, ref.events);
+    p.in.ops->destroy(p.in.self);
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_ref_backend_create_resident(&p.in), 0);
+    rsag16_run(SIZE_MAX, &be, &none);
+    assert_int_equal(none.res.digest, ref.res.digest);
+    assert_int_equal(none.replay.flushes, 1);
+    assert_int_equal(p.ends, 1);
+    p.in.ops->destroy(p.in.self);
 }
 
 static double ccl_sim_ps(const char *algo, int ws, int n)
@@ -605,6 +719,7 @@ int main(void)
         cmocka_unit_test(test_ccl_verify_and_busbw),
         cmocka_unit_test(test_timing_only_same_numbers),
         cmocka_unit_test(test_timing_only_memory_flat),
+        cmocka_unit_test(test_pipelined_cuts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,7 +5,8 @@
  * counts as the same backend in process; two sessions at once keep their data apart; the
  * host data reaches the server through the log's shared payload file or, for other memory, as
  * a copy; the errors a user can meet are reported (no server, a stale socket file, a different build,
- * a server that went away mid-run, a host-arena flush), and --stop ends the server.
+ * a server that went away mid-run, a host-arena flush, a pipelined replay that failed on the
+ * server), and --stop ends the server.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -34,6 +35,7 @@ typedef struct srv {
     int rc;
     int sessions_made;
     int pool, recycled;   /* pool: offer finished backends back (recycle) */
+    int fail_at;          /* > 0: a session's fail_at-th flush fails on the server */
     kb_errbuf eb;
 } srv;
 
@@ -44,13 +46,73 @@ static void copy_str(char *dst, size_t n, const char *src)
     memcpy(dst, src, k + 1);
 }
 
+/* A served backend whose fail_at-th flush fails at its end (the ref-resident one inside). */
+typedef struct failing {
+    kb_backend in;
+    int left;
+} failing;
+
+static int fl_begin(void *self, uint8_t *arena, uint64_t bytes, const uint8_t *payload,
+                    size_t payload_bytes, kb_errbuf *eb)
+{
+    failing *f = self;
+    return f->in.ops->begin(f->in.self, arena, bytes, payload, payload_bytes, eb);
+}
+
+static int fl_run(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
+{
+    failing *f = self;
+    return f->in.ops->run_batch(f->in.self, recs, n, eb);
+}
+
+static int fl_end(void *self, uint8_t *arena, uint64_t bytes, kb_errbuf *eb)
+{
+    failing *f = self;
+    int rc = f->in.ops->end(f->in.self, arena, bytes, eb);
+    if (rc == 0 && --f->left == 0)
+        rc = kb_err_set(eb, KB_ERR_DEVICE, "planted device failure");
+    return rc;
+}
+
+static void fl_destroy(void *self)
+{
+    failing *f = self;
+    f->in.ops->destroy(f->in.self);
+    free(f);
+}
+
+static kb_resident *fl_resident(void *self)
+{
+    failing *f = self;
+    return f->in.ops->resident(f->in.self);
+}
+
+static const kb_backend_ops fl_ops = {
+    .name = "failing",
+    .begin = fl_begin,
+    .run_batch = fl_run,
+    .end = fl_end,
+    .destroy = fl_destroy,
+    .resident = fl_resident,
+};
+
 static int ref_session(void *arg, kb_backend *out, char *desc, size_t n, kb_errbuf *eb)
 {
     srv *s = arg;
     (void)eb;
     __atomic_add_fetch(&s->sessions_made, 1, __ATOMIC_SEQ_CST);
     snprintf(desc, n, "ref-resident (test)");
-    return kb_ref_backend_create_resident(out);
+    if (!s->fail_at)
+        return kb_ref_backend_create_resident(out);
+    failing *f = calloc(1, sizeof *f);
+    if (!f || kb_ref_backend_create_resident(&f->in) != 0) {
+        free(f);
+        return KB_ERR_NOMEM;
+    }
+    f->left = s->fail_at;
+    out->ops = &fl_ops;
+    out->self = f;
+    return 0;
 }
 
 static int ref_recycle(void *arg, kb_backend *be)
@@ -425,6 +487,45 @@ static void test_server_gone(void **state)
     run_close(&r);
 }
 
+/*
+ * Flushes are pipelined: a flush returns once its records are sent. A replay that then fails
+ * on the server is reported by the next request (a read here, the sync otherwise), and every
+ * request after it fails the same way: no data of a failed replay is ever served.
+ */
+static void test_pipelined_failure(void **state)
+{
+    (void)state;
+    srv s2;
+    run r;
+    float x[4] = { 1, 2, 3, 4 }, got[4];
+    kb_errbuf eb = { { 0 } };
+    memset(&s2, 0, sizeof s2);
+    s2.fail_at = 2;
+    snprintf(s2.path, sizeof s2.path, "%s/fail.sock", kbt_workdir());
+    assert_int_equal(pthread_create(&s2.th, NULL, srv_main, &s2), 0);
+    srv_wait_listening(&s2);
+    run_open(&r, s2.path);
+    assert_non_null(r.be.ops->sync);
+    assert_int_equal(kb_memstore_write(r.ms, 0x1000, x, sizeof x), 0);
+    flush_ok(&r, copy_f32(0x2000, 0x1000, 4, 0));
+    assert_int_equal(r.be.ops->sync(r.be.self, &eb), 0);
+    assert_int_equal(kb_memstore_load(r.ms, 0x2000, got, sizeof got, &eb), 0);
+    assert_memory_equal(got, x, sizeof x);
+    flush_ok(&r, copy_f32(0x3000, 0x2000, 4, 1)); /* fails on the server, unseen yet */
+    int rc = kb_memstore_load(r.ms, 0x3000, got, sizeof got, &eb);
+    assert_int_equal(rc, KB_ERR_DEVICE);
+    kbt_msg_has(eb.msg, "a pipelined replay");
+    kbt_msg_has(eb.msg, "planted device failure");
+    eb.msg[0] = '\0';
+    assert_int_equal(r.be.ops->sync(r.be.self, &eb), KB_ERR_DEVICE);
+    kbt_msg_has(eb.msg, "planted device failure");
+    eb.msg[0] = '\0';
+    assert_int_not_equal(flush(&r, copy_f32(0x4000, 0x1000, 4, 2), &eb), 0);
+    kbt_msg_has(eb.msg, "planted device failure");
+    run_close(&r);
+    srv_stop(&s2);
+}
+
 static void test_host_arena_refused(void **state)
 {
     srv *s = *state;
@@ -491,6 +592,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_no_server, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_build, setup, teardown),
         cmocka_unit_test_setup_teardown(test_server_gone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pipelined_failure, setup, teardown),
         cmocka_unit_test_setup_teardown(test_host_arena_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shutdown_request, setup, teardown),
         cmocka_unit_test(test_paths),

@@ -1,7 +1,7 @@
 /*
  * test_oplog — op log storage: seq assignment, records kept intact across chunk boundaries
- * with stable pointers, payload offsets (8-byte aligned) and contents, the replayed mark, and
- * kind names.
+ * with stable pointers, payload offsets (8-byte aligned) and contents, the replayed mark, cuts,
+ * and kind names.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -140,6 +140,34 @@ static void test_replayed_mark(void **state)
     kb_oplog_destroy(log);
 }
 
+static void test_cuts(void **state)
+{
+    (void)state;
+    kb_oplog *log = kb_oplog_create();
+    const uint64_t *c = NULL;
+    assert_non_null(log);
+    assert_int_equal(kb_oplog_cut(log), 0); /* empty: nothing to cut */
+    assert_int_equal(kb_oplog_cuts_in(log, 0, 100, &c), 0);
+    for (uint32_t i = 0; i < 5; i++) {
+        kb_rec r = make_rec(i);
+        assert_int_equal(kb_oplog_append(log, &r, NULL), 0);
+        if (i == 2 || i == 4) {
+            assert_int_equal(kb_oplog_cut(log), 0);
+            assert_int_equal(kb_oplog_cut(log), 0); /* the same place again: one cut */
+        }
+    }
+    /* cuts at 3 and 5; a range gets those strictly inside it */
+    assert_int_equal(kb_oplog_cuts_in(log, 0, 5, &c), 1);
+    assert_int_equal(c[0], 3);
+    assert_int_equal(kb_oplog_cuts_in(log, 0, 6, &c), 2);
+    assert_int_equal(c[0], 3);
+    assert_int_equal(c[1], 5);
+    assert_int_equal(kb_oplog_cuts_in(log, 3, 5, &c), 0);
+    assert_int_equal(kb_oplog_cuts_in(log, 4, 9, &c), 1);
+    assert_int_equal(c[0], 5);
+    kb_oplog_destroy(log);
+}
+
 static void test_kind_names(void **state)
 {
     (void)state;
@@ -169,6 +197,7 @@ int main(void)
         cmocka_unit_test(test_chunk_pointer_stability),
         cmocka_unit_test(test_payload),
         cmocka_unit_test(test_replayed_mark),
+        cmocka_unit_test(test_cuts),
         cmocka_unit_test(test_kind_names),
         cmocka_unit_test(test_span),
     };

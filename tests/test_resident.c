@@ -337,7 +337,7 @@ static void test_failed_flush(void **state)
 {
     fx *f = *state;
     static const kb_backend_ops ops = { "failing-resident", fl_begin, fl_run, fl_end, fl_destroy,
-                                        fl_resident };
+                                        fl_resident, NULL };
     failing fb = { f->be, 0 };
     float x[4] = { 1, 2, 3, 4 }, got[4];
     kb_errbuf eb;

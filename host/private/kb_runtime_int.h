@@ -7,6 +7,7 @@
 #define KB_RUNTIME_INT_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "kb_memstore.h"
 #include "kb_runtime.h"
@@ -33,6 +34,9 @@ struct kb_tensor {
 typedef struct kb_launch_st kb_launch_st;
 
 enum { KB_TAG_HOST = 0x484f5354, KB_TAG_KERNEL = 0x4b45524e };
+
+/* kb_sim_run's result when the run paused for an op-log cut (errors are negative) */
+#define KB_CTX_CUT_ 1
 
 #define KB_SCR_NCLASS 7              /* 64 B, 128 B, ... 4 KiB */
 #define KB_SCR_MAX (64u << (KB_SCR_NCLASS - 1))
@@ -133,6 +137,7 @@ struct kb_ctx {
      * (be_pending == 0), be, device_desc and device_note belong to that thread. */
     pthread_t be_thread;
     int be_pending, be_rc;
+    atomic_int be_ready;      /* set by the set-up thread as it ends: joining will not wait */
     kb_errbuf be_eb;
     double be_wait_ms;        /* time spent waiting for it */
     kb_device_kind device;
@@ -140,6 +145,9 @@ struct kb_ctx {
     char device_desc[160];
     char device_note[256];
     kb_replay_stats rstats;
+    size_t cut_every;       /* records between cuts (kb_ctx_opts.cut_records resolved) */
+    size_t since_cut;       /* records appended since the last cut */
+    int cut_asked;          /* the simulation was asked to pause for a cut */
     kb_errbuf err;
     int failed;             /* first error code that stopped the run */
     kb_tensor **tensors;    /* sorted by (gsip, va) */

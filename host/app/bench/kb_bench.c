@@ -303,6 +303,11 @@ int kb_bench_execute(const kb_config *cfg, const kb_ccl_cfg *ccl, const kb_ctx_o
             goto out;
         }
     }
+    /* what a pipelined backend was handed during the run has finished, or failed the run */
+    if ((rc = kb_ctx_sync(ctx)) != 0) {
+        kb_err_set(eb, rc, "%s", kb_ctx_errmsg(ctx));
+        goto out;
+    }
     rep->records = kb_oplog_count(kb_ctx_oplog(ctx));
     rep->memstore_pages = kb_memstore_pages(kb_ctx_memstore(ctx));
     rep->payload_bytes = kb_oplog_payload_size(kb_ctx_oplog(ctx));

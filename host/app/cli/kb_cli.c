@@ -56,6 +56,7 @@ int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb)
         { "--buffer-kind", offsetof(kbcl_job, buffer_kind) },
         { "--device", offsetof(kbcl_job, device) },
         { "--trace", offsetof(kbcl_job, trace_path) },
+        { "--replay-cut", offsetof(kbcl_job, replay_cut) },
     };
     const char *o = argv[*i];
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
@@ -357,10 +358,20 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     if ((rc = kb_config_validate(&res->cfg, eb)) != 0 ||
         (rc = kb_ccl_config_validate(&res->ccl, &res->cfg.topo, eb)) != 0)
         return KB_ERR_USAGE;
+    size_t cut = 0;
+    if (job->replay_cut) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(job->replay_cut, &end, 10);
+        if (errno || end == job->replay_cut || *end || job->replay_cut[0] == '-')
+            return kb_err_set(eb, KB_ERR_USAGE, "--replay-cut %s: a record count (0 = no cuts)",
+                              job->replay_cut);
+        cut = v == 0 || v > SIZE_MAX ? SIZE_MAX : (size_t)v;
+    }
     if (job->trace_path && (rc = kb_trace_create(&tr, eb)) != 0)
         return rc;
     kb_ctx_opts opts = { (kb_device_kind)dev, job->ipcq_trace, tr, job->backend,
-                         job->backend_desc };
+                         job->backend_desc, cut };
     rc = kb_bench_execute(&res->cfg, &res->ccl, &opts, res->bench, &res->args, &res->rep, eb);
     if (rc == 0 && tr)
         rc = kb_trace_write(tr, job->trace_path, eb);

@@ -42,6 +42,8 @@ typedef struct kbcl_job {
     int verify;
     FILE *ipcq_trace;           /* KBCL_CCL_TRACE stream or NULL */
     const char *trace_path;     /* --trace FILE (Chrome trace JSON) or NULL */
+    const char *replay_cut;     /* --replay-cut RECORDS: kb_ctx_opts.cut_records (0 = none);
+                                   NULL = the default */
     /* borrowed: the plugins loaded so far (the command loads KBCL_PLUGIN_PATH and --plugin
      * into it) and where ccl.yaml's plugins: load; benches and algorithms are looked up in it.
      * NULL = the built-ins only (a ccl.yaml that lists plugins is then refused). */
