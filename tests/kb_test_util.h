@@ -466,6 +466,74 @@ static inline kb_rec kbt_rand_rec(kbt_recgen *ge, kb_time t)
 #endif /* KB_OPLOG_H */
 
 /* ---- configurations (kb_host) ---- */
+#ifdef KB_REPLAY_H
+/*
+ * A backend around another one (`inner`, which does the work and is not destroyed with the
+ * wrapper), counting batches, flush ends and syncs; fail_batch / fail_end > 0 make that
+ * batch / that flush's end fail with KB_ERR_DEVICE "injected failure" (the end after the
+ * inner one ran). kbt_wrap_ops(1) also has a sync, so the runtime takes it for pipelined.
+ */
+typedef struct kbt_wrap {
+    kb_backend inner;
+    int batches, ends, syncs;
+    int fail_batch, fail_end;
+} kbt_wrap;
+
+static inline int kbt_wrap_begin(void *self, uint8_t *arena, uint64_t bytes,
+                                 const uint8_t *payload, size_t payload_bytes, kb_errbuf *eb)
+{
+    kbt_wrap *w = self;
+    return w->inner.ops->begin(w->inner.self, arena, bytes, payload, payload_bytes, eb);
+}
+
+static inline int kbt_wrap_run(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
+{
+    kbt_wrap *w = self;
+    if (++w->batches == w->fail_batch)
+        return kb_err_set(eb, KB_ERR_DEVICE, "injected failure");
+    return w->inner.ops->run_batch(w->inner.self, recs, n, eb);
+}
+
+static inline int kbt_wrap_end(void *self, uint8_t *arena, uint64_t bytes, kb_errbuf *eb)
+{
+    kbt_wrap *w = self;
+    int rc = w->inner.ops->end(w->inner.self, arena, bytes, eb);
+    if (rc == 0 && ++w->ends == w->fail_end)
+        rc = kb_err_set(eb, KB_ERR_DEVICE, "injected failure");
+    return rc;
+}
+
+static inline void kbt_wrap_destroy(void *self)
+{
+    (void)self; /* the inner backend is the test's */
+}
+
+static inline struct kb_resident *kbt_wrap_resident(void *self)
+{
+    kbt_wrap *w = self;
+    return w->inner.ops->resident(w->inner.self);
+}
+
+static inline int kbt_wrap_sync(void *self, kb_errbuf *eb)
+{
+    kbt_wrap *w = self;
+    (void)eb;
+    w->syncs++;
+    return 0;
+}
+
+static inline const kb_backend_ops *kbt_wrap_ops(int pipelined)
+{
+    static const kb_backend_ops ops[2] = {
+        { "wrapped", kbt_wrap_begin, kbt_wrap_run, kbt_wrap_end, kbt_wrap_destroy,
+          kbt_wrap_resident, NULL },
+        { "wrapped-pipelined", kbt_wrap_begin, kbt_wrap_run, kbt_wrap_end, kbt_wrap_destroy,
+          kbt_wrap_resident, kbt_wrap_sync },
+    };
+    return &ops[pipelined != 0];
+}
+#endif
+
 #ifdef KB_CONFIG_H
 
 /* One `key=value` assignment, as `kbcl run --set` takes it; a refusal fails the test. */

@@ -299,62 +299,6 @@ static int ccl_sets_run(const char *const *sets, size_t nsets, kb_device_kind de
     return exec_bench(b, &ccl, dev, &a, rep, eb);
 }
 
-/* A backend the runtime takes for pipelined (it has a sync): the resident ref inside. Counts
- * the flushes handed to it and the syncs. */
-typedef struct piped {
-    kb_backend in;
-    int ends, syncs;
-} piped;
-
-static int pp_begin(void *self, uint8_t *arena, uint64_t bytes, const uint8_t *payload,
-                    size_t payload_bytes, kb_errbuf *eb)
-{
-    piped *p = self;
-    return p->in.ops->begin(p->in.self, arena, bytes, payload, payload_bytes, eb);
-}
-
-static int pp_run(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
-{
-    piped *p = self;
-    return p->in.ops->run_batch(p->in.self, recs, n, eb);
-}
-
-static int pp_end(void *self, uint8_t *arena, uint64_t bytes, kb_errbuf *eb)
-{
-    piped *p = self;
-    p->ends++;
-    return p->in.ops->end(p->in.self, arena, bytes, eb);
-}
-
-static void pp_destroy(void *self)
-{
-    (void)self; /* borrowed by the runs: the test destroys the inner backend */
-}
-
-static kb_resident *pp_resident(void *self)
-{
-    piped *p = self;
-    return p->in.ops->resident(p->in.self);
-}
-
-static int pp_sync(void *self, kb_errbuf *eb)
-{
-    piped *p = self;
-    (void)eb;
-    p->syncs++;
-    return 0;
-}
-
-static const kb_backend_ops pp_ops = {
-    .name = "pipelined-ref",
-    .begin = pp_begin,
-    .run_batch = pp_run,
-    .end = pp_end,
-    .destroy = pp_destroy,
-    .resident = pp_resident,
-    .sync = pp_sync,
-};
-
 /* ring_rsag_allreduce, 16 ranks x 64 KiB verified, with `cut` records between cuts on
  * backend be (NULL: ref). */
 static void rsag16_run(size_t cut, const kb_backend *be, kb_run_report *rep)
@@ -386,11 +330,11 @@ static void rsag16_run(size_t cut, const kb_backend *be, kb_run_report *rep)
 static void test_pipelined_cuts(void **s)
 {
     kb_run_report ref, cut, none;
-    piped p;
-    kb_backend be = { &pp_ops, &p };
+    kbt_wrap p; /* the runtime takes it for pipelined (it has a sync) */
+    kb_backend be = { kbt_wrap_ops(1), &p };
     (void)s;
     memset(&p, 0, sizeof p);
-    assert_int_equal(kb_ref_backend_create_resident(&p.in), 0);
+    assert_int_equal(kb_ref_backend_create_resident(&p.inner), 0);
     rsag16_run(100, NULL, &ref);
     assert_int_equal(ref.replay.flushes, 1);
     assert_int_equal(ref.replay.records, 1248);
@@ -402,14 +346,14 @@ static void test_pipelined_cuts(void **s)
     assert_true(p.syncs >= 1);
     assert_true(cut.sim_time_ns == ref.sim_time_ns);
     assert_int_equal(cut.events, ref.events);
-    p.in.ops->destroy(p.in.self);
+    p.inner.ops->destroy(p.inner.self);
     memset(&p, 0, sizeof p);
-    assert_int_equal(kb_ref_backend_create_resident(&p.in), 0);
+    assert_int_equal(kb_ref_backend_create_resident(&p.inner), 0);
     rsag16_run(SIZE_MAX, &be, &none);
     assert_int_equal(none.res.digest, ref.res.digest);
     assert_int_equal(none.replay.flushes, 1);
     assert_int_equal(p.ends, 1);
-    p.in.ops->destroy(p.in.self);
+    p.inner.ops->destroy(p.inner.self);
 }
 
 static double ccl_sim_ps(const char *algo, int ws, int n)

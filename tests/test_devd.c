@@ -46,54 +46,21 @@ static void copy_str(char *dst, size_t n, const char *src)
     memcpy(dst, src, k + 1);
 }
 
-/* A served backend whose fail_at-th flush fails at its end (the ref-resident one inside). */
-typedef struct failing {
-    kb_backend in;
-    int left;
-} failing;
-
-static int fl_begin(void *self, uint8_t *arena, uint64_t bytes, const uint8_t *payload,
-                    size_t payload_bytes, kb_errbuf *eb)
+/* The session backend of a server with fail_at: a kbt_wrap that owns its inner backend. */
+static void fail_destroy(void *self)
 {
-    failing *f = self;
-    return f->in.ops->begin(f->in.self, arena, bytes, payload, payload_bytes, eb);
+    kbt_wrap *w = self;
+    w->inner.ops->destroy(w->inner.self);
+    free(w);
 }
 
-static int fl_run(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
-{
-    failing *f = self;
-    return f->in.ops->run_batch(f->in.self, recs, n, eb);
-}
-
-static int fl_end(void *self, uint8_t *arena, uint64_t bytes, kb_errbuf *eb)
-{
-    failing *f = self;
-    int rc = f->in.ops->end(f->in.self, arena, bytes, eb);
-    if (rc == 0 && --f->left == 0)
-        rc = kb_err_set(eb, KB_ERR_DEVICE, "planted device failure");
-    return rc;
-}
-
-static void fl_destroy(void *self)
-{
-    failing *f = self;
-    f->in.ops->destroy(f->in.self);
-    free(f);
-}
-
-static kb_resident *fl_resident(void *self)
-{
-    failing *f = self;
-    return f->in.ops->resident(f->in.self);
-}
-
-static const kb_backend_ops fl_ops = {
+static const kb_backend_ops fail_ops = {
     .name = "failing",
-    .begin = fl_begin,
-    .run_batch = fl_run,
-    .end = fl_end,
-    .destroy = fl_destroy,
-    .resident = fl_resident,
+    .begin = kbt_wrap_begin,
+    .run_batch = kbt_wrap_run,
+    .end = kbt_wrap_end,
+    .destroy = fail_destroy,
+    .resident = kbt_wrap_resident,
 };
 
 static int ref_session(void *arg, kb_backend *out, char *desc, size_t n, kb_errbuf *eb)
@@ -104,14 +71,14 @@ static int ref_session(void *arg, kb_backend *out, char *desc, size_t n, kb_errb
     snprintf(desc, n, "ref-resident (test)");
     if (!s->fail_at)
         return kb_ref_backend_create_resident(out);
-    failing *f = calloc(1, sizeof *f);
-    if (!f || kb_ref_backend_create_resident(&f->in) != 0) {
-        free(f);
+    kbt_wrap *w = calloc(1, sizeof *w);
+    if (!w || kb_ref_backend_create_resident(&w->inner) != 0) {
+        free(w);
         return KB_ERR_NOMEM;
     }
-    f->left = s->fail_at;
-    out->ops = &fl_ops;
-    out->self = f;
+    w->fail_end = s->fail_at;
+    out->ops = &fail_ops;
+    out->self = w;
     return 0;
 }
 
@@ -142,6 +109,17 @@ static void srv_wait_listening(const srv *s)
         usleep(10000);
     }
     fail_msg("the server did not start listening");
+}
+
+/* A second server in the work folder (socket `sock`), for a test of its own. */
+static void srv_start(srv *s, const char *sock, int pool, int fail_at)
+{
+    memset(s, 0, sizeof *s);
+    s->pool = pool;
+    s->fail_at = fail_at;
+    snprintf(s->path, sizeof s->path, "%s/%s", kbt_workdir(), sock);
+    assert_int_equal(pthread_create(&s->th, NULL, srv_main, s), 0);
+    srv_wait_listening(s);
 }
 
 static int setup(void **state)
@@ -362,11 +340,7 @@ static void test_pooled_sessions(void **state)
     static float a[2080], b[2080];
     srv s2;
     run r;
-    memset(&s2, 0, sizeof s2);
-    s2.pool = 1;
-    snprintf(s2.path, sizeof s2.path, "%s/pool.sock", kbt_workdir());
-    assert_int_equal(pthread_create(&s2.th, NULL, srv_main, &s2), 0);
-    srv_wait_listening(&s2);
+    srv_start(&s2, "pool.sock", 1, 0);
     run_open(&r, s2.path);
     scenario(&r, a, 3);
     run_close(&r);
@@ -499,11 +473,7 @@ static void test_pipelined_failure(void **state)
     run r;
     float x[4] = { 1, 2, 3, 4 }, got[4];
     kb_errbuf eb = { { 0 } };
-    memset(&s2, 0, sizeof s2);
-    s2.fail_at = 2;
-    snprintf(s2.path, sizeof s2.path, "%s/fail.sock", kbt_workdir());
-    assert_int_equal(pthread_create(&s2.th, NULL, srv_main, &s2), 0);
-    srv_wait_listening(&s2);
+    srv_start(&s2, "fail.sock", 0, 2);
     run_open(&r, s2.path);
     assert_non_null(r.be.ops->sync);
     assert_int_equal(kb_memstore_write(r.ms, 0x1000, x, sizeof x), 0);
@@ -515,13 +485,13 @@ static void test_pipelined_failure(void **state)
     int rc = kb_memstore_load(r.ms, 0x3000, got, sizeof got, &eb);
     assert_int_equal(rc, KB_ERR_DEVICE);
     kbt_msg_has(eb.msg, "a pipelined replay");
-    kbt_msg_has(eb.msg, "planted device failure");
+    kbt_msg_has(eb.msg, "injected failure");
     eb.msg[0] = '\0';
     assert_int_equal(r.be.ops->sync(r.be.self, &eb), KB_ERR_DEVICE);
-    kbt_msg_has(eb.msg, "planted device failure");
+    kbt_msg_has(eb.msg, "injected failure");
     eb.msg[0] = '\0';
     assert_int_not_equal(flush(&r, copy_f32(0x4000, 0x1000, 4, 2), &eb), 0);
-    kbt_msg_has(eb.msg, "planted device failure");
+    kbt_msg_has(eb.msg, "injected failure");
     run_close(&r);
     srv_stop(&s2);
 }

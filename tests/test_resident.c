@@ -295,55 +295,15 @@ static void test_rebind(void **state)
     ref.ops->destroy(ref.self);
 }
 
-/* A resident backend whose second batch fails. */
-typedef struct failing {
-    kb_backend inner;
-    int batches;
-} failing;
-
-static int fl_begin(void *self, uint8_t *arena, uint64_t bytes, const uint8_t *payload,
-                    size_t payload_bytes, kb_errbuf *eb)
-{
-    failing *b = self;
-    return b->inner.ops->begin(b->inner.self, arena, bytes, payload, payload_bytes, eb);
-}
-
-static int fl_run(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
-{
-    failing *b = self;
-    if (++b->batches == 2)
-        return kb_err_set(eb, KB_ERR_DEVICE, "injected failure");
-    return b->inner.ops->run_batch(b->inner.self, recs, n, eb);
-}
-
-static int fl_end(void *self, uint8_t *arena, uint64_t bytes, kb_errbuf *eb)
-{
-    failing *b = self;
-    return b->inner.ops->end(b->inner.self, arena, bytes, eb);
-}
-
-static void fl_destroy(void *self)
-{
-    (void)self;
-}
-
-static kb_resident *fl_resident(void *self)
-{
-    failing *b = self;
-    return b->inner.ops->resident(b->inner.self);
-}
-
 static void test_failed_flush(void **state)
 {
     fx *f = *state;
-    static const kb_backend_ops ops = { "failing-resident", fl_begin, fl_run, fl_end, fl_destroy,
-                                        fl_resident, NULL };
-    failing fb = { f->be, 0 };
+    kbt_wrap fb = { f->be, 0, 0, 0, 2, 0 }; /* the second batch fails */
     float x[4] = { 1, 2, 3, 4 }, got[4];
     kb_errbuf eb;
     assert_int_equal(kb_memstore_write(f->ms, 0x1000, x, 16), 0);
     flush(f, copy_f32(0x2000, 0x1000, 4, 0)); /* device-dirty, not read yet */
-    fx g = { f->log, f->ms, { &ops, &fb }, { 0 } };
+    fx g = { f->log, f->ms, { kbt_wrap_ops(0), &fb }, { 0 } };
     kb_rec a = copy_f32(0x3000, 0x2000, 4, 1), b = copy_f32(0x4000, 0x3000, 4, 2);
     assert_int_equal(kb_oplog_append(f->log, &a, NULL), 0);
     assert_int_equal(kb_oplog_append(f->log, &b, NULL), 0);
@@ -351,7 +311,7 @@ static void test_failed_flush(void **state)
     assert_int_equal(kb_replay_flush(f->log, f->ms, &g.be, &g.st, &eb), KB_ERR_DEVICE);
     assert_non_null(strstr(eb.msg, "injected failure"));
     assert_int_equal(kb_oplog_replayed(f->log), 1);
-    assert_true(kb_resident_broken(fl_resident(&fb)));
+    assert_true(kb_resident_broken(kbt_wrap_resident(&fb)));
     /* From now on the device copy is undefined: flushes and reads of device data say so. */
     assert_int_equal(kb_replay_flush(f->log, f->ms, &f->be, &f->st, &eb), KB_ERR_STATE);
     assert_non_null(strstr(eb.msg, "undefined"));
