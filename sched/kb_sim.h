@@ -3,7 +3,7 @@
  *
  * Pending events are ordered by (time, seq), where seq strictly increases at insertion, so
  * events at equal times fire in insertion order. Future events sit in a sorted run for the
- * current 0.512 ns slot, a timing wheel of later slots (2.1 us ahead) and a heap beyond it; events
+ * current 0.512 ns slot, a timing wheel of later slots (33.6 us ahead) and a heap beyond it; events
  * scheduled for the current time go to a FIFO in front of them (the common zero-delay wake-up
  * never touches a heap). The FIFO preserves (time, seq) order because every event already
  * queued for the current time was inserted earlier and is drained first.

@@ -132,7 +132,8 @@ static void test_heap_nested_random_order(void **state)
 
 /*
  * Delays spread over every store of the queue: 0 (FIFO), inside the current 0.512 ns slot,
- * and uniform over 0..10 us on a 100 ps grid (wheel and far heap; ties are common).
+ * and uniform over 0..100 us on a 1 ns grid (the wheel spans 33.6 us: wheel and far heap;
+ * ties are common).
  */
 static void wide_ev(kb_sim *sim, void *a, void *b)
 {
@@ -142,7 +143,7 @@ static void wide_ev(kb_sim *sim, void *a, void *b)
     for (int k = 0; k < 2 && c->budget > 0; k++, c->budget--) {
         uint64_t r = kbt_rng_below(&c->rng, 4);
         kb_time dt = r == 0 ? 0 : r == 1 ? (kb_time)kbt_rng_below(&c->rng, 4) * 64
-                                         : (kb_time)kbt_rng_below(&c->rng, 100000) * 100;
+                                         : (kb_time)kbt_rng_below(&c->rng, 100000) * 1000;
         assert_int_equal(kb_sim_after(sim, dt, wide_ev, c, (void *)(intptr_t)c->next_id++), 0);
     }
 }
@@ -200,6 +201,36 @@ static void test_fifo_after_heap_at_same_time(void **state)
     assert_int_equal(kb_sim_at(sim, 50, fifo_b, &c, (void *)(intptr_t)'B'), 0);
     assert_int_equal(kb_sim_at(sim, 100, fifo_leaf, &c, (void *)(intptr_t)'F'), 0);
     assert_int_equal(kb_sim_after(sim, 0, fifo_leaf, &c, (void *)(intptr_t)'Z'), 0);
+    assert_int_equal(kb_sim_run(sim), 0);
+    expect_trace(&c.tr, want, sizeof want / sizeof want[0]);
+    trace_free(&c.tr);
+    kb_sim_destroy(sim);
+}
+
+static void tie_push(kb_sim *sim, void *a, void *b)
+{
+    fifo_leaf(sim, a, b);
+    kb_sim_at(sim, kb_ns(1000000), fifo_leaf, a, (void *)(intptr_t)'B'); /* 1 us ahead: the wheel */
+}
+
+/*
+ * A is pushed 1 ms ahead (beyond the wheel: the far heap), B for the same time 1 us before
+ * it (into the wheel): A was inserted first, so it fires first, though the wheel hands its
+ * slot over before the far heap does.
+ */
+static void test_far_and_wheel_tie(void **state)
+{
+    kb_sim *sim = kb_sim_create(NULL);
+    fifo_ctx c = {{0}};
+    const kb_time t = kb_ns(1000000);
+    const rec want[] = {{1, 'Z'}, {t - kb_ns(1000), 'P'}, {t, 'A'}, {t, 'B'}};
+
+    (void)state;
+    /* Z keeps the wheel's cursor at slot 0 (a lone event would take it along), so A and P go
+     * to the far heap */
+    assert_int_equal(kb_sim_at(sim, 1, fifo_leaf, &c, (void *)(intptr_t)'Z'), 0);
+    assert_int_equal(kb_sim_at(sim, t, fifo_leaf, &c, (void *)(intptr_t)'A'), 0);
+    assert_int_equal(kb_sim_at(sim, t - kb_ns(1000), tie_push, &c, (void *)(intptr_t)'P'), 0);
     assert_int_equal(kb_sim_run(sim), 0);
     expect_trace(&c.tr, want, sizeof want / sizeof want[0]);
     trace_free(&c.tr);
@@ -989,6 +1020,7 @@ int main(void)
         cmocka_unit_test(test_heap_nested_random_order),
         cmocka_unit_test(test_queue_wheel_and_far_order),
         cmocka_unit_test(test_fifo_after_heap_at_same_time),
+        cmocka_unit_test(test_far_and_wheel_tie),
         cmocka_unit_test(test_at_in_past_is_inval),
         cmocka_unit_test(test_fiber_sleep_exact),
         cmocka_unit_test(test_fiber_sleep_then),

@@ -541,9 +541,10 @@ static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, 
     if (n < 0)
         return n;
     if (issuer && n <= KB_ROUTE_MEMO_LEN) {
-        kb_route_way *w = &issuer->routes[issuer->route_next++ % KB_ROUTE_MEMO_WAYS];
-        w->src = route_key(pa_src, ls->port);
-        w->dst = route_key(pa_dst, ld->port);
+        unsigned i = issuer->route_next++ % KB_ROUTE_MEMO_WAYS;
+        kb_route_way *w = &issuer->routes[i];
+        issuer->route_src[i] = route_key(pa_src, ls->port);
+        issuer->route_dst[i] = route_key(pa_dst, ld->port);
         w->n = n;
         memcpy(w->path, buf, (size_t)n * sizeof *buf);
     }
@@ -582,7 +583,7 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
             kd = (uint64_t)(uintptr_t)ld.port;
         for (int i = 0; ks && kd && i < KB_ROUTE_MEMO_WAYS; i++) {
             const kb_route_way *w = &issuer->routes[i];
-            if (w->src == ks && w->dst == kd && w->n > 0) {
+            if (issuer->route_src[i] == ks && issuer->route_dst[i] == kd && w->n > 0) {
                 reserve_path(m, w->path, w->n, now, nbytes, t_start, t_end);
                 return 0;
             }

@@ -37,15 +37,14 @@
 #define KB_ROUTE_MEMO_WAYS 4  /* routes remembered per issuing PE */
 #define KB_ROUTE_MEMO_LEN 12  /* longest remembered route: any route inside one SIP */
 
-/* A route remembered by kb_machine_dma for a pair of end keys; n = 0: unused.
- * One way per cache-line pair: a hit on a short route touches a single line. */
+/* A route remembered by kb_machine_dma (its end keys are in kb_pe_hw.route_src/dst);
+ * n = 0: unused. Its own line pair: a short route's pointers share the line with n. */
 /* Told of one reservation: resource r busy over [t0, t1) for `bytes` bytes. */
 typedef void (*kb_res_observer_fn)(void *ud, const kb_res *r, kb_time t0, kb_time t1,
                                    uint64_t bytes);
 
 typedef struct kb_route_way {
-    _Alignas(64) uint64_t src, dst; /* end keys (kb_machine.c: route_key) */
-    int n;
+    _Alignas(64) int n;
     kb_res *path[KB_ROUTE_MEMO_LEN];
 } kb_route_way;
 
@@ -69,6 +68,10 @@ typedef struct kb_pe_hw {
     /* kb_machine_dma's route memo: routes are fixed for a machine's lifetime and a kernel
      * moves data along a handful of them, so building one (its duplicate checks and mesh
      * walk) once per pair of ports is enough */
+    /* end keys of routes[i] (kb_machine.c: route_key), in one line: a lookup reads this line
+     * and the hit's path, whichever way hits (with 1 024 PEs and more every line a DMA
+     * touches is a cache miss) */
+    _Alignas(64) uint64_t route_src[KB_ROUTE_MEMO_WAYS], route_dst[KB_ROUTE_MEMO_WAYS];
     kb_route_way routes[KB_ROUTE_MEMO_WAYS];
 } kb_pe_hw;
 
