@@ -150,7 +150,9 @@ static void ring_block(kb_tl *tl, kb_va mine, int64_t n, int64_t ws, int64_t S, 
     }
 }
 
-static void ring_streamed(kb_tl *tl, int64_t n, int64_t ws, kb_va mine)
+/* The streamed forms (here and below) are out of line: inlined, their slice arrays would
+ * widen the frames of the whole-tile kernels, whose cold stacks every resume touches. */
+static KB_NOINLINE void ring_streamed(kb_tl *tl, int64_t n, int64_t ws, kb_va mine)
 {
     uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
     /* a slice: one slot of f16; its scratch: an f32 sum (2 slots) and two receives */
@@ -336,7 +338,7 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
 }
 
 
-static void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine,
+static KB_NOINLINE void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine,
                           kb_dtype dt, int op)
 {
     uint64_t slot = tl_slot_size(tl, KB_DIR_E);
@@ -591,7 +593,7 @@ static void tree_down(kb_tl *tl, kb_va va, kb_val v, int has_l, int has_r)
     tl_free(tl, v);
 }
 
-static void tree_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine)
+static KB_NOINLINE void tree_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine)
 {
     int64_t S = (int64_t)(kb_ipcq_slot_size(tl_ctx(tl)) / 4u), nsl = (n + S - 1) / S;
     int64_t lag = 0, off, len;
@@ -778,7 +780,7 @@ static void chain_links(hier_node *h, int i, int g, kb_dir inc, kb_dir dec, int 
     *up = 1;
 }
 
-static void hier_streamed(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
+static KB_NOINLINE void hier_streamed(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
     int P, C, S = (int)a->i[KB_CCL_ARG_SIPS], pe = tl_program_id(tl, 0);
     int cube = tl_program_id(tl, 1);

@@ -326,23 +326,30 @@ static uint64_t span_bytes(uint32_t rows, uint32_t cols, uint32_t ld, size_t es)
     return rows == 0 || cols == 0 ? 0 : ((uint64_t)(rows - 1) * ld + cols) * es;
 }
 
+/* kb_tl_translate's miss: looks up va's segment and remembers it. Out of line (its message
+ * buffer stays out of the hot frames). */
+static KB_NOINLINE void translate_miss(kb_tl *tl, const kb_mmu *mmu, uint64_t gen, kb_va va,
+                                       const char *op)
+{
+    kb_errbuf eb;
+    uint64_t len;
+    if (kb_mmu_segment(mmu, va, &tl->tlb_va, &len, &tl->tlb_pa, &eb) != 0) {
+        tl->tlb_gen = 0;
+        tl_fail(tl, KB_ERR_NOTFOUND, "%s: %s", op, eb.msg);
+    }
+    tl->tlb_end = tl->tlb_va + len;
+    tl->tlb_t = kb_ctx_tensor_at(tl->ctx, tl->pe->gsip, tl->tlb_va);
+    tl->tlb_gen = gen;
+}
+
 /* Translates [va, va + bytes) on this PE's SIP; it must lie in one mapping. */
 kb_pa kb_tl_translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_tensor **tensor)
 {
     const kb_mmu *mmu = tl->ctx->m->sips[tl->pe->gsip].mmu;
     uint64_t gen = kb_mmu_gen(mmu);
 
-    if (tl->tlb_gen != gen || va < tl->tlb_va || va >= tl->tlb_end) {
-        kb_errbuf eb;
-        uint64_t len;
-        if (kb_mmu_segment(mmu, va, &tl->tlb_va, &len, &tl->tlb_pa, &eb) != 0) {
-            tl->tlb_gen = 0;
-            tl_fail(tl, KB_ERR_NOTFOUND, "%s: %s", op, eb.msg);
-        }
-        tl->tlb_end = tl->tlb_va + len;
-        tl->tlb_t = kb_ctx_tensor_at(tl->ctx, tl->pe->gsip, tl->tlb_va);
-        tl->tlb_gen = gen;
-    }
+    if (tl->tlb_gen != gen || va < tl->tlb_va || va >= tl->tlb_end)
+        translate_miss(tl, mmu, gen, va, op);
     if (tl->tlb_end - va < bytes)
         tl_fail(tl, KB_ERR_RANGE,
                 "%s: %llu bytes at va 0x%llx cross the end of a shard (%llu bytes left in it)", op,
@@ -356,6 +363,41 @@ kb_pa kb_tl_translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_te
 static int is_local(const kb_tl *tl, kb_pa pa)
 {
     return kb_pa_in_pe_window(pa, kb_pa_pe_window(tl->pe->gsip, tl->pe->cube, tl->pe->pe));
+}
+
+/* Why a kernel's DMA was refused: the route again, with its message. Out of line, so that the
+ * DMA paths' frames hold no message buffer (a kernel's stack is cold when it resumes: every
+ * line a frame spans may be a miss). */
+static KB_COLD void dma_fail(kb_tl *tl, kb_pa src, kb_pa dst, const char *op)
+{
+    kb_res *path[KB_MAX_ROUTE];
+    kb_errbuf eb;
+    eb.msg[0] = '\0';
+    kb_machine_route(tl->ctx->m, tl->pe, src, dst, path, KB_MAX_ROUTE, &eb);
+    tl_fail(tl, KB_ERR_RANGE, "%s: %s", op, eb.msg);
+}
+
+/* Records a DMA's copy (only when the run records: a kb_rec is four lines of the stack). */
+static KB_NOINLINE void record_copy(kb_tl *tl, kb_time t_start, kb_time t_end, kb_opnd dst,
+                                    kb_opnd src)
+{
+    kb_rec r;
+    memset(&r, 0, sizeof r);
+    r.t_start = t_start;
+    r.t_end = t_end;
+    r.kind = KB_REC_COPY;
+    r.nsrc = 1;
+    r.dst = dst;
+    r.src[0] = src;
+    kb_tl_record(tl, &r);
+}
+
+/* kb_machine_dma from the kernel's PE, issued at t; fails the kernel when refused. */
+static void tl_dma(kb_tl *tl, kb_pa src, kb_pa dst, uint64_t bytes, kb_time t, kb_time *t_start,
+                   kb_time *t_end, const char *op)
+{
+    if (kb_machine_dma(tl->ctx->m, tl->pe, src, dst, bytes, t, t_start, t_end, NULL) != 0)
+        dma_fail(tl, src, dst, op);
 }
 
 static KB_COLD void not_local(kb_tl *tl, kb_val v, const char *op)
@@ -380,7 +422,7 @@ static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype
     kb_tensor *t;
     kb_pa src;
     kb_val v;
-    kb_rec r;
+    kb_time t_start, t_end;
 
     if (s.rows == 0 || s.cols == 0 || (unsigned)dt >= KB_NDTYPES)
         tl_fail(tl, KB_ERR_INVAL, "%s: empty shape or bad dtype", op);
@@ -402,25 +444,18 @@ static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype
         return v;
     }
     v = kb_tl_scratch_val(tl, s.rows, s.cols, dt, op);
-    memset(&r, 0, sizeof r);
-    {
-        kb_errbuf eb;
-        if (kb_machine_dma(tl->ctx->m, tl->pe, src, v.pa, bytes, issue_time(tl), &r.t_start,
-                           &r.t_end, &eb) != 0)
-            tl_fail(tl, KB_ERR_RANGE, "%s: %s", op, eb.msg);
+    tl_dma(tl, src, v.pa, bytes, issue_time(tl), &t_start, &t_end, op);
+    if (kb_ctx_records(tl->ctx)) {
+        kb_opnd o = kb_opnd_make(src, s.rows, s.cols, dt);
+        o.ld = ld;
+        record_copy(tl, t_start, t_end, val_opnd(v), o);
     }
-    r.kind = KB_REC_COPY;
-    r.nsrc = 1;
-    r.dst = val_opnd(v);
-    r.src[0] = kb_opnd_make(src, s.rows, s.cols, dt);
-    r.src[0].ld = ld;
-    kb_tl_record(tl, &r);
     if (copy == 2) {
-        *ready = r.t_end;
+        *ready = t_end;
         kb_tl_wait_until(tl, issue_time(tl));
         return v;
     }
-    kb_tl_wait_until(tl, r.t_end);
+    kb_tl_wait_until(tl, t_end);
     return v;
 }
 
@@ -462,8 +497,7 @@ static void dma_block(kb_tl *tl, kb_va va, uint32_t ld, kb_val v, int to_mem, co
     kb_dtype dt;
     uint64_t bytes;
     kb_pa mem;
-    kb_rec r;
-    kb_errbuf eb;
+    kb_time t_start, t_end;
 
     if (ld < v.cols)
         tl_fail(tl, KB_ERR_INVAL, "%s: row stride %u is below the block's %u columns", op, ld,
@@ -476,23 +510,17 @@ static void dma_block(kb_tl *tl, kb_va va, uint32_t ld, kb_val v, int to_mem, co
                 kb_dtype_name((kb_dtype)v.dtype), t ? t->name : "?", kb_dtype_name(dt));
     bytes = (uint64_t)v.rows * v.cols * kb_dtype_size(dt);
     mem = kb_tl_translate(tl, va, span_bytes(v.rows, v.cols, ld, kb_dtype_size(dt)), op, NULL);
-    memset(&r, 0, sizeof r);
-    if (kb_machine_dma(tl->ctx->m, tl->pe, to_mem ? v.pa : mem, to_mem ? mem : v.pa, bytes,
-                       issue_time(tl), &r.t_start, &r.t_end, &eb) != 0)
-        tl_fail(tl, KB_ERR_RANGE, "%s: %s", op, eb.msg);
-    r.kind = KB_REC_COPY;
-    r.nsrc = 1;
-    if (to_mem) {
-        r.dst = kb_opnd_make(mem, v.rows, v.cols, dt);
-        r.dst.ld = ld;
-        r.src[0] = val_opnd(v);
-    } else {
-        r.dst = val_opnd(v);
-        r.src[0] = kb_opnd_make(mem, v.rows, v.cols, dt);
-        r.src[0].ld = ld;
+    tl_dma(tl, to_mem ? v.pa : mem, to_mem ? mem : v.pa, bytes, issue_time(tl), &t_start,
+           &t_end, op);
+    if (kb_ctx_records(tl->ctx)) {
+        kb_opnd o = kb_opnd_make(mem, v.rows, v.cols, dt);
+        o.ld = ld;
+        if (to_mem)
+            record_copy(tl, t_start, t_end, o, val_opnd(v));
+        else
+            record_copy(tl, t_start, t_end, val_opnd(v), o);
     }
-    kb_tl_record(tl, &r);
-    kb_tl_wait_until(tl, r.t_end);
+    kb_tl_wait_until(tl, t_end);
 }
 
 void tl_store(kb_tl *tl, kb_va va, kb_val v)

@@ -513,7 +513,6 @@ static kb_time gemm_reserve(kb_res *r, kb_time t, kb_time occ, uint64_t flops)
 {
     kb_time start = t > r->free_at ? t : r->free_at;
     r->free_at = start + occ;
-    r->uses++;
     r->bytes += flops;
     r->busy += occ;
     return r->free_at + r->latency;

@@ -95,7 +95,6 @@ void kb_res_init(kb_res *r, const char *name, double bandwidth_gbps, kb_time lat
         r->bytes_per_us = 1;
     else
         r->bytes_per_us = (uint64_t)llround(bpu);
-    r->uses = 0;
     r->bytes = 0;
     r->busy = 0;
     r->name = name;
@@ -112,8 +111,10 @@ kb_time kb_res_occupancy(const kb_res *r, uint64_t nbytes)
 static kb_time occupancy_memo(kb_res *r, uint64_t nbytes)
 {
     if (r->memo_key != nbytes + 1) {
+        if (nbytes >= UINT32_MAX)
+            return kb_res_occupancy(r, nbytes);
         r->memo_occ = kb_res_occupancy(r, nbytes);
-        r->memo_key = nbytes + 1;
+        r->memo_key = (uint32_t)nbytes + 1;
     }
     return r->memo_occ;
 }
@@ -128,7 +129,6 @@ static kb_time add_nn(kb_time a, kb_time b)
 
 static void account(kb_res *r, uint64_t nbytes, kb_time occ)
 {
-    r->uses++;
     r->bytes += nbytes;
     r->busy = add_nn(r->busy, occ);
 }

@@ -32,25 +32,28 @@
 #include "kb_time.h"
 
 /*
- * What a reservation touches comes first and the struct is cache-line aligned, so a hot
- * reservation costs one line per resource (a 256-PE run is bound by cache misses).
+ * Everything a reservation reads or writes is in the first cache line and the struct is
+ * line-aligned, so a reservation costs one line per resource (with thousands of PEs each
+ * such line is a cache miss): the gap, the ordered flag, the occupancy memo and the
+ * statistics included. `fixed` and `bytes_per_us` are read only when the memo misses.
  */
 typedef struct kb_res {
-    kb_time free_at;        /* when the current reservation ends */
+    _Alignas(64) kb_time free_at; /* when the current reservation ends */
+    kb_time hole_lo, hole_hi; /* the latest idle gap before free_at (empty: hole_hi <= hole_lo) */
     kb_time latency;        /* added to the end of each use, ps; does not occupy */
     /* the last occupancy computed by a reservation: transfers repeat sizes, and the exact
-     * division is the dearest part of a reservation. memo_key = nbytes + 1 (0 = none), so a
-     * zero-initialised resource has no memo. Set fixed/bytes_per_us only via kb_res_init. */
-    uint64_t memo_key;
+     * division is the dearest part of a reservation. memo_key = nbytes + 1 (0 = none: a
+     * zero-initialised resource has no memo; sizes of 4 GiB and more are never memoised).
+     * Set fixed/bytes_per_us only via kb_res_init. */
     kb_time memo_occ;
     /* statistics */
-    uint64_t uses, bytes;
+    uint64_t bytes;
     kb_time busy;           /* total occupancy */
-    /* second line: read when the memo misses or a request meets a busy resource */
-    _Alignas(64) kb_time fixed; /* occupancy per use, ps */
+    uint32_t memo_key;
+    uint32_t ordered;       /* serves strictly in request order, never fills a gap */
+    /* second line: read when the memo misses */
+    kb_time fixed;          /* occupancy per use, ps */
     uint64_t bytes_per_us;  /* 0 = infinite bandwidth */
-    kb_time hole_lo, hole_hi; /* the latest idle gap before free_at (empty: hole_hi <= hole_lo) */
-    int ordered;            /* serves strictly in request order, never fills a gap */
     const char *name;       /* static or owned by whoever owns the resource */
 } kb_res;
 

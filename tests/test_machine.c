@@ -412,7 +412,6 @@ static void test_dma_fifo(void **state)
     assert_int_equal(ts2, occ); /* = the SIP link's free time, 10485760 ps */
     assert_int_equal(te2, occ + lat + occ);
     assert_int_equal(te2, 10485760 + 717000 + 10485760);
-    assert_int_equal(m->sips[0].links[0].link.uses, 2);
     assert_int_equal(m->sips[0].links[0].link.bytes, 2 * n);
     assert_int_equal(m->sips[0].links[0].link.busy, 2 * occ);
     /* a DMA on a disjoint route (another SIP-1 PE, local copy) is not delayed */
@@ -617,7 +616,7 @@ static void test_pa_outside(void **state)
     assert_int_equal(kb_machine_dma(m, pe, tcm, kb_pa_pe_tcm(2, 0, 0, 0), 64, 0, &ts, &te, &eb),
                      KB_ERR_RANGE);
     assert_int_equal(te, -1); /* nothing reserved, nothing written */
-    assert_int_equal(pe->dma.uses, 0);
+    assert_int_equal(pe->dma.bytes, 0);
     /* cube 16 of a 16-cube SIP, PE 8 of an 8-PE cube */
     assert_int_equal(kb_machine_dma(m, pe, kb_pa_pe_tcm(0, 16, 0, 0), tcm, 64, 0, &ts, &te, &eb),
                      KB_ERR_RANGE);
@@ -636,7 +635,7 @@ static void test_pa_outside(void **state)
     assert_int_equal(kb_machine_dma(m, NULL, KB_PA_INVALID_ADDR, KB_PA_INVALID_ADDR, 64, 0, &ts,
                                     &te, &eb),
                      KB_ERR_INVAL);
-    assert_int_equal(pe->dma.uses, 0);
+    assert_int_equal(pe->dma.bytes, 0);
     kb_machine_destroy(m);
 }
 

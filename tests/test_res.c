@@ -20,7 +20,7 @@ static void test_init_rounds_bandwidth(void **state)
     assert_int_equal(r.latency, 5000);
     assert_int_equal(r.fixed, 0);
     assert_int_equal(r.free_at, 0);
-    assert_int_equal(r.uses, 0);
+    assert_int_equal(r.bytes, 0);
     assert_string_equal(r.name, "link");
 
     kb_res_init(&r, "frac", 12.3456, 0, 0); /* 12345.6 bytes/us -> 12346 */
@@ -96,7 +96,7 @@ static void test_idle_path_closed_form(void **state)
     assert_int_equal(a.free_at, now + 5000005);  /* 1000001e6 / 200000 = 5000005 */
     assert_int_equal(b.free_at, now + 27027055);
     assert_int_equal(c.free_at, now + 10000010);
-    assert_int_equal(a.uses, 1);
+    assert_int_equal(a.bytes, 1000001);
     assert_int_equal(b.bytes, 1000001);
     assert_int_equal(c.busy, 10000010);
 }
@@ -122,7 +122,7 @@ static void test_path_fifo_queuing(void **state)
     e3 = kb_res_path_reserve(path, 2, kb_ns(100), 10, &s3);
     assert_int_equal(s3, kb_ns(100));
     assert_int_equal(e3, kb_ns(100) + 2000 + 1200);
-    assert_int_equal(link.uses, 3);
+    assert_int_equal(link.bytes, 2010);
     assert_int_equal(port.bytes, 2010);
     assert_int_equal(link.busy, 10000 + 10000 + 100);
     assert_int_equal(port.busy, 21000 + 21000 + 1200);
@@ -161,7 +161,7 @@ static void test_path_backfill(void **state)
     /* 500 bytes at 3 ns: 5 ns fit both gaps (NoC [5, 10) ns, B's engine [5, 20) ns) */
     assert_int_equal(kb_res_path_reserve(pb, 2, kb_ns(3), 500, &s), 10000);
     assert_int_equal(s, 5000);
-    assert_int_equal(noc.uses, 4);
+    assert_int_equal(noc.bytes, 1000 + 400 + 600 + 500);
     assert_int_equal(noc.busy, 10000 + 4000 + 6000 + 5000);
 }
 
@@ -188,9 +188,8 @@ static void test_hop_chain(void **state)
     /* A third one arriving at the wire at 101 ns queues behind the second (110.24 ns). */
     t = kb_res_hop(&wire, kb_ns(101), 1);
     assert_int_equal(t, 110240 + 40 + 100000);
-    assert_int_equal(cpu.uses, 2);
+    assert_int_equal(cpu.bytes, 512);
     assert_int_equal(cpu.busy, 100000);
-    assert_int_equal(wire.uses, 3);
     assert_int_equal(wire.bytes, 513);
 }
 
