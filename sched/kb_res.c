@@ -21,8 +21,10 @@
 
 #if defined(__GNUC__)
 #define KB_RES_NOINLINE __attribute__((noinline))
+#define KB_RES_INLINE inline __attribute__((always_inline))
 #else
 #define KB_RES_NOINLINE
+#define KB_RES_INLINE inline
 #endif
 
 static kb_time add_sat(kb_time a, kb_time b)
@@ -108,15 +110,19 @@ kb_time kb_res_occupancy(const kb_res *r, uint64_t nbytes)
 }
 
 /* kb_res_occupancy through the resource's one-entry memo (reservations only). */
-static kb_time occupancy_memo(kb_res *r, uint64_t nbytes)
+static KB_RES_NOINLINE kb_time occupancy_compute(kb_res *r, uint64_t nbytes)
 {
-    if (r->memo_key != nbytes + 1) {
-        if (nbytes >= UINT32_MAX)
-            return kb_res_occupancy(r, nbytes);
-        r->memo_occ = kb_res_occupancy(r, nbytes);
-        r->memo_key = (uint32_t)nbytes + 1;
-    }
+    if (nbytes >= UINT32_MAX)
+        return kb_res_occupancy(r, nbytes);
+    r->memo_occ = kb_res_occupancy(r, nbytes);
+    r->memo_key = (uint32_t)nbytes + 1;
     return r->memo_occ;
+}
+
+/* In line: the hit is a compare and a load, less than a call's own cost. */
+static KB_RES_INLINE kb_time occupancy_memo(kb_res *r, uint64_t nbytes)
+{
+    return r->memo_key == nbytes + 1 ? r->memo_occ : occupancy_compute(r, nbytes);
 }
 
 /* add_sat for operands known to be >= 0 (times, occupancies, latencies): branch-free. */
