@@ -680,17 +680,8 @@ void tl_copy(kb_tl *tl, kb_val dst, kb_val src)
                 dst.rows, dst.cols);
     t_start = issue_time(tl);
     t_end = math_time(tl, (uint64_t)src.rows * src.cols, 1);
-    if (kb_ctx_records(tl->ctx)) {
-        kb_rec r;
-        memset(&r, 0, sizeof r);
-        r.t_start = t_start;
-        r.t_end = t_end;
-        r.kind = KB_REC_COPY;
-        r.nsrc = 1;
-        r.dst = val_opnd(dst);
-        r.src[0] = val_opnd(src);
-        kb_tl_record(tl, &r);
-    }
+    if (kb_ctx_records(tl->ctx))
+        record_copy(tl, t_start, t_end, val_opnd(dst), val_opnd(src));
     kb_tl_wait_until(tl, t_end);
 }
 
