@@ -1211,11 +1211,9 @@ static void meta_arrive(kb_sim *sim, void *a, void *b)
 /* Why a send's DMA failed (the route was refused: recomputed with a message). */
 static KB_COLD void send_route_fail(kb_tl *tl, kb_dir dir, kb_pa src, kb_pa dst)
 {
-    kb_res *path[KB_MAX_ROUTE];
-    kb_errbuf eb;
-    eb.msg[0] = '\0';
-    kb_machine_route(kb_ctx_machine(tl_ctx(tl)), tl_pe(tl), src, dst, path, KB_MAX_ROUTE, &eb);
-    tl_fail(tl, KB_ERR_RANGE, "tl_send %s: %s", DIRL(dir), eb.msg);
+    char op[16 + KB_DIR_LABEL_LEN];
+    snprintf(op, sizeof op, "tl_send %s", DIRL(dir));
+    kb_tl_dma_fail(tl, src, dst, op);
 }
 
 /* Elements of dtype dt per chunk: as many whole elements as one slot holds. */

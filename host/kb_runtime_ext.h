@@ -40,6 +40,11 @@ void kb_tl_view(kb_tl *tl, const int pid[3], const int np[3], int old_pid[3], in
 /* Blocks the kernel until simulated time t (no-op when t is not in the future). */
 void kb_tl_wait_until(kb_tl *tl, kb_time t);
 
+/* Fails the kernel for a DMA from src to dst that kb_machine_dma refused (called without an
+ * error buffer, as hot paths do): recomputes the route for its message, "<op>: <why>".
+ * Does not return. */
+void kb_tl_dma_fail(kb_tl *tl, kb_pa src, kb_pa dst, const char *op);
+
 /* A scratch value of rows x cols in dtype dt on the kernel's PE, or only its address
  * (callers that fill a kb_val in place). `op` names the operation in messages. */
 kb_val kb_tl_scratch_val(kb_tl *tl, uint32_t rows, uint32_t cols, kb_dtype dt, const char *op);

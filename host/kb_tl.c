@@ -365,10 +365,9 @@ static int is_local(const kb_tl *tl, kb_pa pa)
     return kb_pa_in_pe_window(pa, kb_pa_pe_window(tl->pe->gsip, tl->pe->cube, tl->pe->pe));
 }
 
-/* Why a kernel's DMA was refused: the route again, with its message. Out of line, so that the
- * DMA paths' frames hold no message buffer (a kernel's stack is cold when it resumes: every
- * line a frame spans may be a miss). */
-static KB_COLD void dma_fail(kb_tl *tl, kb_pa src, kb_pa dst, const char *op)
+/* Out of line, so that the DMA paths' frames hold no message buffer (a kernel's stack is cold
+ * when it resumes: every line a frame spans may be a miss). */
+KB_COLD void kb_tl_dma_fail(kb_tl *tl, kb_pa src, kb_pa dst, const char *op)
 {
     kb_res *path[KB_MAX_ROUTE];
     kb_errbuf eb;
@@ -397,7 +396,7 @@ static void tl_dma(kb_tl *tl, kb_pa src, kb_pa dst, uint64_t bytes, kb_time t, k
                    kb_time *t_end, const char *op)
 {
     if (kb_machine_dma(tl->ctx->m, tl->pe, src, dst, bytes, t, t_start, t_end, NULL) != 0)
-        dma_fail(tl, src, dst, op);
+        kb_tl_dma_fail(tl, src, dst, op);
 }
 
 static KB_COLD void not_local(kb_tl *tl, kb_val v, const char *op)
