@@ -432,6 +432,66 @@ static void test_coll_closed_forms(void **s)
     assert_true(ccl_sim_ps("ring_reducescatter", (int)p, (int)c) == (double)rs);
 }
 
+static double extra(const kb_run_report *rep, const char *name);
+
+/* ring_rsag_allreduce streamed: p ranks of one cube, every chunk k slices of one 16-byte slot
+ * (W = 8 f16 elements), n_slots >= k (one block); simulated ps. */
+static double rsag_streamed_ps(int p, int k)
+{
+    char ws[96], n[96];
+    snprintf(ws, sizeof ws, "ccl.algorithms.rsag_s.world_size=%d", p);
+    snprintf(n, sizeof n, "ccl.algorithms.rsag_s.n_elem=%d", p * 8 * k);
+    const char *sets[] = { "ccl.algorithms.rsag_s.module=ring_rsag_allreduce",
+                           "ccl.algorithms.rsag_s.topology=ring_1d", ws, n,
+                           "ccl.algorithms.rsag_s.slot_size=16",
+                           "ccl.algorithms.rsag_s.n_slots=64", "ccl.defaults.algorithm=rsag_s" };
+    kb_run_report rep;
+    kb_errbuf eb;
+    if (ccl_sets_run(sets, sizeof sets / sizeof *sets, KB_DEV_NONE, 0, &rep, &eb) != 0)
+        fail_msg("rsag_s p=%d k=%d: %s", p, k, eb.msg);
+    assert_true(extra(&rep, "ipcq_chunks") == 2.0 * p * (p - 1) * k); /* 2(p-1) steps of k */
+    return rep.sim_time_ns * 1000.0;
+}
+
+/*
+ * The idle-machine closed form of the streamed ring (docs/timing-model.md §11, "at size"):
+ * per slice, every rank posts and sends its own slice from HBM (step 0) and every all-gather
+ * slice (p - 1 steps: post, send from HBM); the p - 2 middle reduce-scatter steps run two
+ * slices per load latency (D + X: the prefetched own slice of every other slice is not there
+ * yet); the last step stores, each store queued behind the next slice's prefetch on PE_DMA.
+ * The ends: the first last-step slice waits for its load, the final one prefetches nothing,
+ * the final all-gather copy-out lands after the last send.
+ */
+static void test_rsag_streamed_closed_form(void **s)
+{
+    costs k = default_costs();
+    const int64_t b = 16, W = 8; /* one slot: 16 bytes = 8 f16 elements */
+    int64_t c = k.cpu, P = k.cpu + k.ipcq, o = k.setup + dma(&k, b);
+    int64_t D = t_load(&k, b) - k.cpu;        /* HBM <-> TCM DMA: latencies + setup + transfer */
+    int64_t a = t_add(&k, W) - k.cpu;         /* PE_MATH of one slice */
+    int64_t Sh = t_hbm_ipcq(&k, b);           /* send from the tile in HBM */
+    int64_t X = c + t_add(&k, W) + P + t_send(&k, b); /* a middle slice with its data there */
+    static const struct { int p, k; } cases[] = { { 2, 3 }, { 2, 16 }, { 4, 3 }, { 4, 8 },
+                                                  { 8, 5 }, { 3, 4 }, { 3, 5 } };
+    (void)s;
+    /* the regime: middle steps wait on their loads, a store queues behind a prefetch */
+    assert_true(D + c > X && 2 * c + a < o);
+    assert_int_equal(D + X, 188375);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int64_t p = cases[i].p, n = cases[i].k, N = (p - 2) * n; /* middle-step slices */
+        int64_t want = k.down + p * n * (P + Sh) + N / 2 * (D + X) + (n - 2) * (c + o + D) +
+                       (3 * c + a + 2 * D) + (2 * c + a + D) + D + k.up_fixed + p * k.m_cpu;
+        if (N % 2) /* an odd count: the last middle slice is a short one (X), and the last
+                    * step's first load is there by its prefetch (its store queues instead) */
+            want += X + o - 2 * c - a;
+        if (p == 2 && n == 3)
+            assert_int_equal(want, 5347000);
+        if (rsag_streamed_ps((int)p, (int)n) != (double)want)
+            fail_msg("p=%lld k=%lld: simulated %.0f ps, closed form %lld ps", (long long)p,
+                     (long long)n, rsag_streamed_ps((int)p, (int)n), (long long)want);
+    }
+}
+
 /* ---- the collective bench: verification and busbw per collective kind ---- */
 
 static double extra(const kb_run_report *rep, const char *name)
@@ -660,6 +720,7 @@ int main(void)
         cmocka_unit_test(test_ring_closed_form),
         cmocka_unit_test(test_rsag_closed_form),
         cmocka_unit_test(test_coll_closed_forms),
+        cmocka_unit_test(test_rsag_streamed_closed_form),
         cmocka_unit_test(test_ccl_verify_and_busbw),
         cmocka_unit_test(test_timing_only_same_numbers),
         cmocka_unit_test(test_timing_only_memory_flat),
