@@ -1394,6 +1394,8 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
         r->val.cols = s.cols;
         r->val.dtype = (uint8_t)dt;
         r->val.scratch = 1;
+        r->val.pad_ = 0;
+        r->val.ld = 0; /* contiguous (a recycled request holds its last value's stride) */
         r->dst_dt = dt;
     }
     r->t_post = kb_sim_now(kb_ctx_sim(tl_ctx(tl))) + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
