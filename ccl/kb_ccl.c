@@ -118,6 +118,84 @@ static int topo_hier(const char *name, int ws, int rank, const kb_ccl_geom *g,
     return 0;
 }
 
+int kb_topo_cube_ring(int C, int w, int *order)
+{
+    int h = w > 0 && C % w == 0 ? C / w : 0, k = 0, t = 0;
+    if (w < 2 || h < 2 || (w % 2 && h % 2)) {
+        for (int c = 0; c < C; c++)
+            order[c] = c;
+        return C;
+    }
+    if (h % 2) { /* walk the transposed grid: rows become columns */
+        t = 1;
+        int x = w;
+        w = h;
+        h = x;
+    }
+    /* (x, y) of the walk is cube y * w + x, or x * h + y transposed */
+#define KB_CUBE_AT(x, y) (t ? (x) * h + (y) : (y) * w + (x))
+    for (int x = 0; x < w; x++)
+        order[k++] = KB_CUBE_AT(x, 0);
+    for (int y = 1; y < h; y++)
+        for (int i = 1; i < w; i++)
+            order[k++] = KB_CUBE_AT(y % 2 ? w - i : i, y);
+    for (int y = h - 1; y >= 1; y--)
+        order[k++] = KB_CUBE_AT(0, y);
+#undef KB_CUBE_AT
+    return k;
+}
+
+int kb_topo_cube_pos(int cube, int C, int w)
+{
+    int order[KB_MAX_CUBES], k = 0;
+    (void)kb_topo_cube_ring(C, w, order);
+    while (k < C && order[k] != cube)
+        k++;
+    return k;
+}
+
+int kb_topo_lanes_shape(int ws, const kb_ccl_geom *g, int *P, int *C, int *S)
+{
+    int p = g->pes_per_cube, per_sip = p * g->cubes_per_sip;
+    if (ws < 1 || p < 1 || ws % p != 0 || (ws > per_sip && ws % per_sip != 0))
+        return 0;
+    *P = p;
+    *C = ws > per_sip ? g->cubes_per_sip : ws / p;
+    *S = ws > per_sip ? ws / per_sip : 1;
+    return 1;
+}
+
+/* hierarchical_lanes: on a world of whole cubes (and whole SIPs beyond one), every PE is wired
+ * at every level (E/W ring of its cube, N/S ring of the PEs of its index in the SIP's cubes,
+ * global_E/W ring of the PEs at its place in every SIP); the PE 0s' and the SIP leaders' links
+ * are hierarchical_3level's, which it is on any other world. */
+static int topo_lanes(const char *name, int ws, int rank, const kb_ccl_geom *g,
+                      int nbr[KB_NDIRS], kb_errbuf *eb)
+{
+    int P, C, S;
+    if (!kb_topo_lanes_shape(ws, g, &P, &C, &S))
+        return topo_hier(name, ws, rank, g, nbr, eb);
+    int pe = rank % P, cube = rank / P % C, sip = rank / (P * C);
+    int at = sip * P * C + cube * P;
+    if (P > 1) {
+        nbr[KB_DIR_E] = at + (pe + 1) % P;
+        nbr[KB_DIR_W] = at + (pe + P - 1) % P;
+    }
+    if (C > 1) { /* N: the next cube of the SIP's cube ring, S: the one before */
+        int order[KB_MAX_CUBES], k = 0;
+        (void)kb_topo_cube_ring(C, C == g->cubes_per_sip ? g->mesh_w : 0, order);
+        while (order[k] != cube)
+            k++;
+        nbr[KB_DIR_N] = sip * P * C + order[(k + 1) % C] * P + pe;
+        nbr[KB_DIR_S] = sip * P * C + order[(k + C - 1) % C] * P + pe;
+    }
+    if (S > 1) {
+        nbr[KB_DIR_GLOBAL_E] = ((sip + 1) % S) * P * C + cube * P + pe;
+        nbr[KB_DIR_GLOBAL_W] = ((sip + S - 1) % S) * P * C + cube * P + pe;
+    }
+    return 0;
+}
+
 /* full_mesh: peer direction KB_DIR_PEER(k-1) leads to rank r+k (mod ws), k = 1 .. ws-1, so
  * every pair of ranks has a queue; kb_topo_neighbors_n fills them (kb_topo_peer_dirs), the
  * named directions stay unwired */
@@ -184,11 +262,12 @@ int kb_topo_hypercube_dims(int ws)
  * `topology` key takes exactly these names. */
 const char *const kb_topo_names[] = {
     "ring_1d", "ring_1d_unidir", "mesh_2d", "torus_2d", "mesh_2d_no_wrap", "tree_binary",
-    "hierarchical_3level", "none", "full_mesh", "hypercube", "double_binary_tree", NULL,
+    "hierarchical_3level", "none", "full_mesh", "hypercube", "double_binary_tree",
+    "hierarchical_lanes", NULL,
 };
 static const topo_fn topo_fns[] = {
     topo_ring, topo_ring, topo_mesh_wrap, topo_mesh_wrap, topo_mesh_nowrap, topo_tree,
-    topo_hier, topo_none, topo_full, topo_cube, topo_dbtree,
+    topo_hier, topo_none, topo_full, topo_cube, topo_dbtree, topo_lanes,
 };
 _Static_assert(sizeof topo_fns / sizeof topo_fns[0] ==
                    sizeof kb_topo_names / sizeof kb_topo_names[0] - 1,
@@ -204,6 +283,8 @@ int kb_topo_find(const char *name)
 
 int kb_topo_peer_dirs(const char *topo, int ws)
 {
+    if (topo && !strcmp(topo, "hierarchical_lanes"))
+        return KB_TOPO_LANES_PEER_DIRS;
     return topo && !strcmp(topo, "full_mesh") && ws > 1 ? ws - 1 : 0;
 }
 
@@ -229,6 +310,18 @@ int kb_topo_neighbors_n(const char *topo, int ws, int rank, const kb_ccl_geom *g
                           topo, ws, KB_NDIRS + np, np, ndirs);
     if ((rc = topo_fns[t](kb_topo_names[t], ws, rank, g, nbr, eb)) != 0)
         return rc;
+    if (topo_fns[t] == topo_lanes) {
+        /* the same rings again for a second pair of threads: peer k and peer 5 - k are each
+         * other's reverse (kb_topo_reverse_n), so next/prev sit at k and 5 - k */
+        int P, C, S;
+        if (kb_topo_lanes_shape(ws, g, &P, &C, &S)) {
+            static const kb_dir named[6] = { KB_DIR_E, KB_DIR_N, KB_DIR_GLOBAL_E,
+                                             KB_DIR_GLOBAL_W, KB_DIR_S, KB_DIR_W };
+            for (int k = 0; k < KB_TOPO_LANES_PEER_DIRS; k++)
+                nbr[KB_DIR_PEER(k)] = nbr[named[k]];
+        }
+        return 0;
+    }
     for (int k = 1; k <= np; k++) /* full_mesh: offset k on peer direction k - 1 */
         nbr[KB_DIR_PEER(k - 1)] = (rank + k) % ws;
     return 0;
@@ -335,7 +428,7 @@ kb_pe_hw *kb_ccl_rank_pe(const kb_machine *m, const kb_ccl_layout *l, int rank)
 double kb_ccl_topo_bound_gbps(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l)
 {
     kb_machine *m = kb_ctx_machine(ctx);
-    kb_ccl_geom g = { m->npes, l->cubes, l->root };
+    kb_ccl_geom g = { m->npes, l->cubes, l->root, m->mesh_w };
     kb_res *path[KB_MAX_ROUTE];
     uint64_t best = UINT64_MAX; /* bytes per us of the slowest resource so far */
     int ndirs = kb_topo_ndirs(topo, l->ws);
@@ -367,7 +460,7 @@ int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const 
 {
     kb_errbuf *eb = kb_ctx_err(ctx);
     kb_machine *m = kb_ctx_machine(ctx);
-    kb_ccl_geom g = { m->npes, l->cubes, l->root };
+    kb_ccl_geom g = { m->npes, l->cubes, l->root, m->mesh_w };
     kb_ipcq_link *links = NULL;
     size_t n = 0, cap = 0;
     int ndirs = kb_topo_ndirs(topo, l->ws), np = ndirs - KB_NDIRS;
@@ -433,6 +526,17 @@ kb_va kb_ccl_my_tile(kb_tl *tl, const kb_kargs *a)
     int local = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
     return a->ptr[0] + (kb_va)local * (kb_va)a->i[KB_CCL_ARG_N] *
                            (kb_va)kb_dtype_size((kb_dtype)a->i[KB_CCL_ARG_DTYPE]);
+}
+
+int64_t kb_ccl_slice_elems(uint64_t slot, int64_t window, int64_t chunk, size_t es)
+{
+    int64_t W = (int64_t)(slot / es), floor = (int64_t)(KB_CCL_MIN_SLICE_BYTES / es);
+    if (window > 1 && chunk < window * W) {
+        int64_t w = (chunk + window - 1) / window;
+        w = w > floor ? w : floor;
+        W = w < W ? w : W;
+    }
+    return W > 0 ? W : 1;
 }
 
 int64_t kb_ccl_stream_block(kb_tl *tl, int64_t n, uint32_t msg_esz)

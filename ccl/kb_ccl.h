@@ -44,7 +44,28 @@ typedef struct kb_ccl_geom {
     int pes_per_cube;
     int cubes_per_sip;
     int root;      /* the rank a rooted topology (tree_binary) hangs from; 0 by default */
+    int mesh_w;    /* cubes per row of the SIP's cube mesh (hierarchical_lanes' cube ring);
+                    * 0: unknown, the ring takes the cubes in index order */
 } kb_ccl_geom;
+
+/*
+ * The order hierarchical_lanes' ring visits the C cubes of a SIP in (order[k] = cube at step
+ * k): with all w x h cubes of the mesh and w * h even, a cycle of one UCIe hop per step
+ * (row 0 east, the other rows in a snake over columns 1.., back north along column 0; the
+ * grid transposed when only w is even), so that no link carries two of the ring's edges;
+ * otherwise cube index order. Returns the number of cubes written (C).
+ */
+int kb_topo_cube_ring(int C, int w, int *order);
+/* The step of kb_topo_cube_ring(C, w)'s order at which `cube` comes. */
+int kb_topo_cube_pos(int cube, int C, int w);
+
+/* The levels of hierarchical_lanes: 1 and *P PEs per cube, *C cubes per SIP, *S SIPs when
+ * the world is whole cubes (and whole SIPs beyond one SIP); 0 otherwise. */
+int kb_topo_lanes_shape(int ws, const kb_ccl_geom *g, int *P, int *C, int *S);
+/* hierarchical_lanes wires its three rings twice more on peer directions, for a PE's second
+ * pair of threads: peer 0 / 5 as E / W (cube ring), 1 / 4 as N / S (lane ring), 2 / 3 as
+ * global_E / global_W (SIP ring). */
+#define KB_TOPO_LANES_PEER_DIRS 6
 
 /*
  * Fills nbr[d] = peer rank of `rank` on direction d, or KB_TOPO_NONE, for a world of `ws`
@@ -305,7 +326,12 @@ const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
 enum { KB_CCL_ARG_N = 0, KB_CCL_ARG_WS, KB_CCL_ARG_PES, KB_CCL_ARG_CUBES, KB_CCL_ARG_SIPS,
        KB_CCL_ARG_DTYPE /* tile dtype (kb_dtype; 0 = f16); honoured by hierarchical_allreduce */,
        KB_CCL_ARG_ROOT /* the root rank of a rooted collective (broadcast, reduce), < ws */,
-       KB_CCL_ARG_OP /* the reduction (kb_ccl_op; 0 = sum); honoured by KB_CCL_TYPED kernels */ };
+       KB_CCL_ARG_OP /* the reduction (kb_ccl_op; 0 = sum); honoured by KB_CCL_TYPED kernels */,
+       KB_CCL_ARG_FLAGS /* KB_CCL_FLAG_*: how the world is wired */ };
+/* The world is wired by hierarchical_lanes (kb_ccl_job_launch sets it from the job's topology):
+ * hierarchical_allreduce runs its lanes form, and its chains visit the cubes in
+ * kb_topo_cube_ring's order. */
+#define KB_CCL_FLAG_LANES 1
 
 /* Combines two partial results with op (f32 out): add for sum and avg, mul, maximum,
  * minimum. */
@@ -429,6 +455,39 @@ static inline kb_val kb_val_slice(kb_val v, uint32_t c0, uint32_t n)
  */
 #define KB_CCL_STREAM_BYTES ((uint64_t)1 << 20)
 
+/*
+ * Elements per slice of a pipelined step that moves `chunk` elements of es bytes through a
+ * queue of `window` slots of `slot` bytes: one slot's worth, or, when a chunk would fill fewer
+ * than `window` slots, chunk / window (at least KB_CCL_MIN_SLICE_BYTES), so that a step keeps
+ * `window` slices in flight at mid sizes too (NCCL halves its chunk for small messages the same
+ * way). Never more than a slot, never less than one element.
+ */
+#define KB_CCL_MIN_SLICE_BYTES ((uint64_t)64 << 10)
+int64_t kb_ccl_slice_elems(uint64_t slot, int64_t window, int64_t chunk, size_t es);
+
+/* A streamed kernel's send: posted (tl_send_async; the kernel goes on while it lands) when
+ * the context's IPCQ configuration says posted_sends, else tl_send (waits for its DMA). */
+static inline void kb_ccl_send(kb_tl *tl, kb_dir dir, kb_val v)
+{
+    if (kb_ipcq_posted(tl_ctx(tl)))
+        (void)tl_send_async(tl, dir, v);
+    else
+        tl_send(tl, dir, v);
+}
+
+/* kb_ccl_send of a scratch value the kernel is done with: freed once the send has read it
+ * (a posted send's DMA may start after the kernel's next operations, which must not get its
+ * memory before then). */
+static inline void kb_ccl_send_free(kb_tl *tl, kb_dir dir, kb_val v)
+{
+    if (kb_ipcq_posted(tl_ctx(tl))) {
+        tl_free_after(tl, v, tl_send_async(tl, dir, v));
+        return;
+    }
+    tl_send(tl, dir, v);
+    tl_free(tl, v);
+}
+
 /* Elements of piece j of a span of n elements cut into pieces of S (0 past its end); its
  * offset in the span in *off. */
 static inline int64_t kb_ccl_piece(int64_t n, int64_t S, int64_t j, int64_t *off)
@@ -489,6 +548,13 @@ int64_t kb_ccl_stream_block(kb_tl *tl, int64_t n, uint32_t msg_esz);
  * release them after the last block). Mesh and intercube use it; ring, rsag, tree and
  * hierarchical have slice-by-slice streamed forms of their own.
  */
+/*
+ * hierarchical_allreduce's lanes form (kb_ccl_hier.c): runs the all-reduce of the tile at va
+ * and returns 1 when it applies (posted sends, a tile that streams, a world of whole cubes and
+ * SIPs wired by hierarchical_lanes), else returns 0 at once and the caller runs the chain form.
+ */
+int kb_ccl_hier_lanes(kb_tl *tl, const kb_kargs *a, kb_va va, int64_t n);
+
 typedef void (*kb_ccl_tile_fn)(kb_tl *tl, const kb_kargs *a, kb_va va, int64_t n);
 void kb_ccl_run_tile(kb_tl *tl, const kb_kargs *a, kb_va va, int64_t n, kb_dtype dt,
                      uint32_t msg_esz, kb_ccl_tile_fn f);

@@ -272,7 +272,7 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
         rq[j] = rsag_post(tl, b, r - 1, j, 0);
     for (int64_t j = 0; j < per; j++)
         if ((len = slice_of(b, r, j, &off)) != 0)
-            tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), b->dt));
+            kb_ccl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), b->dt));
     /* the own slice of the next (step, slice) is loaded while this one is combined: PE_DMA
      * and PE_MATH work at once, as the all-gather's copy-out runs beside its send */
     int64_t ns = 0, nj = -1, rdy, nrdy = 0;
@@ -301,7 +301,8 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
                 red = kb_ccl_combine_as(tl, b->op, own, in, b->dt);
                 tl_recv_release(tl, KB_DIR_W, in);
                 rq[j] = rsag_post(tl, b, c - 1, j, 0); /* next step's */
-                tl_send(tl, KB_DIR_E, red);
+                kb_ccl_send_free(tl, KB_DIR_E, red);
+                red.scratch = 0; /* handed to the send */
             }
             tl_free(tl, own);
             tl_free(tl, red);
@@ -320,7 +321,7 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
         rq[j] = rsag_post(tl, b, r, j, 1);
     for (int64_t j = 0; j < per; j++)
         if ((len = slice_of(b, r + 1, j, &off)) != 0)
-            tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), b->dt));
+            kb_ccl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), b->dt));
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = r - s, last = s + 2 == ws;
         for (int64_t j = 0; j < per; j++) {
@@ -329,7 +330,7 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
             (void)tl_wait(tl, rq[j]);
             rq[j] = last ? NULL : rsag_post(tl, b, c - 1, j, 1);
             if (!last && (len = slice_of(b, c, j, &off)) != 0)
-                tl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), b->dt));
+                kb_ccl_send(tl, KB_DIR_E, tl_ref(tl, tile_at(b, off), KB_SHAPE1(len), b->dt));
         }
         for (int64_t j = 0; !last && j < per; j++)
             if (!rq[j] && slice_of(b, c, j, &off) == 0)
@@ -342,14 +343,20 @@ static KB_NOINLINE void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t 
                           kb_dtype dt, int op)
 {
     uint64_t slot = tl_slot_size(tl, KB_DIR_E);
-    int64_t W = (int64_t)(slot / kb_dtype_size(dt)); /* elements per slice */
-    /* slices of a chunk per block: their scratch (a slice's own load and result) within
-     * KB_CCL_STREAM_BYTES */
-    int64_t per = stream_per(slot, 1);
+    int64_t win = (int64_t)tl_slot_count(tl, KB_DIR_E);
+    int posted = kb_ipcq_posted(tl_ctx(tl));
+    /* posted: slices of a chunk per block up to the ring's window (below), each a slot or,
+     * for chunks of fewer slots than the window, chunk / window; scratch holds three slices
+     * whatever `per` is (the next own slice in flight, the current one, the result being
+     * sent), each freed as soon as it is used. Not posted (the kernel before issue #29):
+     * slices of a slot, as many per block as KB_CCL_STREAM_BYTES holds. */
+    int64_t W = posted ? kb_ccl_slice_elems(slot, win, tl_cdiv(n, ws), kb_dtype_size(dt))
+                       : (int64_t)(slot / kb_dtype_size(dt));
+    int64_t per = posted ? STREAM_MAX_SLICES : stream_per(slot, 1);
     /* step 0 sends a block's own slices before taking any in, and a neighbour holding its
      * views while it sends takes in none of them: no more than the ring's window */
-    if (per > (int64_t)tl_slot_count(tl, KB_DIR_E))
-        per = (int64_t)tl_slot_count(tl, KB_DIR_E);
+    if (per > win)
+        per = win;
     int64_t nsl = tl_cdiv(tl_cdiv(n, ws), W); /* slices of the longest chunk */
     kb_ipcq_req *rq[STREAM_MAX_SLICES];
 
@@ -718,10 +725,23 @@ static void hier_chains(kb_tl *tl, const kb_kargs *a, int *gp, int *gc)
     *gc = (int)(((in_sip < per_sip ? in_sip : per_sip) + P - 1) / P);
 }
 
+/* The member index of this PE's cube in the chain over the SIP's cubes: its index, or, wired by
+ * hierarchical_lanes on a whole world, its step in kb_topo_cube_ring (where N and S lead). */
+static int hier_cube_member(kb_tl *tl, const kb_kargs *a)
+{
+    int cube = tl_program_id(tl, 1), cubes = tl_num_programs(tl, 1), P, C, S;
+    const kb_machine *m = kb_ctx_machine(tl_ctx(tl));
+    kb_ccl_geom g = { m->npes, cubes, 0, m->mesh_w }; /* as kb_ccl_install builds it */
+    if (!(a->i[KB_CCL_ARG_FLAGS] & KB_CCL_FLAG_LANES) ||
+        !kb_topo_lanes_shape((int)a->i[KB_CCL_ARG_WS], &g, &P, &C, &S))
+        return cube;
+    return kb_topo_cube_pos(cube, C, C == cubes ? g.mesh_w : 0);
+}
+
 static void hierarchical_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
     int P, C, S = (int)a->i[KB_CCL_ARG_SIPS];
-    int pe = tl_program_id(tl, 0), cube = tl_program_id(tl, 1);
+    int pe = tl_program_id(tl, 0), cube = hier_cube_member(tl, a);
     hier_chains(tl, a, &P, &C);
     kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), (kb_dtype)a->i[KB_CCL_ARG_DTYPE]);
     kb_val acc = tl_scale(tl, v0, 1.0f, 0.0f);
@@ -783,7 +803,7 @@ static void chain_links(hier_node *h, int i, int g, kb_dir inc, kb_dir dec, int 
 static KB_NOINLINE void hier_streamed(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
     int P, C, S = (int)a->i[KB_CCL_ARG_SIPS], pe = tl_program_id(tl, 0);
-    int cube = tl_program_id(tl, 1);
+    int cube = hier_cube_member(tl, a);
     kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
     int64_t SL = (int64_t)(kb_ipcq_slot_size(tl_ctx(tl)) / 4u), nsl = (n + SL - 1) / SL;
     int64_t off, len;
@@ -846,6 +866,8 @@ static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
     if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
         return;
 
+    if (kb_ccl_hier_lanes(tl, a, kb_ccl_my_tile(tl, a), n))
+        return;
     if (kb_ccl_stream_block(tl, n, 4)) {
         hier_streamed(tl, a, kb_ccl_my_tile(tl, a), n);
         return;
@@ -878,8 +900,8 @@ static const kb_ccl_algo_impl tree_algo = {
     KB_COLL_ALLREDUCE, "tree_binary", tree_allreduce, NULL, tile_f32, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD, NULL,
 };
 static const kb_ccl_algo_impl hierarchical_algo = {
-    "hierarchical_allreduce", "3 levels: chains in each cube and across cubes, ring across SIPs",
-    KB_COLL_ALLREDUCE, "hierarchical_3level", hierarchical_allreduce, NULL, tile_f32,
+    "hierarchical_allreduce", "3 levels: lanes (reduce-scatter in the cube, across cubes, across SIPs, every PE a share) for long tiles, chains for short ones",
+    KB_COLL_ALLREDUCE, "hierarchical_lanes", hierarchical_allreduce, NULL, tile_f32,
     kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD, NULL,
 };
 

@@ -26,6 +26,10 @@ static const kb_schema_key param_keys[] = {
                    "memory that holds the IPCQ receive slots (name)"),
     KB_SCHEMA_BOOL(P_, "backpressure", backpressure, "true",
                    "senders wait for credits when the receiver's slots are full (bool)"),
+    KB_SCHEMA_BOOL(P_, "posted_sends", posted_sends, "true",
+                   "streamed collectives post their sends and keep a queue's window of slices "
+                   "in flight; false: each send waits for its DMA, the kernels before issue #29 "
+                   "(bool)"),
     KB_SCHEMA_INT(P_, "n_slots", n_slots, "4", 1, 4096, "IPCQ receive slots per direction (count)"),
     KB_SCHEMA_U64(P_, "slot_size", slot_size, "262144", 16, 128 * MIB, "bytes per IPCQ slot (bytes)"),
     KB_SCHEMA_INT(P_, "world_size", world_size, "0", 0, 1048576,
@@ -94,6 +98,8 @@ kb_ccl_params kb_ccl_config_params(const kb_ccl_cfg *c, const kb_ccl_algo *entry
         memcpy(r.buffer_kind, o->buffer_kind, sizeof r.buffer_kind);
     if (o->backpressure >= 0)
         r.backpressure = o->backpressure;
+    if (o->posted_sends >= 0)
+        r.posted_sends = o->posted_sends;
     if (o->n_slots > 0)
         r.n_slots = o->n_slots;
     if (o->slot_size > 0)
@@ -129,6 +135,7 @@ static kb_ccl_algo *algo_get(kb_ccl_cfg *c, const char *name, int line)
     a->root_cube = -1;
     a->root = -1;
     a->p.backpressure = -1;
+    a->p.posted_sends = -1;
     a->line = line;
     return a;
 }
@@ -342,6 +349,7 @@ int kb_ccl_config_ipcq(const kb_ccl_params *p, kb_ipcq_cfg *out, kb_errbuf *eb)
     out->n_slots = p->n_slots;
     out->slot_size = p->slot_size;
     out->backpressure = p->backpressure != 0;
+    out->posted = p->posted_sends != 0;
     for (int i = 0; buffer_kinds[i]; i++)
         if (strcmp(p->buffer_kind, buffer_kinds[i]) == 0) {
             out->buffer_kind = buffer_mems[i];

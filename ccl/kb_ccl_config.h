@@ -36,6 +36,7 @@ typedef struct kb_ccl_params {
     char algorithm[KB_CFG_NAME_MAX];   /* defaults only: the algorithm to run */
     char buffer_kind[16];              /* tcm | hbm | sram */
     int backpressure;                  /* bool */
+    int posted_sends;                  /* bool: streamed kernels post their sends */
     int n_slots;                       /* >= 1 */
     uint64_t slot_size;                /* bytes, >= 16 */
     int world_size;                    /* 0 = derive (SIP count); > 0 = legacy rank = PE */
@@ -50,7 +51,8 @@ typedef struct kb_ccl_algo {
     int root;                          /* root rank of a broadcast / reduce; -1 = unset (0) */
     char op[8];                        /* reduction: sum|prod|max|min|avg; "" = unset (sum) */
     char dtype[8];                     /* tile dtype: f16|bf16|f32; "" = unset (f16) */
-    kb_ccl_params p;                   /* overrides; unset fields are 0 / "" / -1 (backpressure) */
+    kb_ccl_params p;                   /* overrides; unset fields are 0 / "" / -1 (backpressure,
+                                        * posted_sends) */
     int line;                          /* where it was defined, for messages */
 } kb_ccl_algo;
 

@@ -100,7 +100,7 @@ int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
     if ((rc = kb_ccl_job_check_opts(impl, name, o, ws, eb)) != 0)
         return rc;
     job->layout.root = root;
-    kb_ccl_geom g = { m->npes, job->layout.cubes, root };
+    kb_ccl_geom g = { m->npes, job->layout.cubes, root, m->mesh_w };
     if (impl->check && (rc = impl->check(ws, n, &g, eb)) != 0)
         return rc;
 
@@ -162,6 +162,8 @@ int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const c
         args[s].i[KB_CCL_ARG_ROOT] = job->layout.root;
         args[s].i[KB_CCL_ARG_DTYPE] = job->dtype;
         args[s].i[KB_CCL_ARG_OP] = job->op;
+        args[s].i[KB_CCL_ARG_FLAGS] = strcmp(job->topo, "hierarchical_lanes") ? 0
+                                                                              : KB_CCL_FLAG_LANES;
     }
     return kb_launch_per_sip(ctx, name ? name : job->name,
                              kernel ? kernel : job->impl->kernel, args, &g);
@@ -221,7 +223,7 @@ typedef struct mock {
 static int mock_host(kb_ctx *ctx, void *arg)
 {
     mock *mk = arg;
-    kb_ipcq_cfg icfg = { 2, mk->impl->max_msg_bytes(mk->n, mk->ws), KB_MEM_TCM, 1 };
+    kb_ipcq_cfg icfg = { 2, mk->impl->max_msg_bytes(mk->n, mk->ws), KB_MEM_TCM, 1, 1 };
     int rc;
     if (icfg.slot_size < 64)
         icfg.slot_size = 64;

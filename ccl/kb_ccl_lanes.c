@@ -67,7 +67,7 @@ static int lanes_install(kb_ctx *ctx, const kb_ccl_lanes *job)
 {
     kb_errbuf *eb = kb_ctx_err(ctx);
     kb_machine *m = kb_ctx_machine(ctx);
-    kb_ccl_geom g = { 1, 1, job->root };
+    kb_ccl_geom g = { 1, 1, job->root, 0 };
     int used = lanes_used(job), ws = job->ws;
     int ndirs = kb_topo_ndirs(job->topo, ws), np = ndirs - KB_NDIRS;
     int *nbr = malloc(2 * (size_t)ndirs * sizeof *nbr), *pnbr = nbr ? nbr + ndirs : NULL;
@@ -154,7 +154,7 @@ int kb_ccl_lanes_prepare(kb_ctx *ctx, kb_ccl_lanes *job, const kb_ccl_algo_impl 
         return kb_err_set(eb, KB_ERR_RANGE, "%s: count %lld out of range", name,
                           (long long)count);
     /* the algorithm's own rule, for the longest and the shortest lane that runs */
-    kb_ccl_geom g = { 1, 1, o->root };
+    kb_ccl_geom g = { 1, 1, o->root, 0 };
     int64_t hi = kb_ccl_lane_share(count, job->lanes, 0, NULL);
     int64_t lo = kb_ccl_lane_share(count, job->lanes, lanes_used(job) - 1, NULL);
     if (impl->check && ((rc = impl->check(job->ws, hi * job->chunks, &g, eb)) != 0 ||

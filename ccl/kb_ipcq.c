@@ -54,6 +54,9 @@ typedef struct qp {
     _Alignas(64) kb_time cr_inl[KB_QP_INLINE_SLOTS];
     kb_pe_hw *peer;
     kb_fiber *cr_waiter;      /* the sender blocked on credits, woken at the next arrival */
+    kb_time tok_last;         /* when the last token sent reaches the peer: tokens of a queue
+                               * arrive in order though its chunks' DMAs may take different
+                               * channels and end out of order */
     /* line 3: the receiving side */
     _Alignas(64) kb_pa my_rx_base;
     uint64_t peer_head_cache, my_tail;
@@ -1258,6 +1261,9 @@ static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_d
     if (kb_machine_dma(kb_ctx_machine(ctx), tl_pe(tl), src, dst, nbytes, t_issue, &t_start,
                        &t_end, NULL) != 0)
         send_route_fail(tl, dir, src, dst);
+    /* the token (and the sender, after the last chunk) goes no earlier than the one before */
+    kb_time t_tok = t_end > q->tok_last ? t_end : q->tok_last;
+    q->tok_last = t_tok;
     if (kb_ctx_records(ctx)) {
         /* a chunk of a longer message is a flat run of elements of the contiguous value */
         kb_val part = *v;
@@ -1282,42 +1288,47 @@ static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_d
     sys->sends++;
     sys->dir_bytes[name_ix(dir)] += nbytes;
     trace(ctx, "send", tl_pe(tl), dir, nbytes, seq);
-    if (last && t_end > kb_sim_now(kb_ctx_sim(ctx))) {
+    if (last && t_tok > kb_sim_now(kb_ctx_sim(ctx))) {
         /* the token arrives when the DMA ends, which is also when the sender goes on: one
          * queue entry for both (kb_fiber_sleep_then keeps their order) */
-        if (kb_fiber_sleep_then(kb_ctx_sim(ctx), t_end, meta_arrive, m, NULL) != 0)
+        if (kb_fiber_sleep_then(kb_ctx_sim(ctx), t_tok, meta_arrive, m, NULL) != 0)
             tl_fail(tl, KB_ERR_STATE, "tl_send: cannot wait for the DMA");
-    } else if (kb_sim_at(kb_ctx_sim(ctx), t_end, meta_arrive, m, NULL) != 0) {
+    } else if (kb_sim_at(kb_ctx_sim(ctx), t_tok, meta_arrive, m, NULL) != 0) {
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
     }
-    return t_end;
+    return t_tok;
 }
 
 /*
  * A message longer than a slot travels as slot-sized chunks through the credit window: the
  * IPCQ engine issues a chunk as soon as a slot is free (the first one after the call's issue
  * cost), so with n_slots > 1 chunk k+1 is in flight while the receiver copies out chunk k.
- * The call returns when the last chunk's DMA has ended (the value may then be reused).
+ * Returns when the last chunk's DMA has ended (the value may then be reused), or, `async`,
+ * once the last chunk is issued, with the time its token lands.
  */
-void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
+static kb_time send_msg(kb_tl *tl, kb_dir dir, kb_val v, int async, const char *op)
 {
-    qp *q = wired_qp(tl, dir, "tl_send");
+    qp *q = wired_qp(tl, dir, op);
     ipcq_sys *sys = sys_of(tl_ctx(tl)); /* not through q or the pe_state: other lines */
     kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
     uint64_t n = (uint64_t)v.rows * v.cols;
+    kb_time t_issue = 0, t_last = 0;
 
     if (!kb_val_contiguous(v))
-        tl_fail(tl, KB_ERR_INVAL, "tl_send %s: the value is a strided view (row stride %u, %u "
-                "columns); tl_copy it into a contiguous value first", DIRL(dir), v.ld, v.cols);
+        tl_fail(tl, KB_ERR_INVAL, "%s %s: the value is a strided view (row stride %u, %u "
+                "columns); tl_copy it into a contiguous value first", op, DIRL(dir), v.ld,
+                v.cols);
     sys->msgs++;
     if (n * kb_dtype_size((kb_dtype)v.dtype) <= q->slot_size) { /* the protocol as it was */
         wait_credit(tl, q, sys, dir);
-        send_chunk(tl, q, sys, dir, &v, 0, n, 1,
-                   kb_sim_now(sim) + kb_tl_issue_cost(tl) + sys->ipcq_ovh, 1);
-        return;
+        t_issue = kb_sim_now(sim) + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
+        if (!async)
+            return send_chunk(tl, q, sys, dir, &v, 0, n, 1, t_issue, 1);
+        t_last = send_chunk(tl, q, sys, dir, &v, 0, n, 1, t_issue, 0);
+        kb_tl_wait_until(tl, t_issue);
+        return t_last;
     }
     uint64_t per = chunk_elems(q->slot_size, (kb_dtype)v.dtype);
-    kb_time t_issue = 0, t_last = 0;
     for (uint64_t off = 0; off < n; off += per) {
         uint64_t len = n - off < per ? n - off : per;
         wait_credit(tl, q, sys, dir);
@@ -1328,7 +1339,18 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
             t_issue = now;
         t_last = send_chunk(tl, q, sys, dir, &v, off, len, 0, t_issue, 0);
     }
-    kb_tl_wait_until(tl, t_last);
+    kb_tl_wait_until(tl, async ? t_issue : t_last);
+    return t_last;
+}
+
+void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
+{
+    (void)send_msg(tl, dir, v, 0, "tl_send");
+}
+
+int64_t tl_send_async(kb_tl *tl, kb_dir dir, kb_val v)
+{
+    return send_msg(tl, dir, v, 1, "tl_send_async");
 }
 
 /* sync: the caller waits right away, so the posting overhead is folded into that wait */
@@ -1538,6 +1560,12 @@ uint64_t kb_ipcq_slot_size(kb_ctx *ctx)
 {
     const ipcq_sys *sys = sys_of(ctx);
     return sys ? sys->cfg.slot_size : 0;
+}
+
+int kb_ipcq_posted(kb_ctx *ctx)
+{
+    const ipcq_sys *sys = sys_of(ctx);
+    return sys ? sys->cfg.posted : 0;
 }
 
 kb_val tl_recv(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt)

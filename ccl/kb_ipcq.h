@@ -86,6 +86,8 @@ typedef struct kb_ipcq_cfg {
     uint64_t slot_size;       /* bytes per slot */
     kb_mem_kind buffer_kind;  /* where rx rings live */
     int backpressure;         /* 0 = never block on credits (unsafe; for experiments) */
+    int posted;               /* ccl.yaml posted_sends: streamed kernels post their sends
+                               * (kb_ccl_send) and keep a window of slices in flight */
 } kb_ipcq_cfg;
 
 /* One directed link of an install: `pe` sends on `dir` into `peer`'s ring of `peer_dir`. */
@@ -115,6 +117,8 @@ uint32_t tl_slot_count(kb_tl *tl, kb_dir d);
 /* The context's slot size (one IPCQ configuration per context), 0 before any install: what a
  * ring step compares its messages with, without a direction lookup. */
 uint64_t kb_ipcq_slot_size(kb_ctx *ctx);
+/* The context's kb_ipcq_cfg.posted (0 before any install). */
+int kb_ipcq_posted(kb_ctx *ctx);
 
 /* Messages sent (tl_send calls) and the slot-sized chunks they travelled as, since the
  * context's first install (0 and 0 before it): what Phase 1's host time per chunk is
@@ -149,6 +153,11 @@ int kb_ipcq_counters_of(kb_ctx *ctx, const kb_pe_hw *pe, kb_dir d, kb_ipcq_count
 typedef struct kb_ipcq_req kb_ipcq_req;
 
 void tl_send(kb_tl *tl, kb_dir dir, kb_val v);
+/* The same send, posted: the kernel goes on once its last chunk is issued (after the call's
+ * issue cost and any wait for credits) and gets the time that chunk lands at the peer, when
+ * the value has been read (NCCL's posted put). The value must stay valid until then in
+ * Phase 1 terms: scratch freed earlier may be reused, which Phase 2 replays in start order. */
+int64_t tl_send_async(kb_tl *tl, kb_dir dir, kb_val v);
 kb_val tl_recv(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt);
 /* Receives straight into the tensor memory at va (no scratch value). */
 void tl_recv_into(kb_tl *tl, kb_dir dir, kb_va va, kb_shape s, kb_dtype dt);

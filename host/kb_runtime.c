@@ -1052,9 +1052,25 @@ kb_grid kb_grid_of(const kb_tensor *t)
     return g;
 }
 
+/* A thread forked by a kernel (tl_fork): its context first (kb_tl is line-aligned). */
+typedef struct kb_tl_thread {
+    kb_tl tl;
+    void (*fn)(kb_tl *, void *);
+    void *arg;
+    int done;
+    kb_fiber *joiner;
+    kb_tl *parent;
+    struct kb_tl_thread *next; /* the launch's threads */
+} kb_tl_thread;
+
 static void launch_free(kb_launch_st *l)
 {
     kb_ctx *ctx = l->ctx;
+    for (kb_tl_thread *t = l->threads, *n; t; t = n) {
+        n = t->next;
+        kb_tl_fini(&t->tl);
+        free(t);
+    }
     if (l->prev)
         l->prev->next = l->next;
     else
@@ -1116,6 +1132,10 @@ static void kernel_main(kb_sim *sim, void *arg)
     if (tl->start > now)
         kb_fiber_sleep(sim, tl->start - now);
     tl->launch->kernel(tl, &tl->launch->args[tl->pid[2]]);
+    for (kb_tl_thread *t = tl->launch->threads; t; t = t->next)
+        if (t->parent == tl && !t->done)
+            tl_fail(tl, KB_ERR_STATE, "the kernel returned before joining a thread it forked "
+                    "(tl_join)");
     if (tl->ctx->trace_rec) {
         /* the launch (and its name) is freed before the trace is written */
         const char *name = kb_trace_intern(tl->ctx->trace_rec, tl->launch->name);
@@ -1126,6 +1146,62 @@ static void kernel_main(kb_sim *sim, void *arg)
     kb_tl_release_all(tl);
     tl->ctx->kernels++;
     kernel_finished(tl);
+}
+
+static void thread_main(kb_sim *sim, void *arg)
+{
+    kb_tl_thread *t = arg;
+    t->fn(&t->tl, t->arg);
+    for (kb_tl_thread *c = t->tl.launch->threads; c; c = c->next)
+        if (c->parent == &t->tl && !c->done)
+            tl_fail(&t->tl, KB_ERR_STATE, "a thread returned before joining a thread it forked "
+                    "(tl_join)");
+    kb_tl_release_all(&t->tl);
+    t->done = 1;
+    if (t->joiner)
+        kb_fiber_wake_at(sim, t->joiner, kb_sim_now(sim));
+}
+
+kb_tl *tl_fork(kb_tl *tl, void (*fn)(kb_tl *child, void *arg), void *arg)
+{
+    kb_launch_st *l = tl->launch;
+    kb_tl_thread *t = aligned_alloc(64, (sizeof *t + 63) & ~(size_t)63);
+    char fname[128];
+    if (!t)
+        tl_fail(tl, KB_ERR_NOMEM, "tl_fork: out of memory");
+    memset(t, 0, sizeof *t);
+    t->tl.tag = tl->tag;
+    t->tl.ctx = tl->ctx;
+    t->tl.pe = tl->pe;
+    t->tl.launch = l;
+    memcpy(t->tl.pid, tl->pid, sizeof t->tl.pid);
+    memcpy(t->tl.np, tl->np, sizeof t->tl.np);
+    t->tl.cpu_ovh = tl->cpu_ovh;
+    t->fn = fn;
+    t->arg = arg;
+    t->parent = tl;
+    t->next = l->threads;
+    l->threads = t;
+    kb_tl_wait_until(tl, kb_sim_now(tl->ctx->sim) + tl->cpu_ovh);
+    t->tl.start = kb_sim_now(tl->ctx->sim);
+    snprintf(fname, sizeof fname, "%s@sip%u/cube%u/pe%u+", l->name, tl->pe->gsip, tl->pe->cube,
+             tl->pe->pe);
+    kb_fiber *f = kb_fiber_spawn(tl->ctx->sim, thread_main, t, fname);
+    if (!f)
+        tl_fail(tl, KB_ERR_NOMEM, "tl_fork: out of memory spawning a thread");
+    kb_fiber_set_udata(f, &t->tl);
+    return &t->tl;
+}
+
+void tl_join(kb_tl *tl, kb_tl *child)
+{
+    kb_tl_thread *t = (kb_tl_thread *)(void *)child;
+    if (!child || child->launch != tl->launch || child == tl)
+        tl_fail(tl, KB_ERR_INVAL, "tl_join: not a thread this kernel forked");
+    if (!t->done) {
+        t->joiner = kb_fiber_current(tl->ctx->sim);
+        kb_fiber_block(tl->ctx->sim, "tl_join", t);
+    }
 }
 
 /* args: one block per SIP of the grid when stride is sizeof(kb_kargs), one shared block when 0 */

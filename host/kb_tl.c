@@ -165,6 +165,35 @@ static kb_pa scr_small(kb_tl *tl, int c, const char *op)
     return pa;
 }
 
+struct kb_tl_later {
+    kb_val v;
+    kb_time t;
+};
+
+/* Gives back the held values whose time has come (they were read by then). */
+static KB_NOINLINE void later_sweep(kb_tl *tl)
+{
+    kb_time now = kb_sim_now(tl->ctx->sim);
+    size_t k = 0;
+    for (size_t i = 0; i < tl->nlater; i++) {
+        if (tl->later[i].t <= now)
+            tl_free(tl, tl->later[i].v);
+        else
+            tl->later[k++] = tl->later[i];
+    }
+    tl->nlater = k;
+}
+
+/* Waits until the first held value's time and gives back everything due by then. */
+static void later_wait_one(kb_tl *tl)
+{
+    kb_time t = tl->later[0].t;
+    for (size_t i = 1; i < tl->nlater; i++)
+        t = tl->later[i].t < t ? tl->later[i].t : t;
+    kb_tl_wait_until(tl, t);
+    later_sweep(tl);
+}
+
 /* A value above the size classes, straight from the scratch allocator. */
 static void bigc_flush(kb_tl *tl)
 {
@@ -188,9 +217,15 @@ static KB_NOINLINE kb_pa scratch_big(kb_tl *tl, uint64_t bytes, const char *op)
         tl->nbigc--;
     } else if (kb_alloc_alloc(tl->pe->scratch, bytes, KB_VAL_ALIGN, &pa, &eb) != 0) {
         bigc_flush(tl);
-        if (kb_alloc_alloc(tl->pe->scratch, bytes, KB_VAL_ALIGN, &pa, &eb) != 0)
-            tl_fail(tl, KB_ERR_NOSPACE,
-                    "%s: %s (free values with tl_free, or use smaller tiles)", op, eb.msg);
+        /* values held for posted sends come back as the sends land: wait for them, as a
+         * kernel waits for its buffers */
+        while (kb_alloc_alloc(tl->pe->scratch, bytes, KB_VAL_ALIGN, &pa, &eb) != 0) {
+            if (!tl->nlater)
+                tl_fail(tl, KB_ERR_NOSPACE,
+                        "%s: %s (free values with tl_free, or use smaller tiles)", op, eb.msg);
+            later_wait_one(tl);
+            bigc_flush(tl);
+        }
     }
     tl->vals = grow_array(tl, tl->vals, tl->nvals, &tl->capvals, sizeof *tl->vals, 16);
     tl->vals[tl->nvals++] = pa;
@@ -199,7 +234,22 @@ static KB_NOINLINE kb_pa scratch_big(kb_tl *tl, uint64_t bytes, const char *op)
 
 kb_pa kb_tl_scratch_alloc(kb_tl *tl, uint64_t bytes, const char *op)
 {
+    if (tl->nlater)
+        later_sweep(tl);
     return bytes <= KB_SCR_MAX ? scr_small(tl, scr_class(bytes), op) : scratch_big(tl, bytes, op);
+}
+
+void tl_free_after(kb_tl *tl, kb_val v, int64_t t)
+{
+    if (!v.scratch)
+        return;
+    if (t <= kb_sim_now(tl->ctx->sim)) {
+        tl_free(tl, v);
+        return;
+    }
+    tl->later = grow_array(tl, tl->later, tl->nlater, &tl->caplater, sizeof *tl->later, 16);
+    tl->later[tl->nlater].v = v;
+    tl->later[tl->nlater++].t = t;
 }
 
 uint64_t kb_tl_scratch_room(kb_tl *tl)
@@ -273,6 +323,7 @@ void tl_free(kb_tl *tl, kb_val v)
 
 void kb_tl_release_all(kb_tl *tl)
 {
+    tl->nlater = 0; /* their memory goes back with everything else's */
     bigc_flush(tl);
     for (size_t i = 0; i < tl->nvals; i++)
         kb_alloc_free(tl->pe->scratch, tl->vals[i], NULL);
@@ -289,6 +340,7 @@ void kb_tl_release_all(kb_tl *tl)
 
 void kb_tl_fini(kb_tl *tl)
 {
+    free(tl->later);
     free(tl->vals);
     free(tl->chunks);
     for (int c = 0; c < KB_SCR_NCLASS; c++)
@@ -560,8 +612,9 @@ static KB_NOINLINE void record_elementwise(kb_tl *tl, kb_rec_kind kind, int op, 
 
 /* out: the result's dtype (f32 for every op but tl_binary_as: the unit rounds on writeback,
  * within the same pass). */
-static kb_val elementwise_as(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
-                             float imm0, float imm1, kb_dtype out, const char *name)
+static kb_val elementwise_to(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
+                             float imm0, float imm1, kb_dtype out, const kb_val *dst,
+                             const char *name)
 {
     uint32_t rows = src[0].rows, cols = src[0].cols;
     kb_time t_start, t_end;
@@ -572,13 +625,27 @@ static kb_val elementwise_as(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *
         rows = bcast_dim(tl, rows, src[i].rows, name);
         cols = bcast_dim(tl, cols, src[i].cols, name);
     }
-    v = kb_tl_scratch_val(tl, rows, cols, out, name);
+    if (dst) {
+        need_local(tl, *dst, name);
+        if (dst->rows != rows || dst->cols != cols)
+            tl_fail(tl, KB_ERR_INVAL, "%s: destination %ux%u, result %ux%u", name, dst->rows,
+                    dst->cols, rows, cols);
+        v = *dst;
+    } else {
+        v = kb_tl_scratch_val(tl, rows, cols, out, name);
+    }
     t_start = issue_time(tl);
     t_end = math_time(tl, (uint64_t)rows * cols, 1);
     if (kb_ctx_records(tl->ctx))
         record_elementwise(tl, kind, op, src, nsrc, imm0, imm1, v, t_start, t_end);
     kb_tl_wait_until(tl, t_end);
     return v;
+}
+
+static kb_val elementwise_as(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
+                             float imm0, float imm1, kb_dtype out, const char *name)
+{
+    return elementwise_to(tl, kind, op, src, nsrc, imm0, imm1, out, NULL, name);
 }
 
 static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
@@ -599,6 +666,20 @@ KB_TL_BINARY(tl_mul, KB_M2_MUL)
 KB_TL_BINARY(tl_div, KB_M2_DIV)
 KB_TL_BINARY(tl_maximum, KB_M2_MAX)
 KB_TL_BINARY(tl_minimum, KB_M2_MIN)
+
+void tl_binary_into(kb_tl *tl, kb_binop op, kb_val dst, kb_val a, kb_val b)
+{
+    static const int opc[] = { [KB_BIN_ADD] = KB_M2_ADD, [KB_BIN_MUL] = KB_M2_MUL,
+                               [KB_BIN_MAX] = KB_M2_MAX, [KB_BIN_MIN] = KB_M2_MIN };
+    kb_val s[2] = { a, b };
+    if ((unsigned)op > KB_BIN_MIN)
+        tl_fail(tl, KB_ERR_INVAL, "tl_binary_into: unknown op %d", (int)op);
+    if (dst.dtype != KB_F32 && dst.dtype != KB_F16 && dst.dtype != KB_BF16)
+        tl_fail(tl, KB_ERR_INVAL, "tl_binary_into: destination dtype %s is not f32, f16 or bf16",
+                kb_dtype_name((kb_dtype)dst.dtype));
+    (void)elementwise_to(tl, KB_REC_MATH2, opc[op], s, 2, 0.0f, 0.0f, (kb_dtype)dst.dtype, &dst,
+                         "tl_binary_into");
+}
 
 kb_val tl_binary_as(kb_tl *tl, kb_binop op, kb_val a, kb_val b, kb_dtype dt)
 {
@@ -769,7 +850,7 @@ kb_val tl_max(kb_tl *tl, kb_val a, int axis)
  */
 static void dma_dispatch(kb_tl *tl, kb_time issue)
 {
-    kb_time t = tl->pe->dma.free_at;
+    kb_time t = kb_machine_dma_channel(tl->pe)->free_at;
     kb_tl_wait_until(tl, t > issue ? t : issue);
 }
 

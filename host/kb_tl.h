@@ -109,6 +109,9 @@ kb_val tl_minimum(kb_tl *tl, kb_val a, kb_val b);
  */
 typedef enum kb_binop { KB_BIN_ADD = 0, KB_BIN_MUL, KB_BIN_MAX, KB_BIN_MIN } kb_binop;
 kb_val tl_binary_as(kb_tl *tl, kb_binop op, kb_val a, kb_val b, kb_dtype dt);
+/* The same into an existing local value or view `dst` of the result's shape (rounded to its
+ * dtype): a reduction that assembles its result in place. dst may be one of the operands. */
+void tl_binary_into(kb_tl *tl, kb_binop op, kb_val dst, kb_val a, kb_val b);
 
 kb_val tl_exp(kb_tl *tl, kb_val a);
 kb_val tl_log(kb_tl *tl, kb_val a);
@@ -135,6 +138,20 @@ kb_val tl_max(kb_tl *tl, kb_val a, int axis);
 kb_val tl_full(kb_tl *tl, kb_shape s, float value);
 
 void tl_free(kb_tl *tl, kb_val v);
+/* Frees scratch value v once simulated time reaches t (e.g. when a posted send that reads it
+ * has landed): until then its memory is not handed out again. Non-scratch values: no-op. */
+void tl_free_after(kb_tl *tl, kb_val v, int64_t t);
+
+/*
+ * A second thread of the kernel on the same PE (a channel, as NCCL runs several CTAs per
+ * GPU): fn(child, arg) runs as a fiber of its own from now on, with its own scratch values
+ * and the parent's program ids, and shares the PE's units, DMA channels, ports and IPCQ queue
+ * pairs (two threads must not use the same side of one queue pair). tl_join waits for it; a
+ * kernel joins every thread it forked before it returns (the runtime frees them with the
+ * launch). Forking costs the PE_CPU's issue overhead, like any call.
+ */
+kb_tl *tl_fork(kb_tl *tl, void (*fn)(kb_tl *child, void *arg), void *arg);
+void tl_join(kb_tl *tl, kb_tl *child);
 
 /* For library layers (IPCQ, collectives): the PE and context a kernel runs on. */
 kb_pe_hw *tl_pe(kb_tl *tl);

@@ -1,7 +1,7 @@
 /*
  * kb_trace — Chrome trace-event recording and output (kb_trace.h). Resource threads are named
- * by locating the kb_res inside the machine's arrays (pointer arithmetic, once per resource,
- * cached in an open-addressing map).
+ * after the machine's own names for its resources (kb_machine_each_res, walked once and
+ * sorted by address), each found once and then cached in an open-addressing map.
  */
 #include "kb_trace.h"
 
@@ -36,6 +36,14 @@ typedef struct rslot {
     uint32_t thread; /* index into threads */
 } rslot;
 
+/* Every resource of the machine with its thread name, sorted by address (built once, on the
+ * first resource event, from kb_machine_each_res: the machine's own names for them). */
+typedef struct rname {
+    const kb_res *r;
+    uint32_t pid;
+    char name[60];
+} rname;
+
 struct kb_trace {
     const kb_machine *m;
     tev *ev;
@@ -45,6 +53,8 @@ struct kb_trace {
     rslot *map;
     size_t mapcap, mapn;
     uint32_t next_link_tid;
+    rname *rnames;            /* every resource's name, by address (owned) */
+    size_t nrnames;
     char **names;             /* interned names (owned) */
     size_t nnames, capnames;
     int oom;
@@ -67,6 +77,7 @@ void kb_trace_destroy(kb_trace *t)
     free(t->ev);
     free(t->th);
     free(t->map);
+    free(t->rnames);
     for (size_t i = 0; i < t->nnames; i++)
         free(t->names[i]);
     free(t->names);
@@ -159,57 +170,69 @@ void kb_trace_pe(kb_trace *t, unsigned gsip, unsigned cube, int pe, const char *
     push_ev(t, gsip, tid, name, t0, t1, bytes);
 }
 
-/* Name and SIP of a resource of the machine. */
-static void res_name(const kb_machine *m, const kb_res *r, uint32_t *pid, char *buf, size_t n)
+typedef struct name_walk {
+    rname *v;
+    size_t n, cap;
+    char prev[64];
+    int chan;
+    int oom;
+} name_walk;
+
+static void name_visit(void *ud, const kb_res *r, const char *where)
 {
-    static const char *const dn[4] = { "E", "W", "N", "S" };
-    for (int s = 0; m && s < m->nsips; s++) {
-        const kb_sip_hw *sip = &m->sips[s];
-        *pid = (uint32_t)s;
-        if (r == &sip->pcie) {
-            snprintf(buf, n, "sip%d pcie", s);
+    name_walk *w = ud;
+    char key[64];
+    if (w->n == w->cap) {
+        size_t cap = w->cap ? w->cap * 2 : 1024;
+        rname *n = realloc(w->v, cap * sizeof *n);
+        if (!n) {
+            w->oom = 1;
             return;
         }
-        if (r == &sip->pcie_ep) {
-            snprintf(buf, n, "sip%d pcie_ep", s);
-            return;
-        }
-        if (r == &sip->io_cpu) {
-            snprintf(buf, n, "sip%d io_cpu", s);
-            return;
-        }
-        for (int l = 0; l < sip->nlinks; l++)
-            if (r == &sip->links[l].link) {
-                snprintf(buf, n, "sip%d->sip%d link", s, sip->links[l].peer);
-                return;
-            }
-        const char *cb = (const char *)sip->cubes, *ce = cb + sizeof(kb_cube_hw) * (size_t)m->ncubes;
-        if ((const char *)r >= cb && (const char *)r < ce) {
-            int c = (int)(((const char *)r - cb) / (ptrdiff_t)sizeof(kb_cube_hw));
-            const kb_cube_hw *cube = &sip->cubes[c];
-            if (r == &cube->m_cpu)
-                snprintf(buf, n, "sip%d/cube%d m_cpu", s, c);
-            else if (r == &cube->noc)
-                snprintf(buf, n, "sip%d/cube%d noc", s, c);
-            else if (r == &cube->sram_port)
-                snprintf(buf, n, "sip%d/cube%d sram", s, c);
-            else
-                snprintf(buf, n, "sip%d/cube%d ucie %s", s, c,
-                         dn[(r - cube->ucie_out) & 3]);
-            return;
-        }
-        for (int c = 0; c < m->ncubes; c++) {
-            const kb_cube_hw *cube = &sip->cubes[c];
-            const char *pb = (const char *)cube->pes, *pe_end = pb + sizeof(kb_pe_hw) * (size_t)m->npes;
-            if ((const char *)r >= pb && (const char *)r < pe_end) {
-                int p = (int)(((const char *)r - pb) / (ptrdiff_t)sizeof(kb_pe_hw));
-                snprintf(buf, n, "sip%d/cube%d/pe%d %s", s, c, p, r->name ? r->name : "?");
-                return;
-            }
+        w->v = n;
+        w->cap = cap;
+    }
+    snprintf(key, sizeof key, "%s %s", where, r->name ? r->name : "?");
+    w->chan = strcmp(key, w->prev) == 0 ? w->chan + 1 : 0;
+    snprintf(w->prev, sizeof w->prev, "%s", key);
+    rname *e = &w->v[w->n++];
+    e->r = r;
+    e->pid = (uint32_t)strtoul(where + 3, NULL, 10); /* where starts with "sip<N>" */
+    if (w->chan)
+        snprintf(e->name, sizeof e->name, "%s%d", key, w->chan);
+    else
+        snprintf(e->name, sizeof e->name, "%s", key);
+    /* the first of an engine's channels is named like the engine; a second one renames it */
+    if (w->chan == 1)
+        snprintf(w->v[w->n - 2].name, sizeof e->name, "%s0", key);
+}
+
+static int rname_cmp(const void *a, const void *b)
+{
+    const rname *x = a, *y = b;
+    return (uintptr_t)x->r < (uintptr_t)y->r ? -1 : (uintptr_t)x->r > (uintptr_t)y->r;
+}
+
+/* Name and SIP of a resource of the machine. */
+static void res_name(kb_trace *t, const kb_res *r, uint32_t *pid, char *buf, size_t n)
+{
+    if (t->m && !t->rnames && !t->oom) {
+        name_walk w = { 0 };
+        kb_machine_each_res(t->m, name_visit, &w);
+        if (w.oom) {
+            free(w.v);
+            t->oom = 1;
+        } else {
+            qsort(w.v, w.n, sizeof *w.v, rname_cmp);
+            t->rnames = w.v;
+            t->nrnames = w.n;
         }
     }
-    *pid = 0;
-    snprintf(buf, n, "%s", r->name ? r->name : "resource");
+    rname key = { r, 0, "" };
+    const rname *e = t->rnames ? bsearch(&key, t->rnames, t->nrnames, sizeof key, rname_cmp)
+                               : NULL;
+    *pid = e ? e->pid : 0;
+    snprintf(buf, n, "%s", e ? e->name : r->name ? r->name : "resource");
 }
 
 void kb_trace_res(kb_trace *t, const kb_res *r, kb_time t0, kb_time t1, uint64_t bytes)
@@ -242,7 +265,7 @@ void kb_trace_res(kb_trace *t, const kb_res *r, kb_time t0, kb_time t1, uint64_t
     if (!t->map[h].r) {
         char name[64];
         uint32_t pid;
-        res_name(t->m, r, &pid, name, sizeof name);
+        res_name(t, r, &pid, name, sizeof name);
         t->map[h].r = r;
         t->map[h].thread = add_thread(t, pid, t->next_link_tid++, name);
         t->mapn++;

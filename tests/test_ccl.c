@@ -194,13 +194,13 @@ static void test_topo_tree(void **state)
     for (int ws = 1; ws <= 16; ws++)
         check_all_links_reverse("tree_binary", ws, NULL);
     /* hanging from root 5 of 7: heap order over r - 5 mod 7 */
-    kb_ccl_geom g5 = { 8, 1, 5 };
+    kb_ccl_geom g5 = { 8, 1, 5, 0 };
     expect_nbrs("tree_binary", 7, 5, &g5, 2, KB_DIR_CHILD_LEFT, 6, KB_DIR_CHILD_RIGHT, 0);
     expect_nbrs("tree_binary", 7, 6, &g5, 3, KB_DIR_PARENT, 5, KB_DIR_CHILD_LEFT, 1,
                 KB_DIR_CHILD_RIGHT, 2);
     expect_nbrs("tree_binary", 7, 4, &g5, 1, KB_DIR_PARENT, 0);
     for (int ws = 1; ws <= 16; ws++) {
-        kb_ccl_geom gr = { 8, 1, ws - 1 };
+        kb_ccl_geom gr = { 8, 1, ws - 1, 0 };
         check_all_links_reverse("tree_binary", ws, &gr);
     }
 }
@@ -259,7 +259,7 @@ static void test_topo_hypercube(void **state)
 
 static void test_topo_hierarchical(void **state)
 {
-    kb_ccl_geom g = { 8, 16, 0 };
+    kb_ccl_geom g = { 8, 16, 0, 0 };
     int t[TMAX];
     kb_errbuf eb;
     (void)state;
@@ -382,9 +382,73 @@ static void test_topo_dbtree(void **state)
     }
 }
 
+/* Each step of a cube ring one UCIe hop (|dx| + |dy| = 1 in a w-wide mesh), the wrap too. */
+static void check_cube_cycle(const int *order, int C, int w)
+{
+    int seen[KB_MAX_CUBES] = { 0 };
+    for (int k = 0; k < C; k++) {
+        int a = order[k], b = order[(k + 1) % C];
+        assert_true(a >= 0 && a < C && !seen[a]);
+        seen[a] = 1;
+        int d = abs(a % w - b % w) + abs(a / w - b / w);
+        if (d != 1)
+            fail_msg("cube ring %d wide: step %d goes %d -> %d (%d hops)", w, k, a, b, d);
+    }
+}
+
+static void test_topo_lanes(void **state)
+{
+    static const int want16[16] = { 0, 1, 2, 3, 7, 6, 5, 9, 10, 11, 15, 14, 13, 12, 8, 4 };
+    static const int want6[6] = { 0, 2, 4, 5, 3, 1 }; /* 2 wide, 3 tall: walked transposed */
+    int order[KB_MAX_CUBES];
+    kb_ccl_geom g = { 8, 16, 0, 4 };
+    (void)state;
+    assert_int_equal(kb_topo_cube_ring(16, 4, order), 16);
+    assert_memory_equal(order, want16, sizeof want16);
+    check_cube_cycle(order, 16, 4);
+    assert_int_equal(kb_topo_cube_ring(6, 2, order), 6);
+    assert_memory_equal(order, want6, sizeof want6);
+    check_cube_cycle(order, 6, 2);
+    kb_topo_cube_ring(8, 4, order); /* a 4 x 2 part of the mesh */
+    check_cube_cycle(order, 8, 4);
+    kb_topo_cube_ring(32, 8, order);
+    check_cube_cycle(order, 32, 8);
+    kb_topo_cube_ring(9, 3, order); /* odd x odd: no such cycle, index order */
+    for (int c = 0; c < 9; c++)
+        assert_int_equal(order[c], c);
+    kb_topo_cube_ring(5, 0, order); /* unknown width: index order */
+    assert_int_equal(order[4], 4);
+    assert_int_equal(kb_topo_cube_pos(9, 16, 4), 7);
+    assert_int_equal(kb_topo_cube_pos(4, 16, 4), 15);
+    /* ws 256 = 2 SIPs x 16 cubes x 8 PEs: every PE at every level, twice */
+    assert_int_equal(kb_topo_peer_dirs("hierarchical_lanes", 256), KB_TOPO_LANES_PEER_DIRS);
+    expect_nbrs("hierarchical_lanes", 256, 0, &g, 12, KB_DIR_E, 1, KB_DIR_W, 7, KB_DIR_N, 8,
+                KB_DIR_S, 32, KB_DIR_GLOBAL_E, 128, KB_DIR_GLOBAL_W, 128, KB_DIR_PEER(0), 1,
+                KB_DIR_PEER(5), 7, KB_DIR_PEER(1), 8, KB_DIR_PEER(4), 32, KB_DIR_PEER(2), 128,
+                KB_DIR_PEER(3), 128);
+    /* cube 3, PE 5: the cube ring goes 2 -> 3 -> 7 */
+    expect_nbrs("hierarchical_lanes", 256, 29, &g, 12, KB_DIR_E, 30, KB_DIR_W, 28, KB_DIR_N,
+                61, KB_DIR_S, 21, KB_DIR_GLOBAL_E, 157, KB_DIR_GLOBAL_W, 157, KB_DIR_PEER(0), 30,
+                KB_DIR_PEER(5), 28, KB_DIR_PEER(1), 61, KB_DIR_PEER(4), 21, KB_DIR_PEER(2), 157,
+                KB_DIR_PEER(3), 157);
+    int P, C, S;
+    assert_int_equal(kb_topo_lanes_shape(256, &g, &P, &C, &S), 1);
+    assert_true(P == 8 && C == 16 && S == 2);
+    assert_int_equal(kb_topo_lanes_shape(64, &g, &P, &C, &S), 1);
+    assert_true(P == 8 && C == 8 && S == 1);
+    assert_int_equal(kb_topo_lanes_shape(12, &g, &P, &C, &S), 0);  /* a partial cube */
+    assert_int_equal(kb_topo_lanes_shape(136, &g, &P, &C, &S), 0); /* a partial SIP */
+    /* any other world: hierarchical_3level's links */
+    expect_nbrs("hierarchical_lanes", 12, 8, &g, 4, KB_DIR_E, 9, KB_DIR_W, 11, KB_DIR_N, 0,
+                KB_DIR_S, 0);
+    static const int worlds[] = { 256, 64, 16, 8, 12, 3, 136 };
+    for (size_t i = 0; i < sizeof worlds / sizeof *worlds; i++)
+        check_all_links_reverse("hierarchical_lanes", worlds[i], &g);
+}
+
 static void test_topo_errors_and_names(void **state)
 {
-    kb_ccl_geom g = { 2, 2, 0 };
+    kb_ccl_geom g = { 2, 2, 0, 0 };
     int t[TMAX];
     kb_errbuf eb;
     int n = 0;
@@ -399,7 +463,7 @@ static void test_topo_errors_and_names(void **state)
         assert_int_equal(kb_topo_neighbors_n(kb_topo_names[n], 4, 3, &g, t, TMAX, &eb), 0);
         check_all_links_reverse(kb_topo_names[n], 4, &g);
     }
-    assert_int_equal(n, 11);
+    assert_int_equal(n, 12);
     /* kb_topo_reverse: no direction points back */
     for (int d = 0; d < KB_NDIRS; d++)
         t[d] = NONE;
@@ -532,7 +596,7 @@ typedef struct any_case {
 static int h_any(kb_ctx *ctx, void *arg)
 {
     any_case *c = arg;
-    kb_ipcq_cfg icfg = { 2, 4096, KB_MEM_TCM, 1 };
+    kb_ipcq_cfg icfg = { 2, 4096, KB_MEM_TCM, 1, 1 };
     int rc = kb_ccl_job_prepare(ctx, &c->job, c->impl, c->impl->module, "ring_1d", c->ws, 16,
                                 &icfg, NULL);
     return rc ? rc : kb_ccl_job_launch(ctx, &c->job, NULL, NULL);
@@ -548,7 +612,7 @@ typedef struct any_algo_case {
 static int h_any_algo(kb_ctx *ctx, void *arg)
 {
     any_algo_case *c = arg;
-    kb_ipcq_cfg icfg = { 2, 4096, KB_MEM_TCM, 1 };
+    kb_ipcq_cfg icfg = { 2, 4096, KB_MEM_TCM, 1, 1 };
     int rc = kb_ccl_job_prepare(ctx, &c->job, c->impl, c->impl->module, c->impl->topology,
                                 c->ws, c->n, &icfg, NULL);
     return rc ? rc : kb_ccl_job_launch(ctx, &c->job, NULL, NULL);
@@ -616,7 +680,7 @@ typedef struct typed_case {
 static int h_typed(kb_ctx *ctx, void *arg)
 {
     typed_case *c = arg;
-    kb_ipcq_cfg icfg = { 2, 4096, KB_MEM_TCM, 1 };
+    kb_ipcq_cfg icfg = { 2, 4096, KB_MEM_TCM, 1, 1 };
     int rc = kb_ccl_job_prepare_opts(ctx, &c->job, c->impl, c->impl->module,
                                      c->impl->topology, c->ws, c->n, &c->o, &icfg, NULL);
     return rc ? rc : kb_ccl_job_launch(ctx, &c->job, NULL, NULL);
@@ -1133,7 +1197,7 @@ static void test_coll_chunked(void **state)
         for (size_t k = 0; k < sizeof sz / sizeof sz[0]; k++)
             for (size_t w = 0; w < sizeof worlds / sizeof worlds[0]; w++) {
                 int ws = worlds[w];
-                kb_ipcq_cfg icfg = { sz[k].slots, sz[k].slot, KB_MEM_TCM, 1 };
+                kb_ipcq_cfg icfg = { sz[k].slots, sz[k].slot, KB_MEM_TCM, 1, 1 };
                 int64_t n = sz[k].count * kb_coll_tile_ranks(impl->kind, ws);
                 int root = kb_coll_rooted(impl->kind) ? ws - 2 : 0;
                 assert_true((uint64_t)sz[k].count * 2u > sz[k].slot);
@@ -1202,7 +1266,7 @@ static void test_mock_errors(void **state)
     assert_non_null(strstr(eb.msg, "a tile of 4 elements is not 3 chunks"));
     {
         /* a full mesh whose rings do not fit the IPCQ area: the install says by how much */
-        kb_ipcq_cfg big = { 4, 65536, KB_MEM_TCM, 1 };
+        kb_ipcq_cfg big = { 4, 65536, KB_MEM_TCM, 1, 1 };
         assert_int_equal(kb_ccl_mock_run_opts("pairwise_alltoall", NULL, 64, 64, 0, &big, NULL,
                                               NULL, &eb), KB_ERR_NOSPACE);
         assert_non_null(strstr(eb.msg, "needs 63 rx rings (63 of them peer directions) of 4 "
@@ -1619,6 +1683,7 @@ int main(void)
         cmocka_unit_test(test_topo_full_mesh),
         cmocka_unit_test(test_topo_hypercube),
         cmocka_unit_test(test_topo_hierarchical),
+        cmocka_unit_test(test_topo_lanes),
         cmocka_unit_test(test_topo_dbtree),
         cmocka_unit_test(test_topo_errors_and_names),
         cmocka_unit_test(test_layout_legacy),

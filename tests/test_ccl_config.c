@@ -27,17 +27,17 @@
 #include "kb_test_util.h"
 
 /* ccl keys: 7 under defaults; an entry has 4 keys of its own and overrides the other 6. */
-#define N_CCL_DEFAULTS_KEYS 7
-#define N_CCL_ENTRY_KEYS (6 + 6)
+#define N_CCL_DEFAULTS_KEYS 8
+#define N_CCL_ENTRY_KEYS (6 + 7)
 #define N_CCL_KEYS (N_CCL_DEFAULTS_KEYS + N_CCL_ENTRY_KEYS)
 
 /* An algorithm entry's keys, in the order unknown-key messages list them. */
 #define ENTRY_KNOWN                                                                          \
-    "(known: module, topology, root_cube, root, op, dtype, buffer_kind, backpressure, n_slots, "   \
+    "(known: module, topology, root_cube, root, op, dtype, buffer_kind, backpressure, posted_sends, n_slots, "   \
     "slot_size, "                                                                            \
     "world_size, n_elem)"
 #define DEFAULTS_KNOWN                                                                       \
-    "(known: algorithm, buffer_kind, backpressure, n_slots, slot_size, world_size, n_elem)"
+    "(known: algorithm, buffer_kind, backpressure, posted_sends, n_slots, slot_size, world_size, n_elem)"
 
 /* Loads text as a ccl.yaml into c; eb gets the message. */
 static int load_text(kb_ccl_cfg *c, const char *text, char path[64], kb_errbuf *eb)
@@ -186,8 +186,8 @@ static void test_shipped_ccl(void **state)
     check_algo(&c, "ring_allreduce_sram", "ring_allreduce", "ring_1d", "sram", 256, 8, 0);
     check_algo(&c, "mesh_allreduce_4", "mesh_allreduce", "mesh_2d", "tcm", 4, 0, 0);
     check_algo(&c, "tree_allreduce_7", "tree_allreduce", "tree_binary", "tcm", 7, 0, 0);
-    check_algo(&c, "hierarchical_allreduce", "hierarchical_allreduce", "hierarchical_3level",
-               "tcm", 256, 0, 0);
+    check_algo(&c, "hierarchical_allreduce", "hierarchical_allreduce", "hierarchical_lanes",
+               "tcm", 256, 0, 131072);
     check_algo(&c, "hierarchical_allreduce_sip", "hierarchical_allreduce",
                "hierarchical_3level", "tcm", 0, 0, 0);
     check_algo(&c, "ring_rsag_allreduce", "ring_rsag_allreduce", "ring_1d", "tcm", 256, 256,
@@ -327,6 +327,7 @@ static void test_foreach_key_order(void **state)
         "ccl.defaults.algorithm",
         "ccl.defaults.buffer_kind",
         "ccl.defaults.backpressure",
+        "ccl.defaults.posted_sends",
         "ccl.defaults.n_slots",
         "ccl.defaults.slot_size",
         "ccl.defaults.world_size",
@@ -339,6 +340,7 @@ static void test_foreach_key_order(void **state)
         "ccl.algorithms.<name>.dtype",
         "ccl.algorithms.<name>.buffer_kind",
         "ccl.algorithms.<name>.backpressure",
+        "ccl.algorithms.<name>.posted_sends",
         "ccl.algorithms.<name>.n_slots",
         "ccl.algorithms.<name>.slot_size",
         "ccl.algorithms.<name>.world_size",
@@ -357,7 +359,7 @@ static void test_foreach_key_order(void **state)
     assert_string_equal(o.module_dflt, "(required)");
     assert_string_equal(o.topology_type, "enum: ring_1d|ring_1d_unidir|mesh_2d|torus_2d|"
                                          "mesh_2d_no_wrap|tree_binary|hierarchical_3level|none|"
-                                         "full_mesh|hypercube|double_binary_tree");
+                                         "full_mesh|hypercube|double_binary_tree|hierarchical_lanes");
     assert_string_equal(o.root_dflt, "-1 (unset)");
     assert_string_equal(o.dflt_nslots, "4");
     assert_string_equal(o.algo_nslots_dflt, "inherits ccl.defaults.n_slots");
@@ -510,7 +512,8 @@ static void test_wrong_types(void **state)
     expect_load_error("algorithms:\n  a:\n    module: m\n    topology: ring_9d\n", "4:15: ",
                       "invalid value 'ring_9d' for ccl.algorithms.a.topology (allowed: ring_1d, "
                       "ring_1d_unidir, mesh_2d, torus_2d, mesh_2d_no_wrap, tree_binary, "
-                      "hierarchical_3level, none, full_mesh, hypercube, double_binary_tree)");
+                      "hierarchical_3level, none, full_mesh, hypercube, double_binary_tree, "
+                      "hierarchical_lanes)");
     expect_load_error("algorithms:\n  a:\n    module:\n", "3:12: ",
                       "missing value for ccl.algorithms.a.module");
     /* A mapping where a scalar belongs and vice versa; a sequence. */
@@ -768,7 +771,7 @@ static void test_set(void **state)
     expect_set_error(&c, "ccl.algorithms.fresh.topology=ring_9d",
                      "--set ccl.algorithms.fresh.topology=ring_9d: invalid value 'ring_9d' for "
                      "ccl.algorithms.fresh.topology (allowed: ring_1d, ring_1d_unidir, mesh_2d, "
-                     "torus_2d, mesh_2d_no_wrap, tree_binary, hierarchical_3level, none, full_mesh, hypercube, double_binary_tree)");
+                     "torus_2d, mesh_2d_no_wrap, tree_binary, hierarchical_3level, none, full_mesh, hypercube, double_binary_tree, hierarchical_lanes)");
     expect_set_error(&c, "ccl.algorithms.fresh.root_cube=32",
                      "--set ccl.algorithms.fresh.root_cube=32: ccl.algorithms.fresh.root_cube = "
                      "32 is out of range [0, 31]");

@@ -22,7 +22,7 @@
 #include "kb_test_util.h"
 
 /* Number of topology keys (kb_schema.c's topo_keys). */
-#define N_TOPO_KEYS 49 /* 45 + pe.gemm.{int8,fp8,mxint8,sparse}_speedup */
+#define N_TOPO_KEYS 52 /* 45 + pe.gemm.{int8,fp8,mxint8,sparse}_speedup + cube.noc.{topology,width,height} */
 
 /* Loads text as a topology file into cfg; eb gets the message. */
 static int load_text(kb_config *cfg, const char *text, char path[64], kb_errbuf *eb)

@@ -66,20 +66,23 @@ static kb_va at(const kb_kargs *a, int buf, int pe, int slot)
     return a->ptr[buf] + (kb_va)((pe * NSLOT + slot) * N) * 4u;
 }
 
-static kb_ctx *make_ctx_trace(FILE *trace)
+/* legacy: the model before issue #29 (cube.noc.topology=bus, one DMA channel) */
+static kb_ctx *make_ctx_model(FILE *trace, int legacy)
 {
     static const char *const sets[] = {
         "system.sips.count=1", "sip.cube_mesh.width=1", "sip.cube_mesh.height=1",
         "cube.corners=1", "cube.pe_per_corner=4", "cube.hbm.size_bytes=4294967296",
+        "cube.noc.topology=bus", "pe.dma.channels=1",
     };
     kb_ctx_opts opts = { .device = KB_DEV_REF, .trace = trace };
-    kb_ctx *ctx = kbt_ctx_new(sets, sizeof sets / sizeof sets[0], &opts);
+    kb_ctx *ctx = kbt_ctx_new(sets, sizeof sets / sizeof sets[0] - (legacy ? 0 : 2), &opts);
 
     assert_int_equal(kb_ctx_machine(ctx)->npes, NPES);
     assert_int_equal(kb_ctx_machine(ctx)->ncubes, 1);
     return ctx;
 }
 
+static kb_ctx *make_ctx_trace(FILE *trace) { return make_ctx_model(trace, 0); }
 static kb_ctx *make_ctx(void) { return make_ctx_trace(NULL); }
 
 static kb_pe_hw *pe_at(kb_ctx *ctx, int pe)
@@ -431,7 +434,7 @@ typedef struct peer_inst {
 static int h_peer_install(kb_ctx *ctx, void *arg)
 {
     peer_inst *pi = arg;
-    kb_ipcq_cfg cfg = { 2, 64, KB_MEM_TCM, 1 };
+    kb_ipcq_cfg cfg = { 2, 64, KB_MEM_TCM, 1, 1 };
     link_spec twice[3] = {
         { 0, KB_DIR_PEER(3), 1, KB_DIR_PEER(1) }, { 1, KB_DIR_PEER(1), 0, KB_DIR_PEER(3) },
         { 0, KB_DIR_PEER(3), 1, KB_DIR_PEER(1) },
@@ -455,7 +458,7 @@ static int h_peer_install(kb_ctx *ctx, void *arg)
 static int h_peer_nofit(kb_ctx *ctx, void *arg)
 {
     peer_inst *pi = arg;
-    kb_ipcq_cfg cfg = { 2, 1048576, KB_MEM_TCM, 1 };
+    kb_ipcq_cfg cfg = { 2, 1048576, KB_MEM_TCM, 1, 1 };
     link_spec ls[10];
     for (int k = 0; k < 5; k++) { /* PE0 <-> PE1 on five peer directions each way: 10 MiB */
         ls[2 * k] = (link_spec){ 0, KB_DIR_PEER(k), 1, KB_DIR_PEER(k) };
@@ -687,7 +690,7 @@ typedef struct inst_case {
 static int h_install_errors(kb_ctx *ctx, void *arg)
 {
     inst_case *ic = arg;
-    kb_ipcq_cfg cfg = { 2, 64, KB_MEM_TCM, 1 }, other = cfg;
+    kb_ipcq_cfg cfg = { 2, 64, KB_MEM_TCM, 1, 1 }, other = cfg;
     link_spec ring01[4] = {
         { 0, KB_DIR_E, 1, KB_DIR_W }, { 0, KB_DIR_W, 1, KB_DIR_E },
         { 1, KB_DIR_W, 0, KB_DIR_E }, { 1, KB_DIR_E, 0, KB_DIR_W },
@@ -897,9 +900,9 @@ static void k_chunked(kb_tl *tl, const kb_kargs *a)
     }
 }
 
-static void check_chunked(int n_slots)
+static void check_chunked(int n_slots, int legacy)
 {
-    kb_ctx *ctx = make_ctx();
+    kb_ctx *ctx = make_ctx_model(NULL, legacy);
     fx f;
     int chunks = (CH_N + N - 1) / N, back_chunks = (2 * (CH_N / 2) + N - 1) / N;
 
@@ -930,27 +933,43 @@ static void check_chunked(int n_slots)
     if (n_slots >= chunks) {
         /*
          * With a free slot for every chunk, the IPCQ engine issues them back to back at the
-         * call's issue time; each DMA holds its route at once, so chunk j starts when the
-         * bottleneck, the sender's PE_DMA, is done with chunk j-1 (its setup plus the bytes):
-         * the message ends after the route's link latencies plus Σ (setup + transfer) over
-         * its chunks (docs/timing-model.md §11).
+         * call's issue time; each DMA holds its route at once. One DMA channel (legacy): chunk
+         * j starts when the bottleneck, the sender's PE_DMA, is done with chunk j-1 (its setup
+         * plus the bytes), so the message ends after the route's link latencies plus
+         * Σ (setup + transfer) over its chunks (docs/timing-model.md §11). Several channels:
+         * chunk j takes a channel of its own and starts once the NoC link PE 0 -> PE 1 (the
+         * narrowest shared resource of the route) has carried the chunks before it; the send
+         * ends with its last token, max_j (start_j + setup + transfer_j) after the latencies.
+         * Route either way: TCM (2 ns), NoC (5 ns), TCM (2 ns).
          */
         const kb_topo_cfg *t = &kb_ctx_config(ctx)->topo;
         int64_t lat = 2 * kbt_ps(t->tcm.latency_ns) + kbt_ps(t->noc.latency_ns);
-        int64_t engine = 0;
-        for (int off = 0; off < CH_N; off += N)
-            engine += kbt_ps(t->dma_setup_ns) +
-                      kbt_xfer_ps((uint64_t)(CH_N - off < N ? CH_N - off : N) * 4u,
-                                  t->dma_bandwidth_gbps);
+        int64_t engine = 0, start = 0;
+        for (int off = 0; off < CH_N; off += N) {
+            uint64_t b = (uint64_t)(CH_N - off < N ? CH_N - off : N) * 4u;
+            int64_t occ = kbt_ps(t->dma_setup_ns) + kbt_xfer_ps(b, t->dma_bandwidth_gbps);
+            if (legacy) {
+                engine += occ;
+            } else {
+                engine = start + occ > engine ? start + occ : engine;
+                start += kbt_xfer_ps(b, t->noc.bandwidth_gbps);
+            }
+        }
         int64_t want = kbt_ps(t->pe_cpu_overhead_ns) + kbt_ps(t->ipcq_overhead_ns) + lat + engine;
         assert_int_equal(f.t_sent[0] - f.t_call[0], want);
+        assert_int_equal(f.t_sent[0] - f.t_call[0], legacy ? 82157 : 41625);
     }
     assert_true(f.t_recv[0] > f.t_sent[0]);
     kb_ctx_destroy(ctx);
 }
 
-static void test_chunked_one_slot(void **state) { (void)state; check_chunked(1); }
-static void test_chunked_window(void **state) { (void)state; check_chunked(4); }
+static void test_chunked_one_slot(void **state) { (void)state; check_chunked(1, 0); }
+static void test_chunked_window(void **state)
+{
+    (void)state;
+    check_chunked(4, 0);
+    check_chunked(4, 1);
+}
 
 
 /* A receive naming another size than the message it matches is an error, not a silent
@@ -1173,7 +1192,7 @@ static void test_ring_allreduce_one_slot(void **state)
         memset(c, 0, sizeof *c);
         c->ws = ws;
         c->module = modules[m];
-        c->icfg = (kb_ipcq_cfg){ 1, AR_N * 4, kinds[k], 1 };
+        c->icfg = (kb_ipcq_cfg){ 1, AR_N * 4, kinds[k], 1, 1 };
         for (int r = 0; r < ws; r++)
             for (int i = 0; i < AR_N; i++)
                 c->in[r * AR_N + i] = (float)((r * 7 + i * 3) % 17 - 8) * 0.25f;
@@ -1223,7 +1242,7 @@ static void test_ring_allreduce_chunked(void **state)
         memset(c, 0, sizeof *c);
         c->ws = ws;
         c->module = modules[m];
-        c->icfg = (kb_ipcq_cfg){ slots, 16, KB_MEM_TCM, 1 };
+        c->icfg = (kb_ipcq_cfg){ slots, 16, KB_MEM_TCM, 1, 1 };
         for (int r = 0; r < ws; r++)
             for (int i = 0; i < AR_N; i++)
                 c->in[r * AR_N + i] = (float)((r * 5 + i * 7) % 23 - 11) * 0.5f;
@@ -1294,13 +1313,13 @@ static void test_allreduce_streamed(void **state)
         c->module = algos[m].module;
         c->topo = algos[m].topo;
         if (v < 2) {
-            c->icfg = (kb_ipcq_cfg){ 1 + v, 16, KB_MEM_TCM, 1 };
+            c->icfg = (kb_ipcq_cfg){ 1 + v, 16, KB_MEM_TCM, 1, 1 };
             for (int r = 0; r < ws; r++)
                 for (int i = 0; i < AR_N; i++)
                     c->in[r * AR_N + i] = (float)((r * 5 + i * 7) % 23 - 11) * 0.5f;
             in = c->in;
         } else {
-            c->icfg = (kb_ipcq_cfg){ 1, 4096, KB_MEM_TCM, 1 };
+            c->icfg = (kb_ipcq_cfg){ 1, 4096, KB_MEM_TCM, 1, 1 };
             c->n = big_n;
             c->big = big;
             in = big;

@@ -41,12 +41,17 @@ typedef struct probe {
 
 static probe *probe_of(const kb_kargs *a) { return (probe *)(intptr_t)a->i[PROBE_ARG]; }
 
+/* The worked examples of timing-model.md §5-§6 (launches, loads, gemm) are the bus model's
+ * with one DMA channel (the model before issue #29, still cube.noc.topology=bus): these tests
+ * pin it; the network's routes and channels are test_machine's. */
 static const char *const small_machine[] = {
     "system.sips.count=1",
     "sip.cube_mesh.width=2",
     "sip.cube_mesh.height=1",
     "cube.pe_per_corner=1",
     "cube.hbm.size_bytes=25769803776", /* 24 GiB = 4 slices of 6 GiB */
+    "cube.noc.topology=bus",
+    "pe.dma.channels=1",
 };
 
 static kb_ctx *make_ctx_with(kb_device_kind dev, const char *extra)

@@ -42,6 +42,15 @@ typedef struct qcase {
     uint64_t dma;       /* PE_DMA bytes of the tl_dot_q */
 } qcase;
 
+/* Bytes every DMA channel of the PE has carried. */
+static uint64_t dma_bytes(const kb_pe_hw *pe)
+{
+    uint64_t b = 0;
+    for (int i = 0; i < pe->ndma; i++)
+        b += pe->dma[i].bytes;
+    return b;
+}
+
 static void k_q(kb_tl *tl, const kb_kargs *a)
 {
     qcase *c = (qcase *)(intptr_t)a->i[7];
@@ -59,10 +68,10 @@ static void k_q(kb_tl *tl, const kb_kargs *a)
             w.meta = tl_load(tl, a->ptr[3], KB_SHAPE2(w.meta.rows, w.meta.cols), KB_I8);
     }
     kb_time busy0 = pe->gemm.busy;
-    uint64_t dma0 = pe->dma.bytes;
+    uint64_t dma0 = dma_bytes(pe);
     kb_val y = tl_dot_q(tl, x, w);
     c->busy = pe->gemm.busy - busy0;
-    c->dma = pe->dma.bytes - dma0;
+    c->dma = dma_bytes(pe) - dma0;
     tl_store(tl, a->ptr[4], y);
 }
 

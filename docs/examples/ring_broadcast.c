@@ -70,7 +70,7 @@ typedef struct run {
 static int host(kb_ctx *ctx, void *arg)
 {
     run *st = arg;
-    kb_ipcq_cfg icfg = { 4, 4096, KB_MEM_TCM, 1 };   /* n_slots, slot_size, buffer_kind, backpressure */
+    kb_ipcq_cfg icfg = { 4, 4096, KB_MEM_TCM, 1, 1 };   /* n_slots, slot_size, buffer_kind, backpressure, posted */
     int rc = kb_ccl_job_prepare(ctx, &st->job, &impl, impl.module, "ring_1d_unidir", WS, N,
                                 &icfg, NULL);         /* NULL: kb_ccl_inputs' seeded values */
     if (rc)

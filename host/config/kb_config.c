@@ -629,6 +629,16 @@ static int validate_topo(const kb_topo_cfg *t, kb_errbuf *eb)
     if (t->corners < 1 || t->pe_per_corner < 1 || pes > 16)
         return kb_err_set(eb, KB_ERR_CONFIG, "cube.corners * cube.pe_per_corner = %d * %d = %d "
                           "PEs per cube, must be 1..16", t->corners, t->pe_per_corner, pes);
+    if (!in_list(t->noc_topology, kb_schema_noc_topologies))
+        return kb_err_set(eb, KB_ERR_CONFIG, "cube.noc.topology '%s' is not a NoC topology "
+                          "(mesh, crossbar, bus)", t->noc_topology);
+    if (t->noc_width < 0 || t->noc_height < 0 ||
+        (t->noc_width > 0 && t->noc_height > 0 && t->noc_width * t->noc_height != pes) ||
+        (t->noc_width > 0 && t->noc_height == 0 && pes % t->noc_width != 0) ||
+        (t->noc_height > 0 && t->noc_width == 0 && pes % t->noc_height != 0))
+        return kb_err_set(eb, KB_ERR_CONFIG, "cube.noc.width x cube.noc.height = %d x %d does not "
+                          "hold the cube's %d PEs (one router per PE: width * height = %d; 0 = "
+                          "derived)", t->noc_width, t->noc_height, pes, pes);
     for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) {
         rc = check_link(links[i].name,
                         (const kb_cfg_link *)(const void *)((const char *)t + links[i].off), eb);
@@ -662,6 +672,35 @@ static int validate_topo(const kb_topo_cfg *t, kb_errbuf *eb)
         return kb_err_set(eb, KB_ERR_CONFIG, "pe.scheduler.tile_{m,n,k} = %d/%d/%d must be >= 1",
                           t->sched_tile_m, t->sched_tile_n, t->sched_tile_k);
     return 0;
+}
+
+kb_noc_kind kb_topo_noc_kind(const kb_topo_cfg *t)
+{
+    if (strcmp(t->noc_topology, "crossbar") == 0)
+        return KB_NOC_CROSSBAR;
+    return strcmp(t->noc_topology, "bus") == 0 ? KB_NOC_BUS : KB_NOC_MESH;
+}
+
+void kb_topo_noc_dims(const kb_topo_cfg *t, int *w, int *h)
+{
+    int pes = kb_topo_pes_per_cube(t);
+    if (t->noc_width > 0 && t->noc_height > 0) {
+        *w = t->noc_width;
+        *h = t->noc_height;
+    } else if (t->noc_width > 0) {
+        *w = t->noc_width;
+        *h = pes / t->noc_width;
+    } else if (t->noc_height > 0) {
+        *h = t->noc_height;
+        *w = pes / t->noc_height;
+    } else {
+        int best = 1;
+        for (int d = 1; d * d <= pes; d++)
+            if (pes % d == 0)
+                best = d;
+        *h = best;
+        *w = pes / best;
+    }
 }
 
 int kb_config_validate(const kb_config *cfg, kb_errbuf *eb)

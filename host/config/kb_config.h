@@ -47,7 +47,10 @@ typedef struct kb_topo_cfg {
     kb_cfg_link ucie;                        /* sip.ucie.{bandwidth_gbps,latency_ns} */
     /* cube */
     double m_cpu_overhead_ns;                /* cube.m_cpu.overhead_ns */
-    kb_cfg_link noc;                         /* cube.noc.{bandwidth_gbps,latency_ns} */
+    kb_cfg_link noc;                         /* cube.noc.{bandwidth_gbps,latency_ns}: per link */
+    char noc_topology[KB_CFG_NAME_MAX];      /* cube.noc.topology: mesh crossbar bus */
+    int noc_width, noc_height;               /* cube.noc.{width,height}: routers of the mesh,
+                                              * 0 = derived from the PE count */
     uint64_t sram_size_bytes;                /* cube.sram.size_bytes */
     kb_cfg_link sram;                        /* cube.sram.{bandwidth_gbps,latency_ns} */
     uint64_t hbm_size_bytes;                 /* cube.hbm.size_bytes (split evenly into PE slices) */
@@ -58,8 +61,8 @@ typedef struct kb_topo_cfg {
     /* pe */
     double pe_cpu_overhead_ns;               /* pe.cpu.overhead_ns: issue cost of every tl call */
     double dma_setup_ns;                     /* pe.dma.setup_ns: fixed cost per DMA */
-    double dma_bandwidth_gbps;               /* pe.dma.bandwidth_gbps: engine throughput */
-    int dma_channels;                        /* pe.dma.channels: virtual channels, >= 1 */
+    double dma_bandwidth_gbps;               /* pe.dma.bandwidth_gbps: per channel */
+    int dma_channels;                        /* pe.dma.channels: concurrent channels, >= 1 */
     double math_fixed_ns;                    /* pe.math.fixed_ns */
     double math_lanes_per_ns;                /* pe.math.lanes_per_ns: elements per ns */
     double gemm_fixed_ns;                    /* pe.gemm.fixed_ns */
@@ -96,6 +99,12 @@ int kb_config_validate(const kb_config *cfg, kb_errbuf *eb);
 /* Derived counts. */
 static inline int kb_topo_pes_per_cube(const kb_topo_cfg *t) { return t->corners * t->pe_per_corner; }
 static inline int kb_topo_cubes_per_sip(const kb_topo_cfg *t) { return t->cube_mesh_width * t->cube_mesh_height; }
+/* The cube NoC's model (cube.noc.topology). */
+typedef enum kb_noc_kind { KB_NOC_MESH = 0, KB_NOC_CROSSBAR, KB_NOC_BUS } kb_noc_kind;
+kb_noc_kind kb_topo_noc_kind(const kb_topo_cfg *t);
+/* The mesh's routers per row and column: the configured ones, or (0) the most square
+ * w x h = PEs per cube with w >= h (8 PEs: 4 x 2). Valid only for a validated config. */
+void kb_topo_noc_dims(const kb_topo_cfg *t, int *w, int *h);
 static inline int kb_topo_total_pes(const kb_topo_cfg *t)
 {
     return t->sips_count * kb_topo_cubes_per_sip(t) * kb_topo_pes_per_cube(t);

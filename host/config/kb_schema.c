@@ -35,6 +35,7 @@
 const char *const kb_schema_sip_topologies[] = {"ring_1d", "torus_2d", "mesh_2d", "mesh_2d_no_wrap",
                                                 NULL};
 static const char *const pe_layouts[] = {"corners", NULL};
+const char *const kb_schema_noc_topologies[] = {"mesh", "crossbar", "bus", NULL};
 
 /* In configs/topology.yaml order (DESIGN §3: system > host > sip > cube > pe). */
 static const kb_schema_key topo_keys[] = {
@@ -59,7 +60,14 @@ static const kb_schema_key topo_keys[] = {
     K_LINK("sip.ucie", ucie, "256", "20", "cube-to-cube UCIe link"),
     KB_SCHEMA_DBL(T_, "cube.m_cpu.overhead_ns", m_cpu_overhead_ns, "50", 0.0, MAX_NS,
           "M_CPU forwarding cost per command (ns)"),
-    K_LINK("cube.noc", noc, "512", "5", "cube NoC hop"),
+    KB_SCHEMA_ENUM(T_, "cube.noc.topology", noc_topology, "mesh", kb_schema_noc_topologies,
+           "the cube NoC: mesh (routers, XY routing), crossbar, or bus (one resource per cube, "
+           "half-duplex memory ports: the model before issue #29) (name)"),
+    KB_SCHEMA_INT(T_, "cube.noc.width", noc_width, "0", 0, 16,
+          "mesh routers per row; 0 = derived (count; width*height = PEs per cube)"),
+    KB_SCHEMA_INT(T_, "cube.noc.height", noc_height, "0", 0, 16,
+          "mesh routers per column; 0 = derived (count; width*height = PEs per cube)"),
+    K_LINK("cube.noc", noc, "512", "5", "cube NoC link (per direction; bus: the whole NoC)"),
     KB_SCHEMA_U64(T_, "cube.sram.size_bytes", sram_size_bytes, "33554432", 1, 512 * MIB,
           "cube SRAM capacity (bytes, <= 512 MiB)"),
     K_LINK("cube.sram", sram, "1024", "10", "cube SRAM port"),
@@ -77,9 +85,9 @@ static const kb_schema_key topo_keys[] = {
     KB_SCHEMA_DBL(T_, "pe.dma.setup_ns", dma_setup_ns, "20", 0.0, MAX_NS,
           "fixed PE_DMA cost per transfer (ns)"),
     KB_SCHEMA_POS(T_, "pe.dma.bandwidth_gbps", dma_bandwidth_gbps, "128", MAX_GBPS,
-          "PE_DMA engine throughput (GB/s = bytes per ns)"),
+          "PE_DMA throughput of one channel (GB/s = bytes per ns)"),
     KB_SCHEMA_INT(T_, "pe.dma.channels", dma_channels, "4", 1, 64,
-          "PE_DMA virtual channels (count)"),
+          "PE_DMA channels that transfer concurrently (count)"),
     KB_SCHEMA_DBL(T_, "pe.math.fixed_ns", math_fixed_ns, "4", 0.0, MAX_NS,
           "fixed PE_MATH cost per vector op (ns)"),
     KB_SCHEMA_POS(T_, "pe.math.lanes_per_ns", math_lanes_per_ns, "64", 1e9,

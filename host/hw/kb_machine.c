@@ -3,7 +3,7 @@
  * command movement over it (see kb_machine.h for the route rules and docs/timing-model.md
  * for the formulas). Everything is allocated at creation; timing calls allocate nothing.
  * Limits: one gateway cube (cube 0) per SIP for inter-SIP traffic; SIP grids for torus/mesh
- * topologies use the most square w x h factorisation of the SIP count.
+ * topologies use the most square w x h factorisation of the SIP count; one router per PE.
  */
 #include "kb_machine.h"
 
@@ -65,15 +65,25 @@ static int build_pe(kb_machine *m, kb_pe_hw *p, unsigned gsip, unsigned cube, un
     p->cube = cube;
     p->pe = pe;
     p->gid = (unsigned)(((int)gsip * m->ncubes + (int)cube) * m->npes + (int)pe);
+    p->router = kb_machine_pe_router(m, pe);
     cpu_init(&p->cpu, "pe_cpu", c->pe_cpu_overhead_ns);
-    kb_res_init(&p->dma, "pe_dma", c->dma_bandwidth_gbps, 0, kb_time_from_ns(c->dma_setup_ns));
-    /* an engine works through its transfers in issue order: chunks of one queue land in order */
-    kb_res_set_ordered(&p->dma);
+    p->ndma = c->dma_channels > 0 ? c->dma_channels : 1;
+    p->dma = zalloc_lines((size_t)p->ndma, sizeof *p->dma);
+    if (!p->dma)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the machine");
+    for (int i = 0; i < p->ndma; i++) {
+        kb_res_init(&p->dma[i], "pe_dma", c->dma_bandwidth_gbps, 0,
+                    kb_time_from_ns(c->dma_setup_ns));
+        /* a channel works through its transfers in issue order */
+        kb_res_set_ordered(&p->dma[i]);
+    }
     /* rates in items/ns play the role of bytes/ns: a use of n elements (flops) takes n / rate */
     kb_res_init(&p->math, "pe_math", c->math_lanes_per_ns, 0, kb_time_from_ns(c->math_fixed_ns));
     kb_res_init(&p->gemm, "pe_gemm", c->gemm_flops_per_ns, 0, kb_time_from_ns(c->gemm_fixed_ns));
     link_init(&p->tcm_port, "tcm", &c->tcm);
     link_init(&p->hbm_port, "hbm", &c->hbm);
+    link_init(&p->tcm_wr, "tcm", &c->tcm);
+    link_init(&p->hbm_wr, "hbm", &c->hbm);
     rc = make_alloc(&p->hbm, "hbm slice", gsip, cube, (int)pe,
                     kb_pa_pe_hbm(gsip, cube, pe, 0, m->hbm_slice_bytes), m->hbm_slice_bytes, eb);
     if (rc == 0)
@@ -90,6 +100,7 @@ static int build_pe(kb_machine *m, kb_pe_hw *p, unsigned gsip, unsigned cube, un
 
 static void free_pe(kb_pe_hw *p)
 {
+    free(p->dma);
     kb_alloc_destroy(p->hbm);
     kb_alloc_destroy(p->tcm);
     kb_alloc_destroy(p->ipcq);
@@ -201,6 +212,18 @@ int kb_machine_create(const kb_topo_cfg *cfg, kb_machine **out, kb_errbuf *eb)
     m->mesh_h = cfg->cube_mesh_height;
     m->hbm_slice_bytes = cfg->hbm_size_bytes / (uint64_t)m->npes;
     m->host_overhead = kb_time_from_ns(cfg->host_overhead_ns);
+    m->noc = kb_topo_noc_kind(cfg);
+    kb_topo_noc_dims(cfg, &m->noc_w, &m->noc_h);
+    if (m->noc_w * m->noc_h != m->npes) { /* a config kb_config_validate would refuse */
+        rc = kb_err_set(eb, KB_ERR_CONFIG, "cube.noc.width x height = %d x %d does not hold %d "
+                        "PEs", m->noc_w, m->noc_h, m->npes);
+        goto fail;
+    }
+    /* the UCIe links attach at the middle of the edge they face (rounded down) */
+    m->noc_edge[KB_MESH_E] = ((m->noc_h - 1) / 2) * m->noc_w + m->noc_w - 1;
+    m->noc_edge[KB_MESH_W] = ((m->noc_h - 1) / 2) * m->noc_w;
+    m->noc_edge[KB_MESH_N] = (m->noc_w - 1) / 2;
+    m->noc_edge[KB_MESH_S] = (m->noc_h - 1) * m->noc_w + (m->noc_w - 1) / 2;
     if (m->nsips < 1 || m->nsips > KB_MAX_GSIPS || m->ncubes < 1 || m->ncubes > KB_MAX_CUBES ||
         m->npes < 1 || m->npes > KB_MAX_PES) {
         rc = kb_err_set(eb, KB_ERR_RANGE,
@@ -238,6 +261,20 @@ int kb_machine_create(const kb_topo_cfg *cfg, kb_machine **out, kb_errbuf *eb)
             cpu_init(&cube->m_cpu, "m_cpu", cfg->m_cpu_overhead_ns);
             link_init(&cube->noc, "noc", &cfg->noc);
             link_init(&cube->sram_port, "sram", &cfg->sram);
+            link_init(&cube->sram_wr, "sram", &cfg->sram);
+            if (m->noc != KB_NOC_BUS) {
+                int nl = m->npes * (m->noc == KB_NOC_MESH ? 4 : 2);
+                cube->noc_links = zalloc_lines((size_t)nl, sizeof *cube->noc_links);
+                if (!cube->noc_links) {
+                    rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the machine");
+                    goto fail;
+                }
+                for (int i = 0; i < nl; i++)
+                    link_init(&cube->noc_links[i], "noc", &cfg->noc);
+                if (m->noc == KB_NOC_CROSSBAR) /* one traversal, one hop of latency: egress */
+                    for (int i = 1; i < nl; i += 2)
+                        cube->noc_links[i].latency = 0;
+            }
             for (int d = 0; d < 4; d++)
                 link_init(&cube->ucie_out[d], "ucie", &cfg->ucie);
             rc = make_alloc(&cube->sram, "sram", (unsigned)s, (unsigned)c, -1,
@@ -278,6 +315,7 @@ void kb_machine_destroy(kb_machine *m)
             for (int p = 0; cube->pes && p < m->npes; p++)
                 free_pe(&cube->pes[p]);
             free(cube->pes);
+            free(cube->noc_links);
             kb_alloc_destroy(cube->sram);
         }
         free(sip->cubes);
@@ -291,11 +329,20 @@ void kb_machine_destroy(kb_machine *m)
 }
 
 /* Where an address lives: SIP, cube, PE (-1 for cube-level memories) and its port. */
+int kb_machine_pe_router(const kb_machine *m, unsigned pe)
+{
+    int w = m->noc_w, y = (int)pe / w, x = (int)pe % w;
+    return y * w + (y % 2 ? w - 1 - x : x); /* snake: odd rows run right to left */
+}
+
+/* Where an address lives: SIP, cube, PE (-1 for cube-level memories), its router and ports. */
 typedef struct loc {
     unsigned gsip, cube;
     int pe;
     int pe_local;  /* in a PE's TCM ranges */
-    kb_res *port;
+    int router;    /* the NoC router its port attaches to */
+    kb_res *port;  /* read side (and the write side with bus) */
+    kb_res *wport; /* write side */
 } loc;
 
 static KB_COLD int not_memory(kb_pa pa, kb_errbuf *eb)
@@ -310,6 +357,7 @@ static int locate(kb_machine *m, kb_pa pa, loc *l, kb_errbuf *eb)
     /* hot path: field extraction without kb_pa_decode's validation, which the slow path
      * (an error message) does */
     unsigned gsip = kb_pa_gsip(pa), cube = kb_pa_cube(pa);
+    int duplex = m->noc != KB_NOC_BUS;
 
     if (pa > KB_PA_MAX || gsip >= (unsigned)m->nsips || cube >= (unsigned)m->ncubes)
         goto fail;
@@ -322,7 +370,9 @@ static int locate(kb_machine *m, kb_pa pa, loc *l, kb_errbuf *eb)
             goto fail;
         l->pe = (int)pe;
         l->pe_local = 0;
+        l->router = c->pes[pe].router;
         l->port = &c->pes[pe].hbm_port;
+        l->wport = duplex ? &c->pes[pe].hbm_wr : l->port;
         return 0;
     }
     if ((pa >> 29) & 1u) /* ext bit: reserved */
@@ -334,7 +384,9 @@ static int locate(kb_machine *m, kb_pa pa, loc *l, kb_errbuf *eb)
             goto fail;
         l->pe = (int)pe;
         l->pe_local = 1;
+        l->router = c->pes[pe].router;
         l->port = &c->pes[pe].tcm_port;
+        l->wport = duplex ? &c->pes[pe].tcm_wr : l->port;
         return 0;
     }
     case KB_UNIT_SRAM:
@@ -342,7 +394,9 @@ static int locate(kb_machine *m, kb_pa pa, loc *l, kb_errbuf *eb)
             goto fail;
         l->pe = -1;
         l->pe_local = 0;
+        l->router = 0;
         l->port = &c->sram_port;
+        l->wport = duplex ? &c->sram_wr : l->port;
         return 0;
     default:
         break;
@@ -373,7 +427,7 @@ static int add(route *r, kb_res *res)
     return 0;
 }
 
-/* UCIe egress links of the XY route cube a -> cube b inside one SIP. */
+/* UCIe egress links of the XY route cube a -> cube b inside one SIP (the bus model). */
 static int add_xy(kb_machine *m, route *r, kb_sip_hw *sip, unsigned a, unsigned b)
 {
     int x = (int)(a % (unsigned)m->mesh_w), y = (int)(a / (unsigned)m->mesh_w);
@@ -405,7 +459,7 @@ static int add_sips(kb_machine *m, route *r, unsigned a, unsigned b)
     return 0;
 }
 
-/* Cube-to-cube part of a route, possibly across SIPs through the gateway cubes. */
+/* Cube-to-cube part of a bus route, possibly across SIPs through the gateway cubes. */
 static int add_between(kb_machine *m, route *r, unsigned sa, unsigned ca, unsigned sb,
                        unsigned cb)
 {
@@ -417,12 +471,70 @@ static int add_between(kb_machine *m, route *r, unsigned sa, unsigned ca, unsign
     return 0;
 }
 
-/* The route between two located addresses (has_src/has_dst: which of them exist). */
-static int build_route(kb_machine *m, const kb_pe_hw *issuer, const loc *ls, const loc *ld,
-                       int has_src, int has_dst, kb_res **path, int max, kb_errbuf *eb)
+/* NoC links of one cube from router a to router b (mesh: XY; crossbar: out, in). */
+static int add_noc(kb_machine *m, route *r, kb_cube_hw *c, int a, int b)
 {
-    route r = { path, 0, max };
+    if (a == b)
+        return 0;
+    if (m->noc == KB_NOC_CROSSBAR)
+        return add(r, &c->noc_links[a * 2]) || add(r, &c->noc_links[b * 2 + 1]) ? -1 : 0;
+    int w = m->noc_w, x = a % w, y = a / w, bx = b % w, by = b / w;
+    while (x != bx) {
+        int d = bx > x ? KB_MESH_E : KB_MESH_W;
+        if (add(r, &c->noc_links[(y * w + x) * 4 + d]))
+            return -1;
+        x += bx > x ? 1 : -1;
+    }
+    while (y != by) {
+        int d = by > y ? KB_MESH_S : KB_MESH_N;
+        if (add(r, &c->noc_links[(y * w + x) * 4 + d]))
+            return -1;
+        y += by > y ? 1 : -1;
+    }
+    return 0;
+}
 
+static int opposite(int d) { return d ^ 1; } /* E<->W, N<->S */
+
+/*
+ * Network part of a route inside one SIP: router ra of cube a to router rb of cube b. Between
+ * cubes the XY cube route is taken; in every cube on it the data cross the NoC from where they
+ * entered (or started) to the edge router of the next UCIe link (or the end).
+ */
+static int add_path(kb_machine *m, route *r, kb_sip_hw *sip, unsigned a, int ra, unsigned b,
+                    int rb)
+{
+    int x = (int)(a % (unsigned)m->mesh_w), y = (int)(a / (unsigned)m->mesh_w);
+    int bx = (int)(b % (unsigned)m->mesh_w), by = (int)(b / (unsigned)m->mesh_w);
+    while (x != bx || y != by) {
+        int d = x != bx ? (bx > x ? KB_MESH_E : KB_MESH_W) : (by > y ? KB_MESH_S : KB_MESH_N);
+        kb_cube_hw *c = &sip->cubes[y * m->mesh_w + x];
+        if (add_noc(m, r, c, ra, m->noc_edge[d]) || add(r, &c->ucie_out[d]))
+            return -1;
+        x += d == KB_MESH_E ? 1 : d == KB_MESH_W ? -1 : 0;
+        y += d == KB_MESH_S ? 1 : d == KB_MESH_N ? -1 : 0;
+        ra = m->noc_edge[opposite(d)];
+    }
+    return add_noc(m, r, &sip->cubes[b], ra, rb);
+}
+
+/* Network part between any two routers of the machine: across SIPs through the hubs of the
+ * gateway cubes. */
+static int add_net(kb_machine *m, route *r, unsigned sa, unsigned ca, int ra, unsigned sb,
+                   unsigned cb, int rb)
+{
+    if (sa == sb)
+        return add_path(m, r, &m->sips[sa], ca, ra, cb, rb);
+    if (add_path(m, r, &m->sips[sa], ca, ra, 0, 0) || add_sips(m, r, sa, sb) ||
+        add_path(m, r, &m->sips[sb], 0, 0, cb, rb))
+        return -1;
+    return 0;
+}
+
+/* The route of the bus model (kept exactly as it was before the NoC became a network). */
+static int build_route_bus(kb_machine *m, const kb_pe_hw *issuer, const loc *ls, const loc *ld,
+                           int has_dst, route *r)
+{
     if (issuer) {
         int local = ls->pe_local && ld->pe_local && ls->gsip == issuer->gsip &&
                     ld->gsip == issuer->gsip && ls->cube == issuer->cube &&
@@ -430,35 +542,53 @@ static int build_route(kb_machine *m, const kb_pe_hw *issuer, const loc *ls, con
                     ld->pe == (int)issuer->pe;
         kb_cube_hw *cs = &m->sips[ls->gsip].cubes[ls->cube];
         kb_cube_hw *cd = &m->sips[ld->gsip].cubes[ld->cube];
-        if (add(&r, (kb_res *)&issuer->dma) || add(&r, ls->port))
-            goto fail;
+        if (add(r, &issuer->dma[0]) || add(r, ls->port))
+            return -1;
         if (!local) {
-            if (add(&r, &cs->noc) ||
-                add_between(m, &r, ls->gsip, ls->cube, ld->gsip, ld->cube) || add(&r, &cd->noc))
-                goto fail;
+            if (add(r, &cs->noc) ||
+                add_between(m, r, ls->gsip, ls->cube, ld->gsip, ld->cube) || add(r, &cd->noc))
+                return -1;
         }
-        if (add(&r, ld->port))
-            goto fail;
-        return r.n;
+        return add(r, ld->port);
     }
     if (has_dst) { /* host write: PCIe into the SIP's gateway cube, then to the memory */
         kb_sip_hw *sip = &m->sips[ld->gsip];
-        if (add(&r, &sip->pcie) || add(&r, &sip->pcie_ep) ||
-            add_xy(m, &r, sip, 0, ld->cube) || add(&r, &sip->cubes[ld->cube].noc) ||
-            add(&r, ld->port))
-            goto fail;
-        return r.n;
+        return add(r, &sip->pcie) || add(r, &sip->pcie_ep) || add_xy(m, r, sip, 0, ld->cube) ||
+               add(r, &sip->cubes[ld->cube].noc) || add(r, ld->port) ? -1 : 0;
     }
-    {   /* host read */
+    kb_sip_hw *sip = &m->sips[ls->gsip]; /* host read */
+    return add(r, ls->port) || add(r, &sip->cubes[ls->cube].noc) ||
+           add_xy(m, r, sip, ls->cube, 0) || add(r, &sip->pcie_ep) || add(r, &sip->pcie) ? -1 : 0;
+}
+
+/* The route between two located addresses (has_src/has_dst: which of them exist). */
+static int build_route(kb_machine *m, const kb_pe_hw *issuer, const loc *ls, const loc *ld,
+                       int has_src, int has_dst, kb_res **path, int max, kb_errbuf *eb)
+{
+    route r = { path, 0, max };
+    int rc;
+
+    (void)has_src;
+    if (m->noc == KB_NOC_BUS) {
+        rc = build_route_bus(m, issuer, ls, ld, has_dst, &r);
+    } else if (issuer) {
+        /* the engine (its first channel: kb_machine_dma takes the one free first), the read
+         * side of the source, the network, the write side of the destination */
+        rc = add(&r, &issuer->dma[0]) || add(&r, ls->port) ||
+             add_net(m, &r, ls->gsip, ls->cube, ls->router, ld->gsip, ld->cube, ld->router) ||
+             add(&r, ld->wport);
+    } else if (has_dst) { /* host write: PCIe into the gateway cube's hub, then the memory */
+        kb_sip_hw *sip = &m->sips[ld->gsip];
+        rc = add(&r, &sip->pcie) || add(&r, &sip->pcie_ep) ||
+             add_path(m, &r, sip, 0, 0, ld->cube, ld->router) || add(&r, ld->wport);
+    } else { /* host read */
         kb_sip_hw *sip = &m->sips[ls->gsip];
-        (void)has_src;
-        if (add(&r, ls->port) || add(&r, &sip->cubes[ls->cube].noc) ||
-            add_xy(m, &r, sip, ls->cube, 0) || add(&r, &sip->pcie_ep) || add(&r, &sip->pcie))
-            goto fail;
-        return r.n;
+        rc = add(&r, ls->port) || add_path(m, &r, sip, ls->cube, ls->router, 0, 0) ||
+             add(&r, &sip->pcie_ep) || add(&r, &sip->pcie);
     }
-fail:
-    return kb_err_set(eb, KB_ERR_RANGE, "route longer than %d resources", max);
+    if (rc)
+        return kb_err_set(eb, KB_ERR_RANGE, "route longer than %d resources", max);
+    return r.n;
 }
 
 /* Locates both ends (each may be KB_PA_INVALID_ADDR for the host side). */
@@ -507,15 +637,11 @@ static void reserve_path(kb_machine *m, kb_res *const *path, int n, kb_time now,
 }
 
 /*
- * A DMA whose route is not in the issuer's memo (or issued by the host): builds the route,
- * remembers it if short enough, reserves it. Kept out of line so that the route buffer is not
- * part of the hot path's stack frame (kernel fibers' stacks are cold when they resume).
- */
-/*
  * Route memo keys. An address in some PE's TCM ranges is keyed by its bits above the range
- * offset (pa >> 27, tagged): they name the PE and the range, hence the port, so a hit needs no
- * locate (and the address was validated when the entry was made). Any other end is keyed by
- * its port, found by locate.
+ * offset (pa >> 27, tagged): they name the PE and the range, hence the ports, so a hit needs
+ * no locate (and the address was validated when the entry was made). Any other end is keyed
+ * by its (read) port, found by locate. A remembered route's first resource is the engine's
+ * first channel; the DMA puts the channel it takes there.
  */
 #define KB_KEY_TCM_ (UINT64_C(1) << 63)
 
@@ -530,6 +656,11 @@ static uint64_t route_key(kb_pa pa, const kb_res *port)
     return tcm_shaped(pa) ? (pa >> 27) | KB_KEY_TCM_ : (uint64_t)(uintptr_t)port;
 }
 
+/*
+ * A DMA whose route is not in the issuer's memo (or issued by the host): builds the route,
+ * remembers it if short enough, reserves it. Kept out of line so that the route buffer is not
+ * part of the hot path's stack frame (kernel fibers' stacks are cold when they resume).
+ */
 static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, const loc *ld,
                                 kb_pa pa_src, kb_pa pa_dst, uint64_t nbytes, kb_time now,
                                 kb_time *t_start, kb_time *t_end, kb_errbuf *eb)
@@ -548,6 +679,8 @@ static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, 
         w->n = n;
         memcpy(w->path, buf, (size_t)n * sizeof *buf);
     }
+    if (issuer)
+        buf[0] = kb_machine_dma_channel(issuer);
     reserve_path(m, buf, n, now, nbytes, t_start, t_end);
     return 0;
 }
@@ -567,9 +700,11 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
 
     if (issuer) {
         if (in_own_tcm(issuer, pa_src) && in_own_tcm(issuer, pa_dst)) {
-            /* a copy inside the issuer's own TCM (build_route's `local` case): no lookups */
-            kb_res *const local[2] = { &issuer->dma, &issuer->tcm_port };
-            reserve_path(m, local, 2, now, nbytes, t_start, t_end);
+            /* a copy inside the issuer's own TCM: no lookups (the TCM's read and write sides;
+             * one port for both with bus) */
+            kb_res *const local[3] = { kb_machine_dma_channel(issuer), &issuer->tcm_port,
+                                       &issuer->tcm_wr };
+            reserve_path(m, local, m->noc == KB_NOC_BUS ? 2 : 3, now, nbytes, t_start, t_end);
             return 0;
         }
         uint64_t ks = 0, kd = 0;
@@ -582,8 +717,9 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
         else if (locate(m, pa_dst, &ld, NULL) == 0)
             kd = (uint64_t)(uintptr_t)ld.port;
         for (int i = 0; ks && kd && i < KB_ROUTE_MEMO_WAYS; i++) {
-            const kb_route_way *w = &issuer->routes[i];
+            kb_route_way *w = &issuer->routes[i];
             if (issuer->route_src[i] == ks && issuer->route_dst[i] == kd && w->n > 0) {
+                w->path[0] = kb_machine_dma_channel(issuer);
                 reserve_path(m, w->path, w->n, now, nbytes, t_start, t_end);
                 return 0;
             }
@@ -598,12 +734,14 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
 
 /* ---- command path ---- */
 
-static kb_time xy_hops(kb_machine *m, kb_sip_hw *sip, unsigned a, unsigned b, kb_time t,
-                       uint64_t bytes)
+/* Store-and-forward hops of a command message over the network from router ra of cube a to
+ * router rb of cube b (one SIP); with bus, the UCIe links of the XY route only. */
+static kb_time cmd_hops(kb_machine *m, kb_sip_hw *sip, unsigned a, int ra, unsigned b, int rb,
+                        kb_time t, uint64_t bytes)
 {
-    kb_res *path[2 * KB_MAX_CUBES];
-    route r = { path, 0, 2 * KB_MAX_CUBES };
-    int rc = add_xy(m, &r, sip, a, b);
+    kb_res *path[KB_MAX_ROUTE];
+    route r = { path, 0, KB_MAX_ROUTE };
+    int rc = m->noc == KB_NOC_BUS ? add_xy(m, &r, sip, a, b) : add_path(m, &r, sip, a, ra, b, rb);
     assert(rc == 0);
     (void)rc;
     for (int i = 0; i < r.n; i++)
@@ -623,21 +761,28 @@ kb_time kb_machine_cmd_iocpu_to_mcpu(kb_machine *m, unsigned gsip, unsigned cube
                                      uint64_t bytes)
 {
     kb_sip_hw *sip = &m->sips[gsip];
-    t = xy_hops(m, sip, 0, cube, t, bytes);
+    t = cmd_hops(m, sip, 0, 0, cube, 0, t, bytes);
     return kb_res_hop(&sip->cubes[cube].m_cpu, t, bytes);
 }
 
 kb_time kb_machine_cmd_mcpu_to_pe(kb_machine *m, kb_pe_hw *pe, kb_time t, uint64_t bytes)
 {
-    kb_cube_hw *cube = &m->sips[pe->gsip].cubes[pe->cube];
-    t = kb_res_hop(&cube->noc, t, bytes);
+    kb_sip_hw *sip = &m->sips[pe->gsip];
+    if (m->noc == KB_NOC_BUS)
+        t = kb_res_hop(&sip->cubes[pe->cube].noc, t, bytes);
+    else
+        t = cmd_hops(m, sip, pe->cube, 0, pe->cube, pe->router, t, bytes);
     return kb_res_hop(&pe->cpu, t, bytes);
 }
 
 kb_time kb_machine_cmd_pe_to_mcpu(kb_machine *m, kb_pe_hw *pe, kb_time t, uint64_t bytes)
 {
-    kb_cube_hw *cube = &m->sips[pe->gsip].cubes[pe->cube];
-    t = kb_res_hop(&cube->noc, t, bytes);
+    kb_sip_hw *sip = &m->sips[pe->gsip];
+    kb_cube_hw *cube = &sip->cubes[pe->cube];
+    if (m->noc == KB_NOC_BUS)
+        t = kb_res_hop(&cube->noc, t, bytes);
+    else
+        t = cmd_hops(m, sip, pe->cube, pe->router, pe->cube, 0, t, bytes);
     return kb_res_hop(&cube->m_cpu, t, bytes);
 }
 
@@ -645,7 +790,7 @@ kb_time kb_machine_cmd_mcpu_to_iocpu(kb_machine *m, unsigned gsip, unsigned cube
                                      uint64_t bytes)
 {
     kb_sip_hw *sip = &m->sips[gsip];
-    t = xy_hops(m, sip, cube, 0, t, bytes);
+    t = cmd_hops(m, sip, cube, 0, 0, 0, t, bytes);
     return kb_res_hop(&sip->io_cpu, t, bytes);
 }
 
@@ -674,32 +819,81 @@ int kb_machine_sip_hops(const kb_machine *m, unsigned a, unsigned b)
     return hops;
 }
 
+/* `where` of NoC link i of a cube (after the cube's own "sipS/cubeC"). */
+static void noc_link_where(const kb_machine *m, int i, char *buf, size_t n, const char *cube)
+{
+    static const int dx[4] = { 1, -1, 0, 0 }, dy[4] = { 0, 0, -1, 1 };
+    if (m->noc == KB_NOC_CROSSBAR) {
+        snprintf(buf, n, "%s r%d %s", cube, i / 2, i % 2 ? "in" : "out");
+        return;
+    }
+    int r = i / 4, d = i % 4, x = r % m->noc_w, y = r / m->noc_w;
+    snprintf(buf, n, "%s (%d,%d)->(%d,%d)", cube, x, y, x + dx[d], y + dy[d]);
+}
+
+/* Whether mesh link i leads to a router (not off the grid's edge). */
+static int noc_link_exists(const kb_machine *m, int i)
+{
+    if (m->noc == KB_NOC_CROSSBAR)
+        return 1;
+    int r = i / 4, d = i % 4, x = r % m->noc_w, y = r / m->noc_w;
+    return d == KB_MESH_E ? x + 1 < m->noc_w : d == KB_MESH_W ? x > 0
+           : d == KB_MESH_N ? y > 0 : y + 1 < m->noc_h;
+}
+
 void kb_machine_each_res(const kb_machine *m, kb_res_visit_fn fn, void *ud)
 {
-    char where[48];
+    char where[64], cw[32];
+    int duplex = m->noc != KB_NOC_BUS;
     for (int s = 0; s < m->nsips; s++) {
         const kb_sip_hw *sip = &m->sips[s];
         snprintf(where, sizeof where, "sip%d", s);
         fn(ud, &sip->pcie, where);
         fn(ud, &sip->pcie_ep, where);
         fn(ud, &sip->io_cpu, where);
-        for (int l = 0; l < sip->nlinks; l++)
+        for (int l = 0; l < sip->nlinks; l++) {
+            snprintf(where, sizeof where, "sip%d->sip%d (link %d)", s, sip->links[l].peer, l);
             fn(ud, &sip->links[l].link, where);
+        }
         for (int c = 0; c < m->ncubes; c++) {
             const kb_cube_hw *cb = &sip->cubes[c];
-            snprintf(where, sizeof where, "sip%d/cube%d", s, c);
-            fn(ud, &cb->m_cpu, where);
-            fn(ud, &cb->noc, where);
-            fn(ud, &cb->sram_port, where);
-            for (int d = 0; d < 4; d++)
+            snprintf(cw, sizeof cw, "sip%d/cube%d", s, c);
+            fn(ud, &cb->m_cpu, cw);
+            if (!duplex) {
+                fn(ud, &cb->noc, cw);
+            } else {
+                int nl = m->npes * (m->noc == KB_NOC_MESH ? 4 : 2);
+                for (int i = 0; i < nl; i++) {
+                    if (!noc_link_exists(m, i))
+                        continue;
+                    noc_link_where(m, i, where, sizeof where, cw);
+                    fn(ud, &cb->noc_links[i], where);
+                }
+            }
+            fn(ud, &cb->sram_port, cw);
+            if (duplex) {
+                snprintf(where, sizeof where, "%s wr", cw);
+                fn(ud, &cb->sram_wr, where);
+            }
+            for (int d = 0; d < 4; d++) {
+                snprintf(where, sizeof where, "%s %c", cw, "EWNS"[d]);
                 fn(ud, &cb->ucie_out[d], where);
+            }
             for (int p = 0; p < m->npes; p++) {
                 const kb_pe_hw *pe = &cb->pes[p];
-                snprintf(where, sizeof where, "sip%d/cube%d/pe%d", s, c, p);
-                const kb_res *const all[] = { &pe->cpu, &pe->dma, &pe->math, &pe->gemm,
-                                              &pe->tcm_port, &pe->hbm_port };
-                for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-                    fn(ud, all[i], where);
+                snprintf(where, sizeof where, "%s/pe%d", cw, p);
+                fn(ud, &pe->cpu, where);
+                for (int i = 0; i < pe->ndma; i++)
+                    fn(ud, &pe->dma[i], where);
+                fn(ud, &pe->math, where);
+                fn(ud, &pe->gemm, where);
+                fn(ud, &pe->tcm_port, where);
+                fn(ud, &pe->hbm_port, where);
+                if (duplex) {
+                    snprintf(where, sizeof where, "%s/pe%d wr", cw, p);
+                    fn(ud, &pe->tcm_wr, where);
+                    fn(ud, &pe->hbm_wr, where);
+                }
             }
         }
     }

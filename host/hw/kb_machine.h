@@ -5,18 +5,36 @@
  * The machine is built once from a kb_topo_cfg. Every link, memory port, CPU and engine is a
  * kb_res (sched/kb_res.h). Data moves are timed by reserving the whole route at once
  * (pipelined, see kb_res_path_reserve); command messages (kernel launches, completions,
- * installs) hop store-and-forward through the CPUs of the command path. docs/timing-model.md
- * states every formula; this file is its implementation.
+ * installs) hop store-and-forward through the CPUs and links of the command path.
+ * docs/timing-model.md states every formula; this file is its implementation.
+ *
+ * The cube NoC (cube.noc.topology) is a network of routers, one per PE (mesh: a w x h grid
+ * with a link resource per direction between neighbours and dimension-ordered XY routing;
+ * crossbar: an egress and an ingress port per router), or, as before issue #29, one resource
+ * per cube that every transfer touching the cube crosses (bus). PE p sits at router p in
+ * snake order (row 0 left to right, row 1 right to left, ...), so consecutive PEs are
+ * neighbours; its HBM slice port, TCM port and DMA engine attach there. The M_CPU, the SRAM
+ * and, in cube 0, the SIP's PCIe endpoint and inter-SIP links attach at router 0 (the hub);
+ * each UCIe link at the edge router facing its direction (the middle of that edge, rounded
+ * down). With a network, memory ports are full duplex (a read side and a write side, each at
+ * the port's bandwidth, as AXI's read and write channels); with bus one resource carries both.
  *
  * Routes of a DMA issued by a PE (or by the host), in order:
- *   issuing engine (PE_DMA, or the SIP's PCIe link + PCIe EP for host transfers)
- *   -> source memory port -> source cube NoC
- *   -> UCIe egress links along XY (dimension-ordered) routing to the destination cube, or, across
- *      SIPs, to the source SIP's gateway cube 0, then the inter-SIP links of the shortest SIP path
- *      (each through the switch) and from the destination SIP's cube 0 to the destination cube
- *   -> destination cube NoC -> destination memory port.
- * A transfer whose both ends are inside the issuing PE (TCM ranges) skips the NoC. A resource
+ *   issuing engine (a channel of PE_DMA, or the SIP's PCIe link + PCIe EP for host transfers)
+ *   -> source memory port (read side)
+ *   -> NoC links from the source's router to the destination's; between cubes, to the edge
+ *      router of the first UCIe hop of the XY (dimension-ordered) cube route, the UCIe egress
+ *      link, across each cube passed through from its entry router to its exit router, ...;
+ *      across SIPs, to the source SIP's gateway cube 0 hub, the inter-SIP links of the shortest
+ *      SIP path (each through the switch), and from the destination SIP's cube 0 hub
+ *   -> destination memory port (write side).
+ * bus routes: engine -> source port -> source cube NoC -> UCIe links -> destination cube NoC ->
+ * destination port, the NoC skipped for a copy inside the issuing PE's TCM ranges. A resource
  * appears at most once in a route.
+ *
+ * PE_DMA has pe.dma.channels channels, each an ordered resource (setup + bytes at
+ * pe.dma.bandwidth_gbps): a DMA takes the channel that is free first (the lowest-numbered of
+ * equals), so a PE's transfers overlap on its channels and share its ports and links.
  *
  * Sizes: PEs per cube <= 16, cubes per SIP <= 32, SIPs <= 256 (PhysAddr limits).
  * Ownership: kb_machine_create allocates everything; kb_machine_destroy frees it.
@@ -33,9 +51,12 @@
 #include "kb_mmu.h"
 #include "kb_res.h"
 
-#define KB_MAX_ROUTE 96
+/* The longest route any machine kbcl accepts can need: two SIPs' cube paths (32 cubes
+ * crossed, 15 NoC links each, 31 UCIe hops) and 128 inter-SIP hops, with engine and ports. */
+#define KB_MAX_ROUTE 1160
 #define KB_ROUTE_MEMO_WAYS 4  /* routes remembered per issuing PE */
-#define KB_ROUTE_MEMO_LEN 12  /* longest remembered route: any route inside one SIP */
+#define KB_ROUTE_MEMO_LEN 24  /* longest remembered route: any route between neighbouring
+                               * cubes, most inside one SIP */
 
 /* A route remembered by kb_machine_dma (its end keys are in kb_pe_hw.route_src/dst);
  * n = 0: unused. Its own line pair: a short route's pointers share the line with n. */
@@ -59,12 +80,16 @@ typedef struct kb_pe_hw {
     unsigned route_next; /* round-robin victim in routes[] */
     uint32_t ipcq_wired; /* IPCQ layer: bit d set = direction d wired (copy of its state's;
                           * while an install runs, the directions it has met so far) */
+    kb_res *dma;       /* PE_DMA channels [ndma], each setup + bandwidth, ordered (owned) */
+    int ndma;
+    int router;        /* the cube NoC router its ports and engine attach to */
     kb_res cpu;        /* PE_CPU: issue cost of each kernel operation */
-    kb_res dma;        /* PE_DMA engine: setup + bandwidth */
     kb_res math;       /* PE_MATH vector unit */
     kb_res gemm;       /* PE_GEMM matrix unit */
-    kb_res tcm_port;   /* TCM (tcm, ipcq and scratch ranges) */
-    kb_res hbm_port;   /* this PE's HBM slice */
+    kb_res tcm_port;   /* TCM (tcm, ipcq and scratch ranges): reads, and writes with bus */
+    kb_res hbm_port;   /* this PE's HBM slice: reads, and writes with bus */
+    kb_res tcm_wr;     /* the write sides of both ports (mesh, crossbar) */
+    kb_res hbm_wr;
     /* kb_machine_dma's route memo: routes are fixed for a machine's lifetime and a kernel
      * moves data along a handful of them, so building one (its duplicate checks and mesh
      * walk) once per pair of ports is enough */
@@ -78,9 +103,13 @@ typedef struct kb_pe_hw {
 typedef struct kb_cube_hw {
     unsigned gsip, cube, x, y;
     kb_res m_cpu;
-    kb_res noc;
-    kb_res sram_port;
+    kb_res noc;          /* the whole NoC with topology bus; unused otherwise */
+    kb_res sram_port;    /* reads, and writes with bus */
+    kb_res sram_wr;      /* writes (mesh, crossbar) */
     kb_res ucie_out[4];  /* egress links toward E, W, N, S (unused where the mesh ends) */
+    /* NoC links (owned; NULL with bus): mesh [router * 4 + d], the link out of a router
+     * toward E W N S (unused where the grid ends); crossbar [router * 2 + {0 out, 1 in}] */
+    kb_res *noc_links;
     kb_alloc *sram;
     kb_pe_hw *pes;       /* [pes_per_cube] */
 } kb_cube_hw;
@@ -107,6 +136,9 @@ typedef struct kb_machine {
     int nsips, ncubes, npes;  /* per system / per SIP / per cube */
     int mesh_w, mesh_h;
     int sip_grid_w, sip_grid_h; /* SIP topology grid (ring: n x 1) */
+    kb_noc_kind noc;          /* cube.noc.topology */
+    int noc_w, noc_h;         /* routers per row / column (mesh; crossbar: the same grid) */
+    int noc_edge[4];          /* router of the UCIe link toward E, W, N, S */
     uint64_t hbm_slice_bytes;
     kb_time host_overhead;
     kb_sip_hw *sips;
@@ -134,9 +166,13 @@ kb_res *kb_machine_port(kb_machine *m, kb_pa pa, kb_errbuf *eb);
 
 /*
  * Calls fn for every resource of the machine, in a fixed order: per SIP its PCIe link, PCIe
- * endpoint, IO_CPU and inter-SIP links, then per cube its M_CPU, NoC, SRAM port and UCIe
- * links, then per PE its CPU, DMA engine, MATH and GEMM units, TCM and HBM ports. `where`
- * ("sip0", "sip0/cube3", "sip0/cube3/pe2") lives until fn returns; r->name is the kind.
+ * endpoint, IO_CPU and inter-SIP links, then per cube its M_CPU, NoC (the bus, or each link),
+ * SRAM port(s) and UCIe links, then per PE its CPU, DMA channels, MATH and GEMM units, TCM
+ * and HBM ports (read side, then write side). `where` ("sip0", "sip0/cube3",
+ * "sip0/cube3/pe2", "sip0/cube3 (1,0)->(2,0)" for a mesh link, "sip0/cube3/pe2 wr" for a
+ * write side) lives until fn returns; r->name is the kind. Resources visited one after the
+ * other with the same kind and `where` are one unit of parallel servers (a DMA engine's
+ * channels): whoever sums them adds their bandwidths.
  */
 typedef void (*kb_res_visit_fn)(void *ud, const kb_res *r, const char *where);
 void kb_machine_each_res(const kb_machine *m, kb_res_visit_fn fn, void *ud);
@@ -168,6 +204,19 @@ kb_time kb_machine_cmd_pe_to_mcpu(kb_machine *m, kb_pe_hw *pe, kb_time t, uint64
 kb_time kb_machine_cmd_mcpu_to_iocpu(kb_machine *m, unsigned gsip, unsigned cube, kb_time t,
                                      uint64_t bytes);
 kb_time kb_machine_cmd_iocpu_to_host(kb_machine *m, unsigned gsip, kb_time t, uint64_t bytes);
+
+/* The NoC router of PE pe (snake order) in the w-wide grid. */
+int kb_machine_pe_router(const kb_machine *m, unsigned pe);
+
+/* The DMA channel a transfer issued now would take: the one free first, the lowest of equals. */
+static inline kb_res *kb_machine_dma_channel(kb_pe_hw *pe)
+{
+    kb_res *best = &pe->dma[0];
+    for (int i = 1; i < pe->ndma; i++)
+        if (pe->dma[i].free_at < best->free_at)
+            best = &pe->dma[i];
+    return best;
+}
 
 /* Number of UCIe hops between two cubes of a SIP (XY routing) / SIP hops between SIPs. */
 int kb_machine_cube_hops(const kb_machine *m, unsigned cube_a, unsigned cube_b);

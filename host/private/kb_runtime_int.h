@@ -90,6 +90,10 @@ struct kb_tl {
     kb_va tlb_va, tlb_end;
     kb_pa tlb_pa;
     struct kb_tensor *tlb_t;  /* borrowed: the tensor holding the segment, or NULL */
+    /* values tl_free_after holds until a time (a posted send still reading them); given back
+     * by the first scratch allocation at or after it (owned array) */
+    struct kb_tl_later *later;
+    size_t nlater, caplater;
 };
 
 /* Frees what a kernel context owns (after kb_tl_release_all returned its memory). */
@@ -111,6 +115,7 @@ struct kb_launch_st {
     int sips_left;
     kb_time t_done;
     kb_signal done;
+    struct kb_tl_thread *threads; /* tl_fork's threads, freed with the launch */
 };
 
 typedef struct kb_hostproc {

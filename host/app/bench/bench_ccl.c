@@ -13,7 +13,8 @@
  * all_to_all tile is the rank's whole buffer of ws chunks of that count, kb_coll_tile_ranks).
  * A broadcast or reduce takes its root from the entry's `root` (kbcl run --root). Reports size_bytes (nccl-tests'
  * size), algbw = size_bytes / time, nccl-tests' busbw = algbw * the factor of the algorithm's
- * collective kind, and (rank = PE) busbw_bound_gbps, the slowest link of its topology.
+ * collective kind, and busbw_bound_gbps = busbw / efficiency, the busbw at the run's bound
+ * (kb_bench_result.bound_ns: its busiest resource never idle).
  *
  * ipcq_deadlock bench — the same install on a ring, with a kernel in which every PE only
  * receives: the run must end in a deadlock report with every queue pair's pointers.
@@ -221,6 +222,10 @@ static void add_bw(kb_bench_result *res, kb_coll_kind kind, int ws, int64_t coun
     kb_bench_add_extra(res, "size_bytes", bytes);
     kb_bench_add_extra(res, "algbw_gbps", algbw);
     kb_bench_add_extra(res, "busbw_gbps", algbw * kb_coll_busbw_factor(kind, ws));
+    /* the busbw the run would reach at its bound (its busiest resource never idle) */
+    double eff = kb_bench_efficiency(res);
+    if (eff > 0.0)
+        kb_bench_add_extra(res, "busbw_bound_gbps", algbw * kb_coll_busbw_factor(kind, ws) / eff);
 }
 
 /* IPCQ traffic of the whole run (set-up and barriers included): Phase 1's host cost per
@@ -272,8 +277,6 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
     add_bw(res, job->impl->kind, job->layout.ws,
            job->n / kb_coll_tile_ranks(job->impl->kind, job->layout.ws),
            (int)kb_dtype_size(job->dtype));
-    kb_bench_add_extra(res, "busbw_bound_gbps",
-                       kb_ccl_topo_bound_gbps(ctx, job->topo, &job->layout));
     add_traffic(ctx, res);
     return 0;
 }

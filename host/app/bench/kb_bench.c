@@ -7,6 +7,7 @@
 #include "kb_hostgemm.h"
 #include "kb_opencl.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,14 +115,29 @@ int kb_bench_coll_count(kb_coll_kind k, int ws, int64_t size_bytes, int elem_byt
     return 0;
 }
 
-/* The busiest resource of a region: every resource's busy time (kb_res.busy, the occupancy
- * of its reservations) at the start, compared at the end. */
+/*
+ * The busiest resource and the bound of a region: every resource's busy time (kb_res.busy, the
+ * occupancy of its reservations) and bytes at the start, compared at the end. Resources that
+ * kb_machine_each_res visits one after the other with the same kind and place are one unit
+ * (a DMA engine's channels): their busy times and bytes add, and so do their bandwidths.
+ */
+typedef struct busy_mark_s {
+    kb_time busy;
+    uint64_t bytes;
+} busy_mark_s;
+
 typedef struct busy_walk {
-    kb_time *mark;
+    busy_mark_s *mark;
     size_t i;
-    kb_time best;
-    char *name;
-    size_t name_len;
+    /* the unit being summed */
+    const char *kind;
+    char where[64];
+    int n;
+    kb_time busy;
+    uint64_t bytes, bpu;
+    /* results */
+    kb_time best, bound;
+    kb_bench_result *r;
 } busy_walk;
 
 static void busy_count(void *ud, const kb_res *r, const char *where)
@@ -134,28 +150,59 @@ static void busy_store(void *ud, const kb_res *r, const char *where)
 {
     busy_walk *w = ud;
     (void)where;
-    w->mark[w->i++] = r->busy;
+    w->mark[w->i].busy = r->busy;
+    w->mark[w->i++].bytes = r->bytes;
+}
+
+/* Closes the unit being summed: its busy time (per server) and its bound, min(bytes over its
+ * bandwidth, busy time): transfers' fixed costs are not the machine's limit, and a compute
+ * unit running a faster number format than its bandwidth states is bounded by its time. */
+static void busy_flush(busy_walk *w)
+{
+    if (!w->n)
+        return;
+    kb_time busy = w->busy / w->n;
+    kb_time bnd = w->bpu ? kb_bw_time(w->bpu, w->bytes) : 0;
+    if (bnd > busy)
+        bnd = busy;
+    if (busy > w->best) { /* the first of equals, in the machine's order */
+        w->best = busy;
+        snprintf(w->r->busiest, sizeof w->r->busiest, "%s %s", w->kind, w->where);
+    }
+    if (bnd > w->bound) {
+        w->bound = bnd;
+        snprintf(w->r->bound_resource, sizeof w->r->bound_resource, "%s %s", w->kind, w->where);
+    }
+    w->n = 0;
 }
 
 static void busy_compare(void *ud, const kb_res *r, const char *where)
 {
     busy_walk *w = ud;
-    kb_time d = r->busy - w->mark[w->i++];
-    if (d > w->best) { /* the first of equals, in the machine's order */
-        w->best = d;
-        snprintf(w->name, w->name_len, "%s %s", r->name, where);
+    const busy_mark_s *m = &w->mark[w->i++];
+    if (!w->n || strcmp(r->name, w->kind) || strcmp(where, w->where)) {
+        busy_flush(w);
+        w->kind = r->name;
+        snprintf(w->where, sizeof w->where, "%s", where);
+        w->busy = 0;
+        w->bytes = 0;
+        w->bpu = 0;
     }
+    w->n++;
+    w->busy += r->busy - m->busy;
+    w->bytes += r->bytes - m->bytes;
+    w->bpu += r->bytes_per_us;
 }
 
 void kb_bench_mark_begin(kb_ctx *ctx, kb_bench_result *r)
 {
     const kb_machine *m = kb_ctx_machine(ctx);
-    busy_walk w = { NULL, 0, 0, NULL, 0 };
+    busy_walk w = { 0 };
     r->t_begin = kb_sim_now(kb_ctx_sim(ctx));
     free(r->busy_mark);
     kb_machine_each_res(m, busy_count, &w);
-    /* no memory for the snapshot: no busiest resource, the run itself is unaffected */
-    if ((r->busy_mark = malloc((w.i ? w.i : 1) * sizeof *r->busy_mark)) != NULL) {
+    /* no memory for the snapshot: no busiest resource or bound, the run itself is unaffected */
+    if ((r->busy_mark = malloc((w.i ? w.i : 1) * sizeof(busy_mark_s))) != NULL) {
         w.mark = r->busy_mark;
         w.i = 0;
         kb_machine_each_res(m, busy_store, &w);
@@ -165,17 +212,33 @@ void kb_bench_mark_begin(kb_ctx *ctx, kb_bench_result *r)
 void kb_bench_mark_end(kb_ctx *ctx, kb_bench_result *r)
 {
     r->t_end = kb_sim_now(kb_ctx_sim(ctx));
+    r->busiest[0] = r->bound_resource[0] = '\0';
+    r->busiest_frac = 0.0;
+    r->bound_ns = 0.0;
     if (!r->busy_mark)
         return;
-    busy_walk w = { r->busy_mark, 0, 0, r->busiest, sizeof r->busiest };
-    r->busiest[0] = '\0';
+    busy_walk w = { 0 };
+    w.mark = r->busy_mark;
+    w.r = r;
     kb_machine_each_res(kb_ctx_machine(ctx), busy_compare, &w);
-    r->busiest_frac = r->t_end > r->t_begin && w.best > 0
-                          ? (double)w.best / (double)(r->t_end - r->t_begin) : 0.0;
+    busy_flush(&w);
+    kb_time span = r->t_end - r->t_begin;
+    r->busiest_frac = span > 0 && w.best > 0 ? (double)w.best / (double)span : 0.0;
     if (w.best == 0)
         r->busiest[0] = '\0';
+    /* every reservation made in the region starts in it and ends before the kernels that
+     * wait for it, so no resource's share can outlast the region (test_bench checks it) */
+    r->bound_ns = kb_time_to_ns(w.bound);
+    if (w.bound == 0)
+        r->bound_resource[0] = '\0';
     free(r->busy_mark);
     r->busy_mark = NULL;
+}
+
+double kb_bench_efficiency(const kb_bench_result *r)
+{
+    double span = kb_time_to_ns(r->t_end - r->t_begin);
+    return span > 0.0 && r->bound_ns > 0.0 ? r->bound_ns / span : 0.0;
 }
 
 int kb_bench_check_from(kb_bench_result *r, kb_dtype dt, const float *got, const double *ref,

@@ -54,9 +54,15 @@ typedef struct kb_bench_result {
     kb_time t_begin, t_end;            /* measured region (simulated) */
     /* the resource reserved longest in the region (kb_bench_mark_begin / _end): its kind and
      * place ("noc sip0/cube3"), and that time over the region's; empty when not measured */
-    char busiest[64];
+    char busiest[96];
     double busiest_frac;
-    kb_time *busy_mark;                /* owned: every resource's busy time at mark_begin */
+    /* the bound of the region (kb_bench_mark_end): the longest time one resource (a DMA
+     * engine's channels together) needs for the bytes it carried at its bandwidth, or its
+     * busy time when that is less; which resource; 0 and "" when not measured */
+    double bound_ns;
+    char bound_resource[96];
+    void *busy_mark;                   /* owned: every resource's busy time and bytes at
+                                        * mark_begin */
     int nextras;
     struct { const char *name; double value; } extras[KB_BENCH_MAX_EXTRAS];
 } kb_bench_result;
@@ -112,6 +118,10 @@ typedef struct kb_run_report {
     char device_desc[160]; /* the Phase-2 device the run used */
     char device_note[256]; /* why --device auto chose what it chose, or "" */
 } kb_run_report;
+
+/* bound_ns / the region's time: how close the run came to what its busiest resource allows
+ * (<= 1); 0 when not measured. */
+double kb_bench_efficiency(const kb_bench_result *r);
 
 /* Frees what a report owns. */
 void kb_run_report_fini(kb_run_report *rep);

@@ -125,7 +125,7 @@ static int pp_host(kb_ctx *ctx, void *arg)
 {
     pingpong *pp = arg;
     kb_ccl_layout l;
-    kb_ipcq_cfg icfg = { 4, 64, KB_MEM_TCM, 1 };
+    kb_ipcq_cfg icfg = { 4, 64, KB_MEM_TCM, 1, 1 };
     kb_tensor_desc d = { "pp", 1, 16, KB_F16, kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, 1, 2),
                          KB_MEM_HBM };
     int rc;

@@ -439,6 +439,11 @@ char *kbcl_result_json(const kbcl_result *res)
         cJSON_AddStringToObject(root, "busiest_resource", rep->res.busiest);
         cJSON_AddNumberToObject(root, "busiest_busy_frac", rep->res.busiest_frac);
     }
+    if (rep->res.bound_resource[0]) {
+        cJSON_AddNumberToObject(root, "bound_ns", rep->res.bound_ns);
+        cJSON_AddStringToObject(root, "bound_resource", rep->res.bound_resource);
+        cJSON_AddNumberToObject(root, "efficiency", kb_bench_efficiency(&rep->res));
+    }
     if (rep->res.verified < 0)
         cJSON_AddNullToObject(root, "verified");
     else
@@ -562,6 +567,9 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
     if (rep->res.busiest[0])
         fprintf(f, "  busiest    %s, reserved %.1f %% of sim_time\n", rep->res.busiest,
                 100.0 * rep->res.busiest_frac);
+    if (rep->res.bound_resource[0])
+        fprintf(f, "  bound      %.3f ns by %s: efficiency %.3f\n", rep->res.bound_ns,
+                rep->res.bound_resource, kb_bench_efficiency(&rep->res));
     fprintf(f, "  events     %llu (%llu fiber switches, %llu kernels)\n",
             (unsigned long long)rep->events, (unsigned long long)rep->switches,
             (unsigned long long)rep->kernels);
