@@ -612,40 +612,38 @@ static KB_NOINLINE void record_elementwise(kb_tl *tl, kb_rec_kind kind, int op, 
 
 /* out: the result's dtype (f32 for every op but tl_binary_as: the unit rounds on writeback,
  * within the same pass). */
-static kb_val elementwise_to(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
-                             float imm0, float imm1, kb_dtype out, const kb_val *dst,
-                             const char *name)
+/* The broadcast shape of the operands of an elementwise op, all of them local. */
+static KB_ALWAYS_INLINE void elementwise_shape(kb_tl *tl, const kb_val *src, int nsrc, const char *name,
+                              uint32_t *rows, uint32_t *cols)
 {
-    uint32_t rows = src[0].rows, cols = src[0].cols;
-    kb_time t_start, t_end;
-    kb_val v;
-
+    *rows = src[0].rows;
+    *cols = src[0].cols;
     for (int i = 0; i < nsrc; i++) {
         need_local(tl, src[i], name);
-        rows = bcast_dim(tl, rows, src[i].rows, name);
-        cols = bcast_dim(tl, cols, src[i].cols, name);
+        *rows = bcast_dim(tl, *rows, src[i].rows, name);
+        *cols = bcast_dim(tl, *cols, src[i].cols, name);
     }
-    if (dst) {
-        need_local(tl, *dst, name);
-        if (dst->rows != rows || dst->cols != cols)
-            tl_fail(tl, KB_ERR_INVAL, "%s: destination %ux%u, result %ux%u", name, dst->rows,
-                    dst->cols, rows, cols);
-        v = *dst;
-    } else {
-        v = kb_tl_scratch_val(tl, rows, cols, out, name);
-    }
-    t_start = issue_time(tl);
-    t_end = math_time(tl, (uint64_t)rows * cols, 1);
+}
+
+/* One PE_MATH pass writing v: timed from now, recorded, waited for. */
+static KB_ALWAYS_INLINE void elementwise_run(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
+                            float imm0, float imm1, kb_val v)
+{
+    kb_time t_start = issue_time(tl);
+    kb_time t_end = math_time(tl, (uint64_t)v.rows * v.cols, 1);
     if (kb_ctx_records(tl->ctx))
         record_elementwise(tl, kind, op, src, nsrc, imm0, imm1, v, t_start, t_end);
     kb_tl_wait_until(tl, t_end);
-    return v;
 }
 
 static kb_val elementwise_as(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
                              float imm0, float imm1, kb_dtype out, const char *name)
 {
-    return elementwise_to(tl, kind, op, src, nsrc, imm0, imm1, out, NULL, name);
+    uint32_t rows, cols;
+    elementwise_shape(tl, src, nsrc, name, &rows, &cols);
+    kb_val v = kb_tl_scratch_val(tl, rows, cols, out, name);
+    elementwise_run(tl, kind, op, src, nsrc, imm0, imm1, v);
+    return v;
 }
 
 static kb_val elementwise(kb_tl *tl, kb_rec_kind kind, int op, const kb_val *src, int nsrc,
@@ -677,8 +675,13 @@ void tl_binary_into(kb_tl *tl, kb_binop op, kb_val dst, kb_val a, kb_val b)
     if (dst.dtype != KB_F32 && dst.dtype != KB_F16 && dst.dtype != KB_BF16)
         tl_fail(tl, KB_ERR_INVAL, "tl_binary_into: destination dtype %s is not f32, f16 or bf16",
                 kb_dtype_name((kb_dtype)dst.dtype));
-    (void)elementwise_to(tl, KB_REC_MATH2, opc[op], s, 2, 0.0f, 0.0f, (kb_dtype)dst.dtype, &dst,
-                         "tl_binary_into");
+    uint32_t rows, cols;
+    elementwise_shape(tl, s, 2, "tl_binary_into", &rows, &cols);
+    need_local(tl, dst, "tl_binary_into");
+    if (dst.rows != rows || dst.cols != cols)
+        tl_fail(tl, KB_ERR_INVAL, "tl_binary_into: destination %ux%u, result %ux%u", dst.rows,
+                dst.cols, rows, cols);
+    elementwise_run(tl, KB_REC_MATH2, opc[op], s, 2, 0.0f, 0.0f, dst);
 }
 
 kb_val tl_binary_as(kb_tl *tl, kb_binop op, kb_val a, kb_val b, kb_dtype dt)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Renders a `kbcl report` page in headless Chromium and checks the DOM it builds: one <svg>
-# per plot, each algorithm named in the legends, the size axes labelled in bytes, the rows
-# table. Registered by
+# per plot, each algorithm named in the legends, the size axes labelled in bytes, the
+# efficiency plots, the rows table. Registered by
 # tests/CMakeLists.txt only when chromium is installed (KBCL_INSTALL_CHROMIUM=1
 # scripts/install-deps.sh). Usage: report_render.sh KBCL CHROMIUM
 set -euo pipefail
@@ -27,18 +27,21 @@ timeout 120 "$CHROMIUM" --headless --disable-gpu --no-sandbox --user-data-dir="$
   --dump-dom "file://$dir/r.html" > dom.html 2> chromium.log || {
   cat chromium.log >&2; fail "chromium could not render the page"; }
 
-# 2 sizes x (time, busbw) vs world size + 2 world sizes x (busbw, time) vs message size
+# 2 sizes x (time, busbw, efficiency) vs world size + 2 world sizes x (busbw, time,
+# efficiency) vs message size
 n=$(grep -o '<svg' dom.html | wc -l)
-[ "$n" -eq 8 ] || fail "expected 8 <svg> elements in the DOM, got $n"
+[ "$n" -eq 12 ] || fail "expected 12 <svg> elements in the DOM, got $n"
 for alg in ring_allreduce_tcm hierarchical_allreduce; do
   # (the DOM serializer may write <line ...></line> for <line .../>; the text is the same)
   m=$(grep -o ">$alg</text></g>" dom.html | wc -l)
-  [ "$m" -eq 8 ] || fail "$alg: in $m legends, expected 8"
+  [ "$m" -eq 12 ] || fail "$alg: in $m legends, expected 12"
 done
 m=$(grep -o '<polyline' dom.html | wc -l)
-[ "$m" -eq 16 ] || fail "expected a line per algorithm in each plot (16), got $m"
+[ "$m" -eq 24 ] || fail "expected a line per algorithm in each plot (24), got $m"
 m=$(grep -o '>message size (bytes per rank) (log2 scale)<' dom.html | wc -l)
-[ "$m" -eq 4 ] || fail "expected 4 plots against message size, got $m"
+[ "$m" -eq 6 ] || fail "expected 6 plots against message size, got $m"
+m=$(grep -o '>efficiency (bound / sim time)<' dom.html | wc -l)
+[ "$m" -eq 4 ] || fail "expected 4 efficiency plots (2 vs world size, 2 vs size), got $m"
 grep -q '>128 B<' dom.html || fail "no byte tick labels on the size axis"
 [ "$(grep -o '<tr' dom.html | wc -l)" -eq 9 ] || fail "expected a table of 8 rows"
 echo "report_render: OK"

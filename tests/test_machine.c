@@ -689,6 +689,221 @@ static void test_host_transfer_idle(void **state)
     kb_machine_destroy(m);
 }
 
+/* ---- the network (cube.noc.topology mesh, the default): routes, channels, closed forms ---- */
+
+static kb_res *link_of(kb_machine *m, unsigned s, unsigned c, int router, int dir)
+{
+    return &m->sips[s].cubes[c].noc_links[router * 4 + dir];
+}
+
+/* 8 PEs of a cube: a 4 x 2 mesh, PE p at step p of the snake (row 0 east, row 1 west) */
+static void test_net_layout(void **state)
+{
+    kb_machine *m = make_net(NULL, 0);
+    static const int router[8] = { 0, 1, 2, 3, 7, 6, 5, 4 };
+    (void)state;
+    assert_int_equal(m->noc, KB_NOC_MESH);
+    assert_int_equal(m->noc_w, 4);
+    assert_int_equal(m->noc_h, 2);
+    for (unsigned p = 0; p < 8; p++)
+        assert_int_equal(kb_machine_pe(m, 0, 0, p)->router, router[p]);
+    /* UCIe links at the middle of their edge (rounded down): E (3,0), W (0,0), N (1,0),
+     * S (1,1) */
+    assert_int_equal(m->noc_edge[KB_MESH_E], 3);
+    assert_int_equal(m->noc_edge[KB_MESH_W], 0);
+    assert_int_equal(m->noc_edge[KB_MESH_N], 1);
+    assert_int_equal(m->noc_edge[KB_MESH_S], 5);
+    assert_int_equal(kb_machine_pe(m, 0, 0, 0)->ndma, 4);
+    kb_machine_destroy(m);
+    /* 6 PEs: 3 x 2; an explicit 2 x 4 grid of 8; a width that does not divide is refused */
+    static const char *const six[] = { "cube.corners=3" };
+    m = make_net(six, 1);
+    assert_true(m->noc_w == 3 && m->noc_h == 2);
+    kb_machine_destroy(m);
+    static const char *const tall[] = { "cube.noc.width=2" };
+    m = make_net(tall, 1);
+    assert_true(m->noc_w == 2 && m->noc_h == 4);
+    assert_int_equal(kb_machine_pe(m, 0, 0, 3)->router, 2); /* row 1 runs west */
+    kb_machine_destroy(m);
+    kb_config cfg;
+    kb_errbuf eb;
+    kbt_config_with(&cfg, NULL, 0);
+    kbt_config_set(&cfg, "cube.noc.width=3");
+    assert_int_equal(kb_config_validate(&cfg, &eb), KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "cube.noc.width x cube.noc.height = 3 x 0 does not hold "
+                                   "the cube's 8 PEs"));
+    assert_int_equal(kb_config_set(&cfg, "cube.noc.topology=ring", &eb), KB_ERR_CONFIG);
+    assert_non_null(strstr(eb.msg, "mesh, crossbar, bus"));
+}
+
+static void test_net_routes(void **state)
+{
+    kb_machine *m = make_net(NULL, 0);
+    kb_res *path[KB_MAX_ROUTE];
+    int n;
+    (void)state;
+    kb_pe_hw *pe = kb_machine_pe(m, 0, 3, 2);
+    /* its own HBM slice to its own TCM: the engine and the two ports, no link */
+    n = route(m, pe, hbm_of(m, 0, 3, 2, 0), kb_pa_pe_tcm(0, 3, 2, 0), path);
+    assert_int_equal(n, 3);
+    assert_ptr_equal(path[0], &pe->dma[0]);
+    assert_ptr_equal(path[1], &pe->hbm_port);
+    assert_ptr_equal(path[2], &pe->tcm_wr);
+    /* TCM to its own scratch: the TCM's read and write sides */
+    n = route(m, pe, kb_pa_pe_tcm(0, 3, 2, 0), kb_pa_pe_scratch(0, 3, 2, 0), path);
+    assert_int_equal(n, 3);
+    assert_ptr_equal(path[1], &pe->tcm_port);
+    assert_ptr_equal(path[2], &pe->tcm_wr);
+    /* to the next PE of the cube: one link east, (2,0) -> (3,0) */
+    n = route(m, pe, kb_pa_pe_scratch(0, 3, 2, 0), kb_pa_pe_ipcq(0, 3, 3, 0), path);
+    assert_int_equal(n, 4);
+    assert_ptr_equal(path[2], link_of(m, 0, 3, 2, KB_MESH_E));
+    assert_ptr_equal(path[3], &kb_machine_pe(m, 0, 3, 3)->tcm_wr);
+    /* PE 7 to PE 0 closes the cube's ring: one link north, (0,1) -> (0,0) */
+    n = route(m, kb_machine_pe(m, 0, 3, 7), kb_pa_pe_scratch(0, 3, 7, 0),
+              kb_pa_pe_ipcq(0, 3, 0, 0), path);
+    assert_int_equal(n, 4);
+    assert_ptr_equal(path[2], link_of(m, 0, 3, 4, KB_MESH_N));
+    /* HBM of cube 5 PE 1 to TCM of cube 14 PE 3 (cubes XY: E, S, S; inside each cube XY
+     * from where the data came in to the exit's edge router) */
+    kb_pe_hw *p51 = kb_machine_pe(m, 0, 5, 1);
+    n = route(m, p51, hbm_of(m, 0, 5, 1, 0), kb_pa_pe_tcm(0, 14, 3, 0), path);
+    kb_res *want[] = {
+        &p51->dma[0], &p51->hbm_port,
+        link_of(m, 0, 5, 1, KB_MESH_E), link_of(m, 0, 5, 2, KB_MESH_E), ucie(m, 0, 5, KB_MESH_E),
+        link_of(m, 0, 6, 0, KB_MESH_E), link_of(m, 0, 6, 1, KB_MESH_S), ucie(m, 0, 6, KB_MESH_S),
+        link_of(m, 0, 10, 1, KB_MESH_S), ucie(m, 0, 10, KB_MESH_S),
+        link_of(m, 0, 14, 1, KB_MESH_E), link_of(m, 0, 14, 2, KB_MESH_E),
+        &kb_machine_pe(m, 0, 14, 3)->tcm_wr,
+    };
+    assert_int_equal(n, (int)(sizeof want / sizeof want[0]));
+    for (int i = 0; i < n; i++)
+        assert_ptr_equal(path[i], want[i]);
+    kb_machine_destroy(m);
+    /* crossbar: the source router's egress port and the destination's ingress port */
+    static const char *const xbar[] = { "cube.noc.topology=crossbar" };
+    m = make_net(xbar, 1);
+    n = route(m, kb_machine_pe(m, 0, 0, 2), kb_pa_pe_scratch(0, 0, 2, 0),
+              kb_pa_pe_ipcq(0, 0, 5, 0), path);
+    assert_int_equal(n, 5);
+    assert_ptr_equal(path[2], &m->sips[0].cubes[0].noc_links[2 * 2]);     /* r2 out */
+    assert_ptr_equal(path[3], &m->sips[0].cubes[0].noc_links[6 * 2 + 1]); /* r6 in (PE 5) */
+    assert_int_equal(path[3]->latency, 0); /* one traversal, one hop of latency */
+    kb_machine_destroy(m);
+}
+
+/*
+ * Idle paths: end - now = Σ latency + the longest occupancy (timing-model.md §4), with the
+ * network's routes. 4 KiB from a PE's HBM slice to its own TCM: HBM 100 ns + TCM 2 ns of
+ * latency, the channel's 20 ns setup + 32 ns transfer: 154 ns (the bus model's 159 ns had
+ * the NoC's 5 ns). Cube 5 PE 1 -> cube 14 PE 3: 100 + 7 links x 5 + 3 UCIe x 20 + 2 = 197 ns
+ * of latency + 52 ns = 249 ns.
+ */
+static void test_net_dma_idle(void **state)
+{
+    kb_machine *m = make_net(NULL, 0);
+    const kb_topo_cfg *c = &m->cfg;
+    kb_time ts, te;
+    kb_errbuf eb;
+    (void)state;
+    int64_t occ4k = kbt_ps(c->dma_setup_ns) + kbt_xfer_ps(4096, c->dma_bandwidth_gbps);
+    assert_int_equal(kb_machine_dma(m, kb_machine_pe(m, 0, 3, 2), hbm_of(m, 0, 3, 2, 0),
+                                    kb_pa_pe_tcm(0, 3, 2, 0), 4096, 0, &ts, &te, &eb), 0);
+    assert_int_equal(te, kbt_ps(c->hbm.latency_ns) + kbt_ps(c->tcm.latency_ns) + occ4k);
+    assert_int_equal(te, 154000);
+    assert_int_equal(kb_machine_dma(m, kb_machine_pe(m, 0, 5, 1), hbm_of(m, 0, 5, 1, 0),
+                                    kb_pa_pe_tcm(0, 14, 3, 0), 4096, 0, &ts, &te, &eb), 0);
+    assert_int_equal(te, kbt_ps(c->hbm.latency_ns) + 7 * kbt_ps(c->noc.latency_ns) +
+                             3 * kbt_ps(c->ucie.latency_ns) + kbt_ps(c->tcm.latency_ns) + occ4k);
+    assert_int_equal(te, 249000);
+    kb_machine_destroy(m);
+}
+
+/*
+ * Channels: five 1 MiB loads from one PE's HBM slice into its TCM, issued together. Each
+ * takes the channel free first; a channel moves 128 GB/s (8 212 ns with its setup) but the
+ * HBM slice's read side 256 GB/s (4 096 ns a MiB), so the loads start 4 096 ns apart, the
+ * fifth on channel 0 again once the port has carried the four before it, and each ends
+ * 102 ns (HBM + TCM latency) + 8 212 ns after its start: two channels' worth of the port.
+ */
+static void test_net_channels(void **state)
+{
+    kb_machine *m = make_net(NULL, 0);
+    kb_pe_hw *pe = kb_machine_pe(m, 0, 0, 0);
+    const uint64_t mib = UINT64_C(1) << 20;
+    kb_time ts, te;
+    kb_errbuf eb;
+    (void)state;
+    for (int k = 0; k < 5; k++) {
+        assert_int_equal(kb_machine_dma(m, pe, hbm_of(m, 0, 0, 0, (uint64_t)k * mib),
+                                        kb_pa_pe_tcm(0, 0, 0, 0), mib, 0, &ts, &te, &eb), 0);
+        assert_int_equal(ts, (int64_t)k * 4096000);
+        assert_int_equal(te, (int64_t)k * 4096000 + 102000 + 8212000);
+    }
+    /* channels 0..3 took the first four, channel 0 the fifth */
+    assert_int_equal(pe->dma[0].bytes, 2 * mib);
+    for (int k = 1; k < 4; k++)
+        assert_int_equal(pe->dma[k].bytes, mib);
+    kb_machine_destroy(m);
+}
+
+/*
+ * The issue's two concurrency checks (#29): eight PEs of a cube, each moving 1 MiB from its
+ * own HBM slice to its own TCM at the same time, each end when one PE alone would (102 ns +
+ * the channel's 8 212 ns = 8 314 ns): nothing of one PE's path is another's. The same for
+ * eight PEs each sending 1 MiB from its scratch to its ring neighbour's IPCQ range (p -> p+1,
+ * 7 -> 0): one mesh link each, all different, TCM latencies 2 + 2 ns and the link's 5 ns:
+ * 8 221 ns. With the bus model the eight sends queue on the cube's one NoC resource.
+ */
+static void test_net_eight_pes(void **state)
+{
+    const uint64_t mib = UINT64_C(1) << 20;
+    kb_time ts, te;
+    kb_errbuf eb;
+    (void)state;
+    for (int legacy_bus = 0; legacy_bus < 2; legacy_bus++) {
+        kb_machine *m = legacy_bus ? make_default() : make_net(NULL, 0);
+        for (unsigned p = 0; p < 8; p++) {
+            assert_int_equal(kb_machine_dma(m, kb_machine_pe(m, 0, 2, p), hbm_of(m, 0, 2, p, 0),
+                                            kb_pa_pe_tcm(0, 2, p, 0), mib, 0, &ts, &te, &eb), 0);
+            if (!legacy_bus)
+                assert_int_equal(te, 8314000);
+        }
+        kb_time last = 0;
+        for (unsigned p = 0; p < 8; p++) {
+            assert_int_equal(kb_machine_dma(m, kb_machine_pe(m, 0, 4, p),
+                                            kb_pa_pe_scratch(0, 4, p, 0),
+                                            kb_pa_pe_ipcq(0, 4, (p + 1) % 8, 0), mib, 0, &ts,
+                                            &te, &eb), 0);
+            if (!legacy_bus)
+                assert_int_equal(te, 8221000);
+            last = te > last ? te : last;
+        }
+        if (legacy_bus) /* 8 x 2 048 ns of the one NoC resource before the last can start */
+            assert_true(last >= 7 * 2048000 + 8221000);
+        kb_machine_destroy(m);
+    }
+}
+
+/*
+ * The command path over the mesh: IO_CPU (cube 0, router 0) to cube 5's M_CPU (router 0)
+ * crosses cube 0 from router 0 to its east edge (3 links), UCIe E, cube 1 from its west edge
+ * to its south edge (2 links), UCIe S, cube 5 from its north edge to router 0 (1 link): 6
+ * links of 0.125 + 5 ns and 2 UCIe hops of 0.25 + 20 ns, then the M_CPU's 50 ns: 121.25 ns.
+ * M_CPU to PE 0 is no link (2 ns of PE_CPU); to PE 4, at (3,1), four links: 22.5 ns.
+ */
+static void test_net_command_path(void **state)
+{
+    kb_machine *m = make_net(NULL, 0);
+    (void)state;
+    assert_int_equal(kb_machine_cmd_iocpu_to_mcpu(m, 0, 5, 0, 64), 121250);
+    assert_int_equal(kb_machine_cmd_mcpu_to_pe(m, kb_machine_pe(m, 0, 5, 0), 1000000, 64),
+                     1002000);
+    assert_int_equal(kb_machine_cmd_mcpu_to_pe(m, kb_machine_pe(m, 0, 5, 4), 2000000, 64),
+                     2022500);
+    kb_machine_destroy(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -710,6 +925,12 @@ int main(void)
         cmocka_unit_test(test_bad_sizes),
         cmocka_unit_test(test_pa_outside),
         cmocka_unit_test(test_host_transfer_idle),
+        cmocka_unit_test(test_net_layout),
+        cmocka_unit_test(test_net_routes),
+        cmocka_unit_test(test_net_dma_idle),
+        cmocka_unit_test(test_net_channels),
+        cmocka_unit_test(test_net_eight_pes),
+        cmocka_unit_test(test_net_command_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
  * End-to-end tests of `kbcl sweep` and `kbcl report` through the real binary ($KBCL_BIN, set
  * by CTest): the rows and their values, --jobs 2 against --jobs 1, JSON Lines, config-key
  * axes, exclude:, error rows and exit codes, kill -9 / SIGINT mid-sweep then --resume, the
- * repair of a partial last row, sweep-file errors naming file:line, and the HTML report.
+ * repair of a partial last row, sweep-file errors naming file:line, the bound columns
+ * (bound_ns, efficiency, bound_resource) against `kbcl run --json`, and the HTML report.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,6 +166,60 @@ static void run_one(const char *args, char *sim, size_t n, char *events, size_t 
     free(json);
 }
 
+/*
+ * The value of column `name` of a CSV row, by the file's header line: the fields before error
+ * hold no commas or quotes in these tests, so cutting at commas is exact.
+ */
+static void csv_field(const char *header, const char *row, const char *name, char *out,
+                      size_t n)
+{
+    const char *h = header, *eol = strchr(header, '\n'), *f = row, *end;
+    size_t len = strlen(name);
+    int col = -1;
+    for (int i = 0; h && h < eol; i++) {
+        if (!strncmp(h, name, len) && (h[len] == ',' || h[len] == '\n')) {
+            col = i;
+            break;
+        }
+        if ((h = strchr(h, ',')))
+            h++;
+    }
+    if (col < 0)
+        fail_msg("no column '%s' in %.*s", name, (int)(eol - header), header);
+    for (int i = 0; i < col; i++) {
+        f = strchr(f, ',');
+        assert_non_null(f);
+        f++;
+    }
+    end = f + strcspn(f, ",\n");
+    snprintf(out, n, "%.*s", (int)(end - f), f);
+}
+
+/* The bound of one `kbcl run --json`: bound_ns and efficiency as the sweep prints numbers
+ * (%.12g), its resource, and the numbers themselves. */
+static void run_bound(const char *args, char *bound, char *eff, char *res, size_t n,
+                      double *bound_v, double *eff_v)
+{
+    char out[4096];
+    char *json;
+    cJSON *j, *b, *e, *r;
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run %s --json one.json --quiet", args), 0);
+    json = kbt_slurp("one.json");
+    j = cJSON_Parse(json);
+    assert_non_null(j);
+    b = cJSON_GetObjectItem(j, "bound_ns");
+    e = cJSON_GetObjectItem(j, "efficiency");
+    r = cJSON_GetObjectItem(j, "bound_resource");
+    assert_true(cJSON_IsNumber(b) && cJSON_IsNumber(e) && cJSON_IsString(r));
+    snprintf(bound, n, "%.12g", b->valuedouble);
+    snprintf(eff, n, "%.12g", e->valuedouble);
+    snprintf(res, n, "%s", r->valuestring);
+    *bound_v = b->valuedouble;
+    *eff_v = e->valuedouble;
+    cJSON_Delete(j);
+    free(json);
+}
+
 static void test_rows(void **s)
 {
     char out[8192], sim[64], ev[64], want[256];
@@ -177,11 +233,12 @@ static void test_rows(void **s)
     assert_non_null(csv);
     assert_int_equal(count_lines(csv), 5);
     assert_int_equal(strncmp(csv, "point,algorithm,world_size,n_elem,bench,size_bytes,"
-                             "sim_time_ns,algbw_gbps,busbw_gbps,events,wall_ms,verified,status,"
-                             "error\n",
+                             "sim_time_ns,algbw_gbps,busbw_gbps,bound_ns,efficiency,"
+                             "bound_resource,events,wall_ms,verified,status,error\n",
                              strlen("point,algorithm,world_size,n_elem,bench,size_bytes,"
-                                    "sim_time_ns,algbw_gbps,busbw_gbps,events,wall_ms,verified,"
-                                    "status,error\n")), 0);
+                                    "sim_time_ns,algbw_gbps,busbw_gbps,bound_ns,efficiency,"
+                                    "bound_resource,events,wall_ms,verified,status,error\n")),
+                     0);
     free(csv);
     csv = canonical_rows("r1.csv", &n);
     assert_int_equal(n, 4);
@@ -316,10 +373,11 @@ static void test_error_row(void **s)
     csv = kbt_slurp("err.csv");
     assert_int_equal(count_lines(csv), 3);
     {
-        /* point 1: no numbers, the error's code name (the ccl layer picks it), its message */
-        const char *row = strstr(csv, "\n1,12,ccl_allreduce,,,,,,,,");
+        /* point 1: no numbers and no bound (size_bytes .. wall_ms, verified empty), the
+         * error's code name (the ccl layer picks it), its message */
+        const char *row = strstr(csv, "\n1,12,ccl_allreduce,,,,,,,,,,,");
         assert_non_null(row);
-        row += strlen("\n1,12,ccl_allreduce,,,,,,,,");
+        row += strlen("\n1,12,ccl_allreduce,,,,,,,,,,,");
         assert_true(strncmp(row, "ok,", 3) != 0 && strchr(row, ',') - row >= 2);
         /* the message has a comma: CSV-quoted */
         assert_non_null(strstr(row, ",\"mesh_allreduce needs a square world size, got 12\"\n"));
@@ -523,8 +581,10 @@ static void test_sweep_file_errors(void **s)
     assert_non_null(strstr(out, "missing.yaml: cannot open"));
     /* --resume refuses a file written by a different grid */
     kbt_write_file("other.csv", "point,algorithm,world_size,n_elem,bench,size_bytes,sim_time_ns,"
-                                "algbw_gbps,busbw_gbps,events,wall_ms,verified,status,error\n"
-                                "1,ring_allreduce_tcm,64,16,ccl_allreduce,32,1,1,1,1,1,true,ok,\n");
+                                "algbw_gbps,busbw_gbps,bound_ns,efficiency,bound_resource,events,"
+                                "wall_ms,verified,status,error\n"
+                                "1,ring_allreduce_tcm,64,16,ccl_allreduce,32,1,1,1,1,1,pcie sip0,"
+                                "1,1,true,ok,\n");
     assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out other.csv --resume"), 2);
     assert_non_null(strstr(out, "other.csv:2: point 1 has world_size=64"));
 }
@@ -721,16 +781,21 @@ static void test_report(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "report rep.csv -o rep.html"), 0);
     html = kbt_slurp("rep.html");
     assert_non_null(html);
-    /* time and busbw vs world size, one plot per message size (n_elem 16 = 32 bytes); the
-     * size takes one value, so nothing is plotted against it */
-    assert_int_equal(count_str(html, "<svg "), 2);
+    /* time, busbw and efficiency vs world size, one plot per message size (n_elem 16 = 32
+     * bytes); the size takes one value, so nothing is plotted against it */
+    assert_int_equal(count_str(html, "<svg "), 3);
     assert_int_equal(count_str(html, "sim time vs world size, size = 32 B"), 2); /* title, label */
     assert_int_equal(count_str(html, "busbw vs world size, size = 32 B"), 2);
+    assert_int_equal(count_str(html, "efficiency vs world size, size = 32 B"), 2);
+    assert_non_null(strstr(html, "<h2 id=\"efficiency\">Efficiency vs world size</h2>"));
     assert_null(strstr(html, "vs message size"));
-    /* the legend of every plot names each algorithm */
-    assert_int_equal(count_str(html, "<g class=\"legend\">"), 4);
-    assert_int_equal(count_str(html, "\">ring_allreduce_tcm</text></g>"), 2);
-    assert_int_equal(count_str(html, "\">ring_rsag_allreduce</text></g>"), 2);
+    /* the legend of every plot names each algorithm (bound_resource is no series key) */
+    assert_int_equal(count_str(html, "<g class=\"legend\">"), 6);
+    assert_int_equal(count_str(html, "\">ring_allreduce_tcm</text></g>"), 3);
+    assert_int_equal(count_str(html, "\">ring_rsag_allreduce</text></g>"), 3);
+    /* every point of the time and busbw plots names its efficiency and bound */
+    assert_int_equal(count_str(html, "; efficiency "), 8);
+    assert_int_equal(count_str(html, "<th>efficiency</th>"), 1); /* the rows table */
     assert_int_equal(count_str(html, "<tr>"), 5); /* header + 4 rows */
     /* self-contained: nothing to run or fetch */
     assert_null(strstr(html, "<script"));
@@ -752,8 +817,9 @@ static void test_report(void **s)
  */
 static void test_report_sizes(void **s)
 {
-    char out[8192];
-    char *html;
+    char out[8192], want[512], eff[64], bound[64], res[128];
+    char *html, *csv, *effplot;
+    const char *row;
     (void)s;
     kbt_write_file("rs.yaml", "world_size: 8\n"
                               "grid:\n"
@@ -763,27 +829,57 @@ static void test_report_sizes(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "report rs.csv -o rs.html"), 0);
     html = kbt_slurp("rs.html");
     assert_non_null(html);
-    /* no world_size column: busbw vs size, then time vs size */
-    assert_int_equal(count_str(html, "<svg "), 2);
+    /* no world_size column: busbw vs size, time vs size, then efficiency vs size */
+    assert_int_equal(count_str(html, "<svg "), 3);
     assert_non_null(strstr(html, "<h2 id=\"busbw-size\">Bus bandwidth vs message size</h2>"));
     assert_non_null(strstr(html, "<h2 id=\"size\">Simulated time vs message size</h2>"));
+    assert_non_null(strstr(html, "<h2 id=\"efficiency-size\">Efficiency vs message size</h2>"));
     assert_true(strstr(html, "aria-label=\"busbw vs message size\"") <
                 strstr(html, "aria-label=\"sim time vs message size\""));
+    assert_true(strstr(html, "aria-label=\"sim time vs message size\"") <
+                strstr(html, "aria-label=\"efficiency vs message size\""));
     /* the x axis: its label (log2) and byte ticks */
-    assert_int_equal(count_str(html, ">message size (bytes per rank) (log2 scale)</text>"), 2);
-    assert_int_equal(count_str(html, "text-anchor=\"middle\">64 B</text>"), 2);
-    assert_int_equal(count_str(html, "text-anchor=\"middle\">1 KiB</text>"), 2);
-    assert_int_equal(count_str(html, "text-anchor=\"middle\">4 KiB</text>"), 2);
+    assert_int_equal(count_str(html, ">message size (bytes per rank) (log2 scale)</text>"), 3);
+    assert_int_equal(count_str(html, "text-anchor=\"middle\">64 B</text>"), 3);
+    assert_int_equal(count_str(html, "text-anchor=\"middle\">1 KiB</text>"), 3);
+    assert_int_equal(count_str(html, "text-anchor=\"middle\">4 KiB</text>"), 3);
     assert_int_equal(count_str(html, ">busbw (GB/s)</text>"), 1);
+    assert_int_equal(count_str(html, ">efficiency (bound / sim time)</text>"), 1);
     /* one line per algorithm in each plot, through its four sizes */
-    assert_int_equal(count_str(html, "<polyline class=\"series\""), 4);
-    assert_int_equal(count_str(html, "\">ring_allreduce_tcm</text></g>"), 2);
-    assert_int_equal(count_str(html, "\">ring_rsag_allreduce</text></g>"), 2);
+    assert_int_equal(count_str(html, "<polyline class=\"series\""), 6);
+    assert_int_equal(count_str(html, "\">ring_allreduce_tcm</text></g>"), 3);
+    assert_int_equal(count_str(html, "\">ring_rsag_allreduce</text></g>"), 3);
+    /* the efficiency plot: a 0..1 axis (ticks 0, 0.2, ... 1), and point 2
+     * (ring_allreduce_tcm, 1K) shows its row's efficiency, bound and resource; the other
+     * plots' points name them too */
+    row = strstr(html, "aria-label=\"efficiency vs message size\"");
+    assert_non_null(row);
+    effplot = strdup(row);
+    *strstr(effplot, "</svg>") = 0;
+    assert_non_null(strstr(effplot, "text-anchor=\"end\">0.2</text>"));
+    assert_non_null(strstr(effplot, "text-anchor=\"end\">1</text>"));
+    assert_null(strstr(effplot, "text-anchor=\"end\">1.2</text>"));
+    csv = kbt_slurp("rs.csv");
+    row = strstr(csv, "\n2,ring_allreduce_tcm,1K,") + 1;
+    csv_field(csv, row, "efficiency", eff, sizeof eff);
+    csv_field(csv, row, "bound_ns", bound, sizeof bound);
+    csv_field(csv, row, "bound_resource", res, sizeof res);
+    assert_true(strtod(eff, NULL) > 0 && strtod(eff, NULL) <= 1 && *res);
+    snprintf(want, sizeof want, "<title>ring_allreduce_tcm: message size (bytes per rank) "
+             "1 KiB, efficiency (bound / sim time) %.6g; bound %.6g ns by %s</title>",
+             strtod(eff, NULL), strtod(bound, NULL), res);
+    if (count_str(effplot, want) != 1)
+        fail_msg("no '%s' in the efficiency plot", want);
+    snprintf(want, sizeof want, "; efficiency %.3g (bound %.6g ns by %s)</title>",
+             strtod(eff, NULL), strtod(bound, NULL), res);
+    assert_true(count_str(html, want) >= 2); /* busbw and time at 1 KiB (others may match) */
+    free(effplot);
+    free(csv);
     assert_int_equal(count_str(html, "<title>ring_allreduce_tcm: message size (bytes per rank) "
                                      "1 KiB, busbw (GB/s) "), 1);
     assert_int_equal(count_str(html, "<title>ring_rsag_allreduce: message size (bytes per rank) "
                                      "4 KiB, sim time (us) "), 1);
-    assert_int_equal(count_str(html, "<circle "), 16);
+    assert_int_equal(count_str(html, "<circle "), 24);
     free(html);
 
     /* world sizes too: busbw/time vs world size per size, busbw/time vs size per world size */
@@ -795,12 +891,14 @@ static void test_report_sizes(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "report rsw.jsonl -o rsw.html"), 0);
     html = kbt_slurp("rsw.html");
     assert_non_null(html);
-    assert_int_equal(count_str(html, "<svg "), 8);
+    assert_int_equal(count_str(html, "<svg "), 12);
     assert_int_equal(count_str(html, "sim time vs world size, size = 64 B"), 2);
     assert_int_equal(count_str(html, "busbw vs world size, size = 1 KiB"), 2);
+    assert_int_equal(count_str(html, "efficiency vs world size, size = 1 KiB"), 2);
     assert_int_equal(count_str(html, "busbw vs message size, world_size = 4"), 2);
     assert_int_equal(count_str(html, "sim time vs message size, world_size = 8"), 2);
-    assert_int_equal(count_str(html, "<polyline class=\"series\""), 16);
+    assert_int_equal(count_str(html, "efficiency vs message size, world_size = 8"), 2);
+    assert_int_equal(count_str(html, "<polyline class=\"series\""), 24);
     free(html);
 
     /* rows from before size_bytes: the message size is n_elem, in elements */
@@ -813,7 +911,118 @@ static void test_report_sizes(void **s)
     assert_int_equal(count_str(html, "<svg "), 2);
     assert_int_equal(count_str(html, ">n_elem (elements per rank) (log2 scale)</text>"), 2);
     assert_int_equal(count_str(html, "text-anchor=\"middle\">64</text>"), 2);
+    assert_null(strstr(html, "fficiency")); /* no column: no plot, no tooltip part */
     free(html);
+}
+
+/*
+ * bound_ns, efficiency and bound_resource: every row carries the bound `kbcl run --json`
+ * reports for the same point, in CSV and in JSON Lines, empty (null) on an error row; a file
+ * with this header resumes, one with the header from before the bound columns is refused
+ * and left as it is.
+ */
+static void test_bound_columns(void **s)
+{
+    static const char *const hdr = "point,param.m,bench,size_bytes,sim_time_ns,algbw_gbps,"
+                                   "busbw_gbps,bound_ns,efficiency,bound_resource,events,"
+                                   "wall_ms,verified,status,error\n";
+    static const char *const m[2] = { "256", "512" };
+    char out[8192], args[128], bound[64], eff[64], res[128], got[128], sim[64];
+    double bound_v[2], eff_v[2];
+    char *csv, *rows, *text, *line, *nl, *before, *after;
+    const char *l;
+    int n, seen = 0;
+    (void)s;
+    kbt_write_file("gemm.yaml", "bench: gemm\ngrid:\n  param.m: [256, 512]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep gemm.yaml --out g.csv --jobs 2 --quiet"),
+                     0);
+    csv = kbt_slurp("g.csv");
+    assert_non_null(csv);
+    assert_int_equal(strncmp(csv, hdr, strlen(hdr)), 0);
+    rows = canonical_rows("g.csv", &n);
+    assert_int_equal(n, 2);
+    l = rows;
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "--bench gemm --param m=%s", m[i]);
+        run_bound(args, bound, eff, res, sizeof bound, &bound_v[i], &eff_v[i]);
+        csv_field(csv, l, "bound_ns", got, sizeof got);
+        assert_string_equal(got, bound);
+        csv_field(csv, l, "efficiency", got, sizeof got);
+        assert_string_equal(got, eff);
+        /* efficiency = bound_ns / sim_time_ns of the same row, at most 1 */
+        csv_field(csv, l, "sim_time_ns", sim, sizeof sim);
+        assert_true(fabs(strtod(got, NULL) - bound_v[i] / strtod(sim, NULL)) <= 1e-11);
+        assert_true(eff_v[i] > 0 && eff_v[i] <= 1);
+        csv_field(csv, l, "bound_resource", got, sizeof got);
+        assert_string_equal(got, res);
+        l = strchr(l, '\n') + 1;
+    }
+    /* the gemm is bound by its one PE's cube unit, whose time doubles with m */
+    assert_true(bound_v[0] == 8192 && bound_v[1] == 16384);
+    assert_non_null(strstr(rows, ",8192,"));
+    assert_int_equal(count_str(rows, ",pe_gemm sip0/cube0/pe0,"), 2);
+    free(rows);
+
+    /* JSON Lines: numbers and a string, the same values */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep gemm.yaml --out g.jsonl --quiet"), 0);
+    text = kbt_slurp("g.jsonl");
+    for (line = text; (nl = strchr(line, '\n')); line = nl + 1) {
+        cJSON *r, *b, *e, *res_it;
+        int p;
+        *nl = 0;
+        r = cJSON_Parse(line);
+        assert_non_null(r);
+        p = cJSON_GetObjectItem(r, "point")->valueint;
+        assert_true(p == 0 || p == 1);
+        b = cJSON_GetObjectItem(r, "bound_ns");
+        e = cJSON_GetObjectItem(r, "efficiency");
+        res_it = cJSON_GetObjectItem(r, "bound_resource");
+        assert_true(cJSON_IsNumber(b) && cJSON_IsNumber(e) && cJSON_IsString(res_it));
+        assert_true(b->valuedouble == bound_v[p]);
+        assert_true(fabs(e->valuedouble - eff_v[p]) <= 1e-11 * eff_v[p]); /* %.12g */
+        assert_string_equal(res_it->valuestring, "pe_gemm sip0/cube0/pe0");
+        seen |= 1 << p;
+        cJSON_Delete(r);
+    }
+    assert_int_equal(seen, 3);
+    free(text);
+
+    /* an error row has no bound: null in JSON Lines (the CSV: test_error_row) */
+    kbt_write_file("berr.yaml", "algorithm: mesh_allreduce_4\nn_elem: 16\nworld_size: 12\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep berr.yaml --out berr.jsonl --quiet"), 3);
+    text = kbt_slurp("berr.jsonl");
+    assert_non_null(strstr(text, "\"bound_ns\":null,\"efficiency\":null,"
+                                 "\"bound_resource\":null,"));
+    free(text);
+
+    /* --resume with this header: the missing point is run, the rows equal the full run */
+    rows = canonical_rows("g.csv", &n);
+    text = kbt_slurp("g.csv");
+    *(strchr(strchr(text, '\n') + 1, '\n') + 1) = 0; /* the header and the first row */
+    kbt_write_file("g.csv", text);
+    free(text);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep gemm.yaml --out g.csv --resume"), 0);
+    kbt_msg_has(out, "2 points, 1 to run");
+    text = canonical_rows("g.csv", &n);
+    assert_int_equal(n, 2);
+    assert_string_equal(text, rows);
+    free(text);
+    free(rows);
+
+    /* the header of a kbcl from before the bound columns: refused, the file untouched */
+    kbt_write_file("g_old.csv", "point,param.m,bench,size_bytes,sim_time_ns,algbw_gbps,"
+                                "busbw_gbps,events,wall_ms,verified,status,error\n"
+                                "0,256,gemm,,13680,,,9,1.000,,ok,\n");
+    before = kbt_slurp("g_old.csv");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep gemm.yaml --out g_old.csv --resume"), 2);
+    kbt_msg_has(out, "g_old.csv:1: the file was written by an older kbcl sweep, without the "
+                     "bound_ns, efficiency and bound_resource columns; --resume does not "
+                     "rewrite it: use a new --out");
+    after = kbt_slurp("g_old.csv");
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+    free(csv);
 }
 
 int main(void)
@@ -828,6 +1037,7 @@ int main(void)
         cmocka_unit_test(test_kill9_then_resume),
         cmocka_unit_test(test_partial_last_line),
         cmocka_unit_test(test_sweep_file_errors),
+        cmocka_unit_test(test_bound_columns),
         cmocka_unit_test(test_op_dtype_axes),
         cmocka_unit_test(test_collectives_sweep),
         cmocka_unit_test(test_size_axis),

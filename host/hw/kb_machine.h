@@ -211,10 +211,9 @@ int kb_machine_pe_router(const kb_machine *m, unsigned pe);
 /* The DMA channel a transfer issued now would take: the one free first, the lowest of equals. */
 static inline kb_res *kb_machine_dma_channel(kb_pe_hw *pe)
 {
-    kb_res *best = &pe->dma[0];
-    for (int i = 1; i < pe->ndma; i++)
-        if (pe->dma[i].free_at < best->free_at)
-            best = &pe->dma[i];
+    kb_res *best = pe->dma;
+    for (kb_res *c = best + 1, *end = pe->dma + pe->ndma; c < end; c++)
+        best = c->free_at < best->free_at ? c : best;
     return best;
 }
 

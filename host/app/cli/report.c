@@ -5,8 +5,10 @@
  * users plot them; log2 x axes, sizes labelled B/KiB/MiB/GiB; one line per algorithm, or per
  * combination of the other swept keys; when the algorithms are collectives of more than one
  * kind, busbw against message size gets one group of plots per collective, the kind of each
- * algorithm coming from the shipped ccl.yaml and the registries) and a table of every row.
- * No scripts, fonts or
+ * algorithm coming from the shipped ccl.yaml and the registries), the efficiency (bound_ns /
+ * sim_time_ns, how close a run came to its busiest resource's bound) against world size and
+ * message size on a fixed 0..1 axis, and a table of every row. Points' tooltips carry the
+ * efficiency and the bound's resource when the rows have them. No scripts, fonts or
  * network: the file opens anywhere and is byte-for-byte the same for the same rows. Limits:
  * rows with the decoder_layer time split (compute_ns, memory_ns, comm_ns) and a
  * system.sips.count axis also get the split against the TP size: stacked bars per row of a
@@ -326,7 +328,8 @@ static int is_fixed_col(const char *name)
     static const char *const fixed[] = { "point", "bench", "size_bytes", "sim_time_ns",
                                          "algbw_gbps", "busbw_gbps", "events", "wall_ms",
                                          "verified", "status", "error", "compute_ns",
-                                         "memory_ns", "comm_ns", "tokens_per_s" };
+                                         "memory_ns", "comm_ns", "tokens_per_s", "bound_ns",
+                                         "efficiency", "bound_resource" };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         if (!strcmp(name, fixed[i]))
             return 1;
@@ -343,7 +346,22 @@ typedef struct plotdata {
     char **series;        /* names, global order (first appearance by point) */
     int *row_series;      /* per row: series index, -1 when the row is not plotted */
     int *order;           /* rows sorted by point */
+    /* the rows' bound for the points' tooltips: the table and its bound_ns, efficiency and
+     * bound_resource columns (-1 when a file from before them has none) */
+    const rtable *t;
+    int cbound, ceff, cbres;
 } plotdata;
+
+/* The y label of the efficiency plots. */
+#define EFF_LABEL "efficiency (bound / sim time)"
+
+/* How a plot's y axis is scaled. */
+enum {
+    Y_LINEAR,   /* linear from zero */
+    Y_AUTO,     /* logarithmic (decades) when the values span more than 30x, else linear */
+    Y_FRACTION, /* 0 .. 1 (further only if a value exceeds 1): an efficiency, so that plots
+                 * compare at a glance and a low one does not look high on its own scale */
+};
 
 typedef struct axis {
     double lo, hi;        /* data range mapped to the axis (log10/log2 units when log) */
@@ -420,10 +438,31 @@ static void svg_ytick(sb *b, double y, const char *lab)
               y + 4, lab);
 }
 
+/* The bound of row r for a point's tooltip: "; efficiency 0.599 (bound 8192 ns by pe_gemm
+ * sip0/cube0/pe0)", without the efficiency in a plot of it; nothing when the row has none. */
+static void svg_bound_tip(sb *b, const plotdata *pd, int r, int is_eff_plot)
+{
+    const char *eff = pd->ceff >= 0 ? pd->t->cell[r][pd->ceff] : "";
+    const char *bound = pd->cbound >= 0 ? pd->t->cell[r][pd->cbound] : "";
+    const char *res = pd->cbres >= 0 ? pd->t->cell[r][pd->cbres] : "";
+    if (!*eff || !*bound)
+        return;
+    if (is_eff_plot)
+        sb_printf(b, "; bound %.6g ns", strtod(bound, NULL));
+    else
+        sb_printf(b, "; efficiency %.3g (bound %.6g ns", strtod(eff, NULL), strtod(bound, NULL));
+    if (*res) {
+        sb_printf(b, " by ");
+        sb_esc(b, res);
+    }
+    if (!is_eff_plot)
+        sb_printf(b, ")");
+}
+
 /* One line plot of pts (npts, grouped by series) as an <svg> element; xbytes: x is a size in
  * bytes, labelled with binary units. */
 static void svg_plot(sb *b, const plotdata *pd, const char *title, const char *xlabel,
-                     int xbytes, const char *ylabel, const pt *pts, int npts, int allow_ylog)
+                     int xbytes, const char *ylabel, const pt *pts, int npts, int ymode)
 {
     axis xa = { 0, 1, 2 }, ya = { 0, 1, 0 };
     double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
@@ -442,7 +481,7 @@ static void svg_plot(sb *b, const plotdata *pd, const char *title, const char *x
     if (xa.hi <= xa.lo)
         xa.lo -= 1, xa.hi += 1;
     /* y: log10 over whole decades when the data spans more than 30x, else linear from 0 */
-    if (allow_ylog && ymin > 0 && ymax / ymin > 30) {
+    if (ymode == Y_AUTO && ymin > 0 && ymax / ymin > 30) {
         ya.log = 10;
         ya.lo = floor(log10(ymin));
         ya.hi = ceil(log10(ymax));
@@ -450,6 +489,8 @@ static void svg_plot(sb *b, const plotdata *pd, const char *title, const char *x
         double st = nice_step(ymax > 0 ? ymax : 1);
         ya.lo = 0;
         ya.hi = ceil((ymax > 0 ? ymax : 1) / st) * st;
+        if (ymode == Y_FRACTION && ymax <= 1)
+            ya.hi = 1;
     }
     /* the legend column grows with the longest name (about 7 px per character) and the
      * picture with the number of names */
@@ -540,7 +581,9 @@ static void svg_plot(sb *b, const plotdata *pd, const char *title, const char *x
                 snprintf(lab, sizeof lab, "%g", pts[i].x);
             sb_printf(b, ": %s %s, ", xlabel, lab);
             sb_esc(b, ylabel);
-            sb_printf(b, " %.6g</title></circle>\n", pts[i].y);
+            sb_printf(b, " %.6g", pts[i].y);
+            svg_bound_tip(b, pd, pts[i].row, ymode == Y_FRACTION);
+            sb_printf(b, "</title></circle>\n");
         }
     }
     /* legend: every series, same color in every plot */
@@ -612,7 +655,7 @@ static int is_bytes_col(const rtable *t, int c)
  */
 static void plot_group(sb *b, const rtable *t, const plotdata *pd, int xcol, int ycol,
                        double yscale, int panelcol, const char *what, const char *xlabel,
-                       const char *ylabel, int allow_ylog, int *nplots)
+                       const char *ylabel, int ymode, int *nplots)
 {
     double *panels = malloc((size_t)(t->nrow + 1) * sizeof *panels);
     pt *pts = malloc((size_t)(t->nrow + 1) * sizeof *pts);
@@ -659,7 +702,7 @@ static void plot_group(sb *b, const rtable *t, const plotdata *pd, int xcol, int
         } else {
             snprintf(title, sizeof title, "%s", what);
         }
-        svg_plot(b, pd, title, xlabel, is_bytes_col(t, xcol), ylabel, pts, npts, allow_ylog);
+        svg_plot(b, pd, title, xlabel, is_bytes_col(t, xcol), ylabel, pts, npts, ymode);
         (*nplots)++;
     }
 out:
@@ -708,13 +751,17 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
     int cbench = col_index(t, "bench"), cver = col_index(t, "verified");
     int csplit[3] = { col_index(t, "compute_ns"), col_index(t, "memory_ns"),
                       col_index(t, "comm_ns") };
-    int ctps = col_index(t, "tokens_per_s");
+    int ctps = col_index(t, "tokens_per_s"), ceff = col_index(t, "efficiency");
     int ctp = csplit[0] >= 0 && csplit[1] >= 0 && csplit[2] >= 0
                   ? col_index(t, "system.sips.count") : -1;
     int nok = 0, nerr = 0, nbad = 0, nplots = 0, rc = 0;
     int *series_cols = NULL, nsc = 0;
 
     memset(&pd, 0, sizeof pd);
+    pd.t = t;
+    pd.cbound = col_index(t, "bound_ns");
+    pd.ceff = ceff;
+    pd.cbres = col_index(t, "bound_resource");
     pd.row_series = malloc((size_t)(t->nrow + 1) * sizeof *pd.row_series);
     pd.order = malloc((size_t)(t->nrow + 1) * sizeof *pd.order);
     pd.series = calloc((size_t)(t->nrow + 1), sizeof *pd.series);
@@ -806,21 +853,29 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
                 break;
             }
     {
-        int any_bus = 0;
+        int any_bus = 0, any_eff = 0;
         int ws_varies = n_distinct(t, &pd, cws) > 1, size_varies = n_distinct(t, &pd, cx) > 1;
         const char *xsize = cx == cbytes ? "message size (bytes per rank)"
                                          : "n_elem (elements per rank)";
         for (int r = 0; cbus >= 0 && r < t->nrow; r++)
             any_bus |= pd.row_series[r] >= 0 && *t->cell[r][cbus];
+        /* older result files have no efficiency column; rows without a bound leave it empty */
+        for (int r = 0; ceff >= 0 && r < t->nrow; r++)
+            any_eff |= pd.row_series[r] >= 0 && *t->cell[r][ceff];
         if (ctime >= 0 && ws_varies) {
             sb_printf(b, "<h2 id=\"time\">Simulated time vs world size</h2>\n");
             plot_group(b, t, &pd, cws, ctime, 1e-3, cx, "sim time vs world size",
-                       "world size (ranks)", "sim time (us)", 1, &nplots);
+                       "world size (ranks)", "sim time (us)", Y_AUTO, &nplots);
         }
         if (any_bus && ws_varies) {
             sb_printf(b, "<h2 id=\"busbw\">Bus bandwidth vs world size</h2>\n");
             plot_group(b, t, &pd, cws, cbus, 1, cx, "busbw vs world size",
-                       "world size (ranks)", "busbw (GB/s)", 0, &nplots);
+                       "world size (ranks)", "busbw (GB/s)", Y_LINEAR, &nplots);
+        }
+        if (any_eff && ws_varies) {
+            sb_printf(b, "<h2 id=\"efficiency\">Efficiency vs world size</h2>\n");
+            plot_group(b, t, &pd, cws, ceff, 1, cx, "efficiency vs world size",
+                       "world size (ranks)", EFF_LABEL, Y_FRACTION, &nplots);
         }
         /* nccl-tests' view: busbw against size (linear, it levels off at the link rate),
          * then time against size (log when it spans decades) */
@@ -844,21 +899,29 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
                 snprintf(what, sizeof what, "%s busbw vs message size",
                          kb_coll_name((kb_coll_kind)k));
                 pd.row_series = mine;
-                plot_group(b, t, &pd, cx, cbus, 1, cws, what, xsize, "busbw (GB/s)", 0,
+                plot_group(b, t, &pd, cx, cbus, 1, cws, what, xsize, "busbw (GB/s)", Y_LINEAR,
                            &nplots);
                 pd.row_series = all;
             }
         } else if (any_bus && size_varies) {
             sb_printf(b, "<h2 id=\"busbw-size\">Bus bandwidth vs message size</h2>\n");
             plot_group(b, t, &pd, cx, cbus, 1, cws, "busbw vs message size", xsize,
-                       "busbw (GB/s)", 0, &nplots);
+                       "busbw (GB/s)", Y_LINEAR, &nplots);
         }
         free(kind);
         free(mine);
         if (ctime >= 0 && size_varies) {
             sb_printf(b, "<h2 id=\"size\">Simulated time vs message size</h2>\n");
             plot_group(b, t, &pd, cx, ctime, 1e-3, cws, "sim time vs message size", xsize,
-                       "sim time (us)", 1, &nplots);
+                       "sim time (us)", Y_AUTO, &nplots);
+        }
+        /* one plot per world size with every series, as busbw against size, but not split
+         * by collective: an efficiency is a fraction of the run's own bound, so it compares
+         * across kinds where busbw (nccl-tests' factor per kind) does not */
+        if (any_eff && size_varies) {
+            sb_printf(b, "<h2 id=\"efficiency-size\">Efficiency vs message size</h2>\n");
+            plot_group(b, t, &pd, cx, ceff, 1, cws, "efficiency vs message size", xsize,
+                       EFF_LABEL, Y_FRACTION, &nplots);
         }
     }
     if (ctp >= 0 && n_distinct(t, &pd, ctp) > 1) {
@@ -873,7 +936,8 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
             sb_printf(b, "<span style=\"color:%s\">&#9632; %s</span> ", colr[k], part[k]);
         sb_printf(b, "</p>\n<table>\n<tr><th>series</th><th>TP</th><th>compute (us)</th>"
                   "<th>memory (us)</th><th>comm (us)</th><th>total (us)</th>"
-                  "<th>tokens/s</th><th>split</th></tr>\n");
+                  "<th>tokens/s</th>%s<th>split</th></tr>\n",
+                  ceff >= 0 ? "<th>efficiency</th>" : "");
         for (int r = 0; r < t->nrow; r++)
             if (pd.row_series[r] >= 0) {
                 double tot = 0;
@@ -904,8 +968,13 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
                 sb_printf(b, "<tr><td style=\"text-align:left\">");
                 sb_esc(b, pd.series[s]);
                 sb_printf(b, "</td><td>%g</td><td>%.3f</td><td>%.3f</td><td>%.3f</td>"
-                          "<td>%.3f</td><td>%s</td><td>", tps[i], v[0] * 1e-3, v[1] * 1e-3,
+                          "<td>%.3f</td><td>%s</td>", tps[i], v[0] * 1e-3, v[1] * 1e-3,
                           v[2] * 1e-3, tot * 1e-3, ctps >= 0 ? t->cell[r][ctps] : "");
+                if (ceff >= 0 && *t->cell[r][ceff])
+                    sb_printf(b, "<td>%.3f</td>", strtod(t->cell[r][ceff], NULL));
+                else if (ceff >= 0)
+                    sb_printf(b, "<td></td>");
+                sb_printf(b, "<td>");
                 sb_printf(b, "<svg width=\"320\" height=\"12\">");
                 for (int k = 0; k < 3; k++) {
                     double w = tmax > 0 ? v[k] / tmax * 320.0 : 0;
@@ -921,8 +990,8 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
             char what[64], ylab[64];
             snprintf(what, sizeof what, "%s time vs TP size", part[k]);
             snprintf(ylab, sizeof ylab, "%s (us)", part[k]);
-            plot_group(b, t, &pd, ctp, csplit[k], 1e-3, -1, what, "TP size (SIPs)", ylab, 0,
-                       &nplots);
+            plot_group(b, t, &pd, ctp, csplit[k], 1e-3, -1, what, "TP size (SIPs)", ylab,
+                       Y_LINEAR, &nplots);
         }
     }
     if (!nplots)
@@ -967,8 +1036,9 @@ static void usage_report(FILE *f)
     fputs("usage: kbcl report RESULTS.csv|RESULTS.jsonl [-o REPORT.html]\n"
           "\n"
           "Renders the rows of kbcl sweep as one self-contained HTML page (inline SVG plots of\n"
-          "sim time and busbw against world size and against message size, size_bytes on a\n"
-          "log2 axis in B/KiB/MiB/GiB, one line per algorithm; and a table of the rows).\n"
+          "sim time, busbw and efficiency (bound_ns / sim_time_ns) against world size and\n"
+          "against message size, size_bytes on a log2 axis in B/KiB/MiB/GiB, one line per\n"
+          "algorithm; and a table of the rows).\n"
           "  -o, --out FILE   the page (default: RESULTS with its extension replaced by .html)\n",
           f);
 }

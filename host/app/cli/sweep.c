@@ -15,6 +15,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -98,11 +99,16 @@ typedef struct sw_outcome {
     int rc;                            /* 0 or a KB_ERR_* code; SW_CRASH for a dead worker */
     int verified;                      /* 1, 0, -1 (not checked) */
     int have_size, have_algbw, have_busbw, have_split;
+    int have_bound;                    /* the run measured a bound (kb_bench_result.bound_*) */
     double size_bytes, sim_time_ns, algbw, busbw, wall_ms;
+    double bound_ns, efficiency;       /* efficiency: kb_bench_efficiency, as `kbcl run` */
     double split[4];                   /* compute_ns memory_ns comm_ns tokens_per_s */
     unsigned long long events;
+    char bound_resource[sizeof ((kb_bench_result *)0)->bound_resource];
     char msg[sizeof(kb_errbuf)];
 } sw_outcome;
+
+_Static_assert(sizeof(sw_outcome) <= PIPE_BUF, "a worker's outcome is one atomic pipe write");
 
 #define SW_CRASH 1
 
@@ -951,10 +957,22 @@ static void run_point_on(const sw_plan *p, int point, sw_outcome *o, const kb_ba
                 if (!strcmp(rep->res.extras[i].name, split_cols[k]))
                     o->have_split = 1, o->split[k] = rep->res.extras[i].value;
         }
+        /* the same test and numbers as `kbcl run --json` (kb_cli.c): a bound exactly when it
+         * names its resource */
+        if (rep->res.bound_resource[0]) {
+            o->have_bound = 1;
+            o->bound_ns = rep->res.bound_ns;
+            o->efficiency = kb_bench_efficiency(&rep->res);
+            snprintf(o->bound_resource, sizeof o->bound_resource, "%s",
+                     rep->res.bound_resource);
+        }
         if (rep->res.verified == 0)
             snprintf(o->msg, sizeof o->msg, "%s", rep->res.detail);
     }
     for (char *c = o->msg; *c; c++) /* rows are single lines */
+        if (*c == '\n' || *c == '\r' || *c == '\t')
+            *c = ' ';
+    for (char *c = o->bound_resource; *c; c++)
         if (*c == '\n' || *c == '\r' || *c == '\t')
             *c = ' ';
     kbcl_result_fini(res);
@@ -1016,17 +1034,29 @@ static int csv_put(char *buf, size_t n, int len, const char *s, int first)
     return len;
 }
 
-/* The fixed columns after the swept ones. */
+/* The fixed columns after the swept ones, in TC_* order; the decoder split columns, when the
+ * sweep has them, go before verified. bound_ns, efficiency and bound_resource (issue #29)
+ * sit with the other measured columns; a file without them has a different header, which
+ * --resume refuses rather than mix two column sets in one file. */
 static const char *const tail_cols[] = { "bench", "size_bytes", "sim_time_ns", "algbw_gbps",
-                                         "busbw_gbps", "events", "wall_ms", "verified", "status",
-                                         "error" };
-/* The numeric ones, tail_cols[1 .. SW_NNUM]. */
-#define SW_NNUM 6
-#define N_TAIL ((int)(sizeof tail_cols / sizeof tail_cols[0]))
+                                         "busbw_gbps", "bound_ns", "efficiency",
+                                         "bound_resource", "events", "wall_ms", "verified",
+                                         "status", "error" };
+enum { TC_BENCH, TC_SIZE, TC_SIM, TC_ALGBW, TC_BUSBW, TC_BOUND, TC_EFF, TC_BOUND_RES, TC_EVENTS,
+       TC_WALL, TC_VERIFIED, TC_STATUS, TC_ERROR, N_TAIL };
+_Static_assert(sizeof tail_cols / sizeof tail_cols[0] == N_TAIL, "one name per TC_* column");
 
-static char *csv_header(const sw_plan *p)
+/* Text columns (JSON strings); verified is a boolean and the rest are numbers. */
+static int tail_is_text(int i)
 {
-    size_t n = 256;
+    return i == TC_BENCH || i == TC_BOUND_RES || i == TC_STATUS || i == TC_ERROR;
+}
+
+/* The CSV header; bound_cols 0 gives the one kbcl wrote before the bound columns, so that
+ * --resume can say why such a file does not fit. */
+static char *csv_header_cols(const sw_plan *p, int bound_cols)
+{
+    size_t n = 512;
     char *buf;
     int len = 0;
     for (int a = 0; a < p->nax; a++)
@@ -1037,13 +1067,19 @@ static char *csv_header(const sw_plan *p)
     for (int a = 0; a < p->nax; a++)
         len = csv_put(buf, n, len, p->ax[a].name, 0);
     for (int i = 0; i < N_TAIL; i++) {
-        if (i == N_TAIL - 3 && p->split_cols)
+        if (i == TC_VERIFIED && p->split_cols)
             for (int k = 0; k < SW_NSPLIT; k++)
                 len = csv_put(buf, n, len, split_cols[k], 0);
-        len = csv_put(buf, n, len, tail_cols[i], 0);
+        if (bound_cols || i < TC_BOUND || i > TC_BOUND_RES)
+            len = csv_put(buf, n, len, tail_cols[i], 0);
     }
     snprintf(buf + len, n - (size_t)len, "\n");
     return buf;
+}
+
+static char *csv_header(const sw_plan *p)
+{
+    return csv_header_cols(p, 1);
 }
 
 static void fmt_num(char *b, size_t n, int have, double v)
@@ -1057,26 +1093,32 @@ static void fmt_num(char *b, size_t n, int have, double v)
 /* The row of one outcome, "\n"-terminated (malloc'd). */
 static char *format_row(const sw_plan *p, const sw_outcome *o, int jsonl)
 {
-    const char *bench = p->bench ? p->bench : "ccl_allreduce";
-    const char *verified = o->rc || o->verified < 0 ? "" : o->verified ? "true" : "false";
-    char num[SW_NNUM][48], split[SW_NSPLIT][48];
+    char num[N_TAIL][48], split[SW_NSPLIT][48];
+    const char *val[N_TAIL]; /* every tail column as text, "" when empty */
     int ok = o->rc == 0;
 
+    for (int i = 0; i < N_TAIL; i++) {
+        num[i][0] = 0;
+        val[i] = num[i];
+    }
     for (int k = 0; k < SW_NSPLIT; k++)
         fmt_num(split[k], sizeof split[k], ok && o->have_split, o->split[k]);
-
-    fmt_num(num[0], sizeof num[0], ok && o->have_size, o->size_bytes);
-    fmt_num(num[1], sizeof num[1], ok, o->sim_time_ns);
-    fmt_num(num[2], sizeof num[2], ok && o->have_algbw, o->algbw);
-    fmt_num(num[3], sizeof num[3], ok && o->have_busbw, o->busbw);
+    val[TC_BENCH] = p->bench ? p->bench : "ccl_allreduce";
+    fmt_num(num[TC_SIZE], sizeof num[TC_SIZE], ok && o->have_size, o->size_bytes);
+    fmt_num(num[TC_SIM], sizeof num[TC_SIM], ok, o->sim_time_ns);
+    fmt_num(num[TC_ALGBW], sizeof num[TC_ALGBW], ok && o->have_algbw, o->algbw);
+    fmt_num(num[TC_BUSBW], sizeof num[TC_BUSBW], ok && o->have_busbw, o->busbw);
+    fmt_num(num[TC_BOUND], sizeof num[TC_BOUND], ok && o->have_bound, o->bound_ns);
+    fmt_num(num[TC_EFF], sizeof num[TC_EFF], ok && o->have_bound, o->efficiency);
+    if (ok && o->have_bound)
+        val[TC_BOUND_RES] = o->bound_resource;
     if (ok)
-        snprintf(num[4], sizeof num[4], "%llu", o->events);
-    else
-        num[4][0] = 0;
+        snprintf(num[TC_EVENTS], sizeof num[TC_EVENTS], "%llu", o->events);
     if (ok)
-        snprintf(num[5], sizeof num[5], "%.3f", o->wall_ms);
-    else
-        num[5][0] = 0;
+        snprintf(num[TC_WALL], sizeof num[TC_WALL], "%.3f", o->wall_ms);
+    val[TC_VERIFIED] = o->rc || o->verified < 0 ? "" : o->verified ? "true" : "false";
+    val[TC_STATUS] = ok ? "ok" : status_name(o->rc);
+    val[TC_ERROR] = o->msg;
     if (jsonl) {
         cJSON *r = cJSON_CreateObject();
         char *text, *line;
@@ -1091,28 +1133,23 @@ static char *format_row(const sw_plan *p, const sw_outcome *o, int jsonl)
             else
                 cJSON_AddStringToObject(r, p->ax[a].name, v);
         }
-        cJSON_AddStringToObject(r, "bench", bench);
-        for (int i = 0; i < SW_NNUM; i++) {
-            if (num[i][0])
-                cJSON_AddRawToObject(r, tail_cols[1 + i], num[i]);
+        /* the keys in the CSV's column order; an empty value is null */
+        for (int i = 0; i < N_TAIL; i++) {
+            for (int k = 0; i == TC_VERIFIED && p->split_cols && k < SW_NSPLIT; k++) {
+                if (split[k][0])
+                    cJSON_AddRawToObject(r, split_cols[k], split[k]);
+                else
+                    cJSON_AddNullToObject(r, split_cols[k]);
+            }
+            if (!*val[i])
+                cJSON_AddNullToObject(r, tail_cols[i]);
+            else if (i == TC_VERIFIED)
+                cJSON_AddBoolToObject(r, tail_cols[i], val[i][0] == 't');
+            else if (tail_is_text(i))
+                cJSON_AddStringToObject(r, tail_cols[i], val[i]);
             else
-                cJSON_AddNullToObject(r, tail_cols[1 + i]);
+                cJSON_AddRawToObject(r, tail_cols[i], val[i]);
         }
-        for (int k = 0; p->split_cols && k < SW_NSPLIT; k++) {
-            if (split[k][0])
-                cJSON_AddRawToObject(r, split_cols[k], split[k]);
-            else
-                cJSON_AddNullToObject(r, split_cols[k]);
-        }
-        if (*verified)
-            cJSON_AddBoolToObject(r, "verified", verified[0] == 't');
-        else
-            cJSON_AddNullToObject(r, "verified");
-        cJSON_AddStringToObject(r, "status", ok ? "ok" : status_name(o->rc));
-        if (o->msg[0])
-            cJSON_AddStringToObject(r, "error", o->msg);
-        else
-            cJSON_AddNullToObject(r, "error");
         text = cJSON_PrintUnformatted(r);
         cJSON_Delete(r);
         if (!text)
@@ -1122,7 +1159,8 @@ static char *format_row(const sw_plan *p, const sw_outcome *o, int jsonl)
         return line;
     }
     {
-        size_t n = 1024 + 2 * sizeof o->msg;
+        size_t n = 1024 + 2 * sizeof o->msg + 2 * sizeof o->bound_resource +
+                   2 * strlen(val[TC_BENCH]);
         char *buf, idx[16];
         int len;
         for (int a = 0; a < p->nax; a++)
@@ -1133,19 +1171,15 @@ static char *format_row(const sw_plan *p, const sw_outcome *o, int jsonl)
         len = csv_put(buf, n, 0, idx, 1);
         for (int a = 0; a < p->nax; a++)
             len = csv_put(buf, n, len, point_val(p, o->point, a), 0);
-        len = csv_put(buf, n, len, bench, 0);
-        for (int i = 0; i < SW_NNUM; i++)
-            len = csv_put(buf, n, len, num[i], 0);
-        for (int k = 0; p->split_cols && k < SW_NSPLIT; k++)
-            len = csv_put(buf, n, len, split[k], 0);
-        len = csv_put(buf, n, len, verified, 0);
-        len = csv_put(buf, n, len, ok ? "ok" : status_name(o->rc), 0);
-        len = csv_put(buf, n, len, o->msg, 0);
+        for (int i = 0; i < N_TAIL; i++) {
+            for (int k = 0; i == TC_VERIFIED && p->split_cols && k < SW_NSPLIT; k++)
+                len = csv_put(buf, n, len, split[k], 0);
+            len = csv_put(buf, n, len, val[i], 0);
+        }
         snprintf(buf + len, n - (size_t)len, "\n");
         return buf;
     }
 }
-
 
 /* ---------------------------------------------------------------- progress ------------ */
 
@@ -1362,10 +1396,22 @@ static int resume_csv(sw_ctx *c, char *text, kb_errbuf *eb)
     if (!nl)
         goto out; /* empty file: the header is written as for a new one */
     if ((size_t)(nl - line + 1) != strlen(hdr) || strncmp(line, hdr, strlen(hdr))) {
-        hdr[strlen(hdr) - 1] = 0;
-        rc = kb_err_set(eb, KB_ERR_USAGE, "%s:1: header %.*s does not match this sweep's "
-                        "columns (%s); use a new --out", c->out_path, (int)(nl - line), line,
-                        hdr);
+        char *old = csv_header_cols(p, 0);
+        /* this grid's columns as a kbcl before the bound columns wrote them: the generic
+         * message would list two near-identical headers and hide that only the version
+         * differs. The file is left as it is either way. */
+        if (old && (size_t)(nl - line + 1) == strlen(old) && !strncmp(line, old, strlen(old))) {
+            rc = kb_err_set(eb, KB_ERR_USAGE, "%s:1: the file was written by an older kbcl "
+                            "sweep, without the bound_ns, efficiency and bound_resource "
+                            "columns; --resume does not rewrite it: use a new --out (or run "
+                            "the sweep again without --resume)", c->out_path);
+        } else {
+            hdr[strlen(hdr) - 1] = 0;
+            rc = kb_err_set(eb, KB_ERR_USAGE, "%s:1: header %.*s does not match this sweep's "
+                            "columns (%s); use a new --out", c->out_path, (int)(nl - line),
+                            line, hdr);
+        }
+        free(old);
         goto out;
     }
     for (line = nl + 1; (nl = strchr(line, '\n')); line = nl + 1) {
