@@ -40,6 +40,8 @@
 
 /* Receives posted ahead into tensor memory (they hold no scratch). */
 #define COLL_MAX_POSTED 64
+/* Receive slots a posted broadcast holds at most while their forwards land. */
+#define COLL_MAX_HELD 16
 
 /* Receives of whole slots into scratch posted ahead: as many as KB_CCL_STREAM_BYTES holds. */
 static int64_t scratch_window(uint64_t slot)
@@ -92,7 +94,7 @@ static void ag_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
     }
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
-        tl_send(tl, KB_DIR_E, refd(tl, tile, r * cnt + b0 + off, len, dt));
+        kb_ccl_send(tl, KB_DIR_E, refd(tl, tile, r * cnt + b0 + off, len, dt));
     }
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t c = mod(r - s - 1, ws), last = s + 2 == ws;
@@ -103,7 +105,7 @@ static void ag_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
                 continue;
             rq[j] = tl_recv_into_async(tl, KB_DIR_W, atd(tile, mod(c - 1, ws) * cnt + b0 + off, dt),
                                        KB_SHAPE1(len), dt);
-            tl_send(tl, KB_DIR_E, refd(tl, tile, c * cnt + b0 + off, len, dt));
+            kb_ccl_send(tl, KB_DIR_E, refd(tl, tile, c * cnt + b0 + off, len, dt));
         }
     }
 }
@@ -114,12 +116,18 @@ static void ring_allgather(kb_tl *tl, const kb_kargs *a)
         return;
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
     kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
-    int64_t cnt = n / ws, S = slice_elems(tl, (uint32_t)kb_dtype_size(dt));
-    int64_t blk = S * COLL_MAX_POSTED, off, len;
+    int64_t cnt = n / ws, S = slice_elems(tl, (uint32_t)kb_dtype_size(dt)), off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
 
     if (ws < 2)
         return;
+    /* posted sends: a chunk of fewer slots than the ring's window travels as `window` slices
+     * (kb_ccl_slice_elems), so a step keeps the window in flight instead of one slot-sized
+     * slice per hop; not posted, slices of a slot (the kernel before posted sends) */
+    if (kb_ipcq_posted(tl_ctx(tl)))
+        S = kb_ccl_slice_elems(kb_ipcq_slot_size(tl_ctx(tl)), (int64_t)tl_slot_count(tl, KB_DIR_E),
+                               cnt, kb_dtype_size(dt));
+    int64_t blk = S * COLL_MAX_POSTED;
     for (int64_t b = 0; (len = kb_ccl_piece(cnt, blk, b, &off)) != 0; b++)
         ag_block(tl, tile, ws, r, cnt, off, len, S, dt);
 }
@@ -157,7 +165,7 @@ static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
     }
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
-        tl_send(tl, KB_DIR_E, refd(tl, tile, mod(r - 1, ws) * cnt + b0 + off, len, dt));
+        kb_ccl_send(tl, KB_DIR_E, refd(tl, tile, mod(r - 1, ws) * cnt + b0 + off, len, dt));
     }
     /* the own slice of the next (step, slice) is loaded while this one is combined: PE_DMA
      * and PE_MATH work at once, as the all-gather's copy-out runs beside its send */
@@ -183,6 +191,12 @@ static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
                 red = kb_ccl_combine_as(tl, op, own, in, dt);
                 tl_recv_release(tl, KB_DIR_W, in);
                 rq[j] = tl_recv_view_async(tl, KB_DIR_W, KB_SHAPE1(len), dt);
+                if (kb_ipcq_posted(tl_ctx(tl))) {
+                    /* posted: red's scratch goes back once the send has read it */
+                    kb_ccl_send_free(tl, KB_DIR_E, red);
+                    tl_free(tl, own);
+                    continue;
+                }
                 tl_send(tl, KB_DIR_E, red);
             }
             tl_free(tl, own);
@@ -198,16 +212,27 @@ static void ring_reducescatter(kb_tl *tl, const kb_kargs *a)
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
     kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
     int64_t cnt = n / ws, S = slice_elems(tl, (uint32_t)kb_dtype_size(dt));
+    uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
     /* slices per block: a scratch window of own loads and results, and no more than the
-     * ring's slots (step 0 sends them all before a neighbour, holding its views, takes any) */
-    int64_t w = scratch_window(kb_ipcq_slot_size(tl_ctx(tl))), off, len;
+     * ring's slots (step 0 sends them all before a neighbour, holding its views, takes any).
+     * Posted sends (rsag_streamed's rule): the ring's whole window per block, as scratch then
+     * holds three slices whatever the block is (the next own slice in flight, the current
+     * one, the result just posted), and slices of chunk / window for chunks of fewer slots
+     * than the window (kb_ccl_slice_elems), so every step keeps the window in flight; not
+     * posted, slot-sized slices as many as KB_CCL_STREAM_BYTES holds (the kernel before). */
+    int64_t w = scratch_window(slot), off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
     int op = (int)a->i[KB_CCL_ARG_OP];
 
     if (ws < 2) /* one rank: every op leaves the tile as it is (avg: x / 1) */
         return;
-    if (w > (int64_t)tl_slot_count(tl, KB_DIR_E))
-        w = (int64_t)tl_slot_count(tl, KB_DIR_E);
+    int64_t win = (int64_t)tl_slot_count(tl, KB_DIR_E);
+    if (kb_ipcq_posted(tl_ctx(tl))) {
+        S = kb_ccl_slice_elems(slot, win, cnt, kb_dtype_size(dt));
+        w = COLL_MAX_POSTED;
+    }
+    if (w > win)
+        w = win;
     for (int64_t b = 0; (len = kb_ccl_piece(cnt, S * w, b, &off)) != 0; b++)
         rs_block(tl, tile, ws, r, cnt, off, len, S, dt, op);
 }
@@ -219,7 +244,43 @@ static void ring_reducescatter(kb_tl *tl, const kb_kargs *a)
  * slice lands where it was), then sent; a slice's receive is collected COLL_MAX_POSTED
  * slices later, so sends and copy-outs overlap. A tile that fits one slot is: load, post,
  * send, wait.
+ *
+ * With posted sends (p2p_posted) a slice goes straight from the tile (no load into scratch:
+ * one DMA less per slice), a window of them in flight, and its receive is posted `lag`
+ * slices later, once the send has landed: the copy-out that overwrites the slice is then
+ * requested after the send has read it, which Phase 2's start order needs (a send's DMA
+ * starts after its issue when its route is busy). Iteration j posts slice j - lag's receive
+ * before it sends slice j: that send waits for the peer to consume slice j - n_slots, whose
+ * receive the peer posted at the start of its own iteration j - n_slots + lag <= j, so
+ * with lag <= n_slots no rank waits on one that waits on it.
  */
+static void p2p_posted(kb_tl *tl, kb_va tile, int64_t n, kb_dtype dt)
+{
+    int64_t win = (int64_t)tl_slot_count(tl, KB_DIR_E);
+    int64_t S = kb_ccl_slice_elems(kb_ipcq_slot_size(tl_ctx(tl)), win, n, kb_dtype_size(dt));
+    int64_t nsl = (n + S - 1) / S, lag = win < COLL_MAX_POSTED ? win : COLL_MAX_POSTED - 1;
+    int64_t off, len, land[COLL_MAX_POSTED];
+    kb_ipcq_req *rq[COLL_MAX_POSTED];
+
+    /* iteration j collects the receive posted COLL_MAX_POSTED slices before i = j - lag,
+     * posts i's and sends slice j */
+    for (int64_t j = 0; j < nsl + lag + COLL_MAX_POSTED; j++) {
+        int64_t i = j - lag, w = i - COLL_MAX_POSTED;
+        if (w >= 0 && w < nsl)
+            (void)tl_wait(tl, rq[w % COLL_MAX_POSTED]);
+        if (i >= 0 && i < nsl) {
+            len = kb_ccl_piece(n, S, i, &off);
+            tl_wait_time(tl, land[i % COLL_MAX_POSTED]);
+            rq[i % COLL_MAX_POSTED] = tl_recv_into_async(tl, KB_DIR_W, atd(tile, off, dt),
+                                                         KB_SHAPE1(len), dt);
+        }
+        if (j < nsl) {
+            len = kb_ccl_piece(n, S, j, &off);
+            land[j % COLL_MAX_POSTED] = tl_send_async(tl, KB_DIR_E, refd(tl, tile, off, len, dt));
+        }
+    }
+}
+
 static void p2p_sendrecv(kb_tl *tl, const kb_kargs *a)
 {
     if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
@@ -232,6 +293,10 @@ static void p2p_sendrecv(kb_tl *tl, const kb_kargs *a)
 
     if (a->i[KB_CCL_ARG_WS] < 2)
         return;
+    if (kb_ipcq_posted(tl_ctx(tl))) {
+        p2p_posted(tl, tile, n, dt);
+        return;
+    }
     for (int64_t j = 0; j < nsl + COLL_MAX_POSTED; j++) {
         if (j >= COLL_MAX_POSTED && j - COLL_MAX_POSTED < nsl)
             (void)tl_wait(tl, rq[(j - COLL_MAX_POSTED) % COLL_MAX_POSTED]);
@@ -247,6 +312,32 @@ static void p2p_sendrecv(kb_tl *tl, const kb_kargs *a)
 }
 
 /* ---- broadcast ---- */
+
+/*
+ * Elements per slice of a pipelined chain or tree `hops` deep whose messages carry elements
+ * of es bytes (posted sends): the pipeline fills in about `hops` slice times, so slices of
+ * n / (8 hops) keep the fill within an eighth of the stream; kb_ccl_slice_elems keeps them
+ * between KB_CCL_MIN_SLICE_BYTES (below which a window of n_slots slices no longer covers
+ * a slow hop's credit round trip) and one slot.
+ */
+static int64_t chain_slice(kb_tl *tl, int64_t hops, int64_t n, size_t es)
+{
+    return kb_ccl_slice_elems(kb_ipcq_slot_size(tl_ctx(tl)), 8 * (hops > 1 ? hops : 1), n, es);
+}
+
+/* The simulated time now: the kernel sees a DMA's completion (its status) once past its end. */
+static int64_t now_ps(kb_tl *tl) { return (int64_t)kb_sim_now(kb_ctx_sim(tl_ctx(tl))); }
+
+/*
+ * Whether a ring of ws ranks crosses SIPs (ranks fill the grid's SIPs in turn) over an
+ * inter-SIP link narrower than one DMA channel: that link then bounds a chain around it.
+ */
+static int ring_sip_bound(kb_tl *tl, int64_t ws)
+{
+    const kb_machine *m = kb_ctx_machine(tl_ctx(tl));
+    return ws > (int64_t)tl_num_programs(tl, 0) * tl_num_programs(tl, 1) &&
+           m->cfg.inter_sip.bandwidth_gbps < m->cfg.dma_bandwidth_gbps;
+}
 
 /*
  * A rank that receives its slices from `up` into the tile and forwards each one to its `nd`
@@ -279,17 +370,109 @@ static void bcast_flow(kb_tl *tl, kb_va tile, int64_t n, kb_dtype dt, kb_dir up,
     }
 }
 
+/*
+ * bcast_flow with posted sends, for a chain `hops` deep: slices of chain_slice, every send
+ * posted (the root's straight from the tile). A rank below the root takes one of two forms:
+ *  - copy-out: its slices land in the tile (the receive's copy-out runs on its
+ *    DMA channels without the kernel) and each is forwarded from there once it has landed;
+ *    a hop costs two DMAs, and the rank's kernel only posts and waits;
+ *  - views: it reads each slice in its receive slot and forwards it from there before it
+ *    stores it into the tile, so a hop costs one DMA; but the store (tl_store waits for its
+ *    DMA) takes the kernel one slice's DMA time per slice, which caps the rank at one DMA
+ *    channel's rate. The slot goes back (its credit) once the store is done and every
+ *    forward of it has landed: a forward's DMA may start later than its issue (its route
+ *    busy), and the upstream rank's next write into the slot must not start before it.
+ *    Views are held in order and released as soon as their forwards have landed; at most
+ *    n_slots - 1 stay held after a slice, so the upstream rank always has a slot to send
+ *    the next one into and the wait for it never waits on this rank.
+ * Views save the fill hops x one slice's DMA and cost up to the rate above one channel's:
+ * nothing where a link narrower than a DMA channel bounds the chain anyway (link_bound),
+ * else, as a chain inside a SIP runs at about two channels' rate, about half a slice's DMA
+ * per slice. So views where link_bound or nsl < 2 hops (measured on the shipped machine:
+ * 64 ranks, 4 MiB: 85 us in views, 110 us copy-out; 16 MiB: 223 and 185 us).
+ */
+static void bcast_posted(kb_tl *tl, kb_va tile, int64_t n, kb_dtype dt, kb_dir up,
+                         const kb_dir *down, int nd, int64_t hops, int link_bound)
+{
+    int64_t S = chain_slice(tl, hops, n, kb_dtype_size(dt)), nsl = (n + S - 1) / S, off, len;
+    int views = link_bound || nsl < 2 * hops;
+    kb_ipcq_req *rq[COLL_MAX_POSTED];
+    kb_val hv[COLL_MAX_HELD];
+    int64_t ht[COLL_MAX_HELD];
+    int hh = 0, hn = 0, cap = 0;
+
+    if (up != KB_DIR_NONE) {
+        cap = (int)tl_slot_count(tl, up) - 1; /* held after a slice; one more during it */
+        cap = cap > COLL_MAX_HELD - 1 ? COLL_MAX_HELD - 1 : cap;
+        for (int64_t j = 0; j < nsl && j < COLL_MAX_POSTED; j++) {
+            len = kb_ccl_piece(n, S, j, &off);
+            rq[j] = views ? tl_recv_view_async(tl, up, KB_SHAPE1(len), dt)
+                          : tl_recv_into_async(tl, up, atd(tile, off, dt), KB_SHAPE1(len), dt);
+        }
+    }
+    for (int64_t j = 0; j < nsl; j++) {
+        len = kb_ccl_piece(n, S, j, &off);
+        if (up == KB_DIR_NONE || !views) {
+            if (up != KB_DIR_NONE)
+                (void)tl_wait(tl, rq[j % COLL_MAX_POSTED]);
+            for (int d = 0; d < nd; d++)
+                (void)tl_send_async(tl, down[d], refd(tl, tile, off, len, dt));
+        } else {
+            kb_val v = tl_wait(tl, rq[j % COLL_MAX_POSTED]);
+            int64_t landed = 0;
+            for (int d = 0; d < nd; d++) {
+                int64_t t = tl_send_async(tl, down[d], v);
+                landed = t > landed ? t : landed;
+            }
+            tl_store(tl, atd(tile, off, dt), v);
+            int i = (hh + hn++) % COLL_MAX_HELD;
+            hv[i] = v;
+            ht[i] = landed;
+            while (hn && (hn > cap || ht[hh] <= now_ps(tl))) {
+                tl_wait_time(tl, ht[hh]);
+                tl_recv_release(tl, up, hv[hh]);
+                hh = (hh + 1) % COLL_MAX_HELD;
+                hn--;
+            }
+        }
+        int64_t nx = j + COLL_MAX_POSTED, xo, xl = kb_ccl_piece(n, S, nx, &xo);
+        if (up != KB_DIR_NONE && xl)
+            rq[nx % COLL_MAX_POSTED] =
+                views ? tl_recv_view_async(tl, up, KB_SHAPE1(xl), dt)
+                      : tl_recv_into_async(tl, up, atd(tile, xo, dt), KB_SHAPE1(xl), dt);
+    }
+    for (; hn; hn--, hh = (hh + 1) % COLL_MAX_HELD) {
+        tl_wait_time(tl, ht[hh]);
+        tl_recv_release(tl, up, hv[hh]);
+    }
+}
+
+/* Depth of a binary heap over ws ranks (its deepest node's). */
+static int64_t tree_depth(int64_t ws)
+{
+    int64_t h = 0;
+    while (((int64_t)2 << h) <= ws)
+        h++;
+    return h;
+}
+
+/* Posted sends: the chain's pipeline (bcast_posted). */
 static void ring_broadcast(kb_tl *tl, const kb_kargs *a)
 {
     if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
         return;
     int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
-    kb_dir e = KB_DIR_E;
+    kb_dir e = KB_DIR_E, up = v == 0 ? KB_DIR_NONE : KB_DIR_W;
+    kb_va tile = kb_ccl_my_tile(tl, a);
+    kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
 
     if (ws < 2)
         return;
-    bcast_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], (kb_dtype)a->i[KB_CCL_ARG_DTYPE],
-               v == 0 ? KB_DIR_NONE : KB_DIR_W, &e, v + 1 < ws);
+    if (kb_ipcq_posted(tl_ctx(tl)))
+        bcast_posted(tl, tile, a->i[KB_CCL_ARG_N], dt, up, &e, v + 1 < ws, ws - 1,
+                     ring_sip_bound(tl, ws));
+    else
+        bcast_flow(tl, tile, a->i[KB_CCL_ARG_N], dt, up, &e, v + 1 < ws);
 }
 
 /* Heap position v of a binary tree over ws ranks: its children's directions. */
@@ -303,6 +486,9 @@ static int tree_children(int64_t v, int64_t ws, kb_dir down[2])
     return nd;
 }
 
+/* Blocking sends whatever posted_sends says: tree_binary's edges share the UCIe links, and
+ * bcast_posted there measured slower than this form at 32 to 128 ranks (up to 1.45x at 128,
+ * 64 MiB) though twice as fast at 3 and 7; at 256 both are bound by the inter-SIP link. */
 static void tree_broadcast(kb_tl *tl, const kb_kargs *a)
 {
     if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
@@ -325,13 +511,82 @@ static void tree_broadcast(kb_tl *tl, const kb_kargs *a)
  * (loaded from the tile) and sent on `out`, or stored by the root (out = KB_DIR_NONE). A rank
  * with no upstream sends its raw f16 slices straight from the tile. Receives are posted a
  * scratch window ahead.
+ *
+ * Posted sends (reduce_posted): slices of chain_slice in the partials' dtype pdt; the
+ * upstream partials are read in their receive slots (views: no copy-out) and released once
+ * combined, the rank's own slice is loaded (tl_load_async) while the slice before is
+ * combined, and the partial goes on as a posted send whose scratch goes back once the send
+ * has read it (kb_ccl_send_free). A rank with no upstream posts its raw slices from the tile.
+ * The root still combines and then stores each slice (tl_store waits for its DMA), so its
+ * PE_MATH and PE_DMA take turns: the chain's rate is at most the root's.
  */
+static void reduce_posted(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in,
+                          const kb_dtype *dt, int nin, kb_dir out, kb_dtype tdt, int op,
+                          int64_t ws, kb_dtype pdt, int64_t hops)
+{
+    uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
+    int64_t S = chain_slice(tl, hops, n, kb_dtype_size(pdt)), nsl = (n + S - 1) / S;
+    int64_t W = scratch_window(slot), off, len, rdy, nrdy = 0;
+    kb_ipcq_req *rq[2][COLL_MAX_POSTED];
+
+    if (!nin) {
+        for (int64_t j = 0; j < nsl; j++) {
+            len = kb_ccl_piece(n, S, j, &off);
+            (void)tl_send_async(tl, out, refd(tl, tile, off, len, tdt));
+        }
+        return;
+    }
+    if (W > 1)
+        W /= nin; /* a view that cannot be read in place is a copy into scratch */
+    for (int64_t j = 0; j < nsl && j < W; j++)
+        for (int k = 0; k < nin; k++) {
+            len = kb_ccl_piece(n, S, j, &off);
+            rq[k][j] = tl_recv_view_async(tl, in[k], KB_SHAPE1(len), dt[k]);
+        }
+    kb_val nxt = tl_load_async(tl, atd(tile, 0, tdt), KB_SHAPE1(kb_ccl_piece(n, S, 0, &off)),
+                               tdt, &nrdy);
+    for (int64_t j = 0; j < nsl; j++) {
+        len = kb_ccl_piece(n, S, j, &off);
+        kb_val acc = nxt;
+        int64_t xo, xl = kb_ccl_piece(n, S, j + 1, &xo);
+        rdy = nrdy;
+        if (xl)
+            nxt = tl_load_async(tl, atd(tile, xo, tdt), KB_SHAPE1(xl), tdt, &nrdy);
+        for (int k = 0; k < nin; k++) {
+            kb_val x = tl_wait(tl, rq[k][j % W]);
+            if (k == 0)
+                tl_wait_time(tl, rdy);
+            kb_val s = k + 1 == nin && out != KB_DIR_NONE ? kb_ccl_combine_as(tl, op, acc, x, pdt)
+                                                       : kb_ccl_combine(tl, op, acc, x);
+            tl_recv_release(tl, in[k], x);
+            tl_free(tl, acc);
+            acc = s;
+            xl = kb_ccl_piece(n, S, j + W, &xo);
+            if (xl)
+                rq[k][j % W] = tl_recv_view_async(tl, in[k], KB_SHAPE1(xl), dt[k]);
+        }
+        if (out == KB_DIR_NONE) {
+            acc = kb_ccl_finish(tl, op, acc, ws);
+            tl_store(tl, atd(tile, off, tdt), acc);
+            tl_free(tl, acc);
+        } else {
+            kb_ccl_send_free(tl, out, acc);
+        }
+    }
+}
+
 static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, const kb_dtype *dt,
-                        int nin, kb_dir out, kb_dtype tdt, int op, int64_t ws, kb_dtype pdt)
+                        int nin, kb_dir out, kb_dtype tdt, int op, int64_t ws, kb_dtype pdt,
+                        int64_t hops)
 {
     uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
     int64_t S = slice_elems(tl, 4), nsl = (n + S - 1) / S, W = scratch_window(slot), off, len;
     kb_ipcq_req *rq[2][COLL_MAX_POSTED];
+
+    if (kb_ipcq_posted(tl_ctx(tl))) {
+        reduce_posted(tl, tile, n, in, dt, nin, out, tdt, op, ws, pdt, hops);
+        return;
+    }
 
     if (nin > 0 && W > 1)
         W /= nin; /* the window's scratch is shared by the upstream directions */
@@ -382,7 +637,7 @@ static void ring_reduce(kb_tl *tl, const kb_kargs *a)
     if (ws < 2) /* one rank: every op leaves the tile as it is (avg: x / 1) */
         return;
     reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], &w, &dt, v == 1 ? 0 : 1,
-                v == 0 ? KB_DIR_NONE : KB_DIR_E, tdt, (int)a->i[KB_CCL_ARG_OP], ws, tdt);
+                v == 0 ? KB_DIR_NONE : KB_DIR_E, tdt, (int)a->i[KB_CCL_ARG_OP], ws, tdt, ws - 1);
 }
 
 static void tree_reduce(kb_tl *tl, const kb_kargs *a)
@@ -403,7 +658,8 @@ static void tree_reduce(kb_tl *tl, const kb_kargs *a)
         dt[k] = 2 * c + 1 < ws ? KB_F32 : tdt;
     }
     reduce_flow(tl, kb_ccl_my_tile(tl, a), a->i[KB_CCL_ARG_N], in, dt, nin,
-                v == 0 ? KB_DIR_NONE : KB_DIR_PARENT, tdt, (int)a->i[KB_CCL_ARG_OP], ws, KB_F32);
+                v == 0 ? KB_DIR_NONE : KB_DIR_PARENT, tdt, (int)a->i[KB_CCL_ARG_OP], ws, KB_F32,
+                tree_depth(ws));
 }
 
 /* ---- all_to_all ---- */

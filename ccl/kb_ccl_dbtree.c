@@ -29,6 +29,12 @@
  * to 64 slices ahead (into the tile: no scratch), so every send of tick tau finds a receive or
  * a free slot made in an earlier tick, and every wait a message sent in an earlier tick.
  *
+ * With posted sends (ccl.defaults.posted_sends, db_up_posted) every send is posted, the
+ * children's partial sums are read in their receive slots and a rank's own slice is loaded
+ * a step ahead, so a rank's own time per tick is its additions and the trees' link traffic
+ * of successive ticks overlaps (256 ranks, 64 MiB: 2.07 ms, 0.97 of the inter-SIP link's
+ * bound, against 3.31 ms with blocking sends); without them the kernel is the one above.
+ *
  * Limits: six IPCQ directions per rank (rings: 6 x n_slots x slot_size of the PE's IPCQ area,
  * 6 MiB at the default 4 x 256 KiB); scratch: up to 1 MiB of posted f32 slices.
  */
@@ -115,6 +121,8 @@ typedef struct db_tree {
     int nd;                      /* children */
     kb_ipcq_req *up_rq[2][DB_MAX_POSTED];
     kb_ipcq_req *dn_rq[DB_MAX_POSTED];
+    kb_val own;                  /* posted: the own slice of the next step, loading */
+    int64_t own_at;              /* when its data are there */
 } db_tree;
 
 typedef struct db_run {
@@ -122,11 +130,58 @@ typedef struct db_run {
     kb_dtype dt;
     int op;
     int64_t ws, S, W;            /* world, elements per slice, partial sums posted per child */
+    int posted;                  /* kb_ipcq_posted: posted sends, views, own slices ahead */
 } db_run;
 
 static kb_va db_va(const db_run *x, const db_tree *t, int64_t off)
 {
     return kb_ccl_elem_va(x->tile, t->base + off, x->dt);
+}
+
+/* Starts the load of the own slice k of a half (posted); nothing past the half's end. */
+static void db_own(kb_tl *tl, const db_run *x, db_tree *t, int64_t k)
+{
+    int64_t off, len = kb_ccl_piece(t->len, x->S, k, &off);
+    if (len)
+        t->own = tl_load_async(tl, db_va(x, t, off), KB_SHAPE1(len), x->dt, &t->own_at);
+}
+
+/*
+ * db_up with posted sends: the own slice was loaded during the step before (db_own), the
+ * children's partial sums are read in their receive slots (views, released once added), and
+ * the sum goes up as a posted send whose scratch goes back once the send has read it; the
+ * root's totals go down as posted sends from the tile. The kernel's own time per step is then
+ * its additions, so the links' traffic of successive steps overlaps.
+ */
+static void db_up_posted(kb_tl *tl, const db_run *x, db_tree *t, int64_t k)
+{
+    int64_t off, len = kb_ccl_piece(t->len, x->S, k, &off), rdy = t->own_at;
+    kb_va va = db_va(x, t, off);
+    kb_val acc = t->own;
+
+    db_own(tl, x, t, k + 1);
+    for (int c = 0; c < t->nd; c++) {
+        kb_val in = tl_wait(tl, t->up_rq[c][k % x->W]);
+        if (c == 0)
+            tl_wait_time(tl, rdy);
+        kb_val s = kb_ccl_combine(tl, x->op, acc, in);
+        tl_recv_release(tl, t->down[c], in);
+        tl_free(tl, acc);
+        acc = s;
+        int64_t no, nl = kb_ccl_piece(t->len, x->S, k + x->W, &no);
+        if (nl)
+            t->up_rq[c][k % x->W] = tl_recv_view_async(tl, t->down[c], KB_SHAPE1(nl),
+                                                       t->in_dt[c]);
+    }
+    if (t->up != KB_DIR_NONE) {
+        kb_ccl_send_free(tl, t->up, acc);
+        return;
+    }
+    acc = kb_ccl_finish(tl, x->op, acc, x->ws);
+    tl_store(tl, va, acc); /* rounded once; the children get these bits */
+    tl_free(tl, acc);
+    for (int c = 0; c < t->nd; c++)
+        (void)tl_send_async(tl, t->down[c], tl_ref(tl, va, KB_SHAPE1(len), x->dt));
 }
 
 /* Step k's partial sum of the half's slice k: sent up, or at the root stored and sent down. */
@@ -136,7 +191,11 @@ static void db_up(kb_tl *tl, const db_run *x, db_tree *t, int64_t k)
     kb_va va = db_va(x, t, off);
 
     if (!t->nd) {
-        tl_send(tl, t->up, tl_ref(tl, va, KB_SHAPE1(len), x->dt));
+        kb_ccl_send(tl, t->up, tl_ref(tl, va, KB_SHAPE1(len), x->dt));
+        return;
+    }
+    if (x->posted) {
+        db_up_posted(tl, x, t, k);
         return;
     }
     kb_val acc = tl_load(tl, va, KB_SHAPE1(len), x->dt);
@@ -173,7 +232,7 @@ static void db_down(kb_tl *tl, const db_run *x, db_tree *t, int64_t j)
         t->dn_rq[j % DB_MAX_POSTED] = tl_recv_into_async(tl, t->up, db_va(x, t, no),
                                                          KB_SHAPE1(nl), x->dt);
     for (int c = 0; c < t->nd; c++)
-        tl_send(tl, t->down[c], tl_ref(tl, db_va(x, t, off), KB_SHAPE1(len), x->dt));
+        kb_ccl_send(tl, t->down[c], tl_ref(tl, db_va(x, t, off), KB_SHAPE1(len), x->dt));
 }
 
 static void dbtree_allreduce(kb_tl *tl, const kb_kargs *a)
@@ -183,7 +242,8 @@ static void dbtree_allreduce(kb_tl *tl, const kb_kargs *a)
     int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS], r = kb_ccl_rank(tl);
     uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
     db_run x = { kb_ccl_my_tile(tl, a), (kb_dtype)a->i[KB_CCL_ARG_DTYPE],
-                 (int)a->i[KB_CCL_ARG_OP], ws, (int64_t)(slot / 4u), 1 };
+                 (int)a->i[KB_CCL_ARG_OP], ws, (int64_t)(slot / 4u), 1,
+                 kb_ipcq_posted(tl_ctx(tl)) };
     db_tree tr[2];
     int64_t inputs = 0, steps = 0, off, len, H = 0;
 
@@ -225,8 +285,13 @@ static void dbtree_allreduce(kb_tl *tl, const kb_kargs *a)
         for (int c = 0; c < d->nd; c++)
             for (int64_t j = 0; j < d->nsl && j < x.W; j++) {
                 len = kb_ccl_piece(d->len, x.S, j, &off);
-                d->up_rq[c][j] = tl_recv_async(tl, d->down[c], KB_SHAPE1(len), d->in_dt[c]);
+                d->up_rq[c][j] = x.posted ? tl_recv_view_async(tl, d->down[c], KB_SHAPE1(len),
+                                                               d->in_dt[c])
+                                          : tl_recv_async(tl, d->down[c], KB_SHAPE1(len),
+                                                          d->in_dt[c]);
             }
+        if (x.posted && d->nd)
+            db_own(tl, &x, d, 0);
         if (d->up != KB_DIR_NONE)
             for (int64_t j = 0; j < d->nsl && j < DB_MAX_POSTED; j++) {
                 len = kb_ccl_piece(d->len, x.S, j, &off);

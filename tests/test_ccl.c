@@ -1237,7 +1237,9 @@ static void test_mock_other_topologies(void **state)
     assert_string_equal(kb_ccl_default_topo("ring_allreduce"), "ring_1d");
     assert_string_equal(kb_ccl_default_topo("mesh_allreduce"), "mesh_2d");
     assert_string_equal(kb_ccl_default_topo("tree_allreduce"), "tree_binary");
-    assert_string_equal(kb_ccl_default_topo("hierarchical_allreduce"), "hierarchical_3level");
+    assert_string_equal(kb_ccl_default_topo("hierarchical_allreduce"), "hierarchical_lanes");
+    /* the chain form on the wiring it had before the lanes */
+    run_mock("hierarchical_allreduce", "hierarchical_3level", 256, 37, 12);
     assert_string_equal(kb_ccl_default_topo("no_such_algo"), "ring_1d");
     for (int i = 0; kb_ccl_algo_at(i); i++)
         assert_string_equal(kb_ccl_default_topo(kb_ccl_algo_at(i)->module),

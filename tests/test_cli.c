@@ -185,6 +185,10 @@ static void test_ccl_matrix(void **s)
         { "--algorithm ring_allreduce_tcm --world-size 2 --n-elem 8", "  ring_allreduce_tcm (ws=2): 2 OK" },
         { "--algorithm ring_allreduce_tcm --world-size 256 --n-elem 8", "  ring_allreduce_tcm (ws=256): 256 OK" },
         { "--algorithm hierarchical_allreduce --world-size 256 --n-elem 16", "  hierarchical_allreduce (ws=256): 256 OK" },
+        /* its lanes form (a tile that streams, 2 SIPs x 16 cubes x 8 PEs) and, on a partial
+         * cube, the chain form over hierarchical_lanes' fallback wiring */
+        { "--algorithm hierarchical_allreduce --world-size 256 --size 1000006", "  hierarchical_allreduce (ws=256): 256 OK" },
+        { "--algorithm hierarchical_allreduce --world-size 12 --size 1000006", "  hierarchical_allreduce (ws=12): 12 OK" },
         { "--algorithm ring_rsag_allreduce --world-size 8 --n-elem 64", "  ring_rsag_allreduce (ws=8): 8 OK" },
         { "--algorithm ring_rsag_allreduce --world-size 256 --n-elem 256", "  ring_rsag_allreduce (ws=256): 256 OK" },
         { "--algorithm ring_allreduce_tcm --world-size 8 --n-elem 32 --set ccl.defaults.n_slots=1", "  ring_allreduce_tcm (ws=8): 8 OK" },
