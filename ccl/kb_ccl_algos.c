@@ -93,6 +93,8 @@ static void ring_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 
 /* Slices a streamed block holds at most (one posted receive each per direction). */
 #define STREAM_MAX_SLICES 64
+/* Scratch ring_allreduce's streamed form gives a block's f32 sums with posted sends. */
+#define KB_CCL_RING_SUMS_BYTES ((uint64_t)4 << 20)
 
 /* Slices per block of a streamed form whose slices take `scale` x slot bytes of scratch each:
  * as many as KB_CCL_STREAM_BYTES holds, 1 to STREAM_MAX_SLICES. */
@@ -122,15 +124,19 @@ static void ring_block(kb_tl *tl, kb_va mine, int64_t n, int64_t ws, int64_t S, 
                     : NULL;
     for (int64_t j = 0; j < per; j++)
         if ((len = kb_ccl_piece(n, S, j, &off)) != 0)
-            tl_send(tl, KB_DIR_E,
-                    tl_ref(tl, kb_ccl_elem_va(mine, off, KB_F16), KB_SHAPE1(len), KB_F16));
+            kb_ccl_send(tl, KB_DIR_E,
+                        tl_ref(tl, kb_ccl_elem_va(mine, off, KB_F16), KB_SHAPE1(len), KB_F16));
+    int posted = kb_ipcq_posted(tl_ctx(tl));
     for (int64_t s = 0; s + 1 < ws; s++) {
         int last = s + 2 == ws;
         for (int64_t j = 0; j < per && (len = kb_ccl_piece(n, S, j, &off)) != 0; j++) {
             kb_va va = kb_ccl_elem_va(mine, off, KB_F16);
             kb_val in = tl_wait(tl, rq[j]), sum;
+            int64_t landed = 0; /* a posted forward reads `in` until then */
             rq[j] = last ? NULL : tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(len), KB_F16);
-            if (!last)
+            if (!last && posted)
+                landed = tl_send_async(tl, KB_DIR_E, in);
+            else if (!last)
                 tl_send(tl, KB_DIR_E, in);
             if (s == 0) {
                 kb_val own = tl_load(tl, va, KB_SHAPE1(len), KB_F16);
@@ -140,7 +146,7 @@ static void ring_block(kb_tl *tl, kb_va mine, int64_t n, int64_t ws, int64_t S, 
                 sum = tl_add(tl, acc[j], in);
                 tl_free(tl, acc[j]);
             }
-            tl_free(tl, in);
+            tl_free_after(tl, in, landed);
             acc[j] = sum;
             if (last) {
                 tl_store(tl, va, sum);
@@ -156,7 +162,17 @@ static KB_NOINLINE void ring_streamed(kb_tl *tl, int64_t n, int64_t ws, kb_va mi
 {
     uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
     /* a slice: one slot of f16; its scratch: an f32 sum (2 slots) and two receives */
-    int64_t S = (int64_t)(slot / 2u), per = stream_per(slot, 4), blk = per * S, off, len;
+    int64_t S = (int64_t)(slot / 2u), per = stream_per(slot, 4), off, len;
+    if (kb_ipcq_posted(tl_ctx(tl))) {
+        /* posted sends: the queue's window of slices per block, each at most what lets their
+         * f32 sums (kept across every step) fit in KB_CCL_RING_SUMS_BYTES of scratch */
+        per = (int64_t)tl_slot_count(tl, KB_DIR_E);
+        per = per < STREAM_MAX_SLICES ? per : STREAM_MAX_SLICES;
+        int64_t cap = (int64_t)(KB_CCL_RING_SUMS_BYTES / 4u) / per;
+        S = kb_ccl_slice_elems(slot, per, n < cap * per ? n : cap * per, 2);
+        S = S < cap ? S : cap;
+    }
+    int64_t blk = per * S;
     kb_ipcq_req *rq[STREAM_MAX_SLICES];
     kb_val acc[STREAM_MAX_SLICES];
 
