@@ -142,6 +142,10 @@ static void ring_block(kb_tl *tl, kb_va mine, int64_t n, int64_t ws, int64_t S, 
                 kb_val own = tl_load(tl, va, KB_SHAPE1(len), KB_F16);
                 sum = tl_add(tl, own, in);
                 tl_free(tl, own);
+            } else if (posted) { /* in place: no 1 MiB sums churning scratch beside held
+                                  * receives (fragmentation) */
+                tl_binary_into(tl, KB_BIN_ADD, acc[j], acc[j], in);
+                sum = acc[j];
             } else {
                 sum = tl_add(tl, acc[j], in);
                 tl_free(tl, acc[j]);
