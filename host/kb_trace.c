@@ -41,7 +41,7 @@ typedef struct rslot {
 typedef struct rname {
     const kb_res *r;
     uint32_t pid;
-    char name[60];
+    char name[64];
 } rname;
 
 struct kb_trace {
@@ -173,7 +173,7 @@ void kb_trace_pe(kb_trace *t, unsigned gsip, unsigned cube, int pe, const char *
 typedef struct name_walk {
     rname *v;
     size_t n, cap;
-    char prev[64];
+    char prev[48];
     int chan;
     int oom;
 } name_walk;
@@ -181,7 +181,7 @@ typedef struct name_walk {
 static void name_visit(void *ud, const kb_res *r, const char *where)
 {
     name_walk *w = ud;
-    char key[64];
+    char key[48]; /* + an 11-character channel number fits rname.name */
     if (w->n == w->cap) {
         size_t cap = w->cap ? w->cap * 2 : 1024;
         rname *n = realloc(w->v, cap * sizeof *n);
