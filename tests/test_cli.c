@@ -21,14 +21,21 @@
 #include "kb_cli.h"
 #include "kb_test_util.h"
 
-/* The JSON without its wall-clock fields, printed canonically. */
-static char *json_without_wall(const char *name)
+/* The JSON file a run wrote, parsed (the caller deletes it). */
+static cJSON *json_of(const char *name)
 {
     char *text = kbt_slurp(name);
     assert_non_null(text);
     cJSON *j = cJSON_Parse(text);
     free(text);
     assert_non_null(j);
+    return j;
+}
+
+/* The JSON without its wall-clock fields, printed canonically. */
+static char *json_without_wall(const char *name)
+{
+    cJSON *j = json_of(name);
     cJSON_DeleteItemFromObject(j, "wall_ms");
     cJSON_DeleteItemFromObject(j, "phase1_ms");
     cJSON_DeleteItemFromObject(j, "events_per_s");
@@ -393,10 +400,7 @@ static void test_busiest(void **s)
     (void)s;
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device none --json b.json"), 0);
     assert_non_null(strstr(out, "  busiest    pe_gemm sip0/cube0/pe0, reserved "));
-    char *text = kbt_slurp("b.json");
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    assert_non_null(j);
+    cJSON *j = json_of("b.json");
     assert_string_equal(cJSON_GetObjectItem(j, "busiest_resource")->valuestring,
                         "pe_gemm sip0/cube0/pe0");
     double t = cJSON_GetObjectItem(j, "sim_time_ns")->valuedouble;
@@ -414,10 +418,7 @@ static void test_busiest(void **s)
      * #29 had the cube's shared NoC there) */
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl --algorithm ring_rsag_allreduce "
                               "--size 64M --device none --json b.json"), 0);
-    text = kbt_slurp("b.json");
-    j = cJSON_Parse(text);
-    free(text);
-    assert_non_null(j);
+    j = json_of("b.json");
     assert_string_equal(cJSON_GetObjectItem(j, "busiest_resource")->valuestring,
                         "inter_sip sip0->sip1 (link 0)");
     assert_string_equal(cJSON_GetObjectItem(j, "bound_resource")->valuestring,
@@ -430,10 +431,7 @@ static void test_busiest(void **s)
                               "--size 64M --device none --set cube.noc.topology=bus "
                               "--set pe.dma.channels=1 --set ccl.defaults.posted_sends=false "
                               "--json b.json"), 0);
-    text = kbt_slurp("b.json");
-    j = cJSON_Parse(text);
-    free(text);
-    assert_non_null(j);
+    j = json_of("b.json");
     assert_string_equal(cJSON_GetObjectItem(j, "busiest_resource")->valuestring,
                         "noc sip0/cube0");
     cJSON_Delete(j);
