@@ -23,10 +23,13 @@
  * cubes, and every link carries traffic both ways. A PE's share of a block lives in scratch
  * (KB_CCL_HIER_SHARE_BYTES of f32 per thread), which sets the block size. The cubes' ring
  * follows kb_topo_cube_ring (one UCIe hop per step).
- * What holds it back (docs/performance.md): a block's ring steps inside a SIP are short
- * messages whose latency grows when the other threads' traffic shares their links, so a
- * thread takes several times longer per block than alone and the link idles between the
- * threads' turns (efficiency about 0.5 at 1 GiB per rank on 256 ranks).
+ * What holds it back (docs/performance.md, "The interconnect"): a block's in-cube work is
+ * about as long as its share of the inter-SIP link, and the threads' transfers queued for
+ * that link are reserved from when it will take them, holding their DMA channel and their
+ * NoC and UCIe links from then on in front of the in-cube traffic, so a thread takes several
+ * times longer per block than alone and the link idles between the threads' turns
+ * (efficiency about 0.5 at 1 GiB per rank on 256 ranks; a staged schedule and more idle
+ * gaps per resource were tried, 0.49-0.62).
  * Limits: sum only (the rank = PE registry does not mark hierarchical_allreduce typed); runs
  * only with posted sends (ccl.yaml posted_sends), a tile past kb_ccl_stream_block and a
  * whole world; the caller takes the chain form otherwise.
