@@ -826,6 +826,27 @@ static void test_device_server(void **s)
     unsetenv("KBCL_DEVD_DIR");
 }
 
+/* --json and --trace never overwrite an input of the run, nor each other: exit 2 before
+ * anything runs, the file unchanged. */
+static void test_outputs_not_inputs(void **s)
+{
+    char out[8192];
+    (void)s;
+    kbt_write_file("in.yaml", "system:\n  sips:\n    count: 2\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device none --topology "
+                              "in.yaml --json in.yaml"), 2);
+    kbt_msg_has(out, "kbcl run: --json in.yaml is the same file as in.yaml, which this "
+                     "command reads or writes: give another file");
+    char *text = kbt_slurp("in.yaml");
+    assert_non_null(text);
+    assert_string_equal(text, "system:\n  sips:\n    count: 2\n");
+    free(text);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device none --json o.json "
+                              "--trace o.json"), 2);
+    kbt_msg_has(out, "kbcl run: --trace o.json is the same file as o.json");
+    assert_null(kbt_slurp("o.json"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -840,6 +861,7 @@ int main(void)
         cmocka_unit_test(test_coll_lanes),
         cmocka_unit_test(test_rsag_halves),
         cmocka_unit_test(test_busiest),
+        cmocka_unit_test(test_outputs_not_inputs),
         cmocka_unit_test(test_ccl_failures),
         cmocka_unit_test(test_trace),
         cmocka_unit_test(test_size_parse),

@@ -1025,6 +1025,66 @@ static void test_bound_columns(void **s)
     free(csv);
 }
 
+/* An input is never lost (issue #35's "data lost" cases): --resume refuses a file that is not
+ * this sweep's output before it cuts anything, and no output may be one of the inputs. Each
+ * refusal exits 2 and leaves the file byte for byte as it was. */
+static void refused_unchanged(const char *cmd, const char *file, const char *msg)
+{
+    char out[8192];
+    char *before = kbt_slurp(file), *after;
+    assert_non_null(before);
+    assert_int_equal(kbt_kbcl(out, sizeof out, cmd), 2);
+    kbt_msg_has(out, msg);
+    after = kbt_slurp(file);
+    assert_non_null(after);
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+}
+
+static void test_no_data_loss(void **s)
+{
+    char out[8192];
+    (void)s;
+    /* a file of notes, no newline: not a partial header of this sweep */
+    kbt_write_file("notes.csv", "my notes");
+    refused_unchanged("sweep small.yaml --resume --out notes.csv", "notes.csv",
+                      "notes.csv: its first line is not the header of this sweep; --resume "
+                      "leaves the file as it is: use a new --out");
+    /* a foreign CSV whose last line is partial: refused by its header, the last line kept */
+    kbt_write_file("foreign.csv", "a,b\n1,2\n3,");
+    refused_unchanged("sweep small.yaml --resume --out foreign.csv", "foreign.csv",
+                      "foreign.csv:1: header a,b does not match this sweep's columns");
+    /* this sweep's header, then a partial line that is no row */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out ok.csv --quiet"), 0);
+    char *rows = kbt_slurp("ok.csv");
+    assert_non_null(rows);
+    size_t n = strlen(rows) + 16;
+    char *bad = malloc(n);
+    assert_non_null(bad);
+    snprintf(bad, n, "%snotes", rows);
+    kbt_write_file("tail.csv", bad);
+    refused_unchanged("sweep small.yaml --resume --out tail.csv", "tail.csv",
+                      "tail.csv: its last line is not a row of this sweep");
+    free(bad);
+    free(rows);
+    /* a JSON-lines file that is not this sweep's */
+    kbt_write_file("notes.jsonl", "{\"x\": 1}");
+    refused_unchanged("sweep small.yaml --resume --out notes.jsonl", "notes.jsonl",
+                      "notes.jsonl: its first line is not a row of this sweep");
+    /* outputs over inputs: the sweep's plan, the report's table (named or by default) */
+    refused_unchanged("sweep small.yaml --out small.yaml", "small.yaml",
+                      "--out small.yaml is the same file as small.yaml, which this command "
+                      "reads or writes: give another file");
+    refused_unchanged("sweep small.yaml --out ./small.yaml --quiet", "small.yaml",
+                      "--out ./small.yaml is the same file as small.yaml");
+    refused_unchanged("report ok.csv -o ok.csv", "ok.csv",
+                      "the page ok.csv is the same file as ok.csv");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "report ok.csv -o page.html"), 0);
+    refused_unchanged("report page.html", "page.html",
+                      "the page page.html is the same file as page.html");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1036,6 +1096,7 @@ int main(void)
         cmocka_unit_test(test_device_workers),
         cmocka_unit_test(test_kill9_then_resume),
         cmocka_unit_test(test_partial_last_line),
+        cmocka_unit_test(test_no_data_loss),
         cmocka_unit_test(test_sweep_file_errors),
         cmocka_unit_test(test_bound_columns),
         cmocka_unit_test(test_op_dtype_axes),

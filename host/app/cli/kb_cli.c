@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -504,6 +505,24 @@ int kbcl_write_atomic(const char *path, const char *text, kb_errbuf *eb)
     if (rc)
         return rc;
     return kb_atomic_commit(&af, fputs(text, af.f) < 0 || fputc('\n', af.f) < 0, eb);
+}
+
+int kbcl_same_file(const char *a, const char *b)
+{
+    struct stat x, y;
+    if (!a || !b || stat(a, &x) != 0 || stat(b, &y) != 0)
+        return 0;
+    return x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+int kbcl_check_output(const char *what, const char *out, const char *const *ins, int n,
+                      kb_errbuf *eb)
+{
+    for (int i = 0; out && i < n; i++)
+        if (ins[i] && (!strcmp(out, ins[i]) || kbcl_same_file(out, ins[i])))
+            return kb_err_set(eb, KB_ERR_USAGE, "%s %s is the same file as %s, which this "
+                              "command reads or writes: give another file", what, out, ins[i]);
+    return 0;
 }
 
 int kbcl_write_all(int fd, const void *buf, size_t n)

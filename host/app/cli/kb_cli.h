@@ -120,6 +120,15 @@ int kbcl_write_atomic(const char *path, const char *text, kb_errbuf *eb);
 /* write(2) until all n bytes are out (retrying EINTR); 0 or -1. */
 int kbcl_write_all(int fd, const void *buf, size_t n);
 
+/* 1 when paths a and b (either may be NULL) name one existing file (the same device and
+ * inode: links and other spellings included), else 0. */
+int kbcl_same_file(const char *a, const char *b);
+/* Checks an output path against the inputs of a command before anything is written: a
+ * KB_ERR_USAGE naming both when out (may be NULL) is one of ins[0..n) (entries may be NULL).
+ * `what` names the output in the message ("--json"). */
+int kbcl_check_output(const char *what, const char *out, const char *const *ins, int n,
+                      kb_errbuf *eb);
+
 /* Subcommands implemented outside main.c. */
 int kbcl_cmd_bench_self(int argc, char **argv);
 int kbcl_cmd_devices(int argc, char **argv);

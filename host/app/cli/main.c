@@ -76,7 +76,8 @@ static void usage_run(FILE *f)
           "  --replay-cut N       op-log cut every N records (default 32768, 0 = none): a\n"
           "                       device server replays each part while Phase 1 runs on\n"
           "                       (docs/phase2.md)\n"
-          "  --json FILE          write the results as JSON (atomically)\n"
+          "  --json FILE          write the results as JSON (atomically; never over an\n"
+          "                       input of the run)\n"
           "  --quiet              print only the result line\n"
           "  --plugin FILE.so     load a plugin: algorithms and benches (repeatable;\n"
           "                       docs/plugins.md)\n"
@@ -258,6 +259,27 @@ out:
     return rc;
 }
 
+/* --json and --trace against every input of the run (configurations, model, plugins) and
+ * each other, before anything runs. */
+static int run_check_outputs(const kbcl_job *job, const char *json_path,
+                             const char *const *plugins, int nplugins, kb_errbuf *eb)
+{
+    char tbuf[4096], cbuf[4096];
+    const char *ins[5 + KBCL_MAX_PLUGIN_ARGS] = {
+        job->topology ? job->topology
+                      : kbcl_default_config("topology.yaml", tbuf, sizeof tbuf),
+        job->ccl ? job->ccl : kbcl_default_config("ccl.yaml", cbuf, sizeof cbuf),
+        job->model,
+    };
+    int n = 3, rc;
+    for (int i = 0; i < nplugins; i++)
+        ins[n++] = plugins[i];
+    if ((rc = kbcl_check_output("--json", json_path, ins, n, eb)) != 0)
+        return rc;
+    ins[n++] = json_path;
+    return kbcl_check_output("--trace", job->trace_path, ins, n, eb);
+}
+
 static int cmd_run(int argc, char **argv)
 {
     kbcl_job job;
@@ -296,6 +318,10 @@ static int cmd_run(int argc, char **argv)
             fprintf(stderr, "kbcl run: unknown option '%s' (see kbcl run --help)\n", argv[i]);
             return KBCL_EXIT_USAGE;
         }
+    }
+    if (run_check_outputs(&job, json_path, files, nfiles, &eb) != 0) {
+        fprintf(stderr, "kbcl run: %s\n", eb.msg);
+        return KBCL_EXIT_USAGE;
     }
     /* the plugins outlive everything that may point into them: the result, the report */
     if (plugins_open("run", files, nfiles, &ps) != 0)

@@ -1076,7 +1076,10 @@ int kbcl_cmd_report(int argc, char **argv)
         snprintf(outbuf, sizeof outbuf, "%.*s.html", stem, in);
         out = outbuf;
     }
-    if ((rc = read_table(in, &t, &eb)) == 0 && (rc = render(&t, in, &b, &eb)) == 0)
+    memset(&t, 0, sizeof t);
+    const char *ins[1] = { in };
+    if ((rc = kbcl_check_output("the page", out, ins, 1, &eb)) == 0 &&
+        (rc = read_table(in, &t, &eb)) == 0 && (rc = render(&t, in, &b, &eb)) == 0)
         rc = kbcl_write_atomic(out, b.s, &eb);
     rtable_free(&t);
     free(b.s);

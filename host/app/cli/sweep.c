@@ -1482,6 +1482,57 @@ static int resume_jsonl(sw_ctx *c, char *text, kb_errbuf *eb)
     return 0;
 }
 
+/* 1 when the n bytes at s begin as the string w does (or w begins with all of them). */
+static int prefix_match(const char *s, size_t n, const char *w)
+{
+    size_t m = strlen(w);
+    return !strncmp(s, w, n < m ? n : m);
+}
+
+/* A partial last line (n bytes at s, no newline) that --resume may cut: the start of this
+ * sweep's header when it is the file's only line, else the start of a row. Anything else
+ * means the file is not this sweep's output, and it is left as it is. */
+static int partial_line_ok(const sw_ctx *c, const char *s, size_t n, int first, kb_errbuf *eb)
+{
+    int ok;
+    if (c->jsonl) {
+        ok = prefix_match(s, n, "{\"point\":");
+    } else if (first) {
+        char *hdr = csv_header(c->plan);
+        if (!hdr)
+            return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        ok = prefix_match(s, n, hdr);
+        free(hdr);
+    } else {
+        ok = s[0] >= '0' && s[0] <= '9';
+    }
+    if (ok)
+        return 0;
+    return kb_err_set(eb, KB_ERR_USAGE, "%s: %s is not %s of this sweep; --resume leaves the "
+                      "file as it is: use a new --out", c->out_path,
+                      first ? "its first line" : "its last line",
+                      first ? (c->jsonl ? "a row" : "the header") : "a row");
+}
+
+/* The output against every input of the sweep: its plan, the files the plan names, the
+ * plugins and the default configurations (a sweep that wrote over one of them would lose it
+ * before its first point ran). */
+static int sweep_check_out(const sw_ctx *c, const char *plan_file, const char *const *plugins,
+                           int nplugins, kb_errbuf *eb)
+{
+    char tbuf[4096], cbuf[4096];
+    const sw_plan *p = c->plan;
+    const char *ins[6 + KBCL_MAX_PLUGIN_ARGS] = {
+        plan_file, p->topology, p->ccl, p->model,
+        kbcl_default_config("topology.yaml", tbuf, sizeof tbuf),
+        kbcl_default_config("ccl.yaml", cbuf, sizeof cbuf),
+    };
+    int n = 6;
+    for (int i = 0; i < nplugins; i++)
+        ins[n++] = plugins[i];
+    return kbcl_check_output("--out", c->out_path, ins, n, eb);
+}
+
 /*
  * Opens the output (rank 0 only). With resume, cuts a partial last line (a row whose write
  * was cut short by a kill), then marks the points the file already holds.
@@ -1514,12 +1565,22 @@ static int output_open(sw_ctx *c, int resume, kb_errbuf *eb)
     }
     if (resume) {
         char *nl;
+        size_t keep;
         if (!(text = read_fd(c->fd, &len))) {
             rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot read: %s", c->out_path, strerror(errno));
             goto out;
         }
-        if (len && text[len - 1] != '\n') {
-            size_t keep = (nl = strrchr(text, '\n')) ? (size_t)(nl - text) + 1 : 0;
+        /* the whole file is checked before anything of it is cut: its whole lines must be
+         * this sweep's, and a partial last line what an interrupted run leaves */
+        keep = len && text[len - 1] != '\n'
+                   ? ((nl = strrchr(text, '\n')) ? (size_t)(nl - text) + 1 : 0)
+                   : len;
+        if (keep < len && (rc = partial_line_ok(c, text + keep, len - keep, keep == 0, eb)) != 0)
+            goto out;
+        text[keep] = 0;
+        if ((rc = c->jsonl ? resume_jsonl(c, text, eb) : resume_csv(c, text, eb)) != 0)
+            goto out;
+        if (keep < len) {
             if (ftruncate(c->fd, (off_t)keep) != 0) {
                 rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot cut the partial last line: %s",
                                 c->out_path, strerror(errno));
@@ -1528,11 +1589,8 @@ static int output_open(sw_ctx *c, int resume, kb_errbuf *eb)
             if (!c->quiet)
                 fprintf(stderr, "kbcl sweep: %s: removed a partial last row (%zu bytes) left "
                         "by an interrupted run\n", c->out_path, len - keep);
-            text[keep] = 0;
             len = keep;
         }
-        if ((rc = c->jsonl ? resume_jsonl(c, text, eb) : resume_csv(c, text, eb)) != 0)
-            goto out;
     }
     if (!len && !c->jsonl &&
         (!(hdr = csv_header(c->plan)) || kbcl_write_all(c->fd, hdr, strlen(hdr)) != 0))
@@ -2018,7 +2076,8 @@ int kbcl_cmd_sweep(int argc, char **argv)
         if (!(c.done = calloc((size_t)plan->npoints, 1)) ||
             !(pending = malloc((size_t)plan->npoints * sizeof *pending))) {
             rc = kb_err_set(&eb, KB_ERR_NOMEM, "out of memory");
-        } else if ((rc = output_open(&c, resume, &eb)) == 0) {
+        } else if ((rc = sweep_check_out(&c, file, files, nfiles, &eb)) == 0 &&
+                   (rc = output_open(&c, resume, &eb)) == 0) {
             for (int i = 0; i < plan->npoints; i++)
                 if (!c.done[i])
                     pending[npending++] = i;
