@@ -189,7 +189,8 @@ static void test_model_errors(void **s)
     assert_int_equal(kb_model_load(&m, p, &eb), KB_ERR_CONFIG);
     kbt_msg_has(eb.msg, "bad2.yaml:2:");
     kbt_msg_has(eb.msg, "gelu_tanh");
-    write_file("bad3.yaml", "model:\n  n_heads: 6\n  n_kv_heads: 4\n");
+    write_file("bad3.yaml", "model:\n  d_model: 64\n  n_heads: 6\n  n_kv_heads: 4\n"
+                            "  head_dim: 16\n  mlp_hidden: 128\n");
     snprintf(p, sizeof p, "%s/bad3.yaml", kbt_workdir());
     assert_int_equal(kb_model_load(&m, p, &eb), KB_ERR_CONFIG);
     kbt_msg_has(eb.msg, "multiple of model.n_kv_heads");
@@ -197,6 +198,19 @@ static void test_model_errors(void **s)
     snprintf(p, sizeof p, "%s/bad4.yaml", kbt_workdir());
     assert_int_equal(kb_model_load(&m, p, &eb), KB_ERR_CONFIG);
     kbt_msg_has(eb.msg, "bad4.yaml:2:");
+    /* an empty file, or one cut short before the shape is complete, is an error (it used to
+     * run the built-in Mistral-7B shape) */
+    write_file("empty.yaml", "");
+    snprintf(p, sizeof p, "%s/empty.yaml", kbt_workdir());
+    assert_int_equal(kb_model_load(&m, p, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "empty.yaml: model.d_model is missing: a model file names the "
+                        "layer's shape (model.d_model, n_heads, n_kv_heads, head_dim and "
+                        "mlp_hidden)");
+    write_file("cut.yaml", "model:\n  name: cut\n  d_model: 64\n  n_heads: 4\n"
+                           "  n_kv_heads: 2\n  head_dim: 16\n");
+    snprintf(p, sizeof p, "%s/cut.yaml", kbt_workdir());
+    assert_int_equal(kb_model_load(&m, p, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "cut.yaml: model.mlp_hidden is missing");
 }
 
 /* ---- placement ---- */

@@ -67,11 +67,26 @@ int kb_model_load(kb_model_cfg *m, const char *path, kb_errbuf *eb)
     kb_model_cfg work;
     int rc;
     kb_model_defaults(&work);
+    /* the layer's shape has no sensible default in a file: an empty or cut-short file would
+     * otherwise run the built-in model unnoticed, so these keys start unset (0 is outside
+     * each one's range) and must be named */
+    work.d_model = work.n_heads = work.n_kv_heads = work.head_dim = work.mlp_hidden = 0;
     const kb_cfg_section secs[] = {
         { "model", "model", &scope_model, &work, NULL, NULL, NULL, NULL },
     };
     if ((rc = kb_config_load_sections(path, secs, 1, eb)) != 0)
         return rc;
+    const struct {
+        const char *key;
+        int64_t v;
+    } shape[] = { { "d_model", work.d_model }, { "n_heads", work.n_heads },
+                  { "n_kv_heads", work.n_kv_heads }, { "head_dim", work.head_dim },
+                  { "mlp_hidden", work.mlp_hidden } };
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
+        if (shape[i].v == 0)
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s: model.%s is missing: a model file "
+                              "names the layer's shape (model.d_model, n_heads, n_kv_heads, "
+                              "head_dim and mlp_hidden)", path, shape[i].key);
     snprintf(work.path, sizeof work.path, "%s", path);
     if ((rc = kb_model_validate(&work, eb)) != 0)
         return rc;
