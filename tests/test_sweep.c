@@ -587,6 +587,18 @@ static void test_sweep_file_errors(void **s)
                                 "1,1,true,ok,\n");
     assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out other.csv --resume"), 2);
     assert_non_null(strstr(out, "other.csv:2: point 1 has world_size=64"));
+    /* a key twice in one map is an error at the second, as in every other kbcl file */
+    kbt_write_file("dup.yaml", "bench: ccl_allreduce\nbench: gemm\ngrid:\n  n_elem: [16]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep dup.yaml --out dup.csv"), 2);
+    kbt_msg_has(out, "dup.yaml:2:1: duplicate key 'bench' (first at line 1)");
+    kbt_write_file("dup.yaml", "bench: ccl_allreduce\ngrid:\n  n_elem: [16]\nset:\n"
+                               "  system.sips.count: 2\n  system.sips.count: 4\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep dup.yaml --out dup.csv"), 2);
+    kbt_msg_has(out, "dup.yaml:6:3: set: duplicate key 'system.sips.count' (first at line 5)");
+    kbt_write_file("dup.yaml", "bench: gemm\ngrid:\n  world_size: [1]\nparams:\n  m: 16\n"
+                               "  m: 32\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep dup.yaml --out dup.csv"), 2);
+    kbt_msg_has(out, "dup.yaml:6:3: params: duplicate key 'm' (first at line 5)");
 }
 
 /*

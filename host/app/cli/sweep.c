@@ -294,6 +294,23 @@ static int axis_kind(const char *name)
     return AX_CONFIG;
 }
 
+/* A key that an earlier pair of the same map already has: an error at the second one that
+ * names the first's line (kbcl's other loaders reject duplicates the same way). */
+static int dup_key(sw_parse *ps, const yaml_node_t *map, const yaml_node_pair_t *pr,
+                   const char *section)
+{
+    const yaml_node_t *k = yaml_document_get_node(ps->doc, pr->key);
+    const char *ks = scalar(k);
+    for (const yaml_node_pair_t *q = map->data.mapping.pairs.start; ks && q < pr; q++) {
+        const yaml_node_t *e = yaml_document_get_node(ps->doc, q->key);
+        const char *es = scalar(e);
+        if (es && !strcmp(es, ks))
+            return perr(ps, k, "%s%sduplicate key '%s' (first at line %zu)", section,
+                        *section ? ": " : "", ks, e->start_mark.line + 1);
+    }
+    return 0;
+}
+
 static int add_kv(sw_parse *ps, const yaml_node_t *map, const char *section, char **arr, int *n,
                   sw_mark *marks)
 {
@@ -305,7 +322,8 @@ static int add_kv(sw_parse *ps, const yaml_node_t *map, const char *section, cha
         yaml_node_t *v = yaml_document_get_node(ps->doc, pr->value);
         const char *ks, *vs;
         int rc;
-        if ((rc = want_scalar(ps, k, section, &ks)) || (rc = want_scalar(ps, v, ks, &vs)))
+        if ((rc = want_scalar(ps, k, section, &ks)) || (rc = want_scalar(ps, v, ks, &vs)) ||
+            (rc = dup_key(ps, map, pr, section)))
             return rc;
         if (*n >= KBCL_MAX_SETS)
             return perr(ps, k, "%s: at most %d entries", section, KBCL_MAX_SETS);
@@ -488,6 +506,8 @@ static int parse_top(sw_parse *ps, const yaml_node_t *root)
         char **slot = NULL;
         if (!ks)
             return perr(ps, k, "expected a key name");
+        if ((rc = dup_key(ps, root, pr, "")) != 0)
+            return rc;
         if (!strcmp(ks, "grid")) {
             if (v->type != YAML_MAPPING_NODE && !(v->type == YAML_SCALAR_NODE && !*scalar(v)))
                 return perr(ps, v, "grid: expected a map of AXIS: [VALUES]");
