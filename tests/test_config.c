@@ -297,13 +297,40 @@ static void test_out_of_range_and_duplicates(void **state)
     expect_load_error("pe:\n  tcm:\n    size_bytes: 134217729\n", "3:17: ",
                       "pe.tcm.size_bytes = 134217729 is out of range [1, 134217728]");
     expect_load_error("cube:\n  noc:\n    bandwidth_gbps: 0\n", "3:21: ",
-                      "cube.noc.bandwidth_gbps = 0 is out of range (must be > 0)");
+                      "cube.noc.bandwidth_gbps = 0 is out of range (must be >= 0.001)");
+    /* below a resource's resolution (1 byte per microsecond): refused, not raised to it */
+    expect_load_error("cube:\n  noc:\n    bandwidth_gbps: 1e-300\n", "3:21: ",
+                      "cube.noc.bandwidth_gbps = 1e-300 is out of range (must be >= 0.001)");
+    expect_load_error("pe:\n  math:\n    lanes_per_ns: 0.0001\n", "3:19: ",
+                      "pe.math.lanes_per_ns = 0.0001 is out of range (must be >= 0.001)");
     expect_load_error("cube:\n  noc:\n    latency_ns: -1\n", "3:17: ",
                       "cube.noc.latency_ns = -1 is out of range (must be >= 0)");
     expect_load_error("cube:\n  corners: 2\n  corners: 3\n", "3:3: ",
                       "duplicate key 'corners' in section 'cube' (first at line 2)");
     expect_load_error("system:\n  sips: {count: 2}\nsystem:\n  sips: {count: 3}\n", "3:1: ",
                       "duplicate key 'system' at the top level (first at line 1)");
+}
+
+/* A number format's rate (flops_per_ns x its speedup) below a unit's resolution is a
+ * validation error naming the key, not a rate raised to 0.001 flops per ns. */
+static void test_rate_resolution(void **state)
+{
+    kb_config cfg;
+    kb_errbuf eb = {{0}};
+    (void)state;
+    kb_config_defaults(&cfg);
+    cfg.topo.gemm_int8_speedup = 1e-300;
+    assert_int_equal(kb_config_validate(&cfg, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "pe.gemm.int8_speedup = 1e-300 gives a rate of 4.096e-297 flops per "
+                        "ns with pe.gemm.flops_per_ns = 4096, below the smallest one a unit "
+                        "can have (0.001)");
+    kb_config_defaults(&cfg);
+    cfg.topo.ucie.bandwidth_gbps = 0.0005;
+    assert_int_equal(kb_config_validate(&cfg, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "sip.ucie.bandwidth_gbps = 0.0005 must be >= 0.001");
+    cfg.topo.ucie.bandwidth_gbps = 0.001;
+    assert_int_equal(kb_config_validate(&cfg, &eb), 0);
+    kb_config_fini(&cfg);
 }
 
 static void test_yaml_syntax_errors(void **state)
@@ -481,7 +508,7 @@ static void test_validate(void **state)
 
     cfg = base;
     cfg.topo.ucie.bandwidth_gbps = 0.0;
-    expect_invalid(&cfg, "sip.ucie.bandwidth_gbps = 0 must be > 0");
+    expect_invalid(&cfg, "sip.ucie.bandwidth_gbps = 0 must be >= 0.001");
 
     /* A machine with more SIPs and a smaller cube mesh is fine. */
     cfg = base;
@@ -502,6 +529,7 @@ int main(void)
         cmocka_unit_test(test_unknown_key),
         cmocka_unit_test(test_wrong_types),
         cmocka_unit_test(test_out_of_range_and_duplicates),
+        cmocka_unit_test(test_rate_resolution),
         cmocka_unit_test(test_yaml_syntax_errors),
         cmocka_unit_test(test_missing_file_and_empty_file),
         cmocka_unit_test(test_set),

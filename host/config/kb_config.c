@@ -579,9 +579,9 @@ static int in_list(const char *s, const char *const *list)
 static int check_link(const char *name, const kb_cfg_link *l, kb_errbuf *eb)
 {
     /* Written as negations so that NaN fails too. */
-    if (!(l->bandwidth_gbps > 0.0))
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s.bandwidth_gbps = %g must be > 0", name,
-                          l->bandwidth_gbps);
+    if (!(l->bandwidth_gbps >= KB_CFG_MIN_RATE))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s.bandwidth_gbps = %g must be >= %g", name,
+                          l->bandwidth_gbps, KB_CFG_MIN_RATE);
     if (!(l->latency_ns >= 0.0))
         return kb_err_set(eb, KB_ERR_CONFIG, "%s.latency_ns = %g must be >= 0", name,
                           l->latency_ns);
@@ -664,10 +664,24 @@ static int validate_topo(const kb_topo_cfg *t, kb_errbuf *eb)
                           (unsigned long long)t->tcm_size_bytes);
     if (t->dma_channels < 1)
         return kb_err_set(eb, KB_ERR_CONFIG, "pe.dma.channels = %d must be >= 1", t->dma_channels);
-    if (!(t->dma_bandwidth_gbps > 0.0) || !(t->math_lanes_per_ns > 0.0) ||
-        !(t->gemm_flops_per_ns > 0.0))
+    if (!(t->dma_bandwidth_gbps >= KB_CFG_MIN_RATE) || !(t->math_lanes_per_ns >= KB_CFG_MIN_RATE) ||
+        !(t->gemm_flops_per_ns >= KB_CFG_MIN_RATE))
         return kb_err_set(eb, KB_ERR_CONFIG, "pe.dma.bandwidth_gbps, pe.math.lanes_per_ns and "
-                          "pe.gemm.flops_per_ns must be > 0");
+                          "pe.gemm.flops_per_ns must be >= %g", KB_CFG_MIN_RATE);
+    const struct {
+        const char *key;
+        double v;
+    } speedups[] = { { "int8_speedup", t->gemm_int8_speedup },
+                     { "fp8_speedup", t->gemm_fp8_speedup },
+                     { "mxint8_speedup", t->gemm_mxint8_speedup },
+                     { "sparse_speedup", t->gemm_sparse_speedup } };
+    for (size_t i = 0; i < sizeof speedups / sizeof speedups[0]; i++)
+        if (!(t->gemm_flops_per_ns * speedups[i].v >= KB_CFG_MIN_RATE))
+            return kb_err_set(eb, KB_ERR_CONFIG, "pe.gemm.%s = %g gives a rate of %g flops per "
+                              "ns with pe.gemm.flops_per_ns = %g, below the smallest one a "
+                              "unit can have (%g)", speedups[i].key, speedups[i].v,
+                              t->gemm_flops_per_ns * speedups[i].v, t->gemm_flops_per_ns,
+                              KB_CFG_MIN_RATE);
     if (t->sched_tile_m < 1 || t->sched_tile_n < 1 || t->sched_tile_k < 1)
         return kb_err_set(eb, KB_ERR_CONFIG, "pe.scheduler.tile_{m,n,k} = %d/%d/%d must be >= 1",
                           t->sched_tile_m, t->sched_tile_n, t->sched_tile_k);

@@ -24,6 +24,9 @@
 #include "kb_schema.h"
 
 #define KB_CFG_NAME_MAX 64
+/* The smallest bandwidth (GB/s) or rate (items per ns) a resource can have: kb_res counts
+ * whole bytes (items) per microsecond. Smaller values are errors, not rounded up. */
+#define KB_CFG_MIN_RATE 0.001
 
 /* A link or memory port: bandwidth and latency. */
 typedef struct kb_cfg_link {

@@ -24,11 +24,12 @@
 #define GIB (1073741824.0)
 #define MAX_NS 1e9   /* one simulated second: anything above is surely a unit mistake */
 #define MAX_GBPS 1e6 /* 1 PB/s */
+#define MIN_GBPS KB_CFG_MIN_RATE
 
 #define T_ kb_topo_cfg
 /* A link or memory port: bandwidth_gbps and latency_ns under section p. */
 #define K_LINK(p, f, bw, lat, what)                                                         \
-    KB_SCHEMA_POS(T_, p ".bandwidth_gbps", f.bandwidth_gbps, bw, MAX_GBPS,                          \
+    KB_SCHEMA_DBL(T_, p ".bandwidth_gbps", f.bandwidth_gbps, bw, MIN_GBPS, MAX_GBPS,                \
           what " bandwidth (GB/s = bytes per ns)"),                                         \
     KB_SCHEMA_DBL(T_, p ".latency_ns", f.latency_ns, lat, 0.0, MAX_NS, what " latency (ns)")
 
@@ -84,17 +85,17 @@ static const kb_schema_key topo_keys[] = {
           "PE_CPU issue cost of every tl call (ns)"),
     KB_SCHEMA_DBL(T_, "pe.dma.setup_ns", dma_setup_ns, "20", 0.0, MAX_NS,
           "fixed PE_DMA cost per transfer (ns)"),
-    KB_SCHEMA_POS(T_, "pe.dma.bandwidth_gbps", dma_bandwidth_gbps, "128", MAX_GBPS,
+    KB_SCHEMA_DBL(T_, "pe.dma.bandwidth_gbps", dma_bandwidth_gbps, "128", MIN_GBPS, MAX_GBPS,
           "PE_DMA throughput of one channel (GB/s = bytes per ns)"),
     KB_SCHEMA_INT(T_, "pe.dma.channels", dma_channels, "4", 1, 64,
           "PE_DMA channels that transfer concurrently (count)"),
     KB_SCHEMA_DBL(T_, "pe.math.fixed_ns", math_fixed_ns, "4", 0.0, MAX_NS,
           "fixed PE_MATH cost per vector op (ns)"),
-    KB_SCHEMA_POS(T_, "pe.math.lanes_per_ns", math_lanes_per_ns, "64", 1e9,
+    KB_SCHEMA_DBL(T_, "pe.math.lanes_per_ns", math_lanes_per_ns, "64", MIN_GBPS, 1e9,
           "PE_MATH throughput (elements per ns)"),
     KB_SCHEMA_DBL(T_, "pe.gemm.fixed_ns", gemm_fixed_ns, "16", 0.0, MAX_NS,
           "fixed PE_GEMM cost per gemm (ns)"),
-    KB_SCHEMA_POS(T_, "pe.gemm.flops_per_ns", gemm_flops_per_ns, "4096", 1e12,
+    KB_SCHEMA_DBL(T_, "pe.gemm.flops_per_ns", gemm_flops_per_ns, "4096", MIN_GBPS, 1e12,
           "PE_GEMM throughput (flops per ns; a gemm is 2*M*N*K flops)"),
     /* number formats (issue #16): rates relative to flops_per_ns (the f16/bf16 rate) */
     KB_SCHEMA_POS(T_, "pe.gemm.int8_speedup", gemm_int8_speedup, "2", 64,
