@@ -847,6 +847,37 @@ static void test_outputs_not_inputs(void **s)
     assert_null(kbt_slurp("o.json"));
 }
 
+/* A bench that runs no collective refuses the collective's options by name instead of
+ * ignoring them (gemm's rows of a world_size sweep used to be identical). */
+static void test_options_the_bench_takes(void **s)
+{
+    char out[8192];
+    (void)s;
+    static const char *const opts[][2] = {
+        { "--world-size 4", "--world-size" }, { "--algorithm ring_allreduce_tcm", "--algorithm" },
+        { "--root 1", "--root" }, { "--dtype f32", "--dtype" }, { "--op max", "--op" },
+        { "--n-elem 8", "--n-elem" }, { "--buffer-kind hbm", "--buffer-kind" },
+    };
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+        char cmd[256], msg[256];
+        snprintf(cmd, sizeof cmd, "run --bench gemm --device none %s", opts[i][0]);
+        assert_int_equal(kbt_kbcl(out, sizeof out, cmd), 2);
+        snprintf(msg, sizeof msg, "kbcl: %s: bench 'gemm' runs no collective and takes no %s "
+                 "(its options are --param ones: kbcl list shows them)", opts[i][1], opts[i][1]);
+        kbt_msg_has(out, msg);
+    }
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench va_offset --device none "
+                              "--world-size 8"), 2);
+    kbt_msg_has(out, "--world-size: bench 'va_offset' runs no collective");
+    /* decoder_layer reads --dtype as its number format */
+    char path[1024], cmd[1400];
+    if (kbt_source_path("configs/models/tiny.yaml", path, sizeof path)) {
+        snprintf(cmd, sizeof cmd, "run --bench decoder_layer --model %s --dtype int8 "
+                 "--device none --quiet", path);
+        assert_int_equal(kbt_kbcl(out, sizeof out, cmd), 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -862,6 +893,7 @@ int main(void)
         cmocka_unit_test(test_rsag_halves),
         cmocka_unit_test(test_busiest),
         cmocka_unit_test(test_outputs_not_inputs),
+        cmocka_unit_test(test_options_the_bench_takes),
         cmocka_unit_test(test_ccl_failures),
         cmocka_unit_test(test_trace),
         cmocka_unit_test(test_size_parse),

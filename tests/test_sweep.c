@@ -599,6 +599,15 @@ static void test_sweep_file_errors(void **s)
                                "  m: 32\n");
     assert_int_equal(kbt_kbcl(out, sizeof out, "sweep dup.yaml --out dup.csv"), 2);
     kbt_msg_has(out, "dup.yaml:6:3: params: duplicate key 'm' (first at line 5)");
+    /* a bench without a collective takes none of its axes or keys */
+    kbt_write_file("g_ws.yaml", "bench: gemm\ngrid:\n  world_size: [1, 2]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep g_ws.yaml --out g_ws.csv"), 2);
+    kbt_msg_has(out, "g_ws.yaml:3:16: world_size: bench 'gemm' runs no collective and takes "
+                     "no world_size (its options are params: and param.NAME axes; kbcl list "
+                     "shows them)");
+    kbt_write_file("g_alg.yaml", "bench: gemm\nalgorithm: ring_allreduce_tcm\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep g_alg.yaml --out g_alg.csv"), 2);
+    kbt_msg_has(out, "g_alg.yaml:2:12: algorithm: bench 'gemm' runs no collective");
 }
 
 /*

@@ -29,6 +29,12 @@ static const kb_bench *const registry[] = {
 
 int kb_bench_takes_model(const kb_bench *b) { return b == &kb_bench_decoder_layer; }
 
+int kb_bench_takes_collective(const kb_bench *b)
+{
+    return b != &kb_bench_gemm && b != &kb_bench_va_offset && b != &kb_bench_gpt3_qkv &&
+           b != &kb_bench_ipcq_deadlock;
+}
+
 const kb_bench *kb_bench_at(int i)
 {
     if (i < 0 || (size_t)i >= sizeof registry / sizeof registry[0])

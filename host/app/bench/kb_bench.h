@@ -86,6 +86,11 @@ typedef struct kb_bench {
  * (args.dtype) instead of the collective's: the built-in decoder_layer; 0 for every other
  * bench (plugins' included), which refuse --model. */
 int kb_bench_takes_model(const kb_bench *b);
+/* 0 when b runs no collective, so that the collective's options (--algorithm, --world-size,
+ * --n-elem, --buffer-kind, --root, --op and, but for decoder_layer, --dtype) would change
+ * nothing: the built-in gemm, va_offset, gpt3_qkv and ipcq_deadlock; 1 for every other bench
+ * (plugins' included). */
+int kb_bench_takes_collective(const kb_bench *b);
 
 /* The registry. */
 const kb_bench *kb_bench_find(const char *name);

@@ -301,6 +301,17 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
             return kb_err_set(eb, KB_ERR_USAGE, "--size %s: not a whole number of %d-byte "
                               "elements", job->size, res->bench->size_elem_bytes);
     }
+    if (!kb_bench_takes_collective(res->bench)) {
+        const char *opt[] = { "--algorithm", "--world-size", "--n-elem", "--buffer-kind",
+                              "--root", "--op", "--dtype" };
+        const char *val[] = { job->algorithm, job->world_size, job->n_elem, job->buffer_kind,
+                              job->root, job->op, job->dtype };
+        for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++)
+            if (val[i])
+                return kb_err_set(eb, KB_ERR_USAGE, "%s: bench '%s' runs no collective and "
+                                  "takes no %s (its options are --param ones: kbcl list "
+                                  "shows them)", opt[i], bench_name, opt[i]);
+    }
     if (job->model && !kb_bench_takes_model(res->bench))
         return kb_err_set(eb, KB_ERR_USAGE, "--model: bench '%s' takes no model file "
                           "(decoder_layer does)", bench_name);

@@ -665,6 +665,24 @@ static int plan_check(sw_parse *ps)
         goto out;
     }
     p->split_cols = kb_bench_takes_model(b);
+    if (!kb_bench_takes_collective(b)) { /* the collective's options would change nothing */
+        static const int kinds[] = { AX_ALGORITHM, AX_WORLD_SIZE, AX_N_ELEM, AX_BUFFER_KIND,
+                                     AX_OP, AX_DTYPE };
+        for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+            const sw_mark *at = NULL;
+            for (int a = 0; a < p->nax && !at; a++)
+                if (p->ax[a].kind == kinds[i])
+                    at = &ps->vmark[a][0];
+            if (!at && !p->fixed[kinds[i]])
+                continue;
+            rc = markerr(ps, at ? *at : kinds[i] == AX_ALGORITHM ? ps->alg_mark : ps->bench_mark,
+                         "%s: bench '%s' runs no collective and "
+                         "takes no %s (its options are params: and param.NAME axes; kbcl list "
+                         "shows them)", shorthand_keys[kinds[i]], b->name,
+                         shorthand_keys[kinds[i]]);
+            goto out;
+        }
+    }
     if (p->device && kb_device_from_name(p->device) < 0) {
         rc = markerr(ps, ps->device_mark, "unknown device '%s' (ref, none, cpu, gpu, auto)",
                      p->device);
