@@ -826,6 +826,23 @@ static void test_device_server(void **s)
     unsetenv("KBCL_DEVD_DIR");
 }
 
+/* A device-server folder that is a file: the server refuses to start and says why (it used
+ * to report a server already listening, with a pid it never read). Needs no device: the
+ * check comes before the device is set up. */
+static void test_devd_dir_is_a_file(void **s)
+{
+    char out[8192], file[400];
+    (void)s;
+    kbt_write_file("devd_file", "x\n");
+    snprintf(file, sizeof file, "%s/devd_file", kbt_workdir());
+    setenv("KBCL_DEVD_DIR", file, 1);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "devd --device cpu"), 2);
+    kbt_msg_has(out, "kbcl devd: cannot serve at ");
+    kbt_msg_has(out, "/devd_file/cpu.sock: Not a directory");
+    assert_null(strstr(out, "already listens"));
+    unsetenv("KBCL_DEVD_DIR");
+}
+
 /* --json and --trace never overwrite an input of the run, nor each other: exit 2 before
  * anything runs, the file unchanged. */
 static void test_outputs_not_inputs(void **s)
@@ -892,6 +909,7 @@ int main(void)
         cmocka_unit_test(test_coll_lanes),
         cmocka_unit_test(test_rsag_halves),
         cmocka_unit_test(test_busiest),
+        cmocka_unit_test(test_devd_dir_is_a_file),
         cmocka_unit_test(test_outputs_not_inputs),
         cmocka_unit_test(test_options_the_bench_takes),
         cmocka_unit_test(test_ccl_failures),

@@ -193,9 +193,14 @@ int kbcl_cmd_devd(int argc, char **argv)
         return 0;
     }
     kb_devd_hello h;
-    if (kb_remote_hello(path, &h, &eb) != KB_ERR_NOTFOUND) {
+    int hrc = kb_remote_hello(path, &h, &eb);
+    if (hrc == 0) {
         fprintf(stderr, "kbcl devd: a device server already listens at %s (pid %d; kbcl devd "
                 "--stop ends it)\n", path, (int)h.pid);
+        return KBCL_EXIT_USAGE;
+    }
+    if (hrc != KB_ERR_NOTFOUND) { /* something else is there, or the path cannot be used */
+        fprintf(stderr, "kbcl devd: cannot serve at %s: %s\n", path, eb.msg);
         return KBCL_EXIT_USAGE;
     }
     if (!detach)
