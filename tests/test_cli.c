@@ -826,6 +826,28 @@ static void test_device_server(void **s)
     unsetenv("KBCL_DEVD_DIR");
 }
 
+/* ccl.defaults.backpressure=false (docs/collectives.md, "Backpressure"): senders overwrite
+ * slots not yet read, so the sums are wrong and the run says so (exit 1), on a ring of any
+ * length; it used to stop with an IPCQ invariant error (exit 3) once more credits were on
+ * their way than a ring holds. */
+static void test_no_backpressure(void **s)
+{
+    char out[8192];
+    (void)s;
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl_allreduce --verify-data "
+                              "--algorithm ring_allreduce_hbm --world-size 16 --set "
+                              "ccl.defaults.n_slots=1 --set ccl.defaults.backpressure=false "
+                              "--quiet"), 1);
+    kbt_msg_has(out, "  [FAIL] ring_allreduce_hbm (ws=16): got mean=-20.9683, expected=-22.6436 "
+                     "(16 of 16 ranks wrong, first: rank 0 element 0 = -23.8438, expected "
+                     "-34.125)");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl_allreduce --verify-data "
+                              "--algorithm ring_allreduce_hbm --world-size 64 --set "
+                              "ccl.defaults.backpressure=false --quiet"), 1);
+    kbt_msg_has(out, "  [FAIL] ring_allreduce_hbm (ws=64): ");
+    assert_null(strstr(out, "found no sending queue"));
+}
+
 /* A device-server folder that is a file: the server refuses to start and says why (it used
  * to report a server already listening, with a pid it never read). Needs no device: the
  * check comes before the device is set up. */
@@ -909,6 +931,7 @@ int main(void)
         cmocka_unit_test(test_coll_lanes),
         cmocka_unit_test(test_rsag_halves),
         cmocka_unit_test(test_busiest),
+        cmocka_unit_test(test_no_backpressure),
         cmocka_unit_test(test_devd_dir_is_a_file),
         cmocka_unit_test(test_outputs_not_inputs),
         cmocka_unit_test(test_options_the_bench_takes),
