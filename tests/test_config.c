@@ -256,6 +256,13 @@ static void test_unknown_key(void **state)
                       "pe)");
     expect_load_error("ccl:\n  defaults:\n    n_slots: 4\n", "1:1: ",
                       "unknown key 'ccl' at the top level (known: system, host, sip, cube, pe)");
+    /* another file given as a config (a shadow-like line parses as one long key): the
+     * message names the place, never the file's bytes */
+    expect_load_error("root:$6$salt$hash:19000:0:99999:7:::\n", "1:1: ",
+                      "unknown key (not shown: not a key name) at the top level (known: system, "
+                      "host, sip, cube, pe)");
+    expect_load_error("cube:\n  a b c: 1\n", "2:3: ",
+                      "unknown key (not shown: not a key name) in section 'cube'");
 }
 
 static void test_wrong_types(void **state)

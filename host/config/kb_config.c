@@ -157,13 +157,15 @@ static int check_key(const ld_ctx *c, yaml_node_t *map, size_t i, const char *wh
 {
     yaml_node_pair_t *pairs = map->data.mapping.pairs.start;
     yaml_node_t *k = pair_key(c, &pairs[i]);
+    char kbuf[80];
 
     if (k->type != YAML_SCALAR_NODE)
         return ld_fail(c, k, "expected a plain key %s, got %s", where, node_kind(k));
     for (size_t j = 0; j < i; j++) {
         yaml_node_t *k2 = pair_key(c, &pairs[j]);
         if (k2->type == YAML_SCALAR_NODE && strcmp(scalar(k2), scalar(k)) == 0)
-            return ld_fail(c, k, "duplicate key '%s' %s (first at line %zu)", scalar(k), where,
+            return ld_fail(c, k, "duplicate key %s %s (first at line %zu)",
+                           kb_config_key_shown(scalar(k), kbuf, sizeof kbuf), where,
                            (size_t)k2->start_mark.line + 1);
     }
     return 0;
@@ -216,7 +218,9 @@ static int walk_map(const ld_ctx *c, const kb_schema_scope *sc, const char *disp
                 return rc;
         } else {
             kb_schema_children(sc, rel, known, sizeof known);
-            return ld_fail(c, k, "unknown key '%.64s' %s (known: %s)", scalar(k), where, known);
+            char kbuf[80];
+            return ld_fail(c, k, "unknown key %s %s (known: %s)",
+                           kb_config_key_shown(scalar(k), kbuf, sizeof kbuf), where, known);
         }
     }
     return 0;
@@ -231,6 +235,20 @@ int kb_config_valid_name(const char *s)
               (*s >= 'A' && *s <= 'Z')))
             return 0;
     return 1;
+}
+
+const char *kb_config_key_shown(const char *k, char *buf, size_t n)
+{
+    size_t len = k ? strlen(k) : 0;
+    int ok = len > 0 && len < KB_CFG_NAME_MAX;
+    for (size_t i = 0; ok && i < len; i++)
+        ok = k[i] == '_' || k[i] == '-' || k[i] == '.' || (k[i] >= '0' && k[i] <= '9') ||
+             (k[i] >= 'a' && k[i] <= 'z') || (k[i] >= 'A' && k[i] <= 'Z');
+    if (ok)
+        snprintf(buf, n, "'%s'", k);
+    else
+        snprintf(buf, n, "(not shown: not a key name)");
+    return buf;
 }
 
 /* A section of named entries: each key is an entry name, each value one scope instance. */
@@ -320,8 +338,9 @@ static int load_sections_root(const ld_ctx *c, void *target, yaml_node_t *root)
             for (size_t j = 0; j < ss->n; j++)
                 snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s",
                          j ? ", " : "", ss->v[j].key);
-            return ld_fail(c, k, "unknown key '%.64s' at the top level (known: %s)", scalar(k),
-                           known);
+            char kbuf[80];
+            return ld_fail(c, k, "unknown key %s at the top level (known: %s)",
+                           kb_config_key_shown(scalar(k), kbuf, sizeof kbuf), known);
         }
         if (is_null_node(v))
             continue;

@@ -161,5 +161,10 @@ int kb_config_set_in_scope(const kb_schema_scope *sc, const char *disp, void *ba
                            const char *rel, const char *value, int quoted, kb_errbuf *eb);
 /* 1 when s is a valid entry name: 1..KB_CFG_NAME_MAX-1 letters, digits, '_' or '-'. */
 int kb_config_valid_name(const char *s);
+/* A key from a file as an error message may show it: "'key'" when it could be a key of a
+ * kbcl file (letters, digits, '_', '-', '.', under 64 characters), else a phrase that shows
+ * none of it, so that pointing kbcl at any other file never prints that file's bytes. buf
+ * (n >= 72) holds the result; returns buf. */
+const char *kb_config_key_shown(const char *k, char *buf, size_t n);
 
 #endif

@@ -533,10 +533,11 @@ static int parse_top(sw_parse *ps, const yaml_node_t *root)
                 return rc;
             continue;
         }
+        char kbuf[80];
         if (!is_scalar_key(ks))
-            return perr(ps, k, "unknown key '%s' (keys: name, description, bench, device, verify, "
+            return perr(ps, k, "unknown key %s (keys: name, description, bench, device, verify, "
                         "topology, ccl, model, algorithm, world_size, n_elem, size, buffer_kind, set, "
-                        "params, plugins, grid, exclude)", ks);
+                        "params, plugins, grid, exclude)", kb_config_key_shown(ks, kbuf, sizeof kbuf));
         if (!(vs = scalar(v)))
             return perr(ps, v, "%s: expected a single value (to sweep it, list its values "
                         "under grid:)", ks);
