@@ -4,6 +4,7 @@
 #include "kb_cli.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -592,8 +593,14 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
                 redop, root, rep->sim_time_ns / 1000.0, algbw, busbw, nw);
     }
     fprintf(f, "  sim_time   %.3f ns (%.3f us)\n", rep->sim_time_ns, rep->sim_time_ns / 1000.0);
-    for (int i = 0; i < rep->res.nextras; i++)
-        fprintf(f, "  %-10s %.6g\n", rep->res.extras[i].name, rep->res.extras[i].value);
+    for (int i = 0; i < rep->res.nextras; i++) {
+        double v = rep->res.extras[i].value;
+        /* counts and sizes as integers (1073741824, not 1.07374e+09); rates as before */
+        if (v == floor(v) && fabs(v) < 9007199254740992.0)
+            fprintf(f, "  %-10s %.0f\n", rep->res.extras[i].name, v);
+        else
+            fprintf(f, "  %-10s %.6g\n", rep->res.extras[i].name, v);
+    }
     if (rep->res.busiest[0])
         fprintf(f, "  busiest    %s, reserved %.1f %% of sim_time\n", rep->res.busiest,
                 100.0 * rep->res.busiest_frac);
