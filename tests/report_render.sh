@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Renders a `kbcl report` page in headless Chromium and checks the DOM it builds: one <svg>
 # per plot, each algorithm named in the legends, the size axes labelled in bytes, the
-# efficiency plots, the rows table. Registered by
-# tests/CMakeLists.txt only when chromium is installed (KBCL_INSTALL_CHROMIUM=1
-# scripts/install-deps.sh). Usage: report_render.sh KBCL CHROMIUM
+# efficiency plots, the rows table. Usage: report_render.sh KBCL [CHROMIUM]
+# Without a Chromium (none given, or not executable) it exits 77, which ctest reports as
+# "Skipped"; with KBCL_REQUIRE_BROWSER=1 (CI) that is a failure instead.
 set -euo pipefail
 KBCL=$(readlink -f "$1")
-CHROMIUM=${2:-chromium}
+CHROMIUM=${2:-}
+if [ -z "$CHROMIUM" ] || ! [ -x "$CHROMIUM" ]; then
+  if [ "${KBCL_REQUIRE_BROWSER:-0}" = "1" ]; then
+    echo "report_render: FAIL: no Chromium (KBCL_REQUIRE_BROWSER=1); install it with" \
+         "KBCL_INSTALL_CHROMIUM=1 scripts/install-deps.sh and re-run cmake" >&2
+    exit 1
+  fi
+  echo "report_render: skipped: no Chromium (KBCL_INSTALL_CHROMIUM=1 scripts/install-deps.sh)"
+  exit 77
+fi
 dir=$(mktemp -d /tmp/kbcl_report_render_XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 cd "$dir"
