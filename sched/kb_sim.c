@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "kb_err.h"
+#include "kb_progress.h"
 
 #if KBCL_FIBER_UCONTEXT
 #include <ucontext.h>
@@ -223,6 +224,10 @@ struct kb_sim {
     const void *sched_stack_bottom;
     size_t sched_stack_size;
 #endif
+    /* kb_sim_set_progress: the loop publishes to `progress` at its first move to a later
+     * slot once nevents has reached publish_at (UINT64_MAX without one: never) */
+    uint64_t publish_at;
+    kb_progress *progress;
 };
 
 /* ---------------------------------------------------------------- event storage */
@@ -440,12 +445,26 @@ static void wheel_clear(kb_sim *sim, uint32_t b)
         sim->sums[b >> 12] &= ~(UINT64_C(1) << ((b >> 6) & 63u));
 }
 
+/* Out of line and cold: what calls it pays one compare per move of the wheel's cursor to a
+ * later slot (advance, and heap_push into an empty queue), none per event (kb_progress.h).
+ * The time is that of the last event fired. The stores are relaxed: the reader is a
+ * display, not a consumer of simulated state. */
+static KB_COLD void progress_publish(kb_sim *sim)
+{
+    atomic_store_explicit(&sim->progress->sim_now, sim->now, memory_order_relaxed);
+    atomic_store_explicit(&sim->progress->events, sim->nevents, memory_order_relaxed);
+    sim->publish_at = sim->nevents + KB_PROGRESS_EVERY;
+}
+
 static void heap_push(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
 {
     uint64_t s = slot_of(t);
 
-    if (s > sim->cursor && sim->hn == sim->nh && sim->wn == 0 && sim->farn == 0)
+    if (s > sim->cursor && sim->hn == sim->nh && sim->wn == 0 && sim->farn == 0) {
         sim->cursor = s; /* nothing else is pending: the cursor may jump to it */
+        if (sim->nevents >= sim->publish_at)
+            progress_publish(sim);
+    }
     if (s > sim->cursor && s - sim->cursor < KB_WHEEL_N_) {
         /* the common case first; fields written in place (a struct built on the stack and
          * copied costs a store-forwarding stall) */
@@ -520,6 +539,10 @@ static int advance(kb_sim *sim, kb_event *out)
         next = slot_of(sim->far[0].time);
     if (next == UINT64_MAX)
         return 0;
+    /* Here (and where heap_push moves the cursor), not in kb_sim_run's loop: the progress
+     * display costs the per-event paths nothing (kb_progress.h). */
+    if (sim->nevents >= sim->publish_at)
+        progress_publish(sim);
     sim->cursor = next;
     if (sim->wn) {
         uint32_t b = (uint32_t)(next & (KB_WHEEL_N_ - 1u));
@@ -635,6 +658,7 @@ kb_sim *kb_sim_create(const kb_sim_opts *opts)
         goto fail;
     sim->stack_bytes = (stack + sim->page - 1) / sim->page * sim->page;
     sim->cap = KB_INITIAL_CAP_;
+    sim->publish_at = UINT64_MAX;
     sim->heap = malloc(sim->cap * sizeof *sim->heap);
     sim->far = malloc(sim->cap * sizeof *sim->far);
     sim->fifo = malloc(sim->cap * sizeof *sim->fifo);
@@ -720,6 +744,14 @@ static inline __attribute__((always_inline)) int fiber_then(kb_sim *sim, kb_fibe
 static void fiber_resume_ev(kb_sim *sim, void *a, void *b);
 static void fiber_then_ev(kb_sim *sim, void *a, void *b);
 
+void kb_sim_set_progress(kb_sim *sim, kb_progress *p)
+{
+    sim->progress = p;
+    sim->publish_at = p ? sim->nevents + KB_PROGRESS_EVERY : UINT64_MAX;
+    if (p)
+        progress_publish(sim);
+}
+
 /*
  * A stop requested outside a run stays pending: the next run returns its code before firing
  * anything. Re-entering run from a callback or a fiber is refused with KB_ERR_STATE.
@@ -764,6 +796,8 @@ int kb_sim_run(kb_sim *sim)
             ev.fn(sim, ev.a, ev.b);
         }
     }
+    if (sim->progress)
+        progress_publish(sim);
     if (sim->stop) {
         sim->stop = 0;
         rc = sim->stop_code;

@@ -65,6 +65,16 @@ int kb_sim_run(kb_sim *sim);
 /* Ends the current kb_sim_run() after the running event/fiber step; code is what run returns. */
 void kb_sim_stop(kb_sim *sim, int code);
 
+/*
+ * Publishes the simulated time reached and the events fired into p (kb_progress.h) for a
+ * display on another thread: now, when a run returns, and during a run at the first move of
+ * simulated time to a later 0.512 ns slot after each KB_PROGRESS_EVERY events (a run that
+ * fires events at one time only publishes when it returns). NULL stops it. p must outlive
+ * the sim or be unset first. Changes nothing the run computes.
+ */
+struct kb_progress;
+void kb_sim_set_progress(kb_sim *sim, struct kb_progress *p);
+
 /* Statistics. */
 uint64_t kb_sim_events(const kb_sim *sim);          /* events fired so far */
 uint64_t kb_sim_switches(const kb_sim *sim);        /* fiber resumes so far */
