@@ -23,6 +23,7 @@
  * division/sqrt or without f32 denormals still runs, but may differ from ref in the last bit.
  */
 #include "kb_opencl.h"
+#include "kb_progress.h"
 #include "kb_remote.h"
 
 #include <stdio.h>
@@ -1403,7 +1404,7 @@ static uint8_t *program_binary(cl_program prog, size_t *n)
  * fields; a cache that cannot be written is a note, not an error.
  */
 static int build_program(clbe *b, cl_platform_id plat, cl_device_id dev, kb_cl_cache_mode mode,
-                         kb_errbuf *eb)
+                         kb_progress *pg, kb_errbuf *eb)
 {
     const char *src = (const char *)kb_opencl_src;
     char opts[512], dir[3800], key[2048];
@@ -1423,6 +1424,7 @@ static int build_program(clbe *b, cl_platform_id plat, cl_device_id dev, kb_cl_c
         kb_clcache_path(dir, key, b->setup.cache_path, sizeof b->setup.cache_path);
         b->setup.cache = KB_CL_CACHE_MISS;
         if (mode == KB_CL_CACHE_USE && kb_clcache_load(dir, key, &bin, &nbin) == 1) {
+            kb_progress_set_device(pg, KB_PROGRESS_DEV_LOAD);
             if (program_from_binary(b, dev, opts, bin, nbin)) {
                 b->setup.cache = KB_CL_CACHE_HIT;
                 b->setup.binary_bytes = nbin;
@@ -1437,6 +1439,8 @@ static int build_program(clbe *b, cl_platform_id plat, cl_device_id dev, kb_cl_c
         b->prog = clCreateProgramWithSource(b->ctx, 1, &src, NULL, &err);
         if (!b->prog)
             return cl_fail(eb, "clCreateProgramWithSource", err);
+        /* a cold start's long wait (a minute on some CPU drivers): a display says why */
+        kb_progress_set_device(pg, KB_PROGRESS_DEV_BUILD);
         err = clBuildProgram(b->prog, 1, &dev, opts, NULL, NULL);
         if (err != CL_SUCCESS) {
             char log[600];
@@ -1458,6 +1462,7 @@ static int build_program(clbe *b, cl_platform_id plat, cl_device_id dev, kb_cl_c
             free(bin);
         }
     }
+    kb_progress_set_device(pg, KB_PROGRESS_DEV_SETUP);
     return rc;
 }
 
@@ -1541,6 +1546,12 @@ int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_
 int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backend *out,
                                 char *desc, size_t desc_n, kb_errbuf *eb)
 {
+    return kb_opencl_backend_create_pg(want, mode, NULL, out, desc, desc_n, eb);
+}
+
+int kb_opencl_backend_create_pg(kb_cl_want want, kb_cl_cache_mode mode, kb_progress *pg,
+                                kb_backend *out, char *desc, size_t desc_n, kb_errbuf *eb)
+{
     double t0 = now_ms(), t1, t2;
     cl_inventory v;
     clbe *b = NULL;
@@ -1592,7 +1603,8 @@ int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backe
     (void)clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof b->ncu, &b->ncu, NULL);
     t2 = now_ms();
     b->dev = dev;
-    if ((rc = build_program(b, plat, dev, mode, eb)) != 0 || (rc = make_kernels(b, dev, eb)) != 0)
+    if ((rc = build_program(b, plat, dev, mode, pg, eb)) != 0 ||
+        (rc = make_kernels(b, dev, eb)) != 0)
         goto fail;
     b->setup.discover_ms = t1 - t0;
     b->setup.context_ms = t2 - t1;
@@ -1711,6 +1723,13 @@ int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backe
 {
     (void)mode;
     return kb_opencl_backend_create(want, out, desc, desc_n, eb);
+}
+
+int kb_opencl_backend_create_pg(kb_cl_want want, kb_cl_cache_mode mode, kb_progress *pg,
+                                kb_backend *out, char *desc, size_t desc_n, kb_errbuf *eb)
+{
+    (void)pg;
+    return kb_opencl_backend_create_ex(want, mode, out, desc, desc_n, eb);
 }
 
 static int cl_setup_of(const kb_backend *be, kb_opencl_setup *out)

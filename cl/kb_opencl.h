@@ -70,6 +70,12 @@ int kb_opencl_backend_create(kb_cl_want want, kb_backend *out, char *desc, size_
 /* The same with a program-cache mode (kb_opencl_backend_create uses KB_CL_CACHE_USE). */
 int kb_opencl_backend_create_ex(kb_cl_want want, kb_cl_cache_mode mode, kb_backend *out,
                                 char *desc, size_t desc_n, kb_errbuf *eb);
+/* The same, publishing into pg (kb_progress.h; NULL = nobody watches) whether the program is
+ * being built from source or loaded from the cache: the set-up runs on a thread of its own
+ * while Phase 1 runs, and a cold build can take a minute. */
+struct kb_progress;
+int kb_opencl_backend_create_pg(kb_cl_want want, kb_cl_cache_mode mode, struct kb_progress *pg,
+                                kb_backend *out, char *desc, size_t desc_n, kb_errbuf *eb);
 
 /* The set-up figures of an OpenCL backend into *out; KB_ERR_INVAL for any other backend. */
 int kb_opencl_setup_of(const kb_backend *be, kb_opencl_setup *out);

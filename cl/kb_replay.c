@@ -27,6 +27,7 @@
 #include "kb_replay.h"
 
 #include "kb_bigmem.h"
+#include "kb_progress.h"
 #include "kb_resident.h"
 
 #include <assert.h>
@@ -1039,14 +1040,18 @@ static int check_payload_refs(const kb_rec *const *recs, size_t n, size_t payloa
  * the first one.
  */
 static int run_plan(kb_backend *be, const kb_plan *plan, uint8_t *arena, const uint8_t *payload,
-                    size_t payload_bytes, kb_errbuf *eb)
+                    size_t payload_bytes, kb_progress *pg, kb_errbuf *eb)
 {
     int rc = be->ops->begin(be->self, arena, plan->arena_bytes, payload, payload_bytes, eb);
 
+    if (pg)
+        atomic_store_explicit(&pg->batches, plan->nbatches, memory_order_relaxed);
     if (rc == 0) {
         for (size_t b = 0; b < plan->nbatches && rc == 0; b++) {
             const kb_batch *bt = &plan->batches[b];
             rc = be->ops->run_batch(be->self, plan->recs + bt->first, bt->count, eb);
+            if (pg)
+                atomic_store_explicit(&pg->batches_done, b + 1, memory_order_relaxed);
         }
         if (rc == 0) {
             rc = be->ops->end(be->self, arena, plan->arena_bytes, eb);
@@ -1063,6 +1068,12 @@ static int run_plan(kb_backend *be, const kb_plan *plan, uint8_t *arena, const u
 int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_stats *st,
                     kb_errbuf *eb)
 {
+    return kb_replay_flush_pg(log, ms, be, st, NULL, eb);
+}
+
+int kb_replay_flush_pg(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_stats *st,
+                       kb_progress *pg, kb_errbuf *eb)
+{
     double t0 = now_ms();
     const kb_rec **ptrs = NULL;
     uint8_t *arena = NULL;
@@ -1077,6 +1088,12 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
         return 0;
     size_t n = count - first;
     const uint8_t *payload = kb_oplog_payload(log);
+    if (pg) {
+        atomic_fetch_add_explicit(&pg->flushes, 1, memory_order_relaxed);
+        atomic_store_explicit(&pg->flush_records, n, memory_order_relaxed);
+        atomic_store_explicit(&pg->batches, 0, memory_order_relaxed);
+        atomic_store_explicit(&pg->batches_done, 0, memory_order_relaxed);
+    }
     size_t payload_bytes = kb_oplog_payload_size(log);
 
     kb_resident *res = be->ops->resident ? be->ops->resident(be->self) : NULL;
@@ -1104,7 +1121,7 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
             kb_err_prefix(eb, "replay on %s", be->ops->name ? be->ops->name : "?");
             goto out;
         }
-        if ((rc = run_plan(be, &plan, NULL, NULL, 0, eb)) != 0) {
+        if ((rc = run_plan(be, &plan, NULL, NULL, 0, pg, eb)) != 0) {
             kb_resident_fail(res);
             goto out;
         }
@@ -1129,7 +1146,7 @@ int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_st
             kb_memstore_read(ms, plan.segs[i].pa, arena + plan.segs[i].arena_off,
                              (size_t)plan.segs[i].len);
 
-        if ((rc = run_plan(be, &plan, arena, payload, payload_bytes, eb)) != 0)
+        if ((rc = run_plan(be, &plan, arena, payload, payload_bytes, pg, eb)) != 0)
             goto out;
 
         if ((rc = reserve_pages(ms, &plan)) != 0) {

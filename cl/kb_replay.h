@@ -144,5 +144,10 @@ typedef struct kb_replay_stats {
  */
 int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_stats *st,
                     kb_errbuf *eb);
+/* The same, publishing into pg (kb_progress.h; NULL = nobody watches) the flush's number, its
+ * records, its batches once planned and the batches run so far. */
+struct kb_progress;
+int kb_replay_flush_pg(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_stats *st,
+                       struct kb_progress *pg, kb_errbuf *eb);
 
 #endif

@@ -14,6 +14,7 @@
 #include "kb_runtime_int.h"
 
 #include "kb_opencl.h"
+#include "kb_progress.h"
 #include "kb_remote.h"
 #include "kb_trace.h"
 
@@ -55,14 +56,20 @@ static double rt_now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* The set-up thread: makes the backend of ctx->device (nothing else of ctx is touched). */
+static int backend_for_device(kb_device_kind dev, kb_progress *pg, kb_backend *out, char *desc,
+                              size_t desc_n, char *note, size_t note_n, kb_errbuf *eb);
+
+/* The set-up thread: makes the backend of ctx->device (nothing else of ctx is touched but
+ * the device stage of ctx->progress, which is this thread's to write). */
 static void *backend_setup(void *arg)
 {
     kb_ctx *ctx = arg;
     ctx->be_eb.msg[0] = '\0';
-    ctx->be_rc = kb_backend_for_device(ctx->device, &ctx->be, ctx->device_desc,
-                                       sizeof ctx->device_desc, ctx->device_note,
-                                       sizeof ctx->device_note, &ctx->be_eb);
+    kb_progress_set_device(ctx->progress, KB_PROGRESS_DEV_SETUP);
+    ctx->be_rc = backend_for_device(ctx->device, ctx->progress, &ctx->be, ctx->device_desc,
+                                    sizeof ctx->device_desc, ctx->device_note,
+                                    sizeof ctx->device_note, &ctx->be_eb);
+    kb_progress_set_device(ctx->progress, KB_PROGRESS_DEV_NONE);
     if (ctx->be_rc != 0)
         ctx->be.ops = NULL;
     /* A driver may have given this thread an alternate signal stack from its own heap (LLVM,
@@ -80,7 +87,9 @@ int kb_ctx_backend_wait(kb_ctx *ctx)
 {
     if (ctx->be_pending) {
         double t0 = rt_now_ms();
+        int prev = kb_progress_set_phase(ctx->progress, KB_PROGRESS_DEVICE_WAIT);
         pthread_join(ctx->be_thread, NULL);
+        kb_progress_set_phase(ctx->progress, (kb_progress_phase)prev);
         ctx->be_pending = 0;
         ctx->be_wait_ms += rt_now_ms() - t0;
     }
@@ -104,6 +113,7 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
     ctx->trace = opts ? opts->trace : NULL;
     ctx->trace_rec = opts ? opts->trace_rec : NULL;
     ctx->cut_every = opts && opts->cut_records ? opts->cut_records : KB_CTX_CUT_RECORDS;
+    ctx->progress = opts ? opts->progress : NULL;
     if ((rc = kb_config_validate(cfg, eb)) != 0)
         goto fail;
     if ((rc = kb_machine_create(&cfg->topo, &ctx->m, eb)) != 0)
@@ -119,6 +129,7 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the context");
         goto fail;
     }
+    kb_sim_set_progress(ctx->sim, ctx->progress);
     if (ctx->device == KB_DEV_NONE) {
         ctx->recording = 0;
         snprintf(ctx->device_desc, sizeof ctx->device_desc, "none (timing only)");
@@ -209,6 +220,13 @@ const char *kb_ctx_device_note(const kb_ctx *ctx) { return ctx->device_note; }
 int kb_backend_for_device(kb_device_kind dev, kb_backend *out, char *desc, size_t desc_n,
                           char *note, size_t note_n, kb_errbuf *eb)
 {
+    return backend_for_device(dev, NULL, out, desc, desc_n, note, note_n, eb);
+}
+
+/* kb_backend_for_device, publishing the OpenCL program build's stage into pg. */
+static int backend_for_device(kb_device_kind dev, kb_progress *pg, kb_backend *out, char *desc,
+                              size_t desc_n, char *note, size_t note_n, kb_errbuf *eb)
+{
     char tmp[160];
     int rc;
     if (note && note_n)
@@ -238,12 +256,13 @@ int kb_backend_for_device(kb_device_kind dev, kb_backend *out, char *desc, size_
         snprintf(desc, desc_n, "ref (plain C)");
         return kb_ref_backend_create(out);
     case KB_DEV_GPU:
-        return kb_opencl_backend_create(KB_CL_GPU, out, desc, desc_n, eb);
+        return kb_opencl_backend_create_pg(KB_CL_GPU, KB_CL_CACHE_USE, pg, out, desc, desc_n, eb);
     case KB_DEV_CPU:
-        return kb_opencl_backend_create(KB_CL_CPU, out, desc, desc_n, eb);
+        return kb_opencl_backend_create_pg(KB_CL_CPU, KB_CL_CACHE_USE, pg, out, desc, desc_n, eb);
     case KB_DEV_AUTO: {
         kb_errbuf why;
-        rc = kb_opencl_backend_create(KB_CL_ANY, out, desc, desc_n, &why);
+        rc = kb_opencl_backend_create_pg(KB_CL_ANY, KB_CL_CACHE_USE, pg, out, desc, desc_n,
+                                         &why);
         if (rc == 0)
             return 0;
         if (note && note_n)
@@ -347,7 +366,10 @@ int kb_ctx_record_as(kb_ctx *ctx, kb_rec *r, const char *name)
 
 static int replay_pending(kb_ctx *ctx)
 {
-    int rc = kb_replay_flush(ctx->log, ctx->ms, &ctx->be, &ctx->rstats, &ctx->err);
+    int prev = kb_progress_set_phase(ctx->progress, KB_PROGRESS_REPLAY);
+    int rc = kb_replay_flush_pg(ctx->log, ctx->ms, &ctx->be, &ctx->rstats, ctx->progress,
+                                &ctx->err);
+    kb_progress_set_phase(ctx->progress, (kb_progress_phase)prev);
     if (rc)
         kb_err_prefix(&ctx->err, "phase-2 replay (%s)", ctx->be.ops->name);
     return rc;
@@ -440,7 +462,17 @@ static void dl_line(const kb_fiber *f, const char *what, const void *obj, void *
     }
 }
 
+static int run_host(kb_ctx *ctx, kb_host_fn fn, void *arg);
+
 int kb_ctx_run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
+{
+    int prev = kb_progress_set_phase(ctx->progress, KB_PROGRESS_PHASE1);
+    int rc = run_host(ctx, fn, arg);
+    kb_progress_set_phase(ctx->progress, (kb_progress_phase)prev);
+    return rc;
+}
+
+static int run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
 {
     kb_hostproc hp = { KB_TAG_HOST, ctx, fn, arg, 0, -1, 0, 0, NULL };
     kb_fiber *f = kb_fiber_spawn(ctx->sim, host_main, &hp, "host");

@@ -72,6 +72,11 @@ typedef struct kb_ctx_opts {
      * handed everything so far, to replay while the simulation goes on. Cuts order records
      * the same way on every backend, so results do not depend on which one flushed there. */
     size_t cut_records;
+    /* Where the run publishes how far it has come (kb_progress.h: the phase, Phase 1's
+     * simulated time and events, Phase 2's flushes and batches, the device set-up's stage),
+     * for a display on another thread; NULL = nobody watches. Not owned; must outlive the
+     * context. Changes nothing the run computes. */
+    struct kb_progress *progress;
 } kb_ctx_opts;
 
 #define KB_CTX_CUT_RECORDS ((size_t)32768)

@@ -150,6 +150,7 @@ struct kb_ctx {
     char device_desc[160];
     char device_note[256];
     kb_replay_stats rstats;
+    struct kb_progress *progress; /* kb_ctx_opts.progress (NULL: nobody watches) */
     size_t cut_every;       /* records between cuts (kb_ctx_opts.cut_records resolved) */
     size_t since_cut;       /* records appended since the last cut */
     int cut_asked;          /* the simulation was asked to pause for a cut */

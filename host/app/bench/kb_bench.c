@@ -6,6 +6,7 @@
 
 #include "kb_hostgemm.h"
 #include "kb_opencl.h"
+#include "kb_progress.h"
 
 #include <assert.h>
 #include <math.h>
@@ -366,6 +367,7 @@ int kb_bench_execute(const kb_config *cfg, const kb_ccl_cfg *ccl, const kb_ctx_o
     rep->switches = kb_sim_switches(kb_ctx_sim(ctx));
     rep->kernels = kb_ctx_kernels_run(ctx);
     if (a->verify && kb_ctx_recording(ctx) && b->verify) {
+        kb_progress_set_phase(opts ? opts->progress : NULL, KB_PROGRESS_VERIFY);
         rc = b->verify(ctx, a, state, &rep->res);
         if (rc) {
             kb_err_set(eb, rc, "%s", kb_ctx_errmsg(ctx));
