@@ -384,7 +384,7 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     if (job->trace_path && (rc = kb_trace_create(&tr, eb)) != 0)
         return rc;
     kb_ctx_opts opts = { (kb_device_kind)dev, job->ipcq_trace, tr, job->backend,
-                         job->backend_desc, cut };
+                         job->backend_desc, cut, job->progress };
     rc = kb_bench_execute(&res->cfg, &res->ccl, &opts, res->bench, &res->args, &res->rep, eb);
     if (rc == 0 && tr)
         rc = kb_trace_write(tr, job->trace_path, eb);

@@ -52,6 +52,9 @@ typedef struct kbcl_job {
      * the job makes its own. Not owned. */
     const kb_backend *backend;
     const char *backend_desc;
+    /* Where the run publishes how far it has come (kb_ctx_opts.progress); NULL = nobody
+     * watches. Not owned. */
+    struct kb_progress *progress;
 } kbcl_job;
 
 typedef struct kbcl_result {
@@ -128,6 +131,36 @@ int kbcl_same_file(const char *a, const char *b);
  * `what` names the output in the message ("--json"). */
 int kbcl_check_output(const char *what, const char *out, const char *const *ins, int n,
                       kb_errbuf *eb);
+
+/* ---- progress (progress.c) ---- */
+
+/* m:ss, or h:mm:ss from an hour on, of s seconds (rounded; negative counts as 0). */
+void kbcl_fmt_dur(char *b, size_t n, double s);
+/*
+ * Whether `kbcl run` shows its progress line: never with --quiet (quiet != 0); else env, the
+ * value of KBCL_PROGRESS, decides when it is "0" (off) or "1" (on, terminal or not: scripts
+ * and tests); else only when stderr is a terminal.
+ */
+int kbcl_progress_wanted(int quiet, const char *env, int stderr_is_tty);
+/*
+ * The progress line (no carriage return, no newline) for what p holds after elapsed_s
+ * seconds, into buf (always NUL-terminated when n > 0); returns its length. It begins with
+ * "kbcl run [m:ss] " and then says the phase: "phase 1: T simulated, N events" (with the
+ * device set-up's stage, "building OpenCL program", while it overlaps), "phase 2: replay
+ * flush F (R records): batch B/NB" (or "planning", "finishing"), "waiting for the Phase-2
+ * device: ...", "verifying the outputs", or "setting up the run".
+ */
+struct kb_progress;
+size_t kbcl_progress_format(char *buf, size_t n, struct kb_progress *p, double elapsed_s);
+/*
+ * A thread that, from delay_s seconds on, redraws that line on fd every 250 ms ("\r", the
+ * line cut to the terminal's width, "\033[K"); kbcl_ticker_stop ends it and clears the line,
+ * so that whatever is printed next starts on a clean line. 0 or KB_ERR_NOMEM (then *out is
+ * NULL and the run goes on without a line). p must outlive the ticker.
+ */
+typedef struct kbcl_ticker kbcl_ticker;
+int kbcl_ticker_start(kbcl_ticker **out, struct kb_progress *p, int fd, double delay_s);
+void kbcl_ticker_stop(kbcl_ticker *t); /* NULL: no-op */
 
 /* Subcommands implemented outside main.c. */
 int kbcl_cmd_bench_self(int argc, char **argv);

@@ -20,6 +20,7 @@
 #include "kb_opencl.h"
 #include "kb_config.h"
 #include "kb_plugin.h"
+#include "kb_progress.h"
 #include "kb_runtime.h"
 
 
@@ -78,12 +79,14 @@ static void usage_run(FILE *f)
           "                       (docs/phase2.md)\n"
           "  --json FILE          write the results as JSON (atomically; never over an\n"
           "                       input of the run)\n"
-          "  --quiet              print only the result line\n"
+          "  --quiet              print only the result line (and no progress line)\n"
           "  --plugin FILE.so     load a plugin: algorithms and benches (repeatable;\n"
           "                       docs/plugins.md)\n"
           "environment: KBCL_CCL_TRACE=1 prints one line per IPCQ send/recv to stderr;\n"
           "KBCL_CONFIG_DIR=DIR reads DIR/topology.yaml and DIR/ccl.yaml by default;\n"
-          "KBCL_PLUGIN_PATH=A:B loads plugins (files, or folders of *.so files) first\n",
+          "KBCL_PLUGIN_PATH=A:B loads plugins (files, or folders of *.so files) first;\n"
+          "KBCL_PROGRESS=0 never shows the progress line that a terminal gets on stderr\n"
+          "from 1 s into a run, KBCL_PROGRESS=1 shows it on any stderr\n",
           f);
 }
 
@@ -327,7 +330,18 @@ static int cmd_run(int argc, char **argv)
     if (plugins_open("run", files, nfiles, &ps) != 0)
         return KBCL_EXIT_USAGE;
     job.plugins = ps;
+    /* The progress line: on stderr, so never with the IPCQ trace lines there too. */
+    kb_progress pg;
+    kbcl_ticker *ticker = NULL;
+    if (kbcl_progress_wanted(quiet || job.ipcq_trace, getenv("KBCL_PROGRESS"),
+                             isatty(STDERR_FILENO))) {
+        kb_progress_init(&pg);
+        job.progress = &pg;
+        if (kbcl_ticker_start(&ticker, &pg, STDERR_FILENO, 1.0) != 0)
+            job.progress = NULL; /* no thread: the run goes on without a line */
+    }
     rc = kbcl_job_run(&job, &res, &eb);
+    kbcl_ticker_stop(ticker); /* the line is gone before anything else is printed */
     if (res.rep.device_note[0])
         fprintf(stderr, "kbcl: %s\n", res.rep.device_note);
     if (rc) {
