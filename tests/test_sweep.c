@@ -1106,9 +1106,36 @@ static void test_no_data_loss(void **s)
                       "the page page.html is the same file as page.html");
 }
 
+/* The ETA of the progress bar (kbcl_sweep_eta), exact: means and halves of whole seconds. */
+static void test_eta(void **s)
+{
+    (void)s;
+    /* nothing finished yet: no estimate */
+    assert_true(kbcl_sweep_eta(5, 2, 0, 0.0, NULL, 0) == -1.0);
+    /* mean 10 s; 6 waiting, running for 3 s (7 left) and for 12 s (0 left): 67 s over 2 jobs */
+    const double run2[2] = { 3.0, 12.0 };
+    assert_true(kbcl_sweep_eta(6, 2, 4, 40.0, run2, 2) == 33.5);
+    /* the issue's sweep: the 1 GiB point has run 106 s, the others took 2 s, none waits: the
+     * estimate is gone, not 0:00 */
+    const double big[1] = { 106.0 };
+    assert_true(kbcl_sweep_eta(0, 4, 9, 18.0, big, 1) == -1.0);
+    /* a running point's own remainder bounds the estimate from below (0.5 s, not 0.5 / 4) */
+    const double almost[1] = { 1.5 };
+    assert_true(kbcl_sweep_eta(0, 4, 9, 18.0, almost, 1) == 0.5);
+    /* one waiting point takes a whole mean, however many jobs are free */
+    assert_true(kbcl_sweep_eta(1, 8, 2, 20.0, NULL, 0) == 10.0);
+    /* no running points known (MPI): the waiting ones over the jobs */
+    assert_true(kbcl_sweep_eta(3, 2, 2, 8.0, NULL, 0) == 6.0);
+    /* done */
+    assert_true(kbcl_sweep_eta(0, 2, 3, 9.0, NULL, 0) == 0.0);
+    /* jobs 0 counts as 1 */
+    assert_true(kbcl_sweep_eta(3, 0, 1, 2.0, NULL, 0) == 6.0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_eta),
         cmocka_unit_test(test_rows),
         cmocka_unit_test(test_jobs2_equals_jobs1),
         cmocka_unit_test(test_jsonl),

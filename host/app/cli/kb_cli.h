@@ -162,6 +162,19 @@ typedef struct kbcl_ticker kbcl_ticker;
 int kbcl_ticker_start(kbcl_ticker **out, struct kb_progress *p, int fd, double delay_s);
 void kbcl_ticker_stop(kbcl_ticker *t); /* NULL: no-op */
 
+/*
+ * A sweep's remaining wall time in seconds from what it knows now: `not_started` points
+ * waiting, `jobs` run at a time, `nmeasured` finished points that took `measured_s` seconds
+ * together, and `nrunning` points running for running_s[i] seconds each. With mean =
+ * measured_s / nmeasured, a running point has max(0, mean - running_s[i]) left and a waiting
+ * one mean; the estimate is the largest of: the work left spread over the jobs, the longest
+ * left of a running point, and mean when a point still waits. -1 (no estimate) when nothing
+ * has been measured, or when points are running, none waits and every one of them has run
+ * past the mean (a point far longer than the others: saying 0:00 would be wrong).
+ */
+double kbcl_sweep_eta(int not_started, int jobs, int nmeasured, double measured_s,
+                      const double *running_s, int nrunning);
+
 /* Subcommands implemented outside main.c. */
 int kbcl_cmd_bench_self(int argc, char **argv);
 int kbcl_cmd_devices(int argc, char **argv);

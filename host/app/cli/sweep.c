@@ -118,6 +118,8 @@ _Static_assert(sizeof(sw_outcome) <= PIPE_BUF, "a worker's outcome is one atomic
 static const char *const split_cols[SW_NSPLIT] = { "compute_ns", "memory_ns", "comm_ns",
                                                    "tokens_per_s" };
 
+struct sw_worker;
+
 typedef struct sw_ctx {
     sw_plan *plan;
     const char *out_path;              /* NULL = stdout */
@@ -129,6 +131,13 @@ typedef struct sw_ctx {
     int bar_shown;
     int write_failed;
     kb_errbuf werr;
+    /* for the ETA: points run at a time, the finished points' own wall times, and the local
+     * workers (NULL under MPI, whose running points this rank does not see) */
+    int slots;
+    int nmeasured;
+    double measured_s;
+    const struct sw_worker *workers;
+    int nworkers;
 } sw_ctx;
 
 /* ---------------------------------------------------------------- plan loading -------- */
@@ -1229,29 +1238,61 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void fmt_dur(char *b, size_t n, double s)
+double kbcl_sweep_eta(int not_started, int jobs, int nmeasured, double measured_s,
+                      const double *running_s, int nrunning)
 {
-    long t = (long)(s + 0.5);
-    if (t >= 3600)
-        snprintf(b, n, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
-    else
-        snprintf(b, n, "%ld:%02ld", t / 60, t % 60);
+    double mean, work, longest = 0.0, eta;
+    if (nmeasured <= 0)
+        return -1.0;
+    mean = measured_s / nmeasured;
+    work = not_started > 0 ? not_started * mean : 0.0;
+    for (int i = 0; i < nrunning; i++) {
+        double left = mean - running_s[i];
+        if (left > 0) {
+            work += left;
+            if (left > longest)
+                longest = left;
+        }
+    }
+    if (not_started <= 0 && nrunning > 0 && longest <= 0)
+        return -1.0;
+    eta = work / (jobs > 0 ? jobs : 1);
+    if (longest > eta)
+        eta = longest;
+    if (not_started > 0 && mean > eta) /* a waiting point takes a mean of its own */
+        eta = mean;
+    return eta;
 }
+
+static void sweep_worker_times(const sw_ctx *c, double now, double *running, int *n,
+                               double *longest);
 
 static void progress_bar(sw_ctx *c)
 {
     int total = c->plan->npoints, done = c->ndone_before + c->nfinished, width = 30;
     int fill = total ? (int)((long long)done * width / total) : width;
-    double el = now_s() - c->t0;
-    char bar[64], e1[32], e2[32];
+    double now = now_s(), el = now - c->t0, longest = 0.0, eta;
+    double running[SW_MAX_JOBS];
+    int nrunning = 0, left = c->npending - c->nfinished;
+    char bar[64], e1[32], e2[64], e3[32];
     for (int i = 0; i < width; i++)
         bar[i] = i < fill ? '#' : '.';
     bar[width] = 0;
-    fmt_dur(e1, sizeof e1, el);
-    if (c->nfinished)
-        fmt_dur(e2, sizeof e2, el / c->nfinished * (c->npending - c->nfinished));
-    else
+    kbcl_fmt_dur(e1, sizeof e1, el);
+    sweep_worker_times(c, now, running, &nrunning, &longest);
+    eta = kbcl_sweep_eta(left - nrunning, c->slots, c->nmeasured, c->measured_s, running,
+                         nrunning);
+    /* rounded up: a point still running never shows 0:00 */
+    if (eta >= 0 && left > 0 && eta < 1.0)
+        eta = 1.0;
+    if (eta >= 0) {
+        kbcl_fmt_dur(e2, sizeof e2, eta);
+    } else if (nrunning > 0) {
+        kbcl_fmt_dur(e3, sizeof e3, longest);
+        snprintf(e2, sizeof e2, "? (a point running for %s)", e3);
+    } else {
         snprintf(e2, sizeof e2, "?");
+    }
     fprintf(stderr, "\r\033[K[%s] %d/%d %3d%%  elapsed %s  ETA %s", bar, done, total,
             total ? done * 100 / total : 100, e1, e2);
     fflush(stderr);
@@ -1309,6 +1350,10 @@ static int finish_point(void *ctx, const void *outcome)
 
     assert(o->point >= 0 && o->point < c->plan->npoints);
     c->nfinished++;
+    if (o->wall_ms > 0) { /* a crashed worker's point has no time of its own */
+        c->nmeasured++;
+        c->measured_s += o->wall_ms / 1000.0;
+    }
     if (o->rc)
         c->n_err++;
     else if (o->verified == 0)
@@ -1647,9 +1692,25 @@ typedef struct sw_worker {
     int fd, point;
     int cmd;     /* a device worker's command pipe (it reads point numbers); -1: one point */
     int busy;    /* a device worker is running a point (one-point workers always are) */
+    double t0;   /* when it was handed its point (now_s) */
     size_t got;
     sw_outcome o;
 } sw_worker;
+
+/* The running points' times so far, and the longest of them. */
+static void sweep_worker_times(const sw_ctx *c, double now, double *running, int *n,
+                               double *longest)
+{
+    *n = 0;
+    *longest = 0.0;
+    for (int i = 0; c->workers && i < c->nworkers; i++)
+        if (c->workers[i].pid && c->workers[i].busy) {
+            running[*n] = now - c->workers[i].t0;
+            if (running[*n] > *longest)
+                *longest = running[*n];
+            ++*n;
+        }
+}
 
 static void crash_outcome(sw_outcome *o, int point, int status)
 {
@@ -1712,6 +1773,7 @@ static int spawn(sw_ctx *c, sw_worker *w, int point, const sigset_t *oldmask, in
     w->fd = pfd[0];
     w->cmd = -1;
     w->busy = 1;
+    w->t0 = now_s();
     w->point = point;
     w->got = 0;
     return 0;
@@ -1815,6 +1877,7 @@ static int assign(sw_worker *w, int point)
         return -1;
     w->point = point;
     w->busy = 1;
+    w->t0 = now_s();
     w->got = 0;
     return 0;
 }
@@ -1855,6 +1918,8 @@ static int run_local(sw_ctx *c, const int *pending, int npending, int jobs, kb_e
     }
     for (int i = 0; i < jobs; i++)
         w[i].cmd = -1;
+    c->workers = w;
+    c->nworkers = jobs;
     /* signals arrive as readable data in the poll loop: no handler, no global flag */
     sigprocmask(SIG_BLOCK, &block, &old);
     if ((sfd = signalfd(-1, &block, SFD_CLOEXEC)) < 0) {
@@ -1991,6 +2056,7 @@ static int run_local(sw_ctx *c, const int *pending, int npending, int jobs, kb_e
     if (stop > 0)
         rc = 128 + stop;
 out:
+    c->workers = NULL;
     for (int i = 0; w && i < jobs; i++) /* idle device workers; any other means a stop */
         retire(&w[i], w[i].busy || w[i].cmd < 0);
     if (sfd >= 0) {
@@ -2138,6 +2204,7 @@ int kbcl_cmd_sweep(int argc, char **argv)
         goto out;
     }
     c.npending = npending;
+    c.slots = mpi ? size : jobs;
     if (rank == 0 && !c.quiet && !c.tty)
         fprintf(stderr, "kbcl sweep: %s: %d points, %d to run (%s %d)\n", plan->file,
                 plan->npoints, npending, mpi ? "MPI ranks" : "jobs", mpi ? size : jobs);
