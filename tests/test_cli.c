@@ -143,6 +143,105 @@ static void test_usage(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench va_offset --param k=100"), 2);
 }
 
+/* The line of out that starts with prefix (up to its newline, into line), or fails. */
+static void line_of(const char *out, const char *prefix, char *line, size_t n)
+{
+    for (const char *l = out; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, prefix, strlen(prefix))) {
+            size_t len = strchr(l, '\n') ? (size_t)(strchr(l, '\n') - l) : strlen(l);
+            snprintf(line, n, "%.*s", (int)len, l);
+            return;
+        }
+    fail_msg("no line starting '%s' in:\n%s", prefix, out);
+}
+
+/*
+ * kbcl list names every entry of configs/ccl.yaml (the names --algorithm takes) and marks the
+ * default with '*'. The entries are read here from the file's text, not through the loader,
+ * so an entry the loader dropped would show up as missing.
+ */
+static void test_list_entries(void **s)
+{
+    static char out[65536];
+    char path[4096], prefix[160], line[512], def[128] = "";
+    char *yaml, *l, *next;
+    int in_algos = 0, in_defaults = 0, nentries = 0, nstars = 0;
+    (void)s;
+    if (!kbt_source_path("configs/ccl.yaml", path, sizeof path))
+        skip();
+    assert_int_equal(kbt_kbcl(out, sizeof out, "list"), 0);
+    yaml = kbt_read_file(path);
+    for (l = yaml; l && *l; l = next) {
+        char name[128];
+        next = strchr(l, '\n');
+        if (next)
+            *next++ = 0;
+        if (l[0] != ' ' && l[0] != '#' && l[0]) {
+            in_algos = !strncmp(l, "algorithms:", 11);
+            in_defaults = !strncmp(l, "defaults:", 9);
+        } else if (in_defaults && sscanf(l, "  algorithm: %127[A-Za-z0-9_]", def) == 1) {
+            continue;
+        } else if (in_algos && l[0] == ' ' && l[1] == ' ' && l[2] != ' ' && l[2] != '#' &&
+                   sscanf(l + 2, "%127[A-Za-z0-9_]:", name) == 1) {
+            /* an entry: "  NAME:" at the entry indent, its line of the listing starts with
+             * the marker column then the name and a space */
+            int is_def = !strcmp(name, def);
+            snprintf(prefix, sizeof prefix, "%c %s ", is_def ? '*' : ' ', name);
+            line_of(out, prefix, line, sizeof line);
+            nentries++;
+        }
+    }
+    free(yaml);
+    assert_true(def[0]);
+    assert_true(nentries >= 20); /* the file as shipped: the parse above found its entries */
+    for (l = out; (l = strstr(l, "\n* ")) != NULL; l++)
+        nstars++;
+    assert_int_equal(nstars, 1);
+    /* what a line says: module, collective, topology, world size, rank model */
+    line_of(out, "* ring_allreduce_tcm ", line, sizeof line);
+    assert_non_null(strstr(line, " ring_allreduce "));
+    assert_non_null(strstr(line, " all_reduce "));
+    assert_non_null(strstr(line, " ring_1d "));
+    assert_non_null(strstr(line, " 256 "));
+    assert_non_null(strstr(line, " rank = PE"));
+    line_of(out, "  hierarchical_allreduce_sip ", line, sizeof line);
+    assert_non_null(strstr(line, " SIPs "));
+    assert_non_null(strstr(line, " rank = SIP, process group"));
+    /* the headings say which section holds entries and which modules */
+    kbt_msg_has(out, "ccl.yaml entries (");
+    kbt_msg_has(out, "collective modules, rank = PE form");
+    kbt_msg_has(out, "collective modules, rank = SIP process-group forms");
+    /* --algorithm's help points at the listing */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --help"), 0);
+    kbt_msg_has(out, "an entry of ccl.yaml (kbcl\n                       list shows them");
+
+    /* --ccl FILE: its entries, exactly as a table, and a default that is not an entry */
+    kbt_write_file("list.yaml", "defaults:\n  algorithm: tree7\nalgorithms:\n"
+                                "  tree7:\n    module: tree_allreduce\n    topology: tree_binary\n"
+                                "    world_size: 7\n"
+                                "  lanes_ring:\n    module: ring_allreduce\n    topology: ring_1d\n"
+                                "  pg:\n    module: intercube_allreduce\n    topology: none\n"
+                                "  ghost:\n    module: no_such_module\n    world_size: 4\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "list --ccl list.yaml"), 0);
+    kbt_msg_has(out, "ccl.yaml entries (list.yaml): ");
+    kbt_msg_has(out, "\n  entry       module               collective      topology     "
+                     "world size  rank model\n"
+                     "* tree7       tree_allreduce       all_reduce      tree_binary  "
+                     "7           rank = PE\n"
+                     "  lanes_ring  ring_allreduce       all_reduce      ring_1d      "
+                     "SIPs        rank = SIP, lanes\n"
+                     "  pg          intercube_allreduce  all_reduce      none         "
+                     "SIPs        rank = SIP, process group\n"
+                     "  ghost       no_such_module       -               -            "
+                     "4           unknown module (a plugin not loaded?)\n");
+    kbt_write_file("list2.yaml", "defaults:\n  algorithm: elsewhere\nalgorithms:\n"
+                                 "  one:\n    module: ring_allreduce\n    world_size: 8\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "list --ccl list2.yaml"), 0);
+    kbt_msg_has(out, "  one  ");
+    kbt_msg_has(out, "the default, 'elsewhere', is not an entry of this file");
+    assert_null(strstr(out, "\n* "));
+}
+
 static void test_config_errors(void **s)
 {
     char out[8192];
@@ -924,6 +1023,7 @@ int main(void)
         cmocka_unit_test(test_va_offset),
         cmocka_unit_test(test_gpt3_qkv),
         cmocka_unit_test(test_usage),
+        cmocka_unit_test(test_list_entries),
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_sim_errors),
         cmocka_unit_test(test_ccl_matrix),

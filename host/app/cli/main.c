@@ -14,6 +14,7 @@
 
 #include "kb_bench.h"
 #include "kb_ccl.h"
+#include "kb_ccl_reg.h"
 #include "kb_dist_algo.h"
 #include "kb_cli.h"
 #include "kb_remote.h"
@@ -34,7 +35,8 @@ static void usage_main(FILE *f)
           "  sweep    run a grid of jobs from a YAML file, one result row per point\n"
           "           (CSV or JSON Lines; --jobs N workers, --resume, mpirun)\n"
           "  report   render sweep results as a self-contained HTML page with plots\n"
-          "  list     list benches, algorithms, topologies and devices\n"
+          "  list     list benches, ccl.yaml entries (--algorithm names), collective modules,\n"
+          "           topologies and devices\n"
           "  devices  list the OpenCL platforms and devices Phase 2 can use\n"
           "  devd     keep an OpenCL device set up for every kbcl process (device server)\n"
           "  bench-self  measure the simulator's own speed (Phase 1 and Phase-2 replay)\n"
@@ -57,7 +59,8 @@ static void usage_run(FILE *f)
           "  --set KEY=VALUE      override a config key, e.g. system.sips.count=4,\n"
           "                       ccl.defaults.n_slots=1 (repeatable)\n"
           "  --param NAME=VALUE   set a bench parameter, e.g. m=512 (repeatable)\n"
-          "  --algorithm NAME     collective for the ccl bench (an entry of ccl.yaml)\n"
+          "  --algorithm NAME     collective for the ccl bench: an entry of ccl.yaml (kbcl\n"
+          "                       list shows them and marks the default)\n"
           "  --world-size N       ranks (rank = PE mode; overrides the entry's world_size)\n"
           "  --n-elem N           f16 elements per rank (nccl-tests' count; all_gather,\n"
           "                       reduce_scatter, all_to_all tiles hold ws chunks of it)\n"
@@ -94,9 +97,10 @@ static void usage_list(FILE *f)
 {
     fputs("usage: kbcl list [--plugin FILE.so]... [--ccl FILE]\n"
           "\n"
-          "  lists benches, collective algorithms, topologies and devices: kbcl's own, then\n"
-          "  what each plugin adds (plugins of KBCL_PLUGIN_PATH, of --plugin, and of the\n"
-          "  plugins: list of ccl.yaml, the default one or --ccl FILE's)\n",
+          "  lists benches, the entries of ccl.yaml (the default one or --ccl FILE: the names\n"
+          "  --algorithm takes, the default marked *), the collective modules they name,\n"
+          "  topologies and devices: kbcl's own, then what each plugin adds (plugins of\n"
+          "  KBCL_PLUGIN_PATH, of --plugin, and of the plugins: list of that ccl.yaml)\n",
           f);
 }
 
@@ -168,6 +172,70 @@ static const kb_dist_algo *any_dist(const kb_plugins *ps, int i)
     return i < nb ? kb_dist_algo_at(i) : kb_ccl_reg_dist_at(kb_plugins_ccl(ps), i - nb);
 }
 
+/* How `kbcl run --bench ccl --algorithm NAME` runs entry e (bench_ccl.c decides the same way):
+ * a world_size runs rank = PE unless the module has only a process-group form; none runs one
+ * rank per SIP, through the module's process-group form when it has one, else in lanes. */
+static const char *entry_model(const kb_ccl_cfg *ccl, const kb_ccl_algo *e, int *kind,
+                               const void **impl)
+{
+    const kb_ccl_algo_impl *a = kb_ccl_reg_find_algo(ccl->reg, e->module);
+    const kb_dist_algo *d = kb_ccl_reg_find_dist(ccl->reg, e->module);
+    int ws = kb_ccl_config_params(ccl, e).world_size;
+
+    *kind = a ? (int)a->kind : d ? (int)d->kind : -1;
+    *impl = a ? (const void *)a : (const void *)d;
+    if (!a && !d)
+        return "unknown module (a plugin not loaded?)";
+    if (ws > 0 && a)
+        return "rank = PE";
+    return d ? "rank = SIP, process group" : "rank = SIP, lanes";
+}
+
+/* Every entry of the ccl file in use: the names --algorithm takes, the default marked. */
+static void list_entries(const kb_plugins *ps, const kb_ccl_cfg *ccl)
+{
+    int wn = 5, wm = 6, wt = 8, have_default = 0;
+    char from[96];
+
+    for (int i = 0; i < ccl->nalgos; i++) {
+        const kb_ccl_algo *e = &ccl->algos[i];
+        wn = (int)strlen(e->name) > wn ? (int)strlen(e->name) : wn;
+        wm = (int)strlen(e->module) > wm ? (int)strlen(e->module) : wm;
+        wt = (int)strlen(e->topology) > wt ? (int)strlen(e->topology) : wt;
+    }
+    printf("ccl.yaml entries (%s): the names --algorithm takes; * marks the default "
+           "(defaults.algorithm), the one kbcl run --bench ccl runs without --algorithm. "
+           "world size: the entry's, which --world-size N overrides; SIPs = one rank per SIP "
+           "(system.sips.count):\n", ccl->path[0] ? ccl->path : "no file: built-in defaults");
+    printf("  %-*s  %-*s  %-14s  %-*s  %-10s  %s\n", wn, "entry", wm, "module", "collective",
+           wt, "topology", "world size", "rank model");
+    for (int i = 0; i < ccl->nalgos; i++) {
+        const kb_ccl_algo *e = &ccl->algos[i];
+        const void *impl;
+        int kind, mine = !strcmp(e->name, ccl->defaults.algorithm);
+        const char *model = entry_model(ccl, e, &kind, &impl);
+        char ws[16];
+        int n = kb_ccl_config_params(ccl, e).world_size;
+
+        if (!strncmp(model, "rank = SIP", 10))
+            snprintf(ws, sizeof ws, "SIPs");
+        else if (n > 0)
+            snprintf(ws, sizeof ws, "%d", n);
+        else
+            snprintf(ws, sizeof ws, "-");
+        have_default |= mine;
+        printf("%c %-*s  %-*s  %-14s  %-*s  %-10s  %s%s\n", mine ? '*' : ' ', wn, e->name, wm,
+               e->module, kind >= 0 ? kb_coll_name((kb_coll_kind)kind) : "-", wt,
+               e->topology[0] ? e->topology : "-", ws, model,
+               impl ? origin(ps, impl, from, sizeof from) : "");
+    }
+    if (!ccl->nalgos)
+        printf("  (none)\n");
+    if (!have_default)
+        printf("  the default, '%s', is not an entry of this file: kbcl run --bench ccl "
+               "needs --algorithm\n", ccl->defaults.algorithm);
+}
+
 static int cmd_list(int argc, char **argv)
 {
     const char *files[KBCL_MAX_PLUGIN_ARGS], *ccl_path = NULL;
@@ -219,15 +287,17 @@ static int cmd_list(int argc, char **argv)
                    b->params[j].doc, (long long)b->params[j].dflt, (long long)b->params[j].min,
                    (long long)b->params[j].max);
     }
-    printf("collective algorithms, rank = PE (ccl.yaml module names, collective kind; every "
-           "rank is one PE, layout single_shard_per_rank; with world_size 0 one rank per SIP "
-           "in lanes over the SIP's PEs, unless the module has a process-group form below):\n");
+    list_entries(ps, ccl);
+    printf("collective modules, rank = PE form (the implementations entries name as module:, "
+           "collective kind; every rank is one PE, layout single_shard_per_rank; with "
+           "world_size 0 one rank per SIP in lanes over the SIP's PEs, unless the module has a "
+           "process-group form below):\n");
     for (int i = 0; any_algo(ps, i); i++) {
         const kb_ccl_algo_impl *a = any_algo(ps, i);
         printf("  %-24s %-14s %s%s\n", a->module, kb_coll_name(a->kind), a->summary,
                origin(ps, a, from, sizeof from));
     }
-    printf("collective algorithms, rank = SIP process-group forms (init_process_group; PEs of "
+    printf("collective modules, rank = SIP process-group forms (init_process_group; PEs of "
            "a rank / layout):\n");
     for (int i = 0; any_dist(ps, i); i++) {
         const kb_dist_algo *d = any_dist(ps, i);
