@@ -937,6 +937,52 @@ static void test_report_sizes(void **s)
 }
 
 /*
+ * Two collectives in one result (rows written here, no simulation): busbw against size is one
+ * plot per collective, and each plot's legend names the series that plot draws, in their
+ * color of every plot.
+ */
+static void test_report_legends(void **s)
+{
+    static const char *const hdr =
+        "point,algorithm,world_size,size,bench,size_bytes,sim_time_ns,algbw_gbps,busbw_gbps,"
+        "bound_ns,efficiency,bound_resource,events,wall_ms,verified,status,error\n";
+    char out[8192];
+    char *html, *plot, *end;
+    (void)s;
+    {
+        char text[2048];
+        snprintf(text, sizeof text, "%s"
+                 "0,ring_allreduce_tcm,4,1K,ccl,1024,1000,1.024,1.536,500,0.5,pcie sip0,10,1,,ok,\n"
+                 "1,ring_allreduce_tcm,4,4K,ccl,4096,2000,2.048,3.072,1500,0.75,pcie sip0,10,1,,ok,\n"
+                 "2,ring_allgather,4,1K,ccl,1024,1500,0.682667,0.512,300,0.2,pcie sip0,10,1,,ok,\n"
+                 "3,ring_allgather,4,4K,ccl,4096,2500,1.6384,1.2288,1000,0.4,pcie sip0,10,1,,ok,\n",
+                 hdr);
+        kbt_write_file("two.csv", text);
+    }
+    assert_int_equal(kbt_kbcl(out, sizeof out, "report two.csv -o two.html"), 0);
+    html = kbt_slurp("two.html");
+    assert_non_null(html);
+    /* busbw vs size per collective, then time and efficiency vs size with both */
+    assert_int_equal(count_str(html, "<svg "), 4);
+    assert_int_equal(count_str(html, "<g class=\"legend\">"), 6);
+    assert_int_equal(count_str(html, "\">ring_allreduce_tcm</text></g>"), 3);
+    assert_int_equal(count_str(html, "\">ring_allgather</text></g>"), 3);
+    /* the all_gather plot: its one series, first in the legend, in its color of the plots
+     * both series share (the second color), and a picture of the usual height */
+    plot = strstr(html, "aria-label=\"all_gather busbw vs message size, world_size = 4\"");
+    assert_non_null(plot);
+    end = strstr(plot, "</svg>");
+    *end = 0;
+    assert_int_equal(count_str(plot, "<g class=\"legend\">"), 1);
+    kbt_msg_has(plot, "<g class=\"legend\"><line x1=\"546\" y1=\"44\" x2=\"570\" y2=\"44\" "
+                      "stroke=\"#d62728\" stroke-width=\"3\"/><text x=\"576\" y=\"48\">"
+                      "ring_allgather</text></g>");
+    kbt_msg_has(plot, "height=\"380\"");
+    *end = '<';
+    free(html);
+}
+
+/*
  * bound_ns, efficiency and bound_resource: every row carries the bound `kbcl run --json`
  * reports for the same point, in CSV and in JSON Lines, empty (null) on an error row; a file
  * with this header resumes, one with the header from before the bound columns is refused
@@ -1152,6 +1198,7 @@ int main(void)
         cmocka_unit_test(test_size_axis),
         cmocka_unit_test(test_report),
         cmocka_unit_test(test_report_sizes),
+        cmocka_unit_test(test_report_legends),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

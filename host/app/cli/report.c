@@ -7,8 +7,11 @@
  * kind, busbw against message size gets one group of plots per collective, the kind of each
  * algorithm coming from the shipped ccl.yaml and the registries), the efficiency (bound_ns /
  * sim_time_ns, how close a run came to its busiest resource's bound) against world size and
- * message size on a fixed 0..1 axis, and a table of every row. Points' tooltips carry the
- * efficiency and the bound's resource when the rows have them. No scripts, fonts or
+ * message size on a fixed 0..1 axis, and a table of every row. Each plot's legend names the
+ * series it draws (a series keeps its color in every plot). Points' tooltips carry the
+ * efficiency and the bound's resource when the rows have them. The work grows with the rows
+ * (and their sorts): series are found by hashing, each group of plots is one pass over the
+ * rows and one sort of its points, numbers are read once per column. No scripts, fonts or
  * network: the file opens anywhere and is byte-for-byte the same for the same rows. Limits:
  * rows with the decoder_layer time split (compute_ns, memory_ns, comm_ns) and a
  * system.sips.count axis also get the split against the TP size: stacked bars per row of a
@@ -20,6 +23,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,17 +80,49 @@ static void sb_printf(sb *b, const char *fmt, ...)
     b->len += (size_t)n;
 }
 
-/* HTML/XML-escaped text. */
+/* Appends n bytes of s. */
+static void sb_putn(sb *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        char *p;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        if (!(p = realloc(b->s, cap))) {
+            b->oom = 1;
+            return;
+        }
+        b->s = p;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+
+static void sb_puts(sb *b, const char *s)
+{
+    sb_putn(b, s, strlen(s));
+}
+
+/* HTML/XML-escaped text: runs of plain characters in one copy (the rows table escapes every
+ * cell of every row). */
 static void sb_esc(sb *b, const char *s)
 {
-    for (; *s; s++) {
+    for (;;) {
+        size_t n = strcspn(s, "&<>\"");
+        sb_putn(b, s, n);
+        s += n;
         switch (*s) {
-        case '&': sb_printf(b, "&amp;"); break;
-        case '<': sb_printf(b, "&lt;"); break;
-        case '>': sb_printf(b, "&gt;"); break;
-        case '"': sb_printf(b, "&quot;"); break;
-        default: sb_printf(b, "%c", *s);
+        case '&': sb_puts(b, "&amp;"); break;
+        case '<': sb_puts(b, "&lt;"); break;
+        case '>': sb_puts(b, "&gt;"); break;
+        case '"': sb_puts(b, "&quot;"); break;
+        default: return;
         }
+        s++;
     }
 }
 
@@ -336,9 +372,11 @@ static int is_fixed_col(const char *name)
     return 0;
 }
 
+/* A point of a plot: its row's position in point order (pos) breaks ties, so that every sort
+ * below gives one order whatever qsort does with equal keys. */
 typedef struct pt {
     double x, y;
-    int row;
+    int row, pos, series, panel;
 } pt;
 
 typedef struct plotdata {
@@ -346,11 +384,32 @@ typedef struct plotdata {
     char **series;        /* names, global order (first appearance by point) */
     int *row_series;      /* per row: series index, -1 when the row is not plotted */
     int *order;           /* rows sorted by point */
+    int *pos;             /* per row: its place in order */
     /* the rows' bound for the points' tooltips: the table and its bound_ns, efficiency and
      * bound_resource columns (-1 when a file from before them has none) */
     const rtable *t;
     int cbound, ceff, cbres;
+    double **num;         /* per column: its cells as numbers (strtod), read once on first use */
+    int oom;
 } plotdata;
+
+/* Column c's cells as numbers (strtod: 0 for text, as the cells were always read), converted
+ * once per column: plots read the same columns again for every panel and every group. NULL
+ * (and pd->oom) when out of memory. */
+static const double *col_num(plotdata *pd, int c)
+{
+    if (!pd->num[c]) {
+        double *v = malloc((size_t)(pd->t->nrow + 1) * sizeof *v);
+        if (!v) {
+            pd->oom = 1;
+            return NULL;
+        }
+        for (int r = 0; r < pd->t->nrow; r++)
+            v[r] = strtod(pd->t->cell[r][c], NULL);
+        pd->num[c] = v;
+    }
+    return pd->num[c];
+}
 
 /* The y label of the efficiency plots. */
 #define EFF_LABEL "efficiency (bound / sim time)"
@@ -459,15 +518,16 @@ static void svg_bound_tip(sb *b, const plotdata *pd, int r, int is_eff_plot)
         sb_printf(b, ")");
 }
 
-/* One line plot of pts (npts, grouped by series) as an <svg> element; xbytes: x is a size in
- * bytes, labelled with binary units. */
+/* One line plot of pts (npts, sorted by series, then x, then point) as an <svg> element;
+ * xbytes: x is a size in bytes, labelled with binary units. The legend names the series the
+ * plot has, each in its color of every plot. */
 static void svg_plot(sb *b, const plotdata *pd, const char *title, const char *xlabel,
                      int xbytes, const char *ylabel, const pt *pts, int npts, int ymode)
 {
     axis xa = { 0, 1, 2 }, ya = { 0, 1, 0 };
     double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
     char lab[64];
-    int width = PW, height = PH;
+    int width = PW, height = PH, nleg = 0;
 
     for (int i = 0; i < npts; i++) {
         xmin = fmin(xmin, pts[i].x);
@@ -494,11 +554,16 @@ static void svg_plot(sb *b, const plotdata *pd, const char *title, const char *x
     }
     /* the legend column grows with the longest name (about 7 px per character) and the
      * picture with the number of names */
-    if (MT + 20 + 20 * pd->nseries > height)
-        height = MT + 20 + 20 * pd->nseries;
-    for (int s = 0; s < pd->nseries; s++)
-        if (PW - MR + 56 + 7 * (int)strlen(pd->series[s]) > width)
-            width = PW - MR + 56 + 7 * (int)strlen(pd->series[s]);
+    for (int i = 0; i < npts; i++) {
+        const char *name = pd->series[pts[i].series];
+        if (i > 0 && pts[i].series == pts[i - 1].series)
+            continue;
+        nleg++;
+        if (PW - MR + 56 + 7 * (int)strlen(name) > width)
+            width = PW - MR + 56 + 7 * (int)strlen(name);
+    }
+    if (MT + 20 + 20 * nleg > height)
+        height = MT + 20 + 20 * nleg;
     sb_printf(b, "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"plot\" width=\"%d\" "
               "height=\"%d\" viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\" "
               "role=\"img\" aria-label=\"", width, height, width, height);
@@ -553,25 +618,18 @@ static void svg_plot(sb *b, const plotdata *pd, const char *title, const char *x
               "text-anchor=\"middle\" font-size=\"13\">", (MT + PH - MB) / 2);
     sb_esc(b, ylabel);
     sb_printf(b, "%s</text>\n", ya.log ? " (log scale)" : "");
-    /* one polyline per series, points in x order (pts are sorted by series then x) */
-    for (int s = 0; s < pd->nseries; s++) {
-        int first = 1;
+    /* one polyline per series, points in x order, then its points with their tooltips */
+    for (int i0 = 0, i1; i0 < npts; i0 = i1) {
+        int s = pts[i0].series;
         const char *color = palette[s % NPAL];
-        for (int i = 0; i < npts; i++) {
-            if (pd->row_series[pts[i].row] != s)
-                continue;
-            if (first)
-                sb_printf(b, "<polyline class=\"series\" fill=\"none\" stroke-width=\"2\" "
-                          "stroke=\"%s\" points=\"", color);
-            sb_printf(b, "%s%.1f,%.1f", first ? "" : " ", tx(&xa, pts[i].x), ty(&ya, pts[i].y));
-            first = 0;
-        }
-        if (first)
-            continue;
-        sb_printf(b, "\"/>\n");
-        for (int i = 0; i < npts; i++) {
-            if (pd->row_series[pts[i].row] != s)
-                continue;
+        for (i1 = i0; i1 < npts && pts[i1].series == s; i1++)
+            ;
+        sb_printf(b, "<polyline class=\"series\" fill=\"none\" stroke-width=\"2\" "
+                  "stroke=\"%s\" points=\"", color);
+        for (int i = i0; i < i1; i++)
+            sb_printf(b, "%s%.1f,%.1f", i > i0 ? " " : "", tx(&xa, pts[i].x), ty(&ya, pts[i].y));
+        sb_puts(b, "\"/>\n");
+        for (int i = i0; i < i1; i++) {
             sb_printf(b, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"><title>",
                       tx(&xa, pts[i].x), ty(&ya, pts[i].y), color);
             sb_esc(b, pd->series[s]);
@@ -586,14 +644,17 @@ static void svg_plot(sb *b, const plotdata *pd, const char *title, const char *x
             sb_printf(b, "</title></circle>\n");
         }
     }
-    /* legend: every series, same color in every plot */
-    for (int s = 0; s < pd->nseries; s++) {
-        int y = MT + 10 + 20 * s;
+    /* legend: the plot's series in their global order, each in its color of every plot */
+    for (int i = 0, k = 0; i < npts; i++) {
+        int s = pts[i].series, y = MT + 10 + 20 * k;
+        if (i > 0 && s == pts[i - 1].series)
+            continue;
+        k++;
         sb_printf(b, "<g class=\"legend\"><line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" "
                   "stroke=\"%s\" stroke-width=\"3\"/><text x=\"%d\" y=\"%d\">", PW - MR + 16, y,
                   PW - MR + 40, y, palette[s % NPAL], PW - MR + 46, y + 4);
         sb_esc(b, pd->series[s]);
-        sb_printf(b, "</text></g>\n");
+        sb_puts(b, "</text></g>\n");
     }
     sb_printf(b, "</svg>\n");
 }
@@ -604,41 +665,50 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Sorted distinct positive numbers of column c over the plotted rows. */
-static int distinct_values(const rtable *t, const plotdata *pd, int c, double *out)
+/* The sorted distinct numbers of column c over the plotted rows (out holds nrow); a "nan"
+ * cell is no value (it equals nothing, not even a panel of its own). */
+static int distinct_values(plotdata *pd, int c, double *out)
 {
-    int n = 0;
-    for (int r = 0; r < t->nrow; r++) {
-        double v;
-        int dup = 0;
-        if (pd->row_series[r] < 0)
-            continue;
-        v = strtod(t->cell[r][c], NULL);
-        for (int i = 0; i < n; i++)
-            dup |= out[i] == v;
-        if (!dup)
-            out[n++] = v;
-    }
+    const double *v = col_num(pd, c);
+    int n = 0, m = 0;
+    if (!v)
+        return 0;
+    for (int r = 0; r < pd->t->nrow; r++)
+        if (pd->row_series[r] >= 0 && !isnan(v[r]))
+            out[n++] = v[r];
     qsort(out, (size_t)n, sizeof *out, cmp_double);
-    return n;
+    for (int i = 0; i < n; i++)
+        if (!m || out[i] != out[m - 1])
+            out[m++] = out[i];
+    return m;
 }
 
+/* Points by panel, series, x, then point: each plot's points in one run, each series' in a
+ * run of it, in x order (ties in point order). */
 static int cmp_pt(const void *a, const void *b)
 {
     const pt *p = a, *q = b;
-    return (p->x > q->x) - (p->x < q->x);
+    if (p->panel != q->panel)
+        return p->panel < q->panel ? -1 : 1;
+    if (p->series != q->series)
+        return p->series < q->series ? -1 : 1;
+    if (p->x != q->x)
+        return p->x < q->x ? -1 : 1;
+    return (p->pos > q->pos) - (p->pos < q->pos);
 }
 
 /* How many different values column c takes over the plotted rows (0 when c < 0). */
-static int n_distinct(const rtable *t, const plotdata *pd, int c)
+static int n_distinct(plotdata *pd, int c)
 {
     double *v;
     int n;
     if (c < 0)
         return 0;
-    if (!(v = malloc((size_t)(t->nrow + 1) * sizeof *v)))
+    if (!(v = malloc((size_t)(pd->t->nrow + 1) * sizeof *v))) {
+        pd->oom = 1;
         return 0;
-    n = distinct_values(t, pd, c, v);
+    }
+    n = distinct_values(pd, c, v);
     free(v);
     return n;
 }
@@ -651,48 +721,48 @@ static int is_bytes_col(const rtable *t, int c)
 
 /*
  * Plots metric column ycol (scaled by yscale) against xcol, one plot per value of panelcol
- * (or a single plot when panelcol < 0).
+ * (or a single plot when panelcol < 0). The points of every panel are gathered in one pass
+ * over the rows and sorted once, so that the work grows with the rows, not with rows times
+ * panels or series.
  */
-static void plot_group(sb *b, const rtable *t, const plotdata *pd, int xcol, int ycol,
+static void plot_group(sb *b, const rtable *t, plotdata *pd, int xcol, int ycol,
                        double yscale, int panelcol, const char *what, const char *xlabel,
                        const char *ylabel, int ymode, int *nplots)
 {
     double *panels = malloc((size_t)(t->nrow + 1) * sizeof *panels);
     pt *pts = malloc((size_t)(t->nrow + 1) * sizeof *pts);
-    int npanel = 1;
+    const double *xv = col_num(pd, xcol), *yv = col_num(pd, ycol);
+    const double *pv = panelcol >= 0 ? col_num(pd, panelcol) : NULL;
+    int npanel = 1, npts = 0;
 
-    if (!panels || !pts) {
+    if (!panels || !pts || !xv || !yv || (panelcol >= 0 && !pv)) {
         b->oom = 1;
         goto out;
     }
     if (panelcol >= 0)
-        npanel = distinct_values(t, pd, panelcol, panels);
-    for (int k = 0; k < npanel; k++) {
-        char title[256];
-        int npts = 0;
-        for (int i = 0; i < t->nrow; i++) {
-            int r = pd->order[i];
-            const char *xs = t->cell[r][xcol], *ys = t->cell[r][ycol];
-            double x, y;
-            if (pd->row_series[r] < 0 || !*xs || !*ys)
-                continue;
-            if (panelcol >= 0 && strtod(t->cell[r][panelcol], NULL) != panels[k])
-                continue;
-            x = strtod(xs, NULL);
-            y = strtod(ys, NULL) * yscale;
-            if (!(x > 0) || !isfinite(y))
-                continue;
-            pts[npts++] = (pt){ x, y, r };
-        }
-        if (!npts)
+        npanel = distinct_values(pd, panelcol, panels);
+    for (int r = 0; r < t->nrow; r++) {
+        double x, y;
+        const double *k = NULL;
+        if (pd->row_series[r] < 0 || !*t->cell[r][xcol] || !*t->cell[r][ycol])
             continue;
-        /* stable x order within each series: insertion sort keeps it deterministic */
-        for (int i = 1; i < npts; i++)
-            for (int j = i; j > 0 && cmp_pt(&pts[j - 1], &pts[j]) > 0; j--) {
-                pt tmp = pts[j];
-                pts[j] = pts[j - 1];
-                pts[j - 1] = tmp;
-            }
+        /* every plotted row's panel value is one of panels[] (distinct over the same rows) */
+        if (panelcol >= 0 && (isnan(pv[r]) ||
+                              !(k = bsearch(&pv[r], panels, (size_t)npanel, sizeof *panels, cmp_double))))
+            continue;
+        x = xv[r];
+        y = yv[r] * yscale;
+        if (!(x > 0) || !isfinite(y))
+            continue;
+        pts[npts++] = (pt){ x, y, r, pd->pos[r], pd->row_series[r],
+                            k ? (int)(k - panels) : 0 };
+    }
+    qsort(pts, (size_t)npts, sizeof *pts, cmp_pt);
+    for (int i0 = 0, i1; i0 < npts; i0 = i1) {
+        int k = pts[i0].panel;
+        char title[256];
+        for (i1 = i0; i1 < npts && pts[i1].panel == k; i1++)
+            ;
         if (is_bytes_col(t, panelcol)) {
             char v[32];
             fmt_bytes(v, sizeof v, panels[k]);
@@ -702,7 +772,8 @@ static void plot_group(sb *b, const rtable *t, const plotdata *pd, int xcol, int
         } else {
             snprintf(title, sizeof title, "%s", what);
         }
-        svg_plot(b, pd, title, xlabel, is_bytes_col(t, xcol), ylabel, pts, npts, ymode);
+        svg_plot(b, pd, title, xlabel, is_bytes_col(t, xcol), ylabel, pts + i0, i1 - i0,
+                 ymode);
         (*nplots)++;
     }
 out:
@@ -741,6 +812,28 @@ static int row_kinds(const rtable *t, int calg, int *kind)
 
 /* ---------------------------------------------------------------- the page ------------ */
 
+typedef struct rowkey {
+    long point;
+    int row;
+} rowkey;
+
+static int cmp_point(const void *a, const void *b)
+{
+    const rowkey *p = a, *q = b;
+    if (p->point != q->point)
+        return p->point < q->point ? -1 : 1;
+    return (p->row > q->row) - (p->row < q->row);
+}
+
+/* FNV-1a: the series table's hash. */
+static size_t str_hash(const char *s)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return (size_t)h;
+}
+
 static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
 {
     plotdata pd;
@@ -755,7 +848,9 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
     int ctp = csplit[0] >= 0 && csplit[1] >= 0 && csplit[2] >= 0
                   ? col_index(t, "system.sips.count") : -1;
     int nok = 0, nerr = 0, nbad = 0, nplots = 0, rc = 0;
-    int *series_cols = NULL, nsc = 0;
+    int *series_cols = NULL, nsc = 0, *htab = NULL, *first = NULL, *byser = NULL;
+    size_t hmask = 1;
+    rowkey *keys = NULL;
 
     memset(&pd, 0, sizeof pd);
     pd.t = t;
@@ -765,18 +860,30 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
     pd.row_series = malloc((size_t)(t->nrow + 1) * sizeof *pd.row_series);
     pd.order = malloc((size_t)(t->nrow + 1) * sizeof *pd.order);
     pd.series = calloc((size_t)(t->nrow + 1), sizeof *pd.series);
+    pd.pos = malloc((size_t)(t->nrow + 1) * sizeof *pd.pos);
+    pd.num = calloc((size_t)(t->ncol + 1), sizeof *pd.num);
     series_cols = malloc((size_t)(t->ncol + 1) * sizeof *series_cols);
-    if (!pd.row_series || !pd.order || !pd.series || !series_cols) {
+    keys = malloc((size_t)(t->nrow + 1) * sizeof *keys);
+    while (hmask < 2 * (size_t)t->nrow)
+        hmask <<= 1;
+    htab = malloc(hmask * sizeof *htab);
+    hmask--;
+    if (!pd.row_series || !pd.order || !pd.series || !series_cols || !pd.pos || !pd.num ||
+        !keys || !htab) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
         goto out;
     }
-    /* rows by point index (insertion sort: stable, deterministic) */
+    for (size_t h = 0; h <= hmask; h++)
+        htab[h] = -1;
+    /* rows by point index, rows of one point in file order */
     for (int r = 0; r < t->nrow; r++) {
-        long p = strtol(t->cell[r][cpoint], NULL, 10);
-        int j = r;
-        for (; j > 0 && strtol(t->cell[pd.order[j - 1]][cpoint], NULL, 10) > p; j--)
-            pd.order[j] = pd.order[j - 1];
-        pd.order[j] = r;
+        keys[r].point = strtol(t->cell[r][cpoint], NULL, 10);
+        keys[r].row = r;
+    }
+    qsort(keys, (size_t)t->nrow, sizeof *keys, cmp_point);
+    for (int i = 0; i < t->nrow; i++) {
+        pd.order[i] = keys[i].row;
+        pd.pos[keys[i].row] = i;
     }
     /* series: the swept keys other than the x axes and panels, "algorithm" first */
     {
@@ -790,6 +897,7 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
     }
     for (int i = 0; i < t->nrow; i++) {
         int r = pd.order[i], s;
+        size_t h;
         char name[512];
         size_t len = 0;
         pd.row_series[r] = -1;
@@ -816,11 +924,16 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
         }
         if (!nsc)
             snprintf(name, sizeof name, "%s", cbench >= 0 ? t->cell[r][cbench] : "all");
-        for (s = 0; s < pd.nseries && strcmp(pd.series[s], name); s++)
-            ;
-        if (s == pd.nseries && !(pd.series[pd.nseries++] = dupstr(name))) {
-            rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-            goto out;
+        /* open addressing on the name's hash: a sweep may have as many series as rows */
+        h = str_hash(name) & hmask;
+        while ((s = htab[h]) >= 0 && strcmp(pd.series[s], name))
+            h = (h + 1) & hmask;
+        if (s < 0) {
+            if (!(pd.series[pd.nseries] = dupstr(name))) {
+                rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+                goto out;
+            }
+            s = htab[h] = pd.nseries++;
         }
         pd.row_series[r] = s;
     }
@@ -854,7 +967,7 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
             }
     {
         int any_bus = 0, any_eff = 0;
-        int ws_varies = n_distinct(t, &pd, cws) > 1, size_varies = n_distinct(t, &pd, cx) > 1;
+        int ws_varies = n_distinct(&pd, cws) > 1, size_varies = n_distinct(&pd, cx) > 1;
         const char *xsize = cx == cbytes ? "message size (bytes per rank)"
                                          : "n_elem (elements per rank)";
         for (int r = 0; cbus >= 0 && r < t->nrow; r++)
@@ -924,7 +1037,7 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
                        EFF_LABEL, Y_FRACTION, &nplots);
         }
     }
-    if (ctp >= 0 && n_distinct(t, &pd, ctp) > 1) {
+    if (ctp >= 0 && n_distinct(&pd, ctp) > 1) {
         static const char *const part[3] = { "compute", "memory", "communication" };
         static const char *const colr[3] = { "#1f77b4", "#ff7f0e", "#d62728" };
         double tmax = 0;
@@ -945,15 +1058,29 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
                     tot += strtod(t->cell[r][csplit[k]], NULL);
                 tmax = fmax(tmax, tot);
             }
+        /* the rows of each series in point order, in one pass (first[s] .. first[s + 1]
+         * of byser) rather than one pass over all rows per series */
+        first = calloc((size_t)pd.nseries + 2, sizeof *first);
+        byser = malloc((size_t)(t->nrow + 1) * sizeof *byser);
+        if (!first || !byser) {
+            rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        for (int r = 0; r < t->nrow; r++)
+            if (pd.row_series[r] >= 0)
+                first[pd.row_series[r] + 2]++;
+        for (int s = 0; s < pd.nseries; s++)
+            first[s + 2] += first[s + 1];
+        for (int i = 0; i < t->nrow; i++)
+            if (pd.row_series[pd.order[i]] >= 0)
+                byser[first[pd.row_series[pd.order[i]] + 1]++] = pd.order[i];
         for (int s = 0; s < pd.nseries; s++) {
             double tps[KB_MAX_GSIPS];
             int rows_s[KB_MAX_GSIPS], n = 0;
-            /* this series' rows by TP size */
-            for (int i = 0; i < t->nrow && n < KB_MAX_GSIPS; i++) {
-                int r = pd.order[i], j;
+            /* this series' first KB_MAX_GSIPS rows (by point) by TP size */
+            for (int i = first[s]; i < first[s + 1] && n < KB_MAX_GSIPS; i++) {
+                int r = byser[i], j;
                 double v = strtod(t->cell[r][ctp], NULL);
-                if (pd.row_series[r] != s)
-                    continue;
                 for (j = n; j > 0 && tps[j - 1] > v; j--)
                     tps[j] = tps[j - 1], rows_s[j] = rows_s[j - 1];
                 tps[j] = v;
@@ -1019,7 +1146,7 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
     }
     sb_printf(b, "</table>\n<p>Generated by kbcl %s report.</p>\n</body>\n</html>",
               KBCL_VERSION);
-    if (b->oom)
+    if (b->oom || pd.oom)
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
 out:
     for (int s = 0; s < pd.nseries; s++)
@@ -1027,7 +1154,15 @@ out:
     free(pd.series);
     free(pd.row_series);
     free(pd.order);
+    free(pd.pos);
+    for (int c = 0; pd.num && c < t->ncol; c++)
+        free(pd.num[c]);
+    free(pd.num);
     free(series_cols);
+    free(keys);
+    free(htab);
+    free(first);
+    free(byser);
     return rc;
 }
 
@@ -1038,7 +1173,7 @@ static void usage_report(FILE *f)
           "Renders the rows of kbcl sweep as one self-contained HTML page (inline SVG plots of\n"
           "sim time, busbw and efficiency (bound_ns / sim_time_ns) against world size and\n"
           "against message size, size_bytes on a log2 axis in B/KiB/MiB/GiB, one line per\n"
-          "algorithm; and a table of the rows).\n"
+          "algorithm, a legend per plot of its lines; and a table of the rows).\n"
           "  -o, --out FILE   the page (default: RESULTS with its extension replaced by .html)\n",
           f);
 }

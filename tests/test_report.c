@@ -1,0 +1,147 @@
+/*
+ * `kbcl report` at scale (issue #35): a synthetic 40 000-row sweep result (the header of a
+ * real collectives sweep, made-up but consistent numbers: busbw = algbw x the collective's
+ * factor) rendered by the real binary ($KBCL_BIN), and the page checked for completeness:
+ * every plot, every point, a line and a legend entry per series and plot, the rows table.
+ * The rows are written shuffled, so that the page's point order is the report's own sort.
+ * No wall-clock assertion: scripts/report-scale.sh measures the time.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_ccl.h"
+#include "kb_test_util.h"
+
+/* 8 algorithms (ccl.yaml entries of 6 collectives) x 25 sizes x 200 world sizes */
+static const struct {
+    const char *name;
+    kb_coll_kind kind;
+} algs[] = {
+    { "ring_allreduce_tcm", KB_COLL_ALLREDUCE }, { "ring_rsag_allreduce", KB_COLL_ALLREDUCE },
+    { "ring_allgather", KB_COLL_ALLGATHER },     { "rd_allgather", KB_COLL_ALLGATHER },
+    { "ring_reducescatter", KB_COLL_REDUCE_SCATTER },
+    { "ring_broadcast", KB_COLL_BROADCAST },     { "pairwise_alltoall", KB_COLL_ALLTOALL },
+    { "p2p_sendrecv", KB_COLL_SENDRECV },
+};
+#define NALG ((int)(sizeof algs / sizeof algs[0]))
+#define NKINDS 6
+#define NSIZE 25
+#define NWS 200
+#define NROWS (NALG * NSIZE * NWS)
+#define ERR_EVERY 1000 /* every 1000th point is an error row (not plotted) */
+
+static int count_str(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+/* Writes the rows, point p at place perm(p) of the file (a fixed permutation). */
+static void write_rows(const char *name)
+{
+    char (*line)[320] = malloc((size_t)NROWS * sizeof *line), path[512];
+    FILE *f;
+    kbt_path(path, sizeof path, name);
+    f = fopen(path, "w");
+    assert_non_null(line);
+    assert_non_null(f);
+    fprintf(f, "point,algorithm,world_size,size,bench,size_bytes,sim_time_ns,algbw_gbps,"
+               "busbw_gbps,bound_ns,efficiency,bound_resource,events,wall_ms,verified,status,"
+               "error\n");
+    for (int p = 0; p < NROWS; p++) {
+        int a = p / (NSIZE * NWS), ws = 2 + 2 * (p / NSIZE % NWS), k = p % NSIZE;
+        long long sz = 8LL << k;
+        double t = 2000.0 + 40.0 * ws * (1 + a) + (double)sz / (10.0 + a);
+        double algbw = (double)sz / t, bound = t * (0.2 + 0.7 * ((a * 7 + ws + k) % 97) / 97.0);
+        int err = p % ERR_EVERY == ERR_EVERY - 1;
+        /* 7919 is prime to NROWS: p -> p * 7919 mod NROWS is a permutation */
+        snprintf(line[(long long)p * 7919 % NROWS], sizeof line[0],
+                 "%d,%s,%d,%lld,ccl,%lld,%.3f,%.9g,%.9g,%.3f,%.9g,pe_dma sip0/cube0/pe%d,%d,1.5,,"
+                 "%s,%s\n", p, algs[a].name, ws, sz, sz, t, algbw,
+                 algbw * kb_coll_busbw_factor(algs[a].kind, ws), bound, bound / t, ws % 8,
+                 100 + ws, err ? "error" : "ok", err ? "deadlock" : "");
+    }
+    for (int i = 0; i < NROWS; i++)
+        fputs(line[i], f);
+    assert_int_equal(fclose(f), 0);
+    free(line);
+}
+
+static void test_report_40k(void **s)
+{
+    char out[4096], want[256];
+    char *html, *plot, *end;
+    int nok = NROWS - NROWS / ERR_EVERY;
+    (void)s;
+    write_rows("big.csv");
+    if (kbt_kbcl(out, sizeof out, "report big.csv -o big.html") != 0)
+        fail_msg("%s", out);
+    html = kbt_slurp("big.html");
+    assert_non_null(html);
+    snprintf(want, sizeof want, "<p>%d rows: %d ok (0 failed verification), %d errors.", NROWS,
+             nok, NROWS / ERR_EVERY);
+    kbt_msg_has(html, want);
+    /* plots: time, busbw, efficiency vs world size per size; busbw vs size per world size
+     * for each collective; time and efficiency vs size per world size */
+    assert_int_equal(count_str(html, "<svg "), 3 * NSIZE + NKINDS * NWS + 2 * NWS);
+    /* every ok row is a point in each of its six plots */
+    assert_int_equal(count_str(html, "<circle "), 6 * nok);
+    /* a line per series in each plot, and the legend names exactly those: all 8 algorithms
+     * where every collective shares a plot, a collective's own in its busbw plots (all 8 in
+     * each would be NKINDS * NWS * NALG entries there) */
+    assert_int_equal(count_str(html, "<polyline class=\"series\""),
+                     3 * NSIZE * NALG + NWS * NALG + 2 * NWS * NALG);
+    assert_int_equal(count_str(html, "<g class=\"legend\">"),
+                     3 * NSIZE * NALG + NWS * NALG + 2 * NWS * NALG);
+    plot = strstr(html, "aria-label=\"all_gather busbw vs message size, world_size = 200\"");
+    assert_non_null(plot);
+    end = strstr(plot, "</svg>");
+    assert_non_null(end);
+    *end = 0;
+    assert_int_equal(count_str(plot, "<g class=\"legend\">"), 2);
+    assert_int_equal(count_str(plot, "\">ring_allgather</text></g>"), 1);
+    assert_int_equal(count_str(plot, "\">rd_allgather</text></g>"), 1);
+    assert_int_equal(count_str(plot, "<polyline "), 2);
+    assert_int_equal(count_str(plot, "<circle "), 2 * NSIZE);
+    *end = '<';
+    /* the rows table: a header and every row, sorted by point */
+    assert_int_equal(count_str(html, "<tr"), 1 + NROWS);
+    assert_int_equal(count_str(html, "<tr class=\"err\">"), NROWS / ERR_EVERY);
+    {
+        const char *first = strstr(html, "<tr><td>0</td>"), *second = strstr(html, "<tr><td>1</td>");
+        const char *ok = strstr(html, "<tr><td>39998</td>");
+        const char *last = strstr(html, "<tr class=\"err\"><td>39999</td>");
+        assert_true(first && second && ok && last);
+        assert_true(first < second && second < ok && ok < last);
+    }
+    free(html);
+}
+
+static int setup(void **s)
+{
+    (void)s;
+    return kbt_workdir_make("kbcl-report");
+}
+
+static int teardown(void **s)
+{
+    (void)s;
+    return kbt_workdir_remove();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_report_40k),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
