@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Renders a `kbcl report` page in headless Chromium and checks the DOM it builds: one <svg>
 # per plot, each algorithm named in the legends, the size axes labelled in bytes, the
-# efficiency plots, the rows table. Usage: report_render.sh KBCL [CHROMIUM]
+# efficiency plots, the rows table, the terms (algbw, busbw, efficiency).
+# Usage: report_render.sh KBCL [CHROMIUM]
 # Without a Chromium (none given, or not executable) it exits 77, which ctest reports as
 # "Skipped"; with KBCL_REQUIRE_BROWSER=1 (CI) that is a failure instead.
 set -euo pipefail
@@ -53,4 +54,9 @@ m=$(grep -o '>efficiency (bound / sim time)<' dom.html | wc -l)
 [ "$m" -eq 4 ] || fail "expected 4 efficiency plots (2 vs world size, 2 vs size), got $m"
 grep -q '>128 B<' dom.html || fail "no byte tick labels on the size axis"
 [ "$(grep -o '<tr' dom.html | wc -l)" -eq 9 ] || fail "expected a table of 8 rows"
+# the terms the plots use, defined on the page
+for term in algbw busbw efficiency; do
+  grep -q "<dt><b>$term</b>" dom.html || fail "no definition of $term"
+done
+grep -q 'all_reduce 2(n-1)/n' dom.html || fail "no all_reduce bus factor in the terms"
 echo "report_render: OK"

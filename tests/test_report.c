@@ -123,6 +123,7 @@ static void test_report_40k(void **s)
         assert_true(first && second && ok && last);
         assert_true(first < second && second < ok && ok < last);
     }
+    kbt_msg_has(html, "<h2 id=\"terms\">Terms</h2>");
     free(html);
 }
 

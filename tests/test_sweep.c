@@ -25,6 +25,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "kb_ccl.h"
 #include "kb_cli.h"
 #include "kb_test_util.h"
 
@@ -939,9 +940,10 @@ static void test_report_sizes(void **s)
 /*
  * Two collectives in one result (rows written here, no simulation): busbw against size is one
  * plot per collective, and each plot's legend names the series that plot draws, in their
- * color of every plot.
+ * color of every plot; the page defines algbw, busbw (with the factors kb_coll_busbw_factor
+ * computed the rows' busbw with) and efficiency.
  */
-static void test_report_legends(void **s)
+static void test_report_legends_terms(void **s)
 {
     static const char *const hdr =
         "point,algorithm,world_size,size,bench,size_bytes,sim_time_ns,algbw_gbps,busbw_gbps,"
@@ -979,6 +981,26 @@ static void test_report_legends(void **s)
                       "ring_allgather</text></g>");
     kbt_msg_has(plot, "height=\"380\"");
     *end = '<';
+    /* the terms, before the plots */
+    assert_true(strstr(html, "<h2 id=\"terms\">Terms</h2>") < strstr(html, "<svg "));
+    kbt_msg_has(html, "<dt><b>algbw</b> (GB/s)</dt><dd>algorithm bandwidth: size_bytes / "
+                      "sim_time_ns");
+    kbt_msg_has(html, "<dt><b>busbw</b> (GB/s)</dt><dd>bus bandwidth, nccl-tests' definition: "
+                      "algbw &times; the bus factor of the algorithm's collective, for n ranks "
+                      "(the world size): all_reduce 2(n-1)/n; all_gather, reduce_scatter, "
+                      "all_to_all (n-1)/n; broadcast, reduce, sendrecv 1. ");
+    kbt_msg_has(html, "<dt><b>efficiency</b> (a fraction, 0..1)</dt><dd>bound_ns / "
+                      "sim_time_ns: ");
+    /* the factors the page names are the ones the rows were computed with */
+    for (int n = 2; n <= 256; n *= 2) {
+        assert_true(kb_coll_busbw_factor(KB_COLL_ALLREDUCE, n) == 2.0 * (n - 1) / n);
+        assert_true(kb_coll_busbw_factor(KB_COLL_ALLGATHER, n) == (n - 1.0) / n);
+        assert_true(kb_coll_busbw_factor(KB_COLL_REDUCE_SCATTER, n) == (n - 1.0) / n);
+        assert_true(kb_coll_busbw_factor(KB_COLL_ALLTOALL, n) == (n - 1.0) / n);
+        assert_true(kb_coll_busbw_factor(KB_COLL_BROADCAST, n) == 1.0);
+        assert_true(kb_coll_busbw_factor(KB_COLL_REDUCE, n) == 1.0);
+        assert_true(kb_coll_busbw_factor(KB_COLL_SENDRECV, n) == 1.0);
+    }
     free(html);
 }
 
@@ -1198,7 +1220,7 @@ int main(void)
         cmocka_unit_test(test_size_axis),
         cmocka_unit_test(test_report),
         cmocka_unit_test(test_report_sizes),
-        cmocka_unit_test(test_report_legends),
+        cmocka_unit_test(test_report_legends_terms),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

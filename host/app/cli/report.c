@@ -8,7 +8,8 @@
  * algorithm coming from the shipped ccl.yaml and the registries), the efficiency (bound_ns /
  * sim_time_ns, how close a run came to its busiest resource's bound) against world size and
  * message size on a fixed 0..1 axis, and a table of every row. Each plot's legend names the
- * series it draws (a series keeps its color in every plot). Points' tooltips carry the
+ * series it draws (a series keeps its color in every plot); a Terms section defines algbw,
+ * busbw (with each collective's factor) and efficiency. Points' tooltips carry the
  * efficiency and the bound's resource when the rows have them. The work grows with the rows
  * (and their sorts): series are found by hashing, each group of plots is one pass over the
  * rows and one sort of its points, numbers are read once per column. No scripts, fonts or
@@ -812,6 +813,63 @@ static int row_kinds(const rtable *t, int calg, int *kind)
 
 /* ---------------------------------------------------------------- the page ------------ */
 
+/* The bus factors as nccl-tests writes them, n the world size. */
+static const char *const busbw_form[] = { "2(n-1)/n", "(n-1)/n", "1" };
+
+static double busbw_form_value(int form, int n)
+{
+    return form == 0 ? 2.0 * (n - 1) / n : form == 1 ? (n - 1.0) / n : 1.0;
+}
+
+/*
+ * What the plotted quantities mean, with units: algbw and busbw when the rows have busbw,
+ * efficiency when they have one. The factor of each collective is read from
+ * kb_coll_busbw_factor, the one that computed the rows' busbw, by the form it takes over world
+ * sizes, so that the page cannot name another factor than the one used.
+ */
+static void glossary(sb *b, int bus, int eff)
+{
+    if (!bus && !eff)
+        return;
+    sb_puts(b, "<h2 id=\"terms\">Terms</h2>\n<dl class=\"terms\">\n");
+    if (bus) {
+        static const int ns[] = { 2, 3, 8, 256 };
+        int shown[KB_COLL_NKINDS] = { 0 };
+        sb_puts(b, "<dt><b>algbw</b> (GB/s)</dt><dd>algorithm bandwidth: size_bytes / "
+                "sim_time_ns, the bytes of one rank's buffer (nccl-tests' size) over the "
+                "simulated time; bytes per ns are GB/s (10<sup>9</sup> bytes/s).</dd>\n"
+                "<dt><b>busbw</b> (GB/s)</dt><dd>bus bandwidth, nccl-tests' definition: algbw "
+                "&times; the bus factor of the algorithm's collective, for n ranks (the world "
+                "size): ");
+        for (int f = 0, nf = 0; f < (int)(sizeof busbw_form / sizeof busbw_form[0]); f++) {
+            int nk = 0;
+            for (int k = 0; k < KB_COLL_NKINDS; k++) {
+                int same = 1;
+                for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
+                    same &= fabs(kb_coll_busbw_factor((kb_coll_kind)k, ns[i]) -
+                                 busbw_form_value(f, ns[i])) < 1e-12;
+                if (!same || shown[k])
+                    continue;
+                shown[k] = 1;
+                sb_printf(b, "%s%s", nk++ ? ", " : nf++ ? "; " : "",
+                          kb_coll_name((kb_coll_kind)k));
+            }
+            if (nk)
+                sb_printf(b, " %s", busbw_form[f]);
+        }
+        sb_puts(b, ". That is the traffic per rank of a bandwidth-optimal algorithm of the "
+                "collective, so busbw compares across world sizes and across the algorithms "
+                "of one collective, not across collectives.</dd>\n");
+    }
+    if (eff)
+        sb_puts(b, "<dt><b>efficiency</b> (a fraction, 0..1)</dt><dd>bound_ns / sim_time_ns: "
+                "bound_ns is the time the run's busiest resource (bound_resource: a link, a "
+                "NoC, HBM, a PE's unit or DMA engine) needs for what it carried at its "
+                "bandwidth, which no schedule of the same traffic can beat; 1 means that "
+                "resource was busy for the whole simulated time.</dd>\n");
+    sb_puts(b, "</dl>\n");
+}
+
 typedef struct rowkey {
     long point;
     int row;
@@ -975,6 +1033,7 @@ static int render(const rtable *t, const char *src, sb *b, kb_errbuf *eb)
         /* older result files have no efficiency column; rows without a bound leave it empty */
         for (int r = 0; ceff >= 0 && r < t->nrow; r++)
             any_eff |= pd.row_series[r] >= 0 && *t->cell[r][ceff];
+        glossary(b, any_bus, any_eff);
         if (ctime >= 0 && ws_varies) {
             sb_printf(b, "<h2 id=\"time\">Simulated time vs world size</h2>\n");
             plot_group(b, t, &pd, cws, ctime, 1e-3, cx, "sim time vs world size",
@@ -1173,7 +1232,8 @@ static void usage_report(FILE *f)
           "Renders the rows of kbcl sweep as one self-contained HTML page (inline SVG plots of\n"
           "sim time, busbw and efficiency (bound_ns / sim_time_ns) against world size and\n"
           "against message size, size_bytes on a log2 axis in B/KiB/MiB/GiB, one line per\n"
-          "algorithm, a legend per plot of its lines; and a table of the rows).\n"
+          "algorithm, a legend per plot of its lines; the terms algbw, busbw and efficiency\n"
+          "defined; and a table of the rows).\n"
           "  -o, --out FILE   the page (default: RESULTS with its extension replaced by .html)\n",
           f);
 }
