@@ -190,6 +190,29 @@ static int check_rec(const kb_rec *r, kb_errbuf *eb)
     return 0;
 }
 
+int kb_rec_check_placed(const kb_rec *r, uint64_t arena_bytes, uint64_t payload_bytes,
+                        kb_errbuf *eb)
+{
+    const kb_opnd *o[4] = { &r->dst, &r->src[0], &r->src[1], &r->src[2] };
+    int rc = check_rec(r, eb);
+
+    if (rc)
+        return rc;
+    /* check_rec bounds nsrc by 3; the span is computed here without kb_opnd_span, whose
+     * product by the element size can wrap for rows and ld near 2^32 */
+    for (unsigned i = 0; i <= r->nsrc; i++) {
+        uint64_t lim = o[i]->space == KB_SPACE_PAYLOAD ? payload_bytes : arena_bytes;
+        uint64_t esz = kb_dtype_size((kb_dtype)o[i]->dtype), elems;
+        if (o[i]->rows == 0 || o[i]->cols == 0)
+            continue;
+        elems = (uint64_t)(o[i]->rows - 1) * o[i]->ld + o[i]->cols; /* < 2^64: no wrap */
+        if (elems > lim / esz || o[i]->addr > lim - elems * esz)
+            return bad(r, eb, o[i]->space == KB_SPACE_PAYLOAD ? "operand beyond the payload"
+                                                              : "operand beyond the arena");
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- sorting */
 
 /* A sort item: a 64-bit key and what it belongs to. */

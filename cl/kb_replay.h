@@ -58,6 +58,13 @@ typedef struct kb_plan {
     uint64_t arena_bytes;
 } kb_plan;
 
+/* Whether r is a record a backend may run as is (what the planner hands it): the checks the
+ * planner makes of a log's records, and every operand inside [0, arena_bytes) of the arena or
+ * [0, payload_bytes) of the payload. For records from outside this process (a device
+ * server's clients); KB_ERR_INVAL with the reason. */
+int kb_rec_check_placed(const kb_rec *r, uint64_t arena_bytes, uint64_t payload_bytes,
+                        kb_errbuf *eb);
+
 /* Plans recs[0..n) (any order; they are sorted here). */
 int kb_plan_build(const kb_rec *const *recs, size_t n, kb_plan *out, kb_errbuf *eb);
 void kb_plan_free(kb_plan *p);
