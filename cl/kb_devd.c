@@ -5,8 +5,10 @@
 #include "kb_devd.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,7 @@
 #include <unistd.h>
 
 #include "kb_resident.h"
+#include "kb_vquery.h"
 
 /* ------------------------------------------------------------------ paths and settings */
 
@@ -58,6 +61,53 @@ int kb_devd_enabled(void)
     return !(v && (!strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "no")));
 }
 
+/*
+ * Whoever can enter the folder can connect to the socket (or put one of their own there), so
+ * the folder is the first gate: the user's alone. The peer check on connect is the second.
+ */
+int kb_devd_dir_check(const char *path, int make, kb_errbuf *eb)
+{
+    char dir[600];
+    const char *slash = strrchr(path, '/');
+    struct stat st;
+
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else
+        return kb_err_set(eb, KB_ERR_RANGE, "device server socket %s: path too long", path);
+    if (make && mkdir(dir, 0700) != 0 && errno != EEXIST && errno != ENOTDIR)
+        return kb_err_set(eb, KB_ERR_IO, "device server folder %s: cannot make it: %s", dir,
+                          strerror(errno));
+    if (lstat(dir, &st) != 0) {
+        if (errno == ENOENT)
+            return kb_err_set(eb, KB_ERR_NOTFOUND, "no device server at %s (no folder %s)",
+                              path, dir);
+        return kb_err_set(eb, KB_ERR_IO, "device server %s: %s", path, strerror(errno));
+    }
+    if (S_ISLNK(st.st_mode))
+        return kb_err_set(eb, KB_ERR_STATE,
+                          "device server folder %s is a symbolic link, which another user may "
+                          "have made or may repoint: set KBCL_DEVD_DIR to the folder itself",
+                          dir);
+    if (!S_ISDIR(st.st_mode))
+        return kb_err_set(eb, KB_ERR_IO, "device server %s: %s", path, strerror(ENOTDIR));
+    if (st.st_uid != geteuid())
+        return kb_err_set(eb, KB_ERR_STATE,
+                          "device server folder %s belongs to uid %lu, not to this user (uid "
+                          "%lu): remove it, or set KBCL_DEVD_DIR to a folder of your own",
+                          dir, (unsigned long)st.st_uid, (unsigned long)geteuid());
+    if (st.st_mode & 077)
+        return kb_err_set(eb, KB_ERR_STATE,
+                          "device server folder %s is open to other users (mode %04o): "
+                          "chmod 700 %s",
+                          dir, (unsigned)(st.st_mode & 07777), dir);
+    return 0;
+}
+
 /* ------------------------------------------------------------------ the server */
 
 typedef struct devd devd;
@@ -70,6 +120,8 @@ typedef struct session {
     kb_backend be;      /* none until HELLO asks for one */
     const kb_resident_ops *ops;
     void *dev;
+    uint64_t arena_bytes;   /* the device arena as this session's ARENA made it */
+    uint64_t payload_bytes; /* the device payload as this session's PAYLOAD made it */
     uint8_t *payload;   /* this session's payload area, as the device has it (copied) */
     size_t payload_cap;
     int shm_fd;         /* the client's payload file (KB_DEVD_SHARED), or -1 */
@@ -81,6 +133,15 @@ typedef struct session {
     int rfd;            /* a descriptor that came with the current request, or -1 */
     uint8_t *buf;       /* the request's data */
     size_t buf_cap;
+    uint64_t nreq;      /* requests read */
+    double tokens, tlast; /* the request rate's bucket */
+    /* a flush sent in parts (KB_DEVD_MORE): begun, its arena, its first error */
+    int flush_open, flush_begun, flush_rc;
+    uint64_t flush_a;
+    kb_errbuf flush_eb;
+    long peer_pid;      /* for the log */
+    int end_rc;         /* why the server closed the connection (0: the peer did) */
+    kb_errbuf end_eb;
     kb_devd_hello hello;
 } session;
 
@@ -105,6 +166,8 @@ struct devd {
     int shutdown;       /* a SHUTDOWN request came */
     kb_opencl_setup setup; /* the server's own set-up: what hellos report */
     char desc[200];
+    int io_ms;          /* o->io_timeout_s, or the default, in ms */
+    double rate;        /* o->rate_hz, or the default */
 };
 
 static double mono_s(void)
@@ -114,10 +177,39 @@ static double mono_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-int kb_devd_read_full(int fd, void *p, size_t n)
+static void say(const devd *d, const char *fmt, ...)
+{
+    char line[400];
+    va_list ap;
+    if (!d->o->log)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    d->o->log(d->o->arg, line);
+}
+
+/* Waits up to ms (< 0: as long as it takes) for fd to be readable: 0, or -1 when it was not. */
+static int wait_in(int fd, int ms)
+{
+    struct pollfd p = { fd, POLLIN, 0 };
+    int n;
+    if (ms < 0)
+        return 0;
+    do
+        n = poll(&p, 1, ms);
+    while (n < 0 && errno == EINTR);
+    return n > 0 ? 0 : -1;
+}
+
+/* Whole reads; each wait for more bytes lasts at most ms (< 0: no limit). 0; -1 the peer is
+ * gone or the call failed; -2 it stalled. */
+static int read_timed(int fd, void *p, size_t n, int ms)
 {
     size_t got = 0;
     while (got < n) {
+        if (wait_in(fd, ms) != 0)
+            return -2;
         ssize_t r = read(fd, (char *)p + got, n - got);
         if (r < 0 && errno == EINTR)
             continue;
@@ -126,6 +218,11 @@ int kb_devd_read_full(int fd, void *p, size_t n)
         got += (size_t)r;
     }
     return 0;
+}
+
+int kb_devd_read_full(int fd, void *p, size_t n)
+{
+    return read_timed(fd, p, n, -1) == 0 ? 0 : -1;
 }
 
 int kb_devd_write_full(int fd, const void *p, size_t n)
@@ -174,7 +271,12 @@ int kb_devd_send_fd(int fd, const void *p, size_t n, int passfd)
     return (size_t)w == n ? 0 : kb_devd_write_full(fd, (const char *)p + w, n - (size_t)w);
 }
 
-int kb_devd_recv_fd(int fd, void *p, size_t n, int *gotfd)
+/*
+ * n bytes that may carry a descriptor, the first wait at most first_ms, later ones rest_ms
+ * (< 0: no limit). 0; -1 the peer is gone (*got_some says whether it sent a part); -2 stalled.
+ */
+static int recv_fd_timed(int fd, void *p, size_t n, int *gotfd, int first_ms, int rest_ms,
+                         int *got_some)
 {
     union {
         struct cmsghdr h;
@@ -183,9 +285,13 @@ int kb_devd_recv_fd(int fd, void *p, size_t n, int *gotfd)
     struct iovec iov = { p, n };
     struct msghdr mh;
     ssize_t r;
+    int rc;
 
     if (gotfd)
         *gotfd = -1;
+    *got_some = 0;
+    if (wait_in(fd, first_ms) != 0)
+        return -2;
     memset(&mh, 0, sizeof mh);
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
@@ -196,6 +302,8 @@ int kb_devd_recv_fd(int fd, void *p, size_t n, int *gotfd)
     while (r < 0 && errno == EINTR);
     if (r <= 0)
         return -1;
+    *got_some = 1;
+    /* more descriptors than one do not fit ctl: the kernel closes those (MSG_CTRUNC) */
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
             c->cmsg_len >= CMSG_LEN(sizeof(int))) {
@@ -206,14 +314,20 @@ int kb_devd_recv_fd(int fd, void *p, size_t n, int *gotfd)
             else
                 close(got);
         }
-    if ((size_t)r < n && kb_devd_read_full(fd, (char *)p + r, n - (size_t)r) != 0) {
+    if ((size_t)r < n && (rc = read_timed(fd, (char *)p + r, n - (size_t)r, rest_ms)) != 0) {
         if (gotfd && *gotfd >= 0) {
             close(*gotfd);
             *gotfd = -1;
         }
-        return -1;
+        return rc;
     }
     return 0;
+}
+
+int kb_devd_recv_fd(int fd, void *p, size_t n, int *gotfd)
+{
+    int some;
+    return recv_fd_timed(fd, p, n, gotfd, -1, -1, &some) == 0 ? 0 : -1;
 }
 
 /* The reply: rc with eb's message, then n bytes of data. -1 when the client is gone. */
@@ -232,6 +346,92 @@ static int reply(session *s, int rc, const kb_errbuf *eb, uint64_t a, uint64_t b
         (r.len && kb_devd_write_full(s->fd, data, (size_t)r.len) != 0))
         return -1;
     return 0;
+}
+
+static const char *op_name(uint32_t op)
+{
+    static const char *const names[] = { "?",        "HELLO",    "ARENA", "COPY",
+                                         "FILL",     "UPLOAD",   "DOWNLOAD", "PAYLOAD",
+                                         "FLUSH",    "SHUTDOWN", "QUERY" };
+    return op < sizeof names / sizeof *names ? names[op] : "?";
+}
+
+/*
+ * Ends the session for a request that breaks the protocol (or a stall): the client hears why
+ * (when it still listens), the server's log too, and the connection closes. Always -1.
+ */
+static int refuse(session *s, int rc, kb_errbuf *eb)
+{
+    s->end_rc = rc;
+    s->end_eb = *eb;
+    kb_err_prefix(eb, "device server: connection closed");
+    (void)reply(s, rc, eb, 0, 0, NULL, 0);
+    say(s->d, "closed the connection of pid %ld: %s", (long)s->peer_pid, s->end_eb.msg);
+    return -1;
+}
+
+/* The protocol's rules a header alone can break: checked before its data is read. */
+static int check_header(const session *s, const kb_devd_msg *m, kb_errbuf *eb)
+{
+    static const uint32_t flags_ok[] = { 0, 1, 0, 0, 0, 0, KB_DEVD_SHARED, KB_DEVD_SHARED,
+                                         KB_DEVD_MORE, 0, 0 };
+    if (m->op < KB_DEVD_HELLO || m->op > KB_DEVD_QUERY)
+        return kb_err_set(eb, KB_ERR_INVAL, "unknown request %u", m->op);
+    if (m->flags & ~flags_ok[m->op])
+        return kb_err_set(eb, KB_ERR_INVAL, "%s with flags 0x%x", op_name(m->op), m->flags);
+    if (m->len > KB_DEVD_MAX_MSG)
+        return kb_err_set(eb, KB_ERR_INVAL, "%s with %llu data bytes, more than the %llu a "
+                          "request may carry", op_name(m->op), (unsigned long long)m->len,
+                          (unsigned long long)KB_DEVD_MAX_MSG);
+    if (s->flush_open && m->op != KB_DEVD_FLUSH)
+        return kb_err_set(eb, KB_ERR_INVAL, "%s inside a flush sent in parts",
+                          op_name(m->op));
+    if (!s->be.ops && m->op != KB_DEVD_HELLO && m->op != KB_DEVD_SHUTDOWN)
+        return kb_err_set(eb, KB_ERR_INVAL, "%s before a session (HELLO first)",
+                          op_name(m->op));
+    switch (m->op) {
+    case KB_DEVD_HELLO:
+        if (m->a != KB_DEVD_MAGIC)
+            return kb_err_set(eb, KB_ERR_INVAL, "HELLO without kbcl's magic number (not a kbcl "
+                              "client)");
+        /* fall through */
+    case KB_DEVD_COPY:
+    case KB_DEVD_SHUTDOWN:
+    case KB_DEVD_DOWNLOAD:
+        if (m->len)
+            return kb_err_set(eb, KB_ERR_INVAL, "%s with %llu data bytes", op_name(m->op),
+                              (unsigned long long)m->len);
+        return 0;
+    case KB_DEVD_FILL:
+        if (m->len || m->c > 255)
+            return kb_err_set(eb, KB_ERR_INVAL, "FILL with %llu data bytes, byte %llu",
+                              (unsigned long long)m->len, (unsigned long long)m->c);
+        return 0;
+    case KB_DEVD_ARENA:
+        if (m->b > m->len / sizeof(kb_move) || m->len != m->b * sizeof(kb_move))
+            return kb_err_set(eb, KB_ERR_INVAL, "ARENA of %llu moves with %llu data bytes",
+                              (unsigned long long)m->b, (unsigned long long)m->len);
+        return 0;
+    case KB_DEVD_PAYLOAD:
+        if ((m->flags & KB_DEVD_SHARED) ? m->len != 0 || m->a < m->b
+                                        : m->a < m->b || m->len != m->a - m->b)
+            return kb_err_set(eb, KB_ERR_INVAL, "PAYLOAD to %llu bytes from %llu with %llu "
+                              "data bytes", (unsigned long long)m->a, (unsigned long long)m->b,
+                              (unsigned long long)m->len);
+        return 0;
+    case KB_DEVD_FLUSH:
+        if (m->b > m->len / sizeof(uint64_t))
+            return kb_err_set(eb, KB_ERR_INVAL, "FLUSH of %llu batches with %llu data bytes",
+                              (unsigned long long)m->b, (unsigned long long)m->len);
+        return 0;
+    case KB_DEVD_QUERY:
+        if (m->len < sizeof(kb_vquery))
+            return kb_err_set(eb, KB_ERR_INVAL, "QUERY with %llu data bytes",
+                              (unsigned long long)m->len);
+        return 0;
+    default: /* UPLOAD: any length up to the bound */
+        return 0;
+    }
 }
 
 static int grow(uint8_t **p, size_t *cap, size_t need)
@@ -276,6 +476,8 @@ static int open_backend(session *s, kb_errbuf *eb)
         return kb_err_set(eb, KB_ERR_DEVICE, "device server: its backend is not device-resident");
     }
     kb_resident_device(res, &s->ops, &s->dev);
+    /* a pooled backend may still hold its last session's buffers: this one starts with none */
+    s->arena_bytes = s->payload_bytes = 0;
     s->hello.session_ms = (mono_s() - t0) * 1e3;
     snprintf(s->hello.desc, sizeof s->hello.desc, "%s", desc);
     kb_opencl_setup su;
@@ -288,10 +490,16 @@ static int open_backend(session *s, kb_errbuf *eb)
     return 0;
 }
 
-/* Maps at least `need` bytes of fd (a client's file) at *map (*len bytes mapped): kept when
- * large enough, else mapped again. */
+/*
+ * Maps at least `need` bytes of fd (a client's file) at *map (*len bytes mapped): kept when
+ * large enough, else mapped again. The file must be a regular one (memfd) at least that long
+ * and sealed against shrinking: a client that truncated it under the mapping would make the
+ * server's next access a SIGBUS.
+ */
 static int map_file(int fd, size_t need, int prot, uint8_t **map, size_t *len, kb_errbuf *eb)
 {
+    struct stat st;
+    int seals;
     void *p;
     if (*map && *len >= need)
         return 0;
@@ -301,6 +509,15 @@ static int map_file(int fd, size_t need, int prot, uint8_t **map, size_t *len, k
     *len = 0;
     if (need == 0)
         return 0;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return kb_err_set(eb, KB_ERR_INVAL, "device server: a client file that is no regular "
+                          "file");
+    if ((seals = fcntl(fd, F_GET_SEALS)) < 0 || !(seals & F_SEAL_SHRINK))
+        return kb_err_set(eb, KB_ERR_INVAL, "device server: a client file not sealed against "
+                          "shrinking (F_SEAL_SHRINK)");
+    if ((uint64_t)st.st_size < need)
+        return kb_err_set(eb, KB_ERR_RANGE, "device server: a client file of %lld bytes, "
+                          "%zu wanted", (long long)st.st_size, need);
     p = mmap(NULL, need, prot, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
         return kb_err_set(eb, KB_ERR_IO, "device server: mapping a client file: %s",
@@ -321,16 +538,214 @@ static void unmap_file(int *fd, uint8_t **map, size_t *len)
     *len = 0;
 }
 
-/* One request whose header is m and whose data is in s->buf. -1: end the session. */
+/* [off, off + n) inside the session's arena: 0, else KB_ERR_RANGE. */
+static int in_arena(const session *s, const char *what, uint64_t off, uint64_t n,
+                    kb_errbuf *eb)
+{
+    if (off <= s->arena_bytes && n <= s->arena_bytes - off)
+        return 0;
+    return kb_err_set(eb, KB_ERR_RANGE, "device server: %s [%llu, +%llu) outside the arena "
+                      "of %llu bytes", what, (unsigned long long)off, (unsigned long long)n,
+                      (unsigned long long)s->arena_bytes);
+}
+
+/* A new size of the arena or the payload against the server's bound. */
+static int in_bound(const session *s, const char *what, uint64_t n, kb_errbuf *eb)
+{
+    uint64_t max = s->d->o->max_bytes;
+    if (n <= SIZE_MAX && (max == 0 || n <= max))
+        return 0;
+    return kb_err_set(eb, KB_ERR_RANGE, "device server: %s of %llu bytes, more than the %llu "
+                      "this server lends a session", what, (unsigned long long)n,
+                      (unsigned long long)(max ? max : (uint64_t)SIZE_MAX));
+}
+
+static int serve_arena(session *s, const kb_devd_msg *m, kb_errbuf *eb)
+{
+    const kb_move *mv = (const kb_move *)s->buf;
+    int rc = in_bound(s, "arena", m->a, eb);
+    for (uint64_t i = 0; rc == 0 && i < m->b; i++) {
+        uint64_t old = s->arena_bytes;
+        if (mv[i].from > old || mv[i].n > old - mv[i].from || mv[i].to > m->a ||
+            mv[i].n > m->a - mv[i].to)
+            rc = kb_err_set(eb, KB_ERR_RANGE, "device server: ARENA move %llu of [%llu, +%llu) "
+                            "to %llu: outside the arenas (%llu, new %llu bytes)",
+                            (unsigned long long)i, (unsigned long long)mv[i].from,
+                            (unsigned long long)mv[i].n, (unsigned long long)mv[i].to,
+                            (unsigned long long)old, (unsigned long long)m->a);
+    }
+    if (rc == 0 && (rc = s->ops->arena(s->dev, m->a, mv, (size_t)m->b, eb)) == 0)
+        s->arena_bytes = m->a;
+    return rc;
+}
+
+static int serve_payload(session *s, const kb_devd_msg *m, kb_errbuf *eb)
+{
+    int rc;
+    if ((rc = in_bound(s, "payload", m->a, eb)) != 0)
+        return rc;
+    if (m->b > s->payload_bytes) /* "the device has these bytes": it must */
+        return kb_err_set(eb, KB_ERR_RANGE, "device server: PAYLOAD from byte %llu of a payload "
+                          "of %llu", (unsigned long long)m->b,
+                          (unsigned long long)s->payload_bytes);
+    if (m->flags & KB_DEVD_SHARED) { /* the client's own pages: map, upload, no copy */
+        if (s->rfd >= 0) {
+            unmap_file(&s->shm_fd, &s->shm, &s->shm_len);
+            s->shm_fd = s->rfd;
+            s->rfd = -1;
+        }
+        if (s->shm_fd < 0)
+            return kb_err_set(eb, KB_ERR_INVAL, "device server: shared payload without a file");
+        if ((rc = map_file(s->shm_fd, (size_t)m->a, PROT_READ, &s->shm, &s->shm_len, eb)) ==
+                0 &&
+            (rc = s->ops->payload(s->dev, s->shm, (size_t)m->a, (size_t)m->b, eb)) == 0)
+            s->payload_bytes = m->a;
+        return rc;
+    }
+    /* the client sends the bytes the device lacks; the primitive wants the whole area */
+    if (grow(&s->payload, &s->payload_cap, (size_t)m->a) != 0)
+        return kb_err_set(eb, KB_ERR_NOMEM, "device server: payload of %llu bytes",
+                          (unsigned long long)m->a);
+    if (m->len)
+        memcpy(s->payload + m->b, s->buf, (size_t)m->len);
+    if ((rc = s->ops->payload(s->dev, s->payload, (size_t)m->a, (size_t)m->b, eb)) == 0)
+        s->payload_bytes = m->a;
+    return rc;
+}
+
+static int serve_download(session *s, const kb_devd_msg *m)
+{
+    kb_errbuf eb = { { 0 } };
+    int rc = in_arena(s, "DOWNLOAD", m->a, m->b, &eb);
+    if (m->flags & KB_DEVD_SHARED) { /* into the client's staging file */
+        if (s->rfd >= 0) {
+            unmap_file(&s->stage_fd, &s->stage, &s->stage_len);
+            s->stage_fd = s->rfd;
+            s->rfd = -1;
+        }
+        if (rc == 0 && s->stage_fd < 0)
+            rc = kb_err_set(&eb, KB_ERR_INVAL, "device server: shared download without a file");
+        if (rc == 0 && (rc = map_file(s->stage_fd, (size_t)m->b, PROT_READ | PROT_WRITE,
+                                      &s->stage, &s->stage_len, &eb)) == 0)
+            rc = s->ops->download(s->dev, m->a, s->stage, m->b, &eb);
+        return reply(s, rc, &eb, 0, 0, NULL, 0);
+    }
+    if (rc == 0 && m->b > KB_DEVD_MAX_MSG)
+        rc = kb_err_set(&eb, KB_ERR_RANGE, "device server: DOWNLOAD of %llu bytes through the "
+                        "socket, more than %llu", (unsigned long long)m->b,
+                        (unsigned long long)KB_DEVD_MAX_MSG);
+    if (rc == 0 && grow(&s->buf, &s->buf_cap, (size_t)m->b) != 0)
+        rc = kb_err_set(&eb, KB_ERR_NOMEM, "device server: %llu bytes to download",
+                        (unsigned long long)m->b);
+    if (rc == 0)
+        rc = s->ops->download(s->dev, m->a, s->buf, m->b, &eb);
+    return reply(s, rc, &eb, 0, 0, s->buf, m->b);
+}
+
+/*
+ * A flush, or one part of it (KB_DEVD_MORE: more follow, unanswered). The records are checked
+ * against the session's arena and payload before any of the part runs: a client's records
+ * reach the device's kernels as they are.
+ */
+static int serve_flush(session *s, const kb_devd_msg *m)
+{
+    const uint64_t *cnt = (const uint64_t *)s->buf;
+    const kb_rec *recs = (const kb_rec *)(s->buf + m->b * sizeof(uint64_t));
+    uint64_t nrec = 0, room = (m->len - m->b * sizeof(uint64_t)) / sizeof(kb_rec);
+    kb_errbuf eb = { { 0 } };
+    int rc;
+
+    uint64_t i = 0;
+    for (; i < m->b && cnt[i] <= room - nrec; i++) /* no sum that could wrap */
+        nrec += cnt[i];
+    if (i < m->b || m->len != m->b * sizeof(uint64_t) + nrec * sizeof(kb_rec)) {
+        kb_err_set(&eb, KB_ERR_INVAL, "FLUSH of %llu batches with %llu data bytes",
+                   (unsigned long long)m->b, (unsigned long long)m->len);
+        return refuse(s, KB_ERR_INVAL, &eb);
+    }
+    if (!s->flush_open) {
+        s->flush_open = 1;
+        s->flush_begun = 0;
+        s->flush_a = m->a;
+        s->flush_eb.msg[0] = '\0';
+        s->flush_rc = in_arena(s, "FLUSH", 0, m->a, &s->flush_eb);
+        if (s->flush_rc == 0 &&
+            (s->flush_rc = s->be.ops->begin(s->be.self, NULL, m->a, NULL, 0, &s->flush_eb)) == 0)
+            s->flush_begun = 1;
+    } else if (m->a != s->flush_a) {
+        kb_err_set(&eb, KB_ERR_INVAL, "FLUSH parts over arenas of %llu and %llu bytes",
+                   (unsigned long long)s->flush_a, (unsigned long long)m->a);
+        return refuse(s, KB_ERR_INVAL, &eb);
+    }
+    for (i = 0; s->flush_rc == 0 && i < nrec; i++)
+        if ((s->flush_rc = kb_rec_check_placed(&recs[i], m->a, s->payload_bytes,
+                                               &s->flush_eb)) != 0)
+            kb_err_prefix(&s->flush_eb, "device server: FLUSH record %llu",
+                          (unsigned long long)i);
+    for (i = 0; s->flush_rc == 0 && i < m->b; i++) {
+        s->flush_rc = s->be.ops->run_batch(s->be.self, recs, (size_t)cnt[i], &s->flush_eb);
+        recs += cnt[i];
+    }
+    if (m->flags & KB_DEVD_MORE)
+        return 0;
+    s->flush_open = 0;
+    rc = s->flush_rc;
+    if (s->flush_begun) {
+        if (rc == 0)
+            rc = s->be.ops->end(s->be.self, NULL, m->a, &s->flush_eb);
+        else { /* close the flush; its own error is the one to report */
+            kb_errbuf ignored;
+            s->be.ops->end(s->be.self, NULL, m->a, &ignored);
+        }
+    }
+    double kms = kb_opencl_kernel_ms(&s->be);
+    uint64_t bits;
+    memcpy(&bits, &kms, sizeof bits);
+    return reply(s, rc, &s->flush_eb, kb_opencl_launches(&s->be), bits, NULL, 0);
+}
+
+static int serve_query(session *s, const kb_devd_msg *m)
+{
+    kb_errbuf eb = { { 0 } };
+    kb_vquery q;
+    const uint64_t *off = (const uint64_t *)(s->buf + sizeof q);
+    void *out = NULL;
+    size_t outn;
+    int rc = 0;
+
+    memcpy(&q, s->buf, sizeof q);
+    outn = kb_vquery_result_size(&q);
+    if (m->len != sizeof q + (uint64_t)q.ntiles * sizeof(uint64_t) || outn == 0) {
+        kb_err_set(&eb, KB_ERR_INVAL, "QUERY kind %u over %u tiles with %llu data bytes",
+                   q.kind, q.ntiles, (unsigned long long)m->len);
+        return refuse(s, KB_ERR_INVAL, &eb);
+    }
+    /* what each tile covers of the arena (kb_vquery.h): n f16 values, or tile_bytes */
+    uint64_t per = q.kind == KB_VQ_CHECK ? q.n * 2 : q.tile_bytes;
+    if (outn > KB_DEVD_MAX_MSG || (q.kind == KB_VQ_CHECK && q.n > ((uint64_t)1 << 31)))
+        rc = kb_err_set(&eb, KB_ERR_RANGE, "device server: QUERY over %u tiles of %llu",
+                        q.ntiles, (unsigned long long)per);
+    for (uint32_t t = 0; rc == 0 && t < q.ntiles; t++)
+        rc = in_arena(s, "QUERY tile", off[t], per, &eb);
+    if (rc == 0 && !s->ops->query)
+        rc = kb_err_set(&eb, KB_ERR_UNSUPPORTED, "device server: no device queries");
+    else if (rc == 0 && !(out = malloc(outn)))
+        rc = kb_err_set(&eb, KB_ERR_NOMEM, "device server: query result");
+    else if (rc == 0)
+        rc = s->ops->query(s->dev, &q, off, out, &eb);
+    int w = reply(s, rc, &eb, 0, 0, out, outn);
+    free(out);
+    return w;
+}
+
+/* One request whose header is m (check_header passed) and whose data is in s->buf. -1: end
+ * the session. */
 static int serve_one(session *s, const kb_devd_msg *m)
 {
     kb_errbuf eb = { { 0 } };
     int rc = 0;
     devd *d = s->d;
 
-    if (m->op != KB_DEVD_HELLO && m->op != KB_DEVD_SHUTDOWN && !s->be.ops)
-        return reply(s, kb_err_set(&eb, KB_ERR_STATE, "device server: no session (HELLO first)"),
-                     &eb, 0, 0, NULL, 0);
     switch (m->op) {
     case KB_DEVD_HELLO:
         memset(&s->hello, 0, sizeof s->hello);
@@ -344,14 +759,22 @@ static int serve_one(session *s, const kb_devd_msg *m)
         s->hello.setup = d->setup;
         snprintf(s->hello.desc, sizeof s->hello.desc, "%s", d->desc);
         pthread_mutex_unlock(&d->mu);
-        if (m->a != KB_DEVD_MAGIC || m->b != KB_DEVD_PROTO || m->c != sizeof(kb_rec))
-            rc = kb_err_set(&eb, KB_ERR_DEVICE,
-                            "device server (pid %d) speaks protocol %d with %zu-byte records; "
-                            "this kbcl %llu with %llu-byte records (a different build: restart "
-                            "the server)",
-                            (int)getpid(), KB_DEVD_PROTO, sizeof(kb_rec),
-                            (unsigned long long)m->b, (unsigned long long)m->c);
-        else if ((m->flags & 1) && !s->be.ops)
+        if (m->b != KB_DEVD_PROTO || m->c != sizeof(kb_rec)) {
+            kb_err_set(&eb, KB_ERR_DEVICE,
+                       "device server (pid %d) speaks protocol %d with %zu-byte records; "
+                       "this kbcl %llu with %llu-byte records (a different build: restart "
+                       "the server)",
+                       (int)getpid(), KB_DEVD_PROTO, sizeof(kb_rec), (unsigned long long)m->b,
+                       (unsigned long long)m->c);
+            (void)reply(s, KB_ERR_DEVICE, &eb, 0, 0, NULL, 0);
+            s->end_rc = KB_ERR_DEVICE;
+            s->end_eb = eb;
+            say(d, "closed the connection of pid %ld: a client of another build (protocol "
+                "%llu, %llu-byte records)", (long)s->peer_pid, (unsigned long long)m->b,
+                (unsigned long long)m->c);
+            return -1; /* nothing else it says can be read right */
+        }
+        if ((m->flags & 1) && !s->be.ops)
             rc = open_backend(s, &eb);
         return reply(s, rc, &eb, 0, 0, &s->hello, sizeof s->hello);
     case KB_DEVD_SHUTDOWN:
@@ -360,140 +783,99 @@ static int serve_one(session *s, const kb_devd_msg *m)
         pthread_mutex_unlock(&d->mu);
         return reply(s, 0, &eb, 0, 0, NULL, 0);
     case KB_DEVD_ARENA:
-        if (m->len != m->b * sizeof(kb_move))
-            rc = kb_err_set(&eb, KB_ERR_INVAL, "device server: ARENA with %llu data bytes",
-                            (unsigned long long)m->len);
-        else
-            rc = s->ops->arena(s->dev, m->a, (const kb_move *)s->buf, (size_t)m->b, &eb);
-        return reply(s, rc, &eb, 0, 0, NULL, 0);
+        return reply(s, serve_arena(s, m, &eb), &eb, 0, 0, NULL, 0);
     case KB_DEVD_COPY:
-        return reply(s, s->ops->copy(s->dev, m->a, m->b, m->c, &eb), &eb, 0, 0, NULL, 0);
-    case KB_DEVD_FILL:
-        return reply(s, s->ops->fill(s->dev, m->a, m->b, (uint8_t)m->c, &eb), &eb, 0, 0, NULL,
-                     0);
-    case KB_DEVD_UPLOAD:
-        return reply(s, s->ops->upload(s->dev, m->a, s->buf, m->len, &eb), &eb, 0, 0, NULL, 0);
-    case KB_DEVD_DOWNLOAD:
-        if (m->flags & KB_DEVD_SHARED) { /* into the client's staging file */
-            if (s->rfd >= 0) {
-                unmap_file(&s->stage_fd, &s->stage, &s->stage_len);
-                s->stage_fd = s->rfd;
-                s->rfd = -1;
-            }
-            if (s->stage_fd < 0 || m->b > SIZE_MAX)
-                rc = kb_err_set(&eb, KB_ERR_INVAL, "device server: shared download without a file");
-            else if ((rc = map_file(s->stage_fd, (size_t)m->b, PROT_READ | PROT_WRITE,
-                                    &s->stage, &s->stage_len, &eb)) == 0)
-                rc = s->ops->download(s->dev, m->a, s->stage, m->b, &eb);
-            return reply(s, rc, &eb, 0, 0, NULL, 0);
-        }
-        if (m->b > SIZE_MAX || grow(&s->buf, &s->buf_cap, (size_t)m->b) != 0)
-            rc = kb_err_set(&eb, KB_ERR_NOMEM, "device server: %llu bytes to download",
-                            (unsigned long long)m->b);
-        else
-            rc = s->ops->download(s->dev, m->a, s->buf, m->b, &eb);
-        return reply(s, rc, &eb, 0, 0, s->buf, m->b);
-    case KB_DEVD_PAYLOAD:
-        if (m->flags & KB_DEVD_SHARED) { /* the client's own pages: map, upload, no copy */
-            if (s->rfd >= 0) {
-                unmap_file(&s->shm_fd, &s->shm, &s->shm_len);
-                s->shm_fd = s->rfd;
-                s->rfd = -1;
-            }
-            if (s->shm_fd < 0 || m->a < m->b || m->a > SIZE_MAX || m->len)
-                rc = kb_err_set(&eb, KB_ERR_INVAL, "device server: shared payload without a file");
-            else if ((rc = map_file(s->shm_fd, (size_t)m->a, PROT_READ, &s->shm, &s->shm_len,
-                                    &eb)) == 0)
-                rc = s->ops->payload(s->dev, s->shm, (size_t)m->a, (size_t)m->b, &eb);
-            return reply(s, rc, &eb, 0, 0, NULL, 0);
-        }
-        /* the client sends the bytes the device lacks; the primitive wants the whole area */
-        if (m->a < m->b || m->len != m->a - m->b || m->a > SIZE_MAX ||
-            grow(&s->payload, &s->payload_cap, (size_t)m->a) != 0)
-            rc = kb_err_set(&eb, KB_ERR_NOMEM, "device server: payload of %llu bytes",
-                            (unsigned long long)m->a);
-        else {
-            if (m->len)
-                memcpy(s->payload + m->b, s->buf, (size_t)m->len);
-            rc = s->ops->payload(s->dev, s->payload, (size_t)m->a, (size_t)m->b, &eb);
-        }
+        if ((rc = in_arena(s, "COPY to", m->a, m->c, &eb)) == 0 &&
+            (rc = in_arena(s, "COPY from", m->b, m->c, &eb)) == 0)
+            rc = s->ops->copy(s->dev, m->a, m->b, m->c, &eb);
         return reply(s, rc, &eb, 0, 0, NULL, 0);
-    case KB_DEVD_FLUSH: {
-        const uint64_t *cnt = (const uint64_t *)s->buf;
-        const kb_rec *recs;
-        uint64_t nrec = 0;
-        if (m->b > m->len / sizeof(uint64_t))
-            rc = kb_err_set(&eb, KB_ERR_INVAL, "device server: FLUSH of %llu batches",
-                            (unsigned long long)m->b);
-        for (uint64_t i = 0; rc == 0 && i < m->b; i++)
-            nrec += cnt[i];
-        if (rc == 0 && m->len != m->b * sizeof(uint64_t) + nrec * sizeof(kb_rec))
-            rc = kb_err_set(&eb, KB_ERR_INVAL, "device server: FLUSH with %llu data bytes",
-                            (unsigned long long)m->len);
-        if (rc == 0) {
-            recs = (const kb_rec *)(s->buf + m->b * sizeof(uint64_t));
-            rc = s->be.ops->begin(s->be.self, NULL, m->a, NULL, 0, &eb);
-            for (uint64_t i = 0; rc == 0 && i < m->b; i++) {
-                rc = s->be.ops->run_batch(s->be.self, recs, (size_t)cnt[i], &eb);
-                recs += cnt[i];
-            }
-            if (rc == 0)
-                rc = s->be.ops->end(s->be.self, NULL, m->a, &eb);
-            else { /* close the flush; its own error is the one to report */
-                kb_errbuf ignored;
-                s->be.ops->end(s->be.self, NULL, m->a, &ignored);
-            }
-        }
-        double kms = kb_opencl_kernel_ms(&s->be);
-        uint64_t bits;
-        memcpy(&bits, &kms, sizeof bits);
-        return reply(s, rc, &eb, kb_opencl_launches(&s->be), bits, NULL, 0);
-    }
-    case KB_DEVD_QUERY: {
-        kb_vquery q;
-        void *out = NULL;
-        size_t outn = 0;
-        if (m->len < sizeof q) {
-            rc = kb_err_set(&eb, KB_ERR_INVAL, "device server: QUERY with %llu data bytes",
-                            (unsigned long long)m->len);
-        } else {
-            memcpy(&q, s->buf, sizeof q);
-            outn = kb_vquery_result_size(&q);
-            if (m->len != sizeof q + (uint64_t)q.ntiles * sizeof(uint64_t) || outn == 0)
-                rc = kb_err_set(&eb, KB_ERR_INVAL, "device server: QUERY kind %u over %u tiles "
-                                "with %llu data bytes", q.kind, q.ntiles,
-                                (unsigned long long)m->len);
-            else if (!s->ops->query)
-                rc = kb_err_set(&eb, KB_ERR_UNSUPPORTED, "device server: no device queries");
-            else if (!(out = malloc(outn)))
-                rc = kb_err_set(&eb, KB_ERR_NOMEM, "device server: query result");
-            else
-                rc = s->ops->query(s->dev, &q, (const uint64_t *)(s->buf + sizeof q), out, &eb);
-        }
-        int w = reply(s, rc, &eb, 0, 0, out, outn);
-        free(out);
-        return w;
-    }
-    default:
-        kb_err_set(&eb, KB_ERR_INVAL, "device server: unknown request %u", m->op);
-        reply(s, KB_ERR_INVAL, &eb, 0, 0, NULL, 0);
-        return -1;
+    case KB_DEVD_FILL:
+        if ((rc = in_arena(s, "FILL", m->a, m->b, &eb)) == 0)
+            rc = s->ops->fill(s->dev, m->a, m->b, (uint8_t)m->c, &eb);
+        return reply(s, rc, &eb, 0, 0, NULL, 0);
+    case KB_DEVD_UPLOAD:
+        if ((rc = in_arena(s, "UPLOAD", m->a, m->len, &eb)) == 0)
+            rc = s->ops->upload(s->dev, m->a, s->buf, m->len, &eb);
+        return reply(s, rc, &eb, 0, 0, NULL, 0);
+    case KB_DEVD_DOWNLOAD:
+        return serve_download(s, m);
+    case KB_DEVD_PAYLOAD:
+        return reply(s, serve_payload(s, m, &eb), &eb, 0, 0, NULL, 0);
+    case KB_DEVD_FLUSH:
+        return serve_flush(s, m);
+    case KB_DEVD_QUERY:
+        return serve_query(s, m);
+    default: /* check_header lets none through */
+        kb_err_set(&eb, KB_ERR_INVAL, "unknown request %u", m->op);
+        return refuse(s, KB_ERR_INVAL, &eb);
     }
 }
 
-static void *session_main(void *arg)
+/* A request's turn: at most d->rate a second, after a burst of as many (sleeps, never
+ * refuses: a client that asks fast only waits). */
+static void throttle(session *s)
 {
-    session *s = arg;
-    kb_devd_msg m;
+    double now = mono_s(), rate = s->d->rate;
+    s->tokens += (now - s->tlast) * rate;
+    s->tlast = now;
+    if (s->tokens > rate)
+        s->tokens = rate;
+    if (s->tokens < 1.0) {
+        double wait = (1.0 - s->tokens) / rate;
+        struct timespec ts = { (time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9) };
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+        s->tokens = 1.0;
+        s->tlast = mono_s();
+    }
+    s->tokens -= 1.0;
+}
 
-    s->shm_fd = -1;
-    s->stage_fd = -1;
-    s->rfd = -1;
-    while (kb_devd_recv_fd(s->fd, &m, sizeof m, &s->rfd) == 0) {
-        if (m.len > SIZE_MAX || grow(&s->buf, &s->buf_cap, (size_t)m.len) != 0)
-            break; /* cannot even read it: the client sees the connection close */
-        if (m.len && kb_devd_read_full(s->fd, s->buf, (size_t)m.len) != 0)
+/* Reads and serves requests until the peer goes, a request ends the session, or the server
+ * closes it (s->end_rc). */
+static void session_loop(session *s)
+{
+    devd *d = s->d;
+    kb_devd_msg m;
+    kb_errbuf eb;
+    int r, some;
+
+    s->tokens = d->rate;
+    s->tlast = mono_s();
+    for (;;) {
+        eb.msg[0] = '\0';
+        /* between requests a client may think for as long as it likes, once it said hello */
+        r = recv_fd_timed(s->fd, &m, sizeof m, &s->rfd, s->nreq ? -1 : d->io_ms, d->io_ms,
+                          &some);
+        if (r == -2) {
+            kb_err_set(&eb, KB_ERR_INVAL, some ? "a request header stalled for %.3g s"
+                                               : "no request within %.3g s of connecting",
+                       d->io_ms / 1e3);
+            refuse(s, KB_ERR_INVAL, &eb);
             break;
+        }
+        if (r != 0)
+            break; /* the peer is gone (a part of a header is no request) */
+        s->nreq++;
+        throttle(s);
+        if (check_header(s, &m, &eb) != 0) {
+            refuse(s, KB_ERR_INVAL, &eb);
+            break;
+        }
+        if (m.len && grow(&s->buf, &s->buf_cap, (size_t)m.len) != 0) {
+            kb_err_set(&eb, KB_ERR_NOMEM, "%s of %llu data bytes: out of memory",
+                       op_name(m.op), (unsigned long long)m.len);
+            refuse(s, KB_ERR_NOMEM, &eb);
+            break;
+        }
+        if (m.len && (r = read_timed(s->fd, s->buf, (size_t)m.len, d->io_ms)) != 0) {
+            if (r == -2) {
+                kb_err_set(&eb, KB_ERR_INVAL, "%s data stalled for %.3g s", op_name(m.op),
+                           d->io_ms / 1e3);
+                refuse(s, KB_ERR_INVAL, &eb);
+            }
+            break;
+        }
         int stop = serve_one(s, &m) != 0;
         if (s->rfd >= 0) { /* a descriptor no request took */
             close(s->rfd);
@@ -502,13 +884,23 @@ static void *session_main(void *arg)
         if (stop)
             break;
     }
+}
+
+/* The session's end: its files and buffers, and its backend to the pool or destroyed. */
+static void session_close(session *s)
+{
+    devd *d = s->d;
     if (s->rfd >= 0)
         close(s->rfd);
+    s->rfd = -1;
     unmap_file(&s->shm_fd, &s->shm, &s->shm_len);
     unmap_file(&s->stage_fd, &s->stage, &s->stage_len);
     if (s->be.ops) {
-        devd *d = s->d;
         int kept = 0;
+        if (s->flush_open && s->flush_begun) { /* a flush cut off between its parts */
+            kb_errbuf ignored;
+            s->be.ops->end(s->be.self, NULL, s->flush_a, &ignored);
+        }
         /* the device memory goes either way; the queue, kernels and tables may stay */
         if (d->o->recycle && d->o->recycle(d->o->arg, &s->be) == 0) {
             pthread_mutex_lock(&d->mu);
@@ -526,14 +918,31 @@ static void *session_main(void *arg)
         if (!kept)
             s->be.ops->destroy(s->be.self);
         s->be.ops = NULL;
-        pthread_mutex_lock(&s->d->mu);
-        s->d->open--;
-        s->d->last_busy = mono_s();
-        pthread_mutex_unlock(&s->d->mu);
+        pthread_mutex_lock(&d->mu);
+        d->open--;
+        d->last_busy = mono_s();
+        pthread_mutex_unlock(&d->mu);
     }
     free(s->payload);
     free(s->buf);
     s->payload = s->buf = NULL;
+}
+
+static void session_init(session *s, devd *d, int fd)
+{
+    memset(s, 0, sizeof *s);
+    s->d = d;
+    s->fd = fd;
+    s->shm_fd = -1;
+    s->stage_fd = -1;
+    s->rfd = -1;
+}
+
+static void *session_main(void *arg)
+{
+    session *s = arg;
+    session_loop(s);
+    session_close(s);
     shutdown(s->fd, SHUT_RDWR);
     pthread_mutex_lock(&s->d->mu);
     s->done = 1;
@@ -617,32 +1026,90 @@ bound:
     return fd;
 }
 
+/*
+ * The second gate after the folder: a peer of another uid (root's processes pass any folder's
+ * permissions) is closed before it is read. Once per refused connection, a log line.
+ */
+static int peer_ok(const devd *d, int fd, long *pid)
+{
+    struct ucred uc;
+    socklen_t n = sizeof uc;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &n) != 0 || n != sizeof uc) {
+        say(d, "refused a connection whose credentials cannot be read: %s", strerror(errno));
+        return 0;
+    }
+    *pid = (long)uc.pid;
+    if (uc.uid == geteuid())
+        return 1;
+    say(d, "refused a connection from pid %ld, uid %lu: this server serves uid %lu only",
+        (long)uc.pid, (unsigned long)uc.uid, (unsigned long)geteuid());
+    return 0;
+}
+
+static void devd_init(devd *d, const kb_devd_opts *o)
+{
+    memset(d, 0, sizeof *d);
+    d->o = o;
+    d->started = d->last_busy = mono_s();
+    pthread_mutex_init(&d->mu, NULL);
+    if (o->setup)
+        d->setup = *o->setup;
+    snprintf(d->desc, sizeof d->desc, "%s", o->desc ? o->desc : o->device);
+    d->io_ms = (int)((o->io_timeout_s > 0 ? o->io_timeout_s : KB_DEVD_IO_TIMEOUT_S) * 1e3);
+    if (d->io_ms < 1)
+        d->io_ms = 1;
+    d->rate = o->rate_hz > 0 ? o->rate_hz : KB_DEVD_RATE_HZ;
+}
+
+static void devd_fini(devd *d)
+{
+    for (int i = 0; i < d->npool; i++) {
+        d->pool[i].be.ops->destroy(d->pool[i].be.self);
+        free(d->pool[i].buf);
+    }
+    free(d->s);
+    pthread_mutex_destroy(&d->mu);
+}
+
+int kb_devd_serve_conn(const kb_devd_opts *o, int fd, kb_errbuf *eb)
+{
+    devd d;
+    session *s;
+    int rc;
+
+    if (!o || !o->session || !o->device)
+        return kb_err_set(eb, KB_ERR_INVAL, "device server: missing options");
+    if (!(s = malloc(sizeof *s)))
+        return kb_err_set(eb, KB_ERR_NOMEM, "device server: out of memory");
+    devd_init(&d, o);
+    session_init(s, &d, fd);
+    struct ucred uc;
+    socklen_t n = sizeof uc;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &n) == 0 && n == sizeof uc)
+        s->peer_pid = (long)uc.pid;
+    session_loop(s);
+    session_close(s);
+    rc = s->end_rc;
+    if (rc)
+        kb_err_set(eb, rc, "%s", s->end_eb.msg);
+    free(s);
+    devd_fini(&d);
+    return rc;
+}
+
 int kb_devd_serve(const kb_devd_opts *o, kb_errbuf *eb)
 {
     devd d;
-    char dir[600];
     int lfd, rc = 0;
 
-    memset(&d, 0, sizeof d);
-    d.o = o;
-    d.started = d.last_busy = mono_s();
     if (!o || !o->path || !o->session || !o->device)
         return kb_err_set(eb, KB_ERR_INVAL, "device server: missing options");
-    /* the socket's folder: private to this user */
-    snprintf(dir, sizeof dir, "%s", o->path);
-    char *slash = strrchr(dir, '/');
-    if (slash && slash != dir) {
-        *slash = '\0';
-        if (mkdir(dir, 0700) != 0 && errno != EEXIST)
-            return kb_err_set(eb, KB_ERR_IO, "device server: mkdir %s: %s", dir, strerror(errno));
-    }
+    if ((rc = kb_devd_dir_check(o->path, 1, eb)) != 0)
+        return rc;
     lfd = listen_on(o->path, eb);
     if (lfd < 0)
         return lfd;
-    pthread_mutex_init(&d.mu, NULL);
-    if (o->setup)
-        d.setup = *o->setup;
-    snprintf(d.desc, sizeof d.desc, "%s", o->desc ? o->desc : o->device);
+    devd_init(&d, o);
     if (o->ready_fd >= 0) {
         char one = 1;
         (void)!write(o->ready_fd, &one, 1);
@@ -663,6 +1130,11 @@ int kb_devd_serve(const kb_devd_opts *o, kb_errbuf *eb)
         int cfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (cfd < 0)
             continue;
+        long pid = 0;
+        if (!peer_ok(&d, cfd, &pid)) {
+            close(cfd);
+            continue;
+        }
         session *s = calloc(1, sizeof *s);
         pthread_mutex_lock(&d.mu);
         int full = d.ns >= KB_DEVD_MAX_SESSIONS;
@@ -675,8 +1147,8 @@ int kb_devd_serve(const kb_devd_opts *o, kb_errbuf *eb)
             close(cfd);
             continue;
         }
-        s->d = &d;
-        s->fd = cfd;
+        session_init(s, &d, cfd);
+        s->peer_pid = pid;
         if (pthread_create(&s->th, NULL, session_main, s) != 0) {
             free(s);
             close(cfd);
@@ -690,11 +1162,6 @@ int kb_devd_serve(const kb_devd_opts *o, kb_errbuf *eb)
     close(lfd);
     unlink(o->path);
     reap(&d, 1);
-    for (int i = 0; i < d.npool; i++) {
-        d.pool[i].be.ops->destroy(d.pool[i].be.self);
-        free(d.pool[i].buf);
-    }
-    free(d.s);
-    pthread_mutex_destroy(&d.mu);
+    devd_fini(&d);
     return rc;
 }

@@ -16,10 +16,23 @@
  * it and uploads from its mapping; host reads land in a staging memfd of the client's that the
  * server writes into. So no simulated data crosses the socket.
  *
+ * Trust: the socket's folder is the user's own (0700, owned by the server's uid: checked by
+ * kb_devd_dir_check on both sides), the server refuses a peer of another uid (SO_PEERCRED on
+ * accept) and the client a server of another uid. Peers of the same uid are not trusted to be
+ * well-formed: a request's data is at most KB_DEVD_MAX_MSG bytes, checked before anything is
+ * allocated; every range, record and query is checked against the session's arena and payload
+ * before it reaches the device (kb_rec_check_placed); shared files must be sealed against
+ * shrinking (F_SEAL_SHRINK) and as long as claimed. A malformed request (unknown op or flags,
+ * lengths that do not add up, a request before HELLO, bad magic) is answered with an error
+ * and its connection closed; a connection that stops in the middle of a message, or sends no
+ * first one, for io_timeout_s is closed; each connection is held to rate_hz requests per
+ * second (it is slowed down, not refused).
+ *
  * Limits: clients must be the same kbcl build (the records travel as raw structs; the hello
  * checks the protocol version and the struct sizes); one machine (a Unix socket); a payload
  * that is not a shared file is copied, and the server then keeps a copy of it (the payload
- * primitive needs the whole area); the server buffers one transfer at a time; at most
+ * primitive needs the whole area); the server buffers one request at a time per session (at
+ * most KB_DEVD_MAX_MSG bytes: the client splits larger transfers and flushes); at most
  * KB_DEVD_MAX_SESSIONS sessions at once.
  */
 #ifndef KB_DEVD_H
@@ -33,10 +46,15 @@
 #include "kb_opencl.h"
 #include "kb_replay.h"
 
-#define KB_DEVD_PROTO 2
+#define KB_DEVD_PROTO 3
 #define KB_DEVD_MAGIC 0x6b62646576643031ULL /* "kbdevd01" */
 #define KB_DEVD_MAX_SESSIONS 256
 #define KB_DEVD_POOL 4
+/* A request's data, and a download's reply data, at most (64 MiB): 256 sessions can make the
+ * server buffer 16 GiB at worst, and a round trip per 64 MiB costs nothing next to the copy. */
+#define KB_DEVD_MAX_MSG ((uint64_t)64 << 20)
+#define KB_DEVD_RATE_HZ 20000.0    /* requests per second per connection (and its burst) */
+#define KB_DEVD_IO_TIMEOUT_S 10.0  /* a stalled message, or no first one: closed */
 
 /* Requests. */
 enum {
@@ -53,13 +71,16 @@ enum {
                            flags KB_DEVD_SHARED, no data: the bytes are in the shared-memory
                            file the client passed (SCM_RIGHTS, with this or an earlier
                            PAYLOAD), which the server maps instead of receiving a copy */
-    KB_DEVD_FLUSH,      /* a = arena bytes, b = batches; data: uint64 counts[b], then kb_rec[] */
+    KB_DEVD_FLUSH,      /* a = arena bytes, b = batches; data: uint64 counts[b], then kb_rec[];
+                           flags KB_DEVD_MORE: a part of a flush larger than KB_DEVD_MAX_MSG,
+                           more parts (same a) follow and only the last one is answered */
     KB_DEVD_SHUTDOWN,   /* the server stops accepting and exits once its sessions end */
     KB_DEVD_QUERY,      /* data: a kb_vquery, then uint64 off[ntiles]; reply data: its result
                            (kb_vquery.h, kb_vquery_result_size bytes) */
 };
 
 #define KB_DEVD_SHARED 2u /* PAYLOAD and DOWNLOAD flag */
+#define KB_DEVD_MORE 4u   /* FLUSH flag */
 
 /* A request header; `len` bytes of data follow. */
 typedef struct kb_devd_msg {
@@ -104,11 +125,35 @@ typedef struct kb_devd_opts {
     double idle_exit_s;            /* return after this long without sessions; 0: never */
     volatile sig_atomic_t *stop;   /* return once *stop is set (a signal handler's flag) */
     int ready_fd;                  /* >= 0: written one byte, then closed, once listening */
+    /* Optional (0 / NULL: the defaults) */
+    uint64_t max_bytes;            /* a session's arena and payload, at most (0: the device's
+                                      own limit) */
+    double io_timeout_s;           /* KB_DEVD_IO_TIMEOUT_S */
+    double rate_hz;                /* KB_DEVD_RATE_HZ */
+    /* A line about a refused peer or a connection closed for a malformed request (called from
+     * any thread; no newline). NULL: not said. */
+    void (*log)(void *arg, const char *line);
 } kb_devd_opts;
 
 /* Serves until *stop, a SHUTDOWN request or the idle time; waits for open sessions to end
- * (their sockets are shut down). 0, or the error that kept it from listening. */
+ * (their sockets are shut down). 0, or the error that kept it from listening (an unsafe
+ * folder: KB_ERR_STATE, see kb_devd_dir_check). */
 int kb_devd_serve(const kb_devd_opts *o, kb_errbuf *eb);
+
+/* Serves one connection, fd (not closed here), in this thread, as a session of the server
+ * of o would (its path, ready_fd, stop and idle time unused; no peer check): what the
+ * protocol's fuzz target drives. 0 when the peer ended it, KB_ERR_INVAL when it was closed
+ * for a malformed request or a stall (why in eb). */
+int kb_devd_serve_conn(const kb_devd_opts *o, int fd, kb_errbuf *eb);
+
+/*
+ * The folder of socket `path` (its last '/' ends it; none: "."), checked as the server's: a
+ * directory (not a symbolic link) owned by this process's effective uid with no group or
+ * other permission. make: created 0700 first if missing. 0; KB_ERR_NOTFOUND: missing (make
+ * 0); KB_ERR_STATE: it exists and fails a check (which one, and the fix, in eb); KB_ERR_IO:
+ * it cannot be looked at or made ("Not a directory" when it is a file).
+ */
+int kb_devd_dir_check(const char *path, int make, kb_errbuf *eb);
 
 /* The folder of the servers' sockets: $KBCL_DEVD_DIR, else $XDG_RUNTIME_DIR/kbcl, else
  * /tmp/kbcl-devd-$UID. 0, or KB_ERR_RANGE when it does not fit. */

@@ -11,6 +11,7 @@
 #include "kb_oplog.h"
 
 #include <assert.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -59,8 +60,15 @@ kb_oplog *kb_oplog_create(void)
 /* Grows the payload to cap bytes (contents kept). */
 static int payload_grow(kb_oplog *log, size_t cap)
 {
-    if (log->payload_fd == -2) /* the first growth decides */
-        log->payload_fd = memfd_create("kbcl-payload", MFD_CLOEXEC);
+    if (log->payload_fd == -2) { /* the first growth decides */
+        /* a device server maps it: sealed so that it can never shrink under that mapping
+         * (the server refuses a file that is not) */
+        log->payload_fd = memfd_create("kbcl-payload", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (log->payload_fd >= 0 && fcntl(log->payload_fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+            close(log->payload_fd);
+            log->payload_fd = -1;
+        }
+    }
     if (log->payload_fd >= 0) {
         void *p;
         if (ftruncate(log->payload_fd, (off_t)cap) != 0)

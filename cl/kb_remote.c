@@ -4,6 +4,7 @@
 #include "kb_remote.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,12 +134,33 @@ static int call(int fd, const char *path, kb_devd_msg *m, const void *d1, size_t
     return call_fd(fd, path, m, -1, d1, n1, d2, n2, rep, out, cap, lost, eb);
 }
 
+/*
+ * A server is trusted with this process's data (the payload, the results) only when nobody
+ * else could have put it there: its folder passes the server's own checks, the socket is this
+ * user's, and the process that listens on it runs as this user (SO_PEERCRED).
+ */
 static int connect_to(const char *path, kb_errbuf *eb)
 {
     struct sockaddr_un sa;
-    int fd = kb_devd_socket(path, &sa, eb);
+    struct stat st;
+    struct ucred uc;
+    socklen_t n = sizeof uc;
+    int fd, rc;
 
-    if (fd < 0)
+    if ((rc = kb_devd_dir_check(path, 0, eb)) != 0)
+        return rc;
+    if (lstat(path, &st) != 0) {
+        if (errno != ENOENT)
+            return kb_err_set(eb, KB_ERR_IO, "device server %s: %s", path, strerror(errno));
+        return kb_err_set(eb, KB_ERR_NOTFOUND, "no device server at %s", path);
+    }
+    if (!S_ISSOCK(st.st_mode))
+        return kb_err_set(eb, KB_ERR_NOTFOUND, "no device server at %s", path);
+    if (st.st_uid != geteuid())
+        return kb_err_set(eb, KB_ERR_STATE, "device server socket %s belongs to uid %lu, not "
+                          "to this user (uid %lu): not used", path, (unsigned long)st.st_uid,
+                          (unsigned long)geteuid());
+    if ((fd = kb_devd_socket(path, &sa, eb)) < 0)
         return fd;
     if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
         int e = errno;
@@ -146,6 +168,18 @@ static int connect_to(const char *path, kb_errbuf *eb)
         if (e == ENOENT || e == ECONNREFUSED)
             return kb_err_set(eb, KB_ERR_NOTFOUND, "no device server at %s", path);
         return kb_err_set(eb, KB_ERR_IO, "device server %s: %s", path, strerror(e));
+    }
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &uc, &n) != 0 || n != sizeof uc) {
+        int e = errno;
+        close(fd);
+        return kb_err_set(eb, KB_ERR_IO, "device server %s: its credentials: %s", path,
+                          strerror(e));
+    }
+    if (uc.uid != geteuid()) {
+        close(fd);
+        return kb_err_set(eb, KB_ERR_STATE, "device server %s runs as uid %lu (pid %ld), not "
+                          "as this user (uid %lu): not used", path, (unsigned long)uc.uid,
+                          (long)uc.pid, (unsigned long)geteuid());
     }
     return fd;
 }
@@ -251,14 +285,42 @@ static int r_fill(void *dev, uint64_t off, uint64_t n, uint8_t byte, kb_errbuf *
     return rcall(dev, &m, NULL, 0, NULL, 0, eb);
 }
 
+/* The bytes of one request: at most KB_DEVD_MAX_MSG (the server's bound). */
+static uint64_t chunk(uint64_t left)
+{
+    return left < KB_DEVD_MAX_MSG ? left : KB_DEVD_MAX_MSG;
+}
+
 static int r_upload(void *dev, uint64_t off, const void *src, uint64_t n, kb_errbuf *eb)
 {
-    kb_devd_msg m = { KB_DEVD_UPLOAD, 0, off, 0, 0, 0 };
+    uint64_t done = 0;
+    int rc;
     ((rbe *)dev)->ra_n = 0;
     if (n > SIZE_MAX)
         return kb_err_set(eb, KB_ERR_NOMEM, "device server: upload of %llu bytes",
                           (unsigned long long)n);
-    return rcall(dev, &m, src, (size_t)n, NULL, 0, eb);
+    do {
+        kb_devd_msg m = { KB_DEVD_UPLOAD, 0, off + done, 0, 0, 0 };
+        uint64_t k = chunk(n - done);
+        if ((rc = rcall(dev, &m, (const uint8_t *)src + done, (size_t)k, NULL, 0, eb)) != 0)
+            return rc;
+        done += k;
+    } while (done < n);
+    return 0;
+}
+
+/* Arena bytes [off, off + n) through the socket into dst. */
+static int download_copy(rbe *b, uint64_t off, uint8_t *dst, uint64_t n, kb_errbuf *eb)
+{
+    uint64_t done = 0;
+    int rc;
+    do {
+        kb_devd_msg m = { KB_DEVD_DOWNLOAD, 0, off + done, chunk(n - done), 0, 0 };
+        if ((rc = rcall(b, &m, NULL, 0, dst + done, (size_t)m.b, eb)) != 0)
+            return rc;
+        done += m.b;
+    } while (done < n);
+    return 0;
 }
 
 /*
@@ -274,8 +336,14 @@ static int stage_ensure(rbe *b, size_t need)
 {
     size_t cap;
     void *p;
-    if (b->stage_fd == -2)
-        b->stage_fd = memfd_create("kbcl-stage", MFD_CLOEXEC);
+    if (b->stage_fd == -2) {
+        /* the server maps it: sealed so that it can never shrink under that mapping */
+        b->stage_fd = memfd_create("kbcl-stage", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+        if (b->stage_fd >= 0 && fcntl(b->stage_fd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+            close(b->stage_fd);
+            b->stage_fd = -1;
+        }
+    }
     if (b->stage_fd < 0)
         return -1;
     if (b->stage && b->stage_cap >= need)
@@ -334,10 +402,8 @@ static int r_download(void *dev, uint64_t off, void *dst, uint64_t n, kb_errbuf 
         memcpy(dst, b->stage, (size_t)n);
         return 0;
     }
-    if (want == n) {
-        kb_devd_msg m = { KB_DEVD_DOWNLOAD, 0, off, n, 0, 0 };
-        return rcall(dev, &m, NULL, 0, dst, (size_t)n, eb);
-    }
+    if (want == n)
+        return download_copy(b, off, dst, n, eb);
     if (b->ra_cap < want) {
         uint8_t *p = realloc(b->ra, (size_t)want);
         if (!p)
@@ -345,8 +411,7 @@ static int r_download(void *dev, uint64_t off, void *dst, uint64_t n, kb_errbuf 
         b->ra = p;
         b->ra_cap = (size_t)want;
     }
-    kb_devd_msg m = { KB_DEVD_DOWNLOAD, 0, off, want, 0, 0 };
-    if ((rc = rcall(dev, &m, NULL, 0, b->ra, (size_t)want, eb)) != 0)
+    if ((rc = download_copy(b, off, b->ra, want, eb)) != 0)
         return rc;
     b->ra_off = off;
     b->ra_n = want;
@@ -383,7 +448,15 @@ static int r_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_e
         }
         return rc;
     }
-    return rcall(dev, &m, p + have, size - have, NULL, 0, eb);
+    do { /* the bytes the device lacks, in requests the server takes */
+        size_t k = (size_t)chunk(size - have);
+        m.a = have + k;
+        m.b = have;
+        if ((src = rcall(dev, &m, p + have, k, NULL, 0, eb)) != 0)
+            return src;
+        have += k;
+    } while (have < size);
+    return 0;
 }
 
 static int r_query(void *dev, const kb_vquery *q, const uint64_t *off, void *out,
@@ -473,6 +546,49 @@ nomem:
     return kb_err_set(eb, KB_ERR_NOMEM, "remote backend: out of memory collecting a flush");
 }
 
+/*
+ * A flush larger than a request may be (KB_DEVD_MAX_MSG) goes in parts, all but the last
+ * flagged KB_DEVD_MORE (unanswered). A batch may be cut between two parts: its records are
+ * independent of each other (kb_replay.h), so running them as two batches gives the same bytes.
+ */
+static int send_parts(rbe *b, uint64_t arena_bytes, int *lost, kb_errbuf *eb)
+{
+    const kb_rec *r = b->ext ? b->ext : b->own;
+    uint64_t *pc = malloc(b->ncnt * sizeof *pc);
+    size_t bi = 0;
+    uint64_t used = 0; /* records of batch bi already sent */
+    int rc = 0;
+
+    if (!pc)
+        return kb_err_set(eb, KB_ERR_NOMEM, "remote backend: out of memory sending a flush");
+    while (rc == 0 && bi < b->ncnt) {
+        size_t np = 0;
+        uint64_t bytes = 0, nr = 0;
+        while (bi < b->ncnt && bytes + sizeof *pc <= KB_DEVD_MAX_MSG) {
+            uint64_t left = b->cnt[bi] - used;
+            uint64_t fit = (KB_DEVD_MAX_MSG - bytes - sizeof *pc) / sizeof(kb_rec);
+            uint64_t k = left < fit ? left : fit;
+            if (k == 0 && left > 0)
+                break;
+            pc[np++] = k;
+            bytes += sizeof *pc + k * sizeof(kb_rec);
+            nr += k;
+            used += k;
+            if (used == b->cnt[bi]) {
+                bi++;
+                used = 0;
+            }
+        }
+        kb_devd_msg m = { KB_DEVD_FLUSH, bi < b->ncnt ? KB_DEVD_MORE : 0, arena_bytes, np, 0,
+                          0 };
+        rc = send_req(b->fd, b->path, &m, -1, pc, np * sizeof *pc, r, nr * sizeof(kb_rec), lost,
+                      eb);
+        r += nr;
+    }
+    free(pc);
+    return rc;
+}
+
 static int rb_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *eb)
 {
     rbe *b = self;
@@ -491,8 +607,11 @@ static int rb_end(void *self, uint8_t *arena, uint64_t arena_bytes, kb_errbuf *e
     b->ra_n = 0;
     /* Once sent, the records are the server's (the socket has copied them): the reply is read
      * by the next request (settle), and meanwhile this process simulates on. */
-    rc = send_req(b->fd, b->path, &m, -1, b->cnt, b->ncnt * sizeof *b->cnt,
-                  b->ext ? b->ext : b->own, b->nrec * sizeof(kb_rec), &lost, eb);
+    if (b->ncnt * sizeof *b->cnt + b->nrec * sizeof(kb_rec) <= KB_DEVD_MAX_MSG)
+        rc = send_req(b->fd, b->path, &m, -1, b->cnt, b->ncnt * sizeof *b->cnt,
+                      b->ext ? b->ext : b->own, b->nrec * sizeof(kb_rec), &lost, eb);
+    else
+        rc = send_parts(b, arena_bytes, &lost, eb);
     b->ext = NULL; /* the caller's array is theirs again */
     if (lost)
         drop(b);

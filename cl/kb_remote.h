@@ -8,6 +8,10 @@
  * flush returns once its records are sent, the server replays them while this process goes
  * on, and the next request reads the reply first; a failed replay fails every later request.
  *
+ * Requests carry at most KB_DEVD_MAX_MSG bytes: larger uploads, copied downloads and payloads
+ * go in several requests, and a larger flush in parts (KB_DEVD_MORE). The payload and staging
+ * memfds are sealed against shrinking (F_SEAL_SHRINK), which the server requires of them.
+ *
  * Limits: only resident flushes (kb_replay_flush's path); a host-arena flush (bench-self's
  * synthetic batches) is refused — those make their backend in process. A lost connection is
  * a device error for the flush or pull that saw it, and every later one.
@@ -28,7 +32,11 @@
  * (ops->destroy). KB_ERR_NOTFOUND when nothing listens there (no socket file, a stale one, or
  * a server that closes the connection unanswered because it is stopping:
  * the caller then sets its device up in process); KB_ERR_DEVICE for a server that answered
- * wrongly or could not make a session (the message says why).
+ * wrongly or could not make a session (the message says why); KB_ERR_STATE for one that is
+ * not to be trusted: its folder fails kb_devd_dir_check, or the socket or the process
+ * listening on it (SO_PEERCRED) is another user's; KB_ERR_IO when the path cannot be reached.
+ * kb_backend_for_device sets its device up in process after any of them, the message in its
+ * device note.
  */
 int kb_remote_backend_create(const char *path, kb_backend *out, char *desc, size_t desc_n,
                              kb_errbuf *eb);

@@ -45,13 +45,25 @@ static void usage_devd(FILE *f)
           "  --stop            ask the server for D to exit (after its open sessions)\n"
           "\n"
           "  Socket: $KBCL_DEVD_DIR/D.sock, else $XDG_RUNTIME_DIR/kbcl/D.sock, else\n"
-          "  /tmp/kbcl-devd-$UID/D.sock. KBCL_DEVD=off keeps clients from using a server.\n",
+          "  /tmp/kbcl-devd-$UID/D.sock. KBCL_DEVD=off keeps clients from using a server.\n"
+          "  The folder is made 0700; one that is not this user's own directory with no\n"
+          "  group or other permission is refused (exit 2, saying which check failed and\n"
+          "  the fix), by clients too. The server closes connections of other users'\n"
+          "  processes (one line on its stderr with their pid and uid).\n",
           f);
 }
 
 typedef struct devd_master {
     kb_backend be;
 } devd_master;
+
+/* The server's lines (refused peers, closed connections) on its stderr: /dev/null once
+ * detached. */
+static void log_line(void *arg, const char *line)
+{
+    (void)arg;
+    fprintf(stderr, "kbcl devd: %s\n", line);
+}
 
 static int clone_session(void *arg, kb_backend *out, char *desc, size_t desc_n, kb_errbuf *eb)
 {
@@ -109,7 +121,7 @@ static int serve(const char *dev, const char *path, double idle, int ready)
         fflush(stdout);
     }
     kb_devd_opts o = { path, dev, desc, &su, clone_session, &m, trim_session, idle, &devd_stop,
-                       ready };
+                       ready, 0, 0, 0, log_line };
     rc = kb_devd_serve(&o, &eb);
     m.be.ops->destroy(m.be.self);
     if (rc)
