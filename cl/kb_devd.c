@@ -650,7 +650,7 @@ static int serve_download(session *s, const kb_devd_msg *m)
 static int serve_flush(session *s, const kb_devd_msg *m)
 {
     const uint64_t *cnt = (const uint64_t *)s->buf;
-    const kb_rec *recs = (const kb_rec *)(s->buf + m->b * sizeof(uint64_t));
+    const kb_rec *recs = m->len ? (const kb_rec *)(s->buf + m->b * sizeof(uint64_t)) : NULL;
     uint64_t nrec = 0, room = (m->len - m->b * sizeof(uint64_t)) / sizeof(kb_rec);
     kb_errbuf eb = { { 0 } };
     int rc;
@@ -722,7 +722,9 @@ static int serve_query(session *s, const kb_devd_msg *m)
     }
     /* what each tile covers of the arena (kb_vquery.h): n f16 values, or tile_bytes */
     uint64_t per = q.kind == KB_VQ_CHECK ? q.n * 2 : q.tile_bytes;
-    if (outn > KB_DEVD_MAX_MSG || (q.kind == KB_VQ_CHECK && q.n > ((uint64_t)1 << 31)))
+    /* no tile, or empty ones: nothing to answer (a check would still loop over n columns) */
+    if (q.ntiles == 0 || per == 0 || outn > KB_DEVD_MAX_MSG ||
+        (q.kind == KB_VQ_CHECK && q.n > ((uint64_t)1 << 31)))
         rc = kb_err_set(&eb, KB_ERR_RANGE, "device server: QUERY over %u tiles of %llu",
                         q.ntiles, (unsigned long long)per);
     for (uint32_t t = 0; rc == 0 && t < q.ntiles; t++)

@@ -623,7 +623,7 @@ static int ref_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
         return kb_err_set(eb, KB_ERR_INVAL, "ref backend: no arena");
     st->arena = arena ? arena : empty;
     st->arena_bytes = arena_bytes;
-    st->payload = payload;
+    st->payload = payload ? payload : empty; /* an empty payload operand's base, too */
     st->active = 1;
     return 0;
 }
@@ -680,7 +680,8 @@ static int rd_arena(void *dev, uint64_t bytes, const kb_move *mv, size_t n, kb_e
                           (unsigned long long)bytes);
     memset(a, 0xA5, (size_t)bytes); /* what a fresh device buffer holds: anything */
     for (size_t i = 0; i < n; i++)
-        memcpy(a + mv[i].to, st->dev_arena + mv[i].from, (size_t)mv[i].n);
+        if (mv[i].n > 0) /* an empty move may name a buffer that was never made */
+            memcpy(a + mv[i].to, st->dev_arena + mv[i].from, (size_t)mv[i].n);
     free(st->dev_arena);
     st->dev_arena = a;
     st->dev_arena_bytes = bytes;
@@ -700,7 +701,7 @@ static int rd_copy(void *dev, uint64_t to, uint64_t from, uint64_t n, kb_errbuf 
 {
     ref_state *st = dev;
     int rc = rd_check(st, to, n, eb);
-    if (rc == 0 && (rc = rd_check(st, from, n, eb)) == 0)
+    if (rc == 0 && (rc = rd_check(st, from, n, eb)) == 0 && n > 0)
         memmove(st->dev_arena + to, st->dev_arena + from, (size_t)n);
     return rc;
 }
@@ -709,7 +710,7 @@ static int rd_fill(void *dev, uint64_t off, uint64_t n, uint8_t byte, kb_errbuf 
 {
     ref_state *st = dev;
     int rc = rd_check(st, off, n, eb);
-    if (rc == 0)
+    if (rc == 0 && n > 0)
         memset(st->dev_arena + off, byte, (size_t)n);
     return rc;
 }
@@ -718,7 +719,7 @@ static int rd_upload(void *dev, uint64_t off, const void *src, uint64_t n, kb_er
 {
     ref_state *st = dev;
     int rc = rd_check(st, off, n, eb);
-    if (rc == 0)
+    if (rc == 0 && n > 0)
         memcpy(st->dev_arena + off, src, (size_t)n);
     return rc;
 }
@@ -727,7 +728,7 @@ static int rd_download(void *dev, uint64_t off, void *dst, uint64_t n, kb_errbuf
 {
     ref_state *st = dev;
     int rc = rd_check(st, off, n, eb);
-    if (rc == 0)
+    if (rc == 0 && n > 0)
         memcpy(dst, st->dev_arena + off, (size_t)n);
     return rc;
 }
@@ -745,7 +746,8 @@ static int rd_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_
         st->dev_payload = np;
         st->dev_payload_bytes = size;
     }
-    memcpy(st->dev_payload + have, p + have, size - have);
+    if (size > have)
+        memcpy(st->dev_payload + have, p + have, size - have);
     return 0;
 }
 

@@ -198,13 +198,26 @@ int kb_rec_check_placed(const kb_rec *r, uint64_t arena_bytes, uint64_t payload_
 
     if (rc)
         return rc;
+    /* GEN's parameters: the first tile and element get a 32-bit index added as int64_t */
+    if (r->kind == KB_REC_GEN)
+        for (unsigned i = 0; i < 3; i++)
+            if (r->src[i].addr > (uint64_t)INT64_MAX - UINT32_MAX)
+                return bad(r, eb, "gen parameter out of range");
     /* check_rec bounds nsrc by 3; the span is computed here without kb_opnd_span, whose
      * product by the element size can wrap for rows and ld near 2^32 */
     for (unsigned i = 0; i <= r->nsrc; i++) {
         uint64_t lim = o[i]->space == KB_SPACE_PAYLOAD ? payload_bytes : arena_bytes;
         uint64_t esz = kb_dtype_size((kb_dtype)o[i]->dtype), elems;
-        if (o[i]->rows == 0 || o[i]->cols == 0)
+        if (o[i]->rows == 0 || o[i]->cols == 0) {
+            /* no bytes, but a backend may still loop over its other extent: no longer than
+             * over an operand the space could hold (a 1 x 0 one fits anywhere) */
+            uint64_t cap = lim / esz > 0 ? lim / esz : 1;
+            if (o[i]->rows > cap || o[i]->cols > cap)
+                return bad(r, eb, "empty operand with an extent its space could not hold");
+            if (o[i]->addr > lim) /* its base is still computed */
+                return bad(r, eb, "empty operand beyond its space");
             continue;
+        }
         elems = (uint64_t)(o[i]->rows - 1) * o[i]->ld + o[i]->cols; /* < 2^64: no wrap */
         if (elems > lim / esz || o[i]->addr > lim - elems * esz)
             return bad(r, eb, o[i]->space == KB_SPACE_PAYLOAD ? "operand beyond the payload"

@@ -855,10 +855,75 @@ static void test_ranges_checked(void **state)
     raw_req(fd, KB_DEVD_FLUSH, 0, 4096, 1, 0, sizeof fl, &fl, sizeof fl);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_INVAL);
     kbt_msg_has(msg, "operand beyond the payload");
+    /* an empty operand whose other extent is huge: no bytes, but a loop of 2^31 rows (the
+     * fuzz target's first finding: a FILL that kept the server busy for seconds) */
+    fl.r = kbt_rec_new(KB_REC_FILL, 0);
+    fl.r.dst = kb_opnd_make(0, 1u << 31, 0, KB_F32);
+    raw_req(fd, KB_DEVD_FLUSH, 0, 4096, 1, 0, sizeof fl, &fl, sizeof fl);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_INVAL);
+    kbt_msg_has(msg, "empty operand with an extent its space could not hold");
+    /* an empty operand far beyond the arena (its base was still computed: the fuzz target's
+     * third finding, a pointer overflow) */
+    fl.r.dst = kb_opnd_make(UINT64_MAX - 1791, 0, 8, KB_F32);
+    raw_req(fd, KB_DEVD_FLUSH, 0, 4096, 1, 0, sizeof fl, &fl, sizeof fl);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_INVAL);
+    kbt_msg_has(msg, "empty operand beyond its space");
+    /* a GEN whose first element plus a row index would overflow an int64_t */
+    fl.r = kbt_rec_new(KB_REC_GEN, 0);
+    fl.r.dst = kb_opnd_make(0, 1, 16, KB_F32);
+    fl.r.src[1].addr = (uint64_t)INT64_MAX - 4;
+    raw_req(fd, KB_DEVD_FLUSH, 0, 4096, 1, 0, sizeof fl, &fl, sizeof fl);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_INVAL);
+    kbt_msg_has(msg, "gen parameter out of range");
+    /* a query over no tile (a check would still loop over its n columns) */
+    qt.q.ntiles = 0;
+    qt.q.kind = KB_VQ_CHECK;
+    qt.q.n = 1u << 30;
+    raw_req(fd, KB_DEVD_QUERY, 0, 0, 0, 0, sizeof qt.q, &qt.q, sizeof qt.q);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_RANGE);
     /* and a good flush in the same session */
     fl.r = copy_f32(64, 0, 16, 0);
     raw_req(fd, KB_DEVD_FLUSH, 0, 4096, 1, 0, sizeof fl, &fl, sizeof fl);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
+    close(fd);
+}
+
+/* Requests of nothing are valid and do nothing: before the fuzz target found them, each
+ * handed a NULL buffer on to memcpy (undefined, caught by the sanitizer build's UBSan). */
+static void test_zero_sizes(void **state)
+{
+    srv *s = *state;
+    char msg[512];
+    int fd = raw_connect(s->path);
+    kb_move none = { 0, 0, 0 };
+    struct {
+        uint64_t cnt;
+        kb_rec r;
+    } fl = { 1, copy_f32(0, 0, 0, 0) };
+    raw_hello(fd, 1);
+    raw_req(fd, KB_DEVD_ARENA, 0, 64, 1, 0, sizeof none, &none, sizeof none);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
+    raw_req(fd, KB_DEVD_UPLOAD, 0, 8, 0, 0, 0, NULL, 0);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
+    raw_req(fd, KB_DEVD_DOWNLOAD, 0, 8, 0, 0, 0, NULL, 0);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
+    raw_req(fd, KB_DEVD_COPY, 0, 8, 16, 0, 0, NULL, 0);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
+    raw_req(fd, KB_DEVD_FILL, 0, 8, 0, 1, 0, NULL, 0);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
+    raw_req(fd, KB_DEVD_PAYLOAD, 0, 0, 0, 0, 0, NULL, 0);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
+    raw_req(fd, KB_DEVD_FLUSH, 0, 0, 0, 0, 0, NULL, 0);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
+    fl.r.src[0].space = KB_SPACE_PAYLOAD; /* an empty operand in an empty payload */
+    raw_req(fd, KB_DEVD_FLUSH, 0, 64, 1, 0, sizeof fl, &fl, sizeof fl);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
+    struct {
+        kb_vquery q;
+        uint64_t off;
+    } qt = { { KB_VQ_DIGEST, 1, 0, 0, 0, 0, 0.0 }, 0 };
+    raw_req(fd, KB_DEVD_QUERY, 0, 0, 0, 0, sizeof qt, &qt, sizeof qt);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_RANGE);
     close(fd);
 }
 
@@ -1284,6 +1349,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_malformed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stalls, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ranges_checked, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_zero_sizes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_shared_files_checked, setup, teardown),
         cmocka_unit_test_setup_teardown(test_size_bound, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rate_bound, setup, teardown),
