@@ -280,6 +280,17 @@ int kb_ccl_config_set(kb_ccl_cfg *c, const char *assignment, kb_errbuf *eb)
     return rc;
 }
 
+/* "WHO: KEY = V is out of range RANGE" for a parameter that a configuration built in code put
+ * outside its schema range (files and --set refuse those values first, with the range too). */
+static int range_error(const char *who, const char *key, double v, kb_errbuf *eb)
+{
+    char range[80];
+    size_t off;
+    const kb_schema_key *k = kb_schema_find(&scope_defaults, key, &off);
+    return kb_err_set(eb, KB_ERR_CONFIG, "%s: %s = %.0f is out of range %s", who, key, v,
+                      k ? kb_schema_range_text(k, range, sizeof range) : "");
+}
+
 /* Checks effective parameters p; who names the algorithm or "ccl.defaults". */
 static int validate_params(const kb_ccl_params *p, const char *who, kb_errbuf *eb)
 {
@@ -290,12 +301,13 @@ static int validate_params(const kb_ccl_params *p, const char *who, kb_errbuf *e
         return kb_err_set(eb, KB_ERR_CONFIG, "%s: buffer_kind '%s' must be tcm, hbm or sram", who,
                           p->buffer_kind);
     if (p->n_slots < 1)
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: n_slots = %d must be >= 1", who, p->n_slots);
+        return range_error(who, "n_slots", p->n_slots, eb);
     if (p->slot_size < 16)
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: slot_size = %llu must be >= 16 bytes", who,
-                          (unsigned long long)p->slot_size);
-    if (p->world_size < 0 || p->n_elem < 0)
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s: world_size and n_elem must be >= 0", who);
+        return range_error(who, "slot_size", (double)p->slot_size, eb);
+    if (p->world_size < 0)
+        return range_error(who, "world_size", p->world_size, eb);
+    if (p->n_elem < 0)
+        return range_error(who, "n_elem", (double)p->n_elem, eb);
     return 0;
 }
 

@@ -304,14 +304,14 @@ static void test_out_of_range_and_duplicates(void **state)
     expect_load_error("pe:\n  tcm:\n    size_bytes: 134217729\n", "3:17: ",
                       "pe.tcm.size_bytes = 134217729 is out of range [1, 134217728]");
     expect_load_error("cube:\n  noc:\n    bandwidth_gbps: 0\n", "3:21: ",
-                      "cube.noc.bandwidth_gbps = 0 is out of range (must be >= 0.001)");
+                      "cube.noc.bandwidth_gbps = 0 is out of range [0.001, 1e6]");
     /* below a resource's resolution (1 byte per microsecond): refused, not raised to it */
     expect_load_error("cube:\n  noc:\n    bandwidth_gbps: 1e-300\n", "3:21: ",
-                      "cube.noc.bandwidth_gbps = 1e-300 is out of range (must be >= 0.001)");
+                      "cube.noc.bandwidth_gbps = 1e-300 is out of range [0.001, 1e6]");
     expect_load_error("pe:\n  math:\n    lanes_per_ns: 0.0001\n", "3:19: ",
-                      "pe.math.lanes_per_ns = 0.0001 is out of range (must be >= 0.001)");
+                      "pe.math.lanes_per_ns = 0.0001 is out of range [0.001, 1e9]");
     expect_load_error("cube:\n  noc:\n    latency_ns: -1\n", "3:17: ",
-                      "cube.noc.latency_ns = -1 is out of range (must be >= 0)");
+                      "cube.noc.latency_ns = -1 is out of range [0, 1e9]");
     expect_load_error("cube:\n  corners: 2\n  corners: 3\n", "3:3: ",
                       "duplicate key 'corners' in section 'cube' (first at line 2)");
     expect_load_error("system:\n  sips: {count: 2}\nsystem:\n  sips: {count: 3}\n", "3:1: ",
@@ -334,7 +334,7 @@ static void test_rate_resolution(void **state)
     kb_config_defaults(&cfg);
     cfg.topo.ucie.bandwidth_gbps = 0.0005;
     assert_int_equal(kb_config_validate(&cfg, &eb), KB_ERR_CONFIG);
-    kbt_msg_has(eb.msg, "sip.ucie.bandwidth_gbps = 0.0005 must be >= 0.001");
+    kbt_msg_has(eb.msg, "sip.ucie.bandwidth_gbps = 0.0005 is out of range [0.001, 1e6]");
     cfg.topo.ucie.bandwidth_gbps = 0.001;
     assert_int_equal(kb_config_validate(&cfg, &eb), 0);
     kb_config_fini(&cfg);
@@ -426,6 +426,23 @@ static void test_set(void **state)
                      "99999999999999999999 is out of range [1, 134217728]");
     expect_set_error(&cfg, "pe.dma.setup_ns=nan",
                      "--set pe.dma.setup_ns=nan: expected a number for pe.dma.setup_ns, got 'nan'");
+    /* floating-point keys state their whole range as integer ones do, whichever side the
+     * value is past; an exclusive lower bound is "(" */
+    expect_set_error(&cfg, "pe.dma.bandwidth_gbps=2e6",
+                     "--set pe.dma.bandwidth_gbps=2e6: pe.dma.bandwidth_gbps = 2e6 is out of "
+                     "range [0.001, 1e6]");
+    expect_set_error(&cfg, "pe.dma.bandwidth_gbps=0.0009",
+                     "--set pe.dma.bandwidth_gbps=0.0009: pe.dma.bandwidth_gbps = 0.0009 is out "
+                     "of range [0.001, 1e6]");
+    expect_set_error(&cfg, "cube.noc.latency_ns=1000000000.5",
+                     "--set cube.noc.latency_ns=1000000000.5: cube.noc.latency_ns = "
+                     "1000000000.5 is out of range [0, 1e9]");
+    expect_set_error(&cfg, "pe.gemm.int8_speedup=0",
+                     "--set pe.gemm.int8_speedup=0: pe.gemm.int8_speedup = 0 is out of range "
+                     "(0, 64]");
+    expect_set_error(&cfg, "pe.gemm.flops_per_ns=2e12",
+                     "--set pe.gemm.flops_per_ns=2e12: pe.gemm.flops_per_ns = 2e12 is out of "
+                     "range [0.001, 1e12]");
     expect_set_error(&cfg, "system.sips.count=",
                      "--set system.sips.count=: missing value for system.sips.count");
     expect_set_error(&cfg, "system.sips.count=\"4\"",
@@ -499,7 +516,21 @@ static void test_validate(void **state)
 
     cfg = base;
     cfg.topo.sips_count = 300;
-    expect_invalid(&cfg, "system.sips.count = 300 must be 1..256");
+    expect_invalid(&cfg, "system.sips.count = 300 is out of range [1, 256]");
+
+    /* a configuration built in code is held to the ranges its keys have in files */
+    cfg = base;
+    cfg.topo.dma_channels = 0;
+    expect_invalid(&cfg, "pe.dma.channels = 0 is out of range [1, 64]");
+    cfg = base;
+    cfg.topo.sched_tile_k = 0;
+    expect_invalid(&cfg, "pe.scheduler.tile_k = 0 is out of range [1, 65536]");
+    cfg = base;
+    cfg.topo.gemm_flops_per_ns = 0.0001;
+    expect_invalid(&cfg, "pe.gemm.flops_per_ns = 0.0001 is out of range [0.001, 1e12]");
+    cfg = base;
+    cfg.topo.hbm.latency_ns = -0.5;
+    expect_invalid(&cfg, "cube.hbm.latency_ns = -0.5 is out of range [0, 1e9]");
 
     cfg = base;
     snprintf(cfg.topo.sips_topology, sizeof cfg.topo.sips_topology, "hypercube");
@@ -515,7 +546,7 @@ static void test_validate(void **state)
 
     cfg = base;
     cfg.topo.ucie.bandwidth_gbps = 0.0;
-    expect_invalid(&cfg, "sip.ucie.bandwidth_gbps = 0 must be >= 0.001");
+    expect_invalid(&cfg, "sip.ucie.bandwidth_gbps = 0 is out of range [0.001, 1e6]");
 
     /* A machine with more SIPs and a smaller cube mesh is fine. */
     cfg = base;

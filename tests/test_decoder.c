@@ -198,6 +198,16 @@ static void test_model_errors(void **s)
     snprintf(p, sizeof p, "%s/bad4.yaml", kbt_workdir());
     assert_int_equal(kb_model_load(&m, p, &eb), KB_ERR_CONFIG);
     kbt_msg_has(eb.msg, "bad4.yaml:2:");
+    kbt_msg_has(eb.msg, "model.head_dim = -2 is out of range [2, 65536]");
+    /* a floating-point key states its whole range, an exclusive bound as "(" */
+    write_file("bad5.yaml", "model:\n  norm_eps: 0\n");
+    snprintf(p, sizeof p, "%s/bad5.yaml", kbt_workdir());
+    assert_int_equal(kb_model_load(&m, p, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "bad5.yaml:2:13: model.norm_eps = 0 is out of range (0, 1]");
+    write_file("bad6.yaml", "model:\n  rope_theta: 2e12\n");
+    snprintf(p, sizeof p, "%s/bad6.yaml", kbt_workdir());
+    assert_int_equal(kb_model_load(&m, p, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "model.rope_theta = 2e12 is out of range (0, 1e12]");
     /* an empty file, or one cut short before the shape is complete, is an error (it used to
      * run the built-in Mistral-7B shape) */
     write_file("empty.yaml", "");

@@ -595,15 +595,35 @@ static int in_list(const char *s, const char *const *list)
     return 0;
 }
 
+/* "PATH = V is out of range RANGE" for a topology key that a configuration built in code put
+ * outside its schema range (files and kb_config_set refuse those values with this message
+ * first), so that every range error states the whole range. */
+static int range_error(const char *path, double v, kb_errbuf *eb)
+{
+    char num[32], range[80];
+    size_t off;
+    const kb_schema_key *k = kb_schema_find(&kb_schema_topo, path, &off);
+    assert(k);
+    if (k->type == KB_ST_DOUBLE)
+        kb_schema_num_text(v, num, sizeof num);
+    else
+        snprintf(num, sizeof num, "%.0f", v);
+    return kb_err_set(eb, KB_ERR_CONFIG, "%s = %s is out of range %s", path, num,
+                      kb_schema_range_text(k, range, sizeof range));
+}
+
 static int check_link(const char *name, const kb_cfg_link *l, kb_errbuf *eb)
 {
+    char path[64];
     /* Written as negations so that NaN fails too. */
-    if (!(l->bandwidth_gbps >= KB_CFG_MIN_RATE))
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s.bandwidth_gbps = %g must be >= %g", name,
-                          l->bandwidth_gbps, KB_CFG_MIN_RATE);
-    if (!(l->latency_ns >= 0.0))
-        return kb_err_set(eb, KB_ERR_CONFIG, "%s.latency_ns = %g must be >= 0", name,
-                          l->latency_ns);
+    if (!(l->bandwidth_gbps >= KB_CFG_MIN_RATE)) {
+        snprintf(path, sizeof path, "%s.bandwidth_gbps", name);
+        return range_error(path, l->bandwidth_gbps, eb);
+    }
+    if (!(l->latency_ns >= 0.0)) {
+        snprintf(path, sizeof path, "%s.latency_ns", name);
+        return range_error(path, l->latency_ns, eb);
+    }
     return 0;
 }
 
@@ -634,8 +654,7 @@ static int validate_topo(const kb_topo_cfg *t, kb_errbuf *eb)
     int cubes = kb_topo_cubes_per_sip(t), pes = kb_topo_pes_per_cube(t), rc;
 
     if (t->sips_count < 1 || t->sips_count > 256)
-        return kb_err_set(eb, KB_ERR_CONFIG, "system.sips.count = %d must be 1..256",
-                          t->sips_count);
+        return range_error("system.sips.count", t->sips_count, eb);
     if (!in_list(t->sips_topology, kb_schema_sip_topologies))
         return kb_err_set(eb, KB_ERR_CONFIG, "system.sips.topology '%s' is not a SIP topology",
                           t->sips_topology);
@@ -682,11 +701,13 @@ static int validate_topo(const kb_topo_cfg *t, kb_errbuf *eb)
                           (unsigned long long)t->tcm_scheduler_reserved_bytes,
                           (unsigned long long)t->tcm_size_bytes);
     if (t->dma_channels < 1)
-        return kb_err_set(eb, KB_ERR_CONFIG, "pe.dma.channels = %d must be >= 1", t->dma_channels);
-    if (!(t->dma_bandwidth_gbps >= KB_CFG_MIN_RATE) || !(t->math_lanes_per_ns >= KB_CFG_MIN_RATE) ||
-        !(t->gemm_flops_per_ns >= KB_CFG_MIN_RATE))
-        return kb_err_set(eb, KB_ERR_CONFIG, "pe.dma.bandwidth_gbps, pe.math.lanes_per_ns and "
-                          "pe.gemm.flops_per_ns must be >= %g", KB_CFG_MIN_RATE);
+        return range_error("pe.dma.channels", t->dma_channels, eb);
+    if (!(t->dma_bandwidth_gbps >= KB_CFG_MIN_RATE))
+        return range_error("pe.dma.bandwidth_gbps", t->dma_bandwidth_gbps, eb);
+    if (!(t->math_lanes_per_ns >= KB_CFG_MIN_RATE))
+        return range_error("pe.math.lanes_per_ns", t->math_lanes_per_ns, eb);
+    if (!(t->gemm_flops_per_ns >= KB_CFG_MIN_RATE))
+        return range_error("pe.gemm.flops_per_ns", t->gemm_flops_per_ns, eb);
     const struct {
         const char *key;
         double v;
@@ -701,9 +722,12 @@ static int validate_topo(const kb_topo_cfg *t, kb_errbuf *eb)
                               "unit can have (%g)", speedups[i].key, speedups[i].v,
                               t->gemm_flops_per_ns * speedups[i].v, t->gemm_flops_per_ns,
                               KB_CFG_MIN_RATE);
-    if (t->sched_tile_m < 1 || t->sched_tile_n < 1 || t->sched_tile_k < 1)
-        return kb_err_set(eb, KB_ERR_CONFIG, "pe.scheduler.tile_{m,n,k} = %d/%d/%d must be >= 1",
-                          t->sched_tile_m, t->sched_tile_n, t->sched_tile_k);
+    if (t->sched_tile_m < 1)
+        return range_error("pe.scheduler.tile_m", t->sched_tile_m, eb);
+    if (t->sched_tile_n < 1)
+        return range_error("pe.scheduler.tile_n", t->sched_tile_n, eb);
+    if (t->sched_tile_k < 1)
+        return range_error("pe.scheduler.tile_k", t->sched_tile_k, eb);
     return 0;
 }
 

@@ -230,6 +230,43 @@ void kb_schema_type_text(const kb_schema_key *k, char *buf, size_t cap)
         len += (size_t)snprintf(buf + len, cap - len, "%s%s", a == k->allowed ? " " : "|", *a);
 }
 
+const char *kb_schema_num_text(double v, char *buf, size_t cap)
+{
+    char t[40], *e;
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(t, sizeof t, "%.*g", prec, v);
+        if (strtod(t, NULL) == v)
+            break;
+    }
+    /* "1e+06" -> "1e6", "1e-05" -> "1e-5": the form the docs and the files use */
+    if ((e = strchr(t, 'e')) != NULL) {
+        char *d = e + 1, *q = e + 1;
+        if (*q == '+')
+            q++;
+        else if (*q == '-')
+            *d++ = *q++;
+        while (*q == '0' && q[1])
+            q++;
+        memmove(d, q, strlen(q) + 1);
+    }
+    snprintf(buf, cap, "%s", t);
+    return buf;
+}
+
+const char *kb_schema_range_text(const kb_schema_key *k, char *buf, size_t cap)
+{
+    char lo[32], hi[32];
+    if (k->type == KB_ST_DOUBLE) {
+        kb_schema_num_text(k->lo, lo, sizeof lo);
+        kb_schema_num_text(k->hi, hi, sizeof hi);
+    } else { /* integers in full: 134217728, not 1.34e8 */
+        snprintf(lo, sizeof lo, "%.0f", k->lo);
+        snprintf(hi, sizeof hi, "%.0f", k->hi);
+    }
+    snprintf(buf, cap, "%s%s, %s]", k->lo_open ? "(" : "[", lo, hi);
+    return buf;
+}
+
 static int is_null(const char *s)
 {
     return s[0] == '\0' || strcmp(s, "~") == 0 || strcmp(s, "null") == 0 ||
@@ -305,7 +342,7 @@ static void allowed_text(const char *const *al, char *buf, size_t cap)
 int kb_schema_parse(const kb_schema_key *k, const char *full, const char *text, int quoted,
                     void *dst, kb_errbuf *eb)
 {
-    char list[256];
+    char list[256], range[80], num[32];
     int64_t iv;
     double dv;
     int bv, rc;
@@ -326,8 +363,8 @@ int kb_schema_parse(const kb_schema_key *k, const char *full, const char *text, 
             return kb_err_set(eb, KB_ERR_CONFIG, "expected an integer for %s, got '%.64s'", full,
                               text);
         if (rc == -2 || (double)iv < k->lo || (double)iv > k->hi)
-            return kb_err_set(eb, KB_ERR_CONFIG, "%s = %.64s is out of range [%.0f, %.0f]", full,
-                              text, k->lo, k->hi);
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s = %.64s is out of range %s", full, text,
+                              kb_schema_range_text(k, range, sizeof range));
         if (k->type == KB_ST_INT) {
             int v = (int)iv;
             memcpy(dst, &v, sizeof v);
@@ -346,12 +383,10 @@ int kb_schema_parse(const kb_schema_key *k, const char *full, const char *text, 
         if (parse_double(text, &dv) != 0)
             return kb_err_set(eb, KB_ERR_CONFIG, "expected a number for %s, got '%.64s'", full,
                               text);
-        if (k->lo_open ? dv <= k->lo : dv < k->lo)
-            return kb_err_set(eb, KB_ERR_CONFIG, "%s = %g is out of range (must be %s %g)", full,
-                              dv, k->lo_open ? ">" : ">=", k->lo);
-        if (dv > k->hi)
-            return kb_err_set(eb, KB_ERR_CONFIG, "%s = %g is out of range (must be <= %g)", full,
-                              dv, k->hi);
+        if ((k->lo_open ? dv <= k->lo : dv < k->lo) || dv > k->hi)
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s = %s is out of range %s", full,
+                              kb_schema_num_text(dv, num, sizeof num),
+                              kb_schema_range_text(k, range, sizeof range));
         memcpy(dst, &dv, sizeof dv);
         return 0;
     case KB_ST_BOOL:

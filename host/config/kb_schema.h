@@ -86,6 +86,12 @@ int kb_schema_is_section(const kb_schema_scope *sc, const char *rel);
 void kb_schema_children(const kb_schema_scope *sc, const char *rel, char *buf, size_t cap);
 /* Type name for listings ("int", "double", "enum: a|b" ...) written into buf. */
 void kb_schema_type_text(const kb_schema_key *k, char *buf, size_t cap);
+/* A number key's whole range as its messages state it: "[1, 256]", "[0.001, 1e6]", "(0, 64]"
+ * (an exclusive lower bound), written into buf (cap >= 64); returns buf. */
+const char *kb_schema_range_text(const kb_schema_key *k, char *buf, size_t cap);
+/* A double as those messages write it: the shortest text that reads back as v, with a plain
+ * exponent ("1e6", "1e-5", "0.001"); written into buf (cap >= 32); returns buf. */
+const char *kb_schema_num_text(double v, char *buf, size_t cap);
 
 /*
  * Parses `text` (a YAML scalar; quoted = it was written in quotes, so it is a string) as the
