@@ -740,6 +740,45 @@ static void test_trace(void **s)
     cJSON_Delete(j);
 }
 
+/*
+ * An output that cannot be written is named as the user gave it, never as kbcl's temporary
+ * file, with the reason; what can be seen before the run (a missing folder, a folder given as
+ * the file) is refused before it.
+ */
+static void test_output_errors(void **s)
+{
+    char out[8192];
+    const char *run = "run --bench ccl_allreduce --algorithm ring_allreduce_tcm --world-size 8 "
+                      "--n-elem 8 --device none --quiet";
+    (void)s;
+    /* root may write in /proc: then the temporary file is what fails, after the run; others
+     * are told before it */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --json /proc/version", run), 2);
+    kbt_msg_has(out, "/proc/version: cannot write it: ");
+    kbt_msg_has(out, "folder /proc");
+    assert_null(strstr(out, ".tmp"));
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --trace /proc/version", run), 2);
+    kbt_msg_has(out, "/proc/version: cannot write it: ");
+    assert_null(strstr(out, ".tmp"));
+    /* written in place (not a regular file), and the write's own reason */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --json /dev/full", run), 2);
+    kbt_msg_has(out, "kbcl: /dev/full: write failed: No space left on device");
+    /* before the run */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --json /nonexistent/r.json", run), 2);
+    kbt_msg_has(out, "kbcl run: --json /nonexistent/r.json: cannot write it: its folder "
+                     "/nonexistent: No such file or directory");
+    assert_null(strstr(out, "ring_allreduce_tcm (ws=8)"));
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --trace /tmp", run), 2);
+    kbt_msg_has(out, "kbcl run: --trace /tmp: cannot write it: it is a folder");
+    kbt_write_file("plain", "x\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --trace plain/t.json", run), 2);
+    kbt_msg_has(out, "kbcl run: --trace plain/t.json: cannot write it: plain is not a folder");
+    kbt_write_file("r.csv", "point,x\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "report r.csv -o /nonexistent/r.html"), 2);
+    kbt_msg_has(out, "kbcl report: the page /nonexistent/r.html: cannot write it: its folder "
+                     "/nonexistent: No such file or directory");
+}
+
 /* bench-self's per-bench Phase-2 rows, on ref: every shipped bench runs on the device and on
  * ref in children and their digests agree. */
 static void test_bench_self_phase2(void **s)
@@ -1037,6 +1076,7 @@ int main(void)
         cmocka_unit_test(test_options_the_bench_takes),
         cmocka_unit_test(test_ccl_failures),
         cmocka_unit_test(test_trace),
+        cmocka_unit_test(test_output_errors),
         cmocka_unit_test(test_size_parse),
         cmocka_unit_test(test_coll_size),
         cmocka_unit_test(test_size_run),

@@ -530,10 +530,34 @@ int kbcl_same_file(const char *a, const char *b)
 int kbcl_check_output(const char *what, const char *out, const char *const *ins, int n,
                       kb_errbuf *eb)
 {
+    struct stat st;
     for (int i = 0; out && i < n; i++)
         if (ins[i] && (!strcmp(out, ins[i]) || kbcl_same_file(out, ins[i])))
             return kb_err_set(eb, KB_ERR_USAGE, "%s %s is the same file as %s, which this "
                               "command reads or writes: give another file", what, out, ins[i]);
+    if (!out)
+        return 0;
+    /* what can be seen before anything runs: an output that could not be written at the end
+     * would otherwise cost the whole run */
+    if (stat(out, &st) == 0 && S_ISDIR(st.st_mode))
+        return kb_err_set(eb, KB_ERR_USAGE, "%s %s: cannot write it: it is a folder", what, out);
+    if (stat(out, &st) != 0 || S_ISREG(st.st_mode)) { /* a new file in its folder */
+        char dir[4096];
+        const char *slash = strrchr(out, '/');
+        if (!slash)
+            snprintf(dir, sizeof dir, ".");
+        else
+            snprintf(dir, sizeof dir, "%.*s", slash == out ? 1 : (int)(slash - out), out);
+        if (stat(dir, &st) != 0)
+            return kb_err_set(eb, KB_ERR_USAGE, "%s %s: cannot write it: its folder %s: %s",
+                              what, out, dir, strerror(errno));
+        if (!S_ISDIR(st.st_mode))
+            return kb_err_set(eb, KB_ERR_USAGE, "%s %s: cannot write it: %s is not a folder",
+                              what, out, dir);
+        if (access(dir, W_OK) != 0)
+            return kb_err_set(eb, KB_ERR_USAGE, "%s %s: cannot write it: its folder %s: %s",
+                              what, out, dir, strerror(errno));
+    }
     return 0;
 }
 

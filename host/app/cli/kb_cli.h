@@ -127,8 +127,9 @@ int kbcl_write_all(int fd, const void *buf, size_t n);
  * inode: links and other spellings included), else 0. */
 int kbcl_same_file(const char *a, const char *b);
 /* Checks an output path against the inputs of a command before anything is written: a
- * KB_ERR_USAGE naming both when out (may be NULL) is one of ins[0..n) (entries may be NULL).
- * `what` names the output in the message ("--json"). */
+ * KB_ERR_USAGE naming both when out (may be NULL) is one of ins[0..n) (entries may be NULL),
+ * or naming out and why when it is a folder or its folder is missing, not a folder or not
+ * writable. `what` names the output in the message ("--json"). */
 int kbcl_check_output(const char *what, const char *out, const char *const *ins, int n,
                       kb_errbuf *eb);
 

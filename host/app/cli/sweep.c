@@ -1678,7 +1678,8 @@ static int output_open(sw_ctx *c, int resume, kb_errbuf *eb)
     }
     if (!len && !c->jsonl &&
         (!(hdr = csv_header(c->plan)) || kbcl_write_all(c->fd, hdr, strlen(hdr)) != 0))
-        rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot write the header", c->out_path);
+        rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot write the header: %s", c->out_path,
+                        hdr ? strerror(errno) : "out of memory");
 out:
     free(text);
     free(hdr);
