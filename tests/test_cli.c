@@ -779,6 +779,20 @@ static void test_output_errors(void **s)
                      "/nonexistent: No such file or directory");
 }
 
+/* --param values out of their range say the range. */
+static void test_param_range(void **s)
+{
+    char out[8192];
+    (void)s;
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device none --param m=0"), 2);
+    kbt_msg_has(out, "kbcl: --param m=0: m = 0 is out of range [1, 65536]");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device none --param m=x"), 2);
+    kbt_msg_has(out, "kbcl: --param m=x: expected an integer in [1, 65536] for m");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device none --param q=1"), 2);
+    kbt_msg_has(out, "kbcl: --param q=1: expected NAME=INTEGER with NAME a parameter of 'gemm' "
+                     "(kbcl list shows them)");
+}
+
 /* bench-self's per-bench Phase-2 rows, on ref: every shipped bench runs on the device and on
  * ref in children and their digests agree. */
 static void test_bench_self_phase2(void **s)
@@ -1077,6 +1091,7 @@ int main(void)
         cmocka_unit_test(test_ccl_failures),
         cmocka_unit_test(test_trace),
         cmocka_unit_test(test_output_errors),
+        cmocka_unit_test(test_param_range),
         cmocka_unit_test(test_size_parse),
         cmocka_unit_test(test_coll_size),
         cmocka_unit_test(test_size_run),

@@ -611,6 +611,117 @@ static void test_sweep_file_errors(void **s)
     kbt_msg_has(out, "g_alg.yaml:2:12: algorithm: bench 'gemm' runs no collective");
 }
 
+/* The exit status of `kbcl sweep FILE --out OUT`, its messages in out, and that OUT is left
+ * as it was: absent, or byte for byte what it held. */
+static int sweep_refused(char *out, size_t n, const char *file, const char *out_file,
+                         const char *before)
+{
+    int rc = kbt_kbcl(out, n, "sweep %s --out %s", file, out_file);
+    char *after = kbt_slurp(out_file);
+    if (before) {
+        assert_non_null(after);
+        assert_string_equal(after, before);
+    } else {
+        assert_null(after);
+    }
+    free(after);
+    return rc;
+}
+
+/*
+ * What `kbcl run` would refuse before it simulates is refused for every point before the first
+ * one runs (exit 2, the point named by its number and axis values), and the output is not
+ * created, or not touched: a point that only a combination of values breaks (here the last
+ * one's machine is too small for the entry's world size), a model file that does not load, a
+ * parameter value out of its range.
+ */
+static void test_points_checked_first(void **s)
+{
+    char out[8192];
+    const char *keep = "point,system.sips.count,n_elem,bench\n0,2,8,ccl_allreduce\n";
+    (void)s;
+    kbt_write_file("pc_late.yaml", "bench: ccl_allreduce\n"
+                                "device: none\n"
+                                "algorithm: ring_allreduce_tcm\n"
+                                "grid:\n"
+                                "  system.sips.count: [4, 2, 1]\n"
+                                "  n_elem: [8, 16]\n");
+    assert_int_equal(sweep_refused(out, sizeof out, "pc_late.yaml", "pc_late.csv", NULL), 2);
+    kbt_msg_has(out, "kbcl sweep: pc_late.yaml: point 4 of 6 (system.sips.count=1, n_elem=8) "
+                     "cannot run, so no point was run: ring_allreduce_tcm: world_size = 256 "
+                     "exceeds the machine's 128 PEs (system.sips.count * cubes * PEs per "
+                     "cube)\n");
+    assert_null(strstr(out, "[1/6]"));
+    kbt_write_file("pc_late.csv", keep);
+    assert_int_equal(sweep_refused(out, sizeof out, "pc_late.yaml", "pc_late.csv", keep), 2);
+    kbt_msg_has(out, "point 4 of 6 (system.sips.count=1, n_elem=8) cannot run");
+    /* --resume reads the file only after every point passed */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep pc_late.yaml --out pc_late.csv --resume"), 2);
+    kbt_msg_has(out, "point 4 of 6 (system.sips.count=1, n_elem=8) cannot run");
+    char *after = kbt_slurp("pc_late.csv");
+    assert_string_equal(after, keep);
+    free(after);
+
+    /* the model file is every point's: a missing key is an error where the file names it */
+    kbt_write_file("pc_cut.yaml", "model:\n  name: cut\n  d_model: 64\n  n_heads: 4\n"
+                               "  n_kv_heads: 2\n  head_dim: 16\n");
+    kbt_write_file("pc_m.yaml", "bench: decoder_layer\n"
+                             "device: none\n"
+                             "model: pc_cut.yaml\n"
+                             "grid:\n"
+                             "  system.sips.count: [1, 2]\n");
+    assert_int_equal(sweep_refused(out, sizeof out, "pc_m.yaml", "pc_m.csv", NULL), 2);
+    kbt_msg_has(out, "kbcl sweep: pc_m.yaml:3:8: model: ");
+    kbt_msg_has(out, "pc_cut.yaml: model.mlp_hidden is missing: a model file names the layer's "
+                     "shape");
+    kbt_write_file("pc_m.yaml", "bench: decoder_layer\n"
+                             "device: none\n"
+                             "model: nosuch.yaml\n"
+                             "grid:\n"
+                             "  system.sips.count: [1, 2]\n");
+    assert_int_equal(sweep_refused(out, sizeof out, "pc_m.yaml", "pc_m.csv", NULL), 2);
+    kbt_msg_has(out, "kbcl sweep: pc_m.yaml:3:8: model: ");
+    kbt_msg_has(out, "nosuch.yaml: cannot open: No such file or directory");
+    kbt_write_file("pc_m.yaml", "bench: decoder_layer\n"
+                             "device: none\n"
+                             "grid:\n"
+                             "  system.sips.count: [1, 2]\n");
+    assert_int_equal(sweep_refused(out, sizeof out, "pc_m.yaml", "pc_m.csv", NULL), 2);
+    kbt_msg_has(out, "kbcl sweep: pc_m.yaml:1:8: bench 'decoder_layer' needs a model file "
+                     "(model: FILE, e.g. ../models/gemma2-2b.yaml)");
+
+    /* parameter values, in params: and on an axis, against their ranges */
+    kbt_write_file("pc_p.yaml", "bench: gemm\n"
+                             "device: none\n"
+                             "grid:\n"
+                             "  param.m: [64, 128, 0]\n");
+    assert_int_equal(sweep_refused(out, sizeof out, "pc_p.yaml", "pc_p.csv", NULL), 2);
+    kbt_msg_has(out, "kbcl sweep: pc_p.yaml:4:22: param.m = 0 is out of range [1, 65536]\n");
+    kbt_write_file("pc_p.yaml", "bench: gemm\n"
+                             "device: none\n"
+                             "params:\n"
+                             "  k: 70000\n"
+                             "grid:\n"
+                             "  param.m: [64]\n");
+    assert_int_equal(sweep_refused(out, sizeof out, "pc_p.yaml", "pc_p.csv", NULL), 2);
+    kbt_msg_has(out, "kbcl sweep: pc_p.yaml:4:6: params: k = 70000 is out of range [1, 65536]\n");
+    /* a config value out of its range, floating-point included, says the range */
+    kbt_write_file("pc_c.yaml", "bench: ccl_allreduce\n"
+                             "device: none\n"
+                             "grid:\n"
+                             "  pe.dma.bandwidth_gbps: [64, 2e6]\n");
+    assert_int_equal(sweep_refused(out, sizeof out, "pc_c.yaml", "pc_c.csv", NULL), 2);
+    kbt_msg_has(out, "kbcl sweep: pc_c.yaml:4:31: --set pe.dma.bandwidth_gbps=2e6: "
+                     "pe.dma.bandwidth_gbps = 2e6 is out of range [0.001, 1e6]\n");
+    /* an output in a folder that does not exist, before anything runs */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep pc_late.yaml --out /nonexistent/o.csv"), 2);
+    kbt_msg_has(out, "kbcl sweep: pc_late.yaml: point 4 of 6");
+    kbt_write_file("pc_ok.yaml", "bench: gemm\ndevice: none\ngrid:\n  param.m: [64]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep pc_ok.yaml --out /nonexistent/o.csv"), 2);
+    kbt_msg_has(out, "kbcl sweep: --out /nonexistent/o.csv: cannot write it: its folder "
+                     "/nonexistent: No such file or directory\n");
+}
+
 /*
  * configs/sweeps/allreduce-sizes.yaml: its size list is 8 B to 1 GiB in x4 steps (and the 1 GiB
  * end point); the file itself, with a size list that fits one IPCQ slot, runs: a size axis
@@ -1214,6 +1325,7 @@ int main(void)
         cmocka_unit_test(test_partial_last_line),
         cmocka_unit_test(test_no_data_loss),
         cmocka_unit_test(test_sweep_file_errors),
+        cmocka_unit_test(test_points_checked_first),
         cmocka_unit_test(test_bound_columns),
         cmocka_unit_test(test_op_dtype_axes),
         cmocka_unit_test(test_collectives_sweep),

@@ -18,6 +18,8 @@
 #include "kb_ccl.h"
 #include "kb_ccl_reg.h"
 #include "kb_dist_algo.h"
+#include "kb_model.h"
+#include "kb_tl_q.h"
 #include "kb_trace.h"
 
 int kbcl_exit_code(int rc)
@@ -254,27 +256,50 @@ int kbcl_config_set(kb_config *cfg, kb_ccl_cfg *ccl, const char *assignment, kb_
                                       : kb_config_set(cfg, assignment, eb);
 }
 
-int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
+/* --replay-cut RECORDS into *cut (SIZE_MAX = no cuts; unset: 0, the context's default). */
+static int parse_cut(const char *s, size_t *cut, kb_errbuf *eb)
+{
+    char *end;
+    unsigned long long v;
+    *cut = 0;
+    if (!s)
+        return 0;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno || end == s || *end || s[0] == '-')
+        return kb_err_set(eb, KB_ERR_USAGE, "--replay-cut %s: a record count (0 = no cuts)", s);
+    *cut = v == 0 || v > SIZE_MAX ? SIZE_MAX : (size_t)v;
+    return 0;
+}
+
+int kbcl_job_prepare(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
 {
     const char *bench_name = job->bench ? job->bench : "ccl_allreduce";
     const char *device_name = job->device ? job->device : "ref";
     const char *topo_path = job->topology, *ccl_path = job->ccl;
     char pathbuf[2][4096];
-    kb_trace *tr = NULL;
+    size_t cut;
     int rc, dev;
 
     memset(res, 0, sizeof *res);
-    kb_config_defaults(&res->cfg);
-    kb_ccl_config_defaults(&res->ccl);
+    if (job->base_cfg)
+        res->cfg = *job->base_cfg;
+    else
+        kb_config_defaults(&res->cfg);
+    if (job->base_ccl)
+        res->ccl = *job->base_ccl;
+    else
+        kb_ccl_config_defaults(&res->ccl);
     /* the configuration first: ccl.yaml's plugins may add the bench */
     if (!topo_path)
         topo_path = kbcl_default_config("topology.yaml", pathbuf[0], sizeof pathbuf[0]);
     if (!ccl_path)
         ccl_path = kbcl_default_config("ccl.yaml", pathbuf[1], sizeof pathbuf[1]);
-    if ((topo_path && (rc = kb_config_load_topology(&res->cfg, topo_path, eb)) != 0) ||
-        (ccl_path && (rc = kb_ccl_config_load(&res->ccl, ccl_path, eb)) != 0))
+    if ((!job->base_cfg && topo_path &&
+         (rc = kb_config_load_topology(&res->cfg, topo_path, eb)) != 0) ||
+        (!job->base_ccl && ccl_path && (rc = kb_ccl_config_load(&res->ccl, ccl_path, eb)) != 0))
         return rc == KB_ERR_IO ? KB_ERR_USAGE : KB_ERR_CONFIG;
-    if ((rc = kbcl_ccl_plugins(job->plugins, &res->ccl, eb)) != 0)
+    if (!job->base_ccl && (rc = kbcl_ccl_plugins(job->plugins, &res->ccl, eb)) != 0)
         return rc;
     res->bench = kb_plugins_find_bench(job->plugins, bench_name);
     if (!res->bench)
@@ -326,12 +351,21 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
         const char *val;
         int64_t x;
         int idx;
+        const kb_bench_param *bp;
         if (parse_kv(job->params[i], key, sizeof key, &val) != 0 ||
-            (idx = kb_bench_param_index(res->bench, key)) < 0 || parse_i64(val, &x) != 0 ||
-            x < res->bench->params[idx].min || x > res->bench->params[idx].max)
-            return kb_err_set(eb, KB_ERR_USAGE,
-                              "--param %s: expected NAME=INTEGER with a parameter of '%s' in its "
-                              "range (kbcl list shows them)", job->params[i], res->bench->name);
+            (idx = kb_bench_param_index(res->bench, key)) < 0)
+            return kb_err_set(eb, KB_ERR_USAGE, "--param %s: expected NAME=INTEGER with NAME a "
+                              "parameter of '%s' (kbcl list shows them)", job->params[i],
+                              res->bench->name);
+        bp = &res->bench->params[idx];
+        if (parse_i64(val, &x) != 0)
+            return kb_err_set(eb, KB_ERR_USAGE, "--param %s: expected an integer in [%lld, %lld] "
+                              "for %s", job->params[i], (long long)bp->min, (long long)bp->max,
+                              key);
+        if (x < bp->min || x > bp->max)
+            return kb_err_set(eb, KB_ERR_USAGE, "--param %s: %s = %lld is out of range [%lld, "
+                              "%lld]", job->params[i], key, (long long)x, (long long)bp->min,
+                              (long long)bp->max);
         res->args.p[idx] = x;
     }
     /* decoder_layer runs its process group on hierarchical_allreduce_sip whatever the default
@@ -371,20 +405,36 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     if ((rc = kb_config_validate(&res->cfg, eb)) != 0 ||
         (rc = kb_ccl_config_validate(&res->ccl, &res->cfg.topo, eb)) != 0)
         return KB_ERR_USAGE;
-    size_t cut = 0;
-    if (job->replay_cut) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(job->replay_cut, &end, 10);
-        if (errno || end == job->replay_cut || *end || job->replay_cut[0] == '-')
-            return kb_err_set(eb, KB_ERR_USAGE, "--replay-cut %s: a record count (0 = no cuts)",
-                              job->replay_cut);
-        cut = v == 0 || v > SIZE_MAX ? SIZE_MAX : (size_t)v;
+    if ((rc = parse_cut(job->replay_cut, &cut, eb)) != 0)
+        return rc;
+    /* the model file as the bench reads it, and its number format */
+    if (kb_bench_takes_model(res->bench)) {
+        kb_model_cfg mc;
+        if (!job->model)
+            return kb_err_set(eb, KB_ERR_USAGE, "%s needs --model FILE (e.g. "
+                              "configs/models/gemma2-2b.yaml)", bench_name);
+        if (job->dtype && kb_qfmt_from_name(job->dtype) < 0)
+            return kb_err_set(eb, KB_ERR_USAGE, "--dtype %s: %s takes f16, bf16, int8, mxint8, "
+                              "fp8e4m3 or fp8e5m2", job->dtype, bench_name);
+        if (!job->model_checked && (rc = kb_model_load(&mc, job->model, eb)) != 0)
+            return rc == KB_ERR_IO ? KB_ERR_USAGE : KB_ERR_CONFIG;
     }
+    return 0;
+}
+
+int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
+{
+    kb_trace *tr = NULL;
+    size_t cut;
+    int rc;
+
+    if ((rc = kbcl_job_prepare(job, res, eb)) != 0)
+        return rc;
+    parse_cut(job->replay_cut, &cut, eb);
     if (job->trace_path && (rc = kb_trace_create(&tr, eb)) != 0)
         return rc;
-    kb_ctx_opts opts = { (kb_device_kind)dev, job->ipcq_trace, tr, job->backend,
-                         job->backend_desc, cut, job->progress };
+    kb_ctx_opts opts = { (kb_device_kind)kb_device_from_name(res->device), job->ipcq_trace, tr,
+                         job->backend, job->backend_desc, cut, job->progress };
     rc = kb_bench_execute(&res->cfg, &res->ccl, &opts, res->bench, &res->args, &res->rep, eb);
     if (rc == 0 && tr)
         rc = kb_trace_write(tr, job->trace_path, eb);

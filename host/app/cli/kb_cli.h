@@ -55,6 +55,12 @@ typedef struct kbcl_job {
     /* Where the run publishes how far it has come (kb_ctx_opts.progress); NULL = nobody
      * watches. Not owned. */
     struct kb_progress *progress;
+    /* What a caller that checks many jobs (a sweep) loaded once, borrowed: the topology and
+     * ccl files with ccl's plugins applied (used instead of topology and ccl), and
+     * model_checked = 1 when model loads. NULL / 0: the job loads them itself. */
+    const kb_config *base_cfg;
+    const kb_ccl_cfg *base_ccl;
+    int model_checked;
 } kbcl_job;
 
 typedef struct kbcl_result {
@@ -106,8 +112,14 @@ int kbcl_config_set(kb_config *cfg, kb_ccl_cfg *ccl, const char *assignment, kb_
  */
 int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb);
 
-/* Resolves and runs the job. Returns 0 or a library error code (message in eb; for a
- * deadlock the whole report is in res->rep.report). Free with kbcl_result_fini. */
+/* Resolves the job and runs every check `kbcl run` makes before it simulates, without
+ * simulating: its files (or job->base_*) and the model file, the bench, device, options,
+ * --param values, --set assignments and the cross-key validation of the machine and the
+ * collective library. Returns 0 (res holds the configuration; free with kbcl_result_fini)
+ * or an error code with the message in eb. */
+int kbcl_job_prepare(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb);
+/* Resolves (kbcl_job_prepare) and runs the job. Returns 0 or a library error code (message in
+ * eb; for a deadlock the whole report is in res->rep.report). Free with kbcl_result_fini. */
 int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb);
 void kbcl_result_fini(kbcl_result *res);
 

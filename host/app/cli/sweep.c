@@ -35,6 +35,7 @@
 
 #include "kb_cli.h"
 #include "kb_devd.h"
+#include "kb_model.h"
 #include "kb_resident.h"
 #include "kb_tl_q.h"
 
@@ -91,6 +92,10 @@ typedef struct sw_plan {
     char *plugin_files[KBCL_MAX_PLUGIN_ARGS]; /* plugins:, resolved against the file's folder */
     int nplugin_files;
     kb_plugins *plugins;               /* borrowed: where they load; every point's job uses it */
+    /* the topology and ccl files as loaded (ccl's plugins applied), for checking the points
+     * without loading them once per point */
+    kb_config *base_cfg;
+    kb_ccl_cfg *base_ccl;
 } sw_plan;
 
 /* What a worker sends back for one point: plain bytes, under PIPE_BUF so one write is atomic. */
@@ -205,6 +210,8 @@ static void plan_free(sw_plan *p)
             free(p->excl[e].want[a]);
     free(p->excl);
     free(p->pt);
+    free(p->base_cfg);
+    free(p->base_ccl);
     free(p);
 }
 
@@ -220,7 +227,7 @@ typedef struct sw_parse {
     sw_mark *vmark[SW_MAX_AXES];       /* per axis value (owned) */
     sw_mark set_mark[KBCL_MAX_SETS], param_mark[KBCL_MAX_SETS];
     sw_mark plugin_mark[KBCL_MAX_PLUGIN_ARGS];
-    sw_mark bench_mark, device_mark, alg_mark, size_mark;
+    sw_mark bench_mark, device_mark, alg_mark, size_mark, model_mark;
 } sw_parse;
 
 static sw_mark mark_of(const yaml_node_t *n)
@@ -563,6 +570,8 @@ static int parse_top(sw_parse *ps, const yaml_node_t *root)
             slot = &p->device, ps->device_mark = mark_of(v);
         else if (!strcmp(ks, "topology") || !strcmp(ks, "ccl") || !strcmp(ks, "model")) {
             char **dst = ks[0] == 't' ? &p->topology : ks[0] == 'c' ? &p->ccl : &p->model;
+            if (dst == &p->model)
+                ps->model_mark = mark_of(v);
             free(*dst);
             if (!(*dst = resolve_path(p->file, vs)))
                 return kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
@@ -626,10 +635,23 @@ static int check_size(sw_parse *ps, const kb_bench *b, sw_mark m, const char *s)
     return 0;
 }
 
+/* An integer bench parameter value (is_int_text) against the parameter's range; label names
+ * it as the file does ("params: m", "param.m"). */
+static int check_param_range(sw_parse *ps, sw_mark m, const char *label,
+                             const kb_bench_param *bp, const char *s)
+{
+    long long v = strtoll(s, NULL, 10);
+    if (v < bp->min || v > bp->max)
+        return markerr(ps, m, "%s = %s is out of range [%lld, %lld]", label, s,
+                       (long long)bp->min, (long long)bp->max);
+    return 0;
+}
+
 /*
- * Checks everything that can be checked without running: the bench and its parameters,
- * devices, algorithm names, and that every set: entry and config axis value is a key the
- * configuration accepts (so a typo is one error, not a failed row per point).
+ * Checks everything that can be checked without running: the bench and its parameters (their
+ * ranges included), the model file, devices, algorithm names, and that every set: entry and
+ * config axis value is a key the configuration accepts (so a typo is one error, not a failed
+ * row per point). What only a combination of values can break is plan_check_points'.
  */
 static int plan_check(sw_parse *ps)
 {
@@ -664,6 +686,13 @@ static int plan_check(sw_parse *ps)
             rc = kb_err_set(ps->eb, KB_ERR_CONFIG, "%s", e2.msg);
             goto out;
         }
+        if (!(p->base_cfg = malloc(sizeof *p->base_cfg)) ||
+            !(p->base_ccl = malloc(sizeof *p->base_ccl))) {
+            rc = kb_err_set(ps->eb, KB_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        *p->base_cfg = cfg;
+        *p->base_ccl = ccl;
     }
     b = kb_plugins_find_bench(p->plugins, p->bench ? p->bench : "ccl_allreduce");
     if (!b) {
@@ -675,6 +704,19 @@ static int plan_check(sw_parse *ps)
         goto out;
     }
     p->split_cols = kb_bench_takes_model(b);
+    /* the model file is every point's: checked once, where the file names it */
+    if (kb_bench_takes_model(b)) {
+        kb_model_cfg mc;
+        if (!p->model) {
+            rc = markerr(ps, ps->bench_mark, "bench '%s' needs a model file (model: FILE, e.g. "
+                         "../models/gemma2-2b.yaml)", b->name);
+            goto out;
+        }
+        if (kb_model_load(&mc, p->model, &e2) != 0) {
+            rc = markerr(ps, ps->model_mark, "model: %s", e2.msg);
+            goto out;
+        }
+    }
     if (!kb_bench_takes_collective(b)) { /* the collective's options would change nothing */
         static const int kinds[] = { AX_ALGORITHM, AX_WORLD_SIZE, AX_N_ELEM, AX_BUFFER_KIND,
                                      AX_OP, AX_DTYPE };
@@ -707,6 +749,13 @@ static int plan_check(sw_parse *ps)
             rc = markerr(ps, ps->param_mark[i], "params: %s: expected NAME: INTEGER with a "
                          "parameter of '%s' (kbcl list shows them)", p->params[i], b->name);
             goto out;
+        }
+        {
+            char label[80];
+            snprintf(label, sizeof label, "params: %s", b->params[idx].name);
+            if ((rc = check_param_range(ps, ps->param_mark[i], label, &b->params[idx],
+                                        eq + 1)) != 0)
+                goto out;
         }
     }
     for (int i = 0; i < p->nsets; i++)
@@ -794,6 +843,10 @@ static int plan_check(sw_parse *ps)
                                  "parameter of '%s' (kbcl list shows them)", ax->name, b->name);
                     goto out;
                 }
+                if ((rc = check_param_range(ps, ps->vmark[a][v], ax->name,
+                                            &b->params[kb_bench_param_index(b, ax->name + 6)],
+                                            s)) != 0)
+                    goto out;
                 break;
             default:
                 if (kbcl_config_set(&cfg, &ccl, ax->assign[v], &e2) != 0) {
@@ -934,6 +987,80 @@ static int point_uses_opencl(const sw_plan *p, int point)
     return d == KB_DEV_GPU || d == KB_DEV_CPU || d == KB_DEV_AUTO;
 }
 
+/* The `kbcl run` job of one point. */
+static void point_job(const sw_plan *p, int point, kbcl_job *job)
+{
+    const char **shorthand[SW_NSHORTHAND] = { &job->algorithm, &job->world_size, &job->n_elem,
+                                              &job->size, &job->buffer_kind, &job->op,
+                                              &job->dtype, &job->device };
+    memset(job, 0, sizeof *job);
+    job->bench = p->bench;
+    job->topology = p->topology;
+    job->ccl = p->ccl;
+    job->model = p->model;
+    job->device = p->device;
+    job->verify = p->verify;
+    /* No op-log cuts: a sweep's --jobs keep every core busy, so a device server has no idle
+     * core to replay beside the simulation on, and each cut splits batches into more
+     * launches (allreduce.yaml with device: gpu, --jobs 16 on the H200 machine: 1.5 x ref's
+     * wall without cuts, 2.0 x with them). */
+    job->replay_cut = "0";
+    job->plugins = p->plugins;
+    for (int i = 0; i < SW_NFIXED; i++)
+        *shorthand[i] = p->fixed[i];
+    for (int i = 0; i < p->nsets; i++)
+        job->sets[job->nsets++] = p->sets[i];
+    for (int i = 0; i < p->nparams; i++)
+        job->params[job->nparams++] = p->params[i];
+    for (int a = 0; a < p->nax; a++) {
+        int v = p->pt[(size_t)point * (size_t)p->nax + (size_t)a];
+        if (p->ax[a].kind == AX_CONFIG)
+            job->sets[job->nsets++] = p->ax[a].assign[v];
+        else if (p->ax[a].kind == AX_PARAM)
+            job->params[job->nparams++] = p->ax[a].assign[v];
+        else
+            *shorthand[p->ax[a].kind] = p->ax[a].vals[v];
+    }
+}
+
+/*
+ * Every point's configuration through the checks `kbcl run` makes before it simulates
+ * (kbcl_job_prepare, on the files plan_check loaded once), so that a combination that cannot
+ * run (a world size the machine of that point does not have, a set: value that another axis
+ * makes invalid) stops the sweep before any point runs and before its output is touched,
+ * instead of becoming an error row after the points before it ran.
+ */
+static int plan_check_points(const sw_plan *p, kb_errbuf *eb)
+{
+    kbcl_result *res = malloc(sizeof *res);
+    kb_errbuf e2 = { { 0 } };
+    kbcl_job job;
+    int rc = 0;
+
+    if (!res)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+    for (int point = 0; point < p->npoints && !rc; point++) {
+        point_job(p, point, &job);
+        job.base_cfg = p->base_cfg;
+        job.base_ccl = p->base_ccl;
+        job.model_checked = 1; /* plan_check loaded it */
+        rc = kbcl_job_prepare(&job, res, &e2);
+        kbcl_result_fini(res);
+        if (rc) {
+            char what[512];
+            size_t len = 0;
+            what[0] = 0;
+            for (int a = 0; a < p->nax && len < sizeof what; a++)
+                len += (size_t)snprintf(what + len, sizeof what - len, "%s%s=%s",
+                                        a ? ", " : "", p->ax[a].name, point_val(p, point, a));
+            rc = kb_err_set(eb, KB_ERR_CONFIG, "%s: point %d of %d (%s) cannot run, so no point "
+                            "was run: %s", p->file, point, p->npoints, what, e2.msg);
+        }
+    }
+    free(res);
+    return rc;
+}
+
 /* Runs one point; be (may be NULL) is a backend kept across points, desc its name. */
 static void run_point_on(const sw_plan *p, int point, sw_outcome *o, const kb_backend *be,
                          const char *desc)
@@ -941,9 +1068,6 @@ static void run_point_on(const sw_plan *p, int point, sw_outcome *o, const kb_ba
     kbcl_job job;
     kbcl_result *res = calloc(1, sizeof *res);
     kb_errbuf eb = { { 0 } };
-    const char **shorthand[SW_NSHORTHAND] = { &job.algorithm, &job.world_size, &job.n_elem,
-                                              &job.size, &job.buffer_kind, &job.op, &job.dtype,
-                                              &job.device };
     int rc;
 
     memset(o, 0, sizeof *o);
@@ -954,36 +1078,9 @@ static void run_point_on(const sw_plan *p, int point, sw_outcome *o, const kb_ba
         snprintf(o->msg, sizeof o->msg, "out of memory");
         return;
     }
-    memset(&job, 0, sizeof job);
+    point_job(p, point, &job);
     job.backend = be;
     job.backend_desc = desc;
-    job.bench = p->bench;
-    job.topology = p->topology;
-    job.ccl = p->ccl;
-    job.model = p->model;
-    job.device = p->device;
-    job.verify = p->verify;
-    /* No op-log cuts: a sweep's --jobs keep every core busy, so a device server has no idle
-     * core to replay beside the simulation on, and each cut splits batches into more
-     * launches (allreduce.yaml with device: gpu, --jobs 16 on the H200 machine: 1.5 x ref's
-     * wall without cuts, 2.0 x with them). */
-    job.replay_cut = "0";
-    job.plugins = p->plugins;
-    for (int i = 0; i < SW_NFIXED; i++)
-        *shorthand[i] = p->fixed[i];
-    for (int i = 0; i < p->nsets; i++)
-        job.sets[job.nsets++] = p->sets[i];
-    for (int i = 0; i < p->nparams; i++)
-        job.params[job.nparams++] = p->params[i];
-    for (int a = 0; a < p->nax; a++) {
-        int v = p->pt[(size_t)point * (size_t)p->nax + (size_t)a];
-        if (p->ax[a].kind == AX_CONFIG)
-            job.sets[job.nsets++] = p->ax[a].assign[v];
-        else if (p->ax[a].kind == AX_PARAM)
-            job.params[job.nparams++] = p->ax[a].assign[v];
-        else
-            *shorthand[p->ax[a].kind] = p->ax[a].vals[v];
-    }
     rc = kbcl_job_run(&job, res, &eb);
     o->rc = rc;
     if (rc) {
@@ -2085,8 +2182,10 @@ static void usage_sweep(FILE *f)
           "  --quiet        no progress output\n"
           "  --plugin FILE  load a plugin before the sweep file's plugins: (repeatable;\n"
           "                 docs/plugins.md); KBCL_PLUGIN_PATH=A:B loads plugins first\n"
-          "exit codes: 0 every point ok, 1 a verification failed, 2 usage or sweep-file error,\n"
-          "            3 a point errored, 128+N interrupted by signal N (resume with --resume)\n",
+          "Every point is checked as `kbcl run` checks its options before any point runs.\n"
+          "exit codes: 0 every point ok, 1 a verification failed, 2 usage or sweep-file error\n"
+          "            or a point that cannot run (nothing ran), 3 a point errored, 128+N\n"
+          "            interrupted by signal N (resume with --resume)\n",
           f);
 }
 
@@ -2182,7 +2281,8 @@ int kbcl_cmd_sweep(int argc, char **argv)
         if (!(c.done = calloc((size_t)plan->npoints, 1)) ||
             !(pending = malloc((size_t)plan->npoints * sizeof *pending))) {
             rc = kb_err_set(&eb, KB_ERR_NOMEM, "out of memory");
-        } else if ((rc = sweep_check_out(&c, file, files, nfiles, &eb)) == 0 &&
+        } else if ((rc = plan_check_points(plan, &eb)) == 0 &&
+                   (rc = sweep_check_out(&c, file, files, nfiles, &eb)) == 0 &&
                    (rc = output_open(&c, resume, &eb)) == 0) {
             for (int i = 0; i < plan->npoints; i++)
                 if (!c.done[i])
