@@ -608,8 +608,8 @@ static int ref_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
 
     (void)payload_bytes;
     if (arena_bytes > SIZE_MAX)
-        return kb_err_set(eb, KB_ERR_NOMEM, "ref backend: arena of %llu bytes",
-                          (unsigned long long)arena_bytes);
+        return kb_err_nomem(eb, (unsigned long long)arena_bytes, "ref backend: the replay's "
+                            "arena");
     if (!arena && st->res) { /* resident flush: the "device" buffers */
         if (arena_bytes > st->dev_arena_bytes)
             return kb_err_set(eb, KB_ERR_STATE,
@@ -676,8 +676,7 @@ static int rd_arena(void *dev, uint64_t bytes, const kb_move *mv, size_t n, kb_e
     ref_state *st = dev;
     uint8_t *a = bytes <= SIZE_MAX ? malloc(bytes ? (size_t)bytes : 1) : NULL;
     if (!a)
-        return kb_err_set(eb, KB_ERR_NOMEM, "ref backend: resident arena of %llu bytes",
-                          (unsigned long long)bytes);
+        return kb_err_nomem(eb, (unsigned long long)bytes, "ref backend: the resident arena");
     memset(a, 0xA5, (size_t)bytes); /* what a fresh device buffer holds: anything */
     for (size_t i = 0; i < n; i++)
         if (mv[i].n > 0) /* an empty move may name a buffer that was never made */
@@ -739,7 +738,8 @@ static int rd_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_
     if (size > st->dev_payload_bytes) {
         uint8_t *np = malloc(size);
         if (!np)
-            return kb_err_set(eb, KB_ERR_NOMEM, "ref backend: payload of %zu bytes", size);
+            return kb_err_nomem(eb, (unsigned long long)size, "ref backend: the op log's "
+                                "payload");
         if (have > 0)
             memcpy(np, st->dev_payload, have);
         free(st->dev_payload);

@@ -1015,7 +1015,8 @@ int kb_plan_build_cut(const kb_rec *const *recs, size_t n, const uint64_t *cuts,
 fail:
     plan_tmp_free(&t);
     kb_plan_free(out);
-    return rc == KB_ERR_NOMEM ? kb_err_set(eb, rc, "plan: out of memory for %zu records", n) : rc;
+    return rc == KB_ERR_NOMEM ? kb_err_set(eb, rc, "replay plan of %zu records: out of host "
+                                           "memory", n) : rc;
 }
 
 /* ---------------------------------------------------------------- flush */
@@ -1137,7 +1138,8 @@ int kb_replay_flush_pg(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay
     rc = KB_ERR_NOMEM;
     ptrs = kb_bigmem_alloc(n * sizeof *ptrs);
     if (!ptrs) {
-        kb_err_set(eb, rc, "replay: out of memory");
+        kb_err_nomem(eb, (unsigned long long)(n * sizeof *ptrs), "replay: the list of its %zu "
+                     "records", n);
         goto out;
     }
     for (size_t i = 0; i < n; i++)
@@ -1174,8 +1176,8 @@ int kb_replay_flush_pg(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay
          * copied */
         arena = plan.arena_bytes <= SIZE_MAX ? kb_bigmem_alloc((size_t)plan.arena_bytes) : NULL;
         if (!arena) {
-            rc = kb_err_set(eb, KB_ERR_NOMEM, "replay: arena of %llu bytes",
-                            (unsigned long long)plan.arena_bytes);
+            rc = kb_err_nomem(eb, (unsigned long long)plan.arena_bytes, "replay: the arena that "
+                              "holds the data of %zu records", n);
             goto out;
         }
         for (size_t i = 0; i < plan.nsegs; i++)
@@ -1186,7 +1188,12 @@ int kb_replay_flush_pg(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay
             goto out;
 
         if ((rc = reserve_pages(ms, &plan)) != 0) {
-            kb_err_set(eb, rc, "replay: out of memory for the memory store");
+            unsigned long long written = 0;
+            for (size_t i = 0; i < plan.nsegs; i++)
+                written += plan.segs[i].written ? plan.segs[i].len : 0;
+            kb_err_nomem(eb, written, "replay: the memory store's pages for the data the "
+                         "replay wrote (%zu pages of %d bytes held already)",
+                         kb_memstore_pages(ms), (int)KB_MEMSTORE_PAGE_BYTES);
             goto out;
         }
         for (size_t i = 0; i < plan.nsegs; i++) {

@@ -929,7 +929,10 @@ static int host_write(kb_tensor *t, const kb_fill *src)
             } else {
                 /* generated straight into the payload: no block to copy from */
                 if (kb_oplog_reserve_payload(ctx->log, n * esize, &payload_of[i], &block) != 0) {
-                    rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory for the op log payload");
+                    rc = kb_err_nomem(&ctx->err, (unsigned long long)(n * esize),
+                                      "tensor '%s': shard %zu's data in the op log (%llu bytes "
+                                      "held there already)", t->name, i,
+                                      (unsigned long long)kb_oplog_payload_size(ctx->log));
                     goto out;
                 }
                 fill_block(t, s, src, block, piece);
@@ -1047,7 +1050,8 @@ int kb_tensor_read(kb_tensor *t, float *out)
     uint8_t *raw = malloc(n * esize);
     int rc;
     if (!raw)
-        return kb_err_set(&t->ctx->err, KB_ERR_NOMEM, "out of memory");
+        return kb_err_nomem(&t->ctx->err, (unsigned long long)(n * esize),
+                            "tensor '%s' read back", t->name);
     rc = kb_tensor_read_raw(t, raw);
     if (rc == 0)
         kb_dtype_load_n(t->dtype, raw, 0, out, n);

@@ -27,6 +27,19 @@ int kb_err_set(kb_errbuf *eb, int code, const char *fmt, ...)
     return code;
 }
 
+int kb_err_nomem(kb_errbuf *eb, unsigned long long bytes, const char *fmt, ...)
+{
+    char what[256];
+    va_list ap;
+    if (!eb)
+        return KB_ERR_NOMEM;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return kb_err_set(eb, KB_ERR_NOMEM, "%s: %llu bytes (%.1f MiB) could not be allocated", what,
+                      bytes, (double)bytes / 1048576.0);
+}
+
 void kb_err_prefix(kb_errbuf *eb, const char *fmt, ...)
 {
     char head[256];

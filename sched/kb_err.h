@@ -96,6 +96,17 @@ KB_API int kb_err_set(kb_errbuf *eb, int code, const char *fmt, ...)
 #endif
     ;
 
+/*
+ * Returns KB_ERR_NOMEM with the message "WHAT: N bytes (X MiB) could not be allocated", WHAT
+ * being the printf-style rest: an out-of-memory error says how much was asked for and what
+ * for, so that the user can tell a size too large for the host from a leak.
+ */
+KB_API int kb_err_nomem(kb_errbuf *eb, unsigned long long bytes, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
 /* Prepends "prefix: " to the message already in `eb` (for adding context on the way up). */
 KB_API void kb_err_prefix(kb_errbuf *eb, const char *fmt, ...)
 #if defined(__GNUC__)

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -793,6 +794,53 @@ static void test_param_range(void **s)
                      "(kbcl list shows them)");
 }
 
+/*
+ * Out of host memory (an address-space limit on the run's process): the message says how
+ * many bytes were asked for and for what, and what to try instead; exit 3.
+ */
+static void test_out_of_memory(void **s)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    (void)s;
+    skip(); /* the sanitizer's shadow memory does not fit under the limit */
+#else
+    char out[8192];
+    int fd[2], st;
+    size_t len = 0;
+    ssize_t got;
+    pid_t pid;
+    (void)s;
+    assert_int_equal(pipe(fd), 0);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* 150 MiB: the program and its simulation fit, the 8 ranks' 16 MiB buffers do not */
+        struct rlimit rl = { 150u << 20, 150u << 20 };
+        if (chdir(kbt_workdir()) != 0 || setrlimit(RLIMIT_AS, &rl) != 0)
+            _exit(99);
+        dup2(fd[1], 1);
+        dup2(fd[1], 2);
+        close(fd[0]);
+        execl(kbt_kbcl_bin(), "kbcl", "run", "--algorithm", "ring_allreduce_tcm", "--world-size",
+              "8", "--size", "16M", "--verify-data", (char *)NULL);
+        _exit(98);
+    }
+    close(fd[1]);
+    while (len + 1 < sizeof out && (got = read(fd[0], out + len, sizeof out - 1 - len)) > 0)
+        len += (size_t)got;
+    out[len] = 0;
+    close(fd[0]);
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) != 3)
+        fail_msg("exit %d: %s", WEXITSTATUS(st), out);
+    kbt_msg_has(out, "kbcl: out of host memory: ");
+    kbt_msg_has(out, " bytes (");
+    kbt_msg_has(out, " MiB) could not be allocated; --device none runs timing only, without the "
+                     "data (and without --verify-data), or try a smaller size\n");
+#endif
+}
+
 /* bench-self's per-bench Phase-2 rows, on ref: every shipped bench runs on the device and on
  * ref in children and their digests agree. */
 static void test_bench_self_phase2(void **s)
@@ -1092,6 +1140,7 @@ int main(void)
         cmocka_unit_test(test_trace),
         cmocka_unit_test(test_output_errors),
         cmocka_unit_test(test_param_range),
+        cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_size_parse),
         cmocka_unit_test(test_coll_size),
         cmocka_unit_test(test_size_run),

@@ -80,6 +80,19 @@ static void test_err_prefix(void **state)
     assert_string_equal(eb.msg, "loading: machine.yaml:12: unknown key 'foo'");
 }
 
+/* An out-of-memory message says how much and what for. */
+static void test_err_nomem(void **state)
+{
+    kb_errbuf eb;
+
+    (void)state;
+    assert_int_equal(kb_err_nomem(&eb, 536870912ull, "%s read back", "the results"),
+                     KB_ERR_NOMEM);
+    assert_string_equal(eb.msg, "the results read back: 536870912 bytes (512.0 MiB) could not "
+                                "be allocated");
+    assert_int_equal(kb_err_nomem(NULL, 1, "dropped"), KB_ERR_NOMEM);
+}
+
 static void test_err_null_buffer(void **state)
 {
     (void)state;
@@ -96,6 +109,7 @@ int main(void)
         cmocka_unit_test(test_err_set_formats_and_returns_code),
         cmocka_unit_test(test_err_set_truncates),
         cmocka_unit_test(test_err_prefix),
+        cmocka_unit_test(test_err_nomem),
         cmocka_unit_test(test_err_null_buffer),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -390,7 +390,8 @@ static int dist_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
     int rc = 0;
 
     if (!raw)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+        return kb_err_nomem(kb_ctx_err(ctx), (unsigned long long)st->ws * per * 2,
+                            "the %d ranks' results, read back to check them", st->ws);
     for (int r = 0; r < st->ws && rc == 0; r++)
         rc = kb_tensor_read_raw(st->t[r], raw + (size_t)r * per);
     if (rc == 0)
@@ -409,7 +410,10 @@ static int lanes_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
     int rc;
 
     if (!raw)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+        return kb_err_nomem(kb_ctx_err(ctx),
+                            (unsigned long long)lj->ws * (unsigned long long)n *
+                                kb_dtype_size(lj->dtype),
+                            "the %d ranks' results, read back to check them", lj->ws);
     rc = kb_ccl_lanes_read_raw(ctx, lj, raw);
     if (rc == 0)
         rc = lj->impl->ordered ? check_lanes_ordered(ctx, res, lj, raw)
@@ -507,7 +511,10 @@ static int ccl_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
     (void)a;
 
     if (!raw)
-        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
+        return kb_err_nomem(kb_ctx_err(ctx),
+                            (unsigned long long)ws * (unsigned long long)job->n *
+                                kb_dtype_size(job->dtype),
+                            "the %d ranks' results, read back to check them", ws);
     rc = kb_ccl_job_read_raw(ctx, job, raw);
     if (rc == 0)
         rc = check_tiles(ctx, res, job->impl->reference, job->impl->ordered, job->impl->kind, raw, ws, 1, job->n,

@@ -422,6 +422,21 @@ int kbcl_job_prepare(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     return 0;
 }
 
+/* What a run out of host memory can do instead: the hint every such error ends with (the
+ * message is cut short, not the hint, when both do not fit). */
+static void nomem_hint(const kbcl_result *res, kb_errbuf *eb)
+{
+    const char *hint = !strcmp(res->device, "none")
+                           ? "; the run was timing only already (--device none): try a smaller "
+                             "size or machine"
+                           : "; --device none runs timing only, without the data (and without "
+                             "--verify-data), or try a smaller size";
+    size_t cap = sizeof eb->msg - 1, hl = strlen(hint), ml = strnlen(eb->msg, cap);
+    if (ml + hl > cap)
+        ml = cap - hl;
+    memcpy(eb->msg + ml, hint, hl + 1);
+}
+
 int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
 {
     kb_trace *tr = NULL;
@@ -439,6 +454,8 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     if (rc == 0 && tr)
         rc = kb_trace_write(tr, job->trace_path, eb);
     kb_trace_destroy(tr);
+    if (rc == KB_ERR_NOMEM)
+        nomem_hint(res, eb);
     return rc;
 }
 

@@ -119,7 +119,8 @@ int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb)
  * or an error code with the message in eb. */
 int kbcl_job_prepare(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb);
 /* Resolves (kbcl_job_prepare) and runs the job. Returns 0 or a library error code (message in
- * eb; for a deadlock the whole report is in res->rep.report). Free with kbcl_result_fini. */
+ * eb; for a deadlock the whole report is in res->rep.report; for KB_ERR_NOMEM it ends with what
+ * to try instead). Free with kbcl_result_fini. */
 int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb);
 void kbcl_result_fini(kbcl_result *res);
 
