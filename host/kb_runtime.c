@@ -348,7 +348,14 @@ int kb_ctx_record_as(kb_ctx *ctx, kb_rec *r, const char *name)
     if (ctx->trace_rec) {
         const kb_pe_hw *pe = r->pe == UINT32_MAX ? NULL : ctx->m->pe_by_gid[r->pe];
         unsigned gsip = pe ? pe->gsip : kb_pa_gsip(r->dst.addr);
-        kb_trace_pe(ctx->trace_rec, gsip, pe ? pe->cube : 0, pe ? (int)pe->pe : -1,
+        /* IPCQ names its copies "ipcq send E", "ipcq recv W" ... (kb_ipcq.c) */
+        kb_trace_cat cat = r->kind == KB_REC_COPY && name && !strncmp(name, "ipcq", 4)
+                               ? KB_TRACE_IPCQ
+                           : r->kind == KB_REC_COPY || r->kind == KB_REC_FILL ||
+                                   r->kind == KB_REC_GEN || !pe
+                               ? KB_TRACE_DMA
+                               : KB_TRACE_COMPUTE;
+        kb_trace_pe(ctx->trace_rec, cat, gsip, pe ? pe->cube : 0, pe ? (int)pe->pe : -1,
                     name ? name : rec_name(r), r->t_start, r->t_end, kb_opnd_span(&r->dst));
     }
     if (!ctx->recording)
@@ -1176,8 +1183,8 @@ static void kernel_main(kb_sim *sim, void *arg)
         /* the launch (and its name) is freed before the trace is written */
         const char *name = kb_trace_intern(tl->ctx->trace_rec, tl->launch->name);
         if (name)
-            kb_trace_pe(tl->ctx->trace_rec, tl->pe->gsip, tl->pe->cube, (int)tl->pe->pe, name,
-                        tl->start, kb_sim_now(sim), 0);
+            kb_trace_pe(tl->ctx->trace_rec, KB_TRACE_KERNEL, tl->pe->gsip, tl->pe->cube,
+                        (int)tl->pe->pe, name, tl->start, kb_sim_now(sim), 0);
     }
     kb_tl_release_all(tl);
     tl->ctx->kernels++;

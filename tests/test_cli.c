@@ -728,8 +728,13 @@ static void test_trace(void **s)
         assert_true(cJSON_IsNumber(cJSON_GetObjectItem(e, "tid")));
         if (!(ts >= 0 && dur >= 0 && ts + dur <= end_us + 1e-6))
             fail_msg("event %s at %.6f+%.6f us outside the run (0..%.6f us)", name, ts, dur, end_us);
-        pe += !strcmp(cat, "pe");
-        link += !strcmp(cat, "link");
+        pe += !strcmp(cat, "kernel") || !strcmp(cat, "dma") || !strcmp(cat, "ipcq") ||
+              !strcmp(cat, "compute");
+        link += !strcmp(cat, "res");
+        if (!strcmp(name, "ipcq send E"))
+            assert_string_equal(cat, "ipcq");
+        if (!strcmp(name, "ring_allreduce_tcm"))
+            assert_string_equal(cat, "kernel");
         sends += !strcmp(name, "ipcq send E");
         kernels += !strcmp(name, "ring_allreduce_tcm");
     }
@@ -739,6 +744,185 @@ static void test_trace(void **s)
     assert_int_equal(kernels, 8);  /* one kernel span per PE */
     assert_true(pe > sends);
     cJSON_Delete(j);
+}
+
+/* One X event of a trace, as the filter sees it. */
+typedef struct trace_ev {
+    const char *cat, *thread;
+    int pid, tid;
+    double ts, end; /* us */
+} trace_ev;
+
+/* The X events of trace file name (*n of them) with their threads' names; the array points
+ * into *doc (the caller deletes both). */
+static trace_ev *trace_events(const char *name, cJSON **doc, int *n)
+{
+    cJSON *evs, *e, **threads = NULL;
+    int cap = 0, nthreads = 0;
+    trace_ev *v = NULL;
+    *doc = json_of(name);
+    evs = cJSON_GetObjectItem(*doc, "traceEvents");
+    assert_true(cJSON_IsArray(evs));
+    *n = 0;
+    cJSON_ArrayForEach(e, evs)
+        if (!strcmp(cJSON_GetObjectItem(e, "name")->valuestring, "thread_name")) {
+            threads = realloc(threads, (size_t)(nthreads + 1) * sizeof *threads);
+            assert_non_null(threads);
+            threads[nthreads++] = e;
+        }
+    cJSON_ArrayForEach(e, evs) {
+        if (strcmp(cJSON_GetObjectItem(e, "ph")->valuestring, "X"))
+            continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 1024;
+            v = realloc(v, (size_t)cap * sizeof *v);
+            assert_non_null(v);
+        }
+        trace_ev *t = &v[(*n)++];
+        t->cat = cJSON_GetObjectItem(e, "cat")->valuestring;
+        t->pid = cJSON_GetObjectItem(e, "pid")->valueint;
+        t->tid = cJSON_GetObjectItem(e, "tid")->valueint;
+        t->ts = cJSON_GetObjectItem(e, "ts")->valuedouble;
+        t->end = t->ts + cJSON_GetObjectItem(e, "dur")->valuedouble;
+        t->thread = "";
+        for (int i = 0; i < nthreads; i++) /* its thread's name */
+            if (cJSON_GetObjectItem(threads[i], "pid")->valueint == t->pid &&
+                cJSON_GetObjectItem(threads[i], "tid")->valueint == t->tid)
+                t->thread = cJSON_GetObjectItem(cJSON_GetObjectItem(threads[i], "args"),
+                                                "name")->valuestring;
+    }
+    free(threads);
+    return v;
+}
+
+/* What a filter of sip0/cube1, ipcq and kernel events and a window keep: an event of those
+ * categories on a PE thread of cube 1 (tids 9..16 with 8 PEs per cube) overlapping [w0, w1). */
+static int kept_cube1(const trace_ev *e, double w0, double w1)
+{
+    return (!strcmp(e->cat, "ipcq") || !strcmp(e->cat, "kernel")) && e->pid == 0 &&
+           e->tid >= 9 && e->tid <= 16 && e->ts < w1 && (e->end > w0 || e->end == e->ts);
+}
+
+/* "trace FILE: N events, M bytes": N and M from a run's output (M the file's size). */
+static void trace_line(const char *out, const char *file, long *events, long *bytes)
+{
+    char head[128];
+    snprintf(head, sizeof head, "  trace      %s: ", file);
+    const char *l = strstr(out, head);
+    assert_non_null(l);
+    assert_int_equal(sscanf(l + strlen(head), "%ld events, %ld bytes", events, bytes), 2);
+    char *text = kbt_slurp(file);
+    assert_non_null(text);
+    assert_int_equal((long)strlen(text), *bytes);
+    free(text);
+}
+
+/*
+ * --trace-filter and --trace-window keep exactly the events of the named categories and
+ * places that overlap the window (the same events a full trace has there), the run says how
+ * large its trace came out, and a filter or window that does not parse is an exit-2 error.
+ */
+static void test_trace_filter(void **s)
+{
+    static char out[8192];
+    const char *run = "run --bench ccl_allreduce --algorithm ring_allreduce_tcm --world-size 16 "
+                      "--n-elem 64 --device none";
+    cJSON *full_doc, *doc;
+    trace_ev *full, *got;
+    int nfull, ngot, want = 0, nres = 0;
+    long events, bytes, fevents, fbytes;
+    (void)s;
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --trace full.json", run), 0);
+    trace_line(out, "full.json", &fevents, &fbytes);
+    assert_null(strstr(out, "left out"));
+    full = trace_events("full.json", &full_doc, &nfull);
+    assert_int_equal(nfull, fevents);
+    /* a window of the middle of the run: where cube 1's ranks send */
+    double w0 = 1e300, w1 = 0;
+    for (int i = 0; i < nfull; i++)
+        if (!strcmp(full[i].cat, "ipcq") && full[i].pid == 0 && full[i].tid >= 9 &&
+            full[i].tid <= 16) {
+            w0 = full[i].ts < w0 ? full[i].ts : w0;
+            w1 = full[i].end > w1 ? full[i].end : w1;
+        }
+    assert_true(w0 < w1);
+    w1 = w0 + (w1 - w0) / 2; /* the first half of them */
+    for (int i = 0; i < nfull; i++)
+        want += kept_cube1(&full[i], w0, w1);
+    assert_true(want > 8);
+
+    /* the window in ns: whole ns around the us figures the trace has */
+    long a = (long)floor(w0 * 1000.0), b = (long)ceil(w1 * 1000.0);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --trace cut.json --trace-filter "
+                              "sip0/cube1,ipcq,kernel --trace-window %ld:%ld", run, a, b), 0);
+    trace_line(out, "cut.json", &events, &bytes);
+    got = trace_events("cut.json", &doc, &ngot);
+    assert_int_equal(ngot, events);
+    assert_true(bytes < fbytes / 10);
+    {
+        char left[96];
+        snprintf(left, sizeof left, "(%ld more left out by --trace-filter/--trace-window)",
+                 fevents - events);
+        kbt_msg_has(out, left);
+    }
+    want = 0;
+    for (int i = 0; i < nfull; i++)
+        want += kept_cube1(&full[i], a / 1000.0, b / 1000.0);
+    assert_int_equal(ngot, want);
+    for (int i = 0; i < ngot; i++)
+        if (!kept_cube1(&got[i], a / 1000.0, b / 1000.0))
+            fail_msg("event %s on %d/%d at %.6f us kept", got[i].cat, got[i].pid, got[i].tid,
+                     got[i].ts);
+    free(got);
+    cJSON_Delete(doc);
+
+    /* resources by place: a PE's own (its DMA engine, memory ports, units) and nothing else */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --trace res.json --trace-filter "
+                              "res,sip0/cube1/pe2", run), 0);
+    got = trace_events("res.json", &doc, &ngot);
+    for (int i = 0; i < nfull; i++)
+        nres += !strcmp(full[i].cat, "res") && !strncmp(full[i].thread, "sip0/cube1/pe2 ", 15);
+    assert_true(nres > 0);
+    assert_int_equal(ngot, nres);
+    for (int i = 0; i < ngot; i++) {
+        assert_string_equal(got[i].cat, "res");
+        assert_int_equal(strncmp(got[i].thread, "sip0/cube1/pe2 ", 15), 0);
+    }
+    free(got);
+    cJSON_Delete(doc);
+    free(full);
+    cJSON_Delete(full_doc);
+
+    /* what does not parse is refused before the run */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --trace t.json --trace-filter sip0/cub1",
+                              run), 2);
+    kbt_msg_has(out, "kbcl: --trace-filter sip0/cub1: 'sip0/cub1' is not a category or a place "
+                     "(terms: kernel, dma, ipcq, compute, res, or a place sipR[/cubeR[/peR]] "
+                     "with R = N, N-M or *; e.g. sip0/cube0,kernel,ipcq)");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --trace t.json --trace-filter "
+                              "kernel,sip0/cube3-1", run), 2);
+    kbt_msg_has(out, "kbcl: --trace-filter kernel,sip0/cube3-1: 'sip0/cube3-1' is not");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --trace t.json --trace-filter "
+                              "sip0/cube0/pe0/x", run), 2);
+    kbt_msg_has(out, "'sip0/cube0/pe0/x' is not a category or a place");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --trace t.json --trace-filter kernels",
+                              run), 2);
+    kbt_msg_has(out, "'kernels' is not a category or a place");
+    static const char *const windows[] = { "5:2", "100", "-1:5", "a:b", "1:2:3", "7:7" };
+    for (size_t i = 0; i < sizeof windows / sizeof windows[0]; i++) {
+        char msg[256];
+        assert_int_equal(kbt_kbcl(out, sizeof out, "%s --trace t.json --trace-window %s", run,
+                                  windows[i]), 2);
+        snprintf(msg, sizeof msg, "kbcl: --trace-window %s: expected START:END in simulated ns "
+                 "with START < END, either side may be left out (e.g. 0:5000, 1000: or "
+                 ":2500.5)", windows[i]);
+        kbt_msg_has(out, msg);
+    }
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --trace-filter kernel", run), 2);
+    kbt_msg_has(out, "kbcl: --trace-filter: there is no trace to limit (add --trace FILE)");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "%s --trace-window 0:", run), 2);
+    kbt_msg_has(out, "kbcl: --trace-window: there is no trace to limit (add --trace FILE)");
+    assert_null(kbt_slurp("t.json"));
 }
 
 /*
@@ -1138,6 +1322,7 @@ int main(void)
         cmocka_unit_test(test_options_the_bench_takes),
         cmocka_unit_test(test_ccl_failures),
         cmocka_unit_test(test_trace),
+        cmocka_unit_test(test_trace_filter),
         cmocka_unit_test(test_output_errors),
         cmocka_unit_test(test_param_range),
         cmocka_unit_test(test_out_of_memory),

@@ -60,6 +60,8 @@ int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb)
         { "--buffer-kind", offsetof(kbcl_job, buffer_kind) },
         { "--device", offsetof(kbcl_job, device) },
         { "--trace", offsetof(kbcl_job, trace_path) },
+        { "--trace-filter", offsetof(kbcl_job, trace_filter) },
+        { "--trace-window", offsetof(kbcl_job, trace_window) },
         { "--replay-cut", offsetof(kbcl_job, replay_cut) },
     };
     const char *o = argv[*i];
@@ -272,6 +274,52 @@ static int parse_cut(const char *s, size_t *cut, kb_errbuf *eb)
     return 0;
 }
 
+/* One side of --trace-window in ns into picoseconds; "" = dflt. 0 or -1. */
+static int parse_window_end(const char *s, size_t n, kb_time dflt, kb_time *out)
+{
+    char buf[64], *end;
+    double v;
+    if (n == 0) {
+        *out = dflt;
+        return 0;
+    }
+    if (n >= sizeof buf || s[0] == '-' || s[0] == '+' || s[0] == ' ')
+        return -1;
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    errno = 0;
+    v = strtod(buf, &end);
+    /* below a year of simulated time: far past any run, far inside kb_time's range */
+    if (errno || end == buf || *end || !(v >= 0 && v <= 3.2e16))
+        return -1;
+    *out = kb_time_from_ns(v);
+    return 0;
+}
+
+#define KBCL_WINDOW_HELP "expected START:END in simulated ns with START < END, either side " \
+                         "may be left out (e.g. 0:5000, 1000: or :2500.5)"
+
+/* --trace-filter and --trace-window into tr. */
+static int trace_options(const kbcl_job *job, kb_trace *tr, kb_errbuf *eb)
+{
+    int rc;
+    if (job->trace_filter && (rc = kb_trace_set_filter(tr, job->trace_filter, eb)) != 0) {
+        kb_err_prefix(eb, "--trace-filter%s%s", *job->trace_filter ? " " : "",
+                      job->trace_filter);
+        return rc;
+    }
+    if (job->trace_window) {
+        const char *w = job->trace_window, *colon = strchr(w, ':');
+        kb_time t0, t1;
+        if (!colon || strchr(colon + 1, ':') ||
+            parse_window_end(w, (size_t)(colon - w), 0, &t0) != 0 ||
+            parse_window_end(colon + 1, strlen(colon + 1), KB_TIME_MAX, &t1) != 0 || t0 >= t1)
+            return kb_err_set(eb, KB_ERR_USAGE, "--trace-window %s: " KBCL_WINDOW_HELP, w);
+        kb_trace_set_window(tr, t0, t1);
+    }
+    return 0;
+}
+
 int kbcl_job_prepare(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
 {
     const char *bench_name = job->bench ? job->bench : "ccl_allreduce";
@@ -301,6 +349,9 @@ int kbcl_job_prepare(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
         return rc == KB_ERR_IO ? KB_ERR_USAGE : KB_ERR_CONFIG;
     if (!job->base_ccl && (rc = kbcl_ccl_plugins(job->plugins, &res->ccl, eb)) != 0)
         return rc;
+    if (!job->trace_path && (job->trace_filter || job->trace_window))
+        return kb_err_set(eb, KB_ERR_USAGE, "%s: there is no trace to limit (add --trace FILE)",
+                          job->trace_filter ? "--trace-filter" : "--trace-window");
     res->bench = kb_plugins_find_bench(job->plugins, bench_name);
     if (!res->bench)
         return kb_err_set(eb, KB_ERR_USAGE, "unknown bench '%s' (kbcl list shows them)",
@@ -446,13 +497,24 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     if ((rc = kbcl_job_prepare(job, res, eb)) != 0)
         return rc;
     parse_cut(job->replay_cut, &cut, eb);
-    if (job->trace_path && (rc = kb_trace_create(&tr, eb)) != 0)
-        return rc;
+    if (job->trace_path) {
+        if ((rc = kb_trace_create(&tr, eb)) != 0)
+            return rc;
+        if ((rc = trace_options(job, tr, eb)) != 0) {
+            kb_trace_destroy(tr);
+            return rc;
+        }
+    }
     kb_ctx_opts opts = { (kb_device_kind)kb_device_from_name(res->device), job->ipcq_trace, tr,
                          job->backend, job->backend_desc, cut, job->progress };
     rc = kb_bench_execute(&res->cfg, &res->ccl, &opts, res->bench, &res->args, &res->rep, eb);
-    if (rc == 0 && tr)
+    if (rc == 0 && tr) {
         rc = kb_trace_write(tr, job->trace_path, eb);
+        res->trace_path = job->trace_path;
+        res->trace_events = kb_trace_events(tr);
+        res->trace_left_out = kb_trace_events_offered(tr) - kb_trace_events(tr);
+        res->trace_bytes = kb_trace_bytes(tr);
+    }
     kb_trace_destroy(tr);
     if (rc == KB_ERR_NOMEM)
         nomem_hint(res, eb);
@@ -718,6 +780,14 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
                 (double)rep->xfer.upload_bytes / 1048576.0, (unsigned long long)rep->xfer.uploads,
                 rep->xfer.upload_ms, (double)rep->xfer.download_bytes / 1048576.0,
                 (unsigned long long)rep->xfer.downloads, rep->xfer.download_ms, rep->kernel_ms);
+    if (res->trace_path) { /* the size a --trace file came to: a full one is large */
+        fprintf(f, "  trace      %s: %llu events, %llu bytes", res->trace_path,
+                (unsigned long long)res->trace_events, (unsigned long long)res->trace_bytes);
+        if (res->trace_left_out)
+            fprintf(f, " (%llu more left out by --trace-filter/--trace-window)",
+                    (unsigned long long)res->trace_left_out);
+        fputc('\n', f);
+    }
     fprintf(f, "  wall       %.3f ms (simulation %.3f ms, %.3g events/s)\n", rep->wall_ms,
             rep->phase1_ms, rep->phase1_ms > 0 ? (double)rep->events / (rep->phase1_ms / 1e3) : 0.0);
 }

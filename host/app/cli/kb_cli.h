@@ -42,6 +42,8 @@ typedef struct kbcl_job {
     int verify;
     FILE *ipcq_trace;           /* KBCL_CCL_TRACE stream or NULL */
     const char *trace_path;     /* --trace FILE (Chrome trace JSON) or NULL */
+    const char *trace_filter;   /* --trace-filter SPEC (kb_trace_set_filter) or NULL */
+    const char *trace_window;   /* --trace-window START:END, simulated ns, or NULL */
     const char *replay_cut;     /* --replay-cut RECORDS: kb_ctx_opts.cut_records (0 = none);
                                    NULL = the default */
     /* borrowed: the plugins loaded so far (the command loads KBCL_PLUGIN_PATH and --plugin
@@ -70,6 +72,10 @@ typedef struct kbcl_result {
     kb_ccl_cfg ccl;             /* the collective library (ccl.yaml + overrides) */
     char device[16];
     kb_run_report rep;          /* valid when kbcl_job_run returned 0 */
+    /* --trace: the file (borrowed from the job; NULL = none written), the events written,
+     * those the filter and window left out, and the file's size */
+    const char *trace_path;
+    uint64_t trace_events, trace_left_out, trace_bytes;
 } kbcl_result;
 
 /*
