@@ -155,6 +155,17 @@ void kb_memstore_read(const kb_memstore *ms, uint64_t pa, void *dst, size_t n)
     }
 }
 
+/*
+ * The end of [pa, pa + n) (n > 0, not wrapping) in the dirty sets, whose intervals cannot end
+ * at 2^64: a range that reaches the last byte of the address space is tracked without it. No
+ * record ever touches that byte (the planner refuses an operand that would, kb_replay.c), so
+ * it is never on a device: the host copy is always the newest.
+ */
+static uint64_t track_end(uint64_t pa, uint64_t n)
+{
+    return n > UINT64_MAX - pa ? UINT64_MAX : pa + n;
+}
+
 /* Makes every page of [pa, pa + n) exist (n > 0); a failure changes nothing visible. */
 static int add_pages(kb_memstore *ms, uint64_t pa, uint64_t n)
 {
@@ -202,8 +213,8 @@ int kb_memstore_write(kb_memstore *ms, uint64_t pa, const void *src, size_t n)
         /* The host's bytes are now the newer ones: reserve, so that neither change fails. */
         if (kb_ivset_reserve(&ms->dev_dirty, 1) != 0 || kb_ivset_reserve(&ms->host_dirty, 1) != 0)
             return KB_ERR_NOMEM;
-        kb_ivset_remove(&ms->dev_dirty, pa, pa + n);
-        kb_ivset_add(&ms->host_dirty, pa, pa + n);
+        kb_ivset_remove(&ms->dev_dirty, pa, track_end(pa, n));
+        kb_ivset_add(&ms->host_dirty, pa, track_end(pa, n));
     }
     copy_in(ms, pa, src, n);
     return 0;
@@ -251,12 +262,18 @@ int kb_memstore_mark_device(kb_memstore *ms, const kb_range *r, size_t k)
 
 int kb_memstore_sync(kb_memstore *ms, uint64_t pa, uint64_t n, kb_errbuf *eb)
 {
-    uint64_t end = pa + n;
+    uint64_t end;
     uint8_t *stage = NULL;
     size_t i;
     int rc = 0;
 
-    if (n == 0 || !kb_ivset_overlaps(&ms->dev_dirty, pa, end))
+    if (n == 0)
+        return 0;
+    if (pa + (n - 1) < pa)
+        return kb_err_set(eb, KB_ERR_INVAL, "memory store: %llu bytes at PA 0x%llx wrap around "
+                          "the address space", (unsigned long long)n, (unsigned long long)pa);
+    end = track_end(pa, n);
+    if (!kb_ivset_overlaps(&ms->dev_dirty, pa, end))
         return 0;
     if (!ms->mirror.self)
         return kb_err_set(eb, KB_ERR_STATE,
@@ -303,9 +320,15 @@ int kb_memstore_sync_all(kb_memstore *ms, kb_errbuf *eb)
 int kb_memstore_load(kb_memstore *ms, uint64_t pa, void *dst, size_t n, kb_errbuf *eb)
 {
     uint8_t *out = dst;
-    uint64_t end = pa + n;
+    uint64_t end;
 
-    if (n == 0 || !kb_ivset_overlaps(&ms->dev_dirty, pa, end)) {
+    if (n == 0)
+        return 0;
+    if (pa + (n - 1) < pa)
+        return kb_err_set(eb, KB_ERR_INVAL, "memory store: %zu bytes at PA 0x%llx wrap around "
+                          "the address space", n, (unsigned long long)pa);
+    end = track_end(pa, n);
+    if (!kb_ivset_overlaps(&ms->dev_dirty, pa, end)) {
         kb_memstore_read(ms, pa, dst, n);
         return 0;
     }
@@ -329,6 +352,8 @@ int kb_memstore_load(kb_memstore *ms, uint64_t pa, void *dst, size_t n, kb_errbu
             pa = b;
         }
     }
+    if (out < (uint8_t *)dst + n) /* the last byte of the address space: never on a device */
+        kb_memstore_read(ms, pa, out, (size_t)((uint8_t *)dst + n - out));
     return 0;
 }
 

@@ -18,7 +18,10 @@
  *     uploads those it holds on the device before its next flush and clears the set.
  * A write makes its bytes host-dirty and no longer device-dirty (the host's bytes are newer).
  * Without a mirror both sets stay empty and the store is what it always was.
- * Limits: single-threaded; pages are never freed before kb_memstore_destroy.
+ * Limits: single-threaded; pages are never freed before kb_memstore_destroy; a range must not
+ * wrap around the 64-bit address space (writes, loads and syncs refuse one: KB_ERR_INVAL),
+ * and the space's last byte is never device-dirty or host-dirty (the dirty sets cannot hold
+ * it; no record reaches it).
  */
 #ifndef KB_MEMSTORE_H
 #define KB_MEMSTORE_H

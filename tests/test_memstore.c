@@ -1,7 +1,7 @@
 /*
  * test_memstore — sparse simulated memory: poison for unwritten bytes, reads and writes that
  * cross pages (KB_MEMSTORE_PAGE_BYTES), lazily allocated page counts, many scattered pages (table growth), and
- * high addresses.
+ * high addresses, with a device mirror too (the dirty sets at the end of the address space).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -135,6 +135,69 @@ static void test_high_address(void **state)
     kb_memstore_destroy(ms);
 }
 
+/* A device mirror over the last 64 bytes of the address space, for the dirty-set tests. */
+#define TOP_BYTES 64
+static uint8_t top_dev[TOP_BYTES];
+
+static int top_pull(void *self, uint64_t pa, void *dst, size_t n, kb_errbuf *eb)
+{
+    (void)self;
+    (void)eb;
+    assert_true(pa >= UINT64_MAX - (TOP_BYTES - 1) && n <= UINT64_MAX - pa + 1);
+    memcpy(dst, top_dev + (pa - (UINT64_MAX - (TOP_BYTES - 1))), n);
+    return 0;
+}
+
+/*
+ * Ranges that end at the last byte of the address space, with a mirror (found by the replay
+ * fuzz target, tests/fuzz/): the dirty sets' intervals cannot end at 2^64, so such a write
+ * used to change neither set (the device's older bytes still read through) and such a load
+ * saw no device-dirty byte (the host's stale copy came back).
+ */
+static void test_top_of_space_dirty(void **state)
+{
+    (void)state;
+    kb_memstore *ms = kb_memstore_create();
+    const uint64_t base = UINT64_MAX - (TOP_BYTES - 1);
+    kb_memstore_mirror m = { top_dev, top_pull, NULL };
+    uint8_t host[TOP_BYTES], got[TOP_BYTES];
+    kb_range dirty = { base + 8, base + 24 };
+    kb_errbuf eb;
+
+    assert_non_null(ms);
+    memset(host, 0x11, sizeof host);
+    memset(top_dev, 0x22, sizeof top_dev);
+    kb_memstore_set_mirror(ms, &m);
+    assert_int_equal(kb_memstore_write(ms, base, host, sizeof host), 0);
+    /* host-dirty up to the last byte, which no device holds */
+    assert_int_equal(kb_memstore_host_dirty(ms)->n, 1);
+    assert_true(kb_memstore_host_dirty(ms)->v[0].lo == base &&
+                kb_memstore_host_dirty(ms)->v[0].hi == UINT64_MAX);
+    kb_memstore_host_clean(ms);
+    /* a load ending at 2^64 reads the device-dirty bytes through */
+    assert_int_equal(kb_memstore_mark_device(ms, &dirty, 1), 0);
+    assert_int_equal(kb_memstore_load(ms, base, got, sizeof got, &eb), 0);
+    for (size_t i = 0; i < sizeof got; i++)
+        assert_int_equal(got[i], i >= 8 && i < 24 ? 0x22 : 0x11);
+    /* a write ending at 2^64 makes the host's bytes the newer ones again */
+    assert_int_equal(kb_memstore_write(ms, base + 16, host, TOP_BYTES - 16), 0);
+    assert_int_equal(kb_memstore_load(ms, base, got, sizeof got, &eb), 0);
+    for (size_t i = 0; i < sizeof got; i++)
+        assert_int_equal(got[i], i >= 8 && i < 16 ? 0x22 : 0x11);
+    /* sync up to the end pulls them into the host copy */
+    assert_int_equal(kb_memstore_sync(ms, base, TOP_BYTES, &eb), 0);
+    assert_int_equal(kb_memstore_device_dirty(ms)->n, 0);
+    kb_memstore_read(ms, base, got, sizeof got);
+    assert_int_equal(got[8], 0x22);
+    /* ranges that wrap are refused with a message */
+    eb.msg[0] = '\0';
+    assert_int_equal(kb_memstore_load(ms, base, got, TOP_BYTES + 1, &eb), KB_ERR_INVAL);
+    assert_non_null(strstr(eb.msg, "wrap"));
+    assert_int_equal(kb_memstore_sync(ms, base, TOP_BYTES + 1, &eb), KB_ERR_INVAL);
+    kb_memstore_set_mirror(ms, NULL);
+    kb_memstore_destroy(ms);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -143,6 +206,7 @@ int main(void)
         cmocka_unit_test(test_cross_page),
         cmocka_unit_test(test_many_pages),
         cmocka_unit_test(test_high_address),
+        cmocka_unit_test(test_top_of_space_dirty),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
