@@ -1272,6 +1272,40 @@ static void test_no_data_loss(void **s)
     kbt_write_file("notes.jsonl", "{\"x\": 1}");
     refused_unchanged("sweep small.yaml --resume --out notes.jsonl", "notes.jsonl",
                       "notes.jsonl: its first line is not a row of this sweep");
+    /* a NUL byte inside a row, whole rows after it and a partial last line: the line
+     * functions stopped at the NUL, took everything after it for the partial line and cut
+     * the whole rows with it. Refused, the file kept byte for byte. */
+    {
+        char *ok = kbt_slurp("ok.csv"), *nl, path[512], *back;
+        size_t nok, nback;
+        FILE *f;
+        assert_non_null(ok);
+        nl = strchr(strchr(ok, '\n') + 1, '\n'); /* the end of the first row */
+        assert_non_null(nl);
+        kbt_path(path, sizeof path, "nul.csv");
+        f = fopen(path, "wb");
+        assert_non_null(f);
+        fwrite(ok, 1, (size_t)(nl + 1 - ok), f);  /* the header and row 0 */
+        fwrite("1\0x\n", 1, 4, f);                  /* a damaged line with a NUL */
+        fputs(nl + 1, f);                          /* the other rows */
+        fputs("3,", f);                            /* and a partial last line */
+        fclose(f);
+        nok = (size_t)(nl + 1 - ok) + 4 + strlen(nl + 1) + 2;
+        assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --resume --out nul.csv"), 2);
+        kbt_msg_has(out, "nul.csv:3: a NUL byte: not the output of kbcl sweep; --resume leaves "
+                         "the file as it is: use a new --out");
+        f = fopen(path, "rb");
+        assert_non_null(f);
+        back = malloc(nok + 1);
+        assert_non_null(back);
+        nback = fread(back, 1, nok + 1, f);
+        fclose(f);
+        assert_int_equal(nback, nok);
+        assert_memory_equal(back, ok, (size_t)(nl + 1 - ok));
+        assert_memory_equal(back + (nl + 1 - ok), "1\0x\n", 4);
+        free(back);
+        free(ok);
+    }
     /* outputs over inputs: the sweep's plan, the report's table (named or by default) */
     refused_unchanged("sweep small.yaml --out small.yaml", "small.yaml",
                       "--out small.yaml is the same file as small.yaml, which this command "

@@ -1695,6 +1695,35 @@ static int partial_line_ok(const sw_ctx *c, const char *s, size_t n, int first, 
                       first ? (c->jsonl ? "a row" : "the header") : "a row");
 }
 
+/*
+ * --resume's reading of the existing output (text: its len bytes and a NUL): the whole file is
+ * checked before anything of it is cut. Its whole lines must be this sweep's rows, whose
+ * points it marks done, and a partial last line what an interrupted run leaves; *keep is the
+ * length without that line. A NUL byte is refused: the line functions would stop at it and
+ * take the rows after it for absent (run again) or for part of the partial line (cut).
+ */
+static int resume_scan(sw_ctx *c, char *text, size_t len, size_t *keep, kb_errbuf *eb)
+{
+    const char *nul = memchr(text, 0, len), *nl;
+    int rc;
+
+    if (nul) {
+        size_t line = 1;
+        for (const char *q = text; q < nul; q++)
+            line += *q == '\n';
+        return kb_err_set(eb, KB_ERR_USAGE, "%s:%zu: a NUL byte: not the output of kbcl sweep; "
+                          "--resume leaves the file as it is: use a new --out", c->out_path,
+                          line);
+    }
+    *keep = len && text[len - 1] != '\n'
+                ? ((nl = strrchr(text, '\n')) ? (size_t)(nl - text) + 1 : 0)
+                : len;
+    if (*keep < len && (rc = partial_line_ok(c, text + *keep, len - *keep, *keep == 0, eb)) != 0)
+        return rc;
+    text[*keep] = 0;
+    return c->jsonl ? resume_jsonl(c, text, eb) : resume_csv(c, text, eb);
+}
+
 /* The output against every input of the sweep: its plan, the files the plan names, the
  * plugins and the default configurations (a sweep that wrote over one of them would lose it
  * before its first point ran). */
@@ -1745,21 +1774,12 @@ static int output_open(sw_ctx *c, int resume, kb_errbuf *eb)
         goto out;
     }
     if (resume) {
-        char *nl;
         size_t keep;
         if (!(text = read_fd(c->fd, &len))) {
             rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot read: %s", c->out_path, strerror(errno));
             goto out;
         }
-        /* the whole file is checked before anything of it is cut: its whole lines must be
-         * this sweep's, and a partial last line what an interrupted run leaves */
-        keep = len && text[len - 1] != '\n'
-                   ? ((nl = strrchr(text, '\n')) ? (size_t)(nl - text) + 1 : 0)
-                   : len;
-        if (keep < len && (rc = partial_line_ok(c, text + keep, len - keep, keep == 0, eb)) != 0)
-            goto out;
-        text[keep] = 0;
-        if ((rc = c->jsonl ? resume_jsonl(c, text, eb) : resume_csv(c, text, eb)) != 0)
+        if ((rc = resume_scan(c, text, len, &keep, eb)) != 0)
             goto out;
         if (keep < len) {
             if (ftruncate(c->fd, (off_t)keep) != 0) {
