@@ -208,6 +208,25 @@ int kbcl_cmd_sweep(int argc, char **argv);
 int kbcl_cmd_report(int argc, char **argv);
 
 /*
+ * The input-reading halves of `kbcl sweep` and `kbcl report` on their own, for tests and the
+ * fuzz targets (tests/fuzz/): nothing runs and no file is written.
+ *
+ * kbcl_sweep_plan_load loads and checks a sweep file as `kbcl sweep` does before its first
+ * point (plugins NULL: a file with plugins: is an error); 0, or an error code with
+ * "FILE:LINE:COL: ..." in eb. kbcl_sweep_resume_check reads an output file as --resume does
+ * (JSON Lines when its name ends in .jsonl or .json, else CSV) without changing it: 0 when
+ * --resume would go on, *ndone the points the file already holds.
+ */
+typedef struct kbcl_sweep_plan kbcl_sweep_plan;
+int kbcl_sweep_plan_load(const char *file, kb_plugins *plugins, kbcl_sweep_plan **out,
+                         kb_errbuf *eb);
+int kbcl_sweep_plan_npoints(const kbcl_sweep_plan *p);
+void kbcl_sweep_plan_free(kbcl_sweep_plan *p);
+int kbcl_sweep_resume_check(kbcl_sweep_plan *p, const char *out, int *ndone, kb_errbuf *eb);
+/* The page `kbcl report IN` writes, as text in *html (free it), or an error code. */
+int kbcl_report_render(const char *in, char **html, kb_errbuf *eb);
+
+/*
  * The MPI side of `kbcl sweep` (sweep_mpi.c; refusals without KBCL_HAVE_MPI). The sweep hands it
  * opaque fixed-size outcomes: `run` computes one point (on any rank; on rank 0 in a helper
  * thread) and `finish` records one (rank 0's main thread only).

@@ -1225,6 +1225,22 @@ out:
     return rc;
 }
 
+int kbcl_report_render(const char *in, char **html, kb_errbuf *eb)
+{
+    rtable t;
+    sb b = { NULL, 0, 0, 0 };
+    int rc;
+
+    *html = NULL;
+    if ((rc = read_table(in, &t, eb)) == 0 && (rc = render(&t, in, &b, eb)) == 0) {
+        *html = b.s;
+        b.s = NULL;
+    }
+    rtable_free(&t);
+    free(b.s);
+    return rc;
+}
+
 static void usage_report(FILE *f)
 {
     fputs("usage: kbcl report RESULTS.csv|RESULTS.jsonl [-o REPORT.html]\n"
@@ -1241,9 +1257,7 @@ static void usage_report(FILE *f)
 int kbcl_cmd_report(int argc, char **argv)
 {
     const char *in = NULL, *out = NULL;
-    char outbuf[4096];
-    rtable t;
-    sb b = { NULL, 0, 0, 0 };
+    char outbuf[4096], *html = NULL;
     kb_errbuf eb = { { 0 } };
     int rc;
 
@@ -1271,13 +1285,11 @@ int kbcl_cmd_report(int argc, char **argv)
         snprintf(outbuf, sizeof outbuf, "%.*s.html", stem, in);
         out = outbuf;
     }
-    memset(&t, 0, sizeof t);
     const char *ins[1] = { in };
     if ((rc = kbcl_check_output("the page", out, ins, 1, &eb)) == 0 &&
-        (rc = read_table(in, &t, &eb)) == 0 && (rc = render(&t, in, &b, &eb)) == 0)
-        rc = kbcl_write_atomic(out, b.s, &eb);
-    rtable_free(&t);
-    free(b.s);
+        (rc = kbcl_report_render(in, &html, &eb)) == 0)
+        rc = kbcl_write_atomic(out, html, &eb);
+    free(html);
     if (rc) {
         fprintf(stderr, "kbcl report: %s\n", eb.msg);
         return KBCL_EXIT_USAGE;

@@ -72,7 +72,7 @@ typedef struct sw_excl {
     unsigned char *want[SW_MAX_AXES];
 } sw_excl;
 
-typedef struct sw_plan {
+typedef struct kbcl_sweep_plan {
     char *file;
     char *bench, *device, *topology, *ccl, *model;
     int split_cols; /* the bench reports the decoder time split: its columns are written */
@@ -2215,6 +2215,12 @@ static int ends_with(const char *s, const char *suf)
     return a >= b && !strcmp(s + a - b, suf);
 }
 
+/* The output's format, from its name: JSON Lines for .jsonl and .json, else CSV. */
+static int out_is_jsonl(const char *path)
+{
+    return path && (ends_with(path, ".jsonl") || ends_with(path, ".json"));
+}
+
 int kbcl_cmd_sweep(int argc, char **argv)
 {
     const char *file = NULL;
@@ -2283,7 +2289,7 @@ int kbcl_cmd_sweep(int argc, char **argv)
         fprintf(stderr, "kbcl sweep: %s\n", eb.msg);
         return KBCL_EXIT_USAGE;
     }
-    c.jsonl = c.out_path && (ends_with(c.out_path, ".jsonl") || ends_with(c.out_path, ".json"));
+    c.jsonl = out_is_jsonl(c.out_path);
     c.quiet = quiet || rank != 0;
     c.tty = isatty(STDERR_FILENO);
     c.t0 = now_s();
@@ -2372,4 +2378,64 @@ out:
     if (mpi)
         kbcl_sweep_mpi_fini();
     return code;
+}
+
+/* ---------------------------------------------------------------- for tests ----------- */
+
+int kbcl_sweep_plan_load(const char *file, kb_plugins *plugins, kbcl_sweep_plan **out,
+                         kb_errbuf *eb)
+{
+    if (!out || !file) {
+        if (out)
+            *out = NULL;
+        return kb_err_set(eb, KB_ERR_INVAL, "kbcl_sweep_plan_load: NULL argument");
+    }
+    return plan_load(file, plugins, out, eb);
+}
+
+int kbcl_sweep_plan_npoints(const kbcl_sweep_plan *p)
+{
+    return p ? p->npoints : 0;
+}
+
+void kbcl_sweep_plan_free(kbcl_sweep_plan *p)
+{
+    plan_free(p);
+}
+
+int kbcl_sweep_resume_check(kbcl_sweep_plan *p, const char *out, int *ndone, kb_errbuf *eb)
+{
+    sw_ctx c;
+    char *text = NULL;
+    size_t len = 0, keep;
+    int rc;
+
+    memset(&c, 0, sizeof c);
+    c.fd = -1;
+    if (ndone)
+        *ndone = 0;
+    if (!p || !out) {
+        rc = kb_err_set(eb, KB_ERR_INVAL, "kbcl_sweep_resume_check: NULL argument");
+        goto out;
+    }
+    c.plan = p;
+    c.out_path = out;
+    c.jsonl = out_is_jsonl(out);
+    c.quiet = 1;
+    if (!(c.done = calloc((size_t)p->npoints, 1))) {
+        rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if ((c.fd = open(out, O_RDONLY | O_CLOEXEC)) < 0 || !(text = read_fd(c.fd, &len))) {
+        rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot read: %s", out, strerror(errno));
+        goto out;
+    }
+    if ((rc = resume_scan(&c, text, len, &keep, eb)) == 0 && ndone)
+        *ndone = c.ndone_before;
+out:
+    if (c.fd >= 0)
+        close(c.fd);
+    free(c.done);
+    free(text);
+    return rc;
 }
