@@ -1,0 +1,86 @@
+/*
+ * Fuzz target: the two readers of `kbcl sweep` output. The input is a results file, CSV or,
+ * when it starts with '{', JSON Lines (the name it gets says which, as users name theirs):
+ *  - kbcl report: reading the rows and rendering the whole page (plots, table);
+ *  - kbcl sweep --resume: checking the file against a sweep's grid, for two fixed sweeps
+ *    (a collective over n_elem x system.sips.count; the decoder layer, whose rows have the
+ *    time-split columns), without changing the file.
+ * The sweeps are loaded once per process from the text below, with the configuration of
+ * $KBCL_CONFIG_DIR as for kbcl (any configuration loads them: no key names an entry).
+ */
+#include "fuzz_util.h"
+
+#include "kb_cli.h"
+
+static const char plan_coll[] =
+    "bench: ccl_allreduce\n"
+    "device: none\n"
+    "grid:\n"
+    "  n_elem: [64, 256]\n"
+    "  system.sips.count: [1, 2]\n";
+
+static const char plan_decoder[] =
+    "bench: decoder_layer\n"
+    "device: none\n"
+    "grid:\n"
+    "  system.sips.count: [1, 2]\n"
+    "  dtype: [f16, int8]\n";
+
+#define NPLANS 2
+static kbcl_sweep_plan *plans[NPLANS];
+
+static void load_plans(void)
+{
+    static const char *const text[NPLANS] = { plan_coll, plan_decoder };
+    static const char *const name[NPLANS] = { "coll.yaml", "decoder.yaml" };
+    for (int i = 0; i < NPLANS; i++) {
+        kb_errbuf eb = { { 0 } };
+        if (kbcl_sweep_plan_load(kbf_file(name[i], text[i], strlen(text[i])), NULL, &plans[i],
+                                 &eb) != 0)
+            KBF_ENV_FAIL("the fixed sweep %s does not load: %s", name[i], eb.msg);
+    }
+}
+
+static void free_plans(void)
+{
+    for (int i = 0; i < NPLANS; i++)
+        kbcl_sweep_plan_free(plans[i]);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const char *path;
+    char *html = NULL;
+    kb_errbuf eb;
+    int rc;
+
+    if (size > KBF_MAX_INPUT)
+        return 0;
+    if (!plans[0]) {
+        load_plans();
+        atexit(free_plans);
+    }
+    path = kbf_file(size && data[0] == '{' ? "rows.jsonl" : "rows.csv", data, size);
+
+    eb.msg[0] = '\0';
+    rc = kbcl_report_render(path, &html, &eb);
+    if (rc != 0) {
+        KBF_CHECK_ERR(rc, eb);
+        KBF_CHECK(html == NULL, "a page from a failed report");
+    } else {
+        KBF_CHECK(html && strstr(html, "</html>"), "a page without its end");
+    }
+    free(html);
+
+    for (int i = 0; i < NPLANS; i++) {
+        int ndone = -1;
+        eb.msg[0] = '\0';
+        rc = kbcl_sweep_resume_check(plans[i], path, &ndone, &eb);
+        if (rc != 0)
+            KBF_CHECK_ERR(rc, eb);
+        else
+            KBF_CHECK(ndone >= 0 && ndone <= kbcl_sweep_plan_npoints(plans[i]),
+                      "%d points done of %d", ndone, kbcl_sweep_plan_npoints(plans[i]));
+    }
+    return 0;
+}
