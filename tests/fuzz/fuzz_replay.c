@@ -203,21 +203,47 @@ static void to_payload(gen *g, kb_opnd *o)
     o->space = KB_SPACE_PAYLOAD;
 }
 
+/* A raw count or stride: often an edge (zero, one, the 31- and 32-bit limits), else any. */
+static uint32_t raw_u32(gen *g)
+{
+    static const uint32_t edge[] = { 0, 1, 2, 0x7fffffffu, 0x80000000u, 0x80000001u,
+                                     0xfffffffeu, 0xffffffffu };
+    if (below(&g->in, 2))
+        return edge[below(&g->in, sizeof edge / sizeof edge[0])];
+    return (uint32_t)u64(&g->in);
+}
+
+/* A raw address: often near the window or the ends of the space, else any. */
+static uint64_t raw_addr(gen *g)
+{
+    switch (below(&g->in, 4)) {
+    case 0: return g->base + g->win - below(&g->in, 64);
+    case 1: return UINT64_MAX - below(&g->in, 64);
+    case 2: return below(&g->in, 64);
+    default: return u64(&g->in);
+    }
+}
+
 /* One raw field: what a record a buggy Phase 1 or a hostile devd client sends looks like. */
 static void corrupt(gen *g, kb_rec *r)
 {
-    kb_opnd *o = below(&g->in, 4) == 0 ? &r->dst : &r->src[below(&g->in, 3)];
-    switch (below(&g->in, 10)) {
+    kb_opnd *o = below(&g->in, 2) == 0 ? &r->dst : &r->src[below(&g->in, 3)];
+    switch (below(&g->in, 11)) {
+    case 10: /* a whole raw shape: spans past 2^64 need two large factors */
+        o->rows = raw_u32(g);
+        o->cols = raw_u32(g);
+        o->ld = raw_u32(g);
+        break;
     case 0: r->kind = (uint8_t)u8(&g->in); break;
     case 1: r->nsrc = (uint8_t)u8(&g->in); break;
     case 2: r->op = (uint8_t)u8(&g->in); break;
     case 3: r->flags = (uint8_t)u8(&g->in); break;
-    case 4: o->rows = (uint32_t)u64(&g->in); break;
-    case 5: o->cols = (uint32_t)u64(&g->in); break;
-    case 6: o->ld = (uint32_t)u64(&g->in); break;
+    case 4: o->rows = raw_u32(g); break;
+    case 5: o->cols = raw_u32(g); break;
+    case 6: o->ld = raw_u32(g); break;
     case 7: o->dtype = (uint8_t)u8(&g->in); break;
     case 8: o->space = (uint8_t)u8(&g->in); break;
-    default: o->addr = u64(&g->in); break;
+    default: o->addr = raw_addr(g); break;
     }
 }
 
@@ -329,7 +355,9 @@ static kb_rec gen_rec(gen *g, kb_time t)
         r.src[0].rows == rows && r.src[0].cols == cols && r.src[0].space == KB_SPACE_MEM)
         r.dst = r.src[0];
     if (g->corrupt && below(in, 32) == 0)
-        corrupt(g, &r);
+        do
+            corrupt(g, &r);
+        while (below(in, 2));
     return r;
 }
 
@@ -508,6 +536,15 @@ static int flush(gen *g, kb_memstore *ms, kb_backend *be, uint8_t *flat, uint8_t
         kb_plan_free(&plan);
     } else {
         KBF_CHECK_ERR(prc, eb);
+        /* the refusal names one record: every other one is planned alone, so that a bad
+         * record the planner accepts is caught even behind one it refuses */
+        for (size_t i = 0; i < f.n; i++) {
+            flushed one = { f.first + i, 1, NULL, 0 };
+            if (kb_plan_build(&ptrs[i], 1, &plan, NULL) == 0) {
+                check_plan(g->log, &one, &plan);
+                kb_plan_free(&plan);
+            }
+        }
     }
     if (!g->fit)
         return prc != 0; /* operands outside the window: the arena could be any size */
