@@ -63,6 +63,12 @@ static int check_opnd(const kb_rec *r, const kb_opnd *o, kb_errbuf *eb)
         return bad(r, eb, "operand space out of range");
     if (o->rows > 1 && o->ld < o->cols)
         return bad(r, eb, "operand row stride ld < cols");
+    /* (rows - 1) * ld + cols fits in 64 bits for any 32-bit shape, its bytes need not: a
+     * kb_opnd_span that wrapped would plan a few bytes for an operand the kernels then walk
+     * far past (found by tests/fuzz/fuzz_replay.c) */
+    if (o->rows > 0 && o->cols > 0 &&
+        (uint64_t)(o->rows - 1) * o->ld + o->cols > UINT64_MAX / kb_dtype_size((kb_dtype)o->dtype))
+        return bad(r, eb, "operand spans more than 2^64 bytes");
     if (o->addr > UINT64_MAX - kb_opnd_span(o))
         return bad(r, eb, "operand wraps around the address space");
     return 0;

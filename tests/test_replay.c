@@ -830,6 +830,23 @@ static void test_plan_invalid(void **state)
     r.kind = KB_REC_NKINDS;
     assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), KB_ERR_INVAL);
 
+    /* a shape whose bytes pass 2^64 (two 32-bit factors near 2^31, 4-byte elements):
+     * kb_opnd_span wraps to 4, which planned a 4-byte segment for 2^64 bytes of writes
+     * (found by the replay fuzz target); with 2-byte elements the same shape fits */
+    r = kbt_rec_new(KB_REC_FILL, 0);
+    r.seq = 7;
+    r.dst = kb_opnd_make(0x1000, 0x80000001u, 1, KB_F32);
+    r.dst.ld = 0x80000000u;
+    assert_true(kb_opnd_span(&r.dst) == 4);
+    eb.msg[0] = '\0';
+    assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), KB_ERR_INVAL);
+    assert_non_null(strstr(eb.msg, "seq 7 (fill): operand spans more than 2^64 bytes"));
+    r.dst.dtype = KB_F16;
+    r.dst.addr = 0;
+    assert_int_equal(kb_plan_build(&pr, 1, &p, &eb), 0);
+    assert_true(p.arena_bytes >= kb_opnd_span(&r.dst));
+    kb_plan_free(&p);
+
     r = kbt_rec_new(KB_REC_GEMM, 0);
     r.src[0] = kb_opnd_make(0x0, 2, 3, KB_F32);
     r.src[1] = kb_opnd_make(0x100, 2, 2, KB_F32); /* K mismatch */
