@@ -224,6 +224,17 @@ static uint64_t raw_addr(gen *g)
     }
 }
 
+/* A 64-bit parameter read as a signed count or index: often next to a limit. */
+static uint64_t raw_param(gen *g)
+{
+    switch (below(&g->in, 4)) {
+    case 0: return (uint64_t)INT64_MAX - below(&g->in, 64);
+    case 1: return (uint64_t)INT64_MIN + below(&g->in, 64);
+    case 2: return UINT64_MAX - below(&g->in, 64);
+    default: return u64(&g->in);
+    }
+}
+
 /* One raw field: what a record a buggy Phase 1 or a hostile devd client sends looks like. */
 static void corrupt(gen *g, kb_rec *r)
 {
@@ -336,9 +347,9 @@ static kb_rec gen_rec(gen *g, kb_time t)
         /* parameters, any 64-bit values: where the seeded tiles start, the seed, the tile
          * count of the sign variant */
         r.op = (uint8_t)below(in, 2);
-        r.src[0].addr = below(in, 2) ? u64(in) : below(in, 64);
-        r.src[1].addr = below(in, 2) ? u64(in) : below(in, 64);
-        r.src[2].addr = below(in, 2) ? u64(in) : below(in, 4096);
+        r.src[0].addr = below(in, 2) ? raw_param(g) : below(in, 64);
+        r.src[1].addr = below(in, 2) ? raw_param(g) : below(in, 64);
+        r.src[2].addr = below(in, 2) ? raw_param(g) : below(in, 4096);
         r.src[0].rows = (uint32_t)u64(in);
         r.src[0].cols = 1 + below(in, 8);
         break;
