@@ -539,9 +539,12 @@ static void exec_gen(const kb_rec *r, uint8_t *arena)
     for (uint32_t i = 0; i < d->rows; i++)
         for (uint32_t j = 0; j < d->cols; j += ROWWISE_BLK) {
             size_t m = d->cols - j < ROWWISE_BLK ? d->cols - j : ROWWISE_BLK;
-            kb_seedgen_span(x, seed, tile0 + i, i0 + j, (int64_t)m, n);
+            /* the log's parameters are any 64-bit values: tile and position wrap as in
+             * replay.cl's kb_gen, never overflow as signed sums */
+            int64_t tile = (int64_t)((uint64_t)tile0 + i), at = (int64_t)((uint64_t)i0 + j);
+            kb_seedgen_span(x, seed, tile, at, (int64_t)m, n);
             if (r->op == KB_GEN_SIGN)
-                kb_seedgen_sign(x, r->src[0].cols, tile0 + i, i0 + j, (int64_t)m);
+                kb_seedgen_sign(x, r->src[0].cols, tile, at, (int64_t)m);
             kb_dtype_store_n((kb_dtype)d->dtype, db, (size_t)i * d->ld + j, x, m);
         }
 }

@@ -96,9 +96,12 @@ void kb_seedgen_span(float *x, uint32_t seed, int64_t tile, int64_t i0, int64_t 
     }
 }
 
+/* In 64-bit unsigned arithmetic, as replay.cl's kb_gen: a GEN record's tile and position are
+ * any 64-bit values from the op log, where a signed i0 + j could overflow and a negative one
+ * would take a different remainder than the device's (found by tests/fuzz/fuzz_replay.c). */
 void kb_seedgen_sign(float *x, int64_t ntiles, int64_t tile, int64_t i0, int64_t len)
 {
     for (int64_t j = 0; ntiles > 0 && j < len; j++)
-        if ((i0 + j) % ntiles != tile)
+        if (((uint64_t)i0 + (uint64_t)j) % (uint64_t)ntiles != (uint64_t)tile)
             x[j] = x[j] < 0.0f ? -1.0f : 1.0f;
 }

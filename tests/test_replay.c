@@ -522,6 +522,40 @@ static void test_gen(void **state)
             assert_true(get_f16(f->ms, 0x80000, (size_t)i * 64 + j) == v);
         }
 
+    /* parameters at the ends of the 64-bit range, as a log may carry them: tile and position
+     * wrap (unsigned, as replay.cl computes them), and the sign rule takes the unsigned
+     * remainder. Signed, position -1 kept its value on no tile instead of tile 0, and
+     * INT64_MAX + 1 overflowed (UB; test-asan reports it). Found by the replay fuzz target
+     * (tests/fuzz/corpus/replay/regress-gen-wrap.bin). */
+    {
+        static const uint64_t tile0[2] = { UINT64_MAX, UINT64_C(0x7FFFFFFFFFFFFFFF) };
+        static const uint64_t i0[2] = { UINT64_MAX - 1, UINT64_C(0x7FFFFFFFFFFFFFFE) };
+        const uint64_t ntiles = 3;
+        for (int k = 0; k < 2; k++) {
+            kb_rec w = kbt_rec_new(KB_REC_GEN, 2 + k);
+            w.op = KB_GEN_SIGN;
+            w.src[0].addr = tile0[k];
+            w.src[1].addr = i0[k];
+            w.src[2].addr = 5;
+            w.src[0].rows = 9;
+            w.src[0].cols = (uint32_t)ntiles;
+            w.dst = kb_opnd_make(0x90000 + 0x100 * (uint64_t)k, 2, 4, KB_F32);
+            append(f, &w);
+        }
+        flush_ok(f);
+        for (int k = 0; k < 2; k++)
+            for (uint64_t i = 0; i < 2; i++)
+                for (uint64_t j = 0; j < 4; j++) {
+                    uint64_t tile = tile0[k] + i, at = i0[k] + j; /* wrapping */
+                    float v = kb_seedgen_value(9, (int64_t)tile, (int64_t)at, 5);
+                    if (at % ntiles != tile)
+                        v = v < 0.0f ? -1.0f : 1.0f;
+                    if (get_f32(f->ms, 0x90000 + 0x100 * (uint64_t)k, (size_t)(i * 4 + j)) != v)
+                        fail_msg("GEN at the range's ends: record %d element (%d, %d)", k,
+                                 (int)i, (int)j);
+                }
+    }
+
     kb_rec bad = g;
     bad.op = 2;
     kb_rec *pr = &bad;
