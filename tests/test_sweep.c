@@ -1225,6 +1225,46 @@ static void test_bound_columns(void **s)
     free(csv);
 }
 
+/* Values no sweep writes but an edited file may hold: an infinite size (1e999 in JSON, inf in
+ * a CSV) or a NaN is left out of the plots, whose axes stay finite, and kept in the table.
+ * The infinite x made the log2 axis end at infinity: no ticks, points at x = inf (and an
+ * undefined conversion; found by the csv fuzz target,
+ * tests/fuzz/corpus/csv/regress-infinite-size.jsonl). */
+static void test_report_nonfinite(void **s)
+{
+    char out[8192];
+    char *html;
+    static const char *const files[2][2] = {
+        { "nf.jsonl",
+          "{\"point\":0,\"algorithm\":\"a\",\"size_bytes\":64,\"sim_time_ns\":100,"
+          "\"busbw_gbps\":1,\"status\":\"ok\"}\n"
+          "{\"point\":1,\"algorithm\":\"a\",\"size_bytes\":1024,\"sim_time_ns\":200,"
+          "\"busbw_gbps\":2,\"status\":\"ok\"}\n"
+          "{\"point\":2,\"algorithm\":\"a\",\"size_bytes\":1e999,\"sim_time_ns\":300,"
+          "\"busbw_gbps\":3,\"status\":\"ok\"}\n" },
+        { "nf.csv",
+          "point,algorithm,size_bytes,sim_time_ns,busbw_gbps,status\n"
+          "0,a,64,100,1,ok\n1,a,1024,200,2,ok\n2,a,inf,300,3,ok\n3,a,nan,400,4,ok\n"
+          "4,a,-inf,500,5,ok\n" },
+    };
+    (void)s;
+    for (int i = 0; i < 2; i++) {
+        char cmd[64];
+        kbt_write_file(files[i][0], files[i][1]);
+        snprintf(cmd, sizeof cmd, "report %s -o nf.html", files[i][0]);
+        assert_int_equal(kbt_kbcl(out, sizeof out, "%s", cmd), 0);
+        html = kbt_slurp("nf.html");
+        assert_non_null(html);
+        assert_true(count_str(html, "text-anchor=\"middle\">64 B</text>") >= 1);
+        assert_true(count_str(html, "text-anchor=\"middle\">1 KiB</text>") >= 1);
+        assert_null(strstr(html, "\"inf\""));
+        assert_null(strstr(html, "\"-inf\""));
+        assert_null(strstr(html, "nan\""));
+        assert_non_null(strstr(html, "<td>inf</td>")); /* the row is in the table */
+        free(html);
+    }
+}
+
 /* An input is never lost (issue #35's "data lost" cases): --resume refuses a file that is not
  * this sweep's output before it cuts anything, and no output may be one of the inputs. Each
  * refusal exits 2 and leaves the file byte for byte as it was. */
@@ -1358,6 +1398,7 @@ int main(void)
         cmocka_unit_test(test_kill9_then_resume),
         cmocka_unit_test(test_partial_last_line),
         cmocka_unit_test(test_no_data_loss),
+        cmocka_unit_test(test_report_nonfinite),
         cmocka_unit_test(test_sweep_file_errors),
         cmocka_unit_test(test_points_checked_first),
         cmocka_unit_test(test_bound_columns),

@@ -753,7 +753,10 @@ static void plot_group(sb *b, const rtable *t, plotdata *pd, int xcol, int ycol,
             continue;
         x = xv[r];
         y = yv[r] * yscale;
-        if (!(x > 0) || !isfinite(y))
+        /* a log2 x axis holds positive finite values only: an infinite one (1e999 in a JSON
+         * row, "inf" in a CSV) made the axis end at infinity, converted to int (undefined;
+         * found by tests/fuzz/fuzz_csv.c) */
+        if (!(x > 0) || !isfinite(x) || !isfinite(y))
             continue;
         pts[npts++] = (pt){ x, y, r, pd->pos[r], pd->row_series[r],
                             k ? (int)(k - panels) : 0 };
