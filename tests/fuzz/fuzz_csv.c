@@ -4,7 +4,8 @@
  *  - kbcl report: reading the rows and rendering the whole page (plots, table);
  *  - kbcl sweep --resume: checking the file against a sweep's grid, for two fixed sweeps
  *    (a collective over n_elem x system.sips.count; the decoder layer, whose rows have the
- *    time-split columns), without changing the file.
+ *    time-split columns), without changing the file; what it would cut must be a partial
+ *    last line only (no whole line is ever lost).
  * The sweeps are loaded once per process from the text below, with the configuration of
  * $KBCL_CONFIG_DIR as for kbcl (any configuration loads them: no key names an entry).
  */
@@ -74,13 +75,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     for (int i = 0; i < NPLANS; i++) {
         int ndone = -1;
+        size_t keep = 0;
         eb.msg[0] = '\0';
-        rc = kbcl_sweep_resume_check(plans[i], path, &ndone, &eb);
-        if (rc != 0)
+        rc = kbcl_sweep_resume_check(plans[i], path, &ndone, &keep, &eb);
+        if (rc != 0) {
             KBF_CHECK_ERR(rc, eb);
-        else
-            KBF_CHECK(ndone >= 0 && ndone <= kbcl_sweep_plan_npoints(plans[i]),
-                      "%d points done of %d", ndone, kbcl_sweep_plan_npoints(plans[i]));
+            continue;
+        }
+        KBF_CHECK(ndone >= 0 && ndone <= kbcl_sweep_plan_npoints(plans[i]),
+                  "%d points done of %d", ndone, kbcl_sweep_plan_npoints(plans[i]));
+        /* no data loss: --resume cuts at most a partial last line, never a whole one */
+        KBF_CHECK(keep <= size && (keep == 0 || data[keep - 1] == '\n') &&
+                      !memchr(data + keep, '\n', size - keep),
+                  "--resume would keep %zu of %zu bytes, cutting whole lines", keep, size);
     }
     return 0;
 }

@@ -215,14 +215,16 @@ int kbcl_cmd_report(int argc, char **argv);
  * point (plugins NULL: a file with plugins: is an error); 0, or an error code with
  * "FILE:LINE:COL: ..." in eb. kbcl_sweep_resume_check reads an output file as --resume does
  * (JSON Lines when its name ends in .jsonl or .json, else CSV) without changing it: 0 when
- * --resume would go on, *ndone the points the file already holds.
+ * --resume would go on, *ndone the points the file already holds and *keep the bytes it
+ * keeps (all but a partial last line, which it cuts).
  */
 typedef struct kbcl_sweep_plan kbcl_sweep_plan;
 int kbcl_sweep_plan_load(const char *file, kb_plugins *plugins, kbcl_sweep_plan **out,
                          kb_errbuf *eb);
 int kbcl_sweep_plan_npoints(const kbcl_sweep_plan *p);
 void kbcl_sweep_plan_free(kbcl_sweep_plan *p);
-int kbcl_sweep_resume_check(kbcl_sweep_plan *p, const char *out, int *ndone, kb_errbuf *eb);
+int kbcl_sweep_resume_check(kbcl_sweep_plan *p, const char *out, int *ndone, size_t *keep,
+                            kb_errbuf *eb);
 /* The page `kbcl report IN` writes, as text in *html (free it), or an error code. */
 int kbcl_report_render(const char *in, char **html, kb_errbuf *eb);
 

@@ -2403,17 +2403,20 @@ void kbcl_sweep_plan_free(kbcl_sweep_plan *p)
     plan_free(p);
 }
 
-int kbcl_sweep_resume_check(kbcl_sweep_plan *p, const char *out, int *ndone, kb_errbuf *eb)
+int kbcl_sweep_resume_check(kbcl_sweep_plan *p, const char *out, int *ndone, size_t *keep,
+                            kb_errbuf *eb)
 {
     sw_ctx c;
     char *text = NULL;
-    size_t len = 0, keep;
+    size_t len = 0, kept = 0;
     int rc;
 
     memset(&c, 0, sizeof c);
     c.fd = -1;
     if (ndone)
         *ndone = 0;
+    if (keep)
+        *keep = 0;
     if (!p || !out) {
         rc = kb_err_set(eb, KB_ERR_INVAL, "kbcl_sweep_resume_check: NULL argument");
         goto out;
@@ -2430,8 +2433,12 @@ int kbcl_sweep_resume_check(kbcl_sweep_plan *p, const char *out, int *ndone, kb_
         rc = kb_err_set(eb, KB_ERR_IO, "%s: cannot read: %s", out, strerror(errno));
         goto out;
     }
-    if ((rc = resume_scan(&c, text, len, &keep, eb)) == 0 && ndone)
-        *ndone = c.ndone_before;
+    if ((rc = resume_scan(&c, text, len, &kept, eb)) == 0) {
+        if (ndone)
+            *ndone = c.ndone_before;
+        if (keep)
+            *keep = kept;
+    }
 out:
     if (c.fd >= 0)
         close(c.fd);
