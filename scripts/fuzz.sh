@@ -103,8 +103,10 @@ run() {
           "$exe" "${args[@]}" "$w/corpus" </dev/null >"$w/log" 2>&1; } 2>"$w/cpu" || rc=$?
     cpu=$(awk '{printf "%.0f", $1 + $2}' "$w/cpu")
     # plain runs print libFuzzer's final stats; fork mode's parent, its "#N: cov: ..." lines
-    execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$w/log" | tail -1 | awk '{print $2}')
-    [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$w/log" | tail -1 | tr -d '#')
+    # (no match is no count, not an error: set -o pipefail would end the script here)
+    execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$w/log" | tail -1 |
+            awk '{print $2}' || true)
+    [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$w/log" | tail -1 | tr -d '#' || true)
     ncorp=$(find "$w/corpus" -type f | wc -l)
     local found
     found=$(find "$w/artifacts" -type f | sort)

@@ -20,9 +20,21 @@ static const char plan_coll[] =
     "  n_elem: [64, 256]\n"
     "  system.sips.count: [1, 2]\n";
 
+/* the decoder sweep names a model file, which kbcl checks when the plan loads: a small one
+ * written next to it */
+static const char model_tiny[] =
+    "model:\n"
+    "  name: tiny\n"
+    "  d_model: 64\n"
+    "  n_heads: 4\n"
+    "  n_kv_heads: 2\n"
+    "  head_dim: 32\n"
+    "  mlp_hidden: 128\n";
+
 static const char plan_decoder[] =
     "bench: decoder_layer\n"
     "device: none\n"
+    "model: tiny.yaml\n"
     "grid:\n"
     "  system.sips.count: [1, 2]\n"
     "  dtype: [f16, int8]\n";
@@ -34,6 +46,7 @@ static void load_plans(void)
 {
     static const char *const text[NPLANS] = { plan_coll, plan_decoder };
     static const char *const name[NPLANS] = { "coll.yaml", "decoder.yaml" };
+    (void)kbf_file("tiny.yaml", model_tiny, strlen(model_tiny));
     for (int i = 0; i < NPLANS; i++) {
         kb_errbuf eb = { { 0 } };
         if (kbcl_sweep_plan_load(kbf_file(name[i], text[i], strlen(text[i])), NULL, &plans[i],
