@@ -96,16 +96,21 @@ run() {
     # shellcheck disable=SC2206
     [ -n "${FUZZ_ARGS:-}" ] && args+=($FUZZ_ARGS)
     echo "fuzz.sh: $t: ${secs}s, $jobs worker(s), log $w/log"
+    # the harnesses rewrite a scratch file per input: in memory (/dev/shm) when there is one,
+    # since on a disk each rewrite waits for the file system
+    local tmp=$w/tmp
+    if [ -d /dev/shm ] && [ -w /dev/shm ]; then
+        tmp=$(mktemp -d /dev/shm/kbcl-fuzz.XXXXXX)
+    fi
     local t0=$SECONDS
-    # the harnesses' scratch files go to $w/tmp; a sweep's default configuration is configs/
+    # a sweep's default configuration is configs/
     { TIMEFORMAT='%U %S'
-      time TMPDIR="$w/tmp" KBCL_CONFIG_DIR="${KBCL_CONFIG_DIR:-$CONFIGS}" \
+      time TMPDIR="$tmp" KBCL_CONFIG_DIR="${KBCL_CONFIG_DIR:-$CONFIGS}" \
           "$exe" "${args[@]}" "$w/corpus" </dev/null >"$w/log" 2>&1; } 2>"$w/cpu" || rc=$?
+    [ "$tmp" = "$w/tmp" ] || rm -rf "$tmp"
     cpu=$(awk '{printf "%.0f", $1 + $2}' "$w/cpu")
     # plain runs print libFuzzer's final stats; fork mode's parent, its "#N: cov: ..." lines
-    # (no match is no count, not an error: set -o pipefail would end the script here)
-    execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$w/log" | tail -1 |
-            awk '{print $2}' || true)
+    execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$w/log" | tail -1 | awk '{print $2}' || true)
     [ -n "$execs" ] || execs=$(grep -o '^#[0-9]*' "$w/log" | tail -1 | tr -d '#' || true)
     ncorp=$(find "$w/corpus" -type f | wc -l)
     local found

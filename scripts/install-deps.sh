@@ -13,6 +13,7 @@ PKGS=(
   ocl-icd-opencl-dev opencl-headers ocl-icd-libopencl1 clinfo
   pocl-opencl-icd      # OpenCL on the CPU (CI and machines without a GPU)
   libopenmpi-dev openmpi-bin # `kbcl sweep` under mpirun (KBCL_MPI)
+  clang libclang-rt-dev # fuzz targets (KBCL_FUZZ, scripts/fuzz.sh): libFuzzer, sanitizer runtimes
 )
 # Headless Chromium for the report_render test: large, so only on request.
 if [ "${KBCL_INSTALL_CHROMIUM:-0}" = "1" ]; then
