@@ -27,24 +27,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "fuzz_util.h"
+
 #include "kb_devd.h"
 #include "kb_replay.h"
-
-/* Larger inputs return at once: a session's requests are small but for their data, which a
- * fuzzer mutates no better for being long. */
-#define DEVD_FUZZ_MAX_INPUT (64 * 1024)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define DEVD_FUZZ_CHECK(cond, ...)                                                    \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                             \
-            fputc('\n', stderr);                                                      \
-            abort();                                                                  \
-        }                                                                             \
-    } while (0)
 
 /* The client's side: the input to write, the replies to read and check. */
 typedef struct feed {
@@ -61,12 +47,12 @@ typedef struct feed {
 
 static void check_reply(const kb_devd_rep *r)
 {
-    DEVD_FUZZ_CHECK(r->rc <= 0 && r->rc >= KB_ERR_MIN_, "reply rc %d", (int)r->rc);
-    DEVD_FUZZ_CHECK(r->rc != 0 || r->msglen == 0, "a success with a message");
-    DEVD_FUZZ_CHECK(r->rc == 0 || r->len == 0, "an error with data");
-    DEVD_FUZZ_CHECK(r->msglen < sizeof(((kb_errbuf *)0)->msg), "message of %u bytes",
+    KBF_CHECK(r->rc <= 0 && r->rc >= KB_ERR_MIN_, "reply rc %d", (int)r->rc);
+    KBF_CHECK(r->rc != 0 || r->msglen == 0, "a success with a message");
+    KBF_CHECK(r->rc == 0 || r->len == 0, "an error with data");
+    KBF_CHECK(r->msglen < sizeof(((kb_errbuf *)0)->msg), "message of %u bytes",
                     r->msglen);
-    DEVD_FUZZ_CHECK(r->len <= KB_DEVD_MAX_MSG, "reply data of %llu bytes",
+    KBF_CHECK(r->len <= KB_DEVD_MAX_MSG, "reply data of %llu bytes",
                     (unsigned long long)r->len);
 }
 
@@ -167,7 +153,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     pthread_t th;
     int sv[2], rc;
 
-    if (size > DEVD_FUZZ_MAX_INPUT)
+    if (size > KBF_MAX_INPUT)
         return 0;
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
         fprintf(stderr, "fuzz harness: socketpair: %s\n", strerror(errno));
@@ -189,7 +175,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     close(sv[1]);
     /* the peer ended it, or the server closed it for a malformed request, a stall, another
      * build's hello or a buffer it could not allocate: nothing else */
-    DEVD_FUZZ_CHECK(rc == 0 || rc == KB_ERR_INVAL || rc == KB_ERR_DEVICE || rc == KB_ERR_NOMEM,
+    KBF_CHECK(rc == 0 || rc == KB_ERR_INVAL || rc == KB_ERR_DEVICE || rc == KB_ERR_NOMEM,
                     "session ended with %d: %s", rc, eb.msg);
     return 0;
 }
