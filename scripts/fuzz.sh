@@ -41,9 +41,14 @@ fi
 TIMEOUT=${FUZZ_TIMEOUT:-25}
 RSS_MB=${FUZZ_RSS_MB:-2048}
 
+# usage [STATUS]: the header above; to stdout for --help (0), else to stderr (2)
 usage() {
-    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
-    exit 2
+    if [ "${1:-2}" -eq 0 ]; then
+        sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    else
+        sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+    fi
+    exit "${1:-2}"
 }
 
 die() {
@@ -86,7 +91,6 @@ FAILED=0
 # run TARGET SECONDS JOBS: one libFuzzer run; appends its summary row.
 run() {
     local t=$1 secs=$2 jobs=$3 exe=$BIN/fuzz_$1 w=$WORK/$1 rc=0 cpu execs ncorp result
-    [ -x "$exe" ] || die "no target '$t' in $BIN (targets: $(targets | tr '\n' ' '))"
     mkdir -p "$w/corpus" "$w/artifacts" "$w/tmp"
     [ -d "$CORPUS/$t" ] && cp -R "$CORPUS/$t/." "$w/corpus/"
     local args=(-max_total_time="$secs" -timeout="$TIMEOUT" -rss_limit_mb="$RSS_MB"
@@ -135,7 +139,7 @@ run() {
 
 [ $# -ge 1 ] || usage
 case "$1" in
-    -h|--help) usage ;;
+    -h|--help) usage 0 ;;
     list)
         build
         targets
@@ -161,17 +165,18 @@ TARGET=$1 SECS=$2 JOBS=${3:-1}
 [[ "$SECS" =~ ^[1-9][0-9]*$ ]] || die "SECONDS must be a positive whole number"
 [[ "$JOBS" =~ ^[1-9][0-9]*$ ]] || die "JOBS must be a positive whole number"
 build
+if [ "$TARGET" = all ]; then
+    mapfile -t LIST < <(targets)
+    [ "${#LIST[@]}" -gt 0 ] || die "no fuzz binaries in $BIN"
+else
+    [ -x "$BIN/fuzz_$TARGET" ] || die "no target '$TARGET' in $BIN (targets: $(targets | tr '\n' ' '))"
+    LIST=("$TARGET")
+fi
 if [ -n "${FUZZ_WORK:-}" ]; then
     WORK=$FUZZ_WORK
     mkdir -p "$WORK"
 else
     WORK=$(mktemp -d "${TMPDIR:-/tmp}/kbcl-fuzz.XXXXXX")
-fi
-if [ "$TARGET" = all ]; then
-    mapfile -t LIST < <(targets)
-    [ "${#LIST[@]}" -gt 0 ] || die "no fuzz binaries in $BIN"
-else
-    LIST=("$TARGET")
 fi
 for t in "${LIST[@]}"; do
     run "$t" "$SECS" "$JOBS"
