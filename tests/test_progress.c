@@ -251,7 +251,10 @@ static void test_terminal(void **s)
     assert_null(strstr(out, "kbcl run ["));
     char *err = kbt_slurp("err.txt");
     assert_non_null(err);
-    assert_string_equal(err, "");
+    /* nothing of the line (a sanitizer build's runtime may write its own warnings here) */
+    assert_null(strstr(err, "kbcl run ["));
+    assert_null(strchr(err, '\r'));
+    assert_null(strchr(err, '\033'));
     free(err);
 
     /* --quiet on the terminal: the result line alone */
