@@ -36,6 +36,9 @@ static const kb_schema_key param_keys[] = {
                   "ranks; 0 = derive (SIP count), > 0 = legacy rank = PE (count)"),
     KB_SCHEMA_I64(P_, "n_elem", n_elem, "0", 0, 1099511627776.0,
                   "elements per rank tile; 0 = the bench default (elements)"),
+    KB_SCHEMA_INT(P_, "channels", channels, "0", 0, 4096,
+                  "rank = SIP lanes: the SIP's first that many PEs (grid order) carry the "
+                  "collective, NCCL's channels; 0 = every PE (count)"),
 };
 #undef P_
 
@@ -108,6 +111,8 @@ kb_ccl_params kb_ccl_config_params(const kb_ccl_cfg *c, const kb_ccl_algo *entry
         r.world_size = o->world_size;
     if (o->n_elem > 0)
         r.n_elem = o->n_elem;
+    if (o->channels > 0)
+        r.channels = o->channels;
     return r;
 }
 
@@ -308,6 +313,8 @@ static int validate_params(const kb_ccl_params *p, const char *who, kb_errbuf *e
         return range_error(who, "world_size", p->world_size, eb);
     if (p->n_elem < 0)
         return range_error(who, "n_elem", (double)p->n_elem, eb);
+    if (p->channels < 0)
+        return range_error(who, "channels", p->channels, eb);
     return 0;
 }
 
@@ -338,6 +345,9 @@ int kb_ccl_config_validate(const kb_ccl_cfg *c, const kb_topo_cfg *t, kb_errbuf 
         rc = validate_params(&eff, who, eb);
         if (rc)
             return rc;
+        if (eff.channels > kb_topo_cubes_per_sip(t) * kb_topo_pes_per_cube(t))
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s: channels = %d but a SIP has %d PEs", who,
+                              eff.channels, kb_topo_cubes_per_sip(t) * kb_topo_pes_per_cube(t));
     }
     /*
      * The selected algorithm must exist once any are defined (with none, a caller runs a

@@ -41,6 +41,8 @@ typedef struct kb_ccl_params {
     uint64_t slot_size;                /* bytes, >= 16 */
     int world_size;                    /* 0 = derive (SIP count); > 0 = legacy rank = PE */
     int64_t n_elem;                    /* elements per rank tile, 0 = bench default */
+    int channels;                      /* rank = SIP lanes: PEs per SIP that carry the
+                                        * collective (NCCL's channels); 0 = every PE */
 } kb_ccl_params;
 
 typedef struct kb_ccl_algo {

@@ -23,10 +23,21 @@ int64_t kb_ccl_lane_share(int64_t count, int lanes, int l, int64_t *off)
     return q + (l < rem ? 1 : 0);
 }
 
-/* Lanes that hold at least one element (they come first). */
+/* Lanes that hold at least one element (they come first, among the channels). */
 static int lanes_used(const kb_ccl_lanes *job)
 {
-    return job->count < job->lanes ? (int)job->count : job->lanes;
+    return job->count < job->channels ? (int)job->count : job->channels;
+}
+
+/* Lane l's share of the count (kb_ccl_lane_share over the channels; 0 past them). */
+static int64_t lane_share(const kb_ccl_lanes *job, int l, int64_t *off)
+{
+    if (l >= job->channels) {
+        if (off)
+            *off = job->count;
+        return 0;
+    }
+    return kb_ccl_lane_share(job->count, job->channels, l, off);
 }
 
 /* Rank s's lanes: row l, element e of the lane's tile = element j * count + off_l + k of the
@@ -44,7 +55,7 @@ static void lanes_fill(void *ud, int64_t row, int64_t col, int64_t rows, int64_t
     int64_t total = job->count * job->chunks;
 
     for (int64_t k = 0; k < rows; k++) {
-        int64_t off, share = kb_ccl_lane_share(job->count, job->lanes, (int)(row + k), &off);
+        int64_t off, share = lane_share(job, (int)(row + k), &off);
         int64_t tile = share * job->chunks;
         float *o = out + k * cols;
         for (int64_t e = col; e < col + cols;) {
@@ -126,7 +137,7 @@ static int lanes_install(kb_ctx *ctx, const kb_ccl_lanes *job)
 }
 
 int kb_ccl_lanes_prepare(kb_ctx *ctx, kb_ccl_lanes *job, const kb_ccl_algo_impl *impl,
-                         const char *name, const char *topo, int64_t count,
+                         const char *name, const char *topo, int64_t count, int channels,
                          const kb_ccl_job_opts *o, const kb_ipcq_cfg *icfg)
 {
     kb_machine *m = kb_ctx_machine(ctx);
@@ -139,6 +150,7 @@ int kb_ccl_lanes_prepare(kb_ctx *ctx, kb_ccl_lanes *job, const kb_ccl_algo_impl 
     snprintf(job->topo, sizeof job->topo, "%s", topo);
     job->ws = m->nsips;
     job->lanes = m->npes * m->ncubes;
+    job->channels = channels > 0 ? channels : job->lanes;
     job->chunks = kb_coll_tile_ranks(impl->kind, job->ws);
     job->root = o->root;
     job->op = o->op;
@@ -150,13 +162,16 @@ int kb_ccl_lanes_prepare(kb_ctx *ctx, kb_ccl_lanes *job, const kb_ccl_algo_impl 
     if (job->ws > KB_MAX_GSIPS)
         return kb_err_set(eb, KB_ERR_CONFIG, "%s: %d SIPs, at most %d", name, job->ws,
                           KB_MAX_GSIPS);
+    if (job->channels > job->lanes)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: channels = %d but a SIP has %d PEs", name,
+                          job->channels, job->lanes);
     if (count < 1 || count > UINT32_MAX / 4 / job->chunks)
         return kb_err_set(eb, KB_ERR_RANGE, "%s: count %lld out of range", name,
                           (long long)count);
     /* the algorithm's own rule, for the longest and the shortest lane that runs */
     kb_ccl_geom g = { 1, 1, o->root, 0 };
-    int64_t hi = kb_ccl_lane_share(count, job->lanes, 0, NULL);
-    int64_t lo = kb_ccl_lane_share(count, job->lanes, lanes_used(job) - 1, NULL);
+    int64_t hi = lane_share(job, 0, NULL);
+    int64_t lo = lane_share(job, lanes_used(job) - 1, NULL);
     if (impl->check && ((rc = impl->check(job->ws, hi * job->chunks, &g, eb)) != 0 ||
                         (rc = impl->check(job->ws, lo * job->chunks, &g, eb)) != 0))
         return rc;
@@ -192,7 +207,7 @@ static void lane_kernel(kb_tl *tl, const kb_kargs *a)
 {
     const kb_ccl_lanes *job = (const kb_ccl_lanes *)(uintptr_t)a->i[KB_LN_JOB];
     int l = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
-    int64_t share = kb_ccl_lane_share(job->count, job->lanes, l, NULL);
+    int64_t share = lane_share(job, l, NULL);
     int pid[3] = { 0, 0, tl_program_id(tl, 2) }, np[3] = { 1, 1, job->ws }, opid[3], onp[3];
     kb_kargs b;
 
@@ -238,7 +253,7 @@ int kb_ccl_lanes_read_raw(kb_ctx *ctx, kb_ccl_lanes *job, void *raw)
         if ((rc = kb_tensor_read_raw(job->t[s], buf)) != 0)
             break;
         for (int l = 0; l < lanes_used(job); l++) {
-            int64_t off, share = kb_ccl_lane_share(job->count, job->lanes, l, &off);
+            int64_t off, share = lane_share(job, l, &off);
             for (int j = 0; j < job->chunks; j++)
                 memcpy(dst + (size_t)s * per + ((size_t)j * (size_t)job->count + (size_t)off) * es,
                        buf + (size_t)l * row + (size_t)j * (size_t)share * es, (size_t)share * es);
@@ -252,8 +267,7 @@ int kb_ccl_lanes_verify_ordered(const kb_ccl_lanes *job, const void *raw, double
                                 kb_ccl_verdict *v)
 {
     int ws = job->ws, used = lanes_used(job), rc = 1;
-    int64_t total = job->chunks * job->count, hi = kb_ccl_lane_share(job->count, job->lanes, 0,
-                                                                      NULL);
+    int64_t total = job->chunks * job->count, hi = lane_share(job, 0, NULL);
     size_t es = kb_dtype_size(job->dtype), cap = (size_t)ws * (size_t)(hi * job->chunks);
     float *in = malloc(cap * sizeof *in), *rel = malloc(cap * sizeof *rel);
     double *out = malloc(cap * sizeof *out), *want = malloc(cap * sizeof *want);
@@ -268,7 +282,7 @@ int kb_ccl_lanes_verify_ordered(const kb_ccl_lanes *job, const void *raw, double
         goto out;
     }
     for (int l = 0; l < used; l++) {
-        int64_t off, share = kb_ccl_lane_share(job->count, job->lanes, l, &off);
+        int64_t off, share = lane_share(job, l, &off);
         int64_t nl = share * job->chunks;
         kb_ccl_verdict lv;
         for (int r = 0; r < ws; r++)

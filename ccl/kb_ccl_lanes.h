@@ -28,7 +28,8 @@ typedef struct kb_ccl_lanes {
     char name[64];
     char topo[64];
     int ws;              /* ranks = SIPs of the machine */
-    int lanes;           /* PEs per SIP, one lane each */
+    int lanes;           /* PEs per SIP, one lane (a row of the tensors) each */
+    int channels;        /* lanes that carry the collective: the first ones in grid order */
     int chunks;          /* kb_coll_tile_ranks(kind, ws): chunks of a rank's buffer */
     int root, op;
     kb_dtype dtype;
@@ -47,10 +48,12 @@ int64_t kb_ccl_lane_share(int64_t count, int lanes, int l, int64_t *off);
  * From a host program: checks the world (ws = the machine's SIPs) for the algorithm, creates
  * and fills every SIP's lanes with kb_ccl_input_op_span's seeded values of the rank's logical
  * buffer (computed only when the context records), and installs IPCQ (timed). `o` gives the
- * root, dtype and op as kb_ccl_job_prepare_opts takes them, with the same errors.
+ * root, dtype and op as kb_ccl_job_prepare_opts takes them, with the same errors. channels
+ * (ccl.yaml `channels`; 0 = every PE) limits the lanes that carry the collective to the SIP's
+ * first that many PEs in grid order, NCCL's channels; the others sit it out.
  */
 int kb_ccl_lanes_prepare(kb_ctx *ctx, kb_ccl_lanes *job, const kb_ccl_algo_impl *impl,
-                         const char *name, const char *topo, int64_t count,
+                         const char *name, const char *topo, int64_t count, int channels,
                          const kb_ccl_job_opts *o, const kb_ipcq_cfg *icfg);
 /* Launches the algorithm on every lane of every SIP and waits for it. */
 int kb_ccl_lanes_launch(kb_ctx *ctx, kb_ccl_lanes *job);

@@ -27,17 +27,18 @@
 #include "kb_test_util.h"
 
 /* ccl keys: 7 under defaults; an entry has 4 keys of its own and overrides the other 6. */
-#define N_CCL_DEFAULTS_KEYS 8
-#define N_CCL_ENTRY_KEYS (6 + 7)
+#define N_CCL_DEFAULTS_KEYS 9
+#define N_CCL_ENTRY_KEYS (6 + 8)
 #define N_CCL_KEYS (N_CCL_DEFAULTS_KEYS + N_CCL_ENTRY_KEYS)
 
 /* An algorithm entry's keys, in the order unknown-key messages list them. */
 #define ENTRY_KNOWN                                                                          \
     "(known: module, topology, root_cube, root, op, dtype, buffer_kind, backpressure, posted_sends, n_slots, "   \
     "slot_size, "                                                                            \
-    "world_size, n_elem)"
+    "world_size, n_elem, channels)"
 #define DEFAULTS_KNOWN                                                                       \
-    "(known: algorithm, buffer_kind, backpressure, posted_sends, n_slots, slot_size, world_size, n_elem)"
+    "(known: algorithm, buffer_kind, backpressure, posted_sends, n_slots, slot_size, world_size, " \
+    "n_elem, channels)"
 
 /* Loads text as a ccl.yaml into c; eb gets the message. */
 static int load_text(kb_ccl_cfg *c, const char *text, char path[64], kb_errbuf *eb)
@@ -332,6 +333,7 @@ static void test_foreach_key_order(void **state)
         "ccl.defaults.slot_size",
         "ccl.defaults.world_size",
         "ccl.defaults.n_elem",
+        "ccl.defaults.channels",
         "ccl.algorithms.<name>.module",
         "ccl.algorithms.<name>.topology",
         "ccl.algorithms.<name>.root_cube",
@@ -345,6 +347,7 @@ static void test_foreach_key_order(void **state)
         "ccl.algorithms.<name>.slot_size",
         "ccl.algorithms.<name>.world_size",
         "ccl.algorithms.<name>.n_elem",
+        "ccl.algorithms.<name>.channels",
     };
     order_ctx o = {0};
 
@@ -977,6 +980,18 @@ static void test_validate(void **state)
     expect_invalid(&c, &t, "ccl.algorithms.x has no module");
     assert_int_equal(kb_ccl_config_set(&c, "ccl.algorithms.x.module=ring_allreduce", &eb), 0);
     assert_int_equal(kb_ccl_config_validate(&c, &t, &eb), 0);
+    /* channels: at most the PEs of a SIP (128 on the default machine), inherited or not */
+    assert_int_equal(kb_ccl_config_set(&c, "ccl.defaults.channels=128", &eb), 0);
+    assert_int_equal(kb_ccl_config_validate(&c, &t, &eb), 0);
+    assert_int_equal(kb_ccl_config_set(&c, "ccl.defaults.channels=129", &eb), 0);
+    expect_invalid(&c, &t, "ccl.algorithms.x: channels = 129 but a SIP has 128 PEs");
+    assert_int_equal(kb_ccl_config_set(&c, "ccl.algorithms.x.channels=24", &eb), 0);
+    assert_int_equal(kb_ccl_config_validate(&c, &t, &eb), 0);
+    assert_int_equal(kb_ccl_config_params(&c, &c.algos[0]).channels, 24);
+    assert_int_not_equal(kb_ccl_config_set(&c, "ccl.defaults.channels=-1", &eb), 0);
+    kbt_msg_has(eb.msg, "channels");
+    c.defaults.channels = 0;
+    c.algos[0].p.channels = 0;
     /* An entry's effective parameters are checked too. */
     c.algos[0].p.slot_size = 8;
     expect_invalid(&c, &t, "ccl.algorithms.x: slot_size = 8 is out of range [16, 134217728]");

@@ -448,6 +448,39 @@ static void test_coll_lanes(void **s)
     assert_non_null(strstr(out, "square"));
 }
 
+/* Value of "  KEY   VALUE" in a run's output, -1 if absent. */
+static long long printed_ll(const char *out, const char *key)
+{
+    const char *p = strstr(out, key);
+    return p ? strtoll(p + strlen(key), NULL, 10) : -1;
+}
+
+/*
+ * ccl.yaml `channels` (NCCL's channels): a lanes run on only the SIP's first C PEs. A 2-SIP
+ * ring_rsag of 64 KiB fits one slot per lane and step, so it sends 2 steps x 2 SIPs x C
+ * messages: 16 with 4 channels, 512 with every PE (128); 3 channels (the count does not split
+ * evenly) and 1 verify too. More channels than a SIP's PEs is a configuration error.
+ */
+static void test_lanes_channels(void **s)
+{
+    static char out[1 << 16];
+    static const int channels[] = { 4, 3, 1, 0 };
+    static const long long messages[] = { 16, 12, 4, 512 };
+    (void)s;
+    for (size_t i = 0; i < sizeof channels / sizeof channels[0]; i++) {
+        int rc = kbt_kbcl(out, sizeof out, "run --bench ccl --algorithm ring_rsag_allreduce "
+                          "--world-size 0 --size 64K --device ref --verify-data "
+                          "--set ccl.algorithms.ring_rsag_allreduce.channels=%d", channels[i]);
+        if (rc != 0 || !strstr(out, "  ring_rsag_allreduce (ws=2): 2 OK"))
+            fail_msg("channels %d: exit %d\n%s", channels[i], rc, out);
+        assert_int_equal(printed_ll(out, "  ipcq_messages "), messages[i]);
+    }
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl --algorithm ring_rsag_allreduce "
+                              "--world-size 0 --size 64K "
+                              "--set ccl.algorithms.ring_rsag_allreduce.channels=129"), 2);
+    kbt_msg_has(out, "ccl.algorithms.ring_rsag_allreduce: channels = 129 but a SIP has 128 PEs");
+}
+
 /* The shipped ring_allgather and ring_reducescatter are ring_rsag_allreduce's two halves,
  * step for step (same 1 MiB slots, the same slices, partials in the tile's dtype read in place
  * in the receive slot, the next own slice loaded while the current one is combined): on 256
@@ -1314,6 +1347,7 @@ int main(void)
         cmocka_unit_test(test_ccl_matrix),
         cmocka_unit_test(test_coll_entries),
         cmocka_unit_test(test_coll_lanes),
+        cmocka_unit_test(test_lanes_channels),
         cmocka_unit_test(test_rsag_halves),
         cmocka_unit_test(test_busiest),
         cmocka_unit_test(test_no_backpressure),

@@ -136,7 +136,8 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
             return rc;
         kb_ccl_job_opts o = { entry->root > 0 ? entry->root : 0, st->dt, st->op };
         st->lanes = 1;
-        return kb_ccl_lanes_prepare(ctx, &st->lj, impl, name, entry->topology, count, &o, &icfg);
+        return kb_ccl_lanes_prepare(ctx, &st->lj, impl, name, entry->topology, count,
+                                    p.channels, &o, &icfg);
     }
     if (!force_module && (p.world_size == 0 || sip_only)) {
         /* rank = SIP: run through spawn + the process group (dist_run) */
