@@ -206,6 +206,9 @@ struct cJSON;
 int kbcl_bench_phase2(const char *device, int quick, struct cJSON **out, kb_errbuf *eb);
 int kbcl_cmd_sweep(int argc, char **argv);
 int kbcl_cmd_report(int argc, char **argv);
+/* kbcl validate DATA.csv (validate.c): measured collective times against kbcl's predictions;
+ * the exit status as documented in its usage (0, 1 above --threshold, 2, or a run's). */
+int kbcl_cmd_validate(int argc, char **argv);
 
 /*
  * The input-reading halves of `kbcl sweep` and `kbcl report` on their own, for tests and the

@@ -35,6 +35,8 @@ static void usage_main(FILE *f)
           "  sweep    run a grid of jobs from a YAML file, one result row per point\n"
           "           (CSV or JSON Lines; --jobs N workers, --resume, mpirun)\n"
           "  report   render sweep results as a self-contained HTML page with plots\n"
+          "  validate compare measured collective times (a CSV of nccl-tests-style rows) with\n"
+          "           kbcl's predictions: error per row, mean and worst; --threshold PCT\n"
           "  list     list benches, ccl.yaml entries (--algorithm names), collective modules,\n"
           "           topologies and devices\n"
           "  devices  list the OpenCL platforms and devices Phase 2 can use\n"
@@ -43,8 +45,8 @@ static void usage_main(FILE *f)
           "  version  print the version\n"
           "\n"
           "kbcl <command> --help shows the command's options.\n"
-          "exit codes: 0 ok, 1 verification failed, 2 usage/config error, 3 simulation error,\n"
-          "            4 device error\n",
+          "exit codes: 0 ok, 1 verification failed (validate: an error above --threshold),\n"
+          "            2 usage/config error, 3 simulation error, 4 device error\n",
           f);
 }
 
@@ -464,6 +466,8 @@ int main(int argc, char **argv)
         return kbcl_cmd_sweep(argc - 2, argv + 2);
     if (!strcmp(argv[1], "report"))
         return kbcl_cmd_report(argc - 2, argv + 2);
+    if (!strcmp(argv[1], "validate"))
+        return kbcl_cmd_validate(argc - 2, argv + 2);
     if (!strcmp(argv[1], "list"))
         return cmd_list(argc - 2, argv + 2);
     if (!strcmp(argv[1], "bench-self"))
