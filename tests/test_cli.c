@@ -448,6 +448,34 @@ static void test_coll_lanes(void **s)
     assert_non_null(strstr(out, "square"));
 }
 
+/*
+ * The two-H100 machine (configs/machines/h100x2-nvlink.yaml, docs/validation.md) loads with no
+ * unknown key, and every collective of its ccl file verifies at 1 MiB; the all_reduce's
+ * 1 GiB run is bound by the NVLink bundle.
+ */
+static void test_h100_machine(void **s)
+{
+    static const char *const entries[] = {
+        "nccl_ring_allreduce", "nccl_ring_allgather", "nccl_ring_reducescatter",
+        "nccl_ring_broadcast", "nccl_ring_reduce", "nccl_alltoall", "nccl_tree_allreduce",
+    };
+    static char out[1 << 16];
+    char topo[1024], ccl[1024], line[128];
+    (void)s;
+    assert_true(kbt_source_path("configs/machines/h100x2-nvlink.yaml", topo, sizeof topo));
+    assert_true(kbt_source_path("configs/machines/h100x2-nccl.yaml", ccl, sizeof ccl));
+    for (size_t e = 0; e < sizeof entries / sizeof entries[0]; e++) {
+        int rc = kbt_kbcl(out, sizeof out, "run --topology %s --ccl %s --algorithm %s --size 1M "
+                          "--device ref --verify-data", topo, ccl, entries[e]);
+        snprintf(line, sizeof line, "  %s (ws=2): 2 OK", entries[e]);
+        if (rc != 0 || !strstr(out, line))
+            fail_msg("%s: exit %d\n%s", entries[e], rc, out);
+    }
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --topology %s --ccl %s --size 1G "
+                              "--device none", topo, ccl), 0);
+    kbt_msg_has(out, "by inter_sip sip0->sip1 (link 0): efficiency 0.98");
+}
+
 /* Value of "  KEY   VALUE" in a run's output, -1 if absent. */
 static long long printed_ll(const char *out, const char *key)
 {
@@ -1348,6 +1376,7 @@ int main(void)
         cmocka_unit_test(test_coll_entries),
         cmocka_unit_test(test_coll_lanes),
         cmocka_unit_test(test_lanes_channels),
+        cmocka_unit_test(test_h100_machine),
         cmocka_unit_test(test_rsag_halves),
         cmocka_unit_test(test_busiest),
         cmocka_unit_test(test_no_backpressure),
