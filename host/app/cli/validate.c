@@ -404,8 +404,10 @@ static int cfg_load(val_cfg *vc, const kbcl_job *job, kb_errbuf *eb)
 {
     int rc;
 
-    if (!(vc->cfg = malloc(sizeof *vc->cfg)) || !(vc->cfg_set = malloc(sizeof *vc->cfg_set)) ||
-        !(vc->ccl = malloc(sizeof *vc->ccl)) || !(vc->ccl_set = malloc(sizeof *vc->ccl_set)))
+    /* zeroed: cfg_fini may meet them before they are filled */
+    if (!(vc->cfg = calloc(1, sizeof *vc->cfg)) ||
+        !(vc->cfg_set = calloc(1, sizeof *vc->cfg_set)) ||
+        !(vc->ccl = calloc(1, sizeof *vc->ccl)) || !(vc->ccl_set = calloc(1, sizeof *vc->ccl_set)))
         return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
     kb_config_defaults(vc->cfg);
     kb_ccl_config_defaults(vc->ccl);
