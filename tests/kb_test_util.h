@@ -212,23 +212,17 @@ static inline const char *kbt_kbcl_bin(void)
     return b ? b : "./kbcl";
 }
 
-/*
- * Runs `kbcl ARGS` (ARGS from fmt, as a shell would split them) in the scratch directory with
- * stdout and stderr captured into out (n bytes, NUL-terminated, cut if longer); returns the
- * exit status, -1 if it did not exit.
- */
-static inline int kbt_kbcl(char *out, size_t n, const char *fmt, ...)
+/* kbt_kbcl's body: `kbcl ARGS` in the scratch directory, stderr to `err` (a shell redirection,
+ * "2>&1" or "2>/dev/null"), stdout into out. */
+static inline int kbt_kbcl_va(char *out, size_t n, const char *err, const char *fmt, va_list ap)
 {
     char args[2048], cmd[4096];
-    va_list ap;
     FILE *p;
     size_t len = 0;
     int st;
 
-    va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "cd %s && '%s' %s 2>&1", kbt_workdir(), kbt_kbcl_bin(), args);
+    snprintf(cmd, sizeof cmd, "cd %s && '%s' %s %s", kbt_workdir(), kbt_kbcl_bin(), args, err);
     p = popen(cmd, "r");
     assert_non_null(p);
     while (len + 1 < n && fgets(out + len, (int)(n - len), p))
@@ -236,6 +230,30 @@ static inline int kbt_kbcl(char *out, size_t n, const char *fmt, ...)
     out[len] = 0;
     st = pclose(p);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/*
+ * Runs `kbcl ARGS` (ARGS from fmt, as a shell would split them) in the scratch directory with
+ * stdout and stderr captured into out (n bytes, NUL-terminated, cut if longer); returns the
+ * exit status, -1 if it did not exit.
+ */
+static inline int kbt_kbcl(char *out, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = kbt_kbcl_va(out, n, "2>&1", fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* kbt_kbcl with stdout alone captured (stderr discarded): for output that must be byte-exact. */
+static inline int kbt_kbcl_stdout(char *out, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = kbt_kbcl_va(out, n, "2>/dev/null", fmt, ap);
+    va_end(ap);
+    return rc;
 }
 
 /* ---- op records (kb_cl) ---- */

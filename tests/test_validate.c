@@ -70,25 +70,6 @@ static int teardown(void **state)
     return kbt_workdir_remove();
 }
 
-/* `kbcl ARGS` in the scratch directory with stdout only captured (stderr dropped); the exit
- * status. */
-static int kbcl_stdout(char *buf, size_t n, const char *args)
-{
-    char cmd[4096];
-    FILE *p;
-    size_t len = 0;
-    int st;
-    snprintf(cmd, sizeof cmd, "cd %s && '%s' %s 2>/dev/null", kbt_workdir(), kbt_kbcl_bin(),
-             args);
-    p = popen(cmd, "r");
-    assert_non_null(p);
-    while (len + 1 < n && fgets(buf + len, (int)(n - len), p))
-        len += strlen(buf + len);
-    buf[len] = 0;
-    st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* The line of text that starts with `start` (copied into line), failing without one. */
 static void line_starting(const char *text, const char *start, char *line, size_t n)
 {
@@ -159,7 +140,7 @@ static void test_table_and_summary(void **state)
     snprintf(m1, sizeof m1, "%.3f", p1m_us * 0.8);
     snprintf(p8, sizeof p8, "%.3f", p8m_us);
     snprintf(p1, sizeof p1, "%.3f", p1m_us);
-    assert_int_equal(kbcl_stdout(out, sizeof out, "validate data.csv " WS0), 0);
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv " WS0), 0);
     {
         const char *w[] = { "label", "collective", "bytes", "size", "algorithm", "measured_us",
                             "predicted_us", "error_%" };
@@ -207,21 +188,21 @@ static void test_threshold(void **state)
     (void)state;
     write_main_table();
     /* only the -4.8 % row is >= 8 MiB */
-    assert_int_equal(kbcl_stdout(out, sizeof out, "validate data.csv --threshold 6 " WS0), 0);
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv --threshold 6 " WS0), 0);
     has_line(out, "threshold 6 %: passed (worst |error| 4.8 % over the rows >= 8 MiB)");
-    assert_int_equal(kbcl_stdout(out, sizeof out, "validate data.csv --threshold 4 " WS0), 1);
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv --threshold 4 " WS0), 1);
     has_line(out, "threshold 4 %: FAILED: data.csv:4 (default all_reduce 8 MiB " RSAG ") is off "
                   "by 4.8 %, 0.8 points above it");
     assert_null(strstr(out, "FAILED: data.csv:7"));
     /* --min-bytes 1M takes the +25 % row in: it alone is above 20 */
-    assert_int_equal(kbcl_stdout(out, sizeof out, "validate data.csv --min-bytes 1M "
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv --min-bytes 1M "
                                  "--threshold 20 " WS0), 1);
     has_line(out, "rows >= 1 MiB: 2 measured, mean |error| 14.9 %, worst 25.0 % at data.csv:7 "
                   "(ring, NCCL_ALGO=Ring all_reduce 1 MiB " RSAG ")");
     has_line(out, "threshold 20 %: FAILED: data.csv:7 (ring, NCCL_ALGO=Ring all_reduce 1 MiB "
                   RSAG ") is off by 25.0 %, 5.0 points above it");
     assert_null(strstr(out, "FAILED: data.csv:4"));
-    assert_int_equal(kbcl_stdout(out, sizeof out, "validate data.csv --min-bytes 1048576 "
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv --min-bytes 1048576 "
                                  "--threshold 25.5 " WS0), 0);
     has_line(out, "threshold 25.5 %: passed (worst |error| 25.0 % over the rows >= 1 MiB)");
     /* above every row: nothing measured to judge */
@@ -231,7 +212,7 @@ static void test_threshold(void **state)
                      "(--min-bytes): nothing to judge --threshold 10 against");
     assert_null(strstr(out, "predicted_us")); /* refused before anything ran */
     /* without a threshold that is only a summary line */
-    assert_int_equal(kbcl_stdout(out, sizeof out, "validate data.csv --min-bytes 16M " WS0), 0);
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv --min-bytes 16M " WS0), 0);
     has_line(out, "rows >= 16 MiB: no measured row");
 }
 
@@ -244,7 +225,7 @@ static void test_prediction_only(void **state)
                    "all_gather,64K,,ring_allgather,default\n"
                    "all_to_all,64K,,pairwise_alltoall,default\n"
                    "all_reduce,64K,,intercube_allreduce,sip\n");
-    assert_int_equal(kbcl_stdout(out, sizeof out, "validate pred.csv " WS0), 0);
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate pred.csv " WS0), 0);
     has_line(out, "measured rows: 0 of 4 (4 prediction-only, not counted)");
     has_line(out, "rows >= 8 MiB: no measured row");
     has_line(out, "all measured rows: no measured row");
@@ -291,7 +272,7 @@ static void test_json(void **state)
     (void)state;
     write_main_table();
     /* written on exit 1 too: the threshold failed, the document is whole */
-    assert_int_equal(kbcl_stdout(out, sizeof out, "validate data.csv --threshold 4 --json v.json "
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv --threshold 4 --json v.json "
                                  WS0), 1);
     memcpy(first, out, sizeof out);
     text = kbt_slurp("v.json");
@@ -343,7 +324,7 @@ static void test_json(void **state)
     cJSON_Delete(j);
 
     /* identical runs: identical stdout and JSON, byte for byte */
-    assert_int_equal(kbcl_stdout(out, sizeof out, "validate data.csv --threshold 4 --json "
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv --threshold 4 --json "
                                  "v2.json " WS0), 1);
     assert_string_equal(out, first);
     again = kbt_slurp("v2.json");
@@ -353,7 +334,7 @@ static void test_json(void **state)
     free(text);
 
     /* no threshold: null threshold and verdict */
-    assert_int_equal(kbcl_stdout(out, sizeof out, "validate data.csv --json v3.json " WS0), 0);
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv --json v3.json " WS0), 0);
     text = kbt_slurp("v3.json");
     j = cJSON_Parse(text);
     assert_non_null(j);
@@ -470,7 +451,7 @@ static void test_option_errors(void **state)
     kbt_msg_has(out, "kbcl validate: ok.csv:2: algorithm '" RSAG "' is not an entry of "
                      "small-ccl.yaml");
     kbt_write_file("mine.csv", HEADER "all_reduce,64K,,mine,x\n");
-    assert_int_equal(kbcl_stdout(out, sizeof out, "validate mine.csv --ccl small-ccl.yaml"), 0);
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate mine.csv --ccl small-ccl.yaml"), 0);
     kbt_msg_has(out, "mine");
     kbt_msg_has(out, "small-ccl.yaml");
 }
