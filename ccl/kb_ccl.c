@@ -165,6 +165,19 @@ int kb_topo_lanes_shape(int ws, const kb_ccl_geom *g, int *P, int *C, int *S)
     return 1;
 }
 
+int kb_topo_lanes_flat_pos(int rank, const kb_ccl_geom *g, int P, int C)
+{
+    int f = P * C, i = rank % f;
+    return kb_topo_cube_pos(i / P, C, C == g->cubes_per_sip ? g->mesh_w : 0) * P + i % P;
+}
+
+int kb_topo_lanes_flat_pe(int q, const kb_ccl_geom *g, int P, int C)
+{
+    int order[KB_MAX_CUBES];
+    (void)kb_topo_cube_ring(C, C == g->cubes_per_sip ? g->mesh_w : 0, order);
+    return order[q / P] * P + q % P;
+}
+
 /* hierarchical_lanes: on a world of whole cubes (and whole SIPs beyond one), every PE is wired
  * at every level (E/W ring of its cube, N/S ring of the PEs of its index in the SIP's cubes,
  * global_E/W ring of the PEs at its place in every SIP); the PE 0s' and the SIP leaders' links
@@ -311,14 +324,22 @@ int kb_topo_neighbors_n(const char *topo, int ws, int rank, const kb_ccl_geom *g
     if ((rc = topo_fns[t](kb_topo_names[t], ws, rank, g, nbr, eb)) != 0)
         return rc;
     if (topo_fns[t] == topo_lanes) {
-        /* the same rings again for a second pair of threads: peer k and peer 5 - k are each
-         * other's reverse (kb_topo_reverse_n), so next/prev sit at k and 5 - k */
+        /* the ring form's rings again (peer k and peer 7 - k lead to each other's reverse) and,
+         * across SIPs, the flat ring over the SIP's PEs (KB_LANES_NEXT / KB_LANES_PREV); on
+         * one SIP 8 rings of 4 x 256 KiB slots fill the IPCQ area, as before the flat ring */
         int P, C, S;
         if (kb_topo_lanes_shape(ws, g, &P, &C, &S)) {
-            static const kb_dir named[6] = { KB_DIR_E, KB_DIR_N, KB_DIR_GLOBAL_E,
-                                             KB_DIR_GLOBAL_W, KB_DIR_S, KB_DIR_W };
-            for (int k = 0; k < KB_TOPO_LANES_PEER_DIRS; k++)
-                nbr[KB_DIR_PEER(k)] = nbr[named[k]];
+            int f = P * C, q = kb_topo_lanes_flat_pos(rank, g, P, C), base = rank - rank % f;
+            nbr[KB_LANES_PEER_E] = nbr[KB_DIR_E];
+            nbr[KB_LANES_PEER_W] = nbr[KB_DIR_W];
+            nbr[KB_LANES_PEER_N] = nbr[KB_DIR_N];
+            nbr[KB_LANES_PEER_S] = nbr[KB_DIR_S];
+            nbr[KB_LANES_PEER_GE] = nbr[KB_DIR_GLOBAL_E];
+            nbr[KB_LANES_PEER_GW] = nbr[KB_DIR_GLOBAL_W];
+            if (f > 1 && S > 1) { /* the chain form runs only across SIPs */
+                nbr[KB_LANES_NEXT] = base + kb_topo_lanes_flat_pe((q + 1) % f, g, P, C);
+                nbr[KB_LANES_PREV] = base + kb_topo_lanes_flat_pe((q + f - 1) % f, g, P, C);
+            }
         }
         return 0;
     }

@@ -62,10 +62,23 @@ int kb_topo_cube_pos(int cube, int C, int w);
 /* The levels of hierarchical_lanes: 1 and *P PEs per cube, *C cubes per SIP, *S SIPs when
  * the world is whole cubes (and whole SIPs beyond one SIP); 0 otherwise. */
 int kb_topo_lanes_shape(int ws, const kb_ccl_geom *g, int *P, int *C, int *S);
-/* hierarchical_lanes wires its three rings twice more on peer directions, for a PE's second
- * pair of threads: peer 0 / 5 as E / W (cube ring), 1 / 4 as N / S (lane ring), 2 / 3 as
- * global_E / global_W (SIP ring). */
-#define KB_TOPO_LANES_PEER_DIRS 6
+/* hierarchical_lanes' peer directions (peer k and peer 7 - k are each other's reverse,
+ * kb_topo_reverse_n): the ring form's three rings a second time, for a PE's second pair of
+ * threads, and, on a world of several SIPs, the chain form's flat ring over the PEs of each
+ * SIP (the cubes taken in kb_topo_cube_ring's order, each cube's PEs in index order). */
+#define KB_LANES_PEER_E KB_DIR_PEER(0)
+#define KB_LANES_PEER_N KB_DIR_PEER(1)
+#define KB_LANES_PEER_GE KB_DIR_PEER(2)
+#define KB_LANES_NEXT KB_DIR_PEER(3)
+#define KB_LANES_PREV KB_DIR_PEER(4)
+#define KB_LANES_PEER_GW KB_DIR_PEER(5)
+#define KB_LANES_PEER_S KB_DIR_PEER(6)
+#define KB_LANES_PEER_W KB_DIR_PEER(7)
+#define KB_TOPO_LANES_PEER_DIRS 8
+/* A PE's place on the flat ring (0: the SIP's cube 0 PE 0, at the inter-SIP links' router),
+ * and the PE (its index in the SIP) at place q. */
+int kb_topo_lanes_flat_pos(int rank, const kb_ccl_geom *g, int P, int C);
+int kb_topo_lanes_flat_pe(int q, const kb_ccl_geom *g, int P, int C);
 
 /*
  * Fills nbr[d] = peer rank of `rank` on direction d, or KB_TOPO_NONE, for a world of `ws`

@@ -1,41 +1,54 @@
 /*
- * kb_ccl_hier — the lanes form of hierarchical_allreduce: bandwidth-optimal at every level
- * and pipelined, for tiles that stream on a world of whole cubes (and whole SIPs beyond one)
- * wired by hierarchical_lanes.
+ * kb_ccl_hier — the lanes forms of hierarchical_allreduce, for tiles that stream on a world of
+ * whole cubes (and whole SIPs beyond one) wired by hierarchical_lanes: a chain form for long
+ * tiles, a ring form for the others.
  *
- * The tile is cut into blocks. A block is reduce-scattered in three ring levels, every PE
- * carrying an equal share at each: the P PEs of a cube (E/W), then each PE's share among the
- * PEs of its index in the SIP's C cubes (N/S), then that share's share among the PEs at its
- * place in the S SIPs (global_E/W); each PE then holds 1/(P*C*S) of the block summed over the
- * world, rounds it once into the tile, and three all-gathers in the tile's dtype hand the
- * pieces back out, level by level. Partial sums travel in f32 (the sums of the seeded data are
- * exact, so every PE ends with the same bits as the plain sum); the all-gathers move the
- * tile's dtype. Each level is a ring step by step as ring_rsag's streamed form runs it:
- * slices of one slot, a window of them in flight, received partials read in place, sends
- * posted.
+ * Chain form (a world of several SIPs, a tile of at least F slots on F PEs per SIP): the PEs
+ * of each SIP form one flat ring (kb_topo_cube_ring's cube
+ * order, each cube's PEs in index order; KB_LANES_NEXT / PREV), whose place 0 is the gateway:
+ * the PE of cube 0 at the router of the inter-SIP links. The tile streams in slices of one slot
+ * of f32 down a reduce chain from place 1 round to the gateway (each PE adds its own slice to
+ * the running sum and sends it on in f32), the gateway gathers the SIP's sums in blocks, its
+ * cross-SIP threads reduce-scatter each block among the S gateways (f32) and all-gather it
+ * back in the tile's dtype (each gateway rounds its piece once into the tile), and a broadcast
+ * chain hands each finished block from the gateway back round the ring (each PE sends a slice
+ * on from its receive slot while storing it into its tile). Why one gateway: every byte that
+ * crosses SIPs is then one stream between two PEs at the SIPs' hub routers, with no NoC or
+ * UCIe link on its route. When 128 PEs each queued their share for the inter-SIP link, each
+ * transfer was reserved from when the link would take it, tens of µs ahead, and held its DMA
+ * channel and the NoC and UCIe links of its route from then on in front of the in-SIP traffic
+ * (timing-model §2.1, one idle gap per resource); the in-SIP rings stalled behind it and the
+ * link idled half the time (efficiency 0.49 at 1 GiB on 256 ranks, docs/performance.md). Here
+ * the gateway's DMA channels hold at most its three cross-SIP threads' next slices, and
+ * the chains keep up with the link: a PE moves about 10 bytes per tile element over its DMA
+ * channels and adds one element, the gateway 9 bytes and 1.5 elements, against 1.5 bytes per
+ * tile byte on the link. The price is the chains' fill and drain, 2F hops of a slice each
+ * (about 0.3 ms on 256 ranks), which is why short tiles take the ring form.
  *
- * Four threads per PE (tl_fork; NCCL's channels) take the blocks in turn: threads 0 and 1 on
- * the named directions, in opposite directions round each ring (thread 0 sends E, N,
- * global_E; thread 1 W, S, global_W), threads 2 and 3 the same on the peer directions that
- * hierarchical_lanes wires as a second copy (two threads when they are not wired). Each thread
- * starts once the one before it has reduced its first block inside the SIP, so that while
- * one waits on the slow level (the inter-SIP link) the others reduce their blocks inside the
- * cubes, and every link carries traffic both ways. A PE's share of a block lives in scratch
- * (KB_CCL_HIER_SHARE_BYTES of f32 per thread), which sets the block size. The cubes' ring
- * follows kb_topo_cube_ring (one UCIe hop per step).
- * What holds it back (docs/performance.md, "The interconnect"): a block's in-cube work is
- * about as long as its share of the inter-SIP link, and the threads' transfers queued for
- * that link are reserved from when it will take them, holding their DMA channel and their
- * NoC and UCIe links from then on in front of the in-cube traffic, so a thread takes several
- * times longer per block than alone and the link idles between the threads' turns
- * (efficiency about 0.5 at 1 GiB per rank on 256 ranks; a staged schedule and more idle
- * gaps per resource were tried, 0.49-0.62).
+ * Ring form (shorter tiles): the tile is cut into blocks. A block is reduce-scattered in three
+ * ring levels, every PE carrying an equal share at each: the P PEs of a cube (E/W), then each
+ * PE's share among the PEs of its index in the SIP's C cubes (N/S), then that share's share
+ * among the PEs at its place in the S SIPs (global_E/W); each PE then holds 1/(P*C*S) of the
+ * block summed over the world, rounds it once into the tile, and three all-gathers in the
+ * tile's dtype hand the pieces back out, level by level. Four threads per PE (tl_fork; NCCL's
+ * channels) take the blocks in turn: threads 0 and 1 on the named directions, in opposite
+ * directions round each ring (thread 0 sends E, N, global_E; thread 1 W, S, global_W), threads
+ * 2 and 3 the same on the peer directions that hierarchical_lanes wires as a second copy (two
+ * threads when they are not wired). Each thread starts once the one before it has reduced its
+ * first block inside the SIP. A PE's share of a block lives in scratch
+ * (KB_CCL_HIER_SHARE_BYTES of f32 per thread), which sets the block size.
+ *
+ * Both: partial sums travel in f32 (the sums of the seeded data are exact, so every PE ends
+ * with the same bits as the plain sum); finished values move in the tile's dtype. Rings run
+ * step by step as ring_rsag's streamed form does: slices of one slot, a window of them in
+ * flight, received partials read in place, sends posted.
  * Limits: sum only (the rank = PE registry does not mark hierarchical_allreduce typed); runs
  * only with posted sends (ccl.yaml posted_sends), a tile past kb_ccl_stream_block and a
- * whole world; the caller takes the chain form otherwise.
+ * whole world; the caller takes the chain-of-leaders form (kb_ccl_algos.c) otherwise.
  */
 #include "kb_ccl.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "kb_runtime_ext.h"
@@ -44,25 +57,46 @@
 #define KB_CCL_HIER_SHARE_BYTES ((uint64_t)1 << 20)
 #define HIER_MAX_SLICES 64
 #define HIER_PREFETCH 2   /* own slices loaded ahead: two loads on two DMA channels at once */
+/* The gateway's cross-SIP threads: a block's reduce-scatter, add and all-gather take about
+ * three of its link times end to end, so two threads leave the link idle (efficiency 0.71 at
+ * 64 MiB on 256 ranks against 0.78 with three); a fourth gains nothing. */
+#define HIER_XTHREADS 3
+/* Its block buffers (f32): one being summed, the others crossing. */
+#define HIER_XBUFS (2 * HIER_XTHREADS)
+/* Gateway blocks of this many reduce-chain slices (128 Ki elements at 128 KiB slots): a
+ * block's cross-SIP messages fill the queues' windows of 4 slots. */
+#define HIER_XBLOCK_SLICES 4
 
 /* One level's ring as a thread runs it: g members, this PE at v along the ring's direction
  * (it sends to v + 1 on `out` and receives from v - 1 on `in`). */
 typedef struct hring {
     int64_t g, v;
     kb_dir out, in;
+    uint64_t slot; /* bytes per slice (f32 ones: slot / 4 elements) */
+    int64_t win;   /* slices in flight per step */
 } hring;
 
-/* What the PE's threads share (read-only once set). */
+/* What the PE's threads share. */
 typedef struct hier {
     const kb_kargs *a;
     kb_va tile;
     kb_dtype dt;
     int op;
-    int64_t n, nb, nblk;      /* tile elements, elements per block, blocks */
-    int64_t P, C, S, p, c, s; /* levels and this PE's place in them */
-    uint64_t slot;
-    int64_t win;              /* slices in flight per ring step: the queues' slot count */
+    int64_t n;                /* tile elements */
+    /* the ring form */
+    int64_t nb, nblk;         /* elements per block, blocks */
+    int64_t P, C, p, c;       /* PEs per cube, cubes per SIP; this PE's place in them */
     int nt;                   /* threads: 2, or 4 with the peer directions wired */
+    /* both */
+    int64_t S, s;             /* SIPs; this PE's */
+    /* the chain form */
+    int64_t F, f;             /* PEs per SIP (the flat ring); this PE's place on it */
+    uint64_t slot;
+    int64_t win;              /* slices in flight per queue: the queues' slot count */
+    int64_t wr, wb;           /* elements per slice: reduce chain (a slot of f32), broadcast */
+    int64_t xb, nxb;          /* gateway blocks: elements each, count */
+    kb_val buf[HIER_XBUFS];   /* the gateway's block sums (f32), block b in buf[b % XBUFS] */
+    kb_signal *ready, *done;  /* per block: summed in the SIP; final in the gateway's tile */
 } hier;
 
 /* A reduce-scatter's own data: the tile (dt, loaded slice by slice) or a local f32 value. */
@@ -135,10 +169,10 @@ static int rs_next(int64_t len, int64_t g, int64_t v, int64_t W, int64_t s0, int
 static void h_rs(kb_tl *tl, const hier *h, const hring *R, int64_t len, const hsrc *src,
                  kb_val res)
 {
-    int64_t g = R->g, v = R->v, W = (int64_t)(h->slot / 4u), off, sl;
+    int64_t g = R->g, v = R->v, W = (int64_t)(R->slot / 4u), off, sl;
     kb_dtype raw = src->local ? KB_F32 : h->dt; /* step 0's messages */
     int64_t maxc = chunk_len(len, g, 0), nsl = (maxc + W - 1) / W;
-    int64_t per = h->win < HIER_MAX_SLICES ? h->win : HIER_MAX_SLICES;
+    int64_t per = R->win < HIER_MAX_SLICES ? R->win : HIER_MAX_SLICES;
     kb_ipcq_req *rq[HIER_MAX_SLICES];
 
     for (int64_t s0 = 0; s0 < nsl; s0 += per) {
@@ -210,9 +244,9 @@ static void h_rs(kb_tl *tl, const hier *h, const hring *R, int64_t len, const hs
  * holds chunk v+1; step s forwards the chunk it received last, each slice as it lands. */
 static void h_ag(kb_tl *tl, const hier *h, const hring *R, kb_va base, int64_t len)
 {
-    int64_t g = R->g, v = R->v, W = (int64_t)(h->slot / kb_dtype_size(h->dt)), off, sl;
+    int64_t g = R->g, v = R->v, W = (int64_t)(R->slot / kb_dtype_size(h->dt)), off, sl;
     int64_t maxc = chunk_len(len, g, 0), nsl = (maxc + W - 1) / W;
-    int64_t per = h->win < HIER_MAX_SLICES ? h->win : HIER_MAX_SLICES;
+    int64_t per = R->win < HIER_MAX_SLICES ? R->win : HIER_MAX_SLICES;
     kb_ipcq_req *rq[HIER_MAX_SLICES];
 
     for (int64_t s0 = 0; s0 < nsl; s0 += per) {
@@ -251,10 +285,10 @@ static void h_ag(kb_tl *tl, const hier *h, const hring *R, kb_va base, int64_t l
     }
 }
 
-/* Ring of g members with this PE at physical index i, run forward (thread 0) or backward. */
-static hring ring_of(int64_t g, int64_t i, int back, kb_dir fwd, kb_dir bwd)
+/* Ring of g members with this PE at physical index i, run forward or backward. */
+static hring ring_of(const hier *h, int64_t g, int64_t i, int back, kb_dir fwd, kb_dir bwd)
 {
-    hring r = { g, back ? (g - i) % g : i, back ? bwd : fwd, back ? fwd : bwd };
+    hring r = { g, back ? (g - i) % g : i, back ? bwd : fwd, back ? fwd : bwd, h->slot, h->win };
     return r;
 }
 
@@ -273,12 +307,12 @@ static void hier_blocks(kb_tl *tl, const hier *h, int t, hthread *me)
 {
     kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
     int back = t % 2, peer = t >= 2; /* threads 2 and 3: the peer directions' copy */
-    hring L1 = ring_of(h->P, h->p, back, peer ? KB_DIR_PEER(0) : KB_DIR_E,
-                       peer ? KB_DIR_PEER(5) : KB_DIR_W);
-    hring L2 = ring_of(h->C, h->c, back, peer ? KB_DIR_PEER(1) : KB_DIR_N,
-                       peer ? KB_DIR_PEER(4) : KB_DIR_S);
-    hring L3 = ring_of(h->S, h->s, back, peer ? KB_DIR_PEER(2) : KB_DIR_GLOBAL_E,
-                       peer ? KB_DIR_PEER(3) : KB_DIR_GLOBAL_W);
+    hring L1 = ring_of(h, h->P, h->p, back, peer ? KB_LANES_PEER_E : KB_DIR_E,
+                       peer ? KB_LANES_PEER_W : KB_DIR_W);
+    hring L2 = ring_of(h, h->C, h->c, back, peer ? KB_LANES_PEER_N : KB_DIR_N,
+                       peer ? KB_LANES_PEER_S : KB_DIR_S);
+    hring L3 = ring_of(h, h->S, h->s, back, peer ? KB_LANES_PEER_GE : KB_DIR_GLOBAL_E,
+                       peer ? KB_LANES_PEER_GW : KB_DIR_GLOBAL_W);
     int64_t smax = (h->nb + h->P - 1) / h->P;
     kb_val share = kb_tl_scratch_val(tl, 1, (uint32_t)smax, KB_F32, "hierarchical_allreduce");
     int first = 1;
@@ -339,6 +373,175 @@ static void hier_thread(kb_tl *tl, void *arg)
     hier_blocks(tl, ht->h, ht->t, ht);
 }
 
+/* The reduce chain (every PE's main thread): chain member i = f - 1 (mod F) receives slice j
+ * of the running sum from member i - 1, adds its own slice and sends it on in f32; the head
+ * (f = 1) sends its raw slices, the gateway (f = 0, the last member) adds into the block's
+ * buffer and hands each full block to the cross-SIP threads. */
+static void hier_reduce(kb_tl *tl, hier *h)
+{
+    kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
+    int64_t i = (h->f + h->F - 1) % h->F, W = h->wr, nsl = (h->n + W - 1) / W, off, sl;
+    int gw = i == h->F - 1;
+    kb_dir out = KB_LANES_NEXT, in = KB_LANES_PREV;
+    if (i == 0) {
+        for (int64_t j = 0; j < nsl; j++) {
+            sl = kb_ccl_piece(h->n, W, j, &off);
+            kb_ccl_send(tl, out, tl_ref(tl, kb_ccl_elem_va(h->tile, off, h->dt), KB_SHAPE1(sl),
+                                        h->dt));
+        }
+        return;
+    }
+    kb_dtype idt = i == 1 ? h->dt : KB_F32;
+    int64_t per = h->win < HIER_MAX_SLICES ? h->win : HIER_MAX_SLICES;
+    kb_ipcq_req *rq[HIER_MAX_SLICES];
+    kb_val pf[HIER_PREFETCH];
+    int64_t prdy[HIER_PREFETCH];
+    for (int64_t j = 0; j < per && j < nsl; j++)
+        rq[j] = tl_recv_view_async(tl, in, KB_SHAPE1(kb_ccl_piece(h->n, W, j, &off)), idt);
+    for (int64_t j = 0; j < HIER_PREFETCH && j < nsl; j++) {
+        sl = kb_ccl_piece(h->n, W, j, &off);
+        pf[j] = tl_load_async(tl, kb_ccl_elem_va(h->tile, off, h->dt), KB_SHAPE1(sl), h->dt,
+                              &prdy[j]);
+    }
+    for (int64_t j = 0; j < nsl; j++) {
+        sl = kb_ccl_piece(h->n, W, j, &off);
+        int64_t b = off / h->xb;
+        if (gw && off % h->xb == 0 && b >= HIER_XBUFS) /* the buffer's last block is out */
+            kb_signal_wait(sim, &h->done[b - HIER_XBUFS]);
+        kb_val own = pf[j % HIER_PREFETCH];
+        int64_t rdy = prdy[j % HIER_PREFETCH];
+        kb_val v = tl_wait(tl, rq[j % per]);
+        tl_wait_time(tl, rdy);
+        kb_val red = { 0 };
+        if (gw)
+            tl_binary_into(tl, KB_BIN_ADD, slice_view(tl, h->buf[b % HIER_XBUFS], off - b * h->xb,
+                                                      sl), own, v);
+        else
+            red = kb_ccl_combine(tl, h->op, own, v);
+        tl_recv_release(tl, in, v);
+        tl_free(tl, own);
+        if (j + per < nsl)
+            rq[j % per] = tl_recv_view_async(
+                tl, in, KB_SHAPE1(kb_ccl_piece(h->n, W, j + per, &off)), idt);
+        if (j + HIER_PREFETCH < nsl) {
+            int64_t o2, s2 = kb_ccl_piece(h->n, W, j + HIER_PREFETCH, &o2);
+            pf[j % HIER_PREFETCH] = tl_load_async(tl, kb_ccl_elem_va(h->tile, o2, h->dt),
+                                                  KB_SHAPE1(s2), h->dt, &prdy[j % HIER_PREFETCH]);
+        }
+        if (!gw)
+            kb_ccl_send_free(tl, out, red);
+        else if ((sl = kb_ccl_piece(h->n, W, j, &off)) != 0 &&
+                 (off + sl == h->n || (off + sl) % h->xb == 0))
+            kb_signal_fire(sim, &h->ready[b]);
+    }
+}
+
+/* A gateway's cross-SIP thread t: blocks b = t, t + nx, ... once reduced inside the SIP,
+ * reduce-scattered among the S gateways (f32), each gateway's piece rounded once into the
+ * tile, all-gathered back in the tile's dtype. */
+typedef struct hx {
+    hier *h;
+    int t;
+} hx;
+
+static void hier_cross(kb_tl *tl, void *arg)
+{
+    hx *x = arg;
+    hier *h = x->h;
+    kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
+    int t = x->t, back = t % 2, copy = t / 2 % 2;
+    hring L = ring_of(h, h->S, h->s, back, copy ? KB_LANES_PEER_GE : KB_DIR_GLOBAL_E,
+                      copy ? KB_LANES_PEER_GW : KB_DIR_GLOBAL_W);
+    for (int64_t b = t; b < h->nxb; b += HIER_XTHREADS) {
+        kb_signal_wait(sim, &h->ready[b]);
+        int64_t b0, len = kb_ccl_piece(h->n, h->xb, b, &b0);
+        kb_val bv = h->buf[b % HIER_XBUFS];
+        kb_va blk = kb_ccl_elem_va(h->tile, b0, h->dt);
+        if (h->S > 1) {
+            uint32_t o3, l3;
+            kb_ccl_chunk(len, h->S, (L.v + 1) % h->S, &o3, &l3);
+            hsrc src = { 1, 0, slice_view(tl, bv, 0, len) };
+            h_rs(tl, h, &L, len, &src, l3 ? slice_view(tl, bv, o3, l3) : bv);
+            if (l3)
+                tl_store(tl, kb_ccl_elem_va(blk, o3, h->dt), slice_view(tl, bv, o3, l3));
+            h_ag(tl, h, &L, blk, len);
+        } else {
+            tl_store(tl, blk, slice_view(tl, bv, 0, len));
+        }
+        kb_signal_fire(sim, &h->done[b]);
+    }
+}
+
+/* The broadcast chain: the gateway sends each finished block on toward f = F - 1, F - 2, ...,
+ * every PE receives it into its tile and forwards it, but the last (f = 1). */
+static void hier_bcast(kb_tl *tl, void *arg)
+{
+    hier *h = arg;
+    kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
+    int64_t W = h->wb, nsl = (h->n + W - 1) / W, off, sl;
+    kb_dir out = KB_LANES_PREV, in = KB_LANES_NEXT;
+    if (h->f == 0) {
+        for (int64_t j = 0; j < nsl; j++) {
+            sl = kb_ccl_piece(h->n, W, j, &off);
+            if (off % h->xb == 0)
+                kb_signal_wait(sim, &h->done[off / h->xb]);
+            kb_ccl_send(tl, out, tl_ref(tl, kb_ccl_elem_va(h->tile, off, h->dt), KB_SHAPE1(sl),
+                                        h->dt));
+        }
+        return;
+    }
+    /* each slice read in place: sent on from the slot while it is stored into the tile */
+    int64_t per = h->win < HIER_MAX_SLICES ? h->win : HIER_MAX_SLICES;
+    kb_ipcq_req *rq[HIER_MAX_SLICES];
+    for (int64_t j = 0; j < per && j < nsl; j++)
+        rq[j] = tl_recv_view_async(tl, in, KB_SHAPE1(kb_ccl_piece(h->n, W, j, &off)), h->dt);
+    for (int64_t j = 0; j < nsl; j++) {
+        sl = kb_ccl_piece(h->n, W, j, &off);
+        kb_val v = tl_wait(tl, rq[j % per]);
+        int64_t sent = h->f != 1 ? tl_send_async(tl, out, v) : 0;
+        tl_store(tl, kb_ccl_elem_va(h->tile, off, h->dt), v);
+        tl_wait_time(tl, sent); /* the send has read the slot */
+        tl_recv_release(tl, in, v);
+        if (j + per < nsl)
+            rq[j % per] = tl_recv_view_async(
+                tl, in, KB_SHAPE1(kb_ccl_piece(h->n, W, j + per, &off)), h->dt);
+    }
+}
+
+/* The ring form (old lanes form) on PE setup h (levels set). */
+static void hier_ring_form(kb_tl *tl, hier *h, const kb_ccl_geom *geo, int cubes, int64_t r)
+{
+    h->p = r % h->P;
+    h->c = kb_topo_cube_pos((int)(r / h->P % h->C), (int)h->C, h->C == cubes ? geo->mesh_w : 0);
+    h->slot = tl_slot_size(tl, KB_DIR_W);
+    h->win = (int64_t)tl_slot_count(tl, KB_DIR_W);
+    if (h->P < 2) {
+        h->slot = tl_slot_size(tl, h->C > 1 ? KB_DIR_S : KB_DIR_GLOBAL_W);
+        h->win = (int64_t)tl_slot_count(tl, h->C > 1 ? KB_DIR_S : KB_DIR_GLOBAL_W);
+    }
+    h->nb = (int64_t)(KB_CCL_HIER_SHARE_BYTES / 4u) * h->P;
+    if (h->nb > h->n)
+        h->nb = h->n;
+    h->nblk = (h->n + h->nb - 1) / h->nb;
+    kb_dir probe = h->P > 1 ? KB_LANES_PEER_W : h->C > 1 ? KB_LANES_PEER_S : KB_LANES_PEER_GW;
+    h->nt = kb_ipcq_is_wired(tl_ctx(tl), tl_pe(tl), probe) ? 4 : 2;
+    hthread ht[4];
+    kb_tl *th[4] = { NULL };
+    int nt = h->nblk < h->nt ? (int)h->nblk : h->nt;
+    for (int t = 0; t < nt; t++) {
+        ht[t].h = h;
+        ht[t].t = t;
+        kb_signal_init(&ht[t].go);
+        ht[t].next = t + 1 < nt ? &ht[t + 1] : NULL;
+    }
+    for (int t = 1; t < nt; t++)
+        th[t] = tl_fork(tl, hier_thread, &ht[t]);
+    hier_blocks(tl, h, 0, &ht[0]);
+    for (int t = 1; t < h->nt; t++)
+        if (th[t])
+            tl_join(tl, th[t]);
+}
+
 int kb_ccl_hier_lanes(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
 {
     int cubes = tl_num_programs(tl, 1);
@@ -357,35 +560,58 @@ int kb_ccl_hier_lanes(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
     h.dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
     h.op = (int)a->i[KB_CCL_ARG_OP];
     h.n = n;
-    h.P = P, h.C = C, h.S = S;
-    h.p = r % P, h.s = r / (P * C);
-    h.c = kb_topo_cube_pos((int)(r / P % C), C, C == cubes ? geo.mesh_w : 0); /* its ring step */
-    h.slot = tl_slot_size(tl, KB_DIR_W);
-    h.win = (int64_t)tl_slot_count(tl, KB_DIR_W);
-    if (P < 2) {
-        h.slot = tl_slot_size(tl, C > 1 ? KB_DIR_S : KB_DIR_GLOBAL_W);
-        h.win = (int64_t)tl_slot_count(tl, C > 1 ? KB_DIR_S : KB_DIR_GLOBAL_W);
+    h.S = S, h.s = r / ((int64_t)P * C);
+    h.P = P, h.C = C;
+    h.F = (int64_t)P * C;
+    /* the chain form exists to keep the inter-SIP link busy; on one SIP the ring form runs.
+     * Across SIPs its fill and drain (2F hops of a slice) against the ring form's slower
+     * steady state: the measured crossover lies near F slots per tile (8-16 MiB at 256
+     * ranks). */
+    if (h.F < 2 || S < 2 ||
+        (uint64_t)n * kb_dtype_size(h.dt) < (uint64_t)h.F * tl_slot_size(tl, KB_LANES_NEXT)) {
+        hier_ring_form(tl, &h, &geo, cubes, r);
+        return 1;
     }
-    h.nb = (int64_t)(KB_CCL_HIER_SHARE_BYTES / 4u) * P;
-    if (h.nb > n)
-        h.nb = n;
-    h.nblk = (n + h.nb - 1) / h.nb;
-    kb_dir probe = P > 1 ? KB_DIR_PEER(5) : C > 1 ? KB_DIR_PEER(4) : KB_DIR_PEER(3);
-    h.nt = kb_ipcq_is_wired(tl_ctx(tl), tl_pe(tl), probe) ? 4 : 2;
-    hthread ht[4];
-    kb_tl *th[4] = { NULL };
-    int nt = h.nblk < h.nt ? (int)h.nblk : h.nt;
-    for (int t = 0; t < nt; t++) {
-        ht[t].h = &h;
-        ht[t].t = t;
-        kb_signal_init(&ht[t].go);
-        ht[t].next = t + 1 < nt ? &ht[t + 1] : NULL;
+    h.slot = tl_slot_size(tl, KB_LANES_NEXT);
+    h.f = kb_topo_lanes_flat_pos((int)r, &geo, P, C);
+    h.win = (int64_t)tl_slot_count(tl, KB_LANES_NEXT);
+    h.wr = (int64_t)(h.slot / 4u);
+    /* broadcast slices of as many elements (half a slot of f16): a hop forwards a slice as
+     * soon as it lands, so shorter ones drain the chain sooner (1 294 against 1 358 µs with
+     * whole slots at 64 MiB on 256 ranks) */
+    h.wb = h.wr;
+    h.xb = HIER_XBLOCK_SLICES * h.wr; /* whole slices of both chains */
+    h.nxb = (n + h.xb - 1) / h.xb;
+    kb_tl *th[HIER_XTHREADS + 1];
+    hx xs[HIER_XTHREADS];
+    int nth = 0;
+    if (h.f == 0) {
+        h.ready = calloc((size_t)h.nxb, sizeof *h.ready);
+        h.done = calloc((size_t)h.nxb, sizeof *h.done);
+        if (!h.ready || !h.done)
+            tl_fail(tl, KB_ERR_NOMEM, "hierarchical_allreduce: %lld block signals",
+                    (long long)h.nxb);
+        for (int64_t b = 0; b < h.nxb; b++) {
+            kb_signal_init(&h.ready[b]);
+            kb_signal_init(&h.done[b]);
+        }
+        for (int k = 0; k < HIER_XBUFS; k++)
+            h.buf[k] = kb_tl_scratch_val(tl, 1, (uint32_t)h.xb, KB_F32, "hierarchical_allreduce");
+        for (int t = 0; t < HIER_XTHREADS; t++) {
+            xs[t].h = &h;
+            xs[t].t = t;
+            th[nth++] = tl_fork(tl, hier_cross, &xs[t]);
+        }
     }
-    for (int t = 1; t < nt; t++)
-        th[t] = tl_fork(tl, hier_thread, &ht[t]);
-    hier_blocks(tl, &h, 0, &ht[0]);
-    for (int t = 1; t < h.nt; t++)
-        if (th[t])
-            tl_join(tl, th[t]);
+    th[nth++] = tl_fork(tl, hier_bcast, &h);
+    hier_reduce(tl, &h);
+    for (int t = 0; t < nth; t++)
+        tl_join(tl, th[t]);
+    if (h.f == 0) {
+        for (int k = 0; k < HIER_XBUFS; k++)
+            tl_free(tl, h.buf[k]);
+        free(h.ready);
+        free(h.done);
+    }
     return 1;
 }

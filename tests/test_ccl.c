@@ -420,17 +420,40 @@ static void test_topo_lanes(void **state)
     assert_int_equal(order[4], 4);
     assert_int_equal(kb_topo_cube_pos(9, 16, 4), 7);
     assert_int_equal(kb_topo_cube_pos(4, 16, 4), 15);
-    /* ws 256 = 2 SIPs x 16 cubes x 8 PEs: every PE at every level, twice */
+    /* ws 256 = 2 SIPs x 16 cubes x 8 PEs: every PE at every level, the ring form's rings
+     * twice, and the flat ring over the SIP's PEs (cube ring order, then PE index) */
     assert_int_equal(kb_topo_peer_dirs("hierarchical_lanes", 256), KB_TOPO_LANES_PEER_DIRS);
-    expect_nbrs("hierarchical_lanes", 256, 0, &g, 12, KB_DIR_E, 1, KB_DIR_W, 7, KB_DIR_N, 8,
-                KB_DIR_S, 32, KB_DIR_GLOBAL_E, 128, KB_DIR_GLOBAL_W, 128, KB_DIR_PEER(0), 1,
-                KB_DIR_PEER(5), 7, KB_DIR_PEER(1), 8, KB_DIR_PEER(4), 32, KB_DIR_PEER(2), 128,
-                KB_DIR_PEER(3), 128);
+    expect_nbrs("hierarchical_lanes", 256, 0, &g, 14, KB_DIR_E, 1, KB_DIR_W, 7, KB_DIR_N, 8,
+                KB_DIR_S, 32, KB_DIR_GLOBAL_E, 128, KB_DIR_GLOBAL_W, 128, KB_LANES_PEER_E, 1,
+                KB_LANES_PEER_W, 7, KB_LANES_PEER_N, 8, KB_LANES_PEER_S, 32, KB_LANES_PEER_GE,
+                128, KB_LANES_PEER_GW, 128, KB_LANES_NEXT, 1, KB_LANES_PREV, 39);
     /* cube 3, PE 5: the cube ring goes 2 -> 3 -> 7 */
-    expect_nbrs("hierarchical_lanes", 256, 29, &g, 12, KB_DIR_E, 30, KB_DIR_W, 28, KB_DIR_N,
-                61, KB_DIR_S, 21, KB_DIR_GLOBAL_E, 157, KB_DIR_GLOBAL_W, 157, KB_DIR_PEER(0), 30,
-                KB_DIR_PEER(5), 28, KB_DIR_PEER(1), 61, KB_DIR_PEER(4), 21, KB_DIR_PEER(2), 157,
-                KB_DIR_PEER(3), 157);
+    expect_nbrs("hierarchical_lanes", 256, 29, &g, 14, KB_DIR_E, 30, KB_DIR_W, 28, KB_DIR_N,
+                61, KB_DIR_S, 21, KB_DIR_GLOBAL_E, 157, KB_DIR_GLOBAL_W, 157, KB_LANES_PEER_E,
+                30, KB_LANES_PEER_W, 28, KB_LANES_PEER_N, 61, KB_LANES_PEER_S, 21,
+                KB_LANES_PEER_GE, 157, KB_LANES_PEER_GW, 157, KB_LANES_NEXT, 30, KB_LANES_PREV,
+                28);
+    /* cube 3, PE 7: the flat ring leaves for cube 7's PE 0 */
+    expect_nbrs("hierarchical_lanes", 256, 31, &g, 14, KB_DIR_E, 24, KB_DIR_W, 30, KB_DIR_N,
+                63, KB_DIR_S, 23, KB_DIR_GLOBAL_E, 159, KB_DIR_GLOBAL_W, 159, KB_LANES_PEER_E,
+                24, KB_LANES_PEER_W, 30, KB_LANES_PEER_N, 63, KB_LANES_PEER_S, 23,
+                KB_LANES_PEER_GE, 159, KB_LANES_PEER_GW, 159, KB_LANES_NEXT, 56, KB_LANES_PREV,
+                30);
+    /* SIP 1, cube 4 (the cube ring's last), PE 7: the flat ring's last place, before the
+     * gateway (SIP 1's cube 0 PE 0) */
+    expect_nbrs("hierarchical_lanes", 256, 167, &g, 14, KB_DIR_E, 160, KB_DIR_W, 166,
+                KB_DIR_N, 135, KB_DIR_S, 199, KB_DIR_GLOBAL_E, 39, KB_DIR_GLOBAL_W, 39,
+                KB_LANES_PEER_E, 160, KB_LANES_PEER_W, 166, KB_LANES_PEER_N, 135,
+                KB_LANES_PEER_S, 199, KB_LANES_PEER_GE, 39, KB_LANES_PEER_GW, 39,
+                KB_LANES_NEXT, 128, KB_LANES_PREV, 166);
+    assert_int_equal(kb_topo_lanes_flat_pos(0, &g, 8, 16), 0);
+    assert_int_equal(kb_topo_lanes_flat_pos(31, &g, 8, 16), 31);
+    assert_int_equal(kb_topo_lanes_flat_pos(167, &g, 8, 16), 127);
+    assert_int_equal(kb_topo_lanes_flat_pe(127, &g, 8, 16), 39);
+    assert_int_equal(kb_topo_lanes_flat_pe(32, &g, 8, 16), 56);
+    for (int q = 0; q < 128; q++)
+        assert_int_equal(kb_topo_lanes_flat_pos(kb_topo_lanes_flat_pe(q, &g, 8, 16), &g, 8, 16),
+                         q);
     int P, C, S;
     assert_int_equal(kb_topo_lanes_shape(256, &g, &P, &C, &S), 1);
     assert_true(P == 8 && C == 16 && S == 2);
@@ -1246,6 +1269,17 @@ static void test_mock_other_topologies(void **state)
                             kb_ccl_algo_at(i)->topology);
 }
 
+/* hierarchical_allreduce's chain form (kb_ccl_hier.c: several SIPs, a tile of at least F
+ * slots on F PEs per SIP): 64-byte slots put a tile of 4 099 elements past it on 3 SIPs of
+ * 128 PEs (the gateways' reduce-scatter ring of 3; 257 slices per chain, a ragged last one);
+ * exact sums, rounded once. */
+static void test_mock_hier_chain(void **state)
+{
+    kb_ipcq_cfg icfg = { 4, 64, KB_MEM_TCM, 1, 1 };
+    (void)state;
+    run_mock_opts("hierarchical_allreduce", NULL, 384, 4099, 0, &icfg, 13);
+}
+
 static void test_mock_errors(void **state)
 {
     float in[6 * 4] = { 0 }, out[6 * 4];
@@ -1698,6 +1732,7 @@ int main(void)
         cmocka_unit_test(test_coll_chunked),
         cmocka_unit_test(test_mock_default_inputs),
         cmocka_unit_test(test_mock_other_topologies),
+        cmocka_unit_test(test_mock_hier_chain),
         cmocka_unit_test(test_mock_errors),
         cmocka_unit_test(test_coll_kinds_busbw),
         cmocka_unit_test(test_references),
