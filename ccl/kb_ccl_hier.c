@@ -4,11 +4,11 @@
  * tiles, a ring form for the others.
  *
  * Chain form (a world of several SIPs, a tile of at least F slots on F PEs per SIP): the PEs
- * of each SIP form one flat ring (kb_topo_cube_ring's cube
- * order, each cube's PEs in index order; KB_LANES_NEXT / PREV), whose place 0 is the gateway:
- * the PE of cube 0 at the router of the inter-SIP links. The tile streams in slices of one slot
- * of f32 down a reduce chain from place 1 round to the gateway (each PE adds its own slice to
- * the running sum and sends it on in f32), the gateway gathers the SIP's sums in blocks, its
+ * of each SIP form one flat ring (kb_topo_cube_ring's cube order, each cube's PEs in index
+ * order; KB_LANES_NEXT / KB_LANES_PREV), whose place 0 is the gateway: the PE of cube 0 at
+ * the router of the inter-SIP links. The tile streams in slices of one slot of f32 down a
+ * reduce chain from place 1 round to the gateway (each PE adds its own slice to the running
+ * sum and sends it on in f32), the gateway gathers the SIP's sums in blocks, its
  * cross-SIP threads reduce-scatter each block among the S gateways (f32) and all-gather it
  * back in the tile's dtype (each gateway rounds its piece once into the tile), and a broadcast
  * chain hands each finished block from the gateway back round the ring (each PE sends a slice
@@ -420,25 +420,26 @@ static void hier_reduce(kb_tl *tl, hier *h)
             red = kb_ccl_combine(tl, h->op, own, v);
         tl_recv_release(tl, in, v);
         tl_free(tl, own);
+        int64_t o2, s2;
         if (j + per < nsl)
             rq[j % per] = tl_recv_view_async(
-                tl, in, KB_SHAPE1(kb_ccl_piece(h->n, W, j + per, &off)), idt);
+                tl, in, KB_SHAPE1(kb_ccl_piece(h->n, W, j + per, &o2)), idt);
         if (j + HIER_PREFETCH < nsl) {
-            int64_t o2, s2 = kb_ccl_piece(h->n, W, j + HIER_PREFETCH, &o2);
+            s2 = kb_ccl_piece(h->n, W, j + HIER_PREFETCH, &o2);
             pf[j % HIER_PREFETCH] = tl_load_async(tl, kb_ccl_elem_va(h->tile, o2, h->dt),
                                                   KB_SHAPE1(s2), h->dt, &prdy[j % HIER_PREFETCH]);
         }
         if (!gw)
             kb_ccl_send_free(tl, out, red);
-        else if ((sl = kb_ccl_piece(h->n, W, j, &off)) != 0 &&
-                 (off + sl == h->n || (off + sl) % h->xb == 0))
+        else if (off + sl == h->n || (off + sl) % h->xb == 0) /* the block is summed */
             kb_signal_fire(sim, &h->ready[b]);
     }
 }
 
-/* A gateway's cross-SIP thread t: blocks b = t, t + nx, ... once reduced inside the SIP,
- * reduce-scattered among the S gateways (f32), each gateway's piece rounded once into the
- * tile, all-gathered back in the tile's dtype. */
+/* A gateway's cross-SIP thread t: blocks b = t, t + HIER_XTHREADS, ... once summed inside
+ * the SIP, reduce-scattered among the S gateways (f32), each gateway's piece rounded once into
+ * the tile, all-gathered back in the tile's dtype. Threads 0 and 1 run the gateways' ring in
+ * opposite directions on global_E/W, thread 2 on their peer copy. */
 typedef struct hx {
     hier *h;
     int t;
@@ -457,17 +458,13 @@ static void hier_cross(kb_tl *tl, void *arg)
         int64_t b0, len = kb_ccl_piece(h->n, h->xb, b, &b0);
         kb_val bv = h->buf[b % HIER_XBUFS];
         kb_va blk = kb_ccl_elem_va(h->tile, b0, h->dt);
-        if (h->S > 1) {
-            uint32_t o3, l3;
-            kb_ccl_chunk(len, h->S, (L.v + 1) % h->S, &o3, &l3);
-            hsrc src = { 1, 0, slice_view(tl, bv, 0, len) };
-            h_rs(tl, h, &L, len, &src, l3 ? slice_view(tl, bv, o3, l3) : bv);
-            if (l3)
-                tl_store(tl, kb_ccl_elem_va(blk, o3, h->dt), slice_view(tl, bv, o3, l3));
-            h_ag(tl, h, &L, blk, len);
-        } else {
-            tl_store(tl, blk, slice_view(tl, bv, 0, len));
-        }
+        uint32_t o3, l3;
+        kb_ccl_chunk(len, h->S, (L.v + 1) % h->S, &o3, &l3);
+        hsrc src = { 1, 0, slice_view(tl, bv, 0, len) };
+        h_rs(tl, h, &L, len, &src, l3 ? slice_view(tl, bv, o3, l3) : bv);
+        if (l3)
+            tl_store(tl, kb_ccl_elem_va(blk, o3, h->dt), slice_view(tl, bv, o3, l3));
+        h_ag(tl, h, &L, blk, len);
         kb_signal_fire(sim, &h->done[b]);
     }
 }
@@ -508,7 +505,8 @@ static void hier_bcast(kb_tl *tl, void *arg)
     }
 }
 
-/* The ring form (old lanes form) on PE setup h (levels set). */
+/* The ring form, h's levels (P, C, S and this PE's s) set: its ring places, slots and
+ * blocks, then its threads. */
 static void hier_ring_form(kb_tl *tl, hier *h, const kb_ccl_geom *geo, int cubes, int64_t r)
 {
     h->p = r % h->P;
