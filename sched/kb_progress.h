@@ -4,7 +4,7 @@
  * Library code never prints (kb_err.h). A program that wants to show how far a run has come
  * owns one kb_progress, hands it down through the objects it already passes (kb_ctx_opts,
  * which gives it to the engine, the replay and the device set-up), and reads it from a thread
- * of its own (kbcl run's ticker, host/app/cli/progress.c). The writers publish with relaxed
+ * of its own (kbcl run's ticker, app/cli/progress.c). The writers publish with relaxed
  * stores: the reader wants recent values, not a consistent snapshot, and no writer may pay
  * for an ordering it does not need. The event engine publishes `now` and its event count
  * at most once per KB_PROGRESS_EVERY events, from the path that moves its timing wheel to a

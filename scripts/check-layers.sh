@@ -45,11 +45,11 @@ inject tp/kb_tp.c          kb_runtime_int.h kb_tp
 inject tp/kb_tp.c          kb_bench.h      kb_tp
 
 # no file above the runtime names a private runtime header
-if grep -rn 'kb_runtime_int\.h' "$src"/ccl "$src"/tp "$src"/host/app >/dev/null; then
-  echo "FAIL: a file in ccl/, tp/ or host/app/ includes the runtime's private header"
-  grep -rn 'kb_runtime_int\.h' "$src"/ccl "$src"/tp "$src"/host/app; fail=1
+if grep -rn 'kb_runtime_int\.h' "$src"/ccl "$src"/tp "$src"/app >/dev/null; then
+  echo "FAIL: a file in ccl/, tp/ or app/ includes the runtime's private header"
+  grep -rn 'kb_runtime_int\.h' "$src"/ccl "$src"/tp "$src"/app; fail=1
 else
-  echo "ok: nothing in ccl/, tp/, host/app/ includes kb_runtime_int.h"
+  echo "ok: nothing in ccl/, tp/, app/ includes kb_runtime_int.h"
 fi
 [ $fail = 0 ] && echo "layers: all checks held"
 exit $fail
