@@ -38,6 +38,7 @@ inject ccl/kb_ccl.c        kb_tp.h         kb_ccl
 inject host/kb_runtime.c   kb_ccl.h        kb_host
 inject host/kb_tl.c        kb_dist.h       kb_host
 inject cl/kb_replay.c      kb_runtime.h    kb_cl
+inject cl/devd/kb_devd.c   kb_runtime.h    kb_cl
 inject sched/kb_sim.c      kb_runtime.h    kb_sched
 inject sched/kb_res.c      kb_oplog.h      kb_sched
 inject ccl/kb_ipcq.c       kb_runtime_int.h kb_ccl

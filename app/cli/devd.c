@@ -1,6 +1,6 @@
 /*
- * kbcl devd — starts, queries or stops a device server (cl/kb_devd.h): a process that keeps
- * an OpenCL device set up (context, built program) so that `kbcl run`, sweeps and every
+ * kbcl devd — starts, queries or stops a device server (cl/devd/kb_devd.h): a process that
+ * keeps an OpenCL device set up (context, built program) so that `kbcl run`, sweeps and every
  * other kbcl process on this machine with --device gpu/cpu/auto use it without their own
  * set-up. Limits: one server per device name and socket folder; the server runs the
  * OpenCL backend only (ref needs no set-up).

@@ -1,5 +1,6 @@
 /*
- * fuzz_devd — the device server's protocol (cl/kb_devd.c, kb_devd.h) from a byte stream.
+ * fuzz_devd — the device server's protocol (cl/devd/kb_devd.c, kb_devd.h, kb_devd_proto.h)
+ * from a byte stream.
  *
  * The input is what one client sends on one connection: request headers (kb_devd_msg) and
  * their data, back to back. kb_devd_serve_conn serves it, in this thread, from one end of a

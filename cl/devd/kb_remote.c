@@ -1,5 +1,6 @@
 /*
- * kb_remote — a Phase-2 backend served by a device server (kb_remote.h, kb_devd.h).
+ * kb_remote — a Phase-2 backend served by a device server (kb_remote.h; the protocol:
+ * kb_devd_proto.h).
  */
 #include "kb_remote.h"
 

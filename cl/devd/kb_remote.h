@@ -1,5 +1,6 @@
 /*
- * kb_remote — the client side of the device server (kb_devd.h): a Phase-2 backend whose
+ * kb_remote — the client side of the device server (kb_devd.h; the protocol and the socket
+ * helpers it shares with the server: kb_devd_proto.h): a Phase-2 backend whose
  * device lives in a `kbcl devd` process. It is device-resident: the kb_resident bookkeeping
  * (which simulated bytes live where, what is dirty) stays in this process, and its device
  * primitives become requests; a flush's batches travel as one request and run on the
@@ -22,7 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kb_devd.h"
+#include "kb_devd_proto.h"
 #include "kb_err.h"
 #include "kb_opencl.h"
 #include "kb_replay.h"
