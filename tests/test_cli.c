@@ -157,6 +157,45 @@ static void line_of(const char *out, const char *prefix, char *line, size_t n)
 }
 
 /*
+ * kbcl list --set / --topology lists what a run with the same options sees: an entry made by
+ * --set, another world size, the SIP count of a rank = SIP world; what run refuses, it refuses.
+ */
+static void test_list_set(void **s)
+{
+    static char out[65536];
+    char line[512];
+    (void)s;
+    assert_int_equal(kbt_kbcl(out, sizeof out, "list --set system.sips.count=4 "
+                              "--set ccl.algorithms.mine.module=ring_rsag_allreduce "
+                              "--set ccl.algorithms.mine.topology=ring_1d "
+                              "--set ccl.algorithms.ring_rsag_allreduce.world_size=12"), 0);
+    line_of(out, "  mine ", line, sizeof line);
+    assert_non_null(strstr(line, " ring_rsag_allreduce "));
+    assert_non_null(strstr(line, " 4 SIPs "));
+    assert_non_null(strstr(line, " rank = SIP, lanes"));
+    line_of(out, "  hierarchical_allreduce_sip ", line, sizeof line);
+    assert_non_null(strstr(line, " 4 SIPs "));
+    line_of(out, "  ring_rsag_allreduce ", line, sizeof line);
+    assert_non_null(strstr(line, " 12 "));
+    assert_non_null(strstr(line, " rank = PE"));
+    /* the shipped machine: 2 SIPs */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "list"), 0);
+    line_of(out, "  hierarchical_allreduce_sip ", line, sizeof line);
+    assert_non_null(strstr(line, " 2 SIPs "));
+    /* refused as kbcl run refuses them */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "list --set nope=1"), 2);
+    kbt_msg_has(out, "kbcl list: --set nope=1: unknown key 'nope'");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "list --set "
+                              "ccl.algorithms.ring_rsag_allreduce.channels=200"), 2);
+    kbt_msg_has(out, "kbcl list: ccl.algorithms.ring_rsag_allreduce: channels = 200 but a SIP "
+                     "has 128 PEs");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "list --topology missing.yaml"), 2);
+    kbt_msg_has(out, "kbcl list: ");
+    kbt_msg_has(out, "missing.yaml");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "list --set"), 2);
+}
+
+/*
  * kbcl list names every entry of configs/ccl.yaml (the names --algorithm takes) and marks the
  * default with '*'. The entries are read here from the file's text, not through the loader,
  * so an entry the loader dropped would show up as missing.
@@ -230,9 +269,9 @@ static void test_list_entries(void **s)
                      "* tree7       tree_allreduce       all_reduce      tree_binary  "
                      "7           rank = PE\n"
                      "  lanes_ring  ring_allreduce       all_reduce      ring_1d      "
-                     "SIPs        rank = SIP, lanes\n"
+                     "2 SIPs      rank = SIP, lanes\n"
                      "  pg          intercube_allreduce  all_reduce      none         "
-                     "SIPs        rank = SIP, process group\n"
+                     "2 SIPs      rank = SIP, process group\n"
                      "  ghost       no_such_module       -               -            "
                      "4           unknown module (a plugin not loaded?)\n");
     kbt_write_file("list2.yaml", "defaults:\n  algorithm: elsewhere\nalgorithms:\n"
@@ -1370,6 +1409,7 @@ int main(void)
         cmocka_unit_test(test_gpt3_qkv),
         cmocka_unit_test(test_usage),
         cmocka_unit_test(test_list_entries),
+        cmocka_unit_test(test_list_set),
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_sim_errors),
         cmocka_unit_test(test_ccl_matrix),

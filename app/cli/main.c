@@ -103,12 +103,16 @@ static void usage_run(FILE *f)
 
 static void usage_list(FILE *f)
 {
-    fputs("usage: kbcl list [--plugin FILE.so]... [--ccl FILE]\n"
+    fputs("usage: kbcl list [--plugin FILE.so]... [--ccl FILE] [--topology FILE]\n"
+          "                 [--set KEY=VALUE]...\n"
           "\n"
           "  lists benches, the entries of ccl.yaml (the default one or --ccl FILE: the names\n"
           "  --algorithm takes, the default marked *), the collective modules they name,\n"
           "  topologies and devices: kbcl's own, then what each plugin adds (plugins of\n"
-          "  KBCL_PLUGIN_PATH, of --plugin, and of the plugins: list of that ccl.yaml)\n",
+          "  KBCL_PLUGIN_PATH, of --plugin, and of the plugins: list of that ccl.yaml).\n"
+          "  --set and --topology apply as kbcl run applies them, so the entries are those a\n"
+          "  run with the same options sees (a new entry, another world size or SIP count);\n"
+          "  an assignment or file kbcl run would refuse is refused here too (exit 2)\n",
           f);
 }
 
@@ -200,7 +204,7 @@ static const char *entry_model(const kb_ccl_cfg *ccl, const kb_ccl_algo *e, int 
 }
 
 /* Every entry of the ccl file in use: the names --algorithm takes, the default marked. */
-static void list_entries(const kb_plugins *ps, const kb_ccl_cfg *ccl)
+static void list_entries(const kb_plugins *ps, const kb_ccl_cfg *ccl, int nsips)
 {
     int wn = 5, wm = 6, wt = 8, have_default = 0;
     char from[96];
@@ -213,8 +217,9 @@ static void list_entries(const kb_plugins *ps, const kb_ccl_cfg *ccl)
     }
     printf("ccl.yaml entries (%s): the names --algorithm takes; * marks the default "
            "(defaults.algorithm), the one kbcl run --bench ccl runs without --algorithm. "
-           "world size: the entry's, which --world-size N overrides; SIPs = one rank per SIP "
-           "(system.sips.count):\n", ccl->path[0] ? ccl->path : "no file: built-in defaults");
+           "world size: the entry's, which --world-size N overrides; N SIPs = one rank per SIP "
+           "of the machine (system.sips.count):\n",
+           ccl->path[0] ? ccl->path : "no file: built-in defaults");
     printf("  %-*s  %-*s  %-14s  %-*s  %-10s  %s\n", wn, "entry", wm, "module", "collective",
            wt, "topology", "world size", "rank model");
     for (int i = 0; i < ccl->nalgos; i++) {
@@ -226,7 +231,7 @@ static void list_entries(const kb_plugins *ps, const kb_ccl_cfg *ccl)
         int n = kb_ccl_config_params(ccl, e).world_size;
 
         if (!strncmp(model, "rank = SIP", 10))
-            snprintf(ws, sizeof ws, "SIPs");
+            snprintf(ws, sizeof ws, "%d SIPs", nsips);
         else if (n > 0)
             snprintf(ws, sizeof ws, "%d", n);
         else
@@ -246,13 +251,17 @@ static void list_entries(const kb_plugins *ps, const kb_ccl_cfg *ccl)
 
 static int cmd_list(int argc, char **argv)
 {
-    const char *files[KBCL_MAX_PLUGIN_ARGS], *ccl_path = NULL;
+    const char *files[KBCL_MAX_PLUGIN_ARGS], *sets[KBCL_MAX_SETS], *ccl_path = NULL;
+    const char *topo_path = NULL;
     const kb_plugin_info *pi;
     kb_plugins *ps = NULL;
-    kb_ccl_cfg *ccl = NULL;
+    kb_ccl_cfg *ccl = NULL, *chk = NULL;
+    kb_config cfg;
     kb_errbuf eb = { { 0 } };
-    char from[96], cclbuf[4096];
-    int nfiles = 0, rc = 0;
+    char from[96], cclbuf[4096], topobuf[4096];
+    int nfiles = 0, nsets = 0, rc = 0;
+
+    kb_config_defaults(&cfg);
 
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -263,6 +272,10 @@ static int cmd_list(int argc, char **argv)
             files[nfiles++] = argv[++i];
         } else if (!strcmp(argv[i], "--ccl") && i + 1 < argc) {
             ccl_path = argv[++i];
+        } else if (!strcmp(argv[i], "--topology") && i + 1 < argc) {
+            topo_path = argv[++i];
+        } else if (!strcmp(argv[i], "--set") && i + 1 < argc && nsets < KBCL_MAX_SETS) {
+            sets[nsets++] = argv[++i];
         } else {
             fprintf(stderr, "kbcl list: unexpected argument '%s'\n", argv[i]);
             usage_list(stderr);
@@ -280,8 +293,35 @@ static int cmd_list(int argc, char **argv)
     kb_ccl_config_defaults(ccl);
     if (!ccl_path)
         ccl_path = kbcl_default_config("ccl.yaml", cclbuf, sizeof cclbuf);
+    if (!topo_path)
+        topo_path = kbcl_default_config("topology.yaml", topobuf, sizeof topobuf);
     if ((ccl_path && kb_ccl_config_load(ccl, ccl_path, &eb) != 0) ||
-        kbcl_ccl_plugins(ps, ccl, &eb) != 0) {
+        kbcl_ccl_plugins(ps, ccl, &eb) != 0 ||
+        (topo_path && kb_config_load_topology(&cfg, topo_path, &eb) != 0)) {
+        fprintf(stderr, "kbcl list: %s\n", eb.msg);
+        rc = KBCL_EXIT_USAGE;
+        goto out;
+    }
+    /* the assignments kbcl run would apply, in order, then its checks */
+    for (int i = 0; i < nsets; i++)
+        if (kbcl_config_set(&cfg, ccl, sets[i], &eb) != 0) {
+            fprintf(stderr, "kbcl list: %s\n", eb.msg);
+            rc = KBCL_EXIT_USAGE;
+            goto out;
+        }
+    /* kbcl run validates with its --algorithm as the default; list names none, so a default
+     * that is no entry of the file is listed with its note below, not refused: the check runs
+     * on a copy that selects the first entry instead */
+    if (!(chk = malloc(sizeof *chk))) {
+        fprintf(stderr, "kbcl list: out of memory\n");
+        rc = KBCL_EXIT_SIM;
+        goto out;
+    }
+    *chk = *ccl;
+    if (chk->nalgos > 0 && !kb_ccl_config_find(chk, chk->defaults.algorithm))
+        snprintf(chk->defaults.algorithm, sizeof chk->defaults.algorithm, "%s",
+                 chk->algos[0].name);
+    if (kb_config_validate(&cfg, &eb) != 0 || kb_ccl_config_validate(chk, &cfg.topo, &eb) != 0) {
         fprintf(stderr, "kbcl list: %s\n", eb.msg);
         rc = KBCL_EXIT_USAGE;
         goto out;
@@ -295,7 +335,7 @@ static int cmd_list(int argc, char **argv)
                    b->params[j].doc, (long long)b->params[j].dflt, (long long)b->params[j].min,
                    (long long)b->params[j].max);
     }
-    list_entries(ps, ccl);
+    list_entries(ps, ccl, cfg.topo.sips_count);
     printf("collective modules, rank = PE form (the implementations entries name as module:, "
            "collective kind; every rank is one PE, layout single_shard_per_rank; with "
            "world_size 0 one rank per SIP in lanes over the SIP's PEs, unless the module has a "
@@ -335,7 +375,9 @@ static int cmd_list(int argc, char **argv)
             printf("      bench                 %s\n", pi->benches[j]->name);
     }
 out:
+    free(chk);
     free(ccl);
+    kb_config_fini(&cfg);
     kb_plugins_destroy(ps);
     return rc;
 }
