@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1221,6 +1224,40 @@ static void test_device_transfers(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device gpu"), 4);
 }
 
+/* Sends a malformed request (64 bytes of 0xff) to the server at sock and reads until it closes
+ * the connection. */
+static void devd_send_garbage(const char *sock)
+{
+    struct sockaddr_un a = { 0 };
+    unsigned char junk[64], buf[256];
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    a.sun_family = AF_UNIX;
+    assert_true(strlen(sock) < sizeof a.sun_path);
+    memcpy(a.sun_path, sock, strlen(sock) + 1);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    memset(junk, 0xff, sizeof junk);
+    assert_int_equal(write(fd, junk, sizeof junk), (ssize_t)sizeof junk);
+    shutdown(fd, SHUT_WR);
+    while (read(fd, buf, sizeof buf) > 0)
+        ;
+    close(fd);
+}
+
+/* Waits up to 10 s for file to hold text; the file's text (caller frees) or a failure. */
+static char *wait_for_text(const char *file, const char *text)
+{
+    for (int i = 0; i < 1000; i++) {
+        char *t = kbt_slurp(file);
+        if (t && strstr(t, text))
+            return t;
+        free(t);
+        usleep(10000);
+    }
+    fail_msg("%s never held '%s'", file, text);
+    return NULL;
+}
+
 /* The device server end to end (PoCL in CI): `kbcl devd --detach` sets the CPU device up once;
  * a run with --device cpu then goes through it (same digest and transfers as in process, no
  * set-up of its own); KBCL_DEVD=off keeps a run in process; a second server for the same
@@ -1239,6 +1276,21 @@ static void test_device_server(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "devd --device cpu --detach --idle-exit 120"), 0);
     assert_non_null(strstr(out, "kbcl devd: serving cpu ("));
     assert_non_null(strstr(out, "/devd/cpu.sock, pid "));
+    assert_non_null(strstr(out, "; log "));
+    assert_non_null(strstr(out, "/devd/cpu.sock.log\n"));
+    /* detached, the server's lines go to its log, with the time: a malformed request's */
+    char sock[600];
+    snprintf(sock, sizeof sock, "%s/cpu.sock", dir);
+    devd_send_garbage(sock);
+    char *log = wait_for_text("devd/cpu.sock.log", "closed the connection of pid ");
+    assert_non_null(strstr(log, ": unknown request 4294967295\n"));
+    assert_non_null(strstr(log, " kbcl devd["));
+    free(log);
+    struct stat lst;
+    char logp[600];
+    kbt_path(logp, sizeof logp, "devd/cpu.sock.log");
+    assert_int_equal(stat(logp, &lst), 0);
+    assert_int_equal(lst.st_mode & 0777, 0600);
     assert_int_equal(kbt_kbcl(out, sizeof out, "devd --device cpu --detach"), 2);
     assert_non_null(strstr(out, "a device server already listens at "));
     int rc = kbt_kbcl(out, sizeof out,

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kb_cli.h"
@@ -38,7 +39,9 @@ static void usage_devd(FILE *f)
           "  they skip the driver's set-up (docs/phase2.md, \"Device server\").\n"
           "\n"
           "  --device D        the device to serve (default gpu)\n"
-          "  --detach          run in the background; returns once the server listens\n"
+          "  --detach          run in the background; returns once the server listens. Its\n"
+          "                    lines (refused connections, closed malformed ones) go to\n"
+          "                    D.sock.log beside the socket (0600, restarted past 1 MiB)\n"
           "  --idle-exit S     exit after S seconds without sessions (default: never in the\n"
           "                    foreground, 1800 with --detach; 0 = never)\n"
           "  --status          say whether a server for D runs, and what it serves\n"
@@ -55,14 +58,41 @@ static void usage_devd(FILE *f)
 
 typedef struct devd_master {
     kb_backend be;
+    const char *log_path; /* detached: the server's log (its stderr is /dev/null); NULL: stderr */
 } devd_master;
 
-/* The server's lines (refused peers, closed connections) on its stderr: /dev/null once
- * detached. */
+/* A detached server's log starts over past this size, so a flood of refused connections
+ * cannot fill the disk. */
+#define DEVD_LOG_MAX ((off_t)1 << 20)
+
+/* The server's lines (refused peers, closed connections): on its stderr in the foreground;
+ * detached, appended to log_path (0600, next to the socket in its private folder) with the
+ * time, opened per line so that a removed log is made again. */
 static void log_line(void *arg, const char *line)
 {
-    (void)arg;
-    fprintf(stderr, "kbcl devd: %s\n", line);
+    const devd_master *m = arg;
+    char stamp[32] = "", buf[512];
+    struct stat st;
+    struct tm tm;
+    time_t now;
+    int fd, n;
+
+    if (!m->log_path) {
+        fprintf(stderr, "kbcl devd: %s\n", line);
+        return;
+    }
+    fd = open(m->log_path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return;
+    if (fstat(fd, &st) == 0 && st.st_size > DEVD_LOG_MAX)
+        (void)!ftruncate(fd, 0);
+    now = time(NULL);
+    if (localtime_r(&now, &tm))
+        strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &tm);
+    n = snprintf(buf, sizeof buf, "%s kbcl devd[%d]: %s\n", stamp, (int)getpid(), line);
+    if (n > 0)
+        (void)!write(fd, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+    close(fd);
 }
 
 static int clone_session(void *arg, kb_backend *out, char *desc, size_t desc_n, kb_errbuf *eb)
@@ -92,7 +122,8 @@ static int want_of(const char *dev, kb_cl_want *w)
 
 /* Sets the device up and serves; `ready` (or -1) hears one byte once listening, or the
  * error text. Returns an exit code. */
-static int serve(const char *dev, const char *path, double idle, int ready)
+static int serve(const char *dev, const char *path, const char *log_path, double idle,
+                 int ready)
 {
     devd_master m;
     kb_errbuf eb = { { 0 } };
@@ -104,6 +135,7 @@ static int serve(const char *dev, const char *path, double idle, int ready)
 
     (void)want_of(dev, &w);
     memset(&m, 0, sizeof m);
+    m.log_path = log_path;
     kb_opencl_env();
     if ((rc = kb_opencl_backend_create(w, &m.be, desc, sizeof desc, &eb)) != 0)
         goto fail;
@@ -216,8 +248,10 @@ int kbcl_cmd_devd(int argc, char **argv)
         return KBCL_EXIT_USAGE;
     }
     if (!detach)
-        return serve(dev, path, idle < 0 ? 0 : idle, -1);
+        return serve(dev, path, NULL, idle < 0 ? 0 : idle, -1);
 
+    char log_path[600];
+    snprintf(log_path, sizeof log_path, "%s.log", path);
     int p[2];
     if (pipe(p) != 0) {
         fprintf(stderr, "kbcl devd: pipe: %s\n", strerror(errno));
@@ -243,7 +277,7 @@ int kbcl_cmd_devd(int argc, char **argv)
             if (nul > 2)
                 close(nul);
         }
-        _exit(serve(dev, path, idle < 0 ? 1800 : idle, p[1]));
+        _exit(serve(dev, path, log_path, idle < 0 ? 1800 : idle, p[1]));
     }
     close(p[1]);
     waitpid(pid, NULL, 0);
@@ -255,10 +289,10 @@ int kbcl_cmd_devd(int argc, char **argv)
     msg[got > 0 ? got : 0] = '\0';
     if (got == 1 && msg[0] == 1) {
         if (kb_remote_hello(path, &h, &eb) == 0)
-            printf("kbcl devd: serving %s (%s, program cache %s) at %s, pid %d\n", dev, h.desc,
-                   kb_cl_cache_state_name(h.setup.cache), path, (int)h.pid);
+            printf("kbcl devd: serving %s (%s, program cache %s) at %s, pid %d; log %s\n", dev,
+                   h.desc, kb_cl_cache_state_name(h.setup.cache), path, (int)h.pid, log_path);
         else
-            printf("kbcl devd: serving %s at %s\n", dev, path);
+            printf("kbcl devd: serving %s at %s; log %s\n", dev, path, log_path);
         return 0;
     }
     fprintf(stderr, "kbcl devd: %s\n", got > 0 ? msg : "the server exited before listening");
