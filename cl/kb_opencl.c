@@ -249,106 +249,111 @@ static void make_nn_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
     }
 }
 
-/* Fills the entry of one record; *units receives its work units (0: nothing to do). */
-static void make_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
+/* SOFTMAX: one line per row (axis 1) or per column, read through the strides. */
+static void make_softmax_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
+{
+    const kb_opnd *d = &r->dst, *s = r->src;
+    int rows = r->op == 1; /* axis 1: one line per row */
+
+    set_opnd(e, 1, &s[0]);
+    e->rows = rows ? d->rows : d->cols;
+    e->cols = rows ? d->cols : d->rows;
+    e->rs[0] = rows ? d->ld : 1;
+    e->cs[0] = rows ? 1 : d->ld;
+    e->rs[1] = rows ? s[0].ld : 1;
+    e->cs[1] = rows ? 1 : s[0].ld;
+    *units = e->cols == 0 ? 0 : (e->rows + KB_OCL_LN_LOCAL - 1) / KB_OCL_LN_LOCAL;
+}
+
+/* REDUCE: one line per output element, along axis 1 or (KB_REC_AXIS0) axis 0. */
+static void make_reduce_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
+{
+    const kb_opnd *d = &r->dst, *s = r->src;
+    int axis0 = (r->flags & KB_REC_AXIS0) != 0;
+
+    set_opnd(e, 1, &s[0]);
+    e->rows = axis0 ? s[0].cols : s[0].rows;
+    e->cols = axis0 ? s[0].rows : s[0].cols;
+    e->rs[0] = axis0 ? 1 : d->ld;
+    e->rs[1] = axis0 ? 1 : s[0].ld;
+    e->cs[1] = axis0 ? s[0].ld : 1;
+    *units = (e->rows + KB_OCL_LN_LOCAL - 1) / KB_OCL_LN_LOCAL;
+}
+
+/* GEMM: one work unit per output tile. */
+static void make_gemm_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
 {
     const kb_opnd *d = &r->dst, *s = r->src;
 
-    memset(e, 0, sizeof *e);
-    set_opnd(e, 0, d);
-    e->op = r->op;
-    e->imm0 = r->imm[0];
-    e->imm1 = r->imm[1];
-    switch (r->kind) {
-    case KB_REC_TRANSPOSE:
-    case KB_REC_ATTN_SOFTMAX:
-    case KB_REC_GATHER:
-        make_nn_entry(r, e, units);
-        return;
-    case KB_REC_SOFTMAX: {
-        int rows = r->op == 1; /* axis 1: one line per row */
-        set_opnd(e, 1, &s[0]);
-        e->rows = rows ? d->rows : d->cols;
-        e->cols = rows ? d->cols : d->rows;
-        e->rs[0] = rows ? d->ld : 1;
-        e->cs[0] = rows ? 1 : d->ld;
-        e->rs[1] = rows ? s[0].ld : 1;
-        e->cs[1] = rows ? 1 : s[0].ld;
-        *units = e->cols == 0 ? 0 : (e->rows + KB_OCL_LN_LOCAL - 1) / KB_OCL_LN_LOCAL;
-        return;
-    }
-    case KB_REC_REDUCE: {
-        int axis0 = (r->flags & KB_REC_AXIS0) != 0;
-        set_opnd(e, 1, &s[0]);
-        e->rows = axis0 ? s[0].cols : s[0].rows;
-        e->cols = axis0 ? s[0].rows : s[0].cols;
-        e->rs[0] = axis0 ? 1 : d->ld;
-        e->rs[1] = axis0 ? 1 : s[0].ld;
-        e->cs[1] = axis0 ? s[0].ld : 1;
-        *units = (e->rows + KB_OCL_LN_LOCAL - 1) / KB_OCL_LN_LOCAL;
-        return;
-    }
-    case KB_REC_GEMM: {
-        set_opnd(e, 1, &s[0]);
+    set_opnd(e, 1, &s[0]);
+    set_opnd(e, 2, &s[1]);
+    e->rows = d->rows;
+    e->cols = d->cols;
+    e->kdim = s[0].cols;
+    e->rs[0] = d->ld;
+    e->rs[1] = s[0].ld;
+    e->rs[2] = s[1].ld;
+    if (r->flags & KB_REC_ACC)
+        e->flags |= EF_ACC;
+    if (s[0].dtype == KB_F16 && s[1].dtype == KB_F16)
+        e->flags |= EF_FMA; /* f16 x f16 is exact in f32, so fma == multiply then add */
+    *units = (uint64_t)((d->rows + KB_GEMM_TM - 1) / KB_GEMM_TM) *
+             ((d->cols + KB_GEMM_TN - 1) / KB_GEMM_TN);
+}
+
+/* GEN: parameters in the operand slots (kb_oplog.h, replay.cl's kb_gen). */
+static void make_gen_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
+{
+    const kb_opnd *d = &r->dst, *s = r->src;
+
+    e->off[1] = s[0].addr;
+    e->off[2] = s[1].addr;
+    e->off[3] = s[2].addr;
+    e->kdim = s[0].rows;
+    e->rs[1] = s[0].cols;
+    e->rows = d->rows;
+    e->cols = d->cols;
+    e->rs[0] = d->ld;
+    *units = ((uint64_t)d->rows * d->cols + KB_OCL_EW_CHUNK - 1) / KB_OCL_EW_CHUNK;
+}
+
+/* DEQUANT: slot 1 elements, 2 metadata, 3 scale; cs[1], cs[2]: the scale's row and column
+ * blocks (dst rows / columns per scale element). */
+static void make_dequant_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
+{
+    const kb_opnd *d = &r->dst, *s = r->src;
+    int sparse = (r->flags & KB_REC_QSPARSE) != 0, scaled = (r->flags & KB_REC_QSCALE) != 0;
+
+    set_opnd(e, 1, &s[0]);
+    e->rs[1] = s[0].ld;
+    if (sparse) {
         set_opnd(e, 2, &s[1]);
-        e->rows = d->rows;
-        e->cols = d->cols;
-        e->kdim = s[0].cols;
-        e->rs[0] = d->ld;
-        e->rs[1] = s[0].ld;
         e->rs[2] = s[1].ld;
-        if (r->flags & KB_REC_ACC)
-            e->flags |= EF_ACC;
-        if (s[0].dtype == KB_F16 && s[1].dtype == KB_F16)
-            e->flags |= EF_FMA; /* f16 x f16 is exact in f32, so fma == multiply then add */
-        *units = (uint64_t)((d->rows + KB_GEMM_TM - 1) / KB_GEMM_TM) *
-                 ((d->cols + KB_GEMM_TN - 1) / KB_GEMM_TN);
-        return;
+        e->flags |= EF_QSPARSE;
     }
-    case KB_REC_GEN: /* parameters in the operand slots (kb_oplog.h, replay.cl's kb_gen) */
-        e->off[1] = s[0].addr;
-        e->off[2] = s[1].addr;
-        e->off[3] = s[2].addr;
-        e->kdim = s[0].rows;
-        e->rs[1] = s[0].cols;
-        e->rows = d->rows;
-        e->cols = d->cols;
-        e->rs[0] = d->ld;
-        *units = ((uint64_t)d->rows * d->cols + KB_OCL_EW_CHUNK - 1) / KB_OCL_EW_CHUNK;
-        return;
-    case KB_REC_DEQUANT: {
-        /* slot 1 elements, 2 metadata, 3 scale; cs[1], cs[2]: the scale's row and column
-         * blocks (dst rows / columns per scale element) */
-        int sparse = (r->flags & KB_REC_QSPARSE) != 0, scaled = (r->flags & KB_REC_QSCALE) != 0;
-        set_opnd(e, 1, &s[0]);
-        e->rs[1] = s[0].ld;
-        if (sparse) {
-            set_opnd(e, 2, &s[1]);
-            e->rs[2] = s[1].ld;
-            e->flags |= EF_QSPARSE;
-        }
-        if (scaled) {
-            const kb_opnd *sc = &s[r->nsrc - 1];
-            set_opnd(e, 3, sc);
-            e->rs[3] = sc->ld;
-            e->cs[1] = d->rows / sc->rows;
-            e->cs[2] = d->cols / sc->cols;
-            e->flags |= EF_QSCALE;
-        }
-        e->rows = d->rows;
-        e->cols = d->cols;
-        e->rs[0] = d->ld;
-        if ((uint64_t)d->rows * d->cols > UINT32_MAX)
-            e->flags |= EF_BIG;
-        *units = ((uint64_t)d->rows * d->cols + KB_OCL_EW_CHUNK - 1) / KB_OCL_EW_CHUNK;
-        return;
+    if (scaled) {
+        const kb_opnd *sc = &s[r->nsrc - 1];
+        set_opnd(e, 3, sc);
+        e->rs[3] = sc->ld;
+        e->cs[1] = d->rows / sc->rows;
+        e->cs[2] = d->cols / sc->cols;
+        e->flags |= EF_QSCALE;
     }
-    default:
-        break;
-    }
-    /* Elementwise: dst rows x cols in row-major order; sources broadcast with stride 0. */
+    e->rows = d->rows;
+    e->cols = d->cols;
+    e->rs[0] = d->ld;
+    if ((uint64_t)d->rows * d->cols > UINT32_MAX)
+        e->flags |= EF_BIG;
+    *units = ((uint64_t)d->rows * d->cols + KB_OCL_EW_CHUNK - 1) / KB_OCL_EW_CHUNK;
+}
+
+/* Elementwise: dst rows x cols in row-major order; sources broadcast with stride 0. */
+static void make_ew_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
+{
+    const kb_opnd *d = &r->dst, *s = r->src;
     uint64_t n = (uint64_t)d->rows * d->cols;
     int flat = 1;
+
     e->rows = d->rows;
     e->cols = d->cols;
     e->rs[0] = d->ld;
@@ -382,6 +387,41 @@ static void make_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
     if (n > UINT32_MAX)
         e->flags |= EF_BIG;
     *units = (n + KB_OCL_EW_CHUNK - 1) / KB_OCL_EW_CHUNK;
+}
+
+/* Fills the entry of one record; *units receives its work units (0: nothing to do). */
+static void make_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
+{
+    memset(e, 0, sizeof *e);
+    set_opnd(e, 0, &r->dst);
+    e->op = r->op;
+    e->imm0 = r->imm[0];
+    e->imm1 = r->imm[1];
+    switch (r->kind) {
+    case KB_REC_TRANSPOSE:
+    case KB_REC_ATTN_SOFTMAX:
+    case KB_REC_GATHER:
+        make_nn_entry(r, e, units);
+        return;
+    case KB_REC_SOFTMAX:
+        make_softmax_entry(r, e, units);
+        return;
+    case KB_REC_REDUCE:
+        make_reduce_entry(r, e, units);
+        return;
+    case KB_REC_GEMM:
+        make_gemm_entry(r, e, units);
+        return;
+    case KB_REC_GEN:
+        make_gen_entry(r, e, units);
+        return;
+    case KB_REC_DEQUANT:
+        make_dequant_entry(r, e, units);
+        return;
+    default:
+        make_ew_entry(r, e, units);
+        return;
+    }
 }
 
 static int cl_run_batch(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
