@@ -249,6 +249,22 @@ int kbcl_ccl_plugins(kb_plugins *ps, kb_ccl_cfg *ccl, kb_errbuf *eb)
     return 0;
 }
 
+int kbcl_configs_load(const char *topo, const char *ccl_path, kb_plugins *ps, kb_config *cfg,
+                      kb_ccl_cfg *ccl, kb_errbuf *eb)
+{
+    char buf[2][4096];
+    int rc = 0;
+
+    if (!topo)
+        topo = kbcl_default_config("topology.yaml", buf[0], sizeof buf[0]);
+    if (!ccl_path)
+        ccl_path = kbcl_default_config("ccl.yaml", buf[1], sizeof buf[1]);
+    if ((cfg && topo && (rc = kb_config_load_topology(cfg, topo, eb)) != 0) ||
+        (ccl && ccl_path && (rc = kb_ccl_config_load(ccl, ccl_path, eb)) != 0))
+        return rc == KB_ERR_IO ? KB_ERR_USAGE : KB_ERR_CONFIG;
+    return ccl ? kbcl_ccl_plugins(ps, ccl, eb) : 0;
+}
+
 int kbcl_config_set(kb_config *cfg, kb_ccl_cfg *ccl, const char *assignment, kb_errbuf *eb)
 {
     const char *k = assignment;
@@ -324,8 +340,6 @@ int kbcl_job_prepare(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
 {
     const char *bench_name = job->bench ? job->bench : "ccl_allreduce";
     const char *device_name = job->device ? job->device : "ref";
-    const char *topo_path = job->topology, *ccl_path = job->ccl;
-    char pathbuf[2][4096];
     size_t cut;
     int rc, dev;
 
@@ -339,15 +353,9 @@ int kbcl_job_prepare(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     else
         kb_ccl_config_defaults(&res->ccl);
     /* the configuration first: ccl.yaml's plugins may add the bench */
-    if (!topo_path)
-        topo_path = kbcl_default_config("topology.yaml", pathbuf[0], sizeof pathbuf[0]);
-    if (!ccl_path)
-        ccl_path = kbcl_default_config("ccl.yaml", pathbuf[1], sizeof pathbuf[1]);
-    if ((!job->base_cfg && topo_path &&
-         (rc = kb_config_load_topology(&res->cfg, topo_path, eb)) != 0) ||
-        (!job->base_ccl && ccl_path && (rc = kb_ccl_config_load(&res->ccl, ccl_path, eb)) != 0))
-        return rc == KB_ERR_IO ? KB_ERR_USAGE : KB_ERR_CONFIG;
-    if (!job->base_ccl && (rc = kbcl_ccl_plugins(job->plugins, &res->ccl, eb)) != 0)
+    if ((rc = kbcl_configs_load(job->topology, job->ccl, job->plugins,
+                                job->base_cfg ? NULL : &res->cfg,
+                                job->base_ccl ? NULL : &res->ccl, eb)) != 0)
         return rc;
     if (!job->trace_path && (job->trace_filter || job->trace_window))
         return kb_err_set(eb, KB_ERR_USAGE, "%s: there is no trace to limit (add --trace FILE)",

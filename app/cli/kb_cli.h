@@ -109,6 +109,16 @@ int kbcl_ccl_plugins(kb_plugins *ps, kb_ccl_cfg *ccl, kb_errbuf *eb);
  * installed kbcl (PREFIX/bin/kbcl) when it exists (written into buf), else NULL. */
 const char *kbcl_default_config(const char *name, char *buf, size_t n);
 
+/*
+ * The files kbcl run reads: the machine (topo, else kbcl_default_config's topology.yaml, else
+ * the built-in one) into cfg, the collective library (ccl_path, else the default ccl.yaml)
+ * into ccl, then ccl's plugins (kbcl_ccl_plugins with ps). cfg and ccl hold defaults on entry;
+ * a NULL one is left out (and, for ccl, its plugins). 0, KB_ERR_USAGE (a file that cannot be
+ * read) or KB_ERR_CONFIG, with the message in eb.
+ */
+int kbcl_configs_load(const char *topo, const char *ccl_path, kb_plugins *ps, kb_config *cfg,
+                      kb_ccl_cfg *ccl, kb_errbuf *eb);
+
 /* Applies one --set KEY=VALUE: ccl.* keys to ccl, every other key to the machine's cfg. */
 int kbcl_config_set(kb_config *cfg, kb_ccl_cfg *ccl, const char *assignment, kb_errbuf *eb);
 

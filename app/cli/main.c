@@ -258,7 +258,7 @@ static int cmd_list(int argc, char **argv)
     kb_ccl_cfg *ccl = NULL, *chk = NULL;
     kb_config cfg;
     kb_errbuf eb = { { 0 } };
-    char from[96], cclbuf[4096], topobuf[4096];
+    char from[96];
     int nfiles = 0, nsets = 0, rc = 0;
 
     kb_config_defaults(&cfg);
@@ -291,13 +291,7 @@ static int cmd_list(int argc, char **argv)
         goto out;
     }
     kb_ccl_config_defaults(ccl);
-    if (!ccl_path)
-        ccl_path = kbcl_default_config("ccl.yaml", cclbuf, sizeof cclbuf);
-    if (!topo_path)
-        topo_path = kbcl_default_config("topology.yaml", topobuf, sizeof topobuf);
-    if ((ccl_path && kb_ccl_config_load(ccl, ccl_path, &eb) != 0) ||
-        kbcl_ccl_plugins(ps, ccl, &eb) != 0 ||
-        (topo_path && kb_config_load_topology(&cfg, topo_path, &eb) != 0)) {
+    if (kbcl_configs_load(topo_path, ccl_path, ps, &cfg, ccl, &eb) != 0) {
         fprintf(stderr, "kbcl list: %s\n", eb.msg);
         rc = KBCL_EXIT_USAGE;
         goto out;

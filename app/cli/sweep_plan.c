@@ -531,21 +531,13 @@ static int check_load_configs(sw_parse *ps, kb_config *cfg, kb_ccl_cfg *ccl)
 {
     sw_plan *p = ps->p;
     kb_errbuf e2 = { { 0 } };
-    char buf[2][4096];
-    const char *tp = p->topology, *cp = p->ccl;
 
     for (int i = 0; i < p->nplugin_files; i++)
         if ((p->plugins ? kb_plugins_load(p->plugins, p->plugin_files[i], &e2)
                         : kb_err_set(&e2, KB_ERR_CONFIG, "this program loads no plugins")) != 0)
             return markerr(ps, ps->plugin_mark[i], "plugins: %s", e2.msg);
-    /* the same defaults kbcl_job_run uses */
-    if (!tp)
-        tp = kbcl_default_config("topology.yaml", buf[0], sizeof buf[0]);
-    if (!cp)
-        cp = kbcl_default_config("ccl.yaml", buf[1], sizeof buf[1]);
-    if ((tp && kb_config_load_topology(cfg, tp, &e2) != 0) ||
-        (cp && kb_ccl_config_load(ccl, cp, &e2) != 0) ||
-        kbcl_ccl_plugins(p->plugins, ccl, &e2) != 0)
+    /* the files kbcl_job_run reads */
+    if (kbcl_configs_load(p->topology, p->ccl, p->plugins, cfg, ccl, &e2) != 0)
         return kb_err_set(ps->eb, KB_ERR_CONFIG, "%s", e2.msg);
     if (!(p->base_cfg = malloc(sizeof *p->base_cfg)) ||
         !(p->base_ccl = malloc(sizeof *p->base_ccl)))

@@ -421,10 +421,9 @@ static int cfg_load(val_cfg *vc, const kbcl_job *job, kb_errbuf *eb)
              vc->topo_file ? vc->topo_file : "the built-in machine");
     snprintf(vc->ccl_path, sizeof vc->ccl_path, "%s",
              vc->ccl_file ? vc->ccl_file : "the built-in ccl defaults");
-    if ((vc->topo_file && (rc = kb_config_load_topology(vc->cfg, vc->topo_file, eb)) != 0) ||
-        (vc->ccl_file && (rc = kb_ccl_config_load(vc->ccl, vc->ccl_file, eb)) != 0) ||
-        (rc = kbcl_ccl_plugins(job->plugins, vc->ccl, eb)) != 0)
-        return rc == KB_ERR_IO ? KB_ERR_USAGE : KB_ERR_CONFIG;
+    if ((rc = kbcl_configs_load(vc->topo_file, vc->ccl_file, job->plugins, vc->cfg, vc->ccl,
+                                eb)) != 0)
+        return rc;
     *vc->cfg_set = *vc->cfg;
     *vc->ccl_set = *vc->ccl;
     /* a bad --set is one error here, not one per row */
