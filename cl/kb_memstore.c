@@ -372,11 +372,6 @@ void kb_memstore_host_clean(kb_memstore *ms)
     kb_ivset_clear(&ms->host_dirty);
 }
 
-void kb_memstore_device_forget(kb_memstore *ms)
-{
-    kb_ivset_clear(&ms->dev_dirty);
-}
-
 size_t kb_memstore_pages(const kb_memstore *ms)
 {
     return ms->npages;

@@ -82,6 +82,5 @@ int kb_memstore_load(kb_memstore *ms, uint64_t pa, void *dst, size_t n, kb_errbu
 const kb_ivset *kb_memstore_device_dirty(const kb_memstore *ms);
 const kb_ivset *kb_memstore_host_dirty(const kb_memstore *ms);
 void kb_memstore_host_clean(kb_memstore *ms);  /* empties the host-dirty set */
-void kb_memstore_device_forget(kb_memstore *ms); /* empties the device-dirty set (copy lost) */
 
 #endif
