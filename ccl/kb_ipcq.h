@@ -58,6 +58,10 @@ typedef enum kb_dir {
     KB_NDIRS
 } kb_dir;
 
+/* IPCQ's name for what it returns (and stops a kernel with) for a direction that has no queue
+ * pair on the PE; the message names the PE, the direction and the wired ones. */
+#define KB_ERR_DIRECTION KB_ERR_UNWIRED
+
 /* Peer directions: KB_DIR_PEER(k), k < KB_IPCQ_MAX_PEER_DIRS (a queue pair keeps its
  * direction in 16 bits); KB_IPCQ_MAX_DIRS bounds every direction. */
 #define KB_DIR_PEER(k) ((kb_dir)(KB_NDIRS + (k)))

@@ -8,11 +8,22 @@
 const char *kb_strerror(int code)
 {
     switch (code) {
-#define KB_ERR_CASE_(name, value, desc) case (value): return (desc);
+#define KB_ERR_CASE_(name, value, lname, desc) case (value): return (desc);
         KB_ERR_TABLE(KB_ERR_CASE_)
 #undef KB_ERR_CASE_
     default:
         return "unknown error";
+    }
+}
+
+const char *kb_err_name(int code)
+{
+    switch (code) {
+#define KB_ERR_CASE_(name, value, lname, desc) case (value): return (lname);
+        KB_ERR_TABLE(KB_ERR_CASE_)
+#undef KB_ERR_CASE_
+    default:
+        return NULL;
     }
 }
 

@@ -12,30 +12,34 @@
 
 #include <stddef.h>
 
-/* X(name, value, description) */
-#define KB_ERR_TABLE(X)                                                     \
-    X(OK,          0,   "success")                                          \
-    X(NOMEM,       -1,  "out of host memory")                               \
-    X(INVAL,       -2,  "invalid argument")                                 \
-    X(CONFIG,      -3,  "configuration error")                              \
-    X(RANGE,       -4,  "value out of range")                               \
-    X(NOSPACE,     -5,  "simulated memory exhausted")                       \
-    X(NOTFOUND,    -6,  "not found")                                        \
-    X(DEADLOCK,    -7,  "deadlock: fibers wait and no event is pending")    \
-    X(IO,          -8,  "I/O error")                                        \
-    X(DEVICE,      -9,  "compute device error")                             \
-    X(UNSUPPORTED, -10, "not supported")                                    \
-    X(VERIFY,      -11, "verification failed")                              \
-    X(STATE,       -12, "invalid state for this call")                      \
-    X(DIRECTION,   -13, "IPCQ direction not wired on this PE")              \
-    X(ABORTED,     -14, "simulation aborted")                               \
-    X(USAGE,       -15, "usage error")
+/*
+ * X(name, value, lower-case name, description). A code names a kind of failure that any layer
+ * may report; what is particular to one layer (which IPCQ direction, which key) goes in the
+ * message, so no code here belongs to a layer above. Values are stable (programs and saved
+ * sweep rows hold them): a retired code leaves its value unused (-14).
+ */
+#define KB_ERR_TABLE(X)                                                                \
+    X(OK,          0,   "ok",          "success")                                      \
+    X(NOMEM,       -1,  "nomem",       "out of host memory")                           \
+    X(INVAL,       -2,  "inval",       "invalid argument")                             \
+    X(CONFIG,      -3,  "config",      "configuration error")                          \
+    X(RANGE,       -4,  "range",       "value out of range")                           \
+    X(NOSPACE,     -5,  "nospace",     "simulated memory exhausted")                   \
+    X(NOTFOUND,    -6,  "notfound",    "not found")                                    \
+    X(DEADLOCK,    -7,  "deadlock",    "deadlock: fibers wait and no event is pending") \
+    X(IO,          -8,  "io",          "I/O error")                                    \
+    X(DEVICE,      -9,  "device",      "compute device error")                         \
+    X(UNSUPPORTED, -10, "unsupported", "not supported")                                \
+    X(VERIFY,      -11, "verify",      "verification failed")                          \
+    X(STATE,       -12, "state",       "invalid state for this call")                  \
+    X(UNWIRED,     -13, "unwired",     "no link or queue wired in that direction")     \
+    X(USAGE,       -15, "usage",       "usage error")
 
 enum {
-#define KB_ERR_ENUM_(name, value, desc) KB_ERR_##name = (value),
+#define KB_ERR_ENUM_(name, value, lname, desc) KB_ERR_##name = (value),
     KB_ERR_TABLE(KB_ERR_ENUM_)
 #undef KB_ERR_ENUM_
-    KB_ERR_MIN_ = -15
+    KB_ERR_MIN_ = -15 /* the lowest code; not every value above it is one (the holes above) */
 };
 
 /*
@@ -53,6 +57,8 @@ enum {
 
 /* Name of an error code ("simulated memory exhausted"); never NULL. */
 KB_API const char *kb_strerror(int code);
+/* The code's short lower-case name ("nospace"), or NULL when it is no code. */
+KB_API const char *kb_err_name(int code);
 
 /* Caller-owned buffer for the detailed message of the last failure. */
 /*

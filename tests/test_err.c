@@ -1,5 +1,5 @@
 /*
- * test_err — kb_err: code names, message formatting, prefixing and the NULL errbuf.
+ * test_err — kb_err: code names and values, message formatting, prefixing and the NULL errbuf.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,21 +24,68 @@ static void test_strerror_names(void **state)
     assert_int_equal(KB_ERR_USAGE, KB_ERR_MIN_);
 }
 
-/* Every code in [MIN, 0] has its own name; anything else is "unknown error". */
+/* Every code of the table has its own name and short name; anything else is "unknown error"
+ * and no short name. */
+static const int all_codes[] = {
+#define CODE_(name, value, lname, desc) KB_ERR_##name,
+    KB_ERR_TABLE(CODE_)
+#undef CODE_
+};
+#define NCODES (sizeof all_codes / sizeof all_codes[0])
+
+static int is_code(int c)
+{
+    for (size_t i = 0; i < NCODES; i++)
+        if (all_codes[i] == c)
+            return 1;
+    return 0;
+}
+
 static void test_strerror_all_distinct(void **state)
 {
     (void)state;
-    for (int a = KB_ERR_MIN_; a <= 0; a++) {
-        const char *sa = kb_strerror(a);
+    for (size_t a = 0; a < NCODES; a++) {
+        const char *sa = kb_strerror(all_codes[a]);
         assert_non_null(sa);
         assert_true(strlen(sa) > 0);
         assert_string_not_equal(sa, "unknown error");
-        for (int b = a + 1; b <= 0; b++)
-            assert_string_not_equal(sa, kb_strerror(b));
+        assert_non_null(kb_err_name(all_codes[a]));
+        assert_true(all_codes[a] <= 0 && all_codes[a] >= KB_ERR_MIN_);
+        for (size_t b = a + 1; b < NCODES; b++) {
+            assert_int_not_equal(all_codes[a], all_codes[b]);
+            assert_string_not_equal(sa, kb_strerror(all_codes[b]));
+            assert_string_not_equal(kb_err_name(all_codes[a]), kb_err_name(all_codes[b]));
+        }
     }
-    assert_string_equal(kb_strerror(1), "unknown error");
-    assert_string_equal(kb_strerror(KB_ERR_MIN_ - 1), "unknown error");
+    for (int c = KB_ERR_MIN_ - 1; c <= 1; c++)
+        if (!is_code(c)) {
+            assert_string_equal(kb_strerror(c), "unknown error");
+            assert_null(kb_err_name(c));
+        }
     assert_string_equal(kb_strerror(-1000), "unknown error");
+}
+
+/* The values users and saved sweep rows hold never change; retired values stay unused. */
+static void test_codes_stable(void **state)
+{
+    (void)state;
+    assert_int_equal(KB_ERR_NOMEM, -1);
+    assert_int_equal(KB_ERR_INVAL, -2);
+    assert_int_equal(KB_ERR_CONFIG, -3);
+    assert_int_equal(KB_ERR_RANGE, -4);
+    assert_int_equal(KB_ERR_NOSPACE, -5);
+    assert_int_equal(KB_ERR_NOTFOUND, -6);
+    assert_int_equal(KB_ERR_DEADLOCK, -7);
+    assert_int_equal(KB_ERR_IO, -8);
+    assert_int_equal(KB_ERR_DEVICE, -9);
+    assert_int_equal(KB_ERR_UNSUPPORTED, -10);
+    assert_int_equal(KB_ERR_VERIFY, -11);
+    assert_int_equal(KB_ERR_STATE, -12);
+    assert_int_equal(KB_ERR_UNWIRED, -13); /* kb_ipcq.h's KB_ERR_DIRECTION */
+    assert_int_equal(KB_ERR_USAGE, -15);
+    assert_false(is_code(-14)); /* was ABORTED, never returned */
+    assert_string_equal(kb_err_name(KB_ERR_NOSPACE), "nospace");
+    assert_string_equal(kb_err_name(KB_ERR_OK), "ok");
 }
 
 static void test_err_set_formats_and_returns_code(void **state)
@@ -106,6 +153,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_strerror_names),
         cmocka_unit_test(test_strerror_all_distinct),
+        cmocka_unit_test(test_codes_stable),
         cmocka_unit_test(test_err_set_formats_and_returns_code),
         cmocka_unit_test(test_err_set_truncates),
         cmocka_unit_test(test_err_prefix),

@@ -791,8 +791,8 @@ static void test_stop_with_code(void **state)
     expect_trace(&c.tr, want3, 5);
     /* A stop requested outside a run makes the next run return at once. */
     kb_sim_at(sim, 600, cb_mark, &c, (void *)(intptr_t)8);
-    kb_sim_stop(sim, KB_ERR_ABORTED);
-    assert_int_equal(kb_sim_run(sim), KB_ERR_ABORTED);
+    kb_sim_stop(sim, KB_ERR_STATE);
+    assert_int_equal(kb_sim_run(sim), KB_ERR_STATE);
     assert_int_equal(c.tr.n, 5);
     assert_int_equal(kb_sim_run(sim), 0);
     assert_int_equal(c.tr.n, 6);

@@ -27,17 +27,10 @@ const char *const kbcl_sweep_split_cols[SW_NSPLIT] = { "compute_ns", "memory_ns"
 /* Row status of an outcome: "ok", the lower-case KB_ERR_* name, or "crash". */
 const char *kbcl_sweep_status_name(int rc)
 {
-    static const char *const lower[] = {
-        "ok", "nomem", "inval", "config", "range", "nospace", "notfound", "deadlock", "io",
-        "device", "unsupported", "verify", "state", "direction", "aborted", "usage",
-    };
-    _Static_assert(sizeof lower / sizeof lower[0] == 1 - KB_ERR_MIN_,
-                   "one status name per KB_ERR_* code");
+    const char *name = kb_err_name(rc);
     if (rc == SW_CRASH)
         return "crash";
-    if (rc <= 0 && rc >= KB_ERR_MIN_)
-        return lower[-rc];
-    return "error";
+    return name ? name : "error";
 }
 
 /* ---------------------------------------------------------------- rows --------------- */

@@ -48,7 +48,7 @@ typedef struct feed {
 
 static void check_reply(const kb_devd_rep *r)
 {
-    KBF_CHECK(r->rc <= 0 && r->rc >= KB_ERR_MIN_, "reply rc %d", (int)r->rc);
+    KBF_CHECK(kb_err_name(r->rc) != NULL, "reply rc %d is no KB_ERR_* code", (int)r->rc);
     KBF_CHECK(r->rc != 0 || r->msglen == 0, "a success with a message");
     KBF_CHECK(r->rc == 0 || r->len == 0, "an error with data");
     KBF_CHECK(r->msglen < sizeof(((kb_errbuf *)0)->msg), "message of %u bytes",
