@@ -75,7 +75,7 @@ int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb)
         if (strcmp(o, str_opts[k].opt))
             continue;
         if (!v)
-            return kb_err_set(eb, -1, "%s needs a value", o);
+            return kb_err_set(eb, KB_ERR_USAGE, "%s needs a value", o);
         *(const char **)((char *)job + str_opts[k].off) = v;
         (*i)++;
         return 1;
@@ -83,9 +83,10 @@ int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb)
     if (!strcmp(o, "--set") || !strcmp(o, "--param")) {
         int is_set = o[2] == 's';
         if (!v)
-            return kb_err_set(eb, -1, "%s needs a value", o);
+            return kb_err_set(eb, KB_ERR_USAGE, "%s needs a value", o);
         if ((is_set ? job->nsets : job->nparams) >= KBCL_MAX_SETS)
-            return kb_err_set(eb, -1, "too many %s options (at most %d)", o, KBCL_MAX_SETS);
+            return kb_err_set(eb, KB_ERR_USAGE, "too many %s options (at most %d)", o,
+                              KBCL_MAX_SETS);
         if (is_set)
             job->sets[job->nsets++] = v;
         else

@@ -124,7 +124,8 @@ int kbcl_config_set(kb_config *cfg, kb_ccl_cfg *ccl, const char *assignment, kb_
 
 /*
  * Parses one `kbcl run` option at argv[*i] into job (advancing *i past its value). Returns 1
- * if it was a job option, 0 if not, -1 on a missing value (message in eb).
+ * if it was a job option, 0 if not, KB_ERR_USAGE on a missing value or one --set/--param too
+ * many (message in eb).
  */
 int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb);
 
