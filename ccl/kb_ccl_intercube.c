@@ -12,7 +12,6 @@
  * A row whose f32 messages are longer than a slot runs block by block (kb_ccl_run_tile).
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "kb_dist.h"
 #include "kb_dist_algo.h"
@@ -168,39 +167,24 @@ static void intercube_allreduce(kb_tl *tl, const kb_kargs *a)
     kb_ccl_run_tile(tl, a, mine, n, dt, 4, intercube_tile);
 }
 
-/* How the SIPs' root cubes combine, per system.sips.topology (the names the machine takes). */
-static const struct {
-    const char *name;
-    int kind;
-} sip_topos[] = {
-    { "ring_1d", SIPTOPO_RING },
-    { "torus_2d", SIPTOPO_TORUS },
-    { "mesh_2d", SIPTOPO_TORUS },
-    { "mesh_2d_no_wrap", SIPTOPO_MESH },
+/* How the SIPs' root cubes combine, per the machine's system.sips.topology. */
+static const int sip_kinds[KB_SIPTOPO_COUNT] = {
+    [KB_SIPTOPO_RING_1D] = SIPTOPO_RING,
+    [KB_SIPTOPO_TORUS_2D] = SIPTOPO_TORUS,
+    [KB_SIPTOPO_MESH_2D] = SIPTOPO_TORUS,
+    [KB_SIPTOPO_MESH_2D_NO_WRAP] = SIPTOPO_MESH,
 };
-
-static int sip_topo_kind(kb_ctx *ctx, const char *t)
-{
-    for (size_t i = 0; i < sizeof sip_topos / sizeof sip_topos[0]; i++)
-        if (!strcmp(sip_topos[i].name, t))
-            return sip_topos[i].kind;
-    return kb_err_set(kb_ctx_err(ctx), KB_ERR_CONFIG,
-                      "intercube_allreduce: no inter-SIP exchange for system.sips.topology '%s'",
-                      t);
-}
 
 int kb_dist_install_intercube(kb_ctx *ctx, const kb_ipcq_cfg *cfg)
 {
     kb_machine *m = kb_ctx_machine(ctx);
     int S = m->nsips, C = m->ncubes, w = m->mesh_w, h = m->mesh_h;
-    int kind = sip_topo_kind(ctx, m->cfg.sips_topology), gw = m->sip_grid_w, gh = m->sip_grid_h;
+    int kind = sip_kinds[m->sip_topo], gw = m->sip_grid_w, gh = m->sip_grid_h;
     int wrap = kind != SIPTOPO_MESH;
     size_t cap = (size_t)S * (size_t)C * 8, n = 0;
     kb_ipcq_link *links;
     int rc;
 
-    if (kind < 0)
-        return kind;
     links = malloc(cap * sizeof *links);
     if (!links)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
@@ -267,15 +251,12 @@ static int ic_validate(kb_ctx *ctx, kb_tensor *const *t, int ws, const char *wha
 static int ic_args(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a)
 {
     kb_machine *m = kb_ctx_machine(ctx);
-    int kind = sip_topo_kind(ctx, m->cfg.sips_topology);
-    if (kind < 0)
-        return kind;
     a->ptr[0] = kb_tensor_va(l->t);
     a->i[IC_N] = l->n;
     a->i[IC_W] = m->mesh_w;
     a->i[IC_H] = m->mesh_h;
     a->i[IC_SIPS] = l->ws;
-    a->i[IC_TOPO] = kind;
+    a->i[IC_TOPO] = sip_kinds[m->sip_topo];
     a->i[IC_GW] = m->sip_grid_w;
     a->i[IC_GH] = m->sip_grid_h;
     a->i[IC_ROOT] = l->root_cube;

@@ -488,7 +488,7 @@ void kb_dist_coll_args(const kb_machine *m, int tree, int ws, int root_cube, int
         a->i[KB_DC_ROOT] = root_cube;
         a->i[KB_DC_GW] = m->sip_grid_w;
         a->i[KB_DC_GH] = m->sip_grid_h;
-        a->i[KB_DC_WRAP] = strcmp(m->cfg.sips_topology, "mesh_2d_no_wrap") != 0;
+        a->i[KB_DC_WRAP] = m->sip_topo != KB_SIPTOPO_MESH_2D_NO_WRAP;
     }
 }
 

@@ -408,8 +408,10 @@ static void test_set(void **state)
     assert_true(cfg.topo.noc.bandwidth_gbps == 300.0);
     assert_int_equal(kb_config_set(&cfg, "system.sips.topology=torus_2d", &eb), 0);
     assert_string_equal(cfg.topo.sips_topology, "torus_2d");
+    assert_int_equal(kb_topo_sip_kind(&cfg.topo), KB_SIPTOPO_TORUS_2D);
     assert_int_equal(kb_config_set(&cfg, "system.sips.topology='mesh_2d'", &eb), 0);
     assert_string_equal(cfg.topo.sips_topology, "mesh_2d");
+    assert_int_equal(kb_topo_sip_kind(&cfg.topo), KB_SIPTOPO_MESH_2D);
     assert_int_equal(kb_config_set(&cfg, "cube.hbm.size_bytes=68719476736", &eb), 0);
     assert_int_equal(cfg.topo.hbm_size_bytes, UINT64_C(68719476736));
     assert_int_equal(kb_config_set(&cfg, "pe.tcm.size_bytes=0x2000000", &eb), 0);
@@ -534,6 +536,7 @@ static void test_validate(void **state)
 
     cfg = base;
     snprintf(cfg.topo.sips_topology, sizeof cfg.topo.sips_topology, "hypercube");
+    assert_int_equal(kb_topo_sip_kind(&cfg.topo), KB_ERR_CONFIG);
     expect_invalid(&cfg, "system.sips.topology 'hypercube' is not a SIP topology");
 
     cfg = base;

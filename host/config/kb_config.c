@@ -655,7 +655,7 @@ static int validate_topo(const kb_topo_cfg *t, kb_errbuf *eb)
 
     if (t->sips_count < 1 || t->sips_count > 256)
         return range_error("system.sips.count", t->sips_count, eb);
-    if (!in_list(t->sips_topology, kb_schema_sip_topologies))
+    if (kb_topo_sip_kind(t) < 0)
         return kb_err_set(eb, KB_ERR_CONFIG, "system.sips.topology '%s' is not a SIP topology",
                           t->sips_topology);
     if (t->cube_mesh_width < 1 || t->cube_mesh_height < 1 || cubes > 32)
@@ -729,6 +729,14 @@ static int validate_topo(const kb_topo_cfg *t, kb_errbuf *eb)
     if (t->sched_tile_k < 1)
         return range_error("pe.scheduler.tile_k", t->sched_tile_k, eb);
     return 0;
+}
+
+int kb_topo_sip_kind(const kb_topo_cfg *t)
+{
+    for (int k = 0; k < KB_SIPTOPO_COUNT; k++)
+        if (strcmp(t->sips_topology, kb_schema_sip_topologies[k]) == 0)
+            return k;
+    return KB_ERR_CONFIG;
 }
 
 kb_noc_kind kb_topo_noc_kind(const kb_topo_cfg *t)

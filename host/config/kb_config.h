@@ -102,6 +102,15 @@ int kb_config_validate(const kb_config *cfg, kb_errbuf *eb);
 /* Derived counts. */
 static inline int kb_topo_pes_per_cube(const kb_topo_cfg *t) { return t->corners * t->pe_per_corner; }
 static inline int kb_topo_cubes_per_sip(const kb_topo_cfg *t) { return t->cube_mesh_width * t->cube_mesh_height; }
+/* How the SIPs are linked through the switch (system.sips.topology); kb_schema_sip_topologies
+ * holds their names in this order. mesh_2d wraps like torus_2d; mesh_2d_no_wrap does not. */
+typedef enum kb_sip_topo {
+    KB_SIPTOPO_RING_1D = 0, KB_SIPTOPO_TORUS_2D, KB_SIPTOPO_MESH_2D, KB_SIPTOPO_MESH_2D_NO_WRAP,
+    KB_SIPTOPO_COUNT
+} kb_sip_topo;
+/* system.sips.topology parsed: a kb_sip_topo, or KB_ERR_CONFIG for a name that is none (one
+ * kb_config_validate refuses). The machine parses it once (kb_machine.sip_topo). */
+int kb_topo_sip_kind(const kb_topo_cfg *t);
 /* The cube NoC's model (cube.noc.topology). */
 typedef enum kb_noc_kind { KB_NOC_MESH = 0, KB_NOC_CROSSBAR, KB_NOC_BUS } kb_noc_kind;
 kb_noc_kind kb_topo_noc_kind(const kb_topo_cfg *t);

@@ -33,8 +33,10 @@
           what " bandwidth (GB/s = bytes per ns)"),                                         \
     KB_SCHEMA_DBL(T_, p ".latency_ns", f.latency_ns, lat, 0.0, MAX_NS, what " latency (ns)")
 
-const char *const kb_schema_sip_topologies[] = {"ring_1d", "torus_2d", "mesh_2d", "mesh_2d_no_wrap",
-                                                NULL};
+const char *const kb_schema_sip_topologies[KB_SIPTOPO_COUNT + 1] = {
+    [KB_SIPTOPO_RING_1D] = "ring_1d", [KB_SIPTOPO_TORUS_2D] = "torus_2d",
+    [KB_SIPTOPO_MESH_2D] = "mesh_2d", [KB_SIPTOPO_MESH_2D_NO_WRAP] = "mesh_2d_no_wrap", NULL
+};
 static const char *const pe_layouts[] = {"corners", NULL};
 const char *const kb_schema_noc_topologies[] = {"mesh", "crossbar", "bus", NULL};
 

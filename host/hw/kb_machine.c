@@ -129,20 +129,19 @@ static void sip_add_link(kb_machine *m, kb_sip_hw *s, int peer)
 
 static int build_sip_links(kb_machine *m, kb_errbuf *eb)
 {
-    const char *topo = m->cfg.sips_topology;
+    int kind = kb_topo_sip_kind(&m->cfg);
     int n = m->nsips;
-    int wrap = 1;
+    int wrap = kind != KB_SIPTOPO_MESH_2D_NO_WRAP;
 
-    if (strcmp(topo, "ring_1d") == 0) {
+    if (kind < 0)
+        return kb_err_set(eb, KB_ERR_CONFIG, "system.sips.topology: unknown topology '%s'",
+                          m->cfg.sips_topology);
+    m->sip_topo = (kb_sip_topo)kind;
+    if (m->sip_topo == KB_SIPTOPO_RING_1D) {
         m->sip_grid_w = n;
         m->sip_grid_h = 1;
-    } else if (strcmp(topo, "torus_2d") == 0 || strcmp(topo, "mesh_2d") == 0) {
-        grid_dims(n, &m->sip_grid_w, &m->sip_grid_h);
-    } else if (strcmp(topo, "mesh_2d_no_wrap") == 0) {
-        grid_dims(n, &m->sip_grid_w, &m->sip_grid_h);
-        wrap = 0;
     } else {
-        return kb_err_set(eb, KB_ERR_CONFIG, "system.sips.topology: unknown topology '%s'", topo);
+        grid_dims(n, &m->sip_grid_w, &m->sip_grid_h);
     }
     if (n == 1)
         return 0;

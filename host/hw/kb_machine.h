@@ -148,6 +148,8 @@ typedef struct kb_machine {
      * here; the machine does not know who listens) */
     kb_res_observer_fn res_observer;
     void *res_observer_ud;    /* not owned */
+    kb_sip_topo sip_topo;     /* system.sips.topology (last: the fields above keep their
+                               * offsets for compiled plugins) */
 } kb_machine;
 
 int kb_machine_create(const kb_topo_cfg *cfg, kb_machine **out, kb_errbuf *eb);
