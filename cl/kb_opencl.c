@@ -657,6 +657,7 @@ static kb_resident *cl_resident(void *self)
 
 static const kb_backend_ops cl_ops = {
     .name = "opencl",
+    .kind = KB_BACKEND_OPENCL,
     .begin = cl_begin,
     .run_batch = cl_run_batch,
     .end = cl_end,
@@ -664,26 +665,29 @@ static const kb_backend_ops cl_ops = {
     .resident = cl_resident,
 };
 
+/* be's state when it is an OpenCL backend (its ops table says so), else NULL. */
+static kb_ocl_be *ocl_of(const kb_backend *be)
+{
+    return be && be->ops && be->ops->kind == KB_BACKEND_OPENCL ? be->self : NULL;
+}
+
 uint64_t kb_ocl_launches_of(const kb_backend *be)
 {
-    if (!be || be->ops != &cl_ops || !be->self)
-        return 0;
-    return ((const kb_ocl_be *)be->self)->launches;
+    const kb_ocl_be *b = ocl_of(be);
+    return b ? b->launches : 0;
 }
 
 double kb_ocl_kernel_ms_of(const kb_backend *be)
 {
-    if (!be || be->ops != &cl_ops || !be->self)
-        return 0.0;
-    return ((const kb_ocl_be *)be->self)->kernel_ms;
+    const kb_ocl_be *b = ocl_of(be);
+    return b ? b->kernel_ms : 0.0;
 }
 
 int kb_opencl_backend_trim(const kb_backend *be)
 {
-    kb_ocl_be *b;
-    if (!be || be->ops != &cl_ops || !be->self)
+    kb_ocl_be *b = ocl_of(be);
+    if (!b)
         return KB_ERR_INVAL;
-    b = be->self;
     if (b->active || (b->res && kb_resident_broken(b->res)))
         return KB_ERR_STATE;
     if (clFinish(b->q) != CL_SUCCESS)
@@ -714,9 +718,10 @@ const char *kb_cl_cache_state_name(kb_cl_cache_state s)
 
 int kb_ocl_setup_of(const kb_backend *be, kb_opencl_setup *out)
 {
-    if (!be || be->ops != &cl_ops || !be->self || !out)
+    const kb_ocl_be *b = ocl_of(be);
+    if (!b || !out)
         return KB_ERR_INVAL;
-    *out = ((const kb_ocl_be *)be->self)->setup;
+    *out = b->setup;
     return 0;
 }
 
@@ -821,11 +826,10 @@ int kb_opencl_backend_clone(const kb_backend *src, kb_backend *out, char *desc, 
     cl_int err;
     int rc;
 
-    if (!out || !src || src->ops != &cl_ops || !src->self)
+    if (!out || (s = ocl_of(src)) == NULL)
         return kb_err_set(eb, KB_ERR_INVAL, "opencl clone: not an OpenCL backend");
     out->ops = NULL;
     out->self = NULL;
-    s = src->self;
     b = calloc(1, sizeof *b);
     if (!b || (b->res = kb_ocl_resident_create(b)) == NULL) {
         free(b);

@@ -785,6 +785,7 @@ static kb_resident *ref_resident(void *self)
 
 static const kb_backend_ops ref_ops = {
     .name = "ref",
+    .kind = KB_BACKEND_REF,
     .begin = ref_begin,
     .run_batch = ref_run_batch,
     .end = ref_end,
@@ -793,6 +794,7 @@ static const kb_backend_ops ref_ops = {
 
 static const kb_backend_ops ref_resident_ops = {
     .name = "ref-resident",
+    .kind = KB_BACKEND_REF,
     .begin = ref_begin,
     .run_batch = ref_run_batch,
     .end = ref_end,

@@ -98,6 +98,13 @@ static inline unsigned kb_rec_launch_group(unsigned kind)
 
 struct kb_resident;
 
+/* What a backend is, for the accessors that read its own state (kb_opencl_launches,
+ * kb_remote_kernel_ms, ...): its ops table says so. A backend no accessor reads (a test's, a
+ * wrapper) is KB_BACKEND_OTHER, which a table leaving `kind` out gets. */
+typedef enum kb_backend_kind {
+    KB_BACKEND_OTHER = 0, KB_BACKEND_REF, KB_BACKEND_OPENCL, KB_BACKEND_REMOTE
+} kb_backend_kind;
+
 /* Backend interface. `self` is the backend's own state. */
 typedef struct kb_backend_ops {
     const char *name;
@@ -122,6 +129,7 @@ typedef struct kb_backend_ops {
      * returns its error. The runtime flushes such a backend at each cut while Phase 1 runs
      * (kb_runtime.h), so the device replays while the host simulates. */
     int (*sync)(void *self, kb_errbuf *eb);
+    kb_backend_kind kind; /* last, so that a table written before it is KB_BACKEND_OTHER */
 } kb_backend_ops;
 
 typedef struct kb_backend {

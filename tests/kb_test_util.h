@@ -544,9 +544,9 @@ static inline const kb_backend_ops *kbt_wrap_ops(int pipelined)
 {
     static const kb_backend_ops ops[2] = {
         { "wrapped", kbt_wrap_begin, kbt_wrap_run, kbt_wrap_end, kbt_wrap_destroy,
-          kbt_wrap_resident, NULL },
+          kbt_wrap_resident, NULL, KB_BACKEND_OTHER },
         { "wrapped-pipelined", kbt_wrap_begin, kbt_wrap_run, kbt_wrap_end, kbt_wrap_destroy,
-          kbt_wrap_resident, kbt_wrap_sync },
+          kbt_wrap_resident, kbt_wrap_sync, KB_BACKEND_OTHER },
     };
     return &ops[pipelined != 0];
 }

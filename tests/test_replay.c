@@ -950,7 +950,8 @@ static void fb_destroy(void *self)
 static void test_flush_backend_failure(void **state)
 {
     fx *f = *state;
-    static const kb_backend_ops ops = { "failing", fb_begin, fb_run, fb_end, fb_destroy, NULL, NULL };
+    static const kb_backend_ops ops = { "failing", fb_begin, fb_run, fb_end, fb_destroy, NULL, NULL,
+                                        KB_BACKEND_OTHER };
     fail_be fb = { 0 };
     kb_backend be = { &ops, &fb };
     const float x[4] = { 1, 2, 3, 4 };

@@ -651,6 +651,7 @@ static kb_resident *rb_resident(void *self)
 
 static const kb_backend_ops rb_ops = {
     .name = "remote",
+    .kind = KB_BACKEND_REMOTE,
     .begin = rb_begin,
     .run_batch = rb_run_batch,
     .end = rb_end,
@@ -696,7 +697,7 @@ int kb_remote_backend_create(const char *path, kb_backend *out, char *desc, size
 
 int kb_remote_is(const kb_backend *be)
 {
-    return be && be->ops == &rb_ops && be->self;
+    return be && be->ops && be->ops->kind == KB_BACKEND_REMOTE && be->self;
 }
 
 uint64_t kb_remote_launches(const kb_backend *be)
