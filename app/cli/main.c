@@ -25,31 +25,6 @@
 #include "kb_runtime.h"
 
 
-static void usage_main(FILE *f)
-{
-    fputs("usage: kbcl <command> [options]\n"
-          "\n"
-          "commands:\n"
-          "  run      run a bench: simulate its timing (Phase 1) and, with --verify-data,\n"
-          "           replay its data (Phase 2) and check the numbers\n"
-          "  sweep    run a grid of jobs from a YAML file, one result row per point\n"
-          "           (CSV or JSON Lines; --jobs N workers, --resume, mpirun)\n"
-          "  report   render sweep results as a self-contained HTML page with plots\n"
-          "  validate compare measured collective times (a CSV of nccl-tests-style rows) with\n"
-          "           kbcl's predictions: error per row, mean and worst; --threshold PCT\n"
-          "  list     list benches, ccl.yaml entries (--algorithm names), collective modules,\n"
-          "           topologies and devices\n"
-          "  devices  list the OpenCL platforms and devices Phase 2 can use\n"
-          "  devd     keep an OpenCL device set up for every kbcl process (device server)\n"
-          "  bench-self  measure the simulator's own speed (Phase 1 and Phase-2 replay)\n"
-          "  version  print the version\n"
-          "\n"
-          "kbcl <command> --help shows the command's options.\n"
-          "exit codes: 0 ok, 1 verification failed (validate: an error above --threshold),\n"
-          "            2 usage/config error, 3 simulation error, 4 device error\n",
-          f);
-}
-
 static void usage_run(FILE *f)
 {
     fputs("usage: kbcl run [options]\n"
@@ -489,33 +464,99 @@ static int cmd_run(int argc, char **argv)
     return code;
 }
 
+static int cmd_version(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    printf("kbcl %s\n", KBCL_VERSION);
+    return 0;
+}
+
+static int cmd_help(int argc, char **argv);
+
+/* The commands, in the order the usage text lists them; an entry without help is another
+ * spelling of a listed one and is not listed. */
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv); /* argv: the arguments after the command's name */
+    const char *help;
+} commands[] = {
+    { "run", cmd_run, "run a bench: simulate its timing (Phase 1) and, with --verify-data, "
+                      "replay its data (Phase 2) and check the numbers" },
+    { "sweep", kbcl_cmd_sweep, "run a grid of jobs from a YAML file, one result row per point "
+                               "(CSV or JSON Lines; --jobs N workers, --resume, mpirun)" },
+    { "report", kbcl_cmd_report, "render sweep results as a self-contained HTML page with "
+                                 "plots" },
+    { "validate", kbcl_cmd_validate, "compare measured collective times (nccl-tests-style "
+                                     "CSV rows) with kbcl's predictions: error per row, mean "
+                                     "and worst; --threshold PCT" },
+    { "list", cmd_list, "list benches, ccl.yaml entries (--algorithm names), collective "
+                        "modules, topologies and devices" },
+    { "devices", kbcl_cmd_devices, "list the OpenCL platforms and devices Phase 2 can use" },
+    { "devd", kbcl_cmd_devd, "device server: keeps an OpenCL device set up for all kbcl "
+                             "runs" },
+    { "bench-self", kbcl_cmd_bench_self, "measure the simulator's own speed (Phase 1 and "
+                                         "Phase-2 replay)" },
+    { "version", cmd_version, "print the version" },
+    { "--version", cmd_version, NULL },
+    { "help", cmd_help, NULL },
+    { "--help", cmd_help, NULL },
+    { "-h", cmd_help, NULL },
+};
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+/* The listed commands: names in a column as wide as the longest, each help wrapped at 80
+ * columns under its first word. */
+static void usage_main(FILE *f)
+{
+    int w = 0;
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        if (commands[i].help && (int)strlen(commands[i].name) > w)
+            w = (int)strlen(commands[i].name);
+    fputs("usage: kbcl <command> [options]\n\ncommands:\n", f);
+    for (size_t i = 0; i < NCOMMANDS; i++) {
+        const char *h = commands[i].help;
+        int col, first = 1;
+        if (!h)
+            continue;
+        col = fprintf(f, "  %-*s  ", w, commands[i].name);
+        while (*h) {
+            int n = (int)strcspn(h, " ");
+            if (!first && col + 1 + n > 80) {
+                col = fprintf(f, "\n%*s", w + 4, "") - 1;
+                first = 1;
+            }
+            col += fprintf(f, "%s%.*s", first ? "" : " ", n, h);
+            first = 0;
+            h += n;
+            h += strspn(h, " ");
+        }
+        fputc('\n', f);
+    }
+    fputs("\n"
+          "kbcl <command> --help shows the command's options.\n"
+          "exit codes: 0 ok, 1 verification failed (validate: an error above --threshold),\n"
+          "            2 usage/config error, 3 simulation error, 4 device error\n",
+          f);
+}
+
+static int cmd_help(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    usage_main(stdout);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
-        !strcmp(argv[1], "help")) {
-        usage_main(argc < 2 ? stderr : stdout);
-        return argc < 2 ? KBCL_EXIT_USAGE : 0;
+    if (argc < 2) {
+        usage_main(stderr);
+        return KBCL_EXIT_USAGE;
     }
-    if (!strcmp(argv[1], "run"))
-        return cmd_run(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "sweep"))
-        return kbcl_cmd_sweep(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "report"))
-        return kbcl_cmd_report(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "validate"))
-        return kbcl_cmd_validate(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "list"))
-        return cmd_list(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "bench-self"))
-        return kbcl_cmd_bench_self(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "devices"))
-        return kbcl_cmd_devices(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "devd"))
-        return kbcl_cmd_devd(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
-        printf("kbcl %s\n", KBCL_VERSION);
-        return 0;
-    }
+    for (size_t i = 0; i < NCOMMANDS; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 2, argv + 2);
     fprintf(stderr, "kbcl: unknown command '%s'\n", argv[1]);
     usage_main(stderr);
     return KBCL_EXIT_USAGE;
