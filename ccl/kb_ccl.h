@@ -8,7 +8,8 @@
  * The rank = SIP registry is in kb_dist_algo.h. In both rank models a new collective = its own
  * file + one table line + its test + its ccl.yaml entry (docs/collectives.md §7).
  *
- * Topologies (DESIGN §8): ring_1d, ring_1d_unidir, mesh_2d / torus_2d (square k x k, wraps),
+ * Topologies (the rank layouts an install plan wires; ccl.yaml's `topology:` names them):
+ * ring_1d, ring_1d_unidir, mesh_2d / torus_2d (square k x k, wraps),
  * mesh_2d_no_wrap, tree_binary (heap order: parent (r-1)/2, children 2r+1, 2r+2),
  * hierarchical_3level (E/W ring inside each cube, N/S ring of the cubes' PE 0 inside each SIP,
  * global_E/global_W ring of the SIPs' leaders (cube 0, PE 0)), none, full_mesh (peer direction

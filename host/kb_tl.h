@@ -19,7 +19,8 @@
  *    the kernel returns.
  * Misuse (unmapped address, shape mismatch, scratch exhausted) stops the simulation with a
  * message naming the kernel and PE; the call does not return.
- * The names are tl_* (not kb_tl_*) on purpose: they are the kernel DSL of DESIGN §7.
+ * The names are tl_* (not kb_tl_*) on purpose: they are the language kernels are written in,
+ * short like the Triton tl.* calls they mirror, not a module's API.
  */
 #ifndef KB_TL_H
 #define KB_TL_H

@@ -40,7 +40,8 @@ const char *const kb_schema_sip_topologies[KB_SIPTOPO_COUNT + 1] = {
 static const char *const pe_layouts[] = {"corners", NULL};
 const char *const kb_schema_noc_topologies[] = {"mesh", "crossbar", "bus", NULL};
 
-/* In configs/topology.yaml order (DESIGN §3: system > host > sip > cube > pe). */
+/* In configs/topology.yaml order, the machine's hierarchy from the outside in: system > host >
+ * sip > cube > pe (key listings and the docs check follow it). */
 static const kb_schema_key topo_keys[] = {
     KB_SCHEMA_INT(T_, "system.sips.count", sips_count, "2", 1, 256,
           "number of SIPs (devices = ranks) in the system (count)"),
