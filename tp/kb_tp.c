@@ -25,6 +25,7 @@ int kb_tp_initialize_model_parallel(kb_ctx *ctx, int tp)
                           "world size %d (other splits are not implemented)", tp, ws);
     const char *alg = kb_dist_algorithm(ctx);
     const kb_dist_algo *da = kb_dist_algo_of(ctx);
+    assert(alg && da); /* an initialised process group has its module and its entry */
     /* the layers' partial sums live on every PE of a rank: the collective must take them all */
     if (!da || strcmp(da->mapper, "all_pes") != 0)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_CONFIG,
@@ -40,6 +41,7 @@ int kb_tp_world_size(kb_ctx *ctx) { return kb_dist_get_world_size(ctx); }
 void kb_tp_pick_pes(const kb_machine *m, int64_t n, int *cubes, int *pes)
 {
     int total = m->ncubes * m->npes;
+    assert(m->ncubes >= 1 && m->npes >= 1);
     for (int p = total < n ? total : (int)n; p >= 1; p--) {
         if (n % p)
             continue;
@@ -55,6 +57,8 @@ void kb_tp_pick_pes(const kb_machine *m, int64_t n, int *cubes, int *pes)
             return;
         }
     }
+    /* p = 1 divides every n >= 1 and fits one cube: only an empty side gets here */
+    assert(n < 1);
     *cubes = 1;
     *pes = 1;
 }
@@ -89,6 +93,8 @@ static int linear(kb_ctx *ctx, int column, int64_t in, int64_t out, const kb_fil
                    &lin->pes);
     /* the kernels split the sliced dimension evenly over the layer's PEs */
     assert((column ? lin->local_out : lin->local_in) % (lin->cubes * lin->pes) == 0);
+    /* the rank's slice of the full weight lies inside it */
+    assert((int64_t)(r + 1) * (column ? lin->local_out : lin->local_in) <= split);
     /* the rank's slice, read through the fill (only when the write records) */
     kb_fill w = column ? kb_fill_at(*w_full, 0, (int64_t)r * lin->local_out)
                        : kb_fill_at(*w_full, (int64_t)r * lin->local_in, 0);
@@ -199,6 +205,8 @@ int kb_tp_column_forward(kb_ctx *ctx, const kb_tp_linear *lin, kb_tensor *x, int
     a.ptr[3] = kb_tensor_va(*y_local);
     a.i[0] = m;
     a.i[1] = lin->in;
+    /* the layer was built with a grid that splits its columns evenly (linear) */
+    assert(lin->local_out % (lin->cubes * lin->pes) == 0);
     a.i[2] = lin->local_out / (lin->cubes * lin->pes);
     a.i[3] = lin->b != NULL;
     a.i[4] = gelu;
@@ -223,6 +231,7 @@ static void bias_kernel(kb_tl *tl, const kb_kargs *a)
 {
     int64_t mn = a->i[0], n = a->i[1];
     int j = pe_index(tl);
+    assert(n > 0 && mn % n == 0); /* a block is whole rows of the partial sums */
     kb_val p = tl_load(tl, a->ptr[0] + (kb_va)j * (kb_va)(mn * 4), KB_SHAPE2(mn / n, n), KB_F32);
     if (a->i[2]) {
         kb_val b = tl_load(tl, a->ptr[1] + (kb_va)j * (kb_va)(n * 2), KB_SHAPE2(1, n), KB_F16);
@@ -266,6 +275,8 @@ int kb_tp_row_forward(kb_ctx *ctx, const kb_tp_linear *lin, kb_tensor *x_local, 
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_INVAL,
                           "row forward: x_local must be m x %lld split column-wise over the %d "
                           "PEs that hold W's rows", (long long)lin->local_in, P);
+    /* row_kernel's PE j writes block j of partial's S blocks; the rows split evenly */
+    assert(P <= S && lin->local_in % P == 0);
     kb_tensor_desc dp = { "partial", (int64_t)S * mrows, lin->out, KB_F32, kb_dist_policy(ctx),
                           KB_MEM_HBM };
     if ((rc = kb_tensor_zeros(ctx, &dp, &partial)) != 0)
