@@ -142,6 +142,7 @@ int kb_topo_cube_ring(int C, int w, int *order)
     for (int y = h - 1; y >= 1; y--)
         order[k++] = KB_CUBE_AT(0, y);
 #undef KB_CUBE_AT
+    assert(k == C); /* the cycle visits each of the w x h cubes once */
     return k;
 }
 
@@ -174,6 +175,7 @@ int kb_topo_lanes_flat_pos(int rank, const kb_ccl_geom *g, int P, int C)
 int kb_topo_lanes_flat_pe(int q, const kb_ccl_geom *g, int P, int C)
 {
     int order[KB_MAX_CUBES];
+    assert(q >= 0 && q < P * C);
     (void)kb_topo_cube_ring(C, C == g->cubes_per_sip ? g->mesh_w : 0, order);
     return order[q / P] * P + q % P;
 }
@@ -591,6 +593,7 @@ kb_val kb_ccl_ring_allreduce_val(kb_tl *tl, kb_val acc, int64_t k, int64_t i, kb
     uint32_t off, len;
 
     assert(k >= 2 && acc.rows == 1);
+    assert(i >= 0 && i < k); /* the member's own value goes to v[i] */
     if (k <= KB_CCL_GATHER_SUM_MAX && (uint64_t)k * (uint64_t)n * 4u <= kb_ipcq_slot_size(tl_ctx(tl))) {
         /* small: forward the members' values round the ring (k - 1 steps, the latency of the
          * plain ring), keep them, and sum them in member order 0, 1, ... k - 1 */
@@ -637,6 +640,7 @@ kb_val kb_ccl_ring_allreduce_val(kb_tl *tl, kb_val acc, int64_t k, int64_t i, kb
     }
     /* chunk i + 1 is complete: store it, then gather the others into the tile */
     kb_ccl_chunk(n, k, (i + 1) % k, &off, &len);
+    assert(part.cols == len);
     if (len)
         tl_store(tl, kb_ccl_elem_va(va, off, dt), part);
     if (part.scratch)

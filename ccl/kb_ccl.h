@@ -31,6 +31,7 @@
 #ifndef KB_CCL_H
 #define KB_CCL_H
 
+#include <assert.h>
 #include <stdint.h>
 
 #include "kb_ccl_config.h"
@@ -383,6 +384,7 @@ static inline kb_val kb_ccl_finish(kb_tl *tl, int op, kb_val v, int64_t ws)
 {
     if (op != KB_CCL_OP_AVG)
         return v;
+    assert(ws >= 1);
     kb_val s = tl_scale(tl, v, 1.0f / (float)ws, 0.0f);
     if (v.scratch)
         tl_free(tl, v);
@@ -451,6 +453,7 @@ static inline void kb_ccl_sendrecv_into(kb_tl *tl, kb_dir sd, kb_val v, kb_dir r
 static inline kb_val kb_val_slice(kb_val v, uint32_t c0, uint32_t n)
 {
     kb_val s = v;
+    assert((uint64_t)c0 + n <= v.cols);
     s.pa = v.pa + (uint64_t)c0 * kb_dtype_size((kb_dtype)v.dtype);
     s.cols = n;
     s.scratch = 0;
@@ -507,6 +510,7 @@ static inline void kb_ccl_send_free(kb_tl *tl, kb_dir dir, kb_val v)
 static inline int64_t kb_ccl_piece(int64_t n, int64_t S, int64_t j, int64_t *off)
 {
     int64_t lo = j * S, len = n - lo;
+    assert(S > 0 && j >= 0);
     *off = lo;
     return len <= 0 ? 0 : len < S ? len : S;
 }
@@ -522,6 +526,8 @@ static inline kb_va kb_ccl_elem_va(kb_va va, int64_t i, kb_dtype dt)
 static inline void kb_ccl_chunk(int64_t n, int64_t ws, int64_t c, uint32_t *off, uint32_t *len)
 {
     int64_t base = n / ws, extra = n % ws;
+    /* offsets and lengths are uint32: tiles stay below 2^32 elements (kb_ccl_job_prepare) */
+    assert(ws >= 1 && c >= 0 && c < ws && n >= 0 && n <= UINT32_MAX);
     *off = (uint32_t)(c * base + (c < extra ? c : extra));
     *len = (uint32_t)(base + (c < extra ? 1 : 0));
 }

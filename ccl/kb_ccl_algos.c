@@ -158,6 +158,9 @@ static void ring_block(kb_tl *tl, kb_va mine, int64_t n, int64_t ws, int64_t S, 
             }
         }
     }
+    /* the last step posts nothing: the next block's receives start the queue afresh */
+    for (int64_t j = 0; j < per; j++)
+        assert(!rq[j]);
 }
 
 /* The streamed forms (here and below) are out of line: inlined, their slice arrays would
@@ -179,6 +182,7 @@ static KB_NOINLINE void ring_streamed(kb_tl *tl, int64_t n, int64_t ws, kb_va mi
     int64_t blk = per * S;
     kb_ipcq_req *rq[STREAM_MAX_SLICES];
     kb_val acc[STREAM_MAX_SLICES];
+    assert(per >= 1 && per <= STREAM_MAX_SLICES && S >= 1);
 
     for (int64_t b = 0; (len = kb_ccl_piece(n, blk, b, &off)) != 0; b++)
         ring_block(tl, kb_ccl_elem_va(mine, off, KB_F16), len, ws, S, per, rq, acc);
@@ -356,6 +360,9 @@ static void rsag_block(kb_tl *tl, const rsag_blk *b, int64_t per, kb_ipcq_req **
             if (!rq[j] && slice_of(b, c, j, &off) == 0)
                 rq[j] = rsag_post(tl, b, c - 1, j, 1);
     }
+    /* every receive the block posted was taken: none is left for the next block's slots */
+    for (int64_t j = 0; j < per; j++)
+        assert(!rq[j]);
 }
 
 
@@ -382,6 +389,7 @@ static KB_NOINLINE void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t 
 
     if (nsl < per)
         per = nsl;
+    assert(per <= STREAM_MAX_SLICES); /* rq[] */
     for (int64_t s0 = 0; s0 < nsl; s0 += per) {
         rsag_blk b = { n, ws, r, mine, dt, op, W, s0 };
         rsag_block(tl, &b, nsl - s0 < per ? nsl - s0 : per, rq);
@@ -451,6 +459,7 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
     /* this rank now holds the full sum of chunk (r + 1) mod ws: store it, then all-gather */
     int64_t own = (r + 1) % ws;
     chunk_of(n, ws, own, &off, &len);
+    assert(part.cols == len);
     if (len) {
         part = kb_ccl_finish(tl, op, part, ws);
         tl_store(tl, mine + (kb_va)off * es, part);
@@ -671,6 +680,7 @@ static kb_val chain_reduce(kb_tl *tl, kb_val acc, int i, int g, kb_dir inc, kb_d
 {
     int h = g / 2;
     kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
+    assert(i >= 0 && i < g);
     if (g < 2)
         return acc;
     if (i == 0) {
@@ -763,6 +773,7 @@ static void hierarchical_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t 
     int P, C, S = (int)a->i[KB_CCL_ARG_SIPS];
     int pe = tl_program_id(tl, 0), cube = hier_cube_member(tl, a);
     hier_chains(tl, a, &P, &C);
+    assert(pe < P && cube < C); /* a PE that holds a rank is a member of both chains */
     kb_val v0 = tl_load(tl, mine, KB_SHAPE1(n), (kb_dtype)a->i[KB_CCL_ARG_DTYPE]);
     kb_val acc = tl_scale(tl, v0, 1.0f, 0.0f);
 
@@ -798,6 +809,7 @@ typedef struct hier_node {
 static void chain_links(hier_node *h, int i, int g, kb_dir inc, kb_dir dec, int *up)
 {
     int half = g / 2;
+    assert(i >= 0 && i < g);
     if (g < 2)
         return;
     if (i == 0) {
@@ -844,6 +856,8 @@ static KB_NOINLINE void hier_streamed(kb_tl *tl, const kb_kargs *a, kb_va mine, 
         int half = C / 2;
         h.depth += cube == 0 || C < 2 ? 0 : cube <= half ? cube : C - cube;
     }
+    /* only a SIP leader has no parent, and it is where the pipeline starts (depth 0) */
+    assert(h.ndown <= 4 && (has_up || h.depth == 0));
     for (int64_t k = 0; k < nsl + h.depth; k++) {
         if ((len = kb_ccl_piece(n, SL, k, &off)) != 0) {
             kb_va va = kb_ccl_elem_va(mine, off, dt);
@@ -981,6 +995,7 @@ static int hier_validate(kb_ctx *ctx, kb_tensor *const *t, int ws, const char *w
 static int hier_args(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a)
 {
     kb_machine *m = kb_ctx_machine(ctx);
+    assert(l->rank >= 0 && l->rank < l->ws);
     a->ptr[0] = kb_tensor_va(l->t);
     a->i[KB_CCL_ARG_N] = l->n;
     a->i[KB_CCL_ARG_WS] = l->ws * m->ncubes * m->npes;

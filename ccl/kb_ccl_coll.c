@@ -34,6 +34,7 @@
  * says so with the numbers where they do not; ccl.yaml's entry takes 4 x 8 KiB slots, which
  * fit 255 peers in 8 MiB).
  */
+#include <assert.h>
 #include <string.h>
 
 #include "kb_ccl.h"
@@ -87,6 +88,7 @@ static void ag_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
     kb_ipcq_req *rq[COLL_MAX_POSTED];
     int64_t nsl = (bl + S - 1) / S, off, len;
 
+    assert(nsl <= COLL_MAX_POSTED); /* a block is at most COLL_MAX_POSTED slices */
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
         rq[j] = tl_recv_into_async(tl, KB_DIR_W, atd(tile, mod(r - 1, ws) * cnt + b0 + off, dt),
@@ -119,6 +121,7 @@ static void ring_allgather(kb_tl *tl, const kb_kargs *a)
     int64_t cnt = n / ws, S = slice_elems(tl, (uint32_t)kb_dtype_size(dt)), off, len;
     kb_va tile = kb_ccl_my_tile(tl, a);
 
+    assert(cnt * ws == n); /* the chunked kinds' tile is ws chunks (ag_check) */
     if (ws < 2)
         return;
     /* posted sends: a chunk of fewer slots than the ring's window travels as `window` slices
@@ -159,6 +162,7 @@ static void rs_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t cnt, 
     kb_ipcq_req *rq[COLL_MAX_POSTED];
     int64_t nsl = (bl + S - 1) / S, off, len;
 
+    assert(nsl <= COLL_MAX_POSTED); /* w <= COLL_MAX_POSTED slices per block */
     for (int64_t j = 0; j < nsl; j++) {
         len = kb_ccl_piece(bl, S, j, &off);
         rq[j] = tl_recv_view_async(tl, KB_DIR_W, KB_SHAPE1(len), dt);
@@ -213,6 +217,7 @@ static void ring_reducescatter(kb_tl *tl, const kb_kargs *a)
     kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
     int64_t cnt = n / ws, S = slice_elems(tl, (uint32_t)kb_dtype_size(dt));
     uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
+    assert(cnt * ws == n); /* rs_check */
     /* slices per block: a scratch window of own loads and results, and no more than the
      * ring's slots (step 0 sends them all before a neighbour, holding its views, takes any).
      * Posted sends (rsag_streamed's rule): the ring's whole window per block, as scratch then
@@ -262,6 +267,9 @@ static void p2p_posted(kb_tl *tl, kb_va tile, int64_t n, kb_dtype dt)
     int64_t off, len, land[COLL_MAX_POSTED];
     kb_ipcq_req *rq[COLL_MAX_POSTED];
 
+    /* land[i % COLL_MAX_POSTED] is read lag iterations after slice i's send wrote it, before
+     * slice i + COLL_MAX_POSTED's send overwrites it */
+    assert(lag >= 1 && lag < COLL_MAX_POSTED);
     /* iteration j collects the receive posted COLL_MAX_POSTED slices before i = j - lag,
      * posts i's and sends slice j */
     for (int64_t j = 0; j < nsl + lag + COLL_MAX_POSTED; j++) {
@@ -426,6 +434,7 @@ static void bcast_posted(kb_tl *tl, kb_va tile, int64_t n, kb_dtype dt, kb_dir u
             }
             tl_store(tl, atd(tile, off, dt), v);
             int i = (hh + hn++) % COLL_MAX_HELD;
+            assert(hn <= COLL_MAX_HELD); /* cap + 1 at most: the ring of held views */
             hv[i] = v;
             ht[i] = landed;
             while (hn && (hn > cap || ht[hh] <= now_ps(tl))) {
@@ -463,6 +472,7 @@ static void ring_broadcast(kb_tl *tl, const kb_kargs *a)
         return;
     int64_t ws = a->i[KB_CCL_ARG_WS], v = mod(kb_ccl_rank(tl) - a->i[KB_CCL_ARG_ROOT], ws);
     kb_dir e = KB_DIR_E, up = v == 0 ? KB_DIR_NONE : KB_DIR_W;
+    assert(a->i[KB_CCL_ARG_ROOT] >= 0 && a->i[KB_CCL_ARG_ROOT] < ws); /* kb_ccl_job_check_opts */
     kb_va tile = kb_ccl_my_tile(tl, a);
     kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
 
@@ -583,6 +593,7 @@ static void reduce_flow(kb_tl *tl, kb_va tile, int64_t n, const kb_dir *in, cons
     int64_t S = slice_elems(tl, 4), nsl = (n + S - 1) / S, W = scratch_window(slot), off, len;
     kb_ipcq_req *rq[2][COLL_MAX_POSTED];
 
+    assert(nin >= 0 && nin <= 2); /* a chain has one upstream rank, a binary tree two */
     if (kb_ipcq_posted(tl_ctx(tl))) {
         reduce_posted(tl, tile, n, in, dt, nin, out, tdt, op, ws, pdt, hops);
         return;
@@ -648,6 +659,7 @@ static void tree_reduce(kb_tl *tl, const kb_kargs *a)
     kb_dir in[2];
     kb_dtype dt[2];
     int nin = tree_children(v, ws, in);
+    assert(a->i[KB_CCL_ARG_ROOT] >= 0 && a->i[KB_CCL_ARG_ROOT] < ws); /* kb_ccl_job_check_opts */
 
     kb_dtype tdt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
 
@@ -672,6 +684,7 @@ static void tree_reduce(kb_tl *tl, const kb_kargs *a)
  */
 static kb_dir mesh_dir(int64_t r, int64_t p, int64_t ws)
 {
+    assert(p != r); /* full_mesh has no queue from a rank to itself */
     return KB_DIR_PEER(mod(p - r, ws) - 1);
 }
 
@@ -686,6 +699,7 @@ static void pairwise_alltoall(kb_tl *tl, const kb_kargs *a)
     kb_va tile = kb_ccl_my_tile(tl, a);
     kb_ipcq_req *rq[COLL_MAX_POSTED];
 
+    assert(cnt * ws == n); /* a2a_check */
     for (int64_t k = 0; k < ws; k++) {
         int64_t p = mod(k - r, ws);
         if (p == r)
@@ -747,6 +761,7 @@ static void rd_allgather(kb_tl *tl, const kb_kargs *a)
     kb_va tile = kb_ccl_my_tile(tl, a);
     kb_dtype dt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
 
+    assert(cnt * ws == n); /* rd_check */
     if (ws < 2)
         return;
     if (r < 2 * rem && !(r & 1)) { /* folded: give the chunk, get the rest */
@@ -872,6 +887,8 @@ static void rh_block(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t n, in
     }
     int64_t c0 = first_chunk(v, rem), c1 = first_chunk(v + 1, rem);
     for (int64_t c = c0; c < c1; c++) {
+        /* a survivor's block is its own chunk and, folded, its partner's r - 1 */
+        assert(c == r || (r < 2 * rem && c == r - 1));
         if (rh_piece(n, ws, c, b, S, &off) == 0)
             continue;
         if (c == r || keep) /* keep: the all-reduce stores the partner's total too */
@@ -893,6 +910,7 @@ static void rh_phase(kb_tl *tl, kb_va tile, int64_t ws, int64_t r, int64_t n, in
     kb_val acc[RH_MAX_WS];
     kb_ipcq_req *rq[RH_MAX_WS];
 
+    assert(ws <= RH_MAX_WS); /* rh_check, rhd_check */
     if (cap < S)
         S = cap > 0 ? cap : 1;
     for (int64_t b = 0; b * S < longest; b++)

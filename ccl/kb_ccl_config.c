@@ -5,6 +5,7 @@
  */
 #include "kb_ccl_config.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -249,6 +250,7 @@ static int set_path(kb_ccl_cfg *c, const char *path, const char *value, int quot
     rc = kb_config_set_in_scope(&scope_algo, disp, a, rel, value, quoted, eb);
     if (rc && created) {
         /* the new entry is the last one: undo it, leaving the slot as unused slots are */
+        assert(a == &c->algos[c->nalgos - 1]);
         memset(a, 0, sizeof *a);
         c->nalgos--;
     }

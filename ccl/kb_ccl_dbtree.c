@@ -38,6 +38,8 @@
  * Limits: six IPCQ directions per rank (rings: 6 x n_slots x slot_size of the PE's IPCQ area,
  * 6 MiB at the default 4 x 256 KiB); scratch: up to 1 MiB of posted f32 slices.
  */
+#include <assert.h>
+
 #include "kb_ccl.h"
 
 /* ---- the trees ---- */
@@ -75,6 +77,7 @@ void kb_ccl_dbtree_node_of(int ws, int tree, int rank, kb_ccl_dbtree_node *out)
 {
     int64_t m = ws, q = pos_of(ws, tree, rank) + 1, up, ch[2], pch[2], pup;
 
+    assert(ws >= 1 && (tree == 0 || tree == 1) && rank >= 0 && rank < ws);
     inorder(m, q, &up, ch);
     out->parent = up ? (int)rank_of(ws, tree, up - 1) : -1;
     for (int c = 0; c < 2; c++)
@@ -89,6 +92,7 @@ void kb_ccl_dbtree_node_of(int ws, int tree, int rank, kb_ccl_dbtree_node *out)
         inorder(m, x, &pup, pch);
         out->depth++;
     }
+    assert(out->child[1] < 0 || out->child[0] >= 0); /* child 1 only beside a child 0 */
 }
 
 kb_dir kb_ccl_dbtree_up_dir(int tree, int side)
@@ -190,7 +194,10 @@ static void db_up(kb_tl *tl, const db_run *x, db_tree *t, int64_t k)
     int64_t off, len = kb_ccl_piece(t->len, x->S, k, &off);
     kb_va va = db_va(x, t, off);
 
+    assert(len > 0); /* the ticks only reach the half's slices */
     if (!t->nd) {
+        /* a leaf is never a root: with ws >= 2 every root has a child */
+        assert(t->up != KB_DIR_NONE);
         kb_ccl_send(tl, t->up, tl_ref(tl, va, KB_SHAPE1(len), x->dt));
         return;
     }
@@ -227,6 +234,7 @@ static void db_down(kb_tl *tl, const db_run *x, db_tree *t, int64_t j)
     int64_t off, len = kb_ccl_piece(t->len, x->S, j, &off);
     int64_t no, nl = kb_ccl_piece(t->len, x->S, j + DB_MAX_POSTED, &no);
 
+    assert(t->up != KB_DIR_NONE && len > 0); /* totals come down from a parent */
     (void)tl_wait(tl, t->dn_rq[j % DB_MAX_POSTED]);
     if (nl)
         t->dn_rq[j % DB_MAX_POSTED] = tl_recv_into_async(tl, t->up, db_va(x, t, no),
@@ -261,6 +269,7 @@ static void dbtree_allreduce(kb_tl *tl, const kb_kargs *a)
         d->len = t ? n / 2 : (n + 1) / 2;
         d->nsl = (d->len + x.S - 1) / x.S;
         d->depth = nd.depth;
+        assert(d->depth <= H); /* the ticks' skew H - depth is never negative */
         d->up = nd.parent < 0 ? KB_DIR_NONE : kb_ccl_dbtree_up_dir(t, nd.side);
         d->nd = 0;
         for (int c = 0; c < 2; c++) {

@@ -48,6 +48,7 @@
  */
 #include "kb_ccl.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -175,6 +176,7 @@ static void h_rs(kb_tl *tl, const hier *h, const hring *R, int64_t len, const hs
     int64_t per = R->win < HIER_MAX_SLICES ? R->win : HIER_MAX_SLICES;
     kb_ipcq_req *rq[HIER_MAX_SLICES];
 
+    assert(g >= 2 && per >= 1); /* a level of one member has no ring: the callers skip it */
     for (int64_t s0 = 0; s0 < nsl; s0 += per) {
         int64_t k = nsl - s0 < per ? nsl - s0 : per;
         /* own slices from the tile are loaded HIER_PREFETCH items ahead of their combine,
@@ -249,6 +251,7 @@ static void h_ag(kb_tl *tl, const hier *h, const hring *R, kb_va base, int64_t l
     int64_t per = R->win < HIER_MAX_SLICES ? R->win : HIER_MAX_SLICES;
     kb_ipcq_req *rq[HIER_MAX_SLICES];
 
+    assert(g >= 2 && per >= 1);
     for (int64_t s0 = 0; s0 < nsl; s0 += per) {
         int64_t k = nsl - s0 < per ? nsl - s0 : per;
         for (int64_t j = 0; j < k; j++)
@@ -289,6 +292,7 @@ static void h_ag(kb_tl *tl, const hier *h, const hring *R, kb_va base, int64_t l
 static hring ring_of(const hier *h, int64_t g, int64_t i, int back, kb_dir fwd, kb_dir bwd)
 {
     hring r = { g, back ? (g - i) % g : i, back ? bwd : fwd, back ? fwd : bwd, h->slot, h->win };
+    assert(i >= 0 && i < g);
     return r;
 }
 
@@ -325,6 +329,7 @@ static void hier_blocks(kb_tl *tl, const hier *h, int t, hthread *me)
         kb_va blk = kb_ccl_elem_va(h->tile, b0, h->dt);
         if (h->P > 1) {
             kb_ccl_chunk(nb, h->P, (L1.v + 1) % h->P, &o1, &l1);
+            assert(l1 <= smax); /* the PE's chunk of the block fits its share buffer */
             hsrc src = { 0, blk, { 0 } };
             if (l1)
                 h_rs(tl, h, &L1, nb, &src, slice_view(tl, share, 0, l1));
@@ -406,6 +411,8 @@ static void hier_reduce(kb_tl *tl, hier *h)
     for (int64_t j = 0; j < nsl; j++) {
         sl = kb_ccl_piece(h->n, W, j, &off);
         int64_t b = off / h->xb;
+        /* a gateway block is whole slices: a slice never straddles two of them */
+        assert(b < h->nxb && (off + sl - 1) / h->xb == b);
         if (gw && off % h->xb == 0 && b >= HIER_XBUFS) /* the buffer's last block is out */
             kb_signal_wait(sim, &h->done[b - HIER_XBUFS]);
         kb_val own = pf[j % HIER_PREFETCH];

@@ -11,6 +11,7 @@
  * Limits: the root cube's exchange assumes the machine's SIP grid (sip_grid_w x sip_grid_h).
  * A row whose f32 messages are longer than a slot runs block by block (kb_ccl_run_tile).
  */
+#include <assert.h>
 #include <stdlib.h>
 
 #include "kb_dist.h"
@@ -49,6 +50,7 @@ static kb_val ring(kb_tl *tl, kb_val acc, int64_t i, int64_t k, kb_dir out, kb_d
 static kb_val line_allreduce(kb_tl *tl, kb_val acc, int i, int k, kb_dir fwd, kb_dir back)
 {
     kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
+    assert(i >= 0 && i < k);
     if (k < 2)
         return acc;
     if (i > 0)
@@ -68,6 +70,7 @@ static kb_val line_allreduce(kb_tl *tl, kb_val acc, int i, int k, kb_dir fwd, kb
 static kb_val reduce_to(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, kb_dir down)
 {
     kb_shape s = KB_SHAPE2(acc.rows, acc.cols);
+    assert(i >= 0 && i < k && r >= 0 && r < k);
     if (i < r) {
         if (i > 0)
             acc = add_free(tl, acc, tl_recv(tl, down, s, KB_F32));
@@ -211,6 +214,7 @@ int kb_dist_install_intercube(kb_ctx *ctx, const kb_ipcq_cfg *cfg)
             for (int i = 0; i < 8; i++) {
                 if (!nb[i].ok)
                     continue;
+                assert(n < cap); /* at most 8 links per cube's PE 0 */
                 links[n].pe = pe;
                 links[n].dir = nb[i].d;
                 links[n].peer = kb_machine_pe(m, (unsigned)nb[i].sip, (unsigned)nb[i].cube, 0);
@@ -251,6 +255,8 @@ static int ic_validate(kb_ctx *ctx, kb_tensor *const *t, int ws, const char *wha
 static int ic_args(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a)
 {
     kb_machine *m = kb_ctx_machine(ctx);
+    /* init_process_group refused a root_cube past the SIP's cubes */
+    assert(l->root_cube >= 0 && l->root_cube < m->ncubes);
     a->ptr[0] = kb_tensor_va(l->t);
     a->i[IC_N] = l->n;
     a->i[IC_W] = m->mesh_w;

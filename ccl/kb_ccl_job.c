@@ -5,6 +5,7 @@
  */
 #include "kb_ccl.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@ static void tiles_fill(void *ud, int64_t row, int64_t col, int64_t rows, int64_t
     const tiles_src *ts = ud;
     for (int64_t k = 0; k < rows; k++) {
         int64_t r = (int64_t)ts->sip * ts->rps + row + k; /* row lr of SIP s: rank s*rps + lr */
+        assert(r < ts->ws); /* the tensor has a row per rank, no more */
         if (ts->inputs)
             memcpy(out + k * cols, ts->inputs + (size_t)(r * ts->n + col),
                    sizeof(float) * (size_t)cols);
@@ -118,6 +120,7 @@ int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
                              kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, job->layout.cubes,
                                    job->layout.pes), KB_MEM_HBM };
         int here = kb_ccl_layout_sip_ranks(&job->layout, s);
+        assert(here >= 1 && here <= rps); /* every SIP of the layout holds a rank */
         if (here < job->layout.cubes * job->layout.pes) {
             /* a partial cube (KB_CCL_ANY_WORLD): rows dealt one per PE in grid order, which
              * is where row-wise blocks would put them, and the same VA offsets */
@@ -151,6 +154,7 @@ int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const c
 {
     kb_kargs *args = job->args;
     kb_grid g = { job->layout.pes, job->layout.cubes, job->layout.sips, 0 };
+    assert(job->layout.sips >= 1 && job->layout.sips <= KB_MAX_GSIPS); /* args[] */
     memset(args, 0, sizeof job->args);
     for (int s = 0; s < job->layout.sips; s++) {
         args[s].ptr[0] = kb_tensor_va(job->tiles[s]);

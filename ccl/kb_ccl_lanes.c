@@ -18,6 +18,7 @@ enum { KB_LN_JOB = KB_KARGS_MAX - 1 };
 int64_t kb_ccl_lane_share(int64_t count, int lanes, int l, int64_t *off)
 {
     int64_t q = count / lanes, rem = count % lanes;
+    assert(lanes >= 1 && l >= 0 && l < lanes);
     if (off)
         *off = (int64_t)l * q + (l < rem ? l : rem);
     return q + (l < rem ? 1 : 0);
@@ -213,6 +214,8 @@ static void lane_kernel(kb_tl *tl, const kb_kargs *a)
 
     if (share == 0)
         return;
+    /* lane l's row of the SIP's tensor holds its tile: lane 0 has the longest share */
+    assert(l < job->lanes && share * job->chunks <= job->width);
     memset(&b, 0, sizeof b);
     b.ptr[0] = a->ptr[0] + (kb_va)l * (kb_va)job->width * (kb_va)kb_dtype_size(job->dtype);
     b.i[KB_CCL_ARG_N] = share * job->chunks;
@@ -232,6 +235,7 @@ int kb_ccl_lanes_launch(kb_ctx *ctx, kb_ccl_lanes *job)
 {
     kb_machine *m = kb_ctx_machine(ctx);
     kb_grid g = { m->npes, m->ncubes, job->ws, 0 };
+    assert(job->ws <= KB_MAX_GSIPS); /* kb_ccl_lanes_prepare */
     memset(job->args, 0, sizeof job->args);
     for (int s = 0; s < job->ws; s++) {
         job->args[s].ptr[0] = kb_tensor_va(job->t[s]);
@@ -254,6 +258,7 @@ int kb_ccl_lanes_read_raw(kb_ctx *ctx, kb_ccl_lanes *job, void *raw)
             break;
         for (int l = 0; l < lanes_used(job); l++) {
             int64_t off, share = lane_share(job, l, &off);
+            assert(off + share <= job->count); /* the lane's slice of every chunk */
             for (int j = 0; j < job->chunks; j++)
                 memcpy(dst + (size_t)s * per + ((size_t)j * (size_t)job->count + (size_t)off) * es,
                        buf + (size_t)l * row + (size_t)j * (size_t)share * es, (size_t)share * es);
@@ -285,6 +290,7 @@ int kb_ccl_lanes_verify_ordered(const kb_ccl_lanes *job, const void *raw, double
         int64_t off, share = lane_share(job, l, &off);
         int64_t nl = share * job->chunks;
         kb_ccl_verdict lv;
+        assert(nl <= hi * job->chunks); /* the buffers are sized for the longest lane */
         for (int r = 0; r < ws; r++)
             for (int j = 0; j < job->chunks; j++) {
                 size_t at = (size_t)r * (size_t)nl + (size_t)(j * share);

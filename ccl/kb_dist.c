@@ -16,6 +16,7 @@
 #include "kb_dist_coll.h"
 #include "kb_ccl_reg.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,7 +174,9 @@ int kb_dist_shards_per_rank(kb_ctx *ctx)
 {
     dist *d = dist_of(ctx);
     kb_machine *m = kb_ctx_machine(ctx);
-    return d ? d->algo->shards(m) : m->ncubes * m->npes;
+    int s = d ? d->algo->shards(m) : m->ncubes * m->npes;
+    assert(s >= 1 && s <= m->ncubes * m->npes); /* a rank's shards are PEs of its SIP */
+    return s;
 }
 
 /* ---- epochs ---- */
@@ -219,6 +222,8 @@ static int join_root(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b,
         d->cur = e;
     }
     e = d->cur;
+    /* the last rank to arrive closes an epoch, and the dist holds the open one */
+    assert(e->arrived < d->ws && e->users >= 1);
     if (e->joined[r])
         return kb_err_set(eb, KB_ERR_STATE,
                           "rank %d joined collective epoch %d (%s) twice: it called %s again "
@@ -241,6 +246,8 @@ static int join_root(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b,
     } else {
         kb_time t0 = kb_sim_now(kb_ctx_sim(ctx));
         uint64_t b0 = global_bytes(ctx);
+        /* every rank left the previous epoch before it could join this one */
+        assert(!d->done);
         d->cur = NULL;
         d->done = e;
         e->users--; /* the dist no longer points at it */
@@ -261,6 +268,7 @@ static int join_root(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b,
         kb_signal_fire(kb_ctx_sim(ctx), &e->done);
     }
     rc = e->rc;
+    assert(e->users >= 1);
     if (--e->users == 0) {
         if (d->done == e)
             d->done = NULL;
@@ -591,6 +599,7 @@ static int exec_rooted(kb_ctx *ctx, dist *d, epoch *e, int reduce)
                           d->algo->mapper ? d->algo->mapper : "?", what);
     if ((rc = d->algo->validate(ctx, e->a, d->ws, what)) != 0)
         return rc;
+    assert(e->root >= 0 && e->root < d->ws); /* check_root, and every rank named it */
     if (d->ws == 1 && !reduce)
         return 0; /* the root's tensor is every rank's already */
     uint64_t n = kb_tensor_shard(e->a[0], 0)->nbytes / kb_dtype_size(kb_tensor_dtype(e->a[0]));
@@ -741,6 +750,7 @@ static int p2p_route(const kb_kargs *proto, int src, int dst, int ws, kb_kargs *
             *hi = cur > *hi ? cur : *hi;
         }
     }
+    assert(cur == dst); /* the row, then the column, reach the destination */
     return hops;
 }
 
@@ -798,6 +808,8 @@ static int p2p_exec(kb_ctx *ctx, dist *d, int src, int dst, uint64_t seq, kb_ten
     kb_dist_coll_args(m, tree, d->ws, d->root_cube, (int64_t)n, 0, kb_dist_shards_per_rank(ctx),
                       kb_tensor_dtype(ts), &proto);
     p2p_route(&proto, src, dst, d->ws, d->args, &lo, &hi);
+    /* the launch covers SIPs [lo, hi]: both ends of the route among them */
+    assert(lo <= src && src <= hi && lo <= dst && dst <= hi);
     d->args[src].ptr[0] = kb_tensor_va(ts);
     d->args[dst].ptr[0] = kb_tensor_va(tr);
     kb_grid g = d->algo->grid(m, d->ws);
@@ -835,7 +847,9 @@ static int p2p_half(kb_ctx *ctx, kb_tensor *t, int peer, int is_send)
     uint64_t seq = ctr[src * d->ws + dst]++;
     for (p2p *p = d->posts; p; p = p->next)
         if (!p->matched && p->src == src && p->dst == dst && p->seq == seq) {
-            /* the peer waits: run the transfer for both, then wake it */
+            /* the peer waits: run the transfer for both, then wake it. Each side counts its
+             * own calls, so a waiting half of this key is the peer's */
+            assert(p->poster == peer);
             p->matched = 1;
             rc = p2p_exec(ctx, d, src, dst, seq, is_send ? t : p->t, is_send ? p->t : t);
             if (rc)
@@ -859,6 +873,7 @@ static int p2p_half(kb_ctx *ctx, kb_tensor *t, int peer, int is_send)
     p->next = d->posts;
     d->posts = p;
     kb_waitq_block(kb_ctx_sim(ctx), &p->waiters, p->what, p);
+    assert(p->matched); /* only the matching half wakes it */
     /* matched and done: unlink and free the half */
     for (p2p **pp = &d->posts; *pp; pp = &(*pp)->next)
         if (*pp == p) {

@@ -54,6 +54,7 @@
  * whole tensor and every message it receives in scratch until the end (about (ws + 1)/2
  * times the tensor on a ring) and copies each travelling block into the next message.
  */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,6 +86,7 @@ static int child_from(const tnode *nd, int mbr)
 static void tree_halves(tnode *t, int i, int g, kb_dir inc, kb_dir dec)
 {
     int h = g / 2;
+    assert(i >= 0 && i < g);
     memset(t, 0, sizeof *t);
     t->parent = -1;
     if (i == 0) {
@@ -114,6 +116,7 @@ static void tree_halves(tnode *t, int i, int g, kb_dir inc, kb_dir dec)
  * members above r on `down`. */
 static void tree_line(tnode *t, int i, int g, int r, kb_dir up, kb_dir down)
 {
+    assert(i >= 0 && i < g && r >= 0 && r < g);
     memset(t, 0, sizeof *t);
     t->parent = -1;
     if (i < r) {
@@ -173,6 +176,7 @@ static void locate(kb_tl *tl, const kb_kargs *a, where *w)
         w->base1 = (int64_t)row * mw;
         w->unit2 = mw;
     }
+    assert(w->j < a->i[KB_DC_S]); /* the PE's block is one of the rank's S */
     w->leader = w->in2 && w->l2.parent < 0;
 }
 
@@ -483,6 +487,9 @@ void kb_dist_coll_args(const kb_machine *m, int tree, int ws, int root_cube, int
         a->i[KB_DC_GH] = 1;
         a->i[KB_DC_WRAP] = 1;
     } else {
+        /* the lines and the leaders' grid cover the SIP's cubes and the machine's SIPs */
+        assert(root_cube >= 0 && root_cube < m->mesh_w * m->mesh_h &&
+               m->sip_grid_w * m->sip_grid_h == ws);
         a->i[KB_DC_G1] = m->mesh_w;
         a->i[KB_DC_G2] = m->mesh_h;
         a->i[KB_DC_ROOT] = root_cube;
@@ -547,6 +554,7 @@ static void grid_node(const kb_kargs *a, int sip, int root, gnode *gn)
     int gw, gh, sx, sy, wrap, p;
     grid_of(a, sip, &gw, &gh, &sx, &sy, &wrap);
     int rx = root % gw, ry = root / gw;
+    assert(sy < gh && ry < gh); /* the leaders' grid holds every SIP */
     memset(gn, 0, sizeof *gn);
     gn->parent = -1;
     if (sy == ry) {
@@ -556,6 +564,7 @@ static void grid_node(const kb_kargs *a, int sip, int root, gnode *gn)
         dim_node(sy, gh, ry, wrap, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N, &gn->parent, gn->ch,
                  &gn->nch);
     }
+    assert(gn->nch <= 4); /* two children per dimension at most */
 }
 
 typedef struct bsink {
