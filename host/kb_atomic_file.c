@@ -1,6 +1,7 @@
 /* kb_atomic_file — temporary file + rename for outputs (kb_atomic_file.h). */
 #include "kb_atomic_file.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -58,6 +59,7 @@ int kb_atomic_open(kb_atomic_file *af, const char *path, kb_errbuf *eb)
 int kb_atomic_commit(kb_atomic_file *af, int failed, kb_errbuf *eb)
 {
     int e = 0, closed;
+    assert(af->f); /* opened by kb_atomic_open, committed once */
     /* the reason of a failed write: the caller's (its errno, when the stream says it failed)
      * or the flush's */
     if (failed && ferror(af->f))

@@ -26,6 +26,7 @@ kb_time kb_tl_issue_cost(const kb_tl *tl) { return tl->cpu_ovh; }
 void kb_tl_view(kb_tl *tl, const int pid[3], const int np[3], int old_pid[3], int old_np[3])
 {
     for (int i = 0; i < 3; i++) {
+        assert(pid[i] >= 0 && pid[i] < np[i]); /* a program id names one of np programs */
         if (old_pid)
             old_pid[i] = tl->pid[i];
         if (old_np)
@@ -76,6 +77,8 @@ void kb_tl_wait_until(kb_tl *tl, kb_time t)
 
 void kb_tl_record(kb_tl *tl, kb_rec *r)
 {
+    /* an op ends no earlier than it starts; src[] holds three operands */
+    assert(r->t_start <= r->t_end && r->nsrc <= 3);
     r->pe = tl->pe->gid;
     if (kb_ctx_record(tl->ctx, r) != 0)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
@@ -147,6 +150,7 @@ static kb_pa scr_small(kb_tl *tl, int c, const char *op)
     } else {
         if (tl->bump + size > tl->bump_end)
             scr_refill(tl, op);
+        assert(tl->bump + size <= tl->bump_end && tl->bump % 64 == 0); /* 64-byte units */
         if (tl->ncarved[c] == tl->capfree[c]) {
             size_t cap = tl->capfree[c];
             tl->freel[c] = grow_array(tl, tl->freel[c], tl->ncarved[c], &cap,
@@ -160,7 +164,9 @@ static kb_pa scr_small(kb_tl *tl, int c, const char *op)
         tl->bump += size;
     }
     kb_scr_chunk *ch = scr_chunk_of(tl, pa);
+    assert(ch); /* every small value is carved from one of the kernel's chunks */
     uint64_t unit = (pa - ch->base) / 64;
+    assert(!(ch->live[unit / 64] >> (unit % 64) & 1u)); /* free stacks hold free values only */
     ch->live[unit / 64] |= UINT64_C(1) << (unit % 64);
     return pa;
 }
@@ -187,6 +193,7 @@ static KB_NOINLINE void later_sweep(kb_tl *tl)
 /* Waits until the first held value's time and gives back everything due by then. */
 static void later_wait_one(kb_tl *tl)
 {
+    assert(tl->nlater > 0);
     kb_time t = tl->later[0].t;
     for (size_t i = 1; i < tl->nlater; i++)
         t = tl->later[i].t < t ? tl->later[i].t : t;
@@ -359,6 +366,7 @@ static kb_opnd val_opnd(kb_val v) { return kb_tl_opnd(v); }
 void kb_tl_rec_fill(kb_rec *r, kb_rec_kind kind, int op, kb_val dst, const kb_val *src, int nsrc,
                     float imm0, float imm1, kb_time t_start, kb_time t_end)
 {
+    assert(nsrc >= 0 && nsrc <= 3); /* kb_rec.src[3] */
     memset(r, 0, sizeof *r);
     r->t_start = t_start;
     r->t_end = t_end;
@@ -402,6 +410,7 @@ kb_pa kb_tl_translate(kb_tl *tl, kb_va va, uint64_t bytes, const char *op, kb_te
 
     if (tl->tlb_gen != gen || va < tl->tlb_va || va >= tl->tlb_end)
         translate_miss(tl, mmu, gen, va, op);
+    assert(tl->tlb_gen == gen && va >= tl->tlb_va && va < tl->tlb_end); /* the cached segment */
     if (tl->tlb_end - va < bytes)
         tl_fail(tl, KB_ERR_RANGE,
                 "%s: %llu bytes at va 0x%llx cross the end of a shard (%llu bytes left in it)", op,
@@ -502,6 +511,7 @@ static kb_val load_common(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype
         record_copy(tl, t_start, t_end, val_opnd(v), o);
     }
     if (copy == 2) {
+        assert(ready);
         *ready = t_end;
         kb_tl_wait_until(tl, issue_time(tl));
         return v;
@@ -906,6 +916,7 @@ static kb_time gemm_time(kb_tl *tl, kb_val a, kb_val b, uint32_t M, uint32_t N, 
             }
         }
     }
+    assert(end >= t0); /* the stream's steps start at its issue or later */
     return end;
 }
 

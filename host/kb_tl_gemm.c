@@ -5,6 +5,8 @@
  */
 #include "kb_tl_gemm.h"
 
+#include <assert.h>
+
 #include "kb_config.h"
 #include "kb_runtime_ext.h"
 
@@ -88,6 +90,7 @@ int kb_tl_gemm_tiling(uint32_t m, uint32_t n, uint64_t room, uint64_t scratch, u
             break;
     }
 done:
+    assert(tm >= 1 && tm <= m && tn >= 1 && tn <= n); /* a tile lies inside C */
     out->tm = tm;
     out->tn = tn;
     out->tiles_m = (m + tm - 1) / tm;
@@ -126,6 +129,7 @@ void tl_gemm(kb_tl *tl, kb_va c, uint32_t ldc, kb_va a, uint32_t lda, kb_va b, u
     ntiles = (uint64_t)g.tiles_m * g.tiles_n;
     for (uint64_t t = (uint64_t)part; t < ntiles; t += (uint64_t)nparts) {
         uint32_t m0 = (uint32_t)(t / g.tiles_n) * g.tm, n0 = (uint32_t)(t % g.tiles_n) * g.tn;
+        assert(m0 < m && n0 < n); /* tile t of tiles_m x tiles_n starts inside C */
         uint32_t mt = min_u32(g.tm, m - m0), nt = min_u32(g.tn, n - n0);
         kb_val va = tl_ref2d(tl, a + (kb_va)((uint64_t)m0 * lda * ea), KB_SHAPE2(mt, k), lda, da);
         kb_val vb = tl_ref2d(tl, b + (kb_va)((uint64_t)n0 * eb), KB_SHAPE2(k, nt), ldb, db);

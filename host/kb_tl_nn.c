@@ -7,6 +7,7 @@
 #include "kb_runtime_int.h"
 #include "kb_tl_nn.h"
 
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -34,6 +35,8 @@ static void math_record(kb_tl *tl, kb_rec_kind kind, int op, kb_val dst, const k
     kb_time t_start = issue_time(tl);
     kb_time t_end = kb_res_hop(&tl->pe->math, t_start, elems * passes);
 
+    /* ATTN_SOFTMAX's offset rides in src[1].addr: that slot must be no operand */
+    assert(kind != KB_REC_ATTN_SOFTMAX || nsrc == 1);
     if (kb_ctx_records(tl->ctx)) {
         kb_rec r;
         kb_tl_rec_fill(&r, kind, op, dst, src, nsrc, imm0, imm1, t_start, t_end);

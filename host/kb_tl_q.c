@@ -22,6 +22,7 @@
  */
 #include "kb_tl_q.h"
 
+#include <assert.h>
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -122,6 +123,7 @@ void kb_prune_2_4(float *w, int64_t k, int64_t n)
             for (int p = 0; p < 4; p++)
                 if (p != keep0 && (keep1 < 0 || mag[p] > mag[keep1]))
                     keep1 = p;
+            assert(keep0 >= 0 && keep1 >= 0 && keep0 != keep1); /* two of four kept */
             for (int p = 0; p < 4; p++)
                 if (p != keep0 && p != keep1)
                     w[(g + p) * n + j] = 0.0f;
@@ -593,6 +595,7 @@ static kb_time qgemm_time(kb_tl *tl, const kb_qref *w, uint32_t M, kb_time t0)
             }
         }
     }
+    assert(end >= t0);
     return end;
 }
 
@@ -643,6 +646,7 @@ static void dequant_rec(kb_tl *tl, kb_val dst, kb_val x, const kb_val *meta, con
 /* v (contiguous) seen as rows x cols over the same elements. */
 static kb_val reshape(kb_val v, uint32_t rows, uint32_t cols)
 {
+    assert(kb_val_contiguous(v) && (uint64_t)rows * cols == (uint64_t)v.rows * v.cols);
     v.rows = rows;
     v.cols = cols;
     v.ld = 0;
@@ -777,6 +781,8 @@ kb_val tl_dot_q(kb_tl *tl, kb_val x, kb_qref w)
         float imm = mx ? MX_ELEM_SCALE : 1.0f;
         for (uint32_t k0 = 0; k0 < K; k0 += ck) {
             uint32_t kt = K - k0 < ck ? K - k0 : ck;
+            /* a chunk is whole MX blocks and metadata bytes (chunk_rows, check_sizes) */
+            assert(k0 % MX_BLOCK == 0 && (!mx || kt % MX_BLOCK == 0));
             kb_val dst = rows_of(tl, wd, 0, kt), q, meta, sc;
             q = w.sparse ? rows_of(tl, w.q, k0 / 2, kt / 2) : rows_of(tl, w.q, k0, kt);
             if (w.sparse)

@@ -6,6 +6,7 @@
  */
 #include "kb_trace.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <errno.h>
 #include <stddef.h>
@@ -263,6 +264,8 @@ uint64_t kb_trace_bytes(const kb_trace *t) { return t->written; }
 static void push_ev(kb_trace *t, uint32_t pid, uint32_t tid, kb_trace_cat cat, const char *name,
                     kb_time t0, kb_time t1, uint64_t bytes)
 {
+    /* kb_trace_write names the category and writes t1 - t0 as the duration */
+    assert((unsigned)cat < KB_TRACE_NCATS && t0 <= t1);
     if (t->nev == t->capev) {
         size_t cap = t->capev ? t->capev * 2 : 4096;
         tev *n = realloc(t->ev, cap * sizeof *n);
@@ -429,6 +432,8 @@ void kb_trace_res(kb_trace *t, const kb_res *r, kb_time t0, kb_time t1, uint64_t
         t->map = nm;
         t->mapcap = cap;
     }
+    /* a power-of-two table at most half full: the probe below finds r or a free slot */
+    assert(t->mapcap && !(t->mapcap & (t->mapcap - 1)) && t->mapn * 2 < t->mapcap);
     h = ((uintptr_t)r >> 4) * 0x9e3779b97f4a7c15u & (t->mapcap - 1);
     while (t->map[h].r && t->map[h].r != r)
         h = (h + 1) & (t->mapcap - 1);

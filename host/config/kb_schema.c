@@ -225,6 +225,7 @@ void kb_schema_type_text(const kb_schema_key *k, char *buf, size_t cap)
     size_t len;
 
     if (k->type != KB_ST_ENUM) {
+        assert((unsigned)k->type < sizeof names / sizeof names[0]);
         snprintf(buf, cap, "%s", names[k->type]);
         return;
     }
@@ -400,6 +401,8 @@ int kb_schema_parse(const kb_schema_key *k, const char *full, const char *text, 
         return 0;
     case KB_ST_STRING:
     case KB_ST_ENUM:
+        /* KB_SCHEMA_STR / _ENUM record the field's capacity, and an enum its names */
+        assert(k->size > 0 && (k->type != KB_ST_ENUM || k->allowed));
         len = strlen(text);
         if (len == 0)
             return kb_err_set(eb, KB_ERR_CONFIG, "missing value for %s", full);

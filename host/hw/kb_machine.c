@@ -120,6 +120,7 @@ static void grid_dims(int n, int *w, int *h)
 
 static void sip_add_link(kb_machine *m, kb_sip_hw *s, int peer)
 {
+    assert(s->nlinks < 4 && peer >= 0 && peer < m->nsips); /* E, W, N, S at most */
     kb_sip_link *l = &s->links[s->nlinks++];
     l->peer = peer;
     link_init(&l->link, "inter_sip", &m->cfg.inter_sip);
@@ -143,6 +144,8 @@ static int build_sip_links(kb_machine *m, kb_errbuf *eb)
     } else {
         grid_dims(n, &m->sip_grid_w, &m->sip_grid_h);
     }
+    /* the grid holds every SIP once (the leaders' rings and chains rely on it) */
+    assert(m->sip_grid_w * m->sip_grid_h == n);
     if (n == 1)
         return 0;
     int w = m->sip_grid_w, h = m->sip_grid_h;
@@ -331,6 +334,7 @@ void kb_machine_destroy(kb_machine *m)
 int kb_machine_pe_router(const kb_machine *m, unsigned pe)
 {
     int w = m->noc_w, y = (int)pe / w, x = (int)pe % w;
+    assert((int)pe < m->noc_w * m->noc_h);
     return y * w + (y % 2 ? w - 1 - x : x); /* snake: odd rows run right to left */
 }
 
@@ -431,6 +435,7 @@ static int add_xy(kb_machine *m, route *r, kb_sip_hw *sip, unsigned a, unsigned 
 {
     int x = (int)(a % (unsigned)m->mesh_w), y = (int)(a / (unsigned)m->mesh_w);
     int bx = (int)(b % (unsigned)m->mesh_w), by = (int)(b / (unsigned)m->mesh_w);
+    assert(a < (unsigned)m->ncubes && b < (unsigned)m->ncubes); /* the walk stays in the mesh */
     while (x != bx) {
         int d = bx > x ? KB_MESH_E : KB_MESH_W;
         if (add(r, &sip->cubes[y * m->mesh_w + x].ucie_out[d]))
@@ -450,6 +455,7 @@ static int add_sips(kb_machine *m, route *r, unsigned a, unsigned b)
 {
     while (a != b) {
         uint8_t li = m->sip_next[(size_t)a * (size_t)m->nsips + b];
+        assert(li < m->sips[a].nlinks); /* the SIPs are connected: every next hop is a link */
         kb_sip_link *l = &m->sips[a].links[li];
         if (add(r, &l->link))
             return -1;
@@ -475,6 +481,7 @@ static int add_noc(kb_machine *m, route *r, kb_cube_hw *c, int a, int b)
 {
     if (a == b)
         return 0;
+    assert(a >= 0 && a < m->npes && b >= 0 && b < m->npes); /* routers, one per PE */
     if (m->noc == KB_NOC_CROSSBAR)
         return add(r, &c->noc_links[a * 2]) || add(r, &c->noc_links[b * 2 + 1]) ? -1 : 0;
     int w = m->noc_w, x = a % w, y = a / w, bx = b % w, by = b / w;
@@ -505,6 +512,7 @@ static int add_path(kb_machine *m, route *r, kb_sip_hw *sip, unsigned a, int ra,
 {
     int x = (int)(a % (unsigned)m->mesh_w), y = (int)(a / (unsigned)m->mesh_w);
     int bx = (int)(b % (unsigned)m->mesh_w), by = (int)(b / (unsigned)m->mesh_w);
+    assert(a < (unsigned)m->ncubes && b < (unsigned)m->ncubes);
     while (x != bx || y != by) {
         int d = x != bx ? (bx > x ? KB_MESH_E : KB_MESH_W) : (by > y ? KB_MESH_S : KB_MESH_N);
         kb_cube_hw *c = &sip->cubes[y * m->mesh_w + x];
@@ -629,6 +637,7 @@ static void reserve_path(kb_machine *m, kb_res *const *path, int n, kb_time now,
                          kb_time *t_start, kb_time *t_end)
 {
     *t_end = kb_res_path_reserve(path, n, now, nbytes, t_start);
+    assert(*t_start >= now && *t_end >= *t_start);
     if (m->res_observer)
         for (int i = 0; i < n; i++)
             m->res_observer(m->res_observer_ud, path[i], *t_start,
@@ -678,6 +687,8 @@ static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, 
         w->n = n;
         memcpy(w->path, buf, (size_t)n * sizeof *buf);
     }
+    /* a PE's route starts at its engine's first channel: the DMA swaps in the one it takes */
+    assert(!issuer || (n >= 1 && buf[0] == &issuer->dma[0]));
     if (issuer)
         buf[0] = kb_machine_dma_channel(issuer);
     reserve_path(m, buf, n, now, nbytes, t_start, t_end);
@@ -812,6 +823,7 @@ int kb_machine_sip_hops(const kb_machine *m, unsigned a, unsigned b)
     int hops = 0;
     while (a != b) {
         uint8_t li = m->sip_next[(size_t)a * (size_t)m->nsips + b];
+        assert(li < m->sips[a].nlinks);
         a = (unsigned)m->sips[a].links[li].peer;
         hops++;
     }

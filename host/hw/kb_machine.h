@@ -42,6 +42,7 @@
 #ifndef KB_MACHINE_H
 #define KB_MACHINE_H
 
+#include <assert.h>
 #include <stdint.h>
 
 #include "kb_addr.h"
@@ -160,6 +161,7 @@ void kb_machine_destroy(kb_machine *m);
 static inline kb_pe_hw *kb_machine_pe(const kb_machine *m, unsigned gsip, unsigned cube,
                                       unsigned pe)
 {
+    assert(gsip < (unsigned)m->nsips && cube < (unsigned)m->ncubes && pe < (unsigned)m->npes);
     return &m->sips[gsip].cubes[cube].pes[pe];
 }
 

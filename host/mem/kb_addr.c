@@ -10,6 +10,7 @@
  */
 #include "kb_addr.h"
 
+#include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -202,6 +203,7 @@ char *kb_pa_format(kb_pa pa, char *buf, size_t n)
         snprintf(node, sizeof node, "sip=%u cube=%u", f.sip, f.cube);
     switch (f.kind) {
     case KB_PA_PE_RES:
+        assert((unsigned)f.range < KB_PE_NRANGES); /* kb_pa_decode refuses the reserved one */
         snprintf(buf, n, "%s pe=%u %s+0x%" PRIx64, node, f.pe, range_names[f.range], f.offset);
         return buf;
     case KB_PA_HBM:

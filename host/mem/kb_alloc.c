@@ -213,6 +213,7 @@ int kb_alloc_alloc(kb_alloc *a, uint64_t size, uint64_t align, uint64_t *out, kb
         }
         vec_insert(&a->live, vec_lower_bound(&a->live, start), (range){start, size});
         a->used += size;
+        assert(a->used <= a->size); /* live ranges are disjoint pieces of the region */
         *out = start;
         return 0;
     }
@@ -236,9 +237,13 @@ int kb_alloc_free(kb_alloc *a, uint64_t addr, kb_errbuf *eb)
         return kb_err_set(eb, KB_ERR_NOMEM, "%s: out of host memory", a->name);
     blk = a->live.v[li];
     vec_remove(&a->live, li);
+    assert(a->used >= blk.len); /* used is the sum of the live lengths */
     a->used -= blk.len;
 
     fi = vec_lower_bound(&a->free_list, blk.addr);
+    /* a live range overlaps no free block */
+    assert((fi == 0 || a->free_list.v[fi - 1].addr + a->free_list.v[fi - 1].len <= blk.addr) &&
+           (fi == a->free_list.n || blk.addr + blk.len <= a->free_list.v[fi].addr));
     merge_prev = fi > 0 && a->free_list.v[fi - 1].addr + a->free_list.v[fi - 1].len == blk.addr;
     merge_next = fi < a->free_list.n && blk.addr + blk.len == a->free_list.v[fi].addr;
     if (merge_prev && merge_next) {

@@ -59,6 +59,7 @@ static void balanced(uint64_t len, uint64_t n, uint64_t i, uint64_t *start, uint
 {
     uint64_t q = len / n, r = len % n;
 
+    assert(n > 0 && i < n);
     *part = q + (i < r ? 1 : 0);
     *start = i * q + (i < r ? i : r);
 }
@@ -265,6 +266,10 @@ int kb_dp_resolve(const kb_dp_policy *dp, uint64_t rows, uint64_t cols, size_t i
         /* Block modes list shards cube-major; tiles go round-robin over the same slots. */
         uint64_t slot = i % (nc * np);
         uint64_t nbytes = b[i].rows * b[i].cols * itemsize;
+
+        /* check_parts left every part at least one row and column, inside the tensor */
+        assert(b[i].rows > 0 && b[i].cols > 0 && b[i].row0 + b[i].rows <= rows &&
+               b[i].col0 + b[i].cols <= cols);
 
         if (offset > UINT64_MAX - nbytes) {
             rc = kb_err_set(eb, KB_ERR_RANGE,
