@@ -174,6 +174,8 @@ static void book(kb_res *r, kb_time start, kb_time occ)
     } else {
         r->hole_hi = start;
     }
+    /* the one idle gap lies before the end of the reservations */
+    assert(r->hole_lo <= r->hole_hi && r->hole_hi <= r->free_at);
 }
 
 /* 1 when r's gap can take occ at some start >= t (kb_res_set_ordered: never). */
@@ -223,6 +225,7 @@ kb_time kb_res_path_reserve(kb_res *const *path, int n_path, kb_time now, uint64
         }
     }
     kb_time start = blocked < fifo ? backfill(path, n_path, blocked, nbytes, fifo) : fifo;
+    assert(start >= now); /* nothing is booked in the past */
     for (int i = 0; i < n_path; i++) {
         kb_res *r = path[i];
         kb_time occ = occupancy_memo(r, nbytes);

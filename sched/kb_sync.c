@@ -25,6 +25,7 @@ void kb_waitq_block(kb_sim *sim, kb_waitq *q, const char *what, const void *obj)
     assert(f && "only fibers may wait");
     if (!f)
         return;
+    assert(!q->head == !q->tail); /* an empty list has neither end */
     *kb_fiber_link(f) = NULL;
     if (q->tail)
         *kb_fiber_link(q->tail) = f;
@@ -131,6 +132,7 @@ static void queue_push(kb_sim *sim, kb_queue *q, void *item)
 {
     size_t tail = q->head + q->count;
 
+    assert(q->count < q->cap && q->head < q->cap); /* callers wait or refuse while full */
     if (tail >= q->cap)
         tail -= q->cap;
     q->ring[tail] = item;
@@ -140,6 +142,7 @@ static void queue_push(kb_sim *sim, kb_queue *q, void *item)
 
 static void *queue_pop(kb_sim *sim, kb_queue *q)
 {
+    assert(q->count > 0 && q->head < q->cap); /* callers wait or refuse while empty */
     void *item = q->ring[q->head];
 
     if (++q->head == q->cap)
