@@ -510,6 +510,24 @@ double kb_qgemm_ns(const kb_topo_cfg *c, kb_qfmt fmt, int sparse, uint64_t m, ui
     return kb_time_to_ns(occ_ps(c, fmt, sparse, 2ull * m * n * k));
 }
 
+uint64_t kb_qgemm_flops_per_us(const kb_topo_cfg *c, kb_qfmt fmt, int sparse)
+{
+    return fmt_bpu(c, fmt, sparse);
+}
+
+uint64_t kb_qweight_bytes(kb_qfmt fmt, int sparse, int64_t k, int64_t n)
+{
+    uint64_t K = (uint64_t)k, N = (uint64_t)n;
+    uint64_t b = (sparse ? K / 2 : K) * N * kb_dtype_size(kb_qfmt_dtype(fmt));
+    if (fmt == KB_QF_MXINT8)
+        b += K / MX_BLOCK * N;
+    else if (has_scale(fmt))
+        b += 4 * N;
+    if (sparse)
+        b += (K + 7) / 8 * N;
+    return b;
+}
+
 /* One FIFO use of PE_GEMM from t for occ (kb_res_hop's accounting, at our own rate). */
 static kb_time gemm_reserve(kb_res *r, kb_time t, kb_time occ, uint64_t flops)
 {

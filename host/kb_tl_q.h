@@ -83,5 +83,13 @@ kb_val tl_dot_q(kb_tl *tl, kb_val x, kb_qref w);
  * fixed_ns + 2mnk / (flops_per_ns * speedup(fmt) * (sparse ? sparse_speedup : 1)), the
  * division rounded up to whole picoseconds as every occupancy is. */
 double kb_qgemm_ns(const kb_topo_cfg *c, kb_qfmt fmt, int sparse, uint64_t m, uint64_t n, uint64_t k);
+/* The PE_GEMM rate tl_dot_q charges for fmt (2:4 sparse or not), in flops per microsecond as
+ * the engine rounds it (flops_per_ns * speedup * 1000, to the nearest integer); f16 dense is
+ * the unit's base rate, which tl_dot charges for every dtype. */
+uint64_t kb_qgemm_flops_per_us(const kb_topo_cfg *c, kb_qfmt fmt, int sparse);
+/* Bytes a K x N weight occupies in fmt: its elements (K/2 rows when sparse), its scales
+ * (int8/fp8 one f32 per column, MXINT8 one byte per 32 elements of a column) and its 2:4
+ * metadata (a byte per 8 rows of a column), each counted once for the whole matrix. */
+uint64_t kb_qweight_bytes(kb_qfmt fmt, int sparse, int64_t k, int64_t n);
 
 #endif
