@@ -29,6 +29,7 @@
 #include "kb_ccl.h"
 #include "kb_ccl_lanes.h"
 #include "kb_ccl_reg.h"
+#include "kb_ccl_roofline.h"
 #include "kb_dist.h"
 #include "kb_dist_algo.h"
 #include "kb_resident.h"
@@ -239,6 +240,32 @@ static void add_traffic(kb_ctx *ctx, kb_bench_result *res)
     kb_bench_add_extra(res, "ipcq_chunks", (double)chunks);
 }
 
+/* The collective's bandwidth-optimal bound over where the run put its ranks
+ * (kb_ccl_roofline.h): the rank = PE job's PEs, every SIP's lanes, or the process group's
+ * shards. */
+static int ccl_roofline(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
+{
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    kb_roofline_acc *acc;
+    kb_roofline rl;
+    int rc = kb_roofline_acc_create(kb_ctx_machine(ctx), &acc, eb);
+    if (rc)
+        return rc;
+    if (st->dist)
+        rc = kb_ccl_roofline_shards(acc, kb_dist_algo_of(ctx)->kind, st->ws, st->t,
+                                    (double)st->n * KB_CCL_ELEM_BYTES, eb);
+    else if (st->lanes)
+        rc = kb_ccl_roofline_lanes(acc, &st->lj, eb);
+    else
+        rc = kb_ccl_roofline_job(acc, &st->job, eb);
+    if (rc == 0) {
+        kb_roofline_result(acc, &rl);
+        kb_bench_set_roofline(res, &rl);
+    }
+    kb_roofline_acc_destroy(acc);
+    return rc;
+}
+
 static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
 {
     ccl_state *st = state;
@@ -257,7 +284,7 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
         add_bw(res, kb_dist_algo_of(ctx)->kind, st->ws,
                st->n * kb_dist_shards_per_rank(ctx), KB_CCL_ELEM_BYTES);
         add_traffic(ctx, res);
-        return 0;
+        return ccl_roofline(ctx, st, res);
     }
     if (st->lanes) {
         kb_ccl_lanes *lj = &st->lj;
@@ -268,7 +295,7 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
         kb_bench_mark_end(ctx, res);
         add_bw(res, lj->impl->kind, lj->ws, lj->count, (int)kb_dtype_size(lj->dtype));
         add_traffic(ctx, res);
-        return 0;
+        return ccl_roofline(ctx, st, res);
     }
     snprintf(res->line, sizeof res->line, "  %s (ws=%d)", job->name, job->layout.ws);
     kb_bench_mark_begin(ctx, res);
@@ -279,7 +306,7 @@ static int ccl_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
            job->n / kb_coll_tile_ranks(job->impl->kind, job->layout.ws),
            (int)kb_dtype_size(job->dtype));
     add_traffic(ctx, res);
-    return 0;
+    return ccl_roofline(ctx, st, res);
 }
 
 /*

@@ -23,6 +23,7 @@
 #include "kb_machine.h"
 #include "kb_model.h"
 #include "kb_tp.h"
+#include "kb_tp_roofline.h"
 
 enum { P_SEQ, P_BATCH, P_DECODE, P_KVLEN, P_SP, P_SPARSE };
 
@@ -222,8 +223,11 @@ static int dec_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
                  st->mc.name, st->ws, kb_qfmt_name(st->o.fmt), st->o.sparse ? " 2:4" : "",
                  (long long)st->o.batch, (long long)st->o.seq,
                  st->o.seq_parallel ? ", seq_parallel" : "");
-    if ((rc = kb_spawn(ctx, worker, st, st->ws)) != 0)
+    kb_roofline rl;
+    if ((rc = kb_spawn(ctx, worker, st, st->ws)) != 0 ||
+        (rc = kb_tp_roofline_decoder(m, &st->mc, &st->o, &rl, eb)) != 0)
         return rc;
+    kb_bench_set_roofline(res, &rl);
     /* the numbers of docs/decoder.md */
     const kb_decoder_stats *ds = &st->dec[0].st;
     double total = kb_time_to_ns(res->t_end - res->t_begin);

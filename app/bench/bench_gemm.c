@@ -39,6 +39,23 @@ static void gemm_kernel(kb_tl *tl, const kb_kargs *a)
             (uint32_t)N, (uint32_t)K, KB_F16, KB_F16, part, nparts);
 }
 
+/* The gemm's roofline in this layout: the flops over the P PEs, A and B read once from their
+ * slices, C written into PE 0's (kb_roofline_gemm). */
+static int gemm_roofline(kb_ctx *ctx, int64_t M, int64_t N, int64_t K, int pes,
+                         kb_bench_result *res)
+{
+    kb_roofline_acc *acc;
+    kb_roofline rl;
+    int rc = kb_roofline_acc_create(kb_ctx_machine(ctx), &acc, kb_ctx_err(ctx));
+    if (rc)
+        return rc;
+    kb_roofline_gemm(acc, (uint64_t)M, (uint64_t)N, (uint64_t)K, 2, pes, 0);
+    kb_roofline_result(acc, &rl);
+    kb_roofline_acc_destroy(acc);
+    kb_bench_set_roofline(res, &rl);
+    return 0;
+}
+
 static int gemm_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_bench_result *res)
 {
     gemm_state *st = state;
@@ -80,6 +97,8 @@ static int gemm_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_benc
     if ((rc = kb_launch(ctx, "gemm", gemm_kernel, &ka, &g)) != 0)
         return rc;
     kb_bench_mark_end(ctx, res);
+    if ((rc = gemm_roofline(ctx, M, N, K, pes, res)) != 0)
+        return rc;
     double flops = 2.0 * (double)M * (double)N * (double)K;
     kb_bench_add_extra(res, "gflops_simulated", flops / kb_time_to_ns(res->t_end - res->t_begin));
     snprintf(res->line, sizeof res->line, "  gemm (%lldx%lldx%lld f16, %d PE%s)", (long long)M,

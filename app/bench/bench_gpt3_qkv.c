@@ -38,6 +38,27 @@ static void qkv_kernel(kb_tl *tl, const kb_kargs *a)
     }
 }
 
+/* The roofline: 3 · 2·M·D² flops over the SIP's PEs; each PE reads its replica of X and its
+ * column blocks of the three weights and writes its blocks of Q, K and V. */
+static int qkv_roofline(kb_ctx *ctx, int64_t M, int64_t D, int64_t parts, kb_bench_result *res)
+{
+    kb_roofline_acc *acc;
+    kb_roofline rl;
+    double cols = (double)(D / parts);
+    int rc = kb_roofline_acc_create(kb_ctx_machine(ctx), &acc, kb_ctx_err(ctx));
+    if (rc)
+        return rc;
+    kb_roofline_flops(acc, KB_QF_F16, 0, 3.0 * 2.0 * (double)M * (double)D * (double)D,
+                      (int)parts);
+    for (int64_t j = 0; j < parts; j++)
+        kb_roofline_mem_pe(acc, (int)j, 2.0 * ((double)(M * D) + 3.0 * (double)D * cols),
+                           2.0 * 3.0 * (double)M * cols);
+    kb_roofline_result(acc, &rl);
+    kb_roofline_acc_destroy(acc);
+    kb_bench_set_roofline(res, &rl);
+    return 0;
+}
+
 static int qkv_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_bench_result *res)
 {
     static const char *wn[3] = { "w_q", "w_k", "w_v" }, *on[3] = { "q", "k", "v" };
@@ -78,6 +99,8 @@ static int qkv_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_bench
     if ((rc = kb_launch(ctx, "gpt3_qkv", qkv_kernel, &ka, &g)) != 0)
         return rc;
     kb_bench_mark_end(ctx, res);
+    if ((rc = qkv_roofline(ctx, M, D, parts, res)) != 0)
+        return rc;
     double flops = 3.0 * 2.0 * (double)M * (double)D * (double)D;
     kb_bench_add_extra(res, "gflops_simulated", flops / kb_time_to_ns(res->t_end - res->t_begin));
     snprintf(res->line, sizeof res->line, "  gpt3_qkv (M=%lld d_model=%lld f16 over %lld PEs)",

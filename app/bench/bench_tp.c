@@ -22,6 +22,7 @@
 #include "kb_dist.h"
 #include "kb_tl.h"
 #include "kb_tp.h"
+#include "kb_tp_roofline.h"
 
 /* The benches' inputs: kb_bench_pattern(seed, range, den) matrices. The runs write them
  * through fills (nothing is built unless the run records); verify builds the arrays the host
@@ -201,6 +202,7 @@ static void split_time(kb_ctx *ctx, tp_state *st, kb_bench_result *res)
 static int mlp_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
 {
     tp_state *st = state;
+    kb_roofline rl;
     int rc;
     st->ws = kb_ctx_machine(ctx)->nsips;
     st->m = a->p[0];
@@ -209,8 +211,11 @@ static int mlp_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
     st->res = res;
     snprintf(res->line, sizeof res->line, "  tp_mlp (tp=%d, m=%lld d=%lld hidden=%lld)", st->ws,
              (long long)st->m, (long long)st->d, (long long)st->hid);
-    if ((rc = kb_spawn(ctx, mlp_worker, st, st->ws)) != 0)
+    if ((rc = kb_spawn(ctx, mlp_worker, st, st->ws)) != 0 ||
+        (rc = kb_tp_roofline_mlp(kb_ctx_machine(ctx), st->m, st->d, st->hid, &rl,
+                                 kb_ctx_err(ctx))) != 0)
         return rc;
+    kb_bench_set_roofline(res, &rl);
     split_time(ctx, st, res);
     return 0;
 }
@@ -355,6 +360,7 @@ static int attn_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_r
 {
     tp_state *st = state;
     kb_machine *m = kb_ctx_machine(ctx);
+    kb_roofline rl;
     int rc;
     st->ws = m->nsips;
     st->m = a->p[0];
@@ -368,8 +374,10 @@ static int attn_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_r
                           (long long)st->heads, st->ws);
     snprintf(res->line, sizeof res->line, "  tp_attention (tp=%d, seq=%lld d=%lld heads=%lld)",
              st->ws, (long long)st->m, (long long)st->d, (long long)st->heads);
-    if ((rc = kb_spawn(ctx, attn_worker, st, st->ws)) != 0)
+    if ((rc = kb_spawn(ctx, attn_worker, st, st->ws)) != 0 ||
+        (rc = kb_tp_roofline_attention(m, st->m, st->d, st->heads, &rl, kb_ctx_err(ctx))) != 0)
         return rc;
+    kb_bench_set_roofline(res, &rl);
     split_time(ctx, st, res);
     return 0;
 }

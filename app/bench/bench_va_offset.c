@@ -30,6 +30,23 @@ static void copy_kernel(kb_tl *tl, const kb_kargs *a)
     tl_store(tl, a->ptr[1] + off, v);
 }
 
+/* The roofline: a copy, every PE reading its M x cols block from its HBM slice and writing it
+ * back there; nothing to compute, nothing crosses a link. */
+static int va_roofline(kb_ctx *ctx, int64_t M, int64_t cols, int64_t parts, kb_bench_result *res)
+{
+    kb_roofline_acc *acc;
+    kb_roofline rl;
+    int rc = kb_roofline_acc_create(kb_ctx_machine(ctx), &acc, kb_ctx_err(ctx));
+    if (rc)
+        return rc;
+    for (int64_t j = 0; j < parts; j++)
+        kb_roofline_mem_pe(acc, (int)j, 2.0 * (double)(M * cols), 2.0 * (double)(M * cols));
+    kb_roofline_result(acc, &rl);
+    kb_roofline_acc_destroy(acc);
+    kb_bench_set_roofline(res, &rl);
+    return 0;
+}
+
 static int va_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_bench_result *res)
 {
     va_state *st = state;
@@ -59,6 +76,8 @@ static int va_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_bench_
     if ((rc = kb_launch(ctx, "va_offset_copy", copy_kernel, &ka, &g)) != 0)
         return rc;
     kb_bench_mark_end(ctx, res);
+    if ((rc = va_roofline(ctx, M, K / parts, parts, res)) != 0)
+        return rc;
     snprintf(res->line, sizeof res->line, "  va_offset (%lldx%lld f16 over %lld PEs)",
              (long long)M, (long long)K, (long long)parts);
     return 0;

@@ -248,6 +248,19 @@ double kb_bench_efficiency(const kb_bench_result *r)
     return span > 0.0 && r->bound_ns > 0.0 ? r->bound_ns / span : 0.0;
 }
 
+double kb_bench_roofline_efficiency(const kb_bench_result *r)
+{
+    return r->have_roofline ? kb_roofline_efficiency(&r->roofline,
+                                                     kb_time_to_ns(r->t_end - r->t_begin))
+                            : 0.0;
+}
+
+void kb_bench_set_roofline(kb_bench_result *r, const kb_roofline *rl)
+{
+    r->roofline = *rl;
+    r->have_roofline = 1;
+}
+
 int kb_bench_check_from(kb_bench_result *r, kb_dtype dt, const float *got, const double *ref,
                         const double *acc_bound, size_t n, size_t index0, const char *what)
 {

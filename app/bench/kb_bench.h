@@ -17,6 +17,7 @@
 #include "kb_ccl.h"
 #include "kb_ccl_config.h"
 #include "kb_resident.h"
+#include "kb_roofline.h"
 #include "kb_runtime.h"
 
 #define KB_BENCH_MAX_PARAMS 8
@@ -65,6 +66,13 @@ typedef struct kb_bench_result {
                                         * mark_begin */
     int nextras;
     struct { const char *name; double value; } extras[KB_BENCH_MAX_EXTRAS];
+    /* the workload's lower bound on the machine (kb_roofline.h): what its flops, HBM bytes
+     * and link traffic need at the machine's peaks, whatever the schedule; set by the bench
+     * (kb_bench_set_roofline), have_roofline 0 when it has none. Unlike bound_ns, which is
+     * the busiest resource's time for what the run did move, it does not depend on the run.
+     * Last in the struct: a plugin compiled before it never sees it and reports none. */
+    int have_roofline;
+    kb_roofline roofline;
 } kb_bench_result;
 
 typedef struct kb_bench {
@@ -127,6 +135,12 @@ typedef struct kb_run_report {
 /* bound_ns / the region's time: how close the run came to what its busiest resource allows
  * (<= 1); 0 when not measured. */
 double kb_bench_efficiency(const kb_bench_result *r);
+
+/* The roofline's time over the region's: how close the run came to its workload's lower
+ * bound (<= 1); 0 when there is none. */
+double kb_bench_roofline_efficiency(const kb_bench_result *r);
+/* Stores a bench's roofline in r (have_roofline = 1). */
+void kb_bench_set_roofline(kb_bench_result *r, const kb_roofline *rl);
 
 /* Frees what a report owns. */
 void kb_run_report_fini(kb_run_report *rep);

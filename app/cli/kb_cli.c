@@ -595,6 +595,18 @@ char *kbcl_result_json(const kbcl_result *res)
         cJSON_AddStringToObject(root, "bound_resource", rep->res.bound_resource);
         cJSON_AddNumberToObject(root, "efficiency", kb_bench_efficiency(&rep->res));
     }
+    if (rep->res.have_roofline) { /* the workload's lower bound (kb_roofline.h) */
+        const kb_roofline *rl = &rep->res.roofline;
+        cJSON_AddNumberToObject(root, "roofline_ns", rl->ns);
+        cJSON_AddStringToObject(root, "roofline_bound", kb_roofline_bound_name(rl->bound));
+        cJSON_AddNumberToObject(root, "roofline_efficiency",
+                                kb_bench_roofline_efficiency(&rep->res));
+        cJSON_AddNumberToObject(root, "roofline_compute_ns", rl->compute_ns);
+        cJSON_AddNumberToObject(root, "roofline_memory_ns", rl->memory_ns);
+        cJSON_AddNumberToObject(root, "roofline_comm_ns", rl->comm_ns);
+        cJSON_AddStringToObject(root, "roofline_comm_level",
+                                kb_roofline_level_name(rl->comm_level));
+    }
     if (rep->res.verified < 0)
         cJSON_AddNullToObject(root, "verified");
     else
@@ -769,6 +781,13 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
     if (rep->res.bound_resource[0])
         fprintf(f, "  bound      %.3f ns by %s: efficiency %.3f\n", rep->res.bound_ns,
                 rep->res.bound_resource, kb_bench_efficiency(&rep->res));
+    if (rep->res.have_roofline) {
+        const kb_roofline *rl = &rep->res.roofline;
+        fprintf(f, "  roofline   %.3f ns, %s-bound (compute %.3f, memory %.3f, comm %.3f ns%s%s): "
+                "roofline_efficiency %.3f\n", rl->ns, kb_roofline_bound_name(rl->bound),
+                rl->compute_ns, rl->memory_ns, rl->comm_ns, rl->comm_level >= 0 ? " over " : "",
+                kb_roofline_level_name(rl->comm_level), kb_bench_roofline_efficiency(&rep->res));
+    }
     fprintf(f, "  events     %llu (%llu fiber switches, %llu kernels)\n",
             (unsigned long long)rep->events, (unsigned long long)rep->switches,
             (unsigned long long)rep->kernels);
