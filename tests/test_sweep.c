@@ -167,6 +167,20 @@ static void run_one(const char *args, char *sim, size_t n, char *events, size_t 
     free(json);
 }
 
+/* The roofline of the last run_one (its one.json) as the sweep prints it: roofline_ns,
+ * roofline_bound, roofline_efficiency, comma-separated. */
+static void last_roofline(char *out, size_t n)
+{
+    char *json = kbt_slurp("one.json");
+    cJSON *j = cJSON_Parse(json);
+    assert_non_null(j);
+    snprintf(out, n, "%.12g,%s,%.12g", cJSON_GetObjectItem(j, "roofline_ns")->valuedouble,
+             cJSON_GetObjectItem(j, "roofline_bound")->valuestring,
+             cJSON_GetObjectItem(j, "roofline_efficiency")->valuedouble);
+    cJSON_Delete(j);
+    free(json);
+}
+
 /*
  * The value of column `name` of a CSV row, by the file's header line: the fields before error
  * hold no commas or quotes in these tests, so cutting at commas is exact.
@@ -223,7 +237,7 @@ static void run_bound(const char *args, char *bound, char *eff, char *res, size_
 
 static void test_rows(void **s)
 {
-    char out[8192], sim[64], ev[64], want[256];
+    char out[8192], sim[64], ev[64], want[256], roof[128];
     char *csv;
     int n;
     (void)s;
@@ -235,10 +249,12 @@ static void test_rows(void **s)
     assert_int_equal(count_lines(csv), 5);
     assert_int_equal(strncmp(csv, "point,algorithm,world_size,n_elem,bench,size_bytes,"
                              "sim_time_ns,algbw_gbps,busbw_gbps,bound_ns,efficiency,"
-                             "bound_resource,events,wall_ms,verified,status,error\n",
+                             "bound_resource,events,wall_ms,verified,status,error,roofline_ns,"
+                             "roofline_bound,roofline_efficiency\n",
                              strlen("point,algorithm,world_size,n_elem,bench,size_bytes,"
                                     "sim_time_ns,algbw_gbps,busbw_gbps,bound_ns,efficiency,"
-                                    "bound_resource,events,wall_ms,verified,status,error\n")),
+                                    "bound_resource,events,wall_ms,verified,status,error,"
+                                    "roofline_ns,roofline_bound,roofline_efficiency\n")),
                      0);
     free(csv);
     csv = canonical_rows("r1.csv", &n);
@@ -258,7 +274,8 @@ static void test_rows(void **s)
             snprintf(prefix, sizeof prefix, "%d,%s,%d,16,ccl_allreduce,32,%s,", i, alg[i], ws[i],
                      sim);
             assert_int_equal(strncmp(l, prefix, strlen(prefix)), 0);
-            snprintf(want, sizeof want, ",%s,true,ok,\n", ev);
+            last_roofline(roof, sizeof roof);
+            snprintf(want, sizeof want, ",%s,true,ok,,%s\n", ev, roof);
             l = strchr(l, '\n') + 1;
             assert_int_equal(strncmp(l - strlen(want), want, strlen(want)), 0);
         }
@@ -381,7 +398,8 @@ static void test_error_row(void **s)
         row += strlen("\n1,12,ccl_allreduce,,,,,,,,,,,");
         assert_true(strncmp(row, "ok,", 3) != 0 && strchr(row, ',') - row >= 2);
         /* the message has a comma: CSV-quoted */
-        assert_non_null(strstr(row, ",\"mesh_allreduce needs a square world size, got 12\"\n"));
+        assert_non_null(strstr(row, ",\"mesh_allreduce needs a square world size, got 12\""
+                                    ",,,\n")); /* and no roofline */
     }
     free(csv);
     /* --resume keeps the error row (it is a result) and exits 3 again without running */
@@ -583,9 +601,10 @@ static void test_sweep_file_errors(void **s)
     /* --resume refuses a file written by a different grid */
     kbt_write_file("other.csv", "point,algorithm,world_size,n_elem,bench,size_bytes,sim_time_ns,"
                                 "algbw_gbps,busbw_gbps,bound_ns,efficiency,bound_resource,events,"
-                                "wall_ms,verified,status,error\n"
+                                "wall_ms,verified,status,error,roofline_ns,roofline_bound,"
+                                "roofline_efficiency\n"
                                 "1,ring_allreduce_tcm,64,16,ccl_allreduce,32,1,1,1,1,1,pcie sip0,"
-                                "1,1,true,ok,\n");
+                                "1,1,true,ok,,1,comm,1\n");
     assert_int_equal(kbt_kbcl(out, sizeof out, "sweep small.yaml --out other.csv --resume"), 2);
     assert_non_null(strstr(out, "other.csv:2: point 1 has world_size=64"));
     /* a key twice in one map is an error at the second, as in every other kbcl file */
@@ -861,7 +880,7 @@ static void test_size_axis(void **s)
             if (strncmp(l, prefix, strlen(prefix)))
                 fail_msg("row '%.*s' does not start with '%s'", (int)(strchr(l, '\n') - l), l,
                          prefix);
-            assert_non_null(strstr(l, ",,ok,\n")); /* not verified (device none), ok */
+            assert_non_null(strstr(l, ",,ok,,")); /* not verified (device none), ok */
             l = strchr(l, '\n') + 1;
         }
     }
@@ -1125,7 +1144,8 @@ static void test_bound_columns(void **s)
 {
     static const char *const hdr = "point,param.m,bench,size_bytes,sim_time_ns,algbw_gbps,"
                                    "busbw_gbps,bound_ns,efficiency,bound_resource,events,"
-                                   "wall_ms,verified,status,error\n";
+                                   "wall_ms,verified,status,error,roofline_ns,roofline_bound,"
+                                   "roofline_efficiency\n";
     static const char *const m[2] = { "256", "512" };
     char out[8192], args[128], bound[64], eff[64], res[128], got[128], sim[64];
     double bound_v[2], eff_v[2];
@@ -1159,6 +1179,23 @@ static void test_bound_columns(void **s)
     }
     /* the gemm is bound by its one PE's cube unit, whose time doubles with m */
     assert_true(bound_v[0] == 8192 && bound_v[1] == 16384);
+    /* and so is its roofline: 2·m·256·256 flops at 4096 per ns, over the same row's time
+     * (the file's rows: canonical_rows drops wall_ms, before these columns) */
+    for (int i = 0; i < 2; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "\n%d,", i);
+        l = strstr(csv, key);
+        assert_non_null(l);
+        l++;
+        csv_field(csv, l, "roofline_ns", got, sizeof got);
+        assert_string_equal(got, i ? "16384" : "8192");
+        csv_field(csv, l, "roofline_bound", got, sizeof got);
+        assert_string_equal(got, "compute");
+        csv_field(csv, l, "sim_time_ns", sim, sizeof sim);
+        csv_field(csv, l, "roofline_efficiency", got, sizeof got);
+        assert_true(fabs(strtod(got, NULL) - (i ? 16384.0 : 8192.0) / strtod(sim, NULL)) <=
+                    1e-11);
+    }
     assert_non_null(strstr(rows, ",8192,"));
     assert_int_equal(count_str(rows, ",pe_gemm sip0/cube0/pe0,"), 2);
     free(rows);
@@ -1216,8 +1253,23 @@ static void test_bound_columns(void **s)
     before = kbt_slurp("g_old.csv");
     assert_int_equal(kbt_kbcl(out, sizeof out, "sweep gemm.yaml --out g_old.csv --resume"), 2);
     kbt_msg_has(out, "g_old.csv:1: the file was written by an older kbcl sweep, without the "
-                     "bound_ns, efficiency and bound_resource columns; --resume does not "
-                     "rewrite it: use a new --out");
+                     "bound_ns, efficiency, bound_resource and roofline columns; --resume does "
+                     "not rewrite it: use a new --out");
+    after = kbt_slurp("g_old.csv");
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+    /* and one from before the roofline columns */
+    kbt_write_file("g_old.csv", "point,param.m,bench,size_bytes,sim_time_ns,algbw_gbps,"
+                                "busbw_gbps,bound_ns,efficiency,bound_resource,events,"
+                                "wall_ms,verified,status,error\n"
+                                "0,256,gemm,,13680,,,8192,0.6,pe_gemm sip0/cube0/pe0,9,1.000,,"
+                                "ok,\n");
+    before = kbt_slurp("g_old.csv");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep gemm.yaml --out g_old.csv --resume"), 2);
+    kbt_msg_has(out, "g_old.csv:1: the file was written by an older kbcl sweep, without the "
+                     "roofline_ns, roofline_bound and roofline_efficiency columns; --resume "
+                     "does not rewrite it: use a new --out");
     after = kbt_slurp("g_old.csv");
     assert_string_equal(before, after);
     free(before);

@@ -81,6 +81,9 @@ typedef struct sw_outcome {
     double size_bytes, sim_time_ns, algbw, busbw, wall_ms;
     double bound_ns, efficiency;       /* efficiency: kb_bench_efficiency, as `kbcl run` */
     double split[4];                   /* compute_ns memory_ns comm_ns tokens_per_s */
+    int have_roofline;                 /* the bench has a roofline (kb_bench_result.roofline) */
+    double roofline_ns, roofline_efficiency;
+    char roofline_bound[8];            /* kb_roofline_bound_name: compute, memory, comm */
     unsigned long long events;
     char bound_resource[sizeof ((kb_bench_result *)0)->bound_resource];
     char msg[sizeof(kb_errbuf)];

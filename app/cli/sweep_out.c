@@ -64,25 +64,30 @@ static int csv_put(char *buf, size_t n, int len, const char *s, int first)
 
 /* The fixed columns after the swept ones, in TC_* order; the decoder split columns, when the
  * sweep has them, go before verified. bound_ns, efficiency and bound_resource (issue #29)
- * sit with the other measured columns; a file without them has a different header, which
- * --resume refuses rather than mix two column sets in one file. */
+ * sit with the other measured columns; the roofline's (issue #32) come last, after error, so
+ * that every earlier column keeps its place. A file without them has a different header,
+ * which --resume refuses rather than mix two column sets in one file. */
 static const char *const tail_cols[] = { "bench", "size_bytes", "sim_time_ns", "algbw_gbps",
                                          "busbw_gbps", "bound_ns", "efficiency",
                                          "bound_resource", "events", "wall_ms", "verified",
-                                         "status", "error" };
+                                         "status", "error", "roofline_ns", "roofline_bound",
+                                         "roofline_efficiency" };
 enum { TC_BENCH, TC_SIZE, TC_SIM, TC_ALGBW, TC_BUSBW, TC_BOUND, TC_EFF, TC_BOUND_RES, TC_EVENTS,
-       TC_WALL, TC_VERIFIED, TC_STATUS, TC_ERROR, N_TAIL };
+       TC_WALL, TC_VERIFIED, TC_STATUS, TC_ERROR, TC_ROOF, TC_ROOF_BOUND, TC_ROOF_EFF, N_TAIL };
 _Static_assert(sizeof tail_cols / sizeof tail_cols[0] == N_TAIL, "one name per TC_* column");
 
 /* Text columns (JSON strings); verified is a boolean and the rest are numbers. */
 static int tail_is_text(int i)
 {
-    return i == TC_BENCH || i == TC_BOUND_RES || i == TC_STATUS || i == TC_ERROR;
+    return i == TC_BENCH || i == TC_BOUND_RES || i == TC_STATUS || i == TC_ERROR ||
+           i == TC_ROOF_BOUND;
 }
 
-/* The CSV header; bound_cols 0 gives the one kbcl wrote before the bound columns, so that
- * --resume can say why such a file does not fit. */
-static char *csv_header_cols(const sw_plan *p, int bound_cols)
+/* The headers kbcl has written: the current one, and those of before the roofline columns
+ * and before the bound columns, so that --resume can say why such a file does not fit. */
+enum { HDR_NO_BOUND, HDR_NO_ROOF, HDR_NOW };
+
+static char *csv_header_cols(const sw_plan *p, int version)
 {
     size_t n = 512;
     char *buf;
@@ -98,7 +103,8 @@ static char *csv_header_cols(const sw_plan *p, int bound_cols)
         if (i == TC_VERIFIED && p->split_cols)
             for (int k = 0; k < SW_NSPLIT; k++)
                 len = csv_put(buf, n, len, kbcl_sweep_split_cols[k], 0);
-        if (bound_cols || i < TC_BOUND || i > TC_BOUND_RES)
+        if ((version > HDR_NO_BOUND || i < TC_BOUND || i > TC_BOUND_RES) &&
+            (version > HDR_NO_ROOF || i < TC_ROOF))
             len = csv_put(buf, n, len, tail_cols[i], 0);
     }
     snprintf(buf + len, n - (size_t)len, "\n");
@@ -107,7 +113,7 @@ static char *csv_header_cols(const sw_plan *p, int bound_cols)
 
 static char *csv_header(const sw_plan *p)
 {
-    return csv_header_cols(p, 1);
+    return csv_header_cols(p, HDR_NOW);
 }
 
 static void fmt_num(char *b, size_t n, int have, double v)
@@ -140,6 +146,11 @@ char *kbcl_sweep_format_row(const sw_plan *p, const sw_outcome *o, int jsonl)
     fmt_num(num[TC_EFF], sizeof num[TC_EFF], ok && o->have_bound, o->efficiency);
     if (ok && o->have_bound)
         val[TC_BOUND_RES] = o->bound_resource;
+    fmt_num(num[TC_ROOF], sizeof num[TC_ROOF], ok && o->have_roofline, o->roofline_ns);
+    fmt_num(num[TC_ROOF_EFF], sizeof num[TC_ROOF_EFF], ok && o->have_roofline,
+            o->roofline_efficiency);
+    if (ok && o->have_roofline)
+        val[TC_ROOF_BOUND] = o->roofline_bound;
     if (ok)
         snprintf(num[TC_EVENTS], sizeof num[TC_EVENTS], "%llu", o->events);
     if (ok)
@@ -304,6 +315,7 @@ static int resume_csv(sw_ctx *c, char *text, kb_errbuf *eb)
 {
     const sw_plan *p = c->plan;
     int ncol = 1 + p->nax + N_TAIL + (p->split_cols ? SW_NSPLIT : 0), lineno = 1, rc = 0;
+    int cver = 1 + p->nax + (p->split_cols ? SW_NSPLIT : 0) + TC_VERIFIED; /* status: next */
     char **f = calloc((size_t)ncol, sizeof *f), *hdr = csv_header(p), *line = text, *nl;
     if (!f || !hdr) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
@@ -313,22 +325,30 @@ static int resume_csv(sw_ctx *c, char *text, kb_errbuf *eb)
     if (!nl)
         goto out; /* empty file: the header is written as for a new one */
     if ((size_t)(nl - line + 1) != strlen(hdr) || strncmp(line, hdr, strlen(hdr))) {
-        char *old = csv_header_cols(p, 0);
-        /* this grid's columns as a kbcl before the bound columns wrote them: the generic
-         * message would list two near-identical headers and hide that only the version
-         * differs. The file is left as it is either way. */
-        if (old && (size_t)(nl - line + 1) == strlen(old) && !strncmp(line, old, strlen(old))) {
+        static const char *const missing[] = {
+            "the bound_ns, efficiency, bound_resource and roofline columns",
+            "the roofline_ns, roofline_bound and roofline_efficiency columns" };
+        int version = -1;
+        /* this grid's columns as an older kbcl wrote them: the generic message would list two
+         * near-identical headers and hide that only the version differs. The file is left as
+         * it is either way. */
+        for (int v = HDR_NO_BOUND; v < HDR_NOW && version < 0; v++) {
+            char *old = csv_header_cols(p, v);
+            if (old && (size_t)(nl - line + 1) == strlen(old) && !strncmp(line, old, strlen(old)))
+                version = v;
+            free(old);
+        }
+        if (version >= 0) {
             rc = kb_err_set(eb, KB_ERR_USAGE, "%s:1: the file was written by an older kbcl "
-                            "sweep, without the bound_ns, efficiency and bound_resource "
-                            "columns; --resume does not rewrite it: use a new --out (or run "
-                            "the sweep again without --resume)", c->out_path);
+                            "sweep, without %s; --resume does not rewrite it: use a new --out "
+                            "(or run the sweep again without --resume)", c->out_path,
+                            missing[version]);
         } else {
             hdr[strlen(hdr) - 1] = 0;
             rc = kb_err_set(eb, KB_ERR_USAGE, "%s:1: header %.*s does not match this sweep's "
                             "columns (%s); use a new --out", c->out_path, (int)(nl - line),
                             line, hdr);
         }
-        free(old);
         goto out;
     }
     for (line = nl + 1; (nl = strchr(line, '\n')); line = nl + 1) {
@@ -344,8 +364,8 @@ static int resume_csv(sw_ctx *c, char *text, kb_errbuf *eb)
             goto out;
         }
         point = (int)strtol(f[0], NULL, 10);
-        if ((rc = resume_row(c, lineno, point, (const char *const *)f + 1, f[ncol - 3],
-                             f[ncol - 2], eb)) != 0)
+        if ((rc = resume_row(c, lineno, point, (const char *const *)f + 1, f[cver],
+                             f[cver + 1], eb)) != 0)
             goto out;
     }
 out:

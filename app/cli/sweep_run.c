@@ -78,6 +78,13 @@ static void run_point_on(const sw_plan *p, int point, sw_outcome *o, const kb_ba
             snprintf(o->bound_resource, sizeof o->bound_resource, "%s",
                      rep->res.bound_resource);
         }
+        if (rep->res.have_roofline) {
+            o->have_roofline = 1;
+            o->roofline_ns = rep->res.roofline.ns;
+            o->roofline_efficiency = kb_bench_roofline_efficiency(&rep->res);
+            snprintf(o->roofline_bound, sizeof o->roofline_bound, "%s",
+                     kb_roofline_bound_name(rep->res.roofline.bound));
+        }
         if (rep->res.verified == 0)
             snprintf(o->msg, sizeof o->msg, "%s", rep->res.detail);
     }
