@@ -366,7 +366,8 @@ static int is_fixed_col(const char *name)
                                          "algbw_gbps", "busbw_gbps", "events", "wall_ms",
                                          "verified", "status", "error", "compute_ns",
                                          "memory_ns", "comm_ns", "tokens_per_s", "bound_ns",
-                                         "efficiency", "bound_resource" };
+                                         "efficiency", "bound_resource", "roofline_ns",
+                                         "roofline_bound", "roofline_efficiency" };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         if (!strcmp(name, fixed[i]))
             return 1;
