@@ -755,6 +755,115 @@ static void test_timing_only_memory_flat(void **s)
         fail_msg("peak RSS %ld KiB at 1 GiB simulated vs %ld KiB at 256 KiB", big, small);
 }
 
+/* A run's roofline (kb_bench_result.roofline): present, and no larger than the run's time — a
+ * run faster than its workload's lower bound would be a bug in one of the two. */
+static void check_roofline(const char *what, const kb_run_report *rep)
+{
+    double e = kb_bench_roofline_efficiency(&rep->res);
+    if (!rep->res.have_roofline)
+        fail_msg("%s: no roofline", what);
+    if (!(e > 0.0 && e <= 1.0))
+        fail_msg("%s: roofline %.3f ns (%s), sim_time %.3f ns", what, rep->res.roofline.ns,
+                 kb_roofline_bound_name(rep->res.roofline.bound), rep->sim_time_ns);
+}
+
+/* Every ccl.yaml entry the project ships, at its own size and at --size 1M. */
+static void roofline_ccl(const kb_bench *b)
+{
+    char path[1024];
+    kb_ccl_cfg base;
+    kb_errbuf eb = { { 0 } };
+    kb_ccl_config_defaults(&base);
+    if (kb_ccl_config_load(&base, kbt_source_path("configs/ccl.yaml", path, sizeof path), &eb))
+        fail_msg("%s", eb.msg);
+    for (int i = 0; i < base.nalgos; i++) {
+        char set[160], what[192];
+        for (int big = 0; big < 2; big++) {
+            kb_ccl_cfg ccl = base;
+            kb_run_report rep;
+            kb_bench_args a = defaults_of(b, 0);
+            snprintf(set, sizeof set, "ccl.defaults.algorithm=%s", base.algos[i].name);
+            kbt_ccl_config_set(&ccl, set);
+            a.size_bytes = big ? 1 << 20 : 0;
+            if (exec_bench(b, &ccl, KB_DEV_NONE, &a, &rep, &eb) != 0)
+                fail_msg("%s: %s", base.algos[i].name, eb.msg);
+            snprintf(what, sizeof what, "%s %s", base.algos[i].name, big ? "1M" : "default");
+            check_roofline(what, &rep);
+            kb_run_report_fini(&rep);
+        }
+    }
+}
+
+/* decoder_layer on the tiny model: prefill, seq_parallel, 2:4 mxint8 and a decode step. */
+static void roofline_decoder(const kb_bench *b)
+{
+    static const int64_t cases[4][5] = {
+        /* seq, decode, kv_len, seq_parallel, sparse */
+        { 16, 0, 0, 0, 0 }, { 16, 0, 0, 1, 0 }, { 32, 0, 0, 0, 1 }, { 1, 1, 64, 0, 0 } };
+    char path[1024];
+    kb_errbuf eb = { { 0 } };
+    for (int c = 0; c < 4; c++) {
+        kb_run_report rep;
+        kb_bench_args a = defaults_of(b, 0);
+        char what[64];
+        a.model = kbt_source_path("configs/models/tiny.yaml", path, sizeof path);
+        a.dtype = cases[c][4] ? "mxint8" : NULL;
+        a.p[kb_bench_param_index(b, "seq")] = cases[c][0];
+        a.p[kb_bench_param_index(b, "decode")] = cases[c][1];
+        if (cases[c][1])
+            a.p[kb_bench_param_index(b, "kv_len")] = cases[c][2];
+        a.p[kb_bench_param_index(b, "seq_parallel")] = cases[c][3];
+        a.p[kb_bench_param_index(b, "sparse")] = cases[c][4];
+        if (exec_bench(b, NULL, KB_DEV_NONE, &a, &rep, &eb) != 0)
+            fail_msg("decoder_layer case %d: %s", c, eb.msg);
+        snprintf(what, sizeof what, "decoder_layer case %d", c);
+        check_roofline(what, &rep);
+        kb_run_report_fini(&rep);
+    }
+}
+
+/*
+ * Every built-in bench at a small size, timing only (--device none): its roofline is at most
+ * its simulated time (roofline_efficiency <= 1). The gemm also on 16 PEs (two cubes: C's
+ * stores cross them) and ragged; ipcq_deadlock, which ends in a deadlock by design, has none.
+ */
+static void test_roofline_every_bench(void **s)
+{
+    kb_errbuf eb = { { 0 } };
+    (void)s;
+    for (int i = 0; kb_bench_at(i); i++) {
+        const kb_bench *b = kb_bench_at(i);
+        kb_run_report rep;
+        if (!strcmp(b->name, "ipcq_deadlock"))
+            continue;
+        if (b->size_elem_bytes > 0) {
+            roofline_ccl(b);
+            continue;
+        }
+        if (kb_bench_takes_model(b)) {
+            roofline_decoder(b);
+            continue;
+        }
+        run_bench(b->name, KB_DEV_NONE, 0, &rep);
+        check_roofline(b->name, &rep);
+        kb_run_report_fini(&rep);
+    }
+    {
+        const kb_bench *b = kb_bench_find("gemm");
+        static const int64_t shapes[2][4] = { { 256, 256, 256, 16 }, { 200, 72, 328, 3 } };
+        for (int k = 0; k < 2; k++) {
+            kb_run_report rep;
+            kb_bench_args a = defaults_of(b, 0);
+            for (int j = 0; j < 4; j++)
+                a.p[j] = shapes[k][j];
+            if (exec_bench(b, NULL, KB_DEV_NONE, &a, &rep, &eb) != 0)
+                fail_msg("gemm: %s", eb.msg);
+            check_roofline("gemm (pes > 1)", &rep);
+            kb_run_report_fini(&rep);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -774,6 +883,7 @@ int main(void)
         cmocka_unit_test(test_timing_only_same_numbers),
         cmocka_unit_test(test_timing_only_memory_flat),
         cmocka_unit_test(test_pipelined_cuts),
+        cmocka_unit_test(test_roofline_every_bench),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
