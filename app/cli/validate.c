@@ -671,201 +671,279 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-int kbcl_cmd_validate(int argc, char **argv)
-{
-    const char *data_path = NULL, *json_path = NULL, *files[KBCL_MAX_PLUGIN_ARGS];
-    const char *ins[3 + KBCL_MAX_PLUGIN_ARGS];
-    double threshold = -1, t0 = now_s();
-    int64_t min_bytes = VAL_DEFAULT_MIN_BYTES;
-    int quiet = 0, nfiles = 0, nins = 0, code = 0, rc;
-    kb_plugins *ps = NULL;
-    kb_errbuf eb = { { 0 } };
-    val_data d;
-    val_cfg vc;
-    val_stats large, all;
-    val_widths w = { 5, 9 };
+/* The options of `kbcl validate`; job holds the kbcl run options it shares, and the plugins
+ * once loaded (borrowed from the command). */
+typedef struct val_args {
+    const char *data_path, *json_path;
+    const char *files[KBCL_MAX_PLUGIN_ARGS]; /* --plugin */
+    int nfiles;
+    double threshold;                         /* percent; -1 = none */
+    int64_t min_bytes;
+    int quiet;
     kbcl_job job;
-    char mb[32], *text = NULL;
+} val_args;
 
-    memset(&d, 0, sizeof d);
-    memset(&vc, 0, sizeof vc);
-    memset(&job, 0, sizeof job);
+/* Parses the command line into *a (validate's own options, then the job's: ccl bench, timing
+ * only). Returns -1 to go on, else the exit code (after --help or a usage error). */
+static int parse_args(int argc, char **argv, val_args *a)
+{
+    kb_errbuf eb = { { 0 } };
+
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        int k = kbcl_job_option(&job, argc, argv, &i, &eb);
+        const char *s = argv[i];
+        int k = kbcl_job_option(&a->job, argc, argv, &i, &eb);
         if (k < 0) {
             fprintf(stderr, "kbcl validate: %s\n", eb.msg);
             return KBCL_EXIT_USAGE;
         }
         if (k)
             continue;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
             usage_validate(stdout);
             return 0;
-        } else if (!strcmp(a, "--threshold")) {
+        } else if (!strcmp(s, "--threshold")) {
             char *end = NULL;
             const char *v = i + 1 < argc ? argv[++i] : NULL;
             errno = 0;
-            threshold = v ? strtod(v, &end) : -1;
-            if (!v || !plain_decimal(v) || errno || *end || !isfinite(threshold)) {
+            a->threshold = v ? strtod(v, &end) : -1;
+            if (!v || !plain_decimal(v) || errno || *end || !isfinite(a->threshold)) {
                 fprintf(stderr, "kbcl validate: --threshold needs a percentage >= 0, e.g. 10 "
                         "(got '%s')\n", v ? v : "");
                 return KBCL_EXIT_USAGE;
             }
-        } else if (!strcmp(a, "--min-bytes")) {
+        } else if (!strcmp(s, "--min-bytes")) {
             const char *v = i + 1 < argc ? argv[++i] : NULL;
-            if (!v || kbcl_parse_size(v, &min_bytes) != 0) {
+            if (!v || kbcl_parse_size(v, &a->min_bytes) != 0) {
                 fprintf(stderr, "kbcl validate: --min-bytes %s: " KBCL_SIZE_HELP "\n",
                         v ? v : "");
                 return KBCL_EXIT_USAGE;
             }
-        } else if (!strcmp(a, "--json")) {
+        } else if (!strcmp(s, "--json")) {
             if (i + 1 >= argc) {
                 fprintf(stderr, "kbcl validate: --json needs a file name\n");
                 return KBCL_EXIT_USAGE;
             }
-            json_path = argv[++i];
-        } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
-            quiet = 1;
-        } else if (!strcmp(a, "--plugin")) {
-            if (i + 1 >= argc || nfiles >= KBCL_MAX_PLUGIN_ARGS) {
+            a->json_path = argv[++i];
+        } else if (!strcmp(s, "--quiet") || !strcmp(s, "-q")) {
+            a->quiet = 1;
+        } else if (!strcmp(s, "--plugin")) {
+            if (i + 1 >= argc || a->nfiles >= KBCL_MAX_PLUGIN_ARGS) {
                 fprintf(stderr, "kbcl validate: --plugin needs a file (at most %d)\n",
                         KBCL_MAX_PLUGIN_ARGS);
                 return KBCL_EXIT_USAGE;
             }
-            files[nfiles++] = argv[++i];
-        } else if (a[0] == '-' || data_path) {
+            a->files[a->nfiles++] = argv[++i];
+        } else if (s[0] == '-' || a->data_path) {
             fprintf(stderr, "kbcl validate: unexpected argument '%s' (see kbcl validate "
-                    "--help)\n", a);
+                    "--help)\n", s);
             return KBCL_EXIT_USAGE;
         } else {
-            data_path = a;
+            a->data_path = s;
         }
     }
-    if (!data_path) {
+    if (!a->data_path) {
         usage_validate(stderr);
         return KBCL_EXIT_USAGE;
     }
-    if ((rc = refuse_job_options(&job, &eb)) != 0) {
+    if (refuse_job_options(&a->job, &eb) != 0) {
         fprintf(stderr, "kbcl validate: %s\n", eb.msg);
         return KBCL_EXIT_USAGE;
     }
-    job.bench = "ccl";
-    job.device = "none";
+    a->job.bench = "ccl";
+    a->job.device = "none";
+    return -1;
+}
 
-    /* everything that can fail without simulating, before the first row runs */
-    if ((rc = data_load(&d, data_path, &eb)) != 0)
-        goto fail;
-    large = stats(&d, min_bytes); /* only the count is known yet: it decides the threshold */
-    human_size(mb, sizeof mb, min_bytes);
-    if (threshold >= 0 && large.n == 0) {
-        rc = kb_err_set(&eb, KB_ERR_USAGE, "%s: no measured row of at least %s (--min-bytes): "
-                        "nothing to judge --threshold %g against", data_path, mb, threshold);
-        goto fail;
-    }
-    if ((rc = kb_plugins_create(&ps, &eb)) != 0 ||
-        (rc = kbcl_plugins_load_cli(ps, files, nfiles, &eb)) != 0)
-        goto fail;
-    job.plugins = ps;
-    if ((rc = cfg_load(&vc, &job, &eb)) != 0)
-        goto fail;
-    ins[nins++] = data_path;
-    ins[nins++] = vc.topo_file;
-    ins[nins++] = vc.ccl_file;
-    for (int i = 0; i < nfiles; i++)
-        ins[nins++] = files[i];
-    if ((rc = kbcl_check_output("--json", json_path, ins, nins, &eb)) != 0)
-        goto fail;
-    for (int i = 0; i < d.nrows; i++) {
-        const val_row *r = &d.rows[i];
-        if ((rc = row_check(&d, &vc, &job, r, &eb)) != 0)
-            goto fail;
-        if ((int)strlen(r->label) > w.label)
-            w.label = (int)strlen(r->label);
-        if ((int)strlen(r->algorithm) > w.algorithm)
-            w.algorithm = (int)strlen(r->algorithm);
-    }
+/* The inputs, before any row runs: the data file (and that --threshold has rows to judge),
+ * the plugins (*ps, the caller destroys them), the configuration, and that --json names no
+ * input. */
+static int load_inputs(val_args *a, val_data *d, val_cfg *vc, kb_plugins **ps, kb_errbuf *eb)
+{
+    const char *ins[3 + KBCL_MAX_PLUGIN_ARGS];
+    int nins = 0, rc;
 
-    if (!quiet) {
-        printf("data %s; machine %s; ccl %s\n", data_path, vc.topo_path, vc.ccl_path);
-        print_header(&w);
+    if ((rc = data_load(d, a->data_path, eb)) != 0)
+        return rc;
+    /* only the count of the large rows is known yet: it decides the threshold */
+    if (a->threshold >= 0 && stats(d, a->min_bytes).n == 0) {
+        char mb[32];
+        human_size(mb, sizeof mb, a->min_bytes);
+        return kb_err_set(eb, KB_ERR_USAGE, "%s: no measured row of at least %s (--min-bytes): "
+                          "nothing to judge --threshold %g against", a->data_path, mb,
+                          a->threshold);
+    }
+    if ((rc = kb_plugins_create(ps, eb)) != 0 ||
+        (rc = kbcl_plugins_load_cli(*ps, a->files, a->nfiles, eb)) != 0)
+        return rc;
+    a->job.plugins = *ps;
+    if ((rc = cfg_load(vc, &a->job, eb)) != 0)
+        return rc;
+    ins[nins++] = a->data_path;
+    ins[nins++] = vc->topo_file;
+    ins[nins++] = vc->ccl_file;
+    for (int i = 0; i < a->nfiles; i++)
+        ins[nins++] = a->files[i];
+    return kbcl_check_output("--json", a->json_path, ins, nins, eb);
+}
+
+/* Every row's checks (row_check), and the table's column widths for its labels and
+ * algorithms. */
+static int check_rows(const val_args *a, const val_data *d, const val_cfg *vc, val_widths *w,
+                      kb_errbuf *eb)
+{
+    int rc;
+
+    for (int i = 0; i < d->nrows; i++) {
+        const val_row *r = &d->rows[i];
+        if ((rc = row_check(d, vc, &a->job, r, eb)) != 0)
+            return rc;
+        if ((int)strlen(r->label) > w->label)
+            w->label = (int)strlen(r->label);
+        if ((int)strlen(r->algorithm) > w->algorithm)
+            w->algorithm = (int)strlen(r->algorithm);
+    }
+    return 0;
+}
+
+/* Runs the rows in order, each row's time and error printed as it finishes (unless quiet).
+ * Returns 0, or the exit code of the first row that failed, its message printed. */
+static int run_rows(const val_args *a, val_data *d, const val_cfg *vc, const val_widths *w,
+                    kb_errbuf *eb)
+{
+    if (!a->quiet) {
+        printf("data %s; machine %s; ccl %s\n", a->data_path, vc->topo_path, vc->ccl_path);
+        print_header(w);
         fflush(stdout);
     }
-    for (int i = 0; i < d.nrows; i++) {
-        val_row *r = &d.rows[i];
-        kbcl_job j = row_job(&job, &vc, r);
+    for (int i = 0; i < d->nrows; i++) {
+        val_row *r = &d->rows[i];
+        kbcl_job j = row_job(&a->job, vc, r);
         kbcl_result res;
         char name[1024];
+        int rc = kbcl_job_run(&j, &res, eb);
 
-        rc = kbcl_job_run(&j, &res, &eb);
         if (rc) {
-            row_name(name, sizeof name, &d, r);
+            row_name(name, sizeof name, d, r);
             if (res.rep.report) /* a deadlock: the whole report, as kbcl run prints it */
                 fprintf(stderr, "kbcl validate: %s: %s: at the end of the run:%s\n", name,
                         kb_strerror(rc), res.rep.report);
             else
-                fprintf(stderr, "kbcl validate: %s: %s: %s\n", name, kb_strerror(rc), eb.msg);
+                fprintf(stderr, "kbcl validate: %s: %s: %s\n", name, kb_strerror(rc), eb->msg);
             kbcl_result_fini(&res);
-            code = kbcl_exit_code(rc);
-            goto out;
+            return kbcl_exit_code(rc);
         }
         r->sim_time_ns = res.rep.sim_time_ns;
         kbcl_result_fini(&res);
         if (r->measured)
             r->error_pct = (r->sim_time_ns / 1000.0 - r->measured_us) / r->measured_us * 100.0;
-        if (!quiet) {
-            print_row(&w, r);
+        if (!a->quiet) {
+            print_row(w, r);
             fflush(stdout); /* a long validation shows each row as it finishes */
         }
     }
+    return 0;
+}
 
-    large = stats(&d, min_bytes);
+/* The summary lines: how many rows were measured, the large rows' and all measured rows'
+ * errors. */
+static void print_summary(const val_args *a, const val_data *d, const val_stats *large,
+                          const val_stats *all)
+{
+    int nmeas = 0;
+    char what[64], mb[32];
+
+    human_size(mb, sizeof mb, a->min_bytes);
+    for (int i = 0; i < d->nrows; i++)
+        nmeas += d->rows[i].measured;
+    printf("measured rows: %d of %d (%d prediction-only, not counted)\n", nmeas, d->nrows,
+           d->nrows - nmeas);
+    snprintf(what, sizeof what, "rows >= %s", mb);
+    print_stats(what, d, large);
+    print_stats("all measured rows", d, all);
+}
+
+/* --threshold's verdict over the large rows, each row above it named. Returns 0 or
+ * KBCL_EXIT_VERIFY. */
+static int judge_threshold(const val_args *a, const val_data *d, const val_stats *large)
+{
+    char mb[32];
+
+    human_size(mb, sizeof mb, a->min_bytes);
+    if (large->worst_abs <= a->threshold) {
+        printf("threshold %g %%: passed (worst |error| %.1f %% over the rows >= %s)\n",
+               a->threshold, large->worst_abs, mb);
+        return 0;
+    }
+    for (int i = 0; i < d->nrows; i++) {
+        const val_row *r = &d->rows[i];
+        char name[1024];
+        if (!r->measured || r->bytes < a->min_bytes || fabs(r->error_pct) <= a->threshold)
+            continue;
+        row_name(name, sizeof name, d, r);
+        printf("threshold %g %%: FAILED: %s is off by %.1f %%, %.1f points above it\n",
+               a->threshold, name, fabs(r->error_pct), fabs(r->error_pct) - a->threshold);
+    }
+    return KBCL_EXIT_VERIFY;
+}
+
+/* The --json file, written atomically. Returns 0 or the exit code, its message printed. */
+static int write_json(const val_args *a, const val_data *d, const val_cfg *vc,
+                      const val_stats *large, const val_stats *all, kb_errbuf *eb)
+{
+    char *text = result_json(d, vc, a->min_bytes, a->threshold, large, all);
+    int code = 0;
+
+    if (!text) {
+        fprintf(stderr, "kbcl validate: out of memory writing JSON\n");
+        code = KBCL_EXIT_SIM;
+    } else if (kbcl_write_atomic(a->json_path, text, eb) != 0) {
+        fprintf(stderr, "kbcl validate: %s\n", eb->msg);
+        code = KBCL_EXIT_USAGE;
+    }
+    cJSON_free(text);
+    return code;
+}
+
+int kbcl_cmd_validate(int argc, char **argv)
+{
+    double t0 = now_s();
+    int code, rc;
+    kb_plugins *ps = NULL;
+    kb_errbuf eb = { { 0 } };
+    val_args a;
+    val_data d;
+    val_cfg vc;
+    val_stats large, all;
+    val_widths w = { 5, 9 };
+
+    memset(&a, 0, sizeof a);
+    a.threshold = -1;
+    a.min_bytes = VAL_DEFAULT_MIN_BYTES;
+    memset(&d, 0, sizeof d);
+    memset(&vc, 0, sizeof vc);
+    if ((code = parse_args(argc, argv, &a)) >= 0)
+        return code;
+
+    /* everything that can fail without simulating, before the first row runs */
+    if ((rc = load_inputs(&a, &d, &vc, &ps, &eb)) != 0 ||
+        (rc = check_rows(&a, &d, &vc, &w, &eb)) != 0)
+        goto fail;
+    if ((code = run_rows(&a, &d, &vc, &w, &eb)) != 0)
+        goto out;
+    large = stats(&d, a.min_bytes);
     all = stats(&d, 1);
-    {
-        int nmeas = 0;
-        char what[64];
-        for (int i = 0; i < d.nrows; i++)
-            nmeas += d.rows[i].measured;
-        printf("measured rows: %d of %d (%d prediction-only, not counted)\n", nmeas, d.nrows,
-               d.nrows - nmeas);
-        snprintf(what, sizeof what, "rows >= %s", mb);
-        print_stats(what, &d, &large);
-        print_stats("all measured rows", &d, &all);
-    }
-    if (threshold >= 0) {
-        if (large.worst_abs <= threshold) {
-            printf("threshold %g %%: passed (worst |error| %.1f %% over the rows >= %s)\n",
-                   threshold, large.worst_abs, mb);
-        } else {
-            code = KBCL_EXIT_VERIFY;
-            for (int i = 0; i < d.nrows; i++) {
-                const val_row *r = &d.rows[i];
-                char name[1024];
-                if (!r->measured || r->bytes < min_bytes || fabs(r->error_pct) <= threshold)
-                    continue;
-                row_name(name, sizeof name, &d, r);
-                printf("threshold %g %%: FAILED: %s is off by %.1f %%, %.1f points above it\n",
-                       threshold, name, fabs(r->error_pct), fabs(r->error_pct) - threshold);
-            }
-        }
-    }
-    if (json_path) {
-        if (!(text = result_json(&d, &vc, min_bytes, threshold, &large, &all))) {
-            fprintf(stderr, "kbcl validate: out of memory writing JSON\n");
-            code = KBCL_EXIT_SIM;
-        } else if (kbcl_write_atomic(json_path, text, &eb) != 0) {
-            fprintf(stderr, "kbcl validate: %s\n", eb.msg);
-            code = KBCL_EXIT_USAGE;
-        }
-    }
-    if (!quiet) /* the only wall-clock figure: stderr, out of the deterministic table */
+    print_summary(&a, &d, &large, &all);
+    if (a.threshold >= 0)
+        code = judge_threshold(&a, &d, &large);
+    if (a.json_path && (rc = write_json(&a, &d, &vc, &large, &all, &eb)) != 0)
+        code = rc;
+    if (!a.quiet) /* the only wall-clock figure: stderr, out of the deterministic table */
         fprintf(stderr, "kbcl validate: %d rows simulated in %.1f s\n", d.nrows, now_s() - t0);
     goto out;
 fail:
     fprintf(stderr, "kbcl validate: %s\n", eb.msg);
     code = kbcl_exit_code(rc);
 out:
-    cJSON_free(text);
     cfg_fini(&vc);
     data_fini(&d);
     kb_plugins_destroy(ps);
