@@ -295,17 +295,161 @@ static double tolerance(kb_qfmt f)
     }
 }
 
+/* A projection weight as kb_decoder_ref_weight takes it: K x N, split over the ranks by
+ * columns or, for the output projections (O, down), by rows. */
+typedef struct dec_weight {
+    int buf;              /* I_W* */
+    int64_t k, n;
+    int row_parallel;
+    const kb_fill *fill;
+} dec_weight;
+
+#define DEC_NWEIGHTS 7
+
+static void weight_shapes(const dec_state *st, dec_weight w[DEC_NWEIGHTS])
+{
+    const kb_model_cfg *mc = &st->mc;
+    int64_t d = mc->d_model, hd = mc->head_dim, F = mc->mlp_hidden;
+    int64_t nq = mc->n_heads * hd, nk = mc->n_kv_heads * hd;
+    w[0] = (dec_weight){ I_WQ, d, nq, 0, &st->fills.wq };
+    w[1] = (dec_weight){ I_WK, d, nk, 0, &st->fills.wk };
+    w[2] = (dec_weight){ I_WV, d, nk, 0, &st->fills.wv };
+    w[3] = (dec_weight){ I_WO, nq, d, 1, &st->fills.wo };
+    w[4] = (dec_weight){ I_WG, d, F, 0, &st->fills.wg };
+    w[5] = (dec_weight){ I_WU, d, F, 0, &st->fills.wu };
+    w[6] = (dec_weight){ I_WD, F, d, 1, &st->fills.wd };
+}
+
+/* buf[]: the layer's inputs on the host as the device holds them: x and the caches rounded to
+ * the activation dtype, the norm weights, the projection weights dequantized and pruned as
+ * each rank's slice is (the caches only when decoding). The caller frees buf[], also on
+ * failure. */
+static int host_inputs(const dec_state *st, float *buf[NIN], kb_errbuf *eb)
+{
+    const kb_model_cfg *mc = &st->mc;
+    const kb_decoder_opts *o = &st->o;
+    int64_t d = mc->d_model, hd = mc->head_dim;
+    int64_t T = o->decode ? o->batch : o->batch * o->seq;
+    int64_t ncache = o->decode ? o->batch * mc->n_kv_heads * o->kv_len : 0;
+    kb_dtype act = st->dec[0].act;
+    dec_weight w[DEC_NWEIGHTS];
+    int rc = 0;
+
+    weight_shapes(st, w);
+    buf[I_X] = values(&st->fills.x, T, d);
+    for (int i = 0; i < 4; i++)
+        buf[I_LN0 + i] = values(&st->fills.ln[i], 1, d);
+    for (int i = 0; i < DEC_NWEIGHTS; i++)
+        buf[w[i].buf] = malloc(sizeof(float) * (size_t)(w[i].k * w[i].n));
+    if (o->decode) {
+        buf[I_KC] = values(&st->fills.kc, ncache, hd);
+        buf[I_VC] = values(&st->fills.vc, ncache, hd);
+    }
+    for (int i = 0; i < NIN; i++)
+        if (!buf[i] && (i < I_KC || o->decode))
+            return kb_err_set(eb, KB_ERR_NOMEM, "decoder_layer verify: out of memory");
+    round_to(buf[I_X], (size_t)(T * d), act);
+    if (o->decode) {
+        round_to(buf[I_KC], (size_t)(ncache * hd), act);
+        round_to(buf[I_VC], (size_t)(ncache * hd), act);
+    }
+    for (int i = 0; i < DEC_NWEIGHTS && rc == 0; i++)
+        rc = kb_decoder_ref_weight(o->fmt, o->sparse, w[i].k, w[i].n, st->ws, w[i].row_parallel,
+                                   w[i].fill, buf[w[i].buf]);
+    if (rc != 0 && (rc > 0 || !eb->msg[0]))
+        rc = kb_err_set(eb, KB_ERR_INVAL, "decoder_layer verify: weight values failed");
+    return rc;
+}
+
+/* The reference's inputs: the host's buffers, the activation dtype, the plan's segments. */
+static void ref_inputs(const dec_state *st, float *const buf[NIN], kb_decoder_ref_in *in)
+{
+    int64_t hd = st->mc.head_dim;
+
+    memset(in, 0, sizeof *in);
+    in->x = buf[I_X];
+    for (int i = 0; i < 4; i++)
+        in->ln[i] = buf[I_LN0 + i];
+    in->wq = buf[I_WQ];
+    in->wk = buf[I_WK];
+    in->wv = buf[I_WV];
+    in->wo = buf[I_WO];
+    in->wg = buf[I_WG];
+    in->wu = buf[I_WU];
+    in->wd = buf[I_WD];
+    in->kc = buf[I_KC];
+    in->vc = buf[I_VC];
+    in->act = st->dec[0].act;
+    in->o_seg = st->o.decode ? st->dec[0].pl.nrep * hd : hd;
+    in->mlp_seg = st->dec[0].pl.cf;
+}
+
+/* Rank 0's normalized activations as its first gemm PE reads them (kb_decoder_ref_in.n_dev),
+ * T x d each in ndev[0] (attention) and ndev[1] (MLP), read through raw (T x d of the
+ * activation dtype). */
+static int device_norms(const dec_state *st, int64_t n, void *raw, float *ndev[2],
+                        kb_decoder_ref_in *in)
+{
+    int rc;
+
+    for (int i = 0; i < 2; i++) {
+        kb_tensor *t = st->o.seq_parallel ? (i ? st->dec[0].ag2 : st->dec[0].ag1)
+                                          : (i ? st->dec[0].hn2 : st->dec[0].hn1);
+        if ((rc = kb_tensor_read_shard_raw(t, 0, raw)) != 0)
+            return rc;
+        kb_dtype_load_n(in->act, raw, 0, ndev[i], (size_t)n);
+        in->n_dev[i] = ndev[i];
+    }
+    return 0;
+}
+
+/* got (T x d): the output rows, every rank's chunk in token order with seq_parallel, else
+ * rank 0's T rows, which every other rank's must equal (res->verified 0 and the detail when
+ * one does not). first holds a rank's Tl x d. */
+static int read_outputs(const dec_state *st, int64_t n, float *got, float *first,
+                        kb_bench_result *res)
+{
+    int64_t nl = st->dec[0].pl.Tl * st->mc.d_model;
+    int rc;
+
+    for (int r = 0; r < st->ws; r++) {
+        float *dst = st->o.seq_parallel ? got + (size_t)r * (size_t)nl : first;
+        if ((rc = kb_tensor_read(st->dec[r].y, dst)) != 0)
+            return rc;
+        if (!st->o.seq_parallel) {
+            if (r == 0)
+                memcpy(got, first, sizeof(float) * (size_t)n);
+            else if (memcmp(got, first, sizeof(float) * (size_t)n) != 0 && res->verified) {
+                snprintf(res->detail, sizeof res->detail,
+                         "rank %d's output differs from rank 0's", r);
+                res->verified = 0;
+            }
+        }
+    }
+    return 0;
+}
+
+/* The n outputs against the reference, each within tol(fmt) * (|ref| + rms(ref))
+ * (docs/decoder.md; bound holds n). Returns 1 when all are. */
+static int within_tolerance(kb_bench_result *res, kb_qfmt fmt, const float *got,
+                            const double *ref, double *bound, int64_t n)
+{
+    double ss = 0, tol = tolerance(fmt);
+    for (int64_t i = 0; i < n; i++)
+        ss += ref[i] * ref[i];
+    double rms = sqrt(ss / (double)n);
+    for (int64_t i = 0; i < n; i++)
+        bound[i] = tol * (fabs(ref[i]) + rms);
+    return kb_bench_check(res, KB_F32, got, ref, bound, (size_t)n, "y");
+}
+
 static int dec_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result *res)
 {
     dec_state *st = state;
-    const kb_model_cfg *mc = &st->mc;
     const kb_decoder_opts *o = &st->o;
     kb_errbuf *eb = kb_ctx_err(ctx);
-    int64_t d = mc->d_model, hd = mc->head_dim, F = mc->mlp_hidden, ws = st->ws;
-    int64_t nq = mc->n_heads * hd, nk = mc->n_kv_heads * hd;
-    int64_t T = o->decode ? o->batch : o->batch * o->seq, Tl = st->dec[0].pl.Tl;
-    int64_t ncache = o->decode ? o->batch * mc->n_kv_heads * o->kv_len : 0;
-    kb_dtype act = st->dec[0].act;
+    int64_t d = st->mc.d_model, T = o->decode ? o->batch : o->batch * o->seq;
+    int64_t Tl = st->dec[0].pl.Tl;
     kb_decoder_ref_in in;
     float *buf[NIN] = { 0 }, *got = NULL, *first = NULL;
     double *ref = NULL, *bound = NULL;
@@ -314,120 +458,37 @@ static int dec_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
     int64_t far = -1;
     int rc = 0;
     (void)a;
-    memset(&in, 0, sizeof in);
-    buf[I_X] = values(&st->fills.x, T, d);
-    for (int i = 0; i < 4; i++)
-        buf[I_LN0 + i] = values(&st->fills.ln[i], 1, d);
-    buf[I_WQ] = malloc(sizeof(float) * (size_t)(d * nq));
-    buf[I_WK] = malloc(sizeof(float) * (size_t)(d * nk));
-    buf[I_WV] = malloc(sizeof(float) * (size_t)(d * nk));
-    buf[I_WO] = malloc(sizeof(float) * (size_t)(nq * d));
-    buf[I_WG] = malloc(sizeof(float) * (size_t)(d * F));
-    buf[I_WU] = malloc(sizeof(float) * (size_t)(d * F));
-    buf[I_WD] = malloc(sizeof(float) * (size_t)(F * d));
-    if (o->decode) {
-        buf[I_KC] = values(&st->fills.kc, ncache, hd);
-        buf[I_VC] = values(&st->fills.vc, ncache, hd);
-    }
     got = malloc(sizeof(float) * (size_t)(T * d));
     first = malloc(sizeof(float) * (size_t)(Tl * d));
     ref = malloc(sizeof(double) * (size_t)(T * d));
     bound = malloc(sizeof(double) * (size_t)(T * d));
-    for (int i = 0; i < NIN; i++)
-        if (!buf[i] && (i < I_KC || o->decode)) {
-            rc = kb_err_set(eb, KB_ERR_NOMEM, "decoder_layer verify: out of memory");
-            goto out;
-        }
     ndev[0] = malloc(sizeof(float) * (size_t)(T * d));
     ndev[1] = malloc(sizeof(float) * (size_t)(T * d));
-    raw = malloc(kb_dtype_size(act) * (size_t)(T * d));
+    raw = malloc(kb_dtype_size(st->dec[0].act) * (size_t)(T * d));
     if (!got || !first || !ref || !bound || !ndev[0] || !ndev[1] || !raw) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "decoder_layer verify: out of memory");
         goto out;
     }
-    round_to(buf[I_X], (size_t)(T * d), act);
-    if (o->decode) {
-        round_to(buf[I_KC], (size_t)(ncache * hd), act);
-        round_to(buf[I_VC], (size_t)(ncache * hd), act);
-    }
-    if ((rc = kb_decoder_ref_weight(o->fmt, o->sparse, d, nq, (int)ws, 0, &st->fills.wq,
-                                    buf[I_WQ])) != 0 ||
-        (rc = kb_decoder_ref_weight(o->fmt, o->sparse, d, nk, (int)ws, 0, &st->fills.wk,
-                                    buf[I_WK])) != 0 ||
-        (rc = kb_decoder_ref_weight(o->fmt, o->sparse, d, nk, (int)ws, 0, &st->fills.wv,
-                                    buf[I_WV])) != 0 ||
-        (rc = kb_decoder_ref_weight(o->fmt, o->sparse, nq, d, (int)ws, 1, &st->fills.wo,
-                                    buf[I_WO])) != 0 ||
-        (rc = kb_decoder_ref_weight(o->fmt, o->sparse, d, F, (int)ws, 0, &st->fills.wg,
-                                    buf[I_WG])) != 0 ||
-        (rc = kb_decoder_ref_weight(o->fmt, o->sparse, d, F, (int)ws, 0, &st->fills.wu,
-                                    buf[I_WU])) != 0 ||
-        (rc = kb_decoder_ref_weight(o->fmt, o->sparse, F, d, (int)ws, 1, &st->fills.wd,
-                                    buf[I_WD])) != 0) {
-        if (rc > 0 || !eb->msg[0])
-            rc = kb_err_set(eb, KB_ERR_INVAL, "decoder_layer verify: weight values failed");
+    if ((rc = host_inputs(st, buf, eb)) != 0)
         goto out;
-    }
-    in.x = buf[I_X];
-    for (int i = 0; i < 4; i++)
-        in.ln[i] = buf[I_LN0 + i];
-    in.wq = buf[I_WQ];
-    in.wk = buf[I_WK];
-    in.wv = buf[I_WV];
-    in.wo = buf[I_WO];
-    in.wg = buf[I_WG];
-    in.wu = buf[I_WU];
-    in.wd = buf[I_WD];
-    in.kc = buf[I_KC];
-    in.vc = buf[I_VC];
-    in.act = act;
-    in.o_seg = o->decode ? st->dec[0].pl.nrep * hd : hd;
-    in.mlp_seg = st->dec[0].pl.cf;
-    /* rank 0's normalized activations as its first gemm PE reads them (kb_decoder_ref_in) */
-    for (int i = 0; i < 2; i++) {
-        kb_tensor *t = o->seq_parallel ? (i ? st->dec[0].ag2 : st->dec[0].ag1)
-                                       : (i ? st->dec[0].hn2 : st->dec[0].hn1);
-        if ((rc = kb_tensor_read_shard_raw(t, 0, raw)) != 0)
-            goto out;
-        kb_dtype_load_n(act, raw, 0, ndev[i], (size_t)(T * d));
-        in.n_dev[i] = ndev[i];
-    }
+    ref_inputs(st, buf, &in);
+    if ((rc = device_norms(st, T * d, raw, ndev, &in)) != 0)
+        goto out;
     in.n_tol = tolerance(o->fmt); /* the same bound as the output's */
     in.n_far = &far;
-    if ((rc = kb_decoder_reference(mc, o, &in, ref, eb)) != 0)
+    if ((rc = kb_decoder_reference(&st->mc, o, &in, ref, eb)) != 0)
         goto out;
-    /* the output rows: every rank's (identical) T rows, or each rank's chunk */
     res->verified = 1;
-    for (int r = 0; r < ws; r++) {
-        float *dst = o->seq_parallel ? got + (size_t)r * (size_t)(Tl * d) : first;
-        if ((rc = kb_tensor_read(st->dec[r].y, dst)) != 0)
-            goto out;
-        if (!o->seq_parallel) {
-            if (r == 0)
-                memcpy(got, first, sizeof(float) * (size_t)(T * d));
-            else if (memcmp(got, first, sizeof(float) * (size_t)(T * d)) != 0 && res->verified) {
-                snprintf(res->detail, sizeof res->detail,
-                         "rank %d's output differs from rank 0's", r);
-                res->verified = 0;
-            }
-        }
-    }
+    if ((rc = read_outputs(st, T * d, got, first, res)) != 0)
+        goto out;
     if (far >= 0 && res->verified) {
         snprintf(res->detail, sizeof res->detail,
                  "normalized activation %lld (token %lld) is further from the reference's "
                  "than the format's bound", (long long)far, (long long)(far % (T * d) / d));
         res->verified = 0;
     }
-    {
-        double ss = 0, tol = tolerance(o->fmt);
-        for (int64_t i = 0; i < T * d; i++)
-            ss += ref[i] * ref[i];
-        double rms = sqrt(ss / (double)(T * d));
-        for (int64_t i = 0; i < T * d; i++)
-            bound[i] = tol * (fabs(ref[i]) + rms);
-        if (!kb_bench_check(res, KB_F32, got, ref, bound, (size_t)(T * d), "y"))
-            res->verified = 0;
-    }
+    if (!within_tolerance(res, o->fmt, got, ref, bound, T * d))
+        res->verified = 0;
     res->digest = kb_fnv1a64(got, sizeof(float) * (size_t)(T * d), KB_FNV1A64_INIT);
     res->have_digest = 1;
     snprintf(res->ok_text, sizeof res->ok_text, "%lld x %lld, %d ranks OK", (long long)T,
