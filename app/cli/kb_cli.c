@@ -337,6 +337,150 @@ static int trace_options(const kbcl_job *job, kb_trace *tr, kb_errbuf *eb)
     return 0;
 }
 
+/* --size into res->args.size_bytes: a shorthand for the tile length. The bench maps the bytes
+ * through its collective's nccl-tests size (and a rank's shards), which only it knows. */
+static int job_size(const kbcl_job *job, kbcl_result *res, const char *bench_name,
+                    kb_errbuf *eb)
+{
+    if (!job->size)
+        return 0;
+    if (job->n_elem)
+        return kb_err_set(eb, KB_ERR_USAGE, "--size and --n-elem both give the message "
+                          "size: use one");
+    if (kbcl_parse_size(job->size, &res->args.size_bytes) != 0)
+        return kb_err_set(eb, KB_ERR_USAGE, "--size %s: " KBCL_SIZE_HELP, job->size);
+    if (res->bench->size_elem_bytes < 1)
+        return kb_err_set(eb, KB_ERR_USAGE, "--size: bench '%s' takes no size (ccl_allreduce "
+                          "does; its sizes are --param options, kbcl list shows them)",
+                          bench_name);
+    if (res->args.size_bytes % res->bench->size_elem_bytes)
+        return kb_err_set(eb, KB_ERR_USAGE, "--size %s: not a whole number of %d-byte "
+                          "elements", job->size, res->bench->size_elem_bytes);
+    return 0;
+}
+
+/* The options a bench does not take refused by name: the collective ones for a bench that
+ * runs no collective, --model for one that reads no model. */
+static int job_refuse_options(const kbcl_job *job, const kbcl_result *res,
+                              const char *bench_name, kb_errbuf *eb)
+{
+    if (!kb_bench_takes_collective(res->bench)) {
+        const char *opt[] = { "--algorithm", "--world-size", "--n-elem", "--buffer-kind",
+                              "--root", "--op", "--dtype" };
+        const char *val[] = { job->algorithm, job->world_size, job->n_elem, job->buffer_kind,
+                              job->root, job->op, job->dtype };
+        for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++)
+            if (val[i])
+                return kb_err_set(eb, KB_ERR_USAGE, "%s: bench '%s' runs no collective and "
+                                  "takes no %s (its options are --param ones: kbcl list "
+                                  "shows them)", opt[i], bench_name, opt[i]);
+    }
+    if (job->model && !kb_bench_takes_model(res->bench))
+        return kb_err_set(eb, KB_ERR_USAGE, "--model: bench '%s' takes no model file "
+                          "(decoder_layer does)", bench_name);
+    return 0;
+}
+
+/* res->args.p: the bench's defaults, then each --param NAME=INTEGER within its range. */
+static int job_params(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
+{
+    for (int i = 0; i < res->bench->nparams; i++)
+        res->args.p[i] = res->bench->params[i].dflt;
+    for (int i = 0; i < job->nparams; i++) {
+        char key[64];
+        const char *val;
+        int64_t x;
+        int idx;
+        const kb_bench_param *bp;
+        if (parse_kv(job->params[i], key, sizeof key, &val) != 0 ||
+            (idx = kb_bench_param_index(res->bench, key)) < 0)
+            return kb_err_set(eb, KB_ERR_USAGE, "--param %s: expected NAME=INTEGER with NAME a "
+                              "parameter of '%s' (kbcl list shows them)", job->params[i],
+                              res->bench->name);
+        bp = &res->bench->params[idx];
+        if (parse_i64(val, &x) != 0)
+            return kb_err_set(eb, KB_ERR_USAGE, "--param %s: expected an integer in [%lld, %lld] "
+                              "for %s", job->params[i], (long long)bp->min, (long long)bp->max,
+                              key);
+        if (x < bp->min || x > bp->max)
+            return kb_err_set(eb, KB_ERR_USAGE, "--param %s: %s = %lld is out of range [%lld, "
+                              "%lld]", job->params[i], key, (long long)x, (long long)bp->min,
+                              (long long)bp->max);
+        res->args.p[idx] = x;
+    }
+    return 0;
+}
+
+/* The collective options, shorthands for ccl.yaml overrides of the chosen algorithm: --algorithm
+ * as ccl.defaults.algorithm, the others as keys of its entry. */
+static int job_collective_options(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
+{
+    char setbuf[256];
+    const char *an = job->algorithm ? job->algorithm : res->ccl.defaults.algorithm;
+    const char *keys[7] = { NULL, "world_size", "n_elem", "buffer_kind", "root", "op",
+                            "dtype" };
+    const char *vals[7] = { job->algorithm, job->world_size, job->n_elem, job->buffer_kind,
+                            job->root, job->op,
+                            kb_bench_takes_model(res->bench) ? NULL : job->dtype };
+    for (int i = 0; i < 7; i++) {
+        if (!vals[i])
+            continue;
+        if (i == 0 && !kb_ccl_config_find(&res->ccl, vals[i]))
+            return kb_err_set(eb, KB_ERR_USAGE, "--algorithm %s: no such entry in ccl.yaml "
+                              "(kbcl list shows them)", vals[i]);
+        if (i == 0)
+            snprintf(setbuf, sizeof setbuf, "ccl.defaults.algorithm=%s", vals[i]);
+        else
+            snprintf(setbuf, sizeof setbuf, "ccl.algorithms.%s.%s=%s", an, keys[i], vals[i]);
+        if (kb_ccl_config_set(&res->ccl, setbuf, eb) != 0)
+            return KB_ERR_USAGE;
+    }
+    return 0;
+}
+
+/* The configuration as the run will have it: decoder_layer's default algorithm, --set in
+ * order, the collective options, then the checks of both files. */
+static int job_configure(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
+{
+    int rc;
+
+    /* decoder_layer runs its process group on hierarchical_allreduce_sip whatever the default
+     * algorithm is: make that the default so the default's world size (ring_allreduce_tcm's
+     * 256 ranks) does not refuse machines the layer runs on */
+    if (kb_bench_takes_model(res->bench) && !job->algorithm &&
+        kb_ccl_config_find(&res->ccl, "hierarchical_allreduce_sip") &&
+        kb_ccl_config_set(&res->ccl, "ccl.defaults.algorithm=hierarchical_allreduce_sip",
+                          eb) != 0)
+        return KB_ERR_USAGE;
+    for (int i = 0; i < job->nsets; i++)
+        if (kbcl_config_set(&res->cfg, &res->ccl, job->sets[i], eb) != 0)
+            return KB_ERR_USAGE;
+    if ((rc = job_collective_options(job, res, eb)) != 0)
+        return rc;
+    if (kb_config_validate(&res->cfg, eb) != 0 ||
+        kb_ccl_config_validate(&res->ccl, &res->cfg.topo, eb) != 0)
+        return KB_ERR_USAGE;
+    return 0;
+}
+
+/* For a bench that reads a model: --model given, --dtype one of its number formats, the
+ * model file as the bench reads it (unless the caller checked it already). */
+static int job_model(const kbcl_job *job, const char *bench_name, kb_errbuf *eb)
+{
+    kb_model_cfg mc;
+    int rc;
+
+    if (!job->model)
+        return kb_err_set(eb, KB_ERR_USAGE, "%s needs --model FILE (e.g. "
+                          "configs/models/gemma2-2b.yaml)", bench_name);
+    if (job->dtype && kb_qfmt_from_name(job->dtype) < 0)
+        return kb_err_set(eb, KB_ERR_USAGE, "--dtype %s: %s takes f16, bf16, int8, mxint8, "
+                          "fp8e4m3 or fp8e5m2", job->dtype, bench_name);
+    if (!job->model_checked && (rc = kb_model_load(&mc, job->model, eb)) != 0)
+        return rc == KB_ERR_IO ? KB_ERR_USAGE : KB_ERR_CONFIG;
+    return 0;
+}
+
 int kbcl_job_prepare(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
 {
     const char *bench_name = job->bench ? job->bench : "ccl_allreduce";
@@ -371,114 +515,17 @@ int kbcl_job_prepare(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
                           device_name);
     snprintf(res->device, sizeof res->device, "%s", device_name);
     res->args.verify = job->verify;
-    if (job->size) {
-        /* a shorthand for the tile length: the bench maps the bytes through its collective's
-         * nccl-tests size (and a rank's shards), which only it knows */
-        if (job->n_elem)
-            return kb_err_set(eb, KB_ERR_USAGE, "--size and --n-elem both give the message "
-                              "size: use one");
-        if (kbcl_parse_size(job->size, &res->args.size_bytes) != 0)
-            return kb_err_set(eb, KB_ERR_USAGE, "--size %s: " KBCL_SIZE_HELP, job->size);
-        if (res->bench->size_elem_bytes < 1)
-            return kb_err_set(eb, KB_ERR_USAGE, "--size: bench '%s' takes no size (ccl_allreduce "
-                              "does; its sizes are --param options, kbcl list shows them)",
-                              bench_name);
-        if (res->args.size_bytes % res->bench->size_elem_bytes)
-            return kb_err_set(eb, KB_ERR_USAGE, "--size %s: not a whole number of %d-byte "
-                              "elements", job->size, res->bench->size_elem_bytes);
-    }
-    if (!kb_bench_takes_collective(res->bench)) {
-        const char *opt[] = { "--algorithm", "--world-size", "--n-elem", "--buffer-kind",
-                              "--root", "--op", "--dtype" };
-        const char *val[] = { job->algorithm, job->world_size, job->n_elem, job->buffer_kind,
-                              job->root, job->op, job->dtype };
-        for (size_t i = 0; i < sizeof opt / sizeof opt[0]; i++)
-            if (val[i])
-                return kb_err_set(eb, KB_ERR_USAGE, "%s: bench '%s' runs no collective and "
-                                  "takes no %s (its options are --param ones: kbcl list "
-                                  "shows them)", opt[i], bench_name, opt[i]);
-    }
-    if (job->model && !kb_bench_takes_model(res->bench))
-        return kb_err_set(eb, KB_ERR_USAGE, "--model: bench '%s' takes no model file "
-                          "(decoder_layer does)", bench_name);
+    if ((rc = job_size(job, res, bench_name, eb)) != 0 ||
+        (rc = job_refuse_options(job, res, bench_name, eb)) != 0)
+        return rc;
     res->args.model = job->model;
     if (kb_bench_takes_model(res->bench))
         res->args.dtype = job->dtype;
-    for (int i = 0; i < res->bench->nparams; i++)
-        res->args.p[i] = res->bench->params[i].dflt;
-    for (int i = 0; i < job->nparams; i++) {
-        char key[64];
-        const char *val;
-        int64_t x;
-        int idx;
-        const kb_bench_param *bp;
-        if (parse_kv(job->params[i], key, sizeof key, &val) != 0 ||
-            (idx = kb_bench_param_index(res->bench, key)) < 0)
-            return kb_err_set(eb, KB_ERR_USAGE, "--param %s: expected NAME=INTEGER with NAME a "
-                              "parameter of '%s' (kbcl list shows them)", job->params[i],
-                              res->bench->name);
-        bp = &res->bench->params[idx];
-        if (parse_i64(val, &x) != 0)
-            return kb_err_set(eb, KB_ERR_USAGE, "--param %s: expected an integer in [%lld, %lld] "
-                              "for %s", job->params[i], (long long)bp->min, (long long)bp->max,
-                              key);
-        if (x < bp->min || x > bp->max)
-            return kb_err_set(eb, KB_ERR_USAGE, "--param %s: %s = %lld is out of range [%lld, "
-                              "%lld]", job->params[i], key, (long long)x, (long long)bp->min,
-                              (long long)bp->max);
-        res->args.p[idx] = x;
-    }
-    /* decoder_layer runs its process group on hierarchical_allreduce_sip whatever the default
-     * algorithm is: make that the default so the default's world size (ring_allreduce_tcm's
-     * 256 ranks) does not refuse machines the layer runs on */
-    if (kb_bench_takes_model(res->bench) && !job->algorithm &&
-        kb_ccl_config_find(&res->ccl, "hierarchical_allreduce_sip") &&
-        (rc = kb_ccl_config_set(&res->ccl, "ccl.defaults.algorithm=hierarchical_allreduce_sip",
-                                eb)) != 0)
-        return KB_ERR_USAGE;
-    for (int i = 0; i < job->nsets; i++)
-        if ((rc = kbcl_config_set(&res->cfg, &res->ccl, job->sets[i], eb)) != 0)
-            return KB_ERR_USAGE;
-    /* collective options are shorthands for ccl.yaml overrides of the chosen algorithm */
-    {
-        char setbuf[256];
-        const char *an = job->algorithm ? job->algorithm : res->ccl.defaults.algorithm;
-        const char *keys[7] = { NULL, "world_size", "n_elem", "buffer_kind", "root", "op",
-                                "dtype" };
-        const char *vals[7] = { job->algorithm, job->world_size, job->n_elem, job->buffer_kind,
-                                job->root, job->op,
-                                kb_bench_takes_model(res->bench) ? NULL : job->dtype };
-        for (int i = 0; i < 7; i++) {
-            if (!vals[i])
-                continue;
-            if (i == 0 && !kb_ccl_config_find(&res->ccl, vals[i]))
-                return kb_err_set(eb, KB_ERR_USAGE, "--algorithm %s: no such entry in ccl.yaml "
-                                  "(kbcl list shows them)", vals[i]);
-            if (i == 0)
-                snprintf(setbuf, sizeof setbuf, "ccl.defaults.algorithm=%s", vals[i]);
-            else
-                snprintf(setbuf, sizeof setbuf, "ccl.algorithms.%s.%s=%s", an, keys[i], vals[i]);
-            if ((rc = kb_ccl_config_set(&res->ccl, setbuf, eb)) != 0)
-                return KB_ERR_USAGE;
-        }
-    }
-    if ((rc = kb_config_validate(&res->cfg, eb)) != 0 ||
-        (rc = kb_ccl_config_validate(&res->ccl, &res->cfg.topo, eb)) != 0)
-        return KB_ERR_USAGE;
-    if ((rc = parse_cut(job->replay_cut, &cut, eb)) != 0)
+    if ((rc = job_params(job, res, eb)) != 0 || (rc = job_configure(job, res, eb)) != 0 ||
+        (rc = parse_cut(job->replay_cut, &cut, eb)) != 0)
         return rc;
-    /* the model file as the bench reads it, and its number format */
-    if (kb_bench_takes_model(res->bench)) {
-        kb_model_cfg mc;
-        if (!job->model)
-            return kb_err_set(eb, KB_ERR_USAGE, "%s needs --model FILE (e.g. "
-                              "configs/models/gemma2-2b.yaml)", bench_name);
-        if (job->dtype && kb_qfmt_from_name(job->dtype) < 0)
-            return kb_err_set(eb, KB_ERR_USAGE, "--dtype %s: %s takes f16, bf16, int8, mxint8, "
-                              "fp8e4m3 or fp8e5m2", job->dtype, bench_name);
-        if (!job->model_checked && (rc = kb_model_load(&mc, job->model, eb)) != 0)
-            return rc == KB_ERR_IO ? KB_ERR_USAGE : KB_ERR_CONFIG;
-    }
+    if (kb_bench_takes_model(res->bench))
+        return job_model(job, bench_name, eb);
     return 0;
 }
 
