@@ -169,132 +169,188 @@ fail:
     return rc == KB_ERR_DEVICE ? KBCL_EXIT_DEVICE : KBCL_EXIT_USAGE;
 }
 
-int kbcl_cmd_devd(int argc, char **argv)
+/* The options of `kbcl devd`. */
+typedef struct devd_args {
+    const char *dev;
+    int detach, status, stop;
+    double idle;          /* --idle-exit seconds; -1 = the default */
+} devd_args;
+
+/* Parses the command line into *a. Returns -1 to go on, else the exit code (after --help or
+ * a usage error). */
+static int parse_args(int argc, char **argv, devd_args *a)
 {
-    const char *dev = "gpu";
-    int detach = 0, status = 0, stop = 0;
-    double idle = -1;
-    char path[200];
-    kb_errbuf eb = { { 0 } };
     kb_cl_want w;
 
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+        const char *s = argv[i];
+        if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
             usage_devd(stdout);
             return 0;
-        } else if (!strcmp(a, "--device") && i + 1 < argc) {
-            dev = argv[++i];
-        } else if (!strcmp(a, "--idle-exit") && i + 1 < argc) {
+        } else if (!strcmp(s, "--device") && i + 1 < argc) {
+            a->dev = argv[++i];
+        } else if (!strcmp(s, "--idle-exit") && i + 1 < argc) {
             char *end;
-            idle = strtod(argv[++i], &end);
-            if (*end || idle < 0) {
+            a->idle = strtod(argv[++i], &end);
+            if (*end || a->idle < 0) {
                 fprintf(stderr, "kbcl devd: --idle-exit wants seconds >= 0, got '%s'\n", argv[i]);
                 return KBCL_EXIT_USAGE;
             }
-        } else if (!strcmp(a, "--detach")) {
-            detach = 1;
-        } else if (!strcmp(a, "--status")) {
-            status = 1;
-        } else if (!strcmp(a, "--stop")) {
-            stop = 1;
+        } else if (!strcmp(s, "--detach")) {
+            a->detach = 1;
+        } else if (!strcmp(s, "--status")) {
+            a->status = 1;
+        } else if (!strcmp(s, "--stop")) {
+            a->stop = 1;
         } else {
-            fprintf(stderr, "kbcl devd: unknown option '%s'\n", a);
+            fprintf(stderr, "kbcl devd: unknown option '%s'\n", s);
             usage_devd(stderr);
             return KBCL_EXIT_USAGE;
         }
     }
-    if (want_of(dev, &w) != 0) {
-        fprintf(stderr, "kbcl devd: --device %s: a server serves gpu, cpu or auto\n", dev);
+    if (want_of(a->dev, &w) != 0) {
+        fprintf(stderr, "kbcl devd: --device %s: a server serves gpu, cpu or auto\n", a->dev);
         return KBCL_EXIT_USAGE;
     }
-    if (kb_devd_socket_path(dev, path, sizeof path, &eb) != 0) {
+    return -1;
+}
+
+/* --status (exit 1 when no server runs) or --stop of the server at path. Returns the exit
+ * code. */
+static int status_or_stop(const devd_args *a, const char *path)
+{
+    kb_errbuf eb = { { 0 } };
+    kb_devd_hello h;
+    int rc = kb_remote_hello(path, &h, &eb);
+
+    if (rc == KB_ERR_NOTFOUND) {
+        printf("kbcl devd: no server for %s at %s\n", a->dev, path);
+        return a->status ? 1 : 0;
+    }
+    if (rc) {
         fprintf(stderr, "kbcl devd: %s\n", eb.msg);
-        return KBCL_EXIT_USAGE;
+        return KBCL_EXIT_DEVICE;
     }
-    if (status || stop) {
-        kb_devd_hello h;
-        int rc = kb_remote_hello(path, &h, &eb);
-        if (rc == KB_ERR_NOTFOUND) {
-            printf("kbcl devd: no server for %s at %s\n", dev, path);
-            return status ? 1 : 0;
-        }
-        if (rc) {
-            fprintf(stderr, "kbcl devd: %s\n", eb.msg);
-            return KBCL_EXIT_DEVICE;
-        }
-        if (status) {
-            printf("kbcl devd: serving %s (%s) at %s, pid %d, up %.0f s, %u session(s) open\n",
-                   h.device, h.desc, path, (int)h.pid, h.uptime_s, h.sessions);
-            return 0;
-        }
-        if ((rc = kb_remote_shutdown(path, &eb)) != 0) {
-            fprintf(stderr, "kbcl devd: %s\n", eb.msg);
-            return KBCL_EXIT_DEVICE;
-        }
-        printf("kbcl devd: server for %s (pid %d) stops once its sessions end\n", dev,
-               (int)h.pid);
+    if (a->status) {
+        printf("kbcl devd: serving %s (%s) at %s, pid %d, up %.0f s, %u session(s) open\n",
+               h.device, h.desc, path, (int)h.pid, h.uptime_s, h.sessions);
         return 0;
     }
+    if ((rc = kb_remote_shutdown(path, &eb)) != 0) {
+        fprintf(stderr, "kbcl devd: %s\n", eb.msg);
+        return KBCL_EXIT_DEVICE;
+    }
+    printf("kbcl devd: server for %s (pid %d) stops once its sessions end\n", a->dev,
+           (int)h.pid);
+    return 0;
+}
+
+/* That nothing answers at path yet, so a server may listen there. Returns -1 when so, else
+ * the exit code, its message printed. */
+static int path_free(const char *path)
+{
+    kb_errbuf eb = { { 0 } };
     kb_devd_hello h;
-    int hrc = kb_remote_hello(path, &h, &eb);
-    if (hrc == 0) {
+    int rc = kb_remote_hello(path, &h, &eb);
+
+    if (rc == 0) {
         fprintf(stderr, "kbcl devd: a device server already listens at %s (pid %d; kbcl devd "
                 "--stop ends it)\n", path, (int)h.pid);
         return KBCL_EXIT_USAGE;
     }
-    if (hrc != KB_ERR_NOTFOUND) { /* something else is there, or the path cannot be used */
+    if (rc != KB_ERR_NOTFOUND) { /* something else is there, or the path cannot be used */
         fprintf(stderr, "kbcl devd: cannot serve at %s: %s\n", path, eb.msg);
         return KBCL_EXIT_USAGE;
     }
-    if (!detach)
-        return serve(dev, path, NULL, idle < 0 ? 0 : idle, -1);
+    return -1;
+}
 
-    char log_path[600];
-    snprintf(log_path, sizeof log_path, "%s.log", path);
+/* In the forked child: becomes the detached server, a grandchild of the command (no zombie,
+ * no controlling terminal) with /dev/null for stdin, stdout and stderr; ready is the pipe's
+ * write end. Does not return. */
+static _Noreturn void become_server(const devd_args *a, const char *path,
+                                    const char *log_path, int ready)
+{
+    int nul;
+
+    if (fork() != 0)
+        _exit(0);
+    setsid();
+    nul = open("/dev/null", O_RDWR);
+    if (nul >= 0) {
+        dup2(nul, 0);
+        dup2(nul, 1);
+        dup2(nul, 2);
+        if (nul > 2)
+            close(nul);
+    }
+    _exit(serve(a->dev, path, log_path, a->idle < 0 ? 1800 : a->idle, ready));
+}
+
+/* --detach: starts the server in the background and returns once it listens (what it serves
+ * and its log printed), or with the reason it did not start. Returns the exit code. */
+static int detach_server(const devd_args *a, const char *path)
+{
+    kb_errbuf eb = { { 0 } };
+    kb_devd_hello h;
+    char log_path[600], msg[600];
+    ssize_t n, got = 0;
+    pid_t pid;
     int p[2];
+
+    snprintf(log_path, sizeof log_path, "%s.log", path);
     if (pipe(p) != 0) {
         fprintf(stderr, "kbcl devd: pipe: %s\n", strerror(errno));
         return KBCL_EXIT_USAGE;
     }
     fflush(stdout);
     fflush(stderr);
-    pid_t pid = fork();
+    pid = fork();
     if (pid < 0) {
         fprintf(stderr, "kbcl devd: fork: %s\n", strerror(errno));
         return KBCL_EXIT_USAGE;
     }
     if (pid == 0) {
         close(p[0]);
-        if (fork() != 0) /* the server is a grandchild: no zombie, no controlling terminal */
-            _exit(0);
-        setsid();
-        int nul = open("/dev/null", O_RDWR);
-        if (nul >= 0) {
-            dup2(nul, 0);
-            dup2(nul, 1);
-            dup2(nul, 2);
-            if (nul > 2)
-                close(nul);
-        }
-        _exit(serve(dev, path, log_path, idle < 0 ? 1800 : idle, p[1]));
+        become_server(a, path, log_path, p[1]);
     }
     close(p[1]);
     waitpid(pid, NULL, 0);
-    char msg[600];
-    ssize_t n, got = 0;
     while ((n = read(p[0], msg + got, sizeof msg - 1 - (size_t)got)) > 0)
         got += n;
     close(p[0]);
     msg[got > 0 ? got : 0] = '\0';
     if (got == 1 && msg[0] == 1) {
         if (kb_remote_hello(path, &h, &eb) == 0)
-            printf("kbcl devd: serving %s (%s, program cache %s) at %s, pid %d; log %s\n", dev,
-                   h.desc, kb_cl_cache_state_name(h.setup.cache), path, (int)h.pid, log_path);
+            printf("kbcl devd: serving %s (%s, program cache %s) at %s, pid %d; log %s\n",
+                   a->dev, h.desc, kb_cl_cache_state_name(h.setup.cache), path, (int)h.pid,
+                   log_path);
         else
-            printf("kbcl devd: serving %s at %s; log %s\n", dev, path, log_path);
+            printf("kbcl devd: serving %s at %s; log %s\n", a->dev, path, log_path);
         return 0;
     }
     fprintf(stderr, "kbcl devd: %s\n", got > 0 ? msg : "the server exited before listening");
     return KBCL_EXIT_DEVICE;
+}
+
+int kbcl_cmd_devd(int argc, char **argv)
+{
+    devd_args a = { "gpu", 0, 0, 0, -1 };
+    kb_errbuf eb = { { 0 } };
+    char path[200];
+    int code;
+
+    if ((code = parse_args(argc, argv, &a)) >= 0)
+        return code;
+    if (kb_devd_socket_path(a.dev, path, sizeof path, &eb) != 0) {
+        fprintf(stderr, "kbcl devd: %s\n", eb.msg);
+        return KBCL_EXIT_USAGE;
+    }
+    if (a.status || a.stop)
+        return status_or_stop(&a, path);
+    if ((code = path_free(path)) >= 0)
+        return code;
+    if (!a.detach)
+        return serve(a.dev, path, NULL, a.idle < 0 ? 0 : a.idle, -1);
+    return detach_server(&a, path);
 }
