@@ -224,77 +224,82 @@ static void list_entries(const kb_plugins *ps, const kb_ccl_cfg *ccl, int nsips)
                "needs --algorithm\n", ccl->defaults.algorithm);
 }
 
-static int cmd_list(int argc, char **argv)
+/* The options of `kbcl list`: the files and assignments `kbcl run` would take. */
+typedef struct list_args {
+    const char *files[KBCL_MAX_PLUGIN_ARGS], *sets[KBCL_MAX_SETS];
+    const char *ccl_path, *topo_path;
+    int nfiles, nsets;
+} list_args;
+
+/* Parses the command line into *a. Returns -1 to go on, else the exit code (after --help or
+ * a usage error). */
+static int list_parse_args(int argc, char **argv, list_args *a)
 {
-    const char *files[KBCL_MAX_PLUGIN_ARGS], *sets[KBCL_MAX_SETS], *ccl_path = NULL;
-    const char *topo_path = NULL;
-    const kb_plugin_info *pi;
-    kb_plugins *ps = NULL;
-    kb_ccl_cfg *ccl = NULL, *chk = NULL;
-    kb_config cfg;
-    kb_errbuf eb = { { 0 } };
-    char from[96];
-    int nfiles = 0, nsets = 0, rc = 0;
-
-    kb_config_defaults(&cfg);
-
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage_list(stdout);
             return 0;
         } else if (!strcmp(argv[i], "--plugin") && i + 1 < argc &&
-                   nfiles < KBCL_MAX_PLUGIN_ARGS) {
-            files[nfiles++] = argv[++i];
+                   a->nfiles < KBCL_MAX_PLUGIN_ARGS) {
+            a->files[a->nfiles++] = argv[++i];
         } else if (!strcmp(argv[i], "--ccl") && i + 1 < argc) {
-            ccl_path = argv[++i];
+            a->ccl_path = argv[++i];
         } else if (!strcmp(argv[i], "--topology") && i + 1 < argc) {
-            topo_path = argv[++i];
-        } else if (!strcmp(argv[i], "--set") && i + 1 < argc && nsets < KBCL_MAX_SETS) {
-            sets[nsets++] = argv[++i];
+            a->topo_path = argv[++i];
+        } else if (!strcmp(argv[i], "--set") && i + 1 < argc && a->nsets < KBCL_MAX_SETS) {
+            a->sets[a->nsets++] = argv[++i];
         } else {
             fprintf(stderr, "kbcl list: unexpected argument '%s'\n", argv[i]);
             usage_list(stderr);
             return KBCL_EXIT_USAGE;
         }
     }
-    if (plugins_open("list", files, nfiles, &ps) != 0)
-        return KBCL_EXIT_USAGE;
-    /* the plugins of ccl.yaml (the one `kbcl run` would read) */
-    if (!(ccl = malloc(sizeof *ccl))) {
-        fprintf(stderr, "kbcl list: out of memory\n");
-        rc = KBCL_EXIT_SIM;
-        goto out;
-    }
+    return -1;
+}
+
+/* cfg and ccl as `kbcl run` would have them: the files it reads (ccl.yaml's plugins loaded
+ * into ps), the assignments in order, then its checks. Returns 0 or the exit code, its
+ * message printed. */
+static int list_config(const list_args *a, kb_plugins *ps, kb_config *cfg, kb_ccl_cfg *ccl)
+{
+    kb_errbuf eb = { { 0 } };
+    kb_ccl_cfg *chk = NULL;
+    int rc = 0;
+
     kb_ccl_config_defaults(ccl);
-    if (kbcl_configs_load(topo_path, ccl_path, ps, &cfg, ccl, &eb) != 0) {
+    if (kbcl_configs_load(a->topo_path, a->ccl_path, ps, cfg, ccl, &eb) != 0) {
         fprintf(stderr, "kbcl list: %s\n", eb.msg);
-        rc = KBCL_EXIT_USAGE;
-        goto out;
+        return KBCL_EXIT_USAGE;
     }
-    /* the assignments kbcl run would apply, in order, then its checks */
-    for (int i = 0; i < nsets; i++)
-        if (kbcl_config_set(&cfg, ccl, sets[i], &eb) != 0) {
+    for (int i = 0; i < a->nsets; i++)
+        if (kbcl_config_set(cfg, ccl, a->sets[i], &eb) != 0) {
             fprintf(stderr, "kbcl list: %s\n", eb.msg);
-            rc = KBCL_EXIT_USAGE;
-            goto out;
+            return KBCL_EXIT_USAGE;
         }
     /* kbcl run validates with its --algorithm as the default; list names none, so a default
      * that is no entry of the file is listed with its note below, not refused: the check runs
      * on a copy that selects the first entry instead */
     if (!(chk = malloc(sizeof *chk))) {
         fprintf(stderr, "kbcl list: out of memory\n");
-        rc = KBCL_EXIT_SIM;
-        goto out;
+        return KBCL_EXIT_SIM;
     }
     *chk = *ccl;
     if (chk->nalgos > 0 && !kb_ccl_config_find(chk, chk->defaults.algorithm))
         snprintf(chk->defaults.algorithm, sizeof chk->defaults.algorithm, "%s",
                  chk->algos[0].name);
-    if (kb_config_validate(&cfg, &eb) != 0 || kb_ccl_config_validate(chk, &cfg.topo, &eb) != 0) {
+    if (kb_config_validate(cfg, &eb) != 0 || kb_ccl_config_validate(chk, &cfg->topo, &eb) != 0) {
         fprintf(stderr, "kbcl list: %s\n", eb.msg);
         rc = KBCL_EXIT_USAGE;
-        goto out;
     }
+    free(chk);
+    return rc;
+}
+
+/* Every bench, kbcl's and the plugins', with its --param options. */
+static void list_benches(const kb_plugins *ps)
+{
+    char from[96];
+
     printf("benches:\n");
     for (int i = 0; any_bench(ps, i); i++) {
         const kb_bench *b = any_bench(ps, i);
@@ -304,7 +309,13 @@ static int cmd_list(int argc, char **argv)
                    b->params[j].doc, (long long)b->params[j].dflt, (long long)b->params[j].min,
                    (long long)b->params[j].max);
     }
-    list_entries(ps, ccl, cfg.topo.sips_count);
+}
+
+/* The collective modules entries can name: rank = PE forms, then process-group forms. */
+static void list_modules(const kb_plugins *ps)
+{
+    char from[96];
+
     printf("collective modules, rank = PE form (the implementations entries name as module:, "
            "collective kind; every rank is one PE, layout single_shard_per_rank; with "
            "world_size 0 one rank per SIP in lanes over the SIP's PEs, unless the module has a "
@@ -321,6 +332,11 @@ static int cmd_list(int argc, char **argv)
         printf("  %-24s %-14s %s / %s: %s%s\n", d->module, kb_coll_name(d->kind), d->mapper,
                d->validator, d->summary, origin(ps, d, from, sizeof from));
     }
+}
+
+/* The topology kinds and the --device names. */
+static void list_topologies_devices(void)
+{
     printf("topologies:\n ");
     for (int i = 0; kb_topo_names[i]; i++)
         printf(" %s", kb_topo_names[i]);
@@ -331,6 +347,13 @@ static int cmd_list(int argc, char **argv)
            "  cpu    an OpenCL CPU device, e.g. PoCL\n"
            "  ref    plain-C reference replay (the oracle)\n"
            "  none   timing only: no op log, no data\n");
+}
+
+/* The plugins loaded, each with what it adds. */
+static void list_plugins(const kb_plugins *ps)
+{
+    const kb_plugin_info *pi;
+
     printf("plugins:\n");
     if (!kb_plugins_at(ps, 0))
         printf("  (none: --plugin FILE.so, KBCL_PLUGIN_PATH or ccl.yaml's plugins: load them)\n");
@@ -343,8 +366,37 @@ static int cmd_list(int argc, char **argv)
         for (int j = 0; j < pi->nbenches; j++)
             printf("      bench                 %s\n", pi->benches[j]->name);
     }
+}
+
+static int cmd_list(int argc, char **argv)
+{
+    list_args a;
+    kb_plugins *ps = NULL;
+    kb_ccl_cfg *ccl = NULL;
+    kb_config cfg;
+    int rc = 0;
+
+    kb_config_defaults(&cfg);
+    memset(&a, 0, sizeof a);
+    if ((rc = list_parse_args(argc, argv, &a)) >= 0)
+        return rc;
+    rc = 0;
+    if (plugins_open("list", a.files, a.nfiles, &ps) != 0)
+        return KBCL_EXIT_USAGE;
+    /* the plugins of ccl.yaml (the one `kbcl run` would read) */
+    if (!(ccl = malloc(sizeof *ccl))) {
+        fprintf(stderr, "kbcl list: out of memory\n");
+        rc = KBCL_EXIT_SIM;
+        goto out;
+    }
+    if ((rc = list_config(&a, ps, &cfg, ccl)) != 0)
+        goto out;
+    list_benches(ps);
+    list_entries(ps, ccl, cfg.topo.sips_count);
+    list_modules(ps);
+    list_topologies_devices();
+    list_plugins(ps);
 out:
-    free(chk);
     free(ccl);
     kb_config_fini(&cfg);
     kb_plugins_destroy(ps);
