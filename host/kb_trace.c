@@ -288,8 +288,8 @@ static uint32_t add_thread(kb_trace *t, uint32_t pid, uint32_t tid, const char *
         size_t cap = t->capth ? t->capth * 2 : 256;
         tthread *n = realloc(t->th, cap * sizeof *n);
         if (!n) {
-            t->oom = 1;
-            return 0;
+            t->oom = 1; /* kb_trace_write reports it */
+            return NO_THREAD;
         }
         t->th = n;
         t->capth = cap;
@@ -460,6 +460,8 @@ void kb_trace_res(kb_trace *t, const kb_res *r, kb_time t0, kb_time t1, uint64_t
         int at[3];
         res_name(t, r, &pid, at, name, sizeof name);
         t->map[h].thread = add_thread(t, pid, t->next_link_tid++, name);
+        if (t->map[h].thread == NO_THREAD)
+            return; /* out of memory, flagged: the event cannot name its thread */
     }
     const tthread *th = &t->th[t->map[h].thread];
     push_ev(t, th->pid, th->tid, KB_TRACE_RES, r->name ? r->name : "busy", t0, t1, bytes);

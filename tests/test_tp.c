@@ -223,6 +223,43 @@ static void test_gather_from_tp_region(void **s)
     free(t);
 }
 
+/* kb_tp_reduce_blocks refuses a partial whose rows are not one block per PE of the SIP */
+static int ragged_worker(kb_ctx *ctx, int rank, void *arg)
+{
+    int *rc_out = arg, rc;
+    int S;
+    if ((rc = kb_ctx_set_device(ctx, rank)) != 0 ||
+        (rc = kb_dist_init_process_group(ctx, "ahbm", "hierarchical_allreduce")) != 0 ||
+        (rc = kb_tp_initialize_model_parallel(ctx, 2)) != 0)
+        return rc;
+    S = kb_dist_shards_per_rank(ctx);
+    kb_tensor_desc d = { "partial", (int64_t)S * M + 1, OUT, KB_F32, kb_dist_policy(ctx),
+                         KB_MEM_HBM };
+    kb_tensor *partial, *y = NULL;
+    if ((rc = kb_tensor_zeros(ctx, &d, &partial)) != 0)
+        return rc;
+    rc_out[rank] = kb_tp_reduce_blocks(ctx, partial, NULL, &y);
+    return 0;
+}
+
+static int ragged_host(kb_ctx *ctx, void *arg)
+{
+    return kb_spawn(ctx, ragged_worker, arg, 2);
+}
+
+static void test_reduce_blocks_ragged(void **s)
+{
+    int rcs[2] = { 1, 1 };
+    (void)s;
+    kb_ctx *ctx = make_ctx(2);
+    if (kb_ctx_run_host(ctx, ragged_host, rcs) != 0)
+        fail_msg("%s", kb_ctx_errmsg(ctx));
+    assert_int_equal(rcs[0], KB_ERR_INVAL);
+    assert_int_equal(rcs[1], KB_ERR_INVAL);
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "not a positive multiple of the SIP's 4 PEs"));
+    kb_ctx_destroy(ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -230,6 +267,7 @@ int main(void)
         cmocka_unit_test(test_mlp_4),
         cmocka_unit_test(test_tp_size_mismatch),
         cmocka_unit_test(test_gather_from_tp_region),
+        cmocka_unit_test(test_reduce_blocks_ragged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

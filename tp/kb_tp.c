@@ -247,6 +247,15 @@ int kb_tp_reduce_blocks(kb_ctx *ctx, kb_tensor *partial, kb_tensor *bias, kb_ten
     kb_machine *m = kb_ctx_machine(ctx);
     int S = m->ncubes * m->npes, rc;
     int64_t rows = kb_tensor_rows(partial), n = kb_tensor_cols(partial), mb = rows / S;
+    /* bias_kernel's PE j reads block j: a ragged last block would be summed short */
+    if (rows % S != 0 || rows == 0)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_INVAL,
+                          "reduce_blocks: partial has %lld rows, not a positive multiple of "
+                          "the SIP's %d PEs (one m x n block per PE)", (long long)rows, S);
+    if (bias && (kb_tensor_rows(bias) != 1 || kb_tensor_cols(bias) != n))
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_INVAL,
+                          "reduce_blocks: bias must be 1 x %lld, is %lld x %lld", (long long)n,
+                          (long long)kb_tensor_rows(bias), (long long)kb_tensor_cols(bias));
     if ((rc = kb_dist_all_reduce(ctx, partial, KB_DIST_SUM)) != 0)
         return rc;
     if ((rc = make(ctx, "y", rows, n, kb_dist_policy(ctx), NULL, y)) != 0)
