@@ -11,48 +11,21 @@
  * elsewhere (registers only, no system call per switch) or, under KBCL_FIBER_UCONTEXT, with
  * swapcontext (slower: it saves the signal mask); under AddressSanitizer every switch is
  * announced with __sanitizer_{start,finish}_switch_fiber. Fibers are asymmetric: a fiber always
- * switches back to the scheduler loop that resumed it. Stacks are
- * carved from chunks of KB_CHUNK_STACKS_ (one MAP_NORESERVE mapping each, committed page by page
- * as used, no transparent huge pages), each with a guard page at its low end. Where the kernel
- * has guard regions (MADV_GUARD_INSTALL, Linux 6.13) a guard costs one cheap madvise and no VMA,
- * so every stack gets one; elsewhere a guard is an mprotect that splits the chunk's VMA
- * (vm.max_map_count is 65 530 by default), so only a sim's first KB_GUARDED_STACKS_ stacks get
- * one, which still lets hundreds of thousands of fibers coexist. A fresh mapping plus mprotect
- * per stack was most of a launch's cost per kernel (figures in docs/performance.md). Finished
- * fibers keep their stack on a free list for the next spawn; stacks are returned to the OS only
- * by kb_sim_destroy. Limits: single-threaded; kb_sim_destroy must not be called from inside a
- * run.
+ * switches back to the scheduler loop that resumed it. Finished fibers keep their stack on a
+ * free list for the next spawn. The engine's memory (creation and destruction, the growth of
+ * the event arrays, the stacks themselves) is kb_sim_mem.c's; the state both files share is in
+ * kb_sim_int.h. Limits: single-threaded; kb_sim_destroy must not be called from inside a run.
  */
-#include "kb_sim.h"
+#include "kb_sim_int.h"
 
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "kb_err.h"
 #include "kb_progress.h"
 
-#if KBCL_FIBER_UCONTEXT
-#include <ucontext.h>
-#elif KBCL_FIBER_ASM
-/*
- * The x86-64 switch is inline assembly at each switch site, with no call and no return: a
- * suspended context is {stack pointer, frame pointer, resume address}; the switch stores the
- * current three, loads the other side's and jumps. Every other register is declared clobbered,
- * so the compiler keeps nothing live in registers across a switch (it spills what it needs,
- * as around a call). Why no call: a call into a switch routine pushes a return address that
- * the other side never pops, and the return-stack predictor then mispredicts the resumed
- * side's returns (a fiber returns through two or three frames after each resume). Without
- * them, the predictor still holds the previous fiber's returns, which, with hundreds of
- * kernels taking turns through the same code, are the right ones. The MXCSR and x87 control
- * words are not switched: kbcl never changes them.
- */
-typedef struct kb_uctx_ {
-    void *sp, *bp, *pc;
-} kb_uctx_;
-
+#if KBCL_FIBER_ASM
 /* kb_switch_x86_64.S: where a fresh context starts; calls the function at the stack top with
  * the fiber (in rdi, put there by the switch). */
 extern void kb_fiber_start(void);
@@ -65,6 +38,19 @@ extern void kb_fiber_start(void);
 #else
 #define KB_CLOBBER_AVX512_
 #endif
+
+/*
+ * The x86-64 switch is inline assembly at each switch site, with no call and no return: a
+ * suspended context is {stack pointer, frame pointer, resume address}; the switch stores the
+ * current three, loads the other side's and jumps. Every other register is declared clobbered,
+ * so the compiler keeps nothing live in registers across a switch (it spills what it needs,
+ * as around a call). Why no call: a call into a switch routine pushes a return address that
+ * the other side never pops, and the return-stack predictor then mispredicts the resumed
+ * side's returns (a fiber returns through two or three frames after each resume). Without
+ * them, the predictor still holds the previous fiber's returns, which, with hundreds of
+ * kernels taking turns through the same code, are the right ones. The MXCSR and x87 control
+ * words are not switched: kbcl never changes them.
+ */
 
 /* Suspends the running context into *from and resumes *to; arg reaches a fresh context's
  * entry function in rdi. Returns when something switches back to *from. */
@@ -87,148 +73,11 @@ static inline __attribute__((always_inline)) void uctx_switch(kb_uctx_ *from,
                        "st(1)", "st(2)", "st(3)", "st(4)", "st(5)", "st(6)", "st(7)", "memory",
                        "cc" KB_CLOBBER_AVX512_);
 }
-#else
-typedef void *kb_fctx_;
-typedef struct {
-    kb_fctx_ fctx;
-    void *data;
-} kb_transfer_;
+#elif !KBCL_FIBER_UCONTEXT
 /* Boost.Context's C-linkage switch (libboost_context); declared here because its header is C++. */
 extern kb_transfer_ jump_fcontext(kb_fctx_ const to, void *vp);
 extern kb_fctx_ make_fcontext(void *sp, size_t size, void (*fn)(kb_transfer_));
 #endif
-
-#if defined(__SANITIZE_ADDRESS__)
-#define KB_ASAN_ 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KB_ASAN_ 1
-#endif
-#endif
-#ifdef KB_ASAN_
-#include <sanitizer/asan_interface.h>
-#include <sanitizer/common_interface_defs.h>
-#endif
-
-#define KB_DEFAULT_STACK_ (256u * 1024u)
-#define KB_MIN_STACK_ (16u * 1024u) /* below this even a trivial fiber overflows */
-#define KB_INITIAL_CAP_ 64u
-#define KB_GUARDED_STACKS_ 16384u /* mprotect guards: 32 768 VMAs, half of vm.max_map_count */
-#define KB_CHUNK_STACKS_ 64u
-#ifndef MADV_GUARD_INSTALL
-#define MADV_GUARD_INSTALL 102 /* Linux 6.13 uapi; older kernels answer EINVAL */
-#endif
-#define KB_NAME_MAX_ 47
-
-typedef struct kb_event {
-    kb_time time;
-    uint64_t seq;
-    kb_event_fn fn;
-    void *a, *b;
-} kb_event;
-
-/* FIFO entries need no time (it is `now`) and no seq (the ring order is the order). */
-typedef struct kb_now_event {
-    kb_event_fn fn;
-    void *a, *b;
-} kb_now_event;
-
-typedef struct kb_stack_chunk {
-    struct kb_stack_chunk *next;
-    unsigned char *base;
-} kb_stack_chunk;
-
-enum { KB_F_READY, KB_F_RUNNING, KB_F_BLOCKED, KB_F_DEAD };
-
-struct kb_fiber {
-    /* first: what a resume, a sleep and a wake touch (one cache line with the neighbours) */
-#if KBCL_FIBER_UCONTEXT
-    ucontext_t uc;
-#elif KBCL_FIBER_ASM
-    kb_uctx_ uc;
-#else
-    kb_fctx_ ctx;
-#endif
-    int state;
-    const char *what; /* while blocked: what it waits on (static string) */
-    kb_event_fn then_fn; /* kb_fiber_sleep_then: what runs just before the resume */
-    void *then_a, *then_b;
-    const void *obj;
-    kb_sim *sim;
-    kb_fiber_fn fn;
-    void *arg;
-    void *udata;
-    kb_fiber *wait_next;          /* kb_sync wait lists */
-    kb_fiber *prev, *next;        /* live list (spawn order); next doubles as free-list link */
-    unsigned char *stack;         /* low end of the usable stack (sim->stack_bytes long) */
-#ifdef KB_ASAN_
-    void *fake_stack;
-#endif
-    char name[KB_NAME_MAX_ + 1];
-};
-
-/* A wheel bucket's event: linked by pool index, so the pool can grow by realloc. */
-typedef struct kb_wnode {
-    kb_event ev;
-    uint32_t next;
-} kb_wnode;
-
-#define KB_WHEEL_SHIFT_ 9u                       /* a bucket spans 2^9 ps = 0.512 ns */
-#define KB_WHEEL_N_ 65536u                       /* buckets: a 33.6 us horizon */
-#define KB_WHEEL_WORDS_ (KB_WHEEL_N_ / 64u)
-#define KB_WHEEL_SUMS_ (KB_WHEEL_WORDS_ / 64u)
-#define KB_NIL_ UINT32_MAX
-
-struct kb_sim {
-    kb_time now;
-    uint64_t seq;
-    kb_event *heap;  /* near run: every pending event of the cursor's slot, sorted, in [nh, hn) */
-    size_t nh, hn;
-    int near_heap;   /* the near run is a 4-ary heap in [0, hn) instead (nh = 0) */
-    kb_event *far;   /* far heap: events beyond the wheel's horizon when pushed */
-    size_t farn;
-    kb_now_event *fifo;
-    size_t fhead, fn;
-    size_t cap; /* capacity of heap, far heap, fifo and node pool; a power of two */
-
-    /* timing wheel between the two heaps (see "event storage") */
-    uint64_t cursor;                  /* slot (time >> KB_WHEEL_SHIFT_) the near run holds */
-    kb_wnode *nodes;                  /* pool of cap nodes */
-    uint32_t free_node;
-    size_t wn;                        /* events in wheel buckets */
-    uint32_t bucket[KB_WHEEL_N_];     /* list heads, KB_NIL_ when empty */
-    uint64_t bits[KB_WHEEL_WORDS_];   /* bit b set <=> bucket[b] non-empty */
-    uint64_t sums[KB_WHEEL_SUMS_];    /* bit w set <=> bits[w] != 0 */
-
-    kb_fiber *current;
-    kb_fiber *live_head, *live_tail;
-    kb_fiber *free_list;
-    struct kb_stack_chunk *chunks; /* stacks are carved from the head chunk */
-    size_t chunk_left;             /* stacks not yet handed out in the head chunk */
-    size_t nstacks;                /* stacks created so far */
-    int guard_regions;             /* MADV_GUARD_INSTALL: 0 untried, 1 works, -1 refused */
-    size_t nlive, nblocked;
-    size_t page, stack_bytes;
-
-    uint64_t nevents, nswitches;
-    int running, stop, stop_code;
-
-#if KBCL_FIBER_UCONTEXT
-    ucontext_t sched_uc;
-#elif KBCL_FIBER_ASM
-    kb_uctx_ sched_uc;
-#else
-    kb_fctx_ sched_ctx;
-#endif
-#ifdef KB_ASAN_
-    const void *sched_stack_bottom;
-    size_t sched_stack_size;
-#endif
-    /* kb_sim_set_progress: the loop publishes to `progress` at its first move to a later
-     * slot once nevents has reached publish_at (UINT64_MAX without one: never) */
-    uint64_t publish_at;
-    kb_progress *progress;
-};
 
 /* ---------------------------------------------------------------- event storage */
 
@@ -263,54 +112,11 @@ static int ev_before(const kb_event *x, const kb_event *y)
 
 static uint64_t slot_of(kb_time t) { return (uint64_t)t >> KB_WHEEL_SHIFT_; }
 
-/* Grows every store so that cap >= need. Keeps cap unchanged on failure. */
-static int grow(kb_sim *sim, size_t need)
-{
-    size_t ncap = sim->cap;
-    kb_event *nheap, *nfar;
-    kb_now_event *nfifo;
-    kb_wnode *nnodes;
-
-    while (ncap < need) {
-        if (ncap > SIZE_MAX / 2 / sizeof(kb_wnode) || ncap >= KB_NIL_ / 2)
-            return KB_ERR_NOMEM;
-        ncap *= 2;
-    }
-    nheap = realloc(sim->heap, ncap * sizeof *nheap);
-    if (!nheap)
-        return KB_ERR_NOMEM;
-    sim->heap = nheap;
-    nfar = realloc(sim->far, ncap * sizeof *nfar);
-    if (!nfar)
-        return KB_ERR_NOMEM;
-    sim->far = nfar;
-    nnodes = realloc(sim->nodes, ncap * sizeof *nnodes);
-    if (!nnodes)
-        return KB_ERR_NOMEM;
-    sim->nodes = nnodes;
-    nfifo = malloc(ncap * sizeof *nfifo);
-    if (!nfifo)
-        return KB_ERR_NOMEM;
-    /* Unwrap the ring so that it starts at index 0 in the new array. */
-    for (size_t i = 0; i < sim->fn; i++)
-        nfifo[i] = sim->fifo[(sim->fhead + i) & (sim->cap - 1)];
-    free(sim->fifo);
-    sim->fifo = nfifo;
-    sim->fhead = 0;
-    /* The new nodes join the free list. */
-    for (size_t i = ncap; i-- > sim->cap;) {
-        nnodes[i].next = sim->free_node;
-        sim->free_node = (uint32_t)i;
-    }
-    sim->cap = ncap;
-    return 0;
-}
-
 /* Makes room for `extra` more callback events / fibers (see the invariant at the top). */
 static int reserve(kb_sim *sim, size_t extra)
 {
     size_t need = (sim->hn - sim->nh) + sim->farn + sim->wn + sim->fn + sim->nlive + extra;
-    return need <= sim->cap ? 0 : grow(sim, need);
+    return need <= sim->cap ? 0 : kb_sim_grow(sim, need);
 }
 
 /*
@@ -643,81 +449,6 @@ static kb_time time_add_sat(kb_time t, kb_time dt)
 
 /* ---------------------------------------------------------------- engine */
 
-kb_sim *kb_sim_create(const kb_sim_opts *opts)
-{
-    kb_sim *sim = calloc(1, sizeof *sim);
-    long page = sysconf(_SC_PAGESIZE);
-    size_t stack = opts && opts->fiber_stack_bytes ? opts->fiber_stack_bytes : KB_DEFAULT_STACK_;
-
-    if (!sim)
-        goto fail;
-    sim->page = page > 0 ? (size_t)page : 4096u;
-    if (stack < KB_MIN_STACK_)
-        stack = KB_MIN_STACK_;
-    if (stack > SIZE_MAX / 4 / KB_CHUNK_STACKS_)
-        goto fail;
-    sim->stack_bytes = (stack + sim->page - 1) / sim->page * sim->page;
-    sim->cap = KB_INITIAL_CAP_;
-    sim->publish_at = UINT64_MAX;
-    sim->heap = malloc(sim->cap * sizeof *sim->heap);
-    sim->far = malloc(sim->cap * sizeof *sim->far);
-    sim->fifo = malloc(sim->cap * sizeof *sim->fifo);
-    sim->nodes = malloc(sim->cap * sizeof *sim->nodes);
-    if (!sim->heap || !sim->far || !sim->fifo || !sim->nodes)
-        goto fail;
-    sim->free_node = KB_NIL_;
-    for (size_t i = sim->cap; i-- > 0;) {
-        sim->nodes[i].next = sim->free_node;
-        sim->free_node = (uint32_t)i;
-    }
-    for (size_t i = 0; i < KB_WHEEL_N_; i++)
-        sim->bucket[i] = KB_NIL_;
-    return sim;
-fail:
-    kb_sim_destroy(sim);
-    return NULL;
-}
-
-static void fiber_free(kb_sim *sim, kb_fiber *f)
-{
-#ifdef KB_ASAN_
-    /* Frames of a fiber that never returned leave poisoned shadow behind. */
-    ASAN_UNPOISON_MEMORY_REGION(f->stack, sim->stack_bytes);
-#else
-    (void)sim;
-#endif
-    free(f);
-}
-
-void kb_sim_destroy(kb_sim *sim)
-{
-    kb_fiber *f, *next;
-    kb_stack_chunk *ch, *ch_next;
-
-    if (!sim)
-        return;
-    for (f = sim->live_head; f; f = next) {
-        next = f->next;
-        fiber_free(sim, f);
-    }
-    for (f = sim->free_list; f; f = next) {
-        next = f->next;
-        fiber_free(sim, f);
-    }
-    for (ch = sim->chunks; ch; ch = ch_next) {
-        ch_next = ch->next;
-        munmap(ch->base, KB_CHUNK_STACKS_ * (sim->page + sim->stack_bytes));
-        free(ch);
-    }
-    free(sim->heap);
-    free(sim->far);
-    free(sim->nodes);
-    free(sim->fifo);
-    free(sim);
-}
-
-_Static_assert(offsetof(struct kb_sim, now) == 0, "kb_sim_now (kb_sim.h) reads the first member");
-
 int kb_sim_at(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
 {
     int rc;
@@ -984,63 +715,6 @@ static void fiber_recycle(kb_sim *sim, kb_fiber *f)
     sim->free_list = f;
 }
 
-static void *map_anon(size_t bytes)
-{
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
-/* Makes the page at p a guard page: a guard region if the kernel has them, else (within the
- * VMA budget) PROT_NONE. Returns 0 also when the budget leaves the stack unguarded. */
-static int guard_page(kb_sim *sim, unsigned char *p)
-{
-    if (sim->guard_regions >= 0) {
-        if (madvise(p, sim->page, MADV_GUARD_INSTALL) == 0) {
-            sim->guard_regions = 1;
-            return 0;
-        }
-        if (sim->guard_regions == 1)
-            return KB_ERR_NOMEM; /* it worked before: out of page-table memory */
-        sim->guard_regions = -1;
-    }
-    if (sim->nstacks >= KB_GUARDED_STACKS_)
-        return 0;
-    return mprotect(p, sim->page, PROT_NONE) == 0 ? 0 : KB_ERR_NOMEM;
-}
-
-/* Gives f a stack: the next slot (guard page + stack) of the head chunk. */
-static int stack_alloc(kb_sim *sim, kb_fiber *f)
-{
-    size_t slot = sim->page + sim->stack_bytes;
-    unsigned char *p;
-
-    if (sim->chunk_left == 0) {
-        kb_stack_chunk *ch = malloc(sizeof *ch);
-        if (!ch)
-            return KB_ERR_NOMEM;
-        ch->base = map_anon(KB_CHUNK_STACKS_ * slot);
-        if (!ch->base) {
-            free(ch);
-            return KB_ERR_NOMEM;
-        }
-#ifdef MADV_NOHUGEPAGE
-        /* a huge page would commit 2 MiB (eight stacks' worth) for one stack's top frames */
-        (void)madvise(ch->base, KB_CHUNK_STACKS_ * slot, MADV_NOHUGEPAGE);
-#endif
-        ch->next = sim->chunks;
-        sim->chunks = ch;
-        sim->chunk_left = KB_CHUNK_STACKS_;
-    }
-    p = sim->chunks->base + (KB_CHUNK_STACKS_ - sim->chunk_left) * slot;
-    if (guard_page(sim, p) != 0)
-        return KB_ERR_NOMEM;
-    sim->chunk_left--;
-    f->stack = p + sim->page;
-    sim->nstacks++;
-    return 0;
-}
-
 static kb_fiber *fiber_alloc(kb_sim *sim)
 {
     kb_fiber *f = sim->free_list;
@@ -1050,7 +724,7 @@ static kb_fiber *fiber_alloc(kb_sim *sim)
         return f;
     }
     f = malloc(sizeof *f);
-    if (f && stack_alloc(sim, f) != 0) {
+    if (f && kb_sim_stack_alloc(sim, f) != 0) {
         free(f);
         f = NULL;
     }
