@@ -1,236 +1,40 @@
 /*
- * kb_replay — the Phase-2 planner and the flush that drives a backend. The planner validates
- * records, orders them by (t_start, seq) and gives each one a batch by level scheduling: its
- * batch is one past the latest batch of any earlier record it conflicts with (it reads bytes
- * that one writes, or writes bytes that one reads or writes), or 0. Conflicting records thus
- * keep their (t_start, seq) order across batches, so replaying batch 0, 1, 2, ... equals the
- * serial replay, while independent records fall into the earliest batch they can; the batch
- * count is the longest conflict chain. Conflicts use exact byte intervals: a record's reads are
- * its MEM sources' spans, its write is its dst span; payload sources never conflict because the
- * payload is read-only. Span endpoints are ranked among the flush's distinct endpoint
- * addresses (through a hash table, as real logs reuse the same buffers over and over, then a
- * sort of the distinct ones; or a sort of all endpoints when most are distinct), which cuts the
- * address space into elementary intervals. Over those intervals a 16-ary max tree with lazy
- * "raise to at least" tags keeps the latest batch that wrote and that read each byte, so a
- * query or update costs a few node visits for the small spans of real logs and O(16 log m) at
- * worst. The same intervals give the arena: maximal runs of touched intervals are coalesced
- * segments, packed in PA order, each at an arena offset congruent to its PA modulo 8 so that
- * every operand keeps the natural alignment it had in simulated memory; MEM operands are
- * rewritten to arena offsets. Each batch is grouped by kind (stable). All sorting is a stable
- * LSD radix sort (no comparator calls, same result on every libc). A placer (kb_plan_build_ex)
- * may give the segments other offsets, such as a device-resident backend's (kb_resident.c);
- * the leaves' offsets then follow their segments. The flush of a host backend builds a fresh
- * arena from the memory store and writes the written segments back; that of a resident
- * backend moves only what kb_resident decides. Limits: spans are conservative for strided
- * operands (the gaps between rows count as touched); at most 2^32 / 8 records per flush.
+ * kb_replay — the Phase-2 planner (the flush that drives a backend is kb_replay_flush.c, the
+ * checks a record must pass kb_replay_check.c; what they share is in kb_replay_int.h). The
+ * planner validates records, orders them by (t_start, seq) and gives each one a batch by level
+ * scheduling: its batch is one past the latest batch of any earlier record it conflicts with
+ * (it reads bytes that one writes, or writes bytes that one reads or writes), or 0.
+ * Conflicting records thus keep their (t_start, seq) order across batches, so replaying batch
+ * 0, 1, 2, ... equals the serial replay, while independent records fall into the earliest
+ * batch they can; the batch count is the longest conflict chain. Conflicts use exact byte
+ * intervals: a record's reads are its MEM sources' spans, its write is its dst span; payload
+ * sources never conflict because the payload is read-only. Span endpoints are ranked among the
+ * flush's distinct endpoint addresses (through a hash table, as real logs reuse the same
+ * buffers over and over, then a sort of the distinct ones; or a sort of all endpoints when
+ * most are distinct), which cuts the address space into elementary intervals. Over those
+ * intervals a 16-ary max tree with lazy "raise to at least" tags keeps the latest batch that
+ * wrote and that read each byte, so a query or update costs a few node visits for the small
+ * spans of real logs and O(16 log m) at worst. The same intervals give the arena: maximal runs
+ * of touched intervals are coalesced segments, packed in PA order, each at an arena offset
+ * congruent to its PA modulo 8 so that every operand keeps the natural alignment it had in
+ * simulated memory; MEM operands are rewritten to arena offsets. Each batch is grouped by kind
+ * (stable). All sorting is a stable LSD radix sort (no comparator calls, same result on every
+ * libc). A placer (kb_plan_build_ex) may give the segments other offsets, such as a
+ * device-resident backend's (kb_resident.c); the leaves' offsets then follow their segments.
+ * Limits: spans are conservative for strided operands (the gaps between rows count as
+ * touched); at most 2^32 / 8 records per flush.
  */
-#include "kb_replay.h"
+#include "kb_replay_int.h"
 
 #include "kb_bigmem.h"
-#include "kb_progress.h"
-#include "kb_resident.h"
 
 #include <assert.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct ival {
     uint64_t lo, hi; /* [lo, hi) */
 } ival;
-
-/* ---------------------------------------------------------------- validation */
-
-static unsigned nsrc_of(unsigned kind)
-{
-    static const unsigned n[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2, 1, 1, 2,
-                                               /* dequant: at least (see check_dequant) */ 1,
-                                               /* gen: parameters, no operands */ 0 };
-    return kind < KB_REC_NKINDS ? n[kind] : 0;
-}
-
-static int bad(const kb_rec *r, kb_errbuf *eb, const char *what)
-{
-    return kb_err_set(eb, KB_ERR_INVAL, "op log record seq %llu (%s): %s",
-                      (unsigned long long)r->seq, kb_rec_kind_name((kb_rec_kind)r->kind), what);
-}
-
-static int check_opnd(const kb_rec *r, const kb_opnd *o, kb_errbuf *eb)
-{
-    if (o->dtype >= KB_NDTYPES)
-        return bad(r, eb, "operand dtype out of range");
-    if (o->space != KB_SPACE_MEM && o->space != KB_SPACE_PAYLOAD)
-        return bad(r, eb, "operand space out of range");
-    if (o->rows > 1 && o->ld < o->cols)
-        return bad(r, eb, "operand row stride ld < cols");
-    /* (rows - 1) * ld + cols fits in 64 bits for any 32-bit shape, its bytes need not: a
-     * kb_opnd_span that wrapped would plan a few bytes for an operand the kernels then walk
-     * far past (found by tests/fuzz/fuzz_replay.c) */
-    if (o->rows > 0 && o->cols > 0 &&
-        (uint64_t)(o->rows - 1) * o->ld + o->cols > UINT64_MAX / kb_dtype_size((kb_dtype)o->dtype))
-        return bad(r, eb, "operand spans more than 2^64 bytes");
-    if (o->addr > UINT64_MAX - kb_opnd_span(o))
-        return bad(r, eb, "operand wraps around the address space");
-    return 0;
-}
-
-static int bcasts(const kb_opnd *s, const kb_opnd *d)
-{
-    return (s->rows == d->rows || s->rows == 1) && (s->cols == d->cols || s->cols == 1);
-}
-
-/* The kinds of kb_tl_nn (kb_oplog.h): shapes and ops. */
-static int check_nn_rec(const kb_rec *r, kb_errbuf *eb)
-{
-    const kb_opnd *d = &r->dst, *s = r->src;
-
-    switch (r->kind) {
-    case KB_REC_TRANSPOSE:
-        if (s[0].rows != d->cols || s[0].cols != d->rows)
-            return bad(r, eb, "transpose needs a C x R destination for an R x C source");
-        return 0;
-    case KB_REC_ATTN_SOFTMAX:
-        if (r->op > 1)
-            return bad(r, eb, "attn_softmax causal flag must be 0 or 1");
-        if (s[0].rows != d->rows || s[0].cols != d->cols)
-            return bad(r, eb, "attn_softmax source and destination shapes differ");
-        return 0;
-    case KB_REC_GATHER:
-        if (s[0].cols != d->cols)
-            return bad(r, eb, "gather table and destination widths differ");
-        if (!((s[1].rows == 1 && s[1].cols == d->rows) || (s[1].cols == 1 && s[1].rows == d->rows)))
-            return bad(r, eb, "gather needs one id per destination row (1 x n or n x 1)");
-        return 0;
-    default:
-        return bad(r, eb, "not a kb_tl_nn kind");
-    }
-}
-
-/* DEQUANT (kb_oplog.h): the elements, the 2:4 metadata and the scale fit the destination. */
-static int check_dequant(const kb_rec *r, kb_errbuf *eb)
-{
-    const kb_opnd *d = &r->dst, *s = r->src;
-    if (r->flags & KB_REC_QSPARSE) {
-        if (d->rows % 4 != 0 || s[0].rows * 2 != d->rows || s[0].cols != d->cols)
-            return bad(r, eb, "sparse dequant needs R % 4 == 0 and R/2 x C kept values");
-        if (s[1].rows != (d->rows + 7) / 8 || s[1].cols != d->cols || s[1].dtype != KB_I8)
-            return bad(r, eb, "sparse dequant needs ceil(R/8) x C i8 metadata");
-    } else if (s[0].rows != d->rows || s[0].cols != d->cols) {
-        return bad(r, eb, "dequant elements and destination shapes differ");
-    }
-    if (r->flags & KB_REC_QSCALE) {
-        const kb_opnd *sc = &s[r->nsrc - 1];
-        if (sc->rows == 0 || sc->cols == 0 || d->rows % sc->rows != 0 ||
-            d->cols % sc->cols != 0)
-            return bad(r, eb, "dequant scale shape does not divide the destination's");
-    }
-    return 0;
-}
-
-static int check_rec(const kb_rec *r, kb_errbuf *eb)
-{
-    const kb_opnd *d = &r->dst, *s = r->src;
-    int rc;
-
-    if (r->kind >= KB_REC_NKINDS)
-        return kb_err_set(eb, KB_ERR_INVAL, "op log record seq %llu: unknown kind %u",
-                          (unsigned long long)r->seq, (unsigned)r->kind);
-    if (r->kind == KB_REC_DEQUANT
-            ? r->nsrc != 1u + !!(r->flags & KB_REC_QSPARSE) + !!(r->flags & KB_REC_QSCALE)
-            : r->nsrc != nsrc_of(r->kind))
-        return bad(r, eb, "wrong number of sources");
-    if (d->space != KB_SPACE_MEM)
-        return bad(r, eb, "destination not in memory");
-    if ((rc = check_opnd(r, d, eb)) != 0)
-        return rc;
-    for (unsigned i = 0; i < r->nsrc; i++)
-        if ((rc = check_opnd(r, &s[i], eb)) != 0)
-            return rc;
-    switch (r->kind) {
-    case KB_REC_MATH1:
-        if (r->op >= KB_M1_NOPS)
-            return bad(r, eb, "math1 op out of range");
-        break;
-    case KB_REC_MATH2:
-        if (r->op >= KB_M2_NOPS)
-            return bad(r, eb, "math2 op out of range");
-        break;
-    case KB_REC_SOFTMAX:
-        if (r->op > 1)
-            return bad(r, eb, "softmax axis must be 0 or 1");
-        if (s[0].rows != d->rows || s[0].cols != d->cols)
-            return bad(r, eb, "softmax source and destination shapes differ");
-        return 0;
-    case KB_REC_REDUCE:
-        if (r->op >= KB_RED_NOPS)
-            return bad(r, eb, "reduce op out of range");
-        if (r->flags & KB_REC_AXIS0) {
-            if (d->rows != 1 || d->cols != s[0].cols)
-                return bad(r, eb, "axis-0 reduce needs a 1 x cols destination");
-        } else if (d->cols != 1 || d->rows != s[0].rows) {
-            return bad(r, eb, "axis-1 reduce needs a rows x 1 destination");
-        }
-        return 0;
-    case KB_REC_GEMM:
-        if (s[0].rows != d->rows || s[1].cols != d->cols || s[0].cols != s[1].rows)
-            return bad(r, eb, "gemm shapes do not chain (MxK @ KxN -> MxN)");
-        return 0;
-    case KB_REC_TRANSPOSE:
-    case KB_REC_ATTN_SOFTMAX:
-    case KB_REC_GATHER:
-        return check_nn_rec(r, eb);
-    case KB_REC_DEQUANT:
-        return check_dequant(r, eb);
-    case KB_REC_GEN:
-        if (r->op > KB_GEN_SIGN)
-            return bad(r, eb, "gen op out of range");
-        if (r->op == KB_GEN_SIGN && r->src[0].cols == 0)
-            return bad(r, eb, "gen sign variant needs ntiles >= 1");
-        return 0;
-    default:
-        break;
-    }
-    for (unsigned i = 0; i < r->nsrc; i++)
-        if (!bcasts(&s[i], d))
-            return bad(r, eb, "source shape does not broadcast to the destination");
-    return 0;
-}
-
-int kb_rec_check_placed(const kb_rec *r, uint64_t arena_bytes, uint64_t payload_bytes,
-                        kb_errbuf *eb)
-{
-    const kb_opnd *o[4] = { &r->dst, &r->src[0], &r->src[1], &r->src[2] };
-    int rc = check_rec(r, eb);
-
-    if (rc)
-        return rc;
-    /* GEN's parameters: the first tile and element get a 32-bit index added as int64_t */
-    if (r->kind == KB_REC_GEN)
-        for (unsigned i = 0; i < 3; i++)
-            if (r->src[i].addr > (uint64_t)INT64_MAX - UINT32_MAX)
-                return bad(r, eb, "gen parameter out of range");
-    /* check_rec bounds nsrc by 3; the span is computed here without kb_opnd_span, whose
-     * product by the element size can wrap for rows and ld near 2^32 */
-    for (unsigned i = 0; i <= r->nsrc; i++) {
-        uint64_t lim = o[i]->space == KB_SPACE_PAYLOAD ? payload_bytes : arena_bytes;
-        uint64_t esz = kb_dtype_size((kb_dtype)o[i]->dtype), elems;
-        if (o[i]->rows == 0 || o[i]->cols == 0) {
-            /* no bytes, but a backend may still loop over its other extent: no longer than
-             * over an operand the space could hold (a 1 x 0 one fits anywhere) */
-            uint64_t cap = lim / esz > 0 ? lim / esz : 1;
-            if (o[i]->rows > cap || o[i]->cols > cap)
-                return bad(r, eb, "empty operand with an extent its space could not hold");
-            if (o[i]->addr > lim) /* its base is still computed */
-                return bad(r, eb, "empty operand beyond its space");
-            continue;
-        }
-        elems = (uint64_t)(o[i]->rows - 1) * o[i]->ld + o[i]->cols; /* < 2^64: no wrap */
-        if (elems > lim / esz || o[i]->addr > lim - elems * esz)
-            return bad(r, eb, o[i]->space == KB_SPACE_PAYLOAD ? "operand beyond the payload"
-                                                              : "operand beyond the arena");
-    }
-    return 0;
-}
 
 /* ---------------------------------------------------------------- sorting */
 
@@ -443,7 +247,7 @@ static int plan_gather(const kb_rec *const *recs, size_t n, plan_tmp *t, uhash *
 
         if (!r)
             return kb_err_set(eb, KB_ERR_INVAL, "plan: record %zu is NULL", i);
-        if ((rc = check_rec(r, eb)) != 0)
+        if ((rc = kb_replay_check_rec(r, eb)) != 0)
             return rc;
         nr = rec_ivals(r, iv, &iv[3], &has_write);
         t->keys[i].key = r->seq;
@@ -1023,214 +827,4 @@ fail:
     kb_plan_free(out);
     return rc == KB_ERR_NOMEM ? kb_err_set(eb, rc, "replay plan of %zu records: out of host "
                                            "memory", n) : rc;
-}
-
-/* ---------------------------------------------------------------- flush */
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/*
- * Makes sure every page the written segments touch exists, by rewriting one byte per page with
- * its current value: afterwards the write-back cannot fail, so a flush either updates the
- * store completely or leaves it as it was.
- */
-static int reserve_pages(kb_memstore *ms, const kb_plan *p)
-{
-    const uint64_t page = KB_MEMSTORE_PAGE_BYTES;
-
-    for (size_t i = 0; i < p->nsegs; i++) {
-        const kb_segment *s = &p->segs[i];
-        if (!s->written)
-            continue;
-        uint64_t end = s->pa + s->len;
-        for (uint64_t a = s->pa; a < end; a = (a | (page - 1)) + 1) {
-            uint8_t b;
-            kb_memstore_read(ms, a, &b, 1);
-            int rc = kb_memstore_write(ms, a, &b, 1);
-            if (rc)
-                return rc;
-            if ((a | (page - 1)) == UINT64_MAX)
-                break;
-        }
-    }
-    return 0;
-}
-
-static int check_payload_refs(const kb_rec *const *recs, size_t n, size_t payload_bytes,
-                              kb_errbuf *eb)
-{
-    for (size_t i = 0; i < n; i++) {
-        const kb_rec *r = recs[i];
-        for (unsigned s = 0; s < r->nsrc && s < 3; s++) {
-            const kb_opnd *o = &r->src[s];
-            uint64_t span = kb_opnd_span(o);
-            if (o->space == KB_SPACE_PAYLOAD && span > 0 &&
-                (o->addr > payload_bytes || span > payload_bytes - o->addr))
-                return bad(r, eb, "payload source beyond the payload area");
-        }
-    }
-    return 0;
-}
-
-/*
- * Runs the plan's batches on the backend over the arena. A failure names the backend; a
- * backend stopped after begin is still ended, into a scratch buffer: its message must not hide
- * the first one.
- */
-static int run_plan(kb_backend *be, const kb_plan *plan, uint8_t *arena, const uint8_t *payload,
-                    size_t payload_bytes, kb_progress *pg, kb_errbuf *eb)
-{
-    int rc = be->ops->begin(be->self, arena, plan->arena_bytes, payload, payload_bytes, eb);
-
-    if (pg)
-        atomic_store_explicit(&pg->batches, plan->nbatches, memory_order_relaxed);
-    if (rc == 0) {
-        for (size_t b = 0; b < plan->nbatches && rc == 0; b++) {
-            const kb_batch *bt = &plan->batches[b];
-            rc = be->ops->run_batch(be->self, plan->recs + bt->first, bt->count, eb);
-            if (pg)
-                atomic_store_explicit(&pg->batches_done, b + 1, memory_order_relaxed);
-        }
-        if (rc == 0) {
-            rc = be->ops->end(be->self, arena, plan->arena_bytes, eb);
-        } else {
-            kb_errbuf scratch;
-            (void)be->ops->end(be->self, arena, plan->arena_bytes, &scratch);
-        }
-    }
-    if (rc != 0)
-        kb_err_prefix(eb, "replay on %s", be->ops->name ? be->ops->name : "?");
-    return rc;
-}
-
-int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_stats *st,
-                    kb_errbuf *eb)
-{
-    return kb_replay_flush_pg(log, ms, be, st, NULL, eb);
-}
-
-int kb_replay_flush_pg(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_stats *st,
-                       kb_progress *pg, kb_errbuf *eb)
-{
-    double t0 = now_ms();
-    const kb_rec **ptrs = NULL;
-    uint8_t *arena = NULL;
-    kb_plan plan;
-    int rc;
-
-    memset(&plan, 0, sizeof plan);
-    if (!log || !ms || !be || !be->ops)
-        return kb_err_set(eb, KB_ERR_INVAL, "replay: no log, memory store or backend");
-    size_t first = kb_oplog_replayed(log), count = kb_oplog_count(log);
-    if (first >= count)
-        return 0;
-    size_t n = count - first;
-    const uint8_t *payload = kb_oplog_payload(log);
-    if (pg) {
-        atomic_fetch_add_explicit(&pg->flushes, 1, memory_order_relaxed);
-        atomic_store_explicit(&pg->flush_records, n, memory_order_relaxed);
-        atomic_store_explicit(&pg->batches, 0, memory_order_relaxed);
-        atomic_store_explicit(&pg->batches_done, 0, memory_order_relaxed);
-    }
-    size_t payload_bytes = kb_oplog_payload_size(log);
-
-    kb_resident *res = be->ops->resident ? be->ops->resident(be->self) : NULL;
-
-    rc = KB_ERR_NOMEM;
-    ptrs = kb_bigmem_alloc(n * sizeof *ptrs);
-    if (!ptrs) {
-        kb_err_nomem(eb, (unsigned long long)(n * sizeof *ptrs), "replay: the list of its %zu "
-                     "records", n);
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++)
-        ptrs[i] = kb_oplog_at(log, first + i);
-    if ((rc = check_payload_refs(ptrs, n, payload_bytes, eb)) != 0)
-        goto out;
-
-    const uint64_t *cuts;
-    size_t ncuts = kb_oplog_cuts_in(log, first, count, &cuts);
-
-    if (res) {
-        /* Device-resident: nothing of the arena crosses the bus (kb_resident.h). */
-        if ((rc = kb_resident_prepare(res, log, ms, eb)) != 0 ||
-            (rc = kb_plan_build_cut(ptrs, n, cuts, ncuts, kb_resident_place, res, &plan,
-                                    eb)) != 0 ||
-            (rc = kb_resident_commit(res, &plan, eb)) != 0) {
-            kb_err_prefix(eb, "replay on %s", be->ops->name ? be->ops->name : "?");
-            goto out;
-        }
-        if ((rc = run_plan(be, &plan, NULL, NULL, 0, pg, eb)) != 0) {
-            kb_resident_fail(res);
-            goto out;
-        }
-    } else {
-        /* A store that a resident backend holds data of gets it back first. */
-        if (kb_memstore_mirror_self(ms)) {
-            if ((rc = kb_memstore_sync_all(ms, eb)) != 0)
-                goto out;
-            kb_memstore_set_mirror(ms, NULL);
-        }
-        if ((rc = kb_plan_build_cut(ptrs, n, cuts, ncuts, NULL, NULL, &plan, eb)) != 0)
-            goto out;
-        /* zeroed: the alignment padding between segments is never read by a record, but is
-         * copied */
-        arena = plan.arena_bytes <= SIZE_MAX ? kb_bigmem_alloc((size_t)plan.arena_bytes) : NULL;
-        if (!arena) {
-            rc = kb_err_nomem(eb, (unsigned long long)plan.arena_bytes, "replay: the arena that "
-                              "holds the data of %zu records", n);
-            goto out;
-        }
-        for (size_t i = 0; i < plan.nsegs; i++)
-            kb_memstore_read(ms, plan.segs[i].pa, arena + plan.segs[i].arena_off,
-                             (size_t)plan.segs[i].len);
-
-        if ((rc = run_plan(be, &plan, arena, payload, payload_bytes, pg, eb)) != 0)
-            goto out;
-
-        if ((rc = reserve_pages(ms, &plan)) != 0) {
-            unsigned long long written = 0;
-            for (size_t i = 0; i < plan.nsegs; i++)
-                written += plan.segs[i].written ? plan.segs[i].len : 0;
-            kb_err_nomem(eb, written, "replay: the memory store's pages for the data the "
-                         "replay wrote (%zu pages of %d bytes held already)",
-                         kb_memstore_pages(ms), (int)KB_MEMSTORE_PAGE_BYTES);
-            goto out;
-        }
-        for (size_t i = 0; i < plan.nsegs; i++) {
-            const kb_segment *sg = &plan.segs[i];
-            if (sg->written) {
-                rc = kb_memstore_write(ms, sg->pa, arena + sg->arena_off, (size_t)sg->len);
-                assert(rc == 0); /* every page exists after reserve_pages */
-            }
-        }
-    }
-    kb_oplog_set_replayed(log, count);
-
-    if (st) {
-        uint64_t launches = 0;
-        for (size_t b = 0; b < plan.nbatches; b++) {
-            const kb_batch *bt = &plan.batches[b];
-            for (size_t i = 0; i < bt->count; i++)
-                if (i == 0 || kb_rec_launch_group(plan.recs[bt->first + i].kind) !=
-                                  kb_rec_launch_group(plan.recs[bt->first + i - 1].kind))
-                    launches++;
-        }
-        st->records += n;
-        st->batches += plan.nbatches;
-        st->launches += launches;
-        st->flushes++;
-        st->ms += now_ms() - t0;
-    }
-    rc = 0;
-out:
-    kb_plan_free(&plan);
-    kb_bigmem_free(arena);
-    kb_bigmem_free(ptrs);
-    return rc;
 }

@@ -1,5 +1,5 @@
 /*
- * Fuzz target: the Phase-2 replay (cl/kb_replay.c). The input drives a generator of op logs
+ * Fuzz target: the Phase-2 replay (cl/kb_replay*.c). The input drives a generator of op logs
  * over a window of memory: records of every kind with shapes, strides, dtypes, ops, in-place
  * and misaligned operands, payload sources, equal and distinct start times, cuts between
  * records and flushes part way; now and then one field of a record is replaced by raw bytes
