@@ -1,7 +1,10 @@
 /*
- * kb_runtime_int — internals shared by kb_runtime.c and kb_tl.c only. Private to the kb_host
- * target (host/private/ is not on any other target's include path): the layers above use the
- * extension interface kb_runtime_ext.h instead. The structs here may change at any time.
+ * kb_runtime_int — internals shared by the runtime's files (kb_runtime.c: the context, backend
+ * and op log; kb_runtime_host.c: host fibers; kb_runtime_tensor.c: tensors; kb_runtime_launch.c:
+ * launches) and the tl files that reach into a kernel's context (kb_tl.c, kb_tl_nn.c) only.
+ * Private to the kb_host target (host/private/ is not on any other target's include path):
+ * the layers above use the extension interface kb_runtime_ext.h instead. The structs here may
+ * change at any time.
  */
 #ifndef KB_RUNTIME_INT_H
 #define KB_RUNTIME_INT_H
@@ -172,5 +175,16 @@ struct kb_ctx {
 
 /* The host process of the running fiber, or NULL (kernel fiber / outside the run). */
 kb_hostproc *kb_ctx_hostproc(kb_ctx *ctx);
+
+/* kb_runtime.c. At a pause for a cut: marks it, and hands a pipelined backend every record so
+ * far. 0, or an error set in ctx's errbuf. */
+int kb_ctx_cut(kb_ctx *ctx);
+
+/* kb_runtime_host.c. Unhooks sp from ctx's live spawns and frees it. */
+void kb_ctx_spawn_free(kb_ctx *ctx, struct kb_spawn_st *sp);
+
+/* kb_runtime_tensor.c. Frees a tensor's shard memory and VA; the struct itself stays (the
+ * caller frees it). */
+void kb_tensor_fini(kb_tensor *t);
 
 #endif

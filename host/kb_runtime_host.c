@@ -1,0 +1,219 @@
+/*
+ * kb_runtime_host — the host side's fibers (part of the runtime, kb_runtime.h; what the
+ * runtime's files share is in host/private/kb_runtime_int.h): the host program, which
+ * kb_ctx_run_host runs in a fiber until it finishes, fails or deadlocks, pausing for op-log
+ * cuts on the way (a deadlock's report names every blocked fiber and what it waits on, then
+ * adds the registered dump); the process groups of kb_spawn, one fiber per rank; each host
+ * fiber's rank and current device. Limits: kb_spawn and kb_ctx_set_device work inside a host
+ * program only; a spawn that runs out of memory part way fails the run and never returns (its
+ * ranks already started still point at it).
+ */
+#include "kb_runtime_int.h"
+
+#include "kb_progress.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+kb_hostproc *kb_ctx_hostproc(kb_ctx *ctx)
+{
+    kb_fiber *f = kb_fiber_current(ctx->sim);
+    if (!f)
+        return NULL;
+    kb_hostproc *hp = kb_fiber_udata(f);
+    return hp && hp->tag == KB_TAG_HOST ? hp : NULL;
+}
+
+static void host_main(kb_sim *sim, void *arg)
+{
+    kb_hostproc *hp = arg;
+    (void)sim;
+    hp->rc = hp->fn(hp->ctx, hp->arg);
+    hp->finished = 1;
+    if (hp->rc)
+        kb_ctx_fail(hp->ctx, hp->rc);
+}
+
+typedef struct dl_report {
+    char *buf;
+    size_t n, len;
+    int count;
+} dl_report;
+
+static void dl_line(const kb_fiber *f, const char *what, const void *obj, void *ud)
+{
+    dl_report *r = ud;
+    (void)obj;
+    r->count++;
+    if (r->len < r->n) {
+        int w = snprintf(r->buf + r->len, r->n - r->len, "\n  %s: waits on %s", kb_fiber_name(f),
+                         what ? what : "?");
+        if (w > 0)
+            r->len += (size_t)w;
+    }
+}
+
+static int run_host(kb_ctx *ctx, kb_host_fn fn, void *arg);
+
+int kb_ctx_run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
+{
+    int prev = kb_progress_set_phase(ctx->progress, KB_PROGRESS_PHASE1);
+    int rc = run_host(ctx, fn, arg);
+    kb_progress_set_phase(ctx->progress, (kb_progress_phase)prev);
+    return rc;
+}
+
+static int run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
+{
+    kb_hostproc hp = { KB_TAG_HOST, ctx, fn, arg, 0, -1, 0, 0, NULL };
+    kb_fiber *f = kb_fiber_spawn(ctx->sim, host_main, &hp, "host");
+    int rc;
+
+    if (!f)
+        return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory spawning the host fiber");
+    kb_fiber_set_udata(f, &hp);
+    while ((rc = kb_sim_run(ctx->sim)) == KB_CTX_CUT_) {
+        if ((rc = kb_ctx_cut(ctx)) != 0) {
+            kb_ctx_fail(ctx, rc);
+            return rc;
+        }
+    }
+    if (rc == KB_ERR_DEADLOCK) {
+        /* the report grows with the machine: build it whole, keep it, summarise in err */
+        size_t cap = 4096 + 256 * (size_t)(ctx->m->nsips * ctx->m->ncubes * ctx->m->npes);
+        char *buf = malloc(cap);
+        dl_report r = { buf, cap, 0, 0 };
+        if (buf) {
+            buf[0] = 0;
+            kb_sim_foreach_blocked(ctx->sim, dl_line, &r);
+            if (ctx->dump && r.len + 1 < cap) {
+                int w = snprintf(buf + r.len, cap - r.len, "\n");
+                r.len += w > 0 ? (size_t)w : 0;
+                ctx->dump(ctx, buf + r.len, cap - r.len, ctx->dump_ud);
+            }
+            free(ctx->report);
+            ctx->report = buf;
+            kb_err_set(&ctx->err, KB_ERR_DEADLOCK, "at t=%.3f ns %d fiber(s) are blocked:%s",
+                       kb_time_to_ns(kb_sim_now(ctx->sim)), r.count, buf);
+        } else {
+            kb_err_set(&ctx->err, KB_ERR_DEADLOCK, "deadlock");
+        }
+        return rc;
+    }
+    if (rc)
+        return rc;
+    if (!hp.finished)
+        return kb_err_set(&ctx->err, KB_ERR_STATE, "host program did not finish");
+    return hp.rc;
+}
+
+typedef struct kb_spawn_st {
+    struct kb_spawn_st *next, *prev;
+    kb_ctx *ctx;
+    kb_worker_fn fn;
+    void *arg;
+    int nprocs;
+    kb_hostproc *procs;
+    kb_latch done;
+} kb_spawn_st;
+
+void kb_ctx_spawn_free(kb_ctx *ctx, kb_spawn_st *sp)
+{
+    if (sp->prev)
+        sp->prev->next = sp->next;
+    else
+        ctx->spawns = sp->next;
+    if (sp->next)
+        sp->next->prev = sp->prev;
+    free(sp->procs);
+    free(sp);
+}
+
+static void worker_main(kb_sim *sim, void *p)
+{
+    kb_hostproc *hp = p;
+    kb_spawn_st *sp = hp->group;
+    hp->rc = sp->fn(hp->ctx, hp->rank, sp->arg);
+    hp->finished = 1;
+    if (hp->rc) {
+        if (!hp->ctx->failed)
+            kb_err_prefix(&hp->ctx->err, "rank %d", hp->rank);
+        kb_ctx_fail(hp->ctx, hp->rc);
+        return;
+    }
+    kb_latch_done(sim, &sp->done);
+}
+
+int kb_spawn(kb_ctx *ctx, kb_worker_fn worker, void *arg, int nprocs)
+{
+    kb_hostproc *self = kb_ctx_hostproc(ctx);
+    kb_spawn_st *sp;
+    char name[48];
+    int rc = 0;
+
+    if (!self)
+        return kb_err_set(&ctx->err, KB_ERR_STATE, "spawn outside a host program");
+    if (nprocs < 1)
+        return kb_err_set(&ctx->err, KB_ERR_RANGE, "spawn: nprocs %d", nprocs);
+    sp = calloc(1, sizeof *sp);
+    if (!sp || !(sp->procs = calloc((size_t)nprocs, sizeof *sp->procs))) {
+        free(sp);
+        return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+    }
+    sp->ctx = ctx;
+    sp->fn = worker;
+    sp->arg = arg;
+    sp->nprocs = nprocs;
+    sp->next = ctx->spawns;
+    if (ctx->spawns)
+        ctx->spawns->prev = sp;
+    ctx->spawns = sp;
+    kb_latch_init(&sp->done, nprocs);
+    for (int r = 0; r < nprocs; r++) {
+        kb_hostproc *hp = &sp->procs[r];
+        *hp = (kb_hostproc){ KB_TAG_HOST, ctx, NULL, NULL, 0, r, 0, 0, sp };
+        snprintf(name, sizeof name, "rank%d", r);
+        kb_fiber *f = kb_fiber_spawn(ctx->sim, worker_main, hp, name);
+        if (!f) {
+            rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory spawning rank %d", r);
+            kb_ctx_fail(ctx, rc);
+            /* ranks already spawned point at sp: never return while they could run */
+            for (;;)
+                kb_fiber_block(ctx->sim, "aborted run", NULL);
+        }
+        kb_fiber_set_udata(f, hp);
+    }
+    kb_latch_wait(ctx->sim, &sp->done);
+    kb_ctx_spawn_free(ctx, sp);
+    return rc;
+}
+
+int kb_ctx_rank(kb_ctx *ctx)
+{
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    return hp ? hp->rank : -1;
+}
+
+int kb_ctx_nprocs(kb_ctx *ctx)
+{
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    return hp && hp->group ? hp->group->nprocs : 0;
+}
+
+int kb_ctx_set_device(kb_ctx *ctx, int sip)
+{
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    if (sip < 0 || sip >= ctx->m->nsips)
+        return kb_err_set(&ctx->err, KB_ERR_RANGE, "set_device(%d): the machine has SIPs 0..%d",
+                          sip, ctx->m->nsips - 1);
+    if (!hp)
+        return kb_err_set(&ctx->err, KB_ERR_STATE, "set_device outside a host program");
+    hp->device = sip;
+    return 0;
+}
+
+int kb_ctx_current_device(kb_ctx *ctx)
+{
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    return hp ? hp->device : 0;
+}

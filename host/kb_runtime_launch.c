@@ -1,0 +1,290 @@
+/*
+ * kb_runtime_launch — kernel launches and the threads kernels fork (kb_runtime.h, kb_tl.h;
+ * part of the runtime, what its files share is in host/private/kb_runtime_int.h). A launch is
+ * timed hop by hop on the command path (host -> IO_CPU -> M_CPU -> PE) with fan-out per cube,
+ * runs one fiber per PE of its grid, and aggregates the completions per cube at M_CPU and per
+ * SIP at IO_CPU before the host hears of it. Limits: a launch's bookkeeping is freed when the
+ * host fiber that waits for it resumes; a kernel or thread must join every thread it forked
+ * before it returns.
+ */
+#include "kb_runtime_int.h"
+
+#include "kb_trace.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KB_CMD_BYTES 64u
+
+kb_grid kb_grid_of(const kb_tensor *t)
+{
+    kb_grid g = { t->grid_pes, t->grid_cubes, 1, (int)t->gsip };
+    return g;
+}
+
+/* A thread forked by a kernel (tl_fork): its context first (kb_tl is line-aligned). */
+typedef struct kb_tl_thread {
+    kb_tl tl;
+    void (*fn)(kb_tl *, void *);
+    void *arg;
+    int done;
+    kb_fiber *joiner;
+    kb_tl *parent;
+    struct kb_tl_thread *next; /* the launch's threads */
+} kb_tl_thread;
+
+static void launch_free(kb_launch_st *l)
+{
+    kb_ctx *ctx = l->ctx;
+    for (kb_tl_thread *t = l->threads, *n; t; t = n) {
+        n = t->next;
+        kb_tl_fini(&t->tl);
+        free(t);
+    }
+    if (l->prev)
+        l->prev->next = l->next;
+    else
+        ctx->launches = l->next;
+    if (l->next)
+        l->next->prev = l->prev;
+    for (int i = 0; l->tls && i < l->ntl; i++)
+        kb_tl_fini(&l->tls[i]);
+    free(l->tls);
+    free(l->args);
+    free(l->cube_left);
+    free(l->cube_tmax);
+    free(l->sip_left);
+    free(l->sip_tmax);
+    free(l);
+}
+
+static void launch_done_event(kb_sim *sim, void *a, void *b)
+{
+    kb_launch_st *l = a;
+    (void)b;
+    kb_signal_fire(sim, &l->done);
+}
+
+void kb_tl_release_all(kb_tl *tl);
+
+/* Completion of one PE's kernel: aggregate per cube at M_CPU, per SIP at IO_CPU. */
+static void kernel_finished(kb_tl *tl)
+{
+    kb_launch_st *l = tl->launch;
+    kb_ctx *ctx = tl->ctx;
+    kb_machine *m = ctx->m;
+    int s = tl->pid[2], c = tl->pid[1];
+    int ci = s * l->grid.cubes + c;
+    kb_time t = kb_machine_cmd_pe_to_mcpu(m, tl->pe, kb_sim_now(ctx->sim), KB_CMD_BYTES);
+
+    if (t > l->cube_tmax[ci])
+        l->cube_tmax[ci] = t;
+    if (--l->cube_left[ci] > 0)
+        return;
+    t = kb_machine_cmd_mcpu_to_iocpu(m, tl->pe->gsip, tl->pe->cube, l->cube_tmax[ci], KB_CMD_BYTES);
+    if (t > l->sip_tmax[s])
+        l->sip_tmax[s] = t;
+    if (--l->sip_left[s] > 0)
+        return;
+    t = kb_machine_cmd_iocpu_to_host(m, tl->pe->gsip, l->sip_tmax[s], KB_CMD_BYTES);
+    if (t > l->t_done)
+        l->t_done = t;
+    if (--l->sips_left > 0)
+        return;
+    if (kb_sim_at(ctx->sim, l->t_done, launch_done_event, l, NULL) != 0)
+        kb_signal_fire(ctx->sim, &l->done);
+}
+
+static void kernel_main(kb_sim *sim, void *arg)
+{
+    kb_tl *tl = arg;
+    kb_time now = kb_sim_now(sim);
+    if (tl->start > now)
+        kb_fiber_sleep(sim, tl->start - now);
+    tl->launch->kernel(tl, &tl->launch->args[tl->pid[2]]);
+    for (kb_tl_thread *t = tl->launch->threads; t; t = t->next)
+        if (t->parent == tl && !t->done)
+            tl_fail(tl, KB_ERR_STATE, "the kernel returned before joining a thread it forked "
+                    "(tl_join)");
+    if (tl->ctx->trace_rec) {
+        /* the launch (and its name) is freed before the trace is written */
+        const char *name = kb_trace_intern(tl->ctx->trace_rec, tl->launch->name);
+        if (name)
+            kb_trace_pe(tl->ctx->trace_rec, KB_TRACE_KERNEL, tl->pe->gsip, tl->pe->cube,
+                        (int)tl->pe->pe, name, tl->start, kb_sim_now(sim), 0);
+    }
+    kb_tl_release_all(tl);
+    tl->ctx->kernels++;
+    kernel_finished(tl);
+}
+
+static void thread_main(kb_sim *sim, void *arg)
+{
+    kb_tl_thread *t = arg;
+    t->fn(&t->tl, t->arg);
+    for (kb_tl_thread *c = t->tl.launch->threads; c; c = c->next)
+        if (c->parent == &t->tl && !c->done)
+            tl_fail(&t->tl, KB_ERR_STATE, "a thread returned before joining a thread it forked "
+                    "(tl_join)");
+    kb_tl_release_all(&t->tl);
+    t->done = 1;
+    if (t->joiner)
+        kb_fiber_wake_at(sim, t->joiner, kb_sim_now(sim));
+}
+
+kb_tl *tl_fork(kb_tl *tl, void (*fn)(kb_tl *child, void *arg), void *arg)
+{
+    kb_launch_st *l = tl->launch;
+    kb_tl_thread *t = aligned_alloc(64, (sizeof *t + 63) & ~(size_t)63);
+    char fname[128];
+    if (!t)
+        tl_fail(tl, KB_ERR_NOMEM, "tl_fork: out of memory");
+    memset(t, 0, sizeof *t);
+    t->tl.tag = tl->tag;
+    t->tl.ctx = tl->ctx;
+    t->tl.pe = tl->pe;
+    t->tl.launch = l;
+    memcpy(t->tl.pid, tl->pid, sizeof t->tl.pid);
+    memcpy(t->tl.np, tl->np, sizeof t->tl.np);
+    t->tl.cpu_ovh = tl->cpu_ovh;
+    t->fn = fn;
+    t->arg = arg;
+    t->parent = tl;
+    t->next = l->threads;
+    l->threads = t;
+    kb_tl_wait_until(tl, kb_sim_now(tl->ctx->sim) + tl->cpu_ovh);
+    t->tl.start = kb_sim_now(tl->ctx->sim);
+    snprintf(fname, sizeof fname, "%s@sip%u/cube%u/pe%u+", l->name, tl->pe->gsip, tl->pe->cube,
+             tl->pe->pe);
+    kb_fiber *f = kb_fiber_spawn(tl->ctx->sim, thread_main, t, fname);
+    if (!f)
+        tl_fail(tl, KB_ERR_NOMEM, "tl_fork: out of memory spawning a thread");
+    kb_fiber_set_udata(f, &t->tl);
+    return &t->tl;
+}
+
+void tl_join(kb_tl *tl, kb_tl *child)
+{
+    kb_tl_thread *t = (kb_tl_thread *)(void *)child;
+    if (!child || child->launch != tl->launch || child == tl)
+        tl_fail(tl, KB_ERR_INVAL, "tl_join: not a thread this kernel forked");
+    if (!t->done) {
+        t->joiner = kb_fiber_current(tl->ctx->sim);
+        kb_fiber_block(tl->ctx->sim, "tl_join", t);
+    }
+}
+
+/* args: one block per SIP of the grid when stride is sizeof(kb_kargs), one shared block when 0 */
+static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *args,
+                       size_t stride, const kb_grid *grid)
+{
+    kb_machine *m = ctx->m;
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    kb_launch_st *l;
+    kb_grid g;
+    int rc = 0;
+
+    if (!hp)
+        return kb_err_set(&ctx->err, KB_ERR_STATE, "kb_launch(%s) outside a host program", name);
+    g = grid ? *grid : (kb_grid){ 0, 0, 0, -1 };
+    if (g.sip0 < 0)
+        g.sip0 = hp->device;
+    if (g.pes == 0)
+        g.pes = m->npes;
+    if (g.cubes == 0)
+        g.cubes = m->ncubes;
+    if (g.sips == 0)
+        g.sips = 1;
+    if (g.pes < 0 || g.pes > m->npes || g.cubes < 0 || g.cubes > m->ncubes || g.sips < 0 ||
+        g.sip0 + g.sips > m->nsips)
+        return kb_err_set(&ctx->err, KB_ERR_RANGE,
+                          "launch %s: grid %d PEs x %d cubes x %d SIPs from SIP %d does not fit "
+                          "the machine (%d x %d x %d)",
+                          name, g.pes, g.cubes, g.sips, g.sip0, m->npes, m->ncubes, m->nsips);
+    l = calloc(1, sizeof *l);
+    if (!l)
+        return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+    l->ctx = ctx;
+    snprintf(l->name, sizeof l->name, "%s", name);
+    l->kernel = kernel;
+    l->grid = g;
+    l->args = calloc((size_t)g.sips, sizeof *l->args);
+    for (int s = 0; l->args && args && s < g.sips; s++)
+        l->args[s] = *(const kb_kargs *)((const char *)args + (size_t)s * stride);
+    l->ntl = g.pes * g.cubes * g.sips;
+    /* kb_tl is cache-line aligned */
+    l->tls = aligned_alloc(64, (size_t)(l->ntl > 0 ? l->ntl : 1) * sizeof *l->tls);
+    if (l->tls)
+        memset(l->tls, 0, (size_t)(l->ntl > 0 ? l->ntl : 1) * sizeof *l->tls);
+    l->cube_left = calloc((size_t)(g.cubes * g.sips), sizeof *l->cube_left);
+    l->cube_tmax = calloc((size_t)(g.cubes * g.sips), sizeof *l->cube_tmax);
+    l->sip_left = calloc((size_t)g.sips, sizeof *l->sip_left);
+    l->sip_tmax = calloc((size_t)g.sips, sizeof *l->sip_tmax);
+    l->next = ctx->launches;
+    if (ctx->launches)
+        ctx->launches->prev = l;
+    ctx->launches = l;
+    if (!l->tls || !l->args || !l->cube_left || !l->cube_tmax || !l->sip_left || !l->sip_tmax) {
+        rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    kb_signal_init(&l->done);
+    l->sips_left = g.sips;
+
+    kb_time now = kb_sim_now(ctx->sim), cpu_ovh = kb_time_from_ns(m->cfg.pe_cpu_overhead_ns);
+    int k = 0;
+    for (int s = 0; s < g.sips; s++) {
+        unsigned gsip = (unsigned)(g.sip0 + s);
+        kb_time t_io = kb_machine_cmd_host_to_iocpu(m, gsip, now, KB_CMD_BYTES);
+        l->sip_left[s] = g.cubes;
+        for (int c = 0; c < g.cubes; c++) {
+            kb_time t_m = kb_machine_cmd_iocpu_to_mcpu(m, gsip, (unsigned)c, t_io, KB_CMD_BYTES);
+            l->cube_left[s * g.cubes + c] = g.pes;
+            for (int p = 0; p < g.pes; p++, k++) {
+                kb_tl *tl = &l->tls[k];
+                char fname[128];
+                tl->tag = KB_TAG_KERNEL;
+                tl->ctx = ctx;
+                tl->pe = kb_machine_pe(m, gsip, (unsigned)c, (unsigned)p);
+                tl->launch = l;
+                tl->pid[0] = p;
+                tl->pid[1] = c;
+                tl->pid[2] = s;
+                tl->np[0] = g.pes;
+                tl->np[1] = g.cubes;
+                tl->np[2] = g.sips;
+                tl->cpu_ovh = cpu_ovh;
+                tl->start = kb_machine_cmd_mcpu_to_pe(m, tl->pe, t_m, KB_CMD_BYTES);
+                snprintf(fname, sizeof fname, "%s@sip%u/cube%d/pe%d", l->name, gsip, c, p);
+                kb_fiber *f = kb_fiber_spawn(ctx->sim, kernel_main, tl, fname);
+                if (!f) {
+                    /* fibers already spawned reference l: stop the run; ctx frees l */
+                    rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory spawning kernel fibers");
+                    kb_ctx_fail(ctx, rc);
+                    kb_fiber_block(ctx->sim, "aborted run", NULL);
+                    return rc;
+                }
+                kb_fiber_set_udata(f, tl);
+            }
+        }
+    }
+    kb_signal_wait(ctx->sim, &l->done);
+    launch_free(l);
+    return 0;
+fail:
+    launch_free(l);
+    return rc;
+}
+
+int kb_launch(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *a,
+              const kb_grid *grid)
+{
+    return launch_impl(ctx, name, kernel, a, 0, grid);
+}
+
+int kb_launch_per_sip(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *args,
+                      const kb_grid *grid)
+{
+    return launch_impl(ctx, name, kernel, args, sizeof(kb_kargs), grid);
+}
