@@ -339,7 +339,7 @@ int kb_ctx_record_as(kb_ctx *ctx, kb_rec *r, const char *name)
     if (ctx->trace_rec) {
         const kb_pe_hw *pe = r->pe == UINT32_MAX ? NULL : ctx->m->pe_by_gid[r->pe];
         unsigned gsip = pe ? pe->gsip : kb_pa_gsip(r->dst.addr);
-        /* IPCQ names its copies "ipcq send E", "ipcq recv W" ... (kb_ipcq.c) */
+        /* IPCQ names its copies "ipcq send E", "ipcq recv W" ... (kb_ipcq_send.c, _recv.c) */
         kb_trace_cat cat = r->kind == KB_REC_COPY && name && !strncmp(name, "ipcq", 4)
                                ? KB_TRACE_IPCQ
                            : r->kind == KB_REC_COPY || r->kind == KB_REC_FILL ||

@@ -1,0 +1,187 @@
+/*
+ * kb_ipcq_send — the IPCQ's send path (part of the IPCQ, protocol in kb_ipcq.h; shared names in
+ * kb_ipcq_int.h): tl_send and tl_send_async. A send waits for a credit while the window is
+ * full (with backpressure), DMAs each chunk into the next slot of the peer's ring, records it
+ * when records are wanted, and schedules its meta token's arrival at the receiver
+ * (kb_ipcq_meta_arrive, kb_ipcq_recv.c) for when the DMA ends, no earlier than the queue's
+ * previous token; the sender's own resume after the last chunk shares that event. Limits: the
+ * value must be contiguous; a chunk holds as many whole elements as one slot.
+ */
+#include "kb_ipcq_int.h"
+
+#include <assert.h>
+
+/* Op names of records and blocked fibers (static strings: records keep the pointer); every
+ * peer direction shares the last one (the record's PE and addresses tell the peer). */
+static const char *const send_names[KB_NDIRS + 1] = {
+    "ipcq send E", "ipcq send W", "ipcq send N", "ipcq send S", "ipcq send global_E",
+    "ipcq send global_W", "ipcq send global_N", "ipcq send global_S", "ipcq send parent",
+    "ipcq send child_left", "ipcq send child_right", "ipcq send peer",
+};
+static const char *const send_wait_names[KB_NDIRS + 1] = {
+    "ipcq credit E", "ipcq credit W", "ipcq credit N", "ipcq credit S", "ipcq credit global_E",
+    "ipcq credit global_W", "ipcq credit global_N", "ipcq credit global_S", "ipcq credit parent",
+    "ipcq credit child_left", "ipcq credit child_right", "ipcq credit peer",
+};
+
+static msg *msg_get(ipcq_sys *sys)
+{
+    if (!sys->free_msgs) {
+        msg *m = kb_ipcq_pool_chunk(sys, sizeof *m, KB_IPCQ_POOL_CHUNK);
+        if (!m)
+            return NULL;
+        for (int i = 0; i < KB_IPCQ_POOL_CHUNK; i++) {
+            m[i].next = sys->free_msgs;
+            sys->free_msgs = &m[i];
+        }
+    }
+    msg *m = sys->free_msgs;
+    sys->free_msgs = m->next;
+    return m;
+}
+
+/* The records of a send and of a receive's copy-out (out of line: their descriptors would
+ * otherwise sit in the hot frames). */
+static KB_NOINLINE int record_send(kb_ctx *ctx, kb_tl *tl, kb_pa dst, const kb_val *v,
+                                   kb_time t_start, kb_time t_end, const char *name)
+{
+    copy_desc c = { kb_opnd_make(dst, v->rows, v->cols, (kb_dtype)v->dtype),
+                    kb_opnd_make(v->pa, v->rows, v->cols, (kb_dtype)v->dtype), t_start, t_end };
+    return kb_ipcq_record_copy(ctx, tl_pe(tl)->gid, &c, name);
+}
+
+/* Why a send's DMA failed (the route was refused: recomputed with a message). */
+static KB_COLD void send_route_fail(kb_tl *tl, kb_dir dir, kb_pa src, kb_pa dst)
+{
+    char op[16 + KB_DIR_LABEL_LEN];
+    snprintf(op, sizeof op, "tl_send %s", DIRL(dir));
+    kb_tl_dma_fail(tl, src, dst, op);
+}
+
+/* Blocks the sender until the queue pair has a free slot (with backpressure). */
+static KB_ALWAYS_INLINE void wait_credit(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir)
+{
+    kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
+    credits_take(q, kb_sim_now(sim));
+    while (sys->cfg.backpressure && q->my_head - q->peer_tail_cache >= (uint64_t)q->n_slots) {
+        if (q->cr_n) { /* a credit is on its way: wait for it */
+            kb_tl_wait_until(tl, q->cr_t[q->cr_head]);
+        } else {
+            q->cr_waiter = kb_fiber_current(sim);
+            kb_fiber_block(sim, send_wait_names[name_ix(dir)], q);
+        }
+        credits_take(q, kb_sim_now(sim));
+    }
+    assert(!sys->cfg.backpressure || q->my_head - q->peer_tail_cache < q->n_slots);
+}
+
+/*
+ * One chunk of a send: DMA `len` elements of v from element `off` into the next slot of the
+ * peer's ring, issued at t_issue; its token reaches the receiver when the DMA ends. `last`:
+ * the sender resumes then too (one queue entry for both). Returns the DMA's end.
+ */
+static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir,
+                                           const kb_val *v, uint64_t off, uint64_t len,
+                                           int whole, kb_time t_issue, int last)
+{
+    kb_ctx *ctx = tl_ctx(tl);
+    size_t es = kb_dtype_size((kb_dtype)v->dtype);
+    uint64_t nbytes = len * es;
+    kb_pa src = v->pa + off * es;
+    kb_time t_start, t_end;
+    kb_pa dst = q->peer_rx_base + (q->my_head % (uint64_t)q->n_slots) * q->slot_size;
+    uint64_t seq = q->my_head++;
+    if (kb_machine_dma(kb_ctx_machine(ctx), tl_pe(tl), src, dst, nbytes, t_issue, &t_start,
+                       &t_end, NULL) != 0)
+        send_route_fail(tl, dir, src, dst);
+    /* the token (and the sender, after the last chunk) goes no earlier than the one before */
+    kb_time t_tok = t_end > q->tok_last ? t_end : q->tok_last;
+    q->tok_last = t_tok;
+    if (kb_ctx_records(ctx)) {
+        /* a chunk of a longer message is a flat run of elements of the contiguous value */
+        kb_val part = *v;
+        part.pa = src;
+        if (!whole) {
+            part.rows = 1;
+            part.cols = (uint32_t)len;
+        }
+        if (record_send(ctx, tl, dst, &part, t_start, t_end, send_names[name_ix(dir)]) != 0)
+            tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
+    }
+    msg *m = msg_get(sys);
+    if (!m)
+        tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+    if (!q->tok_q)
+        tl_fail(tl, KB_ERR_STATE, "tl_send %s: the peer has no ring at the destination",
+                DIRL(dir));
+    m->to = q->tok_q;
+    m->addr = dst;
+    m->seq = seq;
+    m->nbytes = nbytes;
+    sys->sends++;
+    sys->dir_bytes[name_ix(dir)] += nbytes;
+    trace(ctx, "send", tl_pe(tl), dir, nbytes, seq);
+    if (last && t_tok > kb_sim_now(kb_ctx_sim(ctx))) {
+        /* the token arrives when the DMA ends, which is also when the sender goes on: one
+         * queue entry for both (kb_fiber_sleep_then keeps their order) */
+        if (kb_fiber_sleep_then(kb_ctx_sim(ctx), t_tok, kb_ipcq_meta_arrive, m, NULL) != 0)
+            tl_fail(tl, KB_ERR_STATE, "tl_send: cannot wait for the DMA");
+    } else if (kb_sim_at(kb_ctx_sim(ctx), t_tok, kb_ipcq_meta_arrive, m, NULL) != 0) {
+        tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+    }
+    return t_tok;
+}
+
+/*
+ * A message longer than a slot travels as slot-sized chunks through the credit window: the
+ * IPCQ engine issues a chunk as soon as a slot is free (the first one after the call's issue
+ * cost), so with n_slots > 1 chunk k+1 is in flight while the receiver copies out chunk k.
+ * Returns when the last chunk's DMA has ended (the value may then be reused), or, `async`,
+ * once the last chunk is issued, with the time its token lands.
+ */
+static kb_time send_msg(kb_tl *tl, kb_dir dir, kb_val v, int async, const char *op)
+{
+    qp *q = wired_qp(tl, dir, op);
+    ipcq_sys *sys = sys_of(tl_ctx(tl)); /* not through q or the pe_state: other lines */
+    kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
+    uint64_t n = (uint64_t)v.rows * v.cols;
+    kb_time t_issue = 0, t_last = 0;
+
+    if (!kb_val_contiguous(v))
+        tl_fail(tl, KB_ERR_INVAL, "%s %s: the value is a strided view (row stride %u, %u "
+                "columns); tl_copy it into a contiguous value first", op, DIRL(dir), v.ld,
+                v.cols);
+    sys->msgs++;
+    if (n * kb_dtype_size((kb_dtype)v.dtype) <= q->slot_size) { /* the protocol as it was */
+        wait_credit(tl, q, sys, dir);
+        t_issue = kb_sim_now(sim) + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
+        if (!async)
+            return send_chunk(tl, q, sys, dir, &v, 0, n, 1, t_issue, 1);
+        t_last = send_chunk(tl, q, sys, dir, &v, 0, n, 1, t_issue, 0);
+        kb_tl_wait_until(tl, t_issue);
+        return t_last;
+    }
+    uint64_t per = chunk_elems(q->slot_size, (kb_dtype)v.dtype);
+    for (uint64_t off = 0; off < n; off += per) {
+        uint64_t len = n - off < per ? n - off : per;
+        wait_credit(tl, q, sys, dir);
+        kb_time now = kb_sim_now(sim);
+        if (off == 0)
+            t_issue = now + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
+        else if (now > t_issue)
+            t_issue = now;
+        t_last = send_chunk(tl, q, sys, dir, &v, off, len, 0, t_issue, 0);
+    }
+    kb_tl_wait_until(tl, async ? t_issue : t_last);
+    return t_last;
+}
+
+void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
+{
+    (void)send_msg(tl, dir, v, 0, "tl_send");
+}
+
+int64_t tl_send_async(kb_tl *tl, kb_dir dir, kb_val v)
+{
+    return send_msg(tl, dir, v, 1, "tl_send_async");
+}
