@@ -85,6 +85,50 @@ static int run_plan(kb_backend *be, const kb_plan *plan, uint8_t *arena, const u
     return rc;
 }
 
+/* Writes the segments the replay wrote back into the store: all of them, or none when the
+ * store cannot hold their pages (the message says how much it needed). */
+static int write_back(kb_memstore *ms, const kb_plan *plan, const uint8_t *arena, kb_errbuf *eb)
+{
+    int rc;
+
+    if ((rc = reserve_pages(ms, plan)) != 0) {
+        unsigned long long written = 0;
+        for (size_t i = 0; i < plan->nsegs; i++)
+            written += plan->segs[i].written ? plan->segs[i].len : 0;
+        kb_err_nomem(eb, written, "replay: the memory store's pages for the data the "
+                     "replay wrote (%zu pages of %d bytes held already)",
+                     kb_memstore_pages(ms), (int)KB_MEMSTORE_PAGE_BYTES);
+        return rc;
+    }
+    for (size_t i = 0; i < plan->nsegs; i++) {
+        const kb_segment *sg = &plan->segs[i];
+        if (sg->written) {
+            rc = kb_memstore_write(ms, sg->pa, arena + sg->arena_off, (size_t)sg->len);
+            assert(rc == 0); /* every page exists after reserve_pages */
+        }
+    }
+    return 0;
+}
+
+/* Adds a flush of n records begun at t0 (now_ms) to st; its launches are what a backend
+ * issues, one per launch group of each batch. */
+static void add_stats(kb_replay_stats *st, const kb_plan *plan, size_t n, double t0)
+{
+    uint64_t launches = 0;
+    for (size_t b = 0; b < plan->nbatches; b++) {
+        const kb_batch *bt = &plan->batches[b];
+        for (size_t i = 0; i < bt->count; i++)
+            if (i == 0 || kb_rec_launch_group(plan->recs[bt->first + i].kind) !=
+                              kb_rec_launch_group(plan->recs[bt->first + i - 1].kind))
+                launches++;
+    }
+    st->records += n;
+    st->batches += plan->nbatches;
+    st->launches += launches;
+    st->flushes++;
+    st->ms += now_ms() - t0;
+}
+
 int kb_replay_flush(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay_stats *st,
                     kb_errbuf *eb)
 {
@@ -170,40 +214,13 @@ int kb_replay_flush_pg(kb_oplog *log, kb_memstore *ms, kb_backend *be, kb_replay
         if ((rc = run_plan(be, &plan, arena, payload, payload_bytes, pg, eb)) != 0)
             goto out;
 
-        if ((rc = reserve_pages(ms, &plan)) != 0) {
-            unsigned long long written = 0;
-            for (size_t i = 0; i < plan.nsegs; i++)
-                written += plan.segs[i].written ? plan.segs[i].len : 0;
-            kb_err_nomem(eb, written, "replay: the memory store's pages for the data the "
-                         "replay wrote (%zu pages of %d bytes held already)",
-                         kb_memstore_pages(ms), (int)KB_MEMSTORE_PAGE_BYTES);
+        if ((rc = write_back(ms, &plan, arena, eb)) != 0)
             goto out;
-        }
-        for (size_t i = 0; i < plan.nsegs; i++) {
-            const kb_segment *sg = &plan.segs[i];
-            if (sg->written) {
-                rc = kb_memstore_write(ms, sg->pa, arena + sg->arena_off, (size_t)sg->len);
-                assert(rc == 0); /* every page exists after reserve_pages */
-            }
-        }
     }
     kb_oplog_set_replayed(log, count);
 
-    if (st) {
-        uint64_t launches = 0;
-        for (size_t b = 0; b < plan.nbatches; b++) {
-            const kb_batch *bt = &plan.batches[b];
-            for (size_t i = 0; i < bt->count; i++)
-                if (i == 0 || kb_rec_launch_group(plan.recs[bt->first + i].kind) !=
-                                  kb_rec_launch_group(plan.recs[bt->first + i - 1].kind))
-                    launches++;
-        }
-        st->records += n;
-        st->batches += plan.nbatches;
-        st->launches += launches;
-        st->flushes++;
-        st->ms += now_ms() - t0;
-    }
+    if (st)
+        add_stats(st, &plan, n, t0);
     rc = 0;
 out:
     kb_plan_free(&plan);
