@@ -24,7 +24,8 @@ for f in bin/kbcl lib/libkb_sched.a lib/libkb_tp.a lib/libkb_app.a include/kbcl/
          lib/cmake/kbcl/kbclConfig.cmake lib/pkgconfig/kbcl.pc share/kbcl/configs/ccl.yaml; do
     [[ -e $prefix/$f ]] || { echo "install: $prefix/$f is missing" >&2; exit 1; }
 done
-if [[ -e $prefix/include/kbcl/kb_runtime_int.h || -e $prefix/include/kbcl/kb_cli.h ]]; then
+# private headers: the runtime's, the CLI's and every split module's internal *_int.h
+if [[ -e $prefix/include/kbcl/kb_cli.h ]] || compgen -G "$prefix/include/kbcl/*_int.h" >/dev/null; then
     echo "install: a private header was installed" >&2
     exit 1
 fi
