@@ -196,9 +196,6 @@ int kb_tensor_zeros(kb_ctx *ctx, const kb_tensor_desc *d, kb_tensor **out);
 /* Allocates and copies `data` (rows*cols f32 values, logical row-major) in, rounding once. */
 int kb_tensor_from_host(kb_ctx *ctx, const kb_tensor_desc *d, const float *data, kb_tensor **out);
 
-/* Host -> device write of the logical row-major f32 buffer (scattered to every shard). */
-int kb_tensor_copy_from(kb_tensor *t, const float *data);
-
 /*
  * The values of a host write, produced on demand. Element (r, c) of the tensor is element
  * (row0 + r, col0 + c) of the source, which is either a generator, fn(ud, row, col, rows, cols,

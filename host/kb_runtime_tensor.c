@@ -371,12 +371,6 @@ int kb_tensor_copy_from_fill(kb_tensor *t, const kb_fill *src)
     return host_write(t, src);
 }
 
-int kb_tensor_copy_from(kb_tensor *t, const float *data)
-{
-    kb_fill f = kb_fill_array(data, 0);
-    return host_write(t, data ? &f : NULL);
-}
-
 /* Shard i is the first shard holding its block (replicas after the first are skipped). */
 static int first_replica(const kb_tensor *t, size_t i)
 {
