@@ -10,6 +10,7 @@
  */
 #include "kb_decoder_int.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +50,10 @@ static int launch_timed(kb_ctx *ctx, kb_decoder *dec, phase *ph, const char *nam
         return rc;
     kb_time dt = kb_sim_now(kb_ctx_sim(ctx)) - ph->t0, cmax = 0;
     snap(ctx, now_busy, &gemm1);
+    /* a resource's busy time only grows: the difference is this launch's share */
+    assert(gemm1 >= ph->gemm0);
+    for (int i = 0; i < S; i++)
+        assert(now_busy[i] >= ph->busy0[i]);
     for (int i = 0; i < S; i++)
         if (now_busy[i] - ph->busy0[i] > cmax)
             cmax = now_busy[i] - ph->busy0[i];
@@ -78,6 +83,7 @@ double kb_decoder_gemm_closed_ns(const kb_topo_cfg *c, kb_qfmt fmt, int sparse, 
     uint64_t tm = (uint64_t)c->sched_tile_m, tn = (uint64_t)c->sched_tile_n,
              tk = (uint64_t)c->sched_tile_k;
     double t = 0;
+    assert(tm > 0 && tn > 0 && tk > 0); /* the schema's ranges: tiles of at least one */
     for (uint64_t m0 = 0; m0 < m; m0 += tm)
         for (uint64_t n0 = 0; n0 < n; n0 += tn)
             for (uint64_t k0 = 0; k0 < k; k0 += tk)
@@ -94,6 +100,7 @@ static double proj_closed(kb_ctx *ctx, const kb_decoder *dec)
     kb_qfmt f = dec->o.fmt;
     int sp = dec->o.sparse;
     double t = 0;
+    assert(pl->tb > 0); /* kb_decoder_plan_make picks row blocks of at least one row */
     for (int64_t r0 = 0; r0 < pl->T; r0 += pl->tb) {
         uint64_t n = (uint64_t)(pl->T - r0 < pl->tb ? pl->T - r0 : pl->tb);
         t += pl->qkv.n * kb_decoder_gemm_closed_ns(c, f, sp, n, (uint64_t)pl->c, (uint64_t)pl->d);
