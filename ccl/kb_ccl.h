@@ -108,7 +108,8 @@ int kb_topo_reverse(const int nbr_of_peer[KB_NDIRS], int r, kb_dir d);
 int kb_topo_reverse_n(const int *nbr_of_peer, int ndirs, int r, kb_dir d);
 
 /*
- * The double binary tree (NCCL's ncclGetDtree; topology double_binary_tree, ccl/kb_ccl_dbtree.c).
+ * The double binary tree (NCCL's ncclGetDtree; topology double_binary_tree; built in
+ * ccl/kb_ccl.c, its all-reduce kernel in ccl/kb_ccl_dbtree.c).
  * Tree 0 is the in-order binary tree over positions p = 0 .. ws-1 (rank r at p = r): with
  * q = p + 1 and b its lowest set bit, q's children are q - b/2 and the first of q + b/2,
  * q + b/4, ... that is <= ws, its parent (q ^ b) | 2b, or q ^ b when that is past ws; the

@@ -1,6 +1,7 @@
 /*
- * kb_ccl_dbtree — NCCL's double binary tree all-reduce as a rank = PE kernel, its tree
- * builder (the topology double_binary_tree, kb_ccl.h) and its registry entry.
+ * kb_ccl_dbtree — NCCL's double binary tree all-reduce as a rank = PE kernel and its
+ * registry entry. The trees themselves (kb_ccl_dbtree_node_of) are built in kb_ccl.c with the
+ * topology double_binary_tree they define, so this kernel depends on kb_ccl.c, not back.
  *
  * Two binary trees span the ws ranks (kb_ccl_dbtree_node_of): tree 0 in order over the
  * ranks, tree 1 its mirror (even ws) or its shift by one (odd ws), so a rank is interior in
@@ -41,74 +42,6 @@
 #include <assert.h>
 
 #include "kb_ccl.h"
-
-/* ---- the trees ---- */
-
-/* Node q (1 .. m) of the in-order tree over m positions: parent (0 = q is the root) and
- * children (0 = none), as NCCL's ncclGetBtree without its extra root 0. */
-static void inorder(int64_t m, int64_t q, int64_t *up, int64_t ch[2])
-{
-    int64_t b = q & -q, low = b >> 1;
-
-    *up = (q ^ b) | (b << 1);
-    if (*up > m)
-        *up = q ^ b;
-    ch[0] = low ? q - low : 0;
-    ch[1] = 0;
-    for (; low; low >>= 1)
-        if (q + low <= m) {
-            ch[1] = q + low;
-            break;
-        }
-}
-
-/* Rank <-> position of tree t: tree 1 mirrors an even world and shifts an odd one by one. */
-static int64_t pos_of(int64_t ws, int t, int64_t r)
-{
-    return t == 0 ? r : ws % 2 == 0 ? ws - 1 - r : (r - 1 + ws) % ws;
-}
-
-static int64_t rank_of(int64_t ws, int t, int64_t p)
-{
-    return t == 0 ? p : ws % 2 == 0 ? ws - 1 - p : (p + 1) % ws;
-}
-
-void kb_ccl_dbtree_node_of(int ws, int tree, int rank, kb_ccl_dbtree_node *out)
-{
-    int64_t m = ws, q = pos_of(ws, tree, rank) + 1, up, ch[2], pch[2], pup;
-
-    assert(ws >= 1 && (tree == 0 || tree == 1) && rank >= 0 && rank < ws);
-    inorder(m, q, &up, ch);
-    out->parent = up ? (int)rank_of(ws, tree, up - 1) : -1;
-    for (int c = 0; c < 2; c++)
-        out->child[c] = ch[c] ? (int)rank_of(ws, tree, ch[c] - 1) : -1;
-    out->side = -1;
-    if (up) {
-        inorder(m, up, &pup, pch);
-        out->side = pch[0] == q ? 0 : 1;
-    }
-    out->depth = 0;
-    for (int64_t x = up; x; x = pup) {
-        inorder(m, x, &pup, pch);
-        out->depth++;
-    }
-    assert(out->child[1] < 0 || out->child[0] >= 0); /* child 1 only beside a child 0 */
-}
-
-kb_dir kb_ccl_dbtree_up_dir(int tree, int side)
-{
-    static const kb_dir up[2][2] = { { KB_DIR_N, KB_DIR_E },
-                                     { KB_DIR_GLOBAL_N, KB_DIR_GLOBAL_E } };
-    return up[tree != 0][side != 0];
-}
-
-kb_dir kb_ccl_dbtree_down_dir(int tree, int c)
-{
-    /* the opposites of the up directions: a child on side c hears its parent there */
-    static const kb_dir down[2][2] = { { KB_DIR_S, KB_DIR_W },
-                                       { KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_W } };
-    return down[tree != 0][c != 0];
-}
 
 /* ---- the kernel ---- */
 
