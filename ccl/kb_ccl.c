@@ -1,5 +1,5 @@
 /*
- * kb_ccl — topologies, reverse pairing, the legacy rank = PE layout and install plans
+ * kb_ccl — topologies, reverse pairing, the rank = PE layout and install plans
  * (kb_ccl.h). Topology tables are computed per rank on demand (O(1) each), so a plan for
  * thousands of ranks needs no big tables. Limits: mesh topologies need a square world.
  */

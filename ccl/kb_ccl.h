@@ -25,7 +25,7 @@
  * opposite of peer direction k of a table with np peer directions is peer direction np-1-k
  * (full_mesh: offset o comes back on offset ws - o).
  *
- * Rank = PE ("legacy", a ccl.yaml world_size): rank r runs on global PE r, i.e. ranks fill the
+ * Rank = PE (a ccl.yaml world_size > 0; the older of the two models): rank r runs on global PE r, i.e. ranks fill the
  * PEs of cube 0 of SIP 0 first, then cube 1, ..., then SIP 1.
  */
 #ifndef KB_CCL_H
@@ -138,13 +138,14 @@ extern const char *const kb_topo_names[];
 /* Index of a topology in kb_topo_names, -1 when unknown. */
 int kb_topo_find(const char *name);
 
-/* Which PEs take part: the grid of a legacy (rank = PE) world of ws ranks. */
+/* Which PEs take part: the grid of a rank = PE world of ws ranks. */
 typedef struct kb_ccl_layout {
     int ws;
     int sips, cubes, pes;     /* grid: PEs [0,pes) of cubes [0,cubes) of SIPs [0,sips) */
     int ranks_per_sip;
     int root;                 /* the collective's root rank (broadcast, reduce); 0 otherwise */
 } kb_ccl_layout;
+/* The rank = PE layout; "legacy" in its name is the installed API's spelling, kept. */
 int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb);
 /*
  * The same mapping (rank r on global PE r) for any ws from 1 to every PE: a world that spans
@@ -335,7 +336,7 @@ extern const kb_ccl_algo_impl kb_ccl_algo_dbtree_allreduce;
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
 
 /*
- * Kernel arguments of every algorithm (legacy rank = PE): ptr[0] = the SIP's tile tensor
+ * Kernel arguments of every rank = PE algorithm: ptr[0] = the SIP's tile tensor
  * (one n-element f16 tile per rank, rank-local order), i[0] = n elements per tile,
  * i[1] = world size, i[2] = PEs per cube, i[3] = cubes per SIP used, i[4] = SIPs used.
  */

@@ -2,7 +2,7 @@
  * kb_ccl_algos — the collective algorithms as kernels over the tl + IPCQ API, and their
  * registry entries (kb_ccl.h). Every rank's tile is n f16 elements; partial sums travel in f32
  * (exact for kb_ccl_inputs' data) and are rounded once when stored. All algorithms run in
- * the legacy rank = PE world (kb_ccl_layout_legacy); hierarchical_allreduce also serves the
+ * the rank = PE world (kb_ccl_layout_legacy); hierarchical_allreduce also serves the
  * rank = SIP process group (its kb_dist_algo entry is at the end of this file).
  *
  *  hello_send             each rank sends its tile E and keeps what arrives from W

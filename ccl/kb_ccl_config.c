@@ -353,7 +353,7 @@ int kb_ccl_config_validate(const kb_ccl_cfg *c, const kb_topo_cfg *t, kb_errbuf 
     }
     /*
      * The selected algorithm must exist once any are defined (with none, a caller runs a
-     * built-in bench), and its world must fit the machine: legacy rank = PE at most.
+     * built-in bench), and its world must fit the machine: a rank = PE world at most.
      */
     sel = kb_ccl_config_find(c, c->defaults.algorithm);
     if (c->nalgos > 0 && !sel)

@@ -39,7 +39,7 @@ typedef struct kb_ccl_params {
     int posted_sends;                  /* bool: streamed kernels post their sends */
     int n_slots;                       /* >= 1 */
     uint64_t slot_size;                /* bytes, >= 16 */
-    int world_size;                    /* 0 = derive (SIP count); > 0 = legacy rank = PE */
+    int world_size;                    /* 0 = derive (SIP count); > 0 = rank = PE */
     int64_t n_elem;                    /* elements per rank tile, 0 = bench default */
     int channels;                      /* rank = SIP lanes: PEs per SIP that carry the
                                         * collective (NCCL's channels); 0 = every PE */
