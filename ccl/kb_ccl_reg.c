@@ -1,11 +1,35 @@
 /*
  * kb_ccl_reg — the run-time registry of collective algorithms (kb_ccl_reg.h): two arrays of
- * borrowed entry pointers, their checks and the lookups that put the built-in tables first.
+ * borrowed entry pointers, their checks and the lookups that put the built-in tables first;
+ * and the built-in table of rank = SIP algorithms (kb_dist_algo_at / kb_dist_algo_find,
+ * kb_dist_algo.h). The table lives here, below the process group (kb_dist.c) that looks
+ * modules up through the registry, so neither file calls back into the other.
  */
 #include "kb_ccl_reg.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+/* The rank = SIP algorithms, in the order error messages and `kbcl list` name them. */
+static const kb_dist_algo *const sip_algos[] = {
+    &kb_dist_algo_intercube,
+    &kb_dist_algo_hierarchical,
+};
+
+const kb_dist_algo *kb_dist_algo_at(int i)
+{
+    if (i < 0 || (size_t)i >= sizeof sip_algos / sizeof sip_algos[0])
+        return NULL;
+    return sip_algos[i];
+}
+
+const kb_dist_algo *kb_dist_algo_find(const char *module)
+{
+    for (int i = 0; kb_dist_algo_at(i); i++)
+        if (!strcmp(sip_algos[i]->module, module))
+            return sip_algos[i];
+    return NULL;
+}
 
 struct kb_ccl_reg {
     const kb_ccl_algo_impl *algos[KB_CCL_REG_MAX]; /* borrowed */

@@ -1,9 +1,9 @@
 /*
- * kb_dist — process group, epoch barriers and the rank = SIP collectives (kb_dist.h), and the
- * table of rank = SIP algorithms (kb_dist_algo.h). The process group names no algorithm: it
+ * kb_dist — process group, epoch barriers and the rank = SIP collectives (kb_dist.h). The
+ * table of rank = SIP algorithms (kb_dist_algo.h) is kb_ccl_reg.c's. The process group names no algorithm: it
  * finds the module's entry in the table and calls its install plan, layout, validator,
  * argument builder and grid. A new rank = SIP collective = its own file + one line in
- * sip_algos[] below + its test + its ccl.yaml entry. all_gather, reduce_scatter, broadcast and
+ * sip_algos[] (kb_ccl_reg.c) + its test + its ccl.yaml entry. all_gather, reduce_scatter, broadcast and
  * reduce and all_to_all launch the kernels of kb_dist_coll.c over the entry's wiring (for a
  * wiring they do not know, all_gather and reduce_scatter are built on the entry's
  * all_reduce). send / recv meet outside the epochs, in a list of waiting halves keyed by
@@ -28,27 +28,6 @@ enum { EP_INIT = 1, EP_ALLREDUCE, EP_BARRIER, EP_ALLGATHER, EP_REDUCESCATTER, EP
 static const char *const ep_names[] = { "", "init_process_group", "all_reduce", "barrier",
                                         "all_gather", "reduce_scatter", "broadcast", "reduce",
                                         "all_to_all" };
-
-/* The rank = SIP algorithms, in the order error messages and `kbcl list` name them. */
-static const kb_dist_algo *const sip_algos[] = {
-    &kb_dist_algo_intercube,
-    &kb_dist_algo_hierarchical,
-};
-
-const kb_dist_algo *kb_dist_algo_at(int i)
-{
-    if (i < 0 || (size_t)i >= sizeof sip_algos / sizeof sip_algos[0])
-        return NULL;
-    return sip_algos[i];
-}
-
-const kb_dist_algo *kb_dist_algo_find(const char *module)
-{
-    for (int i = 0; kb_dist_algo_at(i); i++)
-        if (!strcmp(sip_algos[i]->module, module))
-            return sip_algos[i];
-    return NULL;
-}
 
 typedef struct epoch {
     int id, kind, arrived, users;
@@ -385,32 +364,6 @@ static int need_init(kb_ctx *ctx, dist *d, const char *what)
 {
     if (!d || !d->initialised)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "%s before init_process_group", what);
-    return 0;
-}
-
-int kb_dist_check_sip_local(kb_ctx *ctx, kb_tensor *const *t, int ws, int shards,
-                            const char *what, const char *layout,
-                            int (*shard_ok)(const kb_shard_spec *sh))
-{
-    kb_errbuf *eb = kb_ctx_err(ctx);
-    for (int r = 0; r < ws; r++) {
-        if (!t[r])
-            return kb_err_set(eb, KB_ERR_INVAL, "%s: rank %d passed no tensor", what, r);
-        if (kb_tensor_sip(t[r]) != (unsigned)r)
-            return kb_err_set(eb, KB_ERR_STATE, "%s: validator multi_pe_sip_local: rank %d's "
-                              "tensor '%s' lives on SIP %u (call set_device(rank) first)", what,
-                              r, kb_tensor_name(t[r]), kb_tensor_sip(t[r]));
-        if ((int)kb_tensor_nshards(t[r]) != shards || kb_tensor_rows(t[r]) != kb_tensor_rows(t[0]) || kb_tensor_cols(t[r]) != kb_tensor_cols(t[0]) ||
-            kb_tensor_dtype(t[r]) != kb_tensor_dtype(t[0]))
-            return kb_err_set(eb, KB_ERR_STATE, "%s: validator multi_pe_sip_local: rank %d's "
-                              "tensor '%s' must be split into %d equal shards (%s) like rank 0's",
-                              what, r, kb_tensor_name(t[r]), shards, layout);
-        for (size_t i = 0; i < kb_tensor_nshards(t[r]); i++)
-            if (kb_tensor_shard(t[r], i)->nbytes != kb_tensor_shard(t[r], 0)->nbytes ||
-                (shard_ok && !shard_ok(kb_tensor_shard(t[r], i))))
-                return kb_err_set(eb, KB_ERR_STATE, "%s: validator multi_pe_sip_local: uneven "
-                                  "or misplaced shard %zu of rank %d", what, i, r);
-    }
     return 0;
 }
 

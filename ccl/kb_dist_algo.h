@@ -49,7 +49,7 @@ typedef struct kb_dist_algo {
 } kb_dist_algo;
 
 /* Table lookup by module name; NULL when the module has no built-in rank = SIP form (the
- * algorithms plugins add are found through kb_ccl_reg_find_dist). */
+ * algorithms plugins add are found through kb_ccl_reg_find_dist). The table: kb_ccl_reg.c. */
 const kb_dist_algo *kb_dist_algo_find(const char *module);
 const kb_dist_algo *kb_dist_algo_at(int i); /* NULL past the end */
 
@@ -61,7 +61,7 @@ const kb_dist_algo *kb_dist_algo_of(kb_ctx *ctx);
  * Validator multi_pe_sip_local, shared by the entries: every rank passed a tensor that lives
  * on its own SIP, has `shards` equal shards and rank 0's shape and dtype; shard_ok (NULL =
  * anywhere) accepts each shard's place. `layout` says in the message how the rows must be
- * spread ("rows over every PE").
+ * spread ("rows over every PE"). Defined in kb_dist_algo.c.
  */
 int kb_dist_check_sip_local(kb_ctx *ctx, kb_tensor *const *t, int ws, int shards,
                             const char *what, const char *layout,
