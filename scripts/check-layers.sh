@@ -90,8 +90,10 @@ check_folders() {
     done
     # every header folder of the layer is on its library's include path
     for d in $(cd "$dir" && find "$lf" -name '*.h' -printf '%h\n' | sort -u); do
-      echo "$idirs" | grep -qx "$dir/$d" ||
-        { echo "FAIL: the headers of $d/ are on no include path of $lib"; bad=1; }
+      # a here-string, not a pipe: under pipefail an early-exiting grep -q could fail the echo
+      grep -qx "$dir/$d" <<<"$idirs" ||
+        { echo "FAIL: the headers of $d/ are on no include path of $lib (read from $f's"
+          echo "  compile command; its -I folders: $(echo $idirs))"; bad=1; }
     done
   done
   return $bad
