@@ -170,19 +170,8 @@ void kb_ctx_destroy(kb_ctx *ctx)
             ctx->ext_destroy[i](ctx->ext[i]);
     while (ctx->spawns)
         kb_ctx_spawn_free(ctx, ctx->spawns);
-    while (ctx->launches) {
-        kb_launch_st *l = ctx->launches;
-        ctx->launches = l->next;
-        for (int i = 0; l->tls && i < l->ntl; i++)
-            kb_tl_fini(&l->tls[i]);
-        free(l->tls);
-        free(l->args);
-        free(l->cube_left);
-        free(l->cube_tmax);
-        free(l->sip_left);
-        free(l->sip_tmax);
-        free(l);
-    }
+    while (ctx->launches) /* a failed run's launches, with the threads they forked */
+        kb_launch_free(ctx->launches);
     for (size_t i = 0; i < ctx->ntensors; i++) {
         kb_tensor_fini(ctx->tensors[i]);
         free(ctx->tensors[i]);

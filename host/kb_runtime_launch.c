@@ -34,7 +34,7 @@ typedef struct kb_tl_thread {
     struct kb_tl_thread *next; /* the launch's threads */
 } kb_tl_thread;
 
-static void launch_free(kb_launch_st *l)
+void kb_launch_free(kb_launch_st *l)
 {
     kb_ctx *ctx = l->ctx;
     for (kb_tl_thread *t = l->threads, *n; t; t = n) {
@@ -270,10 +270,10 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
         }
     }
     kb_signal_wait(ctx->sim, &l->done);
-    launch_free(l);
+    kb_launch_free(l);
     return 0;
 fail:
-    launch_free(l);
+    kb_launch_free(l);
     return rc;
 }
 

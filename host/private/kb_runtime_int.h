@@ -187,4 +187,9 @@ void kb_ctx_spawn_free(kb_ctx *ctx, struct kb_spawn_st *sp);
  * caller frees it). */
 void kb_tensor_fini(kb_tensor *t);
 
+/* kb_runtime_launch.c. Unhooks l from its context's live launches and frees it with the
+ * threads its kernels forked (tl_fork): at the launch's end, and for a failed run's leftovers
+ * in kb_ctx_destroy. */
+void kb_launch_free(kb_launch_st *l);
+
 #endif
