@@ -51,7 +51,7 @@
 #include "kb_ccl_reg.h"
 #include "kb_dist_algo.h"
 
-#define KB_PLUGIN_ABI_VERSION 6
+#define KB_PLUGIN_ABI_VERSION 7
 #define KB_PLUGIN_INIT_SYMBOL "kbcl_plugin_init"
 #define KB_PLUGIN_ABI_SYMBOL "kbcl_plugin_abi"
 
