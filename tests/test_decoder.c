@@ -221,6 +221,21 @@ static void test_model_errors(void **s)
     snprintf(p, sizeof p, "%s/cut.yaml", kbt_workdir());
     assert_int_equal(kb_model_load(&m, p, &eb), KB_ERR_CONFIG);
     kbt_msg_has(eb.msg, "cut.yaml: model.mlp_hidden is missing");
+    /* a configuration built in code skips the schema: the plan refuses a shape it would
+     * divide by instead of dividing by zero */
+    kb_model_cfg hand;
+    kb_decoder_plan pl;
+    kb_decoder_opts o = { 1, 16, 0, 0, 0, KB_QF_F16, 0 };
+    kb_model_defaults(&hand);
+    hand.n_kv_heads = 0;
+    assert_int_equal(kb_model_validate(&hand, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "model: model.n_kv_heads 0 is out of range (at least 1)");
+    assert_int_equal(kb_decoder_plan_make(&hand, &o, 4, 0, 16, 8, &pl, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "model.n_kv_heads 0 is out of range");
+    kb_model_defaults(&hand);
+    hand.head_dim = 0;
+    assert_int_equal(kb_model_validate(&hand, &eb), KB_ERR_CONFIG);
+    kbt_msg_has(eb.msg, "model.head_dim 0 is out of range (at least 2)");
 }
 
 /* ---- placement ---- */

@@ -202,6 +202,8 @@ int kb_decoder_plan_make(const kb_model_cfg *mc, const kb_decoder_opts *o, int w
     int rc;
 
     memset(pl, 0, sizeof *pl);
+    if ((rc = kb_model_validate(mc, eb)) != 0) /* the plan divides by the model's shape */
+        return rc;
     pl->ws = ws;
     pl->rank = rank;
     pl->S = ncubes * npes;

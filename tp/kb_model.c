@@ -52,6 +52,21 @@ void kb_model_defaults(kb_model_cfg *m)
 int kb_model_validate(const kb_model_cfg *m, kb_errbuf *eb)
 {
     const char *f = m->path[0] ? m->path : "model";
+    /* a file's values are in the schema's ranges; a configuration built in code may not be,
+     * and every later step divides by these */
+    const struct { const char *key; int64_t v, min; } shape[] = {
+        { "d_model", m->d_model, 1 },       { "n_heads", m->n_heads, 1 },
+        { "n_kv_heads", m->n_kv_heads, 1 }, { "head_dim", m->head_dim, 2 },
+        { "mlp_hidden", m->mlp_hidden, 1 },
+    };
+    for (size_t i = 0; i < sizeof shape / sizeof shape[0]; i++)
+        if (shape[i].v < shape[i].min)
+            return kb_err_set(eb, KB_ERR_CONFIG, "%s: model.%s %lld is out of range (at least "
+                              "%lld)", f, shape[i].key, (long long)shape[i].v,
+                              (long long)shape[i].min);
+    if (!(m->query_pre_attn_scalar >= 0))
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: model.query_pre_attn_scalar %g is out of "
+                          "range (0 = head_dim, else > 0)", f, m->query_pre_attn_scalar);
     if (m->head_dim % 2)
         return kb_err_set(eb, KB_ERR_CONFIG, "%s: model.head_dim %lld must be even (rotary "
                           "embeddings rotate pairs)", f, (long long)m->head_dim);

@@ -39,7 +39,8 @@ void kb_model_defaults(kb_model_cfg *m);
 /* Loads path's `model:` section over the defaults and validates it. 0 or KB_ERR_CONFIG /
  * KB_ERR_IO with the message (FILE:LINE:COLUMN for a bad key) in eb. */
 int kb_model_load(kb_model_cfg *m, const char *path, kb_errbuf *eb);
-/* Cross-key checks (head_dim even, n_heads a multiple of n_kv_heads). */
+/* The shape's ranges (for a configuration built in code) and the cross-key checks (head_dim
+ * even, n_heads a multiple of n_kv_heads). 0 or KB_ERR_CONFIG with the message in eb. */
 int kb_model_validate(const kb_model_cfg *m, kb_errbuf *eb);
 /* KB_ACT_SILU or KB_ACT_GELU_TANH. */
 int kb_model_act(const kb_model_cfg *m);
