@@ -38,6 +38,7 @@
 #include "kb_ipcq.h"
 #include "kb_runtime.h"
 #include "kb_vquery.h"
+#include "kbcl_ccl.h"
 
 #define KB_TOPO_NONE (-1)
 
@@ -177,145 +178,6 @@ int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const 
 
 /* ---- algorithms ---- */
 
-/*
- * What a collective computes. The kind decides the host reference an algorithm is checked
- * against and nccl-tests' bus-bandwidth factor.
- *
- * A rank's tile (n elements) is its buffer as nccl-tests sizes it (size / element):
- * all_reduce, broadcast, reduce and sendrecv work on n = count elements in place; all_gather,
- * reduce_scatter and all_to_all on n = ws * count (kb_coll_tile_ranks), chunk c being
- * elements [c * count, (c + 1) * count). In place as NCCL's in-place calls: all_gather's input
- * is the rank's own chunk r (the other chunks are overwritten); reduce_scatter leaves the sum
- * of chunk r in chunk r and every other chunk untouched; all_to_all sends chunk c to rank c
- * and receives rank c's chunk r into chunk c. reduce leaves the sum on the root and every
- * other tile untouched.
- */
-typedef enum kb_coll_kind {
-    KB_COLL_ALLREDUCE = 0,
-    KB_COLL_ALLGATHER,
-    KB_COLL_REDUCE_SCATTER,
-    KB_COLL_BROADCAST,
-    KB_COLL_REDUCE,
-    KB_COLL_ALLTOALL,
-    KB_COLL_SENDRECV,
-    KB_COLL_NKINDS
-} kb_coll_kind;
-
-/* "all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
- * "sendrecv" (nccl-tests' names); "?" for anything else. */
-const char *kb_coll_name(kb_coll_kind k);
-/* Whether a kind has a root rank (broadcast, reduce). */
-int kb_coll_rooted(kb_coll_kind k);
-/* Tile elements per element of nccl-tests' count: ws for all_gather, reduce_scatter and
- * all_to_all, else 1. */
-int kb_coll_tile_ranks(kb_coll_kind k, int ws);
-
-/*
- * nccl-tests' bus-bandwidth factor busbw / algbw for a world of ws ranks: 2(ws-1)/ws for
- * all-reduce; (ws-1)/ws for all-gather, reduce-scatter and all-to-all; 1 for broadcast,
- * reduce and send/recv. It turns algbw into the per-link traffic of an optimal algorithm, so
- * busbw is comparable across world sizes. 0 for ws < 1 or an unknown kind.
- */
-double kb_coll_busbw_factor(kb_coll_kind k, int ws);
-
-/*
- * A host reference: given every rank's input tile (ws*n values, rank-major), writes every
- * rank's expected output tile (ws*n, rank-major) in double. With kb_ccl_inputs' data every
- * value it writes is exact (see there); the caller rounds to the tile dtype. For the
- * position-wise kinds (kb_ccl_positionwise) element i of every output tile must depend only
- * on element i of the input tiles: verification then runs it on blocks of columns.
- */
-typedef void (*kb_ccl_ref_fn)(const float *in, int ws, int64_t n, double *out);
-/* The references, for root 0 (a rooted check relabels the ranks, kb_ccl_verify_inputs_root):
- * all_reduce: the elementwise sum over ranks in every tile; shift_east (sendrecv): every rank
- * gets its west neighbour's tile (rank r-1 mod ws; ws < 2 keeps its own); all_gather: chunk c
- * of every tile = chunk c of rank c's; reduce_scatter: chunk r of rank r = the sum of every
- * rank's chunk r, the rest unchanged; all_to_all: chunk c of rank r = chunk r of rank c;
- * broadcast: every tile = rank 0's; reduce: rank 0's tile = the sum, the rest unchanged. The
- * chunked kinds need n to be a multiple of ws. */
-void kb_ccl_ref_allreduce(const float *in, int ws, int64_t n, double *out);
-void kb_ccl_ref_shift_east(const float *in, int ws, int64_t n, double *out);
-void kb_ccl_ref_allgather(const float *in, int ws, int64_t n, double *out);
-void kb_ccl_ref_reduce_scatter(const float *in, int ws, int64_t n, double *out);
-void kb_ccl_ref_alltoall(const float *in, int ws, int64_t n, double *out);
-void kb_ccl_ref_broadcast(const float *in, int ws, int64_t n, double *out);
-void kb_ccl_ref_reduce(const float *in, int ws, int64_t n, double *out);
-
-/*
- * A reference that emulates an algorithm's order of operations, for kernels whose partial
- * results travel rounded to the tile's dtype (so the result depends on which rank starts a
- * chain and in which order the ranks combine): given columns [i0, i0 + nb) of every rank's
- * input tile of n elements (ws rows of nb values, already rounded to dt), writes those columns
- * of every rank's expected output tile (ws rows of nb) for dtype dt and op (kb_ccl_op), each
- * value what the kernel computes before its final rounding to dt (avg: the chain's sum / ws).
- * A kind that is not position-wise is called once with i0 = 0, nb = n.
- */
-typedef void (*kb_ccl_ref_ord_fn)(const float *in, int ws, int64_t n, int64_t i0, int64_t nb,
-                                  kb_dtype dt, int op, double *out);
-/* ring_rsag_allreduce: chunk c (kb_ccl_chunk of the tile) is combined along c, c+1, ...,
- * c-1 with a rounding to dt after every hop but the last, then gathered to every rank. */
-void kb_ccl_ref_ring_allreduce(const float *in, int ws, int64_t n, int64_t i0, int64_t nb,
-                               kb_dtype dt, int op, double *out);
-/* ring_reducescatter: chunk c (count = n / ws elements) along c+1, c+2, ..., c, ending in
- * rank c's chunk c; every other chunk unchanged. */
-/* ring_reduce (root 0; a rooted check relabels the ranks): the chain 1, 2, ..., ws-1, 0 in
- * rank 0's tile, every other tile unchanged. */
-void kb_ccl_ref_ring_reduce(const float *in, int ws, int64_t n, int64_t i0, int64_t nb,
-                            kb_dtype dt, int op, double *out);
-void kb_ccl_ref_ring_reduce_scatter(const float *in, int ws, int64_t n, int64_t i0,
-                                    int64_t nb, kb_dtype dt, int op, double *out);
-
-typedef struct kb_ccl_algo_impl {
-    const char *module;          /* ccl.yaml `module` */
-    const char *summary;
-    kb_coll_kind kind;
-    const char *topology;        /* the topology it usually runs on (kb_ccl_default_topo) */
-    kb_kernel_fn kernel;
-    /* Checks the world size and tile length (n elements) for this algorithm; NULL = any.
-     * KB_ERR_CONFIG with a message in eb. */
-    int (*check)(int ws, int64_t n, const kb_ccl_geom *g, kb_errbuf *eb);
-    /* Largest message in bytes for a tile of n f16 elements on ws ranks (slot size check). */
-    uint64_t (*max_msg_bytes)(int64_t n, int ws);
-    /* Every rank's expected output tile from every rank's input tile. */
-    kb_ccl_ref_fn reference;
-    /* KB_CCL_* flags below; 0 for none. */
-    unsigned flags;
-    /* Optional (plugin ABI 5): the order-emulating reference, used instead of `reference`
-     * (and of kb_ccl_ref_op) when set; NULL for kernels whose result does not depend on the
-     * order (partials in f32 on exact data, or no reduction). */
-    kb_ccl_ref_ord_fn ordered;
-} kb_ccl_algo_impl;
-
-/*
- * The algorithm runs on any world size of the rank = PE layout, partial cubes and a partial
- * last SIP included (kb_ccl_layout_linear): its topology is one that takes any world size
- * (ring_1d, ring_1d_unidir, tree_binary, none, full_mesh, hypercube, double_binary_tree,
- * hierarchical_3level; mesh_2d's own limit is a square). Its kernel is launched over whole cubes, so
- * the PEs of the last cube past the last rank run it too: it must return at once on them
- * (kb_ccl_idle). Without the flag a world that spans cubes must fill whole cubes (and whole
- * SIPs beyond one SIP), as kb_ccl_layout_legacy requires.
- */
-#define KB_CCL_ANY_WORLD 1u
-/*
- * The kernel honours KB_CCL_ARG_DTYPE (tiles of f16, bf16 or f32) and, for a reducing kind
- * (all_reduce, reduce_scatter, reduce), KB_CCL_ARG_OP (kb_ccl_op). Without the flag a job
- * with another dtype than f16 or another op than sum is refused (kb_ccl_job_prepare_opts).
- */
-#define KB_CCL_TYPED 2u
-
-/*
- * Reduction operators, nccl-tests' --op (NCCL's ncclRedOp_t): sum, prod, max, min, avg. Every
- * reducing kernel accumulates in f32 whatever the tile dtype (f16 and bf16 values are exact in
- * f32) and rounds once when it stores; avg is the sum, scaled by 1/ws once at the end, as
- * NCCL's ncclAvg for floating types.
- */
-typedef enum kb_ccl_op {
-    KB_CCL_OP_SUM = 0, KB_CCL_OP_PROD, KB_CCL_OP_MAX, KB_CCL_OP_MIN, KB_CCL_OP_AVG, KB_CCL_NOPS
-} kb_ccl_op;
-/* "sum", "prod", "max", "min", "avg"; "?" otherwise. */
-const char *kb_ccl_op_name(int op);
-/* The op of a name, -1 when unknown. */
-int kb_ccl_op_from_name(const char *name);
 /* Names of the ops, NULL-terminated (the ccl.yaml key's values). */
 extern const char *const kb_ccl_op_names[];
 /* Names of the tile dtypes, NULL-terminated: f16, bf16, f32. */
@@ -334,205 +196,6 @@ extern const kb_ccl_algo_impl kb_ccl_algo_ring_allgather, kb_ccl_algo_ring_reduc
 /* ccl/kb_ccl_dbtree.c: NCCL's double binary tree all-reduce */
 extern const kb_ccl_algo_impl kb_ccl_algo_dbtree_allreduce;
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
-
-/*
- * Kernel arguments of every rank = PE algorithm: ptr[0] = the SIP's tile tensor
- * (one n-element f16 tile per rank, rank-local order), i[0] = n elements per tile,
- * i[1] = world size, i[2] = PEs per cube, i[3] = cubes per SIP used, i[4] = SIPs used.
- */
-enum { KB_CCL_ARG_N = 0, KB_CCL_ARG_WS, KB_CCL_ARG_PES, KB_CCL_ARG_CUBES, KB_CCL_ARG_SIPS,
-       KB_CCL_ARG_DTYPE /* tile dtype (kb_dtype; 0 = f16); honoured by hierarchical_allreduce */,
-       KB_CCL_ARG_ROOT /* the root rank of a rooted collective (broadcast, reduce), < ws */,
-       KB_CCL_ARG_OP /* the reduction (kb_ccl_op; 0 = sum); honoured by KB_CCL_TYPED kernels */,
-       KB_CCL_ARG_FLAGS /* KB_CCL_FLAG_*: how the world is wired */ };
-/* The world is wired by hierarchical_lanes (kb_ccl_job_launch sets it from the job's topology):
- * hierarchical_allreduce runs its lanes form, and its chains visit the cubes in
- * kb_topo_cube_ring's order. */
-#define KB_CCL_FLAG_LANES 1
-
-/* Combines two partial results with op (f32 out): add for sum and avg, mul, maximum,
- * minimum. */
-static inline kb_val kb_ccl_combine(kb_tl *tl, int op, kb_val a, kb_val b)
-{
-    switch (op) {
-    case KB_CCL_OP_PROD:
-        return tl_mul(tl, a, b);
-    case KB_CCL_OP_MAX:
-        return tl_maximum(tl, a, b);
-    case KB_CCL_OP_MIN:
-        return tl_minimum(tl, a, b);
-    default:
-        return tl_add(tl, a, b);
-    }
-}
-
-/* kb_ccl_combine with the result written in dtype dt (tl_binary_as: one pass, rounded to
- * dt as it is written): a partial result that travels on in the buffer's dtype, as NCCL's
- * ring reduce-scatter sends it (f32: the same as kb_ccl_combine). */
-static inline kb_val kb_ccl_combine_as(kb_tl *tl, int op, kb_val a, kb_val b, kb_dtype dt)
-{
-    if (dt == KB_F32)
-        return kb_ccl_combine(tl, op, a, b);
-    kb_binop o = op == KB_CCL_OP_PROD ? KB_BIN_MUL
-                 : op == KB_CCL_OP_MAX ? KB_BIN_MAX
-                 : op == KB_CCL_OP_MIN ? KB_BIN_MIN
-                                       : KB_BIN_ADD;
-    return tl_binary_as(tl, o, a, b, dt);
-}
-
-/* A complete reduction before it is stored: avg scales it by 1/ws (v is released, a new
- * value returned); every other op returns v. */
-static inline kb_val kb_ccl_finish(kb_tl *tl, int op, kb_val v, int64_t ws)
-{
-    if (op != KB_CCL_OP_AVG)
-        return v;
-    assert(ws >= 1);
-    kb_val s = tl_scale(tl, v, 1.0f / (float)ws, 0.0f);
-    if (v.scratch)
-        tl_free(tl, v);
-    return s;
-}
-
-/* A kernel's rank and the VA of its own tile. */
-int kb_ccl_rank(kb_tl *tl);
-kb_va kb_ccl_my_tile(kb_tl *tl, const kb_kargs *a);
-/* 1 on a PE of the launch grid that holds no rank (past the last rank of a KB_CCL_ANY_WORLD
- * layout): the kernel returns at once there. */
-static inline int kb_ccl_idle(kb_tl *tl, const kb_kargs *a)
-{
-    return kb_ccl_rank(tl) >= a->i[KB_CCL_ARG_WS];
-}
-
-/*
- * One exchange of a ring step: send v on sd, release `drop` (a scratch value the step no
- * longer needs; a zero kb_val for none), receive shape s of dt from rd. When both messages
- * fit one slot this is send, free, receive — the sequence the algorithms always issued, so
- * their timing is unchanged. When either is longer, the receive is posted first: every rank
- * of a ring sends before it receives, and a send that streams more chunks than the slot
- * window holds needs the neighbour's receive to be consuming them already (blocking sends
- * around a ring would deadlock). Inline: in a ring's inner loop the test folds into the
- * caller's constants (the slot size is one per context; send and receive check directions).
- */
-static inline int kb_ccl__fits(kb_tl *tl, kb_val v, kb_shape s, kb_dtype dt)
-{
-    uint64_t slot = kb_ipcq_slot_size(tl_ctx(tl));
-    uint64_t out = (uint64_t)v.rows * v.cols * kb_dtype_size((kb_dtype)v.dtype);
-    uint64_t in = (uint64_t)s.rows * s.cols * kb_dtype_size(dt);
-    return out <= slot && in <= slot;
-}
-
-static inline kb_val kb_ccl_sendrecv(kb_tl *tl, kb_dir sd, kb_val v, kb_val drop, kb_dir rd,
-                                     kb_shape s, kb_dtype dt)
-{
-    if (kb_ccl__fits(tl, v, s, dt)) {
-        tl_send(tl, sd, v);
-        if (drop.scratch)
-            tl_free(tl, drop);
-        return tl_recv(tl, rd, s, dt);
-    }
-    kb_ipcq_req *r = tl_recv_async(tl, rd, s, dt);
-    tl_send(tl, sd, v);
-    if (drop.scratch)
-        tl_free(tl, drop);
-    return tl_wait(tl, r);
-}
-
-/* The same, receiving straight into the tensor memory at va. */
-static inline void kb_ccl_sendrecv_into(kb_tl *tl, kb_dir sd, kb_val v, kb_dir rd, kb_va va,
-                                        kb_shape s, kb_dtype dt)
-{
-    if (kb_ccl__fits(tl, v, s, dt)) {
-        tl_send(tl, sd, v);
-        tl_recv_into(tl, rd, va, s, dt);
-        return;
-    }
-    kb_ipcq_req *r = tl_recv_into_async(tl, rd, va, s, dt);
-    tl_send(tl, sd, v);
-    tl_wait(tl, r);
-}
-
-/* Column slice [c0, c0 + n) of a one-row value (a view: same memory, not freeable). */
-static inline kb_val kb_val_slice(kb_val v, uint32_t c0, uint32_t n)
-{
-    kb_val s = v;
-    assert((uint64_t)c0 + n <= v.cols);
-    s.pa = v.pa + (uint64_t)c0 * kb_dtype_size((kb_dtype)v.dtype);
-    s.cols = n;
-    s.scratch = 0;
-    return s;
-}
-
-
-/* ---- streaming a tile that does not fit one message ---- */
-
-/*
- * Past one slot per message, an algorithm that keeps its whole tile (and f32 sums of it) in
- * PE scratch stops at a few MiB per rank. The streamed forms keep the tile in HBM and work on
- * it a block at a time: a block is whole slot-sized slices of f32 (slot / 4 elements each),
- * at most KB_CCL_STREAM_BYTES of f32, so scratch holds a small constant number of blocks
- * whatever the tile's size, and every block's messages still travel as slot-sized chunks.
- */
-#define KB_CCL_STREAM_BYTES ((uint64_t)1 << 20)
-
-/*
- * Elements per slice of a pipelined step that moves `chunk` elements of es bytes through a
- * queue of `window` slots of `slot` bytes: one slot's worth, or, when a chunk would fill fewer
- * than `window` slots, chunk / window (at least KB_CCL_MIN_SLICE_BYTES), so that a step keeps
- * `window` slices in flight at mid sizes too (NCCL halves its chunk for small messages the same
- * way). Never more than a slot, never less than one element.
- */
-#define KB_CCL_MIN_SLICE_BYTES ((uint64_t)64 << 10)
-int64_t kb_ccl_slice_elems(uint64_t slot, int64_t window, int64_t chunk, size_t es);
-
-/* A streamed kernel's send: posted (tl_send_async; the kernel goes on while it lands) when
- * the context's IPCQ configuration says posted_sends, else tl_send (waits for its DMA). */
-static inline void kb_ccl_send(kb_tl *tl, kb_dir dir, kb_val v)
-{
-    if (kb_ipcq_posted(tl_ctx(tl)))
-        (void)tl_send_async(tl, dir, v);
-    else
-        tl_send(tl, dir, v);
-}
-
-/* kb_ccl_send of a scratch value the kernel is done with: freed once the send has read it
- * (a posted send's DMA may start after the kernel's next operations, which must not get its
- * memory before then). */
-static inline void kb_ccl_send_free(kb_tl *tl, kb_dir dir, kb_val v)
-{
-    if (kb_ipcq_posted(tl_ctx(tl))) {
-        tl_free_after(tl, v, tl_send_async(tl, dir, v));
-        return;
-    }
-    tl_send(tl, dir, v);
-    tl_free(tl, v);
-}
-
-/* Elements of piece j of a span of n elements cut into pieces of S (0 past its end); its
- * offset in the span in *off. */
-static inline int64_t kb_ccl_piece(int64_t n, int64_t S, int64_t j, int64_t *off)
-{
-    int64_t lo = j * S, len = n - lo;
-    assert(S > 0 && j >= 0);
-    *off = lo;
-    return len <= 0 ? 0 : len < S ? len : S;
-}
-
-/* VA of element i of a tile of dtype dt starting at va. */
-static inline kb_va kb_ccl_elem_va(kb_va va, int64_t i, kb_dtype dt)
-{
-    return va + (kb_va)i * (kb_va)kb_dtype_size(dt);
-}
-
-/* Chunk c of n elements cut into ws chunks as evenly as possible (the first n % ws one
- * element longer): its offset and length (0 when n < ws leaves it empty). */
-static inline void kb_ccl_chunk(int64_t n, int64_t ws, int64_t c, uint32_t *off, uint32_t *len)
-{
-    int64_t base = n / ws, extra = n % ws;
-    /* offsets and lengths are uint32: tiles stay below 2^32 elements (kb_ccl_job_prepare) */
-    assert(ws >= 1 && c >= 0 && c < ws && n >= 0 && n <= UINT32_MAX);
-    *off = (uint32_t)(c * base + (c < extra ? c : extra));
-    *len = (uint32_t)(base + (c < extra ? 1 : 0));
-}
 
 /*
  * Ring all-reduce of the f32 value acc (1 x n) among k members (my index i; sends on `out`
@@ -560,26 +223,11 @@ kb_val kb_ccl_ring_allreduce_val(kb_tl *tl, kb_val acc, int64_t k, int64_t i, kb
 int64_t kb_ccl_stream_block(kb_tl *tl, int64_t n, uint32_t msg_esz);
 
 /*
- * Runs an algorithm's whole-tile body f once on the tile at va (n elements of dt) when it
- * fits (kb_ccl_stream_block), else on each block of it in order: the body's loads, messages
- * and stores then cover one block, and every rank walks the same blocks, so the body's
- * exchanges pair up block by block and nothing of the tile stays in scratch between blocks.
- * Suits algorithms whose exchanges do not wait on a cycle of full sends (chains, trees, rings
- * through kb_ccl_sendrecv): a block's messages longer than a slot stream as chunks. f must
- * release every scratch value it allocates before it returns (the kernel's end would only
- * release them after the last block). Mesh and intercube use it; ring, rsag, tree and
- * hierarchical have slice-by-slice streamed forms of their own.
- */
-/*
  * hierarchical_allreduce's lanes form (kb_ccl_hier.c): runs the all-reduce of the tile at va
  * and returns 1 when it applies (posted sends, a tile that streams, a world of whole cubes and
  * SIPs wired by hierarchical_lanes), else returns 0 at once and the caller runs the chain form.
  */
 int kb_ccl_hier_lanes(kb_tl *tl, const kb_kargs *a, kb_va va, int64_t n);
-
-typedef void (*kb_ccl_tile_fn)(kb_tl *tl, const kb_kargs *a, kb_va va, int64_t n);
-void kb_ccl_run_tile(kb_tl *tl, const kb_kargs *a, kb_va va, int64_t n, kb_dtype dt,
-                     uint32_t msg_esz, kb_ccl_tile_fn f);
 
 /* ---- running a collective ---- */
 
@@ -640,11 +288,7 @@ int kb_ccl_job_check_opts(const kb_ccl_algo_impl *impl, const char *name,
                           const kb_ccl_job_opts *o, int ws, kb_errbuf *eb);
 /* Whether a kind reduces (all_reduce, reduce_scatter, reduce): the kinds an op applies to. */
 int kb_coll_reduces(kb_coll_kind k);
-/* Launches `kernel` (NULL = the algorithm's) on every rank and waits for it. */
-int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const char *name);
-/* Reads every rank's tile (ws*n f32 values, rank-major); raw f16 bits into raw if non-NULL
- * (f16 tiles only; kb_ccl_job_read_raw reads any dtype). */
-int kb_ccl_job_read(kb_ctx *ctx, kb_ccl_job *job, float *out, uint16_t *raw);
+/* kb_ccl_job_launch and kb_ccl_job_read: kbcl_ccl.h. */
 /* Every rank's tile as raw bytes of the job's dtype (ws*n*size, rank-major). */
 int kb_ccl_job_read_raw(kb_ctx *ctx, kb_ccl_job *job, void *raw);
 
@@ -675,27 +319,6 @@ const char *kb_ccl_default_topo(const char *module);
 /* ---- verification data ---- */
 
 /*
- * Test inputs of every collective bench and of the mock runtime's default: element i of tile
- * t (a rank's tile; in rank = SIP runs, shard s of rank r is tile r*shards + s) gets
- * (k - 2048) / 128 with k = a seeded permutation of position p = t*n + i on [0, 4096).
- * Why this grid: every value is exact in f16, |value| <= 16, and a sum of up to
- * KB_CCL_INPUT_EXACT_TERMS of them is a multiple of 1/128 below 2^17, i.e. exact in f32 in any
- * order, so the reduced result is the exact sum rounded once and the check can be exact.
- * Values are distinct for every (tile, element) while ntiles*n <= KB_CCL_INPUT_GRID; beyond
- * that each block of 4096 positions is a different permutation: still position-dependent
- * pseudo-random, but values repeat across blocks.
- */
-#define KB_CCL_INPUT_SEED 1u
-#define KB_CCL_INPUT_GRID 4096
-#define KB_CCL_INPUT_EXACT_TERMS 8192
-float kb_ccl_input(uint32_t seed, int64_t tile, int64_t i, int64_t n);
-/* x[(t - tile0)*n + i] = kb_ccl_input(seed, t, i, n) for tiles [tile0, tile0 + ntiles). */
-void kb_ccl_inputs(float *x, uint32_t seed, int64_t tile0, int64_t ntiles, int64_t n);
-/* x[j] = kb_ccl_input(seed, tile, i0 + j, n) for j in [0, len): part of one tile. */
-void kb_ccl_input_span(float *x, uint32_t seed, int64_t tile, int64_t i0, int64_t len,
-                       int64_t n);
-
-/*
  * The seeded inputs of a job with reduction op over ntiles ranks. Sum, max, min and avg:
  * kb_ccl_input. Prod: a product of ntiles grid values would leave f16's range, so element i
  * keeps its grid value only on tile i mod ntiles and is +-1 (the sign of its grid value) on
@@ -708,29 +331,6 @@ void kb_ccl_input_op_span(float *x, uint32_t seed, int op, kb_dtype dt, int64_t 
  * and reduce_scatter with the op in place of the sum; avg = sum / ws. */
 void kb_ccl_ref_op(kb_coll_kind kind, int op, const float *in, int ws, int64_t n, double *out);
 
-/* What kb_ccl_verify found. Means are over all elements, of the result and of the
- * reference rounded to the dtype (the FAIL line prints them). */
-typedef struct kb_ccl_verdict {
-    int ntiles, ok_tiles;
-    int first_bad_tile;           /* -1 when every tile passed */
-    int64_t first_bad_elem;
-    double first_got, first_want; /* that element's value and its reference (rounded) */
-    double got_mean, want_mean;
-    double max_abs_err, err_bound; /* worst |got - exact reference| and its bound */
-    int64_t nwrong;               /* elements that failed (nccl-tests' #wrong) */
-} kb_ccl_verdict;
-
-/*
- * Compares ntiles output tiles of n elements (raw: the dtype's bytes, tile-major) with the
- * exact reference ref (double). acc_bound == 0 (inputs whose partial sums are exact, e.g.
- * kb_ccl_inputs over at most KB_CCL_INPUT_EXACT_TERMS tiles): an element passes only when it
- * is, bit for bit, the reference rounded to the dtype (round to nearest even). acc_bound > 0:
- * it passes when |got - ref| <= ulp(ref)/2 + acc_bound (f32 summation that may round).
- * err_bound is ulp/2 + acc_bound at the worst element, which a correctly rounded value always
- * meets. Returns 1 when every tile passed, else 0.
- */
-int kb_ccl_verify(kb_dtype dt, const void *raw, const double *ref, int ntiles, int64_t n,
-                  double acc_bound, kb_ccl_verdict *v);
 
 /* Whether output element i of a collective of kind k depends only on the inputs' elements i:
  * all-reduce, reduce, broadcast and send/recv. */

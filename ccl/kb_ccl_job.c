@@ -43,6 +43,32 @@ int kb_ccl_job_prepare(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *imp
     return kb_ccl_job_prepare_root(ctx, job, impl, name, topo, ws, n, 0, icfg, inputs);
 }
 
+int kb_ccl_job_create(kb_ctx *ctx, const kb_ccl_algo_impl *impl, const char *name,
+                      const char *topo, int ws, int64_t n, const kb_ipcq_cfg *icfg,
+                      const float *inputs, kb_ccl_job **out)
+{
+    kb_ccl_job *job;
+    int rc;
+
+    *out = NULL;
+    /* on the heap, not the caller's stack: ~74 KiB of launch arguments, and host fibers'
+     * stacks are small */
+    if (!(job = calloc(1, sizeof *job)))
+        return kb_err_nomem(kb_ctx_err(ctx), sizeof *job, "collective job %s", name);
+    if ((rc = kb_ccl_job_prepare(ctx, job, impl, name, topo ? topo : impl->topology, ws, n,
+                                 icfg, inputs)) != 0) {
+        free(job);
+        return rc;
+    }
+    *out = job;
+    return 0;
+}
+
+void kb_ccl_job_destroy(kb_ccl_job *job)
+{
+    free(job); /* its tensors are the context's */
+}
+
 int kb_ccl_job_prepare_root(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl *impl,
                             const char *name, const char *topo, int ws, int64_t n, int root,
                             const kb_ipcq_cfg *icfg, const float *inputs)

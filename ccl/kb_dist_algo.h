@@ -16,38 +16,6 @@
 
 #include "kb_ccl.h"
 
-/* What an entry's argument builder knows of one rank's launch. */
-typedef struct kb_dist_launch {
-    kb_tensor *t;      /* the rank's tensor, already validated */
-    int rank, ws;      /* rank = its SIP; world size = the SIP count */
-    int64_t n;         /* elements per shard */
-    int root_cube;     /* ccl.yaml root_cube, else the SIP's last cube */
-} kb_dist_launch;
-
-typedef struct kb_dist_algo {
-    const char *module;    /* ccl.yaml `module` */
-    const char *summary;   /* for `kbcl list` */
-    /* which PEs of a rank take part (the seed's mapper) and the layout check its tensor must
-     * pass (validator), by name, for `kbcl list` and messages: properties of the algorithm,
-     * not configuration */
-    const char *mapper, *validator;
-    kb_coll_kind kind;
-    kb_kernel_fn kernel;
-    /* Installs IPCQ for a world of ws ranks, one per SIP (timed; once per context). */
-    int (*install)(kb_ctx *ctx, const kb_ipcq_cfg *cfg, int ws);
-    /* The DPPolicy and the shard (participating PE) count of a rank's tensor. */
-    kb_dp_policy (*policy)(const kb_machine *m);
-    int (*shards)(const kb_machine *m);
-    /* Layout validator over every rank's tensor (t[ws]); `what` prefixes the message. */
-    int (*validate)(kb_ctx *ctx, kb_tensor *const *t, int ws, const char *what);
-    /* Fills one rank's (zeroed) kernel arguments. */
-    int (*args)(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a);
-    /* The launch grid per SIP (PEs per cube, cubes, SIPs). */
-    kb_grid (*grid)(const kb_machine *m, int ws);
-    /* Host reference over every shard of every rank as one tile each (rank-major). */
-    kb_ccl_ref_fn reference;
-} kb_dist_algo;
-
 /* Table lookup by module name; NULL when the module has no built-in rank = SIP form (the
  * algorithms plugins add are found through kb_ccl_reg_find_dist). The table: kb_ccl_reg.c. */
 const kb_dist_algo *kb_dist_algo_find(const char *module);
@@ -66,9 +34,5 @@ const kb_dist_algo *kb_dist_algo_of(kb_ctx *ctx);
 int kb_dist_check_sip_local(kb_ctx *ctx, kb_tensor *const *t, int ws, int shards,
                             const char *what, const char *layout,
                             int (*shard_ok)(const kb_shard_spec *sh));
-
-/* The entries, each defined next to its kernel. */
-extern const kb_dist_algo kb_dist_algo_intercube;     /* kb_ccl_intercube.c */
-extern const kb_dist_algo kb_dist_algo_hierarchical;  /* kb_ccl_algos.c */
 
 #endif

@@ -50,23 +50,12 @@
 
 #include "kb_runtime.h"
 #include "kb_tl.h"
-
-typedef enum kb_dir {
-    KB_DIR_E = 0, KB_DIR_W, KB_DIR_N, KB_DIR_S,
-    KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, KB_DIR_GLOBAL_N, KB_DIR_GLOBAL_S,
-    KB_DIR_PARENT, KB_DIR_CHILD_LEFT, KB_DIR_CHILD_RIGHT,
-    KB_NDIRS
-} kb_dir;
+#include "kbcl_ccl.h" /* kb_dir and the kernel side */
 
 /* IPCQ's name for what it returns (and stops a kernel with) for a direction that has no queue
  * pair on the PE; the message names the PE, the direction and the wired ones. */
 #define KB_ERR_DIRECTION KB_ERR_UNWIRED
 
-/* Peer directions: KB_DIR_PEER(k), k < KB_IPCQ_MAX_PEER_DIRS (a queue pair keeps its
- * direction in 16 bits); KB_IPCQ_MAX_DIRS bounds every direction. */
-#define KB_DIR_PEER(k) ((kb_dir)(KB_NDIRS + (k)))
-/* No direction: a kernel's sentinel for "no parent" / "no output" (never wired). */
-#define KB_DIR_NONE ((kb_dir)-1)
 #define KB_IPCQ_MAX_PEER_DIRS 65000
 #define KB_IPCQ_MAX_DIRS (KB_NDIRS + KB_IPCQ_MAX_PEER_DIRS)
 /* Room for any direction's name with kb_dir_label ("peer64999" and its NUL). */
@@ -85,16 +74,6 @@ int kb_dir_from_name(const char *name);
  * on the world: kb_topo_reverse). */
 int kb_dir_opposite(kb_dir d);
 
-typedef struct kb_ipcq_cfg {
-    int n_slots;              /* >= 1 */
-    uint64_t slot_size;       /* bytes per slot */
-    kb_mem_kind buffer_kind;  /* where rx rings live */
-    int backpressure;         /* 0 = never block on credits (unsafe; for experiments) */
-    int posted;               /* ccl.yaml posted_sends: streamed kernels post their sends
-                               * (kb_ccl_send) and keep a window of slices in flight */
-} kb_ipcq_cfg;
-
-/* One directed link of an install: `pe` sends on `dir` into `peer`'s ring of `peer_dir`. */
 typedef struct kb_ipcq_link {
     kb_pe_hw *pe;
     kb_dir dir;
@@ -109,20 +88,6 @@ typedef struct kb_ipcq_link {
  * (blocks the calling host fiber). Errors leave nothing installed.
  */
 int kb_ipcq_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, const kb_ipcq_link *links, size_t n);
-
-/* Bytes per slot of the queue pair on direction d of the kernel's PE (stops the run when d
- * is not wired): a message longer than this travels as several chunks. */
-uint64_t tl_slot_size(kb_tl *tl, kb_dir d);
-/* Slots of the peer's ring that a send on d may fill ahead of the peer's receives (n_slots):
- * a kernel that holds received slots (views) while it sends must not send more than this
- * ahead of what its neighbour can take in without it. */
-uint32_t tl_slot_count(kb_tl *tl, kb_dir d);
-
-/* The context's slot size (one IPCQ configuration per context), 0 before any install: what a
- * ring step compares its messages with, without a direction lookup. */
-uint64_t kb_ipcq_slot_size(kb_ctx *ctx);
-/* The context's kb_ipcq_cfg.posted (0 before any install). */
-int kb_ipcq_posted(kb_ctx *ctx);
 
 /* Messages sent (tl_send calls) and the slot-sized chunks they travelled as, since the
  * context's first install (0 and 0 before it): what Phase 1's host time per chunk is
@@ -151,34 +116,5 @@ typedef struct kb_ipcq_counters {
     const kb_pe_hw *peer;
 } kb_ipcq_counters;
 int kb_ipcq_counters_of(kb_ctx *ctx, const kb_pe_hw *pe, kb_dir d, kb_ipcq_counters *out);
-
-/* ---- kernel side ---- */
-
-typedef struct kb_ipcq_req kb_ipcq_req;
-
-void tl_send(kb_tl *tl, kb_dir dir, kb_val v);
-/* The same send, posted: the kernel goes on once its last chunk is issued (after the call's
- * issue cost and any wait for credits) and gets the time that chunk lands at the peer, when
- * the value has been read (NCCL's posted put). The value must stay valid until then in
- * Phase 1 terms: scratch freed earlier may be reused, which Phase 2 replays in start order. */
-int64_t tl_send_async(kb_tl *tl, kb_dir dir, kb_val v);
-kb_val tl_recv(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt);
-/* Receives straight into the tensor memory at va (no scratch value). */
-void tl_recv_into(kb_tl *tl, kb_dir dir, kb_va va, kb_shape s, kb_dtype dt);
-kb_ipcq_req *tl_recv_async(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt);
-/* The same, straight into the tensor memory at va; tl_wait returns an empty value. */
-kb_ipcq_req *tl_recv_into_async(kb_tl *tl, kb_dir dir, kb_va va, kb_shape s, kb_dtype dt);
-kb_val tl_wait(kb_tl *tl, kb_ipcq_req *req);
-/*
- * A receive read in place: when the message fits one slot and the ring is in this PE's own
- * TCM, tl_wait returns a value that IS the receive slot (no copy-out: the wait ends when the
- * data are there, at max(post, arrival)), and the slot stays the kernel's until
- * tl_recv_release hands it back (its credit leaves then). Compute ops read it like any local
- * value; never tl_free it, and release a direction's views in the order they were received.
- * Otherwise (a longer message, a ring in HBM or SRAM) it is tl_recv_async, and
- * tl_recv_release frees the copy. What NCCL's reduce-from-the-receive-buffer is here.
- */
-kb_ipcq_req *tl_recv_view_async(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt);
-void tl_recv_release(kb_tl *tl, kb_dir dir, kb_val v);
 
 #endif

@@ -36,26 +36,7 @@
 #include "kb_err.h"
 #include "kb_machine.h"
 #include "kb_tl_q.h"
-
-typedef enum kb_roof_bound { KB_ROOF_NONE = 0, KB_ROOF_COMPUTE, KB_ROOF_MEMORY,
-                             KB_ROOF_COMM } kb_roof_bound;
-typedef enum kb_roof_level { KB_ROOF_SIP = 0, KB_ROOF_CUBE, KB_ROOF_PE,
-                             KB_ROOF_NLEVELS } kb_roof_level;
-
-/* A workload's bound on a machine (ns). */
-typedef struct kb_roofline {
-    double compute_ns, memory_ns, comm_ns;
-    double ns;               /* the largest of the three */
-    kb_roof_bound bound;     /* which one (compute before memory before comm among equals) */
-    int comm_level;          /* the kb_roof_level comm_ns comes from, -1 without traffic */
-} kb_roofline;
-
-/* "compute", "memory", "comm"; "" for KB_ROOF_NONE. */
-const char *kb_roofline_bound_name(kb_roof_bound b);
-/* "inter_sip", "ucie", "noc" (the links of a level, as kb_res names them); "" otherwise. */
-const char *kb_roofline_level_name(int level);
-/* r->ns / sim_ns: how close a run of sim_ns came to the bound (<= 1); 0 when either is 0. */
-double kb_roofline_efficiency(const kb_roofline *r, double sim_ns);
+#include "kbcl_runtime.h" /* kb_roofline */
 
 typedef struct kb_roofline_acc kb_roofline_acc;
 

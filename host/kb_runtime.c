@@ -260,6 +260,12 @@ const char *kb_ctx_report(const kb_ctx *ctx) { return ctx->report; }
 kb_errbuf *kb_ctx_err(kb_ctx *ctx) { return &ctx->err; }
 kb_sim *kb_ctx_sim(kb_ctx *ctx) { return ctx->sim; }
 kb_machine *kb_ctx_machine(kb_ctx *ctx) { return ctx->m; }
+kb_time kb_ctx_now(kb_ctx *ctx) { return kb_sim_now(ctx->sim); }
+kb_ctx_shape kb_ctx_machine_shape(const kb_ctx *ctx)
+{
+    kb_ctx_shape s = { ctx->m->nsips, ctx->m->ncubes, ctx->m->npes };
+    return s;
+}
 const kb_config *kb_ctx_config(const kb_ctx *ctx) { return &ctx->cfg; }
 kb_oplog *kb_ctx_oplog(kb_ctx *ctx) { return ctx->log; }
 int kb_ctx_recording(const kb_ctx *ctx) { return ctx->recording; }

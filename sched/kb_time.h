@@ -12,18 +12,9 @@
 #include <math.h>
 #include <stdint.h>
 
-typedef int64_t kb_time; /* picoseconds */
-
-#define KB_PS_PER_NS INT64_C(1000)
-#define KB_TIME_MAX INT64_MAX
-
-static inline kb_time kb_ns(int64_t ns) { return ns * KB_PS_PER_NS; }
+#include "kbcl_base.h" /* kb_time, kb_ns, kb_time_to_ns */
 
 /* Fractional nanoseconds from a config file -> picoseconds, rounded to nearest. */
 static inline kb_time kb_time_from_ns(double ns) { return (kb_time)llround(ns * 1000.0); }
-
-/* For reports only (never fed back into the engine). */
-static inline double kb_time_to_ns(kb_time t) { return (double)t / 1000.0; }
-static inline double kb_time_to_us(kb_time t) { return (double)t / 1.0e6; }
 
 #endif

@@ -13,7 +13,7 @@
  */
 #include <stdio.h>
 
-#include "kb_plugin.h"
+#include "kbcl_plugin.h"
 
 #if defined(PT_ABI99)
 KB_PLUGIN_EXPORT const int kbcl_plugin_abi = 99;

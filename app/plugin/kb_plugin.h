@@ -50,45 +50,7 @@
 #include "kb_ccl.h"
 #include "kb_ccl_reg.h"
 #include "kb_dist_algo.h"
-
-#define KB_PLUGIN_ABI_VERSION 7
-#define KB_PLUGIN_INIT_SYMBOL "kbcl_plugin_init"
-#define KB_PLUGIN_ABI_SYMBOL "kbcl_plugin_abi"
-
-#if defined(__GNUC__)
-#define KB_PLUGIN_EXPORT __attribute__((visibility("default")))
-#else
-#define KB_PLUGIN_EXPORT
-#endif
-
-typedef struct kb_plugin_reg kb_plugin_reg;
-
-/*
- * The registration table kbcl_plugin_init receives (owned by the loader, valid during the
- * call). Every function returns 0, or KB_ERR_CONFIG with the reason in err: an incomplete
- * entry, a name that a built-in or an earlier plugin has, a name twice in one plugin, too
- * many entries.
- */
-struct kb_plugin_reg {
-    int abi_version;          /* the loader's KB_PLUGIN_ABI_VERSION */
-    const char *path;         /* the file being loaded */
-    kb_errbuf *err;           /* the add functions' messages; the plugin may set its own */
-    /* A name (default: the file's name) and a one-line summary for `kbcl list`; copied. */
-    int (*describe)(kb_plugin_reg *reg, const char *name, const char *summary);
-    /* A rank = PE collective (kb_ccl.h; kb_ccl_reg.h has the name rules). */
-    int (*add_ccl_algo)(kb_plugin_reg *reg, const kb_ccl_algo_impl *algo);
-    /* A rank = SIP collective (kb_dist_algo.h). */
-    int (*add_dist_algo)(kb_plugin_reg *reg, const kb_dist_algo *algo);
-    /* A bench (kb_bench.h); its name must not be a built-in bench's. */
-    int (*add_bench)(kb_plugin_reg *reg, const kb_bench *bench);
-    void *loader;             /* the loader's state: plugins leave it alone */
-};
-
-/* What every plugin defines (the loader looks them up by these names). */
-KB_PLUGIN_EXPORT extern const int kbcl_plugin_abi;
-KB_PLUGIN_EXPORT int kbcl_plugin_init(kb_plugin_reg *reg, int abi_version);
-/* Defines kbcl_plugin_abi: write `KB_PLUGIN_DECLARE_ABI;` once in a plugin. */
-#define KB_PLUGIN_DECLARE_ABI KB_PLUGIN_EXPORT const int kbcl_plugin_abi = KB_PLUGIN_ABI_VERSION
+#include "kbcl_plugin.h"
 
 /* ---- the loader ---- */
 

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kb_dist.h"
+#include "kbcl_ccl.h"
 
 #define MAXR 16
 #define N 8      /* all_reduce: elements per shard */
@@ -151,35 +151,43 @@ static int worker(kb_ctx *ctx, int rank, void *arg)
 
 static int host(kb_ctx *ctx, void *arg)
 {
-    return kb_spawn(ctx, worker, arg, kb_ctx_machine(ctx)->nsips);
+    return kb_spawn(ctx, worker, arg, kb_ctx_machine_shape(ctx).sips);
 }
 
 int main(int argc, char **argv)
 {
     shared sh = { 0, 0.0 };
-    kb_config cfg;
+    kb_config *cfg = NULL;
+    const char *topo = argc > 2 ? argv[2] : "ring_1d";
     kb_ctx_opts opts = { .device = KB_DEV_REF };
     kb_ctx *ctx = NULL;
     kb_errbuf eb;
     char kv[96];
     int rc;
 
-    kb_config_defaults(&cfg);                        /* 2 SIPs on ring_1d */
+    if (kb_config_create(&cfg, &eb) != 0) {          /* 2 SIPs on ring_1d */
+        fprintf(stderr, "%s\n", eb.msg);
+        return 1;
+    }
     if (argc > 1) {
         snprintf(kv, sizeof kv, "system.sips.count=%s", argv[1]);
-        if (kb_config_set(&cfg, kv, &eb) != 0 || atoi(argv[1]) > MAXR) {
+        if (kb_config_set(cfg, kv, &eb) != 0 || atoi(argv[1]) > MAXR) {
             fprintf(stderr, "%s: %s\n", kv, atoi(argv[1]) > MAXR ? "too many SIPs" : eb.msg);
+            kb_config_destroy(cfg);
             return 2;
         }
     }
     if (argc > 2) {
         snprintf(kv, sizeof kv, "system.sips.topology=%s", argv[2]);
-        if (kb_config_set(&cfg, kv, &eb) != 0) {
+        if (kb_config_set(cfg, kv, &eb) != 0) {
             fprintf(stderr, "%s\n", eb.msg);
+            kb_config_destroy(cfg);
             return 2;
         }
     }
-    if ((rc = kb_ctx_create(&cfg, &opts, &ctx, &eb)) != 0) {
+    rc = kb_ctx_create(cfg, &opts, &ctx, &eb);
+    kb_config_destroy(cfg);                          /* the context has its copy */
+    if (rc != 0) {
         fprintf(stderr, "kb_ctx_create: %s\n", eb.msg);
         return 1;
     }
@@ -191,7 +199,7 @@ int main(int argc, char **argv)
     }
     printf("ws=%d %s: all_reduce, all_gather, reduce_scatter, all_to_all, send/recv: %s "
            "(%d wrong), "
-           "%.3f ns in collectives\n", kb_ctx_machine(ctx)->nsips, cfg.topo.sips_topology,
+           "%.3f ns in collectives\n", kb_ctx_machine_shape(ctx).sips, topo,
            sh.bad ? "FAIL" : "OK", sh.bad, sh.t_comm_ns);
     kb_ctx_destroy(ctx);
     return sh.bad ? 1 : 0;

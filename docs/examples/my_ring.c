@@ -24,8 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "kb_plugin.h"
-#include "kb_tl.h"
+#include "kbcl_plugin.h"
+#include "kbcl_tl.h"
 
 /* ---- my_ring ---- */
 
@@ -100,10 +100,10 @@ static int scale_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_ben
     kb_fill fx;
     int rc;
 
-    if (R % P || P > kb_ctx_machine(ctx)->npes)
+    if (R % P || P > kb_ctx_machine_shape(ctx).pes)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_USAGE, "my_scale: rows=%lld must be a "
                           "multiple of pes=%lld, at most the cube's %d PEs", (long long)R,
-                          (long long)P, kb_ctx_machine(ctx)->npes);
+                          (long long)P, kb_ctx_machine_shape(ctx).pes);
     st->px = pat_x;
     st->px.ld = C;
     fx = kb_bench_pattern_fill(&st->px);

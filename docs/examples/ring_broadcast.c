@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kb_ccl.h"
+#include "kbcl_ccl.h"
 
 #define WS 8      /* ranks = PEs 0..7 of cube 0 */
 #define N 32      /* f16 elements per tile */
@@ -63,7 +63,7 @@ static const kb_ccl_algo_impl impl = {
 };
 
 typedef struct run {
-    kb_ccl_job job;
+    kb_ccl_job *job;
     double ns;
 } run;
 
@@ -71,14 +71,14 @@ static int host(kb_ctx *ctx, void *arg)
 {
     run *st = arg;
     kb_ipcq_cfg icfg = { 4, 4096, KB_MEM_TCM, 1, 1 };   /* n_slots, slot_size, buffer_kind, backpressure, posted */
-    int rc = kb_ccl_job_prepare(ctx, &st->job, &impl, impl.module, "ring_1d_unidir", WS, N,
-                                &icfg, NULL);         /* NULL: kb_ccl_inputs' seeded values */
+    int rc = kb_ccl_job_create(ctx, &impl, impl.module, "ring_1d_unidir", WS, N, &icfg,
+                               NULL, &st->job);       /* NULL: kb_ccl_inputs' seeded values */
     if (rc)
         return rc;
-    kb_time t0 = kb_sim_now(kb_ctx_sim(ctx));
-    if ((rc = kb_ccl_job_launch(ctx, &st->job, NULL, NULL)) != 0)
+    kb_time t0 = kb_ctx_now(ctx);
+    if ((rc = kb_ccl_job_launch(ctx, st->job, NULL, NULL)) != 0)
         return rc;
-    st->ns = kb_time_to_ns(kb_sim_now(kb_ctx_sim(ctx)) - t0);
+    st->ns = kb_time_to_ns(kb_ctx_now(ctx) - t0);
     return 0;
 }
 
@@ -89,22 +89,25 @@ int main(void)
     static float in[WS * N];
     static double ref[WS * N];
     kb_ccl_verdict v;
-    kb_config cfg;
+    kb_config *cfg = NULL;
     kb_ctx_opts opts = { .device = KB_DEV_REF };
     kb_ctx *ctx = NULL;
     kb_errbuf eb;
     int rc;
 
-    kb_config_defaults(&cfg);
-    if ((rc = kb_ctx_create(&cfg, &opts, &ctx, &eb)) != 0) {
+    if ((rc = kb_config_create(&cfg, &eb)) != 0 ||
+        (rc = kb_ctx_create(cfg, &opts, &ctx, &eb)) != 0) {
         fprintf(stderr, "kb_ctx_create: %s\n", eb.msg);
+        kb_config_destroy(cfg);
         return 1;
     }
+    kb_config_destroy(cfg);
     rc = kb_ctx_run_host(ctx, host, &st);
     if (rc == 0)
-        rc = kb_ccl_job_read(ctx, &st.job, NULL, out);   /* replays the op log (Phase 2) */
+        rc = kb_ccl_job_read(ctx, st.job, NULL, out);   /* replays the op log (Phase 2) */
     if (rc) {
         fprintf(stderr, "%s: %s\n", kb_strerror(rc), kb_ctx_errmsg(ctx));
+        kb_ccl_job_destroy(st.job);
         kb_ctx_destroy(ctx);
         return 1;
     }
@@ -113,6 +116,7 @@ int main(void)
     int pass = kb_ccl_verify(KB_F16, out, ref, WS, N, 0.0, &v);
     printf("  ring_broadcast (ws=%d): %d OK, %.3f ns, busbw factor %g\n", WS, v.ok_tiles, st.ns,
            kb_coll_busbw_factor(impl.kind, WS));
+    kb_ccl_job_destroy(st.job);
     kb_ctx_destroy(ctx);
     return pass ? 0 : 1;
 }

@@ -24,8 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kb_runtime.h"
-#include "kb_tl.h"
+#include "kbcl_tl.h"
 
 #define R 16   /* rows */
 #define C 64   /* columns */
@@ -122,10 +121,10 @@ static int host(kb_ctx *ctx, void *arg)
         a.i[A_COLS_PER_PE] = C / P;
         a.i[A_P] = P;
         kb_grid g = kb_grid_of(x);                 /* P PEs x 1 cube of x's SIP */
-        kb_time t0 = kb_sim_now(kb_ctx_sim(ctx));
+        kb_time t0 = kb_ctx_now(ctx);
         if ((rc = kb_launch(ctx, names[v], kernels[v], &a, &g)) != 0)
             return rc;
-        st->ns[v] = kb_time_to_ns(kb_sim_now(kb_ctx_sim(ctx)) - t0);
+        st->ns[v] = kb_time_to_ns(kb_ctx_now(ctx) - t0);
         if ((rc = kb_tensor_read(y, st->y[v])) != 0)   /* Phase-2 replay, then a timed read */
             return rc;
     }
@@ -135,7 +134,7 @@ static int host(kb_ctx *ctx, void *arg)
 int main(void)
 {
     static run st;
-    kb_config cfg;
+    kb_config *cfg = NULL;
     kb_ctx_opts opts = { .device = KB_DEV_REF };
     kb_ctx *ctx = NULL;
     kb_errbuf eb;
@@ -147,11 +146,13 @@ int main(void)
         for (int j = 0; j < C; j++)
             st.x[i * C + j] = (float)((i * 7 + j * 3) % 17) / 4.0f - 2.0f;
 
-    kb_config_defaults(&cfg);
-    if ((rc = kb_ctx_create(&cfg, &opts, &ctx, &eb)) != 0) {
+    if ((rc = kb_config_create(&cfg, &eb)) != 0 ||   /* the default machine */
+        (rc = kb_ctx_create(cfg, &opts, &ctx, &eb)) != 0) {
         fprintf(stderr, "kb_ctx_create: %s\n", eb.msg);
+        kb_config_destroy(cfg);
         return 1;
     }
+    kb_config_destroy(cfg);                        /* the context has its copy */
     rc = kb_ctx_run_host(ctx, host, &st);
     if (rc != 0) {
         fprintf(stderr, "run: %s: %s\n", kb_strerror(rc), kb_ctx_errmsg(ctx));

@@ -49,6 +49,26 @@ void kb_config_fini(kb_config *cfg)
     (void)cfg;
 }
 
+int kb_config_create(kb_config **out, kb_errbuf *eb)
+{
+    kb_config *cfg = malloc(sizeof *cfg);
+
+    *out = NULL;
+    if (!cfg)
+        return kb_err_nomem(eb, sizeof *cfg, "a machine configuration");
+    kb_config_defaults(cfg);
+    *out = cfg;
+    return 0;
+}
+
+void kb_config_destroy(kb_config *cfg)
+{
+    if (!cfg)
+        return;
+    kb_config_fini(cfg);
+    free(cfg);
+}
+
 void kb_config_foreach_scope(const kb_schema_scope *sc, const kb_schema_scope *inherits,
                              kb_config_key_fn fn, void *ud)
 {

@@ -22,6 +22,7 @@
 
 #include "kb_err.h"
 #include "kb_schema.h"
+#include "kbcl_runtime.h" /* kb_config_create, _set, _load_topology */
 
 #define KB_CFG_NAME_MAX 64
 /* The smallest bandwidth (GB/s) or rate (items per ns) a resource can have: kb_res counts
@@ -91,10 +92,9 @@ typedef struct kb_config {
 void kb_config_defaults(kb_config *cfg);
 void kb_config_fini(kb_config *cfg);
 
-/* Loads a topology file over cfg->topo (fields not in the file keep their current values). */
-int kb_config_load_topology(kb_config *cfg, const char *path, kb_errbuf *eb);
-/* Applies "a.b.c=value" to a topology key (a "ccl." key is an error naming kb_ccl_config_set). */
-int kb_config_set(kb_config *cfg, const char *assignment, kb_errbuf *eb);
+/* kb_config_load_topology and kb_config_set (kbcl_runtime.h) work on the struct as well:
+ * loading a topology file changes only the keys it names, and a "ccl." key is an error naming
+ * kb_ccl_config_set. */
 
 /* Cross-field checks (mesh size, PE count, sizes fit their PhysAddr windows ...). */
 int kb_config_validate(const kb_config *cfg, kb_errbuf *eb);

@@ -22,7 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef uint64_t kb_pa;
+#include "kbcl_runtime.h" /* kb_pa */
 
 #define KB_PA_BITS 51
 #define KB_PA_MAX ((UINT64_C(1) << KB_PA_BITS) - 1)

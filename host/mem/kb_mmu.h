@@ -18,7 +18,6 @@
 #include "kb_addr.h"
 #include "kb_err.h"
 
-typedef uint64_t kb_va;
 
 typedef struct kb_mmu kb_mmu;
 

@@ -24,26 +24,7 @@
 #include <stdint.h>
 
 #include "kb_err.h"
-
-typedef enum kb_dp_split { KB_DP_REPLICATE = 0, KB_DP_COLUMN_WISE, KB_DP_ROW_WISE } kb_dp_split;
-typedef enum kb_dp_mode {
-    KB_DP_BLOCK = 0,            /* cube/pe splits */
-    KB_DP_TILED_ROW_MAJOR,      /* tiles in row-major tile order, round-robin over slots */
-    KB_DP_TILED_COLUMN_MAJOR    /* tiles in column-major tile order, round-robin over slots */
-} kb_dp_mode;
-
-typedef struct kb_dp_policy {
-    kb_dp_split cube, pe;
-    int num_cubes, num_pes;      /* 0 = all of the topology's */
-    kb_dp_mode mode;
-    uint64_t tile_rows, tile_cols; /* tiled modes only, > 0 */
-} kb_dp_policy;
-
-/* Convenience constructor for the block modes. */
-kb_dp_policy kb_dp(kb_dp_split cube, kb_dp_split pe, int num_cubes, int num_pes);
-
-const char *kb_dp_split_name(kb_dp_split s);   /* "replicate" ... */
-int kb_dp_split_from_name(const char *name);   /* -1 when unknown */
+#include "kbcl_runtime.h" /* kb_dp_policy */
 
 typedef struct kb_shard_spec {
     unsigned sip, cube, pe;
