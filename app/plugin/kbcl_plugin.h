@@ -197,4 +197,62 @@ KB_PLUGIN_EXPORT int kbcl_plugin_init(kb_plugin_reg *reg, int abi_version);
 /* Defines kbcl_plugin_abi: write `KB_PLUGIN_DECLARE_ABI;` once in a plugin. */
 #define KB_PLUGIN_DECLARE_ABI KB_PLUGIN_EXPORT const int kbcl_plugin_abi = KB_PLUGIN_ABI_VERSION
 
+/* ---- the loader: for a program that hosts plugins as kbcl does ---- */
+
+/*
+ * A kb_plugins set holds every plugin loaded into it, what each added, the collective
+ * registry their algorithms went to (lent to contexts through the collective configuration)
+ * and their benches. It is an explicit object, created, passed and destroyed by its owner;
+ * nothing here is a global. Loaded code is process-wide by nature, so a process should load
+ * its plugins into one set; a forked child inherits the parent's set as it is. The host
+ * program must export kbcl's public functions (kbcl_plugin_host() of the CMake package does),
+ * since a plugin links no kbcl library. Limits: KB_PLUGINS_MAX plugins per set,
+ * KB_PLUGIN_MAX_ENTRIES entries of each kind per plugin.
+ */
+typedef struct kb_ccl_reg kb_ccl_reg;  /* the collectives plugins added (opaque) */
+
+#define KB_PLUGINS_MAX 32
+#define KB_PLUGIN_MAX_ENTRIES 64
+
+/* One loaded plugin, as listings show it. */
+typedef struct kb_plugin_info {
+    const char *path;                  /* the file, as resolved (realpath) */
+    const char *name, *summary;        /* describe()'s, or the file's name and "" */
+    const kb_ccl_algo_impl *algos[KB_PLUGIN_MAX_ENTRIES];
+    int nalgos;
+    const kb_dist_algo *dists[KB_PLUGIN_MAX_ENTRIES];
+    int ndists;
+    const kb_bench *benches[KB_PLUGIN_MAX_ENTRIES];
+    int nbenches;
+} kb_plugin_info;
+
+typedef struct kb_plugins kb_plugins;
+
+/* An empty set (KB_ERR_NOMEM). kb_plugins_destroy(NULL) is a no-op; destroy unloads the
+ * plugins, last loaded first. */
+KB_API int kb_plugins_create(kb_plugins **out, kb_errbuf *eb);
+KB_API void kb_plugins_destroy(kb_plugins *ps);
+
+/*
+ * Loads the plugin at path (a file kbcl can open; a relative path is relative to the current
+ * folder). Loading a file the set already holds (the same realpath) does nothing. Errors
+ * (KB_ERR_CONFIG, "PATH: ..."): no such file, not a shared object (dlerror's reason: a missing
+ * symbol kbcl does not export, a wrong architecture), no kbcl_plugin_init or kbcl_plugin_abi,
+ * another ABI version, init refused, an entry refused (its name and why).
+ */
+KB_API int kb_plugins_load(kb_plugins *ps, const char *path, kb_errbuf *eb);
+/*
+ * Loads every element of a ':'-separated list (KBCL_PLUGIN_PATH): a file, or a folder whose
+ * files ending in ".so" load in name order. Empty elements are skipped. Stops at the first
+ * error; what loaded before it stays loaded.
+ */
+KB_API int kb_plugins_load_list(kb_plugins *ps, const char *list, kb_errbuf *eb);
+
+/* The loaded plugins in load order (NULL past the end or for ps NULL). */
+KB_API const kb_plugin_info *kb_plugins_at(const kb_plugins *ps, int i);
+/* The registry holding every loaded plugin's collectives (NULL for ps NULL). */
+KB_API const kb_ccl_reg *kb_plugins_ccl(const kb_plugins *ps);
+/* A bench by name: the built-in table, then the plugins' (ps NULL = built-ins only). */
+KB_API const kb_bench *kb_plugins_find_bench(const kb_plugins *ps, const char *name);
+
 #endif
