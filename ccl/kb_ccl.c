@@ -615,8 +615,9 @@ int kb_ccl_rank(kb_tl *tl)
 kb_va kb_ccl_my_tile(kb_tl *tl, const kb_kargs *a)
 {
     int local = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
-    return a->ptr[0] + (kb_va)local * (kb_va)a->i[KB_CCL_ARG_N] *
-                           (kb_va)kb_dtype_size((kb_dtype)a->i[KB_CCL_ARG_DTYPE]);
+    return a->ptr[KB_CCL_PTR_TILE] +
+           (kb_va)local * (kb_va)a->i[KB_CCL_ARG_N] *
+               (kb_va)kb_dtype_size((kb_dtype)a->i[KB_CCL_ARG_DTYPE]);
 }
 
 int64_t kb_ccl_slice_elems(uint64_t slot, int64_t window, int64_t chunk, size_t es)

@@ -245,7 +245,7 @@ typedef struct kb_ccl_job {
     kb_ipcq_cfg icfg;
     kb_tensor *tiles[KB_MAX_GSIPS];
     /* launch arguments, kept here rather than on the heap: a launch that never returns (a
-     * failed or deadlocked run) must not strand an allocation (~74 KiB: keep jobs off fiber
+     * failed or deadlocked run) must not strand an allocation (~136 KiB: keep jobs off fiber
      * stacks) */
     kb_kargs args[KB_MAX_GSIPS];
     kb_dtype dtype;            /* the tiles' dtype (f16 unless kb_ccl_job_prepare_opts said) */

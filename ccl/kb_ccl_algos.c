@@ -996,7 +996,7 @@ static int hier_args(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a)
 {
     kb_machine *m = kb_ctx_machine(ctx);
     assert(l->rank >= 0 && l->rank < l->ws);
-    a->ptr[0] = kb_tensor_va(l->t);
+    a->ptr[KB_CCL_PTR_TILE] = kb_tensor_va(l->t);
     a->i[KB_CCL_ARG_N] = l->n;
     a->i[KB_CCL_ARG_WS] = l->ws * m->ncubes * m->npes;
     a->i[KB_CCL_ARG_PES] = m->npes;

@@ -114,14 +114,24 @@ static kb_val bcast_from(kb_tl *tl, kb_val acc, int i, int k, int r, kb_dir up, 
     return acc;
 }
 
-enum { IC_N = 0, IC_W, IC_H, IC_SIPS, IC_TOPO, IC_GW, IC_GH, IC_ROOT, IC_DT };
+typedef struct intercube_args {
+    kb_va t;           /* the SIP's tensor: a row of n elements per cube */
+    int64_t n;
+    int w, h;          /* the cube mesh */
+    int sips;
+    int topo;          /* SIPTOPO_* */
+    int gw, gh;        /* the SIP grid */
+    int root;          /* the root cube */
+    kb_dtype dt;
+} intercube_args;
 
 /* The whole exchange over the n elements at `mine` (the cube's row, or one block of it). */
-static void intercube_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
+static void intercube_tile(kb_tl *tl, const kb_kargs *ka, kb_va mine, int64_t n)
 {
-    int w = (int)a->i[IC_W], h = (int)a->i[IC_H], sips = (int)a->i[IC_SIPS];
-    int gw = (int)a->i[IC_GW], gh = (int)a->i[IC_GH], root = (int)a->i[IC_ROOT];
-    kb_dtype dt = (kb_dtype)a->i[IC_DT];
+    const intercube_args *a = KB_KARGS_GET(ka, intercube_args);
+    int w = a->w, h = a->h, sips = a->sips;
+    int gw = a->gw, gh = a->gh, root = a->root;
+    kb_dtype dt = a->dt;
     int cube = tl_program_id(tl, 1), sip = tl_program_id(tl, 2);
     int col = cube % w, row = cube / w, rc = root % w, rr = root / w;
     kb_val v = tl_load(tl, mine, KB_SHAPE1(n), dt);
@@ -135,7 +145,7 @@ static void intercube_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
     /* 3: the SIPs' root cubes combine their sums */
     if (cube == root && sips > 1) {
         int sx = sip % gw, sy = sip / gw;
-        switch ((int)a->i[IC_TOPO]) {
+        switch (a->topo) {
         case SIPTOPO_RING:
             acc = ring(tl, acc, sip, sips, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W, mine, dt);
             break;
@@ -161,13 +171,14 @@ static void intercube_tile(kb_tl *tl, const kb_kargs *a, kb_va mine, int64_t n)
  * block's f32 messages longer than a slot stream as chunks; a row larger than that runs block
  * by block (kb_ccl_run_tile), every cube starting the next block as soon as it is done with
  * this one. */
-static void intercube_allreduce(kb_tl *tl, const kb_kargs *a)
+static void intercube_allreduce(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t n = a->i[IC_N];
-    kb_dtype dt = (kb_dtype)a->i[IC_DT];
-    kb_va mine = a->ptr[0] + (kb_va)tl_program_id(tl, 1) * (kb_va)n * kb_dtype_size(dt);
+    const intercube_args *a = KB_KARGS_GET(ka, intercube_args);
+    int64_t n = a->n;
+    kb_dtype dt = a->dt;
+    kb_va mine = a->t + (kb_va)tl_program_id(tl, 1) * (kb_va)n * kb_dtype_size(dt);
 
-    kb_ccl_run_tile(tl, a, mine, n, dt, 4, intercube_tile);
+    kb_ccl_run_tile(tl, ka, mine, n, dt, 4, intercube_tile);
 }
 
 /* How the SIPs' root cubes combine, per the machine's system.sips.topology. */
@@ -257,16 +268,11 @@ static int ic_args(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a)
     kb_machine *m = kb_ctx_machine(ctx);
     /* init_process_group refused a root_cube past the SIP's cubes */
     assert(l->root_cube >= 0 && l->root_cube < m->ncubes);
-    a->ptr[0] = kb_tensor_va(l->t);
-    a->i[IC_N] = l->n;
-    a->i[IC_W] = m->mesh_w;
-    a->i[IC_H] = m->mesh_h;
-    a->i[IC_SIPS] = l->ws;
-    a->i[IC_TOPO] = sip_kinds[m->sip_topo];
-    a->i[IC_GW] = m->sip_grid_w;
-    a->i[IC_GH] = m->sip_grid_h;
-    a->i[IC_ROOT] = l->root_cube;
-    a->i[IC_DT] = kb_tensor_dtype(l->t);
+    KB_KARGS_PUT(a, (intercube_args){ .t = kb_tensor_va(l->t), .n = l->n, .w = m->mesh_w,
+                                      .h = m->mesh_h, .sips = l->ws,
+                                      .topo = sip_kinds[m->sip_topo], .gw = m->sip_grid_w,
+                                      .gh = m->sip_grid_h, .root = l->root_cube,
+                                      .dt = kb_tensor_dtype(l->t) });
     return 0;
 }
 

@@ -183,7 +183,7 @@ int kb_ccl_job_launch(kb_ctx *ctx, kb_ccl_job *job, kb_kernel_fn kernel, const c
     assert(job->layout.sips >= 1 && job->layout.sips <= KB_MAX_GSIPS); /* args[] */
     memset(args, 0, sizeof job->args);
     for (int s = 0; s < job->layout.sips; s++) {
-        args[s].ptr[0] = kb_tensor_va(job->tiles[s]);
+        args[s].ptr[KB_CCL_PTR_TILE] = kb_tensor_va(job->tiles[s]);
         args[s].i[KB_CCL_ARG_N] = job->n;
         args[s].i[KB_CCL_ARG_WS] = job->layout.ws;
         args[s].i[KB_CCL_ARG_PES] = job->layout.pes;

@@ -217,7 +217,8 @@ static void lane_kernel(kb_tl *tl, const kb_kargs *a)
     /* lane l's row of the SIP's tensor holds its tile: lane 0 has the longest share */
     assert(l < job->lanes && share * job->chunks <= job->width);
     memset(&b, 0, sizeof b);
-    b.ptr[0] = a->ptr[0] + (kb_va)l * (kb_va)job->width * (kb_va)kb_dtype_size(job->dtype);
+    b.ptr[KB_CCL_PTR_TILE] = a->ptr[KB_CCL_PTR_TILE] +
+                             (kb_va)l * (kb_va)job->width * (kb_va)kb_dtype_size(job->dtype);
     b.i[KB_CCL_ARG_N] = share * job->chunks;
     b.i[KB_CCL_ARG_WS] = job->ws;
     b.i[KB_CCL_ARG_PES] = 1;
@@ -238,7 +239,7 @@ int kb_ccl_lanes_launch(kb_ctx *ctx, kb_ccl_lanes *job)
     assert(job->ws <= KB_MAX_GSIPS); /* kb_ccl_lanes_prepare */
     memset(job->args, 0, sizeof job->args);
     for (int s = 0; s < job->ws; s++) {
-        job->args[s].ptr[0] = kb_tensor_va(job->t[s]);
+        job->args[s].ptr[KB_CCL_PTR_TILE] = kb_tensor_va(job->t[s]);
         job->args[s].i[KB_LN_JOB] = (int64_t)(uintptr_t)job;
     }
     return kb_launch_per_sip(ctx, job->name, lane_kernel, job->args, &g);

@@ -413,20 +413,30 @@ int kb_dist_barrier(kb_ctx *ctx)
 
 /* ---- all_gather / reduce_scatter ---- */
 
+/* The arguments of scatter_in and gather_out: the rank's narrow tensor (m x S*c, c columns
+ * per PE) and its wide one (S*m x ws*S*c, one m x ws*S*c block per PE). */
+typedef struct place_args {
+    kb_va src, dst; /* scatter_in: narrow -> wide; gather_out: wide -> narrow */
+    int64_t m, c;
+    int64_t S;      /* shards per rank */
+    int64_t ws, rank;
+    kb_dtype dt;
+} place_args;
+
 /*
  * Per PE: copy the PE's block of `in` (m x c, column block j of rank r) into columns
  * [(r*S + j)*c, +c) of its zeroed out block (m x ws*S*c), row by row.
- * i[0] = m, i[1] = c, i[2] = S (shards per rank), i[3] = ws, i[4] = rank, i[5] = dtype.
  */
-static void scatter_in(kb_tl *tl, const kb_kargs *a)
+static void scatter_in(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t m = a->i[0], c = a->i[1], S = a->i[2], ws = a->i[3], r = a->i[4];
-    kb_dtype dt = (kb_dtype)a->i[5];
+    const place_args *a = KB_KARGS_GET(ka, place_args);
+    int64_t m = a->m, c = a->c, S = a->S, ws = a->ws, r = a->rank;
+    kb_dtype dt = a->dt;
     size_t es = kb_dtype_size(dt);
     int64_t j = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
     int64_t wide = ws * S * c;
-    kb_va in = a->ptr[0] + (kb_va)(j * m * c) * es;
-    kb_va block = a->ptr[1] + (kb_va)(j * m * wide) * es;
+    kb_va in = a->src + (kb_va)(j * m * c) * es;
+    kb_va block = a->dst + (kb_va)(j * m * wide) * es;
     kb_va out = block + (kb_va)((r * S + j) * c) * es;
     kb_val z = tl_full(tl, KB_SHAPE2(m, wide), 0.0f); /* the other ranks' columns sum in as 0 */
     tl_store(tl, block, z);
@@ -439,15 +449,16 @@ static void scatter_in(kb_tl *tl, const kb_kargs *a)
 }
 
 /* Inverse: the PE's chunk of the reduced block back into its block of out. */
-static void gather_out(kb_tl *tl, const kb_kargs *a)
+static void gather_out(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t m = a->i[0], c = a->i[1], S = a->i[2], ws = a->i[3], r = a->i[4];
-    kb_dtype dt = (kb_dtype)a->i[5];
+    const place_args *a = KB_KARGS_GET(ka, place_args);
+    int64_t m = a->m, c = a->c, S = a->S, ws = a->ws, r = a->rank;
+    kb_dtype dt = a->dt;
     size_t es = kb_dtype_size(dt);
     int64_t j = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
     int64_t wide = ws * S * c;
-    kb_va src = a->ptr[0] + (kb_va)(j * m * wide) * es + (kb_va)((r * S + j) * c) * es;
-    kb_va dst = a->ptr[1] + (kb_va)(j * m * c) * es;
+    kb_va src = a->src + (kb_va)(j * m * wide) * es + (kb_va)((r * S + j) * c) * es;
+    kb_va dst = a->dst + (kb_va)(j * m * c) * es;
     for (int64_t row = 0; row < m; row++) {
         kb_val v = tl_load(tl, src + (kb_va)(row * wide) * es, KB_SHAPE1(c), dt);
         tl_store(tl, dst + (kb_va)(row * c) * es, v);
@@ -488,10 +499,10 @@ static int exec_gather(kb_ctx *ctx, dist *d, epoch *e, int reduce_scatter)
         for (int r = 0; r < d->ws; r++) {
             kb_kargs *a = &d->args[r];
             memset(a, 0, sizeof *a);
-            a->ptr[0] = kb_tensor_va(narrow[r]);
-            a->ptr[1] = kb_tensor_va(wide[r]);
-            kb_dist_coll_args(m, tree, d->ws, d->root_cube, rows, c, S,
-                              kb_tensor_dtype(narrow[r]), a);
+            KB_KARGS_PUT(a, (kb_dist_gather_args){
+                .sh = kb_dist_coll_shape_of(m, tree, d->ws, d->root_cube, rows, S,
+                                            kb_tensor_dtype(narrow[r])),
+                .narrow = kb_tensor_va(narrow[r]), .wide = kb_tensor_va(wide[r]), .c = c });
         }
         return kb_launch_per_sip(ctx, reduce_scatter ? "dist_reduce_scatter" : "dist_all_gather",
                                  reduce_scatter ? kb_dist_reducescatter_kernel
@@ -506,14 +517,11 @@ static int exec_gather(kb_ctx *ctx, dist *d, epoch *e, int reduce_scatter)
     for (int r = 0; r < d->ws; r++) {
         kb_kargs *a = &d->args[r];
         memset(a, 0, sizeof *a);
-        a->ptr[0] = reduce_scatter ? kb_tensor_va(wide[r]) : kb_tensor_va(narrow[r]);
-        a->ptr[1] = reduce_scatter ? kb_tensor_va(narrow[r]) : kb_tensor_va(wide[r]);
-        a->i[0] = rows;
-        a->i[1] = c;
-        a->i[2] = S;
-        a->i[3] = d->ws;
-        a->i[4] = r;
-        a->i[5] = kb_tensor_dtype(narrow[r]);
+        KB_KARGS_PUT(a, (place_args){
+            .src = reduce_scatter ? kb_tensor_va(wide[r]) : kb_tensor_va(narrow[r]),
+            .dst = reduce_scatter ? kb_tensor_va(narrow[r]) : kb_tensor_va(wide[r]),
+            .m = rows, .c = c, .S = S, .ws = d->ws, .rank = r,
+            .dt = kb_tensor_dtype(narrow[r]) });
     }
     rc = kb_launch_per_sip(ctx, reduce_scatter ? "reduce_scatter_pick" : "all_gather_place",
                            reduce_scatter ? gather_out : scatter_in, d->args, &g);
@@ -559,9 +567,10 @@ static int exec_rooted(kb_ctx *ctx, dist *d, epoch *e, int reduce)
     for (int r = 0; r < d->ws; r++) {
         kb_kargs *a = &d->args[r];
         memset(a, 0, sizeof *a);
-        kb_dist_coll_args(m, tree, d->ws, d->root_cube, (int64_t)n, e->root,
-                          kb_dist_shards_per_rank(ctx), kb_tensor_dtype(e->a[r]), a);
-        a->ptr[0] = kb_tensor_va(e->a[r]);
+        KB_KARGS_PUT(a, (kb_dist_rooted_args){
+            .sh = kb_dist_coll_shape_of(m, tree, d->ws, d->root_cube, (int64_t)n,
+                                        kb_dist_shards_per_rank(ctx), kb_tensor_dtype(e->a[r])),
+            .t = kb_tensor_va(e->a[r]), .root = e->root });
     }
     kb_grid g = d->algo->grid(m, d->ws);
     return kb_launch_per_sip(ctx, reduce ? "dist_reduce" : "dist_broadcast",
@@ -636,10 +645,10 @@ static int exec_alltoall(kb_ctx *ctx, dist *d, epoch *e)
     for (int r = 0; r < d->ws; r++) {
         kb_kargs *a = &d->args[r];
         memset(a, 0, sizeof *a);
-        kb_dist_coll_args(m, tree, d->ws, d->root_cube, (int64_t)n, 0,
-                          kb_dist_shards_per_rank(ctx), kb_tensor_dtype(e->b[r]), a);
-        a->ptr[0] = kb_tensor_va(e->b[r]);
-        a->ptr[1] = kb_tensor_va(e->a[r]);
+        KB_KARGS_PUT(a, (kb_dist_alltoall_args){
+            .sh = kb_dist_coll_shape_of(m, tree, d->ws, d->root_cube, (int64_t)n,
+                                        kb_dist_shards_per_rank(ctx), kb_tensor_dtype(e->b[r])),
+            .in = kb_tensor_va(e->b[r]), .out = kb_tensor_va(e->a[r]) });
     }
     kb_grid g = d->algo->grid(m, d->ws);
     return kb_launch_per_sip(ctx, "dist_all_to_all", kb_dist_alltoall_kernel, d->args, &g);
@@ -661,42 +670,43 @@ static kb_dir opposite(kb_dir d)
 }
 
 /*
- * The leaders' route from src to dst over the SIP grid of `proto` (kb_dist_coll_args):
+ * The leaders' route from src to dst over the SIP grid of `sh` (kb_dist_coll_shape_of):
  * along src's grid row to dst's column, then along that column (the shorter way round where
- * the grid wraps, east / south on a tie). Sets the role and directions of every SIP on it in
- * args[sip] (the others stay IDLE) and the range [lo, hi] of SIPs the launch covers; returns
- * the hop count.
+ * the grid wraps, east / south on a tie). Puts every SIP's arguments in args[sip]: the role
+ * and directions of those on the route (t_src and t_dst the two ends' tensors), IDLE for the
+ * others; sets the range [lo, hi] of SIPs the launch covers and returns the hop count.
  */
-static int p2p_route(const kb_kargs *proto, int src, int dst, int ws, kb_kargs *args, int *lo,
-                     int *hi)
+static int p2p_route(const kb_dist_coll_shape *sh, int src, int dst, kb_va t_src, kb_va t_dst,
+                     kb_kargs *args, int *lo, int *hi)
 {
-    int gw = (int)proto->i[KB_DC_GW], gh = (int)proto->i[KB_DC_GH];
-    int wrap = (int)proto->i[KB_DC_WRAP], cur = src, hops = 0;
-    for (int r = 0; r < ws; r++) {
-        args[r] = *proto;
-        args[r].i[KB_DC_ROLE] = KB_DIST_P2P_IDLE;
+    int gw = sh->gw, gh = sh->gh, wrap = sh->wrap, cur = src, hops = 0;
+    /* the SIP at cur, complete once the hop out of it is known */
+    kb_dist_p2p_args at = { .sh = *sh, .t = t_src, .role = KB_DIST_P2P_SRC };
+    for (int r = 0; r < (int)sh->ws; r++) {
+        memset(&args[r], 0, sizeof args[r]);
+        KB_KARGS_PUT(&args[r], (kb_dist_p2p_args){ .sh = *sh, .role = KB_DIST_P2P_IDLE });
     }
     *lo = *hi = src;
-    args[src].i[KB_DC_ROLE] = KB_DIST_P2P_SRC;
     for (int dim = 0; dim < 2; dim++) {
         int g = dim == 0 ? gw : gh;
-        int at = dim == 0 ? cur % gw : cur / gw, to = dim == 0 ? dst % gw : dst / gw;
-        int fwd = (to - at + g) % g, steps, up;
+        int at_g = dim == 0 ? cur % gw : cur / gw, to = dim == 0 ? dst % gw : dst / gw;
+        int fwd = (to - at_g + g) % g, steps, up;
         if (wrap) {
             up = fwd <= g - fwd;
             steps = up ? fwd : g - fwd;
         } else {
-            up = to >= at;
-            steps = up ? to - at : at - to;
+            up = to >= at_g;
+            steps = up ? to - at_g : at_g - to;
         }
         kb_dir d = dim == 0 ? (up ? KB_DIR_GLOBAL_E : KB_DIR_GLOBAL_W)
                             : (up ? KB_DIR_GLOBAL_S : KB_DIR_GLOBAL_N);
         for (int k = 0; k < steps; k++) {
-            at = (at + (up ? 1 : g - 1)) % g;
-            int next = dim == 0 ? (cur / gw) * gw + at : at * gw + cur % gw;
-            args[cur].i[KB_DC_OUT] = d;
-            args[next].i[KB_DC_IN] = opposite(d);
-            args[next].i[KB_DC_ROLE] = next == dst ? KB_DIST_P2P_DST : KB_DIST_P2P_FWD;
+            at_g = (at_g + (up ? 1 : g - 1)) % g;
+            int next = dim == 0 ? (cur / gw) * gw + at_g : at_g * gw + cur % gw;
+            at.out = d;
+            KB_KARGS_PUT(&args[cur], at);
+            at = (kb_dist_p2p_args){ .sh = *sh, .in = opposite(d),
+                                     .role = next == dst ? KB_DIST_P2P_DST : KB_DIST_P2P_FWD };
             cur = next;
             hops++;
             *lo = cur < *lo ? cur : *lo;
@@ -704,6 +714,8 @@ static int p2p_route(const kb_kargs *proto, int src, int dst, int ws, kb_kargs *
         }
     }
     assert(cur == dst); /* the row, then the column, reach the destination */
+    at.t = t_dst;
+    KB_KARGS_PUT(&args[cur], at);
     return hops;
 }
 
@@ -756,15 +768,12 @@ static int p2p_exec(kb_ctx *ctx, dist *d, int src, int dst, uint64_t seq, kb_ten
         kb_waitq_block(sim, &d->p2p_wait, "kb_dist send/recv of another pair", d);
     d->p2p_busy = 1;
     uint64_t n = kb_tensor_shard(ts, 0)->nbytes / kb_dtype_size(kb_tensor_dtype(ts));
-    kb_kargs proto;
-    memset(&proto, 0, sizeof proto);
-    kb_dist_coll_args(m, tree, d->ws, d->root_cube, (int64_t)n, 0, kb_dist_shards_per_rank(ctx),
-                      kb_tensor_dtype(ts), &proto);
-    p2p_route(&proto, src, dst, d->ws, d->args, &lo, &hi);
+    kb_dist_coll_shape sh = kb_dist_coll_shape_of(m, tree, d->ws, d->root_cube, (int64_t)n,
+                                                  kb_dist_shards_per_rank(ctx),
+                                                  kb_tensor_dtype(ts));
+    p2p_route(&sh, src, dst, kb_tensor_va(ts), kb_tensor_va(tr), d->args, &lo, &hi);
     /* the launch covers SIPs [lo, hi]: both ends of the route among them */
     assert(lo <= src && src <= hi && lo <= dst && dst <= hi);
-    d->args[src].ptr[0] = kb_tensor_va(ts);
-    d->args[dst].ptr[0] = kb_tensor_va(tr);
     kb_grid g = d->algo->grid(m, d->ws);
     g.sip0 = lo;
     g.sips = hi - lo + 1;

@@ -149,13 +149,12 @@ typedef struct where {
     int64_t unit1, base1, unit2;
 } where;
 
-static void locate(kb_tl *tl, const kb_kargs *a, where *w)
+static void locate(kb_tl *tl, const kb_dist_coll_shape *sh, where *w)
 {
-    int shape = (int)a->i[KB_DC_SHAPE];
     int pe = tl_program_id(tl, 0), cube = tl_program_id(tl, 1);
     memset(w, 0, sizeof *w);
-    if (shape == KB_DIST_TREE_CHAINS) {
-        int P = (int)a->i[KB_DC_G1], C = (int)a->i[KB_DC_G2];
+    if (sh->tree == KB_DIST_TREE_CHAINS) {
+        int P = sh->g1, C = sh->g2;
         w->j = cube * P + pe;
         tree_halves(&w->l1, pe, P, KB_DIR_E, KB_DIR_W);
         w->in2 = pe == 0;
@@ -165,7 +164,7 @@ static void locate(kb_tl *tl, const kb_kargs *a, where *w)
         w->base1 = (int64_t)cube * P;
         w->unit2 = P;
     } else {
-        int mw = (int)a->i[KB_DC_G1], mh = (int)a->i[KB_DC_G2], root = (int)a->i[KB_DC_ROOT];
+        int mw = sh->g1, mh = sh->g2, root = sh->root_cube;
         int col = cube % mw, row = cube / mw, rc = root % mw, rr = root / mw;
         w->j = cube;
         tree_line(&w->l1, col, mw, rc, KB_DIR_E, KB_DIR_W);
@@ -176,7 +175,7 @@ static void locate(kb_tl *tl, const kb_kargs *a, where *w)
         w->base1 = (int64_t)row * mw;
         w->unit2 = mw;
     }
-    assert(w->j < a->i[KB_DC_S]); /* the PE's block is one of the rank's S */
+    assert(w->j < sh->S); /* the PE's block is one of the rank's S */
     w->leader = w->in2 && w->l2.parent < 0;
 }
 
@@ -285,26 +284,28 @@ static kb_val rs_row(kb_tl *tl, kb_val x, int64_t u, int i, int g, int wrap, kb_
 }
 
 /* The leaders' SIP grid and this leader's place in it. */
-static void grid_of(const kb_kargs *a, int sip, int *gw, int *gh, int *sx, int *sy, int *wrap)
+static void grid_of(const kb_dist_coll_shape *sh, int sip, int *gw, int *gh, int *sx, int *sy,
+                    int *wrap)
 {
-    *gw = (int)a->i[KB_DC_GW];
-    *gh = (int)a->i[KB_DC_GH];
-    *wrap = (int)a->i[KB_DC_WRAP];
+    *gw = sh->gw;
+    *gh = sh->gh;
+    *wrap = sh->wrap;
     *sx = sip % *gw;
     *sy = sip / *gw;
 }
 
 /* ---- all_gather ---- */
 
-void kb_dist_allgather_kernel(kb_tl *tl, const kb_kargs *a)
+void kb_dist_allgather_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t m = a->i[KB_DC_M], c = a->i[KB_DC_C], S = a->i[KB_DC_S], ws = a->i[KB_DC_WS];
-    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
+    const kb_dist_gather_args *a = KB_KARGS_GET(ka, kb_dist_gather_args);
+    int64_t m = a->sh.m, c = a->c, S = a->sh.S, ws = a->sh.ws;
+    kb_dtype dt = a->sh.dt;
     int64_t B = m * c, k = S * c, W = ws * k, K = m * k; /* K: elements of a rank's chunk */
     int sip = tl_program_id(tl, 2);
     where w;
-    locate(tl, a, &w);
-    kb_va in = elem(a->ptr[0], w.j * B, dt), out = elem(a->ptr[1], w.j * m * W, dt);
+    locate(tl, &a->sh, &w);
+    kb_va in = elem(a->narrow, w.j * B, dt), out = elem(a->wide, w.j * m * W, dt);
     /* the PE's out block is staging until the end: rank-major, chunk r at r*K; inside the
      * own chunk the S blocks go block-major while they are gathered */
     kb_va own = elem(out, sip * K, dt);
@@ -342,7 +343,7 @@ void kb_dist_allgather_kernel(kb_tl *tl, const kb_kargs *a)
             tl_free(tl, v);
         }
         int gw, gh, sx, sy, wrap;
-        grid_of(a, sip, &gw, &gh, &sx, &sy, &wrap);
+        grid_of(&a->sh, sip, &gw, &gh, &sx, &sy, &wrap);
         ag_dim(tl, out, 1, 0, (int64_t)sy * gw * K, K, sx, gw, wrap, KB_DIR_GLOBAL_E,
                KB_DIR_GLOBAL_W, dt);
         ag_dim(tl, out, 1, 0, 0, gw * K, sy, gh, wrap, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N, dt);
@@ -376,15 +377,16 @@ void kb_dist_allgather_kernel(kb_tl *tl, const kb_kargs *a)
 
 /* ---- reduce_scatter ---- */
 
-void kb_dist_reducescatter_kernel(kb_tl *tl, const kb_kargs *a)
+void kb_dist_reducescatter_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t m = a->i[KB_DC_M], c = a->i[KB_DC_C], S = a->i[KB_DC_S], ws = a->i[KB_DC_WS];
-    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
+    const kb_dist_gather_args *a = KB_KARGS_GET(ka, kb_dist_gather_args);
+    int64_t m = a->sh.m, c = a->c, S = a->sh.S, ws = a->sh.ws;
+    kb_dtype dt = a->sh.dt;
     int64_t B = m * c, k = S * c, W = ws * k;
     int sip = tl_program_id(tl, 2);
     where w;
-    locate(tl, a, &w);
-    kb_va out = elem(a->ptr[0], w.j * B, dt), in = elem(a->ptr[1], w.j * m * W, dt);
+    locate(tl, &a->sh, &w);
+    kb_va out = elem(a->narrow, w.j * B, dt), in = elem(a->wide, w.j * m * W, dt);
 
     /* 1. reduce the whole-width partials up the tree (f32) */
     kb_val v = tl_load(tl, in, KB_SHAPE1(m * W), dt);
@@ -411,7 +413,7 @@ void kb_dist_reducescatter_kernel(kb_tl *tl, const kb_kargs *a)
      * chunk goes block-major, rounded to the dtype once, to the start of its `in` block */
     if (w.leader) {
         int gw, gh, sx, sy, wrap;
-        grid_of(a, sip, &gw, &gh, &sx, &sy, &wrap);
+        grid_of(&a->sh, sip, &gw, &gh, &sx, &sy, &wrap);
         for (int64_t q = 0; q < m; q++) {
             kb_val row = kb_val_slice(acc, (uint32_t)(q * W), (uint32_t)W);
             kb_val ry = rs_row(tl, row, gw * k, sy, gh, wrap, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N);
@@ -470,33 +472,29 @@ int kb_dist_coll_tree(const kb_dist_algo *algo)
     return -1;
 }
 
-void kb_dist_coll_args(const kb_machine *m, int tree, int ws, int root_cube, int64_t rows,
-                       int64_t c, int S, kb_dtype dt, kb_kargs *a)
+kb_dist_coll_shape kb_dist_coll_shape_of(const kb_machine *m, int tree, int ws, int root_cube,
+                                         int64_t rows, int S, kb_dtype dt)
 {
-    a->i[KB_DC_M] = rows;
-    a->i[KB_DC_C] = c;
-    a->i[KB_DC_S] = S;
-    a->i[KB_DC_WS] = ws;
-    a->i[KB_DC_DT] = dt;
-    a->i[KB_DC_SHAPE] = tree;
+    kb_dist_coll_shape sh = { .m = rows, .S = S, .ws = ws, .dt = dt, .tree = tree };
     if (tree == KB_DIST_TREE_CHAINS) {
         /* hierarchical_3level: a global E/W ring of the SIP leaders, whatever the topology */
-        a->i[KB_DC_G1] = m->npes;
-        a->i[KB_DC_G2] = m->ncubes;
-        a->i[KB_DC_GW] = ws;
-        a->i[KB_DC_GH] = 1;
-        a->i[KB_DC_WRAP] = 1;
+        sh.g1 = m->npes;
+        sh.g2 = m->ncubes;
+        sh.gw = ws;
+        sh.gh = 1;
+        sh.wrap = 1;
     } else {
         /* the lines and the leaders' grid cover the SIP's cubes and the machine's SIPs */
         assert(root_cube >= 0 && root_cube < m->mesh_w * m->mesh_h &&
                m->sip_grid_w * m->sip_grid_h == ws);
-        a->i[KB_DC_G1] = m->mesh_w;
-        a->i[KB_DC_G2] = m->mesh_h;
-        a->i[KB_DC_ROOT] = root_cube;
-        a->i[KB_DC_GW] = m->sip_grid_w;
-        a->i[KB_DC_GH] = m->sip_grid_h;
-        a->i[KB_DC_WRAP] = m->sip_topo != KB_SIPTOPO_MESH_2D_NO_WRAP;
+        sh.g1 = m->mesh_w;
+        sh.g2 = m->mesh_h;
+        sh.root_cube = root_cube;
+        sh.gw = m->sip_grid_w;
+        sh.gh = m->sip_grid_h;
+        sh.wrap = m->sip_topo != KB_SIPTOPO_MESH_2D_NO_WRAP;
     }
+    return sh;
 }
 
 /* ---- broadcast and reduce (a rank's tensor: S shards of n elements, one per PE) ---- */
@@ -549,10 +547,10 @@ static void dim_node(int i, int g, int rt, int wrap, kb_dir fwd, kb_dir back, in
     }
 }
 
-static void grid_node(const kb_kargs *a, int sip, int root, gnode *gn)
+static void grid_node(const kb_dist_coll_shape *sh, int sip, int root, gnode *gn)
 {
     int gw, gh, sx, sy, wrap, p;
-    grid_of(a, sip, &gw, &gh, &sx, &sy, &wrap);
+    grid_of(sh, sip, &gw, &gh, &sx, &sy, &wrap);
     int rx = root % gw, ry = root / gw;
     assert(sy < gh && ry < gh); /* the leaders' grid holds every SIP */
     memset(gn, 0, sizeof *gn);
@@ -632,20 +630,21 @@ static void route_down(kb_tl *tl, const where *w, int lvl, int64_t b, kb_val v, 
         tl_store(tl, elem(t, w->j * n + off, dt), v);
 }
 
-void kb_dist_broadcast_kernel(kb_tl *tl, const kb_kargs *a)
+void kb_dist_broadcast_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t n = a->i[KB_DC_M];
-    int root = (int)a->i[KB_DC_C], sip = tl_program_id(tl, 2);
-    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
-    kb_va t = a->ptr[0];
+    const kb_dist_rooted_args *a = KB_KARGS_GET(ka, kb_dist_rooted_args);
+    int64_t n = a->sh.m;
+    int root = a->root, sip = tl_program_id(tl, 2);
+    kb_dtype dt = a->sh.dt;
+    kb_va t = a->t;
     where w;
-    locate(tl, a, &w);
+    locate(tl, &a->sh, &w);
     int top = w.in2 ? 2 : 1;
     const tnode *nd = top == 1 ? &w.l1 : &w.l2;
     gnode gn;
     bsink s = { 0, { 0 } };
     if (w.leader) {
-        grid_node(a, sip, root, &gn);
+        grid_node(&a->sh, sip, root, &gn);
         s.ndir = gn.nch;
         memcpy(s.dir, gn.ch, sizeof gn.ch);
     } else if (sip == root) {
@@ -674,15 +673,16 @@ void kb_dist_broadcast_kernel(kb_tl *tl, const kb_kargs *a)
  * root's leader, whose total goes down its SIP's tree into every shard of the root's tensor.
  * The other ranks' tensors are left as they were.
  */
-void kb_dist_reduce_kernel(kb_tl *tl, const kb_kargs *a)
+void kb_dist_reduce_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t n = a->i[KB_DC_M];
-    int root = (int)a->i[KB_DC_C], sip = tl_program_id(tl, 2);
-    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
+    const kb_dist_rooted_args *a = KB_KARGS_GET(ka, kb_dist_rooted_args);
+    int64_t n = a->sh.m;
+    int root = a->root, sip = tl_program_id(tl, 2);
+    kb_dtype dt = a->sh.dt;
     kb_va mine;
     where w;
-    locate(tl, a, &w);
-    mine = elem(a->ptr[0], w.j * n, dt);
+    locate(tl, &a->sh, &w);
+    mine = elem(a->t, w.j * n, dt);
     kb_val v = tl_load(tl, mine, KB_SHAPE1(n), dt);
     kb_val acc = tl_scale(tl, v, 1.0f, 0.0f);
     tl_free(tl, v);
@@ -705,7 +705,7 @@ void kb_dist_reduce_kernel(kb_tl *tl, const kb_kargs *a)
     }
     if (w.leader) {
         gnode gn;
-        grid_node(a, sip, root, &gn);
+        grid_node(&a->sh, sip, root, &gn);
         for (int x = 0; x < gn.nch; x++) {
             kb_val r = tl_recv(tl, gn.ch[x], KB_SHAPE1(n), KB_F32);
             kb_val s = tl_add(tl, acc, r);
@@ -855,16 +855,17 @@ static void a2a_dim(kb_tl *tl, const kb_val *it, kb_val *got, kb_val *carry, int
  * the destinations of a grid column) and then along columns (a2a_dim: rings, or chains where
  * the grid does not wrap); 3. the leader packs every shard's received blocks in rank order
  * and routes the shard down the tree to the PE that owns it, in increasing shard order.
- * ptr[0] = in, ptr[1] = out, i[KB_DC_M] = n (elements per shard), S = i[KB_DC_S].
+ * n = sh.m elements per shard, S = sh.S shards.
  */
-void kb_dist_alltoall_kernel(kb_tl *tl, const kb_kargs *a)
+void kb_dist_alltoall_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t n = a->i[KB_DC_M], S = a->i[KB_DC_S], ws = a->i[KB_DC_WS], u = n / ws;
-    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
-    kb_va in = a->ptr[0], out = a->ptr[1];
+    const kb_dist_alltoall_args *a = KB_KARGS_GET(ka, kb_dist_alltoall_args);
+    int64_t n = a->sh.m, S = a->sh.S, ws = a->sh.ws, u = n / ws;
+    kb_dtype dt = a->sh.dt;
+    kb_va in = a->in, out = a->out;
     int sip = tl_program_id(tl, 2);
     where w;
-    locate(tl, a, &w);
+    locate(tl, &a->sh, &w);
     int top = w.in2 ? 2 : 1;
     const tnode *nd = top == 1 ? &w.l1 : &w.l2;
 
@@ -882,7 +883,7 @@ void kb_dist_alltoall_kernel(kb_tl *tl, const kb_kargs *a)
     }
 
     int gw, gh, sx, sy, wrap;
-    grid_of(a, sip, &gw, &gh, &sx, &sy, &wrap);
+    grid_of(&a->sh, sip, &gw, &gh, &sx, &sy, &wrap);
     int64_t q1 = S * gh, q2 = S * gw, total = S * ws;
     /* one allocation for the item tables (freed on return; a kernel that fails never
      * returns, and the run stops with it) */
@@ -928,33 +929,34 @@ void kb_dist_alltoall_kernel(kb_tl *tl, const kb_kargs *a)
 
 /* ---- send / recv ---- */
 
-void kb_dist_p2p_kernel(kb_tl *tl, const kb_kargs *a)
+void kb_dist_p2p_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t n = a->i[KB_DC_M], S = a->i[KB_DC_S];
-    int role = (int)a->i[KB_DC_ROLE];
-    kb_dtype dt = (kb_dtype)a->i[KB_DC_DT];
-    kb_va t = a->ptr[0];
+    const kb_dist_p2p_args *a = KB_KARGS_GET(ka, kb_dist_p2p_args);
+    int64_t n = a->sh.m, S = a->sh.S;
+    int role = a->role;
+    kb_dtype dt = a->sh.dt;
+    kb_va t = a->t;
     where w;
     if (role == KB_DIST_P2P_IDLE)
         return;
-    locate(tl, a, &w);
+    locate(tl, &a->sh, &w);
     int top = w.in2 ? 2 : 1;
     const tnode *nd = top == 1 ? &w.l1 : &w.l2;
     if (role == KB_DIST_P2P_SRC) {
         /* the shards up the tree in increasing order, the leader passing each on */
-        bsink s = { 1, { w.leader ? (kb_dir)a->i[KB_DC_OUT] : (kb_dir)nd->parent } };
+        bsink s = { 1, { w.leader ? a->out : (kb_dir)nd->parent } };
         emit_up(tl, &w, top, t, n, dt, &s);
     } else if (role == KB_DIST_P2P_FWD) {
         if (!w.leader)
             return;
         for (int64_t b = 0; b < S; b++) {
-            kb_val v = tl_recv(tl, (kb_dir)a->i[KB_DC_IN], KB_SHAPE1(n), dt);
-            tl_send(tl, (kb_dir)a->i[KB_DC_OUT], v);
+            kb_val v = tl_recv(tl, a->in, KB_SHAPE1(n), dt);
+            tl_send(tl, a->out, v);
             tl_free(tl, v);
         }
     } else {
         /* DST: the shards arrive in increasing order, each routed to the PE that owns it */
-        int parent = w.leader ? (int)a->i[KB_DC_IN] : nd->parent;
+        int parent = w.leader ? (int)a->in : nd->parent;
         int64_t lo = top == 1 ? w.base1 + nd->lo * w.unit1 : nd->lo * w.unit2;
         int64_t hi = top == 1 ? w.base1 + (nd->hi + 1) * w.unit1 : (nd->hi + 1) * w.unit2;
         for (int64_t b = lo; b < hi; b++) {

@@ -16,35 +16,66 @@ enum {
     KB_DIST_TREE_LINES = 1   /* intercube: cube-mesh rows toward the root column, then down it */
 };
 
-/* Kernel arguments: ptr[0] = the narrow tensor (m x k, column-wise over the S PEs), ptr[1] =
- * the wide one (S*m x ws*k, one m x ws*k block per PE). */
-enum { KB_DC_M = 0, KB_DC_C, KB_DC_S, KB_DC_WS, KB_DC_DT, KB_DC_SHAPE, KB_DC_G1, KB_DC_G2,
-       KB_DC_ROOT, KB_DC_GW, KB_DC_GH, KB_DC_WRAP };
-
-/* kb_dist_p2p_kernel's arguments, over slots the route makes free: the SIP's role, and the
- * global directions the tensor arrives from (FWD, DST leaders) and leaves on (SRC, FWD). */
-enum { KB_DC_ROLE = KB_DC_C, KB_DC_IN = KB_DC_GW, KB_DC_OUT = KB_DC_GH };
-enum { KB_DIST_P2P_IDLE = 0, KB_DIST_P2P_SRC, KB_DIST_P2P_FWD, KB_DIST_P2P_DST };
+/* What every kernel here needs of the tensors' layout and the wiring (kb_dist_coll_shape_of). */
+typedef struct kb_dist_coll_shape {
+    int64_t m;        /* all_gather, reduce_scatter: rows; the others: elements per shard */
+    int64_t S;        /* shards (PEs) per rank */
+    int64_t ws;
+    kb_dtype dt;
+    int tree;         /* KB_DIST_TREE_* */
+    int g1, g2;       /* CHAINS: PEs per cube, cubes; LINES: the cube mesh's width, height */
+    int root_cube;    /* LINES: the cube the lines lead to */
+    int gw, gh, wrap; /* the leaders' SIP grid, and whether its rows and columns wrap */
+} kb_dist_coll_shape;
 
 /* The tree of an entry's wiring, by its mapper (all_pes, pe0_all_cubes); -1 for another. */
 int kb_dist_coll_tree(const kb_dist_algo *algo);
 
-/* Fills a rank's arguments (ptr[] left to the caller): rows m, c columns per PE, S PEs. */
-void kb_dist_coll_args(const kb_machine *m, int tree, int ws, int root_cube, int64_t rows,
-                       int64_t c, int S, kb_dtype dt, kb_kargs *a);
+/* The shape of a world of ws ranks on machine m, for tree `tree`: `rows` rows or elements
+ * (kb_dist_coll_shape.m), S PEs per rank. */
+kb_dist_coll_shape kb_dist_coll_shape_of(const kb_machine *m, int tree, int ws, int root_cube,
+                                         int64_t rows, int S, kb_dtype dt);
 
+/* all_gather / reduce_scatter: the narrow tensor (m x k, column-wise over the S PEs, c = k/S
+ * columns each) and the wide one (S*m x ws*k, one m x ws*k block per PE). */
+typedef struct kb_dist_gather_args {
+    kb_dist_coll_shape sh;
+    kb_va narrow, wide;
+    int64_t c;
+} kb_dist_gather_args;
 void kb_dist_allgather_kernel(kb_tl *tl, const kb_kargs *a);
 void kb_dist_reducescatter_kernel(kb_tl *tl, const kb_kargs *a);
-/* broadcast / reduce over a tensor of S shards of n elements (the all_reduce layout):
- * ptr[0] = the tensor, i[KB_DC_M] = n, i[KB_DC_C] = the root rank. */
+
+/* broadcast / reduce over a tensor t of S shards of n = sh.m elements (the all_reduce layout)
+ * from / to rank `root`. */
+typedef struct kb_dist_rooted_args {
+    kb_dist_coll_shape sh;
+    kb_va t;
+    int root;
+} kb_dist_rooted_args;
 void kb_dist_broadcast_kernel(kb_tl *tl, const kb_kargs *a);
 void kb_dist_reduce_kernel(kb_tl *tl, const kb_kargs *a);
-/* all_to_all between two tensors of that layout: ptr[0] = in, ptr[1] = out, i[KB_DC_M] = n
- * (a multiple of ws). */
+
+/* all_to_all between two tensors of that layout (n = sh.m, a multiple of ws). */
+typedef struct kb_dist_alltoall_args {
+    kb_dist_coll_shape sh;
+    kb_va in, out;
+} kb_dist_alltoall_args;
 void kb_dist_alltoall_kernel(kb_tl *tl, const kb_kargs *a);
-/* send / recv: a tensor of that layout (ptr[0]; i[KB_DC_M] = n) from the SRC SIP, up its tree,
- * along the leaders of the FWD SIPs, down the DST SIP's tree, shard by shard. */
+
+/* send / recv: a tensor t of that layout (n = sh.m) from the SRC SIP, up its tree, along the
+ * leaders of the FWD SIPs, down the DST SIP's tree, shard by shard. Each SIP's role on the
+ * route, and the global directions the tensor arrives from (FWD, DST leaders) and leaves on
+ * (SRC, FWD); t is the SRC's or the DST's tensor (0 elsewhere). */
+enum { KB_DIST_P2P_IDLE = 0, KB_DIST_P2P_SRC, KB_DIST_P2P_FWD, KB_DIST_P2P_DST };
+typedef struct kb_dist_p2p_args {
+    kb_dist_coll_shape sh;
+    kb_va t;
+    int role;         /* KB_DIST_P2P_* */
+    kb_dir in, out;
+} kb_dist_p2p_args;
 void kb_dist_p2p_kernel(kb_tl *tl, const kb_kargs *a);
+
 /* Whether shard i of a tensor of S shards sits where the kernels of this tree expect it (the
  * all_reduce layout: i = cube * npes + pe over every PE, or cube i's PE 0). */
 int kb_dist_coll_shard_ok(const kb_machine *m, int tree, int64_t i, const kb_shard_spec *sh);

@@ -246,10 +246,13 @@ KB_API int kb_ccl_op_from_name(const char *name);
 /* ---- writing an algorithm's kernel ---- */
 
 /*
- * Kernel arguments of every rank = PE algorithm: ptr[0] = the SIP's tile tensor
- * (one n-element f16 tile per rank, rank-local order), i[0] = n elements per tile,
- * i[1] = world size, i[2] = PEs per cube, i[3] = cubes per SIP used, i[4] = SIPs used.
+ * Kernel arguments of every rank = PE algorithm: ptr[KB_CCL_PTR_TILE] = the SIP's tile tensor
+ * (one n-element f16 tile per rank, rank-local order), i[KB_CCL_ARG_N] = n elements per tile,
+ * i[1] = world size, i[2] = PEs per cube, i[3] = cubes per SIP used, i[4] = SIPs used. They
+ * are indexed by name rather than typed (kb_kargs) because every algorithm and plugin kernel
+ * reads the same ones, and kb_ccl_lanes.c rewrites them for a lane.
  */
+enum { KB_CCL_PTR_TILE = 0 };
 enum { KB_CCL_ARG_N = 0, KB_CCL_ARG_WS, KB_CCL_ARG_PES, KB_CCL_ARG_CUBES, KB_CCL_ARG_SIPS,
        KB_CCL_ARG_DTYPE /* tile dtype (kb_dtype; 0 = f16); honoured by hierarchical_allreduce */,
        KB_CCL_ARG_ROOT /* the root rank of a rooted collective (broadcast, reduce), < ws */,
@@ -620,7 +623,8 @@ typedef struct kb_dist_algo {
     int (*shards)(const kb_machine *m);
     /* Layout validator over every rank's tensor (t[ws]); `what` prefixes the message. */
     int (*validate)(kb_ctx *ctx, kb_tensor *const *t, int ws, const char *what);
-    /* Fills one rank's (zeroed) kernel arguments. */
+    /* Fills one rank's (zeroed) kernel arguments: the kernel's own struct (KB_KARGS_PUT,
+     * as kb_ccl_intercube.c does) or, for a rank = PE kernel, the KB_CCL_ARG_* slots. */
     int (*args)(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a);
     /* The launch grid per SIP (PEs per cube, cubes, SIPs). */
     kb_grid (*grid)(const kb_machine *m, int ws);

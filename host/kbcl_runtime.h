@@ -23,9 +23,11 @@
 #ifndef KBCL_RUNTIME_H
 #define KBCL_RUNTIME_H
 
+#include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "kbcl_base.h"
 #include "kbcl_dtype.h"
@@ -237,12 +239,50 @@ KB_API unsigned kb_tensor_sip(const kb_tensor *t);   /* global SIP index the ten
 
 /* ---- kernels ---- */
 
+/*
+ * A launch's argument block. A kernel's own arguments go in `typed`: a struct per kernel,
+ * declared next to it (or in the header its launchers share), written with KB_KARGS_PUT at the
+ * launch and read with KB_KARGS_GET in the kernel, so that each argument has a name and a type
+ * where it is set and where it is used. ptr/i/f hold the arguments of frameworks that index
+ * them by name for every kernel they run (the collectives' KB_CCL_ARG_*).
+ *
+ * Ownership: kb_launch copies the whole block, the typed struct with it, so the caller's
+ * block may go once the launch returns; what the struct addresses by VA must outlive the
+ * launch, as any VA argument must. The struct holds plain data, values and VAs: never a
+ * pointer to the caller's stack or other host memory, which a kernel would reach outside the
+ * simulated machine (no time, no op record). It must fit KB_KARGS_TYPED_MAX bytes
+ * (KB_KARGS_PUT refuses a larger one at compile time) and need at most 16-byte alignment.
+ */
 #define KB_KARGS_MAX 12
+#define KB_KARGS_TYPED_MAX 256
 typedef struct kb_kargs {
     kb_va ptr[KB_KARGS_MAX];   /* tensor base VAs */
     int64_t i[KB_KARGS_MAX];   /* integer scalars */
     double f[KB_KARGS_MAX];    /* float scalars */
+    _Alignas(16) unsigned char typed[KB_KARGS_TYPED_MAX]; /* a kernel's own struct */
 } kb_kargs;
+
+/* The typed block of `a`, for a struct of `size` bytes and alignment `align` (asserted to
+ * fit); KB_KARGS_GET is the way to call it. */
+static inline const void *kb_kargs_typed(const kb_kargs *a, size_t size, size_t align)
+{
+    assert(size <= sizeof a->typed && align <= 16);
+    (void)size;
+    (void)align;
+    return a->typed;
+}
+
+/* Copies `value` (an lvalue: a variable or a compound literal such as
+ * (my_args){ .x = kb_tensor_va(t), .n = n }) into a's typed block. */
+#define KB_KARGS_PUT(a, ...)                                                                   \
+    do {                                                                                       \
+        _Static_assert(sizeof(__VA_ARGS__) <= KB_KARGS_TYPED_MAX,                              \
+                       "kernel arguments larger than kb_kargs.typed");                         \
+        memcpy((a)->typed, &(__VA_ARGS__), sizeof(__VA_ARGS__));                               \
+    } while (0)
+
+/* In the kernel: a's typed block as the struct T its launcher put there. */
+#define KB_KARGS_GET(a, T) ((const T *)kb_kargs_typed((a), sizeof(T), _Alignof(T)))
 
 typedef void (*kb_kernel_fn)(kb_tl *tl, const kb_kargs *a);
 

@@ -6,9 +6,9 @@
  * (unwired direction, oversized values), asynchronous receives, the deadlock report, peer
  * directions (KB_DIR_PEER(k): pairing, names, errors, the ring-area check), and the
  * ring all-reduces with one slot through kb_ccl_job for every buffer_kind. Kernels learn their
- * tensors from kb_kargs and report times through a fixture whose address travels in
- * kb_kargs.i[7]. Limits: one cube only; routes across cubes and SIPs are exercised by the
- * collectives in test_ccl.
+ * tensors from kb_kargs' typed block and report times through a fixture whose address
+ * travels in kb_kargs.i[FX_ARG]. Limits: one cube only; routes across cubes and SIPs are
+ * exercised by the collectives in test_ccl.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -60,10 +60,25 @@ static float in_val(int pe, int slot, int i)
     return (float)((pe * NSLOT + slot) * N + i) * 0.5f + 1.0f;
 }
 
-/* VA of slot `slot` of PE `pe` in tensor ptr[buf] (column-wise split over the PEs). */
-static kb_va at(const kb_kargs *a, int buf, int pe, int slot)
+/* The kernels' tensors (h_run): NSLOT values per PE, column-wise split over the PEs. */
+typedef struct ipcq_args {
+    kb_va in, out;
+} ipcq_args;
+
+/* VA of slot `slot` of PE `pe` in the tensor at base. */
+static kb_va slot_va(kb_va base, int pe, int slot)
 {
-    return a->ptr[buf] + (kb_va)((pe * NSLOT + slot) * N) * 4u;
+    return base + (kb_va)((pe * NSLOT + slot) * N) * 4u;
+}
+
+static kb_va in_at(const kb_kargs *a, int pe, int slot)
+{
+    return slot_va(KB_KARGS_GET(a, ipcq_args)->in, pe, slot);
+}
+
+static kb_va out_at(const kb_kargs *a, int pe, int slot)
+{
+    return slot_va(KB_KARGS_GET(a, ipcq_args)->out, pe, slot);
 }
 
 /* legacy: the model before issue #29 (cube.noc.topology=bus, one DMA channel) */
@@ -157,8 +172,7 @@ static int h_run(kb_ctx *ctx, void *arg)
     if ((rc = install_specs(ctx, &f->icfg, f->links, f->nlinks)) != 0)
         return rc;
     memset(&a, 0, sizeof a);
-    a.ptr[0] = kb_tensor_va(f->in);
-    a.ptr[1] = kb_tensor_va(f->out);
+    KB_KARGS_PUT(&a, (ipcq_args){ .in = kb_tensor_va(f->in), .out = kb_tensor_va(f->out) });
     a.i[FX_ARG] = (int64_t)(intptr_t)f;
     return kb_launch(ctx, "ipcq_test", f->kernel, &a, &g);
 }
@@ -236,15 +250,15 @@ static void test_dir_names(void **state)
 static void k_ring2(kb_tl *tl, const kb_kargs *a)
 {
     if (tl_program_id(tl, 0) == 0) {
-        kb_val va = tl_load(tl, at(a, 0, 0, 0), KB_SHAPE1(N), KB_F32);
-        kb_val vb = tl_load(tl, at(a, 0, 0, 1), KB_SHAPE1(N), KB_F32);
+        kb_val va = tl_load(tl, in_at(a, 0, 0), KB_SHAPE1(N), KB_F32);
+        kb_val vb = tl_load(tl, in_at(a, 0, 1), KB_SHAPE1(N), KB_F32);
         tl_send(tl, KB_DIR_E, va);
         tl_send(tl, KB_DIR_W, vb);
     } else {
         kb_val x = tl_recv(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
-        tl_store(tl, at(a, 1, 1, 0), x);
+        tl_store(tl, out_at(a, 1, 0), x);
         kb_val y = tl_recv(tl, KB_DIR_E, KB_SHAPE1(N), KB_F32);
-        tl_store(tl, at(a, 1, 1, 1), y);
+        tl_store(tl, out_at(a, 1, 1), y);
     }
 }
 
@@ -312,15 +326,15 @@ static void k_peer(kb_tl *tl, const kb_kargs *a)
     if (pe == 0) {
         static const kb_dir dirs[3] = { KB_DIR_PEER(5), KB_DIR_PEER(7), KB_DIR_E };
         for (int j = 0; j < 3; j++) {
-            kb_val v = tl_load(tl, at(a, 0, 0, j), KB_SHAPE1(N), KB_F32);
+            kb_val v = tl_load(tl, in_at(a, 0, j), KB_SHAPE1(N), KB_F32);
             tl_send(tl, dirs[j], v);
             tl_free(tl, v);
         }
     } else if (pe == 1) {
-        tl_store(tl, at(a, 1, 1, 0), tl_recv(tl, KB_DIR_PEER(2), KB_SHAPE1(N), KB_F32));
-        tl_store(tl, at(a, 1, 1, 2), tl_recv(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32));
+        tl_store(tl, out_at(a, 1, 0), tl_recv(tl, KB_DIR_PEER(2), KB_SHAPE1(N), KB_F32));
+        tl_store(tl, out_at(a, 1, 2), tl_recv(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32));
     } else if (pe == 2) {
-        tl_store(tl, at(a, 1, 2, 1), tl_recv(tl, KB_DIR_PEER(0), KB_SHAPE1(N), KB_F32));
+        tl_store(tl, out_at(a, 2, 1), tl_recv(tl, KB_DIR_PEER(0), KB_SHAPE1(N), KB_F32));
     }
 }
 
@@ -513,7 +527,7 @@ static void k_credit(kb_tl *tl, const kb_kargs *a)
     fx *f = fx_of(a);
     if (tl_program_id(tl, 0) == 0) {
         for (int j = 0; j < NSEND; j++) {
-            kb_val v = tl_load(tl, at(a, 0, 0, j), KB_SHAPE1(N), KB_F32);
+            kb_val v = tl_load(tl, in_at(a, 0, j), KB_SHAPE1(N), KB_F32);
             f->t_call[j] = kbt_tl_now(tl);
             tl_send(tl, KB_DIR_E, v);
             f->t_sent[j] = kbt_tl_now(tl);
@@ -527,7 +541,7 @@ static void k_credit(kb_tl *tl, const kb_kargs *a)
         for (int j = 0; j < NSEND; j++) {
             kb_val x = tl_recv(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
             f->t_recv[j] = kbt_tl_now(tl);
-            tl_store(tl, at(a, 1, 1, j), x);
+            tl_store(tl, out_at(a, 1, j), x);
             tl_free(tl, x);
         }
     }
@@ -884,19 +898,19 @@ static void k_chunked(kb_tl *tl, const kb_kargs *a)
 {
     fx *f = fx_of(a);
     if (tl_program_id(tl, 0) == 0) {
-        kb_val v = tl_load(tl, at(a, 0, 0, 0), KB_SHAPE1(CH_N), KB_F32);
+        kb_val v = tl_load(tl, in_at(a, 0, 0), KB_SHAPE1(CH_N), KB_F32);
         f->t_call[0] = kbt_tl_now(tl);
         tl_send(tl, KB_DIR_E, v);
         f->t_sent[0] = kbt_tl_now(tl);
         /* the reply, received into scratch: a chunked message the other way */
         kb_val back = tl_recv(tl, KB_DIR_W, KB_SHAPE2(2, CH_N / 2), KB_F32);
-        tl_store(tl, at(a, 1, 0, 0), back);
+        tl_store(tl, out_at(a, 0, 0), back);
     } else {
-        kb_ipcq_req *r = tl_recv_into_async(tl, KB_DIR_W, at(a, 1, 1, 0), KB_SHAPE1(CH_N),
+        kb_ipcq_req *r = tl_recv_into_async(tl, KB_DIR_W, out_at(a, 1, 0), KB_SHAPE1(CH_N),
                                             KB_F32);
         (void)tl_wait(tl, r);
         f->t_recv[0] = kbt_tl_now(tl);
-        tl_send(tl, KB_DIR_E, tl_load(tl, at(a, 0, 1, 0), KB_SHAPE2(2, CH_N / 2), KB_F32));
+        tl_send(tl, KB_DIR_E, tl_load(tl, in_at(a, 1, 0), KB_SHAPE2(2, CH_N / 2), KB_F32));
     }
 }
 
@@ -1002,9 +1016,9 @@ static void test_recv_size_mismatch(void **state)
 static void k_async(kb_tl *tl, const kb_kargs *a)
 {
     if (tl_program_id(tl, 0) == 0) {
-        tl_send(tl, KB_DIR_E, tl_load(tl, at(a, 0, 0, 0), KB_SHAPE1(N), KB_F32));
-        tl_send(tl, KB_DIR_E, tl_load(tl, at(a, 0, 0, 1), KB_SHAPE1(N), KB_F32));
-        tl_send(tl, KB_DIR_E, tl_load(tl, at(a, 0, 0, 2), KB_SHAPE1(N), KB_F32));
+        tl_send(tl, KB_DIR_E, tl_load(tl, in_at(a, 0, 0), KB_SHAPE1(N), KB_F32));
+        tl_send(tl, KB_DIR_E, tl_load(tl, in_at(a, 0, 1), KB_SHAPE1(N), KB_F32));
+        tl_send(tl, KB_DIR_E, tl_load(tl, in_at(a, 0, 2), KB_SHAPE1(N), KB_F32));
     } else {
         /* two receives outstanding on a one-slot queue, collected out of order */
         kb_ipcq_req *r1 = tl_recv_async(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
@@ -1013,10 +1027,10 @@ static void k_async(kb_tl *tl, const kb_kargs *a)
         kb_val four = tl_add(tl, two, two);
         kb_val y2 = tl_wait(tl, r2);
         kb_val y1 = tl_wait(tl, r1);
-        tl_store(tl, at(a, 1, 1, 0), tl_add(tl, y1, four));
-        tl_store(tl, at(a, 1, 1, 1), y2);
+        tl_store(tl, out_at(a, 1, 0), tl_add(tl, y1, four));
+        tl_store(tl, out_at(a, 1, 1), y2);
         /* received straight into the tensor */
-        tl_recv_into(tl, KB_DIR_W, at(a, 1, 1, 2), KB_SHAPE1(N), KB_F32);
+        tl_recv_into(tl, KB_DIR_W, out_at(a, 1, 2), KB_SHAPE1(N), KB_F32);
     }
 }
 
@@ -1049,7 +1063,7 @@ static void k_view(kb_tl *tl, const kb_kargs *a)
 {
     if (tl_program_id(tl, 0) == 0) {
         for (int k = 0; k < 3; k++)
-            tl_send(tl, KB_DIR_E, tl_load(tl, at(a, 0, 0, k), KB_SHAPE1(N), KB_F32));
+            tl_send(tl, KB_DIR_E, tl_load(tl, in_at(a, 0, k), KB_SHAPE1(N), KB_F32));
         return;
     }
     kb_ipcq_req *r1 = tl_recv_view_async(tl, KB_DIR_W, KB_SHAPE1(N), KB_F32);
@@ -1060,13 +1074,13 @@ static void k_view(kb_tl *tl, const kb_kargs *a)
         v1.pa != c.my_rx_base)
         tl_fail(tl, KB_ERR_STATE, "the view is not the receive slot");
     kb_val two = tl_full(tl, KB_SHAPE1(N), 2.0f);
-    tl_store(tl, at(a, 1, 1, 0), tl_add(tl, v1, tl_add(tl, two, two)));
+    tl_store(tl, out_at(a, 1, 0), tl_add(tl, v1, tl_add(tl, two, two)));
     tl_recv_release(tl, KB_DIR_W, v1);
-    tl_store(tl, at(a, 1, 1, 1), tl_wait(tl, r2));
+    tl_store(tl, out_at(a, 1, 1), tl_wait(tl, r2));
     /* a view that is no longer held cannot be released again */
     if (fx_of(a)->twice)
         tl_recv_release(tl, KB_DIR_W, v1);
-    tl_recv_into(tl, KB_DIR_W, at(a, 1, 1, 2), KB_SHAPE1(N), KB_F32);
+    tl_recv_into(tl, KB_DIR_W, out_at(a, 1, 2), KB_SHAPE1(N), KB_F32);
 }
 
 static void test_recv_view(void **state)

@@ -5,8 +5,8 @@
  * simulated cost of single operations (docs/timing-model.md), launch and host-transfer times,
  * scratch release, kernel errors with their messages, tensor placement errors and 2-D
  * scatter/gather. Kernels report what they see through a probe struct whose address travels
- * in kb_kargs.i[7] (kernels get no other channel to the test). Limits: one SIP only; the
- * multi-SIP paths are covered by test_machine.
+ * in kb_kargs.i[PROBE_ARG] (kernels get no other channel to the test; their tensors come in
+ * the typed block). Limits: one SIP only; the multi-SIP paths are covered by test_machine.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -210,14 +210,20 @@ static void test_launch_round_trip(void **state)
 
 /* ---- load + add + store ---- */
 
-static void k_add_rows(kb_tl *tl, const kb_kargs *a)
+typedef struct add_rows_args {
+    kb_va x, y, z;
+    int64_t cols;
+} add_rows_args;
+
+static void k_add_rows(kb_tl *tl, const kb_kargs *ka)
 {
+    const add_rows_args *a = KB_KARGS_GET(ka, add_rows_args);
     int64_t idx = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
-    int64_t cols = a->i[0];
-    kb_val x = tl_load(tl, a->ptr[0] + (kb_va)(idx * cols * 4), KB_SHAPE2(1, cols), KB_F32);
-    kb_val y = tl_load(tl, a->ptr[1] + (kb_va)(idx * cols * 4), KB_SHAPE2(1, cols), KB_F32);
+    int64_t cols = a->cols;
+    kb_val x = tl_load(tl, a->x + (kb_va)(idx * cols * 4), KB_SHAPE2(1, cols), KB_F32);
+    kb_val y = tl_load(tl, a->y + (kb_va)(idx * cols * 4), KB_SHAPE2(1, cols), KB_F32);
     kb_val z = tl_add(tl, x, y);
-    tl_store(tl, a->ptr[2] + (kb_va)(idx * cols * 2), z); /* z is f16 */
+    tl_store(tl, a->z + (kb_va)(idx * cols * 2), z); /* z is f16 */
 }
 
 typedef struct add_io {
@@ -240,10 +246,8 @@ static int h_add_rows(kb_ctx *ctx, void *arg)
         return rc;
     if (kb_tensor_nshards(tz) != NPROG)
         return KB_ERR_STATE;
-    a.ptr[0] = kb_tensor_va(tx);
-    a.ptr[1] = kb_tensor_va(ty);
-    a.ptr[2] = kb_tensor_va(tz);
-    a.i[0] = 16;
+    KB_KARGS_PUT(&a, (add_rows_args){ .x = kb_tensor_va(tx), .y = kb_tensor_va(ty),
+                                      .z = kb_tensor_va(tz), .cols = 16 });
     if ((rc = kb_launch(ctx, "add_rows", k_add_rows, &a, NULL)) != 0)
         return rc;
     return kb_tensor_read(tz, io->z);
@@ -271,9 +275,14 @@ static void test_load_add_store(void **state)
 
 /* ---- the exact cost of one vector op ---- */
 
-static void k_add_timed(kb_tl *tl, const kb_kargs *a)
+/* the one tensor of a kernel that reads or writes only one */
+typedef struct one_args {
+    kb_va t;
+} one_args;
+
+static void k_add_timed(kb_tl *tl, const kb_kargs *ka)
 {
-    probe *p = probe_of(a);
+    probe *p = probe_of(ka);
     kb_time t0 = kbt_tl_now(tl);
     kb_val x = tl_full(tl, KB_SHAPE2(1, 100), 1.5f);
     kb_time t1 = kbt_tl_now(tl);
@@ -284,7 +293,7 @@ static void k_add_timed(kb_tl *tl, const kb_kargs *a)
     p->dt[0] = t1 - t0;
     p->dt[1] = t3 - t2;
     p->used[0] = kb_alloc_used(tl_pe(tl)->scratch);
-    tl_store(tl, a->ptr[0], z);
+    tl_store(tl, KB_KARGS_GET(ka, one_args)->t, z);
 }
 
 static int h_add_timed(kb_ctx *ctx, void *arg)
@@ -298,7 +307,7 @@ static int h_add_timed(kb_ctx *ctx, void *arg)
 
     if ((rc = kb_tensor_empty(ctx, &d, &t)) != 0)
         return rc;
-    a.ptr[0] = kb_tensor_va(t);
+    KB_KARGS_PUT(&a, (one_args){ .t = kb_tensor_va(t) });
     if ((rc = kb_launch(ctx, "add_timed", k_add_timed, &a, &one_pe)) != 0 ||
         (rc = kb_tensor_read(t, out)) != 0)
         return rc;
@@ -335,10 +344,17 @@ static void test_add_duration(void **state)
 
 static const float k_sm_in[8] = { 1, -2, 3, -4, -1, 5, -3, 0 };
 
-static void k_reduce(kb_tl *tl, const kb_kargs *a)
+/* x and the outputs: softmax and sum along rows, sum along columns, max along rows and
+ * columns, softmax along columns */
+typedef struct reduce_args {
+    kb_va x, sm, s1, s0, m1, m0, sm0;
+} reduce_args;
+
+static void k_reduce(kb_tl *tl, const kb_kargs *ka)
 {
-    probe *p = probe_of(a);
-    kb_val x = tl_load(tl, a->ptr[0], KB_SHAPE2(2, 4), KB_F32);
+    probe *p = probe_of(ka);
+    const reduce_args *a = KB_KARGS_GET(ka, reduce_args);
+    kb_val x = tl_load(tl, a->x, KB_SHAPE2(2, 4), KB_F32);
     kb_time t0 = kbt_tl_now(tl);
     kb_val sm = tl_softmax(tl, x, 1);
     kb_time t1 = kbt_tl_now(tl);
@@ -346,12 +362,12 @@ static void k_reduce(kb_tl *tl, const kb_kargs *a)
     kb_time t2 = kbt_tl_now(tl);
     p->dt[0] = t1 - t0;
     p->dt[1] = t2 - t1;
-    tl_store(tl, a->ptr[1], sm);
-    tl_store(tl, a->ptr[2], s1);
-    tl_store(tl, a->ptr[3], tl_sum(tl, x, 0));
-    tl_store(tl, a->ptr[4], tl_max(tl, x, 1));
-    tl_store(tl, a->ptr[5], tl_max(tl, x, 0));
-    tl_store(tl, a->ptr[6], tl_softmax(tl, x, 0));
+    tl_store(tl, a->sm, sm);
+    tl_store(tl, a->s1, s1);
+    tl_store(tl, a->s0, tl_sum(tl, x, 0));
+    tl_store(tl, a->m1, tl_max(tl, x, 1));
+    tl_store(tl, a->m0, tl_max(tl, x, 0));
+    tl_store(tl, a->sm0, tl_softmax(tl, x, 0));
 }
 
 typedef struct reduce_io {
@@ -374,8 +390,11 @@ static int h_reduce(kb_ctx *ctx, void *arg)
         rc = i ? kb_tensor_empty(ctx, &d, &t[i]) : kb_tensor_from_host(ctx, &d, k_sm_in, &t[i]);
         if (rc)
             return rc;
-        a.ptr[i] = kb_tensor_va(t[i]);
     }
+    KB_KARGS_PUT(&a, (reduce_args){ .x = kb_tensor_va(t[0]), .sm = kb_tensor_va(t[1]),
+                                    .s1 = kb_tensor_va(t[2]), .s0 = kb_tensor_va(t[3]),
+                                    .m1 = kb_tensor_va(t[4]), .m0 = kb_tensor_va(t[5]),
+                                    .sm0 = kb_tensor_va(t[6]) });
     if ((rc = kb_launch(ctx, "reduce", k_reduce, &a, &one_pe)) != 0)
         return rc;
     for (int i = 1; i < 7; i++)
@@ -420,13 +439,18 @@ static void test_softmax_sum_max(void **state)
     kb_ctx_destroy(ctx);
 }
 
-static void k_bcast(kb_tl *tl, const kb_kargs *a)
+typedef struct bcast_args {
+    kb_va x, bias, col, sum, prod;
+} bcast_args;
+
+static void k_bcast(kb_tl *tl, const kb_kargs *ka)
 {
-    kb_val x = tl_load(tl, a->ptr[0], KB_SHAPE2(3, 4), KB_F32);
-    kb_val bias = tl_load(tl, a->ptr[1], KB_SHAPE2(1, 4), KB_F32);
-    kb_val col = tl_load(tl, a->ptr[2], KB_SHAPE2(3, 1), KB_F32);
-    tl_store(tl, a->ptr[3], tl_add(tl, x, bias));
-    tl_store(tl, a->ptr[4], tl_mul(tl, col, x)); /* the broadcast operand may come first */
+    const bcast_args *a = KB_KARGS_GET(ka, bcast_args);
+    kb_val x = tl_load(tl, a->x, KB_SHAPE2(3, 4), KB_F32);
+    kb_val bias = tl_load(tl, a->bias, KB_SHAPE2(1, 4), KB_F32);
+    kb_val col = tl_load(tl, a->col, KB_SHAPE2(3, 1), KB_F32);
+    tl_store(tl, a->sum, tl_add(tl, x, bias));
+    tl_store(tl, a->prod, tl_mul(tl, col, x)); /* the broadcast operand may come first */
 }
 
 typedef struct bcast_io {
@@ -448,11 +472,9 @@ static int h_bcast(kb_ctx *ctx, void *arg)
         (rc = kb_tensor_from_host(ctx, &dc, io->col, &tc)) != 0 ||
         (rc = kb_tensor_empty(ctx, &ds, &ts)) != 0 || (rc = kb_tensor_empty(ctx, &ds, &tp)) != 0)
         return rc;
-    a.ptr[0] = kb_tensor_va(tx);
-    a.ptr[1] = kb_tensor_va(tb);
-    a.ptr[2] = kb_tensor_va(tc);
-    a.ptr[3] = kb_tensor_va(ts);
-    a.ptr[4] = kb_tensor_va(tp);
+    KB_KARGS_PUT(&a, (bcast_args){ .x = kb_tensor_va(tx), .bias = kb_tensor_va(tb),
+                                   .col = kb_tensor_va(tc), .sum = kb_tensor_va(ts),
+                                   .prod = kb_tensor_va(tp) });
     if ((rc = kb_launch(ctx, "bcast", k_bcast, &a, &one_pe)) != 0 ||
         (rc = kb_tensor_read(ts, io->sum)) != 0 || (rc = kb_tensor_read(tp, io->prod)) != 0)
         return rc;
@@ -487,25 +509,30 @@ static const float k_A[6] = { 1, 2, 3, 4, 5, 6 };        /* 2 x 3 */
 static const float k_B[6] = { 7, 8, 9, 10, 11, 12 };     /* 3 x 2 */
 static const float k_C[4] = { 58, 64, 139, 154 };        /* A @ B */
 
-static void k_gemm(kb_tl *tl, const kb_kargs *a)
+typedef struct gemm_args {
+    kb_va a, b, c, acc;
+    int streamed; /* A and B by tl_ref, else loaded */
+} gemm_args;
+
+static void k_gemm(kb_tl *tl, const kb_kargs *ka)
 {
-    probe *p = probe_of(a);
-    int streamed = (int)a->i[0];
+    probe *p = probe_of(ka);
+    const gemm_args *g = KB_KARGS_GET(ka, gemm_args);
     kb_val va, vb;
-    if (streamed) {
-        va = tl_ref(tl, a->ptr[0], KB_SHAPE2(2, 3), KB_F32);
-        vb = tl_ref(tl, a->ptr[1], KB_SHAPE2(3, 2), KB_F32);
+    if (g->streamed) {
+        va = tl_ref(tl, g->a, KB_SHAPE2(2, 3), KB_F32);
+        vb = tl_ref(tl, g->b, KB_SHAPE2(3, 2), KB_F32);
     } else {
-        va = tl_load(tl, a->ptr[0], KB_SHAPE2(2, 3), KB_F32);
-        vb = tl_load(tl, a->ptr[1], KB_SHAPE2(3, 2), KB_F32);
+        va = tl_load(tl, g->a, KB_SHAPE2(2, 3), KB_F32);
+        vb = tl_load(tl, g->b, KB_SHAPE2(3, 2), KB_F32);
     }
     kb_time t0 = kbt_tl_now(tl);
     kb_val c = tl_dot(tl, va, vb);
     p->dt[0] = kbt_tl_now(tl) - t0;
-    tl_store(tl, a->ptr[2], c);
+    tl_store(tl, g->c, c);
     kb_val acc = tl_full(tl, KB_SHAPE2(2, 2), 1.0f);
     tl_dot_acc(tl, acc, va, vb);
-    tl_store(tl, a->ptr[3], acc);
+    tl_store(tl, g->acc, acc);
 }
 
 typedef struct gemm_io {
@@ -527,11 +554,9 @@ static int h_gemm(kb_ctx *ctx, void *arg)
         (rc = kb_tensor_from_host(ctx, &db, k_B, &tb)) != 0 ||
         (rc = kb_tensor_empty(ctx, &dc, &tc)) != 0 || (rc = kb_tensor_empty(ctx, &dc, &tacc)) != 0)
         return rc;
-    a.ptr[0] = kb_tensor_va(ta);
-    a.ptr[1] = kb_tensor_va(tb);
-    a.ptr[2] = kb_tensor_va(tc);
-    a.ptr[3] = kb_tensor_va(tacc);
-    a.i[0] = io->streamed;
+    KB_KARGS_PUT(&a, (gemm_args){ .a = kb_tensor_va(ta), .b = kb_tensor_va(tb),
+                                  .c = kb_tensor_va(tc), .acc = kb_tensor_va(tacc),
+                                  .streamed = io->streamed });
     if ((rc = kb_launch(ctx, "gemm", k_gemm, &a, &one_pe)) != 0 ||
         (rc = kb_tensor_read(tc, io->c)) != 0 || (rc = kb_tensor_read(tacc, io->acc)) != 0)
         return rc;
@@ -622,10 +647,16 @@ static void test_gemm_streamed_two_steps(void **state)
 #define SM_R 6
 #define SM_C 10 /* the source matrix m: 6 x 10 f32, m[i][j] = 10 i + j */
 
-static void k_strided(kb_tl *tl, const kb_kargs *a)
+/* the source m and the outputs o1..o5 (strided_io) */
+typedef struct strided_args {
+    kb_va m, o1, o2, o3, o4, o5;
+} strided_args;
+
+static void k_strided(kb_tl *tl, const kb_kargs *ka)
 {
-    probe *p = probe_of(a);
-    kb_va m = a->ptr[0];
+    probe *p = probe_of(ka);
+    const strided_args *a = KB_KARGS_GET(ka, strided_args);
+    kb_va m = a->m;
     kb_time t0 = kbt_tl_now(tl);
     kb_val blk = tl_load2d(tl, m + (1 * SM_C + 2) * 4, KB_SHAPE2(4, 5), SM_C, KB_F32);
     kb_time t1 = kbt_tl_now(tl);
@@ -633,12 +664,12 @@ static void k_strided(kb_tl *tl, const kb_kargs *a)
     kb_time t2 = kbt_tl_now(tl);
     p->dt[0] = t1 - t0;
     p->dt[1] = t2 - t1;
-    tl_store(tl, a->ptr[1], blk);
+    tl_store(tl, a->o1, blk);
     /* into the f16 tensor o2: rows 0-1 contiguously, then the block at rows 2-5, cols 3-7 */
     t0 = kbt_tl_now(tl);
-    tl_store(tl, a->ptr[2], flat);
+    tl_store(tl, a->o2, flat);
     t1 = kbt_tl_now(tl);
-    tl_store2d(tl, a->ptr[2] + (2 * SM_C + 3) * 2, SM_C, blk);
+    tl_store2d(tl, a->o2 + (2 * SM_C + 3) * 2, SM_C, blk);
     t2 = kbt_tl_now(tl);
     p->dt[2] = t1 - t0;
     p->dt[3] = t2 - t1;
@@ -659,12 +690,12 @@ static void k_strided(kb_tl *tl, const kb_kargs *a)
     t0 = kbt_tl_now(tl);
     tl_copy(tl, vv, six);
     p->dt[6] = kbt_tl_now(tl) - t0;
-    tl_store(tl, a->ptr[3], x);
-    tl_store(tl, a->ptr[5], tl_add(tl, v, v)); /* a view as a compute operand */
+    tl_store(tl, a->o3, x);
+    tl_store(tl, a->o5, tl_add(tl, v, v)); /* a view as a compute operand */
     /* a gemm of strided references: m[0..2) x [0..3) @ m[0..3) x [7..9) */
     kb_val ra = tl_ref2d(tl, m, KB_SHAPE2(2, 3), SM_C, KB_F32);
     kb_val rb = tl_ref2d(tl, m + 7 * 4, KB_SHAPE2(3, 2), SM_C, KB_F32);
-    tl_store(tl, a->ptr[4], tl_dot(tl, ra, rb));
+    tl_store(tl, a->o4, tl_dot(tl, ra, rb));
 }
 
 typedef struct strided_io {
@@ -693,9 +724,9 @@ static int h_strided(kb_ctx *ctx, void *arg)
         (rc = kb_tensor_empty(ctx, &d4, &t[3])) != 0 ||
         (rc = kb_tensor_empty(ctx, &d5, &t[4])) != 0)
         return rc;
-    a.ptr[0] = kb_tensor_va(tm);
-    for (int i = 0; i < 5; i++)
-        a.ptr[1 + i] = kb_tensor_va(t[i]);
+    KB_KARGS_PUT(&a, (strided_args){ .m = kb_tensor_va(tm), .o1 = kb_tensor_va(t[0]),
+                                     .o2 = kb_tensor_va(t[1]), .o3 = kb_tensor_va(t[2]),
+                                     .o4 = kb_tensor_va(t[3]), .o5 = kb_tensor_va(t[4]) });
     if ((rc = kb_launch(ctx, "strided", k_strided, &a, &one_pe)) != 0 ||
         (rc = kb_tensor_read(t[0], io->o1)) != 0 || (rc = kb_tensor_read(t[1], io->o2)) != 0 ||
         (rc = kb_tensor_read(t[2], io->o3)) != 0 || (rc = kb_tensor_read(t[3], io->o4)) != 0 ||
@@ -771,24 +802,30 @@ static void test_strided_values(void **state)
 
 /* Misuse of strided values: a view outside its value, a row stride below the width, a block
  * whose last row runs past its shard. */
-static void k_strided_err(kb_tl *tl, const kb_kargs *a)
+typedef struct strided_err_args {
+    kb_va m;
+    int which; /* the misuse (test_strided_errors' cases) */
+} strided_err_args;
+
+static void k_strided_err(kb_tl *tl, const kb_kargs *ka)
 {
-    switch (a->i[0]) {
+    const strided_err_args *a = KB_KARGS_GET(ka, strided_err_args);
+    switch (a->which) {
     case 0:
         (void)tl_view(tl, tl_full(tl, KB_SHAPE2(4, 6), 0.0f), 2, 1, 3, 2);
         break;
     case 1:
-        (void)tl_load2d(tl, a->ptr[0], KB_SHAPE2(2, 5), 3, KB_F32);
+        (void)tl_load2d(tl, a->m, KB_SHAPE2(2, 5), 3, KB_F32);
         break;
     case 2:
         /* columns 9-10 of 6 rows: the last row's second element is past m's 240 bytes */
-        (void)tl_load2d(tl, a->ptr[0] + 9 * 4, KB_SHAPE2(SM_R, 2), SM_C, KB_F32);
+        (void)tl_load2d(tl, a->m + 9 * 4, KB_SHAPE2(SM_R, 2), SM_C, KB_F32);
         break;
     default:
-        tl_store2d(tl, a->ptr[0], 4, tl_full(tl, KB_SHAPE2(2, 5), 0.0f));
+        tl_store2d(tl, a->m, 4, tl_full(tl, KB_SHAPE2(2, 5), 0.0f));
         break;
     }
-    probe_of(a)->rc[0] = 1; /* never reached */
+    probe_of(ka)->rc[0] = 1; /* never reached */
 }
 
 static int h_strided_err(kb_ctx *ctx, void *arg)
@@ -800,8 +837,7 @@ static int h_strided_err(kb_ctx *ctx, void *arg)
     int rc;
     if ((rc = kb_tensor_zeros(ctx, &dm, &tm)) != 0)
         return rc;
-    a.ptr[0] = kb_tensor_va(tm);
-    a.i[0] = p->rc[1];
+    KB_KARGS_PUT(&a, (strided_err_args){ .m = kb_tensor_va(tm), .which = p->rc[1] });
     return kb_launch(ctx, "strided_err", k_strided_err, &a, &one_pe);
 }
 
@@ -868,13 +904,19 @@ static void test_gemm_tiling(void **state)
 static float tg_a(int i, int k) { return (float)((i * 7 + k * 3) % 9 - 4) * 0.25f; }
 static float tg_b(int k, int j) { return (float)((k * 5 + j) % 7 - 3) * 0.5f; }
 
-static void k_tlgemm(kb_tl *tl, const kb_kargs *a)
+typedef struct tlgemm_args {
+    kb_va a, b, c;
+    int nparts;
+} tlgemm_args;
+
+static void k_tlgemm(kb_tl *tl, const kb_kargs *ka)
 {
-    probe *p = probe_of(a);
-    int part = tl_program_id(tl, 0), nparts = (int)a->i[0];
+    probe *p = probe_of(ka);
+    const tlgemm_args *g = KB_KARGS_GET(ka, tlgemm_args);
+    int part = tl_program_id(tl, 0);
     kb_time t0 = kbt_tl_now(tl);
-    tl_gemm(tl, a->ptr[2], TG_LDC, a->ptr[0], TG_LDA, a->ptr[1], TG_N, TG_M, TG_N, TG_K, KB_F16,
-            KB_F16, part, nparts);
+    tl_gemm(tl, g->c, TG_LDC, g->a, TG_LDA, g->b, TG_N, TG_M, TG_N, TG_K, KB_F16, KB_F16, part,
+            g->nparts);
     if (part == 0)
         p->dt[0] = kbt_tl_now(tl) - t0;
 }
@@ -902,10 +944,8 @@ static int h_tlgemm(kb_ctx *ctx, void *arg)
         (rc = kb_tensor_from_host(ctx, &db, io->b, &tb)) != 0 ||
         (rc = kb_tensor_from_host(ctx, &dc, io->c, &tc)) != 0)
         return rc;
-    a.ptr[0] = kb_tensor_va(ta);
-    a.ptr[1] = kb_tensor_va(tb);
-    a.ptr[2] = kb_tensor_va(tc);
-    a.i[0] = io->nparts;
+    KB_KARGS_PUT(&a, (tlgemm_args){ .a = kb_tensor_va(ta), .b = kb_tensor_va(tb),
+                                    .c = kb_tensor_va(tc), .nparts = io->nparts });
     if ((rc = kb_launch(ctx, "tlgemm", k_tlgemm, &a, &g)) != 0)
         return rc;
     return kb_tensor_read(tc, io->c);
@@ -986,11 +1026,16 @@ static void test_tl_gemm_time_local(void **state)
 }
 
 /* Alone on its links, a paced stream takes exactly tl_dot's time (8 steps from HBM). */
-static void k_paced(kb_tl *tl, const kb_kargs *a)
+typedef struct paced_args {
+    kb_va a, b;
+} paced_args;
+
+static void k_paced(kb_tl *tl, const kb_kargs *ka)
 {
-    probe *p = probe_of(a);
-    kb_val va = tl_ref(tl, a->ptr[0], KB_SHAPE2(256, 256), KB_F16);
-    kb_val vb = tl_ref(tl, a->ptr[1], KB_SHAPE2(256, 256), KB_F16);
+    probe *p = probe_of(ka);
+    const paced_args *g = KB_KARGS_GET(ka, paced_args);
+    kb_val va = tl_ref(tl, g->a, KB_SHAPE2(256, 256), KB_F16);
+    kb_val vb = tl_ref(tl, g->b, KB_SHAPE2(256, 256), KB_F16);
     kb_time t0 = kbt_tl_now(tl);
     tl_free(tl, tl_dot(tl, va, vb));
     kb_time t1 = kbt_tl_now(tl);
@@ -1007,8 +1052,7 @@ static int h_paced(kb_ctx *ctx, void *arg)
     int rc;
     if ((rc = kb_tensor_zeros(ctx, &d, &ta)) != 0 || (rc = kb_tensor_zeros(ctx, &d, &tb)) != 0)
         return rc;
-    a.ptr[0] = kb_tensor_va(ta);
-    a.ptr[1] = kb_tensor_va(tb);
+    KB_KARGS_PUT(&a, (paced_args){ .a = kb_tensor_va(ta), .b = kb_tensor_va(tb) });
     return kb_launch(ctx, "paced", k_paced, &a, &one_pe);
 }
 
@@ -1198,9 +1242,10 @@ static void test_err_unmapped(void **state)
     kb_ctx_destroy(ctx);
 }
 
-static void k_cross(kb_tl *tl, const kb_kargs *a)
+static void k_cross(kb_tl *tl, const kb_kargs *ka)
 {
-    tl_load(tl, a->ptr[0], KB_SHAPE2(2, 8), KB_F32); /* shard 0 holds row 0 only */
+    /* shard 0 holds row 0 only */
+    tl_load(tl, KB_KARGS_GET(ka, one_args)->t, KB_SHAPE2(2, 8), KB_F32);
 }
 
 static int h_cross(kb_ctx *ctx, void *arg)
@@ -1211,7 +1256,7 @@ static int h_cross(kb_ctx *ctx, void *arg)
     int rc = kb_tensor_zeros(ctx, &d, &t);
     if (rc)
         return rc;
-    a.ptr[0] = kb_tensor_va(t);
+    KB_KARGS_PUT(&a, (one_args){ .t = kb_tensor_va(t) });
     return kb_launch(ctx, "cross", k_cross, &a, &one_pe);
 }
 

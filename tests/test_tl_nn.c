@@ -85,18 +85,26 @@ typedef struct nn_case {
     const char *fail_msg;     /* set: the launch must fail with this in its message */
 } nn_case;
 
-static nn_case *case_of(const kb_kargs *a) { return (nn_case *)(intptr_t)a->i[11]; }
+/* The kernel's tensors: the case's inputs (0 where it has fewer) and its output. The case
+ * itself travels apart, as a host address in kb_kargs.i[CASE_ARG]. */
+typedef struct nn_args {
+    kb_va in[3], out;
+} nn_args;
+#define CASE_ARG 11
 
-static void k_nn(kb_tl *tl, const kb_kargs *a)
+static nn_case *case_of(const kb_kargs *a) { return (nn_case *)(intptr_t)a->i[CASE_ARG]; }
+
+static void k_nn(kb_tl *tl, const kb_kargs *ka)
 {
-    nn_case *c = case_of(a);
+    nn_case *c = case_of(ka);
+    const nn_args *a = KB_KARGS_GET(ka, nn_args);
     kb_val v[3], out;
     kb_time t0, t1;
 
     memset(v, 0, sizeof v);
     for (int s = 0; s < 3; s++)
         if (c->r[s] && !(c->op == OP_EMB && s == 0))
-            v[s] = tl_load(tl, a->ptr[s], KB_SHAPE2(c->r[s], c->c[s]), s == 0 ? c->dt : KB_F32);
+            v[s] = tl_load(tl, a->in[s], KB_SHAPE2(c->r[s], c->c[s]), s == 0 ? c->dt : KB_F32);
     t0 = kbt_tl_now(tl);
     switch (c->op) {
     case OP_TANH: out = tl_tanh(tl, v[0]); break;
@@ -117,7 +125,7 @@ static void k_nn(kb_tl *tl, const kb_kargs *a)
         out = attn_block(tl, v[0], v[1], v[2], (int)c->i[0], (int)c->i[1], (int)c->i[2]);
         break;
     default: /* OP_EMB */
-        out = tl_embedding(tl, a->ptr[0], c->r[0], c->c[0], c->dt, v[1]);
+        out = tl_embedding(tl, a->in[0], c->r[0], c->c[0], c->dt, v[1]);
         break;
     }
     t1 = kbt_tl_now(tl);
@@ -125,10 +133,10 @@ static void k_nn(kb_tl *tl, const kb_kargs *a)
     if (c->op == OP_EMB) {
         uint32_t n = v[1].rows * v[1].cols;
         kb_time t2 = kbt_tl_now(tl);
-        tl_load(tl, a->ptr[0], KB_SHAPE2(n, c->c[0]), c->dt);
+        tl_load(tl, a->in[0], KB_SHAPE2(n, c->c[0]), c->dt);
         c->dt_ref = kbt_tl_now(tl) - t2;
     }
-    tl_store(tl, a->ptr[3], out);
+    tl_store(tl, a->out, out);
 }
 
 static kb_tensor_desc desc(const char *name, int64_t rows, int64_t cols, kb_dtype dt)
@@ -149,24 +157,27 @@ static int h_nn(kb_ctx *ctx, void *arg)
     nn_case *c = arg;
     static const char *const names[3] = { "in0", "in1", "in2" };
     kb_kargs a;
+    nn_args na;
     kb_tensor *t[4];
     kb_grid one = { 1, 1, 1, -1 };
     int rc;
 
     memset(&a, 0, sizeof a);
-    a.i[11] = (int64_t)(intptr_t)c;
+    memset(&na, 0, sizeof na);
+    a.i[CASE_ARG] = (int64_t)(intptr_t)c;
     for (int s = 0; s < 3; s++) {
         if (!c->r[s])
             continue;
         kb_tensor_desc d = desc(names[s], c->r[s], c->c[s], s == 0 ? c->dt : KB_F32);
         if ((rc = kb_tensor_from_host(ctx, &d, c->in[s], &t[s])) != 0)
             return rc;
-        a.ptr[s] = kb_tensor_va(t[s]);
+        na.in[s] = kb_tensor_va(t[s]);
     }
     kb_tensor_desc d = desc("out", c->orow, c->ocol, KB_F32);
     if ((rc = kb_tensor_empty(ctx, &d, &t[3])) != 0)
         return rc;
-    a.ptr[3] = kb_tensor_va(t[3]);
+    na.out = kb_tensor_va(t[3]);
+    KB_KARGS_PUT(&a, na);
     if ((rc = kb_launch(ctx, "nn", k_nn, &a, &one)) != 0)
         return rc;
     if (kb_ctx_device(ctx) == KB_DEV_NONE)

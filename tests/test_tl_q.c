@@ -32,6 +32,21 @@ static const char *const small_machine[] = {
     "cube.hbm.size_bytes=25769803776",
 };
 
+/* The kernels' tensors: x, the weight's parts (kb_qweight; 0 where it has none) and y. The
+ * test's case travels apart, as a host address in kb_kargs.i[CASE_ARG]: it is not plain data
+ * for the typed block. */
+typedef struct q_args {
+    kb_va x, q, scale, meta, y;
+} q_args;
+#define CASE_ARG 7
+
+static q_args q_args_of(kb_tensor *x, const kb_qweight *w, kb_tensor *y)
+{
+    return (q_args){ .x = kb_tensor_va(x), .q = kb_tensor_va(w->q),
+                     .scale = w->scale ? kb_tensor_va(w->scale) : 0,
+                     .meta = w->meta ? kb_tensor_va(w->meta) : 0, .y = kb_tensor_va(y) };
+}
+
 typedef struct qcase {
     kb_qfmt fmt;
     int sparse, local;
@@ -51,28 +66,29 @@ static uint64_t dma_bytes(const kb_pe_hw *pe)
     return b;
 }
 
-static void k_q(kb_tl *tl, const kb_kargs *a)
+static void k_q(kb_tl *tl, const kb_kargs *ka)
 {
-    qcase *c = (qcase *)(intptr_t)a->i[7];
+    qcase *c = (qcase *)(intptr_t)ka->i[CASE_ARG];
+    const q_args *a = KB_KARGS_GET(ka, q_args);
     uint32_t m = (uint32_t)c->m, k = (uint32_t)c->k, n = (uint32_t)c->n;
-    kb_val x = tl_load(tl, a->ptr[0], KB_SHAPE2(m, k), KB_F32);
-    kb_qref w = tl_qref(tl, a->ptr[1], a->ptr[2], a->ptr[3], k, n, c->fmt, c->sparse);
+    kb_val x = tl_load(tl, a->x, KB_SHAPE2(m, k), KB_F32);
+    kb_qref w = tl_qref(tl, a->q, a->scale, a->meta, k, n, c->fmt, c->sparse);
     kb_pe_hw *pe = tl_pe(tl);
 
     if (c->local) { /* the parts in this PE's scratch: no streaming */
-        w.q = tl_load(tl, a->ptr[1], KB_SHAPE2(w.q.rows, w.q.cols), (kb_dtype)w.q.dtype);
-        if (a->ptr[2])
-            w.scale = tl_load(tl, a->ptr[2], KB_SHAPE2(w.scale.rows, w.scale.cols),
+        w.q = tl_load(tl, a->q, KB_SHAPE2(w.q.rows, w.q.cols), (kb_dtype)w.q.dtype);
+        if (a->scale)
+            w.scale = tl_load(tl, a->scale, KB_SHAPE2(w.scale.rows, w.scale.cols),
                               (kb_dtype)w.scale.dtype);
-        if (a->ptr[3])
-            w.meta = tl_load(tl, a->ptr[3], KB_SHAPE2(w.meta.rows, w.meta.cols), KB_I8);
+        if (a->meta)
+            w.meta = tl_load(tl, a->meta, KB_SHAPE2(w.meta.rows, w.meta.cols), KB_I8);
     }
     kb_time busy0 = pe->gemm.busy;
     uint64_t dma0 = dma_bytes(pe);
     kb_val y = tl_dot_q(tl, x, w);
     c->busy = pe->gemm.busy - busy0;
     c->dma = dma_bytes(pe) - dma0;
-    tl_store(tl, a->ptr[4], y);
+    tl_store(tl, a->y, y);
 }
 
 static int h_q(kb_ctx *ctx, void *arg)
@@ -84,6 +100,7 @@ static int h_q(kb_ctx *ctx, void *arg)
     kb_fill fw = kb_fill_array(c->w, c->n);
     kb_tensor *xt = NULL, *yt = NULL;
     kb_qweight qw;
+    q_args qa;
     kb_kargs a;
     kb_grid g = { 1, 1, 1, -1 };
     int rc;
@@ -95,12 +112,9 @@ static int h_q(kb_ctx *ctx, void *arg)
         return rc;
     if ((rc = kb_qweight_create(ctx, "w", c->k, c->n, c->fmt, c->sparse, one, &fw, &qw)) != 0)
         return rc;
-    a.ptr[0] = kb_tensor_va(xt);
-    a.ptr[1] = kb_tensor_va(qw.q);
-    a.ptr[2] = qw.scale ? kb_tensor_va(qw.scale) : 0;
-    a.ptr[3] = qw.meta ? kb_tensor_va(qw.meta) : 0;
-    a.ptr[4] = kb_tensor_va(yt);
-    a.i[7] = (int64_t)(intptr_t)c;
+    qa = q_args_of(xt, &qw, yt);
+    KB_KARGS_PUT(&a, qa);
+    a.i[CASE_ARG] = (int64_t)(intptr_t)c;
     if ((rc = kb_launch(ctx, "qgemm", k_q, &a, &g)) != 0)
         return rc;
     if (c->y && (rc = kb_tensor_read(yt, c->y)) != 0)
@@ -331,9 +345,10 @@ static void test_errors(void **state)
 }
 
 /* tl_qref in a kernel with a K the format cannot take. */
-static void k_badref(kb_tl *tl, const kb_kargs *a)
+static void k_badref(kb_tl *tl, const kb_kargs *ka)
 {
-    (void)tl_qref(tl, a->ptr[0], a->ptr[0], 0, 40, 8, KB_QF_MXINT8, 0);
+    const q_args *a = KB_KARGS_GET(ka, q_args);
+    (void)tl_qref(tl, a->q, a->scale, 0, 40, 8, KB_QF_MXINT8, 0);
 }
 
 static int h_badref(kb_ctx *ctx, void *arg)
@@ -348,7 +363,7 @@ static int h_badref(kb_ctx *ctx, void *arg)
     memset(&a, 0, sizeof a);
     if ((rc = kb_tensor_empty(ctx, &d, &t)) != 0)
         return rc;
-    a.ptr[0] = kb_tensor_va(t);
+    KB_KARGS_PUT(&a, (q_args){ .q = kb_tensor_va(t), .scale = kb_tensor_va(t) });
     return kb_launch(ctx, "badref", k_badref, &a, &g);
 }
 
@@ -375,18 +390,19 @@ typedef struct splitcase {
 
 enum { SM = 3, SK = 64, SN = 64, SPARTS = 8, SNJ = SN / SPARTS };
 
-static void k_split(kb_tl *tl, const kb_kargs *a)
+static void k_split(kb_tl *tl, const kb_kargs *ka)
 {
-    splitcase *c = (splitcase *)(intptr_t)a->i[7];
+    splitcase *c = (splitcase *)(intptr_t)ka->i[CASE_ARG];
+    const q_args *a = KB_KARGS_GET(ka, q_args);
     int j = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
     size_t es = kb_dtype_size(kb_qfmt_dtype(c->fmt));
     uint32_t qrows = c->sparse ? SK / 2 : SK;
-    kb_va q = a->ptr[1] + (kb_va)j * qrows * SNJ * es;
-    kb_va sc = a->ptr[2] ? a->ptr[2] + (kb_va)j * SNJ * 4 : 0;
-    kb_va meta = a->ptr[3] ? a->ptr[3] + (kb_va)j * ((SK + 7) / 8) * SNJ : 0;
-    kb_val x = tl_load(tl, a->ptr[0], KB_SHAPE2(SM, SK), KB_F32);
+    kb_va q = a->q + (kb_va)j * qrows * SNJ * es;
+    kb_va sc = a->scale ? a->scale + (kb_va)j * SNJ * 4 : 0;
+    kb_va meta = a->meta ? a->meta + (kb_va)j * ((SK + 7) / 8) * SNJ : 0;
+    kb_val x = tl_load(tl, a->x, KB_SHAPE2(SM, SK), KB_F32);
     kb_val y = tl_dot_q(tl, x, tl_qref(tl, q, sc, meta, SK, SNJ, c->fmt, c->sparse));
-    tl_store(tl, a->ptr[4] + (kb_va)j * SM * SNJ * 4, y);
+    tl_store(tl, a->y + (kb_va)j * SM * SNJ * 4, y);
 }
 
 static int h_split(kb_ctx *ctx, void *arg)
@@ -399,6 +415,7 @@ static int h_split(kb_ctx *ctx, void *arg)
     kb_fill fw = kb_fill_array(c->w, SN);
     kb_tensor *xt = NULL, *yt = NULL;
     kb_qweight qw;
+    q_args qa;
     kb_kargs a;
     int rc;
 
@@ -408,12 +425,9 @@ static int h_split(kb_ctx *ctx, void *arg)
         (rc = kb_qweight_create(ctx, "w", SK, SN, c->fmt, c->sparse, cw, &fw, &qw)) != 0)
         return rc;
     assert_int_equal(kb_tensor_nshards(qw.q), SPARTS);
-    a.ptr[0] = kb_tensor_va(xt);
-    a.ptr[1] = kb_tensor_va(qw.q);
-    a.ptr[2] = qw.scale ? kb_tensor_va(qw.scale) : 0;
-    a.ptr[3] = qw.meta ? kb_tensor_va(qw.meta) : 0;
-    a.ptr[4] = kb_tensor_va(yt);
-    a.i[7] = (int64_t)(intptr_t)c;
+    qa = q_args_of(xt, &qw, yt);
+    KB_KARGS_PUT(&a, qa);
+    a.i[CASE_ARG] = (int64_t)(intptr_t)c;
     if ((rc = kb_launch(ctx, "qsplit", k_split, &a, NULL)) != 0)
         return rc;
     return kb_tensor_read(yt, c->y);

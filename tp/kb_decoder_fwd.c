@@ -112,42 +112,36 @@ static double proj_closed(kb_ctx *ctx, const kb_decoder *dec)
 }
 
 /* The VAs of a weight's three parts (values, scales, metadata; 0 where it has none). */
-static void wptrs(const kb_qweight *w, kb_va *p)
+static kb_dec_wva wvas(const kb_qweight *w)
 {
-    p[0] = kb_tensor_va(w->q);
-    p[1] = w->scale ? kb_tensor_va(w->scale) : 0;
-    p[2] = w->meta ? kb_tensor_va(w->meta) : 0;
+    return (kb_dec_wva){ .q = kb_tensor_va(w->q), .scale = w->scale ? kb_tensor_va(w->scale) : 0,
+                         .meta = w->meta ? kb_tensor_va(w->meta) : 0 };
 }
 
 /* The row owners' arguments that their three launches share. */
-static kb_kargs rows_args(const kb_decoder *dec)
+static kb_dec_rows_args rows_args(const kb_decoder *dec)
 {
     const kb_decoder_plan *pl = &dec->pl;
-    kb_kargs ra;
-    memset(&ra, 0, sizeof ra);
-    ra.i[RK_RC] = pl->rc;
-    ra.i[RK_D] = pl->d;
-    ra.i[RK_SP] = dec->o.seq_parallel;
-    ra.i[RK_PIECE] = pl->piece;
-    ra.i[RK_POST] = dec->mc.post_norms;
-    ra.i[RK_T] = pl->T;
-    ra.i[RK_ACT] = dec->act;
-    ra.f[0] = dec->mc.norm_eps;
-    ra.f[1] = dec->mc.norm_unit_offset;
-    return ra;
+    return (kb_dec_rows_args){ .rc = pl->rc, .d = pl->d, .sp = dec->o.seq_parallel,
+                               .piece = pl->piece, .post = dec->mc.post_norms, .T = pl->T,
+                               .act = dec->act, .eps = dec->mc.norm_eps,
+                               .off = dec->mc.norm_unit_offset };
 }
 
 /* 1. input norm -> the QKV PEs' input */
-static int fwd_norm_in(kb_ctx *ctx, kb_decoder *dec, phase *ph, const kb_kargs *ra)
+static int fwd_norm_in(kb_ctx *ctx, kb_decoder *dec, phase *ph, const kb_dec_rows_args *ra)
 {
     const kb_decoder_plan *pl = &dec->pl;
     int sp = dec->o.seq_parallel, rc;
-    kb_kargs a = *ra;
-    a.i[RK_MODE] = 0;
-    a.i[RK_NCOPY] = pl->qkv.n;
-    a.ptr[RP_X] = kb_tensor_va(dec->x);
-    a.ptr[RP_LNB] = kb_tensor_va(dec->ln[0]);
-    a.ptr[RP_NORM] = kb_tensor_va(sp ? dec->ag1_in : dec->hn1);
+    kb_dec_rows_args r = *ra;
+    kb_kargs a;
+    r.mode = 0;
+    r.ncopy = pl->qkv.n;
+    r.x = kb_tensor_va(dec->x);
+    r.lnb = kb_tensor_va(dec->ln[0]);
+    r.norm = kb_tensor_va(sp ? dec->ag1_in : dec->hn1);
+    memset(&a, 0, sizeof a);
+    KB_KARGS_PUT(&a, r);
     if ((rc = launch_timed(ctx, dec, ph, "dec_norm_in", kb_decoder_rows_kernel, &a, &pl->rows,
                            0)) != 0 ||
         (sp && (rc = coll_timed(ctx, dec, C_AG, dec->ag1, dec->ag1_in)) != 0))
@@ -162,19 +156,12 @@ static int fwd_qkv(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flags)
     int sp = dec->o.seq_parallel;
     kb_kargs a;
     memset(&a, 0, sizeof a);
-    a.i[QK_T] = pl->T;
-    a.i[QK_D] = pl->d;
-    a.i[QK_C] = pl->c;
-    a.i[QK_P] = pl->p;
-    a.i[QK_NROPE] = pl->nq + pl->nkv;
-    a.i[QK_HD] = pl->hd;
-    a.i[QK_TB] = pl->tb;
-    a.i[QK_FLAGS] = flags;
-    a.ptr[QP_IN] = kb_tensor_va(sp ? dec->ag1 : dec->hn1);
-    wptrs(&dec->wqkv, &a.ptr[QP_W]);
-    a.ptr[QP_COS] = kb_tensor_va(dec->cosq);
-    a.ptr[QP_SIN] = kb_tensor_va(dec->sinq);
-    a.ptr[QP_OUT] = kb_tensor_va(dec->qkv);
+    KB_KARGS_PUT(&a, (kb_dec_qkv_args){
+        .T = pl->T, .d = pl->d, .c = pl->c, .p = pl->p, .nrope = pl->nq + pl->nkv,
+        .hd = pl->hd, .tb = pl->tb, .flags = flags,
+        .in = kb_tensor_va(sp ? dec->ag1 : dec->hn1), .w = wvas(&dec->wqkv),
+        .cos = kb_tensor_va(dec->cosq), .sin = kb_tensor_va(dec->sinq),
+        .out = kb_tensor_va(dec->qkv) });
     return launch_timed(ctx, dec, ph, "dec_qkv", kb_decoder_qkv_kernel, &a, &pl->qkv, 1);
 }
 
@@ -184,23 +171,12 @@ static int fwd_attn_prefill(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t fla
     const kb_decoder_plan *pl = &dec->pl;
     kb_kargs a;
     memset(&a, 0, sizeof a);
-    a.f[0] = kb_model_qscale(&dec->mc);
-    a.f[1] = dec->mc.attn_softcap;
-    a.i[AK_SEQ] = dec->o.seq;
-    a.i[AK_QROWS] = pl->qrows;
-    a.i[AK_QB] = pl->qb;
-    a.i[AK_NQ] = pl->nq;
-    a.i[AK_NKV] = pl->nkv;
-    a.i[AK_P] = pl->p;
-    a.i[AK_C] = pl->c;
-    a.i[AK_HD] = pl->hd;
-    a.i[AK_T] = pl->T;
-    a.i[AK_D] = pl->d;
-    a.i[AK_FLAGS] = flags;
-    a.i[AK_ITEMS] = pl->items;
-    a.ptr[AP_QKV] = kb_tensor_va(dec->qkv);
-    wptrs(&dec->wo, &a.ptr[AP_WO]);
-    a.ptr[AP_PART] = kb_tensor_va(dec->po);
+    KB_KARGS_PUT(&a, (kb_dec_attn_args){
+        .qscale = kb_model_qscale(&dec->mc), .softcap = dec->mc.attn_softcap,
+        .seq = dec->o.seq, .qrows = pl->qrows, .qb = pl->qb, .nq = pl->nq, .nkv = pl->nkv,
+        .p = pl->p, .c = pl->c, .hd = pl->hd, .T = pl->T, .d = pl->d, .flags = flags,
+        .items = pl->items, .qkv = kb_tensor_va(dec->qkv), .wo = wvas(&dec->wo),
+        .part = kb_tensor_va(dec->po) });
     return launch_timed(ctx, dec, ph, "dec_attention", kb_decoder_attn_kernel, &a, &pl->att, 0);
 }
 
@@ -212,56 +188,42 @@ static int fwd_attn_decode(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flag
     int rc;
     kb_kargs a;
     memset(&a, 0, sizeof a);
-    a.f[0] = kb_model_qscale(&dec->mc);
-    a.f[1] = dec->mc.attn_softcap;
-    a.i[DK_CH] = pl->chunks;
-    a.i[DK_CLEN] = pl->clen;
-    a.i[DK_KVLEN] = dec->o.kv_len;
-    a.i[DK_NQ] = pl->nq;
-    a.i[DK_NKV] = pl->nkv;
-    a.i[DK_P] = pl->p;
-    a.i[DK_C] = pl->c;
-    a.i[DK_HD] = pl->hd;
-    a.i[DK_T] = pl->T;
-    a.i[DK_FLAGS] = flags;
-    a.i[DK_ITEMS] = pl->items;
-    a.ptr[DP_QKV] = kb_tensor_va(dec->qkv);
-    a.ptr[DP_KC] = kb_tensor_va(dec->kc);
-    a.ptr[DP_VC] = kb_tensor_va(dec->vc);
-    a.ptr[DP_OUT] = kb_tensor_va(dec->dpart);
+    KB_KARGS_PUT(&a, (kb_dec_dattn_args){
+        .qscale = kb_model_qscale(&dec->mc), .softcap = dec->mc.attn_softcap,
+        .chunks = pl->chunks, .clen = pl->clen, .kv_len = dec->o.kv_len, .nq = pl->nq,
+        .nkv = pl->nkv, .p = pl->p, .c = pl->c, .hd = pl->hd, .T = pl->T, .flags = flags,
+        .items = pl->items, .qkv = kb_tensor_va(dec->qkv), .kc = kb_tensor_va(dec->kc),
+        .vc = kb_tensor_va(dec->vc), .out = kb_tensor_va(dec->dpart) });
     if ((rc = launch_timed(ctx, dec, ph, "dec_attention_chunks", kb_decoder_dattn_kernel, &a,
                            &pl->att, 0)) != 0)
         return rc;
     memset(&a, 0, sizeof a);
-    a.i[CK_CH] = pl->chunks;
-    a.i[CK_NQ] = pl->nq;
-    a.i[CK_NKV] = pl->nkv;
-    a.i[CK_HD] = pl->hd;
-    a.i[CK_T] = pl->T;
-    a.i[CK_D] = pl->d;
-    a.i[CK_FLAGS] = flags;
-    a.i[CK_ITEMS] = pl->citems;
-    a.ptr[CP_DPART] = kb_tensor_va(dec->dpart);
-    wptrs(&dec->wo, &a.ptr[CP_WO]);
-    a.ptr[CP_PART] = kb_tensor_va(dec->po);
+    KB_KARGS_PUT(&a, (kb_dec_dcomb_args){
+        .chunks = pl->chunks, .nq = pl->nq, .nkv = pl->nkv, .hd = pl->hd, .T = pl->T,
+        .d = pl->d, .flags = flags, .items = pl->citems, .dpart = kb_tensor_va(dec->dpart),
+        .wo = wvas(&dec->wo), .part = kb_tensor_va(dec->po) });
     return launch_timed(ctx, dec, ph, "dec_attention_combine", kb_decoder_dcomb_kernel, &a,
                         &pl->comb, 0);
 }
 
 /* 4. residual + norms -> the MLP PEs' input */
-static int fwd_residual_attn(kb_ctx *ctx, kb_decoder *dec, phase *ph, const kb_kargs *ra)
+static int fwd_residual_attn(kb_ctx *ctx, kb_decoder *dec, phase *ph,
+                             const kb_dec_rows_args *ra)
 {
     const kb_decoder_plan *pl = &dec->pl;
     int sp = dec->o.seq_parallel, rc;
-    kb_kargs a = *ra;
-    a.i[RK_MODE] = 1;
-    a.i[RK_NCOPY] = pl->mlp.n;
-    a.ptr[RP_X] = kb_tensor_va(dec->x);
-    a.ptr[RP_LNA] = dec->ln[1] ? kb_tensor_va(dec->ln[1]) : 0;
-    a.ptr[RP_LNB] = kb_tensor_va(dec->ln[2]);
-    a.ptr[RP_SUM] = kb_tensor_va(sp ? dec->rs_o : dec->po);
-    a.ptr[RP_OUT] = kb_tensor_va(dec->h);
-    a.ptr[RP_NORM] = kb_tensor_va(sp ? dec->ag2_in : dec->hn2);
+    kb_dec_rows_args r = *ra;
+    kb_kargs a;
+    r.mode = 1;
+    r.ncopy = pl->mlp.n;
+    r.x = kb_tensor_va(dec->x);
+    r.lna = dec->ln[1] ? kb_tensor_va(dec->ln[1]) : 0;
+    r.lnb = kb_tensor_va(dec->ln[2]);
+    r.sum = kb_tensor_va(sp ? dec->rs_o : dec->po);
+    r.out = kb_tensor_va(dec->h);
+    r.norm = kb_tensor_va(sp ? dec->ag2_in : dec->hn2);
+    memset(&a, 0, sizeof a);
+    KB_KARGS_PUT(&a, r);
     if ((rc = launch_timed(ctx, dec, ph, "dec_residual_attn", kb_decoder_rows_kernel, &a,
                            &pl->rows, 0)) != 0 ||
         (sp && (rc = coll_timed(ctx, dec, C_AG, dec->ag2, dec->ag2_in)) != 0))
@@ -276,17 +238,11 @@ static int fwd_mlp(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flags)
     int sp = dec->o.seq_parallel, rc;
     kb_kargs a;
     memset(&a, 0, sizeof a);
-    a.i[MK_T] = pl->T;
-    a.i[MK_D] = pl->d;
-    a.i[MK_CF] = pl->cf;
-    a.i[MK_TB] = pl->tb;
-    a.i[MK_FLAGS] = flags;
-    a.i[MK_ACT] = kb_model_act(&dec->mc);
-    a.ptr[MP_IN] = kb_tensor_va(sp ? dec->ag2 : dec->hn2);
-    wptrs(&dec->wg, &a.ptr[MP_WG]);
-    wptrs(&dec->wu, &a.ptr[MP_WU]);
-    wptrs(&dec->wd, &a.ptr[MP_WD]);
-    a.ptr[MP_PART] = kb_tensor_va(dec->pd);
+    KB_KARGS_PUT(&a, (kb_dec_mlp_args){
+        .T = pl->T, .d = pl->d, .cf = pl->cf, .tb = pl->tb, .flags = flags,
+        .act = kb_model_act(&dec->mc), .in = kb_tensor_va(sp ? dec->ag2 : dec->hn2),
+        .wg = wvas(&dec->wg), .wu = wvas(&dec->wu), .wd = wvas(&dec->wd),
+        .part = kb_tensor_va(dec->pd) });
     if ((rc = launch_timed(ctx, dec, ph, "dec_mlp", kb_decoder_mlp_kernel, &a, &pl->mlp, 1)) != 0 ||
         (rc = coll_timed(ctx, dec, sp ? C_RS : C_AR, dec->rs_d, dec->pd)) != 0)
         return rc;
@@ -294,15 +250,18 @@ static int fwd_mlp(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flags)
 }
 
 /* 6. residual */
-static int fwd_residual_mlp(kb_ctx *ctx, kb_decoder *dec, phase *ph, const kb_kargs *ra)
+static int fwd_residual_mlp(kb_ctx *ctx, kb_decoder *dec, phase *ph, const kb_dec_rows_args *ra)
 {
     int sp = dec->o.seq_parallel;
-    kb_kargs a = *ra;
-    a.i[RK_MODE] = 2;
-    a.ptr[RP_X] = kb_tensor_va(dec->h);
-    a.ptr[RP_LNA] = dec->ln[3] ? kb_tensor_va(dec->ln[3]) : 0;
-    a.ptr[RP_SUM] = kb_tensor_va(sp ? dec->rs_d : dec->pd);
-    a.ptr[RP_OUT] = kb_tensor_va(dec->y);
+    kb_dec_rows_args r = *ra;
+    kb_kargs a;
+    r.mode = 2;
+    r.x = kb_tensor_va(dec->h);
+    r.lna = dec->ln[3] ? kb_tensor_va(dec->ln[3]) : 0;
+    r.sum = kb_tensor_va(sp ? dec->rs_d : dec->pd);
+    r.out = kb_tensor_va(dec->y);
+    memset(&a, 0, sizeof a);
+    KB_KARGS_PUT(&a, r);
     return launch_timed(ctx, dec, ph, "dec_residual_mlp", kb_decoder_rows_kernel, &a,
                         &dec->pl.rows, 0);
 }
@@ -319,7 +278,7 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
     if (!ph.busy0)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
 
-    kb_kargs ra = rows_args(dec);
+    kb_dec_rows_args ra = rows_args(dec);
     if ((rc = fwd_norm_in(ctx, dec, &ph, &ra)) != 0 ||
         (rc = fwd_qkv(ctx, dec, &ph, flags)) != 0 ||
         (rc = o->decode ? fwd_attn_decode(ctx, dec, &ph, flags)

@@ -1,6 +1,6 @@
 /*
  * kb_decoder_int — what the files of the decoder layer share with each other and nobody else:
- * the argument layout of its kernels (the kb_kargs slots each kernel reads, by name), the
+ * the argument structs of its kernels (what each kernel reads, by name and type), the
  * flags word that carries the number formats, and the kernels themselves, which
  * kb_decoder_fwd.c launches. The files: kb_decoder.c (the plan, the rank's tensors and
  * weights), kb_decoder_kernels.c (the kernels), kb_decoder_fwd.c (the forward pass and its
@@ -19,32 +19,61 @@
 #define F_SPARSE(x) ((int)(((x) >> 8) & 0xff))
 #define F_ACT(x) ((kb_dtype)(((x) >> 16) & 0xff))
 
-/* Each kernel's slots: a->i[*K_*] integers, a->ptr[*P_*] VAs (a weight takes three: its
- * values, scales and metadata, kb_qweight), a->f[] as the kernel says. */
+/* Each kernel's arguments (kb_kargs' typed block: KB_KARGS_PUT / KB_KARGS_GET). Shapes are
+ * the plan's (kb_decoder_plan); flags is FLAGS(); weights take three VAs. */
 
-/* row owners (norms and residual adds; RK_MODE 0: input norm, 1: residual + norms, 2: the
- * last residual; f[0]: the norm's eps, f[1]: its unit offset) */
-enum { RK_MODE, RK_RC, RK_D, RK_SP, RK_PIECE, RK_POST, RK_T, RK_ACT, RK_NCOPY };
-enum { RP_X, RP_LNA, RP_LNB, RP_SUM, RP_OUT, RP_NORM };
+/* A weight's parts: its values, scales and metadata (kb_qweight; 0 where it has none). */
+typedef struct kb_dec_wva {
+    kb_va q, scale, meta;
+} kb_dec_wva;
+
+/* row owners: norms and residual adds. mode 0: the input norm (lnb) of x into norm; 1: the
+ * summed partials (sum; normed with lna when post) plus the residual x into out, its norm
+ * (lnb) into norm; 2: the same sum plus the f32 residual x into out, no norm. */
+typedef struct kb_dec_rows_args {
+    kb_va x, lna, lnb, sum, out, norm;
+    int64_t rc, d, piece, T;
+    int64_t ncopy;      /* the gemm PEs' copies of norm (without seq_parallel) */
+    int mode, sp, post; /* sp: seq_parallel; post: the model's post norms */
+    kb_dtype act;
+    double eps, off;    /* the norm's eps and unit offset */
+} kb_dec_rows_args;
 
 /* QKV + RoPE */
-enum { QK_T, QK_D, QK_C, QK_P, QK_NROPE, QK_HD, QK_TB, QK_FLAGS };
-enum { QP_IN, QP_W, QP_WS, QP_WM, QP_COS, QP_SIN, QP_OUT };
+typedef struct kb_dec_qkv_args {
+    kb_va in, cos, sin, out;
+    kb_dec_wva w;
+    int64_t T, d, c, p, hd, tb, flags;
+    int64_t nrope;      /* head units that take RoPE (the queries' and keys') */
+} kb_dec_qkv_args;
 
-/* prefill attention + its W_o rows (f[0]: the query scale, f[1]: the soft-cap) */
-enum { AK_SEQ, AK_QROWS, AK_QB, AK_NQ, AK_NKV, AK_P, AK_C, AK_HD, AK_T, AK_D, AK_FLAGS,
-       AK_ITEMS };
-enum { AP_QKV, AP_WO, AP_WOS, AP_WOM, AP_PART };
+/* prefill attention + its W_o rows */
+typedef struct kb_dec_attn_args {
+    kb_va qkv, part;
+    kb_dec_wva wo;
+    int64_t seq, qrows, qb, nq, nkv, p, c, hd, T, d, flags, items;
+    double qscale, softcap;
+} kb_dec_attn_args;
 
-/* decode: split-KV attention (f[0], f[1] as for prefill) and its combination */
-enum { DK_CH, DK_CLEN, DK_KVLEN, DK_NQ, DK_NKV, DK_P, DK_C, DK_HD, DK_T, DK_FLAGS, DK_ITEMS };
-enum { DP_QKV, DP_KC, DP_VC, DP_OUT };
-enum { CK_CH, CK_NQ, CK_NKV, CK_HD, CK_T, CK_D, CK_FLAGS, CK_ITEMS };
-enum { CP_DPART, CP_WO, CP_WOS, CP_WOM, CP_PART };
+/* decode: split-KV attention (qscale, softcap as for prefill) and its combination */
+typedef struct kb_dec_dattn_args {
+    kb_va qkv, kc, vc, out;
+    int64_t chunks, clen, kv_len, nq, nkv, p, c, hd, T, flags, items;
+    double qscale, softcap;
+} kb_dec_dattn_args;
+typedef struct kb_dec_dcomb_args {
+    kb_va dpart, part;
+    kb_dec_wva wo;
+    int64_t chunks, nq, nkv, hd, T, d, flags, items;
+} kb_dec_dcomb_args;
 
 /* MLP: gate/up columns and down rows of one PE */
-enum { MK_T, MK_D, MK_CF, MK_TB, MK_FLAGS, MK_ACT };
-enum { MP_IN, MP_WG, MP_WGS, MP_WGM, MP_WU, MP_WUS, MP_WUM, MP_WD, MP_WDS, MP_WDM, MP_PART };
+typedef struct kb_dec_mlp_args {
+    kb_va in, part;
+    kb_dec_wva wg, wu, wd;
+    int64_t T, d, cf, tb, flags;
+    int act;            /* the gated activation (kb_model_act) */
+} kb_dec_mlp_args;
 
 /* kb_decoder_kernels.c: the kernels (kb_kernel_fn), one per launch of the forward pass. */
 void kb_decoder_rows_kernel(kb_tl *tl, const kb_kargs *a);

@@ -161,28 +161,35 @@ static int pe_index(kb_tl *tl)
     return j;
 }
 
-/* i: 0 m, 1 k, 2 c (columns per PE), 3 has bias, 4 gelu; ptr: 0 x, 1 w, 2 b, 3 y */
-static void column_kernel(kb_tl *tl, const kb_kargs *a)
+typedef struct column_args {
+    kb_va x, w, b, y;
+    int64_t m, k;
+    int64_t c;        /* columns per PE */
+    int has_bias, gelu;
+} column_args;
+
+static void column_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t m = a->i[0], k = a->i[1], c = a->i[2];
+    const column_args *a = KB_KARGS_GET(ka, column_args);
+    int64_t m = a->m, k = a->k, c = a->c;
     int j = pe_index(tl);
-    kb_val x = tl_load(tl, a->ptr[0] + (kb_va)j * (kb_va)(m * k * 2), KB_SHAPE2(m, k), KB_F16);
-    kb_val w = tl_ref(tl, a->ptr[1] + (kb_va)j * (kb_va)(k * c * 2), KB_SHAPE2(k, c), KB_F16);
+    kb_val x = tl_load(tl, a->x + (kb_va)j * (kb_va)(m * k * 2), KB_SHAPE2(m, k), KB_F16);
+    kb_val w = tl_ref(tl, a->w + (kb_va)j * (kb_va)(k * c * 2), KB_SHAPE2(k, c), KB_F16);
     kb_val y = tl_dot(tl, x, w);
     tl_free(tl, x);
-    if (a->i[3]) {
-        kb_val b = tl_load(tl, a->ptr[2] + (kb_va)j * (kb_va)(c * 2), KB_SHAPE2(1, c), KB_F16);
+    if (a->has_bias) {
+        kb_val b = tl_load(tl, a->b + (kb_va)j * (kb_va)(c * 2), KB_SHAPE2(1, c), KB_F16);
         kb_val yb = tl_add(tl, y, b);
         tl_free(tl, y);
         tl_free(tl, b);
         y = yb;
     }
-    if (a->i[4]) {
+    if (a->gelu) {
         kb_val g = tl_gelu(tl, y);
         tl_free(tl, y);
         y = g;
     }
-    tl_store(tl, a->ptr[3] + (kb_va)j * (kb_va)(m * c * 2), y);
+    tl_store(tl, a->y + (kb_va)j * (kb_va)(m * c * 2), y);
 }
 
 int kb_tp_column_forward(kb_ctx *ctx, const kb_tp_linear *lin, kb_tensor *x, int gelu,
@@ -199,47 +206,57 @@ int kb_tp_column_forward(kb_ctx *ctx, const kb_tp_linear *lin, kb_tensor *x, int
         return rc;
     kb_kargs a;
     memset(&a, 0, sizeof a);
-    a.ptr[0] = kb_tensor_va(x);
-    a.ptr[1] = kb_tensor_va(lin->w);
-    a.ptr[2] = lin->b ? kb_tensor_va(lin->b) : 0;
-    a.ptr[3] = kb_tensor_va(*y_local);
-    a.i[0] = m;
-    a.i[1] = lin->in;
     /* the layer was built with a grid that splits its columns evenly (linear) */
     assert(lin->local_out % (lin->cubes * lin->pes) == 0);
-    a.i[2] = lin->local_out / (lin->cubes * lin->pes);
-    a.i[3] = lin->b != NULL;
-    a.i[4] = gelu;
+    KB_KARGS_PUT(&a, (column_args){ .x = kb_tensor_va(x), .w = kb_tensor_va(lin->w),
+                                    .b = lin->b ? kb_tensor_va(lin->b) : 0,
+                                    .y = kb_tensor_va(*y_local), .m = m, .k = lin->in,
+                                    .c = lin->local_out / (lin->cubes * lin->pes),
+                                    .has_bias = lin->b != NULL, .gelu = gelu });
     kb_grid g = { lin->pes, lin->cubes, 1, -1 };
     return kb_launch(ctx, "tp_column", column_kernel, &a, &g);
 }
 
-/* i: 0 m, 1 rows per PE, 2 n; ptr: 0 x_local, 1 w, 2 partial */
-static void row_kernel(kb_tl *tl, const kb_kargs *a)
+typedef struct row_args {
+    kb_va x_local, w, partial;
+    int64_t m;
+    int64_t kr; /* rows of W per PE */
+    int64_t n;
+} row_args;
+
+static void row_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t m = a->i[0], kr = a->i[1], n = a->i[2];
+    const row_args *a = KB_KARGS_GET(ka, row_args);
+    int64_t m = a->m, kr = a->kr, n = a->n;
     int j = pe_index(tl);
-    kb_val x = tl_load(tl, a->ptr[0] + (kb_va)j * (kb_va)(m * kr * 2), KB_SHAPE2(m, kr), KB_F16);
-    kb_val w = tl_ref(tl, a->ptr[1] + (kb_va)j * (kb_va)(kr * n * 2), KB_SHAPE2(kr, n), KB_F16);
+    kb_val x = tl_load(tl, a->x_local + (kb_va)j * (kb_va)(m * kr * 2), KB_SHAPE2(m, kr), KB_F16);
+    kb_val w = tl_ref(tl, a->w + (kb_va)j * (kb_va)(kr * n * 2), KB_SHAPE2(kr, n), KB_F16);
     kb_val p = tl_dot(tl, x, w);
     /* PE j of the layer is PE j of the SIP: its partial goes to block j (f32) */
-    tl_store(tl, a->ptr[2] + (kb_va)j * (kb_va)(m * n * 4), p);
+    tl_store(tl, a->partial + (kb_va)j * (kb_va)(m * n * 4), p);
 }
 
-/* i: 0 m*n, 1 n, 2 has bias; ptr: 0 partial (f32), 1 bias, 2 y */
-static void bias_kernel(kb_tl *tl, const kb_kargs *a)
+typedef struct bias_args {
+    kb_va partial, bias, y; /* partial: f32 */
+    int64_t mn;             /* elements of a PE's block */
+    int64_t n;
+    int has_bias;
+} bias_args;
+
+static void bias_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t mn = a->i[0], n = a->i[1];
+    const bias_args *a = KB_KARGS_GET(ka, bias_args);
+    int64_t mn = a->mn, n = a->n;
     int j = pe_index(tl);
     assert(n > 0 && mn % n == 0); /* a block is whole rows of the partial sums */
-    kb_val p = tl_load(tl, a->ptr[0] + (kb_va)j * (kb_va)(mn * 4), KB_SHAPE2(mn / n, n), KB_F32);
-    if (a->i[2]) {
-        kb_val b = tl_load(tl, a->ptr[1] + (kb_va)j * (kb_va)(n * 2), KB_SHAPE2(1, n), KB_F16);
+    kb_val p = tl_load(tl, a->partial + (kb_va)j * (kb_va)(mn * 4), KB_SHAPE2(mn / n, n), KB_F32);
+    if (a->has_bias) {
+        kb_val b = tl_load(tl, a->bias + (kb_va)j * (kb_va)(n * 2), KB_SHAPE2(1, n), KB_F16);
         kb_val s = tl_add(tl, p, b);
         tl_free(tl, p);
         p = s;
     }
-    tl_store(tl, a->ptr[2] + (kb_va)j * (kb_va)(mn * 2), p);
+    tl_store(tl, a->y + (kb_va)j * (kb_va)(mn * 2), p);
 }
 
 int kb_tp_reduce_blocks(kb_ctx *ctx, kb_tensor *partial, kb_tensor *bias, kb_tensor **y)
@@ -262,12 +279,9 @@ int kb_tp_reduce_blocks(kb_ctx *ctx, kb_tensor *partial, kb_tensor *bias, kb_ten
         return rc;
     kb_kargs a;
     memset(&a, 0, sizeof a);
-    a.ptr[0] = kb_tensor_va(partial);
-    a.ptr[1] = bias ? kb_tensor_va(bias) : 0;
-    a.ptr[2] = kb_tensor_va(*y);
-    a.i[0] = mb * n;
-    a.i[1] = n;
-    a.i[2] = bias != NULL;
+    KB_KARGS_PUT(&a, (bias_args){ .partial = kb_tensor_va(partial),
+                                  .bias = bias ? kb_tensor_va(bias) : 0, .y = kb_tensor_va(*y),
+                                  .mn = mb * n, .n = n, .has_bias = bias != NULL });
     kb_grid g = { m->npes, m->ncubes, 1, -1 };
     return kb_launch(ctx, "tp_bias", bias_kernel, &a, &g);
 }
@@ -292,12 +306,9 @@ int kb_tp_row_forward(kb_ctx *ctx, const kb_tp_linear *lin, kb_tensor *x_local, 
         return rc;
     kb_kargs a;
     memset(&a, 0, sizeof a);
-    a.ptr[0] = kb_tensor_va(x_local);
-    a.ptr[1] = kb_tensor_va(lin->w);
-    a.ptr[2] = kb_tensor_va(partial);
-    a.i[0] = mrows;
-    a.i[1] = lin->local_in / P;
-    a.i[2] = lin->out;
+    KB_KARGS_PUT(&a, (row_args){ .x_local = kb_tensor_va(x_local), .w = kb_tensor_va(lin->w),
+                                 .partial = kb_tensor_va(partial), .m = mrows,
+                                 .kr = lin->local_in / P, .n = lin->out });
     kb_grid g = { lin->pes, lin->cubes, 1, -1 };
     if ((rc = kb_launch(ctx, "tp_row", row_kernel, &a, &g)) != 0)
         return rc;

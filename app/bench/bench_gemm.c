@@ -12,6 +12,7 @@
  */
 #include <stdlib.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "kb_bench.h"
 #include "kb_hostgemm.h"
@@ -28,15 +29,21 @@ typedef struct gemm_state {
     kb_tensor *c;
 } gemm_state;
 
-/* i[0..2] = M, K, N; i[3] = the PEs; i[4], i[5] = bytes between A's / B's replicas */
-static void gemm_kernel(kb_tl *tl, const kb_kargs *a)
+typedef struct gemm_args {
+    kb_va a, b, c;
+    int64_t m, k, n;
+    int64_t a_stride, b_stride; /* bytes between A's / B's replicas */
+    int pes;
+} gemm_args;
+
+static void gemm_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t M = a->i[0], K = a->i[1], N = a->i[2];
-    int nparts = (int)a->i[3];
+    const gemm_args *g = KB_KARGS_GET(ka, gemm_args);
+    int64_t M = g->m, K = g->k, N = g->n;
     int part = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
-    kb_va va = a->ptr[0] + (kb_va)(part * a->i[4]), vb = a->ptr[1] + (kb_va)(part * a->i[5]);
-    tl_gemm(tl, a->ptr[2], (uint32_t)N, va, (uint32_t)K, vb, (uint32_t)N, (uint32_t)M,
-            (uint32_t)N, (uint32_t)K, KB_F16, KB_F16, part, nparts);
+    kb_va va = g->a + (kb_va)(part * g->a_stride), vb = g->b + (kb_va)(part * g->b_stride);
+    tl_gemm(tl, g->c, (uint32_t)N, va, (uint32_t)K, vb, (uint32_t)N, (uint32_t)M,
+            (uint32_t)N, (uint32_t)K, KB_F16, KB_F16, part, g->pes);
 }
 
 /* The gemm's roofline in this layout: the flops over the P PEs, A and B read once from their
@@ -70,7 +77,7 @@ static int gemm_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_benc
     kb_tensor_desc db = { "b", K, N, KB_F16, each, KB_MEM_HBM };
     kb_tensor_desc dc = { "c", M, N, KB_F16, one, KB_MEM_HBM };
     kb_tensor *ta, *tb;
-    kb_kargs ka = { { 0 }, { M, K, N, pes, 0, 0 }, { 0 } };
+    kb_kargs ka;
     kb_grid g = { grid_pes, cubes, 1, -1 };
     kb_bench_pat pa = pat_a, pb = pat_b;
     int rc;
@@ -87,12 +94,12 @@ static int gemm_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_benc
         (rc = kb_tensor_from_fill(ctx, &db, &fb, &tb)) != 0 ||
         (rc = kb_tensor_empty(ctx, &dc, &st->c)) != 0)
         return rc;
-    ka.ptr[0] = kb_tensor_va(ta);
-    ka.ptr[1] = kb_tensor_va(tb);
-    ka.ptr[2] = kb_tensor_va(st->c);
     /* replica p (cube-major, then PE) is program p's: its own HBM slice */
-    ka.i[4] = (int64_t)kb_tensor_shard(ta, 0)->nbytes;
-    ka.i[5] = (int64_t)kb_tensor_shard(tb, 0)->nbytes;
+    memset(&ka, 0, sizeof ka);
+    KB_KARGS_PUT(&ka, (gemm_args){ .a = kb_tensor_va(ta), .b = kb_tensor_va(tb),
+                                   .c = kb_tensor_va(st->c), .m = M, .k = K, .n = N, .pes = pes,
+                                   .a_stride = (int64_t)kb_tensor_shard(ta, 0)->nbytes,
+                                   .b_stride = (int64_t)kb_tensor_shard(tb, 0)->nbytes });
     kb_bench_mark_begin(ctx, res);
     if ((rc = kb_launch(ctx, "gemm", gemm_kernel, &ka, &g)) != 0)
         return rc;

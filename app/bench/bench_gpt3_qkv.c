@@ -7,6 +7,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kb_bench.h"
 #include "kb_tl.h"
@@ -24,16 +25,24 @@ typedef struct qkv_state {
     kb_tensor *out[3];
 } qkv_state;
 
-static void qkv_kernel(kb_tl *tl, const kb_kargs *a)
+/* [j]: Q, K, V */
+typedef struct qkv_args {
+    kb_va x, w[3], out[3];
+    int64_t m, d;
+    int64_t cols; /* of each weight and output per PE */
+} qkv_args;
+
+static void qkv_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t M = a->i[0], D = a->i[1], cols = a->i[2];
+    const qkv_args *a = KB_KARGS_GET(ka, qkv_args);
+    int64_t M = a->m, D = a->d, cols = a->cols;
     int shard = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
-    kb_val x = tl_load(tl, a->ptr[0] + (kb_va)shard * (kb_va)(M * D * 2), KB_SHAPE2(M, D), KB_F16);
+    kb_val x = tl_load(tl, a->x + (kb_va)shard * (kb_va)(M * D * 2), KB_SHAPE2(M, D), KB_F16);
     for (int j = 0; j < 3; j++) {
-        kb_val w = tl_ref(tl, a->ptr[1 + j] + (kb_va)shard * (kb_va)(D * cols * 2),
+        kb_val w = tl_ref(tl, a->w[j] + (kb_va)shard * (kb_va)(D * cols * 2),
                           KB_SHAPE2(D, cols), KB_F16);
         kb_val y = tl_dot(tl, x, w);
-        tl_store(tl, a->ptr[4 + j] + (kb_va)shard * (kb_va)(M * cols * 2), y);
+        tl_store(tl, a->out[j] + (kb_va)shard * (kb_va)(M * cols * 2), y);
         tl_free(tl, y);
     }
 }
@@ -68,7 +77,8 @@ static int qkv_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_bench
     kb_dp_policy rep = kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 0, 0);
     kb_dp_policy col = kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, 0, 0);
     kb_tensor_desc dx = { "x", M, D, KB_F16, rep, KB_MEM_HBM };
-    kb_kargs ka = { { 0 }, { M, D, D / parts }, { 0 } };
+    qkv_args qa = { .m = M, .d = D, .cols = D / parts };
+    kb_kargs ka;
     kb_tensor *tx, *tw;
     int rc;
 
@@ -81,7 +91,7 @@ static int qkv_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_bench
     kb_fill fx = kb_bench_pattern_fill(&px);
     if ((rc = kb_tensor_from_fill(ctx, &dx, &fx, &tx)) != 0)
         return rc;
-    ka.ptr[0] = kb_tensor_va(tx);
+    qa.x = kb_tensor_va(tx);
     for (int j = 0; j < 3; j++) {
         kb_tensor_desc dw = { wn[j], D, D, KB_F16, col, KB_MEM_HBM };
         kb_tensor_desc dout = { on[j], M, D, KB_F16, col, KB_MEM_HBM };
@@ -91,9 +101,11 @@ static int qkv_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_bench
         if ((rc = kb_tensor_from_fill(ctx, &dw, &fw, &tw)) != 0 ||
             (rc = kb_tensor_empty(ctx, &dout, &st->out[j])) != 0)
             return rc;
-        ka.ptr[1 + j] = kb_tensor_va(tw);
-        ka.ptr[4 + j] = kb_tensor_va(st->out[j]);
+        qa.w[j] = kb_tensor_va(tw);
+        qa.out[j] = kb_tensor_va(st->out[j]);
     }
+    memset(&ka, 0, sizeof ka);
+    KB_KARGS_PUT(&ka, qa);
     kb_bench_mark_begin(ctx, res);
     kb_grid g = kb_grid_of(st->out[0]);
     if ((rc = kb_launch(ctx, "gpt3_qkv", qkv_kernel, &ka, &g)) != 0)

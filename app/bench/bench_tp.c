@@ -266,24 +266,31 @@ static int mlp_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
 
 /* ---- tp_attention ---- */
 
-/* ptr: 0 x (S x d), 1 xT (d x S), 2 Wq_r, 3 WkT_r, 4 Wv_r, 5 Wo_r, 6 partial;
- * i: 0 S, 1 d, 2 dh; f: 0 1/sqrt(dh) */
-static void attn_kernel(kb_tl *tl, const kb_kargs *a)
+/* the rank's heads, per PE: x (S x d), its transpose xT (d x S), the PE's columns of Wq and
+ * Wv, its rows of Wk^T and Wo; partial: the PE's S x d f32 block */
+typedef struct attn_args {
+    kb_va x, xT, wq, wkT, wv, wo, partial;
+    int64_t S, d, dh;
+    double scale; /* 1/sqrt(dh) */
+} attn_args;
+
+static void attn_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t S = a->i[0], d = a->i[1], dh = a->i[2];
+    const attn_args *a = KB_KARGS_GET(ka, attn_args);
+    int64_t S = a->S, d = a->d, dh = a->dh;
     int j = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
     kb_va xo = (kb_va)j * (kb_va)(S * d * 2), wo = (kb_va)j * (kb_va)(d * dh * 2);
-    kb_val x = tl_load(tl, a->ptr[0] + xo, KB_SHAPE2(S, d), KB_F16);
-    kb_val xT = tl_load(tl, a->ptr[1] + xo, KB_SHAPE2(d, S), KB_F16);
-    kb_val q = tl_dot(tl, x, tl_ref(tl, a->ptr[2] + wo, KB_SHAPE2(d, dh), KB_F16));
-    kb_val kT = tl_dot(tl, tl_ref(tl, a->ptr[3] + wo, KB_SHAPE2(dh, d), KB_F16), xT);
-    kb_val v = tl_dot(tl, x, tl_ref(tl, a->ptr[4] + wo, KB_SHAPE2(d, dh), KB_F16));
+    kb_val x = tl_load(tl, a->x + xo, KB_SHAPE2(S, d), KB_F16);
+    kb_val xT = tl_load(tl, a->xT + xo, KB_SHAPE2(d, S), KB_F16);
+    kb_val q = tl_dot(tl, x, tl_ref(tl, a->wq + wo, KB_SHAPE2(d, dh), KB_F16));
+    kb_val kT = tl_dot(tl, tl_ref(tl, a->wkT + wo, KB_SHAPE2(dh, d), KB_F16), xT);
+    kb_val v = tl_dot(tl, x, tl_ref(tl, a->wv + wo, KB_SHAPE2(d, dh), KB_F16));
     kb_val s = tl_dot(tl, q, kT);
-    kb_val ss = tl_scale(tl, s, (float)a->f[0], 0.0f);
+    kb_val ss = tl_scale(tl, s, (float)a->scale, 0.0f);
     kb_val p = tl_softmax(tl, ss, 1);
     kb_val o = tl_dot(tl, p, v);
-    kb_val part = tl_dot(tl, o, tl_ref(tl, a->ptr[5] + wo, KB_SHAPE2(dh, d), KB_F16));
-    tl_store(tl, a->ptr[6] + (kb_va)j * (kb_va)(S * d * 4), part);
+    kb_val part = tl_dot(tl, o, tl_ref(tl, a->wo + wo, KB_SHAPE2(dh, d), KB_F16));
+    tl_store(tl, a->partial + (kb_va)j * (kb_va)(S * d * 4), part);
 }
 
 static int attn_worker(kb_ctx *ctx, int rank, void *arg)
@@ -334,17 +341,11 @@ static int attn_worker(kb_ctx *ctx, int rank, void *arg)
     kb_time t_comm0 = kb_dist_comm_time(ctx);
     kb_kargs a;
     memset(&a, 0, sizeof a);
-    a.ptr[0] = kb_tensor_va(x);
-    a.ptr[1] = kb_tensor_va(xT);
-    a.ptr[2] = kb_tensor_va(wq);
-    a.ptr[3] = kb_tensor_va(wk);
-    a.ptr[4] = kb_tensor_va(wv);
-    a.ptr[5] = kb_tensor_va(wo);
-    a.ptr[6] = kb_tensor_va(partial);
-    a.i[0] = S;
-    a.i[1] = d;
-    a.i[2] = dh;
-    a.f[0] = 1.0 / sqrt((double)dh);
+    KB_KARGS_PUT(&a, (attn_args){ .x = kb_tensor_va(x), .xT = kb_tensor_va(xT),
+                                  .wq = kb_tensor_va(wq), .wkT = kb_tensor_va(wk),
+                                  .wv = kb_tensor_va(wv), .wo = kb_tensor_va(wo),
+                                  .partial = kb_tensor_va(partial), .S = S, .d = d, .dh = dh,
+                                  .scale = 1.0 / sqrt((double)dh) });
     kb_grid g = { pes, cubes, 1, -1 };
     if ((rc = kb_launch(ctx, "tp_attention", attn_kernel, &a, &g)) != 0 ||
         (rc = kb_tp_reduce_blocks(ctx, partial, bo, &st->y[rank])) != 0)

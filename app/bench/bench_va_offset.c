@@ -21,13 +21,19 @@ typedef struct va_state {
     kb_tensor *tsrc, *tdst;
 } va_state;
 
-static void copy_kernel(kb_tl *tl, const kb_kargs *a)
+typedef struct copy_args {
+    kb_va src, dst;
+    int64_t m, cols; /* a shard: m x cols */
+} copy_args;
+
+static void copy_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t M = a->i[0], cols = a->i[1];
+    const copy_args *a = KB_KARGS_GET(ka, copy_args);
+    int64_t M = a->m, cols = a->cols;
     int shard = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
     kb_va off = (kb_va)shard * (kb_va)(M * cols * 2);
-    kb_val v = tl_load(tl, a->ptr[0] + off, KB_SHAPE2(M, cols), KB_F16);
-    tl_store(tl, a->ptr[1] + off, v);
+    kb_val v = tl_load(tl, a->src + off, KB_SHAPE2(M, cols), KB_F16);
+    tl_store(tl, a->dst + off, v);
 }
 
 /* The roofline: a copy, every PE reading its M x cols block from its HBM slice and writing it
@@ -56,7 +62,7 @@ static int va_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_bench_
     kb_dp_policy dp = kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, 0, 0);
     kb_tensor_desc ds = { "src", M, K, KB_F16, dp, KB_MEM_HBM };
     kb_tensor_desc dd = { "dst", M, K, KB_F16, dp, KB_MEM_HBM };
-    kb_kargs ka = { { 0 }, { M, K / parts }, { 0 } };
+    kb_kargs ka;
     int rc;
 
     if (K % parts != 0)
@@ -69,8 +75,9 @@ static int va_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_bench_
     if ((rc = kb_tensor_from_fill(ctx, &ds, &fs, &st->tsrc)) != 0 ||
         (rc = kb_tensor_empty(ctx, &dd, &st->tdst)) != 0)
         return rc;
-    ka.ptr[0] = kb_tensor_va(st->tsrc);
-    ka.ptr[1] = kb_tensor_va(st->tdst);
+    memset(&ka, 0, sizeof ka);
+    KB_KARGS_PUT(&ka, (copy_args){ .src = kb_tensor_va(st->tsrc), .dst = kb_tensor_va(st->tdst),
+                                   .m = M, .cols = K / parts });
     kb_bench_mark_begin(ctx, res);
     kb_grid g = kb_grid_of(st->tdst);
     if ((rc = kb_launch(ctx, "va_offset_copy", copy_kernel, &ka, &g)) != 0)

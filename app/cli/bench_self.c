@@ -105,11 +105,17 @@ typedef struct pingpong {
     double ns;
 } pingpong;
 
-static void pp_kernel(kb_tl *tl, const kb_kargs *a)
+typedef struct pp_args {
+    kb_va t;
+    int64_t iters;
+} pp_args;
+
+static void pp_kernel(kb_tl *tl, const kb_kargs *ka)
 {
+    const pp_args *a = KB_KARGS_GET(ka, pp_args);
     int me = tl_program_id(tl, 0);
-    kb_val v = tl_load(tl, a->ptr[0] + (kb_va)me * 16u, KB_SHAPE1(8), KB_F16);
-    for (int64_t i = 0; i < a->i[0]; i++) {
+    kb_val v = tl_load(tl, a->t + (kb_va)me * 16u, KB_SHAPE1(8), KB_F16);
+    for (int64_t i = 0; i < a->iters; i++) {
         if (me == 0) {
             tl_send(tl, KB_DIR_E, v);
             tl_free(tl, tl_recv(tl, KB_DIR_W, KB_SHAPE1(8), KB_F16));
@@ -135,8 +141,7 @@ static int pp_host(kb_ctx *ctx, void *arg)
         return rc;
     kb_kargs a;
     memset(&a, 0, sizeof a);
-    a.ptr[0] = kb_tensor_va(pp->t);
-    a.i[0] = pp->iters;
+    KB_KARGS_PUT(&a, (pp_args){ .t = kb_tensor_va(pp->t), .iters = pp->iters });
     kb_grid g = { 2, 1, 1, -1 };
     double t0 = now_ns();
     rc = kb_launch(ctx, "pingpong", pp_kernel, &a, &g);

@@ -23,6 +23,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kbcl_plugin.h"
 #include "kbcl_tl.h"
@@ -78,14 +79,21 @@ typedef struct scale_state {
     kb_bench_pat px;
 } scale_state;
 
+/* The kernel's own arguments: a struct in kb_kargs' typed block (KB_KARGS_PUT at the launch,
+ * KB_KARGS_GET in the kernel). */
+typedef struct scale_args {
+    kb_va x, y;
+    int64_t rows, cols; /* a PE's block */
+} scale_args;
+
 /* Every PE: its block of rows of x, scaled, into the same rows of y. */
-static void scale_kernel(kb_tl *tl, const kb_kargs *a)
+static void scale_kernel(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t rows = a->i[0], cols = a->i[1];
-    kb_va off = (kb_va)tl_program_id(tl, 0) * (kb_va)(rows * cols * 2);
-    kb_val x = tl_load(tl, a->ptr[0] + off, KB_SHAPE2(rows, cols), KB_F16);
+    const scale_args *a = KB_KARGS_GET(ka, scale_args);
+    kb_va off = (kb_va)tl_program_id(tl, 0) * (kb_va)(a->rows * a->cols * 2);
+    kb_val x = tl_load(tl, a->x + off, KB_SHAPE2(a->rows, a->cols), KB_F16);
     kb_val y = tl_scale(tl, x, 0.5f, 1.0f);
-    tl_store(tl, a->ptr[1] + off, y);
+    tl_store(tl, a->y + off, y);
 }
 
 static int scale_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_bench_result *res)
@@ -95,7 +103,7 @@ static int scale_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_ben
     kb_dp_policy dp = kb_dp(KB_DP_REPLICATE, KB_DP_ROW_WISE, 1, (int)P);
     kb_tensor_desc dx = { "x", R, C, KB_F16, dp, KB_MEM_HBM };
     kb_tensor_desc dy = { "y", R, C, KB_F16, dp, KB_MEM_HBM };
-    kb_kargs ka = { { 0 }, { R / P, C }, { 0 } };
+    kb_kargs ka;
     kb_grid g = { (int)P, 1, 1, -1 };
     kb_fill fx;
     int rc;
@@ -110,8 +118,9 @@ static int scale_run(kb_ctx *ctx, const kb_bench_args *args, void *state, kb_ben
     if ((rc = kb_tensor_from_fill(ctx, &dx, &fx, &st->x)) != 0 ||
         (rc = kb_tensor_empty(ctx, &dy, &st->y)) != 0)
         return rc;
-    ka.ptr[0] = kb_tensor_va(st->x);
-    ka.ptr[1] = kb_tensor_va(st->y);
+    memset(&ka, 0, sizeof ka);
+    KB_KARGS_PUT(&ka, (scale_args){ .x = kb_tensor_va(st->x), .y = kb_tensor_va(st->y),
+                                    .rows = R / P, .cols = C });
     kb_bench_mark_begin(ctx, res);
     if ((rc = kb_launch(ctx, "my_scale", scale_kernel, &ka, &g)) != 0)
         return rc;

@@ -30,14 +30,19 @@
 #define C 64   /* columns */
 #define P 4    /* PEs of cube 0 that hold X */
 
-enum { A_R = 0, A_COLS_PER_PE = 1, A_P = 2 };   /* kb_kargs.i[] */
+/* Both kernels' arguments: a struct in kb_kargs' typed block (KB_KARGS_PUT / _GET). */
+typedef struct softmax_args {
+    kb_va x, y;
+    int64_t rows, cols_per_pe, pes;
+} softmax_args;
 
 /* Version 1: X column_wise over P PEs; shard k is the R x c block at x + k * R * c * 2. */
-static void softmax_rows_colwise(kb_tl *tl, const kb_kargs *a)
+static void softmax_rows_colwise(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t rows = a->i[A_R], c = a->i[A_COLS_PER_PE], np = a->i[A_P];
+    const softmax_args *a = KB_KARGS_GET(ka, softmax_args);
+    int64_t rows = a->rows, c = a->cols_per_pe, np = a->pes;
     int me = tl_program_id(tl, 0);                  /* PE index inside the grid */
-    kb_va x = a->ptr[0], y = a->ptr[1];
+    kb_va x = a->x, y = a->y;
     kb_va block = (kb_va)(rows * c) * 2;            /* bytes of one f16 shard */
     kb_val mx = { 0 }, sum = { 0 };
 
@@ -80,12 +85,13 @@ static void softmax_rows_colwise(kb_tl *tl, const kb_kargs *a)
 }
 
 /* Version 2: X row_wise over P PEs; shard k is the (R / P) x C block at x + k * (R/P) * C * 2. */
-static void softmax_rows_rowwise(kb_tl *tl, const kb_kargs *a)
+static void softmax_rows_rowwise(kb_tl *tl, const kb_kargs *ka)
 {
-    int64_t rp = a->i[A_R] / a->i[A_P], cols = a->i[A_COLS_PER_PE] * a->i[A_P];
+    const softmax_args *a = KB_KARGS_GET(ka, softmax_args);
+    int64_t rp = a->rows / a->pes, cols = a->cols_per_pe * a->pes;
     kb_va off = (kb_va)tl_program_id(tl, 0) * (kb_va)(rp * cols) * 2;
-    kb_val b = tl_load(tl, a->ptr[0] + off, KB_SHAPE2(rp, cols), KB_F16);
-    tl_store(tl, a->ptr[1] + off, tl_softmax(tl, b, 1));
+    kb_val b = tl_load(tl, a->x + off, KB_SHAPE2(rp, cols), KB_F16);
+    tl_store(tl, a->y + off, tl_softmax(tl, b, 1));
 }
 
 typedef struct run {
@@ -115,11 +121,8 @@ static int host(kb_ctx *ctx, void *arg)
             return rc;
         kb_kargs a;
         memset(&a, 0, sizeof a);
-        a.ptr[0] = kb_tensor_va(x);
-        a.ptr[1] = kb_tensor_va(y);
-        a.i[A_R] = R;
-        a.i[A_COLS_PER_PE] = C / P;
-        a.i[A_P] = P;
+        KB_KARGS_PUT(&a, (softmax_args){ .x = kb_tensor_va(x), .y = kb_tensor_va(y),
+                                         .rows = R, .cols_per_pe = C / P, .pes = P });
         kb_grid g = kb_grid_of(x);                 /* P PEs x 1 cube of x's SIP */
         kb_time t0 = kb_ctx_now(ctx);
         if ((rc = kb_launch(ctx, names[v], kernels[v], &a, &g)) != 0)
