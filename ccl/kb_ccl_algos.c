@@ -911,32 +911,68 @@ static void hierarchical_allreduce(kb_tl *tl, const kb_kargs *a)
 
 /* ---- registry ---- */
 
-/* The entries of this file: module, summary, kind, usual topology, kernel, check, largest
- * message, host reference, flags. */
 static const kb_ccl_algo_impl hello_send_algo = {
-    "hello_send", "each rank sends its tile east and keeps what arrives from the west",
-    KB_COLL_SENDRECV, "ring_1d", hello_send, NULL, tile_f16, kb_ccl_ref_shift_east, KB_CCL_ANY_WORLD, NULL,
+    .module = "hello_send",
+    .summary = "each rank sends its tile east and keeps what arrives from the west",
+    .kind = KB_COLL_SENDRECV,
+    .topology = "ring_1d",
+    .kernel = hello_send,
+    .max_msg_bytes = tile_f16,
+    .reference = kb_ccl_ref_shift_east,
+    .flags = KB_CCL_ANY_WORLD,
 };
 static const kb_ccl_algo_impl ring_algo = {
-    "ring_allreduce", "ring all-reduce: p-1 rounds forwarding the last received tile",
-    KB_COLL_ALLREDUCE, "ring_1d", ring_allreduce, NULL, tile_f16, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD, NULL,
+    .module = "ring_allreduce",
+    .summary = "ring all-reduce: p-1 rounds forwarding the last received tile",
+    .kind = KB_COLL_ALLREDUCE,
+    .topology = "ring_1d",
+    .kernel = ring_allreduce,
+    .max_msg_bytes = tile_f16,
+    .reference = kb_ccl_ref_allreduce,
+    .flags = KB_CCL_ANY_WORLD,
 };
 static const kb_ccl_algo_impl rsag_algo = {
-    "ring_rsag_allreduce", "bandwidth-optimal ring: reduce-scatter + all-gather, 2(p-1)/p of the data per rank",
-    KB_COLL_ALLREDUCE, "ring_1d", ring_rsag_allreduce, rsag_check, rsag_msg, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD | KB_CCL_TYPED, kb_ccl_ref_ring_allreduce,
+    .module = "ring_rsag_allreduce",
+    .summary = "bandwidth-optimal ring: reduce-scatter + all-gather, 2(p-1)/p of the data per rank",
+    .kind = KB_COLL_ALLREDUCE,
+    .topology = "ring_1d",
+    .kernel = ring_rsag_allreduce,
+    .check = rsag_check,
+    .max_msg_bytes = rsag_msg,
+    .reference = kb_ccl_ref_allreduce,
+    .flags = KB_CCL_ANY_WORLD | KB_CCL_TYPED,
+    .ordered = kb_ccl_ref_ring_allreduce,
 };
 static const kb_ccl_algo_impl mesh_algo = {
-    "mesh_allreduce", "row ring (E/W) then column ring (N/S) on a square k x k world",
-    KB_COLL_ALLREDUCE, "mesh_2d", mesh_allreduce, mesh_check, tile_f32, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD, NULL,
+    .module = "mesh_allreduce",
+    .summary = "row ring (E/W) then column ring (N/S) on a square k x k world",
+    .kind = KB_COLL_ALLREDUCE,
+    .topology = "mesh_2d",
+    .kernel = mesh_allreduce,
+    .check = mesh_check,
+    .max_msg_bytes = tile_f32,
+    .reference = kb_ccl_ref_allreduce,
+    .flags = KB_CCL_ANY_WORLD,
 };
 static const kb_ccl_algo_impl tree_algo = {
-    "tree_allreduce", "binary tree: reduce to rank 0, broadcast back (any size the rank = PE layout takes)",
-    KB_COLL_ALLREDUCE, "tree_binary", tree_allreduce, NULL, tile_f32, kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD, NULL,
+    .module = "tree_allreduce",
+    .summary = "binary tree: reduce to rank 0, broadcast back (any size the rank = PE layout takes)",
+    .kind = KB_COLL_ALLREDUCE,
+    .topology = "tree_binary",
+    .kernel = tree_allreduce,
+    .max_msg_bytes = tile_f32,
+    .reference = kb_ccl_ref_allreduce,
+    .flags = KB_CCL_ANY_WORLD,
 };
 static const kb_ccl_algo_impl hierarchical_algo = {
-    "hierarchical_allreduce", "3 levels: lanes (reduce-scatter in the cube, across cubes, across SIPs, every PE a share) for long tiles, chains for short ones",
-    KB_COLL_ALLREDUCE, "hierarchical_lanes", hierarchical_allreduce, NULL, tile_f32,
-    kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD, NULL,
+    .module = "hierarchical_allreduce",
+    .summary = "3 levels: lanes (reduce-scatter in the cube, across cubes, across SIPs, every PE a share) for long tiles, chains for short ones",
+    .kind = KB_COLL_ALLREDUCE,
+    .topology = "hierarchical_lanes",
+    .kernel = hierarchical_allreduce,
+    .max_msg_bytes = tile_f32,
+    .reference = kb_ccl_ref_allreduce,
+    .flags = KB_CCL_ANY_WORLD,
 };
 
 /* The rank = PE registry, in `kbcl list` order. An algorithm in a file of its own exports its
@@ -1012,8 +1048,17 @@ static kb_grid hier_grid(const kb_machine *m, int ws)
 }
 
 const kb_dist_algo kb_dist_algo_hierarchical = {
-    "hierarchical_allreduce",
-    "every PE: chains in each cube and across cubes, ring across SIPs (the rank = PE kernel)",
-    "all_pes", "multi_pe_sip_local", KB_COLL_ALLREDUCE, hierarchical_allreduce, hier_install, hier_policy, hier_shards,
-    hier_validate, hier_args, hier_grid, kb_ccl_ref_allreduce,
+    .module = "hierarchical_allreduce",
+    .summary = "every PE: chains in each cube and across cubes, ring across SIPs (the rank = PE kernel)",
+    .mapper = "all_pes",
+    .validator = "multi_pe_sip_local",
+    .kind = KB_COLL_ALLREDUCE,
+    .kernel = hierarchical_allreduce,
+    .install = hier_install,
+    .policy = hier_policy,
+    .shards = hier_shards,
+    .validate = hier_validate,
+    .args = hier_args,
+    .grid = hier_grid,
+    .reference = kb_ccl_ref_allreduce,
 };

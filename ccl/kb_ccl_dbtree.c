@@ -272,7 +272,12 @@ static uint64_t dbtree_msg(int64_t n, int ws)
 }
 
 const kb_ccl_algo_impl kb_ccl_algo_dbtree_allreduce = {
-    "dbtree_allreduce", "double binary tree (NCCL): half the tile up and down each of two trees at once, pipelined",
-    KB_COLL_ALLREDUCE, "double_binary_tree", dbtree_allreduce, NULL, dbtree_msg,
-    kb_ccl_ref_allreduce, KB_CCL_ANY_WORLD | KB_CCL_TYPED, NULL,
+    .module = "dbtree_allreduce",
+    .summary = "double binary tree (NCCL): half the tile up and down each of two trees at once, pipelined",
+    .kind = KB_COLL_ALLREDUCE,
+    .topology = "double_binary_tree",
+    .kernel = dbtree_allreduce,
+    .max_msg_bytes = dbtree_msg,
+    .reference = kb_ccl_ref_allreduce,
+    .flags = KB_CCL_ANY_WORLD | KB_CCL_TYPED,
 };

@@ -279,8 +279,17 @@ static int ic_args(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a)
 static kb_grid ic_grid(const kb_machine *m, int ws) { return (kb_grid){ 1, m->ncubes, ws, 0 }; }
 
 const kb_dist_algo kb_dist_algo_intercube = {
-    "intercube_allreduce",
-    "PE 0 of every cube: reduce over the cube mesh to a root cube, exchange among SIPs, broadcast",
-    "pe0_all_cubes", "multi_pe_sip_local", KB_COLL_ALLREDUCE, intercube_allreduce, ic_install, ic_policy, ic_shards, ic_validate,
-    ic_args, ic_grid, kb_ccl_ref_allreduce,
+    .module = "intercube_allreduce",
+    .summary = "PE 0 of every cube: reduce over the cube mesh to a root cube, exchange among SIPs, broadcast",
+    .mapper = "pe0_all_cubes",
+    .validator = "multi_pe_sip_local",
+    .kind = KB_COLL_ALLREDUCE,
+    .kernel = intercube_allreduce,
+    .install = ic_install,
+    .policy = ic_policy,
+    .shards = ic_shards,
+    .validate = ic_validate,
+    .args = ic_args,
+    .grid = ic_grid,
+    .reference = kb_ccl_ref_allreduce,
 };

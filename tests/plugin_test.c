@@ -36,13 +36,18 @@ static uint64_t msg(int64_t n, int ws)
 
 static const kb_ccl_algo_impl algo = {
 #if defined(PT_CLASH)
-    "ring_rsag_allreduce",
+    .module = "ring_rsag_allreduce",
 #elif defined(PT_DUP)
-    "my_ring",
+    .module = "my_ring",
 #else
-    "never_registered",
+    .module = "never_registered",
 #endif
-    "test entry", KB_COLL_ALLREDUCE, "ring_1d", nothing, NULL, msg, kb_ccl_ref_allreduce, 0, NULL,
+    .summary = "test entry",
+    .kind = KB_COLL_ALLREDUCE,
+    .topology = "ring_1d",
+    .kernel = nothing,
+    .max_msg_bytes = msg,
+    .reference = kb_ccl_ref_allreduce,
 };
 #endif
 
@@ -57,7 +62,9 @@ static int run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result
 }
 
 static const kb_bench bench = {
-    "gemm", "test entry", { { NULL, 0, 0, 0, NULL } }, 0, 0, run, NULL, NULL, 0,
+    .name = "gemm",
+    .summary = "test entry",
+    .run = run,
 };
 #endif
 

@@ -606,8 +606,14 @@ static uint64_t shift_msg(int64_t n, int ws)
 }
 
 static const kb_ccl_algo_impl shift_any_impl = {
-    "shift_any", "test: shift east on any world", KB_COLL_SENDRECV, "ring_1d", shift_any, NULL,
-    shift_msg, kb_ccl_ref_shift_east, KB_CCL_ANY_WORLD, NULL,
+    .module = "shift_any",
+    .summary = "test: shift east on any world",
+    .kind = KB_COLL_SENDRECV,
+    .topology = "ring_1d",
+    .kernel = shift_any,
+    .max_msg_bytes = shift_msg,
+    .reference = kb_ccl_ref_shift_east,
+    .flags = KB_CCL_ANY_WORLD,
 };
 
 typedef struct any_case {

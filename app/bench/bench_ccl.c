@@ -555,28 +555,22 @@ static int ccl_verify(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench
  * under the name it had when every algorithm was an all-reduce, kept so that existing command
  * lines, sweep files and result rows stay as they are. */
 const kb_bench kb_bench_ccl = {
-    "ccl",
-    "the collective of ccl.yaml (--algorithm/--world-size/--n-elem or --size/--buffer-kind), "
-    "verified",
-    { { NULL, 0, 0, 0, NULL } },
-    0,
-    sizeof(ccl_state),
-    ccl_run,
-    ccl_verify,
-    NULL,
-    KB_CCL_ELEM_BYTES,
+    .name = "ccl",
+    .summary = "the collective of ccl.yaml (--algorithm/--world-size/--n-elem or "
+               "--size/--buffer-kind), verified",
+    .state_size = sizeof(ccl_state),
+    .run = ccl_run,
+    .verify = ccl_verify,
+    .size_elem_bytes = KB_CCL_ELEM_BYTES,
 };
 
 const kb_bench kb_bench_ccl_allreduce = {
-    "ccl_allreduce",
-    "the same bench as ccl (its earlier name, kept as an alias)",
-    { { NULL, 0, 0, 0, NULL } },
-    0,
-    sizeof(ccl_state),
-    ccl_run,
-    ccl_verify,
-    NULL,
-    KB_CCL_ELEM_BYTES,
+    .name = "ccl_allreduce",
+    .summary = "the same bench as ccl (its earlier name, kept as an alias)",
+    .state_size = sizeof(ccl_state),
+    .run = ccl_run,
+    .verify = ccl_verify,
+    .size_elem_bytes = KB_CCL_ELEM_BYTES,
 };
 
 /* ---- ipcq_deadlock ---- */
@@ -599,13 +593,12 @@ static int deadlock_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_ben
 }
 
 const kb_bench kb_bench_ipcq_deadlock = {
-    "ipcq_deadlock",
-    "every PE of a ring only receives: must end in a deadlock report (exit 3)",
-    { { "world_size", 8, 2, 8192, "ranks (PEs) in the ring" } },
-    1,
-    sizeof(ccl_state),
-    deadlock_run,
-    NULL,
-    NULL,
-    0, /* takes no --size */
+    .name = "ipcq_deadlock",
+    .summary = "every PE of a ring only receives: must end in a deadlock report (exit 3)",
+    .params = {
+        { "world_size", 8, 2, 8192, "ranks (PEs) in the ring" },
+    },
+    .nparams = 1,
+    .state_size = sizeof(ccl_state),
+    .run = deadlock_run,
 };

@@ -507,10 +507,10 @@ out:
 }
 
 const kb_bench kb_bench_decoder_layer = {
-    "decoder_layer",
-    "transformer decoder layer of --model (RMSNorm, RoPE, GQA attention, gated MLP) with "
-    "Megatron TP over the SIPs; --dtype f16|bf16|int8|mxint8|fp8e4m3|fp8e5m2",
-    {
+    .name = "decoder_layer",
+    .summary = "transformer decoder layer of --model (RMSNorm, RoPE, GQA attention, gated MLP) "
+               "with Megatron TP over the SIPs; --dtype f16|bf16|int8|mxint8|fp8e4m3|fp8e5m2",
+    .params = {
         { "seq", 128, 1, 65536, "prefill tokens per sequence (unused with decode=1)" },
         { "batch", 1, 1, 4096, "sequences" },
         { "decode", 0, 0, 1, "1: one decode step (a new token per sequence after kv_len cached)" },
@@ -518,10 +518,10 @@ const kb_bench kb_bench_decoder_layer = {
         { "seq_parallel", 0, 0, 1, "1: reduce_scatter + all_gather instead of all_reduce" },
         { "sparse", 0, 0, 1, "1: 2:4-sparse weights (magnitude pruned along K)" },
     },
-    6,
-    sizeof(dec_state),
-    dec_run,
-    dec_verify,
-    NULL,
-    0, /* no --size; takes --model and a number format in --dtype (kb_bench_takes_model) */
+    .nparams = 6,
+    .state_size = sizeof(dec_state),
+    .run = dec_run,
+    .verify = dec_verify,
+    /* no --size (size_elem_bytes 0); takes --model and a number format in --dtype
+     * (kb_bench_takes_model) */
 };

@@ -149,20 +149,18 @@ out:
 }
 
 const kb_bench kb_bench_gemm = {
-    "gemm",
-    "f16 gemm C = A @ B of any size (tl_gemm: scratch-sized output tiles streamed from HBM by "
-    "SchedulerV2); pes > 1 deals the tiles to that many PEs of SIP 0, each with its own copy "
-    "of A and B in its HBM slice, C in PE 0's",
-    {
+    .name = "gemm",
+    .summary = "f16 gemm C = A @ B of any size (tl_gemm: scratch-sized output tiles streamed from "
+               "HBM by SchedulerV2); pes > 1 deals the tiles to that many PEs of SIP 0, each with "
+               "its own copy of A and B in its HBM slice, C in PE 0's",
+    .params = {
         { "m", 256, 1, 65536, "rows of A and C" },
         { "k", 256, 1, 65536, "columns of A, rows of B" },
         { "n", 256, 1, 65536, "columns of B and C" },
         { "pes", 1, 1, 4096, "PEs of SIP 0 sharing the output tiles (<= a cube's PEs, or whole cubes)" },
     },
-    4,
-    sizeof(gemm_state),
-    gemm_run,
-    gemm_verify,
-    NULL,
-    0, /* takes no --size */
+    .nparams = 4,
+    .state_size = sizeof(gemm_state),
+    .run = gemm_run,
+    .verify = gemm_verify,
 };

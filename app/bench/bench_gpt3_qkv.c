@@ -171,16 +171,15 @@ static void qkv_cleanup(void *state)
 }
 
 const kb_bench kb_bench_gpt3_qkv = {
-    "gpt3_qkv",
-    "GPT-3 QKV projection: X replicated, W_Q/W_K/W_V column-wise over all PEs of one SIP",
-    {
+    .name = "gpt3_qkv",
+    .summary = "GPT-3 QKV projection: X replicated, W_Q/W_K/W_V column-wise over all PEs of one SIP",
+    .params = {
         { "m", 4, 1, 4096, "tokens (rows of X)" },
         { "d_model", 1536, 1, 12288, "model width (GPT-3: 12288; a multiple of the SIP's PEs)" },
     },
-    2,
-    sizeof(qkv_state),
-    qkv_run,
-    qkv_verify,
-    qkv_cleanup,
-    0, /* takes no --size */
+    .nparams = 2,
+    .state_size = sizeof(qkv_state),
+    .run = qkv_run,
+    .verify = qkv_verify,
+    .cleanup = qkv_cleanup,
 };

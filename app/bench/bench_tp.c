@@ -453,33 +453,31 @@ out:
 }
 
 const kb_bench kb_bench_tp_mlp = {
-    "tp_mlp",
-    "tensor-parallel MLP: column-parallel fc1 + GeLU, row-parallel fc2 + all-reduce (rank = SIP)",
-    {
+    .name = "tp_mlp",
+    .summary = "tensor-parallel MLP: column-parallel fc1 + GeLU, row-parallel fc2 + all-reduce (rank = SIP)",
+    .params = {
         { "m", 4, 1, 256, "tokens (rows of x)" },
         { "d", 64, 1, 4096, "model width (fc1 input, fc2 output)" },
         { "hidden", 256, 1, 16384, "fc1 output / fc2 input (divisible by the TP size)" },
     },
-    3,
-    sizeof(tp_state),
-    mlp_run,
-    mlp_verify,
-    tp_cleanup,
-    0, /* takes no --size */
+    .nparams = 3,
+    .state_size = sizeof(tp_state),
+    .run = mlp_run,
+    .verify = mlp_verify,
+    .cleanup = tp_cleanup,
 };
 
 const kb_bench kb_bench_tp_attention = {
-    "tp_attention",
-    "tensor-parallel attention: column-parallel QKV (heads per rank), SDPA, row-parallel output",
-    {
+    .name = "tp_attention",
+    .summary = "tensor-parallel attention: column-parallel QKV (heads per rank), SDPA, row-parallel output",
+    .params = {
         { "seq", 16, 1, 256, "tokens" },
         { "d", 64, 1, 1024, "model width" },
         { "heads", 8, 1, 256, "attention heads (d / heads per head; heads / TP size per rank)" },
     },
-    3,
-    sizeof(tp_state),
-    attn_run,
-    attn_verify,
-    tp_cleanup,
-    0, /* takes no --size */
+    .nparams = 3,
+    .state_size = sizeof(tp_state),
+    .run = attn_run,
+    .verify = attn_verify,
+    .cleanup = tp_cleanup,
 };

@@ -134,16 +134,15 @@ static void va_cleanup(void *state)
 }
 
 const kb_bench kb_bench_va_offset = {
-    "va_offset",
-    "each PE copies its column shard via base + pid * stride addressing (cube/pe column_wise)",
-    {
+    .name = "va_offset",
+    .summary = "each PE copies its column shard via base + pid * stride addressing (cube/pe column_wise)",
+    .params = {
         { "m", 64, 1, 1 << 20, "rows" },
         { "k", 1024, 1, 1 << 24, "columns (a multiple of the SIP's PE count)" },
     },
-    2,
-    sizeof(va_state),
-    va_run,
-    va_verify,
-    va_cleanup,
-    0, /* takes no --size */
+    .nparams = 2,
+    .state_size = sizeof(va_state),
+    .run = va_run,
+    .verify = va_verify,
+    .cleanup = va_cleanup,
 };

@@ -63,9 +63,14 @@ static uint64_t my_ring_msg(int64_t n, int ws)
 }
 
 static const kb_ccl_algo_impl my_ring_algo = {
-    "my_ring", "ring passing f32 running sums: p-1 steps, each adds the rank's own tile",
-    KB_COLL_ALLREDUCE, "ring_1d", my_ring, NULL, my_ring_msg, kb_ccl_ref_allreduce,
-    KB_CCL_ANY_WORLD, NULL,
+    .module = "my_ring",
+    .summary = "ring passing f32 running sums: p-1 steps, each adds the rank's own tile",
+    .kind = KB_COLL_ALLREDUCE,
+    .topology = "ring_1d",
+    .kernel = my_ring,
+    .max_msg_bytes = my_ring_msg,
+    .reference = kb_ccl_ref_allreduce,
+    .flags = KB_CCL_ANY_WORLD,
 };
 
 /* ---- my_scale ---- */
@@ -159,19 +164,17 @@ out:
 }
 
 static const kb_bench my_scale_bench = {
-    "my_scale",
-    "plugin example: y = 0.5 x + 1, rows split over PEs of cube 0, verified",
-    {
+    .name = "my_scale",
+    .summary = "plugin example: y = 0.5 x + 1, rows split over PEs of cube 0, verified",
+    .params = {
         { "rows", 32, 1, 4096, "rows of x and y" },
         { "cols", 64, 1, 4096, "columns of x and y" },
         { "pes", 4, 1, 64, "PEs of cube 0 that hold rows (rows must divide evenly)" },
     },
-    3,
-    sizeof(scale_state),
-    scale_run,
-    scale_verify,
-    NULL,
-    0, /* takes no --size */
+    .nparams = 3,
+    .state_size = sizeof(scale_state),
+    .run = scale_run,
+    .verify = scale_verify,
 };
 
 /* ---- the plugin's entry points ---- */

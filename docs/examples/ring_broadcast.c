@@ -58,8 +58,13 @@ static void bcast_ref(const float *in, int ws, int64_t n, double *out)
 
 /* What a registry entry would hold (kb_ccl_algos.c); here it only feeds kb_ccl_job_prepare. */
 static const kb_ccl_algo_impl impl = {
-    "ring_broadcast", "rank 0's tile forwarded once around a one-directional ring",
-    KB_COLL_BROADCAST, "ring_1d_unidir", ring_broadcast, NULL, bcast_msg, bcast_ref, 0, NULL,
+    .module = "ring_broadcast",
+    .summary = "rank 0's tile forwarded once around a one-directional ring",
+    .kind = KB_COLL_BROADCAST,
+    .topology = "ring_1d_unidir",
+    .kernel = ring_broadcast,
+    .max_msg_bytes = bcast_msg,
+    .reference = bcast_ref,
 };
 
 typedef struct run {
