@@ -192,6 +192,7 @@ KB_API void kb_ccl_ref_ring_reduce_scatter(const float *in, int ws, int64_t n, i
                                     int64_t nb, kb_dtype dt, int op, double *out);
 
 typedef struct kb_ccl_algo_impl {
+    kb_entry_head head;          /* a plugin's: KB_CCL_ALGO_HEAD (kbcl_base.h) */
     const char *module;          /* ccl.yaml `module` */
     const char *summary;
     kb_coll_kind kind;
@@ -206,11 +207,17 @@ typedef struct kb_ccl_algo_impl {
     kb_ccl_ref_fn reference;
     /* KB_CCL_* flags below; 0 for none. */
     unsigned flags;
-    /* Optional (plugin ABI 5): the order-emulating reference, used instead of `reference`
-     * (and of kb_ccl_ref_op) when set; NULL for kernels whose result does not depend on the
-     * order (partials in f32 on exact data, or no reduction). */
+    /* Optional, appended in version 1 (a plugin compiled before reads NULL): the
+     * order-emulating reference, used instead of `reference` (and of kb_ccl_ref_op) when set;
+     * NULL for kernels whose result does not depend on the order (partials in f32 on exact
+     * data, or no reduction). */
     kb_ccl_ref_ord_fn ordered;
 } kb_ccl_algo_impl;
+
+/* The entry's version, and its head for a plugin's designated initialiser:
+ *   static const kb_ccl_algo_impl mine = { .head = KB_CCL_ALGO_HEAD, .module = "mine", ... }; */
+#define KB_CCL_ALGO_VERSION 1u
+#define KB_CCL_ALGO_HEAD { (uint32_t)sizeof(kb_ccl_algo_impl), KB_CCL_ALGO_VERSION }
 
 /*
  * The algorithm runs on any world size of the rank = PE layout, partial cubes and a partial
@@ -608,6 +615,7 @@ typedef struct kb_dist_launch {
 } kb_dist_launch;
 
 typedef struct kb_dist_algo {
+    kb_entry_head head;    /* a plugin's: KB_DIST_ALGO_HEAD (kbcl_base.h) */
     const char *module;    /* ccl.yaml `module` */
     const char *summary;   /* for `kbcl list` */
     /* which PEs of a rank take part (the seed's mapper) and the layout check its tensor must
@@ -631,6 +639,9 @@ typedef struct kb_dist_algo {
     /* Host reference over every shard of every rank as one tile each (rank-major). */
     kb_ccl_ref_fn reference;
 } kb_dist_algo;
+
+#define KB_DIST_ALGO_VERSION 1u
+#define KB_DIST_ALGO_HEAD { (uint32_t)sizeof(kb_dist_algo), KB_DIST_ALGO_VERSION }
 
 /* The entries, each defined next to its kernel. */
 extern KB_API const kb_dist_algo kb_dist_algo_intercube;     /* kb_ccl_intercube.c */

@@ -101,6 +101,23 @@ KB_API void kb_err_prefix(kb_errbuf *eb, const char *fmt, ...)
     ;
 
 
+/* ---- registry entries ---- */
+
+/*
+ * The head of every entry a plugin registers (a collective algorithm, a bench): the entry's
+ * size and version as the plugin was compiled, so that kbcl loads an entry built against
+ * an older kbcl or refuses it by name, instead of reading a struct of another layout. A
+ * plugin fills it with the entry type's KB_*_HEAD macro (KB_CCL_ALGO_HEAD, KB_DIST_ALGO_HEAD,
+ * KB_BENCH_HEAD) in a designated initialiser; kbcl's own tables leave it zero. The rule
+ * (docs/plugins.md §7): a field appended to an entry keeps its version, and kbcl reads the
+ * fields past an older plugin's size as zero (each such field says what zero means); any
+ * other change raises the version, and kbcl converts every version it still knows.
+ */
+typedef struct kb_entry_head {
+    uint32_t size;     /* sizeof the entry type the plugin was compiled with */
+    uint32_t version;  /* the entry type's version then; 0 = no head (refused) */
+} kb_entry_head;
+
 /* ---- simulated time ---- */
 
 typedef int64_t kb_time; /* picoseconds (about 106 days fit) */

@@ -10,7 +10,13 @@
  *   PT_REFUSE      its init refuses with a message
  *   PT_SIP         a good plugin: my_sip, the built-in intercube all-reduce under another name
  *                  in the rank = SIP model (what a rank = SIP plugin registers)
+ *   PT_OLD         a good plugin built before `ordered` was appended to kb_ccl_algo_impl: its
+ *                  entry's head says the shorter size (loads; `ordered` reads NULL)
+ *   PT_NEWER       an entry of a version this kbcl does not know yet (refused by name)
+ *   PT_NOHEAD      an entry without a head (refused by name)
+ *   PT_BADSIZE     an entry whose head's size is no version's (refused by name)
  */
+#include <stddef.h>
 #include <stdio.h>
 
 #include "kbcl_plugin.h"
@@ -21,7 +27,8 @@ KB_PLUGIN_EXPORT const int kbcl_plugin_abi = 99;
 KB_PLUGIN_DECLARE_ABI;
 #endif
 
-#if defined(PT_CLASH) || defined(PT_DUP) || defined(PT_ABI99) || defined(PT_NOABI)
+#if defined(PT_CLASH) || defined(PT_DUP) || defined(PT_ABI99) || defined(PT_NOABI) || \
+    defined(PT_OLD) || defined(PT_NEWER) || defined(PT_NOHEAD) || defined(PT_BADSIZE)
 static void nothing(kb_tl *tl, const kb_kargs *a)
 {
     (void)tl;
@@ -35,12 +42,27 @@ static uint64_t msg(int64_t n, int ws)
 }
 
 static const kb_ccl_algo_impl algo = {
+#if defined(PT_OLD)
+    /* what a plugin compiled before `ordered` existed carries: the size up to it */
+    .head = { (uint32_t)offsetof(kb_ccl_algo_impl, ordered), KB_CCL_ALGO_VERSION },
+    .module = "my_old",
+#elif defined(PT_NEWER)
+    .head = { (uint32_t)sizeof(kb_ccl_algo_impl), KB_CCL_ALGO_VERSION + 1 },
+    .module = "my_newer",
+#elif defined(PT_NOHEAD)
+    .module = "my_headless",
+#elif defined(PT_BADSIZE)
+    .head = { 40, KB_CCL_ALGO_VERSION },
+    .module = "my_badsize",
+#else
+    .head = KB_CCL_ALGO_HEAD,
 #if defined(PT_CLASH)
     .module = "ring_rsag_allreduce",
 #elif defined(PT_DUP)
     .module = "my_ring",
 #else
     .module = "never_registered",
+#endif
 #endif
     .summary = "test entry",
     .kind = KB_COLL_ALLREDUCE,
@@ -62,6 +84,7 @@ static int run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_result
 }
 
 static const kb_bench bench = {
+    .head = KB_BENCH_HEAD,
     .name = "gemm",
     .summary = "test entry",
     .run = run,
@@ -83,12 +106,14 @@ int kbcl_plugin_init(kb_plugin_reg *reg, int abi_version)
     return reg->add_bench(reg, &bench);
 #elif defined(PT_SIP)
     sip = kb_dist_algo_intercube;
+    sip.head = (kb_entry_head)KB_DIST_ALGO_HEAD;
     sip.module = "my_sip";
     sip.summary = "the intercube all-reduce, registered by a plugin";
     reg->describe(reg, "plugin_sip", "test: a rank = SIP algorithm");
     return reg->add_dist_algo(reg, &sip);
 #else
-    /* PT_CLASH and PT_DUP ignore the refusal on purpose: the loader must refuse anyway */
+    /* PT_CLASH, PT_DUP, PT_NEWER, PT_NOHEAD and PT_BADSIZE ignore the refusal on purpose: the loader
+     * must refuse anyway */
     reg->add_ccl_algo(reg, &algo);
     return 0;
 #endif

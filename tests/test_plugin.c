@@ -3,9 +3,10 @@
  * program exports kbcl's symbols as the kbcl binary does, so a plugin resolves them here):
  * loading and unloading the example plugin (build/examples/libmy_ring.so, $KBCL_EXAMPLE_PLUGIN)
  * and what it adds, every refusal (no file, not a shared object, no init symbol, no ABI
- * symbol, another ABI version, a built-in's name for an algorithm or a bench, a name another
- * plugin has, an init that refuses) each a KB_ERR_CONFIG naming the file and the symbol or
- * entry, with the set unchanged; folders and lists of KBCL_PLUGIN_PATH; jobs that run a
+ * symbol, another ABI version, an entry without a head, of a newer version or of no version's
+ * size, a built-in's name for an algorithm or a bench, a name another plugin has, an init that
+ * refuses) each a KB_ERR_CONFIG naming the file and the symbol or entry, with the set
+ * unchanged; an entry built before a field was appended (it loads); folders and lists of KBCL_PLUGIN_PATH; jobs that run a
  * plugin's algorithms in both rank models and its bench through kbcl_job_run, with plugins
  * named by ccl.yaml relative to it. Then the kbcl binary end to end ($KBCL_BIN): the exit
  * status 2 and message of each refusal, `kbcl list --plugin`, `kbcl run --plugin`,
@@ -114,6 +115,12 @@ static void test_refusals(void **state)
         { "benchclash", "bench 'gemm' clashes with kbcl's built-in bench" },
         { "dup", "rank = PE algorithm 'my_ring' is already registered" },
         { "refuse", "kbcl_plugin_init refused to load: plugin_refuse wants a GPU" },
+        { "newer", "rank = PE algorithm 'my_newer': built for version 2 of its entry, newer "
+                   "than this kbcl's 1: rebuild the plugin against this kbcl's headers" },
+        { "nohead", "rank = PE algorithm 'my_headless': no entry head (write .head = "
+                    "KB_CCL_ALGO_HEAD" },
+        { "badsize", "rank = PE algorithm 'my_badsize': an entry of 40 bytes is no version 1 "
+                     "entry" },
     };
     char file[1200];
     (void)state;
@@ -142,6 +149,29 @@ static void test_refusals(void **state)
         assert_null(kb_plugins_at(ps, 0));
         kb_plugins_destroy(ps);
     }
+}
+
+/* An entry built before a field was appended loads: the loader's copy has this kbcl's size and
+ * the missing field zero (kb_ccl_algo_impl.ordered: NULL, the plain reference). */
+static void test_older_entry(void **state)
+{
+    kb_plugins *ps = NULL;
+    kb_errbuf eb = {{0}};
+    const kb_ccl_algo_impl *a;
+    char file[1200];
+    (void)state;
+    assert_int_equal(kb_plugins_create(&ps, &eb), 0);
+    if (kb_plugins_load(ps, variant("old", file, sizeof file), &eb) != 0)
+        fail_msg("%s", eb.msg);
+    a = kb_ccl_reg_find_algo(kb_plugins_ccl(ps), "my_old");
+    assert_non_null(a);
+    assert_ptr_equal(a, kb_plugins_at(ps, 0)->algos[0]);
+    assert_int_equal(a->head.size, sizeof(kb_ccl_algo_impl));
+    assert_int_equal(a->head.version, KB_CCL_ALGO_VERSION);
+    assert_null(a->ordered);
+    assert_ptr_equal(a->reference, kb_ccl_ref_allreduce);
+    assert_string_equal(a->topology, "ring_1d");
+    kb_plugins_destroy(ps);
 }
 
 /* KBCL_PLUGIN_PATH's lists: folders load their *.so files, empty elements are skipped. */
@@ -373,6 +403,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load_and_unload),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_older_entry),
         cmocka_unit_test(test_load_list),
         cmocka_unit_test(test_jobs),
         cmocka_unit_test(test_ccl_yaml_plugins),

@@ -1,9 +1,11 @@
 /*
  * kb_plugin — the plugin loader (kb_plugin.h). A load stages what the plugin's init adds in
- * the plugin's own record, checking every entry against the built-ins, the plugins loaded
- * before and the plugin's earlier entries as it comes; only when init has returned 0 and no
- * entry was refused are the collectives committed to the set's kb_ccl_reg and the record
- * kept. A refused load closes the handle and leaves the set as it was.
+ * the plugin's own record: each entry is first copied into the record's own storage in this
+ * kbcl's layout (entry_take: its head says the size and version the plugin was built with),
+ * then checked against the built-ins, the plugins loaded before and the plugin's earlier
+ * entries; only when init has returned 0 and no entry was refused are the collectives
+ * committed to the set's kb_ccl_reg and the record kept. A refused load closes the handle and
+ * leaves the set as it was.
  */
 #include "kb_plugin.h"
 
@@ -11,13 +13,19 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 typedef struct plugin {
-    kb_plugin_info info;
+    kb_plugin_info info;              /* its entries point into the stores below */
+    /* the plugin's entries as this kbcl lays them out (entry_take), whatever the version the
+     * plugin was built with */
+    kb_ccl_algo_impl algo_store[KB_PLUGIN_MAX_ENTRIES];
+    kb_dist_algo dist_store[KB_PLUGIN_MAX_ENTRIES];
+    kb_bench bench_store[KB_PLUGIN_MAX_ENTRIES];
     char path[PATH_MAX];
     char name[64], summary[160];
     void *handle;                     /* dlopen's; closed by kb_plugins_destroy */
@@ -103,6 +111,45 @@ static int refuse(kb_plugin_reg *reg, int rc)
     return rc;
 }
 
+/*
+ * Copies a plugin's entry e (a `type`, what = how messages call it) into out, a zeroed entry
+ * of this kbcl's layout (cur bytes): any version from 1 to `version` (the current one) whose
+ * size lies in [min, cur], the fields past the plugin's size left zero (they were appended
+ * after it was built, and zero means "not set"). Refuses, naming the entry (its name is at
+ * name_off in every version), an entry without a head, a newer version, or a size that is no
+ * version of the type.
+ */
+static int entry_take(kb_plugin_reg *reg, const char *what, const char *type, const void *e,
+                      size_t cur, size_t min, size_t name_off, uint32_t version, void *out)
+{
+    kb_entry_head h;
+    const char *name = NULL;
+
+    if (!e)
+        return refuse(reg, kb_err_set(reg->err, KB_ERR_CONFIG, "a NULL %s", what));
+    memcpy(&h, e, sizeof h);
+    memcpy(&name, (const char *)e + name_off, sizeof name);
+    if (!name)
+        name = "?";
+    if (h.version == 0)
+        return refuse(reg, kb_err_set(reg->err, KB_ERR_CONFIG, "%s '%.64s': no entry head "
+                                      "(write .head = %s in its initialiser; docs/plugins.md "
+                                      "section 7)", what, name, type));
+    if (h.version > version)
+        return refuse(reg, kb_err_set(reg->err, KB_ERR_CONFIG, "%s '%.64s': built for version "
+                                      "%u of its entry, newer than this kbcl's %u: rebuild the "
+                                      "plugin against this kbcl's headers", what, name,
+                                      h.version, version));
+    if (h.size < min || h.size > cur)
+        return refuse(reg, kb_err_set(reg->err, KB_ERR_CONFIG, "%s '%.64s': an entry of %u "
+                                      "bytes is no version %u entry (%zu to %zu bytes)", what,
+                                      name, h.size, h.version, min, cur));
+    memset(out, 0, cur);
+    memcpy(out, e, h.size);
+    ((kb_entry_head *)out)->size = (uint32_t)cur;
+    return 0;
+}
+
 static int reg_describe(kb_plugin_reg *reg, const char *name, const char *summary)
 {
     plugin *p = st_of(reg)->p;
@@ -113,36 +160,55 @@ static int reg_describe(kb_plugin_reg *reg, const char *name, const char *summar
     return 0;
 }
 
-static int reg_ccl_algo(kb_plugin_reg *reg, const kb_ccl_algo_impl *a)
+static int reg_ccl_algo(kb_plugin_reg *reg, const kb_ccl_algo_impl *e)
 {
     staging *st = st_of(reg);
     plugin *p = st->p;
-    int rc = kb_ccl_reg_check_algo(st->ps->ccl, a, reg->err);
+    kb_ccl_algo_impl *a = &p->algo_store[p->info.nalgos];
+    int rc;
+
+    if (p->info.nalgos >= KB_PLUGIN_MAX_ENTRIES)
+        return refuse(reg, kb_err_set(reg->err, KB_ERR_CONFIG, "rank = PE algorithm '%.64s': "
+                                      "at most %d per plugin", e && e->module ? e->module : "?",
+                                      KB_PLUGIN_MAX_ENTRIES));
+
+    /* every version has the fields up to flags; `ordered` was appended */
+    if ((rc = entry_take(reg, "rank = PE algorithm", "KB_CCL_ALGO_HEAD", e, sizeof *a,
+                         offsetof(kb_ccl_algo_impl, ordered),
+                         offsetof(kb_ccl_algo_impl, module), KB_CCL_ALGO_VERSION, a)) != 0)
+        return rc;
+    rc = kb_ccl_reg_check_algo(st->ps->ccl, a, reg->err);
     for (int i = 0; rc == 0 && i < p->info.nalgos; i++)
         if (!strcmp(p->info.algos[i]->module, a->module))
             rc = kb_err_set(reg->err, KB_ERR_CONFIG, "rank = PE algorithm '%s' is added twice",
                             a->module);
-    if (rc == 0 && p->info.nalgos >= KB_PLUGIN_MAX_ENTRIES)
-        rc = kb_err_set(reg->err, KB_ERR_CONFIG, "rank = PE algorithm '%s': at most %d per "
-                        "plugin", a->module, KB_PLUGIN_MAX_ENTRIES);
     if (rc)
         return refuse(reg, rc);
     p->info.algos[p->info.nalgos++] = a;
     return 0;
 }
 
-static int reg_dist_algo(kb_plugin_reg *reg, const kb_dist_algo *a)
+static int reg_dist_algo(kb_plugin_reg *reg, const kb_dist_algo *e)
 {
     staging *st = st_of(reg);
     plugin *p = st->p;
-    int rc = kb_ccl_reg_check_dist(st->ps->ccl, a, reg->err);
+    kb_dist_algo *a = &p->dist_store[p->info.ndists];
+    int rc;
+
+    if (p->info.ndists >= KB_PLUGIN_MAX_ENTRIES)
+        return refuse(reg, kb_err_set(reg->err, KB_ERR_CONFIG, "rank = SIP algorithm '%.64s': "
+                                      "at most %d per plugin", e && e->module ? e->module : "?",
+                                      KB_PLUGIN_MAX_ENTRIES));
+
+    if ((rc = entry_take(reg, "rank = SIP algorithm", "KB_DIST_ALGO_HEAD", e, sizeof *a,
+                         sizeof *a, offsetof(kb_dist_algo, module), KB_DIST_ALGO_VERSION,
+                         a)) != 0)
+        return rc;
+    rc = kb_ccl_reg_check_dist(st->ps->ccl, a, reg->err);
     for (int i = 0; rc == 0 && i < p->info.ndists; i++)
         if (!strcmp(p->info.dists[i]->module, a->module))
             rc = kb_err_set(reg->err, KB_ERR_CONFIG, "rank = SIP algorithm '%s' is added twice",
                             a->module);
-    if (rc == 0 && p->info.ndists >= KB_PLUGIN_MAX_ENTRIES)
-        rc = kb_err_set(reg->err, KB_ERR_CONFIG, "rank = SIP algorithm '%s': at most %d per "
-                        "plugin", a->module, KB_PLUGIN_MAX_ENTRIES);
     if (rc)
         return refuse(reg, rc);
     p->info.dists[p->info.ndists++] = a;
@@ -175,16 +241,24 @@ static int check_bench(const kb_bench *b, kb_errbuf *eb)
     return 0;
 }
 
-static int reg_bench(kb_plugin_reg *reg, const kb_bench *b)
+static int reg_bench(kb_plugin_reg *reg, const kb_bench *e)
 {
     staging *st = st_of(reg);
     plugin *p = st->p;
-    int rc = check_bench(b, reg->err);
+    kb_bench *b = &p->bench_store[p->info.nbenches];
+    int rc;
+
+    if (p->info.nbenches >= KB_PLUGIN_MAX_ENTRIES)
+        return refuse(reg, kb_err_set(reg->err, KB_ERR_CONFIG, "bench '%.64s': at most %d per "
+                                      "plugin", e && e->name ? e->name : "?",
+                                      KB_PLUGIN_MAX_ENTRIES));
+
+    if ((rc = entry_take(reg, "bench", "KB_BENCH_HEAD", e, sizeof *b, sizeof *b,
+                         offsetof(kb_bench, name), KB_BENCH_VERSION, b)) != 0)
+        return rc;
+    rc = check_bench(b, reg->err);
     if (rc == 0 && plugin_bench(st->ps, p, b->name))
         rc = kb_err_set(reg->err, KB_ERR_CONFIG, "bench '%s' is already registered", b->name);
-    if (rc == 0 && p->info.nbenches >= KB_PLUGIN_MAX_ENTRIES)
-        rc = kb_err_set(reg->err, KB_ERR_CONFIG, "bench '%s': at most %d per plugin", b->name,
-                        KB_PLUGIN_MAX_ENTRIES);
     if (rc)
         return refuse(reg, rc);
     p->info.benches[p->info.nbenches++] = b;

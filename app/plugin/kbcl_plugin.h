@@ -16,9 +16,17 @@
  * are the kbcl executable's, which exports exactly the functions the public headers declare
  * (KB_API), so every call a plugin compiles resolves when it loads.
  *
- * Ownership: entries are registered by pointer and must be static data of the plugin, valid
- * until kbcl unloads it. Errors: every refusal is a configuration error (exit 2) whose message
- * starts with the file and names the symbol or entry at fault.
+ * Versions: kbcl_plugin_abi is matched exactly, and raised by a change to kb_plugin_reg, to
+ * what a plugin receives (kb_kargs, kb_bench_args, kb_bench_result ...) or to a public
+ * function's signature or meaning. Each entry a plugin registers carries its own size and
+ * version in a kb_entry_head (kbcl_base.h; .head = KB_BENCH_HEAD and the like): kbcl copies it
+ * into its own layout, reading fields appended since the plugin was built as zero, and
+ * refuses by name an entry without a head or of a version it does not know
+ * (docs/plugins.md section 7).
+ *
+ * Ownership: kbcl copies the entries; the strings and functions they point to must be the
+ * plugin's static data, valid until kbcl unloads it. Errors: every refusal is a configuration
+ * error (exit 2) whose message starts with the file and names the symbol or entry at fault.
  */
 #ifndef KBCL_PLUGIN_H
 #define KBCL_PLUGIN_H
@@ -88,6 +96,7 @@ typedef struct kb_bench_result {
 } kb_bench_result;
 
 typedef struct kb_bench {
+    kb_entry_head head;                /* a plugin's: KB_BENCH_HEAD (kbcl_base.h) */
     const char *name;
     const char *summary;
     kb_bench_param params[KB_BENCH_MAX_PARAMS];
@@ -101,6 +110,9 @@ typedef struct kb_bench {
      * many bytes; 0: it takes no size. */
     int size_elem_bytes;
 } kb_bench;
+
+#define KB_BENCH_VERSION 1u
+#define KB_BENCH_HEAD { (uint32_t)sizeof(kb_bench), KB_BENCH_VERSION }
 
 /* Helpers for benches. */
 KB_API uint64_t kb_fnv1a64(const void *data, size_t n, uint64_t h);

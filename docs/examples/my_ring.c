@@ -63,6 +63,7 @@ static uint64_t my_ring_msg(int64_t n, int ws)
 }
 
 static const kb_ccl_algo_impl my_ring_algo = {
+    .head = KB_CCL_ALGO_HEAD, /* the size and version this plugin was built with */
     .module = "my_ring",
     .summary = "ring passing f32 running sums: p-1 steps, each adds the rank's own tile",
     .kind = KB_COLL_ALLREDUCE,
@@ -164,6 +165,7 @@ out:
 }
 
 static const kb_bench my_scale_bench = {
+    .head = KB_BENCH_HEAD,
     .name = "my_scale",
     .summary = "plugin example: y = 0.5 x + 1, rows split over PEs of cube 0, verified",
     .params = {
@@ -175,6 +177,7 @@ static const kb_bench my_scale_bench = {
     .state_size = sizeof(scale_state),
     .run = scale_run,
     .verify = scale_verify,
+    /* no cleanup (the tensors are the context's), and no --size (size_elem_bytes 0) */
 };
 
 /* ---- the plugin's entry points ---- */
