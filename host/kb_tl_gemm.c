@@ -98,10 +98,13 @@ done:
     return 0;
 }
 
-void tl_gemm(kb_tl *tl, kb_va c, uint32_t ldc, kb_va a, uint32_t lda, kb_va b, uint32_t ldb,
-             uint32_t m, uint32_t n, uint32_t k, kb_dtype da, kb_dtype db, int part, int nparts)
+void tl_gemm(kb_tl *tl, const kb_gemm_op *op)
 {
     const kb_topo_cfg *cfg = &kb_ctx_config(tl_ctx(tl))->topo;
+    const kb_va c = op->c, a = op->a, b = op->b;
+    const uint32_t ldc = op->ldc, lda = op->lda, ldb = op->ldb, m = op->m, n = op->n, k = op->k;
+    const kb_dtype da = op->da, db = op->db;
+    const int part = op->part, nparts = op->nparts;
     size_t ea = kb_dtype_size(da), eb = kb_dtype_size(db), ec;
     kb_gemm_tiling g;
     kb_tensor *tc;

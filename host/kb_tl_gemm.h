@@ -3,9 +3,8 @@
  * f32 accumulator fits the PE's scratch, each tile computed by one tl_dot that SchedulerV2
  * streams over M, N and K through TCM, and split over several PEs by output tiles.
  *
- * tl_gemm(c, ldc, a, lda, b, ldb, m, n, k, da, db, part, nparts): A is m x k of dtype da at
- * VA a with row stride lda elements, B k x n of db at b (ldb), C m x n at c (ldc) in its
- * tensor's dtype. Tile t (row-major over the tile grid) is done by the caller whose part is
+ * tl_gemm(tl, &op) with a kb_gemm_op: A is m x k of dtype da at VA a with row stride lda
+ * elements, B k x n of db at b (ldb), C m x n at c (ldc) in its tensor's dtype. Tile t (row-major over the tile grid) is done by the caller whose part is
  * t % nparts (round-robin), so nparts kernels with parts 0..nparts-1 together write all of C,
  * each tile once. Per tile: tl_ref2d of A's row block (tm x k) and B's column block (k x tn)
  * in place, tl_dot (SchedulerV2: tile_m x tile_n x tile_k steps, double-buffered DMAs into the
@@ -32,8 +31,18 @@
 
 #include "kb_tl.h"
 
-void tl_gemm(kb_tl *tl, kb_va c, uint32_t ldc, kb_va a, uint32_t lda, kb_va b, uint32_t ldb,
-             uint32_t m, uint32_t n, uint32_t k, kb_dtype da, kb_dtype db, int part, int nparts);
+/* One caller's share of C = A @ B (the file comment has the rules); written with designated
+ * initialisers at the call, so that the three operands' addresses and strides cannot trade
+ * places unnoticed. */
+typedef struct kb_gemm_op {
+    kb_va c, a, b;             /* the operands' VAs */
+    uint32_t ldc, lda, ldb;    /* their row strides, elements */
+    uint32_t m, n, k;          /* C is m x n, A m x k, B k x n */
+    kb_dtype da, db;           /* A's and B's dtypes (C's is its tensor's) */
+    int part, nparts;          /* this caller does tiles t with t % nparts == part */
+} kb_gemm_op;
+
+void tl_gemm(kb_tl *tl, const kb_gemm_op *op);
 
 typedef struct kb_gemm_tiling {
     uint32_t tm, tn;           /* tile rows / columns (edge tiles are smaller) */

@@ -915,8 +915,9 @@ static void k_tlgemm(kb_tl *tl, const kb_kargs *ka)
     const tlgemm_args *g = KB_KARGS_GET(ka, tlgemm_args);
     int part = tl_program_id(tl, 0);
     kb_time t0 = kbt_tl_now(tl);
-    tl_gemm(tl, g->c, TG_LDC, g->a, TG_LDA, g->b, TG_N, TG_M, TG_N, TG_K, KB_F16, KB_F16, part,
-            g->nparts);
+    tl_gemm(tl, &(kb_gemm_op){ .c = g->c, .ldc = TG_LDC, .a = g->a, .lda = TG_LDA, .b = g->b,
+                               .ldb = TG_N, .m = TG_M, .n = TG_N, .k = TG_K, .da = KB_F16,
+                               .db = KB_F16, .part = part, .nparts = g->nparts });
     if (part == 0)
         p->dt[0] = kbt_tl_now(tl) - t0;
 }

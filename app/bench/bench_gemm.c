@@ -42,8 +42,10 @@ static void gemm_kernel(kb_tl *tl, const kb_kargs *ka)
     int64_t M = g->m, K = g->k, N = g->n;
     int part = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
     kb_va va = g->a + (kb_va)(part * g->a_stride), vb = g->b + (kb_va)(part * g->b_stride);
-    tl_gemm(tl, g->c, (uint32_t)N, va, (uint32_t)K, vb, (uint32_t)N, (uint32_t)M,
-            (uint32_t)N, (uint32_t)K, KB_F16, KB_F16, part, g->pes);
+    tl_gemm(tl, &(kb_gemm_op){ .c = g->c, .ldc = (uint32_t)N, .a = va, .lda = (uint32_t)K,
+                               .b = vb, .ldb = (uint32_t)N, .m = (uint32_t)M, .n = (uint32_t)N,
+                               .k = (uint32_t)K, .da = KB_F16, .db = KB_F16, .part = part,
+                               .nparts = g->pes });
 }
 
 /* The gemm's roofline in this layout: the flops over the P PEs, A and B read once from their
