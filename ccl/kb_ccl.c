@@ -444,7 +444,7 @@ int kb_topo_reverse(const int nbr_of_peer[KB_NDIRS], int r, kb_dir d)
     return kb_topo_reverse_n(nbr_of_peer, KB_NDIRS, r, d);
 }
 
-int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb)
+int kb_ccl_layout_whole(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb)
 {
     int per_sip = m->npes * m->ncubes, total = per_sip * m->nsips;
     if (ws < 1 || ws > total)

@@ -146,15 +146,15 @@ typedef struct kb_ccl_layout {
     int ranks_per_sip;
     int root;                 /* the collective's root rank (broadcast, reduce); 0 otherwise */
 } kb_ccl_layout;
-/* The rank = PE layout; "legacy" in its name is the installed API's spelling, kept. */
-int kb_ccl_layout_legacy(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb);
+/* The rank = PE layout of a world that fills whole cubes (and whole SIPs beyond one SIP). */
+int kb_ccl_layout_whole(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb);
 /*
  * The same mapping (rank r on global PE r) for any ws from 1 to every PE: a world that spans
  * cubes takes ceil(ws / PEs per cube) cubes of its SIP, the last one maybe partial; beyond one
  * SIP it takes whole SIPs but the last. pes x cubes x sips is then the grid the kernel is
  * launched on, which may hold PEs past the last rank; ranks_per_sip is the ranks of every SIP
  * but the last (kb_ccl_layout_sip_ranks). A world that fills whole cubes gets exactly
- * kb_ccl_layout_legacy's layout.
+ * kb_ccl_layout_whole's layout.
  */
 int kb_ccl_layout_linear(const kb_machine *m, int ws, kb_ccl_layout *out, kb_errbuf *eb);
 /* Ranks on SIP s of a layout (ranks_per_sip, or fewer on a partial last SIP). */

@@ -2,7 +2,7 @@
  * kb_ccl_algos — the collective algorithms as kernels over the tl + IPCQ API, and their
  * registry entries (kb_ccl.h). Every rank's tile is n f16 elements; partial sums travel in f32
  * (exact for kb_ccl_inputs' data) and are rounded once when stored. All algorithms run in
- * the rank = PE world (kb_ccl_layout_legacy); hierarchical_allreduce also serves the
+ * the rank = PE world (kb_ccl_layout_whole); hierarchical_allreduce also serves the
  * rank = SIP process group (its kb_dist_algo entry is at the end of this file).
  *
  *  hello_send             each rank sends its tile E and keeps what arrives from W
@@ -1010,7 +1010,7 @@ static int hier_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, int ws)
 {
     kb_machine *m = kb_ctx_machine(ctx);
     kb_ccl_layout l;
-    int rc = kb_ccl_layout_legacy(m, ws * m->ncubes * m->npes, &l, kb_ctx_err(ctx));
+    int rc = kb_ccl_layout_whole(m, ws * m->ncubes * m->npes, &l, kb_ctx_err(ctx));
     return rc ? rc : kb_ccl_install(ctx, "hierarchical_3level", &l, cfg);
 }
 

@@ -34,7 +34,7 @@ static const kb_schema_key param_keys[] = {
     KB_SCHEMA_INT(P_, "n_slots", n_slots, "4", 1, 4096, "IPCQ receive slots per direction (count)"),
     KB_SCHEMA_U64(P_, "slot_size", slot_size, "262144", 16, 128 * MIB, "bytes per IPCQ slot (bytes)"),
     KB_SCHEMA_INT(P_, "world_size", world_size, "0", 0, 1048576,
-                  "ranks; 0 = derive (SIP count), > 0 = legacy rank = PE (count)"),
+                  "ranks; 0 = derive (SIP count), > 0 = rank = PE (count)"),
     KB_SCHEMA_I64(P_, "n_elem", n_elem, "0", 0, 1099511627776.0,
                   "elements per rank tile; 0 = the bench default (elements)"),
     KB_SCHEMA_INT(P_, "channels", channels, "0", 0, 4096,

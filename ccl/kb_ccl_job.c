@@ -122,7 +122,7 @@ int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
     if (n < 1 || n > UINT32_MAX / 4)
         return kb_err_set(eb, KB_ERR_RANGE, "%s: n_elem %lld out of range", name, (long long)n);
     rc = impl->flags & KB_CCL_ANY_WORLD ? kb_ccl_layout_linear(m, ws, &job->layout, eb)
-                                         : kb_ccl_layout_legacy(m, ws, &job->layout, eb);
+                                         : kb_ccl_layout_whole(m, ws, &job->layout, eb);
     if (rc)
         return rc;
     if ((rc = kb_ccl_job_check_opts(impl, name, o, ws, eb)) != 0)

@@ -226,7 +226,7 @@ typedef struct kb_ccl_algo_impl {
  * hierarchical_3level; mesh_2d's own limit is a square). Its kernel is launched over whole cubes, so
  * the PEs of the last cube past the last rank run it too: it must return at once on them
  * (kb_ccl_idle). Without the flag a world that spans cubes must fill whole cubes (and whole
- * SIPs beyond one SIP), as kb_ccl_layout_legacy requires.
+ * SIPs beyond one SIP), as kb_ccl_layout_whole requires.
  */
 #define KB_CCL_ANY_WORLD 1u
 /*

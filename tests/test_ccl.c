@@ -501,7 +501,7 @@ static void layout_ok(const kb_machine *m, int ws, int sips, int cubes, int pes)
 {
     kb_ccl_layout l;
     kb_errbuf eb;
-    int rc = kb_ccl_layout_legacy(m, ws, &l, &eb);
+    int rc = kb_ccl_layout_whole(m, ws, &l, &eb);
     if (rc != 0)
         fail_msg("ws %d: %s", ws, eb.msg);
     assert_int_equal(l.ws, ws);
@@ -537,14 +537,14 @@ static void test_layout_legacy(void **state)
     layout_ok(m, 16, 1, 2, 8);
     layout_ok(m, 128, 1, 16, 8);
     layout_ok(m, 256, 2, 16, 8);
-    assert_int_equal(kb_ccl_layout_legacy(m, 9, &l, &eb), KB_ERR_CONFIG);
-    assert_int_equal(kb_ccl_layout_legacy(m, 12, &l, &eb), KB_ERR_CONFIG);
+    assert_int_equal(kb_ccl_layout_whole(m, 9, &l, &eb), KB_ERR_CONFIG);
+    assert_int_equal(kb_ccl_layout_whole(m, 12, &l, &eb), KB_ERR_CONFIG);
     assert_non_null(strstr(eb.msg, "spans cubes but is not a multiple of 8"));
-    assert_int_equal(kb_ccl_layout_legacy(m, 192, &l, &eb), KB_ERR_CONFIG);
+    assert_int_equal(kb_ccl_layout_whole(m, 192, &l, &eb), KB_ERR_CONFIG);
     assert_non_null(strstr(eb.msg, "spans SIPs but is not a multiple of 128"));
-    assert_int_equal(kb_ccl_layout_legacy(m, 257, &l, &eb), KB_ERR_CONFIG);
+    assert_int_equal(kb_ccl_layout_whole(m, 257, &l, &eb), KB_ERR_CONFIG);
     assert_non_null(strstr(eb.msg, "does not fit the machine's 256 PEs"));
-    assert_int_equal(kb_ccl_layout_legacy(m, 0, &l, &eb), KB_ERR_CONFIG);
+    assert_int_equal(kb_ccl_layout_whole(m, 0, &l, &eb), KB_ERR_CONFIG);
     kb_machine_destroy(m);
     kb_machine_destroy(NULL);
 }
@@ -577,7 +577,7 @@ static void test_layout_linear(void **state)
         for (int r = 0; r < ws; r++)
             assert_int_equal(kb_ccl_rank_pe(m, &l, r)->gid, r);
         /* where whole cubes are filled it is the legacy layout */
-        if (kb_ccl_layout_legacy(m, ws, &w, &eb) == 0)
+        if (kb_ccl_layout_whole(m, ws, &w, &eb) == 0)
             assert_memory_equal(&w, &l, sizeof l);
     }
     assert_int_equal(kb_ccl_layout_linear(m, 257, &l, &eb), KB_ERR_CONFIG);

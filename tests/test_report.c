@@ -4,7 +4,8 @@
  * factor) rendered by the real binary ($KBCL_BIN), and the page checked for completeness:
  * every plot, every point, a line and a legend entry per series and plot, the rows table.
  * The rows are written shuffled, so that the page's point order is the report's own sort.
- * No wall-clock assertion: scripts/report-scale.sh measures the time.
+ * No wall-clock assertion: scripts/report-scale.sh measures the time. And a decoder sweep's
+ * rows: the time split against the TP size and the roofline efficiency per format.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -127,6 +128,53 @@ static void test_report_40k(void **s)
     free(html);
 }
 
+/* A decoder sweep's rows (TP size x format, with the time split and the roofline): the split
+ * section, and in it the roofline efficiency against the TP size, one line per format, each
+ * point at its row's value on the 0..1 axis. */
+static void test_report_decoder(void **s)
+{
+    static const char *const fmt[] = { "f16", "int8", "fp8e4m3" };
+    char out[4096], path[512];
+    char *html, *plot, *end;
+    FILE *f;
+    (void)s;
+    kbt_path(path, sizeof path, "dec.csv");
+    assert_non_null(f = fopen(path, "w"));
+    fprintf(f, "point,system.sips.count,dtype,bench,size_bytes,sim_time_ns,algbw_gbps,"
+               "busbw_gbps,bound_ns,efficiency,bound_resource,events,wall_ms,compute_ns,"
+               "memory_ns,comm_ns,tokens_per_s,verified,status,error,roofline_ns,"
+               "roofline_bound,roofline_efficiency\n");
+    for (int p = 0; p < 12; p++) {
+        int tp = 1 << (p / 3), k = p % 3;
+        double t = 400000.0 / tp + 1000.0 * k, rl = 20000.0 / tp;
+        fprintf(f, "%d,%d,%s,decoder_layer,,%.3f,,,%.3f,%.9g,pe_dma sip0/cube0/pe0,100,1.0,"
+                   "%.3f,%.3f,%.3f,%.3f,,ok,,%.3f,compute,%.9g\n", p, tp, fmt[k], t, t / 10,
+                0.1, t / 10, t / 2, t / 3, 128e9 / t, rl, rl / t);
+    }
+    assert_int_equal(fclose(f), 0);
+    if (kbt_kbcl(out, sizeof out, "report dec.csv -o dec.html") != 0)
+        fail_msg("%s", out);
+    html = kbt_slurp("dec.html");
+    assert_non_null(html);
+    kbt_msg_has(html, "<h2 id=\"split\">Decoder layer: time split vs TP size</h2>");
+    kbt_msg_has(html, "<dt><b>roofline efficiency</b> (a fraction, 0..1)</dt>");
+    plot = strstr(html, "aria-label=\"roofline efficiency vs TP size\"");
+    assert_non_null(plot);
+    assert_non_null(end = strstr(plot, "</svg>"));
+    *end = 0;
+    assert_int_equal(count_str(plot, "<g class=\"legend\">"), 3);
+    for (int k = 0; k < 3; k++) {
+        char want[64];
+        snprintf(want, sizeof want, "\">dtype=%s</text></g>", fmt[k]);
+        assert_int_equal(count_str(plot, want), 1);
+    }
+    assert_int_equal(count_str(plot, "<polyline class=\"series\""), 3);
+    assert_int_equal(count_str(plot, "<circle "), 12);
+    kbt_msg_has(plot, "roofline efficiency (roofline / sim time)");
+    *end = '<';
+    free(html);
+}
+
 static int setup(void **s)
 {
     (void)s;
@@ -143,6 +191,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_report_40k),
+        cmocka_unit_test(test_report_decoder),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,6 +1,6 @@
 /*
  * ccl bench (also named ccl_allreduce) — runs the collective chosen in ccl.yaml (ccl.defaults.algorithm, or
- * kbcl run --algorithm), in the legacy rank = PE world (an entry with a world_size: rank r's
+ * kbcl run --algorithm), in the rank = PE world (an entry with a world_size: rank r's
  * tile of n_elem f16 values on PE r, IPCQ installed for the entry's topology) or through the
  * rank = SIP process group (one rank per SIP, one tile per shard). Every tile is filled with
  * kb_ccl_inputs' seeded position-dependent values, so an element that lands in the wrong place

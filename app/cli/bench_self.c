@@ -136,7 +136,7 @@ static int pp_host(kb_ctx *ctx, void *arg)
                          KB_MEM_HBM };
     int rc;
     if ((rc = kb_tensor_zeros(ctx, &d, &pp->t)) != 0 ||
-        (rc = kb_ccl_layout_legacy(kb_ctx_machine(ctx), 2, &l, kb_ctx_err(ctx))) != 0 ||
+        (rc = kb_ccl_layout_whole(kb_ctx_machine(ctx), 2, &l, kb_ctx_err(ctx))) != 0 ||
         (rc = kb_ccl_install(ctx, "ring_1d", &l, &icfg)) != 0)
         return rc;
     kb_kargs a;

@@ -59,6 +59,7 @@ typedef struct rp_cols {
     int split[3];                 /* compute_ns, memory_ns, comm_ns */
     int tps;                      /* tokens_per_s */
     int eff, bound, bres;         /* efficiency, bound_ns, bound_resource */
+    int reff;                     /* roofline_efficiency */
     int tp;                       /* system.sips.count, only when the rows have the split */
 } rp_cols;
 

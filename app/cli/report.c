@@ -16,7 +16,8 @@
  * network: the file opens anywhere and is byte-for-byte the same for the same rows. Limits:
  * rows with the decoder_layer time split (compute_ns, memory_ns, comm_ns) and a
  * system.sips.count axis also get the split against the TP size: stacked bars per row of a
- * table (one line per combination of the other swept keys) and one line plot per part.
+ * table (one line per combination of the other swept keys), one line plot per part and, when
+ * the rows have it, the roofline efficiency against the TP size (one line per format).
  * Only rows with status ok are plotted; a quantity is an x axis only when it takes more than
  * one value (world_size, and size_bytes or, in files from before it, n_elem); other sweeps get
  * the table only; rows must be single lines. This file writes the page and its sections; the
@@ -79,9 +80,9 @@ static double busbw_form_value(int form, int n)
  * kb_coll_busbw_factor, the one that computed the rows' busbw, by the form it takes over world
  * sizes, so that the page cannot name another factor than the one used.
  */
-static void glossary(rp_buf *b, int bus, int eff)
+static void glossary(rp_buf *b, int bus, int eff, int reff)
 {
-    if (!bus && !eff)
+    if (!bus && !eff && !reff)
         return;
     rp_puts(b, "<h2 id=\"terms\">Terms</h2>\n<dl class=\"terms\">\n");
     if (bus) {
@@ -119,6 +120,13 @@ static void glossary(rp_buf *b, int bus, int eff)
                 "NoC, HBM, a PE's unit or DMA engine) needs for what it carried at its "
                 "bandwidth, which no schedule of the same traffic can beat; 1 means that "
                 "resource was busy for the whole simulated time.</dd>\n");
+    if (reff)
+        rp_puts(b, "<dt><b>roofline efficiency</b> (a fraction, 0..1)</dt><dd>roofline_ns / "
+                "sim_time_ns: roofline_ns is the workload's lower bound on the machine, the "
+                "largest of its flops at the units' peak, its minimum memory traffic at the "
+                "memories' aggregate bandwidth and its minimum link traffic at the links' "
+                "(roofline_bound says which), whatever the schedule or placement "
+                "(docs/decoder.md, Roofline); 1 would be a run at that bound.</dd>\n");
     rp_puts(b, "</dl>\n");
 }
 
@@ -272,7 +280,9 @@ static void page_plots(rp_buf *b, rp_plotdata *pd, int *nplots)
     page_axes ax;
 
     find_axes(pd, &ax);
-    glossary(b, ax.any_bus, ax.any_eff);
+    /* the roofline's efficiency is plotted in the decoder's split section (TP size axis) */
+    glossary(b, ax.any_bus, ax.any_eff,
+             pd->c->tp >= 0 && pd->c->reff >= 0 && rp_n_distinct(pd, pd->c->tp) > 1);
     if (ax.ws_varies)
         plots_vs_world(b, pd, &ax, nplots);
     if (ax.size_varies)
@@ -410,6 +420,12 @@ static int page_split(rp_buf *b, rp_plotdata *pd, int *nplots, kb_errbuf *eb)
         rp_plot_group(b, pd, &(rp_plotspec){ pd->c->tp, pd->c->split[k], 1e-3, -1, what,
                                              "TP size (SIPs)", ylab, Y_LINEAR }, nplots);
     }
+    /* how close each format (each series) comes to the layer's roofline at each TP size */
+    if (pd->c->reff >= 0)
+        rp_plot_group(b, pd, &(rp_plotspec){ pd->c->tp, pd->c->reff, 1, -1,
+                                             "roofline efficiency vs TP size", "TP size (SIPs)",
+                                             "roofline efficiency (roofline / sim time)",
+                                             Y_FRACTION }, nplots);
 out:
     free(first);
     free(byser);

@@ -258,6 +258,7 @@ void rp_cols_find(const rp_table *t, rp_cols *c)
     c->eff = rp_col(t, "efficiency");
     c->bound = rp_col(t, "bound_ns");
     c->bres = rp_col(t, "bound_resource");
+    c->reff = rp_col(t, "roofline_efficiency");
     /* the TP size is an axis of the decoder layer's time split only */
     c->tp = c->split[0] >= 0 && c->split[1] >= 0 && c->split[2] >= 0
                 ? rp_col(t, "system.sips.count") : -1;
