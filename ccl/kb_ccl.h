@@ -2,11 +2,12 @@
  * kb_ccl — the collective library: topologies (rank -> direction -> peer rank, one table),
  * reverse-direction pairing, the rank = PE layout (rank r on global PE r) and its validator
  * single_shard_per_rank, install plans, the IPCQ configuration from ccl.yaml parameters,
- * the rank = PE algorithm registry (each algorithm is a kernel plus a table entry giving its
- * collective kind, usual topology and host reference), and the verification data every
- * collective bench and test uses (seeded position-dependent inputs, an exact comparison).
- * The rank = SIP registry is in kb_dist_algo.h. In both rank models a new collective = its own
- * file + one table line + its test + its ccl.yaml entry (docs/collectives.md §7).
+ * the algorithm registry (one table of entries, each an algorithm with its placements: a
+ * rank = PE kernel with its collective kind, usual topology and host reference, a rank = SIP
+ * form, or both), and the verification data every collective bench and test uses (seeded
+ * position-dependent inputs, an exact comparison). kb_dist_algo.h is the rank = SIP
+ * placement's view of the table. A new collective = its own file + one table line + its test +
+ * its ccl.yaml entry (docs/collectives.md §7).
  *
  * Topologies (the rank layouts an install plan wires; ccl.yaml's `topology:` names them):
  * ring_1d, ring_1d_unidir, mesh_2d / torus_2d (square k x k, wraps),
@@ -183,8 +184,10 @@ extern const char *const kb_ccl_op_names[];
 /* Names of the tile dtypes, NULL-terminated: f16, bf16, f32. */
 extern const char *const kb_ccl_dtype_names[];
 
-/* The rank = PE registry: a table of entry pointers in kb_ccl_algos.c, looked up by module.
- * The entries of kb_ccl_algos.c are its own; an algorithm written in a file of its own
+/* The registry of built-in algorithms, both rank models: a table of entry pointers in
+ * kb_ccl_algos.c, looked up by module (kb_ccl_algo_find: any entry; kb_ccl_reg_find_algo and
+ * kb_ccl_reg_find_dist: the ones with a rank = PE kernel, or with a rank = SIP form). The
+ * entries of kb_ccl_algos.c are its own; an algorithm written in a file of its own
  * (ccl/kb_ccl_<name>.c) defines `const kb_ccl_algo_impl kb_ccl_algo_<name>`, declared here,
  * and adds one line to that table. */
 const kb_ccl_algo_impl *kb_ccl_algo_find(const char *module);
@@ -195,6 +198,8 @@ extern const kb_ccl_algo_impl kb_ccl_algo_ring_allgather, kb_ccl_algo_ring_reduc
     kb_ccl_algo_rd_allgather, kb_ccl_algo_rh_reducescatter, kb_ccl_algo_rhd_allreduce;
 /* ccl/kb_ccl_dbtree.c: NCCL's double binary tree all-reduce */
 extern const kb_ccl_algo_impl kb_ccl_algo_dbtree_allreduce;
+/* ccl/kb_ccl_intercube.c: PE 0 of every cube (a rank = SIP form only) */
+extern const kb_ccl_algo_impl kb_ccl_algo_intercube;
 const kb_ccl_algo_impl *kb_ccl_algo_at(int i); /* NULL past the end */
 
 /*

@@ -3,7 +3,8 @@
  * registry entries (kb_ccl.h). Every rank's tile is n f16 elements; partial sums travel in f32
  * (exact for kb_ccl_inputs' data) and are rounded once when stored. All algorithms run in
  * the rank = PE world (kb_ccl_layout_whole); hierarchical_allreduce also serves the
- * rank = SIP process group (its kb_dist_algo entry is at the end of this file).
+ * rank = SIP process group (its rank = SIP form is at the end of this file). The registry of
+ * every built-in algorithm, both rank models, is this file's algos[].
  *
  *  hello_send             each rank sends its tile E and keeps what arrives from W
  *  ring_allreduce         the seed's ring: p-1 rounds, each forwards the tile it last got
@@ -973,12 +974,15 @@ static const kb_ccl_algo_impl hierarchical_algo = {
     .max_msg_bytes = tile_f32,
     .reference = kb_ccl_ref_allreduce,
     .flags = KB_CCL_ANY_WORLD,
+    .sip = &kb_ccl_sip_hierarchical,
 };
 
-/* The rank = PE registry, in `kbcl list` order. An algorithm in a file of its own exports its
- * entry (declared in kb_ccl.h) and gets one line here. */
+/* The registry of built-in algorithms, in `kbcl list` order (each rank model's section lists
+ * the entries placed in it). An algorithm in a file of its own exports its entry (declared in
+ * kb_ccl.h) and gets one line here. */
 static const kb_ccl_algo_impl *const algos[] = {
-    &hello_send_algo, &ring_algo, &rsag_algo, &mesh_algo, &tree_algo, &hierarchical_algo,
+    &hello_send_algo, &ring_algo, &rsag_algo, &mesh_algo, &tree_algo, &kb_ccl_algo_intercube,
+    &hierarchical_algo,
     &kb_ccl_algo_ring_allgather, &kb_ccl_algo_ring_reducescatter, &kb_ccl_algo_p2p_sendrecv,
     &kb_ccl_algo_ring_broadcast, &kb_ccl_algo_ring_reduce, &kb_ccl_algo_tree_broadcast,
     &kb_ccl_algo_tree_reduce, &kb_ccl_algo_pairwise_alltoall, &kb_ccl_algo_rd_allgather,
@@ -1000,7 +1004,7 @@ const kb_ccl_algo_impl *kb_ccl_algo_find(const char *module)
     return NULL;
 }
 
-/* ---- hierarchical_allreduce as a rank = SIP algorithm (kb_dist_algo.h) ---- */
+/* ---- hierarchical_allreduce's rank = SIP form (kb_dist_algo.h) ---- */
 
 /*
  * The same kernel over every PE of every SIP: a rank's tensor is one block per PE (rows over
@@ -1047,12 +1051,10 @@ static kb_grid hier_grid(const kb_machine *m, int ws)
     return (kb_grid){ m->npes, m->ncubes, ws, 0 };
 }
 
-const kb_dist_algo kb_dist_algo_hierarchical = {
-    .module = "hierarchical_allreduce",
+const kb_ccl_sip_form kb_ccl_sip_hierarchical = {
     .summary = "every PE: chains in each cube and across cubes, ring across SIPs (the rank = PE kernel)",
     .mapper = "all_pes",
     .validator = "multi_pe_sip_local",
-    .kind = KB_COLL_ALLREDUCE,
     .kernel = hierarchical_allreduce,
     .install = hier_install,
     .policy = hier_policy,

@@ -1,6 +1,6 @@
 /*
- * kb_ccl_intercube — the intercube all-reduce, a rank = SIP algorithm (kb_dist_algo.h): its
- * kernel, its install plan (kb_dist_install_intercube) and its registry entry. It runs on PE 0
+ * kb_ccl_intercube — the intercube all-reduce, an algorithm with a rank = SIP form only: its
+ * kernel, its install plan (kb_dist_install_intercube), its form and its registry entry. It runs on PE 0
  * of every cube; a rank's tensor is (n_cubes x n) row-wise over the cubes (one row per cube's
  * PE 0). Data flow: reduce along each cube-mesh row to the root's column and down that column
  * to the root cube, exchange among the SIPs' root cubes by system.sips.topology (ring_1d: ring;
@@ -278,12 +278,10 @@ static int ic_args(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a)
 
 static kb_grid ic_grid(const kb_machine *m, int ws) { return (kb_grid){ 1, m->ncubes, ws, 0 }; }
 
-const kb_dist_algo kb_dist_algo_intercube = {
-    .module = "intercube_allreduce",
+const kb_ccl_sip_form kb_ccl_sip_intercube = {
     .summary = "PE 0 of every cube: reduce over the cube mesh to a root cube, exchange among SIPs, broadcast",
     .mapper = "pe0_all_cubes",
     .validator = "multi_pe_sip_local",
-    .kind = KB_COLL_ALLREDUCE,
     .kernel = intercube_allreduce,
     .install = ic_install,
     .policy = ic_policy,
@@ -292,4 +290,13 @@ const kb_dist_algo kb_dist_algo_intercube = {
     .args = ic_args,
     .grid = ic_grid,
     .reference = kb_ccl_ref_allreduce,
+};
+
+/* A rank = SIP algorithm only: its kernel needs the SIP's cube mesh, which no rank = PE world
+ * of one rank per PE has. */
+const kb_ccl_algo_impl kb_ccl_algo_intercube = {
+    .module = "intercube_allreduce",
+    .summary = "PE 0 of every cube: reduce over the cube mesh to a root cube, exchange among SIPs, broadcast",
+    .kind = KB_COLL_ALLREDUCE,
+    .sip = &kb_ccl_sip_intercube,
 };

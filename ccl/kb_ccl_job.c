@@ -112,6 +112,9 @@ int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
     int rc;
 
     memset(job, 0, sizeof *job);
+    if (!impl->kernel)
+        return kb_err_set(eb, KB_ERR_CONFIG, "%s: module %s has no rank = PE kernel (it runs "
+                          "one rank per SIP, in a process group)", name, impl->module);
     job->impl = impl;
     snprintf(job->name, sizeof job->name, "%s", name);
     snprintf(job->topo, sizeof job->topo, "%s", topo);
@@ -237,7 +240,7 @@ int kb_ccl_job_read_raw(kb_ctx *ctx, kb_ccl_job *job, void *raw)
 const char *kb_ccl_default_topo(const char *module)
 {
     const kb_ccl_algo_impl *impl = kb_ccl_algo_find(module);
-    return impl ? impl->topology : "ring_1d";
+    return impl && impl->topology ? impl->topology : "ring_1d";
 }
 
 typedef struct mock {
@@ -276,7 +279,7 @@ int kb_ccl_mock_run_opts(const char *module, const char *topo, int ws, int64_t n
                          const kb_ipcq_cfg *icfg, const float *in, float *out, kb_errbuf *eb)
 {
     const kb_ccl_algo_impl *impl = kb_ccl_algo_find(module);
-    if (!impl)
+    if (!impl || !impl->kernel) /* a rank = SIP form only runs in a process group */
         return kb_err_set(eb, KB_ERR_NOTFOUND, "unknown algorithm module '%s'", module);
     return kb_ccl_mock_run_algo(impl, topo, ws, n, root, icfg, in, out, eb);
 }
@@ -292,8 +295,9 @@ int kb_ccl_mock_run_algo(const kb_ccl_algo_impl *impl, const char *topo, int ws,
     int rc;
 
     memset(&mk, 0, sizeof mk);
-    if (!impl)
-        return kb_err_set(eb, KB_ERR_INVAL, "kb_ccl_mock_run_algo: NULL entry");
+    if (!impl || !impl->kernel)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_ccl_mock_run_algo: %s", impl ? "an entry "
+                          "without a rank = PE kernel" : "NULL entry");
     mk.impl = impl;
     mk.topo = topo ? topo : impl->topology;
     mk.ws = ws;

@@ -1,9 +1,9 @@
 /*
  * kb_dist — process group, epoch barriers and the rank = SIP collectives (kb_dist.h). The
- * table of rank = SIP algorithms (kb_dist_algo.h) is kb_ccl_reg.c's. The process group names no algorithm: it
- * finds the module's entry in the table and calls its install plan, layout, validator,
- * argument builder and grid. A new rank = SIP collective = its own file + one line in
- * sip_algos[] (kb_ccl_reg.c) + its test + its ccl.yaml entry. all_gather, reduce_scatter, broadcast and
+ * process group names no algorithm: it finds the module's entry in the registry (one with a
+ * rank = SIP form, kb_dist_algo.h) and calls the form's install plan, layout, validator,
+ * argument builder and grid. A new rank = SIP collective = its own file (kernel, form, entry) +
+ * one line in algos[] (kb_ccl_algos.c) + its test + its ccl.yaml entry. all_gather, reduce_scatter, broadcast and
  * reduce and all_to_all launch the kernels of kb_dist_coll.c over the entry's wiring (for a
  * wiring they do not know, all_gather and reduce_scatter are built on the entry's
  * all_reduce). send / recv meet outside the epochs, in a list of waiting halves keyed by
@@ -54,7 +54,8 @@ typedef struct p2p {
 typedef struct dist {
     int ws;
     int initialised;
-    const kb_dist_algo *algo;
+    const kb_ccl_algo_impl *algo; /* the registry's entry */
+    const kb_ccl_sip_form *form;  /* its rank = SIP form (algo->sip) */
     char module[KB_CFG_NAME_MAX];
     kb_ipcq_cfg icfg;
     int root_cube;
@@ -112,7 +113,7 @@ const char *kb_dist_algorithm(kb_ctx *ctx)
     return d && d->initialised ? d->module : NULL;
 }
 
-const kb_dist_algo *kb_dist_algo_of(kb_ctx *ctx)
+const kb_ccl_algo_impl *kb_dist_algo_of(kb_ctx *ctx)
 {
     dist *d = dist_of(ctx);
     return d && d->initialised ? d->algo : NULL;
@@ -145,7 +146,7 @@ kb_dp_policy kb_dist_policy(kb_ctx *ctx)
 {
     dist *d = dist_of(ctx);
     if (d)
-        return d->algo->policy(kb_ctx_machine(ctx));
+        return d->form->policy(kb_ctx_machine(ctx));
     return kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, 0, 0);
 }
 
@@ -153,7 +154,7 @@ int kb_dist_shards_per_rank(kb_ctx *ctx)
 {
     dist *d = dist_of(ctx);
     kb_machine *m = kb_ctx_machine(ctx);
-    int s = d ? d->algo->shards(m) : m->ncubes * m->npes;
+    int s = d ? d->form->shards(m) : m->ncubes * m->npes;
     assert(s >= 1 && s <= m->ncubes * m->npes); /* a rank's shards are PEs of its SIP */
     return s;
 }
@@ -262,16 +263,22 @@ static int join_root(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b,
 static int exec_init(kb_ctx *ctx, dist *d, epoch *e)
 {
     (void)e;
-    return d->algo->install(ctx, &d->icfg, d->ws);
+    return d->form->install(ctx, &d->icfg, d->ws);
 }
 
-/* The i-th rank = SIP module: the built-in table's, then the registry's. */
-static const kb_dist_algo *any_algo_at(const kb_ccl_reg *r, int i)
+/* The i-th module with a rank = SIP form: the built-in table's, then the registry's. */
+static const kb_ccl_algo_impl *any_algo_at(const kb_ccl_reg *r, int i)
 {
+    const kb_ccl_algo_impl *a;
     int nb = 0;
     while (kb_dist_algo_at(nb))
         nb++;
-    return i < nb ? kb_dist_algo_at(i) : kb_ccl_reg_dist_at(r, i - nb);
+    if (i < nb)
+        return kb_dist_algo_at(i);
+    for (int k = 0, n = nb; (a = kb_ccl_reg_algo_at(r, k)) != NULL; k++)
+        if (a->sip && n++ == i)
+            return a;
+    return NULL;
 }
 
 /* "a, b or c": the modules of the table and the registry, for the error that names them. */
@@ -311,6 +318,7 @@ int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *alg
         nd.ws = m->nsips;
         snprintf(nd.module, sizeof nd.module, "%s", module);
         nd.algo = kb_ccl_reg_find_dist(cfg->reg, module);
+        nd.form = nd.algo ? nd.algo->sip : NULL;
         if (!nd.algo) {
             char names[256];
             algo_list(cfg->reg, names, sizeof names);
@@ -370,7 +378,7 @@ static int need_init(kb_ctx *ctx, dist *d, const char *what)
 static int launch_allreduce(kb_ctx *ctx, dist *d, kb_tensor *const *t)
 {
     kb_machine *m = kb_ctx_machine(ctx);
-    int rc = d->algo->validate(ctx, t, d->ws, "all_reduce");
+    int rc = d->form->validate(ctx, t, d->ws, "all_reduce");
     if (rc)
         return rc;
     uint64_t n = kb_tensor_shard(t[0], 0)->nbytes / kb_dtype_size(kb_tensor_dtype(t[0]));
@@ -378,11 +386,11 @@ static int launch_allreduce(kb_ctx *ctx, dist *d, kb_tensor *const *t)
     memset(args, 0, (size_t)d->ws * sizeof *args);
     for (int r = 0; r < d->ws; r++) {
         kb_dist_launch l = { t[r], r, d->ws, (int64_t)n, d->root_cube };
-        if ((rc = d->algo->args(ctx, &l, &args[r])) != 0)
+        if ((rc = d->form->args(ctx, &l, &args[r])) != 0)
             return rc;
     }
-    kb_grid g = d->algo->grid(m, d->ws);
-    return kb_launch_per_sip(ctx, d->module, d->algo->kernel, args, &g);
+    kb_grid g = d->form->grid(m, d->ws);
+    return kb_launch_per_sip(ctx, d->module, d->form->kernel, args, &g);
 }
 
 static int exec_allreduce(kb_ctx *ctx, dist *d, epoch *e)
@@ -492,8 +500,8 @@ static int exec_gather(kb_ctx *ctx, dist *d, epoch *e, int reduce_scatter)
                           "over the rank's %d PEs and the wide one (%d*m x ws*k) row-wise over "
                           "them, alike on every rank",
                           ep_names[reduce_scatter ? EP_REDUCESCATTER : EP_ALLGATHER], bad, S, S);
-    kb_grid g = d->algo->grid(m, d->ws);
-    int tree = kb_dist_coll_tree(d->algo);
+    kb_grid g = d->form->grid(m, d->ws);
+    int tree = kb_dist_coll_tree(d->form);
     if (tree >= 0) {
         /* the real algorithms (kb_dist_coll.c) over the process group's wiring */
         for (int r = 0; r < d->ws; r++) {
@@ -553,12 +561,12 @@ static int exec_rooted(kb_ctx *ctx, dist *d, epoch *e, int reduce)
 {
     kb_machine *m = kb_ctx_machine(ctx);
     const char *what = ep_names[reduce ? EP_REDUCE : EP_BROADCAST];
-    int tree = kb_dist_coll_tree(d->algo), rc;
+    int tree = kb_dist_coll_tree(d->form), rc;
     if (tree < 0)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_UNSUPPORTED, "%s: the process group's "
                           "algorithm %s (mapper %s) has no %s", what, d->module,
-                          d->algo->mapper ? d->algo->mapper : "?", what);
-    if ((rc = d->algo->validate(ctx, e->a, d->ws, what)) != 0)
+                          d->form->mapper ? d->form->mapper : "?", what);
+    if ((rc = d->form->validate(ctx, e->a, d->ws, what)) != 0)
         return rc;
     assert(e->root >= 0 && e->root < d->ws); /* check_root, and every rank named it */
     if (d->ws == 1 && !reduce)
@@ -572,7 +580,7 @@ static int exec_rooted(kb_ctx *ctx, dist *d, epoch *e, int reduce)
                                         kb_dist_shards_per_rank(ctx), kb_tensor_dtype(e->a[r])),
             .t = kb_tensor_va(e->a[r]), .root = e->root });
     }
-    kb_grid g = d->algo->grid(m, d->ws);
+    kb_grid g = d->form->grid(m, d->ws);
     return kb_launch_per_sip(ctx, reduce ? "dist_reduce" : "dist_broadcast",
                              reduce ? kb_dist_reduce_kernel : kb_dist_broadcast_kernel, d->args,
                              &g);
@@ -618,14 +626,14 @@ static int exec_alltoall(kb_ctx *ctx, dist *d, epoch *e)
 {
     kb_machine *m = kb_ctx_machine(ctx);
     kb_errbuf *eb = kb_ctx_err(ctx);
-    int tree = kb_dist_coll_tree(d->algo), rc;
+    int tree = kb_dist_coll_tree(d->form), rc;
     /* e->a = out, e->b = in */
     if (tree < 0)
         return kb_err_set(eb, KB_ERR_UNSUPPORTED, "all_to_all: the process group's algorithm "
                           "%s (mapper %s) has no all_to_all", d->module,
-                          d->algo->mapper ? d->algo->mapper : "?");
-    if ((rc = d->algo->validate(ctx, e->b, d->ws, "all_to_all (in)")) != 0 ||
-        (rc = d->algo->validate(ctx, e->a, d->ws, "all_to_all (out)")) != 0)
+                          d->form->mapper ? d->form->mapper : "?");
+    if ((rc = d->form->validate(ctx, e->b, d->ws, "all_to_all (in)")) != 0 ||
+        (rc = d->form->validate(ctx, e->a, d->ws, "all_to_all (out)")) != 0)
         return rc;
     for (int r = 0; r < d->ws; r++)
         if (kb_tensor_rows(e->a[r]) != kb_tensor_rows(e->b[r]) ||
@@ -650,7 +658,7 @@ static int exec_alltoall(kb_ctx *ctx, dist *d, epoch *e)
                                         kb_dist_shards_per_rank(ctx), kb_tensor_dtype(e->b[r])),
             .in = kb_tensor_va(e->b[r]), .out = kb_tensor_va(e->a[r]) });
     }
-    kb_grid g = d->algo->grid(m, d->ws);
+    kb_grid g = d->form->grid(m, d->ws);
     return kb_launch_per_sip(ctx, "dist_all_to_all", kb_dist_alltoall_kernel, d->args, &g);
 }
 
@@ -744,11 +752,11 @@ static int p2p_exec(kb_ctx *ctx, dist *d, int src, int dst, uint64_t seq, kb_ten
     kb_machine *m = kb_ctx_machine(ctx);
     kb_errbuf *eb = kb_ctx_err(ctx);
     kb_sim *sim = kb_ctx_sim(ctx);
-    int tree = kb_dist_coll_tree(d->algo), rc, lo, hi;
+    int tree = kb_dist_coll_tree(d->form), rc, lo, hi;
     if (tree < 0)
         return kb_err_set(eb, KB_ERR_UNSUPPORTED, "send/recv: the process group's algorithm %s "
                           "(mapper %s) has no send/recv", d->module,
-                          d->algo->mapper ? d->algo->mapper : "?");
+                          d->form->mapper ? d->form->mapper : "?");
     if (!ts || !tr)
         return kb_err_set(eb, KB_ERR_INVAL, "send/recv: rank %d passed no tensor", ts ? dst : src);
     if (kb_tensor_rows(ts) != kb_tensor_rows(tr) || kb_tensor_cols(ts) != kb_tensor_cols(tr) ||
@@ -774,7 +782,7 @@ static int p2p_exec(kb_ctx *ctx, dist *d, int src, int dst, uint64_t seq, kb_ten
     p2p_route(&sh, src, dst, kb_tensor_va(ts), kb_tensor_va(tr), d->args, &lo, &hi);
     /* the launch covers SIPs [lo, hi]: both ends of the route among them */
     assert(lo <= src && src <= hi && lo <= dst && dst <= hi);
-    kb_grid g = d->algo->grid(m, d->ws);
+    kb_grid g = d->form->grid(m, d->ws);
     g.sip0 = lo;
     g.sips = hi - lo + 1;
     kb_time t0 = kb_sim_now(sim);

@@ -8,8 +8,8 @@
  * (one launch, per-SIP arguments) and all ranks resume when it has completed. A rank joining
  * an epoch it already joined, or a different collective than the other ranks, is an error.
  *
- * The algorithm is the process group's (ccl.defaults.algorithm unless given), an entry of the
- * rank = SIP table (kb_dist_algo.h), which says how a rank's tensor is laid out:
+ * The algorithm is the process group's (ccl.defaults.algorithm unless given), an entry with a
+ * rank = SIP form (kb_dist_algo.h), which says how a rank's tensor is laid out:
  *   intercube_allreduce     PE 0 of every cube; tensor (n_cubes x n) row-wise over cubes
  *                           (validator multi_pe_sip_local); ccl/kb_ccl_intercube.c.
  *   hierarchical_allreduce  every PE (mapper all_pes); tensor (n_cubes * n_pes * m x k)

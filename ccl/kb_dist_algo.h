@@ -1,29 +1,28 @@
 /*
- * kb_dist_algo — the registry of rank = SIP collective algorithms: one rank per SIP, a rank's
- * tensor spread over several PEs of its SIP. The process group (kb_dist.c) knows no algorithm
- * by name: it looks the module up in this table and calls the entry's functions for the
- * install plan, the layout of a rank's tensor, the validator, the launch arguments and the
- * grid. Each algorithm's file defines its entry (a const kb_dist_algo), and kb_dist.c's table
- * lists it. A new rank = SIP collective = its own file in ccl/ + one line in that table + its
- * test (tests/test_dist.c) + its ccl.yaml entry.
- * The process group's all_reduce launches the entry's kernel; its all_gather and
- * reduce_scatter (kb_dist_coll.c) run over the entry's wiring, recognised by its mapper
- * (all_pes: hierarchical_3level; pe0_all_cubes: the intercube plan); another mapper gets them
- * built on all_reduce. Limits: every entry is an all-reduce whose messages are f32 shards.
+ * kb_dist_algo — the rank = SIP placement's view of the one algorithm registry: the entries
+ * with a rank = SIP form of their own (kb_ccl_sip_form, kbcl_ccl.h). The process group
+ * (kb_dist.c) knows no algorithm by name: it looks the module up here and calls the form's
+ * functions for the install plan, the layout of a rank's tensor, the validator, the launch
+ * arguments and the grid. A form is defined next to its kernel, and its entry (in the table of
+ * kb_ccl_algos.c) points at it. The process group's all_reduce launches the form's kernel; its
+ * all_gather and reduce_scatter (kb_dist_coll.c) run over the form's wiring, recognised by its
+ * mapper (all_pes: hierarchical_3level; pe0_all_cubes: the intercube plan); another mapper gets
+ * them built on all_reduce. Limits: every form is an all-reduce whose messages are f32 shards.
  */
 #ifndef KB_DIST_ALGO_H
 #define KB_DIST_ALGO_H
 
 #include "kb_ccl.h"
 
-/* Table lookup by module name; NULL when the module has no built-in rank = SIP form (the
- * algorithms plugins add are found through kb_ccl_reg_find_dist). The table: kb_ccl_reg.c. */
-const kb_dist_algo *kb_dist_algo_find(const char *module);
-const kb_dist_algo *kb_dist_algo_at(int i); /* NULL past the end */
+/* The built-in entry of that module with a rank = SIP form, or NULL (an entry plugins add is
+ * found through kb_ccl_reg_find_dist). */
+const kb_ccl_algo_impl *kb_dist_algo_find(const char *module);
+/* The built-in entries with a rank = SIP form, in table order (NULL past the end). */
+const kb_ccl_algo_impl *kb_dist_algo_at(int i);
 
-/* The entry the context's process group runs (built-in or added at run time); NULL before
- * init_process_group has succeeded. */
-const kb_dist_algo *kb_dist_algo_of(kb_ctx *ctx);
+/* The entry the context's process group runs (built-in or added at run time; its sip is set);
+ * NULL before init_process_group has succeeded. */
+const kb_ccl_algo_impl *kb_dist_algo_of(kb_ctx *ctx);
 
 /*
  * Validator multi_pe_sip_local, shared by the entries: every rank passed a tensor that lives

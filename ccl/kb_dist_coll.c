@@ -464,7 +464,7 @@ static const struct {
     { "pe0_all_cubes", KB_DIST_TREE_LINES },  /* kb_dist_install_intercube */
 };
 
-int kb_dist_coll_tree(const kb_dist_algo *algo)
+int kb_dist_coll_tree(const kb_ccl_sip_form *algo)
 {
     for (size_t i = 0; i < sizeof wirings / sizeof wirings[0]; i++)
         if (algo->mapper && !strcmp(wirings[i].mapper, algo->mapper))

@@ -29,7 +29,7 @@ typedef struct kb_dist_coll_shape {
 } kb_dist_coll_shape;
 
 /* The tree of an entry's wiring, by its mapper (all_pes, pe0_all_cubes); -1 for another. */
-int kb_dist_coll_tree(const kb_dist_algo *algo);
+int kb_dist_coll_tree(const kb_ccl_sip_form *algo);
 
 /* The shape of a world of ws ranks on machine m, for tree `tree`: `rows` rows or elements
  * (kb_dist_coll_shape.m), S PEs per rank. */

@@ -4,18 +4,17 @@
  * queues that carry messages between PEs: tl_send, tl_recv and their posted forms), the
  * collective kinds and reduction ops, the host references results are checked against, the
  * arguments every algorithm's kernel receives and the helpers a ring or chain step is built
- * from, and the registry entries of the two rank models: kb_ccl_algo_impl (rank = PE: one
- * rank per PE; kbcl also runs such an algorithm at rank = SIP, in lanes over every PE of each
- * SIP, docs/collectives.md §3) and kb_dist_algo (rank = SIP, a process-group form of its own).
+ * from, and the registry entry, kb_ccl_algo_impl: one algorithm, placed at rank = PE (one rank
+ * per PE) and at rank = SIP (one rank per SIP: its own process-group form, or its rank = PE
+ * kernel in lanes over every PE of each SIP, docs/collectives.md section 3).
  *
  * Messages of any size travel as slot-sized chunks through each queue's credit window; a
  * send blocks while the peer's ring is full. Misuse (an unwired direction, a receive that
  * names another size than the message) stops the run with a message naming the PE and the
- * direction. Limits: a rank = SIP entry's install, layout and validator hooks take kbcl's
- * internal machine (kb_machine: opaque here) and its IPCQ install plans, so a plugin
- * builds such an entry from a built-in's hooks (kb_dist_algo_intercube,
- * kb_dist_algo_hierarchical); a new algorithm is written as a rank = PE entry, which runs in
- * both rank models.
+ * direction. Limits: a rank = SIP form's install, layout and validator hooks take kbcl's
+ * internal machine (kb_machine: opaque here) and its IPCQ install plans, so a plugin's entry
+ * uses a built-in form (kb_ccl_sip_intercube, kb_ccl_sip_hierarchical) or none; a new
+ * algorithm is written as a rank = PE kernel, which runs in both rank models.
  */
 #ifndef KBCL_CCL_H
 #define KBCL_CCL_H
@@ -191,6 +190,56 @@ KB_API void kb_ccl_ref_ring_reduce(const float *in, int ws, int64_t n, int64_t i
 KB_API void kb_ccl_ref_ring_reduce_scatter(const float *in, int ws, int64_t n, int64_t i0,
                                     int64_t nb, kb_dtype dt, int op, double *out);
 
+/* What a rank = SIP form's argument builder knows of one rank's launch. */
+typedef struct kb_dist_launch {
+    kb_tensor *t;      /* the rank's tensor, already validated */
+    int rank, ws;      /* rank = its SIP; world size = the SIP count */
+    int64_t n;         /* elements per shard */
+    int root_cube;     /* ccl.yaml root_cube, else the SIP's last cube */
+} kb_dist_launch;
+
+/*
+ * An algorithm's own rank = SIP form: one rank per SIP, a rank's tensor spread over several
+ * PEs of its SIP, run by the process group (init_process_group, kb_dist_*) and the collective
+ * bench at world_size 0. An algorithm without one runs at rank = SIP in lanes (its rank = PE
+ * kernel among the ws PEs of each lane, docs/collectives.md section 3). Its hooks take kbcl's
+ * machine and IPCQ install plans, which are not public: a plugin's entry points at a built-in
+ * form (kb_ccl_sip_intercube, kb_ccl_sip_hierarchical) or has none.
+ */
+typedef struct kb_ccl_sip_form {
+    const char *summary;   /* what the form does, for `kbcl list` */
+    /* which PEs of a rank take part (the seed's mapper) and the layout check its tensor must
+     * pass (validator), by name, for `kbcl list` and messages */
+    const char *mapper, *validator;
+    kb_kernel_fn kernel;
+    /* Installs IPCQ for a world of ws ranks, one per SIP (timed; once per context). */
+    int (*install)(kb_ctx *ctx, const kb_ipcq_cfg *cfg, int ws);
+    /* The DPPolicy and the shard (participating PE) count of a rank's tensor. */
+    kb_dp_policy (*policy)(const kb_machine *m);
+    int (*shards)(const kb_machine *m);
+    /* Layout validator over every rank's tensor (t[ws]); `what` prefixes the message. */
+    int (*validate)(kb_ctx *ctx, kb_tensor *const *t, int ws, const char *what);
+    /* Fills one rank's (zeroed) kernel arguments: the kernel's own struct (KB_KARGS_PUT,
+     * as kb_ccl_intercube.c does) or, for a rank = PE kernel, the KB_CCL_ARG_* slots. */
+    int (*args)(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a);
+    /* The launch grid per SIP (PEs per cube, cubes, SIPs). */
+    kb_grid (*grid)(const kb_machine *m, int ws);
+    /* Host reference over every shard of every rank as one tile each (rank-major). */
+    kb_ccl_ref_fn reference;
+} kb_ccl_sip_form;
+
+/* The built-in forms, for a plugin's entry that runs one under a name of its own. */
+extern KB_API const kb_ccl_sip_form kb_ccl_sip_intercube;     /* kb_ccl_intercube.c */
+extern KB_API const kb_ccl_sip_form kb_ccl_sip_hierarchical;  /* kb_ccl_algos.c */
+
+/*
+ * A collective algorithm: the one registry entry type, built-in or a plugin's. It is written
+ * against ranks; where the ranks live is a placement: rank = PE (`kernel`, one rank per PE of
+ * a ccl.yaml world_size > 0) and rank = SIP (its own form `sip`, or, without one, `kernel`
+ * in lanes). An entry has a rank = PE kernel, a rank = SIP form, or both
+ * (hierarchical_allreduce); the fields from topology to ordered describe the rank = PE
+ * placement and are unused without a kernel.
+ */
 typedef struct kb_ccl_algo_impl {
     kb_entry_head head;          /* a plugin's: KB_CCL_ALGO_HEAD (kbcl_base.h) */
     const char *module;          /* ccl.yaml `module` */
@@ -212,6 +261,9 @@ typedef struct kb_ccl_algo_impl {
      * NULL for kernels whose result does not depend on the order (partials in f32 on exact
      * data, or no reduction). */
     kb_ccl_ref_ord_fn ordered;
+    /* Optional, appended in version 1: the algorithm's own rank = SIP form; NULL = it runs at
+     * rank = SIP in lanes. */
+    const kb_ccl_sip_form *sip;
 } kb_ccl_algo_impl;
 
 /* The entry's version, and its head for a plugin's designated initialiser:
@@ -603,48 +655,5 @@ KB_API int kb_dist_shards_per_rank(kb_ctx *ctx);
 /* Seconds-free statistics: simulated time spent inside collectives (from the last rank's
  * arrival) and send/recv transfers, summed per call. */
 KB_API kb_time kb_dist_comm_time(kb_ctx *ctx);
-
-/* ---- rank = SIP entries ---- */
-
-/* What an entry's argument builder knows of one rank's launch. */
-typedef struct kb_dist_launch {
-    kb_tensor *t;      /* the rank's tensor, already validated */
-    int rank, ws;      /* rank = its SIP; world size = the SIP count */
-    int64_t n;         /* elements per shard */
-    int root_cube;     /* ccl.yaml root_cube, else the SIP's last cube */
-} kb_dist_launch;
-
-typedef struct kb_dist_algo {
-    kb_entry_head head;    /* a plugin's: KB_DIST_ALGO_HEAD (kbcl_base.h) */
-    const char *module;    /* ccl.yaml `module` */
-    const char *summary;   /* for `kbcl list` */
-    /* which PEs of a rank take part (the seed's mapper) and the layout check its tensor must
-     * pass (validator), by name, for `kbcl list` and messages: properties of the algorithm,
-     * not configuration */
-    const char *mapper, *validator;
-    kb_coll_kind kind;
-    kb_kernel_fn kernel;
-    /* Installs IPCQ for a world of ws ranks, one per SIP (timed; once per context). */
-    int (*install)(kb_ctx *ctx, const kb_ipcq_cfg *cfg, int ws);
-    /* The DPPolicy and the shard (participating PE) count of a rank's tensor. */
-    kb_dp_policy (*policy)(const kb_machine *m);
-    int (*shards)(const kb_machine *m);
-    /* Layout validator over every rank's tensor (t[ws]); `what` prefixes the message. */
-    int (*validate)(kb_ctx *ctx, kb_tensor *const *t, int ws, const char *what);
-    /* Fills one rank's (zeroed) kernel arguments: the kernel's own struct (KB_KARGS_PUT,
-     * as kb_ccl_intercube.c does) or, for a rank = PE kernel, the KB_CCL_ARG_* slots. */
-    int (*args)(kb_ctx *ctx, const kb_dist_launch *l, kb_kargs *a);
-    /* The launch grid per SIP (PEs per cube, cubes, SIPs). */
-    kb_grid (*grid)(const kb_machine *m, int ws);
-    /* Host reference over every shard of every rank as one tile each (rank-major). */
-    kb_ccl_ref_fn reference;
-} kb_dist_algo;
-
-#define KB_DIST_ALGO_VERSION 1u
-#define KB_DIST_ALGO_HEAD { (uint32_t)sizeof(kb_dist_algo), KB_DIST_ALGO_VERSION }
-
-/* The entries, each defined next to its kernel. */
-extern KB_API const kb_dist_algo kb_dist_algo_intercube;     /* kb_ccl_intercube.c */
-extern KB_API const kb_dist_algo kb_dist_algo_hierarchical;  /* kb_ccl_algos.c */
 
 #endif

@@ -8,8 +8,8 @@
  *   PT_BENCHCLASH  registers a bench named gemm (a built-in)
  *   PT_DUP         registers my_ring (the example plugin's algorithm)
  *   PT_REFUSE      its init refuses with a message
- *   PT_SIP         a good plugin: my_sip, the built-in intercube all-reduce under another name
- *                  in the rank = SIP model (what a rank = SIP plugin registers)
+ *   PT_SIP         a good plugin: my_sip, the built-in intercube form under another name (an
+ *                  entry with a rank = SIP form only)
  *   PT_OLD         a good plugin built before `ordered` was appended to kb_ccl_algo_impl: its
  *                  entry's head says the shorter size (loads; `ordered` reads NULL)
  *   PT_NEWER       an entry of a version this kbcl does not know yet (refused by name)
@@ -92,7 +92,14 @@ static const kb_bench bench = {
 #endif
 
 #if defined(PT_SIP)
-static kb_dist_algo sip; /* filled in init: the built-in's functions, another name */
+/* the built-in intercube form under another name: an entry with a rank = SIP form only */
+static const kb_ccl_algo_impl sip = {
+    .head = KB_CCL_ALGO_HEAD,
+    .module = "my_sip",
+    .summary = "the intercube all-reduce, registered by a plugin",
+    .kind = KB_COLL_ALLREDUCE,
+    .sip = &kb_ccl_sip_intercube,
+};
 #endif
 
 #if !defined(PT_NOINIT)
@@ -105,15 +112,11 @@ int kbcl_plugin_init(kb_plugin_reg *reg, int abi_version)
 #elif defined(PT_BENCHCLASH)
     return reg->add_bench(reg, &bench);
 #elif defined(PT_SIP)
-    sip = kb_dist_algo_intercube;
-    sip.head = (kb_entry_head)KB_DIST_ALGO_HEAD;
-    sip.module = "my_sip";
-    sip.summary = "the intercube all-reduce, registered by a plugin";
     reg->describe(reg, "plugin_sip", "test: a rank = SIP algorithm");
-    return reg->add_dist_algo(reg, &sip);
+    return reg->add_ccl_algo(reg, &sip);
 #else
-    /* PT_CLASH, PT_DUP, PT_NEWER, PT_NOHEAD and PT_BADSIZE ignore the refusal on purpose: the loader
-     * must refuse anyway */
+    /* PT_CLASH, PT_DUP, PT_NEWER, PT_NOHEAD and PT_BADSIZE ignore the refusal on purpose: the
+     * loader must refuse anyway */
     reg->add_ccl_algo(reg, &algo);
     return 0;
 #endif

@@ -660,6 +660,8 @@ static void test_builtin_any_world(void **state)
     assert_non_null(c);
     for (int i = 0; kb_ccl_algo_at(i); i++) {
         const kb_ccl_algo_impl *impl = kb_ccl_algo_at(i);
+        if (!impl->kernel)
+            continue; /* a rank = SIP form only (intercube_allreduce): test_dist's */
         if (!(impl->flags & KB_CCL_ANY_WORLD))
             fail_msg("%s: no KB_CCL_ANY_WORLD", impl->module);
         flagged++;
@@ -750,6 +752,8 @@ static void test_typed_ops(void **state)
     assert_non_null(c);
     for (int i = 0; kb_ccl_algo_at(i); i++) {
         const kb_ccl_algo_impl *impl = kb_ccl_algo_at(i);
+        if (!impl->kernel)
+            continue; /* a rank = SIP form only (intercube_allreduce): test_dist's */
         if (!(impl->flags & KB_CCL_TYPED) || !kb_coll_reduces(impl->kind))
             continue;
         algos++;
@@ -810,6 +814,8 @@ static void test_typed_ops(void **state)
     int movers = 0;
     for (int i = 0; kb_ccl_algo_at(i); i++) {
         const kb_ccl_algo_impl *impl = kb_ccl_algo_at(i);
+        if (!impl->kernel)
+            continue; /* a rank = SIP form only (intercube_allreduce): test_dist's */
         if (!(impl->flags & KB_CCL_TYPED) || kb_coll_reduces(impl->kind))
             continue;
         movers++;
@@ -942,7 +948,7 @@ static void test_registry(void **state)
     assert_null(kb_ccl_reg_find_algo(NULL, "shift_any"));
     assert_null(kb_ccl_reg_find_dist(r, "shift_any"));
     assert_int_equal(kb_ccl_reg_add_algo(r, &shift_any_impl, &eb), KB_ERR_CONFIG);
-    kbt_msg_has(eb.msg, "rank = PE algorithm 'shift_any' is already registered");
+    kbt_msg_has(eb.msg, "algorithm 'shift_any' is already registered");
     /* built-in names of either model clash */
     bad = shift_any_impl;
     bad.module = "ring_rsag_allreduce";
@@ -958,7 +964,7 @@ static void test_registry(void **state)
     bad.module = "other";
     bad.reference = NULL;
     assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
-    kbt_msg_has(eb.msg, "must all be set");
+    kbt_msg_has(eb.msg, "a rank = PE kernel needs topology, max_msg_bytes and reference");
     bad.reference = kb_ccl_ref_shift_east;
     bad.topology = "moebius";
     assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
@@ -971,20 +977,33 @@ static void test_registry(void **state)
     bad.kind = KB_COLL_NKINDS;
     assert_int_equal(kb_ccl_reg_check_algo(r, &bad, &eb), KB_ERR_CONFIG);
     assert_int_equal(kb_ccl_reg_check_algo(r, NULL, &eb), KB_ERR_CONFIG);
-    /* the rank = SIP side: the same rules; a built-in's entry under another name is fine */
+    /* an entry with a rank = SIP form: a built-in's form under another name is fine; the
+     * lookups see each entry in the rank models it has a placement in */
     {
-        kb_dist_algo d = kb_dist_algo_hierarchical;
-        assert_int_equal(kb_ccl_reg_add_dist(r, &d, &eb), KB_ERR_CONFIG);
+        kb_ccl_sip_form f = kb_ccl_sip_hierarchical;
+        kb_ccl_algo_impl d = { .module = "hierarchical_allreduce", .summary = "s",
+                               .kind = KB_COLL_ALLREDUCE, .sip = &f };
+        assert_int_equal(kb_ccl_reg_add_algo(r, &d, &eb), KB_ERR_CONFIG);
         kbt_msg_has(eb.msg, "'hierarchical_allreduce' clashes with kbcl's built-in module");
-        d.module = "shift_any"; /* the same name in the other model */
-        assert_int_equal(kb_ccl_reg_add_dist(r, &d, &eb), 0);
-        assert_ptr_equal(kb_ccl_reg_find_dist(r, "shift_any"), &d);
-        assert_ptr_equal(kb_ccl_reg_dist_at(r, 0), &d);
-        assert_int_equal(kb_ccl_reg_add_dist(r, &d, &eb), KB_ERR_CONFIG);
+        d.module = "sip_only";
+        assert_int_equal(kb_ccl_reg_add_algo(r, &d, &eb), 0);
+        assert_ptr_equal(kb_ccl_reg_find_dist(r, "sip_only"), &d);
+        assert_null(kb_ccl_reg_find_algo(r, "sip_only")); /* no rank = PE kernel */
+        assert_ptr_equal(kb_ccl_reg_algo_at(r, 1), &d);
+        assert_int_equal(kb_ccl_reg_add_algo(r, &d, &eb), KB_ERR_CONFIG);
         d.module = "x2";
-        d.grid = NULL;
-        assert_int_equal(kb_ccl_reg_check_dist(r, &d, &eb), KB_ERR_CONFIG);
-        kbt_msg_has(eb.msg, "every field");
+        f.grid = NULL;
+        assert_int_equal(kb_ccl_reg_check_algo(r, &d, &eb), KB_ERR_CONFIG);
+        kbt_msg_has(eb.msg, "its rank = SIP form must set every field");
+        d.sip = NULL;
+        assert_int_equal(kb_ccl_reg_check_algo(r, &d, &eb), KB_ERR_CONFIG);
+        kbt_msg_has(eb.msg, "neither a rank = PE kernel nor a rank = SIP form");
+        /* both placements in one entry, as hierarchical_allreduce has */
+        assert_ptr_equal(kb_ccl_reg_find_dist(NULL, "hierarchical_allreduce"),
+                         kb_ccl_reg_find_algo(NULL, "hierarchical_allreduce"));
+        assert_ptr_equal(kb_ccl_reg_find_dist(NULL, "intercube_allreduce"),
+                         kb_ccl_algo_find("intercube_allreduce"));
+        assert_null(kb_ccl_reg_find_algo(NULL, "intercube_allreduce"));
     }
     kb_ccl_reg_destroy(r);
     kb_ccl_reg_destroy(NULL);
@@ -1169,8 +1188,11 @@ static void test_mock_every_algorithm(void **state)
 {
     int nalgos = 0;
     (void)state;
-    for (int a = 0; kb_ccl_algo_at(a); a++, nalgos++) {
+    for (int a = 0; kb_ccl_algo_at(a); a++) {
         const kb_ccl_algo_impl *impl = kb_ccl_algo_at(a);
+        if (!impl->kernel)
+            continue; /* a rank = SIP form only (intercube_allreduce): test_dist's */
+        nalgos++;
         const algo_case *c = case_of(impl->module);
         if (!c)
             fail_msg("algorithm module '%s' has no test case here", impl->module);
@@ -1246,6 +1268,11 @@ static void test_mock_default_inputs(void **state)
     kb_ccl_inputs(in, KB_CCL_INPUT_SEED, 0, WS, NE);
     for (int i = 0; kb_ccl_algo_at(i); i++) {
         const char *module = kb_ccl_algo_at(i)->module;
+        if (!kb_ccl_algo_at(i)->kernel) { /* a rank = SIP form only: no rank = PE job */
+            assert_int_equal(kb_ccl_mock_run(module, NULL, WS, NE, NULL, a, &eb),
+                             KB_ERR_NOTFOUND);
+            continue;
+        }
         assert_int_equal(kb_ccl_mock_run(module, NULL, WS, NE, NULL, a, &eb), 0);
         assert_int_equal(kb_ccl_mock_run(module, NULL, WS, NE, in, b, &eb), 0);
         assert_memory_equal(a, b, sizeof a);
@@ -1272,7 +1299,8 @@ static void test_mock_other_topologies(void **state)
     assert_string_equal(kb_ccl_default_topo("no_such_algo"), "ring_1d");
     for (int i = 0; kb_ccl_algo_at(i); i++)
         assert_string_equal(kb_ccl_default_topo(kb_ccl_algo_at(i)->module),
-                            kb_ccl_algo_at(i)->topology);
+                            kb_ccl_algo_at(i)->topology ? kb_ccl_algo_at(i)->topology
+                                                        : "ring_1d");
 }
 
 /* hierarchical_allreduce's chain form (kb_ccl_hier.c: several SIPs, a tile of at least F
@@ -1350,6 +1378,8 @@ static void test_coll_kinds_busbw(void **state)
     /* every registered algorithm names a kind and a topology the library knows */
     for (int i = 0; kb_ccl_algo_at(i); i++) {
         const kb_ccl_algo_impl *impl = kb_ccl_algo_at(i);
+        if (!impl->kernel)
+            continue; /* a rank = SIP form only (intercube_allreduce): test_dist's */
         int known = 0;
         assert_true((unsigned)impl->kind < KB_COLL_NKINDS);
         assert_non_null(impl->reference);
@@ -1527,6 +1557,8 @@ static void test_verify_rejects_swap(void **state)
     kb_ccl_inputs(in, 99, 0, WS, NE);
     for (int a = 0; kb_ccl_algo_at(a); a++) {
         const kb_ccl_algo_impl *impl = kb_ccl_algo_at(a);
+        if (!impl->kernel)
+            continue; /* a rank = SIP form only (intercube_allreduce): test_dist's */
         int ws = !strcmp(impl->module, "mesh_allreduce") ? 4 : WS;
         assert_int_equal(kb_ccl_mock_run(impl->module, NULL, ws, NE, in, out, &eb), 0);
         ref_of(impl, in, ws, NE, ref);

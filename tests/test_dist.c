@@ -247,7 +247,7 @@ static void check_allreduce(kb_ctx *ctx, job *j, kb_tensor **t, int ws)
  */
 static void check_seeded(kb_ctx *ctx, job *j, int ws)
 {
-    const kb_dist_algo *algo = kb_dist_algo_of(ctx);
+    const kb_ccl_algo_impl *algo = kb_dist_algo_of(ctx);
     int S = kb_dist_shards_per_rank(ctx);
     int64_t tile = j->m * j->n;
     size_t total = (size_t)ws * (size_t)S * (size_t)tile;
@@ -263,7 +263,7 @@ static void check_seeded(kb_ctx *ctx, job *j, int ws)
         assert_int_equal(kb_tensor_read(j->t[r], got + (size_t)r * (size_t)S * (size_t)tile), 0);
     for (size_t k = 0; k < total; k++)
         raw[k] = kb_f32_to_f16(got[k]);
-    algo->reference(in, ws * S, tile, ref);
+    algo->sip->reference(in, ws * S, tile, ref);
     if (!kb_ccl_verify(KB_F16, raw, ref, ws * S, tile, 0.0, &v))
         fail_msg("%s ws=%d: shard %d of rank %d, element %lld = %g, expected %g",
                  algo->module, ws, v.first_bad_tile % S, v.first_bad_tile / S,
@@ -1217,21 +1217,25 @@ static void test_registry(void **state)
     int n = 0;
     (void)state;
     for (; kb_dist_algo_at(n); n++) {
-        const kb_dist_algo *e = kb_dist_algo_at(n);
-        assert_ptr_equal(kb_dist_algo_find(e->module), e);
-        assert_int_equal(e->kind, KB_COLL_ALLREDUCE);
+        const kb_ccl_algo_impl *a = kb_dist_algo_at(n);
+        const kb_ccl_sip_form *e = a->sip;
+        assert_ptr_equal(kb_dist_algo_find(a->module), a);
+        assert_int_equal(a->kind, KB_COLL_ALLREDUCE);
         assert_true(e->summary && e->kernel && e->install && e->policy && e->shards &&
                     e->validate && e->args && e->grid && e->reference);
     }
     assert_int_equal(n, 2);
     assert_null(kb_dist_algo_at(-1));
-    assert_null(kb_dist_algo_find("ring_allreduce"));
-    assert_ptr_equal(kb_dist_algo_find("intercube_allreduce"), &kb_dist_algo_intercube);
-    assert_ptr_equal(kb_dist_algo_find("hierarchical_allreduce"), &kb_dist_algo_hierarchical);
+    assert_null(kb_dist_algo_find("ring_allreduce")); /* an entry without a rank = SIP form */
+    assert_ptr_equal(kb_dist_algo_find("intercube_allreduce")->sip, &kb_ccl_sip_intercube);
+    assert_ptr_equal(kb_dist_algo_find("hierarchical_allreduce")->sip, &kb_ccl_sip_hierarchical);
+    /* one entry, both placements: the rank = PE kernel is the rank = SIP form's */
+    assert_ptr_equal(kb_dist_algo_find("hierarchical_allreduce")->kernel,
+                     kb_ccl_sip_hierarchical.kernel);
     /* the process group's layout and grid are its entry's */
     for (int i = 0; i < n; i++) {
-        const kb_dist_algo *e = kb_dist_algo_at(i);
-        kb_ctx *ctx = make_ctx(2, "ring_1d", 1, e->module);
+        const kb_ccl_sip_form *e = kb_dist_algo_at(i)->sip;
+        kb_ctx *ctx = make_ctx(2, "ring_1d", 1, kb_dist_algo_at(i)->module);
         job j = { .nprocs = 2, .body = body_place, .m = 1, .n = 4 };
         kb_machine *m = kb_ctx_machine(ctx);
         run_ok(ctx, &j);
@@ -1279,16 +1283,17 @@ static void test_allreduce_seeded(void **state)
  * name) is found through the configuration's registry, and only through it. */
 static void test_registry_entry(void **state)
 {
-    static kb_dist_algo mine;
+    static const kb_ccl_algo_impl mine = {
+        .module = "my_intercube", .summary = "the intercube form under another name",
+        .kind = KB_COLL_ALLREDUCE, .sip = &kb_ccl_sip_intercube,
+    };
     kb_ccl_reg *reg = NULL;
     kb_errbuf eb = {{0}};
     kb_ccl_cfg c;
     const char *sets[] = { "ccl.defaults.algorithm=my_intercube" };
     (void)state;
-    mine = kb_dist_algo_intercube;
-    mine.module = "my_intercube";
     assert_int_equal(kb_ccl_reg_create(&reg, &eb), 0);
-    assert_int_equal(kb_ccl_reg_add_dist(reg, &mine, &eb), 0);
+    assert_int_equal(kb_ccl_reg_add_algo(reg, &mine, &eb), 0);
     for (int with = 0; with < 2; with++) {
         kb_ctx *ctx = make_ctx(2, "ring_1d", 1, NULL);
         job j = { .nprocs = 2, .body = body_allreduce, .m = 1, .n = 8, .pattern = 2 };

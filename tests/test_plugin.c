@@ -74,7 +74,7 @@ static void test_load_and_unload(void **state)
     assert_string_equal(pi->name, "my_ring");
     assert_non_null(strstr(pi->path, "libmy_ring.so"));
     assert_int_equal(pi->nalgos, 1);
-    assert_int_equal(pi->ndists, 0);
+    assert_null(pi->algos[0]->sip); /* runs at rank = SIP in lanes */
     assert_int_equal(pi->nbenches, 1);
     assert_string_equal(pi->algos[0]->module, "my_ring");
     assert_int_equal(pi->algos[0]->flags, KB_CCL_ANY_WORLD);
@@ -113,13 +113,13 @@ static void test_refusals(void **state)
         { "abi99", "plugin ABI mismatch: kbcl_plugin_abi = 99, this kbcl speaks ABI 8" },
         { "clash", "'ring_rsag_allreduce' clashes with kbcl's built-in module" },
         { "benchclash", "bench 'gemm' clashes with kbcl's built-in bench" },
-        { "dup", "rank = PE algorithm 'my_ring' is already registered" },
+        { "dup", "algorithm 'my_ring' is already registered" },
         { "refuse", "kbcl_plugin_init refused to load: plugin_refuse wants a GPU" },
-        { "newer", "rank = PE algorithm 'my_newer': built for version 2 of its entry, newer "
+        { "newer", "algorithm 'my_newer': built for version 2 of its entry, newer "
                    "than this kbcl's 1: rebuild the plugin against this kbcl's headers" },
-        { "nohead", "rank = PE algorithm 'my_headless': no entry head (write .head = "
+        { "nohead", "algorithm 'my_headless': no entry head (write .head = "
                     "KB_CCL_ALGO_HEAD" },
-        { "badsize", "rank = PE algorithm 'my_badsize': an entry of 40 bytes is no version 1 "
+        { "badsize", "algorithm 'my_badsize': an entry of 40 bytes is no version 1 "
                      "entry" },
     };
     char file[1200];

@@ -24,10 +24,10 @@ int kb_tp_initialize_model_parallel(kb_ctx *ctx, int tp)
                           "initialize_model_parallel(%d): tensor-parallel size must equal the "
                           "world size %d (other splits are not implemented)", tp, ws);
     const char *alg = kb_dist_algorithm(ctx);
-    const kb_dist_algo *da = kb_dist_algo_of(ctx);
+    const kb_ccl_algo_impl *da = kb_dist_algo_of(ctx);
     assert(alg && da); /* an initialised process group has its module and its entry */
     /* the layers' partial sums live on every PE of a rank: the collective must take them all */
-    if (!da || strcmp(da->mapper, "all_pes") != 0)
+    if (!da || strcmp(da->sip->mapper, "all_pes") != 0)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_CONFIG,
                           "tensor parallelism reduces partial sums on every PE: the process "
                           "group's algorithm must use every PE of a rank (mapper all_pes, e.g. "

@@ -142,7 +142,7 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
     }
     if (!force_module && (p.world_size == 0 || sip_only)) {
         /* rank = SIP: run through spawn + the process group (dist_run) */
-        const kb_dist_algo *da = kb_ccl_reg_find_dist(cfg->reg, entry->module);
+        const kb_ccl_algo_impl *da = kb_ccl_reg_find_dist(cfg->reg, entry->module);
         const kb_machine *m = kb_ctx_machine(ctx);
         st->dist = 1;
         snprintf(st->name, sizeof st->name, "%s", name);
@@ -152,7 +152,7 @@ static int ccl_setup(kb_ctx *ctx, ccl_state *st, const char *force_module, int f
                               kb_ccl_op_name(st->op));
         /* (a module without a rank = SIP form fails in init_process_group, with its message) */
         return tile_len(eb, st, name, da ? da->kind : KB_COLL_ALLREDUCE, m->nsips,
-                        da ? da->shards(m) : 1, p.n_elem, &st->n);
+                        da ? da->sip->shards(m) : 1, p.n_elem, &st->n);
     }
     impl = kb_ccl_reg_find_algo(cfg->reg, entry ? entry->module : name);
     if (!impl)
@@ -411,7 +411,7 @@ static int check_lanes_ordered(kb_ctx *ctx, kb_bench_result *res, const kb_ccl_l
 /* rank = SIP: every shard of every rank against the process group algorithm's reference. */
 static int dist_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
 {
-    const kb_dist_algo *algo = kb_dist_algo_of(ctx);
+    const kb_ccl_algo_impl *algo = kb_dist_algo_of(ctx);
     int shards = (int)kb_tensor_rows(st->t[0]), ntiles = st->ws * shards;
     size_t per = (size_t)shards * (size_t)st->n;
     uint16_t *raw = malloc((size_t)st->ws * per * 2);
@@ -423,7 +423,7 @@ static int dist_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
     for (int r = 0; r < st->ws && rc == 0; r++)
         rc = kb_tensor_read_raw(st->t[r], raw + (size_t)r * per);
     if (rc == 0)
-        rc = check_tiles(ctx, res, algo->reference, NULL, algo->kind, raw, ntiles, shards, st->n, 0,
+        rc = check_tiles(ctx, res, algo->sip->reference, NULL, algo->kind, raw, ntiles, shards, st->n, 0,
                          KB_F16, KB_CCL_OP_SUM);
     free(raw);
     return rc;

@@ -231,17 +231,15 @@ int kbcl_ccl_plugins(kb_plugins *ps, kb_ccl_cfg *ccl, kb_errbuf *eb)
         }
     reg = kb_plugins_ccl(ps);
     ccl->reg = reg;
+    /* the entries with a rank = PE kernel first, then those with a rank = SIP form only */
     for (int model = 0; model < 2; model++) {
-        for (int i = 0;; i++) {
-            const kb_ccl_algo_impl *a = model ? NULL : kb_ccl_reg_algo_at(reg, i);
-            const kb_dist_algo *d = model ? kb_ccl_reg_dist_at(reg, i) : NULL;
-            const char *name = a ? a->module : d ? d->module : NULL;
-            if (!name)
-                break;
-            if (kb_ccl_config_find(ccl, name))
-                continue; /* ccl.yaml's entry (or the other form's, added just before) wins */
+        const kb_ccl_algo_impl *a;
+        for (int i = 0; (a = kb_ccl_reg_algo_at(reg, i)) != NULL; i++) {
+            const char *name = a->module;
+            if ((a->kernel == NULL) != model || kb_ccl_config_find(ccl, name))
+                continue; /* the other pass's, or ccl.yaml's entry wins */
             if ((rc = add_entry_key(ccl, name, "module", name, eb)) != 0 ||
-                (a && (rc = add_entry_key(ccl, name, "topology", a->topology, eb)) != 0)) {
+                (a->kernel && (rc = add_entry_key(ccl, name, "topology", a->topology, eb)) != 0)) {
                 kb_err_prefix(eb, "plugin algorithm '%s': cannot add its ccl.yaml entry", name);
                 return KB_ERR_CONFIG;
             }
@@ -584,7 +582,7 @@ static void coll_labels(const kbcl_result *res, const char **type, const char **
 {
     const kb_ccl_algo *e = kb_ccl_config_find(&res->ccl, res->ccl.defaults.algorithm);
     const kb_ccl_algo_impl *impl = e ? kb_ccl_reg_find_algo(res->ccl.reg, e->module) : NULL;
-    const kb_dist_algo *da = e ? kb_ccl_reg_find_dist(res->ccl.reg, e->module) : NULL;
+    const kb_ccl_algo_impl *da = e ? kb_ccl_reg_find_dist(res->ccl.reg, e->module) : NULL;
     kb_coll_kind k = impl ? impl->kind : da ? da->kind : KB_COLL_ALLREDUCE;
     *type = e && e->dtype[0] ? e->dtype : "f16";
     *redop = !kb_coll_reduces(k) ? "none" : e && e->op[0] ? e->op : "sum";

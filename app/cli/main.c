@@ -115,9 +115,6 @@ static const char *origin(const kb_plugins *ps, const void *entry, char *buf, si
         for (int j = 0; j < pi->nalgos; j++)
             if ((const void *)pi->algos[j] == entry)
                 snprintf(buf, n, "  [plugin %s]", pi->name);
-        for (int j = 0; j < pi->ndists; j++)
-            if ((const void *)pi->dists[j] == entry)
-                snprintf(buf, n, "  [plugin %s]", pi->name);
         for (int j = 0; j < pi->nbenches; j++)
             if ((const void *)pi->benches[j] == entry)
                 snprintf(buf, n, "  [plugin %s]", pi->name);
@@ -151,14 +148,6 @@ static const kb_ccl_algo_impl *any_algo(const kb_plugins *ps, int i)
     return i < nb ? kb_ccl_algo_at(i) : kb_ccl_reg_algo_at(kb_plugins_ccl(ps), i - nb);
 }
 
-static const kb_dist_algo *any_dist(const kb_plugins *ps, int i)
-{
-    int nb = 0;
-    while (kb_dist_algo_at(nb))
-        nb++;
-    return i < nb ? kb_dist_algo_at(i) : kb_ccl_reg_dist_at(kb_plugins_ccl(ps), i - nb);
-}
-
 /* How `kbcl run --bench ccl --algorithm NAME` runs entry e (bench_ccl.c decides the same way):
  * a world_size runs rank = PE unless the module has only a process-group form; none runs one
  * rank per SIP, through the module's process-group form when it has one, else in lanes. */
@@ -166,7 +155,7 @@ static const char *entry_model(const kb_ccl_cfg *ccl, const kb_ccl_algo *e, int 
                                const void **impl)
 {
     const kb_ccl_algo_impl *a = kb_ccl_reg_find_algo(ccl->reg, e->module);
-    const kb_dist_algo *d = kb_ccl_reg_find_dist(ccl->reg, e->module);
+    const kb_ccl_algo_impl *d = kb_ccl_reg_find_dist(ccl->reg, e->module);
     int ws = kb_ccl_config_params(ccl, e).world_size;
 
     *kind = a ? (int)a->kind : d ? (int)d->kind : -1;
@@ -322,15 +311,18 @@ static void list_modules(const kb_plugins *ps)
            "process-group form below):\n");
     for (int i = 0; any_algo(ps, i); i++) {
         const kb_ccl_algo_impl *a = any_algo(ps, i);
-        printf("  %-24s %-14s %s%s\n", a->module, kb_coll_name(a->kind), a->summary,
-               origin(ps, a, from, sizeof from));
+        if (a->kernel)
+            printf("  %-24s %-14s %s%s\n", a->module, kb_coll_name(a->kind), a->summary,
+                   origin(ps, a, from, sizeof from));
     }
     printf("collective modules, rank = SIP process-group forms (init_process_group; PEs of "
            "a rank / layout):\n");
-    for (int i = 0; any_dist(ps, i); i++) {
-        const kb_dist_algo *d = any_dist(ps, i);
-        printf("  %-24s %-14s %s / %s: %s%s\n", d->module, kb_coll_name(d->kind), d->mapper,
-               d->validator, d->summary, origin(ps, d, from, sizeof from));
+    for (int i = 0; any_algo(ps, i); i++) {
+        const kb_ccl_algo_impl *a = any_algo(ps, i);
+        if (a->sip)
+            printf("  %-24s %-14s %s / %s: %s%s\n", a->module, kb_coll_name(a->kind),
+                   a->sip->mapper, a->sip->validator, a->sip->summary,
+                   origin(ps, a, from, sizeof from));
     }
 }
 
@@ -360,9 +352,11 @@ static void list_plugins(const kb_plugins *ps)
     for (int i = 0; (pi = kb_plugins_at(ps, i)) != NULL; i++) {
         printf("  %s  %s%s%s\n", pi->name, pi->path, pi->summary[0] ? ": " : "", pi->summary);
         for (int j = 0; j < pi->nalgos; j++)
-            printf("      rank = PE algorithm   %s\n", pi->algos[j]->module);
-        for (int j = 0; j < pi->ndists; j++)
-            printf("      rank = SIP algorithm  %s\n", pi->dists[j]->module);
+            if (pi->algos[j]->kernel)
+                printf("      rank = PE algorithm   %s\n", pi->algos[j]->module);
+        for (int j = 0; j < pi->nalgos; j++)
+            if (pi->algos[j]->sip)
+                printf("      rank = SIP algorithm  %s\n", pi->algos[j]->module);
         for (int j = 0; j < pi->nbenches; j++)
             printf("      bench                 %s\n", pi->benches[j]->name);
     }

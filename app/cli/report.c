@@ -55,7 +55,7 @@ static int row_kinds(const rp_table *t, int calg, int *kind)
         for (int r = 0; r < t->nrow; r++) {
             const kb_ccl_algo *e = kb_ccl_config_find(cfg, t->cell[r][calg]);
             const kb_ccl_algo_impl *a = e ? kb_ccl_reg_find_algo(NULL, e->module) : NULL;
-            const kb_dist_algo *d = e ? kb_ccl_reg_find_dist(NULL, e->module) : NULL;
+            const kb_ccl_algo_impl *d = e ? kb_ccl_reg_find_dist(NULL, e->module) : NULL;
             kind[r] = a ? (int)a->kind : d ? (int)d->kind : -1;
             if (kind[r] >= 0 && !seen[kind[r]]++)
                 nkinds++;

@@ -465,7 +465,7 @@ static int row_check(const val_data *d, const val_cfg *vc, const kbcl_job *base,
 {
     const kb_ccl_algo *e = kb_ccl_config_find(vc->ccl_set, r->algorithm);
     const kb_ccl_algo_impl *a;
-    const kb_dist_algo *da;
+    const kb_ccl_algo_impl *da;
     kbcl_result res;
     kbcl_job j;
     int kind, rc;

@@ -24,7 +24,6 @@ typedef struct plugin {
     /* the plugin's entries as this kbcl lays them out (entry_take), whatever the version the
      * plugin was built with */
     kb_ccl_algo_impl algo_store[KB_PLUGIN_MAX_ENTRIES];
-    kb_dist_algo dist_store[KB_PLUGIN_MAX_ENTRIES];
     kb_bench bench_store[KB_PLUGIN_MAX_ENTRIES];
     char path[PATH_MAX];
     char name[64], summary[160];
@@ -168,50 +167,23 @@ static int reg_ccl_algo(kb_plugin_reg *reg, const kb_ccl_algo_impl *e)
     int rc;
 
     if (p->info.nalgos >= KB_PLUGIN_MAX_ENTRIES)
-        return refuse(reg, kb_err_set(reg->err, KB_ERR_CONFIG, "rank = PE algorithm '%.64s': "
-                                      "at most %d per plugin", e && e->module ? e->module : "?",
+        return refuse(reg, kb_err_set(reg->err, KB_ERR_CONFIG, "algorithm '%.64s': at most %d "
+                                      "per plugin", e && e->module ? e->module : "?",
                                       KB_PLUGIN_MAX_ENTRIES));
 
     /* every version has the fields up to flags; `ordered` was appended */
-    if ((rc = entry_take(reg, "rank = PE algorithm", "KB_CCL_ALGO_HEAD", e, sizeof *a,
+    if ((rc = entry_take(reg, "algorithm", "KB_CCL_ALGO_HEAD", e, sizeof *a,
                          offsetof(kb_ccl_algo_impl, ordered),
                          offsetof(kb_ccl_algo_impl, module), KB_CCL_ALGO_VERSION, a)) != 0)
         return rc;
     rc = kb_ccl_reg_check_algo(st->ps->ccl, a, reg->err);
     for (int i = 0; rc == 0 && i < p->info.nalgos; i++)
         if (!strcmp(p->info.algos[i]->module, a->module))
-            rc = kb_err_set(reg->err, KB_ERR_CONFIG, "rank = PE algorithm '%s' is added twice",
+            rc = kb_err_set(reg->err, KB_ERR_CONFIG, "algorithm '%s' is added twice",
                             a->module);
     if (rc)
         return refuse(reg, rc);
     p->info.algos[p->info.nalgos++] = a;
-    return 0;
-}
-
-static int reg_dist_algo(kb_plugin_reg *reg, const kb_dist_algo *e)
-{
-    staging *st = st_of(reg);
-    plugin *p = st->p;
-    kb_dist_algo *a = &p->dist_store[p->info.ndists];
-    int rc;
-
-    if (p->info.ndists >= KB_PLUGIN_MAX_ENTRIES)
-        return refuse(reg, kb_err_set(reg->err, KB_ERR_CONFIG, "rank = SIP algorithm '%.64s': "
-                                      "at most %d per plugin", e && e->module ? e->module : "?",
-                                      KB_PLUGIN_MAX_ENTRIES));
-
-    if ((rc = entry_take(reg, "rank = SIP algorithm", "KB_DIST_ALGO_HEAD", e, sizeof *a,
-                         sizeof *a, offsetof(kb_dist_algo, module), KB_DIST_ALGO_VERSION,
-                         a)) != 0)
-        return rc;
-    rc = kb_ccl_reg_check_dist(st->ps->ccl, a, reg->err);
-    for (int i = 0; rc == 0 && i < p->info.ndists; i++)
-        if (!strcmp(p->info.dists[i]->module, a->module))
-            rc = kb_err_set(reg->err, KB_ERR_CONFIG, "rank = SIP algorithm '%s' is added twice",
-                            a->module);
-    if (rc)
-        return refuse(reg, rc);
-    p->info.dists[p->info.ndists++] = a;
     return 0;
 }
 
@@ -336,8 +308,9 @@ int kb_plugins_load(kb_plugins *ps, const char *path, kb_errbuf *eb)
     p->info.name = p->name;
     p->info.summary = p->summary;
     st = (staging){ ps, p, 0 };
-    reg = (kb_plugin_reg){ KB_PLUGIN_ABI_VERSION, p->path, &perr, reg_describe, reg_ccl_algo,
-                           reg_dist_algo, reg_bench, &st };
+    reg = (kb_plugin_reg){ .abi_version = KB_PLUGIN_ABI_VERSION, .path = p->path, .err = &perr,
+                           .describe = reg_describe, .add_ccl_algo = reg_ccl_algo,
+                           .add_bench = reg_bench, .loader = &st };
     rc = as_init(sym)(&reg, KB_PLUGIN_ABI_VERSION);
     if (rc || st.failed) {
         rc = kb_err_set(eb, KB_ERR_CONFIG, "%s: %s %s: %s", path, KB_PLUGIN_INIT_SYMBOL,
@@ -348,8 +321,6 @@ int kb_plugins_load(kb_plugins *ps, const char *path, kb_errbuf *eb)
     /* commit: the checks above make these additions succeed */
     for (int i = 0; rc == 0 && i < p->info.nalgos; i++)
         rc = kb_ccl_reg_add_algo(ps->ccl, p->info.algos[i], eb);
-    for (int i = 0; rc == 0 && i < p->info.ndists; i++)
-        rc = kb_ccl_reg_add_dist(ps->ccl, p->info.dists[i], eb);
     if (rc) {
         /* unreachable while the staging checks match kb_ccl_reg's; a half-committed plugin
          * cannot be taken back, so nothing of the set may be used any more */

@@ -194,10 +194,9 @@ struct kb_plugin_reg {
     kb_errbuf *err;           /* the add functions' messages; the plugin may set its own */
     /* A name (default: the file's name) and a one-line summary for `kbcl list`; copied. */
     int (*describe)(kb_plugin_reg *reg, const char *name, const char *summary);
-    /* A rank = PE collective (kbcl_ccl.h; docs/plugins.md has the name rules). */
+    /* A collective algorithm (kbcl_ccl.h): a rank = PE kernel, a rank = SIP form, or both
+     * (docs/plugins.md has the name rules). */
     int (*add_ccl_algo)(kb_plugin_reg *reg, const kb_ccl_algo_impl *algo);
-    /* A rank = SIP collective (kbcl_ccl.h). */
-    int (*add_dist_algo)(kb_plugin_reg *reg, const kb_dist_algo *algo);
     /* A bench (above); its name must not be a built-in bench's. */
     int (*add_bench)(kb_plugin_reg *reg, const kb_bench *bench);
     void *loader;             /* the loader's state: plugins leave it alone */
@@ -232,8 +231,6 @@ typedef struct kb_plugin_info {
     const char *name, *summary;        /* describe()'s, or the file's name and "" */
     const kb_ccl_algo_impl *algos[KB_PLUGIN_MAX_ENTRIES];
     int nalgos;
-    const kb_dist_algo *dists[KB_PLUGIN_MAX_ENTRIES];
-    int ndists;
     const kb_bench *benches[KB_PLUGIN_MAX_ENTRIES];
     int nbenches;
 } kb_plugin_info;
