@@ -379,7 +379,7 @@ int kb_ccl_verify_inputs_ord(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn
  * The same check on the device that holds the result (kb_vquery.h), so that neither the data
  * nor the host's work grows with it: when the check is one a device answers (an all-reduce
  * of f16 sums, root 0, whose reference is the plain sum or the ring's chain
- * kb_ccl_ref_ring_allreduce, fewer than 2^30 elements in all), fills *q (kind KB_VQ_CHECK,
+ * kb_ccl_ref_ring_allreduce, tiles of at most 2^31 elements, 2^40 in all), fills *q (kind KB_VQ_CHECK,
  * the seeded inputs of `seed`) and returns 1; else 0.
  */
 int kb_ccl_vquery_of(kb_dtype dt, int op, kb_ccl_ref_fn ref, kb_ccl_ref_ord_fn ord,

@@ -436,6 +436,24 @@ static void verdict_finish(kb_ccl_verdict *v, double got_sum, double want_sum, i
     }
 }
 
+/*
+ * The means of an all-reduce's f16 check whose every value is on the 2^-7 grid, from the
+ * integer sums of value * 128: gq over every element of every tile, wq over the reference's n
+ * columns (the same in every tile). The sums are exact (|value * 128| < 2^23, so int64 holds
+ * them up to 2^40 elements), and each sum is converted to double once, so the means do not
+ * depend on the order anything was added in: the host check and a device's answer give the
+ * same bits at any size. Below 2^30 elements they are the sequential double sums exactly.
+ */
+static void verdict_finish_grid(kb_ccl_verdict *v, int64_t gq, int64_t wq, int ntiles,
+                                int64_t n)
+{
+    /* wq * ntiles in int64 when it fits, else rounded once in double */
+    double want = (wq < 0 ? -wq : wq) <= INT64_MAX / (ntiles > 0 ? ntiles : 1)
+                      ? (double)(wq * ntiles)
+                      : (double)wq * (double)ntiles;
+    verdict_finish(v, (double)gq * 0x1p-7, want * 0x1p-7, n);
+}
+
 int kb_ccl_verify(kb_dtype dt, const void *raw, const double *ref, int ntiles, int64_t n,
                   double acc_bound, kb_ccl_verdict *v)
 {
@@ -835,12 +853,12 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_cc
     vwork *wk = calloc((size_t)nth, sizeof *wk);
     unsigned char *wraw = malloc((same ? (size_t)n : total) * es + 1);
     float *lut = dt == KB_F16 ? malloc(65536 * sizeof *lut) : NULL;
-    /* f16 values on the 2^-7 grid, as integers (else QOFF): while every value is on it and
-     * there are fewer than 2^30, every partial sum of the means is exact in double, so they
-     * can be summed as integers, in any order, to the same bits */
+    /* f16 values on the 2^-7 grid, as integers (else QOFF): while every value is on it the
+     * means are exact integer sums (verdict_finish_grid), summed in any order to the same
+     * bits; a value off it (a wrong result) takes the sequential double sums below */
     int32_t *lq = dt == KB_F16 && same ? malloc(65536 * sizeof *lq) : NULL;
     int64_t gq = 0;
-    int offgrid = total >= ((size_t)1 << 30);
+    int offgrid = 0;
     double got_sum = 0.0, want_sum = 0.0;
     int rc = KB_ERR_NOMEM;
 
@@ -882,7 +900,7 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_cc
             wq += q;
         }
         if (!offgrid) {
-            verdict_finish(v, (double)gq * 0x1p-7, (double)(wq * ntiles) * 0x1p-7, n);
+            verdict_finish_grid(v, gq, wq, ntiles, n);
             rc = v->ok_tiles == ntiles;
             goto out;
         }
@@ -915,9 +933,11 @@ int kb_ccl_vquery_of(kb_dtype dt, int op, kb_ccl_ref_fn ref, kb_ccl_ref_ord_fn o
 {
     /* verify_sum_f16's "same" case, whose per-column reference the device computes */
     int plain = ref == kb_ccl_ref_allreduce && !ord, ring = ord == kb_ccl_ref_ring_allreduce;
+    /* any size a tile and the grid sums hold (kb_vquery.h: tiles of at most 2^31 elements;
+     * verdict_finish_grid: 2^40 in all) */
     if (dt != KB_F16 || op != KB_CCL_OP_SUM || kind != KB_COLL_ALLREDUCE || root != 0 ||
-        !(plain || ring) || ntiles < 1 || n < 1 ||
-        (uint64_t)ntiles * (uint64_t)n >= ((uint64_t)1 << 30))
+        !(plain || ring) || ntiles < 1 || n < 1 || (uint64_t)n > ((uint64_t)1 << 31) ||
+        (uint64_t)ntiles * (uint64_t)n > ((uint64_t)1 << 40))
         return 0;
     memset(q, 0, sizeof *q);
     q->kind = KB_VQ_CHECK;
@@ -945,8 +965,7 @@ int kb_ccl_verdict_of_query(const kb_vquery *q, const void *result, kb_ccl_verdi
     if (offgrid) /* all but the means is the host's verdict */
         return KB_ERR_UNSUPPORTED;
     /* as verify_sum_f16 finishes: every value on the grid, so the integer sums are exact */
-    verdict_finish(v, (double)gq * 0x1p-7, (double)(sums->wq * ntiles) * 0x1p-7,
-                   (int64_t)q->n);
+    verdict_finish_grid(v, gq, sums->wq, ntiles, (int64_t)q->n);
     return v->ok_tiles == ntiles;
 }
 

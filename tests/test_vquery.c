@@ -210,11 +210,18 @@ static void test_query_scope(void **state)
                                       KB_COLL_ALLREDUCE, 1, 8, 16, 0, &q), 0);
     assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_allreduce, NULL,
                                       KB_COLL_REDUCE, 1, 8, 16, 1, &q), 0);
+    /* any size the grid sums hold: tiles of up to 2^31 elements, 2^40 in all */
     assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_allreduce, NULL,
-                                      KB_COLL_ALLREDUCE, 1, 1024, INT64_C(1) << 20, 0, &q), 0);
-    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_allreduce, NULL,
-                                      KB_COLL_ALLREDUCE, 1, 1023, INT64_C(1) << 20, 0, &q), 1);
+                                      KB_COLL_ALLREDUCE, 1, 1024, INT64_C(1) << 20, 0, &q), 1);
     assert_int_equal(q.ordered, 0);
+    assert_int_equal(q.n, UINT64_C(1) << 20);
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_allreduce, NULL,
+                                      KB_COLL_ALLREDUCE, 1, 512, INT64_C(1) << 31, 0, &q), 1);
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_allreduce, NULL,
+                                      KB_COLL_ALLREDUCE, 1, 2, (INT64_C(1) << 31) + 1, 0, &q),
+                     0);
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_allreduce, NULL,
+                                      KB_COLL_ALLREDUCE, 1, 513, INT64_C(1) << 31, 0, &q), 0);
 }
 
 int main(void)
