@@ -1261,7 +1261,8 @@ static char *wait_for_text(const char *file, const char *text)
 /* The device server end to end (PoCL in CI): `kbcl devd --detach` sets the CPU device up once;
  * a run with --device cpu then goes through it (same digest and transfers as in process, no
  * set-up of its own); KBCL_DEVD=off keeps a run in process; a second server for the same
- * device is refused; --status and --stop say and do what they should. */
+ * device is refused; --status and --stop say and do what they should; with no server, a
+ * --device run starts one on first use (KBCL_DEVD_AUTO=0: it does not). */
 static void test_device_server(void **s)
 {
     char out[8192], dir[400];
@@ -1358,6 +1359,44 @@ static void test_device_server(void **s)
         usleep(50000);
     if (!strstr(out, "no server for cpu"))
         fail_msg("after --stop: %s", out);
+    /* started on first use: with no server, a --device run starts one in the background
+     * (the test environment says KBCL_DEVD_AUTO=0; a user's does not) and goes through it, and
+     * so does the next run; KBCL_DEVD_AUTO=0 keeps a run in process and starts nothing */
+    setenv("KBCL_DEVD_AUTO", "1", 1);
+    setenv("KBCL_DEVD_IDLE", "60", 1);
+    for (int k = 0; k < 2; k++) {
+        rc = kbt_kbcl(out, sizeof out, "run --bench va_offset --device cpu --verify-data "
+                      "--json auto.json");
+        if (rc != 0)
+            fail_msg("run %d with the server started on first use: %s", k, out);
+        text = kbt_slurp("auto.json");
+        j = cJSON_Parse(text);
+        free(text);
+        assert_non_null(j);
+        rp = cJSON_GetObjectItem(j, "replay");
+        if (!strstr(cJSON_GetObjectItem(rp, "device_desc")->valuestring, " via kbcl devd"))
+            fail_msg("run %d: device %s", k, cJSON_GetObjectItem(rp, "device_desc")->valuestring);
+        assert_string_equal(cJSON_GetObjectItem(j, "data_digest")->valuestring,
+                            "0b0c1e2b05459353");
+        cJSON_Delete(j);
+    }
+    assert_int_equal(kbt_kbcl(out, sizeof out, "devd --status --device cpu"), 0);
+    assert_non_null(strstr(out, "kbcl devd: serving cpu ("));
+    assert_int_equal(kbt_kbcl(out, sizeof out, "devd --stop --device cpu"), 0);
+    for (int i = 0; i < 100 && kbt_kbcl(out, sizeof out, "devd --status --device cpu") == 0; i++)
+        usleep(50000);
+    setenv("KBCL_DEVD_AUTO", "0", 1);
+    unsetenv("KBCL_DEVD_IDLE");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench va_offset --device cpu --verify-data "
+                              "--json inproc.json"), 0);
+    text = kbt_slurp("inproc.json");
+    j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    assert_null(strstr(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "replay"),
+                                           "device_desc")->valuestring, "via kbcl devd"));
+    cJSON_Delete(j);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "devd --status --device cpu"), 1);
     setenv("KBCL_DEVD", "off", 1);
     unsetenv("KBCL_DEVD_DIR");
 }

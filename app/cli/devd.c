@@ -333,6 +333,61 @@ static int detach_server(const devd_args *a, const char *path)
     return KBCL_EXIT_DEVICE;
 }
 
+/*
+ * Starts a server for `dev` (gpu, cpu or auto) in the background when none listens, so that a
+ * --device run, and every run after it, uses a device that is already set up (docs/phase2.md,
+ * "Device server"): the server a `kbcl devd --detach` would start, quietly, exiting after
+ * KBCL_DEVD_IDLE seconds without sessions (default 600). Returns once it listens, having paid
+ * the device's set-up, or at once when one already does, when KBCL_DEVD is off or KBCL_DEVD_AUTO
+ * is 0, or when it cannot start (the run then sets the device up itself, as it would have; the
+ * reason is in the server's log). Call it before the process has set OpenCL up or started a
+ * thread: the server is a forked child.
+ */
+void kbcl_devd_autostart(const char *dev)
+{
+    const char *auto_env = getenv("KBCL_DEVD_AUTO"), *idle_env = getenv("KBCL_DEVD_IDLE");
+    kb_errbuf eb = { { 0 } };
+    kb_devd_hello h;
+    char path[200], log_path[600], msg[600];
+    devd_args a = { dev, 1, 0, 0, 600 };
+    ssize_t n, got = 0;
+    pid_t pid;
+    int p[2];
+
+    if (!dev || (strcmp(dev, "gpu") && strcmp(dev, "cpu") && strcmp(dev, "auto")) ||
+        !kb_devd_enabled() || (auto_env && !strcmp(auto_env, "0")))
+        return;
+    if (idle_env && *idle_env) {
+        char *end;
+        double v = strtod(idle_env, &end);
+        if (!*end && v >= 0)
+            a.idle = v;
+    }
+    if (kb_devd_socket_path(dev, path, sizeof path, &eb) != 0 ||
+        kb_remote_hello(path, &h, &eb) != KB_ERR_NOTFOUND) /* one listens, or cannot here */
+        return;
+    snprintf(log_path, sizeof log_path, "%s.log", path);
+    if (pipe(p) != 0)
+        return;
+    fflush(stdout);
+    fflush(stderr);
+    if ((pid = fork()) < 0) {
+        close(p[0]);
+        close(p[1]);
+        return;
+    }
+    if (pid == 0) {
+        close(p[0]);
+        become_server(&a, path, log_path, p[1]);
+    }
+    close(p[1]);
+    waitpid(pid, NULL, 0);
+    /* one byte 1 once it listens; else its reason, or nothing when it died */
+    while ((n = read(p[0], msg + got, sizeof msg - 1 - (size_t)got)) > 0)
+        got += n;
+    close(p[0]);
+}
+
 int kbcl_cmd_devd(int argc, char **argv)
 {
     devd_args a = { "gpu", 0, 0, 0, -1 };

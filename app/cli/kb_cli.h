@@ -210,6 +210,9 @@ double kbcl_sweep_eta(int not_started, int jobs, int nmeasured, double measured_
 int kbcl_cmd_bench_self(int argc, char **argv);
 int kbcl_cmd_devices(int argc, char **argv);
 int kbcl_cmd_devd(int argc, char **argv);
+/* Starts a device server for dev (gpu, cpu, auto) in the background unless one listens, or
+ * KBCL_DEVD=off / KBCL_DEVD_AUTO=0; quiet, returns once it listens (app/cli/devd.c). */
+void kbcl_devd_autostart(const char *dev);
 
 /* Phase-2 section of bench-self: replay throughput of `device`'s backend, as JSON (*out,
  * caller deletes) and a printed table. quick = smaller sizes. */

@@ -465,6 +465,9 @@ static int cmd_run(int argc, char **argv)
     if (plugins_open("run", files, nfiles, &ps) != 0)
         return KBCL_EXIT_USAGE;
     job.plugins = ps;
+    /* a device server for --device gpu|cpu|auto, started on first use, so that this run and
+     * the next ones skip the device's set-up; before any thread and any OpenCL call */
+    kbcl_devd_autostart(job.device);
     /* The progress line: on stderr, so never with the IPCQ trace lines there too. */
     kb_progress pg;
     kbcl_ticker *ticker = NULL;

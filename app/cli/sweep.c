@@ -203,6 +203,19 @@ int kbcl_cmd_sweep(int argc, char **argv)
     }
     c.npending = npending;
     c.slots = mpi ? size : a.jobs;
+    /* a device server for each device the points use (gpu, cpu, auto), before any worker
+     * forks or any thread starts: every point then finds its device set up */
+    {
+        static const char *const devs[] = { "gpu", "cpu", "auto" };
+        for (size_t d = 0; d < sizeof devs / sizeof devs[0]; d++)
+            for (int i = 0; i < npending; i++) {
+                const char *pd = kbcl_sweep_point_device(plan, pending[i]);
+                if (pd && !strcmp(pd, devs[d])) {
+                    kbcl_devd_autostart(devs[d]);
+                    break;
+                }
+            }
+    }
     if (rank == 0 && !c.quiet && !c.tty)
         fprintf(stderr, "kbcl sweep: %s: %d points, %d to run (%s %d)\n", plan->file,
                 plan->npoints, npending, mpi ? "MPI ranks" : "jobs", mpi ? size : a.jobs);
