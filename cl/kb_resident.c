@@ -341,12 +341,19 @@ static int grow(kb_resident *r, uint64_t need, kb_errbuf *eb)
         mv[i].n = r->seg[i].len;
         end = off + r->seg[i].len;
     }
-    /* A first arena is sized to fit; a growing one gets half again as much room. */
+    /* A first arena is sized to fit; a growing one gets half again as much room, unless the
+     * device cannot hold that beside the old one (the copy needs both): then just what fits
+     * the data, which a device with room for twice the data always takes. */
     cap = end + need;
     if (r->cap > 0)
         cap += cap / 2;
     cap = (cap + 4095u) & ~(uint64_t)4095u;
-    if ((rc = r->ops->arena(r->dev, cap, mv, r->nseg, eb)) == 0) {
+    rc = r->ops->arena(r->dev, cap, mv, r->nseg, eb);
+    if (rc == KB_ERR_DEVICE && r->cap > 0 && cap > ((end + need + 4095u) & ~(uint64_t)4095u)) {
+        cap = (end + need + 4095u) & ~(uint64_t)4095u;
+        rc = r->ops->arena(r->dev, cap, mv, r->nseg, eb);
+    }
+    if (rc == 0) {
         for (size_t i = 0; i < r->nseg; i++) {
             r->seg[i].off = mv[i].to;
             r->st.moves++;
