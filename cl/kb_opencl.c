@@ -789,6 +789,13 @@ int kb_opencl_backend_create_pg(kb_cl_want want, kb_cl_cache_mode mode, kb_progr
         goto fail;
     }
     (void)clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof b->ncu, &b->ncu, NULL);
+    {
+        cl_ulong gm = 0, ma = 0;
+        (void)clGetDeviceInfo(dev, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof gm, &gm, NULL);
+        (void)clGetDeviceInfo(dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof ma, &ma, NULL);
+        b->setup.global_mem_bytes = gm;
+        b->setup.max_alloc_bytes = ma;
+    }
     t2 = now_ms();
     b->dev = dev;
     if ((rc = kb_ocl_build_program(b, plat, dev, mode, pg, eb)) != 0 ||

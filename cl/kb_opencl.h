@@ -55,6 +55,10 @@ typedef struct kb_opencl_setup {
     size_t binary_bytes; /* the binary loaded or stored; 0 when none */
     char cache_path[512];/* the entry file, or "" with the cache off */
     char note[256];      /* why the cache was off, or why a store failed; else "" */
+    /* The device's memory, bytes (CL_DEVICE_GLOBAL_MEM_SIZE: what a run's tensors must fit),
+     * and the largest buffer it says it allocates (CL_DEVICE_MAX_MEM_ALLOC_SIZE, which drivers
+     * need not hold to: an H200's says 35 GiB and allocates a 64 GiB arena). */
+    uint64_t global_mem_bytes, max_alloc_bytes;
 } kb_opencl_setup;
 
 /*

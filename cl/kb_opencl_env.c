@@ -271,9 +271,13 @@ int kb_opencl_list(char *buf, size_t n)
             kb_ocl_dev_str(v.devs[i].dev, CL_DEVICE_OPENCL_C_VERSION, cver, sizeof cver);
             (void)clGetDeviceInfo(v.devs[i].dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof ncu, &ncu, NULL);
             (void)clGetDeviceInfo(v.devs[i].dev, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof mem, &mem, NULL);
-            KB_APPEND("  device %zu: %s [%s] %s; %s; %u compute units, %.1f GiB\n", j++, dname,
-                      type_name(v.devs[i].type), dver, cver, (unsigned)ncu,
-                      (double)mem / (1024.0 * 1024.0 * 1024.0));
+            cl_ulong maxa = 0; /* the largest buffer, as the driver says (not always held to) */
+            (void)clGetDeviceInfo(v.devs[i].dev, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof maxa, &maxa,
+                                  NULL);
+            KB_APPEND("  device %zu: %s [%s] %s; %s; %u compute units, %.1f GiB (buffers up to "
+                      "%.1f GiB)\n", j++, dname, type_name(v.devs[i].type), dver, cver,
+                      (unsigned)ncu, (double)mem / (1024.0 * 1024.0 * 1024.0),
+                      (double)maxa / (1024.0 * 1024.0 * 1024.0));
             if (cache_on) {
                 char opts[512], key[2048], path[4096];
                 uint8_t *bin = NULL;

@@ -10,6 +10,7 @@
  * sorted by insertion.
  */
 #include "kb_runtime_int.h"
+#include "kb_opencl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,9 +124,55 @@ void kb_tensor_free(kb_tensor *t)
 {
     if (!t)
         return;
+    for (size_t i = 0; i < t->nshards; i++) /* device_fit's count */
+        t->ctx->tensor_bytes -= t->ctx->tensor_bytes >= t->shards[i].nbytes
+                                    ? t->shards[i].nbytes : t->ctx->tensor_bytes;
     registry_remove(t->ctx, t);
     kb_tensor_fini(t);
     free(t);
+}
+
+/* Past this many bytes of tensors a recording run checks they fit its device (device_fit). */
+#define KB_FIT_CHECK_BYTES (UINT64_C(1) << 30)
+
+/*
+ * Whether a recording run's tensors, t's included, fit the memory of its OpenCL device (or a
+ * device server's): the resident arena holds every tensor byte a replay touches, so a run
+ * whose tensors are larger than the device's memory cannot replay. It stops here, at the allocation that crosses the line, before its kernels run,
+ * naming both figures (KB_ERR_DEVICE, nothing on the device yet), instead of failing in the
+ * replay. Runs below KB_FIT_CHECK_BYTES never wait for the device's set-up to ask. Other
+ * allocations (IPCQ rings, scratch) come on top: passing is necessary, not sufficient.
+ */
+static int device_fit(kb_ctx *ctx, const kb_tensor *t, uint64_t bytes)
+{
+    const kb_backend *be;
+    kb_opencl_setup su;
+    uint64_t limit;
+    char need[32], have[32];
+
+    ctx->tensor_bytes += bytes;
+    if (!ctx->recording || ctx->tensor_bytes <= KB_FIT_CHECK_BYTES ||
+        (ctx->device != KB_DEV_GPU && ctx->device != KB_DEV_CPU && ctx->device != KB_DEV_AUTO))
+        return 0;
+    if (kb_ctx_backend_wait(ctx) != 0) /* its set-up failed: the first flush says so */
+        return 0;
+    be = kb_ctx_backend(ctx);
+    if (!be || !be->ops || (be->ops->kind != KB_BACKEND_OPENCL &&
+                            be->ops->kind != KB_BACKEND_REMOTE) ||
+        kb_opencl_setup_of(be, &su) != 0)
+        return 0;
+    /* the device's memory, not its largest buffer: NVIDIA's driver says 35 GiB of an H200's
+     * 139.8 GiB and allocates a 64 GiB arena all the same */
+    limit = su.global_mem_bytes;
+    if (limit == 0 || ctx->tensor_bytes <= limit)
+        return 0;
+    return kb_err_set(&ctx->err, KB_ERR_DEVICE,
+                      "tensor '%s': the run's tensors need %s (%llu bytes) of device memory, "
+                      "and %s has %s (%llu bytes): a smaller size fits, or --device ref, or "
+                      "--device none for timing only",
+                      t->name, kb_fmt_bytes(ctx->tensor_bytes, need, sizeof need),
+                      (unsigned long long)ctx->tensor_bytes, ctx->device_desc,
+                      kb_fmt_bytes(limit, have, sizeof have), (unsigned long long)limit);
 }
 
 int kb_tensor_empty(kb_ctx *ctx, const kb_tensor_desc *d, kb_tensor **out)
@@ -197,6 +244,15 @@ int kb_tensor_empty(kb_ctx *ctx, const kb_tensor_desc *d, kb_tensor **out)
     if (registry_insert(ctx, t) != 0) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
         goto fail;
+    }
+    {
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < t->nshards; i++)
+            bytes += t->shards[i].nbytes;
+        if ((rc = device_fit(ctx, t, bytes)) != 0) {
+            kb_tensor_free(t); /* out of the registry, its memory back */
+            return rc;
+        }
     }
     *out = t;
     return 0;

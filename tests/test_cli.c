@@ -1262,7 +1262,8 @@ static char *wait_for_text(const char *file, const char *text)
  * a run with --device cpu then goes through it (same digest and transfers as in process, no
  * set-up of its own); KBCL_DEVD=off keeps a run in process; a second server for the same
  * device is refused; --status and --stop say and do what they should; with no server, a
- * --device run starts one on first use (KBCL_DEVD_AUTO=0: it does not). */
+ * --device run starts one on first use (KBCL_DEVD_AUTO=0: it does not); a run larger than the
+ * device is refused at its tensors. */
 static void test_device_server(void **s)
 {
     char out[8192], dir[400];
@@ -1399,6 +1400,13 @@ static void test_device_server(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "devd --status --device cpu"), 1);
     setenv("KBCL_DEVD", "off", 1);
     unsetenv("KBCL_DEVD_DIR");
+    /* a run that cannot fit the device stops at its tensors, before its kernels, with both
+     * figures and the exit status of a device error (256 GiB of rank buffers) */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl --algorithm ring_rsag_allreduce "
+                              "--world-size 256 --size 1G --device cpu --verify-data"), 4);
+    kbt_msg_has(out, "compute device error: tensor 'tiles': the run's tensors need ");
+    kbt_msg_has(out, " of device memory, and ");
+    kbt_msg_has(out, "a smaller size fits, or --device ref");
 }
 
 /* ccl.defaults.backpressure=false (docs/collectives.md, "Backpressure"): senders overwrite

@@ -150,6 +150,7 @@ struct kb_ctx {
     double be_wait_ms;        /* time spent waiting for it */
     kb_device_kind device;
     int recording;
+    uint64_t tensor_bytes;    /* of every tensor allocated so far (device_fit) */
     char device_desc[160];
     char device_note[256];
     kb_replay_stats rstats;
