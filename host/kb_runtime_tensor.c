@@ -139,7 +139,7 @@ void kb_tensor_free(kb_tensor *t)
  * Whether a recording run's tensors, t's included, fit the memory of its OpenCL device (or a
  * device server's): the resident arena holds every tensor byte a replay touches, so a run
  * whose tensors are larger than the device's memory cannot replay. It stops here, at the allocation that crosses the line, before its kernels run,
- * naming both figures (KB_ERR_DEVICE, nothing on the device yet), instead of failing in the
+ * naming both figures (KB_ERR_NOFIT, nothing on the device yet), instead of failing in the
  * replay. Runs below KB_FIT_CHECK_BYTES never wait for the device's set-up to ask. Other
  * allocations (IPCQ rings, scratch) come on top: passing is necessary, not sufficient.
  */
@@ -166,7 +166,7 @@ static int device_fit(kb_ctx *ctx, const kb_tensor *t, uint64_t bytes)
     limit = su.global_mem_bytes;
     if (limit == 0 || ctx->tensor_bytes <= limit)
         return 0;
-    return kb_err_set(&ctx->err, KB_ERR_DEVICE,
+    return kb_err_set(&ctx->err, KB_ERR_NOFIT,
                       "tensor '%s': the run's tensors need %s (%llu bytes) of device memory, "
                       "and %s has %s (%llu bytes): a smaller size fits, or --device ref, or "
                       "--device none for timing only",

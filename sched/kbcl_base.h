@@ -39,13 +39,14 @@
     X(VERIFY,      -11, "verify",      "verification failed")                          \
     X(STATE,       -12, "state",       "invalid state for this call")                  \
     X(UNWIRED,     -13, "unwired",     "no link or queue wired in that direction")     \
-    X(USAGE,       -15, "usage",       "usage error")
+    X(USAGE,       -15, "usage",       "usage error")                                  \
+    X(NOFIT,       -16, "nofit",       "the run does not fit the device's memory")
 
 enum {
 #define KB_ERR_ENUM_(name, value, lname, desc) KB_ERR_##name = (value),
     KB_ERR_TABLE(KB_ERR_ENUM_)
 #undef KB_ERR_ENUM_
-    KB_ERR_MIN_ = -15 /* the lowest code; not every value above it is one (the holes above) */
+    KB_ERR_MIN_ = -16 /* the lowest code; not every value above it is one (the holes above) */
 };
 
 /*

@@ -21,7 +21,8 @@ static void test_strerror_names(void **state)
                         "deadlock: fibers wait and no event is pending");
     assert_string_equal(kb_strerror(KB_ERR_STATE), "invalid state for this call");
     assert_string_equal(kb_strerror(KB_ERR_USAGE), "usage error");
-    assert_int_equal(KB_ERR_USAGE, KB_ERR_MIN_);
+    assert_string_equal(kb_strerror(KB_ERR_NOFIT), "the run does not fit the device's memory");
+    assert_int_equal(KB_ERR_NOFIT, KB_ERR_MIN_);
 }
 
 /* Every code of the table has its own name and short name; anything else is "unknown error"
@@ -83,6 +84,8 @@ static void test_codes_stable(void **state)
     assert_int_equal(KB_ERR_STATE, -12);
     assert_int_equal(KB_ERR_UNWIRED, -13); /* kb_ipcq.h's KB_ERR_DIRECTION */
     assert_int_equal(KB_ERR_USAGE, -15);
+    assert_int_equal(KB_ERR_NOFIT, -16);
+    assert_string_equal(kb_err_name(KB_ERR_NOFIT), "nofit");
     assert_false(is_code(-14)); /* was ABORTED, never returned */
     assert_string_equal(kb_err_name(KB_ERR_NOSPACE), "nospace");
     assert_string_equal(kb_err_name(KB_ERR_OK), "ok");

@@ -449,6 +449,27 @@ static void test_device_workers(void **s)
         assert_non_null(strstr(r1, ",true,ok,"));
     }
     free(rows);
+    /* a point too large for its device is a row that says so (status nofit, the bytes in
+     * its message), not an error: the sweep exits 0 and counts it apart */
+    kbt_write_file("fit.yaml", "bench: ccl_allreduce\n"
+                               "verify: true\n"
+                               "device: cpu\n"
+                               "algorithm: ring_rsag_allreduce\n"
+                               "world_size: 256\n"
+                               "grid:\n"
+                               "  size: [1K, 1G]\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep fit.yaml --out fit.csv"), 0);
+    kbt_msg_has(out, "2 points: 1 ok, 0 failed verification, 0 errors, 1 too large for the "
+                     "device");
+    char *fit = kbt_slurp("fit.csv");
+    assert_int_equal(count_lines(fit), 3);
+    assert_int_equal(count_str(fit, ",true,ok,"), 1);
+    assert_int_equal(count_str(fit, ",nofit,\"tensor 'tiles': the run's tensors need "), 1);
+    free(fit);
+    /* --resume counts the row as it was */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep fit.yaml --out fit.csv --resume"), 0);
+    kbt_msg_has(out, "2 points: 1 ok, 0 failed verification, 0 errors, 1 too large for the "
+                     "device (2 from earlier runs)");
     kbt_kbcl(out, sizeof out, "devices");
     if (strstr(out, "[GPU]"))
         return;

@@ -34,6 +34,7 @@ int kbcl_exit_code(int rc)
     case KB_ERR_IO:
         return KBCL_EXIT_USAGE;
     case KB_ERR_DEVICE:
+    case KB_ERR_NOFIT: /* the device could run it, were it larger */
         return KBCL_EXIT_DEVICE;
     default:
         return KBCL_EXIT_SIM;

@@ -102,6 +102,7 @@ typedef struct sw_ctx {
     unsigned char *done;               /* per point: a row exists */
     int ndone_before, nfinished, npending;
     int n_ok, n_verify_fail, n_err;
+    int n_nofit;              /* points too large for their device (KB_ERR_NOFIT): not errors */
     double t0;
     int bar_shown;
     int write_failed;

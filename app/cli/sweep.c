@@ -32,9 +32,10 @@ static void usage_sweep(FILE *f)
           "  --plugin FILE  load a plugin before the sweep file's plugins: (repeatable;\n"
           "                 docs/plugins.md); KBCL_PLUGIN_PATH=A:B loads plugins first\n"
           "Every point is checked as `kbcl run` checks its options before any point runs.\n"
-          "exit codes: 0 every point ok, 1 a verification failed, 2 usage or sweep-file error\n"
-          "            or a point that cannot run (nothing ran), 3 a point errored, 128+N\n"
-          "            interrupted by signal N (resume with --resume)\n",
+          "exit codes: 0 every point ok (or too large for its device: status nofit), 1 a\n"
+          "            verification failed, 2 usage or sweep-file error or a point that\n"
+          "            cannot run (nothing ran), 3 a point errored, 128+N interrupted by\n"
+          "            signal N (resume with --resume)\n",
           f);
 }
 
@@ -144,11 +145,16 @@ static int report_end(sw_ctx *c, int quiet, int rc, const kb_errbuf *eb)
         fprintf(stderr, "kbcl sweep: %s\n", eb->msg);
         return kbcl_exit_code(rc);
     }
-    if (!quiet)
-        fprintf(stderr, "kbcl sweep: %d points: %d ok, %d failed verification, %d errors "
+    if (!quiet) {
+        char nofit[64] = "";
+        if (c->n_nofit) /* rows that say so (status nofit), not errors: a sweep up to sizes
+                         * the device cannot hold is a normal sweep */
+            snprintf(nofit, sizeof nofit, ", %d too large for the device", c->n_nofit);
+        fprintf(stderr, "kbcl sweep: %d points: %d ok, %d failed verification, %d errors%s "
                 "(%d from earlier runs); %.1f s%s%s\n", plan->npoints, c->n_ok, c->n_verify_fail,
-                c->n_err, c->ndone_before, kbcl_sweep_now_s() - c->t0,
+                c->n_err, nofit, c->ndone_before, kbcl_sweep_now_s() - c->t0,
                 c->out_path ? "; rows in " : "", c->out_path ? c->out_path : "");
+    }
     return c->n_err ? KBCL_EXIT_SIM : c->n_verify_fail ? KBCL_EXIT_VERIFY : 0;
 }
 

@@ -302,7 +302,9 @@ static int resume_row(sw_ctx *c, int lineno, int point, const char *const *vals,
         return 0; /* a duplicate from a hand-edited file: the first row stands */
     c->done[point] = 1;
     c->ndone_before++;
-    if (strcmp(status, "ok"))
+    if (!strcmp(status, kb_err_name(KB_ERR_NOFIT)))
+        c->n_nofit++;
+    else if (strcmp(status, "ok"))
         c->n_err++;
     else if (!strcmp(verified, "false"))
         c->n_verify_fail++;

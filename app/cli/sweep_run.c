@@ -233,7 +233,9 @@ int kbcl_sweep_finish_point(void *ctx, const void *outcome)
         c->nmeasured++;
         c->measured_s += o->wall_ms / 1000.0;
     }
-    if (o->rc)
+    if (o->rc == KB_ERR_NOFIT)
+        c->n_nofit++;
+    else if (o->rc)
         c->n_err++;
     else if (o->verified == 0)
         c->n_verify_fail++;
