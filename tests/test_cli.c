@@ -1404,7 +1404,8 @@ static void test_device_server(void **s)
      * figures and the exit status of a device error (256 GiB of rank buffers) */
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench ccl --algorithm ring_rsag_allreduce "
                               "--world-size 256 --size 1G --device cpu --verify-data"), 4);
-    kbt_msg_has(out, "compute device error: tensor 'tiles': the run's tensors need ");
+    kbt_msg_has(out, "kbcl: the run does not fit the device's memory: tensor 'tiles': the run's "
+                     "tensors need ");
     kbt_msg_has(out, " of device memory, and ");
     kbt_msg_has(out, "a smaller size fits, or --device ref");
 }
