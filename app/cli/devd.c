@@ -287,28 +287,31 @@ static _Noreturn void become_server(const devd_args *a, const char *path,
     _exit(serve(a->dev, path, log_path, a->idle < 0 ? 1800 : a->idle, ready));
 }
 
-/* --detach: starts the server in the background and returns once it listens (what it serves
- * and its log printed), or with the reason it did not start. Returns the exit code. */
-static int detach_server(const devd_args *a, const char *path)
+/*
+ * Starts the server of `a` at path in the background (a grandchild, become_server) and waits
+ * until it listens or gives up. Returns 1 when it listens; else 0 with its reason in msg
+ * (n bytes), "" when it died without one. log_path receives the server's log's path.
+ */
+static int start_detached(const devd_args *a, const char *path, char *log_path, size_t log_n,
+                          char *msg, size_t n)
 {
-    kb_errbuf eb = { { 0 } };
-    kb_devd_hello h;
-    char log_path[600], msg[600];
-    ssize_t n, got = 0;
+    ssize_t k, got = 0;
     pid_t pid;
     int p[2];
 
-    snprintf(log_path, sizeof log_path, "%s.log", path);
+    snprintf(log_path, log_n, "%s.log", path);
+    msg[0] = '\0';
     if (pipe(p) != 0) {
-        fprintf(stderr, "kbcl devd: pipe: %s\n", strerror(errno));
-        return KBCL_EXIT_USAGE;
+        snprintf(msg, n, "pipe: %s", strerror(errno));
+        return 0;
     }
     fflush(stdout);
     fflush(stderr);
-    pid = fork();
-    if (pid < 0) {
-        fprintf(stderr, "kbcl devd: fork: %s\n", strerror(errno));
-        return KBCL_EXIT_USAGE;
+    if ((pid = fork()) < 0) {
+        snprintf(msg, n, "fork: %s", strerror(errno));
+        close(p[0]);
+        close(p[1]);
+        return 0;
     }
     if (pid == 0) {
         close(p[0]);
@@ -316,11 +319,23 @@ static int detach_server(const devd_args *a, const char *path)
     }
     close(p[1]);
     waitpid(pid, NULL, 0);
-    while ((n = read(p[0], msg + got, sizeof msg - 1 - (size_t)got)) > 0)
-        got += n;
+    /* one byte 1 once it listens; else its reason, or nothing when it died */
+    while ((k = read(p[0], msg + got, n - 1 - (size_t)got)) > 0)
+        got += k;
     close(p[0]);
     msg[got > 0 ? got : 0] = '\0';
-    if (got == 1 && msg[0] == 1) {
+    return got == 1 && msg[0] == 1;
+}
+
+/* --detach: starts the server in the background and returns once it listens (what it serves
+ * and its log printed), or with the reason it did not start. Returns the exit code. */
+static int detach_server(const devd_args *a, const char *path)
+{
+    kb_errbuf eb = { { 0 } };
+    kb_devd_hello h;
+    char log_path[600], msg[600];
+
+    if (start_detached(a, path, log_path, sizeof log_path, msg, sizeof msg)) {
         if (kb_remote_hello(path, &h, &eb) == 0)
             printf("kbcl devd: serving %s (%s, program cache %s) at %s, pid %d; log %s\n",
                    a->dev, h.desc, kb_cl_cache_state_name(h.setup.cache), path, (int)h.pid,
@@ -329,7 +344,7 @@ static int detach_server(const devd_args *a, const char *path)
             printf("kbcl devd: serving %s at %s; log %s\n", a->dev, path, log_path);
         return 0;
     }
-    fprintf(stderr, "kbcl devd: %s\n", got > 0 ? msg : "the server exited before listening");
+    fprintf(stderr, "kbcl devd: %s\n", msg[0] ? msg : "the server exited before listening");
     return KBCL_EXIT_DEVICE;
 }
 
@@ -350,9 +365,6 @@ void kbcl_devd_autostart(const char *dev)
     kb_devd_hello h;
     char path[200], log_path[600], msg[600];
     devd_args a = { dev, 1, 0, 0, 600 };
-    ssize_t n, got = 0;
-    pid_t pid;
-    int p[2];
 
     if (!dev || (strcmp(dev, "gpu") && strcmp(dev, "cpu") && strcmp(dev, "auto")) ||
         !kb_devd_enabled() || (auto_env && !strcmp(auto_env, "0")))
@@ -366,26 +378,7 @@ void kbcl_devd_autostart(const char *dev)
     if (kb_devd_socket_path(dev, path, sizeof path, &eb) != 0 ||
         kb_remote_hello(path, &h, &eb) != KB_ERR_NOTFOUND) /* one listens, or cannot here */
         return;
-    snprintf(log_path, sizeof log_path, "%s.log", path);
-    if (pipe(p) != 0)
-        return;
-    fflush(stdout);
-    fflush(stderr);
-    if ((pid = fork()) < 0) {
-        close(p[0]);
-        close(p[1]);
-        return;
-    }
-    if (pid == 0) {
-        close(p[0]);
-        become_server(&a, path, log_path, p[1]);
-    }
-    close(p[1]);
-    waitpid(pid, NULL, 0);
-    /* one byte 1 once it listens; else its reason, or nothing when it died */
-    while ((n = read(p[0], msg + got, sizeof msg - 1 - (size_t)got)) > 0)
-        got += n;
-    close(p[0]);
+    (void)start_detached(&a, path, log_path, sizeof log_path, msg, sizeof msg);
 }
 
 int kbcl_cmd_devd(int argc, char **argv)
