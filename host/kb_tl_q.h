@@ -54,7 +54,9 @@ typedef struct kb_qweight {
 } kb_qweight;
 
 /* Quantizes w (K x N, evaluated only when the context records) into new tensors; on error
- * nothing is left allocated. KB_ERR_INVAL for bad sizes (message in kb_ctx_err). */
+ * nothing is left allocated. KB_ERR_INVAL for bad sizes (message in kb_ctx_err). w's fn (as
+ * kb_qweight_host_values') is called on blocks of rows from several threads at once: it must
+ * be a pure function of the position (every fill of kbcl's benches and layers is). */
 int kb_qweight_create(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
                       int sparse, kb_dp_policy dp, const kb_fill *w, kb_qweight *out);
 void kb_qweight_free(kb_qweight *w);

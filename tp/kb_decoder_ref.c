@@ -2,57 +2,91 @@
  * kb_decoder_ref — the decoder layer's host f64 reference (kb_decoder.h describes what it
  * rounds and quantizes where the device does) and the device's weight values it takes (part
  * of the decoder; kb_decoder.c plans and creates, kb_decoder_fwd.c runs). Plain C over whole
- * matrices: the projections are i-k-j loops on two threads, everything else one thread.
+ * matrices: the projections are blocked loops on every online CPU, everything else one thread.
  * Limits: memory for the layer's activations at T tokens in double (a few times T x max(d,
  * Hq*hd, F) x 8 bytes).
  */
 #include "kb_decoder.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include "kb_par.h"
+
+/* Rows of out per pass over a column range of w: their partial rows stay in L1 while w's
+ * rows stream past once per block instead of once per row. */
+#define MM_ROW_BLOCK 16
+/* Columns per work item at least (a cache line of out or more per row). */
+#define MM_MIN_COLS 64
 
 typedef struct mm_job {
     const double *a;
     const float *w;
     double *out;
-    int64_t m0, m1, K, N;
+    int64_t M, K, N, n0, n1;
 } mm_job;
 
-/* out rows [m0, m1) = a @ w, i-k-j order (rows of w streamed, out row in cache) */
-static void *mm_rows(void *p)
+/* Four doubles as one value (GCC/Clang vector extension): a multiply and an add per lane,
+ * never fused, so each lane rounds as the scalar loop does. */
+typedef double mm_v4d __attribute__((vector_size(32)));
+
+/* o[n0, n1) += x * w[n0, n1) */
+static inline void mm_axpy(double *o, const float *w, double x, int64_t n0, int64_t n1)
 {
-    mm_job *j = p;
-    for (int64_t i = j->m0; i < j->m1; i++) {
-        double *o = j->out + i * j->N;
-        for (int64_t n = 0; n < j->N; n++)
-            o[n] = 0.0;
-        for (int64_t k = 0; k < j->K; k++) {
-            double x = j->a[i * j->K + k];
-            const float *w = j->w + k * j->N;
-            if (x == 0.0)
-                continue;
-            for (int64_t n = 0; n < j->N; n++)
-                o[n] += x * (double)w[n];
-        }
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) {
+        mm_v4d ov, wv = { w[n], w[n + 1], w[n + 2], w[n + 3] };
+        memcpy(&ov, o + n, sizeof ov);
+        ov += x * wv;
+        memcpy(o + n, &ov, sizeof ov);
+    }
+    for (; n < n1; n++)
+        o[n] += x * (double)w[n];
+}
+
+/* out[:, n0:n1) = a @ w[:, n0:n1): for every out element the products are added in k order
+ * (zero activations skipped), as the plain i-k-j loop adds them, so the values do not depend
+ * on the blocking, the vector width or the number of threads. */
+KB_VECTOR_CLONES
+static void *mm_cols(void *p)
+{
+    const mm_job *j = p;
+    int64_t K = j->K, N = j->N, n0 = j->n0, n1 = j->n1;
+    for (int64_t i0 = 0; i0 < j->M; i0 += MM_ROW_BLOCK) {
+        int64_t i1 = i0 + MM_ROW_BLOCK < j->M ? i0 + MM_ROW_BLOCK : j->M;
+        for (int64_t i = i0; i < i1; i++)
+            for (int64_t n = n0; n < n1; n++)
+                j->out[i * N + n] = 0.0;
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t i = i0; i < i1; i++) {
+                double x = j->a[i * K + k];
+                if (x != 0.0)
+                    mm_axpy(j->out + i * N, j->w + k * N, x, n0, n1);
+            }
     }
     return NULL;
 }
 
-/* out (M x N) = a (M x K) @ w (K x N) on two threads (the reference of a Gemma-2 layer at
- * seq 128 is ~10 G multiply-adds). */
+/* out (M x N) = a (M x K) @ w (K x N), column ranges of w on every online CPU (the
+ * reference of a Gemma-2 layer at seq 128 is ~10 G multiply-adds; of a Mistral layer at
+ * seq 2048, ~400 G). */
 static void ref_mm(const double *a, const float *w, double *out, int64_t M, int64_t K, int64_t N)
 {
-    mm_job j[2] = { { a, w, out, 0, M / 2, K, N }, { a, w, out, M / 2, M, K, N } };
-    pthread_t th;
-    if (M >= 2 && (double)M * K * N > 1e7 && pthread_create(&th, NULL, mm_rows, &j[1]) == 0) {
-        mm_rows(&j[0]);
-        pthread_join(th, NULL);
-        return;
-    }
-    j[0].m1 = M;
-    mm_rows(&j[0]);
+    mm_job jobs[KB_PAR_MAX];
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    int64_t nj = (double)M * (double)K * (double)N < 1e7 || cpus < 1 ? 1 : cpus;
+    if (nj > KB_PAR_MAX)
+        nj = KB_PAR_MAX;
+    if (nj > (N + MM_MIN_COLS - 1) / MM_MIN_COLS)
+        nj = (N + MM_MIN_COLS - 1) / MM_MIN_COLS;
+    if (nj < 1)
+        nj = 1;
+    for (int64_t t = 0; t < nj; t++)
+        jobs[t] = (mm_job){ .a = a, .w = w, .out = out, .M = M, .K = K, .N = N,
+                            .n0 = N * t / nj, .n1 = N * (t + 1) / nj };
+    kb_par_run(mm_cols, jobs, sizeof jobs[0], (size_t)nj);
 }
 
 /* x rounded to what a store of dtype dt keeps */

@@ -22,6 +22,7 @@
 #include "kb_dist.h"
 #include "kb_machine.h"
 #include "kb_model.h"
+#include "kb_par.h"
 #include "kb_tp.h"
 #include "kb_tp_roofline.h"
 
@@ -320,6 +321,23 @@ static void weight_shapes(const dec_state *st, dec_weight w[DEC_NWEIGHTS])
     w[6] = (dec_weight){ I_WD, F, d, 1, &st->fills.wd };
 }
 
+/* One weight's host values (the fills are pure functions of the position: the seven are
+ * built at once, on threads of their own). */
+typedef struct weight_job {
+    const dec_state *st;
+    const dec_weight *w;
+    float *out;
+    int rc;
+} weight_job;
+
+static void *weight_values(void *p)
+{
+    weight_job *j = p;
+    j->rc = kb_decoder_ref_weight(j->st->o.fmt, j->st->o.sparse, j->w->k, j->w->n, j->st->ws,
+                                  j->w->row_parallel, j->w->fill, j->out);
+    return NULL;
+}
+
 /* buf[]: the layer's inputs on the host as the device holds them: x and the caches rounded to
  * the activation dtype, the norm weights, the projection weights dequantized and pruned as
  * each rank's slice is (the caches only when decoding). The caller frees buf[], also on
@@ -353,9 +371,12 @@ static int host_inputs(const dec_state *st, float *buf[NIN], kb_errbuf *eb)
         round_to(buf[I_KC], (size_t)(ncache * hd), act);
         round_to(buf[I_VC], (size_t)(ncache * hd), act);
     }
+    weight_job jobs[DEC_NWEIGHTS];
+    for (int i = 0; i < DEC_NWEIGHTS; i++)
+        jobs[i] = (weight_job){ .st = st, .w = &w[i], .out = buf[w[i].buf], .rc = 0 };
+    kb_par_run(weight_values, jobs, sizeof jobs[0], DEC_NWEIGHTS);
     for (int i = 0; i < DEC_NWEIGHTS && rc == 0; i++)
-        rc = kb_decoder_ref_weight(o->fmt, o->sparse, w[i].k, w[i].n, st->ws, w[i].row_parallel,
-                                   w[i].fill, buf[w[i].buf]);
+        rc = jobs[i].rc;
     if (rc != 0 && (rc > 0 || !eb->msg[0]))
         rc = kb_err_set(eb, KB_ERR_INVAL, "decoder_layer verify: weight values failed");
     return rc;
