@@ -765,7 +765,7 @@ static int rd_query(void *dev, const kb_vquery *q, const uint64_t *off, void *ou
                     kb_errbuf *eb)
 {
     ref_state *st = dev;
-    uint64_t per = q->kind == KB_VQ_CHECK ? q->n * 2 : q->tile_bytes;
+    uint64_t per = kb_vquery_tile_bytes(q);
     int rc = 0;
     for (uint32_t t = 0; t < q->ntiles && rc == 0; t++)
         rc = rd_check(st, off[t], per, eb);

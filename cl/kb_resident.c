@@ -182,7 +182,7 @@ static int locate(const kb_resident *r, uint64_t pa, uint64_t n, uint64_t *off)
 int kb_resident_query(kb_resident *r, const kb_vquery *q, const uint64_t *pa, void *out,
                       kb_errbuf *eb)
 {
-    uint64_t per = q->kind == KB_VQ_CHECK ? q->n * 2 : q->tile_bytes;
+    uint64_t per = kb_vquery_tile_bytes(q);
     uint64_t *off;
     double t0 = now_ms();
     int rc = 0;

@@ -25,11 +25,43 @@ uint64_t kb_vq_fnv(const void *data, size_t n, uint64_t h)
 
 size_t kb_vquery_result_size(const kb_vquery *q)
 {
-    if (q->kind == KB_VQ_CHECK)
+    if (q->kind == KB_VQ_CHECK || q->kind == KB_VQ_COLL)
         return (size_t)q->ntiles * sizeof(kb_vq_tile) + sizeof(kb_vq_sums);
     if (q->kind == KB_VQ_DIGEST)
         return sizeof(uint64_t);
     return 0;
+}
+
+uint64_t kb_vquery_tile_bytes(const kb_vquery *q)
+{
+    return q->kind == KB_VQ_CHECK || q->kind == KB_VQ_COLL ? q->n * 2 : q->tile_bytes;
+}
+
+int kb_vquery_valid(const kb_vquery *q)
+{
+    switch (q->kind) {
+    case KB_VQ_DIGEST:
+        return 1;
+    case KB_VQ_CHECK:
+        return q->ntiles > 0 && q->n <= ((uint64_t)1 << 31);
+    case KB_VQ_COLL:
+        if (q->ntiles == 0 || q->root >= q->ntiles || q->n >= ((uint64_t)1 << 62))
+            return 0;
+        switch (q->coll) {
+        case KB_VQ_C_ALLGATHER:
+        case KB_VQ_C_REDUCE_SCATTER:
+        case KB_VQ_C_ALLTOALL: /* chunks of c = n / ntiles */
+            return q->n % q->ntiles == 0;
+        case KB_VQ_C_BROADCAST:
+        case KB_VQ_C_REDUCE:
+        case KB_VQ_C_SHIFT:
+            return 1;
+        default:
+            return 0;
+        }
+    default:
+        return 0;
+    }
 }
 
 /* ---------------------------------------------------------------- digest */
@@ -182,8 +214,9 @@ static float round_f16(float v)
     return kb_f16_to_f32(kb_f32_to_f16(v));
 }
 
-/* Column i's reference (kb_vquery.h). */
-static double column_ref(const kb_vquery *q, uint64_t i)
+/* The sum of column i over the ranks: ordered, the ring's chain from rank `start` (f32, rounded
+ * to f16 after every hop but the last); else in ascending rank order, in double. */
+static double column_sum(const kb_vquery *q, uint32_t start, uint64_t i)
 {
     uint32_t T = q->ntiles;
     if (!q->ordered) {
@@ -192,13 +225,50 @@ static double column_ref(const kb_vquery *q, uint64_t i)
             s += (double)kb_seedgen_value(q->seed, t, (int64_t)i, (int64_t)q->n);
         return s;
     }
-    uint32_t start = ring_chunk(q->n, T, i);
     float acc = kb_seedgen_value(q->seed, start, (int64_t)i, (int64_t)q->n);
     for (uint32_t k = 1; k < T; k++) {
         float v = acc + kb_seedgen_value(q->seed, (start + k) % T, (int64_t)i, (int64_t)q->n);
         acc = k + 1 < T ? round_f16(v) : v;
     }
     return (double)acc;
+}
+
+/* Column i's reference (kb_vquery.h). */
+static double column_ref(const kb_vquery *q, uint64_t i)
+{
+    return column_sum(q, q->ordered ? ring_chunk(q->n, q->ntiles, i) : 0, i);
+}
+
+double kb_vquery_coll_ref(const kb_vquery *q, uint32_t t, uint64_t i)
+{
+    uint32_t T = q->ntiles, src = t;
+    uint64_t n = q->n, c = n / T, j = i;
+    switch (q->coll) {
+    case KB_VQ_C_ALLGATHER:
+        src = (uint32_t)(i / c);
+        break;
+    case KB_VQ_C_ALLTOALL:
+        src = (uint32_t)(i / c);
+        j = (uint64_t)t * c + i % c;
+        break;
+    case KB_VQ_C_BROADCAST:
+        src = q->root;
+        break;
+    case KB_VQ_C_SHIFT:
+        src = T < 2 ? t : (t + T - 1) % T;
+        break;
+    case KB_VQ_C_REDUCE_SCATTER:
+        if (i / c == t)
+            return column_sum(q, (t + 1) % T, i);
+        break;
+    case KB_VQ_C_REDUCE:
+        if (t == q->root)
+            return column_sum(q, (q->root + 1) % T, i);
+        break;
+    default:
+        break;
+    }
+    return (double)kb_seedgen_value(q->seed, src, (int64_t)j, (int64_t)n);
 }
 
 /* got * 128 as an integer, or *off set when it is none. */
@@ -209,6 +279,30 @@ static int64_t grid_q(float got, int64_t *off)
         return (int64_t)q;
     *off = 1;
     return 0;
+}
+
+/* Element i of a tile (at `tile`) against its exact reference, the reference's f16 bits and
+ * bound (kb_vquery.h), added to the tile's part a. */
+static void check_elem(kb_vq_tile *a, const uint8_t *tile, uint64_t i, double exact,
+                       uint16_t wbits, double bnd, double acc_bound)
+{
+    uint16_t h;
+    memcpy(&h, tile + 2 * i, 2);
+    float gf = kb_f16_to_f32(h);
+    double got = gf, e = fabs(got - exact);
+    int ok = acc_bound > 0.0 ? e <= bnd : h == wbits;
+    e = e != e ? INFINITY : e;
+    if (e > a->max_err) {
+        a->max_err = e;
+        a->bound = bnd;
+    }
+    a->nwrong += !ok;
+    if (!ok && a->bad_elem < 0) {
+        a->bad_elem = (int64_t)i;
+        a->bad_got = got;
+        a->bad_want = kb_f16_to_f32(wbits);
+    }
+    a->gq += grid_q(gf, &a->offgrid);
 }
 
 static int run_check(const kb_vquery *q, const uint8_t *base, const uint64_t *off, void *out)
@@ -236,27 +330,9 @@ static int run_check(const kb_vquery *q, const uint8_t *base, const uint64_t *of
     }
     for (uint32_t t = 0; t < q->ntiles; t++) {
         const uint8_t *tile = base + off[t];
-        kb_vq_tile *a = &tv[t];
-        *a = KB_VQ_TILE_EMPTY;
-        for (uint64_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, tile + 2 * i, 2);
-            float gf = kb_f16_to_f32(h);
-            double got = gf, e = fabs(got - ref[i]);
-            int ok = q->acc_bound > 0.0 ? e <= bnd[i] : h == wbits[i];
-            e = e != e ? INFINITY : e;
-            if (e > a->max_err) {
-                a->max_err = e;
-                a->bound = bnd[i];
-            }
-            a->nwrong += !ok;
-            if (!ok && a->bad_elem < 0) {
-                a->bad_elem = (int64_t)i;
-                a->bad_got = got;
-                a->bad_want = kb_f16_to_f32(wbits[i]);
-            }
-            a->gq += grid_q(gf, &a->offgrid);
-        }
+        tv[t] = KB_VQ_TILE_EMPTY;
+        for (uint64_t i = 0; i < n; i++)
+            check_elem(&tv[t], tile, i, ref[i], wbits[i], bnd[i], q->acc_bound);
     }
     free(ref);
     free(wbits);
@@ -264,10 +340,36 @@ static int run_check(const kb_vquery *q, const uint8_t *base, const uint64_t *of
     return 0;
 }
 
+/* KB_VQ_COLL: every element's reference computed where it is checked (they differ per tile);
+ * the rounded references' grid sum runs over every element. */
+static void run_coll(const kb_vquery *q, const uint8_t *base, const uint64_t *off, void *out)
+{
+    kb_vq_tile *tv = out;
+    kb_vq_sums *sums = (kb_vq_sums *)(tv + q->ntiles);
+    sums->wq = 0;
+    sums->offgrid = 0;
+    for (uint32_t t = 0; t < q->ntiles; t++) {
+        tv[t] = KB_VQ_TILE_EMPTY;
+        for (uint64_t i = 0; i < q->n; i++) {
+            double exact = kb_vquery_coll_ref(q, t, i);
+            uint16_t wbits = kb_f32_to_f16((float)exact);
+            double bnd = 0.5 * (double)kb_f16_ulp((float)exact) + q->acc_bound;
+            check_elem(&tv[t], base + off[t], i, exact, wbits, bnd, q->acc_bound);
+            sums->wq += grid_q(kb_f16_to_f32(wbits), &sums->offgrid);
+        }
+    }
+}
+
 int kb_vquery_run_host(const kb_vquery *q, const uint8_t *base, const uint64_t *off, void *out)
 {
+    if (!kb_vquery_valid(q))
+        return KB_ERR_INVAL;
     if (q->kind == KB_VQ_CHECK)
-        return q->ntiles ? run_check(q, base, off, out) : KB_ERR_INVAL;
+        return run_check(q, base, off, out);
+    if (q->kind == KB_VQ_COLL) {
+        run_coll(q, base, off, out);
+        return 0;
+    }
     if (q->kind == KB_VQ_DIGEST) {
         stream s = { base, off, q->tile_bytes, q->tile_bytes * q->ntiles };
         *(uint64_t *)out = stream_digest(&s, 1);

@@ -1,6 +1,7 @@
 /*
  * kb_vquery — questions a Phase-2 device answers about data it holds, so that the answer, not
- * the data, crosses the bus: the check of a seeded all-reduce and the digest of its result.
+ * the data, crosses the bus: the check of a seeded collective's result (all-reduce: CHECK,
+ * every other kind: COLL) and the digest of it.
  * At GB sizes reading the result back and checking it on the host costs more than the whole
  * replay; on the device both are a few milliseconds.
  *
@@ -18,15 +19,32 @@
  * Element (t, i) then is checked as kb_ccl_verify checks it (exact = the reference, want = it
  * rounded to f16, bound = half an f16 ulp of it + acc_bound; with acc_bound 0 the bits must be
  * want's, else |got - exact| <= bound; a NaN error counts as infinite). Result: one
- * kb_vq_tile per tile, then a kb_vq_sums: everything kb_ccl_verify's verdict needs.
+ * kb_vq_tile per tile, then a kb_vq_sums (wq over the n columns, the same in every tile):
+ * everything kb_ccl_verify's verdict needs.
+ * KB_VQ_COLL — the same check of every other collective of the seeded f16 inputs (sum), tile t
+ * being rank t's result: element (t, i)'s reference (kb_ccl_ref.c's references, with
+ * T = ntiles, c = n / T, R = root, x as above) is, by `coll`:
+ *   KB_VQ_C_ALLGATHER       x(i / c, i)
+ *   KB_VQ_C_ALLTOALL        x(i / c, t * c + i mod c)
+ *   KB_VQ_C_BROADCAST       x(R, i)
+ *   KB_VQ_C_SHIFT           x(t - 1 mod T, i) (send/recv east; T = 1: x(t, i))
+ *   KB_VQ_C_REDUCE_SCATTER  i / c == t: the sum of column i, else x(t, i) (the input kept)
+ *   KB_VQ_C_REDUCE          t == R: the sum of column i, else x(t, i)
+ * where "the sum" is, ordered: the ring's chain from rank s = t + 1 mod T (reduce-scatter) or
+ * R + 1 mod T (reduce) as above; else the sum over ranks in ascending order, in double. A copy
+ * is exact (acc_bound 0 for the kinds that only move data: the bits must match). Each element
+ * is checked as for CHECK; the result has the same layout, but its kb_vq_sums' wq is the
+ * rounded reference's grid sum over every element of every tile (the references differ per
+ * tile). Tiles of any length (n < 2^63); c needs n mod T == 0 for the chunked kinds.
  * KB_VQ_DIGEST — the digest of the tiles' bytes in tile order, as one stream of
  * ntiles * tile_bytes bytes (kb_vquery_digest_host). Result: one uint64_t.
  *
  * The digest: FNV-1a 64 of the bytes when there are at most KB_VQ_DIGEST_BLOCK of them (what
  * the benches always printed); else FNV-1a 64 over the little-endian 8-byte FNV-1a 64 digests
  * of the consecutive KB_VQ_DIGEST_BLOCK-byte blocks (the last one may be shorter), which
- * thousands of device threads compute at once. Limits: tiles of at most 2^31 elements; the
- * check covers f16 sums only (every other collective is checked on the host).
+ * thousands of device threads compute at once. Limits: CHECK tiles of at most 2^31 elements;
+ * CHECK and COLL cover f16 sums of kb_seedgen inputs only (other dtypes and ops are checked on
+ * the host).
  */
 #ifndef KB_VQUERY_H
 #define KB_VQUERY_H
@@ -38,17 +56,30 @@
 #define KB_VQ_FNV_INIT UINT64_C(0xcbf29ce484222325)
 #define KB_VQ_FNV_PRIME UINT64_C(0x100000001b3)
 
-enum { KB_VQ_CHECK = 1, KB_VQ_DIGEST = 2 };
+enum { KB_VQ_CHECK = 1, KB_VQ_DIGEST = 2, KB_VQ_COLL = 3 };
 
-/* A query (plain data: it travels to a device server as is). */
+/* KB_VQ_COLL's collectives (above). */
+enum {
+    KB_VQ_C_ALLGATHER = 1,
+    KB_VQ_C_REDUCE_SCATTER,
+    KB_VQ_C_BROADCAST,
+    KB_VQ_C_REDUCE,
+    KB_VQ_C_ALLTOALL,
+    KB_VQ_C_SHIFT,
+};
+
+/* A query (plain data: it travels to a device server as is; its size is part of the device
+ * server's protocol version). */
 typedef struct kb_vquery {
     uint32_t kind;        /* KB_VQ_* */
     uint32_t ntiles;
-    uint64_t n;           /* CHECK: f16 elements per tile */
+    uint64_t n;           /* CHECK, COLL: f16 elements per tile */
     uint64_t tile_bytes;  /* DIGEST: bytes per tile */
-    uint32_t seed;        /* CHECK: kb_seedgen's seed */
-    uint32_t ordered;     /* CHECK: 1 the ring's chain, 0 the sum in double */
-    double acc_bound;     /* CHECK: kb_ccl_verify's acc_bound */
+    uint32_t seed;        /* CHECK, COLL: kb_seedgen's seed */
+    uint32_t ordered;     /* CHECK, COLL: 1 the ring's chain, 0 the sum in double */
+    double acc_bound;     /* CHECK, COLL: kb_ccl_verify's acc_bound */
+    uint32_t coll;        /* COLL: KB_VQ_C_* */
+    uint32_t root;        /* COLL: broadcast's and reduce's root (< ntiles), else 0 */
 } kb_vquery;
 
 /* One tile's part of a CHECK (kb_ccl_verify's per-tile figures, first occurrences in
@@ -75,6 +106,13 @@ typedef struct kb_vq_sums {
 
 /* Bytes of the query's result (0 for an unknown kind). */
 size_t kb_vquery_result_size(const kb_vquery *q);
+/* Bytes each tile of q covers in the arena: n f16 values (CHECK, COLL) or tile_bytes. */
+uint64_t kb_vquery_tile_bytes(const kb_vquery *q);
+/* Whether q's fields are in range for its kind (KB_VQ_COLL: a known coll, root < ntiles, n
+ * divisible by ntiles where c is used); 0 for an unknown kind. */
+int kb_vquery_valid(const kb_vquery *q);
+/* KB_VQ_COLL's exact reference of element (t, i) (above). */
+double kb_vquery_coll_ref(const kb_vquery *q, uint32_t t, uint64_t i);
 /* Answers q over host memory: tile t at base + off[t]. out: kb_vquery_result_size bytes.
  * KB_ERR_NOMEM, KB_ERR_INVAL (unknown kind) or 0. */
 int kb_vquery_run_host(const kb_vquery *q, const uint8_t *base, const uint64_t *off, void *out);

@@ -42,7 +42,9 @@
 #include "kb_remote.h"
 #include "kb_replay.h"
 #include "kb_resident.h"
+#include "kb_seedgen.h"
 #include "kb_test_util.h"
+#include "kb_vquery.h"
 
 typedef struct srv {
     char path[300];
@@ -337,6 +339,64 @@ static void test_same_as_in_process(void **state)
     run_close(&l);
     run_close(&r);
     assert_int_equal(s->sessions_made, 1);
+}
+
+
+/*
+ * A reduce-scatter's check (KB_VQ_COLL, the largest query) over 4 resident tiles of 64 f16
+ * values (a right result of the seeded inputs but for one planted error): its answer, out
+ * (kb_vquery_result_size bytes), and the tiles' digest. An unknown collective is refused.
+ */
+static void coll_query(run *r, void *out, uint64_t *digest)
+{
+    uint16_t h[256];
+    uint64_t pa[4] = { 0x30000, 0x30080, 0x30100, 0x30180 };
+    kb_vquery q = { KB_VQ_COLL, 4, 64, 0, 1, 0, 0.0, KB_VQ_C_REDUCE_SCATTER, 0 };
+    kb_vquery qd = { KB_VQ_DIGEST, 4, 0, 128, 0, 0, 0.0, 0, 0 };
+    kb_errbuf eb = { { 0 } };
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 64; i++) {
+            double s = 0.0;
+            for (int k = 0; k < 4 && i / 16 == t; k++)
+                s += kb_seedgen_value(1, k, i, 64);
+            h[t * 64 + i] = kb_f32_to_f16(i / 16 == t ? (float)s : kb_seedgen_value(1, t, i, 64));
+        }
+    h[77] ^= 0x0400; /* tile 1, element 13 */
+    assert_int_equal(kb_memstore_write(r->ms, 0x20000, h, sizeof h), 0);
+    flush_ok(r, copy_f32(0x30000, 0x20000, 128, 0));
+    kb_resident *res = r->be.ops->resident(r->be.self);
+    assert_non_null(res);
+    int rc = kb_resident_query(res, &q, pa, out, &eb);
+    if (rc)
+        print_error("query: %s\n", eb.msg);
+    assert_int_equal(rc, 0);
+    assert_int_equal(kb_resident_query(res, &qd, pa, digest, &eb), 0);
+    q.coll = 99;
+    assert_true(kb_resident_query(res, &q, pa, out, &eb) < 0);
+}
+
+/* A device query through the server answers what the device in process answers, bit for bit,
+ * and what the oracle answers over the same bytes. */
+static void test_coll_query(void **state)
+{
+    srv *s = *state;
+    enum { RS = 4 * sizeof(kb_vq_tile) + sizeof(kb_vq_sums) };
+    static unsigned char lo[RS], re[RS];
+    uint64_t dl = 0, dr = 1;
+    run l, r;
+
+    run_open(&l, NULL);
+    coll_query(&l, lo, &dl);
+    run_open(&r, s->path);
+    coll_query(&r, re, &dr);
+    assert_memory_equal(lo, re, RS);
+    assert_int_equal(dl, dr);
+    const kb_vq_tile *tv = (const kb_vq_tile *)lo;
+    assert_int_equal(tv[0].nwrong + tv[2].nwrong + tv[3].nwrong, 0);
+    assert_int_equal(tv[1].nwrong, 1);
+    assert_int_equal(tv[1].bad_elem, 13);
+    run_close(&l);
+    run_close(&r);
 }
 
 typedef struct par {
@@ -752,7 +812,7 @@ static void test_malformed(void **state)
     expect_closed(fd, "FLUSH of 1 batches with 8 data bytes");
     fd = raw_connect(s->path);
     raw_hello(fd, 1);
-    kb_vquery q = { KB_VQ_DIGEST, 1000, 0, 16, 0, 0, 0.0 };
+    kb_vquery q = { KB_VQ_DIGEST, 1000, 0, 16, 0, 0, 0.0, 0, 0 };
     raw_req(fd, KB_DEVD_QUERY, 0, 0, 0, 0, sizeof q, &q, sizeof q);
     expect_closed(fd, "QUERY kind 2 over 1000 tiles");
     fd = raw_connect(s->path);
@@ -832,7 +892,7 @@ static void test_ranges_checked(void **state)
     struct {
         kb_vquery q;
         uint64_t off;
-    } qt = { { KB_VQ_DIGEST, 1, 0, 64, 0, 0, 0.0 }, 4090 };
+    } qt = { { KB_VQ_DIGEST, 1, 0, 64, 0, 0, 0.0, 0, 0 }, 4090 };
     raw_req(fd, KB_DEVD_QUERY, 0, 0, 0, 0, sizeof qt, &qt, sizeof qt);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_RANGE);
     kbt_msg_has(msg, "QUERY tile");
@@ -922,7 +982,7 @@ static void test_zero_sizes(void **state)
     struct {
         kb_vquery q;
         uint64_t off;
-    } qt = { { KB_VQ_DIGEST, 1, 0, 0, 0, 0, 0.0 }, 0 };
+    } qt = { { KB_VQ_DIGEST, 1, 0, 0, 0, 0, 0.0, 0, 0 }, 0 };
     raw_req(fd, KB_DEVD_QUERY, 0, 0, 0, 0, sizeof qt, &qt, sizeof qt);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_RANGE);
     close(fd);
@@ -1337,6 +1397,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_same_as_in_process, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_coll_query, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_sessions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pooled_sessions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_copied_payload, setup, teardown),

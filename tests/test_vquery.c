@@ -122,7 +122,7 @@ static void run_case(kb_backend *be, const tcase *c)
     }
     assert_same_verdict(&vd, &vh, c->corrupt != 2);
 
-    qd = (kb_vquery){ KB_VQ_DIGEST, (uint32_t)c->ws, 0, tb, 0, 0, 0.0 };
+    qd = (kb_vquery){ KB_VQ_DIGEST, (uint32_t)c->ws, 0, tb, 0, 0, 0.0, 0, 0 };
     if (ops->query(dev, &qd, off, &digest, &eb) != 0)
         fail_msg("digest query: %s", eb.msg);
     assert_int_equal(digest, kb_vquery_digest_host(raw, total, 2));

@@ -499,7 +499,7 @@ static int device_verify(kb_ctx *ctx, kb_bench_result *res, const kb_ccl_job *jo
             rc = 0;
             goto out;
         }
-    qd = (kb_vquery){ KB_VQ_DIGEST, (uint32_t)ws, 0, (uint64_t)job->n * 2, 0, 0, 0.0 };
+    qd = (kb_vquery){ KB_VQ_DIGEST, (uint32_t)ws, 0, (uint64_t)job->n * 2, 0, 0, 0.0, 0, 0 };
     rc = kb_resident_query(r, &q, pa, out, eb);
     if (rc == 0)
         rc = kb_resident_query(r, &qd, pa, &digest, eb);

@@ -495,10 +495,11 @@ static int serve_query(session *s, const kb_devd_msg *m)
         return refuse(s, KB_ERR_INVAL, &eb);
     }
     /* what each tile covers of the arena (kb_vquery.h): n f16 values, or tile_bytes */
-    uint64_t per = q.kind == KB_VQ_CHECK ? q.n * 2 : q.tile_bytes;
-    /* no tile, or empty ones: nothing to answer (a check would still loop over n columns) */
-    if (q.ntiles == 0 || per == 0 || outn > KB_DEVD_MAX_MSG ||
-        (q.kind == KB_VQ_CHECK && q.n > ((uint64_t)1 << 31)))
+    uint64_t per = kb_vquery_tile_bytes(&q);
+    /* no tile, or empty ones: nothing to answer (a check would still loop over n columns);
+     * fields out of their kind's range (kb_vquery_valid) are refused before a device sees
+     * them */
+    if (q.ntiles == 0 || per == 0 || outn > KB_DEVD_MAX_MSG || !kb_vquery_valid(&q))
         rc = kb_err_set(&eb, KB_ERR_RANGE, "device server: QUERY over %u tiles of %llu",
                         q.ntiles, (unsigned long long)per);
     for (uint32_t t = 0; rc == 0 && t < q.ntiles; t++)

@@ -18,7 +18,7 @@
 #include "kb_err.h"
 #include "kb_opencl.h"
 
-#define KB_DEVD_PROTO 4
+#define KB_DEVD_PROTO 5 /* 5: kb_vquery grew coll and root (KB_VQ_COLL) */
 #define KB_DEVD_MAGIC 0x6b62646576643031ULL /* "kbdevd01" */
 /* A request's data, and a download's reply data, at most (64 MiB): 256 sessions can make the
  * server buffer 16 GiB at worst, and a round trip per 64 MiB costs nothing next to the copy. */
