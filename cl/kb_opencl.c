@@ -628,6 +628,8 @@ static void cl_destroy(void *self)
         clReleaseKernel(b->kvq_colref);
     if (b->kvq_check)
         clReleaseKernel(b->kvq_check);
+    if (b->kvq_coll)
+        clReleaseKernel(b->kvq_coll);
     if (b->prog)
         clReleaseProgram(b->prog);
     if (b->arena)

@@ -4,7 +4,8 @@
  * the functions one file of the backend calls in another. The files: kb_opencl_env.c (the
  * drivers' environment and device discovery), kb_opencl_prog.c (the program: build options,
  * cache key, build, kernels), kb_opencl.c (the backend: flushes, launches, create / clone /
- * trim), kb_opencl_mem.c (device-resident memory and device queries) and kb_opencl_remote.c
+ * trim), kb_opencl_mem.c (device-resident memory and device queries), kb_opencl_vq.c (the
+ * KB_VQ_COLL query) and kb_opencl_remote.c
  * (the public accessors, answered for a device server's session too). Internal: not installed
  * (CMakeLists.txt leaves it out of include/kbcl) and included by those files only; the
  * OpenCL part exists only with KBCL_HAVE_OPENCL.
@@ -78,6 +79,7 @@ typedef struct kb_ocl_be {
     cl_kernel kfill;                    /* kb_fill_bytes (rs_fill) */
     cl_kernel kvq_digest, kvq_colref, kvq_check; /* device queries (rs_query); the last two
                                                     NULL without fp64 */
+    cl_kernel kvq_coll;                 /* KB_VQ_COLL (kb_opencl_vq.c); NULL without fp64 */
     cl_mem arena, payload, table;       /* device buffers, grown on demand */
     size_t arena_cap, payload_cap, table_cap;
     kb_resident *res;                   /* device-resident memory (kb_resident.h): */
@@ -158,6 +160,12 @@ int kb_ocl_make_kernels(kb_ocl_be *b, cl_device_id dev, kb_errbuf *eb);
 /* b's kb_resident, over the resident primitives and queries of kb_opencl_mem.c; NULL when
  * out of memory. */
 kb_resident *kb_ocl_resident_create(kb_ocl_be *b);
+
+/* ---- kb_opencl_vq.c: the KB_VQ_COLL query */
+
+/* Answers q (kind KB_VQ_COLL) over b's resident arena, tile t at the offset toff[t] (a device
+ * buffer); out: kb_vquery_result_size(q) bytes. KB_ERR_UNSUPPORTED without fp64. */
+int kb_ocl_vq_coll(kb_ocl_be *b, const kb_vquery *q, cl_mem toff, void *out, kb_errbuf *eb);
 
 #endif /* KBCL_HAVE_OPENCL */
 

@@ -276,14 +276,16 @@ static int rs_query(void *dev, const kb_vquery *q, const uint64_t *off, void *ou
     if (q->kind == KB_VQ_CHECK && !b->kvq_check)
         return kb_err_set(eb, KB_ERR_UNSUPPORTED, "opencl: the device has no doubles (fp64) "
                           "for a check query");
-    if (q->kind != KB_VQ_CHECK && q->kind != KB_VQ_DIGEST)
+    if (q->kind != KB_VQ_CHECK && q->kind != KB_VQ_DIGEST && q->kind != KB_VQ_COLL)
         return kb_err_set(eb, KB_ERR_UNSUPPORTED, "opencl: query kind %u", q->kind);
     if (q->ntiles == 0 || !b->rarena)
         return kb_err_set(eb, KB_ERR_UNSUPPORTED, "opencl: a query over no resident tile");
     if (!(toff = clCreateBuffer(b->ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
                                 (size_t)q->ntiles * sizeof *off, (void *)off, &err)))
         return kb_ocl_fail(eb, "query tile table", err);
-    rc = q->kind == KB_VQ_DIGEST ? vq_digest(b, q, toff, out, eb) : vq_check(b, q, toff, out, eb);
+    rc = q->kind == KB_VQ_DIGEST ? vq_digest(b, q, toff, out, eb)
+         : q->kind == KB_VQ_COLL ? kb_ocl_vq_coll(b, q, toff, out, eb) /* kb_opencl_vq.c */
+                                 : vq_check(b, q, toff, out, eb);
     clReleaseMemObject(toff);
     return rc;
 }

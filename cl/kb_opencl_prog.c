@@ -224,6 +224,7 @@ int kb_ocl_make_kernels(kb_ocl_be *b, cl_device_id dev, kb_errbuf *eb)
      * answered by the host */
     b->kvq_colref = clCreateKernel(b->prog, "kb_vq_colref", &err);
     b->kvq_check = b->kvq_colref ? clCreateKernel(b->prog, "kb_vq_check", &err) : NULL;
+    b->kvq_coll = b->kvq_colref ? clCreateKernel(b->prog, "kb_vq_coll", &err) : NULL;
     for (unsigned i = 0; i < KB_OCL_NKERN && rc == 0; i++) {
         size_t wg = 0, want = kb_ocl_local_of(i);
         b->kern[i] = clCreateKernel(b->prog, kb_ocl_kernel_names[i], &err);

@@ -888,8 +888,8 @@ KB_GRID_KERNEL(kb_gen, KB_EW_LOCAL, kb_gen_unit, 0u)
 /* ---------------------------------------------------------------- device queries */
 
 /*
- * cl/kb_vquery.h: the digest of tiles laid end to end and the check of a seeded all-reduce,
- * answered where the data is. kb_vquery.c's plain-C code defines every bit of the results.
+ * cl/kb_vquery.h: the digest of tiles laid end to end and the check of a seeded all-reduce
+ * (CHECK) or other collective (COLL), answered where the data is. kb_vquery.c's plain-C code defines every bit of the results.
  */
 #define KB_VQ_BLOCK 65536UL
 #define KB_VQ_LOCAL 256
@@ -1093,6 +1093,155 @@ kernel void kb_vq_check(global const uchar *arena, global const ulong *toff, ulo
         p->nwrong = lnw[0];
         p->gq = lgq[0];
         p->offgrid = lof[0];
+    }
+}
+
+/* The sum of column i over the T ranks (kb_vquery.c's column_sum): ordered, the ring's chain
+ * from rank `start`, in f32 rounded to f16 after every hop but the last; else in ascending
+ * rank order, in double. */
+static double kb_vq_colsum(uint seed, uint T, ulong n, uint ordered, uint start, ulong i)
+{
+    if (!ordered) {
+        double s = 0.0;
+        for (uint t = 0; t < T; t++)
+            s += (double)kb_gen_value(seed, (ulong)t * n + i);
+        return s;
+    }
+    uint t = start;
+    float acc = kb_gen_value(seed, (ulong)t * n + i);
+    for (uint k = 1; k < T; k++) {
+        float v;
+        t = t + 1u == T ? 0u : t + 1u;
+        v = acc + kb_gen_value(seed, (ulong)t * n + i);
+        acc = k + 1u < T ? kb_cvt(KB_DT_F16, kb_enc(KB_DT_F16, v)) : v;
+    }
+    return (double)acc;
+}
+
+/* KB_VQ_COLL's reference of element (t, i) (kb_vquery_coll_ref; coll: KB_VQ_C_*). */
+static double kb_vq_collref(uint coll, uint seed, uint T, ulong n, uint root, uint ordered,
+                            uint t, ulong i)
+{
+    ulong c = n / T, j = i;
+    uint src = t;
+    switch (coll) {
+    case 1u: /* all-gather */
+        src = (uint)(i / c);
+        break;
+    case 5u: /* all-to-all */
+        src = (uint)(i / c);
+        j = (ulong)t * c + i % c;
+        break;
+    case 3u: /* broadcast */
+        src = root;
+        break;
+    case 6u: /* send/recv east */
+        src = T < 2u ? t : (t + T - 1u) % T;
+        break;
+    case 2u: /* reduce-scatter */
+        if (i / c == (ulong)t)
+            return kb_vq_colsum(seed, T, n, ordered, (t + 1u) % T, i);
+        break;
+    case 4u: /* reduce */
+        if (t == root)
+            return kb_vq_colsum(seed, T, n, ordered, (root + 1u) % T, i);
+        break;
+    default:
+        break;
+    }
+    return (double)kb_gen_value(seed, (ulong)src * n + j);
+}
+
+/*
+ * KB_VQ_COLL: work-group g checks columns [s * slab, (s + 1) * slab) of tile g / nslab
+ * (s = g % nslab), each against its reference computed here, and writes its kb_vq_tile part
+ * (as kb_vq_check) and the grid sum of its rounded references and whether one is off the
+ * grid: wpart[2g], wpart[2g + 1].
+ */
+__attribute__((reqd_work_group_size(KB_VQ_LOCAL, 1, 1)))
+kernel void kb_vq_coll(global const uchar *arena, global const ulong *toff, ulong n, ulong slab,
+                       uint nslab, double acc_bound, uint coll, uint seed, uint T, uint root,
+                       uint ordered, global kb_vq_tile *part, global long *wpart)
+{
+    local double lme[KB_VQ_LOCAL], lmb[KB_VQ_LOCAL], lbg[KB_VQ_LOCAL], lbw[KB_VQ_LOCAL];
+    local long lmi[KB_VQ_LOCAL], lbi[KB_VQ_LOCAL], lnw[KB_VQ_LOCAL], lgq[KB_VQ_LOCAL],
+        lof[KB_VQ_LOCAL], lwq[KB_VQ_LOCAL], lwo[KB_VQ_LOCAL];
+    uint g = get_group_id(0), lid = get_local_id(0), t = g / nslab;
+    ulong c0 = (ulong)(g % nslab) * slab, c1 = min(n, c0 + slab);
+    global const uchar *tile = arena + toff[t];
+    double me = -1.0, mb = 0.0, bg = 0.0, bw = 0.0;
+    long mi = LONG_MAX, bi = LONG_MAX, nw = 0, gq = 0, off = 0, wq = 0, wo = 0;
+
+    for (ulong i = c0 + lid; i < c1; i += KB_VQ_LOCAL) {
+        uint h = (uint)tile[2 * i] | ((uint)tile[2 * i + 1] << 8);
+        float gf = kb_cvt(KB_DT_F16, h);
+        double ex = kb_vq_collref(coll, seed, T, n, root, ordered, t, i);
+        uint wb = kb_enc(KB_DT_F16, (float)ex);
+        float wf = kb_cvt(KB_DT_F16, wb);
+        double bound = 0.5 * (double)kb_vq_f16ulp((float)ex) + acc_bound;
+        double e = fabs((double)gf - ex);
+        int ok = acc_bound > 0.0 ? e <= bound : h == wb;
+        if (isnan(e))
+            e = INFINITY;
+        if (e > me) {
+            me = e;
+            mb = bound;
+            mi = (long)i;
+        }
+        nw += !ok;
+        if (!ok && bi == LONG_MAX) {
+            bi = (long)i;
+            bg = (double)gf;
+            bw = (double)wf;
+        }
+        gq += kb_vq_q(gf, &off);
+        wq += kb_vq_q(wf, &wo);
+    }
+    lme[lid] = me;
+    lmb[lid] = mb;
+    lmi[lid] = mi;
+    lbi[lid] = bi;
+    lbg[lid] = bg;
+    lbw[lid] = bw;
+    lnw[lid] = nw;
+    lgq[lid] = gq;
+    lof[lid] = off;
+    lwq[lid] = wq;
+    lwo[lid] = wo;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint s = KB_VQ_LOCAL / 2; s > 0; s >>= 1) {
+        if (lid < s) {
+            uint o = lid + s;
+            if (lme[o] > lme[lid] || (lme[o] == lme[lid] && lmi[o] < lmi[lid])) {
+                lme[lid] = lme[o];
+                lmb[lid] = lmb[o];
+                lmi[lid] = lmi[o];
+            }
+            if (lbi[o] < lbi[lid]) {
+                lbi[lid] = lbi[o];
+                lbg[lid] = lbg[o];
+                lbw[lid] = lbw[o];
+            }
+            lnw[lid] += lnw[o];
+            lgq[lid] += lgq[o];
+            lof[lid] |= lof[o];
+            lwq[lid] += lwq[o];
+            lwo[lid] |= lwo[o];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) {
+        global kb_vq_tile *p = part + g;
+        p->max_err = lme[0];
+        p->bound = lmb[0];
+        p->bad_elem = lbi[0] == LONG_MAX ? -1L : lbi[0];
+        p->bad_got = lbg[0];
+        p->bad_want = lbw[0];
+        p->nwrong = lnw[0];
+        p->gq = lgq[0];
+        p->offgrid = lof[0];
+        wpart[2 * g] = lwq[0];
+        wpart[2 * g + 1] = lwo[0];
     }
 }
 #endif
