@@ -377,10 +377,13 @@ int kb_ccl_verify_inputs_ord(kb_dtype dt, int op, const void *raw, kb_ccl_ref_fn
                              int64_t n, int root, double acc_bound, kb_ccl_verdict *v);
 /*
  * The same check on the device that holds the result (kb_vquery.h), so that neither the data
- * nor the host's work grows with it: when the check is one a device answers (an all-reduce
- * of f16 sums, root 0, whose reference is the plain sum or the ring's chain
- * kb_ccl_ref_ring_allreduce, tiles of at most 2^31 elements, 2^40 in all), fills *q (kind KB_VQ_CHECK,
- * the seeded inputs of `seed`) and returns 1; else 0.
+ * nor the host's work grows with it: when the check is one a device answers, fills *q (the
+ * seeded inputs of `seed`) and returns 1; else 0. Answered: f16 sums of at most 2^40
+ * elements in all, with the entry's plain reference (kb_ccl_ref_<kind>) or its ring-ordered
+ * one; an all-reduce (root 0, ordered kb_ccl_ref_ring_allreduce, tiles of at most 2^31
+ * elements) as KB_VQ_CHECK, every other kind (all-gather, reduce-scatter, broadcast, reduce,
+ * all-to-all, send/recv; ordered kb_ccl_ref_ring_reduce_scatter / _reduce; a root only for
+ * broadcast and reduce; the chunked kinds with n a multiple of ntiles) as KB_VQ_COLL.
  */
 int kb_ccl_vquery_of(kb_dtype dt, int op, kb_ccl_ref_fn ref, kb_ccl_ref_ord_fn ord,
                      kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,

@@ -443,7 +443,14 @@ static void verdict_finish(kb_ccl_verdict *v, double got_sum, double want_sum, i
  * them up to 2^40 elements), and each sum is converted to double once, so the means do not
  * depend on the order anything was added in: the host check and a device's answer give the
  * same bits at any size. Below 2^30 elements they are the sequential double sums exactly.
+ * verdict_finish_q: the same from sums over every element (gq of the results, wq of the
+ * rounded references), for the checks whose reference differs per tile.
  */
+static void verdict_finish_q(kb_ccl_verdict *v, int64_t gq, int64_t wq, int64_t n)
+{
+    verdict_finish(v, (double)gq * 0x1p-7, (double)wq * 0x1p-7, n);
+}
+
 static void verdict_finish_grid(kb_ccl_verdict *v, int64_t gq, int64_t wq, int ntiles,
                                 int64_t n)
 {
@@ -454,12 +461,24 @@ static void verdict_finish_grid(kb_ccl_verdict *v, int64_t gq, int64_t wq, int n
     verdict_finish(v, (double)gq * 0x1p-7, want * 0x1p-7, n);
 }
 
+/* x * 128 as an integer when x (an f16 value) is on the 2^-7 grid, else *off set. */
+static int64_t grid_of(double x, int *off)
+{
+    double q = x * 128.0;
+    if (isfinite(q) && q == floor(q))
+        return (int64_t)q;
+    *off = 1;
+    return 0;
+}
+
 int kb_ccl_verify(kb_dtype dt, const void *raw, const double *ref, int ntiles, int64_t n,
                   double acc_bound, kb_ccl_verdict *v)
 {
     size_t es = kb_dtype_size(dt);
     double got_sum = 0.0, want_sum = 0.0;
     unsigned char want[4];
+    int64_t gq = 0, wq = 0;
+    int off = dt != KB_F16; /* the grid sums are f16's (verdict_finish_q) */
 
     verdict_init(v, ntiles);
     for (int t = 0; t < ntiles; t++) {
@@ -474,6 +493,10 @@ int kb_ccl_verify(kb_dtype dt, const void *raw, const double *ref, int ntiles, i
             }
             got_sum += got;
             want_sum += w;
+            if (!off) {
+                gq += grid_of(got, &off);
+                wq += grid_of(w, &off);
+            }
             v->nwrong += !ok;
             if (!ok && good) {
                 good = 0;
@@ -487,7 +510,11 @@ int kb_ccl_verify(kb_dtype dt, const void *raw, const double *ref, int ntiles, i
         }
         v->ok_tiles += good;
     }
-    verdict_finish(v, got_sum, want_sum, n);
+    /* f16 values on the grid: the exact integer sums, which a device's answer gives too */
+    if (!off)
+        verdict_finish_q(v, gq, wq, n);
+    else
+        verdict_finish(v, got_sum, want_sum, n);
     return v->ok_tiles == ntiles;
 }
 
@@ -856,14 +883,13 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_cc
     /* f16 values on the 2^-7 grid, as integers (else QOFF): while every value is on it the
      * means are exact integer sums (verdict_finish_grid), summed in any order to the same
      * bits; a value off it (a wrong result) takes the sequential double sums below */
-    int32_t *lq = dt == KB_F16 && same ? malloc(65536 * sizeof *lq) : NULL;
+    int32_t *lq = dt == KB_F16 ? malloc(65536 * sizeof *lq) : NULL;
     int64_t gq = 0;
     int offgrid = 0;
     double got_sum = 0.0, want_sum = 0.0;
     int rc = KB_ERR_NOMEM;
 
-    if (!tv || !wk || !wraw || (dt == KB_F16 && !lut) ||
-        (dt == KB_F16 && same && !lq))
+    if (!tv || !wk || !wraw || (dt == KB_F16 && (!lut || !lq)))
         goto out;
     for (uint32_t h = 0; lut && h < 65536; h++) { /* f16 loads: kb_dtype_load's values */
         lut[h] = kb_f16_to_f32((uint16_t)h);
@@ -892,7 +918,7 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_cc
         for (int t = 0; t < ntiles; t++)
             kb_vq_tile_merge(&tv[t], &wk[i].tv[t]);
     tiles_verdict(tv, ntiles, v);
-    if (lq && !offgrid) { /* exact: the integer sums are the sequential double sums */
+    if (same && lq && !offgrid) { /* exact: the integer sums are the sequential double sums */
         int64_t wq = 0;
         for (int64_t i = 0; i < n; i++) {
             int32_t q = lq[load16(wraw, (size_t)i)];
@@ -905,18 +931,33 @@ static int verify_sum_f16(kb_dtype dt, const void *raw, kb_ccl_ref_fn ref, kb_cc
             goto out;
         }
     }
-    /* the means, summed in tile-major order as kb_ccl_verify sums them */
+    /* the means as kb_ccl_verify gives them: the grid sums while every value is on the grid
+     * (checked again here: the other kinds' values were not looked at yet), else summed in
+     * tile-major order */
+    offgrid = !lq;
+    gq = 0;
+    int64_t wq = 0;
     for (size_t k = 0; k < total; k++) {
         size_t kw = same ? k % (size_t)n : k;
         if (lut) {
-            got_sum += lut[load16(raw, k)];
-            want_sum += lut[load16(wraw, kw)];
+            uint16_t hg = load16(raw, k), hw = load16(wraw, kw);
+            got_sum += lut[hg];
+            want_sum += lut[hw];
+            if (lq[hg] == QOFF || lq[hw] == QOFF) {
+                offgrid = 1;
+            } else {
+                gq += lq[hg];
+                wq += lq[hw];
+            }
         } else {
             got_sum += kb_dtype_load(dt, raw, k);
             want_sum += kb_dtype_load(dt, wraw, kw);
         }
     }
-    verdict_finish(v, got_sum, want_sum, n);
+    if (!offgrid)
+        verdict_finish_q(v, gq, wq, n);
+    else
+        verdict_finish(v, got_sum, want_sum, n);
     rc = v->ok_tiles == ntiles;
 out:
     free(tv);
@@ -927,26 +968,63 @@ out:
     return rc;
 }
 
+/* KB_VQ_COLL's collective for a non-all-reduce check whose reference the device computes (the
+ * entry's plain reference, or its ring-ordered one), else 0. */
+static uint32_t vq_coll_of(kb_coll_kind kind, kb_ccl_ref_fn ref, kb_ccl_ref_ord_fn ord)
+{
+    switch (kind) {
+    case KB_COLL_ALLGATHER:
+        return ref == kb_ccl_ref_allgather && !ord ? KB_VQ_C_ALLGATHER : 0;
+    case KB_COLL_REDUCE_SCATTER:
+        return ref == kb_ccl_ref_reduce_scatter &&
+                       (!ord || ord == kb_ccl_ref_ring_reduce_scatter)
+                   ? KB_VQ_C_REDUCE_SCATTER
+                   : 0;
+    case KB_COLL_BROADCAST:
+        return ref == kb_ccl_ref_broadcast && !ord ? KB_VQ_C_BROADCAST : 0;
+    case KB_COLL_REDUCE:
+        return ref == kb_ccl_ref_reduce && (!ord || ord == kb_ccl_ref_ring_reduce)
+                   ? KB_VQ_C_REDUCE
+                   : 0;
+    case KB_COLL_ALLTOALL:
+        return ref == kb_ccl_ref_alltoall && !ord ? KB_VQ_C_ALLTOALL : 0;
+    case KB_COLL_SENDRECV:
+        return ref == kb_ccl_ref_shift_east && !ord ? KB_VQ_C_SHIFT : 0;
+    default:
+        return 0;
+    }
+}
+
 int kb_ccl_vquery_of(kb_dtype dt, int op, kb_ccl_ref_fn ref, kb_ccl_ref_ord_fn ord,
                      kb_coll_kind kind, uint32_t seed, int ntiles, int64_t n, int root,
                      kb_vquery *q)
 {
     /* verify_sum_f16's "same" case, whose per-column reference the device computes */
     int plain = ref == kb_ccl_ref_allreduce && !ord, ring = ord == kb_ccl_ref_ring_allreduce;
-    /* any size a tile and the grid sums hold (kb_vquery.h: tiles of at most 2^31 elements;
-     * verdict_finish_grid: 2^40 in all) */
-    if (dt != KB_F16 || op != KB_CCL_OP_SUM || kind != KB_COLL_ALLREDUCE || root != 0 ||
-        !(plain || ring) || ntiles < 1 || n < 1 || (uint64_t)n > ((uint64_t)1 << 31) ||
-        (uint64_t)ntiles * (uint64_t)n > ((uint64_t)1 << 40))
+    uint32_t coll = kind == KB_COLL_ALLREDUCE ? 0 : vq_coll_of(kind, ref, ord);
+    /* any size a tile and the grid sums hold (kb_vquery.h: CHECK tiles of at most 2^31
+     * elements; verdict_finish_grid: 2^40 in all) */
+    if (dt != KB_F16 || op != KB_CCL_OP_SUM || ntiles < 1 || n < 1 ||
+        (uint64_t)ntiles * (uint64_t)n > ((uint64_t)1 << 40) || root < 0 || root >= ntiles)
         return 0;
     memset(q, 0, sizeof *q);
-    q->kind = KB_VQ_CHECK;
     q->ntiles = (uint32_t)ntiles;
     q->n = (uint64_t)n;
     q->seed = seed;
-    q->ordered = (uint32_t)ring;
     q->acc_bound = kb_ccl_input_acc_bound_op(kind, op, ntiles);
-    return 1;
+    if (kind == KB_COLL_ALLREDUCE) {
+        if (root != 0 || !(plain || ring) || (uint64_t)n > ((uint64_t)1 << 31))
+            return 0;
+        q->kind = KB_VQ_CHECK;
+        q->ordered = (uint32_t)ring;
+        return 1;
+    }
+    q->kind = KB_VQ_COLL;
+    q->coll = coll;
+    q->ordered = ord != NULL;
+    q->root = (uint32_t)root;
+    /* a root only where the kind has one (the host relabels the ranks for any root) */
+    return coll != 0 && (kb_coll_rooted(kind) || root == 0) && kb_vquery_valid(q);
 }
 
 int kb_ccl_verdict_of_query(const kb_vquery *q, const void *result, kb_ccl_verdict *v)
@@ -964,8 +1042,12 @@ int kb_ccl_verdict_of_query(const kb_vquery *q, const void *result, kb_ccl_verdi
     tiles_verdict(vt, ntiles, v);
     if (offgrid) /* all but the means is the host's verdict */
         return KB_ERR_UNSUPPORTED;
-    /* as verify_sum_f16 finishes: every value on the grid, so the integer sums are exact */
-    verdict_finish_grid(v, gq, sums->wq, ntiles, (int64_t)q->n);
+    /* as the host check finishes: every value on the grid, so the integer sums are exact
+     * (CHECK's wq covers the n columns every tile shares, COLL's every element) */
+    if (q->kind == KB_VQ_COLL)
+        verdict_finish_q(v, gq, sums->wq, (int64_t)q->n);
+    else
+        verdict_finish_grid(v, gq, sums->wq, ntiles, (int64_t)q->n);
     return v->ok_tiles == ntiles;
 }
 

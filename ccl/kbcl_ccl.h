@@ -569,7 +569,10 @@ KB_API void kb_ccl_input_span(float *x, uint32_t seed, int64_t tile, int64_t i0,
                        int64_t n);
 
 /* What kb_ccl_verify found. Means are over all elements, of the result and of the
- * reference rounded to the dtype (the FAIL line prints them). */
+ * reference rounded to the dtype (the FAIL line prints them); for f16 whose every value is on
+ * the 2^-7 grid they are the exact integer sums of value * 128 (int64, up to 2^40 elements),
+ * each converted to double once, which is the sequential double sum wherever that is exact
+ * and what a device's check gives in any order (kb_vquery.h); else the sequential sums. */
 typedef struct kb_ccl_verdict {
     int ntiles, ok_tiles;
     int first_bad_tile;           /* -1 when every tile passed */
