@@ -1,10 +1,15 @@
 /*
- * kb_vquery: device queries. Each case builds the result tiles of a seeded all-reduce (right,
- * or with planted errors), places them at scattered offsets of a device-resident arena, and
+ * kb_vquery: device queries. Each case builds the result tiles of a seeded all-reduce (CHECK)
+ * or other collective (COLL: all-gather, reduce-scatter, broadcast, reduce, all-to-all,
+ * send/recv; plain and ring-ordered references, roots) from the host's references (right, or
+ * with planted errors), places them at scattered offsets of a device-resident arena, and
  * asks every device-resident backend there is — the ref backend's resident variant (the
  * plain-C oracle) and the OpenCL one when a device exists (PoCL in CI) — for the check and
  * the digest. The check's verdict must be, field for field, the host's
- * (kb_ccl_verify_inputs_ord over the same bytes), and the digest kb_vquery_digest_host's.
+ * (kb_ccl_verify_inputs_ord over the same bytes), a COLL answer's bytes must be the oracle's
+ * (kb_vquery_run_host over a host copy), and the digest kb_vquery_digest_host's. End to end,
+ * `kbcl run --bench ccl --verify-data` of each collective kind on PoCL prints the verdict,
+ * worst error and digest of --device ref (the host check) with nothing read back.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,9 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "kb_ccl.h"
 #include "kb_opencl.h"
 #include "kb_resident.h"
+#include "kb_test_util.h"
 #include "kb_vquery.h"
 
 typedef struct tcase {
@@ -143,10 +151,174 @@ static const tcase cases[] = {
     { 8200, 4, 1, 0 },
 };
 
+
+/* ---- KB_VQ_COLL: every other collective */
+
+typedef struct ccase {
+    kb_coll_kind kind;
+    int ordered; /* the ring-ordered reference (reduce-scatter, reduce) */
+    int ws;
+    int64_t n;
+    int root;
+    int corrupt;
+} ccase;
+
+/* The host's plain and ordered references of a case's kind. */
+static void refs_of(const ccase *c, kb_ccl_ref_fn *ref, kb_ccl_ref_ord_fn *ord)
+{
+    static const kb_ccl_ref_fn plain[KB_COLL_NKINDS] = {
+        [KB_COLL_ALLGATHER] = kb_ccl_ref_allgather,
+        [KB_COLL_REDUCE_SCATTER] = kb_ccl_ref_reduce_scatter,
+        [KB_COLL_BROADCAST] = kb_ccl_ref_broadcast,
+        [KB_COLL_REDUCE] = kb_ccl_ref_reduce,
+        [KB_COLL_ALLTOALL] = kb_ccl_ref_alltoall,
+        [KB_COLL_SENDRECV] = kb_ccl_ref_shift_east,
+    };
+    *ref = plain[c->kind];
+    *ord = !c->ordered                          ? NULL
+           : c->kind == KB_COLL_REDUCE           ? kb_ccl_ref_ring_reduce
+           : c->kind == KB_COLL_REDUCE_SCATTER   ? kb_ccl_ref_ring_reduce_scatter
+                                                 : NULL;
+}
+
+/* The collective's right result (f16, tile-major; rank t's tile is the root-0 reference's
+ * tile t - root of the inputs relabelled the same way, as the host check reads it), then the
+ * planted errors. */
+static uint16_t *make_coll_tiles(const ccase *c)
+{
+    size_t total = (size_t)c->ws * (size_t)c->n, n = (size_t)c->n;
+    float *in = malloc(total * sizeof *in);
+    double *out = malloc(total * sizeof *out);
+    uint16_t *raw = malloc(total * sizeof *raw);
+    kb_ccl_ref_fn ref;
+    kb_ccl_ref_ord_fn ord;
+    assert_true(in && out && raw);
+    refs_of(c, &ref, &ord);
+    for (int t = 0; t < c->ws; t++)
+        kb_ccl_inputs(in + (size_t)((t - c->root + c->ws) % c->ws) * n, KB_CCL_INPUT_SEED, t,
+                      1, c->n);
+    if (ord)
+        ord(in, c->ws, c->n, 0, c->n, KB_F16, KB_CCL_OP_SUM, out);
+    else
+        ref(in, c->ws, c->n, out);
+    for (int t = 0; t < c->ws; t++)
+        for (size_t i = 0; i < n; i++)
+            raw[(size_t)t * n + i] =
+                kb_f32_to_f16((float)out[(size_t)((t - c->root + c->ws) % c->ws) * n + i]);
+    if (c->corrupt) { /* on the 1/128 grid: the device gives the whole verdict */
+        size_t a = (size_t)(c->ws / 2) * n + n / 3;
+        raw[a] = kb_f32_to_f16(kb_f16_to_f32(raw[a]) + 1.0f);
+        raw[(size_t)(c->ws - 1) * n] ^= 0x8000; /* sign */
+    }
+    if (c->corrupt == 2) { /* off it: the means are left to the host */
+        raw[total - 1] = 0x7e00;  /* NaN */
+        raw[3 % total] ^= 0x0001; /* one ulp */
+    }
+    if (c->corrupt == 3) { /* beyond an error bound (acc_bound > 0): the root's element 1 */
+        size_t a = (size_t)c->root * n + 1;
+        raw[a] = kb_f32_to_f16(kb_f16_to_f32(raw[a]) + 256.0f);
+    }
+    free(in);
+    free(out);
+    return raw;
+}
+
+/* One COLL case on one resident backend: its verdict is the host's, its bytes the oracle's. */
+static void run_coll_case(kb_backend *be, const ccase *c)
+{
+    kb_resident *r = be->ops->resident(be->self);
+    const kb_resident_ops *ops;
+    void *dev;
+    kb_errbuf eb = { { 0 } };
+    size_t tb = (size_t)c->n * 2;
+    uint16_t *raw = make_coll_tiles(c);
+    uint64_t *off = malloc((size_t)c->ws * sizeof *off), at = 24, digest = 0;
+    kb_ccl_ref_fn ref;
+    kb_ccl_ref_ord_fn ord;
+    kb_vquery q, qd;
+    kb_ccl_verdict vh, vd;
+
+    assert_non_null(off);
+    refs_of(c, &ref, &ord);
+    kb_resident_device(r, &ops, &dev);
+    for (int t = 0; t < c->ws; t++) { /* scattered, some only 2-aligned, in reverse order */
+        off[c->ws - 1 - t] = at + (uint64_t)(t % 3) * 2;
+        at += tb + 40;
+    }
+    uint8_t *host = calloc((size_t)at + 64, 1); /* the same arena, for the oracle */
+    assert_non_null(host);
+    assert_int_equal(ops->arena(dev, at + 64, NULL, 0, &eb), 0);
+    for (int t = 0; t < c->ws; t++) {
+        assert_int_equal(ops->upload(dev, off[t], raw + (size_t)t * (size_t)c->n, tb, &eb), 0);
+        memcpy(host + off[t], raw + (size_t)t * (size_t)c->n, tb);
+    }
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, ref, ord, c->kind,
+                                      KB_CCL_INPUT_SEED, c->ws, c->n, c->root, &q), 1);
+    assert_int_equal(q.kind, KB_VQ_COLL);
+    size_t rs = kb_vquery_result_size(&q);
+    assert_int_equal(rs, (size_t)c->ws * sizeof(kb_vq_tile) + sizeof(kb_vq_sums));
+    void *out = malloc(rs), *want = malloc(rs);
+    assert_true(out && want);
+    if (ops->query(dev, &q, off, out, &eb) != 0)
+        fail_msg("coll query: %s", eb.msg);
+    assert_int_equal(kb_vquery_run_host(&q, host, off, want), 0);
+    assert_memory_equal(out, want, rs); /* bit for bit */
+    int okd = kb_ccl_verdict_of_query(&q, out, &vd);
+    int okh = kb_ccl_verify_inputs_ord(KB_F16, KB_CCL_OP_SUM, raw, ref, ord, c->kind,
+                                       KB_CCL_INPUT_SEED, c->ws, c->n, c->root, q.acc_bound,
+                                       &vh);
+    assert_int_equal(okh, !c->corrupt);
+    assert_int_equal(okd, c->corrupt == 2 ? KB_ERR_UNSUPPORTED : okh);
+    assert_same_verdict(&vd, &vh, c->corrupt != 2);
+    if (c->corrupt == 1 || c->corrupt == 3) { /* the planted errors found where they are */
+        assert_int_equal(vd.first_bad_tile, c->corrupt == 1 ? c->ws / 2 : c->root);
+        assert_int_equal(vd.first_bad_elem, c->corrupt == 1 ? c->n / 3 : 1);
+        assert_int_equal(vd.nwrong, c->corrupt == 1 ? 2 : 1);
+        assert_int_equal(vd.ok_tiles, c->ws - (c->corrupt == 1 ? 2 : 1));
+    }
+    qd = (kb_vquery){ KB_VQ_DIGEST, (uint32_t)c->ws, 0, tb, 0, 0, 0.0, 0, 0 };
+    if (ops->query(dev, &qd, off, &digest, &eb) != 0)
+        fail_msg("digest query: %s", eb.msg);
+    assert_int_equal(digest, kb_vquery_digest_host(raw, (size_t)c->ws * tb, 2));
+    free(out);
+    free(want);
+    free(host);
+    free(off);
+    free(raw);
+}
+
+static const ccase ccases[] = {
+    { KB_COLL_ALLGATHER, 0, 5, 1000, 0, 0 },
+    { KB_COLL_ALLGATHER, 0, 5, 1000, 0, 1 },
+    { KB_COLL_ALLGATHER, 0, 5, 1000, 0, 2 },
+    { KB_COLL_ALLGATHER, 0, 1, 7, 0, 0 },        /* one rank */
+    { KB_COLL_ALLGATHER, 0, 3, 70002, 0, 1 },    /* several slabs per tile */
+    { KB_COLL_REDUCE_SCATTER, 1, 5, 1000, 0, 0 }, /* the ring's chain: bit for bit */
+    { KB_COLL_REDUCE_SCATTER, 1, 5, 1000, 0, 1 },
+    { KB_COLL_REDUCE_SCATTER, 0, 6, 600, 0, 1 },
+    { KB_COLL_REDUCE_SCATTER, 1, 6, 600, 0, 2 },
+    { KB_COLL_BROADCAST, 0, 5, 777, 2, 0 },      /* a root */
+    { KB_COLL_BROADCAST, 0, 5, 777, 0, 1 },
+    { KB_COLL_REDUCE, 1, 5, 777, 3, 0 },
+    { KB_COLL_REDUCE, 1, 5, 777, 3, 1 },
+    { KB_COLL_REDUCE, 0, 6, 500, 0, 1 },
+    { KB_COLL_REDUCE, 1, 7, 3, 6, 2 },
+    { KB_COLL_REDUCE, 0, 8200, 3, 5, 3 },       /* more ranks than exact terms: acc_bound > 0 */
+    { KB_COLL_REDUCE, 1, 8200, 3, 0, 0 },
+    { KB_COLL_ALLTOALL, 0, 4, 1000, 0, 0 },
+    { KB_COLL_ALLTOALL, 0, 16, 4096, 0, 1 },
+    { KB_COLL_ALLTOALL, 0, 4, 1000, 0, 2 },
+    { KB_COLL_SENDRECV, 0, 5, 333, 0, 0 },
+    { KB_COLL_SENDRECV, 0, 5, 333, 0, 1 },
+    { KB_COLL_SENDRECV, 0, 1, 10, 0, 0 },       /* one rank keeps its own tile */
+};
+
 static void run_all(kb_backend *be)
 {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         run_case(be, &cases[i]);
+    for (size_t i = 0; i < sizeof ccases / sizeof *ccases; i++)
+        run_coll_case(be, &ccases[i]);
 }
 
 static void test_ref_resident(void **state)
@@ -222,6 +394,194 @@ static void test_query_scope(void **state)
                      0);
     assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_allreduce, NULL,
                                       KB_COLL_ALLREDUCE, 1, 513, INT64_C(1) << 31, 0, &q), 0);
+    /* every other kind: COLL, with its collective, order and root, at any tile length */
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_reduce,
+                                      kb_ccl_ref_ring_reduce, KB_COLL_REDUCE, 7, 8, 16, 3, &q),
+                     1);
+    assert_int_equal(q.kind, KB_VQ_COLL);
+    assert_int_equal(q.coll, KB_VQ_C_REDUCE);
+    assert_int_equal(q.ordered, 1);
+    assert_int_equal(q.root, 3);
+    assert_int_equal(q.seed, 7);
+    assert_true(q.acc_bound == 0.0);
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_allgather, NULL,
+                                      KB_COLL_ALLGATHER, 1, 256, INT64_C(1) << 32, 0, &q), 1);
+    assert_int_equal(q.coll, KB_VQ_C_ALLGATHER);
+    assert_int_equal(q.n, UINT64_C(1) << 32);
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_reduce_scatter, NULL,
+                                      KB_COLL_REDUCE_SCATTER, 1, 8200, 8200, 0, &q), 1);
+    assert_true(q.acc_bound == kb_ccl_input_acc_bound(KB_COLL_REDUCE_SCATTER, 8200));
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_alltoall, NULL,
+                                      KB_COLL_ALLTOALL, 1, 16, 64, 0, &q), 1);
+    assert_int_equal(q.coll, KB_VQ_C_ALLTOALL);
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_broadcast, NULL,
+                                      KB_COLL_BROADCAST, 1, 5, 9, 4, &q), 1);
+    assert_int_equal(q.coll, KB_VQ_C_BROADCAST);
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_shift_east, NULL,
+                                      KB_COLL_SENDRECV, 1, 5, 9, 0, &q), 1);
+    assert_int_equal(q.coll, KB_VQ_C_SHIFT);
+    /* not answered: chunks that do not divide the tile, a root where the kind has none, a
+     * reference the device does not know, other ops and dtypes, more than 2^40 elements */
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_allgather, NULL,
+                                      KB_COLL_ALLGATHER, 1, 3, 10, 0, &q), 0);
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_alltoall, NULL,
+                                      KB_COLL_ALLTOALL, 1, 4, 16, 1, &q), 0);
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_broadcast, NULL,
+                                      KB_COLL_BROADCAST, 1, 4, 16, 4, &q), 0);
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_allgather, NULL,
+                                      KB_COLL_BROADCAST, 1, 4, 16, 0, &q), 0);
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_reduce,
+                                      kb_ccl_ref_ring_reduce_scatter, KB_COLL_REDUCE, 1, 4, 16,
+                                      0, &q), 0);
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_MAX, kb_ccl_ref_reduce, NULL,
+                                      KB_COLL_REDUCE, 1, 4, 16, 0, &q), 0);
+    assert_int_equal(kb_ccl_vquery_of(KB_F32, KB_CCL_OP_SUM, kb_ccl_ref_allgather, NULL,
+                                      KB_COLL_ALLGATHER, 1, 4, 16, 0, &q), 0);
+    assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, kb_ccl_ref_allgather, NULL,
+                                      KB_COLL_ALLGATHER, 1, 256, INT64_C(1) << 33, 0, &q), 0);
+    /* a query's own range check (what a device server applies before any device sees it) */
+    q = (kb_vquery){ KB_VQ_COLL, 4, 16, 0, 1, 0, 0.0, KB_VQ_C_ALLTOALL, 0 };
+    assert_int_equal(kb_vquery_valid(&q), 1);
+    assert_int_equal(kb_vquery_tile_bytes(&q), 32);
+    q.n = 18;
+    assert_int_equal(kb_vquery_valid(&q), 0);
+    q.coll = KB_VQ_C_SHIFT;
+    assert_int_equal(kb_vquery_valid(&q), 1);
+    q.root = 4;
+    assert_int_equal(kb_vquery_valid(&q), 0);
+    q.root = 0;
+    q.coll = 0;
+    assert_int_equal(kb_vquery_valid(&q), 0);
+    assert_int_equal(kb_vquery_result_size(&q), 4 * sizeof(kb_vq_tile) + sizeof(kb_vq_sums));
+}
+
+/* The references of KB_VQ_COLL, element by element, against the host's references of the
+ * same inputs (one case per collective; rooted ones at root 2). */
+static void test_coll_reference(void **state)
+{
+    enum { WS = 4, N = 12 };
+    static const kb_coll_kind kinds[] = { KB_COLL_ALLGATHER, KB_COLL_REDUCE_SCATTER,
+                                          KB_COLL_BROADCAST, KB_COLL_REDUCE, KB_COLL_ALLTOALL,
+                                          KB_COLL_SENDRECV };
+    (void)state;
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++)
+        for (int ordered = 0; ordered < 2; ordered++) {
+            ccase c = { kinds[k], ordered, WS, N, kb_coll_rooted(kinds[k]) ? 2 : 0, 0 };
+            kb_ccl_ref_fn ref;
+            kb_ccl_ref_ord_fn ord;
+            kb_vquery q;
+            refs_of(&c, &ref, &ord);
+            if (ordered && !ord)
+                continue;
+            uint16_t *raw = make_coll_tiles(&c);
+            assert_int_equal(kb_ccl_vquery_of(KB_F16, KB_CCL_OP_SUM, ref, ord, c.kind,
+                                              KB_CCL_INPUT_SEED, WS, N, c.root, &q), 1);
+            for (int t = 0; t < WS; t++)
+                for (int i = 0; i < N; i++)
+                    assert_int_equal(kb_f32_to_f16((float)kb_vquery_coll_ref(&q, (uint32_t)t,
+                                                                             (uint64_t)i)),
+                                     raw[t * N + i]);
+            free(raw);
+        }
+}
+
+/* ---- end to end: `kbcl run --bench ccl` verified on PoCL */
+
+/* The line of out that starts with prefix (up to its newline, into line), or fails. */
+static void line_of(const char *out, const char *prefix, char *line, size_t n)
+{
+    const char *p = strstr(out, prefix);
+    if (!p)
+        fail_msg("no line starting '%s' in:\n%s", prefix, out);
+    size_t len = strcspn(p, "\n");
+    snprintf(line, n, "%.*s", (int)len, p);
+}
+
+/* The JSON a run wrote to file (the caller deletes it). */
+static cJSON *json_of(const char *file)
+{
+    char *text = kbt_slurp(file);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    return j;
+}
+
+/*
+ * Every collective kind but the all-reduce checked on the device (KB_VQ_COLL, kb_vquery.h):
+ * the verdict line, the worst error and the digest are --device ref's (whose host check
+ * defines them), and only the answers came down: ws tiles x 64 bytes + 16 for the check, 8
+ * for the digest, nothing read back (verified_on_device 1; the host's run says 0).
+ */
+static void test_device_collectives(void **s)
+{
+    static const struct {
+        const char *algo;
+        int ws;
+    } runs[] = {
+        { "ring_allgather", 8 },     { "ring_reducescatter", 8 }, { "ring_broadcast", 8 },
+        { "ring_reduce", 8 },        { "pairwise_alltoall", 16 }, { "p2p_sendrecv", 8 },
+    };
+    char out[8192], ref[8192], cmd[300], want[128], got[128], json[64];
+    (void)s;
+    if (kbt_kbcl(out, sizeof out, "devices") != 0 || !strstr(out, "[CPU]"))
+        skip();
+    for (size_t k = 0; k < sizeof runs / sizeof *runs; k++) {
+        const char *a = runs[k].algo;
+        int ws = runs[k].ws;
+        snprintf(cmd, sizeof cmd, "run --bench ccl --algorithm %s --world-size %d --size 64K "
+                 "--verify-data --device", a, ws);
+        if (kbt_kbcl(ref, sizeof ref, "%s ref --json ref_%s.json", cmd, a) != 0)
+            fail_msg("%s", ref);
+        if (kbt_kbcl(out, sizeof out, "%s cpu --json cpu_%s.json", cmd, a) != 0)
+            fail_msg("%s", out);
+        /* the verdict line: "  <algo> (ws=N): N OK" */
+        snprintf(want, sizeof want, "  %s (ws=%d): %d OK", a, ws, ws);
+        assert_non_null(strstr(ref, want));
+        assert_non_null(strstr(out, want));
+        const char *lines[] = { "  max_err ", "  digest ", "  n_wrong " };
+        for (size_t i = 0; i < sizeof lines / sizeof *lines; i++) {
+            line_of(ref, lines[i], want, sizeof want);
+            line_of(out, lines[i], got, sizeof got);
+            assert_string_equal(got, want);
+        }
+        line_of(out, "  verified_on_device ", got, sizeof got);
+        assert_string_equal(got, "  verified_on_device 1");
+        line_of(ref, "  verified_on_device ", got, sizeof got);
+        assert_string_equal(got, "  verified_on_device 0");
+        snprintf(json, sizeof json, "cpu_%s.json", a);
+        cJSON *j = json_of(json);
+        snprintf(json, sizeof json, "ref_%s.json", a);
+        cJSON *jr = json_of(json);
+        cJSON *t = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "replay"), "transfers");
+        assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "verified")));
+        assert_string_equal(cJSON_GetObjectItem(j, "data_digest")->valuestring,
+                            cJSON_GetObjectItem(jr, "data_digest")->valuestring);
+        assert_true(cJSON_GetObjectItem(j, "max_abs_err")->valuedouble ==
+                    cJSON_GetObjectItem(jr, "max_abs_err")->valuedouble);
+        assert_int_equal(cJSON_GetObjectItem(j, "verified_on_device")->valuedouble, 1);
+        assert_int_equal(cJSON_GetObjectItem(t, "upload_bytes")->valuedouble, 0);
+        assert_int_equal(cJSON_GetObjectItem(t, "download_bytes")->valuedouble, ws * 64 + 16 + 8);
+        /* Phase 2 changes no timing */
+        assert_true(cJSON_GetObjectItem(j, "sim_time_ns")->valuedouble ==
+                    cJSON_GetObjectItem(jr, "sim_time_ns")->valuedouble);
+        assert_true(cJSON_GetObjectItem(j, "events")->valuedouble ==
+                    cJSON_GetObjectItem(jr, "events")->valuedouble);
+        cJSON_Delete(j);
+        cJSON_Delete(jr);
+    }
+}
+
+static int workdir_make(void **s)
+{
+    (void)s;
+    return kbt_workdir_make("kbcl-vquery");
+}
+
+static int workdir_remove(void **s)
+{
+    (void)s;
+    return kbt_workdir_remove();
 }
 
 int main(void)
@@ -229,8 +589,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_digest_definition),
         cmocka_unit_test(test_query_scope),
+        cmocka_unit_test(test_coll_reference),
         cmocka_unit_test(test_ref_resident),
         cmocka_unit_test(test_opencl_device),
+        cmocka_unit_test_setup_teardown(test_device_collectives, workdir_make, workdir_remove),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -333,9 +333,11 @@ static void *digest_main(void *arg)
 }
 
 /* The result of a check (ok: 1, 0 or a negative error), the digest of its raw bytes, and the
- * verdict's figures; ranks of per_rank tiles each. */
+ * verdict's figures; ranks of per_rank tiles each. on_device: whether the device that holds
+ * the result answered the check and the digest (device_verify: nothing was read back), which
+ * the run reports as verified_on_device 1 / 0. */
 static int report_verdict(kb_ctx *ctx, kb_bench_result *res, int ok, const kb_ccl_verdict *v,
-                          uint64_t digest, int ntiles, int per_rank)
+                          uint64_t digest, int ntiles, int per_rank, int on_device)
 {
     if (ok < 0)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
@@ -346,6 +348,7 @@ static int report_verdict(kb_ctx *ctx, kb_bench_result *res, int ok, const kb_cc
     res->max_abs_err = v->max_abs_err;
     res->err_bound = v->err_bound;
     kb_bench_add_extra(res, "n_wrong", (double)v->nwrong);
+    kb_bench_add_extra(res, "verified_on_device", on_device);
     /* ranks, as nccl-tests counts them (a rank = SIP process group's rank is per_rank
      * shards, every one of which passed) */
     snprintf(res->ok_text, sizeof res->ok_text, "%d OK", v->ok_tiles / per_rank);
@@ -386,7 +389,7 @@ static int check_tiles(kb_ctx *ctx, kb_bench_result *res, kb_ccl_ref_fn ref,
         digest_main(&dj);
     else
         pthread_join(th, NULL);
-    return report_verdict(ctx, res, ok, &v, dj.h, ntiles, per_rank);
+    return report_verdict(ctx, res, ok, &v, dj.h, ntiles, per_rank, 0);
 }
 
 /* A lane run of an algorithm with an order-emulating reference: lane by lane. */
@@ -405,7 +408,7 @@ static int check_lanes_ordered(kb_ctx *ctx, kb_bench_result *res, const kb_ccl_l
         digest_main(&dj);
     else
         pthread_join(th, NULL);
-    return report_verdict(ctx, res, ok, &v, dj.h, lj->ws, 1);
+    return report_verdict(ctx, res, ok, &v, dj.h, lj->ws, 1, 0);
 }
 
 /* rank = SIP: every shard of every rank against the process group algorithm's reference. */
@@ -453,9 +456,11 @@ static int lanes_verify(kb_ctx *ctx, ccl_state *st, kb_bench_result *res)
 
 /*
  * The rank = PE job's check and digest on the device that holds the tiles (a device-resident
- * backend with queries, kb_vquery.h), for the checks a device answers (kb_ccl_vquery_of):
- * nothing but the answers comes back. 1 when done, 0 when the host must check (no such
- * device, a check it does not answer, tiles not resident, values off the grid), or an error.
+ * backend with queries, kb_vquery.h), for the checks a device answers (kb_ccl_vquery_of: the
+ * f16 sum jobs of every collective kind, all-reduce as KB_VQ_CHECK, the others as
+ * KB_VQ_COLL): nothing but the answers comes back, and the verdict is the host check's bit
+ * for bit. 1 when done, 0 when the host must check (no such device, a check it does not
+ * answer, tiles not resident, values off the grid), or an error.
  */
 static int device_verify(kb_ctx *ctx, kb_bench_result *res, const kb_ccl_job *job)
 {
@@ -513,7 +518,7 @@ static int device_verify(kb_ctx *ctx, kb_bench_result *res, const kb_ccl_job *jo
         rc = ok == KB_ERR_UNSUPPORTED ? 0 : kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
         goto out;
     }
-    rc = report_verdict(ctx, res, ok, &v, digest, ws, 1);
+    rc = report_verdict(ctx, res, ok, &v, digest, ws, 1, 1);
     if (rc == 0)
         rc = 1;
 out:
