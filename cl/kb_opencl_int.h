@@ -163,6 +163,12 @@ kb_resident *kb_ocl_resident_create(kb_ocl_be *b);
 
 /* ---- kb_opencl_vq.c: the KB_VQ_COLL query */
 
+/*
+ * Slabs per tile of a check over T tiles of n columns (kb_vq_check, kb_vq_coll: one work-group
+ * per slab): enough work-groups to fill the device (64 per compute unit) but no slab under
+ * 16 384 columns, so that few parts come back however many elements there are.
+ */
+cl_uint kb_ocl_vq_slabs(const kb_ocl_be *b, uint64_t n, uint32_t T);
 /* Answers q (kind KB_VQ_COLL) over b's resident arena, tile t at the offset toff[t] (a device
  * buffer); out: kb_vquery_result_size(q) bytes. KB_ERR_UNSUPPORTED without fp64. */
 int kb_ocl_vq_coll(kb_ocl_be *b, const kb_vquery *q, cl_mem toff, void *out, kb_errbuf *eb);

@@ -143,7 +143,6 @@ static int rs_payload(void *dev, const uint8_t *p, size_t size, size_t have, kb_
 /* ---------------------------------------------------------------- device queries */
 
 #define VQ_LOCAL 256                /* replay.cl's KB_VQ_LOCAL */
-#define VQ_SLAB (VQ_LOCAL * 64)     /* columns a check work-group covers */
 
 /* Sets kernel k's arguments 0 .. n-1: sz[i] bytes at v[i]. */
 static cl_int set_args(cl_kernel k, size_t n, const size_t *sz, const void *const *v)
@@ -196,9 +195,9 @@ out:
 
 static int vq_check(kb_ocl_be *b, const kb_vquery *q, cl_mem toff, void *out, kb_errbuf *eb)
 {
-    cl_ulong n = q->n, slab = VQ_SLAB;
     cl_uint seed = q->seed, T = q->ntiles, ord = q->ordered;
-    cl_uint nslab = (cl_uint)(n ? (n + VQ_SLAB - 1) / VQ_SLAB : 1);
+    cl_uint nslab = kb_ocl_vq_slabs(b, q->n, T); /* a few parts per tile come back */
+    cl_ulong n = q->n, slab = (n + nslab - 1) / nslab;
     cl_double accb = q->acc_bound;
     size_t cap = (size_t)(b->ncu ? b->ncu : 1) * 16, local = VQ_LOCAL;
     size_t rgroups = (size_t)((n + VQ_LOCAL - 1) / VQ_LOCAL);

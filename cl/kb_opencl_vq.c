@@ -18,11 +18,7 @@
 #define VQ_LOCAL 256            /* replay.cl's KB_VQ_LOCAL */
 #define VQ_SLAB_MIN (VQ_LOCAL * 64) /* columns a work-group covers at least */
 
-/*
- * Slabs per tile: enough work-groups to fill the device (64 per compute unit) but no slab
- * under VQ_SLAB_MIN columns, so that few parts come back however many elements there are.
- */
-static cl_uint coll_slabs(const kb_ocl_be *b, uint64_t n, uint32_t T)
+cl_uint kb_ocl_vq_slabs(const kb_ocl_be *b, uint64_t n, uint32_t T)
 {
     uint64_t want = (uint64_t)(b->ncu ? b->ncu : 1) * 64, per = (want + T - 1) / T;
     uint64_t most = (n + VQ_SLAB_MIN - 1) / VQ_SLAB_MIN;
@@ -33,7 +29,7 @@ static cl_uint coll_slabs(const kb_ocl_be *b, uint64_t n, uint32_t T)
 
 int kb_ocl_vq_coll(kb_ocl_be *b, const kb_vquery *q, cl_mem toff, void *out, kb_errbuf *eb)
 {
-    cl_uint T = q->ntiles, nslab = coll_slabs(b, q->n, q->ntiles);
+    cl_uint T = q->ntiles, nslab = kb_ocl_vq_slabs(b, q->n, q->ntiles);
     cl_ulong n = q->n, slab = (n + nslab - 1) / nslab;
     cl_uint coll = q->coll, seed = q->seed, root = q->root, ord = q->ordered;
     cl_double accb = q->acc_bound;
