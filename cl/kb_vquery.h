@@ -35,7 +35,7 @@
  * is exact (acc_bound 0 for the kinds that only move data: the bits must match). Each element
  * is checked as for CHECK; the result has the same layout, but its kb_vq_sums' wq is the
  * rounded reference's grid sum over every element of every tile (the references differ per
- * tile). Tiles of any length (n < 2^63); c needs n mod T == 0 for the chunked kinds.
+ * tile). Tiles of any length (n < 2^62); c needs n mod T == 0 for the chunked kinds.
  * KB_VQ_DIGEST — the digest of the tiles' bytes in tile order, as one stream of
  * ntiles * tile_bytes bytes (kb_vquery_digest_host). Result: one uint64_t.
  *
