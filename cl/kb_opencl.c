@@ -55,17 +55,23 @@ struct kb_clent {
 };
 _Static_assert(sizeof(kb_clent) == 104, "kb_clent must match replay.cl's kb_ent");
 
-enum { DT_PAYLOAD = 8, DT_UNALIGNED = 16 };
+/* An operand descriptor's byte (replay.cl's KB_DT_*): dtype, payload, unaligned; bits 5-6 the
+ * launch's arena slot (kernel argument 0-3) of its block; bit 7, which kernels ignore, marks an
+ * arena operand for the binding (bind_entry) */
+enum { DT_PAYLOAD = 8, DT_UNALIGNED = 16, DT_SLOT_SHIFT = 5, DT_ARENA = 128 };
 enum { EF_ACC = 1, EF_FLAT = 2, EF_BIG = 4, EF_FMA = 8, EF_PAIR = 16, EF_QUAD = 32 };
 enum { EF_QSPARSE = 64, EF_QSCALE = 128 }; /* DEQUANT */
 
 #define EF_KIND_SHIFT 8 /* replay.cl's KB_EF_KIND_SHIFT: an elementwise entry's kind */
 
-/* One kernel launch of a flush: entries [first, first + n) of the flush's table. */
+/* One kernel launch of a flush: entries [first, first + n) of the flush's table, and the
+ * resident blocks its arena slots bind (nbind 0: a host-arena flush's one buffer). */
 struct kb_ocl_launch {
     unsigned kind;
     size_t first, n;
     uint64_t units;
+    size_t bind[KB_OCL_SLOTS];
+    unsigned nbind;
 };
 
 const char *kb_ocl_errname(cl_int e)
@@ -140,6 +146,7 @@ static int ensure_buf(kb_ocl_be *b, cl_mem *m, size_t *cap, size_t need, cl_mem_
 static void flush_open(kb_ocl_be *b, cl_mem arena, cl_mem payload, uint64_t arena_bytes)
 {
     b->cur_arena = arena;
+    b->cur_resident = arena == NULL;
     b->cur_payload = payload;
     b->arena_bytes = arena_bytes;
     b->ntab = 0;
@@ -163,14 +170,15 @@ static int cl_begin(void *self, uint8_t *arena, uint64_t arena_bytes,
     if (!arena) { /* a resident flush: kb_resident has put everything in place */
         if (arena_bytes > b->rarena_cap)
             return kb_err_set(eb, KB_ERR_STATE,
-                              "opencl backend: resident arena of %llu bytes, has %zu",
-                              (unsigned long long)arena_bytes, b->rarena_cap);
-        if ((!b->rarena && (rc = ensure_buf(b, &b->rarena, &b->rarena_cap, 64,
-                                            CL_MEM_READ_WRITE, "arena", eb)) != 0) ||
+                              "opencl backend: resident arena of %llu bytes, has %llu",
+                              (unsigned long long)arena_bytes,
+                              (unsigned long long)b->rarena_cap);
+        /* a launch binds a buffer even when the flush placed nothing */
+        if ((b->nrblk == 0 && (rc = kb_ocl_blk_add(b, 0, 64, eb)) != 0) ||
             (!b->rpayload && (rc = ensure_buf(b, &b->rpayload, &b->rpayload_cap, 64,
                                               CL_MEM_READ_ONLY, "payload", eb)) != 0))
             return rc;
-        flush_open(b, b->rarena, b->rpayload, arena_bytes);
+        flush_open(b, NULL, b->rpayload, arena_bytes);
         return 0;
     }
     if ((rc = ensure_buf(b, &b->arena, &b->arena_cap, (size_t)arena_bytes, CL_MEM_READ_WRITE,
@@ -200,6 +208,8 @@ static uint32_t opnd_desc(const kb_opnd *o)
     uint32_t d = o->dtype;
     if (o->space == KB_SPACE_PAYLOAD)
         d |= DT_PAYLOAD;
+    else
+        d |= DT_ARENA;
     if (o->addr % kb_dtype_size((kb_dtype)o->dtype) != 0)
         d |= DT_UNALIGNED;
     return d;
@@ -424,15 +434,78 @@ static void make_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
     }
 }
 
+/*
+ * Binds entry e's arena operands to the launch's slots (bind[0 .. *nbind)): each operand's
+ * offset becomes its offset in its block, its slot goes into its descriptor. 1 when they fit,
+ * 0 (nothing changed) when the launch would need more than KB_OCL_SLOTS blocks, or
+ * KB_ERR_RANGE for an operand outside the resident blocks. A host-arena flush has one buffer:
+ * nothing to bind.
+ */
+static int bind_entry(const kb_ocl_be *b, kb_clent *e, size_t *bind, unsigned *nbind)
+{
+    size_t blk[4];
+    uint64_t loc[4];
+    unsigned nb = *nbind, slot[4];
+
+    if (!b->cur_resident)
+        return 1;
+    for (unsigned s = 0; s < 4; s++) {
+        if (!((e->dt >> (8 * s)) & DT_ARENA))
+            continue;
+        if (kb_ocl_blk_find(b, e->off[s], 0, &blk[s], &loc[s]) != 0)
+            return KB_ERR_RANGE;
+        for (slot[s] = 0; slot[s] < nb && bind[slot[s]] != blk[s]; slot[s]++)
+            ;
+        if (slot[s] == nb) {
+            if (nb == KB_OCL_SLOTS)
+                return 0;
+            bind[nb++] = blk[s];
+        }
+    }
+    for (unsigned s = 0; s < 4; s++) {
+        if (!((e->dt >> (8 * s)) & DT_ARENA))
+            continue;
+        e->off[s] = loc[s];
+        e->dt |= (cl_uint)slot[s] << (8 * s + DT_SLOT_SHIFT);
+    }
+    *nbind = nb;
+    return 1;
+}
+
+/* Appends the launch of entries [first, ntab): `kind`'s kernel over `units` work units. */
+static int add_launch(kb_ocl_be *b, unsigned kind, size_t first, uint64_t units,
+                      const size_t *bind, unsigned nbind, kb_errbuf *eb)
+{
+    if (b->ntab == first)
+        return 0;
+    if (b->nln == b->lncap) {
+        size_t c = b->lncap ? 2 * b->lncap : 64;
+        kb_ocl_launch *l = realloc(b->ln, c * sizeof *l);
+        if (!l)
+            return kb_err_set(eb, KB_ERR_NOMEM, "opencl backend: launch list");
+        b->ln = l;
+        b->lncap = c;
+    }
+    kb_ocl_launch *l = &b->ln[b->nln++];
+    l->kind = kind;
+    l->first = first;
+    l->n = b->ntab - first;
+    l->units = units;
+    memcpy(l->bind, bind, sizeof l->bind);
+    l->nbind = nbind;
+    return 0;
+}
+
 static int cl_run_batch(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
 {
     kb_ocl_be *b = self;
+    int rc;
 
     if (!b->active)
         return kb_err_set(eb, KB_ERR_STATE, "opencl backend: run_batch outside begin/end");
     for (size_t i = 0; i < n;) {
-        unsigned kind = recs[i].kind, group = kb_rec_launch_group(kind);
-        size_t j = i;
+        unsigned kind = recs[i].kind, group = kb_rec_launch_group(kind), nbind = 0;
+        size_t j = i, bind[KB_OCL_SLOTS] = { 0 };
         uint64_t units = 0;
         size_t first = b->ntab;
         if (kind >= KB_REC_NKINDS) {
@@ -452,34 +525,39 @@ static int cl_run_batch(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
                 b->tab = t;
                 b->tabcap = c;
             }
-            make_entry(&recs[j], &b->tab[b->ntab], &u);
+            kb_clent *e = &b->tab[b->ntab];
+            make_entry(&recs[j], e, &u);
             if (u == 0)
                 continue; /* an empty record: nothing to launch for it */
+            if ((rc = bind_entry(b, e, bind, &nbind)) == 0) {
+                /* more blocks than a launch binds: the group goes on in another launch */
+                if ((rc = add_launch(b, kind, first, units, bind, nbind, eb)) != 0) {
+                    b->failed = 1;
+                    return rc;
+                }
+                first = b->ntab;
+                units = 0;
+                nbind = 0;
+                rc = bind_entry(b, e, bind, &nbind); /* a record's operands always fit */
+            }
+            if (rc < 0) {
+                b->failed = 1;
+                return kb_err_set(eb, rc, "opencl backend: record %zu of a batch: an operand "
+                                  "outside the resident arena", j);
+            }
             if (b->ntab == first)
                 kind = recs[j].kind; /* the first entry with work names the kernel ... */
             else if (recs[j].kind != kind)
                 kind = KB_OCL_EW_MIXED;  /* ... unless elementwise kinds differ: kb_ew */
             if (group == KB_REC_COPY)
-                b->tab[b->ntab].flags |= (cl_uint)recs[j].kind << EF_KIND_SHIFT;
-            b->tab[b->ntab++].start = units;
+                e->flags |= (cl_uint)recs[j].kind << EF_KIND_SHIFT;
+            e->start = units;
+            b->ntab++;
             units += u;
         }
-        if (b->ntab > first) {
-            if (b->nln == b->lncap) {
-                size_t c = b->lncap ? 2 * b->lncap : 64;
-                kb_ocl_launch *l = realloc(b->ln, c * sizeof *l);
-                if (!l) {
-                    b->failed = 1;
-                    return kb_err_set(eb, KB_ERR_NOMEM, "opencl backend: launch list");
-                }
-                b->ln = l;
-                b->lncap = c;
-            }
-            kb_ocl_launch *l = &b->ln[b->nln++];
-            l->kind = kind;
-            l->first = first;
-            l->n = b->ntab - first;
-            l->units = units;
+        if ((rc = add_launch(b, kind, first, units, bind, nbind, eb)) != 0) {
+            b->failed = 1;
+            return rc;
         }
         i = j;
     }
@@ -526,17 +604,23 @@ static int enqueue_all(kb_ocl_be *b, kb_errbuf *eb)
             groups = l->units < cap ? (size_t)l->units : cap;
         }
         global = groups * local;
-        err = clSetKernelArg(k, 0, sizeof(cl_mem), &b->cur_arena);
+        err = CL_SUCCESS;
+        /* arena slots 0-3: the launch's blocks (an unused slot repeats the first) */
+        for (cl_uint s = 0; s < KB_OCL_SLOTS && err == CL_SUCCESS; s++) {
+            const cl_mem *m = l->nbind == 0 ? &b->cur_arena
+                                            : &b->rblk[l->bind[s < l->nbind ? s : 0]];
+            err = clSetKernelArg(k, s, sizeof(cl_mem), m);
+        }
         if (err == CL_SUCCESS)
-            err = clSetKernelArg(k, 1, sizeof(cl_mem), &b->cur_payload);
+            err = clSetKernelArg(k, KB_OCL_SLOTS, sizeof(cl_mem), &b->cur_payload);
         if (err == CL_SUCCESS)
-            err = clSetKernelArg(k, 2, sizeof(cl_mem), &b->table);
+            err = clSetKernelArg(k, KB_OCL_SLOTS + 1, sizeof(cl_mem), &b->table);
         if (err == CL_SUCCESS)
-            err = clSetKernelArg(k, 3, sizeof first, &first);
+            err = clSetKernelArg(k, KB_OCL_SLOTS + 2, sizeof first, &first);
         if (err == CL_SUCCESS)
-            err = clSetKernelArg(k, 4, sizeof n, &n);
+            err = clSetKernelArg(k, KB_OCL_SLOTS + 3, sizeof n, &n);
         if (err == CL_SUCCESS)
-            err = clSetKernelArg(k, 5, sizeof units, &units);
+            err = clSetKernelArg(k, KB_OCL_SLOTS + 4, sizeof units, &units);
         if (err == CL_SUCCESS)
             err = clEnqueueNDRangeKernel(b->q, k, 1, NULL, &global, &local, 0, NULL, &b->ev[i]);
         if (err != CL_SUCCESS)
@@ -638,8 +722,9 @@ static void cl_destroy(void *self)
         clReleaseMemObject(b->payload);
     if (b->table)
         clReleaseMemObject(b->table);
-    if (b->rarena)
-        clReleaseMemObject(b->rarena);
+    kb_ocl_blk_release(b);
+    free(b->rblk);
+    free(b->rblk_end);
     if (b->rpayload)
         clReleaseMemObject(b->rpayload);
     if (b->q)
@@ -695,9 +780,10 @@ int kb_opencl_backend_trim(const kb_backend *be)
     if (clFinish(b->q) != CL_SUCCESS)
         return KB_ERR_DEVICE;
     collect_events(b);
-    cl_mem *bufs[4] = { &b->arena, &b->payload, &b->rarena, &b->rpayload };
-    size_t *caps[4] = { &b->arena_cap, &b->payload_cap, &b->rarena_cap, &b->rpayload_cap };
-    for (int i = 0; i < 4; i++) {
+    kb_ocl_blk_release(b);
+    cl_mem *bufs[3] = { &b->arena, &b->payload, &b->rpayload };
+    size_t *caps[3] = { &b->arena_cap, &b->payload_cap, &b->rpayload_cap };
+    for (int i = 0; i < 3; i++) {
         if (*bufs[i])
             clReleaseMemObject(*bufs[i]);
         *bufs[i] = NULL;

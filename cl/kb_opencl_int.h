@@ -59,6 +59,10 @@ int kb_ocl_setup_of(const kb_backend *be, kb_opencl_setup *out);
 #endif
 #define KB_OCL_GEMM_NT ((KB_GEMM_TM / KB_GEMM_WM) * (KB_GEMM_TN / KB_GEMM_WN))
 
+/* Arena buffers one launch binds (replay.cl's kernel arguments 0-3): a record's operands are in
+ * at most four blocks (dst and three sources), so every record fits one launch. */
+#define KB_OCL_SLOTS 4u
+
 /* The kernels of record kinds, then kb_ew: a launch group of several elementwise kinds. */
 #define KB_OCL_EW_MIXED KB_REC_NKINDS
 #define KB_OCL_NKERN (KB_REC_NKINDS + 1)
@@ -83,9 +87,15 @@ typedef struct kb_ocl_be {
     cl_mem arena, payload, table;       /* device buffers, grown on demand */
     size_t arena_cap, payload_cap, table_cap;
     kb_resident *res;                   /* device-resident memory (kb_resident.h): */
-    cl_mem rarena, rpayload;            /* its arena and payload */
-    size_t rarena_cap, rpayload_cap;
-    cl_mem cur_arena, cur_payload;      /* what the flush's launches use */
+    cl_mem *rblk;                       /* its arena: blocks, one buffer each, end to end */
+    uint64_t *rblk_end;                 /* block i: arena offsets [end[i-1] or 0, end[i]) */
+    size_t nrblk, rblkcap;
+    uint64_t rarena_cap;                /* the blocks' bytes */
+    cl_mem rpayload;                    /* its payload */
+    size_t rpayload_cap;
+    cl_mem vq_arena;                    /* the block a device query reads (rs_query) */
+    cl_mem cur_arena, cur_payload;      /* what the flush's launches use (host arena) */
+    int cur_resident;                   /* this flush's operands are arena offsets */
     cl_uint ncu;
     uint64_t arena_bytes;
     kb_clent *tab;                      /* the flush's argument tables, in launch order */
@@ -160,6 +170,13 @@ int kb_ocl_make_kernels(kb_ocl_be *b, cl_device_id dev, kb_errbuf *eb);
 /* b's kb_resident, over the resident primitives and queries of kb_opencl_mem.c; NULL when
  * out of memory. */
 kb_resident *kb_ocl_resident_create(kb_ocl_be *b);
+/* The block holding resident arena bytes [off, off + n) (n 0: off itself) and off's offset in
+ * it; KB_ERR_RANGE when they are not inside one block. */
+int kb_ocl_blk_find(const kb_ocl_be *b, uint64_t off, uint64_t n, size_t *blk, uint64_t *local);
+/* A new block at arena offset base (0: releasing every block first), of `bytes`. */
+int kb_ocl_blk_add(kb_ocl_be *b, uint64_t base, uint64_t bytes, kb_errbuf *eb);
+/* Releases every block. */
+void kb_ocl_blk_release(kb_ocl_be *b);
 
 /* ---- kb_opencl_vq.c: the KB_VQ_COLL query */
 

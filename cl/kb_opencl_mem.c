@@ -1,13 +1,14 @@
 /*
  * kb_opencl_mem — the device-resident memory of an OpenCL backend: the primitives
- * kb_resident.h moves simulated memory with (a resident arena and payload buffer that persist
- * across flushes; clEnqueueCopyBuffer for growth and merges, a fill kernel for poison,
- * blocking writes and reads for uploads and pulls) and the device queries over that arena
- * (kb_vquery.h: a digest, and a check against the seeded reference values, answered by
- * replay.cl's kb_vq_* kernels so that only the answer comes back). Limits: the arena and the
- * payload only grow (by reallocation and copy); copies within the arena must not overlap; a
- * check query needs doubles (cl_khr_fp64) on the device, else it is KB_ERR_UNSUPPORTED and the
- * host answers it.
+ * kb_resident.h moves simulated memory with (a resident arena of blocks, one buffer each, that
+ * persist across flushes and never move, and a payload buffer; clEnqueueCopyBuffer for merges,
+ * a fill kernel for poison, blocking writes and reads for uploads and pulls) and the device
+ * queries over that arena (kb_vquery.h: a digest, and a check against the seeded reference
+ * values, answered by replay.cl's kb_vq_* kernels so that only the answer comes back). Every
+ * primitive maps arena offsets to (block, offset in it) and refuses a range that is not
+ * inside one block. Limits: the payload only grows (by reallocation and copy); copies within
+ * one block must not overlap; a query's tiles lie in one block; a check query needs doubles
+ * (cl_khr_fp64) on the device, else it is KB_ERR_UNSUPPORTED and the host answers it.
  */
 #include "kb_opencl_int.h"
 
@@ -17,49 +18,101 @@
 
 #include "kb_vquery.h"
 
-static int rs_arena(void *dev, uint64_t bytes, const kb_move *mv, size_t n, kb_errbuf *eb)
+int kb_ocl_blk_find(const kb_ocl_be *b, uint64_t off, uint64_t n, size_t *blk, uint64_t *local)
 {
-    kb_ocl_be *b = dev;
+    size_t lo = 0, hi = b->nrblk;
+    while (lo < hi) { /* the first block ending after off */
+        size_t mid = lo + (hi - lo) / 2;
+        if (b->rblk_end[mid] <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == b->nrblk || n > b->rblk_end[lo] - off)
+        return KB_ERR_RANGE;
+    *blk = lo;
+    *local = off - (lo ? b->rblk_end[lo - 1] : 0);
+    return 0;
+}
+
+void kb_ocl_blk_release(kb_ocl_be *b)
+{
+    for (size_t i = 0; i < b->nrblk; i++)
+        clReleaseMemObject(b->rblk[i]); /* the queue keeps it until its commands are done */
+    b->nrblk = 0;
+    b->rarena_cap = 0;
+}
+
+int kb_ocl_blk_add(kb_ocl_be *b, uint64_t base, uint64_t bytes, kb_errbuf *eb)
+{
     cl_int err;
     cl_mem m;
 
+    if (base == 0)
+        kb_ocl_blk_release(b);
+    if (base != b->rarena_cap)
+        return kb_err_set(eb, KB_ERR_STATE, "opencl: resident block at %llu, the arena has %llu",
+                          (unsigned long long)base, (unsigned long long)b->rarena_cap);
     if (bytes > SIZE_MAX || bytes == 0)
-        return kb_err_set(eb, KB_ERR_NOMEM, "opencl: resident arena of %llu bytes",
+        return kb_err_set(eb, KB_ERR_NOMEM, "opencl: resident block of %llu bytes",
                           (unsigned long long)bytes);
+    if (b->nrblk == b->rblkcap) {
+        size_t c = b->rblkcap ? 2 * b->rblkcap : 8;
+        cl_mem *nm = realloc(b->rblk, c * sizeof *nm);
+        uint64_t *ne = nm ? realloc(b->rblk_end, c * sizeof *ne) : NULL;
+        if (nm)
+            b->rblk = nm;
+        if (!ne)
+            return kb_err_set(eb, KB_ERR_NOMEM, "opencl: out of memory adding a block");
+        b->rblk_end = ne;
+        b->rblkcap = c;
+    }
     m = clCreateBuffer(b->ctx, CL_MEM_READ_WRITE, (size_t)bytes, NULL, &err);
     if (!m)
-        return kb_err_set(eb, KB_ERR_DEVICE, "opencl: resident arena of %llu bytes: %s (%d)",
+        return kb_err_set(eb, KB_ERR_DEVICE, "opencl: resident block of %llu bytes: %s (%d)",
                           (unsigned long long)bytes, kb_ocl_errname(err), (int)err);
-    for (size_t i = 0; i < n; i++) {
-        if (mv[i].n == 0)
-            continue;
-        err = clEnqueueCopyBuffer(b->q, b->rarena, m, (size_t)mv[i].from, (size_t)mv[i].to,
-                                  (size_t)mv[i].n, 0, NULL, NULL);
-        if (err != CL_SUCCESS) {
-            clFinish(b->q);
-            clReleaseMemObject(m);
-            return kb_ocl_fail(eb, "moving the resident arena", err);
-        }
-    }
-    /* Released once the copies are done (the queue keeps it until then). */
-    if (b->rarena)
-        clReleaseMemObject(b->rarena);
-    b->rarena = m;
-    b->rarena_cap = (size_t)bytes;
+    b->rblk[b->nrblk] = m;
+    b->rblk_end[b->nrblk++] = base + bytes;
+    b->rarena_cap = base + bytes;
+    return 0;
+}
+
+static int rs_block(void *dev, uint64_t base, uint64_t bytes, kb_errbuf *eb)
+{
+    return kb_ocl_blk_add(dev, base, bytes, eb);
+}
+
+/* [off, off + n) as a block's buffer and offset; KB_ERR_RANGE naming `what` otherwise. */
+static int at(const kb_ocl_be *b, const char *what, uint64_t off, uint64_t n, cl_mem *m,
+              size_t *local, kb_errbuf *eb)
+{
+    size_t k;
+    uint64_t lo;
+    if (kb_ocl_blk_find(b, off, n, &k, &lo) != 0)
+        return kb_err_set(eb, KB_ERR_RANGE, "opencl: %s [%llu, +%llu) not inside one block of "
+                          "the resident arena (%llu bytes)", what, (unsigned long long)off,
+                          (unsigned long long)n, (unsigned long long)b->rarena_cap);
+    *m = b->rblk[k];
+    *local = (size_t)lo;
     return 0;
 }
 
 static int rs_copy(void *dev, uint64_t to, uint64_t from, uint64_t n, kb_errbuf *eb)
 {
     kb_ocl_be *b = dev;
+    cl_mem mt, mf;
+    size_t lt, lf;
     cl_int err;
+    int rc;
 
     if (n == 0)
         return 0;
     if (from < to + n && to < from + n)
         return kb_err_set(eb, KB_ERR_INVAL, "opencl: overlapping copy in the resident arena");
-    err = clEnqueueCopyBuffer(b->q, b->rarena, b->rarena, (size_t)from, (size_t)to, (size_t)n, 0,
-                              NULL, NULL);
+    if ((rc = at(b, "copy to", to, n, &mt, &lt, eb)) != 0 ||
+        (rc = at(b, "copy from", from, n, &mf, &lf, eb)) != 0)
+        return rc;
+    err = clEnqueueCopyBuffer(b->q, mf, mt, lf, lt, (size_t)n, 0, NULL, NULL);
     return err == CL_SUCCESS ? 0 : kb_ocl_fail(eb, "copy in the resident arena", err);
 }
 
@@ -68,16 +121,21 @@ static int rs_fill(void *dev, uint64_t off, uint64_t n, uint8_t byte, kb_errbuf 
 {
     kb_ocl_be *b = dev;
     cl_int err;
-    cl_ulong o = off, len = n;
+    cl_ulong o, len = n;
     cl_uint v = byte;
     /* one work-item per 16 bytes, at most 2^20 work-items (grid-stride beyond) */
     uint64_t items = (n + 15) / 16;
-    size_t global = (size_t)(items < (1u << 20) ? items : (1u << 20));
+    size_t global = (size_t)(items < (1u << 20) ? items : (1u << 20)), lo;
+    cl_mem m;
+    int rc;
 
     if (n == 0)
         return 0;
+    if ((rc = at(b, "fill", off, n, &m, &lo, eb)) != 0)
+        return rc;
+    o = lo;
     global = (global + 63) / 64 * 64;
-    if ((err = clSetKernelArg(b->kfill, 0, sizeof b->rarena, &b->rarena)) != CL_SUCCESS ||
+    if ((err = clSetKernelArg(b->kfill, 0, sizeof m, &m)) != CL_SUCCESS ||
         (err = clSetKernelArg(b->kfill, 1, sizeof o, &o)) != CL_SUCCESS ||
         (err = clSetKernelArg(b->kfill, 2, sizeof len, &len)) != CL_SUCCESS ||
         (err = clSetKernelArg(b->kfill, 3, sizeof v, &v)) != CL_SUCCESS ||
@@ -90,24 +148,32 @@ static int rs_fill(void *dev, uint64_t off, uint64_t n, uint8_t byte, kb_errbuf 
 static int rs_upload(void *dev, uint64_t off, const void *src, uint64_t n, kb_errbuf *eb)
 {
     kb_ocl_be *b = dev;
+    cl_mem m;
+    size_t lo;
     cl_int err;
+    int rc;
 
     if (n == 0)
         return 0;
-    err = clEnqueueWriteBuffer(b->q, b->rarena, CL_TRUE, (size_t)off, (size_t)n, src, 0, NULL,
-                               NULL);
+    if ((rc = at(b, "upload", off, n, &m, &lo, eb)) != 0)
+        return rc;
+    err = clEnqueueWriteBuffer(b->q, m, CL_TRUE, lo, (size_t)n, src, 0, NULL, NULL);
     return err == CL_SUCCESS ? 0 : kb_ocl_fail(eb, "upload to the resident arena", err);
 }
 
 static int rs_download(void *dev, uint64_t off, void *dst, uint64_t n, kb_errbuf *eb)
 {
     kb_ocl_be *b = dev;
+    cl_mem m;
+    size_t lo;
     cl_int err;
+    int rc;
 
     if (n == 0)
         return 0;
-    err = clEnqueueReadBuffer(b->q, b->rarena, CL_TRUE, (size_t)off, (size_t)n, dst, 0, NULL,
-                              NULL);
+    if ((rc = at(b, "download", off, n, &m, &lo, eb)) != 0)
+        return rc;
+    err = clEnqueueReadBuffer(b->q, m, CL_TRUE, lo, (size_t)n, dst, 0, NULL, NULL);
     return err == CL_SUCCESS ? 0 : kb_ocl_fail(eb, "download from the resident arena", err);
 }
 
@@ -176,7 +242,7 @@ static int vq_digest(kb_ocl_be *b, const kb_vquery *q, cl_mem toff, uint64_t *ou
     }
     const size_t sz[] = { sizeof(cl_mem), sizeof(cl_mem), sizeof tb, sizeof total, sizeof nb,
                           sizeof(cl_mem) };
-    const void *const v[] = { &b->rarena, &toff, &tb, &total, &nb, &bh };
+    const void *const v[] = { &b->vq_arena, &toff, &tb, &total, &nb, &bh };
     if ((err = set_args(b->kvq_digest, 6, sz, v)) != CL_SUCCESS ||
         (err = clEnqueueNDRangeKernel(b->q, b->kvq_digest, 1, NULL, &global, &local, 0, NULL,
                                       NULL)) != CL_SUCCESS ||
@@ -237,7 +303,7 @@ static int vq_check(kb_ocl_be *b, const kb_vquery *q, cl_mem toff, void *out, kb
     {
         const size_t sz[] = { sizeof(cl_mem), sizeof(cl_mem), sizeof n, sizeof slab,
                               sizeof nslab, sizeof accb, sizeof(cl_mem), sizeof(cl_mem) };
-        const void *const v[] = { &b->rarena, &toff, &n, &slab, &nslab, &accb, &ref, &part };
+        const void *const v[] = { &b->vq_arena, &toff, &n, &slab, &nslab, &accb, &ref, &part };
         if ((err = set_args(b->kvq_check, 8, sz, v)) != CL_SUCCESS ||
             (err = clEnqueueNDRangeKernel(b->q, b->kvq_check, 1, NULL, &cglobal, &local, 0, NULL,
                                           NULL)) != CL_SUCCESS ||
@@ -264,12 +330,36 @@ out:
     return rc;
 }
 
+/* The tiles' offsets in the one block that holds them all (b->vq_arena, which the query
+ * kernels read), into *loc (the caller frees it); KB_ERR_RANGE when they are not in one. */
+static int tiles_in_block(kb_ocl_be *b, const kb_vquery *q, const uint64_t *off, uint64_t **loc,
+                          kb_errbuf *eb)
+{
+    uint64_t per = q->kind == KB_VQ_CHECK ? q->n * 2 : q->tile_bytes;
+    size_t k0 = 0, k;
+
+    if (!(*loc = malloc((size_t)q->ntiles * sizeof **loc)))
+        return kb_err_set(eb, KB_ERR_NOMEM, "opencl: query of %u tiles", (unsigned)q->ntiles);
+    for (uint32_t t = 0; t < q->ntiles; t++) {
+        if (kb_ocl_blk_find(b, off[t], per, &k, &(*loc)[t]) != 0 || (t > 0 && k != k0)) {
+            free(*loc);
+            *loc = NULL;
+            return kb_err_set(eb, KB_ERR_RANGE, "opencl: query tile %u not in the block of "
+                              "tile 0", (unsigned)t);
+        }
+        k0 = k;
+    }
+    b->vq_arena = b->rblk[k0];
+    return 0;
+}
+
 static int rs_query(void *dev, const kb_vquery *q, const uint64_t *off, void *out,
                     kb_errbuf *eb)
 {
     kb_ocl_be *b = dev;
     cl_mem toff = NULL;
     cl_int err = CL_SUCCESS;
+    uint64_t *loc;
     int rc;
 
     if (q->kind == KB_VQ_CHECK && !b->kvq_check)
@@ -277,11 +367,16 @@ static int rs_query(void *dev, const kb_vquery *q, const uint64_t *off, void *ou
                           "for a check query");
     if (q->kind != KB_VQ_CHECK && q->kind != KB_VQ_DIGEST && q->kind != KB_VQ_COLL)
         return kb_err_set(eb, KB_ERR_UNSUPPORTED, "opencl: query kind %u", q->kind);
-    if (q->ntiles == 0 || !b->rarena)
+    if (q->ntiles == 0 || b->nrblk == 0)
         return kb_err_set(eb, KB_ERR_UNSUPPORTED, "opencl: a query over no resident tile");
+    if ((rc = tiles_in_block(b, q, off, &loc, eb)) != 0)
+        return rc;
     if (!(toff = clCreateBuffer(b->ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                (size_t)q->ntiles * sizeof *off, (void *)off, &err)))
+                                (size_t)q->ntiles * sizeof *loc, loc, &err))) {
+        free(loc);
         return kb_ocl_fail(eb, "query tile table", err);
+    }
+    free(loc);
     rc = q->kind == KB_VQ_DIGEST ? vq_digest(b, q, toff, out, eb)
          : q->kind == KB_VQ_COLL ? kb_ocl_vq_coll(b, q, toff, out, eb) /* kb_opencl_vq.c */
                                  : vq_check(b, q, toff, out, eb);
@@ -290,7 +385,7 @@ static int rs_query(void *dev, const kb_vquery *q, const uint64_t *off, void *ou
 }
 
 static const kb_resident_ops rs_ops = {
-    rs_arena, rs_copy, rs_fill, rs_upload, rs_download, rs_payload, rs_query,
+    rs_block, rs_copy, rs_fill, rs_upload, rs_download, rs_payload, rs_query,
 };
 
 kb_resident *kb_ocl_resident_create(kb_ocl_be *b)

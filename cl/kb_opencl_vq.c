@@ -55,7 +55,7 @@ int kb_ocl_vq_coll(kb_ocl_be *b, const kb_vquery *q, cl_mem toff, void *out, kb_
     const size_t sz[] = { sizeof(cl_mem), sizeof(cl_mem), sizeof n, sizeof slab, sizeof nslab,
                           sizeof accb, sizeof coll, sizeof seed, sizeof T, sizeof root,
                           sizeof ord, sizeof(cl_mem), sizeof(cl_mem) };
-    const void *const v[] = { &b->rarena, &toff, &n, &slab, &nslab, &accb, &coll, &seed, &T,
+    const void *const v[] = { &b->vq_arena, &toff, &n, &slab, &nslab, &accb, &coll, &seed, &T,
                               &root, &ord, &part, &wp };
     for (cl_uint i = 0; i < 13 && err == CL_SUCCESS; i++)
         err = clSetKernelArg(b->kvq_coll, i, sz[i], v[i]);

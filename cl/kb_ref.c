@@ -603,8 +603,10 @@ typedef struct ref_state {
     int active;
     /* the resident variant: host buffers standing for device memory */
     kb_resident *res;
-    uint8_t *dev_arena, *dev_payload;
+    uint8_t *dev_arena, *dev_payload;  /* the blocks end to end in one host buffer */
     uint64_t dev_arena_bytes;
+    uint64_t *blk_end;                 /* the blocks' ends, ascending */
+    size_t nblk, blkcap;
     size_t dev_payload_bytes;
 } ref_state;
 
@@ -675,34 +677,58 @@ static void ref_destroy(void *self)
     kb_resident_destroy(st->res);
     free(st->dev_arena);
     free(st->dev_payload);
+    free(st->blk_end);
     free(st);
 }
 
 /* ---- the resident variant's "device": host buffers ---- */
 
-static int rd_arena(void *dev, uint64_t bytes, const kb_move *mv, size_t n, kb_errbuf *eb)
+/* A block: the host buffer grows (realloc may move it: a host stand-in for device memory,
+ * where what counts is that kb_resident never asks for a copy); its block ends are kept so
+ * that every primitive's range is checked to lie in one block, as on a device. */
+static int rd_block(void *dev, uint64_t base, uint64_t bytes, kb_errbuf *eb)
 {
     ref_state *st = dev;
-    uint8_t *a = bytes <= SIZE_MAX ? malloc(bytes ? (size_t)bytes : 1) : NULL;
-    if (!a)
+    uint8_t *a;
+
+    if (base == 0)
+        st->nblk = st->dev_arena_bytes = 0; /* a new binding: the old blocks are released */
+    if (base != st->dev_arena_bytes || bytes == 0 || bytes > SIZE_MAX - base)
+        return kb_err_set(eb, KB_ERR_STATE, "ref backend: block at %llu of %llu bytes, the "
+                          "arena has %llu", (unsigned long long)base, (unsigned long long)bytes,
+                          (unsigned long long)st->dev_arena_bytes);
+    if (st->nblk == st->blkcap) {
+        size_t c = st->blkcap ? 2 * st->blkcap : 8;
+        uint64_t *e = realloc(st->blk_end, c * sizeof *e);
+        if (!e)
+            return kb_err_nomem(eb, (unsigned long long)(c * sizeof *e), "ref backend: blocks");
+        st->blk_end = e;
+        st->blkcap = c;
+    }
+    if (!(a = realloc(st->dev_arena, (size_t)(base + bytes))))
         return kb_err_nomem(eb, (unsigned long long)bytes, "ref backend: the resident arena");
-    memset(a, 0xA5, (size_t)bytes); /* what a fresh device buffer holds: anything */
-    for (size_t i = 0; i < n; i++)
-        if (mv[i].n > 0) /* an empty move may name a buffer that was never made */
-            memcpy(a + mv[i].to, st->dev_arena + mv[i].from, (size_t)mv[i].n);
-    free(st->dev_arena);
+    memset(a + base, 0xA5, (size_t)bytes); /* what a fresh device buffer holds: anything */
     st->dev_arena = a;
-    st->dev_arena_bytes = bytes;
+    st->dev_arena_bytes = base + bytes;
+    st->blk_end[st->nblk++] = base + bytes;
     return 0;
 }
 
 static int rd_check(const ref_state *st, uint64_t off, uint64_t n, kb_errbuf *eb)
 {
-    if (off > st->dev_arena_bytes || n > st->dev_arena_bytes - off)
-        return kb_err_set(eb, KB_ERR_RANGE, "ref backend: [%llu, +%llu) outside the arena of %llu",
-                          (unsigned long long)off, (unsigned long long)n,
-                          (unsigned long long)st->dev_arena_bytes);
-    return 0;
+    size_t lo = 0, hi = st->nblk;
+    while (lo < hi) { /* the block holding off: the first one ending after it */
+        size_t mid = lo + (hi - lo) / 2;
+        if (st->blk_end[mid] <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (n == 0 ? off <= st->dev_arena_bytes : lo < st->nblk && n <= st->blk_end[lo] - off)
+        return 0;
+    return kb_err_set(eb, KB_ERR_RANGE, "ref backend: [%llu, +%llu) not inside one block of "
+                      "the arena of %llu", (unsigned long long)off, (unsigned long long)n,
+                      (unsigned long long)st->dev_arena_bytes);
 }
 
 static int rd_copy(void *dev, uint64_t to, uint64_t from, uint64_t n, kb_errbuf *eb)
@@ -775,7 +801,7 @@ static int rd_query(void *dev, const kb_vquery *q, const uint64_t *off, void *ou
 }
 
 static const kb_resident_ops rd_ops = {
-    rd_arena, rd_copy, rd_fill, rd_upload, rd_download, rd_payload, rd_query,
+    rd_block, rd_copy, rd_fill, rd_upload, rd_download, rd_payload, rd_query,
 };
 
 static kb_resident *ref_resident(void *self)

@@ -3,7 +3,9 @@
  * sorted array searched by binary search. Placing a plan walks the resident segments and the
  * plan's segments together in PA order and groups them into components of overlapping
  * intervals; a component that holds a plan segment and is not exactly one resident segment
- * becomes one new segment at the arena's end. New bytes are initialised from the store in
+ * becomes one new segment, in place when its resident parts lie end to end, else at the end
+ * of the used part of a block with room (a new block when none has). The blocks are a short
+ * array sorted by arena offset (binary search). New bytes are initialised from the store in
  * pieces of at most 64 MiB through one staging buffer. Wall times come from CLOCK_MONOTONIC
  * around the blocking uploads and downloads.
  */
@@ -14,21 +16,33 @@
 #include <time.h>
 
 #define STAGE_PIECE (UINT64_C(64) << 20)
+#define BLOCK_ALIGN UINT64_C(4096)
+#define RESERVE_SLACK (UINT64_C(16) << 20)
 
 typedef struct rseg {
     uint64_t pa, len, off;
 } rseg;
 
+/* One device buffer: arena offsets [base, base + cap), used up to top (absolute). */
+typedef struct rblk {
+    uint64_t base, cap, top;
+} rblk;
+
 struct kb_resident {
     const kb_resident_ops *ops;
     uint64_t fill_lo, fill_hi; /* a poison fill not issued yet (fill_lo == fill_hi: none) */
+    uint64_t fill_end;         /* the end of its block: it may grow up to there */
     void *dev;
     kb_memstore *ms;          /* the bound store, or NULL */
     const kb_oplog *log;      /* whose payload the device holds */
     size_t payload_have;      /* bytes of it on the device */
     rseg *seg;                /* resident segments, sorted by pa, disjoint */
     size_t nseg;
-    uint64_t top, cap;        /* arena bytes handed out / capacity */
+    rblk *blk;                /* the arena's blocks, by base */
+    size_t nblk, blkcap;
+    uint64_t cap;             /* arena capacity: the blocks' bytes */
+    uint64_t reserve;         /* the announced footprint (kb_resident_reserve) */
+    uint64_t blk_max;         /* KBCL_ARENA_BLOCK, 0: no cap */
     int broken;
     kb_xfer_stats st;
 };
@@ -43,6 +57,38 @@ static double now_ms(void)
 static uint64_t align_off(uint64_t top, uint64_t pa)
 {
     return top + ((pa - top) & 7u); /* congruent to pa modulo 8 */
+}
+
+/* The block holding arena offset off (nblk when none). */
+static size_t blk_of(const kb_resident *r, uint64_t off)
+{
+    size_t lo = 0, hi = r->nblk;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (r->blk[mid].base + r->blk[mid].cap <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < r->nblk && r->blk[lo].base <= off ? lo : r->nblk;
+}
+
+/* "123", "64K", "16M", "2G" (binary); 0 when unset or not a size. */
+static uint64_t env_bytes(const char *name)
+{
+    const char *v = getenv(name);
+    char *end = NULL;
+    unsigned long long n;
+    if (!v || !*v)
+        return 0;
+    n = strtoull(v, &end, 10);
+    switch (*end) {
+    case 'k': case 'K': n <<= 10; end++; break;
+    case 'm': case 'M': n <<= 20; end++; break;
+    case 'g': case 'G': n <<= 30; end++; break;
+    default: break;
+    }
+    return *end == '\0' ? (uint64_t)n : 0;
 }
 
 /* ---------------------------------------------------------------- binding */
@@ -104,7 +150,8 @@ static void res_detach(void *self)
     r->log = NULL;
     r->payload_have = 0;
     r->nseg = 0;
-    r->top = 0;
+    for (size_t i = 0; i < r->nblk; i++) /* kept for the next store, emptied */
+        r->blk[i].top = r->blk[i].base;
 }
 
 const kb_oplog *kb_resident_log(const kb_resident *r)
@@ -124,6 +171,7 @@ kb_resident *kb_resident_create(const kb_resident_ops *ops, void *dev)
     if (r) {
         r->ops = ops;
         r->dev = dev;
+        r->blk_max = env_bytes("KBCL_ARENA_BLOCK");
     }
     return r;
 }
@@ -147,6 +195,7 @@ void kb_resident_destroy(kb_resident *r)
     if (r->ms && kb_resident_release(r, &eb) != 0)
         kb_memstore_set_mirror(r->ms, NULL); /* its device-dirty bytes are lost */
     free(r->seg);
+    free(r->blk);
     free(r);
 }
 
@@ -195,7 +244,8 @@ int kb_resident_query(kb_resident *r, const kb_vquery *q, const uint64_t *pa, vo
     if (!(off = malloc((q->ntiles ? q->ntiles : 1) * sizeof *off)))
         return kb_err_set(eb, KB_ERR_NOMEM, "device query: out of memory");
     for (uint32_t t = 0; t < q->ntiles && rc == 0; t++)
-        rc = locate(r, pa[t], per, &off[t]);
+        if ((rc = locate(r, pa[t], per, &off[t])) == 0 && blk_of(r, off[t]) != blk_of(r, off[0]))
+            rc = KB_ERR_NOTFOUND; /* the query kernels read one buffer */
     if (rc == 0 && (rc = fill_flush(r, eb)) == 0 &&
         (rc = r->ops->query(r->dev, q, off, out, eb)) == 0) {
         r->st.downloads++;
@@ -235,14 +285,17 @@ static int init_from_store(kb_resident *r, uint64_t off, uint64_t pa, uint64_t n
     if (n == 0)
         return 0;
     if (!kb_memstore_has_pages(r->ms, pa, n)) {
-        if (r->fill_hi > r->fill_lo && off >= r->fill_hi && off - r->fill_hi < 8) {
+        if (r->fill_hi > r->fill_lo && off >= r->fill_hi && off - r->fill_hi < 8 &&
+            off + n <= r->fill_end) { /* never across blocks */
             r->fill_hi = off + n;
             return 0;
         }
         if ((rc = fill_flush(r, eb)) != 0)
             return rc;
+        size_t b = blk_of(r, off);
         r->fill_lo = off;
         r->fill_hi = off + n;
+        r->fill_end = b < r->nblk ? r->blk[b].base + r->blk[b].cap : off + n;
         return 0;
     }
     if ((rc = fill_flush(r, eb)) != 0)
@@ -325,61 +378,162 @@ typedef struct comp {
     int fresh; /* becomes one new segment */
 } comp;
 
-/* Grows (and compacts) the arena so that `need` more bytes fit after the resident segments. */
-static int grow(kb_resident *r, uint64_t need, kb_errbuf *eb)
+static uint64_t round_block(uint64_t n)
 {
-    kb_move *mv = malloc((r->nseg ? r->nseg : 1) * sizeof *mv);
-    uint64_t end = 0, cap;
-    int rc;
+    return (n + BLOCK_ALIGN - 1) & ~(BLOCK_ALIGN - 1);
+}
 
-    if (!mv)
-        return kb_err_set(eb, KB_ERR_NOMEM, "device memory: out of memory growing the arena");
-    for (size_t i = 0; i < r->nseg; i++) {
-        uint64_t off = align_off(end, r->seg[i].pa);
-        mv[i].from = r->seg[i].off;
-        mv[i].to = off;
-        mv[i].n = r->seg[i].len;
-        end = off + r->seg[i].len;
+/* Arena bytes a fresh component takes at most (its bytes and the alignment padding). */
+static uint64_t comp_need(const comp *k)
+{
+    return k->hi - k->lo + 7;
+}
+
+/*
+ * Adds a block that holds at least `need` bytes; `rest` are the bytes this flush still has to
+ * place (need among them). The size: the larger of rest, the announced footprint the arena
+ * does not cover yet (with slack) and half the arena, capped by blk_max; when the device
+ * refuses it, just rest, then just need. Nothing resident moves.
+ */
+static int add_block(kb_resident *r, uint64_t need, uint64_t rest, kb_errbuf *eb)
+{
+    uint64_t want = rest > need ? rest : need, tries[3];
+    int rc = KB_ERR_DEVICE;
+
+    if (r->reserve > 0) {
+        uint64_t fp = r->reserve + r->reserve / 16 + RESERVE_SLACK;
+        if (fp > r->cap && fp - r->cap > want)
+            want = fp - r->cap;
     }
-    /* A first arena is sized to fit; a growing one gets half again as much room, unless the
-     * device cannot hold that beside the old one (the copy needs both): then just what fits
-     * the data, which a device with room for twice the data always takes. */
-    cap = end + need;
-    if (r->cap > 0)
-        cap += cap / 2;
-    cap = (cap + 4095u) & ~(uint64_t)4095u;
-    rc = r->ops->arena(r->dev, cap, mv, r->nseg, eb);
-    if (rc == KB_ERR_DEVICE && r->cap > 0 && cap > ((end + need + 4095u) & ~(uint64_t)4095u)) {
-        cap = (end + need + 4095u) & ~(uint64_t)4095u;
-        rc = r->ops->arena(r->dev, cap, mv, r->nseg, eb);
+    if (r->cap / 2 > want)
+        want = r->cap / 2;
+    if (r->blk_max > 0 && want > r->blk_max)
+        want = r->blk_max > need ? r->blk_max : need;
+    tries[0] = round_block(want);
+    tries[1] = round_block(rest > need && rest < want ? rest : want);
+    tries[2] = round_block(need);
+    if (r->nblk == r->blkcap) {
+        size_t c = r->blkcap ? 2 * r->blkcap : 8;
+        rblk *nb = realloc(r->blk, c * sizeof *nb);
+        if (!nb)
+            return kb_err_set(eb, KB_ERR_NOMEM, "device memory: out of memory adding a block");
+        r->blk = nb;
+        r->blkcap = c;
     }
-    if (rc == 0) {
-        for (size_t i = 0; i < r->nseg; i++) {
-            r->seg[i].off = mv[i].to;
-            r->st.moves++;
-            r->st.move_bytes += mv[i].n;
+    for (int i = 0; i < 3 && rc == KB_ERR_DEVICE; i++) {
+        if (i > 0 && tries[i] >= tries[i - 1])
+            continue;
+        rc = r->ops->block(r->dev, r->cap, tries[i], eb);
+        if (rc == 0) {
+            rblk *k = &r->blk[r->nblk++];
+            k->base = k->top = r->cap;
+            k->cap = tries[i];
+            r->cap += tries[i];
         }
-        r->top = end;
-        r->cap = cap;
     }
-    free(mv);
     return rc;
 }
 
-int kb_resident_place(void *ctx, kb_plan *p, kb_errbuf *eb)
+/* Whether k fits at the end of x's used part. */
+static int has_room(const rblk *x, const comp *k)
 {
-    kb_resident *r = ctx;
-    const kb_segment *S = p->segs;
-    size_t nS = p->nsegs, i = 0, j = 0, nc = 0, nfresh = 0;
-    comp *c = malloc((r->nseg + nS + 1) * sizeof *c);
-    rseg *out = NULL;
-    uint64_t need = 0;
-    int rc = 0;
+    return align_off(x->top, k->lo) + (k->hi - k->lo) <= x->base + x->cap;
+}
 
-    if (!c)
-        return kb_err_set(eb, KB_ERR_NOMEM, "device memory: out of memory placing segments");
-    /* Components in PA order; intervals join one when they overlap it (touching is not enough:
-     * no operand spans two plan segments). */
+/* A block with room for k: `prefer` first, else the first one; nblk when none. */
+static size_t find_room(const kb_resident *r, const comp *k, size_t prefer)
+{
+    if (prefer < r->nblk && has_room(&r->blk[prefer], k))
+        return prefer;
+    for (size_t b = 0; b < r->nblk; b++)
+        if (has_room(&r->blk[b], k))
+            return b;
+    return r->nblk;
+}
+
+/*
+ * A merge that needs no copy: k's resident parts lie end to end in one block (touching in PA,
+ * one arena-minus-PA offset) from k->lo on, and k ends with the last one or extends it into
+ * free room at the end of its block's used part. Sets k->off and claims that room.
+ */
+static int merge_in_place(kb_resident *r, comp *k)
+{
+    const rseg *f, *l;
+    size_t b;
+    uint64_t lend;
+
+    if (k->r1 == k->r0)
+        return 0;
+    f = &r->seg[k->r0];
+    l = &r->seg[k->r1 - 1];
+    b = blk_of(r, f->off);
+    lend = l->off + l->len;
+    if (k->lo != f->pa || b >= r->nblk || blk_of(r, l->off) != b)
+        return 0;
+    for (size_t m = k->r0 + 1; m < k->r1; m++)
+        if (r->seg[m].pa != r->seg[m - 1].pa + r->seg[m - 1].len ||
+            r->seg[m].off != r->seg[m - 1].off + r->seg[m - 1].len)
+            return 0;
+    if (k->hi > l->pa + l->len) {
+        rblk *x = &r->blk[b];
+        if (lend != x->top || x->base + x->cap - x->top < k->hi - (l->pa + l->len))
+            return 0;
+        x->top = lend + (k->hi - (l->pa + l->len));
+    }
+    k->off = f->off;
+    return 1;
+}
+
+/* Component k becomes one new segment: its place, its resident parts copied there, the bytes
+ * between them from the store. `rest`: the bytes the flush's fresh components still need. */
+static int place_fresh(kb_resident *r, comp *k, uint64_t *rest, kb_errbuf *eb)
+{
+    uint64_t need = comp_need(k), at = k->lo, off;
+    size_t b;
+    int rc;
+
+    if (merge_in_place(r, k)) {
+        at = r->seg[k->r1 - 1].pa + r->seg[k->r1 - 1].len;
+        *rest -= need;
+        return init_from_store(r, k->off + (at - k->lo), at, k->hi - at, eb);
+    }
+    b = find_room(r, k, k->r1 > k->r0 ? blk_of(r, r->seg[k->r0].off) : r->nblk);
+    if (b == r->nblk) {
+        if ((rc = add_block(r, need, *rest, eb)) != 0)
+            return rc;
+        b = r->nblk - 1;
+    }
+    off = align_off(r->blk[b].top, k->lo);
+    k->off = off;
+    for (size_t m = k->r0; m < k->r1; m++) {
+        const rseg *s = &r->seg[m];
+        if ((rc = init_from_store(r, off + (at - k->lo), at, s->pa - at, eb)) != 0 ||
+            (rc = fill_flush(r, eb)) != 0 ||
+            (rc = r->ops->copy(r->dev, off + (s->pa - k->lo), s->off, s->len, eb)) != 0)
+            return rc;
+        r->st.moves++;
+        r->st.move_bytes += s->len;
+        at = s->pa + s->len;
+    }
+    if ((rc = init_from_store(r, off + (at - k->lo), at, k->hi - at, eb)) != 0)
+        return rc;
+    r->blk[b].top = off + (k->hi - k->lo);
+    *rest -= need;
+    return 0;
+}
+
+/* The components of the resident segments and the plan's, in PA order, into c (room for
+ * nseg + nS + 1); returns their number, *need the bytes the fresh ones take at most. */
+static size_t components(const kb_resident *r, const kb_plan *p, comp *c, uint64_t *need,
+                         size_t *nfresh)
+{
+    const kb_segment *S = p->segs;
+    size_t nS = p->nsegs, i = 0, j = 0, nc = 0;
+
+    *need = 0;
+    *nfresh = 0;
+    /* Intervals join a component when they overlap it (touching is not enough: no operand
+     * spans two plan segments). */
     while (i < r->nseg || j < nS) {
         comp *k = &c[nc++];
         int from_r = j == nS || (i < r->nseg && r->seg[i].pa <= S[j].pa);
@@ -409,37 +563,34 @@ int kb_resident_place(void *ctx, kb_plan *p, kb_errbuf *eb)
         k->fresh = k->s1 > k->s0 && !(k->r1 == k->r0 + 1 && k->lo == r->seg[k->r0].pa &&
                                       k->hi == r->seg[k->r0].pa + r->seg[k->r0].len);
         if (k->fresh) {
-            need += k->hi - k->lo + 8;
-            nfresh++;
+            *need += comp_need(k);
+            (*nfresh)++;
         }
     }
-    if (nfresh > 0 && r->top + need > r->cap && (rc = grow(r, need, eb)) != 0)
-        goto out;
-    /* New segments: resident parts copied on the device, the bytes between from the store. */
-    for (size_t q = 0; q < nc; q++) {
-        comp *k = &c[q];
-        if (!k->fresh)
-            continue;
-        uint64_t off = align_off(r->top, k->lo), at = k->lo;
-        k->off = off;
-        for (size_t m = k->r0; m < k->r1; m++) {
-            const rseg *s = &r->seg[m];
-            if ((rc = init_from_store(r, off + (at - k->lo), at, s->pa - at, eb)) != 0 ||
-                (rc = fill_flush(r, eb)) != 0 ||
-                (rc = r->ops->copy(r->dev, off + (s->pa - k->lo), s->off, s->len, eb)) != 0)
-                goto out;
-            r->st.moves++;
-            r->st.move_bytes += s->len;
-            at = s->pa + s->len;
-        }
-        if ((rc = init_from_store(r, off + (at - k->lo), at, k->hi - at, eb)) != 0)
-            goto out;
-        r->top = off + (k->hi - k->lo);
-    }
-    if ((rc = fill_flush(r, eb)) != 0)
+    return nc;
+}
+
+int kb_resident_place(void *ctx, kb_plan *p, kb_errbuf *eb)
+{
+    kb_resident *r = ctx;
+    const kb_segment *S = p->segs;
+    size_t nc, nfresh, nout = 0;
+    comp *c = malloc((r->nseg + p->nsegs + 1) * sizeof *c);
+    rseg *out = NULL;
+    uint64_t rest;
+    int rc = 0;
+
+    if (!c)
+        return kb_err_set(eb, KB_ERR_NOMEM, "device memory: out of memory placing segments");
+    nc = components(r, p, c, &rest, &nfresh);
+    /* New segments: in place, or resident parts copied on the device and the bytes between
+     * from the store. */
+    for (size_t q = 0; q < nc && rc == 0; q++)
+        if (c[q].fresh)
+            rc = place_fresh(r, &c[q], &rest, eb);
+    if (rc != 0 || (rc = fill_flush(r, eb)) != 0)
         goto out;
     /* The new segment list, and the plan segments' offsets. */
-    size_t nout = 0;
     out = malloc((r->nseg + nfresh + 1) * sizeof *out);
     if (!out) {
         rc = kb_err_set(eb, KB_ERR_NOMEM, "device memory: out of memory placing segments");
@@ -497,10 +648,23 @@ void kb_resident_stats(const kb_resident *r, kb_xfer_stats *out)
 {
     *out = r->st;
     out->arena_bytes = r->cap;
+    out->blocks = r->nblk;
     out->resident_bytes = 0;
     for (size_t i = 0; i < r->nseg; i++)
         out->resident_bytes += r->seg[i].len;
     out->segments = r->nseg;
+}
+
+void kb_resident_reserve(kb_resident *r, uint64_t bytes)
+{
+    if (r)
+        r->reserve = bytes;
+}
+
+void kb_backend_reserve(const kb_backend *be, uint64_t bytes)
+{
+    if (be && be->ops && be->ops->resident)
+        kb_resident_reserve(be->ops->resident(be->self), bytes);
 }
 
 void kb_backend_xfer_stats(const kb_backend *be, kb_xfer_stats *out)

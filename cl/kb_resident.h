@@ -9,22 +9,48 @@
  *      device-dirty bytes are pulled into it) and attaches itself as the store's mirror;
  *   2. uploads the bytes the host changed in the store (host-dirty) that are resident;
  *   3. places the plan's segments (kb_resident_place): a segment inside a resident one keeps
- *      its place; a new one is appended to the arena and initialised from the store (filled
- *      with poison on the device when the store holds no page there, else uploaded); one that
- *      overlaps resident segments becomes a new segment holding them (copied on the device)
- *      and the new bytes between them. The arena grows by reallocation, which also compacts
- *      it (only resident segments move, packed);
+ *      its place; a new one goes at the end of the used part of the first block with room
+ *      and is initialised from the store (filled with poison on the device when the store
+ *      holds no page there, else uploaded); one that overlaps resident segments becomes a new
+ *      segment holding them and the new bytes between them (a merge, below);
  *   4. marks the plan's written runs device-dirty in the store and uploads the payload bytes
  *      the device lacks (the payload only grows);
  *   5. runs the batches with begin(arena NULL) / run_batch / end(arena NULL).
  * Nothing is downloaded by a flush: a host read syncs the store (kb_memstore_sync), which
  * pulls exactly the device-dirty bytes it reads. Every transfer is counted (kb_xfer_stats).
  *
+ * The arena never moves (issue #33). It is a list of blocks, each one device buffer, laid end
+ * to end in one space of arena offsets (block i at the sum of the earlier blocks' sizes); the
+ * arena grows by adding a block, never by copying, so a run needs its data's bytes on the
+ * device, not twice them. Why blocks and a footprint, not one or the other: one buffer sized
+ * before the first flush cannot cover what the runtime does not know (IPCQ rings, scratch,
+ * tensors allocated later), and blocks alone, grown by need, would split a large run over
+ * many buffers, which a kernel launch then has to bind (kb_opencl.c binds at most four per
+ * launch and splits a launch group otherwise) and a device query cannot span. So the first
+ * block is sized from the footprint the runtime announces (kb_backend_reserve: the bytes of
+ * the tensors allocated so far, plus a sixteenth and 16 MiB of slack), and a later block from
+ * the larger of the flush's need, the footprint not covered yet and half the arena (fewer
+ * blocks for runs that grow by small flushes); when the device refuses that, from the flush's
+ * need and then the one segment's. KBCL_ARENA_BLOCK=BYTES (K/M/G suffixes) caps a block's
+ * size (never below one segment's): a test and tuning knob that makes a small run span many
+ * blocks. A segment lies wholly in one block; every primitive call's range too.
+ *
+ * Merges: a segment that overlaps resident ones needs them contiguous. When they already lie
+ * end to end in one block (same arena-minus-PA offset, touching; the usual case: a tensor
+ * placed piece by piece, in PA order, then touched whole) the merge is only bookkeeping, and
+ * new bytes after the last one extend it in place when it ends its block's used part.
+ * Otherwise the merged segment is copied together (counted as moves), into the block of its
+ * first resident part when that has room, and the old places stay unused until the store is
+ * unbound: a merge may copy inside a block (and, when that block is full, into another), the
+ * growth of the arena never copies.
+ *
  * Invariants: resident segments are sorted by PA and disjoint, each at an arena offset
- * congruent to its PA modulo 8; device-dirty bytes are always resident.
+ * congruent to its PA modulo 8 and inside one block; device-dirty bytes are always resident.
  * Limits: one store at a time per backend; arena space of merged segments is reclaimed only
- * when the arena grows; if running a flush's batches fails, the device copy is undefined:
- * the kb_resident is broken, and every later flush or pull reports KB_ERR_STATE.
+ * when the store is unbound (blocks are kept, emptied); a device query over tiles in more than
+ * one block is answered by the host (KB_ERR_NOTFOUND below); if running a flush's batches
+ * fails, the device copy is undefined: the kb_resident is broken, and every later flush or
+ * pull reports KB_ERR_STATE.
  */
 #ifndef KB_RESIDENT_H
 #define KB_RESIDENT_H
@@ -38,18 +64,16 @@
 #include "kb_replay.h"
 #include "kb_vquery.h"
 
-/* n bytes from arena offset `from` to `to`. */
-typedef struct kb_move {
-    uint64_t from, to, n;
-} kb_move;
-
 /*
  * The device primitives. Every call's effect is visible to later calls and to later kernel
  * launches (an in-order queue); upload and download return when their host buffer is free.
  */
 typedef struct kb_resident_ops {
-    /* A new arena of `bytes` that receives mv[0..n) from the current one (then released). */
-    int (*arena)(void *dev, uint64_t bytes, const kb_move *mv, size_t n, kb_errbuf *eb);
+    /* A new block (device buffer) for arena offsets [base, base + bytes): base is the sum of
+     * the blocks made before, 0 for a first block, which releases every block held before
+     * (a new binding starts over). Nothing is copied. */
+    int (*block)(void *dev, uint64_t base, uint64_t bytes, kb_errbuf *eb);
+    /* These take ranges inside one block each (copy: two, which may be different blocks). */
     int (*copy)(void *dev, uint64_t to, uint64_t from, uint64_t n, kb_errbuf *eb);
     int (*fill)(void *dev, uint64_t off, uint64_t n, uint8_t byte, kb_errbuf *eb);
     int (*upload)(void *dev, uint64_t off, const void *src, uint64_t n, kb_errbuf *eb);
@@ -66,9 +90,10 @@ typedef struct kb_xfer_stats {
     uint64_t uploads, upload_bytes;     /* host -> device: payload, host-dirty, new segments */
     uint64_t downloads, download_bytes; /* device -> host: host reads of device-dirty bytes */
     uint64_t fills, fill_bytes;         /* new segments the store held nothing for: poison */
-    uint64_t moves, move_bytes;         /* device -> device: merges, arena growth */
+    uint64_t moves, move_bytes;         /* device -> device: merges (growth never copies) */
     double upload_ms, download_ms;      /* wall time of the uploads and the downloads */
-    uint64_t arena_bytes;               /* the device arena's capacity */
+    uint64_t arena_bytes;               /* the device arena's capacity (all blocks) */
+    uint64_t blocks;                    /* device buffers the arena is made of */
     uint64_t resident_bytes;            /* bytes of the resident segments */
     uint64_t segments;                  /* resident segments */
 } kb_xfer_stats;
@@ -104,11 +129,20 @@ const kb_oplog *kb_resident_log(const kb_resident *r);
  * q->n * 2 (CHECK) or q->tile_bytes (DIGEST) bytes: nothing is downloaded but the result.
  * KB_ERR_UNSUPPORTED when the device has no query primitive or cannot answer this one, and
  * KB_ERR_NOTFOUND when a tile is not wholly in one resident segment with the device's copy
- * current (the host changed it since the last flush): the caller then reads the data instead.
+ * current (the host changed it since the last flush), or the tiles lie in more than one block
+ * (the query kernels read one buffer): the caller then reads the data instead.
  * Time is counted as a download (kb_xfer_stats), the result's bytes as download bytes.
  */
 int kb_resident_query(kb_resident *r, const kb_vquery *q, const uint64_t *pa, void *out,
                       kb_errbuf *eb);
+/*
+ * The run's device footprint, as far as it is known (the bytes of the tensors allocated so
+ * far): a block added from now on is made large enough for the part of it (plus slack) the
+ * arena does not hold yet, so that a run whose tensors are all allocated before its first
+ * flush gets one block. Only a hint: it never limits anything. A no-op for a host backend.
+ */
+void kb_resident_reserve(kb_resident *r, uint64_t bytes);
+void kb_backend_reserve(const kb_backend *be, uint64_t bytes);
 /* The transfer statistics of a backend's kb_resident; zeros for a host backend. */
 void kb_backend_xfer_stats(const kb_backend *be, kb_xfer_stats *out);
 

@@ -3,9 +3,10 @@
  *
  * The program text is cl/kb_mathfn.h followed by this file; the library embeds both at build
  * time. Every kernel serves one record kind and a whole group of records in one launch: it
- * receives the arena, the payload and an argument table (kb_ent, one per record, laid out
- * exactly like kb_clent in kb_opencl.c) whose `start` fields number the launch's work units
- * (elementwise chunks, groups of lines, gemm tiles) record after record. Element
+ * receives the arena (up to four of its buffers, see kb_base), the payload and an argument
+ * table (kb_ent, one per record, laid out exactly like kb_clent in kb_opencl.c) whose `start`
+ * fields number the launch's work units (elementwise chunks, groups of lines, gemm tiles)
+ * record after record. Element
  * arithmetic is the shared kb_mathfn.h code with f16/bf16 converted in software, so results
  * equal the C reference bit for bit (gemm included, see kb_gemm). Limits: little-endian
  * devices only (the arena holds host bytes); reductions and softmax run one line per
@@ -95,10 +96,25 @@ static uint kb_find(global const kb_ent *t, uint n, ulong g)
     return lo;
 }
 
-static global uchar *kb_base(global uchar *arena, global const uchar *payload, uint d, ulong off)
+/*
+ * The resident arena is several buffers (kb_resident.h's blocks): a launch binds up to four,
+ * arena0-3, and an operand's descriptor names its slot (KB_DT_SLOT, bits 5-6; bit 7 is the
+ * host's). A host-arena flush binds its one buffer to every slot.
+ */
+#define KB_ARENA_PARAMS global uchar *arena, global uchar *arena1, global uchar *arena2, \
+                        global uchar *arena3
+#define KB_ARENA_ARGS arena, arena1, arena2, arena3
+#define KB_DT_SLOT(d) (((d) >> 5) & 3u)
+/* A record's destination (slot 0; never the payload); the function has `payload` in scope. */
+#define KB_DST(e) kb_base(KB_ARENA_ARGS, payload, (e)->dt & 0xFFu, (e)->off[0])
+
+static global uchar *kb_base(KB_ARENA_PARAMS, global const uchar *payload, uint d, ulong off)
 {
+    uint s = KB_DT_SLOT(d);
     /* Payload operands are only ever read; the cast drops const for a uniform return type. */
-    return ((d & KB_DT_PAYLOAD) ? (global uchar *)payload : arena) + off;
+    if (d & KB_DT_PAYLOAD)
+        return (global uchar *)payload + off;
+    return (s == 0u ? arena : s == 1u ? arena1 : s == 2u ? arena2 : arena3) + off;
 }
 
 static uint kb_ld16(global const uchar *b, uint d, ulong i)
@@ -281,7 +297,7 @@ static void kb_st2(global uchar *b, uint d, ulong i, uint2 v)
  * work-item takes every KB_EW_LOCAL-th element, with row/column arithmetic for strides and
  * broadcasting.
  */
-static void kb_ew_chunk(uint kind, global const kb_ent *e, global uchar *arena,
+static void kb_ew_chunk(uint kind, global const kb_ent *e, KB_ARENA_PARAMS,
                         global const uchar *payload, ulong chunk)
 {
     ulong n = (ulong)e->rows * e->cols;
@@ -289,10 +305,10 @@ static void kb_ew_chunk(uint kind, global const kb_ent *e, global uchar *arena,
     uint lid = get_local_id(0);
     uint dt = e->dt, flags = e->flags, cols = e->cols;
     uint d0 = dt & 0xFFu, d1 = (dt >> 8) & 0xFFu, d2 = (dt >> 16) & 0xFFu, d3 = (dt >> 24) & 0xFFu;
-    global uchar *b0 = arena + e->off[0];
-    global uchar *b1 = kb_base(arena, payload, d1, e->off[1]);
-    global uchar *b2 = kb_base(arena, payload, d2, e->off[2]);
-    global uchar *b3 = kb_base(arena, payload, d3, e->off[3]);
+    global uchar *b0 = KB_DST(e);
+    global uchar *b1 = kb_base(KB_ARENA_ARGS, payload, d1, e->off[1]);
+    global uchar *b2 = kb_base(KB_ARENA_ARGS, payload, d2, e->off[2]);
+    global uchar *b3 = kb_base(KB_ARENA_ARGS, payload, d3, e->off[3]);
 
     if (flags & KB_EF_QUAD) {
         uint2 y1[KB_EW_PER / 4], y2[KB_EW_PER / 4], y3[KB_EW_PER / 4];
@@ -435,7 +451,7 @@ static void kb_ew_chunk(uint kind, global const kb_ent *e, global uchar *arena,
  */
 #define KB_GRID_KERNEL(name, local, fn, kind)                                              \
     __attribute__((reqd_work_group_size(local, 1, 1)))                                    \
-    kernel void name(global uchar *arena, global const uchar *payload,                     \
+    kernel void name(KB_ARENA_PARAMS, global const uchar *payload,                         \
                      global const kb_ent *tab, uint first, uint n, ulong units)            \
     {                                                                                      \
         ulong per = (units + get_num_groups(0) - 1) / get_num_groups(0);                   \
@@ -453,7 +469,7 @@ static void kb_ew_chunk(uint kind, global const kb_ent *e, global uchar *arena,
                 st = nxt;                                                                  \
                 nxt = i + 1u < n ? tab[i + 1u].start : units;                              \
             }                                                                              \
-            fn(kind, tab + i, arena, payload, g - st);                                     \
+            fn(kind, tab + i, KB_ARENA_ARGS, payload, g - st);                             \
         }                                                                                  \
     }
 
@@ -464,17 +480,17 @@ static void kb_ew_chunk(uint kind, global const kb_ent *e, global uchar *arena,
  */
 #define KB_EF_KIND_SHIFT 8u
 
-static void kb_ew_any(uint kind, global const kb_ent *e, global uchar *arena,
+static void kb_ew_any(uint kind, global const kb_ent *e, KB_ARENA_PARAMS,
                       global const uchar *payload, ulong chunk)
 {
     (void)kind;
     switch ((e->flags >> KB_EF_KIND_SHIFT) & 7u) {
-    case KB_K_COPY: kb_ew_chunk(KB_K_COPY, e, arena, payload, chunk); break;
-    case KB_K_FILL: kb_ew_chunk(KB_K_FILL, e, arena, payload, chunk); break;
-    case KB_K_MATH1: kb_ew_chunk(KB_K_MATH1, e, arena, payload, chunk); break;
-    case KB_K_MATH2: kb_ew_chunk(KB_K_MATH2, e, arena, payload, chunk); break;
-    case KB_K_FMA: kb_ew_chunk(KB_K_FMA, e, arena, payload, chunk); break;
-    default: kb_ew_chunk(KB_K_CLAMP, e, arena, payload, chunk); break;
+    case KB_K_COPY: kb_ew_chunk(KB_K_COPY, e, KB_ARENA_ARGS, payload, chunk); break;
+    case KB_K_FILL: kb_ew_chunk(KB_K_FILL, e, KB_ARENA_ARGS, payload, chunk); break;
+    case KB_K_MATH1: kb_ew_chunk(KB_K_MATH1, e, KB_ARENA_ARGS, payload, chunk); break;
+    case KB_K_MATH2: kb_ew_chunk(KB_K_MATH2, e, KB_ARENA_ARGS, payload, chunk); break;
+    case KB_K_FMA: kb_ew_chunk(KB_K_FMA, e, KB_ARENA_ARGS, payload, chunk); break;
+    default: kb_ew_chunk(KB_K_CLAMP, e, KB_ARENA_ARGS, payload, chunk); break;
     }
 }
 
@@ -496,7 +512,7 @@ KB_GRID_KERNEL(kb_clamp, KB_EW_LOCAL, kb_ew_chunk, KB_K_CLAMP)
  * reference's arithmetic (kb_mf_sparse_slot, kb_mf_deq). Slots: 1 elements, 2 the 2:4
  * metadata (raw bytes), 3 the scale; cs[1] / cs[2] are the scale's row / column blocks.
  */
-static void kb_dequant_chunk(uint kind, global const kb_ent *e, global uchar *arena,
+static void kb_dequant_chunk(uint kind, global const kb_ent *e, KB_ARENA_PARAMS,
                              global const uchar *payload, ulong chunk)
 {
     ulong n = (ulong)e->rows * e->cols, cbase = chunk * KB_EW_CHUNK;
@@ -504,10 +520,10 @@ static void kb_dequant_chunk(uint kind, global const kb_ent *e, global uchar *ar
     uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu, d2 = (e->dt >> 16) & 0xFFu;
     uint d3 = (e->dt >> 24) & 0xFFu;
     int scaled = (flags & KB_EF_QSCALE) != 0u;
-    global uchar *b0 = arena + e->off[0];
-    global const uchar *b1 = kb_base(arena, payload, d1, e->off[1]);
-    global const uchar *b2 = kb_base(arena, payload, d2, e->off[2]);
-    global const uchar *b3 = kb_base(arena, payload, d3, e->off[3]);
+    global uchar *b0 = KB_DST(e);
+    global const uchar *b1 = kb_base(KB_ARENA_ARGS, payload, d1, e->off[1]);
+    global const uchar *b2 = kb_base(KB_ARENA_ARGS, payload, d2, e->off[2]);
+    global const uchar *b3 = kb_base(KB_ARENA_ARGS, payload, d3, e->off[3]);
 
     (void)kind;
     for (uint it = 0; it < KB_EW_PER; it++) {
@@ -545,13 +561,13 @@ KB_GRID_KERNEL(kb_dequant, KB_EW_LOCAL, kb_dequant_chunk, 0u)
  * Softmax of the KB_LN_LOCAL lines of unit u (one per work-item), in the reference's order:
  * max, then the sum of exp(x - max) in ascending order, then each exp(x - max) / sum.
  */
-static void kb_softmax_unit(uint kind, global const kb_ent *e, global uchar *arena,
+static void kb_softmax_unit(uint kind, global const kb_ent *e, KB_ARENA_PARAMS,
                             global const uchar *payload, ulong u)
 {
     ulong line = u * KB_LN_LOCAL + get_local_id(0);
     uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu;
-    global uchar *db = arena + e->off[0];
-    global const uchar *sb = kb_base(arena, payload, d1, e->off[1]);
+    global uchar *db = KB_DST(e);
+    global const uchar *sb = kb_base(KB_ARENA_ARGS, payload, d1, e->off[1]);
     uint len = e->cols;
     float m = 0.0f, sum = 0.0f;
 
@@ -573,13 +589,13 @@ static void kb_softmax_unit(uint kind, global const kb_ent *e, global uchar *are
 }
 
 /* Sum or max reductions: each work-item one output, its line in ascending order. */
-static void kb_reduce_unit(uint kind, global const kb_ent *e, global uchar *arena,
+static void kb_reduce_unit(uint kind, global const kb_ent *e, KB_ARENA_PARAMS,
                            global const uchar *payload, ulong u)
 {
     ulong line = u * KB_LN_LOCAL + get_local_id(0);
     uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu;
-    global uchar *db = arena + e->off[0];
-    global const uchar *sb = kb_base(arena, payload, d1, e->off[1]);
+    global uchar *db = KB_DST(e);
+    global const uchar *sb = kb_base(KB_ARENA_ARGS, payload, d1, e->off[1]);
     uint len = e->cols;
     int is_max = e->op == 1u;
     float acc = 0.0f;
@@ -685,7 +701,7 @@ KB_GRID_KERNEL(kb_reduce, KB_LN_LOCAL, kb_reduce_unit, 0u)
     }
 
 __attribute__((reqd_work_group_size(KB_GEMM_NT, 1, 1)))
-kernel void kb_gemm(global uchar *arena, global const uchar *payload,
+kernel void kb_gemm(KB_ARENA_PARAMS, global const uchar *payload,
                     global const kb_ent *tab, uint first, uint n, ulong units)
 {
     local float4 As[KB_GEMM_TK * KB_GEMM_LDA / 4];
@@ -704,9 +720,9 @@ kernel void kb_gemm(global uchar *arena, global const uchar *payload,
     uint in_grp = t - grp * per_group;
     uint m0 = (first_m + in_grp % gsz) * KB_GEMM_TM, n0 = (in_grp / gsz) * KB_GEMM_TN;
     uint dd = e->dt & 0xFFu, da = (e->dt >> 8) & 0xFFu, dbt = (e->dt >> 16) & 0xFFu;
-    global uchar *db = arena + e->off[0];
-    global const uchar *ab = kb_base(arena, payload, da, e->off[1]);
-    global const uchar *bb = kb_base(arena, payload, dbt, e->off[2]);
+    global uchar *db = KB_DST(e);
+    global const uchar *ab = kb_base(KB_ARENA_ARGS, payload, da, e->off[1]);
+    global const uchar *bb = kb_base(KB_ARENA_ARGS, payload, dbt, e->off[2]);
     ulong ldd = e->rs[0], lda = e->rs[1], ldb = e->rs[2];
     uint ntiles = (K + KB_GEMM_TK - 1) / KB_GEMM_TK;
 
@@ -756,13 +772,13 @@ static uint kb_attn_valid(global const kb_ent *e, ulong i)
 }
 
 /* Fused attention softmax, one row per work-item, in the reference's order. */
-static void kb_attn_softmax_unit(uint kind, global const kb_ent *e, global uchar *arena,
+static void kb_attn_softmax_unit(uint kind, global const kb_ent *e, KB_ARENA_PARAMS,
                                  global const uchar *payload, ulong u)
 {
     ulong line = u * KB_LN_LOCAL + get_local_id(0);
     uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu;
-    global uchar *db = arena + e->off[0];
-    global const uchar *sb = kb_base(arena, payload, d1, e->off[1]);
+    global uchar *db = KB_DST(e);
+    global const uchar *sb = kb_base(KB_ARENA_ARGS, payload, d1, e->off[1]);
     float scale = e->imm0, cap = e->imm1;
     float m = 0.0f, sum = 0.0f;
     uint nv;
@@ -795,14 +811,14 @@ KB_GRID_KERNEL(kb_attn_softmax, KB_LN_LOCAL, kb_attn_softmax_unit, 0u)
  * (i, j) reads id i (off[2], stride rs[2]) and then table element (id, j) (off[1], row
  * stride rs[1], kdim rows). An id that is not an integer in [0, kdim) gives +0.
  */
-static void kb_gather_unit(uint kind, global const kb_ent *e, global uchar *arena,
+static void kb_gather_unit(uint kind, global const kb_ent *e, KB_ARENA_PARAMS,
                            global const uchar *payload, ulong chunk)
 {
     ulong n = (ulong)e->rows * e->cols;
     uint d0 = e->dt & 0xFFu, d1 = (e->dt >> 8) & 0xFFu, d2 = (e->dt >> 16) & 0xFFu;
-    global uchar *db = arena + e->off[0];
-    global const uchar *tb = kb_base(arena, payload, d1, e->off[1]);
-    global const uchar *ib = kb_base(arena, payload, d2, e->off[2]);
+    global uchar *db = KB_DST(e);
+    global const uchar *tb = kb_base(KB_ARENA_ARGS, payload, d1, e->off[1]);
+    global const uchar *ib = kb_base(KB_ARENA_ARGS, payload, d2, e->off[2]);
     ulong first = chunk * KB_EW_CHUNK + get_local_id(0);
 
     (void)kind;
@@ -857,12 +873,12 @@ static float kb_gen_value(uint seed, ulong p)
  * GEN (kb_oplog.h): one chunk of KB_EW_CHUNK destination elements per unit. off[1] tile0,
  * off[2] i0, off[3] n, kdim the seed, rs[1] ntiles (op 1: the sign variant).
  */
-static void kb_gen_unit(uint kind, global const kb_ent *e, global uchar *arena,
+static void kb_gen_unit(uint kind, global const kb_ent *e, KB_ARENA_PARAMS,
                         global const uchar *payload, ulong chunk)
 {
     ulong n = (ulong)e->rows * e->cols;
     uint d0 = e->dt & 0xFFu;
-    global uchar *db = arena + e->off[0];
+    global uchar *db = KB_DST(e);
     ulong first = chunk * KB_EW_CHUNK + get_local_id(0);
 
     (void)kind;

@@ -266,7 +266,7 @@ static void flush_ok(run *r, kb_rec rec)
 
 /*
  * A sequence that uses every request: payload sources (two payload uploads), host writes
- * (host-dirty uploads), poison fills, merges that grow the arena (ARENA with moves, COPY),
+ * (host-dirty uploads), poison fills, merges that grow the arena (BLOCK, COPY),
  * adds, and reads (DOWNLOAD). out[] receives what the host reads at the end (2 x 1040 f32).
  */
 static void scenario(run *r, float *out, uint64_t salt)
@@ -295,7 +295,7 @@ static void scenario(run *r, float *out, uint64_t salt)
     c = copy_f32(0x40010, off, 16, 3);
     c.src[0].space = KB_SPACE_PAYLOAD;
     flush_ok(r, c);
-    /* spans both the 0x30000 and 0x40000 segments: a merge into a grown arena */
+    /* spans both the 0x30000 and 0x40000 segments: a merge, copied into a new block */
     flush_ok(r, copy_f32(0x50000, 0x30000, 16384 + 1040, 4));
     kb_errbuf eb = { { 0 } };
     assert_int_equal(kb_memstore_load(r->ms, 0x40000, out, 1040 * 4, &eb), 0);
@@ -481,7 +481,7 @@ static void test_copied_payload(void **state)
         src[i] = (float)i * 0.25f - 1.0f;
     assert_int_equal(kb_remote_backend_create(s->path, &be, NULL, 0, &eb), 0);
     kb_resident_device(be.ops->resident(be.self), &ops, &dev);
-    assert_int_equal(ops->arena(dev, 4096, NULL, 0, &eb), 0);
+    assert_int_equal(ops->block(dev, 0, 4096, &eb), 0);
     assert_int_equal(ops->payload(dev, (const uint8_t *)src, 32, 0, &eb), 0);
     assert_int_equal(ops->payload(dev, (const uint8_t *)src, sizeof src, 32, &eb), 0);
     kb_rec r = copy_f32(256, 0, 16, 0);
@@ -804,8 +804,8 @@ static void test_malformed(void **state)
     /* lengths that do not add up: moves, a flush's counts, a query's tiles */
     fd = raw_connect(s->path);
     raw_hello(fd, 1);
-    raw_req(fd, KB_DEVD_ARENA, 0, 4096, 2, 0, 8, junk, 8);
-    expect_closed(fd, "ARENA of 2 moves with 8 data bytes");
+    raw_req(fd, KB_DEVD_BLOCK, 0, 0, 4096, 0, 8, junk, 8);
+    expect_closed(fd, "BLOCK with 8 data bytes");
     fd = raw_connect(s->path);
     raw_hello(fd, 1);
     raw_req(fd, KB_DEVD_FLUSH, 0, 0, 1, 0, sizeof eight, &eight, sizeof eight);
@@ -851,7 +851,7 @@ static void test_stalls(void **state)
     fd = raw_connect(s2.path);
     raw_hello(fd, 1);
     usleep(400000); /* thinking between requests is no stall */
-    raw_req(fd, KB_DEVD_ARENA, 0, 64, 0, 0, 0, NULL, 0);
+    raw_req(fd, KB_DEVD_BLOCK, 0, 0, 64, 0, 0, NULL, 0);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
     raw_send(fd, "partial", 7);
     expect_closed(fd, "a request header stalled for 0.2 s");
@@ -875,7 +875,7 @@ static void test_ranges_checked(void **state)
     raw_req(fd, KB_DEVD_COPY, 0, 0, 0, 8, 0, NULL, 0);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_RANGE);
     kbt_msg_has(msg, "outside the arena of 0 bytes");
-    raw_req(fd, KB_DEVD_ARENA, 0, 4096, 0, 0, 0, NULL, 0);
+    raw_req(fd, KB_DEVD_BLOCK, 0, 0, 4096, 0, 0, NULL, 0);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
     raw_req(fd, KB_DEVD_FILL, 0, 4000, 100, 7, 0, NULL, 0);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_RANGE);
@@ -883,16 +883,22 @@ static void test_ranges_checked(void **state)
     assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_RANGE);
     raw_req(fd, KB_DEVD_DOWNLOAD, 0, 0, KB_DEVD_MAX_MSG + 1, 0, 0, NULL, 0);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_RANGE);
-    kb_move mv = { 4000, 0, 200 }; /* from beyond the old arena */
-    raw_req(fd, KB_DEVD_ARENA, 0, 8192, 1, 0, sizeof mv, &mv, sizeof mv);
+    raw_req(fd, KB_DEVD_BLOCK, 0, 8192, 4096, 0, 0, NULL, 0); /* not at the arena's end */
     assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_RANGE);
-    kbt_msg_has(msg, "ARENA move 0");
+    kbt_msg_has(msg, "BLOCK at 8192, the arena has 4096 bytes");
+    raw_req(fd, KB_DEVD_FILL, 0, 4000, 200, 7, 0, NULL, 0); /* across two blocks */
+    raw_req(fd, KB_DEVD_BLOCK, 0, 4096, 4096, 0, 0, NULL, 0);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_RANGE);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
+    raw_req(fd, KB_DEVD_FILL, 0, 4000, 200, 7, 0, NULL, 0);
+    assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_RANGE);
+    kbt_msg_has(msg, "not inside one block");
     raw_req(fd, KB_DEVD_PAYLOAD, 0, 16, 8, 0, 8, data, 8); /* "the device has 8": it has 0 */
     assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_RANGE);
     struct {
         kb_vquery q;
         uint64_t off;
-    } qt = { { KB_VQ_DIGEST, 1, 0, 64, 0, 0, 0.0, 0, 0 }, 4090 };
+    } qt = { { KB_VQ_DIGEST, 1, 0, 64, 0, 0, 0.0, 0, 0 }, 8190 };
     raw_req(fd, KB_DEVD_QUERY, 0, 0, 0, 0, sizeof qt, &qt, sizeof qt);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_RANGE);
     kbt_msg_has(msg, "QUERY tile");
@@ -956,13 +962,12 @@ static void test_zero_sizes(void **state)
     srv *s = *state;
     char msg[512];
     int fd = raw_connect(s->path);
-    kb_move none = { 0, 0, 0 };
     struct {
         uint64_t cnt;
         kb_rec r;
     } fl = { 1, copy_f32(0, 0, 0, 0) };
     raw_hello(fd, 1);
-    raw_req(fd, KB_DEVD_ARENA, 0, 64, 1, 0, sizeof none, &none, sizeof none);
+    raw_req(fd, KB_DEVD_BLOCK, 0, 0, 64, 0, 0, NULL, 0);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
     raw_req(fd, KB_DEVD_UPLOAD, 0, 8, 0, 0, 0, NULL, 0);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
@@ -1013,7 +1018,7 @@ static void test_shared_files_checked(void **state)
     assert_int_equal(kb_devd_send_fd(fd, &m, sizeof m, p[0]), 0);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), KB_ERR_INVAL);
     kbt_msg_has(msg, "no regular file");
-    raw_req(fd, KB_DEVD_ARENA, 0, 4096, 0, 0, 0, NULL, 0);
+    raw_req(fd, KB_DEVD_BLOCK, 0, 0, 4096, 0, 0, NULL, 0);
     assert_int_equal(raw_reply(fd, msg, sizeof msg), 0);
     kb_devd_msg d = { KB_DEVD_DOWNLOAD, KB_DEVD_SHARED, 0, 4096, 0, 0 };
     assert_int_equal(kb_devd_send_fd(fd, &d, sizeof d, loose), 0);
@@ -1050,7 +1055,7 @@ static void test_size_bound(void **state)
         src[i] = (uint8_t)(i * 131 + (i >> 12));
     assert_int_equal(kb_remote_backend_create(s->path, &be, NULL, 0, &eb), 0);
     kb_resident_device(be.ops->resident(be.self), &ops, &dev);
-    assert_int_equal(ops->arena(dev, big + 4096, NULL, 0, &eb), 0);
+    assert_int_equal(ops->block(dev, 0, big + 4096, &eb), 0);
     assert_int_equal(ops->upload(dev, 4096, src, big, &eb), 0);
     assert_int_equal(ops->download(dev, 4096, got, big, &eb), 0);
     assert_memory_equal(got, src, big);
@@ -1091,8 +1096,8 @@ static void test_size_bound(void **state)
     srv_run(&s2);
     assert_int_equal(kb_remote_backend_create(s2.path, &be, NULL, 0, &eb), 0);
     kb_resident_device(be.ops->resident(be.self), &ops, &dev);
-    assert_int_equal(ops->arena(dev, 1 << 20, NULL, 0, &eb), 0);
-    assert_int_equal(ops->arena(dev, (1 << 20) + 1, NULL, 0, &eb), KB_ERR_RANGE);
+    assert_int_equal(ops->block(dev, 0, 1 << 20, &eb), 0);
+    assert_int_equal(ops->block(dev, 0, (1 << 20) + 1, &eb), KB_ERR_RANGE);
     kbt_msg_has(eb.msg, "more than the 1048576 this server lends a session");
     be.ops->destroy(be.self);
     srv_stop(&s2);
@@ -1377,7 +1382,7 @@ static void test_serve_conn(void **state)
                        NULL };
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
     raw_req(sv[0], KB_DEVD_HELLO, 1, KB_DEVD_MAGIC, KB_DEVD_PROTO, sizeof(kb_rec), 0, NULL, 0);
-    raw_req(sv[0], KB_DEVD_ARENA, 0, 64, 0, 0, 0, NULL, 0);
+    raw_req(sv[0], KB_DEVD_BLOCK, 0, 0, 64, 0, 0, NULL, 0);
     shutdown(sv[0], SHUT_WR);
     assert_int_equal(kb_devd_serve_conn(&o, sv[1], &eb), 0);
     assert_int_equal(raw_reply(sv[0], msg, sizeof msg), 0);

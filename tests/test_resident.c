@@ -152,15 +152,17 @@ static void test_known_sequence(void **state)
     for (int i = 0; i < 16; i++)
         assert_true(got[i] == (i >= 4 && i < 8 ? y[i - 4] : x[i]));
 
-    /* 3. A source spanning both destinations [0x2000, 0x3040) merges them: the arena grows
-     * (and compacts: the 3 resident segments move, 192 bytes) to (192 + 2 x 4168) x 1.5 ->
-     * 16 KiB; the two old segments are copied into the new one (128 bytes) and the 4032
+    /* 3. A source spanning both destinations [0x2000, 0x3040) merges them. The first block
+     * has 3904 bytes left: the arena grows by a second block for the flush's two new
+     * segments (2 x (4160 + 7) -> 12 KiB), and nothing resident moves for that. The two old
+     * segments (not end to end in PA) are copied into the merged one (128 bytes) and the 4032
      * bytes between them are poison-filled (the store holds nothing there), as is the new
      * destination (a second fill: the copy in between keeps them apart). */
     flush(f, copy_f32(0x8000, 0x2000, 1040, 2));
-    expect_xfer(f, 2, 80, 4, 128 + 4032 + 4160, 5, 192 + 128, 3, 192);
+    expect_xfer(f, 2, 80, 4, 128 + 4032 + 4160, 2, 128, 3, 192);
     s = xs(f);
-    assert_int_equal(s.arena_bytes, 16384);
+    assert_int_equal(s.arena_bytes, 4096 + 12288);
+    assert_int_equal(s.blocks, 2);
     assert_int_equal(s.segments, 3);
     assert_int_equal(s.resident_bytes, 64 + 4160 + 4160);
     load(f->ms, 0x8000, got, 1040 * 4);
@@ -171,7 +173,7 @@ static void test_known_sequence(void **state)
     uint32_t poison;
     memcpy(&poison, &got[16], 4);
     assert_int_equal(poison, 0xFFFFFFFFu);
-    expect_xfer(f, 2, 80, 4, 8320, 5, 320, 4, 192 + 4160);
+    expect_xfer(f, 2, 80, 4, 8320, 2, 128, 4, 192 + 4160);
 }
 
 static void test_payload_and_host_writes(void **state)
@@ -199,27 +201,28 @@ static void test_payload_and_host_writes(void **state)
     assert_memory_equal(got, z, 48);
     expect_xfer(f, 2, 48, 2, 48, 0, 0, 2, 48);
 
-    /* The device writes [0x1000, 0x1040): a merge (48 bytes move, 16 new ones are
-     * poison-filled). Then the host overwrites 8 bytes in the middle: they stop being
+    /* The device writes [0x1000, 0x1040): a merge, in place (the two segments lie end to end,
+     * at the end of the block's used part): nothing moves, the 16 new bytes are
+     * poison-filled after them. Then the host overwrites 8 bytes in the middle: they stop being
      * device-dirty and become host-dirty. A read pulls the two device-dirty pieces around
      * them and takes the host's 8 bytes from the store. */
     kb_rec fill = kbt_rec_new(KB_REC_FILL, 2);
     fill.imm[0] = 2.0f;
     fill.dst = kb_opnd_make(0x1000, 1, 16, KB_F32);
     flush(f, fill);
-    expect_xfer(f, 2, 48, 3, 64, 2, 48, 2, 48);
+    expect_xfer(f, 2, 48, 3, 64, 0, 0, 2, 48);
     assert_int_equal(kb_memstore_write(f->ms, 0x1008, w, 8), 0);
     const kb_ivset *dd = kb_memstore_device_dirty(f->ms);
     assert_int_equal(dd->n, 2);
     assert_int_equal(dd->bytes, 56);
     assert_int_equal(kb_memstore_host_dirty(f->ms)->bytes, 8);
     load(f->ms, 0x1000, got, 64);
-    expect_xfer(f, 2, 48, 3, 64, 2, 48, 4, 104);
+    expect_xfer(f, 2, 48, 3, 64, 0, 0, 4, 104);
     for (int i = 0; i < 16; i++)
         assert_true(got[i] == (i == 2 ? 7.0f : i == 3 ? 8.0f : 2.0f));
     /* The next flush uploads the host's 8 bytes before the device reads them. */
     flush(f, copy_f32(0x5000, 0x1000, 16, 3));
-    expect_xfer(f, 3, 56, 4, 128, 2, 48, 4, 104);
+    expect_xfer(f, 3, 56, 4, 128, 0, 0, 4, 104);
     load(f->ms, 0x5000, got, 64);
     for (int i = 0; i < 16; i++)
         assert_true(got[i] == (i == 2 ? 7.0f : i == 3 ? 8.0f : 2.0f));

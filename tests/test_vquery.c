@@ -106,7 +106,7 @@ static void run_case(kb_backend *be, const tcase *c)
         off[c->ws - 1 - t] = at + (uint64_t)(t % 3) * 2;
         at += tb + 40;
     }
-    assert_int_equal(ops->arena(dev, at + 64, NULL, 0, &eb), 0);
+    assert_int_equal(ops->block(dev, 0, at + 64, &eb), 0);
     for (int t = 0; t < c->ws; t++)
         assert_int_equal(ops->upload(dev, off[t], raw + (size_t)t * (size_t)c->n, tb, &eb), 0);
 

@@ -35,7 +35,7 @@ typedef struct session {
     kb_backend be;      /* none until HELLO asks for one */
     const kb_resident_ops *ops;
     void *dev;
-    uint64_t arena_bytes;   /* the device arena as this session's ARENA made it */
+    uint64_t arena_bytes;   /* the device arena as this session's BLOCKs made it */
     uint64_t payload_bytes; /* the device payload as this session's PAYLOAD made it */
     uint8_t *payload;   /* this session's payload area, as the device has it (copied) */
     size_t payload_cap;
@@ -124,7 +124,7 @@ static int reply(session *s, int rc, const kb_errbuf *eb, uint64_t a, uint64_t b
 
 static const char *op_name(uint32_t op)
 {
-    static const char *const names[] = { "?",        "HELLO",    "ARENA", "COPY",
+    static const char *const names[] = { "?",        "HELLO",    "BLOCK", "COPY",
                                          "FILL",     "UPLOAD",   "DOWNLOAD", "PAYLOAD",
                                          "FLUSH",    "SHUTDOWN", "QUERY" };
     return op < sizeof names / sizeof *names ? names[op] : "?";
@@ -181,10 +181,10 @@ static int check_header(const session *s, const kb_devd_msg *m, kb_errbuf *eb)
             return kb_err_set(eb, KB_ERR_INVAL, "FILL with %llu data bytes, byte %llu",
                               (unsigned long long)m->len, (unsigned long long)m->c);
         return 0;
-    case KB_DEVD_ARENA:
-        if (m->b > m->len / sizeof(kb_move) || m->len != m->b * sizeof(kb_move))
-            return kb_err_set(eb, KB_ERR_INVAL, "ARENA of %llu moves with %llu data bytes",
-                              (unsigned long long)m->b, (unsigned long long)m->len);
+    case KB_DEVD_BLOCK:
+        if (m->len)
+            return kb_err_set(eb, KB_ERR_INVAL, "BLOCK with %llu data bytes",
+                              (unsigned long long)m->len);
         return 0;
     case KB_DEVD_PAYLOAD:
         if ((m->flags & KB_DEVD_SHARED) ? m->len != 0 || m->a < m->b
@@ -334,22 +334,22 @@ static int in_bound(const session *s, const char *what, uint64_t n, kb_errbuf *e
                       (unsigned long long)(max ? max : (uint64_t)SIZE_MAX));
 }
 
-static int serve_arena(session *s, const kb_devd_msg *m, kb_errbuf *eb)
+/* A new block at the end of the arena (a = base, b = bytes), or a new arena (base 0). */
+static int serve_block(session *s, const kb_devd_msg *m, kb_errbuf *eb)
 {
-    const kb_move *mv = (const kb_move *)s->buf;
-    int rc = in_bound(s, "arena", m->a, eb);
-    for (uint64_t i = 0; rc == 0 && i < m->b; i++) {
-        uint64_t old = s->arena_bytes;
-        if (mv[i].from > old || mv[i].n > old - mv[i].from || mv[i].to > m->a ||
-            mv[i].n > m->a - mv[i].to)
-            rc = kb_err_set(eb, KB_ERR_RANGE, "device server: ARENA move %llu of [%llu, +%llu) "
-                            "to %llu: outside the arenas (%llu, new %llu bytes)",
-                            (unsigned long long)i, (unsigned long long)mv[i].from,
-                            (unsigned long long)mv[i].n, (unsigned long long)mv[i].to,
-                            (unsigned long long)old, (unsigned long long)m->a);
-    }
-    if (rc == 0 && (rc = s->ops->arena(s->dev, m->a, mv, (size_t)m->b, eb)) == 0)
-        s->arena_bytes = m->a;
+    int rc;
+    if (m->a != 0 && m->a != s->arena_bytes)
+        return kb_err_set(eb, KB_ERR_RANGE, "device server: BLOCK at %llu, the arena has %llu "
+                          "bytes", (unsigned long long)m->a, (unsigned long long)s->arena_bytes);
+    if (m->b > UINT64_MAX - m->a)
+        return kb_err_set(eb, KB_ERR_RANGE, "device server: BLOCK of %llu bytes at %llu",
+                          (unsigned long long)m->b, (unsigned long long)m->a);
+    if ((rc = in_bound(s, "arena", m->a + m->b, eb)) != 0)
+        return rc;
+    if (m->a == 0)
+        s->arena_bytes = 0; /* the backend releases the old blocks */
+    if ((rc = s->ops->block(s->dev, m->a, m->b, eb)) == 0)
+        s->arena_bytes = m->a + m->b;
     return rc;
 }
 
@@ -559,8 +559,8 @@ static int serve_one(session *s, const kb_devd_msg *m)
         d->shutdown = 1;
         pthread_mutex_unlock(&d->mu);
         return reply(s, 0, &eb, 0, 0, NULL, 0);
-    case KB_DEVD_ARENA:
-        return reply(s, serve_arena(s, m, &eb), &eb, 0, 0, NULL, 0);
+    case KB_DEVD_BLOCK:
+        return reply(s, serve_block(s, m, &eb), &eb, 0, 0, NULL, 0);
     case KB_DEVD_COPY:
         if ((rc = in_arena(s, "COPY to", m->a, m->c, &eb)) == 0 &&
             (rc = in_arena(s, "COPY from", m->b, m->c, &eb)) == 0)

@@ -18,7 +18,8 @@
 #include "kb_err.h"
 #include "kb_opencl.h"
 
-#define KB_DEVD_PROTO 5 /* 5: kb_vquery grew coll and root (KB_VQ_COLL) */
+#define KB_DEVD_PROTO 5 /* 5: kb_vquery grew coll and root (KB_VQ_COLL); BLOCK (an arena of
+                         * blocks) instead of ARENA with moves */
 #define KB_DEVD_MAGIC 0x6b62646576643031ULL /* "kbdevd01" */
 /* A request's data, and a download's reply data, at most (64 MiB): 256 sessions can make the
  * server buffer 16 GiB at worst, and a round trip per 64 MiB costs nothing next to the copy. */
@@ -27,7 +28,8 @@
 /* Requests. */
 enum {
     KB_DEVD_HELLO = 1,  /* a = magic, b = proto, c = sizeof(kb_rec); flags 1: open a session */
-    KB_DEVD_ARENA,      /* a = bytes, b = moves; data: kb_move[b] */
+    KB_DEVD_BLOCK,      /* a = base, b = bytes: a new block of the arena (kb_resident_ops
+                           .block; base 0 starts a new arena); no data */
     KB_DEVD_COPY,       /* a = to, b = from, c = n */
     KB_DEVD_FILL,       /* a = off, b = n, c = byte */
     KB_DEVD_UPLOAD,     /* a = off; data: the bytes */

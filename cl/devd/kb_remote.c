@@ -33,11 +33,12 @@ typedef struct rbe {
     kb_rec *own;
     size_t nrec, owncap;
     /* read-ahead: a copy of arena bytes [ra_off, ra_off + ra_n), valid until the next
-     * request that changes the device (a flush, upload, fill, copy, new arena) */
+     * request that changes the device (a flush, upload, fill, copy, new block) */
     uint8_t *ra;
     uint64_t ra_off, ra_n;
     size_t ra_cap;
-    uint64_t arena_cap;
+    uint64_t *blk_end;  /* the arena's blocks' ends (read-ahead stays inside one block) */
+    size_t nblk, blkcap;
     uint64_t arena_bytes;
     int active, failed;
     uint64_t launches;
@@ -261,15 +262,40 @@ static int rcall(rbe *b, kb_devd_msg *m, const void *d, size_t n, void *out, siz
     return rc;
 }
 
-static int r_arena(void *dev, uint64_t bytes, const kb_move *mv, size_t n, kb_errbuf *eb)
+static int r_block(void *dev, uint64_t base, uint64_t bytes, kb_errbuf *eb)
 {
-    kb_devd_msg m = { KB_DEVD_ARENA, 0, bytes, n, 0, 0 };
+    kb_devd_msg m = { KB_DEVD_BLOCK, 0, base, bytes, 0, 0 };
     rbe *b = dev;
+    int rc;
     b->ra_n = 0;
-    int rc = rcall(dev, &m, mv, n * sizeof *mv, NULL, 0, eb);
-    if (rc == 0)
-        b->arena_cap = bytes;
+    if (b->nblk == b->blkcap) {
+        size_t c = b->blkcap ? 2 * b->blkcap : 8;
+        uint64_t *e = realloc(b->blk_end, c * sizeof *e);
+        if (!e)
+            return kb_err_set(eb, KB_ERR_NOMEM, "remote backend: blocks");
+        b->blk_end = e;
+        b->blkcap = c;
+    }
+    if ((rc = rcall(dev, &m, NULL, 0, NULL, 0, eb)) == 0) {
+        if (base == 0)
+            b->nblk = 0;
+        b->blk_end[b->nblk++] = base + bytes;
+    }
     return rc;
+}
+
+/* The end of the block holding arena offset off (0 when none). */
+static uint64_t blk_end_of(const rbe *b, uint64_t off)
+{
+    size_t lo = 0, hi = b->nblk;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (b->blk_end[mid] <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < b->nblk ? b->blk_end[lo] : 0;
 }
 
 static int r_copy(void *dev, uint64_t to, uint64_t from, uint64_t n, kb_errbuf *eb)
@@ -326,8 +352,8 @@ static int download_copy(rbe *b, uint64_t off, uint8_t *dst, uint64_t n, kb_errb
 
 /*
  * A host read asks for one range at a time (a check reads rank after rank), and a round trip
- * costs more than the bytes: a small read brings KB_REMOTE_READ_AHEAD bytes (clipped to the
- * arena) and later reads inside them are served here.
+ * costs more than the bytes: a small read brings KB_REMOTE_READ_AHEAD bytes (clipped to its
+ * block of the arena) and later reads inside them are served here.
  */
 #define KB_REMOTE_READ_AHEAD ((uint64_t)1 << 20)
 
@@ -378,9 +404,9 @@ static int r_download(void *dev, uint64_t off, void *dst, uint64_t n, kb_errbuf 
         memcpy(dst, ra + (off - b->ra_off), (size_t)n);
         return 0;
     }
-    if (n < KB_REMOTE_READ_AHEAD && b->arena_cap > off) {
-        want = b->arena_cap - off < KB_REMOTE_READ_AHEAD ? b->arena_cap - off
-                                                         : KB_REMOTE_READ_AHEAD;
+    uint64_t end = blk_end_of(b, off);
+    if (n < KB_REMOTE_READ_AHEAD && end > off) {
+        want = end - off < KB_REMOTE_READ_AHEAD ? end - off : KB_REMOTE_READ_AHEAD;
         if (want < n)
             want = n;
     }
@@ -478,7 +504,7 @@ static int r_query(void *dev, const kb_vquery *q, const uint64_t *off, void *out
 }
 
 static const kb_resident_ops r_ops = {
-    r_arena, r_copy, r_fill, r_upload, r_download, r_payload, r_query,
+    r_block, r_copy, r_fill, r_upload, r_download, r_payload, r_query,
 };
 
 /* ------------------------------------------------------------------ backend */
@@ -637,6 +663,7 @@ static void rb_destroy(void *self)
     free(b->cnt);
     free(b->own);
     free(b->ra);
+    free(b->blk_end);
     if (b->stage)
         munmap(b->stage, b->stage_cap);
     if (b->stage_fd >= 0)
