@@ -389,11 +389,41 @@ static uint64_t comp_need(const comp *k)
     return k->hi - k->lo + 7;
 }
 
+/* Whether k fits at the end of a block used up to top and ending at end. */
+static int fits(uint64_t top, uint64_t end, const comp *k)
+{
+    return align_off(top, k->lo) + (k->hi - k->lo) <= end;
+}
+
 /*
- * Adds a block that holds at least `need` bytes; `rest` are the bytes this flush still has to
- * place (need among them). The size: the larger of rest, the announced footprint the arena
- * does not cover yet (with slack) and half the arena, capped by blk_max; when the device
- * refuses it, just rest, then just need. Nothing resident moves.
+ * The bytes of fresh components c[q..nc) that the blocks' room cannot take, placed first fit
+ * in order as kb_resident_place will (merges in place counted as needing room: a bound).
+ */
+static uint64_t overflow(const kb_resident *r, const comp *c, size_t q, size_t nc)
+{
+    uint64_t *top = malloc((r->nblk ? r->nblk : 1) * sizeof *top), over = 0;
+    for (size_t b = 0; top && b < r->nblk; b++)
+        top[b] = r->blk[b].top;
+    for (size_t j = q; j < nc; j++) {
+        size_t b = 0;
+        if (!c[j].fresh)
+            continue;
+        while (top && b < r->nblk && !fits(top[b], r->blk[b].base + r->blk[b].cap, &c[j]))
+            b++;
+        if (top && b < r->nblk)
+            top[b] = align_off(top[b], c[j].lo) + (c[j].hi - c[j].lo);
+        else
+            over += comp_need(&c[j]);
+    }
+    free(top);
+    return over;
+}
+
+/*
+ * Adds a block that holds at least `need` bytes; `rest` are the bytes of this flush that the
+ * blocks cannot take (need among them). The size: the larger of rest, the announced footprint
+ * the arena does not cover yet (with slack) and a quarter of the arena, capped by blk_max;
+ * when the device refuses it, just rest, then just need. Nothing resident moves.
  */
 static int add_block(kb_resident *r, uint64_t need, uint64_t rest, kb_errbuf *eb)
 {
@@ -405,8 +435,8 @@ static int add_block(kb_resident *r, uint64_t need, uint64_t rest, kb_errbuf *eb
         if (fp > r->cap && fp - r->cap > want)
             want = fp - r->cap;
     }
-    if (r->cap / 2 > want)
-        want = r->cap / 2;
+    if (r->cap / 4 > want) /* a run that grows by small flushes gets few blocks */
+        want = r->cap / 4;
     if (r->blk_max > 0 && want > r->blk_max)
         want = r->blk_max > need ? r->blk_max : need;
     tries[0] = round_block(want);
@@ -434,19 +464,13 @@ static int add_block(kb_resident *r, uint64_t need, uint64_t rest, kb_errbuf *eb
     return rc;
 }
 
-/* Whether k fits at the end of x's used part. */
-static int has_room(const rblk *x, const comp *k)
-{
-    return align_off(x->top, k->lo) + (k->hi - k->lo) <= x->base + x->cap;
-}
-
 /* A block with room for k: `prefer` first, else the first one; nblk when none. */
 static size_t find_room(const kb_resident *r, const comp *k, size_t prefer)
 {
-    if (prefer < r->nblk && has_room(&r->blk[prefer], k))
+    if (prefer < r->nblk && fits(r->blk[prefer].top, r->blk[prefer].base + r->blk[prefer].cap, k))
         return prefer;
     for (size_t b = 0; b < r->nblk; b++)
-        if (has_room(&r->blk[b], k))
+        if (fits(r->blk[b].top, r->blk[b].base + r->blk[b].cap, k))
             return b;
     return r->nblk;
 }
@@ -484,22 +508,22 @@ static int merge_in_place(kb_resident *r, comp *k)
     return 1;
 }
 
-/* Component k becomes one new segment: its place, its resident parts copied there, the bytes
- * between them from the store. `rest`: the bytes the flush's fresh components still need. */
-static int place_fresh(kb_resident *r, comp *k, uint64_t *rest, kb_errbuf *eb)
+/* Component c[q] becomes one new segment: its place, its resident parts copied there, the
+ * bytes between them from the store (c[q + 1 .. nc): the flush's later components). */
+static int place_fresh(kb_resident *r, comp *c, size_t q, size_t nc, kb_errbuf *eb)
 {
-    uint64_t need = comp_need(k), at = k->lo, off;
+    comp *k = &c[q];
+    uint64_t at = k->lo, off;
     size_t b;
     int rc;
 
     if (merge_in_place(r, k)) {
         at = r->seg[k->r1 - 1].pa + r->seg[k->r1 - 1].len;
-        *rest -= need;
         return init_from_store(r, k->off + (at - k->lo), at, k->hi - at, eb);
     }
     b = find_room(r, k, k->r1 > k->r0 ? blk_of(r, r->seg[k->r0].off) : r->nblk);
     if (b == r->nblk) {
-        if ((rc = add_block(r, need, *rest, eb)) != 0)
+        if ((rc = add_block(r, comp_need(k), overflow(r, c, q, nc), eb)) != 0)
             return rc;
         b = r->nblk - 1;
     }
@@ -518,19 +542,16 @@ static int place_fresh(kb_resident *r, comp *k, uint64_t *rest, kb_errbuf *eb)
     if ((rc = init_from_store(r, off + (at - k->lo), at, k->hi - at, eb)) != 0)
         return rc;
     r->blk[b].top = off + (k->hi - k->lo);
-    *rest -= need;
     return 0;
 }
 
 /* The components of the resident segments and the plan's, in PA order, into c (room for
- * nseg + nS + 1); returns their number, *need the bytes the fresh ones take at most. */
-static size_t components(const kb_resident *r, const kb_plan *p, comp *c, uint64_t *need,
-                         size_t *nfresh)
+ * nseg + nS + 1); returns their number, *nfresh how many become new segments. */
+static size_t components(const kb_resident *r, const kb_plan *p, comp *c, size_t *nfresh)
 {
     const kb_segment *S = p->segs;
     size_t nS = p->nsegs, i = 0, j = 0, nc = 0;
 
-    *need = 0;
     *nfresh = 0;
     /* Intervals join a component when they overlap it (touching is not enough: no operand
      * spans two plan segments). */
@@ -562,10 +583,8 @@ static size_t components(const kb_resident *r, const kb_plan *p, comp *c, uint64
         k->s1 = j;
         k->fresh = k->s1 > k->s0 && !(k->r1 == k->r0 + 1 && k->lo == r->seg[k->r0].pa &&
                                       k->hi == r->seg[k->r0].pa + r->seg[k->r0].len);
-        if (k->fresh) {
-            *need += comp_need(k);
+        if (k->fresh)
             (*nfresh)++;
-        }
     }
     return nc;
 }
@@ -577,17 +596,16 @@ int kb_resident_place(void *ctx, kb_plan *p, kb_errbuf *eb)
     size_t nc, nfresh, nout = 0;
     comp *c = malloc((r->nseg + p->nsegs + 1) * sizeof *c);
     rseg *out = NULL;
-    uint64_t rest;
     int rc = 0;
 
     if (!c)
         return kb_err_set(eb, KB_ERR_NOMEM, "device memory: out of memory placing segments");
-    nc = components(r, p, c, &rest, &nfresh);
+    nc = components(r, p, c, &nfresh);
     /* New segments: in place, or resident parts copied on the device and the bytes between
      * from the store. */
     for (size_t q = 0; q < nc && rc == 0; q++)
         if (c[q].fresh)
-            rc = place_fresh(r, &c[q], &rest, eb);
+            rc = place_fresh(r, c, q, nc, eb);
     if (rc != 0 || (rc = fill_flush(r, eb)) != 0)
         goto out;
     /* The new segment list, and the plan segments' offsets. */

@@ -28,10 +28,12 @@
  * many buffers, which a kernel launch then has to bind (kb_opencl.c binds at most four per
  * launch and splits a launch group otherwise) and a device query cannot span. So the first
  * block is sized from the footprint the runtime announces (kb_backend_reserve: the bytes of
- * the tensors allocated so far, plus a sixteenth and 16 MiB of slack), and a later block from
- * the larger of the flush's need, the footprint not covered yet and half the arena (fewer
- * blocks for runs that grow by small flushes); when the device refuses that, from the flush's
- * need and then the one segment's. KBCL_ARENA_BLOCK=BYTES (K/M/G suffixes) caps a block's
+ * the tensors allocated so far, plus a sixteenth and 16 MiB of slack; the data may need more:
+ * the first flush's need wins), and a later block from the larger of the flush's need (less
+ * the room left in the blocks), the footprint not covered yet and a quarter of the arena
+ * (fewer blocks for runs that grow by small flushes); when the device refuses that, from the
+ * flush's need and then the one segment's: the largest run is bounded by the device's free
+ * memory, not half of it. KBCL_ARENA_BLOCK=BYTES (K/M/G suffixes) caps a block's
  * size (never below one segment's): a test and tuning knob that makes a small run span many
  * blocks. A segment lies wholly in one block; every primitive call's range too.
  *

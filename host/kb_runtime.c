@@ -16,6 +16,7 @@
 #include "kb_opencl.h"
 #include "kb_progress.h"
 #include "kb_remote.h"
+#include "kb_resident.h"
 #include "kb_trace.h"
 
 #include <signal.h>
@@ -360,6 +361,8 @@ int kb_ctx_record_as(kb_ctx *ctx, kb_rec *r, const char *name)
 static int replay_pending(kb_ctx *ctx)
 {
     int prev = kb_progress_set_phase(ctx->progress, KB_PROGRESS_REPLAY);
+    /* the footprint known so far sizes the device arena's next block (kb_resident.h) */
+    kb_backend_reserve(&ctx->be, ctx->tensor_bytes);
     int rc = kb_replay_flush_pg(ctx->log, ctx->ms, &ctx->be, &ctx->rstats, ctx->progress,
                                 &ctx->err);
     kb_progress_set_phase(ctx->progress, (kb_progress_phase)prev);

@@ -40,6 +40,15 @@ static int setup(void **state)
     return 0;
 }
 
+/* The fixture with blocks of at most 4 KiB (KBCL_ARENA_BLOCK, read when the backend is made). */
+static int setup_blocks(void **state)
+{
+    setenv("KBCL_ARENA_BLOCK", "4K", 1);
+    int rc = setup(state);
+    unsetenv("KBCL_ARENA_BLOCK");
+    return rc;
+}
+
 static int teardown(void **state)
 {
     fx *f = *state;
@@ -375,6 +384,103 @@ static void test_growth(void **state)
     free(b);
 }
 
+static kb_rec fill_f32(uint64_t dst, uint32_t n, float v, kb_time t)
+{
+    kb_rec r = kbt_rec_new(KB_REC_FILL, t);
+    r.imm[0] = v;
+    r.dst = kb_opnd_make(dst, 1, n, KB_F32);
+    return r;
+}
+
+/* The arena so far: bytes, blocks, segments, device moves. */
+static void expect_arena(const fx *f, uint64_t bytes, uint64_t blocks, uint64_t segs,
+                         uint64_t moves, uint64_t move_bytes)
+{
+    kb_xfer_stats x = xs(f);
+    assert_int_equal(x.arena_bytes, bytes);
+    assert_int_equal(x.blocks, blocks);
+    assert_int_equal(x.segments, segs);
+    assert_int_equal(x.moves, moves);
+    assert_int_equal(x.move_bytes, move_bytes);
+}
+
+/*
+ * The arena grows by blocks (here of at most 4 KiB: KBCL_ARENA_BLOCK) and nothing resident
+ * ever moves for it; records read and write across blocks; a merge whose parts lie end to end
+ * at the end of a block's used part is made in place, one whose parts do not is copied (the
+ * one kind of device move left). The ref backend's "device" checks that every primitive's
+ * range lies in one block.
+ */
+static void test_blocks(void **state)
+{
+    fx *f = *state;
+    float x[16], got[1500];
+    for (int i = 0; i < 16; i++)
+        x[i] = (float)i - 7.5f;
+    assert_int_equal(kb_memstore_write(f->ms, 0x1000, x, sizeof x), 0);
+    /* 1. Two 64-byte segments: a first block of 2 x (64 + 7) bytes, rounded to 4 KiB. */
+    flush(f, copy_f32(0x2000, 0x1000, 16, 0));
+    expect_arena(f, 4096, 1, 2, 0, 0);
+    /* 2. 3000 bytes fit the first block's 3968 left. */
+    flush(f, fill_f32(0x10000, 750, 1.0f, 1));
+    expect_arena(f, 4096, 1, 3, 0, 0);
+    /* 3. 3000 more do not (968 left): a second block, of 4 KiB; nothing moves. */
+    flush(f, fill_f32(0x20000, 750, 2.0f, 2));
+    expect_arena(f, 8192, 2, 4, 0, 0);
+    /* 4. A segment larger than the cap gets a block of its own size (6007 -> 8 KiB). */
+    flush(f, fill_f32(0x30000, 1500, 3.0f, 3));
+    expect_arena(f, 16384, 3, 5, 0, 0);
+    /* 5. Records across blocks: block 0 -> block 2, blocks 1 and 2 -> block 1. */
+    flush(f, copy_f32(0x30000 + 400, 0x1000, 16, 4));
+    kb_rec add = kbt_rec_new(KB_REC_MATH2, 5);
+    add.op = KB_M2_ADD;
+    add.nsrc = 2;
+    add.src[0] = kb_opnd_make(0x30000, 1, 100, KB_F32);
+    add.src[1] = kb_opnd_make(0x20000, 1, 100, KB_F32);
+    add.dst = kb_opnd_make(0x20000, 1, 100, KB_F32);
+    flush(f, add);
+    expect_arena(f, 16384, 3, 5, 0, 0);
+    load(f->ms, 0x30000 + 400, got, 64);
+    assert_memory_equal(got, x, 64);
+    load(f->ms, 0x20000, got, 400);
+    for (int i = 0; i < 100; i++)
+        assert_true(got[i] == 5.0f);
+    /* 6. [0x10000, +3200) extends the 3000-byte segment that ends block 0's used part (128 +
+     * 3000 of 4096): in place, no move, the 200 new bytes poison-filled after it. */
+    kb_xfer_stats before = xs(f);
+    flush(f, fill_f32(0x10000, 800, 4.0f, 6));
+    expect_arena(f, 16384, 3, 5, 0, 0);
+    assert_int_equal(xs(f).fill_bytes - before.fill_bytes, 200);
+    /* 7. [0x1000, 0x2040) merges two segments that are not end to end in PA: copied (128
+     * bytes) into a new block (4160 + 7 -> 8 KiB), the 4032 bytes between them filled. */
+    flush(f, fill_f32(0x1000, 1040, 6.0f, 7));
+    expect_arena(f, 16384 + 8192, 4, 4, 2, 128);
+    load(f->ms, 0x1000, got, 1040 * 4);
+    for (int i = 0; i < 1040; i++)
+        assert_true(got[i] == 6.0f);
+    load(f->ms, 0x10000, got, 3200);
+    for (int i = 0; i < 800; i++)
+        assert_true(got[i] == 4.0f);
+    load(f->ms, 0x30000, got, 6000);
+    for (int i = 0; i < 1500; i++)
+        assert_true(got[i] == (i >= 100 && i < 116 ? x[i - 100] : 3.0f));
+}
+
+/* A footprint announced before the first flush (kb_backend_reserve) sizes the first block:
+ * the run's later segments need no other. */
+static void test_reserve(void **state)
+{
+    fx *f = *state;
+    const uint64_t fp = 1 << 20, first = fp + fp / 16 + (16 << 20);
+    kb_backend_reserve(&f->be, fp);
+    for (int k = 0; k < 16; k++)
+        flush(f, fill_f32(0x100000 + 0x10000 * (uint64_t)k, 16384, (float)k, k));
+    expect_arena(f, first, 1, 16, 0, 0);
+    /* More than announced: one more block, for the flush's need or a quarter of the arena. */
+    flush(f, fill_f32(0x4000000, 5 << 20, 1.0f, 20));
+    expect_arena(f, first + (20 << 20) + 4096, 2, 17, 0, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -384,6 +490,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rebind, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_flush, setup, teardown),
         cmocka_unit_test_setup_teardown(test_growth, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_growth, setup_blocks, teardown),
+        cmocka_unit_test_setup_teardown(test_blocks, setup_blocks, teardown),
+        cmocka_unit_test_setup_teardown(test_reserve, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

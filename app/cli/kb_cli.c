@@ -683,6 +683,7 @@ char *kbcl_result_json(const kbcl_result *res)
         cJSON_AddNumberToObject(t, "moves", (double)x->moves);
         cJSON_AddNumberToObject(t, "move_bytes", (double)x->move_bytes);
         cJSON_AddNumberToObject(t, "arena_bytes", (double)x->arena_bytes);
+        cJSON_AddNumberToObject(t, "arena_blocks", (double)x->blocks);
     }
     cJSON_AddItemToObject(root, "replay", replay);
     /* wall-clock fields last: the only ones that differ between identical runs (and the
