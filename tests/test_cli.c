@@ -1224,6 +1224,59 @@ static void test_device_transfers(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device gpu"), 4);
 }
 
+/* The digest, verdict and device transfers of a run's JSON report; the caller frees *j. */
+static cJSON *run_json(const char *cmd, const char *json, cJSON **transfers)
+{
+    char out[8192];
+    if (kbt_kbcl(out, sizeof out, "%s --json %s", cmd, json) != 0)
+        fail_msg("%s", out);
+    char *text = kbt_slurp(json);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "verified")));
+    *transfers = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "replay"), "transfers");
+    return j;
+}
+
+/*
+ * The resident arena in blocks (#33: it grows by adding device buffers, never by copying) on
+ * PoCL, with KBCL_ARENA_BLOCK capping a block at 64 MiB so that the 256-rank all-reduce of
+ * 1 MiB per rank (520 MiB of device data) spans nine blocks: verified, --device ref's digest
+ * (82a977cc9b0a8f25, docs/phase2.md), nothing moved on the device. And 16 ranks under a 4 MiB
+ * cap, against a --device ref run.
+ */
+static void test_arena_blocks(void **s)
+{
+    char out[8192];
+    cJSON *t, *j;
+    (void)s;
+    if (kbt_kbcl(out, sizeof out, "devices") != 0 || !strstr(out, "[CPU]"))
+        skip();
+    setenv("KBCL_ARENA_BLOCK", "64M", 1);
+    j = run_json("run --bench ccl --algorithm ring_rsag_allreduce --size 1M --device cpu "
+                 "--verify-data", "blocks.json", &t);
+    assert_string_equal(cJSON_GetObjectItem(j, "data_digest")->valuestring, "82a977cc9b0a8f25");
+    assert_int_equal(cJSON_GetObjectItem(t, "arena_blocks")->valuedouble, 9);
+    assert_int_equal(cJSON_GetObjectItem(t, "arena_bytes")->valuedouble, 9.0 * (64 << 20));
+    assert_int_equal(cJSON_GetObjectItem(t, "moves")->valuedouble, 0);
+    assert_int_equal(cJSON_GetObjectItem(t, "move_bytes")->valuedouble, 0);
+    cJSON_Delete(j);
+    setenv("KBCL_ARENA_BLOCK", "4M", 1);
+    j = run_json("run --bench ccl --algorithm ring_rsag_allreduce --world-size 16 --size 1M "
+                 "--device cpu --verify-data", "blocks16.json", &t);
+    unsetenv("KBCL_ARENA_BLOCK");
+    assert_true(cJSON_GetObjectItem(t, "arena_blocks")->valuedouble > 4);
+    assert_int_equal(cJSON_GetObjectItem(t, "move_bytes")->valuedouble, 0);
+    char digest[32];
+    snprintf(digest, sizeof digest, "%s", cJSON_GetObjectItem(j, "data_digest")->valuestring);
+    cJSON_Delete(j);
+    j = run_json("run --bench ccl --algorithm ring_rsag_allreduce --world-size 16 --size 1M "
+                 "--device ref --verify-data", "blocks16_ref.json", &t);
+    assert_string_equal(cJSON_GetObjectItem(j, "data_digest")->valuestring, digest);
+    cJSON_Delete(j);
+}
+
 /* Sends a malformed request (64 bytes of 0xff) to the server at sock and reads until it closes
  * the connection. */
 static void devd_send_garbage(const char *sock)
@@ -1534,6 +1587,7 @@ int main(void)
         cmocka_unit_test(test_size_run),
         cmocka_unit_test(test_bench_self_phase2),
         cmocka_unit_test(test_device_transfers),
+        cmocka_unit_test(test_arena_blocks),
         cmocka_unit_test(test_device_server),
     };
     /* a device server the user runs must not serve these runs (test_device_server starts
