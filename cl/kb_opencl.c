@@ -5,7 +5,8 @@
  * and its device-resident memory (kb_resident.h, primitives in kb_opencl_mem.c), plus a
  * buffer for the argument tables. A resident flush's begin() only points the launches at the
  * resident buffers; run_batch() only appends one kb_clent per record to a host table and one
- * launch per kind group (the planner sorts a batch by kind), so it costs no driver calls;
+ * launch per kind group (the planner sorts a batch by kind; a group whose records need more
+ * than KB_OCL_SLOTS of the arena's blocks gets several), so it costs no driver calls;
  * end() uploads all tables of the flush in one write, enqueues every launch in batch order
  * (the in-order queue keeps dependent batches apart) and waits once. Called with a host arena
  * (bench-self's synthetic batches), begin() uploads it and the payload into buffers of their
