@@ -436,25 +436,35 @@ static void make_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
 }
 
 /*
- * Binds entry e's arena operands to the launch's slots (bind[0 .. *nbind)): each operand's
- * offset becomes its offset in its block, its slot goes into its descriptor. 1 when they fit,
- * 0 (nothing changed) when the launch would need more than KB_OCL_SLOTS blocks, or
- * KB_ERR_RANGE for an operand outside the resident blocks. A host-arena flush has one buffer:
- * nothing to bind.
+ * Binds entry e's arena operands (record r's) to the launch's slots (bind[0 .. *nbind)): each
+ * operand's offset becomes its offset in its block, its slot goes into its descriptor. 1 when
+ * they fit, 0 (nothing changed) when the launch would need more than KB_OCL_SLOTS blocks, or
+ * KB_ERR_RANGE for an operand that is not inside one block (every byte the kernels may touch
+ * is checked: a device server's client is not trusted to respect the blocks). A host-arena
+ * flush has one buffer: nothing to bind.
  */
-static int bind_entry(const kb_ocl_be *b, kb_clent *e, size_t *bind, unsigned *nbind)
+static int bind_entry(const kb_ocl_be *b, const kb_rec *r, kb_clent *e, size_t *bind,
+                      unsigned *nbind)
 {
+    const kb_opnd *o[4] = { &r->dst, &r->src[0], &r->src[1], &r->src[2] };
     size_t blk[4];
     uint64_t loc[4];
     unsigned nb = *nbind, slot[4];
 
     if (!b->cur_resident)
         return 1;
+    for (unsigned i = 0; i <= r->nsrc && i < 4; i++) {
+        uint64_t span = o[i]->space == KB_SPACE_MEM ? kb_opnd_span(o[i]) : 0;
+        if (span > 0 && kb_ocl_blk_find(b, o[i]->addr, span, &blk[0], &loc[0]) != 0)
+            return KB_ERR_RANGE;
+    }
     for (unsigned s = 0; s < 4; s++) {
         if (!((e->dt >> (8 * s)) & DT_ARENA))
             continue;
-        if (kb_ocl_blk_find(b, e->off[s], 0, &blk[s], &loc[s]) != 0)
-            return KB_ERR_RANGE;
+        if (kb_ocl_blk_find(b, e->off[s], 0, &blk[s], &loc[s]) != 0) {
+            blk[s] = bind[0]; /* an empty operand (checked above): its base is never read; */
+            loc[s] = 0;       /* the destination, slot 0, is bound first and never empty */
+        }
         for (slot[s] = 0; slot[s] < nb && bind[slot[s]] != blk[s]; slot[s]++)
             ;
         if (slot[s] == nb) {
@@ -530,7 +540,7 @@ static int cl_run_batch(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
             make_entry(&recs[j], e, &u);
             if (u == 0)
                 continue; /* an empty record: nothing to launch for it */
-            if ((rc = bind_entry(b, e, bind, &nbind)) == 0) {
+            if ((rc = bind_entry(b, &recs[j], e, bind, &nbind)) == 0) {
                 /* more blocks than a launch binds: the group goes on in another launch */
                 if ((rc = add_launch(b, kind, first, units, bind, nbind, eb)) != 0) {
                     b->failed = 1;
@@ -539,12 +549,12 @@ static int cl_run_batch(void *self, const kb_rec *recs, size_t n, kb_errbuf *eb)
                 first = b->ntab;
                 units = 0;
                 nbind = 0;
-                rc = bind_entry(b, e, bind, &nbind); /* a record's operands always fit */
+                rc = bind_entry(b, &recs[j], e, bind, &nbind); /* a record always fits */
             }
             if (rc < 0) {
                 b->failed = 1;
                 return kb_err_set(eb, rc, "opencl backend: record %zu of a batch: an operand "
-                                  "outside the resident arena", j);
+                                  "not inside one block of the resident arena", j);
             }
             if (b->ntab == first)
                 kind = recs[j].kind; /* the first entry with work names the kernel ... */

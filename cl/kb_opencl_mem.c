@@ -68,6 +68,14 @@ int kb_ocl_blk_add(kb_ocl_be *b, uint64_t base, uint64_t bytes, kb_errbuf *eb)
         b->rblkcap = c;
     }
     m = clCreateBuffer(b->ctx, CL_MEM_READ_WRITE, (size_t)bytes, NULL, &err);
+    /* NVIDIA allocates a buffer at its first use: a blocking 1-byte write makes a block the
+     * device cannot hold fail here, where kb_resident asks for a smaller one, rather than at
+     * the flush's first fill (the byte is arbitrary, like the rest of a fresh block) */
+    if (m && (err = clEnqueueWriteBuffer(b->q, m, CL_TRUE, 0, 1, &(cl_uchar){ 0 }, 0, NULL,
+                                         NULL)) != CL_SUCCESS) {
+        clReleaseMemObject(m);
+        m = NULL;
+    }
     if (!m)
         return kb_err_set(eb, KB_ERR_DEVICE, "opencl: resident block of %llu bytes: %s (%d)",
                           (unsigned long long)bytes, kb_ocl_errname(err), (int)err);

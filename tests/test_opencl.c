@@ -998,6 +998,20 @@ static void test_arena_blocks(void **state)
     pair_free(&p);
     /* random records over windows that outgrow their blocks, flush after flush */
     random_logs(&d, 17, 2, 200, 16384, 5, 9, 100);
+    /* a record (as a device server's client could send) whose operand crosses from one block
+     * into the next is refused before anything is launched */
+    const kb_resident_ops *ops;
+    void *dv;
+    kb_resident_device(d.be.ops->resident(d.be.self), &ops, &dv);
+    assert_int_equal(ops->block(dv, 0, 4096, &eb), 0);
+    assert_int_equal(ops->block(dv, 4096, 4096, &eb), 0);
+    kb_rec c = kbt_rec_new(KB_REC_COPY, 0);
+    c.src[0] = kb_opnd_make(0, 1, 50, KB_F32);
+    c.dst = kb_opnd_make(4000, 1, 50, KB_F32);
+    assert_int_equal(d.be.ops->begin(d.be.self, NULL, 8192, NULL, 0, &eb), 0);
+    assert_int_equal(d.be.ops->run_batch(d.be.self, &c, 1, &eb), KB_ERR_RANGE);
+    assert_non_null(strstr(eb.msg, "not inside one block"));
+    assert_int_equal(d.be.ops->end(d.be.self, NULL, 8192, &eb), KB_ERR_STATE);
     d.be.ops->destroy(d.be.self);
 }
 
