@@ -423,7 +423,8 @@ static uint64_t overflow(const kb_resident *r, const comp *c, size_t q, size_t n
  * Adds a block that holds at least `need` bytes; `rest` are the bytes of this flush that the
  * blocks cannot take (need among them). The size: the larger of rest, the announced footprint
  * the arena does not cover yet (with slack) and a quarter of the arena, capped by blk_max;
- * when the device refuses it, just rest, then just need. Nothing resident moves.
+ * when the device refuses it, just rest, then just need (the last refusal is the error).
+ * Nothing resident moves.
  */
 static int add_block(kb_resident *r, uint64_t need, uint64_t rest, kb_errbuf *eb)
 {
@@ -450,7 +451,9 @@ static int add_block(kb_resident *r, uint64_t need, uint64_t rest, kb_errbuf *eb
         r->blk = nb;
         r->blkcap = c;
     }
-    for (int i = 0; i < 3 && rc == KB_ERR_DEVICE; i++) {
+    /* a device that is short of memory says KB_ERR_DEVICE, a server past what it lends a
+     * session KB_ERR_RANGE, a host "device" KB_ERR_NOMEM: a smaller block may still do */
+    for (int i = 0; i < 3 && rc != 0; i++) {
         if (i > 0 && tries[i] >= tries[i - 1])
             continue;
         rc = r->ops->block(r->dev, r->cap, tries[i], eb);

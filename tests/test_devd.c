@@ -1100,6 +1100,17 @@ static void test_size_bound(void **state)
     assert_int_equal(ops->block(dev, 0, (1 << 20) + 1, &eb), KB_ERR_RANGE);
     kbt_msg_has(eb.msg, "more than the 1048576 this server lends a session");
     be.ops->destroy(be.self);
+    /* a footprint announced beyond the server's bound: the first block asked for (64 MiB and
+     * slack) is refused, the flush's need (4 KiB) is lent */
+    run r;
+    kb_xfer_stats x;
+    run_open(&r, s2.path);
+    kb_backend_reserve(&r.be, 64 << 20);
+    flush_ok(&r, copy_f32(0x2000, 0x1000, 16, 0));
+    kb_backend_xfer_stats(&r.be, &x);
+    assert_int_equal(x.blocks, 1);
+    assert_int_equal(x.arena_bytes, 4096);
+    run_close(&r);
     srv_stop(&s2);
 }
 
