@@ -1033,6 +1033,45 @@ kernel void kb_vq_colref(uint seed, uint T, ulong n, uint ordered, global double
  * against ref and writes its kb_vq_tile part: the largest error with the smallest column
  * among equals (the first occurrence), the first failing column, the counts and sums.
  */
+/* The work-group's reduction of its items' parts of a tile (first worst error, first failing
+ * column, counts and sums) into part: the same bits whatever the order the items ran in. */
+static void kb_vq_tile_reduce(uint lid, local double *lme, local double *lmb, local long *lmi,
+                              local long *lbi, local double *lbg, local double *lbw,
+                              local long *lnw, local long *lgq, local long *lof,
+                              global kb_vq_tile *p)
+{
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (uint s = KB_VQ_LOCAL / 2; s > 0; s >>= 1) {
+        if (lid < s) {
+            uint o = lid + s;
+            if (lme[o] > lme[lid] || (lme[o] == lme[lid] && lmi[o] < lmi[lid])) {
+                lme[lid] = lme[o];
+                lmb[lid] = lmb[o];
+                lmi[lid] = lmi[o];
+            }
+            if (lbi[o] < lbi[lid]) {
+                lbi[lid] = lbi[o];
+                lbg[lid] = lbg[o];
+                lbw[lid] = lbw[o];
+            }
+            lnw[lid] += lnw[o];
+            lgq[lid] += lgq[o];
+            lof[lid] |= lof[o];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (lid == 0) {
+        p->max_err = lme[0];
+        p->bound = lmb[0];
+        p->bad_elem = lbi[0] == LONG_MAX ? -1L : lbi[0];
+        p->bad_got = lbg[0];
+        p->bad_want = lbw[0];
+        p->nwrong = lnw[0];
+        p->gq = lgq[0];
+        p->offgrid = lof[0];
+    }
+}
+
 __attribute__((reqd_work_group_size(KB_VQ_LOCAL, 1, 1)))
 kernel void kb_vq_check(global const uchar *arena, global const ulong *toff, ulong n, ulong slab,
                         uint nslab, double acc_bound, global const double *ref,
@@ -1079,37 +1118,7 @@ kernel void kb_vq_check(global const uchar *arena, global const ulong *toff, ulo
     lnw[lid] = nw;
     lgq[lid] = gq;
     lof[lid] = off;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (uint s = KB_VQ_LOCAL / 2; s > 0; s >>= 1) {
-        if (lid < s) {
-            uint o = lid + s;
-            if (lme[o] > lme[lid] || (lme[o] == lme[lid] && lmi[o] < lmi[lid])) {
-                lme[lid] = lme[o];
-                lmb[lid] = lmb[o];
-                lmi[lid] = lmi[o];
-            }
-            if (lbi[o] < lbi[lid]) {
-                lbi[lid] = lbi[o];
-                lbg[lid] = lbg[o];
-                lbw[lid] = lbw[o];
-            }
-            lnw[lid] += lnw[o];
-            lgq[lid] += lgq[o];
-            lof[lid] |= lof[o];
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-    if (lid == 0) {
-        global kb_vq_tile *p = part + g;
-        p->max_err = lme[0];
-        p->bound = lmb[0];
-        p->bad_elem = lbi[0] == LONG_MAX ? -1L : lbi[0];
-        p->bad_got = lbg[0];
-        p->bad_want = lbw[0];
-        p->nwrong = lnw[0];
-        p->gq = lgq[0];
-        p->offgrid = lof[0];
-    }
+    kb_vq_tile_reduce(lid, lme, lmb, lmi, lbi, lbg, lbw, lnw, lgq, lof, part + g);
 }
 
 /* The sum of column i over the T ranks (kb_vquery.c's column_sum): ordered, the ring's chain
@@ -1224,38 +1233,16 @@ kernel void kb_vq_coll(global const uchar *arena, global const ulong *toff, ulon
     lof[lid] = off;
     lwq[lid] = wq;
     lwo[lid] = wo;
-    barrier(CLK_LOCAL_MEM_FENCE);
+    kb_vq_tile_reduce(lid, lme, lmb, lmi, lbi, lbg, lbw, lnw, lgq, lof, part + g);
+    /* the reference's grid sum too (the barrier at the helper's end orders these) */
     for (uint s = KB_VQ_LOCAL / 2; s > 0; s >>= 1) {
         if (lid < s) {
-            uint o = lid + s;
-            if (lme[o] > lme[lid] || (lme[o] == lme[lid] && lmi[o] < lmi[lid])) {
-                lme[lid] = lme[o];
-                lmb[lid] = lmb[o];
-                lmi[lid] = lmi[o];
-            }
-            if (lbi[o] < lbi[lid]) {
-                lbi[lid] = lbi[o];
-                lbg[lid] = lbg[o];
-                lbw[lid] = lbw[o];
-            }
-            lnw[lid] += lnw[o];
-            lgq[lid] += lgq[o];
-            lof[lid] |= lof[o];
-            lwq[lid] += lwq[o];
-            lwo[lid] |= lwo[o];
+            lwq[lid] += lwq[lid + s];
+            lwo[lid] |= lwo[lid + s];
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     if (lid == 0) {
-        global kb_vq_tile *p = part + g;
-        p->max_err = lme[0];
-        p->bound = lmb[0];
-        p->bad_elem = lbi[0] == LONG_MAX ? -1L : lbi[0];
-        p->bad_got = lbg[0];
-        p->bad_want = lbw[0];
-        p->nwrong = lnw[0];
-        p->gq = lgq[0];
-        p->offgrid = lof[0];
         wpart[2 * g] = lwq[0];
         wpart[2 * g + 1] = lwo[0];
     }
