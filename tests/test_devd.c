@@ -609,6 +609,42 @@ static void test_pipelined_failure(void **state)
     srv_stop(&s2);
 }
 
+/*
+ * A session whose replay failed on the device does not give its backend to the pool: the
+ * driver may hold a buffer it failed to back (NVIDIA allocates at first use), and every
+ * session that got that backend would fail the same way. The next client gets a new one.
+ */
+static void test_failed_session_not_pooled(void **state)
+{
+    (void)state;
+    srv s2;
+    run r;
+    float x[4] = { 1, 2, 3, 4 };
+    kb_errbuf eb = { { 0 } };
+    kb_devd_hello h;
+    srv_start(&s2, "failpool.sock", 1, 1);
+    for (int k = 0; k < 2; k++) {
+        run_open(&r, s2.path);
+        assert_int_equal(kb_memstore_write(r.ms, 0x1000, x, sizeof x), 0);
+        flush_ok(&r, copy_f32(0x2000, 0x1000, 4, 0)); /* fails on the server */
+        eb.msg[0] = '\0';
+        assert_int_equal(r.be.ops->sync(r.be.self, &eb), KB_ERR_DEVICE);
+        kbt_msg_has(eb.msg, "injected failure");
+        run_close(&r);
+        /* the session ends in the server's own time */
+        for (int i = 0; i < 400; i++) {
+            assert_int_equal(kb_remote_hello(s2.path, &h, &eb), 0);
+            if (h.sessions == 0)
+                break;
+            usleep(5000);
+        }
+        assert_int_equal(h.sessions, 0);
+    }
+    assert_int_equal(s2.sessions_made, 2);
+    assert_int_equal(s2.recycled, 0);
+    srv_stop(&s2);
+}
+
 static void test_host_arena_refused(void **state)
 {
     srv *s = *state;
@@ -1416,6 +1452,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_coll_query, setup, teardown),
         cmocka_unit_test_setup_teardown(test_two_sessions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pooled_sessions, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failed_session_not_pooled, setup, teardown),
         cmocka_unit_test_setup_teardown(test_copied_payload, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_server, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_build, setup, teardown),

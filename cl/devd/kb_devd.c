@@ -55,6 +55,7 @@ typedef struct session {
     uint64_t flush_a;
     kb_errbuf flush_eb;
     long peer_pid;      /* for the log */
+    int dev_failed;     /* a request failed on the device: the backend is not pooled */
     int end_rc;         /* why the server closed the connection (0: the peer did) */
     kb_errbuf end_eb;
     kb_devd_hello hello;
@@ -109,6 +110,8 @@ static int reply(session *s, int rc, const kb_errbuf *eb, uint64_t a, uint64_t b
                  const void *data, uint64_t n)
 {
     kb_devd_rep r;
+    if (rc == KB_ERR_DEVICE)
+        s->dev_failed = 1;
     memset(&r, 0, sizeof r);
     r.rc = rc;
     r.msglen = rc && eb ? (uint32_t)strnlen(eb->msg, sizeof eb->msg) : 0;
@@ -678,8 +681,10 @@ static void session_close(session *s)
             kb_errbuf ignored;
             s->be.ops->end(s->be.self, NULL, s->flush_a, &ignored);
         }
-        /* the device memory goes either way; the queue, kernels and tables may stay */
-        if (d->o->recycle && d->o->recycle(d->o->arg, &s->be) == 0) {
+        /* the device memory goes either way; the queue, kernels and tables may stay. Not after
+         * a device error: a buffer the driver failed to back (NVIDIA allocates at first use)
+         * would fail every later session that got this backend from the pool */
+        if (!s->dev_failed && d->o->recycle && d->o->recycle(d->o->arg, &s->be) == 0) {
             pthread_mutex_lock(&d->mu);
             if (d->npool < KB_DEVD_POOL) {
                 pooled *p = &d->pool[d->npool++];
