@@ -354,8 +354,8 @@ static int spawn(sw_ctx *c, sw_worker *w, int point, const sigset_t *oldmask, in
 /*
  * A device worker: reads point numbers until its command pipe closes and answers each with an
  * outcome, keeping one Phase-2 backend (its OpenCL context, queue and built program) for all
- * of them; it is made again only when a point needs another device or a failed flush left it
- * unusable.
+ * of them; it is made again only when a point needs another device, a failed flush left it
+ * unusable or a point ended with a device error.
  */
 static void device_worker(const sw_plan *p, int cmd, int out)
 {
@@ -389,6 +389,13 @@ static void device_worker(const sw_plan *p, int cmd, int out)
             be_dev = dev;
         }
         run_point_on(p, point, &o, &be, desc);
+        /* A device error may leave the backend failing every later request (a remote one
+         * serves no data after a failed replay; a driver may keep a buffer it could not
+         * back): the next point gets a new one. A nofit point never touched the device. */
+        if (o.rc == KB_ERR_DEVICE && be.ops) {
+            be.ops->destroy(be.self);
+            be.ops = NULL;
+        }
         if (kbcl_write_all(out, (const char *)&o, sizeof o) != 0)
             break;
     }
