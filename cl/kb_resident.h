@@ -145,6 +145,10 @@ int kb_resident_query(kb_resident *r, const kb_vquery *q, const uint64_t *pa, vo
  */
 void kb_resident_reserve(kb_resident *r, uint64_t bytes);
 void kb_backend_reserve(const kb_backend *be, uint64_t bytes);
+/* The device bytes the arena asks for to hold a footprint of `bytes` (the footprint, its
+ * slack for alignment and for what is not a tensor): what a run must find free on its device
+ * (kb_runtime_tensor.c's fit check uses the same rule as the arena). */
+uint64_t kb_resident_footprint(uint64_t bytes);
 /* The transfer statistics of a backend's kb_resident; zeros for a host backend. */
 void kb_backend_xfer_stats(const kb_backend *be, kb_xfer_stats *out);
 

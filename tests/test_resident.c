@@ -481,6 +481,46 @@ static void test_reserve(void **state)
     expect_arena(f, first + (20 << 20) + 4096, 2, 17, 0, 0);
 }
 
+/*
+ * A store that binds a backend whose arena is empty but too small for its announced footprint
+ * (a sweep's worker keeps its backend from point to point, sizes growing) gets one block of
+ * its own size, the old blocks released, instead of the old blocks and one for the rest; a
+ * store that fits the kept arena keeps it.
+ */
+static void test_rebind_outgrown(void **state)
+{
+    fx *f = *state;
+    const uint64_t fa = 1 << 20, fb = 64 << 20;
+    const uint64_t first_a = fa + fa / 16 + (16 << 20), first_b = fb + fb / 16 + (16 << 20);
+    float got[4];
+    kb_backend_reserve(&f->be, fa);
+    flush(f, fill_f32(0x100000, 16384, 1.0f, 0));
+    expect_arena(f, first_a, 1, 1, 0, 0);
+    fx g = { kb_oplog_create(), kb_memstore_create(), f->be, { 0 } };
+    assert_non_null(g.log);
+    assert_non_null(g.ms);
+    kb_backend_reserve(&g.be, fb);
+    flush(&g, fill_f32(0x200000, 16384, 2.0f, 0));
+    expect_arena(&g, first_b, 1, 1, 0, 0);
+    load(g.ms, 0x200000, got, sizeof got);
+    for (int i = 0; i < 4; i++)
+        assert_true(got[i] == 2.0f);
+    load(f->ms, 0x100000, got, sizeof got); /* pulled back before the arena was reused */
+    for (int i = 0; i < 4; i++)
+        assert_true(got[i] == 1.0f);
+    kb_memstore_destroy(g.ms);
+    kb_oplog_destroy(g.log);
+    /* a smaller footprint keeps the arena it finds */
+    fx h = { kb_oplog_create(), kb_memstore_create(), f->be, { 0 } };
+    assert_non_null(h.log);
+    assert_non_null(h.ms);
+    kb_backend_reserve(&h.be, fa);
+    flush(&h, fill_f32(0x300000, 16384, 3.0f, 0));
+    expect_arena(&h, first_b, 1, 1, 0, 0);
+    kb_memstore_destroy(h.ms);
+    kb_oplog_destroy(h.log);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -493,6 +533,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_growth, setup_blocks, teardown),
         cmocka_unit_test_setup_teardown(test_blocks, setup_blocks, teardown),
         cmocka_unit_test_setup_teardown(test_reserve, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rebind_outgrown, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
