@@ -52,6 +52,7 @@ typedef struct kbcl_sweep_plan {
     char *fixed[SW_NFIXED];            /* algorithm, world_size, n_elem, size, buffer_kind,
                                         * op, dtype */
     int verify;
+    int replay_cuts;                   /* points pipeline their replay (kbcl_sweep_point_job) */
     char *sets[KBCL_MAX_SETS];         /* "key=value" */
     int nsets;
     char *params[KBCL_MAX_SETS];       /* "name=value" */

@@ -188,6 +188,13 @@ int kbcl_cmd_sweep(int argc, char **argv)
         rc = kbcl_plugins_load_cli(plugins, a.files, a.nfiles, &eb);
     if (rc == 0)
         rc = kbcl_sweep_plan_load(a.file, plugins, &plan, &eb);
+    if (rc == 0) {
+        /* op-log cuts (a replay beside the simulation) only where the jobs leave a core free
+         * for it: the workers' and a device server's threads would fight for them otherwise;
+         * an MPI sweep's hosts are not known here */
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        plan->replay_cuts = !mpi && 2L * a.jobs <= ncpu;
+    }
     if (rc != 0) {
         if (rank == 0)
             fprintf(stderr, "kbcl sweep: %s\n", eb.msg);
