@@ -11,6 +11,7 @@
  */
 #include "kb_runtime_int.h"
 #include "kb_opencl.h"
+#include "kb_resident.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,17 +139,23 @@ void kb_tensor_free(kb_tensor *t)
 /*
  * Whether a recording run's tensors, t's included, fit the memory of its OpenCL device (or a
  * device server's): the resident arena holds every tensor byte a replay touches, so a run
- * whose tensors are larger than the device's memory cannot replay. It stops here, at the allocation that crosses the line, before its kernels run,
- * naming both figures (KB_ERR_NOFIT, nothing on the device yet), instead of failing in the
- * replay. Runs below KB_FIT_CHECK_BYTES never wait for the device's set-up to ask. Other
- * allocations (IPCQ rings, scratch) come on top: passing is necessary, not sufficient.
+ * whose tensors are larger than the device's memory cannot replay. It stops here, at the
+ * allocation that crosses the line, before its kernels run, naming both figures
+ * (KB_ERR_NOFIT, nothing on the device yet), instead of failing in the replay. Runs below
+ * KB_FIT_CHECK_BYTES never wait for the device's set-up to ask.
+ *
+ * The need is what the arena will ask for (kb_resident_footprint: the tensors and the slack
+ * that covers IPCQ rings, scratch and alignment); the device lends a run all but 1/16 of its
+ * memory, which the driver's context and the replay's own buffers (argument tables, payload,
+ * query results) use. On an H200 a 128 GiB arena passed a check against the whole memory
+ * and then failed mid-replay on an argument table of a few MiB.
  */
 static int device_fit(kb_ctx *ctx, const kb_tensor *t, uint64_t bytes)
 {
     const kb_backend *be;
     kb_opencl_setup su;
-    uint64_t limit;
-    char need[32], have[32];
+    uint64_t limit, usable, need;
+    char tens[32], needs[32], have[32], use[32];
 
     ctx->tensor_bytes += bytes;
     if (!ctx->recording || ctx->tensor_bytes <= KB_FIT_CHECK_BYTES ||
@@ -164,15 +171,20 @@ static int device_fit(kb_ctx *ctx, const kb_tensor *t, uint64_t bytes)
     /* the device's memory, not its largest buffer: NVIDIA's driver says 35 GiB of an H200's
      * 139.8 GiB and allocates a 64 GiB arena all the same */
     limit = su.global_mem_bytes;
-    if (limit == 0 || ctx->tensor_bytes <= limit)
+    usable = limit - limit / 16;
+    need = kb_resident_footprint(ctx->tensor_bytes);
+    if (limit == 0 || need <= usable)
         return 0;
     return kb_err_set(&ctx->err, KB_ERR_NOFIT,
-                      "tensor '%s': the run's tensors need %s (%llu bytes) of device memory, "
-                      "and %s has %s (%llu bytes): a smaller size fits, or --device ref, or "
+                      "tensor '%s': the run's tensors need at least %s (%llu bytes) of device "
+                      "memory, %s (%llu bytes) with the arena's slack, and %s has %s (%llu bytes), "
+                      "%s of it for a run's arena: a smaller size fits, or --device ref, or "
                       "--device none for timing only",
-                      t->name, kb_fmt_bytes(ctx->tensor_bytes, need, sizeof need),
-                      (unsigned long long)ctx->tensor_bytes, ctx->device_desc,
-                      kb_fmt_bytes(limit, have, sizeof have), (unsigned long long)limit);
+                      t->name, kb_fmt_bytes(ctx->tensor_bytes, tens, sizeof tens),
+                      (unsigned long long)ctx->tensor_bytes,
+                      kb_fmt_bytes(need, needs, sizeof needs), (unsigned long long)need,
+                      ctx->device_desc, kb_fmt_bytes(limit, have, sizeof have),
+                      (unsigned long long)limit, kb_fmt_bytes(usable, use, sizeof use));
 }
 
 int kb_tensor_empty(kb_ctx *ctx, const kb_tensor_desc *d, kb_tensor **out)

@@ -1459,8 +1459,9 @@ static void test_device_server(void **s)
                               "--world-size 256 --size 1G --device cpu --verify-data"), 4);
     kbt_msg_has(out, "kbcl: the run does not fit the device's memory: tensor 'tiles': the run's "
                      "tensors need ");
-    kbt_msg_has(out, " of device memory, and ");
-    kbt_msg_has(out, "a smaller size fits, or --device ref");
+    kbt_msg_has(out, " of device memory, ");
+    kbt_msg_has(out, " with the arena's slack, and ");
+    kbt_msg_has(out, " of it for a run's arena: a smaller size fits, or --device ref");
 }
 
 /* ccl.defaults.backpressure=false (docs/collectives.md, "Backpressure"): senders overwrite
