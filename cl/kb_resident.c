@@ -11,6 +11,7 @@
  */
 #include "kb_resident.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -71,6 +72,36 @@ static size_t blk_of(const kb_resident *r, uint64_t off)
             hi = mid;
     }
     return lo < r->nblk && r->blk[lo].base <= off ? lo : r->nblk;
+}
+
+/*
+ * The arena's invariants, which every flush relies on and which a planner, a server and the
+ * kernels each assume without checking: blocks end to end from 0 with their tops inside;
+ * segments sorted by PA, disjoint, each inside one block's used part, congruent to its PA
+ * modulo 8 (the kernels' aligned loads). Checked after each placement in Debug builds.
+ */
+static void check_arena(const kb_resident *r)
+{
+#ifndef NDEBUG
+    uint64_t base = 0;
+    for (size_t b = 0; b < r->nblk; b++) {
+        assert(r->blk[b].base == base);
+        assert(r->blk[b].cap > 0);
+        assert(r->blk[b].top >= base && r->blk[b].top <= base + r->blk[b].cap);
+        base += r->blk[b].cap;
+    }
+    assert(base == r->cap);
+    for (size_t i = 0; i < r->nseg; i++) {
+        const rseg *g = &r->seg[i];
+        size_t b = blk_of(r, g->off);
+        assert(g->len > 0);
+        assert(i == 0 || r->seg[i - 1].pa + r->seg[i - 1].len <= g->pa);
+        assert(b < r->nblk && g->off + g->len <= r->blk[b].top);
+        assert(((g->off - g->pa) & 7u) == 0);
+    }
+#else
+    (void)r;
+#endif
 }
 
 /* "123", "64K", "16M", "2G" (binary); 0 when unset or not a size. */
@@ -648,6 +679,7 @@ int kb_resident_place(void *ctx, kb_plan *p, kb_errbuf *eb)
     r->nseg = nout;
     out = NULL;
     p->arena_bytes = r->cap;
+    check_arena(r);
 out:
     r->fill_lo = r->fill_hi = 0;
     free(out);
