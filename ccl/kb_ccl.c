@@ -547,7 +547,47 @@ double kb_ccl_topo_bound_gbps(kb_ctx *ctx, const char *topo, const kb_ccl_layout
     return best == UINT64_MAX ? 0.0 : (double)best / 1000.0;
 }
 
+/* Appends one link to *links (growing it); 0 or KB_ERR_NOMEM. */
+static int add_link(kb_ipcq_link **links, size_t *n, size_t *cap, kb_ipcq_link lk, kb_errbuf *eb)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 64;
+        kb_ipcq_link *nl = realloc(*links, c * sizeof *nl);
+        if (!nl)
+            return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+        *links = nl;
+        *cap = c;
+    }
+    assert(*n < *cap);
+    (*links)[(*n)++] = lk;
+    return 0;
+}
+
+/* The lane rings: rank r's KB_DIR_PEER(0) leads to the rank `per` places on (mod ws), its
+ * KB_DIR_PEER(1) back; with per = the PEs of a SIP, the same PE of the next and the previous
+ * SIP. */
+static int lane_links(const kb_machine *m, const kb_ccl_layout *l, int per, kb_ipcq_link **links,
+                      size_t *n, size_t *cap, kb_errbuf *eb)
+{
+    int rc = 0;
+    for (int r = 0; r < l->ws && rc == 0; r++) {
+        int nx = (r + per) % l->ws, pv = (r + l->ws - per) % l->ws;
+        kb_pe_hw *a = kb_ccl_rank_pe(m, l, r);
+        if ((rc = add_link(links, n, cap, (kb_ipcq_link){ a, KB_DIR_PEER(0),
+                           kb_ccl_rank_pe(m, l, nx), KB_DIR_PEER(1) }, eb)) == 0)
+            rc = add_link(links, n, cap, (kb_ipcq_link){ a, KB_DIR_PEER(1),
+                          kb_ccl_rank_pe(m, l, pv), KB_DIR_PEER(0) }, eb);
+    }
+    return rc;
+}
+
 int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const kb_ipcq_cfg *cfg)
+{
+    return kb_ccl_install_lanes(ctx, topo, l, cfg, 0);
+}
+
+int kb_ccl_install_lanes(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l,
+                         const kb_ipcq_cfg *cfg, int per)
 {
     kb_errbuf *eb = kb_ctx_err(ctx);
     kb_machine *m = kb_ctx_machine(ctx);
@@ -582,23 +622,14 @@ int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const 
                                 kb_dir_label((kb_dir)d, lbl, sizeof lbl), nbr[d]);
                 goto out;
             }
-            if (n == cap) {
-                cap = cap ? cap * 2 : 64;
-                kb_ipcq_link *nl = realloc(links, cap * sizeof *nl);
-                if (!nl) {
-                    rc = kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-                    goto out;
-                }
-                links = nl;
-            }
-            assert(n < cap);
-            links[n].pe = kb_ccl_rank_pe(m, l, r);
-            links[n].dir = (kb_dir)d;
-            links[n].peer = kb_ccl_rank_pe(m, l, nbr[d]);
-            links[n].peer_dir = (kb_dir)rd;
-            n++;
+            if ((rc = add_link(&links, &n, &cap, (kb_ipcq_link){ kb_ccl_rank_pe(m, l, r),
+                               (kb_dir)d, kb_ccl_rank_pe(m, l, nbr[d]), (kb_dir)rd }, eb)) != 0)
+                goto out;
         }
     }
+    assert(per == 0 || np == 0); /* the lane rings take the first peer directions */
+    if (per > 0 && l->ws / per >= 2 && (rc = lane_links(m, l, per, &links, &n, &cap, eb)) != 0)
+        goto out;
     rc = kb_ipcq_install(ctx, cfg, links, n);
 out:
     free(links);

@@ -176,6 +176,11 @@ double kb_ccl_topo_bound_gbps(kb_ctx *ctx, const char *topo, const kb_ccl_layout
 
 /* Builds the install links of a topology over a layout and installs IPCQ (timed). */
 int kb_ccl_install(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l, const kb_ipcq_cfg *cfg);
+/* The same, plus the lane rings when per > 0 and the layout holds two or more groups of per
+ * ranks: rank r's KB_DIR_PEER(0) leads to rank r + per (mod ws), KB_DIR_PEER(1) to r - per
+ * (kb_dist_all_reduce_shards' rings; the topology must use no peer direction itself). */
+int kb_ccl_install_lanes(kb_ctx *ctx, const char *topo, const kb_ccl_layout *l,
+                         const kb_ipcq_cfg *cfg, int per);
 
 /* ---- algorithms ---- */
 

@@ -1014,8 +1014,16 @@ static int hier_install(kb_ctx *ctx, const kb_ipcq_cfg *cfg, int ws)
 {
     kb_machine *m = kb_ctx_machine(ctx);
     kb_ccl_layout l;
-    int rc = kb_ccl_layout_whole(m, ws * m->ncubes * m->npes, &l, kb_ctx_err(ctx));
-    return rc ? rc : kb_ccl_install(ctx, "hierarchical_3level", &l, cfg);
+    int per = m->ncubes * m->npes;
+    int rc = kb_ccl_layout_whole(m, ws * per, &l, kb_ctx_err(ctx));
+    if (rc)
+        return rc;
+    /* the lane rings of kb_dist_all_reduce_shards too, where the ring area has room for two
+     * more rings on the PE with the most (a leader: E, W, N, S, global_E, global_W); a failed
+     * install leaves nothing behind, so the plain one follows */
+    if (ws > 1 && kb_ccl_install_lanes(ctx, "hierarchical_3level", &l, cfg, per) == 0)
+        return 0;
+    return kb_ccl_install(ctx, "hierarchical_3level", &l, cfg);
 }
 
 static kb_dp_policy hier_policy(const kb_machine *m)

@@ -24,10 +24,10 @@
 #include "kb_sync.h"
 
 enum { EP_INIT = 1, EP_ALLREDUCE, EP_BARRIER, EP_ALLGATHER, EP_REDUCESCATTER, EP_BROADCAST,
-       EP_REDUCE, EP_ALLTOALL };
+       EP_REDUCE, EP_ALLTOALL, EP_ALLREDUCE_SHARDS };
 static const char *const ep_names[] = { "", "init_process_group", "all_reduce", "barrier",
                                         "all_gather", "reduce_scatter", "broadcast", "reduce",
-                                        "all_to_all" };
+                                        "all_to_all", "all_reduce_shards" };
 
 typedef struct epoch {
     int id, kind, arrived, users;
@@ -120,11 +120,13 @@ const kb_ccl_algo_impl *kb_dist_algo_of(kb_ctx *ctx)
 }
 
 /* Bytes sent so far over the SIPs' links: every install plan of the table wires inter-SIP
- * links on the global directions only. */
+ * links on the global directions, and the hierarchical one the lane rings on peer
+ * directions (which lead to other SIPs only). */
 static uint64_t global_bytes(kb_ctx *ctx)
 {
     return kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_E) + kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_W) +
-           kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_N) + kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_S);
+           kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_N) + kb_ipcq_dir_bytes(ctx, KB_DIR_GLOBAL_S) +
+           kb_ipcq_peer_bytes(ctx);
 }
 
 void kb_dist_traffic(kb_ctx *ctx, kb_coll_kind kind, uint64_t *calls, uint64_t *inter_sip_bytes)
@@ -232,7 +234,8 @@ static int join_root(kb_ctx *ctx, dist *d, int kind, kb_tensor *a, kb_tensor *b,
         d->done = e;
         e->users--; /* the dist no longer points at it */
         e->rc = exec ? exec(ctx, d, e) : 0;
-        int ck = kind == EP_ALLREDUCE ? KB_COLL_ALLREDUCE : kind == EP_ALLGATHER ? KB_COLL_ALLGATHER
+        int ck = kind == EP_ALLREDUCE || kind == EP_ALLREDUCE_SHARDS ? KB_COLL_ALLREDUCE
+               : kind == EP_ALLGATHER ? KB_COLL_ALLGATHER
                : kind == EP_REDUCESCATTER ? KB_COLL_REDUCE_SCATTER
                : kind == EP_BROADCAST ? KB_COLL_BROADCAST : kind == EP_REDUCE ? KB_COLL_REDUCE
                : kind == EP_ALLTOALL ? KB_COLL_ALLTOALL : -1;
@@ -410,6 +413,44 @@ int kb_dist_all_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op)
                           "all_reduce: op %s is not supported (only SUM)",
                           (unsigned)op < 4 ? names[op] : "?");
     return join(ctx, d, EP_ALLREDUCE, t, NULL, exec_allreduce);
+}
+
+/* all_reduce shard by shard over the lane rings (kb_dist_lanes_allreduce_kernel). */
+static int exec_allreduce_shards(kb_ctx *ctx, dist *d, epoch *e)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    int rc = d->form->validate(ctx, e->a, d->ws, "all_reduce_shards");
+    if (rc)
+        return rc;
+    if (d->form != &kb_ccl_sip_hierarchical ||
+        (d->ws > 1 && !kb_ipcq_is_wired(ctx, kb_machine_pe(m, 0, 0, 0), KB_DIST_LANE_NEXT)))
+        return kb_err_set(eb, KB_ERR_UNSUPPORTED, "all_reduce_shards: the process group (%s) "
+                          "has no lane rings: they come with hierarchical_allreduce's wiring "
+                          "when the IPCQ ring area holds two more rings per PE (lower "
+                          "slot_size or n_slots)", d->module);
+    kb_dtype dt = kb_tensor_dtype(e->a[0]);
+    uint64_t n = kb_tensor_shard(e->a[0], 0)->nbytes / kb_dtype_size(dt);
+    if (dt != KB_F32)
+        return kb_err_set(eb, KB_ERR_UNSUPPORTED, "all_reduce_shards: %s tensors (f32 only)",
+                          kb_dtype_name(dt));
+    if (n % (uint64_t)d->ws)
+        return kb_err_set(eb, KB_ERR_USAGE, "all_reduce_shards: a shard of %llu elements does "
+                          "not split over %d ranks", (unsigned long long)n, d->ws);
+    kb_kargs *args = d->args;
+    memset(args, 0, (size_t)d->ws * sizeof *args);
+    for (int r = 0; r < d->ws; r++)
+        KB_KARGS_PUT(&args[r], (kb_dist_lanes_args){ .tile = kb_tensor_va(e->a[r]),
+                                                     .n = (int64_t)n, .ws = d->ws, .sip = r });
+    kb_grid g = d->form->grid(m, d->ws);
+    return kb_launch_per_sip(ctx, "all_reduce_shards", kb_dist_lanes_allreduce_kernel, args, &g);
+}
+
+int kb_dist_all_reduce_shards(kb_ctx *ctx, kb_tensor *t)
+{
+    dist *d = dist_of(ctx);
+    int rc = need_init(ctx, d, "all_reduce_shards");
+    return rc ? rc : join(ctx, d, EP_ALLREDUCE_SHARDS, t, NULL, exec_allreduce_shards);
 }
 
 int kb_dist_barrier(kb_ctx *ctx)

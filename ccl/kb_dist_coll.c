@@ -33,6 +33,9 @@
  *                   a2a_dim); every output shard down the tree to the PE that owns it.
  *   send / recv     the source SIP's shards up its tree, along the leaders of the route (row,
  *                   then column), down the destination SIP's tree (kb_dist_p2p_kernel).
+ *   all_reduce_shards  every shard summed over the ranks only: a ring reduce-scatter and
+ *                   all-gather per lane (the same-place PEs of the SIPs) over the lane rings
+ *                   (kb_dist_lanes_allreduce_kernel).
  *
  * The trees (kb_dist_coll_tree): hierarchical_allreduce's wiring (mapper all_pes) gives chains
  * inside each cube (E/W) and among the cubes' PE 0 (N/S), each split in two halves toward
@@ -281,6 +284,37 @@ static kb_val rs_row(kb_tl *tl, kb_val x, int64_t u, int i, int g, int wrap, kb_
     free_own(tl, part);
     free_own(tl, inw);
     return tot;
+}
+
+/* ---- all_reduce shard by shard, over the lane rings ---- */
+
+/*
+ * Lane j (the SIP's j-th PE) of every SIP: the block in f32 reduce-scattered round the lane's
+ * ring (rs_row: ws - 1 steps of n/ws elements, partial sums in f32), the SIP's unit of the total
+ * stored, then all-gathered in place (ag_row_ring). Odd lanes go round the other way (member
+ * (ws - sip) mod ws, NEXT and PREV swapped), so each direction of a link carries half the lanes.
+ */
+void kb_dist_lanes_allreduce_kernel(kb_tl *tl, const kb_kargs *ka)
+{
+    const kb_dist_lanes_args *a = KB_KARGS_GET(ka, kb_dist_lanes_args);
+    int j = tl_program_id(tl, 1) * tl_num_programs(tl, 0) + tl_program_id(tl, 0);
+    int g = a->ws, odd = j % 2;
+    int i = odd ? (g - a->sip) % g : a->sip;
+    kb_dir fwd = odd ? KB_DIST_LANE_PREV : KB_DIST_LANE_NEXT;
+    kb_dir back = odd ? KB_DIST_LANE_NEXT : KB_DIST_LANE_PREV;
+    int64_t n = a->n, u = n / g;
+    kb_va tile = elem(a->tile, (int64_t)j * n, KB_F32);
+
+    assert(u * g == n && a->sip >= 0 && a->sip < g); /* the caller's checks */
+    if (g < 2 || n == 0)
+        return;
+    kb_val x = tl_load(tl, tile, KB_SHAPE1(n), KB_F32);
+    kb_val tot = rs_row(tl, x, u, i, g, 1, fwd, back);
+    tl_store(tl, elem(tile, i * u, KB_F32), tot);
+    tl_free(tl, tot);
+    tl_free(tl, x);
+    for (int t = 0; t < g - 1; t++)
+        ag_row_ring(tl, tile, u, i, g, fwd, back, KB_F32, t);
 }
 
 /* The leaders' SIP grid and this leader's place in it. */

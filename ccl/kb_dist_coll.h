@@ -76,6 +76,19 @@ typedef struct kb_dist_p2p_args {
 } kb_dist_p2p_args;
 void kb_dist_p2p_kernel(kb_tl *tl, const kb_kargs *a);
 
+/* kb_dist_all_reduce_shards: every PE's block (n f32 elements at tile + j*n*4 for the
+ * SIP's j-th PE, n a multiple of ws) summed with the same-place blocks of the other SIPs
+ * over the lane rings (KB_DIST_LANE_NEXT / _PREV: to the PE at the same place in SIP
+ * sip + 1 / sip - 1 mod ws). */
+#define KB_DIST_LANE_NEXT KB_DIR_PEER(0)
+#define KB_DIST_LANE_PREV KB_DIR_PEER(1)
+typedef struct kb_dist_lanes_args {
+    kb_va tile;
+    int64_t n;
+    int ws, sip;
+} kb_dist_lanes_args;
+void kb_dist_lanes_allreduce_kernel(kb_tl *tl, const kb_kargs *a);
+
 /* Whether shard i of a tensor of S shards sits where the kernels of this tree expect it (the
  * all_reduce layout: i = cube * npes + pe over every PE, or cube i's PE 0). */
 int kb_dist_coll_shard_ok(const kb_machine *m, int tree, int64_t i, const kb_shard_spec *sh);

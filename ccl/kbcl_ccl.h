@@ -611,6 +611,16 @@ KB_API int kb_dist_get_rank(kb_ctx *ctx);         /* the calling worker's rank; 
 KB_API const char *kb_dist_algorithm(kb_ctx *ctx); /* module of the process group, or NULL */
 
 KB_API int kb_dist_all_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op);
+/* all_reduce shard by shard: shard j of every rank's `t` (the all_reduce layout of the
+ * hierarchical process group: one block per PE, f32, the block's elements a multiple of the
+ * world size) becomes the sum of shard j over the ranks, not over the rank's shards. The
+ * lanes of NCCL's channels: the S same-place PEs of the SIPs form a ring each (a bandwidth-
+ * optimal reduce-scatter then all-gather; even lanes one way round, odd lanes the other, so
+ * both directions of the SIPs' links carry half), over the lane rings the hierarchical
+ * process group wires when the IPCQ ring area has room for them (KB_ERR_UNSUPPORTED
+ * otherwise, and for another process-group algorithm). What a layer whose partial sums are
+ * already reduced inside each SIP needs: the data crossing SIPs is the SIP's sum, once. */
+KB_API int kb_dist_all_reduce_shards(kb_ctx *ctx, kb_tensor *t);
 KB_API int kb_dist_barrier(kb_ctx *ctx);
 /* all_gather: `in` (m x k per rank, column-wise over the rank's S PEs: PE j holds columns
  * [j*k/S, (j+1)*k/S)) -> `out` (S*m x ws*k per rank, row-wise: every PE's m x ws*k block

@@ -10,7 +10,10 @@
  * the closed form of docs/distributed.md, rings and chains, 1-6 SIPs), send / recv (pairs 1-3
  * hops apart, a pair's messages in order, a pipeline through every rank, two pairs at once,
  * bytes = hops x tensor; a mismatched shape, a tensor off its SIP, a self / out-of-range
- * peer, a recv without a send ending as a deadlock report naming it), and the error paths (mismatched collectives, a
+ * peer, a recv without a send ending as a deadlock report naming it), all_reduce_shards (each
+ * shard summed over 1-4 SIPs only, inter-SIP bytes against the lane rings' closed form, its
+ * refusals: another process group, f16, a shard that does not split, no room for the rings),
+ * and the error paths (mismatched collectives, a
  * second join of an open epoch, unsupported op / backend / algorithm, collectives before init
  * or outside a worker, a failing worker stopping the run), and the rank = SIP registry: every
  * entry's all_reduce on seeded position-dependent data (kb_ccl_inputs, one tile per shard)
@@ -505,6 +508,96 @@ static void test_allreduce_hierarchical(void **state)
     /* one 2 x n block per PE (8 PEs per SIP) */
     allreduce_case(2, "ring_1d", 1, "hierarchical_allreduce", 1, 2, 4, 1);
     allreduce_case(4, "torus_2d", 1, "hierarchical_allreduce", 0, 1, 4, 0);
+}
+
+/* ---- all_reduce shard by shard (the lane rings) ---- */
+
+static kb_ctx *gather_ctx(int sips, const char *topo, const char *algo, int slot, int root);
+
+/* Element i of shard p of rank r: small integers, so every sum is exact in f32. */
+static double shard_in(int r, int p, int64_t i)
+{
+    return (double)((r * 37 + p * 11 + i * 3) % 97) - 48.0;
+}
+
+static int body_shards(kb_ctx *ctx, int rank, job *j)
+{
+    int S = kb_dist_shards_per_rank(ctx);
+    int64_t rows = S * j->m;
+    float *data = stage(j, rank, 0, rows, j->n);
+    if (!data)
+        return too_big(ctx);
+    for (int64_t q = 0; q < rows; q++)
+        for (int64_t i = 0; i < j->n; i++)
+            data[q * j->n + i] = (float)shard_in(rank, (int)(q / j->m), (q % j->m) * j->n + i);
+    kb_tensor_desc d = { "x", rows, j->n, j->pattern ? KB_F16 : KB_F32, kb_dist_policy(ctx),
+                         KB_MEM_HBM };
+    int rc = kb_tensor_from_host(ctx, &d, data, &j->t[rank]);
+    return rc ? rc : kb_dist_all_reduce_shards(ctx, j->t[rank]);
+}
+
+/* Every rank's shard p ends as the sum of shard p over the ranks (not over the shards); the
+ * lanes' rings send 2 (ws - 1) units of n/ws f32 per PE and rank. */
+static void shards_case(int sips, const char *topo, int64_t m, int64_t n, int slot)
+{
+    kb_ctx *ctx = gather_ctx(sips, topo, "hierarchical_allreduce", slot, -1);
+    job j = { .nprocs = sips, .body = body_shards, .m = m, .n = n };
+    run_ok(ctx, &j);
+    int S = kb_dist_shards_per_rank(ctx);
+    int64_t rows = S * m, blk = m * n;
+    uint64_t calls, bytes;
+    kb_dist_traffic(ctx, KB_COLL_ALLREDUCE, &calls, &bytes);
+    assert_int_equal(calls, 1);
+    assert_int_equal(bytes, sips < 2 ? 0 : (uint64_t)sips * (uint64_t)S * 2u *
+                                           (uint64_t)(sips - 1) * (uint64_t)(blk / sips) * 4u);
+    float *got = malloc(sizeof *got * (size_t)(rows * n));
+    assert_non_null(got);
+    for (int r = 0; r < sips; r++) {
+        assert_int_equal(kb_tensor_read(j.t[r], got), 0);
+        for (int64_t q = 0; q < rows; q++)
+            for (int64_t i = 0; i < n; i++) {
+                double want = 0.0;
+                for (int rr = 0; rr < sips; rr++)
+                    want += shard_in(rr, (int)(q / m), (q % m) * n + i);
+                expect_exact(got[q * n + i], want, "all_reduce_shards", r, q, i);
+            }
+    }
+    free(got);
+    kb_ctx_destroy(ctx);
+}
+
+static void test_all_reduce_shards(void **state)
+{
+    (void)state;
+    shards_case(2, "ring_1d", 2, 6, 0);
+    shards_case(3, "ring_1d", 1, 9, 0);
+    shards_case(4, "torus_2d", 3, 8, 0);
+    shards_case(4, "ring_1d", 4, 512, 4096); /* units of 2 KiB: longer than half a slot */
+    shards_case(1, "ring_1d", 2, 4, 0);      /* one rank: the tensor stays as it is */
+}
+
+static void test_all_reduce_shards_errors(void **state)
+{
+    (void)state;
+    struct {
+        const char *algo;
+        int slot, f16;
+        int64_t n;
+        int code;
+        const char *want;
+    } c[] = {
+        { "intercube_allreduce", 0, 0, 4, KB_ERR_UNSUPPORTED, "has no lane rings" },
+        { "hierarchical_allreduce", 0, 1, 4, KB_ERR_UNSUPPORTED, "f16 tensors (f32 only)" },
+        { "hierarchical_allreduce", 0, 0, 3, KB_ERR_USAGE, "3 elements does not split over 2" },
+        /* 4 slots of 320 KiB: a leader's six rings fit its 8 MiB area, eight would not */
+        { "hierarchical_allreduce", 327680, 0, 4, KB_ERR_UNSUPPORTED, "lower slot_size" },
+    };
+    for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
+        kb_ctx *ctx = gather_ctx(2, "ring_1d", c[k].algo, c[k].slot, -1);
+        job j = { .nprocs = 2, .body = body_shards, .m = 1, .n = c[k].n, .pattern = c[k].f16 };
+        run_fails(ctx, &j, c[k].code, c[k].want);
+        kb_ctx_destroy(ctx);
+    }
 }
 
 /* ---- all_gather / reduce_scatter ---- */
@@ -1528,6 +1621,8 @@ int main(void)
         cmocka_unit_test(test_allreduce_seeded),
         cmocka_unit_test(test_registry_entry),
         cmocka_unit_test(test_allreduce_replicas_agree),
+        cmocka_unit_test(test_all_reduce_shards),
+        cmocka_unit_test(test_all_reduce_shards_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
