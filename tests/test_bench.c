@@ -794,15 +794,17 @@ static void roofline_ccl(const kb_bench *b)
     }
 }
 
-/* decoder_layer on the tiny model: prefill, seq_parallel, 2:4 mxint8 and a decode step. */
+/* decoder_layer on the tiny model: prefill, seq_parallel, 2:4 mxint8 and a decode step, and
+ * prefill in both mappings (auto takes machine for prefill). */
 static void roofline_decoder(const kb_bench *b)
 {
-    static const int64_t cases[4][5] = {
-        /* seq, decode, kv_len, seq_parallel, sparse */
-        { 16, 0, 0, 0, 0 }, { 16, 0, 0, 1, 0 }, { 32, 0, 0, 0, 1 }, { 1, 1, 64, 0, 0 } };
+    static const int64_t cases[6][6] = {
+        /* seq, decode, kv_len, seq_parallel, sparse, mapping */
+        { 16, 0, 0, 0, 0, 2 }, { 16, 0, 0, 1, 0, 2 }, { 32, 0, 0, 0, 1, 2 }, { 1, 1, 64, 0, 0, 2 },
+        { 16, 0, 0, 0, 0, 0 }, { 32, 0, 0, 0, 1, 0 } };
     char path[1024];
     kb_errbuf eb = { { 0 } };
-    for (int c = 0; c < 4; c++) {
+    for (int c = 0; c < 6; c++) {
         kb_run_report rep;
         kb_bench_args a = defaults_of(b, 0);
         char what[64];
@@ -814,6 +816,7 @@ static void roofline_decoder(const kb_bench *b)
             a.p[kb_bench_param_index(b, "kv_len")] = cases[c][2];
         a.p[kb_bench_param_index(b, "seq_parallel")] = cases[c][3];
         a.p[kb_bench_param_index(b, "sparse")] = cases[c][4];
+        a.p[kb_bench_param_index(b, "mapping")] = cases[c][5];
         if (exec_bench(b, NULL, KB_DEV_NONE, &a, &rep, &eb) != 0)
             fail_msg("decoder_layer case %d: %s", c, eb.msg);
         snprintf(what, sizeof what, "decoder_layer case %d", c);

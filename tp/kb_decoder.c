@@ -10,6 +10,7 @@
  */
 #include "kb_decoder_int.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,7 +153,9 @@ static int plan_attention(const kb_decoder_opts *o, int ncubes, int npes, kb_dec
                           kb_errbuf *eb)
 {
     if (!o->decode) {
-        int64_t per = pl->S / (o->batch * pl->nq);
+        /* machine: an item takes every local head of its query rows (they share K and V) */
+        pl->hg = o->mapping == KB_DEC_MAP_MACHINE ? pl->nq : 1;
+        int64_t per = pl->S / (o->batch * (pl->nq / pl->hg));
         if (per < 1)
             return kb_err_set(eb, KB_ERR_USAGE, "decoder_layer: %lld sequences x %lld heads "
                               "exceed the %d PEs of a rank", (long long)o->batch,
@@ -162,7 +165,7 @@ static int plan_attention(const kb_decoder_opts *o, int ncubes, int npes, kb_dec
             qb = per;
         pl->qrows = (o->seq + qb - 1) / qb;
         pl->qb = (o->seq + pl->qrows - 1) / pl->qrows;
-        pl->items = o->batch * pl->nq * pl->qb;
+        pl->items = o->batch * (pl->nq / pl->hg) * pl->qb;
     } else {
         int64_t L = o->kv_len + 1, per = pl->S / (o->batch * pl->nkv);
         if (per < 1)
@@ -196,8 +199,96 @@ static int plan_mlp(const kb_decoder_opts *o, int ncubes, int npes, kb_decoder_p
     return 0;
 }
 
-int kb_decoder_plan_make(const kb_model_cfg *mc, const kb_decoder_opts *o, int ws, int rank,
-                         int ncubes, int npes, kb_decoder_plan *pl, kb_errbuf *eb)
+/*
+ * Mapping machine: token groups x column blocks for a projection. Among the column-block
+ * counts cand[0..nc), the one whose grid of R groups uses the most PEs, R the largest divisor
+ * of the row owners' count (so a group holds whole row-owner blocks) with R * ncol PEs in an
+ * exact rectangle of the SIP; ties go to the largest count that fits a cube (the copies and
+ * the sums then stay in one cube), else to the smallest. 0 when none fits.
+ */
+static int pick_groups(int ncubes, int npes, int64_t owners, const int64_t *cand, int nc,
+                       int64_t *ncol, int64_t *R, kb_dec_grid *grid)
+{
+    int64_t S = (int64_t)ncubes * npes, best = 0, bkey = 0;
+    for (int k = 0; k < nc; k++) {
+        int64_t n = cand[k], r = 0;
+        kb_dec_grid g;
+        for (int64_t x = S / n; x >= 1 && !r; x--)
+            if (owners % x == 0) {
+                pick_grid(ncubes, npes, x * n, x * n, &g);
+                if (g.n == x * n)
+                    r = x;
+            }
+        if (!r)
+            continue;
+        int64_t key = n <= npes ? n : -n;
+        if (r * n > best || (r * n == best && key > bkey)) {
+            best = r * n;
+            bkey = key;
+            *ncol = n;
+            *R = r;
+            pick_grid(ncubes, npes, r * n, r * n, grid);
+        }
+    }
+    return best > 0;
+}
+
+/* The projections' token groups: one group of every token for naive; for machine the QKV
+ * units' split p (with the rotary rule of plan_qkv) and the MLP's column count cf (a multiple
+ * of its granule) that pick_groups prefers. */
+static int plan_groups(const kb_decoder_opts *o, int ws, int ncubes, int npes,
+                       kb_decoder_plan *pl, kb_errbuf *eb)
+{
+    int64_t cand[64], R;
+    int nc = 0;
+    if (o->mapping != KB_DEC_MAP_MACHINE) {
+        pl->qncol = pl->qkv.n;
+        pl->mncol = pl->mlp.n;
+        pl->qtr = pl->mtr = pl->T;
+        return 0;
+    }
+    if (o->decode || o->seq_parallel)
+        return kb_err_set(eb, KB_ERR_USAGE, "decoder_layer: mapping=machine (1) maps prefill "
+                          "without seq_parallel; use mapping=naive (0) for %s",
+                          o->decode ? "decode" : "seq_parallel");
+    if ((pl->rc * pl->d) % ws)
+        return kb_err_set(eb, KB_ERR_USAGE, "decoder_layer: mapping=machine: a row owner's "
+                          "%lld x %lld rows do not split over the %d ranks' lane rings",
+                          (long long)pl->rc, (long long)pl->d, ws);
+    pl->machine = 1;
+    for (int64_t p = 1; p * pl->U <= pl->S && nc < 64; p++)
+        if ((pl->hd / 2) % p == 0 && (p == 1 || pl->hd / p >= MIN_QKV_COLS))
+            cand[nc++] = p * pl->U;
+    if (!pick_groups(ncubes, npes, pl->rows.n, cand, nc, &pl->qncol, &R, &pl->qkv))
+        return kb_err_set(eb, KB_ERR_USAGE, "decoder_layer: mapping=machine: no PE grid for "
+                          "%lld QKV units", (long long)pl->U);
+    pl->p = pl->qncol / pl->U;
+    pl->c = pl->hd / pl->p;
+    pl->qtr = pl->T / R;
+    /* groups of whole row-owner blocks over an exact grid (pick_groups' choice) */
+    assert(R * pl->qncol == pl->qkv.n && pl->qtr * R == pl->T && pl->qtr % pl->rc == 0);
+    int64_t g = pl->Floc % MLP_GRAN == 0 ? MLP_GRAN : 1;
+    nc = 0;
+    for (int64_t n = 1; n <= pl->S && nc < 64; n++)
+        if (pl->Floc % n == 0 && (pl->Floc / n) % g == 0)
+            cand[nc++] = n;
+    if (!pick_groups(ncubes, npes, pl->rows.n, cand, nc, &pl->mncol, &R, &pl->mlp))
+        return kb_err_set(eb, KB_ERR_USAGE, "decoder_layer: mapping=machine: no PE grid for "
+                          "%lld MLP columns", (long long)pl->Floc);
+    pl->cf = pl->Floc / pl->mncol;
+    pl->mtr = pl->T / R;
+    assert(R * pl->mncol == pl->mlp.n && pl->mtr * R == pl->T && pl->mtr % pl->rc == 0);
+    if ((2 * pl->nkv * pl->T) % pl->att.pes)
+        return kb_err_set(eb, KB_ERR_USAGE, "decoder_layer: mapping=machine: the %lld K and V "
+                          "rows of a cube's copy do not split over its %d attention PEs",
+                          (long long)(2 * pl->nkv * pl->T), pl->att.pes);
+    pl->rep_rows = 2 * pl->nkv * pl->T / pl->att.pes;
+    assert(pl->hg == pl->nq && pl->items <= pl->att.n); /* plan_attention's machine items */
+    return 0;
+}
+
+static int plan_once(const kb_model_cfg *mc, const kb_decoder_opts *o, int ws, int rank,
+                     int ncubes, int npes, kb_decoder_plan *pl, kb_errbuf *eb)
 {
     int rc;
 
@@ -215,11 +306,27 @@ int kb_decoder_plan_make(const kb_model_cfg *mc, const kb_decoder_opts *o, int w
         (rc = plan_rows(o, ws, ncubes, npes, pl, eb)) != 0 ||
         (rc = plan_qkv(ncubes, npes, pl, eb)) != 0 ||
         (rc = plan_attention(o, ncubes, npes, pl, eb)) != 0 ||
-        (rc = plan_mlp(o, ncubes, npes, pl, eb)) != 0)
+        (rc = plan_mlp(o, ncubes, npes, pl, eb)) != 0 ||
+        (rc = plan_groups(o, ws, ncubes, npes, pl, eb)) != 0)
         return rc;
     pl->tb = pl->T < GEMM_TB ? pl->T : GEMM_TB;
     pl->trows_rc = pl->rc;
     return 0;
+}
+
+int kb_decoder_plan_make(const kb_model_cfg *mc, const kb_decoder_opts *o, int ws, int rank,
+                         int ncubes, int npes, kb_decoder_plan *pl, kb_errbuf *eb)
+{
+    if (o->mapping != KB_DEC_MAP_AUTO)
+        return plan_once(mc, o, ws, rank, ncubes, npes, pl, eb);
+    /* auto: machine for prefill without seq_parallel when its plan fits; naive otherwise,
+     * whose plan then reports any error of the shape itself */
+    kb_decoder_opts m = *o;
+    m.mapping = KB_DEC_MAP_MACHINE;
+    if (!o->decode && !o->seq_parallel && plan_once(mc, &m, ws, rank, ncubes, npes, pl, eb) == 0)
+        return 0;
+    m.mapping = KB_DEC_MAP_NAIVE;
+    return plan_once(mc, &m, ws, rank, ncubes, npes, pl, eb);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -297,7 +404,9 @@ static void dec_fill_fn(void *ud, int64_t row, int64_t col, int64_t rows, int64_
     case DF_WO_COMB: /* (comb.n * nrep*hd) x d: PE j's rows = W_o rows of its group's heads */
         for (int64_t r = 0; r < rows; r++) {
             int64_t R = row + r, srow;
-            if (f->what == DF_WO_ATT) {
+            if (f->what == DF_WO_ATT && pl->hg > 1) { /* machine: the rank's rows per item */
+                srow = pl->q0 * hd + R % (pl->hg * hd);
+            } else if (f->what == DF_WO_ATT) {
                 int64_t j = R / hd, it = j < pl->items ? j : pl->items - 1;
                 srow = (pl->q0 + (it / pl->qb) % pl->nq) * hd + R % hd;
             } else {
@@ -345,6 +454,33 @@ static void dec_fill_fn(void *ud, int64_t row, int64_t col, int64_t rows, int64_
 /* ---------------------------------------------------------------------------------------- */
 /* tensors and weights                                                                       */
 
+/* machine: a fill repeated along rows (axis 0) or columns (axis 1) every `per` elements: the
+ * weights each token group's PEs hold a copy of. */
+typedef struct rep_fill {
+    kb_fill src;
+    int64_t per;
+    int axis;
+} rep_fill;
+
+static void rep_fill_fn(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols,
+                        float *out)
+{
+    const rep_fill *f = ud;
+    assert(f->per > 0);
+    if (f->axis == 0) {
+        for (int64_t r = 0; r < rows; r++)
+            fill_get(&f->src, (row + r) % f->per, col, 1, cols, out + r * cols);
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = col; c < col + cols;) {
+            int64_t c0 = c % f->per, len = f->per - c0 < col + cols - c ? f->per - c0
+                                                                       : col + cols - c;
+            fill_get(&f->src, row + r, c0, 1, len, out + r * cols + (c - col));
+            c += len;
+        }
+}
+
 static int make_t(kb_ctx *ctx, const char *name, int64_t rows, int64_t cols, kb_dtype dt,
                   kb_dp_policy dp, const kb_fill *f, int zeros, kb_tensor **out)
 {
@@ -362,6 +498,66 @@ static int make_w(kb_ctx *ctx, const char *name, int64_t k, int64_t n, const kb_
 
 static kb_dp_policy dpg(kb_dp_split s, const kb_dec_grid *g) { return kb_dp(s, s, g->cubes, g->pes); }
 
+/* The rest of a rank's tensors, in this order: the partial sums (and machine's SIP sums),
+ * h and y, the MLP weights (machine: every token group's copy of its column blocks), and the
+ * gemm PEs' inputs (seq_parallel's collective buffers, or the row owners' copies). */
+static int make_rest(kb_ctx *ctx, kb_decoder *dec, const kb_decoder_fills *f, int r)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    const kb_decoder_plan *pl = &dec->pl;
+    const kb_decoder_opts *o = &dec->o;
+    kb_dtype act = dec->act;
+    int64_t d = pl->d, T = pl->T, Tl = pl->Tl, S = pl->S, mg = pl->mlp.n / pl->mncol;
+    kb_dp_policy rows = dpg(KB_DP_ROW_WISE, &pl->rows), all = kb_dist_policy(ctx);
+    kb_dp_policy allcol = kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, m->ncubes, m->npes);
+    kb_fill fg = kb_fill_at(f->wg, 0, (int64_t)r * pl->Floc);
+    kb_fill fu = kb_fill_at(f->wu, 0, (int64_t)r * pl->Floc);
+    kb_fill fd = kb_fill_at(f->wd, (int64_t)r * pl->Floc, 0);
+    rep_fill rg = { fg, pl->Floc, 1 }, ru = { fu, pl->Floc, 1 }, rd = { fd, pl->Floc, 0 };
+    kb_fill Rg = { rep_fill_fn, &rg, NULL, 0, 0, 0, NULL },
+            Ru = { rep_fill_fn, &ru, NULL, 0, 0, 0, NULL },
+            Rd = { rep_fill_fn, &rd, NULL, 0, 0, 0, NULL };
+    int rc;
+    int64_t prow = o->seq_parallel ? S : S * T, pcol = o->seq_parallel ? T * d : d;
+    if (pl->machine) { /* the MLP PEs' rows; the SIP sums, a block per PE */
+        if ((rc = make_t(ctx, "partial_mlp", (int64_t)pl->mlp.n * pl->mtr, d, KB_F32,
+                         dpg(KB_DP_ROW_WISE, &pl->mlp), NULL, 1, &dec->pd)) != 0 ||
+            (rc = make_t(ctx, "sum_attn", S * pl->rc, d, KB_F32, all, NULL, 1, &dec->sum_o)) != 0 ||
+            (rc = make_t(ctx, "sum_mlp", S * pl->rc, d, KB_F32, all, NULL, 1, &dec->sum_d)) != 0)
+            return rc;
+    } else if ((rc = make_t(ctx, "partial_attn", prow, pcol, KB_F32, all, NULL, 1, &dec->po)) != 0 ||
+               (rc = make_t(ctx, "partial_mlp", prow, pcol, KB_F32, all, NULL, 1, &dec->pd)) != 0) {
+        return rc;
+    }
+    if ((rc = make_t(ctx, "h", Tl, d, KB_F32, rows, NULL, 0, &dec->h)) != 0 ||
+        (rc = make_t(ctx, "y", Tl, d, KB_F32, rows, NULL, 0, &dec->y)) != 0 ||
+        (rc = make_w(ctx, "w_gate", d, mg * pl->Floc, o, dpg(KB_DP_COLUMN_WISE, &pl->mlp),
+                     pl->machine ? &Rg : &fg, &dec->wg)) != 0 ||
+        (rc = make_w(ctx, "w_up", d, mg * pl->Floc, o, dpg(KB_DP_COLUMN_WISE, &pl->mlp),
+                     pl->machine ? &Ru : &fu, &dec->wu)) != 0 ||
+        (rc = make_w(ctx, "w_down", mg * pl->Floc, d, o, dpg(KB_DP_ROW_WISE, &pl->mlp),
+                     pl->machine ? &Rd : &fd, &dec->wd)) != 0)
+        return rc;
+    if (o->seq_parallel) {
+        if ((rc = make_t(ctx, "ag1_in", 1, Tl * d, act, allcol, NULL, 0, &dec->ag1_in)) != 0 ||
+            (rc = make_t(ctx, "ag1", S, T * d, act, all, NULL, 0, &dec->ag1)) != 0 ||
+            (rc = make_t(ctx, "ag2_in", 1, Tl * d, act, allcol, NULL, 0, &dec->ag2_in)) != 0 ||
+            (rc = make_t(ctx, "ag2", S, T * d, act, all, NULL, 0, &dec->ag2)) != 0 ||
+            (rc = make_t(ctx, "rs_attn", 1, Tl * d, KB_F32, allcol, NULL, 0, &dec->rs_o)) != 0 ||
+            (rc = make_t(ctx, "rs_mlp", 1, Tl * d, KB_F32, allcol, NULL, 0, &dec->rs_d)) != 0)
+            return rc;
+    } else {
+        /* one copy of its token group's rows (naive: all T) per gemm PE, written by the row
+         * owners */
+        if ((rc = make_t(ctx, "hn_attn", (int64_t)pl->qkv.n * pl->qtr, d, act,
+                         dpg(KB_DP_ROW_WISE, &pl->qkv), NULL, 0, &dec->hn1)) != 0 ||
+            (rc = make_t(ctx, "hn_mlp", (int64_t)pl->mlp.n * pl->mtr, d, act,
+                         dpg(KB_DP_ROW_WISE, &pl->mlp), NULL, 0, &dec->hn2)) != 0)
+            return rc;
+    }
+    return 0;
+}
+
 int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts *o,
                       const kb_decoder_fills *f, kb_decoder *dec)
 {
@@ -378,9 +574,8 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
     const kb_decoder_plan *pl = &dec->pl;
     kb_dtype act = o->fmt == KB_QF_BF16 ? KB_BF16 : KB_F16;
     dec->act = act;
-    int64_t d = pl->d, hd = pl->hd, T = pl->T, Tl = pl->Tl, S = pl->S;
-    kb_dp_policy rows = dpg(KB_DP_ROW_WISE, &pl->rows), all = kb_dist_policy(ctx);
-    kb_dp_policy allcol = kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, m->ncubes, m->npes);
+    int64_t d = pl->d, hd = pl->hd, T = pl->T, Tl = pl->Tl;
+    kb_dp_policy rows = dpg(KB_DP_ROW_WISE, &pl->rows);
     dec_fill fq = { &dec->pl, &dec->o, &dec->mc, { f->wq, f->wk, f->wv }, DF_QKV };
     dec_fill fc = { &dec->pl, &dec->o, &dec->mc, { { 0 } }, DF_COS };
     dec_fill fs = { &dec->pl, &dec->o, &dec->mc, { { 0 } }, DF_SIN };
@@ -394,9 +589,6 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
             Fk = { dec_fill_fn, &fk, NULL, 0, 0, 0, NULL },
             Fv = { dec_fill_fn, &fv, NULL, 0, 0, 0, NULL };
     kb_fill fx = kb_fill_at(f->x, o->seq_parallel ? (int64_t)r * Tl : 0, 0);
-    kb_fill fg = kb_fill_at(f->wg, 0, (int64_t)r * pl->Floc);
-    kb_fill fu = kb_fill_at(f->wu, 0, (int64_t)r * pl->Floc);
-    kb_fill fd = kb_fill_at(f->wd, (int64_t)r * pl->Floc, 0);
     static const char *const ln_names[4] = { "ln_input", "ln_post_attn", "ln_pre_ffw",
                                              "ln_post_ffw" };
     if ((rc = make_t(ctx, "x", Tl, d, act, rows, &fx, 0, &dec->x)) != 0)
@@ -406,18 +598,28 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
             (rc = make_t(ctx, ln_names[i], 1, d, KB_F32, dpg(KB_DP_REPLICATE, &pl->rows),
                          &f->ln[i], 0, &dec->ln[i])) != 0)
             return rc;
+    /* machine: every token group holds the column blocks of its weights (qg groups) */
+    int64_t qg = pl->qkv.n / pl->qncol;
+    rep_fill rq = { Fq, pl->U * hd, 1 };
+    kb_fill Rq = { rep_fill_fn, &rq, NULL, 0, 0, 0, NULL };
     if ((rc = make_t(ctx, "rope_cos", T, hd / 2, KB_F32, dpg(KB_DP_REPLICATE, &pl->qkv), &Fc, 0,
                      &dec->cosq)) != 0 ||
         (rc = make_t(ctx, "rope_sin", T, hd / 2, KB_F32, dpg(KB_DP_REPLICATE, &pl->qkv), &Fs, 0,
                      &dec->sinq)) != 0 ||
-        (rc = make_w(ctx, "w_qkv", d, pl->U * hd, o, dpg(KB_DP_COLUMN_WISE, &pl->qkv), &Fq,
-                     &dec->wqkv)) != 0 ||
-        (rc = make_t(ctx, "qkv", T, pl->U * hd, act, dpg(KB_DP_COLUMN_WISE, &pl->qkv), NULL, 0,
-                     &dec->qkv)) != 0)
+        (rc = make_w(ctx, "w_qkv", d, qg * pl->U * hd, o, dpg(KB_DP_COLUMN_WISE, &pl->qkv),
+                     pl->machine ? &Rq : &Fq, &dec->wqkv)) != 0 ||
+        (rc = pl->machine
+                  ? make_t(ctx, "qkv", (int64_t)pl->qkv.n * pl->qtr, pl->c, act,
+                           dpg(KB_DP_ROW_WISE, &pl->qkv), NULL, 0, &dec->qkv)
+                  : make_t(ctx, "qkv", T, pl->U * hd, act, dpg(KB_DP_COLUMN_WISE, &pl->qkv),
+                           NULL, 0, &dec->qkv)) != 0)
         return rc;
-    if (!o->decode) {
-        rc = make_w(ctx, "w_o", (int64_t)pl->att.n * hd, d, o, dpg(KB_DP_ROW_WISE, &pl->att), &Fo,
-                    &dec->wo);
+    if (!o->decode) { /* W_o rows per item: its head's (naive), every local head's (machine) */
+        rc = make_w(ctx, "w_o", (int64_t)pl->att.n * pl->hg * hd, d, o,
+                    dpg(KB_DP_ROW_WISE, &pl->att), &Fo, &dec->wo);
+        if (rc == 0 && pl->machine) /* an attention cube's K/V over its attention PEs */
+            rc = make_t(ctx, "kv_copies", (int64_t)pl->att.cubes * 2 * pl->nkv * T, hd, act,
+                        dpg(KB_DP_ROW_WISE, &pl->att), NULL, 0, &dec->kv_rep);
     } else {
         int64_t rows_c = (int64_t)pl->att.n * pl->clen;
         if ((rc = make_t(ctx, "k_cache", rows_c, hd, act, dpg(KB_DP_ROW_WISE, &pl->att), &Fk, 0,
@@ -432,33 +634,5 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
     }
     if (rc)
         return rc;
-    int64_t prow = o->seq_parallel ? S : S * T, pcol = o->seq_parallel ? T * d : d;
-    if ((rc = make_t(ctx, "partial_attn", prow, pcol, KB_F32, all, NULL, 1, &dec->po)) != 0 ||
-        (rc = make_t(ctx, "partial_mlp", prow, pcol, KB_F32, all, NULL, 1, &dec->pd)) != 0 ||
-        (rc = make_t(ctx, "h", Tl, d, KB_F32, rows, NULL, 0, &dec->h)) != 0 ||
-        (rc = make_t(ctx, "y", Tl, d, KB_F32, rows, NULL, 0, &dec->y)) != 0 ||
-        (rc = make_w(ctx, "w_gate", d, pl->Floc, o, dpg(KB_DP_COLUMN_WISE, &pl->mlp), &fg,
-                     &dec->wg)) != 0 ||
-        (rc = make_w(ctx, "w_up", d, pl->Floc, o, dpg(KB_DP_COLUMN_WISE, &pl->mlp), &fu,
-                     &dec->wu)) != 0 ||
-        (rc = make_w(ctx, "w_down", pl->Floc, d, o, dpg(KB_DP_ROW_WISE, &pl->mlp), &fd,
-                     &dec->wd)) != 0)
-        return rc;
-    if (o->seq_parallel) {
-        if ((rc = make_t(ctx, "ag1_in", 1, Tl * d, act, allcol, NULL, 0, &dec->ag1_in)) != 0 ||
-            (rc = make_t(ctx, "ag1", S, T * d, act, all, NULL, 0, &dec->ag1)) != 0 ||
-            (rc = make_t(ctx, "ag2_in", 1, Tl * d, act, allcol, NULL, 0, &dec->ag2_in)) != 0 ||
-            (rc = make_t(ctx, "ag2", S, T * d, act, all, NULL, 0, &dec->ag2)) != 0 ||
-            (rc = make_t(ctx, "rs_attn", 1, Tl * d, KB_F32, allcol, NULL, 0, &dec->rs_o)) != 0 ||
-            (rc = make_t(ctx, "rs_mlp", 1, Tl * d, KB_F32, allcol, NULL, 0, &dec->rs_d)) != 0)
-            return rc;
-    } else {
-        /* one T x d copy per gemm PE, written by the row owners */
-        if ((rc = make_t(ctx, "hn_attn", (int64_t)pl->qkv.n * T, d, act,
-                         dpg(KB_DP_ROW_WISE, &pl->qkv), NULL, 0, &dec->hn1)) != 0 ||
-            (rc = make_t(ctx, "hn_mlp", (int64_t)pl->mlp.n * T, d, act,
-                         dpg(KB_DP_ROW_WISE, &pl->mlp), NULL, 0, &dec->hn2)) != 0)
-            return rc;
-    }
-    return 0;
+    return make_rest(ctx, dec, f, r);
 }

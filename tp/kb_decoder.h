@@ -35,6 +35,16 @@
  *    normalized activations on every PE of every rank (kb_dist.h's flattened 1 x T*d layout).
  *    Without seq_parallel the row owners write their normalized rows into a T x d copy in
  *    every gemm PE's HBM.
+ * That is mapping naive. Mapping machine (prefill without seq_parallel) keeps the row
+ * owners and the attention items but places the projections in token groups: the QKV and
+ * MLP grids are R groups x ncol column blocks, PE (g, j) computing column block j for the
+ * group's T/R rows only, from a copy of just those rows that the group's row owners write
+ * (groups of whole row-owner blocks, a cube's PEs where ncol = PEs per cube), with its own
+ * copy of the column block's weights (replicated over the groups: weights stay in the HBM
+ * of the PE that uses them); the attention items and MLP PEs keep their partial rows only,
+ * each row owner sums its rows' partials inside the SIP (the heads' for O, the group's
+ * column blocks' for down) into its block of a SIP sum, and kb_dist_all_reduce_shards adds
+ * the SIPs' sums lane by lane, so only the SIP's sum crosses SIP links, once.
  * Weights are in `fmt` (kb_tl_q.h: f16, bf16, int8, mxint8, fp8), 2:4 sparse along K when
  * sparse; activations are stored in bf16 for bf16, f16 otherwise, and quantized by
  * tl_dot_q for 8-bit formats. Limits: one forward per kb_decoder (the partial blocks are
@@ -49,6 +59,14 @@
 #include "kb_runtime.h"
 #include "kb_tl_q.h"
 
+/* How a rank's work goes onto its PEs (kb_decoder.h's header and docs/decoder.md say what
+ * each does). */
+typedef enum kb_decoder_mapping {
+    KB_DEC_MAP_NAIVE = 0,   /* column splits over all tokens; partials all-reduced per PE */
+    KB_DEC_MAP_MACHINE = 1, /* token groups x column splits; partials reduced in the SIP */
+    KB_DEC_MAP_AUTO = 2     /* machine where it is defined and its plan fits, else naive */
+} kb_decoder_mapping;
+
 typedef struct kb_decoder_opts {
     int64_t batch, seq;  /* prefill: T = batch * seq tokens; decode: T = batch (seq unused) */
     int decode;          /* one decode step: a token at position kv_len per sequence */
@@ -56,6 +74,7 @@ typedef struct kb_decoder_opts {
     int seq_parallel;
     kb_qfmt fmt;
     int sparse;          /* 2:4 along K for every projection weight */
+    int mapping;         /* kb_decoder_mapping (machine: prefill without seq_parallel) */
 } kb_decoder_opts;
 
 /*
@@ -87,12 +106,19 @@ typedef struct kb_decoder_plan {
     int64_t U, p, c;                  /* QKV: units, PEs per unit, columns per PE */
     kb_dec_grid qkv;
     int64_t qrows, qb;                /* prefill attention: query rows per PE, blocks per seq */
+    int64_t hg;                       /* prefill: query heads per item (machine: all nq) */
+    int64_t rep_rows;                 /* machine: rows of a PE's part of the K/V replicas */
     int64_t chunks, clen;             /* decode: cache chunks per (seq, kv head), positions each */
     kb_dec_grid att;  int64_t items;  /* attention PEs (items used of att.n) */
     kb_dec_grid comb; int64_t citems; /* decode: combining PEs */
     kb_dec_grid mlp;  int64_t cf;     /* MLP PEs, columns each */
     int64_t piece;                    /* seq_parallel: elements per PE of the 1 x Tl*d pieces */
     int64_t tb;                       /* gemm row block (bounds scratch) */
+    /* The projections' token groups: PE i of the qkv (mlp) grid takes the column block
+     * i mod qncol (mncol) of the rows [g*qtr, (g+1)*qtr) of group g = i / qncol. naive: one
+     * group of T rows (qncol = qkv.n, mncol = mlp.n); machine: qkv.n / qncol groups. */
+    int64_t qncol, qtr, mncol, mtr;
+    int machine;                      /* opts.mapping == KB_DEC_MAP_MACHINE */
 } kb_decoder_plan;
 
 /* The plan for rank `rank` of ws on a machine of ncubes x npes PEs per SIP. 0 or
@@ -124,6 +150,8 @@ typedef struct kb_decoder {
     kb_tensor *x, *ln[4], *cosq, *sinq, *qkv, *h, *y, *po, *pd, *kc, *vc, *dpart;
     kb_tensor *hn1, *hn2;               /* non-SP: a copy of the normalized T x d per gemm PE */
     kb_tensor *ag1_in, *ag1, *ag2_in, *ag2, *rs_o, *rs_d; /* seq_parallel */
+    kb_tensor *sum_o, *sum_d;           /* machine: the SIP's sums, a block per row owner */
+    kb_tensor *kv_rep;                  /* machine: every attention cube's copy of K and V */
     kb_qweight wqkv, wo, wg, wu, wd;
     kb_decoder_stats st;
 } kb_decoder;

@@ -66,13 +66,14 @@ static int launch_timed(kb_ctx *ctx, kb_decoder *dec, phase *ph, const char *nam
     return 0;
 }
 
-enum { C_AR, C_RS, C_AG };
+enum { C_AR, C_RS, C_AG, C_ARS };
 static int coll_timed(kb_ctx *ctx, kb_decoder *dec, int kind, kb_tensor *out, kb_tensor *in)
 {
     kb_time t0 = kb_sim_now(kb_ctx_sim(ctx));
-    int rc = kind == C_AR   ? kb_dist_all_reduce(ctx, in, KB_DIST_SUM)
-             : kind == C_RS ? kb_dist_reduce_scatter(ctx, out, in)
-                            : kb_dist_all_gather(ctx, out, in);
+    int rc = kind == C_AR    ? kb_dist_all_reduce(ctx, in, KB_DIST_SUM)
+             : kind == C_ARS ? kb_dist_all_reduce_shards(ctx, in)
+             : kind == C_RS  ? kb_dist_reduce_scatter(ctx, out, in)
+                             : kb_dist_all_gather(ctx, out, in);
     dec->st.comm_ns += kb_time_to_ns(kb_sim_now(kb_ctx_sim(ctx)) - t0);
     return rc;
 }
@@ -101,6 +102,19 @@ static double proj_closed(kb_ctx *ctx, const kb_decoder *dec)
     int sp = dec->o.sparse;
     double t = 0;
     assert(pl->tb > 0); /* kb_decoder_plan_make picks row blocks of at least one row */
+    if (pl->machine) { /* every PE its group's rows, in row blocks */
+        for (int64_t r0 = 0; r0 < pl->qtr; r0 += pl->tb) {
+            uint64_t n = (uint64_t)(pl->qtr - r0 < pl->tb ? pl->qtr - r0 : pl->tb);
+            t += pl->qkv.n * kb_decoder_gemm_closed_ns(c, f, sp, n, (uint64_t)pl->c, (uint64_t)pl->d);
+        }
+        for (int64_t r0 = 0; r0 < pl->mtr; r0 += pl->tb) {
+            uint64_t n = (uint64_t)(pl->mtr - r0 < pl->tb ? pl->mtr - r0 : pl->tb);
+            t += pl->mlp.n *
+                 (2 * kb_decoder_gemm_closed_ns(c, f, sp, n, (uint64_t)pl->cf, (uint64_t)pl->d) +
+                  kb_decoder_gemm_closed_ns(c, f, sp, n, (uint64_t)pl->d, (uint64_t)pl->cf));
+        }
+        return t;
+    }
     for (int64_t r0 = 0; r0 < pl->T; r0 += pl->tb) {
         uint64_t n = (uint64_t)(pl->T - r0 < pl->tb ? pl->T - r0 : pl->tb);
         t += pl->qkv.n * kb_decoder_gemm_closed_ns(c, f, sp, n, (uint64_t)pl->c, (uint64_t)pl->d);
@@ -124,6 +138,7 @@ static kb_dec_rows_args rows_args(const kb_decoder *dec)
     const kb_decoder_plan *pl = &dec->pl;
     return (kb_dec_rows_args){ .rc = pl->rc, .d = pl->d, .sp = dec->o.seq_parallel,
                                .piece = pl->piece, .post = dec->mc.post_norms, .T = pl->T,
+                               .sblock = pl->machine ? 0 : pl->T,
                                .act = dec->act, .eps = dec->mc.norm_eps,
                                .off = dec->mc.norm_unit_offset };
 }
@@ -136,7 +151,8 @@ static int fwd_norm_in(kb_ctx *ctx, kb_decoder *dec, phase *ph, const kb_dec_row
     kb_dec_rows_args r = *ra;
     kb_kargs a;
     r.mode = 0;
-    r.ncopy = pl->qkv.n;
+    r.ncopy = pl->qncol;
+    r.tr = pl->qtr;
     r.x = kb_tensor_va(dec->x);
     r.lnb = kb_tensor_va(dec->ln[0]);
     r.norm = kb_tensor_va(sp ? dec->ag1_in : dec->hn1);
@@ -158,7 +174,9 @@ static int fwd_qkv(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flags)
     memset(&a, 0, sizeof a);
     KB_KARGS_PUT(&a, (kb_dec_qkv_args){
         .T = pl->T, .d = pl->d, .c = pl->c, .p = pl->p, .nrope = pl->nq + pl->nkv,
-        .hd = pl->hd, .tb = pl->tb, .flags = flags,
+        .hd = pl->hd, .tb = pl->tb, .flags = flags, .ncol = pl->qncol, .tr = pl->qtr,
+        .rep = dec->kv_rep ? kb_tensor_va(dec->kv_rep) : 0, .rep_cubes = pl->att.cubes,
+        .rep_rows = pl->rep_rows, .nq = pl->nq, .nkv = pl->nkv,
         .in = kb_tensor_va(sp ? dec->ag1 : dec->hn1), .w = wvas(&dec->wqkv),
         .cos = kb_tensor_va(dec->cosq), .sin = kb_tensor_va(dec->sinq),
         .out = kb_tensor_va(dec->qkv) });
@@ -175,8 +193,11 @@ static int fwd_attn_prefill(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t fla
         .qscale = kb_model_qscale(&dec->mc), .softcap = dec->mc.attn_softcap,
         .seq = dec->o.seq, .qrows = pl->qrows, .qb = pl->qb, .nq = pl->nq, .nkv = pl->nkv,
         .p = pl->p, .c = pl->c, .hd = pl->hd, .T = pl->T, .d = pl->d, .flags = flags,
-        .items = pl->items, .qkv = kb_tensor_va(dec->qkv), .wo = wvas(&dec->wo),
-        .part = kb_tensor_va(dec->po) });
+        .items = pl->items, .ncol = pl->qncol, .tr = pl->qtr, .own = pl->machine,
+        .rep = dec->kv_rep ? kb_tensor_va(dec->kv_rep) : 0, .rep_rows = pl->rep_rows,
+        .apes = pl->att.pes, .rc = pl->rc, .sum = dec->sum_o ? kb_tensor_va(dec->sum_o) : 0,
+        .qkv = kb_tensor_va(dec->qkv), .wo = wvas(&dec->wo),
+        .part = dec->po ? kb_tensor_va(dec->po) : 0 });
     return launch_timed(ctx, dec, ph, "dec_attention", kb_decoder_attn_kernel, &a, &pl->att, 0);
 }
 
@@ -206,6 +227,23 @@ static int fwd_attn_decode(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flag
                         &pl->comb, 0);
 }
 
+/* machine: the MLP PEs' partials summed inside the SIP into the row owners' blocks, then
+ * over the SIPs lane by lane */
+static int fwd_sum_mlp(kb_ctx *ctx, kb_decoder *dec, phase *ph)
+{
+    const kb_decoder_plan *pl = &dec->pl;
+    int rc;
+    kb_kargs a;
+    memset(&a, 0, sizeof a);
+    KB_KARGS_PUT(&a, (kb_dec_gsum_args){
+        .src = kb_tensor_va(dec->pd), .out = kb_tensor_va(dec->sum_d), .rc = pl->rc,
+        .d = pl->d, .ncol = pl->mncol, .tr = pl->mtr });
+    if ((rc = launch_timed(ctx, dec, ph, "dec_sum_mlp", kb_decoder_gsum_kernel, &a, &pl->rows,
+                           0)) != 0)
+        return rc;
+    return coll_timed(ctx, dec, C_ARS, NULL, dec->sum_d);
+}
+
 /* 4. residual + norms -> the MLP PEs' input */
 static int fwd_residual_attn(kb_ctx *ctx, kb_decoder *dec, phase *ph,
                              const kb_dec_rows_args *ra)
@@ -215,11 +253,12 @@ static int fwd_residual_attn(kb_ctx *ctx, kb_decoder *dec, phase *ph,
     kb_dec_rows_args r = *ra;
     kb_kargs a;
     r.mode = 1;
-    r.ncopy = pl->mlp.n;
+    r.ncopy = pl->mncol;
+    r.tr = pl->mtr;
     r.x = kb_tensor_va(dec->x);
     r.lna = dec->ln[1] ? kb_tensor_va(dec->ln[1]) : 0;
     r.lnb = kb_tensor_va(dec->ln[2]);
-    r.sum = kb_tensor_va(sp ? dec->rs_o : dec->po);
+    r.sum = kb_tensor_va(sp ? dec->rs_o : pl->machine ? dec->sum_o : dec->po);
     r.out = kb_tensor_va(dec->h);
     r.norm = kb_tensor_va(sp ? dec->ag2_in : dec->hn2);
     memset(&a, 0, sizeof a);
@@ -240,13 +279,15 @@ static int fwd_mlp(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flags)
     memset(&a, 0, sizeof a);
     KB_KARGS_PUT(&a, (kb_dec_mlp_args){
         .T = pl->T, .d = pl->d, .cf = pl->cf, .tb = pl->tb, .flags = flags,
+        .ncol = pl->mncol, .tr = pl->mtr,
         .act = kb_model_act(&dec->mc), .in = kb_tensor_va(sp ? dec->ag2 : dec->hn2),
         .wg = wvas(&dec->wg), .wu = wvas(&dec->wu), .wd = wvas(&dec->wd),
         .part = kb_tensor_va(dec->pd) });
-    if ((rc = launch_timed(ctx, dec, ph, "dec_mlp", kb_decoder_mlp_kernel, &a, &pl->mlp, 1)) != 0 ||
-        (rc = coll_timed(ctx, dec, sp ? C_RS : C_AR, dec->rs_d, dec->pd)) != 0)
+    if ((rc = launch_timed(ctx, dec, ph, "dec_mlp", kb_decoder_mlp_kernel, &a, &pl->mlp, 1)) != 0)
         return rc;
-    return 0;
+    if (pl->machine)
+        return fwd_sum_mlp(ctx, dec, ph);
+    return coll_timed(ctx, dec, sp ? C_RS : C_AR, dec->rs_d, dec->pd);
 }
 
 /* 6. residual */
@@ -258,7 +299,7 @@ static int fwd_residual_mlp(kb_ctx *ctx, kb_decoder *dec, phase *ph, const kb_de
     r.mode = 2;
     r.x = kb_tensor_va(dec->h);
     r.lna = dec->ln[3] ? kb_tensor_va(dec->ln[3]) : 0;
-    r.sum = kb_tensor_va(sp ? dec->rs_d : dec->pd);
+    r.sum = kb_tensor_va(sp ? dec->rs_d : dec->pl.machine ? dec->sum_d : dec->pd);
     r.out = kb_tensor_va(dec->y);
     memset(&a, 0, sizeof a);
     KB_KARGS_PUT(&a, r);
@@ -284,7 +325,8 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
         (rc = o->decode ? fwd_attn_decode(ctx, dec, &ph, flags)
                         : fwd_attn_prefill(ctx, dec, &ph, flags)) != 0 ||
         /* the attention partials summed over the PEs and ranks */
-        (rc = coll_timed(ctx, dec, sp ? C_RS : C_AR, dec->rs_o, dec->po)) != 0 ||
+        (rc = dec->pl.machine ? coll_timed(ctx, dec, C_ARS, NULL, dec->sum_o)
+                              : coll_timed(ctx, dec, sp ? C_RS : C_AR, dec->rs_o, dec->po)) != 0 ||
         (rc = fwd_residual_attn(ctx, dec, &ph, &ra)) != 0 ||
         (rc = fwd_mlp(ctx, dec, &ph, flags)) != 0)
         goto out;

@@ -33,7 +33,10 @@ typedef struct kb_dec_wva {
 typedef struct kb_dec_rows_args {
     kb_va x, lna, lnb, sum, out, norm;
     int64_t rc, d, piece, T;
-    int64_t ncopy;      /* the gemm PEs' copies of norm (without seq_parallel) */
+    int64_t ncopy;      /* the gemm PEs' copies of norm per token group (without seq_parallel) */
+    int64_t tr;         /* rows of a token group (the copies hold a group's rows; naive: T) */
+    int64_t sblock;     /* row owner j's sum rows start at j * sblock + r0 (naive: the
+                           all-reduced per-PE blocks, T; machine: the SIP sum's, 0) */
     int mode, sp, post; /* sp: seq_parallel; post: the model's post norms */
     kb_dtype act;
     double eps, off;    /* the norm's eps and unit offset */
@@ -45,6 +48,11 @@ typedef struct kb_dec_qkv_args {
     kb_dec_wva w;
     int64_t T, d, c, p, hd, tb, flags;
     int64_t nrope;      /* head units that take RoPE (the queries' and keys') */
+    int64_t ncol, tr;   /* token groups: column blocks per group, rows per group */
+    /* machine: the K and V blocks also into every attention cube's copy (rep: rep_cubes
+     * copies of 2 nkv T rows of hd, K of each local KV head then V, rep_rows per PE) */
+    kb_va rep;
+    int64_t rep_cubes, rep_rows, nq, nkv;
 } kb_dec_qkv_args;
 
 /* prefill attention + its W_o rows */
@@ -52,6 +60,12 @@ typedef struct kb_dec_attn_args {
     kb_va qkv, part;
     kb_dec_wva wo;
     int64_t seq, qrows, qb, nq, nkv, p, c, hd, T, d, flags, items;
+    int64_t ncol, tr;   /* the QKV blocks' token groups (kb_dec_qkv_args) */
+    int own;            /* machine: items of every head (K, V from the cube's copy rep, rows
+                           of rep_rows per PE, apes PEs per cube), W_o's rank rows, the SIP's
+                           O rows straight into sum (row owners' blocks of rc rows) */
+    kb_va rep, sum;
+    int64_t rep_rows, apes, rc;
     double qscale, softcap;
 } kb_dec_attn_args;
 
@@ -72,8 +86,17 @@ typedef struct kb_dec_mlp_args {
     kb_va in, part;
     kb_dec_wva wg, wu, wd;
     int64_t T, d, cf, tb, flags;
+    int64_t ncol, tr;   /* token groups (kb_dec_qkv_args); the partial holds the group's rows */
     int act;            /* the gated activation (kb_model_act) */
 } kb_dec_mlp_args;
+
+/* machine: row owner j's rows [j*rc, (j+1)*rc) of the MLP PEs' partials (token group g's
+ * ncol PEs, tr rows each) summed into its block of out. */
+typedef struct kb_dec_gsum_args {
+    kb_va src, out;
+    int64_t rc, d;
+    int64_t ncol, tr;
+} kb_dec_gsum_args;
 
 /* kb_decoder_kernels.c: the kernels (kb_kernel_fn), one per launch of the forward pass. */
 void kb_decoder_rows_kernel(kb_tl *tl, const kb_kargs *a);
@@ -82,5 +105,6 @@ void kb_decoder_attn_kernel(kb_tl *tl, const kb_kargs *a);
 void kb_decoder_dattn_kernel(kb_tl *tl, const kb_kargs *a);
 void kb_decoder_dcomb_kernel(kb_tl *tl, const kb_kargs *a);
 void kb_decoder_mlp_kernel(kb_tl *tl, const kb_kargs *a);
+void kb_decoder_gsum_kernel(kb_tl *tl, const kb_kargs *a);
 
 #endif

@@ -8,6 +8,9 @@
  */
 #include "kb_decoder_int.h"
 
+#include <assert.h>
+
+#include "kb_runtime_ext.h"
 #include "kb_tl_nn.h"
 
 static int pe_index(kb_tl *tl)
@@ -89,7 +92,7 @@ void kb_decoder_rows_kernel(kb_tl *tl, const kb_kargs *ka)
             s = tl_full(tl, KB_SHAPE2(rc, d), 0.0f);
             pieces_io(tl, s, a->sum, r0, rc, d, piece, 4, 0);
         } else {
-            s = tl_load(tl, a->sum + (kb_va)(((int64_t)j * T + r0) * d) * 4,
+            s = tl_load(tl, a->sum + (kb_va)(((int64_t)j * a->sblock + r0) * d) * 4,
                         KB_SHAPE2(rc, d), KB_F32);
         }
         if (post) {
@@ -113,10 +116,13 @@ void kb_decoder_rows_kernel(kb_tl *tl, const kb_kargs *ka)
     kb_val n = tl_rmsnorm(tl, h, w, eps, off);
     if (sp)
         pieces_io(tl, n, a->norm, r0, rc, d, piece, kb_dtype_size(act), 1);
-    else /* into every gemm PE's copy of the T x d activations (gemm_input) */
+    else { /* into the copy of each gemm PE of the rows' token group (gemm_input) */
+        int64_t g = r0 / a->tr;
         for (int64_t k = 0; k < a->ncopy; k++)
-            tl_store(tl, shard_va(tl, a->norm, (int)k) +
-                             (kb_va)(r0 * d) * kb_dtype_size(act), n);
+            tl_store(tl, shard_va(tl, a->norm, (int)(g * a->ncopy + k)) +
+                             (kb_va)((r0 - g * a->tr) * d) * kb_dtype_size(act), n);
+    }
+    (void)T;
 }
 
 /* The gemm input rows [r0, r0 + n) of the T x d normalized activations: this PE's own copy,
@@ -130,6 +136,26 @@ static kb_val gemm_input(kb_tl *tl, kb_va va, int j, int64_t r0, int64_t n, int6
 
 /* ---- QKV ---- */
 
+/* machine: rows [r0, r0 + n) of K/V head unit h (K of the local KV heads, then V; columns
+ * [col, col + y.cols)) into every attention cube's copy, split where a PE's part ends. */
+static void kv_replicate(kb_tl *tl, const kb_dec_qkv_args *a, kb_val y, int64_t h, int64_t r0,
+                         int64_t n, int64_t col)
+{
+    size_t es = kb_dtype_size(F_ACT(a->flags));
+    assert(h >= 0 && h < 2 * a->nkv && a->rep_rows > 0);
+    for (int64_t cc = 0; cc < a->rep_cubes; cc++) {
+        int64_t row = cc * 2 * a->nkv * a->T + h * a->T + r0;
+        for (int64_t t = 0; t < n;) {
+            int64_t e = ((row + t) / a->rep_rows + 1) * a->rep_rows - row;
+            if (e > n)
+                e = n;
+            tl_store2d(tl, a->rep + (kb_va)((row + t) * a->hd + col) * es, (uint32_t)a->hd,
+                       tl_view(tl, y, (uint32_t)t, 0, (uint32_t)(e - t), y.cols));
+            t = e;
+        }
+    }
+}
+
 void kb_decoder_qkv_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_qkv_args *a = KB_KARGS_GET(ka, kb_dec_qkv_args);
@@ -137,12 +163,14 @@ void kb_decoder_qkv_kernel(kb_tl *tl, const kb_kargs *ka)
     int64_t tb = a->tb, flags = a->flags;
     kb_dtype act = F_ACT(flags);
     int j = pe_index(tl);
-    int64_t u = j / p, pi = j % p;
+    int64_t jj = j % a->ncol, lo = j / a->ncol * a->tr, hi = lo + a->tr;
+    int64_t u = jj / p, pi = jj % p;
     int rope = u < a->nrope;
     kb_va out = shard_va(tl, a->out, j);
-    for (int64_t r0 = 0; r0 < T; r0 += tb) {
-        int64_t n = T - r0 < tb ? T - r0 : tb;
-        kb_val x = gemm_input(tl, a->in, j, r0, n, d, act);
+    (void)T;
+    for (int64_t r0 = lo; r0 < hi; r0 += tb) {
+        int64_t n = hi - r0 < tb ? hi - r0 : tb;
+        kb_val x = gemm_input(tl, a->in, j, r0 - lo, n, d, act);
         kb_val y = wdot(tl, x, &a->w, j, (uint32_t)d, (uint32_t)c, flags);
         tl_free(tl, x);
         if (rope) {
@@ -157,9 +185,72 @@ void kb_decoder_qkv_kernel(kb_tl *tl, const kb_kargs *ka)
             tl_free(tl, sn);
             y = ry;
         }
-        tl_store(tl, out + (kb_va)(r0 * c) * kb_dtype_size(act), y);
+        tl_store(tl, out + (kb_va)((r0 - lo) * c) * kb_dtype_size(act), y);
+        if (a->rep && u >= a->nq)
+            kv_replicate(tl, a, y, u - a->nq, r0, n, pi * c);
         tl_free(tl, y);
     }
+}
+
+/* machine: a block to load into dst at (at, col), rows x cols of the activation dtype. */
+typedef struct dec_seg {
+    kb_va va;
+    int64_t at, col, rows, cols;
+} dec_seg;
+typedef dec_seg (*dec_seg_fn)(const void *ud, int64_t k);
+
+/* The nseg blocks seg(ud, k) into dst (f32), HEAD_WAVE of them in flight at a time
+ * (tl_load_async over the PE's DMA channels) before they are copied in. */
+#define HEAD_WAVE 8
+static void load_segs(kb_tl *tl, kb_val dst, int64_t nseg, dec_seg_fn seg, const void *ud,
+                      kb_dtype act)
+{
+    for (int64_t w0 = 0; w0 < nseg; w0 += HEAD_WAVE) {
+        kb_val blk[HEAD_WAVE];
+        dec_seg sg[HEAD_WAVE];
+        int64_t ready = 0, nw = 0;
+        for (int64_t k = w0; k < nseg && nw < HEAD_WAVE; k++, nw++) {
+            int64_t rdy;
+            sg[nw] = seg(ud, k);
+            assert(sg[nw].rows > 0 && sg[nw].at >= 0); /* the segments tile dst's rows */
+            blk[nw] = tl_load_async(tl, sg[nw].va, KB_SHAPE2(sg[nw].rows, sg[nw].cols), act,
+                                    &rdy);
+            ready = rdy > ready ? rdy : ready;
+        }
+        tl_wait_time(tl, ready);
+        for (int64_t k = 0; k < nw; k++) {
+            tl_copy(tl, tl_view(tl, dst, (uint32_t)sg[k].at, (uint32_t)sg[k].col,
+                                (uint32_t)sg[k].rows, (uint32_t)sg[k].cols), blk[k]);
+            tl_free(tl, blk[k]);
+        }
+    }
+}
+
+/* machine: rows [r0, r0 + n) of head unit u from the QKV blocks, which are split in token
+ * groups of tr rows with ncol blocks each: one segment per (group, block of the unit). */
+typedef struct head_src {
+    kb_tl *tl;
+    kb_va qkv;
+    int64_t u, p, c, ncol, tr, r0, n, g0;
+    size_t es;
+} head_src;
+
+static dec_seg head_seg(const void *ud, int64_t k)
+{
+    const head_src *h = ud;
+    int64_t g = h->g0 + k / h->p, pi = k % h->p;
+    int64_t t = g * h->tr > h->r0 ? g * h->tr : h->r0;
+    int64_t e = (g + 1) * h->tr < h->r0 + h->n ? (g + 1) * h->tr : h->r0 + h->n;
+    return (dec_seg){ shard_va(h->tl, h->qkv, (int)(g * h->ncol + h->u * h->p + pi)) +
+                          (kb_va)((t - g * h->tr) * h->c) * h->es,
+                      t - h->r0, pi * h->c, e - t, h->c };
+}
+
+static void head_rows_m(kb_tl *tl, kb_val dst, kb_va qkv, int64_t u, int64_t p, int64_t c,
+                        int64_t ncol, int64_t tr, int64_t r0, int64_t n, kb_dtype act)
+{
+    head_src h = { tl, qkv, u, p, c, ncol, tr, r0, n, r0 / tr, kb_dtype_size(act) };
+    load_segs(tl, dst, ((r0 + n - 1) / tr - r0 / tr + 1) * p, head_seg, &h, act);
 }
 
 /* Rows [r0, r0 + n) of head unit u (hd columns over p QKV blocks of T x c) into dst's
@@ -179,6 +270,90 @@ static void head_rows(kb_tl *tl, kb_val dst, kb_va qkv, int64_t u, int64_t p, in
 
 /* ---- prefill attention + its W_o rows ---- */
 
+/* machine: rows [r0, r0 + n) of the cube's K/V copy (hd columns, `per` rows per PE): one
+ * segment per PE's part. */
+typedef struct rep_src {
+    kb_va rep;
+    int64_t per, hd, r0, n;
+    size_t es;
+} rep_src;
+
+static dec_seg rep_seg(const void *ud, int64_t k)
+{
+    const rep_src *r = ud;
+    int64_t t = k == 0 ? r->r0 : (r->r0 / r->per + k) * r->per;
+    int64_t e = (t / r->per + 1) * r->per < r->r0 + r->n ? (t / r->per + 1) * r->per
+                                                         : r->r0 + r->n;
+    return (dec_seg){ r->rep + (kb_va)(t * r->hd) * r->es, t - r->r0, 0, e - t, r->hd };
+}
+
+static void rep_rows(kb_tl *tl, kb_val dst, kb_va rep, int64_t per, int64_t hd, int64_t r0,
+                     int64_t n, kb_dtype act)
+{
+    rep_src r = { rep, per, hd, r0, n, kb_dtype_size(act) };
+    load_segs(tl, dst, (r0 + n - 1) / per - r0 / per + 1, rep_seg, &r, act);
+}
+
+/* softmax_causal(softcap(scale q k^T)) v for queries from position q0 (n x hd f32) */
+static kb_val attend(kb_tl *tl, const kb_dec_attn_args *a, kb_val q, kb_val kt, kb_val v,
+                     int64_t q0)
+{
+    kb_val s = tl_dot(tl, q, kt);
+    kb_val pr = tl_attn_softmax(tl, s, (float)a->qscale, (float)a->softcap, 1, q0);
+    tl_free(tl, s);
+    kb_val o = tl_dot(tl, pr, v);
+    tl_free(tl, pr);
+    return o;
+}
+
+/*
+ * machine: item j = (sequence, block of query rows) for every local head: per KV head, K and
+ * V of the prefix from the cube's copy, then each of its query heads' output into its
+ * columns of o (n x nq*hd), multiplied by the rank's W_o rows: the SIP's O rows, stored into
+ * the row owners' blocks of the sum.
+ */
+static void attn_items_all_heads(kb_tl *tl, const kb_dec_attn_args *a, int j)
+{
+    int64_t seq = a->seq, nq = a->nq, nkv = a->nkv, hd = a->hd, d = a->d, T = a->T;
+    kb_dtype act = F_ACT(a->flags);
+    int64_t b = j / a->qb, q0 = (j % a->qb) * a->qrows;
+    int64_t q1 = q0 + a->qrows < seq ? q0 + a->qrows : seq, n = q1 - q0, base = b * seq;
+    kb_va rep = a->rep + (kb_va)((int64_t)(j / a->apes) * 2 * nkv * T * hd) *
+                             kb_dtype_size(act);
+    assert(n > 0 && nq % nkv == 0); /* an item has rows; GQA groups of whole heads */
+    kb_val o = kb_tl_scratch_val(tl, (uint32_t)n, (uint32_t)(nq * hd), KB_F32, "decoder attention");
+    for (int64_t h = 0; h < nkv; h++) {
+        kb_val k = kb_tl_scratch_val(tl, (uint32_t)q1, (uint32_t)hd, KB_F32, "decoder attention");
+        kb_val v = kb_tl_scratch_val(tl, (uint32_t)q1, (uint32_t)hd, KB_F32, "decoder attention");
+        rep_rows(tl, k, rep, a->rep_rows, hd, h * T + base, q1, act);
+        rep_rows(tl, v, rep, a->rep_rows, hd, (nkv + h) * T + base, q1, act);
+        kb_val kt = tl_transpose(tl, k);
+        tl_free(tl, k);
+        for (int64_t i = h * (nq / nkv); i < (h + 1) * (nq / nkv); i++) {
+            kb_val q = kb_tl_scratch_val(tl, (uint32_t)n, (uint32_t)hd, KB_F32,
+                                         "decoder attention");
+            head_rows_m(tl, q, a->qkv, i, a->p, a->c, a->ncol, a->tr, base + q0, n, act);
+            kb_val oi = attend(tl, a, q, kt, v, q0);
+            tl_free(tl, q);
+            tl_copy(tl, tl_view(tl, o, 0, (uint32_t)(i * hd), (uint32_t)n, (uint32_t)hd), oi);
+            tl_free(tl, oi);
+        }
+        tl_free(tl, kt);
+        tl_free(tl, v);
+    }
+    kb_val part = wdot(tl, o, &a->wo, j, (uint32_t)(nq * hd), (uint32_t)d, a->flags);
+    tl_free(tl, o);
+    for (int64_t t = 0; t < n;) { /* a row owner's block at a time (one PE's shard each) */
+        int64_t r = base + q0 + t, e = (r / a->rc + 1) * a->rc - (base + q0);
+        if (e > n)
+            e = n;
+        tl_store(tl, a->sum + (kb_va)(r * d) * 4,
+                 tl_view(tl, part, (uint32_t)t, 0, (uint32_t)(e - t), (uint32_t)d));
+        t = e;
+    }
+    tl_free(tl, part);
+}
+
 void kb_decoder_attn_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_attn_args *a = KB_KARGS_GET(ka, kb_dec_attn_args);
@@ -189,6 +364,10 @@ void kb_decoder_attn_kernel(kb_tl *tl, const kb_kargs *ka)
     int j = pe_index(tl);
     if (j >= a->items)
         return;
+    if (a->own) {
+        attn_items_all_heads(tl, a, j);
+        return;
+    }
     int64_t b = j / (nq * qb), i = (j / qb) % nq, q0 = (j % qb) * qrows;
     int64_t q1 = q0 + qrows < seq ? q0 + qrows : seq, n = q1 - q0, g = i / (nq / nkv);
     int64_t base = b * seq;
@@ -340,12 +519,13 @@ void kb_decoder_dcomb_kernel(kb_tl *tl, const kb_kargs *ka)
 void kb_decoder_mlp_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_mlp_args *a = KB_KARGS_GET(ka, kb_dec_mlp_args);
-    int64_t T = a->T, d = a->d, cf = a->cf, tb = a->tb;
+    int64_t d = a->d, cf = a->cf, tb = a->tb;
     int64_t flags = a->flags;
     int j = pe_index(tl);
-    for (int64_t r0 = 0; r0 < T; r0 += tb) {
-        int64_t n = T - r0 < tb ? T - r0 : tb;
-        kb_val x = gemm_input(tl, a->in, j, r0, n, d, F_ACT(flags));
+    int64_t lo = j / a->ncol * a->tr, hi = lo + a->tr;
+    for (int64_t r0 = lo; r0 < hi; r0 += tb) {
+        int64_t n = hi - r0 < tb ? hi - r0 : tb;
+        kb_val x = gemm_input(tl, a->in, j, r0 - lo, n, d, F_ACT(flags));
         kb_val g = wdot(tl, x, &a->wg, j, (uint32_t)d, (uint32_t)cf, flags);
         kb_val u = wdot(tl, x, &a->wu, j, (uint32_t)d, (uint32_t)cf, flags);
         tl_free(tl, x);
@@ -354,7 +534,35 @@ void kb_decoder_mlp_kernel(kb_tl *tl, const kb_kargs *ka)
         tl_free(tl, u);
         kb_val part = wdot(tl, h, &a->wd, j, (uint32_t)cf, (uint32_t)d, flags);
         tl_free(tl, h);
-        tl_store(tl, a->part + (kb_va)(((int64_t)j * T + r0) * d) * 4, part);
+        tl_store(tl, a->part + (kb_va)(((int64_t)j * a->tr + r0 - lo) * d) * 4, part);
         tl_free(tl, part);
     }
+}
+
+/* ---- machine: the SIP's partial sums of a row owner's rows ---- */
+
+/* acc + the rows x d f32 block at va (acc NULL: the block itself). */
+static kb_val add_block(kb_tl *tl, kb_val *acc, int have, kb_va va, int64_t rows, int64_t d)
+{
+    kb_val v = tl_load(tl, va, KB_SHAPE2(rows, d), KB_F32);
+    if (!have)
+        return v;
+    kb_val s = tl_add(tl, *acc, v);
+    tl_free(tl, *acc);
+    tl_free(tl, v);
+    return s;
+}
+
+void kb_decoder_gsum_kernel(kb_tl *tl, const kb_kargs *ka)
+{
+    const kb_dec_gsum_args *a = KB_KARGS_GET(ka, kb_dec_gsum_args);
+    int64_t rc = a->rc, d = a->d, r0 = (int64_t)pe_index(tl) * rc, g = r0 / a->tr;
+    kb_val acc = { 0 };
+    assert(a->ncol >= 1 && (r0 - g * a->tr) + rc <= a->tr); /* a block inside one group */
+    for (int64_t k = 0; k < a->ncol; k++) /* the group's column blocks, in column order */
+        acc = add_block(tl, &acc, k > 0,
+                        shard_va(tl, a->src, (int)(g * a->ncol + k)) +
+                            (kb_va)((r0 - g * a->tr) * d) * 4, rc, d);
+    tl_store(tl, a->out + (kb_va)(r0 * d) * 4, acc);
+    tl_free(tl, acc);
 }

@@ -26,7 +26,7 @@
 #include "kb_tp.h"
 #include "kb_tp_roofline.h"
 
-enum { P_SEQ, P_BATCH, P_DECODE, P_KVLEN, P_SP, P_SPARSE };
+enum { P_SEQ, P_BATCH, P_DECODE, P_KVLEN, P_SP, P_SPARSE, P_MAPPING };
 
 /* the inputs: pattern (seed, range, den) per matrix */
 enum { I_X, I_LN0, I_LN1, I_LN2, I_LN3, I_WQ, I_WK, I_WV, I_WO, I_WG, I_WU, I_WD, I_KC, I_VC,
@@ -200,30 +200,30 @@ static int dec_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
     st->o.kv_len = a->p[P_KVLEN];
     st->o.seq_parallel = (int)a->p[P_SP];
     st->o.sparse = (int)a->p[P_SPARSE];
+    st->o.mapping = (int)a->p[P_MAPPING];
     st->o.fmt = (kb_qfmt)fmt;
     make_fills(st);
-    {
-        /* plan every rank first: a layout that does not fit is a usage error, not a
-         * failing rank */
-        kb_decoder_plan pl;
-        for (int r = 0; r < st->ws; r++)
-            if ((rc = kb_decoder_plan_make(&st->mc, &st->o, st->ws, r, m->ncubes, m->npes, &pl,
-                                           eb)) != 0)
-                return rc;
-    }
+    /* plan every rank first: a layout that does not fit is a usage error, not a failing
+     * rank (every rank's plan takes the same mapping: the shapes are alike) */
+    kb_decoder_plan pl;
+    for (int r = 0; r < st->ws; r++)
+        if ((rc = kb_decoder_plan_make(&st->mc, &st->o, st->ws, r, m->ncubes, m->npes, &pl,
+                                       eb)) != 0)
+            return rc;
     int64_t T = st->o.decode ? st->o.batch : st->o.batch * st->o.seq;
+    const char *map = pl.machine ? ", mapping machine" : ", mapping naive";
     if (st->o.decode)
         snprintf(res->line, sizeof res->line,
-                 "  decoder_layer (%s, tp=%d, %s%s, decode batch=%lld kv_len=%lld%s)",
+                 "  decoder_layer (%s, tp=%d, %s%s, decode batch=%lld kv_len=%lld%s%s)",
                  st->mc.name, st->ws, kb_qfmt_name(st->o.fmt), st->o.sparse ? " 2:4" : "",
                  (long long)st->o.batch, (long long)st->o.kv_len,
-                 st->o.seq_parallel ? ", seq_parallel" : "");
+                 st->o.seq_parallel ? ", seq_parallel" : "", map);
     else
         snprintf(res->line, sizeof res->line,
-                 "  decoder_layer (%s, tp=%d, %s%s, prefill batch=%lld seq=%lld%s)",
+                 "  decoder_layer (%s, tp=%d, %s%s, prefill batch=%lld seq=%lld%s%s)",
                  st->mc.name, st->ws, kb_qfmt_name(st->o.fmt), st->o.sparse ? " 2:4" : "",
                  (long long)st->o.batch, (long long)st->o.seq,
-                 st->o.seq_parallel ? ", seq_parallel" : "");
+                 st->o.seq_parallel ? ", seq_parallel" : "", map);
     kb_roofline rl;
     if ((rc = kb_spawn(ctx, worker, st, st->ws)) != 0 ||
         (rc = kb_tp_roofline_decoder(m, &st->mc, &st->o, &rl, eb)) != 0)
@@ -233,6 +233,7 @@ static int dec_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
     const kb_decoder_stats *ds = &st->dec[0].st;
     double total = kb_time_to_ns(res->t_end - res->t_begin);
     double pes = (double)m->nsips * m->ncubes * m->npes;
+    /* sixteen extras, KB_BENCH_MAX_EXTRAS: the mapping that ran is in the result line */
     kb_bench_add_extra(res, "world_size", st->ws);
     kb_bench_add_extra(res, "tokens", (double)T);
     kb_bench_add_extra(res, "compute_ns", ds->compute_ns);
@@ -401,7 +402,7 @@ static void ref_inputs(const dec_state *st, float *const buf[NIN], kb_decoder_re
     in->kc = buf[I_KC];
     in->vc = buf[I_VC];
     in->act = st->dec[0].act;
-    in->o_seg = st->o.decode ? st->dec[0].pl.nrep * hd : hd;
+    in->o_seg = st->o.decode ? st->dec[0].pl.nrep * hd : st->dec[0].pl.hg * hd;
     in->mlp_seg = st->dec[0].pl.cf;
 }
 
@@ -413,12 +414,18 @@ static int device_norms(const dec_state *st, int64_t n, void *raw, float *ndev[2
 {
     int rc;
 
+    const kb_decoder_plan *pl = &st->dec[0].pl;
     for (int i = 0; i < 2; i++) {
         kb_tensor *t = st->o.seq_parallel ? (i ? st->dec[0].ag2 : st->dec[0].ag1)
                                           : (i ? st->dec[0].hn2 : st->dec[0].hn1);
-        if ((rc = kb_tensor_read_shard_raw(t, 0, raw)) != 0)
-            return rc;
-        kb_dtype_load_n(in->act, raw, 0, ndev[i], (size_t)n);
+        /* the first PE of every token group holds the group's rows (naive: one group) */
+        int64_t ncol = i ? pl->mncol : pl->qncol, tr = i ? pl->mtr : pl->qtr;
+        int64_t groups = st->o.seq_parallel ? 1 : pl->T / tr, per = n / groups;
+        for (int64_t g = 0; g < groups; g++) {
+            if ((rc = kb_tensor_read_shard_raw(t, (size_t)(g * ncol), raw)) != 0)
+                return rc;
+            kb_dtype_load_n(in->act, raw, 0, ndev[i] + g * per, (size_t)per);
+        }
         in->n_dev[i] = ndev[i];
     }
     return 0;
@@ -538,8 +545,12 @@ const kb_bench kb_bench_decoder_layer = {
         { "kv_len", 2048, 1, 1048576, "decode: cached positions per sequence" },
         { "seq_parallel", 0, 0, 1, "1: reduce_scatter + all_gather instead of all_reduce" },
         { "sparse", 0, 0, 1, "1: 2:4-sparse weights (magnitude pruned along K)" },
+        { "mapping", 2, 0, 2, "how the layer goes onto a rank's PEs: machine is prefill "
+                              "without seq_parallel in token groups with the partials summed "
+                              "in the SIP, auto takes it where it applies (docs/decoder.md)" },
     },
-    .nparams = 6,
+    .nparams = 7,
+    .param_names = { [P_MAPPING] = (const char *const[]){ "naive", "machine", "auto", NULL } },
     .state_size = sizeof(dec_state),
     .run = dec_run,
     .verify = dec_verify,

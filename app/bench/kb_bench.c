@@ -9,6 +9,7 @@
 #include "kb_progress.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,38 @@ int kb_bench_param_index(const kb_bench *b, const char *name)
         if (strcmp(b->params[i].name, name) == 0)
             return i;
     return -1;
+}
+
+int kb_bench_param_parse(const kb_bench *b, int idx, const char *s, int64_t *out)
+{
+    char *end;
+    const char *const *names = b->param_names[idx];
+    errno = 0;
+    long long v = strtoll(s, &end, 0); /* decimal, or 0x hexadecimal as C writes it */
+    if (!*end && errno == 0 && end != s) {
+        *out = v;
+        return 0;
+    }
+    for (int64_t k = 0; names && names[k]; k++)
+        if (!strcmp(names[k], s)) {
+            *out = k;
+            return 0;
+        }
+    return -1;
+}
+
+const char *kb_bench_param_names(const kb_bench *b, int idx, char *buf, size_t cap)
+{
+    const char *const *names = b->param_names[idx];
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int k = 0; names && names[k] && len < cap; k++) {
+        int w = snprintf(buf + len, cap - len, "%s%s (%d)", k ? ", " : "", names[k], k);
+        if (w < 0)
+            break;
+        len += (size_t)w;
+    }
+    return buf;
 }
 
 void kb_run_report_fini(kb_run_report *rep)

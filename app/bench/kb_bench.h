@@ -38,6 +38,11 @@ const kb_bench *kb_bench_at(int i);   /* NULL past the end */
 
 /* Index of a parameter, -1 when the bench has none of that name. */
 int kb_bench_param_index(const kb_bench *b, const char *name);
+/* The value text s of parameter idx: a decimal integer or one of its value names
+ * (kb_bench.param_names). 0 and *out, or -1 (neither; the range is the caller's check). */
+int kb_bench_param_parse(const kb_bench *b, int idx, const char *s, int64_t *out);
+/* Its value names as "a (0), b (1)" into buf ("" without names); returns buf. */
+const char *kb_bench_param_names(const kb_bench *b, int idx, char *buf, size_t cap);
 
 /* Everything a finished run reports. */
 typedef struct kb_run_report {

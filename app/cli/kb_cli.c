@@ -139,17 +139,6 @@ static int parse_kv(const char *s, char *key, size_t kn, const char **val)
     return 0;
 }
 
-static int parse_i64(const char *s, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 0);
-    if (errno || end == s || *end)
-        return -1;
-    *out = v;
-    return 0;
-}
-
 int kbcl_parse_size(const char *s, int64_t *bytes)
 {
     int64_t v = 0;
@@ -380,7 +369,8 @@ static int job_refuse_options(const kbcl_job *job, const kbcl_result *res,
     return 0;
 }
 
-/* res->args.p: the bench's defaults, then each --param NAME=INTEGER within its range. */
+/* res->args.p: the bench's defaults, then each --param NAME=VALUE (an integer or one of the
+ * parameter's value names) within its range. */
 static int job_params(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
 {
     for (int i = 0; i < res->bench->nparams; i++)
@@ -397,10 +387,13 @@ static int job_params(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
                               "parameter of '%s' (kbcl list shows them)", job->params[i],
                               res->bench->name);
         bp = &res->bench->params[idx];
-        if (parse_i64(val, &x) != 0)
+        if (kb_bench_param_parse(res->bench, idx, val, &x) != 0) {
+            char names[256];
+            kb_bench_param_names(res->bench, idx, names, sizeof names);
             return kb_err_set(eb, KB_ERR_USAGE, "--param %s: expected an integer in [%lld, %lld] "
-                              "for %s", job->params[i], (long long)bp->min, (long long)bp->max,
-                              key);
+                              "for %s%s%s", job->params[i], (long long)bp->min,
+                              (long long)bp->max, key, names[0] ? " or one of " : "", names);
+        }
         if (x < bp->min || x > bp->max)
             return kb_err_set(eb, KB_ERR_USAGE, "--param %s: %s = %lld is out of range [%lld, "
                               "%lld]", job->params[i], key, (long long)x, (long long)bp->min,

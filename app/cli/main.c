@@ -293,10 +293,14 @@ static void list_benches(const kb_plugins *ps)
     for (int i = 0; any_bench(ps, i); i++) {
         const kb_bench *b = any_bench(ps, i);
         printf("  %-12s %s%s\n", b->name, b->summary, origin(ps, b, from, sizeof from));
-        for (int j = 0; j < b->nparams; j++)
-            printf("      --param %s=N   %s (default %lld, %lld..%lld)\n", b->params[j].name,
-                   b->params[j].doc, (long long)b->params[j].dflt, (long long)b->params[j].min,
-                   (long long)b->params[j].max);
+        for (int j = 0; j < b->nparams; j++) {
+            char names[256];
+            kb_bench_param_names(b, j, names, sizeof names);
+            printf("      --param %s=N   %s (default %lld, %lld..%lld%s%s)\n",
+                   b->params[j].name, b->params[j].doc, (long long)b->params[j].dflt,
+                   (long long)b->params[j].min, (long long)b->params[j].max,
+                   names[0] ? "; " : "", names);
+        }
     }
 }
 

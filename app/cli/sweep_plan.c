@@ -510,12 +510,15 @@ static int check_size(sw_parse *ps, const kb_bench *b, sw_mark m, const char *s)
     return 0;
 }
 
-/* An integer bench parameter value (kbcl_sweep_is_int_text) against the parameter's range;
+/* A bench parameter's value (an integer or a value name) against the parameter's range;
  * label names it as the file does ("params: m", "param.m"). */
-static int check_param_range(sw_parse *ps, sw_mark m, const char *label,
+static int check_param_range(sw_parse *ps, sw_mark m, const char *label, const kb_bench *b,
                              const kb_bench_param *bp, const char *s)
 {
-    long long v = strtoll(s, NULL, 10);
+    int64_t v = 0;
+    if (kb_bench_param_parse(b, (int)(bp - b->params), s, &v) != 0)
+        return markerr(ps, m, "%s: '%s' is neither an integer nor a name of its values", label,
+                       s);
     if (v < bp->min || v > bp->max)
         return markerr(ps, m, "%s = %s is out of range [%lld, %lld]", label, s,
                        (long long)bp->min, (long long)bp->max);
@@ -608,11 +611,11 @@ static int check_fixed(sw_parse *ps, const kb_bench *b, kb_config *cfg, kb_ccl_c
         *eq = 0;
         int idx = kb_bench_param_index(b, p->params[i]);
         *eq = '=';
-        if (idx < 0 || !kbcl_sweep_is_int_text(eq + 1))
-            return markerr(ps, ps->param_mark[i], "params: %s: expected NAME: INTEGER with a "
+        if (idx < 0)
+            return markerr(ps, ps->param_mark[i], "params: %s: expected NAME: VALUE with a "
                            "parameter of '%s' (kbcl list shows them)", p->params[i], b->name);
         snprintf(label, sizeof label, "params: %s", b->params[idx].name);
-        if ((rc = check_param_range(ps, ps->param_mark[i], label, &b->params[idx],
+        if ((rc = check_param_range(ps, ps->param_mark[i], label, b, &b->params[idx],
                                     eq + 1)) != 0)
             return rc;
     }
@@ -678,10 +681,10 @@ static int check_axis_value(sw_parse *ps, const kb_bench *b, kb_config *cfg, kb_
             return markerr(ps, m, "%s: %s", ax->name, e2.msg);
         return 0;
     case AX_PARAM:
-        if (kb_bench_param_index(b, ax->name + 6) < 0 || !kbcl_sweep_is_int_text(s))
-            return markerr(ps, m, "%s: expected integer values of a parameter of '%s' (kbcl "
-                           "list shows them)", ax->name, b->name);
-        return check_param_range(ps, m, ax->name,
+        if (kb_bench_param_index(b, ax->name + 6) < 0)
+            return markerr(ps, m, "%s: expected values of a parameter of '%s' (kbcl list shows "
+                           "them)", ax->name, b->name);
+        return check_param_range(ps, m, ax->name, b,
                                  &b->params[kb_bench_param_index(b, ax->name + 6)], s);
     default:
         if (kbcl_config_set(cfg, ccl, ax->assign[v], &e2) != 0)

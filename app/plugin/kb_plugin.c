@@ -210,6 +210,13 @@ static int check_bench(const kb_bench *b, kb_errbuf *eb)
             b->params[i].dflt < b->params[i].min || b->params[i].dflt > b->params[i].max)
             return kb_err_set(eb, KB_ERR_CONFIG, "bench '%s': parameter %d needs a name, a doc "
                               "and min <= default <= max", b->name, i);
+    for (int i = 0; i < b->nparams; i++)
+        for (int64_t k = 0; b->param_names[i] && b->param_names[i][k]; k++)
+            if (!b->param_names[i][k][0] || k < b->params[i].min || k > b->params[i].max)
+                return kb_err_set(eb, KB_ERR_CONFIG, "bench '%s': parameter %s: value name %lld "
+                                  "is empty or names a value outside %lld..%lld", b->name,
+                                  b->params[i].name, (long long)k, (long long)b->params[i].min,
+                                  (long long)b->params[i].max);
     return 0;
 }
 
@@ -225,8 +232,10 @@ static int reg_bench(kb_plugin_reg *reg, const kb_bench *e)
                                       "plugin", e && e->name ? e->name : "?",
                                       KB_PLUGIN_MAX_ENTRIES));
 
-    if ((rc = entry_take(reg, "bench", "KB_BENCH_HEAD", e, sizeof *b, sizeof *b,
-                         offsetof(kb_bench, name), KB_BENCH_VERSION, b)) != 0)
+    /* every version has the fields up to size_elem_bytes; param_names was appended */
+    if ((rc = entry_take(reg, "bench", "KB_BENCH_HEAD", e, sizeof *b,
+                         offsetof(kb_bench, param_names), offsetof(kb_bench, name),
+                         KB_BENCH_VERSION, b)) != 0)
         return rc;
     rc = check_bench(b, reg->err);
     if (rc == 0 && plugin_bench(st->ps, p, b->name))

@@ -109,6 +109,11 @@ typedef struct kb_bench {
     /* > 0: the bench runs a collective and takes --size (args.size_bytes) in elements of this
      * many bytes; 0: it takes no size. */
     int size_elem_bytes;
+    /* Appended (an entry built before reads NULLs): names of parameter i's values (a
+     * NULL-terminated list, value k named param_names[i][k]; NULL: integers only).
+     * --param NAME=WORD and sweep files take a name as well as its integer; `kbcl list`
+     * shows them. */
+    const char *const *param_names[KB_BENCH_MAX_PARAMS];
 } kb_bench;
 
 #define KB_BENCH_VERSION 1u
