@@ -502,6 +502,17 @@ static void test_e2e_usage(void **s)
     kbt_msg_has(out, "int4");
     assert_int_equal(kbt_kbcl(out, sizeof out, "run " TINY " --model nosuch.yaml --device none"),
                      2);
+    /* mapping: by name or number; machine is prefill's */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run " TINY " --model %s --param mapping=fast "
+                              "--device none", src_path("configs/models/tiny.yaml")), 2);
+    kbt_msg_has(out, "or one of naive (0), machine (1), auto (2)");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run " TINY " --model %s --param mapping=1 "
+                              "--param decode=1 --device none",
+                              src_path("configs/models/tiny.yaml")), 2);
+    kbt_msg_has(out, "use mapping=naive (0) for decode");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run " TINY " --model %s --param mapping=machine "
+                              "--device none", src_path("configs/models/tiny.yaml")), 0);
+    kbt_msg_has(out, "mapping machine)");
 }
 
 int main(void)

@@ -176,7 +176,8 @@ static int fwd_qkv(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flags)
         .T = pl->T, .d = pl->d, .c = pl->c, .p = pl->p, .nrope = pl->nq + pl->nkv,
         .hd = pl->hd, .tb = pl->tb, .flags = flags, .ncol = pl->qncol, .tr = pl->qtr,
         .rep = dec->kv_rep ? kb_tensor_va(dec->kv_rep) : 0, .rep_cubes = pl->att.cubes,
-        .rep_rows = pl->rep_rows, .nq = pl->nq, .nkv = pl->nkv,
+        .rep_rows = pl->rep_rows, .nq = pl->nq, .nkv = pl->nkv, .seq = dec->o.seq,
+        .qb = pl->qb, .qrows = pl->qrows, .apes = pl->att.pes, .items = pl->items,
         .in = kb_tensor_va(sp ? dec->ag1 : dec->hn1), .w = wvas(&dec->wqkv),
         .cos = kb_tensor_va(dec->cosq), .sin = kb_tensor_va(dec->sinq),
         .out = kb_tensor_va(dec->qkv) });

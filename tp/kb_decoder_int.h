@@ -53,6 +53,7 @@ typedef struct kb_dec_qkv_args {
      * copies of 2 nkv T rows of hd, K of each local KV head then V, rep_rows per PE) */
     kb_va rep;
     int64_t rep_cubes, rep_rows, nq, nkv;
+    int64_t seq, qb, qrows, apes, items; /* a cube's items, to copy only the rows they read */
 } kb_dec_qkv_args;
 
 /* prefill attention + its W_o rows */

@@ -136,14 +136,30 @@ static kb_val gemm_input(kb_tl *tl, kb_va va, int j, int64_t r0, int64_t n, int6
 
 /* ---- QKV ---- */
 
+/* Whether an item of attention cube cc reads a row of [r0, r0 + n): item j = (sequence
+ * j / qb, query block j mod qb) reads its sequence's rows up to its last query. */
+static int cube_reads(const kb_dec_qkv_args *a, int64_t cc, int64_t r0, int64_t n)
+{
+    for (int64_t j = cc * a->apes; j < (cc + 1) * a->apes && j < a->items; j++) {
+        int64_t b = j / a->qb, q1 = (j % a->qb + 1) * a->qrows;
+        int64_t lo = b * a->seq, hi = lo + (q1 < a->seq ? q1 : a->seq);
+        if (r0 < hi && r0 + n > lo)
+            return 1;
+    }
+    return 0;
+}
+
 /* machine: rows [r0, r0 + n) of K/V head unit h (K of the local KV heads, then V; columns
- * [col, col + y.cols)) into every attention cube's copy, split where a PE's part ends. */
+ * [col, col + y.cols)) into the copy of every attention cube that reads them (causal: the
+ * cubes of later queries), split where a PE's part ends. */
 static void kv_replicate(kb_tl *tl, const kb_dec_qkv_args *a, kb_val y, int64_t h, int64_t r0,
                          int64_t n, int64_t col)
 {
     size_t es = kb_dtype_size(F_ACT(a->flags));
     assert(h >= 0 && h < 2 * a->nkv && a->rep_rows > 0);
     for (int64_t cc = 0; cc < a->rep_cubes; cc++) {
+        if (!cube_reads(a, cc, r0, n))
+            continue;
         int64_t row = cc * 2 * a->nkv * a->T + h * a->T + r0;
         for (int64_t t = 0; t < n;) {
             int64_t e = ((row + t) / a->rep_rows + 1) * a->rep_rows - row;
