@@ -312,6 +312,23 @@ void kb_dtype_store_n(kb_dtype t, void *base, size_t i0, const float *src, size_
             bf16_store_blk(h, src + i);
         memcpy(p + 2u * i, h, sizeof h);
     }
+    /* the 1-byte formats with the format chosen once, not per element (store_fmt's codes) */
+    switch (t) {
+    case KB_I8:
+        for (; i < n; i++)
+            p[i] = (unsigned char)kb_mf_f2i8(src[i]);
+        return;
+    case KB_FP8E4M3:
+        for (; i < n; i++)
+            p[i] = (unsigned char)kb_mf_f2e4m3(src[i]);
+        return;
+    case KB_FP8E5M2:
+        for (; i < n; i++)
+            p[i] = (unsigned char)kb_mf_f2e5m2(src[i]);
+        return;
+    default:
+        break;
+    }
     for (; i < n; i++)
         kb_dtype_store(t, p, i, src[i]);
 }
@@ -334,6 +351,22 @@ void kb_dtype_load_n(kb_dtype t, const void *base, size_t i0, float *dst, size_t
     for (; t == KB_F16 && i + BLK <= n; i += BLK) {
         memcpy(h, p + 2u * i, sizeof h);
         f16_load_blk(dst + i, h);
+    }
+    switch (t) { /* the 1-byte formats, as kb_dtype_store_n */
+    case KB_I8:
+        for (; i < n; i++)
+            dst[i] = kb_mf_i82f(p[i]);
+        return;
+    case KB_FP8E4M3:
+        for (; i < n; i++)
+            dst[i] = kb_mf_e4m32f(p[i]);
+        return;
+    case KB_FP8E5M2:
+        for (; i < n; i++)
+            dst[i] = kb_mf_e5m22f(p[i]);
+        return;
+    default:
+        break;
     }
     for (; i < n; i++)
         dst[i] = kb_dtype_load(t, p, i);

@@ -215,8 +215,9 @@ static void test_ulp(void **state)
  * The bulk conversions give the scalar ones' bits: every 16-bit pattern loaded; stored, every
  * upper half of an f32 with low halves around both rounding points and random ones (about
  * 2.2 M patterns, each f16/bf16 tie and subnormal boundary among them), at offsets and
- * lengths that leave scalar remainders. (Every one of the 2^32 f32 patterns was checked once
- * for f16 by a standalone run; it takes ~20 s.)
+ * lengths that leave scalar remainders; the 1-byte formats' every code and 65 536 f32 upper
+ * halves. (Every one of the 2^32 f32 patterns was checked once for f16 by a standalone run;
+ * it takes ~20 s.)
  */
 static void test_bulk(void **state)
 {
@@ -260,6 +261,23 @@ static void test_bulk(void **state)
     assert_memory_equal(got + 1, src, 5 * sizeof *src);
     kb_dtype_load_n(KB_F32, src, 2, got, 7);
     assert_memory_equal(got, src + 2, 7 * sizeof *src);
+    /* the 1-byte formats: every code loaded, and every upper half of an f32 (random low
+     * halves) stored, at an offset, give the scalar conversions' bytes */
+    static const kb_dtype bytes[] = { KB_I8, KB_FP8E4M3, KB_FP8E5M2, KB_E8M0 };
+    uint8_t *b8 = (uint8_t *)h, *r8 = (uint8_t *)ref16;
+    for (size_t t = 0; t < sizeof bytes / sizeof bytes[0]; t++) {
+        for (uint32_t i = 0; i < 256; i++)
+            b8[i] = (uint8_t)i;
+        kb_dtype_load_n(bytes[t], b8, 1, got, 255);
+        for (uint32_t i = 0; i < 255; i++)
+            assert_int_equal(kbt_f2u(got[i]), kbt_f2u(kb_dtype_load(bytes[t], b8, 1 + i)));
+        for (uint32_t hi = 0; hi < N; hi++)
+            src[hi] = kbt_u2f(hi << 16 | ((uint32_t)kbt_rng_next(&g) & 0xFFFFu));
+        kb_dtype_store_n(bytes[t], b8, 2, src, N - 2);
+        for (size_t i = 0; i < N - 2; i++)
+            kb_dtype_store(bytes[t], r8, i, src[i]);
+        assert_memory_equal(b8 + 2, r8, N - 2);
+    }
     free(src);
     free(got);
     free(h);

@@ -122,6 +122,8 @@ typedef struct kb_bench {
 /* Helpers for benches. */
 KB_API uint64_t kb_fnv1a64(const void *data, size_t n, uint64_t h);
 #define KB_FNV1A64_INIT UINT64_C(0xcbf29ce484222325)
+/* Appends a named number to the result (text output, --json, sweeps' columns where they
+ * name it); at most KB_BENCH_MAX_EXTRAS per result, later ones are not kept. */
 KB_API void kb_bench_add_extra(kb_bench_result *r, const char *name, double value);
 /* Marks the start/end of the measured region at the current simulated time. */
 KB_API void kb_bench_mark_begin(kb_ctx *ctx, kb_bench_result *r);
