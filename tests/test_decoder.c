@@ -312,16 +312,28 @@ static void test_plan(void **s)
     assert_int_equal(pl.qrows, 16);
     assert_int_equal(pl.items, 128);
     assert_int_equal(pl.rep_rows, 512);
-    /* auto: machine for prefill, naive for decode; machine refuses decode */
+    /* auto: machine for prefill and for decode (naive's placement, the combine in bulk, one
+     * shared copy of a single token's row); naive for seq_parallel, which machine refuses */
     o.mapping = KB_DEC_MAP_AUTO;
     assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
     assert_int_equal(pl.machine, 1);
     o.decode = 1;
     assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
     assert_int_equal(pl.machine, 0);
+    assert_int_equal(pl.dmachine, 1);
+    assert_int_equal(pl.shared, 1);
+    assert_int_equal(pl.chunks, 121);
+    o.batch = 4; /* 4 x 2304 x 2 bytes: more than one copy should hold */
+    assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
+    assert_int_equal(pl.shared, 0);
+    o.batch = 1;
+    o.decode = 0;
+    o.seq_parallel = 1;
+    assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
+    assert_int_equal(pl.machine + pl.dmachine, 0);
     o.mapping = KB_DEC_MAP_MACHINE;
     assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), KB_ERR_USAGE);
-    kbt_msg_has(eb.msg, "use mapping=naive (0) for decode");
+    kbt_msg_has(eb.msg, "use mapping=naive (0) for seq_parallel");
 }
 
 /* ---- the projection gemms' time is the closed form ---- */
@@ -443,8 +455,10 @@ static void test_e2e_modes(void **s)
         "--param seq=16", /* auto: machine */
         "--param seq=24 --param batch=2 --param mapping=machine",
         "--param seq=8 --param batch=2 --param seq_parallel=1",
-        "--param decode=1 --param kv_len=40 --param batch=2",
+        "--param decode=1 --param kv_len=40 --param batch=2", /* auto: machine */
         "--param decode=1 --param kv_len=40 --param batch=2 --param seq_parallel=1",
+        "--param decode=1 --param kv_len=40 --param batch=2 --param mapping=naive",
+        "--param decode=1 --param kv_len=40 --param batch=2 --dtype mxint8 --param sparse=1",
         "--param seq=16 --dtype bf16",
         "--param seq=16 --dtype int8",
         "--param seq=16 --dtype mxint8",
@@ -457,8 +471,9 @@ static void test_e2e_modes(void **s)
     /* the exact output bytes of some of them (the mappings add in other orders: f16 differs
      * in the last bits, the 8-bit format's sums here are exact) */
     static const char *const digests[] = { "42ec8903dd3e3f78", "682902dc02f97a2d", NULL, NULL,
-                                           "e380288f93ec2ee8", NULL, NULL, NULL, NULL, NULL,
-                                           NULL, NULL, "0978fcdbe3dc645a", "0978fcdbe3dc645a" };
+                                           "e380288f93ec2ee8", NULL, "e380288f93ec2ee8", NULL,
+                                           NULL, NULL, NULL, NULL, NULL, NULL,
+                                           "0978fcdbe3dc645a", "0978fcdbe3dc645a" };
     char out[8192];
     (void)s;
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
@@ -507,9 +522,9 @@ static void test_e2e_usage(void **s)
                               "--device none", src_path("configs/models/tiny.yaml")), 2);
     kbt_msg_has(out, "or one of naive (0), machine (1), auto (2)");
     assert_int_equal(kbt_kbcl(out, sizeof out, "run " TINY " --model %s --param mapping=1 "
-                              "--param decode=1 --device none",
+                              "--param seq=16 --param seq_parallel=1 --device none",
                               src_path("configs/models/tiny.yaml")), 2);
-    kbt_msg_has(out, "use mapping=naive (0) for decode");
+    kbt_msg_has(out, "use mapping=naive (0) for seq_parallel");
     assert_int_equal(kbt_kbcl(out, sizeof out, "run " TINY " --model %s --param mapping=machine "
                               "--device none", src_path("configs/models/tiny.yaml")), 0);
     kbt_msg_has(out, "mapping machine)");

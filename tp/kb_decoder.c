@@ -25,6 +25,7 @@
 #define MIN_QKV_COLS 32 /* QKV: columns per PE at least (reuse of the gathered activations) */
 #define MLP_GRAN 32     /* MLP: columns per PE a multiple of the MX block */
 #define GEMM_TB 128     /* gemm row block */
+#define SHARED_MAX_BYTES 16384 /* machine decode: normalised rows read from one copy */
 
 /* ---------------------------------------------------------------------------------------- */
 /* plan                                                                                      */
@@ -247,10 +248,20 @@ static int plan_groups(const kb_decoder_opts *o, int ws, int ncubes, int npes,
         pl->qtr = pl->mtr = pl->T;
         return 0;
     }
-    if (o->decode || o->seq_parallel)
+    if (o->seq_parallel)
         return kb_err_set(eb, KB_ERR_USAGE, "decoder_layer: mapping=machine (1) maps prefill "
-                          "without seq_parallel; use mapping=naive (0) for %s",
-                          o->decode ? "decode" : "seq_parallel");
+                          "and decode without seq_parallel; use mapping=naive (0) for "
+                          "seq_parallel");
+    if (o->decode) { /* naive's placement, the combine in bulk */
+        pl->dmachine = 1;
+        /* a few tokens' rows: one copy that every gemm PE reads (a few KB from one port)
+         * costs less than a store per gemm PE; more tokens keep the copies */
+        pl->shared = pl->T * pl->d * 2 <= SHARED_MAX_BYTES;
+        pl->qncol = pl->qkv.n;
+        pl->mncol = pl->mlp.n;
+        pl->qtr = pl->mtr = pl->T;
+        return 0;
+    }
     if ((pl->rc * pl->d) % ws)
         return kb_err_set(eb, KB_ERR_USAGE, "decoder_layer: mapping=machine: a row owner's "
                           "%lld x %lld rows do not split over the %d ranks' lane rings",
@@ -323,7 +334,7 @@ int kb_decoder_plan_make(const kb_model_cfg *mc, const kb_decoder_opts *o, int w
      * whose plan then reports any error of the shape itself */
     kb_decoder_opts m = *o;
     m.mapping = KB_DEC_MAP_MACHINE;
-    if (!o->decode && !o->seq_parallel && plan_once(mc, &m, ws, rank, ncubes, npes, pl, eb) == 0)
+    if (!o->seq_parallel && plan_once(mc, &m, ws, rank, ncubes, npes, pl, eb) == 0)
         return 0;
     m.mapping = KB_DEC_MAP_NAIVE;
     return plan_once(mc, &m, ws, rank, ncubes, npes, pl, eb);

@@ -44,7 +44,10 @@
  * of the PE that uses them); the attention items and MLP PEs keep their partial rows only,
  * each row owner sums its rows' partials inside the SIP (the heads' for O, the group's
  * column blocks' for down) into its block of a SIP sum, and kb_dist_all_reduce_shards adds
- * the SIPs' sums lane by lane, so only the SIP's sum crosses SIP links, once.
+ * the SIPs' sums lane by lane, so only the SIP's sum crosses SIP links, once. In decode,
+ * machine keeps naive's placement but combines the cache chunks in bulk (every chunk's
+ * partials loaded at once, a few whole-array operations) and, for a few tokens, writes one
+ * copy of the normalised rows that every gemm PE reads instead of one per gemm PE.
  * Weights are in `fmt` (kb_tl_q.h: f16, bf16, int8, mxint8, fp8), 2:4 sparse along K when
  * sparse; activations are stored in bf16 for bf16, f16 otherwise, and quantized by
  * tl_dot_q for 8-bit formats. Limits: one forward per kb_decoder (the partial blocks are
@@ -74,7 +77,7 @@ typedef struct kb_decoder_opts {
     int seq_parallel;
     kb_qfmt fmt;
     int sparse;          /* 2:4 along K for every projection weight */
-    int mapping;         /* kb_decoder_mapping (machine: prefill without seq_parallel) */
+    int mapping;         /* kb_decoder_mapping (machine: without seq_parallel) */
 } kb_decoder_opts;
 
 /*
@@ -118,7 +121,10 @@ typedef struct kb_decoder_plan {
      * i mod qncol (mncol) of the rows [g*qtr, (g+1)*qtr) of group g = i / qncol. naive: one
      * group of T rows (qncol = qkv.n, mncol = mlp.n); machine: qkv.n / qncol groups. */
     int64_t qncol, qtr, mncol, mtr;
-    int machine;                      /* opts.mapping == KB_DEC_MAP_MACHINE */
+    int machine;                      /* prefill in mapping machine (token groups ...) */
+    int dmachine;                     /* decode in mapping machine (the combine in bulk) */
+    int shared;                       /* machine decode of few tokens: one copy of the
+                                         normalised rows, read by every gemm PE */
 } kb_decoder_plan;
 
 /* The plan for rank `rank` of ws on a machine of ncubes x npes PEs per SIP. 0 or

@@ -151,7 +151,7 @@ static int fwd_norm_in(kb_ctx *ctx, kb_decoder *dec, phase *ph, const kb_dec_row
     kb_dec_rows_args r = *ra;
     kb_kargs a;
     r.mode = 0;
-    r.ncopy = pl->qncol;
+    r.ncopy = pl->shared ? 1 : pl->qncol;
     r.tr = pl->qtr;
     r.x = kb_tensor_va(dec->x);
     r.lnb = kb_tensor_va(dec->ln[0]);
@@ -175,6 +175,7 @@ static int fwd_qkv(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flags)
     KB_KARGS_PUT(&a, (kb_dec_qkv_args){
         .T = pl->T, .d = pl->d, .c = pl->c, .p = pl->p, .nrope = pl->nq + pl->nkv,
         .hd = pl->hd, .tb = pl->tb, .flags = flags, .ncol = pl->qncol, .tr = pl->qtr,
+        .shared = pl->shared,
         .rep = dec->kv_rep ? kb_tensor_va(dec->kv_rep) : 0, .rep_cubes = pl->att.cubes,
         .rep_rows = pl->rep_rows, .nq = pl->nq, .nkv = pl->nkv, .seq = dec->o.seq,
         .qb = pl->qb, .qrows = pl->qrows, .apes = pl->att.pes, .items = pl->items,
@@ -223,6 +224,7 @@ static int fwd_attn_decode(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flag
     KB_KARGS_PUT(&a, (kb_dec_dcomb_args){
         .chunks = pl->chunks, .nq = pl->nq, .nkv = pl->nkv, .hd = pl->hd, .T = pl->T,
         .d = pl->d, .flags = flags, .items = pl->citems, .dpart = kb_tensor_va(dec->dpart),
+        .fast = pl->dmachine,
         .wo = wvas(&dec->wo), .part = kb_tensor_va(dec->po) });
     return launch_timed(ctx, dec, ph, "dec_attention_combine", kb_decoder_dcomb_kernel, &a,
                         &pl->comb, 0);
@@ -254,7 +256,7 @@ static int fwd_residual_attn(kb_ctx *ctx, kb_decoder *dec, phase *ph,
     kb_dec_rows_args r = *ra;
     kb_kargs a;
     r.mode = 1;
-    r.ncopy = pl->mncol;
+    r.ncopy = pl->shared ? 1 : pl->mncol;
     r.tr = pl->mtr;
     r.x = kb_tensor_va(dec->x);
     r.lna = dec->ln[1] ? kb_tensor_va(dec->ln[1]) : 0;
@@ -280,7 +282,7 @@ static int fwd_mlp(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flags)
     memset(&a, 0, sizeof a);
     KB_KARGS_PUT(&a, (kb_dec_mlp_args){
         .T = pl->T, .d = pl->d, .cf = pl->cf, .tb = pl->tb, .flags = flags,
-        .ncol = pl->mncol, .tr = pl->mtr,
+        .ncol = pl->mncol, .tr = pl->mtr, .shared = pl->shared,
         .act = kb_model_act(&dec->mc), .in = kb_tensor_va(sp ? dec->ag2 : dec->hn2),
         .wg = wvas(&dec->wg), .wu = wvas(&dec->wu), .wd = wvas(&dec->wd),
         .part = kb_tensor_va(dec->pd) });

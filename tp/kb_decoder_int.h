@@ -49,6 +49,7 @@ typedef struct kb_dec_qkv_args {
     int64_t T, d, c, p, hd, tb, flags;
     int64_t nrope;      /* head units that take RoPE (the queries' and keys') */
     int64_t ncol, tr;   /* token groups: column blocks per group, rows per group */
+    int shared;         /* machine decode: every PE reads the one copy (block 0) */
     /* machine: the K and V blocks also into every attention cube's copy (rep: rep_cubes
      * copies of 2 nkv T rows of hd, K of each local KV head then V, rep_rows per PE) */
     kb_va rep;
@@ -80,6 +81,7 @@ typedef struct kb_dec_dcomb_args {
     kb_va dpart, part;
     kb_dec_wva wo;
     int64_t chunks, nq, nkv, hd, T, d, flags, items;
+    int fast;           /* machine: every chunk's partials loaded at once, combined in bulk */
 } kb_dec_dcomb_args;
 
 /* MLP: gate/up columns and down rows of one PE */
@@ -88,6 +90,7 @@ typedef struct kb_dec_mlp_args {
     kb_dec_wva wg, wu, wd;
     int64_t T, d, cf, tb, flags;
     int64_t ncol, tr;   /* token groups (kb_dec_qkv_args); the partial holds the group's rows */
+    int shared;         /* kb_dec_qkv_args */
     int act;            /* the gated activation (kb_model_act) */
 } kb_dec_mlp_args;
 

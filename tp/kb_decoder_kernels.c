@@ -186,7 +186,7 @@ void kb_decoder_qkv_kernel(kb_tl *tl, const kb_kargs *ka)
     (void)T;
     for (int64_t r0 = lo; r0 < hi; r0 += tb) {
         int64_t n = hi - r0 < tb ? hi - r0 : tb;
-        kb_val x = gemm_input(tl, a->in, j, r0 - lo, n, d, act);
+        kb_val x = gemm_input(tl, a->in, a->shared ? 0 : j, r0 - lo, n, d, act);
         kb_val y = wdot(tl, x, &a->w, j, (uint32_t)d, (uint32_t)c, flags);
         tl_free(tl, x);
         if (rope) {
@@ -481,6 +481,58 @@ void kb_decoder_dattn_kernel(kb_tl *tl, const kb_kargs *ka)
     tl_store2d(tl, out + (kb_va)(hd + 1) * 4, ld, l);
 }
 
+/* machine decode: chunk ch's row of query head t (P V, max, sum: hd + 2 f32) as a segment
+ * of head t's C rows. */
+typedef struct chunk_src {
+    kb_tl *tl;
+    kb_va dpart;
+    int64_t C, hd, first; /* first: the combining PE's first chunk shard */
+} chunk_src;
+
+static dec_seg chunk_seg(const void *ud, int64_t k)
+{
+    const chunk_src *c = ud;
+    int64_t t = k / c->C, ch = k % c->C;
+    return (dec_seg){ shard_va(c->tl, c->dpart, (int)(c->first + ch)) +
+                          (kb_va)(t * (c->hd + 2)) * 4,
+                      k, 0, 1, c->hd + 2 };
+}
+
+/* machine decode: every chunk's (P V, max, sum) of every query head loaded at once (head t's
+ * C chunks in rows [t C, (t + 1) C)), then per head the chunks' weights exp(m_c - max m),
+ * the denominator sum w_c l_c and the output (w^T [P V]) / den as a few bulk operations
+ * instead of a dozen per chunk; the heads' outputs into flat (1 x nrep hd). */
+static void dcomb_bulk(kb_tl *tl, const kb_dec_dcomb_args *a, int j, int64_t nrep, kb_val flat)
+{
+    int64_t C = a->chunks, hd = a->hd;
+    chunk_src cs = { tl, a->dpart, C, hd, (int64_t)j * C };
+    kb_val P = kb_tl_scratch_val(tl, (uint32_t)(nrep * C), (uint32_t)(hd + 2), KB_F32,
+                                 "decoder combine");
+    load_segs(tl, P, nrep * C, chunk_seg, &cs, KB_F32);
+    for (int64_t t = 0; t < nrep; t++) {
+        uint32_t r0 = (uint32_t)(t * C);
+        kb_val m = tl_view(tl, P, r0, (uint32_t)hd, (uint32_t)C, 1);
+        kb_val mx = tl_max(tl, m, 0);
+        kb_val sh = tl_sub(tl, m, mx);
+        kb_val w = tl_exp(tl, sh);
+        kb_val wl = tl_mul(tl, w, tl_view(tl, P, r0, (uint32_t)hd + 1, (uint32_t)C, 1));
+        kb_val den = tl_sum(tl, wl, 0);
+        kb_val wt = tl_transpose(tl, w);
+        kb_val num = tl_dot(tl, wt, tl_view(tl, P, r0, 0, (uint32_t)C, (uint32_t)hd));
+        kb_val o = tl_div(tl, num, den);
+        tl_copy(tl, tl_view(tl, flat, 0, (uint32_t)(t * hd), 1, (uint32_t)hd), o);
+        tl_free(tl, o);
+        tl_free(tl, num);
+        tl_free(tl, wt);
+        tl_free(tl, den);
+        tl_free(tl, wl);
+        tl_free(tl, w);
+        tl_free(tl, sh);
+        tl_free(tl, mx);
+    }
+    tl_free(tl, P);
+}
+
 void kb_decoder_dcomb_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_dcomb_args *a = KB_KARGS_GET(ka, kb_dec_dcomb_args);
@@ -491,6 +543,15 @@ void kb_decoder_dcomb_kernel(kb_tl *tl, const kb_kargs *ka)
         return;
     int64_t b = j / nkv;
     uint32_t ld = (uint32_t)(hd + 2);
+    if (a->fast) {
+        kb_val flat = kb_tl_scratch_val(tl, 1, (uint32_t)(nrep * hd), KB_F32, "decoder combine");
+        dcomb_bulk(tl, a, j, nrep, flat);
+        kb_val part = wdot(tl, flat, &a->wo, j, (uint32_t)(nrep * hd), (uint32_t)d, flags);
+        tl_free(tl, flat);
+        tl_store(tl, a->part + (kb_va)(((int64_t)j * T + b) * d) * 4, part);
+        tl_free(tl, part);
+        return;
+    }
     kb_val M = tl_full(tl, KB_SHAPE2(nrep, C), 0.0f), L = tl_full(tl, KB_SHAPE2(nrep, C), 0.0f);
     for (int64_t ch = 0; ch < C; ch++) {
         kb_va va = shard_va(tl, a->dpart, (int)(j * C + ch));
@@ -541,7 +602,7 @@ void kb_decoder_mlp_kernel(kb_tl *tl, const kb_kargs *ka)
     int64_t lo = j / a->ncol * a->tr, hi = lo + a->tr;
     for (int64_t r0 = lo; r0 < hi; r0 += tb) {
         int64_t n = hi - r0 < tb ? hi - r0 : tb;
-        kb_val x = gemm_input(tl, a->in, j, r0 - lo, n, d, F_ACT(flags));
+        kb_val x = gemm_input(tl, a->in, a->shared ? 0 : j, r0 - lo, n, d, F_ACT(flags));
         kb_val g = wdot(tl, x, &a->wg, j, (uint32_t)d, (uint32_t)cf, flags);
         kb_val u = wdot(tl, x, &a->wu, j, (uint32_t)d, (uint32_t)cf, flags);
         tl_free(tl, x);

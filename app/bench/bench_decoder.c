@@ -211,7 +211,7 @@ static int dec_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
                                        eb)) != 0)
             return rc;
     int64_t T = st->o.decode ? st->o.batch : st->o.batch * st->o.seq;
-    const char *map = pl.machine ? ", mapping machine" : ", mapping naive";
+    const char *map = pl.machine || pl.dmachine ? ", mapping machine" : ", mapping naive";
     if (st->o.decode)
         snprintf(res->line, sizeof res->line,
                  "  decoder_layer (%s, tp=%d, %s%s, decode batch=%lld kv_len=%lld%s%s)",
@@ -545,9 +545,10 @@ const kb_bench kb_bench_decoder_layer = {
         { "kv_len", 2048, 1, 1048576, "decode: cached positions per sequence" },
         { "seq_parallel", 0, 0, 1, "1: reduce_scatter + all_gather instead of all_reduce" },
         { "sparse", 0, 0, 1, "1: 2:4-sparse weights (magnitude pruned along K)" },
-        { "mapping", 2, 0, 2, "how the layer goes onto a rank's PEs: machine is prefill "
-                              "without seq_parallel in token groups with the partials summed "
-                              "in the SIP, auto takes it where it applies (docs/decoder.md)" },
+        { "mapping", 2, 0, 2, "how the layer goes onto a rank's PEs: machine (without "
+                              "seq_parallel) puts prefill in token groups with the partials "
+                              "summed in the SIP and combines decode's chunks in bulk, auto "
+                              "takes it where it applies (docs/decoder.md)" },
     },
     .nparams = 7,
     .param_names = { [P_MAPPING] = (const char *const[]){ "naive", "machine", "auto", NULL } },
