@@ -499,85 +499,146 @@ void kb_qweight_free(kb_qweight *w)
     w->q = w->scale = w->meta = NULL;
 }
 
-int kb_qweight_create(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
-                      int sparse, kb_dp_policy dp, const kb_fill *w, kb_qweight *out)
+/* The weight's tensors from its host arrays (q, sc, meta: NULL when the context does not
+ * record; kb_qweight_create's layouts). On error nothing is left allocated. */
+static int qweight_write(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
+                         int sparse, kb_dp_policy dp, const float *q, const float *sc,
+                         const float *meta, kb_qweight *out)
 {
     kb_errbuf *eb = kb_ctx_err(ctx);
     kb_qweight qw;
     int64_t qrows = sparse ? k / 2 : k, srows = fmt == KB_QF_MXINT8 ? k / MX_BLOCK : 1;
     int64_t mrows = (k + 7) / 8;
-    float *q = NULL, *sc = NULL, *meta = NULL;
     char nm[3][160];
     int rc;
 
     memset(&qw, 0, sizeof qw);
-    if (!out || !w)
-        return kb_err_set(eb, KB_ERR_INVAL, "kb_qweight_create: NULL argument");
-    if ((rc = check_sizes(fmt, sparse, k, n, eb)) != 0)
-        return rc;
-    if (dp.mode != KB_DP_BLOCK)
-        return kb_err_set(eb, KB_ERR_INVAL, "kb_qweight_create: '%s': tiled dp is not "
-                          "supported for quantized weights", name ? name : "?");
     qw.fmt = fmt;
     qw.sparse = sparse;
     qw.k = k;
     qw.n = n;
-    if (kb_ctx_recording(ctx)) { /* the values are only consulted when recording */
-        q = malloc((size_t)qrows * (size_t)n * sizeof *q);
-        sc = malloc((size_t)srows * (size_t)n * sizeof *sc);
-        meta = malloc((size_t)mrows * (size_t)n * sizeof *meta);
-        if (!q || !sc || !meta) {
-            rc = kb_err_set(eb, KB_ERR_NOMEM, "kb_qweight_create: host buffers");
-            goto fail;
-        }
-        if ((rc = build_weight(fmt, sparse, k, n, w, q, sc, meta, NULL)) != 0) {
-            kb_err_set(eb, rc, "kb_qweight_create: host buffers");
-            goto fail;
-        }
-    }
     snprintf(nm[0], sizeof nm[0], "%s.q", name ? name : "qweight");
     snprintf(nm[1], sizeof nm[1], "%s.scale", name ? name : "qweight");
     snprintf(nm[2], sizeof nm[2], "%s.meta", name ? name : "qweight");
-    {
-        kb_fill none = { fill_unused, NULL, NULL, 0, 0, 0, NULL };
-        kb_fill fq = q ? kb_fill_array(q, n) : none;
-        kb_tensor_desc d = { nm[0], qrows, n, kb_qfmt_dtype(fmt), dp, KB_MEM_HBM };
-        if ((rc = kb_tensor_from_fill(ctx, &d, &fq, &qw.q)) != 0)
+    kb_fill none = { fill_unused, NULL, NULL, 0, 0, 0, NULL };
+    kb_fill fq = q ? kb_fill_array(q, n) : none;
+    kb_tensor_desc d = { nm[0], qrows, n, kb_qfmt_dtype(fmt), dp, KB_MEM_HBM };
+    if ((rc = kb_tensor_from_fill(ctx, &d, &fq, &qw.q)) != 0)
+        goto fail;
+    if (has_scale(fmt)) {
+        kb_fill fs = sc ? kb_fill_array(sc, n) : none;
+        kb_tensor_desc ds = { nm[1], srows, n, fmt == KB_QF_MXINT8 ? KB_E8M0 : KB_F32, dp,
+                              KB_MEM_HBM };
+        /* a per-channel scale row goes whole to every PE of a row (K) split */
+        if (fmt != KB_QF_MXINT8) {
+            if (ds.dp.cube == KB_DP_ROW_WISE)
+                ds.dp.cube = KB_DP_REPLICATE;
+            if (ds.dp.pe == KB_DP_ROW_WISE)
+                ds.dp.pe = KB_DP_REPLICATE;
+        }
+        if ((rc = kb_tensor_from_fill(ctx, &ds, &fs, &qw.scale)) != 0)
             goto fail;
-        if (has_scale(fmt)) {
-            kb_fill fs = sc ? kb_fill_array(sc, n) : none;
-            kb_tensor_desc ds = { nm[1], srows, n, fmt == KB_QF_MXINT8 ? KB_E8M0 : KB_F32, dp,
-                                  KB_MEM_HBM };
-            /* a per-channel scale row goes whole to every PE of a row (K) split */
-            if (fmt != KB_QF_MXINT8) {
-                if (ds.dp.cube == KB_DP_ROW_WISE)
-                    ds.dp.cube = KB_DP_REPLICATE;
-                if (ds.dp.pe == KB_DP_ROW_WISE)
-                    ds.dp.pe = KB_DP_REPLICATE;
-            }
-            if ((rc = kb_tensor_from_fill(ctx, &ds, &fs, &qw.scale)) != 0)
-                goto fail;
-        }
-        if (sparse) {
-            kb_fill fm = meta ? kb_fill_array(meta, n) : none;
-            kb_tensor_desc dm = { nm[2], mrows, n, KB_I8, dp, KB_MEM_HBM };
-            if ((rc = kb_tensor_from_fill(ctx, &dm, &fm, &qw.meta)) != 0)
-                goto fail;
-        }
+    }
+    if (sparse) {
+        kb_fill fm = meta ? kb_fill_array(meta, n) : none;
+        kb_tensor_desc dm = { nm[2], mrows, n, KB_I8, dp, KB_MEM_HBM };
+        if ((rc = kb_tensor_from_fill(ctx, &dm, &fm, &qw.meta)) != 0)
+            goto fail;
     }
     if ((rc = check_shards(&qw, eb)) != 0)
         goto fail;
-    free(q);
-    free(sc);
-    free(meta);
     *out = qw;
     return 0;
 fail:
     kb_qweight_free(&qw);
+    return rc;
+}
+
+/* A rows x cols host array made of rr x rc copies of the rows/rr x cols/rc array b. */
+static float *repeat_array(const float *b, int64_t rows, int64_t cols, int64_t rr, int64_t rc)
+{
+    int64_t rb = rows / rr, cb = cols / rc;
+    float *a = malloc((size_t)rows * (size_t)cols * sizeof *a);
+    assert(rb * rr == rows && cb * rc == cols); /* the caller's divisibility checks */
+    for (int64_t r = 0; a && r < rows; r++)
+        for (int64_t c = 0; c < rc; c++)
+            memcpy(a + r * cols + c * cb, b + (r % rb) * cb, (size_t)cb * sizeof *a);
+    return a;
+}
+
+/*
+ * The host arrays of a k x n weight, quantized (kb_qweight_create's layouts), as rk x rn
+ * copies of the k/rk x n/rn weight w: the base is quantized once and repeated. Quantization
+ * works per column and per MX block (32 rows) or 2:4 group (4 rows, meta bytes of 8) of a
+ * column, and a per-channel scale is the column's maximum over all rows, the same over
+ * repeated rows; so with k/rk a multiple of those blocks the arrays are the ones the repeated
+ * weight itself gives. 0, KB_ERR_NOMEM or the build's code.
+ */
+static int build_repeated(kb_qfmt fmt, int sparse, int64_t k, int64_t n, const kb_fill *w,
+                          int64_t rk, int64_t rn, float **q, float **sc, float **meta)
+{
+    int64_t kb = k / rk, nb = n / rn, qrows = sparse ? kb / 2 : kb;
+    int64_t srows = fmt == KB_QF_MXINT8 ? kb / MX_BLOCK : 1, mrows = (kb + 7) / 8;
+    float *bq = malloc((size_t)qrows * (size_t)nb * sizeof *bq);
+    float *bs = malloc((size_t)srows * (size_t)nb * sizeof *bs);
+    float *bm = malloc((size_t)mrows * (size_t)nb * sizeof *bm);
+    int rc = !bq || !bs || !bm ? KB_ERR_NOMEM : build_weight(fmt, sparse, kb, nb, w, bq, bs, bm,
+                                                              NULL);
+    if (rc == 0 && rk == 1 && rn == 1) { /* one copy: the base is the weight */
+        *q = bq, *sc = bs, *meta = bm;
+        return 0;
+    }
+    if (rc == 0) {
+        *q = repeat_array(bq, qrows * rk, n, rk, rn);
+        *sc = repeat_array(bs, fmt == KB_QF_MXINT8 ? srows * rk : 1, n,
+                           fmt == KB_QF_MXINT8 ? rk : 1, rn);
+        *meta = repeat_array(bm, mrows * rk, n, rk, rn);
+        if (!*q || !*sc || !*meta)
+            rc = KB_ERR_NOMEM;
+    }
+    free(bq);
+    free(bs);
+    free(bm);
+    return rc;
+}
+
+int kb_qweight_create_rep(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
+                          int sparse, kb_dp_policy dp, const kb_fill *w, int64_t rk, int64_t rn,
+                          kb_qweight *out)
+{
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    float *q = NULL, *sc = NULL, *meta = NULL;
+    int rc;
+
+    if (!out || !w)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_qweight_create: NULL argument");
+    if ((rc = check_sizes(fmt, sparse, k, n, eb)) != 0)
+        return rc;
+    if (rk < 1 || rn < 1 || k % rk || n % rn ||
+        (rk > 1 && ((k / rk) % (fmt == KB_QF_MXINT8 ? MX_BLOCK : 1) || (sparse && (k / rk) % 8))))
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_qweight_create: '%s': %lld x %lld copies of a "
+                          "%lld x %lld weight do not keep its blocks whole", name ? name : "?",
+                          (long long)rk, (long long)rn, (long long)k, (long long)n);
+    if (dp.mode != KB_DP_BLOCK)
+        return kb_err_set(eb, KB_ERR_INVAL, "kb_qweight_create: '%s': tiled dp is not "
+                          "supported for quantized weights", name ? name : "?");
+    if (kb_ctx_recording(ctx) && /* the values are only consulted when recording */
+        (rc = build_repeated(fmt, sparse, k, n, w, rk, rn, &q, &sc, &meta)) != 0) {
+        rc = kb_err_set(eb, rc, "kb_qweight_create: host buffers");
+        goto out;
+    }
+    rc = qweight_write(ctx, name, k, n, fmt, sparse, dp, q, sc, meta, out);
+out:
     free(q);
     free(sc);
     free(meta);
     return rc;
+}
+
+int kb_qweight_create(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
+                      int sparse, kb_dp_policy dp, const kb_fill *w, kb_qweight *out)
+{
+    return kb_qweight_create_rep(ctx, name, k, n, fmt, sparse, dp, w, 1, 1, out);
 }
 
 /* ---------------------------------------------------------------- gemm-unit time */

@@ -59,6 +59,14 @@ typedef struct kb_qweight {
  * be a pure function of the position (every fill of kbcl's benches and layers is). */
 int kb_qweight_create(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
                       int sparse, kb_dp_policy dp, const kb_fill *w, kb_qweight *out);
+/* The same for a K x N weight made of rk x rn copies of the K/rk x N/rn weight w (a weight
+ * each group of PEs holds a copy of): w is evaluated and quantized once, and the result is
+ * the one kb_qweight_create gives for the repeated values (quantization keeps to columns,
+ * MX blocks and 2:4 groups, which the copies must keep whole: K/rk a multiple of 32 for
+ * mxint8 and of 8 for 2:4 when rk > 1; KB_ERR_INVAL otherwise). */
+int kb_qweight_create_rep(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
+                          int sparse, kb_dp_policy dp, const kb_fill *w, int64_t rk, int64_t rn,
+                          kb_qweight *out);
 void kb_qweight_free(kb_qweight *w);
 
 /* Host-side: the dequantized (and pruned) f32 values the device weight holds, K x N, for

@@ -515,6 +515,87 @@ static void test_row_split(void **state)
     free(w);
 }
 
+/* kb_qweight_create_rep: rk x rn copies of a base weight, quantized once, give the bytes
+ * (values, scales, 2:4 metadata) of kb_qweight_create of the repeated weight itself. */
+typedef struct rep_case {
+    kb_qfmt fmt;
+    int sparse;
+    int64_t kb, nb, rk, rn;
+} rep_case;
+
+static int same_raw(kb_tensor *a, kb_tensor *b)
+{
+    if (!a || !b)
+        return a == b;
+    size_t n = (size_t)(kb_tensor_rows(a) * kb_tensor_cols(a)) * kb_dtype_size(kb_tensor_dtype(a));
+    uint8_t *x = malloc(n), *y = malloc(n);
+    int same = x && y && kb_tensor_rows(a) == kb_tensor_rows(b) &&
+               kb_tensor_cols(a) == kb_tensor_cols(b) &&
+               kb_tensor_dtype(a) == kb_tensor_dtype(b) && kb_tensor_read_raw(a, x) == 0 &&
+               kb_tensor_read_raw(b, y) == 0 && memcmp(x, y, n) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+static int h_rep(kb_ctx *ctx, void *arg)
+{
+    const rep_case *c = arg;
+    int64_t k = c->kb * c->rk, n = c->nb * c->rn;
+    float *base = malloc((size_t)(c->kb * c->nb) * sizeof *base);
+    float *full = malloc((size_t)(k * n) * sizeof *full);
+    kb_dp_policy one = kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 1, 1);
+    kb_qweight a, b;
+    uint32_t x = 12345u;
+    int rc;
+    if (!base || !full)
+        return KB_ERR_NOMEM;
+    for (int64_t i = 0; i < c->kb * c->nb; i++) { /* spread magnitudes: scales differ */
+        x = x * 1664525u + 1013904223u;
+        base[i] = ((float)(x >> 8) / 16777216.0f - 0.5f) * (float)(1 + i % 7);
+    }
+    for (int64_t r = 0; r < k; r++)
+        for (int64_t j = 0; j < n; j++)
+            full[r * n + j] = base[(r % c->kb) * c->nb + j % c->nb];
+    kb_fill fb = kb_fill_array(base, c->nb), ff = kb_fill_array(full, n);
+    if ((rc = kb_qweight_create(ctx, "a", k, n, c->fmt, c->sparse, one, &ff, &a)) == 0 &&
+        (rc = kb_qweight_create_rep(ctx, "b", k, n, c->fmt, c->sparse, one, &fb, c->rk, c->rn,
+                                    &b)) == 0) {
+        if (!same_raw(a.q, b.q) || !same_raw(a.scale, b.scale) || !same_raw(a.meta, b.meta))
+            rc = kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "format %d sparse %d: the copies "
+                            "differ", (int)c->fmt, c->sparse);
+        kb_qweight_free(&b);
+    }
+    if (a.q)
+        kb_qweight_free(&a);
+    free(base);
+    free(full);
+    return rc;
+}
+
+static void test_repeated(void **state)
+{
+    static const kb_qfmt fmts[] = { KB_QF_F16, KB_QF_BF16, KB_QF_INT8, KB_QF_MXINT8,
+                                    KB_QF_FP8E4M3, KB_QF_FP8E5M2 };
+    kb_config cfg;
+    (void)state;
+    kbt_config_with(&cfg, small_machine, sizeof small_machine / sizeof small_machine[0]);
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
+        for (int sp = 0; sp <= 1; sp++) {
+            rep_case c = { fmts[f], sp, 64, 8, 3, 2 };
+            kb_ctx *ctx = kbt_ctx_from(&cfg, &(kb_ctx_opts){ .device = KB_DEV_REF });
+            if (kb_ctx_run_host(ctx, h_rep, &c) != 0)
+                fail_msg("%s", kb_ctx_errmsg(ctx));
+            kb_ctx_destroy(ctx);
+        }
+    /* copies that would cut an MX block */
+    rep_case bad = { KB_QF_MXINT8, 0, 48, 8, 2, 1 };
+    kb_ctx *ctx = kbt_ctx_from(&cfg, &(kb_ctx_opts){ .device = KB_DEV_REF });
+    assert_int_equal(kb_ctx_run_host(ctx, h_rep, &bad), KB_ERR_INVAL);
+    kbt_msg_has(kb_ctx_errmsg(ctx), "do not keep its blocks whole");
+    kb_ctx_destroy(ctx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -526,6 +607,7 @@ int main(void)
         cmocka_unit_test(test_kernel_errors),
         cmocka_unit_test(test_column_split),
         cmocka_unit_test(test_row_split),
+        cmocka_unit_test(test_repeated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

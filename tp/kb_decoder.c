@@ -465,33 +465,6 @@ static void dec_fill_fn(void *ud, int64_t row, int64_t col, int64_t rows, int64_
 /* ---------------------------------------------------------------------------------------- */
 /* tensors and weights                                                                       */
 
-/* machine: a fill repeated along rows (axis 0) or columns (axis 1) every `per` elements: the
- * weights each token group's PEs hold a copy of. */
-typedef struct rep_fill {
-    kb_fill src;
-    int64_t per;
-    int axis;
-} rep_fill;
-
-static void rep_fill_fn(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols,
-                        float *out)
-{
-    const rep_fill *f = ud;
-    assert(f->per > 0);
-    if (f->axis == 0) {
-        for (int64_t r = 0; r < rows; r++)
-            fill_get(&f->src, (row + r) % f->per, col, 1, cols, out + r * cols);
-        return;
-    }
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = col; c < col + cols;) {
-            int64_t c0 = c % f->per, len = f->per - c0 < col + cols - c ? f->per - c0
-                                                                       : col + cols - c;
-            fill_get(&f->src, row + r, c0, 1, len, out + r * cols + (c - col));
-            c += len;
-        }
-}
-
 static int make_t(kb_ctx *ctx, const char *name, int64_t rows, int64_t cols, kb_dtype dt,
                   kb_dp_policy dp, const kb_fill *f, int zeros, kb_tensor **out)
 {
@@ -501,10 +474,12 @@ static int make_t(kb_ctx *ctx, const char *name, int64_t rows, int64_t cols, kb_
     return zeros ? kb_tensor_zeros(ctx, &d, out) : kb_tensor_empty(ctx, &d, out);
 }
 
+/* A weight of rk x rn copies of the fill's k/rk x n/rn values (machine: every token group
+ * holds its column blocks; 1 x 1 otherwise), quantized once. */
 static int make_w(kb_ctx *ctx, const char *name, int64_t k, int64_t n, const kb_decoder_opts *o,
-                  kb_dp_policy dp, const kb_fill *f, kb_qweight *w)
+                  kb_dp_policy dp, const kb_fill *f, int64_t rk, int64_t rn, kb_qweight *w)
 {
-    return kb_qweight_create(ctx, name, k, n, o->fmt, o->sparse, dp, f, w);
+    return kb_qweight_create_rep(ctx, name, k, n, o->fmt, o->sparse, dp, f, rk, rn, w);
 }
 
 static kb_dp_policy dpg(kb_dp_split s, const kb_dec_grid *g) { return kb_dp(s, s, g->cubes, g->pes); }
@@ -524,10 +499,6 @@ static int make_rest(kb_ctx *ctx, kb_decoder *dec, const kb_decoder_fills *f, in
     kb_fill fg = kb_fill_at(f->wg, 0, (int64_t)r * pl->Floc);
     kb_fill fu = kb_fill_at(f->wu, 0, (int64_t)r * pl->Floc);
     kb_fill fd = kb_fill_at(f->wd, (int64_t)r * pl->Floc, 0);
-    rep_fill rg = { fg, pl->Floc, 1 }, ru = { fu, pl->Floc, 1 }, rd = { fd, pl->Floc, 0 };
-    kb_fill Rg = { rep_fill_fn, &rg, NULL, 0, 0, 0, NULL },
-            Ru = { rep_fill_fn, &ru, NULL, 0, 0, 0, NULL },
-            Rd = { rep_fill_fn, &rd, NULL, 0, 0, 0, NULL };
     int rc;
     int64_t prow = o->seq_parallel ? S : S * T, pcol = o->seq_parallel ? T * d : d;
     if (pl->machine) { /* the MLP PEs' rows; the SIP sums, a block per PE */
@@ -543,11 +514,11 @@ static int make_rest(kb_ctx *ctx, kb_decoder *dec, const kb_decoder_fills *f, in
     if ((rc = make_t(ctx, "h", Tl, d, KB_F32, rows, NULL, 0, &dec->h)) != 0 ||
         (rc = make_t(ctx, "y", Tl, d, KB_F32, rows, NULL, 0, &dec->y)) != 0 ||
         (rc = make_w(ctx, "w_gate", d, mg * pl->Floc, o, dpg(KB_DP_COLUMN_WISE, &pl->mlp),
-                     pl->machine ? &Rg : &fg, &dec->wg)) != 0 ||
+                     &fg, 1, mg, &dec->wg)) != 0 ||
         (rc = make_w(ctx, "w_up", d, mg * pl->Floc, o, dpg(KB_DP_COLUMN_WISE, &pl->mlp),
-                     pl->machine ? &Ru : &fu, &dec->wu)) != 0 ||
+                     &fu, 1, mg, &dec->wu)) != 0 ||
         (rc = make_w(ctx, "w_down", mg * pl->Floc, d, o, dpg(KB_DP_ROW_WISE, &pl->mlp),
-                     pl->machine ? &Rd : &fd, &dec->wd)) != 0)
+                     &fd, mg, 1, &dec->wd)) != 0)
         return rc;
     if (o->seq_parallel) {
         if ((rc = make_t(ctx, "ag1_in", 1, Tl * d, act, allcol, NULL, 0, &dec->ag1_in)) != 0 ||
@@ -611,14 +582,12 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
             return rc;
     /* machine: every token group holds the column blocks of its weights (qg groups) */
     int64_t qg = pl->qkv.n / pl->qncol;
-    rep_fill rq = { Fq, pl->U * hd, 1 };
-    kb_fill Rq = { rep_fill_fn, &rq, NULL, 0, 0, 0, NULL };
     if ((rc = make_t(ctx, "rope_cos", T, hd / 2, KB_F32, dpg(KB_DP_REPLICATE, &pl->qkv), &Fc, 0,
                      &dec->cosq)) != 0 ||
         (rc = make_t(ctx, "rope_sin", T, hd / 2, KB_F32, dpg(KB_DP_REPLICATE, &pl->qkv), &Fs, 0,
                      &dec->sinq)) != 0 ||
         (rc = make_w(ctx, "w_qkv", d, qg * pl->U * hd, o, dpg(KB_DP_COLUMN_WISE, &pl->qkv),
-                     pl->machine ? &Rq : &Fq, &dec->wqkv)) != 0 ||
+                     &Fq, 1, qg, &dec->wqkv)) != 0 ||
         (rc = pl->machine
                   ? make_t(ctx, "qkv", (int64_t)pl->qkv.n * pl->qtr, pl->c, act,
                            dpg(KB_DP_ROW_WISE, &pl->qkv), NULL, 0, &dec->qkv)
@@ -627,7 +596,8 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
         return rc;
     if (!o->decode) { /* W_o rows per item: its head's (naive), every local head's (machine) */
         rc = make_w(ctx, "w_o", (int64_t)pl->att.n * pl->hg * hd, d, o,
-                    dpg(KB_DP_ROW_WISE, &pl->att), &Fo, &dec->wo);
+                    dpg(KB_DP_ROW_WISE, &pl->att), &Fo, pl->machine ? pl->att.n : 1, 1,
+                    &dec->wo);
         if (rc == 0 && pl->machine) /* an attention cube's K/V over its attention PEs */
             rc = make_t(ctx, "kv_copies", (int64_t)pl->att.cubes * 2 * pl->nkv * T, hd, act,
                         dpg(KB_DP_ROW_WISE, &pl->att), NULL, 0, &dec->kv_rep);
@@ -641,7 +611,7 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
                          dpg(KB_DP_ROW_WISE, &pl->att), NULL, 0, &dec->dpart)) != 0)
             return rc;
         rc = make_w(ctx, "w_o", (int64_t)pl->comb.n * pl->nrep * hd, d, o,
-                    dpg(KB_DP_ROW_WISE, &pl->comb), &Fo, &dec->wo);
+                    dpg(KB_DP_ROW_WISE, &pl->comb), &Fo, 1, 1, &dec->wo);
     }
     if (rc)
         return rc;
