@@ -513,6 +513,8 @@ static int qweight_write(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb
     int rc;
 
     memset(&qw, 0, sizeof qw);
+    /* the host arrays come all or none (only a recording context builds them) */
+    assert((q == NULL) == (sc == NULL) && (q == NULL) == (meta == NULL));
     qw.fmt = fmt;
     qw.sparse = sparse;
     qw.k = k;
@@ -579,6 +581,8 @@ static int build_repeated(kb_qfmt fmt, int sparse, int64_t k, int64_t n, const k
 {
     int64_t kb = k / rk, nb = n / rn, qrows = sparse ? kb / 2 : kb;
     int64_t srows = fmt == KB_QF_MXINT8 ? kb / MX_BLOCK : 1, mrows = (kb + 7) / 8;
+    /* whole copies of whole blocks (kb_qweight_create_rep's checks) */
+    assert(kb * rk == k && nb * rn == n && (rk == 1 || !sparse || mrows * 8 == kb));
     float *bq = malloc((size_t)qrows * (size_t)nb * sizeof *bq);
     float *bs = malloc((size_t)srows * (size_t)nb * sizeof *bs);
     float *bm = malloc((size_t)mrows * (size_t)nb * sizeof *bm);

@@ -588,6 +588,12 @@ static void test_repeated(void **state)
                 fail_msg("%s", kb_ctx_errmsg(ctx));
             kb_ctx_destroy(ctx);
         }
+    /* per-channel int8 with copies of 12 rows (no block to keep whole) */
+    rep_case odd = { KB_QF_INT8, 0, 12, 8, 2, 3 };
+    kb_ctx *c2 = kbt_ctx_from(&cfg, &(kb_ctx_opts){ .device = KB_DEV_REF });
+    if (kb_ctx_run_host(c2, h_rep, &odd) != 0)
+        fail_msg("%s", kb_ctx_errmsg(c2));
+    kb_ctx_destroy(c2);
     /* copies that would cut an MX block */
     rep_case bad = { KB_QF_MXINT8, 0, 48, 8, 2, 1 };
     kb_ctx *ctx = kbt_ctx_from(&cfg, &(kb_ctx_opts){ .device = KB_DEV_REF });
