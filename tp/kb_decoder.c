@@ -242,12 +242,12 @@ static int plan_groups(const kb_decoder_opts *o, int ws, int ncubes, int npes,
 {
     int64_t cand[64], R;
     int nc = 0;
-    if (o->mapping != KB_DEC_MAP_MACHINE) {
-        pl->qncol = pl->qkv.n;
-        pl->mncol = pl->mlp.n;
-        pl->qtr = pl->mtr = pl->T;
+    /* naive's one group of every token (machine prefill replaces it below) */
+    pl->qncol = pl->qkv.n;
+    pl->mncol = pl->mlp.n;
+    pl->qtr = pl->mtr = pl->T;
+    if (o->mapping != KB_DEC_MAP_MACHINE)
         return 0;
-    }
     if (o->seq_parallel)
         return kb_err_set(eb, KB_ERR_USAGE, "decoder_layer: mapping=machine (1) maps prefill "
                           "and decode without seq_parallel; use mapping=naive (0) for "
@@ -257,9 +257,6 @@ static int plan_groups(const kb_decoder_opts *o, int ws, int ncubes, int npes,
         /* a few tokens' rows: one copy that every gemm PE reads (a few KB from one port)
          * costs less than a store per gemm PE; more tokens keep the copies */
         pl->shared = pl->T * pl->d * 2 <= SHARED_MAX_BYTES;
-        pl->qncol = pl->qkv.n;
-        pl->mncol = pl->mlp.n;
-        pl->qtr = pl->mtr = pl->T;
         return 0;
     }
     if ((pl->rc * pl->d) % ws)

@@ -75,7 +75,7 @@ void kb_decoder_rows_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_rows_args *a = KB_KARGS_GET(ka, kb_dec_rows_args);
     int mode = a->mode, sp = a->sp, post = a->post;
-    int64_t rc = a->rc, d = a->d, piece = a->piece, T = a->T;
+    int64_t rc = a->rc, d = a->d, piece = a->piece;
     kb_dtype act = a->act;
     float eps = (float)a->eps, off = (float)a->off;
     int j = pe_index(tl);
@@ -122,7 +122,6 @@ void kb_decoder_rows_kernel(kb_tl *tl, const kb_kargs *ka)
             tl_store(tl, shard_va(tl, a->norm, (int)(g * a->ncopy + k)) +
                              (kb_va)((r0 - g * a->tr) * d) * kb_dtype_size(act), n);
     }
-    (void)T;
 }
 
 /* The gemm input rows [r0, r0 + n) of the T x d normalized activations: this PE's own copy,
@@ -175,7 +174,7 @@ static void kv_replicate(kb_tl *tl, const kb_dec_qkv_args *a, kb_val y, int64_t 
 void kb_decoder_qkv_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_qkv_args *a = KB_KARGS_GET(ka, kb_dec_qkv_args);
-    int64_t T = a->T, d = a->d, c = a->c, p = a->p, hd = a->hd;
+    int64_t d = a->d, c = a->c, p = a->p, hd = a->hd;
     int64_t tb = a->tb, flags = a->flags;
     kb_dtype act = F_ACT(flags);
     int j = pe_index(tl);
@@ -183,7 +182,6 @@ void kb_decoder_qkv_kernel(kb_tl *tl, const kb_kargs *ka)
     int64_t u = jj / p, pi = jj % p;
     int rope = u < a->nrope;
     kb_va out = shard_va(tl, a->out, j);
-    (void)T;
     for (int64_t r0 = lo; r0 < hi; r0 += tb) {
         int64_t n = hi - r0 < tb ? hi - r0 : tb;
         kb_val x = gemm_input(tl, a->in, a->shared ? 0 : j, r0 - lo, n, d, act);
