@@ -37,6 +37,16 @@ kb_time kb_tl_issue_cost(const kb_tl *tl);
  */
 void kb_tl_view(kb_tl *tl, const int pid[3], const int np[3], int old_pid[3], int old_np[3]);
 
+/*
+ * kb_tensor_from_fill for a source that repeats every prow rows and pcol columns (0: does
+ * not repeat in that dimension): element (r, c) equals element (r mod prow, c mod pcol). The
+ * caller promises it; shards whose origins are equal modulo the period and whose shapes are
+ * equal then share one block of the op log's payload, so a weight made of copies costs the
+ * host (and the upload to a device) one copy. The values recorded are those of src either way.
+ */
+int kb_tensor_from_fill_periodic(kb_ctx *ctx, const kb_tensor_desc *d, const kb_fill *src,
+                                 int64_t prow, int64_t pcol, kb_tensor **out);
+
 /* Blocks the kernel until simulated time t (no-op when t is not in the future). */
 void kb_tl_wait_until(kb_tl *tl, kb_time t);
 

@@ -320,12 +320,23 @@ static void fill_block(const kb_tensor *t, const kb_shard_spec *s, const kb_fill
     }
 }
 
+/* Whether shards a and b hold the same block of a source periodic in (prow, pcol) rows and
+ * columns (0: not periodic in that dimension): same shape, origins equal modulo the period. */
+static int same_block(const kb_shard_spec *a, const kb_shard_spec *b, int64_t prow, int64_t pcol)
+{
+    uint64_t pr = prow > 0 ? (uint64_t)prow : UINT64_MAX;
+    uint64_t pc = pcol > 0 ? (uint64_t)pcol : UINT64_MAX;
+    return a->rows == b->rows && a->cols == b->cols && a->row0 % pr == b->row0 % pr &&
+           a->col0 % pc == b->col0 % pc;
+}
+
 /*
  * Times a host write of every shard and, when recording, records it: src == NULL writes
  * zeros (FILL), else a COPY from the op log's payload, which holds each distinct block once
- * (replicas share it). A timing-only context never looks at src's values.
+ * (replicas share it, and so do the shards of a source periodic in (prow, pcol): 0 = not).
+ * A timing-only context never looks at src's values.
  */
-static int host_write(kb_tensor *t, const kb_fill *src)
+static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pcol)
 {
     kb_ctx *ctx = t->ctx;
     size_t esize = kb_dtype_size(t->dtype);
@@ -376,10 +387,9 @@ static int host_write(kb_tensor *t, const kb_fill *src)
             r.src[0].cols = (uint32_t)g->ntiles;
         } else {
             size_t j, n = (size_t)(s->rows * s->cols);
-            /* identical blocks (replicas) share one payload */
+            /* identical blocks (replicas, periods) share one payload */
             for (j = 0; j < i; j++)
-                if (t->shards[j].row0 == s->row0 && t->shards[j].col0 == s->col0 &&
-                    t->shards[j].rows == s->rows && t->shards[j].cols == s->cols)
+                if (same_block(&t->shards[j], s, prow, pcol))
                     break;
             if (j < i) {
                 payload_of[i] = payload_of[j];
@@ -417,15 +427,25 @@ int kb_tensor_zeros(kb_ctx *ctx, const kb_tensor_desc *d, kb_tensor **out)
     return kb_tensor_from_fill(ctx, d, NULL, out);
 }
 
-int kb_tensor_from_fill(kb_ctx *ctx, const kb_tensor_desc *d, const kb_fill *src,
-                        kb_tensor **out)
+int kb_tensor_from_fill_periodic(kb_ctx *ctx, const kb_tensor_desc *d, const kb_fill *src,
+                                 int64_t prow, int64_t pcol, kb_tensor **out)
 {
-    int rc = kb_tensor_empty(ctx, d, out);
-    if (rc == 0 && (rc = host_write(*out, src)) != 0) {
+    int rc;
+    if (prow < 0 || pcol < 0)
+        return kb_err_set(&ctx->err, KB_ERR_INVAL, "tensor '%s': negative period %lld x %lld",
+                          d && d->name ? d->name : "?", (long long)prow, (long long)pcol);
+    rc = kb_tensor_empty(ctx, d, out);
+    if (rc == 0 && (rc = host_write(*out, src, prow, pcol)) != 0) {
         kb_tensor_free(*out);
         *out = NULL;
     }
     return rc;
+}
+
+int kb_tensor_from_fill(kb_ctx *ctx, const kb_tensor_desc *d, const kb_fill *src,
+                        kb_tensor **out)
+{
+    return kb_tensor_from_fill_periodic(ctx, d, src, 0, 0, out);
 }
 
 int kb_tensor_from_host(kb_ctx *ctx, const kb_tensor_desc *d, const float *data, kb_tensor **out)
@@ -436,7 +456,7 @@ int kb_tensor_from_host(kb_ctx *ctx, const kb_tensor_desc *d, const float *data,
 
 int kb_tensor_copy_from_fill(kb_tensor *t, const kb_fill *src)
 {
-    return host_write(t, src);
+    return host_write(t, src, 0, 0);
 }
 
 /* Shard i is the first shard holding its block (replicas after the first are skipped). */

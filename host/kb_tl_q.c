@@ -499,11 +499,52 @@ void kb_qweight_free(kb_qweight *w)
     w->q = w->scale = w->meta = NULL;
 }
 
-/* The weight's tensors from its host arrays (q, sc, meta: NULL when the context does not
- * record; kb_qweight_create's layouts). On error nothing is left allocated. */
+/* A source repeating a rows x cols row-major array in both dimensions (kb_fill_fn). */
+typedef struct rep_src {
+    const float *b;
+    int64_t rows, cols;
+} rep_src;
+
+static void rep_fill(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols, float *out)
+{
+    const rep_src *s = ud;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *br = s->b + ((row + r) % s->rows) * s->cols;
+        for (int64_t c = 0; c < cols;) {
+            int64_t bc = (col + c) % s->cols, n = s->cols - bc < cols - c ? s->cols - bc : cols - c;
+            memcpy(out + r * cols + c, br + bc, (size_t)n * sizeof *out);
+            c += n;
+        }
+    }
+}
+
+/* A part of the weight (rows x n of its tensor) from base, the part of one of its rk x rn
+ * copies (rows/rr x n/rn; rr: rk for parts with rows per K block, 1 for a per-channel scale
+ * row); base NULL (timing only) writes nothing. The tensor's shards that hold the same block
+ * of the copies share one payload block (kb_tensor_from_fill_periodic). */
+static int write_part(kb_ctx *ctx, const kb_tensor_desc *d, const float *base, int64_t rr,
+                      int64_t rn, kb_tensor **out)
+{
+    kb_fill none = { fill_unused, NULL, NULL, 0, 0, 0, NULL };
+    rep_src src = { base, d->rows / rr, d->cols / rn };
+    kb_fill f = base ? kb_fill_array(base, d->cols) : none;
+
+    assert(src.rows * rr == d->rows && src.cols * rn == d->cols); /* whole copies */
+    if (base && (rr > 1 || rn > 1)) {
+        f.fn = rep_fill;
+        f.ud = &src;
+        f.data = NULL;
+    }
+    return kb_tensor_from_fill_periodic(ctx, d, &f, rr > 1 ? src.rows : 0,
+                                        rn > 1 ? src.cols : 0, out);
+}
+
+/* The weight's tensors from the host arrays of one of its rk x rn copies (q, sc, meta: NULL
+ * when the context does not record; kb_qweight_create's layouts). On error nothing is left
+ * allocated. */
 static int qweight_write(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
                          int sparse, kb_dp_policy dp, const float *q, const float *sc,
-                         const float *meta, kb_qweight *out)
+                         const float *meta, int64_t rk, int64_t rn, kb_qweight *out)
 {
     kb_errbuf *eb = kb_ctx_err(ctx);
     kb_qweight qw;
@@ -522,13 +563,10 @@ static int qweight_write(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb
     snprintf(nm[0], sizeof nm[0], "%s.q", name ? name : "qweight");
     snprintf(nm[1], sizeof nm[1], "%s.scale", name ? name : "qweight");
     snprintf(nm[2], sizeof nm[2], "%s.meta", name ? name : "qweight");
-    kb_fill none = { fill_unused, NULL, NULL, 0, 0, 0, NULL };
-    kb_fill fq = q ? kb_fill_array(q, n) : none;
     kb_tensor_desc d = { nm[0], qrows, n, kb_qfmt_dtype(fmt), dp, KB_MEM_HBM };
-    if ((rc = kb_tensor_from_fill(ctx, &d, &fq, &qw.q)) != 0)
+    if ((rc = write_part(ctx, &d, q, rk, rn, &qw.q)) != 0)
         goto fail;
     if (has_scale(fmt)) {
-        kb_fill fs = sc ? kb_fill_array(sc, n) : none;
         kb_tensor_desc ds = { nm[1], srows, n, fmt == KB_QF_MXINT8 ? KB_E8M0 : KB_F32, dp,
                               KB_MEM_HBM };
         /* a per-channel scale row goes whole to every PE of a row (K) split */
@@ -538,13 +576,12 @@ static int qweight_write(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb
             if (ds.dp.pe == KB_DP_ROW_WISE)
                 ds.dp.pe = KB_DP_REPLICATE;
         }
-        if ((rc = kb_tensor_from_fill(ctx, &ds, &fs, &qw.scale)) != 0)
+        if ((rc = write_part(ctx, &ds, sc, fmt == KB_QF_MXINT8 ? rk : 1, rn, &qw.scale)) != 0)
             goto fail;
     }
     if (sparse) {
-        kb_fill fm = meta ? kb_fill_array(meta, n) : none;
         kb_tensor_desc dm = { nm[2], mrows, n, KB_I8, dp, KB_MEM_HBM };
-        if ((rc = kb_tensor_from_fill(ctx, &dm, &fm, &qw.meta)) != 0)
+        if ((rc = write_part(ctx, &dm, meta, rk, rn, &qw.meta)) != 0)
             goto fail;
     }
     if ((rc = check_shards(&qw, eb)) != 0)
@@ -556,54 +593,27 @@ fail:
     return rc;
 }
 
-/* A rows x cols host array made of rr x rc copies of the rows/rr x cols/rc array b. */
-static float *repeat_array(const float *b, int64_t rows, int64_t cols, int64_t rr, int64_t rc)
-{
-    int64_t rb = rows / rr, cb = cols / rc;
-    float *a = malloc((size_t)rows * (size_t)cols * sizeof *a);
-    assert(rb * rr == rows && cb * rc == cols); /* the caller's divisibility checks */
-    for (int64_t r = 0; a && r < rows; r++)
-        for (int64_t c = 0; c < rc; c++)
-            memcpy(a + r * cols + c * cb, b + (r % rb) * cb, (size_t)cb * sizeof *a);
-    return a;
-}
-
 /*
- * The host arrays of a k x n weight, quantized (kb_qweight_create's layouts), as rk x rn
- * copies of the k/rk x n/rn weight w: the base is quantized once and repeated. Quantization
- * works per column and per MX block (32 rows) or 2:4 group (4 rows, meta bytes of 8) of a
- * column, and a per-channel scale is the column's maximum over all rows, the same over
- * repeated rows; so with k/rk a multiple of those blocks the arrays are the ones the repeated
- * weight itself gives. 0, KB_ERR_NOMEM or the build's code.
+ * The host arrays of a k x n weight made of rk x rn copies of the k/rk x n/rn weight w,
+ * quantized (kb_qweight_create's layouts), for one copy: the written weight repeats them.
+ * Quantization works per column and per MX block (32 rows) or 2:4 group (4 rows, meta bytes
+ * of 8) of a column, and a per-channel scale is the column's maximum over all rows, the same
+ * over repeated rows; so with k/rk a multiple of those blocks the repeated arrays are the ones
+ * the repeated weight itself gives. 0, KB_ERR_NOMEM or the build's code.
  */
-static int build_repeated(kb_qfmt fmt, int sparse, int64_t k, int64_t n, const kb_fill *w,
-                          int64_t rk, int64_t rn, float **q, float **sc, float **meta)
+static int build_base(kb_qfmt fmt, int sparse, int64_t k, int64_t n, const kb_fill *w,
+                      int64_t rk, int64_t rn, float **q, float **sc, float **meta)
 {
     int64_t kb = k / rk, nb = n / rn, qrows = sparse ? kb / 2 : kb;
     int64_t srows = fmt == KB_QF_MXINT8 ? kb / MX_BLOCK : 1, mrows = (kb + 7) / 8;
     /* whole copies of whole blocks (kb_qweight_create_rep's checks) */
     assert(kb * rk == k && nb * rn == n && (rk == 1 || !sparse || mrows * 8 == kb));
-    float *bq = malloc((size_t)qrows * (size_t)nb * sizeof *bq);
-    float *bs = malloc((size_t)srows * (size_t)nb * sizeof *bs);
-    float *bm = malloc((size_t)mrows * (size_t)nb * sizeof *bm);
-    int rc = !bq || !bs || !bm ? KB_ERR_NOMEM : build_weight(fmt, sparse, kb, nb, w, bq, bs, bm,
-                                                              NULL);
-    if (rc == 0 && rk == 1 && rn == 1) { /* one copy: the base is the weight */
-        *q = bq, *sc = bs, *meta = bm;
-        return 0;
-    }
-    if (rc == 0) {
-        *q = repeat_array(bq, qrows * rk, n, rk, rn);
-        *sc = repeat_array(bs, fmt == KB_QF_MXINT8 ? srows * rk : 1, n,
-                           fmt == KB_QF_MXINT8 ? rk : 1, rn);
-        *meta = repeat_array(bm, mrows * rk, n, rk, rn);
-        if (!*q || !*sc || !*meta)
-            rc = KB_ERR_NOMEM;
-    }
-    free(bq);
-    free(bs);
-    free(bm);
-    return rc;
+    *q = malloc((size_t)qrows * (size_t)nb * sizeof **q);
+    *sc = malloc((size_t)srows * (size_t)nb * sizeof **sc);
+    *meta = malloc((size_t)mrows * (size_t)nb * sizeof **meta);
+    if (!*q || !*sc || !*meta)
+        return KB_ERR_NOMEM;
+    return build_weight(fmt, sparse, kb, nb, w, *q, *sc, *meta, NULL);
 }
 
 int kb_qweight_create_rep(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
@@ -627,11 +637,11 @@ int kb_qweight_create_rep(kb_ctx *ctx, const char *name, int64_t k, int64_t n, k
         return kb_err_set(eb, KB_ERR_INVAL, "kb_qweight_create: '%s': tiled dp is not "
                           "supported for quantized weights", name ? name : "?");
     if (kb_ctx_recording(ctx) && /* the values are only consulted when recording */
-        (rc = build_repeated(fmt, sparse, k, n, w, rk, rn, &q, &sc, &meta)) != 0) {
+        (rc = build_base(fmt, sparse, k, n, w, rk, rn, &q, &sc, &meta)) != 0) {
         rc = kb_err_set(eb, rc, "kb_qweight_create: host buffers");
         goto out;
     }
-    rc = qweight_write(ctx, name, k, n, fmt, sparse, dp, q, sc, meta, out);
+    rc = qweight_write(ctx, name, k, n, fmt, sparse, dp, q, sc, meta, rk, rn, out);
 out:
     free(q);
     free(sc);

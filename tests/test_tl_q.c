@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "kb_machine.h"
+#include "kb_oplog.h"
 #include "kb_runtime.h"
 #include "kb_tl.h"
 #include "kb_tl_q.h"
@@ -521,6 +522,7 @@ typedef struct rep_case {
     kb_qfmt fmt;
     int sparse;
     int64_t kb, nb, rk, rn;
+    int split; /* columns over 2 cubes x 4 PEs: shards of copies share payload */
 } rep_case;
 
 static int same_raw(kb_tensor *a, kb_tensor *b)
@@ -538,13 +540,36 @@ static int same_raw(kb_tensor *a, kb_tensor *b)
     return same;
 }
 
+/* Distinct payload blocks the host writes among records [from, to) copy from. */
+static size_t payload_blocks(const kb_oplog *log, size_t from, size_t to)
+{
+    size_t n = 0;
+    for (size_t i = from; i < to; i++) {
+        const kb_rec *r = kb_oplog_at(log, i), *q;
+        size_t j;
+        if (r->kind != KB_REC_COPY || r->src[0].space != KB_SPACE_PAYLOAD)
+            continue;
+        for (j = from; j < i; j++) {
+            q = kb_oplog_at(log, j);
+            if (q->kind == KB_REC_COPY && q->src[0].space == KB_SPACE_PAYLOAD &&
+                q->src[0].addr == r->src[0].addr)
+                break;
+        }
+        n += j == i;
+    }
+    return n;
+}
+
 static int h_rep(kb_ctx *ctx, void *arg)
 {
     const rep_case *c = arg;
     int64_t k = c->kb * c->rk, n = c->nb * c->rn;
     float *base = malloc((size_t)(c->kb * c->nb) * sizeof *base);
     float *full = malloc((size_t)(k * n) * sizeof *full);
-    kb_dp_policy one = kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 1, 1);
+    kb_dp_policy one = c->split ? kb_dp(KB_DP_COLUMN_WISE, KB_DP_COLUMN_WISE, 2, 4)
+                                : kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 1, 1);
+    kb_oplog *log = kb_ctx_oplog(ctx);
+    size_t r0, r1 = 0;
     kb_qweight a, b;
     uint32_t x = 12345u;
     int rc;
@@ -558,10 +583,20 @@ static int h_rep(kb_ctx *ctx, void *arg)
         for (int64_t j = 0; j < n; j++)
             full[r * n + j] = base[(r % c->kb) * c->nb + j % c->nb];
     kb_fill fb = kb_fill_array(base, c->nb), ff = kb_fill_array(full, n);
+    r0 = kb_oplog_count(log);
     if ((rc = kb_qweight_create(ctx, "a", k, n, c->fmt, c->sparse, one, &ff, &a)) == 0 &&
-        (rc = kb_qweight_create_rep(ctx, "b", k, n, c->fmt, c->sparse, one, &fb, c->rk, c->rn,
+        (r1 = kb_oplog_count(log),
+         rc = kb_qweight_create_rep(ctx, "b", k, n, c->fmt, c->sparse, one, &fb, c->rk, c->rn,
                                     &b)) == 0) {
-        if (!same_raw(a.q, b.q) || !same_raw(a.scale, b.scale) || !same_raw(a.meta, b.meta))
+        /* split into column blocks, the shards of one copy are all the payload blocks: b's
+         * records name rn times fewer than a's, whose shards all differ */
+        size_t na = payload_blocks(log, r0, r1), nb = payload_blocks(log, r1, kb_oplog_count(log));
+        if (c->split && (na != 8 * (size_t)(1 + !!a.scale + !!a.meta) || na != nb * (size_t)c->rn))
+            rc = kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "format %d sparse %d: %zu payload "
+                            "blocks for the copies, %zu for the weight", (int)c->fmt, c->sparse,
+                            nb, na);
+        else if (!same_raw(a.q, b.q) || !same_raw(a.scale, b.scale) ||
+                 !same_raw(a.meta, b.meta))
             rc = kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "format %d sparse %d: the copies "
                             "differ", (int)c->fmt, c->sparse);
         kb_qweight_free(&b);
@@ -582,20 +617,22 @@ static void test_repeated(void **state)
     kbt_config_with(&cfg, small_machine, sizeof small_machine / sizeof small_machine[0]);
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
         for (int sp = 0; sp <= 1; sp++) {
-            rep_case c = { fmts[f], sp, 64, 8, 3, 2 };
-            kb_ctx *ctx = kbt_ctx_from(&cfg, &(kb_ctx_opts){ .device = KB_DEV_REF });
-            if (kb_ctx_run_host(ctx, h_rep, &c) != 0)
-                fail_msg("%s", kb_ctx_errmsg(ctx));
-            kb_ctx_destroy(ctx);
+            for (int split = 0; split <= 1; split++) {
+                rep_case c = { fmts[f], sp, 64, 8, split ? 1 : 3, 2, split };
+                kb_ctx *ctx = kbt_ctx_from(&cfg, &(kb_ctx_opts){ .device = KB_DEV_REF });
+                if (kb_ctx_run_host(ctx, h_rep, &c) != 0)
+                    fail_msg("%s", kb_ctx_errmsg(ctx));
+                kb_ctx_destroy(ctx);
+            }
         }
     /* per-channel int8 with copies of 12 rows (no block to keep whole) */
-    rep_case odd = { KB_QF_INT8, 0, 12, 8, 2, 3 };
+    rep_case odd = { KB_QF_INT8, 0, 12, 8, 2, 3, 0 };
     kb_ctx *c2 = kbt_ctx_from(&cfg, &(kb_ctx_opts){ .device = KB_DEV_REF });
     if (kb_ctx_run_host(c2, h_rep, &odd) != 0)
         fail_msg("%s", kb_ctx_errmsg(c2));
     kb_ctx_destroy(c2);
     /* copies that would cut an MX block */
-    rep_case bad = { KB_QF_MXINT8, 0, 48, 8, 2, 1 };
+    rep_case bad = { KB_QF_MXINT8, 0, 48, 8, 2, 1, 0 };
     kb_ctx *ctx = kbt_ctx_from(&cfg, &(kb_ctx_opts){ .device = KB_DEV_REF });
     assert_int_equal(kb_ctx_run_host(ctx, h_rep, &bad), KB_ERR_INVAL);
     kbt_msg_has(kb_ctx_errmsg(ctx), "do not keep its blocks whole");
