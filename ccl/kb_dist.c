@@ -545,13 +545,24 @@ static int exec_gather(kb_ctx *ctx, dist *d, epoch *e, int reduce_scatter)
     int tree = kb_dist_coll_tree(d->form);
     if (tree >= 0) {
         /* the real algorithms (kb_dist_coll.c) over the process group's wiring */
+        kb_dtype dt = kb_tensor_dtype(narrow[0]);
+        int64_t pieces = kb_dist_coll_pieces(reduce_scatter, m->cfg.scratch_size_bytes, rows,
+                                             S, d->ws, c, dt);
+        if (pieces == 0)
+            return kb_err_set(eb, KB_ERR_USAGE,
+                              "%s: a PE's %lld x %lld block (%s; f32 while reduced) does not "
+                              "fit its %llu bytes of scratch, and only blocks of one row "
+                              "stream in pieces",
+                              ep_names[reduce_scatter ? EP_REDUCESCATTER : EP_ALLGATHER],
+                              (long long)rows, (long long)(c * S * d->ws), kb_dtype_name(dt),
+                              (unsigned long long)m->cfg.scratch_size_bytes);
         for (int r = 0; r < d->ws; r++) {
             kb_kargs *a = &d->args[r];
             memset(a, 0, sizeof *a);
             KB_KARGS_PUT(a, (kb_dist_gather_args){
-                .sh = kb_dist_coll_shape_of(m, tree, d->ws, d->root_cube, rows, S,
-                                            kb_tensor_dtype(narrow[r])),
-                .narrow = kb_tensor_va(narrow[r]), .wide = kb_tensor_va(wide[r]), .c = c });
+                .sh = kb_dist_coll_shape_of(m, tree, d->ws, d->root_cube, rows, S, dt),
+                .narrow = kb_tensor_va(narrow[r]), .wide = kb_tensor_va(wide[r]), .c = c,
+                .pieces = pieces });
         }
         return kb_launch_per_sip(ctx, reduce_scatter ? "dist_reduce_scatter" : "dist_all_gather",
                                  reduce_scatter ? kb_dist_reducescatter_kernel

@@ -51,8 +51,11 @@
  * reduce_scatter runs one matrix row at a time (the f32 partial stays in scratch, where a
  * chunk is m strided row pieces), so m rows cost m messages per step, with the bytes of the
  * closed form. Messages longer than a slot travel as chunks (chains block until the receiver
- * takes them; rings step through kb_ccl_sendrecv). Limits: a PE's whole m x ws*k block (f32
- * for reduce_scatter) is held in its scratch; reduce_scatter uses the leader's block of `in`
+ * takes them; rings step through kb_ccl_sendrecv). A PE's m x ws*k block (f32 for
+ * reduce_scatter) is held in its scratch at once while it fits; a one-row block that does not
+ * streams in pieces (kb_dist_coll_pieces: reduce_scatter piece by piece of whole blocks up the
+ * tree and across the leaders, all_gather's broadcast down in equal pieces). Limits: several
+ * rows that do not fit are refused; reduce_scatter uses the leader's block of `in`
  * as staging (its contents afterwards are unspecified); all_to_all's leader holds the rank's
  * whole tensor and every message it receives in scratch until the end (about (ws + 1)/2
  * times the tensor on a ring) and copies each travelling block into the next message.
@@ -391,47 +394,60 @@ void kb_dist_allgather_kernel(kb_tl *tl, const kb_kargs *ka)
         }
     }
 
-    /* 3. broadcast the m x W matrix down: level 2, then level 1 */
-    v = (kb_val){ 0 };
-    if (w.leader)
-        v = tl_load(tl, out, KB_SHAPE1(m * W), dt);
-    for (int lvl = 2; lvl >= 1; lvl--) {
-        const tnode *t = lvl == 1 ? &w.l1 : &w.l2;
-        if (lvl == 2 && !w.in2)
-            continue;
-        if (t->parent >= 0) {
-            v = tl_recv(tl, (kb_dir)t->parent, KB_SHAPE1(m * W), dt);
-            tl_store(tl, out, v);
+    /* 3. broadcast the m x W matrix down (level 2, then level 1), in equal pieces when it
+     * does not fit at once (kb_dist_coll_pieces) */
+    int64_t len = (m * W + a->pieces - 1) / a->pieces;
+    for (int64_t off = 0; off < m * W; off += len) {
+        int64_t n = m * W - off < len ? m * W - off : len;
+        v = (kb_val){ 0 };
+        if (w.leader)
+            v = tl_load(tl, elem(out, off, dt), KB_SHAPE1(n), dt);
+        for (int lvl = 2; lvl >= 1; lvl--) {
+            const tnode *t = lvl == 1 ? &w.l1 : &w.l2;
+            if (lvl == 2 && !w.in2)
+                continue;
+            if (t->parent >= 0) {
+                v = tl_recv(tl, (kb_dir)t->parent, KB_SHAPE1(n), dt);
+                tl_store(tl, elem(out, off, dt), v);
+            }
+            for (int x = 0; x < t->nch; x++)
+                tl_send(tl, t->ch[x], v);
         }
-        for (int x = 0; x < t->nch; x++)
-            tl_send(tl, t->ch[x], v);
+        tl_free(tl, v);
     }
-    tl_free(tl, v);
 }
 
 /* ---- reduce_scatter ---- */
 
-void kb_dist_reducescatter_kernel(kb_tl *tl, const kb_kargs *ka)
+/* A contiguous scratch value seen as one row (kb_val_slice works on rows). */
+static kb_val flat(kb_val v)
 {
-    const kb_dist_gather_args *a = KB_KARGS_GET(ka, kb_dist_gather_args);
-    int64_t m = a->sh.m, c = a->c, S = a->sh.S, ws = a->sh.ws;
-    kb_dtype dt = a->sh.dt;
-    int64_t B = m * c, k = S * c, W = ws * k;
-    int sip = tl_program_id(tl, 2);
-    where w;
-    locate(tl, &a->sh, &w);
-    kb_va out = elem(a->narrow, w.j * B, dt), in = elem(a->wide, w.j * m * W, dt);
+    assert(kb_val_contiguous(v));
+    v.cols *= v.rows;
+    v.rows = 1;
+    v.ld = 0;
+    return v;
+}
 
-    /* 1. reduce the whole-width partials up the tree (f32) */
-    kb_val v = tl_load(tl, in, KB_SHAPE1(m * W), dt);
+/* 1. Piece p of the PE's whole-width partial reduced up the tree (f32): the whole m x W block
+ * when there is one piece, else (m == 1) columns [p kp, (p+1) kp) of each rank's unit, as
+ * ws units of kp. Returns the subtree's sum (already sent on when the PE has a parent). */
+static kb_val rs_up(kb_tl *tl, const kb_dist_gather_args *a, const where *w, kb_va in,
+                    int64_t p)
+{
+    int64_t m = a->sh.m, k = a->sh.S * a->c, P = a->pieces, kp = k / P, n = m * a->sh.ws * kp;
+    kb_dtype dt = a->sh.dt;
+    kb_val v = P == 1 ? tl_load(tl, in, KB_SHAPE1(n), dt)
+                      : flat(tl_load2d(tl, elem(in, p * kp, dt),
+                                       KB_SHAPE2(a->sh.ws, kp), (uint32_t)k, dt));
     kb_val acc = tl_scale(tl, v, 1.0f, 0.0f);
     tl_free(tl, v);
     for (int lvl = 1; lvl <= 2; lvl++) {
-        const tnode *t = lvl == 1 ? &w.l1 : &w.l2;
-        if (lvl == 2 && !w.in2)
+        const tnode *t = lvl == 1 ? &w->l1 : &w->l2;
+        if (lvl == 2 && !w->in2)
             break;
         for (int x = 0; x < t->nch; x++) {
-            kb_val r = tl_recv(tl, t->ch[x], KB_SHAPE1(m * W), KB_F32);
+            kb_val r = tl_recv(tl, t->ch[x], KB_SHAPE1(n), KB_F32);
             kb_val s = tl_add(tl, acc, r);
             tl_free(tl, acc);
             tl_free(tl, r);
@@ -442,30 +458,61 @@ void kb_dist_reducescatter_kernel(kb_tl *tl, const kb_kargs *ka)
             break;
         }
     }
+    return acc;
+}
 
-    /* 2. the leaders reduce-scatter row by row (grid columns first, then rows); the rank's
-     * chunk goes block-major, rounded to the dtype once, to the start of its `in` block */
-    if (w.leader) {
-        int gw, gh, sx, sy, wrap;
-        grid_of(&a->sh, sip, &gw, &gh, &sx, &sy, &wrap);
-        for (int64_t q = 0; q < m; q++) {
-            kb_val row = kb_val_slice(acc, (uint32_t)(q * W), (uint32_t)W);
-            kb_val ry = rs_row(tl, row, gw * k, sy, gh, wrap, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N);
-            kb_val rx = rs_row(tl, ry, k, sx, gw, wrap, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
-            if (!ry.scratch && !rx.scratch) /* one SIP: the chunk is the row itself */
-                rx = kb_val_slice(row, 0, (uint32_t)k);
+/* 2. The leaders reduce-scatter piece p row by row (grid columns first, then rows); the
+ * rank's chunk goes block-major, rounded to the dtype once, to the start of the leader's `in`
+ * block (with pieces, m == 1: the chunk's blocks lie end to end, piece p at p kp, a range
+ * the leader has already read). */
+static void rs_leaders(kb_tl *tl, const kb_dist_gather_args *a, int sip, kb_val acc, kb_va in,
+                       int64_t p)
+{
+    int64_t m = a->sh.m, c = a->c, S = a->sh.S, B = m * c, P = a->pieces, kp = S * c / P;
+    int64_t Wp = a->sh.ws * kp;
+    kb_dtype dt = a->sh.dt;
+    int gw, gh, sx, sy, wrap;
+    grid_of(&a->sh, sip, &gw, &gh, &sx, &sy, &wrap);
+    for (int64_t q = 0; q < m; q++) {
+        kb_val row = kb_val_slice(acc, (uint32_t)(q * Wp), (uint32_t)Wp);
+        kb_val ry = rs_row(tl, row, gw * kp, sy, gh, wrap, KB_DIR_GLOBAL_S, KB_DIR_GLOBAL_N);
+        kb_val rx = rs_row(tl, ry, kp, sx, gw, wrap, KB_DIR_GLOBAL_E, KB_DIR_GLOBAL_W);
+        if (!ry.scratch && !rx.scratch) /* one SIP: the chunk is the row itself */
+            rx = kb_val_slice(row, 0, (uint32_t)kp);
+        if (P == 1)
             for (int64_t b = 0; b < S; b++)
                 tl_store(tl, elem(in, b * B + q * c, dt),
                          kb_val_slice(rx, (uint32_t)(b * c), (uint32_t)c));
-            if (rx.pa != ry.pa)
-                free_own(tl, rx);
-            free_own(tl, ry);
-        }
+        else
+            tl_store(tl, elem(in, p * kp, dt), rx);
+        if (rx.pa != ry.pa)
+            free_own(tl, rx);
+        free_own(tl, ry);
     }
-    tl_free(tl, acc);
+}
+
+void kb_dist_reducescatter_kernel(kb_tl *tl, const kb_kargs *ka)
+{
+    const kb_dist_gather_args *a = KB_KARGS_GET(ka, kb_dist_gather_args);
+    int64_t m = a->sh.m, c = a->c, S = a->sh.S, ws = a->sh.ws;
+    kb_dtype dt = a->sh.dt;
+    int64_t B = m * c, W = ws * S * c;
+    int sip = tl_program_id(tl, 2);
+    where w;
+    locate(tl, &a->sh, &w);
+    kb_va out = elem(a->narrow, w.j * B, dt), in = elem(a->wide, w.j * m * W, dt);
+
+    /* the caller's kb_dist_coll_pieces: pieces of whole blocks, only for one row */
+    assert(a->pieces >= 1 && S % a->pieces == 0 && (a->pieces == 1 || m == 1));
+    for (int64_t p = 0; p < a->pieces; p++) {
+        kb_val acc = rs_up(tl, a, &w, in, p);
+        if (w.leader)
+            rs_leaders(tl, a, sip, acc, in, p);
+        tl_free(tl, acc);
+    }
 
     /* 3. scatter the chunk down: each message holds the receiver's subtree's blocks */
-    v = (kb_val){ 0 };
+    kb_val v = { 0 };
     int64_t vlo = 0; /* first block v holds */
     if (w.leader)
         v = tl_load(tl, in, KB_SHAPE1(S * B), dt);
@@ -488,6 +535,27 @@ void kb_dist_reducescatter_kernel(kb_tl *tl, const kb_kargs *ka)
 }
 
 /* ---- arguments ---- */
+
+int64_t kb_dist_coll_pieces(int reduce_scatter, uint64_t scratch, int64_t m, int64_t S,
+                            int64_t ws, int64_t c, kb_dtype dt)
+{
+    uint64_t W = (uint64_t)(ws * S * c), es = kb_dtype_size(dt);
+    if (reduce_scatter) {
+        /* the one pass holds a PE's sum, a child's block and the new sum (f32); a PE with no
+         * child (S == 1) its block as loaded and as f32 */
+        if ((uint64_t)m * W * (S > 1 ? 12 : 4 + es) <= scratch)
+            return 1;
+        for (int64_t P = 2; m == 1 && P <= S; P++)
+            if (S % P == 0 && 12 * (W / (uint64_t)P) <= scratch / 2)
+                return P;
+        return 0;
+    }
+    if ((uint64_t)m * W * es <= scratch) /* the broadcast's block; the leader's layout */
+        return 1;
+    if (m != 1)
+        return 0;
+    return (int64_t)((W * es + scratch / 2 - 1) / (scratch / 2));
+}
 
 /* The wirings whose trees the kernels know, by the mapper of the entry that installs them. */
 static const struct {

@@ -42,7 +42,16 @@ typedef struct kb_dist_gather_args {
     kb_dist_coll_shape sh;
     kb_va narrow, wide;
     int64_t c;
+    int64_t pieces; /* kb_dist_coll_pieces: 1 = the whole block at once */
 } kb_dist_gather_args;
+/* The pieces a PE's block streams in, for a PE of `scratch` bytes: 1 (the one-pass
+ * algorithm) while its working set fits, so every run that fits keeps its timing; else, for
+ * reduce_scatter with m == 1, the fewest of S's divisors whose f32 working set takes at most
+ * half the scratch (a piece is whole blocks of every rank's chunk), and for all_gather the
+ * fewest equal pieces of the gathered m x ws*k block (its broadcast down the tree) that take
+ * at most half. Reduce-scatter with m > 1 does not stream (0: its block does not fit). */
+int64_t kb_dist_coll_pieces(int reduce_scatter, uint64_t scratch, int64_t m, int64_t S,
+                            int64_t ws, int64_t c, kb_dtype dt);
 void kb_dist_allgather_kernel(kb_tl *tl, const kb_kargs *a);
 void kb_dist_reducescatter_kernel(kb_tl *tl, const kb_kargs *a);
 

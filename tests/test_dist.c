@@ -38,6 +38,7 @@
 #include "kb_ccl_config.h"
 #include "kb_ccl_reg.h"
 #include "kb_dist.h"
+#include "kb_dist_coll.h"
 #include "kb_dist_algo.h"
 #include "kb_dtype.h"
 #include "kb_ipcq.h"
@@ -107,6 +108,8 @@ struct job {
      * worker, because a failing rank stops the run and the others' fibers never resume to
      * free what they hold. */
     float buf[MAXR][2][MAXE];
+    float *big[MAXR][2]; /* larger staging buffers of big_n elements (the case's, or NULL) */
+    int64_t big_n;
 };
 
 static int worker(kb_ctx *ctx, int rank, void *arg)
@@ -163,7 +166,27 @@ static float seeded(const job *j, int S, int r, int64_t q, int64_t i)
  * cmocka assert here: it would longjmp out of a fiber). */
 static float *stage(job *j, int rank, int which, int64_t rows, int64_t cols)
 {
+    if (rank < MAXR && j->big[rank][which])
+        return rows * cols <= j->big_n ? j->big[rank][which] : NULL;
     return rank < MAXR && rows * cols <= MAXE ? j->buf[rank][which] : NULL;
+}
+
+/* Gives every rank of j staging buffers of n elements (freed by big_free, after the run). */
+static void big_alloc(job *j, int64_t n)
+{
+    j->big_n = n;
+    for (int r = 0; r < j->nprocs; r++)
+        for (int w = 0; w < 2; w++) {
+            j->big[r][w] = malloc(sizeof(float) * (size_t)n);
+            assert_non_null(j->big[r][w]);
+        }
+}
+
+static void big_free(job *j)
+{
+    for (int r = 0; r < MAXR; r++)
+        for (int w = 0; w < 2; w++)
+            free(j->big[r][w]);
 }
 
 static int too_big(kb_ctx *ctx)
@@ -645,16 +668,18 @@ static int body_all_gather(kb_ctx *ctx, int rank, job *j)
  * runs `algo`, with IPCQ slots of `slot` bytes (0 = the default) and intercube's root cube
  * `root` (-1 = the default, the last cube).
  */
-static kb_ctx *gather_ctx(int sips, const char *topo, const char *algo, int slot, int root)
+static kb_ctx *gather_ctx_scratch(int sips, const char *topo, const char *algo, int slot,
+                                  int root, int scratch)
 {
-    char count[64], link[96], a[128], sl[96], rt[128], mod[128];
+    char count[64], link[96], a[128], sl[96], rt[128], mod[128], scr[96];
     const char *sets[] = { count, link, "sip.cube_mesh.width=2", "sip.cube_mesh.height=2",
-                           "cube.corners=1", "cube.pe_per_corner=2" };
+                           "cube.corners=1", "cube.pe_per_corner=2", scr };
     const char *ccl_sets[4] = { a };
     size_t n = 1;
     snprintf(count, sizeof count, "system.sips.count=%d", sips);
     snprintf(link, sizeof link, "system.sips.topology=%s", topo);
     snprintf(a, sizeof a, "ccl.defaults.algorithm=%s", root >= 0 ? "rooted" : algo);
+    snprintf(scr, sizeof scr, "pe.scratch.size_bytes=%d", scratch ? scratch : 8388608);
     kb_ctx *ctx = kbt_ctx_new(sets, sizeof sets / sizeof sets[0],
                               &(kb_ctx_opts){ .device = KB_DEV_REF });
     if (slot) {
@@ -672,6 +697,11 @@ static kb_ctx *gather_ctx(int sips, const char *topo, const char *algo, int slot
     return ctx;
 }
 
+static kb_ctx *gather_ctx(int sips, const char *topo, const char *algo, int slot, int root)
+{
+    return gather_ctx_scratch(sips, topo, algo, slot, root, 0);
+}
+
 /* One call of `kind`, whose inter-SIP traffic is the ring's closed form: every rank sends
  * (ws - 1) chunks of `chunk` bytes, i.e. (ws - 1)/ws of the ws-chunk buffer (a chain that
  * does not wrap sends the same in total, unevenly over the ranks). */
@@ -683,12 +713,14 @@ static void expect_traffic(kb_ctx *ctx, kb_coll_kind kind, int ws, int64_t chunk
     assert_int_equal(bytes, (uint64_t)ws * (uint64_t)(ws - 1) * (uint64_t)chunk);
 }
 
-static void all_gather_case(int sips, const char *topo, const char *algo, int64_t m, int64_t k,
-                            int slot, int root)
+static void all_gather_case_scratch(int sips, const char *topo, const char *algo, int64_t m,
+                                    int64_t k, int slot, int root, int scratch)
 {
-    kb_ctx *ctx = gather_ctx(sips, topo, algo, slot, root);
+    kb_ctx *ctx = gather_ctx_scratch(sips, topo, algo, slot, root, scratch);
     job j = { .nprocs = sips, .body = body_all_gather, .m = m, .n = k };
     int S;
+    if (scratch) /* the wide tensor of S = 8 PEs */
+        big_alloc(&j, 8 * m * sips * k);
     run_ok(ctx, &j);
     S = kb_dist_shards_per_rank(ctx);
     expect_traffic(ctx, KB_COLL_ALLGATHER, sips, m * k * 2);
@@ -704,7 +736,14 @@ static void all_gather_case(int sips, const char *topo, const char *algo, int64_
                              r, q, x);
     }
     free(got);
+    big_free(&j);
     kb_ctx_destroy(ctx);
+}
+
+static void all_gather_case(int sips, const char *topo, const char *algo, int64_t m, int64_t k,
+                            int slot, int root)
+{
+    all_gather_case_scratch(sips, topo, algo, m, k, slot, root, 0);
 }
 
 /* Both process groups' wirings; SIP counts 2..4 on ring_1d, torus_2d and mesh_2d_no_wrap;
@@ -722,6 +761,12 @@ static void test_all_gather(void **state)
     all_gather_case(4, "torus_2d", "intercube_allreduce", 2, 128, 4096, 0);
     all_gather_case(3, "mesh_2d_no_wrap", "hierarchical_allreduce", 2, 256, 4096, -1);
     all_gather_case(1, "ring_1d", "hierarchical_allreduce", 1, 16, 0, -1);
+    /* a gathered row of 384 KiB (320 KiB) broadcast down in 3 pieces (256 KiB of scratch,
+     * values take 64 KiB blocks) */
+    assert_int_equal(kb_dist_coll_pieces(0, 262144, 1, 8, 3, 8192, KB_F16), 3);
+    assert_int_equal(kb_dist_coll_pieces(0, 262144, 1, 4, 4, 10240, KB_F16), 3);
+    all_gather_case_scratch(3, "ring_1d", "hierarchical_allreduce", 1, 65536, 0, -1, 262144);
+    all_gather_case_scratch(4, "torus_2d", "intercube_allreduce", 1, 40960, 0, -1, 262144);
 }
 
 /* reduce_scatter input of rank r (S*m x ws*k): quarters below 8, so that every sum of up to
@@ -750,11 +795,13 @@ static int body_reduce_scatter(kb_ctx *ctx, int rank, job *j)
     return rc ? rc : kb_dist_reduce_scatter(ctx, j->t[rank], j->u[rank]);
 }
 
-static void reduce_scatter_case(int sips, const char *topo, const char *algo, int64_t m,
-                                int64_t k, int slot, int root)
+static void reduce_scatter_case_scratch(int sips, const char *topo, const char *algo, int64_t m,
+                                        int64_t k, int slot, int root, int scratch)
 {
-    kb_ctx *ctx = gather_ctx(sips, topo, algo, slot, root);
+    kb_ctx *ctx = gather_ctx_scratch(sips, topo, algo, slot, root, scratch);
     job j = { .nprocs = sips, .body = body_reduce_scatter, .m = m, .n = k };
+    if (scratch)
+        big_alloc(&j, 8 * m * sips * k);
     run_ok(ctx, &j);
     int S = kb_dist_shards_per_rank(ctx);
     expect_traffic(ctx, KB_COLL_REDUCE_SCATTER, sips, m * k * 4); /* f32 partial sums */
@@ -773,7 +820,38 @@ static void reduce_scatter_case(int sips, const char *topo, const char *algo, in
             }
     }
     free(got);
+    big_free(&j);
     kb_ctx_destroy(ctx);
+}
+
+static void reduce_scatter_case(int sips, const char *topo, const char *algo, int64_t m,
+                                int64_t k, int slot, int root)
+{
+    reduce_scatter_case_scratch(sips, topo, algo, m, k, slot, root, 0);
+}
+
+/* The pieces of kb_dist_coll_pieces, by hand: a PE's f32 working set of three whole-width
+ * blocks (12 bytes per element) against its scratch. */
+static void test_coll_pieces(void **state)
+{
+    (void)state;
+    /* Gemma-2 2B TP 4 seq_parallel, 8 MiB: W = T x 2304 over 128 PEs (c = T/4 x 2304 / 128) */
+    assert_int_equal(kb_dist_coll_pieces(1, 8388608, 1, 128, 4, 576, KB_F16), 1);  /* T 128:
+        12 x 294 912 B = 3.5 MB fits */
+    assert_int_equal(kb_dist_coll_pieces(1, 8388608, 1, 128, 4, 2304, KB_F16), 4); /* T 512:
+        14.2 MB; / 4 = 3.5 MB <= 4 MiB, / 2 = 7.1 MB is not */
+    assert_int_equal(kb_dist_coll_pieces(1, 8388608, 1, 128, 4, 9216, KB_F16), 16); /* T 2048:
+        56.6 MB / 16 = 3.5 MB */
+    assert_int_equal(kb_dist_coll_pieces(0, 8388608, 1, 128, 4, 2304, KB_F16), 1); /* 2.4 MB */
+    assert_int_equal(kb_dist_coll_pieces(0, 8388608, 1, 128, 4, 9216, KB_F16), 3); /* 9.4 MB in
+        pieces of at most 4 MiB */
+    /* no child (S == 1): the block as loaded and as f32, 6 bytes per element */
+    assert_int_equal(kb_dist_coll_pieces(1, 6144, 1, 1, 4, 256, KB_F16), 1);
+    assert_int_equal(kb_dist_coll_pieces(1, 6143, 1, 1, 4, 256, KB_F16), 0);
+    /* several rows do not stream; neither do pieces of more than S blocks */
+    assert_int_equal(kb_dist_coll_pieces(1, 8192, 2, 8, 3, 64, KB_F16), 0);
+    assert_int_equal(kb_dist_coll_pieces(0, 8192, 2, 8, 3, 512, KB_F16), 0);
+    assert_int_equal(kb_dist_coll_pieces(1, 8192, 1, 8, 3, 512, KB_F16), 0);
 }
 
 static void test_reduce_scatter(void **state)
@@ -790,6 +868,21 @@ static void test_reduce_scatter(void **state)
     reduce_scatter_case(4, "torus_2d", "intercube_allreduce", 2, 128, 4096, 1);
     reduce_scatter_case(3, "mesh_2d_no_wrap", "hierarchical_allreduce", 2, 256, 4096, -1);
     reduce_scatter_case(1, "ring_1d", "hierarchical_allreduce", 1, 8, 0, -1);
+    /* a row of 3 x 16384 f32 partials (576 KiB of working set) in 4 pieces (512 KiB of
+     * scratch), on a ring and on chains that do not wrap */
+    assert_int_equal(kb_dist_coll_pieces(1, 524288, 1, 8, 3, 2048, KB_F16), 4);
+    assert_int_equal(kb_dist_coll_pieces(1, 524288, 1, 4, 3, 4096, KB_F16), 4);
+    reduce_scatter_case_scratch(3, "ring_1d", "hierarchical_allreduce", 1, 16384, 0, -1, 524288);
+    reduce_scatter_case_scratch(3, "mesh_2d_no_wrap", "intercube_allreduce", 1, 16384, 0, -1,
+                                524288);
+    /* two such rows do not stream: refused before the launch, with the figures */
+    kb_ctx *ctx = gather_ctx_scratch(3, "ring_1d", "hierarchical_allreduce", 0, -1, 524288);
+    job j = { .nprocs = 3, .body = body_reduce_scatter, .m = 2, .n = 16384 };
+    big_alloc(&j, 8 * 2 * 3 * 16384);
+    run_fails(ctx, &j, KB_ERR_USAGE, "reduce_scatter: a PE's 2 x 49152 block (f16; f32 while "
+              "reduced) does not fit its 524288 bytes of scratch");
+    big_free(&j);
+    kb_ctx_destroy(ctx);
 }
 
 /* ---- broadcast / reduce ---- */
@@ -1604,6 +1697,7 @@ int main(void)
         cmocka_unit_test(test_allreduce_hierarchical),
         cmocka_unit_test(test_all_gather),
         cmocka_unit_test(test_reduce_scatter),
+        cmocka_unit_test(test_coll_pieces),
         cmocka_unit_test(test_broadcast_reduce),
         cmocka_unit_test(test_all_to_all),
         cmocka_unit_test(test_all_to_all_errors),
