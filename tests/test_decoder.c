@@ -323,9 +323,29 @@ static void test_plan(void **s)
     assert_int_equal(pl.dmachine, 1);
     assert_int_equal(pl.shared, 1);
     assert_int_equal(pl.chunks, 121);
+    /* the combination over ccol PEs of a cube: W_o's rows are 2 x 256 x 2304 x 2 bytes,
+     * the partials P = 121 x 2 x 258 x 4 = 249 744 bytes; 3^2 P = 2.25 MB <= W = 2.36 MB,
+     * 4^2 P = 4.0 MB is not */
+    assert_int_equal(pl.citems, 1);
+    assert_int_equal(pl.ccol, 3);
+    assert_int_equal(pl.comb.cubes, 1);
+    assert_int_equal(pl.comb.pes, 3);
+    assert_int_equal(pl.comb.n, 3);
     o.batch = 4; /* 4 x 2304 x 2 bytes: more than one copy should hold */
     assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
     assert_int_equal(pl.shared, 0);
+    /* a cube per sequence; 32 chunks each (128 PEs over 4 sequences): P = 66 048 bytes,
+     * 4^2 P <= W, 6^2 P = 2.38 MB is not (5 does not divide 2304) */
+    assert_int_equal(pl.citems, 4);
+    assert_int_equal(pl.chunks, 32);
+    assert_int_equal(pl.ccol, 4);
+    assert_int_equal(pl.comb.cubes, 4);
+    assert_int_equal(pl.comb.n, 16);
+    o.mapping = KB_DEC_MAP_NAIVE; /* one PE per (sequence, KV head) */
+    assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
+    assert_int_equal(pl.ccol, 1);
+    assert_int_equal(pl.comb.n, 4);
+    o.mapping = KB_DEC_MAP_AUTO;
     o.batch = 1;
     o.decode = 0;
     o.seq_parallel = 1;

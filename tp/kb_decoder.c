@@ -246,6 +246,7 @@ static int plan_groups(const kb_decoder_opts *o, int ws, int ncubes, int npes,
     pl->qncol = pl->qkv.n;
     pl->mncol = pl->mlp.n;
     pl->qtr = pl->mtr = pl->T;
+    pl->ccol = 1;
     if (o->mapping != KB_DEC_MAP_MACHINE)
         return 0;
     if (o->seq_parallel)
@@ -254,6 +255,20 @@ static int plan_groups(const kb_decoder_opts *o, int ws, int ncubes, int npes,
                           "seq_parallel");
     if (o->decode) { /* naive's placement, the combine in bulk */
         pl->dmachine = 1;
+        /* every item's combination on c PEs of a cube, each with a column block of the W_o
+         * rows (nrep hd x d, f16 bytes W), so that one PE does not read them alone; each of
+         * them loads all the chunks' partials (C nrep (hd + 2) f32, bytes P), so c is the
+         * largest with c copies of the partials costing no more than a PE's block:
+         * c P <= W / c */
+        int64_t W = pl->nrep * pl->hd * pl->d * 2, P = pl->chunks * pl->nrep * (pl->hd + 2) * 4;
+        for (int c = npes; c > 1 && pl->citems <= ncubes && pl->ccol == 1; c--)
+            if (pl->d % c == 0 && (int64_t)c * c * P <= W)
+                pl->ccol = c;
+        if (pl->ccol > 1) {
+            pl->comb.cubes = (int)pl->citems;
+            pl->comb.pes = (int)pl->ccol;
+            pl->comb.n = (int)(pl->citems * pl->ccol);
+        }
         /* a few tokens' rows: one copy that every gemm PE reads (a few KB from one port)
          * costs less than a store per gemm PE; more tokens keep the copies */
         pl->shared = pl->T * pl->d * 2 <= SHARED_MAX_BYTES;
@@ -607,8 +622,14 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
             (rc = make_t(ctx, "attn_chunks", (int64_t)pl->att.n * pl->nrep, hd + 2, KB_F32,
                          dpg(KB_DP_ROW_WISE, &pl->att), NULL, 0, &dec->dpart)) != 0)
             return rc;
-        rc = make_w(ctx, "w_o", (int64_t)pl->comb.n * pl->nrep * hd, d, o,
-                    dpg(KB_DP_ROW_WISE, &pl->comb), &Fo, 1, 1, &dec->wo);
+        /* a combining PE's rows (naive); machine: an item's rows over a cube, its PEs
+         * taking column blocks */
+        rc = pl->ccol > 1
+                 ? make_w(ctx, "w_o", pl->citems * pl->nrep * hd, d, o,
+                          kb_dp(KB_DP_ROW_WISE, KB_DP_COLUMN_WISE, pl->comb.cubes, pl->comb.pes),
+                          &Fo, 1, 1, &dec->wo)
+                 : make_w(ctx, "w_o", (int64_t)pl->comb.n * pl->nrep * hd, d, o,
+                          dpg(KB_DP_ROW_WISE, &pl->comb), &Fo, 1, 1, &dec->wo);
     }
     if (rc)
         return rc;

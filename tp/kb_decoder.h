@@ -45,9 +45,10 @@
  * each row owner sums its rows' partials inside the SIP (the heads' for O, the group's
  * column blocks' for down) into its block of a SIP sum, and kb_dist_all_reduce_shards adds
  * the SIPs' sums lane by lane, so only the SIP's sum crosses SIP links, once. In decode,
- * machine keeps naive's placement but combines the cache chunks in bulk (every chunk's
- * partials loaded at once, a few whole-array operations) and, for a few tokens, writes one
- * copy of the normalised rows that every gemm PE reads instead of one per gemm PE.
+ * machine keeps naive's chunks but combines them in bulk (every chunk's partials loaded at
+ * once, a few whole-array operations) on ccol PEs of a cube per (sequence, KV head), each
+ * taking a column block of the W_o rows, and, for a few tokens, writes one copy of the
+ * normalised rows that every gemm PE reads instead of one per gemm PE.
  * Weights are in `fmt` (kb_tl_q.h: f16, bf16, int8, mxint8, fp8), 2:4 sparse along K when
  * sparse; activations are stored in bf16 for bf16, f16 otherwise, and quantized by
  * tl_dot_q for 8-bit formats. Limits: one forward per kb_decoder (the partial blocks are
@@ -114,6 +115,7 @@ typedef struct kb_decoder_plan {
     int64_t chunks, clen;             /* decode: cache chunks per (seq, kv head), positions each */
     kb_dec_grid att;  int64_t items;  /* attention PEs (items used of att.n) */
     kb_dec_grid comb; int64_t citems; /* decode: combining PEs */
+    int64_t ccol;                     /* machine decode: W_o column blocks per combined item (1: one PE) */
     kb_dec_grid mlp;  int64_t cf;     /* MLP PEs, columns each */
     int64_t piece;                    /* seq_parallel: elements per PE of the 1 x Tl*d pieces */
     int64_t tb;                       /* gemm row block (bounds scratch) */

@@ -224,7 +224,7 @@ static int fwd_attn_decode(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flag
     KB_KARGS_PUT(&a, (kb_dec_dcomb_args){
         .chunks = pl->chunks, .nq = pl->nq, .nkv = pl->nkv, .hd = pl->hd, .T = pl->T,
         .d = pl->d, .flags = flags, .items = pl->citems, .dpart = kb_tensor_va(dec->dpart),
-        .fast = pl->dmachine,
+        .fast = pl->dmachine, .ccol = pl->ccol,
         .wo = wvas(&dec->wo), .part = kb_tensor_va(dec->po) });
     return launch_timed(ctx, dec, ph, "dec_attention_combine", kb_decoder_dcomb_kernel, &a,
                         &pl->comb, 0);

@@ -81,6 +81,7 @@ typedef struct kb_dec_dcomb_args {
     kb_va dpart, part;
     kb_dec_wva wo;
     int64_t chunks, nq, nkv, hd, T, d, flags, items;
+    int64_t ccol;       /* PEs per item, each with d / ccol columns of W_o (kb_decoder_plan) */
     int fast;           /* machine: every chunk's partials loaded at once, combined in bulk */
 } kb_dec_dcomb_args;
 

@@ -537,19 +537,25 @@ void kb_decoder_dcomb_kernel(kb_tl *tl, const kb_kargs *ka)
     int64_t C = a->chunks, nq = a->nq, nkv = a->nkv, hd = a->hd;
     int64_t T = a->T, d = a->d, flags = a->flags, nrep = nq / nkv;
     int j = pe_index(tl);
+    if (a->fast) {
+        /* item j / ccol, its W_o columns [q dq, (q + 1) dq) (shard j), stored into the PE's
+         * own block of the partials, whose other columns stay zero */
+        int64_t it = j / a->ccol, q = j % a->ccol, dq = d / a->ccol;
+        assert(dq * a->ccol == d); /* the plan's divisor */
+        if (it >= a->items)
+            return;
+        kb_val flat = kb_tl_scratch_val(tl, 1, (uint32_t)(nrep * hd), KB_F32, "decoder combine");
+        dcomb_bulk(tl, a, (int)it, nrep, flat);
+        kb_val part = wdot(tl, flat, &a->wo, j, (uint32_t)(nrep * hd), (uint32_t)dq, flags);
+        tl_free(tl, flat);
+        tl_store(tl, a->part + (kb_va)(((int64_t)j * T + it / nkv) * d + q * dq) * 4, part);
+        tl_free(tl, part);
+        return;
+    }
     if (j >= a->items)
         return;
     int64_t b = j / nkv;
     uint32_t ld = (uint32_t)(hd + 2);
-    if (a->fast) {
-        kb_val flat = kb_tl_scratch_val(tl, 1, (uint32_t)(nrep * hd), KB_F32, "decoder combine");
-        dcomb_bulk(tl, a, j, nrep, flat);
-        kb_val part = wdot(tl, flat, &a->wo, j, (uint32_t)(nrep * hd), (uint32_t)d, flags);
-        tl_free(tl, flat);
-        tl_store(tl, a->part + (kb_va)(((int64_t)j * T + b) * d) * 4, part);
-        tl_free(tl, part);
-        return;
-    }
     kb_val M = tl_full(tl, KB_SHAPE2(nrep, C), 0.0f), L = tl_full(tl, KB_SHAPE2(nrep, C), 0.0f);
     for (int64_t ch = 0; ch < C; ch++) {
         kb_va va = shard_va(tl, a->dpart, (int)(j * C + ch));
