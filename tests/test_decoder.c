@@ -312,6 +312,18 @@ static void test_plan(void **s)
     assert_int_equal(pl.qrows, 16);
     assert_int_equal(pl.items, 128);
     assert_int_equal(pl.rep_rows, 512);
+    assert_int_equal(pl.ocol, 1); /* as many items as PEs */
+    /* seq 128: 8 items of 16 rows, on 4 PEs of a cube each with 576 columns of W_o: an item
+     * loads at most A = 2 x 128 x 256 x 2 = 131 072 bytes of K/V, 4^2 A <= W = 2 x 256 x
+     * 2304 x 2 = 2 359 296 < 6^2 A; each cube's copy (256 rows) is 64 rows per PE */
+    o.seq = 128;
+    assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
+    assert_int_equal(pl.items, 8);
+    assert_int_equal(pl.ocol, 4);
+    assert_int_equal(pl.att.cubes, 8);
+    assert_int_equal(pl.att.pes, 4);
+    assert_int_equal(pl.rep_rows, 64);
+    o.seq = 2048;
     /* auto: machine for prefill and for decode (naive's placement, the combine in bulk, one
      * shared copy of a single token's row); naive for seq_parallel, which machine refuses */
     o.mapping = KB_DEC_MAP_AUTO;

@@ -246,7 +246,7 @@ static int plan_groups(const kb_decoder_opts *o, int ws, int ncubes, int npes,
     pl->qncol = pl->qkv.n;
     pl->mncol = pl->mlp.n;
     pl->qtr = pl->mtr = pl->T;
-    pl->ccol = 1;
+    pl->ccol = pl->ocol = 1;
     if (o->mapping != KB_DEC_MAP_MACHINE)
         return 0;
     if (o->seq_parallel)
@@ -301,12 +301,25 @@ static int plan_groups(const kb_decoder_opts *o, int ws, int ncubes, int npes,
     pl->cf = pl->Floc / pl->mncol;
     pl->mtr = pl->T / R;
     assert(R * pl->mncol == pl->mlp.n && pl->mtr * R == pl->T && pl->mtr % pl->rc == 0);
+    /* fewer items than PEs: each item on ocol PEs of a cube, each multiplying the item's O
+     * rows by a column block of the rank's W_o rows (nq hd x d, f16 bytes W), which one PE
+     * would otherwise read whole; each of them loads the item's K and V prefix (at most A
+     * bytes), so ocol is the largest with ocol^2 A <= W */
+    int64_t W = pl->nq * pl->hd * pl->d * 2, A = 2 * pl->nkv * pl->qrows * pl->qb * pl->hd * 2;
+    for (int c = npes; c > 1 && pl->items <= ncubes && pl->ocol == 1; c--)
+        if (pl->d % c == 0 && (2 * pl->nkv * pl->T) % c == 0 && (int64_t)c * c * A <= W)
+            pl->ocol = c;
+    if (pl->ocol > 1) {
+        pl->att.cubes = (int)pl->items;
+        pl->att.pes = (int)pl->ocol;
+        pl->att.n = (int)(pl->items * pl->ocol);
+    }
     if ((2 * pl->nkv * pl->T) % pl->att.pes)
         return kb_err_set(eb, KB_ERR_USAGE, "decoder_layer: mapping=machine: the %lld K and V "
                           "rows of a cube's copy do not split over its %d attention PEs",
                           (long long)(2 * pl->nkv * pl->T), pl->att.pes);
     pl->rep_rows = 2 * pl->nkv * pl->T / pl->att.pes;
-    assert(pl->hg == pl->nq && pl->items <= pl->att.n); /* plan_attention's machine items */
+    assert(pl->hg == pl->nq && pl->items * pl->ocol <= pl->att.n); /* machine items */
     return 0;
 }
 
@@ -607,9 +620,13 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
                            NULL, 0, &dec->qkv)) != 0)
         return rc;
     if (!o->decode) { /* W_o rows per item: its head's (naive), every local head's (machine) */
-        rc = make_w(ctx, "w_o", (int64_t)pl->att.n * pl->hg * hd, d, o,
-                    dpg(KB_DP_ROW_WISE, &pl->att), &Fo, pl->machine ? pl->att.n : 1, 1,
-                    &dec->wo);
+        rc = pl->ocol > 1 /* an item's rows over a cube, its PEs taking column blocks */
+                 ? make_w(ctx, "w_o", pl->items * pl->hg * hd, d, o,
+                          kb_dp(KB_DP_ROW_WISE, KB_DP_COLUMN_WISE, pl->att.cubes, pl->att.pes),
+                          &Fo, pl->items, 1, &dec->wo)
+                 : make_w(ctx, "w_o", (int64_t)pl->att.n * pl->hg * hd, d, o,
+                          dpg(KB_DP_ROW_WISE, &pl->att), &Fo, pl->machine ? pl->att.n : 1, 1,
+                          &dec->wo);
         if (rc == 0 && pl->machine) /* an attention cube's K/V over its attention PEs */
             rc = make_t(ctx, "kv_copies", (int64_t)pl->att.cubes * 2 * pl->nkv * T, hd, act,
                         dpg(KB_DP_ROW_WISE, &pl->att), NULL, 0, &dec->kv_rep);

@@ -44,7 +44,9 @@
  * of the PE that uses them); the attention items and MLP PEs keep their partial rows only,
  * each row owner sums its rows' partials inside the SIP (the heads' for O, the group's
  * column blocks' for down) into its block of a SIP sum, and kb_dist_all_reduce_shards adds
- * the SIPs' sums lane by lane, so only the SIP's sum crosses SIP links, once. In decode,
+ * the SIPs' sums lane by lane, so only the SIP's sum crosses SIP links, once (with fewer
+ * attention items than cubes, an item runs on ocol PEs of its cube, each with a column
+ * block of the W_o rows). In decode,
  * machine keeps naive's chunks but combines them in bulk (every chunk's partials loaded at
  * once, a few whole-array operations) on ccol PEs of a cube per (sequence, KV head), each
  * taking a column block of the W_o rows, and, for a few tokens, writes one copy of the
@@ -116,6 +118,7 @@ typedef struct kb_decoder_plan {
     kb_dec_grid att;  int64_t items;  /* attention PEs (items used of att.n) */
     kb_dec_grid comb; int64_t citems; /* decode: combining PEs */
     int64_t ccol;                     /* machine decode: W_o column blocks per combined item (1: one PE) */
+    int64_t ocol;                     /* machine prefill: W_o column blocks per attention item (1: one PE) */
     kb_dec_grid mlp;  int64_t cf;     /* MLP PEs, columns each */
     int64_t piece;                    /* seq_parallel: elements per PE of the 1 x Tl*d pieces */
     int64_t tb;                       /* gemm row block (bounds scratch) */

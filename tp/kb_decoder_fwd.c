@@ -179,7 +179,7 @@ static int fwd_qkv(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flags)
         .rep = dec->kv_rep ? kb_tensor_va(dec->kv_rep) : 0, .rep_cubes = pl->att.cubes,
         .rep_rows = pl->rep_rows, .nq = pl->nq, .nkv = pl->nkv, .seq = dec->o.seq,
         .qb = pl->qb, .qrows = pl->qrows, .apes = pl->att.pes, .items = pl->items,
-        .in = kb_tensor_va(sp ? dec->ag1 : dec->hn1), .w = wvas(&dec->wqkv),
+        .ocol = pl->ocol, .in = kb_tensor_va(sp ? dec->ag1 : dec->hn1), .w = wvas(&dec->wqkv),
         .cos = kb_tensor_va(dec->cosq), .sin = kb_tensor_va(dec->sinq),
         .out = kb_tensor_va(dec->qkv) });
     return launch_timed(ctx, dec, ph, "dec_qkv", kb_decoder_qkv_kernel, &a, &pl->qkv, 1);
@@ -198,6 +198,7 @@ static int fwd_attn_prefill(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t fla
         .items = pl->items, .ncol = pl->qncol, .tr = pl->qtr, .own = pl->machine,
         .rep = dec->kv_rep ? kb_tensor_va(dec->kv_rep) : 0, .rep_rows = pl->rep_rows,
         .apes = pl->att.pes, .rc = pl->rc, .sum = dec->sum_o ? kb_tensor_va(dec->sum_o) : 0,
+        .ocol = pl->ocol,
         .qkv = kb_tensor_va(dec->qkv), .wo = wvas(&dec->wo),
         .part = dec->po ? kb_tensor_va(dec->po) : 0 });
     return launch_timed(ctx, dec, ph, "dec_attention", kb_decoder_attn_kernel, &a, &pl->att, 0);

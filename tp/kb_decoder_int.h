@@ -55,6 +55,7 @@ typedef struct kb_dec_qkv_args {
     kb_va rep;
     int64_t rep_cubes, rep_rows, nq, nkv;
     int64_t seq, qb, qrows, apes, items; /* a cube's items, to copy only the rows they read */
+    int64_t ocol;       /* PEs per attention item (kb_decoder_plan) */
 } kb_dec_qkv_args;
 
 /* prefill attention + its W_o rows */
@@ -68,6 +69,7 @@ typedef struct kb_dec_attn_args {
                            O rows straight into sum (row owners' blocks of rc rows) */
     kb_va rep, sum;
     int64_t rep_rows, apes, rc;
+    int64_t ocol;       /* machine: PEs per item, each with d / ocol columns of W_o */
     double qscale, softcap;
 } kb_dec_attn_args;
 

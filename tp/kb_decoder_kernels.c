@@ -139,7 +139,9 @@ static kb_val gemm_input(kb_tl *tl, kb_va va, int j, int64_t r0, int64_t n, int6
  * j / qb, query block j mod qb) reads its sequence's rows up to its last query. */
 static int cube_reads(const kb_dec_qkv_args *a, int64_t cc, int64_t r0, int64_t n)
 {
-    for (int64_t j = cc * a->apes; j < (cc + 1) * a->apes && j < a->items; j++) {
+    /* the cube's PEs [cc apes, (cc + 1) apes) take items j / ocol */
+    for (int64_t j = cc * a->apes / a->ocol; j <= ((cc + 1) * a->apes - 1) / a->ocol &&
+                                             j < a->items; j++) {
         int64_t b = j / a->qb, q1 = (j % a->qb + 1) * a->qrows;
         int64_t lo = b * a->seq, hi = lo + (q1 < a->seq ? q1 : a->seq);
         if (r0 < hi && r0 + n > lo)
@@ -326,13 +328,15 @@ static kb_val attend(kb_tl *tl, const kb_dec_attn_args *a, kb_val q, kb_val kt, 
  * columns of o (n x nq*hd), multiplied by the rank's W_o rows: the SIP's O rows, stored into
  * the row owners' blocks of the sum.
  */
-static void attn_items_all_heads(kb_tl *tl, const kb_dec_attn_args *a, int j)
+static void attn_items_all_heads(kb_tl *tl, const kb_dec_attn_args *a, int pe)
 {
     int64_t seq = a->seq, nq = a->nq, nkv = a->nkv, hd = a->hd, d = a->d, T = a->T;
     kb_dtype act = F_ACT(a->flags);
+    /* item j on PE pe, with W_o columns [cq dq, (cq + 1) dq) (ocol of them per item) */
+    int64_t j = pe / a->ocol, cq = pe % a->ocol, dq = d / a->ocol;
     int64_t b = j / a->qb, q0 = (j % a->qb) * a->qrows;
     int64_t q1 = q0 + a->qrows < seq ? q0 + a->qrows : seq, n = q1 - q0, base = b * seq;
-    kb_va rep = a->rep + (kb_va)((int64_t)(j / a->apes) * 2 * nkv * T * hd) *
+    kb_va rep = a->rep + (kb_va)((int64_t)(pe / a->apes) * 2 * nkv * T * hd) *
                              kb_dtype_size(act);
     assert(n > 0 && nq % nkv == 0); /* an item has rows; GQA groups of whole heads */
     kb_val o = kb_tl_scratch_val(tl, (uint32_t)n, (uint32_t)(nq * hd), KB_F32, "decoder attention");
@@ -355,14 +359,18 @@ static void attn_items_all_heads(kb_tl *tl, const kb_dec_attn_args *a, int j)
         tl_free(tl, kt);
         tl_free(tl, v);
     }
-    kb_val part = wdot(tl, o, &a->wo, j, (uint32_t)(nq * hd), (uint32_t)d, a->flags);
+    kb_val part = wdot(tl, o, &a->wo, pe, (uint32_t)(nq * hd), (uint32_t)dq, a->flags);
     tl_free(tl, o);
     for (int64_t t = 0; t < n;) { /* a row owner's block at a time (one PE's shard each) */
         int64_t r = base + q0 + t, e = (r / a->rc + 1) * a->rc - (base + q0);
+        kb_val rows;
         if (e > n)
             e = n;
-        tl_store(tl, a->sum + (kb_va)(r * d) * 4,
-                 tl_view(tl, part, (uint32_t)t, 0, (uint32_t)(e - t), (uint32_t)d));
+        rows = tl_view(tl, part, (uint32_t)t, 0, (uint32_t)(e - t), (uint32_t)dq);
+        if (a->ocol == 1)
+            tl_store(tl, a->sum + (kb_va)(r * d) * 4, rows);
+        else
+            tl_store2d(tl, a->sum + (kb_va)(r * d + cq * dq) * 4, (uint32_t)d, rows);
         t = e;
     }
     tl_free(tl, part);
@@ -376,12 +384,14 @@ void kb_decoder_attn_kernel(kb_tl *tl, const kb_kargs *ka)
     int64_t T = a->T, d = a->d, flags = a->flags;
     kb_dtype act = F_ACT(flags);
     int j = pe_index(tl);
-    if (j >= a->items)
-        return;
     if (a->own) {
-        attn_items_all_heads(tl, a, j);
+        assert(d % a->ocol == 0); /* the plan's divisor */
+        if (j / a->ocol < a->items)
+            attn_items_all_heads(tl, a, j);
         return;
     }
+    if (j >= a->items)
+        return;
     int64_t b = j / (nq * qb), i = (j / qb) % nq, q0 = (j % qb) * qrows;
     int64_t q1 = q0 + qrows < seq ? q0 + qrows : seq, n = q1 - q0, g = i / (nq / nkv);
     int64_t base = b * seq;
