@@ -47,6 +47,17 @@ void kb_tl_view(kb_tl *tl, const int pid[3], const int np[3], int old_pid[3], in
 int kb_tensor_from_fill_periodic(kb_ctx *ctx, const kb_tensor_desc *d, const kb_fill *src,
                                  int64_t prow, int64_t pcol, kb_tensor **out);
 
+/*
+ * SchedulerV2's stages for this kernel's streamed gemms (tl_dot, tl_dot_q with an operand
+ * outside the PE's TCM): how many steps' tile loads may be in flight, each step's loads
+ * starting once the step `stages` before it has finished computing. 2 (double buffering) is
+ * every kernel's default; a kernel tuned for its machine may take more, e.g. one per DMA
+ * channel. Clamped to [2, KB_TL_MAX_STAGES]; the kernel's later gemms use it.
+ */
+#define KB_TL_MAX_STAGES 8
+void kb_tl_set_stages(kb_tl *tl, int stages);
+int kb_tl_stages(const kb_tl *tl);
+
 /* Blocks the kernel until simulated time t (no-op when t is not in the future). */
 void kb_tl_wait_until(kb_tl *tl, kb_time t);
 

@@ -23,6 +23,17 @@ kb_ctx *tl_ctx(kb_tl *tl) { return tl->ctx; }
 const char *tl_kernel_name(kb_tl *tl) { return tl->launch->name; }
 kb_time kb_tl_issue_cost(const kb_tl *tl) { return tl->cpu_ovh; }
 
+void kb_tl_set_stages(kb_tl *tl, int stages)
+{
+    tl->stages = stages < 2 ? 2 : stages > KB_TL_MAX_STAGES ? KB_TL_MAX_STAGES : stages;
+}
+
+int kb_tl_stages(const kb_tl *tl)
+{
+    assert(tl->stages == 0 || (tl->stages >= 2 && tl->stages <= KB_TL_MAX_STAGES));
+    return tl->stages ? tl->stages : 2;
+}
+
 void kb_tl_view(kb_tl *tl, const int pid[3], const int np[3], int old_pid[3], int old_np[3])
 {
     for (int i = 0; i < 3; i++) {
@@ -847,8 +858,9 @@ kb_val tl_max(kb_tl *tl, kb_val a, int axis)
  * Time of a gemm on PE_GEMM. Operands in this PE's TCM ranges feed the unit directly: one
  * occupancy of fixed + 2MNK/flops. Otherwise SchedulerV2 streams: the output is cut into
  * tile_m x tile_n tiles and K into tile_k steps; each step DMAs the A and B tiles that are not
- * local into the scheduler's reserved TCM (double-buffered: a step's loads may start once
- * the step two before it has finished computing) and then occupies PE_GEMM for
+ * local into the scheduler's reserved TCM (kb_tl_stages buffers, 2 unless the kernel set
+ * more: a step's loads may start once the step that many before it has finished computing)
+ * and then occupies PE_GEMM for
  * fixed + 2*tm*tn*tk/flops. All steps are reserved at the call (FIFO resources: a stream
  * issued later by another PE on a shared link queues behind this whole stream) unless
  * `paced` (dma_dispatch): then the kernel reserves each load when its DMA engine can start
@@ -883,16 +895,19 @@ static kb_time gemm_time(kb_tl *tl, kb_val a, kb_val b, uint32_t M, uint32_t N, 
     uint32_t tm = (uint32_t)c->sched_tile_m, tn = (uint32_t)c->sched_tile_n,
              tk = (uint32_t)c->sched_tile_k;
     size_t ea = kb_dtype_size((kb_dtype)a.dtype), eb_ = kb_dtype_size((kb_dtype)b.dtype);
-    kb_time done[2] = { t0, t0 }, end = t0;
+    kb_time done[KB_TL_MAX_STAGES], end = t0;
+    unsigned nst = (unsigned)kb_tl_stages(tl);
     uint64_t step = 0;
 
+    for (unsigned i = 0; i < nst; i++)
+        done[i] = t0;
     for (uint32_t m0 = 0; m0 < M; m0 += tm) {
         uint32_t mt = M - m0 < tm ? M - m0 : tm;
         for (uint32_t n0 = 0; n0 < N; n0 += tn) {
             uint32_t nt = N - n0 < tn ? N - n0 : tn;
             for (uint32_t k0 = 0; k0 < K; k0 += tk, step++) {
                 uint32_t kt = K - k0 < tk ? K - k0 : tk;
-                kb_time ld_issue = done[step & 1] > t0 ? done[step & 1] : t0;
+                kb_time ld_issue = done[step % nst] > t0 ? done[step % nst] : t0;
                 kb_time ready = ld_issue, ts, te;
                 kb_errbuf e;
                 if (!la) {
@@ -912,7 +927,7 @@ static kb_time gemm_time(kb_tl *tl, kb_val a, kb_val b, uint32_t M, uint32_t N, 
                     ready = te > ready ? te : ready;
                 }
                 end = kb_res_hop(&pe->gemm, ready, 2ull * mt * nt * kt);
-                done[step & 1] = end;
+                done[step % nst] = end;
             }
         }
     }

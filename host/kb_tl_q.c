@@ -736,7 +736,7 @@ static void dma_part(kb_tl *tl, kb_val v, kb_pa resv, uint64_t bytes, kb_time at
 
 /*
  * tl_dot_q's gemm time from t0: one occupancy when every part of W is in this PE's TCM, else
- * SchedulerV2 steps (tl_dot's double buffering) whose DMAs move the parts' bytes of each
+ * SchedulerV2 steps (tl_dot's stages, kb_tl_stages) whose DMAs move the parts' bytes of each
  * tile. Returns the end; *t_first receives the first step's start.
  */
 static kb_time qgemm_time(kb_tl *tl, const kb_qref *w, uint32_t M, kb_time t0)
@@ -758,16 +758,19 @@ static kb_time qgemm_time(kb_tl *tl, const kb_qref *w, uint32_t M, kb_time t0)
                               c->tcm_size_bytes - c->tcm_scheduler_reserved_bytes);
     uint32_t tm = (uint32_t)c->sched_tile_m, tn = (uint32_t)c->sched_tile_n,
              tk = (uint32_t)c->sched_tile_k;
-    kb_time done[2] = { t0, t0 }, end = t0;
+    kb_time done[KB_TL_MAX_STAGES], end = t0;
+    unsigned nst = (unsigned)kb_tl_stages(tl);
     uint64_t step = 0;
 
+    for (unsigned i = 0; i < nst; i++)
+        done[i] = t0;
     for (uint32_t m0 = 0; m0 < M; m0 += tm) {
         uint32_t mt = M - m0 < tm ? M - m0 : tm;
         for (uint32_t n0 = 0; n0 < N; n0 += tn) {
             uint32_t nt = N - n0 < tn ? N - n0 : tn;
             for (uint32_t k0 = 0; k0 < K; k0 += tk, step++) {
                 uint32_t kt = K - k0 < tk ? K - k0 : tk, k1 = k0 + kt;
-                kb_time at = done[step & 1] > t0 ? done[step & 1] : t0, ready = at;
+                kb_time at = done[step % nst] > t0 ? done[step % nst] : t0, ready = at;
                 /* rows of each part in [k0, k1): differences of cumulative counts, so the
                  * steps of a tile add up to the parts' exact sizes */
                 uint64_t qrows = w->sparse ? k1 / 2 - k0 / 2 : kt;
@@ -781,7 +784,7 @@ static kb_time qgemm_time(kb_tl *tl, const kb_qref *w, uint32_t M, kb_time t0)
                 end = gemm_reserve(&pe->gemm, ready,
                                    occ_ps(c, fmt, w->sparse, 2ull * mt * nt * kt),
                                    2ull * mt * nt * kt);
-                done[step & 1] = end;
+                done[step % nst] = end;
             }
         }
     }

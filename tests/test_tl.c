@@ -512,6 +512,7 @@ static const float k_C[4] = { 58, 64, 139, 154 };        /* A @ B */
 typedef struct gemm_args {
     kb_va a, b, c, acc;
     int streamed; /* A and B by tl_ref, else loaded */
+    int stages;   /* kb_tl_set_stages before the gemms (0: the default) */
 } gemm_args;
 
 static void k_gemm(kb_tl *tl, const kb_kargs *ka)
@@ -519,6 +520,9 @@ static void k_gemm(kb_tl *tl, const kb_kargs *ka)
     probe *p = probe_of(ka);
     const gemm_args *g = KB_KARGS_GET(ka, gemm_args);
     kb_val va, vb;
+    if (g->stages)
+        kb_tl_set_stages(tl, g->stages);
+    p->dt[1] = kb_tl_stages(tl);
     if (g->streamed) {
         va = tl_ref(tl, g->a, KB_SHAPE2(2, 3), KB_F32);
         vb = tl_ref(tl, g->b, KB_SHAPE2(3, 2), KB_F32);
@@ -537,7 +541,7 @@ static void k_gemm(kb_tl *tl, const kb_kargs *ka)
 
 typedef struct gemm_io {
     probe p;
-    int streamed;
+    int streamed, stages;
     float c[4], acc[4];
 } gemm_io;
 
@@ -556,7 +560,7 @@ static int h_gemm(kb_ctx *ctx, void *arg)
         return rc;
     KB_KARGS_PUT(&a, (gemm_args){ .a = kb_tensor_va(ta), .b = kb_tensor_va(tb),
                                   .c = kb_tensor_va(tc), .acc = kb_tensor_va(tacc),
-                                  .streamed = io->streamed });
+                                  .streamed = io->streamed, .stages = io->stages });
     if ((rc = kb_launch(ctx, "gemm", k_gemm, &a, &one_pe)) != 0 ||
         (rc = kb_tensor_read(tc, io->c)) != 0 || (rc = kb_tensor_read(tacc, io->acc)) != 0)
         return rc;
@@ -641,6 +645,43 @@ static void test_gemm_streamed_two_steps(void **state)
     kb_ctx_destroy(ctx);
 }
 
+
+/*
+ * Three steps (tile_k = 1: A tiles 2 x 1, B tiles 1 x 2, 8 bytes each, occupancy d8 on the
+ * one DMA engine, gemm g each). Double-buffered, step 2's loads wait for gemm 0:
+ *   end = t_i + 2 d8 + lat + g (gemm 0) + 2 d8 + lat + g;
+ * with 3 stages they queue at t_i behind step 1's, and step 2's data arrive last:
+ *   end = t_i + 6 d8 + lat + g.
+ */
+static void test_gemm_streamed_stages(void **state)
+{
+    (void)state;
+    for (int st = 0; st <= 3; st++) {
+        kb_ctx *ctx = make_ctx_with(KB_DEV_REF, "pe.scheduler.tile_k=1");
+        const kb_topo_cfg *c = topo(ctx);
+        gemm_io io;
+        memset(&io, 0, sizeof io);
+        io.streamed = 1;
+        io.stages = st == 1 ? 99 : st; /* 0: the default (2); 99 clamps to the most */
+        assert_int_equal(kb_ctx_run_host(ctx, h_gemm, &io), 0);
+        check_gemm_values(&io);
+        int64_t lat = kbt_ps(c->hbm.latency_ns) + kbt_ps(c->noc.latency_ns) +
+                      kbt_ps(c->tcm.latency_ns);
+        int64_t d8 = kbt_ps(c->dma_setup_ns) + kbt_xfer_ps(8, c->dma_bandwidth_gbps);
+        int64_t g = kbt_ps(c->gemm_fixed_ns) + kbt_xfer_ps(8, c->gemm_flops_per_ns);
+        int64_t ti = kbt_ps(c->pe_cpu_overhead_ns);
+        if (st == 0 || st == 2) {
+            assert_int_equal(io.p.dt[1], 2);
+            assert_int_equal(io.p.dt[0], ti + 4 * d8 + 2 * lat + 2 * g);
+            assert_int_equal(io.p.dt[0], 328256);
+        } else {
+            assert_int_equal(io.p.dt[1], st == 1 ? KB_TL_MAX_STAGES : 3);
+            assert_int_equal(io.p.dt[0], ti + 6 * d8 + lat + g);
+            assert_int_equal(io.p.dt[0], 245380);
+        }
+        kb_ctx_destroy(ctx);
+    }
+}
 
 /* ---- strided values: tl_load2d / tl_ref2d / tl_store2d / tl_load_into / tl_view / tl_copy ---- */
 
@@ -1594,6 +1635,7 @@ int main(void)
         cmocka_unit_test(test_gemm_local),
         cmocka_unit_test(test_gemm_streamed_one_step),
         cmocka_unit_test(test_gemm_streamed_two_steps),
+        cmocka_unit_test(test_gemm_streamed_stages),
         cmocka_unit_test(test_strided_values),
         cmocka_unit_test(test_strided_errors),
         cmocka_unit_test(test_gemm_tiling),

@@ -318,6 +318,10 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
     int sp = o->seq_parallel, rc = 0;
     int64_t flags = FLAGS(o->fmt, o->sparse, dec->act);
     phase ph;
+    /* machine's kernels stream their gemms with a tile load in flight per DMA channel
+     * (naive keeps SchedulerV2's double buffering) */
+    if (dec->pl.machine || dec->pl.dmachine)
+        flags |= (int64_t)(m->cfg.dma_channels > 2 ? m->cfg.dma_channels : 2) << 24;
     memset(&dec->st, 0, sizeof dec->st);
     ph.busy0 = calloc(2 * (size_t)m->ncubes * (size_t)m->npes, sizeof(kb_time));
     if (!ph.busy0)

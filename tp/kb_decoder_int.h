@@ -18,6 +18,8 @@
 #define F_FMT(x) ((kb_qfmt)((x)&0xff))
 #define F_SPARSE(x) ((int)(((x) >> 8) & 0xff))
 #define F_ACT(x) ((kb_dtype)(((x) >> 16) & 0xff))
+/* SchedulerV2 stages the kernel takes (kb_tl_set_stages; 0: the default) */
+#define F_STAGES(x) ((int)(((x) >> 24) & 0xff))
 
 /* Each kernel's arguments (kb_kargs' typed block: KB_KARGS_PUT / KB_KARGS_GET). Shapes are
  * the plan's (kb_decoder_plan); flags is FLAGS(); weights take three VAs. */

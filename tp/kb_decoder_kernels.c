@@ -176,6 +176,8 @@ static void kv_replicate(kb_tl *tl, const kb_dec_qkv_args *a, kb_val y, int64_t 
 void kb_decoder_qkv_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_qkv_args *a = KB_KARGS_GET(ka, kb_dec_qkv_args);
+    if (F_STAGES(a->flags))
+        kb_tl_set_stages(tl, F_STAGES(a->flags));
     int64_t d = a->d, c = a->c, p = a->p, hd = a->hd;
     int64_t tb = a->tb, flags = a->flags;
     kb_dtype act = F_ACT(flags);
@@ -379,6 +381,8 @@ static void attn_items_all_heads(kb_tl *tl, const kb_dec_attn_args *a, int pe)
 void kb_decoder_attn_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_attn_args *a = KB_KARGS_GET(ka, kb_dec_attn_args);
+    if (F_STAGES(a->flags))
+        kb_tl_set_stages(tl, F_STAGES(a->flags));
     int64_t seq = a->seq, qrows = a->qrows, qb = a->qb, nq = a->nq;
     int64_t nkv = a->nkv, p = a->p, c = a->c, hd = a->hd;
     int64_t T = a->T, d = a->d, flags = a->flags;
@@ -422,6 +426,8 @@ void kb_decoder_attn_kernel(kb_tl *tl, const kb_kargs *ka)
 void kb_decoder_dattn_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_dattn_args *a = KB_KARGS_GET(ka, kb_dec_dattn_args);
+    if (F_STAGES(a->flags))
+        kb_tl_set_stages(tl, F_STAGES(a->flags));
     int64_t C = a->chunks, clen = a->clen, kvl = a->kv_len, nq = a->nq;
     int64_t nkv = a->nkv, p = a->p, c = a->c, hd = a->hd;
     int64_t T = a->T, flags = a->flags, nrep = nq / nkv;
@@ -544,6 +550,8 @@ static void dcomb_bulk(kb_tl *tl, const kb_dec_dcomb_args *a, int j, int64_t nre
 void kb_decoder_dcomb_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_dcomb_args *a = KB_KARGS_GET(ka, kb_dec_dcomb_args);
+    if (F_STAGES(a->flags))
+        kb_tl_set_stages(tl, F_STAGES(a->flags));
     int64_t C = a->chunks, nq = a->nq, nkv = a->nkv, hd = a->hd;
     int64_t T = a->T, d = a->d, flags = a->flags, nrep = nq / nkv;
     int j = pe_index(tl);
@@ -610,6 +618,8 @@ void kb_decoder_dcomb_kernel(kb_tl *tl, const kb_kargs *ka)
 void kb_decoder_mlp_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_mlp_args *a = KB_KARGS_GET(ka, kb_dec_mlp_args);
+    if (F_STAGES(a->flags))
+        kb_tl_set_stages(tl, F_STAGES(a->flags));
     int64_t d = a->d, cf = a->cf, tb = a->tb;
     int64_t flags = a->flags;
     int j = pe_index(tl);

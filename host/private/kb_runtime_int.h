@@ -77,6 +77,7 @@ struct kb_tl {
     uint32_t ncarved[KB_SCR_NCLASS], capfree[KB_SCR_NCLASS];
     size_t capchunks;
     int tag;
+    int stages;             /* SchedulerV2 tile loads in flight (kb_tl_set_stages; 0: 2) */
     kb_launch_st *launch;
     int pid[3], np[3];
     kb_time start;          /* when the launch message reaches the PE */
