@@ -58,6 +58,19 @@ int kb_tensor_from_fill_periodic(kb_ctx *ctx, const kb_tensor_desc *d, const kb_
 void kb_tl_set_stages(kb_tl *tl, int stages);
 int kb_tl_stages(const kb_tl *tl);
 
+/*
+ * The host program's device launch queue (a stream whose launches the device runs back to
+ * back). While on, the host's launches (and the process group's, which the last rank to
+ * arrive issues) are queued on the device: the first one sends the commands down the host's
+ * path (timing-model.md §5.1), every later one starts at its SIPs' IO_CPUs (their overhead
+ * only) once the host program has passed the launches before it, and a launch is complete
+ * for the host program when its SIPs' completions are aggregated at their IO_CPUs, not when
+ * they reach the host. Turning it off pays the path up to the host once, from the device's
+ * SIP. The host program must only launch in between: a host write or read while it is on
+ * is KB_ERR_STATE. Returns 0, or KB_ERR_STATE outside a host program.
+ */
+int kb_launch_queue(kb_ctx *ctx, int on);
+
 /* Blocks the kernel until simulated time t (no-op when t is not in the future). */
 void kb_tl_wait_until(kb_tl *tl, kb_time t);
 

@@ -87,7 +87,9 @@ static void kernel_finished(kb_tl *tl)
         l->sip_tmax[s] = t;
     if (--l->sip_left[s] > 0)
         return;
-    t = kb_machine_cmd_iocpu_to_host(m, tl->pe->gsip, l->sip_tmax[s], KB_CMD_BYTES);
+    /* queued: done at the IO_CPU, where the next launch of the queue starts */
+    t = l->queued ? l->sip_tmax[s]
+                  : kb_machine_cmd_iocpu_to_host(m, tl->pe->gsip, l->sip_tmax[s], KB_CMD_BYTES);
     if (t > l->t_done)
         l->t_done = t;
     if (--l->sips_left > 0)
@@ -231,12 +233,15 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
     }
     kb_signal_init(&l->done);
     l->sips_left = g.sips;
+    l->queued = hp->queue != 0;
 
     kb_time now = kb_sim_now(ctx->sim), cpu_ovh = kb_time_from_ns(m->cfg.pe_cpu_overhead_ns);
     int k = 0;
     for (int s = 0; s < g.sips; s++) {
         unsigned gsip = (unsigned)(g.sip0 + s);
-        kb_time t_io = kb_machine_cmd_host_to_iocpu(m, gsip, now, KB_CMD_BYTES);
+        /* queued after the first: the command waits in the IO_CPU's queue */
+        kb_time t_io = hp->queue == 2 ? kb_machine_cmd_at_iocpu(m, gsip, now, KB_CMD_BYTES)
+                                      : kb_machine_cmd_host_to_iocpu(m, gsip, now, KB_CMD_BYTES);
         l->sip_left[s] = g.cubes;
         for (int c = 0; c < g.cubes; c++) {
             kb_time t_m = kb_machine_cmd_iocpu_to_mcpu(m, gsip, (unsigned)c, t_io, KB_CMD_BYTES);
@@ -269,12 +274,31 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
             }
         }
     }
+    if (hp->queue)
+        hp->queue = 2;
     kb_signal_wait(ctx->sim, &l->done);
     kb_launch_free(l);
     return 0;
 fail:
     kb_launch_free(l);
     return rc;
+}
+
+int kb_launch_queue(kb_ctx *ctx, int on)
+{
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    if (!hp)
+        return kb_err_set(&ctx->err, KB_ERR_STATE, "kb_launch_queue outside a host program");
+    if (!on && hp->queue == 2) { /* the last completion's way up to the host */
+        kb_time t = kb_machine_cmd_iocpu_to_host(ctx->m, (unsigned)hp->device,
+                                                 kb_sim_now(ctx->sim), KB_CMD_BYTES);
+        kb_time now = kb_sim_now(ctx->sim);
+        hp->queue = 0;
+        if (t > now)
+            kb_fiber_sleep(ctx->sim, t - now);
+    }
+    hp->queue = on ? (hp->queue ? hp->queue : 1) : 0;
+    return 0;
 }
 
 int kb_launch(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *a,

@@ -20,6 +20,17 @@
 #define KB_TENSOR_ALIGN 256u
 #define KB_VA_ALIGN 65536u
 
+/* KB_ERR_STATE when the calling host program's device launch queue is on (kb_launch_queue):
+ * its time is the device's, and a host transfer would be timed from there. */
+static int check_no_queue(kb_ctx *ctx, const kb_tensor *t, const char *what)
+{
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    if (hp && hp->queue)
+        return kb_err_set(&ctx->err, KB_ERR_STATE, "tensor '%s': a host %s inside a device "
+                          "launch queue (kb_launch_queue(ctx, 0) first)", t->name, what);
+    return 0;
+}
+
 /* Blocks the calling fiber until absolute time t (no-op outside fibers or in the past). */
 static void wait_until(kb_ctx *ctx, kb_time t)
 {
@@ -349,6 +360,8 @@ static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pc
     if (src && !src->fn && !src->data)
         return kb_err_set(&ctx->err, KB_ERR_INVAL, "tensor '%s': a host write with neither a "
                           "generator nor data", t->name);
+    if ((rc = check_no_queue(ctx, t, "write")) != 0)
+        return rc;
     if (src && ctx->recording) {
         payload_of = malloc(t->nshards * sizeof *payload_of);
         piece = src->fn && !src->gen ? malloc(KB_FILL_PIECE * sizeof *piece) : NULL;
@@ -475,8 +488,8 @@ int kb_tensor_read_raw(kb_tensor *t, void *out)
     kb_ctx *ctx = t->ctx;
     size_t esize = kb_dtype_size(t->dtype);
     uint8_t *block = NULL;
-    int rc = kb_ctx_flush(ctx);
-    if (rc)
+    int rc = check_no_queue(ctx, t, "read");
+    if (rc || (rc = kb_ctx_flush(ctx)) != 0)
         return rc;
     kb_time t0 = kb_sim_now(ctx->sim) + ctx->m->host_overhead, tmax = t0;
     for (size_t i = 0; i < t->nshards; i++) {

@@ -16,6 +16,7 @@
 
 #include "kb_dist.h"
 #include "kb_machine.h"
+#include "kb_runtime_ext.h"
 
 typedef struct phase {
     kb_time t0;
@@ -328,7 +329,11 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
         return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory");
 
     kb_dec_rows_args ra = rows_args(dec);
-    if ((rc = fwd_norm_in(ctx, dec, &ph, &ra)) != 0 ||
+    /* machine: the layer's launches queued on the device, back to back, the host told once
+     * at the end (kb_launch_queue); naive: a host round trip per launch */
+    int queued = dec->pl.machine || dec->pl.dmachine;
+    if ((queued && (rc = kb_launch_queue(ctx, 1)) != 0) ||
+        (rc = fwd_norm_in(ctx, dec, &ph, &ra)) != 0 ||
         (rc = fwd_qkv(ctx, dec, &ph, flags)) != 0 ||
         (rc = o->decode ? fwd_attn_decode(ctx, dec, &ph, flags)
                         : fwd_attn_prefill(ctx, dec, &ph, flags)) != 0 ||
@@ -341,6 +346,10 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
     rc = fwd_residual_mlp(ctx, dec, &ph, &ra);
     dec->st.proj_gemm_closed_ns = proj_closed(ctx, dec);
 out:
+    if (queued) { /* off on every path: the host's later writes and reads need it */
+        int rq = kb_launch_queue(ctx, 0);
+        rc = rc ? rc : rq;
+    }
     free(ph.busy0);
     return rc;
 }

@@ -767,6 +767,11 @@ kb_time kb_machine_cmd_host_to_iocpu(kb_machine *m, unsigned gsip, kb_time t, ui
     return kb_res_hop(&sip->io_cpu, t, bytes);
 }
 
+kb_time kb_machine_cmd_at_iocpu(kb_machine *m, unsigned gsip, kb_time t, uint64_t bytes)
+{
+    return kb_res_hop(&m->sips[gsip].io_cpu, t, bytes);
+}
+
 kb_time kb_machine_cmd_iocpu_to_mcpu(kb_machine *m, unsigned gsip, unsigned cube, kb_time t,
                                      uint64_t bytes)
 {

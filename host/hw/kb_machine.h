@@ -201,6 +201,8 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
  * completions are aggregated the other way (per cube at M_CPU, per SIP at IO_CPU).
  */
 kb_time kb_machine_cmd_host_to_iocpu(kb_machine *m, unsigned gsip, kb_time t, uint64_t bytes);
+/* A command already waiting in the IO_CPU's queue (a device launch queue): its overhead only. */
+kb_time kb_machine_cmd_at_iocpu(kb_machine *m, unsigned gsip, kb_time t, uint64_t bytes);
 kb_time kb_machine_cmd_iocpu_to_mcpu(kb_machine *m, unsigned gsip, unsigned cube, kb_time t,
                                      uint64_t bytes);
 kb_time kb_machine_cmd_mcpu_to_pe(kb_machine *m, kb_pe_hw *pe, kb_time t, uint64_t bytes);

@@ -117,6 +117,7 @@ struct kb_launch_st {
     int *sip_left;
     kb_time *sip_tmax;
     int sips_left;
+    int queued;             /* the host program's device queue was on (kb_launch_queue) */
     kb_time t_done;
     kb_signal done;
     struct kb_tl_thread *threads; /* tl_fork's threads, freed with the launch */
@@ -132,6 +133,9 @@ typedef struct kb_hostproc {
     int rc;
     int finished;
     struct kb_spawn_st *group; /* the spawn this worker belongs to, or NULL */
+    /* kb_launch_queue: 0 off; 1 on, no launch yet (the next pays the host's path down);
+     * 2 on, the commands are in the IO_CPUs' queues */
+    int queue;
 } kb_hostproc;
 
 struct kb_ctx {
