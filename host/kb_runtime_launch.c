@@ -11,6 +11,7 @@
 
 #include "kb_trace.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -289,15 +290,16 @@ int kb_launch_queue(kb_ctx *ctx, int on)
     kb_hostproc *hp = kb_ctx_hostproc(ctx);
     if (!hp)
         return kb_err_set(&ctx->err, KB_ERR_STATE, "kb_launch_queue outside a host program");
-    if (!on && hp->queue == 2) { /* the last completion's way up to the host */
-        kb_time t = kb_machine_cmd_iocpu_to_host(ctx->m, (unsigned)hp->device,
-                                                 kb_sim_now(ctx->sim), KB_CMD_BYTES);
+    int was = hp->queue;
+    assert(was >= 0 && was <= 2); /* off, on and empty, on with launches */
+    hp->queue = on ? (was ? was : 1) : 0;
+    if (!on && was == 2) { /* the last completion's way up to the host */
         kb_time now = kb_sim_now(ctx->sim);
-        hp->queue = 0;
+        kb_time t = kb_machine_cmd_iocpu_to_host(ctx->m, (unsigned)hp->device, now,
+                                                 KB_CMD_BYTES);
         if (t > now)
             kb_fiber_sleep(ctx->sim, t - now);
     }
-    hp->queue = on ? (hp->queue ? hp->queue : 1) : 0;
     return 0;
 }
 
