@@ -218,7 +218,7 @@ static int fwd_attn_decode(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flag
         .chunks = pl->chunks, .clen = pl->clen, .kv_len = dec->o.kv_len, .nq = pl->nq,
         .nkv = pl->nkv, .p = pl->p, .c = pl->c, .hd = pl->hd, .T = pl->T, .flags = flags,
         .items = pl->items, .qkv = kb_tensor_va(dec->qkv), .kc = kb_tensor_va(dec->kc),
-        .vc = kb_tensor_va(dec->vc), .out = kb_tensor_va(dec->dpart) });
+        .vc = kb_tensor_va(dec->vc), .out = kb_tensor_va(dec->dpart), .fast = pl->dmachine });
     if ((rc = launch_timed(ctx, dec, ph, "dec_attention_chunks", kb_decoder_dattn_kernel, &a,
                            &pl->att, 0)) != 0)
         return rc;

@@ -79,6 +79,7 @@ typedef struct kb_dec_attn_args {
 typedef struct kb_dec_dattn_args {
     kb_va qkv, kc, vc, out;
     int64_t chunks, clen, kv_len, nq, nkv, p, c, hd, T, flags, items;
+    int fast;           /* machine: the query and new K/V blocks loaded at once, one store */
     double qscale, softcap;
 } kb_dec_dattn_args;
 typedef struct kb_dec_dcomb_args {

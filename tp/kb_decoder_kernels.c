@@ -217,17 +217,19 @@ typedef struct dec_seg {
 } dec_seg;
 typedef dec_seg (*dec_seg_fn)(const void *ud, int64_t k);
 
-/* The nseg blocks seg(ud, k) into dst (f32), HEAD_WAVE of them in flight at a time
- * (tl_load_async over the PE's DMA channels) before they are copied in. */
+/* The nseg blocks seg(ud, k) into dst (f32), `wave` of them (at most MAX_WAVE) in flight at
+ * a time (tl_load_async over the PE's DMA channels) before they are copied in. */
 #define HEAD_WAVE 8
-static void load_segs(kb_tl *tl, kb_val dst, int64_t nseg, dec_seg_fn seg, const void *ud,
-                      kb_dtype act)
+#define MAX_WAVE 64
+static void load_segs_wave(kb_tl *tl, kb_val dst, int64_t nseg, dec_seg_fn seg,
+                           const void *ud, kb_dtype act, int64_t wave)
 {
-    for (int64_t w0 = 0; w0 < nseg; w0 += HEAD_WAVE) {
-        kb_val blk[HEAD_WAVE];
-        dec_seg sg[HEAD_WAVE];
+    assert(wave >= 1 && wave <= MAX_WAVE);
+    for (int64_t w0 = 0; w0 < nseg; w0 += wave) {
+        kb_val blk[MAX_WAVE];
+        dec_seg sg[MAX_WAVE];
         int64_t ready = 0, nw = 0;
-        for (int64_t k = w0; k < nseg && nw < HEAD_WAVE; k++, nw++) {
+        for (int64_t k = w0; k < nseg && nw < wave; k++, nw++) {
             int64_t rdy;
             sg[nw] = seg(ud, k);
             assert(sg[nw].rows > 0 && sg[nw].at >= 0); /* the segments tile dst's rows */
@@ -242,6 +244,12 @@ static void load_segs(kb_tl *tl, kb_val dst, int64_t nseg, dec_seg_fn seg, const
             tl_free(tl, blk[k]);
         }
     }
+}
+
+static void load_segs(kb_tl *tl, kb_val dst, int64_t nseg, dec_seg_fn seg, const void *ud,
+                      kb_dtype act)
+{
+    load_segs_wave(tl, dst, nseg, seg, ud, act, HEAD_WAVE);
 }
 
 /* machine: rows [r0, r0 + n) of head unit u from the QKV blocks, which are split in token
@@ -423,6 +431,45 @@ void kb_decoder_attn_kernel(kb_tl *tl, const kb_kargs *ka)
 
 /* ---- decode: split-KV attention ---- */
 
+/* machine decode: block pi of head unit u0 + k / p (k < n p) of token b's QKV row, as row
+ * k / p of the destination (u0, step: units 0, step, ...: the queries of a KV group, or the
+ * KV group's K and V). */
+typedef struct unit_src {
+    kb_tl *tl;
+    kb_va qkv;
+    int64_t u0, step, p, c, b;
+    size_t es;
+} unit_src;
+
+static dec_seg unit_seg(const void *ud, int64_t k)
+{
+    const unit_src *s = ud;
+    int64_t t = k / s->p, pi = k % s->p;
+    return (dec_seg){ shard_va(s->tl, s->qkv, (int)((s->u0 + t * s->step) * s->p + pi)) +
+                          (kb_va)(s->b * s->c) * s->es,
+                      t, pi * s->c, 1, s->c };
+}
+
+/* machine decode: the new token's K and V rows (from the QKV blocks, all loads in flight at
+ * once) into the last row of k and v and, one store each, into the cache */
+static void dattn_new_kv(kb_tl *tl, const kb_dec_dattn_args *a, kb_val k, kb_val v, int64_t g,
+                         int64_t b, int64_t row, kb_va kc, kb_va vc)
+{
+    kb_dtype act = F_ACT(a->flags);
+    size_t es = kb_dtype_size(act);
+    int64_t hd = a->hd, last = (int64_t)k.rows - 1;
+    unit_src us = { tl, a->qkv, a->nq + g, a->nkv, a->p, a->c, b, es };
+    kb_val kv = kb_tl_scratch_val(tl, 2, (uint32_t)hd, KB_F32, "decoder attention");
+    load_segs(tl, kv, 2 * a->p, unit_seg, &us, act);
+    tl_copy(tl, tl_view(tl, k, (uint32_t)last, 0, 1, (uint32_t)hd),
+            tl_view(tl, kv, 0, 0, 1, (uint32_t)hd));
+    tl_copy(tl, tl_view(tl, v, (uint32_t)last, 0, 1, (uint32_t)hd),
+            tl_view(tl, kv, 1, 0, 1, (uint32_t)hd));
+    tl_store(tl, kc + (kb_va)(row * hd) * es, tl_view(tl, kv, 0, 0, 1, (uint32_t)hd));
+    tl_store(tl, vc + (kb_va)(row * hd) * es, tl_view(tl, kv, 1, 0, 1, (uint32_t)hd));
+    tl_free(tl, kv);
+}
+
 void kb_decoder_dattn_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_dattn_args *a = KB_KARGS_GET(ka, kb_dec_dattn_args);
@@ -441,9 +488,14 @@ void kb_decoder_dattn_kernel(kb_tl *tl, const kb_kargs *ka)
     int64_t ncache = (p1 < kvl ? p1 : kvl) - p0; /* cached positions of the chunk */
     kb_va kc = shard_va(tl, a->kc, j), vc = shard_va(tl, a->vc, j);
     kb_val q = tl_full(tl, KB_SHAPE2(nrep, hd), 0.0f);
-    for (int64_t t = 0; t < nrep; t++)
-        head_rows(tl, tl_view(tl, q, (uint32_t)t, 0, 1, (uint32_t)hd), a->qkv,
-                  g * nrep + t, p, c, T, b, 1, act);
+    if (a->fast) { /* every query block in flight at once */
+        unit_src us = { tl, a->qkv, g * nrep, 1, p, c, b, es };
+        load_segs(tl, q, nrep * p, unit_seg, &us, act);
+    } else {
+        for (int64_t t = 0; t < nrep; t++)
+            head_rows(tl, tl_view(tl, q, (uint32_t)t, 0, 1, (uint32_t)hd), a->qkv,
+                      g * nrep + t, p, c, T, b, 1, act);
+    }
     kb_val k = tl_full(tl, KB_SHAPE2(len, hd), 0.0f), v = tl_full(tl, KB_SHAPE2(len, hd), 0.0f);
     if (ncache > 0) {
         kb_val kb = tl_load(tl, kc, KB_SHAPE2(ncache, hd), act);
@@ -453,7 +505,9 @@ void kb_decoder_dattn_kernel(kb_tl *tl, const kb_kargs *ka)
         tl_free(tl, kb);
         tl_free(tl, vb);
     }
-    if (p1 == kvl + 1) {
+    if (p1 == kvl + 1 && a->fast) {
+        dattn_new_kv(tl, a, k, v, g, b, kvl - p0, kc, vc);
+    } else if (p1 == kvl + 1) {
         /* the new token: its K and V from the QKV blocks, appended to the cache */
         for (int kv = 0; kv < 2; kv++) {
             int64_t u = nq + (kv ? nkv : 0) + g;
@@ -522,7 +576,8 @@ static void dcomb_bulk(kb_tl *tl, const kb_dec_dcomb_args *a, int j, int64_t nre
     chunk_src cs = { tl, a->dpart, C, hd, (int64_t)j * C };
     kb_val P = kb_tl_scratch_val(tl, (uint32_t)(nrep * C), (uint32_t)(hd + 2), KB_F32,
                                  "decoder combine");
-    load_segs(tl, P, nrep * C, chunk_seg, &cs, KB_F32);
+    /* small segments from every cube: latency-bound, so many in flight */
+    load_segs_wave(tl, P, nrep * C, chunk_seg, &cs, KB_F32, MAX_WAVE);
     for (int64_t t = 0; t < nrep; t++) {
         uint32_t r0 = (uint32_t)(t * C);
         kb_val m = tl_view(tl, P, r0, (uint32_t)hd, (uint32_t)C, 1);
