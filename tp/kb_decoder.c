@@ -234,6 +234,29 @@ static int pick_groups(int ncubes, int npes, int64_t owners, const int64_t *cand
     return best > 0;
 }
 
+/*
+ * Machine: `items` work items (at most a cube each) that each multiply by the W_o rows (W
+ * bytes in f16), spread over c PEs of their cube, each with d / c columns of them, so that
+ * one PE does not read the rows alone. Each of the c PEs loads the item's own input (`load`
+ * bytes), so c is the largest divisor of d (and of `div`) with c copies of the input costing
+ * no more than one PE's block: c^2 load <= W. Sets *g to items cubes x c PEs when c > 1;
+ * returns c (1: one PE per item, *g untouched).
+ */
+static int64_t split_wo(int64_t d, int64_t div, int64_t items, int ncubes, int npes,
+                        int64_t load, int64_t W, kb_dec_grid *g)
+{
+    int64_t cols = 1;
+    for (int c = npes; c > 1 && items <= ncubes && cols == 1; c--)
+        if (d % c == 0 && div % c == 0 && (int64_t)c * c * load <= W)
+            cols = c;
+    if (cols > 1) {
+        g->cubes = (int)items;
+        g->pes = (int)cols;
+        g->n = (int)(items * cols);
+    }
+    return cols;
+}
+
 /* The projections' token groups: one group of every token for naive; for machine the QKV
  * units' split p (with the rotary rule of plan_qkv) and the MLP's column count cf (a multiple
  * of its granule) that pick_groups prefers. */
@@ -255,20 +278,11 @@ static int plan_groups(const kb_decoder_opts *o, int ws, int ncubes, int npes,
                           "seq_parallel");
     if (o->decode) { /* naive's placement, the combine in bulk */
         pl->dmachine = 1;
-        /* every item's combination on c PEs of a cube, each with a column block of the W_o
-         * rows (nrep hd x d, f16 bytes W), so that one PE does not read them alone; each of
-         * them loads all the chunks' partials (C nrep (hd + 2) f32, bytes P), so c is the
-         * largest with c copies of the partials costing no more than a PE's block:
-         * c P <= W / c */
-        int64_t W = pl->nrep * pl->hd * pl->d * 2, P = pl->chunks * pl->nrep * (pl->hd + 2) * 4;
-        for (int c = npes; c > 1 && pl->citems <= ncubes && pl->ccol == 1; c--)
-            if (pl->d % c == 0 && (int64_t)c * c * P <= W)
-                pl->ccol = c;
-        if (pl->ccol > 1) {
-            pl->comb.cubes = (int)pl->citems;
-            pl->comb.pes = (int)pl->ccol;
-            pl->comb.n = (int)(pl->citems * pl->ccol);
-        }
+        /* every item's combination on ccol PEs: each loads all the chunks' partials
+         * (C nrep (hd + 2) f32) against the W_o rows nrep hd x d */
+        pl->ccol = split_wo(pl->d, pl->d, pl->citems, ncubes, npes,
+                            pl->chunks * pl->nrep * (pl->hd + 2) * 4,
+                            pl->nrep * pl->hd * pl->d * 2, &pl->comb);
         /* a few tokens' rows: one copy that every gemm PE reads (a few KB from one port)
          * costs less than a store per gemm PE; more tokens keep the copies */
         pl->shared = pl->T * pl->d * 2 <= SHARED_MAX_BYTES;
@@ -301,19 +315,12 @@ static int plan_groups(const kb_decoder_opts *o, int ws, int ncubes, int npes,
     pl->cf = pl->Floc / pl->mncol;
     pl->mtr = pl->T / R;
     assert(R * pl->mncol == pl->mlp.n && pl->mtr * R == pl->T && pl->mtr % pl->rc == 0);
-    /* fewer items than PEs: each item on ocol PEs of a cube, each multiplying the item's O
-     * rows by a column block of the rank's W_o rows (nq hd x d, f16 bytes W), which one PE
-     * would otherwise read whole; each of them loads the item's K and V prefix (at most A
-     * bytes), so ocol is the largest with ocol^2 A <= W */
-    int64_t W = pl->nq * pl->hd * pl->d * 2, A = 2 * pl->nkv * pl->qrows * pl->qb * pl->hd * 2;
-    for (int c = npes; c > 1 && pl->items <= ncubes && pl->ocol == 1; c--)
-        if (pl->d % c == 0 && (2 * pl->nkv * pl->T) % c == 0 && (int64_t)c * c * A <= W)
-            pl->ocol = c;
-    if (pl->ocol > 1) {
-        pl->att.cubes = (int)pl->items;
-        pl->att.pes = (int)pl->ocol;
-        pl->att.n = (int)(pl->items * pl->ocol);
-    }
+    /* fewer items than cubes: each item on ocol PEs, each loading the item's K and V
+     * prefix (at most 2 nkv seq hd f16) against the rank's W_o rows nq hd x d; the cube's
+     * K/V copy is striped over them */
+    pl->ocol = split_wo(pl->d, 2 * pl->nkv * pl->T, pl->items, ncubes, npes,
+                        2 * pl->nkv * pl->qrows * pl->qb * pl->hd * 2,
+                        pl->nq * pl->hd * pl->d * 2, &pl->att);
     if ((2 * pl->nkv * pl->T) % pl->att.pes)
         return kb_err_set(eb, KB_ERR_USAGE, "decoder_layer: mapping=machine: the %lld K and V "
                           "rows of a cube's copy do not split over its %d attention PEs",
