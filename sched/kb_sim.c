@@ -331,7 +331,7 @@ static void near_pop(kb_sim *sim, kb_event *out);
  * single event goes straight out). Returns 0 when nothing at all is
  * pending.
  */
-static int advance(kb_sim *sim, kb_event *out)
+static KB_ALWAYS_INLINE int advance(kb_sim *sim, kb_event *out)
 {
     uint64_t next = UINT64_MAX;
     uint32_t cb = (uint32_t)(sim->cursor & (KB_WHEEL_N_ - 1u));
@@ -484,17 +484,15 @@ void kb_sim_set_progress(kb_sim *sim, kb_progress *p)
 }
 
 /*
- * A stop requested outside a run stays pending: the next run returns its code before firing
- * anything. Re-entering run from a callback or a fiber is refused with KB_ERR_STATE.
+ * The run loop: every pending event, or (bounded) those before `limit`. A bounded loop leaves
+ * the first event at or after the limit where it was (in the near run's front, with its seq),
+ * so the order of the events it has not fired does not depend on where it stopped. Inlined
+ * into both callers with `bounded` a constant: the unbounded loop has no extra compare.
  */
-int kb_sim_run(kb_sim *sim)
+static KB_ALWAYS_INLINE void run_loop(kb_sim *sim, int bounded, kb_time limit)
 {
     kb_event ev;
-    int rc;
 
-    if (sim->running)
-        return KB_ERR_STATE;
-    sim->running = 1;
     while (!sim->stop) {
         /* Heap events at `now` were inserted before anything in the FIFO: they go first. */
         if (sim->hn > sim->nh && sim->heap[sim->nh].time == sim->now) {
@@ -507,9 +505,15 @@ int kb_sim_run(kb_sim *sim)
             ev.a = e->a;
             ev.b = e->b;
         } else if (sim->hn > sim->nh) {
+            if (bounded && sim->heap[sim->nh].time >= limit)
+                break;
             near_pop(sim, &ev);
             sim->now = ev.time;
         } else if (advance(sim, &ev)) {
+            if (bounded && ev.time >= limit) {
+                near_push_front(sim, &ev);
+                break;
+            }
             sim->now = ev.time;
         } else {
             break;
@@ -529,15 +533,87 @@ int kb_sim_run(kb_sim *sim)
     }
     if (sim->progress)
         progress_publish(sim);
-    if (sim->stop) {
-        sim->stop = 0;
-        rc = sim->stop_code;
-    } else {
+}
+
+/* 1 and the code of a stop that ended the loop (the stop cleared), else 0. */
+static int take_stop(kb_sim *sim, int *code)
+{
+    if (!sim->stop)
+        return 0;
+    sim->stop = 0;
+    *code = sim->stop_code;
+    return 1;
+}
+
+/*
+ * A stop requested outside a run stays pending: the next run returns its code before firing
+ * anything. Re-entering run from a callback or a fiber is refused with KB_ERR_STATE.
+ */
+int kb_sim_run(kb_sim *sim)
+{
+    int rc;
+
+    if (sim->running)
+        return KB_ERR_STATE;
+    sim->running = 1;
+    run_loop(sim, 0, 0);
+    if (!take_stop(sim, &rc))
         rc = sim->nblocked ? KB_ERR_DEADLOCK : 0;
-    }
     sim->running = 0;
     return rc;
 }
+
+int kb_sim_run_until(kb_sim *sim, kb_time limit)
+{
+    int rc = 0;
+
+    if (sim->running)
+        return KB_ERR_STATE;
+    sim->running = 1;
+    run_loop(sim, 1, limit);
+    (void)take_stop(sim, &rc);
+    sim->running = 0;
+    return rc;
+}
+
+/* The earliest time in wheel bucket b's list (events of one slot, in any time order). */
+static kb_time bucket_min(const kb_sim *sim, uint32_t b)
+{
+    kb_time t = KB_TIME_MAX;
+    for (uint32_t i = sim->bucket[b]; i != KB_NIL_; i = sim->nodes[i].next)
+        if (sim->nodes[i].ev.time < t)
+            t = sim->nodes[i].ev.time;
+    return t;
+}
+
+int kb_sim_next(const kb_sim *sim, kb_time *t)
+{
+    kb_time best = KB_TIME_MAX;
+    int any = 0;
+
+    if (sim->fn) {
+        *t = sim->now;
+        return 1;
+    }
+    if (sim->hn > sim->nh) { /* the near run's front, or its heap's root (nh 0) */
+        *t = sim->heap[sim->nh].time;
+        return 1;
+    }
+    if (sim->wn) { /* slots after the cursor only: the cursor's went to the near run */
+        uint32_t cb = (uint32_t)(sim->cursor & (KB_WHEEL_N_ - 1u));
+        best = bucket_min(sim, (uint32_t)((cb + wheel_next(sim, cb)) & (KB_WHEEL_N_ - 1u)));
+        any = 1;
+    }
+    if (sim->farn && (!any || sim->far[0].time < best)) {
+        best = sim->far[0].time;
+        any = 1;
+    }
+    if (any)
+        *t = best;
+    return any;
+}
+
+size_t kb_sim_blocked(const kb_sim *sim) { return sim->nblocked; }
 
 void kb_sim_stop(kb_sim *sim, int code)
 {
@@ -570,6 +646,17 @@ size_t kb_sim_live_fibers(const kb_sim *sim) { return sim->nlive; }
 #define ASAN_BACK_IN_FIBER_(sim, fake) ((void)0)
 #endif
 
+/* TSan: the scheduler's own fiber is the running thread's, noted at every resume (a
+ * partition of a parallel run may move between threads from one run to the next). */
+#ifdef KB_TSAN_
+#define TSAN_TO_FIBER_(sim, f)                                                               \
+    ((sim)->sched_tsan = __tsan_get_current_fiber(), __tsan_switch_to_fiber((f)->tsan, 0))
+#define TSAN_TO_SCHED_(sim) __tsan_switch_to_fiber((sim)->sched_tsan, 0)
+#else
+#define TSAN_TO_FIBER_(sim, f) ((void)0)
+#define TSAN_TO_SCHED_(sim) ((void)0)
+#endif
+
 static void fiber_recycle(kb_sim *sim, kb_fiber *f);
 
 /* Body shared by both entry trampolines; never returns. */
@@ -578,6 +665,7 @@ static void fiber_main(kb_sim *sim, kb_fiber *f)
     f->fn(sim, f->arg);
     f->state = KB_F_DEAD;
     ASAN_TO_SCHED_(sim, NULL); /* NULL: this stack is abandoned */
+    TSAN_TO_SCHED_(sim);
 #if KBCL_FIBER_UCONTEXT
     setcontext(&sim->sched_uc);
 #elif KBCL_FIBER_ASM
@@ -616,10 +704,19 @@ static void fiber_entry_fc(kb_transfer_ t)
 static int fiber_make_context(kb_sim *sim, kb_fiber *f)
 {
     unsigned char *lo = f->stack;
+#ifdef KB_TSAN_
+    if (!(f->tsan = __tsan_create_fiber(0)))
+        return KB_ERR_NOMEM;
+#endif
 #if KBCL_FIBER_UCONTEXT
     uint64_t p = (uint64_t)(uintptr_t)f;
-    if (getcontext(&f->uc) != 0)
+    if (getcontext(&f->uc) != 0) {
+#ifdef KB_TSAN_
+        __tsan_destroy_fiber(f->tsan);
+        f->tsan = NULL;
+#endif
         return KB_ERR_NOMEM;
+    }
     f->uc.uc_stack.ss_sp = lo;
     f->uc.uc_stack.ss_size = sim->stack_bytes;
     f->uc.uc_link = NULL;
@@ -650,6 +747,7 @@ static inline __attribute__((always_inline)) void fiber_resume(kb_sim *sim, kb_f
     sim->current = f;
     sim->nswitches++;
     ASAN_TO_FIBER_(sim, f, fake);
+    TSAN_TO_FIBER_(sim, f);
 #if KBCL_FIBER_UCONTEXT
     swapcontext(&sim->sched_uc, &f->uc);
 #elif KBCL_FIBER_ASM
@@ -676,6 +774,7 @@ static inline __attribute__((always_inline)) void fiber_yield(kb_sim *sim, kb_fi
 #ifdef KB_ASAN_
     ASAN_TO_SCHED_(sim, &f->fake_stack);
 #endif
+    TSAN_TO_SCHED_(sim);
 #if KBCL_FIBER_UCONTEXT
     swapcontext(&f->uc, &sim->sched_uc);
 #elif KBCL_FIBER_ASM
@@ -711,6 +810,10 @@ static void fiber_recycle(kb_sim *sim, kb_fiber *f)
 #ifdef KB_ASAN_
     ASAN_UNPOISON_MEMORY_REGION(f->stack, sim->stack_bytes);
 #endif
+#ifdef KB_TSAN_
+    __tsan_destroy_fiber(f->tsan); /* from the scheduler's side: not the running fiber */
+    f->tsan = NULL;
+#endif
     f->next = sim->free_list;
     sim->free_list = f;
 }
@@ -724,6 +827,10 @@ static kb_fiber *fiber_alloc(kb_sim *sim)
         return f;
     }
     f = malloc(sizeof *f);
+#ifdef KB_TSAN_
+    if (f)
+        f->tsan = NULL;
+#endif
     if (f && kb_sim_stack_alloc(sim, f) != 0) {
         free(f);
         f = NULL;

@@ -62,6 +62,18 @@ int kb_sim_after(kb_sim *sim, kb_time dt, kb_event_fn fn, void *a, void *b);
  */
 int kb_sim_run(kb_sim *sim);
 
+/*
+ * Runs the events before `limit` (time < limit) and returns, the later ones left pending in
+ * their order: what a partition of a parallel run does in one window (kb_psim.h). Returns 0
+ * or the stop code; never KB_ERR_DEADLOCK (with events past the limit, blocked fibers may
+ * still be woken: the caller decides, with kb_sim_next and kb_sim_blocked).
+ */
+int kb_sim_run_until(kb_sim *sim, kb_time limit);
+/* 1 and the earliest pending event's time in *t, or 0 when nothing is pending. */
+int kb_sim_next(const kb_sim *sim, kb_time *t);
+/* Fibers blocked now (waiting for a wake that only another event can give). */
+size_t kb_sim_blocked(const kb_sim *sim);
+
 /* Ends the current kb_sim_run() after the running event/fiber step; code is what run returns. */
 void kb_sim_stop(kb_sim *sim, int code);
 

@@ -1,7 +1,8 @@
 /*
  * test_sched — kb_sim and kb_sync: event ordering and tie-breaking, the current-time FIFO,
  * fibers (sleep, block/wake), signals, latches, bounded queues, deadlock reports, stop codes,
- * many fibers, determinism and teardown with blocked fibers. Fibers only record what they see;
+ * many fibers, determinism, teardown with blocked fibers, and bounded runs (kb_sim_run_until,
+ * kb_sim_next: windows of any width fire what one run fires). Fibers only record what they see;
  * all assertions run outside the run (a failed cmocka assertion longjmps, which must not
  * happen on a fiber stack).
  */
@@ -1012,6 +1013,117 @@ static void test_stack_guard(void **state)
 #endif
 }
 
+
+/* ---------------------------------------------------------------- bounded runs */
+
+/* A cascade: each event records itself and, while budget lasts, schedules children at
+ * delays from a fixed generator (0, within the slot, the wheel's horizon and past it), so
+ * every store (FIFO, near run, wheel, far heap) holds events at every limit. */
+typedef struct casc {
+    trace tr;
+    uint64_t rng;
+    long next_id, budget;
+} casc;
+
+static uint64_t casc_draw(casc *c)
+{
+    c->rng = c->rng * 6364136223846793005ull + 1442695040888963407ull;
+    return c->rng >> 33;
+}
+
+static void casc_ev(kb_sim *sim, void *a, void *b)
+{
+    casc *c = a;
+    static const kb_time span[4] = { 1, 600, 40000000, 90000000 }; /* ps */
+    trace_add(&c->tr, kb_sim_now(sim), (long)(intptr_t)b);
+    for (int k = 0; k < 2 && c->budget > 0; k++, c->budget--) {
+        uint64_t r = casc_draw(c);
+        kb_time dt = (kb_time)(r % 7 == 0 ? 0 : casc_draw(c) % (uint64_t)span[r % 4]);
+        if (kb_sim_after(sim, dt, casc_ev, c, (void *)(intptr_t)c->next_id++) != 0)
+            abort();
+    }
+}
+
+static void casc_start(kb_sim *sim, casc *c, uint64_t seed)
+{
+    memset(c, 0, sizeof *c);
+    c->rng = seed;
+    c->budget = 20000;
+    for (long i = 0; i < 16; i++)
+        if (kb_sim_at(sim, (kb_time)(casc_draw(c) % 50000), casc_ev, c, (void *)(intptr_t)i) != 0)
+            abort();
+    c->next_id = 16;
+}
+
+/* kb_sim_run_until in windows of any width fires exactly what one kb_sim_run fires, in the
+ * same order; kb_sim_next names the time of the next event each window starts with. */
+static void test_run_until_windows(void **state)
+{
+    (void)state;
+    for (uint64_t seed = 1; seed <= 3; seed++) {
+        kb_sim *one = kb_sim_create(NULL), *win = kb_sim_create(NULL);
+        casc a, b;
+        kb_time t, limit = 0;
+        assert_non_null(one);
+        assert_non_null(win);
+        casc_start(one, &a, seed);
+        casc_start(win, &b, seed);
+        assert_int_equal(kb_sim_run(one), 0);
+        uint64_t w = seed * 977;
+        while (kb_sim_next(win, &t)) {
+            size_t before = b.tr.n;
+            assert_true(t >= limit); /* nothing left behind before the last limit */
+            w = w * 6364136223846793005ull + 1;
+            /* widths from 1 ps to past the wheel's horizon, and limits on the event itself */
+            limit = (w >> 60) == 0 ? t : t + 1 + (kb_time)((w >> 20) % (1u << ((w >> 40) % 28)));
+            assert_int_equal(kb_sim_run_until(win, limit), 0);
+            if (limit > t)
+                assert_true(b.tr.n > before && b.tr.r[before].t == t);
+            for (size_t i = before; i < b.tr.n; i++)
+                assert_true(b.tr.r[i].t < limit);
+        }
+        assert_int_equal(kb_sim_blocked(win), 0);
+        assert_int_equal(b.tr.n, a.tr.n);
+        assert_int_equal(kb_sim_events(win), kb_sim_events(one));
+        for (size_t i = 0; i < a.tr.n; i++) {
+            assert_int_equal(b.tr.r[i].t, a.tr.r[i].t);
+            assert_int_equal(b.tr.r[i].id, a.tr.r[i].id);
+        }
+        trace_free(&a.tr);
+        trace_free(&b.tr);
+        kb_sim_destroy(one);
+        kb_sim_destroy(win);
+    }
+}
+
+/* A stop inside a bounded run returns its code; an empty engine has no next event. */
+static void stop_ev(kb_sim *sim, void *a, void *b)
+{
+    (void)a;
+    (void)b;
+    kb_sim_stop(sim, 42);
+}
+
+static void test_run_until_stop_and_empty(void **state)
+{
+    kb_sim *sim = kb_sim_create(NULL);
+    kb_time t = -1;
+    (void)state;
+    assert_non_null(sim);
+    assert_int_equal(kb_sim_next(sim, &t), 0);
+    assert_int_equal(kb_sim_at(sim, 1000, stop_ev, NULL, NULL), 0);
+    assert_int_equal(kb_sim_at(sim, 3000, stop_ev, NULL, NULL), 0);
+    assert_int_equal(kb_sim_run_until(sim, 500), 0);
+    assert_int_equal(kb_sim_now(sim), 0);
+    assert_int_equal(kb_sim_next(sim, &t), 1);
+    assert_int_equal(t, 1000);
+    assert_int_equal(kb_sim_run_until(sim, 5000), 42);
+    assert_int_equal(kb_sim_now(sim), 1000);
+    assert_int_equal(kb_sim_next(sim, &t), 1);
+    assert_int_equal(t, 3000);
+    kb_sim_destroy(sim);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1034,6 +1146,8 @@ int main(void)
         cmocka_unit_test(test_many_fibers),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_destroy_with_blocked),
+        cmocka_unit_test(test_run_until_windows),
+        cmocka_unit_test(test_run_until_stop_and_empty),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
