@@ -43,6 +43,19 @@ typedef struct {
 #include <sanitizer/common_interface_defs.h>
 #endif
 
+/* ThreadSanitizer (KBCL_TSAN builds): every fiber is a TSan fiber and every switch is
+ * announced (kb_sim.c), so that TSan keeps each fiber's accesses apart. */
+#if defined(__SANITIZE_THREAD__)
+#define KB_TSAN_ 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define KB_TSAN_ 1
+#endif
+#endif
+#ifdef KB_TSAN_
+#include <sanitizer/tsan_interface.h>
+#endif
+
 #define KB_DEFAULT_STACK_ (256u * 1024u)
 #define KB_MIN_STACK_ (16u * 1024u) /* below this even a trivial fiber overflows */
 #define KB_INITIAL_CAP_ 64u
@@ -96,6 +109,9 @@ struct kb_fiber {
     unsigned char *stack;         /* low end of the usable stack (sim->stack_bytes long) */
 #ifdef KB_ASAN_
     void *fake_stack;
+#endif
+#ifdef KB_TSAN_
+    void *tsan;                   /* its TSan fiber, from its context's making to its end */
 #endif
     char name[KB_NAME_MAX_ + 1];
 };
@@ -152,6 +168,9 @@ struct kb_sim {
     kb_uctx_ sched_uc;
 #else
     kb_fctx_ sched_ctx;
+#endif
+#ifdef KB_TSAN_
+    void *sched_tsan;              /* the TSan fiber of the thread running the loop */
 #endif
 #ifdef KB_ASAN_
     const void *sched_stack_bottom;

@@ -169,6 +169,10 @@ static void fiber_free(kb_sim *sim, kb_fiber *f)
 #else
     (void)sim;
 #endif
+#ifdef KB_TSAN_
+    if (f->tsan) /* a live fiber's (a recycled one's was destroyed then) */
+        __tsan_destroy_fiber(f->tsan);
+#endif
     free(f);
 }
 

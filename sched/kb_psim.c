@@ -1,0 +1,353 @@
+/*
+ * kb_psim — partitions of a discrete-event run on threads, in conservative windows (API and
+ * the ordering argument in kb_psim.h).
+ *
+ * A window is two phases separated by barriers. Phase A: each thread delivers the messages
+ * for its partitions (sorted by time, sender, sender's order) and notes each partition's
+ * earliest pending time. Every thread then reads all of them and computes the same decision:
+ * stop (an error, a stop code), end (nothing pending) or the window's end, T + lookahead.
+ * Phase B: each thread runs its partitions up to the window's end (kb_sim_run_until). The
+ * partitions a thread runs are a fixed block of indices, and nothing a thread does depends on
+ * another thread's timing, so the run is the same for every thread count. The per-partition
+ * results each phase writes live in separate arrays, so that a thread still reading one
+ * phase's results never races with a thread writing the next phase's.
+ */
+#include "kb_psim.h"
+
+#include <assert.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_err.h"
+
+typedef struct ps_msg {
+    kb_time t;
+    uint64_t seq; /* the sender's post count: its order */
+    int from;
+    kb_event_fn fn;
+    void *a, *b;
+} ps_msg;
+
+/* Messages from one partition to another, in post order; written by the sender's thread in
+ * phase B (or before the run), read and emptied by the receiver's in phase A. */
+typedef struct ps_box {
+    ps_msg *v;
+    size_t n, cap;
+} ps_box;
+
+/* Sense-counting barrier for a fixed number of threads: spins, then yields (the host may run
+ * fewer cores than threads). */
+typedef struct ps_barrier {
+    atomic_uint count, gen;
+    unsigned n;
+} ps_barrier;
+
+struct kb_psim {
+    int nparts, nthreads;
+    kb_time look;
+    kb_sim **part;
+    ps_box *box;        /* box[to * nparts + from] */
+    /* sent[to * words + from / 64], bit from % 64: `from` has messages for `to` (set by the
+     * sender at its first message of a window, so a receiver looks at its senders only) */
+    atomic_ullong *sent;
+    size_t words;
+    uint64_t *posted;   /* per sender: messages posted (the next seq) */
+    /* per partition: phase A's results (delivery error, earliest pending time) and phase B's
+     * (run_until's code) */
+    int *rc_a, *rc_b, *has;
+    kb_time *next;
+    ps_barrier bar;
+    int run_threads;    /* threads of the current run (fewer when one could not start) */
+    int result;         /* the run's code, decided identically by every thread */
+    atomic_int go;      /* 1: the started threads may begin; -1: they must quit */
+    uint64_t windows;
+    int running;
+};
+
+typedef struct ps_worker {
+    kb_psim *ps;
+    int k;
+    ps_msg *buf; /* delivery sort buffer, this thread's */
+    size_t cap;
+} ps_worker;
+
+static void bar_wait(ps_barrier *b)
+{
+    unsigned g = atomic_load_explicit(&b->gen, memory_order_acquire);
+    if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) + 1 == b->n) {
+        atomic_store_explicit(&b->count, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&b->gen, 1, memory_order_release);
+        return;
+    }
+    for (unsigned spin = 0; atomic_load_explicit(&b->gen, memory_order_acquire) == g; spin++)
+        if (spin >= 256)
+            sched_yield();
+}
+
+int kb_psim_create(const kb_psim_opts *o, kb_psim **out)
+{
+    kb_psim *ps;
+    size_t P;
+
+    *out = NULL;
+    if (!o || o->parts < 1 || o->threads < 1 || o->lookahead <= 0 ||
+        o->parts > KB_PSIM_MAX_PARTS)
+        return KB_ERR_INVAL;
+    if (!(ps = calloc(1, sizeof *ps)))
+        return KB_ERR_NOMEM;
+    P = (size_t)o->parts;
+    ps->nparts = o->parts;
+    ps->nthreads = o->threads < o->parts ? o->threads : o->parts;
+    if (ps->nthreads > KB_PSIM_MAX_THREADS)
+        ps->nthreads = KB_PSIM_MAX_THREADS;
+    ps->look = o->lookahead;
+    ps->part = calloc(P, sizeof *ps->part);
+    ps->box = calloc(P * P, sizeof *ps->box);
+    ps->words = (P + 63) / 64;
+    ps->sent = calloc(P * ps->words, sizeof *ps->sent); /* zero bits: atomics may be calloc'd */
+    ps->posted = calloc(P, sizeof *ps->posted);
+    ps->rc_a = calloc(P, sizeof *ps->rc_a);
+    ps->rc_b = calloc(P, sizeof *ps->rc_b);
+    ps->has = calloc(P, sizeof *ps->has);
+    ps->next = calloc(P, sizeof *ps->next);
+    if (!ps->part || !ps->box || !ps->sent || !ps->posted || !ps->rc_a || !ps->rc_b ||
+        !ps->has || !ps->next)
+        goto fail;
+    for (size_t i = 0; i < P; i++)
+        if (!(ps->part[i] = kb_sim_create(o->sim)))
+            goto fail;
+    *out = ps;
+    return 0;
+fail:
+    kb_psim_destroy(ps);
+    return KB_ERR_NOMEM;
+}
+
+void kb_psim_destroy(kb_psim *ps)
+{
+    if (!ps)
+        return;
+    assert(!ps->running); /* not from inside its own run */
+    if (ps->part)
+        for (int i = 0; i < ps->nparts; i++)
+            kb_sim_destroy(ps->part[i]);
+    if (ps->box)
+        for (size_t i = 0; i < (size_t)ps->nparts * (size_t)ps->nparts; i++)
+            free(ps->box[i].v);
+    free(ps->part);
+    free(ps->box);
+    free(ps->sent);
+    free(ps->posted);
+    free(ps->rc_a);
+    free(ps->rc_b);
+    free(ps->has);
+    free(ps->next);
+    free(ps);
+}
+
+kb_sim *kb_psim_part(kb_psim *ps, int i)
+{
+    assert(i >= 0 && i < ps->nparts);
+    return ps->part[i];
+}
+
+int kb_psim_parts(const kb_psim *ps) { return ps->nparts; }
+int kb_psim_threads(const kb_psim *ps) { return ps->nthreads; }
+kb_time kb_psim_lookahead(const kb_psim *ps) { return ps->look; }
+uint64_t kb_psim_windows(const kb_psim *ps) { return ps->windows; }
+
+uint64_t kb_psim_events(const kb_psim *ps)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < ps->nparts; i++)
+        n += kb_sim_events(ps->part[i]);
+    return n;
+}
+
+uint64_t kb_psim_messages(const kb_psim *ps)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < ps->nparts; i++)
+        n += ps->posted[i];
+    return n;
+}
+
+int kb_psim_post(kb_psim *ps, int from, int to, kb_time t, kb_event_fn fn, void *a, void *b)
+{
+    if (from < 0 || from >= ps->nparts || to < 0 || to >= ps->nparts || !fn)
+        return KB_ERR_INVAL;
+    if (from == to)
+        return kb_sim_at(ps->part[to], t, fn, a, b);
+    kb_time now = kb_sim_now(ps->part[from]);
+    if (t < now || t - now < ps->look)
+        return KB_ERR_RANGE;
+    ps_box *bx = &ps->box[(size_t)to * (size_t)ps->nparts + (size_t)from];
+    if (bx->n == bx->cap) {
+        size_t cap = bx->cap ? 2 * bx->cap : 16;
+        ps_msg *v = realloc(bx->v, cap * sizeof *v);
+        if (!v)
+            return KB_ERR_NOMEM;
+        bx->v = v;
+        bx->cap = cap;
+    }
+    if (bx->n == 0) /* other senders set other bits of the word: atomically */
+        atomic_fetch_or_explicit(&ps->sent[(size_t)to * ps->words + (size_t)from / 64],
+                                 1ull << (from % 64), memory_order_relaxed);
+    assert(bx->n < bx->cap);
+    bx->v[bx->n++] = (ps_msg){ t, ps->posted[from]++, from, fn, a, b };
+    return 0;
+}
+
+static int msg_cmp(const void *x, const void *y)
+{
+    const ps_msg *p = x, *q = y;
+    if (p->t != q->t)
+        return p->t < q->t ? -1 : 1;
+    if (p->from != q->from)
+        return p->from < q->from ? -1 : 1;
+    return p->seq < q->seq ? -1 : p->seq > q->seq;
+}
+
+/* Phase A for partition `to`: its messages scheduled in (time, sender, order). */
+static int deliver(ps_worker *w, int to)
+{
+    kb_psim *ps = w->ps;
+    ps_box *row = &ps->box[(size_t)to * (size_t)ps->nparts];
+    atomic_ullong *bits = &ps->sent[(size_t)to * ps->words];
+    size_t m = 0;
+    for (size_t wd = 0; wd < ps->words; wd++) {
+        /* the barrier ordered the senders' writes before this: relaxed is enough */
+        uint64_t b = atomic_exchange_explicit(&bits[wd], 0, memory_order_relaxed);
+        for (; b; b &= b - 1) {
+            ps_box *bx = &row[wd * 64 + (size_t)__builtin_ctzll(b)];
+            if (m + bx->n > w->cap) {
+                size_t cap = 2 * (m + bx->n);
+                ps_msg *v = realloc(w->buf, cap * sizeof *v);
+                if (!v)
+                    return KB_ERR_NOMEM;
+                w->buf = v;
+                w->cap = cap;
+            }
+            memcpy(w->buf + m, bx->v, bx->n * sizeof *w->buf);
+            m += bx->n;
+            bx->n = 0;
+        }
+    }
+    if (m == 0)
+        return 0;
+    qsort(w->buf, m, sizeof *w->buf, msg_cmp);
+    for (size_t i = 0; i < m; i++) {
+        /* a message is posted at least the lookahead ahead, so past this window's end */
+        assert(w->buf[i].t >= kb_sim_now(ps->part[to]));
+        int rc = kb_sim_at(ps->part[to], w->buf[i].t, w->buf[i].fn, w->buf[i].a, w->buf[i].b);
+        /* t >= the window's end > the receiver's clock: only memory can fail */
+        assert(rc == 0 || rc == KB_ERR_NOMEM);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* The first nonzero code in index order, or 0. */
+static int first_rc(const int *rc, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (rc[i])
+            return rc[i];
+    return 0;
+}
+
+/* One thread's share of the run: partitions [lo, hi). Returns when the run is decided. */
+static void work(ps_worker *w)
+{
+    kb_psim *ps = w->ps;
+    int T = ps->run_threads, P = ps->nparts;
+    int lo = (int)((int64_t)w->k * P / T), hi = (int)((int64_t)(w->k + 1) * P / T);
+    assert(T >= 1 && T <= P && lo < hi); /* every thread has a partition */
+    for (;;) {
+        for (int i = lo; i < hi; i++) {
+            ps->rc_a[i] = deliver(w, i);
+            ps->has[i] = kb_sim_next(ps->part[i], &ps->next[i]);
+        }
+        bar_wait(&ps->bar);
+        int rc = first_rc(ps->rc_a, P), any = 0;
+        kb_time tmin = KB_TIME_MAX;
+        for (int i = 0; i < P; i++)
+            if (ps->has[i] && (!any || ps->next[i] < tmin)) {
+                tmin = ps->next[i];
+                any = 1;
+            }
+        if (rc || !any) {
+            if (w->k == 0) {
+                size_t blocked = 0;
+                for (int i = 0; i < P; i++)
+                    blocked += kb_sim_blocked(ps->part[i]);
+                ps->result = rc ? rc : blocked ? KB_ERR_DEADLOCK : 0;
+            }
+            return;
+        }
+        kb_time end = tmin > KB_TIME_MAX - ps->look ? KB_TIME_MAX : tmin + ps->look;
+        if (w->k == 0)
+            ps->windows++;
+        for (int i = lo; i < hi; i++)
+            ps->rc_b[i] = kb_sim_run_until(ps->part[i], end);
+        bar_wait(&ps->bar);
+        if ((rc = first_rc(ps->rc_b, P)) != 0) {
+            if (w->k == 0)
+                ps->result = rc;
+            return;
+        }
+    }
+}
+
+static void *thread_main(void *arg)
+{
+    ps_worker *w = arg;
+    int g;
+    while ((g = atomic_load_explicit(&w->ps->go, memory_order_acquire)) == 0)
+        sched_yield();
+    if (g > 0)
+        work(w);
+    return NULL;
+}
+
+int kb_psim_run(kb_psim *ps)
+{
+    int T = ps->nthreads, started = 1, rc;
+    pthread_t th[KB_PSIM_MAX_THREADS];
+    ps_worker *ws;
+
+    if (ps->running)
+        return KB_ERR_STATE;
+    if (!(ws = calloc((size_t)T, sizeof *ws)))
+        return KB_ERR_NOMEM;
+    ps->running = 1;
+    atomic_store(&ps->go, 0);
+    for (int k = 0; k < T; k++) {
+        ws[k].ps = ps;
+        ws[k].k = k;
+    }
+    /* a thread that cannot start leaves its partitions to the others: the blocks change,
+     * the result does not */
+    for (int k = 1; k < T && started == k; k++)
+        if (pthread_create(&th[k], NULL, thread_main, &ws[k]) == 0)
+            started++;
+    assert(started >= 1 && started <= T);
+    ps->run_threads = started;
+    ps->bar.n = (unsigned)started;
+    atomic_store(&ps->bar.count, 0);
+    ps->result = 0;
+    atomic_store_explicit(&ps->go, 1, memory_order_release);
+    work(&ws[0]);
+    for (int k = 1; k < started; k++)
+        pthread_join(th[k], NULL);
+    rc = ps->result;
+    for (int k = 0; k < T; k++)
+        free(ws[k].buf);
+    free(ws);
+    ps->running = 0;
+    return rc;
+}

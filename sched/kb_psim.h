@@ -1,0 +1,77 @@
+/*
+ * kb_psim — a discrete-event run split into partitions that run side by side on threads:
+ * conservative synchronisation in windows (YAWNS), the base of a Phase 1 partitioned by SIP.
+ *
+ * A partition is a kb_sim of its own (its events, fibers and clock). A partition affects
+ * another only through a message (kb_psim_post): an event for the other partition at a time
+ * at least `lookahead` after its own clock, the smallest delay of anything that crosses a
+ * partition boundary (for SIPs: the inter-SIP link's latency). The run goes in windows: with
+ * T the earliest pending event of all partitions, every partition fires its events before
+ * T + lookahead, which no message of this window can precede, so the partitions of a window
+ * are independent and run on any threads. Between windows the messages are delivered, each
+ * destination's sorted by (time, sending partition, the sender's post order) and scheduled in
+ * that order, so events at equal times keep an order that depends on the partitions' own
+ * histories only. The result is therefore the same for every thread count, 1 included: the
+ * threads only decide which partitions a core runs.
+ *
+ * Ownership: kb_psim_create makes the partitions' kb_sims and kb_psim_destroy frees them
+ * (with their pending events and fibers). Limits: a message carries a function and two
+ * pointers, which must stay valid until it fires; a partition's code may post only from its
+ * own events and fibers (its thread); the partitions and the thread count are fixed at
+ * creation; a run cannot be nested or re-entered.
+ */
+#ifndef KB_PSIM_H
+#define KB_PSIM_H
+
+#include <stdint.h>
+
+#include "kb_sim.h"
+
+typedef struct kb_psim kb_psim;
+
+#define KB_PSIM_MAX_PARTS 4096
+#define KB_PSIM_MAX_THREADS 64
+
+typedef struct kb_psim_opts {
+    int parts;              /* partitions, 1 .. KB_PSIM_MAX_PARTS */
+    int threads;            /* threads that run them, >= 1; at most parts and
+                               KB_PSIM_MAX_THREADS are used (kb_psim_threads) */
+    kb_time lookahead;      /* the least delay of a message between partitions, > 0 */
+    const kb_sim_opts *sim; /* each partition's engine options; NULL: the defaults */
+} kb_psim_opts;
+
+/* 0 and *out, KB_ERR_INVAL (a count or the lookahead out of range) or KB_ERR_NOMEM. Owner:
+ * the caller, who frees it with kb_psim_destroy (NULL is a no-op). */
+int kb_psim_create(const kb_psim_opts *o, kb_psim **out);
+void kb_psim_destroy(kb_psim *ps);
+
+/* Partition i's engine (0 <= i < parts), for scheduling its first events and spawning its
+ * fibers before the run, and for its code during the run. */
+kb_sim *kb_psim_part(kb_psim *ps, int i);
+int kb_psim_parts(const kb_psim *ps);
+int kb_psim_threads(const kb_psim *ps);
+kb_time kb_psim_lookahead(const kb_psim *ps);
+
+/*
+ * From partition `from` (its event or fiber, or anyone before the run): fn(sim of `to`, a, b)
+ * at time t in partition `to`. Between two partitions t must be at least from's clock plus the
+ * lookahead, else KB_ERR_RANGE (the message could land in a window already run); within one
+ * partition it is kb_sim_at. KB_ERR_INVAL for a bad partition or fn, KB_ERR_NOMEM.
+ */
+int kb_psim_post(kb_psim *ps, int from, int to, kb_time t, kb_event_fn fn, void *a, void *b);
+
+/*
+ * Runs every partition until nothing is pending anywhere. Returns 0; the nonzero code of a
+ * partition's kb_sim_stop (the lowest-numbered partition's when several stopped in one
+ * window; every partition ends that window first; a stop with code 0 only ends its
+ * partition's window early); KB_ERR_DEADLOCK when fibers are blocked with nothing pending;
+ * KB_ERR_NOMEM; KB_ERR_STATE when called during a run. May be called again after a stop.
+ */
+int kb_psim_run(kb_psim *ps);
+
+/* Totals over the partitions, and the windows run so far. */
+uint64_t kb_psim_events(const kb_psim *ps);
+uint64_t kb_psim_windows(const kb_psim *ps);
+uint64_t kb_psim_messages(const kb_psim *ps);
+
+#endif

@@ -1,0 +1,280 @@
+/*
+ * test_psim — kb_psim: a PHOLD model (entities spread over partitions pass events to random
+ * entities, with ties at equal times inside and across partitions) gives the same per-entity
+ * digests, events, messages and windows for every thread count; messages earlier than the
+ * lookahead are refused; stop codes, deadlocks and fibers woken from another partition.
+ * Handlers only record; assertions run outside the run.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kb_err.h"
+#include "kb_psim.h"
+
+#define LOOK 5000 /* ps */
+
+/* ---------------------------------------------------------------- PHOLD */
+
+typedef struct phold phold;
+typedef struct ent {
+    phold *w;
+    int id, part;
+    uint64_t rng, hash;
+    long count;
+} ent;
+
+struct phold {
+    kb_psim *ps;
+    ent *e;
+    int n, per;        /* entities, per partition */
+    long limit;        /* hops of every starting event */
+    long stop_at;      /* entity 0 stops its partition at this count (0: never) */
+    int errors;        /* posts refused (must stay 0) */
+};
+
+static uint64_t draw(ent *e)
+{
+    e->rng ^= e->rng << 13;
+    e->rng ^= e->rng >> 7;
+    e->rng ^= e->rng << 17;
+    return e->rng;
+}
+
+/* b: the hops the event has left; at 0 it is absorbed */
+static void phold_ev(kb_sim *sim, void *a, void *b)
+{
+    ent *e = a;
+    phold *w = e->w;
+    kb_time now = kb_sim_now(sim);
+    long hops = (long)(intptr_t)b;
+    /* the digest depends on the order of the entity's events, ties included */
+    e->hash = (e->hash ^ (uint64_t)now ^ ((uint64_t)hops << 40)) * 0x100000001b3ull;
+    e->count++;
+    if (w->stop_at && e->id == 0 && e->count == w->stop_at)
+        kb_sim_stop(sim, 7);
+    if (hops == 0)
+        return;
+    uint64_t r = draw(e);
+    ent *to = &w->e[r % (uint64_t)w->n];
+    /* delays on a 1 ns grid, so that events meet at equal times */
+    kb_time dt = (kb_time)((r >> 32) % 4) * 1000;
+    if (to->part != e->part)
+        dt += LOOK;
+    if (kb_psim_post(w->ps, e->part, to->part, now + dt, phold_ev, to,
+                     (void *)(intptr_t)(hops - 1)) != 0)
+        w->errors++;
+}
+
+typedef struct result {
+    uint64_t digest, events, messages, windows;
+    int rc;
+} result;
+
+static result run_phold(int parts, int per, int threads, long limit, long stop_at)
+{
+    phold w = { 0 };
+    result res = { 0 };
+    kb_psim_opts o = { .parts = parts, .threads = threads, .lookahead = LOOK };
+    assert_int_equal(kb_psim_create(&o, &w.ps), 0);
+    w.n = parts * per;
+    w.per = per;
+    w.limit = limit;
+    w.stop_at = stop_at;
+    w.e = calloc((size_t)w.n, sizeof *w.e);
+    assert_non_null(w.e);
+    for (int i = 0; i < w.n; i++) {
+        ent *e = &w.e[i];
+        e->w = &w;
+        e->id = i;
+        e->part = i % parts;
+        e->rng = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
+        e->hash = 0xcbf29ce484222325ull;
+        /* two starting events per entity, the second at a time another entity also uses */
+        assert_int_equal(kb_sim_at(kb_psim_part(w.ps, e->part), (kb_time)(i % 5) * 1000,
+                                   phold_ev, e, (void *)(intptr_t)limit), 0);
+        assert_int_equal(kb_sim_at(kb_psim_part(w.ps, e->part), 3000, phold_ev, e,
+                                   (void *)(intptr_t)limit), 0);
+    }
+    res.rc = kb_psim_run(w.ps);
+    assert_int_equal(w.errors, 0);
+    for (int i = 0; i < w.n; i++)
+        res.digest = (res.digest ^ w.e[i].hash ^ (uint64_t)w.e[i].count) * 0x100000001b3ull;
+    res.events = kb_psim_events(w.ps);
+    res.messages = kb_psim_messages(w.ps);
+    res.windows = kb_psim_windows(w.ps);
+    kb_psim_destroy(w.ps);
+    free(w.e);
+    return res;
+}
+
+/* Threads 1, 2, 3, 4, 8 and 64 over 8 partitions: the same run; and the closed form of the
+ * event count (2n starting events of limit hops: each fires limit + 1 times). */
+static void test_phold_threads(void **state)
+{
+    (void)state;
+    const int parts = 8, per = 16;
+    const long limit = 300;
+    result r1 = run_phold(parts, per, 1, limit, 0);
+    assert_int_equal(r1.rc, 0);
+    assert_int_equal(r1.events, 2u * (uint64_t)(parts * per) * (uint64_t)(limit + 1));
+    assert_true(r1.messages > 0 && r1.windows > 1);
+    const int th[] = { 2, 3, 4, 8, 64 };
+    for (size_t k = 0; k < sizeof th / sizeof th[0]; k++) {
+        result r = run_phold(parts, per, th[k], limit, 0);
+        assert_int_equal(r.rc, 0);
+        assert_int_equal(r.digest, r1.digest);
+        assert_int_equal(r.events, r1.events);
+        assert_int_equal(r.messages, r1.messages);
+        assert_int_equal(r.windows, r1.windows);
+    }
+    /* one partition: no messages, one window per lookahead of events at most */
+    result one = run_phold(1, 64, 4, 50, 0);
+    assert_int_equal(one.rc, 0);
+    assert_int_equal(one.messages, 0);
+    assert_int_equal(one.events, 2u * 64u * 51u);
+}
+
+/* A stop ends the run after the window it happened in, with its code, the same everywhere. */
+static void test_phold_stop(void **state)
+{
+    (void)state;
+    result r1 = run_phold(4, 8, 1, 500, 100);
+    assert_int_equal(r1.rc, 7);
+    assert_true(r1.events < 2u * 32u * 501u);
+    for (int t = 2; t <= 4; t++) {
+        result r = run_phold(4, 8, t, 500, 100);
+        assert_int_equal(r.rc, 7);
+        assert_int_equal(r.digest, r1.digest);
+        assert_int_equal(r.events, r1.events);
+    }
+}
+
+/* ---------------------------------------------------------------- refusals */
+
+typedef struct early {
+    kb_psim *ps;
+    int rc[4];
+} early;
+
+static void noop_ev(kb_sim *sim, void *a, void *b)
+{
+    (void)sim;
+    (void)a;
+    (void)b;
+}
+
+static void early_ev(kb_sim *sim, void *a, void *b)
+{
+    early *e = a;
+    kb_time now = kb_sim_now(sim);
+    (void)b;
+    e->rc[0] = kb_psim_post(e->ps, 0, 1, now + LOOK - 1, noop_ev, NULL, NULL);
+    e->rc[1] = kb_psim_post(e->ps, 0, 1, now + LOOK, noop_ev, NULL, NULL);
+    e->rc[2] = kb_psim_post(e->ps, 0, 2, now + LOOK, noop_ev, NULL, NULL);
+    e->rc[3] = kb_psim_post(e->ps, 0, 0, now, noop_ev, NULL, NULL); /* local: no lookahead */
+}
+
+static void test_post_refusals(void **state)
+{
+    kb_psim *ps = NULL;
+    early e = { 0 };
+    (void)state;
+    assert_int_equal(kb_psim_create(&(kb_psim_opts){ .parts = 0, .threads = 1, .lookahead = 1 },
+                                    &ps), KB_ERR_INVAL);
+    assert_null(ps);
+    assert_int_equal(kb_psim_create(&(kb_psim_opts){ .parts = 2, .threads = 1, .lookahead = 0 },
+                                    &ps), KB_ERR_INVAL);
+    assert_int_equal(kb_psim_create(&(kb_psim_opts){ .parts = 2, .threads = 4, .lookahead = LOOK },
+                                    &ps), 0);
+    assert_int_equal(kb_psim_threads(ps), 2);
+    assert_int_equal(kb_psim_lookahead(ps), LOOK);
+    e.ps = ps;
+    assert_int_equal(kb_sim_at(kb_psim_part(ps, 0), 100, early_ev, &e, NULL), 0);
+    assert_int_equal(kb_psim_run(ps), 0);
+    assert_int_equal(e.rc[0], KB_ERR_RANGE);
+    assert_int_equal(e.rc[1], 0);
+    assert_int_equal(e.rc[2], KB_ERR_INVAL);
+    assert_int_equal(e.rc[3], 0);
+    assert_int_equal(kb_psim_messages(ps), 1);
+    assert_int_equal(kb_psim_events(ps), 3); /* early_ev, the local noop, the delivered one */
+    assert_int_equal(kb_sim_now(kb_psim_part(ps, 1)), 100 + LOOK);
+    kb_psim_destroy(ps);
+    kb_psim_destroy(NULL);
+}
+
+/* ---------------------------------------------------------------- fibers */
+
+typedef struct waiter {
+    kb_fiber *f;
+    kb_time woke;
+} waiter;
+
+static void waiter_fiber(kb_sim *sim, void *arg)
+{
+    waiter *w = arg;
+    kb_fiber_block(sim, "a message from partition 1", w);
+    w->woke = kb_sim_now(sim);
+}
+
+static void wake_ev(kb_sim *sim, void *a, void *b)
+{
+    (void)b;
+    kb_fiber_wake(sim, ((waiter *)a)->f);
+}
+
+typedef struct sender {
+    kb_psim *ps;
+    waiter *w;
+    int rc;
+} sender;
+
+static void sender_fiber(kb_sim *sim, void *arg)
+{
+    sender *s = arg;
+    kb_fiber_sleep(sim, 12345);
+    s->rc = kb_psim_post(s->ps, 1, 0, kb_sim_now(sim) + LOOK, wake_ev, s->w, NULL);
+}
+
+/* A fiber blocked in partition 0 is woken by a message from a fiber of partition 1, at the
+ * message's time; a fiber nobody wakes is a deadlock. */
+static void test_fibers_across(void **state)
+{
+    (void)state;
+    for (int threads = 1; threads <= 2; threads++) {
+        kb_psim *ps;
+        waiter w = { 0 }, lost = { 0 };
+        sender s = { 0 };
+        assert_int_equal(kb_psim_create(&(kb_psim_opts){ .parts = 2, .threads = threads,
+                                                         .lookahead = LOOK },
+                                        &ps), 0);
+        s.ps = ps;
+        s.w = &w;
+        w.f = kb_fiber_spawn(kb_psim_part(ps, 0), waiter_fiber, &w, "waiter");
+        assert_non_null(w.f);
+        assert_non_null(kb_fiber_spawn(kb_psim_part(ps, 1), sender_fiber, &s, "sender"));
+        assert_int_equal(kb_psim_run(ps), 0);
+        assert_int_equal(s.rc, 0);
+        assert_int_equal(w.woke, 12345 + LOOK);
+        lost.f = kb_fiber_spawn(kb_psim_part(ps, 1), waiter_fiber, &lost, "lost");
+        assert_non_null(lost.f);
+        assert_int_equal(kb_psim_run(ps), KB_ERR_DEADLOCK);
+        kb_psim_destroy(ps);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_phold_threads),
+        cmocka_unit_test(test_phold_stop),
+        cmocka_unit_test(test_post_refusals),
+        cmocka_unit_test(test_fibers_across),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
