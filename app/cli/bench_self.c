@@ -7,7 +7,8 @@
  * host nanoseconds (two PEs ping-ponging one message), memory per PE (resident bytes a context
  * adds per simulated PE), and the timing-only runs of the 256-PE ring all-reduce and of the
  * hierarchical all-reduce at 256 / 1 024 / 2 048 / 8 192 PEs (each run in a child process, so
- * its peak RSS is its own). Phase 2: replay throughput of the chosen device's backend (see
+ * its peak RSS is its own), and the partitioned engine's speed-up over threads (kb_psim, a
+ * synthetic ring of 32 partitions: the engine alone, not yet the machine). Phase 2: replay throughput of the chosen device's backend (see
  * kb_cli.h: kbcl_bench_phase2). Wall-clock numbers vary with the machine and its load; the
  * JSON records what was measured, the table prints it.
  */
@@ -24,6 +25,7 @@
 #include "kb_ccl.h"
 #include "kb_cli.h"
 #include "kb_ipcq.h"
+#include "kb_psim.h"
 #include "kb_sim.h"
 #include "kb_tl.h"
 
@@ -69,6 +71,100 @@ static double bench_event_loop(int pending, uint64_t total, double *events_per_s
     kb_sim_destroy(sim);
     *events_per_s = (double)n / ((t1 - t0) / 1e9);
     return (t1 - t0) / (double)n;
+}
+
+/* ---- partitioned engine (kb_psim) ---- */
+
+/*
+ * A ring of entities spread over partitions in blocks, as PEs over SIPs: every entity starts
+ * a token that travels `hops` steps round the ring, 10-40 ns per step inside a partition and
+ * the lookahead (an inter-SIP link's 500 ns) plus that across a boundary, and mixes each
+ * arrival into the entity's digest with a little arithmetic (about what a kernel's step
+ * costs the host). The same run on every thread count: the digests must agree.
+ */
+typedef struct pring {
+    kb_psim *ps;
+    uint64_t *hash;
+    int n, per;
+    int refused;
+} pring;
+
+static void pring_ev(kb_sim *sim, void *a, void *b)
+{
+    pring *r = a;
+    uintptr_t v = (uintptr_t)b;
+    int i = (int)(v & 0xffffffu), left = (int)(v >> 24), j = (i + 1) % r->n;
+    kb_time now = kb_sim_now(sim), dt = 10000 + (kb_time)((uint64_t)i * 7919u % 4u) * 10000;
+    uint64_t h = r->hash[i] ^ (uint64_t)now;
+    for (int k = 0; k < 64; k++)
+        h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ull;
+    r->hash[i] = h;
+    if (left == 0)
+        return;
+    if (i / r->per != j / r->per)
+        dt += kb_psim_lookahead(r->ps);
+    if (kb_psim_post(r->ps, i / r->per, j / r->per, now + dt, pring_ev, r,
+                     (void *)(((uintptr_t)(left - 1) << 24) | (uintptr_t)j)) != 0)
+        r->refused++;
+}
+
+/* Events per second of the ring at `threads`; *digest is the run's result. */
+static double bench_psim(int parts, int per, int hops, int threads, uint64_t *digest,
+                         uint64_t *windows)
+{
+    kb_psim_opts o = { .parts = parts, .threads = threads, .lookahead = 500000 };
+    pring r = { .n = parts * per, .per = per };
+    double t0, t1, eps = -1;
+    *digest = 0;
+    if (kb_psim_create(&o, &r.ps) != 0)
+        return -1;
+    if (!(r.hash = calloc((size_t)r.n, sizeof *r.hash)))
+        goto out;
+    for (int i = 0; i < r.n; i++)
+        if (kb_sim_at(kb_psim_part(r.ps, i / per), 0, pring_ev, &r,
+                      (void *)(((uintptr_t)hops << 24) | (uintptr_t)i)) != 0)
+            goto out;
+    t0 = now_ns();
+    if (kb_psim_run(r.ps) != 0 || r.refused)
+        goto out;
+    t1 = now_ns();
+    for (int i = 0; i < r.n; i++)
+        *digest = (*digest ^ r.hash[i]) * 0x100000001b3ull;
+    *windows = kb_psim_windows(r.ps);
+    eps = (double)kb_psim_events(r.ps) / ((t1 - t0) / 1e9);
+out:
+    free(r.hash);
+    kb_psim_destroy(r.ps);
+    return eps;
+}
+
+/* The table: threads 1 .. 16 on the ring of 32 partitions x 128 entities (4 096 "PEs"). */
+static cJSON *psim_table(int quick)
+{
+    static const int th[] = { 1, 2, 4, 8, 16 };
+    cJSON *arr = cJSON_CreateArray();
+    double base = 0;
+    uint64_t d0 = 0;
+    printf("  partitioned engine (ring of 32 x 128, lookahead 500 ns): threads, M events/s, "
+           "speed-up, windows, digest\n");
+    for (size_t k = 0; k < sizeof th / sizeof th[0]; k++) {
+        uint64_t dg, win = 0;
+        double eps = bench_psim(32, 128, quick ? 200 : 1000, th[k], &dg, &win);
+        if (k == 0) {
+            base = eps;
+            d0 = dg;
+        }
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "threads", th[k]);
+        cJSON_AddNumberToObject(o, "events_per_s", eps);
+        cJSON_AddNumberToObject(o, "speedup", base > 0 ? eps / base : 0);
+        cJSON_AddNumberToObject(o, "windows", (double)win);
+        cJSON_AddBoolToObject(o, "same_result", dg == d0);
+        cJSON_AddItemToArray(arr, o);
+        printf("    %2d %9.2f %6.2fx %8llu %s\n", th[k], eps / 1e6, base > 0 ? eps / base : 0,
+               (unsigned long long)win, dg == d0 ? "same" : "DIFFERENT");
+    }
+    return arr;
 }
 
 /* ---- fiber switch ---- */
@@ -346,6 +442,7 @@ int kbcl_cmd_bench_self(int argc, char **argv)
     double mpe = bench_mem_per_pe(8);
     cJSON_AddNumberToObject(p1, "memory_per_pe_bytes", mpe);
     printf("  memory per PE                 %8.0f bytes (context of 1024 PEs)\n", mpe);
+    cJSON_AddItemToObject(p1, "partitioned_engine", psim_table(quick));
 
     printf("  %-32s %6s %9s %9s %9s %11s %9s %9s\n", "timing-only run", "PEs", "wall ms",
            "loop ms", "events", "loop ev/s", "us/chunk", "peak MiB");
