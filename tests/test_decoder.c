@@ -334,15 +334,24 @@ static void test_plan(void **s)
     assert_int_equal(pl.machine, 0);
     assert_int_equal(pl.dmachine, 1);
     assert_int_equal(pl.shared, 1);
-    assert_int_equal(pl.chunks, 121);
-    /* the combination over ccol PEs of a cube: W_o's rows are 2 x 256 x 2304 x 2 bytes,
-     * the partials P = 121 x 2 x 258 x 4 = 249 744 bytes; 3^2 P = 2.25 MB <= W = 2.36 MB,
-     * 4^2 P = 4.0 MB is not */
+    /* machine's chunk count balances a chunk PE's K/V reads against the combining PE's
+     * partials: round(sqrt(2049 x 2 x 256 x 2 / (2 x 258 x 4))) = round(31.9) = 32 chunks of
+     * 65 positions (naive above: 121 of 17) */
+    assert_int_equal(pl.chunks, 32);
+    assert_int_equal(pl.clen, 65);
+    /* the combination over ccol PEs of a cube: W_o's rows are W = 2 x 256 x 2304 x 2 =
+     * 2 359 296 bytes, the partials P = 32 x 2 x 258 x 4 = 66 048; 4^2 P <= W, 5 does not
+     * divide 2304, 6^2 P = 2.38 MB is over */
     assert_int_equal(pl.citems, 1);
-    assert_int_equal(pl.ccol, 3);
+    assert_int_equal(pl.ccol, 4);
     assert_int_equal(pl.comb.cubes, 1);
-    assert_int_equal(pl.comb.pes, 3);
-    assert_int_equal(pl.comb.n, 3);
+    assert_int_equal(pl.comb.pes, 4);
+    assert_int_equal(pl.comb.n, 4);
+    o.kv_len = 32768; /* sqrt(32769 x 1024 / 2064) = 127.5: 128, as many as there are PEs */
+    assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
+    assert_int_equal(pl.chunks, 128);
+    assert_int_equal(pl.clen, 257);
+    o.kv_len = 2048;
     o.batch = 4; /* 4 x 2304 x 2 bytes: more than one copy should hold */
     assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
     assert_int_equal(pl.shared, 0);

@@ -174,6 +174,16 @@ static int plan_attention(const kb_decoder_opts *o, int ncubes, int npes, kb_dec
                               "exceed the %d PEs of a rank", (long long)o->batch,
                               (long long)pl->nkv, pl->S);
         int64_t C = (L + MIN_CHUNK - 1) / MIN_CHUNK;
+        if (o->mapping == KB_DEC_MAP_MACHINE) {
+            /* machine: the chunk count that balances the two ends of the critical path, a
+             * chunk PE's K and V reads (L / C positions of 2 hd activations) against the
+             * combining PE's partial reads (C chunks of nrep (hd + 2) f32) */
+            const double es = 2.0; /* the cache's f16 or bf16 */
+            int64_t cb = llround(sqrt((double)L * 2.0 * (double)pl->hd * es /
+                                      ((double)pl->nrep * (double)(pl->hd + 2) * 4.0)));
+            if (cb < C)
+                C = cb < 1 ? 1 : cb;
+        }
         if (C > per)
             C = per;
         pl->clen = (L + C - 1) / C;
