@@ -7,8 +7,8 @@
  * host nanoseconds (two PEs ping-ponging one message), memory per PE (resident bytes a context
  * adds per simulated PE), and the timing-only runs of the 256-PE ring all-reduce and of the
  * hierarchical all-reduce at 256 / 1 024 / 2 048 / 8 192 PEs (each run in a child process, so
- * its peak RSS is its own), and the partitioned engine's speed-up over threads (kb_psim, a
- * synthetic ring of 32 partitions: the engine alone, not yet the machine). Phase 2: replay throughput of the chosen device's backend (see
+ * its peak RSS is its own), and the partitioned engine's speed-up over threads (kb_psim on
+ * synthetic rings of 8, 32 and 128 partitions: the engine alone, not yet the machine). Phase 2: replay throughput of the chosen device's backend (see
  * kb_cli.h: kbcl_bench_phase2). Wall-clock numbers vary with the machine and its load; the
  * JSON records what was measured, the table prints it.
  */
@@ -138,31 +138,39 @@ out:
     return eps;
 }
 
-/* The table: threads 1 .. 16 on the ring of 32 partitions x 128 entities (4 096 "PEs"). */
+/* The table: rings of 1 024, 4 096 and 16 384 entities (8, 32 and 128 partitions of 128, as
+ * PEs over SIPs) at threads 1 .. 16, each ring with about 4 M events (--quick: 0.8 M). */
 static cJSON *psim_table(int quick)
 {
     static const int th[] = { 1, 2, 4, 8, 16 };
+    static const int ranks[] = { 1024, 4096, 16384 };
     cJSON *arr = cJSON_CreateArray();
-    double base = 0;
-    uint64_t d0 = 0;
-    printf("  partitioned engine (ring of 32 x 128, lookahead 500 ns): threads, M events/s, "
-           "speed-up, windows, digest\n");
-    for (size_t k = 0; k < sizeof th / sizeof th[0]; k++) {
-        uint64_t dg, win = 0;
-        double eps = bench_psim(32, 128, quick ? 200 : 1000, th[k], &dg, &win);
-        if (k == 0) {
-            base = eps;
-            d0 = dg;
+    printf("  partitioned engine (a ring, 128 entities per partition, lookahead 500 ns):\n"
+           "    %6s %7s %9s %11s %9s %8s\n", "ranks", "threads", "M ev/s", "speed-up",
+           "windows", "result");
+    for (size_t r = 0; r < sizeof ranks / sizeof ranks[0]; r++) {
+        double base = 0;
+        uint64_t d0 = 0;
+        int hops = (quick ? 800000 : 4000000) / ranks[r];
+        for (size_t k = 0; k < sizeof th / sizeof th[0]; k++) {
+            uint64_t dg, win = 0;
+            double eps = bench_psim(ranks[r] / 128, 128, hops, th[k], &dg, &win);
+            if (k == 0) {
+                base = eps;
+                d0 = dg;
+            }
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddNumberToObject(o, "ranks", ranks[r]);
+            cJSON_AddNumberToObject(o, "threads", th[k]);
+            cJSON_AddNumberToObject(o, "events_per_s", eps);
+            cJSON_AddNumberToObject(o, "speedup", base > 0 ? eps / base : 0);
+            cJSON_AddNumberToObject(o, "windows", (double)win);
+            cJSON_AddBoolToObject(o, "same_result", dg == d0);
+            cJSON_AddItemToArray(arr, o);
+            printf("    %6d %7d %9.2f %10.2fx %9llu %8s\n", ranks[r], th[k], eps / 1e6,
+                   base > 0 ? eps / base : 0, (unsigned long long)win,
+                   dg == d0 ? "same" : "DIFFERENT");
         }
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddNumberToObject(o, "threads", th[k]);
-        cJSON_AddNumberToObject(o, "events_per_s", eps);
-        cJSON_AddNumberToObject(o, "speedup", base > 0 ? eps / base : 0);
-        cJSON_AddNumberToObject(o, "windows", (double)win);
-        cJSON_AddBoolToObject(o, "same_result", dg == d0);
-        cJSON_AddItemToArray(arr, o);
-        printf("    %2d %9.2f %6.2fx %8llu %s\n", th[k], eps / 1e6, base > 0 ? eps / base : 0,
-               (unsigned long long)win, dg == d0 ? "same" : "DIFFERENT");
     }
     return arr;
 }
