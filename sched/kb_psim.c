@@ -5,8 +5,11 @@
  * A window is two phases separated by barriers. Phase A: each thread delivers the messages
  * for its partitions (sorted by time, sender, sender's order) and notes each partition's
  * earliest pending time. Every thread then reads all of them and computes the same decision:
- * stop (an error, a stop code), end (nothing pending) or the window's end, T + lookahead.
- * Phase B: each thread runs its partitions up to the window's end (kb_sim_run_until). The
+ * stop (an error, a stop code), end (nothing pending) or the window's end, T + lookahead, or
+ * the earliest stop-the-world operation's time when that comes first. Phase B: each thread
+ * runs its partitions up to the window's end (kb_sim_run_until); then, when the window ended
+ * at an operation's time, thread 0 runs the operations due and a third barrier releases the
+ * others. The
  * partitions a thread runs are a fixed block of indices, and nothing a thread does depends on
  * another thread's timing, so the run is the same for every thread count. The per-partition
  * results each phase writes live in separate arrays, so that a thread still reading one
@@ -38,6 +41,21 @@ typedef struct ps_box {
     size_t n, cap;
 } ps_box;
 
+/* A stop-the-world operation asked for by a partition (kb_psim_sync_at); kept in the asking
+ * partition's list (its thread's only) until it runs. */
+typedef struct ps_sync {
+    kb_time t;
+    uint64_t seq; /* the asker's request count: its order */
+    kb_psim_sync_fn fn;
+    void *ud;
+} ps_sync;
+
+typedef struct ps_syncs {
+    ps_sync *v;
+    size_t n, cap;
+    uint64_t asked;
+} ps_syncs;
+
 /* Sense-counting barrier for a fixed number of threads: spins, then yields (the host may run
  * fewer cores than threads). */
 typedef struct ps_barrier {
@@ -57,8 +75,12 @@ struct kb_psim {
     uint64_t *posted;   /* per sender: messages posted (the next seq) */
     /* per partition: phase A's results (delivery error, earliest pending time) and phase B's
      * (run_until's code) */
-    int *rc_a, *rc_b, *has;
-    kb_time *next;
+    int *rc_a, *rc_b, *has, *has_s;
+    kb_time *next, *next_s; /* earliest event; earliest operation (phase A's results) */
+    ps_syncs *sync;     /* per partition: its pending stop-the-world operations */
+    int in_sync;        /* a sync operation is running (on thread 0, every partition still) */
+    kb_time sync_t;     /* ... at this time */
+    uint64_t syncs;     /* sync operations run so far */
     ps_barrier bar;
     int run_threads;    /* threads of the current run (fewer when one could not start) */
     int result;         /* the run's code, decided identically by every thread */
@@ -113,8 +135,11 @@ int kb_psim_create(const kb_psim_opts *o, kb_psim **out)
     ps->rc_b = calloc(P, sizeof *ps->rc_b);
     ps->has = calloc(P, sizeof *ps->has);
     ps->next = calloc(P, sizeof *ps->next);
+    ps->sync = calloc(P, sizeof *ps->sync);
+    ps->has_s = calloc(P, sizeof *ps->has_s);
+    ps->next_s = calloc(P, sizeof *ps->next_s);
     if (!ps->part || !ps->box || !ps->sent || !ps->posted || !ps->rc_a || !ps->rc_b ||
-        !ps->has || !ps->next)
+        !ps->has || !ps->next || !ps->sync || !ps->has_s || !ps->next_s)
         goto fail;
     for (size_t i = 0; i < P; i++)
         if (!(ps->part[i] = kb_sim_create(o->sim)))
@@ -137,6 +162,10 @@ void kb_psim_destroy(kb_psim *ps)
     if (ps->box)
         for (size_t i = 0; i < (size_t)ps->nparts * (size_t)ps->nparts; i++)
             free(ps->box[i].v);
+    if (ps->sync)
+        for (int i = 0; i < ps->nparts; i++)
+            free(ps->sync[i].v);
+    free(ps->sync);
     free(ps->part);
     free(ps->box);
     free(ps->sent);
@@ -145,6 +174,8 @@ void kb_psim_destroy(kb_psim *ps)
     free(ps->rc_b);
     free(ps->has);
     free(ps->next);
+    free(ps->has_s);
+    free(ps->next_s);
     free(ps);
 }
 
@@ -158,6 +189,7 @@ int kb_psim_parts(const kb_psim *ps) { return ps->nparts; }
 int kb_psim_threads(const kb_psim *ps) { return ps->nthreads; }
 kb_time kb_psim_lookahead(const kb_psim *ps) { return ps->look; }
 uint64_t kb_psim_windows(const kb_psim *ps) { return ps->windows; }
+uint64_t kb_psim_syncs(const kb_psim *ps) { return ps->syncs; }
 
 uint64_t kb_psim_events(const kb_psim *ps)
 {
@@ -199,6 +231,68 @@ int kb_psim_post(kb_psim *ps, int from, int to, kb_time t, kb_event_fn fn, void 
     assert(bx->n < bx->cap);
     bx->v[bx->n++] = (ps_msg){ t, ps->posted[from]++, from, fn, a, b };
     return 0;
+}
+
+int kb_psim_sync_at(kb_psim *ps, int from, kb_time t, kb_psim_sync_fn fn, void *ud)
+{
+    if (from < 0 || from >= ps->nparts || !fn)
+        return KB_ERR_INVAL;
+    if (ps->in_sync) { /* from a sync operation: any later time */
+        if (t <= ps->sync_t)
+            return KB_ERR_RANGE;
+    } else {
+        kb_time now = kb_sim_now(ps->part[from]);
+        if (t < now || t - now < ps->look)
+            return KB_ERR_RANGE;
+    }
+    ps_syncs *q = &ps->sync[from];
+    if (q->n == q->cap) {
+        size_t cap = q->cap ? 2 * q->cap : 8;
+        ps_sync *v = realloc(q->v, cap * sizeof *v);
+        if (!v)
+            return KB_ERR_NOMEM;
+        q->v = v;
+        q->cap = cap;
+    }
+    assert(q->n < q->cap);
+    q->v[q->n++] = (ps_sync){ t, q->asked++, fn, ud };
+    return 0;
+}
+
+/* Partition i's earliest pending operation: 1 and *t, or 0 when it has none. */
+static int next_sync(const kb_psim *ps, int i, kb_time *t)
+{
+    int any = 0;
+    for (size_t k = 0; k < ps->sync[i].n; k++)
+        if (!any || ps->sync[i].v[k].t < *t) {
+            *t = ps->sync[i].v[k].t;
+            any = 1;
+        }
+    return any;
+}
+
+/* Thread 0, every partition still at or before t: the operations due at t, partition by
+ * partition in request order (an operation may ask for more, at later times). */
+static void run_syncs(kb_psim *ps, kb_time t)
+{
+    ps->in_sync = 1;
+    ps->sync_t = t;
+    for (int i = 0; i < ps->nparts; i++) {
+        ps_syncs *q = &ps->sync[i];
+        for (;;) {
+            size_t best = q->n;
+            for (size_t k = 0; k < q->n; k++)
+                if (q->v[k].t == t && (best == q->n || q->v[k].seq < q->v[best].seq))
+                    best = k;
+            if (best == q->n)
+                break;
+            ps_sync op = q->v[best];
+            q->v[best] = q->v[--q->n]; /* order is kept by seq, not by place */
+            ps->syncs++;
+            op.fn(ps, t, op.ud);
+        }
+    }
+    ps->in_sync = 0;
 }
 
 static int msg_cmp(const void *x, const void *y)
@@ -271,16 +365,23 @@ static void work(ps_worker *w)
         for (int i = lo; i < hi; i++) {
             ps->rc_a[i] = deliver(w, i);
             ps->has[i] = kb_sim_next(ps->part[i], &ps->next[i]);
+            ps->has_s[i] = next_sync(ps, i, &ps->next_s[i]);
         }
         bar_wait(&ps->bar);
         int rc = first_rc(ps->rc_a, P), any = 0;
-        kb_time tmin = KB_TIME_MAX;
-        for (int i = 0; i < P; i++)
+        kb_time tmin = KB_TIME_MAX, ts = KB_TIME_MAX;
+        int sync = 0;
+        for (int i = 0; i < P; i++) {
             if (ps->has[i] && (!any || ps->next[i] < tmin)) {
                 tmin = ps->next[i];
                 any = 1;
             }
-        if (rc || !any) {
+            if (ps->has_s[i] && (!sync || ps->next_s[i] < ts)) {
+                ts = ps->next_s[i];
+                sync = 1;
+            }
+        }
+        if (rc || (!any && !sync)) {
             if (w->k == 0) {
                 size_t blocked = 0;
                 for (int i = 0; i < P; i++)
@@ -290,6 +391,8 @@ static void work(ps_worker *w)
             return;
         }
         kb_time end = tmin > KB_TIME_MAX - ps->look ? KB_TIME_MAX : tmin + ps->look;
+        if (!any || (sync && ts < end)) /* a sync ends the window at its time */
+            end = ts;
         if (w->k == 0)
             ps->windows++;
         for (int i = lo; i < hi; i++)
@@ -299,6 +402,11 @@ static void work(ps_worker *w)
             if (w->k == 0)
                 ps->result = rc;
             return;
+        }
+        if (sync && end == ts) { /* every partition has fired what comes before ts */
+            if (w->k == 0)
+                run_syncs(ps, ts);
+            bar_wait(&ps->bar);
         }
     }
 }

@@ -61,17 +61,33 @@ kb_time kb_psim_lookahead(const kb_psim *ps);
 int kb_psim_post(kb_psim *ps, int from, int to, kb_time t, kb_event_fn fn, void *a, void *b);
 
 /*
- * Runs every partition until nothing is pending anywhere. Returns 0; the nonzero code of a
- * partition's kb_sim_stop (the lowest-numbered partition's when several stopped in one
- * window; every partition ends that window first; a stop with code 0 only ends its
- * partition's window early); KB_ERR_DEADLOCK when fibers are blocked with nothing pending;
- * KB_ERR_NOMEM; KB_ERR_STATE when called during a run. May be called again after a stop.
+ * A stop-the-world operation: fn(ps, t, ud) runs once every partition has fired all its
+ * events before t and none at or after it, on one thread while every partition stands still,
+ * so it may read and change any partition (schedule events at t or later anywhere, post
+ * messages, ask for later operations). What kbcl's host does that touches every SIP at once
+ * (a tensor's creation, a host read) is one of these. Asked for from partition `from` (its
+ * event or fiber, or before the run) at t no earlier than from's clock plus the lookahead
+ * (else KB_ERR_RANGE), or from a running operation at any later t. Operations due at equal
+ * times run partition by partition, each partition's in the order it asked. KB_ERR_INVAL,
+ * KB_ERR_NOMEM.
+ */
+typedef void (*kb_psim_sync_fn)(kb_psim *ps, kb_time t, void *ud);
+int kb_psim_sync_at(kb_psim *ps, int from, kb_time t, kb_psim_sync_fn fn, void *ud);
+
+/*
+ * Runs every partition until nothing is pending anywhere (events, messages, operations).
+ * Returns 0; the nonzero code of a partition's kb_sim_stop (the lowest-numbered partition's
+ * when several stopped in one window; every partition ends that window first; a stop with
+ * code 0 only ends its partition's window early); KB_ERR_DEADLOCK when fibers are blocked
+ * with nothing pending; KB_ERR_NOMEM; KB_ERR_STATE when called during a run. May be called
+ * again after a stop.
  */
 int kb_psim_run(kb_psim *ps);
 
-/* Totals over the partitions, and the windows run so far. */
+/* Totals over the partitions, the windows and the stop-the-world operations run so far. */
 uint64_t kb_psim_events(const kb_psim *ps);
 uint64_t kb_psim_windows(const kb_psim *ps);
 uint64_t kb_psim_messages(const kb_psim *ps);
+uint64_t kb_psim_syncs(const kb_psim *ps);
 
 #endif

@@ -1,8 +1,9 @@
 /*
  * test_psim — kb_psim: a PHOLD model (entities spread over partitions pass events to random
  * entities, with ties at equal times inside and across partitions) gives the same per-entity
- * digests, events, messages and windows for every thread count; messages earlier than the
- * lookahead are refused; stop codes, deadlocks and fibers woken from another partition.
+ * digests, events, messages and windows for every thread count, with and without
+ * stop-the-world snapshots; messages and operations earlier than the lookahead are refused;
+ * stop codes, deadlocks and fibers woken from another partition.
  * Handlers only record; assertions run outside the run.
  */
 #include <stdarg.h>
@@ -36,6 +37,11 @@ struct phold {
     long limit;        /* hops of every starting event */
     long stop_at;      /* entity 0 stops its partition at this count (0: never) */
     int errors;        /* posts refused (must stay 0) */
+    /* stop-the-world snapshots every `every` ps (0: none): the digest of every entity so far,
+     * and any partition seen with an event due before the snapshot's time (must stay 0) */
+    kb_time every;
+    uint64_t snap[64];
+    int nsnap, early, kicks;
 };
 
 static uint64_t draw(ent *e)
@@ -72,11 +78,35 @@ static void phold_ev(kb_sim *sim, void *a, void *b)
 }
 
 typedef struct result {
-    uint64_t digest, events, messages, windows;
-    int rc;
+    uint64_t digest, events, messages, windows, syncs, snap[64];
+    int rc, nsnap;
 } result;
 
-static result run_phold(int parts, int per, int threads, long limit, long stop_at)
+/* A snapshot: every partition stands still with nothing due before t; the entities' digests
+ * folded in entity order; then a new starting event for entity 0 (as a host's launch would
+ * touch a SIP), and the next snapshot. */
+static void snapshot(kb_psim *ps, kb_time t, void *ud)
+{
+    phold *w = ud;
+    uint64_t d = 0;
+    for (int i = 0; i < kb_psim_parts(ps); i++) {
+        kb_time nx;
+        if ((kb_sim_next(kb_psim_part(ps, i), &nx) && nx < t) || kb_sim_now(kb_psim_part(ps, i)) > t)
+            w->early++;
+    }
+    for (int i = 0; i < w->n; i++)
+        d = (d ^ w->e[i].hash ^ (uint64_t)w->e[i].count) * 0x100000001b3ull;
+    if (w->nsnap < 64)
+        w->snap[w->nsnap++] = d;
+    if (w->kicks++ < 8 && kb_sim_at(kb_psim_part(ps, 0), t, phold_ev, &w->e[0],
+                                     (void *)(intptr_t)w->limit) != 0)
+        w->errors++;
+    if (w->nsnap < 64 && kb_psim_sync_at(ps, 0, t + w->every, snapshot, w) != 0)
+        w->errors++;
+}
+
+static result run_phold_every(int parts, int per, int threads, long limit, long stop_at,
+                              kb_time every)
 {
     phold w = { 0 };
     result res = { 0 };
@@ -101,8 +131,15 @@ static result run_phold(int parts, int per, int threads, long limit, long stop_a
         assert_int_equal(kb_sim_at(kb_psim_part(w.ps, e->part), 3000, phold_ev, e,
                                    (void *)(intptr_t)limit), 0);
     }
+    w.every = every;
+    if (every)
+        assert_int_equal(kb_psim_sync_at(w.ps, 0, every, snapshot, &w), 0);
     res.rc = kb_psim_run(w.ps);
     assert_int_equal(w.errors, 0);
+    assert_int_equal(w.early, 0);
+    res.nsnap = w.nsnap;
+    memcpy(res.snap, w.snap, sizeof res.snap);
+    res.syncs = kb_psim_syncs(w.ps);
     for (int i = 0; i < w.n; i++)
         res.digest = (res.digest ^ w.e[i].hash ^ (uint64_t)w.e[i].count) * 0x100000001b3ull;
     res.events = kb_psim_events(w.ps);
@@ -111,6 +148,11 @@ static result run_phold(int parts, int per, int threads, long limit, long stop_a
     kb_psim_destroy(w.ps);
     free(w.e);
     return res;
+}
+
+static result run_phold(int parts, int per, int threads, long limit, long stop_at)
+{
+    return run_phold_every(parts, per, threads, limit, stop_at, 0);
 }
 
 /* Threads 1, 2, 3, 4, 8 and 64 over 8 partitions: the same run; and the closed form of the
@@ -155,12 +197,54 @@ static void test_phold_stop(void **state)
     }
 }
 
+/* Stop-the-world snapshots every 7 ns (the lookahead is 5): each sees every partition
+ * still, with nothing due before it, and adds an event (8 in all); the snapshots' digests,
+ * the events and the windows are the same for every thread count, and the event count is
+ * the closed form plus the 8 added tokens' hops. */
+static void test_phold_syncs(void **state)
+{
+    (void)state;
+    const long limit = 200;
+    result r1 = run_phold_every(8, 16, 1, limit, 0, 7000);
+    assert_int_equal(r1.rc, 0);
+    assert_int_equal(r1.events, (2u * 128u + 8u) * (uint64_t)(limit + 1));
+    assert_int_equal(r1.nsnap, 64);
+    assert_int_equal(r1.syncs, 64);
+    assert_true(r1.snap[0] != r1.snap[63]);
+    for (int t = 2; t <= 8; t *= 2) {
+        result r = run_phold_every(8, 16, t, limit, 0, 7000);
+        assert_int_equal(r.rc, 0);
+        assert_int_equal(r.digest, r1.digest);
+        assert_int_equal(r.events, r1.events);
+        assert_int_equal(r.windows, r1.windows);
+        assert_int_equal(r.nsnap, r1.nsnap);
+        assert_memory_equal(r.snap, r1.snap, sizeof r.snap);
+    }
+}
+
 /* ---------------------------------------------------------------- refusals */
 
 typedef struct early {
     kb_psim *ps;
-    int rc[4];
+    int rc[8];
+    kb_time ran_at;
 } early;
+
+static void noop_sync(kb_psim *ps, kb_time t, void *ud)
+{
+    (void)ps;
+    (void)t;
+    (void)ud;
+}
+
+/* A sync may ask for a later one, not for one at its own time. */
+static void early_sync(kb_psim *ps, kb_time t, void *ud)
+{
+    early *e = ud;
+    e->ran_at = t;
+    e->rc[6] = kb_psim_sync_at(ps, 1, t, early_sync, e);
+    e->rc[7] = kb_psim_sync_at(ps, 1, t + 1, noop_sync, NULL);
+}
 
 static void noop_ev(kb_sim *sim, void *a, void *b)
 {
@@ -178,6 +262,8 @@ static void early_ev(kb_sim *sim, void *a, void *b)
     e->rc[1] = kb_psim_post(e->ps, 0, 1, now + LOOK, noop_ev, NULL, NULL);
     e->rc[2] = kb_psim_post(e->ps, 0, 2, now + LOOK, noop_ev, NULL, NULL);
     e->rc[3] = kb_psim_post(e->ps, 0, 0, now, noop_ev, NULL, NULL); /* local: no lookahead */
+    e->rc[4] = kb_psim_sync_at(e->ps, 0, now + LOOK - 1, early_sync, e);
+    e->rc[5] = kb_psim_sync_at(e->ps, 0, now + LOOK, early_sync, e);
 }
 
 static void test_post_refusals(void **state)
@@ -201,6 +287,12 @@ static void test_post_refusals(void **state)
     assert_int_equal(e.rc[1], 0);
     assert_int_equal(e.rc[2], KB_ERR_INVAL);
     assert_int_equal(e.rc[3], 0);
+    assert_int_equal(e.rc[4], KB_ERR_RANGE);
+    assert_int_equal(e.rc[5], 0);
+    assert_int_equal(e.rc[6], KB_ERR_RANGE);
+    assert_int_equal(e.rc[7], 0);
+    assert_int_equal(e.ran_at, 100 + LOOK);
+    assert_int_equal(kb_psim_syncs(ps), 2);
     assert_int_equal(kb_psim_messages(ps), 1);
     assert_int_equal(kb_psim_events(ps), 3); /* early_ev, the local noop, the delivered one */
     assert_int_equal(kb_sim_now(kb_psim_part(ps, 1)), 100 + LOOK);
@@ -273,6 +365,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_phold_threads),
         cmocka_unit_test(test_phold_stop),
+        cmocka_unit_test(test_phold_syncs),
         cmocka_unit_test(test_post_refusals),
         cmocka_unit_test(test_fibers_across),
     };
