@@ -420,7 +420,14 @@ static int exec_allreduce_shards(kb_ctx *ctx, dist *d, epoch *e)
 {
     kb_machine *m = kb_ctx_machine(ctx);
     kb_errbuf *eb = kb_ctx_err(ctx);
-    int rc = d->form->validate(ctx, e->a, d->ws, "all_reduce_shards");
+    int k = (int)kb_tensor_nshards(e->a[0]), S = m->ncubes * m->npes, rc;
+    /* every PE's block, or the blocks of the first k PEs (cube 0's first PEs, or whole cubes
+     * from cube 0): those lanes only */
+    if (k == S || !(k <= m->npes || (k % m->npes == 0 && k / m->npes <= m->ncubes)))
+        rc = d->form->validate(ctx, e->a, d->ws, "all_reduce_shards");
+    else
+        rc = kb_dist_check_sip_local(ctx, e->a, d->ws, k, "all_reduce_shards",
+                                     "rows over the first PEs", NULL);
     if (rc)
         return rc;
     if (d->form != &kb_ccl_sip_hierarchical ||
@@ -443,6 +450,11 @@ static int exec_allreduce_shards(kb_ctx *ctx, dist *d, epoch *e)
         KB_KARGS_PUT(&args[r], (kb_dist_lanes_args){ .tile = kb_tensor_va(e->a[r]),
                                                      .n = (int64_t)n, .ws = d->ws, .sip = r });
     kb_grid g = d->form->grid(m, d->ws);
+    if (k < S) { /* the first k lanes */
+        g.pes = k <= m->npes ? k : m->npes;
+        g.cubes = k <= m->npes ? 1 : k / m->npes;
+    }
+    assert(g.pes * g.cubes == k || k == S);
     return kb_launch_per_sip(ctx, "all_reduce_shards", kb_dist_lanes_allreduce_kernel, args, &g);
 }
 

@@ -613,7 +613,9 @@ KB_API const char *kb_dist_algorithm(kb_ctx *ctx); /* module of the process grou
 KB_API int kb_dist_all_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op);
 /* all_reduce shard by shard: shard j of every rank's `t` (the all_reduce layout of the
  * hierarchical process group: one block per PE, f32, the block's elements a multiple of the
- * world size) becomes the sum of shard j over the ranks, not over the rank's shards. The
+ * world size; or the same over the first k PEs, k at most a cube's PEs or whole cubes from
+ * cube 0, whose lanes alone then run) becomes the sum of shard j over the ranks, not over the
+ * rank's shards. The
  * lanes of NCCL's channels: the S same-place PEs of the SIPs form a ring each (a bandwidth-
  * optimal reduce-scatter then all-gather; even lanes one way round, odd lanes the other, so
  * both directions of the SIPs' links carry half), over the lane rings the hierarchical

@@ -101,6 +101,7 @@ struct job {
     int p2p;                  /* send/recv scenario (body_p2p) */
     int src, dst;             /* ... its pair */
     int64_t bad_cols;         /* ... the receiver's columns in the mismatch case */
+    int lanes;                /* all_reduce_shards over the first `lanes` PEs (0: every PE) */
     kb_tensor *t[MAXR], *u[MAXR];
     int rank_seen[MAXR], ws_seen[MAXR], nprocs_seen[MAXR], after[MAXR];
     int host_rc;              /* what a host-side call after kb_spawn returned */
@@ -543,9 +544,15 @@ static double shard_in(int r, int p, int64_t i)
     return (double)((r * 37 + p * 11 + i * 3) % 97) - 48.0;
 }
 
+/* The shards all_reduce_shards works on: every PE's, or the first j->lanes PEs'. */
+static int shards_of(kb_ctx *ctx, const job *j)
+{
+    return j->lanes ? j->lanes : kb_dist_shards_per_rank(ctx);
+}
+
 static int body_shards(kb_ctx *ctx, int rank, job *j)
 {
-    int S = kb_dist_shards_per_rank(ctx);
+    int S = shards_of(ctx, j), npes = kb_ctx_machine(ctx)->npes;
     int64_t rows = S * j->m;
     float *data = stage(j, rank, 0, rows, j->n);
     if (!data)
@@ -553,20 +560,24 @@ static int body_shards(kb_ctx *ctx, int rank, job *j)
     for (int64_t q = 0; q < rows; q++)
         for (int64_t i = 0; i < j->n; i++)
             data[q * j->n + i] = (float)shard_in(rank, (int)(q / j->m), (q % j->m) * j->n + i);
-    kb_tensor_desc d = { "x", rows, j->n, j->pattern ? KB_F16 : KB_F32, kb_dist_policy(ctx),
-                         KB_MEM_HBM };
+    kb_dp_policy pol = !j->lanes ? kb_dist_policy(ctx)
+                       : S <= npes ? kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, 1, S)
+                                   : kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, S / npes, npes);
+    kb_tensor_desc d = { "x", rows, j->n, j->pattern ? KB_F16 : KB_F32, pol, KB_MEM_HBM };
     int rc = kb_tensor_from_host(ctx, &d, data, &j->t[rank]);
     return rc ? rc : kb_dist_all_reduce_shards(ctx, j->t[rank]);
 }
 
 /* Every rank's shard p ends as the sum of shard p over the ranks (not over the shards); the
- * lanes' rings send 2 (ws - 1) units of n/ws f32 per PE and rank. */
-static void shards_case(int sips, const char *topo, int64_t m, int64_t n, int slot)
+ * lanes' rings send 2 (ws - 1) units of n/ws f32 per PE and rank (lanes: over the first
+ * `lanes` PEs only, 0 every PE). */
+static void shards_case_lanes(int sips, const char *topo, int64_t m, int64_t n, int slot,
+                              int lanes)
 {
     kb_ctx *ctx = gather_ctx(sips, topo, "hierarchical_allreduce", slot, -1);
-    job j = { .nprocs = sips, .body = body_shards, .m = m, .n = n };
+    job j = { .nprocs = sips, .body = body_shards, .m = m, .n = n, .lanes = lanes };
     run_ok(ctx, &j);
-    int S = kb_dist_shards_per_rank(ctx);
+    int S = shards_of(ctx, &j);
     int64_t rows = S * m, blk = m * n;
     uint64_t calls, bytes;
     kb_dist_traffic(ctx, KB_COLL_ALLREDUCE, &calls, &bytes);
@@ -589,9 +600,19 @@ static void shards_case(int sips, const char *topo, int64_t m, int64_t n, int sl
     kb_ctx_destroy(ctx);
 }
 
+static void shards_case(int sips, const char *topo, int64_t m, int64_t n, int slot)
+{
+    shards_case_lanes(sips, topo, m, n, slot, 0);
+}
+
 static void test_all_reduce_shards(void **state)
 {
     (void)state;
+    /* the first lanes only (the test machine: 4 cubes of 2 PEs): PE 0, cube 0's two PEs,
+     * two whole cubes */
+    shards_case_lanes(4, "ring_1d", 1, 8, 0, 1);
+    shards_case_lanes(3, "ring_1d", 2, 6, 0, 2);
+    shards_case_lanes(2, "ring_1d", 1, 4, 0, 4);
     shards_case(2, "ring_1d", 2, 6, 0);
     shards_case(3, "ring_1d", 1, 9, 0);
     shards_case(4, "torus_2d", 3, 8, 0);

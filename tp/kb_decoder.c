@@ -296,6 +296,10 @@ static int plan_groups(const kb_decoder_opts *o, int ws, int ncubes, int npes,
         /* a few tokens' rows: one copy that every gemm PE reads (a few KB from one port)
          * costs less than a store per gemm PE; more tokens keep the copies */
         pl->shared = pl->T * pl->d * 2 <= SHARED_MAX_BYTES;
+        /* one KV head per rank: the items' W_o column blocks are disjoint (no partial sums
+         * in the SIP), so they go into the row owners' sum rows, whose lanes alone all-reduce
+         * them (the row owners in one cube: kb_dist_all_reduce_shards' first lanes) */
+        pl->dsum = pl->nkv == 1 && pl->rows.cubes == 1 && (pl->rc * pl->d) % ws == 0;
         return 0;
     }
     if ((pl->rc * pl->d) % ws)
@@ -550,7 +554,9 @@ static int make_rest(kb_ctx *ctx, kb_decoder *dec, const kb_decoder_fills *f, in
             (rc = make_t(ctx, "sum_mlp", S * pl->rc, d, KB_F32, all, NULL, 1, &dec->sum_d)) != 0)
             return rc;
     } else if ((rc = make_t(ctx, "partial_attn", prow, pcol, KB_F32, all, NULL, 1, &dec->po)) != 0 ||
-               (rc = make_t(ctx, "partial_mlp", prow, pcol, KB_F32, all, NULL, 1, &dec->pd)) != 0) {
+               (rc = make_t(ctx, "partial_mlp", prow, pcol, KB_F32, all, NULL, 1, &dec->pd)) != 0 ||
+               (pl->dsum && (rc = make_t(ctx, "sum_attn", Tl, d, KB_F32, rows, NULL, 1,
+                                         &dec->sum_o)) != 0)) {
         return rc;
     }
     if ((rc = make_t(ctx, "h", Tl, d, KB_F32, rows, NULL, 0, &dec->h)) != 0 ||

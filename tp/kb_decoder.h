@@ -131,6 +131,9 @@ typedef struct kb_decoder_plan {
     int64_t qncol, qtr, mncol, mtr;
     int machine;                      /* prefill in mapping machine (token groups ...) */
     int dmachine;                     /* decode in mapping machine (the combine in bulk) */
+    int dsum;                         /* machine decode, one KV head per rank: the combination's
+                                         W_o column blocks straight into the SIP's sum rows, all-
+                                         reduced over the row owners' lanes only */
     int shared;                       /* machine decode of few tokens: one copy of the
                                          normalised rows, read by every gemm PE */
 } kb_decoder_plan;
@@ -164,7 +167,8 @@ typedef struct kb_decoder {
     kb_tensor *x, *ln[4], *cosq, *sinq, *qkv, *h, *y, *po, *pd, *kc, *vc, *dpart;
     kb_tensor *hn1, *hn2;               /* non-SP: a copy of the normalized T x d per gemm PE */
     kb_tensor *ag1_in, *ag1, *ag2_in, *ag2, *rs_o, *rs_d; /* seq_parallel */
-    kb_tensor *sum_o, *sum_d;           /* machine: the SIP's sums, a block per row owner */
+    kb_tensor *sum_o, *sum_d;           /* machine: the SIP's sums, a block per row owner
+                                           (machine decode's sum_o with dsum: per row owner) */
     kb_tensor *kv_rep;                  /* machine: every attention cube's copy of K and V */
     kb_qweight wqkv, wo, wg, wu, wd;
     kb_decoder_stats st;

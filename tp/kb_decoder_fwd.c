@@ -227,6 +227,7 @@ static int fwd_attn_decode(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flag
         .chunks = pl->chunks, .nq = pl->nq, .nkv = pl->nkv, .hd = pl->hd, .T = pl->T,
         .d = pl->d, .flags = flags, .items = pl->citems, .dpart = kb_tensor_va(dec->dpart),
         .fast = pl->dmachine, .ccol = pl->ccol,
+        .sum = pl->dsum ? kb_tensor_va(dec->sum_o) : 0,
         .wo = wvas(&dec->wo), .part = kb_tensor_va(dec->po) });
     return launch_timed(ctx, dec, ph, "dec_attention_combine", kb_decoder_dcomb_kernel, &a,
                         &pl->comb, 0);
@@ -263,7 +264,9 @@ static int fwd_residual_attn(kb_ctx *ctx, kb_decoder *dec, phase *ph,
     r.x = kb_tensor_va(dec->x);
     r.lna = dec->ln[1] ? kb_tensor_va(dec->ln[1]) : 0;
     r.lnb = kb_tensor_va(dec->ln[2]);
-    r.sum = kb_tensor_va(sp ? dec->rs_o : pl->machine ? dec->sum_o : dec->po);
+    r.sum = kb_tensor_va(sp ? dec->rs_o : pl->machine || pl->dsum ? dec->sum_o : dec->po);
+    if (pl->dsum) /* the row owners' sum rows, not a block per PE */
+        r.sblock = 0;
     r.out = kb_tensor_va(dec->h);
     r.norm = kb_tensor_va(sp ? dec->ag2_in : dec->hn2);
     memset(&a, 0, sizeof a);
@@ -338,7 +341,7 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
         (rc = o->decode ? fwd_attn_decode(ctx, dec, &ph, flags)
                         : fwd_attn_prefill(ctx, dec, &ph, flags)) != 0 ||
         /* the attention partials summed over the PEs and ranks */
-        (rc = dec->pl.machine ? coll_timed(ctx, dec, C_ARS, NULL, dec->sum_o)
+        (rc = dec->pl.machine || dec->pl.dsum ? coll_timed(ctx, dec, C_ARS, NULL, dec->sum_o)
                               : coll_timed(ctx, dec, sp ? C_RS : C_AR, dec->rs_o, dec->po)) != 0 ||
         (rc = fwd_residual_attn(ctx, dec, &ph, &ra)) != 0 ||
         (rc = fwd_mlp(ctx, dec, &ph, flags)) != 0)

@@ -88,6 +88,8 @@ typedef struct kb_dec_dcomb_args {
     int64_t chunks, nq, nkv, hd, T, d, flags, items;
     int64_t ccol;       /* PEs per item, each with d / ccol columns of W_o (kb_decoder_plan) */
     int fast;           /* machine: every chunk's partials loaded at once, combined in bulk */
+    kb_va sum;          /* dsum: the SIP's sum rows (T x d f32), each PE's column block of its
+                           sequence's row stored there instead of into its own partial */
 } kb_dec_dcomb_args;
 
 /* MLP: gate/up columns and down rows of one PE */

@@ -621,7 +621,12 @@ void kb_decoder_dcomb_kernel(kb_tl *tl, const kb_kargs *ka)
         dcomb_bulk(tl, a, (int)it, nrep, flat);
         kb_val part = wdot(tl, flat, &a->wo, j, (uint32_t)(nrep * hd), (uint32_t)dq, flags);
         tl_free(tl, flat);
-        tl_store(tl, a->part + (kb_va)(((int64_t)j * T + it / nkv) * d + q * dq) * 4, part);
+        if (a->sum) { /* one KV head: the sequence's row of the sum, its columns this PE's */
+            assert(nkv == 1);
+            tl_store(tl, a->sum + (kb_va)(it * d + q * dq) * 4, part);
+        } else {
+            tl_store(tl, a->part + (kb_va)(((int64_t)j * T + it / nkv) * d + q * dq) * 4, part);
+        }
         tl_free(tl, part);
         return;
     }
