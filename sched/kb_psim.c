@@ -207,6 +207,23 @@ uint64_t kb_psim_messages(const kb_psim *ps)
     return n;
 }
 
+/* Makes room for `need` elements of `size` bytes in the array *v of *cap: doubles it (from
+ * 16) as far as needed. 0 or KB_ERR_NOMEM (the array as it was). */
+static int grow(void **v, size_t *cap, size_t need, size_t size)
+{
+    if (need <= *cap)
+        return 0;
+    size_t c = *cap ? *cap : 16;
+    while (c < need)
+        c *= 2;
+    void *nv = realloc(*v, c * size);
+    if (!nv)
+        return KB_ERR_NOMEM;
+    *v = nv;
+    *cap = c;
+    return 0;
+}
+
 int kb_psim_post(kb_psim *ps, int from, int to, kb_time t, kb_event_fn fn, void *a, void *b)
 {
     if (from < 0 || from >= ps->nparts || to < 0 || to >= ps->nparts || !fn)
@@ -217,14 +234,8 @@ int kb_psim_post(kb_psim *ps, int from, int to, kb_time t, kb_event_fn fn, void 
     if (t < now || t - now < ps->look)
         return KB_ERR_RANGE;
     ps_box *bx = &ps->box[(size_t)to * (size_t)ps->nparts + (size_t)from];
-    if (bx->n == bx->cap) {
-        size_t cap = bx->cap ? 2 * bx->cap : 16;
-        ps_msg *v = realloc(bx->v, cap * sizeof *v);
-        if (!v)
-            return KB_ERR_NOMEM;
-        bx->v = v;
-        bx->cap = cap;
-    }
+    if (grow((void **)&bx->v, &bx->cap, bx->n + 1, sizeof *bx->v) != 0)
+        return KB_ERR_NOMEM;
     if (bx->n == 0) /* other senders set other bits of the word: atomically */
         atomic_fetch_or_explicit(&ps->sent[(size_t)to * ps->words + (size_t)from / 64],
                                  1ull << (from % 64), memory_order_relaxed);
@@ -246,14 +257,8 @@ int kb_psim_sync_at(kb_psim *ps, int from, kb_time t, kb_psim_sync_fn fn, void *
             return KB_ERR_RANGE;
     }
     ps_syncs *q = &ps->sync[from];
-    if (q->n == q->cap) {
-        size_t cap = q->cap ? 2 * q->cap : 8;
-        ps_sync *v = realloc(q->v, cap * sizeof *v);
-        if (!v)
-            return KB_ERR_NOMEM;
-        q->v = v;
-        q->cap = cap;
-    }
+    if (grow((void **)&q->v, &q->cap, q->n + 1, sizeof *q->v) != 0)
+        return KB_ERR_NOMEM;
     assert(q->n < q->cap);
     q->v[q->n++] = (ps_sync){ t, q->asked++, fn, ud };
     return 0;
@@ -317,14 +322,8 @@ static int deliver(ps_worker *w, int to)
         uint64_t b = atomic_exchange_explicit(&bits[wd], 0, memory_order_relaxed);
         for (; b; b &= b - 1) {
             ps_box *bx = &row[wd * 64 + (size_t)__builtin_ctzll(b)];
-            if (m + bx->n > w->cap) {
-                size_t cap = 2 * (m + bx->n);
-                ps_msg *v = realloc(w->buf, cap * sizeof *v);
-                if (!v)
-                    return KB_ERR_NOMEM;
-                w->buf = v;
-                w->cap = cap;
-            }
+            if (grow((void **)&w->buf, &w->cap, m + bx->n, sizeof *w->buf) != 0)
+                return KB_ERR_NOMEM;
             memcpy(w->buf + m, bx->v, bx->n * sizeof *w->buf);
             m += bx->n;
             bx->n = 0;
