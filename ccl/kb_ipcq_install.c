@@ -230,6 +230,7 @@ static int attach_sys(install *in)
         sys->cfg = *cfg;
         sys->ipcq_ovh = kb_time_from_ns(kb_ctx_config(in->ctx)->topo.ipcq_overhead_ns);
         sys->credit_lat = kb_time_from_ns(kb_ctx_config(in->ctx)->topo.ipcq_credit_latency_ns);
+        sys->per_sip = kb_ctx_machine(in->ctx)->per_sip;
         kb_ctx_set_ext(in->ctx, KB_EXT_IPCQ, sys, sys_destroy);
         kb_ctx_set_deadlock_dump(in->ctx, kb_ipcq_dump, sys);
     } else if (sys->cfg.n_slots != cfg->n_slots || sys->cfg.slot_size != cfg->slot_size ||
@@ -446,6 +447,7 @@ static int pair_links(install *in)
                           route_latency(in->ctx, q->peer, q->peer_rx_base, q->my_rx_base);
         q->tok_q = ring_holding(q->peer->ipcq_state, q->peer_rx_base);
         q->cred_q = sender_into(q->peer->ipcq_state, q->my_rx_base);
+        q->cr_event = in->sys->per_sip && q->peer->gsip != links[i].pe->gsip;
     }
     return 0;
 }

@@ -80,6 +80,14 @@ typedef struct qp {
      * queue pair's first view. */
     kb_time *cr_defer;
     uint64_t cr_next;
+    /* system.switch.arbitration per_sip, a queue pair between SIPs: the latest head time at
+     * each part of its route ([nparts], from the pool; NULL until its first send), so that
+     * its chunks cross every part in the order they were sent */
+    kb_time *part_head;
+    /* the receiving side of a queue pair between SIPs with per_sip: its credits travel as
+     * events (kb_ipcq_recv.c: credit_out), each no earlier than the one before (cr_last) */
+    kb_time cr_last;
+    uint8_t cr_event;
 } qp;
 
 _Static_assert(KB_IPCQ_MAX_DIRS <= UINT16_MAX, "a queue pair keeps its direction in 16 bits");
@@ -170,6 +178,10 @@ typedef struct msg {
     uint64_t seq;
     uint64_t nbytes;
     struct msg *next;
+    /* per_sip arbitration, between SIPs: the sending queue pair and the DMA's parts still to
+     * book (kb_ipcq_part_arrive) */
+    qp *from;
+    kb_dma_leg leg;
 } msg;
 
 typedef struct chunk {
@@ -180,6 +192,7 @@ struct ipcq_sys {
     kb_ctx *ctx;
     kb_ipcq_cfg cfg;
     kb_time ipcq_ovh, credit_lat;
+    int per_sip;          /* system.switch.arbitration per_sip: sends between SIPs by parts */
     pe_state **pes;       /* installed, in install order */
     size_t npes, cappes;
     msg *free_msgs;
@@ -280,5 +293,9 @@ KB_NOINLINE int kb_ipcq_record_copy(kb_ctx *ctx, uint32_t pe, const copy_desc *c
 /* kb_ipcq_recv.c. A meta token's arrival at the receiving queue pair (an event: a, the msg;
  * the send path schedules it when the chunk's DMA ends). */
 void kb_ipcq_meta_arrive(kb_sim *sim, void *a, void *b);
+/* kb_ipcq_send.c. The head of a chunk sent between SIPs reaches the next part of its route
+ * (per_sip arbitration; an event: a, the msg): books that part, then the next, and the last
+ * part schedules the token. */
+void kb_ipcq_part_arrive(kb_sim *sim, void *a, void *b);
 
 #endif

@@ -101,13 +101,46 @@ static KB_COLD void recv_size_mismatch(kb_ctx *ctx, qp *q, const kb_ipcq_req *r,
     kb_ctx_fail(ctx, KB_ERR_INVAL);
 }
 
-static KB_COLD void credit_fail(qp *q)
+/* rc: KB_ERR_NOMEM (no event for a credit), else a broken credit invariant */
+static KB_COLD void credit_fail(qp *q, int rc)
 {
     kb_ctx *ctx = q->sys->ctx;
-    kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "IPCQ: a credit from sip%u/cube%u/pe%u %s found "
-               "no sending queue", q->owner->pe->gsip, q->owner->pe->cube, q->owner->pe->pe,
-               DIRL(q->dir));
-    kb_ctx_fail(ctx, KB_ERR_STATE);
+    if (rc == KB_ERR_NOMEM) {
+        kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory sending an IPCQ credit");
+    } else {
+        rc = KB_ERR_STATE;
+        kb_err_set(kb_ctx_err(ctx), rc, "IPCQ: a credit from sip%u/cube%u/pe%u %s found no "
+                   "sending queue", q->owner->pe->gsip, q->owner->pe->cube, q->owner->pe->pe,
+                   DIRL(q->dir));
+    }
+    kb_ctx_fail(ctx, rc);
+}
+
+/* A credit between SIPs with per_sip arriving (an event: a, the receiving queue pair; b, the
+ * slot's sequence number). */
+static void credit_arrive(kb_sim *sim, void *a, void *b)
+{
+    qp *q = a;
+    if (credit_send(sim, q->cred_q, (uint64_t)(uintptr_t)b, kb_sim_now(sim)) != 0)
+        credit_fail(q, KB_ERR_STATE);
+}
+
+_Static_assert(sizeof(uintptr_t) >= sizeof(uint64_t), "credit_arrive carries a seq in a pointer");
+
+/*
+ * The credit of slot seq reaches the sending queue pair at t: its arrival time goes into the
+ * sender's ring now, or, between SIPs with per_sip, an event at t brings it (no earlier than
+ * the one before, so credits stay in order), so that no SIP writes another's state before the
+ * credit could have got there. 0, or nonzero when it cannot be sent.
+ */
+static int credit_out(kb_sim *sim, qp *q, uint64_t seq, kb_time t)
+{
+    if (!q->cr_event)
+        return credit_send(sim, q->cred_q, seq, t);
+    if (!q->cred_q)
+        return KB_ERR_STATE;
+    q->cr_last = t > q->cr_last ? t : q->cr_last;
+    return kb_sim_at(sim, q->cr_last, credit_arrive, q, (void *)(uintptr_t)seq);
 }
 
 /*
@@ -119,9 +152,10 @@ static KB_COLD void credit_fail(qp *q)
 static int credit_free(qp *q, uint64_t seq, kb_time t)
 {
     kb_sim *sim = kb_ctx_sim(q->sys->ctx);
+    int rc;
     if (!q->cr_defer) {
-        if (credit_send(sim, q->cred_q, seq, t) != 0) {
-            credit_fail(q);
+        if ((rc = credit_out(sim, q, seq, t)) != 0) {
+            credit_fail(q, rc);
             return -1;
         }
         return 0;
@@ -132,8 +166,8 @@ static int credit_free(qp *q, uint64_t seq, kb_time t)
         kb_time at = q->cr_defer[q->cr_next % q->rx_n_slots];
         prev = at > prev ? at : prev;
         q->cr_defer[q->cr_next % q->rx_n_slots] = -1;
-        if (credit_send(sim, q->cred_q, q->cr_next, prev) != 0) {
-            credit_fail(q);
+        if ((rc = credit_out(sim, q, q->cr_next, prev)) != 0) {
+            credit_fail(q, rc);
             return -1;
         }
         q->cr_next++;

@@ -4,12 +4,16 @@
  * full (with backpressure), DMAs each chunk into the next slot of the peer's ring, records it
  * when records are wanted, and schedules its meta token's arrival at the receiver
  * (kb_ipcq_meta_arrive, kb_ipcq_recv.c) for when the DMA ends, no earlier than the queue's
- * previous token; the sender's own resume after the last chunk shares that event. Limits: the
- * value must be contiguous; a chunk holds as many whole elements as one slot.
+ * previous token; the sender's own resume after the last chunk shares that event. Between SIPs
+ * with system.switch.arbitration per_sip the DMA is booked part by part (kb_machine_dma_first,
+ * then kb_ipcq_part_arrive per later part), the token is scheduled by the last part, and the
+ * sender is done when its chunk has left its SIP. Limits: the value must be contiguous; a
+ * chunk holds as many whole elements as one slot.
  */
 #include "kb_ipcq_int.h"
 
 #include <assert.h>
+#include <string.h>
 
 /* Op names of records and blocked fibers (static strings: records keep the pointer); every
  * peer direction shares the last one (the record's PE and addresses tell the peer). */
@@ -75,6 +79,124 @@ static KB_ALWAYS_INLINE void wait_credit(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir
     assert(!sys->cfg.backpressure || q->my_head - q->peer_tail_cache < q->n_slots);
 }
 
+/* The record of a chunk's copy, for the replay (out of line: timing-only runs build none). */
+static KB_NOINLINE void record_chunk(kb_tl *tl, kb_dir dir, const kb_val *v, kb_pa src,
+                                     kb_pa dst, uint64_t len, int whole, kb_time t_start,
+                                     kb_time t_end)
+{
+    /* a chunk of a longer message is a flat run of elements of the contiguous value */
+    kb_val part = *v;
+    part.pa = src;
+    if (!whole) {
+        part.rows = 1;
+        part.cols = (uint32_t)len;
+    }
+    if (record_send(tl_ctx(tl), tl, dst, &part, t_start, t_end, send_names[name_ix(dir)]) != 0)
+        tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
+}
+
+static KB_ALWAYS_INLINE msg *chunk_msg(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir, kb_pa dst,
+                                       uint64_t seq,
+                      uint64_t nbytes)
+{
+    msg *m = msg_get(sys);
+    if (!m)
+        tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+    if (!q->tok_q)
+        tl_fail(tl, KB_ERR_STATE, "tl_send %s: the peer has no ring at the destination",
+                DIRL(dir));
+    m->to = q->tok_q;
+    m->addr = dst;
+    m->seq = seq;
+    m->nbytes = nbytes;
+    sys->sends++;
+    sys->dir_bytes[name_ix(dir)] += nbytes;
+    trace(tl_ctx(tl), "send", tl_pe(tl), dir, nbytes, seq);
+    return m;
+}
+
+/* When the head of q's chunk reaches the leg's next part: no earlier than the head of q's
+ * previous chunk there (a later chunk may have found a gap the earlier one did not), so that
+ * the chunks book every part, and land, in the order they were sent. 0 when out of memory. */
+static kb_time part_head(qp *q, const kb_dma_leg *leg)
+{
+    if (!q->part_head) {
+        q->part_head = kb_ipcq_pool_chunk(q->sys, sizeof(kb_time), (size_t)leg->nparts);
+        if (!q->part_head)
+            return 0;
+        memset(q->part_head, 0, (size_t)leg->nparts * sizeof(kb_time));
+    }
+    kb_time *h = &q->part_head[leg->part];
+    *h = leg->t_head > *h ? leg->t_head : *h;
+    return *h;
+}
+
+static KB_COLD void part_fail(kb_ctx *ctx)
+{
+    kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory in an IPCQ send between SIPs");
+    kb_ctx_fail(ctx, KB_ERR_NOMEM);
+}
+
+void kb_ipcq_part_arrive(kb_sim *sim, void *a, void *b)
+{
+    msg *m = a;
+    qp *q = m->from;
+    kb_time now = kb_sim_now(sim);
+    (void)b;
+    kb_machine_dma_next(kb_ctx_machine(q->sys->ctx), &m->leg, now);
+    if (m->leg.rest) {
+        kb_time t = part_head(q, &m->leg);
+        if (t == 0 || kb_sim_at(sim, t, kb_ipcq_part_arrive, m, NULL) != 0)
+            part_fail(q->sys->ctx);
+        return;
+    }
+    /* the last part: the token lands when the tail has, no earlier than the one before */
+    kb_time t_tok = m->leg.t_end > q->tok_last ? m->leg.t_end : q->tok_last;
+    q->tok_last = t_tok;
+    if (t_tok == now)
+        kb_ipcq_meta_arrive(sim, m, NULL);
+    else if (kb_sim_at(sim, t_tok, kb_ipcq_meta_arrive, m, NULL) != 0)
+        part_fail(q->sys->ctx);
+}
+
+/*
+ * A chunk's DMA with per_sip arbitration. Inside the SIP it is one reservation, as without:
+ * *t_start, *t_end, and 0 (the caller goes on). Out of the SIP its first part is booked; the
+ * next is booked when the head gets there (kb_ipcq_part_arrive), and the token is scheduled by
+ * the last. The sender is done with the chunk when its tail has left the first part: that is
+ * what it waits for (`last`) and what *ret gets; 1. Its record spans the first part. Out of
+ * line: the leg stays off the hot frames.
+ */
+static KB_NOINLINE int send_parts(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir, const kb_val *v,
+                                  uint64_t off, uint64_t len, int whole, kb_pa dst, uint64_t seq,
+                                  kb_time t_issue, int last, kb_time *t_start, kb_time *t_end,
+                                  kb_time *ret)
+{
+    kb_ctx *ctx = tl_ctx(tl);
+    size_t es = kb_dtype_size((kb_dtype)v->dtype);
+    kb_pa src = v->pa + off * es;
+    kb_dma_leg leg;
+    if (kb_machine_dma_first(kb_ctx_machine(ctx), tl_pe(tl), src, dst, len * es, t_issue, &leg,
+                             NULL) != 0)
+        send_route_fail(tl, dir, src, dst);
+    *t_start = leg.t_start;
+    *t_end = leg.t_end;
+    if (!leg.rest)
+        return 0;
+    if (kb_ctx_records(ctx))
+        record_chunk(tl, dir, v, src, dst, len, whole, leg.t_start, leg.t_end);
+    msg *m = chunk_msg(tl, q, sys, dir, dst, seq, len * es);
+    m->from = q;
+    m->leg = leg;
+    kb_time t = part_head(q, &leg);
+    if (t == 0 || kb_sim_at(kb_ctx_sim(ctx), t, kb_ipcq_part_arrive, m, NULL) != 0)
+        tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+    if (last)
+        kb_tl_wait_until(tl, leg.t_end);
+    *ret = leg.t_end;
+    return 1;
+}
+
 /*
  * One chunk of a send: DMA `len` elements of v from element `off` into the next slot of the
  * peer's ring, issued at t_issue; its token reaches the receiver when the DMA ends. `last`:
@@ -91,36 +213,21 @@ static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_d
     kb_time t_start, t_end;
     kb_pa dst = q->peer_rx_base + (q->my_head % (uint64_t)q->n_slots) * q->slot_size;
     uint64_t seq = q->my_head++;
-    if (kb_machine_dma(kb_ctx_machine(ctx), tl_pe(tl), src, dst, nbytes, t_issue, &t_start,
-                       &t_end, NULL) != 0)
+    if (sys->per_sip) {
+        kb_time ret;
+        if (send_parts(tl, q, sys, dir, v, off, len, whole, dst, seq, t_issue, last, &t_start,
+                       &t_end, &ret))
+            return ret;
+    } else if (kb_machine_dma(kb_ctx_machine(ctx), tl_pe(tl), src, dst, nbytes, t_issue,
+                              &t_start, &t_end, NULL) != 0) {
         send_route_fail(tl, dir, src, dst);
+    }
     /* the token (and the sender, after the last chunk) goes no earlier than the one before */
     kb_time t_tok = t_end > q->tok_last ? t_end : q->tok_last;
     q->tok_last = t_tok;
-    if (kb_ctx_records(ctx)) {
-        /* a chunk of a longer message is a flat run of elements of the contiguous value */
-        kb_val part = *v;
-        part.pa = src;
-        if (!whole) {
-            part.rows = 1;
-            part.cols = (uint32_t)len;
-        }
-        if (record_send(ctx, tl, dst, &part, t_start, t_end, send_names[name_ix(dir)]) != 0)
-            tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
-    }
-    msg *m = msg_get(sys);
-    if (!m)
-        tl_fail(tl, KB_ERR_NOMEM, "out of memory");
-    if (!q->tok_q)
-        tl_fail(tl, KB_ERR_STATE, "tl_send %s: the peer has no ring at the destination",
-                DIRL(dir));
-    m->to = q->tok_q;
-    m->addr = dst;
-    m->seq = seq;
-    m->nbytes = nbytes;
-    sys->sends++;
-    sys->dir_bytes[name_ix(dir)] += nbytes;
-    trace(ctx, "send", tl_pe(tl), dir, nbytes, seq);
+    if (kb_ctx_records(ctx))
+        record_chunk(tl, dir, v, src, dst, len, whole, t_start, t_end);
+    msg *m = chunk_msg(tl, q, sys, dir, dst, seq, nbytes);
     if (last && t_tok > kb_sim_now(kb_ctx_sim(ctx))) {
         /* the token arrives when the DMA ends, which is also when the sender goes on: one
          * queue entry for both (kb_fiber_sleep_then keeps their order) */

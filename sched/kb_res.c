@@ -100,6 +100,7 @@ void kb_res_init(kb_res *r, const char *name, double bandwidth_gbps, kb_time lat
     r->bytes = 0;
     r->busy = 0;
     r->name = name;
+    r->part_end = 0;
     r->memo_key = 0;
     r->memo_occ = 0;
 }

@@ -55,6 +55,9 @@ typedef struct kb_res {
     kb_time fixed;          /* occupancy per use, ps */
     uint64_t bytes_per_us;  /* 0 = infinite bandwidth */
     const char *name;       /* static or owned by whoever owns the resource */
+    /* a route booked part by part ends a part after this resource (kb_machine: an inter-SIP
+     * link under system.switch.arbitration per_sip); kb_res_init clears it */
+    uint32_t part_end;
 } kb_res;
 
 /* gbps is GB/s (1e9 bytes/s = bytes/ns); fractional values are rounded to bytes/us. */

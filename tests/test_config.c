@@ -22,7 +22,8 @@
 #include "kb_test_util.h"
 
 /* Number of topology keys (kb_schema.c's topo_keys). */
-#define N_TOPO_KEYS 52 /* 45 + pe.gemm.{int8,fp8,mxint8,sparse}_speedup + cube.noc.{topology,width,height} */
+#define N_TOPO_KEYS 53 /* 45 + pe.gemm.{int8,fp8,mxint8,sparse}_speedup + cube.noc.{topology,width,height}
+                        * + system.switch.arbitration */
 
 /* Loads text as a topology file into cfg; eb gets the message. */
 static int load_text(kb_config *cfg, const char *text, char path[64], kb_errbuf *eb)
@@ -61,6 +62,8 @@ static void test_defaults(void **state)
     assert_int_equal(cfg.topo.sips_count, 2);
     assert_string_equal(cfg.topo.sips_topology, "ring_1d");
     assert_true(cfg.topo.switch_overhead_ns == 5.0);
+    assert_string_equal(cfg.topo.switch_arbitration, "route");
+    assert_int_equal(kb_topo_switch_per_sip(&cfg.topo), 0);
     assert_true(cfg.topo.inter_sip.bandwidth_gbps == 100.0);
     assert_true(cfg.topo.inter_sip.latency_ns == 500.0);
     assert_true(cfg.topo.pcie.bandwidth_gbps == 64.0 && cfg.topo.pcie.latency_ns == 1000.0);
@@ -538,6 +541,15 @@ static void test_validate(void **state)
     snprintf(cfg.topo.sips_topology, sizeof cfg.topo.sips_topology, "hypercube");
     assert_int_equal(kb_topo_sip_kind(&cfg.topo), KB_ERR_CONFIG);
     expect_invalid(&cfg, "system.sips.topology 'hypercube' is not a SIP topology");
+
+    cfg = base;
+    snprintf(cfg.topo.switch_arbitration, sizeof cfg.topo.switch_arbitration, "wormhole");
+    expect_invalid(&cfg, "system.switch.arbitration 'wormhole' is not an arbitration");
+    cfg = base;
+    assert_int_equal(kb_config_set(&cfg, "system.switch.arbitration=per_sip", &eb), 0);
+    assert_int_equal(kb_topo_switch_per_sip(&cfg.topo), 1);
+    assert_int_not_equal(kb_config_set(&cfg, "system.switch.arbitration=circuit", &eb), 0);
+    assert_non_null(strstr(eb.msg, "system.switch.arbitration"));
 
     cfg = base;
     cfg.topo.hbm_size_bytes = (UINT64_C(1) << 37) + 1;

@@ -29,6 +29,7 @@
 #define NPES 4
 #define NSLOT 4      /* value slots per PE in the in/out tensors */
 #define N 16         /* f32 elements per value: 64 bytes */
+#define CH_N (2 * N + 5) /* 37 f32 elements: two full 64-byte slots and a 20-byte chunk */
 #define FX_ARG 7
 #define MAX_LINKS 16
 
@@ -890,9 +891,104 @@ static void test_uninstalled_pe(void **state)
     kb_ctx_destroy(ctx);
 }
 
+/* ---- between SIPs with system.switch.arbitration per_sip ---- */
+
+typedef struct xs_fx {
+    int n_slots;
+    kb_time t_call, t_sent, t_recv[3];
+} xs_fx;
+
+/* PE 0 of SIP 0 sends a 64-byte value and then a 3-chunk one (CH_N elements) on global_E;
+ * PE 0 of SIP 1 receives both on global_W. */
+static void k_cross_sip(kb_tl *tl, const kb_kargs *a)
+{
+    xs_fx *f = (xs_fx *)(intptr_t)a->i[FX_ARG];
+    if (tl_program_id(tl, 2) == 0) {
+        kb_val v = tl_full(tl, KB_SHAPE1(N), 1.5f), w = tl_full(tl, KB_SHAPE1(CH_N), 2.5f);
+        f->t_call = kbt_tl_now(tl);
+        tl_send(tl, KB_DIR_GLOBAL_E, v);
+        f->t_sent = kbt_tl_now(tl);
+        tl_send(tl, KB_DIR_GLOBAL_E, w);
+        tl_free(tl, w);
+        tl_free(tl, v);
+    } else {
+        kb_val v = tl_recv(tl, KB_DIR_GLOBAL_W, KB_SHAPE1(N), KB_F32);
+        f->t_recv[0] = kbt_tl_now(tl);
+        kb_ipcq_req *r = tl_recv_async(tl, KB_DIR_GLOBAL_W, KB_SHAPE1(CH_N), KB_F32);
+        kb_val w = tl_wait(tl, r);
+        f->t_recv[1] = kbt_tl_now(tl);
+        tl_free(tl, w);
+        tl_free(tl, v);
+    }
+}
+
+static int h_cross_sip(kb_ctx *ctx, void *arg)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    kb_pe_hw *a = kb_machine_pe(m, 0, 0, 0), *b = kb_machine_pe(m, 1, 0, 0);
+    xs_fx *f = arg;
+    kb_ipcq_cfg cfg = { .n_slots = f->n_slots, .slot_size = N * 4, .buffer_kind = KB_MEM_TCM,
+                        .backpressure = 1 };
+    kb_ipcq_link links[2] = { { a, KB_DIR_GLOBAL_E, b, KB_DIR_GLOBAL_W },
+                              { b, KB_DIR_GLOBAL_W, a, KB_DIR_GLOBAL_E } };
+    kb_grid g = { 1, 1, 2, 0 };
+    kb_kargs ka;
+    int rc = kb_ipcq_install(ctx, &cfg, links, 2);
+    if (rc)
+        return rc;
+    memset(&ka, 0, sizeof ka);
+    ka.i[FX_ARG] = (int64_t)(intptr_t)arg;
+    return kb_launch(ctx, "cross_sip", k_cross_sip, &ka, &g);
+}
+
+/*
+ * Idle, both arbitrations land the first value at the same time (the parts add up to the
+ * route's closed form); with per_sip the sender is done when its value has left SIP 0, earlier
+ * by the latency of SIP 1's part of the route (its NoC and the TCM port the ring is in: the
+ * 64-byte DMA's occupancy, the engine's setup, is in SIP 0's part). With 4 slots the second
+ * message leaves that much earlier too; with 1 slot it waits for the first slot's credit, which
+ * per_sip brings as an event at the same time route writes it: from there on nothing differs.
+ */
+static void check_cross_sip(int n_slots)
+{
+    static const char *const sets[] = {
+        "system.sips.count=2", "sip.cube_mesh.width=1", "sip.cube_mesh.height=1",
+        "cube.corners=1", "cube.pe_per_corner=1", "cube.noc.topology=bus", "pe.dma.channels=1",
+        "system.switch.arbitration=per_sip",
+    };
+    kb_ctx_opts opts = { .device = KB_DEV_NONE };
+    xs_fx f[2];
+    uint64_t events[2];
+    for (int arb = 0; arb < 2; arb++) {
+        kb_ctx *ctx = kbt_ctx_new(sets, 7 + (size_t)arb, &opts);
+        memset(&f[arb], 0, sizeof f[arb]);
+        f[arb].n_slots = n_slots;
+        assert_int_equal(kb_ctx_machine(ctx)->per_sip, arb);
+        assert_int_equal(kb_ctx_run_host(ctx, h_cross_sip, &f[arb]), 0);
+        events[arb] = kb_sim_events(kb_ctx_sim(ctx));
+        if (arb) {
+            const kb_topo_cfg *c = &kb_ctx_machine(ctx)->cfg;
+            assert_int_equal(f[0].t_sent - f[1].t_sent,
+                             kbt_ps(c->noc.latency_ns) + kbt_ps(c->tcm.latency_ns));
+        }
+        kb_ctx_destroy(ctx);
+    }
+    assert_int_equal(f[0].t_call, f[1].t_call);
+    assert_true(f[1].t_sent < f[0].t_sent);
+    assert_int_equal(f[0].t_recv[0], f[1].t_recv[0]);
+    if (n_slots > 1)
+        assert_int_equal(f[0].t_recv[1] - f[1].t_recv[1], f[0].t_sent - f[1].t_sent);
+    else
+        assert_int_equal(f[0].t_recv[1], f[1].t_recv[1]);
+    /* one event more per chunk between SIPs (1 + 3 chunks) and one per credit coming back */
+    assert_int_equal(events[1], events[0] + 8);
+}
+
+static void test_cross_sip_per_sip(void **state) { (void)state; check_cross_sip(4); }
+static void test_cross_sip_credits(void **state) { (void)state; check_cross_sip(1); }
+
 /* ---- messages longer than a slot: chunks through the credit window ---- */
 
-#define CH_N (2 * N + 5) /* 37 f32 elements: two full 64-byte slots and a 20-byte chunk */
 
 static void k_chunked(kb_tl *tl, const kb_kargs *a)
 {
@@ -1377,6 +1473,8 @@ int main(void)
         cmocka_unit_test(test_unwired_direction),
         cmocka_unit_test(test_uninstalled_pe),
         cmocka_unit_test(test_send_strided_view),
+        cmocka_unit_test(test_cross_sip_per_sip),
+        cmocka_unit_test(test_cross_sip_credits),
         cmocka_unit_test(test_chunked_one_slot),
         cmocka_unit_test(test_chunked_window),
         cmocka_unit_test(test_recv_size_mismatch),

@@ -447,6 +447,174 @@ static void test_dma_fifo(void **state)
     kb_machine_destroy(m);
 }
 
+/* ---- system.switch.arbitration per_sip: a route between SIPs booked part by part ---- */
+
+/* test_route_cross_sip's route cut after the SIP link: sip0's part (engine, HBM port, NoC,
+ * two UCIe hops, the link and its switch) and sip1's (three UCIe hops, NoC, TCM port). */
+static int64_t part0_latency(const kb_topo_cfg *c)
+{
+    return kbt_ps(c->hbm.latency_ns) + kbt_ps(c->noc.latency_ns) +
+           2 * kbt_ps(c->ucie.latency_ns) + kbt_ps(c->inter_sip.latency_ns) +
+           kbt_ps(c->switch_overhead_ns);
+}
+
+static int64_t part1_latency(const kb_topo_cfg *c)
+{
+    return 3 * kbt_ps(c->ucie.latency_ns) + kbt_ps(c->noc.latency_ns) + kbt_ps(c->tcm.latency_ns);
+}
+
+static int64_t part0_occ(const kb_topo_cfg *c, uint64_t n)
+{
+    int64_t occ = kbt_ps(c->dma_setup_ns) + kbt_xfer_ps(n, c->dma_bandwidth_gbps);
+    occ = max2(occ, kbt_xfer_ps(n, c->hbm.bandwidth_gbps));
+    occ = max2(occ, kbt_xfer_ps(n, c->noc.bandwidth_gbps));
+    occ = max2(occ, kbt_xfer_ps(n, c->ucie.bandwidth_gbps));
+    return max2(occ, kbt_xfer_ps(n, c->inter_sip.bandwidth_gbps));
+}
+
+static int64_t part1_occ(const kb_topo_cfg *c, uint64_t n)
+{
+    int64_t occ = kbt_xfer_ps(n, c->ucie.bandwidth_gbps);
+    occ = max2(occ, kbt_xfer_ps(n, c->noc.bandwidth_gbps));
+    return max2(occ, kbt_xfer_ps(n, c->tcm.bandwidth_gbps));
+}
+
+static const char *const per_sip[] = { "system.switch.arbitration=per_sip" };
+
+/* On an idle route the parts add up to the whole route's closed form, for a transfer the SIP
+ * link bounds (1 MiB) and one the DMA engine's setup shows in (4 KiB). */
+static void test_parts_idle(void **state)
+{
+    const uint64_t sizes[2] = { UINT64_C(1) << 20, 4096 };
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        kb_machine *m = make_machine(per_sip, 1);
+        const kb_topo_cfg *c = &m->cfg;
+        uint64_t n = sizes[k];
+        kb_dma_leg leg;
+        kb_errbuf eb;
+        assert_int_equal(m->per_sip, 1);
+        assert_int_equal(kb_machine_dma_first(m, kb_machine_pe(m, 0, 5, 0), hbm_of(m, 0, 5, 0, 0),
+                                              kb_pa_pe_tcm(1, 6, 2, 0), n, 0, &leg, &eb),
+                         0);
+        assert_non_null(leg.rest);
+        assert_int_equal(leg.nparts, 2);
+        assert_int_equal(leg.part, 1);
+        assert_int_equal(leg.t_start, 0);
+        assert_int_equal(leg.t_head, part0_latency(c));
+        assert_int_equal(leg.t_end, part0_latency(c) + part0_occ(c, n));
+        /* only sip0's part is booked so far */
+        assert_int_equal(m->sips[0].links[0].link.free_at, kbt_xfer_ps(n, c->inter_sip.bandwidth_gbps));
+        assert_int_equal(m->sips[1].cubes[6].noc.free_at, 0);
+        kb_machine_dma_next(m, &leg, leg.t_head);
+        assert_null(leg.rest);
+        assert_int_equal(leg.t_start, part0_latency(c));
+        assert_int_equal(leg.t_end, cross_sip_latency(c) + cross_sip_occ(c, n));
+        assert_int_equal(leg.t_end, k == 0 ? 717000 + 10485760 : 717000 + 52000);
+        assert_int_equal(m->sips[1].cubes[6].noc.free_at,
+                         part0_latency(c) + kbt_xfer_ps(n, c->noc.bandwidth_gbps));
+        kb_machine_destroy(m);
+    }
+}
+
+/*
+ * The destination's NoC busy until X (a 4 MiB copy inside sip1 at 0): with route the whole
+ * route waits for it from one start, the SIP link idle meanwhile; per_sip books sip0's part at
+ * once (the sender is done at part0's end) and sip1's part from X.
+ */
+static void test_parts_contention(void **state)
+{
+    const uint64_t big = UINT64_C(4) << 20, n = 65536;
+    kb_time ts, te;
+    kb_errbuf eb;
+    (void)state;
+    for (int arb = 0; arb < 2; arb++) {
+        kb_machine *m = arb ? make_machine(per_sip, 1) : make_default();
+        const kb_topo_cfg *c = &m->cfg;
+        kb_pe_hw *b = kb_machine_pe(m, 1, 6, 2);
+        assert_int_equal(kb_machine_dma(m, b, hbm_of(m, 1, 6, 2, 0), kb_pa_pe_tcm(1, 6, 2, 8192),
+                                        big, 0, &ts, &te, &eb),
+                         0);
+        int64_t x = m->sips[1].cubes[6].noc.free_at;
+        assert_int_equal(x, kbt_xfer_ps(big, c->noc.bandwidth_gbps)); /* the NoC is its bound */
+        assert_true(m->sips[1].cubes[6].noc.hole_hi <= m->sips[1].cubes[6].noc.hole_lo);
+        kb_dma_leg leg;
+        assert_int_equal(kb_machine_dma_first(m, kb_machine_pe(m, 0, 5, 0), hbm_of(m, 0, 5, 0, 0),
+                                              kb_pa_pe_tcm(1, 6, 2, 0), n, 0, &leg, &eb),
+                         0);
+        if (!arb) {
+            assert_null(leg.rest);
+            assert_int_equal(leg.t_start, x);
+            assert_int_equal(leg.t_end, x + cross_sip_latency(c) + cross_sip_occ(c, n));
+            /* the SIP link was booked from X too */
+            assert_int_equal(m->sips[0].links[0].link.free_at,
+                             x + kbt_xfer_ps(n, c->inter_sip.bandwidth_gbps));
+        } else {
+            assert_non_null(leg.rest);
+            assert_int_equal(leg.t_start, 0);
+            int64_t sender_done = part0_latency(c) + part0_occ(c, n);
+            assert_int_equal(leg.t_end, sender_done);
+            assert_true(sender_done < x);
+            kb_machine_dma_next(m, &leg, leg.t_head);
+            assert_null(leg.rest);
+            assert_int_equal(leg.t_start, x);
+            assert_int_equal(leg.t_end, x + part1_latency(c) + part1_occ(c, n));
+            assert_int_equal(m->sips[0].links[0].link.free_at,
+                             kbt_xfer_ps(n, c->inter_sip.bandwidth_gbps));
+        }
+        kb_machine_destroy(m);
+    }
+}
+
+/* Through a SIP on the way (a 4-SIP ring, sip0 -> sip2): three parts, the middle one sip1's
+ * egress link; idle, they add up to the whole route's closed form. A route inside one SIP
+ * is one part, booked as kb_machine_dma books it. A leg left in flight is freed with the
+ * machine (the leak check of the sanitizer build). */
+static void test_parts_through_sip(void **state)
+{
+    static const char *const sets[] = { "system.switch.arbitration=per_sip",
+                                        "system.sips.count=4" };
+    kb_machine *m = make_machine(sets, 2), *r = make_machine(sets + 1, 1);
+    const kb_topo_cfg *c = &m->cfg;
+    const uint64_t n = 65536;
+    kb_pa src = hbm_of(m, 0, 0, 0, 0), dst = hbm_of(m, 2, 0, 0, 0);
+    kb_time ts, te;
+    kb_dma_leg leg, stray;
+    kb_errbuf eb;
+
+    (void)state;
+    assert_int_equal(kb_machine_sip_hops(m, 0, 2), 2);
+    assert_int_equal(kb_machine_dma(r, kb_machine_pe(r, 0, 0, 0), src, dst, n, 0, &ts, &te, &eb), 0);
+    assert_int_equal(kb_machine_dma_first(m, kb_machine_pe(m, 0, 0, 0), src, dst, n, 0, &leg, &eb),
+                     0);
+    assert_int_equal(leg.nparts, 3);
+    int64_t link = kbt_ps(c->inter_sip.latency_ns) + kbt_ps(c->switch_overhead_ns);
+    assert_int_equal(leg.t_head, kbt_ps(c->hbm.latency_ns) + kbt_ps(c->noc.latency_ns) + link);
+    kb_time h0 = leg.t_head;
+    kb_machine_dma_next(m, &leg, leg.t_head);
+    assert_non_null(leg.rest);
+    assert_int_equal(leg.part, 2);
+    assert_int_equal(leg.t_start, h0);
+    assert_int_equal(leg.t_head, h0 + link);
+    kb_machine_dma_next(m, &leg, leg.t_head);
+    assert_null(leg.rest);
+    assert_int_equal(leg.t_end, te);
+    assert_int_equal(te, kbt_ps(c->hbm.latency_ns) * 2 + kbt_ps(c->noc.latency_ns) * 2 + 2 * link +
+                             kbt_xfer_ps(n, c->inter_sip.bandwidth_gbps));
+    /* inside one SIP: the whole route, no rest */
+    assert_int_equal(kb_machine_dma_first(m, kb_machine_pe(m, 1, 0, 0), hbm_of(m, 1, 0, 0, 0),
+                                          hbm_of(m, 1, 3, 1, 0), n, 0, &leg, &eb),
+                     0);
+    assert_null(leg.rest);
+    /* in flight when the machine goes */
+    assert_int_equal(kb_machine_dma_first(m, kb_machine_pe(m, 3, 0, 0), hbm_of(m, 3, 0, 0, 0),
+                                          hbm_of(m, 1, 0, 0, 0), n, 0, &stray, &eb),
+                     0);
+    assert_non_null(stray.rest);
+    kb_machine_destroy(m);
+    kb_machine_destroy(r);
+}
+
 /* ---- command path ---- */
 
 static void test_command_path(void **state)
@@ -918,6 +1086,9 @@ int main(void)
         cmocka_unit_test(test_dma_idle_cross_cube),
         cmocka_unit_test(test_dma_idle_cross_sip),
         cmocka_unit_test(test_dma_fifo),
+        cmocka_unit_test(test_parts_idle),
+        cmocka_unit_test(test_parts_contention),
+        cmocka_unit_test(test_parts_through_sip),
         cmocka_unit_test(test_command_path),
         cmocka_unit_test(test_sip_hops_torus),
         cmocka_unit_test(test_sip_hops_mesh_no_wrap),

@@ -687,6 +687,9 @@ static int validate_topo(const kb_topo_cfg *t, kb_errbuf *eb)
     if (t->corners < 1 || t->pe_per_corner < 1 || pes > 16)
         return kb_err_set(eb, KB_ERR_CONFIG, "cube.corners * cube.pe_per_corner = %d * %d = %d "
                           "PEs per cube, must be 1..16", t->corners, t->pe_per_corner, pes);
+    if (!in_list(t->switch_arbitration, kb_schema_switch_arbitrations))
+        return kb_err_set(eb, KB_ERR_CONFIG, "system.switch.arbitration '%s' is not an "
+                          "arbitration (route, per_sip)", t->switch_arbitration);
     if (!in_list(t->noc_topology, kb_schema_noc_topologies))
         return kb_err_set(eb, KB_ERR_CONFIG, "cube.noc.topology '%s' is not a NoC topology "
                           "(mesh, crossbar, bus)", t->noc_topology);
@@ -757,6 +760,11 @@ int kb_topo_sip_kind(const kb_topo_cfg *t)
         if (strcmp(t->sips_topology, kb_schema_sip_topologies[k]) == 0)
             return k;
     return KB_ERR_CONFIG;
+}
+
+int kb_topo_switch_per_sip(const kb_topo_cfg *t)
+{
+    return strcmp(t->switch_arbitration, "per_sip") == 0;
 }
 
 kb_noc_kind kb_topo_noc_kind(const kb_topo_cfg *t)

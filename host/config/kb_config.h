@@ -40,6 +40,7 @@ typedef struct kb_topo_cfg {
     int sips_count;                          /* system.sips.count, 1..256 */
     char sips_topology[KB_CFG_NAME_MAX];     /* system.sips.topology: ring_1d torus_2d mesh_2d mesh_2d_no_wrap */
     double switch_overhead_ns;               /* system.switch.overhead_ns */
+    char switch_arbitration[KB_CFG_NAME_MAX]; /* system.switch.arbitration: route per_sip */
     kb_cfg_link inter_sip;                   /* system.inter_sip_link.{bandwidth_gbps,latency_ns} */
     /* host */
     kb_cfg_link pcie;                        /* host.pcie.{bandwidth_gbps,latency_ns} */
@@ -111,6 +112,10 @@ typedef enum kb_sip_topo {
 /* system.sips.topology parsed: a kb_sip_topo, or KB_ERR_CONFIG for a name that is none (one
  * kb_config_validate refuses). The machine parses it once (kb_machine.sip_topo). */
 int kb_topo_sip_kind(const kb_topo_cfg *t);
+/* 1 when a transfer that leaves its SIP books each SIP's part of its route when the data's
+ * head reaches that part (system.switch.arbitration per_sip), 0 when it books the whole route
+ * at once (route, the default). */
+int kb_topo_switch_per_sip(const kb_topo_cfg *t);
 /* The cube NoC's model (cube.noc.topology). */
 typedef enum kb_noc_kind { KB_NOC_MESH = 0, KB_NOC_CROSSBAR, KB_NOC_BUS } kb_noc_kind;
 kb_noc_kind kb_topo_noc_kind(const kb_topo_cfg *t);

@@ -39,6 +39,7 @@ const char *const kb_schema_sip_topologies[KB_SIPTOPO_COUNT + 1] = {
 };
 static const char *const pe_layouts[] = {"corners", NULL};
 const char *const kb_schema_noc_topologies[] = {"mesh", "crossbar", "bus", NULL};
+const char *const kb_schema_switch_arbitrations[] = {"route", "per_sip", NULL};
 
 /* In configs/topology.yaml order, the machine's hierarchy from the outside in: system > host >
  * sip > cube > pe (key listings and the docs check follow it). */
@@ -49,6 +50,11 @@ static const kb_schema_key topo_keys[] = {
            "how the SIPs are linked through the switch (name)"),
     KB_SCHEMA_DBL(T_, "system.switch.overhead_ns", switch_overhead_ns, "5", 0.0, MAX_NS,
           "switch traversal cost per inter-SIP hop (ns)"),
+    KB_SCHEMA_ENUM(T_, "system.switch.arbitration", switch_arbitration, "route",
+           kb_schema_switch_arbitrations,
+           "when a transfer that leaves its SIP books the rest of its route: route (all of it "
+           "at once, from one start) or per_sip (each SIP's part when the data's head reaches "
+           "it; the switch buffers) (name)"),
     K_LINK("system.inter_sip_link", inter_sip, "100", "500", "inter-SIP link"),
     K_LINK("host.pcie", pcie, "64", "1000", "host-to-SIP PCIe link"),
     KB_SCHEMA_DBL(T_, "host.pcie_ep.overhead_ns", pcie_ep_overhead_ns, "100", 0.0, MAX_NS,

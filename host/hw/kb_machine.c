@@ -17,6 +17,26 @@
 #define KB_VA_SIZE (UINT64_C(1) << 46)
 
 /* Zeroed arrays of structs holding kb_res, which is cache-line aligned (free with free()). */
+/* The parts of a route not booked yet (kb_machine_dma_first): path[i, n) for nbytes. Rests
+ * of up to REST_CAP resources are reused through the machine's free list; longer ones (routes
+ * across many SIPs) are allocated to size and freed after their last part. */
+#define REST_CAP 32
+struct kb_dma_rest {
+    struct kb_dma_rest *next, *prev; /* the machine's live list, or its free list (next) */
+    uint64_t nbytes;
+    int i, n, cap;
+    kb_res *path[];
+};
+
+static void rests_free(struct kb_dma_rest *r)
+{
+    while (r) {
+        struct kb_dma_rest *next = r->next;
+        free(r);
+        r = next;
+    }
+}
+
 static void *zalloc_lines(size_t n, size_t size)
 {
     size_t bytes;
@@ -126,6 +146,7 @@ static void sip_add_link(kb_machine *m, kb_sip_hw *s, int peer)
     link_init(&l->link, "inter_sip", &m->cfg.inter_sip);
     /* the switch sits on every inter-SIP hop: its overhead is latency */
     l->link.latency += kb_time_from_ns(m->cfg.switch_overhead_ns);
+    l->link.part_end = 1; /* kb_machine_dma_first: a route's SIP part ends here */
 }
 
 static int build_sip_links(kb_machine *m, kb_errbuf *eb)
@@ -138,6 +159,7 @@ static int build_sip_links(kb_machine *m, kb_errbuf *eb)
         return kb_err_set(eb, KB_ERR_CONFIG, "system.sips.topology: unknown topology '%s'",
                           m->cfg.sips_topology);
     m->sip_topo = (kb_sip_topo)kind;
+    m->per_sip = kb_topo_switch_per_sip(&m->cfg);
     if (m->sip_topo == KB_SIPTOPO_RING_1D) {
         m->sip_grid_w = n;
         m->sip_grid_h = 1;
@@ -327,6 +349,8 @@ void kb_machine_destroy(kb_machine *m)
     free(m->sips);
     free(m->pe_by_gid);
     free(m->sip_next);
+    rests_free(m->rest_live);
+    rests_free(m->rest_free);
     free(m);
 }
 
@@ -633,8 +657,8 @@ void kb_machine_observe(kb_machine *m, kb_res_observer_fn fn, void *ud)
 }
 
 /* kb_machine_dma's tail: reserve the route, and tell the observer when one is attached. */
-static void reserve_path(kb_machine *m, kb_res *const *path, int n, kb_time now, uint64_t nbytes,
-                         kb_time *t_start, kb_time *t_end)
+static KB_ALWAYS_INLINE void reserve_path(kb_machine *m, kb_res *const *path, int n, kb_time now,
+                                          uint64_t nbytes, kb_time *t_start, kb_time *t_end)
 {
     *t_end = kb_res_path_reserve(path, n, now, nbytes, t_start);
     assert(*t_start >= now && *t_end >= *t_start);
@@ -740,6 +764,129 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
     if (rc)
         return rc;
     return dma_slow(m, issuer, &ls, &ld, pa_src, pa_dst, nbytes, now, t_start, t_end, eb);
+}
+
+/* ---- DMA by parts (system.switch.arbitration per_sip) ---- */
+
+static struct kb_dma_rest *rest_get(kb_machine *m, int n)
+{
+    struct kb_dma_rest *r = NULL;
+    if (n <= REST_CAP && m->rest_free) {
+        r = m->rest_free;
+        m->rest_free = r->next;
+    } else {
+        int cap = n <= REST_CAP ? REST_CAP : n;
+        r = malloc(sizeof *r + (size_t)cap * sizeof(kb_res *));
+        if (!r)
+            return NULL;
+        r->cap = cap;
+    }
+    r->prev = NULL;
+    r->next = m->rest_live;
+    if (m->rest_live)
+        m->rest_live->prev = r;
+    m->rest_live = r;
+    return r;
+}
+
+static void rest_put(kb_machine *m, struct kb_dma_rest *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        m->rest_live = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    if (r->cap > REST_CAP) {
+        free(r);
+        return;
+    }
+    r->next = m->rest_free;
+    m->rest_free = r;
+}
+
+static kb_time lat_sum(kb_res *const *path, int n)
+{
+    kb_time l = 0;
+    for (int i = 0; i < n; i++)
+        l += path[i]->latency;
+    return l;
+}
+
+/* Books the first part of a route that leaves the issuing SIP (out of line: the route buffer
+ * stays off the fibers' hot frames). */
+static KB_NOINLINE int dma_first_parts(kb_machine *m, kb_pe_hw *issuer, const loc *ls,
+                                       const loc *ld, uint64_t nbytes, kb_time now,
+                                       kb_dma_leg *leg, kb_errbuf *eb)
+{
+    kb_res *buf[KB_MAX_ROUTE];
+    int n = build_route(m, issuer, ls, ld, 1, 1, buf, KB_MAX_ROUTE, eb), c = 0, cuts = 0;
+    if (n < 0)
+        return n;
+    buf[0] = kb_machine_dma_channel(issuer);
+    while (c < n && !buf[c]->part_end)
+        c++;
+    for (int i = c; i < n; i++)
+        cuts += buf[i]->part_end != 0;
+    /* a route between SIPs crosses a link and ends at the destination's write port */
+    assert(c < n - 1 && cuts >= 1);
+    struct kb_dma_rest *r = rest_get(m, n - c - 1);
+    if (!r)
+        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
+    reserve_path(m, buf, c + 1, now, nbytes, &leg->t_start, &leg->t_end);
+    leg->t_head = leg->t_start + lat_sum(buf, c + 1);
+    leg->part = 1;
+    leg->nparts = cuts + 1;
+    leg->rest = r;
+    r->nbytes = nbytes;
+    r->i = 0;
+    r->n = n - c - 1;
+    memcpy(r->path, buf + c + 1, (size_t)r->n * sizeof *buf);
+    return 0;
+}
+
+int kb_machine_dma_first(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst,
+                         uint64_t nbytes, kb_time now, kb_dma_leg *leg, kb_errbuf *eb)
+{
+    loc ls, ld;
+    int rc;
+
+    leg->rest = NULL;
+    if (m->per_sip && issuer) {
+        if ((rc = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb)) != 0)
+            return rc;
+        /* from the issuer's SIP into another (a read of another SIP's memory is booked
+         * whole: its first part would be that SIP's) */
+        if (ls.gsip == issuer->gsip && ld.gsip != ls.gsip)
+            return dma_first_parts(m, issuer, &ls, &ld, nbytes, now, leg, eb);
+    }
+    return kb_machine_dma(m, issuer, pa_src, pa_dst, nbytes, now, &leg->t_start, &leg->t_end,
+                          eb);
+}
+
+void kb_machine_dma_next(kb_machine *m, kb_dma_leg *leg, kb_time now)
+{
+    struct kb_dma_rest *r = leg->rest;
+    int i = r->i, j = i;
+    kb_time ts, te;
+
+    assert(r && i < r->n && now >= leg->t_head);
+    while (j < r->n - 1 && !r->path[j]->part_end)
+        j++;
+    reserve_path(m, r->path + i, j - i + 1, now, r->nbytes, &ts, &te);
+    kb_time lat = lat_sum(r->path + i, j - i + 1);
+    /* the tail cannot leave this part before it has come in */
+    leg->t_end = te > leg->t_end + lat ? te : leg->t_end + lat;
+    leg->t_start = ts;
+    if (j == r->n - 1) {
+        assert(leg->part == leg->nparts - 1);
+        rest_put(m, r);
+        leg->rest = NULL;
+        return;
+    }
+    leg->t_head = ts + lat;
+    leg->part++;
+    r->i = j + 1;
 }
 
 /* ---- command path ---- */

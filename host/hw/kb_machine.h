@@ -4,7 +4,8 @@
  *
  * The machine is built once from a kb_topo_cfg. Every link, memory port, CPU and engine is a
  * kb_res (sched/kb_res.h). Data moves are timed by reserving the whole route at once
- * (pipelined, see kb_res_path_reserve); command messages (kernel launches, completions,
+ * (pipelined, see kb_res_path_reserve), or, between SIPs with system.switch.arbitration
+ * per_sip, part by part as the data reach each SIP (kb_machine_dma_first); command messages (kernel launches, completions,
  * installs) hop store-and-forward through the CPUs and links of the command path.
  * docs/timing-model.md states every formula; this file is its implementation.
  *
@@ -151,6 +152,8 @@ typedef struct kb_machine {
     void *res_observer_ud;    /* not owned */
     kb_sip_topo sip_topo;     /* system.sips.topology (last: the fields above keep their
                                * offsets for compiled plugins) */
+    int per_sip;              /* system.switch.arbitration per_sip (kb_machine_dma_first) */
+    struct kb_dma_rest *rest_live, *rest_free; /* parts not booked yet: in flight, reusable */
 } kb_machine;
 
 int kb_machine_create(const kb_topo_cfg *cfg, kb_machine **out, kb_errbuf *eb);
@@ -192,6 +195,35 @@ int kb_machine_route(kb_machine *m, const kb_pe_hw *issuer, kb_pa pa_src, kb_pa 
 /* Times a DMA: reserves the route at `now`; t_start and t_end receive the interval. */
 int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, uint64_t nbytes,
                    kb_time now, kb_time *t_start, kb_time *t_end, kb_errbuf *eb);
+
+/*
+ * A DMA booked part by part (system.switch.arbitration per_sip). The route is cut after each
+ * inter-SIP link: the issuing SIP's part (engine, source port, network to the gateway, its
+ * egress link), each SIP passed through (its egress link), the destination SIP's part
+ * (network, write port). kb_machine_dma_first books the first part at `now`; the caller books
+ * each later one with kb_machine_dma_next at the time its head arrives (leg->t_head), so no
+ * part is booked before its SIP sees the data: the switch buffers what a busy part is not yet
+ * taking. A part's tail leaves it at max(its own reservation's end, the previous part's tail +
+ * its latency), which on an idle route is the whole route's closed form (timing-model.md §2.4).
+ * With arbitration route, for a host transfer, a route inside one SIP, or a read of another
+ * SIP's memory the first part is the whole route, booked as kb_machine_dma books it, and
+ * leg->rest is NULL.
+ */
+typedef struct kb_dma_leg {
+    kb_time t_start;           /* the latest part's start */
+    kb_time t_end;             /* when the tail has crossed the latest part (the last: the DMA's
+                                * end) */
+    kb_time t_head;            /* when the head reaches the next part (rest != NULL) */
+    int part, nparts;          /* the next part's index, of nparts (rest != NULL) */
+    struct kb_dma_rest *rest;  /* the parts left (the machine's), NULL after the last */
+} kb_dma_leg;
+
+int kb_machine_dma_first(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst,
+                         uint64_t nbytes, kb_time now, kb_dma_leg *leg, kb_errbuf *eb);
+/* Books leg's next part at `now` (its head's arrival, >= leg->t_head) and moves leg on; the
+ * rest goes back to the machine after the last part. Parts left in flight when the machine is
+ * destroyed are freed with it. */
+void kb_machine_dma_next(kb_machine *m, kb_dma_leg *leg, kb_time now);
 
 /*
  * Command path, one store-and-forward step at a time (each returns the arrival time at the
