@@ -68,15 +68,15 @@ int kb_dir_opposite(kb_dir d)
     return (unsigned)d < KB_NDIRS ? opp[d] : -1;
 }
 
-void *kb_ipcq_pool_chunk(ipcq_sys *sys, size_t item, size_t n)
+void *kb_ipcq_pool_chunk(ipcq_part *p, size_t item, size_t n)
 {
     /* chunk header padded to keep items aligned */
     size_t hdr = (sizeof(chunk) + 15u) & ~(size_t)15u;
     chunk *c = malloc(hdr + item * n);
     if (!c)
         return NULL;
-    c->next = sys->chunks;
-    sys->chunks = c;
+    c->next = p->chunks;
+    p->chunks = c;
     return (char *)c + hdr;
 }
 
@@ -144,21 +144,29 @@ int kb_ipcq_counters_of(kb_ctx *ctx, const kb_pe_hw *pe, kb_dir d, kb_ipcq_count
 void kb_ipcq_counts(kb_ctx *ctx, uint64_t *msgs, uint64_t *chunks)
 {
     const ipcq_sys *sys = sys_of(ctx);
-    *msgs = sys ? sys->msgs : 0;
-    *chunks = sys ? sys->sends : 0;
+    *msgs = *chunks = 0;
+    for (int i = 0; sys && i < sys->nparts; i++) {
+        *msgs += sys->part[i].msgs;
+        *chunks += sys->part[i].sends;
+    }
+}
+
+/* Bytes sent on named direction d (KB_NDIRS: every peer direction), over every SIP. */
+static uint64_t dir_bytes(kb_ctx *ctx, unsigned d)
+{
+    const ipcq_sys *sys = sys_of(ctx);
+    uint64_t b = 0;
+    for (int i = 0; sys && i < sys->nparts; i++)
+        b += sys->part[i].dir_bytes[d];
+    return b;
 }
 
 uint64_t kb_ipcq_dir_bytes(kb_ctx *ctx, kb_dir dir)
 {
-    const ipcq_sys *sys = sys_of(ctx);
-    return sys && (unsigned)dir < KB_NDIRS ? sys->dir_bytes[dir] : 0;
+    return (unsigned)dir < KB_NDIRS ? dir_bytes(ctx, (unsigned)dir) : 0;
 }
 
-uint64_t kb_ipcq_peer_bytes(kb_ctx *ctx)
-{
-    const ipcq_sys *sys = sys_of(ctx);
-    return sys ? sys->dir_bytes[KB_NDIRS] : 0;
-}
+uint64_t kb_ipcq_peer_bytes(kb_ctx *ctx) { return dir_bytes(ctx, KB_NDIRS); }
 
 uint64_t kb_ipcq_slot_size(kb_ctx *ctx)
 {

@@ -64,11 +64,13 @@ static void sys_destroy(void *p)
     for (size_t i = 0; i < sys->nblocks; i++)
         free(sys->blocks[i]);
     free(sys->blocks);
-    while (sys->chunks) {
-        chunk *c = sys->chunks;
-        sys->chunks = c->next;
-        free(c);
-    }
+    for (int i = 0; sys->part && i < sys->nparts; i++)
+        while (sys->part[i].chunks) {
+            chunk *c = sys->part[i].chunks;
+            sys->part[i].chunks = c->next;
+            free(c);
+        }
+    free(sys->part);
     free(sys);
 }
 
@@ -231,6 +233,13 @@ static int attach_sys(install *in)
         sys->ipcq_ovh = kb_time_from_ns(kb_ctx_config(in->ctx)->topo.ipcq_overhead_ns);
         sys->credit_lat = kb_time_from_ns(kb_ctx_config(in->ctx)->topo.ipcq_credit_latency_ns);
         sys->per_sip = kb_ctx_machine(in->ctx)->per_sip;
+        sys->nparts = kb_ctx_machine(in->ctx)->nsips;
+        sys->part = aligned_alloc(_Alignof(ipcq_part), (size_t)sys->nparts * sizeof *sys->part);
+        if (!sys->part) {
+            free(sys);
+            return kb_err_set(in->eb, KB_ERR_NOMEM, "out of memory");
+        }
+        memset(sys->part, 0, (size_t)sys->nparts * sizeof *sys->part);
         kb_ctx_set_ext(in->ctx, KB_EXT_IPCQ, sys, sys_destroy);
         kb_ctx_set_deadlock_dump(in->ctx, kb_ipcq_dump, sys);
     } else if (sys->cfg.n_slots != cfg->n_slots || sys->cfg.slot_size != cfg->slot_size ||
@@ -325,6 +334,7 @@ static int make_states(install *in)
         pe_state *ps = (pe_state *)(void *)((char *)in->block + off);
         ps->pe = pe;
         ps->sys = sys;
+        ps->part = &sys->part[pe->gsip];
         ps->wired = pe->ipcq_wired & NAMED_MASK;
         ps->nq = bits_set(ps->wired);
         if (pe->ipcq_wired & PEER_MARK) {

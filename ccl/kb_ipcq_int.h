@@ -103,6 +103,7 @@ _Static_assert(KB_IPCQ_MAX_DIRS <= UINT16_MAX, "a queue pair keeps its direction
 struct pe_state {
     kb_pe_hw *pe;
     ipcq_sys *sys;
+    struct ipcq_part *part; /* its SIP's pools and counts (sys->part[pe->gsip]) */
     uint32_t wired;    /* named directions, bit d */
     uint32_t nq;       /* queue pairs: named, then peer */
     uint32_t npeer;    /* wired peer directions */
@@ -188,6 +189,21 @@ typedef struct chunk {
     struct chunk *next;
 } chunk;
 
+/*
+ * What one SIP's PEs take from the IPCQ's pools and count, one per SIP, so that a run split by
+ * SIP (docs/parallel.md) has each SIP touch its own: a msg comes from the sender's SIP and goes
+ * back to the receiver's; requests and their counts are the receiver's; sends are the
+ * sender's. Lines of their own (no false sharing between SIPs).
+ */
+typedef struct ipcq_part {
+    _Alignas(64) msg *free_msgs;
+    kb_ipcq_req *free_reqs;
+    chunk *chunks;         /* pool memory, freed at destroy */
+    uint64_t sends, recvs; /* chunks sent, messages received */
+    uint64_t msgs;         /* messages sent (tl_send calls) */
+    uint64_t dir_bytes[KB_NDIRS + 1]; /* bytes sent per named direction; [KB_NDIRS]: peers */
+} ipcq_part;
+
 struct ipcq_sys {
     kb_ctx *ctx;
     kb_ipcq_cfg cfg;
@@ -195,15 +211,23 @@ struct ipcq_sys {
     int per_sip;          /* system.switch.arbitration per_sip: sends between SIPs by parts */
     pe_state **pes;       /* installed, in install order */
     size_t npes, cappes;
-    msg *free_msgs;
-    kb_ipcq_req *free_reqs;
-    chunk *chunks;        /* pool memory, freed at destroy */
     void **blocks;        /* pe_state blocks, one per install, freed at destroy */
     size_t nblocks;
-    uint64_t sends, recvs; /* chunks sent, messages received */
-    uint64_t msgs;         /* messages sent (tl_send calls) */
-    uint64_t dir_bytes[KB_NDIRS + 1]; /* bytes sent per named direction; [KB_NDIRS]: peers */
+    ipcq_part *part;      /* [nparts]: one per SIP of the machine */
+    int nparts;
 };
+
+/* The pools and counts of the SIP of an installed PE's state (the calling kernel's: my_part). */
+static inline ipcq_part *part_of(const pe_state *ps)
+{
+    assert(ps->part == &ps->sys->part[ps->pe->gsip]);
+    return ps->part;
+}
+
+static inline ipcq_part *my_part(kb_tl *tl)
+{
+    return part_of((const pe_state *)tl_pe(tl)->ipcq_state);
+}
 
 /* kb_ipcq.c: the named directions' names, "E" .. "child_right". */
 extern const char *const kb_ipcq_dir_names[KB_NDIRS];
@@ -238,9 +262,9 @@ static inline void credits_take(qp *q, kb_time now)
     assert(q->cr_n <= q->n_slots && q->peer_tail_cache + q->cr_n <= q->my_head);
 }
 
-/* kb_ipcq.c. A block of n pool items of `item` bytes, owned by sys (freed with it), or
- * NULL. */
-void *kb_ipcq_pool_chunk(ipcq_sys *sys, size_t item, size_t n);
+/* kb_ipcq.c. A block of n pool items of `item` bytes, owned by the part (freed with the
+ * IPCQ), or NULL. */
+void *kb_ipcq_pool_chunk(ipcq_part *p, size_t item, size_t n);
 
 /* kb_ipcq.c. The context's deadlock dump (kb_dump_fn): every queue pair's pointers. */
 void kb_ipcq_dump(kb_ctx *ctx, char *buf, size_t n, void *ud);

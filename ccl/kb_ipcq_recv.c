@@ -24,32 +24,32 @@ static const char *const recv_names[KB_NDIRS + 1] = {
     "ipcq recv child_left", "ipcq recv child_right", "ipcq recv peer",
 };
 
-static void msg_put(ipcq_sys *sys, msg *m)
+static void msg_put(ipcq_part *p, msg *m)
 {
-    m->next = sys->free_msgs;
-    sys->free_msgs = m;
+    m->next = p->free_msgs;
+    p->free_msgs = m;
 }
 
-static kb_ipcq_req *req_get(ipcq_sys *sys)
+static kb_ipcq_req *req_get(ipcq_part *p)
 {
-    if (!sys->free_reqs) {
-        kb_ipcq_req *r = kb_ipcq_pool_chunk(sys, sizeof *r, KB_IPCQ_POOL_CHUNK);
+    if (!p->free_reqs) {
+        kb_ipcq_req *r = kb_ipcq_pool_chunk(p, sizeof *r, KB_IPCQ_POOL_CHUNK);
         if (!r)
             return NULL;
         for (int i = 0; i < KB_IPCQ_POOL_CHUNK; i++) {
-            r[i].next = sys->free_reqs;
-            sys->free_reqs = &r[i];
+            r[i].next = p->free_reqs;
+            p->free_reqs = &r[i];
         }
     }
-    kb_ipcq_req *r = sys->free_reqs;
-    sys->free_reqs = r->next;
+    kb_ipcq_req *r = p->free_reqs;
+    p->free_reqs = r->next;
     return r; /* post sets every field */
 }
 
-static void req_put(ipcq_sys *sys, kb_ipcq_req *r)
+static void req_put(ipcq_part *p, kb_ipcq_req *r)
 {
-    r->next = sys->free_reqs;
-    sys->free_reqs = r;
+    r->next = p->free_reqs;
+    p->free_reqs = r;
 }
 
 /*
@@ -57,7 +57,8 @@ static void req_put(ipcq_sys *sys, kb_ipcq_req *r)
  * sending queue pair (found by its peer_rx_base, as the protocol matches credits), and the
  * sender takes in those that have arrived whenever it looks at its counters (a send, the
  * deadlock dump, kb_ipcq_counters_of). A sender blocked on credits is woken at the next
- * arrival. The observable behaviour is the event-per-credit protocol's.
+ * arrival. The observable behaviour is the event-per-credit protocol's. (Between SIPs with
+ * per_sip a credit is an event: credit_out.)
  */
 static int credit_send(kb_sim *sim, qp *q, uint64_t seq, kb_time t)
 {
@@ -135,7 +136,8 @@ _Static_assert(sizeof(uintptr_t) >= sizeof(uint64_t), "credit_arrive carries a s
  */
 static int credit_out(kb_sim *sim, qp *q, uint64_t seq, kb_time t)
 {
-    if (!q->cr_event)
+    /* sys is on a line the caller has read; cr_event is not (the default never reads it) */
+    if (!q->sys->per_sip || !q->cr_event)
         return credit_send(sim, q->cred_q, seq, t);
     if (!q->cred_q)
         return KB_ERR_STATE;
@@ -244,7 +246,7 @@ void kb_ipcq_meta_arrive(kb_sim *sim, void *a, void *b)
     /* with backpressure a sender never gets more than n_slots ahead of the receiver */
     assert(!q->sys->cfg.backpressure || q->peer_head_cache - q->my_tail <= q->rx_n_slots);
     progress(q);
-    msg_put(q->sys, m);
+    msg_put(part_of(q->owner), m);
 }
 
 /* sync: the caller waits right away, so the posting overhead is folded into that wait */
@@ -259,7 +261,7 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
 
     if (s.rows == 0 || s.cols == 0 || (unsigned)dt >= KB_NDTYPES)
         tl_fail(tl, KB_ERR_INVAL, "%s %s: empty shape or bad dtype", op, DIRL(dir));
-    r = req_get(sys);
+    r = req_get(my_part(tl));
     if (!r)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
     r->q = q;
@@ -330,7 +332,7 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
         r->left = (uint32_t)((n + per - 1) / per);
         for (uint64_t off = per; off < n; off += per) {
             uint64_t len = n - off < per ? n - off : per;
-            kb_ipcq_req *c = req_get(sys);
+            kb_ipcq_req *c = req_get(my_part(tl));
             if (!c)
                 tl_fail(tl, KB_ERR_NOMEM, "out of memory");
             *c = *r;
@@ -392,20 +394,19 @@ kb_ipcq_req *tl_recv_into_async(kb_tl *tl, kb_dir dir, kb_va va, kb_shape s, kb_
 
 kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
 {
-    ipcq_sys *sys;
     kb_val v;
     if (!r)
         tl_fail(tl, KB_ERR_INVAL, "tl_wait: no request");
     if (r->tl != tl)
         tl_fail(tl, KB_ERR_INVAL, "tl_wait: request belongs to another kernel");
-    sys = r->q->sys;
     if (!r->done) {
         r->waiter = kb_fiber_current(kb_ctx_sim(tl_ctx(tl)));
         kb_fiber_block(kb_ctx_sim(tl_ctx(tl)), recv_names[name_ix(r->q->rx_dir)], r->q); /* woken at t_done */
     } else {
         kb_tl_wait_until(tl, r->t_done);
     }
-    sys->recvs++;
+    ipcq_part *p = my_part(tl);
+    p->recvs++;
     if (kb_ctx_trace(tl_ctx(tl))) {
         uint64_t bytes = 0; /* the whole message: its chunks' bytes */
         for (const kb_ipcq_req *c = r; c; c = c->sib)
@@ -415,7 +416,7 @@ kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
     v = r->val;
     while (r) { /* the message's chunk requests, head first */
         kb_ipcq_req *next = r->sib;
-        req_put(sys, r);
+        req_put(p, r);
         r = next;
     }
     return v;

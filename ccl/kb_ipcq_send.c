@@ -28,19 +28,19 @@ static const char *const send_wait_names[KB_NDIRS + 1] = {
     "ipcq credit child_left", "ipcq credit child_right", "ipcq credit peer",
 };
 
-static msg *msg_get(ipcq_sys *sys)
+static msg *msg_get(ipcq_part *p)
 {
-    if (!sys->free_msgs) {
-        msg *m = kb_ipcq_pool_chunk(sys, sizeof *m, KB_IPCQ_POOL_CHUNK);
+    if (!p->free_msgs) {
+        msg *m = kb_ipcq_pool_chunk(p, sizeof *m, KB_IPCQ_POOL_CHUNK);
         if (!m)
             return NULL;
         for (int i = 0; i < KB_IPCQ_POOL_CHUNK; i++) {
-            m[i].next = sys->free_msgs;
-            sys->free_msgs = &m[i];
+            m[i].next = p->free_msgs;
+            p->free_msgs = &m[i];
         }
     }
-    msg *m = sys->free_msgs;
-    sys->free_msgs = m->next;
+    msg *m = p->free_msgs;
+    p->free_msgs = m->next;
     return m;
 }
 
@@ -95,11 +95,11 @@ static KB_NOINLINE void record_chunk(kb_tl *tl, kb_dir dir, const kb_val *v, kb_
         tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
 }
 
-static KB_ALWAYS_INLINE msg *chunk_msg(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir, kb_pa dst,
-                                       uint64_t seq,
-                      uint64_t nbytes)
+static KB_ALWAYS_INLINE msg *chunk_msg(kb_tl *tl, qp *q, kb_dir dir, kb_pa dst, uint64_t seq,
+                                       uint64_t nbytes)
 {
-    msg *m = msg_get(sys);
+    ipcq_part *p = my_part(tl);
+    msg *m = msg_get(p);
     if (!m)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
     if (!q->tok_q)
@@ -109,8 +109,8 @@ static KB_ALWAYS_INLINE msg *chunk_msg(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir d
     m->addr = dst;
     m->seq = seq;
     m->nbytes = nbytes;
-    sys->sends++;
-    sys->dir_bytes[name_ix(dir)] += nbytes;
+    p->sends++;
+    p->dir_bytes[name_ix(dir)] += nbytes;
     trace(tl_ctx(tl), "send", tl_pe(tl), dir, nbytes, seq);
     return m;
 }
@@ -121,7 +121,8 @@ static KB_ALWAYS_INLINE msg *chunk_msg(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir d
 static kb_time part_head(qp *q, const kb_dma_leg *leg)
 {
     if (!q->part_head) {
-        q->part_head = kb_ipcq_pool_chunk(q->sys, sizeof(kb_time), (size_t)leg->nparts);
+        q->part_head = kb_ipcq_pool_chunk(part_of(q->owner), sizeof(kb_time),
+                                          (size_t)leg->nparts);
         if (!q->part_head)
             return 0;
         memset(q->part_head, 0, (size_t)leg->nparts * sizeof(kb_time));
@@ -167,7 +168,7 @@ void kb_ipcq_part_arrive(kb_sim *sim, void *a, void *b)
  * what it waits for (`last`) and what *ret gets; 1. Its record spans the first part. Out of
  * line: the leg stays off the hot frames.
  */
-static KB_NOINLINE int send_parts(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir, const kb_val *v,
+static KB_NOINLINE int send_parts(kb_tl *tl, qp *q, kb_dir dir, const kb_val *v,
                                   uint64_t off, uint64_t len, int whole, kb_pa dst, uint64_t seq,
                                   kb_time t_issue, int last, kb_time *t_start, kb_time *t_end,
                                   kb_time *ret)
@@ -185,7 +186,7 @@ static KB_NOINLINE int send_parts(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir, c
         return 0;
     if (kb_ctx_records(ctx))
         record_chunk(tl, dir, v, src, dst, len, whole, leg.t_start, leg.t_end);
-    msg *m = chunk_msg(tl, q, sys, dir, dst, seq, len * es);
+    msg *m = chunk_msg(tl, q, dir, dst, seq, len * es);
     m->from = q;
     m->leg = leg;
     kb_time t = part_head(q, &leg);
@@ -215,7 +216,7 @@ static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_d
     uint64_t seq = q->my_head++;
     if (sys->per_sip) {
         kb_time ret;
-        if (send_parts(tl, q, sys, dir, v, off, len, whole, dst, seq, t_issue, last, &t_start,
+        if (send_parts(tl, q, dir, v, off, len, whole, dst, seq, t_issue, last, &t_start,
                        &t_end, &ret))
             return ret;
     } else if (kb_machine_dma(kb_ctx_machine(ctx), tl_pe(tl), src, dst, nbytes, t_issue,
@@ -227,7 +228,7 @@ static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_d
     q->tok_last = t_tok;
     if (kb_ctx_records(ctx))
         record_chunk(tl, dir, v, src, dst, len, whole, t_start, t_end);
-    msg *m = chunk_msg(tl, q, sys, dir, dst, seq, nbytes);
+    msg *m = chunk_msg(tl, q, dir, dst, seq, nbytes);
     if (last && t_tok > kb_sim_now(kb_ctx_sim(ctx))) {
         /* the token arrives when the DMA ends, which is also when the sender goes on: one
          * queue entry for both (kb_fiber_sleep_then keeps their order) */
@@ -258,7 +259,7 @@ static kb_time send_msg(kb_tl *tl, kb_dir dir, kb_val v, int async, const char *
         tl_fail(tl, KB_ERR_INVAL, "%s %s: the value is a strided view (row stride %u, %u "
                 "columns); tl_copy it into a contiguous value first", op, DIRL(dir), v.ld,
                 v.cols);
-    sys->msgs++;
+    my_part(tl)->msgs++;
     if (n * kb_dtype_size((kb_dtype)v.dtype) <= q->slot_size) { /* the protocol as it was */
         wait_credit(tl, q, sys, dir);
         t_issue = kb_sim_now(sim) + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
