@@ -145,7 +145,7 @@ void kb_ipcq_part_arrive(kb_sim *sim, void *a, void *b)
     kb_time now = kb_sim_now(sim);
     (void)b;
     kb_machine_dma_next(kb_ctx_machine(q->sys->ctx), &m->leg, now);
-    if (m->leg.rest) {
+    if (kb_dma_leg_more(&m->leg)) {
         kb_time t = part_head(q, &m->leg);
         if (t == 0 || kb_sim_at(sim, t, kb_ipcq_part_arrive, m, NULL) != 0)
             part_fail(q->sys->ctx);
@@ -182,7 +182,7 @@ static KB_NOINLINE int send_parts(kb_tl *tl, qp *q, kb_dir dir, const kb_val *v,
         send_route_fail(tl, dir, src, dst);
     *t_start = leg.t_start;
     *t_end = leg.t_end;
-    if (!leg.rest)
+    if (!kb_dma_leg_more(&leg))
         return 0;
     if (kb_ctx_records(ctx))
         record_chunk(tl, dir, v, src, dst, len, whole, leg.t_start, leg.t_end);

@@ -17,26 +17,6 @@
 #define KB_VA_SIZE (UINT64_C(1) << 46)
 
 /* Zeroed arrays of structs holding kb_res, which is cache-line aligned (free with free()). */
-/* The parts of a route not booked yet (kb_machine_dma_first): path[i, n) for nbytes. Rests
- * of up to REST_CAP resources are reused through the machine's free list; longer ones (routes
- * across many SIPs) are allocated to size and freed after their last part. */
-#define REST_CAP 32
-struct kb_dma_rest {
-    struct kb_dma_rest *next, *prev; /* the machine's live list, or its free list (next) */
-    uint64_t nbytes;
-    int i, n, cap;
-    kb_res *path[];
-};
-
-static void rests_free(struct kb_dma_rest *r)
-{
-    while (r) {
-        struct kb_dma_rest *next = r->next;
-        free(r);
-        r = next;
-    }
-}
-
 static void *zalloc_lines(size_t n, size_t size)
 {
     size_t bytes;
@@ -349,8 +329,6 @@ void kb_machine_destroy(kb_machine *m)
     free(m->sips);
     free(m->pe_by_gid);
     free(m->sip_next);
-    rests_free(m->rest_live);
-    rests_free(m->rest_free);
     free(m);
 }
 
@@ -768,43 +746,6 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
 
 /* ---- DMA by parts (system.switch.arbitration per_sip) ---- */
 
-static struct kb_dma_rest *rest_get(kb_machine *m, int n)
-{
-    struct kb_dma_rest *r = NULL;
-    if (n <= REST_CAP && m->rest_free) {
-        r = m->rest_free;
-        m->rest_free = r->next;
-    } else {
-        int cap = n <= REST_CAP ? REST_CAP : n;
-        r = malloc(sizeof *r + (size_t)cap * sizeof(kb_res *));
-        if (!r)
-            return NULL;
-        r->cap = cap;
-    }
-    r->prev = NULL;
-    r->next = m->rest_live;
-    if (m->rest_live)
-        m->rest_live->prev = r;
-    m->rest_live = r;
-    return r;
-}
-
-static void rest_put(kb_machine *m, struct kb_dma_rest *r)
-{
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        m->rest_live = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-    if (r->cap > REST_CAP) {
-        free(r);
-        return;
-    }
-    r->next = m->rest_free;
-    m->rest_free = r;
-}
-
 static kb_time lat_sum(kb_res *const *path, int n)
 {
     kb_time l = 0;
@@ -813,35 +754,44 @@ static kb_time lat_sum(kb_res *const *path, int n)
     return l;
 }
 
-/* Books the first part of a route that leaves the issuing SIP (out of line: the route buffer
- * stays off the fibers' hot frames). */
+/* Books path[0, n) at now as the leg's next part: the tail leaves it no earlier than it came
+ * in (the previous part's tail + this part's latency); moves the head on. */
+static void book_part(kb_machine *m, kb_dma_leg *leg, kb_res *const *path, int n, kb_time now)
+{
+    kb_time ts, te, lat = lat_sum(path, n);
+    reserve_path(m, path, n, now, leg->nbytes, &ts, &te);
+    leg->t_end = leg->part == 0 || te > leg->t_end + lat ? te : leg->t_end + lat;
+    leg->t_start = ts;
+    leg->t_head = ts + lat;
+    leg->part++;
+}
+
+/* Books the first part of a route that leaves the issuing SIP and notes where the data go
+ * (out of line: the route buffer stays off the fibers' hot frames). */
 static KB_NOINLINE int dma_first_parts(kb_machine *m, kb_pe_hw *issuer, const loc *ls,
                                        const loc *ld, uint64_t nbytes, kb_time now,
                                        kb_dma_leg *leg, kb_errbuf *eb)
 {
     kb_res *buf[KB_MAX_ROUTE];
-    int n = build_route(m, issuer, ls, ld, 1, 1, buf, KB_MAX_ROUTE, eb), c = 0, cuts = 0;
+    int n = build_route(m, issuer, ls, ld, 1, 1, buf, KB_MAX_ROUTE, eb), c = 0;
     if (n < 0)
         return n;
     buf[0] = kb_machine_dma_channel(issuer);
     while (c < n && !buf[c]->part_end)
         c++;
-    for (int i = c; i < n; i++)
-        cuts += buf[i]->part_end != 0;
-    /* a route between SIPs crosses a link and ends at the destination's write port */
-    assert(c < n - 1 && cuts >= 1);
-    struct kb_dma_rest *r = rest_get(m, n - c - 1);
-    if (!r)
-        return kb_err_set(eb, KB_ERR_NOMEM, "out of memory");
-    reserve_path(m, buf, c + 1, now, nbytes, &leg->t_start, &leg->t_end);
-    leg->t_head = leg->t_start + lat_sum(buf, c + 1);
-    leg->part = 1;
-    leg->nparts = cuts + 1;
-    leg->rest = r;
-    r->nbytes = nbytes;
-    r->i = 0;
-    r->n = n - c - 1;
-    memcpy(r->path, buf + c + 1, (size_t)r->n * sizeof *buf);
+    /* a route between SIPs crosses a link and ends in the destination SIP */
+    assert(c < n - 1 && buf[c] == &m->sips[ls->gsip].links[m->sip_next[(size_t)ls->gsip *
+                                                            (size_t)m->nsips + ld->gsip]].link);
+    leg->nbytes = nbytes;
+    leg->part = 0;
+    leg->nparts = kb_machine_sip_hops(m, ls->gsip, ld->gsip) + 1;
+    leg->at = m->sips[ls->gsip].links[m->sip_next[(size_t)ls->gsip * (size_t)m->nsips +
+                                                  ld->gsip]].peer;
+    leg->dst_sip = ld->gsip;
+    leg->dst_cube = ld->cube;
+    leg->dst_router = ld->router;
+    leg->dst_port = m->noc == KB_NOC_BUS ? ld->port : ld->wport;
+    book_part(m, leg, buf, c + 1, now);
     return 0;
 }
 
@@ -851,7 +801,7 @@ int kb_machine_dma_first(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa
     loc ls, ld;
     int rc;
 
-    leg->rest = NULL;
+    leg->part = leg->nparts = 0;
     if (m->per_sip && issuer) {
         if ((rc = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb)) != 0)
             return rc;
@@ -866,27 +816,29 @@ int kb_machine_dma_first(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa
 
 void kb_machine_dma_next(kb_machine *m, kb_dma_leg *leg, kb_time now)
 {
-    struct kb_dma_rest *r = leg->rest;
-    int i = r->i, j = i;
-    kb_time ts, te;
+    kb_sip_hw *sip = &m->sips[leg->at];
+    kb_res *buf[KB_MAX_ROUTE];
 
-    assert(r && i < r->n && now >= leg->t_head);
-    while (j < r->n - 1 && !r->path[j]->part_end)
-        j++;
-    reserve_path(m, r->path + i, j - i + 1, now, r->nbytes, &ts, &te);
-    kb_time lat = lat_sum(r->path + i, j - i + 1);
-    /* the tail cannot leave this part before it has come in */
-    leg->t_end = te > leg->t_end + lat ? te : leg->t_end + lat;
-    leg->t_start = ts;
-    if (j == r->n - 1) {
-        assert(leg->part == leg->nparts - 1);
-        rest_put(m, r);
-        leg->rest = NULL;
+    assert(kb_dma_leg_more(leg) && now >= leg->t_head);
+    if ((unsigned)leg->at != leg->dst_sip) { /* passing through: the SIP's egress link */
+        kb_sip_link *l = &sip->links[m->sip_next[(size_t)leg->at * (size_t)m->nsips +
+                                                 leg->dst_sip]];
+        kb_res *link = &l->link;
+        book_part(m, leg, &link, 1, now);
+        leg->at = l->peer;
         return;
     }
-    leg->t_head = ts + lat;
-    leg->part++;
-    r->i = j + 1;
+    /* the destination SIP's part: the same resources as the suffix of build_route's route */
+    route r = { buf, 0, KB_MAX_ROUTE };
+    int rc = m->noc == KB_NOC_BUS
+                 ? add_xy(m, &r, sip, 0, leg->dst_cube) ||
+                       add(&r, &sip->cubes[leg->dst_cube].noc) || add(&r, leg->dst_port)
+                 : add_path(m, &r, sip, 0, 0, leg->dst_cube, leg->dst_router) ||
+                       add(&r, leg->dst_port);
+    assert(rc == 0 && r.n > 0); /* shorter than the whole route, which was built */
+    (void)rc;
+    book_part(m, leg, buf, r.n, now);
+    assert(!kb_dma_leg_more(leg));
 }
 
 /* ---- command path ---- */

@@ -153,7 +153,6 @@ typedef struct kb_machine {
     kb_sip_topo sip_topo;     /* system.sips.topology (last: the fields above keep their
                                * offsets for compiled plugins) */
     int per_sip;              /* system.switch.arbitration per_sip (kb_machine_dma_first) */
-    struct kb_dma_rest *rest_live, *rest_free; /* parts not booked yet: in flight, reusable */
 } kb_machine;
 
 int kb_machine_create(const kb_topo_cfg *cfg, kb_machine **out, kb_errbuf *eb);
@@ -200,29 +199,35 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
  * A DMA booked part by part (system.switch.arbitration per_sip). The route is cut after each
  * inter-SIP link: the issuing SIP's part (engine, source port, network to the gateway, its
  * egress link), each SIP passed through (its egress link), the destination SIP's part
- * (network, write port). kb_machine_dma_first books the first part at `now`; the caller books
- * each later one with kb_machine_dma_next at the time its head arrives (leg->t_head), so no
- * part is booked before its SIP sees the data: the switch buffers what a busy part is not yet
- * taking. A part's tail leaves it at max(its own reservation's end, the previous part's tail +
- * its latency), which on an idle route is the whole route's closed form (timing-model.md §2.4).
- * With arbitration route, for a host transfer, a route inside one SIP, or a read of another
- * SIP's memory the first part is the whole route, booked as kb_machine_dma books it, and
- * leg->rest is NULL.
+ * (network from its gateway, write port). kb_machine_dma_first books the first part at `now`;
+ * the caller books each later one with kb_machine_dma_next at the time its head arrives
+ * (leg->t_head), so no part is booked before its SIP sees the data: the switch buffers what a
+ * busy part is not yet taking. A part's tail leaves it at max(its own reservation's end, the
+ * previous part's tail + its latency), which on an idle route is the whole route's closed form
+ * (timing-model.md §2.4). With arbitration route, for a host transfer, a route inside one SIP,
+ * or a read of another SIP's memory the first part is the whole route, booked as
+ * kb_machine_dma books it, and the leg has no parts left.
  */
 typedef struct kb_dma_leg {
     kb_time t_start;           /* the latest part's start */
     kb_time t_end;             /* when the tail has crossed the latest part (the last: the DMA's
                                 * end) */
-    kb_time t_head;            /* when the head reaches the next part (rest != NULL) */
-    int part, nparts;          /* the next part's index, of nparts (rest != NULL) */
-    struct kb_dma_rest *rest;  /* the parts left (the machine's), NULL after the last */
+    kb_time t_head;            /* when the head reaches the next part (while parts are left) */
+    uint64_t nbytes;
+    int part, nparts;          /* parts booked, of nparts (0 of 0: booked whole) */
+    int at;                    /* the SIP of the next part */
+    unsigned dst_sip, dst_cube; /* where the data go: the last part's end */
+    int dst_router;
+    kb_res *dst_port;          /* the destination's write side (bus: its one port) */
 } kb_dma_leg;
+
+/* 1 while the leg has parts left to book. */
+static inline int kb_dma_leg_more(const kb_dma_leg *leg) { return leg->part < leg->nparts; }
 
 int kb_machine_dma_first(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst,
                          uint64_t nbytes, kb_time now, kb_dma_leg *leg, kb_errbuf *eb);
-/* Books leg's next part at `now` (its head's arrival, >= leg->t_head) and moves leg on; the
- * rest goes back to the machine after the last part. Parts left in flight when the machine is
- * destroyed are freed with it. */
+/* Books leg's next part at `now` (its head's arrival, >= leg->t_head) and moves leg on. A leg
+ * holds no memory: each later part is built from where the data go. */
 void kb_machine_dma_next(kb_machine *m, kb_dma_leg *leg, kb_time now);
 
 /*
