@@ -758,6 +758,9 @@ static void test_switch_per_sip(void **s)
         free(text);
         assert_non_null(j);
         assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "verified")));
+        /* the run says which arbitration it had */
+        cJSON *mach = cJSON_GetObjectItem(j, "machine");
+        assert_string_equal(cJSON_GetObjectItem(mach, "switch_arbitration")->valuestring, arb[k]);
         cJSON *d = cJSON_GetObjectItem(j, "data_digest");
         assert_true(cJSON_IsString(d) && strlen(d->valuestring) == 16);
         memcpy(digest[k], d->valuestring, 17);

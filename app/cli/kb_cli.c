@@ -606,6 +606,7 @@ char *kbcl_result_json(const kbcl_result *res)
     cJSON_AddNumberToObject(machine, "pes_per_cube", kb_topo_pes_per_cube(&cfg->topo));
     cJSON_AddNumberToObject(machine, "pes", kb_topo_total_pes(&cfg->topo));
     cJSON_AddStringToObject(machine, "sip_topology", cfg->topo.sips_topology);
+    cJSON_AddStringToObject(machine, "switch_arbitration", cfg->topo.switch_arbitration);
     cJSON_AddItemToObject(root, "machine", machine);
     for (int i = 0; i < rep->res.nextras; i++)
         if (!strcmp(rep->res.extras[i].name, "algbw_gbps")) { /* a collective: its labels */
