@@ -734,43 +734,6 @@ static void assert_table_row(const char *out, const char *size, const char *coun
         fail_msg("no table row '%s' in:\n%s", want, out);
 }
 
-/* system.switch.arbitration per_sip: a collective whose messages cross SIPs over routes of
- * one and two SIP hops (recursive halving-doubling on 4 SIPs of a ring) verifies with the same
- * digest as with route, and its timing moves. */
-static void test_switch_per_sip(void **s)
-{
-    static char out[1 << 16];
-    static const char *const arb[2] = { "route", "per_sip" };
-    char name[32];
-    char digest[2][17];
-    double sim[2];
-    (void)s;
-    for (int k = 0; k < 2; k++) {
-        snprintf(name, sizeof name, "arb_%s.json", arb[k]);
-        int rc = kbt_kbcl(out, sizeof out, "run --algorithm rhd_allreduce --world-size 32 "
-                          "--size 4K --device ref --verify-data --set system.sips.count=4 "
-                          "--set sip.cube_mesh.width=2 --set sip.cube_mesh.height=1 "
-                          "--set system.switch.arbitration=%s --json %s", arb[k], name);
-        if (rc != 0)
-            fail_msg("%s", out);
-        char *text = kbt_slurp(name);
-        cJSON *j = cJSON_Parse(text);
-        free(text);
-        assert_non_null(j);
-        assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "verified")));
-        /* the run says which arbitration it had */
-        cJSON *mach = cJSON_GetObjectItem(j, "machine");
-        assert_string_equal(cJSON_GetObjectItem(mach, "switch_arbitration")->valuestring, arb[k]);
-        cJSON *d = cJSON_GetObjectItem(j, "data_digest");
-        assert_true(cJSON_IsString(d) && strlen(d->valuestring) == 16);
-        memcpy(digest[k], d->valuestring, 17);
-        sim[k] = cJSON_GetObjectItem(j, "sim_time_ns")->valuedouble;
-        cJSON_Delete(j);
-    }
-    assert_string_equal(digest[0], digest[1]);
-    assert_true(sim[0] != sim[1]);
-}
-
 /* --size S runs exactly what --n-elem S/2 runs (f16 all-reduce) and reports size_bytes. */
 static void test_size_run(void **s)
 {
@@ -1274,6 +1237,35 @@ static cJSON *run_json(const char *cmd, const char *json, cJSON **transfers)
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "verified")));
     *transfers = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "replay"), "transfers");
     return j;
+}
+
+/* system.switch.arbitration per_sip: a collective whose messages cross SIPs over routes of
+ * one and two SIP hops (recursive halving-doubling on 4 SIPs of a ring) verifies with the same
+ * digest as with route, says which arbitration it had, and its timing moves. */
+static void test_switch_per_sip(void **s)
+{
+    static const char *const arb[2] = { "route", "per_sip" };
+    char cmd[256], name[32], digest[2][17];
+    double sim[2];
+    (void)s;
+    for (int k = 0; k < 2; k++) {
+        cJSON *transfers;
+        snprintf(cmd, sizeof cmd, "run --algorithm rhd_allreduce --world-size 32 --size 4K "
+                 "--device ref --verify-data --set system.sips.count=4 --set "
+                 "sip.cube_mesh.width=2 --set sip.cube_mesh.height=1 --set "
+                 "system.switch.arbitration=%s", arb[k]);
+        snprintf(name, sizeof name, "arb_%s.json", arb[k]);
+        cJSON *j = run_json(cmd, name, &transfers);
+        cJSON *mach = cJSON_GetObjectItem(j, "machine");
+        assert_string_equal(cJSON_GetObjectItem(mach, "switch_arbitration")->valuestring, arb[k]);
+        cJSON *d = cJSON_GetObjectItem(j, "data_digest");
+        assert_true(cJSON_IsString(d) && strlen(d->valuestring) == 16);
+        memcpy(digest[k], d->valuestring, 17);
+        sim[k] = cJSON_GetObjectItem(j, "sim_time_ns")->valuedouble;
+        cJSON_Delete(j);
+    }
+    assert_string_equal(digest[0], digest[1]);
+    assert_true(sim[0] != sim[1]);
 }
 
 /*
