@@ -334,7 +334,7 @@ static int64_t chain_slice(kb_tl *tl, int64_t hops, int64_t n, size_t es)
 }
 
 /* The simulated time now: the kernel sees a DMA's completion (its status) once past its end. */
-static int64_t now_ps(kb_tl *tl) { return (int64_t)kb_sim_now(kb_ctx_sim(tl_ctx(tl))); }
+static int64_t now_ps(kb_tl *tl) { return (int64_t)kb_sim_now(tl_sim(tl)); }
 
 /*
  * Whether a ring of ws ranks crosses SIPs (ranks fill the grid's SIPs in turn) over an

@@ -309,7 +309,7 @@ typedef struct hthread {
 /* One thread's blocks: b = t, t + 2, ... (every PE's thread t takes the same ones). */
 static void hier_blocks(kb_tl *tl, const hier *h, int t, hthread *me)
 {
-    kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
+    kb_sim *sim = tl_sim(tl);
     int back = t % 2, peer = t >= 2; /* threads 2 and 3: the peer directions' copy */
     hring L1 = ring_of(h, h->P, h->p, back, peer ? KB_LANES_PEER_E : KB_DIR_E,
                        peer ? KB_LANES_PEER_W : KB_DIR_W);
@@ -384,7 +384,7 @@ static void hier_thread(kb_tl *tl, void *arg)
  * buffer and hands each full block to the cross-SIP threads. */
 static void hier_reduce(kb_tl *tl, hier *h)
 {
-    kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
+    kb_sim *sim = tl_sim(tl);
     int64_t i = (h->f + h->F - 1) % h->F, W = h->wr, nsl = (h->n + W - 1) / W, off, sl;
     int gw = i == h->F - 1;
     kb_dir out = KB_LANES_NEXT, in = KB_LANES_PREV;
@@ -456,7 +456,7 @@ static void hier_cross(kb_tl *tl, void *arg)
 {
     hx *x = arg;
     hier *h = x->h;
-    kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
+    kb_sim *sim = tl_sim(tl);
     int t = x->t, back = t % 2, copy = t / 2 % 2;
     hring L = ring_of(h, h->S, h->s, back, copy ? KB_LANES_PEER_GE : KB_DIR_GLOBAL_E,
                       copy ? KB_LANES_PEER_GW : KB_DIR_GLOBAL_W);
@@ -481,7 +481,7 @@ static void hier_cross(kb_tl *tl, void *arg)
 static void hier_bcast(kb_tl *tl, void *arg)
 {
     hier *h = arg;
-    kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
+    kb_sim *sim = tl_sim(tl);
     int64_t W = h->wb, nsl = (h->n + W - 1) / W, off, sl;
     kb_dir out = KB_LANES_PREV, in = KB_LANES_NEXT;
     if (h->f == 0) {

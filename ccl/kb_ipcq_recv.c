@@ -151,9 +151,8 @@ static int credit_out(kb_sim *sim, qp *q, uint64_t seq, kb_time t)
  * with no view held it is sent at once too; behind a held view it waits in cr_defer, and the release of the view sends every credit that is then known, each
  * no earlier than the one before it. 0, or the context has failed.
  */
-static int credit_free(qp *q, uint64_t seq, kb_time t)
+static int credit_free(kb_sim *sim, qp *q, uint64_t seq, kb_time t)
 {
-    kb_sim *sim = kb_ctx_sim(q->sys->ctx);
     int rc;
     if (!q->cr_defer) {
         if ((rc = credit_out(sim, q, seq, t)) != 0) {
@@ -178,7 +177,7 @@ static int credit_free(qp *q, uint64_t seq, kb_time t)
 }
 
 /* Starts the copy-out of every posted receive whose data has arrived. */
-static void progress(qp *q)
+static void progress(kb_sim *sim, qp *q)
 {
     ipcq_sys *sys = q->sys;
     kb_ctx *ctx = sys->ctx;
@@ -194,7 +193,7 @@ static void progress(qp *q)
             recv_size_mismatch(ctx, q, r, si);
             return;
         }
-        kb_time now = kb_sim_now(kb_ctx_sim(ctx)), t0 = r->t_post > now ? r->t_post : now;
+        kb_time now = kb_sim_now(sim), t0 = r->t_post > now ? r->t_post : now;
         kb_time t_start, t_end;
         r->seq = q->my_tail++;
         assert(q->my_tail <= q->peer_head_cache);
@@ -205,7 +204,7 @@ static void progress(qp *q)
             r->left = 0;
             q->cr_defer[r->seq % q->rx_n_slots] = -1;
             if (r->waiter)
-                kb_fiber_wake_at(kb_ctx_sim(ctx), r->waiter, t0);
+                kb_fiber_wake_at(sim, r->waiter, t0);
             continue;
         }
         int rc = kb_machine_dma(kb_ctx_machine(ctx), q->rx_pe, slot, r->dst, r->nbytes, t0, &t_start,
@@ -226,10 +225,10 @@ static void progress(qp *q)
             kb_ctx_fail(ctx, KB_ERR_NOMEM);
             return;
         }
-        if (credit_free(q, r->seq, t_end + q->credit_delay) != 0)
+        if (credit_free(sim, q, r->seq, t_end + q->credit_delay) != 0)
             return;
         if (last && h->waiter)
-            kb_fiber_wake_at(kb_ctx_sim(ctx), h->waiter, h->t_done);
+            kb_fiber_wake_at(sim, h->waiter, h->t_done);
     }
 }
 
@@ -237,7 +236,6 @@ void kb_ipcq_meta_arrive(kb_sim *sim, void *a, void *b)
 {
     msg *m = a;
     qp *q = m->to;
-    (void)sim;
     (void)b;
     assert(m->addr >= q->my_rx_base &&
            m->addr < q->my_rx_base + (uint64_t)q->rx_n_slots * q->rx_slot_size);
@@ -245,7 +243,7 @@ void kb_ipcq_meta_arrive(kb_sim *sim, void *a, void *b)
     q->peer_head_cache++;
     /* with backpressure a sender never gets more than n_slots ahead of the receiver */
     assert(!q->sys->cfg.backpressure || q->peer_head_cache - q->my_tail <= q->rx_n_slots);
-    progress(q);
+    progress(sim, q);
     msg_put(part_of(q->owner), m);
 }
 
@@ -316,7 +314,7 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
         r->val.ld = 0; /* contiguous (a recycled request holds its last value's stride) */
         r->dst_dt = dt;
     }
-    r->t_post = kb_sim_now(kb_ctx_sim(tl_ctx(tl))) + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
+    r->t_post = kb_sim_now(tl_sim(tl)) + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
     if (nbytes > q->rx_slot_size) {
         /*
          * A message of several chunks (the sender cuts it the same way): the head receives
@@ -353,7 +351,7 @@ static kb_ipcq_req *post(kb_tl *tl, kb_dir dir, kb_shape s, kb_dtype dt, int int
             q->pend_head = c;
         q->pend_tail = c;
     }
-    progress(q);
+    progress(tl_sim(tl), q);
     if (!sync)
         kb_tl_wait_until(tl, r->t_post);
     return r;
@@ -383,7 +381,7 @@ void tl_recv_release(kb_tl *tl, kb_dir dir, kb_val v)
                 "of this direction (views are released in the order they were received)",
                 DIRL(dir));
     /* the slot is free once the kernel's reads of it are done, i.e. now */
-    if (credit_free(q, q->cr_next, kb_sim_now(kb_ctx_sim(tl_ctx(tl))) + q->credit_delay) != 0)
+    if (credit_free(tl_sim(tl), q, q->cr_next, kb_sim_now(tl_sim(tl)) + q->credit_delay) != 0)
         tl_fail(tl, KB_ERR_STATE, "tl_recv_release: %s", kb_ctx_err(tl_ctx(tl))->msg);
 }
 
@@ -400,8 +398,8 @@ kb_val tl_wait(kb_tl *tl, kb_ipcq_req *r)
     if (r->tl != tl)
         tl_fail(tl, KB_ERR_INVAL, "tl_wait: request belongs to another kernel");
     if (!r->done) {
-        r->waiter = kb_fiber_current(kb_ctx_sim(tl_ctx(tl)));
-        kb_fiber_block(kb_ctx_sim(tl_ctx(tl)), recv_names[name_ix(r->q->rx_dir)], r->q); /* woken at t_done */
+        r->waiter = kb_fiber_current(tl_sim(tl));
+        kb_fiber_block(tl_sim(tl), recv_names[name_ix(r->q->rx_dir)], r->q); /* woken at t_done */
     } else {
         kb_tl_wait_until(tl, r->t_done);
     }

@@ -65,7 +65,7 @@ static KB_COLD void send_route_fail(kb_tl *tl, kb_dir dir, kb_pa src, kb_pa dst)
 /* Blocks the sender until the queue pair has a free slot (with backpressure). */
 static KB_ALWAYS_INLINE void wait_credit(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir)
 {
-    kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
+    kb_sim *sim = tl_sim(tl);
     credits_take(q, kb_sim_now(sim));
     while (sys->cfg.backpressure && q->my_head - q->peer_tail_cache >= (uint64_t)q->n_slots) {
         if (q->cr_n) { /* a credit is on its way: wait for it */
@@ -190,7 +190,7 @@ static KB_NOINLINE int send_parts(kb_tl *tl, qp *q, kb_dir dir, const kb_val *v,
     m->from = q;
     m->leg = leg;
     kb_time t = part_head(q, &leg);
-    if (t == 0 || kb_sim_at(kb_ctx_sim(ctx), t, kb_ipcq_part_arrive, m, NULL) != 0)
+    if (t == 0 || kb_sim_at(tl_sim(tl), t, kb_ipcq_part_arrive, m, NULL) != 0)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
     if (last)
         kb_tl_wait_until(tl, leg.t_end);
@@ -229,12 +229,12 @@ static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_d
     if (kb_ctx_records(ctx))
         record_chunk(tl, dir, v, src, dst, len, whole, t_start, t_end);
     msg *m = chunk_msg(tl, q, dir, dst, seq, nbytes);
-    if (last && t_tok > kb_sim_now(kb_ctx_sim(ctx))) {
+    if (last && t_tok > kb_sim_now(tl_sim(tl))) {
         /* the token arrives when the DMA ends, which is also when the sender goes on: one
          * queue entry for both (kb_fiber_sleep_then keeps their order) */
-        if (kb_fiber_sleep_then(kb_ctx_sim(ctx), t_tok, kb_ipcq_meta_arrive, m, NULL) != 0)
+        if (kb_fiber_sleep_then(tl_sim(tl), t_tok, kb_ipcq_meta_arrive, m, NULL) != 0)
             tl_fail(tl, KB_ERR_STATE, "tl_send: cannot wait for the DMA");
-    } else if (kb_sim_at(kb_ctx_sim(ctx), t_tok, kb_ipcq_meta_arrive, m, NULL) != 0) {
+    } else if (kb_sim_at(tl_sim(tl), t_tok, kb_ipcq_meta_arrive, m, NULL) != 0) {
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
     }
     return t_tok;
@@ -251,7 +251,7 @@ static kb_time send_msg(kb_tl *tl, kb_dir dir, kb_val v, int async, const char *
 {
     qp *q = wired_qp(tl, dir, op);
     ipcq_sys *sys = sys_of(tl_ctx(tl)); /* not through q or the pe_state: other lines */
-    kb_sim *sim = kb_ctx_sim(tl_ctx(tl));
+    kb_sim *sim = tl_sim(tl);
     uint64_t n = (uint64_t)v.rows * v.cols;
     kb_time t_issue = 0, t_last = 0;
 

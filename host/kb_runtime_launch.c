@@ -77,7 +77,7 @@ static void kernel_finished(kb_tl *tl)
     kb_machine *m = ctx->m;
     int s = tl->pid[2], c = tl->pid[1];
     int ci = s * l->grid.cubes + c;
-    kb_time t = kb_machine_cmd_pe_to_mcpu(m, tl->pe, kb_sim_now(ctx->sim), KB_CMD_BYTES);
+    kb_time t = kb_machine_cmd_pe_to_mcpu(m, tl->pe, kb_sim_now(tl->sim), KB_CMD_BYTES);
 
     if (t > l->cube_tmax[ci])
         l->cube_tmax[ci] = t;
@@ -146,6 +146,7 @@ kb_tl *tl_fork(kb_tl *tl, void (*fn)(kb_tl *child, void *arg), void *arg)
     memset(t, 0, sizeof *t);
     t->tl.tag = tl->tag;
     t->tl.ctx = tl->ctx;
+    t->tl.sim = tl->sim;
     t->tl.pe = tl->pe;
     t->tl.launch = l;
     memcpy(t->tl.pid, tl->pid, sizeof t->tl.pid);
@@ -156,11 +157,11 @@ kb_tl *tl_fork(kb_tl *tl, void (*fn)(kb_tl *child, void *arg), void *arg)
     t->parent = tl;
     t->next = l->threads;
     l->threads = t;
-    kb_tl_wait_until(tl, kb_sim_now(tl->ctx->sim) + tl->cpu_ovh);
-    t->tl.start = kb_sim_now(tl->ctx->sim);
+    kb_tl_wait_until(tl, kb_sim_now(tl->sim) + tl->cpu_ovh);
+    t->tl.start = kb_sim_now(tl->sim);
     snprintf(fname, sizeof fname, "%s@sip%u/cube%u/pe%u+", l->name, tl->pe->gsip, tl->pe->cube,
              tl->pe->pe);
-    kb_fiber *f = kb_fiber_spawn(tl->ctx->sim, thread_main, t, fname);
+    kb_fiber *f = kb_fiber_spawn(tl->sim, thread_main, t, fname);
     if (!f)
         tl_fail(tl, KB_ERR_NOMEM, "tl_fork: out of memory spawning a thread");
     kb_fiber_set_udata(f, &t->tl);
@@ -173,8 +174,8 @@ void tl_join(kb_tl *tl, kb_tl *child)
     if (!child || child->launch != tl->launch || child == tl)
         tl_fail(tl, KB_ERR_INVAL, "tl_join: not a thread this kernel forked");
     if (!t->done) {
-        t->joiner = kb_fiber_current(tl->ctx->sim);
-        kb_fiber_block(tl->ctx->sim, "tl_join", t);
+        t->joiner = kb_fiber_current(tl->sim);
+        kb_fiber_block(tl->sim, "tl_join", t);
     }
 }
 
@@ -252,6 +253,7 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
                 char fname[128];
                 tl->tag = KB_TAG_KERNEL;
                 tl->ctx = ctx;
+                tl->sim = ctx->sim;
                 tl->pe = kb_machine_pe(m, gsip, (unsigned)c, (unsigned)p);
                 tl->launch = l;
                 tl->pid[0] = p;

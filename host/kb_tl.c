@@ -19,6 +19,7 @@
 void kb_tl_release_all(kb_tl *tl);
 
 kb_pe_hw *tl_pe(kb_tl *tl) { return tl->pe; }
+kb_sim *tl_sim(kb_tl *tl) { return tl->sim; }
 kb_ctx *tl_ctx(kb_tl *tl) { return tl->ctx; }
 const char *tl_kernel_name(kb_tl *tl) { return tl->launch->name; }
 kb_time kb_tl_issue_cost(const kb_tl *tl) { return tl->cpu_ovh; }
@@ -57,10 +58,10 @@ _Noreturn void tl_fail(kb_tl *tl, int code, const char *fmt, ...)
     if (!tl->ctx->failed)
         kb_err_set(&tl->ctx->err, code, "kernel %s on sip%u/cube%u/pe%u at t=%.3f ns: %s",
                    tl->launch->name, tl->pe->gsip, tl->pe->cube, tl->pe->pe,
-                   kb_time_to_ns(kb_sim_now(tl->ctx->sim)), msg);
+                   kb_time_to_ns(kb_sim_now(tl->sim)), msg);
     kb_ctx_fail(tl->ctx, code);
     for (;;) /* the run is over; this fiber is never resumed */
-        kb_fiber_block(tl->ctx->sim, "aborted run", NULL);
+        kb_fiber_block(tl->sim, "aborted run", NULL);
 }
 
 int tl_program_id(kb_tl *tl, int axis)
@@ -77,13 +78,13 @@ int tl_num_programs(kb_tl *tl, int axis)
     return tl->np[axis];
 }
 
-static kb_time issue_time(kb_tl *tl) { return kb_sim_now(tl->ctx->sim) + tl->cpu_ovh; }
+static kb_time issue_time(kb_tl *tl) { return kb_sim_now(tl->sim) + tl->cpu_ovh; }
 
 void kb_tl_wait_until(kb_tl *tl, kb_time t)
 {
-    kb_time now = kb_sim_now(tl->ctx->sim);
+    kb_time now = kb_sim_now(tl->sim);
     if (t > now)
-        kb_fiber_sleep(tl->ctx->sim, t - now);
+        kb_fiber_sleep(tl->sim, t - now);
 }
 
 void kb_tl_record(kb_tl *tl, kb_rec *r)
@@ -190,7 +191,7 @@ struct kb_tl_later {
 /* Gives back the held values whose time has come (they were read by then). */
 static KB_NOINLINE void later_sweep(kb_tl *tl)
 {
-    kb_time now = kb_sim_now(tl->ctx->sim);
+    kb_time now = kb_sim_now(tl->sim);
     size_t k = 0;
     for (size_t i = 0; i < tl->nlater; i++) {
         if (tl->later[i].t <= now)
@@ -261,7 +262,7 @@ void tl_free_after(kb_tl *tl, kb_val v, int64_t t)
 {
     if (!v.scratch)
         return;
-    if (t <= kb_sim_now(tl->ctx->sim)) {
+    if (t <= kb_sim_now(tl->sim)) {
         tl_free(tl, v);
         return;
     }

@@ -11,7 +11,7 @@
 #include <math.h>
 #include <string.h>
 
-static kb_time issue_time(kb_tl *tl) { return kb_sim_now(tl->ctx->sim) + tl->cpu_ovh; }
+static kb_time issue_time(kb_tl *tl) { return kb_sim_now(tl->sim) + tl->cpu_ovh; }
 
 static kb_opnd val_opnd(kb_val v) { return kb_tl_opnd(v); }
 

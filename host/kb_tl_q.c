@@ -718,7 +718,7 @@ static int pa_local(kb_tl *tl, kb_pa pa)
 
 static kb_time now_issue(kb_tl *tl)
 {
-    return kb_sim_now(kb_ctx_sim(tl_ctx(tl))) + kb_tl_issue_cost(tl);
+    return kb_sim_now(tl_sim(tl)) + kb_tl_issue_cost(tl);
 }
 
 static void dma_part(kb_tl *tl, kb_val v, kb_pa resv, uint64_t bytes, kb_time at, kb_time *ready)

@@ -63,6 +63,7 @@ typedef struct kb_scr_chunk {
 struct kb_tl {
     _Alignas(64) kb_ctx *ctx;
     kb_pe_hw *pe;
+    kb_sim *sim;            /* the simulation its fiber runs in (tl_sim) */
     kb_time cpu_ovh;
     /* small scratch values (<= KB_SCR_MAX bytes): size classes carved from 64 KiB chunks */
     struct kb_scr_chunk *chunks;  /* owned */
