@@ -457,7 +457,7 @@ static int pair_links(install *in)
                           route_latency(in->ctx, q->peer, q->peer_rx_base, q->my_rx_base);
         q->tok_q = ring_holding(q->peer->ipcq_state, q->peer_rx_base);
         q->cred_q = sender_into(q->peer->ipcq_state, q->my_rx_base);
-        q->cr_event = in->sys->per_sip && q->peer->gsip != links[i].pe->gsip;
+        q->cr_event = q->parts = in->sys->per_sip && q->peer->gsip != links[i].pe->gsip;
     }
     return 0;
 }

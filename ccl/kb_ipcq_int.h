@@ -51,6 +51,7 @@ typedef struct qp {
     uint64_t slot_size;
     uint32_t n_slots, cr_head, cr_n;
     uint8_t wired;
+    uint8_t parts;            /* sends go by parts (per_sip, the peer in another SIP) */
     uint16_t dir;             /* a named direction or a peer direction (< KB_IPCQ_MAX_DIRS) */
     /* line 2 */
     _Alignas(64) kb_time cr_inl[KB_QP_INLINE_SLOTS];

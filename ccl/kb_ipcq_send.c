@@ -203,9 +203,9 @@ static KB_NOINLINE int send_parts(kb_tl *tl, qp *q, kb_dir dir, const kb_val *v,
  * peer's ring, issued at t_issue; its token reaches the receiver when the DMA ends. `last`:
  * the sender resumes then too (one queue entry for both). Returns the DMA's end.
  */
-static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir,
-                                           const kb_val *v, uint64_t off, uint64_t len,
-                                           int whole, kb_time t_issue, int last)
+static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, kb_dir dir, const kb_val *v,
+                                           uint64_t off, uint64_t len, int whole,
+                                           kb_time t_issue, int last)
 {
     kb_ctx *ctx = tl_ctx(tl);
     size_t es = kb_dtype_size((kb_dtype)v->dtype);
@@ -214,7 +214,7 @@ static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, ipcq_sys *sys, kb_d
     kb_time t_start, t_end;
     kb_pa dst = q->peer_rx_base + (q->my_head % (uint64_t)q->n_slots) * q->slot_size;
     uint64_t seq = q->my_head++;
-    if (sys->per_sip) {
+    if (q->parts) {
         kb_time ret;
         if (send_parts(tl, q, dir, v, off, len, whole, dst, seq, t_issue, last, &t_start,
                        &t_end, &ret))
@@ -264,8 +264,8 @@ static kb_time send_msg(kb_tl *tl, kb_dir dir, kb_val v, int async, const char *
         wait_credit(tl, q, sys, dir);
         t_issue = kb_sim_now(sim) + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
         if (!async)
-            return send_chunk(tl, q, sys, dir, &v, 0, n, 1, t_issue, 1);
-        t_last = send_chunk(tl, q, sys, dir, &v, 0, n, 1, t_issue, 0);
+            return send_chunk(tl, q, dir, &v, 0, n, 1, t_issue, 1);
+        t_last = send_chunk(tl, q, dir, &v, 0, n, 1, t_issue, 0);
         kb_tl_wait_until(tl, t_issue);
         return t_last;
     }
@@ -278,7 +278,7 @@ static kb_time send_msg(kb_tl *tl, kb_dir dir, kb_val v, int async, const char *
             t_issue = now + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
         else if (now > t_issue)
             t_issue = now;
-        t_last = send_chunk(tl, q, sys, dir, &v, off, len, 0, t_issue, 0);
+        t_last = send_chunk(tl, q, dir, &v, off, len, 0, t_issue, 0);
     }
     kb_tl_wait_until(tl, async ? t_issue : t_last);
     return t_last;

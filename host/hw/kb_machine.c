@@ -802,7 +802,9 @@ int kb_machine_dma_first(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa
     int rc;
 
     leg->part = leg->nparts = 0;
-    if (m->per_sip && issuer) {
+    /* both ends in the issuer's SIP (the address says which SIP): the route memo's path */
+    if (m->per_sip && issuer &&
+        (kb_pa_gsip(pa_src) != issuer->gsip || kb_pa_gsip(pa_dst) != issuer->gsip)) {
         if ((rc = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb)) != 0)
             return rc;
         /* from the issuer's SIP into another (a read of another SIP's memory is booked
