@@ -826,6 +826,24 @@ static void test_collectives_sweep(void **s)
     free(html);
 }
 
+/* configs/sweeps/switch-arbitration.yaml: 3 all-reduces x 4 sizes x both arbitrations on 8
+ * SIPs of a torus, every point ok, with the two arbitrations' times of one point as they are
+ * (timing-model.md 12 quotes the pair at 1 024 ranks; this is its 256-rank form). */
+static void test_switch_arbitration_sweep(void **s)
+{
+    char path[4096], out[16384];
+    char *csv;
+    (void)s;
+    if (!kbt_source_path("configs/sweeps/switch-arbitration.yaml", path, sizeof path))
+        skip();
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep %s --jobs 2 --out sw.csv", path), 0);
+    assert_non_null(strstr(out, "24 points: 24 ok, 0 failed verification, 0 errors"));
+    csv = kbt_slurp("sw.csv");
+    assert_non_null(strstr(csv, ",ring_rsag_allreduce,16K,route,ccl,16384,654303.75,"));
+    assert_non_null(strstr(csv, ",ring_rsag_allreduce,16K,per_sip,ccl,16384,396137.25,"));
+    free(csv);
+}
+
 static void test_size_axis(void **s)
 {
     char path[4096], out[16384], sim[64], ev[64], prefix[160];
@@ -1477,6 +1495,7 @@ int main(void)
         cmocka_unit_test(test_bound_columns),
         cmocka_unit_test(test_op_dtype_axes),
         cmocka_unit_test(test_collectives_sweep),
+        cmocka_unit_test(test_switch_arbitration_sweep),
         cmocka_unit_test(test_size_axis),
         cmocka_unit_test(test_report),
         cmocka_unit_test(test_report_sizes),
