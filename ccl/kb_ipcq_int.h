@@ -180,11 +180,19 @@ typedef struct msg {
     uint64_t seq;
     uint64_t nbytes;
     struct msg *next;
-    /* per_sip arbitration, between SIPs: the sending queue pair and the DMA's parts still to
-     * book (kb_ipcq_part_arrive) */
+    uint8_t parts;       /* the msg of a parts_msg: goes back to the parts pool */
+} msg;
+
+_Static_assert(sizeof(msg) <= 64, "a msg is one cache line");
+
+/* A chunk sent by parts (per_sip arbitration, between SIPs): its msg, the sending queue pair
+ * and the DMA's parts still to book (kb_ipcq_part_arrive). Apart from msg so that the common
+ * msg stays one line. */
+typedef struct parts_msg {
+    msg m;               /* first: kb_ipcq_meta_arrive gets &m */
     qp *from;
     kb_dma_leg leg;
-} msg;
+} parts_msg;
 
 typedef struct chunk {
     struct chunk *next;
@@ -198,6 +206,7 @@ typedef struct chunk {
  */
 typedef struct ipcq_part {
     _Alignas(64) msg *free_msgs;
+    parts_msg *free_parts;
     kb_ipcq_req *free_reqs;
     chunk *chunks;         /* pool memory, freed at destroy */
     uint64_t sends, recvs; /* chunks sent, messages received */
@@ -314,6 +323,9 @@ typedef struct copy_desc {
  * 0 or KB_ERR_NOMEM. */
 KB_NOINLINE int kb_ipcq_record_copy(kb_ctx *ctx, uint32_t pe, const copy_desc *c,
                                     const char *name);
+
+/* kb_ipcq_send.c. Puts a parts_msg (m->parts) back in part p's pool. */
+void kb_ipcq_parts_put(ipcq_part *p, msg *m);
 
 /* kb_ipcq_recv.c. A meta token's arrival at the receiving queue pair (an event: a, the msg;
  * the send path schedules it when the chunk's DMA ends). */

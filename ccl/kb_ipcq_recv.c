@@ -244,7 +244,10 @@ void kb_ipcq_meta_arrive(kb_sim *sim, void *a, void *b)
     /* with backpressure a sender never gets more than n_slots ahead of the receiver */
     assert(!q->sys->cfg.backpressure || q->peer_head_cache - q->my_tail <= q->rx_n_slots);
     progress(sim, q);
-    msg_put(part_of(q->owner), m);
+    if (m->parts)
+        kb_ipcq_parts_put(part_of(q->owner), m);
+    else
+        msg_put(part_of(q->owner), m);
 }
 
 /* sync: the caller waits right away, so the posting overhead is folded into that wait */

@@ -95,13 +95,38 @@ static KB_NOINLINE void record_chunk(kb_tl *tl, kb_dir dir, const kb_val *v, kb_
         tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
 }
 
+static parts_msg *parts_get(ipcq_part *p)
+{
+    if (!p->free_parts) {
+        parts_msg *m = kb_ipcq_pool_chunk(p, sizeof *m, KB_IPCQ_POOL_CHUNK);
+        if (!m)
+            return NULL;
+        for (int i = 0; i < KB_IPCQ_POOL_CHUNK; i++) {
+            m[i].m.next = (msg *)p->free_parts;
+            p->free_parts = &m[i];
+        }
+    }
+    parts_msg *m = p->free_parts;
+    p->free_parts = (parts_msg *)m->m.next;
+    return m;
+}
+
+void kb_ipcq_parts_put(ipcq_part *p, msg *m)
+{
+    assert(m->parts);
+    m->next = (msg *)p->free_parts;
+    p->free_parts = (parts_msg *)m;
+}
+
+/* A chunk's msg (from the parts pool for a chunk sent by parts), filled and counted. */
 static KB_ALWAYS_INLINE msg *chunk_msg(kb_tl *tl, qp *q, kb_dir dir, kb_pa dst, uint64_t seq,
-                                       uint64_t nbytes)
+                                       uint64_t nbytes, int parts)
 {
     ipcq_part *p = my_part(tl);
-    msg *m = msg_get(p);
+    msg *m = parts ? (msg *)parts_get(p) : msg_get(p);
     if (!m)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+    m->parts = (uint8_t)parts;
     if (!q->tok_q)
         tl_fail(tl, KB_ERR_STATE, "tl_send %s: the peer has no ring at the destination",
                 DIRL(dir));
@@ -140,7 +165,7 @@ static KB_COLD void part_fail(kb_ctx *ctx)
 
 void kb_ipcq_part_arrive(kb_sim *sim, void *a, void *b)
 {
-    msg *m = a;
+    parts_msg *m = a;
     qp *q = m->from;
     kb_time now = kb_sim_now(sim);
     (void)b;
@@ -155,8 +180,8 @@ void kb_ipcq_part_arrive(kb_sim *sim, void *a, void *b)
     kb_time t_tok = m->leg.t_end > q->tok_last ? m->leg.t_end : q->tok_last;
     q->tok_last = t_tok;
     if (t_tok == now)
-        kb_ipcq_meta_arrive(sim, m, NULL);
-    else if (kb_sim_at(sim, t_tok, kb_ipcq_meta_arrive, m, NULL) != 0)
+        kb_ipcq_meta_arrive(sim, &m->m, NULL);
+    else if (kb_sim_at(sim, t_tok, kb_ipcq_meta_arrive, &m->m, NULL) != 0)
         part_fail(q->sys->ctx);
 }
 
@@ -186,7 +211,7 @@ static KB_NOINLINE int send_parts(kb_tl *tl, qp *q, kb_dir dir, const kb_val *v,
         return 0;
     if (kb_ctx_records(ctx))
         record_chunk(tl, dir, v, src, dst, len, whole, leg.t_start, leg.t_end);
-    msg *m = chunk_msg(tl, q, dir, dst, seq, len * es);
+    parts_msg *m = (parts_msg *)chunk_msg(tl, q, dir, dst, seq, len * es, 1);
     m->from = q;
     m->leg = leg;
     kb_time t = part_head(q, &leg);
@@ -228,7 +253,7 @@ static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, kb_dir dir, const k
     q->tok_last = t_tok;
     if (kb_ctx_records(ctx))
         record_chunk(tl, dir, v, src, dst, len, whole, t_start, t_end);
-    msg *m = chunk_msg(tl, q, dir, dst, seq, nbytes);
+    msg *m = chunk_msg(tl, q, dir, dst, seq, nbytes, 0);
     if (last && t_tok > kb_sim_now(tl_sim(tl))) {
         /* the token arrives when the DMA ends, which is also when the sender goes on: one
          * queue entry for both (kb_fiber_sleep_then keeps their order) */
