@@ -31,18 +31,26 @@ typedef struct kb_tl_thread {
     void *arg;
     int done;
     kb_fiber *joiner;
-    kb_tl *parent;
-    struct kb_tl_thread *next; /* the launch's threads */
+    struct kb_tl_thread *next; /* the forking context's next child */
 } kb_tl_thread;
+
+/* Frees tl's forked threads and theirs (children before their parents' contexts). */
+static void free_children(kb_tl *tl)
+{
+    for (kb_tl_thread *t = tl->children, *n; t; t = n) {
+        n = t->next;
+        free_children(&t->tl);
+        kb_tl_fini(&t->tl);
+        free(t);
+    }
+    tl->children = NULL;
+}
 
 void kb_launch_free(kb_launch_st *l)
 {
     kb_ctx *ctx = l->ctx;
-    for (kb_tl_thread *t = l->threads, *n; t; t = n) {
-        n = t->next;
-        kb_tl_fini(&t->tl);
-        free(t);
-    }
+    for (int i = 0; l->tls && i < l->ntl; i++)
+        free_children(&l->tls[i]);
     if (l->prev)
         l->prev->next = l->next;
     else
@@ -106,8 +114,8 @@ static void kernel_main(kb_sim *sim, void *arg)
     if (tl->start > now)
         kb_fiber_sleep(sim, tl->start - now);
     tl->launch->kernel(tl, &tl->launch->args[tl->pid[2]]);
-    for (kb_tl_thread *t = tl->launch->threads; t; t = t->next)
-        if (t->parent == tl && !t->done)
+    for (kb_tl_thread *t = tl->children; t; t = t->next)
+        if (!t->done)
             tl_fail(tl, KB_ERR_STATE, "the kernel returned before joining a thread it forked "
                     "(tl_join)");
     if (tl->ctx->trace_rec) {
@@ -126,8 +134,8 @@ static void thread_main(kb_sim *sim, void *arg)
 {
     kb_tl_thread *t = arg;
     t->fn(&t->tl, t->arg);
-    for (kb_tl_thread *c = t->tl.launch->threads; c; c = c->next)
-        if (c->parent == &t->tl && !c->done)
+    for (kb_tl_thread *c = t->tl.children; c; c = c->next)
+        if (!c->done)
             tl_fail(&t->tl, KB_ERR_STATE, "a thread returned before joining a thread it forked "
                     "(tl_join)");
     kb_tl_release_all(&t->tl);
@@ -154,9 +162,8 @@ kb_tl *tl_fork(kb_tl *tl, void (*fn)(kb_tl *child, void *arg), void *arg)
     t->tl.cpu_ovh = tl->cpu_ovh;
     t->fn = fn;
     t->arg = arg;
-    t->parent = tl;
-    t->next = l->threads;
-    l->threads = t;
+    t->next = tl->children;
+    tl->children = t;
     kb_tl_wait_until(tl, kb_sim_now(tl->sim) + tl->cpu_ovh);
     t->tl.start = kb_sim_now(tl->sim);
     snprintf(fname, sizeof fname, "%s@sip%u/cube%u/pe%u+", l->name, tl->pe->gsip, tl->pe->cube,

@@ -99,6 +99,10 @@ struct kb_tl {
      * by the first scratch allocation at or after it (owned array) */
     struct kb_tl_later *later;
     size_t nlater, caplater;
+    /* the threads this kernel or thread forked (tl_fork), owned, freed with the launch: per
+     * parent, so that a kernel's end checks its own (not every thread of the launch), and so
+     * that kernels of different SIPs never share the list */
+    struct kb_tl_thread *children;
 };
 
 /* Frees what a kernel context owns (after kb_tl_release_all returned its memory). */
@@ -121,7 +125,6 @@ struct kb_launch_st {
     int queued;             /* the host program's device queue was on (kb_launch_queue) */
     kb_time t_done;
     kb_signal done;
-    struct kb_tl_thread *threads; /* tl_fork's threads, freed with the launch */
 };
 
 typedef struct kb_hostproc {
