@@ -987,6 +987,38 @@ static void test_net_dma_idle(void **state)
     kb_machine_destroy(m);
 }
 
+/* A route longer than a memo way holds inline (corner cube to corner cube across SIPs, on the
+ * mesh) is remembered in the way's own buffer: the second DMA on it takes the memo and times
+ * exactly as the first, idle, did; the buffer goes with the machine. */
+static void test_net_long_route_memo(void **state)
+{
+    kb_machine *m = make_net(NULL, 0);
+    kb_pe_hw *pe = kb_machine_pe(m, 0, 15, 7);
+    kb_pa src = hbm_of(m, 0, 15, 7, 0), dst = hbm_of(m, 1, 15, 7, 0);
+    kb_res *path[KB_MAX_ROUTE];
+    kb_time ts1, te1, ts2, te2;
+    kb_errbuf eb;
+
+    (void)state;
+    int n = route(m, pe, src, dst, path);
+    assert_true(n > KB_ROUTE_MEMO_LEN && n <= KB_ROUTE_MEMO_MAX);
+    assert_int_equal(kb_machine_dma(m, pe, src, dst, 4096, 0, &ts1, &te1, &eb), 0);
+    int way = -1;
+    for (int i = 0; i < KB_ROUTE_MEMO_WAYS; i++)
+        if (pe->routes[i].n == n)
+            way = i;
+    assert_true(way >= 0);
+    assert_non_null(pe->routes[way].far);
+    assert_ptr_equal(kb_route_way_path(&pe->routes[way]), pe->routes[way].far);
+    for (int i = 1; i < n; i++) /* the engine's channel is swapped in at each use */
+        assert_ptr_equal(pe->routes[way].far[i], path[i]);
+    kb_time later = te1 + 1000000; /* every resource idle again */
+    assert_int_equal(kb_machine_dma(m, pe, src, dst, 4096, later, &ts2, &te2, &eb), 0);
+    assert_int_equal(ts2, later);
+    assert_int_equal(te2 - ts2, te1 - ts1);
+    kb_machine_destroy(m);
+}
+
 /*
  * Channels: five 1 MiB loads from one PE's HBM slice into its TCM, issued together. Each
  * takes the channel free first; a channel moves 128 GB/s (8 212 ns with its setup) but the
@@ -1099,6 +1131,7 @@ int main(void)
         cmocka_unit_test(test_net_layout),
         cmocka_unit_test(test_net_routes),
         cmocka_unit_test(test_net_dma_idle),
+        cmocka_unit_test(test_net_long_route_memo),
         cmocka_unit_test(test_net_channels),
         cmocka_unit_test(test_net_eight_pes),
         cmocka_unit_test(test_net_command_path),

@@ -100,6 +100,8 @@ static int build_pe(kb_machine *m, kb_pe_hw *p, unsigned gsip, unsigned cube, un
 
 static void free_pe(kb_pe_hw *p)
 {
+    for (int i = 0; i < KB_ROUTE_MEMO_WAYS; i++)
+        free(p->routes[i].far);
     free(p->dma);
     kb_alloc_destroy(p->hbm);
     kb_alloc_destroy(p->tcm);
@@ -681,13 +683,22 @@ static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, 
 
     if (n < 0)
         return n;
-    if (issuer && n <= KB_ROUTE_MEMO_LEN) {
+    if (issuer && n <= KB_ROUTE_MEMO_MAX) {
         unsigned i = issuer->route_next++ % KB_ROUTE_MEMO_WAYS;
         kb_route_way *w = &issuer->routes[i];
-        issuer->route_src[i] = route_key(pa_src, ls->port);
-        issuer->route_dst[i] = route_key(pa_dst, ld->port);
-        w->n = n;
-        memcpy(w->path, buf, (size_t)n * sizeof *buf);
+        if (n > KB_ROUTE_MEMO_LEN && w->far_cap < n) { /* a buffer for it, or no memo */
+            kb_res **f = realloc(w->far, (size_t)KB_ROUTE_MEMO_MAX * sizeof *f);
+            if (f) {
+                w->far = f;
+                w->far_cap = KB_ROUTE_MEMO_MAX;
+            }
+        }
+        if (n <= KB_ROUTE_MEMO_LEN || w->far_cap >= n) {
+            issuer->route_src[i] = route_key(pa_src, ls->port);
+            issuer->route_dst[i] = route_key(pa_dst, ld->port);
+            w->n = n;
+            memcpy(kb_route_way_path(w), buf, (size_t)n * sizeof *buf);
+        }
     }
     /* a PE's route starts at its engine's first channel: the DMA swaps in the one it takes */
     assert(!issuer || (n >= 1 && buf[0] == &issuer->dma[0]));
@@ -731,8 +742,9 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
         for (int i = 0; ks && kd && i < KB_ROUTE_MEMO_WAYS; i++) {
             kb_route_way *w = &issuer->routes[i];
             if (issuer->route_src[i] == ks && issuer->route_dst[i] == kd && w->n > 0) {
-                w->path[0] = kb_machine_dma_channel(issuer);
-                reserve_path(m, w->path, w->n, now, nbytes, t_start, t_end);
+                kb_res **path = kb_route_way_path(w);
+                path[0] = kb_machine_dma_channel(issuer);
+                reserve_path(m, path, w->n, now, nbytes, t_start, t_end);
                 return 0;
             }
         }

@@ -57,8 +57,9 @@
  * crossed, 15 NoC links each, 31 UCIe hops) and 128 inter-SIP hops, with engine and ports. */
 #define KB_MAX_ROUTE 1160
 #define KB_ROUTE_MEMO_WAYS 4  /* routes remembered per issuing PE */
-#define KB_ROUTE_MEMO_LEN 24  /* longest remembered route: any route between neighbouring
-                               * cubes, most inside one SIP */
+#define KB_ROUTE_MEMO_LEN 24  /* longest route kept in a memo way itself: any route between
+                               * neighbouring cubes, most inside one SIP */
+#define KB_ROUTE_MEMO_MAX 128 /* longest remembered route (longer: in the way's own buffer) */
 
 /* A route remembered by kb_machine_dma (its end keys are in kb_pe_hw.route_src/dst);
  * n = 0: unused. Its own line pair: a short route's pointers share the line with n. */
@@ -69,7 +70,17 @@ typedef void (*kb_res_observer_fn)(void *ud, const kb_res *r, kb_time t0, kb_tim
 typedef struct kb_route_way {
     _Alignas(64) int n;
     kb_res *path[KB_ROUTE_MEMO_LEN];
+    /* a longer route (up to KB_ROUTE_MEMO_MAX: across cubes and SIPs) is kept here instead,
+     * owned by the way (far_cap entries, NULL until one is); kb_route_way_path says where */
+    kb_res **far;
+    int far_cap;
 } kb_route_way;
+
+/* The remembered path of way w (n resources). */
+static inline kb_res **kb_route_way_path(kb_route_way *w)
+{
+    return w->n <= KB_ROUTE_MEMO_LEN ? w->path : w->far;
+}
 
 enum { KB_MESH_E = 0, KB_MESH_W = 1, KB_MESH_N = 2, KB_MESH_S = 3 };
 
