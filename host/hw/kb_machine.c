@@ -687,10 +687,10 @@ static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, 
         unsigned i = issuer->route_next++ % KB_ROUTE_MEMO_WAYS;
         kb_route_way *w = &issuer->routes[i];
         if (n > KB_ROUTE_MEMO_LEN && w->far_cap < n) { /* a buffer for it, or no memo */
-            kb_res **f = realloc(w->far, (size_t)KB_ROUTE_MEMO_MAX * sizeof *f);
+            kb_res **f = realloc(w->far, (size_t)n * sizeof *f);
             if (f) {
                 w->far = f;
-                w->far_cap = KB_ROUTE_MEMO_MAX;
+                w->far_cap = n;
             }
         }
         if (n <= KB_ROUTE_MEMO_LEN || w->far_cap >= n) {
