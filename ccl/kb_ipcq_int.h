@@ -206,7 +206,7 @@ typedef struct chunk {
  */
 typedef struct ipcq_part {
     _Alignas(64) msg *free_msgs;
-    parts_msg *free_parts;
+    msg *free_parts;       /* parts_msgs, linked through their msg */
     kb_ipcq_req *free_reqs;
     chunk *chunks;         /* pool memory, freed at destroy */
     uint64_t sends, recvs; /* chunks sent, messages received */

@@ -28,19 +28,22 @@ static const char *const send_wait_names[KB_NDIRS + 1] = {
     "ipcq credit child_left", "ipcq credit child_right", "ipcq credit peer",
 };
 
-static msg *msg_get(ipcq_part *p)
+/* Pops a msg off the free list *head, first refilling it with a chunk of pool items of `size`
+ * bytes, each with its msg first (a msg, or a parts_msg); NULL when out of memory. */
+static msg *msg_pop(ipcq_part *p, msg **head, size_t size)
 {
-    if (!p->free_msgs) {
-        msg *m = kb_ipcq_pool_chunk(p, sizeof *m, KB_IPCQ_POOL_CHUNK);
-        if (!m)
+    if (!*head) {
+        char *c = kb_ipcq_pool_chunk(p, size, KB_IPCQ_POOL_CHUNK);
+        if (!c)
             return NULL;
         for (int i = 0; i < KB_IPCQ_POOL_CHUNK; i++) {
-            m[i].next = p->free_msgs;
-            p->free_msgs = &m[i];
+            msg *m = (msg *)(void *)(c + (size_t)i * size);
+            m->next = *head;
+            *head = m;
         }
     }
-    msg *m = p->free_msgs;
-    p->free_msgs = m->next;
+    msg *m = *head;
+    *head = m->next;
     return m;
 }
 
@@ -95,27 +98,11 @@ static KB_NOINLINE void record_chunk(kb_tl *tl, kb_dir dir, const kb_val *v, kb_
         tl_fail(tl, KB_ERR_NOMEM, "out of memory recording an op");
 }
 
-static parts_msg *parts_get(ipcq_part *p)
-{
-    if (!p->free_parts) {
-        parts_msg *m = kb_ipcq_pool_chunk(p, sizeof *m, KB_IPCQ_POOL_CHUNK);
-        if (!m)
-            return NULL;
-        for (int i = 0; i < KB_IPCQ_POOL_CHUNK; i++) {
-            m[i].m.next = (msg *)p->free_parts;
-            p->free_parts = &m[i];
-        }
-    }
-    parts_msg *m = p->free_parts;
-    p->free_parts = (parts_msg *)m->m.next;
-    return m;
-}
-
 void kb_ipcq_parts_put(ipcq_part *p, msg *m)
 {
     assert(m->parts);
-    m->next = (msg *)p->free_parts;
-    p->free_parts = (parts_msg *)m;
+    m->next = p->free_parts;
+    p->free_parts = m;
 }
 
 /* A chunk's msg (from the parts pool for a chunk sent by parts), filled and counted. */
@@ -123,7 +110,8 @@ static KB_ALWAYS_INLINE msg *chunk_msg(kb_tl *tl, qp *q, kb_dir dir, kb_pa dst, 
                                        uint64_t nbytes, int parts)
 {
     ipcq_part *p = my_part(tl);
-    msg *m = parts ? (msg *)parts_get(p) : msg_get(p);
+    msg *m = parts ? msg_pop(p, &p->free_parts, sizeof(parts_msg))
+                   : msg_pop(p, &p->free_msgs, sizeof(msg));
     if (!m)
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
     m->parts = (uint8_t)parts;

@@ -797,20 +797,33 @@ static void test_op_dtype_axes(void **s)
     assert_non_null(strstr(out, "op: unknown op 'mean' (sum, prod, max, min, avg)"));
 }
 
+/* Runs the shipped sweep configs/sweeps/<name> with --jobs 2 into `csv_out`, checks that all
+ * `points` are ok, and returns the CSV (the caller frees it). Skips where the source tree is
+ * not there. */
+static char *run_shipped_sweep(const char *name, int points, const char *csv_out)
+{
+    char path[4096], out[16384], rel[128], want[96];
+    snprintf(rel, sizeof rel, "configs/sweeps/%s", name);
+    if (!kbt_source_path(rel, path, sizeof path))
+        skip();
+    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep %s --jobs 2 --out %s", path, csv_out), 0);
+    snprintf(want, sizeof want, "%d points: %d ok, 0 failed verification, 0 errors", points,
+             points);
+    if (!strstr(out, want))
+        fail_msg("no '%s' in:\n%s", want, out);
+    return kbt_slurp(csv_out);
+}
+
 /* configs/sweeps/collectives.yaml: 7 collectives x 10 sizes (1K .. 256M) on 256 ranks, every
  * point ok, and the report has one busbw-vs-size group per collective. */
 static void test_collectives_sweep(void **s)
 {
     static const char *const kinds[] = { "all_reduce", "all_gather", "reduce_scatter",
                                          "broadcast", "reduce", "all_to_all", "sendrecv" };
-    char path[4096], out[16384], want[160];
+    char out[16384], want[160];
     char *html, *csv;
     (void)s;
-    if (!kbt_source_path("configs/sweeps/collectives.yaml", path, sizeof path))
-        skip();
-    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep %s --jobs 2 --out coll.csv", path), 0);
-    assert_non_null(strstr(out, "70 points: 70 ok, 0 failed verification, 0 errors"));
-    csv = kbt_slurp("coll.csv");
+    csv = run_shipped_sweep("collectives.yaml", 70, "coll.csv");
     assert_non_null(strstr(csv, ",pairwise_alltoall,256,256M,ccl,268435456,"));
     assert_non_null(strstr(csv, ",ring_allgather,256,1K,ccl,1024,"));
     free(csv);
@@ -831,14 +844,9 @@ static void test_collectives_sweep(void **s)
  * (timing-model.md 12 quotes the pair at 1 024 ranks; this is its 256-rank form). */
 static void test_switch_arbitration_sweep(void **s)
 {
-    char path[4096], out[16384];
     char *csv;
     (void)s;
-    if (!kbt_source_path("configs/sweeps/switch-arbitration.yaml", path, sizeof path))
-        skip();
-    assert_int_equal(kbt_kbcl(out, sizeof out, "sweep %s --jobs 2 --out sw.csv", path), 0);
-    assert_non_null(strstr(out, "24 points: 24 ok, 0 failed verification, 0 errors"));
-    csv = kbt_slurp("sw.csv");
+    csv = run_shipped_sweep("switch-arbitration.yaml", 24, "sw.csv");
     assert_non_null(strstr(csv, ",ring_rsag_allreduce,16K,route,ccl,16384,654303.75,"));
     assert_non_null(strstr(csv, ",ring_rsag_allreduce,16K,per_sip,ccl,16384,396137.25,"));
     free(csv);
