@@ -90,31 +90,25 @@ static KB_NOINLINE int record_recv(kb_ctx *ctx, const qp *q, const kb_ipcq_req *
     return kb_ipcq_record_copy(ctx, q->rx_pe->gid, &c, name);
 }
 
-static KB_COLD void recv_size_mismatch(kb_ctx *ctx, qp *q, const kb_ipcq_req *r, uint64_t si)
+static KB_COLD void recv_size_mismatch(kb_sim *sim, qp *q, const kb_ipcq_req *r, uint64_t si)
 {
-    if (!kb_ctx_failed(ctx))
-        kb_err_set(kb_ctx_err(ctx), KB_ERR_INVAL,
+    kb_ctx_fail_in(q->sys->ctx, sim, KB_ERR_INVAL,
                    "kernel %s on sip%u/cube%u/pe%u: tl_recv %s expects %llu bytes but "
                    "message %llu from the peer has %llu", tl_kernel_name(r->tl),
                    q->rx_pe->gsip, q->rx_pe->cube, q->rx_pe->pe,
                    DIRL(q->dir), (unsigned long long)r->nbytes,
                    (unsigned long long)q->my_tail, (unsigned long long)q->slot_bytes[si]);
-    kb_ctx_fail(ctx, KB_ERR_INVAL);
 }
 
 /* rc: KB_ERR_NOMEM (no event for a credit), else a broken credit invariant */
-static KB_COLD void credit_fail(qp *q, int rc)
+static KB_COLD void credit_fail(kb_sim *sim, qp *q, int rc)
 {
-    kb_ctx *ctx = q->sys->ctx;
-    if (rc == KB_ERR_NOMEM) {
-        kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory sending an IPCQ credit");
-    } else {
-        rc = KB_ERR_STATE;
-        kb_err_set(kb_ctx_err(ctx), rc, "IPCQ: a credit from sip%u/cube%u/pe%u %s found no "
-                   "sending queue", q->owner->pe->gsip, q->owner->pe->cube, q->owner->pe->pe,
-                   DIRL(q->dir));
-    }
-    kb_ctx_fail(ctx, rc);
+    if (rc == KB_ERR_NOMEM)
+        kb_ctx_fail_in(q->sys->ctx, sim, rc, "out of memory sending an IPCQ credit");
+    else
+        kb_ctx_fail_in(q->sys->ctx, sim, KB_ERR_STATE, "IPCQ: a credit from sip%u/cube%u/pe%u "
+                       "%s found no sending queue", q->owner->pe->gsip, q->owner->pe->cube,
+                       q->owner->pe->pe, DIRL(q->dir));
 }
 
 /* A credit between SIPs with per_sip arriving (an event: a, the receiving queue pair; b, the
@@ -123,7 +117,7 @@ static void credit_arrive(kb_sim *sim, void *a, void *b)
 {
     qp *q = a;
     if (credit_send(sim, q->cred_q, (uint64_t)(uintptr_t)b, kb_sim_now(sim)) != 0)
-        credit_fail(q, KB_ERR_STATE);
+        credit_fail(sim, q, KB_ERR_STATE);
 }
 
 _Static_assert(sizeof(uintptr_t) >= sizeof(uint64_t), "credit_arrive carries a seq in a pointer");
@@ -156,7 +150,7 @@ static int credit_free(kb_sim *sim, qp *q, uint64_t seq, kb_time t)
     int rc;
     if (!q->cr_defer) {
         if ((rc = credit_out(sim, q, seq, t)) != 0) {
-            credit_fail(q, rc);
+            credit_fail(sim, q, rc);
             return -1;
         }
         return 0;
@@ -168,7 +162,7 @@ static int credit_free(kb_sim *sim, qp *q, uint64_t seq, kb_time t)
         prev = at > prev ? at : prev;
         q->cr_defer[q->cr_next % q->rx_n_slots] = -1;
         if ((rc = credit_out(sim, q, q->cr_next, prev)) != 0) {
-            credit_fail(q, rc);
+            credit_fail(sim, q, rc);
             return -1;
         }
         q->cr_next++;
@@ -190,7 +184,7 @@ static void progress(kb_sim *sim, qp *q)
         kb_pa slot = q->my_rx_base + si * q->rx_slot_size;
         if (q->slot_bytes[si] != r->nbytes) {
             /* the receive names another shape/dtype than the send it matches */
-            recv_size_mismatch(ctx, q, r, si);
+            recv_size_mismatch(sim, q, r, si);
             return;
         }
         kb_time now = kb_sim_now(sim), t0 = r->t_post > now ? r->t_post : now;
@@ -221,8 +215,7 @@ static void progress(kb_sim *sim, qp *q)
             h->done = 1;
         if (kb_ctx_records(ctx) &&
             record_recv(ctx, q, r, slot, t_start, t_end, recv_names[name_ix(q->rx_dir)]) != 0) {
-            kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory in an IPCQ receive");
-            kb_ctx_fail(ctx, KB_ERR_NOMEM);
+            kb_ctx_fail_in(ctx, sim, KB_ERR_NOMEM, "out of memory in an IPCQ receive");
             return;
         }
         if (credit_free(sim, q, r->seq, t_end + q->credit_delay) != 0)

@@ -145,10 +145,9 @@ static kb_time part_head(qp *q, const kb_dma_leg *leg)
     return *h;
 }
 
-static KB_COLD void part_fail(kb_ctx *ctx)
+static KB_COLD void part_fail(kb_sim *sim, kb_ctx *ctx)
 {
-    kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "out of memory in an IPCQ send between SIPs");
-    kb_ctx_fail(ctx, KB_ERR_NOMEM);
+    kb_ctx_fail_in(ctx, sim, KB_ERR_NOMEM, "out of memory in an IPCQ send between SIPs");
 }
 
 void kb_ipcq_part_arrive(kb_sim *sim, void *a, void *b)
@@ -161,7 +160,7 @@ void kb_ipcq_part_arrive(kb_sim *sim, void *a, void *b)
     if (kb_dma_leg_more(&m->leg)) {
         kb_time t = part_head(q, &m->leg);
         if (t == 0 || kb_sim_at(sim, t, kb_ipcq_part_arrive, m, NULL) != 0)
-            part_fail(q->sys->ctx);
+            part_fail(sim, q->sys->ctx);
         return;
     }
     /* the last part: the token lands when the tail has, no earlier than the one before */
@@ -170,7 +169,7 @@ void kb_ipcq_part_arrive(kb_sim *sim, void *a, void *b)
     if (t_tok == now)
         kb_ipcq_meta_arrive(sim, &m->m, NULL);
     else if (kb_sim_at(sim, t_tok, kb_ipcq_meta_arrive, &m->m, NULL) != 0)
-        part_fail(q->sys->ctx);
+        part_fail(sim, q->sys->ctx);
 }
 
 /*

@@ -19,7 +19,9 @@
 #include "kb_resident.h"
 #include "kb_trace.h"
 
+#include <assert.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -305,6 +307,19 @@ void kb_ctx_fail(kb_ctx *ctx, int code)
         ctx->failed = code;
         kb_sim_stop(ctx->sim, code);
     }
+}
+
+void kb_ctx_fail_in(kb_ctx *ctx, kb_sim *sim, int code, const char *fmt, ...)
+{
+    assert(sim == ctx->sim); /* until a run is split by SIP */
+    (void)sim;
+    if (!ctx->failed) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(ctx->err.msg, sizeof ctx->err.msg, fmt, ap);
+        va_end(ap);
+    }
+    kb_ctx_fail(ctx, code);
 }
 
 static const char *rec_name(const kb_rec *r)

@@ -117,4 +117,16 @@ int kb_ctx_records(const kb_ctx *ctx);
 /* The error code that stopped the run, 0 while it runs. */
 int kb_ctx_failed(const kb_ctx *ctx);
 
+/*
+ * Fails the run from `sim`, the simulation the caller runs in (a kernel's tl_sim, or the one
+ * that fired an event callback), with `code` and a printf-style message, unless the run has
+ * failed already (the first failure's message is the run's). The one way kernels and event
+ * callbacks end a run: a run split by SIP (docs/parallel.md) keeps the first failure per
+ * partition here. Today every kernel's simulation is the context's.
+ */
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+void kb_ctx_fail_in(kb_ctx *ctx, kb_sim *sim, int code, const char *fmt, ...);
+
 #endif

@@ -55,11 +55,9 @@ _Noreturn void tl_fail(kb_tl *tl, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    if (!tl->ctx->failed)
-        kb_err_set(&tl->ctx->err, code, "kernel %s on sip%u/cube%u/pe%u at t=%.3f ns: %s",
+    kb_ctx_fail_in(tl->ctx, tl->sim, code, "kernel %s on sip%u/cube%u/pe%u at t=%.3f ns: %s",
                    tl->launch->name, tl->pe->gsip, tl->pe->cube, tl->pe->pe,
                    kb_time_to_ns(kb_sim_now(tl->sim)), msg);
-    kb_ctx_fail(tl->ctx, code);
     for (;;) /* the run is over; this fiber is never resumed */
         kb_fiber_block(tl->sim, "aborted run", NULL);
 }
