@@ -96,14 +96,19 @@ static void kernel_finished(kb_tl *tl)
         l->sip_tmax[s] = t;
     if (--l->sip_left[s] > 0)
         return;
-    /* queued: done at the IO_CPU, where the next launch of the queue starts */
-    t = l->queued ? l->sip_tmax[s]
-                  : kb_machine_cmd_iocpu_to_host(m, tl->pe->gsip, l->sip_tmax[s], KB_CMD_BYTES);
-    if (t > l->t_done)
-        l->t_done = t;
+    /* SIP s is done: from here on sip_tmax[s] is when its completion reaches the host
+     * (queued: the IO_CPU, where the next launch of the queue starts). Each SIP writes its
+     * own; the last SIP to finish wakes the host at the latest of them (a launch forked over
+     * the SIPs' partitions would take that maximum after the join, docs/parallel.md) */
+    if (!l->queued)
+        l->sip_tmax[s] = kb_machine_cmd_iocpu_to_host(m, tl->pe->gsip, l->sip_tmax[s],
+                                                      KB_CMD_BYTES);
     if (--l->sips_left > 0)
         return;
-    if (kb_sim_at(ctx->sim, l->t_done, launch_done_event, l, NULL) != 0)
+    kb_time t_done = 0;
+    for (int i = 0; i < l->grid.sips; i++)
+        t_done = l->sip_tmax[i] > t_done ? l->sip_tmax[i] : t_done;
+    if (kb_sim_at(ctx->sim, t_done, launch_done_event, l, NULL) != 0)
         kb_signal_fire(ctx->sim, &l->done);
 }
 

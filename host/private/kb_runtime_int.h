@@ -120,10 +120,9 @@ struct kb_launch_st {
     int *cube_left;         /* per (sip, cube) of the grid */
     kb_time *cube_tmax;
     int *sip_left;
-    kb_time *sip_tmax;
+    kb_time *sip_tmax;      /* per SIP: its IO_CPU's aggregation, then its completion's arrival */
     int sips_left;
     int queued;             /* the host program's device queue was on (kb_launch_queue) */
-    kb_time t_done;
     kb_signal done;
 };
 
