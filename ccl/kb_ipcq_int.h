@@ -86,7 +86,9 @@ typedef struct qp {
      * its chunks cross every part in the order they were sent */
     kb_time *part_head;
     /* the receiving side of a queue pair between SIPs with per_sip: its credits travel as
-     * events (kb_ipcq_recv.c: credit_out), each no earlier than the one before (cr_last) */
+     * events (kb_ipcq_recv.c: credit_out), each no earlier than the one before (cr_last).
+     * cr_event always equals `parts` (line 1, set with it at install): the receive path reads
+     * this copy on the lines it touches anyway, not the sending side's */
     kb_time cr_last;
     uint8_t cr_event;
 } qp;
