@@ -23,7 +23,7 @@
  * time. Not in sanitizer builds, as KB_VECTOR_CLONES, nor with clang (the fuzz build), whose
  * __builtin_cpu_supports (clang 14) does not know "f16c". */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    !defined(__SANITIZE_ADDRESS__)
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #include <immintrin.h>
 #define KB_F16C 1
 #endif

@@ -32,9 +32,10 @@
 #endif
 /* Bulk loops over host data that gain from wider vectors (conversions, input generation): on
  * x86-64 with GCC, an AVX2 copy chosen when the program loads (ifunc) beside the baseline
- * one; the same C, so the same results. Not in sanitizer builds. */
+ * one; the same C, so the same results. Not in sanitizer builds (their runtimes are not up when
+ * the resolvers run). */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
-    !defined(__SANITIZE_ADDRESS__)
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define KB_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define KB_VECTOR_CLONES
