@@ -45,7 +45,7 @@ $(TSAN_BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(TSAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKBCL_TSAN=ON -DKBCL_MPI=OFF $(CMAKE_ARGS)
 
 tsan: deps $(TSAN_BUILD)/CMakeCache.txt
-	cmake --build $(TSAN_BUILD) -j $(JOBS) --target test_par test_psim
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target test_par test_psim test_fork
 
 test-tsan: tsan
 	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -L threads -j $(JOBS)

@@ -100,11 +100,16 @@ static KB_COLD void recv_size_mismatch(kb_sim *sim, qp *q, const kb_ipcq_req *r,
                    (unsigned long long)q->my_tail, (unsigned long long)q->slot_bytes[si]);
 }
 
-/* rc: KB_ERR_NOMEM (no event for a credit), else a broken credit invariant */
+/* rc: KB_ERR_NOMEM (no event for a credit), KB_ERR_RANGE (a credit between SIPs sooner than
+ * a partitioned run's lookahead), else a broken credit invariant */
 static KB_COLD void credit_fail(kb_sim *sim, qp *q, int rc)
 {
     if (rc == KB_ERR_NOMEM)
         kb_ctx_fail_in(q->sys->ctx, sim, rc, "out of memory sending an IPCQ credit");
+    else if (rc == KB_ERR_RANGE) /* a partitioned run's premise broke */
+        kb_ctx_fail_in(q->sys->ctx, sim, rc, "IPCQ: a credit from sip%u/cube%u/pe%u %s reaches "
+                       "the sender's SIP sooner than the partitions' lookahead",
+                       q->owner->pe->gsip, q->owner->pe->cube, q->owner->pe->pe, DIRL(q->dir));
     else
         kb_ctx_fail_in(q->sys->ctx, sim, KB_ERR_STATE, "IPCQ: a credit from sip%u/cube%u/pe%u "
                        "%s found no sending queue", q->owner->pe->gsip, q->owner->pe->cube,
@@ -136,7 +141,8 @@ static int credit_out(kb_sim *sim, qp *q, uint64_t seq, kb_time t)
     if (!q->cred_q)
         return KB_ERR_STATE;
     q->cr_last = t > q->cr_last ? t : q->cr_last;
-    return kb_sim_at(sim, q->cr_last, credit_arrive, q, (void *)(uintptr_t)seq);
+    return kb_ctx_post(q->sys->ctx, sim, q->rx_pe->gsip, q->cred_q->owner->pe->gsip, q->cr_last,
+                       credit_arrive, q, (void *)(uintptr_t)seq);
 }
 
 /*

@@ -145,9 +145,24 @@ static kb_time part_head(qp *q, const kb_dma_leg *leg)
     return *h;
 }
 
-static KB_COLD void part_fail(kb_sim *sim, kb_ctx *ctx)
+/* rc: KB_ERR_RANGE (a part's event sooner than the lookahead: a partitioned run's broken
+ * premise), else out of memory */
+static KB_COLD void part_fail(kb_sim *sim, kb_ctx *ctx, int rc)
 {
-    kb_ctx_fail_in(ctx, sim, KB_ERR_NOMEM, "out of memory in an IPCQ send between SIPs");
+    if (rc == KB_ERR_RANGE)
+        kb_ctx_fail_in(ctx, sim, rc, "IPCQ: a send between SIPs reaches its next part sooner "
+                       "than the least inter-SIP link latency (the partitions' lookahead)");
+    else
+        kb_ctx_fail_in(ctx, sim, KB_ERR_NOMEM, "out of memory in an IPCQ send between SIPs");
+}
+
+/* Schedules the arrival of m's head at its leg's next part, at t, in that part's SIP (from
+ * SIP `from`, where the code runs): 0 or an error code. */
+static int part_post(kb_ctx *ctx, kb_sim *sim, unsigned from, parts_msg *m, kb_time t)
+{
+    if (t == 0)
+        return KB_ERR_NOMEM;
+    return kb_ctx_post(ctx, sim, from, (unsigned)m->leg.at, t, kb_ipcq_part_arrive, m, NULL);
 }
 
 void kb_ipcq_part_arrive(kb_sim *sim, void *a, void *b)
@@ -155,12 +170,13 @@ void kb_ipcq_part_arrive(kb_sim *sim, void *a, void *b)
     parts_msg *m = a;
     qp *q = m->from;
     kb_time now = kb_sim_now(sim);
+    unsigned here = (unsigned)m->leg.at; /* the SIP of the part booked now */
+    int rc;
     (void)b;
     kb_machine_dma_next(kb_ctx_machine(q->sys->ctx), &m->leg, now);
     if (kb_dma_leg_more(&m->leg)) {
-        kb_time t = part_head(q, &m->leg);
-        if (t == 0 || kb_sim_at(sim, t, kb_ipcq_part_arrive, m, NULL) != 0)
-            part_fail(sim, q->sys->ctx);
+        if ((rc = part_post(q->sys->ctx, sim, here, m, part_head(q, &m->leg))) != 0)
+            part_fail(sim, q->sys->ctx, rc);
         return;
     }
     /* the last part: the token lands when the tail has, no earlier than the one before */
@@ -169,7 +185,7 @@ void kb_ipcq_part_arrive(kb_sim *sim, void *a, void *b)
     if (t_tok == now)
         kb_ipcq_meta_arrive(sim, &m->m, NULL);
     else if (kb_sim_at(sim, t_tok, kb_ipcq_meta_arrive, &m->m, NULL) != 0)
-        part_fail(sim, q->sys->ctx);
+        part_fail(sim, q->sys->ctx, KB_ERR_NOMEM);
 }
 
 /*
@@ -201,9 +217,10 @@ static KB_NOINLINE int send_parts(kb_tl *tl, qp *q, kb_dir dir, const kb_val *v,
     parts_msg *m = (parts_msg *)chunk_msg(tl, q, dir, dst, seq, len * es, 1);
     m->from = q;
     m->leg = leg;
-    kb_time t = part_head(q, &leg);
-    if (t == 0 || kb_sim_at(tl_sim(tl), t, kb_ipcq_part_arrive, m, NULL) != 0)
-        tl_fail(tl, KB_ERR_NOMEM, "out of memory");
+    int rc = part_post(ctx, tl_sim(tl), tl_pe(tl)->gsip, m, part_head(q, &leg));
+    if (rc != 0)
+        tl_fail(tl, rc, "tl_send %s: %s scheduling the chunk's next part", DIRL(dir),
+                kb_strerror(rc));
     if (last)
         kb_tl_wait_until(tl, leg.t_end);
     *ret = leg.t_end;

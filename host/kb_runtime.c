@@ -15,6 +15,7 @@
 
 #include "kb_opencl.h"
 #include "kb_progress.h"
+#include "kb_psim.h"
 #include "kb_remote.h"
 #include "kb_resident.h"
 #include "kb_trace.h"
@@ -112,6 +113,12 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
     ctx->trace_rec = opts ? opts->trace_rec : NULL;
     ctx->cut_every = opts && opts->cut_records ? opts->cut_records : KB_CTX_CUT_RECORDS;
     ctx->progress = opts ? opts->progress : NULL;
+    ctx->threads = opts ? opts->threads : 0;
+    if (ctx->threads < 0 || ctx->threads > KB_CTX_MAX_THREADS) {
+        rc = kb_err_set(eb, KB_ERR_USAGE, "%d Phase-1 threads: give 1 to %d (0: the sequential "
+                        "engine)", ctx->threads, KB_CTX_MAX_THREADS);
+        goto fail;
+    }
     if ((rc = kb_config_validate(cfg, eb)) != 0)
         goto fail;
     if ((rc = kb_machine_create(&cfg->topo, &ctx->m, eb)) != 0)
@@ -311,15 +318,51 @@ void kb_ctx_fail(kb_ctx *ctx, int code)
 
 void kb_ctx_fail_in(kb_ctx *ctx, kb_sim *sim, int code, const char *fmt, ...)
 {
-    assert(sim == ctx->sim); /* until a run is split by SIP */
-    (void)sim;
+    va_list ap;
+    if (sim != ctx->sim) {
+        /* a partition of a forked launch (on its own thread): its first failure stops it;
+         * the launch's join picks the run's (kb_runtime_launch.c) */
+        kb_launch_st *l = ctx->fork;
+        int i = 0, n = kb_psim_parts(l->ps);
+        assert(l && code != 0);
+        while (i < n && kb_psim_part(l->ps, i) != sim)
+            i++;
+        assert(i < n);
+        if (!l->perr[i].code) {
+            l->perr[i].code = code;
+            va_start(ap, fmt);
+            vsnprintf(l->perr[i].eb.msg, sizeof l->perr[i].eb.msg, fmt, ap);
+            va_end(ap);
+        }
+        kb_sim_stop(sim, code);
+        return;
+    }
     if (!ctx->failed) {
-        va_list ap;
         va_start(ap, fmt);
         vsnprintf(ctx->err.msg, sizeof ctx->err.msg, fmt, ap);
         va_end(ap);
     }
     kb_ctx_fail(ctx, code);
+}
+
+int kb_ctx_post(kb_ctx *ctx, kb_sim *sim, unsigned from, unsigned to, kb_time t, kb_event_fn fn,
+                void *a, void *b)
+{
+    if (ctx->fork)
+        return kb_psim_post(ctx->fork->ps, (int)from, (int)to, t, fn, a, b);
+    return kb_sim_at(sim, t, fn, a, b);
+}
+
+uint64_t kb_ctx_events(const kb_ctx *ctx) { return kb_sim_events(ctx->sim) + ctx->fork_events; }
+uint64_t kb_ctx_switches(const kb_ctx *ctx)
+{
+    return kb_sim_switches(ctx->sim) + ctx->fork_switches;
+}
+void kb_ctx_fork_stats(const kb_ctx *ctx, int *threads, uint64_t *forked, uint64_t *windows)
+{
+    *threads = ctx->threads;
+    *forked = ctx->forked;
+    *windows = ctx->fork_windows;
 }
 
 static const char *rec_name(const kb_rec *r)

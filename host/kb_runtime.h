@@ -125,5 +125,12 @@ kb_tensor *kb_ctx_tensor_at(kb_ctx *ctx, unsigned gsip, kb_va va);
 
 /* Statistics for reports. */
 uint64_t kb_ctx_kernels_run(const kb_ctx *ctx);
+/* Events and fiber switches of the whole run: the context's simulation's and those of every
+ * launch forked over the SIPs (their partitions', docs/parallel.md). */
+uint64_t kb_ctx_events(const kb_ctx *ctx);
+uint64_t kb_ctx_switches(const kb_ctx *ctx);
+/* Phase-1 threads asked for (kb_ctx_opts.threads), launches that ran forked over the SIPs, and
+ * their windows (kb_psim). */
+void kb_ctx_fork_stats(const kb_ctx *ctx, int *threads, uint64_t *forked, uint64_t *windows);
 
 #endif

@@ -121,12 +121,23 @@ int kb_ctx_failed(const kb_ctx *ctx);
  * Fails the run from `sim`, the simulation the caller runs in (a kernel's tl_sim, or the one
  * that fired an event callback), with `code` and a printf-style message, unless the run has
  * failed already (the first failure's message is the run's). The one way kernels and event
- * callbacks end a run: a run split by SIP (docs/parallel.md) keeps the first failure per
- * partition here. Today every kernel's simulation is the context's.
+ * callbacks end a run: in a launch forked over the SIPs (docs/parallel.md) it stops the
+ * caller's partition and keeps that partition's first failure; the launch's join makes the
+ * lowest-numbered failed partition's the run's, whatever the thread count.
  */
 #if defined(__GNUC__)
 __attribute__((format(printf, 4, 5)))
 #endif
 void kb_ctx_fail_in(kb_ctx *ctx, kb_sim *sim, int code, const char *fmt, ...);
+
+/*
+ * fn(sim of SIP `to`, a, b) at t, from code of SIP `from` running in `sim`: kb_sim_at(sim, ...)
+ * in a sequential run; in a launch forked over the SIPs a message to SIP to's partition
+ * (kb_psim_post), which between SIPs must be at least the lookahead (the least inter-SIP link
+ * latency) after from's clock, else KB_ERR_RANGE. What an event of one SIP does to another's
+ * state goes through here. 0, KB_ERR_NOMEM, KB_ERR_RANGE.
+ */
+int kb_ctx_post(kb_ctx *ctx, kb_sim *sim, unsigned from, unsigned to, kb_time t, kb_event_fn fn,
+                void *a, void *b);
 
 #endif

@@ -53,6 +53,30 @@ static void dl_line(const kb_fiber *f, const char *what, const void *obj, void *
     }
 }
 
+void kb_ctx_deadlock_report(kb_ctx *ctx, kb_sim *const *sims, int nsims, kb_time t)
+{
+    /* the report grows with the machine: build it whole, keep it, summarise in err */
+    size_t cap = 4096 + 256 * (size_t)(ctx->m->nsips * ctx->m->ncubes * ctx->m->npes);
+    char *buf = malloc(cap);
+    dl_report r = { buf, cap, 0, 0 };
+    if (!buf) {
+        kb_err_set(&ctx->err, KB_ERR_DEADLOCK, "deadlock");
+        return;
+    }
+    buf[0] = 0;
+    for (int i = 0; i < nsims; i++)
+        kb_sim_foreach_blocked(sims[i], dl_line, &r);
+    if (ctx->dump && r.len + 1 < cap) {
+        int w = snprintf(buf + r.len, cap - r.len, "\n");
+        r.len += w > 0 ? (size_t)w : 0;
+        ctx->dump(ctx, buf + r.len, cap - r.len, ctx->dump_ud);
+    }
+    free(ctx->report);
+    ctx->report = buf;
+    kb_err_set(&ctx->err, KB_ERR_DEADLOCK, "at t=%.3f ns %d fiber(s) are blocked:%s",
+               kb_time_to_ns(t), r.count, buf);
+}
+
 static int run_host(kb_ctx *ctx, kb_host_fn fn, void *arg);
 
 int kb_ctx_run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
@@ -78,26 +102,11 @@ static int run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
             return rc;
         }
     }
+    if (rc == KB_ERR_DEADLOCK && ctx->failed == KB_ERR_DEADLOCK)
+        return rc; /* a forked launch's, reported at its join */
     if (rc == KB_ERR_DEADLOCK) {
-        /* the report grows with the machine: build it whole, keep it, summarise in err */
-        size_t cap = 4096 + 256 * (size_t)(ctx->m->nsips * ctx->m->ncubes * ctx->m->npes);
-        char *buf = malloc(cap);
-        dl_report r = { buf, cap, 0, 0 };
-        if (buf) {
-            buf[0] = 0;
-            kb_sim_foreach_blocked(ctx->sim, dl_line, &r);
-            if (ctx->dump && r.len + 1 < cap) {
-                int w = snprintf(buf + r.len, cap - r.len, "\n");
-                r.len += w > 0 ? (size_t)w : 0;
-                ctx->dump(ctx, buf + r.len, cap - r.len, ctx->dump_ud);
-            }
-            free(ctx->report);
-            ctx->report = buf;
-            kb_err_set(&ctx->err, KB_ERR_DEADLOCK, "at t=%.3f ns %d fiber(s) are blocked:%s",
-                       kb_time_to_ns(kb_sim_now(ctx->sim)), r.count, buf);
-        } else {
-            kb_err_set(&ctx->err, KB_ERR_DEADLOCK, "deadlock");
-        }
+        kb_sim *sims[1] = { ctx->sim };
+        kb_ctx_deadlock_report(ctx, sims, 1, kb_sim_now(ctx->sim));
         return rc;
     }
     if (rc)

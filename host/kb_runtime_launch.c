@@ -9,6 +9,7 @@
  */
 #include "kb_runtime_int.h"
 
+#include "kb_psim.h"
 #include "kb_trace.h"
 
 #include <assert.h>
@@ -49,6 +50,12 @@ static void free_children(kb_tl *tl)
 void kb_launch_free(kb_launch_st *l)
 {
     kb_ctx *ctx = l->ctx;
+    /* a forked launch's partitions first: their fibers (a failed run's, still blocked) use
+     * the contexts freed below */
+    kb_psim_destroy(l->ps);
+    free(l->perr);
+    if (ctx->fork == l)
+        ctx->fork = NULL;
     for (int i = 0; l->tls && i < l->ntl; i++)
         free_children(&l->tls[i]);
     if (l->prev)
@@ -65,6 +72,7 @@ void kb_launch_free(kb_launch_st *l)
     free(l->cube_tmax);
     free(l->sip_left);
     free(l->sip_tmax);
+    free(l->sip_kernels);
     free(l);
 }
 
@@ -103,7 +111,7 @@ static void kernel_finished(kb_tl *tl)
     if (!l->queued)
         l->sip_tmax[s] = kb_machine_cmd_iocpu_to_host(m, tl->pe->gsip, l->sip_tmax[s],
                                                       KB_CMD_BYTES);
-    if (--l->sips_left > 0)
+    if (l->ps || --l->sips_left > 0) /* forked: the join takes the maximum (fork_run) */
         return;
     kb_time t_done = 0;
     for (int i = 0; i < l->grid.sips; i++)
@@ -131,7 +139,10 @@ static void kernel_main(kb_sim *sim, void *arg)
                         (int)tl->pe->pe, name, tl->start, kb_sim_now(sim), 0);
     }
     kb_tl_release_all(tl);
-    tl->ctx->kernels++;
+    if (tl->launch->ps) /* forked: counted per SIP, summed at the join */
+        tl->launch->sip_kernels[tl->pid[2]]++;
+    else
+        tl->ctx->kernels++;
     kernel_finished(tl);
 }
 
@@ -191,6 +202,101 @@ void tl_join(kb_tl *tl, kb_tl *child)
     }
 }
 
+/* ---- launches forked over the SIPs (docs/parallel.md, step 5's first form) ---- */
+
+/* The least latency of an inter-SIP link: the lookahead of a run partitioned by SIP (every
+ * effect of one SIP on another crosses one); 0 without links. */
+static kb_time sip_lookahead(const kb_machine *m)
+{
+    kb_time look = 0;
+    for (int s = 0; s < m->nsips; s++)
+        for (int i = 0; i < m->sips[s].nlinks; i++) {
+            kb_time lat = m->sips[s].links[i].link.latency;
+            look = look == 0 || lat < look ? lat : look;
+        }
+    return look;
+}
+
+/*
+ * Whether a launch over grid g may run forked: Phase-1 threads asked for, several SIPs, and
+ * nothing that couples SIPs without a link's delay. The op log and the traces are one
+ * sequence, the route arbitration books other SIPs from the sender's event, a device queue
+ * starts the next kernel at the latest SIP's end, and whatever else is pending in the
+ * context's simulation (another host program, a timer) could act while the launch runs.
+ */
+static int fork_wanted(kb_ctx *ctx, const kb_hostproc *hp, const kb_grid *g)
+{
+    kb_time t;
+    return ctx->threads > 0 && g->sips > 1 && ctx->m->per_sip && !ctx->recording &&
+           !ctx->trace && !ctx->trace_rec && !hp->queue && !kb_sim_next(ctx->sim, &t) &&
+           kb_sim_live_fibers(ctx->sim) == 1 && sip_lookahead(ctx->m) > 0;
+}
+
+/* The join of a forked launch: runs its partitions to the end (an event of the context's
+ * simulation, while the launching host fiber waits), then wakes the host at the latest SIP's
+ * completion, or fails the run with the lowest-numbered failed partition's error. */
+static void fork_run(kb_sim *sim, void *a, void *b)
+{
+    kb_launch_st *l = a;
+    kb_ctx *ctx = l->ctx;
+    kb_machine *m = ctx->m;
+    int n = kb_psim_parts(l->ps), rc;
+    (void)b;
+
+    ctx->fork = l;
+    kb_machine_bind_sips(m, 1);
+    rc = kb_psim_run(l->ps);
+    kb_machine_bind_sips(m, 0);
+    ctx->fork = NULL;
+    ctx->forked++;
+    ctx->fork_windows += kb_psim_windows(l->ps);
+    ctx->fork_events += kb_psim_events(l->ps);
+    for (int i = 0; i < n; i++)
+        ctx->fork_switches += kb_sim_switches(kb_psim_part(l->ps, i));
+    for (int s = 0; s < l->grid.sips; s++)
+        ctx->kernels += l->sip_kernels[s];
+    if (rc == KB_ERR_DEADLOCK) {
+        kb_sim *sims[KB_PSIM_MAX_PARTS];
+        kb_time t = 0;
+        for (int i = 0; i < n; i++) {
+            sims[i] = kb_psim_part(l->ps, i);
+            t = kb_sim_now(sims[i]) > t ? kb_sim_now(sims[i]) : t;
+        }
+        kb_ctx_deadlock_report(ctx, sims, n, t);
+        kb_ctx_fail(ctx, rc);
+        return;
+    }
+    if (rc) {
+        int i = 0;
+        while (i < n && !l->perr[i].code)
+            i++;
+        if (i < n) /* else the engine's own failure, in no partition (out of memory) */
+            kb_ctx_fail_in(ctx, sim, l->perr[i].code, "%s", l->perr[i].eb.msg);
+        else
+            kb_ctx_fail_in(ctx, sim, rc, "launch %s over %d SIPs on %d threads: %s", l->name,
+                           l->grid.sips, kb_psim_threads(l->ps), kb_strerror(rc));
+        return;
+    }
+    kb_time t_done = 0;
+    for (int i = 0; i < l->grid.sips; i++)
+        t_done = l->sip_tmax[i] > t_done ? l->sip_tmax[i] : t_done;
+    if (kb_sim_at(sim, t_done, launch_done_event, l, NULL) != 0)
+        kb_signal_fire(sim, &l->done);
+}
+
+/* Makes l's partitions (one per SIP of the machine) if l is to run forked: 0, or an error. */
+static int fork_prepare(kb_ctx *ctx, kb_launch_st *l)
+{
+    kb_machine *m = ctx->m;
+    kb_psim_opts po = { .parts = m->nsips, .threads = ctx->threads,
+                        .lookahead = sip_lookahead(m) };
+    int rc = kb_psim_create(&po, &l->ps);
+    if (rc == 0 && !(l->perr = calloc((size_t)m->nsips, sizeof *l->perr)))
+        rc = KB_ERR_NOMEM;
+    return rc ? kb_err_set(&ctx->err, rc, "launch %s: %s making its SIPs' partitions", l->name,
+                           kb_strerror(rc)) : 0;
+}
+
 /* args: one block per SIP of the grid when stride is sizeof(kb_kargs), one shared block when 0 */
 static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *args,
                        size_t stride, const kb_grid *grid)
@@ -237,14 +343,18 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
     l->cube_tmax = calloc((size_t)(g.cubes * g.sips), sizeof *l->cube_tmax);
     l->sip_left = calloc((size_t)g.sips, sizeof *l->sip_left);
     l->sip_tmax = calloc((size_t)g.sips, sizeof *l->sip_tmax);
+    l->sip_kernels = calloc((size_t)g.sips, sizeof *l->sip_kernels);
     l->next = ctx->launches;
     if (ctx->launches)
         ctx->launches->prev = l;
     ctx->launches = l;
-    if (!l->tls || !l->args || !l->cube_left || !l->cube_tmax || !l->sip_left || !l->sip_tmax) {
+    if (!l->tls || !l->args || !l->cube_left || !l->cube_tmax || !l->sip_left || !l->sip_tmax ||
+        !l->sip_kernels) {
         rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    if (fork_wanted(ctx, hp, &g) && (rc = fork_prepare(ctx, l)) != 0)
+        goto fail;
     kb_signal_init(&l->done);
     l->sips_left = g.sips;
     l->queued = hp->queue != 0;
@@ -265,7 +375,7 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
                 char fname[128];
                 tl->tag = KB_TAG_KERNEL;
                 tl->ctx = ctx;
-                tl->sim = ctx->sim;
+                tl->sim = l->ps ? kb_psim_part(l->ps, (int)gsip) : ctx->sim;
                 tl->pe = kb_machine_pe(m, gsip, (unsigned)c, (unsigned)p);
                 tl->launch = l;
                 tl->pid[0] = p;
@@ -277,7 +387,7 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
                 tl->cpu_ovh = cpu_ovh;
                 tl->start = kb_machine_cmd_mcpu_to_pe(m, tl->pe, t_m, KB_CMD_BYTES);
                 snprintf(fname, sizeof fname, "%s@sip%u/cube%d/pe%d", l->name, gsip, c, p);
-                kb_fiber *f = kb_fiber_spawn(ctx->sim, kernel_main, tl, fname);
+                kb_fiber *f = kb_fiber_spawn(tl->sim, kernel_main, tl, fname);
                 if (!f) {
                     /* fibers already spawned reference l: stop the run; ctx frees l */
                     rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory spawning kernel fibers");
@@ -291,6 +401,12 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
     }
     if (hp->queue)
         hp->queue = 2;
+    if (l->ps && kb_sim_at(ctx->sim, now, fork_run, l, NULL) != 0) {
+        rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+        kb_ctx_fail(ctx, rc); /* the partitions' fibers reference l: ctx frees it */
+        kb_fiber_block(ctx->sim, "aborted run", NULL);
+        return rc;
+    }
     kb_signal_wait(ctx->sim, &l->done);
     kb_launch_free(l);
     return 0;

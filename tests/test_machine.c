@@ -570,6 +570,40 @@ static void test_parts_contention(void **state)
 /* Through a SIP on the way (a 4-SIP ring, sip0 -> sip2): three parts, the middle one sip1's
  * egress link; idle, they add up to the whole route's closed form. A route inside one SIP
  * is one part, booked as kb_machine_dma books it. A leg left in flight holds no memory. */
+/*
+ * While a launch runs forked over the SIPs (sip_bound), a kernel's DMA may book its own SIP
+ * only: one into another SIP's memory is refused with a message naming both SIPs, even when
+ * its route was remembered before, and a send by parts still books its first part.
+ */
+static void test_sip_bound(void **state)
+{
+    static const char *const sets[] = { "system.switch.arbitration=per_sip",
+                                        "system.sips.count=4" };
+    kb_machine *m = make_machine(sets, 2);
+    kb_pe_hw *pe = kb_machine_pe(m, 0, 0, 0);
+    kb_pa src = hbm_of(m, 0, 0, 0, 0), dst = hbm_of(m, 2, 0, 0, 0), near = hbm_of(m, 0, 1, 0, 0);
+    kb_time ts, te;
+    kb_dma_leg leg;
+    kb_errbuf eb;
+
+    (void)state;
+    /* remembered while unbound */
+    assert_int_equal(kb_machine_dma(m, pe, src, dst, 4096, 0, &ts, &te, &eb), 0);
+    kb_machine_bind_sips(m, 1);
+    eb.msg[0] = '\0';
+    assert_int_equal(kb_machine_dma(m, pe, src, dst, 4096, 0, &ts, &te, &eb), KB_ERR_RANGE);
+    kbt_msg_has(eb.msg, "a DMA from sip0 to sip2 issued on sip0");
+    kbt_msg_has(eb.msg, "only through IPCQ sends");
+    assert_int_equal(kb_machine_dma(m, pe, dst, src, 4096, 0, &ts, &te, &eb), KB_ERR_RANGE);
+    kbt_msg_has(eb.msg, "a DMA from sip2 to sip0 issued on sip0");
+    assert_int_equal(kb_machine_dma(m, pe, src, near, 4096, 0, &ts, &te, &eb), 0);
+    assert_int_equal(kb_machine_dma_first(m, pe, src, dst, 4096, 0, &leg, &eb), 0);
+    assert_int_equal(leg.part, 1);
+    assert_int_equal(leg.nparts, 3);
+    kb_machine_bind_sips(m, 0);
+    kb_machine_destroy(m);
+}
+
 static void test_parts_through_sip(void **state)
 {
     static const char *const sets[] = { "system.switch.arbitration=per_sip",
@@ -1121,6 +1155,7 @@ int main(void)
         cmocka_unit_test(test_parts_idle),
         cmocka_unit_test(test_parts_contention),
         cmocka_unit_test(test_parts_through_sip),
+        cmocka_unit_test(test_sip_bound),
         cmocka_unit_test(test_command_path),
         cmocka_unit_test(test_sip_hops_torus),
         cmocka_unit_test(test_sip_hops_mesh_no_wrap),

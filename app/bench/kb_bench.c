@@ -409,8 +409,9 @@ int kb_bench_execute(const kb_config *cfg, const kb_ccl_cfg *ccl, const kb_ctx_o
     }
     rep->sim_time_ns = kb_time_to_ns(rep->res.t_end - rep->res.t_begin);
     rep->sim_end_ns = kb_time_to_ns(kb_sim_now(kb_ctx_sim(ctx)));
-    rep->events = kb_sim_events(kb_ctx_sim(ctx));
-    rep->switches = kb_sim_switches(kb_ctx_sim(ctx));
+    rep->events = kb_ctx_events(ctx);
+    rep->switches = kb_ctx_switches(ctx);
+    kb_ctx_fork_stats(ctx, &rep->threads, &rep->forked_launches, &rep->windows);
     rep->kernels = kb_ctx_kernels_run(ctx);
     if (a->verify && kb_ctx_recording(ctx) && b->verify) {
         kb_progress_set_phase(opts ? opts->progress : NULL, KB_PROGRESS_VERIFY);

@@ -50,6 +50,10 @@ typedef struct kb_run_report {
     double sim_time_ns;   /* the bench's measured region */
     double sim_end_ns;    /* simulated time when the host program ended (the whole run) */
     uint64_t events, switches, kernels, records;
+    /* Phase-1 threads asked for (kb_ctx_opts.threads), the launches that ran forked over the
+     * SIPs on them, and those launches' windows (docs/parallel.md) */
+    int threads;
+    uint64_t forked_launches, windows;
     /* host memory the run's data took: memory-store pages and op-log payload bytes at its
      * end (both 0 in a timing-only run) */
     uint64_t memstore_pages, payload_bytes;

@@ -64,6 +64,7 @@ int kbcl_job_option(kbcl_job *job, int argc, char **argv, int *i, kb_errbuf *eb)
         { "--trace-filter", offsetof(kbcl_job, trace_filter) },
         { "--trace-window", offsetof(kbcl_job, trace_window) },
         { "--replay-cut", offsetof(kbcl_job, replay_cut) },
+        { "--threads", offsetof(kbcl_job, threads) },
     };
     const char *o = argv[*i];
     const char *v = *i + 1 < argc ? argv[*i + 1] : NULL;
@@ -279,6 +280,23 @@ static int parse_cut(const char *s, size_t *cut, kb_errbuf *eb)
     return 0;
 }
 
+/* --threads N: Phase-1 threads, 1 .. KB_CTX_MAX_THREADS (NULL: 0, the sequential engine). */
+static int parse_threads(const char *s, int *threads, kb_errbuf *eb)
+{
+    char *end;
+    long v;
+    *threads = 0;
+    if (!s)
+        return 0;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < 1 || v > KB_CTX_MAX_THREADS)
+        return kb_err_set(eb, KB_ERR_USAGE, "--threads %s: Phase-1 threads, 1 to %d", s,
+                          KB_CTX_MAX_THREADS);
+    *threads = (int)v;
+    return 0;
+}
+
 /* One side of --trace-window in ns into picoseconds; "" = dflt. 0 or -1. */
 static int parse_window_end(const char *s, size_t n, kb_time dflt, kb_time *out)
 {
@@ -478,6 +496,7 @@ int kbcl_job_prepare(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     const char *bench_name = job->bench ? job->bench : "ccl_allreduce";
     const char *device_name = job->device ? job->device : "ref";
     size_t cut;
+    int threads;
     int rc, dev;
 
     memset(res, 0, sizeof *res);
@@ -514,7 +533,8 @@ int kbcl_job_prepare(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     if (kb_bench_takes_model(res->bench))
         res->args.dtype = job->dtype;
     if ((rc = job_params(job, res, eb)) != 0 || (rc = job_configure(job, res, eb)) != 0 ||
-        (rc = parse_cut(job->replay_cut, &cut, eb)) != 0)
+        (rc = parse_cut(job->replay_cut, &cut, eb)) != 0 ||
+        (rc = parse_threads(job->threads, &threads, eb)) != 0)
         return rc;
     if (kb_bench_takes_model(res->bench))
         return job_model(job, bench_name, eb);
@@ -540,11 +560,12 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
 {
     kb_trace *tr = NULL;
     size_t cut;
-    int rc;
+    int rc, threads;
 
     if ((rc = kbcl_job_prepare(job, res, eb)) != 0)
         return rc;
     parse_cut(job->replay_cut, &cut, eb);
+    parse_threads(job->threads, &threads, eb);
     if (job->trace_path) {
         if ((rc = kb_trace_create(&tr, eb)) != 0)
             return rc;
@@ -554,7 +575,7 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
         }
     }
     kb_ctx_opts opts = { (kb_device_kind)kb_device_from_name(res->device), job->ipcq_trace, tr,
-                         job->backend, job->backend_desc, cut, job->progress };
+                         job->backend, job->backend_desc, cut, job->progress, threads };
     rc = kb_bench_execute(&res->cfg, &res->ccl, &opts, res->bench, &res->args, &res->rep, eb);
     if (rc == 0 && tr) {
         rc = kb_trace_write(tr, job->trace_path, eb);
@@ -624,6 +645,10 @@ char *kbcl_result_json(const kbcl_result *res)
     cJSON_AddNumberToObject(root, "fiber_switches", (double)rep->switches);
     cJSON_AddNumberToObject(root, "kernels", (double)rep->kernels);
     cJSON_AddNumberToObject(root, "op_records", (double)rep->records);
+    if (rep->threads > 0) { /* the same for every thread count (docs/parallel.md) */
+        cJSON_AddNumberToObject(root, "forked_launches", (double)rep->forked_launches);
+        cJSON_AddNumberToObject(root, "phase1_windows", (double)rep->windows);
+    }
     for (int i = 0; i < rep->res.nextras; i++)
         cJSON_AddNumberToObject(root, rep->res.extras[i].name, rep->res.extras[i].value);
     if (rep->res.busiest[0]) {
@@ -693,6 +718,8 @@ char *kbcl_result_json(const kbcl_result *res)
         cJSON_AddNumberToObject(replay, "kernel_ms", rep->kernel_ms);
     }
     cJSON_AddNumberToObject(root, "phase1_ms", rep->phase1_ms);
+    if (rep->threads > 0)
+        cJSON_AddNumberToObject(root, "phase1_threads", rep->threads);
     cJSON_AddNumberToObject(root, "events_per_s",
                             rep->phase1_ms > 0 ? (double)rep->events / (rep->phase1_ms / 1e3) : 0.0);
     cJSON_AddNumberToObject(root, "wall_ms", rep->wall_ms);

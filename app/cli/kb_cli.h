@@ -46,6 +46,7 @@ typedef struct kbcl_job {
     const char *trace_window;   /* --trace-window START:END, simulated ns, or NULL */
     const char *replay_cut;     /* --replay-cut RECORDS: kb_ctx_opts.cut_records (0 = none);
                                    NULL = the default */
+    const char *threads;        /* --threads N: kb_ctx_opts.threads; NULL = 0 (sequential) */
     /* borrowed: the plugins loaded so far (the command loads KBCL_PLUGIN_PATH and --plugin
      * into it) and where ccl.yaml's plugins: load; benches and algorithms are looked up in it.
      * NULL = the built-ins only (a ccl.yaml that lists plugins is then refused). */

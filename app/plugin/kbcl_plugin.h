@@ -177,7 +177,7 @@ KB_API kb_fill kb_bench_pattern_fill(const kb_bench_pat *p);
 
 /* ---- the plugin's entry points ---- */
 
-#define KB_PLUGIN_ABI_VERSION 8
+#define KB_PLUGIN_ABI_VERSION 9
 #define KB_PLUGIN_INIT_SYMBOL "kbcl_plugin_init"
 #define KB_PLUGIN_ABI_SYMBOL "kbcl_plugin_abi"
 

@@ -673,14 +673,30 @@ static uint64_t route_key(kb_pa pa, const kb_res *port)
  * remembers it if short enough, reserves it. Kept out of line so that the route buffer is not
  * part of the hot path's stack frame (kernel fibers' stacks are cold when they resume).
  */
+/* A kernel's DMA out of its SIP in a launch forked over the SIPs: refused, for the SIP it
+ * would book is another thread's. */
+static KB_COLD int sip_bound_fail(const kb_machine *m, const kb_pe_hw *issuer, kb_pa src,
+                                  kb_pa dst, kb_errbuf *eb)
+{
+    (void)m;
+    return kb_err_set(eb, KB_ERR_RANGE, "a DMA from sip%u to sip%u issued on sip%u: in a launch "
+                      "run over SIP partitions (Phase-1 threads) a kernel reaches other SIPs "
+                      "only through IPCQ sends; run with one thread (no --threads)",
+                      kb_pa_gsip(src), kb_pa_gsip(dst), issuer->gsip);
+}
+
 static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, const loc *ld,
                                 kb_pa pa_src, kb_pa pa_dst, uint64_t nbytes, kb_time now,
                                 kb_time *t_start, kb_time *t_end, kb_errbuf *eb)
 {
     int has_src = pa_src != KB_PA_INVALID_ADDR, has_dst = pa_dst != KB_PA_INVALID_ADDR;
     kb_res *buf[KB_MAX_ROUTE];
-    int n = build_route(m, issuer, ls, ld, has_src, has_dst, buf, KB_MAX_ROUTE, eb);
 
+    /* bound to its SIP, a PE meets every route here (kb_machine_bind_sips emptied the memos),
+     * and this keeps the other SIPs out */
+    if (issuer && m->sip_bound && (ls->gsip != issuer->gsip || ld->gsip != issuer->gsip))
+        return sip_bound_fail(m, issuer, pa_src, pa_dst, eb);
+    int n = build_route(m, issuer, ls, ld, has_src, has_dst, buf, KB_MAX_ROUTE, eb);
     if (n < 0)
         return n;
     if (issuer && n <= KB_ROUTE_MEMO_MAX) {
@@ -754,6 +770,24 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
     if (rc)
         return rc;
     return dma_slow(m, issuer, &ls, &ld, pa_src, pa_dst, nbytes, now, t_start, t_end, eb);
+}
+
+void kb_machine_bind_sips(kb_machine *m, int on)
+{
+    m->sip_bound = on;
+    if (!on)
+        return;
+    /* a remembered route may cross SIPs: forget them all (the memo is a cache, its routes are
+     * built again the same) */
+    for (int s = 0; s < m->nsips; s++)
+        for (int c = 0; c < m->ncubes; c++)
+            for (int p = 0; p < m->npes; p++) {
+                kb_pe_hw *pe = &m->sips[s].cubes[c].pes[p];
+                for (int i = 0; i < KB_ROUTE_MEMO_WAYS; i++) {
+                    pe->routes[i].n = 0;
+                    pe->route_src[i] = pe->route_dst[i] = 0;
+                }
+            }
 }
 
 /* ---- DMA by parts (system.switch.arbitration per_sip) ---- */

@@ -164,6 +164,7 @@ typedef struct kb_machine {
     kb_sip_topo sip_topo;     /* system.sips.topology (last: the fields above keep their
                                * offsets for compiled plugins) */
     int per_sip;              /* system.switch.arbitration per_sip (kb_machine_dma_first) */
+    int sip_bound;            /* kb_machine_bind_sips */
 } kb_machine;
 
 int kb_machine_create(const kb_topo_cfg *cfg, kb_machine **out, kb_errbuf *eb);
@@ -234,6 +235,15 @@ typedef struct kb_dma_leg {
 
 /* 1 while the leg has parts left to book. */
 static inline int kb_dma_leg_more(const kb_dma_leg *leg) { return leg->part < leg->nparts; }
+
+/*
+ * While a launch runs forked over the SIPs (docs/parallel.md), on: a PE's DMA may then book
+ * its own SIP's resources only, the others being other threads', so kb_machine_dma refuses
+ * one that reaches another SIP's memory (KB_ERR_RANGE, naming both SIPs); a send between SIPs
+ * goes by parts (kb_machine_dma_first), whose first part is the issuer's. Turning it on
+ * forgets every remembered route, so that none that crosses SIPs skips the check.
+ */
+void kb_machine_bind_sips(kb_machine *m, int on);
 
 int kb_machine_dma_first(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst,
                          uint64_t nbytes, kb_time now, kb_dma_leg *leg, kb_errbuf *eb);

@@ -124,7 +124,19 @@ struct kb_launch_st {
     int sips_left;
     int queued;             /* the host program's device queue was on (kb_launch_queue) */
     kb_signal done;
+    uint64_t *sip_kernels;  /* per SIP: its kernels that ended (added to ctx->kernels) */
+    /* A launch forked over the SIPs (docs/parallel.md): its partitions, one per SIP of the
+     * machine (owned; NULL: the launch runs in the context's simulation), and each
+     * partition's first failure ([nsips], owned). */
+    struct kb_psim *ps;
+    struct kb_fork_err *perr;
 };
+
+/* A partition's first failure in a forked launch (kb_ctx_fail_in). */
+typedef struct kb_fork_err {
+    int code;
+    kb_errbuf eb;
+} kb_fork_err;
 
 typedef struct kb_hostproc {
     int tag;
@@ -175,6 +187,13 @@ struct kb_ctx {
     kb_dump_fn dump;
     void *dump_ud;
     uint64_t kernels;
+    /* Phase-1 threads (kb_ctx_opts.threads) and the forked launches' totals: the launch
+     * running forked now (set and cleared by the context's simulation around kb_psim_run,
+     * read by the partitions' threads in between), its partitions' events, fiber switches
+     * and windows, and how many launches ran forked */
+    int threads;
+    kb_launch_st *fork;
+    uint64_t fork_events, fork_switches, fork_windows, forked;
     FILE *trace;
     struct kb_trace *trace_rec;
     char *report;           /* full deadlock report (owned), NULL if none */
@@ -188,6 +207,10 @@ kb_hostproc *kb_ctx_hostproc(kb_ctx *ctx);
 /* kb_runtime.c. At a pause for a cut: marks it, and hands a pipelined backend every record so
  * far. 0, or an error set in ctx's errbuf. */
 int kb_ctx_cut(kb_ctx *ctx);
+
+/* kb_runtime_host.c. Keeps the deadlock report of the fibers blocked in sims[0 .. nsims) (in
+ * that order) at simulated time t in ctx->report, and its summary in ctx's errbuf. */
+void kb_ctx_deadlock_report(kb_ctx *ctx, kb_sim *const *sims, int nsims, kb_time t);
 
 /* kb_runtime_host.c. Unhooks sp from ctx's live spawns and frees it. */
 void kb_ctx_spawn_free(kb_ctx *ctx, struct kb_spawn_st *sp);
