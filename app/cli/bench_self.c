@@ -7,8 +7,10 @@
  * host nanoseconds (two PEs ping-ponging one message), memory per PE (resident bytes a context
  * adds per simulated PE), and the timing-only runs of the 256-PE ring all-reduce and of the
  * hierarchical all-reduce at 256 / 1 024 / 2 048 / 8 192 PEs (each run in a child process, so
- * its peak RSS is its own), and the partitioned engine's speed-up over threads (kb_psim on
- * synthetic rings of 8, 32 and 128 partitions: the engine alone, not yet the machine). Phase 2: replay throughput of the chosen device's backend (see
+ * its peak RSS is its own), the partitioned engine's speed-up over threads (kb_psim on
+ * synthetic rings of 8, 32 and 128 partitions: the engine alone) and, with --scaling, the
+ * machine's (ring_rsag launches forked over 8, 32 and 128 SIPs). Phase 2: replay throughput of
+ * the chosen device's backend (see
  * kb_cli.h: kbcl_bench_phase2). Wall-clock numbers vary with the machine and its load; the
  * JSON records what was measured, the table prints it.
  */
@@ -316,8 +318,9 @@ static double extra_of(const kb_bench_result *r, const char *name)
     return 0;
 }
 
+/* threads > 0: --threads, with system.switch.arbitration=per_sip (docs/parallel.md) */
 static run_stat run_child(const char *algo, const char *ws, const char *n_elem, int sips,
-                          const char *topo, const char *device)
+                          const char *topo, const char *device, int threads)
 {
     run_stat st;
     int fd[2];
@@ -329,7 +332,7 @@ static run_stat run_child(const char *algo, const char *ws, const char *n_elem, 
         kbcl_job job;
         kbcl_result res;
         kb_errbuf eb;
-        char s1[64], s2[64];
+        char s1[64], s2[64], th[16];
         run_stat r;
         memset(&job, 0, sizeof job);
         memset(&r, 0, sizeof r);
@@ -344,6 +347,11 @@ static run_stat run_child(const char *algo, const char *ws, const char *n_elem, 
         snprintf(s2, sizeof s2, "system.sips.topology=%s", topo);
         job.sets[job.nsets++] = s1;
         job.sets[job.nsets++] = s2;
+        if (threads > 0) {
+            snprintf(th, sizeof th, "%d", threads);
+            job.threads = th;
+            job.sets[job.nsets++] = "system.switch.arbitration=per_sip";
+        }
         if (kbcl_job_run(&job, &res, &eb) == 0 && res.rep.res.verified != 0) {
             struct rusage ru;
             getrusage(RUSAGE_SELF, &ru);
@@ -391,20 +399,66 @@ static cJSON *stat_json(const char *name, int pes, const run_stat *s)
     return o;
 }
 
+/*
+ * The machine on threads (--scaling): ring_rsag_allreduce at 8 KiB per rank on 1 024, 4 096
+ * and 16 384 ranks (8, 32 and 128 SIPs; --quick: 1 024 and 4 096) with the per_sip
+ * arbitration, its launch forked over the SIPs on 1, 2, 4, 8 and 16 threads. The speed-up is
+ * the simulation loop's time at 1 thread over its time at N; "same" says that the simulated
+ * time and the events are those of 1 thread.
+ */
+static cJSON *machine_scaling(int quick)
+{
+    static const int th[] = { 1, 2, 4, 8, 16 };
+    static const struct { const char *ws; int sips; } rk[] = { { "1024", 8 }, { "4096", 32 },
+                                                               { "16384", 128 } };
+    cJSON *arr = cJSON_CreateArray();
+    printf("  the machine on threads (ring_rsag_allreduce x 8K, per_sip, --threads N):\n"
+           "    %6s %7s %10s %10s %11s %9s %8s\n", "ranks", "threads", "wall ms", "loop ms",
+           "speed-up", "peak MiB", "result");
+    for (size_t r = 0; r < sizeof rk / sizeof rk[0]; r++) {
+        run_stat base;
+        if (quick && rk[r].sips > 32)
+            continue;
+        memset(&base, 0, sizeof base);
+        for (size_t k = 0; k < sizeof th / sizeof th[0]; k++) {
+            run_stat s = run_child("ring_rsag_allreduce", rk[r].ws, "4096", rk[r].sips,
+                                   "ring_1d", "none", th[k]);
+            if (k == 0)
+                base = s;
+            int same = s.ok && base.ok && s.sim_ns == base.sim_ns && s.events == base.events;
+            double up = s.ok && base.ok && s.phase1_ms > 0 ? base.phase1_ms / s.phase1_ms : 0;
+            cJSON *o = stat_json("ring_rsag_allreduce x 8K", atoi(rk[r].ws), &s);
+            cJSON_AddNumberToObject(o, "threads", th[k]);
+            cJSON_AddNumberToObject(o, "speedup", up);
+            cJSON_AddBoolToObject(o, "same_result", same);
+            cJSON_AddItemToArray(arr, o);
+            if (s.ok)
+                printf("    %6s %7d %10.1f %10.1f %10.2fx %9.1f %8s\n", rk[r].ws, th[k],
+                       s.wall_ms, s.phase1_ms, up, s.rss_mb, same ? "same" : "DIFFERENT");
+            else
+                printf("    %6s %7d   failed\n", rk[r].ws, th[k]);
+            fflush(stdout);
+        }
+    }
+    return arr;
+}
+
 static void usage_bench_self(FILE *f)
 {
-    fputs("usage: kbcl bench-self [--device DEV] [--quick] [--json FILE]\n"
+    fputs("usage: kbcl bench-self [--device DEV] [--quick] [--scaling] [--json FILE]\n"
           "  measures the simulator itself: event loop, fiber switches, IPCQ round trip,\n"
           "  memory per PE, timing-only runs at 256 .. 8192 PEs, and Phase-2 replay throughput\n"
           "  of DEV's backend (ref, cpu, gpu, auto; default ref)\n"
-          "  --quick   smaller scaling runs (up to 2048 PEs) and shorter loops\n",
+          "  --quick    smaller scaling runs (up to 2048 PEs) and shorter loops\n"
+          "  --scaling  also the machine on threads: ring_rsag on 1024, 4096 and 16384 ranks\n"
+          "             at --threads 1, 2, 4, 8, 16 (with --quick: up to 4096 ranks); long\n",
           f);
 }
 
 int kbcl_cmd_bench_self(int argc, char **argv)
 {
     const char *json_path = NULL, *device = "ref";
-    int quick = 0;
+    int quick = 0, scaling = 0;
     cJSON *root = cJSON_CreateObject(), *p1 = cJSON_CreateObject(), *runs = cJSON_CreateArray();
     kb_errbuf eb;
 
@@ -415,6 +469,8 @@ int kbcl_cmd_bench_self(int argc, char **argv)
             device = argv[++i];
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--scaling"))
+            scaling = 1;
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage_bench_self(stdout);
             cJSON_Delete(root);
@@ -469,7 +525,7 @@ int kbcl_cmd_bench_self(int argc, char **argv)
     for (size_t i = 0; i < sizeof rs / sizeof rs[0]; i++) {
         if (quick && rs[i].pes > 2048)
             continue;
-        run_stat s = run_child(rs[i].algo, rs[i].ws, rs[i].n, rs[i].sips, rs[i].topo, "none");
+        run_stat s = run_child(rs[i].algo, rs[i].ws, rs[i].n, rs[i].sips, rs[i].topo, "none", 0);
         cJSON_AddItemToArray(runs, stat_json(rs[i].name, rs[i].pes, &s));
         if (s.ok)
             printf("  %-32s %6d %9.1f %9.1f %9.0f %11.3g %9.3f %9.1f\n", rs[i].name, rs[i].pes,
@@ -479,6 +535,8 @@ int kbcl_cmd_bench_self(int argc, char **argv)
             printf("  %-32s %6d   failed\n", rs[i].name, rs[i].pes);
     }
     cJSON_AddItemToObject(p1, "runs", runs);
+    if (scaling)
+        cJSON_AddItemToObject(p1, "machine_scaling", machine_scaling(quick));
     cJSON_AddItemToObject(root, "phase1", p1);
 
     cJSON *p2 = NULL;
