@@ -214,7 +214,9 @@ static void chunk_of(int64_t n, int64_t ws, int64_t c, uint32_t *off, uint32_t *
     kb_ccl_chunk(n, ws, c, off, len);
 }
 
-#define KB_RSAG_MAX_WS 8192
+/* A bound on the loops' counts (ws - 1 steps each way), not a machine's: 256 SIPs of 128 PEs
+ * (the most the physical address's SIP field names) fit twice. Issue #34 runs 16 384 ranks. */
+#define KB_RSAG_MAX_WS 65536
 
 /*
  * The streamed form, for tiles whose chunks do not fit one slot (NCCL's ring protocol). The
