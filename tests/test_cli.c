@@ -1269,6 +1269,45 @@ static void test_switch_per_sip(void **s)
 }
 
 /*
+ * --threads N (docs/parallel.md): with per_sip, the collective's launch runs partitioned and
+ * says so, and its JSON holds the same simulated time at 1 and 3 threads; with route nothing
+ * can run partitioned and the run says why; a count out of 1..64 is a usage error.
+ */
+static void test_threads(void **s)
+{
+    char out[8192];
+    double sim[2];
+    (void)s;
+    for (int k = 0; k < 2; k++) {
+        char json[32];
+        snprintf(json, sizeof json, "threads_%d.json", k);
+        if (kbt_kbcl(out, sizeof out, "run --algorithm rhd_allreduce --world-size 32 --size 4K "
+                     "--device none --set system.sips.count=4 --set sip.cube_mesh.width=2 --set "
+                     "sip.cube_mesh.height=1 --set system.switch.arbitration=per_sip --threads %d "
+                     "--json %s", 1 + 2 * k, json) != 0)
+            fail_msg("%s", out);
+        kbt_msg_has(out, "launch(es) ran partitioned over the SIPs");
+        char *text = kbt_slurp(json);
+        cJSON *j = cJSON_Parse(text);
+        free(text);
+        assert_non_null(j);
+        assert_int_equal(cJSON_GetObjectItem(j, "forked_launches")->valueint, 1);
+        assert_int_equal(cJSON_GetObjectItem(j, "phase1_threads")->valueint, 1 + 2 * k);
+        sim[k] = cJSON_GetObjectItem(j, "sim_time_ns")->valuedouble;
+        cJSON_Delete(j);
+    }
+    assert_true(sim[0] == sim[1]);
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --algorithm rhd_allreduce --world-size 32 "
+                              "--size 4K --device none --set system.sips.count=4 --threads 2"), 0);
+    kbt_msg_has(out, "threads    2: no launch ran partitioned");
+    kbt_msg_has(out, "system.switch.arbitration=per_sip");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --device none --threads 0"), 2);
+    kbt_msg_has(out, "--threads 0: Phase-1 threads, 1 to 64");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --device none --threads 2x"), 2);
+    kbt_msg_has(out, "--threads 2x: Phase-1 threads, 1 to 64");
+}
+
+/*
  * The resident arena in blocks (#33: it grows by adding device buffers, never by copying) on
  * PoCL, with KBCL_ARENA_BLOCK capping a block at 64 MiB so that the 256-rank all-reduce of
  * 1 MiB per rank (520 MiB of device data) spans nine blocks: verified, --device ref's digest
@@ -1616,6 +1655,7 @@ int main(void)
         cmocka_unit_test(test_coll_size),
         cmocka_unit_test(test_size_run),
         cmocka_unit_test(test_switch_per_sip),
+        cmocka_unit_test(test_threads),
         cmocka_unit_test(test_bench_self_phase2),
         cmocka_unit_test(test_device_transfers),
         cmocka_unit_test(test_arena_blocks),

@@ -859,6 +859,14 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
     fprintf(f, "  events     %llu (%llu fiber switches, %llu kernels)\n",
             (unsigned long long)rep->events, (unsigned long long)rep->switches,
             (unsigned long long)rep->kernels);
+    if (rep->threads > 0 && rep->forked_launches > 0)
+        fprintf(f, "  threads    %d: %llu launch(es) ran partitioned over the SIPs, %llu windows\n",
+                rep->threads, (unsigned long long)rep->forked_launches,
+                (unsigned long long)rep->windows);
+    else if (rep->threads > 0) /* asked for, and nothing could use it: say why */
+        fprintf(f, "  threads    %d: no launch ran partitioned (that needs a launch over several "
+                "SIPs, --device none, no --trace, system.switch.arbitration=per_sip, no device "
+                "queue and one host program: docs/parallel.md)\n", rep->threads);
     if (rep->res.have_err)
         fprintf(f, "  max_err    %.6g (bound %.6g)\n", rep->res.max_abs_err, rep->res.err_bound);
     if (rep->res.have_digest)
