@@ -405,6 +405,8 @@ int kb_ctx_record_as(kb_ctx *ctx, kb_rec *r, const char *name)
     }
     if (!ctx->recording)
         return 0;
+    if (ctx->fork) /* a partition's: gathered after its window (kb_fork_record) */
+        return kb_fork_record(ctx->fork, r);
     if (kb_oplog_append(ctx->log, r, &r->seq) != 0)
         return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory appending to the op log");
     /* Pause the simulation after this step for a cut (kb_ctx_cut): a fixed record count, so the
@@ -413,6 +415,16 @@ int kb_ctx_record_as(kb_ctx *ctx, kb_rec *r, const char *name)
         ctx->cut_asked = 1;
         kb_sim_stop(ctx->sim, KB_CTX_CUT_);
     }
+    return 0;
+}
+
+int kb_ctx_log_gathered(kb_ctx *ctx, kb_rec *r)
+{
+    if (kb_oplog_append(ctx->log, r, &r->seq) != 0)
+        return kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory appending to the op log");
+    /* every partition stands still: the cut is made here, not at a pause */
+    if (++ctx->since_cut >= ctx->cut_every && !ctx->cut_asked)
+        return kb_ctx_cut(ctx);
     return 0;
 }
 

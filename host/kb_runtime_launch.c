@@ -52,6 +52,12 @@ void kb_launch_free(kb_launch_st *l)
     kb_ctx *ctx = l->ctx;
     /* a forked launch's partitions first: their fibers (a failed run's, still blocked) use
      * the contexts freed below */
+    for (int i = 0; l->recs && i < kb_psim_parts(l->ps); i++) {
+        free(l->recs[i].v);
+        free(l->recs[i].t);
+    }
+    free(l->recs);
+    free(l->keys);
     kb_psim_destroy(l->ps);
     free(l->perr);
     if (ctx->fork == l)
@@ -227,9 +233,82 @@ static kb_time sip_lookahead(const kb_machine *m)
 static int fork_wanted(kb_ctx *ctx, const kb_hostproc *hp, const kb_grid *g)
 {
     kb_time t;
-    return ctx->threads > 0 && g->sips > 1 && ctx->m->per_sip && !ctx->recording &&
-           !ctx->trace && !ctx->trace_rec && !hp->queue && !kb_sim_next(ctx->sim, &t) &&
+    return ctx->threads > 0 && g->sips > 1 && ctx->m->per_sip && !ctx->trace &&
+           !ctx->trace_rec && !hp->queue && !kb_sim_next(ctx->sim, &t) &&
            kb_sim_live_fibers(ctx->sim) == 1 && sip_lookahead(ctx->m) > 0;
+}
+
+int kb_fork_record(kb_launch_st *l, const kb_rec *r)
+{
+    /* kernels' and the IPCQ's records carry the PE whose SIP's partition makes them */
+    assert(r->pe != UINT32_MAX);
+    unsigned s = l->ctx->m->pe_by_gid[r->pe]->gsip;
+    kb_fork_recs *b = &l->recs[s];
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? 2 * b->cap : 256;
+        kb_rec *v = realloc(b->v, cap * sizeof *v);
+        if (v)
+            b->v = v;
+        kb_time *t = realloc(b->t, cap * sizeof *t);
+        if (t)
+            b->t = t;
+        if (!v || !t)
+            return KB_ERR_NOMEM;
+        b->cap = cap;
+    }
+    b->v[b->n] = *r;
+    b->t[b->n++] = kb_sim_now(kb_psim_part(l->ps, (int)s));
+    return 0;
+}
+
+static int key_cmp(const void *x, const void *y)
+{
+    const kb_fork_key *a = x, *b = y;
+    if (a->t != b->t)
+        return a->t < b->t ? -1 : 1;
+    if (a->part != b->part)
+        return a->part < b->part ? -1 : 1;
+    return a->i < b->i ? -1 : a->i > b->i;
+}
+
+/*
+ * After every window of a recording forked launch (every partition still): the window's
+ * records into the op log, ordered by the time each was made, then partition, then order in
+ * it. Whatever depends on a record was made later in simulated time (across SIPs, at least a
+ * link's latency later), so the order is one the sequential engine could have made, and it is
+ * the same for every thread count.
+ */
+static int fork_window(kb_psim *ps, kb_time t, void *ud)
+{
+    kb_launch_st *l = ud;
+    int n = kb_psim_parts(ps), rc = 0;
+    size_t m = 0, k = 0;
+    (void)t;
+    for (int i = 0; i < n; i++)
+        m += l->recs[i].n;
+    if (m == 0)
+        return 0;
+    if (m > l->capkeys) {
+        kb_fork_key *v = realloc(l->keys, m * sizeof *v);
+        if (!v) {
+            kb_err_set(&l->gather_eb, KB_ERR_NOMEM, "out of memory gathering the partitions' op "
+                       "records");
+            return KB_ERR_NOMEM;
+        }
+        l->keys = v;
+        l->capkeys = m;
+    }
+    for (int i = 0; i < n; i++)
+        for (size_t j = 0; j < l->recs[i].n; j++)
+            l->keys[k++] = (kb_fork_key){ l->recs[i].t[j], (uint32_t)i, (uint32_t)j };
+    qsort(l->keys, m, sizeof *l->keys, key_cmp);
+    for (k = 0; k < m && rc == 0; k++)
+        rc = kb_ctx_log_gathered(l->ctx, &l->recs[l->keys[k].part].v[l->keys[k].i]);
+    for (int i = 0; i < n; i++)
+        l->recs[i].n = 0;
+    if (rc)
+        kb_err_set(&l->gather_eb, rc, "%s", kb_ctx_errmsg(l->ctx));
+    return rc;
 }
 
 /* The join of a forked launch: runs its partitions to the end (an event of the context's
@@ -255,14 +334,15 @@ static void fork_run(kb_sim *sim, void *a, void *b)
         ctx->fork_switches += kb_sim_switches(kb_psim_part(l->ps, i));
     for (int s = 0; s < l->grid.sips; s++)
         ctx->kernels += l->sip_kernels[s];
-    if (rc == KB_ERR_DEADLOCK) {
-        kb_sim *sims[KB_PSIM_MAX_PARTS];
+    if (rc == KB_ERR_DEADLOCK) { /* the host's fibers first, as a sequential run lists them */
+        kb_sim *sims[KB_PSIM_MAX_PARTS + 1];
         kb_time t = 0;
+        sims[0] = sim;
         for (int i = 0; i < n; i++) {
-            sims[i] = kb_psim_part(l->ps, i);
-            t = kb_sim_now(sims[i]) > t ? kb_sim_now(sims[i]) : t;
+            sims[i + 1] = kb_psim_part(l->ps, i);
+            t = kb_sim_now(sims[i + 1]) > t ? kb_sim_now(sims[i + 1]) : t;
         }
-        kb_ctx_deadlock_report(ctx, sims, n, t);
+        kb_ctx_deadlock_report(ctx, sims, n + 1, t);
         kb_ctx_fail(ctx, rc);
         return;
     }
@@ -270,9 +350,11 @@ static void fork_run(kb_sim *sim, void *a, void *b)
         int i = 0;
         while (i < n && !l->perr[i].code)
             i++;
-        if (i < n) /* else the engine's own failure, in no partition (out of memory) */
+        if (i < n)
             kb_ctx_fail_in(ctx, sim, l->perr[i].code, "%s", l->perr[i].eb.msg);
-        else
+        else if (l->gather_eb.msg[0]) /* the records' gathering after a window */
+            kb_ctx_fail_in(ctx, sim, rc, "%s", l->gather_eb.msg);
+        else /* the engine's own failure, in no partition (out of memory) */
             kb_ctx_fail_in(ctx, sim, rc, "launch %s over %d SIPs on %d threads: %s", l->name,
                            l->grid.sips, kb_psim_threads(l->ps), kb_strerror(rc));
         return;
@@ -293,6 +375,12 @@ static int fork_prepare(kb_ctx *ctx, kb_launch_st *l)
     int rc = kb_psim_create(&po, &l->ps);
     if (rc == 0 && !(l->perr = calloc((size_t)m->nsips, sizeof *l->perr)))
         rc = KB_ERR_NOMEM;
+    if (rc == 0 && ctx->recording) {
+        if ((l->recs = calloc((size_t)m->nsips, sizeof *l->recs)) != NULL)
+            kb_psim_on_window(l->ps, fork_window, l);
+        else
+            rc = KB_ERR_NOMEM;
+    }
     return rc ? kb_err_set(&ctx->err, rc, "launch %s: %s making its SIPs' partitions", l->name,
                            kb_strerror(rc)) : 0;
 }

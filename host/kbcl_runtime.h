@@ -90,10 +90,9 @@ typedef struct kb_ctx_opts {
     struct kb_progress *progress;
     /* Phase-1 threads (docs/parallel.md): 0 = one, the sequential engine (the default);
      * N >= 1 = a launch over several SIPs runs its SIPs as partitions of a parallel run on N
-     * threads (at most KB_CTX_MAX_THREADS) where it can: timing only (device none, no
-     * trace), system.switch.arbitration per_sip, no device queue, nothing else pending in the
-     * host's simulation. The result is the same for every N >= 1; other launches run
-     * sequentially. */
+     * threads (at most KB_CTX_MAX_THREADS) where it can: no trace, system.switch.arbitration
+     * per_sip, no device queue, nothing else pending in the host's simulation. The result,
+     * op records included, is the same for every N >= 1; other launches run sequentially. */
     int threads;
 } kb_ctx_opts;
 

@@ -87,6 +87,9 @@ struct kb_psim {
     atomic_int go;      /* 1: the started threads may begin; -1: they must quit */
     uint64_t windows;
     int running;
+    kb_psim_window_fn wfn; /* kb_psim_on_window */
+    void *wud;
+    int wrc;
 };
 
 typedef struct ps_worker {
@@ -183,6 +186,13 @@ kb_sim *kb_psim_part(kb_psim *ps, int i)
 {
     assert(i >= 0 && i < ps->nparts);
     return ps->part[i];
+}
+
+void kb_psim_on_window(kb_psim *ps, kb_psim_window_fn fn, void *ud)
+{
+    assert(!ps->running);
+    ps->wfn = fn;
+    ps->wud = ud;
 }
 
 int kb_psim_parts(const kb_psim *ps) { return ps->nparts; }
@@ -401,6 +411,16 @@ static void work(ps_worker *w)
             if (w->k == 0)
                 ps->result = rc;
             return;
+        }
+        if (ps->wfn) { /* every partition still: the window's hook */
+            if (w->k == 0)
+                ps->wrc = ps->wfn(ps, end, ps->wud);
+            bar_wait(&ps->bar);
+            if (ps->wrc) {
+                if (w->k == 0)
+                    ps->result = ps->wrc;
+                return;
+            }
         }
         if (sync && end == ts) { /* every partition has fired what comes before ts */
             if (w->k == 0)

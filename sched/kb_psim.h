@@ -75,6 +75,16 @@ typedef void (*kb_psim_sync_fn)(kb_psim *ps, kb_time t, void *ud);
 int kb_psim_sync_at(kb_psim *ps, int from, kb_time t, kb_psim_sync_fn fn, void *ud);
 
 /*
+ * After every window, once every partition has fired its events before the window's end `t`
+ * and before the next window starts: fn(ps, t, ud) on one thread while every partition stands
+ * still (what partitions buffered in the window may be gathered there, in an order of their
+ * own). A nonzero return ends the run with that code. NULL: none (the default). Set before a
+ * run.
+ */
+typedef int (*kb_psim_window_fn)(kb_psim *ps, kb_time t, void *ud);
+void kb_psim_on_window(kb_psim *ps, kb_psim_window_fn fn, void *ud);
+
+/*
  * Runs every partition until nothing is pending anywhere (events, messages, operations).
  * Returns 0; the nonzero code of a partition's kb_sim_stop (the lowest-numbered partition's
  * when several stopped in one window; every partition ends that window first; a stop with

@@ -2,8 +2,9 @@
  * Tests of launches forked over the SIPs (kb_ctx_opts.threads, docs/parallel.md): a collective
  * whose ranks span four SIPs runs its SIPs as partitions of a parallel run and gives the same
  * simulated time, events, fiber switches, kernels and windows at 1, 2, 3 and 4 threads, and
- * the simulated time of the sequential engine. A run that cannot fork (an op log, the route
- * arbitration) runs sequentially, and a bad thread count is refused. Labelled `threads`: make
+ * the simulated time of the sequential engine; recorded, its replay verifies with the
+ * sequential run's digest. A run that cannot fork (the route arbitration) runs sequentially,
+ * and a bad thread count is refused. Labelled `threads`: make
  * test-tsan runs it under ThreadSanitizer.
  */
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kb_bench.h"
@@ -94,22 +96,34 @@ static void test_same_at_any_threads(void **state)
     kb_run_report_fini(&seq);
 }
 
-/* What cannot fork runs sequentially, with the sequential result: a recording run (the op log
- * is one sequence), verified; the route arbitration (a send books the other SIP at once). */
-static void test_sequential_fallbacks(void **state)
+/* A recorded run forks too: its partitions' records are gathered into the op log after every
+ * window, and the replay gives the sequential run's verified digest and record count at every
+ * thread count. */
+static void test_recorded(void **state)
 {
     kb_run_report seq, rep;
     (void)state;
     ring_ok("per_sip", 0, KB_DEV_REF, &seq);
-    ring_ok("per_sip", 2, KB_DEV_REF, &rep);
-    assert_int_equal(rep.res.verified, 1);
-    assert_int_equal(rep.forked_launches, 0);
-    assert_true(rep.sim_time_ns == seq.sim_time_ns);
-    assert_int_equal(rep.events, seq.events);
-    assert_true(rep.res.digest == seq.res.digest);
-    kb_run_report_fini(&rep);
+    assert_int_equal(seq.res.verified, 1);
+    for (int t = 1; t <= 3; t++) {
+        ring_ok("per_sip", t, KB_DEV_REF, &rep);
+        assert_int_equal(rep.res.verified, 1);
+        assert_int_equal(rep.forked_launches, 1);
+        assert_true(rep.sim_time_ns == seq.sim_time_ns);
+        assert_int_equal(rep.events, seq.events + 1);
+        assert_int_equal(rep.records, seq.records);
+        assert_true(rep.res.digest == seq.res.digest);
+        kb_run_report_fini(&rep);
+    }
     kb_run_report_fini(&seq);
+}
 
+/* What cannot fork runs sequentially, with the sequential result: the route arbitration (a
+ * send books the other SIP at once). */
+static void test_sequential_fallbacks(void **state)
+{
+    kb_run_report seq, rep;
+    (void)state;
     ring_ok("route", 0, KB_DEV_NONE, &seq);
     ring_ok("route", 2, KB_DEV_NONE, &rep);
     assert_int_equal(rep.forked_launches, 0);
@@ -117,6 +131,49 @@ static void test_sequential_fallbacks(void **state)
     assert_int_equal(rep.events, seq.events);
     kb_run_report_fini(&rep);
     kb_run_report_fini(&seq);
+}
+
+/* A deadlock in a forked launch (every PE of a 64-rank ring only receives, over 4 SIPs):
+ * KB_ERR_DEADLOCK with every partition's blocked fibers listed after the host's, the same
+ * report at 1 and 3 threads as the sequential run's. */
+static void test_deadlock(void **state)
+{
+    char msg[3][sizeof(kb_errbuf)], *report[3];
+    (void)state;
+    for (int k = 0; k < 3; k++) {
+        const kb_bench *b = kb_bench_find("ipcq_deadlock");
+        kb_bench_args a;
+        kb_config cfg;
+        kb_run_report rep;
+        kb_errbuf eb = { { 0 } };
+        kb_ctx_opts o = { .device = KB_DEV_NONE, .threads = k == 0 ? 0 : 2 * k - 1 };
+        assert_non_null(b);
+        memset(&a, 0, sizeof a);
+        for (int i = 0; i < b->nparams; i++)
+            a.p[i] = b->params[i].dflt;
+        a.p[0] = 64; /* world_size */
+        kb_config_defaults(&cfg);
+        kbt_config_set(&cfg, "system.sips.count=4");
+        kbt_config_set(&cfg, "sip.cube_mesh.width=2");
+        kbt_config_set(&cfg, "sip.cube_mesh.height=1");
+        kbt_config_set(&cfg, "system.switch.arbitration=per_sip");
+        memset(&rep, 0, sizeof rep);
+        assert_int_equal(kb_bench_execute(&cfg, NULL, &o, b, &a, &rep, &eb), KB_ERR_DEADLOCK);
+        kbt_msg_has(eb.msg, "65 fiber(s) are blocked:\n  host: waits on signal\n  "
+                    "recv_only@sip0/cube0/pe0: waits on ipcq recv W");
+        assert_non_null(rep.report);
+        kbt_msg_has(rep.report, "recv_only@sip3/cube1/pe7: waits on ipcq recv W");
+        memcpy(msg[k], eb.msg, sizeof msg[k]);
+        report[k] = rep.report;
+        rep.report = NULL;
+        kb_run_report_fini(&rep);
+    }
+    assert_string_equal(msg[1], msg[2]);
+    assert_string_equal(msg[0], msg[1]);
+    assert_string_equal(report[1], report[2]);
+    assert_string_equal(report[0], report[1]);
+    for (int k = 0; k < 3; k++)
+        free(report[k]);
 }
 
 static void test_bad_thread_count(void **state)
@@ -136,7 +193,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_at_any_threads),
+        cmocka_unit_test(test_recorded),
         cmocka_unit_test(test_sequential_fallbacks),
+        cmocka_unit_test(test_deadlock),
         cmocka_unit_test(test_bad_thread_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

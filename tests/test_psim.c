@@ -42,6 +42,10 @@ struct phold {
     kb_time every;
     uint64_t snap[64];
     int nsnap, early, kicks;
+    /* the window hook (0: none; else the call that returns 9, or -1: none does): its calls,
+     * and the entities' digest at every window's end folded in call order */
+    int hook_stop, hooks;
+    uint64_t hook_digest;
 };
 
 static uint64_t draw(ent *e)
@@ -105,8 +109,22 @@ static void snapshot(kb_psim *ps, kb_time t, void *ud)
         w->errors++;
 }
 
+/* After every window: every partition still, nothing due before t, no clock past it. */
+static int window_hook(kb_psim *ps, kb_time t, void *ud)
+{
+    phold *w = ud;
+    for (int i = 0; i < kb_psim_parts(ps); i++) {
+        kb_time nx;
+        if ((kb_sim_next(kb_psim_part(ps, i), &nx) && nx < t) || kb_sim_now(kb_psim_part(ps, i)) >= t)
+            w->early++;
+    }
+    for (int i = 0; i < w->n; i++)
+        w->hook_digest = (w->hook_digest ^ w->e[i].hash ^ (uint64_t)t) * 0x100000001b3ull;
+    return ++w->hooks == w->hook_stop ? 9 : 0;
+}
+
 static result run_phold_every(int parts, int per, int threads, long limit, long stop_at,
-                              kb_time every)
+                              kb_time every, phold *hook)
 {
     phold w = { 0 };
     result res = { 0 };
@@ -132,6 +150,10 @@ static result run_phold_every(int parts, int per, int threads, long limit, long 
                                    (void *)(intptr_t)limit), 0);
     }
     w.every = every;
+    if (hook) {
+        w.hook_stop = hook->hook_stop;
+        kb_psim_on_window(w.ps, window_hook, &w);
+    }
     if (every)
         assert_int_equal(kb_psim_sync_at(w.ps, 0, every, snapshot, &w), 0);
     res.rc = kb_psim_run(w.ps);
@@ -145,6 +167,10 @@ static result run_phold_every(int parts, int per, int threads, long limit, long 
     res.events = kb_psim_events(w.ps);
     res.messages = kb_psim_messages(w.ps);
     res.windows = kb_psim_windows(w.ps);
+    if (hook) {
+        hook->hooks = w.hooks;
+        hook->hook_digest = w.hook_digest;
+    }
     kb_psim_destroy(w.ps);
     free(w.e);
     return res;
@@ -152,7 +178,7 @@ static result run_phold_every(int parts, int per, int threads, long limit, long 
 
 static result run_phold(int parts, int per, int threads, long limit, long stop_at)
 {
-    return run_phold_every(parts, per, threads, limit, stop_at, 0);
+    return run_phold_every(parts, per, threads, limit, stop_at, 0, NULL);
 }
 
 /* Threads 1, 2, 3, 4, 8 and 64 over 8 partitions: the same run; and the closed form of the
@@ -205,14 +231,14 @@ static void test_phold_syncs(void **state)
 {
     (void)state;
     const long limit = 200;
-    result r1 = run_phold_every(8, 16, 1, limit, 0, 7000);
+    result r1 = run_phold_every(8, 16, 1, limit, 0, 7000, NULL);
     assert_int_equal(r1.rc, 0);
     assert_int_equal(r1.events, (2u * 128u + 8u) * (uint64_t)(limit + 1));
     assert_int_equal(r1.nsnap, 64);
     assert_int_equal(r1.syncs, 64);
     assert_true(r1.snap[0] != r1.snap[63]);
     for (int t = 2; t <= 8; t *= 2) {
-        result r = run_phold_every(8, 16, t, limit, 0, 7000);
+        result r = run_phold_every(8, 16, t, limit, 0, 7000, NULL);
         assert_int_equal(r.rc, 0);
         assert_int_equal(r.digest, r1.digest);
         assert_int_equal(r.events, r1.events);
@@ -360,6 +386,31 @@ static void test_fibers_across(void **state)
     }
 }
 
+/* The window hook: once per window, after it, with every partition still and nothing due
+ * before the window's end; the same calls and states at 1, 3 and 8 threads; a nonzero return
+ * ends the run with that code at that window. */
+static void test_window_hook(void **state)
+{
+    phold h1 = { .hook_stop = -1 };
+    (void)state;
+    result r1 = run_phold_every(8, 16, 1, 40, 0, 0, &h1);
+    assert_int_equal(r1.rc, 0);
+    assert_true(h1.hooks > 10);
+    assert_int_equal((uint64_t)h1.hooks, r1.windows);
+    for (int t = 3; t <= 8; t += 5) {
+        phold h = { .hook_stop = -1 };
+        result r = run_phold_every(8, 16, t, 40, 0, 0, &h);
+        assert_int_equal(h.hooks, h1.hooks);
+        assert_true(h.hook_digest == h1.hook_digest);
+        assert_true(r.digest == r1.digest);
+    }
+    phold hs = { .hook_stop = 5 };
+    result rs = run_phold_every(8, 16, 3, 40, 0, 0, &hs);
+    assert_int_equal(rs.rc, 9);
+    assert_int_equal(hs.hooks, 5);
+    assert_int_equal(rs.windows, 5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -368,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_phold_syncs),
         cmocka_unit_test(test_post_refusals),
         cmocka_unit_test(test_fibers_across),
+        cmocka_unit_test(test_window_hook),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

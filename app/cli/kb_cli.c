@@ -865,7 +865,7 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
                 (unsigned long long)rep->windows);
     else if (rep->threads > 0) /* asked for, and nothing could use it: say why */
         fprintf(f, "  threads    %d: no launch ran partitioned (that needs a launch over several "
-                "SIPs, --device none, no --trace, system.switch.arbitration=per_sip, no device "
+                "SIPs, no --trace, system.switch.arbitration=per_sip, no device "
                 "queue and one host program: docs/parallel.md)\n", rep->threads);
     if (rep->res.have_err)
         fprintf(f, "  max_err    %.6g (bound %.6g)\n", rep->res.max_abs_err, rep->res.err_bound);

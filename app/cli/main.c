@@ -65,7 +65,7 @@ static void usage_run(FILE *f)
           "                       (docs/phase2.md)\n"
           "  --threads N          Phase-1 threads, 1-64: a launch over several SIPs runs\n"
           "                       them as partitions on N threads, one result for every N\n"
-          "                       (timing only, system.switch.arbitration=per_sip;\n"
+          "                       (system.switch.arbitration=per_sip, no --trace;\n"
           "                       docs/parallel.md); default: one engine, no partitions\n"
           "  --json FILE          write the results as JSON (atomically; never over an\n"
           "                       input of the run)\n"

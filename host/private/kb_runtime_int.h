@@ -130,7 +130,26 @@ struct kb_launch_st {
      * partition's first failure ([nsips], owned). */
     struct kb_psim *ps;
     struct kb_fork_err *perr;
+    /* a recording forked launch: each partition's records of the current window ([nsips],
+     * owned), gathered into the op log after it in (time, partition, order) (fork_window) */
+    struct kb_fork_recs *recs;
+    struct kb_fork_key *keys; /* the gathering's sort buffer (owned) */
+    size_t capkeys;
+    kb_errbuf gather_eb;      /* why gathering failed (the run's message then) */
 };
+
+/* A partition's records of the current window, with the time each was made at. */
+typedef struct kb_fork_recs {
+    kb_rec *v;
+    kb_time *t;
+    size_t n, cap;
+} kb_fork_recs;
+
+typedef struct kb_fork_key {
+    kb_time t;
+    uint32_t part;
+    uint32_t i;
+} kb_fork_key;
 
 /* A partition's first failure in a forked launch (kb_ctx_fail_in). */
 typedef struct kb_fork_err {
@@ -207,6 +226,14 @@ kb_hostproc *kb_ctx_hostproc(kb_ctx *ctx);
 /* kb_runtime.c. At a pause for a cut: marks it, and hands a pipelined backend every record so
  * far. 0, or an error set in ctx's errbuf. */
 int kb_ctx_cut(kb_ctx *ctx);
+
+/* kb_runtime.c. Appends a record a forked launch's partition made (gathered after a window,
+ * every partition still) and makes a cut when one is due: 0, or an error set in ctx's errbuf. */
+int kb_ctx_log_gathered(kb_ctx *ctx, kb_rec *r);
+
+/* kb_runtime_launch.c. Keeps a record made in a partition of forked launch l (the partition of
+ * the record's PE, whose thread runs) until the window's end: 0 or KB_ERR_NOMEM. */
+int kb_fork_record(kb_launch_st *l, const kb_rec *r);
 
 /* kb_runtime_host.c. Keeps the deadlock report of the fibers blocked in sims[0 .. nsims) (in
  * that order) at simulated time t in ctx->report, and its summary in ctx's errbuf. */
