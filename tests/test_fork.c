@@ -3,8 +3,9 @@
  * whose ranks span four SIPs runs its SIPs as partitions of a parallel run and gives the same
  * simulated time, events, fiber switches, kernels and windows at 1, 2, 3 and 4 threads, and
  * the simulated time of the sequential engine; recorded, its replay verifies with the
- * sequential run's digest. A run that cannot fork (the route arbitration) runs sequentially,
- * and a bad thread count is refused. Labelled `threads`: make
+ * sequential run's digest. A deadlock and a kernel failing in two partitions give the
+ * sequential run's report and message. A run that cannot fork (the route arbitration) runs
+ * sequentially, and a bad thread count is refused. Labelled `threads`: make
  * test-tsan runs it under ThreadSanitizer.
  */
 #include <stdarg.h>
@@ -19,6 +20,8 @@
 
 #include "kb_bench.h"
 #include "kb_ccl_config.h"
+#include "kbcl_runtime.h"
+#include "kbcl_tl.h"
 
 #include "kb_test_util.h"
 
@@ -176,6 +179,53 @@ static void test_deadlock(void **state)
         free(report[k]);
 }
 
+/* ---- a kernel failing in two partitions ---- */
+
+static void k_fail(kb_tl *tl, const kb_kargs *a)
+{
+    int s = tl_program_id(tl, 2);
+    (void)a;
+    if ((s == 1 || s == 3) && tl_program_id(tl, 0) == 0 && tl_program_id(tl, 1) == 0)
+        tl_fail(tl, KB_ERR_INVAL, "injected on SIP %d", s);
+}
+
+static int h_fail(kb_ctx *ctx, void *arg)
+{
+    kb_kargs a;
+    kb_grid all = { 0, 0, 4, 0 };
+    (void)arg;
+    memset(&a, 0, sizeof a);
+    return kb_launch(ctx, "fail", k_fail, &a, &all);
+}
+
+/* Kernels on SIPs 1 and 3 fail at the same simulated time: the run fails with SIP 1's message
+ * (the lowest-numbered failed partition's) at 1, 2 and 3 threads, as the sequential run does
+ * (SIP 1's kernels come first in its event order). */
+static void test_kernel_failure(void **state)
+{
+    char msg[4][sizeof(kb_errbuf)];
+    (void)state;
+    for (int t = 0; t <= 3; t++) {
+        kb_config cfg;
+        kb_ctx *ctx = NULL;
+        kb_errbuf eb = { { 0 } };
+        kb_ctx_opts o = { .device = KB_DEV_NONE, .threads = t };
+        kb_config_defaults(&cfg);
+        kbt_config_set(&cfg, "system.sips.count=4");
+        kbt_config_set(&cfg, "sip.cube_mesh.width=2");
+        kbt_config_set(&cfg, "sip.cube_mesh.height=1");
+        kbt_config_set(&cfg, "system.switch.arbitration=per_sip");
+        assert_int_equal(kb_ctx_create(&cfg, &o, &ctx, &eb), 0);
+        assert_int_equal(kb_ctx_run_host(ctx, h_fail, NULL), KB_ERR_INVAL);
+        kbt_msg_has(kb_ctx_errmsg(ctx), "kernel fail on sip1/cube0/pe0 at t=");
+        kbt_msg_has(kb_ctx_errmsg(ctx), ": injected on SIP 1");
+        snprintf(msg[t], sizeof msg[t], "%s", kb_ctx_errmsg(ctx));
+        kb_ctx_destroy(ctx);
+        if (t > 0)
+            assert_string_equal(msg[t], msg[0]);
+    }
+}
+
 static void test_bad_thread_count(void **state)
 {
     kb_run_report rep;
@@ -196,6 +246,7 @@ int main(void)
         cmocka_unit_test(test_recorded),
         cmocka_unit_test(test_sequential_fallbacks),
         cmocka_unit_test(test_deadlock),
+        cmocka_unit_test(test_kernel_failure),
         cmocka_unit_test(test_bad_thread_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
