@@ -9,6 +9,7 @@
  */
 #include "kb_runtime_int.h"
 
+#include "kb_progress.h"
 #include "kb_psim.h"
 #include "kb_trace.h"
 
@@ -272,9 +273,10 @@ static int key_cmp(const void *x, const void *y)
 }
 
 /*
- * After every window of a recording forked launch (every partition still): the window's
- * records into the op log, ordered by the time each was made, then partition, then order in
- * it. Whatever depends on a record was made later in simulated time (across SIPs, at least a
+ * After every window of a forked launch that records or is watched (every partition still):
+ * the progress a display shows (the latest partition clock, the events so far), and the
+ * window's records into the op log, ordered by the time each was made, then partition, then
+ * order in it. Whatever depends on a record was made later in simulated time (across SIPs, at least a
  * link's latency later), so the order is one the sequential engine could have made, and it is
  * the same for every thread count.
  */
@@ -284,7 +286,18 @@ static int fork_window(kb_psim *ps, kb_time t, void *ud)
     int n = kb_psim_parts(ps), rc = 0;
     size_t m = 0, k = 0;
     (void)t;
-    for (int i = 0; i < n; i++)
+    if (l->ctx->progress) { /* what a display shows while the context's simulation waits */
+        kb_time now = kb_sim_now(l->ctx->sim);
+        uint64_t ev = kb_ctx_events(l->ctx);
+        for (int i = 0; i < n; i++) {
+            kb_sim *p = kb_psim_part(ps, i);
+            now = kb_sim_now(p) > now ? kb_sim_now(p) : now;
+            ev += kb_sim_events(p);
+        }
+        atomic_store_explicit(&l->ctx->progress->sim_now, now, memory_order_relaxed);
+        atomic_store_explicit(&l->ctx->progress->events, ev, memory_order_relaxed);
+    }
+    for (int i = 0; i < n && l->recs; i++)
         m += l->recs[i].n;
     if (m == 0)
         return 0;
@@ -375,12 +388,10 @@ static int fork_prepare(kb_ctx *ctx, kb_launch_st *l)
     int rc = kb_psim_create(&po, &l->ps);
     if (rc == 0 && !(l->perr = calloc((size_t)m->nsips, sizeof *l->perr)))
         rc = KB_ERR_NOMEM;
-    if (rc == 0 && ctx->recording) {
-        if ((l->recs = calloc((size_t)m->nsips, sizeof *l->recs)) != NULL)
-            kb_psim_on_window(l->ps, fork_window, l);
-        else
-            rc = KB_ERR_NOMEM;
-    }
+    if (rc == 0 && ctx->recording && !(l->recs = calloc((size_t)m->nsips, sizeof *l->recs)))
+        rc = KB_ERR_NOMEM;
+    if (rc == 0 && (ctx->recording || ctx->progress))
+        kb_psim_on_window(l->ps, fork_window, l);
     return rc ? kb_err_set(&ctx->err, rc, "launch %s: %s making its SIPs' partitions", l->name,
                            kb_strerror(rc)) : 0;
 }
