@@ -1269,42 +1269,56 @@ static void test_switch_per_sip(void **s)
 }
 
 /*
- * --threads N (docs/parallel.md): with per_sip, the collective's launch runs partitioned and
- * says so, and its JSON holds the same simulated time at 1 and 3 threads; with route nothing
- * can run partitioned and the run says why; a count out of 1..64 is a usage error.
+ * --threads N|auto (docs/parallel.md): with per_sip, the collective's launch runs partitioned
+ * and says so, and its JSON holds the same simulated time at 1 and 3 threads and by default
+ * (auto: the online CPUs); --threads 0 runs one engine; with route nothing can run
+ * partitioned and a run asked for threads says why (one that was not says nothing); a count
+ * out of 0..64 is a usage error.
  */
 static void test_threads(void **s)
 {
     char out[8192];
-    double sim[2];
+    static const char *const opt[4] = { "--threads 1", "--threads 3", "", "--threads 0" };
+    double sim[4];
     (void)s;
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 4; k++) {
         char json[32];
         snprintf(json, sizeof json, "threads_%d.json", k);
         if (kbt_kbcl(out, sizeof out, "run --algorithm rhd_allreduce --world-size 32 --size 4K "
                      "--device none --set system.sips.count=4 --set sip.cube_mesh.width=2 --set "
-                     "sip.cube_mesh.height=1 --set system.switch.arbitration=per_sip --threads %d "
-                     "--json %s", 1 + 2 * k, json) != 0)
+                     "sip.cube_mesh.height=1 --set system.switch.arbitration=per_sip %s "
+                     "--json %s", opt[k], json) != 0)
             fail_msg("%s", out);
-        kbt_msg_has(out, "launch(es) ran partitioned over the SIPs");
         char *text = kbt_slurp(json);
         cJSON *j = cJSON_Parse(text);
         free(text);
         assert_non_null(j);
-        assert_int_equal(cJSON_GetObjectItem(j, "forked_launches")->valueint, 1);
-        assert_int_equal(cJSON_GetObjectItem(j, "phase1_threads")->valueint, 1 + 2 * k);
         sim[k] = cJSON_GetObjectItem(j, "sim_time_ns")->valuedouble;
+        if (k == 3) { /* one engine: no partitions, no thread fields */
+            assert_null(cJSON_GetObjectItem(j, "forked_launches"));
+            assert_null(strstr(out, "ran partitioned"));
+            cJSON_Delete(j);
+            continue;
+        }
+        kbt_msg_has(out, "launch(es) ran partitioned over the SIPs");
+        assert_int_equal(cJSON_GetObjectItem(j, "forked_launches")->valueint, 1);
+        int th = cJSON_GetObjectItem(j, "phase1_threads")->valueint;
+        assert_true(k == 2 ? th >= 1 : th == 1 + 2 * k);
         cJSON_Delete(j);
     }
-    assert_true(sim[0] == sim[1]);
+    assert_true(sim[0] == sim[1] && sim[1] == sim[2] && sim[2] == sim[3]);
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --algorithm rhd_allreduce --world-size 32 "
                               "--size 4K --device none --set system.sips.count=4 --threads 2"), 0);
     kbt_msg_has(out, "threads    2: no launch ran partitioned");
     kbt_msg_has(out, "system.switch.arbitration=per_sip");
-    assert_int_equal(kbt_kbcl(out, sizeof out, "run --device none --threads 0"), 2);
-    kbt_msg_has(out, "--threads 0: Phase-1 threads, 1 to 64");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --algorithm rhd_allreduce --world-size 32 "
+                              "--size 4K --device none --set system.sips.count=4"), 0);
+    assert_null(strstr(out, "no launch ran partitioned"));
+    assert_int_equal(kbt_kbcl(out, sizeof out, "run --device none --threads 65"), 2);
+    kbt_msg_has(out, "--threads 65: Phase-1 threads, 0 (one engine, no partitions) to 64, or "
+                "auto (the online CPUs)");
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --device none --threads 2x"), 2);
-    kbt_msg_has(out, "--threads 2x: Phase-1 threads, 1 to 64");
+    kbt_msg_has(out, "--threads 2x: Phase-1 threads");
 }
 
 /*

@@ -280,7 +280,8 @@ static int parse_cut(const char *s, size_t *cut, kb_errbuf *eb)
     return 0;
 }
 
-/* --threads N: Phase-1 threads, 1 .. KB_CTX_MAX_THREADS (NULL: 0, the sequential engine). */
+/* --threads N|auto: Phase-1 threads, 0 (the sequential engine) .. KB_CTX_MAX_THREADS, or auto:
+ * the online CPUs, at most KB_CTX_MAX_THREADS (NULL: 0). */
 static int parse_threads(const char *s, int *threads, kb_errbuf *eb)
 {
     char *end;
@@ -288,11 +289,16 @@ static int parse_threads(const char *s, int *threads, kb_errbuf *eb)
     *threads = 0;
     if (!s)
         return 0;
+    if (!strcmp(s, "auto")) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        *threads = n < 1 ? 1 : n > KB_CTX_MAX_THREADS ? KB_CTX_MAX_THREADS : (int)n;
+        return 0;
+    }
     errno = 0;
     v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < 1 || v > KB_CTX_MAX_THREADS)
-        return kb_err_set(eb, KB_ERR_USAGE, "--threads %s: Phase-1 threads, 1 to %d", s,
-                          KB_CTX_MAX_THREADS);
+    if (errno || end == s || *end || v < 0 || v > KB_CTX_MAX_THREADS)
+        return kb_err_set(eb, KB_ERR_USAGE, "--threads %s: Phase-1 threads, 0 (one engine, no "
+                          "partitions) to %d, or auto (the online CPUs)", s, KB_CTX_MAX_THREADS);
     *threads = (int)v;
     return 0;
 }
@@ -566,6 +572,7 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
         return rc;
     parse_cut(job->replay_cut, &cut, eb);
     parse_threads(job->threads, &threads, eb);
+    res->threads_asked = job->threads && strcmp(job->threads, "auto") != 0;
     if (job->trace_path) {
         if ((rc = kb_trace_create(&tr, eb)) != 0)
             return rc;
@@ -863,7 +870,7 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
         fprintf(f, "  threads    %d: %llu launch(es) ran partitioned over the SIPs, %llu windows\n",
                 rep->threads, (unsigned long long)rep->forked_launches,
                 (unsigned long long)rep->windows);
-    else if (rep->threads > 0) /* asked for, and nothing could use it: say why */
+    else if (rep->threads > 0 && res->threads_asked) /* asked for, nothing used it: say why */
         fprintf(f, "  threads    %d: no launch ran partitioned (that needs a launch over several "
                 "SIPs, no --trace, system.switch.arbitration=per_sip, no device "
                 "queue and one host program: docs/parallel.md)\n", rep->threads);

@@ -46,7 +46,8 @@ typedef struct kbcl_job {
     const char *trace_window;   /* --trace-window START:END, simulated ns, or NULL */
     const char *replay_cut;     /* --replay-cut RECORDS: kb_ctx_opts.cut_records (0 = none);
                                    NULL = the default */
-    const char *threads;        /* --threads N: kb_ctx_opts.threads; NULL = 0 (sequential) */
+    const char *threads;        /* --threads N|auto: kb_ctx_opts.threads; NULL = 0 (one engine,
+                                 * no partitions); kbcl run's default is auto */
     /* borrowed: the plugins loaded so far (the command loads KBCL_PLUGIN_PATH and --plugin
      * into it) and where ccl.yaml's plugins: load; benches and algorithms are looked up in it.
      * NULL = the built-ins only (a ccl.yaml that lists plugins is then refused). */
@@ -77,6 +78,7 @@ typedef struct kbcl_result {
      * those the filter and window left out, and the file's size */
     const char *trace_path;
     uint64_t trace_events, trace_left_out, trace_bytes;
+    int threads_asked;          /* --threads gave a count (not auto): say if nothing forked */
 } kbcl_result;
 
 /*

@@ -63,10 +63,11 @@ static void usage_run(FILE *f)
           "  --replay-cut N       op-log cut every N records (default 32768, 0 = none): a\n"
           "                       device server replays each part while Phase 1 runs on\n"
           "                       (docs/phase2.md)\n"
-          "  --threads N          Phase-1 threads, 1-64: a launch over several SIPs runs\n"
-          "                       them as partitions on N threads, one result for every N\n"
-          "                       (system.switch.arbitration=per_sip, no --trace;\n"
-          "                       docs/parallel.md); default: one engine, no partitions\n"
+          "  --threads N|auto     Phase-1 threads, 0-64: a launch over several SIPs runs\n"
+          "                       them as partitions on N threads, one result for every\n"
+          "                       N >= 1 (system.switch.arbitration=per_sip, no --trace;\n"
+          "                       docs/parallel.md); 0 = one engine, no partitions; auto\n"
+          "                       = the online CPUs  [auto]\n"
           "  --json FILE          write the results as JSON (atomically; never over an\n"
           "                       input of the run)\n"
           "  --quiet              print only the result line (and no progress line)\n"
@@ -469,6 +470,10 @@ static int cmd_run(int argc, char **argv)
         fprintf(stderr, "kbcl run: %s\n", eb.msg);
         return KBCL_EXIT_USAGE;
     }
+    /* a launch that can run partitioned does, on every core (the result is the same on any
+     * number): issue #34's default */
+    if (!job.threads)
+        job.threads = "auto";
     /* the plugins outlive everything that may point into them: the result, the report */
     if (plugins_open("run", files, nfiles, &ps) != 0)
         return KBCL_EXIT_USAGE;
