@@ -92,6 +92,16 @@ static void launch_done_event(kb_sim *sim, void *a, void *b)
 
 void kb_tl_release_all(kb_tl *tl);
 
+/* Wakes the host at the latest SIP's completion (every SIP of l has finished). */
+static void launch_done_at_last_sip(kb_sim *sim, kb_launch_st *l)
+{
+    kb_time t_done = 0;
+    for (int i = 0; i < l->grid.sips; i++)
+        t_done = l->sip_tmax[i] > t_done ? l->sip_tmax[i] : t_done;
+    if (kb_sim_at(sim, t_done, launch_done_event, l, NULL) != 0)
+        kb_signal_fire(sim, &l->done);
+}
+
 /* Completion of one PE's kernel: aggregate per cube at M_CPU, per SIP at IO_CPU. */
 static void kernel_finished(kb_tl *tl)
 {
@@ -120,11 +130,7 @@ static void kernel_finished(kb_tl *tl)
                                                       KB_CMD_BYTES);
     if (l->ps || --l->sips_left > 0) /* forked: the join takes the maximum (fork_run) */
         return;
-    kb_time t_done = 0;
-    for (int i = 0; i < l->grid.sips; i++)
-        t_done = l->sip_tmax[i] > t_done ? l->sip_tmax[i] : t_done;
-    if (kb_sim_at(ctx->sim, t_done, launch_done_event, l, NULL) != 0)
-        kb_signal_fire(ctx->sim, &l->done);
+    launch_done_at_last_sip(ctx->sim, l);
 }
 
 static void kernel_main(kb_sim *sim, void *arg)
@@ -231,12 +237,14 @@ static kb_time sip_lookahead(const kb_machine *m)
  * starts the next kernel at the latest SIP's end, and whatever else is pending in the
  * context's simulation (another host program, a timer) could act while the launch runs.
  */
-static int fork_wanted(kb_ctx *ctx, const kb_hostproc *hp, const kb_grid *g)
+/* Its lookahead when it may (a machine without inter-SIP links has none), else 0. */
+static kb_time fork_wanted(kb_ctx *ctx, const kb_hostproc *hp, const kb_grid *g)
 {
     kb_time t;
-    return ctx->threads > 0 && g->sips > 1 && ctx->m->per_sip && !ctx->trace &&
-           !ctx->trace_rec && !hp->queue && !kb_sim_next(ctx->sim, &t) &&
-           kb_sim_live_fibers(ctx->sim) == 1 && sip_lookahead(ctx->m) > 0;
+    if (ctx->threads > 0 && g->sips > 1 && ctx->m->per_sip && !ctx->trace && !ctx->trace_rec &&
+        !hp->queue && !kb_sim_next(ctx->sim, &t) && kb_sim_live_fibers(ctx->sim) == 1)
+        return sip_lookahead(ctx->m);
+    return 0;
 }
 
 int kb_fork_record(kb_launch_st *l, const kb_rec *r)
@@ -372,19 +380,15 @@ static void fork_run(kb_sim *sim, void *a, void *b)
                            l->grid.sips, kb_psim_threads(l->ps), kb_strerror(rc));
         return;
     }
-    kb_time t_done = 0;
-    for (int i = 0; i < l->grid.sips; i++)
-        t_done = l->sip_tmax[i] > t_done ? l->sip_tmax[i] : t_done;
-    if (kb_sim_at(sim, t_done, launch_done_event, l, NULL) != 0)
-        kb_signal_fire(sim, &l->done);
+    launch_done_at_last_sip(sim, l);
 }
 
-/* Makes l's partitions (one per SIP of the machine) if l is to run forked: 0, or an error. */
-static int fork_prepare(kb_ctx *ctx, kb_launch_st *l)
+/* Makes l's partitions (one per SIP of the machine) for a run forked with lookahead `look`:
+ * 0, or an error. */
+static int fork_prepare(kb_ctx *ctx, kb_launch_st *l, kb_time look)
 {
     kb_machine *m = ctx->m;
-    kb_psim_opts po = { .parts = m->nsips, .threads = ctx->threads,
-                        .lookahead = sip_lookahead(m) };
+    kb_psim_opts po = { .parts = m->nsips, .threads = ctx->threads, .lookahead = look };
     int rc = kb_psim_create(&po, &l->ps);
     if (rc == 0 && !(l->perr = calloc((size_t)m->nsips, sizeof *l->perr)))
         rc = KB_ERR_NOMEM;
@@ -452,7 +456,8 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
         rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if (fork_wanted(ctx, hp, &g) && (rc = fork_prepare(ctx, l)) != 0)
+    kb_time look = fork_wanted(ctx, hp, &g);
+    if (look > 0 && (rc = fork_prepare(ctx, l, look)) != 0)
         goto fail;
     kb_signal_init(&l->done);
     l->sips_left = g.sips;
