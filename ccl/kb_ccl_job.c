@@ -139,7 +139,8 @@ int kb_ccl_job_prepare_opts(kb_ctx *ctx, kb_ccl_job *job, const kb_ccl_algo_impl
     tiles_src ts = { inputs, 0, rps, n, o->op, ws, o->dtype };
     /* seeded tiles: row lr of SIP s is tile s*rps + lr (tiles_fill), generated where the
      * write replays (a GEN record per shard) */
-    kb_fill_gen gen = { KB_CCL_INPUT_SEED, o->op == KB_CCL_OP_PROD, ws, 0, 0, n };
+    kb_fill_gen gen = { .seed = KB_CCL_INPUT_SEED, .sign = o->op == KB_CCL_OP_PROD,
+                        .ntiles = ws, .n = n };
     kb_fill fill = { tiles_fill, &ts, NULL, 0, 0, 0, inputs ? NULL : &gen };
     for (int s = 0; s < job->layout.sips && rc == 0; s++) {
         /* one row per rank: row lr (rank s*rps + lr) on the lr-th PE of the grid, at the same

@@ -667,4 +667,71 @@ KB_MF_FN float kb_mf_deq(float x, float s, float imm, int has_scale)
     return kb_mf_mul(v, imm);
 }
 
+/*
+ * Quantized weights (host/kb_tl_q.h; a GEN record's op KB_GEN_QW quantizes where it replays):
+ * the definitions every quantizer shares, so the host's weights and the device's agree to the
+ * bit. fmt is kb_qfmt's code (KB_MF_QF_*).
+ */
+#define KB_MF_QF_F16 0u
+#define KB_MF_QF_BF16 1u
+#define KB_MF_QF_INT8 2u
+#define KB_MF_QF_MXINT8 3u
+#define KB_MF_QF_FP8E4M3 4u
+#define KB_MF_QF_FP8E5M2 5u
+#define KB_MF_QF_COUNT 6u
+#define KB_MF_MX_BLOCK 32u /* MXINT8: rows of a column sharing one E8M0 scale */
+
+/* v stored in the element type of format fmt (int8 for mxint8) and loaded back. */
+KB_MF_FN float kb_mf_qround(kb_mf_u32 fmt, float v)
+{
+    switch (fmt) {
+    case KB_MF_QF_F16: return kb_mf_h2f(kb_mf_f2h(v));
+    case KB_MF_QF_BF16: return kb_mf_bf2f(kb_mf_f2bf(v));
+    case KB_MF_QF_FP8E4M3: return kb_mf_e4m32f(kb_mf_f2e4m3(v));
+    case KB_MF_QF_FP8E5M2: return kb_mf_e5m22f(kb_mf_f2e5m2(v));
+    default: return kb_mf_i82f(kb_mf_f2i8(v));
+    }
+}
+
+/* int8 / fp8: the per-channel scale of an absolute maximum, max(amax, FLT_MIN) at most FLT_MAX
+ * times 1/Q rounded once (Q = 127, 448, 57344): CLAMP then AXPB, as tl_dot_q records it. */
+KB_MF_FN float kb_mf_qchan_scale(kb_mf_u32 fmt, float amax)
+{
+    float c = kb_mf_fmin(kb_mf_fmax(amax, 0x1p-126f), 0x1.fffffep127f);
+    float inv = fmt == KB_MF_QF_FP8E4M3 ? 0x1.24924ap-9f    /* 1/448, rounded */
+                : fmt == KB_MF_QF_FP8E5M2 ? 0x1.24924ap-16f /* 1/57344 */
+                                          : 0x1.020408p-7f; /* 1/127 */
+    return kb_mf_math1(KB_MF_M1_AXPB, c, inv, 0.0f);
+}
+
+/* MXINT8: the E8M0 scale value of a block's absolute maximum (floor of log2), and the divisor
+ * of the block's elements, the scale times 2^-6 (exact). */
+KB_MF_FN float kb_mf_qmx_scale(float amax) { return kb_mf_e8m02f(kb_mf_f2e8m0(amax)); }
+KB_MF_FN float kb_mf_qmx_div(float sv) { return kb_mf_math1(KB_MF_M1_AXPB, sv, 0x1p-6f, 0.0f); }
+
+/* The element value of x with divisor d: the quotient stored in the format's element type. */
+KB_MF_FN float kb_mf_qelem(kb_mf_u32 fmt, float x, float d)
+{
+    return kb_mf_qround(fmt, kb_mf_div(x, d));
+}
+
+/* 2:4: the positions kept of a group of four along K, the two largest magnitudes (a NaN ranks
+ * lowest, ties keep the lower position), as the metadata nibble i0 | i1 << 2 with i0 < i1. */
+KB_MF_FN kb_mf_u32 kb_mf_q24_keep(float w0, float w1, float w2, float w3)
+{
+    float m[4];
+    int k0 = -1, k1 = -1, p;
+    m[0] = w0 != w0 ? -1.0f : w0 < 0.0f ? -w0 : w0;
+    m[1] = w1 != w1 ? -1.0f : w1 < 0.0f ? -w1 : w1;
+    m[2] = w2 != w2 ? -1.0f : w2 < 0.0f ? -w2 : w2;
+    m[3] = w3 != w3 ? -1.0f : w3 < 0.0f ? -w3 : w3;
+    for (p = 0; p < 4; p++) /* strict >: ties keep the lower position */
+        if (k0 < 0 || m[p] > m[k0])
+            k0 = p;
+    for (p = 0; p < 4; p++)
+        if (p != k0 && (k1 < 0 || m[p] > m[k1]))
+            k1 = p;
+    return k0 < k1 ? (kb_mf_u32)(k0 | k1 << 2) : (kb_mf_u32)(k1 | k0 << 2);
+}
+
 #endif

@@ -34,6 +34,7 @@
 
 #include "kb_mathfn.h"
 #include "kb_resident.h"
+#include "kb_seedgen.h"
 
 _Static_assert(KB_GEMM_WM % 4 == 0 && KB_GEMM_WN % 4 == 0 && KB_GEMM_TM % KB_GEMM_WM == 0 &&
                KB_GEMM_TN % KB_GEMM_WN == 0, "gemm tile shape");
@@ -317,11 +318,30 @@ static void make_gen_entry(const kb_rec *r, kb_clent *e, uint64_t *units)
 {
     const kb_opnd *d = &r->dst, *s = r->src;
 
+    if (r->op == KB_GEN_QW) { /* the maps' payload offsets and the layout; a column per item */
+        e->off[1] = s[0].addr;
+        e->off[2] = s[1].addr;
+        e->off[3] = s[2].addr;
+        e->kdim = s[0].cols / 8u;
+        e->rs[1] = s[1].cols / KB_SEEDGEN_COL_BYTES;
+        e->rs[2] = s[2].rows;
+        e->rs[3] = s[2].cols;
+        e->cs[1] = s[2].ld;
+        if (r->flags & KB_REC_QSPARSE)
+            e->flags |= EF_QSPARSE;
+        e->rows = d->rows;
+        e->cols = d->cols;
+        e->rs[0] = d->ld;
+        *units = (d->cols + KB_OCL_EW_LOCAL - 1) / KB_OCL_EW_LOCAL;
+        return;
+    }
+
     e->off[1] = s[0].addr;
     e->off[2] = s[1].addr;
     e->off[3] = s[2].addr;
     e->kdim = s[0].rows;
     e->rs[1] = s[0].cols;
+    e->cs[1] = s[1].rows;
     e->rows = d->rows;
     e->cols = d->cols;
     e->rs[0] = d->ld;

@@ -47,6 +47,21 @@
  *           with tile0 = src[0].addr, i0 = src[1].addr, n = src[2].addr, seed = src[0].rows
  *           (nsrc 0: the sources are parameters, not operands); op KB_GEN_SIGN then applies
  *           kb_seedgen_sign with ntiles = src[0].cols (a product's inputs).
+ *           Op KB_GEN_PAT: the benches' pattern instead, element (i, j) =
+ *           kb_seedgen_pattern(p, seed, range) * imm[0] + imm[1] with p = r * ld + c, or
+ *           c * ld + r when src[1].rows is 1 (transposed), r = row0 + i, c = col0 + j,
+ *           row0 = src[0].addr, col0 = src[1].addr, ld = src[2].addr, seed = src[0].rows,
+ *           range = src[0].cols (at most KB_SEEDGEN_PAT_MAX_RANGE), imm[0] a power of two
+ *           (1/den: the product is exact), all positions in wrapping 64-bit arithmetic.
+ *           Op KB_GEN_QW: a shard of a part of a quantized weight generated from a pattern,
+ *           quantized where it replays (host/kb_tl_q.h's layouts and kb_mathfn.h's kb_mf_q*
+ *           definitions: the host's quantization, bit for bit). nsrc 2, both in the payload:
+ *           src[0] the row map (k uint64, 1 x 8k bytes), src[1] the column map (nb entries,
+ *           1 x 32nb bytes; kb_seedgen.h's kb_seedgen_col) of one k x nb copy of the weight;
+ *           src[2].rows the part (KB_SEEDGEN_QW_Q, _SCALE, _META), src[2].cols the format
+ *           (KB_MF_QF_*), flags & KB_REC_QSPARSE 2:4-sparse. dst element (i, j) is part row
+ *           (src[2].addr + i) mod P of copy column (src[2].ld + j) mod nb, P the part's rows
+ *           per copy (kb_seedgen_qw_rows); dst's dtype is the part's (kb_seedgen_qw_dtype).
  */
 #ifndef KB_OPLOG_H
 #define KB_OPLOG_H
@@ -95,7 +110,7 @@ typedef enum kb_reduce_op { KB_RED_SUM = 0, KB_RED_MAX, KB_RED_NOPS } kb_reduce_
 enum { KB_SPACE_MEM = 0, KB_SPACE_PAYLOAD = 1 };
 
 /* GEN ops */
-enum { KB_GEN_PLAIN = 0, KB_GEN_SIGN = 1 };
+enum { KB_GEN_PLAIN = 0, KB_GEN_SIGN = 1, KB_GEN_PAT = 2, KB_GEN_QW = 3 };
 
 enum { KB_REC_ACC = 1u << 0, KB_REC_AXIS0 = 1u << 1 };
 /* DEQUANT flags (number formats) */

@@ -536,6 +536,20 @@ static void exec_gen(const kb_rec *r, uint8_t *arena)
     int64_t n = (int64_t)r->src[2].addr;
     float x[ROWWISE_BLK];
 
+    if (r->op == KB_GEN_PAT) { /* row0 + i, col0 + j of a (transposed) matrix of ld columns */
+        uint64_t r0 = r->src[0].addr, c0 = r->src[1].addr, ld = r->src[2].addr;
+        int tr = r->src[1].rows != 0;
+        for (uint32_t i = 0; i < d->rows; i++)
+            for (uint32_t j = 0; j < d->cols; j += ROWWISE_BLK) {
+                size_t m = d->cols - j < ROWWISE_BLK ? d->cols - j : ROWWISE_BLK;
+                uint64_t rr = r0 + i, cc = c0 + j;
+                kb_seedgen_pattern_span(x, seed, r->src[0].cols, r->imm[0], r->imm[1],
+                                        tr ? cc * ld + rr : rr * ld + cc, tr ? ld : 1,
+                                        (int64_t)m);
+                kb_dtype_store_n((kb_dtype)d->dtype, db, (size_t)i * d->ld + j, x, m);
+            }
+        return;
+    }
     for (uint32_t i = 0; i < d->rows; i++)
         for (uint32_t j = 0; j < d->cols; j += ROWWISE_BLK) {
             size_t m = d->cols - j < ROWWISE_BLK ? d->cols - j : ROWWISE_BLK;
@@ -547,6 +561,122 @@ static void exec_gen(const kb_rec *r, uint8_t *arena)
                 kb_seedgen_sign(x, r->src[0].cols, tile, at, (int64_t)m);
             kb_dtype_store_n((kb_dtype)d->dtype, db, (size_t)i * d->ld + j, x, m);
         }
+}
+
+/* ---- GEN op KB_GEN_QW: a quantized weight's part generated and quantized here ---- */
+
+/* One column of a generated weight copy (kb_seedgen.h's maps) and its format. */
+typedef struct qw_col {
+    const uint8_t *rows; /* the row map: k little-endian uint64 */
+    kb_seedgen_col c;
+    uint64_t k;
+    unsigned fmt;
+    int sparse;
+    uint64_t blk;        /* mxint8: the block whose scale is cached (UINT64_MAX: none) */
+    float bsv, bd;       /* its scale value and divisor */
+} qw_col;
+
+static float qw_raw(const qw_col *q, uint64_t i)
+{
+    uint64_t row;
+    memcpy(&row, q->rows + 8 * i, sizeof row); /* little-endian hosts (x86-64, arm64) */
+    return kb_seedgen_mapped(row, &q->c);
+}
+
+/* Group g's four values, pruned when sparse (+0 where 2:4 drops one); its nibble. */
+static unsigned qw_group(const qw_col *q, uint64_t g, float v[4])
+{
+    unsigned keep;
+    for (unsigned p = 0; p < 4; p++)
+        v[p] = qw_raw(q, 4 * g + p);
+    keep = kb_mf_q24_keep(v[0], v[1], v[2], v[3]);
+    for (unsigned p = 0; q->sparse && p < 4; p++)
+        if (p != (keep & 3u) && p != keep >> 2)
+            v[p] = 0.0f;
+    return keep;
+}
+
+/* The largest |value| of rows [a, b) after pruning (kb_tl_q's order: ascending rows). */
+static float qw_amax(const qw_col *q, uint64_t a, uint64_t b)
+{
+    float m = 0.0f, v[4];
+    for (uint64_t i = a; i < b; i++) {
+        float x;
+        if (q->sparse) { /* a and b are multiples of 4 when sparse */
+            if ((i - a) % 4 == 0)
+                qw_group(q, i / 4, v);
+            x = v[i % 4];
+        } else {
+            x = qw_raw(q, i);
+        }
+        float ab = kb_mf_math1(KB_MF_M1_ABS, x, 0.0f, 0.0f);
+        m = i == a ? ab : kb_mf_fmax(m, ab);
+    }
+    return m;
+}
+
+/* mxint8: block b's scale value and divisor, cached for the rows after it. */
+static void qw_block(qw_col *q, uint64_t b)
+{
+    if (q->blk == b)
+        return;
+    q->blk = b;
+    q->bsv = kb_mf_qmx_scale(qw_amax(q, b * KB_MF_MX_BLOCK, (b + 1) * KB_MF_MX_BLOCK));
+    q->bd = kb_mf_qmx_div(q->bsv);
+}
+
+/* The element value of (pruned) row i's value x: rounded (f16/bf16) or quantized. */
+static float qw_elem(qw_col *q, uint64_t i, float x, float chan)
+{
+    if (q->fmt == KB_MF_QF_F16 || q->fmt == KB_MF_QF_BF16)
+        return kb_mf_qround(q->fmt, x);
+    if (q->fmt == KB_MF_QF_MXINT8) {
+        qw_block(q, i / KB_MF_MX_BLOCK);
+        return kb_mf_qelem(q->fmt, x, q->bd);
+    }
+    return kb_mf_qelem(q->fmt, x, chan);
+}
+
+/* GEN op KB_GEN_QW (kb_oplog.h): column by column, as kb_tl_q quantizes a weight. */
+static void exec_gen_qw(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
+{
+    const kb_opnd *d = &r->dst;
+    uint8_t *db = arena + d->addr;
+    const uint8_t *cm = payload + r->src[1].addr;
+    unsigned part = r->src[2].rows;
+    qw_col q = { .rows = payload + r->src[0].addr, .k = r->src[0].cols / 8u,
+                 .fmt = r->src[2].cols, .sparse = (r->flags & KB_REC_QSPARSE) != 0 };
+    uint64_t nb = r->src[1].cols / KB_SEEDGEN_COL_BYTES;
+    uint64_t prows = kb_seedgen_qw_rows(q.fmt, q.sparse, part, q.k);
+    int chan = q.fmt != KB_MF_QF_F16 && q.fmt != KB_MF_QF_BF16 && q.fmt != KB_MF_QF_MXINT8;
+
+    for (uint32_t j = 0; j < d->cols; j++) {
+        float s = 0.0f, v[4];
+        memcpy(&q.c, cm + KB_SEEDGEN_COL_BYTES * ((r->src[2].ld + (uint64_t)j) % nb), sizeof q.c);
+        q.blk = UINT64_MAX;
+        if (chan && part != KB_SEEDGEN_QW_META)
+            s = kb_mf_qchan_scale(q.fmt, qw_amax(&q, 0, q.k));
+        for (uint32_t i = 0; i < d->rows; i++) {
+            uint64_t pr = (r->src[2].addr + i) % prows;
+            float out;
+            if (part == KB_SEEDGEN_QW_SCALE) {
+                if (q.fmt == KB_MF_QF_MXINT8)
+                    qw_block(&q, pr);
+                out = q.fmt == KB_MF_QF_MXINT8 ? q.bsv : s;
+            } else if (part == KB_SEEDGEN_QW_META) {
+                unsigned byte = qw_group(&q, 2 * pr, v);
+                if (2 * pr + 1 < q.k / 4)
+                    byte |= qw_group(&q, 2 * pr + 1, v) << 4;
+                out = (float)(byte >= 128u ? (int)byte - 256 : (int)byte);
+            } else if (q.sparse) { /* kept value t of group pr / 2 */
+                unsigned keep = qw_group(&q, pr / 2, v), at = pr % 2 ? keep >> 2 : keep & 3u;
+                out = qw_elem(&q, 4 * (pr / 2) + at, v[at], s);
+            } else {
+                out = qw_elem(&q, pr, qw_raw(&q, pr), s);
+            }
+            store_at(d, db, i, j, out);
+        }
+    }
 }
 
 void kb_ref_exec(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
@@ -588,7 +718,10 @@ void kb_ref_exec(const kb_rec *r, uint8_t *arena, const uint8_t *payload)
         exec_dequant(r, arena, payload);
         break;
     case KB_REC_GEN:
-        exec_gen(r, arena);
+        if (r->op == KB_GEN_QW)
+            exec_gen_qw(r, arena, payload);
+        else
+            exec_gen(r, arena);
         break;
     default:
         break;

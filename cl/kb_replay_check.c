@@ -10,6 +10,11 @@
  */
 #include "kb_replay_int.h"
 
+#include <math.h>
+
+#include "kb_mathfn.h"
+#include "kb_seedgen.h"
+
 static unsigned nsrc_of(unsigned kind)
 {
     static const unsigned n[KB_REC_NKINDS] = { 1, 0, 1, 2, 3, 1, 1, 1, 2, 1, 1, 2,
@@ -96,6 +101,33 @@ static int check_dequant(const kb_rec *r, kb_errbuf *eb)
     return 0;
 }
 
+/* GEN op KB_GEN_QW (kb_oplog.h): two maps in the payload, a part and format whose layout the
+ * copy's rows allow, a destination of the part's dtype. */
+static int check_gen_qw(const kb_rec *r, kb_errbuf *eb)
+{
+    const kb_opnd *m = r->src;
+    unsigned part = r->src[2].rows, fmt = r->src[2].cols;
+    int sparse = (r->flags & KB_REC_QSPARSE) != 0;
+    uint64_t k = m[0].cols / 8u, nb = m[1].cols / KB_SEEDGEN_COL_BYTES;
+    for (unsigned i = 0; i < 2; i++)
+        if (m[i].space != KB_SPACE_PAYLOAD || m[i].dtype != KB_I8 || m[i].rows != 1)
+            return bad(r, eb, "gen qw: its maps are 1 x bytes i8 operands in the payload");
+    if (k == 0 || m[0].cols % 8u != 0 || nb == 0 || m[1].cols % KB_SEEDGEN_COL_BYTES != 0)
+        return bad(r, eb, "gen qw: a row map of 8-byte entries and a column map of 32-byte "
+                          "entries, neither empty");
+    if (kb_seedgen_qw_dtype(fmt, part) < 0)
+        return bad(r, eb, "gen qw: format or part out of range (or a scale for f16/bf16)");
+    if ((int)r->dst.dtype != kb_seedgen_qw_dtype(fmt, part))
+        return bad(r, eb, "gen qw: destination dtype is not the part's");
+    if ((fmt == KB_MF_QF_MXINT8 && k % KB_MF_MX_BLOCK != 0) || (sparse && k % 4 != 0))
+        return bad(r, eb, "gen qw: mxint8 needs k % 32 == 0, 2:4 sparsity k % 4 == 0");
+    if (part == KB_SEEDGEN_QW_META && !sparse)
+        return bad(r, eb, "gen qw: 2:4 metadata of a dense weight");
+    if (r->src[2].ld >= nb)
+        return bad(r, eb, "gen qw: first column past the column map");
+    return 0;
+}
+
 int kb_replay_check_rec(const kb_rec *r, kb_errbuf *eb)
 {
     const kb_opnd *d = &r->dst, *s = r->src;
@@ -106,7 +138,8 @@ int kb_replay_check_rec(const kb_rec *r, kb_errbuf *eb)
                           (unsigned long long)r->seq, (unsigned)r->kind);
     if (r->kind == KB_REC_DEQUANT
             ? r->nsrc != 1u + !!(r->flags & KB_REC_QSPARSE) + !!(r->flags & KB_REC_QSCALE)
-            : r->nsrc != nsrc_of(r->kind))
+        : r->kind == KB_REC_GEN && r->op == KB_GEN_QW ? r->nsrc != 2u /* the two maps */
+                                                      : r->nsrc != nsrc_of(r->kind))
         return bad(r, eb, "wrong number of sources");
     if (d->space != KB_SPACE_MEM)
         return bad(r, eb, "destination not in memory");
@@ -151,8 +184,22 @@ int kb_replay_check_rec(const kb_rec *r, kb_errbuf *eb)
     case KB_REC_DEQUANT:
         return check_dequant(r, eb);
     case KB_REC_GEN:
-        if (r->op > KB_GEN_SIGN)
+        if (r->op > KB_GEN_QW)
             return bad(r, eb, "gen op out of range");
+        if (r->op == KB_GEN_QW)
+            return check_gen_qw(r, eb);
+        if (r->op == KB_GEN_PAT) {
+            int ex;
+            if (r->src[0].cols > KB_SEEDGEN_PAT_MAX_RANGE || r->src[1].rows > 1)
+                return bad(r, eb, "gen pattern: range above 2^24 or transpose flag not 0/1");
+            /* far from subnormals, which a device may flush: a product is then exact and a
+             * sum a multiple of 2^-123, never below f32's least normal */
+            if (!isfinite(r->imm[0]) || r->imm[0] < 0x1p-100f || frexpf(r->imm[0], &ex) != 0.5f ||
+                !isfinite(r->imm[1]) || (r->imm[1] != 0.0f && fabsf(r->imm[1]) < 0x1p-100f))
+                return bad(r, eb, "gen pattern: the scale must be a power of two of at least "
+                                  "2^-100, the term finite and 0 or of at least 2^-100");
+            return 0;
+        }
         if (r->op == KB_GEN_SIGN && r->src[0].cols == 0)
             return bad(r, eb, "gen sign variant needs ntiles >= 1");
         return 0;

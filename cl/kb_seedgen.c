@@ -4,9 +4,12 @@
  */
 #include "kb_seedgen.h"
 
+#include <math.h>
 #include <string.h>
 
+#include "kb_dtype.h"
 #include "kb_err.h"
+#include "kb_mathfn.h"
 
 static uint32_t mix64(uint64_t x)
 {
@@ -104,4 +107,57 @@ void kb_seedgen_sign(float *x, int64_t ntiles, int64_t tile, int64_t i0, int64_t
     for (int64_t j = 0; ntiles > 0 && j < len; j++)
         if (((uint64_t)i0 + (uint64_t)j) % (uint64_t)ntiles != (uint64_t)tile)
             x[j] = x[j] < 0.0f ? -1.0f : 1.0f;
+}
+
+int32_t kb_seedgen_pattern(uint64_t i, uint32_t seed, uint32_t range)
+{
+    uint32_t h = (uint32_t)i * 2654435761u ^ (seed * 0x9e3779b9u + 0x7f4a7c15u);
+    h ^= h >> 15;
+    h *= 0x2c1b3c6du;
+    h ^= h >> 12;
+    /* in 64 bits: a range past the rule (from a log's map) gives some value, never overflow */
+    return (int32_t)((int64_t)(h % (2u * range + 1u)) - (int64_t)range);
+}
+
+void kb_seedgen_pattern_span(float *x, uint32_t seed, uint32_t range, float inv, float add,
+                             uint64_t i0, uint64_t step, int64_t len)
+{
+    for (int64_t j = 0; j < len; j++) /* product exact (inv a power of two), one rounding */
+        x[j] = (float)kb_seedgen_pattern(i0 + (uint64_t)j * step, seed, range) * inv + add;
+}
+
+float kb_seedgen_mapped(uint64_t row, const kb_seedgen_col *c)
+{
+    if (row == KB_SEEDGEN_ROW_ZERO)
+        return 0.0f;
+    return (float)kb_seedgen_pattern(row * c->rmul + c->off, c->seed, c->range) * c->inv;
+}
+
+int kb_seedgen_col_ok(const kb_seedgen_col *c)
+{
+    int ex;
+    return c->range <= KB_SEEDGEN_PAT_MAX_RANGE && isfinite(c->inv) && c->inv >= 0x1p-100f &&
+           frexpf(c->inv, &ex) == 0.5f;
+}
+
+uint64_t kb_seedgen_qw_rows(unsigned fmt, int sparse, unsigned part, uint64_t k)
+{
+    switch (part) {
+    case KB_SEEDGEN_QW_Q: return sparse ? k / 2 : k;
+    case KB_SEEDGEN_QW_SCALE: return fmt == KB_MF_QF_MXINT8 ? k / KB_MF_MX_BLOCK : 1;
+    default: return (k + 7) / 8;
+    }
+}
+
+int kb_seedgen_qw_dtype(unsigned fmt, unsigned part)
+{
+    static const int qdt[KB_MF_QF_COUNT] = { KB_F16, KB_BF16, KB_I8, KB_I8, KB_FP8E4M3,
+                                             KB_FP8E5M2 };
+    if (fmt >= KB_MF_QF_COUNT || part > KB_SEEDGEN_QW_META)
+        return -1;
+    if (part == KB_SEEDGEN_QW_Q)
+        return qdt[fmt];
+    if (part == KB_SEEDGEN_QW_META)
+        return KB_I8;
+    return fmt == KB_MF_QF_MXINT8 ? KB_E8M0 : fmt >= KB_MF_QF_INT8 ? KB_F32 : -1;
 }

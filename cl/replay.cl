@@ -869,9 +869,147 @@ static float kb_gen_value(uint seed, ulong p)
     return (float)((int)x - 2048) * 0x1p-7f;
 }
 
+/* cl/kb_seedgen.c's kb_seedgen_pattern, the same integer steps (keep the two in step). */
+static int kb_gen_pattern(ulong i, uint seed, uint range)
+{
+    uint h = (uint)i * 2654435761u ^ (seed * 0x9e3779b9u + 0x7f4a7c15u);
+    h ^= h >> 15;
+    h *= 0x2c1b3c6du;
+    h ^= h >> 12;
+    return (int)(h % (2u * range + 1u)) - (int)range;
+}
+
+/* ---- GEN op 3 (KB_GEN_QW): a quantized weight's part, generated and quantized here; the
+ * same steps as kb_ref.c's exec_gen_qw (keep the two in step). off[1] the row map, off[2] the
+ * column map (payload offsets), kdim k, rs[1] nb, rs[2] the part, rs[3] the format, cs[1] the
+ * first column, off[3] the first part row, flags EF_QSPARSE. One column per work-item. */
+
+typedef struct kb_qw {
+    global const uchar *rows;
+    ulong off, rmul, k, blk;
+    uint seed, range, fmt;
+    int sparse;
+    float inv, bsv, bd;
+} kb_qw;
+
+static ulong kb_rd64(global const uchar *p)
+{
+    ulong v = 0;
+    for (uint b = 0; b < 8u; b++)
+        v |= (ulong)p[b] << (8u * b);
+    return v;
+}
+
+static float kb_qw_raw(const kb_qw *q, ulong i)
+{
+    ulong row = kb_rd64(q->rows + 8u * i);
+    if (row == 0xFFFFFFFFFFFFFFFFUL)
+        return 0.0f;
+    return (float)kb_gen_pattern(row * q->rmul + q->off, q->seed, q->range) * q->inv;
+}
+
+static uint kb_qw_group(const kb_qw *q, ulong g, float *v)
+{
+    uint keep;
+    for (uint p = 0; p < 4u; p++)
+        v[p] = kb_qw_raw(q, 4u * g + p);
+    keep = kb_mf_q24_keep(v[0], v[1], v[2], v[3]);
+    for (uint p = 0; q->sparse && p < 4u; p++)
+        if (p != (keep & 3u) && p != keep >> 2)
+            v[p] = 0.0f;
+    return keep;
+}
+
+static float kb_qw_amax(const kb_qw *q, ulong a, ulong b)
+{
+    float m = 0.0f, v[4];
+    for (ulong i = a; i < b; i++) {
+        float x, ab;
+        if (q->sparse) {
+            if ((i - a) % 4u == 0u)
+                kb_qw_group(q, i / 4u, v);
+            x = v[i % 4u];
+        } else {
+            x = kb_qw_raw(q, i);
+        }
+        ab = kb_mf_math1(KB_MF_M1_ABS, x, 0.0f, 0.0f);
+        m = i == a ? ab : kb_mf_fmax(m, ab);
+    }
+    return m;
+}
+
+static void kb_qw_block(kb_qw *q, ulong b)
+{
+    if (q->blk == b)
+        return;
+    q->blk = b;
+    q->bsv = kb_mf_qmx_scale(kb_qw_amax(q, b * KB_MF_MX_BLOCK, (b + 1u) * KB_MF_MX_BLOCK));
+    q->bd = kb_mf_qmx_div(q->bsv);
+}
+
+static float kb_qw_elem(kb_qw *q, ulong i, float x, float chan)
+{
+    if (q->fmt == KB_MF_QF_F16 || q->fmt == KB_MF_QF_BF16)
+        return kb_mf_qround(q->fmt, x);
+    if (q->fmt == KB_MF_QF_MXINT8) {
+        kb_qw_block(q, i / KB_MF_MX_BLOCK);
+        return kb_mf_qelem(q->fmt, x, q->bd);
+    }
+    return kb_mf_qelem(q->fmt, x, chan);
+}
+
+static void kb_gen_qw_col(global const kb_ent *e, global uchar *db, global const uchar *payload,
+                          uint j)
+{
+    uint d0 = e->dt & 0xFFu, part = e->rs[2];
+    global const uchar *c = payload + e->off[2] + 32u * (ulong)((e->cs[1] + (ulong)j) % e->rs[1]);
+    kb_qw q;
+    ulong prows;
+    float s = 0.0f, v[4];
+    int chan;
+
+    q.rows = payload + e->off[1];
+    q.off = kb_rd64(c);
+    q.rmul = kb_rd64(c + 8);
+    q.seed = (uint)kb_rd64(c + 16) & 0xFFFFFFFFu;
+    q.range = (uint)(kb_rd64(c + 16) >> 32);
+    q.inv = as_float((uint)kb_rd64(c + 24) & 0xFFFFFFFFu);
+    q.k = e->kdim;
+    q.fmt = e->rs[3];
+    q.sparse = (e->flags & KB_EF_QSPARSE) != 0u;
+    q.blk = 0xFFFFFFFFFFFFFFFFUL;
+    prows = part == 0u ? (q.sparse ? q.k / 2u : q.k)
+          : part == 1u ? (q.fmt == KB_MF_QF_MXINT8 ? q.k / KB_MF_MX_BLOCK : 1u) : (q.k + 7u) / 8u;
+    chan = q.fmt != KB_MF_QF_F16 && q.fmt != KB_MF_QF_BF16 && q.fmt != KB_MF_QF_MXINT8;
+    if (chan && part != 2u)
+        s = kb_mf_qchan_scale(q.fmt, kb_qw_amax(&q, 0, q.k));
+    for (uint i = 0; i < e->rows; i++) {
+        ulong pr = (e->off[3] + i) % prows;
+        float out;
+        if (part == 1u) {
+            if (q.fmt == KB_MF_QF_MXINT8)
+                kb_qw_block(&q, pr);
+            out = q.fmt == KB_MF_QF_MXINT8 ? q.bsv : s;
+        } else if (part == 2u) {
+            uint byte = kb_qw_group(&q, 2u * pr, v);
+            if (2u * pr + 1u < q.k / 4u)
+                byte |= kb_qw_group(&q, 2u * pr + 1u, v) << 4;
+            out = (float)(byte >= 128u ? (int)byte - 256 : (int)byte);
+        } else if (q.sparse) {
+            uint keep = kb_qw_group(&q, pr / 2u, v), at = pr % 2u ? keep >> 2 : keep & 3u;
+            out = kb_qw_elem(&q, 4u * (pr / 2u) + at, v[at], s);
+        } else {
+            out = kb_qw_elem(&q, pr, kb_qw_raw(&q, pr), s);
+        }
+        kb_st(db, d0, (ulong)i * e->rs[0] + j, out);
+    }
+}
+
 /*
  * GEN (kb_oplog.h): one chunk of KB_EW_CHUNK destination elements per unit. off[1] tile0,
- * off[2] i0, off[3] n, kdim the seed, rs[1] ntiles (op 1: the sign variant).
+ * off[2] i0, off[3] n, kdim the seed, rs[1] ntiles (op 1: the sign variant). Op 2 (the
+ * benches' pattern): off[1] row0, off[2] col0, off[3] ld, kdim the seed, rs[1] range, cs[1]
+ * transposed, imm0 1/den (a power of two: the product is exact), imm1 the term added.
  */
 static void kb_gen_unit(uint kind, global const kb_ent *e, KB_ARENA_PARAMS,
                         global const uchar *payload, ulong chunk)
@@ -882,7 +1020,12 @@ static void kb_gen_unit(uint kind, global const kb_ent *e, KB_ARENA_PARAMS,
     ulong first = chunk * KB_EW_CHUNK + get_local_id(0);
 
     (void)kind;
-    (void)payload;
+    if (e->op == 3u) { /* a column per work-item */
+        ulong j = chunk * KB_EW_LOCAL + get_local_id(0);
+        if (j < e->cols)
+            kb_gen_qw_col(e, db, payload, (uint)j);
+        return;
+    }
     for (uint it = 0; it < KB_EW_PER; it++) {
         ulong idx = first + (ulong)it * KB_EW_LOCAL, row, col, tile, i;
         float v;
@@ -890,6 +1033,13 @@ static void kb_gen_unit(uint kind, global const kb_ent *e, KB_ARENA_PARAMS,
             break;
         row = idx / e->cols;
         col = idx - row * e->cols;
+        if (e->op == 2u) {
+            ulong r = e->off[1] + row, c = e->off[2] + col;
+            ulong p = e->cs[1] ? c * e->off[3] + r : r * e->off[3] + c;
+            v = (float)kb_gen_pattern(p, e->kdim, e->rs[1]) * e->imm0 + e->imm1;
+            kb_st(db, d0, row * e->rs[0] + col, v);
+            continue;
+        }
         tile = e->off[1] + row;
         i = e->off[2] + col;
         v = kb_gen_value(e->kdim, tile * e->off[3] + i);

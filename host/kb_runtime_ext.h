@@ -48,6 +48,22 @@ int kb_tensor_from_fill_periodic(kb_ctx *ctx, const kb_tensor_desc *d, const kb_
                                  int64_t prow, int64_t pcol, kb_tensor **out);
 
 /*
+ * A tensor that is a part of a quantized weight generated where it replays (a GEN record's op
+ * KB_GEN_QW per shard, kb_oplog.h): the maps of one copy of k x nb values are already in the
+ * op log's payload at rows_off (k uint64) and cols_off (nb kb_seedgen_col entries); part and
+ * fmt as kb_seedgen.h names them. Tensor row r is part row r mod (the part's rows per copy),
+ * column c copy column c mod nb. The write is timed as any host write of the tensor.
+ */
+typedef struct kb_qgen_src {
+    unsigned fmt, part;
+    int sparse;
+    uint64_t k, nb;
+    uint64_t rows_off, cols_off;
+} kb_qgen_src;
+int kb_tensor_from_qgen(kb_ctx *ctx, const kb_tensor_desc *d, const kb_qgen_src *g,
+                        kb_tensor **out);
+
+/*
  * SchedulerV2's stages for this kernel's streamed gemms (tl_dot, tl_dot_q with an operand
  * outside the PE's TCM): how many steps' tile loads may be in flight, each step's loads
  * starting once the step `stages` before it has finished computing. 2 (double buffering) is

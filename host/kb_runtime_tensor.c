@@ -12,7 +12,9 @@
 #include "kb_runtime_int.h"
 #include "kb_opencl.h"
 #include "kb_resident.h"
+#include "kb_seedgen.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -341,13 +343,48 @@ static int same_block(const kb_shard_spec *a, const kb_shard_spec *b, int64_t pr
            a->col0 % pc == b->col0 % pc;
 }
 
+/* A generated source's parameters, refused before anything is written when a backend could
+ * give other values than the host (kb_fill_gen says which). */
+static int check_gen(const kb_tensor *t, const kb_fill *src)
+{
+    const kb_fill_gen *g = src ? src->gen : NULL;
+    int ex;
+    if (!g)
+        return 0;
+    if (g->kind != KB_FILL_GEN_SEED && g->kind != KB_FILL_GEN_PATTERN)
+        return kb_err_set(&t->ctx->err, KB_ERR_INVAL, "tensor '%s': generator kind %d",
+                          t->name, g->kind);
+    if (g->kind == KB_FILL_GEN_PATTERN &&
+        (g->range > KB_SEEDGEN_PAT_MAX_RANGE || g->ld < 0 || !isfinite(g->den) ||
+         g->den < 0x1p-100f || g->den > 0x1p100f || frexpf(g->den, &ex) != 0.5f ||
+         !isfinite(g->add) || (g->add != 0.0f && fabsf(g->add) < 0x1p-100f)))
+        return kb_err_set(&t->ctx->err, KB_ERR_INVAL, "tensor '%s': a generated pattern needs "
+                          "range <= 2^24, ld >= 0, den a power of two in [2^-100, 2^100] and "
+                          "add 0 or of magnitude >= 2^-100 (range %u, ld %lld, den %g, add %g)",
+                          t->name, g->range, (long long)g->ld, (double)g->den, (double)g->add);
+    return 0;
+}
+
+/* Whether shard i of a generated weight part holds the same block of the copies as an
+ * earlier shard (*j): same shape, origin equal modulo the part's rows per copy and the copy's
+ * columns. */
+static int qg_copy_of(const kb_tensor *t, size_t i, const kb_qgen_src *qg, size_t *j)
+{
+    int64_t prow = (int64_t)kb_seedgen_qw_rows(qg->fmt, qg->sparse, qg->part, qg->k);
+    for (*j = 0; *j < i; (*j)++)
+        if (same_block(&t->shards[*j], &t->shards[i], prow, (int64_t)qg->nb))
+            return 1;
+    return 0;
+}
+
 /*
  * Times a host write of every shard and, when recording, records it: src == NULL writes
  * zeros (FILL), else a COPY from the op log's payload, which holds each distinct block once
  * (replicas share it, and so do the shards of a source periodic in (prow, pcol): 0 = not).
  * A timing-only context never looks at src's values.
  */
-static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pcol)
+static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pcol,
+                      const kb_qgen_src *qg)
 {
     kb_ctx *ctx = t->ctx;
     size_t esize = kb_dtype_size(t->dtype);
@@ -355,14 +392,20 @@ static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pc
     uint8_t *block = NULL;
     float *piece = NULL;
     uint64_t *payload_of = NULL;
+    kb_time *gen_end = NULL; /* generated shards: when their GEN record ends */
+    size_t j;
     int rc = 0;
 
     if (src && !src->fn && !src->data)
         return kb_err_set(&ctx->err, KB_ERR_INVAL, "tensor '%s': a host write with neither a "
                           "generator nor data", t->name);
-    if ((rc = check_no_queue(ctx, t, "write")) != 0)
+    if ((rc = check_no_queue(ctx, t, "write")) != 0 || (rc = check_gen(t, src)) != 0)
         return rc;
-    if (src && ctx->recording) {
+    if (qg && ctx->recording && !(gen_end = malloc(t->nshards * sizeof *gen_end))) {
+        rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if (src && !qg && ctx->recording) {
         payload_of = malloc(t->nshards * sizeof *payload_of);
         piece = src->fn && !src->gen ? malloc(KB_FILL_PIECE * sizeof *piece) : NULL;
         if (!payload_of || (src->fn && !src->gen && !piece)) {
@@ -384,7 +427,31 @@ static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pc
             continue;
         r.pe = UINT32_MAX;
         r.dst = kb_opnd_make(t->pas[i], (uint32_t)s->rows, (uint32_t)s->cols, t->dtype);
-        if (!src) {
+        if (qg && qg_copy_of(t, i, qg, &j)) {
+            /* the same block of the copies as shard j: copied from it once it is made (the
+             * replay orders records by start time, so this one starts when j's ends) */
+            r.kind = KB_REC_COPY;
+            r.nsrc = 1;
+            r.src[0] = kb_opnd_make(t->pas[j], (uint32_t)s->rows, (uint32_t)s->cols, t->dtype);
+            if (r.t_start < gen_end[j])
+                r.t_start = gen_end[j];
+            if (r.t_end < r.t_start)
+                r.t_end = r.t_start;
+        } else if (qg) { /* a quantized weight's part, generated and quantized where it replays */
+            gen_end[i] = r.t_end;
+            r.kind = KB_REC_GEN;
+            r.op = KB_GEN_QW;
+            r.nsrc = 2;
+            r.flags = qg->sparse ? KB_REC_QSPARSE : 0;
+            r.src[0] = kb_opnd_make(qg->rows_off, 1, (uint32_t)(8 * qg->k), KB_I8);
+            r.src[1] = kb_opnd_make(qg->cols_off, 1, (uint32_t)(KB_SEEDGEN_COL_BYTES * qg->nb),
+                                    KB_I8);
+            r.src[0].space = r.src[1].space = KB_SPACE_PAYLOAD;
+            r.src[2].addr = s->row0;
+            r.src[2].ld = (uint32_t)(s->col0 % qg->nb);
+            r.src[2].rows = qg->part;
+            r.src[2].cols = qg->fmt;
+        } else if (!src) {
             r.kind = KB_REC_FILL;
             r.nsrc = 0;
             r.imm[0] = 0.0f;
@@ -392,6 +459,18 @@ static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pc
             const kb_fill_gen *g = src->gen;
             r.kind = KB_REC_GEN;
             r.nsrc = 0;
+            if (g->kind == KB_FILL_GEN_PATTERN) {
+                r.op = KB_GEN_PAT;
+                r.src[0].addr = (uint64_t)(src->row0 + (int64_t)s->row0);
+                r.src[1].addr = (uint64_t)(src->col0 + (int64_t)s->col0);
+                r.src[2].addr = (uint64_t)g->ld;
+                r.src[0].rows = g->seed;
+                r.src[0].cols = g->range;
+                r.src[1].rows = g->transpose != 0;
+                r.imm[0] = 1.0f / g->den; /* exact: a power of two (check_gen) */
+                r.imm[1] = g->add;
+                goto record;
+            }
             r.op = g->sign ? KB_GEN_SIGN : KB_GEN_PLAIN;
             r.src[0].addr = (uint64_t)(g->tile0 + src->row0 + (int64_t)s->row0);
             r.src[1].addr = (uint64_t)(g->i0 + src->col0 + (int64_t)s->col0);
@@ -399,7 +478,7 @@ static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pc
             r.src[0].rows = g->seed;
             r.src[0].cols = (uint32_t)g->ntiles;
         } else {
-            size_t j, n = (size_t)(s->rows * s->cols);
+            size_t n = (size_t)(s->rows * s->cols);
             /* identical blocks (replicas, periods) share one payload */
             for (j = 0; j < i; j++)
                 if (same_block(&t->shards[j], s, prow, pcol))
@@ -423,12 +502,14 @@ static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pc
             r.src[0] = kb_opnd_make(payload_of[i], (uint32_t)s->rows, (uint32_t)s->cols, t->dtype);
             r.src[0].space = KB_SPACE_PAYLOAD;
         }
+    record:
         if ((rc = kb_ctx_record(ctx, &r)) != 0)
             goto out;
     }
 out:
     free(piece);
     free(payload_of);
+    free(gen_end);
     /* wait with nothing held: a run stopped meanwhile never resumes this fiber */
     if (rc == 0)
         wait_until(ctx, tmax);
@@ -448,7 +529,23 @@ int kb_tensor_from_fill_periodic(kb_ctx *ctx, const kb_tensor_desc *d, const kb_
         return kb_err_set(&ctx->err, KB_ERR_INVAL, "tensor '%s': negative period %lld x %lld",
                           d && d->name ? d->name : "?", (long long)prow, (long long)pcol);
     rc = kb_tensor_empty(ctx, d, out);
-    if (rc == 0 && (rc = host_write(*out, src, prow, pcol)) != 0) {
+    if (rc == 0 && (rc = host_write(*out, src, prow, pcol, NULL)) != 0) {
+        kb_tensor_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+int kb_tensor_from_qgen(kb_ctx *ctx, const kb_tensor_desc *d, const kb_qgen_src *g,
+                        kb_tensor **out)
+{
+    int rc;
+    if (!g || !d || kb_seedgen_qw_dtype(g->fmt, g->part) != (int)d->dtype || g->k == 0 ||
+        g->nb == 0 || 8 * g->k > UINT32_MAX || KB_SEEDGEN_COL_BYTES * g->nb > UINT32_MAX)
+        return kb_err_set(&ctx->err, KB_ERR_INVAL, "tensor '%s': a generated weight part that "
+                          "does not fit its layout", d && d->name ? d->name : "?");
+    rc = kb_tensor_empty(ctx, d, out);
+    if (rc == 0 && (rc = host_write(*out, NULL, 0, 0, g)) != 0) {
         kb_tensor_free(*out);
         *out = NULL;
     }
@@ -469,7 +566,7 @@ int kb_tensor_from_host(kb_ctx *ctx, const kb_tensor_desc *d, const float *data,
 
 int kb_tensor_copy_from_fill(kb_tensor *t, const kb_fill *src)
 {
-    return host_write(t, src, 0, 0);
+    return host_write(t, src, 0, 0, NULL);
 }
 
 /* Shard i is the first shard holding its block (replicas after the first are skipped). */

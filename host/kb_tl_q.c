@@ -85,27 +85,13 @@ static float qmax(kb_qfmt f)
 
 /* ---------------------------------------------------------------- scalar definitions */
 
-/* v stored into dtype dt and loaded back: the value the device holds. */
-static float as_dtype(kb_dtype dt, float v)
-{
-    unsigned char b[4];
-    kb_dtype_store(dt, b, 0, v);
-    return kb_dtype_load(dt, b, 0);
-}
-
-/* int8 / fp8 scale from an absolute maximum: CLAMP then AXPB, as tl_dot_q records them. */
-static float chan_scale(kb_qfmt f, float amax)
-{
-    float c = kb_mf_fmin(kb_mf_fmax(amax, FLT_MIN), FLT_MAX);
-    return kb_mf_math1(KB_MF_M1_AXPB, c, 1.0f / qmax(f), 0.0f);
-}
-
-/* MXINT8: the e8m0 scale value of a block maximum and the divisor of its elements. */
-static float mx_scale(float amax) { return as_dtype(KB_E8M0, amax); }
-static float mx_div(float sv) { return kb_mf_math1(KB_MF_M1_AXPB, sv, MX_ELEM_SCALE, 0.0f); }
-
-/* The element value of x quantized with divisor d (the DIV record stored into dt). */
-static float quant(kb_dtype dt, float x, float d) { return as_dtype(dt, kb_mf_div(x, d)); }
+/* The scalar definitions are kb_mathfn.h's kb_mf_q* (shared with the replay backends, which
+ * quantize a GEN record's weight where it replays); the format codes are the same. */
+_Static_assert(KB_QF_F16 == KB_MF_QF_F16 && KB_QF_BF16 == KB_MF_QF_BF16 &&
+               KB_QF_INT8 == KB_MF_QF_INT8 && KB_QF_MXINT8 == KB_MF_QF_MXINT8 &&
+               KB_QF_FP8E4M3 == KB_MF_QF_FP8E4M3 && KB_QF_FP8E5M2 == KB_MF_QF_FP8E5M2 &&
+               KB_QF_COUNT == KB_MF_QF_COUNT && MX_BLOCK == KB_MF_MX_BLOCK,
+               "kb_qfmt codes are kb_mathfn.h's");
 
 /* ---------------------------------------------------------------- host side */
 
@@ -114,21 +100,10 @@ void kb_prune_2_4(float *w, int64_t k, int64_t n)
     /* groups outer, columns inner: four rows stream side by side */
     for (int64_t g = 0; g + 4 <= k; g += 4) {
         for (int64_t j = 0; j < n; j++) {
-            float mag[4];
-            int keep0 = -1, keep1 = -1;
-            for (int p = 0; p < 4; p++) {
-                float v = w[(g + p) * n + j];
-                mag[p] = v != v ? -1.0f : fabsf(v); /* NaN ranks lowest */
-            }
-            for (int p = 0; p < 4; p++) /* strict >: ties keep the lower index */
-                if (keep0 < 0 || mag[p] > mag[keep0])
-                    keep0 = p;
-            for (int p = 0; p < 4; p++)
-                if (p != keep0 && (keep1 < 0 || mag[p] > mag[keep1]))
-                    keep1 = p;
-            assert(keep0 >= 0 && keep1 >= 0 && keep0 != keep1); /* two of four kept */
-            for (int p = 0; p < 4; p++)
-                if (p != keep0 && p != keep1)
+            unsigned keep = kb_mf_q24_keep(w[g * n + j], w[(g + 1) * n + j], w[(g + 2) * n + j],
+                                           w[(g + 3) * n + j]);
+            for (unsigned p = 0; p < 4; p++)
+                if (p != (keep & 3u) && p != keep >> 2)
                     w[(g + p) * n + j] = 0.0f;
         }
     }
@@ -222,11 +197,10 @@ static void *round_rows(void *p)
 static void quantize_rows(kb_qfmt fmt, int sparse, int64_t i0, int64_t i1, int64_t n, float *w,
                           float *q, float *deq, const float *d, const float *sc, float e)
 {
-    kb_dtype dt = kb_qfmt_dtype(fmt);
     for (int64_t i = i0; i < i1; i++) {
         float *row = w + i * n;
         for (int64_t j = 0; j < n; j++) {
-            float qv = quant(dt, row[j], d[j]);
+            float qv = kb_mf_qelem(fmt, row[j], d[j]);
             if (deq)
                 deq[i * n + j] = kb_mf_deq(qv, sc[j], e, 1);
             row[j] = qv; /* the element value, for the sparse packing */
@@ -275,12 +249,12 @@ static int quantize_weight(kb_qfmt fmt, int sparse, int64_t k, int64_t n, float 
             }
         for (int64_t j = 0; j < n; j++) {
             if (fmt == KB_QF_MXINT8) {
-                sc[j] = mx_scale(amax[j]);
-                d[j] = mx_div(sc[j]);
+                sc[j] = kb_mf_qmx_scale(amax[j]);
+                d[j] = kb_mf_qmx_div(sc[j]);
                 if (scale)
                     scale[(b / MX_BLOCK) * n + j] = sc[j];
             } else {
-                sc[j] = d[j] = chan_scale(fmt, amax[j]);
+                sc[j] = d[j] = kb_mf_qchan_scale(fmt, amax[j]);
                 if (scale)
                     scale[j] = sc[j];
             }
@@ -295,20 +269,10 @@ static int quantize_weight(kb_qfmt fmt, int sparse, int64_t k, int64_t n, float 
 /* Positions kept by kb_prune_2_4 for group g of column j of the original w. */
 static void kept_of(const float *w, int64_t n, int64_t g, int64_t j, int *i0, int *i1)
 {
-    float mag[4];
-    int keep0 = -1, keep1 = -1;
-    for (int p = 0; p < 4; p++) {
-        float v = w[(4 * g + p) * n + j];
-        mag[p] = v != v ? -1.0f : fabsf(v);
-    }
-    for (int p = 0; p < 4; p++)
-        if (keep0 < 0 || mag[p] > mag[keep0])
-            keep0 = p;
-    for (int p = 0; p < 4; p++)
-        if (p != keep0 && (keep1 < 0 || mag[p] > mag[keep1]))
-            keep1 = p;
-    *i0 = keep0 < keep1 ? keep0 : keep1;
-    *i1 = keep0 < keep1 ? keep1 : keep0;
+    unsigned keep = kb_mf_q24_keep(w[(4 * g) * n + j], w[(4 * g + 1) * n + j],
+                                   w[(4 * g + 2) * n + j], w[(4 * g + 3) * n + j]);
+    *i0 = (int)(keep & 3u);
+    *i1 = (int)(keep >> 2);
 }
 
 /*
@@ -390,8 +354,6 @@ int kb_qweight_host_values(kb_qfmt fmt, int sparse, int64_t k, int64_t n, const 
 
 int kb_qact_host_values(kb_qfmt fmt, int64_t m, int64_t k, const float *x, float *out)
 {
-    kb_dtype dt = kb_qfmt_dtype(fmt);
-
     if (!x || !out || m <= 0 || k <= 0 || (unsigned)fmt >= KB_QF_COUNT ||
         (fmt == KB_QF_MXINT8 && k % MX_BLOCK != 0))
         return KB_ERR_INVAL;
@@ -409,9 +371,9 @@ int kb_qact_host_values(kb_qfmt fmt, int64_t m, int64_t k, const float *x, float
                 float a = kb_mf_math1(KB_MF_M1_ABS, xr[c], 0.0f, 0.0f);
                 amax = c == 0 ? a : kb_mf_fmax(amax, a);
             }
-            s = chan_scale(fmt, amax);
+            s = kb_mf_qchan_scale(fmt, amax);
             for (int64_t c = 0; c < k; c++)
-                yr[c] = kb_mf_deq(quant(dt, xr[c], s), s, 1.0f, 1);
+                yr[c] = kb_mf_deq(kb_mf_qelem(fmt, xr[c], s), s, 1.0f, 1);
             continue;
         }
         for (int64_t b = 0; b < k; b += MX_BLOCK) {
@@ -420,10 +382,10 @@ int kb_qact_host_values(kb_qfmt fmt, int64_t m, int64_t k, const float *x, float
                 float a = kb_mf_math1(KB_MF_M1_ABS, xr[c], 0.0f, 0.0f);
                 amax = c == b ? a : kb_mf_fmax(amax, a);
             }
-            sv = mx_scale(amax);
-            d = mx_div(sv);
+            sv = kb_mf_qmx_scale(amax);
+            d = kb_mf_qmx_div(sv);
             for (int64_t c = b; c < b + MX_BLOCK; c++)
-                yr[c] = kb_mf_deq(quant(dt, xr[c], d), sv, MX_ELEM_SCALE, 1);
+                yr[c] = kb_mf_deq(kb_mf_qelem(fmt, xr[c], d), sv, MX_ELEM_SCALE, 1);
         }
     }
     return 0;
@@ -521,15 +483,21 @@ static void rep_fill(void *ud, int64_t row, int64_t col, int64_t rows, int64_t c
 /* A part of the weight (rows x n of its tensor) from base, the part of one of its rk x rn
  * copies (rows/rr x n/rn; rr: rk for parts with rows per K block, 1 for a per-channel scale
  * row); base NULL (timing only) writes nothing. The tensor's shards that hold the same block
- * of the copies share one payload block (kb_tensor_from_fill_periodic). */
+ * of the copies share one payload block (kb_tensor_from_fill_periodic). With qg (a generated
+ * weight) the part is generated and quantized where it replays instead. */
 static int write_part(kb_ctx *ctx, const kb_tensor_desc *d, const float *base, int64_t rr,
-                      int64_t rn, kb_tensor **out)
+                      int64_t rn, const kb_qgen_src *qg, unsigned part, kb_tensor **out)
 {
     kb_fill none = { fill_unused, NULL, NULL, 0, 0, 0, NULL };
     rep_src src = { base, d->rows / rr, d->cols / rn };
     kb_fill f = base ? kb_fill_array(base, d->cols) : none;
 
     assert(src.rows * rr == d->rows && src.cols * rn == d->cols); /* whole copies */
+    if (qg) {
+        kb_qgen_src g = *qg;
+        g.part = part;
+        return kb_tensor_from_qgen(ctx, d, &g, out);
+    }
     if (base && (rr > 1 || rn > 1)) {
         f.fn = rep_fill;
         f.ud = &src;
@@ -544,7 +512,8 @@ static int write_part(kb_ctx *ctx, const kb_tensor_desc *d, const float *base, i
  * allocated. */
 static int qweight_write(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
                          int sparse, kb_dp_policy dp, const float *q, const float *sc,
-                         const float *meta, int64_t rk, int64_t rn, kb_qweight *out)
+                         const float *meta, int64_t rk, int64_t rn, const kb_qgen_src *qg,
+                         kb_qweight *out)
 {
     kb_errbuf *eb = kb_ctx_err(ctx);
     kb_qweight qw;
@@ -564,7 +533,7 @@ static int qweight_write(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb
     snprintf(nm[1], sizeof nm[1], "%s.scale", name ? name : "qweight");
     snprintf(nm[2], sizeof nm[2], "%s.meta", name ? name : "qweight");
     kb_tensor_desc d = { nm[0], qrows, n, kb_qfmt_dtype(fmt), dp, KB_MEM_HBM };
-    if ((rc = write_part(ctx, &d, q, rk, rn, &qw.q)) != 0)
+    if ((rc = write_part(ctx, &d, q, rk, rn, qg, KB_SEEDGEN_QW_Q, &qw.q)) != 0)
         goto fail;
     if (has_scale(fmt)) {
         kb_tensor_desc ds = { nm[1], srows, n, fmt == KB_QF_MXINT8 ? KB_E8M0 : KB_F32, dp,
@@ -576,12 +545,13 @@ static int qweight_write(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb
             if (ds.dp.pe == KB_DP_ROW_WISE)
                 ds.dp.pe = KB_DP_REPLICATE;
         }
-        if ((rc = write_part(ctx, &ds, sc, fmt == KB_QF_MXINT8 ? rk : 1, rn, &qw.scale)) != 0)
+        if ((rc = write_part(ctx, &ds, sc, fmt == KB_QF_MXINT8 ? rk : 1, rn, qg,
+                              KB_SEEDGEN_QW_SCALE, &qw.scale)) != 0)
             goto fail;
     }
     if (sparse) {
         kb_tensor_desc dm = { nm[2], mrows, n, KB_I8, dp, KB_MEM_HBM };
-        if ((rc = write_part(ctx, &dm, meta, rk, rn, &qw.meta)) != 0)
+        if ((rc = write_part(ctx, &dm, meta, rk, rn, qg, KB_SEEDGEN_QW_META, &qw.meta)) != 0)
             goto fail;
     }
     if ((rc = check_shards(&qw, eb)) != 0)
@@ -616,12 +586,83 @@ static int build_base(kb_qfmt fmt, int sparse, int64_t k, int64_t n, const kb_fi
     return build_weight(fmt, sparse, kb, nb, w, *q, *sc, *meta, NULL);
 }
 
+int kb_fill_seedgen_col(const kb_fill *f, int64_t col, kb_seedgen_col *c)
+{
+    const kb_fill_gen *g = f ? f->gen : NULL;
+    uint64_t ld, sc, r0;
+    if (!g || g->kind != KB_FILL_GEN_PATTERN || g->add != 0.0f)
+        return 0;
+    ld = (uint64_t)g->ld;
+    sc = (uint64_t)(f->col0 + col);
+    r0 = (uint64_t)f->row0;
+    /* p = (row0 + r) * ld + col0 + col, or (col0 + col) * ld + row0 + r transposed */
+    *c = (kb_seedgen_col){ .off = g->transpose ? sc * ld + r0 : r0 * ld + sc,
+                           .rmul = g->transpose ? 1u : ld, .seed = g->seed, .range = g->range,
+                           .inv = 1.0f / g->den };
+    return kb_seedgen_col_ok(c);
+}
+
+/* The maps of a k x n copy into the op log's payload (qg's offsets); KB_ERR_INVAL for a
+ * column entry that breaks kb_seedgen.h's rules, KB_ERR_NOMEM. */
+static int put_maps(kb_ctx *ctx, const char *name, const kb_qw_map *map, int64_t k, int64_t n,
+                    kb_qgen_src *qg)
+{
+    kb_oplog *log = kb_ctx_oplog(ctx);
+    uint8_t *at;
+    for (int64_t j = 0; j < n; j++)
+        if (!kb_seedgen_col_ok(&map->cols[j]))
+            return kb_err_set(kb_ctx_err(ctx), KB_ERR_INVAL, "'%s': column %lld of its generated "
+                              "source has range %u and scale %g (at most 2^24, a power of two "
+                              ">= 2^-100)", name ? name : "?", (long long)j, map->cols[j].range,
+                              (double)map->cols[j].inv);
+    qg->k = (uint64_t)k;
+    qg->nb = (uint64_t)n;
+    if (kb_oplog_reserve_payload(log, (size_t)k * 8u, &qg->rows_off, &at) != 0)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "'%s': its row map", name ? name : "?");
+    memcpy(at, map->rows, (size_t)k * 8u);
+    if (kb_oplog_reserve_payload(log, (size_t)n * KB_SEEDGEN_COL_BYTES, &qg->cols_off, &at) != 0)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "'%s': its column map",
+                          name ? name : "?");
+    for (int64_t j = 0; j < n; j++)
+        memcpy(at + j * KB_SEEDGEN_COL_BYTES, &map->cols[j], KB_SEEDGEN_COL_BYTES);
+    return 0;
+}
+
+/* w's own map when it is a plain pattern (rows as they are, its columns): *rows and *cols
+ * allocated (the caller frees them), or both NULL when w is none. KB_ERR_NOMEM. */
+static int fill_map(const kb_fill *w, int64_t k, int64_t n, uint64_t **rows, kb_seedgen_col **cols)
+{
+    kb_seedgen_col c0;
+    *rows = NULL;
+    *cols = NULL;
+    if (!kb_fill_seedgen_col(w, 0, &c0))
+        return 0;
+    *rows = malloc((size_t)k * sizeof **rows);
+    *cols = malloc((size_t)n * sizeof **cols);
+    if (!*rows || !*cols)
+        return KB_ERR_NOMEM;
+    for (int64_t i = 0; i < k; i++)
+        (*rows)[i] = (uint64_t)i;
+    for (int64_t j = 0; j < n; j++)
+        if (!kb_fill_seedgen_col(w, j, &(*cols)[j])) { /* not a pattern after all */
+            free(*rows), free(*cols);
+            *rows = NULL;
+            *cols = NULL;
+            return 0;
+        }
+    return 0;
+}
+
 int kb_qweight_create_rep(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
                           int sparse, kb_dp_policy dp, const kb_fill *w, int64_t rk, int64_t rn,
-                          kb_qweight *out)
+                          const kb_qw_map *map, kb_qweight *out)
 {
     kb_errbuf *eb = kb_ctx_err(ctx);
     float *q = NULL, *sc = NULL, *meta = NULL;
+    uint64_t *own_rows = NULL;
+    kb_seedgen_col *own_cols = NULL;
+    kb_qgen_src qg = { .fmt = (unsigned)fmt, .sparse = sparse };
+    kb_qw_map own = { NULL, NULL }; /* w's own map (outlives the block that makes it) */
     int rc;
 
     if (!out || !w)
@@ -636,23 +677,59 @@ int kb_qweight_create_rep(kb_ctx *ctx, const char *name, int64_t k, int64_t n, k
     if (dp.mode != KB_DP_BLOCK)
         return kb_err_set(eb, KB_ERR_INVAL, "kb_qweight_create: '%s': tiled dp is not "
                           "supported for quantized weights", name ? name : "?");
-    if (kb_ctx_recording(ctx) && /* the values are only consulted when recording */
-        (rc = build_base(fmt, sparse, k, n, w, rk, rn, &q, &sc, &meta)) != 0) {
+    if (!kb_ctx_recording(ctx)) { /* the values are only consulted when recording */
+        rc = qweight_write(ctx, name, k, n, fmt, sparse, dp, NULL, NULL, NULL, rk, rn, NULL, out);
+        goto out;
+    }
+    /* generated where it replays when the source is a pattern (given or w's own map) */
+    if (!map) {
+        if ((rc = fill_map(w, k / rk, n / rn, &own_rows, &own_cols)) != 0) {
+            rc = kb_err_set(eb, rc, "kb_qweight_create: '%s': its map", name ? name : "?");
+            goto out;
+        }
+        own.rows = own_rows;
+        own.cols = own_cols;
+        if (own_rows)
+            map = &own;
+    }
+    if (map) {
+        if ((rc = put_maps(ctx, name, map, k / rk, n / rn, &qg)) == 0)
+            rc = qweight_write(ctx, name, k, n, fmt, sparse, dp, NULL, NULL, NULL, rk, rn, &qg,
+                               out);
+        goto out;
+    }
+    if ((rc = build_base(fmt, sparse, k, n, w, rk, rn, &q, &sc, &meta)) != 0) {
         rc = kb_err_set(eb, rc, "kb_qweight_create: host buffers");
         goto out;
     }
-    rc = qweight_write(ctx, name, k, n, fmt, sparse, dp, q, sc, meta, rk, rn, out);
+    rc = qweight_write(ctx, name, k, n, fmt, sparse, dp, q, sc, meta, rk, rn, NULL, out);
 out:
     free(q);
     free(sc);
     free(meta);
+    free(own_rows);
+    free(own_cols);
     return rc;
 }
 
 int kb_qweight_create(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
                       int sparse, kb_dp_policy dp, const kb_fill *w, kb_qweight *out)
 {
-    return kb_qweight_create_rep(ctx, name, k, n, fmt, sparse, dp, w, 1, 1, out);
+    return kb_qweight_create_rep(ctx, name, k, n, fmt, sparse, dp, w, 1, 1, NULL, out);
+}
+
+int kb_tensor_from_map(kb_ctx *ctx, const kb_tensor_desc *d, const kb_qw_map *map,
+                       kb_tensor **out)
+{
+    kb_qgen_src qg = { .fmt = d->dtype == KB_BF16 ? KB_QF_BF16 : KB_QF_F16,
+                       .part = KB_SEEDGEN_QW_Q, .k = (uint64_t)d->rows, .nb = (uint64_t)d->cols };
+    int rc;
+    if (d->dtype != KB_F16 && d->dtype != KB_BF16)
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_INVAL, "tensor '%s': a generated tensor is f16 "
+                          "or bf16", d->name ? d->name : "?");
+    if (kb_ctx_recording(ctx) && (rc = put_maps(ctx, d->name, map, d->rows, d->cols, &qg)) != 0)
+        return rc;
+    return kb_tensor_from_qgen(ctx, d, &qg, out);
 }
 
 /* ---------------------------------------------------------------- gemm-unit time */

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "kb_config.h"
+#include "kb_seedgen.h"
 #include "kb_runtime.h"
 #include "kb_tl.h"
 
@@ -53,6 +54,25 @@ typedef struct kb_qweight {
                         * (kb_oplog.h DEQUANT); else NULL */
 } kb_qweight;
 
+/*
+ * A weight's values as a gather of pattern matrices (kb_seedgen.h): element (i, j) of one copy
+ * is kb_seedgen_mapped(rows[i], &cols[j]). A recording kb_qweight_create_rep given one (or
+ * whose w is itself a pattern, kb_fill_seedgen_col) records the weight as GEN records that
+ * quantize where they replay (op KB_GEN_QW: no payload but the maps, no host quantization);
+ * w must still give the same values, for host references.
+ */
+typedef struct kb_qw_map {
+    const uint64_t *rows;         /* a copy's rows: source rows, KB_SEEDGEN_ROW_ZERO for 0 */
+    const kb_seedgen_col *cols;   /* a copy's columns */
+} kb_qw_map;
+/* Column col of a pattern fill (a kb_fill_gen of kind KB_FILL_GEN_PATTERN without a term) as a
+ * map entry, with rows counted from the fill's origin; 0 (c unspecified) when f is none. */
+int kb_fill_seedgen_col(const kb_fill *f, int64_t col, kb_seedgen_col *c);
+/* An f16 / bf16 tensor (its rows x cols one copy) whose values are map's, generated where it
+ * replays (a GEN record per shard). KB_ERR_INVAL for another dtype. */
+int kb_tensor_from_map(kb_ctx *ctx, const kb_tensor_desc *d, const kb_qw_map *map,
+                       kb_tensor **out);
+
 /* Quantizes w (K x N, evaluated only when the context records) into new tensors; on error
  * nothing is left allocated. KB_ERR_INVAL for bad sizes (message in kb_ctx_err). w's fn (as
  * kb_qweight_host_values') is called on blocks of rows from several threads at once: it must
@@ -66,7 +86,7 @@ int kb_qweight_create(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qf
  * mxint8 and of 8 for 2:4 when rk > 1; KB_ERR_INVAL otherwise). */
 int kb_qweight_create_rep(kb_ctx *ctx, const char *name, int64_t k, int64_t n, kb_qfmt fmt,
                           int sparse, kb_dp_policy dp, const kb_fill *w, int64_t rk, int64_t rn,
-                          kb_qweight *out);
+                          const kb_qw_map *map, kb_qweight *out);
 void kb_qweight_free(kb_qweight *w);
 
 /* Host-side: the dequantized (and pruned) f32 values the device weight holds, K x N, for

@@ -210,12 +210,24 @@ KB_API int kb_tensor_from_host(kb_ctx *ctx, const kb_tensor_desc *d, const float
  */
 typedef void (*kb_fill_fn)(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols,
                            float *out);
-/* Source element (row, col) = kb_seedgen_value(seed, tile0 + row, i0 + col, n), then
- * kb_seedgen_sign(ntiles) when sign is set. */
+/* Source element (row, col) of kind KB_FILL_GEN_SEED (0) = kb_seedgen_value(seed, tile0 + row,
+ * i0 + col, n), then kb_seedgen_sign(ntiles) when sign is set. Kind KB_FILL_GEN_PATTERN (the
+ * benches' kb_bench_pattern, kb_seedgen_pattern) = kb_seedgen_pattern(p, seed, range) / den +
+ * add with p = row * ld + col, or col * ld + row when transpose is set; den must be a power of
+ * two from 2^-100 to 2^100 and add 0 or of magnitude at least 2^-100 (the values are then the
+ * same on every backend; a write refuses other values with KB_ERR_INVAL). Fields of the other
+ * kind are ignored. */
+enum { KB_FILL_GEN_SEED = 0, KB_FILL_GEN_PATTERN = 1 };
 typedef struct kb_fill_gen {
     uint32_t seed;
     int sign;
     int64_t ntiles, tile0, i0, n;
+    /* plugin ABI 10: */
+    int kind;           /* KB_FILL_GEN_SEED or KB_FILL_GEN_PATTERN */
+    int transpose;
+    uint32_t range;     /* at most 2^24 */
+    float den, add;
+    int64_t ld;
 } kb_fill_gen;
 typedef struct kb_fill {
     kb_fill_fn fn;

@@ -29,6 +29,7 @@
 
 #include "kb_clcache.h"
 #include "kb_mathfn.h"
+#include "kb_seedgen.h"
 #include "kb_opencl.h"
 #include "kb_replay.h"
 #include "kb_resident.h"
@@ -840,6 +841,59 @@ static void test_nn_kinds(void **state)
         r.src[0].cols = 5;
         r.dst = kb_opnd_make(out, shp[k % 4][0], shp[k % 4][1], (kb_dtype)(k % 3));
         r.dst.ld = shp[k % 4][1] + (uint32_t)(k % 2) * 3;
+        pair_append(&p, &r);
+        out += (kb_opnd_span(&r.dst) + 64) & ~(uint64_t)63;
+    }
+    { /* GEN op 3: a quantized weight's parts generated where they replay, every format, dense
+       * and 2:4, shards starting inside a copy; maps with a zero row and a transposed source */
+        enum { K = 64, NB = 6 };
+        uint64_t rows[K];
+        kb_seedgen_col cols[NB];
+        for (int i = 0; i < K; i++)
+            rows[i] = i == 9 ? KB_SEEDGEN_ROW_ZERO : (uint64_t)(i * 7 % 97) + (UINT64_C(1) << 33);
+        for (int j = 0; j < NB; j++)
+            cols[j] = (kb_seedgen_col){ .off = (uint64_t)j * 131, .rmul = j % 2 ? 1u : 500u,
+                                        .seed = 40u + (uint32_t)j, .range = j % 3 ? 8u : 300u,
+                                        .inv = j % 2 ? 0x1p-6f : 0x1p-3f };
+        uint64_t roff = pair_payload(&p, rows, sizeof rows);
+        uint64_t coff = pair_payload(&p, cols, sizeof cols);
+        for (unsigned fmt = 0; fmt < KB_MF_QF_COUNT; fmt++)
+            for (unsigned sp = 0; sp < 2; sp++)
+                for (unsigned part = 0; part < 3; part++) {
+                    int dt = kb_seedgen_qw_dtype(fmt, part);
+                    uint64_t pr = kb_seedgen_qw_rows(fmt, (int)sp, part, K);
+                    if (dt < 0 || (part == KB_SEEDGEN_QW_META && !sp))
+                        continue;
+                    kb_rec r = kbt_rec_new(KB_REC_GEN, t++);
+                    r.op = KB_GEN_QW;
+                    r.nsrc = 2;
+                    r.flags = sp ? KB_REC_QSPARSE : 0;
+                    r.src[0] = kb_opnd_make(roff, 1, 8 * K, KB_I8);
+                    r.src[1] = kb_opnd_make(coff, 1, KB_SEEDGEN_COL_BYTES * NB, KB_I8);
+                    r.src[0].space = r.src[1].space = KB_SPACE_PAYLOAD;
+                    r.src[2].addr = pr > 1 ? pr / 2 + 1 : 0; /* wraps into the next copy */
+                    r.src[2].ld = 4;                         /* and past the last column */
+                    r.src[2].rows = part;
+                    r.src[2].cols = fmt;
+                    r.dst = kb_opnd_make(out, (uint32_t)(pr > 1 ? pr : 2), 5, (kb_dtype)dt);
+                    r.dst.ld = 7;
+                    pair_append(&p, &r);
+                    out += (kb_opnd_span(&r.dst) + 64) & ~(uint64_t)63;
+                }
+    }
+    for (int k = 0; k < 6; k++) { /* GEN op 2: the benches' pattern, plain and transposed */
+        static const uint32_t shp[][2] = { { 1, 1 }, { 4, 5000 }, { 9, 33 } };
+        kb_rec r = kbt_rec_new(KB_REC_GEN, t++);
+        r.op = KB_GEN_PAT;
+        r.src[0].addr = (uint64_t)k * 7;            /* row0 */
+        r.src[1].addr = UINT64_C(1) << (30 + k);    /* col0: positions past 2^32 too */
+        r.src[2].addr = 6000;                       /* ld */
+        r.src[0].rows = 21 + (uint32_t)k;           /* seed */
+        r.src[0].cols = k % 2 ? 1000 : 8;           /* range */
+        r.src[1].rows = (uint32_t)(k / 3);          /* transposed */
+        r.imm[0] = k % 2 ? 0x1p-10f : 0x1p-4f;
+        r.imm[1] = k == 2 ? -1.0f : 0.0f;
+        r.dst = kb_opnd_make(out, shp[k % 3][0], shp[k % 3][1], (kb_dtype)(k % 3));
         pair_append(&p, &r);
         out += (kb_opnd_span(&r.dst) + 64) & ~(uint64_t)63;
     }

@@ -20,6 +20,7 @@
 
 #include "kb_runtime.h"
 #include "kb_runtime_ext.h"
+#include "kb_seedgen.h"
 #include "kb_tl.h"
 #include "kb_tl_gemm.h"
 #include "kb_test_util.h"
@@ -1643,6 +1644,91 @@ static void test_fill_sources(void **state)
     free(ion);
 }
 
+/* ---- a generated pattern (kb_fill_gen, KB_FILL_GEN_PATTERN) ---- */
+
+typedef struct pat_io {
+    kb_fill_gen g;
+    int64_t calls;
+    int bad_rc;
+    float plain[6 * 10], tr[10 * 6];
+} pat_io;
+
+/* The host's copy of the pattern (readers of a fill use fn): den 16, term 0.5. */
+static float pat_val(const kb_fill_gen *g, int64_t r, int64_t c)
+{
+    uint64_t p = g->transpose ? (uint64_t)(c * g->ld + r) : (uint64_t)(r * g->ld + c);
+    return (float)kb_seedgen_pattern(p, g->seed, g->range) / g->den + g->add;
+}
+
+static void pat_fill(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols, float *out)
+{
+    pat_io *io = ud;
+    io->calls++;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++)
+            out[i * cols + j] = pat_val(&io->g, row + i, col + j);
+}
+
+static int h_pattern(kb_ctx *ctx, void *arg)
+{
+    pat_io *io = arg;
+    kb_dp_policy grid = kb_dp(KB_DP_ROW_WISE, KB_DP_COLUMN_WISE, 0, 0);
+    kb_tensor_desc d = desc("p", 6, 10, KB_F16, grid), dt = desc("pt", 10, 6, KB_F32, grid);
+    kb_fill f = { pat_fill, io, NULL, 0, 0, 0, &io->g };
+    kb_fill at = kb_fill_at(f, 3, 7); /* element (r, c) is source (3 + r, 7 + c) */
+    kb_tensor *a, *b, *bad = NULL;
+    int rc;
+
+    if ((rc = kb_tensor_from_fill(ctx, &d, &at, &a)) != 0 || (rc = kb_tensor_read(a, io->plain)) != 0)
+        return rc;
+    io->g.transpose = 1;
+    if ((rc = kb_tensor_from_fill(ctx, &dt, &at, &b)) != 0 || (rc = kb_tensor_read(b, io->tr)) != 0)
+        return rc;
+    io->g.den = 3.0f; /* not a power of two: refused before anything is written */
+    io->bad_rc = kb_tensor_from_fill(ctx, &d, &f, &bad);
+    return bad ? KB_ERR_STATE : 0;
+}
+
+/*
+ * A recording host write from a generated pattern records one GEN record per shard and no
+ * payload, never asks the host generator, and replays to the pattern's values at the fill's
+ * offset, plain and transposed; a den that is no power of two is refused with its value.
+ */
+static void test_fill_pattern_gen(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    pat_io *io = calloc(1, sizeof *io);
+    (void)state;
+    assert_non_null(io);
+    io->g = (kb_fill_gen){ .seed = 22, .kind = KB_FILL_GEN_PATTERN, .range = 40, .den = 16.0f,
+                           .add = 0.5f, .ld = 50 };
+    assert_int_equal(kb_ctx_run_host(ctx, h_pattern, io), 0);
+    assert_int_equal(io->bad_rc, KB_ERR_INVAL);
+    assert_non_null(strstr(kb_ctx_errmsg(ctx), "den 3"));
+    assert_int_equal(io->calls, 0);
+    assert_int_equal(kb_oplog_payload_size(kb_ctx_oplog(ctx)), 0);
+    size_t gens = 0, n = kb_oplog_count(kb_ctx_oplog(ctx));
+    for (size_t i = 0; i < n; i++) { /* every write a GEN, every other record a read */
+        const kb_rec *r = kb_oplog_at(kb_ctx_oplog(ctx), i);
+        gens += r->kind == KB_REC_GEN;
+        assert_true(r->kind == KB_REC_GEN || r->dst.space == KB_SPACE_PAYLOAD ||
+                    r->src[0].space != KB_SPACE_PAYLOAD);
+    }
+    assert_true(gens >= 16); /* one per shard: a 6 x 10 grid tensor has 8 blocks */
+    kb_fill_gen g = io->g;
+    g.den = 16.0f;
+    g.transpose = 0; /* f16 holds these values exactly (steps of 1/16 below 3) */
+    for (int64_t r = 0; r < 6; r++)
+        for (int64_t c = 0; c < 10; c++)
+            assert_true(io->plain[r * 10 + c] == pat_val(&g, 3 + r, 7 + c));
+    g.transpose = 1;
+    for (int64_t r = 0; r < 10; r++)
+        for (int64_t c = 0; c < 6; c++)
+            assert_true(io->tr[r * 6 + c] == pat_val(&g, 3 + r, 7 + c));
+    kb_ctx_destroy(ctx);
+    free(io);
+}
+
 static int h_host_times(kb_ctx *ctx, void *arg)
 {
     probe *p = arg;
@@ -1710,6 +1796,7 @@ int main(void)
         cmocka_unit_test(test_scatter_gather_2d),
         cmocka_unit_test(test_device_none),
         cmocka_unit_test(test_fill_sources),
+        cmocka_unit_test(test_fill_pattern_gen),
         cmocka_unit_test(test_host_write_read_time),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

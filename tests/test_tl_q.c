@@ -587,7 +587,7 @@ static int h_rep(kb_ctx *ctx, void *arg)
     if ((rc = kb_qweight_create(ctx, "a", k, n, c->fmt, c->sparse, one, &ff, &a)) == 0 &&
         (r1 = kb_oplog_count(log),
          rc = kb_qweight_create_rep(ctx, "b", k, n, c->fmt, c->sparse, one, &fb, c->rk, c->rn,
-                                    &b)) == 0) {
+                                    NULL, &b)) == 0) {
         /* split into column blocks, the shards of one copy are all the payload blocks: b's
          * records name rn times fewer than a's, whose shards all differ */
         size_t na = payload_blocks(log, r0, r1), nb = payload_blocks(log, r1, kb_oplog_count(log));
@@ -606,6 +606,107 @@ static int h_rep(kb_ctx *ctx, void *arg)
     free(base);
     free(full);
     return rc;
+}
+
+/* ---- a weight generated and quantized where it replays (GEN op KB_GEN_QW) ---- */
+
+enum { GK = 128, GN = 8 };
+
+typedef struct gen_case {
+    rep_case c;
+    uint64_t rows[GK];
+    kb_seedgen_col cols[GN];
+} gen_case;
+
+static void map_fill(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols, float *out)
+{
+    const gen_case *g = ud;
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++)
+            out[i * cols + j] = kb_seedgen_mapped(g->rows[(row + i) % GK], &g->cols[(col + j) % GN]);
+}
+
+static int h_gen(kb_ctx *ctx, void *arg)
+{
+    gen_case *g = arg;
+    const rep_case *c = &g->c;
+    int64_t k = GK * c->rk, n = GN * c->rn;
+    float *full = malloc((size_t)(k * n) * sizeof *full);
+    kb_dp_policy dp = c->split ? kb_dp(KB_DP_COLUMN_WISE, KB_DP_ROW_WISE, 2, 4)
+                               : kb_dp(KB_DP_REPLICATE, KB_DP_REPLICATE, 1, 1);
+    kb_oplog *log = kb_ctx_oplog(ctx);
+    kb_fill fm = { map_fill, g, NULL, 0, 0, 0, NULL };
+    kb_qw_map map = { g->rows, g->cols };
+    kb_qweight a, b;
+    size_t r1 = 0, gens = 0, copies = 0;
+    int rc;
+    if (!full)
+        return KB_ERR_NOMEM;
+    map_fill(g, 0, 0, k, n, full);
+    kb_fill ff = kb_fill_array(full, n);
+    memset(&a, 0, sizeof a);
+    if ((rc = kb_qweight_create(ctx, "a", k, n, c->fmt, c->sparse, dp, &ff, &a)) == 0 &&
+        (r1 = kb_oplog_count(log),
+         rc = kb_qweight_create_rep(ctx, "b", k, n, c->fmt, c->sparse, dp, &fm, c->rk, c->rn,
+                                    &map, &b)) == 0) {
+        for (size_t i = r1; i < kb_oplog_count(log); i++) {
+            const kb_rec *r = kb_oplog_at(log, i);
+            gens += r->kind == KB_REC_GEN && r->op == KB_GEN_QW;
+            /* replicas copy a generated shard; nothing comes from the payload */
+            copies += r->kind == KB_REC_COPY && r->src[0].space == KB_SPACE_PAYLOAD;
+        }
+        if (gens == 0 || copies != 0)
+            rc = kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "format %d sparse %d: %zu generated "
+                            "records, %zu copies from the payload", (int)c->fmt, c->sparse, gens,
+                            copies);
+        else if (!same_raw(a.q, b.q) || !same_raw(a.scale, b.scale) || !same_raw(a.meta, b.meta))
+            rc = kb_err_set(kb_ctx_err(ctx), KB_ERR_STATE, "format %d sparse %d rk %lld rn %lld "
+                            "split %d: generated and host-quantized weights differ", (int)c->fmt,
+                            c->sparse, (long long)c->rk, (long long)c->rn, c->split);
+        kb_qweight_free(&b);
+    }
+    kb_qweight_free(&a);
+    free(full);
+    return rc;
+}
+
+/*
+ * A weight whose source is a gather of two pattern matrices (rows permuted, two zero rows, one
+ * source transposed), generated and quantized where it replays, holds the bytes the host's
+ * quantization of the same values gives: every format, dense and 2:4, copies, and shards of
+ * rows and columns (so a record starts inside a copy). Its records are GEN records only.
+ */
+static void test_generated(void **state)
+{
+    static const kb_qfmt fmts[] = { KB_QF_F16, KB_QF_BF16, KB_QF_INT8, KB_QF_MXINT8,
+                                    KB_QF_FP8E4M3, KB_QF_FP8E5M2 };
+    static const int64_t reps[][2] = { { 1, 1 }, { 2, 3 } };
+    kb_config cfg;
+    gen_case *g = calloc(1, sizeof *g);
+    (void)state;
+    assert_non_null(g);
+    for (int i = 0; i < GK; i++)
+        g->rows[i] = i == 7 || i == 21 ? KB_SEEDGEN_ROW_ZERO : (uint64_t)((i * 5 + 3) % 100);
+    for (int j = 0; j < GN; j++) {
+        kb_fill_gen pa = { .kind = KB_FILL_GEN_PATTERN, .seed = 91, .range = 8, .den = 64.0f,
+                           .ld = 40 };
+        kb_fill_gen pb = { .kind = KB_FILL_GEN_PATTERN, .seed = 92, .range = 100, .den = 32.0f,
+                           .ld = 100, .transpose = 1 };
+        kb_fill f = { NULL, NULL, NULL, 0, 2, 1, j % 2 ? &pb : &pa };
+        assert_true(kb_fill_seedgen_col(&f, (j * 3) % 30, &g->cols[j]));
+    }
+    kbt_config_with(&cfg, small_machine, sizeof small_machine / sizeof small_machine[0]);
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++)
+        for (int sp = 0; sp <= 1; sp++)
+            for (int split = 0; split <= 1; split++)
+                for (int rp = 0; rp < 2; rp++) {
+                    g->c = (rep_case){ fmts[f], sp, GK, GN, reps[rp][0], reps[rp][1], split };
+                    kb_ctx *ctx = kbt_ctx_from(&cfg, &(kb_ctx_opts){ .device = KB_DEV_REF });
+                    if (kb_ctx_run_host(ctx, h_gen, g) != 0)
+                        fail_msg("%s", kb_ctx_errmsg(ctx));
+                    kb_ctx_destroy(ctx);
+                }
+    free(g);
 }
 
 static void test_repeated(void **state)
@@ -651,6 +752,7 @@ int main(void)
         cmocka_unit_test(test_column_split),
         cmocka_unit_test(test_row_split),
         cmocka_unit_test(test_repeated),
+        cmocka_unit_test(test_generated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

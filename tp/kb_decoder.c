@@ -419,6 +419,68 @@ typedef struct dec_fill {
 
 enum { DF_QKV, DF_WO_ATT, DF_WO_COMB, DF_KC, DF_VC, DF_COS, DF_SIN };
 
+/*
+ * Where a placed element comes from, for the gathered kinds (QKV, W_o, K/V caches): row R of
+ * the placed tensor is source row dec_row(f, R) (-1: a row of zeros), column C is column *scol
+ * of source dec_col(f, C, scol) (0..2: wq, wk, wv or the one source). One definition for the
+ * host's values (dec_fill_fn) and the maps of tensors generated where they replay (dec_map).
+ * QKV gathers columns only, W_o rows only.
+ */
+static int64_t dec_row(const dec_fill *f, int64_t R)
+{
+    const kb_decoder_plan *pl = f->pl;
+    int64_t hd = pl->hd;
+    switch (f->what) {
+    case DF_WO_ATT:  /* (att.n * hd) x d: PE j's hd rows = W_o rows of its item's head */
+        if (pl->hg > 1) /* machine: the rank's rows per item */
+            return pl->q0 * hd + R % (pl->hg * hd);
+        else {
+            int64_t j = R / hd, it = j < pl->items ? j : pl->items - 1;
+            return (pl->q0 + (it / pl->qb) % pl->nq) * hd + R % hd;
+        }
+    case DF_WO_COMB: { /* (comb.n * nrep*hd) x d: PE j's rows = W_o rows of its group's heads */
+        int64_t k = pl->nrep * hd, j = R / k, g = j % pl->nkv;
+        return (pl->q0 + g * pl->nrep) * hd + R % k;
+    }
+    case DF_KC: /* (att.n * clen) x hd: PE j's rows = its chunk's cached positions */
+    case DF_VC: {
+        int64_t j = R / pl->clen, pp = R % pl->clen;
+        int64_t b = j / (pl->nkv * pl->chunks), g = (j / pl->chunks) % pl->nkv;
+        int64_t pos = (j % pl->chunks) * pl->clen + pp;
+        if (j >= pl->items || pos >= f->o->kv_len)
+            return -1;
+        return (b * f->mc->n_kv_heads + pl->kv0 + g) * f->o->kv_len + pos;
+    }
+    default:
+        return R;
+    }
+}
+
+static int dec_col(const dec_fill *f, int64_t C, int64_t *scol)
+{
+    const kb_decoder_plan *pl = f->pl;
+    int64_t hd = pl->hd, u = C / hd, t = C % hd;
+    switch (f->what) {
+    case DF_QKV: /* d x U*hd: column n -> unit n / hd, PE-block layout inside the head */
+        if (u < pl->nq) {
+            *scol = (pl->q0 + u) * hd + perm_col(t, hd, pl->c);
+            return 0;
+        }
+        if (u < pl->nq + pl->nkv) {
+            *scol = (pl->kv0 + u - pl->nq) * hd + perm_col(t, hd, pl->c);
+            return 1;
+        }
+        *scol = (pl->kv0 + u - pl->nq - pl->nkv) * hd + t;
+        return 2;
+    case DF_KC:
+        *scol = perm_col(C, hd, pl->c);
+        return 0;
+    default:
+        *scol = C;
+        return 0;
+    }
+}
+
 /* One source column (rows x 1, at (row, col) of src) into column oc of out (ld cols). */
 static void put_col(const kb_fill *src, int64_t row, int64_t col, int64_t rows, float *tmp,
                     float *out, int64_t ld, int64_t oc)
@@ -433,7 +495,7 @@ static void dec_fill_fn(void *ud, int64_t row, int64_t col, int64_t rows, int64_
 {
     dec_fill *f = ud;
     const kb_decoder_plan *pl = f->pl;
-    int64_t hd = pl->hd;
+    int64_t hd = pl->hd, sc;
     float *tmp = malloc(sizeof(float) * (size_t)(rows > cols ? rows : cols) * 2 + 16);
     if (!tmp) {
         for (int64_t i = 0; i < rows * cols; i++)
@@ -441,52 +503,28 @@ static void dec_fill_fn(void *ud, int64_t row, int64_t col, int64_t rows, int64_
         return;
     }
     switch (f->what) {
-    case DF_QKV: /* d x U*hd: column n -> unit n / hd, PE-block layout inside the head */
+    case DF_QKV: /* columns gathered, rows as they are */
         for (int64_t j = 0; j < cols; j++) {
-            int64_t n = col + j, u = n / hd, t = n % hd, src, gcol;
-            if (u < pl->nq) {
-                src = 0;
-                gcol = (pl->q0 + u) * hd + perm_col(t, hd, pl->c);
-            } else if (u < pl->nq + pl->nkv) {
-                src = 1;
-                gcol = (pl->kv0 + u - pl->nq) * hd + perm_col(t, hd, pl->c);
-            } else {
-                src = 2;
-                gcol = (pl->kv0 + u - pl->nq - pl->nkv) * hd + t;
-            }
-            put_col(&f->src[src], row, gcol, rows, tmp, out, cols, j);
+            int s = dec_col(f, col + j, &sc);
+            put_col(&f->src[s], row, sc, rows, tmp, out, cols, j);
         }
         break;
-    case DF_WO_ATT:  /* (att.n * hd) x d: PE j's hd rows = W_o rows of its item's head */
-    case DF_WO_COMB: /* (comb.n * nrep*hd) x d: PE j's rows = W_o rows of its group's heads */
-        for (int64_t r = 0; r < rows; r++) {
-            int64_t R = row + r, srow;
-            if (f->what == DF_WO_ATT && pl->hg > 1) { /* machine: the rank's rows per item */
-                srow = pl->q0 * hd + R % (pl->hg * hd);
-            } else if (f->what == DF_WO_ATT) {
-                int64_t j = R / hd, it = j < pl->items ? j : pl->items - 1;
-                srow = (pl->q0 + (it / pl->qb) % pl->nq) * hd + R % hd;
-            } else {
-                int64_t k = pl->nrep * hd, j = R / k, g = j % pl->nkv;
-                srow = (pl->q0 + g * pl->nrep) * hd + R % k;
-            }
-            fill_get(&f->src[0], srow, col, 1, cols, out + r * cols);
-        }
+    case DF_WO_ATT: /* rows gathered, columns as they are */
+    case DF_WO_COMB:
+        for (int64_t r = 0; r < rows; r++)
+            fill_get(&f->src[0], dec_row(f, row + r), col, 1, cols, out + r * cols);
         break;
-    case DF_KC: /* (att.n * clen) x hd: PE j's rows = its chunk's cached positions */
+    case DF_KC:
     case DF_VC:
         for (int64_t r = 0; r < rows; r++) {
-            int64_t R = row + r, j = R / pl->clen, pp = R % pl->clen;
-            int64_t b = j / (pl->nkv * pl->chunks), g = (j / pl->chunks) % pl->nkv;
-            int64_t pos = (j % pl->chunks) * pl->clen + pp;
-            if (j >= pl->items || pos >= f->o->kv_len) {
+            int64_t srow = dec_row(f, row + r);
+            if (srow < 0) {
                 memset(out + r * cols, 0, sizeof(float) * (size_t)cols);
                 continue;
             }
-            int64_t srow = (b * f->mc->n_kv_heads + pl->kv0 + g) * f->o->kv_len + pos;
             for (int64_t c = 0; c < cols; c++) {
-                int64_t cc = col + c, sc = f->what == DF_KC ? perm_col(cc, hd, pl->c) : cc;
-                fill_get(&f->src[0], srow, sc, 1, 1, out + r * cols + c);
+                int s = dec_col(f, col + c, &sc);
+                fill_get(&f->src[s], srow, sc, 1, 1, out + r * cols + c);
             }
         }
         break;
@@ -520,12 +558,76 @@ static int make_t(kb_ctx *ctx, const char *name, int64_t rows, int64_t cols, kb_
     return zeros ? kb_tensor_zeros(ctx, &d, out) : kb_tensor_empty(ctx, &d, out);
 }
 
-/* A weight of rk x rn copies of the fill's k/rk x n/rn values (machine: every token group
- * holds its column blocks; 1 x 1 otherwise), quantized once. */
-static int make_w(kb_ctx *ctx, const char *name, int64_t k, int64_t n, const kb_decoder_opts *o,
-                  kb_dp_policy dp, const kb_fill *f, int64_t rk, int64_t rn, kb_qweight *w)
+/* The maps of a rows x cols copy of a gathered fill (dec_row, dec_col), for a tensor generated
+ * where it replays: *mr NULL (nothing allocated) when the context does not record (nothing is
+ * generated then) or a source is no pattern (the host makes the values). KB_ERR_NOMEM. */
+static int dec_map(kb_ctx *ctx, const dec_fill *f, int64_t rows, int64_t cols, uint64_t **mr,
+                   kb_seedgen_col **mc)
 {
-    return kb_qweight_create_rep(ctx, name, k, n, o->fmt, o->sparse, dp, f, rk, rn, w);
+    int64_t sc;
+    *mr = NULL;
+    *mc = NULL;
+    if (!kb_ctx_recording(ctx))
+        return 0;
+    *mr = malloc((size_t)rows * sizeof **mr);
+    *mc = malloc((size_t)cols * sizeof **mc);
+    if (!*mr || !*mc) {
+        free(*mr), free(*mc);
+        *mr = NULL;
+        *mc = NULL;
+        return kb_err_set(kb_ctx_err(ctx), KB_ERR_NOMEM, "decoder: a weight's map");
+    }
+    for (int64_t R = 0; R < rows; R++) {
+        int64_t r = dec_row(f, R);
+        (*mr)[R] = r < 0 ? KB_SEEDGEN_ROW_ZERO : (uint64_t)r;
+    }
+    for (int64_t C = 0; C < cols; C++) {
+        int s = dec_col(f, C, &sc);
+        if (!kb_fill_seedgen_col(&f->src[s], sc, &(*mc)[C])) {
+            free(*mr), free(*mc);
+            *mr = NULL;
+            *mc = NULL;
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* A weight of rk x rn copies of the fill's k/rk x n/rn values (machine: every token group
+ * holds its column blocks; 1 x 1 otherwise), quantized once: where it replays when its source
+ * is a pattern (df: a gathered fill's maps; otherwise f's own), else on the host. */
+static int make_w(kb_ctx *ctx, const char *name, int64_t k, int64_t n, const kb_decoder_opts *o,
+                  kb_dp_policy dp, const kb_fill *f, const dec_fill *df, int64_t rk, int64_t rn,
+                  kb_qweight *w)
+{
+    uint64_t *mr = NULL;
+    kb_seedgen_col *mc = NULL;
+    int rc;
+    if (df && (rc = dec_map(ctx, df, k / rk, n / rn, &mr, &mc)) != 0)
+        return rc;
+    rc = kb_qweight_create_rep(ctx, name, k, n, o->fmt, o->sparse, dp, f, rk, rn,
+                               mr ? &(kb_qw_map){ mr, mc } : NULL, w);
+    free(mr);
+    free(mc);
+    return rc;
+}
+
+/* A tensor of a gathered fill's values (the K/V caches), generated where it replays when its
+ * source is a pattern. */
+static int make_gt(kb_ctx *ctx, const char *name, int64_t rows, int64_t cols, kb_dtype dt,
+                   kb_dp_policy dp, const kb_fill *f, const dec_fill *df, kb_tensor **out)
+{
+    kb_tensor_desc d = { name, rows, cols, dt, dp, KB_MEM_HBM };
+    uint64_t *mr = NULL;
+    kb_seedgen_col *mc = NULL;
+    int rc;
+    if ((rc = dec_map(ctx, df, rows, cols, &mr, &mc)) != 0)
+        return rc;
+    rc = mr ? kb_tensor_from_map(ctx, &d, &(kb_qw_map){ mr, mc }, out)
+            : kb_tensor_from_fill(ctx, &d, f, out);
+    free(mr);
+    free(mc);
+    return rc;
 }
 
 static kb_dp_policy dpg(kb_dp_split s, const kb_dec_grid *g) { return kb_dp(s, s, g->cubes, g->pes); }
@@ -562,11 +664,11 @@ static int make_rest(kb_ctx *ctx, kb_decoder *dec, const kb_decoder_fills *f, in
     if ((rc = make_t(ctx, "h", Tl, d, KB_F32, rows, NULL, 0, &dec->h)) != 0 ||
         (rc = make_t(ctx, "y", Tl, d, KB_F32, rows, NULL, 0, &dec->y)) != 0 ||
         (rc = make_w(ctx, "w_gate", d, mg * pl->Floc, o, dpg(KB_DP_COLUMN_WISE, &pl->mlp),
-                     &fg, 1, mg, &dec->wg)) != 0 ||
+                     &fg, NULL, 1, mg, &dec->wg)) != 0 ||
         (rc = make_w(ctx, "w_up", d, mg * pl->Floc, o, dpg(KB_DP_COLUMN_WISE, &pl->mlp),
-                     &fu, 1, mg, &dec->wu)) != 0 ||
+                     &fu, NULL, 1, mg, &dec->wu)) != 0 ||
         (rc = make_w(ctx, "w_down", mg * pl->Floc, d, o, dpg(KB_DP_ROW_WISE, &pl->mlp),
-                     &fd, mg, 1, &dec->wd)) != 0)
+                     &fd, NULL, mg, 1, &dec->wd)) != 0)
         return rc;
     if (o->seq_parallel) {
         if ((rc = make_t(ctx, "ag1_in", 1, Tl * d, act, allcol, NULL, 0, &dec->ag1_in)) != 0 ||
@@ -635,7 +737,7 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
         (rc = make_t(ctx, "rope_sin", T, hd / 2, KB_F32, dpg(KB_DP_REPLICATE, &pl->qkv), &Fs, 0,
                      &dec->sinq)) != 0 ||
         (rc = make_w(ctx, "w_qkv", d, qg * pl->U * hd, o, dpg(KB_DP_COLUMN_WISE, &pl->qkv),
-                     &Fq, 1, qg, &dec->wqkv)) != 0 ||
+                     &Fq, &fq, 1, qg, &dec->wqkv)) != 0 ||
         (rc = pl->machine
                   ? make_t(ctx, "qkv", (int64_t)pl->qkv.n * pl->qtr, pl->c, act,
                            dpg(KB_DP_ROW_WISE, &pl->qkv), NULL, 0, &dec->qkv)
@@ -646,19 +748,19 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
         rc = pl->ocol > 1 /* an item's rows over a cube, its PEs taking column blocks */
                  ? make_w(ctx, "w_o", pl->items * pl->hg * hd, d, o,
                           kb_dp(KB_DP_ROW_WISE, KB_DP_COLUMN_WISE, pl->att.cubes, pl->att.pes),
-                          &Fo, pl->items, 1, &dec->wo)
+                          &Fo, &fo, pl->items, 1, &dec->wo)
                  : make_w(ctx, "w_o", (int64_t)pl->att.n * pl->hg * hd, d, o,
-                          dpg(KB_DP_ROW_WISE, &pl->att), &Fo, pl->machine ? pl->att.n : 1, 1,
-                          &dec->wo);
+                          dpg(KB_DP_ROW_WISE, &pl->att), &Fo, &fo, pl->machine ? pl->att.n : 1,
+                          1, &dec->wo);
         if (rc == 0 && pl->machine) /* an attention cube's K/V over its attention PEs */
             rc = make_t(ctx, "kv_copies", (int64_t)pl->att.cubes * 2 * pl->nkv * T, hd, act,
                         dpg(KB_DP_ROW_WISE, &pl->att), NULL, 0, &dec->kv_rep);
     } else {
         int64_t rows_c = (int64_t)pl->att.n * pl->clen;
-        if ((rc = make_t(ctx, "k_cache", rows_c, hd, act, dpg(KB_DP_ROW_WISE, &pl->att), &Fk, 0,
-                         &dec->kc)) != 0 ||
-            (rc = make_t(ctx, "v_cache", rows_c, hd, act, dpg(KB_DP_ROW_WISE, &pl->att), &Fv, 0,
-                         &dec->vc)) != 0 ||
+        if ((rc = make_gt(ctx, "k_cache", rows_c, hd, act, dpg(KB_DP_ROW_WISE, &pl->att), &Fk,
+                          &fk, &dec->kc)) != 0 ||
+            (rc = make_gt(ctx, "v_cache", rows_c, hd, act, dpg(KB_DP_ROW_WISE, &pl->att), &Fv,
+                          &fv, &dec->vc)) != 0 ||
             (rc = make_t(ctx, "attn_chunks", (int64_t)pl->att.n * pl->nrep, hd + 2, KB_F32,
                          dpg(KB_DP_ROW_WISE, &pl->att), NULL, 0, &dec->dpart)) != 0)
             return rc;
@@ -667,9 +769,9 @@ int kb_decoder_create(kb_ctx *ctx, const kb_model_cfg *mc, const kb_decoder_opts
         rc = pl->ccol > 1
                  ? make_w(ctx, "w_o", pl->citems * pl->nrep * hd, d, o,
                           kb_dp(KB_DP_ROW_WISE, KB_DP_COLUMN_WISE, pl->comb.cubes, pl->comb.pes),
-                          &Fo, 1, 1, &dec->wo)
+                          &Fo, &fo, 1, 1, &dec->wo)
                  : make_w(ctx, "w_o", (int64_t)pl->comb.n * pl->nrep * hd, d, o,
-                          dpg(KB_DP_ROW_WISE, &pl->comb), &Fo, 1, 1, &dec->wo);
+                          dpg(KB_DP_ROW_WISE, &pl->comb), &Fo, &fo, 1, 1, &dec->wo);
     }
     if (rc)
         return rc;

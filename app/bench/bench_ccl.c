@@ -198,7 +198,7 @@ static int dist_worker(kb_ctx *ctx, int rank, void *arg)
     shards = kb_dist_shards_per_rank(ctx);
     kb_tensor_desc d = { "tiles", shards, st->n, KB_F16, kb_dist_policy(ctx), KB_MEM_HBM };
     dist_src ds = { (int64_t)rank * shards, st->n };
-    kb_fill_gen gen = { KB_CCL_INPUT_SEED, 0, 0, ds.tile0, 0, st->n };
+    kb_fill_gen gen = { .seed = KB_CCL_INPUT_SEED, .tile0 = ds.tile0, .n = st->n };
     kb_fill fill = { dist_fill, &ds, NULL, 0, 0, 0, &gen };
     rc = kb_tensor_from_fill(ctx, &d, &fill, &st->t[rank]);
     if (rc == 0)

@@ -44,6 +44,7 @@ static const struct { uint32_t seed; int range; float den; } pats[NIN] = {
 typedef struct add_fill {
     kb_fill inner;
     float add;
+    kb_fill_gen gen; /* the inner pattern's generator with the term, when it has one */
 } add_fill;
 
 static void add_fn(void *ud, int64_t row, int64_t col, int64_t rows, int64_t cols, float *out)
@@ -155,7 +156,8 @@ static void make_fills(dec_state *st)
                         [I_WD] = d, [I_KC] = hd, [I_VC] = hd };
     kb_fill f[NIN];
     for (int i = 0; i < NIN; i++) {
-        kb_bench_pat p = { pats[i].seed, pats[i].range, pats[i].den, ld[i], 0 };
+        kb_bench_pat p = { .seed = pats[i].seed, .range = pats[i].range, .den = pats[i].den,
+                           .ld = ld[i] };
         st->pat[i] = p;
         f[i] = kb_bench_pattern_fill(&st->pat[i]);
     }
@@ -163,6 +165,11 @@ static void make_fills(dec_state *st)
         st->lnf[i].inner = f[I_LN0 + i];
         st->lnf[i].add = (float)(1.0 - mc->norm_unit_offset);
         kb_fill a = { add_fn, &st->lnf[i], NULL, 0, 0, 0, NULL };
+        if (f[I_LN0 + i].gen) { /* generated where it replays, the term included */
+            st->lnf[i].gen = *f[I_LN0 + i].gen;
+            st->lnf[i].gen.add = st->lnf[i].add;
+            a.gen = &st->lnf[i].gen;
+        }
         st->fills.ln[i] = a;
     }
     st->fills.x = f[I_X];

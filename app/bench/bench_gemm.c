@@ -23,7 +23,8 @@
 enum { P_M, P_K, P_N, P_PES };
 
 /* A and B: kb_bench_pattern values, written through fills (built only when recording) */
-static const kb_bench_pat pat_a = { 1, 8, 16.0f, 0, 0 }, pat_b = { 2, 8, 16.0f, 0, 0 };
+static const kb_bench_pat pat_a = { .seed = 1, .range = 8, .den = 16.0f },
+                          pat_b = { .seed = 2, .range = 8, .den = 16.0f };
 
 typedef struct gemm_state {
     kb_tensor *c;

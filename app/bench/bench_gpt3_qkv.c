@@ -16,9 +16,10 @@ enum { P_M, P_D };
 
 /* X and W_Q/W_K/W_V: kb_bench_pattern values, written through fills (built only when
  * recording) */
-static const kb_bench_pat pat_x = { 10, 16, 16.0f, 0, 0 };
-static const kb_bench_pat pat_w[3] = { { 11, 32, 64.0f, 0, 0 }, { 12, 32, 64.0f, 0, 0 },
-                                       { 13, 32, 64.0f, 0, 0 } };
+static const kb_bench_pat pat_x = { .seed = 10, .range = 16, .den = 16.0f };
+static const kb_bench_pat pat_w[3] = { { .seed = 11, .range = 32, .den = 64.0f },
+                                       { .seed = 12, .range = 32, .den = 64.0f },
+                                       { .seed = 13, .range = 32, .den = 64.0f } };
 
 typedef struct qkv_state {
     float *x, *w[3]; /* verify only */

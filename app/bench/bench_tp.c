@@ -70,7 +70,8 @@ static float *pattern(size_t n, int which)
 /* Pattern `which` as a rows x ld matrix (transposed view with transpose). */
 static kb_bench_pat pat(int which, int64_t ld, int transpose)
 {
-    kb_bench_pat p = { pats[which].seed, pats[which].range, pats[which].den, ld, transpose };
+    kb_bench_pat p = { .seed = pats[which].seed, .range = pats[which].range,
+                       .den = pats[which].den, .ld = ld, .transpose = transpose };
     return p;
 }
 

@@ -14,7 +14,7 @@
 enum { P_M, P_K };
 
 /* src: kb_bench_pattern values, written through a fill (built only when recording) */
-static const kb_bench_pat pat_src = { 3, 1000, 64.0f, 0, 0 };
+static const kb_bench_pat pat_src = { .seed = 3, .range = 1000, .den = 64.0f };
 
 typedef struct va_state {
     float *src; /* verify only */

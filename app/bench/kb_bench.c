@@ -7,6 +7,7 @@
 #include "kb_hostgemm.h"
 #include "kb_opencl.h"
 #include "kb_progress.h"
+#include "kb_seedgen.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -456,11 +457,7 @@ out:
 
 float kb_bench_pattern_at(size_t i, uint32_t seed, int range, float den)
 {
-    uint32_t h = (uint32_t)i * 2654435761u ^ (seed * 0x9e3779b9u + 0x7f4a7c15u);
-    h ^= h >> 15;
-    h *= 0x2c1b3c6du;
-    h ^= h >> 12;
-    return (float)((int)(h % (uint32_t)(2 * range + 1)) - range) / den;
+    return (float)kb_seedgen_pattern(i, seed, (uint32_t)range) / den;
 }
 
 void kb_bench_pattern(float *x, size_t n, uint32_t seed, int range, float den)
@@ -480,9 +477,19 @@ static void pattern_block(void *ud, int64_t row, int64_t col, int64_t rows, int6
         }
 }
 
-kb_fill kb_bench_pattern_fill(const kb_bench_pat *p)
+kb_fill kb_bench_pattern_fill(kb_bench_pat *p)
 {
-    kb_fill f = { pattern_block, (void *)p, NULL, 0, 0, 0, NULL };
+    kb_fill f = { pattern_block, p, NULL, 0, 0, 0, NULL };
+    int ex;
+    /* made where it replays when every backend gives the same values (kb_fill_gen) */
+    if (p->range >= 0 && p->range <= KB_SEEDGEN_PAT_MAX_RANGE && p->ld >= 0 &&
+        isfinite(p->den) && p->den >= 0x1p-100f && p->den <= 0x1p100f &&
+        frexpf(p->den, &ex) == 0.5f) {
+        p->gen = (kb_fill_gen){ .seed = p->seed, .kind = KB_FILL_GEN_PATTERN,
+                                .transpose = p->transpose != 0, .range = (uint32_t)p->range,
+                                .den = p->den, .add = 0.0f, .ld = p->ld };
+        f.gen = &p->gen;
+    }
     return f;
 }
 

@@ -697,6 +697,8 @@ char *kbcl_result_json(const kbcl_result *res)
     cJSON_AddNumberToObject(replay, "batches", (double)rep->replay.batches);
     cJSON_AddNumberToObject(replay, "launches", (double)rep->replay.launches);
     cJSON_AddNumberToObject(replay, "flushes", (double)rep->replay.flushes);
+    /* the host's bytes in the op log (host writes not generated where they replay) */
+    cJSON_AddNumberToObject(replay, "payload_bytes", (double)rep->payload_bytes);
     if (rep->program_cache >= 0) { /* an OpenCL device: device-resident memory */
         const kb_xfer_stats *x = &rep->xfer;
         cJSON *t = cJSON_AddObjectToObject(replay, "transfers");

@@ -164,7 +164,10 @@ KB_API float kb_bench_pattern_at(size_t i, uint32_t seed, int range, float den);
 /*
  * A pattern as the values of a host write (kb_fill), computed only when the write records:
  * element (r, c) is x[r * ld + c] of kb_bench_pattern(seed, range, den), or x[c * ld + r]
- * with transpose (a transposed view). `p` must outlive the fill.
+ * with transpose (a transposed view). `p` must outlive the fill. When den is a power of two
+ * (and range at most 2^24) the fill also carries the pattern as a generator (p->gen, written
+ * here): a recording write then records GEN records and the values are made where they replay
+ * (kb_fill_gen, KB_FILL_GEN_PATTERN); other patterns go through the op log's payload.
  */
 typedef struct kb_bench_pat {
     uint32_t seed;
@@ -172,12 +175,13 @@ typedef struct kb_bench_pat {
     float den;
     int64_t ld;
     int transpose;
+    kb_fill_gen gen; /* plugin ABI 10: kb_bench_pattern_fill's; never set it yourself */
 } kb_bench_pat;
-KB_API kb_fill kb_bench_pattern_fill(const kb_bench_pat *p);
+KB_API kb_fill kb_bench_pattern_fill(kb_bench_pat *p);
 
 /* ---- the plugin's entry points ---- */
 
-#define KB_PLUGIN_ABI_VERSION 9
+#define KB_PLUGIN_ABI_VERSION 10
 #define KB_PLUGIN_INIT_SYMBOL "kbcl_plugin_init"
 #define KB_PLUGIN_ABI_SYMBOL "kbcl_plugin_abi"
 

@@ -78,7 +78,7 @@ static const kb_ccl_algo_impl my_ring_algo = {
 
 enum { P_ROWS, P_COLS, P_PES };
 
-static const kb_bench_pat pat_x = { 7, 64, 8.0f, 0, 0 };
+static const kb_bench_pat pat_x = { .seed = 7, .range = 64, .den = 8.0f };
 
 typedef struct scale_state {
     kb_tensor *x, *y;

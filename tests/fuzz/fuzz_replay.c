@@ -15,13 +15,16 @@
  *    window byte for byte as the serial replay of the same records (kb_ref_exec, one at a
  *    time in planner order) leaves a flat copy.
  */
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "fuzz_util.h"
 
 #include "kb_memstore.h"
 #include "kb_oplog.h"
 #include "kb_replay.h"
+#include "kb_seedgen.h"
 
 #define MAX_RECS 96
 #define MAX_WIN 4096u
@@ -182,6 +185,15 @@ static kb_opnd bsrc(gen *g, uint32_t rows, uint32_t cols)
 {
     uint32_t r = below(&g->in, 4) == 0 ? 1 : rows, c = below(&g->in, 4) == 0 ? 1 : cols;
     return place(g, r, c, any_dtype(g));
+}
+
+/* Any 32-bit pattern as a float: NaNs, infinities and subnormals included. */
+static float bits_float(bytes *b)
+{
+    uint32_t u = (uint32_t)u64(b);
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
 }
 
 static float any_float(gen *g, float lo, float hi)
@@ -346,12 +358,38 @@ static kb_rec gen_rec(gen *g, kb_time t)
     case KB_REC_GEN:
         /* parameters, any 64-bit values: where the seeded tiles start, the seed, the tile
          * count of the sign variant */
-        r.op = (uint8_t)below(in, 2);
+        r.op = (uint8_t)below(in, 4);
+        if (r.op == KB_GEN_QW) { /* a quantized weight's part: two maps of random bytes in
+                                  * the payload (ranges and scales past the rules included) */
+            uint32_t kq = 1 + below(in, 96), nb = 1 + below(in, 6);
+            r.nsrc = 2;
+            r.flags = below(in, 2) ? KB_REC_QSPARSE : 0;
+            r.src[0] = kb_opnd_make(0, 1, 8 * kq, KB_I8);
+            r.src[1] = kb_opnd_make(0, 1, KB_SEEDGEN_COL_BYTES * nb, KB_I8);
+            to_payload(g, &r.src[0]);
+            to_payload(g, &r.src[1]);
+            r.src[2].addr = below(in, 2) ? raw_param(g) : below(in, 64);
+            r.src[2].ld = below(in, 8);
+            r.src[2].rows = below(in, 4);
+            r.src[2].cols = below(in, 7);
+            int qdt = kb_seedgen_qw_dtype(r.src[2].cols, r.src[2].rows);
+            if (qdt >= 0 && below(in, 8) != 0)
+                dt = (kb_dtype)qdt; /* mostly a valid destination */
+            break;
+        }
         r.src[0].addr = below(in, 2) ? raw_param(g) : below(in, 64);
-        r.src[1].addr = below(in, 2) ? raw_param(g) : below(in, 64);
+        r.src[1].addr = below(in, 2) ? raw_param(g) : below(in, 4096);
         r.src[2].addr = below(in, 2) ? raw_param(g) : below(in, 4096);
         r.src[0].rows = (uint32_t)u64(in);
         r.src[0].cols = 1 + below(in, 8);
+        if (r.op == KB_GEN_PAT) { /* the benches' pattern: range, transposed, 1/den, term */
+            r.src[0].cols = below(in, 4) == 0 ? (uint32_t)u64(in) : below(in, 1u << 12);
+            r.src[1].rows = below(in, 8) == 0 ? (uint32_t)u64(in) : below(in, 2);
+            r.imm[0] = below(in, 8) == 0 ? bits_float(in)
+                                         : ldexpf(1.0f, (int)below(in, 64) - 40);
+            r.imm[1] = below(in, 2) ? 0.0f : below(in, 8) == 0 ? bits_float(in)
+                                                              : (float)below(in, 9) - 4.0f;
+        }
         break;
     default:
         break;
