@@ -378,6 +378,12 @@ void kbcl_devd_autostart(const char *dev)
     if (kb_devd_socket_path(dev, path, sizeof path, &eb) != 0 ||
         kb_remote_hello(path, &h, &eb) != KB_ERR_NOTFOUND) /* one listens, or cannot here */
         return;
+    /* a person at a terminal learns why this run waits: the server sets the device up first,
+     * and a driver's first compile of the program on a machine can take a minute or more */
+    if (isatty(STDERR_FILENO))
+        fprintf(stderr, "kbcl: starting a device server for %s in the background (it sets the "
+                "device up once; the first start on a machine compiles the OpenCL program, "
+                "which can take a minute); KBCL_DEVD=off runs in this process\n", dev);
     (void)start_detached(&a, path, log_path, sizeof log_path, msg, sizeof msg);
 }
 
