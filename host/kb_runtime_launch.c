@@ -270,14 +270,27 @@ int kb_fork_record(kb_launch_st *l, const kb_rec *r)
     return 0;
 }
 
-static int key_cmp(const void *x, const void *y)
+/* The gathering's order: time, then partition (a partition's own records are in order). */
+static int key_less(const kb_fork_key *a, const kb_fork_key *b)
 {
-    const kb_fork_key *a = x, *b = y;
-    if (a->t != b->t)
-        return a->t < b->t ? -1 : 1;
-    if (a->part != b->part)
-        return a->part < b->part ? -1 : 1;
-    return a->i < b->i ? -1 : a->i > b->i;
+    return a->t != b->t ? a->t < b->t : a->part < b->part;
+}
+
+static void heap_down(kb_fork_key *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && key_less(&h[l], &h[m]))
+            m = l;
+        if (r < n && key_less(&h[r], &h[m]))
+            m = r;
+        if (m == i)
+            return;
+        kb_fork_key x = h[i];
+        h[i] = h[m];
+        h[m] = x;
+        i = m;
+    }
 }
 
 /*
@@ -309,22 +322,35 @@ static int fork_window(kb_psim *ps, kb_time t, void *ud)
         m += l->recs[i].n;
     if (m == 0)
         return 0;
-    if (m > l->capkeys) {
-        kb_fork_key *v = realloc(l->keys, m * sizeof *v);
+    if ((size_t)n > l->capkeys) {
+        kb_fork_key *v = realloc(l->keys, (size_t)n * sizeof *v);
         if (!v) {
             kb_err_set(&l->gather_eb, KB_ERR_NOMEM, "out of memory gathering the partitions' op "
                        "records");
             return KB_ERR_NOMEM;
         }
         l->keys = v;
-        l->capkeys = m;
+        l->capkeys = (size_t)n;
     }
+    /* each partition's records are in time order (its clock only advances): a k-way merge on
+     * (time, partition), a heap of one head per partition, gives the sorted order */
     for (int i = 0; i < n; i++)
-        for (size_t j = 0; j < l->recs[i].n; j++)
-            l->keys[k++] = (kb_fork_key){ l->recs[i].t[j], (uint32_t)i, (uint32_t)j };
-    qsort(l->keys, m, sizeof *l->keys, key_cmp);
-    for (k = 0; k < m && rc == 0; k++)
-        rc = kb_ctx_log_gathered(l->ctx, &l->recs[l->keys[k].part].v[l->keys[k].i]);
+        if (l->recs[i].n)
+            l->keys[k++] = (kb_fork_key){ l->recs[i].t[0], (uint32_t)i, 0 };
+    for (size_t h = k / 2; h-- > 0;)
+        heap_down(l->keys, k, h);
+    while (k > 0 && rc == 0) {
+        kb_fork_key *top = &l->keys[0];
+        kb_fork_recs *b = &l->recs[top->part];
+        rc = kb_ctx_log_gathered(l->ctx, &b->v[top->i]);
+        if (++top->i < b->n) {
+            assert(b->t[top->i] >= top->t);
+            top->t = b->t[top->i];
+        } else {
+            *top = l->keys[--k];
+        }
+        heap_down(l->keys, k, 0);
+    }
     for (int i = 0; i < n; i++)
         l->recs[i].n = 0;
     if (rc)

@@ -133,7 +133,7 @@ struct kb_launch_st {
     /* a recording forked launch: each partition's records of the current window ([nsips],
      * owned), gathered into the op log after it in (time, partition, order) (fork_window) */
     struct kb_fork_recs *recs;
-    struct kb_fork_key *keys; /* the gathering's sort buffer (owned) */
+    struct kb_fork_key *keys; /* the gathering's merge heap, a head per partition (owned) */
     size_t capkeys;
     kb_errbuf gather_eb;      /* why gathering failed (the run's message then) */
 };
