@@ -1182,6 +1182,21 @@ static void ccl_on_device(const char *json)
     assert_non_null(strstr(out, "digest     bda608cb75bf0525"));
 }
 
+/* The digest, verdict and device transfers of a run's JSON report; the caller frees *j. */
+static cJSON *run_json(const char *cmd, const char *json, cJSON **transfers)
+{
+    char out[8192];
+    if (kbt_kbcl(out, sizeof out, "%s --json %s", cmd, json) != 0)
+        fail_msg("%s", out);
+    char *text = kbt_slurp(json);
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    assert_non_null(j);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "verified")));
+    *transfers = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "replay"), "transfers");
+    return j;
+}
+
 /* On an OpenCL CPU device (PoCL in CI): the run reports its device-resident transfers, and
  * only the inputs go up and only what the check reads comes down. */
 static void test_device_transfers(void **s)
@@ -1219,16 +1234,9 @@ static void test_device_transfers(void **s)
     char model[1024], cmd[1200];
     assert_non_null(kbt_source_path("configs/models/tiny.yaml", model, sizeof model));
     snprintf(cmd, sizeof cmd, "run --bench decoder_layer --model %s --param seq=16 --device cpu "
-             "--verify-data --json dec.json", model);
-    rc = kbt_kbcl(out, sizeof out, cmd);
-    if (rc != 0)
-        fail_msg("%s", out);
-    text = kbt_slurp("dec.json");
-    j = cJSON_Parse(text);
-    free(text);
-    assert_non_null(j);
+             "--verify-data", model);
+    j = run_json(cmd, "dec.json", &t);
     rp = cJSON_GetObjectItem(j, "replay");
-    t = cJSON_GetObjectItem(rp, "transfers");
     assert_true(cJSON_GetObjectItem(rp, "payload_bytes")->valuedouble > 0);
     assert_true(cJSON_GetObjectItem(t, "upload_bytes")->valuedouble ==
                 cJSON_GetObjectItem(rp, "payload_bytes")->valuedouble);
@@ -1242,21 +1250,6 @@ static void test_device_transfers(void **s)
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device gpu --verify-data"), 4);
     assert_non_null(strstr(out, "no OpenCL GPU device; found: "));
     assert_int_equal(kbt_kbcl(out, sizeof out, "run --bench gemm --device gpu"), 4);
-}
-
-/* The digest, verdict and device transfers of a run's JSON report; the caller frees *j. */
-static cJSON *run_json(const char *cmd, const char *json, cJSON **transfers)
-{
-    char out[8192];
-    if (kbt_kbcl(out, sizeof out, "%s --json %s", cmd, json) != 0)
-        fail_msg("%s", out);
-    char *text = kbt_slurp(json);
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    assert_non_null(j);
-    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "verified")));
-    *transfers = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "replay"), "transfers");
-    return j;
 }
 
 /* system.switch.arbitration per_sip: a collective whose messages cross SIPs over routes of
