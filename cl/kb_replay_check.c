@@ -10,8 +10,6 @@
  */
 #include "kb_replay_int.h"
 
-#include <math.h>
-
 #include "kb_mathfn.h"
 #include "kb_seedgen.h"
 
@@ -189,15 +187,11 @@ int kb_replay_check_rec(const kb_rec *r, kb_errbuf *eb)
         if (r->op == KB_GEN_QW)
             return check_gen_qw(r, eb);
         if (r->op == KB_GEN_PAT) {
-            int ex;
             if (r->src[0].cols > KB_SEEDGEN_PAT_MAX_RANGE || r->src[1].rows > 1)
                 return bad(r, eb, "gen pattern: range above 2^24 or transpose flag not 0/1");
-            /* far from subnormals, which a device may flush: a product is then exact and a
-             * sum a multiple of 2^-123, never below f32's least normal */
-            if (!isfinite(r->imm[0]) || r->imm[0] < 0x1p-100f || frexpf(r->imm[0], &ex) != 0.5f ||
-                !isfinite(r->imm[1]) || (r->imm[1] != 0.0f && fabsf(r->imm[1]) < 0x1p-100f))
-                return bad(r, eb, "gen pattern: the scale must be a power of two of at least "
-                                  "2^-100, the term finite and 0 or of at least 2^-100");
+            if (!kb_seedgen_pattern_ok(r->src[0].cols, r->imm[0], r->imm[1]))
+                return bad(r, eb, "gen pattern: the scale must be a power of two from 2^-100 "
+                                  "to 2^100, the term finite and 0 or of at least 2^-100");
             return 0;
         }
         if (r->op == KB_GEN_SIGN && r->src[0].cols == 0)

@@ -133,11 +133,17 @@ float kb_seedgen_mapped(uint64_t row, const kb_seedgen_col *c)
     return (float)kb_seedgen_pattern(row * c->rmul + c->off, c->seed, c->range) * c->inv;
 }
 
-int kb_seedgen_col_ok(const kb_seedgen_col *c)
+int kb_seedgen_pattern_ok(uint32_t range, float inv, float add)
 {
     int ex;
-    return c->range <= KB_SEEDGEN_PAT_MAX_RANGE && isfinite(c->inv) && c->inv >= 0x1p-100f &&
-           frexpf(c->inv, &ex) == 0.5f;
+    return range <= KB_SEEDGEN_PAT_MAX_RANGE && isfinite(inv) && inv >= 0x1p-100f &&
+           inv <= 0x1p100f && frexpf(inv, &ex) == 0.5f && isfinite(add) &&
+           (add == 0.0f || fabsf(add) >= 0x1p-100f);
+}
+
+int kb_seedgen_col_ok(const kb_seedgen_col *c)
+{
+    return kb_seedgen_pattern_ok(c->range, c->inv, 0.0f);
 }
 
 uint64_t kb_seedgen_qw_rows(unsigned fmt, int sparse, unsigned part, uint64_t k)

@@ -74,5 +74,10 @@ int kb_seedgen_qw_dtype(unsigned fmt, unsigned part);
 float kb_seedgen_mapped(uint64_t row, const kb_seedgen_col *c);
 /* Whether c keeps the rules above (a writer checks its maps with it). */
 int kb_seedgen_col_ok(const kb_seedgen_col *c);
+/* Whether a pattern scaled by inv (1/den) plus add gives the same bits on every backend: range
+ * at most KB_SEEDGEN_PAT_MAX_RANGE, inv a power of two in [2^-100, 2^100], add 0 or finite of
+ * magnitude at least 2^-100 (far from subnormals, which a device may flush: a product is then
+ * exact and a sum a multiple of 2^-123, never below f32's least normal). */
+int kb_seedgen_pattern_ok(uint32_t range, float inv, float add);
 
 #endif

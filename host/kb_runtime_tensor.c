@@ -14,7 +14,6 @@
 #include "kb_resident.h"
 #include "kb_seedgen.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -348,16 +347,13 @@ static int same_block(const kb_shard_spec *a, const kb_shard_spec *b, int64_t pr
 static int check_gen(const kb_tensor *t, const kb_fill *src)
 {
     const kb_fill_gen *g = src ? src->gen : NULL;
-    int ex;
     if (!g)
         return 0;
     if (g->kind != KB_FILL_GEN_SEED && g->kind != KB_FILL_GEN_PATTERN)
         return kb_err_set(&t->ctx->err, KB_ERR_INVAL, "tensor '%s': generator kind %d",
                           t->name, g->kind);
     if (g->kind == KB_FILL_GEN_PATTERN &&
-        (g->range > KB_SEEDGEN_PAT_MAX_RANGE || g->ld < 0 || !isfinite(g->den) ||
-         g->den < 0x1p-100f || g->den > 0x1p100f || frexpf(g->den, &ex) != 0.5f ||
-         !isfinite(g->add) || (g->add != 0.0f && fabsf(g->add) < 0x1p-100f)))
+        (g->ld < 0 || !kb_seedgen_pattern_ok(g->range, 1.0f / g->den, g->add)))
         return kb_err_set(&t->ctx->err, KB_ERR_INVAL, "tensor '%s': a generated pattern needs "
                           "range <= 2^24, ld >= 0, den a power of two in [2^-100, 2^100] and "
                           "add 0 or of magnitude >= 2^-100 (range %u, ld %lld, den %g, add %g)",

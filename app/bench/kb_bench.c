@@ -480,11 +480,9 @@ static void pattern_block(void *ud, int64_t row, int64_t col, int64_t rows, int6
 kb_fill kb_bench_pattern_fill(kb_bench_pat *p)
 {
     kb_fill f = { pattern_block, p, NULL, 0, 0, 0, NULL };
-    int ex;
     /* made where it replays when every backend gives the same values (kb_fill_gen) */
-    if (p->range >= 0 && p->range <= KB_SEEDGEN_PAT_MAX_RANGE && p->ld >= 0 &&
-        isfinite(p->den) && p->den >= 0x1p-100f && p->den <= 0x1p100f &&
-        frexpf(p->den, &ex) == 0.5f) {
+    if (p->range >= 0 && p->ld >= 0 &&
+        kb_seedgen_pattern_ok((uint32_t)p->range, 1.0f / p->den, 0.0f)) {
         p->gen = (kb_fill_gen){ .seed = p->seed, .kind = KB_FILL_GEN_PATTERN,
                                 .transpose = p->transpose != 0, .range = (uint32_t)p->range,
                                 .den = p->den, .add = 0.0f, .ld = p->ld };
