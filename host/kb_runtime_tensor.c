@@ -361,16 +361,14 @@ static int check_gen(const kb_tensor *t, const kb_fill *src)
     return 0;
 }
 
-/* Whether shard i of a generated weight part holds the same block of the copies as an
- * earlier shard (*j): same shape, origin equal modulo the part's rows per copy and the copy's
- * columns. */
-static int qg_copy_of(const kb_tensor *t, size_t i, const kb_qgen_src *qg, size_t *j)
+/* The first shard up to i that holds the same block of a source periodic in (prow, pcol)
+ * rows and columns as shard i (same_block): i itself when no earlier one does. */
+static size_t first_same(const kb_tensor *t, size_t i, int64_t prow, int64_t pcol)
 {
-    int64_t prow = (int64_t)kb_seedgen_qw_rows(qg->fmt, qg->sparse, qg->part, qg->k);
-    for (*j = 0; *j < i; (*j)++)
-        if (same_block(&t->shards[*j], &t->shards[i], prow, (int64_t)qg->nb))
-            return 1;
-    return 0;
+    size_t j = 0;
+    while (j < i && !same_block(&t->shards[j], &t->shards[i], prow, pcol))
+        j++;
+    return j;
 }
 
 /*
@@ -397,6 +395,10 @@ static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pc
                           "generator nor data", t->name);
     if ((rc = check_no_queue(ctx, t, "write")) != 0 || (rc = check_gen(t, src)) != 0)
         return rc;
+    if (qg) { /* tensor row r is part row r mod its rows per copy, column c copy column c mod nb */
+        prow = (int64_t)kb_seedgen_qw_rows(qg->fmt, qg->sparse, qg->part, qg->k);
+        pcol = (int64_t)qg->nb;
+    }
     if (qg && ctx->recording && !(gen_end = malloc(t->nshards * sizeof *gen_end))) {
         rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
         goto out;
@@ -423,7 +425,7 @@ static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pc
             continue;
         r.pe = UINT32_MAX;
         r.dst = kb_opnd_make(t->pas[i], (uint32_t)s->rows, (uint32_t)s->cols, t->dtype);
-        if (qg && qg_copy_of(t, i, qg, &j)) {
+        if (qg && (j = first_same(t, i, prow, pcol)) < i) {
             /* the same block of the copies as shard j: copied from it once it is made (the
              * replay orders records by start time, so this one starts when j's ends) */
             r.kind = KB_REC_COPY;
@@ -451,22 +453,23 @@ static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pc
             r.kind = KB_REC_FILL;
             r.nsrc = 0;
             r.imm[0] = 0.0f;
+        } else if (src->gen && src->gen->kind == KB_FILL_GEN_PATTERN) { /* the benches' */
+            const kb_fill_gen *g = src->gen;
+            r.kind = KB_REC_GEN;
+            r.op = KB_GEN_PAT;
+            r.nsrc = 0;
+            r.src[0].addr = (uint64_t)(src->row0 + (int64_t)s->row0);
+            r.src[1].addr = (uint64_t)(src->col0 + (int64_t)s->col0);
+            r.src[2].addr = (uint64_t)g->ld;
+            r.src[0].rows = g->seed;
+            r.src[0].cols = g->range;
+            r.src[1].rows = g->transpose != 0;
+            r.imm[0] = 1.0f / g->den; /* exact: a power of two (check_gen) */
+            r.imm[1] = g->add;
         } else if (src->gen) { /* generated where it replays */
             const kb_fill_gen *g = src->gen;
             r.kind = KB_REC_GEN;
             r.nsrc = 0;
-            if (g->kind == KB_FILL_GEN_PATTERN) {
-                r.op = KB_GEN_PAT;
-                r.src[0].addr = (uint64_t)(src->row0 + (int64_t)s->row0);
-                r.src[1].addr = (uint64_t)(src->col0 + (int64_t)s->col0);
-                r.src[2].addr = (uint64_t)g->ld;
-                r.src[0].rows = g->seed;
-                r.src[0].cols = g->range;
-                r.src[1].rows = g->transpose != 0;
-                r.imm[0] = 1.0f / g->den; /* exact: a power of two (check_gen) */
-                r.imm[1] = g->add;
-                goto record;
-            }
             r.op = g->sign ? KB_GEN_SIGN : KB_GEN_PLAIN;
             r.src[0].addr = (uint64_t)(g->tile0 + src->row0 + (int64_t)s->row0);
             r.src[1].addr = (uint64_t)(g->i0 + src->col0 + (int64_t)s->col0);
@@ -476,10 +479,7 @@ static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pc
         } else {
             size_t n = (size_t)(s->rows * s->cols);
             /* identical blocks (replicas, periods) share one payload */
-            for (j = 0; j < i; j++)
-                if (same_block(&t->shards[j], s, prow, pcol))
-                    break;
-            if (j < i) {
+            if ((j = first_same(t, i, prow, pcol)) < i) {
                 payload_of[i] = payload_of[j];
             } else {
                 /* generated straight into the payload: no block to copy from */
@@ -498,7 +498,6 @@ static int host_write(kb_tensor *t, const kb_fill *src, int64_t prow, int64_t pc
             r.src[0] = kb_opnd_make(payload_of[i], (uint32_t)s->rows, (uint32_t)s->cols, t->dtype);
             r.src[0].space = KB_SPACE_PAYLOAD;
         }
-    record:
         if ((rc = kb_ctx_record(ctx, &r)) != 0)
             goto out;
     }
