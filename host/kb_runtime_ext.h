@@ -87,6 +87,15 @@ int kb_tl_stages(const kb_tl *tl);
  */
 int kb_launch_queue(kb_ctx *ctx, int on);
 
+/*
+ * The kernels' span of the host program's last kb_launch: *first is when its first kernel
+ * started, *last when its last kernel ended (ps, every SIP of the grid). The launch's own
+ * time beyond it is the command path: the commands down, the completions' aggregation back
+ * (timing-model.md §5.1). 0, or KB_ERR_STATE outside a host program or before its first
+ * launch.
+ */
+int kb_launch_span(kb_ctx *ctx, kb_time *first, kb_time *last);
+
 /* Blocks the kernel until simulated time t (no-op when t is not in the future). */
 void kb_tl_wait_until(kb_tl *tl, kb_time t);
 

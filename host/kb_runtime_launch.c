@@ -80,6 +80,7 @@ void kb_launch_free(kb_launch_st *l)
     free(l->sip_left);
     free(l->sip_tmax);
     free(l->sip_kernels);
+    free(l->sip_kend);
     free(l);
 }
 
@@ -110,7 +111,10 @@ static void kernel_finished(kb_tl *tl)
     kb_machine *m = ctx->m;
     int s = tl->pid[2], c = tl->pid[1];
     int ci = s * l->grid.cubes + c;
-    kb_time t = kb_machine_cmd_pe_to_mcpu(m, tl->pe, kb_sim_now(tl->sim), KB_CMD_BYTES);
+    kb_time t = kb_sim_now(tl->sim);
+    if (t > l->sip_kend[s])
+        l->sip_kend[s] = t;
+    t = kb_machine_cmd_pe_to_mcpu(m, tl->pe, t, KB_CMD_BYTES);
 
     if (t > l->cube_tmax[ci])
         l->cube_tmax[ci] = t;
@@ -473,12 +477,13 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
     l->sip_left = calloc((size_t)g.sips, sizeof *l->sip_left);
     l->sip_tmax = calloc((size_t)g.sips, sizeof *l->sip_tmax);
     l->sip_kernels = calloc((size_t)g.sips, sizeof *l->sip_kernels);
+    l->sip_kend = calloc((size_t)g.sips, sizeof *l->sip_kend);
     l->next = ctx->launches;
     if (ctx->launches)
         ctx->launches->prev = l;
     ctx->launches = l;
     if (!l->tls || !l->args || !l->cube_left || !l->cube_tmax || !l->sip_left || !l->sip_tmax ||
-        !l->sip_kernels) {
+        !l->sip_kernels || !l->sip_kend) {
         rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -491,6 +496,7 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
 
     kb_time now = kb_sim_now(ctx->sim), cpu_ovh = kb_time_from_ns(m->cfg.pe_cpu_overhead_ns);
     int k = 0;
+    l->kfirst = KB_TIME_MAX;
     for (int s = 0; s < g.sips; s++) {
         unsigned gsip = (unsigned)(g.sip0 + s);
         /* queued after the first: the command waits in the IO_CPU's queue */
@@ -516,6 +522,8 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
                 tl->np[2] = g.sips;
                 tl->cpu_ovh = cpu_ovh;
                 tl->start = kb_machine_cmd_mcpu_to_pe(m, tl->pe, t_m, KB_CMD_BYTES);
+                if (tl->start < l->kfirst)
+                    l->kfirst = tl->start;
                 snprintf(fname, sizeof fname, "%s@sip%u/cube%d/pe%d", l->name, gsip, c, p);
                 kb_fiber *f = kb_fiber_spawn(tl->sim, kernel_main, tl, fname);
                 if (!f) {
@@ -538,11 +546,29 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
         return rc;
     }
     kb_signal_wait(ctx->sim, &l->done);
+    hp->span[0] = l->kfirst;
+    hp->span[1] = 0;
+    for (int s = 0; s < g.sips; s++)
+        hp->span[1] = l->sip_kend[s] > hp->span[1] ? l->sip_kend[s] : hp->span[1];
+    hp->spanned = 1;
     kb_launch_free(l);
     return 0;
 fail:
     kb_launch_free(l);
     return rc;
+}
+
+int kb_launch_span(kb_ctx *ctx, kb_time *first, kb_time *last)
+{
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    if (!hp)
+        return kb_err_set(&ctx->err, KB_ERR_STATE, "kb_launch_span outside a host program");
+    if (!hp->spanned)
+        return kb_err_set(&ctx->err, KB_ERR_STATE, "kb_launch_span before the host program's "
+                          "first launch");
+    *first = hp->span[0];
+    *last = hp->span[1];
+    return 0;
 }
 
 int kb_launch_queue(kb_ctx *ctx, int on)

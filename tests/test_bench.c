@@ -822,6 +822,18 @@ static void roofline_decoder(const kb_bench *b)
             fail_msg("decoder_layer case %d: %s", c, eb.msg);
         snprintf(what, sizeof what, "decoder_layer case %d", c);
         check_roofline(what, &rep);
+        /* the time split: four parts, none negative, that add up to the layer's time; every
+         * launch has a command path (kb_launch_span) */
+        double parts[4] = { extra(&rep, "compute_ns"), extra(&rep, "memory_ns"),
+                            extra(&rep, "comm_ns"), extra(&rep, "launch_ns") };
+        double sum = 0, total = kb_time_to_ns(rep.res.t_end - rep.res.t_begin);
+        for (int k = 0; k < 4; k++) {
+            if (parts[k] < 0)
+                fail_msg("%s: part %d of the split is %g", what, k, parts[k]);
+            sum += parts[k];
+        }
+        assert_true(fabs(sum - total) < 1e-6 * total);
+        assert_true(parts[3] > 0);
         kb_run_report_fini(&rep);
     }
 }

@@ -110,7 +110,7 @@ static void test_refusals(void **state)
     static const struct { const char *variant, *what; } cases[] = {
         { "noinit", "not a kbcl plugin: it defines no symbol kbcl_plugin_init" },
         { "noabi", "not a kbcl plugin: it defines no symbol kbcl_plugin_abi" },
-        { "abi99", "plugin ABI mismatch: kbcl_plugin_abi = 99, this kbcl speaks ABI 10" },
+        { "abi99", "plugin ABI mismatch: kbcl_plugin_abi = 99, this kbcl speaks ABI 11" },
         { "clash", "'ring_rsag_allreduce' clashes with kbcl's built-in module" },
         { "benchclash", "bench 'gemm' clashes with kbcl's built-in bench" },
         { "dup", "algorithm 'my_ring' is already registered" },

@@ -175,6 +175,34 @@ static void test_report_decoder(void **s)
     free(html);
 }
 
+/* A sweep written since the command path has its own part (launch_ns): a fourth column and
+ * bar part, and the total the sum of the four. */
+static void test_report_decoder_launch(void **s)
+{
+    char out[4096], path[512];
+    char *html;
+    FILE *f;
+    (void)s;
+    kbt_path(path, sizeof path, "decl.csv");
+    assert_non_null(f = fopen(path, "w"));
+    fprintf(f, "point,system.sips.count,bench,sim_time_ns,compute_ns,memory_ns,comm_ns,"
+               "launch_ns,tokens_per_s,status\n");
+    fprintf(f, "0,2,decoder_layer,10000,1000,2000,3000,4000,12800000,ok\n");
+    fprintf(f, "1,4,decoder_layer,6000,500,1500,2500,1500,21333333,ok\n");
+    assert_int_equal(fclose(f), 0);
+    if (kbt_kbcl(out, sizeof out, "report decl.csv -o decl.html") != 0)
+        fail_msg("%s", out);
+    html = kbt_slurp("decl.html");
+    assert_non_null(html);
+    kbt_msg_has(html, "<th>comm (us)</th><th>launch (us)</th><th>total (us)</th>");
+    kbt_msg_has(html, "<td>2</td><td>1.000</td><td>2.000</td><td>3.000</td><td>4.000</td>"
+                      "<td>10.000</td>");
+    kbt_msg_has(html, "<td>4</td><td>0.500</td><td>1.500</td><td>2.500</td><td>1.500</td>"
+                      "<td>6.000</td>");
+    kbt_msg_has(html, "aria-label=\"launch time vs TP size\"");
+    free(html);
+}
+
 static int setup(void **s)
 {
     (void)s;
@@ -192,6 +220,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_report_40k),
         cmocka_unit_test(test_report_decoder),
+        cmocka_unit_test(test_report_decoder_launch),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -121,10 +121,12 @@ static int h_ids(kb_ctx *ctx, void *arg)
     kb_grid two = { 2, 1, 1, -1 };
     int rc;
 
+    p->rc[0] = kb_launch_span(ctx, &p->t2, &p->t3); /* no launch yet */
     p->t0 = kbt_ctx_now(ctx);
     if ((rc = kb_launch(ctx, "ids", k_ids, &a, NULL)) != 0)
         return rc;
     p->t1 = kbt_ctx_now(ctx);
+    p->rc[1] = kb_launch_span(ctx, &p->t2, &p->t3);
     memset(p->np, 0, sizeof p->np);
     if ((rc = kb_launch(ctx, "ids2", k_ids, &a, &two)) != 0)
         return rc;
@@ -167,6 +169,14 @@ static void test_program_ids(void **state)
     }
     /* the empty kernels' completions, aggregated per cube and per SIP (timing-model.md) */
     assert_int_equal(p.t1 - p.t0, 4064250);
+    /* kb_launch_span: refused before the first launch; then the first PE's start and the
+     * last one's end (an empty kernel ends where it starts): the rest of the launch's
+     * 4 064 250 ps, 4 043 625, is its command path */
+    assert_int_equal(p.rc[0], KB_ERR_STATE);
+    assert_int_equal(p.rc[1], 0);
+    assert_int_equal(p.t2 - p.t0, 2351000 + 125 + 5000 + 2000);
+    assert_int_equal(p.t3 - p.t0, 2371250 + 125 * NPES + 5000 + 2000);
+    assert_int_equal((p.t1 - p.t0) - (p.t3 - p.t2), 4043625);
     kb_ctx_destroy(ctx);
 }
 

@@ -152,6 +152,9 @@ double kb_decoder_gemm_closed_ns(const kb_topo_cfg *c, kb_qfmt fmt, int sparse, 
 /* Time split of one forward (rank 0's critical path; see docs/decoder.md). */
 typedef struct kb_decoder_stats {
     double compute_ns, memory_ns, comm_ns;
+    /* the command path of the layer's own launches: each launch's time beyond its kernels'
+     * span (kb_launch_span), and a launch queue's way up to the host */
+    double launch_ns;
     /* PE_GEMM time of the projection gemms (tl_dot_q) as the closed form kb_qgemm_ns gives
      * it for every call made, summed over the rank's PEs, and the time the rank's PE_GEMM
      * units were busy in the projection kernels' gemm calls (measured): equal by design

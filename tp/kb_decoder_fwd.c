@@ -4,8 +4,9 @@
  * norm, QKV + RoPE, attention with its W_o rows, residual + norms, MLP, residual), the
  * collectives between them (all_reduce of the partials, or with seq_parallel reduce_scatter
  * and all_gather), and the time split of the rank's critical path into compute (the busiest
- * PE's PE_GEMM + PE_MATH time of each launch), memory (the rest of the launch) and
- * communication, with the projection gemms' PE_GEMM time measured and in closed form.
+ * PE's PE_GEMM + PE_MATH time of each launch), memory (the rest of its kernels' span), the
+ * launches' command path (the rest of the launch) and communication, with the projection
+ * gemms' PE_GEMM time measured and in closed form.
  * Limits: one forward per kb_decoder (the partial blocks are zeroed once at creation).
  */
 #include "kb_decoder_int.h"
@@ -49,7 +50,12 @@ static int launch_timed(kb_ctx *ctx, kb_decoder *dec, phase *ph, const char *nam
     ph->t0 = kb_sim_now(kb_ctx_sim(ctx));
     if ((rc = kb_launch(ctx, name, fn, a, &grid)) != 0)
         return rc;
-    kb_time dt = kb_sim_now(kb_ctx_sim(ctx)) - ph->t0, cmax = 0;
+    kb_time dt = kb_sim_now(kb_ctx_sim(ctx)) - ph->t0, cmax = 0, k0, k1;
+    if ((rc = kb_launch_span(ctx, &k0, &k1)) != 0)
+        return rc;
+    /* the kernels run inside the launch: their span is what the command path leaves */
+    assert(k0 >= ph->t0 && k1 >= k0 && k1 - k0 <= dt);
+    kb_time span = k1 - k0;
     snap(ctx, now_busy, &gemm1);
     /* a resource's busy time only grows: the difference is this launch's share */
     assert(gemm1 >= ph->gemm0);
@@ -58,10 +64,11 @@ static int launch_timed(kb_ctx *ctx, kb_decoder *dec, phase *ph, const char *nam
     for (int i = 0; i < S; i++)
         if (now_busy[i] - ph->busy0[i] > cmax)
             cmax = now_busy[i] - ph->busy0[i];
-    if (cmax > dt)
-        cmax = dt;
+    if (cmax > span)
+        cmax = span;
     dec->st.compute_ns += kb_time_to_ns(cmax);
-    dec->st.memory_ns += kb_time_to_ns(dt - cmax);
+    dec->st.memory_ns += kb_time_to_ns(span - cmax);
+    dec->st.launch_ns += kb_time_to_ns(dt - span);
     if (proj)
         dec->st.proj_gemm_busy_ns += kb_time_to_ns(gemm1 - ph->gemm0);
     return 0;
@@ -350,7 +357,9 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
     dec->st.proj_gemm_closed_ns = proj_closed(ctx, dec);
 out:
     if (queued) { /* off on every path: the host's later writes and reads need it */
+        kb_time t_up = kb_sim_now(kb_ctx_sim(ctx));
         int rq = kb_launch_queue(ctx, 0);
+        dec->st.launch_ns += kb_time_to_ns(kb_sim_now(kb_ctx_sim(ctx)) - t_up);
         rc = rc ? rc : rq;
     }
     free(ph.busy0);

@@ -50,13 +50,15 @@ void rp_table_free(rp_table *t);
 /* The index of column name, or -1. */
 int rp_col(const rp_table *t, const char *name);
 
+#define RP_NSPLIT 4 /* the decoder's time split: compute, memory, comm, launch */
+
 /* The columns the page reads, by index; -1 where the file has none (files from before a
  * column was written lack it). */
 typedef struct rp_cols {
     int point, status, verified, bench, algorithm;
     int ws, n_elem, size, bytes;  /* world_size, n_elem, size, size_bytes */
     int time, busbw;              /* sim_time_ns, busbw_gbps */
-    int split[3];                 /* compute_ns, memory_ns, comm_ns */
+    int split[RP_NSPLIT];         /* compute_ns, memory_ns, comm_ns, launch_ns */
     int tps;                      /* tokens_per_s */
     int eff, bound, bres;         /* efficiency, bound_ns, bound_resource */
     int reff;                     /* roofline_efficiency */

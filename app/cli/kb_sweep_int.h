@@ -81,7 +81,7 @@ typedef struct sw_outcome {
     int have_bound;                    /* the run measured a bound (kb_bench_result.bound_*) */
     double size_bytes, sim_time_ns, algbw, busbw, wall_ms;
     double bound_ns, efficiency;       /* efficiency: kb_bench_efficiency, as `kbcl run` */
-    double split[4];                   /* compute_ns memory_ns comm_ns tokens_per_s */
+    double split[5];                   /* compute_ns memory_ns comm_ns launch_ns tokens_per_s */
     int have_roofline;                 /* the bench has a roofline (kb_bench_result.roofline) */
     double roofline_ns, roofline_efficiency;
     char roofline_bound[8];            /* kb_roofline_bound_name: compute, memory, comm */
@@ -119,7 +119,7 @@ typedef struct sw_ctx {
 
 /* The decoder_layer time split (docs/decoder.md): columns of a sweep whose bench takes a
  * model file, between wall_ms and verified (sweep_out.c). */
-#define SW_NSPLIT 4
+#define SW_NSPLIT 5
 extern const char *const kbcl_sweep_split_cols[SW_NSPLIT];
 
 /* sweep_plan.c: helpers */

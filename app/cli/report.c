@@ -291,22 +291,40 @@ static void page_plots(rp_buf *b, rp_plotdata *pd, int *nplots)
 
 /* ---------------------------------------------------------------- the time split ------ */
 
-static const char *const split_part[3] = { "compute", "memory", "communication" };
-static const char *const split_color[3] = { "#1f77b4", "#ff7f0e", "#d62728" };
+/* launch: files from before the command path had its own part lack it (then 0) */
+static const char *const split_part[RP_NSPLIT] = { "compute", "memory", "communication",
+                                                   "launch" };
+static const char *const split_color[RP_NSPLIT] = { "#1f77b4", "#ff7f0e", "#d62728",
+                                                    "#7f7f7f" };
+
+/* Part k of row r's split in ns (0 where the file has no such column). */
+static double split_val(const rp_plotdata *pd, int r, int k)
+{
+    int c = pd->c->split[k];
+    return c >= 0 ? strtod(pd->t->cell[r][c], NULL) : 0;
+}
+
+/* The parts the file has: the launch part only in files written since it was split off. */
+static int split_parts(const rp_cols *c)
+{
+    return c->split[3] >= 0 ? 4 : 3;
+}
 
 /* The split section's heading, its legend of bar colors and the table's header. */
 static void split_head(rp_buf *b, const rp_cols *c)
 {
     rp_printf(b, "<h2 id=\"split\">Decoder layer: time split vs TP size</h2>\n"
-              "<p>Simulated time of the layer split into compute, memory and "
-              "communication (docs/decoder.md), per TP size (system.sips.count), one "
-              "group per combination of the other swept keys. Bars: ");
-    for (int k = 0; k < 3; k++)
+              "<p>Simulated time of the layer split into compute, memory, "
+              "communication%s (docs/decoder.md), per TP size (system.sips.count), one "
+              "group per combination of the other swept keys. Bars: ",
+              split_parts(c) > 3 ? " and the launches' command path" : "");
+    for (int k = 0; k < split_parts(c); k++)
         rp_printf(b, "<span style=\"color:%s\">&#9632; %s</span> ", split_color[k],
                   split_part[k]);
     rp_printf(b, "</p>\n<table>\n<tr><th>series</th><th>TP</th><th>compute (us)</th>"
-              "<th>memory (us)</th><th>comm (us)</th><th>total (us)</th>"
+              "<th>memory (us)</th><th>comm (us)</th>%s<th>total (us)</th>"
               "<th>tokens/s</th>%s<th>split</th></tr>\n",
+              split_parts(c) > 3 ? "<th>launch (us)</th>" : "",
               c->eff >= 0 ? "<th>efficiency</th>" : "");
 }
 
@@ -317,8 +335,8 @@ static double split_tmax(const rp_plotdata *pd)
     for (int r = 0; r < pd->t->nrow; r++)
         if (pd->row_series[r] >= 0) {
             double tot = 0;
-            for (int k = 0; k < 3; k++)
-                tot += strtod(pd->t->cell[r][pd->c->split[k]], NULL);
+            for (int k = 0; k < split_parts(pd->c); k++)
+                tot += split_val(pd, r, k);
             tmax = fmax(tmax, tot);
         }
     return tmax;
@@ -352,22 +370,25 @@ static void split_row(rp_buf *b, const rp_plotdata *pd, int s, int r, double tp,
 {
     const rp_table *t = pd->t;
     const rp_cols *c = pd->c;
-    double v[3], tot = 0, x = 0;
+    double v[RP_NSPLIT], tot = 0, x = 0;
+    int np = split_parts(c);
 
-    for (int k = 0; k < 3; k++)
-        tot += (v[k] = strtod(t->cell[r][c->split[k]], NULL));
+    for (int k = 0; k < np; k++)
+        tot += (v[k] = split_val(pd, r, k));
     rp_printf(b, "<tr><td style=\"text-align:left\">");
     rp_esc(b, pd->series[s]);
-    rp_printf(b, "</td><td>%g</td><td>%.3f</td><td>%.3f</td><td>%.3f</td>"
-              "<td>%.3f</td><td>%s</td>", tp, v[0] * 1e-3, v[1] * 1e-3,
-              v[2] * 1e-3, tot * 1e-3, c->tps >= 0 ? t->cell[r][c->tps] : "");
+    rp_printf(b, "</td><td>%g</td>", tp);
+    for (int k = 0; k < np; k++)
+        rp_printf(b, "<td>%.3f</td>", v[k] * 1e-3);
+    rp_printf(b, "<td>%.3f</td><td>%s</td>", tot * 1e-3,
+              c->tps >= 0 ? t->cell[r][c->tps] : "");
     if (c->eff >= 0 && *t->cell[r][c->eff])
         rp_printf(b, "<td>%.3f</td>", strtod(t->cell[r][c->eff], NULL));
     else if (c->eff >= 0)
         rp_printf(b, "<td></td>");
     rp_printf(b, "<td>");
     rp_printf(b, "<svg width=\"320\" height=\"12\">");
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < np; k++) {
         double w = tmax > 0 ? v[k] / tmax * 320.0 : 0;
         rp_printf(b, "<rect x=\"%.2f\" y=\"0\" width=\"%.2f\" height=\"12\" "
                   "fill=\"%s\"/>", x, w, split_color[k]);
@@ -413,7 +434,7 @@ static int page_split(rp_buf *b, rp_plotdata *pd, int *nplots, kb_errbuf *eb)
     for (int s = 0; s < pd->nseries; s++)
         split_series(b, pd, s, byser + first[s], first[s + 1] - first[s], tmax);
     rp_printf(b, "</table>\n");
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < split_parts(pd->c); k++) {
         char what[64], ylab[64];
         snprintf(what, sizeof what, "%s time vs TP size", split_part[k]);
         snprintf(ylab, sizeof ylab, "%s (us)", split_part[k]);

@@ -254,6 +254,7 @@ void rp_cols_find(const rp_table *t, rp_cols *c)
     c->split[0] = rp_col(t, "compute_ns");
     c->split[1] = rp_col(t, "memory_ns");
     c->split[2] = rp_col(t, "comm_ns");
+    c->split[3] = rp_col(t, "launch_ns");
     c->tps = rp_col(t, "tokens_per_s");
     c->eff = rp_col(t, "efficiency");
     c->bound = rp_col(t, "bound_ns");
@@ -270,8 +271,8 @@ static int is_fixed_col(const char *name)
     static const char *const fixed[] = { "point", "bench", "size_bytes", "sim_time_ns",
                                          "algbw_gbps", "busbw_gbps", "events", "wall_ms",
                                          "verified", "status", "error", "compute_ns",
-                                         "memory_ns", "comm_ns", "tokens_per_s", "bound_ns",
-                                         "efficiency", "bound_resource", "roofline_ns",
+                                         "memory_ns", "comm_ns", "launch_ns", "tokens_per_s",
+                                         "bound_ns", "efficiency", "bound_resource", "roofline_ns",
                                          "roofline_bound", "roofline_efficiency" };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         if (!strcmp(name, fixed[i]))

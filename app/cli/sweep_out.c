@@ -22,7 +22,7 @@
 
 /* The decoder_layer time split's columns (kb_sweep_int.h). */
 const char *const kbcl_sweep_split_cols[SW_NSPLIT] = { "compute_ns", "memory_ns", "comm_ns",
-                                                       "tokens_per_s" };
+                                                       "launch_ns", "tokens_per_s" };
 
 /* Row status of an outcome: "ok", the lower-case KB_ERR_* name, or "crash". */
 const char *kbcl_sweep_status_name(int rc)

@@ -41,7 +41,7 @@
 /* ---- benches ---- */
 
 #define KB_BENCH_MAX_PARAMS 8
-#define KB_BENCH_MAX_EXTRAS 16
+#define KB_BENCH_MAX_EXTRAS 24
 
 typedef struct kb_bench_param {
     const char *name;
@@ -181,7 +181,7 @@ KB_API kb_fill kb_bench_pattern_fill(kb_bench_pat *p);
 
 /* ---- the plugin's entry points ---- */
 
-#define KB_PLUGIN_ABI_VERSION 10
+#define KB_PLUGIN_ABI_VERSION 11
 #define KB_PLUGIN_INIT_SYMBOL "kbcl_plugin_init"
 #define KB_PLUGIN_ABI_SYMBOL "kbcl_plugin_abi"
 

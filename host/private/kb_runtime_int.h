@@ -125,6 +125,8 @@ struct kb_launch_st {
     int queued;             /* the host program's device queue was on (kb_launch_queue) */
     kb_signal done;
     uint64_t *sip_kernels;  /* per SIP: its kernels that ended (added to ctx->kernels) */
+    kb_time *sip_kend;      /* per SIP: when its last kernel ended (its own partition writes it) */
+    kb_time kfirst;         /* the earliest kernel start of the launch */
     /* A launch forked over the SIPs (docs/parallel.md): its partitions, one per SIP of the
      * machine (owned; NULL: the launch runs in the context's simulation), and each
      * partition's first failure ([nsips], owned). */
@@ -170,6 +172,10 @@ typedef struct kb_hostproc {
     /* kb_launch_queue: 0 off; 1 on, no launch yet (the next pays the host's path down);
      * 2 on, the commands are in the IO_CPUs' queues */
     int queue;
+    /* its last launch's kernels: the first one's start and the last one's end (ps), for
+     * kb_launch_span; spanned once it has launched */
+    kb_time span[2];
+    int spanned;
 } kb_hostproc;
 
 struct kb_ctx {
