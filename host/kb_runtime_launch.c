@@ -148,6 +148,7 @@ static void kernel_main(kb_sim *sim, void *arg)
         if (!t->done)
             tl_fail(tl, KB_ERR_STATE, "the kernel returned before joining a thread it forked "
                     "(tl_join)");
+    kb_tl_wait_until(tl, tl->posted); /* a kernel is done when its writes have landed */
     if (tl->ctx->trace_rec) {
         /* the launch (and its name) is freed before the trace is written */
         const char *name = kb_trace_intern(tl->ctx->trace_rec, tl->launch->name);
@@ -171,6 +172,7 @@ static void thread_main(kb_sim *sim, void *arg)
         if (!c->done)
             tl_fail(&t->tl, KB_ERR_STATE, "a thread returned before joining a thread it forked "
                     "(tl_join)");
+    kb_tl_wait_until(&t->tl, t->tl.posted);
     kb_tl_release_all(&t->tl);
     t->done = 1;
     if (t->joiner)

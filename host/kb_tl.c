@@ -560,9 +560,11 @@ kb_val tl_ref2d(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt)
 /*
  * One DMA between a value (src_val: local or a tl_ref) and the strided block of a tensor at
  * va (row stride ld): to_mem stores v there (the tensor's dtype), otherwise the block is
- * loaded into v (v's dtype must be the tensor's).
+ * loaded into v (v's dtype must be the tensor's). Waits for the DMA, or (posted) only for
+ * its issue, the kernel's end then waiting for it; returns when the data are there.
  */
-static void dma_block(kb_tl *tl, kb_va va, uint32_t ld, kb_val v, int to_mem, const char *op)
+static kb_time dma_block(kb_tl *tl, kb_va va, uint32_t ld, kb_val v, int to_mem, int posted,
+                         const char *op)
 {
     kb_tensor *t;
     kb_dtype dt;
@@ -591,17 +593,33 @@ static void dma_block(kb_tl *tl, kb_va va, uint32_t ld, kb_val v, int to_mem, co
         else
             record_copy(tl, t_start, t_end, val_opnd(v), o);
     }
+    if (posted) {
+        tl->posted = t_end > tl->posted ? t_end : tl->posted;
+        kb_tl_wait_until(tl, issue_time(tl));
+        return t_end;
+    }
     kb_tl_wait_until(tl, t_end);
+    return t_end;
 }
 
 void tl_store(kb_tl *tl, kb_va va, kb_val v)
 {
-    dma_block(tl, va, v.cols, v, 1, "tl_store");
+    dma_block(tl, va, v.cols, v, 1, 0, "tl_store");
 }
 
 void tl_store2d(kb_tl *tl, kb_va va, uint32_t ld, kb_val v)
 {
-    dma_block(tl, va, ld, v, 1, "tl_store2d");
+    dma_block(tl, va, ld, v, 1, 0, "tl_store2d");
+}
+
+int64_t tl_store_async(kb_tl *tl, kb_va va, kb_val v)
+{
+    return (int64_t)dma_block(tl, va, v.cols, v, 1, 1, "tl_store_async");
+}
+
+int64_t tl_store2d_async(kb_tl *tl, kb_va va, uint32_t ld, kb_val v)
+{
+    return (int64_t)dma_block(tl, va, ld, v, 1, 1, "tl_store2d_async");
 }
 
 /* Occupies PE_MATH for `passes` passes over n elements from the issue time; returns the end. */
@@ -755,7 +773,7 @@ kb_val tl_clamp(kb_tl *tl, kb_val a, float lo, float hi)
 void tl_load_into(kb_tl *tl, kb_val dst, kb_va va, uint32_t ld)
 {
     need_local(tl, dst, "tl_load_into");
-    dma_block(tl, va, ld, dst, 0, "tl_load_into");
+    dma_block(tl, va, ld, dst, 0, 0, "tl_load_into");
 }
 
 kb_val tl_view(kb_tl *tl, kb_val v, uint32_t r0, uint32_t c0, uint32_t rows, uint32_t cols)

@@ -67,6 +67,11 @@ KB_API kb_val tl_load_async(kb_tl *tl, kb_va va, kb_shape s, kb_dtype dt, int64_
 KB_API void tl_wait_time(kb_tl *tl, int64_t t);
 /* Stores v at va, converting to the destination tensor's dtype. */
 KB_API void tl_store(kb_tl *tl, kb_va va, kb_val v);
+/* tl_store posted: the kernel goes on after the call's issue cost and gets the time the data
+ * have landed (the DMA's end). v must stay as it is until then: free it with tl_free_after
+ * at that time, not tl_free. The kernel (or thread) ends no earlier than its last posted
+ * store has landed, so what the next launch reads is there. tl_store2d_async likewise. */
+KB_API int64_t tl_store_async(kb_tl *tl, kb_va va, kb_val v);
 
 /*
  * Strided blocks (sub-matrices). `ld` is the row stride of the block in memory, in elements
@@ -88,6 +93,7 @@ KB_API void tl_store(kb_tl *tl, kb_va va, kb_val v);
 KB_API kb_val tl_load2d(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt);
 KB_API kb_val tl_ref2d(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt);
 KB_API void tl_store2d(kb_tl *tl, kb_va va, uint32_t ld, kb_val v);
+KB_API int64_t tl_store2d_async(kb_tl *tl, kb_va va, uint32_t ld, kb_val v);
 KB_API void tl_load_into(kb_tl *tl, kb_val dst, kb_va va, uint32_t ld);
 KB_API kb_val tl_view(kb_tl *tl, kb_val v, uint32_t r0, uint32_t c0, uint32_t rows, uint32_t cols);
 KB_API void tl_copy(kb_tl *tl, kb_val dst, kb_val src);

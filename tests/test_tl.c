@@ -409,6 +409,87 @@ static void test_add_duration(void **state)
     kb_ctx_destroy(ctx);
 }
 
+/* ---- posted stores ---- */
+
+typedef struct two_args {
+    kb_va t0, t1;
+} two_args;
+
+/* A blocking store, then two posted ones of the same value into the two tensors. */
+static void k_store_posted(kb_tl *tl, const kb_kargs *ka)
+{
+    probe *p = probe_of(ka);
+    const two_args *a = KB_KARGS_GET(ka, two_args);
+    kb_val x = tl_full(tl, KB_SHAPE2(1, 100), 1.5f);
+    kb_time t0 = kbt_tl_now(tl);
+    tl_store(tl, a->t0, x);
+    kb_time t1 = kbt_tl_now(tl);
+    int64_t la = tl_store_async(tl, a->t0, x);
+    kb_time t2 = kbt_tl_now(tl);
+    int64_t lb = tl_store2d_async(tl, a->t1, 100, x);
+    kb_time t3 = kbt_tl_now(tl);
+    p->dt[0] = t1 - t0;           /* the blocking store */
+    p->dt[1] = t2 - t1;           /* a posted one's issue */
+    p->dt[2] = t3 - t2;
+    p->dt[3] = (kb_time)la - t1;  /* its landing */
+    p->dt[4] = (kb_time)lb - t1;
+    p->t_enter[0] = (kb_time)lb;
+    tl_free_after(tl, x, lb);
+}
+
+static int h_store_posted(kb_ctx *ctx, void *arg)
+{
+    probe *p = arg;
+    kb_tensor_desc d0 = desc("a", 1, 100, KB_F32, on_pe0()), d1 = desc("b", 1, 100, KB_F32, on_pe0());
+    kb_tensor *t0, *t1;
+    kb_kargs a = kargs(p);
+    float out[100];
+    int rc;
+
+    if ((rc = kb_tensor_empty(ctx, &d0, &t0)) != 0 || (rc = kb_tensor_empty(ctx, &d1, &t1)) != 0)
+        return rc;
+    KB_KARGS_PUT(&a, (two_args){ .t0 = kb_tensor_va(t0), .t1 = kb_tensor_va(t1) });
+    if ((rc = kb_launch(ctx, "store_posted", k_store_posted, &a, &one_pe)) != 0 ||
+        (rc = kb_launch_span(ctx, &p->t2, &p->t3)) != 0)
+        return rc;
+    for (int k = 0; k < 2; k++) {
+        if ((rc = kb_tensor_read(k ? t1 : t0, out)) != 0)
+            return rc;
+        for (int i = 0; i < 100; i++)
+            if (out[i] != 1.5f)
+                return KB_ERR_VERIFY;
+    }
+    return 0;
+}
+
+static void test_store_posted(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    const kb_topo_cfg *c = topo(ctx);
+    probe p;
+
+    (void)state;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_ctx_run_host(ctx, h_store_posted, &p), 0);
+    /* 400 bytes scratch -> own HBM (timing-model.md §11, T_store): issue, TCM, NoC, HBM,
+     * DMA setup and the transfer at the channel's rate */
+    int64_t xfer = kbt_xfer_ps(400, c->dma_bandwidth_gbps), setup = kbt_ps(c->dma_setup_ns);
+    int64_t store = kbt_ps(c->pe_cpu_overhead_ns) + kbt_ps(c->tcm.latency_ns) +
+                    kbt_ps(c->noc.latency_ns) + kbt_ps(c->hbm.latency_ns) + setup + xfer;
+    assert_int_equal(p.dt[0], store);
+    assert_int_equal(p.dt[0], 132125);
+    /* posted: the kernel pays the issue only; the first lands as the blocking store did, the
+     * second (issued 2 ns later) waits for the one DMA channel: setup + transfer */
+    assert_int_equal(p.dt[1], kbt_ps(c->pe_cpu_overhead_ns));
+    assert_int_equal(p.dt[2], kbt_ps(c->pe_cpu_overhead_ns));
+    assert_int_equal(p.dt[3], store);
+    assert_int_equal(p.dt[4], store + setup + xfer);
+    assert_int_equal(p.dt[4], 155250);
+    /* the kernel ends when the last one has landed, and both tensors hold the value */
+    assert_int_equal(p.t3, p.t_enter[0]);
+    kb_ctx_destroy(ctx);
+}
+
 /* ---- reductions, softmax, broadcasting ---- */
 
 static const float k_sm_in[8] = { 1, -2, 3, -4, -1, 5, -3, 0 };
@@ -1785,6 +1866,7 @@ int main(void)
         cmocka_unit_test(test_launch_queue),
         cmocka_unit_test(test_load_add_store),
         cmocka_unit_test(test_add_duration),
+        cmocka_unit_test(test_store_posted),
         cmocka_unit_test(test_softmax_sum_max),
         cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_gemm_local),

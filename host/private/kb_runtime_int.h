@@ -82,6 +82,8 @@ struct kb_tl {
     kb_launch_st *launch;
     int pid[3], np[3];
     kb_time start;          /* when the launch message reaches the PE */
+    kb_time posted;         /* when its posted stores (tl_store_async) have all landed: its
+                             * end waits for it */
     kb_pa *vals;            /* live large scratch allocations (owned) */
     size_t nvals, capvals;
     /* large values freed lately, still allocated: a streaming kernel frees and allocates
