@@ -147,6 +147,7 @@ static kb_dec_rows_args rows_args(const kb_decoder *dec)
     return (kb_dec_rows_args){ .rc = pl->rc, .d = pl->d, .sp = dec->o.seq_parallel,
                                .piece = pl->piece, .post = dec->mc.post_norms, .T = pl->T,
                                .sblock = pl->machine ? 0 : pl->T,
+                               .posted = pl->machine || pl->dmachine,
                                .act = dec->act, .eps = dec->mc.norm_eps,
                                .off = dec->mc.norm_unit_offset };
 }
@@ -332,7 +333,7 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
     /* machine's kernels stream their gemms with a tile load in flight per DMA channel
      * (naive keeps SchedulerV2's double buffering) */
     if (dec->pl.machine || dec->pl.dmachine)
-        flags |= (int64_t)(m->cfg.dma_channels > 2 ? m->cfg.dma_channels : 2) << 24;
+        flags |= (int64_t)(m->cfg.dma_channels > 2 ? m->cfg.dma_channels : 2) << 24 | F_POSTED;
     memset(&dec->st, 0, sizeof dec->st);
     ph.busy0 = calloc(2 * (size_t)m->ncubes * (size_t)m->npes, sizeof(kb_time));
     if (!ph.busy0)

@@ -20,6 +20,9 @@
 #define F_ACT(x) ((kb_dtype)(((x) >> 16) & 0xff))
 /* SchedulerV2 stages the kernel takes (kb_tl_set_stages; 0: the default) */
 #define F_STAGES(x) ((int)(((x) >> 24) & 0xff))
+/* the kernel's stores to other PEs go posted, several at once (tl_store_async; machine) */
+#define F_POSTED ((int64_t)1 << 32)
+#define F_IS_POSTED(x) (((x)&F_POSTED) != 0)
 
 /* Each kernel's arguments (kb_kargs' typed block: KB_KARGS_PUT / KB_KARGS_GET). Shapes are
  * the plan's (kb_decoder_plan); flags is FLAGS(); weights take three VAs. */
@@ -40,6 +43,7 @@ typedef struct kb_dec_rows_args {
     int64_t sblock;     /* row owner j's sum rows start at j * sblock + r0 (naive: the
                            all-reduced per-PE blocks, T; machine: the SIP sum's, 0) */
     int mode, sp, post; /* sp: seq_parallel; post: the model's post norms */
+    int posted;         /* stores posted, all in flight at once (tl_store_async; machine) */
     kb_dtype act;
     double eps, off;    /* the norm's eps and unit offset */
 } kb_dec_rows_args;

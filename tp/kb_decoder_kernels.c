@@ -39,6 +39,36 @@ static kb_val wdot(kb_tl *tl, kb_val x, const kb_dec_wva *w, int j, uint32_t k, 
     return tl_dot_q(tl, x, q);
 }
 
+/* Whether a DMA of `bytes` is latency-bound: its bytes take no longer at one DMA channel's
+ * rate than the channel's setup and an HBM access (15 KiB on the shipped machine). */
+static int latency_bound(kb_tl *tl, double bytes)
+{
+    const kb_topo_cfg *c = &kb_ctx_machine(tl_ctx(tl))->cfg;
+    return bytes <= (c->dma_setup_ns + c->hbm.latency_ns) * c->dma_bandwidth_gbps;
+}
+
+/*
+ * A store of machine's kernels (posted != 0) that is latency-bound goes posted: the kernel
+ * goes on, so a loop of them has one per DMA channel in flight, and *landed gets the latest
+ * landing (free the value after it; the kernel's end waits for it anyway). Otherwise, and
+ * always for naive's kernels, it waits (tl_store): posting a bandwidth-bound store gains
+ * nothing once the ports are busy, and the reservation model (first come, first served,
+ * timing-model.md §12) then queues the later traffic behind it (Mistral-7B TP 8 seq 2048
+ * lost 7 % with its row owners' 128 KiB copies posted).
+ */
+static void dec_store(kb_tl *tl, int posted, kb_va va, uint32_t ld, kb_val v, size_t es,
+                      int64_t *landed)
+{
+    if (posted && latency_bound(tl, (double)v.rows * v.cols * (double)es)) {
+        int64_t t = tl_store2d_async(tl, va, ld, v);
+        *landed = t > *landed ? t : *landed;
+    } else if (ld == v.cols) {
+        tl_store(tl, va, v);
+    } else {
+        tl_store2d(tl, va, ld, v);
+    }
+}
+
 /* Rows [r0, r0 + n) (d columns) of a flattened 1 x Tl*d tensor split column-wise into pieces
  * of L elements (seq_parallel's collective layout), loaded into / stored from v (n x d):
  * one DMA per (piece, row) segment, whole rows at once where a piece holds several. */
@@ -108,7 +138,12 @@ void kb_decoder_rows_kernel(kb_tl *tl, const kb_kargs *ka)
         h = tl_add(tl, r, s);
         tl_free(tl, r);
         tl_free(tl, s);
-        tl_store(tl, a->out + (kb_va)(r0 * d) * 4, h);
+        /* machine: the norm below goes on while h is stored (it only reads h, which lives
+         * until the kernel's end, and that waits for the store) */
+        if (a->posted)
+            (void)tl_store_async(tl, a->out + (kb_va)(r0 * d) * 4, h);
+        else
+            tl_store(tl, a->out + (kb_va)(r0 * d) * 4, h);
         if (mode == 2)
             return;
     }
@@ -117,10 +152,12 @@ void kb_decoder_rows_kernel(kb_tl *tl, const kb_kargs *ka)
     if (sp)
         pieces_io(tl, n, a->norm, r0, rc, d, piece, kb_dtype_size(act), 1);
     else { /* into the copy of each gemm PE of the rows' token group (gemm_input) */
-        int64_t g = r0 / a->tr;
+        int64_t g = r0 / a->tr, landed = 0; /* n lives until the kernel's end */
         for (int64_t k = 0; k < a->ncopy; k++)
-            tl_store(tl, shard_va(tl, a->norm, (int)(g * a->ncopy + k)) +
-                             (kb_va)((r0 - g * a->tr) * d) * kb_dtype_size(act), n);
+            dec_store(tl, a->posted,
+                      shard_va(tl, a->norm, (int)(g * a->ncopy + k)) +
+                          (kb_va)((r0 - g * a->tr) * d) * kb_dtype_size(act),
+                      n.cols, n, kb_dtype_size(act), &landed);
     }
 }
 
@@ -154,7 +191,7 @@ static int cube_reads(const kb_dec_qkv_args *a, int64_t cc, int64_t r0, int64_t 
  * [col, col + y.cols)) into the copy of every attention cube that reads them (causal: the
  * cubes of later queries), split where a PE's part ends. */
 static void kv_replicate(kb_tl *tl, const kb_dec_qkv_args *a, kb_val y, int64_t h, int64_t r0,
-                         int64_t n, int64_t col)
+                         int64_t n, int64_t col, int64_t *landed)
 {
     size_t es = kb_dtype_size(F_ACT(a->flags));
     assert(h >= 0 && h < 2 * a->nkv && a->rep_rows > 0);
@@ -166,8 +203,9 @@ static void kv_replicate(kb_tl *tl, const kb_dec_qkv_args *a, kb_val y, int64_t 
             int64_t e = ((row + t) / a->rep_rows + 1) * a->rep_rows - row;
             if (e > n)
                 e = n;
-            tl_store2d(tl, a->rep + (kb_va)((row + t) * a->hd + col) * es, (uint32_t)a->hd,
-                       tl_view(tl, y, (uint32_t)t, 0, (uint32_t)(e - t), y.cols));
+            dec_store(tl, F_IS_POSTED(a->flags), a->rep + (kb_va)((row + t) * a->hd + col) * es,
+                      (uint32_t)a->hd, tl_view(tl, y, (uint32_t)t, 0, (uint32_t)(e - t), y.cols),
+                      es, landed);
             t = e;
         }
     }
@@ -203,10 +241,12 @@ void kb_decoder_qkv_kernel(kb_tl *tl, const kb_kargs *ka)
             tl_free(tl, sn);
             y = ry;
         }
-        tl_store(tl, out + (kb_va)((r0 - lo) * c) * kb_dtype_size(act), y);
+        int64_t landed = 0; /* y is read until then */
+        dec_store(tl, F_IS_POSTED(flags), out + (kb_va)((r0 - lo) * c) * kb_dtype_size(act),
+                  y.cols, y, kb_dtype_size(act), &landed);
         if (a->rep && u >= a->nq)
-            kv_replicate(tl, a, y, u - a->nq, r0, n, pi * c);
-        tl_free(tl, y);
+            kv_replicate(tl, a, y, u - a->nq, r0, n, pi * c, &landed);
+        tl_free_after(tl, y, landed);
     }
 }
 
@@ -371,19 +411,19 @@ static void attn_items_all_heads(kb_tl *tl, const kb_dec_attn_args *a, int pe)
     }
     kb_val part = wdot(tl, o, &a->wo, pe, (uint32_t)(nq * hd), (uint32_t)dq, a->flags);
     tl_free(tl, o);
+    int64_t landed = 0; /* part is read until then */
     for (int64_t t = 0; t < n;) { /* a row owner's block at a time (one PE's shard each) */
         int64_t r = base + q0 + t, e = (r / a->rc + 1) * a->rc - (base + q0);
         kb_val rows;
         if (e > n)
             e = n;
         rows = tl_view(tl, part, (uint32_t)t, 0, (uint32_t)(e - t), (uint32_t)dq);
-        if (a->ocol == 1)
-            tl_store(tl, a->sum + (kb_va)(r * d) * 4, rows);
-        else
-            tl_store2d(tl, a->sum + (kb_va)(r * d + cq * dq) * 4, (uint32_t)d, rows);
+        dec_store(tl, F_IS_POSTED(a->flags),
+                  a->sum + (kb_va)(r * d + (a->ocol == 1 ? 0 : cq * dq)) * 4,
+                  a->ocol == 1 ? rows.cols : (uint32_t)d, rows, 4, &landed);
         t = e;
     }
-    tl_free(tl, part);
+    tl_free_after(tl, part, landed);
 }
 
 void kb_decoder_attn_kernel(kb_tl *tl, const kb_kargs *ka)
@@ -544,9 +584,10 @@ void kb_decoder_dattn_kernel(kb_tl *tl, const kb_kargs *ka)
     /* the chunk's (P V, max, sum): nrep x (hd + 2) f32 */
     kb_va out = shard_va(tl, a->out, j);
     uint32_t ld = (uint32_t)(hd + 2);
-    tl_store2d(tl, out, ld, o);
-    tl_store2d(tl, out + (kb_va)hd * 4, ld, mx);
-    tl_store2d(tl, out + (kb_va)(hd + 1) * 4, ld, l);
+    int64_t landed = 0; /* o, mx, l live until the kernel's end, which waits for them */
+    dec_store(tl, F_IS_POSTED(flags), out, ld, o, 4, &landed);
+    dec_store(tl, F_IS_POSTED(flags), out + (kb_va)hd * 4, ld, mx, 4, &landed);
+    dec_store(tl, F_IS_POSTED(flags), out + (kb_va)(hd + 1) * 4, ld, l, 4, &landed);
 }
 
 /* machine decode: chunk ch's row of query head t (P V, max, sum: hd + 2 f32) as a segment
@@ -720,6 +761,27 @@ void kb_decoder_gsum_kernel(kb_tl *tl, const kb_kargs *ka)
     int64_t rc = a->rc, d = a->d, r0 = (int64_t)pe_index(tl) * rc, g = r0 / a->tr;
     kb_val acc = { 0 };
     assert(a->ncol >= 1 && (r0 - g * a->tr) + rc <= a->tr); /* a block inside one group */
+    if (a->ncol <= MAX_WAVE && latency_bound(tl, (double)(rc * d) * 4)) {
+        /* small blocks: every load in flight at once, then added in column order */
+        kb_val v[MAX_WAVE];
+        int64_t rdy[MAX_WAVE];
+        for (int64_t k = 0; k < a->ncol; k++)
+            v[k] = tl_load_async(tl, shard_va(tl, a->src, (int)(g * a->ncol + k)) +
+                                         (kb_va)((r0 - g * a->tr) * d) * 4,
+                                 KB_SHAPE2(rc, d), KB_F32, &rdy[k]);
+        tl_wait_time(tl, rdy[0]);
+        acc = v[0];
+        for (int64_t k = 1; k < a->ncol; k++) {
+            tl_wait_time(tl, rdy[k]);
+            kb_val s = tl_add(tl, acc, v[k]);
+            tl_free(tl, acc);
+            tl_free(tl, v[k]);
+            acc = s;
+        }
+        tl_store(tl, a->out + (kb_va)(r0 * d) * 4, acc);
+        tl_free(tl, acc);
+        return;
+    }
     for (int64_t k = 0; k < a->ncol; k++) /* the group's column blocks, in column order */
         acc = add_block(tl, &acc, k > 0,
                         shard_va(tl, a->src, (int)(g * a->ncol + k)) +
