@@ -352,6 +352,8 @@ static void test_plan(void **s)
     assert_int_equal(pl.nkv, 1);
     assert_int_equal(pl.rows.n, 1);
     assert_int_equal(pl.dsum, 1);
+    /* the MLP's partial rows too: the row owner sums them, its lane all-reduces them */
+    assert_int_equal(pl.dmsum, 1);
     o.kv_len = 32768; /* sqrt(32769 x 1024 / 2064) = 127.5: 128, as many as there are PEs */
     assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
     assert_int_equal(pl.chunks, 128);
@@ -368,16 +370,19 @@ static void test_plan(void **s)
     assert_int_equal(pl.comb.cubes, 4);
     assert_int_equal(pl.comb.n, 16);
     assert_int_equal(pl.dsum, 1); /* 4 row owners, PEs 0-3 of cube 0 */
+    assert_int_equal(pl.dmsum, 1);
     o.batch = 16;                 /* 16 row owners over two cubes: the partials' all-reduce */
     assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
     assert_int_equal(pl.rows.cubes, 2);
     assert_int_equal(pl.dsum, 0);
+    assert_int_equal(pl.dmsum, 0);
     o.batch = 4;
     o.mapping = KB_DEC_MAP_NAIVE; /* one PE per (sequence, KV head) */
     assert_int_equal(kb_decoder_plan_make(&m, &o, 4, 0, 16, 8, &pl, &eb), 0);
     assert_int_equal(pl.ccol, 1);
     assert_int_equal(pl.comb.n, 4);
     assert_int_equal(pl.dsum, 0);
+    assert_int_equal(pl.dmsum, 0);
     o.mapping = KB_DEC_MAP_AUTO;
     o.batch = 1;
     o.decode = 0;

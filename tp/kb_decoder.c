@@ -300,6 +300,10 @@ static int plan_groups(const kb_decoder_opts *o, int ws, int ncubes, int npes,
          * in the SIP), so they go into the row owners' sum rows, whose lanes alone all-reduce
          * them (the row owners in one cube: kb_dist_all_reduce_shards' first lanes) */
         pl->dsum = pl->nkv == 1 && pl->rows.cubes == 1 && (pl->rc * pl->d) % ws == 0;
+        /* the MLP's partial rows likewise: summed by the row owners first (a few KB from
+         * each MLP PE, all loads in flight), so that only their lanes cross the SIPs, where
+         * the process group's hierarchical all-reduce ran over every PE's block */
+        pl->dmsum = pl->rows.cubes == 1 && (pl->rc * pl->d) % ws == 0;
         return 0;
     }
     if ((pl->rc * pl->d) % ws)
@@ -658,7 +662,9 @@ static int make_rest(kb_ctx *ctx, kb_decoder *dec, const kb_decoder_fills *f, in
     } else if ((rc = make_t(ctx, "partial_attn", prow, pcol, KB_F32, all, NULL, 1, &dec->po)) != 0 ||
                (rc = make_t(ctx, "partial_mlp", prow, pcol, KB_F32, all, NULL, 1, &dec->pd)) != 0 ||
                (pl->dsum && (rc = make_t(ctx, "sum_attn", Tl, d, KB_F32, rows, NULL, 1,
-                                         &dec->sum_o)) != 0)) {
+                                         &dec->sum_o)) != 0) ||
+               (pl->dmsum && (rc = make_t(ctx, "sum_mlp", Tl, d, KB_F32, rows, NULL, 1,
+                                          &dec->sum_d)) != 0)) {
         return rc;
     }
     if ((rc = make_t(ctx, "h", Tl, d, KB_F32, rows, NULL, 0, &dec->h)) != 0 ||

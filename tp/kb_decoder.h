@@ -136,6 +136,9 @@ typedef struct kb_decoder_plan {
                                          reduced over the row owners' lanes only */
     int shared;                       /* machine decode of few tokens: one copy of the
                                          normalised rows, read by every gemm PE */
+    int dmsum;                        /* machine decode, row owners in one cube: the row
+                                         owners sum the MLP PEs' partial rows (gsum), then
+                                         all-reduce them over their lanes only */
 } kb_decoder_plan;
 
 /* The plan for rank `rank` of ws on a machine of ncubes x npes PEs per SIP. 0 or
@@ -171,7 +174,8 @@ typedef struct kb_decoder {
     kb_tensor *hn1, *hn2;               /* non-SP: a copy of the normalized T x d per gemm PE */
     kb_tensor *ag1_in, *ag1, *ag2_in, *ag2, *rs_o, *rs_d; /* seq_parallel */
     kb_tensor *sum_o, *sum_d;           /* machine: the SIP's sums, a block per row owner
-                                           (machine decode's sum_o with dsum: per row owner) */
+                                           (machine decode's sum_o with dsum and sum_d with
+                                           dmsum: per row owner) */
     kb_tensor *kv_rep;                  /* machine: every attention cube's copy of K and V */
     kb_qweight wqkv, wo, wg, wu, wd;
     kb_decoder_stats st;

@@ -301,7 +301,7 @@ static int fwd_mlp(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flags)
         .part = kb_tensor_va(dec->pd) });
     if ((rc = launch_timed(ctx, dec, ph, "dec_mlp", kb_decoder_mlp_kernel, &a, &pl->mlp, 1)) != 0)
         return rc;
-    if (pl->machine)
+    if (pl->machine || pl->dmsum)
         return fwd_sum_mlp(ctx, dec, ph);
     return coll_timed(ctx, dec, sp ? C_RS : C_AR, dec->rs_d, dec->pd);
 }
@@ -315,7 +315,9 @@ static int fwd_residual_mlp(kb_ctx *ctx, kb_decoder *dec, phase *ph, const kb_de
     r.mode = 2;
     r.x = kb_tensor_va(dec->h);
     r.lna = dec->ln[3] ? kb_tensor_va(dec->ln[3]) : 0;
-    r.sum = kb_tensor_va(sp ? dec->rs_d : dec->pl.machine ? dec->sum_d : dec->pd);
+    r.sum = kb_tensor_va(sp ? dec->rs_d : dec->pl.machine || dec->pl.dmsum ? dec->sum_d : dec->pd);
+    if (dec->pl.dmsum) /* the row owners' sum rows, not a block per PE */
+        r.sblock = 0;
     r.out = kb_tensor_va(dec->y);
     memset(&a, 0, sizeof a);
     KB_KARGS_PUT(&a, r);

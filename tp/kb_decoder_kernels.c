@@ -743,49 +743,37 @@ void kb_decoder_mlp_kernel(kb_tl *tl, const kb_kargs *ka)
 
 /* ---- machine: the SIP's partial sums of a row owner's rows ---- */
 
-/* acc + the rows x d f32 block at va (acc NULL: the block itself). */
-static kb_val add_block(kb_tl *tl, kb_val *acc, int have, kb_va va, int64_t rows, int64_t d)
-{
-    kb_val v = tl_load(tl, va, KB_SHAPE2(rows, d), KB_F32);
-    if (!have)
-        return v;
-    kb_val s = tl_add(tl, *acc, v);
-    tl_free(tl, *acc);
-    tl_free(tl, v);
-    return s;
-}
+/* Bytes of a row owner's blocks a wave of the MLP sums keeps in flight (scratch). */
+#define GSUM_WAVE_BYTES ((int64_t)2 << 20)
 
 void kb_decoder_gsum_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_gsum_args *a = KB_KARGS_GET(ka, kb_dec_gsum_args);
     int64_t rc = a->rc, d = a->d, r0 = (int64_t)pe_index(tl) * rc, g = r0 / a->tr;
-    kb_val acc = { 0 };
+    kb_val acc = { 0 }, v[MAX_WAVE];
+    int64_t rdy[MAX_WAVE], wave = GSUM_WAVE_BYTES / (rc * d * 4);
     assert(a->ncol >= 1 && (r0 - g * a->tr) + rc <= a->tr); /* a block inside one group */
-    if (a->ncol <= MAX_WAVE && latency_bound(tl, (double)(rc * d) * 4)) {
-        /* small blocks: every load in flight at once, then added in column order */
-        kb_val v[MAX_WAVE];
-        int64_t rdy[MAX_WAVE];
-        for (int64_t k = 0; k < a->ncol; k++)
-            v[k] = tl_load_async(tl, shard_va(tl, a->src, (int)(g * a->ncol + k)) +
+    /* the group's column blocks, a wave of loads in flight at once (into one PE: its own
+     * DMA channels and TCM port are the limit either way), added in column order */
+    wave = wave < 1 ? 1 : wave > MAX_WAVE ? MAX_WAVE : wave;
+    for (int64_t w0 = 0; w0 < a->ncol; w0 += wave) {
+        int64_t nw = a->ncol - w0 < wave ? a->ncol - w0 : wave;
+        for (int64_t k = 0; k < nw; k++)
+            v[k] = tl_load_async(tl, shard_va(tl, a->src, (int)(g * a->ncol + w0 + k)) +
                                          (kb_va)((r0 - g * a->tr) * d) * 4,
                                  KB_SHAPE2(rc, d), KB_F32, &rdy[k]);
-        tl_wait_time(tl, rdy[0]);
-        acc = v[0];
-        for (int64_t k = 1; k < a->ncol; k++) {
+        for (int64_t k = 0; k < nw; k++) {
             tl_wait_time(tl, rdy[k]);
-            kb_val s = tl_add(tl, acc, v[k]);
+            if (w0 + k == 0) {
+                acc = v[k];
+                continue;
+            }
+            kb_val sum = tl_add(tl, acc, v[k]);
             tl_free(tl, acc);
             tl_free(tl, v[k]);
-            acc = s;
+            acc = sum;
         }
-        tl_store(tl, a->out + (kb_va)(r0 * d) * 4, acc);
-        tl_free(tl, acc);
-        return;
     }
-    for (int64_t k = 0; k < a->ncol; k++) /* the group's column blocks, in column order */
-        acc = add_block(tl, &acc, k > 0,
-                        shard_va(tl, a->src, (int)(g * a->ncol + k)) +
-                            (kb_va)((r0 - g * a->tr) * d) * 4, rc, d);
     tl_store(tl, a->out + (kb_va)(r0 * d) * 4, acc);
     tl_free(tl, acc);
 }
