@@ -146,7 +146,7 @@ static kb_dec_rows_args rows_args(const kb_decoder *dec)
     const kb_decoder_plan *pl = &dec->pl;
     return (kb_dec_rows_args){ .rc = pl->rc, .d = pl->d, .sp = dec->o.seq_parallel,
                                .piece = pl->piece, .post = dec->mc.post_norms, .T = pl->T,
-                               .sblock = pl->machine ? 0 : pl->T,
+                               .sblock = pl->machine ? 0 : pl->T, .cstride = 1,
                                .posted = pl->machine || pl->dmachine,
                                .act = dec->act, .eps = dec->mc.norm_eps,
                                .off = dec->mc.norm_unit_offset };
@@ -160,7 +160,9 @@ static int fwd_norm_in(kb_ctx *ctx, kb_decoder *dec, phase *ph, const kb_dec_row
     kb_dec_rows_args r = *ra;
     kb_kargs a;
     r.mode = 0;
-    r.ncopy = pl->shared ? 1 : pl->qncol;
+    /* shared: one copy per cube of the QKV grid, its PEs reading it together */
+    r.ncopy = pl->shared ? (pl->qkv.n + pl->qkv.pes - 1) / pl->qkv.pes : pl->qncol;
+    r.cstride = pl->shared ? pl->qkv.pes : 1;
     r.tr = pl->qtr;
     r.x = kb_tensor_va(dec->x);
     r.lnb = kb_tensor_va(dec->ln[0]);
@@ -184,7 +186,7 @@ static int fwd_qkv(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flags)
     KB_KARGS_PUT(&a, (kb_dec_qkv_args){
         .T = pl->T, .d = pl->d, .c = pl->c, .p = pl->p, .nrope = pl->nq + pl->nkv,
         .hd = pl->hd, .tb = pl->tb, .flags = flags, .ncol = pl->qncol, .tr = pl->qtr,
-        .shared = pl->shared,
+        .shared = pl->shared ? pl->qkv.pes : 0,
         .rep = dec->kv_rep ? kb_tensor_va(dec->kv_rep) : 0, .rep_cubes = pl->att.cubes,
         .rep_rows = pl->rep_rows, .nq = pl->nq, .nkv = pl->nkv, .seq = dec->o.seq,
         .qb = pl->qb, .qrows = pl->qrows, .apes = pl->att.pes, .items = pl->items,
@@ -267,7 +269,8 @@ static int fwd_residual_attn(kb_ctx *ctx, kb_decoder *dec, phase *ph,
     kb_dec_rows_args r = *ra;
     kb_kargs a;
     r.mode = 1;
-    r.ncopy = pl->shared ? 1 : pl->mncol;
+    r.ncopy = pl->shared ? (pl->mlp.n + pl->mlp.pes - 1) / pl->mlp.pes : pl->mncol;
+    r.cstride = pl->shared ? pl->mlp.pes : 1;
     r.tr = pl->mtr;
     r.x = kb_tensor_va(dec->x);
     r.lna = dec->ln[1] ? kb_tensor_va(dec->ln[1]) : 0;
@@ -295,7 +298,7 @@ static int fwd_mlp(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flags)
     memset(&a, 0, sizeof a);
     KB_KARGS_PUT(&a, (kb_dec_mlp_args){
         .T = pl->T, .d = pl->d, .cf = pl->cf, .tb = pl->tb, .flags = flags,
-        .ncol = pl->mncol, .tr = pl->mtr, .shared = pl->shared,
+        .ncol = pl->mncol, .tr = pl->mtr, .shared = pl->shared ? pl->mlp.pes : 0,
         .act = kb_model_act(&dec->mc), .in = kb_tensor_va(sp ? dec->ag2 : dec->hn2),
         .wg = wvas(&dec->wg), .wu = wvas(&dec->wu), .wd = wvas(&dec->wd),
         .part = kb_tensor_va(dec->pd) });
@@ -332,10 +335,15 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
     int sp = o->seq_parallel, rc = 0;
     int64_t flags = FLAGS(o->fmt, o->sparse, dec->act);
     phase ph;
-    /* machine's kernels stream their gemms with a tile load in flight per DMA channel
-     * (naive keeps SchedulerV2's double buffering) */
-    if (dec->pl.machine || dec->pl.dmachine)
-        flags |= (int64_t)(m->cfg.dma_channels > 2 ? m->cfg.dma_channels : 2) << 24 | F_POSTED;
+    /* machine's kernels stream their gemms with two tile loads in flight per DMA channel, one
+     * transferring while the next one's HBM access is under way (a decode PE's weight tiles
+     * of 8 KiB move in 64 ns against 120 of setup and latency), as many as SchedulerV2 keeps;
+     * naive keeps its double buffering. Their small stores go posted (F_POSTED). */
+    if (dec->pl.machine || dec->pl.dmachine) {
+        int st = 2 * m->cfg.dma_channels;
+        flags |= (int64_t)(st < 2 ? 2 : st > KB_TL_MAX_STAGES ? KB_TL_MAX_STAGES : st) << 24 |
+                 F_POSTED;
+    }
     memset(&dec->st, 0, sizeof dec->st);
     ph.busy0 = calloc(2 * (size_t)m->ncubes * (size_t)m->npes, sizeof(kb_time));
     if (!ph.busy0)

@@ -39,6 +39,8 @@ typedef struct kb_dec_rows_args {
     kb_va x, lna, lnb, sum, out, norm;
     int64_t rc, d, piece, T;
     int64_t ncopy;      /* the gemm PEs' copies of norm per token group (without seq_parallel) */
+    int64_t cstride;    /* copy k of group g is block (g ncopy + k) cstride: 1, or with shared
+                           copies the gemm grid's PEs per cube (one copy per cube) */
     int64_t tr;         /* rows of a token group (the copies hold a group's rows; naive: T) */
     int64_t sblock;     /* row owner j's sum rows start at j * sblock + r0 (naive: the
                            all-reduced per-PE blocks, T; machine: the SIP sum's, 0) */
@@ -55,7 +57,8 @@ typedef struct kb_dec_qkv_args {
     int64_t T, d, c, p, hd, tb, flags;
     int64_t nrope;      /* head units that take RoPE (the queries' and keys') */
     int64_t ncol, tr;   /* token groups: column blocks per group, rows per group */
-    int shared;         /* machine decode: every PE reads the one copy (block 0) */
+    int shared;         /* machine decode: PE j reads its cube's copy, block (j / shared) shared
+                           (shared: the grid's PEs per cube); 0: its own block j */
     /* machine: the K and V blocks also into every attention cube's copy (rep: rep_cubes
      * copies of 2 nkv T rows of hd, K of each local KV head then V, rep_rows per PE) */
     kb_va rep;

@@ -155,7 +155,7 @@ void kb_decoder_rows_kernel(kb_tl *tl, const kb_kargs *ka)
         int64_t g = r0 / a->tr, landed = 0; /* n lives until the kernel's end */
         for (int64_t k = 0; k < a->ncopy; k++)
             dec_store(tl, a->posted,
-                      shard_va(tl, a->norm, (int)(g * a->ncopy + k)) +
+                      shard_va(tl, a->norm, (int)((g * a->ncopy + k) * a->cstride)) +
                           (kb_va)((r0 - g * a->tr) * d) * kb_dtype_size(act),
                       n.cols, n, kb_dtype_size(act), &landed);
     }
@@ -226,7 +226,8 @@ void kb_decoder_qkv_kernel(kb_tl *tl, const kb_kargs *ka)
     kb_va out = shard_va(tl, a->out, j);
     for (int64_t r0 = lo; r0 < hi; r0 += tb) {
         int64_t n = hi - r0 < tb ? hi - r0 : tb;
-        kb_val x = gemm_input(tl, a->in, a->shared ? 0 : j, r0 - lo, n, d, act);
+        kb_val x = gemm_input(tl, a->in, a->shared ? j / a->shared * a->shared : j, r0 - lo, n,
+                              d, act);
         kb_val y = wdot(tl, x, &a->w, j, (uint32_t)d, (uint32_t)c, flags);
         tl_free(tl, x);
         if (rope) {
@@ -727,7 +728,8 @@ void kb_decoder_mlp_kernel(kb_tl *tl, const kb_kargs *ka)
     int64_t lo = j / a->ncol * a->tr, hi = lo + a->tr;
     for (int64_t r0 = lo; r0 < hi; r0 += tb) {
         int64_t n = hi - r0 < tb ? hi - r0 : tb;
-        kb_val x = gemm_input(tl, a->in, a->shared ? 0 : j, r0 - lo, n, d, F_ACT(flags));
+        kb_val x = gemm_input(tl, a->in, a->shared ? j / a->shared * a->shared : j, r0 - lo, n,
+                              d, F_ACT(flags));
         kb_val g = wdot(tl, x, &a->wg, j, (uint32_t)d, (uint32_t)cf, flags);
         kb_val u = wdot(tl, x, &a->wu, j, (uint32_t)d, (uint32_t)cf, flags);
         tl_free(tl, x);
