@@ -77,17 +77,27 @@ static void write_rows(const char *name)
     free(line);
 }
 
+/* `kbcl report NAME.csv -o NAME.html` in the work folder: the page (the caller frees it). */
+static char *render(const char *name)
+{
+    char out[4096], cmd[256];
+    snprintf(cmd, sizeof cmd, "report %s.csv -o %s.html", name, name);
+    if (kbt_kbcl(out, sizeof out, cmd) != 0)
+        fail_msg("%s", out);
+    snprintf(cmd, sizeof cmd, "%s.html", name);
+    char *html = kbt_slurp(cmd);
+    assert_non_null(html);
+    return html;
+}
+
 static void test_report_40k(void **s)
 {
-    char out[4096], want[256];
+    char want[256];
     char *html, *plot, *end;
     int nok = NROWS - NROWS / ERR_EVERY;
     (void)s;
     write_rows("big.csv");
-    if (kbt_kbcl(out, sizeof out, "report big.csv -o big.html") != 0)
-        fail_msg("%s", out);
-    html = kbt_slurp("big.html");
-    assert_non_null(html);
+    html = render("big");
     snprintf(want, sizeof want, "<p>%d rows: %d ok (0 failed verification), %d errors.", NROWS,
              nok, NROWS / ERR_EVERY);
     kbt_msg_has(html, want);
@@ -134,7 +144,7 @@ static void test_report_40k(void **s)
 static void test_report_decoder(void **s)
 {
     static const char *const fmt[] = { "f16", "int8", "fp8e4m3" };
-    char out[4096], path[512];
+    char path[512];
     char *html, *plot, *end;
     FILE *f;
     (void)s;
@@ -152,10 +162,7 @@ static void test_report_decoder(void **s)
                 0.1, t / 10, t / 2, t / 3, 128e9 / t, rl, rl / t);
     }
     assert_int_equal(fclose(f), 0);
-    if (kbt_kbcl(out, sizeof out, "report dec.csv -o dec.html") != 0)
-        fail_msg("%s", out);
-    html = kbt_slurp("dec.html");
-    assert_non_null(html);
+    html = render("dec");
     kbt_msg_has(html, "<h2 id=\"split\">Decoder layer: time split vs TP size</h2>");
     kbt_msg_has(html, "<dt><b>roofline efficiency</b> (a fraction, 0..1)</dt>");
     plot = strstr(html, "aria-label=\"roofline efficiency vs TP size\"");
@@ -179,7 +186,7 @@ static void test_report_decoder(void **s)
  * bar part, and the total the sum of the four. */
 static void test_report_decoder_launch(void **s)
 {
-    char out[4096], path[512];
+    char path[512];
     char *html;
     FILE *f;
     (void)s;
@@ -190,10 +197,7 @@ static void test_report_decoder_launch(void **s)
     fprintf(f, "0,2,decoder_layer,10000,1000,2000,3000,4000,12800000,ok\n");
     fprintf(f, "1,4,decoder_layer,6000,500,1500,2500,1500,21333333,ok\n");
     assert_int_equal(fclose(f), 0);
-    if (kbt_kbcl(out, sizeof out, "report decl.csv -o decl.html") != 0)
-        fail_msg("%s", out);
-    html = kbt_slurp("decl.html");
-    assert_non_null(html);
+    html = render("decl");
     kbt_msg_has(html, "<th>comm (us)</th><th>launch (us)</th><th>total (us)</th>");
     kbt_msg_has(html, "<td>2</td><td>1.000</td><td>2.000</td><td>3.000</td><td>4.000</td>"
                       "<td>10.000</td>");
