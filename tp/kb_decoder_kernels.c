@@ -101,6 +101,28 @@ static void pieces_io(kb_tl *tl, kb_val v, kb_va va, int64_t r0, int64_t n, int6
 
 /* ---- row owners: norms and residual adds ---- */
 
+/* An input a machine kernel loads ahead (every one in flight at once), or not (have 0). */
+typedef struct dec_pre {
+    kb_val v;
+    int64_t ready;
+    int have;
+} dec_pre;
+
+static void pre_load(kb_tl *tl, dec_pre *p, kb_va va, kb_shape s, kb_dtype dt)
+{
+    p->v = tl_load_async(tl, va, s, dt, &p->ready);
+    p->have = 1;
+}
+
+/* The input at va: the one loaded ahead, once it is there, or a load now. */
+static kb_val pre_get(kb_tl *tl, dec_pre *p, kb_va va, kb_shape s, kb_dtype dt)
+{
+    if (!p->have)
+        return tl_load(tl, va, s, dt);
+    tl_wait_time(tl, p->ready);
+    return p->v;
+}
+
 void kb_decoder_rows_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dec_rows_args *a = KB_KARGS_GET(ka, kb_dec_rows_args);
@@ -110,10 +132,23 @@ void kb_decoder_rows_kernel(kb_tl *tl, const kb_kargs *ka)
     float eps = (float)a->eps, off = (float)a->off;
     int j = pe_index(tl);
     int64_t r0 = (int64_t)j * rc;
+    kb_dtype rdt = mode == 1 ? act : KB_F32, xdt = mode == 0 ? act : rdt;
+    kb_va xva = a->x + (kb_va)(r0 * d) * kb_dtype_size(xdt);
+    kb_va sva = a->sum + (kb_va)(((int64_t)j * a->sblock + r0) * d) * 4;
     kb_val h;
+    /* machine: every input in flight at once (naive loads each where it is used) */
+    dec_pre px = { { 0 }, 0, 0 }, ps = px, pa = px, pb = px;
+    if (a->posted) {
+        if (mode != 0 && !sp)
+            pre_load(tl, &ps, sva, KB_SHAPE2(rc, d), KB_F32);
+        if (mode != 0 && post)
+            pre_load(tl, &pa, shard_va(tl, a->lna, j), KB_SHAPE2(1, d), KB_F32);
+        pre_load(tl, &px, xva, KB_SHAPE2(rc, d), xdt);
+        if (mode != 2)
+            pre_load(tl, &pb, shard_va(tl, a->lnb, j), KB_SHAPE2(1, d), KB_F32);
+    }
     if (mode == 0) {
-        h = tl_load(tl, a->x + (kb_va)(r0 * d) * kb_dtype_size(act), KB_SHAPE2(rc, d),
-                    act);
+        h = pre_get(tl, &px, xva, KB_SHAPE2(rc, d), act);
     } else {
         /* the summed partials: an all-reduced block (any block holds the sum; j's is local)
          * or the rank's reduce-scatter pieces */
@@ -122,19 +157,16 @@ void kb_decoder_rows_kernel(kb_tl *tl, const kb_kargs *ka)
             s = tl_full(tl, KB_SHAPE2(rc, d), 0.0f);
             pieces_io(tl, s, a->sum, r0, rc, d, piece, 4, 0);
         } else {
-            s = tl_load(tl, a->sum + (kb_va)(((int64_t)j * a->sblock + r0) * d) * 4,
-                        KB_SHAPE2(rc, d), KB_F32);
+            s = pre_get(tl, &ps, sva, KB_SHAPE2(rc, d), KB_F32);
         }
         if (post) {
-            kb_val w = tl_load(tl, shard_va(tl, a->lna, j), KB_SHAPE2(1, d), KB_F32);
+            kb_val w = pre_get(tl, &pa, shard_va(tl, a->lna, j), KB_SHAPE2(1, d), KB_F32);
             kb_val n = tl_rmsnorm(tl, s, w, eps, off);
             tl_free(tl, s);
             tl_free(tl, w);
             s = n;
         }
-        kb_dtype rdt = mode == 1 ? act : KB_F32;
-        kb_val r = tl_load(tl, a->x + (kb_va)(r0 * d) * kb_dtype_size(rdt),
-                           KB_SHAPE2(rc, d), rdt);
+        kb_val r = pre_get(tl, &px, xva, KB_SHAPE2(rc, d), rdt);
         h = tl_add(tl, r, s);
         tl_free(tl, r);
         tl_free(tl, s);
@@ -147,7 +179,7 @@ void kb_decoder_rows_kernel(kb_tl *tl, const kb_kargs *ka)
         if (mode == 2)
             return;
     }
-    kb_val w = tl_load(tl, shard_va(tl, a->lnb, j), KB_SHAPE2(1, d), KB_F32);
+    kb_val w = pre_get(tl, &pb, shard_va(tl, a->lnb, j), KB_SHAPE2(1, d), KB_F32);
     kb_val n = tl_rmsnorm(tl, h, w, eps, off);
     if (sp)
         pieces_io(tl, n, a->norm, r0, rc, d, piece, kb_dtype_size(act), 1);
@@ -354,11 +386,30 @@ static dec_seg rep_seg(const void *ud, int64_t k)
     return (dec_seg){ r->rep + (kb_va)(t * r->hd) * r->es, t - r->r0, 0, e - t, r->hd };
 }
 
-static void rep_rows(kb_tl *tl, kb_val dst, kb_va rep, int64_t per, int64_t hd, int64_t r0,
-                     int64_t n, kb_dtype act)
+/* K (rows [rk, rk + n) of the copy) into rows [0, n) of kv and V (from rv) into rows
+ * [n, 2n): the segments of both in flight at once (waves of MAX_WAVE). */
+typedef struct kv_src {
+    rep_src k, v;
+    int64_t nk; /* K's segments; V's follow */
+} kv_src;
+
+static dec_seg kv_seg(const void *ud, int64_t i)
 {
-    rep_src r = { rep, per, hd, r0, n, kb_dtype_size(act) };
-    load_segs(tl, dst, (r0 + n - 1) / per - r0 / per + 1, rep_seg, &r, act);
+    const kv_src *s = ud;
+    dec_seg g = i < s->nk ? rep_seg(&s->k, i) : rep_seg(&s->v, i - s->nk);
+    g.at += i < s->nk ? 0 : s->k.n; /* V's rows sit below K's in the pair's value */
+    return g;
+}
+
+static void rep_rows_kv(kb_tl *tl, kb_val kv, kb_va rep, int64_t per, int64_t hd, int64_t rk,
+                        int64_t rv, int64_t n, kb_dtype act)
+{
+    size_t es = kb_dtype_size(act);
+    kv_src s = { { rep, per, hd, rk, n, es }, { rep, per, hd, rv, n, es }, 0 };
+    int64_t nv = (rv + n - 1) / per - rv / per + 1;
+    s.nk = (rk + n - 1) / per - rk / per + 1;
+    load_segs_wave(tl, kv, s.nk + nv, kv_seg, &s, act,
+                   s.nk + nv < MAX_WAVE ? s.nk + nv : MAX_WAVE);
 }
 
 /* softmax_causal(softcap(scale q k^T)) v for queries from position q0 (n x hd f32) */
@@ -392,12 +443,12 @@ static void attn_items_all_heads(kb_tl *tl, const kb_dec_attn_args *a, int pe)
     assert(n > 0 && nq % nkv == 0); /* an item has rows; GQA groups of whole heads */
     kb_val o = kb_tl_scratch_val(tl, (uint32_t)n, (uint32_t)(nq * hd), KB_F32, "decoder attention");
     for (int64_t h = 0; h < nkv; h++) {
-        kb_val k = kb_tl_scratch_val(tl, (uint32_t)q1, (uint32_t)hd, KB_F32, "decoder attention");
-        kb_val v = kb_tl_scratch_val(tl, (uint32_t)q1, (uint32_t)hd, KB_F32, "decoder attention");
-        rep_rows(tl, k, rep, a->rep_rows, hd, h * T + base, q1, act);
-        rep_rows(tl, v, rep, a->rep_rows, hd, (nkv + h) * T + base, q1, act);
-        kb_val kt = tl_transpose(tl, k);
-        tl_free(tl, k);
+        /* K and V of the prefix, both loaded at once: rows [0, q1) and [q1, 2 q1) of kv */
+        kb_val kv = kb_tl_scratch_val(tl, (uint32_t)(2 * q1), (uint32_t)hd, KB_F32,
+                                      "decoder attention");
+        rep_rows_kv(tl, kv, rep, a->rep_rows, hd, h * T + base, (nkv + h) * T + base, q1, act);
+        kb_val v = tl_view(tl, kv, (uint32_t)q1, 0, (uint32_t)q1, (uint32_t)hd);
+        kb_val kt = tl_transpose(tl, tl_view(tl, kv, 0, 0, (uint32_t)q1, (uint32_t)hd));
         for (int64_t i = h * (nq / nkv); i < (h + 1) * (nq / nkv); i++) {
             kb_val q = kb_tl_scratch_val(tl, (uint32_t)n, (uint32_t)hd, KB_F32,
                                          "decoder attention");
@@ -408,7 +459,7 @@ static void attn_items_all_heads(kb_tl *tl, const kb_dec_attn_args *a, int pe)
             tl_free(tl, oi);
         }
         tl_free(tl, kt);
-        tl_free(tl, v);
+        tl_free(tl, kv);
     }
     kb_val part = wdot(tl, o, &a->wo, pe, (uint32_t)(nq * hd), (uint32_t)dq, a->flags);
     tl_free(tl, o);
@@ -506,9 +557,21 @@ static void dattn_new_kv(kb_tl *tl, const kb_dec_dattn_args *a, kb_val k, kb_val
             tl_view(tl, kv, 0, 0, 1, (uint32_t)hd));
     tl_copy(tl, tl_view(tl, v, (uint32_t)last, 0, 1, (uint32_t)hd),
             tl_view(tl, kv, 1, 0, 1, (uint32_t)hd));
-    tl_store(tl, kc + (kb_va)(row * hd) * es, tl_view(tl, kv, 0, 0, 1, (uint32_t)hd));
-    tl_store(tl, vc + (kb_va)(row * hd) * es, tl_view(tl, kv, 1, 0, 1, (uint32_t)hd));
-    tl_free(tl, kv);
+    int64_t landed = 0; /* kv is read until then */
+    dec_store(tl, F_IS_POSTED(a->flags), kc + (kb_va)(row * hd) * es, (uint32_t)hd,
+              tl_view(tl, kv, 0, 0, 1, (uint32_t)hd), es, &landed);
+    dec_store(tl, F_IS_POSTED(a->flags), vc + (kb_va)(row * hd) * es, (uint32_t)hd,
+              tl_view(tl, kv, 1, 0, 1, (uint32_t)hd), es, &landed);
+    tl_free_after(tl, kv, landed);
+}
+
+/* A chunk PE's rows x hd f32 value: zeroed (naive), or not where every row is written
+ * before it is read (machine). */
+static kb_val dattn_rows(kb_tl *tl, int fast, int64_t rows, int64_t hd)
+{
+    if (!fast)
+        return tl_full(tl, KB_SHAPE2(rows, hd), 0.0f);
+    return kb_tl_scratch_val(tl, (uint32_t)rows, (uint32_t)hd, KB_F32, "decoder attention");
 }
 
 void kb_decoder_dattn_kernel(kb_tl *tl, const kb_kargs *ka)
@@ -528,7 +591,14 @@ void kb_decoder_dattn_kernel(kb_tl *tl, const kb_kargs *ka)
     int64_t p1 = p0 + clen < kvl + 1 ? p0 + clen : kvl + 1, len = p1 - p0;
     int64_t ncache = (p1 < kvl ? p1 : kvl) - p0; /* cached positions of the chunk */
     kb_va kc = shard_va(tl, a->kc, j), vc = shard_va(tl, a->vc, j);
-    kb_val q = tl_full(tl, KB_SHAPE2(nrep, hd), 0.0f);
+    /* machine: the chunk's cached K and V on their way while the query blocks come */
+    kb_val kb = { 0 }, vb = { 0 };
+    int64_t rk = 0, rv = 0;
+    if (a->fast && ncache > 0) {
+        kb = tl_load_async(tl, kc, KB_SHAPE2(ncache, hd), act, &rk);
+        vb = tl_load_async(tl, vc, KB_SHAPE2(ncache, hd), act, &rv);
+    }
+    kb_val q = dattn_rows(tl, a->fast, nrep, hd);
     if (a->fast) { /* every query block in flight at once */
         unit_src us = { tl, a->qkv, g * nrep, 1, p, c, b, es };
         load_segs(tl, q, nrep * p, unit_seg, &us, act);
@@ -537,10 +607,17 @@ void kb_decoder_dattn_kernel(kb_tl *tl, const kb_kargs *ka)
             head_rows(tl, tl_view(tl, q, (uint32_t)t, 0, 1, (uint32_t)hd), a->qkv,
                       g * nrep + t, p, c, T, b, 1, act);
     }
-    kb_val k = tl_full(tl, KB_SHAPE2(len, hd), 0.0f), v = tl_full(tl, KB_SHAPE2(len, hd), 0.0f);
+    /* machine: no zero fill, every row is written below (the cached ones, then the new
+     * token's when the chunk holds position kv_len) */
+    kb_val k = dattn_rows(tl, a->fast, len, hd), v = dattn_rows(tl, a->fast, len, hd);
+    assert(ncache == len || ncache + 1 == len); /* the new token is the last row */
     if (ncache > 0) {
-        kb_val kb = tl_load(tl, kc, KB_SHAPE2(ncache, hd), act);
-        kb_val vb = tl_load(tl, vc, KB_SHAPE2(ncache, hd), act);
+        if (a->fast) {
+            tl_wait_time(tl, rk > rv ? rk : rv);
+        } else {
+            kb = tl_load(tl, kc, KB_SHAPE2(ncache, hd), act);
+            vb = tl_load(tl, vc, KB_SHAPE2(ncache, hd), act);
+        }
         tl_copy(tl, tl_view(tl, k, 0, 0, (uint32_t)ncache, (uint32_t)hd), kb);
         tl_copy(tl, tl_view(tl, v, 0, 0, (uint32_t)ncache, (uint32_t)hd), vb);
         tl_free(tl, kb);
