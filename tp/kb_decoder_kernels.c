@@ -4,6 +4,8 @@
  * row owners' norms and residual adds, QKV with RoPE, prefill attention with its W_o rows,
  * decode's split-KV attention and its combination, and the MLP. Each PE finds its work from
  * its index in the launch's grid; weights go through tl_dot_q in their number format.
+ * Mapping machine's kernels keep their DMAs in flight together (inputs loaded ahead, small
+ * stores posted), where naive's wait for each.
  * Limits: the shapes are the plan's (kb_decoder_plan_make), which the kernels do not check.
  */
 #include "kb_decoder_int.h"
