@@ -776,6 +776,12 @@ void tl_load_into(kb_tl *tl, kb_val dst, kb_va va, uint32_t ld)
     dma_block(tl, va, ld, dst, 0, 0, "tl_load_into");
 }
 
+int64_t tl_load_into_async(kb_tl *tl, kb_val dst, kb_va va, uint32_t ld)
+{
+    need_local(tl, dst, "tl_load_into_async");
+    return (int64_t)dma_block(tl, va, ld, dst, 0, 1, "tl_load_into_async");
+}
+
 kb_val tl_view(kb_tl *tl, kb_val v, uint32_t r0, uint32_t c0, uint32_t rows, uint32_t cols)
 {
     uint32_t ld = kb_val_ld(v);

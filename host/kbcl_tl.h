@@ -95,6 +95,10 @@ KB_API kb_val tl_ref2d(kb_tl *tl, kb_va va, kb_shape s, uint32_t ld, kb_dtype dt
 KB_API void tl_store2d(kb_tl *tl, kb_va va, uint32_t ld, kb_val v);
 KB_API int64_t tl_store2d_async(kb_tl *tl, kb_va va, uint32_t ld, kb_val v);
 KB_API void tl_load_into(kb_tl *tl, kb_val dst, kb_va va, uint32_t ld);
+/* tl_load_into posted: the kernel goes on after the issue cost and gets the time the data
+ * are in dst; it waits for it (tl_wait_time) before an op reads dst. So several blocks can
+ * be loaded into views of one value at once, without a copy each. */
+KB_API int64_t tl_load_into_async(kb_tl *tl, kb_val dst, kb_va va, uint32_t ld);
 KB_API kb_val tl_view(kb_tl *tl, kb_val v, uint32_t r0, uint32_t c0, uint32_t rows, uint32_t cols);
 KB_API void tl_copy(kb_tl *tl, kb_val dst, kb_val src);
 

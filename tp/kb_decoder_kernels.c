@@ -321,6 +321,25 @@ static void load_segs_wave(kb_tl *tl, kb_val dst, int64_t nseg, dec_seg_fn seg,
     }
 }
 
+/* The same for segments already in dst's dtype: each DMA'd straight into its view of dst,
+ * a wave in flight at once, with no copy. */
+static void load_segs_into(kb_tl *tl, kb_val dst, int64_t nseg, dec_seg_fn seg, const void *ud,
+                           int64_t wave)
+{
+    assert(wave >= 1);
+    for (int64_t w0 = 0; w0 < nseg; w0 += wave) {
+        int64_t ready = 0;
+        for (int64_t k = w0; k < nseg && k < w0 + wave; k++) {
+            dec_seg s = seg(ud, k);
+            int64_t rdy = tl_load_into_async(tl, tl_view(tl, dst, (uint32_t)s.at, (uint32_t)s.col,
+                                                         (uint32_t)s.rows, (uint32_t)s.cols),
+                                             s.va, (uint32_t)s.cols);
+            ready = rdy > ready ? rdy : ready;
+        }
+        tl_wait_time(tl, ready);
+    }
+}
+
 static void load_segs(kb_tl *tl, kb_val dst, int64_t nseg, dec_seg_fn seg, const void *ud,
                       kb_dtype act)
 {
@@ -697,8 +716,9 @@ static void dcomb_bulk(kb_tl *tl, const kb_dec_dcomb_args *a, int j, int64_t nre
     chunk_src cs = { tl, a->dpart, C, hd, (int64_t)j * C };
     kb_val P = kb_tl_scratch_val(tl, (uint32_t)(nrep * C), (uint32_t)(hd + 2), KB_F32,
                                  "decoder combine");
-    /* small segments from every cube: latency-bound, so many in flight */
-    load_segs_wave(tl, P, nrep * C, chunk_seg, &cs, KB_F32, MAX_WAVE);
+    /* small segments from every cube: latency-bound, so many in flight, each straight into
+     * its row of P (f32 both) */
+    load_segs_into(tl, P, nrep * C, chunk_seg, &cs, MAX_WAVE);
     for (int64_t t = 0; t < nrep; t++) {
         uint32_t r0 = (uint32_t)(t * C);
         kb_val m = tl_view(tl, P, r0, (uint32_t)hd, (uint32_t)C, 1);
