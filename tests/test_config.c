@@ -62,8 +62,8 @@ static void test_defaults(void **state)
     assert_int_equal(cfg.topo.sips_count, 2);
     assert_string_equal(cfg.topo.sips_topology, "ring_1d");
     assert_true(cfg.topo.switch_overhead_ns == 5.0);
-    assert_string_equal(cfg.topo.switch_arbitration, "route");
-    assert_int_equal(kb_topo_switch_per_sip(&cfg.topo), 0);
+    assert_string_equal(cfg.topo.switch_arbitration, "per_sip");
+    assert_int_equal(kb_topo_switch_per_sip(&cfg.topo), 1);
     assert_true(cfg.topo.inter_sip.bandwidth_gbps == 100.0);
     assert_true(cfg.topo.inter_sip.latency_ns == 500.0);
     assert_true(cfg.topo.pcie.bandwidth_gbps == 64.0 && cfg.topo.pcie.latency_ns == 1000.0);

@@ -954,13 +954,14 @@ static void check_cross_sip(int n_slots)
     static const char *const sets[] = {
         "system.sips.count=2", "sip.cube_mesh.width=1", "sip.cube_mesh.height=1",
         "cube.corners=1", "cube.pe_per_corner=1", "cube.noc.topology=bus", "pe.dma.channels=1",
-        "system.switch.arbitration=per_sip",
+        "system.switch.arbitration=route", "system.switch.arbitration=per_sip",
     };
     kb_ctx_opts opts = { .device = KB_DEV_NONE };
     xs_fx f[2];
     uint64_t events[2];
     for (int arb = 0; arb < 2; arb++) {
-        kb_ctx *ctx = kbt_ctx_new(sets, 7 + (size_t)arb, &opts);
+        /* route named, then overridden by per_sip (the default since 2026-12-04) */
+        kb_ctx *ctx = kbt_ctx_new(sets, 8 + (size_t)arb, &opts);
         memset(&f[arb], 0, sizeof f[arb]);
         f[arb].n_slots = n_slots;
         assert_int_equal(kb_ctx_machine(ctx)->per_sip, arb);

@@ -480,6 +480,8 @@ static int64_t part1_occ(const kb_topo_cfg *c, uint64_t n)
 }
 
 static const char *const per_sip[] = { "system.switch.arbitration=per_sip" };
+/* the arbitration that was the default before 2026-12-04, still reachable */
+static const char *const route_arb[] = { "system.switch.arbitration=route" };
 
 /* On an idle route the parts add up to the whole route's closed form, for a transfer the SIP
  * link bounds (1 MiB) and one the DMA engine's setup shows in (4 KiB). */
@@ -530,7 +532,7 @@ static void test_parts_contention(void **state)
     kb_errbuf eb;
     (void)state;
     for (int arb = 0; arb < 2; arb++) {
-        kb_machine *m = arb ? make_machine(per_sip, 1) : make_default();
+        kb_machine *m = arb ? make_machine(per_sip, 1) : make_machine(route_arb, 1);
         const kb_topo_cfg *c = &m->cfg;
         kb_pe_hw *b = kb_machine_pe(m, 1, 6, 2);
         assert_int_equal(kb_machine_dma(m, b, hbm_of(m, 1, 6, 2, 0), kb_pa_pe_tcm(1, 6, 2, 8192),

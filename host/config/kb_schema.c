@@ -50,7 +50,7 @@ static const kb_schema_key topo_keys[] = {
            "how the SIPs are linked through the switch (name)"),
     KB_SCHEMA_DBL(T_, "system.switch.overhead_ns", switch_overhead_ns, "5", 0.0, MAX_NS,
           "switch traversal cost per inter-SIP hop (ns)"),
-    KB_SCHEMA_ENUM(T_, "system.switch.arbitration", switch_arbitration, "route",
+    KB_SCHEMA_ENUM(T_, "system.switch.arbitration", switch_arbitration, "per_sip",
            kb_schema_switch_arbitrations,
            "when a transfer that leaves its SIP books the rest of its route: route (all of it "
            "at once, from one start) or per_sip (each SIP's part when the data's head reaches "
