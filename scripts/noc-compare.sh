@@ -4,7 +4,8 @@
 # the other collectives at 64M, and the Gemma-2 2B TP4 decoder layer, each on the shipped
 # machine (the cube NoC a mesh of links, 4 DMA channels, posted sends) and on the model before
 # issue #29 (cube.noc.topology=bus, pe.dma.channels=1, ccl.defaults.posted_sends=false, the
-# hierarchical entry's hierarchical_3level wiring and 256 KiB slots). Timing only; runs in
+# hierarchical entry's hierarchical_3level wiring and 256 KiB slots, and the switch of that
+# time, system.switch.arbitration=route). Timing only; runs in
 # parallel, one per CPU (KBCL_JOBS to change), each at most KBCL_RUN_TIMEOUT seconds (600).
 # Prints one markdown row per run: what, model, sim_time, busbw, efficiency, bound resource,
 # events, wall. Usage: scripts/noc-compare.sh [KBCL] [OUTDIR]
@@ -17,7 +18,8 @@ limit=${KBCL_RUN_TIMEOUT:-600}
 mkdir -p "$out"
 legacy="--set cube.noc.topology=bus --set pe.dma.channels=1 --set ccl.defaults.posted_sends=false \
 --set ccl.algorithms.hierarchical_allreduce.topology=hierarchical_3level \
---set ccl.algorithms.hierarchical_allreduce.slot_size=262144"
+--set ccl.algorithms.hierarchical_allreduce.slot_size=262144 \
+--set system.switch.arbitration=route"
 
 list=$out/runs.txt
 : >"$list"
