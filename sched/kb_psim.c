@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "kb_err.h"
+#include "kb_wire.h"
 
 typedef struct ps_msg {
     kb_time t;
@@ -55,6 +56,14 @@ typedef struct ps_syncs {
     size_t n, cap;
     uint64_t asked;
 } ps_syncs;
+
+/* A message function's codec (kb_psim_codec), for messages between processes. */
+typedef struct ps_codec {
+    kb_event_fn fn;
+    kb_psim_enc_fn enc;
+    kb_psim_dec_fn dec;
+    void *ud;
+} ps_codec;
 
 /* Sense-counting barrier for a fixed number of threads: spins, then yields (the host may run
  * fewer cores than threads). */
@@ -90,6 +99,16 @@ struct kb_psim {
     kb_psim_window_fn wfn; /* kb_psim_on_window */
     void *wud;
     int wrc;
+    /* several processes (kb_psim_net): this one runs partitions [plo, phi) (all without a
+     * net); the exchange after every window fills the arrays above for every partition */
+    int has_net;
+    kb_psim_net net;
+    int plo, phi;
+    ps_codec *codec;
+    int ncodec;
+    uint64_t *blocked;  /* per partition: its blocked fibers, as of the last exchange */
+    int xrc;            /* the last exchange's code (thread 0 writes, all read) */
+    uint64_t *ev_all, *sw_all, *post_all; /* per partition, gathered as a run ends */
 };
 
 typedef struct ps_worker {
@@ -119,13 +138,26 @@ int kb_psim_create(const kb_psim_opts *o, kb_psim **out)
 
     *out = NULL;
     if (!o || o->parts < 1 || o->threads < 1 || o->lookahead <= 0 ||
-        o->parts > KB_PSIM_MAX_PARTS)
+        o->parts > KB_PSIM_MAX_PARTS ||
+        (o->net && (o->net->nranks < 1 || o->net->rank < 0 || o->net->rank >= o->net->nranks ||
+                    !o->net->allgather)))
         return KB_ERR_INVAL;
     if (!(ps = calloc(1, sizeof *ps)))
         return KB_ERR_NOMEM;
     P = (size_t)o->parts;
     ps->nparts = o->parts;
-    ps->nthreads = o->threads < o->parts ? o->threads : o->parts;
+    ps->plo = 0;
+    ps->phi = o->parts;
+    if (o->net) {
+        ps->has_net = 1;
+        ps->net = *o->net;
+        ps->plo = (int)((int64_t)ps->net.rank * o->parts / ps->net.nranks);
+        ps->phi = (int)((int64_t)(ps->net.rank + 1) * o->parts / ps->net.nranks);
+    }
+    {
+        int local = ps->phi - ps->plo;
+        ps->nthreads = o->threads < local ? o->threads : local > 0 ? local : 1;
+    }
     if (ps->nthreads > KB_PSIM_MAX_THREADS)
         ps->nthreads = KB_PSIM_MAX_THREADS;
     ps->look = o->lookahead;
@@ -141,8 +173,13 @@ int kb_psim_create(const kb_psim_opts *o, kb_psim **out)
     ps->sync = calloc(P, sizeof *ps->sync);
     ps->has_s = calloc(P, sizeof *ps->has_s);
     ps->next_s = calloc(P, sizeof *ps->next_s);
+    ps->blocked = calloc(P, sizeof *ps->blocked);
     if (!ps->part || !ps->box || !ps->sent || !ps->posted || !ps->rc_a || !ps->rc_b ||
-        !ps->has || !ps->next || !ps->sync || !ps->has_s || !ps->next_s)
+        !ps->has || !ps->next || !ps->sync || !ps->has_s || !ps->next_s || !ps->blocked)
+        goto fail;
+    if (ps->has_net && (!(ps->ev_all = calloc(P, sizeof *ps->ev_all)) ||
+                        !(ps->sw_all = calloc(P, sizeof *ps->sw_all)) ||
+                        !(ps->post_all = calloc(P, sizeof *ps->post_all))))
         goto fail;
     for (size_t i = 0; i < P; i++)
         if (!(ps->part[i] = kb_sim_create(o->sim)))
@@ -179,6 +216,11 @@ void kb_psim_destroy(kb_psim *ps)
     free(ps->next);
     free(ps->has_s);
     free(ps->next_s);
+    free(ps->blocked);
+    free(ps->codec);
+    free(ps->ev_all);
+    free(ps->sw_all);
+    free(ps->post_all);
     free(ps);
 }
 
@@ -196,16 +238,62 @@ void kb_psim_on_window(kb_psim *ps, kb_psim_window_fn fn, void *ud)
 }
 
 int kb_psim_parts(const kb_psim *ps) { return ps->nparts; }
+int kb_psim_owns(const kb_psim *ps, int i) { return i >= ps->plo && i < ps->phi; }
+int kb_psim_ranks(const kb_psim *ps) { return ps->has_net ? ps->net.nranks : 1; }
+
+int kb_psim_owner(const kb_psim *ps, int i)
+{
+    int r = 0;
+    /* the first rank whose block ends after i (an empty block ends where it starts) */
+    while (ps->has_net && (int)((int64_t)(r + 1) * ps->nparts / ps->net.nranks) <= i)
+        r++;
+    return r;
+}
+
+int kb_psim_codec(kb_psim *ps, kb_event_fn fn, kb_psim_enc_fn enc, kb_psim_dec_fn dec,
+                  void *ud)
+{
+    if (!fn || !enc || !dec || ps->running)
+        return KB_ERR_INVAL;
+    ps_codec *v = realloc(ps->codec, (size_t)(ps->ncodec + 1) * sizeof *v);
+    if (!v)
+        return KB_ERR_NOMEM;
+    ps->codec = v;
+    v[ps->ncodec++] = (ps_codec){ fn, enc, dec, ud };
+    return 0;
+}
+
+/* The codec of fn's messages: its index, or -1. */
+static int codec_of(const kb_psim *ps, kb_event_fn fn)
+{
+    for (int i = 0; i < ps->ncodec; i++)
+        if (ps->codec[i].fn == fn)
+            return i;
+    return -1;
+}
 int kb_psim_threads(const kb_psim *ps) { return ps->nthreads; }
 kb_time kb_psim_lookahead(const kb_psim *ps) { return ps->look; }
 uint64_t kb_psim_windows(const kb_psim *ps) { return ps->windows; }
 uint64_t kb_psim_syncs(const kb_psim *ps) { return ps->syncs; }
 
+uint64_t kb_psim_part_events(const kb_psim *ps, int i)
+{
+    return ps->has_net ? ps->ev_all[i] : kb_sim_events(ps->part[i]);
+}
+
 uint64_t kb_psim_events(const kb_psim *ps)
 {
     uint64_t n = 0;
     for (int i = 0; i < ps->nparts; i++)
-        n += kb_sim_events(ps->part[i]);
+        n += kb_psim_part_events(ps, i);
+    return n;
+}
+
+uint64_t kb_psim_switches(const kb_psim *ps)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < ps->nparts; i++)
+        n += ps->has_net ? ps->sw_all[i] : kb_sim_switches(ps->part[i]);
     return n;
 }
 
@@ -213,7 +301,7 @@ uint64_t kb_psim_messages(const kb_psim *ps)
 {
     uint64_t n = 0;
     for (int i = 0; i < ps->nparts; i++)
-        n += ps->posted[i];
+        n += ps->has_net ? ps->post_all[i] : ps->posted[i];
     return n;
 }
 
@@ -240,6 +328,8 @@ int kb_psim_post(kb_psim *ps, int from, int to, kb_time t, kb_event_fn fn, void 
         return KB_ERR_INVAL;
     if (from == to)
         return kb_sim_at(ps->part[to], t, fn, a, b);
+    if (ps->has_net && !kb_psim_owns(ps, to) && codec_of(ps, fn) < 0)
+        return KB_ERR_INVAL;
     kb_time now = kb_sim_now(ps->part[from]);
     if (t < now || t - now < ps->look)
         return KB_ERR_RANGE;
@@ -258,6 +348,8 @@ int kb_psim_sync_at(kb_psim *ps, int from, kb_time t, kb_psim_sync_fn fn, void *
 {
     if (from < 0 || from >= ps->nparts || !fn)
         return KB_ERR_INVAL;
+    if (ps->has_net)
+        return KB_ERR_STATE;
     if (ps->in_sync) { /* from a sync operation: any later time */
         if (t <= ps->sync_t)
             return KB_ERR_RANGE;
@@ -369,6 +461,7 @@ static void work(ps_worker *w)
     kb_psim *ps = w->ps;
     int T = ps->run_threads, P = ps->nparts;
     int lo = (int)((int64_t)w->k * P / T), hi = (int)((int64_t)(w->k + 1) * P / T);
+    assert(!ps->has_net);
     assert(T >= 1 && T <= P && lo < hi); /* every thread has a partition */
     for (;;) {
         for (int i = lo; i < hi; i++) {
@@ -430,14 +523,242 @@ static void work(ps_worker *w)
     }
 }
 
+/* ---- several processes (kb_psim_net) ---- */
+
+/* The start of process r's block of partitions. */
+static int block_lo(const kb_psim *ps, int r)
+{
+    return (int)((int64_t)r * ps->nparts / ps->net.nranks);
+}
+
+/*
+ * Thread 0, every partition still (after a window, or before the first): hands every process
+ * this one's partitions' state (code, earliest pending event or undelivered message, blocked
+ * fibers) and its messages to other processes' partitions, then reads everybody's: the state of
+ * every partition, the messages for this process's partitions put in their boxes, and the
+ * earliest message time of every partition wherever it runs. Every process ends with the same
+ * arrays, so decides alike. `wrc` is this process's window hook's code. 0 or an error (which
+ * every process then sees or itself meets in the collective).
+ */
+static int exchange(kb_psim *ps, int wrc)
+{
+    kb_wire w;
+    void *all = NULL;
+    size_t *counts = NULL;
+    uint8_t buf[KB_PSIM_WIRE_MAX];
+    int rc = 0, R = ps->net.nranks, P = ps->nparts;
+
+    kb_wire_init(&w);
+    kb_wire_u32(&w, (uint32_t)wrc);
+    for (int i = ps->plo; i < ps->phi; i++) {
+        kb_time t = 0;
+        int has = kb_sim_next(ps->part[i], &t);
+        for (int f = 0; f < P; f++) { /* from this process's partitions, not yet delivered */
+            const ps_box *bx = &ps->box[(size_t)i * (size_t)P + (size_t)f];
+            for (size_t k = 0; k < bx->n; k++)
+                if (!has || bx->v[k].t < t) {
+                    t = bx->v[k].t;
+                    has = 1;
+                }
+        }
+        kb_wire_u32(&w, (uint32_t)ps->rc_b[i]);
+        kb_wire_u32(&w, (uint32_t)has);
+        kb_wire_u64(&w, t);
+        kb_wire_u64(&w, kb_sim_blocked(ps->part[i]));
+    }
+    for (int to = 0; to < P; to++) {
+        if (kb_psim_owns(ps, to))
+            continue;
+        for (int f = ps->plo; f < ps->phi; f++) {
+            ps_box *bx = &ps->box[(size_t)to * (size_t)P + (size_t)f];
+            for (size_t k = 0; k < bx->n; k++) {
+                const ps_msg *m = &bx->v[k];
+                int c = codec_of(ps, m->fn); /* kb_psim_post refused a message without one */
+                assert(c >= 0);
+                size_t n = ps->codec[c].enc(ps->codec[c].ud, m->a, m->b, buf);
+                assert(n <= sizeof buf);
+                kb_wire_u32(&w, (uint32_t)to);
+                kb_wire_u32(&w, (uint32_t)f);
+                kb_wire_u64(&w, m->t);
+                kb_wire_u64(&w, m->seq);
+                kb_wire_u32(&w, (uint32_t)c);
+                kb_wire_u32(&w, (uint32_t)n);
+                kb_wire_put(&w, buf, n);
+            }
+            bx->n = 0;
+        }
+    }
+    kb_wire_u32(&w, UINT32_MAX); /* the end of the messages */
+    if ((rc = kb_wire_ok(&w)) != 0)
+        goto done;
+    if (!(counts = calloc((size_t)R, sizeof *counts))) {
+        rc = KB_ERR_NOMEM;
+        goto done;
+    }
+    if ((rc = ps->net.allgather(ps->net.ud, w.p, w.n, &all, counts)) != 0)
+        goto done;
+    /* two passes: every partition's own state first, then every message's time on top */
+    ps->wrc = 0;
+    for (int pass = 0; pass < 2 && rc == 0; pass++) {
+        size_t off = 0;
+        for (int r = 0; r < R && rc == 0; r++) {
+            kb_wire_rd rd;
+            int lo = block_lo(ps, r), hi = block_lo(ps, r + 1);
+            kb_wire_rd_init(&rd, (const uint8_t *)all + off, counts[r]);
+            off += counts[r];
+            uint32_t their_wrc = kb_wire_get_u32(&rd);
+            if (pass == 0 && their_wrc && !ps->wrc)
+                ps->wrc = (int)their_wrc;
+            for (int i = lo; i < hi; i++) {
+                int prc = (int)kb_wire_get_u32(&rd), has = (int)kb_wire_get_u32(&rd);
+                kb_time t = kb_wire_get_u64(&rd);
+                uint64_t blk = kb_wire_get_u64(&rd);
+                if (pass == 0) {
+                    ps->rc_b[i] = prc;
+                    ps->has[i] = has;
+                    ps->next[i] = t;
+                    ps->blocked[i] = blk;
+                }
+            }
+            for (;;) {
+                uint32_t to = kb_wire_get_u32(&rd);
+                if (to == UINT32_MAX || !kb_wire_rd_ok(&rd))
+                    break;
+                uint32_t from = kb_wire_get_u32(&rd);
+                kb_time t = kb_wire_get_u64(&rd);
+                uint64_t seq = kb_wire_get_u64(&rd);
+                uint32_t c = kb_wire_get_u32(&rd), n = kb_wire_get_u32(&rd);
+                if (to >= (uint32_t)P || from >= (uint32_t)P || c >= (uint32_t)ps->ncodec ||
+                    n > sizeof buf) {
+                    rc = KB_ERR_STATE;
+                    break;
+                }
+                kb_wire_get(&rd, buf, n);
+                if (pass == 0)
+                    continue;
+                if (!ps->has[to] || t < ps->next[to]) {
+                    ps->next[to] = t;
+                    ps->has[to] = 1;
+                }
+                if (!kb_psim_owns(ps, (int)to))
+                    continue;
+                ps_box *bx = &ps->box[(size_t)to * (size_t)P + from];
+                ps_msg m = { t, seq, (int)from, ps->codec[c].fn, NULL, NULL };
+                if ((rc = ps->codec[c].dec(ps->codec[c].ud, ps->part[to], buf, n, &m.a,
+                                           &m.b)) != 0 ||
+                    (rc = grow((void **)&bx->v, &bx->cap, bx->n + 1, sizeof *bx->v)) != 0)
+                    break;
+                if (bx->n == 0)
+                    atomic_fetch_or_explicit(&ps->sent[(size_t)to * ps->words + from / 64],
+                                             1ull << (from % 64), memory_order_relaxed);
+                bx->v[bx->n++] = m;
+            }
+            if (rc == 0 && !kb_wire_rd_ok(&rd))
+                rc = KB_ERR_STATE; /* a short blob: the processes do not run the same run */
+        }
+    }
+done:
+    free(all);
+    free(counts);
+    kb_wire_free(&w);
+    return rc;
+}
+
+/* One thread's share of a run over several processes: this process's partitions [plo, phi)
+ * split between its threads; thread 0 makes the exchanges. */
+static void work_net(ps_worker *w)
+{
+    kb_psim *ps = w->ps;
+    int T = ps->run_threads, P = ps->nparts, L = ps->phi - ps->plo;
+    int lo = ps->plo + (int)((int64_t)w->k * L / T);
+    int hi = ps->plo + (int)((int64_t)(w->k + 1) * L / T);
+    if (w->k == 0)
+        ps->xrc = exchange(ps, 0);
+    bar_wait(&ps->bar);
+    for (;;) {
+        int rc = ps->xrc ? ps->xrc : first_rc(ps->rc_b, P), any = 0;
+        kb_time tmin = KB_TIME_MAX;
+        if (!rc)
+            rc = ps->wrc;
+        for (int i = 0; i < P; i++)
+            if (ps->has[i] && (!any || ps->next[i] < tmin)) {
+                tmin = ps->next[i];
+                any = 1;
+            }
+        if (rc || !any) {
+            if (w->k == 0) {
+                uint64_t blocked = 0;
+                for (int i = 0; i < P; i++)
+                    blocked += ps->blocked[i];
+                ps->result = rc ? rc : blocked ? KB_ERR_DEADLOCK : 0;
+            }
+            return;
+        }
+        kb_time end = tmin > KB_TIME_MAX - ps->look ? KB_TIME_MAX : tmin + ps->look;
+        if (w->k == 0)
+            ps->windows++;
+        bar_wait(&ps->bar); /* everyone has read the exchange's arrays */
+        /* every delivery before any run: a run posts into other partitions' boxes */
+        for (int i = lo; i < hi; i++)
+            ps->rc_a[i] = deliver(w, i);
+        bar_wait(&ps->bar);
+        for (int i = lo; i < hi; i++)
+            ps->rc_b[i] = ps->rc_a[i] ? ps->rc_a[i] : kb_sim_run_until(ps->part[i], end);
+        bar_wait(&ps->bar);
+        if (w->k == 0)
+            ps->xrc = exchange(ps, ps->wfn ? ps->wfn(ps, end, ps->wud) : 0);
+        bar_wait(&ps->bar);
+    }
+}
+
+/* As a run over several processes ends: every partition's events, switches and posts. */
+static int gather_counts(kb_psim *ps)
+{
+    kb_wire w;
+    void *all = NULL;
+    size_t *counts = calloc((size_t)ps->net.nranks, sizeof *counts);
+    int rc;
+    kb_wire_init(&w);
+    for (int i = ps->plo; i < ps->phi; i++) {
+        kb_wire_u64(&w, kb_sim_events(ps->part[i]));
+        kb_wire_u64(&w, kb_sim_switches(ps->part[i]));
+        kb_wire_u64(&w, ps->posted[i]);
+    }
+    rc = counts ? kb_wire_ok(&w) : KB_ERR_NOMEM;
+    if (rc == 0)
+        rc = ps->net.allgather(ps->net.ud, w.p, w.n, &all, counts);
+    if (rc == 0) {
+        kb_wire_rd rd;
+        size_t total = 0;
+        for (int r = 0; r < ps->net.nranks; r++)
+            total += counts[r];
+        kb_wire_rd_init(&rd, all, total);
+        for (int i = 0; i < ps->nparts; i++) {
+            ps->ev_all[i] = kb_wire_get_u64(&rd);
+            ps->sw_all[i] = kb_wire_get_u64(&rd);
+            ps->post_all[i] = kb_wire_get_u64(&rd);
+        }
+        if (!kb_wire_rd_ok(&rd) || !kb_wire_rd_done(&rd))
+            rc = KB_ERR_STATE;
+    }
+    free(all);
+    free(counts);
+    kb_wire_free(&w);
+    return rc;
+}
+
 static void *thread_main(void *arg)
 {
     ps_worker *w = arg;
     int g;
     while ((g = atomic_load_explicit(&w->ps->go, memory_order_acquire)) == 0)
         sched_yield();
-    if (g > 0)
-        work(w);
+    if (g > 0) {
+        if (w->ps->has_net)
+            work_net(w);
+        else
+            work(w);
+    }
     return NULL;
 }
 
@@ -467,11 +788,21 @@ int kb_psim_run(kb_psim *ps)
     ps->bar.n = (unsigned)started;
     atomic_store(&ps->bar.count, 0);
     ps->result = 0;
+    ps->wrc = 0;
+    memset(ps->rc_b, 0, (size_t)ps->nparts * sizeof *ps->rc_b);
     atomic_store_explicit(&ps->go, 1, memory_order_release);
-    work(&ws[0]);
+    if (ps->has_net)
+        work_net(&ws[0]);
+    else
+        work(&ws[0]);
     for (int k = 1; k < started; k++)
         pthread_join(th[k], NULL);
     rc = ps->result;
+    if (ps->has_net) { /* collective, so after any result: every process calls it */
+        int grc = gather_counts(ps);
+        if (rc == 0)
+            rc = grc;
+    }
     for (int k = 0; k < T; k++)
         free(ws[k].buf);
     free(ws);

@@ -16,7 +16,8 @@
  *
  * Ownership: kb_psim_create makes the partitions' kb_sims and kb_psim_destroy frees them
  * (with their pending events and fibers). Limits: a message carries a function and two
- * pointers, which must stay valid until it fires; a partition's code may post only from its
+ * pointers, which must stay valid until it fires (to another process it travels as its codec's
+ * bytes, kb_psim_net); a partition's code may post only from its
  * own events and fibers (its thread); the partitions and the thread count are fixed at
  * creation; a run cannot be nested or re-entered.
  */
@@ -29,6 +30,42 @@
 
 typedef struct kb_psim kb_psim;
 
+/*
+ * A run spread over several processes (kbcl under mpirun: docs/parallel.md). Every process
+ * builds the same partitions and runs its own block of them: process r of R runs partitions
+ * [r * P / R, (r + 1) * P / R). After every window the processes exchange, in one collective
+ * call, each partition's state (its next event, its code, its blocked fibers) and the messages
+ * bound for another process's partitions, written by the codec of their function
+ * (kb_psim_codec). Every process then decides the next window identically, and delivers in the
+ * same (time, sender, order) as one process would, so the result is the same for every process
+ * count. The library calls no MPI: the caller passes the collective.
+ */
+typedef struct kb_psim_net {
+    int rank, nranks; /* this process, of nranks >= 1 */
+    /*
+     * Collective, called by every process in the same order (from the thread that called
+     * kb_psim_run): each passes its n bytes; on success *all receives a buffer (malloc'd,
+     * the caller frees it) holding every process's bytes in rank order, and counts[r]
+     * (nranks entries, the caller's) their sizes. 0 or a negative code.
+     */
+    int (*allgather)(void *ud, const void *mine, size_t n, void **all, size_t *counts);
+    void *ud;
+} kb_psim_net;
+
+/* The most bytes a codec writes for one message. */
+#define KB_PSIM_WIRE_MAX 192
+
+/*
+ * How a message function crosses to another process: enc writes what fn's a and b mean into
+ * buf (at most KB_PSIM_WIRE_MAX bytes) and returns the length, on the sender's process between
+ * windows (every partition still; the message will not fire there, so enc releases what a and b
+ * hold); dec, on the receiver's, makes a and b again for partition `to` (0, or a negative code
+ * that fails the run).
+ */
+typedef size_t (*kb_psim_enc_fn)(void *ud, void *a, void *b, uint8_t *buf);
+typedef int (*kb_psim_dec_fn)(void *ud, kb_sim *to, const uint8_t *buf, size_t n, void **a,
+                              void **b);
+
 #define KB_PSIM_MAX_PARTS 4096
 #define KB_PSIM_MAX_THREADS 64
 
@@ -38,6 +75,7 @@ typedef struct kb_psim_opts {
                                KB_PSIM_MAX_THREADS are used (kb_psim_threads) */
     kb_time lookahead;      /* the least delay of a message between partitions, > 0 */
     const kb_sim_opts *sim; /* each partition's engine options; NULL: the defaults */
+    const kb_psim_net *net; /* several processes (copied); NULL: this one alone */
 } kb_psim_opts;
 
 /* 0 and *out, KB_ERR_INVAL (a count or the lookahead out of range) or KB_ERR_NOMEM. Owner:
@@ -49,6 +87,17 @@ void kb_psim_destroy(kb_psim *ps);
  * fibers before the run, and for its code during the run. */
 kb_sim *kb_psim_part(kb_psim *ps, int i);
 int kb_psim_parts(const kb_psim *ps);
+/* 1 when this process runs partition i (always, without a net). */
+int kb_psim_owns(const kb_psim *ps, int i);
+/* The process that runs partition i (0 without a net). */
+int kb_psim_owner(const kb_psim *ps, int i);
+/* The processes of the run (1 without a net). */
+int kb_psim_ranks(const kb_psim *ps);
+
+/* Registers the codec of message function fn (before a run; the same functions in the same
+ * order on every process). 0, KB_ERR_INVAL or KB_ERR_NOMEM. */
+int kb_psim_codec(kb_psim *ps, kb_event_fn fn, kb_psim_enc_fn enc, kb_psim_dec_fn dec,
+                  void *ud);
 int kb_psim_threads(const kb_psim *ps);
 kb_time kb_psim_lookahead(const kb_psim *ps);
 
@@ -56,7 +105,8 @@ kb_time kb_psim_lookahead(const kb_psim *ps);
  * From partition `from` (its event or fiber, or anyone before the run): fn(sim of `to`, a, b)
  * at time t in partition `to`. Between two partitions t must be at least from's clock plus the
  * lookahead, else KB_ERR_RANGE (the message could land in a window already run); within one
- * partition it is kb_sim_at. KB_ERR_INVAL for a bad partition or fn, KB_ERR_NOMEM.
+ * partition it is kb_sim_at. KB_ERR_INVAL for a bad partition or fn, or, with a net, for a
+ * message to another process's partition whose fn has no codec; KB_ERR_NOMEM.
  */
 int kb_psim_post(kb_psim *ps, int from, int to, kb_time t, kb_event_fn fn, void *a, void *b);
 
@@ -79,7 +129,7 @@ int kb_psim_sync_at(kb_psim *ps, int from, kb_time t, kb_psim_sync_fn fn, void *
  * and before the next window starts: fn(ps, t, ud) on one thread while every partition stands
  * still (what partitions buffered in the window may be gathered there, in an order of their
  * own). A nonzero return ends the run with that code. NULL: none (the default). Set before a
- * run.
+ * run. With a net it runs on every process after every window (it may call the collective).
  */
 typedef int (*kb_psim_window_fn)(kb_psim *ps, kb_time t, void *ud);
 void kb_psim_on_window(kb_psim *ps, kb_psim_window_fn fn, void *ud);
@@ -94,8 +144,12 @@ void kb_psim_on_window(kb_psim *ps, kb_psim_window_fn fn, void *ud);
  */
 int kb_psim_run(kb_psim *ps);
 
-/* Totals over the partitions, the windows and the stop-the-world operations run so far. */
+/* Totals over the partitions (every process's, with a net: gathered as a run ends), the
+ * windows and the stop-the-world operations run so far. */
 uint64_t kb_psim_events(const kb_psim *ps);
+uint64_t kb_psim_switches(const kb_psim *ps);
+/* Partition i's events and fiber switches (with a net: as of the end of the last run). */
+uint64_t kb_psim_part_events(const kb_psim *ps, int i);
 uint64_t kb_psim_windows(const kb_psim *ps);
 uint64_t kb_psim_messages(const kb_psim *ps);
 uint64_t kb_psim_syncs(const kb_psim *ps);

@@ -17,6 +17,7 @@
 
 #include "kb_err.h"
 #include "kb_psim.h"
+#include "kb_test_net.h"
 
 #define LOOK 5000 /* ps */
 
@@ -123,6 +124,27 @@ static int window_hook(kb_psim *ps, kb_time t, void *ud)
     return ++w->hooks == w->hook_stop ? 9 : 0;
 }
 
+/* Entity i, spread over `parts` partitions. */
+static void ent_init(phold *w, int i, int parts)
+{
+    ent *e = &w->e[i];
+    e->w = w;
+    e->id = i;
+    e->part = i % parts;
+    e->rng = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
+    e->hash = 0xcbf29ce484222325ull;
+}
+
+/* Its two starting events, the second at a time another entity also uses: 0 or kb_sim_at's
+ * code. */
+static int ent_start(phold *w, ent *e, long limit)
+{
+    int rc = kb_sim_at(kb_psim_part(w->ps, e->part), (kb_time)(e->id % 5) * 1000, phold_ev, e,
+                       (void *)(intptr_t)limit);
+    return rc ? rc : kb_sim_at(kb_psim_part(w->ps, e->part), 3000, phold_ev, e,
+                               (void *)(intptr_t)limit);
+}
+
 static result run_phold_every(int parts, int per, int threads, long limit, long stop_at,
                               kb_time every, phold *hook)
 {
@@ -137,17 +159,8 @@ static result run_phold_every(int parts, int per, int threads, long limit, long 
     w.e = calloc((size_t)w.n, sizeof *w.e);
     assert_non_null(w.e);
     for (int i = 0; i < w.n; i++) {
-        ent *e = &w.e[i];
-        e->w = &w;
-        e->id = i;
-        e->part = i % parts;
-        e->rng = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
-        e->hash = 0xcbf29ce484222325ull;
-        /* two starting events per entity, the second at a time another entity also uses */
-        assert_int_equal(kb_sim_at(kb_psim_part(w.ps, e->part), (kb_time)(i % 5) * 1000,
-                                   phold_ev, e, (void *)(intptr_t)limit), 0);
-        assert_int_equal(kb_sim_at(kb_psim_part(w.ps, e->part), 3000, phold_ev, e,
-                                   (void *)(intptr_t)limit), 0);
+        ent_init(&w, i, parts);
+        assert_int_equal(ent_start(&w, &w.e[i], limit), 0);
     }
     w.every = every;
     if (hook) {
@@ -246,6 +259,139 @@ static void test_phold_syncs(void **state)
         assert_int_equal(r.nsnap, r1.nsnap);
         assert_memory_equal(r.snap, r1.snap, sizeof r.snap);
     }
+}
+
+/* ---------------------------------------------------------------- several processes */
+
+/* phold_ev's message between processes: the entity's id and the hops left. */
+static size_t phold_enc(void *ud, void *a, void *b, uint8_t *buf)
+{
+    const ent *e = a;
+    int64_t v[2] = { e->id, (int64_t)(intptr_t)b };
+    (void)ud;
+    memcpy(buf, v, sizeof v);
+    return sizeof v;
+}
+
+static int phold_dec(void *ud, kb_sim *to, const uint8_t *buf, size_t n, void **a, void **b)
+{
+    phold *w = ud;
+    int64_t v[2];
+    (void)to;
+    if (n != sizeof v)
+        return KB_ERR_STATE;
+    memcpy(v, buf, sizeof v);
+    if (v[0] < 0 || v[0] >= w->n)
+        return KB_ERR_STATE;
+    *a = &w->e[v[0]];
+    *b = (void *)(intptr_t)v[1];
+    return 0;
+}
+
+/*
+ * The PHOLD run over the processes of `net` (no cmocka in here: children run it too): every
+ * process starts its own partitions' entities, the run goes, and the entities' hashes are
+ * gathered so that every process computes the whole digest. rc -100 on a broken harness.
+ */
+static result run_phold_net(kbt_net *net, int parts, int per, int threads, long limit,
+                            long stop_at, phold *hook)
+{
+    phold w = { 0 };
+    result res = { 0 };
+    kb_psim_net pn = { net->rank, net->nranks, kbt_net_allgather, net };
+    kb_psim_opts o = { .parts = parts, .threads = threads, .lookahead = LOOK, .net = &pn };
+    res.rc = -100;
+    if (kb_psim_create(&o, &w.ps) != 0)
+        return res;
+    w.n = parts * per;
+    w.per = per;
+    w.limit = limit;
+    w.stop_at = stop_at;
+    if (!(w.e = calloc((size_t)w.n, sizeof *w.e)) ||
+        kb_psim_codec(w.ps, phold_ev, phold_enc, phold_dec, &w) != 0)
+        goto out;
+    for (int i = 0; i < w.n; i++) {
+        ent_init(&w, i, parts);
+        if (kb_psim_owns(w.ps, w.e[i].part) && ent_start(&w, &w.e[i], limit) != 0)
+            goto out;
+    }
+    if (hook) {
+        w.hook_stop = hook->hook_stop;
+        kb_psim_on_window(w.ps, window_hook, &w);
+    }
+    int rc = kb_psim_run(w.ps);
+    /* every entity's hash and count from the process that ran it */
+    uint64_t *mine = calloc((size_t)w.n * 2, sizeof *mine);
+    size_t counts[KBT_NET_MAX];
+    void *all = NULL;
+    if (!mine)
+        goto out;
+    for (int i = 0; i < w.n; i++)
+        if (kb_psim_owns(w.ps, w.e[i].part)) {
+            mine[2 * i] = w.e[i].hash;
+            mine[2 * i + 1] = (uint64_t)w.e[i].count;
+        }
+    if (kbt_net_allgather(net, mine, (size_t)w.n * 2 * sizeof *mine, &all, counts) == 0) {
+        const uint64_t *v = all;
+        for (int i = 0; i < w.n; i++) {
+            int r = kb_psim_owner(w.ps, w.e[i].part);
+            const uint64_t *x = v + (size_t)r * (size_t)w.n * 2 + 2 * (size_t)i;
+            res.digest = (res.digest ^ x[0] ^ x[1]) * 0x100000001b3ull;
+        }
+        res.rc = rc;
+        res.events = kb_psim_events(w.ps);
+        res.messages = kb_psim_messages(w.ps);
+        res.windows = kb_psim_windows(w.ps);
+        if (w.errors || w.early)
+            res.rc = -101;
+    }
+    if (hook)
+        hook->hooks = w.hooks;
+    free(all);
+    free(mine);
+out:
+    kb_psim_destroy(w.ps);
+    free(w.e);
+    return res;
+}
+
+/* The same runs over 1, 2 and 3 processes (forked here, as mpirun would start them), with 1
+ * and 2 threads each: every process ends with the one-process run's digest, events, messages and
+ * windows; a stop's code reaches every process; the window hook runs on every process once per
+ * window. */
+static void test_phold_processes(void **state)
+{
+    (void)state;
+    const int parts = 8, per = 16;
+    const long limit = 300;
+    result r1 = run_phold(parts, per, 1, limit, 0);
+    result s1 = run_phold(4, 8, 1, 500, 100);
+    phold h1 = { .hook_stop = -1 };
+    (void)run_phold_every(parts, per, 1, limit, 0, 0, &h1);
+    for (int ranks = 1; ranks <= 3; ranks++)
+        for (int th = 1; th <= 2; th++) {
+            kbt_net net;
+            assert_int_equal(kbt_net_start(&net, ranks), 0);
+            phold h = { .hook_stop = -1 };
+            result r = run_phold_net(&net, parts, per, th, limit, 0, &h);
+            result s = run_phold_net(&net, 4, 8, th, 500, 100, NULL);
+            int ok = r.rc == 0 && r.digest == r1.digest && r.events == r1.events &&
+                     r.messages == r1.messages && r.windows == r1.windows &&
+                     h.hooks == h1.hooks && s.rc == 7 && s.digest == s1.digest &&
+                     s.events == s1.events;
+            if (net.rank != 0)
+                kbt_net_finish(&net, ok ? 0 : 1);
+            assert_int_equal(r.rc, 0);
+            assert_int_equal(r.digest, r1.digest);
+            assert_int_equal(r.events, r1.events);
+            assert_int_equal(r.messages, r1.messages);
+            assert_int_equal(r.windows, r1.windows);
+            assert_int_equal(h.hooks, h1.hooks);
+            assert_int_equal(s.rc, 7);
+            assert_int_equal(s.digest, s1.digest);
+            assert_int_equal(s.events, s1.events);
+            assert_int_equal(kbt_net_finish(&net, 0), 0);
+        }
 }
 
 /* ---------------------------------------------------------------- refusals */
@@ -417,6 +563,7 @@ int main(void)
         cmocka_unit_test(test_phold_threads),
         cmocka_unit_test(test_phold_stop),
         cmocka_unit_test(test_phold_syncs),
+        cmocka_unit_test(test_phold_processes),
         cmocka_unit_test(test_post_refusals),
         cmocka_unit_test(test_fibers_across),
         cmocka_unit_test(test_window_hook),
