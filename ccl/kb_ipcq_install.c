@@ -241,6 +241,7 @@ static int attach_sys(install *in)
         }
         memset(sys->part, 0, (size_t)sys->nparts * sizeof *sys->part);
         kb_ctx_set_ext(in->ctx, KB_EXT_IPCQ, sys, sys_destroy);
+        kb_ipcq_dist_attach(sys); /* a valid slot and two messages: cannot fail */
         kb_ctx_set_deadlock_dump(in->ctx, kb_ipcq_dump, sys);
     } else if (sys->cfg.n_slots != cfg->n_slots || sys->cfg.slot_size != cfg->slot_size ||
                sys->cfg.buffer_kind != cfg->buffer_kind ||

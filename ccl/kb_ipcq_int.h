@@ -5,7 +5,8 @@
  * credits, the trace line), and the functions one file calls in another. The files: kb_ipcq.c
  * (direction names, queries and counters, the deadlock dump, traces and records of IPCQ copies,
  * the pools' memory), kb_ipcq_install.c (wiring: the context's IPCQ system and kb_ipcq_install),
- * kb_ipcq_send.c (tl_send) and kb_ipcq_recv.c (receives and the credits they return). The
+ * kb_ipcq_send.c (tl_send), kb_ipcq_recv.c (receives and the credits they return) and
+ * kb_ipcq_dist.c (the IPCQ in a run over several processes). The
  * static inline helpers here are on the send and receive paths: they stay visible to their
  * callers so that the paths cost what they did in one file. Internal: not installed
  * (CMakeLists.txt leaves it out of include/kbcl) and included by those files only.
@@ -277,6 +278,26 @@ static inline void credits_take(qp *q, kb_time now)
 /* kb_ipcq.c. A block of n pool items of `item` bytes, owned by the part (freed with the
  * IPCQ), or NULL. */
 void *kb_ipcq_pool_chunk(ipcq_part *p, size_t item, size_t n);
+
+/* kb_ipcq_send.c. q's per-part head floors ([nparts], zeros; their count just before them),
+ * set as q->part_head; NULL when out of memory. */
+kb_time *kb_ipcq_part_heads(qp *q, uint64_t nparts);
+
+/*
+ * A run over several processes (kb_ext_dist, docs/parallel.md). kb_ipcq_dist.c: a queue
+ * pair as (PE, index) on the wire and back (NULL: no such queue pair); the system's part in
+ * the run (registered with the context when the system is made). kb_ipcq_send.c and
+ * kb_ipcq_recv.c: the codecs of their messages between SIPs.
+ */
+void kb_ipcq_qp_put(struct kb_wire *w, const qp *q);
+qp *kb_ipcq_qp_get(ipcq_sys *sys, struct kb_wire_rd *r);
+int kb_ipcq_dist_attach(ipcq_sys *sys);
+void kb_ipcq_credit_arrive(kb_sim *sim, void *a, void *b);
+size_t kb_ipcq_part_enc(void *ud, void *a, void *b, uint8_t *buf);
+int kb_ipcq_part_dec(void *ud, kb_sim *to, const uint8_t *buf, size_t n, void **a, void **b);
+size_t kb_ipcq_credit_enc(void *ud, void *a, void *b, uint8_t *buf);
+int kb_ipcq_credit_dec(void *ud, kb_sim *to, const uint8_t *buf, size_t n, void **a,
+                       void **b);
 
 /* kb_ipcq.c. The context's deadlock dump (kb_dump_fn): every queue pair's pointers. */
 void kb_ipcq_dump(kb_ctx *ctx, char *buf, size_t n, void *ud);

@@ -13,6 +13,7 @@
 
 #include <assert.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Op names of records and blocked fibers (static strings: records keep the pointer); every
  * peer direction shares the last one (the record's PE and addresses tell the peer). */
@@ -118,7 +119,7 @@ static KB_COLD void credit_fail(kb_sim *sim, qp *q, int rc)
 
 /* A credit between SIPs with per_sip arriving (an event: a, the receiving queue pair; b, the
  * slot's sequence number). */
-static void credit_arrive(kb_sim *sim, void *a, void *b)
+void kb_ipcq_credit_arrive(kb_sim *sim, void *a, void *b)
 {
     qp *q = a;
     if (credit_send(sim, q->cred_q, (uint64_t)(uintptr_t)b, kb_sim_now(sim)) != 0)
@@ -126,6 +127,36 @@ static void credit_arrive(kb_sim *sim, void *a, void *b)
 }
 
 _Static_assert(sizeof(uintptr_t) >= sizeof(uint64_t), "credit_arrive carries a seq in a pointer");
+
+/* A credit crossing to another process: the receiving queue pair and the seq. */
+size_t kb_ipcq_credit_enc(void *ud, void *a, void *b, uint8_t *buf)
+{
+    kb_wire w;
+    size_t n;
+    (void)ud;
+    kb_wire_init(&w);
+    kb_ipcq_qp_put(&w, a);
+    kb_wire_u64(&w, (uint64_t)(uintptr_t)b);
+    n = w.oom ? 0 : w.n;
+    assert(n > 0 && n <= KB_PSIM_WIRE_MAX);
+    memcpy(buf, w.p, n);
+    kb_wire_free(&w);
+    return n;
+}
+
+int kb_ipcq_credit_dec(void *ud, kb_sim *to, const uint8_t *buf, size_t n, void **a, void **b)
+{
+    kb_wire_rd r;
+    (void)to;
+    kb_wire_rd_init(&r, buf, n);
+    qp *q = kb_ipcq_qp_get(ud, &r);
+    uint64_t seq = kb_wire_get_u64(&r);
+    if (!q || !kb_wire_rd_ok(&r) || !kb_wire_rd_done(&r))
+        return KB_ERR_STATE;
+    *a = q;
+    *b = (void *)(uintptr_t)seq;
+    return 0;
+}
 
 /*
  * The credit of slot seq reaches the sending queue pair at t: its arrival time goes into the
@@ -142,7 +173,7 @@ static int credit_out(kb_sim *sim, qp *q, uint64_t seq, kb_time t)
         return KB_ERR_STATE;
     q->cr_last = t > q->cr_last ? t : q->cr_last;
     return kb_ctx_post(q->sys->ctx, sim, q->rx_pe->gsip, q->cred_q->owner->pe->gsip, q->cr_last,
-                       credit_arrive, q, (void *)(uintptr_t)seq);
+                       kb_ipcq_credit_arrive, q, (void *)(uintptr_t)seq);
 }
 
 /*

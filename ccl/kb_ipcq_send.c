@@ -128,18 +128,24 @@ static KB_ALWAYS_INLINE msg *chunk_msg(kb_tl *tl, qp *q, kb_dir dir, kb_pa dst, 
     return m;
 }
 
+kb_time *kb_ipcq_part_heads(qp *q, uint64_t nparts)
+{
+    /* the count first, so that a run over several processes can hand the heads on */
+    kb_time *h = kb_ipcq_pool_chunk(part_of(q->owner), sizeof(kb_time), (size_t)nparts + 1);
+    if (!h)
+        return NULL;
+    memset(h, 0, ((size_t)nparts + 1) * sizeof(kb_time));
+    h[0] = nparts;
+    return q->part_head = h + 1;
+}
+
 /* When the head of q's chunk reaches the leg's next part: no earlier than the head of q's
  * previous chunk there (a later chunk may have found a gap the earlier one did not), so that
  * the chunks book every part, and land, in the order they were sent. 0 when out of memory. */
 static kb_time part_head(qp *q, const kb_dma_leg *leg)
 {
-    if (!q->part_head) {
-        q->part_head = kb_ipcq_pool_chunk(part_of(q->owner), sizeof(kb_time),
-                                          (size_t)leg->nparts);
-        if (!q->part_head)
-            return 0;
-        memset(q->part_head, 0, (size_t)leg->nparts * sizeof(kb_time));
-    }
+    if (!q->part_head && !kb_ipcq_part_heads(q, (uint64_t)leg->nparts))
+        return 0;
     kb_time *h = &q->part_head[leg->part];
     *h = leg->t_head > *h ? leg->t_head : *h;
     return *h;
@@ -321,4 +327,82 @@ void tl_send(kb_tl *tl, kb_dir dir, kb_val v)
 int64_t tl_send_async(kb_tl *tl, kb_dir dir, kb_val v)
 {
     return send_msg(tl, dir, v, 1, "tl_send_async");
+}
+
+/* ---- a chunk by parts crossing to another process (kb_ext_dist; docs/parallel.md) ---- */
+
+size_t kb_ipcq_part_enc(void *ud, void *a, void *b, uint8_t *buf)
+{
+    ipcq_sys *sys = ud;
+    parts_msg *m = a;
+    kb_machine *mc = kb_ctx_machine(sys->ctx);
+    kb_wire w;
+    uint8_t *p;
+    size_t n;
+    (void)b;
+    kb_wire_init(&w);
+    kb_ipcq_qp_put(&w, m->m.to);
+    kb_wire_u64(&w, m->m.addr);
+    kb_wire_u64(&w, m->m.seq);
+    kb_wire_u64(&w, m->m.nbytes);
+    kb_ipcq_qp_put(&w, m->from);
+    kb_wire_u64(&w, m->leg.t_start);
+    kb_wire_u64(&w, m->leg.t_end);
+    kb_wire_u64(&w, m->leg.t_head);
+    kb_wire_u64(&w, m->leg.nbytes);
+    kb_wire_u32(&w, (uint32_t)m->leg.part);
+    kb_wire_u32(&w, (uint32_t)m->leg.nparts);
+    kb_wire_u32(&w, (uint32_t)m->leg.at);
+    kb_wire_u32(&w, m->leg.dst_sip);
+    kb_wire_u32(&w, m->leg.dst_cube);
+    kb_wire_u32(&w, (uint32_t)m->leg.dst_router);
+    kb_wire_u32(&w, kb_machine_port_id(mc, &m->leg));
+    /* it fires in the other process: back to its sender's pool here */
+    kb_ipcq_parts_put(part_of(m->from->owner), &m->m);
+    p = w.p;
+    n = w.oom ? 0 : w.n;
+    assert(n > 0 && n <= KB_PSIM_WIRE_MAX);
+    memcpy(buf, p, n);
+    kb_wire_free(&w);
+    return n;
+}
+
+int kb_ipcq_part_dec(void *ud, kb_sim *to, const uint8_t *buf, size_t n, void **a, void **b)
+{
+    ipcq_sys *sys = ud;
+    kb_machine *mc = kb_ctx_machine(sys->ctx);
+    kb_wire_rd r;
+    parts_msg x;
+    (void)to;
+    memset(&x, 0, sizeof x);
+    kb_wire_rd_init(&r, buf, n);
+    x.m.to = kb_ipcq_qp_get(sys, &r);
+    x.m.addr = kb_wire_get_u64(&r);
+    x.m.seq = kb_wire_get_u64(&r);
+    x.m.nbytes = kb_wire_get_u64(&r);
+    x.from = kb_ipcq_qp_get(sys, &r);
+    x.leg.t_start = kb_wire_get_u64(&r);
+    x.leg.t_end = kb_wire_get_u64(&r);
+    x.leg.t_head = kb_wire_get_u64(&r);
+    x.leg.nbytes = kb_wire_get_u64(&r);
+    x.leg.part = (int)kb_wire_get_u32(&r);
+    x.leg.nparts = (int)kb_wire_get_u32(&r);
+    x.leg.at = (int)kb_wire_get_u32(&r);
+    x.leg.dst_sip = kb_wire_get_u32(&r);
+    x.leg.dst_cube = kb_wire_get_u32(&r);
+    x.leg.dst_router = (int)kb_wire_get_u32(&r);
+    x.leg.dst_port = kb_machine_port_at(mc, &x.leg, kb_wire_get_u32(&r));
+    if (!kb_wire_rd_ok(&r) || !kb_wire_rd_done(&r) || !x.m.to || !x.from || !x.leg.dst_port ||
+        x.leg.at < 0 || x.leg.at >= sys->nparts)
+        return KB_ERR_STATE;
+    ipcq_part *p = &sys->part[x.leg.at]; /* the SIP whose partition books the next part */
+    msg *m = msg_pop(p, &p->free_parts, sizeof(parts_msg));
+    if (!m)
+        return KB_ERR_NOMEM;
+    x.m.parts = 1;
+    x.m.next = NULL;
+    *(parts_msg *)(void *)m = x;
+    *a = m;
+    *b = NULL;
+    return 0;
 }

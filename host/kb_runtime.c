@@ -114,6 +114,7 @@ int kb_ctx_create(const kb_config *cfg, const kb_ctx_opts *opts, kb_ctx **out, k
     ctx->cut_every = opts && opts->cut_records ? opts->cut_records : KB_CTX_CUT_RECORDS;
     ctx->progress = opts ? opts->progress : NULL;
     ctx->threads = opts ? opts->threads : 0;
+    ctx->net = opts ? opts->net : NULL;
     if (ctx->threads < 0 || ctx->threads > KB_CTX_MAX_THREADS) {
         rc = kb_err_set(eb, KB_ERR_USAGE, "%d Phase-1 threads: give 1 to %d (0: the sequential "
                         "engine)", ctx->threads, KB_CTX_MAX_THREADS);
@@ -288,6 +289,16 @@ uint64_t kb_ctx_kernels_run(const kb_ctx *ctx) { return ctx->kernels; }
 FILE *kb_ctx_trace(kb_ctx *ctx) { return ctx->trace; }
 int kb_ctx_records(const kb_ctx *ctx) { return ctx->recording || ctx->trace_rec != NULL; }
 int kb_ctx_failed(const kb_ctx *ctx) { return ctx->failed; }
+
+int kb_ctx_set_ext_dist(kb_ctx *ctx, int slot, const kb_ext_dist *d)
+{
+    if (slot < 0 || slot >= KB_EXT_NSLOTS || (d && d->nmsg > KB_EXT_DIST_MSGS))
+        return KB_ERR_INVAL;
+    ctx->ext_dist[slot] = d ? *d : (kb_ext_dist){ 0 };
+    return 0;
+}
+
+const struct kb_psim_net *kb_ctx_net(const kb_ctx *ctx) { return ctx->net; }
 
 void *kb_ctx_ext(kb_ctx *ctx, int slot)
 {

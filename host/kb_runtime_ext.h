@@ -22,8 +22,10 @@
 
 #include <stdint.h>
 
+#include "kb_psim.h"
 #include "kb_runtime.h"
 #include "kb_tl.h"
+#include "kb_wire.h"
 
 /* The issue cost of one tl call on this kernel's PE (pe.cpu.overhead_ns, in ps). */
 kb_time kb_tl_issue_cost(const kb_tl *tl);
@@ -164,5 +166,33 @@ void kb_ctx_fail_in(kb_ctx *ctx, kb_sim *sim, int code, const char *fmt, ...);
  */
 int kb_ctx_post(kb_ctx *ctx, kb_sim *sim, unsigned from, unsigned to, kb_time t, kb_event_fn fn,
                 void *a, void *b);
+
+/*
+ * A module's part in a run spread over several processes (kb_ctx_opts.net, docs/parallel.md):
+ * what of its state a forked launch's SIPs change, handed after the launch from the process
+ * that ran each SIP to the others, and how its messages between SIPs (kb_ctx_post) cross
+ * between processes. save writes the state of the SIPs this process ran (own[s] != 0) into w
+ * (failed: the launch failed, and the state serves the run's reports only, so what a failed
+ * launch leaves behind may be passed over); load reads what another process's save wrote
+ * (theirs[s]: the SIPs that one ran); both get the module's kb_ctx_ext pointer and return 0 or
+ * an error. Each message function has its
+ * codec (sched/kb_psim.h), whose ud is that pointer too.
+ */
+#define KB_EXT_DIST_MSGS 4
+typedef struct kb_ext_dist {
+    int (*save)(void *ext, const uint8_t *own, int failed, struct kb_wire *w);
+    int (*load)(void *ext, const uint8_t *theirs, struct kb_wire_rd *r);
+    int nmsg;
+    struct {
+        kb_event_fn fn;
+        kb_psim_enc_fn enc;
+        kb_psim_dec_fn dec;
+    } msg[KB_EXT_DIST_MSGS];
+} kb_ext_dist;
+
+/* Sets (d copied; NULL: none) slot's part in a run over several processes: 0, KB_ERR_INVAL. */
+int kb_ctx_set_ext_dist(kb_ctx *ctx, int slot, const kb_ext_dist *d);
+/* kb_ctx_opts.net, NULL for a run in one process. */
+const struct kb_psim_net *kb_ctx_net(const kb_ctx *ctx);
 
 #endif

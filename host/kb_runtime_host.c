@@ -40,20 +40,47 @@ typedef struct dl_report {
     int count;
 } dl_report;
 
+/* One blocked fiber's line, the buffer grown as needed (a line that finds no memory is left
+ * out; the count still counts it). */
 static void dl_line(const kb_fiber *f, const char *what, const void *obj, void *ud)
 {
     dl_report *r = ud;
     (void)obj;
     r->count++;
-    if (r->len < r->n) {
+    for (int tries = 0; tries < 2; tries++) {
         int w = snprintf(r->buf + r->len, r->n - r->len, "\n  %s: waits on %s", kb_fiber_name(f),
                          what ? what : "?");
-        if (w > 0)
+        if (w < 0)
+            return;
+        if ((size_t)w < r->n - r->len) {
             r->len += (size_t)w;
+            return;
+        }
+        char *nb = realloc(r->buf, 2 * r->n + (size_t)w + 1);
+        if (!nb) {
+            r->buf[r->len] = 0;
+            return;
+        }
+        r->buf = nb;
+        r->n = 2 * r->n + (size_t)w + 1;
     }
 }
 
-void kb_ctx_deadlock_report(kb_ctx *ctx, kb_sim *const *sims, int nsims, kb_time t)
+char *kb_ctx_blocked_lines(const kb_ctx *ctx, kb_sim *sim, int *count)
+{
+    dl_report r = { malloc(4096), 4096, 0, 0 };
+    (void)ctx;
+    *count = 0;
+    if (!r.buf)
+        return NULL;
+    r.buf[0] = 0;
+    kb_sim_foreach_blocked(sim, dl_line, &r);
+    *count = r.count;
+    return r.buf;
+}
+
+void kb_ctx_deadlock_report_lines(kb_ctx *ctx, char *const *lines, const int *counts, int n,
+                                  kb_time t)
 {
     /* the report grows with the machine: build it whole, keep it, summarise in err */
     size_t cap = 4096 + 256 * (size_t)(ctx->m->nsips * ctx->m->ncubes * ctx->m->npes);
@@ -64,8 +91,14 @@ void kb_ctx_deadlock_report(kb_ctx *ctx, kb_sim *const *sims, int nsims, kb_time
         return;
     }
     buf[0] = 0;
-    for (int i = 0; i < nsims; i++)
-        kb_sim_foreach_blocked(sims[i], dl_line, &r);
+    for (int i = 0; i < n; i++) {
+        r.count += counts[i];
+        if (lines[i] && r.len < cap) {
+            int w = snprintf(buf + r.len, cap - r.len, "%s", lines[i]);
+            r.len += w > 0 ? (size_t)w : 0;
+            r.len = r.len < cap ? r.len : cap - 1;
+        }
+    }
     if (ctx->dump && r.len + 1 < cap) {
         int w = snprintf(buf + r.len, cap - r.len, "\n");
         r.len += w > 0 ? (size_t)w : 0;
@@ -75,6 +108,20 @@ void kb_ctx_deadlock_report(kb_ctx *ctx, kb_sim *const *sims, int nsims, kb_time
     ctx->report = buf;
     kb_err_set(&ctx->err, KB_ERR_DEADLOCK, "at t=%.3f ns %d fiber(s) are blocked:%s",
                kb_time_to_ns(t), r.count, buf);
+}
+
+void kb_ctx_deadlock_report(kb_ctx *ctx, kb_sim *const *sims, int nsims, kb_time t)
+{
+    char **lines = calloc((size_t)nsims, sizeof *lines);
+    int *counts = calloc((size_t)nsims, sizeof *counts);
+    if (lines && counts)
+        for (int i = 0; i < nsims; i++)
+            lines[i] = kb_ctx_blocked_lines(ctx, sims[i], &counts[i]);
+    kb_ctx_deadlock_report_lines(ctx, lines, counts, lines && counts ? nsims : 0, t);
+    for (int i = 0; lines && i < nsims; i++)
+        free(lines[i]);
+    free(lines);
+    free(counts);
 }
 
 static int run_host(kb_ctx *ctx, kb_host_fn fn, void *arg);

@@ -59,6 +59,11 @@ void kb_launch_free(kb_launch_st *l)
     }
     free(l->recs);
     free(l->keys);
+    for (int i = 0; l->dl_lines && i < kb_psim_parts(l->ps); i++)
+        free(l->dl_lines[i]);
+    free(l->dl_lines);
+    free(l->dl_count);
+    free(l->dl_now);
     kb_psim_destroy(l->ps);
     free(l->perr);
     if (ctx->fork == l)
@@ -253,27 +258,112 @@ static kb_time fork_wanted(kb_ctx *ctx, const kb_hostproc *hp, const kb_grid *g)
     return 0;
 }
 
+/* The collective of a launch over several processes: every process's bytes of w in *all
+ * (malloc'd), their sizes in counts[nranks]; 0 or an error code. */
+static int trade(const kb_psim_net *net, const kb_wire *w, void **all, size_t *counts)
+{
+    int rc = kb_wire_ok(w);
+    return rc ? rc : net->allgather(net->ud, w->p, w->n, all, counts);
+}
+
+/* Process r's bytes of a trade, as a reader. */
+static void rank_bytes(kb_wire_rd *rd, const void *all, const size_t *counts, int r)
+{
+    size_t off = 0;
+    for (int k = 0; k < r; k++)
+        off += counts[k];
+    kb_wire_rd_init(rd, (const uint8_t *)all + off, counts[r]);
+}
+
+/* Room for n more records in b: 0 or KB_ERR_NOMEM. */
+static int recs_room(kb_fork_recs *b, size_t more)
+{
+    if (b->n + more <= b->cap)
+        return 0;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + more)
+        cap *= 2;
+    kb_rec *v = realloc(b->v, cap * sizeof *v);
+    if (v)
+        b->v = v;
+    kb_time *t = realloc(b->t, cap * sizeof *t);
+    if (t)
+        b->t = t;
+    if (!v || !t)
+        return KB_ERR_NOMEM;
+    b->cap = cap;
+    return 0;
+}
+
 int kb_fork_record(kb_launch_st *l, const kb_rec *r)
 {
     /* kernels' and the IPCQ's records carry the PE whose SIP's partition makes them */
     assert(r->pe != UINT32_MAX);
     unsigned s = l->ctx->m->pe_by_gid[r->pe]->gsip;
     kb_fork_recs *b = &l->recs[s];
-    if (b->n == b->cap) {
-        size_t cap = b->cap ? 2 * b->cap : 256;
-        kb_rec *v = realloc(b->v, cap * sizeof *v);
-        if (v)
-            b->v = v;
-        kb_time *t = realloc(b->t, cap * sizeof *t);
-        if (t)
-            b->t = t;
-        if (!v || !t)
-            return KB_ERR_NOMEM;
-        b->cap = cap;
-    }
+    if (recs_room(b, 1) != 0)
+        return KB_ERR_NOMEM;
     b->v[b->n] = *r;
     b->t[b->n++] = kb_sim_now(kb_psim_part(l->ps, (int)s));
     return 0;
+}
+
+/*
+ * A recording launch over several processes, after a window: every process hands the others
+ * its SIPs' records of the window (with their times), so that every process gathers the whole
+ * op log in the same order and replays it as one process would. 0 or an error code.
+ */
+static int fork_trade_records(kb_launch_st *l)
+{
+    const kb_psim_net *net = l->ctx->net;
+    int n = kb_psim_parts(l->ps), rc;
+    size_t *counts = calloc((size_t)net->nranks, sizeof *counts);
+    void *all = NULL;
+    kb_wire w;
+    kb_wire_init(&w);
+    if (!counts) {
+        rc = KB_ERR_NOMEM;
+        goto done;
+    }
+    for (int i = 0; i < n; i++)
+        if (kb_psim_owns(l->ps, i)) {
+            kb_wire_u64(&w, l->recs[i].n);
+            kb_wire_put(&w, l->recs[i].v, l->recs[i].n * sizeof *l->recs[i].v);
+            kb_wire_put(&w, l->recs[i].t, l->recs[i].n * sizeof *l->recs[i].t);
+        }
+    if ((rc = trade(net, &w, &all, counts)) != 0)
+        goto done;
+    for (int r = 0; r < net->nranks; r++) {
+        kb_wire_rd rd;
+        if (r == net->rank)
+            continue;
+        rank_bytes(&rd, all, counts, r);
+        for (int i = 0; i < n; i++) {
+            if (kb_psim_owner(l->ps, i) != r)
+                continue;
+            kb_fork_recs *b = &l->recs[i];
+            uint64_t k = kb_wire_get_u64(&rd);
+            if (k > (rd.n - rd.at) / sizeof *b->v) {
+                rc = KB_ERR_STATE;
+                goto done;
+            }
+            b->n = 0;
+            if ((rc = recs_room(b, (size_t)k)) != 0)
+                goto done;
+            kb_wire_get(&rd, b->v, (size_t)k * sizeof *b->v);
+            kb_wire_get(&rd, b->t, (size_t)k * sizeof *b->t);
+            b->n = (size_t)k;
+        }
+        if (!kb_wire_rd_ok(&rd) || !kb_wire_rd_done(&rd)) {
+            rc = KB_ERR_STATE;
+            goto done;
+        }
+    }
+done:
+    free(all);
+    free(counts);
+    kb_wire_free(&w);
+    return rc;
 }
 
 /* The gathering's order: time, then partition (a partition's own records are in order). */
@@ -313,6 +403,11 @@ static int fork_window(kb_psim *ps, kb_time t, void *ud)
     int n = kb_psim_parts(ps), rc = 0;
     size_t m = 0, k = 0;
     (void)t;
+    if (l->ctx->net && l->recs && (rc = fork_trade_records(l)) != 0) {
+        kb_err_set(&l->gather_eb, rc, "handing the window's op records between processes "
+                   "failed: %s", kb_strerror(rc));
+        return rc;
+    }
     if (l->ctx->progress) { /* what a display shows while the context's simulation waits */
         kb_time now = kb_sim_now(l->ctx->sim);
         uint64_t ev = kb_ctx_events(l->ctx);
@@ -364,6 +459,126 @@ static int fork_window(kb_psim *ps, kb_time t, void *ud)
     return rc;
 }
 
+/*
+ * After a forked launch over several processes (kb_ctx_opts.net): every process hands the
+ * others what its SIPs changed (their kernels' counts and completions, their first failure,
+ * their resources' reservations, and the modules' state: kb_ext_dist), so that every process
+ * goes on with the whole machine as one process would have left it; after a deadlock, the
+ * blocked fibers of each SIP for the report (l->dl_*). `failed`: the launch's code. 0 or an
+ * error code (why, in l->gather_eb when there is more to say).
+ */
+static int fork_sync(kb_launch_st *l, int failed)
+{
+    kb_ctx *ctx = l->ctx;
+    kb_machine *m = ctx->m;
+    const kb_psim_net *net = ctx->net;
+    int S = m->nsips, rc;
+    uint8_t *own = calloc((size_t)S, 1);
+    size_t *counts = calloc((size_t)net->nranks, sizeof *counts);
+    void *all = NULL;
+    kb_wire w;
+
+    kb_wire_init(&w);
+    if (!own || !counts) {
+        rc = KB_ERR_NOMEM;
+        goto done;
+    }
+    for (int s = 0; s < S; s++)
+        own[s] = (uint8_t)kb_psim_owns(l->ps, s);
+    for (int s = 0; s < S; s++) {
+        if (!own[s])
+            continue;
+        int g = s - l->grid.sip0;
+        size_t len = strlen(l->perr[s].eb.msg);
+        kb_wire_u32(&w, (uint32_t)l->perr[s].code);
+        kb_wire_u64(&w, len);
+        kb_wire_put(&w, l->perr[s].eb.msg, len);
+        if (g >= 0 && g < l->grid.sips) {
+            kb_wire_u64(&w, l->sip_kernels[g]);
+            kb_wire_u64(&w, l->sip_tmax[g]);
+            kb_wire_u64(&w, l->sip_kend[g]);
+        }
+        kb_machine_sip_save(m, s, &w);
+        if (failed == KB_ERR_DEADLOCK) {
+            int cnt = 0;
+            char *ln = kb_ctx_blocked_lines(ctx, kb_psim_part(l->ps, s), &cnt);
+            size_t ll = ln ? strlen(ln) : 0;
+            kb_wire_u64(&w, kb_sim_now(kb_psim_part(l->ps, s)));
+            kb_wire_u32(&w, (uint32_t)cnt);
+            kb_wire_u64(&w, ll);
+            kb_wire_put(&w, ln, ll);
+            free(ln);
+        }
+    }
+    for (int x = 0; x < KB_EXT_NSLOTS; x++)
+        if (ctx->ext[x] && ctx->ext_dist[x].save &&
+            (rc = ctx->ext_dist[x].save(ctx->ext[x], own, failed != 0, &w)) != 0)
+            goto done;
+    if (failed == KB_ERR_DEADLOCK &&
+        (!(l->dl_lines = calloc((size_t)S, sizeof *l->dl_lines)) ||
+         !(l->dl_count = calloc((size_t)S, sizeof *l->dl_count)) ||
+         !(l->dl_now = calloc((size_t)S, sizeof *l->dl_now)))) {
+        rc = KB_ERR_NOMEM;
+        goto done;
+    }
+    if ((rc = trade(net, &w, &all, counts)) != 0)
+        goto done;
+    for (int r = 0; r < net->nranks; r++) {
+        kb_wire_rd rd;
+        if (r == net->rank)
+            continue;
+        rank_bytes(&rd, all, counts, r);
+        for (int s = 0; s < S; s++) {
+            own[s] = (uint8_t)(kb_psim_owner(l->ps, s) == r);
+            if (!own[s])
+                continue;
+            int g = s - l->grid.sip0;
+            l->perr[s].code = (int)kb_wire_get_u32(&rd);
+            uint64_t len = kb_wire_get_u64(&rd);
+            if (len >= sizeof l->perr[s].eb.msg) {
+                rc = KB_ERR_STATE;
+                goto done;
+            }
+            kb_wire_get(&rd, l->perr[s].eb.msg, (size_t)len);
+            l->perr[s].eb.msg[len] = 0;
+            if (g >= 0 && g < l->grid.sips) {
+                l->sip_kernels[g] = kb_wire_get_u64(&rd);
+                l->sip_tmax[g] = kb_wire_get_u64(&rd);
+                l->sip_kend[g] = kb_wire_get_u64(&rd);
+            }
+            kb_machine_sip_load(m, s, &rd);
+            if (failed == KB_ERR_DEADLOCK) {
+                l->dl_now[s] = kb_wire_get_u64(&rd);
+                l->dl_count[s] = (int)kb_wire_get_u32(&rd);
+                uint64_t ll = kb_wire_get_u64(&rd);
+                if (ll > counts[r] || !(l->dl_lines[s] = malloc((size_t)ll + 1))) {
+                    rc = ll > counts[r] ? KB_ERR_STATE : KB_ERR_NOMEM;
+                    goto done;
+                }
+                kb_wire_get(&rd, l->dl_lines[s], (size_t)ll);
+                l->dl_lines[s][ll] = 0;
+            }
+        }
+        for (int x = 0; x < KB_EXT_NSLOTS; x++)
+            if (ctx->ext[x] && ctx->ext_dist[x].load &&
+                (rc = ctx->ext_dist[x].load(ctx->ext[x], own, &rd)) != 0)
+                goto done;
+        if (!kb_wire_rd_ok(&rd) || !kb_wire_rd_done(&rd)) {
+            rc = KB_ERR_STATE;
+            kb_err_set(&l->gather_eb, rc, "process %d's state of its SIPs does not read as "
+                       "this process's would (are both the same kbcl on the same inputs?)", r);
+            goto done;
+        }
+    }
+    rc = 0;
+done:
+    free(all);
+    free(counts);
+    free(own);
+    kb_wire_free(&w);
+    return rc;
+}
+
 /* The join of a forked launch: runs its partitions to the end (an event of the context's
  * simulation, while the launching host fiber waits), then wakes the host at the latest SIP's
  * completion, or fails the run with the lowest-numbered failed partition's error. */
@@ -383,19 +598,39 @@ static void fork_run(kb_sim *sim, void *a, void *b)
     ctx->forked++;
     ctx->fork_windows += kb_psim_windows(l->ps);
     ctx->fork_events += kb_psim_events(l->ps);
-    for (int i = 0; i < n; i++)
-        ctx->fork_switches += kb_sim_switches(kb_psim_part(l->ps, i));
+    ctx->fork_switches += kb_psim_switches(l->ps);
+    if (ctx->net) {
+        int src = fork_sync(l, rc);
+        if (src) {
+            kb_ctx_fail_in(ctx, sim, src, "launch %s over %d SIPs: handing the SIPs' state "
+                           "between processes failed: %s", l->name, l->grid.sips,
+                           l->gather_eb.msg[0] ? l->gather_eb.msg : kb_strerror(src));
+            return;
+        }
+    }
     for (int s = 0; s < l->grid.sips; s++)
         ctx->kernels += l->sip_kernels[s];
     if (rc == KB_ERR_DEADLOCK) { /* the host's fibers first, as a sequential run lists them */
-        kb_sim *sims[KB_PSIM_MAX_PARTS + 1];
+        char *lines[KB_PSIM_MAX_PARTS + 1];
+        int cnt[KB_PSIM_MAX_PARTS + 1];
         kb_time t = 0;
-        sims[0] = sim;
+        lines[0] = kb_ctx_blocked_lines(ctx, sim, &cnt[0]);
         for (int i = 0; i < n; i++) {
-            sims[i + 1] = kb_psim_part(l->ps, i);
-            t = kb_sim_now(sims[i + 1]) > t ? kb_sim_now(sims[i + 1]) : t;
+            kb_sim *p = kb_psim_part(l->ps, i);
+            kb_time ti = kb_sim_now(p);
+            if (kb_psim_owns(l->ps, i)) {
+                lines[i + 1] = kb_ctx_blocked_lines(ctx, p, &cnt[i + 1]);
+            } else { /* another process's SIP: what fork_sync brought */
+                lines[i + 1] = l->dl_lines[i];
+                l->dl_lines[i] = NULL;
+                cnt[i + 1] = l->dl_count[i];
+                ti = l->dl_now[i];
+            }
+            t = ti > t ? ti : t;
         }
-        kb_ctx_deadlock_report(ctx, sims, n + 1, t);
+        kb_ctx_deadlock_report_lines(ctx, lines, cnt, n + 1, t);
+        for (int i = 0; i <= n; i++)
+            free(lines[i]);
         kb_ctx_fail(ctx, rc);
         return;
     }
@@ -420,8 +655,13 @@ static void fork_run(kb_sim *sim, void *a, void *b)
 static int fork_prepare(kb_ctx *ctx, kb_launch_st *l, kb_time look)
 {
     kb_machine *m = ctx->m;
-    kb_psim_opts po = { .parts = m->nsips, .threads = ctx->threads, .lookahead = look };
+    kb_psim_opts po = { .parts = m->nsips, .threads = ctx->threads, .lookahead = look,
+                        .net = ctx->net };
     int rc = kb_psim_create(&po, &l->ps);
+    for (int s = 0; rc == 0 && ctx->net && s < KB_EXT_NSLOTS; s++)
+        for (int k = 0; rc == 0 && ctx->ext[s] && k < ctx->ext_dist[s].nmsg; k++)
+            rc = kb_psim_codec(l->ps, ctx->ext_dist[s].msg[k].fn, ctx->ext_dist[s].msg[k].enc,
+                               ctx->ext_dist[s].msg[k].dec, ctx->ext[s]);
     if (rc == 0 && !(l->perr = calloc((size_t)m->nsips, sizeof *l->perr)))
         rc = KB_ERR_NOMEM;
     if (rc == 0 && ctx->recording && !(l->recs = calloc((size_t)m->nsips, sizeof *l->recs)))
@@ -526,6 +766,8 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
                 tl->start = kb_machine_cmd_mcpu_to_pe(m, tl->pe, t_m, KB_CMD_BYTES);
                 if (tl->start < l->kfirst)
                     l->kfirst = tl->start;
+                if (l->ps && !kb_psim_owns(l->ps, (int)gsip))
+                    continue; /* another process runs this SIP (kb_ctx_opts.net) */
                 snprintf(fname, sizeof fname, "%s@sip%u/cube%d/pe%d", l->name, gsip, c, p);
                 kb_fiber *f = kb_fiber_spawn(tl->sim, kernel_main, tl, fname);
                 if (!f) {

@@ -68,6 +68,7 @@ KB_API int kb_device_from_name(const char *name); /* -1 when unknown */
 struct kb_trace;
 struct kb_backend;
 struct kb_progress;
+struct kb_psim_net;
 typedef struct kb_ctx_opts {
     kb_device_kind device;
     FILE *trace;      /* IPCQ trace lines (KBCL_CCL_TRACE); NULL = off; not owned */
@@ -94,6 +95,12 @@ typedef struct kb_ctx_opts {
      * per_sip, no device queue, nothing else pending in the host's simulation. The result,
      * op records included, is the same for every N >= 1; other launches run sequentially. */
     int threads;
+    /* Several processes (kbcl run under mpirun; sched/kb_psim.h's kb_psim_net, the caller's
+     * collective): every process runs the whole host program, and a forked launch's SIPs are
+     * spread over the processes, each running its block of them on its `threads` and handing
+     * the others what its SIPs changed after the launch. The result is the same for every
+     * process count. NULL = this process alone. Not owned; must outlive the context. */
+    const struct kb_psim_net *net;
 } kb_ctx_opts;
 
 #define KB_CTX_MAX_THREADS 64

@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kb_wire.h"
+
 #define KB_VA_BASE (UINT64_C(1) << 40)
 #define KB_VA_SIZE (UINT64_C(1) << 46)
 
@@ -1004,60 +1006,146 @@ static int noc_link_exists(const kb_machine *m, int i)
            : d == KB_MESH_N ? y > 0 : y + 1 < m->noc_h;
 }
 
-void kb_machine_each_res(const kb_machine *m, kb_res_visit_fn fn, void *ud)
+/* SIP s's resources in kb_machine_each_res's order; `where` only when named (else ""). */
+static void each_res_sip(const kb_machine *m, int s, kb_res_visit_fn fn, void *ud, int named)
 {
-    char where[64], cw[32];
+    char where[64] = "", cw[32] = "";
     int duplex = m->noc != KB_NOC_BUS;
-    for (int s = 0; s < m->nsips; s++) {
-        const kb_sip_hw *sip = &m->sips[s];
+    const kb_sip_hw *sip = &m->sips[s];
+    if (named)
         snprintf(where, sizeof where, "sip%d", s);
-        fn(ud, &sip->pcie, where);
-        fn(ud, &sip->pcie_ep, where);
-        fn(ud, &sip->io_cpu, where);
-        for (int l = 0; l < sip->nlinks; l++) {
+    fn(ud, &sip->pcie, where);
+    fn(ud, &sip->pcie_ep, where);
+    fn(ud, &sip->io_cpu, where);
+    for (int l = 0; l < sip->nlinks; l++) {
+        if (named)
             snprintf(where, sizeof where, "sip%d->sip%d (link %d)", s, sip->links[l].peer, l);
-            fn(ud, &sip->links[l].link, where);
-        }
-        for (int c = 0; c < m->ncubes; c++) {
-            const kb_cube_hw *cb = &sip->cubes[c];
+        fn(ud, &sip->links[l].link, where);
+    }
+    for (int c = 0; c < m->ncubes; c++) {
+        const kb_cube_hw *cb = &sip->cubes[c];
+        if (named)
             snprintf(cw, sizeof cw, "sip%d/cube%d", s, c);
-            fn(ud, &cb->m_cpu, cw);
-            if (!duplex) {
-                fn(ud, &cb->noc, cw);
-            } else {
-                int nl = m->npes * (m->noc == KB_NOC_MESH ? 4 : 2);
-                for (int i = 0; i < nl; i++) {
-                    if (!noc_link_exists(m, i))
-                        continue;
+        fn(ud, &cb->m_cpu, cw);
+        if (!duplex) {
+            fn(ud, &cb->noc, cw);
+        } else {
+            int nl = m->npes * (m->noc == KB_NOC_MESH ? 4 : 2);
+            for (int i = 0; i < nl; i++) {
+                if (!noc_link_exists(m, i))
+                    continue;
+                if (named)
                     noc_link_where(m, i, where, sizeof where, cw);
-                    fn(ud, &cb->noc_links[i], where);
-                }
+                fn(ud, &cb->noc_links[i], where);
             }
-            fn(ud, &cb->sram_port, cw);
-            if (duplex) {
+        }
+        fn(ud, &cb->sram_port, cw);
+        if (duplex) {
+            if (named)
                 snprintf(where, sizeof where, "%s wr", cw);
-                fn(ud, &cb->sram_wr, where);
-            }
-            for (int d = 0; d < 4; d++) {
+            fn(ud, &cb->sram_wr, where);
+        }
+        for (int d = 0; d < 4; d++) {
+            if (named)
                 snprintf(where, sizeof where, "%s %c", cw, "EWNS"[d]);
-                fn(ud, &cb->ucie_out[d], where);
-            }
-            for (int p = 0; p < m->npes; p++) {
-                const kb_pe_hw *pe = &cb->pes[p];
+            fn(ud, &cb->ucie_out[d], where);
+        }
+        for (int p = 0; p < m->npes; p++) {
+            const kb_pe_hw *pe = &cb->pes[p];
+            if (named)
                 snprintf(where, sizeof where, "%s/pe%d", cw, p);
-                fn(ud, &pe->cpu, where);
-                for (int i = 0; i < pe->ndma; i++)
-                    fn(ud, &pe->dma[i], where);
-                fn(ud, &pe->math, where);
-                fn(ud, &pe->gemm, where);
-                fn(ud, &pe->tcm_port, where);
-                fn(ud, &pe->hbm_port, where);
-                if (duplex) {
+            fn(ud, &pe->cpu, where);
+            for (int i = 0; i < pe->ndma; i++)
+                fn(ud, &pe->dma[i], where);
+            fn(ud, &pe->math, where);
+            fn(ud, &pe->gemm, where);
+            fn(ud, &pe->tcm_port, where);
+            fn(ud, &pe->hbm_port, where);
+            if (duplex) {
+                if (named)
                     snprintf(where, sizeof where, "%s/pe%d wr", cw, p);
-                    fn(ud, &pe->tcm_wr, where);
-                    fn(ud, &pe->hbm_wr, where);
-                }
+                fn(ud, &pe->tcm_wr, where);
+                fn(ud, &pe->hbm_wr, where);
             }
         }
     }
+}
+
+void kb_machine_each_res(const kb_machine *m, kb_res_visit_fn fn, void *ud)
+{
+    for (int s = 0; s < m->nsips; s++)
+        each_res_sip(m, s, fn, ud, 1);
+}
+
+/* A run over several processes: what a reservation changes in a resource, out and back. */
+static void res_save(void *ud, const kb_res *r, const char *where)
+{
+    kb_wire *w = ud;
+    (void)where;
+    kb_wire_u64(w, r->free_at);
+    kb_wire_u64(w, r->hole_lo);
+    kb_wire_u64(w, r->hole_hi);
+    kb_wire_u64(w, r->memo_occ);
+    kb_wire_u64(w, r->bytes);
+    kb_wire_u64(w, r->busy);
+    kb_wire_u32(w, r->memo_key);
+}
+
+static void res_load(void *ud, const kb_res *cr, const char *where)
+{
+    kb_wire_rd *rd = ud;
+    kb_res *r = (kb_res *)cr; /* the machine kb_machine_sip_load was given, not const */
+    (void)where;
+    r->free_at = kb_wire_get_u64(rd);
+    r->hole_lo = kb_wire_get_u64(rd);
+    r->hole_hi = kb_wire_get_u64(rd);
+    r->memo_occ = kb_wire_get_u64(rd);
+    r->bytes = kb_wire_get_u64(rd);
+    r->busy = kb_wire_get_u64(rd);
+    r->memo_key = kb_wire_get_u32(rd);
+}
+
+void kb_machine_sip_save(const kb_machine *m, int s, kb_wire *w)
+{
+    each_res_sip(m, s, res_save, w, 0);
+}
+
+void kb_machine_sip_load(kb_machine *m, int s, kb_wire_rd *r)
+{
+    each_res_sip(m, s, res_load, r, 0);
+}
+
+uint32_t kb_machine_port_id(const kb_machine *m, const kb_dma_leg *leg)
+{
+    const kb_cube_hw *cb = &m->sips[leg->dst_sip].cubes[leg->dst_cube];
+    const char *p = (const char *)leg->dst_port;
+    if (leg->dst_port == &cb->sram_port)
+        return 0;
+    if (leg->dst_port == &cb->sram_wr)
+        return 1;
+    for (int i = 0; i < m->npes; i++) {
+        const char *b = (const char *)&cb->pes[i];
+        if (p >= b && p < b + sizeof cb->pes[i])
+            return 2u + (uint32_t)i * (uint32_t)sizeof cb->pes[i] + (uint32_t)(p - b);
+    }
+    assert(!"a leg's port is in its destination cube");
+    return UINT32_MAX;
+}
+
+kb_res *kb_machine_port_at(kb_machine *m, const kb_dma_leg *leg, uint32_t id)
+{
+    kb_cube_hw *cb;
+    if (leg->dst_sip >= (unsigned)m->nsips || leg->dst_cube >= (unsigned)m->ncubes)
+        return NULL;
+    cb = &m->sips[leg->dst_sip].cubes[leg->dst_cube];
+    if (id == 0)
+        return &cb->sram_port;
+    if (id == 1)
+        return &cb->sram_wr;
+    id -= 2;
+    uint32_t pe = id / (uint32_t)sizeof cb->pes[0], off = id % (uint32_t)sizeof cb->pes[0];
+    if (pe >= (uint32_t)m->npes || off % _Alignof(kb_res) != 0 ||
+        off + sizeof(kb_res) > sizeof cb->pes[0])
+        return NULL;
+    return (kb_res *)((char *)&cb->pes[pe] + off);
 }

@@ -245,6 +245,20 @@ static inline int kb_dma_leg_more(const kb_dma_leg *leg) { return leg->part < le
  */
 void kb_machine_bind_sips(kb_machine *m, int on);
 
+/*
+ * A run over several processes (docs/parallel.md): what a launch's partitions changed in SIP
+ * s's resources (their reservations and statistics), written by the process that ran the SIP
+ * and read by the others, in kb_machine_each_res's order. Route memos are caches and stay.
+ */
+struct kb_wire;
+struct kb_wire_rd;
+void kb_machine_sip_save(const kb_machine *m, int s, struct kb_wire *w);
+void kb_machine_sip_load(kb_machine *m, int s, struct kb_wire_rd *r);
+/* The port a leg's data go to as a number within its destination cube, and back (NULL for a
+ * number that names no port there): a leg crossing to another process. */
+uint32_t kb_machine_port_id(const kb_machine *m, const struct kb_dma_leg *leg);
+kb_res *kb_machine_port_at(kb_machine *m, const struct kb_dma_leg *leg, uint32_t id);
+
 int kb_machine_dma_first(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst,
                          uint64_t nbytes, kb_time now, kb_dma_leg *leg, kb_errbuf *eb);
 /* Books leg's next part at `now` (its head's arrival, >= leg->t_head) and moves leg on. A leg

@@ -140,6 +140,11 @@ struct kb_launch_st {
     struct kb_fork_key *keys; /* the gathering's merge heap, a head per partition (owned) */
     size_t capkeys;
     kb_errbuf gather_eb;      /* why gathering failed (the run's message then) */
+    /* a deadlocked launch over several processes: each other process's SIP's blocked fibers
+     * as report lines, their count and its clock ([nsips], owned; NULL until fork_sync) */
+    char **dl_lines;
+    int *dl_count;
+    kb_time *dl_now;
 };
 
 /* A partition's records of the current window, with the time each was made at. */
@@ -219,6 +224,8 @@ struct kb_ctx {
      * read by the partitions' threads in between), its partitions' events, fiber switches
      * and windows, and how many launches ran forked */
     int threads;
+    const struct kb_psim_net *net; /* kb_ctx_opts.net (not owned) */
+    kb_ext_dist ext_dist[KB_EXT_NSLOTS]; /* kb_ctx_set_ext_dist */
     kb_launch_st *fork;
     uint64_t fork_events, fork_switches, fork_windows, forked;
     FILE *trace;
@@ -246,6 +253,11 @@ int kb_fork_record(kb_launch_st *l, const kb_rec *r);
 /* kb_runtime_host.c. Keeps the deadlock report of the fibers blocked in sims[0 .. nsims) (in
  * that order) at simulated time t in ctx->report, and its summary in ctx's errbuf. */
 void kb_ctx_deadlock_report(kb_ctx *ctx, kb_sim *const *sims, int nsims, kb_time t);
+/* kb_runtime_host.c. The blocked fibers of sim as the report's lines (malloc'd; NULL when out
+ * of memory) and their count; and the report made of such lines, n of them in order. */
+char *kb_ctx_blocked_lines(const kb_ctx *ctx, kb_sim *sim, int *count);
+void kb_ctx_deadlock_report_lines(kb_ctx *ctx, char *const *lines, const int *counts, int n,
+                                  kb_time t);
 
 /* kb_runtime_host.c. Unhooks sp from ctx's live spawns and frees it. */
 void kb_ctx_spawn_free(kb_ctx *ctx, struct kb_spawn_st *sp);
