@@ -4,7 +4,9 @@
 #include "kb_cli.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +21,7 @@
 #include "kb_ccl_reg.h"
 #include "kb_dist_algo.h"
 #include "kb_model.h"
+#include "kb_psim.h"
 #include "kb_tl_q.h"
 #include "kb_trace.h"
 
@@ -280,8 +283,21 @@ static int parse_cut(const char *s, size_t *cut, kb_errbuf *eb)
     return 0;
 }
 
+int kbcl_usable_cpus(void)
+{
+    cpu_set_t set;
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = online < 1 ? 1 : online > INT_MAX ? INT_MAX : (int)online;
+    /* a launcher's binding (mpirun binds each of 2 ranks to one core), taskset, a cgroup's
+     * cpuset: the process may use fewer CPUs than are online */
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) >= 1 &&
+        CPU_COUNT(&set) < n)
+        n = CPU_COUNT(&set);
+    return n;
+}
+
 /* --threads N|auto: Phase-1 threads, 0 (the sequential engine) .. KB_CTX_MAX_THREADS, or auto:
- * the online CPUs, at most KB_CTX_MAX_THREADS (NULL: 0). */
+ * the CPUs this process may use (kbcl_usable_cpus), at most KB_CTX_MAX_THREADS (NULL: 0). */
 static int parse_threads(const char *s, int *threads, kb_errbuf *eb)
 {
     char *end;
@@ -290,15 +306,16 @@ static int parse_threads(const char *s, int *threads, kb_errbuf *eb)
     if (!s)
         return 0;
     if (!strcmp(s, "auto")) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
-        *threads = n < 1 ? 1 : n > KB_CTX_MAX_THREADS ? KB_CTX_MAX_THREADS : (int)n;
+        int n = kbcl_usable_cpus();
+        *threads = n > KB_CTX_MAX_THREADS ? KB_CTX_MAX_THREADS : n;
         return 0;
     }
     errno = 0;
     v = strtol(s, &end, 10);
     if (errno || end == s || *end || v < 0 || v > KB_CTX_MAX_THREADS)
         return kb_err_set(eb, KB_ERR_USAGE, "--threads %s: Phase-1 threads, 0 (one engine, no "
-                          "partitions) to %d, or auto (the online CPUs)", s, KB_CTX_MAX_THREADS);
+                          "partitions) to %d, or auto (the CPUs this process may use)", s,
+                          KB_CTX_MAX_THREADS);
     *threads = (int)v;
     return 0;
 }
@@ -573,6 +590,7 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
     parse_cut(job->replay_cut, &cut, eb);
     parse_threads(job->threads, &threads, eb);
     res->threads_asked = job->threads && strcmp(job->threads, "auto") != 0;
+    res->ranks = job->net ? job->net->nranks : 1;
     if (job->trace_path) {
         if ((rc = kb_trace_create(&tr, eb)) != 0)
             return rc;
@@ -582,9 +600,10 @@ int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
         }
     }
     kb_ctx_opts opts = { (kb_device_kind)kb_device_from_name(res->device), job->ipcq_trace, tr,
-                         job->backend, job->backend_desc, cut, job->progress, threads };
+                         job->backend, job->backend_desc, cut, job->progress, threads,
+                         job->net };
     rc = kb_bench_execute(&res->cfg, &res->ccl, &opts, res->bench, &res->args, &res->rep, eb);
-    if (rc == 0 && tr) {
+    if (rc == 0 && tr && job->rank == 0) { /* under mpirun, every rank made the same one */
         rc = kb_trace_write(tr, job->trace_path, eb);
         res->trace_path = job->trace_path;
         res->trace_events = kb_trace_events(tr);
@@ -729,6 +748,8 @@ char *kbcl_result_json(const kbcl_result *res)
     cJSON_AddNumberToObject(root, "phase1_ms", rep->phase1_ms);
     if (rep->threads > 0)
         cJSON_AddNumberToObject(root, "phase1_threads", rep->threads);
+    if (res->ranks > 1)
+        cJSON_AddNumberToObject(root, "phase1_ranks", res->ranks);
     cJSON_AddNumberToObject(root, "events_per_s",
                             rep->phase1_ms > 0 ? (double)rep->events / (rep->phase1_ms / 1e3) : 0.0);
     cJSON_AddNumberToObject(root, "wall_ms", rep->wall_ms);
@@ -868,7 +889,11 @@ void kbcl_result_print(FILE *f, const kbcl_result *res, int quiet)
     fprintf(f, "  events     %llu (%llu fiber switches, %llu kernels)\n",
             (unsigned long long)rep->events, (unsigned long long)rep->switches,
             (unsigned long long)rep->kernels);
-    if (rep->threads > 0 && rep->forked_launches > 0)
+    if (rep->threads > 0 && rep->forked_launches > 0 && res->ranks > 1)
+        fprintf(f, "  threads    %d on each of %d processes: %llu launch(es) ran partitioned over "
+                "the SIPs, %llu windows\n", rep->threads, res->ranks,
+                (unsigned long long)rep->forked_launches, (unsigned long long)rep->windows);
+    else if (rep->threads > 0 && rep->forked_launches > 0)
         fprintf(f, "  threads    %d: %llu launch(es) ran partitioned over the SIPs, %llu windows\n",
                 rep->threads, (unsigned long long)rep->forked_launches,
                 (unsigned long long)rep->windows);

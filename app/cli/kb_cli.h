@@ -65,6 +65,10 @@ typedef struct kbcl_job {
     const kb_config *base_cfg;
     const kb_ccl_cfg *base_ccl;
     int model_checked;
+    /* kbcl run under mpirun: the processes' collective (kb_ctx_opts.net; NULL = one process)
+     * and this process's rank (only rank 0 writes files: the trace). */
+    const struct kb_psim_net *net;
+    int rank;
 } kbcl_job;
 
 typedef struct kbcl_result {
@@ -79,6 +83,7 @@ typedef struct kbcl_result {
     const char *trace_path;
     uint64_t trace_events, trace_left_out, trace_bytes;
     int threads_asked;          /* --threads gave a count (not auto): say if nothing forked */
+    int ranks;                  /* processes of the run (mpirun -n R), 1 without */
 } kbcl_result;
 
 /*
@@ -269,5 +274,12 @@ int kbcl_sweep_mpi_share(int **points, int *npoints, int ok, kb_errbuf *eb);
 /* Runs the points over the ranks (rank 0 hands them out one at a time). Collective. */
 int kbcl_sweep_mpi_run(const kbcl_sweep_io *io, const int *points, int npoints, kb_errbuf *eb);
 void kbcl_sweep_mpi_fini(void);
+/* After kbcl_sweep_mpi_init returned 1: net becomes the ranks' collective over
+ * MPI_COMM_WORLD (kb_ctx_opts.net), for `kbcl run` under mpirun. */
+struct kb_psim_net;
+void kbcl_mpi_net(struct kb_psim_net *net, int rank, int size);
+/* The CPUs this process may run on: the online ones, or fewer where its affinity is bound (a
+ * launcher's binding, taskset, a cpuset); at least 1. What --threads auto means. */
+int kbcl_usable_cpus(void);
 
 #endif

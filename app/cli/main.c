@@ -22,6 +22,7 @@
 #include "kb_config.h"
 #include "kb_plugin.h"
 #include "kb_progress.h"
+#include "kb_psim.h"
 #include "kb_runtime.h"
 
 
@@ -67,7 +68,9 @@ static void usage_run(FILE *f)
           "                       them as partitions on N threads, one result for every\n"
           "                       N >= 1 (system.switch.arbitration=per_sip, no --trace;\n"
           "                       docs/parallel.md); 0 = one engine, no partitions; auto\n"
-          "                       = the online CPUs  [auto]\n"
+          "                       = the CPUs this process may use (under mpirun: its\n"
+          "                       binding's, or unbound the host's shared by its ranks;\n"
+          "                       more threads than that are slow: a note says so)  [auto]\n"
           "  --json FILE          write the results as JSON (atomically; never over an\n"
           "                       input of the run)\n"
           "  --quiet              print only the result line (and no progress line)\n"
@@ -77,7 +80,9 @@ static void usage_run(FILE *f)
           "KBCL_CONFIG_DIR=DIR reads DIR/topology.yaml and DIR/ccl.yaml by default;\n"
           "KBCL_PLUGIN_PATH=A:B loads plugins (files, or folders of *.so files) first;\n"
           "KBCL_PROGRESS=0 never shows the progress line that a terminal gets on stderr\n"
-          "from 1 s into a run, KBCL_PROGRESS=1 shows it on any stderr\n",
+          "from 1 s into a run, KBCL_PROGRESS=1 shows it on any stderr\n"
+          "under mpirun -n R (a build with MPI): a launch that runs partitioned spreads its\n"
+          "SIPs over the R ranks too, with one process's result; rank 0 prints and writes\n",
           f);
 }
 
@@ -427,11 +432,14 @@ static int run_check_outputs(const kbcl_job *job, const char *json_path,
     return kbcl_check_output("--trace", job->trace_path, ins, n, eb);
 }
 
-static int cmd_run(int argc, char **argv)
+/* kbcl run's body; net and rank: under mpirun (NULL, 0: one process). Only rank 0 prints and
+ * writes files: every rank computes the same result. */
+static int run_main(int argc, char **argv, const kb_psim_net *net, int rank)
 {
     kbcl_job job;
     kbcl_result res;
     kb_errbuf eb = { { 0 } };
+    char threads_buf[24];
     const char *json_path = NULL, *tr = getenv("KBCL_CCL_TRACE");
     const char *files[KBCL_MAX_PLUGIN_ARGS];
     kb_plugins *ps = NULL;
@@ -474,6 +482,24 @@ static int cmd_run(int argc, char **argv)
      * number): issue #34's default */
     if (!job.threads)
         job.threads = "auto";
+    job.net = net;
+    job.rank = rank;
+    int usable = kbcl_usable_cpus();
+    if (net && !strcmp(job.threads, "auto") && usable == sysconf(_SC_NPROCESSORS_ONLN)) {
+        /* ranks not bound by the launcher (--bind-to none): the host's CPUs shared by its
+         * ranks; bound ones: auto is their binding's CPUs */
+        const char *v = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+        int local = v && atoi(v) > 0 ? atoi(v) : 1;
+        int t = usable > local ? usable / local : 1;
+        snprintf(threads_buf, sizeof threads_buf, "%d", t > KB_CTX_MAX_THREADS ? KB_CTX_MAX_THREADS : t);
+        job.threads = threads_buf;
+    } else if (rank == 0 && strcmp(job.threads, "auto") != 0 && atoi(job.threads) > usable) {
+        /* threads that wait on each other at every window, more of them than CPUs: slow */
+        fprintf(stderr, "kbcl run: note: %d Phase-1 threads on %d CPU(s) this process may use%s\n",
+                atoi(job.threads), usable,
+                net ? " (mpirun binds each of up to 2 ranks to one core: add --bind-to none)"
+                    : "");
+    }
     /* the plugins outlive everything that may point into them: the result, the report */
     if (plugins_open("run", files, nfiles, &ps) != 0)
         return KBCL_EXIT_USAGE;
@@ -481,10 +507,15 @@ static int cmd_run(int argc, char **argv)
     /* a device server for --device gpu|cpu|auto, started on first use, so that this run and
      * the next ones skip the device's set-up; before any thread and any OpenCL call */
     kbcl_devd_autostart(job.device);
+    /* the other ranks trace too (a trace keeps launches from forking, on every rank alike),
+     * into nothing: rank 0's lines are the run's */
+    FILE *devnull = NULL;
+    if (rank != 0 && job.ipcq_trace && (devnull = fopen("/dev/null", "w")) != NULL)
+        job.ipcq_trace = devnull;
     /* The progress line: on stderr, so never with the IPCQ trace lines there too. */
     kb_progress pg;
     kbcl_ticker *ticker = NULL;
-    if (kbcl_progress_wanted(quiet || job.ipcq_trace, getenv("KBCL_PROGRESS"),
+    if (rank == 0 && kbcl_progress_wanted(quiet || job.ipcq_trace, getenv("KBCL_PROGRESS"),
                              isatty(STDERR_FILENO))) {
         kb_progress_init(&pg);
         job.progress = &pg;
@@ -493,6 +524,14 @@ static int cmd_run(int argc, char **argv)
     }
     rc = kbcl_job_run(&job, &res, &eb);
     kbcl_ticker_stop(ticker); /* the line is gone before anything else is printed */
+    if (rank != 0) { /* rank 0 says it all (the same run, the same words) */
+        code = rc ? kbcl_exit_code(rc) : res.rep.res.verified == 0 ? KBCL_EXIT_VERIFY : 0;
+        if (devnull)
+            fclose(devnull);
+        kbcl_result_fini(&res);
+        kb_plugins_destroy(ps);
+        return code;
+    }
     if (res.rep.device_note[0])
         fprintf(stderr, "kbcl: %s\n", res.rep.device_note);
     if (rc) {
@@ -523,6 +562,24 @@ static int cmd_run(int argc, char **argv)
     }
     kbcl_result_fini(&res);
     kb_plugins_destroy(ps);
+    return code;
+}
+
+static int cmd_run(int argc, char **argv)
+{
+    kb_errbuf eb = { { 0 } };
+    kb_psim_net net;
+    int rank = 0, size = 1, code;
+    int mpi = kbcl_sweep_mpi_init(&rank, &size, &eb);
+    if (mpi < 0) {
+        fprintf(stderr, "kbcl run: %s\n", eb.msg);
+        return KBCL_EXIT_USAGE;
+    }
+    if (mpi > 0)
+        kbcl_mpi_net(&net, rank, size);
+    code = run_main(argc, argv, mpi > 0 ? &net : NULL, rank);
+    if (mpi > 0)
+        kbcl_sweep_mpi_fini();
     return code;
 }
 

@@ -1,19 +1,25 @@
 /*
- * sweep_mpi — spreads the points of `kbcl sweep` over MPI ranks when kbcl runs under mpirun
- * (kb_cli.h). Rank 0 hands out points one at a time (dynamic, so long and short points
- * balance), receives every outcome and alone calls `finish`, which appends the row; it also
- * computes points itself in a helper thread that never calls MPI (MPI_THREAD_FUNNELED). MPI
- * is initialised only here, only for `sweep`, and only when the launcher's environment says
- * there are several ranks, so `kbcl run` never touches MPI. Limits: a point runs inside its
- * rank's process, so a crash in one point ends the whole MPI job (the rows written so far
- * stay valid and --resume continues); without KBCL_HAVE_MPI the entry points report that this
- * build has no MPI (a launcher with several ranks is refused with exit 2).
+ * sweep_mpi — kbcl's MPI side (kb_cli.h): the points of `kbcl sweep` spread over MPI ranks,
+ * and the ranks' collective for `kbcl run` under mpirun (kbcl_mpi_net: one run whose SIPs the
+ * ranks share, docs/parallel.md). For a sweep, rank 0 hands out points one at a time (dynamic,
+ * so long and short points balance), receives every outcome and alone calls `finish`, which
+ * appends the row; it also computes points itself in a helper thread that never calls MPI
+ * (MPI_THREAD_FUNNELED). For a run, the collective is called from the thread that runs the
+ * simulation (the main thread). MPI is initialised only here, and only when the launcher's
+ * environment says there are several ranks, so a run without mpirun never touches MPI. Limits:
+ * a point runs inside its rank's process, so a crash in one point ends the whole MPI job (the
+ * rows written so far stay valid and --resume continues); a run's collective moves less than
+ * 2 GiB at a time; without KBCL_HAVE_MPI the entry points report that this build has no MPI
+ * (a launcher with several ranks is refused with exit 2).
  */
+#include <assert.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kb_cli.h"
+#include "kb_psim.h"
 
 /* Ranks the launcher started, from its environment (Open MPI, MPICH/Hydra, Slurm PMI); 1 if
  * none. */
@@ -31,6 +37,7 @@ static int launcher_size(void)
 #ifdef KBCL_HAVE_MPI
 
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -58,6 +65,67 @@ int kbcl_sweep_mpi_init(int *rank, int *size, kb_errbuf *eb)
 void kbcl_sweep_mpi_fini(void)
 {
     MPI_Finalize();
+}
+
+/* kb_psim_net's collective: the sizes first, then the bytes (MPI counts are ints: a process's
+ * share and the whole must stay under 2 GiB). */
+static int mpi_allgather(void *ud, const void *mine, size_t n, void **all, size_t *counts)
+{
+    int size = 0, rc = 0;
+    uint64_t me = n, total = 0;
+    uint64_t *c = NULL;
+    int *cnt = NULL, *disp = NULL;
+    uint8_t *buf = NULL;
+    (void)ud;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    c = malloc((size_t)size * sizeof *c);
+    cnt = malloc((size_t)size * sizeof *cnt);
+    disp = malloc((size_t)size * sizeof *disp);
+    if (!c || !cnt || !disp) {
+        rc = KB_ERR_NOMEM;
+        goto done;
+    }
+    /* every rank calls both collectives whatever fails locally, so none is left waiting */
+    if (MPI_Allgather(&me, 1, MPI_UINT64_T, c, 1, MPI_UINT64_T, MPI_COMM_WORLD) != MPI_SUCCESS) {
+        rc = KB_ERR_IO;
+        goto done;
+    }
+    for (int r = 0; r < size; r++) {
+        if (total > (uint64_t)INT_MAX - c[r]) {
+            rc = KB_ERR_RANGE; /* the same on every rank: all leave here */
+            goto done;
+        }
+        disp[r] = (int)total;
+        cnt[r] = (int)c[r];
+        counts[r] = (size_t)c[r];
+        total += c[r];
+    }
+    int ok = (buf = malloc(total ? (size_t)total : 1)) != NULL, all_ok = 0;
+    if (MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS)
+        rc = KB_ERR_IO;
+    else if (!all_ok)
+        rc = KB_ERR_NOMEM; /* on some rank: all leave here */
+    else if (MPI_Allgatherv(mine, (int)n, MPI_BYTE, buf, cnt, disp, MPI_BYTE, MPI_COMM_WORLD) !=
+             MPI_SUCCESS)
+        rc = KB_ERR_IO;
+done:
+    free(c);
+    free(cnt);
+    free(disp);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    *all = buf;
+    return 0;
+}
+
+void kbcl_mpi_net(struct kb_psim_net *net, int rank, int size)
+{
+    net->rank = rank;
+    net->nranks = size;
+    net->allgather = mpi_allgather;
+    net->ud = NULL;
 }
 
 int kbcl_sweep_mpi_share(int **points, int *npoints, int ok, kb_errbuf *eb)
@@ -241,13 +309,21 @@ int kbcl_sweep_mpi_init(int *rank, int *size, kb_errbuf *eb)
     if (n > 1)
         return kb_err_set(eb, KB_ERR_UNSUPPORTED, "started by an MPI launcher as one of %d "
                           "ranks, but this kbcl was built without MPI (install libopenmpi-dev "
-                          "and configure with -DKBCL_MPI=ON), or run it without mpirun and use "
-                          "--jobs N", n);
+                          "and configure with -DKBCL_MPI=ON), or run it without mpirun (kbcl "
+                          "sweep: --jobs N)", n);
     return 0;
 }
 
 void kbcl_sweep_mpi_fini(void)
 {
+}
+
+void kbcl_mpi_net(struct kb_psim_net *net, int rank, int size)
+{
+    (void)net;
+    (void)rank;
+    (void)size;
+    assert(!"kbcl_mpi_net without MPI: kbcl_sweep_mpi_init never returns 1 here");
 }
 
 int kbcl_sweep_mpi_share(int **points, int *npoints, int ok, kb_errbuf *eb)
