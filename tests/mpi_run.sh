@@ -4,7 +4,8 @@
 # per rank, and once with 2), host-time fields aside (docs/parallel.md: a launch's SIPs spread
 # over the ranks). The run list:
 #   quick     (default) verified collectives over 2 and 4 SIPs (they run partitioned), tp_mlp
-#             and the decoder on 4 SIPs and a collective on one SIP (they do not);
+#             and the decoder on 4 SIPs and a collective on one SIP (they do not); and a rank
+#             that cannot read its configuration fails the job on both ranks with its message;
 #   --regress the regression set (tests/data/regress_bus.tsv's runs with per_sip)
 #   --big     issue #34's big runs: ring_rsag 4 096 ranks at 8K, hierarchical 8 192 ranks at 1M,
 #             tp_mlp on 4 SIPs (minutes on 2 cores)
@@ -114,5 +115,17 @@ PY
     n=$((n + 1))
 done <"$runs"
 [ -f "$tmp/ok" ] && cat "$tmp/ok"
+if [ "$mode" = quick ]; then
+    # one rank that cannot load its configuration fails the job on every rank, with that
+    # rank's message, instead of leaving the others waiting at the first partitioned launch
+    if (cd "$src" && timeout 120 "${mpi[@]}" sh -c 'if [ "$OMPI_COMM_WORLD_RANK" = 1 ]; then
+            export KBCL_CONFIG_DIR=/nonexistent; fi; exec "$0" run --bench ccl --algorithm \
+            ring_rsag_allreduce --device none' "$kbcl" </dev/null >"$tmp/bad.log" 2>&1); then
+        echo "FAIL: a rank without its configuration: the job succeeded"; fail=1
+    elif ! grep -q 'kbcl: rank 1: /nonexistent/topology.yaml: cannot open' "$tmp/bad.log"; then
+        echo "FAIL: a rank without its configuration: not the expected message (or a hang):"
+        sed 's/^/  /' "$tmp/bad.log"; fail=1
+    fi
+fi
 [ "$fail" = 0 ] || exit 1
 echo "mpi_run: $n runs identical under mpirun -n 2"

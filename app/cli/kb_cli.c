@@ -24,6 +24,7 @@
 #include "kb_psim.h"
 #include "kb_tl_q.h"
 #include "kb_trace.h"
+#include "kb_wire.h"
 
 int kbcl_exit_code(int rc)
 {
@@ -579,13 +580,61 @@ static void nomem_hint(const kbcl_result *res, kb_errbuf *eb)
     memcpy(eb->msg + ml, hint, hl + 1);
 }
 
+/*
+ * Under mpirun, before the run's first collective: every rank's outcome of its preparation
+ * (its code and message), so that a rank that could not load a file fails the job on every
+ * rank, which would otherwise wait for it forever at the first partitioned launch. The
+ * lowest-numbered failed rank's code and message are everyone's. 0, or that code.
+ */
+static int agree_prepared(const kb_psim_net *net, int rc, kb_errbuf *eb)
+{
+    kb_wire w;
+    void *all = NULL;
+    size_t *counts = calloc((size_t)net->nranks, sizeof *counts), off = 0;
+    int out = 0;
+    kb_wire_init(&w);
+    kb_wire_u32(&w, (uint32_t)rc);
+    kb_wire_put(&w, eb->msg, rc ? strlen(eb->msg) : 0);
+    if (!counts || kb_wire_ok(&w) != 0 || net->allgather(net->ud, w.p, w.n, &all, counts) != 0) {
+        /* the collective itself failed: nothing more can be agreed */
+        out = rc ? rc : kb_err_set(eb, KB_ERR_IO, "MPI: the ranks could not compare their "
+                                   "preparation");
+        goto done;
+    }
+    for (int r = 0; r < net->nranks && !out; r++) {
+        kb_wire_rd rd;
+        kb_wire_rd_init(&rd, (const uint8_t *)all + off, counts[r]);
+        off += counts[r];
+        int code = (int)kb_wire_get_u32(&rd);
+        if (!code || !kb_wire_rd_ok(&rd))
+            continue;
+        if (r == net->rank) {
+            out = rc;
+            break;
+        }
+        size_t len = rd.n - rd.at < sizeof eb->msg - 16 ? rd.n - rd.at : sizeof eb->msg - 16;
+        char msg[sizeof eb->msg];
+        memcpy(msg, rd.p + rd.at, len);
+        msg[len] = 0;
+        out = kb_err_set(eb, code, "rank %d: %s", r, msg);
+    }
+done:
+    free(all);
+    free(counts);
+    kb_wire_free(&w);
+    return out;
+}
+
 int kbcl_job_run(const kbcl_job *job, kbcl_result *res, kb_errbuf *eb)
 {
     kb_trace *tr = NULL;
     size_t cut;
     int rc, threads;
 
-    if ((rc = kbcl_job_prepare(job, res, eb)) != 0)
+    rc = kbcl_job_prepare(job, res, eb);
+    if (job->net)
+        rc = agree_prepared(job->net, rc, eb);
+    if (rc)
         return rc;
     parse_cut(job->replay_cut, &cut, eb);
     parse_threads(job->threads, &threads, eb);
