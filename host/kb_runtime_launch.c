@@ -108,7 +108,9 @@ static void launch_done_at_last_sip(kb_sim *sim, kb_launch_st *l)
         kb_signal_fire(sim, &l->done);
 }
 
-/* Completion of one PE's kernel: aggregate per cube at M_CPU, per SIP at IO_CPU. */
+/* Completion of one PE's kernel: aggregate per cube at M_CPU, per SIP at IO_CPU (with
+ * sip.io_cpu.completions tree, up a binary tree of the M_CPUs first: a cube is done when its
+ * PEs and its children in the tree are, and cube 0 alone reports to the IO_CPU). */
 static void kernel_finished(kb_tl *tl)
 {
     kb_launch_st *l = tl->launch;
@@ -125,7 +127,20 @@ static void kernel_finished(kb_tl *tl)
         l->cube_tmax[ci] = t;
     if (--l->cube_left[ci] > 0)
         return;
-    t = kb_machine_cmd_mcpu_to_iocpu(m, tl->pe->gsip, tl->pe->cube, l->cube_tmax[ci], KB_CMD_BYTES);
+    if (m->io_tree) {
+        while (c > 0) { /* this subtree is done: its report to the parent's M_CPU */
+            int p = (c - 1) / 2, pi = s * l->grid.cubes + p;
+            t = kb_machine_cmd_mcpu_to_mcpu(m, tl->pe->gsip, (unsigned)c, (unsigned)p,
+                                            l->cube_tmax[ci], KB_CMD_BYTES);
+            if (t > l->cube_tmax[pi])
+                l->cube_tmax[pi] = t;
+            if (--l->cube_left[pi] > 0)
+                return;
+            c = p;
+            ci = pi;
+        }
+    }
+    t = kb_machine_cmd_mcpu_to_iocpu(m, tl->pe->gsip, (unsigned)c, l->cube_tmax[ci], KB_CMD_BYTES);
     if (t > l->sip_tmax[s])
         l->sip_tmax[s] = t;
     if (--l->sip_left[s] > 0)
@@ -744,10 +759,12 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
         /* queued after the first: the command waits in the IO_CPU's queue */
         kb_time t_io = hp->queue == 2 ? kb_machine_cmd_at_iocpu(m, gsip, now, KB_CMD_BYTES)
                                       : kb_machine_cmd_host_to_iocpu(m, gsip, now, KB_CMD_BYTES);
-        l->sip_left[s] = g.cubes;
+        l->sip_left[s] = m->io_tree ? 1 : g.cubes; /* tree: cube 0 alone reports */
         for (int c = 0; c < g.cubes; c++) {
             kb_time t_m = kb_machine_cmd_iocpu_to_mcpu(m, gsip, (unsigned)c, t_io, KB_CMD_BYTES);
-            l->cube_left[s * g.cubes + c] = g.pes;
+            /* its PEs, and with the tree its children (2c + 1, 2c + 2) */
+            l->cube_left[s * g.cubes + c] =
+                g.pes + (m->io_tree ? (2 * c + 1 < g.cubes) + (2 * c + 2 < g.cubes) : 0);
             for (int p = 0; p < g.pes; p++, k++) {
                 kb_tl *tl = &l->tls[k];
                 char fname[128];

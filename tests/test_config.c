@@ -22,8 +22,8 @@
 #include "kb_test_util.h"
 
 /* Number of topology keys (kb_schema.c's topo_keys). */
-#define N_TOPO_KEYS 53 /* 45 + pe.gemm.{int8,fp8,mxint8,sparse}_speedup + cube.noc.{topology,width,height}
-                        * + system.switch.arbitration */
+#define N_TOPO_KEYS 54 /* 45 + pe.gemm.{int8,fp8,mxint8,sparse}_speedup + cube.noc.{topology,width,height}
+                        * + system.switch.arbitration + sip.io_cpu.completions */
 
 /* Loads text as a topology file into cfg; eb gets the message. */
 static int load_text(kb_config *cfg, const char *text, char path[64], kb_errbuf *eb)
@@ -63,6 +63,7 @@ static void test_defaults(void **state)
     assert_string_equal(cfg.topo.sips_topology, "ring_1d");
     assert_true(cfg.topo.switch_overhead_ns == 5.0);
     assert_string_equal(cfg.topo.switch_arbitration, "per_sip");
+    assert_string_equal(cfg.topo.io_completions, "per_cube");
     assert_int_equal(kb_topo_switch_per_sip(&cfg.topo), 1);
     assert_true(cfg.topo.inter_sip.bandwidth_gbps == 100.0);
     assert_true(cfg.topo.inter_sip.latency_ns == 500.0);
@@ -550,6 +551,14 @@ static void test_validate(void **state)
     assert_int_equal(kb_topo_switch_per_sip(&cfg.topo), 1);
     assert_int_not_equal(kb_config_set(&cfg, "system.switch.arbitration=circuit", &eb), 0);
     assert_non_null(strstr(eb.msg, "system.switch.arbitration"));
+
+    cfg = base;
+    snprintf(cfg.topo.io_completions, sizeof cfg.topo.io_completions, "gossip");
+    expect_invalid(&cfg, "sip.io_cpu.completions 'gossip' is not a way to gather completions "
+                   "(per_cube, tree)");
+    cfg = base;
+    assert_int_equal(kb_config_set(&cfg, "sip.io_cpu.completions=tree", &eb), 0);
+    assert_string_equal(cfg.topo.io_completions, "tree");
 
     cfg = base;
     cfg.topo.hbm_size_bytes = (UINT64_C(1) << 37) + 1;

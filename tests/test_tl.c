@@ -219,6 +219,63 @@ static void test_launch_round_trip(void **state)
     kb_ctx_destroy(ctx);
 }
 
+/* ---- sip.io_cpu.completions: per_cube against tree ---- */
+
+static void k_cube_enter(kb_tl *tl, const kb_kargs *a)
+{
+    probe_of(a)->t_enter[tl_program_id(tl, 1)] = kbt_tl_now(tl);
+}
+
+static int h_two_cubes(kb_ctx *ctx, void *arg)
+{
+    probe *p = arg;
+    kb_kargs a = kargs(p);
+    kb_grid g = { 1, 2, 1, -1 }; /* one PE in each of the 2 cubes */
+    p->t0 = kbt_ctx_now(ctx);
+    int rc = kb_launch(ctx, "cubes", k_cube_enter, &a, &g);
+    p->t1 = kbt_ctx_now(ctx);
+    return rc;
+}
+
+/*
+ * An empty kernel on one PE of each of the 2 cubes. Cube 1's command arrives H after cube 0's
+ * (its UCIe hop and NoCs), and its completion takes as long back (H). Cube 0's PE is done at
+ * A0 (its NoC and M_CPU up). per_cube: cube 0 reports to the IO_CPU at A0; cube 1's report
+ * gets there at A0 + 2H and is handled after cube 0's: A0 + max(2H, io) + io. tree: cube 1
+ * reports to cube 0's M_CPU (A0 + 2H + mc), which alone reports to the IO_CPU:
+ * A0 + 2H + mc + io. Both then take the PCIe EP and the PCIe up.
+ */
+static void test_completion_tree(void **state)
+{
+    probe p[2];
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        kb_ctx *ctx = make_ctx_with(KB_DEV_NONE, k ? "sip.io_cpu.completions=tree" : NULL);
+        const kb_topo_cfg *c = topo(ctx);
+        memset(&p[k], 0, sizeof p[k]);
+        assert_int_equal(kb_ctx_machine(ctx)->io_tree, k);
+        assert_int_equal(kb_ctx_run_host(ctx, h_two_cubes, &p[k]), 0);
+        int64_t noc = kbt_xfer_ps(64, c->noc.bandwidth_gbps) + kbt_ps(c->noc.latency_ns);
+        int64_t pcie = kbt_xfer_ps(64, c->pcie.bandwidth_gbps) + kbt_ps(c->pcie.latency_ns);
+        int64_t io = kbt_ps(c->io_cpu_overhead_ns), mc = kbt_ps(c->m_cpu_overhead_ns);
+        int64_t h = p[k].t_enter[1] - p[k].t_enter[0];
+        int64_t a0 = p[k].t_enter[0] + noc + mc, up = kbt_ps(c->pcie_ep_overhead_ns) + pcie;
+        assert_true(h > 0);
+        if (k == 0)
+            assert_int_equal(p[k].t1, a0 + (2 * h > io ? 2 * h : io) + io + up);
+        else
+            assert_int_equal(p[k].t1, a0 + 2 * h + mc + io + up);
+        kb_ctx_destroy(ctx);
+    }
+    /* the way down is the same */
+    assert_int_equal(p[0].t_enter[0], p[1].t_enter[0]);
+    assert_int_equal(p[0].t_enter[1], p[1].t_enter[1]);
+    /* the small machine: H = 20.25 ns (one UCIe hop), so per_cube waits on the IO_CPU twice */
+    assert_int_equal(p[0].t_enter[1] - p[0].t_enter[0], 20250);
+    assert_int_equal(p[0].t1, 3914250);
+    assert_int_equal(p[1].t1, 3804750);
+}
+
 /* Two empty one-PE launches in a device launch queue, and a host write inside one. */
 static int h_queued(kb_ctx *ctx, void *arg)
 {
@@ -1888,6 +1945,7 @@ int main(void)
         cmocka_unit_test(test_program_ids),
         cmocka_unit_test(test_launch_round_trip),
         cmocka_unit_test(test_launch_queue),
+        cmocka_unit_test(test_completion_tree),
         cmocka_unit_test(test_load_add_store),
         cmocka_unit_test(test_add_duration),
         cmocka_unit_test(test_store_posted),

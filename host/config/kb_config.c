@@ -690,6 +690,9 @@ static int validate_topo(const kb_topo_cfg *t, kb_errbuf *eb)
     if (!in_list(t->switch_arbitration, kb_schema_switch_arbitrations))
         return kb_err_set(eb, KB_ERR_CONFIG, "system.switch.arbitration '%s' is not an "
                           "arbitration (route, per_sip)", t->switch_arbitration);
+    if (!in_list(t->io_completions, kb_schema_io_completions))
+        return kb_err_set(eb, KB_ERR_CONFIG, "sip.io_cpu.completions '%s' is not a way to "
+                          "gather completions (per_cube, tree)", t->io_completions);
     if (!in_list(t->noc_topology, kb_schema_noc_topologies))
         return kb_err_set(eb, KB_ERR_CONFIG, "cube.noc.topology '%s' is not a NoC topology "
                           "(mesh, crossbar, bus)", t->noc_topology);

@@ -48,6 +48,7 @@ typedef struct kb_topo_cfg {
     double host_overhead_ns;                 /* host.overhead_ns: host-side cost per command */
     /* sip */
     double io_cpu_overhead_ns;               /* sip.io_cpu.overhead_ns */
+    char io_completions[KB_CFG_NAME_MAX];    /* sip.io_cpu.completions: per_cube tree */
     int cube_mesh_width, cube_mesh_height;   /* sip.cube_mesh.{width,height}, product 1..32 */
     kb_cfg_link ucie;                        /* sip.ucie.{bandwidth_gbps,latency_ns} */
     /* cube */

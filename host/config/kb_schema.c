@@ -40,6 +40,7 @@ const char *const kb_schema_sip_topologies[KB_SIPTOPO_COUNT + 1] = {
 static const char *const pe_layouts[] = {"corners", NULL};
 const char *const kb_schema_noc_topologies[] = {"mesh", "crossbar", "bus", NULL};
 const char *const kb_schema_switch_arbitrations[] = {"route", "per_sip", NULL};
+const char *const kb_schema_io_completions[] = {"per_cube", "tree", NULL};
 
 /* In configs/topology.yaml order, the machine's hierarchy from the outside in: system > host >
  * sip > cube > pe (key listings and the docs check follow it). */
@@ -63,6 +64,12 @@ static const kb_schema_key topo_keys[] = {
           "host-side software cost per command (ns)"),
     KB_SCHEMA_DBL(T_, "sip.io_cpu.overhead_ns", io_cpu_overhead_ns, "200", 0.0, MAX_NS,
           "IO_CPU forwarding cost per command (ns)"),
+    KB_SCHEMA_ENUM(T_, "sip.io_cpu.completions", io_completions, "per_cube",
+           kb_schema_io_completions,
+           "how a launch's completion reaches the IO_CPU: per_cube (every cube's M_CPU reports, "
+           "the IO_CPU handles the reports one by one) or tree (the M_CPUs combine them up a "
+           "binary tree over the cubes, cube c reporting to cube (c-1)/2, and cube 0's alone "
+           "reaches the IO_CPU) (name)"),
     KB_SCHEMA_INT(T_, "sip.cube_mesh.width", cube_mesh_width, "4", 1, 32,
           "cubes per row of the SIP's cube mesh (count; width*height <= 32)"),
     KB_SCHEMA_INT(T_, "sip.cube_mesh.height", cube_mesh_height, "4", 1, 32,

@@ -76,6 +76,7 @@ extern const kb_schema_scope kb_schema_topo;         /* over kb_topo_cfg */
 extern const char *const kb_schema_sip_topologies[];
 extern const char *const kb_schema_noc_topologies[]; /* cube.noc.topology: mesh crossbar bus */
 extern const char *const kb_schema_switch_arbitrations[]; /* system.switch.arbitration */
+extern const char *const kb_schema_io_completions[];      /* sip.io_cpu.completions */
 
 /* The idx-th key of a scope in table order (NULL past the end); *off gets its offset. */
 const kb_schema_key *kb_schema_at(const kb_schema_scope *sc, size_t idx, size_t *off);

@@ -144,6 +144,7 @@ static int build_sip_links(kb_machine *m, kb_errbuf *eb)
                           m->cfg.sips_topology);
     m->sip_topo = (kb_sip_topo)kind;
     m->per_sip = kb_topo_switch_per_sip(&m->cfg);
+    m->io_tree = strcmp(m->cfg.io_completions, "tree") == 0;
     if (m->sip_topo == KB_SIPTOPO_RING_1D) {
         m->sip_grid_w = n;
         m->sip_grid_h = 1;
@@ -956,6 +957,14 @@ kb_time kb_machine_cmd_mcpu_to_iocpu(kb_machine *m, unsigned gsip, unsigned cube
     kb_sip_hw *sip = &m->sips[gsip];
     t = cmd_hops(m, sip, cube, 0, 0, 0, t, bytes);
     return kb_res_hop(&sip->io_cpu, t, bytes);
+}
+
+kb_time kb_machine_cmd_mcpu_to_mcpu(kb_machine *m, unsigned gsip, unsigned from, unsigned to,
+                                    kb_time t, uint64_t bytes)
+{
+    kb_sip_hw *sip = &m->sips[gsip];
+    t = cmd_hops(m, sip, from, 0, to, 0, t, bytes);
+    return kb_res_hop(&sip->cubes[to].m_cpu, t, bytes);
 }
 
 kb_time kb_machine_cmd_iocpu_to_host(kb_machine *m, unsigned gsip, kb_time t, uint64_t bytes)

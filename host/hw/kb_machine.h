@@ -165,6 +165,7 @@ typedef struct kb_machine {
                                * offsets for compiled plugins) */
     int per_sip;              /* system.switch.arbitration per_sip (kb_machine_dma_first) */
     int sip_bound;            /* kb_machine_bind_sips */
+    int io_tree;              /* sip.io_cpu.completions tree (kb_runtime_launch.c) */
 } kb_machine;
 
 int kb_machine_create(const kb_topo_cfg *cfg, kb_machine **out, kb_errbuf *eb);
@@ -282,6 +283,10 @@ kb_time kb_machine_cmd_pe_to_mcpu(kb_machine *m, kb_pe_hw *pe, kb_time t, uint64
 kb_time kb_machine_cmd_mcpu_to_iocpu(kb_machine *m, unsigned gsip, unsigned cube, kb_time t,
                                      uint64_t bytes);
 kb_time kb_machine_cmd_iocpu_to_host(kb_machine *m, unsigned gsip, kb_time t, uint64_t bytes);
+/* A completion from one cube's M_CPU to another's (sip.io_cpu.completions tree): the UCIe hops
+ * between them, then the receiving M_CPU. */
+kb_time kb_machine_cmd_mcpu_to_mcpu(kb_machine *m, unsigned gsip, unsigned from, unsigned to,
+                                    kb_time t, uint64_t bytes);
 
 /* The NoC router of PE pe (snake order) in the w-wide grid. */
 int kb_machine_pe_router(const kb_machine *m, unsigned pe);
