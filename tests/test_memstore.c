@@ -121,6 +121,29 @@ static void test_many_pages(void **state)
     kb_memstore_destroy(ms);
 }
 
+/* Pages come from slabs of 510 (kb_memstore.c): 1 100 whole pages, three slabs, each page
+ * filled with its own byte and read back whole, so that pages sharing memory would show. */
+static void test_slab_pages(void **state)
+{
+    (void)state;
+    enum { NP = 1100 };
+    static uint8_t buf[KB_MEMSTORE_PAGE_BYTES], back[KB_MEMSTORE_PAGE_BYTES];
+    kb_memstore *ms = kb_memstore_create();
+    assert_non_null(ms);
+    for (uint64_t i = 0; i < NP; i++) {
+        memset(buf, (int)((i * 7u + 1u) & 0xFFu), sizeof buf);
+        assert_int_equal(kb_memstore_write(ms, (i * 3u) << KB_MEMSTORE_PAGE_SHIFT, buf,
+                                           sizeof buf), 0);
+    }
+    assert_int_equal(kb_memstore_pages(ms), NP);
+    for (uint64_t i = 0; i < NP; i++) {
+        memset(buf, (int)((i * 7u + 1u) & 0xFFu), sizeof buf);
+        kb_memstore_read(ms, (i * 3u) << KB_MEMSTORE_PAGE_SHIFT, back, sizeof back);
+        assert_memory_equal(back, buf, sizeof buf);
+    }
+    kb_memstore_destroy(ms);
+}
+
 static void test_high_address(void **state)
 {
     (void)state;
@@ -205,6 +228,7 @@ int main(void)
         cmocka_unit_test(test_small_write),
         cmocka_unit_test(test_cross_page),
         cmocka_unit_test(test_many_pages),
+        cmocka_unit_test(test_slab_pages),
         cmocka_unit_test(test_high_address),
         cmocka_unit_test(test_top_of_space_dirty),
     };
