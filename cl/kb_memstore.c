@@ -8,8 +8,8 @@
  * pieces of at most 64 MiB through one staging buffer and stores them into the pages without
  * marking them host-dirty. Pages are cut from slabs of one 2 MiB huge page each (kb_bigmem):
  * a store of gigabytes then costs the kernel one fault per 2 MiB instead of one or two per page
- * (malloc'd 4 KiB pages straddle two), which on a virtual machine was most of a verified run's
- * time. Limits: single-threaded; pages are freed only by kb_memstore_destroy (with their
+ * (a malloc'd 4 KiB page with its header straddles two), which halved a verified model layer's
+ * system time. Limits: single-threaded; pages are freed only by kb_memstore_destroy (with their
  * slabs); an access must not wrap around the end of the 64-bit address space.
  */
 #include "kb_memstore.h"

@@ -1,7 +1,8 @@
 /*
  * test_memstore — sparse simulated memory: poison for unwritten bytes, reads and writes that
- * cross pages (KB_MEMSTORE_PAGE_BYTES), lazily allocated page counts, many scattered pages (table growth), and
- * high addresses, with a device mirror too (the dirty sets at the end of the address space).
+ * cross pages (KB_MEMSTORE_PAGE_BYTES), lazily allocated page counts, many scattered pages
+ * (table growth), whole pages over several slabs, and high addresses, with a device mirror too
+ * (the dirty sets at the end of the address space).
  */
 #include <stdarg.h>
 #include <stddef.h>
