@@ -98,6 +98,15 @@ int kb_launch_queue(kb_ctx *ctx, int on);
  */
 int kb_launch_span(kb_ctx *ctx, kb_time *first, kb_time *last);
 
+/* Stage k of the host program's last launch (a kb_launch_seq), over its PEs and SIPs: the
+ * PE_GEMM busy time its kernels booked (summed), when its first kernel started and when its
+ * last one returned (ps; both 0 when no PE ran it). 0, KB_ERR_STATE outside a host program,
+ * KB_ERR_RANGE when that launch has no stage k (a plain kb_launch has none). */
+typedef struct kb_stage_stats {
+    kb_time gemm_busy, first, last;
+} kb_stage_stats;
+int kb_launch_stage_stats(kb_ctx *ctx, int k, kb_stage_stats *st);
+
 /* Blocks the kernel until simulated time t (no-op when t is not in the future). */
 void kb_tl_wait_until(kb_tl *tl, kb_time t);
 

@@ -136,7 +136,7 @@ int kb_ctx_run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
 
 static int run_host(kb_ctx *ctx, kb_host_fn fn, void *arg)
 {
-    kb_hostproc hp = { KB_TAG_HOST, ctx, fn, arg, 0, -1, 0, 0, NULL, 0, { 0, 0 }, 0 };
+    kb_hostproc hp = { KB_TAG_HOST, ctx, fn, arg, 0, -1, 0, 0, NULL, 0, { 0, 0 }, 0, { { 0, 0, 0 } }, 0 };
     kb_fiber *f = kb_fiber_spawn(ctx->sim, host_main, &hp, "host");
     int rc;
 
@@ -227,7 +227,7 @@ int kb_spawn(kb_ctx *ctx, kb_worker_fn worker, void *arg, int nprocs)
     kb_latch_init(&sp->done, nprocs);
     for (int r = 0; r < nprocs; r++) {
         kb_hostproc *hp = &sp->procs[r];
-        *hp = (kb_hostproc){ KB_TAG_HOST, ctx, NULL, NULL, 0, r, 0, 0, sp, 0, { 0, 0 }, 0 };
+        *hp = (kb_hostproc){ KB_TAG_HOST, ctx, NULL, NULL, 0, r, 0, 0, sp, 0, { 0, 0 }, 0, { { 0, 0, 0 } }, 0 };
         snprintf(name, sizeof name, "rank%d", r);
         kb_fiber *f = kb_fiber_spawn(ctx->sim, worker_main, hp, name);
         if (!f) {

@@ -80,6 +80,8 @@ void kb_launch_free(kb_launch_st *l)
         kb_tl_fini(&l->tls[i]);
     free(l->tls);
     free(l->args);
+    free(l->stages);
+    free(l->stage_st);
     free(l->cube_left);
     free(l->cube_tmax);
     free(l->sip_left);
@@ -169,6 +171,7 @@ static void kernel_main(kb_sim *sim, void *arg)
             tl_fail(tl, KB_ERR_STATE, "the kernel returned before joining a thread it forked "
                     "(tl_join)");
     kb_tl_wait_until(tl, tl->posted); /* a kernel is done when its writes have landed */
+    kb_tl_notify_end(tl);
     if (tl->ctx->trace_rec) {
         /* the launch (and its name) is freed before the trace is written */
         const char *name = kb_trace_intern(tl->ctx->trace_rec, tl->launch->name);
@@ -203,11 +206,12 @@ kb_tl *tl_fork(kb_tl *tl, void (*fn)(kb_tl *child, void *arg), void *arg)
 {
     kb_launch_st *l = tl->launch;
     kb_tl_thread *t = aligned_alloc(64, (sizeof *t + 63) & ~(size_t)63);
-    char fname[128];
+    char fname[192];
     if (!t)
         tl_fail(tl, KB_ERR_NOMEM, "tl_fork: out of memory");
     memset(t, 0, sizeof *t);
     t->tl.tag = tl->tag;
+    t->tl.thread = 1;
     t->tl.ctx = tl->ctx;
     t->tl.sim = tl->sim;
     t->tl.pe = tl->pe;
@@ -688,8 +692,46 @@ static int fork_prepare(kb_ctx *ctx, kb_launch_st *l, kb_time look)
 }
 
 /* args: one block per SIP of the grid when stride is sizeof(kb_kargs), one shared block when 0 */
+/* kb_launch_seq's kernel: the stages in turn, a barrier between them, each PE running those
+ * whose grid holds it under that grid's program ids. */
+static void stages_kernel(kb_tl *tl, const kb_kargs *a)
+{
+    kb_launch_st *l = tl->launch;
+    int p = (int)tl->pe->pe, c = (int)tl->pe->cube; /* a launch's grid starts at PE 0, cube 0 */
+    (void)a;
+    for (int k = 0; k < l->nstages; k++) {
+        const kb_stage *st = &l->stages[k];
+        if (k > 0)
+            tl_barrier(tl);
+        if (p >= st->pes || c >= st->cubes)
+            continue;
+        int pid[3] = { p, c, tl->pid[2] }, np[3] = { st->pes, st->cubes, tl->np[2] };
+        int opid[3], onp[3];
+        kb_stage_stats *ss = &l->stage_st[tl->pid[2] * l->nstages + k];
+        kb_time g0 = tl->pe->gemm.busy, t0 = kb_sim_now(tl->sim);
+        kb_tl_view(tl, pid, np, opid, onp);
+        st->kernel(tl, &st->args);
+        kb_tl_view(tl, opid, onp, NULL, NULL);
+        /* the stage's bookings are all made by its return: the PE's matrix unit is its own */
+        ss->gemm_busy += tl->pe->gemm.busy - g0;
+        if (tl->ctx->trace_rec) { /* each stage's span, under its own name */
+            const char *name = kb_trace_intern(tl->ctx->trace_rec, st->name ? st->name : l->name);
+            if (name)
+                kb_trace_pe(tl->ctx->trace_rec, KB_TRACE_KERNEL, tl->pe->gsip, tl->pe->cube,
+                            (int)tl->pe->pe, name, t0, kb_sim_now(tl->sim), 0);
+        }
+        ss->first = t0 < ss->first ? t0 : ss->first;
+        ss->last = kb_sim_now(tl->sim) > ss->last ? kb_sim_now(tl->sim) : ss->last;
+        /* as at a kernel's end: its writes land, its scratch goes back (the next kernel
+         * finds the PE's scratch as a launch of its own would), its settings are reset */
+        kb_tl_wait_until(tl, tl->posted);
+        kb_tl_release_all(tl);
+        tl->stages = 0;
+    }
+}
+
 static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *args,
-                       size_t stride, const kb_grid *grid)
+                       size_t stride, const kb_grid *grid, const kb_stage *stages, int nstages)
 {
     kb_machine *m = ctx->m;
     kb_hostproc *hp = kb_ctx_hostproc(ctx);
@@ -724,6 +766,13 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
     l->args = calloc((size_t)g.sips, sizeof *l->args);
     for (int s = 0; l->args && args && s < g.sips; s++)
         l->args[s] = *(const kb_kargs *)((const char *)args + (size_t)s * stride);
+    if (nstages > 0 && (l->stages = malloc((size_t)nstages * sizeof *l->stages)) != NULL) {
+        memcpy(l->stages, stages, (size_t)nstages * sizeof *l->stages);
+        l->nstages = nstages;
+        l->stage_st = calloc((size_t)nstages * (size_t)g.sips, sizeof *l->stage_st);
+        for (int k = 0; l->stage_st && k < nstages * g.sips; k++)
+            l->stage_st[k].first = KB_TIME_MAX;
+    }
     l->ntl = g.pes * g.cubes * g.sips;
     /* kb_tl is cache-line aligned */
     l->tls = aligned_alloc(64, (size_t)(l->ntl > 0 ? l->ntl : 1) * sizeof *l->tls);
@@ -739,7 +788,7 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
     if (ctx->launches)
         ctx->launches->prev = l;
     ctx->launches = l;
-    if (!l->tls || !l->args || !l->cube_left || !l->cube_tmax || !l->sip_left || !l->sip_tmax ||
+    if (!l->tls || !l->args || (nstages > 0 && (!l->stages || !l->stage_st)) || !l->cube_left || !l->cube_tmax || !l->sip_left || !l->sip_tmax ||
         !l->sip_kernels || !l->sip_kend) {
         rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
         goto fail;
@@ -767,7 +816,7 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
                 g.pes + (m->io_tree ? (2 * c + 1 < g.cubes) + (2 * c + 2 < g.cubes) : 0);
             for (int p = 0; p < g.pes; p++, k++) {
                 kb_tl *tl = &l->tls[k];
-                char fname[128];
+                char fname[192];
                 tl->tag = KB_TAG_KERNEL;
                 tl->ctx = ctx;
                 tl->sim = l->ps ? kb_psim_part(l->ps, (int)gsip) : ctx->sim;
@@ -812,6 +861,19 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
     for (int s = 0; s < g.sips; s++)
         hp->span[1] = l->sip_kend[s] > hp->span[1] ? l->sip_kend[s] : hp->span[1];
     hp->spanned = 1;
+    hp->nstages = l->nstages;
+    for (int j = 0; j < l->nstages; j++) {
+        kb_stage_stats *o = &hp->stage[j];
+        *o = (kb_stage_stats){ 0, KB_TIME_MAX, 0 };
+        for (int s = 0; s < g.sips; s++) {
+            const kb_stage_stats *x = &l->stage_st[s * l->nstages + j];
+            o->gemm_busy += x->gemm_busy;
+            o->first = x->first < o->first ? x->first : o->first;
+            o->last = x->last > o->last ? x->last : o->last;
+        }
+        if (o->first > o->last) /* no PE ran it */
+            o->first = o->last = 0;
+    }
     kb_launch_free(l);
     return 0;
 fail:
@@ -829,6 +891,19 @@ int kb_launch_span(kb_ctx *ctx, kb_time *first, kb_time *last)
                           "first launch");
     *first = hp->span[0];
     *last = hp->span[1];
+    return 0;
+}
+
+int kb_launch_stage_stats(kb_ctx *ctx, int k, kb_stage_stats *st)
+{
+    kb_hostproc *hp = kb_ctx_hostproc(ctx);
+    if (!hp)
+        return kb_err_set(&ctx->err, KB_ERR_STATE, "kb_launch_stage_stats outside a host "
+                          "program");
+    if (k < 0 || k >= hp->nstages)
+        return kb_err_set(&ctx->err, KB_ERR_RANGE, "kb_launch_stage_stats: stage %d of %d "
+                          "(the host program's last launch)", k, hp->nstages);
+    *st = hp->stage[k];
     return 0;
 }
 
@@ -853,11 +928,35 @@ int kb_launch_queue(kb_ctx *ctx, int on)
 int kb_launch(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *a,
               const kb_grid *grid)
 {
-    return launch_impl(ctx, name, kernel, a, 0, grid);
+    return launch_impl(ctx, name, kernel, a, 0, grid, NULL, 0);
+}
+
+int kb_launch_seq(kb_ctx *ctx, const char *name, const kb_stage *st, int n, const kb_grid *grid)
+{
+    kb_machine *m = ctx->m;
+    kb_stage cp[16];
+    kb_grid g = grid ? *grid : (kb_grid){ 0, 0, 0, -1 };
+    if (n < 1 || n > 16 || !st)
+        return kb_err_set(&ctx->err, KB_ERR_INVAL, "kb_launch_seq(%s): %d stages (1 to 16)",
+                          name, n);
+    g.pes = g.cubes = 0;
+    for (int k = 0; k < n; k++) {
+        cp[k] = st[k];
+        cp[k].pes = cp[k].pes ? cp[k].pes : m->npes;
+        cp[k].cubes = cp[k].cubes ? cp[k].cubes : m->ncubes;
+        if (!cp[k].kernel || cp[k].pes < 0 || cp[k].pes > m->npes || cp[k].cubes < 0 ||
+            cp[k].cubes > m->ncubes)
+            return kb_err_set(&ctx->err, KB_ERR_RANGE, "kb_launch_seq(%s): stage %d has no "
+                              "kernel or its grid %d PEs x %d cubes does not fit a SIP (%d x "
+                              "%d)", name, k, cp[k].pes, cp[k].cubes, m->npes, m->ncubes);
+        g.pes = cp[k].pes > g.pes ? cp[k].pes : g.pes;
+        g.cubes = cp[k].cubes > g.cubes ? cp[k].cubes : g.cubes;
+    }
+    return launch_impl(ctx, name, stages_kernel, NULL, 0, &g, cp, n);
 }
 
 int kb_launch_per_sip(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *args,
                       const kb_grid *grid)
 {
-    return launch_impl(ctx, name, kernel, args, sizeof(kb_kargs), grid);
+    return launch_impl(ctx, name, kernel, args, sizeof(kb_kargs), grid, NULL, 0);
 }

@@ -622,6 +622,134 @@ int64_t tl_store2d_async(kb_tl *tl, kb_va va, uint32_t ld, kb_val v)
     return (int64_t)dma_block(tl, va, ld, v, 1, 1, "tl_store2d_async");
 }
 
+/* ---- notifications and barriers ---- */
+
+#define SEM_UP KB_TL_NOTIFY_SLOTS         /* tl_barrier: arrivals at a cube's PE 0 */
+#define SEM_DOWN (KB_TL_NOTIFY_SLOTS + 1) /* tl_barrier: the release */
+#define SEM_BYTES 8u
+
+/* A notification lands on kernel a's PE: one more in slot b; wakes its fiber when that
+ * completes what it waits for. */
+static void notify_land(kb_sim *sim, void *a, void *b)
+{
+    kb_tl *to = a;
+    int slot = (int)(uintptr_t)b;
+    if (to->ended) {
+        kb_ctx_fail_in(to->ctx, sim, KB_ERR_STATE,
+                       "%s: a notification (slot %d) reached sip%u/cube%u/pe%u after its kernel "
+                       "returned", to->launch->name, slot, to->pe->gsip, to->pe->cube,
+                       to->pe->pe);
+        return;
+    }
+    to->sem[slot]++;
+    if (to->sem_wait && to->sem_slot == slot && to->sem[slot] >= to->sem_need) {
+        kb_fiber *f = to->sem_wait;
+        to->sem_wait = NULL;
+        kb_fiber_wake(sim, f);
+    }
+}
+
+/* The launch's kernel context of PE (cube, pe) on tl's SIP; fails tl outside the grid. */
+static kb_tl *grid_tl(kb_tl *tl, int cube, int pe, const char *op)
+{
+    kb_launch_st *l = tl->launch;
+    if (tl->thread)
+        tl_fail(tl, KB_ERR_STATE, "%s: only a launch's kernel may use notifications, not a "
+                "thread it forked", op);
+    if (cube < 0 || cube >= l->grid.cubes || pe < 0 || pe >= l->grid.pes)
+        tl_fail(tl, KB_ERR_INVAL, "%s: PE %d of cube %d is outside the launch's grid of %d x "
+                "%d PEs", op, pe, cube, l->grid.cubes, l->grid.pes);
+    ptrdiff_t self = tl - l->tls, per_sip = (ptrdiff_t)l->grid.cubes * l->grid.pes;
+    assert(self >= 0 && self < l->ntl); /* a kernel's context is the launch's */
+    return &l->tls[self / per_sip * per_sip + (ptrdiff_t)cube * l->grid.pes + pe];
+}
+
+static void notify_slot(kb_tl *tl, kb_tl *to, int slot, const char *op)
+{
+    kb_time t_start, t_end, now;
+    /* its writes first: the notification tells the target they are there */
+    kb_tl_wait_until(tl, tl->posted);
+    now = issue_time(tl);
+    if (to == tl) {
+        t_end = now;
+    } else {
+        kb_pe_hw *a = tl->pe, *b = to->pe;
+        tl_dma(tl, kb_pa_pe_tcm(a->gsip, a->cube, a->pe, 0),
+               kb_pa_pe_tcm(b->gsip, b->cube, b->pe, 0), SEM_BYTES, now, &t_start, &t_end, op);
+    }
+    if (kb_sim_at(tl->sim, t_end, notify_land, to, (void *)(uintptr_t)slot) != 0)
+        tl_fail(tl, KB_ERR_NOMEM, "%s: out of memory", op);
+    /* not in tl->posted: the next notification waits for this one's data, not for it */
+    tl->notified = t_end > tl->notified ? t_end : tl->notified;
+    kb_tl_wait_until(tl, now);
+}
+
+static void wait_slot(kb_tl *tl, int slot, int32_t count)
+{
+    kb_tl_wait_until(tl, issue_time(tl));
+    if (tl->sem[slot] < count) {
+        tl->sem_slot = slot;
+        tl->sem_need = count;
+        tl->sem_wait = kb_fiber_current(tl->sim);
+        kb_fiber_block(tl->sim, "tl_wait_notify", tl);
+    }
+    assert(tl->sem[slot] >= count);
+    tl->sem[slot] -= count;
+}
+
+void tl_notify(kb_tl *tl, int cube, int pe, int slot)
+{
+    if (slot < 0 || slot >= KB_TL_NOTIFY_SLOTS)
+        tl_fail(tl, KB_ERR_INVAL, "tl_notify: slot %d is not in 0..%d", slot,
+                KB_TL_NOTIFY_SLOTS - 1);
+    notify_slot(tl, grid_tl(tl, cube, pe, "tl_notify"), slot, "tl_notify");
+}
+
+void tl_wait_notify(kb_tl *tl, int slot, int count)
+{
+    if (slot < 0 || slot >= KB_TL_NOTIFY_SLOTS || count < 0)
+        tl_fail(tl, KB_ERR_INVAL, "tl_wait_notify: slot %d is not in 0..%d, or count %d < 0",
+                slot, KB_TL_NOTIFY_SLOTS - 1, count);
+    if (tl->thread)
+        tl_fail(tl, KB_ERR_STATE, "tl_wait_notify: only a launch's kernel may use "
+                "notifications, not a thread it forked");
+    wait_slot(tl, slot, count);
+}
+
+void tl_barrier(kb_tl *tl)
+{
+    kb_launch_st *l = tl->launch;
+    int pes = l->grid.pes, cubes = l->grid.cubes;
+    int c = (int)tl->pe->cube, p = (int)tl->pe->pe;
+    (void)grid_tl(tl, 0, 0, "tl_barrier"); /* a kernel, not a thread */
+    if (p != 0) { /* up to the cube's PE 0, then wait for its release */
+        notify_slot(tl, grid_tl(tl, c, 0, "tl_barrier"), SEM_UP, "tl_barrier");
+        wait_slot(tl, SEM_DOWN, 1);
+        return;
+    }
+    wait_slot(tl, SEM_UP, pes - 1 + (c == 0 ? cubes - 1 : 0));
+    if (c != 0) {
+        notify_slot(tl, grid_tl(tl, 0, 0, "tl_barrier"), SEM_UP, "tl_barrier");
+        wait_slot(tl, SEM_DOWN, 1);
+    }
+    for (int k = 1; k < pes; k++)
+        notify_slot(tl, grid_tl(tl, c, k, "tl_barrier"), SEM_DOWN, "tl_barrier");
+    if (c == 0)
+        for (int k = 1; k < cubes; k++)
+            notify_slot(tl, grid_tl(tl, k, 0, "tl_barrier"), SEM_DOWN, "tl_barrier");
+}
+
+void kb_tl_notify_end(kb_tl *tl)
+{
+    kb_tl_wait_until(tl, tl->notified);
+    for (int s = 0; s < KB_TL_NOTIFY_SLOTS + 2; s++)
+        if (tl->sem[s])
+            tl_fail(tl, KB_ERR_STATE, "the kernel returned with %d notification(s) %s%d not "
+                    "taken", (int)tl->sem[s], s < KB_TL_NOTIFY_SLOTS ? "in slot " :
+                    "of tl_barrier's, slot ", s);
+    tl->ended = 1;
+}
+
 /* Occupies PE_MATH for `passes` passes over n elements from the issue time; returns the end. */
 static kb_time math_time(kb_tl *tl, uint64_t n, unsigned passes)
 {

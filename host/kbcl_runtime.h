@@ -333,6 +333,24 @@ KB_API int kb_launch(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const k
 /* Same, with one argument block per SIP of the grid (args[s] for SIP sip0 + s). */
 KB_API int kb_launch_per_sip(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *args,
                       const kb_grid *grid);
+/* One kernel of a launch that runs several in turn (kb_launch_seq): its function, its
+ * arguments (copied), its grid on each SIP, the first `pes` PEs of the first `cubes` cubes
+ * (0: all), and its name (a string that outlives the launch, e.g. a literal). */
+typedef struct kb_stage {
+    kb_kernel_fn kernel;
+    kb_kargs args;
+    int pes, cubes;
+    const char *name; /* in --trace timelines (NULL: the launch's); must outlive the launch */
+} kb_stage;
+/*
+ * One launch that runs n kernels in turn, as a fused (persistent) kernel does: the command
+ * path and the completions once, on the union of the stages' grids (grid: its sips and sip0;
+ * its pes and cubes 0), and between consecutive stages a tl_barrier over the launch's PEs of
+ * each SIP. A PE runs stage k's kernel when it is in that stage's grid, which the kernel sees
+ * through tl_program_id / tl_num_programs. st is copied. Only from a host fiber; 1 <= n <= 16.
+ */
+KB_API int kb_launch_seq(kb_ctx *ctx, const char *name, const kb_stage *st, int n,
+                         const kb_grid *grid);
 /* Grid covering the PEs that own shards of t: its policy's num_pes x num_cubes. */
 KB_API kb_grid kb_grid_of(const kb_tensor *t);
 

@@ -164,6 +164,27 @@ KB_API void tl_free_after(kb_tl *tl, kb_val v, int64_t t);
 KB_API kb_tl *tl_fork(kb_tl *tl, void (*fn)(kb_tl *child, void *arg), void *arg);
 KB_API void tl_join(kb_tl *tl, kb_tl *child);
 
+/*
+ * Notifications between the kernels of one launch on one SIP: every PE holds a counter per
+ * slot (0 .. KB_TL_NOTIFY_SLOTS - 1), a flag word another PE's DMA engine writes.
+ * tl_notify first waits until this kernel's posted stores have landed (so the target sees
+ * what was written before it), then sends an 8-byte write from this PE's TCM to the TCM of
+ * PE `pe` of cube `cube` of the SIP (the launch's grid coordinates: program ids 0 and 1),
+ * which adds one to the slot when it lands; the kernel goes on after the issue, and ends no
+ * earlier than the landing. tl_wait_notify blocks until `count` notifications have landed in
+ * the slot and takes them. Only a launch's kernels (not threads of tl_fork) use them; the
+ * target must be in the grid and still running, and a kernel must take every notification
+ * sent to it before it returns (docs/timing-model.md §5.2).
+ */
+#define KB_TL_NOTIFY_SLOTS 8
+KB_API void tl_notify(kb_tl *tl, int cube, int pe, int slot);
+KB_API void tl_wait_notify(kb_tl *tl, int slot, int count);
+/* Every kernel of the launch on this SIP reaches this call before any passes it: each PE
+ * notifies its cube's PE 0, which (all of its cube in) notifies cube 0's PE 0; that one
+ * releases its own PEs, then the other cubes' PE 0, which release theirs. A launch's grid on
+ * a SIP is its barrier's members; every member must call it the same number of times. */
+KB_API void tl_barrier(kb_tl *tl);
+
 /* The context a kernel runs on, and its name. */
 KB_API kb_ctx *tl_ctx(kb_tl *tl);
 KB_API const char *tl_kernel_name(kb_tl *tl);

@@ -571,6 +571,195 @@ static void test_store_posted(void **state)
     kb_ctx_destroy(ctx);
 }
 
+/* ---- notifications, barriers and launches of several kernels (kb_launch_seq) ---- */
+
+/* PE 1 notifies PE 0 (slot 3) after dt[0] of work; PE 0 waits for it. */
+static void k_notify(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    if (tl_program_id(tl, 0) == 1) {
+        kb_tl_wait_until(tl, kbt_tl_now(tl) + 100000);
+        p->t0 = kbt_tl_now(tl);
+        tl_notify(tl, 0, 0, 3);
+        p->t1 = kbt_tl_now(tl);
+    } else {
+        tl_wait_notify(tl, 3, 1);
+        p->t2 = kbt_tl_now(tl);
+        tl_wait_notify(tl, 3, 0); /* nothing to wait for: the issue only */
+        p->t3 = kbt_tl_now(tl);
+    }
+}
+
+/* Stage 0: PE k of the grid works k * 100 ns and records its end; stage 1 records its
+ * start and its program ids. */
+static void k_stage0(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    kb_pe_hw *pe = tl_pe(tl);
+    int g = (int)(pe->cube * NPES + pe->pe);
+    kb_tl_wait_until(tl, kbt_tl_now(tl) + (kb_time)g * 100000);
+    p->t_enter[g] = kbt_tl_now(tl);
+    p->ran[g] |= 1;
+}
+
+static void k_stage1(kb_tl *tl, const kb_kargs *a)
+{
+    probe *p = probe_of(a);
+    kb_pe_hw *pe = tl_pe(tl);
+    int g = (int)(pe->cube * NPES + pe->pe);
+    p->ran[g] |= 2;
+    for (int ax = 0; ax < 3; ax++) {
+        p->pid[g][ax] = tl_program_id(tl, ax);
+        p->np[g][ax] = tl_num_programs(tl, ax);
+    }
+    p->dt[g] = kbt_tl_now(tl);
+}
+
+static int h_notify(kb_ctx *ctx, void *arg)
+{
+    probe *p = arg;
+    kb_kargs a = kargs(p);
+    kb_grid two = { 2, 1, 1, -1 };
+    int rc;
+    if ((rc = kb_launch(ctx, "notify", k_notify, &a, &two)) != 0)
+        return rc;
+    /* a barrier over 2 PEs of cube 0, then over the whole SIP (stage 1 on cube 1 only) */
+    kb_stage st[2] = { { .kernel = k_stage0, .args = a, .pes = 2, .cubes = 1 },
+                       { .kernel = k_stage1, .args = a, .pes = 2, .cubes = 1 } };
+    p->rc[0] = kb_launch_seq(ctx, "seq2", st, 2, NULL);
+    memcpy(p->used, (uint64_t[]){ (uint64_t)p->t_enter[1], (uint64_t)p->dt[1] }, 16);
+    memset(p->ran, 0, sizeof p->ran);
+    st[0].pes = st[0].cubes = 0; /* every PE */
+    st[1].pes = 3;
+    st[1].cubes = 2;
+    p->rc[1] = kb_launch_seq(ctx, "seq8", st, 2, NULL);
+    kb_stage_stats ss;
+    p->rc[2] = kb_launch_stage_stats(ctx, 1, &ss);
+    p->rc[3] = kb_launch_stage_stats(ctx, 2, &ss);
+    p->used[2] = (uint64_t)ss.first; /* untouched by the refused call: stage 1's */
+    return 0;
+}
+
+/*
+ * One notification on the small machine: the issue, then an 8-byte DMA from PE 1's TCM to
+ * PE 0's over the cube's bus (TCM, NoC, TCM latencies, the channel's setup and transfer).
+ * A two-PE barrier: PE 1 arrives last (it worked 100 ns), tells PE 0, which releases it: PE 1
+ * runs stage 1 two notifications after its arrival. Over the whole SIP every PE runs stage
+ * 1 after every PE has ended stage 0.
+ */
+static void test_notify_barrier(void **state)
+{
+    kb_ctx *ctx = make_ctx();
+    const kb_topo_cfg *c = topo(ctx);
+    probe p;
+
+    (void)state;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(kb_ctx_run_host(ctx, h_notify, &p), 0);
+    int64_t issue = kbt_ps(c->pe_cpu_overhead_ns);
+    int64_t dma = 2 * kbt_ps(c->tcm.latency_ns) + kbt_ps(c->noc.latency_ns) +
+                  kbt_ps(c->dma_setup_ns) + kbt_xfer_ps(8, c->dma_bandwidth_gbps);
+    assert_int_equal(p.t1 - p.t0, issue);       /* posted: the issue only */
+    assert_int_equal(p.t2 - p.t0, issue + dma); /* PE 0 resumes as it lands */
+    assert_int_equal(p.t2 - p.t0, 31063);
+    assert_int_equal(p.t3 - p.t2, issue);
+    /* the two-PE barrier */
+    assert_int_equal(p.rc[0], 0);
+    assert_int_equal((int64_t)(p.used[1] - p.used[0]), 2 * (issue + dma));
+    /* the whole SIP: stage 1 on the 3 x 2 PEs of its grid only, with its program ids */
+    assert_int_equal(p.rc[1], 0);
+    kb_time last0 = 0, first1 = KB_TIME_MAX;
+    for (int g = 0; g < NPROG; g++) {
+        int in1 = g % NPES < 3;
+        assert_int_equal(p.ran[g], in1 ? 3 : 1);
+        last0 = p.t_enter[g] > last0 ? p.t_enter[g] : last0;
+        if (in1) {
+            first1 = p.dt[g] < first1 ? p.dt[g] : first1;
+            assert_int_equal(p.pid[g][0], g % NPES);
+            assert_int_equal(p.pid[g][1], g / NPES);
+            assert_int_equal(p.np[g][0], 3);
+            assert_int_equal(p.np[g][1], 2);
+        }
+    }
+    assert_true(first1 > last0);
+    assert_int_equal(p.rc[2], 0);
+    assert_int_equal((kb_time)p.used[2], first1); /* stage 1's first start */
+    assert_int_equal(p.rc[3], KB_ERR_RANGE);
+    kb_ctx_destroy(ctx);
+}
+
+/* Misuse: a notification nobody takes, a PE outside the grid, a wait from a thread, a
+ * notification that lands after its target returned. */
+static void k_untaken(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    if (tl_program_id(tl, 0) == 1)
+        tl_notify(tl, 0, 0, 0);
+    else /* still running when it lands */
+        kb_tl_wait_until(tl, kbt_tl_now(tl) + 1000000);
+}
+
+static void k_late(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    if (tl_program_id(tl, 0) == 1) {
+        kb_tl_wait_until(tl, kbt_tl_now(tl) + 100000);
+        tl_notify(tl, 0, 0, 0);
+    }
+}
+
+static void k_outside(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    tl_notify(tl, 0, 2, 0);
+}
+
+static void thread_wait(kb_tl *tl, void *arg)
+{
+    (void)arg;
+    tl_wait_notify(tl, 0, 1);
+}
+
+static void k_thread_wait(kb_tl *tl, const kb_kargs *a)
+{
+    (void)a;
+    tl_join(tl, tl_fork(tl, thread_wait, NULL));
+}
+
+static int h_misuse(kb_ctx *ctx, void *arg)
+{
+    static const kb_kernel_fn k[] = { k_untaken, k_outside, k_thread_wait, k_late };
+    kb_grid two = { 2, 1, 1, -1 };
+    kb_kargs a = kargs(arg);
+    return kb_launch(ctx, "misuse", k[((probe *)arg)->rc[0]], &a, &two);
+}
+
+static void test_notify_errors(void **state)
+{
+    static const char *const msg[] = { "returned with 1 notification(s) in slot 0 not taken",
+                                       "PE 2 of cube 0 is outside the launch's grid of 1 x 2",
+                                       "only a launch's kernel may use notifications",
+                                       "a notification (slot 0) reached sip0/cube0/pe0 after "
+                                       "its kernel returned" };
+    static const int code[] = { KB_ERR_STATE, KB_ERR_INVAL, KB_ERR_STATE, KB_ERR_STATE };
+    (void)state;
+    for (int i = 0; i < 4; i++) {
+        kb_ctx *ctx = make_ctx();
+        probe p;
+        memset(&p, 0, sizeof p);
+        p.rc[0] = i;
+        assert_int_equal(kb_ctx_run_host(ctx, h_misuse, &p), code[i]);
+        assert_non_null(strstr(kb_ctx_errmsg(ctx), msg[i]));
+        kb_ctx_destroy(ctx);
+    }
+    /* a launch of no stages, or of a stage wider than the SIP */
+    kb_ctx *ctx = make_ctx();
+    kb_stage st = { .kernel = k_empty, .pes = NPES + 1, .cubes = 1 };
+    assert_int_equal(kb_launch_seq(ctx, "none", &st, 0, NULL), KB_ERR_INVAL);
+    assert_int_equal(kb_launch_seq(ctx, "wide", &st, 1, NULL), KB_ERR_RANGE);
+    kb_ctx_destroy(ctx);
+}
+
 /* ---- reductions, softmax, broadcasting ---- */
 
 static const float k_sm_in[8] = { 1, -2, 3, -4, -1, 5, -3, 0 };
@@ -1949,6 +2138,8 @@ int main(void)
         cmocka_unit_test(test_load_add_store),
         cmocka_unit_test(test_add_duration),
         cmocka_unit_test(test_store_posted),
+        cmocka_unit_test(test_notify_barrier),
+        cmocka_unit_test(test_notify_errors),
         cmocka_unit_test(test_softmax_sum_max),
         cmocka_unit_test(test_broadcast),
         cmocka_unit_test(test_gemm_local),

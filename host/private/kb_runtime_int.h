@@ -105,7 +105,22 @@ struct kb_tl {
      * parent, so that a kernel's end checks its own (not every thread of the launch), and so
      * that kernels of different SIPs never share the list */
     struct kb_tl_thread *children;
+    /* tl_notify / tl_wait_notify (a launch's kernels only, not its threads): notifications
+     * landed on this PE and not yet taken, per slot (tl_barrier's two slots after the
+     * public ones), and which slot and count the kernel's fiber waits for (sem_wait NULL:
+     * none). A notification that lands once the kernel has returned (ended) fails the run. */
+    int32_t sem[KB_TL_NOTIFY_SLOTS + 2];
+    kb_fiber *sem_wait;
+    int sem_slot;
+    int32_t sem_need;
+    kb_time notified;       /* when its notifications have all landed (its end waits) */
+    int thread;             /* a thread tl_fork made, not the launch's kernel */
+    int ended;
 };
+
+/* At a kernel's return: waits for its notifications to land, and fails it when one sent to
+ * it was not taken; a later one fails the run when it lands (tl_notify). */
+void kb_tl_notify_end(kb_tl *tl);
 
 /* Frees what a kernel context owns (after kb_tl_release_all returned its memory). */
 void kb_tl_fini(kb_tl *tl);
@@ -113,9 +128,13 @@ void kb_tl_fini(kb_tl *tl);
 struct kb_launch_st {
     kb_ctx *ctx;
     kb_launch_st *next, *prev; /* ctx's live launches */
-    char name[64];
+    char name[128];
     kb_kernel_fn kernel;
     kb_kargs *args;         /* [grid.sips], owned */
+    kb_stage *stages;       /* kb_launch_seq: its kernels [nstages], owned; NULL otherwise */
+    int nstages;
+    kb_stage_stats *stage_st; /* [sips * nstages]: each stage on each SIP (its partition
+                               * writes its own), owned */
     kb_grid grid;
     kb_tl *tls;             /* [ntl] */
     int ntl;
@@ -183,6 +202,9 @@ typedef struct kb_hostproc {
      * kb_launch_span; spanned once it has launched */
     kb_time span[2];
     int spanned;
+    /* kb_launch_stage_stats: each stage of its last launch */
+    kb_stage_stats stage[16];
+    int nstages;
 } kb_hostproc;
 
 struct kb_ctx {
