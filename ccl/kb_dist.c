@@ -415,35 +415,54 @@ int kb_dist_all_reduce(kb_ctx *ctx, kb_tensor *t, kb_dist_op op)
     return join(ctx, d, EP_ALLREDUCE, t, NULL, exec_allreduce);
 }
 
-/* all_reduce shard by shard over the lane rings (kb_dist_lanes_allreduce_kernel). */
-static int exec_allreduce_shards(kb_ctx *ctx, dist *d, epoch *e)
+/* The lanes' part of an all_reduce_shards of k shards of t (f32, one per lane): the process
+ * group's lane rings are there and each shard splits over the ranks; *n gets a shard's
+ * elements. 0 or the error. */
+static int shards_check(kb_ctx *ctx, dist *d, kb_tensor *t, uint64_t *n)
 {
     kb_machine *m = kb_ctx_machine(ctx);
     kb_errbuf *eb = kb_ctx_err(ctx);
-    int k = (int)kb_tensor_nshards(e->a[0]), S = m->ncubes * m->npes, rc;
-    /* every PE's block, or the blocks of the first k PEs (cube 0's first PEs, or whole cubes
-     * from cube 0): those lanes only */
-    if (k == S || !(k <= m->npes || (k % m->npes == 0 && k / m->npes <= m->ncubes)))
-        rc = d->form->validate(ctx, e->a, d->ws, "all_reduce_shards");
-    else
-        rc = kb_dist_check_sip_local(ctx, e->a, d->ws, k, "all_reduce_shards",
-                                     "rows over the first PEs", NULL);
-    if (rc)
-        return rc;
     if (d->form != &kb_ccl_sip_hierarchical ||
         (d->ws > 1 && !kb_ipcq_is_wired(ctx, kb_machine_pe(m, 0, 0, 0), KB_DIST_LANE_NEXT)))
         return kb_err_set(eb, KB_ERR_UNSUPPORTED, "all_reduce_shards: the process group (%s) "
                           "has no lane rings: they come with hierarchical_allreduce's wiring "
                           "when the IPCQ ring area holds two more rings per PE (lower "
                           "slot_size or n_slots)", d->module);
-    kb_dtype dt = kb_tensor_dtype(e->a[0]);
-    uint64_t n = kb_tensor_shard(e->a[0], 0)->nbytes / kb_dtype_size(dt);
+    kb_dtype dt = kb_tensor_dtype(t);
+    *n = kb_tensor_shard(t, 0)->nbytes / kb_dtype_size(dt);
     if (dt != KB_F32)
         return kb_err_set(eb, KB_ERR_UNSUPPORTED, "all_reduce_shards: %s tensors (f32 only)",
                           kb_dtype_name(dt));
-    if (n % (uint64_t)d->ws)
+    if (*n % (uint64_t)d->ws)
         return kb_err_set(eb, KB_ERR_USAGE, "all_reduce_shards: a shard of %llu elements does "
-                          "not split over %d ranks", (unsigned long long)n, d->ws);
+                          "not split over %d ranks", (unsigned long long)*n, d->ws);
+    return 0;
+}
+
+/* Whether k lanes are the first PEs of a SIP's cube 0 or whole cubes from cube 0, and the
+ * grid of them (*pes x *cubes). */
+static int shards_lanes(const kb_machine *m, int k, int *pes, int *cubes)
+{
+    *pes = k <= m->npes ? k : m->npes;
+    *cubes = k <= m->npes ? 1 : k / m->npes;
+    return k >= 1 && (k <= m->npes || (k % m->npes == 0 && k / m->npes <= m->ncubes));
+}
+
+/* all_reduce shard by shard over the lane rings (kb_dist_lanes_allreduce_kernel). */
+static int exec_allreduce_shards(kb_ctx *ctx, dist *d, epoch *e)
+{
+    kb_machine *m = kb_ctx_machine(ctx);
+    int k = (int)kb_tensor_nshards(e->a[0]), S = m->ncubes * m->npes, rc, pes, cubes;
+    uint64_t n;
+    /* every PE's block, or the blocks of the first k PEs (cube 0's first PEs, or whole cubes
+     * from cube 0): those lanes only */
+    if (k == S || !shards_lanes(m, k, &pes, &cubes))
+        rc = d->form->validate(ctx, e->a, d->ws, "all_reduce_shards");
+    else
+        rc = kb_dist_check_sip_local(ctx, e->a, d->ws, k, "all_reduce_shards",
+                                     "rows over the first PEs", NULL);
+    if (rc || (rc = shards_check(ctx, d, e->a[0], &n)) != 0)
+        return rc;
     kb_kargs *args = d->args;
     memset(args, 0, (size_t)d->ws * sizeof *args);
     for (int r = 0; r < d->ws; r++)
@@ -451,11 +470,55 @@ static int exec_allreduce_shards(kb_ctx *ctx, dist *d, epoch *e)
                                                      .n = (int64_t)n, .ws = d->ws, .sip = r });
     kb_grid g = d->form->grid(m, d->ws);
     if (k < S) { /* the first k lanes */
-        g.pes = k <= m->npes ? k : m->npes;
-        g.cubes = k <= m->npes ? 1 : k / m->npes;
+        g.pes = pes;
+        g.cubes = cubes;
     }
     assert(g.pes * g.cubes == k || k == S);
     return kb_launch_per_sip(ctx, "all_reduce_shards", kb_dist_lanes_allreduce_kernel, args, &g);
+}
+
+int kb_dist_all_reduce_shards_stage(kb_ctx *ctx, kb_tensor *t, kb_stage *st)
+{
+    dist *d = dist_of(ctx);
+    kb_machine *m = kb_ctx_machine(ctx);
+    kb_errbuf *eb = kb_ctx_err(ctx);
+    int r = kb_ctx_rank(ctx), rc = need_init(ctx, d, "all_reduce_shards"), k, pes, cubes;
+    uint64_t n;
+    if (rc)
+        return rc;
+    if (r < 0 || r >= d->ws)
+        return kb_err_set(eb, KB_ERR_STATE, "all_reduce_shards (a stage): rank %d outside a "
+                          "world of %d", r, d->ws);
+    k = t ? (int)kb_tensor_nshards(t) : 0;
+    if (!t || !shards_lanes(m, k, &pes, &cubes))
+        return kb_err_set(eb, KB_ERR_USAGE, "all_reduce_shards (a stage): the tensor must be "
+                          "split over the first PEs of the SIP, or whole cubes of them (%d "
+                          "shards)", k);
+    /* the epoch's checks (kb_dist_check_sip_local), on this rank's tensor alone */
+    if (kb_tensor_sip(t) != (unsigned)r)
+        return kb_err_set(eb, KB_ERR_STATE, "all_reduce_shards: rank %d's tensor '%s' lives on "
+                          "SIP %u (call set_device(rank) first)", r, kb_tensor_name(t),
+                          kb_tensor_sip(t));
+    for (int i = 0; i < k; i++)
+        if (kb_tensor_shard(t, (size_t)i)->nbytes != kb_tensor_shard(t, 0)->nbytes)
+            return kb_err_set(eb, KB_ERR_STATE, "all_reduce_shards: uneven shard %d of rank "
+                              "%d", i, r);
+    if ((rc = shards_check(ctx, d, t, &n)) != 0)
+        return rc;
+    memset(st, 0, sizeof *st);
+    st->kernel = kb_dist_lanes_allreduce_kernel;
+    KB_KARGS_PUT(&st->args, (kb_dist_lanes_args){ .tile = kb_tensor_va(t), .n = (int64_t)n,
+                                                   .ws = d->ws, .sip = r });
+    st->pes = pes;
+    st->cubes = cubes;
+    if (r == 0) { /* the group's count, once for its ranks: each lane sends 2 (ws - 1) units
+                   * of n / ws f32 round its ring (kb_dist_lanes_allreduce_kernel) */
+        d->calls[KB_COLL_ALLREDUCE]++;
+        if (d->ws > 1)
+            d->inter_sip[KB_COLL_ALLREDUCE] += (uint64_t)d->ws * (uint64_t)k * 2u *
+                                               (uint64_t)(d->ws - 1) * (n / (uint64_t)d->ws) * 4u;
+    }
+    return 0;
 }
 
 int kb_dist_all_reduce_shards(kb_ctx *ctx, kb_tensor *t)

@@ -42,6 +42,17 @@
  * before init. */
 void kb_dist_traffic(kb_ctx *ctx, kb_coll_kind kind, uint64_t *calls, uint64_t *inter_sip_bytes);
 
+/*
+ * kb_dist_all_reduce_shards as a stage of the rank's own launch (kb_launch_seq: a fused
+ * layer), not an epoch: the same checks on this rank's tensor t (shards over the first PEs
+ * of the SIP or whole cubes of them), and *st gets the lane kernel, its arguments and its grid.
+ * Every rank of the group must run the same stage between the same collectives: the lane
+ * rings' sends and receives pair them (a rank that does not ends the run in a deadlock
+ * report). kb_dist_traffic counts the call once (rank 0's) with the bytes the lane rings
+ * carry, 2 (ws - 1) / ws of each lane's block per rank; kb_dist_comm_time does not count it
+ * (the stage's time is its launch's). 0 or an error.
+ */
+int kb_dist_all_reduce_shards_stage(kb_ctx *ctx, kb_tensor *t, kb_stage *st);
 /* The intercube install plan (exposed for tests): links of PE 0 of every cube. */
 int kb_dist_install_intercube(kb_ctx *ctx, const kb_ipcq_cfg *cfg);
 

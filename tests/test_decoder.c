@@ -4,8 +4,9 @@
  * machine, auto's choice, machine's refusal of decode), the projection gemms' simulated time
  * against the closed form kb_qgemm_ns for every format and sparsity in both mappings, and end
  * to end through the kbcl binary with the tiny models: every mode verifies (machine with
- * batches, query blocks and row owners that cut each other), digests are pinned, and an
- * OpenCL CPU device gives ref's digest.
+ * batches, query blocks and row owners that cut each other), digests are pinned (fused
+ * launches or a launch per kernel alike, and the fused ones count the same traffic in less
+ * time), and an OpenCL CPU device gives ref's digest.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -107,7 +108,7 @@ static void test_reference_takes_device_norm(void **s)
     enum { T = 4 };
     int64_t d = m.d_model, nq = m.n_heads * m.head_dim, nk = m.n_kv_heads * m.head_dim,
             F = m.mlp_hidden;
-    kb_decoder_opts o = { 1, T, 0, 0, 0, KB_QF_INT8, 0, KB_DEC_MAP_NAIVE };
+    kb_decoder_opts o = { 1, T, 0, 0, 0, KB_QF_INT8, 0, KB_DEC_MAP_NAIVE, 0 };
     size_t sz[] = { (size_t)(T * d), (size_t)(d * nq), (size_t)(d * nk), (size_t)(d * nk),
                     (size_t)(nq * d), (size_t)(d * F), (size_t)(d * F), (size_t)(F * d),
                     (size_t)d };
@@ -227,7 +228,7 @@ static void test_model_errors(void **s)
      * divide by instead of dividing by zero */
     kb_model_cfg hand;
     kb_decoder_plan pl;
-    kb_decoder_opts o = { 1, 16, 0, 0, 0, KB_QF_F16, 0, KB_DEC_MAP_NAIVE };
+    kb_decoder_opts o = { 1, 16, 0, 0, 0, KB_QF_F16, 0, KB_DEC_MAP_NAIVE, 0 };
     kb_model_defaults(&hand);
     hand.n_kv_heads = 0;
     assert_int_equal(kb_model_validate(&hand, &eb), KB_ERR_CONFIG);
@@ -247,7 +248,7 @@ static void test_plan(void **s)
     kb_model_cfg m;
     kb_decoder_plan pl;
     kb_errbuf eb = { { 0 } };
-    kb_decoder_opts o = { 1, 128, 0, 0, 0, KB_QF_F16, 0, KB_DEC_MAP_NAIVE };
+    kb_decoder_opts o = { 1, 128, 0, 0, 0, KB_QF_F16, 0, KB_DEC_MAP_NAIVE, 0 };
     (void)s;
     assert_int_equal(kb_model_load(&m, src_path("configs/models/gemma2-2b.yaml"), &eb), 0);
     /* TP 4 on 16 cubes x 8 PEs: 2 q heads + 1 KV head per rank = 4 units of 8 PEs with 32
@@ -459,7 +460,7 @@ static void test_proj_gemm_closed_form(void **s)
                     got = rep.res.extras[i].value;
             kb_run_report_fini(&rep);
             /* the closed form, from the plan of rank 0 */
-            kb_decoder_opts o = { 1, 160, 0, 0, 0, fmts[f], sparse, map };
+            kb_decoder_opts o = { 1, 160, 0, 0, 0, fmts[f], sparse, map, 0 };
             assert_int_equal(kb_model_load(&m, model, &eb), 0);
             assert_int_equal(kb_decoder_plan_make(&m, &o, cfg.topo.sips_count, 0, 2, 8, &pl,
                                                   &eb), 0);
@@ -525,13 +526,16 @@ static void test_e2e_modes(void **s)
         "--param seq=16 --param sparse=1",
         "--param seq=16 --dtype mxint8 --param sparse=1",
         "--param seq=16 --dtype mxint8 --param sparse=1 --param mapping=naive",
+        "--param seq=16 --param fuse=0", /* machine, a launch per kernel */
+        "--param decode=1 --param kv_len=40 --param batch=2 --param fuse=0",
     };
     /* the exact output bytes of some of them (the mappings add in other orders: f16 differs
      * in the last bits, the 8-bit format's sums here are exact) */
     static const char *const digests[] = { "42ec8903dd3e3f78", "682902dc02f97a2d", NULL, NULL,
                                            "e380288f93ec2ee8", NULL, "e380288f93ec2ee8", NULL,
                                            NULL, NULL, NULL, NULL, NULL, NULL,
-                                           "0978fcdbe3dc645a", "0978fcdbe3dc645a" };
+                                           "0978fcdbe3dc645a", "0978fcdbe3dc645a",
+                                           "682902dc02f97a2d", "e380288f93ec2ee8" };
     char out[8192];
     (void)s;
     for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
@@ -544,6 +548,48 @@ static void test_e2e_modes(void **s)
                       src_path("tests/data/tiny-silu.yaml"));
     if (rc != 0)
         fail_msg("tiny-silu: exit %d\n%s", rc, out);
+}
+
+/* A number the run printed on the line that starts with `key` (two spaces in). */
+static double printed(const char *out, const char *key)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\n  %s ", key);
+    const char *p = strstr(out, pat);
+    if (!p)
+        fail_msg("no %s in\n%s", key, out);
+    return strtod(p + strlen(pat), NULL);
+}
+
+/*
+ * Mapping machine's fused launches against a launch per kernel (fuse=0), timing only: the
+ * same inter-SIP bytes (the fused all-reduce's count is the lane rings' closed form, the
+ * other's is measured) and projection gemm time, less command path and less time. The
+ * output bytes are the same (test_e2e_modes' digests).
+ */
+static void test_e2e_fused(void **s)
+{
+    static const char *const modes[] = { "--param seq=16", "--param decode=1 --param kv_len=40 "
+                                                           "--param batch=2" };
+    static const char *const keys[] = { "inter_sip_bytes", "all_reduce_sip_bytes",
+                                        "proj_gemm_ns" };
+    char out[2][8192];
+    (void)s;
+    for (int m = 0; m < 2; m++) {
+        for (int f = 0; f < 2; f++) {
+            int rc = kbt_kbcl(out[f], sizeof out[f], "run " TINY " --model %s --device none "
+                              "--param fuse=%d %s", src_path("configs/models/tiny.yaml"), f,
+                              modes[m]);
+            if (rc != 0)
+                fail_msg("%s fuse=%d: exit %d\n%s", modes[m], f, rc, out[f]);
+        }
+        for (int k = 0; k < 3; k++)
+            assert_true(printed(out[0], keys[k]) == printed(out[1], keys[k]));
+        assert_true(printed(out[1], "all_reduce_sip_bytes") > 0);
+        assert_true(printed(out[1], "comm_ns") > 0);
+        assert_true(printed(out[1], "launch_ns") < printed(out[0], "launch_ns"));
+        assert_true(printed(out[1], "sim_time") < printed(out[0], "sim_time"));
+    }
 }
 
 static void test_e2e_cpu_digest(void **s)
@@ -598,6 +644,7 @@ int main(void)
         cmocka_unit_test(test_plan),
         cmocka_unit_test(test_proj_gemm_closed_form),
         cmocka_unit_test(test_e2e_modes),
+        cmocka_unit_test(test_e2e_fused),
         cmocka_unit_test(test_e2e_cpu_digest),
         cmocka_unit_test(test_e2e_usage),
     };

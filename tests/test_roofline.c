@@ -240,7 +240,7 @@ static void test_decoder_prefill(void **s)
 {
     kb_machine *m = machine_with(NULL, 0);
     kb_model_cfg mc;
-    kb_decoder_opts o = { 1, 16, 0, 0, 0, KB_QF_F16, 0, KB_DEC_MAP_NAIVE };
+    kb_decoder_opts o = { 1, 16, 0, 0, 0, KB_QF_F16, 0, KB_DEC_MAP_NAIVE, 0 };
     kb_roofline r;
     kb_errbuf eb = { { 0 } };
     (void)s;
@@ -269,7 +269,7 @@ static void test_decoder_decode(void **s)
 {
     kb_machine *m = machine_with(NULL, 0);
     kb_model_cfg mc;
-    kb_decoder_opts o = { 1, 1, 1, 64, 0, KB_QF_F16, 0, KB_DEC_MAP_NAIVE };
+    kb_decoder_opts o = { 1, 1, 1, 64, 0, KB_QF_F16, 0, KB_DEC_MAP_NAIVE, 0 };
     kb_roofline r;
     kb_errbuf eb = { { 0 } };
     (void)s;

@@ -84,6 +84,10 @@ typedef struct kb_decoder_opts {
     kb_qfmt fmt;
     int sparse;          /* 2:4 along K for every projection weight */
     int mapping;         /* kb_decoder_mapping (machine: without seq_parallel) */
+    /* machine: a launch per kernel and per all-reduce (the layer before its fused launch),
+     * where 0 runs the kernels and the lane all-reduces as one launch, a barrier between
+     * them (docs/decoder.md, "One launch for the layer") */
+    int launch_per_kernel;
 } kb_decoder_opts;
 
 /*

@@ -6,23 +6,36 @@
  * and all_gather), and the time split of the rank's critical path into compute (the busiest
  * PE's PE_GEMM + PE_MATH time of each launch), memory (the rest of its kernels' span), the
  * launches' command path (the rest of the launch) and communication, with the projection
- * gemms' PE_GEMM time measured and in closed form.
+ * gemms' PE_GEMM time measured and in closed form. Mapping machine gathers the kernels and
+ * the lane all-reduces into one launch (kb_launch_seq; a process-group collective ends
+ * one), unless asked for a launch per kernel.
  * Limits: one forward per kb_decoder (the partial blocks are zeroed once at creation).
  */
 #include "kb_decoder_int.h"
 
 #include <assert.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kb_dist.h"
 #include "kb_machine.h"
 #include "kb_runtime_ext.h"
 
+/* Kernels (and lane all-reduces) that run as one launch (kb_launch_seq) until a collective
+ * of the process group or the layer's end: the stages so far, their names joined, which of
+ * them are projections and which all-reduces. */
+#define FUSE_MAX 12
 typedef struct phase {
     kb_time t0;
     kb_time *busy0;   /* per PE of the rank's SIP: PE_GEMM + PE_MATH busy */
     kb_time gemm0;    /* sum of PE_GEMM busy over the SIP */
+    int fuse;         /* gather the launches between collectives into one */
+    int nst;
+    kb_stage st[FUSE_MAX];
+    int proj[FUSE_MAX];
+    int coll[FUSE_MAX]; /* a collective's stage (kb_dist_all_reduce_shards_stage) */
+    char name[128];
 } phase;
 
 static void snap(kb_ctx *ctx, kb_time *per_pe, kb_time *gemm_sum)
@@ -39,16 +52,21 @@ static void snap(kb_ctx *ctx, kb_time *per_pe, kb_time *gemm_sum)
     *gemm_sum = g;
 }
 
-static int launch_timed(kb_ctx *ctx, kb_decoder *dec, phase *ph, const char *name,
-                        kb_kernel_fn fn, const kb_kargs *a, const kb_dec_grid *g, int proj)
+/* One launch (a kernel, or with ph->fuse the stages gathered so far), timed: its busiest
+ * PE's PE_GEMM + PE_MATH time is compute, the rest of its kernels' span memory, the rest of
+ * the launch its command path; the projections' PE_GEMM time is summed apart. */
+static int launch_timed_now(kb_ctx *ctx, kb_decoder *dec, phase *ph, const char *name,
+                            kb_kernel_fn fn, const kb_kargs *a, const kb_dec_grid *g, int proj)
 {
     kb_machine *m = kb_ctx_machine(ctx);
-    int S = m->ncubes * m->npes, rc;
+    int S = m->ncubes * m->npes, rc, nst = ph->nst;
     kb_time *now_busy = ph->busy0 + S, gemm1;
-    kb_grid grid = { g->pes, g->cubes, 1, -1 };
+    kb_grid grid = { g ? g->pes : 0, g ? g->cubes : 0, 1, -1 };
     snap(ctx, ph->busy0, &ph->gemm0);
     ph->t0 = kb_sim_now(kb_ctx_sim(ctx));
-    if ((rc = kb_launch(ctx, name, fn, a, &grid)) != 0)
+    ph->nst = 0;
+    if ((rc = nst ? kb_launch_seq(ctx, name, ph->st, nst, &grid)
+                  : kb_launch(ctx, name, fn, a, &grid)) != 0)
         return rc;
     kb_time dt = kb_sim_now(kb_ctx_sim(ctx)) - ph->t0, cmax = 0, k0, k1;
     if ((rc = kb_launch_span(ctx, &k0, &k1)) != 0)
@@ -69,16 +87,86 @@ static int launch_timed(kb_ctx *ctx, kb_decoder *dec, phase *ph, const char *nam
     dec->st.compute_ns += kb_time_to_ns(cmax);
     dec->st.memory_ns += kb_time_to_ns(span - cmax);
     dec->st.launch_ns += kb_time_to_ns(dt - span);
-    if (proj)
+    if (nst) { /* the projections' share and the collectives' time: their stages' own */
+        for (int k = 0; k < nst; k++) {
+            kb_stage_stats ss;
+            if ((rc = kb_launch_stage_stats(ctx, k, &ss)) != 0)
+                return rc;
+            if (ph->proj[k])
+                dec->st.proj_gemm_busy_ns += kb_time_to_ns(ss.gemm_busy);
+            if (ph->coll[k]) { /* comm, not the kernels' compute or memory */
+                kb_time c = ss.last - ss.first;
+                kb_time mem = span - cmax;
+                c = c > mem ? mem : c;
+                dec->st.comm_ns += kb_time_to_ns(c);
+                dec->st.memory_ns -= kb_time_to_ns(c);
+            }
+        }
+    } else if (proj) {
         dec->st.proj_gemm_busy_ns += kb_time_to_ns(gemm1 - ph->gemm0);
+    }
+    return 0;
+}
+
+/* The stages gathered so far as one launch (none: nothing). */
+static int fuse_flush(kb_ctx *ctx, kb_decoder *dec, phase *ph)
+{
+    if (!ph->nst)
+        return 0;
+    if (ph->nst == 1 && !ph->coll[0]) { /* alone: a launch of its own, under its own name */
+        kb_stage st = ph->st[0];
+        kb_dec_grid g = { .pes = st.pes, .cubes = st.cubes };
+        ph->nst = 0;
+        return launch_timed_now(ctx, dec, ph, ph->name, st.kernel, &st.args, &g, ph->proj[0]);
+    }
+    return launch_timed_now(ctx, dec, ph, ph->name, NULL, NULL, NULL, 0);
+}
+
+static int launch_timed(kb_ctx *ctx, kb_decoder *dec, phase *ph, const char *name,
+                        kb_kernel_fn fn, const kb_kargs *a, const kb_dec_grid *g, int proj)
+{
+    if (!ph->fuse)
+        return launch_timed_now(ctx, dec, ph, name, fn, a, g, proj);
+    if (ph->nst == FUSE_MAX) {
+        int rc = fuse_flush(ctx, dec, ph);
+        if (rc)
+            return rc;
+    }
+    if (!ph->nst)
+        snprintf(ph->name, sizeof ph->name, "%s", name);
+    else /* "dec_norm_in+qkv+..." (cut at the buffer's end) */
+        snprintf(ph->name + strlen(ph->name), sizeof ph->name - strlen(ph->name), "+%s",
+                 strncmp(name, "dec_", 4) ? name : name + 4);
+    ph->st[ph->nst] = (kb_stage){ .kernel = fn, .args = *a, .pes = g->pes, .cubes = g->cubes,
+                                  .name = name };
+    ph->coll[ph->nst] = 0;
+    ph->proj[ph->nst++] = proj;
     return 0;
 }
 
 enum { C_AR, C_RS, C_AG, C_ARS };
-static int coll_timed(kb_ctx *ctx, kb_decoder *dec, int kind, kb_tensor *out, kb_tensor *in)
+static int coll_timed(kb_ctx *ctx, kb_decoder *dec, phase *ph, int kind, kb_tensor *out,
+                      kb_tensor *in)
 {
+    int rc;
+    if (ph->fuse && kind == C_ARS) { /* a stage of the fused launch */
+        if (ph->nst == FUSE_MAX && (rc = fuse_flush(ctx, dec, ph)) != 0)
+            return rc;
+        if ((rc = kb_dist_all_reduce_shards_stage(ctx, in, &ph->st[ph->nst])) != 0)
+            return rc;
+        if (!ph->nst)
+            snprintf(ph->name, sizeof ph->name, "all_reduce_shards");
+        else
+            snprintf(ph->name + strlen(ph->name), sizeof ph->name - strlen(ph->name), "+ars");
+        ph->st[ph->nst].name = "all_reduce_shards";
+        ph->coll[ph->nst] = 1;
+        ph->proj[ph->nst++] = 0;
+        return 0;
+    }
+    if ((rc = fuse_flush(ctx, dec, ph)) != 0) /* the kernels before it have run */
+        return rc;
     kb_time t0 = kb_sim_now(kb_ctx_sim(ctx));
-    int rc = kind == C_AR    ? kb_dist_all_reduce(ctx, in, KB_DIST_SUM)
+    rc = kind == C_AR    ? kb_dist_all_reduce(ctx, in, KB_DIST_SUM)
              : kind == C_ARS ? kb_dist_all_reduce_shards(ctx, in)
              : kind == C_RS  ? kb_dist_reduce_scatter(ctx, out, in)
                              : kb_dist_all_gather(ctx, out, in);
@@ -171,7 +259,7 @@ static int fwd_norm_in(kb_ctx *ctx, kb_decoder *dec, phase *ph, const kb_dec_row
     KB_KARGS_PUT(&a, r);
     if ((rc = launch_timed(ctx, dec, ph, "dec_norm_in", kb_decoder_rows_kernel, &a, &pl->rows,
                            0)) != 0 ||
-        (sp && (rc = coll_timed(ctx, dec, C_AG, dec->ag1, dec->ag1_in)) != 0))
+        (sp && (rc = coll_timed(ctx, dec, ph, C_AG, dec->ag1, dec->ag1_in)) != 0))
         return rc;
     return 0;
 }
@@ -257,7 +345,7 @@ static int fwd_sum_mlp(kb_ctx *ctx, kb_decoder *dec, phase *ph)
     if ((rc = launch_timed(ctx, dec, ph, "dec_sum_mlp", kb_decoder_gsum_kernel, &a, &pl->rows,
                            0)) != 0)
         return rc;
-    return coll_timed(ctx, dec, C_ARS, NULL, dec->sum_d);
+    return coll_timed(ctx, dec, ph, C_ARS, NULL, dec->sum_d);
 }
 
 /* 4. residual + norms -> the MLP PEs' input */
@@ -284,7 +372,7 @@ static int fwd_residual_attn(kb_ctx *ctx, kb_decoder *dec, phase *ph,
     KB_KARGS_PUT(&a, r);
     if ((rc = launch_timed(ctx, dec, ph, "dec_residual_attn", kb_decoder_rows_kernel, &a,
                            &pl->rows, 0)) != 0 ||
-        (sp && (rc = coll_timed(ctx, dec, C_AG, dec->ag2, dec->ag2_in)) != 0))
+        (sp && (rc = coll_timed(ctx, dec, ph, C_AG, dec->ag2, dec->ag2_in)) != 0))
         return rc;
     return 0;
 }
@@ -306,7 +394,7 @@ static int fwd_mlp(kb_ctx *ctx, kb_decoder *dec, phase *ph, int64_t flags)
         return rc;
     if (pl->machine || pl->dmsum)
         return fwd_sum_mlp(ctx, dec, ph);
-    return coll_timed(ctx, dec, sp ? C_RS : C_AR, dec->rs_d, dec->pd);
+    return coll_timed(ctx, dec, ph, sp ? C_RS : C_AR, dec->rs_d, dec->pd);
 }
 
 /* 6. residual */
@@ -353,18 +441,23 @@ int kb_decoder_forward(kb_ctx *ctx, kb_decoder *dec)
     /* machine: the layer's launches queued on the device, back to back, the host told once
      * at the end (kb_launch_queue); naive: a host round trip per launch */
     int queued = dec->pl.machine || dec->pl.dmachine;
+    /* and the kernels and lane all-reduces one launch, a barrier between them
+     * (kb_launch_seq), unless asked for a launch per kernel */
+    ph.fuse = queued && !o->launch_per_kernel;
+    ph.nst = 0;
     if ((queued && (rc = kb_launch_queue(ctx, 1)) != 0) ||
         (rc = fwd_norm_in(ctx, dec, &ph, &ra)) != 0 ||
         (rc = fwd_qkv(ctx, dec, &ph, flags)) != 0 ||
         (rc = o->decode ? fwd_attn_decode(ctx, dec, &ph, flags)
                         : fwd_attn_prefill(ctx, dec, &ph, flags)) != 0 ||
         /* the attention partials summed over the PEs and ranks */
-        (rc = dec->pl.machine || dec->pl.dsum ? coll_timed(ctx, dec, C_ARS, NULL, dec->sum_o)
-                              : coll_timed(ctx, dec, sp ? C_RS : C_AR, dec->rs_o, dec->po)) != 0 ||
+        (rc = dec->pl.machine || dec->pl.dsum ? coll_timed(ctx, dec, &ph, C_ARS, NULL, dec->sum_o)
+                              : coll_timed(ctx, dec, &ph, sp ? C_RS : C_AR, dec->rs_o, dec->po)) != 0 ||
         (rc = fwd_residual_attn(ctx, dec, &ph, &ra)) != 0 ||
         (rc = fwd_mlp(ctx, dec, &ph, flags)) != 0)
         goto out;
-    rc = fwd_residual_mlp(ctx, dec, &ph, &ra);
+    if ((rc = fwd_residual_mlp(ctx, dec, &ph, &ra)) != 0 || (rc = fuse_flush(ctx, dec, &ph)) != 0)
+        goto out;
     dec->st.proj_gemm_closed_ns = proj_closed(ctx, dec);
 out:
     if (queued) { /* off on every path: the host's later writes and reads need it */

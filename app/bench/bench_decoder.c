@@ -26,7 +26,7 @@
 #include "kb_tp.h"
 #include "kb_tp_roofline.h"
 
-enum { P_SEQ, P_BATCH, P_DECODE, P_KVLEN, P_SP, P_SPARSE, P_MAPPING };
+enum { P_SEQ, P_BATCH, P_DECODE, P_KVLEN, P_SP, P_SPARSE, P_MAPPING, P_FUSE };
 
 /* the inputs: pattern (seed, range, den) per matrix */
 enum { I_X, I_LN0, I_LN1, I_LN2, I_LN3, I_WQ, I_WK, I_WV, I_WO, I_WG, I_WU, I_WD, I_KC, I_VC,
@@ -208,6 +208,7 @@ static int dec_run(kb_ctx *ctx, const kb_bench_args *a, void *state, kb_bench_re
     st->o.seq_parallel = (int)a->p[P_SP];
     st->o.sparse = (int)a->p[P_SPARSE];
     st->o.mapping = (int)a->p[P_MAPPING];
+    st->o.launch_per_kernel = !a->p[P_FUSE];
     st->o.fmt = (kb_qfmt)fmt;
     make_fills(st);
     /* plan every rank first: a layout that does not fit is a usage error, not a failing
@@ -557,8 +558,11 @@ const kb_bench kb_bench_decoder_layer = {
                               "seq_parallel) puts prefill in token groups with the partials "
                               "summed in the SIP and combines decode's chunks in bulk, auto "
                               "takes it where it applies (docs/decoder.md)" },
+        { "fuse", 1, 0, 1, "mapping machine: 1 runs the layer's kernels and its lane "
+                           "all-reduces as one launch, a barrier between them; 0 a launch "
+                           "per kernel and per all-reduce (as before the fused launch)" },
     },
-    .nparams = 7,
+    .nparams = 8,
     .param_names = { [P_MAPPING] = (const char *const[]){ "naive", "machine", "auto", NULL } },
     .state_size = sizeof(dec_state),
     .run = dec_run,
