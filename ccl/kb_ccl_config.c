@@ -31,6 +31,10 @@ static const kb_schema_key param_keys[] = {
                    "streamed collectives post their sends and keep a queue's window of slices "
                    "in flight; false: each send waits for its DMA, the kernels before issue #29 "
                    "(bool)"),
+    KB_SCHEMA_BOOL(P_, "small_lanes", small_lanes, "true",
+                   "the process group's all_reduce_shards sends latency-bound blocks whole both "
+                   "ways round the lane rings and adds them in rank order; false: always the "
+                   "ring reduce-scatter + all-gather, as before 2026-12-04 (bool)"),
     KB_SCHEMA_INT(P_, "n_slots", n_slots, "4", 1, 4096, "IPCQ receive slots per direction (count)"),
     KB_SCHEMA_U64(P_, "slot_size", slot_size, "262144", 16, 128 * MIB, "bytes per IPCQ slot (bytes)"),
     KB_SCHEMA_INT(P_, "world_size", world_size, "0", 0, 1048576,
@@ -104,6 +108,8 @@ kb_ccl_params kb_ccl_config_params(const kb_ccl_cfg *c, const kb_ccl_algo *entry
         r.backpressure = o->backpressure;
     if (o->posted_sends >= 0)
         r.posted_sends = o->posted_sends;
+    if (o->small_lanes >= 0)
+        r.small_lanes = o->small_lanes;
     if (o->n_slots > 0)
         r.n_slots = o->n_slots;
     if (o->slot_size > 0)
@@ -142,6 +148,7 @@ static kb_ccl_algo *algo_get(kb_ccl_cfg *c, const char *name, int line)
     a->root = -1;
     a->p.backpressure = -1;
     a->p.posted_sends = -1;
+    a->p.small_lanes = -1;
     a->line = line;
     return a;
 }

@@ -37,6 +37,7 @@ typedef struct kb_ccl_params {
     char buffer_kind[16];              /* tcm | hbm | sram */
     int backpressure;                  /* bool */
     int posted_sends;                  /* bool: streamed kernels post their sends */
+    int small_lanes;                   /* bool: all_reduce_shards' small form where it wins */
     int n_slots;                       /* >= 1 */
     uint64_t slot_size;                /* bytes, >= 16 */
     int world_size;                    /* 0 = derive (SIP count); > 0 = rank = PE */
@@ -54,7 +55,7 @@ typedef struct kb_ccl_algo {
     char op[8];                        /* reduction: sum|prod|max|min|avg; "" = unset (sum) */
     char dtype[8];                     /* tile dtype: f16|bf16|f32; "" = unset (f16) */
     kb_ccl_params p;                   /* overrides; unset fields are 0 / "" / -1 (backpressure,
-                                        * posted_sends) */
+                                        * posted_sends, small_lanes) */
     int line;                          /* where it was defined, for messages */
 } kb_ccl_algo;
 

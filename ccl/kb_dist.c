@@ -58,6 +58,7 @@ typedef struct dist {
     const kb_ccl_sip_form *form;  /* its rank = SIP form (algo->sip) */
     char module[KB_CFG_NAME_MAX];
     kb_ipcq_cfg icfg;
+    int small_lanes;          /* ccl.yaml small_lanes: all_reduce_shards' small form allowed */
     int root_cube;
     epoch *cur;
     epoch *done;              /* the last completed epoch while ranks may still wait in it */
@@ -339,6 +340,7 @@ int kb_dist_init_process_group(kb_ctx *ctx, const char *backend, const char *alg
             return kb_err_set(eb, KB_ERR_CONFIG, "root_cube %d: the SIP has %d cubes",
                               nd.root_cube, m->ncubes);
         int rc = kb_ccl_config_ipcq(&p, &nd.icfg, eb);
+        nd.small_lanes = p.small_lanes != 0;
         if (rc)
             return rc;
         nd.args = calloc((size_t)nd.ws, sizeof *nd.args);
@@ -439,6 +441,19 @@ static int shards_check(kb_ctx *ctx, dist *d, kb_tensor *t, uint64_t *n)
     return 0;
 }
 
+/* kb_dist.h: ws / 2 steps of every lane's whole block against 2 (ws - 1) of n / ws. */
+int kb_dist_lanes_small(const kb_machine *m, int ws, int k, uint64_t n)
+{
+    if (ws < 2 || ws > KB_DIST_SMALL_MAX)
+        return 0;
+    double lat = m->cfg.inter_sip.latency_ns + m->cfg.switch_overhead_ns;
+    double bw = m->cfg.inter_sip.bandwidth_gbps; /* bytes per ns */
+    double bytes = (double)n * 4.0 * k;
+    double ring = 2.0 * (ws - 1) * (lat + bytes / ws / 2.0 / bw);
+    double small = (double)(ws / 2) * (lat + bytes / bw);
+    return small < ring;
+}
+
 /* Whether k lanes are the first PEs of a SIP's cube 0 or whole cubes from cube 0, and the
  * grid of them (*pes x *cubes). */
 static int shards_lanes(const kb_machine *m, int k, int *pes, int *cubes)
@@ -465,9 +480,11 @@ static int exec_allreduce_shards(kb_ctx *ctx, dist *d, epoch *e)
         return rc;
     kb_kargs *args = d->args;
     memset(args, 0, (size_t)d->ws * sizeof *args);
+    int small = d->small_lanes && kb_dist_lanes_small(m, d->ws, k, n);
     for (int r = 0; r < d->ws; r++)
         KB_KARGS_PUT(&args[r], (kb_dist_lanes_args){ .tile = kb_tensor_va(e->a[r]),
-                                                     .n = (int64_t)n, .ws = d->ws, .sip = r });
+                                                     .n = (int64_t)n, .ws = d->ws, .sip = r,
+                                                     .small = small });
     kb_grid g = d->form->grid(m, d->ws);
     if (k < S) { /* the first k lanes */
         g.pes = pes;
@@ -507,16 +524,19 @@ int kb_dist_all_reduce_shards_stage(kb_ctx *ctx, kb_tensor *t, kb_stage *st)
         return rc;
     memset(st, 0, sizeof *st);
     st->kernel = kb_dist_lanes_allreduce_kernel;
+    int small = d->small_lanes && kb_dist_lanes_small(m, d->ws, k, n);
     KB_KARGS_PUT(&st->args, (kb_dist_lanes_args){ .tile = kb_tensor_va(t), .n = (int64_t)n,
-                                                   .ws = d->ws, .sip = r });
+                                                   .ws = d->ws, .sip = r, .small = small });
     st->pes = pes;
     st->cubes = cubes;
     if (r == 0) { /* the group's count, once for its ranks: each lane sends 2 (ws - 1) units
-                   * of n / ws f32 round its ring (kb_dist_lanes_allreduce_kernel) */
+                   * of n / ws f32 round its ring, or in the small form its n f32 ws - 1
+                   * times (kb_dist_lanes_allreduce_kernel) */
         d->calls[KB_COLL_ALLREDUCE]++;
         if (d->ws > 1)
-            d->inter_sip[KB_COLL_ALLREDUCE] += (uint64_t)d->ws * (uint64_t)k * 2u *
-                                               (uint64_t)(d->ws - 1) * (n / (uint64_t)d->ws) * 4u;
+            d->inter_sip[KB_COLL_ALLREDUCE] +=
+                (uint64_t)d->ws * (uint64_t)k * (uint64_t)(d->ws - 1) * 4u *
+                (small ? n : 2u * (n / (uint64_t)d->ws));
     }
     return 0;
 }

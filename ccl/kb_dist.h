@@ -53,6 +53,18 @@ void kb_dist_traffic(kb_ctx *ctx, kb_coll_kind kind, uint64_t *calls, uint64_t *
  * (the stage's time is its launch's). 0 or an error.
  */
 int kb_dist_all_reduce_shards_stage(kb_ctx *ctx, kb_tensor *t, kb_stage *st);
+/*
+ * Whether all_reduce_shards of k lanes of n f32 each over ws ranks takes the small form
+ * (every block both ways round the lane ring, each PE adding them in rank order;
+ * kb_dist_coll.c) rather than the ring's reduce-scatter + all-gather: when ws / 2 steps, each
+ * a link latency (system.inter_sip_link.latency_ns + system.switch.overhead_ns) plus every
+ * lane's whole block on the link, cost less than the ring's 2 (ws - 1) steps of one lane's
+ * n / ws, half the lanes each way (the link's bandwidth is system.inter_sip_link's), and ws
+ * is 2 to KB_DIST_SMALL_MAX. Latency-bound blocks take it (a decode step's rows), bandwidth-
+ * bound ones the ring (a prefill's). The process group asks only while ccl.yaml's
+ * small_lanes is true (the default; false: always the ring).
+ */
+int kb_dist_lanes_small(const kb_machine *m, int ws, int k, uint64_t n);
 /* The intercube install plan (exposed for tests): links of PE 0 of every cube. */
 int kb_dist_install_intercube(kb_ctx *ctx, const kb_ipcq_cfg *cfg);
 

@@ -35,7 +35,8 @@
  *                   then column), down the destination SIP's tree (kb_dist_p2p_kernel).
  *   all_reduce_shards  every shard summed over the ranks only: a ring reduce-scatter and
  *                   all-gather per lane (the same-place PEs of the SIPs) over the lane rings
- *                   (kb_dist_lanes_allreduce_kernel).
+ *                   (kb_dist_lanes_allreduce_kernel); latency-bound blocks instead go whole
+ *                   round the ring both ways and each PE adds them in rank order.
  *
  * The trees (kb_dist_coll_tree): hierarchical_allreduce's wiring (mapper all_pes) gives chains
  * inside each cube (E/W) and among the cubes' PE 0 (N/S), each split in two halves toward
@@ -297,6 +298,46 @@ static kb_val rs_row(kb_tl *tl, kb_val x, int64_t u, int i, int g, int wrap, kb_
  * stored, then all-gathered in place (ag_row_ring). Odd lanes go round the other way (member
  * (ws - sip) mod ws, NEXT and PREV swapped), so each direction of a link carries half the lanes.
  */
+/*
+ * The small form: every rank's whole block travels round the lane's ring both ways at once,
+ * ceil((g - 1) / 2) steps (with g even the last goes forward only), each step's two sends
+ * posted and its two receives in flight together; then the PE adds the g blocks in rank
+ * order, so every SIP holds the same bits. g - 1 blocks cross each way where the ring moves
+ * 2 (g - 1) / g of one, in a quarter of its 2 (g - 1) steps at g = 4.
+ */
+static void lanes_small(kb_tl *tl, kb_va tile, int64_t n, int sip, int g)
+{
+    kb_val blk[KB_DIST_SMALL_MAX];
+    kb_shape sh = KB_SHAPE1(n);
+    int64_t landed = 0;
+    assert(g >= 2 && g <= KB_DIST_SMALL_MAX);
+    blk[sip] = tl_load(tl, tile, sh, KB_F32);
+    for (int s = 1; s <= g / 2; s++) {
+        int rp = (sip - s + g) % g, rn = (sip + s) % g, both = 2 * s != g;
+        kb_ipcq_req *r1 = tl_recv_async(tl, KB_DIST_LANE_PREV, sh, KB_F32);
+        kb_ipcq_req *r2 = both ? tl_recv_async(tl, KB_DIST_LANE_NEXT, sh, KB_F32) : NULL;
+        int64_t t = tl_send_async(tl, KB_DIST_LANE_NEXT, blk[(rp + 1) % g]);
+        landed = t > landed ? t : landed;
+        if (both) {
+            t = tl_send_async(tl, KB_DIST_LANE_PREV, blk[(rn - 1 + g) % g]);
+            landed = t > landed ? t : landed;
+        }
+        blk[rp] = tl_wait(tl, r1);
+        if (both)
+            blk[rn] = tl_wait(tl, r2);
+    }
+    kb_val acc = tl_add(tl, blk[0], blk[1]);
+    for (int r = 2; r < g; r++) {
+        kb_val next = tl_add(tl, acc, blk[r]);
+        tl_free(tl, acc);
+        acc = next;
+    }
+    tl_store(tl, tile, acc);
+    tl_free(tl, acc);
+    for (int r = 0; r < g; r++) /* the posted sends read them until they land */
+        tl_free_after(tl, blk[r], landed);
+}
+
 void kb_dist_lanes_allreduce_kernel(kb_tl *tl, const kb_kargs *ka)
 {
     const kb_dist_lanes_args *a = KB_KARGS_GET(ka, kb_dist_lanes_args);
@@ -311,6 +352,10 @@ void kb_dist_lanes_allreduce_kernel(kb_tl *tl, const kb_kargs *ka)
     assert(u * g == n && a->sip >= 0 && a->sip < g); /* the caller's checks */
     if (g < 2 || n == 0)
         return;
+    if (a->small) {
+        lanes_small(tl, tile, n, a->sip, g);
+        return;
+    }
     kb_val x = tl_load(tl, tile, KB_SHAPE1(n), KB_F32);
     kb_val tot = rs_row(tl, x, u, i, g, 1, fwd, back);
     tl_store(tl, elem(tile, i * u, KB_F32), tot);

@@ -95,7 +95,11 @@ typedef struct kb_dist_lanes_args {
     kb_va tile;
     int64_t n;
     int ws, sip;
+    int small;    /* every block both ways round the ring, added in rank order
+                   * (kb_dist_lanes_small says when) */
 } kb_dist_lanes_args;
+/* At most this many ranks take the small form (a PE holds every rank's block). */
+#define KB_DIST_SMALL_MAX 16
 void kb_dist_lanes_allreduce_kernel(kb_tl *tl, const kb_kargs *a);
 
 /* Whether shard i of a tensor of S shards sits where the kernels of this tree expect it (the

@@ -27,17 +27,17 @@
 #include "kb_test_util.h"
 
 /* ccl keys: 7 under defaults; an entry has 4 keys of its own and overrides the other 6. */
-#define N_CCL_DEFAULTS_KEYS 9
-#define N_CCL_ENTRY_KEYS (6 + 8)
+#define N_CCL_DEFAULTS_KEYS 10
+#define N_CCL_ENTRY_KEYS (6 + 9)
 #define N_CCL_KEYS (N_CCL_DEFAULTS_KEYS + N_CCL_ENTRY_KEYS)
 
 /* An algorithm entry's keys, in the order unknown-key messages list them. */
 #define ENTRY_KNOWN                                                                          \
-    "(known: module, topology, root_cube, root, op, dtype, buffer_kind, backpressure, posted_sends, n_slots, "   \
+    "(known: module, topology, root_cube, root, op, dtype, buffer_kind, backpressure, posted_sends, small_lanes, n_slots, "   \
     "slot_size, "                                                                            \
     "world_size, n_elem, channels)"
 #define DEFAULTS_KNOWN                                                                       \
-    "(known: algorithm, buffer_kind, backpressure, posted_sends, n_slots, slot_size, world_size, " \
+    "(known: algorithm, buffer_kind, backpressure, posted_sends, small_lanes, n_slots, slot_size, world_size, " \
     "n_elem, channels)"
 
 /* Loads text as a ccl.yaml into c; eb gets the message. */
@@ -329,6 +329,7 @@ static void test_foreach_key_order(void **state)
         "ccl.defaults.buffer_kind",
         "ccl.defaults.backpressure",
         "ccl.defaults.posted_sends",
+        "ccl.defaults.small_lanes",
         "ccl.defaults.n_slots",
         "ccl.defaults.slot_size",
         "ccl.defaults.world_size",
@@ -343,6 +344,7 @@ static void test_foreach_key_order(void **state)
         "ccl.algorithms.<name>.buffer_kind",
         "ccl.algorithms.<name>.backpressure",
         "ccl.algorithms.<name>.posted_sends",
+        "ccl.algorithms.<name>.small_lanes",
         "ccl.algorithms.<name>.n_slots",
         "ccl.algorithms.<name>.slot_size",
         "ccl.algorithms.<name>.world_size",

@@ -569,21 +569,26 @@ static int body_shards(kb_ctx *ctx, int rank, job *j)
 }
 
 /* Every rank's shard p ends as the sum of shard p over the ranks (not over the shards); the
- * lanes' rings send 2 (ws - 1) units of n/ws f32 per PE and rank (lanes: over the first
- * `lanes` PEs only, 0 every PE). */
+ * lanes' rings send 2 (ws - 1) units of n/ws f32 per PE and rank, or in the small form
+ * (kb_dist_lanes_small, `small` says which the case takes) the whole block ws - 1 times
+ * (lanes: over the first `lanes` PEs only, 0 every PE). */
 static void shards_case_lanes(int sips, const char *topo, int64_t m, int64_t n, int slot,
-                              int lanes)
+                              int lanes, int small)
 {
     kb_ctx *ctx = gather_ctx(sips, topo, "hierarchical_allreduce", slot, -1);
     job j = { .nprocs = sips, .body = body_shards, .m = m, .n = n, .lanes = lanes };
-    run_ok(ctx, &j);
     int S = shards_of(ctx, &j);
+    if (S * m * n > MAXE)
+        big_alloc(&j, S * m * n);
+    run_ok(ctx, &j);
     int64_t rows = S * m, blk = m * n;
     uint64_t calls, bytes;
     kb_dist_traffic(ctx, KB_COLL_ALLREDUCE, &calls, &bytes);
     assert_int_equal(calls, 1);
-    assert_int_equal(bytes, sips < 2 ? 0 : (uint64_t)sips * (uint64_t)S * 2u *
-                                           (uint64_t)(sips - 1) * (uint64_t)(blk / sips) * 4u);
+    assert_int_equal(kb_dist_lanes_small(kb_ctx_machine(ctx), sips, S, (uint64_t)blk), small);
+    assert_int_equal(bytes, sips < 2 ? 0 : (uint64_t)sips * (uint64_t)S * (uint64_t)(sips - 1) *
+                                           4u * (small ? (uint64_t)blk
+                                                       : 2u * (uint64_t)(blk / sips)));
     float *got = malloc(sizeof *got * (size_t)(rows * n));
     assert_non_null(got);
     for (int r = 0; r < sips; r++) {
@@ -597,27 +602,30 @@ static void shards_case_lanes(int sips, const char *topo, int64_t m, int64_t n, 
             }
     }
     free(got);
+    big_free(&j);
     kb_ctx_destroy(ctx);
 }
 
-static void shards_case(int sips, const char *topo, int64_t m, int64_t n, int slot)
+static void shards_case(int sips, const char *topo, int64_t m, int64_t n, int slot, int small)
 {
-    shards_case_lanes(sips, topo, m, n, slot, 0);
+    shards_case_lanes(sips, topo, m, n, slot, 0, small);
 }
 
 static void test_all_reduce_shards(void **state)
 {
     (void)state;
     /* the first lanes only (the test machine: 4 cubes of 2 PEs): PE 0, cube 0's two PEs,
-     * two whole cubes */
-    shards_case_lanes(4, "ring_1d", 1, 8, 0, 1);
-    shards_case_lanes(3, "ring_1d", 2, 6, 0, 2);
-    shards_case_lanes(2, "ring_1d", 1, 4, 0, 4);
-    shards_case(2, "ring_1d", 2, 6, 0);
-    shards_case(3, "ring_1d", 1, 9, 0);
-    shards_case(4, "torus_2d", 3, 8, 0);
-    shards_case(4, "ring_1d", 4, 512, 4096); /* units of 2 KiB: longer than half a slot */
-    shards_case(1, "ring_1d", 2, 4, 0);      /* one rank: the tensor stays as it is */
+     * two whole cubes; latency-bound blocks take the small form, the last case the ring */
+    shards_case_lanes(4, "ring_1d", 1, 8, 0, 1, 1);
+    shards_case_lanes(3, "ring_1d", 2, 6, 0, 2, 1);
+    shards_case_lanes(2, "ring_1d", 1, 4, 0, 4, 1);
+    shards_case(2, "ring_1d", 2, 6, 0, 1);
+    shards_case(3, "ring_1d", 1, 9, 0, 1);
+    shards_case(4, "torus_2d", 3, 8, 0, 1);
+    shards_case(4, "ring_1d", 4, 512, 4096, 1); /* several slots of 4 KiB a block */
+    /* bandwidth-bound (8 lanes of 32 KiB): the ring, units of 8 KiB in two slots each */
+    shards_case(4, "ring_1d", 4, 2048, 4096, 0);
+    shards_case(1, "ring_1d", 2, 4, 0, 0);      /* one rank: the tensor stays as it is */
 }
 
 static void test_all_reduce_shards_errors(void **state)
