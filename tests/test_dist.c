@@ -11,8 +11,10 @@
  * hops apart, a pair's messages in order, a pipeline through every rank, two pairs at once,
  * bytes = hops x tensor; a mismatched shape, a tensor off its SIP, a self / out-of-range
  * peer, a recv without a send ending as a deadlock report naming it), all_reduce_shards (each
- * shard summed over 1-4 SIPs only, inter-SIP bytes against the lane rings' closed form, its
- * refusals: another process group, f16, a shard that does not split, no room for the rings),
+ * shard summed over 1-4 SIPs only, in the ring and the small form (the choice asserted per
+ * case), as an epoch and as a stage of each rank's own launch, inter-SIP bytes against each
+ * form's closed form, its refusals either way: another process group, f16, a shard that does
+ * not split, no room for the rings),
  * and the error paths (mismatched collectives, a
  * second join of an open epoch, unsupported op / backend / algorithm, collectives before init
  * or outside a worker, a failing worker stopping the run), and the rank = SIP registry: every
@@ -102,6 +104,7 @@ struct job {
     int src, dst;             /* ... its pair */
     int64_t bad_cols;         /* ... the receiver's columns in the mismatch case */
     int lanes;                /* all_reduce_shards over the first `lanes` PEs (0: every PE) */
+    int as_stage;             /* ... as a stage of each rank's own launch (kb_launch_seq) */
     kb_tensor *t[MAXR], *u[MAXR];
     int rank_seen[MAXR], ws_seen[MAXR], nprocs_seen[MAXR], after[MAXR];
     int host_rc;              /* what a host-side call after kb_spawn returned */
@@ -565,18 +568,24 @@ static int body_shards(kb_ctx *ctx, int rank, job *j)
                                    : kb_dp(KB_DP_ROW_WISE, KB_DP_ROW_WISE, S / npes, npes);
     kb_tensor_desc d = { "x", rows, j->n, j->pattern ? KB_F16 : KB_F32, pol, KB_MEM_HBM };
     int rc = kb_tensor_from_host(ctx, &d, data, &j->t[rank]);
-    return rc ? rc : kb_dist_all_reduce_shards(ctx, j->t[rank]);
+    if (rc || !j->as_stage)
+        return rc ? rc : kb_dist_all_reduce_shards(ctx, j->t[rank]);
+    kb_stage st;
+    if ((rc = kb_dist_all_reduce_shards_stage(ctx, j->t[rank], &st)) != 0)
+        return rc;
+    return kb_launch_seq(ctx, "ars", &st, 1, NULL);
 }
 
 /* Every rank's shard p ends as the sum of shard p over the ranks (not over the shards); the
  * lanes' rings send 2 (ws - 1) units of n/ws f32 per PE and rank, or in the small form
  * (kb_dist_lanes_small, `small` says which the case takes) the whole block ws - 1 times
  * (lanes: over the first `lanes` PEs only, 0 every PE). */
-static void shards_case_lanes(int sips, const char *topo, int64_t m, int64_t n, int slot,
-                              int lanes, int small)
+static void shards_case_as(int sips, const char *topo, int64_t m, int64_t n, int slot,
+                           int lanes, int small, int as_stage)
 {
     kb_ctx *ctx = gather_ctx(sips, topo, "hierarchical_allreduce", slot, -1);
-    job j = { .nprocs = sips, .body = body_shards, .m = m, .n = n, .lanes = lanes };
+    job j = { .nprocs = sips, .body = body_shards, .m = m, .n = n, .lanes = lanes,
+              .as_stage = as_stage };
     int S = shards_of(ctx, &j);
     if (S * m * n > MAXE)
         big_alloc(&j, S * m * n);
@@ -606,6 +615,12 @@ static void shards_case_lanes(int sips, const char *topo, int64_t m, int64_t n, 
     kb_ctx_destroy(ctx);
 }
 
+static void shards_case_lanes(int sips, const char *topo, int64_t m, int64_t n, int slot,
+                              int lanes, int small)
+{
+    shards_case_as(sips, topo, m, n, slot, lanes, small, 0);
+}
+
 static void shards_case(int sips, const char *topo, int64_t m, int64_t n, int slot, int small)
 {
     shards_case_lanes(sips, topo, m, n, slot, 0, small);
@@ -626,6 +641,11 @@ static void test_all_reduce_shards(void **state)
     /* bandwidth-bound (8 lanes of 32 KiB): the ring, units of 8 KiB in two slots each */
     shards_case(4, "ring_1d", 4, 2048, 4096, 0);
     shards_case(1, "ring_1d", 2, 4, 0, 0);      /* one rank: the tensor stays as it is */
+    /* as a stage of each rank's own launch (kb_dist_all_reduce_shards_stage): the same sums
+     * and, counted in closed form, the same traffic, in both forms */
+    shards_case_as(4, "ring_1d", 1, 8, 0, 1, 1, 1);
+    shards_case_as(3, "ring_1d", 1, 9, 0, 0, 1, 1);
+    shards_case_as(4, "ring_1d", 4, 2048, 4096, 0, 0, 1);
 }
 
 static void test_all_reduce_shards_errors(void **state)
@@ -644,10 +664,12 @@ static void test_all_reduce_shards_errors(void **state)
         /* 4 slots of 320 KiB: a leader's six rings fit its 8 MiB area, eight would not */
         { "hierarchical_allreduce", 327680, 0, 4, KB_ERR_UNSUPPORTED, "lower slot_size" },
     };
-    for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
-        kb_ctx *ctx = gather_ctx(2, "ring_1d", c[k].algo, c[k].slot, -1);
-        job j = { .nprocs = 2, .body = body_shards, .m = 1, .n = c[k].n, .pattern = c[k].f16 };
-        run_fails(ctx, &j, c[k].code, c[k].want);
+    for (size_t k = 0; k < 2 * (sizeof c / sizeof c[0]); k++) { /* an epoch, then a stage */
+        size_t i = k % (sizeof c / sizeof c[0]);
+        kb_ctx *ctx = gather_ctx(2, "ring_1d", c[i].algo, c[i].slot, -1);
+        job j = { .nprocs = 2, .body = body_shards, .m = 1, .n = c[i].n, .pattern = c[i].f16,
+                  .as_stage = k >= sizeof c / sizeof c[0] };
+        run_fails(ctx, &j, c[i].code, c[i].want);
         kb_ctx_destroy(ctx);
     }
 }
