@@ -51,9 +51,11 @@
  * once, a few whole-array operations) on ccol PEs of a cube per (sequence, KV head), each
  * taking a column block of the W_o rows, and, for a few tokens, writes one copy of the
  * normalised rows that every gemm PE reads instead of one per gemm PE. Machine's layer runs
- * in one device launch queue (kb_launch_queue) and its kernels stream weight tiles with a
- * SchedulerV2 stage per DMA channel (kb_tl_set_stages); naive keeps a host round trip per
- * launch and double buffering.
+ * in one device launch queue (kb_launch_queue) as one launch whose kernels and lane
+ * all-reduces are stages with a barrier between them (kb_launch_seq; launch_per_kernel: a
+ * launch each), and its kernels stream weight tiles with a SchedulerV2 stage per DMA
+ * channel (kb_tl_set_stages); naive keeps a host round trip per launch and double
+ * buffering.
  * Weights are in `fmt` (kb_tl_q.h: f16, bf16, int8, mxint8, fp8), 2:4 sparse along K when
  * sparse; activations are stored in bf16 for bf16, f16 otherwise, and quantized by
  * tl_dot_q for 8-bit formats. Limits: one forward per kb_decoder (the partial blocks are
