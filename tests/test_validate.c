@@ -5,8 +5,8 @@
  * must build for a row; the data files then hold measurements P x 1.05 and P x 0.8, so the
  * error figures are known exactly: (P - 1.05 P) / 1.05 P = -4.7619 %, (P - 0.8 P) / 0.8 P =
  * +25 %. Checked: every printed column and summary figure, the exit status against
- * --threshold and --min-bytes, prediction-only rows, comments, quoted labels, the --json
- * document, identical output from identical runs, each data-file, option and
+ * --threshold and --min-bytes and against --ratio, prediction-only rows, comments, quoted
+ * labels, the --json document, identical output from identical runs, each data-file, option and
  * configuration error with its FILE:LINE and exit status 2, and a row whose run fails (3).
  */
 #include <stdarg.h>
@@ -362,6 +362,51 @@ static void data_error(const char *text, const char *msg)
     assert_null(strstr(out, "predicted_us"));
 }
 
+/* --ratio: every measured row, whatever its size, within a factor of R either way. */
+static void test_ratio(void **state)
+{
+    cJSON *j, *sum;
+    char *text;
+    (void)state;
+    write_main_table();
+    /* predicted / measured: 1/1.05 at 8 MiB, 1.25 at 1 MiB */
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv --ratio 1.3 " WS0), 0);
+    has_line(out, "ratio 1.3: passed (farthest data.csv:7 (ring, NCCL_ALGO=Ring all_reduce 1 MiB "
+                  RSAG "), predicted 1.250 x measured)");
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv --ratio 1.2 " WS0), 1);
+    has_line(out, "ratio 1.2: FAILED: data.csv:7 (ring, NCCL_ALGO=Ring all_reduce 1 MiB " RSAG
+                  ") predicts 1.250 x its measurement");
+    assert_null(strstr(out, "FAILED: data.csv:4"));
+    /* below 1 too, and --min-bytes does not narrow it */
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv --ratio 1.04 "
+                                     "--min-bytes 16M " WS0), 1);
+    has_line(out, "ratio 1.04: FAILED: data.csv:4 (default all_reduce 8 MiB " RSAG
+                  ") predicts 0.952 x its measurement");
+    /* with --threshold: both verdicts, either failing fails */
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv --threshold 6 "
+                                     "--ratio 1.2 " WS0), 1);
+    has_line(out, "threshold 6 %: passed (worst |error| 4.8 % over the rows >= 8 MiB)");
+    /* the JSON summary */
+    assert_int_equal(kbt_kbcl_stdout(out, sizeof out, "validate data.csv --ratio 1.3 --json "
+                                     "r.json " WS0), 0);
+    text = kbt_slurp("r.json");
+    j = cJSON_Parse(text);
+    assert_non_null(j);
+    sum = cJSON_GetObjectItem(j, "summary");
+    assert_true(num(sum, "ratio") == 1.3);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(sum, "ratio_pass")));
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(sum, "threshold_pct")));
+    cJSON_Delete(j);
+    free(text);
+    /* usage: a factor below 1, nothing measured to judge */
+    assert_int_equal(kbt_kbcl(out, sizeof out, "validate data.csv --ratio 0.5 " WS0), 2);
+    kbt_msg_has(out, "kbcl validate: --ratio needs a factor >= 1, e.g. 2 (got '0.5')");
+    kbt_write_file("pred1.csv", HEADER "all_reduce,8M,," RSAG ",default\n");
+    assert_int_equal(kbt_kbcl(out, sizeof out, "validate pred1.csv --ratio 2 " WS0), 2);
+    kbt_msg_has(out, "kbcl validate: pred1.csv: no measured row: nothing to judge --ratio 2 "
+                     "against");
+}
+
 static void test_data_errors(void **state)
 {
     (void)state;
@@ -480,6 +525,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_and_summary),
         cmocka_unit_test(test_threshold),
+        cmocka_unit_test(test_ratio),
         cmocka_unit_test(test_prediction_only),
         cmocka_unit_test(test_json),
         cmocka_unit_test(test_data_errors),

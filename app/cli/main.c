@@ -608,7 +608,7 @@ static const struct {
                                  "plots" },
     { "validate", kbcl_cmd_validate, "compare measured collective times (nccl-tests-style "
                                      "CSV rows) with kbcl's predictions: error per row, mean "
-                                     "and worst; --threshold PCT" },
+                                     "and worst; --threshold PCT, --ratio R" },
     { "list", cmd_list, "list benches, ccl.yaml entries (--algorithm names), collective "
                         "modules, topologies and devices" },
     { "devices", kbcl_cmd_devices, "list the OpenCL platforms and devices Phase 2 can use" },
@@ -654,7 +654,8 @@ static void usage_main(FILE *f)
     }
     fputs("\n"
           "kbcl <command> --help shows the command's options.\n"
-          "exit codes: 0 ok, 1 verification failed (validate: an error above --threshold),\n"
+          "exit codes: 0 ok, 1 verification failed (validate: an error above --threshold or\n"
+          "            a row outside --ratio),\n"
           "            2 usage/config error, 3 simulation error, 4 device error\n",
           f);
 }

@@ -7,7 +7,9 @@
  * signed error per row, then the mean and worst absolute error over the measured rows of at
  * least --min-bytes (the sizes where a bandwidth model is judged) and over all measured rows.
  * With --threshold PCT the exit status says whether the worst of the large rows is within it,
- * so CI can hold a machine description to a measured table.
+ * with --ratio R whether every measured row's prediction is within a factor of R of its
+ * measurement (the band of the latency-bound sizes), so CI can hold a machine description to
+ * a measured table.
  *
  * Everything that can be checked without simulating is checked before the first row runs:
  * the data file, the configuration, each row's entry and that its collective is the row's,
@@ -71,7 +73,8 @@ typedef struct val_stats {
 static void usage_validate(FILE *f)
 {
     fputs("usage: kbcl validate DATA.csv [--topology FILE] [--ccl FILE] [--set KEY=VALUE ...]\n"
-          "                     [--threshold PCT] [--min-bytes SIZE] [--json FILE] [--quiet]\n"
+          "                     [--threshold PCT] [--min-bytes SIZE] [--ratio R] [--json FILE]\n"
+          "                     [--quiet]\n"
           "\n"
           "Runs every row of DATA.csv, in order, as `kbcl run --bench ccl --algorithm A --size\n"
           "BYTES --device none` would (timing only), and prints per row the measured time, the\n"
@@ -89,6 +92,9 @@ static void usage_validate(FILE *f)
           "                     least --min-bytes is above PCT percent (default: no threshold)\n"
           "  --min-bytes SIZE   the rows the first summary line and --threshold judge\n"
           "                     (default 8M; K, M, G = 2^10, 2^20, 2^30)\n"
+          "  --ratio R          exit 1 when a measured row of any size is off by more than a\n"
+          "                     factor of R >= 1: predicted / measured outside [1/R, R]\n"
+          "                     (default: no ratio)\n"
           "  --json FILE        write the rows and the summary as JSON (atomically; never over\n"
           "                     an input)\n"
           "  --quiet            print only the summary, no table, nothing on stderr but errors\n"
@@ -104,10 +110,12 @@ static void usage_validate(FILE *f)
           "  algorithm    the ccl file's entry that runs the row (--algorithm); its world size\n"
           "               is the entry's\n"
           "  label        free text shown per row (e.g. default, ring); \"quoted\" may hold commas\n"
-          "exit codes: 0 every row ran (and the worst large-row error is within --threshold),\n"
-          "            1 above --threshold, 2 usage, data-file (FILE:LINE) or config error, or\n"
-          "            --threshold with no measured row of at least --min-bytes; a row whose\n"
-          "            run fails stops validate with kbcl run's status (3 simulation error)\n",
+          "exit codes: 0 every row ran (and the worst large-row error is within --threshold,\n"
+          "            every row within --ratio), 1 above --threshold or outside --ratio, 2\n"
+          "            usage, data-file (FILE:LINE) or config error, or --threshold with no\n"
+          "            measured row of at least --min-bytes (--ratio with none at all); a row\n"
+          "            whose run fails stops validate with kbcl run's status (3 simulation\n"
+          "            error)\n",
           f);
 }
 
@@ -497,6 +505,19 @@ static int row_check(const val_data *d, const val_cfg *vc, const kbcl_job *base,
 
 /* ---------------------------------------------------------------- results -------------- */
 
+/* A measured row's predicted / measured. */
+static double row_ratio(const val_row *r) { return 1.0 + r->error_pct / 100.0; }
+
+/* Whether every measured row is within a factor of R (predicted / measured in [1/R, R]). */
+static int ratio_ok(const val_data *d, double R)
+{
+    for (int i = 0; i < d->nrows; i++)
+        if (d->rows[i].measured &&
+            (row_ratio(&d->rows[i]) > R || row_ratio(&d->rows[i]) * R < 1.0))
+            return 0;
+    return 1;
+}
+
 /* Mean and worst |error| over the measured rows of at least min_bytes. */
 static val_stats stats(const val_data *d, int64_t min_bytes)
 {
@@ -587,7 +608,8 @@ static cJSON *stats_json(const val_stats *s)
 
 /* The whole result as JSON text (cJSON_free it), or NULL out of memory. */
 static char *result_json(const val_data *d, const val_cfg *vc, int64_t min_bytes,
-                         double threshold, const val_stats *large, const val_stats *all)
+                         double threshold, double ratio, const val_stats *large,
+                         const val_stats *all)
 {
     cJSON *root = cJSON_CreateObject(), *rows = cJSON_CreateArray(), *sum;
     char *out;
@@ -627,6 +649,13 @@ static char *result_json(const val_data *d, const val_cfg *vc, int64_t min_bytes
     } else {
         cJSON_AddNullToObject(sum, "threshold_pct");
         cJSON_AddNullToObject(sum, "pass");
+    }
+    if (ratio > 0) {
+        cJSON_AddNumberToObject(sum, "ratio", ratio);
+        cJSON_AddBoolToObject(sum, "ratio_pass", ratio_ok(d, ratio));
+    } else {
+        cJSON_AddNullToObject(sum, "ratio");
+        cJSON_AddNullToObject(sum, "ratio_pass");
     }
     out = cJSON_Print(root);
     cJSON_Delete(root);
@@ -678,6 +707,7 @@ typedef struct val_args {
     const char *files[KBCL_MAX_PLUGIN_ARGS]; /* --plugin */
     int nfiles;
     double threshold;                         /* percent; -1 = none */
+    double ratio;                             /* >= 1; 0 = none */
     int64_t min_bytes;
     int quiet;
     kbcl_job job;
@@ -709,6 +739,17 @@ static int parse_args(int argc, char **argv, val_args *a)
             if (!v || !plain_decimal(v) || errno || *end || !isfinite(a->threshold)) {
                 fprintf(stderr, "kbcl validate: --threshold needs a percentage >= 0, e.g. 10 "
                         "(got '%s')\n", v ? v : "");
+                return KBCL_EXIT_USAGE;
+            }
+        } else if (!strcmp(s, "--ratio")) {
+            char *end = NULL;
+            const char *v = i + 1 < argc ? argv[++i] : NULL;
+            errno = 0;
+            a->ratio = v ? strtod(v, &end) : 0;
+            if (!v || !plain_decimal(v) || errno || *end || !isfinite(a->ratio) ||
+                a->ratio < 1) {
+                fprintf(stderr, "kbcl validate: --ratio needs a factor >= 1, e.g. 2 (got "
+                        "'%s')\n", v ? v : "");
                 return KBCL_EXIT_USAGE;
             }
         } else if (!strcmp(s, "--min-bytes")) {
@@ -772,6 +813,9 @@ static int load_inputs(val_args *a, val_data *d, val_cfg *vc, kb_plugins **ps, k
                           "nothing to judge --threshold %g against", a->data_path, mb,
                           a->threshold);
     }
+    if (a->ratio > 0 && stats(d, 1).n == 0)
+        return kb_err_set(eb, KB_ERR_USAGE, "%s: no measured row: nothing to judge --ratio %g "
+                          "against", a->data_path, a->ratio);
     if ((rc = kb_plugins_create(ps, eb)) != 0 ||
         (rc = kbcl_plugins_load_cli(*ps, a->files, a->nfiles, eb)) != 0)
         return rc;
@@ -886,11 +930,41 @@ static int judge_threshold(const val_args *a, const val_data *d, const val_stats
     return KBCL_EXIT_VERIFY;
 }
 
+/* --ratio's verdict over every measured row, the farthest named when it passes, each row
+ * outside named when it does not. Returns 0 or KBCL_EXIT_VERIFY. */
+static int judge_ratio(const val_args *a, const val_data *d)
+{
+    char name[1024];
+    const val_row *far = NULL;
+    double farf = 0;
+
+    for (int i = 0; i < d->nrows; i++) {
+        const val_row *r = &d->rows[i];
+        double q = r->measured ? row_ratio(r) : 0, f = q >= 1 ? q : q > 0 ? 1 / q : INFINITY;
+        if (!r->measured)
+            continue;
+        if (!far || f > farf) {
+            far = r;
+            farf = f;
+        }
+        if (f > a->ratio) {
+            row_name(name, sizeof name, d, r);
+            printf("ratio %g: FAILED: %s predicts %.3f x its measurement\n", a->ratio, name, q);
+        }
+    }
+    if (!ratio_ok(d, a->ratio))
+        return KBCL_EXIT_VERIFY;
+    row_name(name, sizeof name, d, far);
+    printf("ratio %g: passed (farthest %s, predicted %.3f x measured)\n", a->ratio, name,
+           row_ratio(far));
+    return 0;
+}
+
 /* The --json file, written atomically. Returns 0 or the exit code, its message printed. */
 static int write_json(const val_args *a, const val_data *d, const val_cfg *vc,
                       const val_stats *large, const val_stats *all, kb_errbuf *eb)
 {
-    char *text = result_json(d, vc, a->min_bytes, a->threshold, large, all);
+    char *text = result_json(d, vc, a->min_bytes, a->threshold, a->ratio, large, all);
     int code = 0;
 
     if (!text) {
@@ -935,6 +1009,8 @@ int kbcl_cmd_validate(int argc, char **argv)
     print_summary(&a, &d, &large, &all);
     if (a.threshold >= 0)
         code = judge_threshold(&a, &d, &large);
+    if (a.ratio > 0 && (rc = judge_ratio(&a, &d)) != 0)
+        code = rc;
     if (a.json_path && (rc = write_json(&a, &d, &vc, &large, &all, &eb)) != 0)
         code = rc;
     if (!a.quiet) /* the only wall-clock figure: stderr, out of the deterministic table */
