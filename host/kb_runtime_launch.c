@@ -691,7 +691,6 @@ static int fork_prepare(kb_ctx *ctx, kb_launch_st *l, kb_time look)
                            kb_strerror(rc)) : 0;
 }
 
-/* args: one block per SIP of the grid when stride is sizeof(kb_kargs), one shared block when 0 */
 /* kb_launch_seq's kernel: the stages in turn, a barrier between them, each PE running those
  * whose grid holds it under that grid's program ids. */
 static void stages_kernel(kb_tl *tl, const kb_kargs *a)
@@ -730,6 +729,8 @@ static void stages_kernel(kb_tl *tl, const kb_kargs *a)
     }
 }
 
+/* args: one block per SIP of the grid when stride is sizeof(kb_kargs), one shared block when
+ * 0; stages: kb_launch_seq's kernels (copied), run by stages_kernel, else NULL */
 static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const kb_kargs *args,
                        size_t stride, const kb_grid *grid, const kb_stage *stages, int nstages)
 {
@@ -788,8 +789,8 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
     if (ctx->launches)
         ctx->launches->prev = l;
     ctx->launches = l;
-    if (!l->tls || !l->args || (nstages > 0 && (!l->stages || !l->stage_st)) || !l->cube_left || !l->cube_tmax || !l->sip_left || !l->sip_tmax ||
-        !l->sip_kernels || !l->sip_kend) {
+    if (!l->tls || !l->args || (nstages > 0 && (!l->stages || !l->stage_st)) || !l->cube_left ||
+        !l->cube_tmax || !l->sip_left || !l->sip_tmax || !l->sip_kernels || !l->sip_kend) {
         rc = kb_err_set(&ctx->err, KB_ERR_NOMEM, "out of memory");
         goto fail;
     }

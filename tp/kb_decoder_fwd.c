@@ -122,26 +122,32 @@ static int fuse_flush(kb_ctx *ctx, kb_decoder *dec, phase *ph)
     return launch_timed_now(ctx, dec, ph, ph->name, NULL, NULL, NULL, 0);
 }
 
+/* The next stage of the fused launch (st, its name a literal), the ones before it launched
+ * first when the launch is full; short is its part of the launch's name. */
+static int fuse_add(kb_ctx *ctx, kb_decoder *dec, phase *ph, const kb_stage *st,
+                    const char *short_name, int proj, int coll)
+{
+    int rc;
+    if (ph->nst == FUSE_MAX && (rc = fuse_flush(ctx, dec, ph)) != 0)
+        return rc;
+    if (!ph->nst)
+        snprintf(ph->name, sizeof ph->name, "%s", st->name);
+    else /* "dec_norm_in+qkv+...+ars+..." (cut at the buffer's end) */
+        snprintf(ph->name + strlen(ph->name), sizeof ph->name - strlen(ph->name), "+%s",
+                 short_name);
+    ph->st[ph->nst] = *st;
+    ph->coll[ph->nst] = coll;
+    ph->proj[ph->nst++] = proj;
+    return 0;
+}
+
 static int launch_timed(kb_ctx *ctx, kb_decoder *dec, phase *ph, const char *name,
                         kb_kernel_fn fn, const kb_kargs *a, const kb_dec_grid *g, int proj)
 {
     if (!ph->fuse)
         return launch_timed_now(ctx, dec, ph, name, fn, a, g, proj);
-    if (ph->nst == FUSE_MAX) {
-        int rc = fuse_flush(ctx, dec, ph);
-        if (rc)
-            return rc;
-    }
-    if (!ph->nst)
-        snprintf(ph->name, sizeof ph->name, "%s", name);
-    else /* "dec_norm_in+qkv+..." (cut at the buffer's end) */
-        snprintf(ph->name + strlen(ph->name), sizeof ph->name - strlen(ph->name), "+%s",
-                 strncmp(name, "dec_", 4) ? name : name + 4);
-    ph->st[ph->nst] = (kb_stage){ .kernel = fn, .args = *a, .pes = g->pes, .cubes = g->cubes,
-                                  .name = name };
-    ph->coll[ph->nst] = 0;
-    ph->proj[ph->nst++] = proj;
-    return 0;
+    kb_stage st = { .kernel = fn, .args = *a, .pes = g->pes, .cubes = g->cubes, .name = name };
+    return fuse_add(ctx, dec, ph, &st, strncmp(name, "dec_", 4) ? name : name + 4, proj, 0);
 }
 
 enum { C_AR, C_RS, C_AG, C_ARS };
@@ -150,18 +156,11 @@ static int coll_timed(kb_ctx *ctx, kb_decoder *dec, phase *ph, int kind, kb_tens
 {
     int rc;
     if (ph->fuse && kind == C_ARS) { /* a stage of the fused launch */
-        if (ph->nst == FUSE_MAX && (rc = fuse_flush(ctx, dec, ph)) != 0)
+        kb_stage st;
+        if ((rc = kb_dist_all_reduce_shards_stage(ctx, in, &st)) != 0)
             return rc;
-        if ((rc = kb_dist_all_reduce_shards_stage(ctx, in, &ph->st[ph->nst])) != 0)
-            return rc;
-        if (!ph->nst)
-            snprintf(ph->name, sizeof ph->name, "all_reduce_shards");
-        else
-            snprintf(ph->name + strlen(ph->name), sizeof ph->name - strlen(ph->name), "+ars");
-        ph->st[ph->nst].name = "all_reduce_shards";
-        ph->coll[ph->nst] = 1;
-        ph->proj[ph->nst++] = 0;
-        return 0;
+        st.name = "all_reduce_shards";
+        return fuse_add(ctx, dec, ph, &st, "ars", 0, 1);
     }
     if ((rc = fuse_flush(ctx, dec, ph)) != 0) /* the kernels before it have run */
         return rc;
