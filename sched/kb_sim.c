@@ -826,7 +826,8 @@ static kb_fiber *fiber_alloc(kb_sim *sim)
         sim->free_list = f->next;
         return f;
     }
-    f = malloc(sizeof *f);
+    f = aligned_alloc(_Alignof(kb_fiber), (sizeof *f + _Alignof(kb_fiber) - 1) /
+                                             _Alignof(kb_fiber) * _Alignof(kb_fiber));
 #ifdef KB_TSAN_
     if (f)
         f->tsan = NULL;
@@ -853,8 +854,8 @@ kb_fiber *kb_fiber_spawn(kb_sim *sim, kb_fiber_fn fn, void *arg, const char *nam
     f->arg = arg;
     f->udata = NULL;
     f->state = KB_F_READY;
-    f->what = NULL;
-    f->obj = NULL;
+    f->u.b.what = NULL;
+    f->u.b.obj = NULL;
     f->wait_next = NULL;
 #ifdef KB_ASAN_
     f->fake_stack = NULL;
@@ -905,7 +906,7 @@ void kb_fiber_sleep(kb_sim *sim, kb_time dt)
 static inline __attribute__((always_inline)) int fiber_then(kb_sim *sim, kb_fiber *f,
                                                             uint64_t seq)
 {
-    f->then_fn(sim, f->then_a, f->then_b);
+    f->then_fn(sim, f->u.then.a, f->u.then.b);
     if (sim->stop) {
         /* The loop would have stopped before popping the resume: leave it first in line. */
         kb_event ev = { sim->now, seq, fiber_resume_ev, f, NULL };
@@ -931,8 +932,8 @@ int kb_fiber_sleep_then(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b
     if (!f || !fn || t <= sim->now)
         return KB_ERR_INVAL;
     f->then_fn = fn;
-    f->then_a = a;
-    f->then_b = b;
+    f->u.then.a = a;
+    f->u.then.b = b;
     f->state = KB_F_READY;
     /* the callback's seq, then the resume's (kept for a stop between the two) */
     heap_push(sim, t, fiber_then_ev, f, (void *)(uintptr_t)(sim->seq + 1));
@@ -949,12 +950,12 @@ void kb_fiber_block(kb_sim *sim, const char *what, const void *obj)
     if (!f)
         return;
     f->state = KB_F_BLOCKED;
-    f->what = what;
-    f->obj = obj;
+    f->u.b.what = what;
+    f->u.b.obj = obj;
     sim->nblocked++;
     fiber_yield(sim, f);
-    f->what = NULL;
-    f->obj = NULL;
+    f->u.b.what = NULL;
+    f->u.b.obj = NULL;
 }
 
 /* Waking a fiber that is not blocked (running, sleeping, already woken) does nothing. */
@@ -980,5 +981,5 @@ void kb_sim_foreach_blocked(const kb_sim *sim, kb_blocked_fn fn, void *ud)
 {
     for (const kb_fiber *f = sim->live_head; f; f = f->next)
         if (f->state == KB_F_BLOCKED)
-            fn(f, f->what, f->obj, ud);
+            fn(f, f->u.b.what, f->u.b.obj, ud);
 }

@@ -87,24 +87,32 @@ typedef struct kb_stack_chunk {
 enum { KB_F_READY, KB_F_RUNNING, KB_F_BLOCKED, KB_F_DEAD };
 
 struct kb_fiber {
-    /* first: what a resume, a sleep and a wake touch (one cache line with the neighbours) */
+    /* first, in one cache line (the struct is line-aligned: kb_sim.c fiber_alloc): what a
+     * resume, a sleep, a block and a wake touch. With thousands of fibers every resume finds
+     * the fiber cold, so each line more is a cache miss per event */
 #if KBCL_FIBER_UCONTEXT
-    ucontext_t uc;
+    _Alignas(64) ucontext_t uc;
 #elif KBCL_FIBER_ASM
-    kb_uctx_ uc;
+    _Alignas(64) kb_uctx_ uc;
 #else
-    kb_fctx_ ctx;
+    _Alignas(64) kb_fctx_ ctx;
 #endif
     int state;
-    const char *what; /* while blocked: what it waits on (static string) */
     kb_event_fn then_fn; /* kb_fiber_sleep_then: what runs just before the resume */
-    void *then_a, *then_b;
-    const void *obj;
+    union {
+        struct { /* KB_F_BLOCKED: what it waits on (a static string) and for which object */
+            const char *what;
+            const void *obj;
+        } b;
+        struct { /* kb_fiber_sleep_then, until it runs: then_fn's arguments */
+            void *a, *b;
+        } then;
+    } u;
+    kb_fiber *wait_next;          /* kb_sync wait lists */
     kb_sim *sim;
     kb_fiber_fn fn;
     void *arg;
     void *udata;
-    kb_fiber *wait_next;          /* kb_sync wait lists */
     kb_fiber *prev, *next;        /* live list (spawn order); next doubles as free-list link */
     unsigned char *stack;         /* low end of the usable stack (sim->stack_bytes long) */
 #ifdef KB_ASAN_
@@ -115,6 +123,10 @@ struct kb_fiber {
 #endif
     char name[KB_NAME_MAX_ + 1];
 };
+
+#if KBCL_FIBER_ASM
+_Static_assert(offsetof(struct kb_fiber, sim) == 64, "a fiber's hot fields fill its first line");
+#endif
 
 /* A wheel bucket's event: linked by pool index, so the pool can grow by realloc. */
 typedef struct kb_wnode {
