@@ -1061,26 +1061,44 @@ static void test_net_long_route_memo(void **state)
  * HBM slice's read side 256 GB/s (4 096 ns a MiB), so the loads start 4 096 ns apart, the
  * fifth on channel 0 again once the port has carried the four before it, and each ends
  * 102 ns (HBM + TCM latency) + 8 212 ns after its start: two channels' worth of the port.
+ * With six channels the fifth takes channel 4, at the same times.
  */
-static void test_net_channels(void **state)
+static void check_channels(int nch)
 {
-    kb_machine *m = make_net(NULL, 0);
+    char set[40];
+    snprintf(set, sizeof set, "pe.dma.channels=%d", nch);
+    const char *sets[] = { set };
+    kb_machine *m = make_net(sets, 1);
     kb_pe_hw *pe = kb_machine_pe(m, 0, 0, 0);
     const uint64_t mib = UINT64_C(1) << 20;
     kb_time ts, te;
     kb_errbuf eb;
-    (void)state;
+    assert_int_equal(pe->ndma, nch);
     for (int k = 0; k < 5; k++) {
         assert_int_equal(kb_machine_dma(m, pe, hbm_of(m, 0, 0, 0, (uint64_t)k * mib),
                                         kb_pa_pe_tcm(0, 0, 0, 0), mib, 0, &ts, &te, &eb), 0);
         assert_int_equal(ts, (int64_t)k * 4096000);
         assert_int_equal(te, (int64_t)k * 4096000 + 102000 + 8212000);
     }
-    /* channels 0..3 took the first four, channel 0 the fifth */
-    assert_int_equal(pe->dma[0].bytes, 2 * mib);
-    for (int k = 1; k < 4; k++)
-        assert_int_equal(pe->dma[k].bytes, mib);
+    /* channels 0..nch-1 took the first loads in turn, channel 0 the fifth when nch is 4 */
+    for (int k = 0; k < nch; k++)
+        assert_int_equal(pe->dma[k].bytes, k < 5 - nch ? 2 * mib : k < 5 ? mib : 0);
+    /* the channel free first: with four, kb_pe_hw's copy of their free times chooses it;
+     * with six, the channels themselves */
+    kb_time best = pe->dma[0].free_at;
+    for (int k = 1; k < nch; k++)
+        best = pe->dma[k].free_at < best ? pe->dma[k].free_at : best;
+    assert_int_equal(kb_machine_dma_channel(pe)->free_at, best);
+    for (int k = 0; k < nch && nch <= KB_DMA_INL; k++)
+        assert_int_equal(pe->dma_free[k], pe->dma[k].free_at);
     kb_machine_destroy(m);
+}
+
+static void test_net_channels(void **state)
+{
+    (void)state;
+    check_channels(4);
+    check_channels(6); /* more than kb_pe_hw keeps side by side */
 }
 
 /*

@@ -639,12 +639,17 @@ void kb_machine_observe(kb_machine *m, kb_res_observer_fn fn, void *ud)
     m->res_observer_ud = fn ? ud : NULL;
 }
 
-/* kb_machine_dma's tail: reserve the route, and tell the observer when one is attached. */
-static KB_ALWAYS_INLINE void reserve_path(kb_machine *m, kb_res *const *path, int n, kb_time now,
-                                          uint64_t nbytes, kb_time *t_start, kb_time *t_end)
+/* kb_machine_dma's tail: reserve the route (whose first resource is one of issuer's channels
+ * when issuer is not NULL: its mirror follows), and tell the observer when one is attached. */
+static KB_ALWAYS_INLINE void reserve_path(kb_machine *m, kb_pe_hw *issuer, kb_res *const *path,
+                                          int n, kb_time now, uint64_t nbytes, kb_time *t_start,
+                                          kb_time *t_end)
 {
     *t_end = kb_res_path_reserve(path, n, now, nbytes, t_start);
     assert(*t_start >= now && *t_end >= *t_start);
+    assert(!issuer || (path[0] >= issuer->dma && path[0] < issuer->dma + issuer->ndma));
+    if (issuer && issuer->ndma <= KB_DMA_INL)
+        issuer->dma_free[path[0] - issuer->dma] = path[0]->free_at;
     if (m->res_observer)
         for (int i = 0; i < n; i++)
             m->res_observer(m->res_observer_ud, path[i], *t_start,
@@ -654,11 +659,13 @@ static KB_ALWAYS_INLINE void reserve_path(kb_machine *m, kb_res *const *path, in
 /*
  * Route memo keys. An address in some PE's TCM ranges is keyed by its bits above the range
  * offset (pa >> 27, tagged): they name the PE and the range, hence the ports, so a hit needs
- * no locate (and the address was validated when the entry was made). Any other end is keyed
- * by its (read) port, found by locate. A remembered route's first resource is the engine's
+ * no locate (and the address was validated when the entry was made); one in a PE's HBM slice
+ * by its SIP, cube and slice (hbm_key, tagged). Any other end (SRAM) is keyed by its (read)
+ * port, found by locate. A remembered route's first resource is the engine's
  * first channel; the DMA puts the channel it takes there.
  */
 #define KB_KEY_TCM_ (UINT64_C(1) << 63)
+#define KB_KEY_HBM_ (UINT64_C(1) << 62)
 
 static int tcm_shaped(kb_pa pa)
 {
@@ -666,9 +673,26 @@ static int tcm_shaped(kb_pa pa)
            ((pa & (KB_SUB_OFFSET_BYTES - 1)) >> 27) < KB_PE_NRANGES && pa <= KB_PA_MAX;
 }
 
-static uint64_t route_key(kb_pa pa, const kb_res *port)
+/* An address in some PE's HBM slice is keyed by its SIP, cube and slice (locate's port for
+ * it, named without reading the machine's tables); 0 for any other address. */
+static uint64_t hbm_key(const kb_machine *m, kb_pa pa)
 {
-    return tcm_shaped(pa) ? (pa >> 27) | KB_KEY_TCM_ : (uint64_t)(uintptr_t)port;
+    unsigned gsip = kb_pa_gsip(pa), cube = kb_pa_cube(pa);
+    if (!kb_pa_is_hbm(pa) || pa > KB_PA_MAX || gsip >= (unsigned)m->nsips ||
+        cube >= (unsigned)m->ncubes)
+        return 0;
+    uint64_t slice = kb_pa_hbm_offset(pa) / m->hbm_slice_bytes;
+    if (slice >= (uint64_t)m->npes)
+        return 0;
+    return KB_KEY_HBM_ | (uint64_t)gsip << 40 | (uint64_t)cube << 20 | slice;
+}
+
+static uint64_t route_key(const kb_machine *m, kb_pa pa, const kb_res *port)
+{
+    uint64_t k;
+    if (tcm_shaped(pa))
+        return (pa >> 27) | KB_KEY_TCM_;
+    return (k = hbm_key(m, pa)) != 0 ? k : (uint64_t)(uintptr_t)port;
 }
 
 /*
@@ -713,8 +737,8 @@ static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, 
             }
         }
         if (n <= KB_ROUTE_MEMO_LEN || w->far_cap >= n) {
-            issuer->route_src[i] = route_key(pa_src, ls->port);
-            issuer->route_dst[i] = route_key(pa_dst, ld->port);
+            issuer->route_src[i] = route_key(m, pa_src, ls->port);
+            issuer->route_dst[i] = route_key(m, pa_dst, ld->port);
             w->n = n;
             memcpy(kb_route_way_path(w), buf, (size_t)n * sizeof *buf);
         }
@@ -723,7 +747,7 @@ static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, 
     assert(!issuer || (n >= 1 && buf[0] == &issuer->dma[0]));
     if (issuer)
         buf[0] = kb_machine_dma_channel(issuer);
-    reserve_path(m, buf, n, now, nbytes, t_start, t_end);
+    reserve_path(m, issuer, buf, n, now, nbytes, t_start, t_end);
     return 0;
 }
 
@@ -746,24 +770,25 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
              * one port for both with bus) */
             kb_res *const local[3] = { kb_machine_dma_channel(issuer), &issuer->tcm_port,
                                        &issuer->tcm_wr };
-            reserve_path(m, local, m->noc == KB_NOC_BUS ? 2 : 3, now, nbytes, t_start, t_end);
+            reserve_path(m, issuer, local, m->noc == KB_NOC_BUS ? 2 : 3, now, nbytes, t_start,
+                         t_end);
             return 0;
         }
         uint64_t ks = 0, kd = 0;
         if (tcm_shaped(pa_src))
             ks = (pa_src >> 27) | KB_KEY_TCM_;
-        else if (locate(m, pa_src, &ls, NULL) == 0)
+        else if ((ks = hbm_key(m, pa_src)) == 0 && locate(m, pa_src, &ls, NULL) == 0)
             ks = (uint64_t)(uintptr_t)ls.port;
         if (tcm_shaped(pa_dst))
             kd = (pa_dst >> 27) | KB_KEY_TCM_;
-        else if (locate(m, pa_dst, &ld, NULL) == 0)
+        else if ((kd = hbm_key(m, pa_dst)) == 0 && locate(m, pa_dst, &ld, NULL) == 0)
             kd = (uint64_t)(uintptr_t)ld.port;
         for (int i = 0; ks && kd && i < KB_ROUTE_MEMO_WAYS; i++) {
             kb_route_way *w = &issuer->routes[i];
             if (issuer->route_src[i] == ks && issuer->route_dst[i] == kd && w->n > 0) {
                 kb_res **path = kb_route_way_path(w);
                 path[0] = kb_machine_dma_channel(issuer);
-                reserve_path(m, path, w->n, now, nbytes, t_start, t_end);
+                reserve_path(m, issuer, path, w->n, now, nbytes, t_start, t_end);
                 return 0;
             }
         }
@@ -805,10 +830,11 @@ static kb_time lat_sum(kb_res *const *path, int n)
 
 /* Books path[0, n) at now as the leg's next part: the tail leaves it no earlier than it came
  * in (the previous part's tail + this part's latency); moves the head on. */
-static void book_part(kb_machine *m, kb_dma_leg *leg, kb_res *const *path, int n, kb_time now)
+static void book_part(kb_machine *m, kb_pe_hw *issuer, kb_dma_leg *leg, kb_res *const *path,
+                      int n, kb_time now)
 {
     kb_time ts, te, lat = lat_sum(path, n);
-    reserve_path(m, path, n, now, leg->nbytes, &ts, &te);
+    reserve_path(m, issuer, path, n, now, leg->nbytes, &ts, &te);
     leg->t_end = leg->part == 0 || te > leg->t_end + lat ? te : leg->t_end + lat;
     leg->t_start = ts;
     leg->t_head = ts + lat;
@@ -840,7 +866,7 @@ static KB_NOINLINE int dma_first_parts(kb_machine *m, kb_pe_hw *issuer, const lo
     leg->dst_cube = ld->cube;
     leg->dst_router = ld->router;
     leg->dst_port = m->noc == KB_NOC_BUS ? ld->port : ld->wport;
-    book_part(m, leg, buf, c + 1, now);
+    book_part(m, issuer, leg, buf, c + 1, now); /* the first part: from a channel */
     return 0;
 }
 
@@ -875,7 +901,7 @@ void kb_machine_dma_next(kb_machine *m, kb_dma_leg *leg, kb_time now)
         kb_sip_link *l = &sip->links[m->sip_next[(size_t)leg->at * (size_t)m->nsips +
                                                  leg->dst_sip]];
         kb_res *link = &l->link;
-        book_part(m, leg, &link, 1, now);
+        book_part(m, NULL, leg, &link, 1, now);
         leg->at = l->peer;
         return;
     }
@@ -888,7 +914,7 @@ void kb_machine_dma_next(kb_machine *m, kb_dma_leg *leg, kb_time now)
                        add(&r, leg->dst_port);
     assert(rc == 0 && r.n > 0); /* shorter than the whole route, which was built */
     (void)rc;
-    book_part(m, leg, buf, r.n, now);
+    book_part(m, NULL, leg, buf, r.n, now);
     assert(!kb_dma_leg_more(leg));
 }
 
@@ -1122,6 +1148,12 @@ void kb_machine_sip_save(const kb_machine *m, int s, kb_wire *w)
 void kb_machine_sip_load(kb_machine *m, int s, kb_wire_rd *r)
 {
     each_res_sip(m, s, res_load, r, 0);
+    for (int c = 0; c < m->ncubes; c++) /* the channels' mirrors follow what was loaded */
+        for (int p = 0; p < m->npes; p++) {
+            kb_pe_hw *pe = &m->sips[s].cubes[c].pes[p];
+            for (int i = 0; i < pe->ndma && pe->ndma <= KB_DMA_INL; i++)
+                pe->dma_free[i] = pe->dma[i].free_at;
+        }
 }
 
 uint32_t kb_machine_port_id(const kb_machine *m, const kb_dma_leg *leg)

@@ -44,6 +44,7 @@
 #define KB_MACHINE_H
 
 #include <assert.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kb_addr.h"
@@ -56,6 +57,7 @@
 /* The longest route any machine kbcl accepts can need: two SIPs' cube paths (32 cubes
  * crossed, 15 NoC links each, 31 UCIe hops) and 128 inter-SIP hops, with engine and ports. */
 #define KB_MAX_ROUTE 1160
+#define KB_DMA_INL 4          /* DMA channels whose free times kb_pe_hw keeps in its first line */
 #define KB_ROUTE_MEMO_WAYS 4  /* routes remembered per issuing PE */
 #define KB_ROUTE_MEMO_LEN 24  /* longest route kept in a memo way itself: any route between
                                * neighbouring cubes, most inside one SIP */
@@ -84,18 +86,26 @@ static inline kb_res **kb_route_way_path(kb_route_way *w)
 
 enum { KB_MESH_E = 0, KB_MESH_W = 1, KB_MESH_N = 2, KB_MESH_S = 3 };
 
-/* The first cache line holds what kernels and the IPCQ read on every operation; each
- * resource's hot fields have a line of their own (kb_res). */
+/* The first cache line holds what kernels, the IPCQ and a DMA read on every operation (a DMA:
+ * the channels and their free times); each resource's hot fields have a line of their own
+ * (kb_res). At thousands of PEs every line a step touches is a cache miss. */
 typedef struct kb_pe_hw {
-    unsigned gsip, cube, pe, gid;  /* gid: global PE index (gsip*cubes + cube)*pes + pe */
+    unsigned gsip, cube, pe;
+    int ndma;
     void *ipcq_state;  /* owned by the IPCQ layer (ccl/); NULL until installed */
-    kb_alloc *hbm, *tcm, *ipcq, *scratch; /* allocators over PhysAddr ranges */
+    kb_res *dma;       /* PE_DMA channels [ndma], each setup + bandwidth, ordered (owned) */
+    /* with up to KB_DMA_INL channels, each one's free_at again, side by side: choosing a
+     * channel reads this line, not one line per channel. Only reservations by this PE move a
+     * channel, and each one copies the channel's new free_at here (kb_machine.c: reserve_path);
+     * with more channels it is unused and the choice reads the channels */
+    kb_time dma_free[KB_DMA_INL];
+    /* second line: set up once, read off the hot paths */
+    unsigned gid;      /* global PE index (gsip*cubes + cube)*pes + pe */
+    int router;        /* the cube NoC router its port and engine attach to */
     unsigned route_next; /* round-robin victim in routes[] */
     uint32_t ipcq_wired; /* IPCQ layer: bit d set = direction d wired (copy of its state's;
                           * while an install runs, the directions it has met so far) */
-    kb_res *dma;       /* PE_DMA channels [ndma], each setup + bandwidth, ordered (owned) */
-    int ndma;
-    int router;        /* the cube NoC router its ports and engine attach to */
+    kb_alloc *hbm, *tcm, *ipcq, *scratch; /* allocators over PhysAddr ranges */
     kb_res cpu;        /* PE_CPU: issue cost of each kernel operation */
     kb_res math;       /* PE_MATH vector unit */
     kb_res gemm;       /* PE_GEMM matrix unit */
@@ -112,6 +122,8 @@ typedef struct kb_pe_hw {
     _Alignas(64) uint64_t route_src[KB_ROUTE_MEMO_WAYS], route_dst[KB_ROUTE_MEMO_WAYS];
     kb_route_way routes[KB_ROUTE_MEMO_WAYS];
 } kb_pe_hw;
+
+_Static_assert(offsetof(kb_pe_hw, gid) == 64, "a DMA's channel choice is in kb_pe_hw's first line");
 
 typedef struct kb_cube_hw {
     unsigned gsip, cube, x, y;
@@ -294,10 +306,15 @@ int kb_machine_pe_router(const kb_machine *m, unsigned pe);
 /* The DMA channel a transfer issued now would take: the one free first, the lowest of equals. */
 static inline kb_res *kb_machine_dma_channel(kb_pe_hw *pe)
 {
-    kb_res *best = pe->dma;
-    for (kb_res *c = best + 1, *end = pe->dma + pe->ndma; c < end; c++)
-        best = c->free_at < best->free_at ? c : best;
-    return best;
+    int best = 0;
+    if (pe->ndma <= KB_DMA_INL) {
+        for (int i = 1; i < pe->ndma; i++)
+            best = pe->dma_free[i] < pe->dma_free[best] ? i : best;
+    } else {
+        for (int i = 1; i < pe->ndma; i++)
+            best = pe->dma[i].free_at < pe->dma[best].free_at ? i : best;
+    }
+    return &pe->dma[best];
 }
 
 /* Number of UCIe hops between two cubes of a SIP (XY routing) / SIP hops between SIPs. */
