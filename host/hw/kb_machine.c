@@ -65,11 +65,11 @@ static int build_pe(kb_machine *m, kb_pe_hw *p, unsigned gsip, unsigned cube, un
 
     p->gsip = gsip;
     p->cube = cube;
-    p->pe = pe;
+    p->pe = (uint16_t)pe; /* pes per cube are a few */
     p->gid = (unsigned)(((int)gsip * m->ncubes + (int)cube) * m->npes + (int)pe);
     p->router = kb_machine_pe_router(m, pe);
     cpu_init(&p->cpu, "pe_cpu", c->pe_cpu_overhead_ns);
-    p->ndma = c->dma_channels > 0 ? c->dma_channels : 1;
+    p->ndma = (uint16_t)(c->dma_channels > 0 ? c->dma_channels : 1); /* at most 64 */
     p->dma = zalloc_lines((size_t)p->ndma, sizeof *p->dma);
     if (!p->dma)
         return kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the machine");

@@ -90,8 +90,11 @@ enum { KB_MESH_E = 0, KB_MESH_W = 1, KB_MESH_N = 2, KB_MESH_S = 3 };
  * the channels and their free times); each resource's hot fields have a line of their own
  * (kb_res). At thousands of PEs every line a step touches is a cache miss. */
 typedef struct kb_pe_hw {
-    unsigned gsip, cube, pe;
-    int ndma;
+    unsigned gsip, cube;
+    uint16_t pe;
+    uint16_t ndma;
+    uint32_t ipcq_wired; /* IPCQ layer: bit d set = direction d wired (copy of its state's;
+                          * while an install runs, the directions it has met so far) */
     void *ipcq_state;  /* owned by the IPCQ layer (ccl/); NULL until installed */
     kb_res *dma;       /* PE_DMA channels [ndma], each setup + bandwidth, ordered (owned) */
     /* with up to KB_DMA_INL channels, each one's free_at again, side by side: choosing a
@@ -103,8 +106,6 @@ typedef struct kb_pe_hw {
     unsigned gid;      /* global PE index (gsip*cubes + cube)*pes + pe */
     int router;        /* the cube NoC router its port and engine attach to */
     unsigned route_next; /* round-robin victim in routes[] */
-    uint32_t ipcq_wired; /* IPCQ layer: bit d set = direction d wired (copy of its state's;
-                          * while an install runs, the directions it has met so far) */
     kb_alloc *hbm, *tcm, *ipcq, *scratch; /* allocators over PhysAddr ranges */
     kb_res cpu;        /* PE_CPU: issue cost of each kernel operation */
     kb_res math;       /* PE_MATH vector unit */
