@@ -687,12 +687,19 @@ static uint64_t hbm_key(const kb_machine *m, kb_pa pa)
     return KB_KEY_HBM_ | (uint64_t)gsip << 40 | (uint64_t)cube << 20 | slice;
 }
 
-static uint64_t route_key(const kb_machine *m, kb_pa pa, const kb_res *port)
+/* pa's memo key; port: its port where the caller has located it, else NULL (found here, for
+ * an end that is neither TCM- nor HBM-shaped). 0: not memory of this machine. */
+static uint64_t route_key(kb_machine *m, kb_pa pa, const kb_res *port)
 {
     uint64_t k;
+    loc l;
     if (tcm_shaped(pa))
         return (pa >> 27) | KB_KEY_TCM_;
-    return (k = hbm_key(m, pa)) != 0 ? k : (uint64_t)(uintptr_t)port;
+    if ((k = hbm_key(m, pa)) != 0)
+        return k;
+    if (!port)
+        port = locate(m, pa, &l, NULL) == 0 ? l.port : NULL;
+    return (uint64_t)(uintptr_t)port;
 }
 
 /*
@@ -774,15 +781,7 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
                          t_end);
             return 0;
         }
-        uint64_t ks = 0, kd = 0;
-        if (tcm_shaped(pa_src))
-            ks = (pa_src >> 27) | KB_KEY_TCM_;
-        else if ((ks = hbm_key(m, pa_src)) == 0 && locate(m, pa_src, &ls, NULL) == 0)
-            ks = (uint64_t)(uintptr_t)ls.port;
-        if (tcm_shaped(pa_dst))
-            kd = (pa_dst >> 27) | KB_KEY_TCM_;
-        else if ((kd = hbm_key(m, pa_dst)) == 0 && locate(m, pa_dst, &ld, NULL) == 0)
-            kd = (uint64_t)(uintptr_t)ld.port;
+        uint64_t ks = route_key(m, pa_src, NULL), kd = route_key(m, pa_dst, NULL);
         for (int i = 0; ks && kd && i < KB_ROUTE_MEMO_WAYS; i++) {
             kb_route_way *w = &issuer->routes[i];
             if (issuer->route_src[i] == ks && issuer->route_dst[i] == kd && w->n > 0) {
@@ -1151,8 +1150,9 @@ void kb_machine_sip_load(kb_machine *m, int s, kb_wire_rd *r)
     for (int c = 0; c < m->ncubes; c++) /* the channels' mirrors follow what was loaded */
         for (int p = 0; p < m->npes; p++) {
             kb_pe_hw *pe = &m->sips[s].cubes[c].pes[p];
-            for (int i = 0; i < pe->ndma && pe->ndma <= KB_DMA_INL; i++)
-                pe->dma_free[i] = pe->dma[i].free_at;
+            if (pe->ndma <= KB_DMA_INL)
+                for (int i = 0; i < pe->ndma; i++)
+                    pe->dma_free[i] = pe->dma[i].free_at;
         }
 }
 
