@@ -120,11 +120,18 @@ typedef struct kb_pe_hw {
     /* end keys of routes[i] (kb_machine.c: route_key), in one line: a lookup reads this line
      * and the hit's path, whichever way hits (with 1 024 PEs and more every line a DMA
      * touches is a cache miss) */
-    _Alignas(64) uint64_t route_src[KB_ROUTE_MEMO_WAYS], route_dst[KB_ROUTE_MEMO_WAYS];
+    /* (one _Alignas per declaration: on a declaration of two arrays it aligns each, which put
+     * them on two lines) */
+    _Alignas(64) uint64_t route_src[KB_ROUTE_MEMO_WAYS];
+    uint64_t route_dst[KB_ROUTE_MEMO_WAYS];
     kb_route_way routes[KB_ROUTE_MEMO_WAYS];
 } kb_pe_hw;
 
 _Static_assert(offsetof(kb_pe_hw, gid) == 64, "a DMA's channel choice is in kb_pe_hw's first line");
+_Static_assert(offsetof(kb_pe_hw, route_dst) - offsetof(kb_pe_hw, route_src) ==
+                   KB_ROUTE_MEMO_WAYS * sizeof(uint64_t) &&
+               offsetof(kb_pe_hw, route_src) % 64 == 0 && 2 * KB_ROUTE_MEMO_WAYS * 8 <= 64,
+               "a route memo lookup reads its keys from one line");
 
 typedef struct kb_cube_hw {
     unsigned gsip, cube, x, y;
