@@ -15,6 +15,7 @@
 #define KB_IPCQ_INT_H
 
 #include <assert.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -74,6 +75,11 @@ typedef struct qp {
     uint64_t rx_slot_size;    /* slot_size, n_slots and dir again, on the receiving side's lines */
     uint32_t rx_n_slots;
     uint16_t rx_dir;
+    /* system.switch.arbitration per_sip, the receiving side of a queue pair between SIPs:
+     * its credits travel as events (kb_ipcq_recv.c: credit_out). Always equal to `parts`
+     * (line 1, set with it at install): every credit reads it, here on a line the receive
+     * path touches anyway, not the sending side's */
+    uint8_t cr_event;
     pe_state *owner;
     struct ipcq_sys *sys;
     /* views (tl_recv_view_async): slots are credited in order, so while a view holds slot
@@ -86,13 +92,14 @@ typedef struct qp {
      * each part of its route ([nparts], from the pool; NULL until its first send), so that
      * its chunks cross every part in the order they were sent */
     kb_time *part_head;
-    /* the receiving side of a queue pair between SIPs with per_sip: its credits travel as
-     * events (kb_ipcq_recv.c: credit_out), each no earlier than the one before (cr_last).
-     * cr_event always equals `parts` (line 1, set with it at install): the receive path reads
-     * this copy on the lines it touches anyway, not the sending side's */
+    /* the receiving side of a queue pair between SIPs with per_sip (cr_event): each credit
+     * no earlier than the one before */
     kb_time cr_last;
-    uint8_t cr_event;
 } qp;
+
+_Static_assert(offsetof(qp, cr_event) / 64 == offsetof(qp, sys) / 64 &&
+                   offsetof(qp, sys) / 64 == offsetof(qp, slot_bytes) / 64,
+               "a credit reads cr_event on the receiving side's second line");
 
 _Static_assert(KB_IPCQ_MAX_DIRS <= UINT16_MAX, "a queue pair keeps its direction in 16 bits");
 
@@ -237,11 +244,6 @@ static inline ipcq_part *part_of(const pe_state *ps)
     return ps->part;
 }
 
-static inline ipcq_part *my_part(kb_tl *tl)
-{
-    return part_of((const pe_state *)tl_pe(tl)->ipcq_state);
-}
-
 /* kb_ipcq.c: the named directions' names, "E" .. "child_right". */
 extern const char *const kb_ipcq_dir_names[KB_NDIRS];
 
@@ -255,6 +257,24 @@ static inline unsigned name_ix(unsigned d) { return d < KB_NDIRS ? d : KB_NDIRS;
 
 /* The context's IPCQ system (NULL before its first install). */
 static inline ipcq_sys *sys_of(kb_ctx *ctx) { return kb_ctx_ext(ctx, KB_EXT_IPCQ); }
+
+/* The same for the calling kernel's PE and for a queue pair's receiving side, found from lines
+ * the send and receive paths read anyway (the system, the PE's first line; the queue pair's
+ * receiving lines) rather than from the pe_state's own, which no step reads otherwise: with
+ * thousands of PEs every line a step touches is a cache miss. */
+static inline ipcq_part *my_part(kb_tl *tl)
+{
+    ipcq_part *p = &sys_of(tl_ctx(tl))->part[tl_pe(tl)->gsip];
+    assert(p == part_of((const pe_state *)tl_pe(tl)->ipcq_state));
+    return p;
+}
+
+static inline ipcq_part *rx_part(const qp *q)
+{
+    ipcq_part *p = &q->sys->part[q->rx_pe->gsip];
+    assert(p == part_of(q->owner));
+    return p;
+}
 
 /* Elements of dtype dt per chunk: as many whole elements as one slot holds. */
 static inline uint64_t chunk_elems(uint64_t slot_size, kb_dtype dt)

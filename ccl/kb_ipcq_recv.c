@@ -166,8 +166,9 @@ int kb_ipcq_credit_dec(void *ud, kb_sim *to, const uint8_t *buf, size_t n, void 
  */
 static int credit_out(kb_sim *sim, qp *q, uint64_t seq, kb_time t)
 {
-    /* sys is on a line the caller has read; cr_event is not (the default never reads it) */
-    if (!q->sys->per_sip || !q->cr_event)
+    /* cr_event (set at install only with per_sip, between SIPs) is on a line the caller has
+     * read */
+    if (!q->cr_event)
         return credit_send(sim, q->cred_q, seq, t);
     if (!q->cred_q)
         return KB_ERR_STATE;
@@ -275,9 +276,9 @@ void kb_ipcq_meta_arrive(kb_sim *sim, void *a, void *b)
     assert(!q->sys->cfg.backpressure || q->peer_head_cache - q->my_tail <= q->rx_n_slots);
     progress(sim, q);
     if (m->parts)
-        kb_ipcq_parts_put(part_of(q->owner), m);
+        kb_ipcq_parts_put(rx_part(q), m);
     else
-        msg_put(part_of(q->owner), m);
+        msg_put(rx_part(q), m);
 }
 
 /* sync: the caller waits right away, so the posting overhead is folded into that wait */
