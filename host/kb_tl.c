@@ -197,7 +197,7 @@ static KB_NOINLINE void later_sweep(kb_tl *tl)
         else
             tl->later[k++] = tl->later[i];
     }
-    tl->nlater = k;
+    tl->nlater = (uint32_t)k;
 }
 
 /* Waits until the first held value's time and gives back everything due by then. */
@@ -264,6 +264,8 @@ void tl_free_after(kb_tl *tl, kb_val v, int64_t t)
         tl_free(tl, v);
         return;
     }
+    if (tl->nlater == UINT32_MAX)
+        tl_fail(tl, KB_ERR_NOMEM, "tl_free_after: too many values held");
     tl->later = grow_array(tl, tl->later, tl->nlater, &tl->caplater, sizeof *tl->later, 16);
     tl->later[tl->nlater].v = v;
     tl->later[tl->nlater++].t = t;

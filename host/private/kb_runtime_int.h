@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 
 #include "kb_memstore.h"
 #include "kb_runtime.h"
@@ -71,6 +72,9 @@ struct kb_tl {
     uint32_t nfree[KB_SCR_NCLASS];
     kb_pa inl[KB_SCR_INL_CLASSES][KB_SCR_INL];
     uint8_t ninl[KB_SCR_INL_CLASSES];
+    /* values tl_free_after holds (`later` below): every scratch allocation reads the count,
+     * so it sits on the allocator's line */
+    uint32_t nlater;
     kb_pa *freel[KB_SCR_NCLASS];  /* per-class stacks of free values (owned) */
     kb_pa bump, bump_end;
     /* values carved per class so far, and the free stacks' capacities, kept >= that count
@@ -100,7 +104,7 @@ struct kb_tl {
     /* values tl_free_after holds until a time (a posted send still reading them); given back
      * by the first scratch allocation at or after it (owned array) */
     struct kb_tl_later *later;
-    size_t nlater, caplater;
+    size_t caplater;
     /* the threads this kernel or thread forked (tl_fork), owned, freed with the launch: per
      * parent, so that a kernel's end checks its own (not every thread of the launch), and so
      * that kernels of different SIPs never share the list */
@@ -117,6 +121,9 @@ struct kb_tl {
     int thread;             /* a thread tl_fork made, not the launch's kernel */
     int ended;
 };
+
+_Static_assert(offsetof(struct kb_tl, nlater) / 64 == offsetof(struct kb_tl, ninl) / 64,
+               "a scratch allocation reads the held count on the inline stacks' line");
 
 /* At a kernel's return: waits for its notifications to land, and fails it when one sent to
  * it was not taken; a later one fails the run when it lands (tl_notify). */
