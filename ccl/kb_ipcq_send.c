@@ -65,11 +65,24 @@ static KB_COLD void send_route_fail(kb_tl *tl, kb_dir dir, kb_pa src, kb_pa dst)
     kb_tl_dma_fail(tl, src, dst, op);
 }
 
-/* Blocks the sender until the queue pair has a free slot (with backpressure). */
-static KB_ALWAYS_INLINE void wait_credit(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir)
+/* The send path's refusals that name the direction (out of line: the label's buffer would
+ * otherwise sit in the hot frames, and every byte of those is a stack line per step). */
+static KB_COLD _Noreturn void send_no_ring(kb_tl *tl, kb_dir dir)
+{
+    tl_fail(tl, KB_ERR_STATE, "tl_send %s: the peer has no ring at the destination", DIRL(dir));
+}
+
+static KB_COLD _Noreturn void send_strided(kb_tl *tl, kb_dir dir, const char *op, kb_val v)
+{
+    tl_fail(tl, KB_ERR_INVAL, "%s %s: the value is a strided view (row stride %u, %u columns); "
+            "tl_copy it into a contiguous value first", op, DIRL(dir), v.ld, v.cols);
+}
+
+/* wait_credit's wait: the window is full (out of line: a blocking loop in the send's frame
+ * would widen it, and every byte of a kernel's frames is a stack line per step). */
+static KB_NOINLINE void wait_credit_slow(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir)
 {
     kb_sim *sim = tl_sim(tl);
-    credits_take(q, kb_sim_now(sim));
     while (sys->cfg.backpressure && q->my_head - q->peer_tail_cache >= (uint64_t)q->n_slots) {
         if (q->cr_n) { /* a credit is on its way: wait for it */
             kb_tl_wait_until(tl, q->cr_t[q->cr_head]);
@@ -79,6 +92,14 @@ static KB_ALWAYS_INLINE void wait_credit(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir
         }
         credits_take(q, kb_sim_now(sim));
     }
+}
+
+/* Blocks the sender until the queue pair has a free slot (with backpressure). */
+static KB_ALWAYS_INLINE void wait_credit(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir)
+{
+    credits_take(q, kb_sim_now(tl_sim(tl)));
+    if (sys->cfg.backpressure && q->my_head - q->peer_tail_cache >= (uint64_t)q->n_slots)
+        wait_credit_slow(tl, q, sys, dir);
     assert(!sys->cfg.backpressure || q->my_head - q->peer_tail_cache < q->n_slots);
 }
 
@@ -116,8 +137,7 @@ static KB_ALWAYS_INLINE msg *chunk_msg(kb_tl *tl, qp *q, kb_dir dir, kb_pa dst, 
         tl_fail(tl, KB_ERR_NOMEM, "out of memory");
     m->parts = (uint8_t)parts;
     if (!q->tok_q)
-        tl_fail(tl, KB_ERR_STATE, "tl_send %s: the peer has no ring at the destination",
-                DIRL(dir));
+        send_no_ring(tl, dir);
     m->to = q->tok_q;
     m->addr = dst;
     m->seq = seq;
@@ -280,31 +300,16 @@ static KB_ALWAYS_INLINE kb_time send_chunk(kb_tl *tl, qp *q, kb_dir dir, const k
  * IPCQ engine issues a chunk as soon as a slot is free (the first one after the call's issue
  * cost), so with n_slots > 1 chunk k+1 is in flight while the receiver copies out chunk k.
  * Returns when the last chunk's DMA has ended (the value may then be reused), or, `async`,
- * once the last chunk is issued, with the time its token lands.
+ * once the last chunk is issued, with the time its token lands. Out of line: its loop would
+ * widen the frame of every send (send_msg).
  */
-static kb_time send_msg(kb_tl *tl, kb_dir dir, kb_val v, int async, const char *op)
+static KB_NOINLINE kb_time send_long(kb_tl *tl, qp *q, ipcq_sys *sys, kb_dir dir,
+                                     const kb_val *v, int async)
 {
-    qp *q = wired_qp(tl, dir, op);
-    ipcq_sys *sys = sys_of(tl_ctx(tl)); /* not through q or the pe_state: other lines */
     kb_sim *sim = tl_sim(tl);
-    uint64_t n = (uint64_t)v.rows * v.cols;
+    uint64_t n = (uint64_t)v->rows * v->cols;
+    uint64_t per = chunk_elems(q->slot_size, (kb_dtype)v->dtype);
     kb_time t_issue = 0, t_last = 0;
-
-    if (!kb_val_contiguous(v))
-        tl_fail(tl, KB_ERR_INVAL, "%s %s: the value is a strided view (row stride %u, %u "
-                "columns); tl_copy it into a contiguous value first", op, DIRL(dir), v.ld,
-                v.cols);
-    my_part(tl)->msgs++;
-    if (n * kb_dtype_size((kb_dtype)v.dtype) <= q->slot_size) { /* the protocol as it was */
-        wait_credit(tl, q, sys, dir);
-        t_issue = kb_sim_now(sim) + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
-        if (!async)
-            return send_chunk(tl, q, dir, &v, 0, n, 1, t_issue, 1);
-        t_last = send_chunk(tl, q, dir, &v, 0, n, 1, t_issue, 0);
-        kb_tl_wait_until(tl, t_issue);
-        return t_last;
-    }
-    uint64_t per = chunk_elems(q->slot_size, (kb_dtype)v.dtype);
     for (uint64_t off = 0; off < n; off += per) {
         uint64_t len = n - off < per ? n - off : per;
         wait_credit(tl, q, sys, dir);
@@ -313,9 +318,31 @@ static kb_time send_msg(kb_tl *tl, kb_dir dir, kb_val v, int async, const char *
             t_issue = now + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
         else if (now > t_issue)
             t_issue = now;
-        t_last = send_chunk(tl, q, dir, &v, off, len, 0, t_issue, 0);
+        t_last = send_chunk(tl, q, dir, v, off, len, 0, t_issue, 0);
     }
     kb_tl_wait_until(tl, async ? t_issue : t_last);
+    return t_last;
+}
+
+/* A send: one chunk when the message fits a slot (the protocol as it was), else send_long.
+ * Returns when the message's (last) DMA has ended, or, `async`, once it is issued, with the
+ * time its (last) token lands. */
+static kb_time send_msg(kb_tl *tl, kb_dir dir, kb_val v, int async, const char *op)
+{
+    qp *q = wired_qp(tl, dir, op);
+    ipcq_sys *sys = sys_of(tl_ctx(tl)); /* not through q or the pe_state: other lines */
+    uint64_t n = (uint64_t)v.rows * v.cols;
+
+    if (!kb_val_contiguous(v))
+        send_strided(tl, dir, op, v);
+    my_part(tl)->msgs++;
+    if (n * kb_dtype_size((kb_dtype)v.dtype) > q->slot_size)
+        return send_long(tl, q, sys, dir, &v, async);
+    wait_credit(tl, q, sys, dir);
+    kb_time t_issue = kb_sim_now(tl_sim(tl)) + kb_tl_issue_cost(tl) + sys->ipcq_ovh;
+    kb_time t_last = send_chunk(tl, q, dir, &v, 0, n, 1, t_issue, !async);
+    if (async)
+        kb_tl_wait_until(tl, t_issue);
     return t_last;
 }
 

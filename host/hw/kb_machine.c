@@ -765,12 +765,23 @@ static int in_own_tcm(const kb_pe_hw *pe, kb_pa pa)
            ((pa & (KB_SUB_OFFSET_BYTES - 1)) >> 27) < KB_PE_NRANGES;
 }
 
+/* kb_machine_dma's errors, routes not in the memo and host transfers: both ends located, then
+ * dma_slow. Out of line, with the two locs: a DMA in the memo runs at the bottom of a kernel
+ * fiber's calls, and every byte of its frame is a deeper stack line that step touches. */
+static KB_NOINLINE int dma_located(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst,
+                                   uint64_t nbytes, kb_time now, kb_time *t_start,
+                                   kb_time *t_end, kb_errbuf *eb)
+{
+    loc ls, ld;
+    int rc = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb);
+    if (rc)
+        return rc;
+    return dma_slow(m, issuer, &ls, &ld, pa_src, pa_dst, nbytes, now, t_start, t_end, eb);
+}
+
 int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, uint64_t nbytes,
                    kb_time now, kb_time *t_start, kb_time *t_end, kb_errbuf *eb)
 {
-    loc ls, ld;
-    int rc;
-
     if (issuer) {
         if (in_own_tcm(issuer, pa_src) && in_own_tcm(issuer, pa_dst)) {
             /* a copy inside the issuer's own TCM: no lookups (the TCM's read and write sides;
@@ -792,11 +803,7 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
             }
         }
     }
-    /* errors, routes not in the memo, host transfers */
-    rc = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb);
-    if (rc)
-        return rc;
-    return dma_slow(m, issuer, &ls, &ld, pa_src, pa_dst, nbytes, now, t_start, t_end, eb);
+    return dma_located(m, issuer, pa_src, pa_dst, nbytes, now, t_start, t_end, eb);
 }
 
 void kb_machine_bind_sips(kb_machine *m, int on)
