@@ -400,38 +400,23 @@ static KB_NOINLINE void rsag_streamed(kb_tl *tl, int64_t n, int64_t ws, int64_t 
 }
 
 
-static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
+/* The whole-tile form's reduce-scatter: with the tile in scratch, ws - 1 steps of one message
+ * each; returns the rank's reduced chunk (own = (r + 1) mod ws), not yet finished. Each phase
+ * is a function of its own (KB_NOINLINE): every step a kernel's fiber writes its stack from
+ * the loop's frame down to the deepest call, and with one frame for the set-up and both
+ * phases an all-gather step went down through the reduce-scatter's temporaries too (16 stack
+ * lines a step instead of 11; docs/parallel.md "Lines per step"). */
+static KB_NOINLINE kb_val rsag_reduce_scatter(kb_tl *tl, int64_t n, int64_t ws, int64_t r,
+                                              kb_val tile, int op)
 {
-    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
-        return;
-    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
-    int64_t r = kb_ccl_rank(tl);
-    kb_va mine = kb_ccl_my_tile(tl, a);
-    kb_dtype tdt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
-    int op = (int)a->i[KB_CCL_ARG_OP];
-    uint64_t es = kb_dtype_size(tdt);
-
-    /* the whole-tile path holds the tile in scratch: a tile past half of it streams too,
-     * though its chunks fit a slot (8 MiB of f16 per rank on 256 ranks) */
-    if (ws >= 2 && ((uint64_t)((n + ws - 1) / ws) * es > tl_slot_size(tl, KB_DIR_E) ||
-                    (uint64_t)n * es > kb_ctx_machine(tl_ctx(tl))->cfg.scratch_size_bytes / 2u)) {
-        rsag_streamed(tl, n, ws, r, mine, tdt, op);
-        return;
-    }
-    /* every chunk fits one slot: the whole tile in scratch, one message per step */
-    kb_val tile = tl_load(tl, mine, KB_SHAPE1(n), tdt);
+    kb_dtype tdt = (kb_dtype)tile.dtype;
     uint32_t off, len;
-
-    if (ws < 2) {
-        tl_store(tl, mine, tile);
-        return;
-    }
     /*
-     * Reduce-scatter. Chunk c's running sum lives in `part` only while this rank holds it:
-     * in step s the rank sends chunk (r - s) and receives chunk (r - s - 1), so the running
-     * sum received in one step is the one sent in the next. Step 0 sends the raw chunk; every
-     * partial travels in the tile's dtype (combined in f32, rounded as it is written), the
-     * last one is rounded once as it is stored.
+     * Chunk c's running sum lives in `part` only while this rank holds it: in step s the rank
+     * sends chunk (r - s) and receives chunk (r - s - 1), so the running sum received in one
+     * step is the one sent in the next. Step 0 sends the raw chunk; every partial travels in
+     * the tile's dtype (combined in f32, rounded as it is written), the last one is rounded
+     * once as it is stored.
      */
     kb_val part;
     chunk_of(n, ws, ((r % ws) + ws) % ws, &off, &len);
@@ -459,19 +444,18 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
         part = combine_op(tl, op, kb_val_slice(tile, off, len), in, tile,
                           s + 2 == ws ? KB_F32 : tdt);
     }
-    /* this rank now holds the full sum of chunk (r + 1) mod ws: store it, then all-gather */
-    int64_t own = (r + 1) % ws;
-    chunk_of(n, ws, own, &off, &len);
-    assert(part.cols == len);
-    if (len) {
-        part = kb_ccl_finish(tl, op, part, ws);
-        tl_store(tl, mine + (kb_va)off * es, part);
-    }
-    if (part.scratch)
-        tl_free(tl, part);
+    return part;
+}
+
+/* The whole-tile form's all-gather: every rank's reduced chunk, stored at `mine`, goes round
+ * the ring into every other rank's tile. */
+static KB_NOINLINE void rsag_all_gather(kb_tl *tl, int64_t n, int64_t ws, int64_t r, kb_va mine,
+                                        kb_dtype tdt)
+{
+    uint64_t es = kb_dtype_size(tdt);
     for (int64_t s = 0; s + 1 < ws; s++) {
         int64_t sc = ((r + 1 - s) % ws + ws) % ws, rc = ((r - s) % ws + ws) % ws;
-        uint32_t soff, slen;
+        uint32_t soff, slen, off, len;
         chunk_of(n, ws, sc, &soff, &slen);
         chunk_of(n, ws, rc, &off, &len);
         if (slen && len) {
@@ -485,6 +469,46 @@ static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
         if (len)
             tl_recv_into(tl, KB_DIR_W, mine + (kb_va)off * es, KB_SHAPE1(len), tdt);
     }
+}
+
+static void ring_rsag_allreduce(kb_tl *tl, const kb_kargs *a)
+{
+    if (kb_ccl_idle(tl, a)) /* a grid PE past the last rank (KB_CCL_ANY_WORLD) */
+        return;
+    int64_t n = a->i[KB_CCL_ARG_N], ws = a->i[KB_CCL_ARG_WS];
+    int64_t r = kb_ccl_rank(tl);
+    kb_va mine = kb_ccl_my_tile(tl, a);
+    kb_dtype tdt = (kb_dtype)a->i[KB_CCL_ARG_DTYPE];
+    int op = (int)a->i[KB_CCL_ARG_OP];
+    uint64_t es = kb_dtype_size(tdt);
+
+    /* the whole-tile path holds the tile in scratch: a tile past half of it streams too,
+     * though its chunks fit a slot (8 MiB of f16 per rank on 256 ranks) */
+    if (ws >= 2 && ((uint64_t)((n + ws - 1) / ws) * es > tl_slot_size(tl, KB_DIR_E) ||
+                    (uint64_t)n * es > kb_ctx_machine(tl_ctx(tl))->cfg.scratch_size_bytes / 2u)) {
+        rsag_streamed(tl, n, ws, r, mine, tdt, op);
+        return;
+    }
+    /* every chunk fits one slot: the whole tile in scratch, one message per step */
+    kb_val tile = tl_load(tl, mine, KB_SHAPE1(n), tdt);
+    uint32_t off, len;
+
+    if (ws < 2) {
+        tl_store(tl, mine, tile);
+        return;
+    }
+    kb_val part = rsag_reduce_scatter(tl, n, ws, r, tile, op);
+    /* this rank now holds the full sum of chunk (r + 1) mod ws: store it, then all-gather */
+    int64_t own = (r + 1) % ws;
+    chunk_of(n, ws, own, &off, &len);
+    assert(part.cols == len);
+    if (len) {
+        part = kb_ccl_finish(tl, op, part, ws);
+        tl_store(tl, mine + (kb_va)off * es, part);
+    }
+    if (part.scratch)
+        tl_free(tl, part);
+    rsag_all_gather(tl, n, ws, r, mine, tdt);
 }
 
 static uint64_t rsag_msg(int64_t n, int ws)
