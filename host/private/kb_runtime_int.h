@@ -96,8 +96,9 @@ struct kb_tl {
     int nbigc;
     /* kb_tl_translate's last segment: a kernel walks the same few tiles over and over, and
      * two searches (segments, tensors) per access cost more than the access's bookkeeping.
-     * Valid while the SIP's MMU generation is tlb_gen (0: empty). */
-    uint64_t tlb_gen;
+     * Valid while the SIP's MMU generation is tlb_gen (0: empty). One line: an access that
+     * hits reads all five. */
+    _Alignas(64) uint64_t tlb_gen;
     kb_va tlb_va, tlb_end;
     kb_pa tlb_pa;
     struct kb_tensor *tlb_t;  /* borrowed: the tensor holding the segment, or NULL */
@@ -124,6 +125,8 @@ struct kb_tl {
 
 _Static_assert(offsetof(struct kb_tl, nlater) / 64 == offsetof(struct kb_tl, ninl) / 64,
                "a scratch allocation reads the held count on the inline stacks' line");
+_Static_assert(offsetof(struct kb_tl, tlb_t) / 64 == offsetof(struct kb_tl, tlb_gen) / 64,
+               "a translation that hits reads one line");
 
 /* At a kernel's return: waits for its notifications to land, and fails it when one sent to
  * it was not taken; a later one fails the run when it lands (tl_notify). */
