@@ -258,10 +258,10 @@ static inline unsigned name_ix(unsigned d) { return d < KB_NDIRS ? d : KB_NDIRS;
 /* The context's IPCQ system (NULL before its first install). */
 static inline ipcq_sys *sys_of(kb_ctx *ctx) { return kb_ctx_ext(ctx, KB_EXT_IPCQ); }
 
-/* The same for the calling kernel's PE and for a queue pair's receiving side, found from lines
- * the send and receive paths read anyway (the system, the PE's first line; the queue pair's
- * receiving lines) rather than from the pe_state's own, which no step reads otherwise: with
- * thousands of PEs every line a step touches is a cache miss. */
+/* part_of for the calling kernel's PE (my_part) and for a queue pair's receiving side
+ * (rx_part), found from lines the send and receive paths read anyway (the system, the PE's
+ * first line; the queue pair's receiving lines) rather than from the pe_state's own, which no
+ * step reads otherwise: with thousands of PEs every line a step touches is a cache miss. */
 static inline ipcq_part *my_part(kb_tl *tl)
 {
     ipcq_part *p = &sys_of(tl_ctx(tl))->part[tl_pe(tl)->gsip];
