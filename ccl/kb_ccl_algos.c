@@ -427,20 +427,18 @@ static KB_NOINLINE kb_val rsag_reduce_scatter(kb_tl *tl, int64_t n, int64_t ws, 
         uint32_t slen = len;
         kb_val sent = part, in;
         chunk_of(n, ws, rc, &off, &len);
-        kb_dtype dt = tdt;
-        if (slen && len) {
-            in = kb_ccl_sendrecv(tl, KB_DIR_E, sent, sent, KB_DIR_W, KB_SHAPE1(len), dt);
-        } else {
-            if (slen)
-                tl_send(tl, KB_DIR_E, sent);
-            if (sent.scratch)
-                tl_free(tl, sent);
-            if (!len) {
-                part = kb_val_slice(tile, off, 0);
-                continue;
-            }
-            in = tl_recv(tl, KB_DIR_W, KB_SHAPE1(len), dt);
+        /* kb_ccl_sendrecv's order (send, free, receive), without its path for messages
+         * longer than a slot, which this form never has: its temporaries deepened every
+         * step's stack by a line */
+        if (slen)
+            tl_send(tl, KB_DIR_E, sent);
+        if (sent.scratch)
+            tl_free(tl, sent);
+        if (!len) {
+            part = kb_val_slice(tile, off, 0);
+            continue;
         }
+        in = tl_recv(tl, KB_DIR_W, KB_SHAPE1(len), tdt);
         part = combine_op(tl, op, kb_val_slice(tile, off, len), in, tile,
                           s + 2 == ws ? KB_F32 : tdt);
     }
