@@ -335,7 +335,6 @@ static int make_states(install *in)
         pe_state *ps = (pe_state *)(void *)((char *)in->block + off);
         ps->pe = pe;
         ps->sys = sys;
-        ps->part = &sys->part[pe->gsip];
         ps->wired = pe->ipcq_wired & NAMED_MASK;
         ps->nq = bits_set(ps->wired);
         if (pe->ipcq_wired & PEER_MARK) {

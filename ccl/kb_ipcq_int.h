@@ -114,7 +114,6 @@ _Static_assert(KB_IPCQ_MAX_DIRS <= UINT16_MAX, "a queue pair keeps its direction
 struct pe_state {
     kb_pe_hw *pe;
     ipcq_sys *sys;
-    struct ipcq_part *part; /* its SIP's pools and counts (sys->part[pe->gsip]) */
     uint32_t wired;    /* named directions, bit d */
     uint32_t nq;       /* queue pairs: named, then peer */
     uint32_t npeer;    /* wired peer directions */
@@ -240,8 +239,7 @@ struct ipcq_sys {
 /* The pools and counts of the SIP of an installed PE's state (the calling kernel's: my_part). */
 static inline ipcq_part *part_of(const pe_state *ps)
 {
-    assert(ps->part == &ps->sys->part[ps->pe->gsip]);
-    return ps->part;
+    return &ps->sys->part[ps->pe->gsip];
 }
 
 /* kb_ipcq.c: the named directions' names, "E" .. "child_right". */
@@ -264,16 +262,14 @@ static inline ipcq_sys *sys_of(kb_ctx *ctx) { return kb_ctx_ext(ctx, KB_EXT_IPCQ
  * step reads otherwise: with thousands of PEs every line a step touches is a cache miss. */
 static inline ipcq_part *my_part(kb_tl *tl)
 {
-    ipcq_part *p = &sys_of(tl_ctx(tl))->part[tl_pe(tl)->gsip];
-    assert(p == part_of((const pe_state *)tl_pe(tl)->ipcq_state));
-    return p;
+    assert(sys_of(tl_ctx(tl)) == ((const pe_state *)tl_pe(tl)->ipcq_state)->sys);
+    return &sys_of(tl_ctx(tl))->part[tl_pe(tl)->gsip];
 }
 
 static inline ipcq_part *rx_part(const qp *q)
 {
-    ipcq_part *p = &q->sys->part[q->rx_pe->gsip];
-    assert(p == part_of(q->owner));
-    return p;
+    assert(q->rx_pe == q->owner->pe && q->sys == q->owner->sys);
+    return &q->sys->part[q->rx_pe->gsip];
 }
 
 /* Elements of dtype dt per chunk: as many whole elements as one slot holds. */

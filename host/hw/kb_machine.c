@@ -703,9 +703,10 @@ static uint64_t route_key(kb_machine *m, kb_pa pa, const kb_res *port)
 }
 
 /*
- * A DMA whose route is not in the issuer's memo (or issued by the host): builds the route,
- * remembers it if short enough, reserves it. Kept out of line so that the route buffer is not
- * part of the hot path's stack frame (kernel fibers' stacks are cold when they resume).
+ * A DMA whose route is not in the issuer's memo (or issued by the host), and refused ones:
+ * locates both ends, builds the route, remembers it if short enough, reserves it. Kept out of
+ * line so that the route buffer and the ends' locs are not part of the hot path's stack frame
+ * (a memo hit runs at the bottom of a kernel fiber's calls, on lines cold at every resume).
  */
 /* A kernel's DMA out of its SIP in a launch forked over the SIPs: refused, for the SIP it
  * would book is another thread's. */
@@ -719,12 +720,17 @@ static KB_COLD int sip_bound_fail(const kb_machine *m, const kb_pe_hw *issuer, k
                       kb_pa_gsip(src), kb_pa_gsip(dst), issuer->gsip);
 }
 
-static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, const loc *ls, const loc *ld,
-                                kb_pa pa_src, kb_pa pa_dst, uint64_t nbytes, kb_time now,
-                                kb_time *t_start, kb_time *t_end, kb_errbuf *eb)
+static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst,
+                                uint64_t nbytes, kb_time now, kb_time *t_start, kb_time *t_end,
+                                kb_errbuf *eb)
 {
     int has_src = pa_src != KB_PA_INVALID_ADDR, has_dst = pa_dst != KB_PA_INVALID_ADDR;
     kb_res *buf[KB_MAX_ROUTE];
+    loc l_src, l_dst;
+    const loc *ls = &l_src, *ld = &l_dst;
+    int rc = locate_ends(m, issuer, pa_src, pa_dst, &l_src, &l_dst, eb);
+    if (rc)
+        return rc;
 
     /* bound to its SIP, a PE meets every route here (kb_machine_bind_sips emptied the memos),
      * and this keeps the other SIPs out */
@@ -765,20 +771,6 @@ static int in_own_tcm(const kb_pe_hw *pe, kb_pa pa)
            ((pa & (KB_SUB_OFFSET_BYTES - 1)) >> 27) < KB_PE_NRANGES;
 }
 
-/* kb_machine_dma's errors, routes not in the memo and host transfers: both ends located, then
- * dma_slow. Out of line, with the two locs: a DMA in the memo runs at the bottom of a kernel
- * fiber's calls, and every byte of its frame is a deeper stack line that step touches. */
-static KB_NOINLINE int dma_located(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst,
-                                   uint64_t nbytes, kb_time now, kb_time *t_start,
-                                   kb_time *t_end, kb_errbuf *eb)
-{
-    loc ls, ld;
-    int rc = locate_ends(m, issuer, pa_src, pa_dst, &ls, &ld, eb);
-    if (rc)
-        return rc;
-    return dma_slow(m, issuer, &ls, &ld, pa_src, pa_dst, nbytes, now, t_start, t_end, eb);
-}
-
 int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, uint64_t nbytes,
                    kb_time now, kb_time *t_start, kb_time *t_end, kb_errbuf *eb)
 {
@@ -803,7 +795,8 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
             }
         }
     }
-    return dma_located(m, issuer, pa_src, pa_dst, nbytes, now, t_start, t_end, eb);
+    /* errors, routes not in the memo, host transfers */
+    return dma_slow(m, issuer, pa_src, pa_dst, nbytes, now, t_start, t_end, eb);
 }
 
 void kb_machine_bind_sips(kb_machine *m, int on)
