@@ -9,7 +9,9 @@
 # counts the distinct 64-byte lines touched in windows of RANKS chunks (one step of every PE:
 # chunks are counted at kb_ipcq_meta_arrive) a quarter into the reduce-scatter and a quarter
 # into the all-gather. Prints, per phase, lines per PE and step by allocating function (the
-# fiber stacks as one owner, with the depths their lines are at). The counts are the same on
+# fiber stacks as one owner, with the depths their lines are at and, per depth, the functions
+# whose instructions touched each line first in a window: whose frames make a step's stack as
+# deep as it is). The counts are the same on
 # every run of one binary. Needs valgrind, a C compiler and binutils (not build dependencies),
 # and a kbcl with its symbols (any build: file:line where it has debug info).
 # Usage: scripts/step-lines.sh [KBCL] [RANKS (a multiple of 128, default 128)]
@@ -144,6 +146,20 @@ static FILE *logf_;
 static const char *logname;
 static uint64_t own_ra[NOWN]; static double own_n[2][NOWN]; static int nown;
 static double depth_n[2][NDEPTH]; static double total[2]; static int windows[2];
+/* which instruction first touched a stack line in a window, by depth: (depth, address) */
+#define NFN 65536
+static uint64_t fn_key[NFN]; static double fn_n[2][NFN]; static uint64_t last_ins; static int nfn;
+static void fn_count(int ph, uint64_t d, uint64_t ins)
+{
+    uint64_t k = (d << 48) | (ins & 0xffffffffffffull), h = (k * 0x9E3779B97F4A7C15ull) >> 48;
+    while (fn_key[h] && fn_key[h] != k) h = (h + 1) % NFN;
+    if (!fn_key[h]) {
+        if (nfn == NFN - 1) return; /* full: the rest go uncounted (never seen: a few thousand) */
+        fn_key[h] = k;
+        nfn++;
+    }
+    fn_n[ph][h] += 1;
+}
 static int cmp(const void *a, const void *b) { const al *x = a, *y = b; return x->lo < y->lo ? -1 : x->lo > y->lo; }
 static void read_log(void)
 {
@@ -181,6 +197,7 @@ static void charge(int ph, uint64_t line)
                 uint64_t slot = (A[j].hi - A[j].lo) / 64, o = (ad - A[j].lo) % slot;
                 uint64_t d = (slot - o - 1) / 64;
                 depth_n[ph][d < NDEPTH ? d : NDEPTH - 1] += 1;
+                fn_count(ph, d, last_ins);
             }
             return;
         }
@@ -212,7 +229,8 @@ int main(int argc, char **argv)
                     meta = base + meta_off;
                 continue;
             }
-            if (strtoull(line + 3, 0, 16) != meta) continue;
+            last_ins = strtoull(line + 3, 0, 16);
+            if (last_ins != meta) continue;
             chunks++;
             int p = chunks > start[1] ? 1 : chunks > start[0] ? 0 : -1;
             if (p < 0) continue;
@@ -246,6 +264,9 @@ int main(int argc, char **argv)
             if (own_n[p][i] > 0) printf("own %d %lx %.0f\n", p, (unsigned long)own_ra[i], own_n[p][i]);
         for (int d = 0; d < NDEPTH; d++)
             if (depth_n[p][d] > 0) printf("depth %d %d %.0f\n", p, d, depth_n[p][d]);
+        for (int h = 0; h < NFN; h++)
+            if (fn_n[p][h] > 0) printf("sfn %d %lu %lx %.0f\n", p, (unsigned long)(fn_key[h] >> 48),
+                                       (unsigned long)(fn_key[h] & 0xffffffffffffull), fn_n[p][h]);
     }
     return 0;
 }
@@ -265,7 +286,7 @@ STEP_LINES_LOG="$tmp/alloc.log" STEP_LINES_EXE="$kbcl" LD_PRELOAD="$tmp/alloclog
     "$nwin" >"$tmp/out.txt" || true
 
 python3 - "$tmp/out.txt" "$kbcl" "$ranks" <<'PY'
-import subprocess, sys
+import bisect, subprocess, sys
 out, kbcl, ranks = sys.argv[1], sys.argv[2], int(sys.argv[3])
 base, phases = 0, {}
 for line in open(out):
@@ -276,6 +297,8 @@ for line in open(out):
         phases[int(f[1])] = {"windows": int(f[3]), "lines": float(f[5]), "own": {}, "depth": {}}
     elif f[0] == "own":
         phases[int(f[1])]["own"][int(f[2], 16)] = float(f[3])
+    elif f[0] == "sfn":
+        phases[int(f[1])].setdefault("sfn", []).append((int(f[2]), int(f[3], 16), float(f[4])))
     elif f[0] == "depth":
         phases[int(f[1])]["depth"][int(f[2])] = float(f[3])
 if len(phases) != 2 or not all(p["windows"] for p in phases.values()):
@@ -302,6 +325,13 @@ for block in "\n".join(res).split("0x")[1:]:
     up = next((c for c in chain[1:] if c[0] != inner), chain[0])
     loc = "" if "?" in up[1] else " (" + up[1].rsplit("/", 1)[-1].split(" ")[0] + ")"
     names[addr] = (inner if up is chain[0] else f"{inner} <- {up[0]}") + loc
+# the functions of the program, by start address, for the instructions that touched stack lines
+syms = []
+for l in subprocess.run(["nm", "-n", "-S", kbcl], capture_output=True, text=True).stdout.split("\n"):
+    g = l.split()
+    if len(g) == 4 and g[2] in "tTwW":
+        syms.append((int(g[0], 16), int(g[1], 16), g[3]))
+keys = [a for a, _, _ in syms]
 for p, title in ((0, "reduce-scatter"), (1, "all-gather")):
     ph = phases[p]
     steps = ph["windows"] * ranks
@@ -318,6 +348,19 @@ for p, title in ((0, "reduce-scatter"), (1, "all-gather")):
     if ph["depth"]:
         top = sorted(ph["depth"])
         touched = [d for d in top if ph["depth"][d] / steps >= 0.5]
+        per = {}
+        for d, a, n in ph.get("sfn", []):
+            i = bisect.bisect_right(keys, a - base) - 1
+            fn = (syms[i][2] if i >= 0 and a - base < syms[i][0] + syms[i][1] else
+                  "(outside kbcl)")
+            per.setdefault(d, {}).setdefault(fn, 0.0)
+            per[d][fn] += n
+        for d in sorted(per):
+            if ph["depth"].get(d, 0) / steps < 0.05:
+                continue
+            tops = sorted(per[d].items(), key=lambda kv: -kv[1])[:4]
+            print(f"    depth {d:2d}: {ph['depth'][d] / steps:4.2f}  " +
+                  ", ".join(f"{fn} {n / steps:.2f}" for fn, n in tops))
         print(f"  stack lines touched in most steps: depths {touched[0]}..{touched[-1]} lines "
               f"below a stack's top" if touched else "  stack: no line touched in most steps")
 PY
