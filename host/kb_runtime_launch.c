@@ -669,13 +669,21 @@ static void fork_run(kb_sim *sim, void *a, void *b)
     launch_done_at_last_sip(sim, l);
 }
 
+#define KB_FORK_SLOT_SHIFT 12u
+
 /* Makes l's partitions (one per SIP of the machine) for a run forked with lookahead `look`:
  * 0, or an error. */
 static int fork_prepare(kb_ctx *ctx, kb_launch_st *l, kb_time look)
 {
     kb_machine *m = ctx->m;
+    /* 4.1 ns wheel slots in a partition (the engine's default is 0.512 ns): with thousands of
+     * PEs on a thread, each window sweeps every PE's state through the cache, and the wheel's
+     * list heads for a window's pushes (one line per 8 ns of 0.512 ns slots) were cold at
+     * nearly every push (docs/parallel.md "The wheel's slots"). Order and results do not
+     * depend on it. */
+    kb_sim_opts so = { .slot_shift = KB_FORK_SLOT_SHIFT };
     kb_psim_opts po = { .parts = m->nsips, .threads = ctx->threads, .lookahead = look,
-                        .net = ctx->net };
+                        .sim = &so, .net = ctx->net };
     int rc = kb_psim_create(&po, &l->ps);
     for (int s = 0; rc == 0 && ctx->net && s < KB_EXT_NSLOTS; s++)
         for (int k = 0; rc == 0 && ctx->ext[s] && k < ctx->ext_dist[s].nmsg; k++)

@@ -83,7 +83,7 @@ extern kb_fctx_ make_fcontext(void *sp, size_t size, void (*fn)(kb_transfer_));
 
 /*
  * Three stores hold the future events, and together they keep exact (time, seq) order:
- *  - the near run holds every pending event whose slot (time >> KB_WHEEL_SHIFT_) is at most
+ *  - the near run holds every pending event whose slot (time >> shift) is at most
  *    the cursor slot (the slot of `now`, or of the only pending event when a push finds the
  *    queue empty, which keeps a lone event off the wheel), sorted by (time, seq) and consumed
  *    from its front (a slot's events mostly share one time: lockstep PEs; then filling it is
@@ -93,7 +93,7 @@ extern kb_fctx_ make_fcontext(void *sp, size_t size, void (*fn)(kb_transfer_));
  *    with a bit per slot and a bit per word of those (the next non-empty slot is a couple of
  *    word scans away however sparse the wheel is);
  *  - the far heap holds events that were beyond the wheel's horizon when pushed. Its horizon,
- *    33.6 us, is past the DMA and PE_MATH times of a 1 MiB IPCQ chunk (8 us each): with
+ *    33.6 us with the default slots, is past the DMA and PE_MATH times of a 1 MiB IPCQ chunk (8 us each): with
  *    2.1 us, a 256-rank all-reduce at 1 GiB per rank sent a fifth of its events through the
  *    far heap, and its pops were 8 % of the run's instructions.
  * When the near run is used up, the cursor moves to the earliest slot that the wheel or the far
@@ -110,7 +110,10 @@ static int ev_before(const kb_event *x, const kb_event *y)
     return (x->time < y->time) | ((x->time == y->time) & (x->seq < y->seq));
 }
 
-static uint64_t slot_of(kb_time t) { return (uint64_t)t >> KB_WHEEL_SHIFT_; }
+static inline uint64_t slot_of(const kb_sim *sim, kb_time t)
+{
+    return (uint64_t)t >> sim->shift;
+}
 
 /* Makes room for `extra` more callback events / fibers (see the invariant at the top). */
 static int reserve(kb_sim *sim, size_t extra)
@@ -264,7 +267,7 @@ static KB_COLD void progress_publish(kb_sim *sim)
 
 static void heap_push(kb_sim *sim, kb_time t, kb_event_fn fn, void *a, void *b)
 {
-    uint64_t s = slot_of(t);
+    uint64_t s = slot_of(sim, t);
 
     if (s > sim->cursor && sim->hn == sim->nh && sim->wn == 0 && sim->farn == 0) {
         sim->cursor = s; /* nothing else is pending: the cursor may jump to it */
@@ -341,8 +344,8 @@ static KB_ALWAYS_INLINE int advance(kb_sim *sim, kb_event *out)
     sim->near_heap = 0;
     if (sim->wn)
         next = sim->cursor + wheel_next(sim, cb);
-    if (sim->farn && slot_of(sim->far[0].time) < next)
-        next = slot_of(sim->far[0].time);
+    if (sim->farn && slot_of(sim, sim->far[0].time) < next)
+        next = slot_of(sim, sim->far[0].time);
     if (next == UINT64_MAX)
         return 0;
     /* Here (and where heap_push moves the cursor), not in kb_sim_run's loop: the progress
@@ -354,8 +357,8 @@ static KB_ALWAYS_INLINE int advance(kb_sim *sim, kb_event *out)
         uint32_t b = (uint32_t)(next & (KB_WHEEL_N_ - 1u));
         uint32_t i = sim->bucket[b];
         if (i != KB_NIL_ && sim->nodes[i].next == KB_NIL_ &&
-            slot_of(sim->nodes[i].ev.time) == next &&
-            !(sim->farn && slot_of(sim->far[0].time) == next)) {
+            slot_of(sim, sim->nodes[i].ev.time) == next &&
+            !(sim->farn && slot_of(sim, sim->far[0].time) == next)) {
             *out = sim->nodes[i].ev; /* alone in its slot: it is the minimum */
             sim->nodes[i].next = sim->free_node;
             sim->free_node = i;
@@ -364,7 +367,7 @@ static KB_ALWAYS_INLINE int advance(kb_sim *sim, kb_event *out)
             wheel_clear(sim, b);
             return 1;
         }
-        if (i != KB_NIL_ && slot_of(sim->nodes[i].ev.time) == next) {
+        if (i != KB_NIL_ && slot_of(sim, sim->nodes[i].ev.time) == next) {
             /* the list is newest first: copy it out in one pass, then reverse (seq order) */
             kb_event *h = sim->heap;
             size_t k = 0;
@@ -394,7 +397,7 @@ static KB_ALWAYS_INLINE int advance(kb_sim *sim, kb_event *out)
             wheel_clear(sim, b);
         }
     }
-    while (sim->farn && slot_of(sim->far[0].time) == next) {
+    while (sim->farn && slot_of(sim, sim->far[0].time) == next) {
         kb_event ev;
         heap_remove_min(sim->far, &sim->farn, &ev);
         near_insert(sim, &ev);

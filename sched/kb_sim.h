@@ -3,10 +3,11 @@
  *
  * Pending events are ordered by (time, seq), where seq strictly increases at insertion, so
  * events at equal times fire in insertion order. Future events sit in a sorted run for the
- * current 0.512 ns slot, a timing wheel of later slots (33.6 us ahead) and a heap beyond it; events
- * scheduled for the current time go to a FIFO in front of them (the common zero-delay wake-up
- * never touches a heap). The FIFO preserves (time, seq) order because every event already
- * queued for the current time was inserted earlier and is drained first.
+ * current slot (0.512 ns by default: kb_sim_opts.slot_shift), a timing wheel of the next 65 535
+ * slots (33.6 us by default) and a heap beyond it; events scheduled for the current time go
+ * to a FIFO in front of them (the common zero-delay wake-up never touches a heap). The FIFO
+ * preserves (time, seq) order because every event already queued for the current time was
+ * inserted earlier and is drained first.
  *
  * Two kinds of actors run on the engine: callbacks (kb_event_fn, run on the engine's own stack)
  * and fibers (stackful coroutines that may block: sleep, wait on a signal, a latch or a queue).
@@ -38,11 +39,25 @@ typedef struct kb_fiber kb_fiber;
 typedef void (*kb_event_fn)(kb_sim *sim, void *a, void *b);
 typedef void (*kb_fiber_fn)(kb_sim *sim, void *arg);
 
+/* A timing-wheel slot is 2^slot_shift ps wide (kb_sim.c, "event storage"). */
+#define KB_SIM_SLOT_SHIFT_DEFAULT 9u /* 0.512 ns: a 33.6 us horizon */
+#define KB_SIM_SLOT_SHIFT_MIN 4u
+#define KB_SIM_SLOT_SHIFT_MAX 20u
+
 typedef struct kb_sim_opts {
     size_t fiber_stack_bytes; /* 0 = default (256 KiB); rounded up to pages */
+    /* the wheel's slot width, log2 of picoseconds: 0 = KB_SIM_SLOT_SHIFT_DEFAULT, else MIN ..
+     * MAX. Events run in (time, seq) order whatever it is; it sets the speed only. Narrow
+     * slots keep a slot's events few (the events of lockstep PEs mostly share one time, and a
+     * slot whose events do not is sorted as a heap); wide ones keep the wheel's lines few (a
+     * push reads its slot's list head: with thousands of PEs on one thread, each window
+     * sweeps every PE's state through the cache, and a wheel of 0.512 ns slots spreads a
+     * window's pushes over a list-head line per 8 ns) */
+    unsigned slot_shift;
 } kb_sim_opts;
 
-/* Owner: the caller; destroy with kb_sim_destroy (NULL is a no-op). opts may be NULL. */
+/* Owner: the caller; destroy with kb_sim_destroy (NULL is a no-op). opts may be NULL.
+ * NULL: out of memory, or an option out of range. */
 kb_sim *kb_sim_create(const kb_sim_opts *opts);
 /* Frees every fiber (blocked ones included, without resuming them) and pending event. */
 void kb_sim_destroy(kb_sim *sim);
@@ -80,7 +95,7 @@ void kb_sim_stop(kb_sim *sim, int code);
 /*
  * Publishes the simulated time reached and the events fired into p (kb_progress.h) for a
  * display on another thread: now, when a run returns, and during a run at the first move of
- * simulated time to a later 0.512 ns slot after each KB_PROGRESS_EVERY events (a run that
+ * simulated time to a later wheel slot after each KB_PROGRESS_EVERY events (a run that
  * fires events at one time only publishes when it returns). NULL stops it. p must outlive
  * the sim or be unset first. Changes nothing the run computes.
  */

@@ -134,8 +134,7 @@ typedef struct kb_wnode {
     uint32_t next;
 } kb_wnode;
 
-#define KB_WHEEL_SHIFT_ 9u                       /* a bucket spans 2^9 ps = 0.512 ns */
-#define KB_WHEEL_N_ 65536u                       /* buckets: a 33.6 us horizon */
+#define KB_WHEEL_N_ 65536u /* buckets of 2^shift ps: a 33.6 us horizon by default */
 #define KB_WHEEL_WORDS_ (KB_WHEEL_N_ / 64u)
 #define KB_WHEEL_SUMS_ (KB_WHEEL_WORDS_ / 64u)
 #define KB_NIL_ UINT32_MAX
@@ -146,6 +145,7 @@ struct kb_sim {
     kb_event *heap;  /* near run: every pending event of the cursor's slot, sorted, in [nh, hn) */
     size_t nh, hn;
     int near_heap;   /* the near run is a 4-ary heap in [0, hn) instead (nh = 0) */
+    unsigned shift;  /* a slot is 2^shift ps (kb_sim_opts.slot_shift) */
     kb_event *far;   /* far heap: events beyond the wheel's horizon when pushed */
     size_t farn;
     kb_now_event *fifo;
@@ -153,7 +153,7 @@ struct kb_sim {
     size_t cap; /* capacity of heap, far heap, fifo and node pool; a power of two */
 
     /* timing wheel between the two heaps (see "event storage") */
-    uint64_t cursor;                  /* slot (time >> KB_WHEEL_SHIFT_) the near run holds */
+    uint64_t cursor;                  /* slot (time >> shift) the near run holds */
     kb_wnode *nodes;                  /* pool of cap nodes */
     uint32_t free_node;
     size_t wn;                        /* events in wheel buckets */

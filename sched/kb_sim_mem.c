@@ -131,9 +131,11 @@ kb_sim *kb_sim_create(const kb_sim_opts *opts)
     kb_sim *sim = calloc(1, sizeof *sim);
     long page = sysconf(_SC_PAGESIZE);
     size_t stack = opts && opts->fiber_stack_bytes ? opts->fiber_stack_bytes : KB_DEFAULT_STACK_;
+    unsigned shift = opts && opts->slot_shift ? opts->slot_shift : KB_SIM_SLOT_SHIFT_DEFAULT;
 
-    if (!sim)
+    if (!sim || shift < KB_SIM_SLOT_SHIFT_MIN || shift > KB_SIM_SLOT_SHIFT_MAX)
         goto fail;
+    sim->shift = shift;
     sim->page = page > 0 ? (size_t)page : 4096u;
     if (stack < KB_MIN_STACK_)
         stack = KB_MIN_STACK_;

@@ -167,6 +167,42 @@ static void test_queue_wheel_and_far_order(void **state)
     kb_sim_destroy(sim);
 }
 
+/* The wheel's slot width sets only the speed: the same cascade (every store, ties common)
+ * fires the same events at the same times in the same order at any width, from 16 ps slots
+ * (a 1 us horizon: most events pass through the far heap) to 1 us slots (one slot holds
+ * dozens, in random time order); widths out of range are refused. */
+static void test_slot_widths_same_order(void **state)
+{
+    static const unsigned shifts[] = { KB_SIM_SLOT_SHIFT_MIN, KB_SIM_SLOT_SHIFT_DEFAULT, 12, 14,
+                                       KB_SIM_SLOT_SHIFT_MAX };
+    order_ctx ref = {{0}, {4242}, 0, 40000};
+
+    (void)state;
+    for (size_t k = 0; k < sizeof shifts / sizeof *shifts; k++) {
+        kb_sim *sim = kb_sim_create(&(kb_sim_opts){ .slot_shift = shifts[k] });
+        order_ctx c = {{0}, {4242}, 0, 40000};
+        assert_non_null(sim);
+        for (int i = 0; i < 16; i++)
+            assert_int_equal(kb_sim_at(sim, (kb_time)((i * 7) % 16) * 3000000, wide_ev, &c,
+                                       (void *)(intptr_t)c.next_id++), 0);
+        assert_int_equal(kb_sim_run(sim), 0);
+        check_order(&c, 40016);
+        if (k == 0) {
+            ref = c;
+        } else {
+            for (size_t i = 0; i < c.tr.n; i++) {
+                assert_int_equal(c.tr.r[i].t, ref.tr.r[i].t);
+                assert_int_equal(c.tr.r[i].id, ref.tr.r[i].id);
+            }
+            trace_free(&c.tr);
+        }
+        kb_sim_destroy(sim);
+    }
+    trace_free(&ref.tr);
+    assert_null(kb_sim_create(&(kb_sim_opts){ .slot_shift = KB_SIM_SLOT_SHIFT_MIN - 1 }));
+    assert_null(kb_sim_create(&(kb_sim_opts){ .slot_shift = KB_SIM_SLOT_SHIFT_MAX + 1 }));
+}
+
 typedef struct fifo_ctx {
     trace tr;
 } fifo_ctx;
@@ -1056,12 +1092,16 @@ static void casc_start(kb_sim *sim, casc *c, uint64_t seed)
 }
 
 /* kb_sim_run_until in windows of any width fires exactly what one kb_sim_run fires, in the
- * same order; kb_sim_next names the time of the next event each window starts with. */
+ * same order (also with wider wheel slots); kb_sim_next names the time of the next event each
+ * window starts with. */
 static void test_run_until_windows(void **state)
 {
     (void)state;
     for (uint64_t seed = 1; seed <= 3; seed++) {
-        kb_sim *one = kb_sim_create(NULL), *win = kb_sim_create(NULL);
+        /* the windowed engine's slots 0.512 ns, 4.1 ns and 1 us wide */
+        unsigned shift = seed == 1 ? 0 : seed == 2 ? 12 : KB_SIM_SLOT_SHIFT_MAX;
+        kb_sim *one = kb_sim_create(NULL);
+        kb_sim *win = kb_sim_create(&(kb_sim_opts){ .slot_shift = shift });
         casc a, b;
         kb_time t, limit = 0;
         assert_non_null(one);
@@ -1131,6 +1171,7 @@ int main(void)
         cmocka_unit_test(test_stack_guard),
         cmocka_unit_test(test_heap_nested_random_order),
         cmocka_unit_test(test_queue_wheel_and_far_order),
+        cmocka_unit_test(test_slot_widths_same_order),
         cmocka_unit_test(test_fifo_after_heap_at_same_time),
         cmocka_unit_test(test_far_and_wheel_tie),
         cmocka_unit_test(test_at_in_past_is_inval),
