@@ -93,9 +93,9 @@ extern kb_fctx_ make_fcontext(void *sp, size_t size, void (*fn)(kb_transfer_));
  *    with a bit per slot and a bit per word of those (the next non-empty slot is a couple of
  *    word scans away however sparse the wheel is);
  *  - the far heap holds events that were beyond the wheel's horizon when pushed. Its horizon,
- *    33.6 us with the default slots, is past the DMA and PE_MATH times of a 1 MiB IPCQ chunk (8 us each): with
- *    2.1 us, a 256-rank all-reduce at 1 GiB per rank sent a fifth of its events through the
- *    far heap, and its pops were 8 % of the run's instructions.
+ *    33.6 us with the default slots, is past the DMA and PE_MATH times of a 1 MiB IPCQ chunk
+ *    (8 us each): with 2.1 us, a 256-rank all-reduce at 1 GiB per rank sent a fifth of its
+ *    events through the far heap, and its pops were 8 % of the run's instructions.
  * When the near run is used up, the cursor moves to the earliest slot that the wheel or the far
  * heap holds, and that slot's events move into the near run. Every event left behind has a
  * later slot, hence a later time, than any in the near run, so its front is the global
