@@ -669,19 +669,26 @@ static void fork_run(kb_sim *sim, void *a, void *b)
     launch_done_at_last_sip(sim, l);
 }
 
-#define KB_FORK_SLOT_SHIFT 12u
+/* Wheel slots of 4.1 ns (2^12 ps) for a partition whose thread runs at least this many PEs;
+ * the engine's default 0.512 ns otherwise. */
+#define KB_FORK_WIDE_SHIFT 12u
+#define KB_FORK_WIDE_PES 1024
 
 /* Makes l's partitions (one per SIP of the machine) for a run forked with lookahead `look`:
  * 0, or an error. */
 static int fork_prepare(kb_ctx *ctx, kb_launch_st *l, kb_time look)
 {
     kb_machine *m = ctx->m;
-    /* 4.1 ns wheel slots in a partition (the engine's default is 0.512 ns): with thousands of
-     * PEs on a thread, each window sweeps every PE's state through the cache, and the wheel's
-     * list heads for a window's pushes (one line per 8 ns of 0.512 ns slots) were cold at
-     * nearly every push (docs/parallel.md "The wheel's slots"). Order and results do not
-     * depend on it. */
-    kb_sim_opts so = { .slot_shift = KB_FORK_SLOT_SHIFT };
+    /* The wheel's slots by the PEs a thread runs (docs/parallel.md "The wheel's slots"): with
+     * a thousand or more, each window sweeps their state through the cache and the list heads
+     * of a window's pushes (a line per 8 ns of 0.512 ns slots) were cold at nearly every
+     * push, so 4.1 ns slots; with fewer the lines stay warm and narrower slots sort fewer
+     * events. Order and results do not depend on it. */
+    int ranks = ctx->net ? ctx->net->nranks : 1;
+    int local = (m->nsips + ranks - 1) / ranks;
+    int thr = ctx->threads < local ? ctx->threads : local;
+    long pes = (long)m->npes * m->ncubes * ((local + thr - 1) / thr);
+    kb_sim_opts so = { .slot_shift = pes >= KB_FORK_WIDE_PES ? KB_FORK_WIDE_SHIFT : 0 };
     kb_psim_opts po = { .parts = m->nsips, .threads = ctx->threads, .lookahead = look,
                         .sim = &so, .net = ctx->net };
     int rc = kb_psim_create(&po, &l->ps);
@@ -853,6 +860,10 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
                     return rc;
                 }
                 kb_fiber_set_udata(f, tl);
+                /* what a resumed kernel reads first: its context and its PE (the route
+                 * memo's keys as a third were no faster: docs/parallel.md) */
+                const void *hot[KB_FIBER_HOT] = { tl, tl->pe };
+                kb_fiber_set_hot(f, hot, KB_FIBER_HOT);
             }
         }
     }

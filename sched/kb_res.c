@@ -214,6 +214,10 @@ kb_time kb_res_path_reserve(kb_res *const *path, int n_path, kb_time now, uint64
 {
     kb_time fifo = now, blocked = now, lat = 0, occ_max = 0;
 
+    /* with thousands of PEs the resources' lines are cold: ask for them all at once, before
+     * the loop's branches on their times can serialize the misses */
+    for (int i = 0; i < n_path; i++)
+        __builtin_prefetch(path[i], 1);
     /* fifo: where every resource is free; blocked: no start before the end of a busy
      * resource whose gap cannot take this use at any time from now on */
     for (int i = 0; i < n_path; i++) {

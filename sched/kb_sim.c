@@ -328,6 +328,65 @@ static uint64_t wheel_next(const kb_sim *sim, uint32_t from)
 
 static void near_pop(kb_sim *sim, kb_event *out);
 
+static void fiber_resume_ev(kb_sim *sim, void *a, void *b);
+static void fiber_then_ev(kb_sim *sim, void *a, void *b);
+
+/*
+ * Prefetching the next resumes. With thousands of PEs on a thread every PE's state is cold when
+ * its next event comes (a window sweeps them all), and a resume finds its lines one through
+ * another: the event names the fiber's record, the record its stack, the stack the kernel's
+ * context, that its PE; each a miss that waits for the one before. The run loop walks that
+ * chain ahead, one link per event: the records of the resumes among the events after next
+ * (and of a slot's events as they enter the near run), then, for the next event, the lines
+ * its record names — the stack's top, what the fiber blocked on, its kb_fiber_set_hot lines.
+ * Only events already in the near run are seen. Prefetches change nothing the run computes.
+ */
+static KB_ALWAYS_INLINE int ev_resumes(const kb_event *e)
+{
+    return e->fn == fiber_resume_ev || e->fn == fiber_then_ev;
+}
+
+static KB_ALWAYS_INLINE void prefetch_record(const kb_event *e)
+{
+    if (ev_resumes(e)) {
+        __builtin_prefetch(e->a, 1);
+        __builtin_prefetch((const char *)e->a + 64, 0);
+    }
+}
+
+static KB_ALWAYS_INLINE void prefetch_lines(const kb_event *e)
+{
+    const kb_fiber *f = e->a;
+
+    if (!ev_resumes(e))
+        return;
+#if KBCL_FIBER_ASM
+    __builtin_prefetch(f->uc.sp, 0);
+    __builtin_prefetch((const char *)f->uc.sp + 64, 0);
+#endif
+    if (f->state == KB_F_BLOCKED && f->u.b.obj)
+        __builtin_prefetch(f->u.b.obj, 0);
+    for (int i = 0; i < KB_FIBER_HOT; i++)
+        if (f->hot[i])
+            __builtin_prefetch(f->hot[i], 0);
+}
+
+static KB_ALWAYS_INLINE void prefetch_ahead(const kb_sim *sim)
+{
+    const kb_event *nx = &sim->heap[sim->nh];
+
+    if (sim->hn <= sim->nh)
+        return;
+    if (!sim->near_heap) {
+        if (sim->hn > sim->nh + 1)
+            prefetch_record(&nx[1]);
+    } else { /* a 4-ary heap: the next but one is among the root's children */
+        for (size_t j = 1; j < sim->hn && j <= 4; j++)
+            prefetch_record(&nx[j]);
+    }
+    prefetch_lines(nx);
+}
+
 /*
  * With the near run used up: moves the cursor to the earliest slot still holding events and
  * takes that slot's first event into *out, the rest into the near run (a slot that holds a
@@ -375,6 +434,7 @@ static KB_ALWAYS_INLINE int advance(kb_sim *sim, kb_event *out)
             while (i != KB_NIL_) {
                 uint32_t nx = sim->nodes[i].next;
                 h[k] = sim->nodes[i].ev;
+                prefetch_record(&h[k]);
                 if (k > 0 && h[k].time > h[k - 1].time)
                     sorted = 0; /* in reverse order, times must not increase */
                 k++;
@@ -475,8 +535,6 @@ int kb_sim_after(kb_sim *sim, kb_time dt, kb_event_fn fn, void *a, void *b)
 static inline __attribute__((always_inline)) void fiber_resume(kb_sim *sim, kb_fiber *f);
 static inline __attribute__((always_inline)) int fiber_then(kb_sim *sim, kb_fiber *f,
                                                             uint64_t seq);
-static void fiber_resume_ev(kb_sim *sim, void *a, void *b);
-static void fiber_then_ev(kb_sim *sim, void *a, void *b);
 
 void kb_sim_set_progress(kb_sim *sim, kb_progress *p)
 {
@@ -522,6 +580,8 @@ static KB_ALWAYS_INLINE void run_loop(kb_sim *sim, int bounded, kb_time limit)
             break;
         }
         sim->nevents++;
+        prefetch_ahead(sim);
+        prefetch_lines(&ev); /* the first of a slot had no event before it to do that */
         /* A resume in line: the switch back lands in this loop, so no return through an
          * event function follows it (after a fiber's run the return predictor holds the
          * fiber's calls, and that return would be mispredicted). */
@@ -855,6 +915,7 @@ kb_fiber *kb_fiber_spawn(kb_sim *sim, kb_fiber_fn fn, void *arg, const char *nam
     f->sim = sim;
     f->fn = fn;
     f->arg = arg;
+    memset(f->hot, 0, sizeof f->hot);
     f->udata = NULL;
     f->state = KB_F_READY;
     f->u.b.what = NULL;
@@ -887,6 +948,15 @@ kb_fiber *kb_fiber_spawn(kb_sim *sim, kb_fiber_fn fn, void *arg, const char *nam
 
 kb_fiber *kb_fiber_current(kb_sim *sim) { return sim->current; }
 const char *kb_fiber_name(const kb_fiber *f) { return f ? f->name : ""; }
+int kb_fiber_set_hot(kb_fiber *f, const void *const *lines, int n)
+{
+    if (n < 0 || n > KB_FIBER_HOT || (n > 0 && !lines))
+        return KB_ERR_INVAL;
+    for (int i = 0; i < KB_FIBER_HOT; i++)
+        f->hot[i] = i < n ? lines[i] : NULL;
+    return 0;
+}
+
 void kb_fiber_set_udata(kb_fiber *f, void *udata) { f->udata = udata; }
 void *kb_fiber_udata(const kb_fiber *f) { return f->udata; }
 kb_fiber **kb_fiber_link(kb_fiber *f) { return &f->wait_next; }

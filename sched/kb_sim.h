@@ -125,6 +125,16 @@ const char *kb_fiber_name(const kb_fiber *f);
 void kb_fiber_set_udata(kb_fiber *f, void *udata);
 void *kb_fiber_udata(const kb_fiber *f);
 
+/*
+ * Lines the fiber reads first whenever it resumes, beyond its own stack and what it blocked on
+ * (n <= KB_FIBER_HOT addresses, any values; n = 0 clears them): the run loop prefetches them
+ * with those while the event before its resume runs (kb_sim.c, "prefetching the next
+ * resumes"). A hint for speed only: the addresses are never dereferenced, and nothing the run
+ * computes depends on them. KB_ERR_INVAL when n is out of range.
+ */
+#define KB_FIBER_HOT 2
+int kb_fiber_set_hot(kb_fiber *f, const void *const *lines, int n);
+
 /* Suspends the running fiber for dt >= 0 picoseconds (dt = 0 yields to events queued for now). */
 void kb_fiber_sleep(kb_sim *sim, kb_time dt);
 

@@ -112,8 +112,10 @@ struct kb_fiber {
     kb_sim *sim;
     kb_fiber_fn fn;
     void *arg;
+    const void *hot[KB_FIBER_HOT]; /* kb_fiber_set_hot: prefetched before a resume */
     void *udata;
     kb_fiber *prev, *next;        /* live list (spawn order); next doubles as free-list link */
+    /* the second line ends here: the run loop prefetches it with the first */
     unsigned char *stack;         /* low end of the usable stack (sim->stack_bytes long) */
 #ifdef KB_ASAN_
     void *fake_stack;
@@ -126,6 +128,8 @@ struct kb_fiber {
 
 #if KBCL_FIBER_ASM
 _Static_assert(offsetof(struct kb_fiber, sim) == 64, "a fiber's hot fields fill its first line");
+_Static_assert(offsetof(struct kb_fiber, hot) + sizeof(const void *[KB_FIBER_HOT]) <= 128,
+               "the prefetch hints are on the fiber's second line");
 #endif
 
 /* A wheel bucket's event: linked by pool index, so the pool can grow by realloc. */

@@ -918,18 +918,30 @@ static void det_reader(kb_sim *sim, void *arg)
     }
 }
 
-static void det_scenario(trace *out)
+/* hints: give every fiber prefetch hints (kb_fiber_set_hot), one of them an address that
+ * nothing maps: a hint is never read, so the run must not change */
+static void det_scenario(trace *out, int hints)
 {
     kb_sim *sim = kb_sim_create(NULL);
     det_ctx c;
+    kb_fiber *f[4];
 
     memset(&c, 0, sizeof c);
     c.rng.s = 99;
     kb_signal_init(&c.go);
     assert_int_equal(kb_queue_init(&c.q, 2), 0);
     for (int i = 0; i < 3; i++)
-        assert_non_null(kb_fiber_spawn(sim, det_worker, &c, "w"));
-    assert_non_null(kb_fiber_spawn(sim, det_reader, &c, "r"));
+        assert_non_null(f[i] = kb_fiber_spawn(sim, det_worker, &c, "w"));
+    assert_non_null(f[3] = kb_fiber_spawn(sim, det_reader, &c, "r"));
+    for (int i = 0; hints && i < 4; i++) {
+        const void *hot[KB_FIBER_HOT] = { (const void *)(uintptr_t)64, f[(i + 1) % 4] };
+        assert_int_equal(kb_fiber_set_hot(f[i], hot, i % 2 ? KB_FIBER_HOT : 1), 0);
+    }
+    if (hints) {
+        const void *hot[KB_FIBER_HOT + 1] = { 0 };
+        assert_int_equal(kb_fiber_set_hot(f[0], hot, KB_FIBER_HOT + 1), KB_ERR_INVAL);
+        assert_int_equal(kb_fiber_set_hot(f[0], NULL, 1), KB_ERR_INVAL);
+    }
     for (long i = 0; i < 7; i++)
         kb_sim_at(sim, (kb_time)kbt_rng_below(&c.rng, 100), det_ev, &c, (void *)(intptr_t)i);
     assert_int_equal(kb_sim_run(sim), 0);
@@ -943,8 +955,8 @@ static void test_determinism(void **state)
     trace t1, t2;
 
     (void)state;
-    det_scenario(&t1);
-    det_scenario(&t2);
+    det_scenario(&t1, 0);
+    det_scenario(&t2, 1);
     assert_true(t1.n > 400);
     assert_int_equal(t1.n, t2.n);
     for (size_t i = 0; i < t1.n; i++) {
