@@ -669,10 +669,25 @@ static void fork_run(kb_sim *sim, void *a, void *b)
     launch_done_at_last_sip(sim, l);
 }
 
-/* Wheel slots of 4.1 ns (2^12 ps) for a partition whose thread runs at least this many PEs;
- * the engine's default 0.512 ns otherwise. */
+_Static_assert(KB_PE_NEXT_RES == KB_FIBER_HOT_VEC,
+               "a PE's next_res is its kernel fiber's hint vector");
+
+/* A thread that runs at least this many PEs sweeps more state than its caches hold: its
+ * partitions get wheel slots of 4.1 ns (2^12 ps; the engine's default 0.512 ns otherwise) and
+ * its kernels a hint vector (kb_fiber_set_hot_vec). */
 #define KB_FORK_WIDE_SHIFT 12u
 #define KB_FORK_WIDE_PES 1024
+
+/* The PEs each thread of a forked launch runs: the machine's SIPs split over the processes
+ * (ceil), then a process's over its threads (ceil), as kb_psim splits them. */
+static long fork_pes_per_thread(const kb_ctx *ctx)
+{
+    const kb_machine *m = ctx->m;
+    int ranks = ctx->net ? ctx->net->nranks : 1;
+    int local = (m->nsips + ranks - 1) / ranks;
+    int thr = ctx->threads < local ? ctx->threads : local;
+    return (long)m->npes * m->ncubes * ((local + thr - 1) / thr);
+}
 
 /* Makes l's partitions (one per SIP of the machine) for a run forked with lookahead `look`:
  * 0, or an error. */
@@ -684,10 +699,7 @@ static int fork_prepare(kb_ctx *ctx, kb_launch_st *l, kb_time look)
      * of a window's pushes (a line per 8 ns of 0.512 ns slots) were cold at nearly every
      * push, so 4.1 ns slots; with fewer the lines stay warm and narrower slots sort fewer
      * events. Order and results do not depend on it. */
-    int ranks = ctx->net ? ctx->net->nranks : 1;
-    int local = (m->nsips + ranks - 1) / ranks;
-    int thr = ctx->threads < local ? ctx->threads : local;
-    long pes = (long)m->npes * m->ncubes * ((local + thr - 1) / thr);
+    long pes = fork_pes_per_thread(ctx);
     kb_sim_opts so = { .slot_shift = pes >= KB_FORK_WIDE_PES ? KB_FORK_WIDE_SHIFT : 0 };
     kb_psim_opts po = { .parts = m->nsips, .threads = ctx->threads, .lookahead = look,
                         .sim = &so, .net = ctx->net };
@@ -818,6 +830,10 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
 
     kb_time now = kb_sim_now(ctx->sim), cpu_ovh = kb_time_from_ns(m->cfg.pe_cpu_overhead_ns);
     int k = 0;
+    /* hint vectors only where the PEs' state is cold anyway: with fewer PEs a thread, their
+     * upkeep costs more than the prefetches win (docs/parallel.md) */
+    long pes_thr = l->ps ? fork_pes_per_thread(ctx) : (long)g.sips * g.cubes * g.pes;
+    int hot_vec = pes_thr >= KB_FORK_WIDE_PES;
     l->kfirst = KB_TIME_MAX;
     for (int s = 0; s < g.sips; s++) {
         unsigned gsip = (unsigned)(g.sip0 + s);
@@ -864,6 +880,9 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
                  * memo's keys as a third were no faster: docs/parallel.md) */
                 const void *hot[KB_FIBER_HOT] = { tl, tl->pe };
                 kb_fiber_set_hot(f, hot, KB_FIBER_HOT);
+                /* and, just before it resumes, what its PE's next DMA will likely reserve */
+                if (hot_vec)
+                    kb_fiber_set_hot_vec(f, (const void *const *)tl->pe->next_res);
             }
         }
     }

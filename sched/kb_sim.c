@@ -338,8 +338,10 @@ static void fiber_then_ev(kb_sim *sim, void *a, void *b);
  * context, that its PE; each a miss that waits for the one before. The run loop walks that
  * chain ahead, one link per event: the records of the resumes among the events after next
  * (and of a slot's events as they enter the near run), then, for the next event, the lines
- * its record names — the stack's top, what the fiber blocked on, its kb_fiber_set_hot lines.
- * Only events already in the near run are seen. Prefetches change nothing the run computes.
+ * its record names — the stack's top, what the fiber blocked on, its kb_fiber_set_hot lines
+ * and the line of its kb_fiber_set_hot_vec vector; last, just before a resume, the lines that
+ * vector names (one link further: what a kernel reaches through its PE's tables). Only events
+ * already in the near run are seen. Prefetches change nothing the run computes.
  */
 static KB_ALWAYS_INLINE int ev_resumes(const kb_event *e)
 {
@@ -369,6 +371,20 @@ static KB_ALWAYS_INLINE void prefetch_lines(const kb_event *e)
     for (int i = 0; i < KB_FIBER_HOT; i++)
         if (f->hot[i])
             __builtin_prefetch(f->hot[i], 0);
+    if (f->hot_vec)
+        __builtin_prefetch(f->hot_vec, 0);
+}
+
+/* Just before a resume: the lines its kb_fiber_set_hot_vec vector names now (the vector's line
+ * was asked for one event earlier, with the record's lines). */
+static KB_ALWAYS_INLINE void prefetch_vec(const kb_event *e)
+{
+    const kb_fiber *f = e->a;
+
+    if (!ev_resumes(e) || !f->hot_vec)
+        return;
+    for (int i = 0; i < KB_FIBER_HOT_VEC; i++)
+        __builtin_prefetch(f->hot_vec[i], 1);
 }
 
 static KB_ALWAYS_INLINE void prefetch_ahead(const kb_sim *sim)
@@ -582,6 +598,7 @@ static KB_ALWAYS_INLINE void run_loop(kb_sim *sim, int bounded, kb_time limit)
         sim->nevents++;
         prefetch_ahead(sim);
         prefetch_lines(&ev); /* the first of a slot had no event before it to do that */
+        prefetch_vec(&ev);
         /* A resume in line: the switch back lands in this loop, so no return through an
          * event function follows it (after a fiber's run the return predictor holds the
          * fiber's calls, and that return would be mispredicted). */
@@ -916,6 +933,7 @@ kb_fiber *kb_fiber_spawn(kb_sim *sim, kb_fiber_fn fn, void *arg, const char *nam
     f->fn = fn;
     f->arg = arg;
     memset(f->hot, 0, sizeof f->hot);
+    f->hot_vec = NULL;
     f->udata = NULL;
     f->state = KB_F_READY;
     f->u.b.what = NULL;
@@ -948,6 +966,15 @@ kb_fiber *kb_fiber_spawn(kb_sim *sim, kb_fiber_fn fn, void *arg, const char *nam
 
 kb_fiber *kb_fiber_current(kb_sim *sim) { return sim->current; }
 const char *kb_fiber_name(const kb_fiber *f) { return f ? f->name : ""; }
+int kb_fiber_set_hot_vec(kb_fiber *f, const void *const *vec)
+{
+    for (int i = 0; vec && i < KB_FIBER_HOT_VEC; i++)
+        if (!vec[i])
+            return KB_ERR_INVAL;
+    f->hot_vec = vec;
+    return 0;
+}
+
 int kb_fiber_set_hot(kb_fiber *f, const void *const *lines, int n)
 {
     if (n < 0 || n > KB_FIBER_HOT || (n > 0 && !lines))

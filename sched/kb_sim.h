@@ -19,7 +19,7 @@
  * kb_sim.c), and are recycled through a free list when a fiber ends. With thousands of fibers
  * their state is cold whenever they resume, so the run loop prefetches the lines of the
  * resumes it can see coming (the current slot's events): records, stack tops, what they
- * blocked on and the lines each names with kb_fiber_set_hot.
+ * blocked on and the lines each names with kb_fiber_set_hot and kb_fiber_set_hot_vec.
  *
  * kb_sim_run() returns when no event is pending. If fibers are still blocked then, that is a
  * deadlock: it returns KB_ERR_DEADLOCK and kb_sim_foreach_blocked() lists who waits on what.
@@ -137,6 +137,18 @@ void *kb_fiber_udata(const kb_fiber *f);
  */
 #define KB_FIBER_HOT 2
 int kb_fiber_set_hot(kb_fiber *f, const void *const *lines, int n);
+
+/*
+ * Lines the fiber will likely reach through a chain of its own data soon after it resumes (a
+ * DMA's resources, found through a route table), named by a vector its owner keeps current:
+ * vec holds KB_FIBER_HOT_VEC addresses, none NULL, and stays valid while set (vec = NULL clears
+ * it). The run loop prefetches the line holding vec with the record's lines, one event before
+ * the resume, and the lines vec names just before it; vec's entries may change between
+ * resumes (the run reads them then). A hint for speed only, like kb_fiber_set_hot.
+ * KB_ERR_INVAL when an entry is NULL.
+ */
+#define KB_FIBER_HOT_VEC 4
+int kb_fiber_set_hot_vec(kb_fiber *f, const void *const *vec);
 
 /* Suspends the running fiber for dt >= 0 picoseconds (dt = 0 yields to events queued for now). */
 void kb_fiber_sleep(kb_sim *sim, kb_time dt);

@@ -110,12 +110,13 @@ struct kb_fiber {
     } u;
     kb_fiber *wait_next;          /* kb_sync wait lists */
     kb_sim *sim;
-    kb_fiber_fn fn;
-    void *arg;
+    const void *const *hot_vec;   /* kb_fiber_set_hot_vec (NULL: none) */
     const void *hot[KB_FIBER_HOT]; /* kb_fiber_set_hot: prefetched before a resume */
     void *udata;
     kb_fiber *prev, *next;        /* live list (spawn order); next doubles as free-list link */
+    kb_fiber_fn fn;               /* read once, at the fiber's start */
     /* the second line ends here: the run loop prefetches it with the first */
+    void *arg;
     unsigned char *stack;         /* low end of the usable stack (sim->stack_bytes long) */
 #ifdef KB_ASAN_
     void *fake_stack;
@@ -128,7 +129,8 @@ struct kb_fiber {
 
 #if KBCL_FIBER_ASM
 _Static_assert(offsetof(struct kb_fiber, sim) == 64, "a fiber's hot fields fill its first line");
-_Static_assert(offsetof(struct kb_fiber, hot) + sizeof(const void *[KB_FIBER_HOT]) <= 128,
+_Static_assert(offsetof(struct kb_fiber, hot) + sizeof(const void *[KB_FIBER_HOT]) <= 128 &&
+                   offsetof(struct kb_fiber, hot_vec) < 128,
                "the prefetch hints are on the fiber's second line");
 #endif
 

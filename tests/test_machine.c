@@ -1091,7 +1091,45 @@ static void check_channels(int nch)
     assert_int_equal(kb_machine_dma_channel(pe)->free_at, best);
     for (int k = 0; k < nch && nch <= KB_DMA_INL; k++)
         assert_int_equal(pe->dma_free[k], pe->dma[k].free_at);
+    /* the kernel's hints: the channel a transfer takes now, and the remembered route's source
+     * port, last link and destination port (the loads' route, way 0, from the second on) */
+    const kb_route_way *w = &pe->routes[0];
+    int n = w->n;
+    assert_true(n >= 3 && n <= KB_ROUTE_MEMO_LEN);
+    if (nch <= KB_DMA_INL)
+        assert_ptr_equal(pe->next_res[0], kb_machine_dma_channel(pe));
+    assert_ptr_equal(pe->next_way, w);
+    assert_ptr_equal(pe->next_res[1], w->path[1]);
+    assert_ptr_equal(pe->next_res[1], &pe->hbm_port);
+    assert_ptr_equal(pe->next_res[2], w->path[n - 2]);
+    assert_ptr_equal(pe->next_res[3], &pe->tcm_wr);
     kb_machine_destroy(m);
+}
+
+/* Fewer channels than kb_pe_hw mirrors: the unused mirrors are never the channel free first,
+ * and the hint names the channel each transfer takes. */
+static void test_net_channels_few(void **state)
+{
+    (void)state;
+    for (int nch = 1; nch <= 3; nch++) {
+        char set[40];
+        snprintf(set, sizeof set, "pe.dma.channels=%d", nch);
+        const char *sets[] = { set };
+        kb_machine *m = make_net(sets, 1);
+        kb_pe_hw *pe = kb_machine_pe(m, 0, 0, 0);
+        kb_time ts, te;
+        kb_errbuf eb;
+        for (int k = 0; k < 4; k++) {
+            kb_res *ch = kb_machine_dma_channel(pe);
+            assert_ptr_equal(ch, &pe->dma[k % nch]);
+            assert_ptr_equal(pe->next_res[0], ch);
+            assert_int_equal(kb_machine_dma(m, pe, kb_pa_pe_tcm(0, 0, 0, 0),
+                                            kb_pa_pe_tcm(0, 0, 1, 0), 4096, 0, &ts, &te, &eb),
+                             0);
+            assert_int_equal(ch->bytes, (uint64_t)(k / nch + 1) * 4096);
+        }
+        kb_machine_destroy(m);
+    }
 }
 
 static void test_net_channels(void **state)
@@ -1188,6 +1226,7 @@ int main(void)
         cmocka_unit_test(test_net_dma_idle),
         cmocka_unit_test(test_net_long_route_memo),
         cmocka_unit_test(test_net_channels),
+        cmocka_unit_test(test_net_channels_few),
         cmocka_unit_test(test_net_eight_pes),
         cmocka_unit_test(test_net_command_path),
     };

@@ -883,6 +883,7 @@ typedef struct det_ctx {
     kb_queue q;
     kb_signal go;
     kbt_rng rng;
+    const void *vec[KB_FIBER_HOT_VEC]; /* the workers' kb_fiber_set_hot_vec vector */
 } det_ctx;
 
 static void det_ev(kb_sim *sim, void *a, void *b)
@@ -902,6 +903,9 @@ static void det_worker(kb_sim *sim, void *arg)
     det_ctx *c = arg;
     kb_signal_wait(sim, &c->go);
     for (int i = 0; i < 20; i++) {
+        long here = i;
+        /* the vector changes between resumes, to a line of this stack and back */
+        c->vec[1] = i % 2 ? (const void *)&here : (const void *)c;
         kb_fiber_sleep(sim, (kb_time)kbt_rng_below(&c->rng, 700));
         kb_queue_put(sim, &c->q, (void *)(intptr_t)i);
         trace_add(&c->tr, kb_sim_now(sim), 1000 + i);
@@ -918,8 +922,9 @@ static void det_reader(kb_sim *sim, void *arg)
     }
 }
 
-/* hints: give every fiber prefetch hints (kb_fiber_set_hot), one of them an address that
- * nothing maps: a hint is never read, so the run must not change */
+/* hints: give every fiber prefetch hints (kb_fiber_set_hot, and a vector the workers change as
+ * they run: kb_fiber_set_hot_vec), one of each an address that nothing maps: a hint is never
+ * read, so the run must not change */
 static void det_scenario(trace *out, int hints)
 {
     kb_sim *sim = kb_sim_create(NULL);
@@ -937,10 +942,17 @@ static void det_scenario(trace *out, int hints)
         const void *hot[KB_FIBER_HOT] = { (const void *)(uintptr_t)64, f[(i + 1) % 4] };
         assert_int_equal(kb_fiber_set_hot(f[i], hot, i % 2 ? KB_FIBER_HOT : 1), 0);
     }
+    for (int i = 0; i < KB_FIBER_HOT_VEC; i++)
+        c.vec[i] = i == 2 ? (const void *)(uintptr_t)64 : (const void *)&c;
+    for (int i = 0; hints && i < 4; i++)
+        assert_int_equal(kb_fiber_set_hot_vec(f[i], c.vec), 0);
     if (hints) {
         const void *hot[KB_FIBER_HOT + 1] = { 0 };
+        const void *holed[KB_FIBER_HOT_VEC] = { &c, &c, NULL, &c };
         assert_int_equal(kb_fiber_set_hot(f[0], hot, KB_FIBER_HOT + 1), KB_ERR_INVAL);
         assert_int_equal(kb_fiber_set_hot(f[0], NULL, 1), KB_ERR_INVAL);
+        assert_int_equal(kb_fiber_set_hot_vec(f[0], holed), KB_ERR_INVAL); /* keeps c.vec */
+        assert_int_equal(kb_fiber_set_hot_vec(f[3], NULL), 0);              /* none again */
     }
     for (long i = 0; i < 7; i++)
         kb_sim_at(sim, (kb_time)kbt_rng_below(&c.rng, 100), det_ev, &c, (void *)(intptr_t)i);

@@ -69,7 +69,7 @@ static int build_pe(kb_machine *m, kb_pe_hw *p, unsigned gsip, unsigned cube, un
     p->gid = (unsigned)(((int)gsip * m->ncubes + (int)cube) * m->npes + (int)pe);
     p->router = kb_machine_pe_router(m, pe);
     cpu_init(&p->cpu, "pe_cpu", c->pe_cpu_overhead_ns);
-    p->ndma = (uint16_t)(c->dma_channels > 0 ? c->dma_channels : 1); /* at most 64 */
+    p->ndma = (uint8_t)(c->dma_channels > 0 ? c->dma_channels : 1); /* at most 64 */
     p->dma = zalloc_lines((size_t)p->ndma, sizeof *p->dma);
     if (!p->dma)
         return kb_err_set(eb, KB_ERR_NOMEM, "out of memory creating the machine");
@@ -79,6 +79,12 @@ static int build_pe(kb_machine *m, kb_pe_hw *p, unsigned gsip, unsigned cube, un
         /* a channel works through its transfers in issue order */
         kb_res_set_ordered(&p->dma[i]);
     }
+    for (int i = p->ndma; i < KB_DMA_INL; i++)
+        p->dma_free[i] = KB_TIME_MAX; /* no channel: never the one free first */
+    p->dma_next = 0;
+    for (int i = 0; i < KB_PE_NEXT_RES; i++)
+        p->next_res[i] = &p->dma[0];
+    p->next_way = NULL;
     /* rates in items/ns play the role of bytes/ns: a use of n elements (flops) takes n / rate */
     kb_res_init(&p->math, "pe_math", c->math_lanes_per_ns, 0, kb_time_from_ns(c->math_fixed_ns));
     kb_res_init(&p->gemm, "pe_gemm", c->gemm_flops_per_ns, 0, kb_time_from_ns(c->gemm_fixed_ns));
@@ -639,6 +645,17 @@ void kb_machine_observe(kb_machine *m, kb_res_observer_fn fn, void *ud)
     m->res_observer_ud = fn ? ud : NULL;
 }
 
+/* After pe's channels' mirrors moved: the channel a transfer takes now (kb_machine_dma_channel;
+ * the unused mirrors hold KB_TIME_MAX), which a kernel's hints name too. */
+static KB_ALWAYS_INLINE void dma_next_set(kb_pe_hw *pe)
+{
+    int best = 0;
+    for (int i = 1; i < KB_DMA_INL; i++)
+        best = pe->dma_free[i] < pe->dma_free[best] ? i : best;
+    pe->dma_next = (uint8_t)best;
+    pe->next_res[0] = &pe->dma[best];
+}
+
 /* kb_machine_dma's tail: reserve the route (whose first resource is one of issuer's channels
  * when issuer is not NULL: its mirror follows), and tell the observer when one is attached. */
 static KB_ALWAYS_INLINE void reserve_path(kb_machine *m, kb_pe_hw *issuer, kb_res *const *path,
@@ -648,8 +665,10 @@ static KB_ALWAYS_INLINE void reserve_path(kb_machine *m, kb_pe_hw *issuer, kb_re
     *t_end = kb_res_path_reserve(path, n, now, nbytes, t_start);
     assert(*t_start >= now && *t_end >= *t_start);
     assert(!issuer || (path[0] >= issuer->dma && path[0] < issuer->dma + issuer->ndma));
-    if (issuer && issuer->ndma <= KB_DMA_INL)
+    if (issuer && issuer->ndma <= KB_DMA_INL) {
         issuer->dma_free[path[0] - issuer->dma] = path[0]->free_at;
+        dma_next_set(issuer);
+    }
     if (m->res_observer)
         for (int i = 0; i < n; i++)
             m->res_observer(m->res_observer_ud, path[i], *t_start,
@@ -754,6 +773,8 @@ static KB_NOINLINE int dma_slow(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, k
             issuer->route_dst[i] = route_key(m, pa_dst, ld->port);
             w->n = n;
             memcpy(kb_route_way_path(w), buf, (size_t)n * sizeof *buf);
+            if (issuer->next_way == w)
+                issuer->next_way = NULL; /* another route in it: the next hit names that */
         }
     }
     /* a PE's route starts at its engine's first channel: the DMA swaps in the one it takes */
@@ -791,6 +812,13 @@ int kb_machine_dma(kb_machine *m, kb_pe_hw *issuer, kb_pa pa_src, kb_pa pa_dst, 
                 kb_res **path = kb_route_way_path(w);
                 path[0] = kb_machine_dma_channel(issuer);
                 reserve_path(m, issuer, path, w->n, now, nbytes, t_start, t_end);
+                if (issuer->next_way != w) {
+                    int n = w->n; /* the engine, two ends and what joins them */
+                    issuer->next_res[1] = path[n > 1 ? 1 : 0];
+                    issuer->next_res[2] = path[n > 2 ? n - 2 : 0];
+                    issuer->next_res[3] = path[n - 1];
+                    issuer->next_way = w;
+                }
                 return 0;
             }
         }
@@ -814,6 +842,7 @@ void kb_machine_bind_sips(kb_machine *m, int on)
                     pe->routes[i].n = 0;
                     pe->route_src[i] = pe->route_dst[i] = 0;
                 }
+                pe->next_way = NULL;
             }
 }
 
@@ -1150,9 +1179,11 @@ void kb_machine_sip_load(kb_machine *m, int s, kb_wire_rd *r)
     for (int c = 0; c < m->ncubes; c++) /* the channels' mirrors follow what was loaded */
         for (int p = 0; p < m->npes; p++) {
             kb_pe_hw *pe = &m->sips[s].cubes[c].pes[p];
-            if (pe->ndma <= KB_DMA_INL)
+            if (pe->ndma <= KB_DMA_INL) {
                 for (int i = 0; i < pe->ndma; i++)
                     pe->dma_free[i] = pe->dma[i].free_at;
+                dma_next_set(pe);
+            }
         }
 }
 

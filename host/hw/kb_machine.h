@@ -61,6 +61,7 @@
 #define KB_ROUTE_MEMO_WAYS 4  /* routes remembered per issuing PE */
 #define KB_ROUTE_MEMO_LEN 24  /* longest route kept in a memo way itself: any route between
                                * neighbouring cubes, most inside one SIP */
+#define KB_PE_NEXT_RES 4      /* KB_FIBER_HOT_VEC: kb_pe_hw.next_res feeds a kernel's hints */
 #define KB_ROUTE_MEMO_MAX 128 /* longest remembered route (longer: in the way's own buffer) */
 
 /* A route remembered by kb_machine_dma (its end keys are in kb_pe_hw.route_src/dst);
@@ -92,7 +93,9 @@ enum { KB_MESH_E = 0, KB_MESH_W = 1, KB_MESH_N = 2, KB_MESH_S = 3 };
 typedef struct kb_pe_hw {
     unsigned gsip, cube;
     uint16_t pe;
-    uint16_t ndma;
+    uint8_t ndma;      /* 1 .. 64 (pe.dma.channels) */
+    uint8_t dma_next;  /* with up to KB_DMA_INL channels: the one a transfer takes now (the
+                        * free first, the lowest of equals), kept with dma_free */
     uint32_t ipcq_wired; /* IPCQ layer: bit d set = direction d wired (copy of its state's;
                           * while an install runs, the directions it has met so far) */
     void *ipcq_state;  /* owned by the IPCQ layer (ccl/); NULL until installed */
@@ -125,6 +128,13 @@ typedef struct kb_pe_hw {
     _Alignas(64) uint64_t route_src[KB_ROUTE_MEMO_WAYS];
     uint64_t route_dst[KB_ROUTE_MEMO_WAYS];
     kb_route_way routes[KB_ROUTE_MEMO_WAYS];
+    /* The resources this PE's next DMA will likely reserve, for its kernel's prefetch hints
+     * (kb_fiber_set_hot_vec; a resume finds them cold at thousands of PEs, behind the route
+     * memo): [0] the channel it would take now (channel 0 with more than KB_DMA_INL), [1..3]
+     * the source port, last link and destination port of the last remembered route it used
+     * (next_way; NULL: none since its way was refilled). Never NULL; only ever read as hints. */
+    _Alignas(64) kb_res *next_res[KB_PE_NEXT_RES];
+    const kb_route_way *next_way;
 } kb_pe_hw;
 
 _Static_assert(offsetof(kb_pe_hw, gid) == 64, "a DMA's channel choice is in kb_pe_hw's first line");
@@ -315,13 +325,10 @@ int kb_machine_pe_router(const kb_machine *m, unsigned pe);
 static inline kb_res *kb_machine_dma_channel(kb_pe_hw *pe)
 {
     int best = 0;
-    if (pe->ndma <= KB_DMA_INL) {
-        for (int i = 1; i < pe->ndma; i++)
-            best = pe->dma_free[i] < pe->dma_free[best] ? i : best;
-    } else {
-        for (int i = 1; i < pe->ndma; i++)
-            best = pe->dma[i].free_at < pe->dma[best].free_at ? i : best;
-    }
+    if (pe->ndma <= KB_DMA_INL)
+        return &pe->dma[pe->dma_next];
+    for (int i = 1; i < pe->ndma; i++)
+        best = pe->dma[i].free_at < pe->dma[best].free_at ? i : best;
     return &pe->dma[best];
 }
 
