@@ -673,8 +673,9 @@ _Static_assert(KB_PE_NEXT_RES == KB_FIBER_HOT_VEC,
                "a PE's next_res is its kernel fiber's hint vector");
 
 /* A thread that runs at least this many PEs sweeps more state than its caches hold: its
- * partitions get wheel slots of 4.1 ns (2^12 ps; the engine's default 0.512 ns otherwise) and
- * its kernels a hint vector (kb_fiber_set_hot_vec). */
+ * partitions get wheel slots of 4.1 ns (2^12 ps; the engine's default 0.512 ns otherwise) that
+ * are prefetched a slot ahead (kb_sim_opts.prefetch_slots), and its kernels a hint vector
+ * (kb_fiber_set_hot_vec). */
 #define KB_FORK_WIDE_SHIFT 12u
 #define KB_FORK_WIDE_PES 1024
 
@@ -700,7 +701,8 @@ static int fork_prepare(kb_ctx *ctx, kb_launch_st *l, kb_time look)
      * push, so 4.1 ns slots; with fewer the lines stay warm and narrower slots sort fewer
      * events. Order and results do not depend on it. */
     long pes = fork_pes_per_thread(ctx);
-    kb_sim_opts so = { .slot_shift = pes >= KB_FORK_WIDE_PES ? KB_FORK_WIDE_SHIFT : 0 };
+    kb_sim_opts so = { .slot_shift = pes >= KB_FORK_WIDE_PES ? KB_FORK_WIDE_SHIFT : 0,
+                       .prefetch_slots = pes >= KB_FORK_WIDE_PES };
     kb_psim_opts po = { .parts = m->nsips, .threads = ctx->threads, .lookahead = look,
                         .sim = &so, .net = ctx->net };
     int rc = kb_psim_create(&po, &l->ps);
@@ -830,8 +832,8 @@ static int launch_impl(kb_ctx *ctx, const char *name, kb_kernel_fn kernel, const
 
     kb_time now = kb_sim_now(ctx->sim), cpu_ovh = kb_time_from_ns(m->cfg.pe_cpu_overhead_ns);
     int k = 0;
-    /* hint vectors only where the PEs' state is cold anyway: with fewer PEs a thread, their
-     * upkeep costs more than the prefetches win (docs/parallel.md) */
+    /* hint vectors only where the PEs' state is cold anyway: with fewer PEs a thread their
+     * lines stay warm and the vector's reads at each resume buy nothing (docs/parallel.md) */
     long pes_thr = l->ps ? fork_pes_per_thread(ctx) : (long)g.sips * g.cubes * g.pes;
     int hot_vec = pes_thr >= KB_FORK_WIDE_PES;
     l->kfirst = KB_TIME_MAX;

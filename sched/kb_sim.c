@@ -403,6 +403,23 @@ static KB_ALWAYS_INLINE void prefetch_ahead(const kb_sim *sim)
     prefetch_lines(nx);
 }
 
+/* After slot b was taken (kb_sim_opts.prefetch_slots): the record of the next slot's newest
+ * event, whose list node the slot before asked for, and the node of the slot after that. A
+ * slot's first event has no event before it in the near run to see it coming, and at thousands
+ * of PEs on a thread the partitions' wheels hold about two events a slot. */
+static KB_ALWAYS_INLINE void prefetch_slots_ahead(const kb_sim *sim, uint32_t b)
+{
+    if (!sim->pf_slots || !sim->wn)
+        return;
+    uint32_t b1 = (b + (uint32_t)wheel_next(sim, b)) & (KB_WHEEL_N_ - 1u), i1 = sim->bucket[b1];
+    if (b1 == b || i1 == KB_NIL_)
+        return;
+    prefetch_record(&sim->nodes[i1].ev);
+    uint32_t b2 = (b1 + (uint32_t)wheel_next(sim, b1)) & (KB_WHEEL_N_ - 1u), i2 = sim->bucket[b2];
+    if (b2 != b1 && i2 != KB_NIL_)
+        __builtin_prefetch(&sim->nodes[i2], 0);
+}
+
 /*
  * With the near run used up: moves the cursor to the earliest slot still holding events and
  * takes that slot's first event into *out, the rest into the near run (a slot that holds a
@@ -440,6 +457,7 @@ static KB_ALWAYS_INLINE int advance(kb_sim *sim, kb_event *out)
             sim->wn--;
             sim->bucket[b] = KB_NIL_;
             wheel_clear(sim, b);
+            prefetch_slots_ahead(sim, b);
             return 1;
         }
         if (i != KB_NIL_ && slot_of(sim, sim->nodes[i].ev.time) == next) {
@@ -471,6 +489,7 @@ static KB_ALWAYS_INLINE int advance(kb_sim *sim, kb_event *out)
             }
             sim->bucket[b] = KB_NIL_;
             wheel_clear(sim, b);
+            prefetch_slots_ahead(sim, b);
         }
     }
     while (sim->farn && slot_of(sim, sim->far[0].time) == next) {

@@ -57,6 +57,11 @@ typedef struct kb_sim_opts {
      * sweeps every PE's state through the cache, and a wheel of 0.512 ns slots spreads a
      * window's pushes over a list-head line per 8 ns) */
     unsigned slot_shift;
+    /* nonzero: as the run takes a wheel slot, it also asks for the record of the next slot's
+     * newest event and the list node of the slot after that (two bitmap scans a slot), so that
+     * a slot's first resume is seen ahead too. For runs whose events find their state cold
+     * (thousands of PEs on a thread); a speed hint only */
+    int prefetch_slots;
 } kb_sim_opts;
 
 /* Owner: the caller; destroy with kb_sim_destroy (NULL is a no-op). opts may be NULL.

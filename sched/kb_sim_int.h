@@ -152,6 +152,7 @@ struct kb_sim {
     size_t nh, hn;
     int near_heap;   /* the near run is a 4-ary heap in [0, hn) instead (nh = 0) */
     unsigned shift;  /* a slot is 2^shift ps (kb_sim_opts.slot_shift) */
+    int pf_slots;    /* kb_sim_opts.prefetch_slots */
     kb_event *far;   /* far heap: events beyond the wheel's horizon when pushed */
     size_t farn;
     kb_now_event *fifo;

@@ -136,6 +136,7 @@ kb_sim *kb_sim_create(const kb_sim_opts *opts)
     if (!sim || shift < KB_SIM_SLOT_SHIFT_MIN || shift > KB_SIM_SLOT_SHIFT_MAX)
         goto fail;
     sim->shift = shift;
+    sim->pf_slots = opts && opts->prefetch_slots;
     sim->page = page > 0 ? (size_t)page : 4096u;
     if (stack < KB_MIN_STACK_)
         stack = KB_MIN_STACK_;

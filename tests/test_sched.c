@@ -923,11 +923,13 @@ static void det_reader(kb_sim *sim, void *arg)
 }
 
 /* hints: give every fiber prefetch hints (kb_fiber_set_hot, and a vector the workers change as
- * they run: kb_fiber_set_hot_vec), one of each an address that nothing maps: a hint is never
- * read, so the run must not change */
+ * they run: kb_fiber_set_hot_vec), one of each an address that nothing maps, and prefetch the
+ * wheel's next slots (kb_sim_opts.prefetch_slots): a hint is never read, so the run must not
+ * change */
 static void det_scenario(trace *out, int hints)
 {
-    kb_sim *sim = kb_sim_create(NULL);
+    kb_sim_opts so = { .prefetch_slots = 1 };
+    kb_sim *sim = kb_sim_create(hints ? &so : NULL);
     det_ctx c;
     kb_fiber *f[4];
 
