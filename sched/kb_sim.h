@@ -18,8 +18,9 @@
  * them (every stack on kernels with guard regions, Linux 6.13+; the first 16 384 elsewhere, see
  * kb_sim.c), and are recycled through a free list when a fiber ends. With thousands of fibers
  * their state is cold whenever they resume, so the run loop prefetches the lines of the
- * resumes it can see coming (the current slot's events): records, stack tops, what they
- * blocked on and the lines each names with kb_fiber_set_hot and kb_fiber_set_hot_vec.
+ * resumes it can see coming (the current slot's events, and with kb_sim_opts.prefetch_slots
+ * the next slot's newest): records, stack tops, what they blocked on and the lines each names
+ * with kb_fiber_set_hot and kb_fiber_set_hot_vec.
  *
  * kb_sim_run() returns when no event is pending. If fibers are still blocked then, that is a
  * deadlock: it returns KB_ERR_DEADLOCK and kb_sim_foreach_blocked() lists who waits on what.
