@@ -375,16 +375,20 @@ static KB_ALWAYS_INLINE void prefetch_lines(const kb_event *e)
         __builtin_prefetch(f->hot_vec, 0);
 }
 
-/* Just before a resume: the lines its kb_fiber_set_hot_vec vector names now (the vector's line
- * was asked for one event earlier, with the record's lines). */
-static KB_ALWAYS_INLINE void prefetch_vec(const kb_event *e)
+/* The event about to fire, if it resumes a fiber: its record's lines once more (the first of a
+ * slot, a FIFO event or a new front of the near run had no event before it to ask for them;
+ * for the rest the record has arrived and they are reissued), then the lines its
+ * kb_fiber_set_hot_vec vector names now (the vector's line was asked for with the record's). */
+static KB_ALWAYS_INLINE void prefetch_current(const kb_event *e)
 {
     const kb_fiber *f = e->a;
 
-    if (!ev_resumes(e) || !f->hot_vec)
+    if (!ev_resumes(e))
         return;
-    for (int i = 0; i < KB_FIBER_HOT_VEC; i++)
-        __builtin_prefetch(f->hot_vec[i], 1);
+    prefetch_lines(e);
+    if (f->hot_vec)
+        for (int i = 0; i < KB_FIBER_HOT_VEC; i++)
+            __builtin_prefetch(f->hot_vec[i], 1);
 }
 
 static KB_ALWAYS_INLINE void prefetch_ahead(const kb_sim *sim)
@@ -616,8 +620,7 @@ static KB_ALWAYS_INLINE void run_loop(kb_sim *sim, int bounded, kb_time limit)
         }
         sim->nevents++;
         prefetch_ahead(sim);
-        prefetch_lines(&ev); /* the first of a slot had no event before it to do that */
-        prefetch_vec(&ev);
+        prefetch_current(&ev);
         /* A resume in line: the switch back lands in this loop, so no return through an
          * event function follows it (after a fiber's run the return predictor holds the
          * fiber's calls, and that return would be mispredicted). */

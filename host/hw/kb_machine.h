@@ -95,7 +95,8 @@ typedef struct kb_pe_hw {
     uint16_t pe;
     uint8_t ndma;      /* 1 .. 64 (pe.dma.channels) */
     uint8_t dma_next;  /* with up to KB_DMA_INL channels: the one a transfer takes now (the
-                        * free first, the lowest of equals), kept with dma_free */
+                        * free first, the lowest of equals), kept with dma_free; next_res[0]
+                        * names it again on the hint line, which a channel choice never reads */
     uint32_t ipcq_wired; /* IPCQ layer: bit d set = direction d wired (copy of its state's;
                           * while an install runs, the directions it has met so far) */
     void *ipcq_state;  /* owned by the IPCQ layer (ccl/); NULL until installed */
