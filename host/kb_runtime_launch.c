@@ -674,8 +674,9 @@ _Static_assert(KB_PE_NEXT_RES == KB_FIBER_HOT_VEC,
 
 /* A thread that runs at least this many PEs sweeps more state than its caches hold: its
  * partitions get wheel slots of 4.1 ns (2^12 ps; the engine's default 0.512 ns otherwise) that
- * are prefetched a slot ahead (kb_sim_opts.prefetch_slots), and its kernels a hint vector
- * (kb_fiber_set_hot_vec). */
+ * are prefetched a slot ahead (kb_sim_opts.prefetch_slots), its kernels a hint vector
+ * (kb_fiber_set_hot_vec), and it warms each partition's fibers while it runs the one before
+ * (kb_psim_opts.warm). */
 #define KB_FORK_WIDE_SHIFT 12u
 #define KB_FORK_WIDE_PES 1024
 
@@ -704,7 +705,7 @@ static int fork_prepare(kb_ctx *ctx, kb_launch_st *l, kb_time look)
     kb_sim_opts so = { .slot_shift = pes >= KB_FORK_WIDE_PES ? KB_FORK_WIDE_SHIFT : 0,
                        .prefetch_slots = pes >= KB_FORK_WIDE_PES };
     kb_psim_opts po = { .parts = m->nsips, .threads = ctx->threads, .lookahead = look,
-                        .sim = &so, .net = ctx->net };
+                        .sim = &so, .net = ctx->net, .warm = pes >= KB_FORK_WIDE_PES };
     int rc = kb_psim_create(&po, &l->ps);
     for (int s = 0; rc == 0 && ctx->net && s < KB_EXT_NSLOTS; s++)
         for (int k = 0; rc == 0 && ctx->ext[s] && k < ctx->ext_dist[s].nmsg; k++)

@@ -96,6 +96,7 @@ struct kb_psim {
     atomic_int go;      /* 1: the started threads may begin; -1: they must quit */
     uint64_t windows;
     int running;
+    int warm;           /* kb_psim_opts.warm */
     kb_psim_window_fn wfn; /* kb_psim_on_window */
     void *wud;
     int wrc;
@@ -161,6 +162,7 @@ int kb_psim_create(const kb_psim_opts *o, kb_psim **out)
     if (ps->nthreads > KB_PSIM_MAX_THREADS)
         ps->nthreads = KB_PSIM_MAX_THREADS;
     ps->look = o->lookahead;
+    ps->warm = o->warm;
     ps->part = calloc(P, sizeof *ps->part);
     ps->box = calloc(P * P, sizeof *ps->box);
     ps->words = (P + 63) / 64;
@@ -465,6 +467,17 @@ static int serp(int lo, int hi, unsigned window, int j)
     return window & 1u ? hi - 1 - j : lo + j;
 }
 
+/* Runs the j-th partition of [lo, hi) in window `win` up to `end`, warming the one after it
+ * (kb_psim_opts.warm; a window's last is the next window's first, warm already). */
+static int run_part(kb_psim *ps, int lo, int hi, unsigned win, int j, kb_time end)
+{
+    kb_sim *s = ps->part[serp(lo, hi, win, j)];
+
+    if (ps->warm && j + 1 < hi - lo)
+        kb_sim_warm_next(s, ps->part[serp(lo, hi, win, j + 1)]);
+    return kb_sim_run_until(s, end);
+}
+
 /* One thread's share of the run: partitions [lo, hi). Returns when the run is decided. */
 static void work(ps_worker *w)
 {
@@ -509,8 +522,7 @@ static void work(ps_worker *w)
         if (w->k == 0)
             ps->windows++;
         for (int j = 0; j < hi - lo; j++) {
-            int i = serp(lo, hi, win, j);
-            ps->rc_b[i] = kb_sim_run_until(ps->part[i], end);
+            ps->rc_b[serp(lo, hi, win, j)] = run_part(ps, lo, hi, win, j, end);
         }
         bar_wait(&ps->bar);
         if ((rc = first_rc(ps->rc_b, P)) != 0) {
@@ -719,7 +731,7 @@ static void work_net(ps_worker *w)
         bar_wait(&ps->bar);
         for (int j = 0; j < hi - lo; j++) {
             int i = serp(lo, hi, win, j);
-            ps->rc_b[i] = ps->rc_a[i] ? ps->rc_a[i] : kb_sim_run_until(ps->part[i], end);
+            ps->rc_b[i] = ps->rc_a[i] ? ps->rc_a[i] : run_part(ps, lo, hi, win, j, end);
         }
         bar_wait(&ps->bar);
         if (w->k == 0)

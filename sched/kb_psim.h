@@ -76,6 +76,10 @@ typedef struct kb_psim_opts {
     kb_time lookahead;      /* the least delay of a message between partitions, > 0 */
     const kb_sim_opts *sim; /* each partition's engine options; NULL: the defaults */
     const kb_psim_net *net; /* several processes (copied); NULL: this one alone */
+    /* nonzero: while a thread runs one of its partitions it warms the one it runs next
+     * (kb_sim_warm_next). For threads whose partitions' state together passes their L2; a
+     * speed hint only */
+    int warm;
 } kb_psim_opts;
 
 /* 0 and *out, KB_ERR_INVAL (a count or the lookahead out of range) or KB_ERR_NOMEM. Owner:

@@ -156,6 +156,20 @@ int kb_fiber_set_hot(kb_fiber *f, const void *const *lines, int n);
 #define KB_FIBER_HOT_VEC 4
 int kb_fiber_set_hot_vec(kb_fiber *f, const void *const *vec);
 
+/*
+ * Warming the engine a thread runs next. During sim's next run (kb_sim_run or
+ * kb_sim_run_until; the run ends the walk), sim walks next's live fibers, one for every event it
+ * fires, and asks for the lines a resume of each reads to be brought into the mid-level cache
+ * (not the L1): its record, what it blocked on, the lines of kb_fiber_set_hot and those its
+ * kb_fiber_set_hot_vec vector names (not its stack). For a thread that runs several engines in
+ * turn whose state together passes its L2 (kb_psim_opts.warm: a thread's partitions, one after
+ * another in each window), so that the next one's state is there, not in the L3 or memory, when
+ * the thread turns to it. next must not run, nor have fibers spawned or ended, while sim runs
+ * (the walk reads its fiber list): the two belong to one thread. next == NULL or sim: no walk.
+ * A speed hint only; nothing the run computes depends on it.
+ */
+void kb_sim_warm_next(kb_sim *sim, kb_sim *next);
+
 /* Suspends the running fiber for dt >= 0 picoseconds (dt = 0 yields to events queued for now). */
 void kb_fiber_sleep(kb_sim *sim, kb_time dt);
 

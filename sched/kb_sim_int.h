@@ -180,6 +180,9 @@ struct kb_sim {
 
     uint64_t nevents, nswitches;
     int running, stop, stop_code;
+    /* kb_sim_warm_next's walk, for this run: the next engine's fiber whose record was asked
+     * for at the last event, and the one before it if its vector's line was (NULL: none) */
+    kb_fiber *wcur, *wvec;
 
 #if KBCL_FIBER_UCONTEXT
     ucontext_t sched_uc;

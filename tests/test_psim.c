@@ -532,6 +532,115 @@ static void test_fibers_across(void **state)
     }
 }
 
+/* kb_psim_opts.warm: a thread walks the fibers of the partition it runs next (their records,
+ * stack pointers and hints) while it runs one. Fibers that sleep, post to the next partition,
+ * block until a message wakes them and end at different windows: the same run, warm or not, at
+ * 1, 2 and 4 threads. */
+#define WARM_P 4
+#define WARM_F 12
+
+typedef struct warm_run {
+    kb_psim *ps;
+    struct warm_fib {
+        struct warm_run *r;
+        kb_fiber *f;
+        int part, k, wakes, blocked;
+        const void *vec[KB_FIBER_HOT_VEC];
+    } fib[WARM_P][WARM_F];
+    uint64_t h[WARM_P]; /* each partition's own: only its thread writes it */
+    int rc;
+} warm_run;
+
+static void warm_wake_ev(kb_sim *sim, void *a, void *b)
+{
+    struct warm_fib *w = a;
+    w->r->h[w->part] = (w->r->h[w->part] ^ (uint64_t)kb_sim_now(sim) ^ (uint64_t)(uintptr_t)b) *
+                       0x100000001b3ull;
+    if (w->blocked) {
+        w->blocked = 0;
+        kb_fiber_wake(sim, w->f);
+    } else {
+        w->wakes++; /* running, sleeping or ended: kept for its next block */
+    }
+}
+
+static void warm_fiber(kb_sim *sim, void *arg)
+{
+    struct warm_fib *w = arg;
+    warm_run *r = w->r;
+    int n = w->k % 4 == 3 ? 10 : 30; /* some end early */
+    for (int i = 0; i < n; i++) {
+        long here = i;
+        w->vec[1] = i % 2 ? (const void *)&here : (const void *)w; /* a line of its stack */
+        kb_fiber_sleep(sim, (kb_time)((w->part * 7 + w->k * 13 + i * 5) % 900 + 1) * 10);
+        r->h[w->part] = (r->h[w->part] ^ (uint64_t)kb_sim_now(sim)) * 0x100000001b3ull;
+        if (i % 3 == 0) {
+            int to = (w->part + 1) % WARM_P;
+            int rc = kb_psim_post(r->ps, w->part, to, kb_sim_now(sim) + LOOK, warm_wake_ev,
+                                  &r->fib[to][(w->k + i) % WARM_F], (void *)(intptr_t)i);
+            if (rc)
+                r->rc = rc;
+        }
+        if (i % 5 == 4 && w->k % 2 == 0) { /* blocks until a message wakes it */
+            if (w->wakes > 0)
+                w->wakes--;
+            else {
+                w->blocked = 1;
+                kb_fiber_block(sim, "a message", w);
+            }
+        }
+    }
+}
+
+static uint64_t warm_scenario(int threads, int warm, uint64_t *events)
+{
+    warm_run *r = calloc(1, sizeof *r);
+    uint64_t d = 0;
+    assert_non_null(r);
+    assert_int_equal(kb_psim_create(&(kb_psim_opts){ .parts = WARM_P, .threads = threads,
+                                                     .lookahead = LOOK, .warm = warm },
+                                    &r->ps), 0);
+    for (int p = 0; p < WARM_P; p++)
+        for (int k = 0; k < WARM_F; k++) {
+            struct warm_fib *w = &r->fib[p][k];
+            const void *hot[KB_FIBER_HOT] = { (const void *)(uintptr_t)64, r };
+            w->r = r;
+            w->part = p;
+            w->k = k;
+            for (int i = 0; i < KB_FIBER_HOT_VEC; i++)
+                w->vec[i] = i == 2 ? (const void *)(uintptr_t)64 : (const void *)r;
+            w->f = kb_fiber_spawn(kb_psim_part(r->ps, p), warm_fiber, w, "warm");
+            assert_non_null(w->f);
+            assert_int_equal(kb_fiber_set_hot(w->f, hot, k % 3), 0);
+            if (k % 2)
+                assert_int_equal(kb_fiber_set_hot_vec(w->f, w->vec), 0);
+        }
+    int rc = kb_psim_run(r->ps);
+    assert_true(rc == 0 || rc == KB_ERR_DEADLOCK); /* a fiber may wait for a message never sent */
+    assert_int_equal(r->rc, 0);
+    for (int p = 0; p < WARM_P; p++)
+        d = (d ^ r->h[p]) * 0x100000001b3ull;
+    d = (d ^ (uint64_t)rc) * 0x100000001b3ull;
+    *events = kb_psim_events(r->ps);
+    assert_true(kb_psim_windows(r->ps) > 10);
+    kb_psim_destroy(r->ps);
+    free(r);
+    return d;
+}
+
+static void test_warm_same_run(void **state)
+{
+    (void)state;
+    uint64_t e1, e;
+    uint64_t d1 = warm_scenario(1, 0, &e1);
+    assert_true(e1 > (uint64_t)WARM_P * WARM_F * 20);
+    for (int threads = 1; threads <= 4; threads *= 2)
+        for (int warm = 0; warm <= 1; warm++) {
+            assert_int_equal(warm_scenario(threads, warm, &e), d1);
+            assert_int_equal(e, e1);
+        }
+}
+
 /* The window hook: once per window, after it, with every partition still and nothing due
  * before the window's end; the same calls and states at 1, 3 and 8 threads; a nonzero return
  * ends the run with that code at that window. */
@@ -566,6 +675,7 @@ int main(void)
         cmocka_unit_test(test_phold_processes),
         cmocka_unit_test(test_post_refusals),
         cmocka_unit_test(test_fibers_across),
+        cmocka_unit_test(test_warm_same_run),
         cmocka_unit_test(test_window_hook),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -958,6 +958,31 @@ static void det_scenario(trace *out, int hints)
     }
     for (long i = 0; i < 7; i++)
         kb_sim_at(sim, (kb_time)kbt_rng_below(&c.rng, 100), det_ev, &c, (void *)(intptr_t)i);
+    if (hints) {
+        /* warm a neighbour engine through the run (kb_sim_warm_next): fibers blocked, sleeping
+         * and not started, with hints, one of each an unmapped address. Then the neighbour goes
+         * and the engine runs again: the walk held for the one run only (under ASan a walk that
+         * outlived it reads freed records) */
+        kb_sim *nb = kb_sim_create(NULL);
+        dl_ctx d;
+        const void *hot[KB_FIBER_HOT] = { (const void *)(uintptr_t)64, &d };
+        memset(&d, 0, sizeof d);
+        kb_signal_init(&d.never);
+        assert_non_null(nb);
+        for (int i = 0; i < 40; i++) {
+            kb_fiber *g = kb_fiber_spawn(nb, i % 2 ? dl_sig : dl_ok, &d, "nb");
+            assert_non_null(g);
+            assert_int_equal(kb_fiber_set_hot(g, hot, i % 3), 0);
+            if (i % 4 == 0)
+                assert_int_equal(kb_fiber_set_hot_vec(g, c.vec), 0);
+        }
+        assert_int_equal(kb_sim_run_until(nb, 50), 0); /* started: blocked and sleeping */
+        kb_sim_warm_next(sim, sim);                  /* itself: no walk */
+        kb_sim_warm_next(sim, NULL);
+        kb_sim_warm_next(sim, nb);
+        assert_int_equal(kb_sim_run_until(sim, 1000), 0);
+        kb_sim_destroy(nb);
+    }
     assert_int_equal(kb_sim_run(sim), 0);
     kb_queue_fini(&c.q);
     kb_sim_destroy(sim);
