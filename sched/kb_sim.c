@@ -356,6 +356,20 @@ static KB_ALWAYS_INLINE void prefetch_record(const kb_event *e)
     }
 }
 
+/* The lines a resume of fiber f reads besides its record and stack: what it blocked on, its
+ * kb_fiber_set_hot lines, its hint vector's line. A macro because __builtin_prefetch takes its
+ * locality as a constant: 3 (the L1) just before a resume, 2 (the L2) for kb_sim_warm_next. */
+#define PREFETCH_HINTS(f, loc)                                                                  \
+    do {                                                                                        \
+        if ((f)->state == KB_F_BLOCKED && (f)->u.b.obj)                                         \
+            __builtin_prefetch((f)->u.b.obj, 0, loc);                                           \
+        for (int i_ = 0; i_ < KB_FIBER_HOT; i_++)                                               \
+            if ((f)->hot[i_])                                                                   \
+                __builtin_prefetch((f)->hot[i_], 0, loc);                                       \
+        if ((f)->hot_vec)                                                                       \
+            __builtin_prefetch((f)->hot_vec, 0, loc);                                           \
+    } while (0)
+
 static KB_ALWAYS_INLINE void prefetch_lines(const kb_event *e)
 {
     const kb_fiber *f = e->a;
@@ -366,13 +380,7 @@ static KB_ALWAYS_INLINE void prefetch_lines(const kb_event *e)
     __builtin_prefetch(f->uc.sp, 0);
     __builtin_prefetch((const char *)f->uc.sp + 64, 0);
 #endif
-    if (f->state == KB_F_BLOCKED && f->u.b.obj)
-        __builtin_prefetch(f->u.b.obj, 0);
-    for (int i = 0; i < KB_FIBER_HOT; i++)
-        if (f->hot[i])
-            __builtin_prefetch(f->hot[i], 0);
-    if (f->hot_vec)
-        __builtin_prefetch(f->hot_vec, 0);
+    PREFETCH_HINTS(f, 3);
 }
 
 /* The event about to fire, if it resumes a fiber: its record's lines once more (the first of a
@@ -429,15 +437,9 @@ static KB_NOINLINE void warm_step(kb_sim *sim)
         __builtin_prefetch(n, 0, 2);
         __builtin_prefetch((const char *)n + 64, 0, 2);
     }
-    if (f->state == KB_F_BLOCKED && f->u.b.obj)
-        __builtin_prefetch(f->u.b.obj, 0, 2);
-    for (int i = 0; i < KB_FIBER_HOT; i++)
-        if (f->hot[i])
-            __builtin_prefetch(f->hot[i], 0, 2);
-    if (f->hot_vec) {
-        __builtin_prefetch(f->hot_vec, 0, 2);
+    PREFETCH_HINTS(f, 2);
+    if (f->hot_vec)
         sim->wvec = f;
-    }
     sim->wcur = n;
 }
 

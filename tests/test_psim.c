@@ -533,9 +533,9 @@ static void test_fibers_across(void **state)
 }
 
 /* kb_psim_opts.warm: a thread walks the fibers of the partition it runs next (their records,
- * stack pointers and hints) while it runs one. Fibers that sleep, post to the next partition,
- * block until a message wakes them and end at different windows: the same run, warm or not, at
- * 1, 2 and 4 threads. */
+ * what they blocked on and their hint lines) while it runs one. Fibers that sleep, post to the
+ * next partition, block until a message wakes them and end at different windows: the same run,
+ * warm or not, at 1, 2 and 4 threads. */
 #define WARM_P 4
 #define WARM_F 12
 
